@@ -1,0 +1,18 @@
+/* hyla_log.h — leveled logging to stderr. Level from HYLA_LOG=debug|info|warn|error (default info).
+ * Thread-safe: each message is one fprintf. */
+#ifndef HYLA_LOG_H
+#define HYLA_LOG_H
+
+typedef enum { HYLA_LOG_DEBUG = 0, HYLA_LOG_INFO, HYLA_LOG_WARN, HYLA_LOG_ERROR, HYLA_LOG_OFF } hyla_log_level;
+
+void hyla_log_set_level(hyla_log_level lvl);
+void hyla_log_set_prefix(const char *prefix); /* e.g. "worker w1"; copied */
+hyla_log_level hyla_log_get_level(void);
+void hyla_log(hyla_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define HYLA_DEBUG(...) hyla_log(HYLA_LOG_DEBUG, __VA_ARGS__)
+#define HYLA_INFO(...) hyla_log(HYLA_LOG_INFO, __VA_ARGS__)
+#define HYLA_WARN(...) hyla_log(HYLA_LOG_WARN, __VA_ARGS__)
+#define HYLA_ERROR(...) hyla_log(HYLA_LOG_ERROR, __VA_ARGS__)
+
+#endif

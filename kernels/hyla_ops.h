@@ -1,0 +1,200 @@
+/* hyla_ops.h — the one ops interface every compute backend implements.
+ *
+ * A backend is a table of function pointers plus a context (hyla_backend). The model
+ * runtime (worker/hyla_model.c) composes these ops into layers; it never touches memory
+ * through anything but these ops, so the CPU reference (kernels/cpu/) and the CUDA backend
+ * (kernels/cuda/) are interchangeable at run time.
+ *
+ * Conventions (binding for every implementation):
+ *   - "device pointer": memory from ops->alloc (host memory on the CPU backend, GPU memory on
+ *     CUDA). Arguments typed `float *` / `void *` below are device pointers unless the comment
+ *     says "host". Pointer arithmetic on device pointers is allowed (slices of a buffer).
+ *   - Arrays of per-session pointers (`float *const *S`) are HOST arrays of device pointers.
+ *   - Activations, gates and recurrent states are fp32. KV pages hold ops->kv_dtype elements.
+ *   - Row-major everywhere. Shapes are written [outer]...[inner] next to each argument.
+ *   - Every op returns HYLA_OK or a status with a detail (hyla_fail). An asynchronous backend
+ *     may report a failure at the next op or at sync(); none aborts the process.
+ *   - Ops are not thread-safe on one context: one thread drives one backend context.
+ *
+ * The exact math of each op is specified in docs/MODELS.md ("Operators"). Numbers in
+ * brackets there ([GLA-1] ...) are cited in the implementations. */
+#ifndef HYLA_OPS_H
+#define HYLA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_status.h"
+#include "hyla_util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix W [rows][cols] (a PyTorch nn.Linear weight: rows = out_features), stored
+ * however the backend likes (CPU: fp32; CUDA: bf16). Opaque. */
+typedef struct hyla_weight hyla_weight;
+
+/* Paged KV cache of one attention layer of one session.
+ * Token t lives in page t / page_tokens, row t % page_tokens.
+ * k_pages[p], v_pages[p]: device pointers to [page_tokens][n_kv_heads][head_dim] kv_dtype,
+ * or NULL for a page that lies wholly outside every future window (sliding window: freed). */
+typedef struct {
+    void *const *k_pages; /* host array [n_pages] of device pointers */
+    void *const *v_pages; /* host array [n_pages] of device pointers */
+    int n_pages;          /* pages available (capacity = n_pages * page_tokens tokens) */
+    int page_tokens;
+} hyla_kv_view;
+
+/* Sampling parameters of one session. temperature <= 0 means greedy (argmax, lowest index on
+ * ties). top_k <= 0 disables top-k; top_p >= 1 disables top-p. */
+typedef struct {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+} hyla_sampling;
+
+typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
+
+typedef struct hyla_ops {
+    const char *name;     /* "cpu", "cuda" */
+    hyla_dtype kv_dtype;  /* element type of KV pages */
+
+    /* ---- memory ---- */
+    hyla_status (*alloc)(void *ctx, size_t bytes, void **out); /* zero-filled */
+    void (*free)(void *ctx, void *p);                          /* accepts NULL */
+    hyla_status (*upload)(void *ctx, void *dst, const void *host_src, size_t bytes);
+    hyla_status (*download)(void *ctx, void *host_dst, const void *src, size_t bytes);
+    hyla_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    hyla_status (*zero)(void *ctx, void *dst, size_t bytes);
+    hyla_status (*sync)(void *ctx); /* wait for all queued work; reports deferred errors */
+
+    /* ---- weights ---- */
+    /* Create W [rows][cols] from host memory of type dt (F32, F16, BF16). The host memory is
+     * borrowed for the call only. Caller frees with weight_destroy. */
+    hyla_status (*weight_create)(void *ctx, const void *host, hyla_dtype dt, int rows, int cols,
+                                 hyla_weight **out);
+    void (*weight_destroy)(void *ctx, hyla_weight *w); /* accepts NULL */
+
+    /* ---- dense ops ---- */
+    /* out[i] = table[ids[i]] : ids host [n], table W [vocab][D], out [n][D]. ids are checked. */
+    hyla_status (*embed)(void *ctx, const hyla_weight *table, const int32_t *ids, int n, float *out);
+    /* y = x @ W^T (+ bias) (+ y if accumulate): x [M][K] (row stride ldx), W [N][K], bias [N]
+     * or NULL, y [M][N] (row stride ldy). Each row's result does not depend on M. */
+    hyla_status (*linear)(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                          const float *bias, float *y, int ldy, int N, int accumulate);
+    /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */
+    hyla_status (*rmsnorm)(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
+    /* residual += x; y = rmsnorm(residual) : all [n][D]. */
+    hyla_status (*add_rmsnorm)(void *ctx, float *residual, const float *x, const float *w, float *y,
+                               int n, int D, float eps);
+    /* y += x : [n] */
+    hyla_status (*add)(void *ctx, float *y, const float *x, size_t n);
+    /* out = silu(gate) * up : [n] (out may alias gate or up). */
+    hyla_status (*swiglu)(void *ctx, const float *gate, const float *up, float *out, size_t n);
+    /* In-place x = silu(x) : [n]. */
+    hyla_status (*silu)(void *ctx, float *x, size_t n);
+    /* In-place x = max(logsigmoid(x) / normalizer, clamp_min) : [n]. clamp_min = -INFINITY for none. */
+    hyla_status (*gla_gate)(void *ctx, float *x, size_t n, float normalizer, float clamp_min);
+    /* In-place softmax over each row: x [rows][cols]. */
+    hyla_status (*softmax_rows)(void *ctx, float *x, int rows, int cols);
+    /* In-place x = x / sqrt(sum(x^2) + eps) per row: x [rows][cols]. [GDN-2] */
+    hyla_status (*l2norm_rows)(void *ctx, float *x, int rows, int cols, float eps);
+    /* GDN gates [GDN-1]: g[i][h] = -exp(A_log[h]) * softplus(a[i][h] + dt_bias[h]);
+     * beta[i][h] = sigmoid(b[i][h]) * (allow_neg ? 2 : 1). a, b, g, beta [n][H]; A_log, dt_bias [H].
+     * a_stride, b_stride: row strides of a and b (elements). g/beta may alias a/b. */
+    hyla_status (*gdn_gates)(void *ctx, const float *a, int a_stride, const float *b, int b_stride,
+                             const float *A_log, const float *dt_bias, float *g, float *beta, int n,
+                             int H, int allow_neg);
+    /* Rotary embedding, non-interleaved (rotate-half) [ATTN-1]: x [n][H][D] in place, token i at
+     * absolute position pos[i] (host [n]). theta: base. */
+    hyla_status (*rope)(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta);
+    /* Causal depthwise short convolution with carried tail [CONV-1]:
+     * x [B][n][C] in place; w [C][K]; bias [C] or NULL; tails[b] [K-1][C] (host array of B device
+     * pointers, updated to the last K-1 inputs); act_silu: apply silu after the convolution. */
+    hyla_status (*short_conv)(void *ctx, float *x, int B, int n, int C, const float *w, const float *bias,
+                              int K, float *const *tails, int act_silu);
+    /* Per-head gated RMSNorm [NORM-1]: y = rmsnorm(o) * w * (g ? silu(g) : 1) over the last dim.
+     * o, g, y [rows][D] (y may alias o), w [D]. */
+    hyla_status (*gated_rmsnorm)(void *ctx, const float *o, const float *g, const float *w, float *y,
+                                 int rows, int D, float eps);
+
+    /* ---- mixers ---- (S: fp32 states [H][dk][dv]; scale multiplies q) */
+    /* GLA [GLA-1] over n tokens of one sequence, chunked; S in/out. q,k,gk [n][H][dk];
+     * v, o [n][H][dv]. Must equal n calls of gla_decode up to float rounding. */
+    hyla_status (*gla_prefill)(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                               int n, int H, int dk, int dv, float scale, float *S, float *o);
+    /* One token for each of B sessions: q,k,gk [B][H][dk]; v, o [B][H][dv]; S host [B]. */
+    hyla_status (*gla_decode)(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                              int B, int H, int dk, int dv, float scale, float *const *S, float *o);
+    /* Gated delta rule [GDN-3]: q,k [n][H][dk] (already l2-normalised), v,o [n][H][dv],
+     * g, beta [n][H]. */
+    hyla_status (*gdn_prefill)(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                               const float *beta, int n, int H, int dk, int dv, float scale, float *S,
+                               float *o);
+    hyla_status (*gdn_decode)(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                              const float *beta, int B, int H, int dk, int dv, float scale,
+                              float *const *S, float *o);
+    /* Causal softmax attention with GQA [ATTN-2] for n new tokens of one sequence at absolute
+     * positions pos0..pos0+n-1. Writes k, v ([n][Hk][D], already rotated) into the cache,
+     * then o [n][Hq][D] = attention of q [n][Hq][D] over cached positions
+     * [max(0, p - window + 1), p] (window <= 0: no window). */
+    hyla_status (*attn_prefill)(void *ctx, const float *q, const float *k, const float *v, int n, int Hq,
+                                int Hk, int D, int pos0, const hyla_kv_view *kv, int window, float scale,
+                                float *o);
+    /* One token for each of B sessions: q [B][Hq][D], k,v [B][Hk][D]; pos host [B]; kv host [B]. */
+    hyla_status (*attn_decode)(void *ctx, const float *q, const float *k, const float *v, int B, int Hq,
+                               int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int window,
+                               float scale, float *o);
+    /* SSE routing [SSE-1]: logits [n][N] -> softmax -> top-K partitions.
+     * idx [n][K] int32 (descending weight, lower index first on ties), w [n][K] their
+     * softmax weights. All device pointers. */
+    hyla_status (*sse_route)(void *ctx, const float *logits, int n, int N, int K, int32_t *idx, float *w);
+    /* SSE mixer [SSE-2..4] over n tokens of one sequence.
+     * q1,k1: always-selected partition inputs [n][H][dk]; q2,k2: sparse partitions [n][H][dk];
+     * v [n][H][dv] shared. Transition GLA: ga = gk1 [n][H][dk], gb = gk2 [n][H][dk], beta* NULL.
+     * Transition GDN: ga = g1 [n][H], gb = g2 [n][H], betaa = beta1 [n][H], betab = beta2 [n][H].
+     * idx, w from sse_route ([n][K]). S0 [H][dk][dv] (always-selected), Sp [N][H][dk][dv].
+     * o [n][H][dv]. Only selected partitions are decayed and written. May group tokens by
+     * partition; must equal n calls of sse_decode up to float rounding. */
+    hyla_status (*sse_prefill)(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
+                               const float *q2, const float *k2, const float *v, const float *ga,
+                               const float *gb, const float *betaa, const float *betab,
+                               const int32_t *idx, const float *w, int n, int H, int dk, int dv, int N,
+                               int K, float scale, float *S0, float *Sp, float *o);
+    /* One token for each of B sessions (shapes as above with n -> B); S0, Sp host [B]. */
+    hyla_status (*sse_decode)(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
+                              const float *q2, const float *k2, const float *v, const float *ga,
+                              const float *gb, const float *betaa, const float *betab,
+                              const int32_t *idx, const float *w, int B, int H, int dk, int dv, int N,
+                              int K, float scale, float *const *S0, float *const *Sp, float *o);
+
+    /* ---- sampling ---- [SAMPLE-1]
+     * logits [B][V] (device); params, u (one uniform in [0,1) per row) and out are host [B].
+     * Greedy rows ignore u. */
+    hyla_status (*sample)(void *ctx, const float *logits, int B, int V, const hyla_sampling *params,
+                          const float *u, int32_t *out);
+
+    void (*destroy)(void *ctx);
+} hyla_ops;
+
+typedef struct {
+    const hyla_ops *ops;
+    void *ctx;
+} hyla_backend;
+
+/* Create a backend for device "cpu" or "cuda:N". Fails with HYLA_ERR_UNSUPPORTED when CUDA was
+ * not built, HYLA_ERR_DEVICE when no GPU is usable. Caller frees with hyla_backend_destroy. */
+hyla_status hyla_backend_create(const char *device, hyla_backend **out);
+void hyla_backend_destroy(hyla_backend *b); /* accepts NULL */
+/* Whether a CUDA device is usable (compiled in and a GPU present). */
+int hyla_cuda_available(void);
+
+/* Backend constructors (kernels/cpu/, kernels/cuda/). */
+hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out);
+hyla_status hyla_cuda_backend_create(int device, hyla_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

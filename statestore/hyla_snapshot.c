@@ -1,0 +1,121 @@
+/* hyla_snapshot.c — in-memory snapshot container; see hyla_snapshot.h. Single owner, no locks. */
+#include "hyla_snapshot.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *hyla_part_kind_name(hyla_part_kind k) {
+    switch (k) {
+    case HYLA_PART_RECURRENT: return "recurrent";
+    case HYLA_PART_PARTITION: return "partition";
+    case HYLA_PART_KV: return "kv";
+    case HYLA_PART_LTE: return "lte";
+    case HYLA_PART_DLA: return "dla";
+    default: return "unknown";
+    }
+}
+
+hyla_snapshot *hyla_snapshot_create(void) {
+    hyla_snapshot *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->format_version = HYLA_SNAPSHOT_FORMAT_VERSION;
+    s->pending_token = -1;
+    return s;
+}
+
+void hyla_snapshot_destroy(hyla_snapshot *s) {
+    if (!s) return;
+    for (uint32_t i = 0; i < s->n_parts; i++) free(s->parts[i].data);
+    free(s->parts);
+    free(s);
+}
+
+hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
+                                   hyla_dtype dtype, uint32_t ndim, const uint64_t *shape,
+                                   uint32_t page_tokens, hyla_state_part **out) {
+    if (ndim == 0 || ndim > HYLA_PART_MAX_DIMS)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "part %s of layer %u: %u dims (1..%d allowed)", name, layer,
+                         ndim, HYLA_PART_MAX_DIMS);
+    if (strlen(name) >= HYLA_PART_NAME_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "part name '%s' longer than %d bytes", name, HYLA_PART_NAME_MAX - 1);
+    if (s->n_parts == s->cap_parts) {
+        uint32_t cap = s->cap_parts ? s->cap_parts * 2 : 16;
+        hyla_state_part *p = realloc(s->parts, cap * sizeof *p);
+        if (!p) return hyla_fail(HYLA_ERR_NOMEM, "snapshot: cannot grow part table to %u", cap);
+        s->parts = p;
+        s->cap_parts = cap;
+    }
+    hyla_state_part *p = &s->parts[s->n_parts];
+    memset(p, 0, sizeof *p);
+    p->layer = layer;
+    strcpy(p->name, name);
+    p->kind = kind;
+    p->dtype = dtype;
+    p->ndim = ndim;
+    uint64_t n = 1;
+    for (uint32_t d = 0; d < ndim; d++) {
+        p->shape[d] = shape[d];
+        n *= shape[d];
+    }
+    p->page_tokens = page_tokens;
+    p->nbytes = n * hyla_dtype_size(dtype);
+    p->data = calloc(1, p->nbytes ? p->nbytes : 1);
+    if (!p->data)
+        return hyla_fail(HYLA_ERR_NOMEM, "snapshot: cannot allocate %llu bytes for layer %u part %s",
+                         (unsigned long long)p->nbytes, layer, name);
+    s->n_parts++;
+    if (layer + 1 > s->n_layers) s->n_layers = layer + 1;
+    if (out) *out = p;
+    return HYLA_OK;
+}
+
+hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, const char *name) {
+    for (uint32_t i = 0; i < s->n_parts; i++)
+        if (s->parts[i].layer == layer && !strcmp(s->parts[i].name, name)) return &s->parts[i];
+    return NULL;
+}
+
+hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out) {
+    hyla_snapshot *c = hyla_snapshot_create();
+    if (!c) return hyla_fail(HYLA_ERR_NOMEM, "snapshot clone");
+    hyla_state_part *parts = c->parts;
+    *c = *s;
+    c->parts = parts;
+    c->n_parts = c->cap_parts = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++) {
+        const hyla_state_part *p = &s->parts[i];
+        hyla_state_part *q;
+        hyla_status st = hyla_snapshot_add_part(c, p->layer, p->name, (hyla_part_kind)p->kind,
+                                                (hyla_dtype)p->dtype, p->ndim, p->shape, p->page_tokens, &q);
+        if (st != HYLA_OK) {
+            hyla_snapshot_destroy(c);
+            return st;
+        }
+        memcpy(q->data, p->data, p->nbytes);
+    }
+    c->n_layers = s->n_layers;
+    *out = c;
+    return HYLA_OK;
+}
+
+int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b) {
+    if (a->format_version != b->format_version || a->model_fingerprint != b->model_fingerprint ||
+        a->position != b->position || a->n_generated != b->n_generated ||
+        a->pending_token != b->pending_token || memcmp(&a->sampler, &b->sampler, sizeof a->sampler) != 0 ||
+        memcmp(a->rng, b->rng, sizeof a->rng) != 0 || a->n_parts != b->n_parts || a->n_layers != b->n_layers)
+        return 0;
+    for (uint32_t i = 0; i < a->n_parts; i++) {
+        const hyla_state_part *p = &a->parts[i], *q = &b->parts[i];
+        if (p->layer != q->layer || strcmp(p->name, q->name) || p->kind != q->kind || p->dtype != q->dtype ||
+            p->ndim != q->ndim || memcmp(p->shape, q->shape, sizeof p->shape) || p->page_tokens != q->page_tokens ||
+            p->nbytes != q->nbytes || memcmp(p->data, q->data, p->nbytes))
+            return 0;
+    }
+    return 1;
+}
+
+uint64_t hyla_snapshot_bytes(const hyla_snapshot *s) {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++) n += s->parts[i].nbytes;
+    return n;
+}

@@ -1,0 +1,91 @@
+/* hyla_snapshot.h — a session snapshot in memory: session meta plus every layer's state parts.
+ *
+ * This is the boundary between the model runtime (which exports/imports it, worker/hyla_session.c)
+ * and the statestore (which encodes, checksums, compresses and persists it, statestore/). Each
+ * mixer declares its parts (kind, dtype, shape); docs/MODELS.md §8 lists them and
+ * docs/STATE_FORMAT.md specifies how they are written.
+ *
+ * Ownership: a snapshot owns its parts' data (host memory). Not thread-safe; one owner. */
+#ifndef HYLA_SNAPSHOT_H
+#define HYLA_SNAPSHOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_status.h"
+#include "hyla_util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HYLA_SNAPSHOT_FORMAT_VERSION 1u
+#define HYLA_PART_NAME_MAX 16
+#define HYLA_PART_MAX_DIMS 4
+
+typedef enum {
+    HYLA_PART_RECURRENT = 1, /* GLA/GDN state per head, short-conv tails */
+    HYLA_PART_PARTITION = 2, /* SSE partitions [N][H][dk][dv] */
+    HYLA_PART_KV = 3,        /* attention keys or values [tokens][Hk][hd], in pages */
+    HYLA_PART_LTE = 4,       /* reserved: laLTE token-eviction cache */
+    HYLA_PART_DLA = 5,       /* reserved: DLA state cache */
+} hyla_part_kind;
+
+const char *hyla_part_kind_name(hyla_part_kind k);
+
+typedef struct {
+    uint32_t layer;
+    char name[HYLA_PART_NAME_MAX]; /* "S", "Sp", "S0", "conv_q", "k", "v" ... NUL-terminated */
+    uint32_t kind;                 /* hyla_part_kind */
+    uint32_t dtype;                /* hyla_dtype */
+    uint32_t ndim;
+    uint64_t shape[HYLA_PART_MAX_DIMS];
+    uint32_t page_tokens; /* KV parts: tokens per page (shape[0] = tokens); 0 otherwise */
+    uint64_t nbytes;      /* = product(shape) * dtype size */
+    void *data;           /* host memory, owned by the snapshot */
+} hyla_state_part;
+
+/* Sampler settings saved with the session (mirror of hyla_sampling plus the seed). */
+typedef struct {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    uint64_t seed;
+} hyla_snapshot_sampler;
+
+typedef struct {
+    uint32_t format_version;    /* HYLA_SNAPSHOT_FORMAT_VERSION */
+    uint64_t model_fingerprint; /* hyla_model_fingerprint() of the model that produced it */
+    uint64_t position;          /* tokens consumed by the model (absolute position of the next) */
+    uint64_t n_generated;       /* tokens sampled so far in this session */
+    int32_t pending_token;      /* sampled but not yet fed to the model; -1 if none */
+    hyla_snapshot_sampler sampler;
+    uint64_t rng[4];            /* hyla_rng state */
+    uint32_t n_layers;
+    uint32_t n_parts;
+    hyla_state_part *parts;     /* [n_parts], ordered by (layer, declaration order) */
+    uint32_t cap_parts;
+} hyla_snapshot;
+
+/* Caller frees with hyla_snapshot_destroy. */
+hyla_snapshot *hyla_snapshot_create(void);
+void hyla_snapshot_destroy(hyla_snapshot *s); /* accepts NULL */
+
+/* Append a part with zero-filled data of the given shape; returns it (borrowed until the
+ * snapshot is destroyed or another part is added). */
+hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
+                                   hyla_dtype dtype, uint32_t ndim, const uint64_t *shape,
+                                   uint32_t page_tokens, hyla_state_part **out);
+/* The part (layer, name), or NULL. Borrowed. */
+hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, const char *name);
+/* Deep copy. Caller frees with hyla_snapshot_destroy. */
+hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out);
+/* Whether two snapshots are identical bit for bit (meta and every part). */
+int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b);
+/* Total bytes of part data. */
+uint64_t hyla_snapshot_bytes(const hyla_snapshot *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+/* hyla_session.h — one conversation on a loaded model: its per-layer state on the backend,
+ * its position, its sampler and RNG; export to / import from a hyla_snapshot.
+ *
+ * The pending token. A session always knows the next token to feed (the last prompt token,
+ * or the last sampled one) but has not fed it yet. hyla_session_feed() consumes the pending
+ * token and all new tokens but the last, which becomes pending; hyla_session_decode() feeds
+ * the pending token of each session, samples the next one and makes it pending. So a saved
+ * session resumes by feeding its pending token, exactly as the uninterrupted run would have:
+ * "generate 64" equals "generate 32, save, load, generate 32" bit for bit on one backend.
+ *
+ * Prefill runs in chunks of HYLA_PREFILL_CHUNK aligned to absolute positions, so feeding a
+ * document in pieces that end at chunk boundaries reproduces the one-piece run bit for bit.
+ *
+ * Ownership: sessions borrow their model (it must outlive them). Threading: a session is
+ * driven by one thread at a time, the thread that drives the model's backend. */
+#ifndef HYLA_SESSION_H
+#define HYLA_SESSION_H
+
+#include <stdint.h>
+
+#include "hyla_model.h"
+#include "hyla_snapshot.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hyla_session hyla_session;
+
+/* Progress callback for long feeds: tokens done of total; return non-zero to cancel
+ * (the feed stops at a chunk boundary with HYLA_ERR_CANCELLED, the session stays valid). */
+typedef int (*hyla_progress_fn)(void *ud, int64_t done, int64_t total);
+
+/* New empty session at position 0 with greedy sampling and seed 0. Caller frees with
+ * hyla_session_free. */
+hyla_status hyla_session_create(hyla_model *m, hyla_session **out);
+void hyla_session_free(hyla_session *s); /* accepts NULL */
+
+/* Sampling parameters and seed (re-seeds the RNG). */
+void hyla_session_set_sampling(hyla_session *s, hyla_sampling params, uint64_t seed);
+hyla_sampling hyla_session_get_sampling(const hyla_session *s);
+
+/* Feed n >= 1 tokens (see "pending token" above). logits: host [consumed][vocab] or NULL, one
+ * row per consumed token (the pending one first, if any), where consumed = n - 1 + had_pending;
+ * *consumed_out (may be NULL) receives that count. Token ids are checked against the vocab. */
+hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, float *logits, int *consumed_out,
+                              hyla_progress_fn progress, void *ud);
+
+/* One decode step for B sessions of the same model (each must have a pending token): feed
+ * it, sample the next token with the session's sampler and RNG (one draw each), make it pending.
+ * out: host [B] sampled tokens; logits: host [B][vocab] or NULL. */
+hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits);
+
+int64_t hyla_session_position(const hyla_session *s);   /* tokens consumed */
+int32_t hyla_session_pending(const hyla_session *s);    /* -1 if none */
+int64_t hyla_session_generated(const hyla_session *s);  /* tokens sampled so far */
+hyla_model *hyla_session_model(const hyla_session *s);
+/* Bytes of state this session holds on the backend (recurrent + partitions + KV pages). */
+uint64_t hyla_session_state_bytes(const hyla_session *s);
+
+/* Snapshot of the whole session state (held layers only). Caller frees with
+ * hyla_snapshot_destroy. Waits for queued backend work. */
+hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
+/* A new session from a snapshot. Refuses (HYLA_ERR_MISMATCH / HYLA_ERR_FORMAT) a snapshot of
+ * another model (fingerprint), an unknown format version, or a part whose kind, dtype or shape
+ * does not fit its layer, naming the layer and part. KV parts in bf16/f16/f32 are converted to
+ * the backend's KV dtype. Caller frees with hyla_session_free. */
+hyla_status hyla_session_import(hyla_model *m, const hyla_snapshot *snap, hyla_session **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
