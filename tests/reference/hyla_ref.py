@@ -1,0 +1,748 @@
+#!/usr/bin/env python3
+"""hyla_ref.py: an independent PyTorch reference of every hyla model, for conformance.
+
+Written from docs/MODELS.md (the spec) and the papers in shared/papers (SSE: eqs. 7-10 of
+sse-sparse-state-expansion.txt), not from the C engine. It computes in float64 by default, so
+its own rounding is far below the C engine's fp32 rounding and differences measure the engine.
+
+What it holds:
+  * a safetensors reader (json + numpy; F32/F16/BF16/F64, single file or sharded index);
+  * the mixers as plain functions on per-head tensors:
+      gla_recurrent / gla_chunked           [GLA-1] and its chunked form (C = 64)
+      gdn_recurrent / gdn_chunked           [GDN-3] and its WY chunked form (C = 64)
+      attention with RoPE, GQA and sliding window [ATTN-1], [ATTN-2]
+      SSE with transitions gla and gdn, token by token [SSE-1..4], and the paper's
+      varlen prefill (tokens grouped by partition, chunked kernel per partition);
+  * a Session that holds per-layer state, prefills a prompt (recurrent or chunked) and
+    decodes greedily, one token at a time, always by the recurrence.
+
+The recurrent forms are the definition; the chunked forms exist so selftest.py can check
+they agree (they are what fast engines run).
+
+CLI (mirrors hyla-run's conformance flags):
+  hyla_ref.py --model DIR --prompt-ids "1 2 3" --max-tokens 16 [--ids] [--dump-logits F]
+              [--dtype float64|float32] [--prefill recurrent|chunked|varlen]
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+CHUNK = 64  # chunk length of the chunked forms; chunks are aligned to absolute positions
+
+# ----------------------------------------------------------------------------------------
+# safetensors reader
+# ----------------------------------------------------------------------------------------
+
+_ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
+              "BF16": np.dtype("<u2")}
+
+
+def read_safetensors(path):
+    """Returns {name: float32/float64 numpy array} of one .safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError("%s: too short for a safetensors header" % path)
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    if 8 + hlen > len(raw):
+        raise ValueError("%s: header length %d beyond end of file" % (path, hlen))
+    header = json.loads(raw[8:8 + hlen].decode("utf-8"))
+    base = 8 + hlen
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = info["dtype"]
+        if dt not in _ST_DTYPES:
+            raise ValueError("%s: tensor %r has dtype %s (want F32, F16, BF16)" % (path, name, dt))
+        b, e = info["data_offsets"]
+        shape = tuple(info["shape"])
+        npdt = _ST_DTYPES[dt]
+        n = int(np.prod(shape)) if shape else 1
+        if e - b != n * npdt.itemsize or base + e > len(raw):
+            raise ValueError("%s: tensor %r: bad data_offsets %s for shape %s" % (path, name, info["data_offsets"], shape))
+        a = np.frombuffer(raw, dtype=npdt, count=n, offset=base + b)
+        if dt == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            a = a.astype(np.float32)
+        out[name] = a.reshape(shape).copy()
+    return out
+
+
+def load_model_dir(d):
+    """Returns (config dict, {tensor name: numpy array})."""
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    idx = os.path.join(d, "model.safetensors.index.json")
+    weights = {}
+    if os.path.exists(idx):
+        with open(idx) as f:
+            wm = json.load(f)["weight_map"]
+        for fn in sorted(set(wm.values())):
+            weights.update(read_safetensors(os.path.join(d, fn)))
+    else:
+        weights = read_safetensors(os.path.join(d, "model.safetensors"))
+    return cfg, weights
+
+
+# ----------------------------------------------------------------------------------------
+# elementwise pieces
+# ----------------------------------------------------------------------------------------
+
+def rmsnorm(x, w, eps):
+    """[NORM-0] y = x / sqrt(mean(x^2) + eps) * w  (w None: no affine weight)."""
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w
+
+
+def gated_rmsnorm(o, w, g, eps):
+    """[NORM-1] per head over the value dim: RMSNorm(o; w) * silu(g); g None: no gate."""
+    y = rmsnorm(o, w, eps)
+    return y if g is None else y * torch.nn.functional.silu(g)
+
+
+def linear(x, w, b=None):
+    y = x @ w.t()
+    return y if b is None else y + b
+
+
+def l2norm(x, eps=1e-6):
+    """[GDN-2] x / sqrt(sum(x^2) + 1e-6) over the last dim."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def short_conv(x, w, b, tail):
+    """[CONV-1] causal depthwise conv over time, then silu.
+    x [T, C]; w [C, 1, K]; tail [K-1, C] (the previous K-1 inputs). Returns (y, new tail)."""
+    K = w.shape[-1]
+    xx = torch.cat([tail, x], 0)  # [K-1+T, C]
+    T = x.shape[0]
+    y = torch.zeros_like(x)
+    for j in range(K):
+        y = y + w[:, 0, j] * xx[j:j + T]
+    if b is not None:
+        y = y + b
+    return torch.nn.functional.silu(y), xx[xx.shape[0] - (K - 1):].clone()
+
+
+# ----------------------------------------------------------------------------------------
+# GLA: S_t = diag(exp(gk_t)) S_{t-1} + k_t^T v_t ;  o_t = (scale q_t) S_t      [GLA-1]
+# shapes: q, k, gk [T, H, dk]; v [T, H, dv]; S [H, dk, dv]
+# ----------------------------------------------------------------------------------------
+
+def gla_recurrent(q, k, v, gk, S, scale):
+    S = S.clone()
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
+    for t in range(q.shape[0]):
+        S = torch.exp(gk[t])[:, :, None] * S + k[t][:, :, None] * v[t][:, None, :]
+        o[t] = scale * torch.einsum("hk,hkv->hv", q[t], S)
+    return o, S
+
+
+def _chunk_bounds(T, pos0, C):
+    """Chunk [start, end) ranges of a T-token span starting at absolute position pos0, with
+    boundaries at multiples of C in absolute position."""
+    out, s = [], 0
+    while s < T:
+        e = min(T, s + C - (pos0 + s) % C)
+        out.append((s, e))
+        s = e
+    return out
+
+
+def gla_chunked(q, k, v, gk, S, scale, pos0=0, C=CHUNK):
+    """The chunked form of MODELS.md 4.1: with b_t = cumulative log decay inside the chunk,
+    o_t = scale (q_t*exp(b_t)) S0 + sum_{s<=t} [scale (q_t*exp(b_t-b_s)) . k_s] v_s
+    S_C = diag(exp(b_C)) S0 + sum_s (k_s*exp(b_C-b_s))^T v_s."""
+    S = S.clone()
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
+    for s0, s1 in _chunk_bounds(q.shape[0], pos0, C):
+        qc, kc, vc = q[s0:s1], k[s0:s1], v[s0:s1]
+        b = torch.cumsum(gk[s0:s1], 0)  # [c, H, dk]
+        c = s1 - s0
+        inter = scale * torch.einsum("thk,hkv->thv", qc * torch.exp(b), S)
+        diff = b[:, None] - b[None, :]  # [t, s, H, dk]: b_t - b_s
+        causal = torch.tril(torch.ones(c, c, dtype=torch.bool))
+        diff = diff.masked_fill(~causal[:, :, None, None], float("-inf"))  # exp(-inf) = 0, no overflow
+        A = scale * torch.einsum("thk,shk,tshk->tsh", qc, kc, torch.exp(diff))
+        o[s0:s1] = inter + torch.einsum("tsh,shv->thv", A, vc)
+        bl = b[-1]  # [H, dk]
+        S = torch.exp(bl)[:, :, None] * S + torch.einsum("shk,shv->hkv", kc * torch.exp(bl[None] - b), vc)
+    return o, S
+
+
+# ----------------------------------------------------------------------------------------
+# GDN (gated delta rule)                                                          [GDN-3]
+#   S' = exp(g_t) S_{t-1};  S_t = S' + beta_t k_t^T (v_t - k_t S');  o_t = (scale q_t) S_t
+# shapes: q, k [T, H, dk]; v [T, H, dv]; g, beta [T, H]; S [H, dk, dv]
+# ----------------------------------------------------------------------------------------
+
+def gdn_recurrent(q, k, v, g, beta, S, scale):
+    S = S.clone()
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
+    for t in range(q.shape[0]):
+        S = torch.exp(g[t])[:, None, None] * S
+        pred = torch.einsum("hk,hkv->hv", k[t], S)
+        S = S + beta[t][:, None, None] * k[t][:, :, None] * (v[t] - pred)[:, None, :]
+        o[t] = scale * torch.einsum("hk,hkv->hv", q[t], S)
+    return o, S
+
+
+def gdn_chunked(q, k, v, g, beta, S, scale, pos0=0, C=CHUNK):
+    """WY form. Inside a chunk with cumulative log decay G_t and Gam[t,s] = exp(G_t - G_s):
+      S_t = exp(G_t) S0 + sum_{s<=t} Gam[t,s] k_s^T u_s, where the pseudo-values u solve
+      (I + tril(diag(beta) K K^T * Gam, -1)) U = diag(beta) (V - diag(exp(G)) K S0)
+    (substitute the ansatz into the recurrence: u_t = beta_t (v_t - k_t exp(g_t) S_{t-1})).
+      o_t = scale (exp(G_t) q_t S0 + sum_{s<=t} Gam[t,s] (q_t . k_s) u_s)."""
+    S = S.clone()
+    o = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
+    for s0, s1 in _chunk_bounds(q.shape[0], pos0, C):
+        c = s1 - s0
+        qc, kc, vc, bc = q[s0:s1], k[s0:s1], v[s0:s1], beta[s0:s1]
+        G = torch.cumsum(g[s0:s1], 0)  # [c, H]
+        diff = G[:, None, :] - G[None, :, :]  # [t, s, H]
+        incl = torch.tril(torch.ones(c, c, dtype=torch.bool))
+        strict = torch.tril(torch.ones(c, c, dtype=torch.bool), -1)
+        gam_incl = torch.exp(diff.masked_fill(~incl[:, :, None], float("-inf")))
+        gam_strict = torch.exp(diff.masked_fill(~strict[:, :, None], float("-inf")))
+        KK = torch.einsum("thk,shk->tsh", kc, kc)
+        A = bc[:, None, :] * KK * gam_strict  # [t, s, H]
+        M = torch.eye(c, dtype=q.dtype)[:, :, None] + A
+        rhs = bc[:, :, None] * (vc - torch.exp(G)[:, :, None] * torch.einsum("thk,hkv->thv", kc, S))
+        # per head: solve the unit lower-triangular system M U = rhs
+        U = torch.linalg.solve_triangular(M.permute(2, 0, 1), rhs.permute(1, 0, 2), upper=False)  # [H, c, dv]
+        U = U.permute(1, 0, 2)  # [c, H, dv]
+        QK = torch.einsum("thk,shk->tsh", qc, kc) * gam_incl
+        o[s0:s1] = scale * (torch.exp(G)[:, :, None] * torch.einsum("thk,hkv->thv", qc, S)
+                            + torch.einsum("tsh,shv->thv", QK, U))
+        Gl = G[-1]  # [H]
+        S = torch.exp(Gl)[:, None, None] * S + torch.einsum("sh,shk,shv->hkv", torch.exp(Gl[None] - G), kc, U)
+    return o, S
+
+
+# ----------------------------------------------------------------------------------------
+# softmax attention                                                      [ATTN-1], [ATTN-2]
+# ----------------------------------------------------------------------------------------
+
+def rope(x, pos, theta):
+    """Rotate-half RoPE. x [T, H, hd]; pos [T] absolute positions."""
+    hd = x.shape[-1]
+    half = hd // 2
+    j = torch.arange(half, dtype=x.dtype)
+    inv = theta ** (-2.0 * j / hd)
+    ang = pos.to(x.dtype)[:, None] * inv[None, :]  # [T, half]
+    cos, sin = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def attention(q, kc, vc, pos0, window):
+    """q [T, Hq, hd] at positions pos0..pos0+T-1; kc, vc [P, Hk, hd] hold positions 0..P-1
+    (P = pos0 + T). Query at p sees keys [max(0, p-W+1), p]."""
+    T, Hq, hd = q.shape
+    P, Hk, _ = kc.shape
+    rep = Hq // Hk
+    kk = kc.repeat_interleave(rep, dim=1)  # query head h uses kv head h // rep
+    vv = vc.repeat_interleave(rep, dim=1)
+    sc = torch.einsum("thd,phd->htp", q, kk) * hd ** -0.5
+    qp = torch.arange(pos0, pos0 + T)[:, None]
+    kp = torch.arange(P)[None, :]
+    ok = kp <= qp
+    if window is not None:
+        ok = ok & (kp >= qp - window + 1)
+    sc = sc.masked_fill(~ok[None], float("-inf"))
+    p = torch.softmax(sc, -1)
+    return torch.einsum("htp,phd->thd", p, vv)
+
+
+# ----------------------------------------------------------------------------------------
+# SSE routing                                                                       [SSE-1]
+# ----------------------------------------------------------------------------------------
+
+def route(logits_e, K):
+    """e = softmax(x We^T) per token; T = the K largest entries, descending, lower index first
+    on ties. Returns (e [T, N], sel: list of lists of partition indices, margin: list of the
+    gap between the K-th and (K+1)-th largest probability per token (inf when K == N))."""
+    e = torch.softmax(logits_e, -1)
+    sel, margin = [], []
+    en = e.detach().cpu().numpy().astype(np.float64)
+    for row in en:
+        order = sorted(range(len(row)), key=lambda i: (-row[i], i))
+        sel.append(order[:K])
+        margin.append(row[order[K - 1]] - row[order[K]] if K < len(row) else float("inf"))
+    return e, sel, margin
+
+
+# ----------------------------------------------------------------------------------------
+# layers
+# ----------------------------------------------------------------------------------------
+
+class Weights:
+    def __init__(self, raw, dtype):
+        self.raw, self.dtype = raw, dtype
+        self.used = set()
+
+    def has(self, name):
+        return name in self.raw
+
+    def __call__(self, name, shape=None):
+        if name not in self.raw:
+            raise KeyError("missing tensor %r" % name)
+        a = self.raw[name]
+        if shape is not None and tuple(a.shape) != tuple(shape):
+            raise ValueError("tensor %r has shape %s, expected %s" % (name, list(a.shape), list(shape)))
+        self.used.add(name)
+        return torch.from_numpy(np.asarray(a, dtype=np.float64)).to(self.dtype)
+
+    def opt(self, name, shape=None):
+        return self(name, shape) if name in self.raw else None
+
+
+def _gate_lowrank(x, w0, w1, b1):
+    """FLA's gk_proj: Linear(D, r, bias=False) then Linear(r, H*dk, bias=True)."""
+    return linear(linear(x, w0), w1, b1)
+
+
+class GLALayer:
+    kind = "gla"
+
+    def __init__(self, cfg, W, p, D):
+        H = cfg["num_heads"]
+        self.H = H
+        ek, ev = cfg.get("expand_k", 0.5), cfg.get("expand_v", 1.0)
+        self.dk, self.dv = int(D * ek) // H, int(D * ev) // H
+        dk, dv, r = self.dk, self.dv, cfg.get("gate_low_rank_dim", 16)
+        self.eps = cfg.get("norm_eps", 1e-6)
+        self.norm_div = cfg.get("gate_logit_normalizer", 16)
+        self.clamp_min = cfg.get("clamp_min", None)
+        self.wq, self.wk = W(p + "q_proj.weight", (H * dk, D)), W(p + "k_proj.weight", (H * dk, D))
+        self.wv = W(p + "v_proj.weight", (H * dv, D))
+        self.g0, self.g1 = W(p + "gk_proj.0.weight", (r, D)), W(p + "gk_proj.1.weight", (H * dk, r))
+        self.g1b = W(p + "gk_proj.1.bias", (H * dk,))
+        self.use_gate = cfg.get("use_output_gate", True)
+        affine = cfg.get("elementwise_affine", True)
+        if self.use_gate:
+            self.wg = W(p + "g_proj.weight", (H * dv, D))
+            self.onorm = W(p + "g_norm_swish_gate.weight", (dv,)) if affine else None
+        else:
+            self.onorm = W(p + "g_norm.weight", (dv,)) if affine else None
+        self.wo = W(p + "o_proj.weight", (D, H * dv))
+        self.conv = cfg.get("use_short_conv", False)
+        self.K = cfg.get("conv_size", 4)
+        if self.conv:
+            self.cw = [W(p + n + "_conv1d.weight", (c, 1, self.K)) for n, c in (("q", H * dk), ("k", H * dk), ("v", H * dv))]
+            self.cb = [W.opt(p + n + "_conv1d.bias", (c,)) for n, c in (("q", H * dk), ("k", H * dk), ("v", H * dv))]
+
+    def init_state(self, dt):
+        st = {"S": torch.zeros(self.H, self.dk, self.dv, dtype=dt)}
+        if self.conv:
+            st["conv"] = [torch.zeros(self.K - 1, w.shape[0], dtype=dt) for w in self.cw]
+        return st
+
+    def __call__(self, x, st, pos0, mode):
+        T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
+        q, k, v = linear(x, self.wq), linear(x, self.wk), linear(x, self.wv)
+        if self.conv:
+            outs = []
+            for i, a in enumerate((q, k, v)):
+                y, st["conv"][i] = short_conv(a, self.cw[i], self.cb[i], st["conv"][i])
+                outs.append(y)
+            q, k, v = outs
+        gk = torch.nn.functional.logsigmoid(_gate_lowrank(x, self.g0, self.g1, self.g1b)) / self.norm_div
+        if self.clamp_min is not None:
+            gk = torch.clamp(gk, min=self.clamp_min)
+        q, k, gk, v = q.view(T, H, dk), k.view(T, H, dk), gk.view(T, H, dk), v.view(T, H, dv)
+        fn = gla_recurrent if mode == "recurrent" else (lambda *a: gla_chunked(*a, pos0=pos0))
+        o, st["S"] = fn(q, k, v, gk, st["S"], dk ** -0.5)
+        g = linear(x, self.wg).view(T, H, dv) if self.use_gate else None
+        o = gated_rmsnorm(o, self.onorm, g, self.eps)
+        return linear(o.reshape(T, H * dv), self.wo)
+
+
+class GDNLayer:
+    kind = "gdn"
+
+    def __init__(self, cfg, W, p, D):
+        H = cfg["num_heads"]
+        self.H = H
+        self.dk = cfg.get("head_dim", 256)
+        self.dv = int(self.dk * cfg.get("expand_v", 2))
+        dk, dv = self.dk, self.dv
+        self.eps = cfg.get("norm_eps", 1e-6)
+        self.wq, self.wk = W(p + "q_proj.weight", (H * dk, D)), W(p + "k_proj.weight", (H * dk, D))
+        self.wv = W(p + "v_proj.weight", (H * dv, D))
+        self.wa, self.wb = W(p + "a_proj.weight", (H, D)), W(p + "b_proj.weight", (H, D))
+        self.A_log, self.dt_bias = W(p + "A_log", (H,)), W(p + "dt_bias", (H,))
+        self.neg = cfg.get("allow_neg_eigval", False)
+        self.use_gate = cfg.get("use_gate", True)
+        self.wg = W(p + "g_proj.weight", (H * dv, D)) if self.use_gate else None
+        self.onorm = W(p + "o_norm.weight", (dv,))
+        self.wo = W(p + "o_proj.weight", (D, H * dv))
+        self.conv = cfg.get("use_short_conv", True)
+        self.K = cfg.get("conv_size", 4)
+        if self.conv:
+            self.cw = [W(p + n + "_conv1d.weight", (c, 1, self.K)) for n, c in (("q", H * dk), ("k", H * dk), ("v", H * dv))]
+            self.cb = [W.opt(p + n + "_conv1d.bias", (c,)) for n, c in (("q", H * dk), ("k", H * dk), ("v", H * dv))]
+
+    def init_state(self, dt):
+        st = {"S": torch.zeros(self.H, self.dk, self.dv, dtype=dt)}
+        if self.conv:
+            st["conv"] = [torch.zeros(self.K - 1, w.shape[0], dtype=dt) for w in self.cw]
+        return st
+
+    def __call__(self, x, st, pos0, mode):
+        T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
+        q, k, v = linear(x, self.wq), linear(x, self.wk), linear(x, self.wv)
+        if self.conv:
+            outs = []
+            for i, a in enumerate((q, k, v)):
+                y, st["conv"][i] = short_conv(a, self.cw[i], self.cb[i], st["conv"][i])
+                outs.append(y)
+            q, k, v = outs
+        else:
+            q, k, v = [torch.nn.functional.silu(a) for a in (q, k, v)]
+        g = -torch.exp(self.A_log) * torch.nn.functional.softplus(linear(x, self.wa) + self.dt_bias)  # [GDN-1]
+        beta = torch.sigmoid(linear(x, self.wb))
+        if self.neg:
+            beta = beta * 2
+        q, k = l2norm(q.view(T, H, dk)), l2norm(k.view(T, H, dk))
+        v = v.view(T, H, dv)
+        fn = gdn_recurrent if mode == "recurrent" else (lambda *a: gdn_chunked(*a, pos0=pos0))
+        o, st["S"] = fn(q, k, v, g, beta, st["S"], dk ** -0.5)
+        gate = linear(x, self.wg).view(T, H, dv) if self.use_gate else None
+        o = gated_rmsnorm(o, self.onorm, gate, self.eps)
+        return linear(o.reshape(T, H * dv), self.wo)
+
+
+class SSELayer:
+    """Sparse state expansion, MODELS.md 4.3 (paper eqs. 7-10)."""
+    kind = "sse"
+
+    def __init__(self, cfg, W, p, D):
+        H = cfg["num_heads"]
+        self.H = H
+        self.dk = cfg.get("head_dim", 64)
+        self.dv = int(self.dk * cfg.get("expand_v", 1.0))
+        dk, dv = self.dk, self.dv
+        self.N = cfg.get("num_sparse_partition", 4)
+        self.K = cfg.get("num_writer", 1)
+        if cfg.get("num_reader", self.K) != self.K:
+            raise ValueError("num_reader must equal num_writer")
+        if cfg.get("use_short_conv", False):
+            raise ValueError("SSE: use_short_conv must be false")
+        self.trans = cfg.get("sse_transition", "gla")
+        if self.trans not in ("gla", "gdn"):
+            raise ValueError("unknown sse_transition %r" % self.trans)
+        self.eps = cfg.get("norm_eps", 1e-6)
+        self.norm_div = cfg.get("gate_logit_normalizer", 16)
+        self.clamp_min = cfg.get("clamp_min", None)
+        self.q_softmax = cfg.get("use_q_softmax", False)
+        self.k_softmax = cfg.get("use_k_softmax", True)
+        lr = cfg.get("lora_rank", None) or dv
+        self.lora_target = cfg.get("lora_target", "always")
+        if self.lora_target not in ("always", "sparse"):
+            raise ValueError("unknown lora_target %r" % self.lora_target)
+        self.neg = cfg.get("allow_neg_eigval", False)
+        N, r = self.N, cfg.get("gate_low_rank_dim", 16)
+        self.wq, self.wk = W(p + "q_proj.weight", (H * dk, D)), W(p + "k_proj.weight", (H * dk, D))
+        self.wv = W(p + "v_proj.weight", (H * dv, D))
+        self.lq = (W(p + "lora_q_proj.0.weight", (lr, D)), W(p + "lora_q_proj.1.weight", (H * dk, lr)))
+        self.lk = (W(p + "lora_k_proj.0.weight", (lr, D)), W(p + "lora_k_proj.1.weight", (H * dk, lr)))
+        self.we = W(p + "e_proj.weight", (N, D))
+        if self.trans == "gla":
+            self.gk = [(W(p + "gk_proj.%d.0.weight" % j, (r, D)), W(p + "gk_proj.%d.1.weight" % j, (H * dk, r)),
+                        W(p + "gk_proj.%d.1.bias" % j, (H * dk,))) for j in (0, 1)]
+        else:
+            self.wa, self.wb = W(p + "a_proj.weight", (2 * H, D)), W(p + "b_proj.weight", (2 * H, D))
+            self.A_log, self.dt_bias = W(p + "A_log", (2 * H,)), W(p + "dt_bias", (2 * H,))
+        self.use_gate = cfg.get("use_output_gate", True)
+        if self.use_gate:
+            self.wg0, self.wg1 = W(p + "g_proj.0.weight", (dv, D)), W(p + "g_proj.1.weight", (H * dv, dv))
+        self.onorm = W(p + "o_norm.weight", (dv,))
+        self.wo = W(p + "o_proj.weight", (D, H * dv))
+        self.margins = []  # routing margins seen (for fixture robustness reports)
+
+    def init_state(self, dt):
+        return {"S0": torch.zeros(self.H, self.dk, self.dv, dtype=dt),
+                "Sp": torch.zeros(self.N, self.H, self.dk, self.dv, dtype=dt)}
+
+    def _fmap(self, a, use_softmax):
+        return torch.softmax(a, -1) if use_softmax else torch.nn.functional.silu(a)
+
+    def features(self, x):
+        """Per-token quantities of MODELS.md 4.3, before the recurrence."""
+        T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
+        qa = linear(x, self.wq)
+        ka = linear(x, self.wk)
+        qs, ks = qa.clone(), ka.clone()
+        lq = linear(linear(x, self.lq[0]), self.lq[1])
+        lk = linear(linear(x, self.lk[0]), self.lk[1])
+        if self.lora_target == "always":
+            qa, ka = qa + lq, ka + lk
+        else:
+            qs, ks = qs + lq, ks + lk
+        qa, qs = [self._fmap(a.view(T, H, dk), self.q_softmax) for a in (qa, qs)]
+        ka, ks = [self._fmap(a.view(T, H, dk), self.k_softmax) for a in (ka, ks)]
+        v = torch.nn.functional.silu(linear(x, self.wv)).view(T, H, dv)
+        f = {"qa": qa, "ka": ka, "qs": qs, "ks": ks, "v": v}
+        if self.trans == "gla":
+            for j, nm in ((0, "gk0"), (1, "gk1")):
+                gk = torch.nn.functional.logsigmoid(_gate_lowrank(x, *self.gk[j])) / self.norm_div
+                if self.clamp_min is not None:
+                    gk = torch.clamp(gk, min=self.clamp_min)
+                f[nm] = gk.view(T, H, dk)
+        else:
+            f["qa"], f["ka"], f["qs"], f["ks"] = [l2norm(f[n]) for n in ("qa", "ka", "qs", "ks")]  # Choice (b)
+            g = -torch.exp(self.A_log) * torch.nn.functional.softplus(linear(x, self.wa) + self.dt_bias)  # [T, 2H]
+            beta = torch.sigmoid(linear(x, self.wb))
+            if self.neg:
+                beta = beta * 2
+            f["g0"], f["g1"] = g[:, :H], g[:, H:]
+            f["b0"], f["b1"] = beta[:, :H], beta[:, H:]
+        e, sel, margin = route(linear(x, self.we), self.K)
+        f["e"], f["sel"], f["margin"] = e, sel, margin
+        return f
+
+    def _run(self, chunked, q, k, v, t0, t1, S, scale, pos0):
+        """One partition's transition on tokens (q,k,v already w-scaled) with decay args t0, t1."""
+        if self.trans == "gla":
+            return gla_chunked(q, k, v, t0, S, scale, pos0=pos0) if chunked else gla_recurrent(q, k, v, t0, S, scale)
+        return gdn_chunked(q, k, v, t0, t1, S, scale, pos0=pos0) if chunked else gdn_recurrent(q, k, v, t0, t1, S, scale)
+
+    def __call__(self, x, st, pos0, mode):
+        T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
+        f = self.features(x)
+        self.margins.extend(f["margin"])
+        scale = dk ** -0.5
+        gla = self.trans == "gla"
+        d0a, d0b = (f["gk0"], None) if gla else (f["g0"], f["b0"])
+        d1a, d1b = (f["gk1"], None) if gla else (f["g1"], f["b1"])
+        if mode == "recurrent":
+            # token by token, exactly [SSE-3] and [SSE-4]
+            o = torch.empty(T, H, dv, dtype=x.dtype)
+            S0, Sp = st["S0"], st["Sp"].clone()
+            for t in range(T):
+                sl = slice(t, t + 1)
+                oa, S0 = self._run(False, f["qa"][sl], f["ka"][sl], f["v"][sl], d0a[sl],
+                                   None if gla else d0b[sl], S0, scale, pos0 + t)
+                acc = oa[0]
+                for i in f["sel"][t]:
+                    w = f["e"][t, i]
+                    oi, Sp[i] = self._run(False, w * f["qs"][sl], w * f["ks"][sl], f["v"][sl], d1a[sl],
+                                          None if gla else d1b[sl], Sp[i], scale, pos0 + t)
+                    acc = acc + oi[0]
+                o[t] = acc
+            st["S0"], st["Sp"] = S0, Sp
+        else:
+            # the paper's varlen prefill (Algorithm 2): the always-selected partition over all
+            # tokens, each sparse partition over the tokens that selected it, chunked kernels
+            chunked = mode == "chunked"
+            o, st["S0"] = self._run(chunked, f["qa"], f["ka"], f["v"], d0a, d0b, st["S0"], scale, pos0)
+            Sp = st["Sp"].clone()
+            for i in range(self.N):
+                idx = [t for t in range(T) if i in f["sel"][t]]
+                if not idx:
+                    continue
+                ix = torch.tensor(idx)
+                w = f["e"][ix, i][:, None, None]
+                oi, Sp[i] = self._run(chunked, w * f["qs"][ix], w * f["ks"][ix], f["v"][ix], d1a[ix],
+                                      None if gla else d1b[ix], Sp[i], scale, 0)
+                o = o.index_add(0, ix, oi)
+            st["Sp"] = Sp
+        g = linear(linear(x, self.wg0), self.wg1).view(T, H, dv) if self.use_gate else None
+        o = gated_rmsnorm(o, self.onorm, g, self.eps)
+        return linear(o.reshape(T, H * dv), self.wo)
+
+
+class AttnLayer:
+    kind = "attn"
+
+    def __init__(self, spec, W, p, D, qk_norm_allowed):
+        self.Hq = spec["num_heads"]
+        self.Hk = spec.get("num_kv_heads", None) or self.Hq
+        self.hd = D // self.Hq
+        self.window = spec.get("window_size", None)
+        self.theta = spec.get("rope_theta", 10000.0) or 10000.0
+        bias = spec.get("qkv_bias", False)
+        Hq, Hk, hd = self.Hq, self.Hk, self.hd
+        self.wq, self.wk, self.wv = W(p + "q_proj.weight", (Hq * hd, D)), W(p + "k_proj.weight", (Hk * hd, D)), W(p + "v_proj.weight", (Hk * hd, D))
+        self.bq = W(p + "q_proj.bias", (Hq * hd,)) if bias else None
+        self.bk = W(p + "k_proj.bias", (Hk * hd,)) if bias else None
+        self.bv = W(p + "v_proj.bias", (Hk * hd,)) if bias else None
+        self.wo = W(p + "o_proj.weight", (D, Hq * hd))
+        self.qk_norm = qk_norm_allowed and spec.get("qk_norm", False)
+        if self.qk_norm:
+            self.qn, self.kn = W(p + "q_norm.weight", (hd,)), W(p + "k_norm.weight", (hd,))
+
+    def init_state(self, dt):
+        return {"k": torch.zeros(0, self.Hk, self.hd, dtype=dt), "v": torch.zeros(0, self.Hk, self.hd, dtype=dt)}
+
+    def __call__(self, x, st, pos0, mode):
+        T = x.shape[0]
+        q = linear(x, self.wq, self.bq).view(T, self.Hq, self.hd)
+        k = linear(x, self.wk, self.bk).view(T, self.Hk, self.hd)
+        v = linear(x, self.wv, self.bv).view(T, self.Hk, self.hd)
+        if self.qk_norm:  # per head, before RoPE, eps 1e-5 (MODELS.md 2)
+            q, k = rmsnorm(q, self.qn, 1e-5), rmsnorm(k, self.kn, 1e-5)
+        pos = torch.arange(pos0, pos0 + T)
+        q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
+        st["k"], st["v"] = torch.cat([st["k"], k], 0), torch.cat([st["v"], v], 0)
+        o = attention(q, st["k"], st["v"], pos0, self.window)
+        return linear(o.reshape(T, self.Hq * self.hd), self.wo)
+
+
+# ----------------------------------------------------------------------------------------
+# model and session
+# ----------------------------------------------------------------------------------------
+
+def attn_specs(cfg):
+    a = cfg.get("attn", None)
+    if a is None:
+        return []
+    return a if isinstance(a, list) else [a]
+
+
+class Model:
+    def __init__(self, model_dir, dtype=torch.float64):
+        cfg, raw = load_model_dir(model_dir)
+        self.cfg, self.dtype = cfg, dtype
+        W = Weights(raw, dtype)
+        mt = cfg["model_type"]
+        if mt not in ("gla", "gated_deltanet", "transformer", "sse"):
+            raise ValueError("unknown model_type %r" % mt)
+        D, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+        self.D, self.V, self.L = D, V, L
+        self.eps = cfg.get("norm_eps", 1e-6)
+        if cfg.get("hidden_act", "swish") != "swish":
+            raise ValueError("hidden_act must be swish")
+        F = cfg.get("intermediate_size", None)
+        if F is None:
+            F = int(D * cfg.get("hidden_ratio", 4) * 2 / 3)
+            F = 256 * ((F + 255) // 256)
+        self.F = F
+        self.emb = W("model.embeddings.weight", (V, D))
+        attn_of = {}
+        for spec in attn_specs(cfg):
+            for i in spec.get("layers", []):
+                attn_of[i] = spec
+        self.layers = []
+        for i in range(L):
+            p = "model.layers.%d." % i
+            pa = p + "attn."
+            if mt == "transformer":
+                mix = AttnLayer(cfg, W, pa, D, True)
+            elif i in attn_of:
+                mix = AttnLayer(attn_of[i], W, pa, D, False)
+            elif mt == "gla":
+                mix = GLALayer(cfg, W, pa, D)
+            elif mt == "gated_deltanet":
+                mix = GDNLayer(cfg, W, pa, D)
+            else:
+                mix = SSELayer(cfg, W, pa, D)
+            self.layers.append({
+                "mixer": mix,
+                "attn_norm": W(p + "attn_norm.weight", (D,)),
+                "mlp_norm": W(p + "mlp_norm.weight", (D,)),
+                "gate": W(p + "mlp.gate_proj.weight", (F, D)),
+                "up": W(p + "mlp.up_proj.weight", (F, D)),
+                "down": W(p + "mlp.down_proj.weight", (D, F)),
+            })
+        self.norm = W("model.norm.weight", (D,))
+        if cfg.get("tie_word_embeddings", False):
+            self.head = self.emb
+        else:
+            self.head = W("lm_head.weight", (V, D))
+        self.unused = sorted(set(raw) - W.used)
+
+    def kinds(self):
+        return [l["mixer"].kind for l in self.layers]
+
+    def route_margins(self):
+        m = []
+        for l in self.layers:
+            m.extend(getattr(l["mixer"], "margins", []))
+        return m
+
+
+class Session:
+    def __init__(self, model):
+        self.m = model
+        self.pos = 0
+        self.state = [l["mixer"].init_state(model.dtype) for l in model.layers]
+
+    def forward(self, tokens, mode="recurrent"):
+        """Feeds tokens (list of ids) at positions pos..pos+T-1; returns logits [T, V].
+        mode: 'recurrent' (token by token, the definition), 'chunked' (chunked GLA/GDN forms,
+        SSE grouped by partition = the paper's varlen prefill) or 'varlen' (SSE grouped by
+        partition but each partition run by the recurrence)."""
+        m = self.m
+        x = m.emb[torch.tensor(tokens, dtype=torch.long)]
+        for l, st in zip(m.layers, self.state):
+            mix = l["mixer"]
+            mmode = mode
+            if mode == "varlen":
+                mmode = "varlen" if mix.kind == "sse" else "recurrent"
+            h = x + mix(rmsnorm(x, l["attn_norm"], m.eps), st, self.pos, mmode)
+            y = rmsnorm(h, l["mlp_norm"], m.eps)
+            x = h + linear(torch.nn.functional.silu(linear(y, l["gate"])) * linear(y, l["up"]), l["down"])
+        self.pos += len(tokens)
+        return linear(rmsnorm(x, m.norm, m.eps), m.head)
+
+
+def argmax_lowest(row):
+    """[SAMPLE-1] greedy: argmax, lowest index on ties."""
+    r = row.detach().cpu().numpy()
+    return int(np.flatnonzero(r == r.max())[0])
+
+
+def generate(model, prompt, n, mode="recurrent"):
+    """Prefills prompt (mode), then decodes n greedy tokens one at a time by the recurrence.
+    Returns (prompt logits [P, V] float64 numpy, generated ids, per-step top-2 gap list).
+    Generation does not stop at eos; callers decide."""
+    s = Session(model)
+    lg = s.forward(prompt, mode)
+    plog = lg.detach().cpu().numpy().astype(np.float64)
+    out, gaps = [], []
+    last = lg[-1]
+    for _ in range(n):
+        t = argmax_lowest(last)
+        srt = torch.sort(last, descending=True).values
+        gaps.append(float(srt[0] - srt[1]))
+        out.append(t)
+        last = s.forward([t], "recurrent")[-1]
+    return plog, out, gaps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt-ids", required=True)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--ids", action="store_true")
+    ap.add_argument("--dump-logits")
+    ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--prefill", default="recurrent", choices=["recurrent", "chunked", "varlen"])
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    model = Model(a.model, getattr(torch, a.dtype))
+    for n in model.unused:
+        print("warning: unused tensor %s" % n, file=sys.stderr)
+    prompt = [int(t) for t in a.prompt_ids.split()]
+    plog, out, _ = generate(model, prompt, a.max_tokens, a.prefill)
+    if a.dump_logits:
+        plog.astype("<f4").tofile(a.dump_logits)
+    if a.ids:
+        print(" ".join(str(t) for t in out))
+    else:
+        print(bytes(t for t in out if t < 256).decode("utf-8", "replace"))
+
+
+if __name__ == "__main__":
+    main()
