@@ -1,6 +1,7 @@
 /* hyla_snapshot.c — in-memory snapshot container; see hyla_snapshot.h. Single owner, no locks. */
 #include "hyla_snapshot.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,4 +119,51 @@ uint64_t hyla_snapshot_bytes(const hyla_snapshot *s) {
     uint64_t n = 0;
     for (uint32_t i = 0; i < s->n_parts; i++) n += s->parts[i].nbytes;
     return n;
+}
+
+static void shape_text(char *buf, size_t n, const hyla_state_part *p) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (uint32_t d = 0; d < p->ndim && o < n; d++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%llu", d ? "," : "[", (unsigned long long)p->shape[d]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+hyla_status hyla_snapshot_check_layout(const hyla_snapshot *got, const hyla_snapshot *exp) {
+    if (got->model_fingerprint && exp->model_fingerprint && got->model_fingerprint != exp->model_fingerprint)
+        return hyla_fail(HYLA_ERR_MISMATCH, "model fingerprint mismatch: state is from model %016llx, expected %016llx",
+                         (unsigned long long)got->model_fingerprint, (unsigned long long)exp->model_fingerprint);
+    for (uint32_t i = 0; i < got->n_parts || i < exp->n_parts; i++) {
+        if (i >= got->n_parts) {
+            const hyla_state_part *e = &exp->parts[i];
+            return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: missing from the state (it has %u parts, expected %u)",
+                             e->layer, e->name, got->n_parts, exp->n_parts);
+        }
+        const hyla_state_part *g = &got->parts[i];
+        if (i >= exp->n_parts)
+            return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: not expected (the model has %u parts)", g->layer,
+                             g->name, exp->n_parts);
+        const hyla_state_part *e = &exp->parts[i];
+        if (g->layer != e->layer || strcmp(g->name, e->name) != 0)
+            return hyla_fail(HYLA_ERR_MISMATCH, "part #%u: state has layer %u part %s where the model has layer %u part %s",
+                             i, g->layer, g->name, e->layer, e->name);
+        if (g->kind != e->kind)
+            return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: kind %s, expected %s", g->layer, g->name,
+                             hyla_part_kind_name((hyla_part_kind)g->kind), hyla_part_kind_name((hyla_part_kind)e->kind));
+        if (g->dtype != e->dtype)
+            return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: dtype %s, expected %s", g->layer, g->name,
+                             hyla_dtype_name((hyla_dtype)g->dtype), hyla_dtype_name((hyla_dtype)e->dtype));
+        int bad = g->ndim != e->ndim || g->page_tokens != e->page_tokens;
+        for (uint32_t d = 0; !bad && d < g->ndim; d++)
+            if (g->shape[d] != e->shape[d] && !(d == 0 && g->kind == HYLA_PART_KV)) bad = 1;
+        if (bad) {
+            char a[128], b[128];
+            shape_text(a, sizeof a, g);
+            shape_text(b, sizeof b, e);
+            return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: shape %s (page %u), expected %s (page %u)%s", g->layer,
+                             g->name, a, g->page_tokens, b, e->page_tokens,
+                             g->kind == HYLA_PART_KV ? "; the token count may differ" : "");
+        }
+    }
+    return HYLA_OK;
 }

@@ -84,6 +84,12 @@ hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out);
 int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b);
 /* Total bytes of part data. */
 uint64_t hyla_snapshot_bytes(const hyla_snapshot *s);
+/* Check that `got` fits the layout of `expected_layout` (e.g. the snapshot a freshly created
+ * session of the model exports): the model fingerprint (unless either is 0), then the same parts
+ * in the same order with the same layer, name, kind, dtype, ndim, shape and page size. A KV
+ * part's token count (shape[0]) may differ. Data is not read (expected_layout's may be NULL).
+ * On mismatch returns HYLA_ERR_MISMATCH with a message naming layer, part, and what differs. */
+hyla_status hyla_snapshot_check_layout(const hyla_snapshot *got, const hyla_snapshot *expected_layout);
 
 #ifdef __cplusplus
 }

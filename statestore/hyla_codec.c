@@ -1,0 +1,1239 @@
+/* hyla_codec.c — snapshot <-> manifest + chunk values, and the portable snapshot file.
+ *
+ * Invariants: a chunk's stored-form bytes are a fixed stride of its part (KV: whole pages), so
+ * the same state always yields the same chunk keys; every value carries xxh64 of its header and
+ * payload, every chunk reference carries xxh64 of its raw bytes, and the manifest ends with its
+ * own xxh64 (the whole-snapshot checksum). Decoding checks all three and names the location of
+ * any mismatch. Byte order on disk is little-endian throughout, keys big-endian.
+ *
+ * Threading: stateless apart from the fault-injection counters (atomics). Encoding and decoding
+ * spread chunks over pthreads (hyla_parallel_for), each thread with its own zstd context and
+ * scratch buffer. Errors from worker threads are collected under a mutex; the one with the lowest
+ * chunk index is reported on the caller's thread. */
+#include "hyla_codec.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#define MANIFEST_MAGIC "HYLAMFST"
+#define FILE_MAGIC "HYLASNAP"
+#define TRAILER_MAGIC "HYLAEND"
+#define CHUNK_MAGIC 0x4b435948u /* "HYCK" little-endian */
+#define MANIFEST_HEADER_BYTES 128
+#define MANIFEST_PART_BYTES 108
+#define MANIFEST_CHUNK_BYTES 32
+#define FILE_HEADER_BYTES 32
+#define FILE_TRAILER_BYTES 32
+#define CODEC_RAW 0
+#define CODEC_ZSTD 1
+
+/* ---------------------------------------------------------------- fault injection */
+
+static atomic_long fault_zstd_countdown;
+static atomic_long fault_write_countdown;
+
+void hyla_codec_fault_zstd(long nth) { atomic_store(&fault_zstd_countdown, nth); }
+void hyla_codec_fault_write(long nth) { atomic_store(&fault_write_countdown, nth); }
+
+/* 1 when this call is the one to fail. */
+static int fault_hit(atomic_long *c) {
+    long v = atomic_load(c);
+    while (v > 0) {
+        if (atomic_compare_exchange_weak(c, &v, v - 1)) return v == 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- params, threads */
+
+hyla_codec_params hyla_codec_default_params(void) {
+    hyla_codec_params p;
+    memset(&p, 0, sizeof p);
+    p.chunk_bytes = 2u << 20;
+    p.zstd_level = 1;
+    p.threads = 0;
+    p.f32_as_bf16 = 0;
+    p.shuffle = 1;
+    return p;
+}
+
+int hyla_online_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}
+
+int hyla_parallel_width(int threads, size_t n) {
+    int t = threads > 0 ? threads : hyla_online_cores();
+    if (t > 64) t = 64;
+    if ((size_t)t > n) t = (int)n;
+    return t < 1 ? 1 : t;
+}
+
+typedef struct {
+    void (*fn)(void *ctx, size_t i, int tid);
+    void *ctx;
+    size_t n;
+    atomic_size_t next;
+} par_job;
+
+typedef struct {
+    par_job *job;
+    int tid;
+} par_arg;
+
+static void *par_worker(void *a) {
+    par_arg *pa = a;
+    for (;;) {
+        size_t i = atomic_fetch_add(&pa->job->next, 1);
+        if (i >= pa->job->n) break;
+        pa->job->fn(pa->job->ctx, i, pa->tid);
+    }
+    return NULL;
+}
+
+void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, int tid), void *ctx) {
+    if (n == 0) return;
+    int w = hyla_parallel_width(threads, n);
+    par_job job = {fn, ctx, n, 0};
+    par_arg args[64];
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < w; t++) {
+        args[t].job = &job;
+        args[t].tid = t;
+        if (pthread_create(&th[t], NULL, par_worker, &args[t]) != 0) break; /* run with fewer */
+        started = t;
+    }
+    args[0].job = &job;
+    args[0].tid = 0;
+    par_worker(&args[0]);
+    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+}
+
+/* First error (lowest index) of a parallel run. */
+typedef struct {
+    pthread_mutex_t mu;
+    size_t index;
+    hyla_status status;
+    char msg[1024];
+} first_error;
+
+static void first_error_init(first_error *e) {
+    pthread_mutex_init(&e->mu, NULL);
+    e->index = (size_t)-1;
+    e->status = HYLA_OK;
+    e->msg[0] = 0;
+}
+
+static void first_error_set(first_error *e, size_t index, hyla_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void first_error_set(first_error *e, size_t index, hyla_status st, const char *fmt, ...) {
+    pthread_mutex_lock(&e->mu);
+    if (index < e->index) {
+        e->index = index;
+        e->status = st;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static hyla_status first_error_finish(first_error *e) {
+    pthread_mutex_destroy(&e->mu);
+    if (e->status != HYLA_OK) return hyla_fail(e->status, "%s", e->msg);
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- little helpers */
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+static void put_f32(uint8_t *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    put_u32(p, u);
+}
+static float get_f32(const uint8_t *p) {
+    uint32_t u = get_u32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Byte shuffle: plane b holds byte b of every element (n elements of size e). */
+static void shuffle_bytes(uint8_t *restrict dst, const uint8_t *restrict src, size_t n, size_t e) {
+    if (e == 4) {
+        uint8_t *d0 = dst, *d1 = dst + n, *d2 = dst + 2 * n, *d3 = dst + 3 * n;
+        for (size_t i = 0; i < n; i++) {
+            d0[i] = src[4 * i];
+            d1[i] = src[4 * i + 1];
+            d2[i] = src[4 * i + 2];
+            d3[i] = src[4 * i + 3];
+        }
+    } else if (e == 2) {
+        uint8_t *d0 = dst, *d1 = dst + n;
+        for (size_t i = 0; i < n; i++) {
+            d0[i] = src[2 * i];
+            d1[i] = src[2 * i + 1];
+        }
+    } else {
+        for (size_t b = 0; b < e; b++)
+            for (size_t i = 0; i < n; i++) dst[b * n + i] = src[i * e + b];
+    }
+}
+
+static void unshuffle_bytes(uint8_t *restrict dst, const uint8_t *restrict src, size_t n, size_t e) {
+    if (e == 4) {
+        const uint8_t *s0 = src, *s1 = src + n, *s2 = src + 2 * n, *s3 = src + 3 * n;
+        for (size_t i = 0; i < n; i++) {
+            dst[4 * i] = s0[i];
+            dst[4 * i + 1] = s1[i];
+            dst[4 * i + 2] = s2[i];
+            dst[4 * i + 3] = s3[i];
+        }
+    } else if (e == 2) {
+        const uint8_t *s0 = src, *s1 = src + n;
+        for (size_t i = 0; i < n; i++) {
+            dst[2 * i] = s0[i];
+            dst[2 * i + 1] = s1[i];
+        }
+    } else {
+        for (size_t b = 0; b < e; b++)
+            for (size_t i = 0; i < n; i++) dst[i * e + b] = src[b * n + i];
+    }
+}
+
+static int dtype_valid(uint32_t dt) { return dt < HYLA_DT_COUNT; }
+
+/* Stored element size of a part (for the shuffle). */
+static size_t stored_elem(uint32_t stored_dtype) { return hyla_dtype_size((hyla_dtype)stored_dtype); }
+
+/* Location text "layer L part NAME (kind) chunk C/N". */
+static void loc_text(char *buf, size_t n, const hyla_manifest *m, const hyla_chunk_ref *c) {
+    const hyla_manifest_part *mp = &m->parts[c->part];
+    snprintf(buf, n, "layer %u part %s (%s) chunk %u/%u", mp->desc.layer, mp->desc.name,
+             hyla_part_kind_name((hyla_part_kind)mp->desc.kind), c->index, mp->n_chunks);
+}
+
+/* ---------------------------------------------------------------- chunk values */
+
+/* Value layout (docs/STATE_FORMAT.md §3):
+ *  0 u32 magic "HYCK" | 4 u8 codec | 5 u8 shuffle element size | 6 u16 0 | 8 u32 raw_len
+ * 12 u32 payload_len | 16 u64 raw xxh64 | 24 u64 check = XXH64(payload, seed = XXH64(bytes 0..24, 0))
+ * 32 payload */
+static uint64_t value_check(const uint8_t *hdr, const uint8_t *payload, size_t plen) {
+    uint64_t seed = XXH64(hdr, 24, 0);
+    return XXH64(payload, plen, seed);
+}
+
+typedef struct {
+    ZSTD_CCtx *cctx;
+    ZSTD_DCtx *dctx;
+    uint8_t *scratch;
+    size_t scratch_len;
+} thread_scratch;
+
+static int scratch_reserve(thread_scratch *t, size_t n) {
+    if (t->scratch_len >= n) return 1;
+    free(t->scratch);
+    t->scratch = malloc(n ? n : 1);
+    t->scratch_len = t->scratch ? n : 0;
+    return t->scratch != NULL;
+}
+
+static void scratch_free(thread_scratch *t, int n) {
+    for (int i = 0; i < n; i++) {
+        ZSTD_freeCCtx(t[i].cctx);
+        ZSTD_freeDCtx(t[i].dctx);
+        free(t[i].scratch);
+    }
+    free(t);
+}
+
+/* Encode raw bytes into a new value. Returns 0 on success, else writes err. */
+static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len, uint64_t raw_hash, size_t elem,
+                        const hyla_codec_params *p, uint8_t **out, size_t *out_len, char *err, size_t errlen) {
+    size_t bound = ZSTD_compressBound(raw_len);
+    uint8_t *v = malloc(HYLA_CHUNK_HEADER_BYTES + (bound > raw_len ? bound : raw_len));
+    if (!v) {
+        snprintf(err, errlen, "out of memory for a %u-byte chunk", raw_len);
+        return -1;
+    }
+    uint8_t codec = CODEC_RAW, shuf = 1;
+    size_t plen = raw_len;
+    if (p->zstd_level != 0 && raw_len > 0) {
+        const uint8_t *in = raw;
+        if (p->shuffle && elem > 1 && raw_len % elem == 0) {
+            if (!scratch_reserve(ts, raw_len)) {
+                free(v);
+                snprintf(err, errlen, "out of memory for shuffle scratch");
+                return -1;
+            }
+            shuffle_bytes(ts->scratch, raw, raw_len / elem, elem);
+            in = ts->scratch;
+            shuf = (uint8_t)elem;
+        }
+        if (!ts->cctx) ts->cctx = ZSTD_createCCtx();
+        size_t zr;
+        if (fault_hit(&fault_zstd_countdown))
+            zr = (size_t)-ZSTD_error_GENERIC;
+        else if (!ts->cctx)
+            zr = (size_t)-ZSTD_error_memory_allocation;
+        else
+            zr = ZSTD_compressCCtx(ts->cctx, v + HYLA_CHUNK_HEADER_BYTES, bound, in, raw_len, p->zstd_level);
+        if (ZSTD_isError(zr)) {
+            free(v);
+            snprintf(err, errlen, "zstd compress failed: %s", ZSTD_getErrorName(zr));
+            return -1;
+        }
+        if (zr < raw_len) {
+            codec = CODEC_ZSTD;
+            plen = zr;
+        } else {
+            shuf = 1;
+        }
+    }
+    if (codec == CODEC_RAW) memcpy(v + HYLA_CHUNK_HEADER_BYTES, raw, raw_len);
+    put_u32(v, CHUNK_MAGIC);
+    v[4] = codec;
+    v[5] = shuf;
+    v[6] = v[7] = 0;
+    put_u32(v + 8, raw_len);
+    put_u32(v + 12, (uint32_t)plen);
+    put_u64(v + 16, raw_hash);
+    put_u64(v + 24, value_check(v, v + HYLA_CHUNK_HEADER_BYTES, plen));
+    uint8_t *sh = realloc(v, HYLA_CHUNK_HEADER_BYTES + plen);
+    *out = sh ? sh : v;
+    *out_len = HYLA_CHUNK_HEADER_BYTES + plen;
+    return 0;
+}
+
+/* Decode a value into dst (ref->raw_len bytes). */
+static hyla_status decode_value(thread_scratch *ts, const uint8_t *val, size_t len, const hyla_chunk_ref *ref,
+                                uint8_t *dst, char *err, size_t errlen) {
+    if (len < HYLA_CHUNK_HEADER_BYTES) {
+        snprintf(err, errlen, "truncated value: %zu bytes, shorter than the %d-byte chunk header", len,
+                 HYLA_CHUNK_HEADER_BYTES);
+        return HYLA_ERR_CORRUPT;
+    }
+    if (get_u32(val) != CHUNK_MAGIC) {
+        snprintf(err, errlen, "not a chunk value (magic %08x)", get_u32(val));
+        return HYLA_ERR_CORRUPT;
+    }
+    uint8_t codec = val[4], shuf = val[5];
+    uint32_t raw_len = get_u32(val + 8), plen = get_u32(val + 12);
+    if ((size_t)plen + HYLA_CHUNK_HEADER_BYTES != len) {
+        snprintf(err, errlen, "%s value: %zu bytes, header says %zu",
+                 (size_t)plen + HYLA_CHUNK_HEADER_BYTES > len ? "truncated" : "oversized", len,
+                 (size_t)plen + HYLA_CHUNK_HEADER_BYTES);
+        return HYLA_ERR_CORRUPT;
+    }
+    uint64_t check = value_check(val, val + HYLA_CHUNK_HEADER_BYTES, plen);
+    if (check != get_u64(val + 24)) {
+        snprintf(err, errlen, "checksum mismatch (value xxh64 %016llx, stored %016llx)", (unsigned long long)check,
+                 (unsigned long long)get_u64(val + 24));
+        return HYLA_ERR_CORRUPT;
+    }
+    if (raw_len != ref->raw_len || get_u64(val + 16) != ref->raw_hash) {
+        snprintf(err, errlen, "value is for another chunk (raw %u bytes xxh64 %016llx, manifest wants %u bytes %016llx)",
+                 raw_len, (unsigned long long)get_u64(val + 16), ref->raw_len, (unsigned long long)ref->raw_hash);
+        return HYLA_ERR_CORRUPT;
+    }
+    const uint8_t *payload = val + HYLA_CHUNK_HEADER_BYTES;
+    if (codec == CODEC_RAW) {
+        if (plen != raw_len) {
+            snprintf(err, errlen, "raw chunk with payload %u bytes for %u raw bytes", plen, raw_len);
+            return HYLA_ERR_CORRUPT;
+        }
+        memcpy(dst, payload, raw_len);
+    } else if (codec == CODEC_ZSTD) {
+        if (shuf == 0 || (shuf > 1 && raw_len % shuf != 0)) {
+            snprintf(err, errlen, "bad shuffle element size %u for %u bytes", shuf, raw_len);
+            return HYLA_ERR_CORRUPT;
+        }
+        uint8_t *zdst = dst;
+        if (shuf > 1) {
+            if (!scratch_reserve(ts, raw_len)) {
+                snprintf(err, errlen, "out of memory for a %u-byte chunk", raw_len);
+                return HYLA_ERR_NOMEM;
+            }
+            zdst = ts->scratch;
+        }
+        if (!ts->dctx) ts->dctx = ZSTD_createDCtx();
+        size_t zr;
+        if (fault_hit(&fault_zstd_countdown))
+            zr = (size_t)-ZSTD_error_GENERIC;
+        else if (!ts->dctx)
+            zr = (size_t)-ZSTD_error_memory_allocation;
+        else
+            zr = ZSTD_decompressDCtx(ts->dctx, zdst, raw_len, payload, plen);
+        if (ZSTD_isError(zr) || zr != raw_len) {
+            snprintf(err, errlen, "zstd decompress failed: %s",
+                     ZSTD_isError(zr) ? ZSTD_getErrorName(zr) : "wrong decompressed size");
+            return HYLA_ERR_CORRUPT;
+        }
+        if (shuf > 1) unshuffle_bytes(dst, zdst, raw_len / shuf, shuf);
+    } else {
+        snprintf(err, errlen, "unknown chunk codec %u", codec);
+        return HYLA_ERR_CORRUPT;
+    }
+    uint64_t h = XXH64(dst, raw_len, 0);
+    if (h != ref->raw_hash) {
+        snprintf(err, errlen, "checksum mismatch of decoded bytes (xxh64 %016llx, manifest %016llx)",
+                 (unsigned long long)h, (unsigned long long)ref->raw_hash);
+        return HYLA_ERR_CORRUPT;
+    }
+    return HYLA_OK;
+}
+
+hyla_status hyla_chunk_decode(const uint8_t *val, size_t len, const hyla_chunk_ref *ref, uint8_t *dst, char *err,
+                              size_t errlen) {
+    thread_scratch ts;
+    memset(&ts, 0, sizeof ts);
+    hyla_status st = decode_value(&ts, val, len, ref, dst, err, errlen);
+    ZSTD_freeDCtx(ts.dctx);
+    free(ts.scratch);
+    return st;
+}
+
+/* ---------------------------------------------------------------- plan (encode side) */
+
+static void make_key(uint8_t key[HYLA_CHUNK_KEY_BYTES], const uint8_t *raw, uint32_t len) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(raw, len));
+    memcpy(key, c.digest, 16);
+    key[16] = (uint8_t)(len >> 24);
+    key[17] = (uint8_t)(len >> 16);
+    key[18] = (uint8_t)(len >> 8);
+    key[19] = (uint8_t)len;
+}
+
+/* Chunk stride of a part in stored bytes; *ppc = pages per chunk for KV parts. */
+static uint64_t part_stride(const hyla_state_part *p, size_t selem, uint64_t stored_bytes, uint32_t target,
+                            uint32_t *ppc) {
+    *ppc = 0;
+    if (p->kind == HYLA_PART_KV && p->page_tokens > 0) {
+        uint64_t row = selem;
+        for (uint32_t d = 1; d < p->ndim; d++) row *= p->shape[d];
+        uint64_t page = row * p->page_tokens;
+        if (page == 0) page = 1;
+        uint64_t n = target / page;
+        if (n < 1) n = 1;
+        *ppc = (uint32_t)n;
+        return n * page;
+    }
+    uint64_t s = target - target % selem;
+    if (s == 0) s = selem;
+    (void)stored_bytes;
+    return s;
+}
+
+static const uint8_t *plan_part_bytes(const hyla_codec_plan *pl, uint32_t part) {
+    if (pl->stored && pl->stored[part]) return pl->stored[part];
+    return pl->snap->parts[part].data;
+}
+
+static int part_lossy(const hyla_codec_params *p, const hyla_state_part *sp) {
+    return p->f32_as_bf16 && sp->dtype == HYLA_DT_F32;
+}
+
+static void plan_hash_fn(void *ctx, size_t i, int tid) {
+    (void)tid;
+    hyla_codec_plan *pl = ctx;
+    hyla_chunk_ref *r = &pl->chunks[i].ref;
+    const uint8_t *raw = plan_part_bytes(pl, r->part) + r->raw_off;
+    r->raw_hash = XXH64(raw, r->raw_len, 0);
+    make_key(r->key, raw, r->raw_len);
+}
+
+typedef struct {
+    hyla_codec_plan *pl;
+    uint32_t part;
+} conv_ctx;
+
+static void conv_fn(void *ctx, size_t i, int tid) {
+    (void)tid;
+    conv_ctx *c = ctx;
+    const hyla_state_part *sp = &c->pl->snap->parts[c->part];
+    size_t n = sp->nbytes / 4;
+    size_t blk = 1u << 20;
+    size_t a = i * blk, b = a + blk < n ? a + blk : n;
+    hyla_from_f32((uint16_t *)c->pl->stored[c->part] + a, HYLA_DT_BF16, (const float *)sp->data + a, b - a);
+}
+
+/* Serialize the manifest of a plan. */
+static hyla_status plan_manifest(hyla_codec_plan *pl, const uint64_t *stored_bytes, const uint64_t *stride,
+                                 const uint32_t *ppc, const uint32_t *nch) {
+    const hyla_snapshot *s = pl->snap;
+    size_t len = MANIFEST_HEADER_BYTES + (size_t)s->n_parts * MANIFEST_PART_BYTES + pl->n_chunks * MANIFEST_CHUNK_BYTES + 8;
+    uint8_t *b = calloc(1, len);
+    if (!b) return hyla_fail(HYLA_ERR_NOMEM, "manifest of %zu bytes", len);
+    memcpy(b, MANIFEST_MAGIC, 8);
+    put_u32(b + 8, s->format_version);
+    put_u32(b + 12, 0);
+    put_u64(b + 16, s->model_fingerprint);
+    put_u64(b + 24, s->position);
+    put_u64(b + 32, s->n_generated);
+    put_u32(b + 40, (uint32_t)s->pending_token);
+    put_f32(b + 44, s->sampler.temperature);
+    put_u32(b + 48, (uint32_t)s->sampler.top_k);
+    put_f32(b + 52, s->sampler.top_p);
+    put_u64(b + 56, s->sampler.seed);
+    for (int i = 0; i < 4; i++) put_u64(b + 64 + 8 * i, s->rng[i]);
+    put_u32(b + 96, s->n_layers);
+    put_u32(b + 100, s->n_parts);
+    put_u64(b + 104, hyla_snapshot_bytes(s));
+    put_u64(b + 112, pl->n_chunks);
+    uint8_t *q = b + MANIFEST_HEADER_BYTES;
+    size_t ci = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++) {
+        const hyla_state_part *sp = &s->parts[i];
+        put_u32(q, sp->layer);
+        memcpy(q + 4, sp->name, HYLA_PART_NAME_MAX);
+        put_u32(q + 20, sp->kind);
+        put_u32(q + 24, sp->dtype);
+        put_u32(q + 28, part_lossy(&pl->params, sp) ? HYLA_DT_BF16 : sp->dtype);
+        put_u32(q + 32, sp->ndim);
+        for (int d = 0; d < HYLA_PART_MAX_DIMS; d++) put_u64(q + 36 + 8 * d, d < (int)sp->ndim ? sp->shape[d] : 0);
+        put_u32(q + 68, sp->page_tokens);
+        put_u32(q + 72, ppc[i]);
+        put_u64(q + 76, sp->nbytes);
+        put_u64(q + 84, stored_bytes[i]);
+        put_u64(q + 92, stride[i]);
+        put_u32(q + 100, nch[i]);
+        put_u32(q + 104, 0);
+        q += MANIFEST_PART_BYTES;
+        for (uint32_t c = 0; c < nch[i]; c++, ci++) {
+            const hyla_chunk_ref *r = &pl->chunks[ci].ref;
+            memcpy(q, r->key, HYLA_CHUNK_KEY_BYTES);
+            put_u32(q + 20, r->raw_len);
+            put_u64(q + 24, r->raw_hash);
+            q += MANIFEST_CHUNK_BYTES;
+        }
+    }
+    pl->checksum = XXH64(b, len - 8, 0);
+    put_u64(b + len - 8, pl->checksum);
+    pl->manifest = b;
+    pl->manifest_len = len;
+    return HYLA_OK;
+}
+
+hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_params *pin, hyla_codec_plan **out) {
+    hyla_codec_params p = pin ? *pin : hyla_codec_default_params();
+    if (p.chunk_bytes < 4096 || p.chunk_bytes > (256u << 20))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "codec: chunk_bytes %u outside 4 KiB .. 256 MiB", p.chunk_bytes);
+    if (p.zstd_level > ZSTD_maxCLevel() || p.zstd_level < ZSTD_minCLevel())
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "codec: zstd level %d outside %d..%d", p.zstd_level, ZSTD_minCLevel(),
+                         ZSTD_maxCLevel());
+    if (s->format_version != HYLA_SNAPSHOT_FORMAT_VERSION)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "codec: snapshot format version %u, this build writes %u",
+                         s->format_version, HYLA_SNAPSHOT_FORMAT_VERSION);
+    hyla_codec_plan *pl = calloc(1, sizeof *pl);
+    uint64_t *stored_bytes = calloc(s->n_parts + 1, sizeof *stored_bytes);
+    uint64_t *stride = calloc(s->n_parts + 1, sizeof *stride);
+    uint32_t *ppc = calloc(s->n_parts + 1, sizeof *ppc), *nch = calloc(s->n_parts + 1, sizeof *nch);
+    hyla_status st = HYLA_OK;
+    if (!pl || !stored_bytes || !stride || !ppc || !nch) {
+        st = hyla_fail(HYLA_ERR_NOMEM, "codec plan");
+        goto done;
+    }
+    pl->snap = s;
+    pl->params = p;
+    size_t total = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++) {
+        const hyla_state_part *sp = &s->parts[i];
+        if (!dtype_valid(sp->dtype) || sp->ndim == 0 || sp->ndim > HYLA_PART_MAX_DIMS) {
+            st = hyla_fail(HYLA_ERR_INVALID_ARG, "codec: layer %u part %s: bad dtype %u or ndim %u", sp->layer,
+                           sp->name, sp->dtype, sp->ndim);
+            goto done;
+        }
+        int lossy = part_lossy(&p, sp);
+        size_t selem = lossy ? 2 : hyla_dtype_size((hyla_dtype)sp->dtype);
+        stored_bytes[i] = lossy ? sp->nbytes / 2 : sp->nbytes;
+        stride[i] = part_stride(sp, selem, stored_bytes[i], p.chunk_bytes, &ppc[i]);
+        nch[i] = (uint32_t)((stored_bytes[i] + stride[i] - 1) / stride[i]);
+        total += nch[i];
+    }
+    pl->n_chunks = total;
+    pl->chunks = calloc(total + 1, sizeof *pl->chunks);
+    pl->stored = calloc(s->n_parts + 1, sizeof *pl->stored);
+    if (!pl->chunks || !pl->stored) {
+        st = hyla_fail(HYLA_ERR_NOMEM, "codec plan: %zu chunks", total);
+        goto done;
+    }
+    size_t ci = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++) {
+        const hyla_state_part *sp = &s->parts[i];
+        if (part_lossy(&p, sp) && sp->nbytes) {
+            pl->stored[i] = malloc(stored_bytes[i]);
+            if (!pl->stored[i]) {
+                st = hyla_fail(HYLA_ERR_NOMEM, "codec: bf16 copy of layer %u part %s", sp->layer, sp->name);
+                goto done;
+            }
+            conv_ctx cc = {pl, i};
+            size_t n = sp->nbytes / 4;
+            hyla_parallel_for(p.threads, (n + (1u << 20) - 1) >> 20, conv_fn, &cc);
+        }
+        for (uint32_t c = 0; c < nch[i]; c++, ci++) {
+            hyla_chunk_ref *r = &pl->chunks[ci].ref;
+            r->part = i;
+            r->index = c;
+            r->raw_off = (uint64_t)c * stride[i];
+            uint64_t left = stored_bytes[i] - r->raw_off;
+            r->raw_len = (uint32_t)(left < stride[i] ? left : stride[i]);
+        }
+    }
+    hyla_parallel_for(p.threads, total, plan_hash_fn, pl);
+    st = plan_manifest(pl, stored_bytes, stride, ppc, nch);
+done:
+    free(stored_bytes);
+    free(stride);
+    free(ppc);
+    free(nch);
+    if (st != HYLA_OK) {
+        hyla_codec_plan_destroy(pl);
+        return st;
+    }
+    *out = pl;
+    return HYLA_OK;
+}
+
+typedef struct {
+    hyla_codec_plan *pl;
+    thread_scratch *ts;
+    first_error err;
+} enc_ctx;
+
+static void enc_fn(void *ctx, size_t i, int tid) {
+    enc_ctx *e = ctx;
+    hyla_plan_chunk *c = &e->pl->chunks[i];
+    if (!c->want || c->value) return;
+    const hyla_state_part *sp = &e->pl->snap->parts[c->ref.part];
+    size_t selem = part_lossy(&e->pl->params, sp) ? 2 : hyla_dtype_size((hyla_dtype)sp->dtype);
+    char err[512];
+    if (encode_value(&e->ts[tid], plan_part_bytes(e->pl, c->ref.part) + c->ref.raw_off, c->ref.raw_len,
+                     c->ref.raw_hash, selem, &e->pl->params, &c->value, &c->value_len, err, sizeof err) != 0)
+        first_error_set(&e->err, i, HYLA_ERR_INTERNAL, "encoding layer %u part %s chunk %u: %s", sp->layer, sp->name,
+                        c->ref.index, err);
+}
+
+hyla_status hyla_codec_plan_encode(hyla_codec_plan *pl) {
+    int w = hyla_parallel_width(pl->params.threads, pl->n_chunks);
+    enc_ctx e;
+    e.pl = pl;
+    e.ts = calloc((size_t)w, sizeof *e.ts);
+    if (!e.ts) return hyla_fail(HYLA_ERR_NOMEM, "codec: thread scratch");
+    first_error_init(&e.err);
+    hyla_parallel_for(pl->params.threads, pl->n_chunks, enc_fn, &e);
+    scratch_free(e.ts, w);
+    return first_error_finish(&e.err);
+}
+
+void hyla_codec_plan_release(hyla_codec_plan *pl, size_t i) {
+    free(pl->chunks[i].value);
+    pl->chunks[i].value = NULL;
+}
+
+void hyla_codec_plan_destroy(hyla_codec_plan *pl) {
+    if (!pl) return;
+    if (pl->chunks)
+        for (size_t i = 0; i < pl->n_chunks; i++) free(pl->chunks[i].value);
+    free(pl->chunks);
+    if (pl->stored && pl->snap)
+        for (uint32_t i = 0; i < pl->snap->n_parts; i++) free(pl->stored[i]);
+    free(pl->stored);
+    free(pl->manifest);
+    free(pl);
+}
+
+/* ---------------------------------------------------------------- manifest (decode side) */
+
+void hyla_manifest_destroy(hyla_manifest *m) {
+    if (!m) return;
+    free(m->parts);
+    free(m->chunks);
+    free(m);
+}
+
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
+    if (a && b > UINT64_MAX / a) return 0;
+    *r = a * b;
+    return 1;
+}
+
+hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, hyla_manifest **out) {
+    if (len < 12 || memcmp(b, MANIFEST_MAGIC, 8) != 0)
+        return hyla_fail(HYLA_ERR_FORMAT, "%s: manifest: %s", what,
+                         len < 12 ? "truncated value (shorter than its header)" : "bad magic (not a hyla manifest)");
+    uint32_t ver = get_u32(b + 8);
+    if (ver != HYLA_SNAPSHOT_FORMAT_VERSION)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: unknown snapshot format version %u (this build reads version %u)",
+                         what, ver, HYLA_SNAPSHOT_FORMAT_VERSION);
+    if (len < MANIFEST_HEADER_BYTES + 8)
+        return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest: truncated value (%zu bytes)", what, len);
+    uint32_t n_parts = get_u32(b + 100);
+    uint64_t n_chunks = get_u64(b + 112);
+    uint64_t need = MANIFEST_HEADER_BYTES + 8;
+    if (n_parts > (1u << 20) || n_chunks > (1ull << 32) ||
+        (need += (uint64_t)n_parts * MANIFEST_PART_BYTES + n_chunks * MANIFEST_CHUNK_BYTES) != len)
+        return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest: %s value: %zu bytes, its header implies %llu", what,
+                         len < need ? "truncated" : "malformed", len, (unsigned long long)need);
+    uint64_t sum = XXH64(b, len - 8, 0);
+    if (sum != get_u64(b + len - 8))
+        return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest checksum mismatch (xxh64 %016llx, stored %016llx)", what,
+                         (unsigned long long)sum, (unsigned long long)get_u64(b + len - 8));
+    hyla_manifest *m = calloc(1, sizeof *m);
+    if (!m) return hyla_fail(HYLA_ERR_NOMEM, "manifest");
+    m->parts = calloc(n_parts + 1, sizeof *m->parts);
+    m->chunks = calloc(n_chunks + 1, sizeof *m->chunks);
+    if (!m->parts || !m->chunks) {
+        hyla_manifest_destroy(m);
+        return hyla_fail(HYLA_ERR_NOMEM, "manifest of %u parts", n_parts);
+    }
+    hyla_snapshot *s = &m->meta;
+    s->format_version = ver;
+    s->model_fingerprint = get_u64(b + 16);
+    s->position = get_u64(b + 24);
+    s->n_generated = get_u64(b + 32);
+    s->pending_token = (int32_t)get_u32(b + 40);
+    s->sampler.temperature = get_f32(b + 44);
+    s->sampler.top_k = (int32_t)get_u32(b + 48);
+    s->sampler.top_p = get_f32(b + 52);
+    s->sampler.seed = get_u64(b + 56);
+    for (int i = 0; i < 4; i++) s->rng[i] = get_u64(b + 64 + 8 * i);
+    s->n_layers = get_u32(b + 96);
+    m->n_parts = n_parts;
+    m->n_chunks = n_chunks;
+    m->checksum = sum;
+    const uint8_t *q = b + MANIFEST_HEADER_BYTES;
+    size_t ci = 0;
+    uint64_t raw_total = 0;
+    hyla_status st = HYLA_OK;
+    for (uint32_t i = 0; i < n_parts; i++) {
+        hyla_manifest_part *mp = &m->parts[i];
+        hyla_state_part *d = &mp->desc;
+        d->layer = get_u32(q);
+        memcpy(d->name, q + 4, HYLA_PART_NAME_MAX);
+        d->kind = get_u32(q + 20);
+        d->dtype = get_u32(q + 24);
+        mp->stored_dtype = get_u32(q + 28);
+        d->ndim = get_u32(q + 32);
+        for (int k = 0; k < HYLA_PART_MAX_DIMS; k++) d->shape[k] = get_u64(q + 36 + 8 * k);
+        d->page_tokens = get_u32(q + 68);
+        mp->pages_per_chunk = get_u32(q + 72);
+        d->nbytes = get_u64(q + 76);
+        mp->stored_bytes = get_u64(q + 84);
+        mp->chunk_bytes = get_u64(q + 92);
+        mp->n_chunks = get_u32(q + 100);
+        mp->first_chunk = (uint32_t)ci;
+        q += MANIFEST_PART_BYTES;
+        char name[HYLA_PART_NAME_MAX + 1];
+        memcpy(name, d->name, HYLA_PART_NAME_MAX);
+        name[HYLA_PART_NAME_MAX] = 0;
+        if (d->name[HYLA_PART_NAME_MAX - 1] != 0 || d->ndim == 0 || d->ndim > HYLA_PART_MAX_DIMS ||
+            !dtype_valid(d->dtype) || !dtype_valid(mp->stored_dtype) ||
+            !(mp->stored_dtype == d->dtype || (d->dtype == HYLA_DT_F32 && mp->stored_dtype == HYLA_DT_BF16))) {
+            st = hyla_fail(HYLA_ERR_FORMAT, "%s: layer %u part %s: malformed descriptor (ndim %u, dtype %u, stored %u)",
+                           what, d->layer, name, d->ndim, d->dtype, mp->stored_dtype);
+            goto fail;
+        }
+        uint64_t elems = 1, nb = 0, sb = 0;
+        int ok = 1;
+        for (uint32_t k = 0; k < d->ndim; k++) ok &= mul_ok(elems, d->shape[k], &elems);
+        ok = ok && mul_ok(elems, hyla_dtype_size((hyla_dtype)d->dtype), &nb) &&
+             mul_ok(elems, stored_elem(mp->stored_dtype), &sb);
+        uint64_t want_chunks = mp->chunk_bytes ? (sb + mp->chunk_bytes - 1) / mp->chunk_bytes : 0;
+        if (!ok || nb != d->nbytes || sb != mp->stored_bytes || mp->chunk_bytes == 0 ||
+            mp->chunk_bytes % stored_elem(mp->stored_dtype) != 0 || want_chunks != mp->n_chunks ||
+            ci + mp->n_chunks > n_chunks) {
+            st = hyla_fail(HYLA_ERR_FORMAT,
+                           "%s: layer %u part %s: sizes disagree (shape gives %llu bytes, descriptor %llu; %u chunks of "
+                           "%llu bytes)",
+                           what, d->layer, name, (unsigned long long)nb, (unsigned long long)d->nbytes, mp->n_chunks,
+                           (unsigned long long)mp->chunk_bytes);
+            goto fail;
+        }
+        raw_total += d->nbytes;
+        for (uint32_t c = 0; c < mp->n_chunks; c++, ci++) {
+            hyla_chunk_ref *r = &m->chunks[ci];
+            r->part = i;
+            r->index = c;
+            r->raw_off = (uint64_t)c * mp->chunk_bytes;
+            memcpy(r->key, q, HYLA_CHUNK_KEY_BYTES);
+            r->raw_len = get_u32(q + 20);
+            r->raw_hash = get_u64(q + 24);
+            q += MANIFEST_CHUNK_BYTES;
+            uint64_t left = mp->stored_bytes - r->raw_off;
+            uint32_t klen = (uint32_t)r->key[16] << 24 | (uint32_t)r->key[17] << 16 | (uint32_t)r->key[18] << 8 | r->key[19];
+            if (r->raw_len != (left < mp->chunk_bytes ? left : mp->chunk_bytes) || klen != r->raw_len) {
+                st = hyla_fail(HYLA_ERR_FORMAT, "%s: layer %u part %s chunk %u: length %u does not fit the part", what,
+                               d->layer, name, c, r->raw_len);
+                goto fail;
+            }
+        }
+    }
+    if (ci != n_chunks || raw_total != get_u64(b + 104)) {
+        st = hyla_fail(HYLA_ERR_FORMAT, "%s: manifest: chunk or byte totals disagree", what);
+        goto fail;
+    }
+    m->raw_bytes = raw_total;
+    *out = m;
+    return HYLA_OK;
+fail:
+    hyla_manifest_destroy(m);
+    return st;
+}
+
+hyla_status hyla_manifest_to_snapshot(const hyla_manifest *m, int alloc_data, hyla_snapshot **out) {
+    hyla_snapshot *s = hyla_snapshot_create();
+    if (!s) return hyla_fail(HYLA_ERR_NOMEM, "snapshot");
+    for (uint32_t i = 0; i < m->n_parts; i++) {
+        const hyla_state_part *d = &m->parts[i].desc;
+        hyla_state_part *p;
+        hyla_status st;
+        if (alloc_data) {
+            st = hyla_snapshot_add_part(s, d->layer, d->name, (hyla_part_kind)d->kind, (hyla_dtype)d->dtype, d->ndim,
+                                        d->shape, d->page_tokens, &p);
+        } else {
+            /* layout only: reuse add_part with a 1-element shape, then patch the descriptor */
+            uint64_t one = 1;
+            st = hyla_snapshot_add_part(s, d->layer, d->name, (hyla_part_kind)d->kind, (hyla_dtype)d->dtype, 1, &one,
+                                        d->page_tokens, &p);
+            if (st == HYLA_OK) {
+                free(p->data);
+                p->data = NULL;
+                p->ndim = d->ndim;
+                memcpy(p->shape, d->shape, sizeof p->shape);
+                p->nbytes = d->nbytes;
+            }
+        }
+        if (st != HYLA_OK) {
+            hyla_snapshot_destroy(s);
+            return st;
+        }
+    }
+    hyla_state_part *parts = s->parts;
+    uint32_t n = s->n_parts, cap = s->cap_parts;
+    *s = m->meta;
+    s->parts = parts;
+    s->n_parts = n;
+    s->cap_parts = cap;
+    *out = s;
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- decode / verify */
+
+typedef struct {
+    const hyla_manifest *m;
+    hyla_chunk_fetch_fn fetch;
+    hyla_chunk_release_fn release;
+    void *fctx;
+    const char *what;
+    hyla_snapshot *out; /* NULL when verifying */
+    thread_scratch *ts;
+    uint8_t **conv;     /* per-thread bf16 / verify buffers */
+    first_error err;
+    hyla_report_fn report;
+    void *report_ctx;
+    pthread_mutex_t report_mu;
+} dec_ctx;
+
+static void dec_fn(void *ctx, size_t i, int tid) {
+    dec_ctx *d = ctx;
+    const hyla_chunk_ref *r = &d->m->chunks[i];
+    const hyla_manifest_part *mp = &d->m->parts[r->part];
+    char loc[256], err[512];
+    const uint8_t *val = NULL;
+    size_t len = 0;
+    void *tok = NULL;
+    hyla_status st = d->fetch(d->fctx, d->m, i, &val, &len, &tok);
+    if (st != HYLA_OK) {
+        loc_text(loc, sizeof loc, d->m, r);
+        snprintf(err, sizeof err, "%s", st == HYLA_ERR_NOT_FOUND ? "missing chunk" : hyla_last_error());
+    } else {
+        uint8_t *dst;
+        int direct = d->out && mp->stored_dtype == mp->desc.dtype;
+        if (direct)
+            dst = (uint8_t *)d->out->parts[r->part].data + r->raw_off;
+        else
+            dst = d->conv[tid]; /* sized to the largest chunk by run_decode */
+        if (!dst) {
+            st = HYLA_ERR_NOMEM;
+            snprintf(err, sizeof err, "out of memory");
+        } else {
+            st = decode_value(&d->ts[tid], val, len, r, dst, err, sizeof err);
+            if (st == HYLA_OK && d->out && !direct) /* bf16 -> f32 */
+                hyla_to_f32((float *)d->out->parts[r->part].data + r->raw_off / 2, dst, HYLA_DT_BF16, r->raw_len / 2);
+        }
+        if (d->release) d->release(d->fctx, tok);
+        if (st != HYLA_OK) loc_text(loc, sizeof loc, d->m, r);
+    }
+    if (st != HYLA_OK) {
+        hyla_status es = st == HYLA_ERR_NOT_FOUND ? HYLA_ERR_NOT_FOUND : st;
+        first_error_set(&d->err, i, es, "%s: %s: %s", d->what, loc, err);
+        if (d->report) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s: %s: %s", d->what, loc, err);
+            pthread_mutex_lock(&d->report_mu);
+            d->report(d->report_ctx, msg);
+            pthread_mutex_unlock(&d->report_mu);
+        }
+    }
+}
+
+static hyla_status run_decode(dec_ctx *d, int threads) {
+    int w = hyla_parallel_width(threads, d->m->n_chunks);
+    uint64_t maxc = 0;
+    for (uint32_t i = 0; i < d->m->n_parts; i++)
+        if (d->m->parts[i].chunk_bytes > maxc) maxc = d->m->parts[i].chunk_bytes;
+    d->ts = calloc((size_t)w, sizeof *d->ts);
+    d->conv = calloc((size_t)w, sizeof *d->conv);
+    if (!d->ts || !d->conv) {
+        free(d->ts);
+        free(d->conv);
+        return hyla_fail(HYLA_ERR_NOMEM, "decode scratch");
+    }
+    /* conversion / verify buffers sized to the largest chunk */
+    for (int t = 0; t < w; t++) {
+        d->conv[t] = malloc(maxc ? maxc : 1);
+        if (!d->conv[t]) {
+            for (int u = 0; u < t; u++) free(d->conv[u]);
+            free(d->conv);
+            free(d->ts);
+            return hyla_fail(HYLA_ERR_NOMEM, "decode scratch of %llu bytes", (unsigned long long)maxc);
+        }
+    }
+    first_error_init(&d->err);
+    pthread_mutex_init(&d->report_mu, NULL);
+    hyla_parallel_for(threads, d->m->n_chunks, dec_fn, d);
+    pthread_mutex_destroy(&d->report_mu);
+    for (int t = 0; t < w; t++) free(d->conv[t]);
+    free(d->conv);
+    scratch_free(d->ts, w);
+    return first_error_finish(&d->err);
+}
+
+hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                              void *ctx, const char *what, int threads, hyla_snapshot **out) {
+    hyla_snapshot *s;
+    HYLA_TRY(hyla_manifest_to_snapshot(m, 1, &s));
+    dec_ctx d;
+    memset(&d, 0, sizeof d);
+    d.m = m;
+    d.fetch = fetch;
+    d.release = release;
+    d.fctx = ctx;
+    d.what = what;
+    d.out = s;
+    hyla_status st = run_decode(&d, threads);
+    if (st != HYLA_OK) {
+        hyla_snapshot_destroy(s);
+        return st;
+    }
+    *out = s;
+    return HYLA_OK;
+}
+
+hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                              void *ctx, const char *what, int threads, hyla_report_fn report, void *report_ctx) {
+    dec_ctx d;
+    memset(&d, 0, sizeof d);
+    d.m = m;
+    d.fetch = fetch;
+    d.release = release;
+    d.fctx = ctx;
+    d.what = what;
+    d.report = report;
+    d.report_ctx = report_ctx;
+    return run_decode(&d, threads);
+}
+
+/* ---------------------------------------------------------------- portable file */
+
+/* File layout (docs/STATE_FORMAT.md §2):
+ *   header  32: "HYLASNAP" | u32 file version | u32 header bytes (32) | u64 manifest bytes | u64 chunks
+ *   manifest
+ *   chunk values, manifest order, each self-delimiting (32-byte header + payload)
+ *   trailer 32: "HYLAEND\0" | u64 file bytes | u64 bytes of chunk values |
+ *               u64 xxh64(header ++ manifest ++ every value's check field ++ trailer[0..24]) */
+
+static void file_header(uint8_t h[FILE_HEADER_BYTES], size_t manifest_len, size_t n_chunks) {
+    memcpy(h, FILE_MAGIC, 8);
+    put_u32(h + 8, HYLA_FILE_VERSION);
+    put_u32(h + 12, FILE_HEADER_BYTES);
+    put_u64(h + 16, manifest_len);
+    put_u64(h + 24, n_chunks);
+}
+
+static uint64_t file_check(const uint8_t *hdr, const uint8_t *manifest, size_t mlen, const uint8_t *const *values,
+                           size_t n, const uint8_t *trailer) {
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    XXH64_update(&st, hdr, FILE_HEADER_BYTES);
+    XXH64_update(&st, manifest, mlen);
+    for (size_t i = 0; i < n; i++) XXH64_update(&st, values[i] + 24, 8);
+    XXH64_update(&st, trailer, 24);
+    return XXH64_digest(&st);
+}
+
+static hyla_status encode_plan_for_file(const hyla_snapshot *s, const hyla_codec_params *p, hyla_codec_plan **out,
+                                        uint8_t hdr[FILE_HEADER_BYTES], uint8_t tr[FILE_TRAILER_BYTES]) {
+    hyla_codec_plan *pl;
+    HYLA_TRY(hyla_codec_plan_create(s, p, &pl));
+    for (size_t i = 0; i < pl->n_chunks; i++) pl->chunks[i].want = 1;
+    hyla_status st = hyla_codec_plan_encode(pl);
+    if (st != HYLA_OK) {
+        hyla_codec_plan_destroy(pl);
+        return st;
+    }
+    file_header(hdr, pl->manifest_len, pl->n_chunks);
+    uint64_t vbytes = 0;
+    const uint8_t **vals = malloc((pl->n_chunks + 1) * sizeof *vals);
+    if (!vals) {
+        hyla_codec_plan_destroy(pl);
+        return hyla_fail(HYLA_ERR_NOMEM, "file encode");
+    }
+    for (size_t i = 0; i < pl->n_chunks; i++) {
+        vbytes += pl->chunks[i].value_len;
+        vals[i] = pl->chunks[i].value;
+    }
+    memcpy(tr, TRAILER_MAGIC, 8);
+    put_u64(tr + 8, FILE_HEADER_BYTES + pl->manifest_len + vbytes + FILE_TRAILER_BYTES);
+    put_u64(tr + 16, vbytes);
+    put_u64(tr + 24, file_check(hdr, pl->manifest, pl->manifest_len, vals, pl->n_chunks, tr));
+    free(vals);
+    *out = pl;
+    return HYLA_OK;
+}
+
+hyla_status hyla_snapshot_encode_file_bytes(const hyla_snapshot *s, const hyla_codec_params *p, uint8_t **out,
+                                            size_t *len) {
+    hyla_codec_plan *pl;
+    uint8_t hdr[FILE_HEADER_BYTES], tr[FILE_TRAILER_BYTES];
+    HYLA_TRY(encode_plan_for_file(s, p, &pl, hdr, tr));
+    size_t total = (size_t)get_u64(tr + 8);
+    uint8_t *b = malloc(total);
+    if (!b) {
+        hyla_codec_plan_destroy(pl);
+        return hyla_fail(HYLA_ERR_NOMEM, "file image of %zu bytes", total);
+    }
+    size_t o = 0;
+    memcpy(b, hdr, FILE_HEADER_BYTES);
+    o += FILE_HEADER_BYTES;
+    memcpy(b + o, pl->manifest, pl->manifest_len);
+    o += pl->manifest_len;
+    for (size_t i = 0; i < pl->n_chunks; i++) {
+        memcpy(b + o, pl->chunks[i].value, pl->chunks[i].value_len);
+        o += pl->chunks[i].value_len;
+    }
+    memcpy(b + o, tr, FILE_TRAILER_BYTES);
+    hyla_codec_plan_destroy(pl);
+    *out = b;
+    *len = total;
+    return HYLA_OK;
+}
+
+static int write_all(int fd, const void *data, size_t len) {
+    const uint8_t *p = data;
+    while (len > 0) {
+        if (fault_hit(&fault_write_countdown)) {
+            errno = ENOSPC;
+            return -1;
+        }
+        size_t n = len > (64u << 20) ? (64u << 20) : len;
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+hyla_status hyla_snapshot_save_file(const char *path, const hyla_snapshot *s, const hyla_codec_params *p) {
+    hyla_codec_plan *pl;
+    uint8_t hdr[FILE_HEADER_BYTES], tr[FILE_TRAILER_BYTES];
+    hyla_status st = encode_plan_for_file(s, p, &pl, hdr, tr);
+    if (st != HYLA_OK) return hyla_fail_wrap(st, "saving %s", path);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        hyla_codec_plan_destroy(pl);
+        return hyla_fail(HYLA_ERR_IO, "saving %s: create %s: %s", path, tmp, strerror(errno));
+    }
+    int bad = write_all(fd, hdr, FILE_HEADER_BYTES) || write_all(fd, pl->manifest, pl->manifest_len);
+    for (size_t i = 0; !bad && i < pl->n_chunks; i++) bad = write_all(fd, pl->chunks[i].value, pl->chunks[i].value_len);
+    if (!bad) bad = write_all(fd, tr, FILE_TRAILER_BYTES);
+    const char *step = "write";
+    if (!bad && fsync(fd) != 0) {
+        bad = 1;
+        step = "fsync";
+    }
+    int e = errno;
+    close(fd);
+    hyla_codec_plan_destroy(pl);
+    if (bad) {
+        unlink(tmp);
+        return hyla_fail(HYLA_ERR_IO, "saving %s: %s %s: %s (the previous file, if any, is untouched)", path, step, tmp,
+                         strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        e = errno;
+        unlink(tmp);
+        return hyla_fail(HYLA_ERR_IO, "saving %s: rename %s: %s", path, tmp, strerror(e));
+    }
+    char dirbuf[4096];
+    snprintf(dirbuf, sizeof dirbuf, "%s", path);
+    int dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        int rc = fsync(dfd);
+        e = errno;
+        close(dfd);
+        if (rc != 0) return hyla_fail(HYLA_ERR_IO, "saving %s: fsync directory: %s", path, strerror(e));
+    }
+    return HYLA_OK;
+}
+
+typedef struct {
+    const uint8_t *base;
+    size_t *off;  /* [n_chunks] value offsets */
+    size_t *len;
+} file_fetch_ctx;
+
+static hyla_status file_fetch(void *ctx, const hyla_manifest *m, size_t i, const uint8_t **val, size_t *len,
+                              void **tok) {
+    (void)m;
+    file_fetch_ctx *f = ctx;
+    *val = f->base + f->off[i];
+    *len = f->len[i];
+    *tok = NULL;
+    return HYLA_OK;
+}
+
+hyla_status hyla_snapshot_decode_file_bytes(const uint8_t *b, size_t len, const char *what, int threads,
+                                            hyla_snapshot **out) {
+    if (len < 16 || memcmp(b, FILE_MAGIC, 8) != 0)
+        return hyla_fail(HYLA_ERR_FORMAT, "%s: not a hyla snapshot file (%s)", what,
+                         len < 16 ? "too short" : "bad magic");
+    uint32_t fv = get_u32(b + 8);
+    if (fv != HYLA_FILE_VERSION)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: unknown snapshot file version %u (this build reads version %u)",
+                         what, fv, HYLA_FILE_VERSION);
+    if (len < FILE_HEADER_BYTES + FILE_TRAILER_BYTES)
+        return hyla_fail(HYLA_ERR_CORRUPT, "%s: truncated file (%zu bytes)", what, len);
+    if (get_u32(b + 12) != FILE_HEADER_BYTES)
+        return hyla_fail(HYLA_ERR_FORMAT, "%s: header size %u, expected %d", what, get_u32(b + 12), FILE_HEADER_BYTES);
+    uint64_t mlen = get_u64(b + 16), nch = get_u64(b + 24);
+    if (mlen > len - FILE_HEADER_BYTES)
+        return hyla_fail(HYLA_ERR_CORRUPT, "%s: truncated file (%zu bytes; its manifest alone is %llu)", what, len,
+                         (unsigned long long)mlen);
+    hyla_manifest *m;
+    HYLA_TRY(hyla_manifest_parse(b + FILE_HEADER_BYTES, (size_t)mlen, what, &m));
+    if (m->n_chunks != nch) {
+        size_t mc = m->n_chunks;
+        hyla_manifest_destroy(m);
+        return hyla_fail(HYLA_ERR_FORMAT, "%s: header names %llu chunks, manifest %zu", what, (unsigned long long)nch, mc);
+    }
+    file_fetch_ctx f = {b, calloc(nch + 1, sizeof(size_t)), calloc(nch + 1, sizeof(size_t))};
+    const uint8_t **vals = calloc(nch + 1, sizeof *vals);
+    hyla_status st = HYLA_OK;
+    if (!f.off || !f.len || !vals) {
+        st = hyla_fail(HYLA_ERR_NOMEM, "%s: chunk index", what);
+        goto done;
+    }
+    size_t o = FILE_HEADER_BYTES + (size_t)mlen;
+    size_t end = len - FILE_TRAILER_BYTES;
+    for (size_t i = 0; i < nch; i++) {
+        char loc[256];
+        if (o + HYLA_CHUNK_HEADER_BYTES > end || o + HYLA_CHUNK_HEADER_BYTES + get_u32(b + o + 12) > end) {
+            loc_text(loc, sizeof loc, m, &m->chunks[i]);
+            st = hyla_fail(HYLA_ERR_CORRUPT, "%s: %s: truncated value (the file ends inside it; %zu bytes in all)", what,
+                           loc, len);
+            goto done;
+        }
+        f.off[i] = o;
+        f.len[i] = HYLA_CHUNK_HEADER_BYTES + get_u32(b + o + 12);
+        vals[i] = b + o;
+        o += f.len[i];
+    }
+    const uint8_t *tr = b + end;
+    if (o != end || memcmp(tr, TRAILER_MAGIC, 8) != 0 || get_u64(tr + 8) != len) {
+        st = hyla_fail(HYLA_ERR_CORRUPT, "%s: %s (file is %zu bytes, chunks end at %zu)", what,
+                       o < end ? "trailing garbage or bad trailer" : "truncated file or bad trailer", len, o);
+        goto done;
+    }
+    uint64_t chk = file_check(b, b + FILE_HEADER_BYTES, (size_t)mlen, vals, nch, tr);
+    if (chk != get_u64(tr + 24)) {
+        st = hyla_fail(HYLA_ERR_CORRUPT, "%s: file checksum mismatch (xxh64 %016llx, trailer %016llx)", what,
+                       (unsigned long long)chk, (unsigned long long)get_u64(tr + 24));
+        goto done;
+    }
+    st = hyla_codec_decode(m, file_fetch, NULL, &f, what, threads, out);
+done:
+    free(f.off);
+    free(f.len);
+    free(vals);
+    hyla_manifest_destroy(m);
+    return st;
+}
+
+hyla_status hyla_snapshot_load_file(const char *path, hyla_snapshot **out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return hyla_fail(errno == ENOENT ? HYLA_ERR_NOT_FOUND : HYLA_ERR_IO, "%s: open: %s", path, strerror(errno));
+    struct stat stbuf;
+    if (fstat(fd, &stbuf) != 0) {
+        int e = errno;
+        close(fd);
+        return hyla_fail(HYLA_ERR_IO, "%s: stat: %s", path, strerror(e));
+    }
+    size_t len = (size_t)stbuf.st_size;
+    if (len == 0) {
+        close(fd);
+        return hyla_fail(HYLA_ERR_FORMAT, "%s: empty file, not a hyla snapshot", path);
+    }
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED) return hyla_fail(HYLA_ERR_IO, "%s: mmap: %s", path, strerror(e));
+    madvise(map, len, MADV_WILLNEED);
+    char what[4200];
+    snprintf(what, sizeof what, "file %s", path);
+    hyla_status st = hyla_snapshot_decode_file_bytes(map, len, what, 0, out);
+    munmap(map, len);
+    return st;
+}

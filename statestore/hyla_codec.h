@@ -1,0 +1,172 @@
+/* hyla_codec.h — a session snapshot <-> bytes: chunks, byte shuffle, zstd, xxh64 checksums,
+ * and the portable snapshot file (`hyla-run --save-state FILE`, `hyla-state export/import`).
+ *
+ * docs/STATE_FORMAT.md specifies every byte. In short: each part is cut into chunks of a fixed
+ * stride (KV parts: a fixed number of whole pages per chunk, so chunk boundaries do not move
+ * when the context grows); each chunk is byte-shuffled by element size, compressed with zstd and
+ * carries two xxh64 checksums (of its raw bytes and of its encoded value) and a 128-bit content
+ * address. A manifest (session meta + part descriptors + chunk references, with its own xxh64,
+ * which is the whole-snapshot checksum) describes the snapshot. Chunks are encoded and decoded
+ * in parallel on `threads` pthreads.
+ *
+ * Upper layer: hyla_snapshot_save_file / hyla_snapshot_load_file. Lower layer (used by the
+ * RocksDB store, statestore/hyla_store.c): plan + encode values, parse manifest + decode.
+ *
+ * Threading: every function is safe to call from several threads on different objects; each
+ * call may start its own worker threads and joins them before returning. */
+#ifndef HYLA_CODEC_H
+#define HYLA_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_snapshot.h"
+#include "hyla_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of the portable file container ("HYLASNAP"); the snapshot format version
+ * (HYLA_SNAPSHOT_FORMAT_VERSION) is recorded separately in the manifest. */
+#define HYLA_FILE_VERSION 1u
+#define HYLA_CHUNK_KEY_BYTES 20   /* XXH3-128 of the raw chunk bytes (16, big-endian) + raw length (4, BE) */
+#define HYLA_CHUNK_HEADER_BYTES 32
+
+typedef struct {
+    uint32_t chunk_bytes; /* target raw bytes per chunk; default 2 MiB; 4 KiB .. 256 MiB */
+    int zstd_level;       /* default 1; 0 stores chunks uncompressed; negative = zstd fast levels */
+    int threads;          /* worker threads; 0 (default) = online cores */
+    int f32_as_bf16;      /* 1: store fp32 parts as bf16 (lossy; recorded per part). Default 0 */
+    int shuffle;          /* 1 (default): byte-shuffle by element size before zstd */
+} hyla_codec_params;
+
+hyla_codec_params hyla_codec_default_params(void);
+
+/* ---- portable file ---- */
+
+/* Write s to path durably (PATH.tmp.<pid>, write, fsync, rename, fsync dir). p may be NULL
+ * (defaults). On failure the previous file at path, if any, is left untouched. */
+hyla_status hyla_snapshot_save_file(const char *path, const hyla_snapshot *s, const hyla_codec_params *p);
+/* Read and verify every checksum of a snapshot file. *out: caller frees with
+ * hyla_snapshot_destroy. Refuses (HYLA_ERR_FORMAT / CORRUPT / UNSUPPORTED) with a message naming
+ * the file, layer, part and chunk. */
+hyla_status hyla_snapshot_load_file(const char *path, hyla_snapshot **out);
+/* Same, reading from memory (len bytes borrowed); `what` names the source in messages. */
+hyla_status hyla_snapshot_decode_file_bytes(const uint8_t *buf, size_t len, const char *what, int threads,
+                                            hyla_snapshot **out);
+/* Encode to the file format in memory. *out: caller frees with free(). */
+hyla_status hyla_snapshot_encode_file_bytes(const hyla_snapshot *s, const hyla_codec_params *p, uint8_t **out,
+                                            size_t *len);
+
+/* ---- lower layer: manifests and chunks (for the store) ---- */
+
+/* One chunk of a part, as referenced by a manifest. */
+typedef struct {
+    uint32_t part;                      /* index of the part in the manifest */
+    uint32_t index;                     /* chunk number within the part */
+    uint64_t raw_off;                   /* offset in the part's stored-form bytes */
+    uint32_t raw_len;                   /* stored-form bytes in this chunk */
+    uint64_t raw_hash;                  /* xxh64 (seed 0) of those bytes */
+    uint8_t key[HYLA_CHUNK_KEY_BYTES];  /* content address */
+} hyla_chunk_ref;
+
+/* A part descriptor as recorded in a manifest. */
+typedef struct {
+    hyla_state_part desc;    /* layer, name, kind, dtype, shape, page_tokens, nbytes; data = NULL */
+    uint32_t stored_dtype;   /* dtype of the stored bytes (BF16 when an F32 part was stored lossy) */
+    uint32_t pages_per_chunk;/* KV parts: whole pages per chunk; 0 otherwise */
+    uint64_t stored_bytes;   /* bytes of the part in stored form */
+    uint64_t chunk_bytes;    /* stride of chunks in stored bytes (the last one may be shorter) */
+    uint32_t first_chunk;    /* index of its first chunk in hyla_manifest.chunks */
+    uint32_t n_chunks;
+} hyla_manifest_part;
+
+typedef struct {
+    hyla_snapshot meta;      /* session meta; parts NULL, n_parts 0 (see parts below) */
+    hyla_manifest_part *parts;
+    uint32_t n_parts;
+    hyla_chunk_ref *chunks;  /* all chunks, part by part */
+    size_t n_chunks;
+    uint64_t raw_bytes;      /* sum of the parts' in-memory bytes */
+    uint64_t checksum;       /* xxh64 of the manifest bytes = the whole-snapshot checksum */
+} hyla_manifest;
+
+/* Encoding plan: chunk references and hashes of a snapshot, then the encoded chunk values of
+ * the chunks the caller asks for. Borrows the snapshot until destroyed. */
+typedef struct {
+    hyla_chunk_ref ref;
+    int want;           /* caller sets 1 for chunks whose value hyla_codec_plan_encode must build */
+    uint8_t *value;     /* encoded chunk value (header + payload), owned by the plan */
+    size_t value_len;
+} hyla_plan_chunk;
+
+typedef struct {
+    const hyla_snapshot *snap;  /* borrowed */
+    hyla_codec_params params;
+    hyla_plan_chunk *chunks;    /* [n_chunks], manifest order */
+    size_t n_chunks;
+    uint8_t *manifest;          /* encoded manifest, owned */
+    size_t manifest_len;
+    uint64_t checksum;          /* manifest checksum */
+    uint8_t **stored;           /* [n_parts] stored-form copies of converted parts, or NULL */
+} hyla_codec_plan;
+
+/* Cut s into chunks, hash them (in parallel) and build the manifest. Caller frees with
+ * hyla_codec_plan_destroy. */
+hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_params *p, hyla_codec_plan **out);
+/* Build the values of every chunk with want != 0 (in parallel). */
+hyla_status hyla_codec_plan_encode(hyla_codec_plan *plan);
+/* Free one chunk's value early (after it was written). */
+void hyla_codec_plan_release(hyla_codec_plan *plan, size_t i);
+void hyla_codec_plan_destroy(hyla_codec_plan *plan); /* accepts NULL */
+
+/* Parse and check a manifest (magic, format version, checksum, sizes). `what` names the source
+ * in messages ("session s1 version 3"). *out: caller frees with hyla_manifest_destroy. */
+hyla_status hyla_manifest_parse(const uint8_t *buf, size_t len, const char *what, hyla_manifest **out);
+void hyla_manifest_destroy(hyla_manifest *m); /* accepts NULL */
+/* A snapshot with the manifest's meta and parts allocated (zero-filled), or layout only
+ * (data NULL) when alloc_data is 0 — for hyla_snapshot_check_layout. Caller frees. */
+hyla_status hyla_manifest_to_snapshot(const hyla_manifest *m, int alloc_data, hyla_snapshot **out);
+
+/* Fetch the stored value of chunk i. On success *val and *len are valid until release(*token) is
+ * called (release may be NULL). Return HYLA_ERR_NOT_FOUND for a missing chunk. Called from
+ * several threads at once. */
+typedef hyla_status (*hyla_chunk_fetch_fn)(void *ctx, const hyla_manifest *m, size_t i, const uint8_t **val,
+                                           size_t *len, void **token);
+typedef void (*hyla_chunk_release_fn)(void *ctx, void *token);
+
+/* Decode every chunk into a new snapshot, verifying each checksum. Refusals name
+ * `what`, layer, part and chunk. *out: caller frees with hyla_snapshot_destroy. */
+hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                              void *ctx, const char *what, int threads, hyla_snapshot **out);
+/* Check every chunk without building a snapshot. Calls report(msg) for every problem found
+ * (report may be NULL); returns HYLA_OK when none, else the status of the first problem. */
+typedef void (*hyla_report_fn)(void *ctx, const char *msg);
+hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                              void *ctx, const char *what, int threads, hyla_report_fn report, void *report_ctx);
+
+/* Decode one chunk value into dst (ref->raw_len bytes), checking the value's own header and
+ * checksum and then the raw checksum against ref. On failure writes a reason (without the
+ * location) into err and returns HYLA_ERR_CORRUPT or HYLA_ERR_FORMAT. Thread-safe. */
+hyla_status hyla_chunk_decode(const uint8_t *val, size_t len, const hyla_chunk_ref *ref, uint8_t *dst, char *err,
+                              size_t errlen);
+
+/* ---- helpers ---- */
+
+/* Run fn(ctx, i, tid) for i in [0, n) on hyla_parallel_width(threads, n) threads, tid in
+ * [0, width): per-thread scratch can be indexed by tid. threads 0 = online cores. */
+void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, int tid), void *ctx);
+int hyla_parallel_width(int threads, size_t n);
+int hyla_online_cores(void);
+
+/* Fault injection for tests: make the nth zstd call from now fail (1 = the next one);
+ * 0 disables. Process-wide. */
+void hyla_codec_fault_zstd(long nth);
+/* Make the nth file write (of hyla_snapshot_save_file) from now fail with ENOSPC; 0 disables. */
+void hyla_codec_fault_write(long nth);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

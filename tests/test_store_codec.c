@@ -1,0 +1,184 @@
+/* test_store_codec.c — the portable snapshot file: bit-exact round trip of every part kind
+ * (recurrent, partition, kv) at several chunk sizes and zstd levels, the bf16 option (lossy,
+ * recorded), and refusals of damaged files (flipped byte, truncation, unknown versions),
+ * each message naming the part. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyla_codec.h"
+#include "hyla_test.h"
+#include "test_store_util.h"
+
+static char dir[256];
+
+static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
+
+static void test_roundtrip(void) {
+    hyla_snapshot *s = tsu_make(1, 1, 1000, 0x1234);
+    int levels[3] = {1, 0, 3};
+    uint32_t chunks[3] = {4096, 64 << 10, 2u << 20};
+    for (int li = 0; li < 3; li++)
+        for (int ci = 0; ci < 3; ci++) {
+            hyla_codec_params p = hyla_codec_default_params();
+            p.zstd_level = levels[li];
+            p.chunk_bytes = chunks[ci];
+            p.threads = ci + 1;
+            char path[512];
+            path_of(path, sizeof path, "rt.hys");
+            CHECK_OK(hyla_snapshot_save_file(path, s, &p));
+            hyla_snapshot *t = NULL;
+            CHECK_OK(hyla_snapshot_load_file(path, &t));
+            CHECK_MSG(t && hyla_snapshot_equal(s, t), "level %d chunk %u", levels[li], chunks[ci]);
+            hyla_snapshot_destroy(t);
+        }
+    /* empty KV (0 tokens) */
+    hyla_snapshot *e = tsu_make(2, 2, 0, 7);
+    uint8_t *buf;
+    size_t len;
+    CHECK_OK(hyla_snapshot_encode_file_bytes(e, NULL, &buf, &len));
+    hyla_snapshot *t = NULL;
+    CHECK_OK(hyla_snapshot_decode_file_bytes(buf, len, "mem", 2, &t));
+    CHECK(t && hyla_snapshot_equal(e, t));
+    hyla_snapshot_destroy(t);
+    free(buf);
+    hyla_snapshot_destroy(e);
+    hyla_snapshot_destroy(s);
+}
+
+static void test_bf16(void) {
+    hyla_snapshot *s = tsu_make(3, 3, 200, 9);
+    hyla_codec_params p = hyla_codec_default_params();
+    p.f32_as_bf16 = 1;
+    uint8_t *buf, *buf32;
+    size_t len, len32;
+    CHECK_OK(hyla_snapshot_encode_file_bytes(s, &p, &buf, &len));
+    CHECK_OK(hyla_snapshot_encode_file_bytes(s, NULL, &buf32, &len32));
+    CHECK_MSG(len < len32, "bf16 file %zu bytes, fp32 %zu", len, len32);
+    hyla_snapshot *t = NULL;
+    CHECK_OK(hyla_snapshot_decode_file_bytes(buf, len, "mem", 0, &t));
+    if (t) {
+        CHECK(t->n_parts == s->n_parts);
+        for (uint32_t i = 0; i < s->n_parts; i++) {
+            hyla_state_part *a = &s->parts[i], *b = &t->parts[i];
+            CHECK(a->dtype == b->dtype && a->nbytes == b->nbytes);
+            if (a->dtype == HYLA_DT_F32) {
+                /* bf16 keeps 8 mantissa bits: relative error <= 2^-8 */
+                CHECK_CLOSE((float *)b->data, (float *)a->data, a->nbytes / 4, 1e-30, 1.0 / 256, a->name);
+            } else {
+                CHECK(!memcmp(a->data, b->data, a->nbytes));
+            }
+        }
+    }
+    hyla_snapshot_destroy(t);
+    free(buf);
+    free(buf32);
+    hyla_snapshot_destroy(s);
+}
+
+/* Load a damaged copy; expect failure whose message contains every needle. */
+static void expect_refusal(const uint8_t *img, size_t len, hyla_status want, const char *n1, const char *n2,
+                           const char *what) {
+    hyla_snapshot *t = NULL;
+    hyla_status st = hyla_snapshot_decode_file_bytes(img, len, "file X", 0, &t);
+    CHECK_MSG(st == want, "%s: got %s (%s), want %s", what, hyla_status_str(st), hyla_last_error(),
+              hyla_status_str(want));
+    CHECK(t == NULL);
+    const char *msg = hyla_last_error();
+    CHECK_MSG(!n1 || strstr(msg, n1), "%s: message '%s' lacks '%s'", what, msg, n1);
+    CHECK_MSG(!n2 || strstr(msg, n2), "%s: message '%s' lacks '%s'", what, msg, n2);
+    hyla_snapshot_destroy(t);
+}
+
+static void test_refusals(void) {
+    hyla_snapshot *s = tsu_make(4, 4, 300, 11);
+    hyla_codec_params p = hyla_codec_default_params();
+    p.chunk_bytes = 16384;
+    uint8_t *buf;
+    size_t len;
+    CHECK_OK(hyla_snapshot_encode_file_bytes(s, &p, &buf, &len));
+    uint8_t *c = malloc(len);
+    /* flip a byte in the last chunk value (layer 2 part v): 40 bytes before the trailer */
+    memcpy(c, buf, len);
+    c[len - 32 - 40] ^= 0x10;
+    expect_refusal(c, len, HYLA_ERR_CORRUPT, "layer 2 part v", "checksum", "flipped byte");
+    /* truncated file */
+    expect_refusal(buf, len - 100, HYLA_ERR_CORRUPT, "truncated", "layer 2 part v", "truncated");
+    /* unknown file version */
+    memcpy(c, buf, len);
+    c[8] = 9;
+    expect_refusal(c, len, HYLA_ERR_UNSUPPORTED, "file version 9", NULL, "file version");
+    /* unknown snapshot format version (manifest at offset 32, version at +8) */
+    memcpy(c, buf, len);
+    c[32 + 8] = 2;
+    expect_refusal(c, len, HYLA_ERR_UNSUPPORTED, "format version 2", NULL, "format version");
+    /* not a snapshot */
+    expect_refusal((const uint8_t *)"hello world, not a snapshot file at all", 40, HYLA_ERR_FORMAT, "not a hyla", NULL,
+                   "magic");
+    /* a manifest byte flipped */
+    memcpy(c, buf, len);
+    c[32 + 30] ^= 1;
+    expect_refusal(c, len, HYLA_ERR_CORRUPT, "manifest checksum", NULL, "manifest");
+    free(c);
+    free(buf);
+    /* the file path appears in load_file errors */
+    char path[512];
+    path_of(path, sizeof path, "missing.hys");
+    hyla_snapshot *t = NULL;
+    CHECK(hyla_snapshot_load_file(path, &t) == HYLA_ERR_NOT_FOUND);
+    CHECK(strstr(hyla_last_error(), "missing.hys") != NULL);
+    hyla_snapshot_destroy(s);
+}
+
+static void test_failed_write_keeps_old(void) {
+    hyla_snapshot *a = tsu_make(5, 5, 100, 1), *b = tsu_make(6, 6, 200, 1);
+    char path[512];
+    path_of(path, sizeof path, "keep.hys");
+    CHECK_OK(hyla_snapshot_save_file(path, a, NULL));
+    hyla_codec_fault_write(2);
+    CHECK(hyla_snapshot_save_file(path, b, NULL) == HYLA_ERR_IO);
+    hyla_codec_fault_write(0);
+    hyla_codec_fault_zstd(3);
+    CHECK(hyla_snapshot_save_file(path, b, NULL) != HYLA_OK);
+    CHECK(strstr(hyla_last_error(), "zstd") != NULL);
+    hyla_codec_fault_zstd(0);
+    hyla_snapshot *t = NULL;
+    CHECK_OK(hyla_snapshot_load_file(path, &t));
+    CHECK(t && hyla_snapshot_equal(a, t));
+    hyla_snapshot_destroy(t);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+}
+
+static void test_layout(void) {
+    hyla_snapshot *a = tsu_make(7, 7, 100, 5), *b = tsu_make(8, 8, 300, 5);
+    CHECK_OK(hyla_snapshot_check_layout(a, b)); /* KV token counts may differ */
+    b->model_fingerprint = 6;
+    CHECK(hyla_snapshot_check_layout(a, b) == HYLA_ERR_MISMATCH);
+    CHECK(strstr(hyla_last_error(), "fingerprint") != NULL);
+    b->model_fingerprint = 5;
+    b->parts[3].shape[1] = 5;
+    CHECK(hyla_snapshot_check_layout(a, b) == HYLA_ERR_MISMATCH);
+    CHECK(strstr(hyla_last_error(), "layer 1 part Sp") != NULL && strstr(hyla_last_error(), "shape"));
+    b->parts[3].shape[1] = 4;
+    b->parts[0].dtype = HYLA_DT_BF16;
+    CHECK(hyla_snapshot_check_layout(a, b) == HYLA_ERR_MISMATCH);
+    CHECK(strstr(hyla_last_error(), "layer 0 part S") != NULL && strstr(hyla_last_error(), "dtype"));
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "%s/hyla_test_codec_%d", hyla_test_env("TMPDIR", "/tmp"), (int)getpid());
+    hyla_mkdirs(dir);
+    test_roundtrip();
+    test_bf16();
+    test_refusals();
+    test_failed_write_keeps_old();
+    test_layout();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return hyla_test_done("test_store_codec");
+}
