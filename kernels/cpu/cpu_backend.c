@@ -1,0 +1,579 @@
+/* cpu_backend.c — the CPU reference backend: memory, weights, dense ops, sampling and the
+ * ops table (the mixers live in cpu_mixers.c). It is the executable specification of
+ * docs/MODELS.md that the CUDA backend is compared against, so each op is written as the
+ * formula it implements; tags like [NORM-0] point at the spec.
+ *
+ * Invariants:
+ *   - Device memory is host memory: 64-byte aligned, zero-filled by alloc.
+ *   - Weights are converted to fp32 once, at weight_create.
+ *   - Row reductions (sums of squares, softmax sums) accumulate in double, so the
+ *     reference is at least as exact as any fp32 backend it is compared with.
+ *   - `linear` is batch invariant: rows go through OpenBLAS in fixed blocks of
+ *     CPU_LINEAR_BLOCK rows (the tail block zero-padded), so every sgemm call has the same
+ *     shape whatever M is, and each output row is post-processed on its own. See cpu_linear.
+ *
+ * Threading: one thread drives a context (hyla_ops rule). Inside an op, rows are spread over
+ * ctx->nt OpenMP threads; every output element is computed by exactly one thread in a
+ * fixed order, so results do not depend on the thread count. OpenBLAS uses its own threads
+ * (sgemm is only ever called outside OpenMP regions). */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_impl.h"
+
+/* Rows per sgemm call in `linear` (see cpu_linear for why it is fixed). */
+#define CPU_LINEAR_BLOCK 16
+/* Largest short-convolution kernel (the carried tail is held in a local array). */
+#define CPU_MAX_CONV 64
+
+/* ------------------------------------------------------------------ memory */
+
+static void *cpu_aligned_alloc(size_t bytes) {
+    size_t n = cpu_align64(bytes ? bytes : 1);
+    return aligned_alloc(64, n);
+}
+
+hyla_status cpu_scratch(cpu_ctx *c, size_t bytes, void **out) {
+    if (bytes > c->scratch_bytes) {
+        free(c->scratch);
+        c->scratch = cpu_aligned_alloc(bytes);
+        c->scratch_bytes = c->scratch ? bytes : 0;
+        if (!c->scratch) {
+            *out = NULL;
+            return hyla_fail(HYLA_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes of scratch", bytes);
+        }
+    }
+    *out = c->scratch;
+    return HYLA_OK;
+}
+
+static hyla_status cpu_alloc(void *ctx, size_t bytes, void **out) {
+    (void)ctx;
+    void *p = cpu_aligned_alloc(bytes);
+    if (!p) {
+        *out = NULL;
+        return hyla_fail(HYLA_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    }
+    memset(p, 0, cpu_align64(bytes ? bytes : 1));
+    *out = p;
+    return HYLA_OK;
+}
+
+static void cpu_free(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+
+static hyla_status cpu_memcpy_op(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    if (bytes) memmove(dst, src, bytes);
+    return HYLA_OK;
+}
+
+static hyla_status cpu_zero(void *ctx, void *dst, size_t bytes) {
+    (void)ctx;
+    if (bytes) memset(dst, 0, bytes);
+    return HYLA_OK;
+}
+
+static hyla_status cpu_sync(void *ctx) {
+    (void)ctx;
+    return HYLA_OK;
+}
+
+/* ------------------------------------------------------------------ weights */
+
+static hyla_status cpu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols,
+                                     hyla_weight **out) {
+    (void)ctx;
+    *out = NULL;
+    if (dt != HYLA_DT_F32 && dt != HYLA_DT_F16 && dt != HYLA_DT_BF16)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "cpu weight_create: dtype %s (expected F32, F16 or BF16)",
+                         hyla_dtype_name(dt));
+    if (rows <= 0 || cols <= 0)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "cpu weight_create: shape [%d, %d]", rows, cols);
+    hyla_weight *w = malloc(sizeof *w);
+    size_t n = (size_t)rows * (size_t)cols;
+    float *data = cpu_aligned_alloc(n * sizeof(float));
+    if (!w || !data) {
+        free(w);
+        free(data);
+        return hyla_fail(HYLA_ERR_NOMEM, "cpu weight_create: cannot allocate [%d, %d] fp32", rows, cols);
+    }
+    hyla_to_f32(data, host, dt, n);
+    w->rows = rows;
+    w->cols = cols;
+    w->data = data;
+    *out = w;
+    return HYLA_OK;
+}
+
+static void cpu_weight_destroy(void *ctx, hyla_weight *w) {
+    (void)ctx;
+    if (!w) return;
+    free(w->data);
+    free(w);
+}
+
+/* ------------------------------------------------------------------ dense ops */
+
+static hyla_status cpu_embed(void *ctx, const hyla_weight *table, const int32_t *ids, int n, float *out) {
+    (void)ctx;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= table->rows)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "embed: token id %d at %d is outside [0, %d)", (int)ids[i], i,
+                             table->rows);
+    size_t D = (size_t)table->cols;
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * D, table->data + (size_t)ids[i] * D, D * sizeof(float));
+    return HYLA_OK;
+}
+
+/* y = x Wᵀ (+ bias) (+ y) — batch invariant.
+ *
+ * Why fixed blocks: BLAS libraries pick kernels, blockings and thread splits from the
+ * matrix shape, so the same row may be summed in a different order when M changes. Here
+ * sgemm only ever sees shape [CPU_LINEAR_BLOCK x K] · [K x N]: rows are copied into a block
+ * buffer whose unused rows are zero, and bias / accumulate are applied per row afterwards.
+ * What remains is a row's position inside the block; OpenBLAS's sgemm micro-kernels give
+ * each C element its own accumulator summed over k in one order (vector lanes never mix
+ * rows), so the position does not change the result either. tests/test_cpu_ops.c checks
+ * that row r of an M=37 call equals an M=1 call bit for bit, for every r and several
+ * shapes. */
+static hyla_status cpu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                              const float *bias, float *y, int ldy, int N, int accumulate) {
+    cpu_ctx *c = ctx;
+    if (!W || W->rows != N || W->cols != K)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: weight is [%d, %d], expected [%d, %d]", W ? W->rows : -1,
+                         W ? W->cols : -1, N, K);
+    if (M < 0 || ldx < K || ldy < N)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: M=%d ldx=%d (K=%d) ldy=%d (N=%d)", M, ldx, K, ldy, N);
+    if (M == 0) return HYLA_OK;
+    const int BM = CPU_LINEAR_BLOCK;
+    void *mem;
+    size_t xb_bytes = cpu_align64((size_t)BM * K * sizeof(float));
+    HYLA_TRY(cpu_scratch(c, xb_bytes + (size_t)BM * N * sizeof(float), &mem));
+    float *xb = mem;                            /* [BM][K] */
+    float *yb = (float *)((char *)mem + xb_bytes); /* [BM][N] */
+    for (int r0 = 0; r0 < M; r0 += BM) {
+        int rows = M - r0 < BM ? M - r0 : BM;
+        for (int r = 0; r < rows; r++) memcpy(xb + (size_t)r * K, x + (size_t)(r0 + r) * ldx, (size_t)K * sizeof(float));
+        if (rows < BM) memset(xb + (size_t)rows * K, 0, (size_t)(BM - rows) * K * sizeof(float));
+        memset(yb, 0, (size_t)BM * N * sizeof(float));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BM, N, K, 1.0f, xb, K, W->data, K, 0.0f, yb, N);
+        for (int r = 0; r < rows; r++) {
+            float *yr = y + (size_t)(r0 + r) * ldy;
+            const float *br = yb + (size_t)r * N;
+            for (int j = 0; j < N; j++) {
+                float t = br[j];
+                if (bias) t += bias[j];
+                yr[j] = accumulate ? yr[j] + t : t;
+            }
+        }
+    }
+    return HYLA_OK;
+}
+
+/* 1 / sqrt(mean(x²) + eps), the sum of squares taken in double. [NORM-0] */
+static float rms_inv(const float *x, int D, float eps) {
+    double ss = 0;
+    for (int i = 0; i < D; i++) ss += (double)x[i] * x[i];
+    return (float)(1.0 / sqrt(ss / D + (double)eps));
+}
+
+/* [NORM-0] y = x * rsqrt(mean(x²) + eps) * w */
+static hyla_status cpu_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) if (n > 1) schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *xr = x + (size_t)i * D;
+        float *yr = y + (size_t)i * D;
+        float r = rms_inv(xr, D, eps);
+        for (int j = 0; j < D; j++) yr[j] = xr[j] * r * w[j];
+    }
+    return HYLA_OK;
+}
+
+static hyla_status cpu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n,
+                                   int D, float eps) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) if (n > 1) schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *rr = residual + (size_t)i * D;
+        const float *xr = x + (size_t)i * D;
+        float *yr = y + (size_t)i * D;
+        for (int j = 0; j < D; j++) rr[j] += xr[j];
+        float r = rms_inv(rr, D, eps);
+        for (int j = 0; j < D; j++) yr[j] = rr[j] * r * w[j];
+    }
+    return HYLA_OK;
+}
+
+static hyla_status cpu_add(void *ctx, float *y, const float *x, size_t n) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    return HYLA_OK;
+}
+
+static hyla_status cpu_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n) {
+    cpu_ctx *c = ctx;
+    ptrdiff_t nn = (ptrdiff_t)n;
+#pragma omp parallel for num_threads(c->nt) if (nn > 65536) schedule(static)
+    for (ptrdiff_t i = 0; i < nn; i++) out[i] = cpu_silu(gate[i]) * up[i];
+    return HYLA_OK;
+}
+
+static hyla_status cpu_silu_op(void *ctx, float *x, size_t n) {
+    cpu_ctx *c = ctx;
+    ptrdiff_t nn = (ptrdiff_t)n;
+#pragma omp parallel for num_threads(c->nt) if (nn > 65536) schedule(static)
+    for (ptrdiff_t i = 0; i < nn; i++) x[i] = cpu_silu(x[i]);
+    return HYLA_OK;
+}
+
+/* [GLA-1] gk = max(logsigmoid(x) / normalizer, clamp_min); logsigmoid(x) = min(x,0) − log1p(e^−|x|)
+ * (the overflow-free form). */
+static hyla_status cpu_gla_gate(void *ctx, float *x, size_t n, float normalizer, float clamp_min) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) {
+        float ls = fminf(x[i], 0.0f) - log1pf(expf(-fabsf(x[i])));
+        x[i] = fmaxf(ls / normalizer, clamp_min);
+    }
+    return HYLA_OK;
+}
+
+/* Softmax of one row in double, max-subtracted, written as fp32. */
+static void softmax_row(const float *x, float *y, int cols) {
+    double m = -INFINITY, sum = 0;
+    for (int j = 0; j < cols; j++)
+        if (x[j] > m) m = x[j];
+    for (int j = 0; j < cols; j++) sum += exp((double)x[j] - m);
+    for (int j = 0; j < cols; j++) y[j] = (float)(exp((double)x[j] - m) / sum);
+}
+
+static hyla_status cpu_softmax_rows(void *ctx, float *x, int rows, int cols) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) if (rows > 64) schedule(static)
+    for (int i = 0; i < rows; i++) softmax_row(x + (size_t)i * cols, x + (size_t)i * cols, cols);
+    return HYLA_OK;
+}
+
+/* [GDN-2] x = x / sqrt(Σx² + eps) */
+static hyla_status cpu_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) if (rows > 64) schedule(static)
+    for (int i = 0; i < rows; i++) {
+        float *r = x + (size_t)i * cols;
+        double ss = 0;
+        for (int j = 0; j < cols; j++) ss += (double)r[j] * r[j];
+        float inv = (float)(1.0 / sqrt(ss + (double)eps));
+        for (int j = 0; j < cols; j++) r[j] *= inv;
+    }
+    return HYLA_OK;
+}
+
+/* softplus(x) = max(x,0) + log1p(e^−|x|), exact for every x (no threshold switch). */
+static double softplus(double x) { return fmax(x, 0.0) + log1p(exp(-fabs(x))); }
+
+/* [GDN-1] g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b)·(allow_neg ? 2 : 1).
+ * Rows are processed in order and each row is read whole before it is written, so g/beta may
+ * alias a/b (the outputs are never ahead of the inputs when strides are >= H). */
+static hyla_status cpu_gdn_gates(void *ctx, const float *a, int a_stride, const float *b, int b_stride,
+                                 const float *A_log, const float *dt_bias, float *g, float *beta, int n, int H,
+                                 int allow_neg) {
+    cpu_ctx *c = ctx;
+    if (a_stride < H || b_stride < H)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "gdn_gates: strides %d, %d smaller than H=%d", a_stride, b_stride, H);
+    void *mem;
+    HYLA_TRY(cpu_scratch(c, 2 * (size_t)H * sizeof(float), &mem));
+    float *ta = mem, *tb = ta + H;
+    for (int i = 0; i < n; i++) {
+        memcpy(ta, a + (size_t)i * a_stride, (size_t)H * sizeof(float));
+        memcpy(tb, b + (size_t)i * b_stride, (size_t)H * sizeof(float));
+        for (int h = 0; h < H; h++) {
+            g[(size_t)i * H + h] = (float)(-exp((double)A_log[h]) * softplus((double)ta[h] + (double)dt_bias[h]));
+            double s = 1.0 / (1.0 + exp(-(double)tb[h]));
+            beta[(size_t)i * H + h] = (float)(allow_neg ? 2.0 * s : s);
+        }
+    }
+    return HYLA_OK;
+}
+
+/* [ATTN-1] rotate-half RoPE; θ_j = pos·theta^(−2j/D). Angles, cos and sin in double so large
+ * positions keep their accuracy (an fp32 angle is off by ~pos·6e-8 rad). */
+static hyla_status cpu_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta) {
+    cpu_ctx *c = ctx;
+    if (D % 2) return hyla_fail(HYLA_ERR_INVALID_ARG, "rope: head dim %d is odd", D);
+    int half = D / 2;
+    void *mem;
+    HYLA_TRY(cpu_scratch(c, (size_t)half * sizeof(double), &mem));
+    double *inv_freq = mem;
+    for (int j = 0; j < half; j++) inv_freq[j] = pow((double)theta, -2.0 * j / D);
+#pragma omp parallel for num_threads(c->nt) if (n > 1) schedule(static)
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < half; j++) {
+            double ang = (double)pos[i] * inv_freq[j];
+            double cs = cos(ang), sn = sin(ang);
+            for (int h = 0; h < H; h++) {
+                float *r = x + ((size_t)i * H + h) * D;
+                double x0 = r[j], x1 = r[j + half];
+                r[j] = (float)(x0 * cs - x1 * sn);
+                r[j + half] = (float)(x1 * cs + x0 * sn);
+            }
+        }
+    }
+    return HYLA_OK;
+}
+
+/* [CONV-1] y_t[c] = Σ_{j<K} w[c][j]·x_{t−K+1+j}[c] (+bias[c]) (then silu); inputs before the
+ * first token come from the tail, tail row 0 being the oldest. Each (session, channel) column
+ * keeps its last K−1 raw inputs in a local window, so x can be overwritten in place. */
+static hyla_status cpu_short_conv(void *ctx, float *x, int B, int n, int C, const float *w, const float *bias,
+                                  int K, float *const *tails, int act_silu) {
+    cpu_ctx *c = ctx;
+    if (K < 1 || K > CPU_MAX_CONV)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv: kernel size %d outside [1, %d]", K, CPU_MAX_CONV);
+    if (K > 1)
+        for (int b = 0; b < B; b++)
+            if (!tails || !tails[b]) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv: session %d has no tail", b);
+    long tasks = (long)B * C;
+#pragma omp parallel for num_threads(c->nt) if (tasks * n > 4096) schedule(static)
+    for (long task = 0; task < tasks; task++) {
+        int b = (int)(task / C), ch = (int)(task % C);
+        float *xb = x + (size_t)b * n * C;
+        float *tail = K > 1 ? tails[b] : NULL;
+        float win[CPU_MAX_CONV]; /* win[0..K-2]: the previous K−1 inputs, oldest first */
+        for (int j = 0; j < K - 1; j++) win[j] = tail[(size_t)j * C + ch];
+        const float *wc = w + (size_t)ch * K;
+        for (int t = 0; t < n; t++) {
+            float xt = xb[(size_t)t * C + ch];
+            win[K - 1] = xt;
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++) acc += wc[j] * win[j];
+            if (bias) acc += bias[ch];
+            xb[(size_t)t * C + ch] = act_silu ? cpu_silu(acc) : acc;
+            for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
+        }
+        for (int j = 0; j < K - 1; j++) tail[(size_t)j * C + ch] = win[j];
+    }
+    return HYLA_OK;
+}
+
+/* [NORM-1] y = rmsnorm(o; w) · silu(g) per row of D (the head's value dim). */
+static hyla_status cpu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows,
+                                     int D, float eps) {
+    cpu_ctx *c = ctx;
+#pragma omp parallel for num_threads(c->nt) if (rows > 16) schedule(static)
+    for (int i = 0; i < rows; i++) {
+        const float *orow = o + (size_t)i * D;
+        const float *grow = g ? g + (size_t)i * D : NULL;
+        float *yr = y + (size_t)i * D;
+        float r = rms_inv(orow, D, eps);
+        for (int j = 0; j < D; j++) {
+            float v = orow[j] * r * w[j];
+            yr[j] = grow ? v * cpu_silu(grow[j]) : v;
+        }
+    }
+    return HYLA_OK;
+}
+
+/* ------------------------------------------------------------------ sampling [SAMPLE-1]
+ *
+ * temperature <= 0: argmax of the logits, lowest index on ties; u is ignored.
+ * Otherwise, in double:
+ *   p_i ∝ exp(l_i/T − max_j l_j/T)
+ *   order tokens by (p descending, index ascending) — a total order, so ties are stable;
+ *   top-k: keep the first k of that order (top_k <= 0 or >= V: all);
+ *   top-p: keep the shortest prefix of the kept tokens whose mass is >= top_p of the kept
+ *          mass (the renormalised distribution after top-k, as Hugging Face and vLLM do);
+ *          top_p >= 1: all; at least one token is always kept;
+ *   draw: walk the kept tokens in VOCABULARY order (ascending index), accumulating p; the
+ *         result is the first token whose cumulative mass exceeds u·(kept mass) (the last
+ *         kept token if rounding leaves none). Vocabulary order needs no sort when no filter
+ *         is active, and a GPU can implement it with a threshold instead of a sort. */
+
+typedef struct {
+    double p;
+    int32_t i;
+} cand;
+
+/* a ranks before b: more probable, or as probable with a lower index. */
+static int cand_before(const cand *a, const cand *b) { return a->p > b->p || (a->p == b->p && a->i < b->i); }
+static int cand_cmp_rank(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
+}
+static int cand_cmp_index(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+/* Min-heap on rank (root = the worst kept candidate). */
+static void heap_sift_down(cand *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, worst = i;
+        if (l < n && cand_before(&h[worst], &h[l])) worst = l;
+        if (r < n && cand_before(&h[worst], &h[r])) worst = r;
+        if (worst == i) return;
+        cand t = h[i];
+        h[i] = h[worst];
+        h[worst] = t;
+        i = worst;
+    }
+}
+
+/* e [V] holds unnormalised probabilities; cands [V] is workspace. */
+static int32_t sample_row(const double *e, int V, const hyla_sampling *sp, float u, cand *cands) {
+    int top_k = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
+    int use_p = sp->top_p < 1.0f;
+    if (top_k == V && !use_p) { /* no filter: inverse CDF over the whole vocabulary */
+        double total = 0, cum = 0;
+        for (int i = 0; i < V; i++) total += e[i];
+        double target = (double)u * total;
+        for (int i = 0; i < V; i++) {
+            cum += e[i];
+            if (cum > target) return i;
+        }
+        return V - 1;
+    }
+    int cnt;
+    if (top_k < V) { /* bounded heap: the top_k best candidates, then ranked */
+        for (int i = 0; i < top_k; i++) cands[i] = (cand){e[i], i};
+        for (int i = top_k / 2 - 1; i >= 0; i--) heap_sift_down(cands, top_k, i);
+        for (int i = top_k; i < V; i++) {
+            cand x = {e[i], i};
+            if (cand_before(&x, &cands[0])) {
+                cands[0] = x;
+                heap_sift_down(cands, top_k, 0);
+            }
+        }
+        cnt = top_k;
+    } else {
+        for (int i = 0; i < V; i++) cands[i] = (cand){e[i], i};
+        cnt = V;
+    }
+    qsort(cands, (size_t)cnt, sizeof(cand), cand_cmp_rank);
+    if (use_p) {
+        double kept = 0, cum = 0;
+        for (int r = 0; r < cnt; r++) kept += cands[r].p;
+        double need = (double)sp->top_p * kept;
+        int m = cnt; /* if rounding keeps the sum below `need`, everything stays */
+        for (int r = 0; r < cnt; r++) {
+            cum += cands[r].p;
+            if (cum >= need) {
+                m = r + 1;
+                break;
+            }
+        }
+        cnt = m;
+    }
+    qsort(cands, (size_t)cnt, sizeof(cand), cand_cmp_index);
+    double total = 0, cum = 0;
+    for (int r = 0; r < cnt; r++) total += cands[r].p;
+    double target = (double)u * total;
+    for (int r = 0; r < cnt; r++) {
+        cum += cands[r].p;
+        if (cum > target) return cands[r].i;
+    }
+    return cands[cnt - 1].i;
+}
+
+static hyla_status cpu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params,
+                              const float *u, int32_t *out) {
+    cpu_ctx *c = ctx;
+    if (V <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "sample: V=%d", V);
+    void *mem;
+    HYLA_TRY(cpu_scratch(c, (size_t)V * (sizeof(double) + sizeof(cand)), &mem));
+    double *e = mem;
+    cand *cands = (cand *)(e + V);
+    for (int b = 0; b < B; b++) {
+        const float *l = logits + (size_t)b * V;
+        const hyla_sampling *sp = &params[b];
+        if (!(sp->temperature > 0.0f)) {
+            int best = 0;
+            for (int i = 1; i < V; i++)
+                if (l[i] > l[best]) best = i;
+            out[b] = best;
+            continue;
+        }
+        double invT = 1.0 / (double)sp->temperature, m = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if ((double)l[i] * invT > m) m = (double)l[i] * invT;
+        for (int i = 0; i < V; i++) e[i] = exp((double)l[i] * invT - m);
+        out[b] = sample_row(e, V, sp, u[b], cands);
+    }
+    return HYLA_OK;
+}
+
+/* ------------------------------------------------------------------ ops table */
+
+static void cpu_destroy(void *ctx) {
+    cpu_ctx *c = ctx;
+    if (!c) return;
+    free(c->scratch);
+    free(c);
+}
+
+static const hyla_ops cpu_ops = {
+    .name = "cpu",
+    .kv_dtype = HYLA_DT_F32,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_memcpy_op,
+    .download = cpu_memcpy_op,
+    .copy = cpu_memcpy_op,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .weight_create = cpu_weight_create,
+    .weight_destroy = cpu_weight_destroy,
+    .embed = cpu_embed,
+    .linear = cpu_linear,
+    .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .silu = cpu_silu_op,
+    .gla_gate = cpu_gla_gate,
+    .softmax_rows = cpu_softmax_rows,
+    .l2norm_rows = cpu_l2norm_rows,
+    .gdn_gates = cpu_gdn_gates,
+    .rope = cpu_rope,
+    .short_conv = cpu_short_conv,
+    .gated_rmsnorm = cpu_gated_rmsnorm,
+    .gla_prefill = cpu_gla_prefill,
+    .gla_decode = cpu_gla_decode,
+    .gdn_prefill = cpu_gdn_prefill,
+    .gdn_decode = cpu_gdn_decode,
+    .attn_prefill = cpu_attn_prefill,
+    .attn_decode = cpu_attn_decode,
+    .sse_route = cpu_sse_route,
+    .sse_prefill = cpu_sse_prefill,
+    .sse_decode = cpu_sse_decode,
+    .sample = cpu_sample,
+    .destroy = cpu_destroy,
+};
+
+hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {
+    *out = NULL;
+    cpu_ctx *c = calloc(1, sizeof *c);
+    hyla_backend *b = calloc(1, sizeof *b);
+    if (!c || !b) {
+        free(c);
+        free(b);
+        return hyla_fail(HYLA_ERR_NOMEM, "cpu backend: out of memory");
+    }
+    if (n_threads > 0) {
+        c->nt = n_threads;
+        /* OpenBLAS's thread count is process-wide: an explicit request bounds it too. */
+        openblas_set_num_threads(n_threads);
+    } else {
+        c->nt = omp_get_num_procs();
+    }
+    if (c->nt < 1) c->nt = 1;
+    b->ops = &cpu_ops;
+    b->ctx = c;
+    *out = b;
+    return HYLA_OK;
+}

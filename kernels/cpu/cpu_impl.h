@@ -1,0 +1,67 @@
+/* cpu_impl.h — private structs and helpers of the CPU reference backend, shared by
+ * cpu_backend.c (memory, weights, dense ops, sampling, the ops table) and cpu_mixers.c
+ * (GLA, GDN, SSE, attention). Not a public header: everything outside kernels/cpu/ goes
+ * through hyla_ops.h.
+ *
+ * Invariants: device pointers are plain host memory (64-byte aligned, zero-filled at
+ * alloc); weights are fp32 row-major [rows][cols]. One thread drives one context (the
+ * hyla_ops rule); inside an op, work is spread over ctx->nt OpenMP threads. */
+#ifndef HYLA_CPU_IMPL_H
+#define HYLA_CPU_IMPL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_ops.h"
+
+struct hyla_weight {
+    int rows, cols; /* PyTorch nn.Linear layout: rows = out_features */
+    float *data;    /* [rows][cols] fp32 */
+};
+
+typedef struct {
+    int nt;               /* OpenMP threads used by every parallel region */
+    void *scratch;        /* grows on demand, never shrinks: no allocation in steady state */
+    size_t scratch_bytes;
+} cpu_ctx;
+
+/* A scratch region of at least `bytes` bytes (64-byte aligned), valid until the next call.
+ * Ops call it once and carve the region; it is never used by two ops at once. */
+hyla_status cpu_scratch(cpu_ctx *c, size_t bytes, void **out);
+
+/* Round a byte count up to a multiple of 64 so carved sub-buffers stay aligned. */
+static inline size_t cpu_align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static inline float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- mixers (cpu_mixers.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                            int n, int H, int dk, int dv, float scale, float *S, float *o);
+hyla_status cpu_gla_decode(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                           int B, int H, int dk, int dv, float scale, float *const *S, float *o);
+hyla_status cpu_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                            const float *beta, int n, int H, int dk, int dv, float scale, float *S,
+                            float *o);
+hyla_status cpu_gdn_decode(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, int B, int H, int dk, int dv, float scale,
+                           float *const *S, float *o);
+hyla_status cpu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq,
+                             int Hk, int D, int pos0, const hyla_kv_view *kv, int window, float scale,
+                             float *o);
+hyla_status cpu_attn_decode(void *ctx, const float *q, const float *k, const float *v, int B, int Hq,
+                            int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int window,
+                            float scale, float *o);
+hyla_status cpu_sse_route(void *ctx, const float *logits, int n, int N, int K, int32_t *idx, float *w);
+hyla_status cpu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
+                            const float *q2, const float *k2, const float *v, const float *ga,
+                            const float *gb, const float *betaa, const float *betab,
+                            const int32_t *idx, const float *w, int n, int H, int dk, int dv, int N,
+                            int K, float scale, float *S0, float *Sp, float *o);
+hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
+                           const float *q2, const float *k2, const float *v, const float *ga,
+                           const float *gb, const float *betaa, const float *betab,
+                           const int32_t *idx, const float *w, int B, int H, int dk, int dv, int N,
+                           int K, float scale, float *const *S0, float *const *Sp, float *o);
+
+#endif
