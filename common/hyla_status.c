@@ -33,7 +33,15 @@ hyla_status hyla_fail_wrap(hyla_status s, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, g_detail, sizeof old);
-    snprintf(g_detail, sizeof g_detail, "%s: %s", prefix, old[0] ? old : hyla_status_str(s));
+    size_t pl = strlen(prefix);
+    if (pl > sizeof g_detail - 3) pl = sizeof g_detail - 3;
+    memcpy(g_detail, prefix, pl);
+    memcpy(g_detail + pl, ": ", 2);
+    const char *rest = old[0] ? old : hyla_status_str(s);
+    size_t rl = strlen(rest), room = sizeof g_detail - pl - 3;
+    if (rl > room) rl = room;
+    memcpy(g_detail + pl + 2, rest, rl);
+    g_detail[pl + 2 + rl] = 0;
     return s;
 }
 

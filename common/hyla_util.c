@@ -1,5 +1,4 @@
 /* hyla_util.c — see hyla_util.h. */
-#define _GNU_SOURCE
 #include "hyla_util.h"
 
 #include <errno.h>

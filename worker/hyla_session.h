@@ -38,6 +38,8 @@ void hyla_session_free(hyla_session *s); /* accepts NULL */
 
 /* Sampling parameters and seed (re-seeds the RNG). */
 void hyla_session_set_sampling(hyla_session *s, hyla_sampling params, uint64_t seed);
+/* Sampling parameters only; the RNG stream continues. */
+void hyla_session_set_sampling_params(hyla_session *s, hyla_sampling params);
 hyla_sampling hyla_session_get_sampling(const hyla_session *s);
 
 /* Feed n >= 1 tokens (see "pending token" above). logits: host [consumed][vocab] or NULL, one

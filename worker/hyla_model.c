@@ -1,0 +1,358 @@
+/* hyla_model.c — loads a model directory onto a backend (docs/MODELS.md §1–§5).
+ * Every tensor a configured layer needs is looked up by its flash-linear-attention name and
+ * shape-checked before upload; errors name the file, the tensor and the expected shape.
+ * Threading: loading is single-threaded; the loaded model is read-only. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "hyla_log.h"
+#include "hyla_model_impl.h"
+
+hyla_model_params hyla_model_default_params(void) {
+    hyla_model_params p;
+    memset(&p, 0, sizeof p);
+    p.layer_begin = 0;
+    p.layer_end = -1;
+    return p;
+}
+
+typedef struct {
+    hyla_model *m;
+    hyla_st *st;
+    char ctx[96]; /* "layer 3 (gla)" — what needs the tensor */
+} loader;
+
+static hyla_status track_alloc(hyla_model *m, void *p) {
+    if (m->n_allocs == m->cap_allocs) {
+        int cap = m->cap_allocs ? m->cap_allocs * 2 : 64;
+        void **n = realloc(m->allocs, (size_t)cap * sizeof *n);
+        if (!n) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        m->allocs = n;
+        m->cap_allocs = cap;
+    }
+    m->allocs[m->n_allocs++] = p;
+    return HYLA_OK;
+}
+
+static hyla_status track_weight(hyla_model *m, hyla_weight *w) {
+    if (m->n_weights == m->cap_weights) {
+        int cap = m->cap_weights ? m->cap_weights * 2 : 64;
+        hyla_weight **n = realloc(m->weights, (size_t)cap * sizeof *n);
+        if (!n) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        m->weights = n;
+        m->cap_weights = cap;
+    }
+    m->weights[m->n_weights++] = w;
+    return HYLA_OK;
+}
+
+static void shape_str(char *buf, size_t n, const int64_t *shape, int ndim) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++) o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+/* Find `name` and check its shape. */
+static hyla_status find_checked(loader *L, const char *name, int ndim, const int64_t *shape, const hyla_st_tensor **out) {
+    const hyla_st_tensor *t = hyla_st_find(L->st, name);
+    if (!t)
+        return hyla_fail(HYLA_ERR_NOT_FOUND, "%s: tensor '%s' is missing (needed by %s)", L->m->dir, name, L->ctx);
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[96], want[96];
+        shape_str(got, sizeof got, t->shape, t->ndim);
+        shape_str(want, sizeof want, shape, ndim);
+        return hyla_fail(HYLA_ERR_MISMATCH, "%s: tensor '%s' has shape %s, expected %s (%s)", t->file, name, got, want, L->ctx);
+    }
+    if (t->dtype != HYLA_DT_F32 && t->dtype != HYLA_DT_F16 && t->dtype != HYLA_DT_BF16)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", t->file,
+                         name, hyla_dtype_name(t->dtype));
+    *out = t;
+    return HYLA_OK;
+}
+
+static hyla_status load_matrix(loader *L, const char *name, int rows, int cols, hyla_weight **out) {
+    const hyla_st_tensor *t;
+    int64_t shape[2] = {rows, cols};
+    HYLA_TRY(find_checked(L, name, 2, shape, &t));
+    hyla_backend *be = L->m->be;
+    hyla_status s = be->ops->weight_create(be->ctx, t->data, t->dtype, rows, cols, out);
+    if (s != HYLA_OK) return hyla_fail_wrap(s, "%s: uploading tensor '%s'", t->file, name);
+    L->m->param_bytes += (uint64_t)rows * cols * hyla_dtype_size(t->dtype);
+    return track_weight(L->m, *out);
+}
+
+/* A vector (or a tensor of `ndim` dims with `n` elements in all) converted to fp32 on the device. */
+static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const int64_t *shape, float **out) {
+    const hyla_st_tensor *t;
+    HYLA_TRY(find_checked(L, name, ndim, shape, &t));
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    float *host = malloc(n * sizeof(float));
+    if (!host) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_to_f32(host, t->data, t->dtype, n);
+    hyla_backend *be = L->m->be;
+    void *dev = NULL;
+    hyla_status s = be->ops->alloc(be->ctx, n * sizeof(float), &dev);
+    if (s == HYLA_OK) s = be->ops->upload(be->ctx, dev, host, n * sizeof(float));
+    free(host);
+    if (s != HYLA_OK) {
+        be->ops->free(be->ctx, dev);
+        return hyla_fail_wrap(s, "%s: uploading tensor '%s'", t->file, name);
+    }
+    L->m->param_bytes += n * hyla_dtype_size(t->dtype);
+    *out = dev;
+    return track_alloc(L->m, dev);
+}
+
+static hyla_status load_vector(loader *L, const char *name, int n, float **out) {
+    int64_t shape[1] = {n};
+    return load_vector_nd(L, name, 1, shape, out);
+}
+
+#define P(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
+
+static hyla_status load_layer(loader *L, int i) {
+    hyla_model *m = L->m;
+    const hyla_model_config *c = &m->cfg;
+    hyla_layer *ly = &m->layers[i];
+    char n[256];
+    int D = c->hidden_size, F = c->intermediate_size;
+    ly->kind = c->mixer[i];
+    snprintf(L->ctx, sizeof L->ctx, "layer %d (%s)", i, hyla_mixer_name(ly->kind));
+    HYLA_TRY(load_vector(L, P(n, "model.layers.%d.attn_norm.weight", i), D, &ly->attn_norm));
+    HYLA_TRY(load_vector(L, P(n, "model.layers.%d.mlp_norm.weight", i), D, &ly->mlp_norm));
+    HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.gate_proj.weight", i), F, D, &ly->mlp_gate));
+    HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.up_proj.weight", i), F, D, &ly->mlp_up));
+    HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.down_proj.weight", i), D, F, &ly->mlp_down));
+#define A(suffix) P(n, "model.layers.%d.attn." suffix, i)
+    if (ly->kind == HYLA_MIXER_ATTN) {
+        int Hq = c->attn_heads, Hk = c->attn_kv_heads, hd = c->attn_head_dim;
+        HYLA_TRY(load_matrix(L, A("q_proj.weight"), Hq * hd, D, &ly->q));
+        HYLA_TRY(load_matrix(L, A("k_proj.weight"), Hk * hd, D, &ly->k));
+        HYLA_TRY(load_matrix(L, A("v_proj.weight"), Hk * hd, D, &ly->v));
+        HYLA_TRY(load_matrix(L, A("o_proj.weight"), D, Hq * hd, &ly->o));
+        if (c->qkv_bias) {
+            HYLA_TRY(load_vector(L, A("q_proj.bias"), Hq * hd, &ly->q_bias));
+            HYLA_TRY(load_vector(L, A("k_proj.bias"), Hk * hd, &ly->k_bias));
+            HYLA_TRY(load_vector(L, A("v_proj.bias"), Hk * hd, &ly->v_bias));
+        }
+        if (c->qk_norm) {
+            HYLA_TRY(load_vector(L, A("q_norm.weight"), hd, &ly->q_norm));
+            HYLA_TRY(load_vector(L, A("k_norm.weight"), hd, &ly->k_norm));
+        }
+        return HYLA_OK;
+    }
+    int H = c->num_heads, dk = c->head_k_dim, dv = c->head_v_dim, r = c->gate_low_rank_dim;
+    HYLA_TRY(load_matrix(L, A("q_proj.weight"), H * dk, D, &ly->q));
+    HYLA_TRY(load_matrix(L, A("k_proj.weight"), H * dk, D, &ly->k));
+    HYLA_TRY(load_matrix(L, A("v_proj.weight"), H * dv, D, &ly->v));
+    HYLA_TRY(load_matrix(L, A("o_proj.weight"), D, H * dv, &ly->o));
+    if (c->use_short_conv) {
+        static const char *cn[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+        int ch[3] = {H * dk, H * dk, H * dv};
+        for (int j = 0; j < 3; j++) {
+            int64_t shape[3] = {ch[j], 1, c->conv_size};
+            HYLA_TRY(load_vector_nd(L, P(n, "model.layers.%d.attn.%s", i, cn[j]), 3, shape, &ly->conv_w[j]));
+        }
+    }
+    if (ly->kind == HYLA_MIXER_GLA) {
+        HYLA_TRY(load_matrix(L, A("gk_proj.0.weight"), r, D, &ly->gk_a[0]));
+        HYLA_TRY(load_matrix(L, A("gk_proj.1.weight"), H * dk, r, &ly->gk_b[0]));
+        HYLA_TRY(load_vector(L, A("gk_proj.1.bias"), H * dk, &ly->gk_bias[0]));
+        if (c->use_output_gate) {
+            HYLA_TRY(load_matrix(L, A("g_proj.weight"), H * dv, D, &ly->g_proj));
+            HYLA_TRY(load_vector(L, A("g_norm_swish_gate.weight"), dv, &ly->o_norm));
+        } else {
+            HYLA_TRY(load_vector(L, A("g_norm.weight"), dv, &ly->o_norm));
+        }
+    } else if (ly->kind == HYLA_MIXER_GDN) {
+        HYLA_TRY(load_matrix(L, A("a_proj.weight"), H, D, &ly->a_proj));
+        HYLA_TRY(load_matrix(L, A("b_proj.weight"), H, D, &ly->b_proj));
+        HYLA_TRY(load_vector(L, A("A_log"), H, &ly->A_log));
+        HYLA_TRY(load_vector(L, A("dt_bias"), H, &ly->dt_bias));
+        if (c->use_output_gate) HYLA_TRY(load_matrix(L, A("g_proj.weight"), H * dv, D, &ly->g_proj));
+        HYLA_TRY(load_vector(L, A("o_norm.weight"), dv, &ly->o_norm));
+    } else { /* SSE */
+        int rank = c->sse_lora_rank, N = c->sse_partitions;
+        HYLA_TRY(load_matrix(L, A("lora_q_proj.0.weight"), rank, D, &ly->lora_q_a));
+        HYLA_TRY(load_matrix(L, A("lora_q_proj.1.weight"), H * dk, rank, &ly->lora_q_b));
+        HYLA_TRY(load_matrix(L, A("lora_k_proj.0.weight"), rank, D, &ly->lora_k_a));
+        HYLA_TRY(load_matrix(L, A("lora_k_proj.1.weight"), H * dk, rank, &ly->lora_k_b));
+        HYLA_TRY(load_matrix(L, A("e_proj.weight"), N, D, &ly->e_proj));
+        if (c->sse_transition == HYLA_SSE_GLA) {
+            for (int j = 0; j < 2; j++) {
+                HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.attn.gk_proj.%d.0.weight", i, j), r, D, &ly->gk_a[j]));
+                HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.attn.gk_proj.%d.1.weight", i, j), H * dk, r, &ly->gk_b[j]));
+                HYLA_TRY(load_vector(L, P(n, "model.layers.%d.attn.gk_proj.%d.1.bias", i, j), H * dk, &ly->gk_bias[j]));
+            }
+        } else {
+            HYLA_TRY(load_matrix(L, A("a_proj.weight"), 2 * H, D, &ly->a_proj));
+            HYLA_TRY(load_matrix(L, A("b_proj.weight"), 2 * H, D, &ly->b_proj));
+            HYLA_TRY(load_vector(L, A("A_log"), 2 * H, &ly->A_log));
+            HYLA_TRY(load_vector(L, A("dt_bias"), 2 * H, &ly->dt_bias));
+        }
+        if (c->use_output_gate) {
+            HYLA_TRY(load_matrix(L, A("g_proj.0.weight"), dv, D, &ly->g_proj));
+            HYLA_TRY(load_matrix(L, A("g_proj.1.weight"), H * dv, dv, &ly->g_proj2));
+        }
+        HYLA_TRY(load_vector(L, A("o_norm.weight"), dv, &ly->o_norm));
+    }
+#undef A
+    return HYLA_OK;
+}
+
+/* Fingerprint: xxh64 over the canonical config JSON (sorted keys, compact) and every tensor's
+ * name, dtype and shape in name order. */
+static hyla_status compute_fingerprint(hyla_model *m, hyla_st *st) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", m->dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) return hyla_fail(HYLA_ERR_FORMAT, "%s: %s", path, jerr.text);
+    char *canon = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(root);
+    if (!canon) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    XXH64_state_t *h = XXH64_createState();
+    XXH64_reset(h, 0x68796c61u /* "hyla" */);
+    XXH64_update(h, canon, strlen(canon) + 1);
+    free(canon);
+    for (int i = 0; i < hyla_st_count(st); i++) {
+        const hyla_st_tensor *t = hyla_st_at(st, i);
+        XXH64_update(h, t->name, strlen(t->name) + 1);
+        uint32_t dt = (uint32_t)t->dtype, nd = (uint32_t)t->ndim;
+        XXH64_update(h, &dt, sizeof dt);
+        XXH64_update(h, &nd, sizeof nd);
+        XXH64_update(h, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    }
+    m->fingerprint = XXH64_digest(h);
+    XXH64_freeState(h);
+    return HYLA_OK;
+}
+
+hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_params *params, hyla_model **out) {
+    *out = NULL;
+    hyla_model_params p = params ? *params : hyla_model_default_params();
+    hyla_model *m = calloc(1, sizeof *m);
+    if (!m) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    m->be = be;
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    hyla_status s = hyla_model_config_load(dir, &m->cfg);
+    if (s != HYLA_OK) {
+        free(m);
+        return s;
+    }
+    const hyla_model_config *c = &m->cfg;
+    m->layer_begin = p.layer_begin;
+    m->layer_end = p.layer_end < 0 ? c->num_layers : p.layer_end;
+    if (m->layer_begin < 0 || m->layer_begin >= m->layer_end || m->layer_end > c->num_layers) {
+        s = hyla_fail(HYLA_ERR_INVALID_ARG, "layer range %d:%d is not within the model's %d layers", p.layer_begin,
+                      p.layer_end, c->num_layers);
+        free(m);
+        return s;
+    }
+    hyla_st *st = NULL;
+    s = hyla_st_open(dir, &st);
+    if (s != HYLA_OK) {
+        free(m);
+        return s;
+    }
+    loader L = {m, st, ""};
+    s = compute_fingerprint(m, st);
+    int D = c->hidden_size, V = c->vocab_size;
+    int first = m->layer_begin == 0, last = m->layer_end == c->num_layers;
+    if (s == HYLA_OK && (first || (last && c->tie_word_embeddings))) {
+        snprintf(L.ctx, sizeof L.ctx, "the embedding");
+        s = load_matrix(&L, "model.embeddings.weight", V, D, &m->embed);
+    }
+    for (int i = m->layer_begin; s == HYLA_OK && i < m->layer_end; i++) s = load_layer(&L, i);
+    if (s == HYLA_OK && last) {
+        snprintf(L.ctx, sizeof L.ctx, "the output head");
+        s = load_vector(&L, "model.norm.weight", D, &m->final_norm);
+        if (s == HYLA_OK) {
+            if (c->tie_word_embeddings) m->lm_head = m->embed;
+            else s = load_matrix(&L, "lm_head.weight", V, D, &m->lm_head);
+        }
+    }
+    if (s == HYLA_OK) s = hyla_model_scratch_reserve(m, HYLA_PREFILL_CHUNK);
+    hyla_st_close(st); /* backends copy weights at weight_create */
+    if (s != HYLA_OK) {
+        hyla_model_free(m);
+        return s;
+    }
+    HYLA_DEBUG("loaded %s: %s, %d layers [%d, %d), %.1f MB of parameters", dir, c->model_type, c->num_layers,
+               m->layer_begin, m->layer_end, m->param_bytes / 1e6);
+    *out = m;
+    return HYLA_OK;
+}
+
+static void scratch_free(hyla_model *m) {
+    const hyla_ops *o = m->be->ops;
+    hyla_scratch *sc = &m->sc;
+    o->free(m->be->ctx, sc->x);
+    o->free(m->be->ctx, sc->xn);
+    for (int i = 0; i < HYLA_NBUF; i++) o->free(m->be->ctx, sc->buf[i]);
+    o->free(m->be->ctx, sc->logits);
+    o->free(m->be->ctx, sc->sse_idx);
+    o->free(m->be->ctx, sc->sse_w);
+    memset(sc, 0, sizeof *sc);
+}
+
+hyla_status hyla_model_scratch_reserve(hyla_model *m, int rows) {
+    if (rows <= m->sc.rows) return HYLA_OK;
+    const hyla_model_config *c = &m->cfg;
+    size_t w = (size_t)c->hidden_size;
+#define WMAX(v) do { if ((size_t)(v) > w) w = (size_t)(v); } while (0)
+    WMAX(c->intermediate_size);
+    WMAX(c->num_heads * c->head_k_dim);
+    WMAX(c->num_heads * c->head_v_dim);
+    WMAX(c->attn_heads * c->attn_head_dim);
+    WMAX(c->sse_lora_rank);
+    WMAX(2 * c->num_heads);
+    WMAX(c->sse_partitions);
+    WMAX(c->gate_low_rank_dim);
+#undef WMAX
+    int want = rows < 2 * m->sc.rows ? 2 * m->sc.rows : rows;
+    scratch_free(m);
+    const hyla_ops *o = m->be->ops;
+    void *ctx = m->be->ctx;
+    hyla_scratch *sc = &m->sc;
+    size_t D = (size_t)c->hidden_size, V = (size_t)c->vocab_size, K = (size_t)(c->sse_topk > 0 ? c->sse_topk : 1);
+    hyla_status s = o->alloc(ctx, want * D * sizeof(float), (void **)&sc->x);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * D * sizeof(float), (void **)&sc->xn);
+    for (int i = 0; s == HYLA_OK && i < HYLA_NBUF; i++) s = o->alloc(ctx, want * w * sizeof(float), (void **)&sc->buf[i]);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * V * sizeof(float), (void **)&sc->logits);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * K * sizeof(int32_t), (void **)&sc->sse_idx);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * K * sizeof(float), (void **)&sc->sse_w);
+    if (s != HYLA_OK) {
+        scratch_free(m);
+        return hyla_fail_wrap(s, "allocating activation scratch for %d rows", want);
+    }
+    sc->rows = want;
+    sc->width = w;
+    return HYLA_OK;
+}
+
+void hyla_model_free(hyla_model *m) {
+    if (!m) return;
+    scratch_free(m);
+    for (int i = 0; i < m->n_weights; i++) m->be->ops->weight_destroy(m->be->ctx, m->weights[i]);
+    for (int i = 0; i < m->n_allocs; i++) m->be->ops->free(m->be->ctx, m->allocs[i]);
+    free(m->weights);
+    free(m->allocs);
+    free(m);
+}
+
+const hyla_model_config *hyla_model_get_config(const hyla_model *m) { return &m->cfg; }
+hyla_backend *hyla_model_backend(const hyla_model *m) { return m->be; }
+uint64_t hyla_model_fingerprint(const hyla_model *m) { return m->fingerprint; }
+void hyla_model_layer_range(const hyla_model *m, int *begin, int *end) {
+    *begin = m->layer_begin;
+    *end = m->layer_end;
+}
+uint64_t hyla_model_param_bytes(const hyla_model *m) { return m->param_bytes; }
