@@ -24,73 +24,16 @@ CLI (mirrors hyla-run's conformance flags):
               [--dtype float64|float32] [--prefill recurrent|chunked|varlen]
 """
 import argparse
-import json
-import math
 import os
-import struct
 import sys
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_np import load_model_dir, read_safetensors  # noqa: E402,F401
+
 CHUNK = 64  # chunk length of the chunked forms; chunks are aligned to absolute positions
-
-# ----------------------------------------------------------------------------------------
-# safetensors reader
-# ----------------------------------------------------------------------------------------
-
-_ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
-              "BF16": np.dtype("<u2")}
-
-
-def read_safetensors(path):
-    """Returns {name: float32/float64 numpy array} of one .safetensors file."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
-        raise ValueError("%s: too short for a safetensors header" % path)
-    (hlen,) = struct.unpack("<Q", raw[:8])
-    if 8 + hlen > len(raw):
-        raise ValueError("%s: header length %d beyond end of file" % (path, hlen))
-    header = json.loads(raw[8:8 + hlen].decode("utf-8"))
-    base = 8 + hlen
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt = info["dtype"]
-        if dt not in _ST_DTYPES:
-            raise ValueError("%s: tensor %r has dtype %s (want F32, F16, BF16)" % (path, name, dt))
-        b, e = info["data_offsets"]
-        shape = tuple(info["shape"])
-        npdt = _ST_DTYPES[dt]
-        n = int(np.prod(shape)) if shape else 1
-        if e - b != n * npdt.itemsize or base + e > len(raw):
-            raise ValueError("%s: tensor %r: bad data_offsets %s for shape %s" % (path, name, info["data_offsets"], shape))
-        a = np.frombuffer(raw, dtype=npdt, count=n, offset=base + b)
-        if dt == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        elif dt == "F16":
-            a = a.astype(np.float32)
-        out[name] = a.reshape(shape).copy()
-    return out
-
-
-def load_model_dir(d):
-    """Returns (config dict, {tensor name: numpy array})."""
-    with open(os.path.join(d, "config.json")) as f:
-        cfg = json.load(f)
-    idx = os.path.join(d, "model.safetensors.index.json")
-    weights = {}
-    if os.path.exists(idx):
-        with open(idx) as f:
-            wm = json.load(f)["weight_map"]
-        for fn in sorted(set(wm.values())):
-            weights.update(read_safetensors(os.path.join(d, fn)))
-    else:
-        weights = read_safetensors(os.path.join(d, "model.safetensors"))
-    return cfg, weights
-
 
 # ----------------------------------------------------------------------------------------
 # elementwise pieces

@@ -16,10 +16,12 @@ import argparse
 import copy
 import json
 import os
-import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_np import write_safetensors  # noqa: E402
 
 BASE = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 260, "num_heads": 4,
         "hidden_ratio": 4, "intermediate_size": 128, "hidden_act": "swish", "norm_eps": 1e-6,
@@ -180,36 +182,6 @@ def init_tensor(rng, shape, kind):
     else:
         raise ValueError(kind)
     return a.reshape(shape).astype(np.float32)
-
-
-def to_bytes(a, dtype):
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    if dtype == "F32":
-        return a.astype("<f4").tobytes()
-    if dtype == "F16":
-        return a.astype("<f2").tobytes()
-    if dtype == "BF16":  # round to nearest even
-        u = a.view(np.uint32).astype(np.uint64)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        return u.astype("<u2").tobytes()
-    raise ValueError(dtype)
-
-
-def write_safetensors(path, tensors, dtype):
-    """tensors: [(name, float32 array)] in order. Header padded with spaces to 8 bytes."""
-    header, blobs, off = {}, [], 0
-    for name, a in tensors:
-        b = to_bytes(a, dtype)
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 def make(preset, out, seed=0, dtype="F32", shards=1, **dims):

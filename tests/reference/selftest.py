@@ -73,7 +73,7 @@ def sse_masked(layer, x, st):
     """Algorithm 1 (masking): every sparse partition runs the plain kernel over all tokens;
     where it is not selected the token's q, k are 0 and its decay is 1 (log 0)."""
     f = layer.features(x)
-    T, H, dk, dv = x.shape[0], layer.H, layer.dk, layer.dv
+    T, dk = x.shape[0], layer.dk
     sc = dk ** -0.5
     gla = layer.trans == "gla"
     if gla:

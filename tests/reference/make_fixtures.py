@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""make_fixtures.py: writes the golden conformance fixtures tests/fixtures/<name>.json.
+
+For each fixture: build a tiny model (hyla-mkmodel with fixed arguments, or a make_tiny.py
+preset for configurations mkmodel's CLI cannot express), run the PyTorch reference
+(hyla_ref.py, float64, token-by-token recurrence) on a fixed 80-token prompt (prefill crosses
+the 64-token chunk boundary), and store the logits of every prompt position (float32,
+base64) and 16 greedy tokens. The weights seed is chosen deterministically: the first of
+SEEDS whose run has no fragile decision, i.e. every SSE routing decision has a top-K margin
+>= MIN_ROUTE_MARGIN (fp32 cannot flip it), every greedy step a top-2 logit gap >=
+MIN_GREEDY_GAP, and no eos among the greedy tokens.
+
+Needs torch (Debian: /usr/bin/python3 with python3-torch) and a built hyla-mkmodel:
+  /usr/bin/python3 tests/reference/make_fixtures.py [--bin-dir build/bin] [--only NAME ...]
+"""
+import argparse
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hyla_ref as R  # noqa: E402
+import make_tiny  # noqa: E402
+from safetensors_np import load_model_dir, weights_digest  # noqa: E402
+
+PROMPT = [int(t) for t in np.random.RandomState(2024).randint(0, 256, 80)]
+N_GREEDY = 16
+SEEDS = list(range(1, 40))
+MIN_ROUTE_MARGIN = 1e-4
+MIN_GREEDY_GAP = 1e-3
+
+
+def mk(arch, layers):
+    return {"kind": "hyla-mkmodel", "arch": arch,
+            "args": ["--arch", arch, "--layers", str(layers), "--hidden", "64", "--heads", "4", "--vocab", "260"]}
+
+
+def tiny(preset, dtype="F32", shards=1):
+    return {"kind": "make_tiny", "preset": preset, "dtype": dtype, "shards": shards}
+
+
+FIXTURES = {
+    "gla": (mk("gla", 2), "hyla-mkmodel GLA"),
+    "gdn": (mk("gdn", 2), "hyla-mkmodel gated DeltaNet"),
+    "transformer": (mk("transformer", 2), "hyla-mkmodel softmax attention"),
+    "sse": (mk("sse", 3), "hyla-mkmodel SSE, GLA transition"),
+    "sse-gdn": (mk("sse-gdn", 3), "hyla-mkmodel SSE, GDN transition"),
+    "sse-h": (mk("sse-h", 4), "hyla-mkmodel SSE with attention layers"),
+    "gla-h": (mk("gla-h", 4), "hyla-mkmodel GLA with attention layers"),
+    "x-gla-conv": (tiny("x-gla-conv", "BF16", 2), "make_tiny GLA: short conv, no output gate, clamp_min; BF16 weights in 2 shards"),
+    "x-gdn-plain": (tiny("x-gdn-plain", "F16"), "make_tiny GDN: no conv, no output gate, allow_neg_eigval, expand_v 1; F16 weights"),
+    "x-transformer": (tiny("x-transformer"), "make_tiny transformer: GQA 4:1, qkv bias, qk_norm, window 20, rope_theta 500, tied embeddings"),
+    "x-sse-sparse": (tiny("x-sse-sparse"), "make_tiny SSE-GLA: N=6, K=2, lora_target sparse, q softmax, expand_v 2, windowed GQA attention layer with bias"),
+    "x-sse-gdn-k2": (tiny("x-sse-gdn-k2"), "make_tiny SSE-GDN: N=4, K=2, lora rank 4, no output gate"),
+}
+
+
+def build(gen, seed, out, bin_dir):
+    if gen["kind"] == "hyla-mkmodel":
+        cmd = [os.path.join(bin_dir, "hyla-mkmodel")] + gen["args"] + ["--seed", str(seed), "--out", out]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        g = dict(gen)
+        g["args"] = gen["args"] + ["--seed", str(seed)]
+        return g
+    make_tiny.make(gen["preset"], out, seed=seed, dtype=gen["dtype"], shards=gen["shards"])
+    g = dict(gen)
+    g["seed"] = seed
+    return g
+
+
+def f32b64(a):
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "encoding": "float32-le-base64", "data": base64.b64encode(a.tobytes()).decode()}
+
+
+def run_one(name, gen, desc, bin_dir, tmp):
+    for seed in SEEDS:
+        mdir = os.path.join(tmp, "%s-%d" % (name, seed))
+        g = build(gen, seed, mdir, bin_dir)
+        model = R.Model(mdir, torch.float64)
+        if model.unused:
+            print("  %s: unused tensors %s" % (name, model.unused), file=sys.stderr)
+        plog, greedy, gaps = R.generate(model, PROMPT, N_GREEDY, "recurrent")
+        margins = model.route_margins()
+        mm = min(margins) if margins else None
+        eos = model.cfg.get("eos_token_id")
+        why = []
+        if mm is not None and mm < MIN_ROUTE_MARGIN:
+            why.append("routing margin %.1e" % mm)
+        if min(gaps) < MIN_GREEDY_GAP:
+            why.append("greedy gap %.1e" % min(gaps))
+        if eos is not None and eos in greedy:
+            why.append("eos in greedy")
+        if why:
+            print("  %s seed %d rejected: %s" % (name, seed, ", ".join(why)))
+            continue
+        # agreement numbers of the reference with itself, for docs/TESTING.md
+        chunked = R.Session(model).forward(PROMPT, "chunked").numpy()
+        m32 = R.Model(mdir, torch.float32)
+        f32 = R.Session(m32).forward(PROMPT, "recurrent").double().numpy()
+        # top logit per greedy step (for the near-tie band in compare_fixture.py)
+        s = R.Session(model)
+        last = s.forward(PROMPT)[-1]
+        top = []
+        for t in greedy:
+            top.append(float(last.max()))
+            last = s.forward([t])[-1]
+        _, w = load_model_dir(mdir)
+        with open(os.path.join(mdir, "config.json")) as f:
+            cfg = json.load(f)
+        fx = {
+            "format": "hyla-conformance-fixture", "version": 1,
+            "name": name, "description": desc,
+            "generator": g,
+            "config": cfg,
+            "mixers": model.kinds(),
+            "weights_digest": weights_digest(w),
+            "prompt_ids": PROMPT,
+            "reference": {"impl": "tests/reference/hyla_ref.py", "torch": torch.__version__, "dtype": "float64",
+                          "prefill": "recurrent (token by token)", "decode": "recurrent"},
+            "logits": f32b64(plog),
+            "greedy": greedy,
+            "greedy_top2_gap": [round(x, 6) for x in gaps],
+            "greedy_top_logit": [round(x, 6) for x in top],
+            "eos_token_id": eos,
+            "self_check": {
+                "min_route_margin": mm,
+                "chunked_vs_recurrent_max_abs": float(np.abs(chunked - plog).max()),
+                "ref_fp32_vs_fp64_max_abs": float(np.abs(f32 - plog).max()),
+                "max_abs_logit": float(np.abs(plog).max()),
+            },
+        }
+        print("  %s: seed %d, greedy %s, min route margin %s, chunked-vs-recurrent %.1e, fp32-vs-fp64 %.1e"
+              % (name, seed, greedy, "%.1e" % mm if mm is not None else "-", fx["self_check"]["chunked_vs_recurrent_max_abs"],
+                 fx["self_check"]["ref_fp32_vs_fp64_max_abs"]))
+        return fx
+    raise RuntimeError("%s: no seed in %s gives a robust fixture" % (name, SEEDS))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin-dir", default=os.path.join(HERE, "..", "..", "build", "bin"))
+    ap.add_argument("--out-dir", default=os.path.join(HERE, "..", "fixtures"))
+    ap.add_argument("--only", nargs="*")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    os.makedirs(a.out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (gen, desc) in FIXTURES.items():
+            if a.only and name not in a.only:
+                continue
+            fx = run_one(name, gen, desc, a.bin_dir, tmp)
+            p = os.path.join(a.out_dir, name + ".json")
+            with open(p, "w") as f:
+                json.dump(fx, f, indent=1)
+                f.write("\n")
+            print("wrote %s (%d bytes)" % (p, os.path.getsize(p)))
+
+
+if __name__ == "__main__":
+    main()
