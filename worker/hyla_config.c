@@ -135,9 +135,10 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
     else if (!strcmp(mt, "sse")) base = HYLA_MIXER_SSE;
     else if (!strcmp(mt, "transformer")) base = HYLA_MIXER_ATTN;
     else {
+        hyla_status st = hyla_fail(HYLA_ERR_UNSUPPORTED,
+                                   "%s: unknown model_type '%s' (supported: gla, gated_deltanet, sse, transformer)", path, mt);
         json_decref(root);
-        return hyla_fail(HYLA_ERR_UNSUPPORTED,
-                         "%s: unknown model_type '%s' (supported: gla, gated_deltanet, sse, transformer)", path, mt);
+        return st;
     }
 
     c->vocab_size = get_int(&r, root, "vocab_size", 32000);

@@ -460,47 +460,75 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
     return st;
 }
 
-hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits) {
+/* Decode-path forward of the pending tokens of B sessions; logits stay in m->sc.logits. */
+static hyla_status step_forward(hyla_session *const *ss, int B) {
     if (B < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode needs at least one session");
     hyla_model *m = ss[0]->m;
     for (int i = 0; i < B; i++) {
         if (ss[i]->m != m) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode batch mixes sessions of different models");
         if (ss[i]->pending < 0)
             return hyla_fail(HYLA_ERR_INVALID_ARG, "session %d of the batch has no pending token (feed a prompt first)", i);
+        for (int j = 0; j < i; j++)
+            if (ss[j] == ss[i]) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode batch holds one session twice");
     }
     if (!m->embed || !m->lm_head || m->layer_begin != 0)
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "decode with sampling needs a model holding all layers");
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "decode needs a model holding all layers");
     HYLA_TRY(hyla_model_scratch_reserve(m, B));
     int32_t *toks = malloc((size_t)B * sizeof *toks), *pos = malloc((size_t)B * sizeof *pos);
-    hyla_sampling *sp = malloc((size_t)B * sizeof *sp);
-    float *u = malloc((size_t)B * sizeof *u);
     hyla_status st = HYLA_OK;
-    if (!toks || !pos || !sp || !u) {
+    if (!toks || !pos) {
         st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
         goto out;
     }
     for (int i = 0; i < B; i++) {
         toks[i] = ss[i]->pending;
         pos[i] = (int32_t)ss[i]->pos;
-        sp[i] = ss[i]->sp;
     }
     if ((st = OPS(m)->embed(CTX(m), m->embed, toks, B, m->sc.x)) != HYLA_OK) goto out;
     fwd f = {1, ss, B, pos};
     if ((st = forward(m, &f, 1)) != HYLA_OK) goto out;
-    /* one RNG draw per sampled token, greedy included [SAMPLE-1] */
-    for (int i = 0; i < B; i++) u[i] = hyla_rng_uniform(&ss[i]->rng);
-    size_t V = (size_t)m->cfg.vocab_size;
-    if ((st = OPS(m)->sample(CTX(m), m->sc.logits, B, (int)V, sp, u, out)) != HYLA_OK) goto out;
-    if (logits && (st = OPS(m)->download(CTX(m), logits, m->sc.logits, (size_t)B * V * sizeof(float))) != HYLA_OK)
-        goto out;
     for (int i = 0; i < B; i++) {
         ss[i]->pos++;
-        ss[i]->pending = out[i];
-        ss[i]->generated++;
+        ss[i]->pending = -1;
     }
 out:
     free(toks);
     free(pos);
+    return st;
+}
+
+hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits) {
+    HYLA_TRY(step_forward(ss, B));
+    hyla_model *m = ss[0]->m;
+    if (logits)
+        HYLA_TRY(OPS(m)->download(CTX(m), logits, m->sc.logits, (size_t)B * m->cfg.vocab_size * sizeof(float)));
+    return HYLA_OK;
+}
+
+hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits) {
+    HYLA_TRY(step_forward(ss, B));
+    hyla_model *m = ss[0]->m;
+    hyla_sampling *sp = malloc((size_t)B * sizeof *sp);
+    float *u = malloc((size_t)B * sizeof *u);
+    hyla_status st = HYLA_OK;
+    size_t V = (size_t)m->cfg.vocab_size;
+    if (!sp || !u) {
+        st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    /* one RNG draw per sampled token, greedy included [SAMPLE-1] */
+    for (int i = 0; i < B; i++) {
+        sp[i] = ss[i]->sp;
+        u[i] = hyla_rng_uniform(&ss[i]->rng);
+    }
+    if ((st = OPS(m)->sample(CTX(m), m->sc.logits, B, (int)V, sp, u, out)) != HYLA_OK) goto out;
+    if (logits && (st = OPS(m)->download(CTX(m), logits, m->sc.logits, (size_t)B * V * sizeof(float))) != HYLA_OK)
+        goto out;
+    for (int i = 0; i < B; i++) {
+        ss[i]->pending = out[i];
+        ss[i]->generated++;
+    }
+out:
     free(sp);
     free(u);
     return st;

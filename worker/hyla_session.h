@@ -53,6 +53,11 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
  * out: host [B] sampled tokens; logits: host [B][vocab] or NULL. */
 hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits);
 
+/* Feed the pending token of each of B sessions through the decode path without sampling;
+ * afterwards no token is pending. logits: host [B][vocab] or NULL. (Conformance tests and
+ * scoring use it; generation uses hyla_session_decode.) */
+hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits);
+
 int64_t hyla_session_position(const hyla_session *s);   /* tokens consumed */
 int32_t hyla_session_pending(const hyla_session *s);    /* -1 if none */
 int64_t hyla_session_generated(const hyla_session *s);  /* tokens sampled so far */

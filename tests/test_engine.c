@@ -1,0 +1,209 @@
+/* test_engine.c — the model runtime on the CPU backend, for every architecture:
+ *   - prefill (chunked mixers) equals token-by-token decode (recurrent mixers) in logits;
+ *   - feeding a document in pieces that end at chunk boundaries is bit-identical to one piece;
+ *   - a decode batch of several sessions equals each session decoded alone, bit for bit;
+ *   - same seed, same tokens (greedy and sampled); export -> import continues bit for bit;
+ *   - import refuses another model's snapshot and a part of the wrong shape, naming it. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyla_session.h"
+#include "hyla_test.h"
+
+static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h"};
+
+static void make_model(const char *arch, const char *dir, const char *extra) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && %s/hyla-mkmodel --arch %s --layers 3 --hidden 64 --heads 4 --seed 5 %s --out %s 2>/dev/null",
+             dir, hyla_test_env("HYLA_BIN_DIR", "build/bin"), arch, extra ? extra : "", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "cannot run: %s\n", cmd);
+        exit(1);
+    }
+}
+
+static int32_t *prompt(int n, uint64_t seed, int vocab) {
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    hyla_rng r;
+    hyla_rng_seed(&r, seed);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&r) % (uint64_t)(vocab < 256 ? vocab : 256));
+    return t;
+}
+
+static hyla_session *new_session(hyla_model *m, float temp, uint64_t seed) {
+    hyla_session *s = NULL;
+    CHECK_OK(hyla_session_create(m, &s));
+    hyla_sampling sp = {temp, temp > 0 ? 40 : 0, temp > 0 ? 0.95f : 1.0f};
+    hyla_session_set_sampling(s, sp, seed);
+    return s;
+}
+
+static void gen(hyla_session *s, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) CHECK_OK(hyla_session_decode(&s, 1, &out[i], NULL));
+}
+
+static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
+    make_model(arch, dir, strstr(arch, "-h") ? "--window 40" : NULL);
+    hyla_model *m = NULL;
+    CHECK_OK(hyla_model_load(dir, be, NULL, &m));
+    if (!m) return;
+    const hyla_model_config *c = hyla_model_get_config(m);
+    int V = c->vocab_size, T = 150;
+    int32_t *p = prompt(T, 11, V);
+
+    /* 1. prefill logits vs decode logits. Tolerance: chunked and recurrent forms sum the same
+     * terms in different orders in fp32 through 3 layers; logits are O(10), so 2e-3 absolute
+     * + 1e-3 relative is far below any real discrepancy (a wrong decay or missing term moves
+     * logits by O(1)). */
+    float *lp = malloc((size_t)T * V * sizeof(float)), *ld = malloc((size_t)T * V * sizeof(float));
+    hyla_session *a = new_session(m, 0, 1), *b = new_session(m, 0, 1);
+    int consumed = 0;
+    CHECK_OK(hyla_session_feed(a, p, T, lp, &consumed, NULL, NULL));
+    CHECK(consumed == T - 1);
+    CHECK_OK(hyla_session_feed(b, p, 1, NULL, NULL, NULL, NULL));
+    for (int i = 1; i < T; i++) {
+        CHECK_OK(hyla_session_step(&b, 1, ld + (size_t)(i - 1) * V));
+        CHECK_OK(hyla_session_feed(b, &p[i], 1, NULL, NULL, NULL, NULL)); /* only sets pending */
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s: prefill vs decode logits", arch);
+    CHECK_CLOSE(lp, ld, (size_t)(T - 1) * V, 2e-3, 1e-3, what);
+    CHECK(hyla_session_position(a) == T - 1 && hyla_session_position(b) == T - 1);
+    hyla_session_free(a);
+    hyla_session_free(b);
+
+    /* 2. pieces ending at chunk boundaries == one piece, bit for bit (states and tokens) */
+    a = new_session(m, 0, 1);
+    b = new_session(m, 0, 1);
+    CHECK_OK(hyla_session_feed(a, p, T, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_feed(b, p, 65, NULL, NULL, NULL, NULL));      /* consumes 64 */
+    CHECK_OK(hyla_session_feed(b, p + 65, 64, NULL, NULL, NULL, NULL)); /* consumes 64 more: 128 */
+    CHECK_OK(hyla_session_feed(b, p + 129, T - 129, NULL, NULL, NULL, NULL));
+    hyla_snapshot *sa = NULL, *sb = NULL;
+    CHECK_OK(hyla_session_export(a, &sa));
+    CHECK_OK(hyla_session_export(b, &sb));
+    CHECK_MSG(sa && sb && hyla_snapshot_equal(sa, sb), "%s: chunk-aligned pieces differ from one piece", arch);
+    hyla_snapshot_destroy(sb);
+
+    /* 3. export/import continues bit for bit; same seed, same tokens */
+    int32_t g1[24], g2[24];
+    hyla_session *c1 = NULL;
+    CHECK_OK(hyla_session_import(m, sa, &c1));
+    if (c1) {
+        gen(a, 24, g1);
+        gen(c1, 24, g2);
+        CHECK_MSG(!memcmp(g1, g2, sizeof g1), "%s: imported session continues differently", arch);
+        hyla_session_free(c1);
+    }
+    hyla_snapshot_destroy(sa);
+    hyla_session_free(a);
+    hyla_session_free(b);
+    for (int pass = 0; pass < 2; pass++) {
+        float temp = pass ? 0.9f : 0.0f;
+        a = new_session(m, temp, 42);
+        b = new_session(m, temp, 42);
+        CHECK_OK(hyla_session_feed(a, p, 20, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(b, p, 20, NULL, NULL, NULL, NULL));
+        gen(a, 24, g1);
+        gen(b, 24, g2);
+        CHECK_MSG(!memcmp(g1, g2, sizeof g1), "%s: same seed gave different tokens (T=%.1f)", arch, temp);
+        hyla_session_free(a);
+        hyla_session_free(b);
+    }
+
+    /* 4. batch decode == single decode, bit for bit */
+    enum { NB = 3 };
+    hyla_session *bs[NB], *ss[NB];
+    for (int i = 0; i < NB; i++) {
+        bs[i] = new_session(m, i == 1 ? 0.8f : 0.0f, (uint64_t)i);
+        ss[i] = new_session(m, i == 1 ? 0.8f : 0.0f, (uint64_t)i);
+        CHECK_OK(hyla_session_feed(bs[i], p + 7 * i, 30 + 20 * i, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(ss[i], p + 7 * i, 30 + 20 * i, NULL, NULL, NULL, NULL));
+    }
+    for (int step = 0; step < 8; step++) {
+        int32_t ob[NB], os[NB];
+        CHECK_OK(hyla_session_decode(bs, NB, ob, NULL));
+        for (int i = 0; i < NB; i++) CHECK_OK(hyla_session_decode(&ss[i], 1, &os[i], NULL));
+        CHECK_MSG(!memcmp(ob, os, sizeof ob), "%s: batched decode differs from single decode at step %d", arch, step);
+    }
+    for (int i = 0; i < NB; i++) {
+        hyla_snapshot *x = NULL, *y = NULL;
+        CHECK_OK(hyla_session_export(bs[i], &x));
+        CHECK_OK(hyla_session_export(ss[i], &y));
+        CHECK_MSG(x && y && hyla_snapshot_equal(x, y), "%s: batched state differs for session %d", arch, i);
+        hyla_snapshot_destroy(x);
+        hyla_snapshot_destroy(y);
+        hyla_session_free(bs[i]);
+        hyla_session_free(ss[i]);
+    }
+    free(lp);
+    free(ld);
+    free(p);
+    hyla_model_free(m);
+}
+
+static void test_refusals(hyla_backend *be, const char *tmp) {
+    char d1[512], d2[512];
+    snprintf(d1, sizeof d1, "%s/r1", tmp);
+    snprintf(d2, sizeof d2, "%s/r2", tmp);
+    make_model("sse-h", d1, NULL);
+    make_model("sse-h", d2, "--partitions 3");
+    hyla_model *m1 = NULL, *m2 = NULL;
+    CHECK_OK(hyla_model_load(d1, be, NULL, &m1));
+    CHECK_OK(hyla_model_load(d2, be, NULL, &m2));
+    if (!m1 || !m2) return;
+    CHECK(hyla_model_fingerprint(m1) != hyla_model_fingerprint(m2));
+    hyla_session *s = new_session(m1, 0, 0);
+    int32_t *p = prompt(10, 3, 260);
+    CHECK_OK(hyla_session_feed(s, p, 10, NULL, NULL, NULL, NULL));
+    hyla_snapshot *snap = NULL;
+    CHECK_OK(hyla_session_export(s, &snap));
+    hyla_session *o = NULL;
+    hyla_status st = hyla_session_import(m2, snap, &o);
+    CHECK(st == HYLA_ERR_MISMATCH && strstr(hyla_last_error(), "another model"));
+    CHECK(o == NULL);
+    /* a part with the wrong shape, on the right model: the error names layer and part */
+    hyla_state_part *sp = hyla_snapshot_find(snap, 0, "Sp");
+    CHECK(sp != NULL);
+    if (sp) {
+        sp->shape[0] = 3;
+        st = hyla_session_import(m1, snap, &o);
+        CHECK(st == HYLA_ERR_MISMATCH && strstr(hyla_last_error(), "layer 0 part 'Sp'"));
+        sp->shape[0] = 4;
+    }
+    snap->format_version = 99;
+    st = hyla_session_import(m1, snap, &o);
+    CHECK(st == HYLA_ERR_FORMAT && strstr(hyla_last_error(), "version 99"));
+    /* bad token ids are refused before anything is fed */
+    int32_t bad[2] = {5, 100000};
+    int64_t pos = hyla_session_position(s);
+    st = hyla_session_feed(s, bad, 2, NULL, NULL, NULL, NULL);
+    CHECK(st == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "100000"));
+    CHECK(hyla_session_position(s) == pos);
+    free(p);
+    hyla_snapshot_destroy(snap);
+    hyla_session_free(s);
+    hyla_model_free(m1);
+    hyla_model_free(m2);
+}
+
+int main(void) {
+    char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
+    if (!mkdtemp(tmp)) return 1;
+    hyla_backend *be = NULL;
+    CHECK_OK(hyla_backend_create("cpu", &be));
+    for (size_t i = 0; i < sizeof ARCHS / sizeof *ARCHS; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, ARCHS[i]);
+        test_arch(be, ARCHS[i], dir);
+    }
+    test_refusals(be, tmp);
+    hyla_backend_destroy(be);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) return 1;
+    return hyla_test_done("test_engine");
+}

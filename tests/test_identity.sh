@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The identity that matters most, through real processes: generating 64 tokens in one run
+# equals generating 32, saving the state, loading it in a new process and generating 32 more
+# (greedy and seeded sampling, sse-h and gla-h; through a state file and, when the statestore
+# is built in, through RocksDB). Also: same seed -> same tokens; a damaged or foreign state
+# file is refused with a message that says what is wrong.
+set -euo pipefail
+BIN=${HYLA_BIN_DIR:-build/bin}
+T=$(mktemp -d /tmp/hyla-identity.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail=0
+PROMPT="It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief."
+for arch in sse-h gla-h; do
+  "$BIN/hyla-mkmodel" --arch $arch --layers 4 --hidden 64 --heads 4 --seed 3 --out "$T/$arch" 2>/dev/null
+  for temp in 0 0.9; do
+    run() { "$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --temperature $temp --seed 11 "$@"; }
+    full=$(run --prompt "$PROMPT" --max-tokens 64)
+    again=$(run --prompt "$PROMPT" --max-tokens 64)
+    a=$(run --prompt "$PROMPT" --max-tokens 32 --save-state "$T/s.hyla")
+    b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --load-state "$T/s.hyla" --max-tokens 32)
+    [ "$(echo $full | wc -w)" = 64 ] || { echo "FAIL $arch T=$temp: expected 64 ids, got: $full"; fail=1; }
+    [ "$full" = "$again" ] || { echo "FAIL $arch T=$temp: same seed, different tokens"; fail=1; }
+    if [ "$full" != "$a $b" ]; then
+      echo "FAIL $arch T=$temp: file resume differs"; echo "  full:    $full"; echo "  resumed: $a $b"; fail=1
+    fi
+    if "$BIN/hyla-run" --help | grep -q -- "--store"; then
+      a=$(run --prompt "$PROMPT" --max-tokens 32 --store "$T/db" --save-state "s-$arch-$temp")
+      b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --store "$T/db" --load-state "s-$arch-$temp" --max-tokens 32)
+      [ "$full" = "$a $b" ] || { echo "FAIL $arch T=$temp: RocksDB resume differs"; fail=1; }
+    fi
+    echo "ok $arch temperature=$temp"
+  done
+done
+# a continuation prompt after a resume is fed after the pending token: same as one run with the joined prompt
+p1="The first half of a document, "; p2="and the second half of it."
+one=$("$BIN/hyla-run" --model "$T/sse-h" --ids --quiet --ignore-eos --prompt "$p1$p2" --max-tokens 8)
+"$BIN/hyla-run" --model "$T/sse-h" --ids --quiet --prompt "$p1" --max-tokens 0 --save-state "$T/p.hyla" >/dev/null
+two=$("$BIN/hyla-run" --model "$T/sse-h" --ids --quiet --ignore-eos --load-state "$T/p.hyla" --prompt "$p2" --max-tokens 8)
+[ "$one" = "$two" ] || { echo "FAIL: prompt continued after resume differs: $one vs $two"; fail=1; }
+# refusals
+cp "$T/s.hyla" "$T/bad.hyla"
+size=$(stat -c %s "$T/bad.hyla")
+printf '\xff\xff\xff\xff' | dd of="$T/bad.hyla" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+if err=$("$BIN/hyla-run" --model "$T/gla-h" --load-state "$T/bad.hyla" --max-tokens 1 2>&1 >/dev/null); then
+  echo "FAIL: a corrupted state file was accepted"; fail=1
+else
+  echo "$err" | grep -qiE "checksum|corrupt|mismatch" || { echo "FAIL: corrupt-state message unclear: $err"; fail=1; }
+fi
+if err=$("$BIN/hyla-run" --model "$T/sse-h" --load-state "$T/s.hyla" --max-tokens 1 2>&1 >/dev/null); then
+  echo "FAIL: a gla-h state was accepted by an sse-h model"; fail=1
+else
+  echo "$err" | grep -q "another model" || { echo "FAIL: foreign-state message unclear: $err"; fail=1; }
+fi
+if "$BIN/hyla-run" --model "$T/nope" --prompt x --max-tokens 1 2>"$T/err" >/dev/null; then
+  echo "FAIL: missing model accepted"; fail=1
+else
+  grep -q "config.json" "$T/err" || { echo "FAIL: missing-model message unclear: $(cat "$T/err")"; fail=1; }
+fi
+[ $fail = 0 ] && echo "test_identity: ok"
+exit $fail

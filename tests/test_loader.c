@@ -1,0 +1,195 @@
+/* test_loader.c — model directories that must be refused, each with an error that names what
+ * was wrong: missing tensor, wrong shape, unknown model_type, bad config values, truncated
+ * file, lying header, sharded index naming a missing shard; and a sharded model that loads and
+ * gives the same logits as the single-file one, and bf16 weights that load. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyla_safetensors.h"
+#include "hyla_session.h"
+#include "hyla_test.h"
+
+static char tmp[] = "/tmp/hyla-test-loader-XXXXXX";
+static hyla_backend *be;
+
+static void sh(const char *fmt, const char *a, const char *b) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "command failed: %s\n", cmd);
+        exit(1);
+    }
+}
+
+/* Load dir; expect failure with status st and every needle in the message. */
+static void expect_fail(const char *dir, hyla_status st, const char *n1, const char *n2) {
+    hyla_model *m = NULL;
+    hyla_status got = hyla_model_load(dir, be, NULL, &m);
+    const char *msg = hyla_last_error();
+    CHECK_MSG(got == st, "%s: expected status %s, got %s (%s)", dir, hyla_status_str(st), hyla_status_str(got), msg);
+    CHECK_MSG(!n1 || strstr(msg, n1), "message '%s' lacks '%s'", msg, n1);
+    CHECK_MSG(!n2 || strstr(msg, n2), "message '%s' lacks '%s'", msg, n2);
+    CHECK(m == NULL);
+    hyla_model_free(m);
+}
+
+/* Copy model `src` to `dst`, rewriting its tensors through `edit` (may drop or reshape). */
+typedef int (*edit_fn)(hyla_st_entry *e);
+static void rewrite(const char *src, const char *dst, edit_fn edit) {
+    sh("rm -rf %s && mkdir -p %s", dst, dst);
+    sh("cp %s/config.json %s/", src, dst);
+    hyla_st *st = NULL;
+    CHECK_OK(hyla_st_open(src, &st));
+    int n = hyla_st_count(st), k = 0;
+    hyla_st_entry *e = calloc((size_t)n, sizeof *e);
+    for (int i = 0; i < n; i++) {
+        const hyla_st_tensor *t = hyla_st_at(st, i);
+        hyla_st_entry x = {t->name, t->dtype, t->ndim, {0}, t->data};
+        memcpy(x.shape, t->shape, sizeof x.shape);
+        if (edit(&x)) e[k++] = x;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    CHECK_OK(hyla_st_write(path, e, k));
+    free(e);
+    hyla_st_close(st);
+}
+
+static int drop_e_proj(hyla_st_entry *e) { return strcmp(e->name, "model.layers.0.attn.e_proj.weight") != 0; }
+static int shrink_o_proj(hyla_st_entry *e) {
+    if (!strcmp(e->name, "model.layers.0.attn.o_proj.weight")) e->shape[1] /= 2; /* data is longer: fine */
+    return 1;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    HYLA_ASSERT(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+int main(void) {
+    if (!mkdtemp(tmp)) return 1;
+    CHECK_OK(hyla_backend_create("cpu", &be));
+    const char *bin = hyla_test_env("HYLA_BIN_DIR", "build/bin");
+    char good[600], d[600], cmd[2048], path[800];
+    snprintf(good, sizeof good, "%s/good", tmp);
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch sse-h --layers 3 --hidden 64 --heads 4 --out %s 2>/dev/null", bin, good);
+    if (system(cmd) != 0) return 1;
+
+    /* missing tensor: names the file/dir, the tensor and who needs it */
+    snprintf(d, sizeof d, "%s/missing", tmp);
+    rewrite(good, d, drop_e_proj);
+    expect_fail(d, HYLA_ERR_NOT_FOUND, "model.layers.0.attn.e_proj.weight", "layer 0 (sse)");
+
+    /* wrong shape: names the file, tensor, got and expected shapes */
+    snprintf(d, sizeof d, "%s/shape", tmp);
+    rewrite(good, d, shrink_o_proj);
+    expect_fail(d, HYLA_ERR_MISMATCH, "model.safetensors: tensor 'model.layers.0.attn.o_proj.weight' has shape [64, 32]",
+                "expected [64, 64]");
+
+    /* unknown model_type */
+    snprintf(d, sizeof d, "%s/type", tmp);
+    sh("cp -r %s %s", good, d);
+    snprintf(path, sizeof path, "%s/config.json", d);
+    write_text(path, "{\"model_type\": \"mamba7\", \"hidden_size\": 64}");
+    expect_fail(d, HYLA_ERR_UNSUPPORTED, "unknown model_type 'mamba7'", "config.json");
+    /* a key with a bad value / type */
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": \"wide\"}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'hidden_size'", NULL);
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"feature_map\": \"relu\"}");
+    expect_fail(d, HYLA_ERR_UNSUPPORTED, "'feature_map'", NULL);
+    write_text(path, "{\"model_type\": \"sse\", \"hidden_size\": 64, \"num_heads\": 4, \"num_writer\": 5}");
+    expect_fail(d, HYLA_ERR_FORMAT, "num_writer (5)", NULL);
+    write_text(path, "{not json");
+    expect_fail(d, HYLA_ERR_FORMAT, "config.json", NULL);
+
+    /* truncated safetensors: names the file and the tensor that runs past the end */
+    snprintf(d, sizeof d, "%s/trunc", tmp);
+    sh("cp -r %s %s", good, d);
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    CHECK(truncate(path, size - 1000) == 0);
+    expect_fail(d, HYLA_ERR_FORMAT, "model.safetensors: truncated: tensor", "ends at byte");
+    CHECK(truncate(path, 5) == 0);
+    expect_fail(d, HYLA_ERR_FORMAT, "truncated", NULL);
+
+    /* no weights at all */
+    snprintf(d, sizeof d, "%s/noweights", tmp);
+    sh("mkdir -p %s%s", d, "");
+    sh("cp %s/config.json %s/", good, d);
+    expect_fail(d, HYLA_ERR_NOT_FOUND, "model.safetensors", NULL);
+    /* no directory */
+    expect_fail("/nonexistent/model", HYLA_ERR_NOT_FOUND, "config.json", NULL);
+
+    /* sharded: an index that splits tensors over two files loads and gives the same logits */
+    snprintf(d, sizeof d, "%s/sharded", tmp);
+    sh("rm -rf %s && mkdir -p %s", d, d);
+    sh("cp %s/config.json %s/", good, d);
+    {
+        hyla_st *st = NULL;
+        CHECK_OK(hyla_st_open(good, &st));
+        int n = hyla_st_count(st), half = n / 2;
+        hyla_st_entry *e = calloc((size_t)n, sizeof *e);
+        char idx[65536];
+        size_t o = (size_t)snprintf(idx, sizeof idx, "{\"metadata\": {}, \"weight_map\": {");
+        for (int i = 0; i < n; i++) {
+            const hyla_st_tensor *t = hyla_st_at(st, i);
+            e[i] = (hyla_st_entry){t->name, t->dtype, t->ndim, {0}, t->data};
+            memcpy(e[i].shape, t->shape, sizeof e[i].shape);
+            o += (size_t)snprintf(idx + o, sizeof idx - o, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "",
+                                  t->name, i < half ? 1 : 2);
+        }
+        snprintf(idx + o, sizeof idx - o, "}}");
+        snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", d);
+        CHECK_OK(hyla_st_write(path, e, half));
+        snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", d);
+        CHECK_OK(hyla_st_write(path, e + half, n - half));
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", d);
+        write_text(path, idx);
+        free(e);
+        hyla_st_close(st);
+        hyla_model *m1 = NULL, *m2 = NULL;
+        CHECK_OK(hyla_model_load(good, be, NULL, &m1));
+        CHECK_OK(hyla_model_load(d, be, NULL, &m2));
+        if (m1 && m2) {
+            CHECK(hyla_model_fingerprint(m1) == hyla_model_fingerprint(m2));
+            hyla_session *s1 = NULL, *s2 = NULL;
+            CHECK_OK(hyla_session_create(m1, &s1));
+            CHECK_OK(hyla_session_create(m2, &s2));
+            int32_t toks[5] = {1, 2, 3, 4, 5};
+            float l1[4 * 260], l2[4 * 260];
+            CHECK_OK(hyla_session_feed(s1, toks, 5, l1, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(s2, toks, 5, l2, NULL, NULL, NULL));
+            CHECK(!memcmp(l1, l2, sizeof l1));
+            hyla_session_free(s1);
+            hyla_session_free(s2);
+        }
+        hyla_model_free(m1);
+        hyla_model_free(m2);
+        /* a shard named by the index but absent */
+        sh("rm %s/model-00002-of-00002.safetensors%s", d, "");
+        expect_fail(d, HYLA_ERR_NOT_FOUND, "model-00002-of-00002.safetensors", NULL);
+    }
+
+    /* bf16 and f16 weights load */
+    for (int k = 0; k < 2; k++) {
+        snprintf(d, sizeof d, "%s/half%d", tmp, k);
+        snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch gla-h --layers 2 --hidden 64 --heads 4 --dtype %s --out %s 2>/dev/null",
+                 bin, k ? "f16" : "bf16", d);
+        CHECK(system(cmd) == 0);
+        hyla_model *m = NULL;
+        CHECK_OK(hyla_model_load(d, be, NULL, &m));
+        hyla_model_free(m);
+    }
+
+    hyla_backend_destroy(be);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) return 1;
+    return hyla_test_done("test_loader");
+}
