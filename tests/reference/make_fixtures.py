@@ -37,9 +37,9 @@ MIN_ROUTE_MARGIN = 1e-4
 MIN_GREEDY_GAP = 1e-3
 
 
-def mk(arch, layers):
+def mk(arch, layers, *extra):
     return {"kind": "hyla-mkmodel", "arch": arch,
-            "args": ["--arch", arch, "--layers", str(layers), "--hidden", "64", "--heads", "4", "--vocab", "260"]}
+            "args": ["--arch", arch, "--layers", str(layers), "--hidden", "64", "--heads", "4", "--vocab", "260"] + list(extra)}
 
 
 def tiny(preset, dtype="F32", shards=1):
@@ -49,11 +49,12 @@ def tiny(preset, dtype="F32", shards=1):
 FIXTURES = {
     "gla": (mk("gla", 2), "hyla-mkmodel GLA"),
     "gdn": (mk("gdn", 2), "hyla-mkmodel gated DeltaNet"),
-    "transformer": (mk("transformer", 2), "hyla-mkmodel softmax attention"),
-    "sse": (mk("sse", 3), "hyla-mkmodel SSE, GLA transition"),
-    "sse-gdn": (mk("sse-gdn", 3), "hyla-mkmodel SSE, GDN transition"),
-    "sse-h": (mk("sse-h", 4), "hyla-mkmodel SSE with attention layers"),
-    "gla-h": (mk("gla-h", 4), "hyla-mkmodel GLA with attention layers"),
+    "transformer": (mk("transformer", 2), "hyla-mkmodel softmax attention, GQA 4:2"),
+    "sse": (mk("sse", 3), "hyla-mkmodel SSE, GLA transition, top-1 of 4 partitions"),
+    "sse-gdn": (mk("sse-gdn", 3), "hyla-mkmodel SSE, GDN transition, top-2 of 4 partitions"),
+    "sse-h": (mk("sse-h", 4, "--window", "24"), "hyla-mkmodel SSE with an attention layer (layer 2), sliding window 24"),
+    "gla-h": (mk("gla-h", 4), "hyla-mkmodel GLA with an attention layer (layer 2), full attention"),
+    "gdn-h-bf16": (mk("gdn-h", 4, "--window", "40", "--dtype", "bf16"), "hyla-mkmodel GDN with an attention layer, window 40, BF16 weights"),
     "x-gla-conv": (tiny("x-gla-conv", "BF16", 2), "make_tiny GLA: short conv, no output gate, clamp_min; BF16 weights in 2 shards"),
     "x-gdn-plain": (tiny("x-gdn-plain", "F16"), "make_tiny GDN: no conv, no output gate, allow_neg_eigval, expand_v 1; F16 weights"),
     "x-transformer": (tiny("x-transformer"), "make_tiny transformer: GQA 4:1, qkv bias, qk_norm, window 20, rope_theta 500, tied embeddings"),

@@ -1,0 +1,24 @@
+# Conformance: the C engine against golden fixtures from the independent PyTorch reference
+# (tests/reference/, docs/TESTING.md "Conformance"). One test per tests/fixtures/*.json: rebuild
+# the fixture's model (hyla-mkmodel or tests/reference/make_tiny.py), run hyla-run, compare
+# prompt logits and greedy tokens (tests/reference/compare_fixture.py). Needs python3 with
+# numpy only; skipped (exit 77) without it or before hyla-run/hyla-mkmodel are built.
+# conformance_reference_selftest checks the reference itself and needs torch (skipped in CI).
+set(HYLA_REF_DIR ${CMAKE_CURRENT_SOURCE_DIR}/reference)
+set(HYLA_CONF_ENV "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR}")
+
+file(GLOB HYLA_CONFORMANCE_FIXTURES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/*.json)
+foreach(fx ${HYLA_CONFORMANCE_FIXTURES})
+  get_filename_component(fx_name ${fx} NAME_WE)
+  add_test(NAME conformance_${fx_name}
+    COMMAND bash ${HYLA_REF_DIR}/run_with_python.sh numpy ${HYLA_REF_DIR}/compare_fixture.py ${fx}
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(conformance_${fx_name} PROPERTIES LABELS "quick;conformance" TIMEOUT 300
+    ENVIRONMENT "${HYLA_CONF_ENV}" SKIP_RETURN_CODE 77)
+endforeach()
+
+add_test(NAME conformance_reference_selftest
+  COMMAND bash ${HYLA_REF_DIR}/run_with_python.sh numpy,torch ${HYLA_REF_DIR}/selftest.py
+  WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(conformance_reference_selftest PROPERTIES LABELS "quick;conformance" TIMEOUT 300
+  ENVIRONMENT "${HYLA_CONF_ENV}" SKIP_RETURN_CODE 77)
