@@ -190,6 +190,80 @@ static void test_refusals(hyla_backend *be, const char *tmp) {
     hyla_model_free(m2);
 }
 
+/* Pipeline: stage A holds layers [0, 2), stage B [2, L); A's downstream runs B's sessions
+ * (found through the session tag). Tokens equal the one-model run bit for bit, and the
+ * snapshots of the two stages merged restore on the unsplit model. */
+typedef struct {
+    hyla_session *b[4];
+} pipe_ctx;
+
+static hyla_status run_stage_b(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden, float *logits) {
+    (void)ud;
+    hyla_session *bs[64];
+    int n = decode ? R : 1;
+    for (int i = 0; i < n; i++) bs[i] = hyla_session_tag(ss[i]);
+    return hyla_stage_forward(bs, R, decode, hidden, logits);
+}
+
+static void test_pipeline(hyla_backend *be, const char *tmp) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/pipe", tmp);
+    make_model("sse-h", dir, NULL);
+    hyla_model *full = NULL, *ma = NULL, *mb = NULL;
+    hyla_model_params pa = hyla_model_default_params(), pb = hyla_model_default_params();
+    pa.layer_end = 2;
+    pb.layer_begin = 2;
+    CHECK_OK(hyla_model_load(dir, be, NULL, &full));
+    CHECK_OK(hyla_model_load(dir, be, &pa, &ma));
+    CHECK_OK(hyla_model_load(dir, be, &pb, &mb));
+    if (!full || !ma || !mb) return;
+    CHECK(hyla_model_fingerprint(ma) == hyla_model_fingerprint(full));
+    hyla_model_set_downstream(ma, run_stage_b, NULL);
+    int32_t *p = prompt(100, 9, 260);
+    hyla_session *f = new_session(full, 0.7f, 5), *a = new_session(ma, 0.7f, 5), *b = NULL;
+    CHECK_OK(hyla_session_create(mb, &b));
+    hyla_session_set_tag(a, b);
+    CHECK_OK(hyla_session_feed(f, p, 100, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_feed(a, p, 100, NULL, NULL, NULL, NULL));
+    int32_t g1[16], g2[16];
+    gen(f, 16, g1);
+    gen(a, 16, g2);
+    CHECK_MSG(!memcmp(g1, g2, sizeof g1), "pipeline tokens differ from the single model");
+    /* merge the stage snapshots and resume on the unsplit model */
+    hyla_snapshot *sa = NULL, *sb = NULL, *sf = NULL;
+    CHECK_OK(hyla_session_export(a, &sa));
+    CHECK_OK(hyla_session_export(b, &sb));
+    CHECK_OK(hyla_session_export(f, &sf));
+    if (sa && sb && sf) {
+        for (uint32_t i = 0; i < sb->n_parts; i++) {
+            const hyla_state_part *q = &sb->parts[i];
+            hyla_state_part *np = NULL;
+            CHECK_OK(hyla_snapshot_add_part(sa, q->layer, q->name, (hyla_part_kind)q->kind, (hyla_dtype)q->dtype, q->ndim,
+                                            q->shape, q->page_tokens, &np));
+            if (np) memcpy(np->data, q->data, q->nbytes);
+        }
+        CHECK_MSG(hyla_snapshot_equal(sa, sf), "merged stage snapshots differ from the unsplit model's");
+        hyla_session *r = NULL;
+        CHECK_OK(hyla_session_import(full, sa, &r));
+        if (r) {
+            gen(f, 8, g1);
+            gen(r, 8, g2);
+            CHECK_MSG(!memcmp(g1, g2, 8 * sizeof *g1), "resume of merged pipeline snapshot differs");
+            hyla_session_free(r);
+        }
+    }
+    hyla_snapshot_destroy(sa);
+    hyla_snapshot_destroy(sb);
+    hyla_snapshot_destroy(sf);
+    free(p);
+    hyla_session_free(f);
+    hyla_session_free(a);
+    hyla_session_free(b);
+    hyla_model_free(full);
+    hyla_model_free(ma);
+    hyla_model_free(mb);
+}
+
 int main(void) {
     char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -201,6 +275,7 @@ int main(void) {
         test_arch(be, ARCHS[i], dir);
     }
     test_refusals(be, tmp);
+    test_pipeline(be, tmp);
     hyla_backend_destroy(be);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -4,6 +4,7 @@
 #define HYLA_MODEL_IMPL_H
 
 #include "hyla_model.h"
+#include "hyla_session.h"
 #include "hyla_safetensors.h"
 
 /* One layer's parameters on the backend. Pointers not used by the layer's mixer are NULL. */
@@ -51,6 +52,8 @@ struct hyla_model {
     hyla_weight *embed;   /* [V][D] (first stage, or tied head) */
     hyla_weight *lm_head; /* [V][D] (last stage); == embed when tied */
     float *final_norm;    /* [D] */
+    hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: this model holds the last layer) */
+    void *downstream_ud;
     uint64_t fingerprint;
     uint64_t param_bytes;
     hyla_scratch sc;

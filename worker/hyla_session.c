@@ -38,6 +38,7 @@ struct hyla_session {
     uint64_t seed;
     hyla_rng rng;
     uint64_t state_bytes;
+    void *tag;
 };
 
 #define OPS(m) ((m)->be->ops)
@@ -391,11 +392,66 @@ static hyla_status forward(hyla_model *m, const fwd *f, int want_logits) {
         HYLA_TRY(o->linear(ctx, g, F, f->R, F, ly->mlp_down, NULL, mo, D, D, 0));
         HYLA_TRY(o->add(ctx, sc->x, mo, (size_t)f->R * D));
     }
-    if (want_logits && m->lm_head) {
+    if (m->lm_head) {
+        if (!want_logits) return HYLA_OK;
         HYLA_TRY(o->rmsnorm(ctx, sc->x, m->final_norm, sc->xn, f->R, D, c->norm_eps));
-        HYLA_TRY(o->linear(ctx, sc->xn, D, f->R, D, m->lm_head, NULL, sc->logits, c->vocab_size, c->vocab_size, 0));
+        return o->linear(ctx, sc->xn, D, f->R, D, m->lm_head, NULL, sc->logits, c->vocab_size, c->vocab_size, 0);
     }
-    return HYLA_OK;
+    /* not the last stage: hand the hidden states to the remaining stages */
+    if (!m->downstream)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
+                         m->layer_begin, m->layer_end - 1, c->num_layers);
+    size_t V = (size_t)c->vocab_size;
+    float *hidden = malloc((size_t)f->R * D * sizeof(float));
+    float *logits = want_logits ? malloc((size_t)f->R * V * sizeof(float)) : NULL;
+    hyla_status st = (!hidden || (want_logits && !logits)) ? hyla_fail(HYLA_ERR_NOMEM, "out of memory") : HYLA_OK;
+    if (st == HYLA_OK) st = o->download(ctx, hidden, sc->x, (size_t)f->R * D * sizeof(float));
+    if (st == HYLA_OK) {
+        st = m->downstream(m->downstream_ud, f->ss, f->R, f->decode, hidden, logits);
+        if (st != HYLA_OK) st = hyla_fail_wrap(st, "downstream stage after layer %d", m->layer_end - 1);
+    }
+    if (st == HYLA_OK && want_logits) st = o->upload(ctx, sc->logits, logits, (size_t)f->R * V * sizeof(float));
+    free(hidden);
+    free(logits);
+    return st;
+}
+
+void hyla_model_set_downstream(hyla_model *m, hyla_downstream_fn fn, void *ud) {
+    m->downstream = fn;
+    m->downstream_ud = ud;
+}
+
+void hyla_session_set_tag(hyla_session *s, void *tag) { s->tag = tag; }
+void *hyla_session_tag(const hyla_session *s) { return s->tag; }
+
+hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits) {
+    if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
+    hyla_model *m = ss[0]->m;
+    int n = decode ? R : 1;
+    for (int i = 0; i < n; i++)
+        if (ss[i]->m != m) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different models");
+    if (!decode && (R > HYLA_PREFILL_CHUNK ||
+                    ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage prefill of %d rows at position %lld crosses a %d-token chunk boundary",
+                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK);
+    HYLA_TRY(hyla_model_scratch_reserve(m, R));
+    int32_t *pos = malloc((size_t)R * sizeof *pos);
+    if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < R; i++) pos[i] = (int32_t)(decode ? ss[i]->pos : ss[0]->pos + i);
+    const hyla_model_config *c = &m->cfg;
+    hyla_status st = OPS(m)->upload(CTX(m), m->sc.x, hidden_in, (size_t)R * c->hidden_size * sizeof(float));
+    fwd f = {decode, ss, R, pos};
+    if (st == HYLA_OK) st = forward(m, &f, logits != NULL);
+    if (st == HYLA_OK && logits && m->lm_head)
+        st = OPS(m)->download(CTX(m), logits, m->sc.logits, (size_t)R * c->vocab_size * sizeof(float));
+    if (st == HYLA_OK) {
+        if (decode)
+            for (int i = 0; i < R; i++) ss[i]->pos++;
+        else
+            ss[0]->pos += R;
+    }
+    free(pos);
+    return st;
 }
 
 static hyla_status check_tokens(const hyla_model *m, const int32_t *t, int n) {
@@ -409,7 +465,7 @@ static hyla_status check_tokens(const hyla_model *m, const int32_t *t, int n) {
 /* Prefill `n` tokens (one aligned piece) of session s. */
 static hyla_status prefill_piece(hyla_session *s, const int32_t *toks, int n, float *logits_host) {
     hyla_model *m = s->m;
-    if (!m->embed || m->layer_begin != 0)
+    if (m->layer_begin != 0)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "feeding tokens needs the first pipeline stage (layers from 0)");
     int32_t pos[HYLA_PREFILL_CHUNK];
     for (int i = 0; i < n; i++) pos[i] = (int32_t)(s->pos + i);
@@ -417,7 +473,6 @@ static hyla_status prefill_piece(hyla_session *s, const int32_t *toks, int n, fl
     fwd f = {0, &s, n, pos};
     HYLA_TRY(forward(m, &f, logits_host != NULL));
     if (logits_host) {
-        if (!m->lm_head) return hyla_fail(HYLA_ERR_UNSUPPORTED, "logits need the last pipeline stage");
         HYLA_TRY(OPS(m)->download(CTX(m), logits_host, m->sc.logits, (size_t)n * m->cfg.vocab_size * sizeof(float)));
     }
     s->pos += n;
@@ -471,8 +526,7 @@ static hyla_status step_forward(hyla_session *const *ss, int B) {
         for (int j = 0; j < i; j++)
             if (ss[j] == ss[i]) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode batch holds one session twice");
     }
-    if (!m->embed || !m->lm_head || m->layer_begin != 0)
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "decode needs a model holding all layers");
+    if (m->layer_begin != 0) return hyla_fail(HYLA_ERR_UNSUPPORTED, "decode needs the first pipeline stage");
     HYLA_TRY(hyla_model_scratch_reserve(m, B));
     int32_t *toks = malloc((size_t)B * sizeof *toks), *pos = malloc((size_t)B * sizeof *pos);
     hyla_status st = HYLA_OK;
@@ -532,6 +586,18 @@ out:
     free(sp);
     free(u);
     return st;
+}
+
+hyla_status hyla_session_sample_logits(hyla_session *s, const float *logits, int32_t *out) {
+    hyla_model *m = s->m;
+    HYLA_TRY(hyla_model_scratch_reserve(m, 1));
+    size_t V = (size_t)m->cfg.vocab_size;
+    HYLA_TRY(OPS(m)->upload(CTX(m), m->sc.logits, logits, V * sizeof(float)));
+    float u = hyla_rng_uniform(&s->rng);
+    HYLA_TRY(OPS(m)->sample(CTX(m), m->sc.logits, 1, (int)V, &s->sp, &u, out));
+    s->pending = *out;
+    s->generated++;
+    return HYLA_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -74,6 +74,34 @@ hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
  * the backend's KV dtype. Caller frees with hyla_session_free. */
 hyla_status hyla_session_import(hyla_model *m, const hyla_snapshot *snap, hyla_session **out);
 
+/* ---- pipeline stages ----
+ * A model loaded with a layer range is one stage. The first stage drives sessions with
+ * hyla_session_feed/decode as usual (pending token, sampler and RNG live there); when its model
+ * does not hold the last layer, the forward hands the hidden states to `downstream`, which runs
+ * the remaining stages (e.g. over gRPC to the next worker) and returns the logits when asked.
+ * Other stages run hyla_stage_forward on their own sessions of the same conversation.
+ *
+ * downstream: ss are the first stage's sessions (prefill: ss[0] only, R consecutive rows starting
+ * at hyla_session_position(ss[0]); decode: R sessions, one row each, at their positions);
+ * hidden: host [R][hidden_size]; logits: host [R][vocab] to fill, or NULL when not needed. */
+typedef hyla_status (*hyla_downstream_fn)(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
+                                          float *logits);
+void hyla_model_set_downstream(hyla_model *m, hyla_downstream_fn fn, void *ud);
+
+/* Run R rows through this stage's layers for sessions ss (prefill: ss[0], R rows in one piece
+ * that does not cross a multiple of HYLA_PREFILL_CHUNK; decode: R sessions). hidden_in: host
+ * [R][hidden_size]. logits: host [R][vocab] or NULL — filled by this stage when it holds the last
+ * layer, else by its downstream. Positions advance by R (prefill) or 1 (decode). */
+hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits);
+
+/* Sample the next token of s from host logits [vocab] with its sampler and RNG (one draw) and
+ * make it pending; for drivers that obtain logits themselves. */
+hyla_status hyla_session_sample_logits(hyla_session *s, const float *logits, int32_t *out);
+
+/* An opaque tag the owner attaches to a session (e.g. its id in a server). Borrowed. */
+void hyla_session_set_tag(hyla_session *s, void *tag);
+void *hyla_session_tag(const hyla_session *s);
+
 #ifdef __cplusplus
 }
 #endif
