@@ -1,3 +1,5 @@
 # Statestore tests (statestore/): codec + portable file, RocksDB store, hyla-state tool, crash test.
 hyla_add_test(test_store_codec SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_codec.c
   LABELS quick LIBS hyla_statestore TIMEOUT 60)
+hyla_add_test(test_store SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store.c
+  LABELS quick fault LIBS hyla_statestore TIMEOUT 120)

@@ -1,0 +1,150 @@
+/* hyla_store.h — durable, versioned, checksummed session snapshots in RocksDB.
+ *
+ * A store is a RocksDB directory with two column families: "chunks" (encoded chunk values,
+ * content-addressed by XXH3-128 of the raw bytes + length; blob files on, RocksDB compression off)
+ * and "meta" (manifests, per-session heads, chunk reference counts). A put writes the chunks the
+ * store does not have yet, then the manifest, the head and the reference-count updates in ONE
+ * synced WriteBatch: after a crash the head names the previous complete snapshot or the new one.
+ * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten.
+ * docs/STATE_FORMAT.md §4-6 specifies keys, values, the commit protocol and GC.
+ *
+ * Threading: a hyla_store handle is safe to use from many threads at once. Puts of different
+ * sessions encode and write their chunks in parallel; commits (manifest + head + refcounts),
+ * forks and deletes serialize on one mutex for a few milliseconds; gets and verifies read a
+ * consistent RocksDB snapshot and never block puts. Deleting unreferenced chunks excludes puts
+ * briefly (a reader-writer lock). One process at a time may open a directory (RocksDB's LOCK).
+ *
+ * Session ids: 1..255 bytes, no NUL or control characters. Versions count from 1 per session
+ * and are never reused while the session exists; version 0 in calls means "the head". */
+#ifndef HYLA_STORE_H
+#define HYLA_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_codec.h"
+#include "hyla_snapshot.h"
+#include "hyla_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HYLA_SESSION_ID_MAX 255
+
+typedef struct hyla_store hyla_store;
+
+typedef struct {
+    hyla_codec_params codec;  /* chunking, zstd level, threads, bf16 option */
+    uint32_t keep_versions;   /* versions kept per session (>= 1, default 2); older ones are GC'd at put */
+    int create_if_missing;    /* default 1 */
+    int sync;                 /* default 1: commits fsync the WAL (a put that returns is durable) */
+    int gc_on_open;           /* default 1: delete chunks left unreferenced by a crashed put */
+    uint64_t write_buffer_bytes; /* memtable size of the chunks column family; default 256 MiB */
+    int read_only;            /* default 0: 1 opens without writing anything (inspection tools) */
+} hyla_store_params;
+
+hyla_store_params hyla_store_default_params(void);
+
+/* Open (or create) the store in dir. *out: caller closes with hyla_store_close. */
+hyla_status hyla_store_open(const char *dir, const hyla_store_params *p, hyla_store **out);
+void hyla_store_close(hyla_store *st); /* accepts NULL */
+
+typedef struct {
+    uint64_t version;          /* version number assigned */
+    uint64_t raw_bytes;        /* bytes of state in the snapshot */
+    uint64_t chunks;           /* chunks referenced by the manifest */
+    uint64_t chunks_written;   /* chunks this put had to write (the rest existed) */
+    uint64_t raw_bytes_written;/* raw bytes of those chunks */
+    uint64_t bytes_written;    /* encoded bytes of those chunks + manifest: what went to RocksDB */
+    uint64_t manifest_bytes;
+    uint64_t versions_dropped; /* superseded versions removed by this put */
+    uint64_t chunks_freed;     /* chunks deleted because no version references them any more */
+    double seconds_plan;       /* cutting + hashing */
+    double seconds_encode;     /* shuffle + zstd */
+    double seconds_write;      /* chunk writes */
+    double seconds_commit;     /* synced manifest + head batch */
+} hyla_store_put_stats;
+
+/* Persist snap as the next version of session (creating the session). Durable when it
+ * returns HYLA_OK (with params.sync). On failure the previous head is intact and readable.
+ * version and stats may be NULL. snap is borrowed for the call. */
+hyla_status hyla_store_put(hyla_store *st, const char *session, const hyla_snapshot *snap, uint64_t *version,
+                           hyla_store_put_stats *stats);
+
+/* Read version (0 = head) of session, verifying every checksum. expected_fingerprint: refuse
+ * (HYLA_ERR_MISMATCH) a snapshot of another model; 0 = do not check. version_out may be NULL.
+ * *out: caller frees with hyla_snapshot_destroy. Refusals name session, version, layer, part,
+ * chunk. */
+hyla_status hyla_store_get(hyla_store *st, const char *session, uint64_t version, uint64_t expected_fingerprint,
+                           hyla_snapshot **out, uint64_t *version_out);
+
+/* The parsed manifest of version (0 = head) without reading chunks (for `show`).
+ * *out: caller frees with hyla_manifest_destroy. */
+hyla_status hyla_store_get_manifest(hyla_store *st, const char *session, uint64_t version, hyla_manifest **out,
+                                    uint64_t *version_out);
+
+/* Create new_session whose version 1 is src_session's src_version (0 = head), sharing its
+ * chunks (no chunk is copied). HYLA_ERR_EXISTS when new_session exists. */
+hyla_status hyla_store_fork(hyla_store *st, const char *src_session, uint64_t src_version, const char *new_session);
+
+/* Remove a session and all its versions; chunks no other session references are deleted. */
+hyla_status hyla_store_delete(hyla_store *st, const char *session);
+
+typedef struct {
+    char id[HYLA_SESSION_ID_MAX + 1];
+    uint64_t head_version;
+    uint32_t n_versions;
+    uint64_t raw_bytes;          /* of the head */
+    uint64_t position;           /* of the head */
+    uint64_t model_fingerprint;  /* of the head */
+    uint32_t n_parts;            /* of the head */
+} hyla_store_session_info;
+
+/* All sessions, sorted by id. *out: caller frees with free(). */
+hyla_status hyla_store_list(hyla_store *st, hyla_store_session_info **out, size_t *n);
+/* One session's info. HYLA_ERR_NOT_FOUND when absent. */
+hyla_status hyla_store_info(hyla_store *st, const char *session, hyla_store_session_info *out);
+/* The versions of a session, ascending. *out: caller frees with free(). */
+hyla_status hyla_store_versions(hyla_store *st, const char *session, uint64_t **out, size_t *n);
+
+/* Re-read and check every chunk of every version of session (NULL: of all sessions, and also
+ * the reference counts and heads of the whole store). report(ctx, msg) is called for every
+ * problem (may be NULL). *problems (may be NULL) = their number. Returns HYLA_OK when none. */
+hyla_status hyla_store_verify(hyla_store *st, const char *session, hyla_report_fn report, void *ctx,
+                              uint64_t *problems);
+
+typedef struct {
+    uint64_t chunks_deleted;
+    uint64_t bytes_deleted;      /* encoded bytes of the deleted chunks */
+} hyla_store_gc_stats;
+
+/* Delete every chunk no version references, then compact so the disk space comes back.
+ * stats may be NULL. */
+hyla_status hyla_store_gc(hyla_store *st, hyla_store_gc_stats *stats);
+
+typedef struct {
+    uint64_t sessions;
+    uint64_t versions;
+    uint64_t chunks;            /* distinct chunks stored */
+    uint64_t chunk_raw_bytes;   /* their raw bytes */
+    uint64_t chunk_bytes;       /* their encoded bytes (what they occupy before RocksDB overhead) */
+    uint64_t referenced_raw_bytes; /* raw bytes of all versions, counting shared chunks once per version */
+    uint64_t disk_bytes;        /* files in the store directory */
+} hyla_store_usage_info;
+
+hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *out);
+
+/* Fault injection for tests: the nth RocksDB write (chunk batch or commit batch) from now fails
+ * as if the disk were full; 0 disables. Process-wide. (zstd faults: hyla_codec_fault_zstd.) */
+void hyla_store_fault_write(long nth);
+
+/* Column family names and key prefixes (docs/STATE_FORMAT.md §4), for tools and tests that
+ * open the RocksDB directory themselves. */
+#define HYLA_STORE_CF_CHUNKS "chunks"
+#define HYLA_STORE_CF_META "meta"
+
+#ifdef __cplusplus
+}
+#endif
+#endif

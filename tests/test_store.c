@@ -1,0 +1,515 @@
+/* test_store.c — the RocksDB statestore: bit-exact round trip of every part kind, incremental
+ * KV (only new pages are written: bytes counted), fork (shares chunks, survives deleting the
+ * parent), GC of superseded versions, every refusal (corrupt / missing / truncated chunk,
+ * unknown format version, wrong fingerprint, wrong shape/dtype) provoked through RocksDB
+ * directly with the message checked to name session, version, layer, part and chunk, failed
+ * writes (fault hook) leaving the previous snapshot readable, and concurrent puts. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <rocksdb/c.h>
+
+#include "hyla_store.h"
+#include "hyla_test.h"
+#include "test_store_util.h"
+
+static char root[256];
+static int dir_no;
+
+static void new_dir(char *buf, size_t n) { snprintf(buf, n, "%s/db%d", root, dir_no++); }
+
+static hyla_store_params small_params(void) {
+    hyla_store_params p = hyla_store_default_params();
+    p.codec.chunk_bytes = 64 << 10; /* several chunks per part in small snapshots */
+    p.write_buffer_bytes = 8 << 20;
+    return p;
+}
+
+static hyla_store *open_store(const char *dir, const hyla_store_params *p) {
+    hyla_store *st = NULL;
+    CHECK_OK(hyla_store_open(dir, p, &st));
+    if (!st) exit(1);
+    return st;
+}
+
+static int get_equals(hyla_store *st, const char *sid, uint64_t ver, const hyla_snapshot *want) {
+    hyla_snapshot *got = NULL;
+    hyla_status s = hyla_store_get(st, sid, ver, 0, &got, NULL);
+    if (s != HYLA_OK) {
+        fprintf(stderr, "get %s v%llu: %s\n", sid, (unsigned long long)ver, hyla_last_error());
+        return 0;
+    }
+    int eq = hyla_snapshot_equal(got, want);
+    hyla_snapshot_destroy(got);
+    return eq;
+}
+
+static int verify_clean(hyla_store *st) {
+    uint64_t problems = 0;
+    hyla_status s = hyla_store_verify(st, NULL, NULL, NULL, &problems);
+    if (s != HYLA_OK) fprintf(stderr, "verify: %s\n", hyla_last_error());
+    return s == HYLA_OK && problems == 0;
+}
+
+static void test_roundtrip(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    hyla_snapshot *a = tsu_make(1, 1, 700, 42), *b = tsu_make(2, 1, 900, 42);
+    uint64_t v1 = 0, v2 = 0;
+    hyla_store_put_stats ps;
+    CHECK_OK(hyla_store_put(st, "s1", a, &v1, &ps));
+    CHECK(v1 == 1);
+    CHECK(ps.raw_bytes == hyla_snapshot_bytes(a) && ps.raw_bytes_written == ps.raw_bytes);
+    CHECK_OK(hyla_store_put(st, "s1", b, &v2, NULL));
+    CHECK(v2 == 2);
+    CHECK(get_equals(st, "s1", 0, b));
+    CHECK(get_equals(st, "s1", 1, a));
+    CHECK(get_equals(st, "s1", 2, b));
+    /* every part kind present */
+    int kinds = 0;
+    for (uint32_t i = 0; i < a->n_parts; i++) kinds |= 1 << a->parts[i].kind;
+    CHECK(kinds == ((1 << HYLA_PART_RECURRENT) | (1 << HYLA_PART_PARTITION) | (1 << HYLA_PART_KV)));
+    /* survives close / reopen */
+    hyla_store_close(st);
+    st = open_store(dir, &p);
+    CHECK(get_equals(st, "s1", 0, b));
+    hyla_store_session_info *l = NULL;
+    size_t n = 0;
+    CHECK_OK(hyla_store_list(st, &l, &n));
+    CHECK(n == 1 && l && !strcmp(l[0].id, "s1") && l[0].head_version == 2 && l[0].n_versions == 2 &&
+          l[0].raw_bytes == hyla_snapshot_bytes(b) && l[0].model_fingerprint == 42);
+    free(l);
+    CHECK(verify_clean(st));
+    /* a missing session */
+    hyla_snapshot *t = NULL;
+    CHECK(hyla_store_get(st, "nobody", 0, 0, &t, NULL) == HYLA_ERR_NOT_FOUND);
+    CHECK(strstr(hyla_last_error(), "nobody") != NULL);
+    /* bad ids */
+    CHECK(hyla_store_put(st, "", a, NULL, NULL) == HYLA_ERR_INVALID_ARG);
+    CHECK(hyla_store_put(st, "a\nb", a, NULL, NULL) == HYLA_ERR_INVALID_ARG);
+    /* read-only open sees the same, refuses writes */
+    hyla_store_close(st);
+    hyla_store_params ro = p;
+    ro.read_only = 1;
+    st = open_store(dir, &ro);
+    CHECK(get_equals(st, "s1", 0, b));
+    CHECK(hyla_store_put(st, "s2", a, NULL, NULL) == HYLA_ERR_UNSUPPORTED);
+    hyla_store_close(st);
+    /* bf16 option through the store */
+    p.codec.f32_as_bf16 = 1;
+    st = open_store(dir, &p);
+    CHECK_OK(hyla_store_put(st, "lossy", a, NULL, NULL));
+    CHECK_OK(hyla_store_get(st, "lossy", 0, 0, &t, NULL));
+    if (t) {
+        hyla_state_part *x = hyla_snapshot_find(t, 1, "Sp"), *y = hyla_snapshot_find(a, 1, "Sp");
+        CHECK(x && y && x->dtype == HYLA_DT_F32);
+        if (x && y) CHECK_CLOSE((float *)x->data, (float *)y->data, y->nbytes / 4, 1e-30, 1.0 / 256, "bf16 Sp");
+        hyla_manifest *m = NULL;
+        CHECK_OK(hyla_store_get_manifest(st, "lossy", 0, &m, NULL));
+        CHECK(m && m->parts[3].stored_dtype == HYLA_DT_BF16 && m->parts[4].stored_dtype == HYLA_DT_BF16);
+        hyla_manifest_destroy(m);
+    }
+    hyla_snapshot_destroy(t);
+    hyla_store_close(st);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+}
+
+/* Expected raw bytes written by a put of `next` after `prev` (all non-KV parts changed; KV rows
+ * identical up to prev's tokens): every non-KV byte + KV chunks from the first not full in prev. */
+static uint64_t expected_incremental(const hyla_snapshot *prev, const hyla_snapshot *next, uint32_t chunk_bytes) {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < next->n_parts; i++) {
+        const hyla_state_part *q = &next->parts[i];
+        if (q->kind != HYLA_PART_KV) {
+            n += q->nbytes;
+            continue;
+        }
+        uint64_t row = q->nbytes / q->shape[0];
+        uint64_t page = row * q->page_tokens;
+        uint64_t stride = (chunk_bytes / page) * page;
+        uint64_t full_old = prev->parts[i].nbytes / stride;
+        n += q->nbytes - full_old * stride;
+    }
+    return n;
+}
+
+static void test_incremental(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    hyla_snapshot *a = tsu_make(10, 77, 2000, 1), *b = tsu_make(11, 77, 2512, 1);
+    hyla_store_put_stats s1, s2, s3;
+    CHECK_OK(hyla_store_put(st, "inc", a, NULL, &s1));
+    CHECK_OK(hyla_store_put(st, "inc", b, NULL, &s2));
+    uint64_t want = expected_incremental(a, b, p.codec.chunk_bytes);
+    CHECK_MSG(s2.raw_bytes_written == want, "incremental put wrote %llu raw bytes, expected %llu (of %llu)",
+              (unsigned long long)s2.raw_bytes_written, (unsigned long long)want, (unsigned long long)s2.raw_bytes);
+    CHECK(s2.raw_bytes_written < s2.raw_bytes);
+    CHECK(s2.bytes_written < s1.bytes_written);
+    /* the same state again writes no chunk */
+    CHECK_OK(hyla_store_put(st, "inc", b, NULL, &s3));
+    CHECK(s3.chunks_written == 0 && s3.raw_bytes_written == 0 && s3.bytes_written == s3.manifest_bytes);
+    CHECK(get_equals(st, "inc", 0, b));
+    CHECK(verify_clean(st));
+    hyla_store_close(st);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+}
+
+static void test_fork_and_gc(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    p.keep_versions = 2;
+    hyla_store *st = open_store(dir, &p);
+    hyla_snapshot *a = tsu_make(20, 20, 1000, 3);
+    CHECK_OK(hyla_store_put(st, "parent", a, NULL, NULL));
+    hyla_store_usage_info u0, u1, u2;
+    CHECK_OK(hyla_store_usage(st, &u0));
+    CHECK_OK(hyla_store_fork(st, "parent", 0, "child"));
+    CHECK_OK(hyla_store_usage(st, &u1));
+    CHECK(u1.chunks == u0.chunks && u1.chunk_bytes == u0.chunk_bytes); /* nothing copied */
+    CHECK(u1.sessions == 2 && u1.versions == 2 && u1.referenced_raw_bytes == 2 * u0.referenced_raw_bytes);
+    CHECK(hyla_store_fork(st, "parent", 0, "child") == HYLA_ERR_EXISTS);
+    CHECK(hyla_store_fork(st, "nobody", 0, "x") == HYLA_ERR_NOT_FOUND);
+    CHECK_OK(hyla_store_delete(st, "parent"));
+    CHECK(get_equals(st, "child", 0, a));
+    CHECK_OK(hyla_store_usage(st, &u2));
+    CHECK(u2.chunks == u0.chunks && u2.sessions == 1);
+    CHECK(verify_clean(st));
+    hyla_snapshot *t = NULL;
+    CHECK(hyla_store_get(st, "parent", 0, 0, &t, NULL) == HYLA_ERR_NOT_FOUND);
+    /* superseded versions: 4 puts keep the last 2; chunks of dropped versions are deleted */
+    for (int i = 0; i < 4; i++) {
+        hyla_snapshot *x = tsu_make(100 + (uint64_t)i, 100 + (uint64_t)i, 300, 3);
+        CHECK_OK(hyla_store_put(st, "child", x, NULL, NULL));
+        hyla_snapshot_destroy(x);
+    }
+    uint64_t *vers = NULL;
+    size_t nv = 0;
+    CHECK_OK(hyla_store_versions(st, "child", &vers, &nv));
+    CHECK(nv == 2 && vers && vers[0] == 4 && vers[1] == 5);
+    free(vers);
+    CHECK(hyla_store_get(st, "child", 1, 0, &t, NULL) == HYLA_ERR_NOT_FOUND);
+    CHECK(verify_clean(st));
+    hyla_store_usage_info u3;
+    CHECK_OK(hyla_store_usage(st, &u3));
+    hyla_manifest *m4 = NULL, *m5 = NULL;
+    CHECK_OK(hyla_store_get_manifest(st, "child", 4, &m4, NULL));
+    CHECK_OK(hyla_store_get_manifest(st, "child", 5, &m5, NULL));
+    if (m4 && m5) CHECK_MSG(u3.chunks == m4->n_chunks + m5->n_chunks, "%llu chunks stored, versions have %zu + %zu",
+                            (unsigned long long)u3.chunks, m4->n_chunks, m5->n_chunks);
+    hyla_manifest_destroy(m4);
+    hyla_manifest_destroy(m5);
+    /* deleting the last session frees every chunk; gc compacts */
+    CHECK_OK(hyla_store_delete(st, "child"));
+    hyla_store_gc_stats gs;
+    CHECK_OK(hyla_store_gc(st, &gs));
+    CHECK_OK(hyla_store_usage(st, &u3));
+    CHECK(u3.chunks == 0 && u3.sessions == 0 && u3.versions == 0);
+    hyla_store_close(st);
+    hyla_snapshot_destroy(a);
+}
+
+/* ---- refusals through RocksDB directly ---- */
+
+typedef struct {
+    rocksdb_t *db;
+    rocksdb_options_t *o;
+    rocksdb_column_family_handle_t *cf[3];
+    rocksdb_readoptions_t *ro;
+    rocksdb_writeoptions_t *wo;
+} raw_db;
+
+static void raw_open(raw_db *r, const char *dir) {
+    r->o = rocksdb_options_create();
+    const char *names[3] = {"default", HYLA_STORE_CF_CHUNKS, HYLA_STORE_CF_META};
+    const rocksdb_options_t *opts[3] = {r->o, r->o, r->o};
+    char *err = NULL;
+    r->db = rocksdb_open_column_families(r->o, dir, 3, names, opts, r->cf, &err);
+    if (err) {
+        fprintf(stderr, "raw open: %s\n", err);
+        exit(1);
+    }
+    r->ro = rocksdb_readoptions_create();
+    r->wo = rocksdb_writeoptions_create();
+}
+
+static void raw_close(raw_db *r) {
+    for (int i = 0; i < 3; i++) rocksdb_column_family_handle_destroy(r->cf[i]);
+    rocksdb_close(r->db);
+    rocksdb_options_destroy(r->o);
+    rocksdb_readoptions_destroy(r->ro);
+    rocksdb_writeoptions_destroy(r->wo);
+}
+
+typedef enum { DAMAGE_FLIP, DAMAGE_DELETE, DAMAGE_TRUNCATE, DAMAGE_MANIFEST_VERSION } damage;
+
+/* Damage chunk `chunk` of (layer, part) of session's head, or its manifest. */
+static void damage_store(const char *dir, const char *sid, uint64_t ver, uint32_t layer, const char *part,
+                         uint32_t chunk, damage d) {
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    hyla_manifest *m = NULL;
+    CHECK_OK(hyla_store_get_manifest(st, sid, ver, &m, NULL));
+    hyla_store_close(st);
+    if (!m) return;
+    const uint8_t *key = NULL;
+    for (size_t i = 0; i < m->n_chunks; i++) {
+        const hyla_manifest_part *mp = &m->parts[m->chunks[i].part];
+        if (mp->desc.layer == layer && !strcmp(mp->desc.name, part) && m->chunks[i].index == chunk) key = m->chunks[i].key;
+    }
+    CHECK(key != NULL);
+    raw_db r;
+    raw_open(&r, dir);
+    char *err = NULL;
+    size_t vl = 0;
+    if (d == DAMAGE_MANIFEST_VERSION) {
+        char k[300];
+        size_t n = strlen(sid);
+        k[0] = 'M';
+        memcpy(k + 1, sid, n);
+        k[n + 1] = 0;
+        for (int i = 0; i < 8; i++) k[n + 2 + i] = (char)(ver >> (56 - 8 * i));
+        char *v = rocksdb_get_cf(r.db, r.ro, r.cf[2], k, n + 10, &vl, &err);
+        CHECK(v && !err);
+        if (v) {
+            v[8] = 2; /* format version 1 -> 2 */
+            rocksdb_put_cf(r.db, r.wo, r.cf[2], k, n + 10, v, vl, &err);
+            rocksdb_free(v);
+        }
+    } else if (key) {
+        char *v = rocksdb_get_cf(r.db, r.ro, r.cf[1], (const char *)key, HYLA_CHUNK_KEY_BYTES, &vl, &err);
+        CHECK(v && !err && vl > 64);
+        if (v) {
+            if (d == DAMAGE_FLIP) {
+                v[vl / 2] ^= 0x04;
+                rocksdb_put_cf(r.db, r.wo, r.cf[1], (const char *)key, HYLA_CHUNK_KEY_BYTES, v, vl, &err);
+            } else if (d == DAMAGE_TRUNCATE) {
+                rocksdb_put_cf(r.db, r.wo, r.cf[1], (const char *)key, HYLA_CHUNK_KEY_BYTES, v, vl - 17, &err);
+            } else {
+                rocksdb_delete_cf(r.db, r.wo, r.cf[1], (const char *)key, HYLA_CHUNK_KEY_BYTES, &err);
+            }
+            rocksdb_free(v);
+        }
+    }
+    CHECK(err == NULL);
+    rocksdb_free(err);
+    raw_close(&r);
+    hyla_manifest_destroy(m);
+}
+
+static int msg_has(const char *msg, const char *needle, const char *what) {
+    if (strstr(msg, needle)) return 1;
+    fprintf(stderr, "%s: message '%s' lacks '%s'\n", what, msg, needle);
+    return 0;
+}
+
+static int verify_found;
+static char verify_msg[2048];
+static void on_report(void *ctx, const char *msg) {
+    (void)ctx;
+    verify_found++;
+    snprintf(verify_msg, sizeof verify_msg, "%s", msg);
+}
+
+static void refusal(const char *dir, const char *sid, damage d, hyla_status want, const char *reason) {
+    damage_store(dir, sid, 1, 1, "Sp", 0, d);
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    hyla_snapshot *t = NULL;
+    hyla_status s = hyla_store_get(st, sid, 0, 0, &t, NULL);
+    CHECK_MSG(s == want, "%s: got %s (%s)", reason, hyla_status_str(s), hyla_last_error());
+    CHECK(t == NULL);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", hyla_last_error());
+    char sv[300];
+    snprintf(sv, sizeof sv, "session %s version 1", sid);
+    CHECK(msg_has(msg, sv, reason));
+    CHECK(msg_has(msg, reason, reason));
+    if (d != DAMAGE_MANIFEST_VERSION) {
+        CHECK(msg_has(msg, "layer 1 part Sp", reason));
+        CHECK(msg_has(msg, "chunk 0/", reason));
+    }
+    /* verify finds it too and names the same place */
+    verify_found = 0;
+    uint64_t problems = 0;
+    CHECK(hyla_store_verify(st, sid, on_report, NULL, &problems) != HYLA_OK);
+    CHECK(problems >= 1 && verify_found >= 1);
+    CHECK(msg_has(verify_msg, d == DAMAGE_MANIFEST_VERSION ? "format version" : "layer 1 part Sp", "verify"));
+    /* another session is unaffected */
+    hyla_snapshot_destroy(t);
+    hyla_store_close(st);
+}
+
+static void test_refusals(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    const char *sids[4] = {"flip", "gone", "short", "ver"};
+    hyla_snapshot *snaps[4];
+    for (int i = 0; i < 4; i++) {
+        snaps[i] = tsu_make(30 + (uint64_t)i, 30 + (uint64_t)i, 400, 99);
+        CHECK_OK(hyla_store_put(st, sids[i], snaps[i], NULL, NULL));
+    }
+    hyla_snapshot *ok = tsu_make(50, 50, 400, 99);
+    CHECK_OK(hyla_store_put(st, "ok", ok, NULL, NULL));
+    /* wrong fingerprint */
+    hyla_snapshot *t = NULL;
+    CHECK(hyla_store_get(st, "ok", 0, 12345, &t, NULL) == HYLA_ERR_MISMATCH);
+    CHECK(msg_has(hyla_last_error(), "session ok version 1", "fingerprint"));
+    CHECK(msg_has(hyla_last_error(), "fingerprint", "fingerprint"));
+    CHECK_OK(hyla_store_get(st, "ok", 0, 99, &t, NULL));
+    /* wrong shape / dtype for the model: the runtime checks the layout it expects */
+    if (t) {
+        hyla_snapshot *model = tsu_make(0, 0, 0, 99);
+        CHECK_OK(hyla_snapshot_check_layout(t, model));
+        model->parts[1].shape[1] = 512; /* conv_q width */
+        CHECK(hyla_snapshot_check_layout(t, model) == HYLA_ERR_MISMATCH);
+        CHECK(msg_has(hyla_last_error(), "layer 0 part conv_q", "shape"));
+        model->parts[1].shape[1] = 384;
+        model->parts[4].dtype = HYLA_DT_F16;
+        CHECK(hyla_snapshot_check_layout(t, model) == HYLA_ERR_MISMATCH);
+        CHECK(msg_has(hyla_last_error(), "layer 2 part k", "dtype") && msg_has(hyla_last_error(), "dtype", "dtype"));
+        hyla_snapshot_destroy(model);
+    }
+    hyla_snapshot_destroy(t);
+    hyla_store_close(st);
+    refusal(dir, "flip", DAMAGE_FLIP, HYLA_ERR_CORRUPT, "checksum mismatch");
+    refusal(dir, "gone", DAMAGE_DELETE, HYLA_ERR_NOT_FOUND, "missing chunk");
+    refusal(dir, "short", DAMAGE_TRUNCATE, HYLA_ERR_CORRUPT, "truncated value");
+    refusal(dir, "ver", DAMAGE_MANIFEST_VERSION, HYLA_ERR_UNSUPPORTED, "format version 2");
+    st = open_store(dir, &p);
+    CHECK(get_equals(st, "ok", 0, ok));
+    hyla_store_close(st);
+    for (int i = 0; i < 4; i++) hyla_snapshot_destroy(snaps[i]);
+    hyla_snapshot_destroy(ok);
+}
+
+static void test_failed_writes(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    hyla_snapshot *a = tsu_make(60, 60, 3000, 5), *b = tsu_make(61, 61, 3500, 5);
+    CHECK_OK(hyla_store_put(st, "f", a, NULL, NULL));
+    /* fail each RocksDB write of a put in turn (chunk batches, then the commit) */
+    int failures = 0;
+    for (long nth = 1; nth <= 50; nth++) {
+        hyla_store_fault_write(nth);
+        hyla_status s = hyla_store_put(st, "f", b, NULL, NULL);
+        hyla_store_fault_write(0);
+        if (s == HYLA_OK) {
+            /* nth exceeded the number of writes of a put: done; restore v1-only state */
+            CHECK(nth > 2);
+            break;
+        }
+        failures++;
+        CHECK(s == HYLA_ERR_IO);
+        CHECK(msg_has(hyla_last_error(), "previous version kept", "fault"));
+        CHECK(get_equals(st, "f", 0, a));
+        CHECK(verify_clean(st)); /* no leaked references */
+        hyla_store_usage_info u;
+        CHECK_OK(hyla_store_usage(st, &u));
+        CHECK(u.versions == 1);
+    }
+    CHECK(failures >= 2);
+    CHECK(get_equals(st, "f", 0, b));
+    /* a zstd failure */
+    hyla_snapshot *c = tsu_make(62, 62, 3600, 5);
+    hyla_codec_fault_zstd(4);
+    CHECK(hyla_store_put(st, "f", c, NULL, NULL) != HYLA_OK);
+    hyla_codec_fault_zstd(0);
+    CHECK(msg_has(hyla_last_error(), "zstd", "zstd fault"));
+    CHECK(get_equals(st, "f", 0, b));
+    CHECK(verify_clean(st));
+    /* reopen: the failed puts left nothing behind */
+    hyla_store_close(st);
+    st = open_store(dir, &p);
+    CHECK(get_equals(st, "f", 0, b));
+    CHECK(get_equals(st, "f", 1, a));
+    CHECK(verify_clean(st));
+    hyla_store_close(st);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+    hyla_snapshot_destroy(c);
+}
+
+/* ---- concurrency: puts of sessions sharing KV pages, forks, deletes and gc at once ---- */
+
+typedef struct {
+    hyla_store *st;
+    int id;
+    int ok;
+} worker_arg;
+
+static void *worker(void *p) {
+    worker_arg *w = p;
+    char sid[32], fid[32];
+    snprintf(sid, sizeof sid, "w%d", w->id);
+    w->ok = 1;
+    for (int i = 0; i < 6; i++) {
+        /* all workers share kv_seed 5: their KV chunks are the same content */
+        hyla_snapshot *s = tsu_make((uint64_t)(w->id * 100 + i), 5, 500 + 64 * (uint64_t)i, 8);
+        if (hyla_store_put(w->st, sid, s, NULL, NULL) != HYLA_OK) {
+            fprintf(stderr, "worker %d put: %s\n", w->id, hyla_last_error());
+            w->ok = 0;
+        } else if (!get_equals(w->st, sid, 0, s)) {
+            w->ok = 0;
+        }
+        snprintf(fid, sizeof fid, "w%d-fork%d", w->id, i);
+        if (hyla_store_fork(w->st, sid, 0, fid) != HYLA_OK || (i % 2 && hyla_store_delete(w->st, fid) != HYLA_OK)) {
+            fprintf(stderr, "worker %d fork/delete: %s\n", w->id, hyla_last_error());
+            w->ok = 0;
+        }
+        if (w->id == 0 && hyla_store_gc(w->st, NULL) != HYLA_OK) w->ok = 0;
+        hyla_snapshot_destroy(s);
+    }
+    return NULL;
+}
+
+static void test_concurrent(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    p.codec.threads = 1;
+    hyla_store *st = open_store(dir, &p);
+    pthread_t th[4];
+    worker_arg wa[4];
+    for (int i = 0; i < 4; i++) {
+        wa[i] = (worker_arg){st, i, 0};
+        pthread_create(&th[i], NULL, worker, &wa[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_MSG(wa[i].ok, "worker %d", i);
+    }
+    CHECK(verify_clean(st));
+    hyla_store_usage_info u;
+    CHECK_OK(hyla_store_usage(st, &u));
+    CHECK(u.sessions == 4 + 4 * 3);
+    hyla_store_close(st);
+}
+
+int main(void) {
+    snprintf(root, sizeof root, "%s/hyla_test_store_%d", hyla_test_env("TMPDIR", "/tmp"), (int)getpid());
+    hyla_mkdirs(root);
+    test_roundtrip();
+    test_incremental();
+    test_fork_and_gc();
+    test_refusals();
+    test_failed_writes();
+    test_concurrent();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    return hyla_test_done("test_store");
+}
