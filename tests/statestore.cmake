@@ -3,3 +3,5 @@ hyla_add_test(test_store_codec SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_co
   LABELS quick LIBS hyla_statestore TIMEOUT 60)
 hyla_add_test(test_store SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store.c
   LABELS quick fault LIBS hyla_statestore TIMEOUT 120)
+hyla_add_test(test_store_crash SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_crash.c
+  LABELS fault LIBS hyla_statestore TIMEOUT 120)
