@@ -242,6 +242,7 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
             }
         }
         if (c->use_short_conv) need_positive(&r, "conv_size", c->conv_size);
+        if (get_bool(&r, root, "conv_bias", 0)) refuse(&r, "conv_bias", "short convolutions with bias are not supported");
         if (r.st != HYLA_OK) goto done;
         json_t *attn = json_object_get(root, "attn");
         if (attn && !json_is_null(attn)) {
