@@ -5,3 +5,8 @@ hyla_add_test(test_store SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store.c
   LABELS quick fault LIBS hyla_statestore TIMEOUT 120)
 hyla_add_test(test_store_crash SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_crash.c
   LABELS fault LIBS hyla_statestore TIMEOUT 120)
+hyla_add_test(test_store_tool SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_tool.c
+  LABELS quick LIBS hyla_statestore TIMEOUT 120)
+if(TARGET hyla-state)
+  add_dependencies(test_store_tool hyla-state)
+endif()
