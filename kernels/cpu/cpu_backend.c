@@ -8,15 +8,14 @@
  *   - Weights are converted to fp32 once, at weight_create.
  *   - Row reductions (sums of squares, softmax sums) accumulate in double, so the
  *     reference is at least as exact as any fp32 backend it is compared with.
- *   - `linear` is batch invariant: rows go through OpenBLAS in fixed blocks of
- *     CPU_LINEAR_BLOCK rows (the tail block zero-padded), so every sgemm call has the same
- *     shape whatever M is, and each output row is post-processed on its own. See cpu_linear.
+ *   - `linear` is batch invariant by construction: every output element is one fixed
+ *     sequence of IEEE fp32 operations (see cpu_linear), whatever M, the row's place in the
+ *     batch, the thread count or the instruction set.
  *
- * Threading: one thread drives a context (hyla_ops rule). Inside an op, rows are spread over
- * ctx->nt OpenMP threads; every output element is computed by exactly one thread in a
- * fixed order, so results do not depend on the thread count. OpenBLAS uses its own threads
- * (sgemm is only ever called outside OpenMP regions). */
-#include <cblas.h>
+ * Threading: one thread drives a context (hyla_ops rule). Inside an op, rows (or output
+ * panels) are spread over ctx->nt OpenMP threads; every output element is computed by
+ * exactly one thread in a fixed order, so results do not depend on the thread count. */
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -24,8 +23,16 @@
 
 #include "cpu_impl.h"
 
-/* Rows per sgemm call in `linear` (see cpu_linear for why it is fixed). */
-#define CPU_LINEAR_BLOCK 16
+/* Each float operation must round to float (no wider evaluation), or the batch-invariance
+ * argument of cpu_linear would not hold. True of x86-64 (SSE) and AArch64. */
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "kernels/cpu needs FLT_EVAL_METHOD == 0"
+#endif
+
+/* Rows of x per pass of `linear` (a thread's tile is CPU_LINEAR_ROWS x CPU_PANEL floats). */
+#define CPU_LINEAR_ROWS 64
+/* Panels per parallel work item of `linear` (64 output features). */
+#define CPU_GROUP 8
 /* Largest short-convolution kernel (the carried tail is held in a local array). */
 #define CPU_MAX_CONV 64
 
@@ -96,17 +103,29 @@ static hyla_status cpu_weight_create(void *ctx, const void *host, hyla_dtype dt,
     if (rows <= 0 || cols <= 0)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "cpu weight_create: shape [%d, %d]", rows, cols);
     hyla_weight *w = malloc(sizeof *w);
-    size_t n = (size_t)rows * (size_t)cols;
-    float *data = cpu_aligned_alloc(n * sizeof(float));
-    if (!w || !data) {
+    size_t panels = ((size_t)rows + CPU_PANEL - 1) / CPU_PANEL, ps = cpu_panel_stride(cols);
+    float *data = cpu_aligned_alloc(panels * ps * sizeof(float));
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!w || !data || !row) {
         free(w);
         free(data);
+        free(row);
         return hyla_fail(HYLA_ERR_NOMEM, "cpu weight_create: cannot allocate [%d, %d] fp32", rows, cols);
     }
-    hyla_to_f32(data, host, dt, n);
+    size_t esz = hyla_dtype_size(dt);
+    for (size_t r = 0; r < panels * CPU_PANEL; r++) {
+        if (r < (size_t)rows)
+            hyla_to_f32(row, (const char *)host + r * (size_t)cols * esz, dt, (size_t)cols);
+        else
+            memset(row, 0, (size_t)cols * sizeof(float)); /* padding rows of the last panel */
+        float *panel = data + (r / CPU_PANEL) * ps;
+        for (int k = 0; k < cols; k++) panel[(size_t)k * CPU_PANEL + r % CPU_PANEL] = row[k];
+    }
+    free(row);
     w->rows = rows;
     w->cols = cols;
-    w->data = data;
+    w->pstride = ps;
+    w->packed = data;
     *out = w;
     return HYLA_OK;
 }
@@ -114,7 +133,7 @@ static hyla_status cpu_weight_create(void *ctx, const void *host, hyla_dtype dt,
 static void cpu_weight_destroy(void *ctx, hyla_weight *w) {
     (void)ctx;
     if (!w) return;
-    free(w->data);
+    free(w->packed);
     free(w);
 }
 
@@ -127,21 +146,145 @@ static hyla_status cpu_embed(void *ctx, const hyla_weight *table, const int32_t 
             return hyla_fail(HYLA_ERR_INVALID_ARG, "embed: token id %d at %d is outside [0, %d)", (int)ids[i], i,
                              table->rows);
     size_t D = (size_t)table->cols;
-    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * D, table->data + (size_t)ids[i] * D, D * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        const float *panel = table->packed + (size_t)(ids[i] / CPU_PANEL) * table->pstride;
+        for (size_t k = 0; k < D; k++) out[(size_t)i * D + k] = panel[k * CPU_PANEL + ids[i] % CPU_PANEL];
+    }
     return HYLA_OK;
 }
 
-/* y = x Wᵀ (+ bias) (+ y) — batch invariant.
+/* y = x Wᵀ (+ bias) (+ y) — batch invariant by construction.
  *
- * Why fixed blocks: BLAS libraries pick kernels, blockings and thread splits from the
- * matrix shape, so the same row may be summed in a different order when M changes. Here
- * sgemm only ever sees shape [CPU_LINEAR_BLOCK x K] · [K x N]: rows are copied into a block
- * buffer whose unused rows are zero, and bias / accumulate are applied per row afterwards.
- * What remains is a row's position inside the block; OpenBLAS's sgemm micro-kernels give
- * each C element its own accumulator summed over k in one order (vector lanes never mix
- * rows), so the position does not change the result either. tests/test_cpu_ops.c checks
- * that row r of an M=37 call equals an M=1 call bit for bit, for every r and several
- * shapes. */
+ * BLAS libraries choose kernels, tile edges and K-unrolling from the matrix shape and from a
+ * row's place in a tile; OpenBLAS 0.3.21 on Zen, for one, sums rows 6..15 of a 16-row
+ * sgemm in a different order from rows 0..5. So `linear` uses its own kernel, whose result
+ * for an element is defined as
+ *     acc = 0;  for k = 0..K-1 ascending: p = x[m][k] * W[n][k]; acc = acc + p;
+ *     t = acc (+ bias[n]);  y[m][n] = t (or y[m][n] + t when accumulating)
+ * with every operation rounded to fp32 (FLT_EVAL_METHOD == 0, products and sums in separate
+ * statements and fp contraction off, so no FMA fuses them). Vector lanes hold different
+ * output features and never mix, and IEEE multiplication and addition give the same bits in
+ * a lane as in a scalar register, so the 8-row tile, the 1-row tail, any thread split and
+ * the AVX2 or SSE2 clone all produce exactly this sequence: row r's result cannot depend on
+ * M. tests/test_cpu_ops.c also checks it (row r of M=37 == M=1, bit for bit).
+ *
+ * Layout: W is packed at weight_create into panels of CPU_PANEL (8) output features,
+ * [ceil(N/8)][K][8] with panels pstride = K*8 + 16 floats apart, so one aligned 8-float
+ * load feeds 8 accumulators. The extra cache line per panel, like the padded copy of x in
+ * cpu_linear, keeps streams that are read side by side out of the same cache sets (with a
+ * power-of-two K they would all map to one set and thrash it). */
+typedef float cpu_v8 __attribute__((vector_size(32)));
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+/* An AVX2 clone and a baseline clone picked at load time; they give the same bits (no FMA in
+ * either). -DHYLA_CPU_NO_CLONES builds the baseline alone. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(HYLA_CPU_NO_CLONES)
+#define CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CPU_CLONES
+#endif
+
+#define CPU_INLINE static inline __attribute__((always_inline))
+
+/* v = 8 floats at ptr (a macro: a function returning a vector would change the ABI
+ * between the clones). */
+#define V8_LD(v, ptr) memcpy(&(v), (ptr), sizeof(cpu_v8))
+
+/* 8 rows x 1 panel: out[i*ldo + 0..7] for rows x + i*ldx. */
+CPU_INLINE void kern_8x1(const float *x, int ldx, int K, const float *Wp, float *out, int ldo) {
+    const float *x0 = x, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+    const float *x4 = x3 + ldx, *x5 = x4 + ldx, *x6 = x5 + ldx, *x7 = x6 + ldx;
+    cpu_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0}, p;
+    for (int k = 0; k < K; k++) {
+        cpu_v8 w;
+        V8_LD(w, Wp + (size_t)k * CPU_PANEL);
+        p = w * x0[k]; a0 = a0 + p;
+        p = w * x1[k]; a1 = a1 + p;
+        p = w * x2[k]; a2 = a2 + p;
+        p = w * x3[k]; a3 = a3 + p;
+        p = w * x4[k]; a4 = a4 + p;
+        p = w * x5[k]; a5 = a5 + p;
+        p = w * x6[k]; a6 = a6 + p;
+        p = w * x7[k]; a7 = a7 + p;
+    }
+    memcpy(out + 0 * (size_t)ldo, &a0, sizeof a0);
+    memcpy(out + 1 * (size_t)ldo, &a1, sizeof a1);
+    memcpy(out + 2 * (size_t)ldo, &a2, sizeof a2);
+    memcpy(out + 3 * (size_t)ldo, &a3, sizeof a3);
+    memcpy(out + 4 * (size_t)ldo, &a4, sizeof a4);
+    memcpy(out + 5 * (size_t)ldo, &a5, sizeof a5);
+    memcpy(out + 6 * (size_t)ldo, &a6, sizeof a6);
+    memcpy(out + 7 * (size_t)ldo, &a7, sizeof a7);
+}
+
+/* 1 row x 8 panels (ps floats apart): out[0..63]. Eight independent sums keep the adder busy
+ * when there are fewer than 8 rows (decode). */
+CPU_INLINE void kern_1x8(const float *x, int K, const float *Wp, size_t ps, float *out) {
+    cpu_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0}, p;
+    for (int k = 0; k < K; k++) {
+        const float *w = Wp + (size_t)k * CPU_PANEL;
+        float xk = x[k];
+        cpu_v8 w0, w1, w2, w3, w4, w5, w6, w7;
+        V8_LD(w0, w + 0 * ps), V8_LD(w1, w + 1 * ps), V8_LD(w2, w + 2 * ps), V8_LD(w3, w + 3 * ps);
+        V8_LD(w4, w + 4 * ps), V8_LD(w5, w + 5 * ps), V8_LD(w6, w + 6 * ps), V8_LD(w7, w + 7 * ps);
+        p = w0 * xk; a0 = a0 + p;
+        p = w1 * xk; a1 = a1 + p;
+        p = w2 * xk; a2 = a2 + p;
+        p = w3 * xk; a3 = a3 + p;
+        p = w4 * xk; a4 = a4 + p;
+        p = w5 * xk; a5 = a5 + p;
+        p = w6 * xk; a6 = a6 + p;
+        p = w7 * xk; a7 = a7 + p;
+    }
+    memcpy(out + 0 * CPU_PANEL, &a0, sizeof a0);
+    memcpy(out + 1 * CPU_PANEL, &a1, sizeof a1);
+    memcpy(out + 2 * CPU_PANEL, &a2, sizeof a2);
+    memcpy(out + 3 * CPU_PANEL, &a3, sizeof a3);
+    memcpy(out + 4 * CPU_PANEL, &a4, sizeof a4);
+    memcpy(out + 5 * CPU_PANEL, &a5, sizeof a5);
+    memcpy(out + 6 * CPU_PANEL, &a6, sizeof a6);
+    memcpy(out + 7 * CPU_PANEL, &a7, sizeof a7);
+}
+
+/* 1 row x 1 panel: out[0..7]. */
+CPU_INLINE void kern_1x1(const float *x, int K, const float *Wp, float *out) {
+    cpu_v8 a = {0}, p;
+    for (int k = 0; k < K; k++) {
+        cpu_v8 w;
+        V8_LD(w, Wp + (size_t)k * CPU_PANEL);
+        p = w * x[k];
+        a = a + p;
+    }
+    memcpy(out, &a, sizeof a);
+}
+
+/* Rows [0, M) of x times a group of P <= CPU_GROUP panels starting at Wp (panels ps floats
+ * apart): tile [M][CPU_GROUP*8]. All three kernels compute each element by the sequence in
+ * the comment above cpu_linear; they differ only in how many sums run side by side. */
+CPU_CLONES static void linear_group(const float *x, int ldx, int M, int K, const float *Wp, size_t ps, int P,
+                                    float *tile) {
+    const int ldt = CPU_GROUP * CPU_PANEL;
+    int r = 0;
+    for (; r + 8 <= M; r += 8)
+        for (int p = 0; p < P; p++) kern_8x1(x + (size_t)r * ldx, ldx, K, Wp + p * ps, tile + (size_t)r * ldt + p * CPU_PANEL, ldt);
+    for (; r < M; r++) {
+        if (P == CPU_GROUP)
+            kern_1x8(x + (size_t)r * ldx, K, Wp, ps, tile + (size_t)r * ldt);
+        else
+            for (int p = 0; p < P; p++) kern_1x1(x + (size_t)r * ldx, K, Wp + p * ps, tile + (size_t)r * ldt + p * CPU_PANEL);
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
 static hyla_status cpu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
                               const float *bias, float *y, int ldy, int N, int accumulate) {
     cpu_ctx *c = ctx;
@@ -151,25 +294,31 @@ static hyla_status cpu_linear(void *ctx, const float *x, int ldx, int M, int K, 
     if (M < 0 || ldx < K || ldy < N)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: M=%d ldx=%d (K=%d) ldy=%d (N=%d)", M, ldx, K, ldy, N);
     if (M == 0) return HYLA_OK;
-    const int BM = CPU_LINEAR_BLOCK;
+    /* Rows in blocks of CPU_LINEAR_ROWS so a thread's tile stays small; groups of CPU_GROUP
+     * panels (64 output features) in parallel. */
+    const int RB = CPU_LINEAR_ROWS, GW = CPU_GROUP * CPU_PANEL;
+    int groups = (N + GW - 1) / GW;
+    size_t tile_floats = (size_t)RB * GW, ldb = (size_t)K + 16; /* padded row stride of the x copy */
     void *mem;
-    size_t xb_bytes = cpu_align64((size_t)BM * K * sizeof(float));
-    HYLA_TRY(cpu_scratch(c, xb_bytes + (size_t)BM * N * sizeof(float), &mem));
-    float *xb = mem;                            /* [BM][K] */
-    float *yb = (float *)((char *)mem + xb_bytes); /* [BM][N] */
-    for (int r0 = 0; r0 < M; r0 += BM) {
-        int rows = M - r0 < BM ? M - r0 : BM;
-        for (int r = 0; r < rows; r++) memcpy(xb + (size_t)r * K, x + (size_t)(r0 + r) * ldx, (size_t)K * sizeof(float));
-        if (rows < BM) memset(xb + (size_t)rows * K, 0, (size_t)(BM - rows) * K * sizeof(float));
-        memset(yb, 0, (size_t)BM * N * sizeof(float));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BM, N, K, 1.0f, xb, K, W->data, K, 0.0f, yb, N);
-        for (int r = 0; r < rows; r++) {
-            float *yr = y + (size_t)(r0 + r) * ldy;
-            const float *br = yb + (size_t)r * N;
-            for (int j = 0; j < N; j++) {
-                float t = br[j];
-                if (bias) t += bias[j];
-                yr[j] = accumulate ? yr[j] + t : t;
+    HYLA_TRY(cpu_scratch(c, ((size_t)c->nt * tile_floats + (size_t)RB * ldb) * sizeof(float), &mem));
+    float *xb = (float *)mem + (size_t)c->nt * tile_floats; /* [RB][ldb] */
+    for (int r0 = 0; r0 < M; r0 += RB) {
+        int rows = M - r0 < RB ? M - r0 : RB;
+        for (int r = 0; r < rows; r++) memcpy(xb + r * ldb, x + (size_t)(r0 + r) * ldx, (size_t)K * sizeof(float));
+#pragma omp parallel for num_threads(c->nt) if ((long)groups * rows * K > 32768) schedule(static)
+        for (int gi = 0; gi < groups; gi++) {
+            float *tile = (float *)mem + (size_t)omp_get_thread_num() * tile_floats;
+            int n0 = gi * GW, nc = N - n0 < GW ? N - n0 : GW;
+            int P = (nc + CPU_PANEL - 1) / CPU_PANEL;
+            linear_group(xb, (int)ldb, rows, K, W->packed + (size_t)gi * CPU_GROUP * W->pstride, W->pstride, P, tile);
+            for (int r = 0; r < rows; r++) {
+                float *yr = y + (size_t)(r0 + r) * ldy + n0;
+                const float *tr = tile + (size_t)r * GW;
+                for (int j = 0; j < nc; j++) {
+                    float t = tr[j];
+                    if (bias) t = t + bias[n0 + j];
+                    yr[j] = accumulate ? yr[j] + t : t;
+                }
             }
         }
     }
@@ -566,8 +715,6 @@ hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {
     }
     if (n_threads > 0) {
         c->nt = n_threads;
-        /* OpenBLAS's thread count is process-wide: an explicit request bounds it too. */
-        openblas_set_num_threads(n_threads);
     } else {
         c->nt = omp_get_num_procs();
     }

@@ -4,8 +4,9 @@
  * through hyla_ops.h.
  *
  * Invariants: device pointers are plain host memory (64-byte aligned, zero-filled at
- * alloc); weights are fp32 row-major [rows][cols]. One thread drives one context (the
- * hyla_ops rule); inside an op, work is spread over ctx->nt OpenMP threads. */
+ * alloc); weights are fp32, packed in panels of 8 rows (struct hyla_weight).
+ * Threading: one thread drives one context (the hyla_ops rule); inside an op, work is
+ * spread over ctx->nt OpenMP threads. */
 #ifndef HYLA_CPU_IMPL_H
 #define HYLA_CPU_IMPL_H
 
@@ -15,10 +16,18 @@
 
 #include "hyla_ops.h"
 
+/* Output features per weight panel (see cpu_linear). */
+#define CPU_PANEL 8
+
 struct hyla_weight {
     int rows, cols; /* PyTorch nn.Linear layout: rows = out_features */
-    float *data;    /* [rows][cols] fp32 */
+    size_t pstride; /* floats from one panel to the next: cpu_panel_stride(cols) */
+    float *packed;  /* [ceil(rows/8)] panels of [cols][8] fp32: element (r, k) at
+                       packed[(r/8)*pstride + k*8 + r%8]; rows past `rows` are zero */
 };
+
+/* cols*8 plus one cache line, so panels read side by side fall in different cache sets. */
+static inline size_t cpu_panel_stride(int cols) { return (size_t)cols * CPU_PANEL + 16; }
 
 typedef struct {
     int nt;               /* OpenMP threads used by every parallel region */

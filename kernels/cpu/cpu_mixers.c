@@ -10,7 +10,9 @@
  *     call's first token; the engine passes chunks aligned to absolute positions, so a
  *     prefill interrupted at a chunk boundary and resumed gives the same bits.
  *   - A decay factor is only ever formed as exp(b_t − b_s) with s <= t (never exp(b_t) ·
- *     exp(−b_s)), so gates as negative as they come cannot overflow.
+ *     exp(−b_s)), so gates as negative as they come cannot overflow. The cumulative log
+ *     decays b_t (GLA) and G_t (GDN) are summed and differenced in double: in fp32 a
+ *     difference of two large cumulative sums loses the digits that matter.
  *   - SSE: a partition that no token selects is neither read nor written (bit-identical).
  *
  * Threading: prefill parallelises over heads (SSE: over partitions × heads), decode over
@@ -47,7 +49,9 @@ typedef struct {
 /* Floats of per-thread workspace for one chunk (GLA and GDN both fit). */
 static size_t chunk_ws_floats(int dk, int dv) {
     size_t C = CPU_CHUNK;
-    return cpu_align64(sizeof(float) * C * (4 * (size_t)dk + 3 * (size_t)dv + C + 4)) / sizeof(float);
+    /* q, k, g [C][dk] + v, o, u [C][dv] + A [C][C] + β [C] floats; b [C][dk] + G [C] doubles */
+    return cpu_align64(sizeof(float) * C * (3 * (size_t)dk + 3 * (size_t)dv + C + 1) +
+                       sizeof(double) * C * ((size_t)dk + 1) + 64) / sizeof(float);
 }
 
 /* Copy elements [e0, e0+L) of a sequence into contiguous chunk buffers (q, k scaled by w). */
@@ -86,10 +90,10 @@ static void chunk_store(const cpu_seq *s, int e0, int L, int dv, const float *oc
  *   o_t = scale·(q_t ⊙ exp(b_t)) S_0 + Σ_{s<=t} [scale·(q_t ⊙ exp(b_t − b_s))·k_s] v_s
  *   S_L = diag(exp(b_L)) S_0 + Σ_s (k_s ⊙ exp(b_L − b_s))ᵀ v_s */
 static void gla_chunk(float *qc, const float *kc, const float *gc, const float *vc, int L, int dk, int dv,
-                      float scale, float *S, float *oc, float *b, float *A) {
+                      float scale, float *S, float *oc, double *b, float *A) {
     for (int t = 0; t < L; t++)
         for (int i = 0; i < dk; i++)
-            b[(size_t)t * dk + i] = (t ? b[(size_t)(t - 1) * dk + i] : 0.0f) + gc[(size_t)t * dk + i];
+            b[(size_t)t * dk + i] = (t ? b[(size_t)(t - 1) * dk + i] : 0.0) + gc[(size_t)t * dk + i];
     for (size_t x = 0; x < (size_t)L * dk; x++) qc[x] *= scale; /* scale·q, as in [GLA-1] */
 
     /* inter-chunk: what S_0 contributes */
@@ -97,18 +101,20 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
         float *ot = oc + (size_t)t * dv;
         memset(ot, 0, (size_t)dv * sizeof(float));
         for (int i = 0; i < dk; i++) {
-            float f = qc[(size_t)t * dk + i] * expf(b[(size_t)t * dk + i]);
+            float f = qc[(size_t)t * dk + i] * (float)exp(b[(size_t)t * dk + i]);
             const float *Si = S + (size_t)i * dv;
             for (int j = 0; j < dv; j++) ot[j] += f * Si[j];
         }
     }
     /* intra-chunk: decayed causal scores, then their values */
     for (int t = 0; t < L; t++) {
-        const float *qt = qc + (size_t)t * dk, *bt = b + (size_t)t * dk;
+        const float *qt = qc + (size_t)t * dk;
+        const double *bt = b + (size_t)t * dk;
         for (int s = 0; s <= t; s++) {
-            const float *ks = kc + (size_t)s * dk, *bs = b + (size_t)s * dk;
+            const float *ks = kc + (size_t)s * dk;
+            const double *bs = b + (size_t)s * dk;
             float a = 0.0f;
-            for (int i = 0; i < dk; i++) a += qt[i] * ks[i] * expf(bt[i] - bs[i]);
+            for (int i = 0; i < dk; i++) a += qt[i] * ks[i] * (float)exp(bt[i] - bs[i]);
             A[(size_t)t * L + s] = a;
         }
     }
@@ -121,13 +127,13 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
         }
     }
     /* state at the end of the chunk */
-    const float *bL = b + (size_t)(L - 1) * dk;
+    const double *bL = b + (size_t)(L - 1) * dk;
     for (int i = 0; i < dk; i++) {
         float *Si = S + (size_t)i * dv;
-        float d = expf(bL[i]);
+        float d = (float)exp(bL[i]);
         for (int j = 0; j < dv; j++) Si[j] *= d;
         for (int s = 0; s < L; s++) {
-            float f = kc[(size_t)s * dk + i] * expf(bL[i] - b[(size_t)s * dk + i]);
+            float f = kc[(size_t)s * dk + i] * (float)exp(bL[i] - b[(size_t)s * dk + i]);
             const float *vs = vc + (size_t)s * dv;
             for (int j = 0; j < dv; j++) Si[j] += f * vs[j];
         }
@@ -144,8 +150,8 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
  * substitution. Then o_t = scale·q_t S_t and S_L follow from the unrolled form.
  * Workspace: G [L], A [L][L], u [L][dv]. */
 static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *gc, const float *bc, int L, int dk,
-                      int dv, float scale, float *S, float *oc, float *G, float *A, float *u) {
-    for (int t = 0; t < L; t++) G[t] = (t ? G[t - 1] : 0.0f) + gc[t];
+                      int dv, float scale, float *S, float *oc, double *G, float *A, float *u) {
+    for (int t = 0; t < L; t++) G[t] = (t ? G[t - 1] : 0.0) + gc[t];
     for (size_t x = 0; x < (size_t)L * dk; x++) qc[x] *= scale;
 
     /* R_t = β_t (v_t − γ_t k_t S_0) */
@@ -157,7 +163,7 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
             const float *Si = S + (size_t)i * dv;
             for (int j = 0; j < dv; j++) ut[j] += kti * Si[j];
         }
-        float gam = expf(G[t]);
+        float gam = (float)exp(G[t]);
         const float *vt = vc + (size_t)t * dv;
         for (int j = 0; j < dv; j++) ut[j] = bc[t] * (vt[j] - gam * ut[j]);
     }
@@ -168,7 +174,7 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
             const float *ks = kc + (size_t)s * dk;
             float kk = 0.0f;
             for (int i = 0; i < dk; i++) kk += kt[i] * ks[i];
-            A[(size_t)t * L + s] = bc[t] * expf(G[t] - G[s]) * kk;
+            A[(size_t)t * L + s] = bc[t] * (float)exp(G[t] - G[s]) * kk;
         }
     }
     for (int t = 0; t < L; t++) {
@@ -188,24 +194,24 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
             const float *Si = S + (size_t)i * dv;
             for (int j = 0; j < dv; j++) ot[j] += qt[i] * Si[j];
         }
-        float gam = expf(G[t]);
+        float gam = (float)exp(G[t]);
         for (int j = 0; j < dv; j++) ot[j] *= gam;
         for (int s = 0; s <= t; s++) {
             const float *ks = kc + (size_t)s * dk;
             float qk = 0.0f;
             for (int i = 0; i < dk; i++) qk += qt[i] * ks[i];
-            float a = expf(G[t] - G[s]) * qk;
+            float a = (float)exp(G[t] - G[s]) * qk;
             const float *us = u + (size_t)s * dv;
             for (int j = 0; j < dv; j++) ot[j] += a * us[j];
         }
     }
     /* S_L = γ_L S_0 + Σ_s exp(G_L − G_s) k_sᵀ u_s */
-    float gL = expf(G[L - 1]);
+    float gL = (float)exp(G[L - 1]);
     for (int i = 0; i < dk; i++) {
         float *Si = S + (size_t)i * dv;
         for (int j = 0; j < dv; j++) Si[j] *= gL;
         for (int s = 0; s < L; s++) {
-            float f = expf(G[L - 1] - G[s]) * kc[(size_t)s * dk + i];
+            float f = (float)exp(G[L - 1] - G[s]) * kc[(size_t)s * dk + i];
             const float *us = u + (size_t)s * dv;
             for (int j = 0; j < dv; j++) Si[j] += f * us[j];
         }
@@ -216,9 +222,10 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
  * chunk. gdn = 0: GLA; 1: GDN. ws: chunk_ws_floats(dk, dv) floats. */
 static void seq_run(const cpu_seq *s, int gdn, int dk, int dv, float scale, float *S, float *ws) {
     const size_t C = CPU_CHUNK;
-    float *qc = ws, *kc = qc + C * dk, *gc = kc + C * dk, *b = gc + C * dk; /* gc, b: [C][dk] */
-    float *vc = b + C * dk, *oc = vc + C * dv, *u = oc + C * dv;            /* [C][dv] each */
-    float *A = u + C * dv, *bc = A + C * C, *G = bc + C;                   /* [C][C], [C], [C] */
+    double *b = (double *)ws, *G = b + C * dk;                           /* [C][dk], [C] */
+    float *qc = (float *)(G + C), *kc = qc + C * dk, *gc = kc + C * dk;   /* [C][dk] each */
+    float *vc = gc + C * dk, *oc = vc + C * dv, *u = oc + C * dv;         /* [C][dv] each */
+    float *A = u + C * dv, *bc = A + C * C;                              /* [C][C], [C] */
     for (int e0 = 0; e0 < s->m; e0 += CPU_CHUNK) {
         int L = s->m - e0 < CPU_CHUNK ? s->m - e0 : CPU_CHUNK;
         chunk_load(s, e0, L, dk, dv, !gdn, qc, kc, vc, gc, bc);
@@ -446,21 +453,19 @@ hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, c
     return HYLA_OK;
 }
 
-/* SSE prefill, grouped by partition (MODELS.md §4.3 "Prefill", the paper's varlen method):
- * partition i sees the subsequence of tokens that selected it, in order, with q and k scaled
- * by that token's weight; it is run through the same chunk routine as GLA/GDN. Because an
- * unselected partition is neither decayed nor written, this is the token-by-token recurrence.
- * The always-selected partition runs over all tokens. Each (token, slot j) read lands in its
- * own row of a buffer and the reads are summed per token in slot order, as decode sums them. */
-hyla_status cpu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
-                            const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
-                            const float *betab, const int32_t *idx, const float *w, int n, int H, int dk, int dv,
-                            int N, int K, float scale, float *S0, float *Sp, float *o) {
-    cpu_ctx *c = ctx;
-    HYLA_TRY(check_dims("sse_prefill", n, H, dk, dv));
-    HYLA_TRY(sse_check("sse_prefill", tr, idx, n, N, K, betaa, betab));
-    if (n == 0) return HYLA_OK;
-    int gdn = tr == HYLA_SSE_GDN;
+/* SSE prefill, grouped by partition (MODELS.md §4.3 "Prefill", the paper's varlen method).
+ * The tokens are taken in windows of CPU_CHUNK starting at the call's first token, so a call
+ * over n tokens equals successive calls over its 64-token pieces bit for bit (the same rule as
+ * the GLA/GDN chunks). Inside a window, partition i sees the subsequence of tokens that
+ * selected it, in order, with q and k scaled by that token's weight, and runs it through the
+ * same chunk routine as GLA/GDN. Because an unselected partition is neither decayed nor
+ * written, this is the token-by-token recurrence. The always-selected partition runs over all
+ * tokens of the window. Each (token, slot j) read lands in its own row of a buffer and the
+ * reads are summed per token in slot order, as decode sums them. */
+static hyla_status sse_window(cpu_ctx *c, int gdn, const float *q1, const float *k1, const float *q2,
+                              const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
+                              const float *betab, const int32_t *idx, const float *w, int n, int H, int dk, int dv,
+                              int N, int K, float scale, float *S0, float *Sp, float *o) {
     size_t nk = (size_t)n * K, wsf = chunk_ws_floats(dk, dv);
     size_t b_tok = cpu_align64(nk * sizeof(int32_t)), b_w = cpu_align64(nk * sizeof(float));
     size_t b_cnt = cpu_align64(2 * (size_t)N * sizeof(int)), b_pbuf = cpu_align64(nk * H * dv * sizeof(float));
@@ -529,6 +534,24 @@ hyla_status cpu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, 
             float *dst = o + (size_t)t * HD;
             for (size_t x = 0; x < HD; x++) dst[x] += src[x];
         }
+    return HYLA_OK;
+}
+
+hyla_status cpu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
+                            const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
+                            const float *betab, const int32_t *idx, const float *w, int n, int H, int dk, int dv,
+                            int N, int K, float scale, float *S0, float *Sp, float *o) {
+    HYLA_TRY(check_dims("sse_prefill", n, H, dk, dv));
+    HYLA_TRY(sse_check("sse_prefill", tr, idx, n, N, K, betaa, betab));
+    int gdn = tr == HYLA_SSE_GDN;
+    size_t sqk = (size_t)H * dk, sv = (size_t)H * dv, sg = gdn ? (size_t)H : (size_t)H * dk;
+    for (int t0 = 0; t0 < n; t0 += CPU_CHUNK) {
+        int L = n - t0 < CPU_CHUNK ? n - t0 : CPU_CHUNK;
+        size_t t = (size_t)t0;
+        HYLA_TRY(sse_window(ctx, gdn, q1 + t * sqk, k1 + t * sqk, q2 + t * sqk, k2 + t * sqk, v + t * sv,
+                            ga + t * sg, gb + t * sg, gdn ? betaa + t * H : NULL, gdn ? betab + t * H : NULL,
+                            idx + t * K, w + t * K, L, H, dk, dv, N, K, scale, S0, Sp, o + t * sv));
+    }
     return HYLA_OK;
 }
 
