@@ -4,7 +4,7 @@
  * form of docs/MODELS.md §4, equal to the recurrence up to float rounding).
  *
  * Invariants:
- *   - States are fp32 [H][dk][dv] (row i = key dim); the math inside is fp32, written in
+ *   - States are fp32 [H][dk][dv] (row i = key dim); products and sums are fp32, written in
  *     the order of the spec's formulas so the CUDA backend can mirror it.
  *   - Prefill cuts the n tokens of a call into chunks of CPU_CHUNK (64) starting at the
  *     call's first token; the engine passes chunks aligned to absolute positions, so a
@@ -26,6 +26,10 @@
 #include "cpu_impl.h"
 
 #define CPU_CHUNK 64
+
+/* Marks a loop of independent elementwise updates (never a reduction): vectorising it
+ * changes no bits, and without it -O2 leaves loops of unknown length scalar. */
+#define CPU_SIMD _Pragma("omp simd")
 
 /* ------------------------------------------------------------------ sequences and chunks */
 
@@ -86,7 +90,7 @@ static void chunk_store(const cpu_seq *s, int e0, int L, int dv, const float *oc
 
 /* GLA chunked form (MODELS.md §4.1) over one chunk of L tokens of one head.
  * In: qc, kc, gc [L][dk], vc [L][dv]; S [dk][dv] = S_0. Out: oc [L][dv], S = S_L.
- * b [L][dk] and A [L][L] are workspace. With b_t = Σ_{s<=t} gk_s:
+ * b [L][dk] (double) and A [L][L] are workspace. With b_t = Σ_{s<=t} gk_s:
  *   o_t = scale·(q_t ⊙ exp(b_t)) S_0 + Σ_{s<=t} [scale·(q_t ⊙ exp(b_t − b_s))·k_s] v_s
  *   S_L = diag(exp(b_L)) S_0 + Σ_s (k_s ⊙ exp(b_L − b_s))ᵀ v_s */
 static void gla_chunk(float *qc, const float *kc, const float *gc, const float *vc, int L, int dk, int dv,
@@ -103,6 +107,7 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
         for (int i = 0; i < dk; i++) {
             float f = qc[(size_t)t * dk + i] * (float)exp(b[(size_t)t * dk + i]);
             const float *Si = S + (size_t)i * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) ot[j] += f * Si[j];
         }
     }
@@ -123,6 +128,7 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
         for (int s = 0; s <= t; s++) {
             float a = A[(size_t)t * L + s];
             const float *vs = vc + (size_t)s * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) ot[j] += a * vs[j];
         }
     }
@@ -131,10 +137,12 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
     for (int i = 0; i < dk; i++) {
         float *Si = S + (size_t)i * dv;
         float d = (float)exp(bL[i]);
+        CPU_SIMD
         for (int j = 0; j < dv; j++) Si[j] *= d;
         for (int s = 0; s < L; s++) {
             float f = kc[(size_t)s * dk + i] * (float)exp(bL[i] - b[(size_t)s * dk + i]);
             const float *vs = vc + (size_t)s * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) Si[j] += f * vs[j];
         }
     }
@@ -148,7 +156,7 @@ static void gla_chunk(float *qc, const float *kc, const float *gc, const float *
  *   A[t][s] = β_t exp(G_t − G_s) (k_t·k_s)  (s < t),   R_t = β_t (v_t − γ_t k_t S_0),
  * i.e. U = T R with T = (I + tril(diag(β) K Kᵀ ⊙ Γ, −1))⁻¹, applied here by forward
  * substitution. Then o_t = scale·q_t S_t and S_L follow from the unrolled form.
- * Workspace: G [L], A [L][L], u [L][dv]. */
+ * Workspace: G [L] (double), A [L][L], u [L][dv]. */
 static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *gc, const float *bc, int L, int dk,
                       int dv, float scale, float *S, float *oc, double *G, float *A, float *u) {
     for (int t = 0; t < L; t++) G[t] = (t ? G[t - 1] : 0.0) + gc[t];
@@ -161,10 +169,12 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
         for (int i = 0; i < dk; i++) {
             float kti = kc[(size_t)t * dk + i];
             const float *Si = S + (size_t)i * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) ut[j] += kti * Si[j];
         }
         float gam = (float)exp(G[t]);
         const float *vt = vc + (size_t)t * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) ut[j] = bc[t] * (vt[j] - gam * ut[j]);
     }
     /* A (strictly lower) and forward substitution u_t = R_t − Σ_{s<t} A[t][s] u_s */
@@ -182,6 +192,7 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
         for (int s = 0; s < t; s++) {
             float a = A[(size_t)t * L + s];
             const float *us = u + (size_t)s * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) ut[j] -= a * us[j];
         }
     }
@@ -192,9 +203,11 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
         memset(ot, 0, (size_t)dv * sizeof(float));
         for (int i = 0; i < dk; i++) {
             const float *Si = S + (size_t)i * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) ot[j] += qt[i] * Si[j];
         }
         float gam = (float)exp(G[t]);
+        CPU_SIMD
         for (int j = 0; j < dv; j++) ot[j] *= gam;
         for (int s = 0; s <= t; s++) {
             const float *ks = kc + (size_t)s * dk;
@@ -202,6 +215,7 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
             for (int i = 0; i < dk; i++) qk += qt[i] * ks[i];
             float a = (float)exp(G[t] - G[s]) * qk;
             const float *us = u + (size_t)s * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) ot[j] += a * us[j];
         }
     }
@@ -209,10 +223,12 @@ static void gdn_chunk(float *qc, const float *kc, const float *vc, const float *
     float gL = (float)exp(G[L - 1]);
     for (int i = 0; i < dk; i++) {
         float *Si = S + (size_t)i * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) Si[j] *= gL;
         for (int s = 0; s < L; s++) {
             float f = (float)exp(G[L - 1] - G[s]) * kc[(size_t)s * dk + i];
             const float *us = u + (size_t)s * dv;
+            CPU_SIMD
             for (int j = 0; j < dv; j++) Si[j] += f * us[j];
         }
     }
@@ -246,14 +262,17 @@ static void gla_step(const float *q, const float *k, const float *v, const float
     for (int i = 0; i < dk; i++) {
         float d = expf(gk[i]), kw = wt * k[i];
         float *Si = S + (size_t)i * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) Si[j] = d * Si[j] + kw * v[j];
     }
     memset(tmp, 0, (size_t)dv * sizeof(float));
     for (int i = 0; i < dk; i++) {
         float qi = scale * (wt * q[i]);
         const float *Si = S + (size_t)i * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) tmp[j] += qi * Si[j];
     }
+    CPU_SIMD
     for (int j = 0; j < dv; j++) o[j] = accumulate ? o[j] + tmp[j] : tmp[j];
 }
 
@@ -263,25 +282,31 @@ static void gdn_step(const float *q, const float *k, const float *v, float g, fl
                      float scale, float *S, float *o, float *tmp, int accumulate) {
     float d = expf(g);
     float *u = tmp, *acc = tmp + dv;
+    CPU_SIMD
     for (size_t x = 0; x < (size_t)dk * dv; x++) S[x] *= d;
     memset(u, 0, (size_t)dv * sizeof(float));
     for (int i = 0; i < dk; i++) {
         float kw = wt * k[i];
         const float *Si = S + (size_t)i * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) u[j] += kw * Si[j];
     }
+    CPU_SIMD
     for (int j = 0; j < dv; j++) u[j] = beta * (v[j] - u[j]);
     for (int i = 0; i < dk; i++) {
         float kw = wt * k[i];
         float *Si = S + (size_t)i * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) Si[j] += kw * u[j];
     }
     memset(acc, 0, (size_t)dv * sizeof(float));
     for (int i = 0; i < dk; i++) {
         float qi = scale * (wt * q[i]);
         const float *Si = S + (size_t)i * dv;
+        CPU_SIMD
         for (int j = 0; j < dv; j++) acc[j] += qi * Si[j];
     }
+    CPU_SIMD
     for (int j = 0; j < dv; j++) o[j] = accumulate ? o[j] + acc[j] : acc[j];
 }
 
@@ -603,6 +628,7 @@ static void attn_row(const float *q, const hyla_kv_view *kv, int Hk, int D, int 
         float e = expf(sc[j - lo] - m);
         sum += e;
         const float *vr = kv_row(kv, kv->v_pages, j, Hk, D, kvh);
+        CPU_SIMD
         for (int x = 0; x < D; x++) o[x] += e * vr[x];
     }
     float inv = (float)(1.0 / sum);
