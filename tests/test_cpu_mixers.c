@@ -7,7 +7,8 @@
  *     bit-identical before and after, in prefill and in decode;
  *   - attention: prefill == decode loop (bit for bit: one per-row routine), against a double
  *     reference, GQA (Hq=4, Hk=2), pages of 4 tokens, the sliding-window boundary (window 5:
- *     the token at p attends to exactly [p-4, p]), freed pages outside the window, errors.
+ *     the token at p attends to exactly [p-4, p]), freed pages outside the window, errors;
+ *   - the thread count changes no bit (SSE prefill over both transitions, attention).
  *
  * Tolerances: the backend is fp32 (cumulative log-decays in double), the reference double;
  * values are ~0.01-1 carried over up to 150 steps, and the largest differences observed
@@ -531,6 +532,44 @@ static void test_window_boundary(void) {
     free(q), free(k), free(v), free(o);
 }
 
+/* The thread count changes no bit: SSE prefill (which runs the GLA/GDN chunk routines) and
+ * attention prefill with 1 and 3 threads against the shared 2-thread backend. */
+static void test_thread_invariance(void) {
+    int nts[2] = {1, 3};
+    for (int z = 0; z < 2; z++) {
+        hyla_backend *b2 = NULL;
+        CHECK_OK(hyla_cpu_backend_create(nts[z], &b2));
+        if (!b2) return;
+        for (int tr = 0; tr < 2; tr++) {
+            sse_case c = sse_make((hyla_sse_transition)tr, 100, 2);
+            size_t S0N = (size_t)c.H * c.dk * c.dv, SpN = c.N * S0N, ON = (size_t)c.n * c.H * c.dv;
+            float *S0a = dup(c.S0, S0N), *Spa = dup(c.Sp, SpN), *oa = malloc(ON * sizeof(float));
+            float *S0b = dup(c.S0, S0N), *Spb = dup(c.Sp, SpN), *ob = malloc(ON * sizeof(float));
+            CHECK_OK(sse_call(&c, 0, 0, c.n, 0.3f, S0a, Spa, oa));
+            const hyla_ops *keep = ops;
+            void *keep_ctx = ctx;
+            ops = b2->ops, ctx = b2->ctx;
+            CHECK_OK(sse_call(&c, 0, 0, c.n, 0.3f, S0b, Spb, ob));
+            ops = keep, ctx = keep_ctx;
+            CHECK_MSG(!memcmp(oa, ob, ON * sizeof(float)) && !memcmp(S0a, S0b, S0N * sizeof(float)) &&
+                          !memcmp(Spa, Spb, SpN * sizeof(float)),
+                      "sse transition %d: %d threads differ from 2", tr, nts[z]);
+            free(S0a), free(Spa), free(oa), free(S0b), free(Spb), free(ob);
+            sse_free(&c);
+        }
+        int T = 40, Hq = 4, Hk = 2, D = 8;
+        float *q = randn((size_t)T * Hq * D, 1.0f), *k = randn((size_t)T * Hk * D, 1.0f), *v = randn((size_t)T * Hk * D, 1.0f);
+        float *oa = malloc((size_t)T * Hq * D * sizeof(float)), *ob = malloc((size_t)T * Hq * D * sizeof(float));
+        kv_cache ka = kv_make(10, 4, Hk, D), kb = kv_make(10, 4, Hk, D);
+        CHECK_OK(ops->attn_prefill(ctx, q, k, v, T, Hq, Hk, D, 0, &ka.view, 0, 0.35f, oa));
+        CHECK_OK(b2->ops->attn_prefill(b2->ctx, q, k, v, T, Hq, Hk, D, 0, &kb.view, 0, 0.35f, ob));
+        CHECK_MSG(!memcmp(oa, ob, (size_t)T * Hq * D * sizeof(float)), "attention: %d threads differ from 2", nts[z]);
+        kv_free(&ka), kv_free(&kb);
+        free(q), free(k), free(v), free(oa), free(ob);
+        hyla_backend_destroy(b2);
+    }
+}
+
 int main(void) {
     hyla_rng_seed(&rng, 4321);
     CHECK_OK(hyla_cpu_backend_create(2, &be));
@@ -550,6 +589,7 @@ int main(void) {
     test_attention(0);
     test_attention(5);
     test_window_boundary();
+    test_thread_invariance();
     hyla_backend_destroy(be);
     return hyla_test_done("test_cpu_mixers");
 }

@@ -1,7 +1,7 @@
 /* test_cpu_ops.c — the dense ops and sampling of the CPU reference backend (kernels/cpu/)
  * against naive double-precision references written here from docs/MODELS.md, plus the
  * properties the engine relies on: `linear` batch invariance (row r of an M=37 call equals
- * an M=1 call bit for bit), short_conv continuation across calls, sampling determinism and
+ * an M=1 call bit for bit, and the thread count changes no bit), short_conv continuation across calls, sampling determinism and
  * the exact top-k / top-p / inverse-CDF rules of [SAMPLE-1].
  *
  * Tolerances are stated per op. The backend computes in fp32 (reductions in double), the
@@ -124,6 +124,17 @@ static void test_linear_batch_invariance(void) {
             if (memcmp(y1, yM + (size_t)r * N, (size_t)N * sizeof(float))) mismatches++;
         }
         CHECK_MSG(mismatches == 0, "N=%d K=%d: %d of %d rows differ between M=1 and M=%d", N, K, mismatches, M, M);
+        /* another thread count: the same bits */
+        hyla_backend *be3 = NULL;
+        CHECK_OK(hyla_cpu_backend_create(3, &be3));
+        if (be3) {
+            hyla_weight *w3;
+            CHECK_OK(be3->ops->weight_create(be3->ctx, W, HYLA_DT_F32, N, K, &w3));
+            CHECK_OK(be3->ops->linear(be3->ctx, x, K, M, K, w3, bias, yS, N, N, 0));
+            CHECK_MSG(!memcmp(yS, yM, (size_t)M * N * sizeof(float)), "N=%d K=%d: 3 threads differ from 2", N, K);
+            be3->ops->weight_destroy(be3->ctx, w3);
+            hyla_backend_destroy(be3);
+        }
         /* other batch sizes and offsets: rows 5.. as batches of 3, 16 and 17 */
         int sizes[] = {3, 16, 17, 32};
         for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
