@@ -5,7 +5,7 @@
  *
  * Invariants:
  *   - Device memory is host memory: 64-byte aligned, zero-filled by alloc.
- *   - Weights are converted to fp32 once, at weight_create.
+ *   - Weights are converted to fp32 once, at weight_create, and packed for `linear`.
  *   - Row reductions (sums of squares, softmax sums) accumulate in double, so the
  *     reference is at least as exact as any fp32 backend it is compared with.
  *   - `linear` is batch invariant by construction: every output element is one fixed
@@ -29,7 +29,7 @@
 #error "kernels/cpu needs FLT_EVAL_METHOD == 0"
 #endif
 
-/* Rows of x per pass of `linear` (a thread's tile is CPU_LINEAR_ROWS x CPU_PANEL floats). */
+/* Rows of x per pass of `linear` (a thread's tile is CPU_LINEAR_ROWS x CPU_GROUP*CPU_PANEL floats). */
 #define CPU_LINEAR_ROWS 64
 /* Panels per parallel work item of `linear` (64 output features). */
 #define CPU_GROUP 8
