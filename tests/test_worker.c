@@ -1,0 +1,287 @@
+/* test_worker.c — a real hyla-worker process over loopback gRPC with a real RocksDB statestore
+ * (served in this process through statestore/rpc), driven through the Worker service:
+ *   - Append + Generate 32 + Snapshot + Generate 32 equals `hyla-run` generating 64;
+ *   - Unload, LoadSession from the snapshot (new epoch), Generate 32 equals the second half;
+ *   - two sessions generating at once (batched decode) each equal their solo runs;
+ *   - ForkSession continues identically without reseed;
+ *   - errors: unknown session NOT_FOUND, max_tokens 0 INVALID_ARGUMENT, bad token id
+ *     INVALID_ARGUMENT, Generate before any Append FAILED_PRECONDITION. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hyla_api.h"
+#include "hyla_rpc.h"
+#include "hyla_store_rpc.h"
+#include "hyla_test.h"
+
+static hyla_rpc_client *wc;
+static const char *bin;
+static char model[256];
+
+#define W(m) "/hyla.v1.Worker/" m
+
+static hyla_status load(const char *id, uint64_t epoch, uint64_t version, float temp, uint64_t seed) {
+    Hyla__V1__LoadSessionRequest r = HYLA__V1__LOAD_SESSION_REQUEST__INIT;
+    Hyla__V1__SamplingParams sp = HYLA__V1__SAMPLING_PARAMS__INIT;
+    sp.temperature = temp;
+    r.session_id = (char *)id;
+    r.placement_epoch = epoch;
+    r.snapshot_version = version;
+    r.sampling = &sp;
+    r.seed = seed;
+    ProtobufCMessage *resp = NULL;
+    hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+    hyla_status s = hyla_rpc_client_unary(wc, W("LoadSession"), &r.base, &hyla__v1__worker_session_response__descriptor,
+                                          &resp, &o, NULL);
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    return s;
+}
+
+static hyla_status append(const char *id, const int32_t *toks, int n) {
+    hyla_rpc_stream *st = NULL;
+    hyla_rpc_call_opts o = {30000, NULL, NULL, 0};
+    HYLA_TRY(hyla_rpc_stream_open(wc, W("Append"), &hyla__v1__append_progress__descriptor, &o, &st));
+    /* in three chunks, to exercise the job across messages */
+    int cuts[4] = {0, n / 3, 2 * n / 3, n};
+    hyla_status s = HYLA_OK;
+    for (int i = 0; i < 3 && s == HYLA_OK; i++) {
+        Hyla__V1__AppendRequest r = HYLA__V1__APPEND_REQUEST__INIT;
+        r.session_id = (char *)id;
+        r.tokens = (int32_t *)toks + cuts[i];
+        r.n_tokens = (size_t)(cuts[i + 1] - cuts[i]);
+        r.total_tokens_hint = (uint64_t)n;
+        s = hyla_rpc_stream_write(st, &r.base);
+    }
+    if (s == HYLA_OK) s = hyla_rpc_stream_close_send(st);
+    int done = 0;
+    while (s == HYLA_OK) {
+        ProtobufCMessage *m = NULL;
+        s = hyla_rpc_stream_read(st, &m);
+        if (s != HYLA_OK || !m) break;
+        Hyla__V1__AppendProgress *p = (Hyla__V1__AppendProgress *)m;
+        if (p->done) done = p->tokens_ingested == (uint64_t)n;
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    hyla_status f = hyla_rpc_stream_finish(st, NULL);
+    hyla_rpc_stream_destroy(st);
+    if (s == HYLA_OK) s = f;
+    if (s == HYLA_OK && !done) s = hyla_fail(HYLA_ERR_INTERNAL, "Append ended without done");
+    return s;
+}
+
+static hyla_status generate(const char *id, uint32_t n, int32_t *out, int *got) {
+    Hyla__V1__GenerateRequest r = HYLA__V1__GENERATE_REQUEST__INIT;
+    r.session_id = (char *)id;
+    r.max_tokens = n;
+    r.ignore_eos = 1;
+    hyla_rpc_stream *st = NULL;
+    hyla_rpc_call_opts o = {30000, NULL, NULL, 0};
+    HYLA_TRY(hyla_rpc_stream_open(wc, W("Generate"), &hyla__v1__generate_response__descriptor, &o, &st));
+    hyla_status s = hyla_rpc_stream_write(st, &r.base);
+    if (s == HYLA_OK) s = hyla_rpc_stream_close_send(st);
+    *got = 0;
+    while (s == HYLA_OK) {
+        ProtobufCMessage *m = NULL;
+        s = hyla_rpc_stream_read(st, &m);
+        if (s != HYLA_OK || !m) break;
+        Hyla__V1__GenerateResponse *g = (Hyla__V1__GenerateResponse *)m;
+        for (size_t i = 0; i < g->n_token_ids && *got < (int)n; i++) out[(*got)++] = g->token_ids[i];
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    hyla_status f = hyla_rpc_stream_finish(st, NULL);
+    hyla_rpc_stream_destroy(st);
+    return s == HYLA_OK ? f : s;
+}
+
+static hyla_status snapshot(const char *id, uint64_t *version) {
+    Hyla__V1__SnapshotRequest r = HYLA__V1__SNAPSHOT_REQUEST__INIT;
+    r.session_id = (char *)id;
+    ProtobufCMessage *resp = NULL;
+    hyla_rpc_call_opts o = {30000, NULL, NULL, 0};
+    HYLA_TRY(hyla_rpc_client_unary(wc, W("Snapshot"), &r.base, &hyla__v1__snapshot_response__descriptor, &resp, &o, NULL));
+    *version = ((Hyla__V1__SnapshotResponse *)resp)->snapshot->version;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return HYLA_OK;
+}
+
+static hyla_status unload(const char *id) {
+    Hyla__V1__UnloadRequest r = HYLA__V1__UNLOAD_REQUEST__INIT;
+    r.session_id = (char *)id;
+    ProtobufCMessage *resp = NULL;
+    hyla_rpc_call_opts o = {30000, NULL, NULL, 0};
+    HYLA_TRY(hyla_rpc_client_unary(wc, W("Unload"), &r.base, &hyla__v1__unload_response__descriptor, &resp, &o, NULL));
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return HYLA_OK;
+}
+
+/* hyla-run reference: prompt ids, temperature, seed, n tokens -> ids */
+static int reference(const int32_t *p, int np, float temp, uint64_t seed, int n, int32_t *out) {
+    char ids[8192];
+    size_t o = 0;
+    for (int i = 0; i < np; i++) o += (size_t)snprintf(ids + o, sizeof ids - o, "%d ", p[i]);
+    char cmd[12000];
+    snprintf(cmd, sizeof cmd, "%s/hyla-run --model %s --prompt-ids \"%s\" --max-tokens %d --temperature %g --seed %llu --ids --ignore-eos --quiet",
+             bin, model, ids, n, temp, (unsigned long long)seed);
+    FILE *f = popen(cmd, "r");
+    if (!f) return 0;
+    int k = 0;
+    while (k < n && fscanf(f, "%d", &out[k]) == 1) k++;
+    pclose(f);
+    return k;
+}
+
+typedef struct {
+    const char *id;
+    int32_t out[40];
+    int got;
+    hyla_status st;
+} gen_arg;
+static void *gen_thread(void *arg) {
+    gen_arg *g = arg;
+    g->st = generate(g->id, 40, g->out, &g->got);
+    return NULL;
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    bin = hyla_test_env("HYLA_BIN_DIR", "build/bin");
+    char dir[] = "/tmp/hyla-test-worker-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    snprintf(model, sizeof model, "%s/model", dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch sse-h --layers 4 --hidden 64 --heads 4 --seed 2 --out %s 2>/dev/null", bin, model);
+    if (system(cmd) != 0) return 1;
+
+    /* the statestore, in this process */
+    char dbdir[300];
+    snprintf(dbdir, sizeof dbdir, "%s/db", dir);
+    hyla_store *store = NULL;
+    hyla_store_params spar = hyla_store_default_params();
+    CHECK_OK(hyla_store_open(dbdir, &spar, &store));
+    hyla_rpc_server *srv = NULL;
+    CHECK_OK(hyla_rpc_server_create(NULL, &srv));
+    CHECK_OK(hyla_store_rpc_register(srv, store, NULL));
+    int sport = 0;
+    CHECK_OK(hyla_rpc_server_listen(srv, "127.0.0.1:0", &sport));
+    CHECK_OK(hyla_rpc_server_start(srv));
+
+    /* the worker process */
+    int pfd[2];
+    if (pipe(pfd) != 0) return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        char store_addr[64], worker[512];
+        snprintf(store_addr, sizeof store_addr, "127.0.0.1:%d", sport);
+        snprintf(worker, sizeof worker, "%s/hyla-worker", bin);
+        execl(worker, worker, "--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "100",
+              (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    FILE *wout = fdopen(pfd[0], "r");
+    int wport = 0;
+    char line[256];
+    while (fgets(line, sizeof line, wout))
+        if (sscanf(line, "hyla-worker listening on port %d", &wport) == 1) break;
+    CHECK(wport > 0);
+    if (wport <= 0) {
+        kill(pid, SIGKILL);
+        return hyla_test_done("test_worker");
+    }
+    char waddr[64];
+    snprintf(waddr, sizeof waddr, "127.0.0.1:%d", wport);
+    CHECK_OK(hyla_rpc_client_create(waddr, NULL, &wc));
+
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = (i * 37 + 11) % 256;
+    int32_t ref[64], a[64], b[32];
+    int got = 0;
+    CHECK(reference(prompt, 300, 0.8f, 7, 64, ref) == 64);
+
+    /* 32 + snapshot + 32 == 64 */
+    CHECK_OK(load("s-a", 1, 0, 0.8f, 7));
+    CHECK_OK(append("s-a", prompt, 300));
+    CHECK_OK(generate("s-a", 32, a, &got));
+    CHECK(got == 32);
+    uint64_t v = 0;
+    CHECK_OK(snapshot("s-a", &v));
+    CHECK(v >= 1);
+    CHECK_OK(generate("s-a", 32, a + 32, &got));
+    CHECK_MSG(!memcmp(a, ref, sizeof ref), "worker's 32 + 32 differs from hyla-run's 64");
+
+    /* unload, restore from the snapshot under a new epoch, continue */
+    CHECK_OK(unload("s-a"));
+    CHECK_OK(load("s-a", 2, v, 0, 0));
+    CHECK_OK(generate("s-a", 32, b, &got));
+    CHECK_MSG(!memcmp(b, ref + 32, sizeof b), "restored session continues differently");
+
+    /* two sessions generating at once == their solo runs */
+    int32_t r1[40], r2[40];
+    CHECK(reference(prompt, 120, 0.0f, 1, 40, r1) == 40);
+    CHECK(reference(prompt + 50, 200, 0.9f, 3, 40, r2) == 40);
+    CHECK_OK(load("s-b", 1, 0, 0.0f, 1));
+    CHECK_OK(load("s-c", 1, 0, 0.9f, 3));
+    CHECK_OK(append("s-b", prompt, 120));
+    CHECK_OK(append("s-c", prompt + 50, 200));
+    gen_arg g1 = {"s-b", {0}, 0, 0}, g2 = {"s-c", {0}, 0, 0};
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, gen_thread, &g1);
+    pthread_create(&t2, NULL, gen_thread, &g2);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK_OK(g1.st);
+    CHECK_OK(g2.st);
+    CHECK_MSG(g1.got == 40 && !memcmp(g1.out, r1, sizeof r1), "batched session b differs from its solo run");
+    CHECK_MSG(g2.got == 40 && !memcmp(g2.out, r2, sizeof r2), "batched session c differs from its solo run");
+
+    /* fork without reseed: both continue identically */
+    {
+        Hyla__V1__ForkSessionRequest r = HYLA__V1__FORK_SESSION_REQUEST__INIT;
+        r.session_id = "s-c";
+        r.new_session_id = "s-d";
+        r.placement_epoch = 1;
+        ProtobufCMessage *resp = NULL;
+        hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+        CHECK_OK(hyla_rpc_client_unary(wc, W("ForkSession"), &r.base, &hyla__v1__worker_session_response__descriptor,
+                                       &resp, &o, NULL));
+        if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+        int32_t x[8], y[8];
+        CHECK_OK(generate("s-c", 8, x, &got));
+        CHECK_OK(generate("s-d", 8, y, &got));
+        CHECK_MSG(!memcmp(x, y, sizeof x), "fork continues differently from its parent");
+    }
+
+    /* errors */
+    hyla_status s = generate("s-nope", 4, b, &got);
+    CHECK_MSG(s == HYLA_ERR_NOT_FOUND, "unknown session: %s", hyla_last_error());
+    s = generate("s-a", 0, b, &got);
+    CHECK_MSG(s == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "max_tokens"), "%s", hyla_last_error());
+    int32_t bad[2] = {1, 99999};
+    s = append("s-a", bad, 2);
+    CHECK_MSG(s == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "99999"), "%s", hyla_last_error());
+    CHECK_OK(load("s-e", 1, 0, 0, 0));
+    s = generate("s-e", 4, b, &got);
+    CHECK_MSG(s != HYLA_OK && strstr(hyla_last_error(), "Append a prompt first"), "generate before append: %s",
+              hyla_last_error());
+    /* the worker is still serving */
+    CHECK_OK(generate("s-a", 2, b, &got));
+
+    hyla_rpc_client_destroy(wc);
+    kill(pid, SIGTERM);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    CHECK_MSG(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "worker did not exit cleanly on SIGTERM (status %d)", wst);
+    fclose(wout);
+    hyla_rpc_server_destroy(srv);
+    hyla_store_close(store);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) return 1;
+    return hyla_test_done("test_worker");
+}

@@ -1,0 +1,57 @@
+/* hyla_worker.h — the hyla-worker server: the Worker gRPC service over one loaded model.
+ *
+ * One scheduler thread owns the backend, the model and every session; gRPC handlers only
+ * post commands to it. Each scheduler step batches the decode of every session with a
+ * Generate in progress into one hyla_session_decode call (continuous batching) and feeds
+ * prefill tokens of Append calls under a per-step token budget. Sessions beyond the state
+ * budget are evicted (least recently used first) to host memory with a durable snapshot, and
+ * restored transparently when addressed; every session is snapshotted durably at least every
+ * `snapshot_every` tokens, so a crash of the worker costs at most that much work.
+ *
+ * A separate I/O thread talks to the statestore (snapshots) and a membership thread to the
+ * coordinator (registration, heartbeats, snapshot reports). */
+#ifndef HYLA_WORKER_H
+#define HYLA_WORKER_H
+
+#include <stdint.h>
+
+#include "hyla_status.h"
+
+typedef struct hyla_worker hyla_worker;
+
+typedef struct {
+    const char *model_dir;     /* required */
+    const char *model_name;    /* default: the directory's base name */
+    const char *device;        /* "cpu" (default) or "cuda:N" */
+    int layer_begin, layer_end;/* layer range (default 0, -1 = all) */
+    const char *listen;        /* Worker service address (default 127.0.0.1:0) */
+    const char *advertise;     /* address the coordinator should dial (default: listen host + bound port) */
+    const char *coordinator;   /* coordinator address; NULL: run without one (tests) */
+    const char *store;         /* StateStore address; NULL: the one the coordinator names */
+    const char *worker_id;     /* stable id; NULL: the coordinator assigns one */
+    uint64_t state_budget_bytes;   /* resident state beyond this evicts idle sessions (0 = unlimited) */
+    uint64_t host_budget_bytes;    /* host-tier copies beyond this are dropped (durable in the store) */
+    uint32_t snapshot_every;   /* auto-snapshot every this many tokens (0 = never); default 256 */
+    int max_batch;             /* sessions per decode step (default 64) */
+    int prefill_budget;        /* prefill tokens per scheduler step (default 256) */
+    uint32_t max_generate;     /* largest max_tokens accepted (default 65536) */
+    uint64_t max_append_tokens;/* largest document one Append may send (default 1 << 24) */
+    int rpc_threads;           /* gRPC completion-queue threads (default 2) */
+    int max_message_bytes;     /* gRPC message limit (default 16 MiB) */
+} hyla_worker_params;
+
+hyla_worker_params hyla_worker_default_params(void);
+
+/* Load the model, start serving and (if a coordinator is set) register. Caller frees with
+ * hyla_worker_destroy. */
+hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out);
+/* The bound port of the Worker service. */
+int hyla_worker_port(const hyla_worker *w);
+/* Block until the worker should exit: stop requested, or drained after an operator's drain. */
+void hyla_worker_wait(hyla_worker *w);
+/* Ask the worker to stop (async-signal-safe). */
+void hyla_worker_request_stop(hyla_worker *w);
+/* Stop serving, join threads, free. Accepts NULL. */
+void hyla_worker_destroy(hyla_worker *w);
+
+#endif
