@@ -27,6 +27,7 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode (stable since zstd 1.5.0) */
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -69,6 +70,7 @@ hyla_codec_params hyla_codec_default_params(void) {
     p.threads = 0;
     p.f32_as_bf16 = 0;
     p.shuffle = 1;
+    p.fast_floats = 1;
     return p;
 }
 
@@ -191,47 +193,73 @@ static float get_f32(const uint8_t *p) {
     return f;
 }
 
-/* Byte shuffle: plane b holds byte b of every element (n elements of size e). */
+/* Byte shuffle: plane b holds byte b of every element (n elements of size e). SSE2 (the x86-64
+ * baseline) for 2- and 4-byte elements: de-interleave even/odd bytes with mask/shift + packus. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define HYLA_SSE2 1
+#endif
+
 static void shuffle_bytes(uint8_t *restrict dst, const uint8_t *restrict src, size_t n, size_t e) {
-    if (e == 4) {
-        uint8_t *d0 = dst, *d1 = dst + n, *d2 = dst + 2 * n, *d3 = dst + 3 * n;
-        for (size_t i = 0; i < n; i++) {
-            d0[i] = src[4 * i];
-            d1[i] = src[4 * i + 1];
-            d2[i] = src[4 * i + 2];
-            d3[i] = src[4 * i + 3];
+    size_t i = 0;
+#ifdef HYLA_SSE2
+    const __m128i m = _mm_set1_epi16(0x00ff);
+    if (e == 2) {
+        for (; i + 16 <= n; i += 16) {
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+            __m128i v1 = _mm_loadu_si128((const __m128i *)(src + 2 * i + 16));
+            _mm_storeu_si128((__m128i *)(dst + i), _mm_packus_epi16(_mm_and_si128(v0, m), _mm_and_si128(v1, m)));
+            _mm_storeu_si128((__m128i *)(dst + n + i), _mm_packus_epi16(_mm_srli_epi16(v0, 8), _mm_srli_epi16(v1, 8)));
         }
-    } else if (e == 2) {
-        uint8_t *d0 = dst, *d1 = dst + n;
-        for (size_t i = 0; i < n; i++) {
-            d0[i] = src[2 * i];
-            d1[i] = src[2 * i + 1];
+    } else if (e == 4) {
+        for (; i + 16 <= n; i += 16) {
+            const uint8_t *p = src + 4 * i;
+            __m128i v0 = _mm_loadu_si128((const __m128i *)p), v1 = _mm_loadu_si128((const __m128i *)(p + 16));
+            __m128i v2 = _mm_loadu_si128((const __m128i *)(p + 32)), v3 = _mm_loadu_si128((const __m128i *)(p + 48));
+            __m128i e0 = _mm_packus_epi16(_mm_and_si128(v0, m), _mm_and_si128(v1, m)); /* b0 b2 ... */
+            __m128i e1 = _mm_packus_epi16(_mm_and_si128(v2, m), _mm_and_si128(v3, m));
+            __m128i o0 = _mm_packus_epi16(_mm_srli_epi16(v0, 8), _mm_srli_epi16(v1, 8)); /* b1 b3 ... */
+            __m128i o1 = _mm_packus_epi16(_mm_srli_epi16(v2, 8), _mm_srli_epi16(v3, 8));
+            _mm_storeu_si128((__m128i *)(dst + i), _mm_packus_epi16(_mm_and_si128(e0, m), _mm_and_si128(e1, m)));
+            _mm_storeu_si128((__m128i *)(dst + n + i), _mm_packus_epi16(_mm_and_si128(o0, m), _mm_and_si128(o1, m)));
+            _mm_storeu_si128((__m128i *)(dst + 2 * n + i),
+                             _mm_packus_epi16(_mm_srli_epi16(e0, 8), _mm_srli_epi16(e1, 8)));
+            _mm_storeu_si128((__m128i *)(dst + 3 * n + i),
+                             _mm_packus_epi16(_mm_srli_epi16(o0, 8), _mm_srli_epi16(o1, 8)));
         }
-    } else {
-        for (size_t b = 0; b < e; b++)
-            for (size_t i = 0; i < n; i++) dst[b * n + i] = src[i * e + b];
     }
+#endif
+    for (size_t b = 0; b < e; b++)
+        for (size_t k = i; k < n; k++) dst[b * n + k] = src[k * e + b];
 }
 
 static void unshuffle_bytes(uint8_t *restrict dst, const uint8_t *restrict src, size_t n, size_t e) {
-    if (e == 4) {
-        const uint8_t *s0 = src, *s1 = src + n, *s2 = src + 2 * n, *s3 = src + 3 * n;
-        for (size_t i = 0; i < n; i++) {
-            dst[4 * i] = s0[i];
-            dst[4 * i + 1] = s1[i];
-            dst[4 * i + 2] = s2[i];
-            dst[4 * i + 3] = s3[i];
+    size_t i = 0;
+#ifdef HYLA_SSE2
+    if (e == 2) {
+        for (; i + 16 <= n; i += 16) {
+            __m128i lo = _mm_loadu_si128((const __m128i *)(src + i)), hi = _mm_loadu_si128((const __m128i *)(src + n + i));
+            _mm_storeu_si128((__m128i *)(dst + 2 * i), _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(dst + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
         }
-    } else if (e == 2) {
-        const uint8_t *s0 = src, *s1 = src + n;
-        for (size_t i = 0; i < n; i++) {
-            dst[2 * i] = s0[i];
-            dst[2 * i + 1] = s1[i];
+    } else if (e == 4) {
+        for (; i + 16 <= n; i += 16) {
+            __m128i b0 = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b1 = _mm_loadu_si128((const __m128i *)(src + n + i));
+            __m128i b2 = _mm_loadu_si128((const __m128i *)(src + 2 * n + i));
+            __m128i b3 = _mm_loadu_si128((const __m128i *)(src + 3 * n + i));
+            __m128i t0 = _mm_unpacklo_epi8(b0, b1), t1 = _mm_unpackhi_epi8(b0, b1);
+            __m128i u0 = _mm_unpacklo_epi8(b2, b3), u1 = _mm_unpackhi_epi8(b2, b3);
+            uint8_t *p = dst + 4 * i;
+            _mm_storeu_si128((__m128i *)p, _mm_unpacklo_epi16(t0, u0));
+            _mm_storeu_si128((__m128i *)(p + 16), _mm_unpackhi_epi16(t0, u0));
+            _mm_storeu_si128((__m128i *)(p + 32), _mm_unpacklo_epi16(t1, u1));
+            _mm_storeu_si128((__m128i *)(p + 48), _mm_unpackhi_epi16(t1, u1));
         }
-    } else {
-        for (size_t b = 0; b < e; b++)
-            for (size_t i = 0; i < n; i++) dst[i * e + b] = src[b * n + i];
     }
+#endif
+    for (size_t b = 0; b < e; b++)
+        for (size_t k = i; k < n; k++) dst[k * e + b] = src[b * n + k];
 }
 
 static int dtype_valid(uint32_t dt) { return dt < HYLA_DT_COUNT; }
@@ -259,6 +287,8 @@ static uint64_t value_check(const uint8_t *hdr, const uint8_t *payload, size_t p
 
 typedef struct {
     ZSTD_CCtx *cctx;
+    int cctx_mode;    /* compression level the cctx is set up for; INT_MIN = none */
+    int cctx_fast;    /* set up for fast_floats */
     ZSTD_DCtx *dctx;
     uint8_t *scratch;
     size_t scratch_len;
@@ -282,21 +312,22 @@ static void scratch_free(thread_scratch *t, int n) {
 }
 
 /* Encode raw bytes into a new value. Returns 0 on success, else writes err. */
-static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len, uint64_t raw_hash, size_t elem,
-                        const hyla_codec_params *p, uint8_t **out, size_t *out_len, char *err, size_t errlen) {
+static size_t value_bound(uint32_t raw_len) {
     size_t bound = ZSTD_compressBound(raw_len);
-    uint8_t *v = malloc(HYLA_CHUNK_HEADER_BYTES + (bound > raw_len ? bound : raw_len));
-    if (!v) {
-        snprintf(err, errlen, "out of memory for a %u-byte chunk", raw_len);
-        return -1;
-    }
+    return HYLA_CHUNK_HEADER_BYTES + (bound > raw_len ? bound : raw_len);
+}
+
+/* Encode raw bytes into v (value_bound(raw_len) bytes). Returns 0 on success, else writes err. */
+static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len, uint64_t raw_hash, size_t elem,
+                        int is_float, const hyla_codec_params *p, uint8_t *v, size_t *out_len, char *err,
+                        size_t errlen) {
+    size_t bound = value_bound(raw_len) - HYLA_CHUNK_HEADER_BYTES;
     uint8_t codec = CODEC_RAW, shuf = 1;
     size_t plen = raw_len;
     if (p->zstd_level != 0 && raw_len > 0) {
         const uint8_t *in = raw;
         if (p->shuffle && elem > 1 && raw_len % elem == 0) {
             if (!scratch_reserve(ts, raw_len)) {
-                free(v);
                 snprintf(err, errlen, "out of memory for shuffle scratch");
                 return -1;
             }
@@ -304,16 +335,26 @@ static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len
             in = ts->scratch;
             shuf = (uint8_t)elem;
         }
-        if (!ts->cctx) ts->cctx = ZSTD_createCCtx();
+        int fast = p->fast_floats && shuf > 1 && is_float;
+        if (!ts->cctx) {
+            ts->cctx = ZSTD_createCCtx();
+            ts->cctx_fast = -1;
+        }
+        if (ts->cctx && (ts->cctx_fast != fast || ts->cctx_mode != p->zstd_level)) {
+            ZSTD_CCtx_reset(ts->cctx, ZSTD_reset_session_and_parameters);
+            ZSTD_CCtx_setParameter(ts->cctx, ZSTD_c_compressionLevel, fast ? -100 : p->zstd_level);
+            if (fast) ZSTD_CCtx_setParameter(ts->cctx, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+            ts->cctx_fast = fast;
+            ts->cctx_mode = p->zstd_level;
+        }
         size_t zr;
         if (fault_hit(&fault_zstd_countdown))
             zr = (size_t)-ZSTD_error_GENERIC;
         else if (!ts->cctx)
             zr = (size_t)-ZSTD_error_memory_allocation;
         else
-            zr = ZSTD_compressCCtx(ts->cctx, v + HYLA_CHUNK_HEADER_BYTES, bound, in, raw_len, p->zstd_level);
+            zr = ZSTD_compress2(ts->cctx, v + HYLA_CHUNK_HEADER_BYTES, bound, in, raw_len);
         if (ZSTD_isError(zr)) {
-            free(v);
             snprintf(err, errlen, "zstd compress failed: %s", ZSTD_getErrorName(zr));
             return -1;
         }
@@ -333,8 +374,6 @@ static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len
     put_u32(v + 12, (uint32_t)plen);
     put_u64(v + 16, raw_hash);
     put_u64(v + 24, value_check(v, v + HYLA_CHUNK_HEADER_BYTES, plen));
-    uint8_t *sh = realloc(v, HYLA_CHUNK_HEADER_BYTES + plen);
-    *out = sh ? sh : v;
     *out_len = HYLA_CHUNK_HEADER_BYTES + plen;
     return 0;
 }
@@ -630,8 +669,23 @@ done:
 }
 
 typedef struct {
+    uint8_t *buf;
+    size_t cap;
+    size_t live; /* values pointing into it */
+} value_arena;
+
+typedef struct {
+    thread_scratch *ts;
+    int nts;
+    value_arena *arenas;
+    uint32_t n_arenas;
+} plan_impl;
+
+typedef struct {
     hyla_codec_plan *pl;
     thread_scratch *ts;
+    size_t *slot; /* offset of each chunk's value in the arena */
+    uint8_t *arena;
     first_error err;
 } enc_ctx;
 
@@ -641,34 +695,110 @@ static void enc_fn(void *ctx, size_t i, int tid) {
     if (!c->want || c->value) return;
     const hyla_state_part *sp = &e->pl->snap->parts[c->ref.part];
     size_t selem = part_lossy(&e->pl->params, sp) ? 2 : hyla_dtype_size((hyla_dtype)sp->dtype);
+    int is_float = sp->dtype == HYLA_DT_F32 || sp->dtype == HYLA_DT_F16 || sp->dtype == HYLA_DT_BF16;
     char err[512];
+    uint8_t *dst = e->arena + e->slot[i];
     if (encode_value(&e->ts[tid], plan_part_bytes(e->pl, c->ref.part) + c->ref.raw_off, c->ref.raw_len,
-                     c->ref.raw_hash, selem, &e->pl->params, &c->value, &c->value_len, err, sizeof err) != 0)
+                     c->ref.raw_hash, selem, is_float, &e->pl->params, dst, &c->value_len, err, sizeof err) != 0)
         first_error_set(&e->err, i, HYLA_ERR_INTERNAL, "encoding layer %u part %s chunk %u: %s", sp->layer, sp->name,
                         c->ref.index, err);
+    else
+        c->value = dst;
 }
 
 hyla_status hyla_codec_plan_encode(hyla_codec_plan *pl) {
+    plan_impl *im = pl->impl;
+    if (!im) {
+        im = pl->impl = calloc(1, sizeof *im);
+        if (!im) return hyla_fail(HYLA_ERR_NOMEM, "codec: plan state");
+    }
     int w = hyla_parallel_width(pl->params.threads, pl->n_chunks);
+    if (im->nts < w) {
+        thread_scratch *nt = realloc(im->ts, (size_t)w * sizeof *nt);
+        if (!nt) return hyla_fail(HYLA_ERR_NOMEM, "codec: thread scratch");
+        memset(nt + im->nts, 0, (size_t)(w - im->nts) * sizeof *nt);
+        im->ts = nt;
+        im->nts = w;
+    }
+    size_t *slot = malloc((pl->n_chunks + 1) * sizeof *slot);
+    if (!slot) return hyla_fail(HYLA_ERR_NOMEM, "codec: slots");
+    size_t need = 0, count = 0;
+    for (size_t i = 0; i < pl->n_chunks; i++) {
+        hyla_plan_chunk *c = &pl->chunks[i];
+        if (!c->want || c->value) continue;
+        slot[i] = need;
+        need += (value_bound(c->ref.raw_len) + 63) & ~(size_t)63;
+        count++;
+    }
+    if (count == 0) {
+        free(slot);
+        return HYLA_OK;
+    }
+    /* an arena with no live value and room enough, else a new one */
+    uint32_t a = UINT32_MAX;
+    for (uint32_t k = 0; k < im->n_arenas; k++)
+        if (im->arenas[k].live == 0 && im->arenas[k].cap >= need) a = k;
+    if (a == UINT32_MAX) {
+        for (uint32_t k = 0; k < im->n_arenas && a == UINT32_MAX; k++)
+            if (im->arenas[k].live == 0) { /* too small: replace */
+                free(im->arenas[k].buf);
+                im->arenas[k].buf = NULL;
+                im->arenas[k].cap = 0;
+                a = k;
+            }
+        if (a == UINT32_MAX) {
+            value_arena *na = realloc(im->arenas, (im->n_arenas + 1) * sizeof *na);
+            if (!na) {
+                free(slot);
+                return hyla_fail(HYLA_ERR_NOMEM, "codec: arenas");
+            }
+            im->arenas = na;
+            a = im->n_arenas++;
+            im->arenas[a].buf = NULL;
+            im->arenas[a].cap = 0;
+            im->arenas[a].live = 0;
+        }
+        im->arenas[a].buf = malloc(need);
+        if (!im->arenas[a].buf) {
+            free(slot);
+            return hyla_fail(HYLA_ERR_NOMEM, "codec: %zu bytes for encoded chunks", need);
+        }
+        im->arenas[a].cap = need;
+    }
     enc_ctx e;
     e.pl = pl;
-    e.ts = calloc((size_t)w, sizeof *e.ts);
-    if (!e.ts) return hyla_fail(HYLA_ERR_NOMEM, "codec: thread scratch");
+    e.ts = im->ts;
+    e.slot = slot;
+    e.arena = im->arenas[a].buf;
     first_error_init(&e.err);
     hyla_parallel_for(pl->params.threads, pl->n_chunks, enc_fn, &e);
-    scratch_free(e.ts, w);
+    for (size_t i = 0; i < pl->n_chunks; i++) {
+        hyla_plan_chunk *c = &pl->chunks[i];
+        if (c->value && c->value >= e.arena && c->value < e.arena + need) {
+            c->arena = a;
+            im->arenas[a].live++;
+        }
+    }
+    free(slot);
     return first_error_finish(&e.err);
 }
 
 void hyla_codec_plan_release(hyla_codec_plan *pl, size_t i) {
-    free(pl->chunks[i].value);
+    plan_impl *im = pl->impl;
+    if (!pl->chunks[i].value || !im) return;
+    im->arenas[pl->chunks[i].arena].live--;
     pl->chunks[i].value = NULL;
 }
 
 void hyla_codec_plan_destroy(hyla_codec_plan *pl) {
     if (!pl) return;
-    if (pl->chunks)
-        for (size_t i = 0; i < pl->n_chunks; i++) free(pl->chunks[i].value);
+    plan_impl *im = pl->impl;
+    if (im) {
+        scratch_free(im->ts, im->nts);
+        for (uint32_t k = 0; k < im->n_arenas; k++) free(im->arenas[k].buf);
+        free(im->arenas);
+        free(im);
+    }
     free(pl->chunks);
     if (pl->stored && pl->snap)
         for (uint32_t i = 0; i < pl->snap->n_parts; i++) free(pl->stored[i]);

@@ -47,10 +47,12 @@ struct hyla_store {
     rocksdb_options_t *opt;
     rocksdb_options_t *cf_opt[CF_COUNT];
     rocksdb_column_family_handle_t *cf[CF_COUNT];
-    rocksdb_writeoptions_t *wo_commit, *wo_chunks;
+    rocksdb_writeoptions_t *wo_commit, *wo_chunks, *wo_plain;
     rocksdb_readoptions_t *ro;
     pthread_mutex_t mu;
     pthread_rwlock_t gc_lock;
+    uint64_t nowal_seq;   /* chunk batches written without the WAL (under mu) */
+    uint64_t flushed_seq; /* nowal_seq covered by a completed flush (under mu) */
 };
 
 /* ---------------------------------------------------------------- small helpers */
@@ -171,12 +173,13 @@ static hyla_status read_head(hyla_store *st, const rocksdb_readoptions_t *ro, co
     return r;
 }
 
+/* commit: 1 = synced (commits), 2 = WAL without sync, 0 = chunk values (no WAL in durable mode). */
 static hyla_status store_write(hyla_store *st, rocksdb_writebatch_t *b, int commit, const char *what) {
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
     if (fault_write_hit())
         return hyla_fail(HYLA_ERR_IO, "store %s: %s: write failed: No space left on device (injected fault)", st->dir, what);
     char *err = NULL;
-    rocksdb_write(st->db, commit ? st->wo_commit : st->wo_chunks, b, &err);
+    rocksdb_write(st->db, commit == 1 ? st->wo_commit : commit == 2 ? st->wo_plain : st->wo_chunks, b, &err);
     if (err) return rdb_fail(err, HYLA_ERR_IO, what, st->dir);
     return HYLA_OK;
 }
@@ -363,7 +366,7 @@ static hyla_status free_chunks(hyla_store *st, const delta_list *cand, uint64_t 
         }
         rocksdb_free(v);
     }
-    if (s == HYLA_OK && nf) s = store_write(st, b, 0, "delete unreferenced chunks");
+    if (s == HYLA_OK && nf) s = store_write(st, b, 2, "delete unreferenced chunks");
     rocksdb_writebatch_destroy(b);
     pthread_mutex_unlock(&st->mu);
     pthread_rwlock_unlock(&st->gc_lock);
@@ -408,6 +411,7 @@ hyla_store_params hyla_store_default_params(void) {
     p.gc_on_open = 1;
     p.write_buffer_bytes = 256ull << 20;
     p.read_only = 0;
+    p.nowal_bytes = 32ull << 20;
     return p;
 }
 
@@ -421,6 +425,7 @@ void hyla_store_close(hyla_store *st) {
     if (st->opt) rocksdb_options_destroy(st->opt);
     if (st->wo_commit) rocksdb_writeoptions_destroy(st->wo_commit);
     if (st->wo_chunks) rocksdb_writeoptions_destroy(st->wo_chunks);
+    if (st->wo_plain) rocksdb_writeoptions_destroy(st->wo_plain);
     if (st->ro) rocksdb_readoptions_destroy(st->ro);
     pthread_mutex_destroy(&st->mu);
     pthread_rwlock_destroy(&st->gc_lock);
@@ -479,6 +484,8 @@ hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_
     st->wo_commit = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(st->wo_commit, (unsigned char)(p.sync != 0));
     st->wo_chunks = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_disable_WAL(st->wo_chunks, 1);
+    st->wo_plain = rocksdb_writeoptions_create();
     st->ro = rocksdb_readoptions_create();
     /* format marker */
     char *v;
@@ -545,12 +552,12 @@ static int ref_exists(hyla_store *st, const uint8_t *ckey, hyla_status *err) {
 /* Write the encoded chunks need[a..b) that are still absent (caller holds gc_lock shared).
  * Every chunk goes with its R record (refs 0) in the same batch. */
 static hyla_status write_chunks(hyla_store *st, hyla_codec_plan *pl, const size_t *need, size_t a, size_t b,
-                                delta_list *written, hyla_store_put_stats *ps) {
+                                int nowal, delta_list *written, hyla_store_put_stats *ps) {
     hyla_status s = HYLA_OK;
     size_t i = a;
     while (i < b && s == HYLA_OK) {
         pthread_mutex_lock(&st->mu);
-        rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+        rocksdb_writebatch_t *wb = rocksdb_writebatch_create(), *rb = rocksdb_writebatch_create();
         size_t bytes = 0, cnt = 0, raw = 0, first = i;
         for (; i < b && bytes < BATCH_BYTES; i++) {
             hyla_plan_chunk *c = &pl->chunks[need[i]];
@@ -563,12 +570,20 @@ static hyla_status write_chunks(hyla_store *st, hyla_codec_plan *pl, const size_
             put_u32(rv + 12, 0);
             rocksdb_writebatch_put_cf(wb, st->cf[CF_CHUNKS], (const char *)c->ref.key, HYLA_CHUNK_KEY_BYTES,
                                       (const char *)c->value, c->value_len);
-            rocksdb_writebatch_put_cf(wb, st->cf[CF_META], k, key_ref(k, c->ref.key), (const char *)rv, REF_BYTES);
+            rocksdb_writebatch_put_cf(nowal ? rb : wb, st->cf[CF_META], k, key_ref(k, c->ref.key),
+                                      (const char *)rv, REF_BYTES);
             bytes += c->value_len;
             raw += c->ref.raw_len;
             cnt++;
         }
-        if (s == HYLA_OK && cnt) s = store_write(st, wb, 0, "write chunks");
+        /* large puts: chunk values skip the WAL (flushed before the commit, see flush_chunks);
+         * their R records go through the WAL after them, so a crash leaves at worst an R record
+         * without its chunk, which gc_on_open removes. Small puts: both in one WAL batch. */
+        if (s == HYLA_OK && cnt) s = store_write(st, wb, nowal ? 0 : 2, "write chunks");
+        if (s == HYLA_OK && cnt && nowal) {
+            st->nowal_seq++;
+            s = store_write(st, rb, 2, "write chunk records");
+        }
         if (s == HYLA_OK) {
             for (size_t j = first; j < i; j++)
                 if (delta_add(written, pl->chunks[need[j]].ref.key, 0)) s = hyla_fail(HYLA_ERR_NOMEM, "chunk list");
@@ -577,10 +592,60 @@ static hyla_status write_chunks(hyla_store *st, hyla_codec_plan *pl, const size_
             ps->raw_bytes_written += raw;
         }
         rocksdb_writebatch_destroy(wb);
+        rocksdb_writebatch_destroy(rb);
         pthread_mutex_unlock(&st->mu);
-        for (size_t j = first; j < i; j++) hyla_codec_plan_release(pl, need[j]);
     }
     return s;
+}
+
+/* A chunk group written on its own thread while the next group is encoded. */
+typedef struct {
+    hyla_store *st;
+    hyla_codec_plan *pl;
+    const size_t *need;
+    size_t a, b;
+    int nowal;
+    delta_list *written;
+    hyla_store_put_stats *ps;
+    hyla_status status;
+    char msg[2048];
+} write_job;
+
+static void *write_job_run(void *arg) {
+    write_job *j = arg;
+    j->status = write_chunks(j->st, j->pl, j->need, j->a, j->b, j->nowal, j->written, j->ps);
+    if (j->status != HYLA_OK) snprintf(j->msg, sizeof j->msg, "%s", hyla_last_error());
+    return NULL;
+}
+
+/* Wait for the running write job (if any), release its values, and return its status. */
+static hyla_status write_job_join(write_job *j, pthread_t *th, int *running) {
+    if (!*running) return HYLA_OK;
+    pthread_join(*th, NULL);
+    *running = 0;
+    for (size_t k = j->a; k < j->b; k++) hyla_codec_plan_release(j->pl, j->need[k]);
+    if (j->status != HYLA_OK) return hyla_fail(j->status, "%s", j->msg);
+    return HYLA_OK;
+}
+
+/* Make every chunk written so far durable (durable mode writes chunk values without the WAL):
+ * flush the chunk column family's memtables to blob files and wait. Called after a put's
+ * existence checks, so it also covers chunks of concurrent puts this put references. */
+static hyla_status flush_chunks(hyla_store *st) {
+    pthread_mutex_lock(&st->mu);
+    uint64_t seq = st->nowal_seq, done = st->flushed_seq;
+    pthread_mutex_unlock(&st->mu);
+    if (done >= seq) return HYLA_OK; /* every chunk batch so far went through the WAL or was flushed */
+    char *err = NULL;
+    rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+    rocksdb_flushoptions_set_wait(fo, 1);
+    rocksdb_flush_cf(st->db, fo, st->cf[CF_CHUNKS], &err);
+    rocksdb_flushoptions_destroy(fo);
+    if (err) return rdb_fail(err, HYLA_ERR_IO, "flush chunks", st->dir);
+    pthread_mutex_lock(&st->mu);
+    if (st->flushed_seq < seq) st->flushed_seq = seq;
+    pthread_mutex_unlock(&st->mu);
+    return HYLA_OK;
 }
 
 /* Commit the manifest of pl as the next version of sid (caller holds gc_lock shared). */
@@ -694,17 +759,41 @@ hyla_status hyla_store_put(hyla_store *st, const char *sid, const hyla_snapshot 
     }
     /* keep manifest order for locality; encode and write in groups */
     qsort(need, n_need, sizeof *need, cmp_size);
+    uint64_t need_raw = 0;
+    for (size_t j = 0; j < n_need; j++) need_raw += pl->chunks[need[j]].ref.raw_len;
+    int nowal = st->p.sync && need_raw >= st->p.nowal_bytes;
+    /* pipeline: encode group g+1 (on the codec threads) while group g is written */
+    write_job job;
+    pthread_t wth;
+    int running = 0;
+    double tw0 = hyla_now();
     for (size_t a = 0; a < n_need && s == HYLA_OK;) {
         size_t b = a, raw = 0;
         while (b < n_need && (raw < GROUP_BYTES || b == a)) raw += pl->chunks[need[b++]].ref.raw_len;
         for (size_t j = a; j < b; j++) pl->chunks[need[j]].want = 1;
         double te = hyla_now();
         s = hyla_codec_plan_encode(pl);
-        double tw = hyla_now();
-        ps.seconds_encode += tw - te;
-        if (s == HYLA_OK) s = write_chunks(st, pl, need, a, b, &written, &ps);
-        ps.seconds_write += hyla_now() - tw;
+        ps.seconds_encode += hyla_now() - te;
+        hyla_status js = write_job_join(&job, &wth, &running);
+        if (s == HYLA_OK) s = js;
+        if (s != HYLA_OK) break;
+        job = (write_job){st, pl, need, a, b, nowal, &written, &ps, HYLA_OK, {0}};
+        if (pthread_create(&wth, NULL, write_job_run, &job) == 0) {
+            running = 1;
+        } else {
+            write_job_run(&job);
+            for (size_t k = a; k < b; k++) hyla_codec_plan_release(pl, need[k]);
+            if (job.status != HYLA_OK) s = hyla_fail(job.status, "%s", job.msg);
+        }
         a = b;
+    }
+    hyla_status js = write_job_join(&job, &wth, &running);
+    if (s == HYLA_OK) s = js;
+    ps.seconds_write = hyla_now() - tw0 - ps.seconds_encode; /* writing not hidden behind encoding */
+    if (s == HYLA_OK) {
+        double tf = hyla_now();
+        s = flush_chunks(st);
+        ps.seconds_write += hyla_now() - tf;
     }
     if (s == HYLA_OK) {
         double tc = hyla_now();

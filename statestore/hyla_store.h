@@ -42,6 +42,9 @@ typedef struct {
     int gc_on_open;           /* default 1: delete chunks left unreferenced by a crashed put */
     uint64_t write_buffer_bytes; /* memtable size of the chunks column family; default 256 MiB */
     int read_only;            /* default 0: 1 opens without writing anything (inspection tools) */
+    uint64_t nowal_bytes;     /* durable puts writing at least this many new raw bytes send chunk values
+                                 around the WAL and flush them to blob files before the commit (one
+                                 disk write instead of two); smaller puts use the WAL. Default 32 MiB */
 } hyla_store_params;
 
 hyla_store_params hyla_store_default_params(void);

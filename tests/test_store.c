@@ -139,10 +139,11 @@ static uint64_t expected_incremental(const hyla_snapshot *prev, const hyla_snaps
     return n;
 }
 
-static void test_incremental(void) {
+static void test_incremental(uint64_t nowal_bytes) {
     char dir[300];
     new_dir(dir, sizeof dir);
     hyla_store_params p = small_params();
+    p.nowal_bytes = nowal_bytes;
     hyla_store *st = open_store(dir, &p);
     hyla_snapshot *a = tsu_make(10, 77, 2000, 1), *b = tsu_make(11, 77, 2512, 1);
     hyla_store_put_stats s1, s2, s3;
@@ -394,10 +395,11 @@ static void test_refusals(void) {
     hyla_snapshot_destroy(ok);
 }
 
-static void test_failed_writes(void) {
+static void test_failed_writes(uint64_t nowal_bytes) {
     char dir[300];
     new_dir(dir, sizeof dir);
     hyla_store_params p = small_params();
+    p.nowal_bytes = nowal_bytes;
     hyla_store *st = open_store(dir, &p);
     hyla_snapshot *a = tsu_make(60, 60, 3000, 5), *b = tsu_make(61, 61, 3500, 5);
     CHECK_OK(hyla_store_put(st, "f", a, NULL, NULL));
@@ -481,6 +483,7 @@ static void test_concurrent(void) {
     new_dir(dir, sizeof dir);
     hyla_store_params p = small_params();
     p.codec.threads = 1;
+    p.nowal_bytes = 200 << 10; /* a mix of both write paths */
     hyla_store *st = open_store(dir, &p);
     pthread_t th[4];
     worker_arg wa[4];
@@ -503,10 +506,12 @@ int main(void) {
     snprintf(root, sizeof root, "%s/hyla_test_store_%d", hyla_test_env("TMPDIR", "/tmp"), (int)getpid());
     hyla_mkdirs(root);
     test_roundtrip();
-    test_incremental();
+    test_incremental(32u << 20);
+    test_incremental(0);
     test_fork_and_gc();
     test_refusals();
-    test_failed_writes();
+    test_failed_writes(32u << 20); /* chunks through the WAL */
+    test_failed_writes(0);         /* chunks around the WAL, then a flush */
     test_concurrent();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

@@ -23,12 +23,16 @@
 #define N_SESSIONS 3
 #define KEEP 2
 
+/* Odd rounds: every put sends its chunks around the WAL and flushes (the large-put path). */
+static int g_round;
+
 static hyla_store_params params(void) {
     hyla_store_params p = hyla_store_default_params();
     p.codec.chunk_bytes = 32 << 10;
     p.codec.threads = 2;
     p.keep_versions = KEEP;
     p.write_buffer_bytes = 4 << 20;
+    p.nowal_bytes = g_round % 2 ? 0 : 32u << 20;
     return p;
 }
 
@@ -81,6 +85,7 @@ int main(void) {
     int total_acks = 0, kills = 0, mid = 0;
     double t0 = hyla_now();
     for (int round = 0; round < rounds; round++) {
+        g_round = round;
         int fds[2];
         if (pipe(fds) != 0) return 1;
         fflush(NULL);
