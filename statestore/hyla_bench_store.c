@@ -134,6 +134,7 @@ static void usage(FILE *f) {
             "  --threads N        codec threads (default: all cores)\n"
             "  --bf16             store fp32 states as bf16 (lossy)\n"
             "  --plain-zstd       zstd at --zstd-level for float chunks too (no fast_floats)\n"
+            "  --write-buffer-mib N  memtable size of the chunk column family (default 64)\n"
             "  --repeat N         repeat each measurement N times (default 1)\n"
             "  --small            a 1/8-size session (quick check)\n");
 }
@@ -156,6 +157,7 @@ int hyla_bench_store(int argc, char **argv) {
     hyla_codec_params cp = hyla_codec_default_params();
     const char *dir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int repeat = 1;
+    uint64_t wbuf = hyla_store_default_params().write_buffer_bytes;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -170,6 +172,7 @@ int hyla_bench_store(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
         else if (!strcmp(a, "--bf16")) cp.f32_as_bf16 = 1;
         else if (!strcmp(a, "--plain-zstd")) cp.fast_floats = 0;
+        else if (!strcmp(a, "--write-buffer-mib") && has) wbuf = strtoull(argv[++i], NULL, 10) << 20;
         else if (!strcmp(a, "--repeat") && has) repeat = atoi(argv[++i]);
         else if (!strcmp(a, "--small")) {
             c.sse_layers = 2;
@@ -230,6 +233,7 @@ int hyla_bench_store(int argc, char **argv) {
         snprintf(dbdir, sizeof dbdir, "%s/db%d", base, run);
         hyla_store_params sp = hyla_store_default_params();
         sp.codec = cp;
+        sp.write_buffer_bytes = wbuf;
         hyla_store *st = NULL;
         hyla_store_put_stats ps;
         hyla_snapshot *got = NULL;

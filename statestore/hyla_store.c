@@ -409,7 +409,7 @@ hyla_store_params hyla_store_default_params(void) {
     p.create_if_missing = 1;
     p.sync = 1;
     p.gc_on_open = 1;
-    p.write_buffer_bytes = 256ull << 20;
+    p.write_buffer_bytes = 64ull << 20;
     p.read_only = 0;
     p.nowal_bytes = 32ull << 20;
     return p;
@@ -465,7 +465,7 @@ hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_
     rocksdb_options_set_enable_blob_gc(co, 1);
     rocksdb_options_set_blob_gc_age_cutoff(co, 0.25);
     rocksdb_options_set_write_buffer_size(co, (size_t)p.write_buffer_bytes);
-    rocksdb_options_set_max_write_buffer_number(co, 4);
+    rocksdb_options_set_max_write_buffer_number(co, 6);
     const char *names[CF_COUNT] = {"default", HYLA_STORE_CF_CHUNKS, HYLA_STORE_CF_META};
     char *err = NULL;
     if (p.read_only)

@@ -40,7 +40,7 @@ typedef struct {
     int create_if_missing;    /* default 1 */
     int sync;                 /* default 1: commits fsync the WAL (a put that returns is durable) */
     int gc_on_open;           /* default 1: delete chunks left unreferenced by a crashed put */
-    uint64_t write_buffer_bytes; /* memtable size of the chunks column family; default 256 MiB */
+    uint64_t write_buffer_bytes; /* memtable size of the chunks column family (6 of them); default 64 MiB */
     int read_only;            /* default 0: 1 opens without writing anything (inspection tools) */
     uint64_t nowal_bytes;     /* durable puts writing at least this many new raw bytes send chunk values
                                  around the WAL and flush them to blob files before the commit (one
