@@ -30,6 +30,7 @@
 #include "hyla_session.h"
 #include "hyla_store_rpc.h"
 #include "hyla_tokenizer.h"
+#include <xxhash.h>
 
 #define SVC "/hyla.v1.Worker/"
 #define COORD "/hyla.v1.Coordinator/"
@@ -93,8 +94,19 @@ typedef enum {
     C_PUT_DONE,     /* I/O -> scheduler: a put finished (or failed) */
     C_DROP,         /* membership -> scheduler: forget a session (placed elsewhere) */
     C_DRAIN,        /* membership -> scheduler: snapshot everything, then stop */
+    C_STAGE_START,  /* StageForward (this worker is stage k > 0): a call starts */
+    C_STAGE_MSG,    /* ... one step of hidden states */
+    C_STAGE_END,    /* ... the previous stage half-closed */
+    C_STAGE_DONE,   /* ... the call is over */
     C_WAKE,
 } cmd_type;
+
+/* A StageForward call from the previous pipeline stage (registered like Append calls). */
+typedef struct stage_call {
+    hyla_rpc_call *call;
+    int released, done_seen;
+    struct stage_call *next;
+} stage_call;
 
 typedef struct cmd {
     cmd_type type;
@@ -152,6 +164,13 @@ struct hyla_worker {
     /* scheduler-owned */
     wsess *sessions;
     append_job *appends; /* registry of Append calls */
+    stage_call *stage_calls; /* registry of StageForward calls from the previous stage */
+    /* pipeline: this worker's downstream (scheduler thread only, except next_stage under sum_mu) */
+    char next_stage[256];
+    char next_open[256];
+    hyla_rpc_client *next_client;
+    hyla_rpc_stream *next_stream;
+    uint64_t stage_step;
     uint64_t resident_bytes;
     uint64_t host_bytes;
     double tok_window_t0;
@@ -263,10 +282,13 @@ static void h_append(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMess
 }
 
 static void h_stage(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
-    (void)msg, (void)ud;
-    if (ev == HYLA_RPC_EV_START)
-        hyla_rpc_call_fail(call, HYLA_RPC_UNIMPLEMENTED,
-                           "StageForward: pipelines across workers are not served by this worker build yet");
+    hyla_worker *w = ud;
+    switch (ev) {
+    case HYLA_RPC_EV_START: post(w, new_cmd(C_STAGE_START, call, NULL)); break;
+    case HYLA_RPC_EV_MESSAGE: post(w, new_cmd(C_STAGE_MSG, call, msg)); break;
+    case HYLA_RPC_EV_HALF_CLOSE: post(w, new_cmd(C_STAGE_END, call, NULL)); break;
+    case HYLA_RPC_EV_DONE: post(w, new_cmd(C_STAGE_DONE, call, NULL)); break;
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -382,7 +404,11 @@ static hyla_status make_resident(hyla_worker *w, wsess *ws) {
 }
 
 /* Export a resident session and queue a durable put. */
+static int holds_all_layers(const hyla_worker *w);
 static hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after) {
+    if (!holds_all_layers(w))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED,
+                         "session %s: snapshots of sessions split across pipeline stages are not supported yet", ws->id);
     hyla_snapshot *snap = NULL;
     if (ws->s) HYLA_TRY(hyla_session_export(ws->s, &snap));
     else if (ws->host) HYLA_TRY(hyla_snapshot_clone(ws->host, &snap));
@@ -937,6 +963,197 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* pipelines                                                                                   */
+
+static int holds_all_layers(const hyla_worker *w) {
+    int b, e;
+    hyla_model_layer_range(w->m, &b, &e);
+    return b == 0 && e == hyla_model_get_config(w->m)->num_layers;
+}
+
+static void close_next(hyla_worker *w) {
+    hyla_rpc_stream_destroy(w->next_stream);
+    w->next_stream = NULL;
+    hyla_rpc_client_destroy(w->next_client);
+    w->next_client = NULL;
+    w->next_open[0] = 0;
+}
+
+/* The engine's downstream callback (scheduler thread): send R rows to the next stage over a
+ * long-lived StageForward stream and wait for its answer (with the logits when asked). */
+static hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
+                                    float *logits) {
+    hyla_worker *w = ud;
+    char addr[256];
+    pthread_mutex_lock(&w->sum_mu);
+    snprintf(addr, sizeof addr, "%s", w->next_stage);
+    pthread_mutex_unlock(&w->sum_mu);
+    if (!addr[0]) return hyla_fail(HYLA_ERR_UNAVAILABLE, "this worker holds only part of the model and no next stage is known yet");
+    if (w->next_stream && strcmp(addr, w->next_open)) close_next(w);
+    hyla_status st = HYLA_OK;
+    if (!w->next_stream) {
+        hyla_rpc_client_params cp = hyla_rpc_client_default_params();
+        cp.max_message_bytes = w->p.max_message_bytes;
+        st = hyla_rpc_client_create(addr, &cp, &w->next_client);
+        hyla_rpc_call_opts o = {0, NULL, NULL, 1};
+        if (st == HYLA_OK)
+            st = hyla_rpc_stream_open(w->next_client, SVC "StageForward", &hyla__v1__stage_forward_response__descriptor, &o,
+                                      &w->next_stream);
+        if (st != HYLA_OK) {
+            close_next(w);
+            return hyla_fail_wrap(st, "opening StageForward to %s", addr);
+        }
+        snprintf(w->next_open, sizeof w->next_open, "%s", addr);
+    }
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    int n_items = decode ? R : 1;
+    Hyla__V1__StageItem *items = calloc((size_t)n_items, sizeof *items);
+    Hyla__V1__StageItem **ip = calloc((size_t)n_items, sizeof *ip);
+    HYLA_ASSERT(items && ip);
+    for (int i = 0; i < n_items; i++) {
+        hyla__v1__stage_item__init(&items[i]);
+        wsess *ws = hyla_session_tag(ss[i]);
+        items[i].session_id = ws->id;
+        items[i].position = (uint64_t)hyla_session_position(ss[i]);
+        items[i].n_tokens = decode ? 1 : (uint32_t)R;
+        items[i].decode = decode;
+        ip[i] = &items[i];
+    }
+    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
+    rq.step = ++w->stage_step;
+    rq.n_items = (size_t)n_items;
+    rq.items = ip;
+    rq.dtype = HYLA__V1__DTYPE__DTYPE_F32;
+    rq.hidden_size = (uint32_t)cfg->hidden_size;
+    rq.hidden.data = (uint8_t *)hidden;
+    rq.hidden.len = (size_t)R * cfg->hidden_size * sizeof(float);
+    rq.xxh64 = XXH64(hidden, rq.hidden.len, 0);
+    rq.want_logits = logits != NULL;
+    st = hyla_rpc_stream_write(w->next_stream, &rq.base);
+    free(items);
+    free(ip);
+    ProtobufCMessage *m = NULL;
+    if (st == HYLA_OK) st = hyla_rpc_stream_read(w->next_stream, &m);
+    if (st == HYLA_OK && !m) st = hyla_fail(HYLA_ERR_UNAVAILABLE, "the next stage (%s) ended the StageForward stream", addr);
+    if (st != HYLA_OK) {
+        close_next(w);
+        return hyla_fail_wrap(st, "StageForward to %s", addr);
+    }
+    Hyla__V1__StageForwardResponse *r = (Hyla__V1__StageForwardResponse *)m;
+    for (size_t i = 0; st == HYLA_OK && i < r->n_results; i++)
+        if (r->results[i]->error && *r->results[i]->error)
+            st = hyla_fail(HYLA_ERR_UNAVAILABLE, "next stage %s: session %s: %s", addr, r->results[i]->session_id,
+                           r->results[i]->error);
+    size_t want = (size_t)R * cfg->vocab_size * sizeof(float);
+    if (st == HYLA_OK && r->step != rq.step)
+        st = hyla_fail(HYLA_ERR_INTERNAL, "next stage %s answered step %llu to step %llu", addr,
+                       (unsigned long long)r->step, (unsigned long long)rq.step);
+    if (st == HYLA_OK && logits) {
+        if (r->logits.len != want)
+            st = hyla_fail(HYLA_ERR_FORMAT, "next stage %s returned %zu bytes of logits, expected %zu", addr, r->logits.len, want);
+        else
+            memcpy(logits, r->logits.data, want);
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    return st;
+}
+
+static stage_call *find_stage_call(hyla_worker *w, hyla_rpc_call *call) {
+    for (stage_call *c = w->stage_calls; c; c = c->next)
+        if (c->call == call) return c;
+    return NULL;
+}
+
+static void unregister_stage_call(hyla_worker *w, stage_call *sc) {
+    stage_call **pp = &w->stage_calls;
+    while (*pp && *pp != sc) pp = &(*pp)->next;
+    if (*pp) *pp = sc->next;
+    free(sc);
+}
+
+static void stage_release(hyla_worker *w, stage_call *sc, hyla_rpc_code code, const char *msg) {
+    if (sc->released) return;
+    sc->released = 1;
+    if (code == HYLA_RPC_OK) hyla_rpc_call_reply(sc->call, NULL);
+    else hyla_rpc_call_fail(sc->call, code, "%s", msg);
+    if (sc->done_seen) unregister_stage_call(w, sc);
+}
+
+/* One step from the previous stage: run our layers (and, through our own downstream, the rest). */
+static void do_stage_msg(hyla_worker *w, cmd *c) {
+    stage_call *sc = find_stage_call(w, c->call);
+    if (!sc || sc->released) return;
+    const Hyla__V1__StageForwardRequest *r = (const Hyla__V1__StageForwardRequest *)c->msg;
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    char err[512] = "";
+    size_t rows = 0;
+    for (size_t i = 0; i < r->n_items; i++) rows += r->items[i]->n_tokens;
+    int decode = r->n_items > 0 && r->items[0]->decode;
+    if (!r->n_items || r->dtype != HYLA__V1__DTYPE__DTYPE_F32 || r->hidden_size != (uint32_t)cfg->hidden_size ||
+        r->hidden.len != rows * cfg->hidden_size * sizeof(float) || (decode && rows != r->n_items) ||
+        (!decode && r->n_items != 1) || rows > 1024)
+        snprintf(err, sizeof err, "StageForward: step %llu is malformed (items %zu, rows %zu, hidden %zu bytes)",
+                 (unsigned long long)r->step, r->n_items, rows, r->hidden.len);
+    else if (XXH64(r->hidden.data, r->hidden.len, 0) != r->xxh64)
+        snprintf(err, sizeof err, "StageForward: step %llu: hidden states checksum mismatch", (unsigned long long)r->step);
+    if (err[0]) {
+        stage_release(w, sc, HYLA_RPC_INVALID_ARGUMENT, err);
+        return;
+    }
+    hyla_session **ss = calloc(r->n_items, sizeof *ss);
+    Hyla__V1__StageResult *res = calloc(r->n_items, sizeof *res);
+    Hyla__V1__StageResult **rp = calloc(r->n_items, sizeof *rp);
+    char (*errs)[256] = calloc(r->n_items, sizeof *errs);
+    HYLA_ASSERT(ss && res && rp && errs);
+    int bad = 0;
+    for (size_t i = 0; i < r->n_items; i++) {
+        hyla__v1__stage_result__init(&res[i]);
+        res[i].session_id = r->items[i]->session_id;
+        res[i].token = -1;
+        rp[i] = &res[i];
+        wsess *ws = find(w, r->items[i]->session_id ? r->items[i]->session_id : "");
+        if (!ws || make_resident(w, ws) != HYLA_OK)
+            snprintf(errs[i], sizeof errs[i], "session is not loaded on stage worker %s", w->worker_id);
+        else if ((uint64_t)hyla_session_position(ws->s) != r->items[i]->position)
+            snprintf(errs[i], sizeof errs[i], "position %llu here, %llu at the previous stage",
+                     (unsigned long long)hyla_session_position(ws->s), (unsigned long long)r->items[i]->position);
+        else {
+            ss[i] = ws->s;
+            ws->last_used = now_s();
+        }
+        if (errs[i][0]) {
+            res[i].error = errs[i];
+            bad = 1;
+        }
+    }
+    float *logits = NULL;
+    Hyla__V1__StageForwardResponse resp = HYLA__V1__STAGE_FORWARD_RESPONSE__INIT;
+    resp.step = r->step;
+    resp.n_results = r->n_items;
+    resp.results = rp;
+    if (!bad) {
+        if (r->want_logits) logits = malloc(rows * cfg->vocab_size * sizeof(float));
+        hyla_status st = hyla_stage_forward(ss, (int)rows, decode, (const float *)r->hidden.data, logits);
+        if (st != HYLA_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "stage worker %s: %s", w->worker_id, hyla_last_error());
+            free(logits);
+            free(ss), free(res), free(rp), free(errs);
+            stage_release(w, sc, hyla_rpc_code_from_status(st), msg);
+            return;
+        }
+        w->tok_window += rows;
+        if (logits) {
+            resp.logits.data = (uint8_t *)logits;
+            resp.logits.len = rows * cfg->vocab_size * sizeof(float);
+        }
+    }
+    if (hyla_rpc_call_send(sc->call, &resp.base) != HYLA_OK) stage_release(w, sc, HYLA_RPC_CANCELLED, "StageForward cancelled");
+    free(logits);
+    free(ss), free(res), free(rp), free(errs);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* the scheduler                                                                               */
 
 static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
@@ -1037,6 +1254,29 @@ static void process_commands(hyla_worker *w, cmd *list) {
                 w->draining = 1;
             }
             break;
+        case C_STAGE_START: {
+            stage_call *sc = calloc(1, sizeof *sc);
+            HYLA_ASSERT(sc);
+            sc->call = c->call;
+            sc->next = w->stage_calls;
+            w->stage_calls = sc;
+            break;
+        }
+        case C_STAGE_MSG: do_stage_msg(w, c); break;
+        case C_STAGE_END: {
+            stage_call *sc = find_stage_call(w, c->call);
+            if (sc) stage_release(w, sc, HYLA_RPC_OK, "");
+            break;
+        }
+        case C_STAGE_DONE: {
+            stage_call *sc = find_stage_call(w, c->call);
+            if (sc) {
+                sc->done_seen = 1;
+                if (sc->released) unregister_stage_call(w, sc);
+                else stage_release(w, sc, HYLA_RPC_CANCELLED, "StageForward cancelled");
+            }
+            break;
+        }
         case C_WAKE: break;
         }
         free_cmd(c);
@@ -1166,7 +1406,7 @@ static void *scheduler_main(void *arg) {
         }
 
         /* auto-snapshots every K tokens; drain snapshots everything idle */
-        for (wsess *s = w->sessions; s; s = s->next) {
+        for (wsess *s = w->sessions; s && holds_all_layers(w); s = s->next) {
             if (!s->s || s->put_inflight) continue;
             uint64_t pos = (uint64_t)hyla_session_position(s->s);
             int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every;
@@ -1219,6 +1459,17 @@ static void *scheduler_main(void *arg) {
         w->appends = a->next_reg;
         free_append(a);
     }
+    for (stage_call *sc = w->stage_calls; sc; sc = sc->next)
+        if (!sc->released) {
+            sc->released = 1;
+            hyla_rpc_call_fail(sc->call, HYLA_RPC_UNAVAILABLE, "the worker is shutting down");
+        }
+    while (w->stage_calls) {
+        stage_call *sc = w->stage_calls;
+        w->stage_calls = sc->next;
+        free(sc);
+    }
+    close_next(w);
     pthread_mutex_lock(&w->mu);
     cmd *list = w->q_head;
     w->q_head = w->q_tail = NULL;
@@ -1227,7 +1478,7 @@ static void *scheduler_main(void *arg) {
         cmd *c = list;
         list = list->next;
         if (c->call && c->type != C_APPEND_MSG && c->type != C_APPEND_END && c->type != C_APPEND_START &&
-            c->type != C_APPEND_DONE)
+            c->type != C_APPEND_DONE && c->type < C_STAGE_START)
             hyla_rpc_call_fail(c->call, HYLA_RPC_UNAVAILABLE, "the worker is shutting down");
         free_cmd(c);
     }
@@ -1360,6 +1611,9 @@ static hyla_status do_register(hyla_worker *w) {
     w->epoch = rr->epoch;
     w->hb_interval_ms = rr->heartbeat_interval_ms ? rr->heartbeat_interval_ms : 1000;
     snprintf(w->group_id, sizeof w->group_id, "%s", rr->group_id ? rr->group_id : "");
+    pthread_mutex_lock(&w->sum_mu);
+    snprintf(w->next_stage, sizeof w->next_stage, "%s", rr->next_stage_address ? rr->next_stage_address : "");
+    pthread_mutex_unlock(&w->sum_mu);
     if (!w->p.store && rr->store_address && *rr->store_address)
         snprintf(w->store_addr, sizeof w->store_addr, "%s", rr->store_address);
     HYLA_INFO("registered as %s (epoch %llu, group %s, stage %u) with %s", w->worker_id, (unsigned long long)w->epoch,
@@ -1467,6 +1721,12 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         return st;
     }
     if (hyla_tokenizer_load(p->model_dir, hyla_model_get_config(w->m)->vocab_size, &w->tok) != HYLA_OK) w->tok = NULL;
+    {
+        int lb, le;
+        hyla_model_layer_range(w->m, &lb, &le);
+        if (le < hyla_model_get_config(w->m)->num_layers) hyla_model_set_downstream(w->m, stage_downstream, w);
+        if (p->next_stage) snprintf(w->next_stage, sizeof w->next_stage, "%s", p->next_stage);
+    }
     hyla_rpc_server_params sp = hyla_rpc_server_default_params();
     sp.threads = p->rpc_threads > 0 ? p->rpc_threads : 2;
     sp.max_message_bytes = p->max_message_bytes;

@@ -38,6 +38,7 @@ typedef struct {
     uint64_t max_append_tokens;/* largest document one Append may send (default 1 << 24) */
     int rpc_threads;           /* gRPC completion-queue threads (default 2) */
     int max_message_bytes;     /* gRPC message limit (default 16 MiB) */
+    const char *next_stage;    /* pipelines without a coordinator (tests): the next stage's address */
 } hyla_worker_params;
 
 hyla_worker_params hyla_worker_default_params(void);

@@ -37,6 +37,8 @@ static void usage(FILE *f) {
             "  --prefill-budget T     prefill tokens per scheduler step (default 256)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
             "  --threads N            gRPC threads (default 2)\n"
+            "  --next-stage ADDR      pipelines without a coordinator: the next stage's address\n"
+            "                         (with a coordinator, it names the next stage)\n"
             "Logs go to stderr (HYLA_LOG=debug|info|warn|error). SIGINT/SIGTERM stop it.\n");
 }
 
@@ -46,7 +48,7 @@ int main(int argc, char **argv) {
                                  {"model", 1, 0, 'm'},       {"model-name", 1, 0, 'n'}, {"device", 1, 0, 'd'},
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
                                  {"state-budget", 1, 0, 'b'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
-                                 {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'},
+                                 {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
                                  {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -71,6 +73,7 @@ int main(int argc, char **argv) {
         case 'P': p.prefill_budget = atoi(optarg); break;
         case 'G': p.max_generate = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 't': p.rpc_threads = atoi(optarg); break;
+        case 'N': p.next_stage = optarg; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "hyla-worker: see --help\n"); return 2;
         }
