@@ -15,7 +15,15 @@
  * briefly (a reader-writer lock). One process at a time may open a directory (RocksDB's LOCK).
  *
  * Session ids: 1..255 bytes, no NUL or control characters. Versions count from 1 per session
- * and are never reused while the session exists; version 0 in calls means "the head". */
+ * and are never reused while the session exists; version 0 in calls means "the head".
+ *
+ * Typical use (hyla-run --store DIR --session ID):
+ *   hyla_store *st;  HYLA_TRY(hyla_store_open(dir, NULL, &st));
+ *   save:    hyla_store_put(st, id, snap, &version, NULL);
+ *   restore: hyla_store_get(st, id, 0, model_fingerprint, &snap, NULL);
+ *            hyla_snapshot_check_layout(snap, fresh_session_snapshot);   then import it
+ *   hyla_store_close(st);
+ * (the portable file: hyla_snapshot_save_file / hyla_snapshot_load_file in hyla_codec.h) */
 #ifndef HYLA_STORE_H
 #define HYLA_STORE_H
 
