@@ -218,17 +218,10 @@ hyla_status hyla_store_rpc_put(hyla_rpc_client *c, const char *session, uint64_t
     return s;
 }
 
-hyla_status hyla_store_rpc_get(hyla_rpc_client *c, const char *session, uint64_t version, int64_t timeout_ms,
-                               hyla_snapshot **out, uint64_t *version_out) {
+hyla_status hyla_store_rpc_recv_snapshot(hyla_rpc_stream *st, const char *what, hyla_snapshot **out,
+                                         uint64_t *version_out) {
     *out = NULL;
-    Hyla__V1__GetSnapshotRequest req = HYLA__V1__GET_SNAPSHOT_REQUEST__INIT;
-    req.session_id = (char *)session;
-    req.version = version;
-    hyla_rpc_call_opts opts = {timeout_ms, NULL, NULL, 0};
-    hyla_rpc_stream *st = NULL;
-    HYLA_TRY(hyla_rpc_stream_open(c, M_GET, &hyla__v1__get_snapshot_response__descriptor, &opts, &st));
-    hyla_status s = hyla_rpc_stream_write(st, &req.base);
-    if (s == HYLA_OK) s = hyla_rpc_stream_close_send(st);
+    hyla_status s = HYLA_OK;
     hyla_snapshot *snap = NULL;
     uint64_t *got = NULL;
     while (s == HYLA_OK) {
@@ -245,31 +238,27 @@ hyla_status hyla_store_rpc_get(hyla_rpc_client *c, const char *session, uint64_t
             const Hyla__V1__PartData *d = r->data;
             if (d->part_index >= snap->n_parts || d->offset != got[d->part_index] ||
                 d->data.len > snap->parts[d->part_index].nbytes - d->offset)
-                s = hyla_fail(HYLA_ERR_FORMAT, "GetSnapshot %s: piece of part %u at offset %llu is out of order", session,
-                              d->part_index, (unsigned long long)d->offset);
+                s = hyla_fail(HYLA_ERR_FORMAT, "%s: piece of part %u at offset %llu is out of order", what, d->part_index,
+                              (unsigned long long)d->offset);
             else if (XXH64(d->data.data, d->data.len, 0) != d->xxh64)
-                s = hyla_fail(HYLA_ERR_CORRUPT, "GetSnapshot %s: piece of layer %u part '%s' at offset %llu: checksum mismatch",
-                              session, snap->parts[d->part_index].layer, snap->parts[d->part_index].name,
+                s = hyla_fail(HYLA_ERR_CORRUPT, "%s: piece of layer %u part '%s' at offset %llu: checksum mismatch", what,
+                              snap->parts[d->part_index].layer, snap->parts[d->part_index].name,
                               (unsigned long long)d->offset);
             else {
                 memcpy((uint8_t *)snap->parts[d->part_index].data + d->offset, d->data.data, d->data.len);
                 got[d->part_index] += d->data.len;
             }
         } else {
-            s = hyla_fail(HYLA_ERR_FORMAT, "GetSnapshot %s: unexpected message", session);
+            s = hyla_fail(HYLA_ERR_FORMAT, "%s: unexpected message", what);
         }
         protobuf_c_message_free_unpacked(m, NULL);
     }
-    if (s == HYLA_OK && !snap) s = hyla_fail(HYLA_ERR_FORMAT, "GetSnapshot %s: the stream ended without a header", session);
+    if (s == HYLA_OK && !snap) s = hyla_fail(HYLA_ERR_FORMAT, "%s: the stream ended without a header", what);
     for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++)
         if (got[i] != snap->parts[i].nbytes)
-            s = hyla_fail(HYLA_ERR_FORMAT, "GetSnapshot %s: layer %u part '%s' truncated: %llu of %llu bytes", session,
+            s = hyla_fail(HYLA_ERR_FORMAT, "%s: layer %u part '%s' truncated: %llu of %llu bytes", what,
                           snap->parts[i].layer, snap->parts[i].name, (unsigned long long)got[i],
                           (unsigned long long)snap->parts[i].nbytes);
-    if (s != HYLA_OK) hyla_rpc_stream_cancel(st);
-    hyla_status fs = hyla_rpc_stream_finish(st, NULL);
-    if (s == HYLA_OK) s = fs;
-    hyla_rpc_stream_destroy(st);
     free(got);
     if (s != HYLA_OK) {
         hyla_snapshot_destroy(snap);
@@ -277,6 +266,31 @@ hyla_status hyla_store_rpc_get(hyla_rpc_client *c, const char *session, uint64_t
     }
     *out = snap;
     return HYLA_OK;
+}
+
+hyla_status hyla_store_rpc_get(hyla_rpc_client *c, const char *session, uint64_t version, int64_t timeout_ms,
+                               hyla_snapshot **out, uint64_t *version_out) {
+    *out = NULL;
+    Hyla__V1__GetSnapshotRequest req = HYLA__V1__GET_SNAPSHOT_REQUEST__INIT;
+    req.session_id = (char *)session;
+    req.version = version;
+    hyla_rpc_call_opts opts = {timeout_ms, NULL, NULL, 0};
+    hyla_rpc_stream *st = NULL;
+    HYLA_TRY(hyla_rpc_stream_open(c, M_GET, &hyla__v1__get_snapshot_response__descriptor, &opts, &st));
+    hyla_status s = hyla_rpc_stream_write(st, &req.base);
+    if (s == HYLA_OK) s = hyla_rpc_stream_close_send(st);
+    char what[300];
+    snprintf(what, sizeof what, "GetSnapshot %s", session);
+    if (s == HYLA_OK) s = hyla_store_rpc_recv_snapshot(st, what, out, version_out);
+    if (s != HYLA_OK) hyla_rpc_stream_cancel(st);
+    hyla_status fs = hyla_rpc_stream_finish(st, NULL);
+    if (s == HYLA_OK && fs != HYLA_OK) {
+        hyla_snapshot_destroy(*out);
+        *out = NULL;
+        s = fs;
+    }
+    hyla_rpc_stream_destroy(st);
+    return s;
 }
 
 hyla_status hyla_store_rpc_delete(hyla_rpc_client *c, const char *session, uint64_t keep_from_version,
@@ -501,27 +515,19 @@ typedef struct {
     uint64_t version;
 } get_ctx;
 
-static void *get_thread(void *arg) {
-    get_ctx *g = arg;
-    hyla_snapshot *snap = NULL;
-    uint64_t version = 0;
-    hyla_status s = hyla_store_get(g->sc->st, g->session, g->version, 0, &snap, &version);
-    if (s != HYLA_OK) {
-        hyla_rpc_call_fail_status(g->call, s, hyla_last_error());
-        free(g);
-        return NULL;
-    }
+hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *session, const hyla_snapshot *snap,
+                                         uint64_t version) {
     Hyla__V1__GetSnapshotResponse r = HYLA__V1__GET_SNAPSHOT_RESPONSE__INIT;
-    Hyla__V1__SnapshotHeader *h = header_from_snapshot(g->session, 0, snap, version, 0, NULL);
+    Hyla__V1__SnapshotHeader *h = header_from_snapshot(session, 0, snap, version, 0, NULL);
     r.msg_case = HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_HEADER;
     r.header = h;
-    s = hyla_rpc_call_send(g->call, &r.base);
+    hyla_status s = hyla_rpc_call_send(call, &r.base);
     header_free(h);
     Hyla__V1__PartData pd = HYLA__V1__PART_DATA__INIT;
     for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) {
         const hyla_state_part *p = &snap->parts[i];
         for (uint64_t off = 0; s == HYLA_OK && off < p->nbytes; off += PIECE_BYTES) {
-            while (hyla_rpc_call_queued(g->call) > 8 && !hyla_rpc_call_cancelled(g->call)) usleep(500);
+            while (hyla_rpc_call_queued(call) > 8 && !hyla_rpc_call_cancelled(call)) usleep(500);
             size_t len = p->nbytes - off < PIECE_BYTES ? (size_t)(p->nbytes - off) : PIECE_BYTES;
             pd.part_index = i;
             pd.offset = off;
@@ -530,9 +536,18 @@ static void *get_thread(void *arg) {
             pd.xxh64 = XXH64(pd.data.data, len, 0);
             r.msg_case = HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_DATA;
             r.data = &pd;
-            s = hyla_rpc_call_send(g->call, &r.base);
+            s = hyla_rpc_call_send(call, &r.base);
         }
     }
+    return s;
+}
+
+static void *get_thread(void *arg) {
+    get_ctx *g = arg;
+    hyla_snapshot *snap = NULL;
+    uint64_t version = 0;
+    hyla_status s = hyla_store_get(g->sc->st, g->session, g->version, 0, &snap, &version);
+    if (s == HYLA_OK) s = hyla_store_rpc_send_snapshot(g->call, g->session, snap, version);
     hyla_snapshot_destroy(snap);
     if (s != HYLA_OK) hyla_rpc_call_fail_status(g->call, s, hyla_last_error());
     else hyla_rpc_call_reply(g->call, NULL);

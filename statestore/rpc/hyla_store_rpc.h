@@ -52,6 +52,15 @@ hyla_status hyla_store_rpc_get(hyla_rpc_client *c, const char *session, uint64_t
 hyla_status hyla_store_rpc_delete(hyla_rpc_client *c, const char *session, uint64_t keep_from_version,
                                   int64_t timeout_ms, uint64_t *versions_deleted);
 
+/* Read a GetSnapshotResponse stream (header, then pieces) already opened and half-closed by the
+ * caller; `what` names the source in errors. *out: caller frees with hyla_snapshot_destroy. */
+hyla_status hyla_store_rpc_recv_snapshot(hyla_rpc_stream *st, const char *what, hyla_snapshot **out,
+                                         uint64_t *version_out);
+/* Send snap on a server call as a GetSnapshotResponse stream (header, then pieces of <= 4 MiB
+ * with their xxh64), waiting while more than a few messages are queued. Does not finish the call. */
+hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *session, const hyla_snapshot *snap,
+                                         uint64_t version);
+
 /* ---- server ---- */
 
 typedef struct {

@@ -78,6 +78,7 @@ typedef struct wsess {
     uint64_t snap_pos;        /* position it covers */
     hyla_snapshot *layout;    /* part sizes of the last durable version (data NULL): for incremental KV */
     int put_inflight;
+    double snap_retry_at;     /* an auto-snapshot failed: do not retry before this time */
     double last_used;
     append_job *app;
     gen_job *gen;
@@ -94,6 +95,7 @@ typedef enum {
     C_PUT_DONE,     /* I/O -> scheduler: a put finished (or failed) */
     C_DROP,         /* membership -> scheduler: forget a session (placed elsewhere) */
     C_DRAIN,        /* membership -> scheduler: snapshot everything, then stop */
+    C_EXPORT,       /* ExportStage: this stage's parts (and those after it) of a session */
     C_STAGE_START,  /* StageForward (this worker is stage k > 0): a call starts */
     C_STAGE_MSG,    /* ... one step of hidden states */
     C_STAGE_END,    /* ... the previous stage half-closed */
@@ -265,6 +267,8 @@ static void h_unload(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage 
 static void h_fork(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_FORK); }
 static void h_describe(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_DESCRIBE); }
 
+static void h_export(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_EXPORT); }
+
 static void h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
     hyla_worker *w = ud;
     if (ev == HYLA_RPC_EV_START) post(w, new_cmd(C_GENERATE, call, msg));
@@ -405,14 +409,23 @@ static hyla_status make_resident(hyla_worker *w, wsess *ws) {
 
 /* Export a resident session and queue a durable put. */
 static int holds_all_layers(const hyla_worker *w);
+static hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap);
 static hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after) {
-    if (!holds_all_layers(w))
-        return hyla_fail(HYLA_ERR_UNSUPPORTED,
-                         "session %s: snapshots of sessions split across pipeline stages are not supported yet", ws->id);
+    int lb, le;
+    hyla_model_layer_range(w->m, &lb, &le);
+    if (lb != 0)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "session %s: snapshots are taken by pipeline stage 0, not this stage", ws->id);
     hyla_snapshot *snap = NULL;
     if (ws->s) HYLA_TRY(hyla_session_export(ws->s, &snap));
     else if (ws->host) HYLA_TRY(hyla_snapshot_clone(ws->host, &snap));
     else return hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s has no state here", ws->id);
+    if (!holds_all_layers(w)) {
+        hyla_status st = gather_downstream(w, ws, snap);
+        if (st != HYLA_OK) {
+            hyla_snapshot_destroy(snap);
+            return st;
+        }
+    }
     io_item *it = calloc(1, sizeof *it);
     HYLA_ASSERT(it);
     it->kind = 1;
@@ -850,6 +863,7 @@ static void do_put_done(hyla_worker *w, cmd *c) {
     if (ws) ws->put_inflight--;
     if (c->status != HYLA_OK) {
         HYLA_WARN("snapshot of session %s failed: %s", c->session, c->err);
+        if (ws) ws->snap_retry_at = now_s() + 2;
         if (c->call) fail_call(c->call, c->status, c->err);
         return;
     }
@@ -1153,6 +1167,74 @@ static void do_stage_msg(hyla_worker *w, cmd *c) {
     free(ss), free(res), free(rp), free(errs);
 }
 
+/* Fetch the parts the later stages hold for ws and append them to snap (scheduler thread). */
+static hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap) {
+    char addr[256];
+    pthread_mutex_lock(&w->sum_mu);
+    snprintf(addr, sizeof addr, "%s", w->next_stage);
+    pthread_mutex_unlock(&w->sum_mu);
+    if (!addr[0]) return hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s: no next pipeline stage known", ws->id);
+    hyla_rpc_client *c = NULL;
+    hyla_rpc_client_params cp = hyla_rpc_client_default_params();
+    cp.max_message_bytes = w->p.max_message_bytes;
+    HYLA_TRY(hyla_rpc_client_create(addr, &cp, &c));
+    Hyla__V1__ExportStageRequest rq = HYLA__V1__EXPORT_STAGE_REQUEST__INIT;
+    rq.session_id = (char *)ws->id;
+    rq.position = snap->position;
+    hyla_rpc_call_opts o = {RPC_TIMEOUT_MS, NULL, NULL, 0};
+    hyla_rpc_stream *st = NULL;
+    hyla_snapshot *down = NULL;
+    hyla_status s = hyla_rpc_stream_open(c, SVC "ExportStage", &hyla__v1__get_snapshot_response__descriptor, &o, &st);
+    if (s == HYLA_OK) s = hyla_rpc_stream_write(st, &rq.base);
+    if (s == HYLA_OK) s = hyla_rpc_stream_close_send(st);
+    char what[512];
+    snprintf(what, sizeof what, "ExportStage %s from %s", ws->id, addr);
+    if (s == HYLA_OK) s = hyla_store_rpc_recv_snapshot(st, what, &down, NULL);
+    if (st) {
+        hyla_status fs = hyla_rpc_stream_finish(st, NULL);
+        if (s == HYLA_OK) s = fs;
+        hyla_rpc_stream_destroy(st);
+    }
+    hyla_rpc_client_destroy(c);
+    for (uint32_t i = 0; s == HYLA_OK && i < down->n_parts; i++) {
+        const hyla_state_part *q = &down->parts[i];
+        hyla_state_part *np = NULL;
+        if (hyla_snapshot_find(snap, q->layer, q->name)) continue;
+        s = hyla_snapshot_add_part(snap, q->layer, q->name, (hyla_part_kind)q->kind, (hyla_dtype)q->dtype, q->ndim, q->shape,
+                                   q->page_tokens, &np);
+        if (s == HYLA_OK) memcpy(np->data, q->data, q->nbytes);
+    }
+    hyla_snapshot_destroy(down);
+    return s;
+}
+
+static void do_export(hyla_worker *w, cmd *c) {
+    const Hyla__V1__ExportStageRequest *r = (const Hyla__V1__ExportStageRequest *)c->msg;
+    wsess *ws = lookup_or_fail(w, c->call, r->session_id, "ExportStage");
+    if (!ws) return;
+    hyla_status st = make_resident(w, ws);
+    if (st != HYLA_OK) {
+        fail_call(c->call, st, hyla_last_error());
+        return;
+    }
+    if ((uint64_t)hyla_session_position(ws->s) != r->position) {
+        hyla_rpc_call_fail(c->call, HYLA_RPC_FAILED_PRECONDITION, "ExportStage %s: position %llu here, %llu at stage 0",
+                           ws->id, (unsigned long long)hyla_session_position(ws->s), (unsigned long long)r->position);
+        return;
+    }
+    hyla_snapshot *snap = NULL;
+    st = hyla_session_export(ws->s, &snap);
+    if (st == HYLA_OK && !holds_all_layers(w)) {
+        int lb, le;
+        hyla_model_layer_range(w->m, &lb, &le);
+        if (le < hyla_model_get_config(w->m)->num_layers) st = gather_downstream(w, ws, snap);
+    }
+    if (st == HYLA_OK) st = hyla_store_rpc_send_snapshot(c->call, ws->id, snap, 0);
+    hyla_snapshot_destroy(snap);
+    if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
+    else hyla_rpc_call_reply(c->call, NULL);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* the scheduler                                                                               */
 
@@ -1263,6 +1345,7 @@ static void process_commands(hyla_worker *w, cmd *list) {
             break;
         }
         case C_STAGE_MSG: do_stage_msg(w, c); break;
+        case C_EXPORT: do_export(w, c); break;
         case C_STAGE_END: {
             stage_call *sc = find_stage_call(w, c->call);
             if (sc) stage_release(w, sc, HYLA_RPC_OK, "");
@@ -1406,13 +1489,18 @@ static void *scheduler_main(void *arg) {
         }
 
         /* auto-snapshots every K tokens; drain snapshots everything idle */
-        for (wsess *s = w->sessions; s && holds_all_layers(w); s = s->next) {
+        int lb0, le0;
+        hyla_model_layer_range(w->m, &lb0, &le0);
+        for (wsess *s = w->sessions; s && lb0 == 0; s = s->next) {
             if (!s->s || s->put_inflight) continue;
             uint64_t pos = (uint64_t)hyla_session_position(s->s);
-            int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every;
+            int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every && now_s() >= s->snap_retry_at;
             int drain = w->draining && !s->app && !s->gen;
             if (due || drain) {
-                if (start_put(w, s, NULL, 0, drain) != HYLA_OK) HYLA_WARN("snapshot of %s: %s", s->id, hyla_last_error());
+                if (start_put(w, s, NULL, 0, drain) != HYLA_OK) {
+                    HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
+                    s->snap_retry_at = now_s() + 2;
+                }
             }
         }
         if (w->draining && !w->drained) {
@@ -1740,6 +1828,7 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     ADD("Unload", HYLA_RPC_UNARY, hyla__v1__unload_request__descriptor, hyla__v1__unload_response__descriptor, h_unload);
     ADD("ForkSession", HYLA_RPC_UNARY, hyla__v1__fork_session_request__descriptor, hyla__v1__worker_session_response__descriptor, h_fork);
     ADD("DescribeSession", HYLA_RPC_UNARY, hyla__v1__describe_session_request__descriptor, hyla__v1__worker_session_response__descriptor, h_describe);
+    ADD("ExportStage", HYLA_RPC_SERVER_STREAM, hyla__v1__export_stage_request__descriptor, hyla__v1__get_snapshot_response__descriptor, h_export);
     ADD("StageForward", HYLA_RPC_BIDI, hyla__v1__stage_forward_request__descriptor, hyla__v1__stage_forward_response__descriptor, h_stage);
 #undef ADD
     if (st == HYLA_OK) st = hyla_rpc_server_listen(w->srv, p->listen, &w->port);
