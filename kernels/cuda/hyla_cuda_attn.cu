@@ -1,0 +1,492 @@
+/* hyla_cuda_attn.cu — causal softmax attention with GQA and sliding window over paged bf16
+ * KV (MODELS.md 5, [ATTN-2]).
+ *
+ * KV layout (hyla_ops.h): token p of a session lives in page p / page_tokens, row
+ * p % page_tokens; a page is [page_tokens][Hk][D] bf16. New k, v are rounded to bf16 and
+ * written into their pages first; queries then read only the cache, so prefill and decode see
+ * the same bf16 keys and values.
+ *
+ * Prefill (D a multiple of 16, D <= 128): flash-attention style, one block of 4 warps per
+ * (64 queries, query head); each warp owns 16 query rows; key tiles of 64 tokens are gathered
+ * from their pages into shared memory; S = Q K^T and O += P V run on tensor cores (bf16,
+ * fp32 accumulation) with an online softmax in fp32 (max subtraction, exp rescaling).
+ * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
+ * (query, head, key split) runs an online softmax over blocks of 256 keys on CUDA cores and
+ * writes (max, sum, acc); a combine kernel merges the splits in split order. All reductions
+ * run in a fixed order: results are deterministic.
+ * Threading: launched on the context's stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
+
+/* ---------------------------------------------------------------- KV write */
+
+/* token t of this call (position pos[t] or pos0 + t) -> its page row, for k and v */
+__global__ void k_kv_write(const float *k, const float *v, int n, int Hk, int D, int pos0, const int32_t *pos,
+                           void *const *kp, void *const *vp, const int32_t *tab_off, int pt) {
+    size_t per = (size_t)Hk * D;
+    size_t total = (size_t)n * per;
+    for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (size_t)gridDim.x * blockDim.x) {
+        size_t t = x / per, e = x % per;
+        int p = pos ? pos[t] : pos0 + (int)t;
+        int base = tab_off ? tab_off[t] : 0;
+        __nv_bfloat16 *kd = (__nv_bfloat16 *)kp[base + p / pt], *vd = (__nv_bfloat16 *)vp[base + p / pt];
+        size_t off = (size_t)(p % pt) * per + e;
+        kd[off] = __float2bfloat16_rn(k[x]);
+        vd[off] = __float2bfloat16_rn(v[x]);
+    }
+}
+
+/* ---------------------------------------------------------------- split-K rows kernel */
+
+#define AR_T 128
+#define AR_KB 256
+#define AR_MAXD 512
+
+struct AttnRows {
+    const float *q;    /* [nq][Hq][D] */
+    int nq, Hq, Hk, D, window;
+    float scale;
+    int pos0;          /* prefill: query qi at pos0 + qi (pos == NULL) */
+    const int32_t *pos;     /* decode: [nq] */
+    const int32_t *tab_off; /* decode: [nq] offset into the page tables; prefill: NULL (0) */
+    const int32_t *ptok;    /* decode: [nq] page_tokens; prefill: NULL (use pt) */
+    int pt;
+    void *const *kp, *const *vp;
+    int split_len, nsplit;
+    float *part; /* [nq][Hq][nsplit][D + 2] */
+};
+
+__global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
+    __shared__ float qs[AR_MAXD];
+    __shared__ float sc[AR_KB];
+    __shared__ float red[AR_T / 32];
+    const int s = blockIdx.x, h = blockIdx.y, qi = blockIdx.z, tid = threadIdx.x;
+    const int D = a.D, G = a.Hq / a.Hk, hk = h / G;
+    const int qpos = a.pos ? a.pos[qi] : a.pos0 + qi;
+    const int base = a.tab_off ? a.tab_off[qi] : 0;
+    const int pt = a.ptok ? a.ptok[qi] : a.pt;
+    int lo = a.window > 0 ? qpos - a.window + 1 : 0;
+    if (lo < 0) lo = 0;
+    int k0 = lo + s * a.split_len, k1 = k0 + a.split_len - 1;
+    if (k1 > qpos) k1 = qpos;
+    float *out = a.part + (((size_t)qi * a.Hq + h) * a.nsplit + s) * (D + 2);
+    for (int d = tid; d < D; d += AR_T) qs[d] = a.q[((size_t)qi * a.Hq + h) * D + d] * a.scale;
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc[AR_MAXD / AR_T];
+#pragma unroll
+    for (int r = 0; r < AR_MAXD / AR_T; r++) acc[r] = 0.0f;
+    const size_t rowsz = (size_t)a.Hk * D;
+    for (int kb = k0; kb <= k1; kb += AR_KB) {
+        int nk = k1 - kb + 1 < AR_KB ? k1 - kb + 1 : AR_KB;
+        for (int i = tid; i < nk; i += AR_T) {
+            int p = kb + i;
+            const __nv_bfloat16 *kr = (const __nv_bfloat16 *)a.kp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D;
+            float dot = 0.0f;
+            for (int d = 0; d < D; d++) dot += qs[d] * __bfloat162float(kr[d]);
+            sc[i] = dot;
+        }
+        __syncthreads();
+        float mb = -INFINITY;
+        for (int i = tid; i < nk; i += AR_T) mb = fmaxf(mb, sc[i]);
+        for (int o = 16; o; o >>= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+        if ((tid & 31) == 0) red[tid >> 5] = mb;
+        __syncthreads();
+        mb = red[0];
+        for (int i = 1; i < AR_T / 32; i++) mb = fmaxf(mb, red[i]);
+        float mn = fmaxf(m, mb);
+        float corr = expf(m - mn); /* m = -inf on the first block: 0 */
+        __syncthreads();
+        for (int i = tid; i < nk; i += AR_T) sc[i] = expf(sc[i] - mn);
+        __syncthreads();
+        float ls = 0.0f;
+        for (int i = 0; i < nk; i++) ls += sc[i]; /* same order in every thread */
+        l = l * corr + ls;
+#pragma unroll
+        for (int r = 0; r < AR_MAXD / AR_T; r++) {
+            int d = tid + r * AR_T;
+            if (d < D) {
+                float a2 = acc[r] * corr;
+                for (int i = 0; i < nk; i++) {
+                    int p = kb + i;
+                    const __nv_bfloat16 *vr =
+                        (const __nv_bfloat16 *)a.vp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D;
+                    a2 += sc[i] * __bfloat162float(vr[d]);
+                }
+                acc[r] = a2;
+            }
+        }
+        m = mn;
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < AR_MAXD / AR_T; r++) {
+        int d = tid + r * AR_T;
+        if (d < D) out[d] = acc[r];
+    }
+    if (tid == 0) {
+        out[D] = m;
+        out[D + 1] = l;
+    }
+}
+
+__global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsplit, float *o) {
+    const int h = blockIdx.x, qi = blockIdx.y;
+    const float *p = part + ((size_t)qi * Hq + h) * nsplit * (D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, p[(size_t)s * (D + 2) + D]);
+    float L = 0.0f;
+    for (int s = 0; s < nsplit; s++) {
+        float ms = p[(size_t)s * (D + 2) + D];
+        if (ms > -INFINITY) L += expf(ms - M) * p[(size_t)s * (D + 2) + D + 1];
+    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < nsplit; s++) {
+            float ms = p[(size_t)s * (D + 2) + D];
+            if (ms > -INFINITY) acc += expf(ms - M) * p[(size_t)s * (D + 2) + d];
+        }
+        o[((size_t)qi * Hq + h) * D + d] = acc / L;
+    }
+}
+
+/* ---------------------------------------------------------------- flash prefill (tensor cores) */
+
+#define FA_BQ 64
+#define FA_BK 64
+
+template <int D>
+__global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int Hq, int Hk, int pos0, int window,
+                                                    float scale, void *const *kp, void *const *vp, int pt, float *o) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem; /* [64][LD] */
+    __nv_bfloat16 *Ks = Qs + FA_BQ * LD;          /* [64][LD] */
+    __nv_bfloat16 *Vs = Ks + FA_BK * LD;          /* [64][LD] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int qb = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hk);
+    const int q0 = qb * FA_BQ; /* first query (call-relative) */
+    const int nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    for (int x = tid; x < FA_BQ * D; x += 128) {
+        int r = x / D, d = x % D;
+        float v = r < nq ? q[((size_t)(q0 + r) * Hq + h) * D + d] : 0.0f;
+        Qs[r * LD + d] = __float2bfloat16_rn(v);
+    }
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) ld_frag_a(qf[kc], Qs + (16 * w) * LD + kc * 16, LD);
+
+    const int qp_lo = pos0 + q0, qp_hi = pos0 + q0 + nq - 1;
+    int klo = window > 0 ? qp_lo - window + 1 : 0;
+    if (klo < 0) klo = 0;
+    const int khi = qp_hi;
+    /* this thread's two query rows */
+    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float oacc[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+    const size_t rowsz = (size_t)Hk * D;
+    const float sl2 = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
+    for (int kt = klo; kt <= khi; kt += FA_BK) {
+        __syncthreads(); /* previous tile fully consumed */
+        for (int x = tid; x < FA_BK * (D / 8); x += 128) {
+            int r = x / (D / 8), c8 = x % (D / 8);
+            int p = kt + r;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (p <= khi) {
+                size_t off = (size_t)(p % pt) * rowsz + (size_t)hk * D + c8 * 8;
+                kv = *(const uint4 *)((const __nv_bfloat16 *)kp[p / pt] + off);
+                vv = *(const uint4 *)((const __nv_bfloat16 *)vp[p / pt] + off);
+            }
+            *(uint4 *)(Ks + r * LD + c8 * 8) = kv;
+            *(uint4 *)(Vs + r * LD + c8 * 8) = vv;
+        }
+        __syncthreads();
+        float sacc[FA_BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sacc[nt][e] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+            for (int nt = 0; nt < FA_BK / 8; nt++) {
+                uint32_t bf[2];
+                ld_frag_b_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
+                mma_bf16_16816(sacc[nt], qf[kc], bf);
+            }
+        /* mask and online softmax (log2 domain) */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int kpos = kt + nt * 8 + 2 * tq + (e & 1);
+                int qpos = (e >> 1) ? p1 : p0;
+                bool ok = kpos <= qpos && (window <= 0 || kpos > qpos - window);
+                float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
+                sacc[nt][e] = v;
+                if (e >> 1)
+                    mx1 = fmaxf(mx1, v);
+                else
+                    mx0 = fmaxf(mx0, v);
+            }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
+        float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            sacc[nt][0] = exp2f(sacc[nt][0] - b0);
+            sacc[nt][1] = exp2f(sacc[nt][1] - b0);
+            sacc[nt][2] = exp2f(sacc[nt][2] - b1);
+            sacc[nt][3] = exp2f(sacc[nt][3] - b1);
+            s0 += sacc[nt][0] + sacc[nt][1];
+            s1 += sacc[nt][2] + sacc[nt][3];
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+        }
+        l0 = l0 * c0 + s0;
+        l1 = l1 * c1 + s1;
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            oacc[nt][0] *= c0;
+            oacc[nt][1] *= c0;
+            oacc[nt][2] *= c1;
+            oacc[nt][3] *= c1;
+        }
+        /* O += P V */
+#pragma unroll
+        for (int kc = 0; kc < FA_BK / 16; kc++) {
+            uint32_t pf[4];
+            pf[0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+            pf[1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+            pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+            pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt++) {
+                uint32_t bf[2];
+                ld_frag_b_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
+                mma_bf16_16816(oacc[nt], pf, bf);
+            }
+        }
+    }
+    float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int d = nt * 8 + 2 * tq;
+        if (r0 < nq) {
+            float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
+            op[0] = oacc[nt][0] * inv0;
+            op[1] = oacc[nt][1] * inv0;
+        }
+        if (r1 < nq) {
+            float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
+            op[0] = oacc[nt][2] * inv1;
+            op[1] = oacc[nt][3] * inv1;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- host side */
+
+static unsigned grid_of(size_t n) {
+    size_t b = (n + 255) / 256;
+    if (b > 65535u * 8) b = 65535u * 8;
+    return (unsigned)(b ? b : 1);
+}
+
+static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char *what, int b) {
+    if (kv->page_tokens <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: session %d: page_tokens %d", what, b, kv->page_tokens);
+    if (hi / kv->page_tokens >= kv->n_pages)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: session %d: position %d needs page %d of %d", what, b, hi,
+                         hi / kv->page_tokens, kv->n_pages);
+    for (int p = lo / kv->page_tokens; p <= hi / kv->page_tokens; p++)
+        if (!kv->k_pages[p] || !kv->v_pages[p])
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: session %d: page %d (positions %d..%d) is not allocated",
+                             what, b, p, p * kv->page_tokens, (p + 1) * kv->page_tokens - 1);
+    return HYLA_OK;
+}
+
+static int use_flash(int D) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("HYLA_CUDA_ATTN");
+        env = (e && !strcmp(e, "simple")) ? 0 : 1;
+    }
+    return env && (D == 32 || D == 64 || D == 128);
+}
+
+extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq,
+                                       int Hk, int D, int pos0, const hyla_kv_view *kv, int window, float scale,
+                                       float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (n <= 0) return HYLA_OK;
+    if (Hk <= 0 || Hq % Hk || D <= 0 || D > AR_MAXD || pos0 < 0)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "attn_prefill: Hq=%d Hk=%d D=%d pos0=%d", Hq, Hk, D, pos0);
+    int lo = window > 0 ? pos0 - window + 1 : 0;
+    if (lo < 0) lo = 0;
+    HYLA_TRY(check_view(kv, lo, pos0 + n - 1, "attn_prefill", 0));
+    /* page tables: k pointers then v pointers */
+    int np = kv->n_pages;
+    void **tab = (void **)malloc((size_t)2 * np * sizeof(void *));
+    if (!tab) return hyla_fail(HYLA_ERR_NOMEM, "attn_prefill: out of host memory");
+    memcpy(tab, kv->k_pages, (size_t)np * sizeof(void *));
+    memcpy(tab + np, kv->v_pages, (size_t)np * sizeof(void *));
+    void *d_tab;
+    hyla_status st = cu_stage(c, tab, (size_t)2 * np * sizeof(void *), &d_tab);
+    free(tab);
+    HYLA_TRY(st);
+    void *const *kp = (void *const *)d_tab, *const *vp = (void *const *)d_tab + np;
+    k_kv_write<<<grid_of((size_t)n * Hk * D), 256, 0, c->stream>>>(k, v, n, Hk, D, pos0, NULL, kp, vp, NULL,
+                                                                   kv->page_tokens);
+    CU_LAUNCH_CHECK("kv write");
+    if (use_flash(D)) {
+        dim3 grid(cu_blocks(n, FA_BQ), Hq);
+        size_t sm = (size_t)(FA_BQ + 2 * FA_BK) * (D + 8) * 2;
+        if (D == 32) {
+            CU_TRY(cudaFuncSetAttribute(k_attn_flash<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash<32><<<grid, 128, sm, c->stream>>>(q, n, Hq, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o);
+        } else if (D == 64) {
+            CU_TRY(cudaFuncSetAttribute(k_attn_flash<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash<64><<<grid, 128, sm, c->stream>>>(q, n, Hq, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o);
+        } else {
+            CU_TRY(cudaFuncSetAttribute(k_attn_flash<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash<128><<<grid, 128, sm, c->stream>>>(q, n, Hq, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o);
+        }
+        CU_LAUNCH_CHECK("attn flash");
+        return HYLA_OK;
+    }
+    /* split-K rows, queries in groups so the partials stay bounded */
+    int span = window > 0 && window < pos0 + n ? window : pos0 + n;
+    int split_len = 1024;
+    int nsplit = (span + split_len - 1) / split_len;
+    size_t per_q = (size_t)Hq * nsplit * (D + 2) * 4;
+    int group = (int)(((size_t)256 << 20) / per_q);
+    if (group < 1) group = 1;
+    if (group > 65535) group = 65535;
+    if (group > n) group = n;
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_ATTN, per_q * group, &scr));
+    for (int q0 = 0; q0 < n; q0 += group) {
+        int nq = n - q0 < group ? n - q0 : group;
+        AttnRows a;
+        memset(&a, 0, sizeof a);
+        a.q = q + (size_t)q0 * Hq * D;
+        a.nq = nq;
+        a.Hq = Hq;
+        a.Hk = Hk;
+        a.D = D;
+        a.window = window;
+        a.scale = scale;
+        a.pos0 = pos0 + q0;
+        a.pt = kv->page_tokens;
+        a.kp = kp;
+        a.vp = vp;
+        a.split_len = split_len;
+        a.nsplit = nsplit;
+        a.part = (float *)scr;
+        k_attn_rows<<<dim3(nsplit, Hq, nq), AR_T, 0, c->stream>>>(a);
+        CU_LAUNCH_CHECK("attn rows");
+        k_attn_combine<<<dim3(Hq, nq), 128, 0, c->stream>>>((float *)scr, nq, Hq, D, nsplit,
+                                                             o + (size_t)q0 * Hq * D);
+        CU_LAUNCH_CHECK("attn combine");
+    }
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k, const float *v, int B, int Hq,
+                                      int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int window,
+                                      float scale, float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (B <= 0) return HYLA_OK;
+    if (Hk <= 0 || Hq % Hk || D <= 0 || D > AR_MAXD)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "attn_decode: Hq=%d Hk=%d D=%d", Hq, Hk, D);
+    size_t nptr = 0;
+    int maxspan = 1;
+    for (int b = 0; b < B; b++) {
+        if (pos[b] < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "attn_decode: session %d: position %d", b, pos[b]);
+        int lo = window > 0 ? pos[b] - window + 1 : 0;
+        if (lo < 0) lo = 0;
+        HYLA_TRY(check_view(&kv[b], lo, pos[b], "attn_decode", b));
+        nptr += (size_t)kv[b].n_pages;
+        if (pos[b] - lo + 1 > maxspan) maxspan = pos[b] - lo + 1;
+    }
+    /* one staged block: k tables, v tables (same offsets), then int32 tab_off, pos, page_tokens */
+    size_t bytes = nptr * 2 * sizeof(void *) + (size_t)B * 3 * sizeof(int32_t);
+    uint8_t *blk = (uint8_t *)malloc(bytes);
+    if (!blk) return hyla_fail(HYLA_ERR_NOMEM, "attn_decode: out of host memory");
+    void **kt = (void **)blk, **vt = kt + nptr;
+    int32_t *toff = (int32_t *)(vt + nptr), *hpos = toff + B, *hpt = hpos + B;
+    size_t at = 0;
+    for (int b = 0; b < B; b++) {
+        toff[b] = (int32_t)at;
+        hpos[b] = pos[b];
+        hpt[b] = kv[b].page_tokens;
+        memcpy(kt + at, kv[b].k_pages, (size_t)kv[b].n_pages * sizeof(void *));
+        memcpy(vt + at, kv[b].v_pages, (size_t)kv[b].n_pages * sizeof(void *));
+        at += (size_t)kv[b].n_pages;
+    }
+    void *d_blk;
+    hyla_status st = cu_stage(c, blk, bytes, &d_blk);
+    free(blk);
+    HYLA_TRY(st);
+    void *const *kp = (void *const *)d_blk, *const *vp = (void *const *)d_blk + nptr;
+    const int32_t *d_toff = (const int32_t *)((void *const *)d_blk + 2 * nptr);
+    const int32_t *d_pos = d_toff + B, *d_pt = d_pos + B;
+    /* new tokens into their pages (page size may differ per session: one launch per distinct size is
+     * avoided by passing the per-session page size through tab_off's companion arrays) */
+    for (int b = 0; b < B; b++)
+        if (kv[b].page_tokens != kv[0].page_tokens)
+            return hyla_fail(HYLA_ERR_UNSUPPORTED, "attn_decode: sessions with different page sizes in one batch");
+    k_kv_write<<<grid_of((size_t)B * Hk * D), 256, 0, c->stream>>>(k, v, B, Hk, D, 0, d_pos, kp, vp, d_toff,
+                                                                   kv[0].page_tokens);
+    CU_LAUNCH_CHECK("kv write");
+    /* Splits of a fixed length: a session's splits (and so its result) do not depend on the
+     * other sessions of the batch. Sessions with shorter spans leave their last splits empty. */
+    const int split_len = 512;
+    int nsplit = (maxspan + split_len - 1) / split_len;
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_ATTN, (size_t)B * Hq * nsplit * (D + 2) * 4, &scr));
+    AttnRows a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.nq = B;
+    a.Hq = Hq;
+    a.Hk = Hk;
+    a.D = D;
+    a.window = window;
+    a.scale = scale;
+    a.pos = d_pos;
+    a.tab_off = d_toff;
+    a.ptok = d_pt;
+    a.pt = kv[0].page_tokens;
+    a.kp = kp;
+    a.vp = vp;
+    a.split_len = split_len;
+    a.nsplit = nsplit;
+    a.part = (float *)scr;
+    k_attn_rows<<<dim3(nsplit, Hq, B), AR_T, 0, c->stream>>>(a);
+    CU_LAUNCH_CHECK("attn rows");
+    k_attn_combine<<<dim3(Hq, B), 128, 0, c->stream>>>((float *)scr, B, Hq, D, nsplit, o);
+    CU_LAUNCH_CHECK("attn combine");
+    return HYLA_OK;
+}

@@ -1,0 +1,625 @@
+/* hyla_cuda_backend.cu — the CUDA backend's context, memory ops, weights, linear layers
+ * (cublasLt, bf16 operands, fp32 accumulation and output) and the ops table.
+ *
+ * Invariants: see hyla_cuda_impl.h (one compute stream per context; host arrays staged
+ * through a pinned ring; scratch only grows). Weights are converted to bf16 on the host at
+ * weight_create and live in their own cudaMalloc allocation.
+ * linear: M <= 256 rows (everything the runtime issues) go to the batch-invariant skinny kernel
+ * (hyla_cuda_gemm.cu). Larger M: x (fp32, row stride ldx) is converted to a contiguous bf16
+ * scratch copy, then
+ * y[M][N] = x W^T through cublasLt (A = W as a K x N column-major matrix, op T; B = x as K x M;
+ * C = y as N x M with ld = ldy). A plan (layouts + heuristic algorithm) is cached per
+ * (M, N, K, ldy, accumulate, alignment of y): the same shape always takes the same algorithm,
+ * so results are deterministic run to run. Different M may take different algorithms, so a
+ * row's rounding can differ between M (documented in docs/CUDA.md).
+ * Threading: one thread per context. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_pool.h"
+
+/* ---------------------------------------------------------------- errors */
+
+extern "C" hyla_status hyla_cuda_fail(cudaError_t e, const char *expr, const char *file, int line) {
+    const char *base = strrchr(file, '/');
+    hyla_status s = (e == cudaErrorMemoryAllocation) ? HYLA_ERR_NOMEM : HYLA_ERR_DEVICE;
+    return hyla_fail(s, "CUDA: %s failed: %s (%s) at %s:%d", expr, cudaGetErrorName(e), cudaGetErrorString(e),
+                     base ? base + 1 : file, line);
+}
+
+extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, const char *file, int line) {
+    const char *base = strrchr(file, '/');
+    hyla_status s = (e == CUBLAS_STATUS_ALLOC_FAILED) ? HYLA_ERR_NOMEM : HYLA_ERR_DEVICE;
+    return hyla_fail(s, "cuBLAS: %s failed: %s (%s) at %s:%d", expr, cublasGetStatusName(e),
+                     cublasGetStatusString(e), base ? base + 1 : file, line);
+}
+
+/* ---------------------------------------------------------------- staging and scratch */
+
+#define RING_BYTES ((size_t)16 << 20)
+#define BOUNCE_BYTES ((size_t)8 << 20)
+
+/* Make room for `parts` stages totalling `bytes` so none of them wraps the ring (a wrap
+ * would reuse the mirror of an earlier part before its consumer kernel is queued). */
+extern "C" hyla_status cu_stage_reserve(hyla_cuda_ctx *c, size_t bytes, int parts) {
+    size_t need = bytes + (size_t)parts * 256;
+    if (need > c->ring_bytes) {
+        size_t nb = c->ring_bytes;
+        while (nb < need) nb *= 2;
+        CU_TRY(cudaStreamSynchronize(c->stream));
+        CU_TRY(cudaFreeHost(c->ring_host));
+        CU_TRY(cudaFree(c->ring_dev));
+        c->ring_host = NULL;
+        c->ring_dev = NULL;
+        CU_TRY(cudaMallocHost((void **)&c->ring_host, nb));
+        CU_TRY(cudaMalloc((void **)&c->ring_dev, nb));
+        c->ring_bytes = nb;
+        c->ring_off = 0;
+    }
+    if (c->ring_off + need > c->ring_bytes) {
+        CU_TRY(cudaStreamSynchronize(c->stream));
+        c->ring_off = 0;
+    }
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_stage(hyla_cuda_ctx *c, const void *host, size_t bytes, void **dev) {
+    size_t need = (bytes + 255) & ~(size_t)255;
+    if (need == 0) need = 256;
+    if (need > c->ring_bytes) {
+        /* Rare: a table larger than the ring. Grow it (after the stream drains). */
+        size_t nb = c->ring_bytes;
+        while (nb < need) nb *= 2;
+        CU_TRY(cudaStreamSynchronize(c->stream));
+        CU_TRY(cudaFreeHost(c->ring_host));
+        CU_TRY(cudaFree(c->ring_dev));
+        c->ring_host = NULL;
+        c->ring_dev = NULL;
+        CU_TRY(cudaMallocHost((void **)&c->ring_host, nb));
+        CU_TRY(cudaMalloc((void **)&c->ring_dev, nb));
+        c->ring_bytes = nb;
+        c->ring_off = 0;
+    }
+    if (c->ring_off + need > c->ring_bytes) {
+        /* Wrap: earlier copies out of the ring and kernels reading its mirror must be done. */
+        CU_TRY(cudaStreamSynchronize(c->stream));
+        c->ring_off = 0;
+    }
+    uint8_t *h = c->ring_host + c->ring_off;
+    uint8_t *d = c->ring_dev + c->ring_off;
+    if (bytes) memcpy(h, host, bytes);
+    CU_TRY(cudaMemcpyAsync(d, h, bytes ? bytes : 1, cudaMemcpyHostToDevice, c->stream));
+    c->ring_off += need;
+    *dev = d;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void **out) {
+    if (bytes == 0) bytes = 256;
+    if (c->scratch_bytes[slot] < bytes) {
+        size_t nb = bytes + bytes / 4;
+        nb = (nb + 4095) & ~(size_t)4095;
+        if (c->scratch[slot]) {
+            CU_TRY(cudaStreamSynchronize(c->stream)); /* queued kernels may still read it */
+            CU_TRY(cudaFree(c->scratch[slot]));
+            c->scratch[slot] = NULL;
+            c->scratch_bytes[slot] = 0;
+        }
+        CU_TRY(cudaMalloc(&c->scratch[slot], nb));
+        c->scratch_bytes[slot] = nb;
+    }
+    *out = c->scratch[slot];
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- memory ops */
+
+static hyla_status cu_alloc(void *ctx, size_t bytes, void **out) {
+    *out = NULL;
+    return cu_pool_alloc((hyla_cuda_ctx *)ctx, bytes, out);
+}
+
+static void cu_free(void *ctx, void *p) {
+    if (p) cu_pool_free((hyla_cuda_ctx *)ctx, p);
+}
+
+/* Host -> device through the pinned bounce buffers: the host copy of piece i+1 overlaps the
+ * DMA of piece i. Returns once the host memory has been read (the DMA may still run). */
+static hyla_status cu_upload(void *ctx, void *dst, const void *host_src, size_t bytes) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    const uint8_t *s = (const uint8_t *)host_src;
+    uint8_t *d = (uint8_t *)dst;
+    while (bytes) {
+        size_t n = bytes < c->bounce_bytes ? bytes : c->bounce_bytes;
+        int i = c->bounce_next;
+        c->bounce_next ^= 1;
+        CU_TRY(cudaEventSynchronize(c->bounce_ev[i]));
+        memcpy(c->bounce[i], s, n);
+        CU_TRY(cudaMemcpyAsync(d, c->bounce[i], n, cudaMemcpyHostToDevice, c->stream));
+        CU_TRY(cudaEventRecord(c->bounce_ev[i], c->stream));
+        s += n;
+        d += n;
+        bytes -= n;
+    }
+    return HYLA_OK;
+}
+
+/* Device -> host: queued after all earlier work on the stream; piece i's host copy overlaps
+ * piece i+1's DMA. Complete on return. */
+static hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    const uint8_t *s = (const uint8_t *)src;
+    uint8_t *d = (uint8_t *)host_dst;
+    size_t pend_n[2] = {0, 0};
+    uint8_t *pend_dst[2] = {NULL, NULL};
+    int i = 0;
+    CU_TRY(cudaEventSynchronize(c->bounce_ev[0]));
+    CU_TRY(cudaEventSynchronize(c->bounce_ev[1]));
+    while (bytes || pend_n[0] || pend_n[1]) {
+        if (pend_n[i]) { /* drain this buffer's previous piece before reusing it */
+            CU_TRY(cudaEventSynchronize(c->bounce_ev[i]));
+            memcpy(pend_dst[i], c->bounce[i], pend_n[i]);
+            pend_n[i] = 0;
+        }
+        if (bytes) {
+            size_t n = bytes < c->bounce_bytes ? bytes : c->bounce_bytes;
+            CU_TRY(cudaMemcpyAsync(c->bounce[i], s, n, cudaMemcpyDeviceToHost, c->stream));
+            CU_TRY(cudaEventRecord(c->bounce_ev[i], c->stream));
+            pend_n[i] = n;
+            pend_dst[i] = d;
+            s += n;
+            d += n;
+            bytes -= n;
+        }
+        i ^= 1;
+    }
+    return HYLA_OK;
+}
+
+static hyla_status cu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (!bytes || dst == src) return HYLA_OK;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    return HYLA_OK;
+}
+
+static hyla_status cu_zero(void *ctx, void *dst, size_t bytes) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (!bytes) return HYLA_OK;
+    CU_TRY(cudaMemsetAsync(dst, 0, bytes, c->stream));
+    return HYLA_OK;
+}
+
+static hyla_status cu_sync(void *ctx) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    CU_TRY(cudaGetLastError());
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols,
+                                    hyla_weight **out) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    *out = NULL;
+    if (rows <= 0 || cols <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "weight_create: shape [%d][%d]", rows, cols);
+    if (dt != HYLA_DT_F32 && dt != HYLA_DT_F16 && dt != HYLA_DT_BF16)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "weight_create: dtype %s", hyla_dtype_name(dt));
+    size_t n = (size_t)rows * cols;
+    hyla_weight *w = (hyla_weight *)calloc(1, sizeof *w);
+    if (!w) return hyla_fail(HYLA_ERR_NOMEM, "weight_create: out of host memory");
+    w->rows = rows;
+    w->cols = cols;
+    cudaError_t e = cudaMalloc((void **)&w->d, n * 2);
+    if (e != cudaSuccess) {
+        free(w);
+        return hyla_cuda_fail(e, "cudaMalloc(weight)", __FILE__, __LINE__);
+    }
+    /* Convert in pieces of the bounce buffer size straight into pinned memory. */
+    size_t piece = c->bounce_bytes / 2; /* elements per piece (bf16) */
+    hyla_status st = HYLA_OK;
+    for (size_t off = 0; off < n && st == HYLA_OK; off += piece) {
+        size_t m = n - off < piece ? n - off : piece;
+        int i = c->bounce_next;
+        c->bounce_next ^= 1;
+        e = cudaEventSynchronize(c->bounce_ev[i]);
+        if (e != cudaSuccess) { st = hyla_cuda_fail(e, "cudaEventSynchronize", __FILE__, __LINE__); break; }
+        uint16_t *dst = (uint16_t *)c->bounce[i];
+        if (dt == HYLA_DT_BF16) {
+            memcpy(dst, (const uint16_t *)host + off, m * 2);
+        } else if (dt == HYLA_DT_F32) {
+            const float *s = (const float *)host + off;
+            for (size_t j = 0; j < m; j++) dst[j] = hyla_f32_to_bf16(s[j]);
+        } else {
+            const uint16_t *s = (const uint16_t *)host + off;
+            for (size_t j = 0; j < m; j++) dst[j] = hyla_f32_to_bf16(hyla_f16_to_f32(s[j]));
+        }
+        e = cudaMemcpyAsync(w->d + off, dst, m * 2, cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess) e = cudaEventRecord(c->bounce_ev[i], c->stream);
+        if (e != cudaSuccess) st = hyla_cuda_fail(e, "cudaMemcpyAsync(weight)", __FILE__, __LINE__);
+    }
+    if (st != HYLA_OK) {
+        cudaStreamSynchronize(c->stream);
+        cudaFree(w->d);
+        free(w);
+        return st;
+    }
+    *out = w;
+    return HYLA_OK;
+}
+
+static void cu_weight_destroy(void *ctx, hyla_weight *w) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (!w) return;
+    cudaStreamSynchronize(c->stream); /* queued GEMMs may still read it */
+    cudaFree(w->d);
+    free(w);
+}
+
+/* ---------------------------------------------------------------- linear */
+
+static unsigned ptr_align(const void *p, size_t ld_bytes) {
+    uintptr_t v = (uintptr_t)p | (uintptr_t)ld_bytes;
+    unsigned a = 256;
+    while (a > 4 && (v & (a - 1))) a >>= 1;
+    return a;
+}
+
+static hyla_status gemm_plan(hyla_cuda_ctx *c, int M, int N, int K, int ldy, int acc, unsigned align_c,
+                             hyla_cu_gemm_plan **out) {
+    uint64_t key = ((uint64_t)M * 1000003u) ^ ((uint64_t)N << 20) ^ ((uint64_t)K << 40) ^ ((uint64_t)ldy * 7919u) ^
+                   ((uint64_t)acc << 62) ^ ((uint64_t)align_c << 50);
+    key |= 1; /* 0 marks an empty slot */
+    unsigned h = (unsigned)(key ^ (key >> 29)) % HYLA_CU_GEMM_PLANS;
+    for (int probe = 0; probe < HYLA_CU_GEMM_PLANS; probe++) {
+        hyla_cu_gemm_plan *p = &c->plans[(h + probe) % HYLA_CU_GEMM_PLANS];
+        if (p->key == key && p->M == M && p->N == N && p->K == K && p->ldy == ldy && p->acc == acc) {
+            *out = p;
+            return HYLA_OK;
+        }
+        if (p->key == 0) {
+            CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K));
+            CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, K, M, K));
+            CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, M, ldy));
+            cublasLtMatmulPreference_t pref;
+            CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+            uint32_t ac = align_c;
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &c->lt_workspace_bytes, sizeof c->lt_workspace_bytes);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+            cublasLtMatmulHeuristicResult_t res;
+            int found = 0;
+            cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, c->lt_desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                                               &res, &found);
+            cublasLtMatmulPreferenceDestroy(pref);
+            p->has_algo = (hs == CUBLAS_STATUS_SUCCESS && found > 0);
+            if (p->has_algo) p->algo = res.algo;
+            p->key = key;
+            p->M = M;
+            p->N = N;
+            p->K = K;
+            p->ldy = ldy;
+            p->acc = acc;
+            *out = p;
+            return HYLA_OK;
+        }
+    }
+    *out = NULL; /* table full: callers fall back to cublasGemmEx */
+    return HYLA_OK;
+}
+
+static hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                             const float *bias, float *y, int ldy, int N, int accumulate) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (M <= 0) return HYLA_OK;
+    if (!W || W->rows != N || W->cols != K)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: weight [%d][%d] for N=%d K=%d", W ? W->rows : -1,
+                         W ? W->cols : -1, N, K);
+    if (ldx < K || ldy < N) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: ldx %d < K %d or ldy %d < N %d", ldx, K, ldy, N);
+    if (M <= 256 && !c->linear_cublas_only) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
+    void *xb;
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)M * K * 2, &xb));
+    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    hyla_cu_gemm_plan *p = NULL;
+    unsigned ac = ptr_align(y, (size_t)ldy * 4);
+    HYLA_TRY(gemm_plan(c, M, N, K, ldy, accumulate, ac, &p));
+    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p && p->has_algo)
+        st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W->d, p->la, xb, p->lb, &beta, y, p->lc, y, p->lc, &p->algo,
+                            c->lt_workspace, c->lt_workspace_bytes, c->stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W->d, CUDA_R_16BF, K, xb,
+                                CUDA_R_16BF, K, &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CU_LAUNCH_CHECK("linear");
+    if (bias) HYLA_TRY(cu_add_bias_rows(c, y, ldy, M, N, bias));
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- context */
+
+static void cu_destroy(void *ctx) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < HYLA_CU_GEMM_PLANS; i++) {
+        hyla_cu_gemm_plan *p = &c->plans[i];
+        if (!p->key) continue;
+        cublasLtMatrixLayoutDestroy(p->la);
+        cublasLtMatrixLayoutDestroy(p->lb);
+        cublasLtMatrixLayoutDestroy(p->lc);
+    }
+    if (c->lt_desc) cublasLtMatmulDescDestroy(c->lt_desc);
+    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->cublas) cublasDestroy(c->cublas);
+    cudaFree(c->lt_workspace);
+    for (int i = 0; i < HYLA_CU_SCRATCH_SLOTS; i++) cudaFree(c->scratch[i]);
+    for (int i = 0; i < 2; i++) {
+        if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
+        if (c->bounce_ev[i]) cudaEventDestroy(c->bounce_ev[i]);
+    }
+    if (c->ring_host) cudaFreeHost(c->ring_host);
+    cudaFree(c->ring_dev);
+    cu_pool_destroy(c, c->pool);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const hyla_ops cuda_ops = {
+    /* name */ "cuda",
+    /* kv_dtype */ HYLA_DT_BF16,
+    cu_alloc,
+    cu_free,
+    cu_upload,
+    cu_download,
+    cu_copy,
+    cu_zero,
+    cu_sync,
+    cu_weight_create,
+    cu_weight_destroy,
+    cu_embed,
+    cu_linear,
+    cu_rmsnorm,
+    cu_add_rmsnorm,
+    cu_add,
+    cu_swiglu,
+    cu_silu,
+    cu_gla_gate,
+    cu_softmax_rows,
+    cu_l2norm_rows,
+    cu_gdn_gates,
+    cu_rope,
+    cu_short_conv,
+    cu_gated_rmsnorm,
+    cu_gla_prefill,
+    cu_gla_decode,
+    cu_gdn_prefill,
+    cu_gdn_decode,
+    cu_attn_prefill,
+    cu_attn_decode,
+    cu_sse_route,
+    cu_sse_prefill,
+    cu_sse_decode,
+    cu_sample,
+    cu_destroy,
+};
+
+static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
+    int n = 0;
+    CU_TRY(cudaGetDeviceCount(&n));
+    if (device < 0 || device >= n)
+        return hyla_fail(HYLA_ERR_DEVICE, "cuda:%d: this machine has %d CUDA device(s)", device, n);
+    CU_TRY(cudaSetDevice(device));
+    c->device = device;
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 8)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "cuda:%d (%s) has compute capability %d.%d; bf16 kernels need 8.0+",
+                         device, prop.name, prop.major, prop.minor);
+    c->sm_count = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    CU_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CU_TRY(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+    CUBLAS_TRY(cublasCreate(&c->cublas));
+    CUBLAS_TRY(cublasSetStream(c->cublas, c->stream));
+    CUBLAS_TRY(cublasLtCreate(&c->lt));
+    CUBLAS_TRY(cublasLtMatmulDescCreate(&c->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    c->lt_workspace_bytes = (size_t)32 << 20;
+    CU_TRY(cudaMalloc(&c->lt_workspace, c->lt_workspace_bytes));
+    CUBLAS_TRY(cublasSetWorkspace(c->cublas, c->lt_workspace, c->lt_workspace_bytes));
+    c->ring_bytes = RING_BYTES;
+    CU_TRY(cudaMallocHost((void **)&c->ring_host, c->ring_bytes));
+    CU_TRY(cudaMalloc((void **)&c->ring_dev, c->ring_bytes));
+    c->bounce_bytes = BOUNCE_BYTES;
+    for (int i = 0; i < 2; i++) {
+        CU_TRY(cudaMallocHost((void **)&c->bounce[i], c->bounce_bytes));
+        CU_TRY(cudaEventCreateWithFlags(&c->bounce_ev[i], cudaEventDisableTiming));
+    }
+    HYLA_TRY(cu_pool_create(c, &c->pool));
+    const char *pm = getenv("HYLA_CUDA_PREFILL");
+    c->prefill_mode = (pm && !strcmp(pm, "recurrent")) ? 1 : 0;
+    const char *lm = getenv("HYLA_CUDA_LINEAR");
+    c->linear_cublas_only = (lm && !strcmp(lm, "cublas")) ? 1 : 0;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_backend_create(int device, hyla_backend **out) {
+    *out = NULL;
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)calloc(1, sizeof *c);
+    hyla_backend *b = (hyla_backend *)calloc(1, sizeof *b);
+    if (!c || !b) {
+        free(c);
+        free(b);
+        return hyla_fail(HYLA_ERR_NOMEM, "cuda backend: out of host memory");
+    }
+    hyla_status s = ctx_init(c, device);
+    if (s != HYLA_OK) {
+        cu_destroy(c);
+        free(b);
+        return hyla_fail_wrap(s, "cuda:%d", device);
+    }
+    b->ops = &cuda_ops;
+    b->ctx = c;
+    *out = b;
+    return HYLA_OK;
+}
+
+extern "C" int hyla_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the "no device" error */
+        return 0;
+    }
+    return n > 0;
+}
+
+/* ---------------------------------------------------------------- hyla_cuda_extra.h */
+
+#include "hyla_cuda_extra.h"
+
+static hyla_cuda_ctx *extra_ctx(hyla_backend *be) {
+    if (!be || !be->ops || !be->ops->name || strcmp(be->ops->name, "cuda")) return NULL;
+    return (hyla_cuda_ctx *)be->ctx;
+}
+
+extern "C" hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len, int *sm_count,
+                                             double *mem_gib) {
+    hyla_cuda_ctx *c = extra_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_device_info: not a cuda backend");
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, c->device));
+    if (name && name_len) snprintf(name, name_len, "%s", prop.name);
+    if (sm_count) *sm_count = prop.multiProcessorCount;
+    if (mem_gib) *mem_gib = (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0);
+    return HYLA_OK;
+}
+
+__global__ void k_fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 13;
+        x *= 0x5bd1e995u;
+        x ^= x >> 15;
+        p[i] = __float2bfloat16_rn(((float)(x & 0xffff) / 65536.0f - 0.5f) * 0.1f);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+extern "C" hyla_status hyla_cuda_bench_gemm_bf16(hyla_backend *be, int M, int N, int K, int iters, double *ms) {
+    hyla_cuda_ctx *c = extra_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_bench_gemm_bf16: not a cuda backend");
+    if (iters < 1) iters = 1;
+    if (iters > 64) iters = 64;
+    __nv_bfloat16 *A = NULL, *B = NULL, *C = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    hyla_status st = HYLA_OK;
+    double t[64];
+#define G(expr)                                                                                 \
+    do {                                                                                        \
+        cudaError_t e_ = (expr);                                                                \
+        if (e_ != cudaSuccess) { st = hyla_cuda_fail(e_, #expr, __FILE__, __LINE__); goto out; } \
+    } while (0)
+#define GB(expr)                                                                                    \
+    do {                                                                                            \
+        cublasStatus_t e_ = (expr);                                                                 \
+        if (e_ != CUBLAS_STATUS_SUCCESS) { st = hyla_cublas_fail(e_, #expr, __FILE__, __LINE__); goto out; } \
+    } while (0)
+    {
+        G(cudaMalloc((void **)&A, (size_t)M * K * 2));
+        G(cudaMalloc((void **)&B, (size_t)N * K * 2));
+        G(cudaMalloc((void **)&C, (size_t)M * N * 2));
+        k_fill_bf16<<<1024, 256, 0, c->stream>>>(A, (size_t)M * K, 1);
+        k_fill_bf16<<<1024, 256, 0, c->stream>>>(B, (size_t)N * K, 2);
+        G(cudaGetLastError());
+        GB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        GB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        GB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        GB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
+        GB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
+        GB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+        GB(cublasLtMatmulPreferenceCreate(&pref));
+        GB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_workspace_bytes,
+                                                sizeof c->lt_workspace_bytes));
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        GB(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1, &res, &found));
+        if (!found) {
+            st = hyla_fail(HYLA_ERR_DEVICE, "cublasLt found no bf16 algorithm for %dx%dx%d", M, N, K);
+            goto out;
+        }
+        float alpha = 1.0f, beta = 0.0f;
+        G(cudaEventCreate(&e0));
+        G(cudaEventCreate(&e1));
+        for (int i = 0; i < iters + 2; i++) {
+            G(cudaEventRecord(e0, c->stream));
+            GB(cublasLtMatmul(c->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res.algo, c->lt_workspace,
+                              c->lt_workspace_bytes, c->stream));
+            G(cudaEventRecord(e1, c->stream));
+            G(cudaEventSynchronize(e1));
+            float f;
+            G(cudaEventElapsedTime(&f, e0, e1));
+            if (i >= 2) t[i - 2] = f;
+        }
+        qsort(t, (size_t)iters, sizeof t[0], cmp_double);
+        *ms = t[iters / 2];
+    }
+out:
+#undef G
+#undef GB
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaStreamSynchronize(c->stream);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    return st;
+}
+
+extern "C" hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, int dv, float scale,
+                                                const float *q, const float *k, const float *v, const float *ga,
+                                                const float *gb, float *o, int nseq, const int32_t *start,
+                                                const int32_t *len, float *const *S) {
+    hyla_cuda_ctx *c = extra_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_prefill_varlen: not a cuda backend");
+    hyla_cu_linattn_batch b;
+    memset(&b, 0, sizeof b);
+    b.gdn = gdn;
+    b.H = H;
+    b.dk = dk;
+    b.dv = dv;
+    b.scale = scale;
+    b.q = q;
+    b.k = k;
+    b.v = v;
+    b.ga = ga;
+    b.gb = gb;
+    b.o = o;
+    b.nseq = nseq;
+    b.h_start = start;
+    b.h_len = len;
+    b.h_S = S;
+    return cu_linattn_prefill_batch(c, &b);
+}

@@ -1,0 +1,39 @@
+/* hyla_cuda_extra.h — CUDA-only entry points beyond the ops table, for hyla-bench and for a
+ * runtime that batches prefill across sessions.
+ *
+ * They exist only in builds with the CUDA backend. Code that must also link without it can
+ * declare them weak (`__attribute__((weak))`) and test the address: they live in the object
+ * that holds hyla_cuda_backend_create, which every CUDA build links.
+ * Each fails with HYLA_ERR_INVALID_ARG when given a backend that is not "cuda". */
+#ifndef HYLA_CUDA_EXTRA_H
+#define HYLA_CUDA_EXTRA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The GPU's name, SM count and memory (for benchmark records). */
+hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len, int *sm_count, double *mem_gib);
+
+/* The reference the projection target is measured against: a plain cuBLAS bf16 GEMM
+ * (bf16 A, B and C, fp32 accumulation) of M x N x K on random data, `iters` times after a
+ * warm-up. *ms receives the median time of one GEMM. */
+hyla_status hyla_cuda_bench_gemm_bf16(hyla_backend *be, int M, int N, int K, int iters, double *ms);
+
+/* Chunked GLA (gdn = 0: ga = gk [tok][H][dk]) or GDN (gdn = 1: ga = g, gb = beta [tok][H])
+ * prefill of nseq sequences packed in one buffer: sequence z is tokens
+ * [start[z], start[z] + len[z]) with state S[z] ([H][dk][dv] fp32, updated). One launch pair
+ * for all sequences. start, len, S: host arrays [nseq]; the rest device pointers. */
+hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, int dv, float scale, const float *q,
+                                     const float *k, const float *v, const float *ga, const float *gb, float *o,
+                                     int nseq, const int32_t *start, const int32_t *len, float *const *S);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,145 @@
+/* hyla_cuda_gemm.cu — the batch-invariant "skinny" linear for M <= 256 rows (every linear the
+ * runtime issues: prefill pieces of <= 64 tokens, decode batches of <= 256 sessions).
+ *
+ * y[M][N] = x[M][K] W[N][K]^T (+ bias) (+ y): x fp32 (converted to bf16 while staged in shared
+ * memory), W bf16, bf16 tensor-core products (mma.sync m16n8k16) with fp32 accumulation.
+ * A block owns 64 output columns and one K slice; K is cut into S slices where S depends on
+ * N and K only (enough blocks to cover the GPU), the slices' fp32 partials are summed in slice
+ * order by a second kernel. So the arithmetic that produces y[m][n] — which products, in
+ * which order, in which instructions — does not depend on M or on the other rows: a session's
+ * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
+ * result does not depend on M"). Weights stream through once per 128-row block.
+ * Threading: launched on the context's stream. */
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
+
+#define SK_N 64 /* output columns per block */
+#define SK_K 64 /* K per shared-memory tile */
+#define SK_LD 72
+
+template <int MT>
+__global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int ldx, int M, int K,
+                                                const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
+                                                float *__restrict__ part) {
+    __shared__ __align__(16) __nv_bfloat16 Ws[SK_N * SK_LD];
+    __shared__ __align__(16) __nv_bfloat16 Xs[MT * 16 * SK_LD];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int n0 = blockIdx.x * SK_N, s = blockIdx.y, m0 = blockIdx.z * MT * 16;
+    const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
+    const bool vecw = (K & 7) == 0, vecx = (ldx & 3) == 0 && (((uintptr_t)x) & 15) == 0;
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    for (int kt = kbeg; kt < kend; kt += SK_K) {
+        /* W tile: 64 rows x 64 k, 16-byte pieces */
+        for (int c = tid; c < SK_N * 8; c += 128) {
+            int r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (n < N) {
+                const __nv_bfloat16 *src = W + (size_t)n * K + k;
+                if (vecw && k + 8 <= kend) {
+                    v = *(const uint4 *)src;
+                } else {
+                    unsigned short tmp[8];
+                    for (int j = 0; j < 8; j++)
+                        tmp[j] = (k + j < kend) ? ((const unsigned short *)src)[j] : (unsigned short)0;
+                    v = make_uint4(tmp[0] | (tmp[1] << 16), tmp[2] | (tmp[3] << 16), tmp[4] | (tmp[5] << 16),
+                                   tmp[6] | (tmp[7] << 16));
+                }
+            }
+            *(uint4 *)(Ws + r * SK_LD + kk) = v;
+        }
+        /* x tile: MT*16 rows x 64 k, fp32 -> bf16 */
+        for (int c = tid; c < MT * 16 * 16; c += 128) {
+            int r = c >> 4, kk = (c & 15) * 4, m = m0 + r, k = kt + kk;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m < M) {
+                const float *src = x + (size_t)m * ldx + k;
+                if (vecx && k + 4 <= kend) {
+                    v = *(const float4 *)src;
+                } else {
+                    v.x = k < kend ? src[0] : 0.f;
+                    v.y = k + 1 < kend ? src[1] : 0.f;
+                    v.z = k + 2 < kend ? src[2] : 0.f;
+                    v.w = k + 3 < kend ? src[3] : 0.f;
+                }
+            }
+            uint2 pk = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+            *(uint2 *)(Xs + r * SK_LD + kk) = pk;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kc = 0; kc < SK_K / 16; kc++) {
+            uint32_t bf[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) ld_frag_b_nk(bf[nt], Ws + (16 * w + nt * 8) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                uint32_t af[4];
+                ld_frag_a(af, Xs + (mt * 16) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) mma_bf16_16816(acc[mt][nt], af, bf[nt]);
+            }
+        }
+        __syncthreads();
+    }
+    float *out = part + (size_t)s * M * N;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
+                if (m < M && n < N) out[(size_t)m * N + n] = acc[mt][nt][e];
+            }
+}
+
+/* y = sum_s part[s] (in s order) + bias + (acc ? y : 0) */
+__global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias, float *y,
+                                int ldy, int accumulate) {
+    size_t total = (size_t)M * N;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t m = i / N, n = i - m * N;
+        float v = part[i];
+        for (int s = 1; s < S; s++) v += part[(size_t)s * total + i];
+        if (bias) v += bias[n];
+        float *yp = y + m * ldy + n;
+        *yp = accumulate ? *yp + v : v;
+    }
+}
+
+extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                                        const float *bias, float *y, int ldy, int N, int accumulate) {
+    /* slices: enough blocks for ~4 per SM, from N and K only */
+    int ntiles = (N + SK_N - 1) / SK_N;
+    int ktiles = (K + SK_K - 1) / SK_K;
+    int S = (4 * c->sm_count + ntiles - 1) / ntiles;
+    if (S > 16) S = 16;
+    if (S > ktiles) S = ktiles;
+    if (S < 1) S = 1;
+    int kchunk = (ktiles + S - 1) / S * SK_K;
+    S = (K + kchunk - 1) / kchunk;
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)S * M * N * sizeof(float), &scr));
+    float *part = (float *)scr;
+    int MT = M <= 16 ? 1 : M <= 32 ? 2 : M <= 64 ? 4 : 8;
+    dim3 grid(ntiles, S, (M + MT * 16 - 1) / (MT * 16));
+    switch (MT) {
+    case 1: k_skinny<1><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
+    case 2: k_skinny<2><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
+    case 4: k_skinny<4><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
+    default: k_skinny<8><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
+    }
+    CU_LAUNCH_CHECK("skinny linear");
+    size_t total = (size_t)M * N;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535u * 8) blocks = 65535u * 8;
+    k_skinny_reduce<<<(unsigned)blocks, 256, 0, c->stream>>>(part, S, M, N, bias, y, ldy, accumulate);
+    CU_LAUNCH_CHECK("skinny reduce");
+    return HYLA_OK;
+}

@@ -1,0 +1,208 @@
+/* hyla_cuda_impl.h — internals of the CUDA backend shared by its translation units
+ * (kernels/cuda/*.cu). Not a public header: the public surface is hyla_ops.h
+ * (hyla_cuda_backend_create) and hyla_cuda_pool.h (state pool and async snapshot copies).
+ *
+ * Invariants:
+ *   - One context drives one device through one compute stream (ctx->stream); every kernel,
+ *     memset and copy of an op is queued on it, so ops are ordered without host syncs.
+ *   - Host arrays handed to ops (per-session state pointers, KV page tables, token ids,
+ *     positions, sampler parameters) are staged into a pinned ring and copied to a device
+ *     mirror of the ring on the same stream (cu_stage). The ring wraps after a stream sync.
+ *   - Scratch buffers (cu_scratch) only grow; growing syncs the stream first.
+ *   - Every CUDA/cuBLAS call goes through CU_TRY / CUBLAS_TRY (records expression, file, line
+ *     into the thread's hyla error detail); every launch is followed by CU_LAUNCH_CHECK.
+ * Threading: one thread drives one context (hyla_ops.h). */
+#ifndef HYLA_CUDA_IMPL_H
+#define HYLA_CUDA_IMPL_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "hyla_ops.h"
+#include "hyla_status.h"
+
+/* ---- error checks ---- */
+extern "C" hyla_status hyla_cuda_fail(cudaError_t e, const char *expr, const char *file, int line);
+extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, const char *file, int line);
+
+#define CU_TRY(expr)                                                        \
+    do {                                                                    \
+        cudaError_t cu_e_ = (expr);                                         \
+        if (cu_e_ != cudaSuccess) return hyla_cuda_fail(cu_e_, #expr, __FILE__, __LINE__); \
+    } while (0)
+#define CUBLAS_TRY(expr)                                                    \
+    do {                                                                    \
+        cublasStatus_t cb_e_ = (expr);                                      \
+        if (cb_e_ != CUBLAS_STATUS_SUCCESS) return hyla_cublas_fail(cb_e_, #expr, __FILE__, __LINE__); \
+    } while (0)
+/* After every kernel launch: a bad configuration or a sticky earlier fault becomes a status. */
+#define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
+
+#define HYLA_CU_SCRATCH_SLOTS 8
+enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6 };
+
+typedef struct hyla_cu_pool hyla_cu_pool; /* hyla_cuda_pool.cu */
+
+typedef struct {
+    uint64_t key; /* M, N, K, ldy, accumulate hashed; 0 = empty */
+    int M, N, K, ldy, acc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    int has_algo;
+} hyla_cu_gemm_plan;
+#define HYLA_CU_GEMM_PLANS 512
+
+typedef struct hyla_cuda_ctx {
+    int device;
+    int sm_count;
+    size_t smem_optin; /* max dynamic shared memory per block (bytes) */
+    cudaStream_t stream;      /* compute stream: every op */
+    cudaStream_t copy_stream; /* snapshot/restore copies (hyla_cuda_pool.h) */
+    cublasHandle_t cublas;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t lt_desc;
+    void *lt_workspace;
+    size_t lt_workspace_bytes;
+    hyla_cu_gemm_plan plans[HYLA_CU_GEMM_PLANS];
+
+    /* staging ring for host arrays: pinned host + device mirror */
+    uint8_t *ring_host;
+    uint8_t *ring_dev;
+    size_t ring_bytes, ring_off;
+
+    /* pinned bounce buffers for upload/download (double buffered) */
+    uint8_t *bounce[2];
+    cudaEvent_t bounce_ev[2];
+    size_t bounce_bytes;
+    int bounce_next;
+
+    void *scratch[HYLA_CU_SCRATCH_SLOTS];
+    size_t scratch_bytes[HYLA_CU_SCRATCH_SLOTS];
+
+    hyla_cu_pool *pool;
+    int prefill_mode; /* 0 chunked (tensor cores), 1 recurrent (token loop; HYLA_CUDA_PREFILL=recurrent) */
+    int linear_cublas_only; /* HYLA_CUDA_LINEAR=cublas: every linear through cuBLAS (benchmarks) */
+} hyla_cuda_ctx;
+
+struct hyla_weight {
+    int rows, cols;
+    __nv_bfloat16 *d; /* [rows][cols] bf16 */
+};
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Copy `bytes` of host memory into the staging ring and on to the device mirror (queued on
+ * the stream); *dev receives the device address, valid for kernels queued after this call
+ * until the ring wraps (the wrap syncs the stream, so queued readers are done). */
+hyla_status cu_stage(hyla_cuda_ctx *c, const void *host, size_t bytes, void **dev);
+/* Before several cu_stage calls whose results are used together: guarantees that stages
+ * totalling `bytes` in `parts` calls do not wrap the ring (so none overwrites another). */
+hyla_status cu_stage_reserve(hyla_cuda_ctx *c, size_t bytes, int parts);
+/* A scratch buffer of at least `bytes` (contents undefined), owned by the context. */
+hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void **out);
+
+/* ---- ops implemented in the other translation units (signatures as in hyla_ops.h) ---- */
+hyla_status cu_embed(void *ctx, const hyla_weight *table, const int32_t *ids, int n, float *out);
+hyla_status cu_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
+hyla_status cu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n, int D,
+                           float eps);
+hyla_status cu_add(void *ctx, float *y, const float *x, size_t n);
+hyla_status cu_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n);
+hyla_status cu_silu(void *ctx, float *x, size_t n);
+hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normalizer, float clamp_min);
+hyla_status cu_softmax_rows(void *ctx, float *x, int rows, int cols);
+hyla_status cu_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps);
+hyla_status cu_gdn_gates(void *ctx, const float *a, int a_stride, const float *b, int b_stride, const float *A_log,
+                         const float *dt_bias, float *g, float *beta, int n, int H, int allow_neg);
+hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta);
+hyla_status cu_short_conv(void *ctx, float *x, int B, int n, int C, const float *w, const float *bias, int K,
+                          float *const *tails, int act_silu);
+hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows, int D,
+                             float eps);
+hyla_status cu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params, const float *u,
+                      int32_t *out);
+/* bf16 conversion of activations for cuBLAS (hyla_cuda_dense.cu) */
+hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, __nv_bfloat16 *out);
+hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, const float *bias);
+/* batch-invariant linear for M <= 256 (hyla_cuda_gemm.cu) */
+hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                             const float *bias, float *y, int ldy, int N, int accumulate);
+
+/* linear attention (hyla_cuda_linattn.cu) */
+hyla_status cu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk, int n, int H,
+                           int dk, int dv, float scale, float *S, float *o);
+hyla_status cu_gla_decode(void *ctx, const float *q, const float *k, const float *v, const float *gk, int B, int H,
+                          int dk, int dv, float scale, float *const *S, float *o);
+hyla_status cu_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, int n, int H, int dk, int dv, float scale, float *S, float *o);
+hyla_status cu_gdn_decode(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                          const float *beta, int B, int H, int dk, int dv, float scale, float *const *S, float *o);
+hyla_status cu_sse_route(void *ctx, const float *logits, int n, int N, int K, int32_t *idx, float *w);
+hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
+                           const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
+                           const float *betab, const int32_t *idx, const float *w, int n, int H, int dk, int dv,
+                           int N, int K, float scale, float *S0, float *Sp, float *o);
+hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
+                          const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
+                          const float *betab, const int32_t *idx, const float *w, int B, int H, int dk, int dv,
+                          int N, int K, float scale, float *const *S0, float *const *Sp, float *o);
+
+/* The batched recurrent (token-loop) kernel's arguments: B sessions x ntok tokens each, token
+ * row = b * ntok + t. Partition 0 (plain GLA/GDN, or SSE's always-selected one) reads
+ * q1,k1,ga,betaa and state S0[b]; with Sp != NULL (SSE) the sparse partitions read q2,k2,gb,
+ * betab, the routes idx/w [row][K] and state Sp[b] [N][H][dk][dv]. S0, Sp: device arrays. */
+typedef struct {
+    int gdn, H, dk, dv, ntok, N, K;
+    float scale;
+    const float *q1, *k1, *ga, *betaa;
+    const float *q2, *k2, *gb, *betab;
+    const float *v;
+    float *o;
+    float *const *S0;
+    float *const *Sp;
+    const int32_t *idx;
+    const float *w;
+} hyla_cu_linrec;
+
+/* One chunked linear-attention run over several sequences packed in one buffer (varlen):
+ * sequence z has tokens [start[z], start[z]+len[z]) of q,k,v,ga,gb and state S[z]
+ * (a device array of device pointers). gla: ga = gk [tok][H][dk], gb unused; gdn: ga = g,
+ * gb = beta [tok][H]. Used by gla/gdn/sse prefill and by hyla-bench's batched prefill. */
+typedef struct {
+    int gdn;        /* 0 = GLA, 1 = GDN */
+    int H, dk, dv;
+    float scale;
+    const float *q, *k, *v, *ga, *gb; /* packed over all sequences */
+    float *o;
+    int nseq;
+    const int32_t *h_start, *h_len; /* host [nseq] */
+    float *const *h_S;              /* host [nseq] device pointers to [H][dk][dv] */
+    /* Optional explicit chunking (SSE windows): sequence z is cut into h_nck[z] chunks whose
+     * lengths (each 1..64) follow in h_cklen, sequence after sequence. NULL: chunks of 64. */
+    const int32_t *h_nck, *h_cklen;
+} hyla_cu_linattn_batch;
+hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b);
+hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B);
+
+/* attention (hyla_cuda_attn.cu) */
+hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq, int Hk, int D,
+                            int pos0, const hyla_kv_view *kv, int window, float scale, float *o);
+hyla_status cu_attn_decode(void *ctx, const float *q, const float *k, const float *v, int B, int Hq, int Hk, int D,
+                           const int32_t *pos, const hyla_kv_view *kv, int window, float scale, float *o);
+
+/* pool (hyla_cuda_pool.cu) */
+hyla_status cu_pool_create(hyla_cuda_ctx *c, hyla_cu_pool **out);
+void cu_pool_destroy(hyla_cuda_ctx *c, hyla_cu_pool *p);
+hyla_status cu_pool_alloc(hyla_cuda_ctx *c, size_t bytes, void **out);
+void cu_pool_free(hyla_cuda_ctx *c, void *p);
+#ifdef __cplusplus
+}
+#endif
+
+static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+
+#endif

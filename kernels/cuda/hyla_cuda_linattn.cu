@@ -1,0 +1,904 @@
+/* hyla_cuda_linattn.cu — GLA and gated-delta-rule (GDN) mixers on the GPU: the batched
+ * one-token recurrent kernel (decode, also SSE decode and the token-loop fallback of every
+ * prefill) and the chunked prefill on tensor cores.
+ *
+ * Recurrent kernel: one block per (session, head, 32 value columns); lane = value column j,
+ * warp w owns key rows i = w + 8r, so S[i][j] lives in registers for the whole call and the
+ * state is read and written once (coalesced 128-byte rows). Reductions over i go through
+ * shared memory in a fixed order (deterministic).
+ *
+ * Chunked prefill (chunk C = 64 tokens, aligned to the start of the call; MODELS.md 4.1/4.2):
+ *   kernel A, one block per (chunk, head), all chunks in parallel: everything that does not
+ *     depend on the state entering the chunk —
+ *       GDN: T = (I + tril(diag(beta) K K^T * Gamma, -1))^-1 (fp32 forward substitution),
+ *            W = T diag(beta e^b) K, U0 = T diag(beta) V, Aqk = scale tril(Q K^T * Gamma),
+ *       GLA: Aqk[t][s] = scale sum_i q_ti k_si e^(b_ti - b_si) by 16x16 sub-blocks with a
+ *            reference row (both factors <= 1 off the diagonal), exact exp on a diagonal block
+ *            whose decay span could overflow,
+ *     and q~ = scale e^b q, k~^T = (e^(b_C - b) k)^T, the chunk decay e^(b_C).
+ *   kernel B, one block per (sequence, head, 32 value columns), chunks in order, the state
+ *     in fp32 mma accumulators the whole time:
+ *       U = U0 - W S (GDN) or V (GLA);  O = q~ S + Aqk U;  S = e^(b_C) S + k~^T U.
+ *   Matrix products are bf16 x bf16 -> fp32 (mma.sync m16n8k16); the state is rounded to
+ *   bf16 only as an operand, never in storage.
+ * Sequences are packed (varlen) so SSE partitions and batched prefill share the kernels.
+ * Threading: launched on the context's stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
+
+#define CH 64 /* chunk length */
+
+/* ================================================================ recurrent kernel */
+
+template <int R>
+__global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
+    __shared__ float red[2][8][33];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.x * 32 + lane;
+    bool jv = j < a.dv;
+    int h = blockIdx.y, b = blockIdx.z;
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    int nslots = a.Sp ? (a.ntok == 1 ? 1 + a.K : 1 + a.N) : 1;
+    int m = 0; /* reduction counter: buffer m & 1 */
+    for (int slot = 0; slot < nslots; slot++) {
+        float *Sg;
+        int part = -1;
+        float wfix = 1.0f;
+        if (slot == 0) {
+            Sg = a.S0[b] + (size_t)h * dk * dv;
+        } else {
+            if (a.ntok == 1) {
+                part = a.idx[(size_t)b * a.K + slot - 1];
+                wfix = a.w[(size_t)b * a.K + slot - 1];
+            } else {
+                part = slot - 1;
+            }
+            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
+            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+        }
+        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
+        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            s[r] = (i < dk && jv) ? Sg[(size_t)i * dv + j] : 0.0f;
+        }
+        for (int t = 0; t < a.ntok; t++) {
+            size_t row = (size_t)b * a.ntok + t;
+            float wt = wfix;
+            if (slot > 0 && a.ntok > 1) {
+                int js = -1;
+                for (int q = 0; q < a.K; q++)
+                    if (a.idx[row * a.K + q] == part) js = q;
+                if (js < 0) continue; /* token did not select this partition (uniform) */
+                wt = a.w[row * a.K + js];
+            }
+            const float *qr = Q + (row * H + h) * dk, *kr = Kx + (row * H + h) * dk;
+            float vj = jv ? a.v[(row * H + h) * dv + j] : 0.0f;
+            float po = 0.0f;
+            if (!a.gdn) {
+                const float *gk = GA + (row * H + h) * dk;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt, qi = qr[i] * wt;
+                        s[r] = expf(gk[i]) * s[r] + ki * vj;
+                        po += qi * s[r];
+                    }
+                }
+            } else {
+                float d = expf(GA[row * H + h]);
+                float beta = BE[row * H + h];
+                float pk = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        s[r] *= d;
+                        pk += kr[i] * wt * s[r];
+                    }
+                }
+                red[m & 1][w][lane] = pk;
+                __syncthreads();
+                float ks = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 8; q++) ks += red[m & 1][q][lane];
+                m++;
+                float u = beta * (vj - ks);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        s[r] += kr[i] * wt * u;
+                        po += qr[i] * wt * s[r];
+                    }
+                }
+            }
+            red[m & 1][w][lane] = po;
+            __syncthreads();
+            if (w == 0 && jv) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 8; q++) acc += red[m & 1][q][lane];
+                float *op = a.o + (row * H + h) * dv + j;
+                if (slot == 0)
+                    *op = a.scale * acc;
+                else
+                    *op += a.scale * acc;
+            }
+            m++;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) Sg[(size_t)i * dv + j] = s[r];
+        }
+    }
+}
+
+extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B) {
+    if (B <= 0 || a->ntok <= 0) return HYLA_OK;
+    if (a->dk > 256)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda",
+                         a->dk);
+    if (a->H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", a->H, B);
+    dim3 grid(cu_blocks(a->dv, 32), a->H, B);
+    int R = (a->dk + 7) / 8;
+    if (R <= 2)
+        k_lin_rec<2><<<grid, 256, 0, c->stream>>>(*a);
+    else if (R <= 4)
+        k_lin_rec<4><<<grid, 256, 0, c->stream>>>(*a);
+    else if (R <= 8)
+        k_lin_rec<8><<<grid, 256, 0, c->stream>>>(*a);
+    else if (R <= 16)
+        k_lin_rec<16><<<grid, 256, 0, c->stream>>>(*a);
+    else
+        k_lin_rec<32><<<grid, 256, 0, c->stream>>>(*a);
+    CU_LAUNCH_CHECK("linear attention recurrent");
+    return HYLA_OK;
+}
+
+/* ================================================================ chunked prefill */
+
+struct ChunkArgs {
+    int H, dk, dv, dkp;
+    float scale;
+    const float *q, *k, *v, *ga, *gb;
+    float *o;
+    const int32_t *ck_tok0, *ck_len;  /* [NC] */
+    const int32_t *seq_c0, *seq_nc;   /* [nseq] */
+    float *const *S;                  /* [nseq] */
+    /* per (chunk, head) scratch, index ch = chunk * H + head */
+    __nv_bfloat16 *qt;  /* [ch][64][dkp]  scale e^b q */
+    __nv_bfloat16 *ktT; /* [ch][dkp][64]  (e^(bC-b) k)^T */
+    __nv_bfloat16 *wt;  /* [ch][64][dkp]  GDN: T diag(beta e^b) K */
+    __nv_bfloat16 *aqk; /* [ch][64][64] */
+    float *u0;          /* [ch][64][dv]   GDN: T diag(beta) V */
+    float *dec;         /* [ch][dkp]      e^(bC) (GDN: element 0) */
+};
+
+/* ---- kernel A, GDN ---- */
+template <int DKP>
+__global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int LDK = DKP + 8, LDV = dvp + 8;
+    __nv_bfloat16 *Kb = (__nv_bfloat16 *)smem;         /* [64][LDK] */
+    __nv_bfloat16 *Qb = Kb + CH * LDK;                 /* [64][LDK], later beta e^b K */
+    __nv_bfloat16 *Vb = Qb + CH * LDK;                 /* [64][LDV] beta V */
+    __nv_bfloat16 *Tb = Vb + CH * LDV;                 /* [64][72] */
+    float *Af = (float *)(Tb + CH * 72);               /* [64][65] */
+    float *Xf = Af + CH * 65;                          /* [64][65] */
+    float *bc = Xf + CH * 65;                          /* [64] */
+    float *be = bc + CH;                               /* [64] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk, dv = a.dv;
+    const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+    const size_t ch = (size_t)c * H + h;
+
+    for (int x = tid; x < CH * DKP; x += 128) {
+        int t = x / DKP, i = x % DKP;
+        float kv = 0.0f, qv = 0.0f;
+        if (t < len && i < dk) {
+            size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+            kv = a.k[off];
+            qv = a.q[off];
+        }
+        Kb[t * LDK + i] = __float2bfloat16_rn(kv);
+        Qb[t * LDK + i] = __float2bfloat16_rn(qv);
+    }
+    if (tid < CH) {
+        bool ok = tid < len;
+        bc[tid] = ok ? a.ga[(size_t)(tok0 + tid) * H + h] : 0.0f;
+        be[tid] = ok ? a.gb[(size_t)(tok0 + tid) * H + h] : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int t = 1; t < CH; t++) bc[t] += bc[t - 1];
+    __syncthreads();
+    for (int x = tid; x < CH * dvp; x += 128) {
+        int t = x / dvp, j = x % dvp;
+        float vv = (t < len && j < dv) ? a.v[((size_t)(tok0 + t) * H + h) * dv + j] * be[t] : 0.0f;
+        Vb[t * LDV + j] = __float2bfloat16_rn(vv);
+    }
+    /* K K^T and Q K^T for rows 16w..16w+15 */
+    {
+        float kk[8][4], qk[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < DKP / 16; kc++) {
+            uint32_t ak[4], aq[4];
+            ld_frag_a(ak, Kb + (16 * w) * LDK + kc * 16, LDK);
+            ld_frag_a(aq, Qb + (16 * w) * LDK + kc * 16, LDK);
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                uint32_t bf[2];
+                ld_frag_b_nk(bf, Kb + (n * 8) * LDK + kc * 16, LDK);
+                mma_bf16_16816(kk[n], ak, bf);
+                mma_bf16_16816(qk[n], aq, bf);
+            }
+        }
+        __nv_bfloat16 *aqk = a.aqk + ch * CH * CH;
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = 16 * w + g + (e >> 1) * 8, s = n * 8 + 2 * tq + (e & 1);
+                float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
+                Af[r * 65 + s] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                aqk[r * CH + s] = __float2bfloat16_rn(a.scale * gam * qk[n][e]);
+            }
+    }
+    __syncthreads();
+    /* T = (I + A)^-1 by forward substitution, column s by lanes 2s and 2s+1 */
+    {
+        const int s = tid >> 1, half = tid & 1;
+        for (int r = half; r < CH; r += 2) Xf[r * 65 + s] = (r == s) ? 1.0f : 0.0f;
+        __syncwarp();
+        for (int t = 1; t < CH; t++) {
+            float part = 0.0f;
+            if (t > s)
+                for (int r = s + half; r < t; r += 2) part += Af[t * 65 + r] * Xf[r * 65 + s];
+            float tot = part + __shfl_xor_sync(0xffffffffu, part, 1);
+            if (t > s && half == 0) Xf[t * 65 + s] = -tot;
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    for (int x = tid; x < CH * CH; x += 128) {
+        int r = x / CH, s = x % CH;
+        Tb[r * 72 + s] = __float2bfloat16_rn(Xf[r * 65 + s]);
+    }
+    /* Qb <- diag(beta e^b) K (from fp32 k) */
+    for (int x = tid; x < CH * DKP; x += 128) {
+        int t = x / DKP, i = x % DKP;
+        float kv = (t < len && i < dk) ? a.k[((size_t)(tok0 + t) * H + h) * dk + i] * be[t] * expf(bc[t]) : 0.0f;
+        Qb[t * LDK + i] = __float2bfloat16_rn(kv);
+    }
+    __syncthreads();
+    /* W = T (beta e^b K), U0 = T (beta V); rows 16w.. */
+    {
+        __nv_bfloat16 *wo = a.wt + ch * CH * DKP;
+        for (int n0 = 0; n0 < DKP / 8; n0 += 8) {
+            float acc[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t at[4];
+                ld_frag_a(at, Tb + (16 * w) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    if (n0 + n < DKP / 8) {
+                        uint32_t bf[2];
+                        ld_frag_b_kn(bf, Qb + (kc * 16) * LDK + (n0 + n) * 8, LDK);
+                        mma_bf16_16816(acc[n], at, bf);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                if (n0 + n < DKP / 8)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        int r = 16 * w + g + (e >> 1) * 8, col = (n0 + n) * 8 + 2 * tq;
+                        *(uint32_t *)(wo + r * DKP + col) = pack_bf16x2(acc[n][e], acc[n][e + 1]);
+                    }
+        }
+        float *uo = a.u0 + ch * CH * dv;
+        for (int n0 = 0; n0 < dvp / 8; n0 += 8) {
+            float acc[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t at[4];
+                ld_frag_a(at, Tb + (16 * w) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    if (n0 + n < dvp / 8) {
+                        uint32_t bf[2];
+                        ld_frag_b_kn(bf, Vb + (kc * 16) * LDV + (n0 + n) * 8, LDV);
+                        mma_bf16_16816(acc[n], at, bf);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                if (n0 + n < dvp / 8)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = 16 * w + g + (e >> 1) * 8, col = (n0 + n) * 8 + 2 * tq + (e & 1);
+                        if (col < dv) uo[(size_t)r * dv + col] = acc[n][e];
+                    }
+        }
+    }
+    /* q~ = scale e^b q, k~^T = (e^(bC - b) k)^T, decay */
+    {
+        const float bC = bc[CH - 1];
+        __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            float qv = (t < len && i < dk) ? a.q[((size_t)(tok0 + t) * H + h) * dk + i] * a.scale * expf(bc[t]) : 0.0f;
+            qo[x] = __float2bfloat16_rn(qv);
+        }
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int i = x / CH, t = x % CH;
+            float kv = (t < len && i < dk) ? a.k[((size_t)(tok0 + t) * H + h) * dk + i] * expf(bC - bc[t]) : 0.0f;
+            ko[x] = __float2bfloat16_rn(kv);
+        }
+        if (tid == 0) a.dec[ch * DKP] = expf(bC);
+    }
+}
+
+/* ---- kernel A, GLA ---- */
+#define GLA_SPAN_MAX 60.0f /* larger log-decay span inside a 16-token block: exact exp path */
+
+template <int DKP>
+__global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int LDK = DKP + 8;
+    float *Bc = (float *)smem;                              /* [64][DKP] cumulative log decay */
+    __nv_bfloat16 *Qr = (__nv_bfloat16 *)(Bc + CH * DKP);   /* [4 warps][16][LDK] */
+    __nv_bfloat16 *Kr = Qr + 4 * 16 * LDK;                  /* [4 warps][16][LDK] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk;
+    const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+    const size_t ch = (size_t)c * H + h;
+#define QX(t, i) (((t) < len && (i) < dk) ? a.q[((size_t)(tok0 + (t)) * H + h) * dk + (i)] : 0.0f)
+#define KX(t, i) (((t) < len && (i) < dk) ? a.k[((size_t)(tok0 + (t)) * H + h) * dk + (i)] : 0.0f)
+
+    for (int i = tid; i < DKP; i += 128) {
+        float run = 0.0f;
+        for (int t = 0; t < CH; t++) {
+            run += (t < len && i < dk) ? a.ga[((size_t)(tok0 + t) * H + h) * dk + i] : 0.0f;
+            Bc[t * DKP + i] = run;
+        }
+    }
+    __syncthreads();
+    {
+        __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            qo[x] = __float2bfloat16_rn(QX(t, i) * a.scale * expf(Bc[t * DKP + i]));
+        }
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int i = x / CH, t = x % CH;
+            ko[x] = __float2bfloat16_rn(KX(t, i) * expf(Bc[(CH - 1) * DKP + i] - Bc[t * DKP + i]));
+        }
+        for (int i = tid; i < DKP; i += 128) a.dec[ch * DKP + i] = expf(Bc[(CH - 1) * DKP + i]);
+    }
+    /* Aqk, t-block R = w (rows 16w..16w+15), reference row 16w */
+    __nv_bfloat16 *aqk = a.aqk + ch * CH * CH;
+    __nv_bfloat16 *qr = Qr + w * 16 * LDK, *kr = Kr + w * 16 * LDK;
+    const int ref = 16 * w;
+    for (int x = lane; x < 16 * DKP; x += 32) {
+        int r = x / DKP, i = x % DKP, t = ref + r;
+        qr[r * LDK + i] = __float2bfloat16_rn(QX(t, i) * expf(Bc[t * DKP + i] - Bc[ref * DKP + i]));
+    }
+    for (int rb = 0; rb < 4; rb++) {
+        if (rb > w) { /* above the diagonal: zero */
+            for (int x = lane; x < 256; x += 32) aqk[(ref + x / 16) * CH + rb * 16 + x % 16] = __float2bfloat16_rn(0.0f);
+            continue;
+        }
+        bool diag = rb == w;
+        bool exact = false;
+        if (diag) {
+            float span = 0.0f;
+            for (int i = lane; i < DKP; i += 32) span = fmaxf(span, Bc[ref * DKP + i] - Bc[(ref + 15) * DKP + i]);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) span = fmaxf(span, __shfl_xor_sync(0xffffffffu, span, o));
+            exact = span > GLA_SPAN_MAX;
+        }
+        if (exact) {
+            for (int x = lane; x < 256; x += 32) {
+                int r = x / 16, cc = x % 16, t = ref + r, s = ref + cc;
+                float sum = 0.0f;
+                if (cc <= r)
+                    for (int i = 0; i < dk; i++) sum += QX(t, i) * KX(s, i) * expf(Bc[t * DKP + i] - Bc[s * DKP + i]);
+                aqk[t * CH + s] = __float2bfloat16_rn(a.scale * sum);
+            }
+            continue;
+        }
+        __syncwarp();
+        for (int x = lane; x < 16 * DKP; x += 32) {
+            int r = x / DKP, i = x % DKP, s = rb * 16 + r;
+            kr[r * LDK + i] = __float2bfloat16_rn(KX(s, i) * expf(Bc[ref * DKP + i] - Bc[s * DKP + i]));
+        }
+        __syncwarp();
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kc = 0; kc < DKP / 16; kc++) {
+            uint32_t af[4];
+            ld_frag_a(af, qr + kc * 16, LDK);
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                uint32_t bf[2];
+                ld_frag_b_nk(bf, kr + (n * 8) * LDK + kc * 16, LDK);
+                mma_bf16_16816(acc[n], af, bf);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = g + (e >> 1) * 8, cc = n * 8 + 2 * tq + (e & 1);
+                float v = (!diag || cc <= r) ? a.scale * acc[n][e] : 0.0f;
+                aqk[(ref + r) * CH + rb * 16 + cc] = __float2bfloat16_rn(v);
+            }
+    }
+#undef QX
+#undef KX
+}
+
+/* ---- kernel B: the state pass ---- */
+template <int DKP, int GDN>
+__global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int LDK = DKP + 8;
+    constexpr int MT = DKP / 16, MTW = (MT + 3) / 4;
+    __nv_bfloat16 *Qt = (__nv_bfloat16 *)smem;   /* [64][LDK] */
+    __nv_bfloat16 *Wt = Qt + CH * LDK;           /* [64][LDK] (GDN) */
+    __nv_bfloat16 *KtT = Wt + (GDN ? CH * LDK : 0); /* [DKP][72] */
+    __nv_bfloat16 *Aq = KtT + DKP * 72;          /* [64][72] */
+    __nv_bfloat16 *SbT = Aq + CH * 72;           /* [32][LDK] */
+    __nv_bfloat16 *UT = SbT + 32 * LDK;          /* [32][72] */
+    float *decs = (float *)(UT + 32 * 72);       /* [DKP] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    float *S = a.S[z] + (size_t)h * dk * dv;
+
+    float sacc[MTW][4][4];
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = w + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+    }
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc;
+        const size_t ch = (size_t)c * H + h;
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        /* stage this chunk's tiles (16-byte copies) */
+        {
+            const uint4 *src = (const uint4 *)(a.qt + ch * CH * DKP);
+            for (int x = tid; x < CH * DKP / 8; x += 128) {
+                int r = x / (DKP / 8), q = x % (DKP / 8);
+                *(uint4 *)(Qt + r * LDK + q * 8) = src[x];
+            }
+            if (GDN) {
+                src = (const uint4 *)(a.wt + ch * CH * DKP);
+                for (int x = tid; x < CH * DKP / 8; x += 128) {
+                    int r = x / (DKP / 8), q = x % (DKP / 8);
+                    *(uint4 *)(Wt + r * LDK + q * 8) = src[x];
+                }
+            }
+            src = (const uint4 *)(a.ktT + ch * DKP * CH);
+            for (int x = tid; x < DKP * CH / 8; x += 128) {
+                int r = x / 8, q = x % 8;
+                *(uint4 *)(KtT + r * 72 + q * 8) = src[x];
+            }
+            src = (const uint4 *)(a.aqk + ch * CH * CH);
+            for (int x = tid; x < CH * CH / 8; x += 128) {
+                int r = x / 8, q = x % 8;
+                *(uint4 *)(Aq + r * 72 + q * 8) = src[x];
+            }
+            if (GDN) {
+                if (tid == 0) decs[0] = a.dec[ch * DKP];
+            } else {
+                for (int i = tid; i < DKP; i += 128) decs[i] = a.dec[ch * DKP + i];
+            }
+        }
+        /* S (bf16, transposed) as the operand of this chunk */
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++) {
+            int mt = w + 4 * mi;
+            if (mt < MT)
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                        SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
+                    }
+        }
+        __syncthreads();
+        /* U for rows 16w..16w+15 */
+        {
+            float uacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+            if (GDN) {
+#pragma unroll
+                for (int kc = 0; kc < DKP / 16; kc++) {
+                    uint32_t af[4];
+                    ld_frag_a(af, Wt + (16 * w) * LDK + kc * 16, LDK);
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        uint32_t bf[2];
+                        ld_frag_b_nk(bf, SbT + (n * 8) * LDK + kc * 16, LDK);
+                        mma_bf16_16816(uacc[n], af, bf);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1), j = j0 + jj;
+                    float u = 0.0f;
+                    if (j < dv) {
+                        if (GDN)
+                            u = a.u0[(ch * CH + t) * dv + j] - uacc[n][e];
+                        else if (t < len)
+                            u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
+                    }
+                    UT[jj * 72 + t] = __float2bfloat16_rn(u);
+                }
+        }
+        __syncthreads();
+        /* O = q~ S + Aqk U */
+        {
+            float oacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++) {
+                uint32_t af[4];
+                ld_frag_a(af, Qt + (16 * w) * LDK + kc * 16, LDK);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    uint32_t bf[2];
+                    ld_frag_b_nk(bf, SbT + (n * 8) * LDK + kc * 16, LDK);
+                    mma_bf16_16816(oacc[n], af, bf);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t af[4];
+                ld_frag_a(af, Aq + (16 * w) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    uint32_t bf[2];
+                    ld_frag_b_nk(bf, UT + (n * 8) * 72 + kc * 16, 72);
+                    mma_bf16_16816(oacc[n], af, bf);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                    if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
+                }
+        }
+        /* S = e^(bC) S + k~^T U */
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++) {
+            int mt = w + 4 * mi;
+            if (mt < MT) {
+                float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    sacc[mi][n][0] *= d0;
+                    sacc[mi][n][1] *= d0;
+                    sacc[mi][n][2] *= d1;
+                    sacc[mi][n][3] *= d1;
+                }
+#pragma unroll
+                for (int kc = 0; kc < CH / 16; kc++) {
+                    uint32_t af[4];
+                    ld_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        uint32_t bf[2];
+                        ld_frag_b_nk(bf, UT + (n * 8) * 72 + kc * 16, 72);
+                        mma_bf16_16816(sacc[mi][n], af, bf);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = w + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
+            }
+    }
+}
+
+static size_t smem_a_gdn(int dkp, int dvp) {
+    return (size_t)2 * CH * (dkp + 8) * 2 + (size_t)CH * (dvp + 8) * 2 + (size_t)CH * 72 * 2 + (size_t)2 * CH * 65 * 4 +
+           (size_t)2 * CH * 4;
+}
+static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
+static size_t smem_b(int dkp, int gdn) {
+    return (size_t)CH * (dkp + 8) * 2 * (gdn ? 2 : 1) + (size_t)dkp * 72 * 2 + (size_t)CH * 72 * 2 +
+           (size_t)32 * (dkp + 8) * 2 + (size_t)32 * 72 * 2 + (size_t)dkp * 4;
+}
+
+template <int DKP>
+static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn, int NC, int nseq, int dvp) {
+    dim3 ga(NC, ca.H);
+    if (gdn) {
+        size_t sm = smem_a_gdn(DKP, dvp);
+        CU_TRY(cudaFuncSetAttribute(k_gdn_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_gdn_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca, dvp);
+        CU_LAUNCH_CHECK("gdn chunk A");
+        size_t sb = smem_b(DKP, 1);
+        CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
+        k_chunk_b<DKP, 1><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gdn chunk B");
+    } else {
+        size_t sm = smem_a_gla(DKP);
+        CU_TRY(cudaFuncSetAttribute(k_gla_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_gla_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gla chunk A");
+        size_t sb = smem_b(DKP, 0);
+        CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
+        k_chunk_b<DKP, 0><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gla chunk B");
+    }
+    return HYLA_OK;
+}
+
+static int pow2_dkp(int dk) {
+    int d = 16;
+    while (d < dk) d *= 2;
+    return d;
+}
+
+extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b) {
+    const int H = b->H, dk = b->dk, dv = b->dv;
+    if (b->nseq <= 0) return HYLA_OK;
+    if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
+    const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
+    int use_chunked = c->prefill_mode == 0 && dkp <= 256 && dv <= 1024 && H <= 65535 && b->nseq <= 65535;
+    if (use_chunked && b->gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) use_chunked = 0;
+    if (use_chunked && smem_b(dkp, b->gdn) > c->smem_optin) use_chunked = 0;
+    if (use_chunked && !b->gdn && smem_a_gla(dkp) > c->smem_optin) use_chunked = 0;
+    if (!use_chunked) {
+        /* token loop, one sequence at a time */
+        for (int z = 0; z < b->nseq; z++) {
+            if (b->h_len[z] <= 0) continue;
+            void *d_s;
+            HYLA_TRY(cu_stage(c, &b->h_S[z], sizeof(float *), &d_s));
+            size_t st = (size_t)b->h_start[z];
+            hyla_cu_linrec r;
+            memset(&r, 0, sizeof r);
+            r.gdn = b->gdn;
+            r.H = H;
+            r.dk = dk;
+            r.dv = dv;
+            r.scale = b->scale;
+            r.ntok = b->h_len[z];
+            r.q1 = b->q + st * H * dk;
+            r.k1 = b->k + st * H * dk;
+            r.v = b->v + st * H * dv;
+            r.ga = b->gdn ? b->ga + st * H : b->ga + st * H * dk;
+            r.betaa = b->gdn ? b->gb + st * H : NULL;
+            r.o = b->o + st * H * dv;
+            r.S0 = (float *const *)d_s;
+            HYLA_TRY(cu_lin_recurrent(c, &r, 1));
+        }
+        return HYLA_OK;
+    }
+    /* chunk tables */
+    int NC = 0;
+    for (int z = 0; z < b->nseq; z++) NC += b->h_nck ? b->h_nck[z] : (b->h_len[z] + CH - 1) / CH;
+    size_t nint = (size_t)2 * NC + 2 * (size_t)b->nseq;
+    int32_t *tab = (int32_t *)malloc((nint ? nint : 1) * sizeof(int32_t));
+    if (!tab) return hyla_fail(HYLA_ERR_NOMEM, "linear attention: out of host memory");
+    int32_t *tok0 = tab, *lenv = tab + NC, *sc0 = tab + 2 * NC, *snc = sc0 + b->nseq;
+    int ci = 0, cl = 0;
+    for (int z = 0; z < b->nseq; z++) {
+        sc0[z] = ci;
+        int n = b->h_len[z] > 0 ? b->h_len[z] : 0;
+        if (b->h_nck) {
+            snc[z] = b->h_nck[z];
+            int s = 0;
+            for (int q = 0; q < b->h_nck[z]; q++) {
+                tok0[ci] = b->h_start[z] + s;
+                lenv[ci] = b->h_cklen[cl++];
+                s += lenv[ci];
+                ci++;
+            }
+        } else {
+            snc[z] = (n + CH - 1) / CH;
+            for (int s = 0; s < n; s += CH) {
+                tok0[ci] = b->h_start[z] + s;
+                lenv[ci] = n - s < CH ? n - s : CH;
+                ci++;
+            }
+        }
+    }
+    void *d_tab, *d_S;
+    hyla_status st = cu_stage_reserve(c, nint * sizeof(int32_t) + (size_t)b->nseq * sizeof(float *), 2);
+    if (st == HYLA_OK) st = cu_stage(c, tab, nint * sizeof(int32_t), &d_tab);
+    free(tab);
+    HYLA_TRY(st);
+    HYLA_TRY(cu_stage(c, b->h_S, (size_t)b->nseq * sizeof(float *), &d_S));
+    if (NC == 0) return HYLA_OK;
+    /* scratch: per (chunk, head) tiles */
+    size_t nch = (size_t)NC * H;
+    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = b->gdn ? nch * CH * dv * 4 : 0;
+    size_t sz_w = b->gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
+#define AL(x) (((x) + 255) & ~(size_t)255)
+    size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_CHUNK, total, &scr));
+    uint8_t *p = (uint8_t *)scr;
+    ChunkArgs ca;
+    memset(&ca, 0, sizeof ca);
+    ca.H = H;
+    ca.dk = dk;
+    ca.dv = dv;
+    ca.dkp = dkp;
+    ca.scale = b->scale;
+    ca.q = b->q;
+    ca.k = b->k;
+    ca.v = b->v;
+    ca.ga = b->ga;
+    ca.gb = b->gb;
+    ca.o = b->o;
+    int32_t *dt = (int32_t *)d_tab;
+    ca.ck_tok0 = dt;
+    ca.ck_len = dt + NC;
+    ca.seq_c0 = dt + 2 * NC;
+    ca.seq_nc = dt + 2 * NC + b->nseq;
+    ca.S = (float *const *)d_S;
+    ca.qt = (__nv_bfloat16 *)p;
+    p += AL(sz_qt);
+    ca.ktT = (__nv_bfloat16 *)p;
+    p += AL(sz_qt);
+    ca.wt = (__nv_bfloat16 *)p;
+    p += AL(sz_w);
+    ca.aqk = (__nv_bfloat16 *)p;
+    p += AL(sz_aqk);
+    ca.u0 = (float *)p;
+    p += AL(sz_u0);
+    ca.dec = (float *)p;
+#undef AL
+    switch (dkp) {
+    case 16: return launch_chunked<16>(c, ca, b->gdn, NC, b->nseq, dvp);
+    case 32: return launch_chunked<32>(c, ca, b->gdn, NC, b->nseq, dvp);
+    case 64: return launch_chunked<64>(c, ca, b->gdn, NC, b->nseq, dvp);
+    case 128: return launch_chunked<128>(c, ca, b->gdn, NC, b->nseq, dvp);
+    default: return launch_chunked<256>(c, ca, b->gdn, NC, b->nseq, dvp);
+    }
+}
+
+/* ================================================================ ops */
+
+extern "C" hyla_status cu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                                      int n, int H, int dk, int dv, float scale, float *S, float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (n <= 0) return HYLA_OK;
+    int32_t start = 0, len = n;
+    hyla_cu_linattn_batch b;
+    memset(&b, 0, sizeof b);
+    b.gdn = 0;
+    b.H = H;
+    b.dk = dk;
+    b.dv = dv;
+    b.scale = scale;
+    b.q = q;
+    b.k = k;
+    b.v = v;
+    b.ga = gk;
+    b.o = o;
+    b.nseq = 1;
+    b.h_start = &start;
+    b.h_len = &len;
+    b.h_S = &S;
+    return cu_linattn_prefill_batch(c, &b);
+}
+
+extern "C" hyla_status cu_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                                      const float *beta, int n, int H, int dk, int dv, float scale, float *S,
+                                      float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (n <= 0) return HYLA_OK;
+    int32_t start = 0, len = n;
+    hyla_cu_linattn_batch b;
+    memset(&b, 0, sizeof b);
+    b.gdn = 1;
+    b.H = H;
+    b.dk = dk;
+    b.dv = dv;
+    b.scale = scale;
+    b.q = q;
+    b.k = k;
+    b.v = v;
+    b.ga = g;
+    b.gb = beta;
+    b.o = o;
+    b.nseq = 1;
+    b.h_start = &start;
+    b.h_len = &len;
+    b.h_S = &S;
+    return cu_linattn_prefill_batch(c, &b);
+}
+
+static hyla_status decode_common(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                 const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
+                                 float *const *S, float *o) {
+    if (B <= 0) return HYLA_OK;
+    void *d_s;
+    HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
+    hyla_cu_linrec r;
+    memset(&r, 0, sizeof r);
+    r.gdn = gdn;
+    r.H = H;
+    r.dk = dk;
+    r.dv = dv;
+    r.scale = scale;
+    r.ntok = 1;
+    r.q1 = q;
+    r.k1 = k;
+    r.v = v;
+    r.ga = ga;
+    r.betaa = gb;
+    r.o = o;
+    r.S0 = (float *const *)d_s;
+    return cu_lin_recurrent(c, &r, B);
+}
+
+extern "C" hyla_status cu_gla_decode(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                                     int B, int H, int dk, int dv, float scale, float *const *S, float *o) {
+    return decode_common((hyla_cuda_ctx *)ctx, 0, q, k, v, gk, NULL, B, H, dk, dv, scale, S, o);
+}
+
+extern "C" hyla_status cu_gdn_decode(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, int B, int H, int dk, int dv, float scale, float *const *S,
+                                     float *o) {
+    return decode_common((hyla_cuda_ctx *)ctx, 1, q, k, v, g, beta, B, H, dk, dv, scale, S, o);
+}

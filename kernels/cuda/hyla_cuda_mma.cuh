@@ -1,0 +1,59 @@
+/* hyla_cuda_mma.cuh — warp-level bf16 tensor-core helpers (mma.sync m16n8k16, fp32
+ * accumulate) shared by the chunked linear-attention and attention kernels.
+ *
+ * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4*g + t:
+ *   A 16x16 (row-major): reg0 = A[g][2t..2t+1], reg1 = A[g+8][2t..], reg2 = A[g][2t+8..],
+ *                        reg3 = A[g+8][2t+8..]   (low half = lower column)
+ *   B 16x8 (k x n):      reg0 = B[2t..2t+1][g], reg1 = B[2t+8..2t+9][g]
+ *   C/D 16x8 fp32:       c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+ * Shared-memory tiles use row strides that are multiples of 8 elements (16 bytes) plus 8, so
+ * the 32-bit fragment loads of a warp hit 32 different banks. */
+#ifndef HYLA_CUDA_MMA_CUH
+#define HYLA_CUDA_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* A fragment of the 16x16 tile at `base` (row-major, row stride ld elements, even). */
+__device__ __forceinline__ void ld_frag_a(uint32_t a[4], const __nv_bfloat16 *base, int ld) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const __nv_bfloat16 *p = base + g * ld + 2 * t;
+    a[0] = *(const uint32_t *)(p);
+    a[1] = *(const uint32_t *)(p + 8 * ld);
+    a[2] = *(const uint32_t *)(p + 8);
+    a[3] = *(const uint32_t *)(p + 8 * ld + 8);
+}
+
+/* B fragment (16 x 8, k x n) stored transposed: element (k, n) at base[n*ld + k]. */
+__device__ __forceinline__ void ld_frag_b_nk(uint32_t b[2], const __nv_bfloat16 *base, int ld) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const __nv_bfloat16 *p = base + g * ld + 2 * t;
+    b[0] = *(const uint32_t *)(p);
+    b[1] = *(const uint32_t *)(p + 8);
+}
+
+/* B fragment (16 x 8, k x n) stored row-major: element (k, n) at base[k*ld + n]. */
+__device__ __forceinline__ void ld_frag_b_kn(uint32_t b[2], const __nv_bfloat16 *base, int ld) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned short *p = (const unsigned short *)base;
+    uint32_t lo = p[(2 * t) * ld + g], hi = p[(2 * t + 1) * ld + g];
+    b[0] = lo | (hi << 16);
+    lo = p[(2 * t + 8) * ld + g];
+    hi = p[(2 * t + 9) * ld + g];
+    b[1] = lo | (hi << 16);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+#endif

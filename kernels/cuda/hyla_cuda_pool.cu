@@ -1,0 +1,381 @@
+/* hyla_cuda_pool.cu — the GPU state pool behind ops->alloc / ops->free of the CUDA backend,
+ * and the asynchronous snapshot/restore copies of hyla_cuda_pool.h.
+ *
+ * Slots: an allocation of at most HYLA_CUDA_POOL_SLOT_MAX bytes is rounded up to 256 bytes;
+ * each rounded size is a class with a free list. Slots are carved from slabs (cudaMalloc'ed
+ * once, never returned until the context dies). A freed slot is pushed on its class's free
+ * list; reuse is safe without a sync because every user of device memory is ordered on the
+ * one compute stream (hyla_cuda_impl.h) — the zero-fill of the reused slot runs after the
+ * kernels that used it before. Copies on the copy stream (snapshot_begin) must be waited for
+ * before the slots they read are freed (documented in the header).
+ * Larger allocations go to cudaMalloc directly (freed after a stream sync).
+ * A pointer -> (size, kind) hash map answers free(). Threading: one thread per context. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_pool.h"
+
+typedef struct {
+    size_t size;
+    void **free_list;
+    uint32_t n_free, cap;
+    uint32_t n_live;
+} pool_class;
+
+typedef struct {
+    uint8_t *base;
+    size_t bytes, used;
+} pool_slab;
+
+typedef struct {
+    uintptr_t key; /* 0 empty, 1 tombstone */
+    size_t size;
+    int cls;       /* class index, -1 for a big allocation */
+} pool_entry;
+
+struct hyla_cu_pool {
+    pool_class *classes;
+    int n_classes, cap_classes;
+    pool_slab *slabs;
+    int n_slabs, cap_slabs;
+    pool_entry *map;
+    size_t map_cap, map_used; /* used counts live entries and tombstones */
+    uint64_t slab_bytes, slot_bytes, big_bytes;
+    uint32_t n_big;
+};
+
+#define SLAB_MIN ((size_t)64 << 20)
+
+extern "C" hyla_status cu_pool_create(hyla_cuda_ctx *c, hyla_cu_pool **out) {
+    (void)c;
+    hyla_cu_pool *p = (hyla_cu_pool *)calloc(1, sizeof *p);
+    if (!p) return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+    p->map_cap = 1024;
+    p->map = (pool_entry *)calloc(p->map_cap, sizeof *p->map);
+    if (!p->map) {
+        free(p);
+        return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+    }
+    *out = p;
+    return HYLA_OK;
+}
+
+extern "C" void cu_pool_destroy(hyla_cuda_ctx *c, hyla_cu_pool *p) {
+    if (!p) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    for (size_t i = 0; i < p->map_cap; i++)
+        if (p->map[i].key > 1 && p->map[i].cls < 0) cudaFree((void *)p->map[i].key);
+    for (int i = 0; i < p->n_slabs; i++) cudaFree(p->slabs[i].base);
+    for (int i = 0; i < p->n_classes; i++) free(p->classes[i].free_list);
+    free(p->classes);
+    free(p->slabs);
+    free(p->map);
+    free(p);
+}
+
+static size_t map_hash(uintptr_t k, size_t cap) {
+    uint64_t x = (uint64_t)k >> 8;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static hyla_status map_put(hyla_cu_pool *p, uintptr_t key, size_t size, int cls);
+
+static hyla_status map_grow(hyla_cu_pool *p) {
+    size_t ncap = p->map_cap * 2;
+    pool_entry *old = p->map;
+    size_t ocap = p->map_cap;
+    pool_entry *nm = (pool_entry *)calloc(ncap, sizeof *nm);
+    if (!nm) return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+    p->map = nm;
+    p->map_cap = ncap;
+    p->map_used = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].key > 1) map_put(p, old[i].key, old[i].size, old[i].cls);
+    free(old);
+    return HYLA_OK;
+}
+
+static hyla_status map_put(hyla_cu_pool *p, uintptr_t key, size_t size, int cls) {
+    if ((p->map_used + 1) * 2 > p->map_cap) HYLA_TRY(map_grow(p));
+    size_t i = map_hash(key, p->map_cap);
+    while (p->map[i].key > 1) i = (i + 1) & (p->map_cap - 1);
+    if (p->map[i].key == 0) p->map_used++;
+    p->map[i].key = key;
+    p->map[i].size = size;
+    p->map[i].cls = cls;
+    return HYLA_OK;
+}
+
+static pool_entry *map_find(hyla_cu_pool *p, uintptr_t key) {
+    size_t i = map_hash(key, p->map_cap);
+    for (size_t n = 0; n < p->map_cap; n++) {
+        if (p->map[i].key == key) return &p->map[i];
+        if (p->map[i].key == 0) return NULL;
+        i = (i + 1) & (p->map_cap - 1);
+    }
+    return NULL;
+}
+
+static int class_find(hyla_cu_pool *p, size_t size, int create) {
+    for (int i = 0; i < p->n_classes; i++)
+        if (p->classes[i].size == size) return i;
+    if (!create) return -1;
+    if (p->n_classes == p->cap_classes) {
+        int nc = p->cap_classes ? p->cap_classes * 2 : 16;
+        pool_class *n = (pool_class *)realloc(p->classes, (size_t)nc * sizeof *n);
+        if (!n) return -1;
+        p->classes = n;
+        p->cap_classes = nc;
+    }
+    pool_class *k = &p->classes[p->n_classes];
+    memset(k, 0, sizeof *k);
+    k->size = size;
+    return p->n_classes++;
+}
+
+/* Carve one slot of `size` from the slabs (a new slab if no tail fits). */
+static hyla_status carve(hyla_cu_pool *p, size_t size, void **out) {
+    for (int i = p->n_slabs - 1; i >= 0 && i >= p->n_slabs - 2; i--) {
+        pool_slab *s = &p->slabs[i];
+        if (s->bytes - s->used >= size) {
+            *out = s->base + s->used;
+            s->used += size;
+            return HYLA_OK;
+        }
+    }
+    if (p->n_slabs == p->cap_slabs) {
+        int nc = p->cap_slabs ? p->cap_slabs * 2 : 16;
+        pool_slab *n = (pool_slab *)realloc(p->slabs, (size_t)nc * sizeof *n);
+        if (!n) return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+        p->slabs = n;
+        p->cap_slabs = nc;
+    }
+    size_t bytes = size * 8 > SLAB_MIN ? size * 8 : SLAB_MIN;
+    void *base = NULL;
+    cudaError_t e = cudaMalloc(&base, bytes);
+    if (e != cudaSuccess && bytes > size) { /* memory is tight: a slab of just this slot */
+        cudaGetLastError();
+        bytes = size;
+        e = cudaMalloc(&base, bytes);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: cudaMalloc of a %zu-byte slab failed: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    pool_slab *s = &p->slabs[p->n_slabs++];
+    s->base = (uint8_t *)base;
+    s->bytes = bytes;
+    s->used = size;
+    p->slab_bytes += bytes;
+    *out = base;
+    return HYLA_OK;
+}
+
+static hyla_status class_push(pool_class *k, void *ptr) {
+    if (k->n_free == k->cap) {
+        uint32_t nc = k->cap ? k->cap * 2 : 16;
+        void **n = (void **)realloc(k->free_list, nc * sizeof *n);
+        if (!n) return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+        k->free_list = n;
+        k->cap = nc;
+    }
+    k->free_list[k->n_free++] = ptr;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_pool_alloc(hyla_cuda_ctx *c, size_t bytes, void **out) {
+    hyla_cu_pool *p = c->pool;
+    *out = NULL;
+    size_t size = (bytes + 255) & ~(size_t)255;
+    if (size == 0) size = 256;
+    void *ptr = NULL;
+    if (size > HYLA_CUDA_POOL_SLOT_MAX) {
+        cudaError_t e = cudaMalloc(&ptr, size);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return hyla_fail(HYLA_ERR_NOMEM, "alloc of %zu bytes on cuda:%d failed: %s", bytes, c->device,
+                             cudaGetErrorString(e));
+        }
+        hyla_status s = map_put(p, (uintptr_t)ptr, size, -1);
+        if (s != HYLA_OK) {
+            cudaFree(ptr);
+            return s;
+        }
+        p->big_bytes += size;
+        p->n_big++;
+    } else {
+        int ci = class_find(p, size, 1);
+        if (ci < 0) return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+        pool_class *k = &p->classes[ci];
+        if (k->n_free) {
+            ptr = k->free_list[--k->n_free];
+        } else {
+            HYLA_TRY(carve(p, size, &ptr));
+        }
+        hyla_status s = map_put(p, (uintptr_t)ptr, size, ci);
+        if (s != HYLA_OK) {
+            class_push(k, ptr);
+            return s;
+        }
+        k->n_live++;
+        p->slot_bytes += size;
+    }
+    CU_TRY(cudaMemsetAsync(ptr, 0, size, c->stream));
+    *out = ptr;
+    return HYLA_OK;
+}
+
+extern "C" void cu_pool_free(hyla_cuda_ctx *c, void *ptr) {
+    hyla_cu_pool *p = c->pool;
+    pool_entry *e = map_find(p, (uintptr_t)ptr);
+    if (!e) {
+        fprintf(stderr, "hyla: cuda free of %p, which this backend did not allocate\n", ptr);
+        HYLA_ASSERT(!"free of a pointer the cuda backend did not allocate");
+    }
+    if (e->cls < 0) {
+        cudaStreamSynchronize(c->stream); /* queued kernels may still use it */
+        cudaFree(ptr);
+        p->big_bytes -= e->size;
+        p->n_big--;
+    } else {
+        pool_class *k = &p->classes[e->cls];
+        if (class_push(k, ptr) != HYLA_OK) return; /* leak the slot rather than lose the entry */
+        k->n_live--;
+        p->slot_bytes -= e->size;
+    }
+    e->key = 1; /* tombstone */
+}
+
+/* ---------------------------------------------------------------- public pool API */
+
+static hyla_cuda_ctx *cuda_ctx_of(hyla_backend *be) {
+    if (!be || !be->ops || !be->ops->name || strcmp(be->ops->name, "cuda")) return NULL;
+    return (hyla_cuda_ctx *)be->ctx;
+}
+
+extern "C" hyla_status hyla_cuda_pool_get_stats(hyla_backend *be, hyla_cuda_pool_stats *out) {
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    memset(out, 0, sizeof *out);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_pool_get_stats: not a cuda backend");
+    hyla_cu_pool *p = c->pool;
+    out->slab_bytes = p->slab_bytes;
+    out->slot_bytes = p->slot_bytes;
+    out->big_bytes = p->big_bytes;
+    out->n_slabs = (uint32_t)p->n_slabs;
+    out->n_classes = (uint32_t)p->n_classes;
+    out->n_big = p->n_big;
+    uint64_t fb = 0;
+    for (int i = 0; i < p->n_classes; i++) {
+        out->n_live_slots += p->classes[i].n_live;
+        out->n_free_slots += p->classes[i].n_free;
+        fb += (uint64_t)p->classes[i].n_free * p->classes[i].size;
+    }
+    for (int i = 0; i < p->n_slabs; i++) fb += p->slabs[i].bytes - p->slabs[i].used;
+    out->free_bytes = fb;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_pool_reserve(hyla_backend *be, size_t bytes, int n) {
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_pool_reserve: not a cuda backend");
+    size_t size = (bytes + 255) & ~(size_t)255;
+    if (size == 0 || size > HYLA_CUDA_POOL_SLOT_MAX || n < 0)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_pool_reserve: %zu bytes x %d (slots hold at most %zu)",
+                         bytes, n, (size_t)HYLA_CUDA_POOL_SLOT_MAX);
+    hyla_cu_pool *p = c->pool;
+    int ci = class_find(p, size, 1);
+    if (ci < 0) return hyla_fail(HYLA_ERR_NOMEM, "cuda pool: out of host memory");
+    while ((int)p->classes[ci].n_free < n) {
+        void *ptr;
+        HYLA_TRY(carve(p, size, &ptr));
+        HYLA_TRY(class_push(&p->classes[ci], ptr));
+    }
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_host_alloc(hyla_backend *be, size_t bytes, void **out) {
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    *out = NULL;
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_host_alloc: not a cuda backend");
+    CU_TRY(cudaMallocHost(out, bytes ? bytes : 1));
+    return HYLA_OK;
+}
+
+extern "C" void hyla_cuda_host_free(hyla_backend *be, void *p) {
+    (void)be;
+    if (p) cudaFreeHost(p);
+}
+
+struct hyla_cuda_copy {
+    hyla_cuda_ctx *c;
+    cudaEvent_t done;
+};
+
+static hyla_status copy_begin(hyla_backend *be, int n, void *const *dst, const void *const *src, const size_t *bytes,
+                              cudaMemcpyKind kind, hyla_cuda_copy **out) {
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    *out = NULL;
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda async copy: not a cuda backend");
+    hyla_cuda_copy *cp = (hyla_cuda_copy *)calloc(1, sizeof *cp);
+    if (!cp) return hyla_fail(HYLA_ERR_NOMEM, "hyla_cuda async copy: out of host memory");
+    cp->c = c;
+    cudaEvent_t after = NULL;
+    hyla_status st = HYLA_OK;
+#define STEP(expr)                                                                    \
+    do {                                                                              \
+        cudaError_t e_ = (expr);                                                      \
+        if (e_ != cudaSuccess && st == HYLA_OK) st = hyla_cuda_fail(e_, #expr, __FILE__, __LINE__); \
+    } while (0)
+    STEP(cudaEventCreateWithFlags(&cp->done, cudaEventDisableTiming));
+    STEP(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+    if (st == HYLA_OK) {
+        /* copies start after the compute work queued so far (it writes what we read, or reads
+         * what we overwrite) */
+        STEP(cudaEventRecord(after, c->stream));
+        STEP(cudaStreamWaitEvent(c->copy_stream, after, 0));
+        for (int i = 0; i < n && st == HYLA_OK; i++)
+            if (bytes[i]) STEP(cudaMemcpyAsync(dst[i], src[i], bytes[i], kind, c->copy_stream));
+        STEP(cudaEventRecord(cp->done, c->copy_stream));
+        if (kind == cudaMemcpyHostToDevice) STEP(cudaStreamWaitEvent(c->stream, cp->done, 0));
+    }
+#undef STEP
+    if (after) cudaEventDestroy(after);
+    if (st != HYLA_OK) {
+        cudaStreamSynchronize(c->copy_stream);
+        if (cp->done) cudaEventDestroy(cp->done);
+        free(cp);
+        return st;
+    }
+    *out = cp;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_snapshot_begin(hyla_backend *be, int n, void *const *host_dst,
+                                                const void *const *dev_src, const size_t *bytes,
+                                                hyla_cuda_copy **out) {
+    return copy_begin(be, n, host_dst, dev_src, bytes, cudaMemcpyDeviceToHost, out);
+}
+
+extern "C" hyla_status hyla_cuda_restore_begin(hyla_backend *be, int n, void *const *dev_dst,
+                                               const void *const *host_src, const size_t *bytes,
+                                               hyla_cuda_copy **out) {
+    return copy_begin(be, n, dev_dst, host_src, bytes, cudaMemcpyHostToDevice, out);
+}
+
+extern "C" int hyla_cuda_copy_done(const hyla_cuda_copy *c) {
+    return !c || cudaEventQuery(c->done) == cudaSuccess;
+}
+
+extern "C" hyla_status hyla_cuda_copy_wait(hyla_cuda_copy *c) {
+    if (!c) return HYLA_OK;
+    cudaError_t e = cudaEventSynchronize(c->done);
+    cudaEventDestroy(c->done);
+    free(c);
+    if (e != cudaSuccess) return hyla_cuda_fail(e, "cudaEventSynchronize(copy)", __FILE__, __LINE__);
+    return HYLA_OK;
+}
