@@ -1,0 +1,261 @@
+/* test_gpu_e2e.c — whole tiny models on cuda:0 against the CPU reference backend, through the
+ * runtime (worker/hyla_session.h), for gla-h, gdn, sse-h, sse-gdn and gdn-h (sliding-window
+ * attention):
+ *   1. prompt logits (150 tokens: two full chunks and a partial one) within tolerance of the
+ *      CPU's, then greedy tokens: equal to the CPU's while the CPU's top-2 margin is clear
+ *      (> LOGIT_MARGIN); at the first divergence the margin must be below it (a near tie that
+ *      bf16 rounding may flip), and the comparison stops there;
+ *   2. determinism and pause/resume on the GPU, bit for bit: the same run twice; "decode 20"
+ *      == "decode 10, export, import, decode 10"; chunk-aligned pieces == one piece;
+ *   3. batch invariance on the GPU, bit for bit: 3 sessions decoded together == each alone;
+ *   4. GPU -> CPU and CPU -> GPU resume: a snapshot taken on one backend imports on the other
+ *      and the continuation's logits stay within tolerance of the uninterrupted run.
+ * Tolerance: logits are O(1..10); the GPU computes projections with bf16 operands (relative
+ * error ~2^-9 per product) and chunked mixers with bf16 operands, so logits differ from the
+ * fp32 CPU by ~1e-2 relative: rel L2 <= 5e-2 per step. Skips (77) without a usable GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_session.h"
+#include "hyla_test.h"
+
+#define LOGIT_TOL 5e-2
+#define LOGIT_MARGIN 0.05
+
+static hyla_backend *cpu, *gpu;
+
+static void make_model(const char *arch, const char *dir, const char *extra) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && %s/hyla-mkmodel --arch %s --layers 6 --hidden 128 --heads 4 --seed 7 %s --out %s "
+             "2>/dev/null",
+             dir, hyla_test_env("HYLA_BIN_DIR", "build/bin"), arch, extra ? extra : "", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "cannot run: %s\n", cmd);
+        exit(1);
+    }
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+static double top2_margin(const float *l, int V) {
+    double a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (l[i] > a) {
+            b = a;
+            a = l[i];
+        } else if (l[i] > b) {
+            b = l[i];
+        }
+    }
+    return a - b;
+}
+
+static hyla_session *sess(hyla_model *m) {
+    hyla_session *s = NULL;
+    CHECK_OK(hyla_session_create(m, &s));
+    hyla_sampling sp = {0, 0, 1};
+    if (s) hyla_session_set_sampling(s, sp, 1);
+    return s;
+}
+
+/* greedy decode n steps, tokens and logits [n][V] */
+static void gen(hyla_session *s, int n, int32_t *tok, float *logits, int V) {
+    for (int i = 0; i < n; i++)
+        CHECK_OK(hyla_session_decode(&s, 1, &tok[i], logits ? logits + (size_t)i * V : NULL));
+}
+
+static int32_t *prompt(int n, int vocab) {
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    hyla_rng r;
+    hyla_rng_seed(&r, 11);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&r) % (uint64_t)(vocab < 256 ? vocab : 256));
+    return t;
+}
+
+static void test_arch(const char *arch, const char *extra) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/gpu_e2e_%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch);
+    make_model(arch, dir, extra);
+    hyla_model *mc = NULL, *mg = NULL;
+    CHECK_OK(hyla_model_load(dir, cpu, NULL, &mc));
+    CHECK_OK(hyla_model_load(dir, gpu, NULL, &mg));
+    if (!mc || !mg) return;
+    int V = hyla_model_get_config(mc)->vocab_size, T = 150, G = 24;
+    int32_t *p = prompt(T, V);
+    printf("%s\n", arch);
+
+    /* 1. prompt logits and greedy tokens vs CPU */
+    float *lc = malloc((size_t)T * V * 4), *lg = malloc((size_t)T * V * 4);
+    hyla_session *sc = sess(mc), *sg = sess(mg);
+    CHECK_OK(hyla_session_feed(sc, p, T, lc, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_feed(sg, p, T, lg, NULL, NULL, NULL));
+    double r = rel_l2(lg, lc, (size_t)(T - 1) * V);
+    printf("  prompt logits (149 rows): rel L2 %.2e %s\n", r, r <= LOGIT_TOL ? "ok" : "FAIL");
+    CHECK_MSG(r <= LOGIT_TOL, "%s: prompt logits rel %.3e", arch, r);
+    int32_t tc[24], tg[24];
+    float *gc = malloc((size_t)G * V * 4), *gg = malloc((size_t)G * V * 4);
+    gen(sc, G, tc, gc, V);
+    gen(sg, G, tg, gg, V);
+    int same = 0;
+    double worst = 0;
+    for (int i = 0; i < G; i++) {
+        double ri = rel_l2(gg + (size_t)i * V, gc + (size_t)i * V, V);
+        if (tc[i] != tg[i]) {
+            double mgn = top2_margin(gc + (size_t)i * V, V);
+            printf("  greedy tokens diverge at step %d (cpu %d, gpu %d, cpu top-2 margin %.3f)\n", i, tc[i], tg[i], mgn);
+            CHECK_MSG(mgn < LOGIT_MARGIN, "%s: tokens diverge at step %d with a clear margin %.3f", arch, i, mgn);
+            break;
+        }
+        if (ri > worst) worst = ri;
+        same++;
+    }
+    printf("  greedy: %d/%d tokens equal to the CPU run, logits rel L2 <= %.2e %s\n", same, G, worst,
+           worst <= LOGIT_TOL ? "ok" : "FAIL");
+    CHECK_MSG(worst <= LOGIT_TOL, "%s: decode logits rel %.3e", arch, worst);
+    hyla_session_free(sc);
+    hyla_session_free(sg);
+
+    /* 2. determinism, chunk-aligned pieces, pause/resume on the GPU (bits) */
+    {
+        hyla_session *a = sess(mg), *b = sess(mg), *c = sess(mg);
+        CHECK_OK(hyla_session_feed(a, p, T, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(b, p, 65, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(b, p + 65, 64, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(b, p + 129, T - 129, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(c, p, T, NULL, NULL, NULL, NULL));
+        hyla_snapshot *sa = NULL, *sb = NULL;
+        CHECK_OK(hyla_session_export(a, &sa));
+        CHECK_OK(hyla_session_export(b, &sb));
+        CHECK_MSG(sa && sb && hyla_snapshot_equal(sa, sb), "%s: GPU chunk-aligned pieces differ from one piece", arch);
+        int32_t t1[20], t2[20];
+        float *l1 = malloc((size_t)20 * V * 4), *l2 = malloc((size_t)20 * V * 4);
+        gen(a, 20, t1, l1, V);
+        gen(c, 10, t2, l2, V);
+        hyla_snapshot *mid = NULL;
+        CHECK_OK(hyla_session_export(c, &mid));
+        hyla_session_free(c);
+        c = NULL;
+        CHECK_OK(hyla_session_import(mg, mid, &c));
+        if (c) gen(c, 10, t2 + 10, l2 + (size_t)10 * V, V);
+        int ok = !memcmp(t1, t2, sizeof t1) && !memcmp(l1, l2, (size_t)20 * V * 4);
+        printf("  GPU pause/resume (decode 10, export, import, decode 10) == uninterrupted: %s\n", ok ? "bits" : "FAIL");
+        CHECK_MSG(ok, "%s: GPU pause/resume differs", arch);
+        /* GPU -> CPU: import mid on the CPU model, continue 10 */
+        hyla_session *x = NULL;
+        CHECK_OK(hyla_session_import(mc, mid, &x));
+        if (x) {
+            int32_t t3[10];
+            float *l3 = malloc((size_t)10 * V * 4);
+            gen(x, 10, t3, l3, V);
+            int eq = 0;
+            while (eq < 10 && t3[eq] == t1[10 + eq]) eq++;
+            double rr = rel_l2(l3, l1 + (size_t)10 * V, (size_t)(eq > 0 ? eq : 1) * V);
+            printf("  GPU -> CPU resume: %d/10 tokens equal to the GPU run, logits rel L2 %.2e %s\n", eq, rr,
+                   rr <= LOGIT_TOL ? "ok" : "FAIL");
+            CHECK_MSG(rr <= LOGIT_TOL, "%s: GPU->CPU continuation logits rel %.3e", arch, rr);
+            if (eq < 10)
+                CHECK_MSG(top2_margin(l1 + (size_t)(10 + eq) * V, V) < LOGIT_MARGIN,
+                          "%s: GPU->CPU continuation diverges with a clear margin", arch);
+            free(l3);
+            hyla_session_free(x);
+        }
+        /* CPU -> GPU: a CPU session's snapshot continues on the GPU */
+        hyla_session *cs = sess(mc), *cg = NULL;
+        CHECK_OK(hyla_session_feed(cs, p, T, NULL, NULL, NULL, NULL));
+        hyla_snapshot *cm = NULL;
+        CHECK_OK(hyla_session_export(cs, &cm));
+        CHECK_OK(hyla_session_import(mg, cm, &cg));
+        if (cg) {
+            int32_t t4[10], t5[10];
+            float *l4 = malloc((size_t)10 * V * 4), *l5 = malloc((size_t)10 * V * 4);
+            gen(cs, 10, t4, l4, V);
+            gen(cg, 10, t5, l5, V);
+            int eq = 0;
+            while (eq < 10 && t4[eq] == t5[eq]) eq++;
+            double rr = rel_l2(l5, l4, (size_t)(eq > 0 ? eq : 1) * V);
+            printf("  CPU -> GPU resume: %d/10 tokens equal to the CPU run, logits rel L2 %.2e %s\n", eq, rr,
+                   rr <= LOGIT_TOL ? "ok" : "FAIL");
+            CHECK_MSG(rr <= LOGIT_TOL, "%s: CPU->GPU continuation logits rel %.3e", arch, rr);
+            free(l4);
+            free(l5);
+            hyla_session_free(cg);
+        }
+        hyla_snapshot_destroy(cm);
+        hyla_session_free(cs);
+        hyla_snapshot_destroy(mid);
+        hyla_snapshot_destroy(sa);
+        hyla_snapshot_destroy(sb);
+        free(l1);
+        free(l2);
+        hyla_session_free(a);
+        hyla_session_free(b);
+        hyla_session_free(c);
+    }
+
+    /* 3. batch == alone on the GPU (bits) */
+    {
+        enum { NB = 3 };
+        hyla_session *bs[NB], *ss[NB];
+        for (int i = 0; i < NB; i++) {
+            bs[i] = sess(mg);
+            ss[i] = sess(mg);
+            CHECK_OK(hyla_session_feed(bs[i], p + 7 * i, 30 + 40 * i, NULL, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(ss[i], p + 7 * i, 30 + 40 * i, NULL, NULL, NULL, NULL));
+        }
+        int ok = 1;
+        float *lb = malloc((size_t)NB * V * 4), *ls = malloc((size_t)V * 4);
+        for (int step = 0; step < 8; step++) {
+            int32_t ob[NB], os[NB];
+            CHECK_OK(hyla_session_decode(bs, NB, ob, lb));
+            for (int i = 0; i < NB; i++) {
+                CHECK_OK(hyla_session_decode(&ss[i], 1, &os[i], ls));
+                ok &= ob[i] == os[i] && !memcmp(ls, lb + (size_t)i * V, (size_t)V * 4);
+            }
+        }
+        printf("  GPU batch of 3 == each alone (8 steps): %s\n", ok ? "bits" : "FAIL");
+        CHECK_MSG(ok, "%s: GPU batched decode differs from single decode", arch);
+        for (int i = 0; i < NB; i++) {
+            hyla_session_free(bs[i]);
+            hyla_session_free(ss[i]);
+        }
+        free(lb);
+        free(ls);
+    }
+    free(lc);
+    free(lg);
+    free(gc);
+    free(gg);
+    free(p);
+    hyla_model_free(mc);
+    hyla_model_free(mg);
+}
+
+int main(void) {
+    if (!hyla_cuda_available()) {
+        printf("test_gpu_e2e: SKIPPED — no usable CUDA device (or the CUDA backend is not built)\n");
+        return 77;
+    }
+    if (hyla_backend_create("cpu", &cpu) != HYLA_OK || hyla_backend_create("cuda:0", &gpu) != HYLA_OK) {
+        fprintf(stderr, "test_gpu_e2e: %s\n", hyla_last_error());
+        return 1;
+    }
+    test_arch("gla-h", NULL);
+    test_arch("gdn", NULL);
+    test_arch("sse-h", NULL);
+    test_arch("sse-gdn", NULL);
+    test_arch("gdn-h", "--window 40");
+    hyla_backend_destroy(gpu);
+    hyla_backend_destroy(cpu);
+    return hyla_test_done("test_gpu_e2e");
+}
