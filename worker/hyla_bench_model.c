@@ -1,0 +1,655 @@
+/* hyla_bench_model.c — hyla-bench kernels / e2e: timings of the backend's ops and of whole
+ * models, one JSON object per line on stdout.
+ *
+ * Method (docs/CUDA.md, BENCHMARKS.md): inputs are random (never zeros); each measurement
+ * warms up, then runs batches of calls between backend syncs (a batch lasts >= 20 ms) and
+ * reports the median batch's time per call, so launch gaps are included as the runtime would
+ * see them. Derived rates use stated counts: bytes = what the op must read and write at
+ * least once (inputs, outputs, states read and written); flops = the multiply-adds of the
+ * algorithm as implemented (chunked form for prefill), x2.
+ * CUDA-only references (a plain cuBLAS bf16 GEMM, the varlen batched prefill) come from
+ * kernels/cuda/hyla_cuda_extra.h, declared weak so this file links without the CUDA backend.
+ * Threading: single-threaded driver of one backend. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_bench_model.h"
+#include "hyla_model.h"
+#include "hyla_ops.h"
+#include "hyla_session.h"
+#include "hyla_util.h"
+
+/* kernels/cuda/hyla_cuda_extra.h, weak: NULL in builds without the CUDA backend */
+hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len, int *sm_count, double *mem_gib)
+    __attribute__((weak));
+hyla_status hyla_cuda_bench_gemm_bf16(hyla_backend *be, int M, int N, int K, int iters, double *ms)
+    __attribute__((weak));
+hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, int dv, float scale, const float *q,
+                                     const float *k, const float *v, const float *ga, const float *gb, float *o,
+                                     int nseq, const int32_t *start, const int32_t *len, float *const *S)
+    __attribute__((weak));
+
+static hyla_backend *be;
+static const hyla_ops *O;
+static void *CX;
+static hyla_rng rng;
+static char dev_name[128] = "cpu";
+static const char *dev_arg = "cpu";
+
+#define DIE(...)                                      \
+    do {                                              \
+        fprintf(stderr, "hyla-bench: " __VA_ARGS__);  \
+        fprintf(stderr, "\n");                        \
+        exit(1);                                      \
+    } while (0)
+#define TRY(call)                                                                              \
+    do {                                                                                       \
+        hyla_status s_ = (call);                                                               \
+        if (s_ != HYLA_OK) DIE("%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
+    } while (0)
+
+/* ---------------------------------------------------------------- helpers */
+
+static void *dalloc(size_t bytes) {
+    void *p;
+    TRY(O->alloc(CX, bytes ? bytes : 4, &p));
+    return p;
+}
+/* device buffer of n floats ~ scale * N(0,1) (or uniform in [lo, hi] when lo < hi) */
+static float *drand(size_t n, float scale, float lo, float hi) {
+    size_t piece = (size_t)1 << 22;
+    float *h = malloc(piece * sizeof(float));
+    float *d = dalloc(n * sizeof(float));
+    for (size_t off = 0; off < n; off += piece) {
+        size_t m = n - off < piece ? n - off : piece;
+        for (size_t i = 0; i < m; i++)
+            h[i] = lo < hi ? lo + (hi - lo) * hyla_rng_uniform(&rng) : scale * hyla_rng_normal(&rng);
+        TRY(O->upload(CX, d + off, h, m * sizeof(float)));
+    }
+    free(h);
+    return d;
+}
+static void dfree(void *p) { O->free(CX, p); }
+
+typedef void (*bench_fn)(void *ud);
+static int cmpd(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* Median time of one call in ms (batches of calls between syncs, see the file comment). */
+static double timeit(bench_fn fn, void *ud) {
+    fn(ud);
+    TRY(O->sync(CX));
+    double t0 = hyla_now();
+    fn(ud);
+    TRY(O->sync(CX));
+    double one = hyla_now() - t0;
+    int reps = one > 0 ? (int)(0.02 / one) + 1 : 100;
+    if (reps > 1000) reps = 1000;
+    int batches = one > 1.0 ? 3 : 5;
+    double t[5];
+    for (int b = 0; b < batches; b++) {
+        t0 = hyla_now();
+        for (int r = 0; r < reps; r++) fn(ud);
+        TRY(O->sync(CX));
+        t[b] = (hyla_now() - t0) / reps;
+    }
+    qsort(t, (size_t)batches, sizeof t[0], cmpd);
+    return t[batches / 2] * 1e3;
+}
+
+static void emit_head(const char *bench) {
+    printf("{\"bench\":\"%s\",\"device\":\"%s\",\"gpu\":\"%s\"", bench, dev_arg, dev_name);
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+typedef struct {
+    float *x, *y;
+    hyla_weight *w;
+    int M, K, N;
+} lin_ud;
+static void lin_run(void *u) {
+    lin_ud *a = u;
+    TRY(O->linear(CX, a->x, a->K, a->M, a->K, a->w, NULL, a->y, a->N, a->N, 0));
+}
+
+static hyla_weight *rand_weight(int N, int K) {
+    size_t n = (size_t)N * K;
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = hyla_f32_to_bf16(0.02f * hyla_rng_normal(&rng));
+    hyla_weight *w;
+    TRY(O->weight_create(CX, h, HYLA_DT_BF16, N, K, &w));
+    free(h);
+    return w;
+}
+
+static void bench_gemm(int quick) {
+    double ref_tflops = 0;
+    int big = quick ? 2048 : 8192;
+    if (hyla_cuda_bench_gemm_bf16 && !strcmp(O->name, "cuda")) {
+        double ms;
+        TRY(hyla_cuda_bench_gemm_bf16(be, big, big, big, 10, &ms));
+        ref_tflops = 2.0 * big * (double)big * big / (ms * 1e-3) / 1e12;
+        emit_head("gemm_cublas_bf16");
+        printf(",\"M\":%d,\"N\":%d,\"K\":%d,\"ms\":%.4f,\"tflops\":%.1f}\n", big, big, big, ms, ref_tflops);
+        fflush(stdout);
+    }
+    struct {
+        int M, K, N;
+        const char *what;
+    } shapes[] = {{big, big, big, "square"},
+                  {4096, 2304, 2304, "proj q/k/v/o (1.3B)"},
+                  {4096, 2304, 6144, "mlp gate/up (1.3B)"},
+                  {4096, 6144, 2304, "mlp down (1.3B)"},
+                  {64, 2304, 6144, "prefill chunk of 64 rows"},
+                  {1, 2304, 6144, "decode B=1"},
+                  {16, 2304, 6144, "decode B=16"},
+                  {64, 2304, 6144, "decode B=64"},
+                  {256, 2304, 6144, "decode B=256"}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int M = shapes[i].M, K = shapes[i].K, N = shapes[i].N;
+        if (quick && M > 2048) M = 512;
+        lin_ud a = {drand((size_t)M * K, 1.0f, 0, 0), dalloc((size_t)M * N * 4), rand_weight(N, K), M, K, N};
+        double ms = timeit(lin_run, &a);
+        double fl = 2.0 * M * (double)N * K, bytes = (double)N * K * 2 + (double)M * K * 4 + (double)M * N * 4;
+        double tf = fl / (ms * 1e-3) / 1e12;
+        emit_head("linear");
+        printf(",\"shape\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"ms\":%.4f,\"tflops\":%.2f,\"gbps\":%.1f", shapes[i].what,
+               M, K, N, ms, tf, bytes / (ms * 1e-3) / 1e9);
+        if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
+        printf("}\n");
+        fflush(stdout);
+        dfree(a.x);
+        dfree(a.y);
+        O->weight_destroy(CX, a.w);
+    }
+}
+
+/* ---------------------------------------------------------------- linear-attention prefill */
+
+typedef struct {
+    int gdn, n, H, dk, dv, nseq, varlen;
+    float *q, *k, *v, *g, *b, *o, *S;
+} pf_ud;
+static void pf_run(void *u) {
+    pf_ud *a = u;
+    size_t sk = (size_t)a->n * a->H * a->dk, sv = (size_t)a->n * a->H * a->dv, sg = (size_t)a->n * a->H;
+    size_t ss = (size_t)a->H * a->dk * a->dv;
+    float scale = 1.0f / sqrtf((float)a->dk);
+    if (a->varlen) {
+        int32_t st[64], ln[64];
+        float *Sp[64];
+        for (int z = 0; z < a->nseq; z++) {
+            st[z] = z * a->n;
+            ln[z] = a->n;
+            Sp[z] = a->S + z * ss;
+        }
+        TRY(hyla_cuda_prefill_varlen(be, a->gdn, a->H, a->dk, a->dv, scale, a->q, a->k, a->v, a->g,
+                                     a->gdn ? a->b : NULL, a->o, a->nseq, st, ln, Sp));
+        return;
+    }
+    for (int z = 0; z < a->nseq; z++) {
+        size_t gz = a->gdn ? z * sg : z * sk;
+        if (a->gdn)
+            TRY(O->gdn_prefill(CX, a->q + z * sk, a->k + z * sk, a->v + z * sv, a->g + gz, a->b + z * sg, a->n, a->H,
+                               a->dk, a->dv, scale, a->S + z * ss, a->o + z * sv));
+        else
+            TRY(O->gla_prefill(CX, a->q + z * sk, a->k + z * sk, a->v + z * sv, a->g + gz, a->n, a->H, a->dk, a->dv,
+                               scale, a->S + z * ss, a->o + z * sv));
+    }
+}
+
+/* flops of the chunked algorithm per (chunk of C tokens, head), x2 for multiply-adds */
+static double chunk_flops(int gdn, int C, int dk, int dv) {
+    double f = (double)C * C * dk      /* Q K^T */
+               + (double)C * dk * dv   /* q~ S */
+               + (double)C * C * dv    /* Aqk U */
+               + (double)C * dk * dv;  /* k~^T U */
+    if (gdn) f += (double)C * C * dk   /* K K^T */
+                  + (double)C * C * dk /* W = T K */
+                  + (double)C * C * dv /* U0 = T V */
+                  + (double)C * dk * dv /* W S */
+                  + (double)C * C * C / 3; /* forward substitution */
+    return 2 * f;
+}
+
+static void bench_prefill(int quick) {
+    int n = quick ? 1024 : 8192, H = 16, dk = 128, dv = 128, nseq = 8;
+    for (int gdn = 0; gdn < 2; gdn++) {
+        size_t tok = (size_t)n * nseq;
+        pf_ud a = {gdn, n, H, dk, dv, nseq, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        a.q = drand(tok * H * dk, 1.0f, 0, 0);
+        a.k = drand(tok * H * dk, 1.0f, 0, 0);
+        if (gdn) { /* unit-norm-ish keys: entries ~ N(0, 1/dk) */
+            dfree(a.q);
+            dfree(a.k);
+            a.q = drand(tok * H * dk, 1.0f / sqrtf((float)dk), 0, 0);
+            a.k = drand(tok * H * dk, 1.0f / sqrtf((float)dk), 0, 0);
+        }
+        a.v = drand(tok * H * dv, 1.0f, 0, 0);
+        a.g = gdn ? drand(tok * H, 0, -0.3f, -0.01f) : drand(tok * H * dk, 0, -0.2f, -0.001f);
+        a.b = gdn ? drand(tok * H, 0, 0.05f, 1.0f) : NULL;
+        a.o = dalloc(tok * H * dv * 4);
+        a.S = drand((size_t)nseq * H * dk * dv, 0.1f, 0, 0);
+        double fl = chunk_flops(gdn, 64, dk, dv) * (tok / 64.0) * H;
+        double io = (double)tok * H * (2.0 * dk + 2.0 * dv + (gdn ? 2 : dk)) * 4;
+        for (int mode = 0; mode < 3; mode++) {
+            if (mode == 2 && (!hyla_cuda_prefill_varlen || strcmp(O->name, "cuda"))) continue;
+            a.nseq = mode == 0 ? 1 : nseq;
+            a.varlen = mode == 2;
+            double ms = timeit(pf_run, &a);
+            double f = mode == 0 ? fl / nseq : fl, b = mode == 0 ? io / nseq : io;
+            emit_head(gdn ? "prefill_gdn" : "prefill_gla");
+            printf(",\"seqs\":%d,\"tokens_per_seq\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"mode\":\"%s\",\"ms\":%.4f,"
+                   "\"tokens_per_s\":%.0f,\"tflops\":%.2f,\"io_gbps\":%.1f}\n",
+                   a.nseq, n, H, dk, dv, mode == 0 ? "one call" : mode == 1 ? "one call per sequence" : "varlen batch",
+                   ms, a.nseq * (double)n / (ms * 1e-3), f / (ms * 1e-3) / 1e12, b / (ms * 1e-3) / 1e9);
+            fflush(stdout);
+        }
+        dfree(a.q);
+        dfree(a.k);
+        dfree(a.v);
+        dfree(a.g);
+        if (a.b) dfree(a.b);
+        dfree(a.o);
+        dfree(a.S);
+    }
+}
+
+/* ---------------------------------------------------------------- SSE vs GLA prefill */
+
+typedef struct {
+    int n, H, dk, dv, N, K;
+    float *q1, *k1, *q2, *k2, *v, *ga, *gb, *w, *S0, *Sp, *o, *lg;
+    int32_t *idx;
+} sse_ud;
+static void sse_run(void *u) {
+    sse_ud *a = u;
+    float scale = 1.0f / sqrtf((float)a->dk);
+    TRY(O->sse_prefill(CX, HYLA_SSE_GLA, a->q1, a->k1, a->q2, a->k2, a->v, a->ga, a->gb, NULL, NULL, a->idx, a->w,
+                       a->n, a->H, a->dk, a->dv, a->N, a->K, scale, a->S0, a->Sp, a->o));
+}
+static void gla_run(void *u) {
+    sse_ud *a = u;
+    float scale = 1.0f / sqrtf((float)a->dk);
+    TRY(O->gla_prefill(CX, a->q1, a->k1, a->v, a->ga, a->n, a->H, a->dk, a->dv, scale, a->S0, a->o));
+}
+
+static void bench_sse(int quick) {
+    sse_ud a = {quick ? 2048 : 32768, 18, 128, 128, 4, 1, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t nk = (size_t)a.n * a.H * a.dk, nv = (size_t)a.n * a.H * a.dv;
+    a.q1 = drand(nk, 0.1f, 0, 0);
+    a.k1 = drand(nk, 0.1f, 0, 0);
+    a.q2 = drand(nk, 0.1f, 0, 0);
+    a.k2 = drand(nk, 0.1f, 0, 0);
+    a.v = drand(nv, 1.0f, 0, 0);
+    a.ga = drand(nk, 0, -0.2f, -0.001f);
+    a.gb = drand(nk, 0, -0.2f, -0.001f);
+    a.lg = drand((size_t)a.n * a.N, 1.0f, 0, 0);
+    a.idx = dalloc((size_t)a.n * a.K * 4);
+    a.w = dalloc((size_t)a.n * a.K * 4);
+    TRY(O->sse_route(CX, a.lg, a.n, a.N, a.K, a.idx, a.w));
+    a.S0 = drand((size_t)a.H * a.dk * a.dv, 0.1f, 0, 0);
+    a.Sp = drand((size_t)a.N * a.H * a.dk * a.dv, 0.1f, 0, 0);
+    a.o = dalloc(nv * 4);
+    double ms_sse = timeit(sse_run, &a), ms_gla = timeit(gla_run, &a);
+    emit_head("prefill_sse_vs_gla");
+    printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"ms_sse\":%.3f,\"ms_gla\":%.3f,"
+           "\"ratio\":%.2f}\n",
+           a.n, a.H, a.dk, a.dv, a.N, a.K, ms_sse, ms_gla, ms_sse / ms_gla);
+    fflush(stdout);
+    float *bufs[] = {a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.lg, a.w, a.S0, a.Sp, a.o};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
+    dfree(a.idx);
+}
+
+/* ---------------------------------------------------------------- decode state update */
+
+typedef struct {
+    int kind, B, H, dk, dv, N, K; /* kind 0 gla, 1 gdn, 2 sse-gla */
+    float *q, *k, *v, *g, *b, *o, *w;
+    int32_t *idx;
+    float **S, **Sp;
+} dec_ud;
+static void dec_run(void *u) {
+    dec_ud *a = u;
+    float scale = 1.0f / sqrtf((float)a->dk);
+    if (a->kind == 0)
+        TRY(O->gla_decode(CX, a->q, a->k, a->v, a->g, a->B, a->H, a->dk, a->dv, scale, a->S, a->o));
+    else if (a->kind == 1)
+        TRY(O->gdn_decode(CX, a->q, a->k, a->v, a->g, a->b, a->B, a->H, a->dk, a->dv, scale, a->S, a->o));
+    else
+        TRY(O->sse_decode(CX, HYLA_SSE_GLA, a->q, a->k, a->q, a->k, a->v, a->g, a->g, NULL, NULL, a->idx, a->w, a->B,
+                          a->H, a->dk, a->dv, a->N, a->K, scale, a->S, a->Sp, a->o));
+}
+
+static void bench_decode(int quick) {
+    int Bs[] = {1, 16, 64, 256};
+    const char *names[] = {"decode_gla", "decode_gdn", "decode_sse_gla_n4k1"};
+    for (int kind = 0; kind < 3; kind++)
+        for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++) {
+            int B = Bs[bi];
+            if (quick && B > 16) continue;
+            dec_ud a = {kind, B, 18, 128, 128, 4, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+            size_t nk = (size_t)B * a.H * a.dk, nv = (size_t)B * a.H * a.dv, ss = (size_t)a.H * a.dk * a.dv;
+            a.q = drand(nk, 0.1f, 0, 0);
+            a.k = drand(nk, 0.1f, 0, 0);
+            a.v = drand(nv, 1.0f, 0, 0);
+            a.g = kind == 1 ? drand((size_t)B * a.H, 0, -0.3f, -0.01f) : drand(nk, 0, -0.2f, -0.001f);
+            a.b = drand((size_t)B * a.H, 0, 0.05f, 1.0f);
+            a.o = dalloc(nv * 4);
+            a.S = malloc(B * sizeof(float *));
+            a.Sp = malloc(B * sizeof(float *));
+            for (int b = 0; b < B; b++) {
+                a.S[b] = drand(ss, 0.1f, 0, 0);
+                a.Sp[b] = kind == 2 ? drand(ss * a.N, 0.1f, 0, 0) : NULL;
+            }
+            int32_t *hidx = malloc(B * 4);
+            float *hw = malloc(B * 4);
+            for (int b = 0; b < B; b++) {
+                hidx[b] = b % a.N;
+                hw[b] = 0.5f;
+            }
+            a.idx = dalloc(B * 4);
+            a.w = dalloc(B * 4);
+            TRY(O->upload(CX, a.idx, hidx, B * 4));
+            TRY(O->upload(CX, a.w, hw, B * 4));
+            double ms = timeit(dec_run, &a);
+            int parts = kind == 2 ? 1 + a.K : 1;
+            double bytes = (double)B * ss * 4 * 2 * parts + (double)B * a.H * (2.0 * a.dk * 4 + a.dv * 4 * 2);
+            emit_head(names[kind]);
+            printf(",\"B\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,\"state_mb\":%.1f,\"gbps\":%.1f}\n", B, a.H, a.dk,
+                   a.dv, ms, (double)B * ss * 4 * parts / 1e6, bytes / (ms * 1e-3) / 1e9);
+            fflush(stdout);
+            for (int b = 0; b < B; b++) {
+                dfree(a.S[b]);
+                if (a.Sp[b]) dfree(a.Sp[b]);
+            }
+            free(a.S);
+            free(a.Sp);
+            free(hidx);
+            free(hw);
+            float *bufs[] = {a.q, a.k, a.v, a.g, a.b, a.o, a.w};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
+            dfree(a.idx);
+        }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    int n, B, Hq, Hk, D, ctx;
+    float *q, *k, *v, *o;
+    hyla_kv_view *views;
+    int32_t *pos;
+} att_ud;
+static void attp_run(void *u) {
+    att_ud *a = u;
+    TRY(O->attn_prefill(CX, a->q, a->k, a->v, a->n, a->Hq, a->Hk, a->D, 0, &a->views[0], 0,
+                        1.0f / sqrtf((float)a->D), a->o));
+}
+static void attd_run(void *u) {
+    att_ud *a = u;
+    TRY(O->attn_decode(CX, a->q, a->k, a->v, a->B, a->Hq, a->Hk, a->D, a->pos, a->views, 0, 1.0f / sqrtf((float)a->D),
+                       a->o));
+}
+
+static hyla_kv_view make_view(int tokens, int Hk, int D, void *src_page) {
+    int pt = 64, np = (tokens + pt - 1) / pt;
+    size_t pb = (size_t)pt * Hk * D * hyla_dtype_size(O->kv_dtype);
+    void **kp = malloc(np * sizeof(void *)), **vp = malloc(np * sizeof(void *));
+    for (int p = 0; p < np; p++) {
+        kp[p] = dalloc(pb);
+        vp[p] = dalloc(pb);
+        if (src_page) {
+            TRY(O->copy(CX, kp[p], src_page, pb));
+            TRY(O->copy(CX, vp[p], src_page, pb));
+        }
+    }
+    hyla_kv_view v = {kp, vp, np, pt};
+    return v;
+}
+static void free_view(hyla_kv_view *v) {
+    for (int p = 0; p < v->n_pages; p++) {
+        dfree(v->k_pages[p]);
+        dfree(v->v_pages[p]);
+    }
+    free((void *)v->k_pages);
+    free((void *)v->v_pages);
+}
+
+static void bench_attention(int quick) {
+    int Hq = 18, Hk = 9, D = 128;
+    int ns[] = {4096, 32768};
+    for (int i = 0; i < 2; i++) {
+        int n = ns[i];
+        if (quick) n /= 16;
+        att_ud a = {n, 1, Hq, Hk, D, n, NULL, NULL, NULL, NULL, NULL, NULL};
+        a.q = drand((size_t)n * Hq * D, 1.0f, 0, 0);
+        a.k = drand((size_t)n * Hk * D, 1.0f, 0, 0);
+        a.v = drand((size_t)n * Hk * D, 1.0f, 0, 0);
+        a.o = dalloc((size_t)n * Hq * D * 4);
+        hyla_kv_view v = make_view(n, Hk, D, NULL);
+        a.views = &v;
+        double ms = timeit(attp_run, &a);
+        double fl = 2.0 * 2.0 * ((double)n * n / 2) * D * Hq;
+        emit_head("attn_prefill");
+        printf(",\"tokens\":%d,\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"ms\":%.3f,\"tflops\":%.1f}\n", n, Hq, Hk, D, ms,
+               fl / (ms * 1e-3) / 1e12);
+        fflush(stdout);
+        free_view(&v);
+        dfree(a.q);
+        dfree(a.k);
+        dfree(a.v);
+        dfree(a.o);
+    }
+    int Bs[] = {1, 16, 64};
+    int ctxs[] = {4096, 32768};
+    size_t pb = (size_t)64 * Hk * D * hyla_dtype_size(O->kv_dtype);
+    float *src = drand(pb / 4 + 1, 1.0f, 0, 0); /* random bytes for every page */
+    for (size_t ci = 0; ci < 2; ci++)
+        for (size_t bi = 0; bi < 3; bi++) {
+            int B = Bs[bi], ctx = ctxs[ci];
+            if (quick && (B > 16 || ctx > 4096)) continue;
+            att_ud a = {1, B, Hq, Hk, D, ctx, NULL, NULL, NULL, NULL, NULL, NULL};
+            a.q = drand((size_t)B * Hq * D, 1.0f, 0, 0);
+            a.k = drand((size_t)B * Hk * D, 1.0f, 0, 0);
+            a.v = drand((size_t)B * Hk * D, 1.0f, 0, 0);
+            a.o = dalloc((size_t)B * Hq * D * 4);
+            a.views = malloc(B * sizeof(hyla_kv_view));
+            a.pos = malloc(B * sizeof(int32_t));
+            for (int b = 0; b < B; b++) {
+                a.views[b] = make_view(ctx + 1, Hk, D, src);
+                a.pos[b] = ctx;
+            }
+            double ms = timeit(attd_run, &a);
+            double bytes = (double)B * (ctx + 1) * Hk * D * 2 * hyla_dtype_size(O->kv_dtype);
+            emit_head("attn_decode");
+            printf(",\"B\":%d,\"ctx\":%d,\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"ms\":%.4f,\"kv_gbps\":%.1f}\n", B, ctx, Hq, Hk, D,
+                   ms, bytes / (ms * 1e-3) / 1e9);
+            fflush(stdout);
+            for (int b = 0; b < B; b++) free_view(&a.views[b]);
+            free(a.views);
+            free(a.pos);
+            dfree(a.q);
+            dfree(a.k);
+            dfree(a.v);
+            dfree(a.o);
+        }
+    dfree(src);
+}
+
+/* ---------------------------------------------------------------- options */
+
+static void open_device(const char *device) {
+    dev_arg = device;
+    TRY(hyla_backend_create(device, &be));
+    O = be->ops;
+    CX = be->ctx;
+    if (!strcmp(O->name, "cuda") && hyla_cuda_device_info) {
+        int sms = 0;
+        double gib = 0;
+        if (hyla_cuda_device_info(be, dev_name, sizeof dev_name, &sms, &gib) == HYLA_OK)
+            fprintf(stderr, "hyla-bench: %s, %d SMs, %.1f GiB\n", dev_name, sms, gib);
+    }
+}
+
+int hyla_bench_kernels(int argc, char **argv) {
+    const char *device = "cpu", *only = NULL;
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else {
+            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--only gemm|prefill|sse|decode|attn]\n"
+                   "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
+                   "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
+                   "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
+                   "  prefill and decode. --quick: small sizes (the default on cpu).\n");
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    hyla_rng_seed(&rng, 1234);
+    open_device(device);
+    if (!strcmp(O->name, "cpu")) quick = 1;
+    if (!only || !strcmp(only, "gemm")) bench_gemm(quick);
+    if (!only || !strcmp(only, "prefill")) bench_prefill(quick);
+    if (!only || !strcmp(only, "sse")) bench_sse(quick);
+    if (!only || !strcmp(only, "decode")) bench_decode(quick);
+    if (!only || !strcmp(only, "attn")) bench_attention(quick);
+    hyla_backend_destroy(be);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- e2e */
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (s && *s && n < max) {
+        out[n++] = atoi(s);
+        s = strchr(s, ',');
+        if (s) s++;
+    }
+    return n;
+}
+
+static void rand_tokens(int32_t *t, int n, int vocab) {
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&rng) % (uint64_t)(vocab > 256 ? 256 : vocab));
+}
+
+int hyla_bench_e2e(int argc, char **argv) {
+    const char *device = "cpu", *model_dir = NULL;
+    int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
+    double max_state_gib = 60;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
+            np = parse_list(argv[++i], prefill, 8);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            nb = parse_list(argv[++i], batches, 8);
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
+            nc = parse_list(argv[++i], ctxs, 8);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-state-gib") && i + 1 < argc)
+            max_state_gib = atof(argv[++i]);
+        else {
+            printf("usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill 4096,32768]\n"
+                   "                      [--batch 1,16,64,256] [--ctx 16,32768] [--steps 32] [--max-state-gib 60]\n"
+                   "  Prefill tokens/s of one session per --prefill length; decode tokens/s of B sessions\n"
+                   "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
+                   "  from its snapshot). Skips a decode point whose session state exceeds --max-state-gib.\n"
+                   "  Make a model with hyla-mkmodel (random weights).\n");
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (!model_dir) DIE("e2e: --model DIR is required (hyla-mkmodel writes one)");
+    if (!np) np = parse_list("4096", prefill, 8);
+    if (!nb) nb = parse_list("1,16,64", batches, 8);
+    if (!nc) nc = parse_list("16", ctxs, 8);
+    hyla_rng_seed(&rng, 99);
+    open_device(device);
+    hyla_model *m;
+    hyla_model_params mp = hyla_model_default_params();
+    double t0 = hyla_now();
+    TRY(hyla_model_load(model_dir, be, &mp, &m));
+    const hyla_model_config *cfg = hyla_model_get_config(m);
+    double params = (double)hyla_model_param_bytes(m);
+    fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
+            cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
+    for (int i = 0; i < np; i++) {
+        int n = prefill[i];
+        int32_t *tok = malloc((size_t)n * 4);
+        rand_tokens(tok, n, cfg->vocab_size);
+        hyla_session *s;
+        TRY(hyla_session_create(m, &s));
+        TRY(O->sync(CX));
+        t0 = hyla_now();
+        TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
+        TRY(O->sync(CX));
+        double sec = hyla_now() - t0;
+        emit_head("e2e_prefill");
+        printf(",\"model\":\"%s\",\"type\":\"%s\",\"layers\":%d,\"hidden\":%d,\"tokens\":%d,\"s\":%.3f,"
+               "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f}\n",
+               model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, sec, n / sec, params / 1e9,
+               hyla_session_state_bytes(s) / 1e6);
+        fflush(stdout);
+        hyla_session_free(s);
+        free(tok);
+    }
+    for (int ci = 0; ci < nc; ci++)
+        for (int bi = 0; bi < nb; bi++) {
+            int ctx = ctxs[ci], B = batches[bi];
+            int32_t *tok = malloc((size_t)(ctx > 1 ? ctx : 1) * 4);
+            rand_tokens(tok, ctx > 1 ? ctx : 1, cfg->vocab_size);
+            hyla_session *s0;
+            TRY(hyla_session_create(m, &s0));
+            TRY(hyla_session_feed(s0, tok, ctx > 1 ? ctx : 1, NULL, NULL, NULL, NULL));
+            double per = (double)hyla_session_state_bytes(s0);
+            if (per * B / 1073741824.0 > max_state_gib) {
+                fprintf(stderr, "hyla-bench: skip decode B=%d ctx=%d: %.1f GiB of state > %.0f\n", B, ctx,
+                        per * B / 1073741824.0, max_state_gib);
+                hyla_session_free(s0);
+                free(tok);
+                continue;
+            }
+            hyla_snapshot *snap;
+            TRY(hyla_session_export(s0, &snap));
+            hyla_session **ss = calloc(B, sizeof *ss);
+            ss[0] = s0;
+            for (int b = 1; b < B; b++) TRY(hyla_session_import(m, snap, &ss[b]));
+            hyla_snapshot_destroy(snap);
+            int32_t *out = malloc(B * 4);
+            TRY(hyla_session_decode(ss, B, out, NULL)); /* warm-up */
+            TRY(O->sync(CX));
+            t0 = hyla_now();
+            for (int st = 0; st < steps; st++) TRY(hyla_session_decode(ss, B, out, NULL));
+            TRY(O->sync(CX));
+            double sec = (hyla_now() - t0) / steps;
+            double state = (double)hyla_session_state_bytes(ss[0]) * B;
+            emit_head("e2e_decode");
+            printf(",\"model\":\"%s\",\"type\":\"%s\",\"B\":%d,\"ctx\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.0f,"
+                   "\"bytes_per_step_gb\":%.3f,\"gbps\":%.1f}\n",
+                   model_dir, cfg->model_type, B, ctx, sec * 1e3, B / sec, (params + state) / 1e9,
+                   (params + state) / sec / 1e9);
+            fflush(stdout);
+            for (int b = 0; b < B; b++) hyla_session_free(ss[b]);
+            free(ss);
+            free(out);
+            free(tok);
+        }
+    hyla_model_free(m);
+    hyla_backend_destroy(be);
+    return 0;
+}
