@@ -53,6 +53,8 @@ const hyla_api_method hyla_api_methods[] = {
      &hyla__v1__describe_session_request__descriptor, &hyla__v1__worker_session_response__descriptor, 1},
     {"/hyla.v1.Worker/StageForward", "hyla.v1.Worker", "StageForward", 1, 1,
      &hyla__v1__stage_forward_request__descriptor, &hyla__v1__stage_forward_response__descriptor, 1},
+    {"/hyla.v1.Worker/ExportStage", "hyla.v1.Worker", "ExportStage", 0, 1,
+     &hyla__v1__export_stage_request__descriptor, &hyla__v1__get_snapshot_response__descriptor, 1},
     {"/hyla.v1.StateStore/PutSnapshot", "hyla.v1.StateStore", "PutSnapshot", 1, 0,
      &hyla__v1__put_snapshot_request__descriptor, &hyla__v1__put_snapshot_response__descriptor, 1},
     {"/hyla.v1.StateStore/GetSnapshot", "hyla.v1.StateStore", "GetSnapshot", 0, 1,
