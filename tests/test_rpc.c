@@ -909,11 +909,18 @@ static void test_shutdown_in_flight(void) {
     CHECK_MSG(wait_zero(&g_producers, 3000), "%d helper thread(s) still running", atomic_load(&g_producers));
 }
 
+static int g_cleanup_order[4], g_n_cleanups;
+static void cleanup_fn(void *arg) { g_cleanup_order[g_n_cleanups++] = (int)(intptr_t)arg; }
+
 static void test_lifecycle_edges(void) {
-    /* a server never started, and one that cannot bind */
+    /* a server never started, and one that cannot bind; cleanups run at destroy, last first */
     hyla_rpc_server *s = NULL;
     CHECK_OK(hyla_rpc_server_create(NULL, &s));
+    CHECK_OK(hyla_rpc_server_add_cleanup(s, cleanup_fn, (void *)1));
+    CHECK_OK(hyla_rpc_server_add_cleanup(s, cleanup_fn, (void *)2));
+    CHECK(g_n_cleanups == 0);
     hyla_rpc_server_destroy(s);
+    CHECK(g_n_cleanups == 2 && g_cleanup_order[0] == 2 && g_cleanup_order[1] == 1);
     CHECK_OK(hyla_rpc_server_create(NULL, &s));
     CHECK(hyla_rpc_server_start(s) == HYLA_ERR_INVALID_ARG); /* no address */
     CHECK(hyla_rpc_server_listen(s, "256.1.1.1:1", NULL) == HYLA_ERR_IO);

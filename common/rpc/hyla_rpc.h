@@ -169,6 +169,11 @@ void hyla_rpc_server_shutdown(hyla_rpc_server *s);
 /* Shut down if needed, then free. Accepts NULL. */
 void hyla_rpc_server_destroy(hyla_rpc_server *s);
 
+/* Run fn(arg) once in hyla_rpc_server_destroy, after every call ended and the loop threads
+ * stopped, in reverse order of registration: for method user data that lives as long as the
+ * server (takes ownership of arg through fn). At most 16. */
+hyla_status hyla_rpc_server_add_cleanup(hyla_rpc_server *s, void (*fn)(void *), void *arg);
+
 /* Calls accepted and not yet released (diagnostics and tests). */
 int hyla_rpc_server_live_calls(hyla_rpc_server *s);
 

@@ -57,6 +57,11 @@ struct hyla_rpc_server {
     int started, shutting_down, shutdown_tag_seen, shut_down;
     int live_calls;      /* contexts allocated (pending accepts included) */
     int accepts_pending; /* request_call posted, not completed */
+    struct {
+        void (*fn)(void *);
+        void *arg;
+    } cleanups[16];
+    int n_cleanups;
 };
 
 struct hyla_rpc_call {
@@ -724,10 +729,28 @@ void hyla_rpc_server_shutdown(hyla_rpc_server *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+hyla_status hyla_rpc_server_add_cleanup(hyla_rpc_server *s, void (*fn)(void *), void *arg) {
+    HYLA_ASSERT(s && fn);
+    pthread_mutex_lock(&s->mu);
+    hyla_status st = HYLA_OK;
+    if (s->n_cleanups == (int)(sizeof s->cleanups / sizeof s->cleanups[0])) {
+        st = hyla_fail(HYLA_ERR_RESOURCE, "rpc server: more than %d cleanups",
+                       (int)(sizeof s->cleanups / sizeof s->cleanups[0]));
+    } else {
+        s->cleanups[s->n_cleanups].fn = fn;
+        s->cleanups[s->n_cleanups].arg = arg;
+        s->n_cleanups++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 void hyla_rpc_server_destroy(hyla_rpc_server *s) {
     if (!s)
         return;
     hyla_rpc_server_shutdown(s);
+    for (int i = s->n_cleanups - 1; i >= 0; i--)
+        s->cleanups[i].fn(s->cleanups[i].arg);
     for (int i = 0; i < s->n_methods; i++)
         free(s->methods[i].path);
     free(s->methods);
