@@ -3,6 +3,8 @@
 #                  (tests/proto/test_rpc.proto) and exercised by the hyla_rpc client.
 #   test_rpc_fuzz  mutated bytes into every hyla.v1 message through protobuf-c and through a
 #                  server that registers every method (bounded time, HYLA_FUZZ_SECONDS).
+#   test_rpc_coord hyla-coordinator (in-process, then the binary killed with SIGKILL and
+#                  restarted) against Worker-service test doubles, real gRPC and RocksDB.
 if(TARGET hyla_rpc AND TARGET hyla_proto)
   hyla_protoc_c(HYLA_TEST_PROTO_SRCS ${CMAKE_CURRENT_BINARY_DIR}/proto_gen
                 ${CMAKE_CURRENT_SOURCE_DIR}/proto test_rpc.proto)
@@ -15,5 +17,9 @@ if(TARGET hyla_rpc AND TARGET hyla_proto)
   if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_rpc_fuzz.c)
     hyla_add_test(test_rpc_fuzz SOURCES test_rpc_fuzz.c LABELS fault
                   LIBS hyla_rpc hyla_proto TIMEOUT 60)
+  endif()
+  if(TARGET hyla_coord AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_rpc_coord.c)
+    hyla_add_test(test_rpc_coord SOURCES test_rpc_coord.c LABELS e2e LIBS hyla_coord TIMEOUT 120)
+    add_dependencies(test_rpc_coord hyla-coordinator)
   endif()
 endif()

@@ -1,0 +1,201 @@
+/* hyla_coord_dir.c — the session directory in RocksDB (see hyla_coord_dir.h for the format).
+ * Every RocksDB call is checked; its error string becomes the detail of a HYLA_ERR_IO that
+ * names the operation and the key. Threading: no state beyond the RocksDB handles. */
+#include "hyla_coord_dir.h"
+
+#include <rocksdb/c.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_util.h"
+
+#define KEY_EPOCH "m/epoch"
+#define SESSION_PREFIX "s/"
+
+struct hyla_coord_dir {
+    rocksdb_t *db;
+    rocksdb_options_t *opts;
+    rocksdb_writeoptions_t *wsync, *wnosync;
+    rocksdb_readoptions_t *ropts;
+    char *path;
+};
+
+/* Turn a RocksDB error string into a status (and free it). */
+static hyla_status rdb_check(char *err, const char *what, const char *key) {
+    if (!err)
+        return HYLA_OK;
+    hyla_status st = hyla_fail(HYLA_ERR_IO, "session directory: %s %s: %s", what, key ? key : "", err);
+    rocksdb_free(err);
+    return st;
+}
+
+void hyla_coord_dir_close(hyla_coord_dir *d) {
+    if (!d)
+        return;
+    if (d->db)
+        rocksdb_close(d->db);
+    if (d->opts)
+        rocksdb_options_destroy(d->opts);
+    if (d->wsync)
+        rocksdb_writeoptions_destroy(d->wsync);
+    if (d->wnosync)
+        rocksdb_writeoptions_destroy(d->wnosync);
+    if (d->ropts)
+        rocksdb_readoptions_destroy(d->ropts);
+    free(d->path);
+    free(d);
+}
+
+hyla_status hyla_coord_dir_open(const char *path, hyla_coord_dir **out) {
+    *out = NULL;
+    HYLA_TRY(hyla_mkdirs(path));
+    hyla_coord_dir *d = calloc(1, sizeof *d);
+    if (!d)
+        return hyla_fail(HYLA_ERR_NOMEM, "session directory");
+    d->path = strdup(path);
+    d->opts = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(d->opts, 1);
+    rocksdb_options_set_keep_log_file_num(d->opts, 4);
+    d->wsync = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(d->wsync, 1);
+    d->wnosync = rocksdb_writeoptions_create();
+    d->ropts = rocksdb_readoptions_create();
+    char *err = NULL;
+    d->db = rocksdb_open(d->opts, path, &err);
+    if (err || !d->db) {
+        hyla_status st = rdb_check(err, "open", path);
+        if (st == HYLA_OK)
+            st = hyla_fail(HYLA_ERR_IO, "session directory: cannot open %s", path);
+        hyla_coord_dir_close(d);
+        return st;
+    }
+    *out = d;
+    return HYLA_OK;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+hyla_status hyla_coord_dir_put(hyla_coord_dir *d, const Hyla__V1__Session *s, uint64_t epoch, uint64_t counter,
+                               int sync) {
+    HYLA_ASSERT(d && s && s->session_id && s->session_id[0]);
+    size_t n = protobuf_c_message_get_packed_size(&s->base);
+    uint8_t *val = malloc(16 + n);
+    if (!val)
+        return hyla_fail(HYLA_ERR_NOMEM, "session directory record");
+    memcpy(val, HYLA_COORD_DIR_MAGIC, 4);
+    put_u32(val + 4, HYLA_COORD_DIR_VERSION);
+    put_u64(val + 8, epoch);
+    protobuf_c_message_pack(&s->base, val + 16);
+    char key[300];
+    int kl = snprintf(key, sizeof key, SESSION_PREFIX "%s", s->session_id);
+    HYLA_ASSERT(kl > 0 && (size_t)kl < sizeof key);
+    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+    rocksdb_writebatch_put(b, key, (size_t)kl, (const char *)val, 16 + n);
+    uint8_t cv[8];
+    if (counter) {
+        put_u64(cv, counter);
+        rocksdb_writebatch_put(b, KEY_EPOCH, strlen(KEY_EPOCH), (const char *)cv, 8);
+    }
+    char *err = NULL;
+    rocksdb_write(d->db, sync ? d->wsync : d->wnosync, b, &err);
+    rocksdb_writebatch_destroy(b);
+    free(val);
+    return rdb_check(err, "write", key);
+}
+
+hyla_status hyla_coord_dir_delete(hyla_coord_dir *d, const char *session_id) {
+    char key[300];
+    int kl = snprintf(key, sizeof key, SESSION_PREFIX "%s", session_id);
+    HYLA_ASSERT(kl > 0 && (size_t)kl < sizeof key);
+    char *err = NULL;
+    rocksdb_delete(d->db, d->wsync, key, (size_t)kl, &err);
+    return rdb_check(err, "delete", key);
+}
+
+hyla_status hyla_coord_dir_set_counter(hyla_coord_dir *d, uint64_t counter) {
+    uint8_t cv[8];
+    put_u64(cv, counter);
+    char *err = NULL;
+    rocksdb_put(d->db, d->wsync, KEY_EPOCH, strlen(KEY_EPOCH), (const char *)cv, 8, &err);
+    return rdb_check(err, "write", KEY_EPOCH);
+}
+
+hyla_status hyla_coord_dir_get_counter(hyla_coord_dir *d, uint64_t *counter) {
+    *counter = 0;
+    size_t len = 0;
+    char *err = NULL;
+    char *v = rocksdb_get(d->db, d->ropts, KEY_EPOCH, strlen(KEY_EPOCH), &len, &err);
+    HYLA_TRY(rdb_check(err, "read", KEY_EPOCH));
+    if (!v)
+        return HYLA_OK;
+    hyla_status st = HYLA_OK;
+    if (len != 8)
+        st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: key %s holds %zu bytes, expected 8", d->path,
+                       KEY_EPOCH, len);
+    else
+        *counter = get_u64((const uint8_t *)v);
+    rocksdb_free(v);
+    return st;
+}
+
+hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *ud) {
+    rocksdb_iterator_t *it = rocksdb_create_iterator(d->db, d->ropts);
+    hyla_status st = HYLA_OK;
+    size_t plen = strlen(SESSION_PREFIX);
+    for (rocksdb_iter_seek(it, SESSION_PREFIX, plen); st == HYLA_OK && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        if (kl < plen || memcmp(k, SESSION_PREFIX, plen) != 0)
+            break;
+        const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+        char key[300];
+        snprintf(key, sizeof key, "%.*s", (int)(kl < 290 ? kl : 290), k);
+        if (vl < 16 || memcmp(v, HYLA_COORD_DIR_MAGIC, 4) != 0) {
+            st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: no %s magic (%zu bytes)", d->path, key,
+                           HYLA_COORD_DIR_MAGIC, vl);
+            break;
+        }
+        uint32_t ver = get_u32(v + 4);
+        if (ver != HYLA_COORD_DIR_VERSION) {
+            st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: format version %u, this build reads %u",
+                           d->path, key, ver, HYLA_COORD_DIR_VERSION);
+            break;
+        }
+        uint64_t epoch = get_u64(v + 8);
+        Hyla__V1__Session *s = hyla__v1__session__unpack(NULL, vl - 16, v + 16);
+        if (!s || !s->session_id || strcmp(s->session_id, key + plen) != 0) {
+            st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s does not decode as hyla.v1.Session%s",
+                           d->path, key, s ? " of that id" : "");
+        } else {
+            st = fn(ud, s, epoch);
+        }
+        if (s)
+            hyla__v1__session__free_unpacked(s, NULL);
+    }
+    if (st == HYLA_OK) {
+        char *err = NULL;
+        rocksdb_iter_get_error(it, &err);
+        st = rdb_check(err, "scan", SESSION_PREFIX);
+    }
+    rocksdb_iter_destroy(it);
+    return st;
+}

@@ -1,0 +1,118 @@
+/* hyla_coordinator_main.c — `hyla-coordinator --listen ADDR --data DIR [options]`.
+ * Parses flags, starts the coordinator (hyla_coord.h), waits for SIGINT/SIGTERM, shuts down
+ * cleanly (calls in flight get a grace period). Exit status 0 on a clean stop, 1 on a startup
+ * failure (the message names the directory or address), 2 on bad usage. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_coord.h"
+#include "hyla_log.h"
+
+static hyla_coord *g_coord;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (g_coord)
+        hyla_coord_request_stop(g_coord);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: hyla-coordinator --data DIR [--listen ADDR] [options]\n"
+            "  --listen ADDR          gRPC address (default 127.0.0.1:7000; port 0 picks one)\n"
+            "  --data DIR             session directory (DIR/directory) and embedded store (DIR/store)\n"
+            "  --advertise ADDR       address workers dial for the store (default: listen host + port)\n"
+            "  --no-store             do not embed the statestore; give workers --store-address\n"
+            "  --store-address ADDR   the StateStore workers use when the store is not embedded\n"
+            "  --heartbeat-ms N       heartbeat interval told to workers (default 1000)\n"
+            "  --dead-after-ms N      silence after which a worker is dead (default 5000)\n"
+            "  --threads N            gRPC threads (default 4)\n"
+            "  --max-message-bytes N  gRPC message limit (default 16777216)\n"
+            "  --port-file FILE       write the bound port to FILE once serving (for scripts)\n"
+            "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n");
+}
+
+static int parse_u(const char *s, const char *flag, long lo, long hi, long *out) {
+    char *end = NULL;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || v < lo || v > hi) {
+        fprintf(stderr, "hyla-coordinator: %s wants an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s ? s : "");
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    hyla_coord_params p = hyla_coord_default_params();
+    const char *port_file = NULL;
+    hyla_log_set_prefix("coordinator");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+#define NEEDV()                                                                  \
+    do {                                                                         \
+        if (!v) {                                                                \
+            fprintf(stderr, "hyla-coordinator: %s needs a value\n", a);          \
+            return 2;                                                            \
+        }                                                                        \
+        i++;                                                                     \
+    } while (0)
+        if (!strcmp(a, "--listen")) { NEEDV(); p.listen = v; }
+        else if (!strcmp(a, "--data")) { NEEDV(); p.data_dir = v; }
+        else if (!strcmp(a, "--advertise")) { NEEDV(); p.advertise = v; }
+        else if (!strcmp(a, "--no-store")) p.embed_store = 0;
+        else if (!strcmp(a, "--store-address")) { NEEDV(); p.store_address = v; }
+        else if (!strcmp(a, "--heartbeat-ms")) { NEEDV(); if (!parse_u(v, a, 10, 600000, &n)) return 2; p.heartbeat_ms = (uint32_t)n; }
+        else if (!strcmp(a, "--dead-after-ms")) { NEEDV(); if (!parse_u(v, a, 20, 3600000, &n)) return 2; p.dead_after_ms = (uint32_t)n; }
+        else if (!strcmp(a, "--threads")) { NEEDV(); if (!parse_u(v, a, 1, 256, &n)) return 2; p.rpc_threads = (int)n; }
+        else if (!strcmp(a, "--max-message-bytes")) { NEEDV(); if (!parse_u(v, a, 1024, 1L << 30, &n)) return 2; p.max_message_bytes = (int)n; }
+        else if (!strcmp(a, "--port-file")) { NEEDV(); port_file = v; }
+        else if (!strcmp(a, "--log")) {
+            NEEDV();
+            hyla_log_level l = !strcmp(v, "debug") ? HYLA_LOG_DEBUG : !strcmp(v, "info") ? HYLA_LOG_INFO
+                             : !strcmp(v, "warn") ? HYLA_LOG_WARN : !strcmp(v, "error") ? HYLA_LOG_ERROR : HYLA_LOG_OFF;
+            if (l == HYLA_LOG_OFF) { fprintf(stderr, "hyla-coordinator: --log: unknown level '%s'\n", v); return 2; }
+            hyla_log_set_level(l);
+        }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else { fprintf(stderr, "hyla-coordinator: unknown argument '%s'\n", a); usage(stderr); return 2; }
+#undef NEEDV
+    }
+    if (!p.data_dir) {
+        fprintf(stderr, "hyla-coordinator: --data DIR is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!p.embed_store && !p.store_address)
+        fprintf(stderr, "hyla-coordinator: warning: --no-store without --store-address: workers get no store\n");
+
+    hyla_status st = hyla_coord_start(&p, &g_coord);
+    if (st != HYLA_OK) {
+        fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (port_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%d\n", hyla_coord_port(g_coord)) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
+            fprintf(stderr, "hyla-coordinator: cannot write --port-file %s\n", port_file);
+            hyla_coord_destroy(g_coord);
+            return 1;
+        }
+    }
+    hyla_coord_wait(g_coord);
+    HYLA_INFO("stopping");
+    hyla_coord_destroy(g_coord);
+    return 0;
+}
