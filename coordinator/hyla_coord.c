@@ -66,6 +66,7 @@ typedef struct {
     double hb_mono;
     Hyla__V1__WorkerLoad load; /* scalar fields only */
     char group[ID_MAX];
+    char told_next[256]; /* next stage's address as told at registration */
     int reconcile; /* the first heartbeat after registration reconciles its sessions */
     uint32_t sessions_reported;
     hyla_rpc_client *client; /* to its Worker service */
@@ -730,10 +731,7 @@ static hyla_rpc_code snapshot_now(hyla_coord *c, csess *s, Hyla__V1__SnapshotInf
         snprintf(msg, cap, "session %s: no live worker holds it", s->id);
         return HYLA_RPC_UNAVAILABLE;
     }
-    if (n > 1) {
-        snprintf(msg, cap, "session %s: snapshots of pipelined sessions are not supported yet", s->id);
-        return HYLA_RPC_UNIMPLEMENTED;
-    }
+    /* stage 0 gathers the later stages' parts (Worker.ExportStage) into one whole-model snapshot */
     Hyla__V1__SnapshotRequest q = HYLA__V1__SNAPSHOT_REQUEST__INIT;
     q.session_id = s->id;
     q.placement_epoch = epoch;
@@ -1238,6 +1236,17 @@ static void do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
     }
     uint64_t epoch;
     code = ensure_active(c, p, owner, &epoch, msg, sizeof msg);
+    if (code == HYLA_RPC_OK) {
+        char ids[MAX_STAGES][ID_MAX];
+        pthread_mutex_lock(&c->mu);
+        int n = owners_locked(c, p, ids);
+        pthread_mutex_unlock(&c->mu);
+        if (n > 1) {
+            code = HYLA_RPC_UNIMPLEMENTED;
+            snprintf(msg, sizeof msg, "fork of session %s: forks of sessions on a multi-stage group are not supported yet",
+                     p->id);
+        }
+    }
     if (code != HYLA_RPC_OK) {
         release_session(c, p);
         hyla_rpc_call_fail(call, code, "%s", msg);
@@ -1930,6 +1939,7 @@ static void do_register(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessa
     if (r.stage + 1 < (uint32_t)nm)
         copy_str(next_addr, sizeof next_addr, mem[r.stage + 1]->address);
     r.next_stage_address = next_addr;
+    copy_str(w->told_next, sizeof w->told_next, next_addr);
     r.store_address = c->store_addr;
     HYLA_INFO("coordinator: worker %s at %s serves %s layers [%u, %u) of %u (epoch %llu, group %s)", w->id, w->address,
               w->model, lb, le, w->num_layers, (unsigned long long)w->epoch, w->group);
@@ -1962,6 +1972,15 @@ static void do_heartbeat(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMess
     } else {
         w->hb_ms = now_ms();
         w->hb_mono = hyla_now();
+        /* its pipeline changed (a stage joined or died): registering again tells it its next stage */
+        char next_addr[256] = "";
+        cworker *mem[MAX_STAGES];
+        int nm = group_members_locked(c, w->group, mem);
+        uint32_t stage = worker_stage_locked(c, w);
+        if (stage + 1 < (uint32_t)nm)
+            copy_str(next_addr, sizeof next_addr, mem[stage + 1]->address);
+        if (strcmp(next_addr, w->told_next) != 0)
+            r.reregister = 1;
         if (q->load) {
             w->load = *q->load;
             w->load.base.unknown_fields = NULL;
