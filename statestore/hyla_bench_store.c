@@ -249,7 +249,7 @@ int hyla_bench_store(int argc, char **argv) {
         t = hyla_now();
         if (hyla_store_get(st, "bench", 0, s1->model_fingerprint, &got, NULL) != HYLA_OK) goto fail;
         dt = hyla_now() - t;
-        if (!hyla_snapshot_equal(got, s1)) {
+        if (!cp.f32_as_bf16 && !hyla_snapshot_equal(got, s1)) { /* bf16 storage is lossy */
             fprintf(stderr, "hyla-bench store: restored state differs!\n");
             rc = 1;
         }
@@ -264,7 +264,7 @@ int hyla_bench_store(int argc, char **argv) {
         t = hyla_now();
         if (hyla_store_get(st, "bench", 0, 0, &got, NULL) != HYLA_OK) goto fail;
         dt = hyla_now() - t;
-        if (!hyla_snapshot_equal(got, s2)) {
+        if (!cp.f32_as_bf16 && !hyla_snapshot_equal(got, s2)) {
             fprintf(stderr, "hyla-bench store: restored incremental state differs!\n");
             rc = 1;
         }
@@ -281,7 +281,7 @@ int hyla_bench_store(int argc, char **argv) {
         t = hyla_now();
         if (hyla_snapshot_load_file(file, &got) != HYLA_OK) goto fail;
         dt = hyla_now() - t;
-        if (!hyla_snapshot_equal(got, s1)) rc = 1;
+        if (!cp.f32_as_bf16 && !hyla_snapshot_equal(got, s1)) rc = 1;
         hyla_snapshot_destroy(got);
         emit("file_load", &c, &cp, b1, dt, 0, 0, run);
         continue;
