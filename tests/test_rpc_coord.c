@@ -48,7 +48,7 @@ typedef struct {
     pthread_mutex_t mu;
     fsess sess[64];
     int n_sess;
-    int loads, unloads, drains;
+    int loads, unloads, drains, gen_cancelled;
     atomic_int beating, stop, retarget_port;
     pthread_t hb;
     uint32_t hb_ms;
@@ -179,11 +179,45 @@ static void w_fork(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessag
     pthread_mutex_unlock(&w->mu);
 }
 
+typedef struct {
+    fworker *w;
+    hyla_rpc_call *call;
+} slow_gen;
+
+/* A long Generate streamed from a thread until the call is cancelled. */
+static void *slow_generate(void *arg) {
+    slow_gen *g = arg;
+    int32_t tok = 1;
+    while (!hyla_rpc_call_cancelled(g->call)) {
+        Hyla__V1__GenerateResponse r = HYLA__V1__GENERATE_RESPONSE__INIT;
+        r.n_token_ids = 1;
+        r.token_ids = &tok;
+        if (hyla_rpc_call_send(g->call, &r.base) != HYLA_OK)
+            break;
+        sleep_ms(5);
+    }
+    pthread_mutex_lock(&g->w->mu);
+    g->w->gen_cancelled++;
+    pthread_mutex_unlock(&g->w->mu);
+    hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "cancelled");
+    free(g);
+    return NULL;
+}
+
 static void w_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *m, void *ud) {
     if (ev != HYLA_RPC_EV_START)
         return;
     fworker *w = ud;
     const Hyla__V1__GenerateRequest *q = (const Hyla__V1__GenerateRequest *)m;
+    if (q->max_tokens >= 100000) {
+        slow_gen *g = calloc(1, sizeof *g);
+        g->w = w;
+        g->call = call;
+        pthread_t t;
+        pthread_create(&t, NULL, slow_generate, g);
+        pthread_detach(t);
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     fsess *s = ffind(w, q->session_id);
     if (!s) {
@@ -716,6 +750,39 @@ static void test_in_process(const char *dir) {
         hyla_rpc_stream_destroy(st);
     }
 
+    /* a client cancel reaches the worker through the coordinator */
+    {
+        hyla_rpc_call_opts o = {10000, "acme", NULL, 0};
+        hyla_rpc_stream *st = NULL;
+        CHECK_OK(hyla_rpc_stream_open(g_cl, "/hyla.v1.Sessions/Generate", &hyla__v1__generate_response__descriptor, &o, &st));
+        Hyla__V1__GenerateRequest q = HYLA__V1__GENERATE_REQUEST__INIT;
+        q.session_id = ids[0];
+        q.max_tokens = 1000000;
+        CHECK_OK(hyla_rpc_stream_write(st, &q.base));
+        CHECK_OK(hyla_rpc_stream_close_send(st));
+        for (int k = 0; k < 3; k++) {
+            ProtobufCMessage *m = NULL;
+            CHECK_OK(hyla_rpc_stream_read(st, &m));
+            if (m)
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        hyla_rpc_stream_cancel(st);
+        CHECK(hyla_rpc_stream_finish(st, &res) == HYLA_ERR_CANCELLED);
+        hyla_rpc_stream_destroy(st);
+        int seen = 0;
+        for (int t = 0; t < 100 && !seen; t++) {
+            pthread_mutex_lock(&wa->mu);
+            seen = wa->gen_cancelled + 0;
+            pthread_mutex_unlock(&wa->mu);
+            pthread_mutex_lock(&wb->mu);
+            seen += wb->gen_cancelled;
+            pthread_mutex_unlock(&wb->mu);
+            if (!seen)
+                sleep_ms(20);
+        }
+        CHECK_MSG(seen == 1, "the worker did not see the client's cancel");
+    }
+
     /* Pause (evict) and Resume */
     {
         Hyla__V1__PauseRequest q = HYLA__V1__PAUSE_REQUEST__INIT;
@@ -878,7 +945,9 @@ static void test_in_process(const char *dir) {
         CHECK(r && r->sessions_moved >= 1);
         if (m)
             protobuf_c_message_free_unpacked(m, NULL);
+        pthread_mutex_lock(&wb->mu);
         CHECK(wb->drains > 0);
+        pthread_mutex_unlock(&wb->mu);
         s = create("acme", "", "wb", &res); /* the hint cannot serve: any other group */
         CHECK(s && s->n_worker_ids == 1 && strcmp(s->worker_ids[0], "wa") == 0);
         if (s)
