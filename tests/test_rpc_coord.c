@@ -547,7 +547,7 @@ static hyla_coord *start_coord(const char *dir) {
     p.listen = "127.0.0.1:0";
     p.data_dir = dir;
     p.heartbeat_ms = 100;
-    p.dead_after_ms = 600;
+    p.dead_after_ms = 1500; /* generous: a loaded CI machine may stall a heartbeat thread */
     p.worker_timeout_ms = 5000;
     hyla_coord *c = NULL;
     CHECK_OK(hyla_coord_start(&p, &c));
@@ -577,8 +577,8 @@ static void test_in_process(const char *dir) {
     CHECK(s == NULL && res.code == HYLA_RPC_NOT_FOUND && strstr(res.message, "tiny"));
 
     fworker *wa = fw_start("wa", "tiny", port), *wb = fw_start("wb", "tiny", port);
-    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 3000));
-    CHECK(wait_worker_state("wb", HYLA__V1__WORKER_STATE__WORKER_READY, 3000));
+    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
+    CHECK(wait_worker_state("wb", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
     Hyla__V1__ListWorkersResponse *lw = list_workers();
     CHECK(lw && lw->n_workers == 2 && lw->n_groups == 2);
     for (size_t i = 0; lw && i < lw->n_groups; i++)
@@ -894,7 +894,7 @@ static void test_in_process(const char *dir) {
     /* a worker stops heartbeating: dead, its sessions go back to the store, and the next
      * Generate places them on the other worker */
     atomic_store(&wa->beating, 0);
-    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_DEAD, 3000));
+    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_DEAD, 6000));
     char on_a_id[32] = "";
     for (int i = 0; i < 4; i++) {
         int tries = 0;
@@ -927,7 +927,7 @@ static void test_in_process(const char *dir) {
     }
     /* the dead worker comes back: it re-registers and is told to drop stale sessions */
     atomic_store(&wa->beating, 1);
-    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 3000));
+    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
     sleep_ms(400);
     if (on_a_id[0])
         CHECK(!fw_holds(wa, on_a_id));
@@ -976,7 +976,7 @@ static void test_in_process(const char *dir) {
     CHECK(session_state("acme", forked) == -1); /* deleted stays deleted */
     fw_retarget(wa, port);
     fw_retarget(wb, port);
-    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 3000));
+    CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
     CHECK(generate("acme", ids[1], 2, &res) == 2);
 
     fw_stop(wa);
@@ -994,7 +994,7 @@ static pid_t spawn_coord(const char *bin, const char *dir, const char *port_file
     pid_t pid = fork();
     if (pid == 0) {
         execl(bin, bin, "--listen", "127.0.0.1:0", "--data", dir, "--port-file", port_file, "--heartbeat-ms", "100",
-              "--dead-after-ms", "600", "--log", "warn", (char *)NULL);
+              "--dead-after-ms", "1500", "--log", "warn", (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -1036,7 +1036,7 @@ static void test_process(const char *dir) {
     }
     connect_to(port);
     fworker *w = fw_start("wp", "tiny", port);
-    CHECK(wait_worker_state("wp", HYLA__V1__WORKER_STATE__WORKER_READY, 3000));
+    CHECK(wait_worker_state("wp", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
     hyla_rpc_result res;
     char ids[3][32];
     for (int i = 0; i < 3; i++) {
@@ -1060,7 +1060,7 @@ static void test_process(const char *dir) {
         if (s)
             protobuf_c_message_free_unpacked(&s->base, NULL);
     }
-    CHECK(wait_worker_state("wp", HYLA__V1__WORKER_STATE__WORKER_READY, 3000));
+    CHECK(wait_worker_state("wp", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
     CHECK(generate("t1", ids[0], 3, &res) == 3);
     /* a clean stop */
     kill(pid, SIGTERM);
