@@ -617,10 +617,15 @@ static void on_del(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessag
 }
 
 hyla_status hyla_store_rpc_register(hyla_rpc_server *srv, hyla_store *st, const hyla_store_rpc_hooks *hooks) {
-    server_ctx *sc = calloc(1, sizeof *sc); /* lives as long as the process serves (owned by srv's life) */
+    server_ctx *sc = calloc(1, sizeof *sc); /* freed by the server's cleanup, after its last call */
     if (!sc) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     sc->st = st;
     if (hooks) sc->hooks = *hooks;
+    hyla_status cs = hyla_rpc_server_add_cleanup(srv, free, sc);
+    if (cs != HYLA_OK) {
+        free(sc);
+        return cs;
+    }
     HYLA_TRY(hyla_rpc_server_add_method(srv, M_PUT, HYLA_RPC_CLIENT_STREAM, &hyla__v1__put_snapshot_request__descriptor,
                                         &hyla__v1__put_snapshot_response__descriptor, on_put, sc));
     HYLA_TRY(hyla_rpc_server_add_method(srv, M_GET, HYLA_RPC_SERVER_STREAM, &hyla__v1__get_snapshot_request__descriptor,
