@@ -1,0 +1,312 @@
+"""hyla_client: a small Python client of a hyla cluster (hyla-coordinator) over grpcio.
+
+The gRPC stubs are generated from the repository's proto/hyla/v1/*.proto when this module is
+imported, with grpc_tools.protoc, into a temporary directory that is removed at exit; nothing
+generated is committed. On Debian: apt-get install python3-grpcio python3-grpc-tools.
+
+    from hyla_client import Client, HylaError
+    with Client("127.0.0.1:7000", tenant="alice") as c:
+        s = c.create_session(temperature=0.8, seed=42)
+        c.append(s.session_id, open("book.txt", "rb"), progress=print)
+        r = c.generate(s.session_id, 64, on_piece=lambda ids, text: print(text.decode(errors="replace"), end=""))
+        c.pause(s.session_id)
+
+Errors are raised as HylaError with the gRPC code name (e.code_name) and the server's message.
+A Generate that fails part-way (UNAVAILABLE when the session's worker died) raises HylaError
+with e.delivered = tokens already delivered; those are part of the session and calling
+generate again continues after them. docs/CLIENTS.md describes the calls.
+"""
+
+import atexit
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+
+import grpc
+
+TENANT_KEY = "x-hyla-tenant"
+TOKENS_DELIVERED_KEY = "x-hyla-tokens-delivered"
+
+_DEFAULT_PROTO_DIR = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto"))
+
+pb = None  # namespace with common_pb2, sessions_pb2, sessions_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+
+
+class _Stubs:
+    pass
+
+
+def load_stubs(proto_dir=None):
+    """Generate and import the hyla.v1 Python stubs (once per process). proto_dir: the directory
+    holding hyla/v1/*.proto (default: $HYLA_PROTO_DIR, else ../../proto next to this file)."""
+    global pb
+    if pb is not None:
+        return pb
+    from grpc_tools import protoc
+
+    proto_dir = proto_dir or os.environ.get("HYLA_PROTO_DIR") or _DEFAULT_PROTO_DIR
+    files = [os.path.join(proto_dir, "hyla", "v1", name + ".proto") for name in ("common", "sessions", "cluster")]
+    for f in files:
+        if not os.path.exists(f):
+            raise FileNotFoundError("hyla_client: %s not found (set HYLA_PROTO_DIR to the repository's proto/)" % f)
+    out = tempfile.mkdtemp(prefix="hyla-stubs-")
+    atexit.register(shutil.rmtree, out, True)
+    args = ["grpc_tools.protoc", "-I" + proto_dir]
+    try:  # the well-known types, where the package ships them (ours do not import any)
+        import grpc_tools
+        wk = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+        if os.path.isdir(wk):
+            args.append("-I" + wk)
+    except ImportError:
+        pass
+    args += ["--python_out=" + out, "--grpc_python_out=" + out] + files
+    if protoc.main(args) != 0:
+        raise RuntimeError("hyla_client: grpc_tools.protoc failed on " + proto_dir)
+    sys.path.insert(0, out)
+    ns = _Stubs()
+    for mod in ("common_pb2", "sessions_pb2", "sessions_pb2_grpc", "cluster_pb2", "cluster_pb2_grpc"):
+        setattr(ns, mod, importlib.import_module("hyla.v1." + mod))
+    pb = ns
+    return pb
+
+
+class HylaError(Exception):
+    """A failed call. code: grpc.StatusCode (None for a local failure); code_name: its name
+    ("NOT_FOUND", "UNAVAILABLE", ...); details: the server's message; delivered: tokens a failed
+    generate delivered before the failure (None for other calls)."""
+
+    def __init__(self, call, code, details, delivered=None):
+        self.call = call
+        self.code = code
+        self.code_name = code.name if code is not None else "LOCAL"
+        self.details = details or ""
+        self.delivered = delivered
+        msg = "%s: %s: %s" % (call, self.code_name, self.details or "(no message)")
+        if delivered:
+            msg += "; %d token(s) were delivered before the failure and are part of the session" % delivered
+            if code == grpc.StatusCode.UNAVAILABLE:
+                msg += ": call generate again to continue"
+        super().__init__(msg)
+
+
+def _error(call, e, delivered=None):
+    return HylaError(call, e.code(), e.details(), delivered)
+
+
+class GenerateResult:
+    """What a generate call delivered: token ids, their text (bytes), finish reason ("length",
+    "stop", "eos"), the session position after the last token, and the count."""
+
+    def __init__(self):
+        self.token_ids = []
+        self.text = b""
+        self.finish_reason = None
+        self.position = 0
+        self.delivered = 0
+
+    def __repr__(self):
+        return "GenerateResult(delivered=%d, finish_reason=%r, position=%d)" % (
+            self.delivered, self.finish_reason, self.position)
+
+
+_FINISH = {1: "length", 2: "stop", 3: "eos"}
+
+
+class Client:
+    """A connection to one coordinator for one tenant. timeout: deadline in seconds of each call
+    except append and generate (None: none). Thread-safe like a grpc channel."""
+
+    def __init__(self, server, tenant=None, timeout=60.0, proto_dir=None):
+        load_stubs(proto_dir)
+        self.server = server
+        self.tenant = tenant
+        self.timeout = timeout
+        self._metadata = ((TENANT_KEY, tenant),) if tenant else ()
+        self._channel = grpc.insecure_channel(server)
+        self._sessions = pb.sessions_pb2_grpc.SessionsStub(self._channel)
+        self._cluster = pb.cluster_pb2_grpc.ClusterStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _unary(self, name, method, request, timeout=-1):
+        try:
+            return method(request, timeout=self.timeout if timeout == -1 else timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(name, e) from None
+
+    def _sampling(self, session_id, temperature, top_k, top_p):
+        """The session's current sampling with the given values on top (None: keep)."""
+        if temperature is None and top_k is None and top_p is None:
+            return None
+        cur = self.get(session_id).sampling
+        return pb.common_pb2.SamplingParams(
+            temperature=cur.temperature if temperature is None else temperature,
+            top_k=cur.top_k if top_k is None else top_k,
+            top_p=cur.top_p if top_p is None else top_p)
+
+    # -- Sessions -------------------------------------------------------------------------
+
+    def create_session(self, model="", temperature=None, top_k=None, top_p=None, seed=0, worker=None):
+        """A new empty session; returns its Session message (.session_id). model may be "" when
+        the cluster serves one model. Sampling values not given are 0 (temperature 0: greedy)."""
+        req = pb.sessions_pb2.CreateSessionRequest(model=model or "", seed=seed, worker_hint=worker or "")
+        if temperature is not None or top_k is not None or top_p is not None:
+            req.sampling.CopyFrom(pb.common_pb2.SamplingParams(
+                temperature=temperature or 0.0, top_k=top_k or 0, top_p=top_p or 0.0))
+        return self._unary("CreateSession", self._sessions.CreateSession, req)
+
+    def append(self, session_id, text=None, tokens=None, chunk_bytes=65536, chunk_tokens=16384, add_bos=False,
+               total_bytes=0, progress=None):
+        """Feed a document: text (str, bytes, or a binary file object read in chunks) or tokens (a
+        sequence of ints). progress(AppendProgress) is called for each report of the server.
+        Returns the last AppendProgress (done=True)."""
+        if (text is None) == (tokens is None):
+            raise ValueError("append: give exactly one of text and tokens")
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        if isinstance(text, (bytes, bytearray)) and not total_bytes:
+            total_bytes = len(text)
+        first = {"session_id": session_id, "total_bytes_hint": total_bytes, "add_bos": add_bos}
+        if tokens is not None:
+            tokens = list(tokens)
+            first["total_tokens_hint"] = len(tokens)
+
+        def chunks():
+            if tokens is not None:
+                for i in range(0, max(len(tokens), 1), chunk_tokens):
+                    yield {"tokens": tokens[i:i + chunk_tokens]}
+            elif isinstance(text, (bytes, bytearray)):
+                for i in range(0, max(len(text), 1), chunk_bytes):
+                    yield {"text": bytes(text[i:i + chunk_bytes])}
+            else:  # a file object
+                sent = False
+                while True:
+                    b = text.read(chunk_bytes)
+                    if not b:
+                        break
+                    if isinstance(b, str):
+                        b = b.encode("utf-8")
+                    sent = True
+                    yield {"text": b}
+                if not sent:
+                    yield {"text": b""}
+
+        def requests():
+            for i, c in enumerate(chunks()):
+                if i == 0:
+                    c = dict(first, **c)
+                yield pb.sessions_pb2.AppendRequest(**c)
+
+        last = None
+        try:
+            for p in self._sessions.Append(requests(), metadata=self._metadata):
+                last = p
+                if progress:
+                    progress(p)
+        except grpc.RpcError as e:
+            raise _error("Append " + session_id, e) from None
+        return last
+
+    def generate(self, session_id, max_tokens, stop=(), stop_token_ids=(), temperature=None, top_k=None,
+                 top_p=None, seed=None, ignore_eos=False, on_piece=None):
+        """Generate up to max_tokens tokens. on_piece(token_ids, text_bytes) is called as they
+        arrive. Sampling values given change the session's sampling from now on (the others keep
+        their current values); seed re-seeds the session's RNG. Returns a GenerateResult; raises
+        HylaError with .delivered set when the call fails part-way."""
+        req = pb.sessions_pb2.GenerateRequest(session_id=session_id, max_tokens=max_tokens, stop=list(stop),
+                                              stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos)
+        sampling = self._sampling(session_id, temperature, top_k, top_p)
+        if sampling is not None:
+            req.sampling.CopyFrom(sampling)
+        if seed is not None:
+            req.reseed = True
+            req.seed = seed
+        res = GenerateResult()
+        call = self._sessions.Generate(req, metadata=self._metadata)
+        try:
+            for m in call:
+                if m.token_ids or m.text:
+                    res.token_ids.extend(m.token_ids)
+                    res.text += m.text
+                    res.delivered += len(m.token_ids)
+                    res.position = m.position
+                    if on_piece:
+                        on_piece(list(m.token_ids), m.text)
+                if m.done:
+                    res.finish_reason = _FINISH.get(m.finish_reason, "unspecified")
+        except grpc.RpcError as e:
+            raise _error("Generate " + session_id, e, res.delivered) from None
+        return res
+
+    def pause(self, session_id, evict=False):
+        """A durable snapshot; returns PauseResponse (.snapshot.version, sizes; .session)."""
+        return self._unary("Pause " + session_id, self._sessions.Pause,
+                           pb.sessions_pb2.PauseRequest(session_id=session_id, evict=evict))
+
+    def resume(self, session_id, worker=None):
+        """Place a paused session again (on worker's group if given); returns its Session."""
+        return self._unary("Resume " + session_id, self._sessions.Resume,
+                           pb.sessions_pb2.ResumeRequest(session_id=session_id, worker_hint=worker or ""))
+
+    def migrate(self, session_id, to_worker=None):
+        """Move to to_worker's group, or any other group; returns MigrateResponse."""
+        return self._unary("Migrate " + session_id, self._sessions.Migrate,
+                           pb.sessions_pb2.MigrateRequest(session_id=session_id, to_worker=to_worker or ""))
+
+    def fork(self, session_id, temperature=None, top_k=None, top_p=None, seed=None, worker=None):
+        """A new session with a copy of this one's state; returns the fork's Session."""
+        req = pb.sessions_pb2.ForkRequest(session_id=session_id, worker_hint=worker or "")
+        sampling = self._sampling(session_id, temperature, top_k, top_p)
+        if sampling is not None:
+            req.sampling.CopyFrom(sampling)
+        if seed is not None:
+            req.reseed = True
+            req.seed = seed
+        return self._unary("Fork " + session_id, self._sessions.Fork, req)
+
+    def get(self, session_id):
+        return self._unary("GetSession " + session_id, self._sessions.GetSession,
+                           pb.sessions_pb2.GetSessionRequest(session_id=session_id))
+
+    def list(self, model=None):
+        """Every session of this tenant (all pages), ordered by id."""
+        out, token = [], ""
+        while True:
+            r = self._unary("ListSessions", self._sessions.ListSessions,
+                            pb.sessions_pb2.ListSessionsRequest(model=model or "", page_token=token))
+            out.extend(r.sessions)
+            if not r.next_page_token or r.next_page_token == token:
+                return out
+            token = r.next_page_token
+
+    def delete(self, session_id):
+        """Forget the session and its snapshots; returns the number of snapshots deleted."""
+        return self._unary("DeleteSession " + session_id, self._sessions.DeleteSession,
+                           pb.sessions_pb2.DeleteSessionRequest(session_id=session_id)).snapshots_deleted
+
+    # -- Cluster --------------------------------------------------------------------------
+
+    def cluster_status(self):
+        """(ListWorkersResponse, {"gpu": n, "host": n, "store": n}) over all tenants."""
+        w = self._unary("ListWorkers", self._cluster.ListWorkers, pb.cluster_pb2.ListWorkersRequest())
+        s = self._unary("ListClusterSessions", self._cluster.ListClusterSessions,
+                        pb.cluster_pb2.ListClusterSessionsRequest(page_size=1))
+        return w, {"gpu": s.sessions_gpu, "host": s.sessions_host, "store": s.sessions_store}
+
+    def drain(self, worker_id, wait=False):
+        """Drain a worker; returns DrainWorkerResponse. wait: no deadline."""
+        return self._unary("DrainWorker " + worker_id, self._cluster.DrainWorker,
+                           pb.cluster_pb2.DrainWorkerRequest(worker_id=worker_id, wait=wait),
+                           timeout=None if wait else -1)
