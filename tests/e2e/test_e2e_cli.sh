@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The hyla CLI against a real cluster (hyla-coordinator + two hyla-worker on loopback, CPU
+# backend, tiny sse-h model): the scripting contract, the client side of issue 4 item 7 (error
+# codes become documented exit statuses), and the session identities through the CLI —
+# 32 tokens == 16 + pause + resume on the other worker + 16; == 16 + migrate + 16; a fork
+# continues exactly like its parent; the coordinator restarted keeps the sessions; no worker
+# left -> exit 4. Skips (77) until the binaries exist.
+set -uo pipefail
+. "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
+e2e_init cli
+
+e2e_make_model "$E2E_DIR/model"
+e2e_start_coordinator || e2e_done
+e2e_start_worker w1 "$E2E_DIR/model" || e2e_done
+e2e_start_worker w2 "$E2E_DIR/model" || e2e_done
+H() { e2e_hyla --tenant cli "$@"; }
+
+doc="$E2E_DIR/doc.txt"
+for i in $(seq 1 100); do echo "Paragraph $i: the state of a linear-attention layer has a fixed size."; done >"$doc"
+
+# create prints the id alone
+S=$(H create --seed 5) || e2e_fail "create failed"
+[[ "$S" =~ ^s-[0-9a-f]{16}$ ]] || e2e_fail "create printed '$S'"
+e2e_expect_rc 0 "append a file" H append "$S" "$doc"
+[ -s "$E2E_DIR/last.out" ] && e2e_fail "append wrote to stdout"
+grep -q "appended" "$E2E_DIR/last.err" || e2e_fail "append printed no summary"
+e2e_expect_rc 0 "append stdin" H append "$S" - <"$doc"
+
+# identities: a reference session, then pause/resume, migrate and fork variants of the same document
+ref=$(H create --seed 5)
+H -q append "$ref" "$doc" && H -q append "$ref" - <"$doc"
+full=$(H -q generate "$ref" -n 32 --ids --ignore-eos) || e2e_fail "generate (reference)"
+[ "$(echo "$full" | wc -w)" = 32 ] || e2e_fail "expected 32 ids, got: $full"
+
+a=$(H -q generate "$S" -n 16 --ids --ignore-eos)
+e2e_expect_rc 0 "pause --evict" H pause "$S" --evict
+grep -q "snapshot version" "$E2E_DIR/last.out" || e2e_fail "pause printed no version"
+placed=$(H show "$S" | awk '$1 == "workers" { print $2 }')
+other=$(e2e_hyla status | awk '$2 == "ready" { print $1 }' | grep -vxF "$placed" | head -n 1)
+e2e_expect_rc 0 "resume --on $other" H resume "$S" ${other:+--on "$other"}
+b=$(H -q generate "$S" -n 16 --ids --ignore-eos)
+e2e_expect_eq "$a $b" "$full" "32 tokens == 16 + pause + resume on the other worker + 16"
+
+M=$(H create --seed 5)
+H -q append "$M" "$doc" && H -q append "$M" - <"$doc"
+a=$(H -q generate "$M" -n 16 --ids --ignore-eos)
+e2e_expect_rc 0 "migrate (any other worker)" H migrate "$M"
+b=$(H -q generate "$M" -n 16 --ids --ignore-eos)
+e2e_expect_eq "$a $b" "$full" "32 tokens == 16 + migrate + 16"
+
+P=$(H create --seed 5)
+H -q append "$P" "$doc" && H -q append "$P" - <"$doc"
+F=$(H fork "$P") || e2e_fail "fork failed"
+[[ "$F" =~ ^s-[0-9a-f]{16}$ ]] || e2e_fail "fork printed '$F'"
+pa=$(H -q generate "$P" -n 32 --ids --ignore-eos)
+fa=$(H -q generate "$F" -n 32 --ids --ignore-eos)
+e2e_expect_eq "$fa" "$pa" "a fork continues like its parent (same RNG stream)"
+e2e_expect_eq "$pa" "$full" "the parent continues like the reference"
+
+# item 7, as exit statuses
+e2e_expect_rc 3 "unknown session -> NOT_FOUND (3)" H show s-ffffffffffffffff
+e2e_expect_rc 5 "another tenant's session -> PERMISSION_DENIED (5)" e2e_hyla --tenant intruder show "$S"
+e2e_expect_rc 6 "max_tokens over the server's limit -> INVALID_ARGUMENT (6)" H generate "$S" -n 4294967295
+grep -q "max_tokens" "$E2E_DIR/last.err" || e2e_fail "the INVALID_ARGUMENT message does not name max_tokens"
+rc=0
+H create --model no-such-model >/dev/null 2>"$E2E_DIR/last.err" || rc=$?
+[ "$rc" = 3 ] || [ "$rc" = 6 ] || e2e_fail "create --model no-such-model: exit $rc, want 3 or 6"
+
+# listing, status
+H ls --ids | grep -qxF "$S" || e2e_fail "ls --ids does not list $S"
+e2e_hyla status | grep -q "^sessions: " || e2e_fail "status printed no tier counts"
+
+# the coordinator restarted: the sessions are still listed and generate continues
+e2e_kill coordinator TERM
+e2e_restart_coordinator || e2e_done
+e2e_wait_for "$E2E_TIMEOUT" e2e_more_workers 1 || e2e_fail "the workers did not re-register"
+H ls --ids | grep -qxF "$S" || e2e_fail "after a coordinator restart, ls does not list $S"
+e2e_expect_rc 0 "generate after a coordinator restart" H generate "$S" -n 4
+
+# no worker left: UNAVAILABLE (4)
+e2e_kill w1 KILL
+e2e_kill w2 KILL
+rc=0
+H generate "$S" -n 4 >/dev/null 2>"$E2E_DIR/last.err" || rc=$?
+[ "$rc" = 4 ] || e2e_fail "generate with no worker: exit $rc, want 4; $(head -c 300 "$E2E_DIR/last.err")"
+
+e2e_expect_rc 0 "rm" H rm "$S" "$ref" "$M" "$P" "$F"
+e2e_done
