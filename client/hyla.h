@@ -286,11 +286,14 @@ typedef struct {
     double first_token_s;          /* time to the first piece; -1 if none */
 } hyla_generate_result;
 
-/* Generate (a server stream). params: borrowed for the call (NULL: defaults). result (may be NULL) is filled on
- * success and on failure. On UNAVAILABLE (the session's worker died, or the coordinator is
- * unreachable) result->delivered says how many tokens arrived before the failure: those are
- * part of the session, and calling generate again continues after them (the detail message
- * says so). INVALID_ARGUMENT names the field (max_tokens 0, ...). */
+/* Generate (a server stream). params: borrowed for the call (NULL: defaults). result (may be
+ * NULL) is filled on success and on failure. On UNAVAILABLE (the session's worker died or the
+ * session was migrated mid-stream, or the coordinator is unreachable) result->delivered says how
+ * many tokens arrived before the failure, and calling generate again continues the session:
+ * right after those tokens when a migration interrupted it, from its last durable snapshot when
+ * its worker died (hyla_client_get_session's position says where; decoding is deterministic, so
+ * tokens after that snapshot come again identically). Tokens delivered before a CANCELLED or
+ * DEADLINE_EXCEEDED stay in the session. INVALID_ARGUMENT names the field (max_tokens, ...). */
 hyla_status hyla_client_generate(hyla_client *c, const char *session_id, const hyla_generate_params *params,
                                  hyla_generate_result *result);
 

@@ -125,9 +125,10 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "  --ignore-eos        do not stop at the model's end-of-sequence token\n"
         "  --ids               print token ids (space-separated, one line) instead of text\n"
         "\n"
-        "If the session's worker fails mid-way the command exits with status 4 and stderr says\n"
-        "how many tokens were delivered: they are part of the session, and running generate\n"
-        "again continues after them.\n"
+        "If the session's worker fails (or the session is migrated) mid-way, the command exits\n"
+        "with status 4 and stderr says how many tokens were delivered; running generate again\n"
+        "continues the session (from its last durable snapshot if its worker died: `hyla show`\n"
+        "gives its position).\n"
         "\n"
         "Example:  hyla generate $S -n 64 --stop $'\\n\\n'\n",
     [HYLA_CMD_PAUSE] =
@@ -1127,7 +1128,7 @@ static int cmd_status(run_ctx *r) {
     if (st != HYLA_OK)
         return fail("status", st);
     printf("%-14s %-9s %-14s %-9s %-8s %-8s %19s %9s %8s %10s\n", "WORKER", "STATE", "MODEL", "LAYERS", "GROUP",
-           "DEVICE", "MEMORY FREE/TOTAL", "SESSIONS", "CALLS", "TOKENS/S");
+           "DEVICE", "MEMORY FREE/TOTAL", "GPU+HOST", "CALLS", "TOKENS/S");
     for (size_t i = 0; i < cs.n_workers; i++) {
         const hyla_worker_info *w = &cs.workers[i];
         char layers[32], mem[48], f[32], t[32], sess[24];

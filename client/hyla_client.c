@@ -1042,9 +1042,10 @@ hyla_status hyla_client_generate(hyla_client *c, const char *session_id, const h
     if (r.code != HYLA_RPC_OK) {
         char extra[256];
         if (res.delivered)
-            snprintf(extra, sizeof extra,
-                     "; %u token(s) were delivered before the failure and are part of the session%s", res.delivered,
-                     r.code == HYLA_RPC_UNAVAILABLE ? ": call generate again to continue" : "");
+            snprintf(extra, sizeof extra, "; %u token(s) were delivered before the failure%s", res.delivered,
+                     r.code == HYLA_RPC_UNAVAILABLE
+                         ? "; call generate again to continue (from the session's last durable state)"
+                         : "");
         else
             extra[0] = 0;
         return rpc_fail(c, what, &r, extra);

@@ -12,9 +12,10 @@ generated is committed. On Debian: apt-get install python3-grpcio python3-grpc-t
         c.pause(s.session_id)
 
 Errors are raised as HylaError with the gRPC code name (e.code_name) and the server's message.
-A Generate that fails part-way (UNAVAILABLE when the session's worker died) raises HylaError
-with e.delivered = tokens already delivered; those are part of the session and calling
-generate again continues after them. docs/CLIENTS.md describes the calls.
+A Generate that fails part-way (UNAVAILABLE when the session's worker died or the session was
+migrated) raises HylaError with e.delivered = tokens already delivered; calling generate again
+continues the session (from its last durable snapshot if its worker died). docs/CLIENTS.md
+describes the calls.
 """
 
 import atexit
@@ -76,7 +77,8 @@ def load_stubs(proto_dir=None):
 class HylaError(Exception):
     """A failed call. code: grpc.StatusCode (None for a local failure); code_name: its name
     ("NOT_FOUND", "UNAVAILABLE", ...); details: the server's message; delivered: tokens a failed
-    generate delivered before the failure (None for other calls)."""
+    generate delivered before the failure (None for other calls); server_delivered: the count
+    in the server's x-hyla-tokens-delivered trailer of a failed generate (None if absent)."""
 
     def __init__(self, call, code, details, delivered=None):
         self.call = call
@@ -84,11 +86,12 @@ class HylaError(Exception):
         self.code_name = code.name if code is not None else "LOCAL"
         self.details = details or ""
         self.delivered = delivered
+        self.server_delivered = None
         msg = "%s: %s: %s" % (call, self.code_name, self.details or "(no message)")
         if delivered:
-            msg += "; %d token(s) were delivered before the failure and are part of the session" % delivered
+            msg += "; %d token(s) were delivered before the failure" % delivered
             if code == grpc.StatusCode.UNAVAILABLE:
-                msg += ": call generate again to continue"
+                msg += "; call generate again to continue (from the session's last durable state)"
         super().__init__(msg)
 
 
@@ -247,7 +250,13 @@ class Client:
                 if m.done:
                     res.finish_reason = _FINISH.get(m.finish_reason, "unspecified")
         except grpc.RpcError as e:
-            raise _error("Generate " + session_id, e, res.delivered) from None
+            err = _error("Generate " + session_id, e, res.delivered)
+            try:  # the server's own count, when it sent one
+                md = dict(e.trailing_metadata() or ())
+                err.server_delivered = int(md[TOKENS_DELIVERED_KEY]) if TOKENS_DELIVERED_KEY in md else None
+            except (ValueError, TypeError, AttributeError):
+                err.server_delivered = None
+            raise err from None
         return res
 
     def pause(self, session_id, evict=False):

@@ -51,7 +51,8 @@ def main():
             c.generate(sid, 8, on_piece=lambda ids, text: pieces.append(text))
             check(False, "generate did not fail")
         except HylaError as e:
-            check(e.code_name == "UNAVAILABLE" and e.delivered == 3, "error %s delivered %s" % (e, e.delivered))
+            check(e.code_name == "UNAVAILABLE" and e.delivered == 3 and e.server_delivered == 3,
+                  "error %s delivered %s/%s" % (e, e.delivered, e.server_delivered))
             check("call generate again" in str(e), "message: %s" % e)
         check(b"".join(pieces) == expected(1050, 3, 3), "pieces before the failure %r" % pieces)
         r = c.generate(sid, 5)

@@ -14,11 +14,11 @@
 #
 # Environment: HYLA_BIN_DIR (default build/bin), HYLA_SOURCE_DIR (default .), HYLA_E2E_KEEP=1
 # keeps the work directory, HYLA_E2E_TIMEOUT (seconds, default 60) bounds every wait.
-# Process command lines follow issue 4 (`hyla-coordinator --listen ADDR --data DIR`,
-# `hyla-worker --coordinator ADDR --listen ADDR --model DIR --device cpu [--layers A:B]`);
-# extra arguments are passed through.
+# Processes: `hyla-coordinator --listen 127.0.0.1:0 --port-file F --data DIR` and
+# `hyla-worker --coordinator ADDR --listen 127.0.0.1:0 --id NAME --model DIR --device cpu`;
+# extra arguments are passed through (e.g. --layers A:B, --snapshot-every K, --dead-after-ms N).
 
-# shellcheck disable=SC2034  # E2E_SRC, E2E_WORKER_ADDR: for the scripts that source this file
+# shellcheck disable=SC2034  # E2E_SRC: for the scripts that source this file
 E2E_BIN=${HYLA_BIN_DIR:-build/bin}
 E2E_SRC=${HYLA_SOURCE_DIR:-.}
 E2E_TIMEOUT=${HYLA_E2E_TIMEOUT:-60}
@@ -78,11 +78,13 @@ e2e_free_port() {
   return 1
 }
 
-# e2e_start NAME CMD...: run CMD in the background; its output goes to $E2E_DIR/NAME.log.
+# e2e_start NAME CMD...: run CMD in the background; its output is appended to $E2E_DIR/NAME.log
+# (a restart under the same NAME keeps the earlier output).
 e2e_start() {
   local name=$1
   shift
-  "$@" >"$E2E_DIR/$name.log" 2>&1 &
+  echo "==== $(date +%T) $*" >>"$E2E_DIR/$name.log"
+  "$@" >>"$E2E_DIR/$name.log" 2>&1 &
   E2E_PIDS[$name]=$!
   E2E_NAMES+=("$name")
   e2e_log "started $name (pid ${E2E_PIDS[$name]}): $*"
@@ -130,23 +132,29 @@ e2e_ready_workers() {
   e2e_hyla status 2>/dev/null | awk '$2 == "ready" { n++ } END { print n + 0 }'
 }
 
-# e2e_start_coordinator [NAME] [ARGS...]: hyla-coordinator on a free port with its data dir in
-# $E2E_DIR/NAME.data (kept across restarts of the same NAME); sets E2E_SERVER.
+# e2e_start_coordinator [NAME] [ARGS...]: hyla-coordinator on a port it picks (--listen
+# 127.0.0.1:0 --port-file), its data dir in $E2E_DIR/NAME.data (kept across restarts of the same
+# NAME); sets E2E_SERVER; waits until `hyla status` answers.
 e2e_start_coordinator() {
   local name=${1:-coordinator}
   [ $# -gt 0 ] && shift
-  local port
-  port=$(e2e_free_port) || return 1
-  E2E_SERVER=127.0.0.1:$port
   mkdir -p "$E2E_DIR/$name.data"
-  e2e_start "$name" "$E2E_BIN/hyla-coordinator" --listen "$E2E_SERVER" --data "$E2E_DIR/$name.data" "$@"
+  rm -f "$E2E_DIR/$name.port"
+  e2e_start "$name" "$E2E_BIN/hyla-coordinator" --listen 127.0.0.1:0 --port-file "$E2E_DIR/$name.port" \
+    --data "$E2E_DIR/$name.data" "$@"
+  if ! e2e_wait_for "$E2E_TIMEOUT" test -s "$E2E_DIR/$name.port"; then
+    e2e_fail "$name wrote no port file within ${E2E_TIMEOUT}s"
+    return 1
+  fi
+  E2E_SERVER=127.0.0.1:$(cat "$E2E_DIR/$name.port")
   if ! e2e_wait_for "$E2E_TIMEOUT" e2e_hyla --timeout 2 status; then
     e2e_fail "$name did not answer on $E2E_SERVER within ${E2E_TIMEOUT}s"
     return 1
   fi
 }
 
-# e2e_restart_coordinator [NAME] [ARGS...]: the same data dir and address, a new process.
+# e2e_restart_coordinator [NAME] [ARGS...]: a new process on the same address and data dir (the
+# workers keep dialing that address).
 e2e_restart_coordinator() {
   local name=${1:-coordinator}
   [ $# -gt 0 ] && shift
@@ -157,18 +165,14 @@ e2e_restart_coordinator() {
   }
 }
 
-# e2e_start_worker NAME MODEL_DIR [ARGS...] (e.g. --layers 0:3): hyla-worker on the CPU backend
-# on a free port; waits until the coordinator lists one more ready worker. The worker's address
-# is in E2E_WORKER_ADDR[NAME].
-declare -A E2E_WORKER_ADDR=()
+# e2e_start_worker NAME MODEL_DIR [ARGS...] (e.g. --layers 0:3): hyla-worker with worker id NAME
+# on the CPU backend, on a port it picks; waits until the coordinator lists one more ready worker.
 e2e_start_worker() {
   local name=$1 model=$2
   shift 2
-  local port before
-  port=$(e2e_free_port) || return 1
+  local before
   before=$(e2e_ready_workers)
-  E2E_WORKER_ADDR[$name]=127.0.0.1:$port
-  e2e_start "$name" "$E2E_BIN/hyla-worker" --coordinator "$E2E_SERVER" --listen "127.0.0.1:$port" \
+  e2e_start "$name" "$E2E_BIN/hyla-worker" --coordinator "$E2E_SERVER" --listen 127.0.0.1:0 --id "$name" \
     --model "$model" --device cpu "$@"
   if ! e2e_wait_for "$E2E_TIMEOUT" e2e_more_workers "$before"; then
     e2e_fail "$name did not register as ready within ${E2E_TIMEOUT}s"

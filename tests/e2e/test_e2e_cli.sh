@@ -3,8 +3,9 @@
 # backend, tiny sse-h model): the scripting contract, the client side of issue 4 item 7 (error
 # codes become documented exit statuses), and the session identities through the CLI —
 # 32 tokens == 16 + pause + resume on the other worker + 16; == 16 + migrate + 16; a fork
-# continues exactly like its parent; the coordinator restarted keeps the sessions; no worker
-# left -> exit 4. Skips (77) until the binaries exist.
+# continues exactly like its parent; a worker killed mid-generate -> exit 4 with the delivered
+# count, and generate continues once the session is re-placed; the coordinator restarted keeps
+# the sessions; no worker left -> exit 4. Skips (77) until the binaries exist.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init cli
@@ -16,7 +17,7 @@ e2e_start_worker w2 "$E2E_DIR/model" || e2e_done
 H() { e2e_hyla --tenant cli "$@"; }
 
 doc="$E2E_DIR/doc.txt"
-for i in $(seq 1 100); do echo "Paragraph $i: the state of a linear-attention layer has a fixed size."; done >"$doc"
+for i in $(seq 1 25); do echo "Paragraph $i: the state of a linear-attention layer has a fixed size."; done >"$doc"
 
 # create prints the id alone
 S=$(H create --seed 5) || e2e_fail "create failed"
@@ -33,11 +34,13 @@ full=$(H -q generate "$ref" -n 32 --ids --ignore-eos) || e2e_fail "generate (ref
 [ "$(echo "$full" | wc -w)" = 32 ] || e2e_fail "expected 32 ids, got: $full"
 
 a=$(H -q generate "$S" -n 16 --ids --ignore-eos)
-e2e_expect_rc 0 "pause --evict" H pause "$S" --evict
-grep -q "snapshot version" "$E2E_DIR/last.out" || e2e_fail "pause printed no version"
 placed=$(H show "$S" | awk '$1 == "workers" { print $2 }')
 other=$(e2e_hyla status | awk '$2 == "ready" { print $1 }' | grep -vxF "$placed" | head -n 1)
-e2e_expect_rc 0 "resume --on $other" H resume "$S" ${other:+--on "$other"}
+e2e_expect_rc 0 "pause --evict" H pause "$S" --evict
+grep -q "snapshot version" "$E2E_DIR/last.out" || e2e_fail "pause printed no version"
+H show "$S" | grep -q "^state *paused" || e2e_fail "show does not say paused after pause --evict"
+e2e_expect_rc 0 "resume --on $other (was on $placed)" H resume "$S" --on "$other"
+grep -q "(workers $other)" "$E2E_DIR/last.out" || e2e_fail "resume did not place on $other: $(cat "$E2E_DIR/last.out")"
 b=$(H -q generate "$S" -n 16 --ids --ignore-eos)
 e2e_expect_eq "$a $b" "$full" "32 tokens == 16 + pause + resume on the other worker + 16"
 
@@ -70,6 +73,24 @@ H create --model no-such-model >/dev/null 2>"$E2E_DIR/last.err" || rc=$?
 H ls --ids | grep -qxF "$S" || e2e_fail "ls --ids does not list $S"
 e2e_hyla status | grep -q "^sessions: " || e2e_fail "status printed no tier counts"
 
+# the owning worker killed during generate: exit 4 and the delivered count on stderr; once the
+# coordinator has re-placed the session (after --dead-after-ms), generate again continues
+K=$(H create --seed 5)
+H -q append "$K" "$doc"
+owner=$(H show "$K" | awk '$1 == "workers" { print $2 }')
+H generate "$K" -n 60000 --ids --ignore-eos >"$E2E_DIR/gen.out" 2>"$E2E_DIR/gen.err" &
+gpid=$!
+e2e_wait_for 30 test -s "$E2E_DIR/gen.out" || e2e_fail "generate streamed no token within 30 s"
+sleep 0.5
+e2e_kill "$owner" KILL
+rc=0
+wait "$gpid" || rc=$?
+[ "$rc" = 4 ] || e2e_fail "generate with its worker killed: exit $rc, want 4; $(head -c 300 "$E2E_DIR/gen.err")"
+grep -q "token(s) were delivered before the failure" "$E2E_DIR/gen.err" ||
+  e2e_fail "no delivered count in: $(head -c 300 "$E2E_DIR/gen.err")"
+e2e_wait_for "$E2E_TIMEOUT" H -q generate "$K" -n 4 --ids || e2e_fail "generate did not continue after the worker died"
+e2e_start_worker "$owner" "$E2E_DIR/model" || e2e_done
+
 # the coordinator restarted: the sessions are still listed and generate continues
 e2e_kill coordinator TERM
 e2e_restart_coordinator || e2e_done
@@ -80,9 +101,7 @@ e2e_expect_rc 0 "generate after a coordinator restart" H generate "$S" -n 4
 # no worker left: UNAVAILABLE (4)
 e2e_kill w1 KILL
 e2e_kill w2 KILL
-rc=0
-H generate "$S" -n 4 >/dev/null 2>"$E2E_DIR/last.err" || rc=$?
-[ "$rc" = 4 ] || e2e_fail "generate with no worker: exit $rc, want 4; $(head -c 300 "$E2E_DIR/last.err")"
+e2e_expect_rc 4 "generate with no worker left -> UNAVAILABLE (4)" H generate "$S" -n 4
 
-e2e_expect_rc 0 "rm" H rm "$S" "$ref" "$M" "$P" "$F"
+e2e_expect_rc 0 "rm" H rm "$S" "$ref" "$M" "$P" "$F" "$K"
 e2e_done

@@ -16,7 +16,7 @@ e2e_start_worker w1 "$E2E_DIR/model" || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" || e2e_done
 
 doc="$E2E_DIR/doc.txt"
-for i in $(seq 1 200); do
+for i in $(seq 1 40); do
   echo "Line $i of a document that the python client streams into a session in chunks."
 done >"$doc"
 
@@ -45,17 +45,20 @@ with Client(server, tenant="py-identity") as c:
     b = c.create_session(seed=7).session_id
     c.append(b, doc, chunk_bytes=1000)
     first = c.generate(b, 16, ignore_eos=True).token_ids
+    placed = set(c.get(b).worker_ids)
     snap = c.pause(b, evict=True).snapshot
     assert snap.version >= 1 and snap.position > 0, snap
     workers, _ = c.cluster_status()
-    placed = set(c.get(a).worker_ids)
-    other = [w.worker_id for w in workers.workers if w.worker_id not in placed]
-    s = c.resume(b, worker=other[0] if other else None)
+    other = [w.worker_id for w in workers.workers if w.worker_id not in placed and w.state == 1]
+    assert other, "no other ready worker than %s" % placed
+    s = c.resume(b, worker=other[0])
+    assert set(s.worker_ids) == {other[0]}, "resumed on %s, asked %s" % (list(s.worker_ids), other[0])
     second = c.generate(b, 16, ignore_eos=True).token_ids
     if full != first + second:
         print("uninterrupted: %s\npaused/resumed: %s" % (full, first + second), file=sys.stderr)
         sys.exit(1)
-    print("python identity ok: 32 == 16 + pause + resume (on %s) + 16" % ",".join(s.worker_ids), file=sys.stderr)
+    print("python identity ok: 32 == 16 + pause + resume (%s -> %s) + 16" % (",".join(placed), ",".join(s.worker_ids)),
+          file=sys.stderr)
     c.delete(a)
     c.delete(b)
 PY
