@@ -194,7 +194,7 @@ hyla_worker_params hyla_worker_default_params(void) {
     p.device = "cpu";
     p.layer_end = -1;
     p.listen = "127.0.0.1:0";
-    p.snapshot_every = 256;
+    p.snapshot_every = 1024;
     p.max_batch = 64;
     p.prefill_budget = 256;
     p.max_generate = 65536;

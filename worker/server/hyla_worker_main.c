@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "  --id NAME              stable worker id (default: assigned by the coordinator)\n"
             "  --store ADDR           statestore address (default: the one the coordinator names)\n"
             "  --state-budget MB      resident session state beyond this evicts idle sessions (default: no limit)\n"
-            "  --snapshot-every K     durable snapshot every K tokens per session (default 256; 0 = only on Pause)\n"
+            "  --snapshot-every K     durable snapshot every K tokens per session (default 1024; 0 = only on Pause)\n"
             "  --max-batch B          sessions per decode step (default 64)\n"
             "  --prefill-budget T     prefill tokens per scheduler step (default 256)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
