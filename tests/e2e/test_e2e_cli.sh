@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The hyla CLI against a real cluster (hyla-coordinator + two hyla-worker on loopback, CPU
-# backend, tiny sse-h model): the scripting contract, the client side of issue 4 item 7 (error
-# codes become documented exit statuses), and the session identities through the CLI —
+# backend, tiny sse-h model): the scripting contract; the client side of issue 4 item 7
+# (NOT_FOUND, PERMISSION_DENIED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE become the
+# documented exit statuses); and the session identities through the CLI —
 # 32 tokens == 16 + pause + resume on the other worker + 16; == 16 + migrate + 16; a fork
 # continues exactly like its parent; a worker killed mid-generate -> exit 4 with the delivered
 # count, and generate continues once the session is re-placed; the coordinator restarted keeps
@@ -68,6 +69,15 @@ grep -q "max_tokens" "$E2E_DIR/last.err" || e2e_fail "the INVALID_ARGUMENT messa
 rc=0
 H create --model no-such-model >/dev/null 2>"$E2E_DIR/last.err" || rc=$?
 [ "$rc" = 3 ] || [ "$rc" = 6 ] || e2e_fail "create --model no-such-model: exit $rc, want 3 or 6"
+# a message over a server's size limit: a second coordinator with a 4 KiB limit, and the CLI's
+# first 64 KiB Append chunk
+main_server=$E2E_SERVER
+e2e_start_coordinator small --max-message-bytes 4096 || e2e_done
+head -c 100000 /dev/zero | tr '\0' x >"$E2E_DIR/big.txt"
+e2e_expect_rc 6 "a message over the limit -> RESOURCE_EXHAUSTED (6)" e2e_hyla append s-0000000000000001 "$E2E_DIR/big.txt"
+grep -q "RESOURCE_EXHAUSTED" "$E2E_DIR/last.err" || e2e_fail "no RESOURCE_EXHAUSTED in: $(head -c 300 "$E2E_DIR/last.err")"
+e2e_kill small TERM
+E2E_SERVER=$main_server
 
 # listing, status
 H ls --ids | grep -qxF "$S" || e2e_fail "ls --ids does not list $S"
