@@ -240,7 +240,9 @@ static void test_append(void) {
     ap.progress_ud = &r;
     hyla_append_progress fin;
     CHECK_OK(hyla_client_append_text(c, id, doc, sizeof doc, &ap, &fin));
-    CHECK_MSG(r.calls >= 2 && r.monotone && r.saw_done && r.done_was_last, "calls %d monotone %d done %d/%d", r.calls,
+    /* Progress reports are coalesced on the caller's thread: on a loaded machine every server
+     * message may have arrived before the first report, so only >= 1 call is guaranteed. */
+    CHECK_MSG(r.calls >= 1 && r.monotone && r.saw_done && r.done_was_last, "calls %d monotone %d done %d/%d", r.calls,
               r.monotone, r.saw_done, r.done_was_last);
     CHECK(fin.done && fin.tokens_ingested == 1000 && fin.position == 1000 && fin.bytes_sent == 1000);
     CHECK(fin.total_bytes == 1000 && r.total_bytes == 1000 && fin.elapsed_s >= 0);
