@@ -290,9 +290,13 @@ static int group_placeable_locked(const hyla_coord *c, const char *group) {
         return 0;
     cworker *m[MAX_STAGES];
     int n = group_members_locked(c, group, m);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (m[i]->state != HYLA__V1__WORKER_STATE__WORKER_READY)
             return 0;
+        /* a pipeline stage must know its next stage (it learns it when it registers again) */
+        if (strcmp(m[i]->told_next, i + 1 < n ? m[i + 1]->address : "") != 0)
+            return 0;
+    }
     return 1;
 }
 
@@ -1328,6 +1332,9 @@ typedef struct {
     int released;   /* the call was replied/failed */
     int cancelled;  /* the client's call ended (DONE) */
     uint32_t delivered;
+    uint64_t last_position; /* the session's position in the worker's last message */
+    uint64_t epoch;         /* placement epoch the worker stream was opened under */
+    int have_position;
     char session[SID_MAX], tenant[ID_MAX];
     /* Append: client chunks waiting for the writer job */
     struct chunk {
@@ -1400,8 +1407,15 @@ static void relay_on_worker(hyla_rpc_stream *ws, const ProtobufCMessage *msg, vo
     relay *r = ud;
     pthread_mutex_lock(&r->mu);
     if (msg) {
-        if (msg->descriptor == &hyla__v1__generate_response__descriptor)
-            r->delivered += (uint32_t)((const Hyla__V1__GenerateResponse *)msg)->n_token_ids;
+        if (msg->descriptor == &hyla__v1__generate_response__descriptor) {
+            const Hyla__V1__GenerateResponse *g = (const Hyla__V1__GenerateResponse *)msg;
+            r->delivered += (uint32_t)g->n_token_ids;
+            r->last_position = g->position;
+            r->have_position = 1;
+        } else if (msg->descriptor == &hyla__v1__append_progress__descriptor) {
+            r->last_position = ((const Hyla__V1__AppendProgress *)msg)->position;
+            r->have_position = 1;
+        }
         if (!r->released && hyla_rpc_call_send(r->call, msg) != HYLA_OK)
             hyla_rpc_stream_cancel(ws); /* the client is gone */
         pthread_mutex_unlock(&r->mu);
@@ -1410,9 +1424,20 @@ static void relay_on_worker(hyla_rpc_stream *ws, const ProtobufCMessage *msg, vo
     hyla_rpc_result res;
     hyla_rpc_stream_result(ws, &res);
     r->ws_over = 1;
+    int have = r->have_position;
+    uint64_t pos = r->last_position, delivered = r->delivered, epoch = r->epoch;
     relay_finish_locked(r, res.code, res.message);
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    if (have) { /* keep the directory current without waiting for a heartbeat (c->mu after r->mu is released) */
+        pthread_mutex_lock(&r->c->mu);
+        csess *cs = sess_find(r->c, r->session);
+        if (cs && cs->epoch == epoch) { /* not re-placed (Migrate, failure) meanwhile */
+            cs->position = pos;
+            cs->generated += delivered;
+        }
+        pthread_mutex_unlock(&r->c->mu);
+    }
     relay_unref(r); /* the stream's reference */
 }
 
@@ -1439,6 +1464,7 @@ static int relay_open(relay *r, const char *method, const ProtobufCMessageDescri
         }
     }
     pthread_mutex_lock(&r->mu);
+    r->epoch = epoch;
     if (code == HYLA_RPC_OK && r->cancelled) {
         code = HYLA_RPC_CANCELLED;
         snprintf(msg, sizeof msg, "cancelled");
@@ -1727,7 +1753,7 @@ static void do_list_workers(hyla_coord *c, hyla_rpc_call *call, const ProtobufCM
             gids[ng * MAX_STAGES + (size_t)k] = mem[k]->id;
         g[ng].n_worker_ids = (size_t)nm;
         g[ng].worker_ids = &gids[ng * MAX_STAGES];
-        g[ng].complete = group_complete_locked(c, w->group);
+        g[ng].complete = group_placeable_locked(c, w->group); /* complete, ready, and wired stage to stage */
         g[ng].sessions = group_sessions_locked(c, w->group);
         gp[ng] = &g[ng];
         ng++;

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Issue 4 item 8 against a real cluster (hyla-coordinator + hyla-worker processes on loopback,
+# CPU backend, tiny sse-h model, the hyla CLI):
+#   (a) 64 tokens uninterrupted == 32 + Pause + Resume on the other worker + 32;
+#   (b) Migrate while a Generate streams: the Generate ends (exit 4, the tokens it delivered),
+#       a new Generate continues, and all tokens together equal the uninterrupted run;
+#   (c) kill -9 the owning worker while it generates: the session continues on the other
+#       worker from its last durable snapshot, which is at least the last Pause (nothing
+#       committed is lost), and the continuation equals the uninterrupted run from there;
+#   (e) a two-stage pipeline (layers split across two workers) gives the same tokens as one
+#       worker, and its Pause restores on a whole-model worker with the same continuation.
+# (d), (f), (g) are in test_e2e_cli.sh and test_e2e_python.sh.
+set -uo pipefail
+. "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
+e2e_init cluster
+
+e2e_make_model "$E2E_DIR/model"
+e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
+e2e_start_worker w1 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
+e2e_start_worker w2 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
+H() { e2e_hyla --tenant e2e -q "$@"; }
+owner() { H show "$1" | awk '$1 == "workers" { print $2 }'; }
+
+doc="$E2E_DIR/doc.txt"
+for i in $(seq 1 30); do echo "Line $i of a document that a hybrid model reads once and remembers."; done >"$doc"
+N=$(stat -c %s "$doc") # byte-level tokenizer: one token per byte
+
+# the uninterrupted reference: 600 tokens from the document, seed 9, temperature 0.9
+R=$(H create --temperature 0.9 --seed 9) || e2e_fail "create"
+H append "$R" "$doc" || e2e_fail "append (reference)"
+read -r -a ref <<<"$(H generate "$R" -n 600 --ids --ignore-eos)"
+[ "${#ref[@]}" = 600 ] || e2e_fail "reference: expected 600 ids, got ${#ref[@]}"
+want() { echo "${ref[@]:$1:$2}"; } # want FROM COUNT
+
+new_session() { # a session with the same document, seed and sampling as the reference
+  local s
+  s=$(H create --temperature 0.9 --seed 9) && H append "$s" "$doc" && echo "$s"
+}
+
+# (a) 64 == 32 + Pause + Resume on the other worker + 32
+A=$(new_session) || e2e_fail "(a) session"
+a1=$(H generate "$A" -n 32 --ids --ignore-eos)
+H pause "$A" --evict >/dev/null || e2e_fail "(a) pause"
+first=$(owner "$A")
+other=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | grep -vxF "$first" | head -n 1)
+H resume "$A" --on "$other" >/dev/null || e2e_fail "(a) resume on $other"
+[ "$(owner "$A")" = "$other" ] || e2e_fail "(a) resumed on $(owner "$A"), asked for $other"
+a2=$(H generate "$A" -n 32 --ids --ignore-eos)
+e2e_expect_eq "$a1 $a2" "$(want 0 64)" "(a) 64 == 32 + pause + resume on the other worker + 32"
+
+# (b) Migrate while a Generate streams
+B=$(new_session) || e2e_fail "(b) session"
+H generate "$B" -n 600 --ids --ignore-eos >"$E2E_DIR/b1.out" 2>"$E2E_DIR/b1.err" &
+gen=$!
+e2e_wait_for 30 sh -c "[ \$(wc -w < '$E2E_DIR/b1.out') -ge 20 ]" || e2e_fail "(b) no tokens streamed"
+H migrate "$B" >/dev/null || e2e_fail "(b) migrate"
+wait $gen
+rc=$?
+read -r -a b1 <<<"$(cat "$E2E_DIR/b1.out")"
+k=${#b1[@]}
+if [ "$rc" = 0 ]; then
+  e2e_log "(b) the generate finished before the migration took effect ($k tokens)"
+  [ "$k" = 600 ] || e2e_fail "(b) exit 0 with $k of 600 tokens"
+else
+  [ "$rc" = 4 ] || e2e_fail "(b) interrupted generate exited $rc, want 4 (UNAVAILABLE): $(head -c 300 "$E2E_DIR/b1.err")"
+  e2e_expect_eq "${b1[*]}" "$(want 0 "$k")" "(b) tokens delivered before the migration"
+  pos=$(H show "$B" | awk '$1 == "position" { print $2 }')
+  j=$((pos - (N - 1)))
+  [ "$j" -le "$k" ] || e2e_fail "(b) the session is at token $j but only $k were delivered"
+  b2=$(H generate "$B" -n $((600 - j)) --ids --ignore-eos)
+  e2e_expect_eq "$b2" "$(want "$j" $((600 - j)))" "(b) continuation after migrate mid-generation (from token $j)"
+fi
+
+# (c) kill -9 the owner while it generates
+C=$(new_session) || e2e_fail "(c) session"
+c1=$(H generate "$C" -n 100 --ids --ignore-eos)
+H pause "$C" >/dev/null || e2e_fail "(c) pause"
+paused=$(H show "$C" | awk '$1 == "position" { print $2 }')
+victim=$(owner "$C")
+H generate "$C" -n 500 --ids --ignore-eos >"$E2E_DIR/c2.out" 2>"$E2E_DIR/c2.err" &
+gen=$!
+e2e_wait_for 30 sh -c "[ \$(wc -w < '$E2E_DIR/c2.out') -ge 150 ]" || e2e_fail "(c) no tokens streamed"
+e2e_kill "$victim" KILL
+wait $gen
+rc=$?
+[ "$rc" = 4 ] || e2e_fail "(c) generate with its worker killed: exit $rc, want 4"
+read -r -a c2 <<<"$(cat "$E2E_DIR/c2.out")"
+e2e_expect_eq "$c1 ${c2[*]}" "$(want 0 $((100 + ${#c2[@]})))" "(c) tokens delivered before the kill"
+e2e_wait_for "$E2E_TIMEOUT" H generate "$C" -n 1 --ids --ignore-eos >/dev/null || e2e_fail "(c) the session did not come back"
+pos=$(H show "$C" | awk '$1 == "position" { print $2 }')
+[ "$(owner "$C")" != "$victim" ] || e2e_fail "(c) still placed on the killed worker $victim"
+[ "$pos" -ge $((paused + 1)) ] || e2e_fail "(c) position $pos after recovery is before the Pause at $paused: committed state lost"
+j=$((pos - (N - 1)))
+c3=$(H generate "$C" -n 40 --ids --ignore-eos)
+e2e_expect_eq "$c3" "$(want "$j" 40)" "(c) continuation from the last durable snapshot (token $j, paused at $((paused - (N - 1))))"
+
+# (e) a two-stage pipeline == one worker; its snapshot restores on a whole-model worker
+e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 || e2e_done
+e2e_start_worker p1 "$E2E_DIR/model" --layers 2:4 || e2e_done
+e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | grep -E 'p0[ ,]+p1' | grep -qw yes" ||
+  e2e_fail "(e) the coordinator did not assemble p0 + p1 into a pipeline group"
+P=$(H create --temperature 0.9 --seed 9 --on p0) || e2e_fail "(e) create on the pipeline"
+H show "$P" | grep -qE "p0[ ,]p1" || e2e_fail "(e) session not on the pipeline: $(H show "$P" | grep workers)"
+H append "$P" "$doc" || e2e_fail "(e) append"
+p1=$(H generate "$P" -n 48 --ids --ignore-eos)
+e2e_expect_eq "$p1" "$(want 0 48)" "(e) two-stage pipeline == one worker"
+H pause "$P" >/dev/null || e2e_fail "(e) pause of the pipelined session"
+survivor=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | head -n 1)
+H migrate "$P" --to "$survivor" >/dev/null || e2e_fail "(e) migrate to the whole-model worker $survivor"
+p2=$(H generate "$P" -n 16 --ids --ignore-eos)
+e2e_expect_eq "$p2" "$(want 48 16)" "(e) pipeline snapshot continued on a whole-model worker"
+
+e2e_done
