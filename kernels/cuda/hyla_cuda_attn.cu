@@ -60,10 +60,15 @@ struct AttnRows {
     float *part; /* [nq][Hq][nsplit][D + 2] */
 };
 
+/* VEC: D % 8 == 0 and 128 % (D/8) == 0: keys and values move in 16-byte pieces; for P V the
+ * block splits into G = 128/(D/8) groups of D/8 threads, group q summing keys q, q+G, ...
+ * (merged in group order at the end). Otherwise one 2-byte element at a time. */
+template <bool VEC>
 __global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
-    __shared__ float qs[AR_MAXD];
+    __shared__ __align__(16) float qs[AR_MAXD];
     __shared__ float sc[AR_KB];
     __shared__ float red[AR_T / 32];
+    __shared__ __align__(16) float comb[VEC ? 1024 : 1];
     const int s = blockIdx.x, h = blockIdx.y, qi = blockIdx.z, tid = threadIdx.x;
     const int D = a.D, G = a.Hq / a.Hk, hk = h / G;
     const int qpos = a.pos ? a.pos[qi] : a.pos0 + qi;
@@ -76,17 +81,33 @@ __global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
     float *out = a.part + (((size_t)qi * a.Hq + h) * a.nsplit + s) * (D + 2);
     for (int d = tid; d < D; d += AR_T) qs[d] = a.q[((size_t)qi * a.Hq + h) * D + d] * a.scale;
     __syncthreads();
-    float m = -INFINITY, l = 0.0f, acc[AR_MAXD / AR_T];
+    float m = -INFINITY, l = 0.0f;
+    const size_t rowsz = (size_t)a.Hk * D;
+    /* VEC: this thread's 8 dims and key group */
+    const int D8 = D / 8, NG = VEC ? AR_T / D8 : 1, grp = VEC ? tid / D8 : 0, d0 = VEC ? (tid % D8) * 8 : 0;
+    float acc8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float acc[AR_MAXD / AR_T];
 #pragma unroll
     for (int r = 0; r < AR_MAXD / AR_T; r++) acc[r] = 0.0f;
-    const size_t rowsz = (size_t)a.Hk * D;
     for (int kb = k0; kb <= k1; kb += AR_KB) {
         int nk = k1 - kb + 1 < AR_KB ? k1 - kb + 1 : AR_KB;
         for (int i = tid; i < nk; i += AR_T) {
             int p = kb + i;
             const __nv_bfloat16 *kr = (const __nv_bfloat16 *)a.kp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D;
             float dot = 0.0f;
-            for (int d = 0; d < D; d++) dot += qs[d] * __bfloat162float(kr[d]);
+            if (VEC) {
+                for (int c = 0; c < D8; c++) {
+                    uint4 u = *(const uint4 *)(kr + c * 8);
+                    const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
+                    const float4 q0 = *(const float4 *)(qs + c * 8), q1 = *(const float4 *)(qs + c * 8 + 4);
+                    float2 f0 = __bfloat1622float2(b2[0]), f1 = __bfloat1622float2(b2[1]);
+                    float2 f2 = __bfloat1622float2(b2[2]), f3 = __bfloat1622float2(b2[3]);
+                    dot += q0.x * f0.x + q0.y * f0.y + q0.z * f1.x + q0.w * f1.y + q1.x * f2.x + q1.y * f2.y +
+                           q1.z * f3.x + q1.w * f3.y;
+                }
+            } else {
+                for (int d = 0; d < D; d++) dot += qs[d] * __bfloat162float(kr[d]);
+            }
             sc[i] = dot;
         }
         __syncthreads();
@@ -105,33 +126,65 @@ __global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
         float ls = 0.0f;
         for (int i = 0; i < nk; i++) ls += sc[i]; /* same order in every thread */
         l = l * corr + ls;
+        if (VEC) {
 #pragma unroll
-        for (int r = 0; r < AR_MAXD / AR_T; r++) {
-            int d = tid + r * AR_T;
-            if (d < D) {
-                float a2 = acc[r] * corr;
-                for (int i = 0; i < nk; i++) {
-                    int p = kb + i;
-                    const __nv_bfloat16 *vr =
-                        (const __nv_bfloat16 *)a.vp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D;
-                    a2 += sc[i] * __bfloat162float(vr[d]);
+            for (int e = 0; e < 8; e++) acc8[e] *= corr;
+            for (int i = grp; i < nk; i += NG) {
+                int p = kb + i;
+                const __nv_bfloat16 *vr =
+                    (const __nv_bfloat16 *)a.vp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D + d0;
+                uint4 u = *(const uint4 *)vr;
+                const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
+                float pi = sc[i];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = __bfloat1622float2(b2[e]);
+                    acc8[2 * e] += pi * f.x;
+                    acc8[2 * e + 1] += pi * f.y;
                 }
-                acc[r] = a2;
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < AR_MAXD / AR_T; r++) {
+                int d = tid + r * AR_T;
+                if (d < D) {
+                    float a2 = acc[r] * corr;
+                    for (int i = 0; i < nk; i++) {
+                        int p = kb + i;
+                        const __nv_bfloat16 *vr =
+                            (const __nv_bfloat16 *)a.vp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D;
+                        a2 += sc[i] * __bfloat162float(vr[d]);
+                    }
+                    acc[r] = a2;
+                }
             }
         }
         m = mn;
         __syncthreads();
     }
+    if (VEC) {
 #pragma unroll
-    for (int r = 0; r < AR_MAXD / AR_T; r++) {
-        int d = tid + r * AR_T;
-        if (d < D) out[d] = acc[r];
+        for (int e = 0; e < 8; e++) comb[grp * D + d0 + e] = acc8[e];
+        __syncthreads();
+        for (int d = tid; d < D; d += AR_T) {
+            float v = 0.0f;
+            for (int q = 0; q < NG; q++) v += comb[q * D + d];
+            out[d] = v;
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < AR_MAXD / AR_T; r++) {
+            int d = tid + r * AR_T;
+            if (d < D) out[d] = acc[r];
+        }
     }
     if (tid == 0) {
         out[D] = m;
         out[D + 1] = l;
     }
 }
+
+static bool rows_vec(int D) { return D % 8 == 0 && D <= 1024 && AR_T % (D / 8) == 0 && (AR_T / (D / 8)) * D <= 1024; }
 
 __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsplit, float *o) {
     const int h = blockIdx.x, qi = blockIdx.y;
@@ -404,7 +457,10 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
         a.split_len = split_len;
         a.nsplit = nsplit;
         a.part = (float *)scr;
-        k_attn_rows<<<dim3(nsplit, Hq, nq), AR_T, 0, c->stream>>>(a);
+        if (rows_vec(D))
+            k_attn_rows<true><<<dim3(nsplit, Hq, nq), AR_T, 0, c->stream>>>(a);
+        else
+            k_attn_rows<false><<<dim3(nsplit, Hq, nq), AR_T, 0, c->stream>>>(a);
         CU_LAUNCH_CHECK("attn rows");
         k_attn_combine<<<dim3(Hq, nq), 128, 0, c->stream>>>((float *)scr, nq, Hq, D, nsplit,
                                                              o + (size_t)q0 * Hq * D);
@@ -484,7 +540,10 @@ extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k,
     a.split_len = split_len;
     a.nsplit = nsplit;
     a.part = (float *)scr;
-    k_attn_rows<<<dim3(nsplit, Hq, B), AR_T, 0, c->stream>>>(a);
+    if (rows_vec(D))
+        k_attn_rows<true><<<dim3(nsplit, Hq, B), AR_T, 0, c->stream>>>(a);
+    else
+        k_attn_rows<false><<<dim3(nsplit, Hq, B), AR_T, 0, c->stream>>>(a);
     CU_LAUNCH_CHECK("attn rows");
     k_attn_combine<<<dim3(Hq, B), 128, 0, c->stream>>>((float *)scr, B, Hq, D, nsplit, o);
     CU_LAUNCH_CHECK("attn combine");

@@ -360,6 +360,7 @@ static void cu_destroy(void *ctx) {
     if (c->cublas) cublasDestroy(c->cublas);
     cudaFree(c->lt_workspace);
     for (int i = 0; i < HYLA_CU_SCRATCH_SLOTS; i++) cudaFree(c->scratch[i]);
+    cudaFree(c->tile_cnt);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
         if (c->bounce_ev[i]) cudaEventDestroy(c->bounce_ev[i]);
@@ -450,6 +451,13 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->prefill_mode = (pm && !strcmp(pm, "recurrent")) ? 1 : 0;
     const char *lm = getenv("HYLA_CUDA_LINEAR");
     c->linear_cublas_only = (lm && !strcmp(lm, "cublas")) ? 1 : 0;
+    c->skinny_v1 = (lm && !strcmp(lm, "v1")) ? 1 : 0;
+    c->skinny_fused = (lm && !strcmp(lm, "fused")) ? 1 : 0;
+    c->sse_windows = 1;
+    const char *rs = getenv("HYLA_CUDA_REC");
+    c->rec_scalar = rs && !strcmp(rs, "scalar");
+    const char *cp = getenv("HYLA_CUDA_CHUNK_PHASE");
+    c->chunk_phase = !cp ? 0 : !strcmp(cp, "a") ? 1 : !strcmp(cp, "b") ? 2 : 0;
     return HYLA_OK;
 }
 
@@ -622,4 +630,11 @@ extern "C" hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H
     b.h_len = len;
     b.h_S = S;
     return cu_linattn_prefill_batch(c, &b);
+}
+
+extern "C" hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on) {
+    hyla_cuda_ctx *c = extra_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_sse_windows: not a cuda backend");
+    c->sse_windows = on ? 1 : 0;
+    return HYLA_OK;
 }

@@ -5,7 +5,7 @@
  * memory), W bf16, bf16 tensor-core products (mma.sync m16n8k16) with fp32 accumulation.
  * A block owns 64 output columns and one K slice; K is cut into S slices where S depends on
  * N and K only (enough blocks to cover the GPU), the slices' fp32 partials are summed in slice
- * order by a second kernel. So the arithmetic that produces y[m][n] — which products, in
+ * order (by the last block to finish an output tile in v2, by a second kernel in v1). So the arithmetic that produces y[m][n] — which products, in
  * which order, in which instructions — does not depend on M or on the other rows: a session's
  * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
  * result does not depend on M"). Weights stream through once per 128-row block.
@@ -99,6 +99,119 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
             }
 }
 
+/* v2 (K % 8 == 0): x pre-converted to bf16 [M][K]; tiles arrive by cp.async, two stages deep,
+ * fragments by ldmatrix. Same products in the same order per output as v1's contract: the
+ * result of a row still depends only on that row (and N, K). */
+template <int MT>
+__global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, int M, int K,
+                                                 const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
+                                                 float *__restrict__ part, int S, int *cnt, const float *bias, float *y,
+                                                 int ldy, int accumulate) {
+    __shared__ int last;
+    __shared__ __align__(16) __nv_bfloat16 Ws[2][SK_N * SK_LD];
+    __shared__ __align__(16) __nv_bfloat16 Xs[2][MT * 16 * SK_LD];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int n0 = blockIdx.x * SK_N, s = blockIdx.y, m0 = blockIdx.z * MT * 16;
+    const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
+    const int nk = (kend - kbeg + SK_K - 1) / SK_K;
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    auto stage = [&](int buf, int kt) {
+#pragma unroll
+        for (int q = 0; q < SK_N * 8 / 128; q++) {
+            int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
+            bool ok = n < N && k < kend;
+            cp_async16(&Ws[buf][r * SK_LD + kk], ok ? (const void *)(W + (size_t)n * K + k) : (const void *)W,
+                       ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int q = 0; q < MT * 16 * 8 / 128; q++) {
+            int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
+            bool ok = m < M && k < kend;
+            cp_async16(&Xs[buf][r * SK_LD + kk], ok ? (const void *)(xb + (size_t)m * K + k) : (const void *)xb,
+                       ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (nk > 0) stage(0, kbeg);
+    for (int it = 0; it < nk; it++) {
+        if (it + 1 < nk) {
+            stage((it + 1) & 1, kbeg + (it + 1) * SK_K);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16 *ws = Ws[it & 1], *xs = Xs[it & 1];
+#pragma unroll
+        for (int kc = 0; kc < SK_K / 16; kc++) {
+            uint32_t bf[2][2];
+            ldsm_frag_b2_nk(bf, ws + (16 * w) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, xs + (mt * 16) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) mma_bf16_16816(acc[mt][nt], af, bf[nt]);
+            }
+        }
+        __syncthreads();
+    }
+    if (S == 1) { /* one slice: finish here, same arithmetic as the reduction */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
+                    if (m < M && n < N) {
+                        float v = acc[mt][nt][e];
+                        if (bias) v += bias[n];
+                        float *yp = y + (size_t)m * ldy + n;
+                        *yp = accumulate ? *yp + v : v;
+                    }
+                }
+        return;
+    }
+    float *out = part + (size_t)s * M * N;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
+                if (m < M && n < N) out[(size_t)m * N + n] = acc[mt][nt][e];
+            }
+    if (!cnt) return; /* the reduction kernel sums the slices */
+    /* the last slice to finish this output tile sums all slices in slice order (deterministic) */
+    __threadfence();
+    __syncthreads();
+    int tile = blockIdx.z * gridDim.x + blockIdx.x;
+    if (tid == 0) last = atomicAdd(&cnt[tile], 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const size_t total = (size_t)M * N;
+    for (int x = tid; x < MT * 16 * SK_N; x += 128) {
+        int m = m0 + x / SK_N, n = n0 + x % SK_N;
+        if (m >= M || n >= N) continue;
+        size_t i = (size_t)m * N + n;
+        float v = __ldcg(part + i);
+        for (int q = 1; q < S; q++) v += __ldcg(part + (size_t)q * total + i);
+        if (bias) v += bias[n];
+        float *yp = y + (size_t)m * ldy + n;
+        *yp = accumulate ? *yp + v : v;
+    }
+    if (tid == 0) cnt[tile] = 0; /* ready for the next launch on this stream */
+}
+
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0) */
 __global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias, float *y,
                                 int ldy, int accumulate) {
@@ -129,7 +242,43 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     float *part = (float *)scr;
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : M <= 64 ? 4 : 8;
     dim3 grid(ntiles, S, (M + MT * 16 - 1) / (MT * 16));
-    switch (MT) {
+    if (K % 8 == 0 && !c->skinny_v1) {
+        void *xb;
+        HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+        HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+        const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
+        if (MT > 4) { /* 64 rows per block (static shared memory); more blocks along M */
+            MT = 4;
+            grid.z = (M + 63) / 64;
+        }
+        size_t tiles = (size_t)grid.x * grid.z;
+        if (c->skinny_fused && c->tile_cnt_n < tiles) { /* completion counters, zero between launches */
+            size_t n = tiles < 65536 ? 65536 : tiles;
+            CU_TRY(cudaStreamSynchronize(c->stream));
+            CU_TRY(cudaFree(c->tile_cnt));
+            c->tile_cnt = NULL;
+            c->tile_cnt_n = 0;
+            CU_TRY(cudaMalloc((void **)&c->tile_cnt, n * sizeof(int)));
+            CU_TRY(cudaMemsetAsync(c->tile_cnt, 0, n * sizeof(int), c->stream));
+            c->tile_cnt_n = n;
+        }
+        /* Measured on H100 (docs/CUDA.md): the fused "last block reduces" epilogue was slower than
+         * a separate reduction over the whole GPU (M=64: 48 us vs 31 us), so it is off. */
+        int *cnt = c->skinny_fused ? c->tile_cnt : NULL;
+        switch (MT) {
+        case 1:
+            k_skinny2<1><<<grid, 128, 0, c->stream>>>(xbb, M, K, W->d, N, kchunk, part, S, cnt, bias, y, ldy, accumulate);
+            break;
+        case 2:
+            k_skinny2<2><<<grid, 128, 0, c->stream>>>(xbb, M, K, W->d, N, kchunk, part, S, cnt, bias, y, ldy, accumulate);
+            break;
+        default:
+            k_skinny2<4><<<grid, 128, 0, c->stream>>>(xbb, M, K, W->d, N, kchunk, part, S, cnt, bias, y, ldy, accumulate);
+            break;
+        }
+        CU_LAUNCH_CHECK("skinny linear v2");
+        if (S == 1 || cnt) return HYLA_OK;
+    } else switch (MT) {
     case 1: k_skinny<1><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
     case 2: k_skinny<2><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
     case 4: k_skinny<4><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;

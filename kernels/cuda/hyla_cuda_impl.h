@@ -42,7 +42,7 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 #define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
 
 #define HYLA_CU_SCRATCH_SLOTS 8
-enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6 };
+enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7 };
 
 typedef struct hyla_cu_pool hyla_cu_pool; /* hyla_cuda_pool.cu */
 
@@ -83,8 +83,15 @@ typedef struct hyla_cuda_ctx {
     size_t scratch_bytes[HYLA_CU_SCRATCH_SLOTS];
 
     hyla_cu_pool *pool;
+    int *tile_cnt; /* skinny linear: per-output-tile completion counters (zero between launches) */
+    size_t tile_cnt_n;
     int prefill_mode; /* 0 chunked (tensor cores), 1 recurrent (token loop; HYLA_CUDA_PREFILL=recurrent) */
     int linear_cublas_only; /* HYLA_CUDA_LINEAR=cublas: every linear through cuBLAS (benchmarks) */
+    int chunk_phase;        /* HYLA_CUDA_CHUNK_PHASE=a|b: run only kernel A or B of chunked prefill (profiling) */
+    int rec_scalar;         /* HYLA_CUDA_REC=scalar: the 1-column recurrent kernel only */
+    int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
+    int skinny_v1;          /* HYLA_CUDA_LINEAR=v1: the first skinny kernel (no cp.async/ldmatrix) */
+    int skinny_fused;       /* HYLA_CUDA_LINEAR=fused: last block of a tile reduces the K slices */
 } hyla_cuda_ctx;
 
 struct hyla_weight {
@@ -157,6 +164,7 @@ hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, co
  * betab, the routes idx/w [row][K] and state Sp[b] [N][H][dk][dv]. S0, Sp: device arrays. */
 typedef struct {
     int gdn, H, dk, dv, ntok, N, K;
+    int states16; /* every state pointer is 16-byte aligned (enables the 4-column kernel) */
     float scale;
     const float *q1, *k1, *ga, *betaa;
     const float *q2, *k2, *gb, *betab;

@@ -142,14 +142,174 @@ __global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
     }
 }
 
+/* The same recurrence with 4 value columns per lane (16-byte state loads and stores): one block
+ * covers 128 columns of a head. For dv % 4 == 0, dk <= 128, 16-byte aligned v, o and states. */
+template <int R>
+__global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
+    __shared__ float4 red[2][8][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.x * 128 + lane * 4;
+    bool jv = j < a.dv;
+    int h = blockIdx.y, b = blockIdx.z;
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    int nslots = a.Sp ? (a.ntok == 1 ? 1 + a.K : 1 + a.N) : 1;
+    int m = 0;
+    for (int slot = 0; slot < nslots; slot++) {
+        float *Sg;
+        int part = -1;
+        float wfix = 1.0f;
+        if (slot == 0) {
+            Sg = a.S0[b] + (size_t)h * dk * dv;
+        } else {
+            if (a.ntok == 1) {
+                part = a.idx[(size_t)b * a.K + slot - 1];
+                wfix = a.w[(size_t)b * a.K + slot - 1];
+            } else {
+                part = slot - 1;
+            }
+            if (part < 0 || part >= a.N) continue;
+            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+        }
+        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
+        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
+        float4 s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            s[r] = (i < dk && jv) ? *(const float4 *)(Sg + (size_t)i * dv + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        for (int t = 0; t < a.ntok; t++) {
+            size_t row = (size_t)b * a.ntok + t;
+            float wt = wfix;
+            if (slot > 0 && a.ntok > 1) {
+                int js = -1;
+                for (int q = 0; q < a.K; q++)
+                    if (a.idx[row * a.K + q] == part) js = q;
+                if (js < 0) continue;
+                wt = a.w[row * a.K + js];
+            }
+            const float *qr = Q + (row * H + h) * dk, *kr = Kx + (row * H + h) * dk;
+            float4 vj = jv ? *(const float4 *)(a.v + (row * H + h) * dv + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 po = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (!a.gdn) {
+                const float *gk = GA + (row * H + h) * dk;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt, qi = qr[i] * wt, d = expf(gk[i]);
+                        s[r].x = d * s[r].x + ki * vj.x;
+                        s[r].y = d * s[r].y + ki * vj.y;
+                        s[r].z = d * s[r].z + ki * vj.z;
+                        s[r].w = d * s[r].w + ki * vj.w;
+                        po.x += qi * s[r].x;
+                        po.y += qi * s[r].y;
+                        po.z += qi * s[r].z;
+                        po.w += qi * s[r].w;
+                    }
+                }
+            } else {
+                float d = expf(GA[row * H + h]);
+                float beta = BE[row * H + h];
+                float4 pk = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt;
+                        s[r].x *= d;
+                        s[r].y *= d;
+                        s[r].z *= d;
+                        s[r].w *= d;
+                        pk.x += ki * s[r].x;
+                        pk.y += ki * s[r].y;
+                        pk.z += ki * s[r].z;
+                        pk.w += ki * s[r].w;
+                    }
+                }
+                red[m & 1][w][lane] = pk;
+                __syncthreads();
+                float4 ks = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    float4 x = red[m & 1][q][lane];
+                    ks.x += x.x;
+                    ks.y += x.y;
+                    ks.z += x.z;
+                    ks.w += x.w;
+                }
+                m++;
+                float4 u = make_float4(beta * (vj.x - ks.x), beta * (vj.y - ks.y), beta * (vj.z - ks.z),
+                                       beta * (vj.w - ks.w));
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt, qi = qr[i] * wt;
+                        s[r].x += ki * u.x;
+                        s[r].y += ki * u.y;
+                        s[r].z += ki * u.z;
+                        s[r].w += ki * u.w;
+                        po.x += qi * s[r].x;
+                        po.y += qi * s[r].y;
+                        po.z += qi * s[r].z;
+                        po.w += qi * s[r].w;
+                    }
+                }
+            }
+            red[m & 1][w][lane] = po;
+            __syncthreads();
+            if (w == 0 && jv) {
+                float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    float4 x = red[m & 1][q][lane];
+                    acc.x += x.x;
+                    acc.y += x.y;
+                    acc.z += x.z;
+                    acc.w += x.w;
+                }
+                float4 *op = (float4 *)(a.o + (row * H + h) * dv + j);
+                float4 res = make_float4(a.scale * acc.x, a.scale * acc.y, a.scale * acc.z, a.scale * acc.w);
+                if (slot != 0) {
+                    float4 prev = *op;
+                    res.x += prev.x;
+                    res.y += prev.y;
+                    res.z += prev.z;
+                    res.w += prev.w;
+                }
+                *op = res;
+            }
+            m++;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) *(float4 *)(Sg + (size_t)i * dv + j) = s[r];
+        }
+    }
+}
+
 extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B) {
     if (B <= 0 || a->ntok <= 0) return HYLA_OK;
     if (a->dk > 256)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda",
                          a->dk);
     if (a->H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", a->H, B);
-    dim3 grid(cu_blocks(a->dv, 32), a->H, B);
     int R = (a->dk + 7) / 8;
+    bool al = a->dv % 4 == 0 && ((uintptr_t)a->v & 15) == 0 && ((uintptr_t)a->o & 15) == 0;
+    if (al && a->states16 && R <= 16 && !c->rec_scalar) {
+        dim3 g4(cu_blocks(a->dv, 128), a->H, B);
+        if (R <= 4)
+            k_lin_rec4<4><<<g4, 256, 0, c->stream>>>(*a);
+        else if (R <= 8)
+            k_lin_rec4<8><<<g4, 256, 0, c->stream>>>(*a);
+        else
+            k_lin_rec4<16><<<g4, 256, 0, c->stream>>>(*a);
+        CU_LAUNCH_CHECK("linear attention recurrent (x4)");
+        return HYLA_OK;
+    }
+    dim3 grid(cu_blocks(a->dv, 32), a->H, B);
     if (R <= 2)
         k_lin_rec<2><<<grid, 256, 0, c->stream>>>(*a);
     else if (R <= 4)
@@ -168,6 +328,7 @@ extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *
 
 struct ChunkArgs {
     int H, dk, dv, dkp;
+    int vec4; /* dk % 4 == 0 and q, k, v 16-byte aligned: float4 loads */
     float scale;
     const float *q, *k, *v, *ga, *gb;
     float *o;
@@ -196,21 +357,37 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
     float *Xf = Af + CH * 65;                          /* [64][65] */
     float *bc = Xf + CH * 65;                          /* [64] */
     float *be = bc + CH;                               /* [64] */
+    float *Pf = be + CH;                               /* [16][49] block products */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk, dv = a.dv;
     const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
     const size_t ch = (size_t)c * H + h;
 
-    for (int x = tid; x < CH * DKP; x += 128) {
-        int t = x / DKP, i = x % DKP;
-        float kv = 0.0f, qv = 0.0f;
-        if (t < len && i < dk) {
-            size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
-            kv = a.k[off];
-            qv = a.q[off];
+    if (a.vec4) { /* 16-byte loads, several in flight per thread */
+#pragma unroll 4
+        for (int x = tid; x < CH * DKP / 4; x += 128) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), qv = kv;
+            if (t < len && i < dk) {
+                size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+                kv = __ldg((const float4 *)(a.k + off));
+                qv = __ldg((const float4 *)(a.q + off));
+            }
+            *(uint2 *)(Kb + t * LDK + i) = make_uint2(pack_bf16x2(kv.x, kv.y), pack_bf16x2(kv.z, kv.w));
+            *(uint2 *)(Qb + t * LDK + i) = make_uint2(pack_bf16x2(qv.x, qv.y), pack_bf16x2(qv.z, qv.w));
         }
-        Kb[t * LDK + i] = __float2bfloat16_rn(kv);
-        Qb[t * LDK + i] = __float2bfloat16_rn(qv);
+    } else {
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            float kv = 0.0f, qv = 0.0f;
+            if (t < len && i < dk) {
+                size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+                kv = a.k[off];
+                qv = a.q[off];
+            }
+            Kb[t * LDK + i] = __float2bfloat16_rn(kv);
+            Qb[t * LDK + i] = __float2bfloat16_rn(qv);
+        }
     }
     if (tid < CH) {
         bool ok = tid < len;
@@ -221,10 +398,21 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
     if (tid == 0)
         for (int t = 1; t < CH; t++) bc[t] += bc[t - 1];
     __syncthreads();
-    for (int x = tid; x < CH * dvp; x += 128) {
-        int t = x / dvp, j = x % dvp;
-        float vv = (t < len && j < dv) ? a.v[((size_t)(tok0 + t) * H + h) * dv + j] * be[t] : 0.0f;
-        Vb[t * LDV + j] = __float2bfloat16_rn(vv);
+    if (a.vec4 && dv % 4 == 0) {
+#pragma unroll 4
+        for (int x = tid; x < CH * dvp / 4; x += 128) {
+            int t = x / (dvp / 4), j = (x % (dvp / 4)) * 4;
+            float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < len && j < dv) vv = __ldg((const float4 *)(a.v + ((size_t)(tok0 + t) * H + h) * dv + j));
+            float f = be[t];
+            *(uint2 *)(Vb + t * LDV + j) = make_uint2(pack_bf16x2(vv.x * f, vv.y * f), pack_bf16x2(vv.z * f, vv.w * f));
+        }
+    } else {
+        for (int x = tid; x < CH * dvp; x += 128) {
+            int t = x / dvp, j = x % dvp;
+            float vv = (t < len && j < dv) ? a.v[((size_t)(tok0 + t) * H + h) * dv + j] * be[t] : 0.0f;
+            Vb[t * LDV + j] = __float2bfloat16_rn(vv);
+        }
     }
     /* K K^T and Q K^T for rows 16w..16w+15 */
     {
@@ -258,12 +446,17 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
             }
     }
     __syncthreads();
-    /* T = (I + A)^-1 by forward substitution, column s by lanes 2s and 2s+1 */
+    /* T = (I + A)^-1, blocked: the four 16x16 diagonal blocks by forward substitution (warp w
+     * inverts block w, column s by lanes 2s' and 2s'+1), then the blocks below the diagonal
+     * one block row at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj. */
+    for (int x = tid; x < CH * 65; x += 128) Xf[x] = 0.0f;
+    __syncthreads();
     {
-        const int s = tid >> 1, half = tid & 1;
-        for (int r = half; r < CH; r += 2) Xf[r * 65 + s] = (r == s) ? 1.0f : 0.0f;
+        const int sl = lane >> 1, half = lane & 1, s = 16 * w + sl;
+        if (half == 0) Xf[s * 65 + s] = 1.0f;
         __syncwarp();
-        for (int t = 1; t < CH; t++) {
+        for (int tl = 1; tl < 16; tl++) {
+            int t = 16 * w + tl;
             float part = 0.0f;
             if (t > s)
                 for (int r = s + half; r < t; r += 2) part += Af[t * 65 + r] * Xf[r * 65 + s];
@@ -273,15 +466,44 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
         }
     }
     __syncthreads();
+    for (int i = 1; i < 4; i++) {
+        for (int x = tid; x < i * 256; x += 128) {
+            int j = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
+            float acc = 0.0f;
+            for (int col = 16 * j; col < 16 * i; col++) acc += Af[(16 * i + ra) * 65 + col] * Xf[col * 65 + 16 * j + cb];
+            Pf[ra * 49 + 16 * j + cb] = acc;
+        }
+        __syncthreads();
+        for (int x = tid; x < i * 256; x += 128) {
+            int j = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
+            float acc = 0.0f;
+#pragma unroll
+            for (int r = 0; r < 16; r++) acc += Xf[(16 * i + ra) * 65 + 16 * i + r] * Pf[r * 49 + 16 * j + cb];
+            Xf[(16 * i + ra) * 65 + 16 * j + cb] = -acc;
+        }
+        __syncthreads();
+    }
     for (int x = tid; x < CH * CH; x += 128) {
         int r = x / CH, s = x % CH;
         Tb[r * 72 + s] = __float2bfloat16_rn(Xf[r * 65 + s]);
     }
     /* Qb <- diag(beta e^b) K (from fp32 k) */
-    for (int x = tid; x < CH * DKP; x += 128) {
-        int t = x / DKP, i = x % DKP;
-        float kv = (t < len && i < dk) ? a.k[((size_t)(tok0 + t) * H + h) * dk + i] * be[t] * expf(bc[t]) : 0.0f;
-        Qb[t * LDK + i] = __float2bfloat16_rn(kv);
+    if (a.vec4) {
+#pragma unroll 4
+        for (int x = tid; x < CH * DKP / 4; x += 128) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < len && i < dk) kv = __ldg((const float4 *)(a.k + ((size_t)(tok0 + t) * H + h) * dk + i));
+            float f = be[t] * expf(bc[t]);
+            *(uint2 *)(Qb + t * LDK + i) =
+                make_uint2(pack_bf16x2(kv.x * f, kv.y * f), pack_bf16x2(kv.z * f, kv.w * f));
+        }
+    } else {
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            float kv = (t < len && i < dk) ? a.k[((size_t)(tok0 + t) * H + h) * dk + i] * be[t] * expf(bc[t]) : 0.0f;
+            Qb[t * LDK + i] = __float2bfloat16_rn(kv);
+        }
     }
     __syncthreads();
     /* W = T (beta e^b K), U0 = T (beta V); rows 16w.. */
@@ -349,16 +571,34 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
     {
         const float bC = bc[CH - 1];
         __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+        if (a.vec4) {
+#pragma unroll 4
+            for (int x = tid; x < CH * DKP / 4; x += 128) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (t < len && i < dk) qv = __ldg((const float4 *)(a.q + ((size_t)(tok0 + t) * H + h) * dk + i));
+                float f = a.scale * expf(bc[t]);
+                *(uint2 *)(qo + (size_t)x * 4) =
+                    make_uint2(pack_bf16x2(qv.x * f, qv.y * f), pack_bf16x2(qv.z * f, qv.w * f));
+            }
+        } else {
+            for (int x = tid; x < CH * DKP; x += 128) {
+                int t = x / DKP, i = x % DKP;
+                float qv =
+                    (t < len && i < dk) ? a.q[((size_t)(tok0 + t) * H + h) * dk + i] * a.scale * expf(bc[t]) : 0.0f;
+                qo[x] = __float2bfloat16_rn(qv);
+            }
+        }
+        /* k~^T through shared memory (the Af/Xf area, free now): row reads of Kb, 16-byte
+         * coalesced writes to global */
+        __syncthreads();
+        __nv_bfloat16 *kst = (__nv_bfloat16 *)Af; /* [DKP][64]: 2*64*65*4 bytes >= DKP*64*2 */
         for (int x = tid; x < CH * DKP; x += 128) {
             int t = x / DKP, i = x % DKP;
-            float qv = (t < len && i < dk) ? a.q[((size_t)(tok0 + t) * H + h) * dk + i] * a.scale * expf(bc[t]) : 0.0f;
-            qo[x] = __float2bfloat16_rn(qv);
+            kst[i * CH + t] = __float2bfloat16_rn(__bfloat162float(Kb[t * LDK + i]) * expf(bC - bc[t]));
         }
-        for (int x = tid; x < CH * DKP; x += 128) {
-            int i = x / CH, t = x % CH;
-            float kv = (t < len && i < dk) ? a.k[((size_t)(tok0 + t) * H + h) * dk + i] * expf(bC - bc[t]) : 0.0f;
-            ko[x] = __float2bfloat16_rn(kv);
-        }
+        __syncthreads();
+        for (int x = tid; x < CH * DKP / 8; x += 128) ((uint4 *)ko)[x] = ((const uint4 *)kst)[x];
         if (tid == 0) a.dec[ch * DKP] = expf(bC);
     }
 }
@@ -390,15 +630,33 @@ __global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
     __syncthreads();
     {
         __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+        if (a.vec4) {
+#pragma unroll 4
+            for (int x = tid; x < CH * DKP / 4; x += 128) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (t < len && i < dk) qv = __ldg((const float4 *)(a.q + ((size_t)(tok0 + t) * H + h) * dk + i));
+                const float *bt = Bc + t * DKP + i;
+                *(uint2 *)(qo + (size_t)x * 4) =
+                    make_uint2(pack_bf16x2(qv.x * a.scale * expf(bt[0]), qv.y * a.scale * expf(bt[1])),
+                               pack_bf16x2(qv.z * a.scale * expf(bt[2]), qv.w * a.scale * expf(bt[3])));
+            }
+        } else {
+            for (int x = tid; x < CH * DKP; x += 128) {
+                int t = x / DKP, i = x % DKP;
+                qo[x] = __float2bfloat16_rn(QX(t, i) * a.scale * expf(Bc[t * DKP + i]));
+            }
+        }
+        /* k~^T staged in the Qr/Kr area (not used yet): coalesced reads of k, 16-byte writes */
+        __nv_bfloat16 *kst = Qr; /* [DKP][64]: 2*4*16*(DKP+8) >= DKP*64 elements */
         for (int x = tid; x < CH * DKP; x += 128) {
             int t = x / DKP, i = x % DKP;
-            qo[x] = __float2bfloat16_rn(QX(t, i) * a.scale * expf(Bc[t * DKP + i]));
+            kst[i * CH + t] = __float2bfloat16_rn(KX(t, i) * expf(Bc[(CH - 1) * DKP + i] - Bc[t * DKP + i]));
         }
-        for (int x = tid; x < CH * DKP; x += 128) {
-            int i = x / CH, t = x % CH;
-            ko[x] = __float2bfloat16_rn(KX(t, i) * expf(Bc[(CH - 1) * DKP + i] - Bc[t * DKP + i]));
-        }
+        __syncthreads();
+        for (int x = tid; x < CH * DKP / 8; x += 128) ((uint4 *)ko)[x] = ((const uint4 *)kst)[x];
         for (int i = tid; i < DKP; i += 128) a.dec[ch * DKP + i] = expf(Bc[(CH - 1) * DKP + i]);
+        __syncthreads();
     }
     /* Aqk, t-block R = w (rows 16w..16w+15), reference row 16w */
     __nv_bfloat16 *aqk = a.aqk + ch * CH * CH;
@@ -463,19 +721,17 @@ __global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
 #undef KX
 }
 
-/* ---- kernel B: the state pass ---- */
-template <int DKP, int GDN>
+/* ---- kernel B: the state pass ----
+ * ST = 2: the next chunk's tiles (q~, W, k~^T, Aqk, decay) arrive by cp.async while this chunk
+ * computes; ST = 1 when two stages do not fit in shared memory (dk = 256 with GDN). */
+template <int DKP, int GDN, int ST>
 __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int LDK = DKP + 8;
     constexpr int MT = DKP / 16, MTW = (MT + 3) / 4;
-    __nv_bfloat16 *Qt = (__nv_bfloat16 *)smem;   /* [64][LDK] */
-    __nv_bfloat16 *Wt = Qt + CH * LDK;           /* [64][LDK] (GDN) */
-    __nv_bfloat16 *KtT = Wt + (GDN ? CH * LDK : 0); /* [DKP][72] */
-    __nv_bfloat16 *Aq = KtT + DKP * 72;          /* [64][72] */
-    __nv_bfloat16 *SbT = Aq + CH * 72;           /* [32][LDK] */
-    __nv_bfloat16 *UT = SbT + 32 * LDK;          /* [32][72] */
-    float *decs = (float *)(UT + 32 * 72);       /* [DKP] */
+    constexpr int STAGE = CH * (DKP + 8) * (GDN ? 2 : 1) + DKP * 72 + CH * 72 + DKP * 2; /* bf16 elements */
+    __nv_bfloat16 *SbT = (__nv_bfloat16 *)smem + ST * STAGE; /* [32][LDK] */
+    __nv_bfloat16 *UT = SbT + 32 * LDK;                       /* [32][72] */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
     float *S = a.S[z] + (size_t)h * dk * dv;
@@ -493,40 +749,74 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
             }
     }
     const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
-    for (int cc = 0; cc < nc; cc++) {
-        const int c = c0 + cc;
+    auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
+                     float *&decs) {
+        Qt = (__nv_bfloat16 *)smem + buf * STAGE;
+        Wt = Qt + CH * LDK;
+        KtT = Wt + (GDN ? CH * LDK : 0);
+        Aq = KtT + DKP * 72;
+        decs = (float *)(Aq + CH * 72);
+    };
+    auto stage = [&](int buf, int c) {
+        __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
+        float *decs;
+        tiles(buf, Qt, Wt, KtT, Aq, decs);
         const size_t ch = (size_t)c * H + h;
-        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-        /* stage this chunk's tiles (16-byte copies) */
-        {
-            const uint4 *src = (const uint4 *)(a.qt + ch * CH * DKP);
+        const __nv_bfloat16 *src = a.qt + ch * CH * DKP;
+        for (int x = tid; x < CH * DKP / 8; x += 128) {
+            int r = x / (DKP / 8), q = x % (DKP / 8);
+            cp_async16(Qt + r * LDK + q * 8, src + (size_t)x * 8, 16);
+        }
+        if (GDN) {
+            src = a.wt + ch * CH * DKP;
             for (int x = tid; x < CH * DKP / 8; x += 128) {
                 int r = x / (DKP / 8), q = x % (DKP / 8);
-                *(uint4 *)(Qt + r * LDK + q * 8) = src[x];
-            }
-            if (GDN) {
-                src = (const uint4 *)(a.wt + ch * CH * DKP);
-                for (int x = tid; x < CH * DKP / 8; x += 128) {
-                    int r = x / (DKP / 8), q = x % (DKP / 8);
-                    *(uint4 *)(Wt + r * LDK + q * 8) = src[x];
-                }
-            }
-            src = (const uint4 *)(a.ktT + ch * DKP * CH);
-            for (int x = tid; x < DKP * CH / 8; x += 128) {
-                int r = x / 8, q = x % 8;
-                *(uint4 *)(KtT + r * 72 + q * 8) = src[x];
-            }
-            src = (const uint4 *)(a.aqk + ch * CH * CH);
-            for (int x = tid; x < CH * CH / 8; x += 128) {
-                int r = x / 8, q = x % 8;
-                *(uint4 *)(Aq + r * 72 + q * 8) = src[x];
-            }
-            if (GDN) {
-                if (tid == 0) decs[0] = a.dec[ch * DKP];
-            } else {
-                for (int i = tid; i < DKP; i += 128) decs[i] = a.dec[ch * DKP + i];
+                cp_async16(Wt + r * LDK + q * 8, src + (size_t)x * 8, 16);
             }
         }
+        src = a.ktT + ch * DKP * CH;
+        for (int x = tid; x < DKP * CH / 8; x += 128) cp_async16(KtT + (x / 8) * 72 + (x % 8) * 8, src + (size_t)x * 8, 16);
+        src = a.aqk + ch * CH * CH;
+        for (int x = tid; x < CH * CH / 8; x += 128) cp_async16(Aq + (x / 8) * 72 + (x % 8) * 8, src + (size_t)x * 8, 16);
+        const float *dsrc = a.dec + ch * DKP;
+        for (int x = tid; x < DKP / 4; x += 128) cp_async16(decs + x * 4, dsrc + x * 4, 16);
+        cp_async_commit();
+    };
+    if (ST == 2 && nc > 0) stage(0, c0);
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc, buf = ST == 2 ? (cc & 1) : 0;
+        const size_t ch = (size_t)c * H + h;
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if (ST == 2) {
+            if (cc + 1 < nc) {
+                stage((cc + 1) & 1, c + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+        } else {
+            stage(0, c);
+            cp_async_wait<0>();
+        }
+        __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
+        float *decs;
+        tiles(buf, Qt, Wt, KtT, Aq, decs);
+        /* this warp's U source (U0 of GDN, or V of GLA): loads issued before the products */
+        float usrc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                float u = 0.0f;
+                if (j < dv) {
+                    if (GDN)
+                        u = a.u0[(ch * CH + t) * dv + j];
+                    else if (t < len)
+                        u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
+                }
+                usrc[n][e] = u;
+            }
         /* S (bf16, transposed) as the operand of this chunk */
 #pragma unroll
         for (int mi = 0; mi < MTW; mi++) {
@@ -565,15 +855,8 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1), j = j0 + jj;
-                    float u = 0.0f;
-                    if (j < dv) {
-                        if (GDN)
-                            u = a.u0[(ch * CH + t) * dv + j] - uacc[n][e];
-                        else if (t < len)
-                            u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
-                    }
-                    UT[jj * 72 + t] = __float2bfloat16_rn(u);
+                    int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                    UT[jj * 72 + t] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
                 }
         }
         __syncthreads();
@@ -657,12 +940,21 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
 
 static size_t smem_a_gdn(int dkp, int dvp) {
     return (size_t)2 * CH * (dkp + 8) * 2 + (size_t)CH * (dvp + 8) * 2 + (size_t)CH * 72 * 2 + (size_t)2 * CH * 65 * 4 +
-           (size_t)2 * CH * 4;
+           (size_t)2 * CH * 4 + (size_t)16 * 49 * 4;
 }
 static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
-static size_t smem_b(int dkp, int gdn) {
-    return (size_t)CH * (dkp + 8) * 2 * (gdn ? 2 : 1) + (size_t)dkp * 72 * 2 + (size_t)CH * 72 * 2 +
-           (size_t)32 * (dkp + 8) * 2 + (size_t)32 * 72 * 2 + (size_t)dkp * 4;
+static size_t smem_b(int dkp, int gdn, int st) {
+    size_t stage = (size_t)CH * (dkp + 8) * (gdn ? 2 : 1) + (size_t)dkp * 72 + (size_t)CH * 72 + (size_t)dkp * 2;
+    return (stage * st + (size_t)32 * (dkp + 8) + (size_t)32 * 72) * 2;
+}
+
+template <int DKP, int GDN, int ST>
+static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
+    size_t sb = smem_b(DKP, GDN, ST);
+    CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
+    k_chunk_b<DKP, GDN, ST><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
+    CU_LAUNCH_CHECK("chunk B");
+    return HYLA_OK;
 }
 
 template <int DKP>
@@ -671,21 +963,19 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
     if (gdn) {
         size_t sm = smem_a_gdn(DKP, dvp);
         CU_TRY(cudaFuncSetAttribute(k_gdn_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_gdn_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca, dvp);
+        if (c->chunk_phase != 2) k_gdn_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca, dvp);
         CU_LAUNCH_CHECK("gdn chunk A");
-        size_t sb = smem_b(DKP, 1);
-        CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
-        k_chunk_b<DKP, 1><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gdn chunk B");
+        if (c->chunk_phase == 1) return HYLA_OK;
+        if (smem_b(DKP, 1, 2) <= c->smem_optin) return launch_b<DKP, 1, 2>(c, ca, nseq);
+        return launch_b<DKP, 1, 1>(c, ca, nseq);
     } else {
         size_t sm = smem_a_gla(DKP);
         CU_TRY(cudaFuncSetAttribute(k_gla_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_gla_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca);
+        if (c->chunk_phase != 2) k_gla_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca);
         CU_LAUNCH_CHECK("gla chunk A");
-        size_t sb = smem_b(DKP, 0);
-        CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
-        k_chunk_b<DKP, 0><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gla chunk B");
+        if (c->chunk_phase == 1) return HYLA_OK;
+        if (smem_b(DKP, 0, 2) <= c->smem_optin) return launch_b<DKP, 0, 2>(c, ca, nseq);
+        return launch_b<DKP, 0, 1>(c, ca, nseq);
     }
     return HYLA_OK;
 }
@@ -703,7 +993,7 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
     const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
     int use_chunked = c->prefill_mode == 0 && dkp <= 256 && dv <= 1024 && H <= 65535 && b->nseq <= 65535;
     if (use_chunked && b->gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) use_chunked = 0;
-    if (use_chunked && smem_b(dkp, b->gdn) > c->smem_optin) use_chunked = 0;
+    if (use_chunked && smem_b(dkp, b->gdn, 1) > c->smem_optin) use_chunked = 0;
     if (use_chunked && !b->gdn && smem_a_gla(dkp) > c->smem_optin) use_chunked = 0;
     if (!use_chunked) {
         /* token loop, one sequence at a time */
@@ -727,6 +1017,7 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
             r.betaa = b->gdn ? b->gb + st * H : NULL;
             r.o = b->o + st * H * dv;
             r.S0 = (float *const *)d_s;
+            r.states16 = ((uintptr_t)b->h_S[z] & 15) == 0;
             HYLA_TRY(cu_lin_recurrent(c, &r, 1));
         }
         return HYLA_OK;
@@ -789,6 +1080,7 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
     ca.ga = b->ga;
     ca.gb = b->gb;
     ca.o = b->o;
+    ca.vec4 = dk % 4 == 0 && ((uintptr_t)b->q & 15) == 0 && ((uintptr_t)b->k & 15) == 0 && ((uintptr_t)b->v & 15) == 0;
     int32_t *dt = (int32_t *)d_tab;
     ca.ck_tok0 = dt;
     ca.ck_len = dt + NC;
@@ -889,6 +1181,8 @@ static hyla_status decode_common(hyla_cuda_ctx *c, int gdn, const float *q, cons
     r.betaa = gb;
     r.o = o;
     r.S0 = (float *const *)d_s;
+    r.states16 = 1;
+    for (int b = 0; b < B; b++) r.states16 &= ((uintptr_t)S[b] & 15) == 0;
     return cu_lin_recurrent(c, &r, B);
 }
 

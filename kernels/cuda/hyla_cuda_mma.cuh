@@ -56,4 +56,40 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
+/* ldmatrix.x4: four 8x8 b16 matrices; lane l supplies the address of row (l & 7) of matrix
+ * (l >> 3) and receives reg j = matrix j's elements (row l/4, cols 2(l%4), 2(l%4)+1). */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const __nv_bfloat16 *row_ptr) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(row_ptr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* A fragment of the 16x16 tile at base (row-major, ld elements, rows 16-byte aligned). */
+__device__ __forceinline__ void ldsm_frag_a(uint32_t a[4], const __nv_bfloat16 *base, int ld) {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    ldsm_x4(a, base + (r + (m & 1) * 8) * ld + (m >> 1) * 8);
+}
+/* B fragments of two n8 tiles (n0..n0+15) at one k16 step, B stored [n][k] (row stride ld):
+ * b[0] = tile n0, b[1] = tile n0 + 8. */
+__device__ __forceinline__ void ldsm_frag_b2_nk(uint32_t b[2][2], const __nv_bfloat16 *base, int ld) {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    uint32_t x[4];
+    ldsm_x4(x, base + (r + (m >> 1) * 8) * ld + (m & 1) * 8);
+    b[0][0] = x[0];
+    b[0][1] = x[1];
+    b[1][0] = x[2];
+    b[1][1] = x[3];
+}
+
+/* 16-byte asynchronous global -> shared copy; src_bytes < 16 zero-fills the rest. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 #endif

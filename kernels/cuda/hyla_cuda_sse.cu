@@ -8,7 +8,10 @@
  * kernels run all 1 + N sequences in one launch pair; a combine kernel adds, for each token,
  * the always-selected output and its K partition outputs in route order (deterministic).
  * Unselected partitions are neither decayed nor written, so this equals the token loop up to
- * rounding. Decode: the recurrent kernel with slots {S0, Sp[idx[b][0..K-1]]}.
+ * rounding. By default a partition's subsequence is cut into chunks where its tokens cross a
+ * 64-token window of the call (as the CPU backend does), so a call equals its 64-token pieces
+ * bit for bit; hyla_cuda_set_sse_windows(be, 0) cuts it into plain 64-token chunks instead
+ * (about 4x fewer chunks at N=4, K=1 for long calls; equal to the token loop up to rounding). Decode: the recurrent kernel with slots {S0, Sp[idx[b][0..K-1]]}.
  * Threading: launched on the context's stream. */
 #include <math.h>
 #include <stdlib.h>
@@ -157,6 +160,7 @@ extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const f
         r.Sp = (float *const *)d_p + 1;
         r.idx = idx;
         r.w = w;
+        r.states16 = ((uintptr_t)S0 & 15) == 0 && ((uintptr_t)Sp & 15) == 0;
         return cu_lin_recurrent(c, &r, 1);
     }
     /* routes to the host: per-partition token lists */
@@ -303,8 +307,10 @@ extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const f
     }
     hyla_cu_linattn_batch b;
     memset(&b, 0, sizeof b);
-    b.h_nck = nck;
-    b.h_cklen = cklen;
+    if (c->sse_windows) { /* else: each subsequence in plain 64-token chunks (fewer, fuller chunks) */
+        b.h_nck = nck;
+        b.h_cklen = cklen;
+    }
     b.gdn = gdn;
     b.H = H;
     b.dk = dk;
@@ -370,5 +376,7 @@ extern "C" hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const fl
     r.Sp = (float *const *)dp;
     r.idx = idx;
     r.w = w;
+    r.states16 = 1;
+    for (int b = 0; b < B; b++) r.states16 &= ((uintptr_t)S0[b] & 15) == 0 && ((uintptr_t)Sp[b] & 15) == 0;
     return cu_lin_recurrent(c, &r, B);
 }
