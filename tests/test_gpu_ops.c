@@ -953,12 +953,16 @@ int main(void) {
         fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
         return 1;
     }
+    /* gpu_rec: prefill by the token loop, with the one-column recurrent kernel (the default
+     * backend's decode uses the four-column one) */
     setenv("HYLA_CUDA_PREFILL", "recurrent", 1);
+    setenv("HYLA_CUDA_REC", "scalar", 1);
     if (hyla_cuda_backend_create(0, &gpu_rec) != HYLA_OK) {
         fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
         return 1;
     }
     unsetenv("HYLA_CUDA_PREFILL");
+    unsetenv("HYLA_CUDA_REC");
     /* gpu_rec has its own pool and stream; both see the same device, so gpu_rec's kernels may
      * read gpu's buffers once gpu's stream has been synced. */
     test_memory();
