@@ -759,7 +759,6 @@ hyla_status hyla_codec_plan_encode(hyla_codec_plan *pl) {
             im->arenas[a].live = 0;
         }
         im->arenas[a].buf = malloc(need);
-        if (im->arenas[a].buf) hyla_advise_huge(im->arenas[a].buf, need);
         if (!im->arenas[a].buf) {
             free(slot);
             return hyla_fail(HYLA_ERR_NOMEM, "codec: %zu bytes for encoded chunks", need);

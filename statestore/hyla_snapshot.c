@@ -4,22 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-
-void hyla_advise_huge(void *p, size_t n) {
-#ifdef MADV_HUGEPAGE
-    /* Large state buffers are touched once, in full: 2 MiB pages cut the page faults 512-fold
-     * (transparent huge pages in "madvise" mode, the common default). Only whole aligned huge
-     * pages inside the buffer are advised; the call is a hint and may fail harmlessly. */
-    const uintptr_t huge = 2u << 20;
-    if (n < 2 * huge) return;
-    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), b = ((uintptr_t)p + n) & ~(huge - 1);
-    if (b > a) madvise((void *)a, b - a, MADV_HUGEPAGE);
-#else
-    (void)p;
-    (void)n;
-#endif
-}
 
 const char *hyla_part_kind_name(hyla_part_kind k) {
     switch (k) {
@@ -77,7 +61,6 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
     p->page_tokens = page_tokens;
     p->nbytes = n * hyla_dtype_size(dtype);
     p->data = calloc(1, p->nbytes ? p->nbytes : 1);
-    if (p->data) hyla_advise_huge(p->data, p->nbytes);
     if (!p->data)
         return hyla_fail(HYLA_ERR_NOMEM, "snapshot: cannot allocate %llu bytes for layer %u part %s",
                          (unsigned long long)p->nbytes, layer, name);

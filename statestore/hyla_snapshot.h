@@ -82,9 +82,6 @@ hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, cons
 hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out);
 /* Whether two snapshots are identical bit for bit (meta and every part). */
 int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b);
-/* Hint the kernel to back the aligned interior of a large buffer with huge pages (before it is
- * first touched). Used for part data and codec buffers; harmless where unsupported. */
-void hyla_advise_huge(void *p, size_t n);
 /* Total bytes of part data. */
 uint64_t hyla_snapshot_bytes(const hyla_snapshot *s);
 /* Check that `got` fits the layout of `expected_layout` (e.g. the snapshot a freshly created
