@@ -771,16 +771,6 @@ typedef struct {
     char tenant[ID_MAX];
 } job;
 
-static ProtobufCMessage *dup_message(const ProtobufCMessage *m) {
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
-    HYLA_ASSERT(buf);
-    protobuf_c_message_pack(m, buf);
-    ProtobufCMessage *copy = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
-    free(buf);
-    HYLA_ASSERT(copy);
-    return copy;
-}
 
 static void job_done(hyla_coord *c) {
     pthread_mutex_lock(&c->mu);
@@ -853,7 +843,7 @@ static void h_unary(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
     HYLA_ASSERT(j);
     j->b = b;
     j->call = call;
-    j->req = dup_message(msg);
+    j->req = hyla_rpc_message_dup(msg);
     copy_str(j->tenant, sizeof j->tenant, tenant);
     if (spawn(b->c, job_main, j) != 0) {
         protobuf_c_message_free_unpacked(j->req, NULL);
@@ -1534,7 +1524,7 @@ static void h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMe
     relay *r = relay_new(b->c, call);
     copy_str(r->session, sizeof r->session, q->session_id);
     copy_str(r->tenant, sizeof r->tenant, tenant);
-    r->req = dup_message(msg);
+    r->req = hyla_rpc_message_dup(msg);
     r->refs++; /* the job's */
     hyla_rpc_call_set_user(call, r, relay_unref);
     if (spawn(b->c, generate_main, r) != 0) {
@@ -2120,13 +2110,7 @@ static hyla_status store_check_put(void *ud, const char *session, uint64_t place
 static void store_on_commit(void *ud, const char *session, uint64_t placement_epoch, const hyla_snapshot_info *info) {
     hyla_coord *c = ud;
     Hyla__V1__SnapshotInfo si = HYLA__V1__SNAPSHOT_INFO__INIT;
-    si.version = info->version;
-    si.position = info->position;
-    si.state_bytes = info->state_bytes;
-    si.stored_bytes = info->stored_bytes;
-    si.written_bytes = info->written_bytes;
-    si.chunks = info->chunks;
-    si.created_unix_ms = info->created_unix_ms;
+    hyla_store_rpc_info_to_msg(info, &si);
     pthread_mutex_lock(&c->mu);
     note_snapshot_locked(c, session, placement_epoch, &si);
     pthread_mutex_unlock(&c->mu);

@@ -111,6 +111,11 @@ typedef enum {
 hyla_status hyla_rpc_unpack(const ProtobufCMessageDescriptor *desc, const void *data, size_t len,
                             ProtobufCMessage **out);
 
+/* A deep copy of m (packed and unpacked again): for requests a handler hands to another
+ * thread. Caller frees with protobuf_c_message_free_unpacked(copy, NULL). Aborts only when out
+ * of memory. */
+ProtobufCMessage *hyla_rpc_message_dup(const ProtobufCMessage *m);
+
 /* Metadata key of the tenant on public calls (docs/API.md). */
 #define HYLA_RPC_TENANT_KEY "x-hyla-tenant"
 

@@ -250,3 +250,14 @@ int rpc_start_batch(grpc_call *call, const grpc_op *ops, size_t n, rpc_tag *tag,
     }
     return 0;
 }
+
+ProtobufCMessage *hyla_rpc_message_dup(const ProtobufCMessage *m) {
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    HYLA_ASSERT(buf);
+    protobuf_c_message_pack(m, buf);
+    ProtobufCMessage *copy = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
+    free(buf);
+    HYLA_ASSERT(copy);
+    return copy;
+}

@@ -39,6 +39,28 @@ void hyla_store_rpc_info_from_stats(hyla_snapshot_info *info, const hyla_snapsho
     info->created_unix_ms = now_unix_ms();
 }
 
+void hyla_store_rpc_info_to_msg(const hyla_snapshot_info *info, Hyla__V1__SnapshotInfo *si) {
+    si->version = info->version;
+    si->position = info->position;
+    si->state_bytes = info->state_bytes;
+    si->stored_bytes = info->stored_bytes;
+    si->written_bytes = info->written_bytes;
+    si->chunks = info->chunks;
+    si->created_unix_ms = info->created_unix_ms;
+}
+
+void hyla_store_rpc_info_from_msg(hyla_snapshot_info *info, const Hyla__V1__SnapshotInfo *si) {
+    memset(info, 0, sizeof *info);
+    if (!si) return;
+    info->version = si->version;
+    info->position = si->position;
+    info->state_bytes = si->state_bytes;
+    info->stored_bytes = si->stored_bytes;
+    info->written_bytes = si->written_bytes;
+    info->chunks = si->chunks;
+    info->created_unix_ms = si->created_unix_ms;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* header <-> snapshot                                                                         */
 
@@ -200,18 +222,7 @@ hyla_status hyla_store_rpc_put(hyla_rpc_client *c, const char *session, uint64_t
         return fs != HYLA_OK ? fs : (rs != HYLA_OK ? rs : hyla_fail(HYLA_ERR_INTERNAL, "PutSnapshot: no response"));
     }
     Hyla__V1__PutSnapshotResponse *r = (Hyla__V1__PutSnapshotResponse *)resp;
-    if (info) {
-        memset(info, 0, sizeof *info);
-        if (r->snapshot) {
-            info->version = r->snapshot->version;
-            info->position = r->snapshot->position;
-            info->state_bytes = r->snapshot->state_bytes;
-            info->stored_bytes = r->snapshot->stored_bytes;
-            info->written_bytes = r->snapshot->written_bytes;
-            info->chunks = r->snapshot->chunks;
-            info->created_unix_ms = r->snapshot->created_unix_ms;
-        }
-    }
+    if (info) hyla_store_rpc_info_from_msg(info, r->snapshot);
     protobuf_c_message_free_unpacked(resp, NULL);
     s = hyla_rpc_stream_finish(st, NULL);
     hyla_rpc_stream_destroy(st);
@@ -377,13 +388,7 @@ static void *put_thread(void *arg) {
         hyla_store_rpc_info_from_stats(&info, p->snap, &stats);
         if (sc->hooks.on_commit) sc->hooks.on_commit(sc->hooks.ud, p->session, p->epoch, &info);
         Hyla__V1__SnapshotInfo si = HYLA__V1__SNAPSHOT_INFO__INIT;
-        si.version = info.version;
-        si.position = info.position;
-        si.state_bytes = info.state_bytes;
-        si.stored_bytes = info.stored_bytes;
-        si.written_bytes = info.written_bytes;
-        si.chunks = info.chunks;
-        si.created_unix_ms = info.created_unix_ms;
+        hyla_store_rpc_info_to_msg(&info, &si);
         Hyla__V1__PutSnapshotResponse r = HYLA__V1__PUT_SNAPSHOT_RESPONSE__INIT;
         r.snapshot = &si;
         hyla_rpc_call_reply(p->call, &r.base);

@@ -76,9 +76,15 @@ typedef struct {
  * hooks are borrowed and must outlive the server. */
 hyla_status hyla_store_rpc_register(hyla_rpc_server *srv, hyla_store *st, const hyla_store_rpc_hooks *hooks);
 
-/* Conversions between snapshots and the info message (shared with the coordinator). */
+/* Conversions between snapshots, store statistics and the hyla.v1.SnapshotInfo message
+ * (shared by the store service, the workers and the coordinator). */
 void hyla_store_rpc_info_from_stats(hyla_snapshot_info *info, const hyla_snapshot *snap,
                                     const hyla_store_put_stats *stats);
+struct Hyla__V1__SnapshotInfo;
+/* Fill msg (already initialised) from info. No allocation. */
+void hyla_store_rpc_info_to_msg(const hyla_snapshot_info *info, struct Hyla__V1__SnapshotInfo *msg);
+/* info from msg (NULL msg: all zero). */
+void hyla_store_rpc_info_from_msg(hyla_snapshot_info *info, const struct Hyla__V1__SnapshotInfo *msg);
 
 #ifdef __cplusplus
 }

@@ -207,16 +207,6 @@ hyla_worker_params hyla_worker_default_params(void) {
 
 static double now_s(void) { return hyla_now(); }
 
-static ProtobufCMessage *copy_msg(const ProtobufCMessage *m) {
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
-    HYLA_ASSERT(buf);
-    protobuf_c_message_pack(m, buf);
-    ProtobufCMessage *c = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
-    free(buf);
-    HYLA_ASSERT(c);
-    return c;
-}
 
 static void post(hyla_worker *w, cmd *c) {
     pthread_mutex_lock(&w->mu);
@@ -233,7 +223,7 @@ static cmd *new_cmd(cmd_type t, hyla_rpc_call *call, const ProtobufCMessage *msg
     HYLA_ASSERT(c);
     c->type = t;
     c->call = call;
-    if (msg) c->msg = copy_msg(msg);
+    if (msg) c->msg = hyla_rpc_message_dup(msg);
     return c;
 }
 
@@ -875,13 +865,7 @@ static void do_put_done(hyla_worker *w, cmd *c) {
         c->snap = NULL;
     }
     Hyla__V1__SnapshotInfo si = HYLA__V1__SNAPSHOT_INFO__INIT;
-    si.version = c->info.version;
-    si.position = c->info.position;
-    si.state_bytes = c->info.state_bytes;
-    si.stored_bytes = c->info.stored_bytes;
-    si.written_bytes = c->info.written_bytes;
-    si.chunks = c->info.chunks;
-    si.created_unix_ms = c->info.created_unix_ms;
+    hyla_store_rpc_info_to_msg(&c->info, &si);
     if (c->unload_after && ws) drop_session(w, ws, "unloaded after its snapshot");
     if (c->call) {
         if (c->reply_kind == 2) {
@@ -1592,13 +1576,7 @@ static void report_snapshot(hyla_worker *w, const io_item *it, const hyla_snapsh
     if (!w->coord) return;
     Hyla__V1__ReportSnapshotRequest r = HYLA__V1__REPORT_SNAPSHOT_REQUEST__INIT;
     Hyla__V1__SnapshotInfo si = HYLA__V1__SNAPSHOT_INFO__INIT;
-    si.version = info->version;
-    si.position = info->position;
-    si.state_bytes = info->state_bytes;
-    si.stored_bytes = info->stored_bytes;
-    si.written_bytes = info->written_bytes;
-    si.chunks = info->chunks;
-    si.created_unix_ms = info->created_unix_ms;
+    hyla_store_rpc_info_to_msg(info, &si);
     r.worker_id = w->worker_id;
     r.epoch = w->epoch;
     r.session_id = (char *)it->session;
