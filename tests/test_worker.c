@@ -335,6 +335,46 @@ int main(void) {
         fclose(o2);
     }
 
+    /* a state budget smaller than two sessions: the idle one is evicted (to host memory, with a
+     * durable snapshot) and restored transparently when addressed, continuing bit for bit */
+    {
+        FILE *o3 = NULL;
+        int p3 = 0;
+        const char *a3[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", "0.15", NULL};
+        pid_t pid3 = spawn_worker(bin, a3, &p3, &o3);
+        CHECK(p3 > 0);
+        hyla_rpc_client *keep = wc;
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", p3);
+        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        int32_t e1[16], e2[8];
+        CHECK_OK(load("s-x", 1, 0, 0.8f, 7));
+        CHECK_OK(append("s-x", prompt, 300));
+        CHECK_OK(generate("s-x", 8, e1, &got));
+        CHECK_OK(load("s-y", 1, 0, 0.0f, 1));
+        CHECK_OK(append("s-y", prompt, 120));
+        CHECK_OK(generate("s-y", 8, e2, &got));
+        Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+        dq.session_id = "s-x";
+        ProtobufCMessage *resp = NULL;
+        hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+        CHECK_OK(hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor,
+                                       &resp, &o, NULL));
+        if (resp) {
+            const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
+            CHECK_MSG(wr->session && wr->session->tier == HYLA__V1__TIER__TIER_HOST, "idle session not evicted (tier %d)",
+                      wr->session ? (int)wr->session->tier : -1);
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        CHECK_OK(generate("s-x", 8, e1 + 8, &got));
+        CHECK_MSG(!memcmp(e1, ref, sizeof e1), "evicted and restored session continues differently");
+        hyla_rpc_client_destroy(wc);
+        wc = keep;
+        kill(pid3, SIGTERM);
+        waitpid(pid3, NULL, 0);
+        fclose(o3);
+    }
+
     hyla_rpc_client_destroy(wc);
     kill(pid, SIGTERM);
     int wst = 0;

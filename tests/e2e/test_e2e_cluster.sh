@@ -8,7 +8,8 @@
 #       worker from its last durable snapshot, which is at least the last Pause (nothing
 #       committed is lost), and the continuation equals the uninterrupted run from there;
 #   (e) a two-stage pipeline (layers split across two workers) gives the same tokens as one
-#       worker, and its Pause restores on a whole-model worker with the same continuation.
+#       worker, and its Pause restores on a whole-model worker with the same continuation;
+#   drain: a drained worker hands its sessions over and exits; they continue identically.
 # (d), (f), (g) are in test_e2e_cli.sh and test_e2e_python.sh.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
@@ -109,5 +110,16 @@ survivor=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | hea
 H migrate "$P" --to "$survivor" >/dev/null || e2e_fail "(e) migrate to the whole-model worker $survivor"
 p2=$(H generate "$P" -n 16 --ids --ignore-eos)
 e2e_expect_eq "$p2" "$(want 48 16)" "(e) pipeline snapshot continued on a whole-model worker"
+
+# drain: the worker snapshots and hands over its sessions, then exits; they continue elsewhere
+D=$(new_session) || e2e_fail "(drain) session"
+d1=$(H generate "$D" -n 20 --ids --ignore-eos)
+dw=$(owner "$D" | cut -d, -f1)
+dpid=$(e2e_pid "$dw")
+H drain "$dw" --wait >/dev/null || e2e_fail "(drain) drain $dw"
+e2e_wait_for 30 sh -c "! kill -0 $dpid 2>/dev/null" || e2e_fail "(drain) the drained worker $dw did not exit"
+d2=$(H generate "$D" -n 20 --ids --ignore-eos)
+owner "$D" | tr , "\n" | grep -qxF "$dw" && e2e_fail "(drain) the session is still on $dw"
+e2e_expect_eq "$d1 $d2" "$(want 0 40)" "(drain) the session continues on another group"
 
 e2e_done

@@ -173,7 +173,6 @@ struct hyla_worker {
     hyla_rpc_client *next_client;
     hyla_rpc_stream *next_stream;
     uint64_t stage_step;
-    uint64_t resident_bytes;
     uint64_t host_bytes;
     double tok_window_t0;
     uint64_t tok_window;
@@ -372,7 +371,6 @@ static void drop_session(hyla_worker *w, wsess *ws, const char *why) {
         free_gen(ws->gen);
     }
     if (ws->s) {
-        w->resident_bytes -= hyla_session_state_bytes(ws->s);
         hyla_session_free(ws->s);
     }
     if (ws->host) w->host_bytes -= hyla_snapshot_bytes(ws->host);
@@ -389,7 +387,6 @@ static hyla_status make_resident(hyla_worker *w, wsess *ws) {
     if (ws->s) return HYLA_OK;
     if (!ws->host) return hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s is not resident on this worker", ws->id);
     HYLA_TRY(hyla_session_import(w->m, ws->host, &ws->s));
-    w->resident_bytes += hyla_session_state_bytes(ws->s);
     w->host_bytes -= hyla_snapshot_bytes(ws->host);
     hyla_snapshot_destroy(ws->host);
     ws->host = NULL;
@@ -527,7 +524,6 @@ static void do_load(hyla_worker *w, cmd *c) {
         }
         hyla_session_set_sampling(ws->s, sampling_from(r->sampling), r->seed);
         hyla_session_set_tag(ws->s, ws);
-        w->resident_bytes += hyla_session_state_bytes(ws->s);
         ws->last_used = now_s();
         ws->next = w->sessions;
         w->sessions = ws;
@@ -576,7 +572,6 @@ static void do_got_snapshot(hyla_worker *w, cmd *c) {
     ws->snap_version = c->version;
     ws->snap_pos = c->snap->position;
     ws->layout = layout_of(c->snap);
-    w->resident_bytes += hyla_session_state_bytes(ws->s);
     ws->last_used = now_s();
     ws->next = w->sessions;
     w->sessions = ws;
@@ -661,7 +656,6 @@ static void do_fork(hyla_worker *w, cmd *c) {
     if (r->sampling) cur = sampling_from(r->sampling);
     if (r->reseed) hyla_session_set_sampling(ws->s, cur, r->seed);
     else hyla_session_set_sampling_params(ws->s, cur);
-    w->resident_bytes += hyla_session_state_bytes(ws->s);
     ws->last_used = now_s();
     ws->next = w->sessions;
     w->sessions = ws;
@@ -1222,6 +1216,15 @@ static void do_export(hyla_worker *w, cmd *c) {
 /* ------------------------------------------------------------------------------------------ */
 /* the scheduler                                                                               */
 
+/* Bytes of state the resident sessions hold now (KV grows with the context, so it is summed
+ * afresh rather than tracked). */
+static uint64_t resident_bytes(const hyla_worker *w) {
+    uint64_t n = 0;
+    for (const wsess *s = w->sessions; s; s = s->next)
+        if (s->s) n += hyla_session_state_bytes(s->s);
+    return n;
+}
+
 static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     size_t n = 0;
     for (wsess *s = w->sessions; s; s = s->next) n++;
@@ -1253,7 +1256,7 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     w->load.sessions_gpu = gpu;
     w->load.sessions_host = host;
     w->load.active_calls = calls;
-    w->load.state_bytes = w->resident_bytes;
+    w->load.state_bytes = resident_bytes(w);
     w->load.state_budget_bytes = w->p.state_budget_bytes;
     w->load.tokens_per_second = rate;
     w->load.queued_tokens = queued_tokens;
@@ -1262,7 +1265,7 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
 
 static void evict_if_needed(hyla_worker *w) {
     if (!w->p.state_budget_bytes) return;
-    while (w->resident_bytes > w->p.state_budget_bytes) {
+    while (resident_bytes(w) > w->p.state_budget_bytes) {
         wsess *victim = NULL;
         for (wsess *s = w->sessions; s; s = s->next)
             if (s->s && !s->app && !s->gen && (!victim || s->last_used < victim->last_used)) victim = s;
@@ -1275,7 +1278,6 @@ static void evict_if_needed(hyla_worker *w) {
         /* durable first, unless the store already has this position */
         if ((uint64_t)hyla_session_position(victim->s) != victim->snap_pos || !victim->snap_version)
             start_put(w, victim, NULL, 0, 0);
-        w->resident_bytes -= hyla_session_state_bytes(victim->s);
         hyla_session_free(victim->s);
         victim->s = NULL;
         if (w->host_bytes + hyla_snapshot_bytes(snap) <= w->p.host_budget_bytes) {
