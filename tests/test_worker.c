@@ -375,6 +375,51 @@ int main(void) {
         fclose(o3);
     }
 
+    /* a host budget too: an evicted session whose durable snapshot covers it leaves the worker
+     * (NOT_FOUND there); loading its head version elsewhere continues bit for bit */
+    {
+        FILE *o4 = NULL;
+        int p4 = 0;
+        const char *a4[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", "0.15",
+                            "--host-budget", "0.01", NULL};
+        pid_t pid4 = spawn_worker(bin, a4, &p4, &o4);
+        CHECK(p4 > 0);
+        hyla_rpc_client *keep = wc;
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", p4);
+        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        int32_t e1[16], e2[8];
+        CHECK_OK(load("s-u", 1, 0, 0.8f, 7));
+        CHECK_OK(append("s-u", prompt, 300));
+        CHECK_OK(generate("s-u", 8, e1, &got));
+        CHECK_OK(load("s-v", 1, 0, 0.0f, 1));
+        CHECK_OK(append("s-v", prompt, 120));
+        CHECK_OK(generate("s-v", 8, e2, &got));
+        hyla_status ds = HYLA_OK;
+        for (int i = 0; i < 100; i++) { /* the durable put completes asynchronously */
+            Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+            dq.session_id = "s-u";
+            ProtobufCMessage *resp = NULL;
+            hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+            ds = hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor,
+                                       &resp, &o, NULL);
+            if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+            if (ds == HYLA_ERR_NOT_FOUND) break;
+            usleep(50000);
+        }
+        CHECK_MSG(ds == HYLA_ERR_NOT_FOUND, "session over the host budget still on the worker");
+        hyla_store_session_info si;
+        CHECK_OK(hyla_store_info(store, "s-u", &si));
+        CHECK_OK(load("s-u", 2, si.head_version, 0, 0));
+        CHECK_OK(generate("s-u", 8, e1 + 8, &got));
+        CHECK_MSG(!memcmp(e1, ref, sizeof e1), "session unloaded to the store continues differently");
+        hyla_rpc_client_destroy(wc);
+        wc = keep;
+        kill(pid4, SIGTERM);
+        waitpid(pid4, NULL, 0);
+        fclose(o4);
+    }
+
     hyla_rpc_client_destroy(wc);
     kill(pid, SIGTERM);
     int wst = 0;

@@ -397,6 +397,8 @@ static hyla_status make_resident(hyla_worker *w, wsess *ws) {
 /* Export a resident session and queue a durable put. */
 static int holds_all_layers(const hyla_worker *w);
 static hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap);
+static hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, hyla_rpc_call *call, int reply_kind,
+                             int unload_after);
 static hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after) {
     int lb, le;
     hyla_model_layer_range(w->m, &lb, &le);
@@ -406,6 +408,13 @@ static hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int
     if (ws->s) HYLA_TRY(hyla_session_export(ws->s, &snap));
     else if (ws->host) HYLA_TRY(hyla_snapshot_clone(ws->host, &snap));
     else return hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s has no state here", ws->id);
+    return queue_put(w, ws, snap, call, reply_kind, unload_after);
+}
+
+/* Queue a durable put of snap (owned; for a pipeline, the later stages' parts are gathered
+ * first). The I/O thread replies to call, if any, when it is committed. */
+static hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, hyla_rpc_call *call, int reply_kind,
+                             int unload_after) {
     if (!holds_all_layers(w)) {
         hyla_status st = gather_downstream(w, ws, snap);
         if (st != HYLA_OK) {
@@ -1263,31 +1272,41 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     pthread_mutex_unlock(&w->sum_mu);
 }
 
+/* Over the state budget, idle sessions leave the device pool for host memory (after a durable
+ * put when the store does not already cover their position). Over the host budget, host-tier
+ * sessions whose durable snapshot covers them leave this worker altogether: the coordinator
+ * re-places them from the store when they are next addressed. Least recently used first. */
 static void evict_if_needed(hyla_worker *w) {
-    if (!w->p.state_budget_bytes) return;
-    while (resident_bytes(w) > w->p.state_budget_bytes) {
+    while (w->p.state_budget_bytes && resident_bytes(w) > w->p.state_budget_bytes) {
         wsess *victim = NULL;
         for (wsess *s = w->sessions; s; s = s->next)
             if (s->s && !s->app && !s->gen && (!victim || s->last_used < victim->last_used)) victim = s;
-        if (!victim) return;
-        hyla_snapshot *snap = NULL;
+        if (!victim) break;
+        hyla_snapshot *snap = NULL, *copy = NULL;
         if (hyla_session_export(victim->s, &snap) != HYLA_OK) {
             HYLA_WARN("evicting %s: %s", victim->id, hyla_last_error());
-            return;
+            break;
         }
-        /* durable first, unless the store already has this position */
-        if ((uint64_t)hyla_session_position(victim->s) != victim->snap_pos || !victim->snap_version)
-            start_put(w, victim, NULL, 0, 0);
+        if ((snap->position != victim->snap_pos || !victim->snap_version) &&
+            (hyla_snapshot_clone(snap, &copy) != HYLA_OK || queue_put(w, victim, copy, NULL, 0, 0) != HYLA_OK))
+            HYLA_WARN("evicting %s: durable snapshot not queued: %s", victim->id, hyla_last_error());
         hyla_session_free(victim->s);
         victim->s = NULL;
-        if (w->host_bytes + hyla_snapshot_bytes(snap) <= w->p.host_budget_bytes) {
-            victim->host = snap;
-            w->host_bytes += hyla_snapshot_bytes(snap);
-        } else {
-            hyla_snapshot_destroy(snap); /* only in the store now */
-        }
-        HYLA_INFO("session %s evicted to %s (state budget %llu bytes)", victim->id, victim->host ? "host memory" : "the store",
+        victim->host = snap;
+        w->host_bytes += hyla_snapshot_bytes(snap);
+        HYLA_INFO("session %s evicted to host memory (state budget %llu bytes)", victim->id,
                   (unsigned long long)w->p.state_budget_bytes);
+    }
+    while (w->p.host_budget_bytes && w->host_bytes > w->p.host_budget_bytes) {
+        wsess *victim = NULL;
+        for (wsess *s = w->sessions; s; s = s->next)
+            if (s->host && !s->put_inflight && s->snap_version && s->snap_pos == s->host->position && !s->app &&
+                !s->gen && (!victim || s->last_used < victim->last_used))
+                victim = s;
+        if (!victim) break;
+        HYLA_INFO("session %s unloaded: host budget %llu bytes; version %llu in the store covers it", victim->id,
+                  (unsigned long long)w->p.host_budget_bytes, (unsigned long long)victim->snap_version);
+        drop_session(w, victim, "unloaded to the store");
     }
 }
 

@@ -30,7 +30,7 @@ typedef struct {
     const char *store;         /* StateStore address; NULL: the one the coordinator names */
     const char *worker_id;     /* stable id; NULL: the coordinator assigns one */
     uint64_t state_budget_bytes;   /* resident state beyond this evicts idle sessions (0 = unlimited) */
-    uint64_t host_budget_bytes;    /* host-tier copies beyond this are dropped (durable in the store) */
+    uint64_t host_budget_bytes;    /* host-tier sessions beyond this leave the worker (durable in the store; default 4 GiB) */
     uint32_t snapshot_every;   /* auto-snapshot every this many tokens (0 = never); default 1024 */
     int max_batch;             /* sessions per decode step (default 64) */
     int prefill_budget;        /* prefill tokens per scheduler step (default 256) */

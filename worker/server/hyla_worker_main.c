@@ -32,6 +32,8 @@ static void usage(FILE *f) {
             "  --id NAME              stable worker id (default: assigned by the coordinator)\n"
             "  --store ADDR           statestore address (default: the one the coordinator names)\n"
             "  --state-budget MB      resident session state beyond this evicts idle sessions (default: no limit)\n"
+            "  --host-budget MB       evicted sessions kept in host memory up to this; beyond it, sessions\n"
+            "                         durable in the store leave the worker (default 4096)\n"
             "  --snapshot-every K     durable snapshot every K tokens per session (default 1024; 0 = only on Pause)\n"
             "  --max-batch B          sessions per decode step (default 64)\n"
             "  --prefill-budget T     prefill tokens per scheduler step (default 256)\n"
@@ -47,7 +49,7 @@ int main(int argc, char **argv) {
     static struct option lo[] = {{"coordinator", 1, 0, 'c'}, {"listen", 1, 0, 'l'},     {"advertise", 1, 0, 'a'},
                                  {"model", 1, 0, 'm'},       {"model-name", 1, 0, 'n'}, {"device", 1, 0, 'd'},
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
-                                 {"state-budget", 1, 0, 'b'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
+                                 {"state-budget", 1, 0, 'b'}, {"host-budget", 1, 0, 'H'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
                                  {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     int c;
@@ -68,6 +70,7 @@ int main(int argc, char **argv) {
         case 'i': p.worker_id = optarg; break;
         case 's': p.store = optarg; break;
         case 'b': p.state_budget_bytes = (uint64_t)(strtod(optarg, NULL) * 1024 * 1024); break;
+        case 'H': p.host_budget_bytes = (uint64_t)(strtod(optarg, NULL) * 1024 * 1024); break;
         case 'k': p.snapshot_every = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'B': p.max_batch = atoi(optarg); break;
         case 'P': p.prefill_budget = atoi(optarg); break;
