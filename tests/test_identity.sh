@@ -28,6 +28,12 @@ for arch in sse-h gla-h; do
       b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --store "$T/db" --load-state "s-$arch-$temp" --max-tokens 32)
       [ "$full" = "$a $b" ] || { echo "FAIL $arch T=$temp: RocksDB resume differs"; fail=1; }
     fi
+    if "$BIN/hyla-run" --help | grep -q -- "--session"; then
+      # --store DIR --session ID: the first run starts the session, the second resumes it
+      a=$(run --prompt "$PROMPT" --max-tokens 32 --store "$T/db2" --session "c-$arch-$temp")
+      b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --store "$T/db2" --session "c-$arch-$temp" --max-tokens 32)
+      [ "$full" = "$a $b" ] || { echo "FAIL $arch T=$temp: --store --session resume differs"; fail=1; }
+    fi
     echo "ok $arch temperature=$temp"
   done
 done

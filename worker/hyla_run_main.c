@@ -39,6 +39,8 @@ static void usage(FILE *f) {
 #ifdef HAVE_STORE
             "  --store DIR          with --save-state/--load-state ID: use the RocksDB statestore at DIR,\n"
             "                       where ID is a session id (a file path otherwise)\n"
+            "  --session ID         with --store: resume session ID from the store if it is there (else\n"
+            "                       start it), and save it there after generation\n"
 #endif
             "  --dump-logits FILE   write the logits of every consumed prompt position (and of the first\n"
             "                       generation step, which consumes the last prompt token) as\n"
@@ -109,7 +111,7 @@ static char *read_all(const char *path, size_t *len) {
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *prompt = NULL, *prompt_file = NULL, *prompt_ids = NULL, *save = NULL, *load = NULL,
-               *dump = NULL, *device = "cpu", *store_dir = NULL;
+               *dump = NULL, *device = "cpu", *store_dir = NULL, *session_id = NULL;
     long max_tokens = -1;
     uint64_t seed = 0;
     int seed_set = 0, samp_set = 0, want_ids = 0, ignore_eos = 0, quiet = 0;
@@ -119,7 +121,7 @@ int main(int argc, char **argv) {
                                  {"temperature", 1, 0, 't'}, {"top-k", 1, 0, 'k'},      {"top-p", 1, 0, 'P'},
                                  {"ids", 0, 0, 'I'},         {"save-state", 1, 0, 'S'}, {"load-state", 1, 0, 'L'},
                                  {"dump-logits", 1, 0, 'D'}, {"device", 1, 0, 'd'},     {"ignore-eos", 0, 0, 'E'},
-                                 {"quiet", 0, 0, 'q'},       {"store", 1, 0, 'B'},      {"help", 0, 0, 'h'},
+                                 {"quiet", 0, 0, 'q'},       {"store", 1, 0, 'B'}, {"session", 1, 0, 'X'},      {"help", 0, 0, 'h'},
                                  {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
@@ -148,6 +150,7 @@ int main(int argc, char **argv) {
         case 'E': ignore_eos = 1; break;
         case 'q': quiet = 1; break;
         case 'B': store_dir = optarg; break;
+        case 'X': session_id = optarg; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "hyla-run: see --help for the options\n"); return 2;
         }
@@ -164,7 +167,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hyla-run: give at most one of --prompt, --prompt-file, --prompt-ids\n");
         return 2;
     }
-    if (!prompt && !prompt_file && !prompt_ids && !load) {
+    if (session_id && !store_dir) {
+        fprintf(stderr, "hyla-run: --session needs --store DIR\n");
+        return 2;
+    }
+    if (session_id && (load || save)) {
+        fprintf(stderr, "hyla-run: --session replaces --load-state/--save-state; give one or the other\n");
+        return 2;
+    }
+    if (!prompt && !prompt_file && !prompt_ids && !load && !session_id) {
         fprintf(stderr, "hyla-run: a prompt (--prompt, --prompt-file or --prompt-ids) or --load-state is required\n");
         return 2;
     }
@@ -206,6 +217,17 @@ int main(int argc, char **argv) {
     if (store_dir) {
         hyla_store_params stp = hyla_store_default_params();
         if (hyla_store_open(store_dir, &stp, &store) != HYLA_OK) FAIL("store %s: %s", store_dir, hyla_last_error());
+    }
+#endif
+#ifdef HAVE_STORE
+    if (session_id) {
+        hyla_store_session_info info;
+        hyla_status st = hyla_store_info(store, session_id, &info);
+        if (st == HYLA_OK) load = session_id;
+        else if (st != HYLA_ERR_NOT_FOUND) FAIL("store %s: session '%s': %s", store_dir, session_id, hyla_last_error());
+        else if (!prompt && !prompt_file && !prompt_ids)
+            FAIL("session '%s' is not in %s; give a prompt to start it", session_id, store_dir);
+        save = session_id;
     }
 #endif
     if (load) {
