@@ -8,8 +8,10 @@ if(HYLA_HAVE_CUDA)
 endif()
 if(HYLA_HAVE_CUDA)
   # Whole tiny models (gla-h, gdn, sse-h, sse-gdn, gdn-h) on cuda:0 vs the CPU, GPU
-  # pause/resume and batch invariance bit for bit, GPU<->CPU snapshot resume.
+  # pause/resume and batch invariance bit for bit, GPU<->CPU snapshot resume, CUDA graphs
+  # on == off bit for bit.
   hyla_add_test(test_gpu_e2e SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_e2e.c
     LABELS gpu LIBS hyla_engine m TIMEOUT 600)
+  target_include_directories(test_gpu_e2e PRIVATE ${CMAKE_SOURCE_DIR}/kernels/cuda)
   add_dependencies(test_gpu_e2e hyla-mkmodel)
 endif()

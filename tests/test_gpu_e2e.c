@@ -9,7 +9,9 @@
  *      == "decode 10, export, import, decode 10"; chunk-aligned pieces == one piece;
  *   3. batch invariance on the GPU, bit for bit: 3 sessions decoded together == each alone;
  *   4. GPU -> CPU and CPU -> GPU resume: a snapshot taken on one backend imports on the other
- *      and the continuation's logits stay within tolerance of the uninterrupted run.
+ *      and the continuation's logits stay within tolerance of the uninterrupted run;
+ *   5. CUDA graphs (on by default, so 1-4 run with them): decoding with graphs on == with
+ *      graphs off, bit for bit (same kernels, same arguments), and graphs were replayed.
  * Tolerance: logits are O(1..10); the GPU computes projections with bf16 operands (relative
  * error ~2^-9 per product) and chunked mixers with bf16 operands, so logits differ from the
  * fp32 CPU by ~1e-2 relative: rel L2 <= 5e-2 per step. Skips (77) without a usable GPU. */
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_cuda_extra.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
 
@@ -232,6 +235,31 @@ static void test_arch(const char *arch, const char *extra) {
         free(lb);
         free(ls);
     }
+    /* 5. graphs on == graphs off (bits), prefill and decode */
+    {
+        hyla_cuda_graph_stats g0, g1;
+        CHECK_OK(hyla_cuda_get_graph_stats(gpu, &g0));
+        hyla_session *on = sess(mg), *off = sess(mg);
+        int32_t ton[16], toff[16];
+        float *lon = malloc((size_t)16 * V * 4), *loff = malloc((size_t)16 * V * 4);
+        CHECK_OK(hyla_session_feed(on, p, T, NULL, NULL, NULL, NULL));
+        gen(on, 16, ton, lon, V);
+        CHECK_OK(hyla_cuda_get_graph_stats(gpu, &g1));
+        CHECK_OK(hyla_cuda_set_graphs(gpu, 0));
+        CHECK_OK(hyla_session_feed(off, p, T, NULL, NULL, NULL, NULL));
+        gen(off, 16, toff, loff, V);
+        CHECK_OK(hyla_cuda_set_graphs(gpu, 1));
+        int ok = !memcmp(ton, toff, sizeof ton) && !memcmp(lon, loff, (size_t)16 * V * 4);
+        printf("  graphs on == off (prefill %d + decode 16): %s; %llu graph launches, %llu captures\n", T,
+               ok ? "bits" : "FAIL", (unsigned long long)(g1.replays - g0.replays),
+               (unsigned long long)(g1.captures - g0.captures));
+        CHECK_MSG(ok, "%s: decode with CUDA graphs differs from decode without", arch);
+        CHECK_MSG(g1.replays - g0.replays >= 10, "%s: decode steps were not replayed as graphs", arch);
+        free(lon);
+        free(loff);
+        hyla_session_free(on);
+        hyla_session_free(off);
+    }
     free(lc);
     free(lg);
     free(gc);
@@ -255,6 +283,13 @@ int main(void) {
     test_arch("sse-h", NULL);
     test_arch("sse-gdn", NULL);
     test_arch("gdn-h", "--window 40");
+    hyla_cuda_graph_stats gs;
+    CHECK_OK(hyla_cuda_get_graph_stats(gpu, &gs));
+    printf("graphs: %llu segments (%llu ops), %llu graph launches, %llu captures, %llu capture failures, %llu "
+           "segments op by op, %llu evictions, %u cached\n",
+           (unsigned long long)gs.segments, (unsigned long long)gs.ops, (unsigned long long)gs.replays,
+           (unsigned long long)gs.captures, (unsigned long long)gs.capture_failures,
+           (unsigned long long)gs.eager_segments, (unsigned long long)gs.evictions, gs.cached);
     hyla_backend_destroy(gpu);
     hyla_backend_destroy(cpu);
     return hyla_test_done("test_gpu_e2e");

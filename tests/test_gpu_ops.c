@@ -221,6 +221,13 @@ static void test_memory(void) {
     CHECK_OK(hyla_cuda_restore_begin(gpu, 1, ddst, hsrc, bytes, &cp));
     CHECK_OK(hyla_cuda_copy_wait(cp));
     CHECK_MSG(same_bits(gpu, src, dst, m * 4), "async restore copy");
+    /* ops->upload / ops->download with pinned host memory take the direct path (no bounce) */
+    CHECK_OK(o->zero(gpu->ctx, dst, m * 4));
+    CHECK_OK(o->upload(gpu->ctx, dst, pin, m * 4));
+    CHECK_MSG(same_bits(gpu, src, dst, m * 4), "upload from pinned memory");
+    memset(pin, 0, m * 4);
+    CHECK_OK(o->download(gpu->ctx, pin, dst, m * 4));
+    CHECK_MSG(!memcmp(pin, h, m * 4), "download into pinned memory");
     hyla_cuda_host_free(gpu, pin);
     dfree(gpu, src);
     dfree(gpu, dst);

@@ -31,6 +31,12 @@ hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, i
                                      int nseq, const int32_t *start, const int32_t *len, float *const *S)
     __attribute__((weak));
 hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on) __attribute__((weak));
+hyla_status hyla_cuda_set_graphs(hyla_backend *be, int on) __attribute__((weak));
+typedef struct { /* hyla_cuda_graph_stats of kernels/cuda/hyla_cuda_extra.h */
+    uint64_t segments, ops, replays, captures, capture_failures, eager_segments, evictions;
+    uint32_t cached;
+} bench_graph_stats;
+hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, bench_graph_stats *out) __attribute__((weak));
 
 static hyla_backend *be;
 static const hyla_ops *O;
@@ -528,6 +534,9 @@ int hyla_bench_kernels(int argc, char **argv) {
     hyla_rng_seed(&rng, 1234);
     open_device(device);
     if (!strcmp(O->name, "cpu")) quick = 1;
+    /* Kernel figures time launches one by one (the graph log would turn a timed batch of calls
+     * into one graph): graphs off, as in the figures before graphs existed. */
+    if (hyla_cuda_set_graphs && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_graphs(be, 0));
     if (!only || !strcmp(only, "gemm")) bench_gemm(quick);
     if (!only || !strcmp(only, "prefill")) bench_prefill(quick);
     if (!only || !strcmp(only, "sse")) bench_sse(quick);
@@ -557,6 +566,7 @@ int hyla_bench_e2e(int argc, char **argv) {
     const char *device = "cpu", *model_dir = NULL;
     int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
     double max_state_gib = 60;
+    const char *graphs = "on";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
@@ -572,12 +582,17 @@ int hyla_bench_e2e(int argc, char **argv) {
             steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-state-gib") && i + 1 < argc)
             max_state_gib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--graphs") && i + 1 < argc)
+            graphs = argv[++i];
         else {
             printf("usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill 4096,32768]\n"
                    "                      [--batch 1,16,64,256] [--ctx 16,32768] [--steps 32] [--max-state-gib 60]\n"
+                   "                      [--graphs on|off|both]\n"
                    "  Prefill tokens/s of one session per --prefill length; decode tokens/s of B sessions\n"
                    "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
                    "  from its snapshot). Skips a decode point whose session state exceeds --max-state-gib.\n"
+                   "  --graphs (cuda): CUDA graphs for repeated op sequences on (default), off, or decode\n"
+                   "  measured both ways. Also times the snapshot export and import of one session per --ctx.\n"
                    "  Make a model with hyla-mkmodel (random weights).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
@@ -588,6 +603,12 @@ int hyla_bench_e2e(int argc, char **argv) {
     if (!nc) nc = parse_list("16", ctxs, 8);
     hyla_rng_seed(&rng, 99);
     open_device(device);
+    int is_cuda = !strcmp(O->name, "cuda") && hyla_cuda_set_graphs;
+    int g_modes[2] = {1, 0}, n_modes = 1; /* graph settings to measure decode with */
+    if (!strcmp(graphs, "off")) g_modes[0] = 0;
+    else if (!strcmp(graphs, "both")) n_modes = 2;
+    if (!is_cuda) n_modes = 1;
+    if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[0]));
     hyla_model *m;
     hyla_model_params mp = hyla_model_default_params();
     double t0 = hyla_now();
@@ -609,9 +630,9 @@ int hyla_bench_e2e(int argc, char **argv) {
         double sec = hyla_now() - t0;
         emit_head("e2e_prefill");
         printf(",\"model\":\"%s\",\"type\":\"%s\",\"layers\":%d,\"hidden\":%d,\"tokens\":%d,\"s\":%.3f,"
-               "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f}\n",
+               "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f,\"graphs\":%d}\n",
                model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, sec, n / sec, params / 1e9,
-               hyla_session_state_bytes(s) / 1e6);
+               hyla_session_state_bytes(s) / 1e6, is_cuda ? g_modes[0] : 0);
         fflush(stdout);
         hyla_session_free(s);
         free(tok);
@@ -633,25 +654,58 @@ int hyla_bench_e2e(int argc, char **argv) {
                 continue;
             }
             hyla_snapshot *snap;
+            TRY(O->sync(CX));
+            double te = hyla_now();
             TRY(hyla_session_export(s0, &snap));
+            te = hyla_now() - te;
             hyla_session **ss = calloc(B, sizeof *ss);
             ss[0] = s0;
-            for (int b = 1; b < B; b++) TRY(hyla_session_import(m, snap, &ss[b]));
+            double ti = 0;
+            for (int b = 1; b < B; b++) {
+                double t1 = hyla_now();
+                TRY(hyla_session_import(m, snap, &ss[b]));
+                if (b == 1) {
+                    TRY(O->sync(CX));
+                    ti = hyla_now() - t1;
+                }
+            }
+            if (bi == 0) { /* one session's snapshot round trip through the statestore format */
+                emit_head("e2e_snapshot");
+                printf(",\"model\":\"%s\",\"type\":\"%s\",\"ctx\":%d,\"state_mb\":%.1f,\"export_ms\":%.3f,"
+                       "\"export_gbps\":%.2f",
+                       model_dir, cfg->model_type, ctx, per / 1e6, te * 1e3, per / te / 1e9);
+                if (B > 1) printf(",\"import_ms\":%.3f,\"import_gbps\":%.2f", ti * 1e3, per / ti / 1e9);
+                printf("}\n");
+                fflush(stdout);
+            }
             hyla_snapshot_destroy(snap);
             int32_t *out = malloc(B * 4);
-            TRY(hyla_session_decode(ss, B, out, NULL)); /* warm-up */
-            TRY(O->sync(CX));
-            t0 = hyla_now();
-            for (int st = 0; st < steps; st++) TRY(hyla_session_decode(ss, B, out, NULL));
-            TRY(O->sync(CX));
-            double sec = (hyla_now() - t0) / steps;
-            double state = (double)hyla_session_state_bytes(ss[0]) * B;
-            emit_head("e2e_decode");
-            printf(",\"model\":\"%s\",\"type\":\"%s\",\"B\":%d,\"ctx\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.0f,"
-                   "\"bytes_per_step_gb\":%.3f,\"gbps\":%.1f}\n",
-                   model_dir, cfg->model_type, B, ctx, sec * 1e3, B / sec, (params + state) / 1e9,
-                   (params + state) / sec / 1e9);
-            fflush(stdout);
+            for (int gm = 0; gm < n_modes; gm++) {
+                if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[gm]));
+                bench_graph_stats g0 = {0}, g1 = {0};
+                TRY(hyla_session_decode(ss, B, out, NULL)); /* warm-up (twice: a graph is captured on the */
+                TRY(hyla_session_decode(ss, B, out, NULL)); /* second sight of a step) */
+                TRY(O->sync(CX));
+                if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g0));
+                t0 = hyla_now();
+                for (int st = 0; st < steps; st++) TRY(hyla_session_decode(ss, B, out, NULL));
+                TRY(O->sync(CX));
+                double sec = (hyla_now() - t0) / steps;
+                if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g1));
+                double state = (double)hyla_session_state_bytes(ss[0]) * B;
+                emit_head("e2e_decode");
+                printf(",\"model\":\"%s\",\"type\":\"%s\",\"B\":%d,\"ctx\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.0f,"
+                       "\"bytes_per_step_gb\":%.3f,\"gbps\":%.1f,\"graphs\":%d",
+                       model_dir, cfg->model_type, B, ctx, sec * 1e3, B / sec, (params + state) / 1e9,
+                       (params + state) / sec / 1e9, is_cuda ? g_modes[gm] : 0);
+                if (is_cuda && hyla_cuda_get_graph_stats)
+                    printf(",\"ops_per_step\":%.0f,\"graph_launches_per_step\":%.2f,\"captures\":%llu",
+                           (double)(g1.ops - g0.ops) / steps, (double)(g1.replays - g0.replays) / steps,
+                           (unsigned long long)(g1.captures - g0.captures));
+                printf("}\n");
+                fflush(stdout);
+            }
+            if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[0]));
             for (int b = 0; b < B; b++) hyla_session_free(ss[b]);
             free(ss);
             free(out);

@@ -45,6 +45,7 @@ __global__ void k_kv_write(const float *k, const float *v, int n, int Hk, int D,
 #define AR_T 128
 #define AR_KB 256
 #define AR_MAXD 512
+#define AD_SPLIT 512 /* decode: keys per split (fixed, so batching does not change a session's result) */
 
 struct AttnRows {
     const float *q;    /* [nq][Hq][D] */
@@ -469,29 +470,37 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
     return HYLA_OK;
 }
 
-extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k, const float *v, int B, int Hq,
-                                      int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int window,
-                                      float scale, float *o) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (B <= 0) return HYLA_OK;
+/* Checks of attn_decode's arguments (host): every needed page exists. *nptr: pages over all
+ * sessions; *nsplit: 512-key splits of the longest span. */
+extern "C" hyla_status cu_attn_decode_plan(int B, int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv,
+                                           int window, size_t *nptr, int *nsplit) {
     if (Hk <= 0 || Hq % Hk || D <= 0 || D > AR_MAXD)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "attn_decode: Hq=%d Hk=%d D=%d", Hq, Hk, D);
-    size_t nptr = 0;
+    size_t np = 0;
     int maxspan = 1;
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "attn_decode: session %d: position %d", b, pos[b]);
         int lo = window > 0 ? pos[b] - window + 1 : 0;
         if (lo < 0) lo = 0;
         HYLA_TRY(check_view(&kv[b], lo, pos[b], "attn_decode", b));
-        nptr += (size_t)kv[b].n_pages;
+        if (kv[b].page_tokens != kv[0].page_tokens)
+            return hyla_fail(HYLA_ERR_UNSUPPORTED, "attn_decode: sessions with different page sizes in one batch");
+        np += (size_t)kv[b].n_pages;
         if (pos[b] - lo + 1 > maxspan) maxspan = pos[b] - lo + 1;
     }
-    /* one staged block: k tables, v tables (same offsets), then int32 tab_off, pos, page_tokens */
-    size_t bytes = nptr * 2 * sizeof(void *) + (size_t)B * 3 * sizeof(int32_t);
-    uint8_t *blk = (uint8_t *)malloc(bytes);
-    if (!blk) return hyla_fail(HYLA_ERR_NOMEM, "attn_decode: out of host memory");
-    void **kt = (void **)blk, **vt = kt + nptr;
-    int32_t *toff = (int32_t *)(vt + nptr), *hpos = toff + B, *hpt = hpos + B;
+    *nptr = np;
+    *nsplit = (maxspan + AD_SPLIT - 1) / AD_SPLIT;
+    return HYLA_OK;
+}
+
+/* The staged block of attn_decode: k tables [cap], v tables [cap] (same offsets), then int32
+ * tab_off [B], pos [B], page_tokens [B]. cap >= the pages of all sessions (the rest unused). */
+extern "C" size_t cu_attn_decode_block_bytes(int B, size_t cap) {
+    return cap * 2 * sizeof(void *) + (size_t)B * 3 * sizeof(int32_t);
+}
+extern "C" void cu_attn_decode_block(void *blk, int B, size_t cap, const int32_t *pos, const hyla_kv_view *kv) {
+    void **kt = (void **)blk, **vt = kt + cap;
+    int32_t *toff = (int32_t *)(vt + cap), *hpos = toff + B, *hpt = hpos + B;
     size_t at = 0;
     for (int b = 0; b < B; b++) {
         toff[b] = (int32_t)at;
@@ -501,25 +510,25 @@ extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k,
         memcpy(vt + at, kv[b].v_pages, (size_t)kv[b].n_pages * sizeof(void *));
         at += (size_t)kv[b].n_pages;
     }
-    void *d_blk;
-    hyla_status st = cu_stage(c, blk, bytes, &d_blk);
-    free(blk);
-    HYLA_TRY(st);
-    void *const *kp = (void *const *)d_blk, *const *vp = (void *const *)d_blk + nptr;
-    const int32_t *d_toff = (const int32_t *)((void *const *)d_blk + 2 * nptr);
+    if (at < cap) { /* unused tail: defined bytes (graphs compare nothing here, but keep it clean) */
+        memset(kt + at, 0, (cap - at) * sizeof(void *));
+        memset(vt + at, 0, (cap - at) * sizeof(void *));
+    }
+}
+
+/* attn_decode with its block already on the device (d_blk, laid out as above). */
+extern "C" hyla_status cu_attn_decode_dev(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, int B,
+                                          int Hq, int Hk, int D, const void *d_blk, size_t cap, int page_tokens,
+                                          int nsplit, int window, float scale, float *o) {
+    if (B <= 0) return HYLA_OK;
+    void *const *kp = (void *const *)d_blk, *const *vp = (void *const *)d_blk + cap;
+    const int32_t *d_toff = (const int32_t *)((void *const *)d_blk + 2 * cap);
     const int32_t *d_pos = d_toff + B, *d_pt = d_pos + B;
-    /* new tokens into their pages (page size may differ per session: one launch per distinct size is
-     * avoided by passing the per-session page size through tab_off's companion arrays) */
-    for (int b = 0; b < B; b++)
-        if (kv[b].page_tokens != kv[0].page_tokens)
-            return hyla_fail(HYLA_ERR_UNSUPPORTED, "attn_decode: sessions with different page sizes in one batch");
     k_kv_write<<<grid_of((size_t)B * Hk * D), 256, 0, c->stream>>>(k, v, B, Hk, D, 0, d_pos, kp, vp, d_toff,
-                                                                   kv[0].page_tokens);
+                                                                   page_tokens);
     CU_LAUNCH_CHECK("kv write");
     /* Splits of a fixed length: a session's splits (and so its result) do not depend on the
      * other sessions of the batch. Sessions with shorter spans leave their last splits empty. */
-    const int split_len = 512;
-    int nsplit = (maxspan + split_len - 1) / split_len;
     void *scr;
     HYLA_TRY(cu_scratch(c, SCR_ATTN, (size_t)B * Hq * nsplit * (D + 2) * 4, &scr));
     AttnRows a;
@@ -534,10 +543,10 @@ extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k,
     a.pos = d_pos;
     a.tab_off = d_toff;
     a.ptok = d_pt;
-    a.pt = kv[0].page_tokens;
+    a.pt = page_tokens;
     a.kp = kp;
     a.vp = vp;
-    a.split_len = split_len;
+    a.split_len = AD_SPLIT;
     a.nsplit = nsplit;
     a.part = (float *)scr;
     if (rows_vec(D))
@@ -548,4 +557,23 @@ extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k,
     k_attn_combine<<<dim3(Hq, B), 128, 0, c->stream>>>((float *)scr, B, Hq, D, nsplit, o);
     CU_LAUNCH_CHECK("attn combine");
     return HYLA_OK;
+}
+
+extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k, const float *v, int B, int Hq,
+                                      int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int window,
+                                      float scale, float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (B <= 0) return HYLA_OK;
+    size_t nptr;
+    int nsplit;
+    HYLA_TRY(cu_attn_decode_plan(B, Hq, Hk, D, pos, kv, window, &nptr, &nsplit));
+    size_t bytes = cu_attn_decode_block_bytes(B, nptr);
+    void *blk = malloc(bytes);
+    if (!blk) return hyla_fail(HYLA_ERR_NOMEM, "attn_decode: out of host memory");
+    cu_attn_decode_block(blk, B, nptr, pos, kv);
+    void *d_blk;
+    hyla_status st = cu_stage(c, blk, bytes, &d_blk);
+    free(blk);
+    HYLA_TRY(st);
+    return cu_attn_decode_dev(c, q, k, v, B, Hq, Hk, D, d_blk, nptr, kv[0].page_tokens, nsplit, window, scale, o);
 }

@@ -96,6 +96,17 @@ extern "C" hyla_status cu_stage(hyla_cuda_ctx *c, const void *host, size_t bytes
     return HYLA_OK;
 }
 
+extern "C" hyla_status cu_stage_to(hyla_cuda_ctx *c, const void *host, size_t bytes, void *dev) {
+    if (!bytes) return HYLA_OK;
+    size_t need = (bytes + 255) & ~(size_t)255;
+    HYLA_TRY(cu_stage_reserve(c, bytes, 1));
+    uint8_t *h = c->ring_host + c->ring_off;
+    memcpy(h, host, bytes);
+    CU_TRY(cudaMemcpyAsync(dev, h, bytes, cudaMemcpyHostToDevice, c->stream));
+    c->ring_off += need;
+    return HYLA_OK;
+}
+
 extern "C" hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void **out) {
     if (bytes == 0) bytes = 256;
     if (c->scratch_bytes[slot] < bytes) {
@@ -106,6 +117,7 @@ extern "C" hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void
             CU_TRY(cudaFree(c->scratch[slot]));
             c->scratch[slot] = NULL;
             c->scratch_bytes[slot] = 0;
+            c->scratch_gen++; /* captured graphs that used the old buffer are stale */
         }
         CU_TRY(cudaMalloc(&c->scratch[slot], nb));
         c->scratch_bytes[slot] = nb;
@@ -114,21 +126,52 @@ extern "C" hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void
     return HYLA_OK;
 }
 
-/* ---------------------------------------------------------------- memory ops */
+/* ---------------------------------------------------------------- memory ops
+ *
+ * alloc/free: the state pool (hyla_cuda_pool.cu), reached through the ops table in
+ * hyla_cuda_graph.cu. upload/download run on the copy stream, ordered against the compute
+ * stream by events: a copy starts after the compute work queued before it (which may write
+ * what is read or read what is overwritten), and compute queued after an upload waits for it.
+ * Pageable host memory goes through the pinned bounce buffers, double-buffered so the DMA of
+ * one piece overlaps the host copy of the next; pinned host memory (hyla_cuda_host_alloc, or
+ * registered) is copied directly. */
 
-static hyla_status cu_alloc(void *ctx, size_t bytes, void **out) {
-    *out = NULL;
-    return cu_pool_alloc((hyla_cuda_ctx *)ctx, bytes, out);
+static int host_is_pinned(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* plain malloc'ed memory may be reported as an error on old drivers */
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost;
 }
 
-static void cu_free(void *ctx, void *p) {
-    if (p) cu_pool_free((hyla_cuda_ctx *)ctx, p);
+/* The copy stream waits for the compute work queued so far. */
+static hyla_status copy_after_compute(hyla_cuda_ctx *c) {
+    CU_TRY(cudaEventRecord(c->ev_compute, c->stream));
+    CU_TRY(cudaStreamWaitEvent(c->copy_stream, c->ev_compute, 0));
+    return HYLA_OK;
 }
 
-/* Host -> device through the pinned bounce buffers: the host copy of piece i+1 overlaps the
- * DMA of piece i. Returns once the host memory has been read (the DMA may still run). */
-static hyla_status cu_upload(void *ctx, void *dst, const void *host_src, size_t bytes) {
+/* Compute queued from now on waits for the copies queued so far. */
+static hyla_status compute_after_copy(hyla_cuda_ctx *c) {
+    CU_TRY(cudaEventRecord(c->ev_copy, c->copy_stream));
+    CU_TRY(cudaStreamWaitEvent(c->stream, c->ev_copy, 0));
+    return HYLA_OK;
+}
+
+/* Host -> device. Returns once the host memory has been read (the last DMA may still run;
+ * compute queued later waits for it). */
+extern "C" hyla_status cu_upload(void *ctx, void *dst, const void *host_src, size_t bytes) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (!bytes) return HYLA_OK;
+    HYLA_TRY(copy_after_compute(c));
+    if (host_is_pinned(host_src)) {
+        CU_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->copy_stream));
+        CU_TRY(cudaEventRecord(c->ev_copy, c->copy_stream));
+        CU_TRY(cudaStreamWaitEvent(c->stream, c->ev_copy, 0));
+        CU_TRY(cudaEventSynchronize(c->ev_copy)); /* the caller may reuse host_src on return */
+        return HYLA_OK;
+    }
     const uint8_t *s = (const uint8_t *)host_src;
     uint8_t *d = (uint8_t *)dst;
     while (bytes) {
@@ -137,19 +180,26 @@ static hyla_status cu_upload(void *ctx, void *dst, const void *host_src, size_t 
         c->bounce_next ^= 1;
         CU_TRY(cudaEventSynchronize(c->bounce_ev[i]));
         memcpy(c->bounce[i], s, n);
-        CU_TRY(cudaMemcpyAsync(d, c->bounce[i], n, cudaMemcpyHostToDevice, c->stream));
-        CU_TRY(cudaEventRecord(c->bounce_ev[i], c->stream));
+        CU_TRY(cudaMemcpyAsync(d, c->bounce[i], n, cudaMemcpyHostToDevice, c->copy_stream));
+        CU_TRY(cudaEventRecord(c->bounce_ev[i], c->copy_stream));
         s += n;
         d += n;
         bytes -= n;
     }
-    return HYLA_OK;
+    return compute_after_copy(c);
 }
 
-/* Device -> host: queued after all earlier work on the stream; piece i's host copy overlaps
- * piece i+1's DMA. Complete on return. */
-static hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
+/* Device -> host, after the compute work queued so far; complete on return. */
+extern "C" hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (!bytes) return HYLA_OK;
+    HYLA_TRY(copy_after_compute(c));
+    if (host_is_pinned(host_dst)) {
+        CU_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->copy_stream));
+        CU_TRY(cudaEventRecord(c->ev_copy, c->copy_stream));
+        CU_TRY(cudaEventSynchronize(c->ev_copy));
+        return HYLA_OK;
+    }
     const uint8_t *s = (const uint8_t *)src;
     uint8_t *d = (uint8_t *)host_dst;
     size_t pend_n[2] = {0, 0};
@@ -165,8 +215,8 @@ static hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_
         }
         if (bytes) {
             size_t n = bytes < c->bounce_bytes ? bytes : c->bounce_bytes;
-            CU_TRY(cudaMemcpyAsync(c->bounce[i], s, n, cudaMemcpyDeviceToHost, c->stream));
-            CU_TRY(cudaEventRecord(c->bounce_ev[i], c->stream));
+            CU_TRY(cudaMemcpyAsync(c->bounce[i], s, n, cudaMemcpyDeviceToHost, c->copy_stream));
+            CU_TRY(cudaEventRecord(c->bounce_ev[i], c->copy_stream));
             pend_n[i] = n;
             pend_dst[i] = d;
             s += n;
@@ -178,30 +228,17 @@ static hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_
     return HYLA_OK;
 }
 
-static hyla_status cu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (!bytes || dst == src) return HYLA_OK;
-    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
-    return HYLA_OK;
-}
-
-static hyla_status cu_zero(void *ctx, void *dst, size_t bytes) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (!bytes) return HYLA_OK;
-    CU_TRY(cudaMemsetAsync(dst, 0, bytes, c->stream));
-    return HYLA_OK;
-}
-
-static hyla_status cu_sync(void *ctx) {
+extern "C" hyla_status cu_sync(void *ctx) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     CU_TRY(cudaStreamSynchronize(c->stream));
+    CU_TRY(cudaStreamSynchronize(c->copy_stream));
     CU_TRY(cudaGetLastError());
     return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- weights */
 
-static hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols,
+extern "C" hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols,
                                     hyla_weight **out) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     *out = NULL;
@@ -251,7 +288,7 @@ static hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype dt, 
     return HYLA_OK;
 }
 
-static void cu_weight_destroy(void *ctx, hyla_weight *w) {
+extern "C" void cu_weight_destroy(void *ctx, hyla_weight *w) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!w) return;
     cudaStreamSynchronize(c->stream); /* queued GEMMs may still read it */
@@ -312,14 +349,19 @@ static hyla_status gemm_plan(hyla_cuda_ctx *c, int M, int N, int K, int ldy, int
     return HYLA_OK;
 }
 
-static hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
-                             const float *bias, float *y, int ldy, int N, int accumulate) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (M <= 0) return HYLA_OK;
+extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int ldy, int N) {
     if (!W || W->rows != N || W->cols != K)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: weight [%d][%d] for N=%d K=%d", W ? W->rows : -1,
                          W ? W->cols : -1, N, K);
     if (ldx < K || ldy < N) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear: ldx %d < K %d or ldy %d < N %d", ldx, K, ldy, N);
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                                 const float *bias, float *y, int ldy, int N, int accumulate) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (M <= 0) return HYLA_OK;
+    HYLA_TRY(cu_linear_check(ldx, K, W, ldy, N));
     if (M <= 256 && !c->linear_cublas_only) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)M * K * 2, &xb));
@@ -343,11 +385,15 @@ static hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, c
 
 /* ---------------------------------------------------------------- context */
 
-static void cu_destroy(void *ctx) {
+extern "C" void cu_destroy(void *ctx) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
+    cu_graphs_destroy(c);
+    if (c->ev_compute) cudaEventDestroy(c->ev_compute);
+    if (c->ev_copy) cudaEventDestroy(c->ev_copy);
     for (int i = 0; i < HYLA_CU_GEMM_PLANS; i++) {
         hyla_cu_gemm_plan *p = &c->plans[i];
         if (!p->key) continue;
@@ -372,45 +418,6 @@ static void cu_destroy(void *ctx) {
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
-
-static const hyla_ops cuda_ops = {
-    /* name */ "cuda",
-    /* kv_dtype */ HYLA_DT_BF16,
-    cu_alloc,
-    cu_free,
-    cu_upload,
-    cu_download,
-    cu_copy,
-    cu_zero,
-    cu_sync,
-    cu_weight_create,
-    cu_weight_destroy,
-    cu_embed,
-    cu_linear,
-    cu_rmsnorm,
-    cu_add_rmsnorm,
-    cu_add,
-    cu_swiglu,
-    cu_silu,
-    cu_gla_gate,
-    cu_softmax_rows,
-    cu_l2norm_rows,
-    cu_gdn_gates,
-    cu_rope,
-    cu_short_conv,
-    cu_gated_rmsnorm,
-    cu_gla_prefill,
-    cu_gla_decode,
-    cu_gdn_prefill,
-    cu_gdn_decode,
-    cu_attn_prefill,
-    cu_attn_decode,
-    cu_sse_route,
-    cu_sse_prefill,
-    cu_sse_decode,
-    cu_sample,
-    cu_destroy,
-};
 
 static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     int n = 0;
@@ -446,7 +453,12 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
         CU_TRY(cudaMallocHost((void **)&c->bounce[i], c->bounce_bytes));
         CU_TRY(cudaEventCreateWithFlags(&c->bounce_ev[i], cudaEventDisableTiming));
     }
+    CU_TRY(cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming));
+    CU_TRY(cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming));
     HYLA_TRY(cu_pool_create(c, &c->pool));
+    HYLA_TRY(cu_graphs_create(c));
+    const char *ge = getenv("HYLA_CUDA_GRAPHS");
+    c->graphs_on = !(ge && !strcmp(ge, "0"));
     const char *pm = getenv("HYLA_CUDA_PREFILL");
     c->prefill_mode = (pm && !strcmp(pm, "recurrent")) ? 1 : 0;
     const char *lm = getenv("HYLA_CUDA_LINEAR");
@@ -476,7 +488,7 @@ extern "C" hyla_status hyla_cuda_backend_create(int device, hyla_backend **out) 
         free(b);
         return hyla_fail_wrap(s, "cuda:%d", device);
     }
-    b->ops = &cuda_ops;
+    b->ops = &hyla_cuda_ops_table;
     b->ctx = c;
     *out = b;
     return HYLA_OK;
@@ -530,6 +542,7 @@ static int cmp_double(const void *a, const void *b) {
 extern "C" hyla_status hyla_cuda_bench_gemm_bf16(hyla_backend *be, int M, int N, int K, int iters, double *ms) {
     hyla_cuda_ctx *c = extra_ctx(be);
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_bench_gemm_bf16: not a cuda backend");
+    HYLA_TRY(cu_graph_flush(c));
     if (iters < 1) iters = 1;
     if (iters > 64) iters = 64;
     __nv_bfloat16 *A = NULL, *B = NULL, *C = NULL;
@@ -612,6 +625,7 @@ extern "C" hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H
                                                 const int32_t *len, float *const *S) {
     hyla_cuda_ctx *c = extra_ctx(be);
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_prefill_varlen: not a cuda backend");
+    HYLA_TRY(cu_graph_flush(c));
     hyla_cu_linattn_batch b;
     memset(&b, 0, sizeof b);
     b.gdn = gdn;

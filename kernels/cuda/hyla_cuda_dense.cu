@@ -95,19 +95,30 @@ __global__ void k_embed(const __nv_bfloat16 *__restrict__ table, const int32_t *
     }
 }
 
-extern "C" hyla_status cu_embed(void *ctx, const hyla_weight *table, const int32_t *ids, int n, float *out) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0) return HYLA_OK;
+extern "C" hyla_status cu_embed_check(const hyla_weight *table, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= table->rows)
             return hyla_fail(HYLA_ERR_INVALID_ARG, "embed: token id %d at %d is outside the vocabulary [0, %d)", ids[i],
                              i, table->rows);
-    void *d_ids;
-    HYLA_TRY(cu_stage(c, ids, (size_t)n * 4, &d_ids));
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_embed_dev(hyla_cuda_ctx *c, const hyla_weight *table, const int32_t *d_ids, int n,
+                                    float *out) {
+    if (n <= 0) return HYLA_OK;
     size_t total = (size_t)n * table->cols;
-    k_embed<<<grid_for(total), TPB, 0, c->stream>>>(table->d, (const int32_t *)d_ids, n, table->cols, out);
+    k_embed<<<grid_for(total), TPB, 0, c->stream>>>(table->d, d_ids, n, table->cols, out);
     CU_LAUNCH_CHECK("embed");
     return HYLA_OK;
+}
+
+extern "C" hyla_status cu_embed(void *ctx, const hyla_weight *table, const int32_t *ids, int n, float *out) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (n <= 0) return HYLA_OK;
+    HYLA_TRY(cu_embed_check(table, ids, n));
+    void *d_ids;
+    HYLA_TRY(cu_stage(c, ids, (size_t)n * 4, &d_ids));
+    return cu_embed_dev(c, table, (const int32_t *)d_ids, n, out);
 }
 
 /* ---------------------------------------------------------------- row ops: one warp per row */
@@ -343,16 +354,22 @@ __global__ void k_rope(float *x, int n, int H, int D, const int32_t *pos, double
     }
 }
 
+extern "C" hyla_status cu_rope_dev(hyla_cuda_ctx *c, float *x, int n, int H, int D, const int32_t *d_pos,
+                                   float theta) {
+    if (n <= 0) return HYLA_OK;
+    size_t total = (size_t)n * H * (D / 2);
+    k_rope<<<grid_for(total), TPB, 0, c->stream>>>(x, n, H, D, d_pos, log((double)theta));
+    CU_LAUNCH_CHECK("rope");
+    return HYLA_OK;
+}
+
 extern "C" hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (n <= 0) return HYLA_OK;
     if (D % 2) return hyla_fail(HYLA_ERR_INVALID_ARG, "rope: head dim %d is odd", D);
     void *d_pos;
     HYLA_TRY(cu_stage(c, pos, (size_t)n * 4, &d_pos));
-    size_t total = (size_t)n * H * (D / 2);
-    k_rope<<<grid_for(total), TPB, 0, c->stream>>>(x, n, H, D, (const int32_t *)d_pos, log((double)theta));
-    CU_LAUNCH_CHECK("rope");
-    return HYLA_OK;
+    return cu_rope_dev(c, x, n, H, D, (const int32_t *)d_pos, theta);
 }
 
 /* ---------------------------------------------------------------- short conv [CONV-1] */
@@ -400,14 +417,19 @@ extern "C" hyla_status cu_short_conv(void *ctx, float *x, int B, int n, int C, c
     if (K < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv: kernel size %d", K);
     void *d_tails;
     HYLA_TRY(cu_stage(c, tails, (size_t)B * sizeof(float *), &d_tails));
+    return cu_short_conv_dev(c, x, B, n, C, w, bias, K, (float *const *)d_tails, act_silu);
+}
+
+extern "C" hyla_status cu_short_conv_dev(hyla_cuda_ctx *c, float *x, int B, int n, int C, const float *w,
+                                         const float *bias, int K, float *const *d_tails, int act_silu) {
+    if (B <= 0 || n <= 0) return HYLA_OK;
     size_t total = (size_t)B * n * C;
     void *scr;
     HYLA_TRY(cu_scratch(c, SCR_MISC, total * sizeof(float), &scr));
-    k_short_conv<<<grid_for(total), TPB, 0, c->stream>>>(x, (float *)scr, B, n, C, w, bias, K,
-                                                         (float *const *)d_tails, act_silu);
+    k_short_conv<<<grid_for(total), TPB, 0, c->stream>>>(x, (float *)scr, B, n, C, w, bias, K, d_tails, act_silu);
     CU_LAUNCH_CHECK("short_conv");
     if (K > 1) {
-        k_conv_tail<<<grid_for((size_t)B * C), TPB, 0, c->stream>>>(x, B, n, C, K, (float *const *)d_tails);
+        k_conv_tail<<<grid_for((size_t)B * C), TPB, 0, c->stream>>>(x, B, n, C, K, d_tails);
         CU_LAUNCH_CHECK("short_conv tail");
     }
     CU_TRY(cudaMemcpyAsync(x, scr, total * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));

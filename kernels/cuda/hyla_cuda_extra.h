@@ -40,6 +40,23 @@ hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, i
  * difference. */
 hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
 
+/* CUDA graphs for repeated op sequences (docs/CUDA.md "Graphs"): on by default
+ * (HYLA_CUDA_GRAPHS=0 in the environment turns them off at creation). Results are the same
+ * bits either way; off launches every kernel one by one (for comparisons). */
+hyla_status hyla_cuda_set_graphs(hyla_backend *be, int on);
+
+typedef struct {
+    uint64_t segments;         /* flushed op sequences */
+    uint64_t ops;              /* ops logged in them */
+    uint64_t replays;          /* segments run as one graph launch */
+    uint64_t captures;         /* graphs captured and instantiated */
+    uint64_t capture_failures; /* captures abandoned (the segment ran op by op) */
+    uint64_t eager_segments;   /* segments run op by op */
+    uint64_t evictions;        /* graphs dropped from the cache */
+    uint32_t cached;           /* graphs held now */
+} hyla_cuda_graph_stats;
+hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

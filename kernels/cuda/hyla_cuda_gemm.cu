@@ -258,6 +258,7 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
             CU_TRY(cudaFree(c->tile_cnt));
             c->tile_cnt = NULL;
             c->tile_cnt_n = 0;
+            c->scratch_gen++;
             CU_TRY(cudaMalloc((void **)&c->tile_cnt, n * sizeof(int)));
             CU_TRY(cudaMemsetAsync(c->tile_cnt, 0, n * sizeof(int), c->stream));
             c->tile_cnt_n = n;

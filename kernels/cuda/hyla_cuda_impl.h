@@ -44,7 +44,8 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 #define HYLA_CU_SCRATCH_SLOTS 8
 enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7 };
 
-typedef struct hyla_cu_pool hyla_cu_pool; /* hyla_cuda_pool.cu */
+typedef struct hyla_cu_pool hyla_cu_pool;     /* hyla_cuda_pool.cu */
+typedef struct hyla_cu_graphs hyla_cu_graphs; /* hyla_cuda_graph.cu */
 
 typedef struct {
     uint64_t key; /* M, N, K, ldy, accumulate hashed; 0 = empty */
@@ -83,6 +84,11 @@ typedef struct hyla_cuda_ctx {
     size_t scratch_bytes[HYLA_CU_SCRATCH_SLOTS];
 
     hyla_cu_pool *pool;
+    hyla_cu_graphs *graphs;  /* op log and captured graphs (hyla_cuda_graph.cu) */
+    int graphs_on;           /* log loggable ops and replay graphs (default; HYLA_CUDA_GRAPHS=0: off) */
+    uint64_t scratch_gen;    /* bumped whenever a scratch buffer moves (graphs bake addresses in) */
+    cudaEvent_t ev_compute;  /* upload/download: the copy stream waits for the compute stream ... */
+    cudaEvent_t ev_copy;     /* ... and the compute stream for the copy stream */
     int *tile_cnt; /* skinny linear: per-output-tile completion counters (zero between launches) */
     size_t tile_cnt_n;
     int prefill_mode; /* 0 chunked (tensor cores), 1 recurrent (token loop; HYLA_CUDA_PREFILL=recurrent) */
@@ -109,10 +115,58 @@ hyla_status cu_stage(hyla_cuda_ctx *c, const void *host, size_t bytes, void **de
 /* Before several cu_stage calls whose results are used together: guarantees that stages
  * totalling `bytes` in `parts` calls do not wrap the ring (so none overwrites another). */
 hyla_status cu_stage_reserve(hyla_cuda_ctx *c, size_t bytes, int parts);
+/* Copy `bytes` of host memory through the staging ring to device memory `dev` (queued on the
+ * stream; the host memory may be reused on return). */
+hyla_status cu_stage_to(hyla_cuda_ctx *c, const void *host, size_t bytes, void *dev);
 /* A scratch buffer of at least `bytes` (contents undefined), owned by the context. */
 hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void **out);
 
-/* ---- ops implemented in the other translation units (signatures as in hyla_ops.h) ---- */
+/* ---- ops implemented in the other translation units (signatures as in hyla_ops.h) ----
+ * The ops table itself (hyla_cuda_ops_table) is in hyla_cuda_graph.cu: loggable ops go through
+ * the graph log, every other op flushes the log first and then calls the function below. */
+extern const hyla_ops hyla_cuda_ops_table;
+hyla_status cu_upload(void *ctx, void *dst, const void *host_src, size_t bytes);
+hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_t bytes);
+hyla_status cu_sync(void *ctx);
+hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols, hyla_weight **out);
+void cu_weight_destroy(void *ctx, hyla_weight *w);
+void cu_destroy(void *ctx);
+hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W, const float *bias,
+                      float *y, int ldy, int N, int accumulate);
+hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int ldy, int N);
+
+/* graphs (hyla_cuda_graph.cu) */
+hyla_status cu_graphs_create(hyla_cuda_ctx *c);
+void cu_graphs_destroy(hyla_cuda_ctx *c); /* accepts c->graphs == NULL */
+/* Launch the logged ops (as a graph or one by one). Every stream user outside the log calls it
+ * first, so stream order equals call order. */
+hyla_status cu_graph_flush(hyla_cuda_ctx *c);
+
+/* Ops split into host preparation and a launch that reads its host arrays from device memory
+ * already holding them ("_dev"), so a graph can read them from its own parameter block. */
+hyla_status cu_embed_check(const hyla_weight *table, const int32_t *ids, int n);
+hyla_status cu_embed_dev(hyla_cuda_ctx *c, const hyla_weight *table, const int32_t *d_ids, int n, float *out);
+hyla_status cu_rope_dev(hyla_cuda_ctx *c, float *x, int n, int H, int D, const int32_t *d_pos, float theta);
+hyla_status cu_short_conv_dev(hyla_cuda_ctx *c, float *x, int B, int n, int C, const float *w, const float *bias,
+                              int K, float *const *d_tails, int act_silu);
+/* 1 when every state pointer is 16-byte aligned (the 4-column recurrent kernel) */
+int cu_states16(float *const *S, int B);
+hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                              const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
+                              float *const *d_S, int states16, float *o);
+hyla_status cu_sse_decode_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
+                              const float *q2, const float *k2, const float *v, const float *ga, const float *gb,
+                              const float *betaa, const float *betab, const int32_t *idx, const float *w, int B,
+                              int H, int dk, int dv, int N, int K, float scale, float *const *d_S0,
+                              float *const *d_Sp, int states16, float *o);
+hyla_status cu_attn_decode_plan(int B, int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int window,
+                                size_t *nptr, int *nsplit);
+size_t cu_attn_decode_block_bytes(int B, size_t cap);
+void cu_attn_decode_block(void *blk, int B, size_t cap, const int32_t *pos, const hyla_kv_view *kv);
+hyla_status cu_attn_decode_dev(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, int B, int Hq,
+                               int Hk, int D, const void *d_blk, size_t cap, int page_tokens, int nsplit, int window,
+                               float scale, float *o);
+
 hyla_status cu_embed(void *ctx, const hyla_weight *table, const int32_t *ids, int n, float *out);
 hyla_status cu_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
 hyla_status cu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n, int D,

@@ -1160,12 +1160,10 @@ extern "C" hyla_status cu_gdn_prefill(void *ctx, const float *q, const float *k,
     return cu_linattn_prefill_batch(c, &b);
 }
 
-static hyla_status decode_common(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
-                                 const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
-                                 float *const *S, float *o) {
+extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                         const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
+                                         float *const *d_S, int states16, float *o) {
     if (B <= 0) return HYLA_OK;
-    void *d_s;
-    HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
     hyla_cu_linrec r;
     memset(&r, 0, sizeof r);
     r.gdn = gdn;
@@ -1180,10 +1178,24 @@ static hyla_status decode_common(hyla_cuda_ctx *c, int gdn, const float *q, cons
     r.ga = ga;
     r.betaa = gb;
     r.o = o;
-    r.S0 = (float *const *)d_s;
-    r.states16 = 1;
-    for (int b = 0; b < B; b++) r.states16 &= ((uintptr_t)S[b] & 15) == 0;
+    r.S0 = d_S;
+    r.states16 = states16;
     return cu_lin_recurrent(c, &r, B);
+}
+
+extern "C" int cu_states16(float *const *S, int B) {
+    int a = 1;
+    for (int b = 0; b < B; b++) a &= ((uintptr_t)S[b] & 15) == 0;
+    return a;
+}
+
+static hyla_status decode_common(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                 const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
+                                 float *const *S, float *o) {
+    if (B <= 0) return HYLA_OK;
+    void *d_s;
+    HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
+    return cu_lin_decode_dev(c, gdn, q, k, v, ga, gb, B, H, dk, dv, scale, (float *const *)d_s, cu_states16(S, B), o);
 }
 
 extern "C" hyla_status cu_gla_decode(void *ctx, const float *q, const float *k, const float *v, const float *gk,

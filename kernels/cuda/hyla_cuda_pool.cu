@@ -321,6 +321,7 @@ static hyla_status copy_begin(hyla_backend *be, int n, void *const *dst, const v
     hyla_cuda_ctx *c = cuda_ctx_of(be);
     *out = NULL;
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda async copy: not a cuda backend");
+    HYLA_TRY(cu_graph_flush(c)); /* logged ops first: the copies are ordered after them */
     hyla_cuda_copy *cp = (hyla_cuda_copy *)calloc(1, sizeof *cp);
     if (!cp) return hyla_fail(HYLA_ERR_NOMEM, "hyla_cuda async copy: out of host memory");
     cp->c = c;

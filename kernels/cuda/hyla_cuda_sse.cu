@@ -340,18 +340,12 @@ extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const f
     return HYLA_OK;
 }
 
-extern "C" hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
-                                     const float *q2, const float *k2, const float *v, const float *ga,
-                                     const float *gb, const float *betaa, const float *betab, const int32_t *idx,
-                                     const float *w, int B, int H, int dk, int dv, int N, int K, float scale,
-                                     float *const *S0, float *const *Sp, float *o) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+extern "C" hyla_status cu_sse_decode_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
+                                         const float *q2, const float *k2, const float *v, const float *ga,
+                                         const float *gb, const float *betaa, const float *betab, const int32_t *idx,
+                                         const float *w, int B, int H, int dk, int dv, int N, int K, float scale,
+                                         float *const *d_S0, float *const *d_Sp, int states16, float *o) {
     if (B <= 0) return HYLA_OK;
-    if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_decode: top-%d of %d partitions", K, N);
-    void *d0, *dp;
-    HYLA_TRY(cu_stage_reserve(c, (size_t)B * 2 * sizeof(float *), 2));
-    HYLA_TRY(cu_stage(c, S0, (size_t)B * sizeof(float *), &d0));
-    HYLA_TRY(cu_stage(c, Sp, (size_t)B * sizeof(float *), &dp));
     hyla_cu_linrec r;
     memset(&r, 0, sizeof r);
     r.gdn = tr == HYLA_SSE_GDN;
@@ -372,11 +366,26 @@ extern "C" hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const fl
     r.betab = betab;
     r.v = v;
     r.o = o;
-    r.S0 = (float *const *)d0;
-    r.Sp = (float *const *)dp;
+    r.S0 = d_S0;
+    r.Sp = d_Sp;
     r.idx = idx;
     r.w = w;
-    r.states16 = 1;
-    for (int b = 0; b < B; b++) r.states16 &= ((uintptr_t)S0[b] & 15) == 0 && ((uintptr_t)Sp[b] & 15) == 0;
+    r.states16 = states16;
     return cu_lin_recurrent(c, &r, B);
+}
+
+extern "C" hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
+                                     const float *q2, const float *k2, const float *v, const float *ga,
+                                     const float *gb, const float *betaa, const float *betab, const int32_t *idx,
+                                     const float *w, int B, int H, int dk, int dv, int N, int K, float scale,
+                                     float *const *S0, float *const *Sp, float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (B <= 0) return HYLA_OK;
+    if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_decode: top-%d of %d partitions", K, N);
+    void *d0, *dp;
+    HYLA_TRY(cu_stage_reserve(c, (size_t)B * 2 * sizeof(float *), 2));
+    HYLA_TRY(cu_stage(c, S0, (size_t)B * sizeof(float *), &d0));
+    HYLA_TRY(cu_stage(c, Sp, (size_t)B * sizeof(float *), &dp));
+    return cu_sse_decode_dev(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, B, H, dk, dv, N, K, scale,
+                             (float *const *)d0, (float *const *)dp, cu_states16(S0, B) && cu_states16(Sp, B), o);
 }

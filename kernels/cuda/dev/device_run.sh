@@ -2,7 +2,8 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, kbench, kphase, e2ebench)
+# usage: run.sh PHASES... (tests, kbench, ksse, kphase, e2ebench, e2equick)
+# e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
 mkdir -p /tmp/b
@@ -15,7 +16,7 @@ for ph in "$@"; do
       t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops.log 2>&1; echo "test_gpu_ops rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|comparisons|differ" $OUT/test_gpu_ops.log | head -30
       t0=$SECONDS; timeout 240 test_gpu_e2e > $OUT/test_gpu_e2e.log 2>&1; echo "test_gpu_e2e rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
-      grep -E "FAIL|diverge|check" $OUT/test_gpu_e2e.log | head -30 ;;
+      grep -E "FAIL|diverge|check|graphs" $OUT/test_gpu_e2e.log | head -30 ;;
     kbench)
       t0=$SECONDS; timeout 300 hyla-bench kernels --device cuda:0 > $OUT/bench_kernels.jsonl 2> $OUT/bench_kernels.err; echo "kbench rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       tail -3 $OUT/bench_kernels.err ;;
@@ -25,14 +26,19 @@ for ph in "$@"; do
       for p in a b; do HYLA_CUDA_CHUNK_PHASE=$p timeout 100 hyla-bench kernels --device cuda:0 --only prefill | sed "s/\"bench\":\"/\"phase\":\"$p\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err; done
       HYLA_CUDA_LINEAR=v1 timeout 100 hyla-bench kernels --device cuda:0 --only gemm | sed 's/"bench":"linear"/"bench":"linear_skinny_v1"/' | grep -v cublas_bf16 | grep -v '"M":8192\|"M":4096' >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
       echo "kphase done ($((SECONDS-T0)) s)" | tee -a $OUT/summary.txt ;;
-    e2ebench)
+    ksse)
+      t0=$SECONDS; timeout 120 hyla-bench kernels --device cuda:0 --only sse >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err; echo "ksse rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      cat $OUT/bench_kernels.jsonl | grep sse ;;
+    e2ebench|e2equick)
+      pf=4096,32768; [ $ph = e2equick ] && pf=4096
       for a in sse-h gdn gla; do
         t0=$SECONDS
         [ $((SECONDS-T0)) -gt 480 ] && { echo "skip e2e $a (time)" | tee -a $OUT/summary.txt; continue; }
         hyla-mkmodel --arch $a --layers 18 --hidden 2304 --heads 18 --head-dim 128 --partitions 4 --topk 1 --kv-heads 18 --intermediate 6144 --vocab 32000 --dtype bf16 --out /tmp/m_$a >> $OUT/e2e.err 2>&1
-        if [ $a = sse-h ]; then args="--prefill 4096,32768 --batch 1,16,64 --ctx 16,4096"; else args="--prefill 4096,32768 --batch 1,64 --ctx 16"; fi
-        timeout 150 hyla-bench e2e --device cuda:0 --model /tmp/m_$a $args --steps 16 >> $OUT/bench_e2e.jsonl 2>> $OUT/e2e.err
+        if [ $a = sse-h ]; then args="--prefill $pf --batch 1,16,64 --ctx 16,4096"; else args="--prefill $pf --batch 1,64 --ctx 16"; fi
+        timeout 150 hyla-bench e2e --device cuda:0 --model /tmp/m_$a $args --steps 16 --graphs both >> $OUT/bench_e2e.jsonl 2>> $OUT/e2e.err
         echo "e2e $a rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+        tail -n 12 $OUT/bench_e2e.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"model":"[^"]*",//' 
       done ;;
   esac
 done
