@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The cluster on GPU workers (label gpu; skipped with a message where no GPU is usable): two
+# hyla-worker --device cuda:0 processes, the coordinator and the CLI; 64 tokens uninterrupted ==
+# 32 + Pause + kill -9 of the owner + Resume on the other GPU worker + 32 (bit for bit on one
+# backend), and a GPU snapshot continued by a CPU worker gives tokens (reported, since bf16
+# rounding may legitimately diverge from the fp32 CPU reference).
+set -uo pipefail
+. "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
+e2e_init gpu
+e2e_make_model "$E2E_DIR/model"
+if ! out=$("$E2E_BIN/hyla-run" --model "$E2E_DIR/model" --device cuda:0 --prompt-ids "1 2 3" --max-tokens 1 --quiet --ids 2>&1); then
+  echo "SKIPPED: no usable GPU ($out)"
+  exit 77
+fi
+e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
+e2e_start_worker g1 "$E2E_DIR/model" --device cuda:0 || e2e_done
+e2e_start_worker g2 "$E2E_DIR/model" --device cuda:0 || e2e_done
+H() { e2e_hyla -q "$@"; }
+owner() { H show "$1" | awk '$1 == "workers" { print $2 }'; }
+doc="$E2E_DIR/doc.txt"
+for i in $(seq 1 40); do echo "Line $i: a GPU worker keeps its sessions' states in a device pool."; done >"$doc"
+
+R=$(H create --temperature 0.8 --seed 3) && H append "$R" "$doc" || e2e_fail "reference session"
+full=$(H generate "$R" -n 64 --ids --ignore-eos)
+S=$(H create --temperature 0.8 --seed 3) && H append "$S" "$doc" || e2e_fail "session"
+a=$(H generate "$S" -n 32 --ids --ignore-eos)
+H pause "$S" >/dev/null || e2e_fail "pause"
+e2e_kill "$(owner "$S")" KILL
+e2e_wait_for "$E2E_TIMEOUT" H resume "$S" || e2e_fail "resume after the owner was killed"
+b=$(H generate "$S" -n 32 --ids --ignore-eos)
+e2e_expect_eq "$a $b" "$full" "GPU: 64 == 32 + pause + kill -9 + resume on the other GPU worker + 32"
+
+# a CPU worker continues a GPU snapshot
+e2e_start_worker c1 "$E2E_DIR/model" --device cpu || e2e_done
+H pause "$S" >/dev/null || e2e_fail "pause before migrating to the CPU worker"
+H migrate "$S" --to c1 >/dev/null || e2e_fail "migrate to the CPU worker"
+c=$(H generate "$S" -n 16 --ids --ignore-eos) || e2e_fail "generate on the CPU worker"
+[ "$(echo "$c" | wc -w)" = 16 ] || e2e_fail "CPU worker gave: $c"
+e2e_log "GPU snapshot continued on the CPU worker: $c"
+e2e_done
