@@ -1229,16 +1229,16 @@ static void do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
         return;
     }
     uint64_t epoch;
+    char ids[MAX_STAGES][ID_MAX];
+    int n_owners = 0;
     code = ensure_active(c, p, owner, &epoch, msg, sizeof msg);
     if (code == HYLA_RPC_OK) {
-        char ids[MAX_STAGES][ID_MAX];
         pthread_mutex_lock(&c->mu);
-        int n = owners_locked(c, p, ids);
+        n_owners = owners_locked(c, p, ids);
         pthread_mutex_unlock(&c->mu);
-        if (n > 1) {
-            code = HYLA_RPC_UNIMPLEMENTED;
-            snprintf(msg, sizeof msg, "fork of session %s: forks of sessions on a multi-stage group are not supported yet",
-                     p->id);
+        if (n_owners < 1) {
+            code = HYLA_RPC_UNAVAILABLE;
+            snprintf(msg, sizeof msg, "fork of session %s: no live worker holds it", p->id);
         }
     }
     if (code != HYLA_RPC_OK) {
@@ -1275,8 +1275,24 @@ static void do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
     fq.seed = q->seed;
     ProtobufCMessage *r = NULL;
     hyla_rpc_result res;
-    hyla_status st = call_worker(c, owner, SVC_WORKER "ForkSession", &fq.base,
-                                 &hyla__v1__worker_session_response__descriptor, &r, &res);
+    /* every stage forks the part of the state it holds (stage 0 last: its answer describes the
+     * session); a failure unloads what was already forked */
+    hyla_status st = HYLA_OK;
+    for (int i = n_owners - 1; i >= 1 && st == HYLA_OK; i--) {
+        ProtobufCMessage *ri = NULL;
+        st = call_worker(c, ids[i], SVC_WORKER "ForkSession", &fq.base, &hyla__v1__worker_session_response__descriptor,
+                         &ri, &res);
+        if (ri)
+            protobuf_c_message_free_unpacked(ri, NULL);
+        if (st != HYLA_OK)
+            unload_on(c, ids, n_owners, s->id, s->epoch);
+    }
+    if (st == HYLA_OK) {
+        st = call_worker(c, ids[0], SVC_WORKER "ForkSession", &fq.base, &hyla__v1__worker_session_response__descriptor,
+                         &r, &res);
+        if (st != HYLA_OK)
+            unload_on(c, ids, n_owners, s->id, s->epoch);
+    }
     pthread_mutex_lock(&c->mu);
     if (st == HYLA_OK) {
         const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)r;

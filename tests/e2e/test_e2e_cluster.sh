@@ -8,7 +8,8 @@
 #       worker from its last durable snapshot, which is at least the last Pause (nothing
 #       committed is lost), and the continuation equals the uninterrupted run from there;
 #   (e) a two-stage pipeline (layers split across two workers) gives the same tokens as one
-#       worker, and its Pause restores on a whole-model worker with the same continuation;
+#       worker, a fork of it continues like it, and its Pause restores on a whole-model worker
+#       with the same continuation;
 #   drain: a drained worker hands its sessions over and exits; they continue identically.
 # (d), (f), (g) are in test_e2e_cli.sh and test_e2e_python.sh.
 set -uo pipefail
@@ -105,6 +106,9 @@ H show "$P" | grep -qE "p0[ ,]p1" || e2e_fail "(e) session not on the pipeline: 
 H append "$P" "$doc" || e2e_fail "(e) append"
 p1=$(H generate "$P" -n 48 --ids --ignore-eos)
 e2e_expect_eq "$p1" "$(want 0 48)" "(e) two-stage pipeline == one worker"
+PF=$(H fork "$P") || e2e_fail "(e) fork of the pipelined session"
+H show "$PF" | grep -qE "p0[ ,]p1" || e2e_fail "(e) the fork is not on the pipeline"
+e2e_expect_eq "$(H generate "$PF" -n 8 --ids --ignore-eos)" "$(want 48 8)" "(e) a fork of the pipelined session continues like its parent"
 H pause "$P" >/dev/null || e2e_fail "(e) pause of the pipelined session"
 survivor=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | head -n 1)
 H migrate "$P" --to "$survivor" >/dev/null || e2e_fail "(e) migrate to the whole-model worker $survivor"
