@@ -3,6 +3,7 @@
  *   - memory ops, the state pool (slot reuse, reserve, stats), async snapshot/restore copies;
  *   - chunked prefill over n tokens == prefill over its 64-token pieces, bit for bit, for
  *     GLA, GDN and SSE (both transitions) on the GPU; the same run twice gives the same bits;
+ *   - SSE prefill planned on the GPU == planned on the host, bit for bit;
  *   - errors (bad token id, missing KV page, bad shapes) come back as statuses.
  * Skips (exit 77, with a message) when no CUDA device is usable (CI, machines without GPU).
  *
@@ -33,8 +34,10 @@
 #include "hyla_cuda_pool.h"
 #define HAVE_POOL_API 1
 #endif
+#include "hyla_cuda_extra.h"
 
 static hyla_backend *cpu, *gpu, *gpu_rec; /* gpu_rec: HYLA_CUDA_PREFILL=recurrent */
+static hyla_backend *gpu_hp;              /* HYLA_CUDA_SSE_PLAN=host: SSE prefill planned on the host */
 static hyla_rng rng;
 
 /* ---------------------------------------------------------------- helpers */
@@ -950,6 +953,73 @@ static void test_sample(void) {
     free(og);
 }
 
+/* SSE prefill planned on the GPU (default) == planned on the host, bit for bit: both build the
+ * same chunk tables, so the kernels compute the same bits. Longer than one planner tile
+ * (1024 tokens / rows), with an empty partition and K = 1, 2, window-aligned and plain chunks. */
+static void test_sse_plan(void) {
+    printf("SSE device plan\n");
+    int n = 1500, H = 2, dk = 64, dv = 64, N = 4;
+    float scale = 1.0f / sqrtf((float)dk);
+    size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
+    for (int tr = 0; tr < 2; tr++)
+        for (int K = 1; K <= 2; K++)
+            for (int win = 1; win >= 0; win--) {
+                int gdn = tr == HYLA_SSE_GDN;
+                int32_t *idx = malloc((size_t)n * K * 4);
+                float *w = randu((size_t)n * K, 0.05f, 1.0f);
+                for (int t = 0; t < n; t++) { /* partition 3 never selected; runs of varying length */
+                    int p = (t * 7 / 13 + t / 97) % 3;
+                    idx[t * K] = p;
+                    if (K == 2) idx[t * K + 1] = (p + 1 + (t / 5) % 2) % 3;
+                }
+                float *q1 = randn(nqk, 1.0f), *k1 = randn(nqk, 1.0f), *q2 = randn(nqk, 1.0f), *k2 = randn(nqk, 1.0f);
+                float *v = randn(nv, 1.0f);
+                size_t ng = gdn ? (size_t)n * H : nqk;
+                float *ga = gdn ? gdn_decays(ng) : gla_gates(ng), *gb = gdn ? gdn_decays(ng) : gla_gates(ng);
+                float *ba = randu((size_t)n * H, 0.05f, 1.0f), *bb = randu((size_t)n * H, 0.05f, 1.0f);
+                if (gdn) {
+                    l2rows(q1, (size_t)n * H, dk);
+                    l2rows(k1, (size_t)n * H, dk);
+                    l2rows(q2, (size_t)n * H, dk);
+                    l2rows(k2, (size_t)n * H, dk);
+                }
+                float *S0 = randn(ns, 0.3f), *Sp = randn(ns * N, 0.3f);
+                float *res[2][3];
+                hyla_backend *bs[2] = {gpu, gpu_hp};
+                for (int i = 0; i < 2; i++) {
+                    hyla_backend *b = bs[i];
+                    CHECK_OK(hyla_cuda_set_sse_windows(b, win));
+                    void *dq1 = dev(b, q1, nqk * 4), *dk1 = dev(b, k1, nqk * 4), *dq2 = dev(b, q2, nqk * 4),
+                         *dk2 = dev(b, k2, nqk * 4), *dv_ = dev(b, v, nv * 4), *dga = dev(b, ga, ng * 4),
+                         *dgb = dev(b, gb, ng * 4), *dba = dev(b, ba, (size_t)n * H * 4),
+                         *dbb = dev(b, bb, (size_t)n * H * 4), *di = dev(b, idx, (size_t)n * K * 4),
+                         *dw = dev(b, w, (size_t)n * K * 4), *dS0 = dev(b, S0, ns * 4), *dSp = dev(b, Sp, ns * N * 4),
+                         *dout = dev(b, NULL, nv * 4);
+                    CHECK_OK(b->ops->sse_prefill(b->ctx, tr, dq1, dk1, dq2, dk2, dv_, dga, dgb, gdn ? dba : NULL,
+                                                 gdn ? dbb : NULL, di, dw, n, H, dk, dv, N, K, scale, dS0, dSp, dout));
+                    res[i][0] = host_of(b, dout, nv);
+                    res[i][1] = host_of(b, dS0, ns);
+                    res[i][2] = host_of(b, dSp, ns * N);
+                    void *bufs[] = {dq1, dk1, dq2, dk2, dv_, dga, dgb, dba, dbb, di, dw, dS0, dSp, dout};
+                    for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++) dfree(b, bufs[j]);
+                    CHECK_OK(hyla_cuda_set_sse_windows(b, 1));
+                }
+                int same = !memcmp(res[0][0], res[1][0], nv * 4) && !memcmp(res[0][1], res[1][1], ns * 4) &&
+                           !memcmp(res[0][2], res[1][2], ns * N * 4);
+                int empty_kept = !memcmp(res[0][2] + 3 * ns, Sp + 3 * ns, ns * 4); /* partition 3: untouched */
+                printf("  sse-%s K=%d %s: device plan == host plan: %s; empty partition untouched: %s\n",
+                       gdn ? "gdn" : "gla", K, win ? "windows" : "plain chunks", same ? "bits" : "FAIL",
+                       empty_kept ? "yes" : "FAIL");
+                CHECK_MSG(same, "sse-%s K=%d win=%d: device plan differs from host plan", gdn ? "gdn" : "gla", K, win);
+                CHECK_MSG(empty_kept, "sse-%s K=%d win=%d: an unselected partition changed", gdn ? "gdn" : "gla", K, win);
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 3; j++) free(res[i][j]);
+                float *hb[] = {q1, k1, q2, k2, v, ga, gb, ba, bb, S0, Sp, w};
+                for (size_t j = 0; j < sizeof hb / sizeof hb[0]; j++) free(hb[j]);
+                free(idx);
+            }
+}
+
 int main(void) {
     if (!hyla_cuda_available()) {
         printf("test_gpu_ops: SKIPPED — no usable CUDA device (or the CUDA backend is not built)\n");
@@ -970,6 +1040,12 @@ int main(void) {
     }
     unsetenv("HYLA_CUDA_PREFILL");
     unsetenv("HYLA_CUDA_REC");
+    setenv("HYLA_CUDA_SSE_PLAN", "host", 1);
+    if (hyla_cuda_backend_create(0, &gpu_hp) != HYLA_OK) {
+        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
+        return 1;
+    }
+    unsetenv("HYLA_CUDA_SSE_PLAN");
     /* gpu_rec has its own pool and stream; both see the same device, so gpu_rec's kernels may
      * read gpu's buffers once gpu's stream has been synced. */
     test_memory();
@@ -978,12 +1054,14 @@ int main(void) {
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     test_linear_mixers();
     test_sse();
+    test_sse_plan();
     test_attention();
     test_sample();
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     CHECK_OK(gpu_rec->ops->sync(gpu_rec->ctx));
     printf("test_gpu_ops: %d comparisons, %d out of tolerance\n", n_cmp, n_cmp_fail);
     hyla_backend_destroy(gpu_rec);
+    hyla_backend_destroy(gpu_hp);
     hyla_backend_destroy(gpu);
     hyla_backend_destroy(cpu);
     return hyla_test_done("test_gpu_ops");

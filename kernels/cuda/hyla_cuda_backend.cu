@@ -464,8 +464,11 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *lm = getenv("HYLA_CUDA_LINEAR");
     c->linear_cublas_only = (lm && !strcmp(lm, "cublas")) ? 1 : 0;
     c->skinny_v1 = (lm && !strcmp(lm, "v1")) ? 1 : 0;
-    c->skinny_fused = (lm && !strcmp(lm, "fused")) ? 1 : 0;
+    c->skinny_fused = !lm ? 0 : !strcmp(lm, "fused") ? 1 : !strcmp(lm, "fusedsmall") ? 2 : 0;
+    c->skinny_xconv = lm && !strcmp(lm, "xconv");
     c->sse_windows = 1;
+    const char *sp = getenv("HYLA_CUDA_SSE_PLAN");
+    c->sse_host_plan = sp && !strcmp(sp, "host");
     const char *rs = getenv("HYLA_CUDA_REC");
     c->rec_scalar = rs && !strcmp(rs, "scalar");
     const char *cp = getenv("HYLA_CUDA_CHUNK_PHASE");

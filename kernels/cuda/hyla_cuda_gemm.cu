@@ -1,11 +1,13 @@
 /* hyla_cuda_gemm.cu — the batch-invariant "skinny" linear for M <= 256 rows (every linear the
  * runtime issues: prefill pieces of <= 64 tokens, decode batches of <= 256 sessions).
  *
- * y[M][N] = x[M][K] W[N][K]^T (+ bias) (+ y): x fp32 (converted to bf16 while staged in shared
- * memory), W bf16, bf16 tensor-core products (mma.sync m16n8k16) with fp32 accumulation.
+ * y[M][N] = x[M][K] W[N][K]^T (+ bias) (+ y): x fp32 rounded to bf16 (by a conversion kernel,
+ * or while staged in shared memory for M <= 16), W bf16, bf16 tensor-core products (mma.sync
+ * m16n8k16) with fp32 accumulation.
  * A block owns 64 output columns and one K slice; K is cut into S slices where S depends on
  * N and K only (enough blocks to cover the GPU), the slices' fp32 partials are summed in slice
- * order (by the last block to finish an output tile in v2, by a second kernel in v1). So the arithmetic that produces y[m][n] — which products, in
+ * order (by a second kernel; by the last block to finish an output tile with
+ * HYLA_CUDA_LINEAR=fused|fusedsmall). So the arithmetic that produces y[m][n] — which products, in
  * which order, in which instructions — does not depend on M or on the other rows: a session's
  * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
  * result does not depend on M"). Weights stream through once per 128-row block.
@@ -101,9 +103,14 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
 
 /* v2 (K % 8 == 0): x pre-converted to bf16 [M][K]; tiles arrive by cp.async, two stages deep,
  * fragments by ldmatrix. Same products in the same order per output as v1's contract: the
- * result of a row still depends only on that row (and N, K). */
-template <int MT>
-__global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, int M, int K,
+ * result of a row still depends only on that row (and N, K).
+ * XF (M <= 16, decode): x is read as fp32 (row stride ldx) and rounded to bf16 while staged,
+ * instead of by a separate conversion kernel: one launch less per linear, and the same bf16
+ * values (round to nearest even either way), so the same bits. For larger M every block would
+ * convert all M rows again, so those keep the conversion kernel. */
+template <int MT, bool XF>
+__global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                                 int ldx, int vecx, int M, int K,
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
                                                  float *__restrict__ part, int S, int *cnt, const float *bias, float *y,
                                                  int ldy, int accumulate) {
@@ -133,8 +140,24 @@ __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict
         for (int q = 0; q < MT * 16 * 8 / 128; q++) {
             int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
             bool ok = m < M && k < kend;
-            cp_async16(&Xs[buf][r * SK_LD + kk], ok ? (const void *)(xb + (size_t)m * K + k) : (const void *)xb,
-                       ok ? 16 : 0);
+            if (XF) { /* k < kend implies k + 8 <= kend: K % 8 == 0 and slices are multiples of 64 */
+                float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+                if (ok) {
+                    const float *src = xf + (size_t)m * ldx + k;
+                    if (vecx) {
+                        float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+                        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) v[j] = src[j];
+                    }
+                }
+                *(uint4 *)&Xs[buf][r * SK_LD + kk] = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                                               pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+            } else {
+                cp_async16(&Xs[buf][r * SK_LD + kk], ok ? (const void *)(xb + (size_t)m * K + k) : (const void *)xb,
+                           ok ? 16 : 0);
+            }
         }
         cp_async_commit();
     };
@@ -243,16 +266,22 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : M <= 64 ? 4 : 8;
     dim3 grid(ntiles, S, (M + MT * 16 - 1) / (MT * 16));
     if (K % 8 == 0 && !c->skinny_v1) {
-        void *xb;
-        HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
-        HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
-        const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
+        const __nv_bfloat16 *xbb = NULL;
+        const bool xf = MT == 1 && !c->skinny_xconv; /* M <= 16: convert x inside the kernel */
+        const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
+        if (!xf) {
+            void *xb;
+            HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+            HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+            xbb = (const __nv_bfloat16 *)xb;
+        }
         if (MT > 4) { /* 64 rows per block (static shared memory); more blocks along M */
             MT = 4;
             grid.z = (M + 63) / 64;
         }
         size_t tiles = (size_t)grid.x * grid.z;
-        if (c->skinny_fused && c->tile_cnt_n < tiles) { /* completion counters, zero between launches */
+        const bool fused = c->skinny_fused == 1 || (c->skinny_fused == 2 && M <= 16);
+        if (fused && c->tile_cnt_n < tiles) { /* completion counters, zero between launches */
             size_t n = tiles < 65536 ? 65536 : tiles;
             CU_TRY(cudaStreamSynchronize(c->stream));
             CU_TRY(cudaFree(c->tile_cnt));
@@ -265,16 +294,23 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
         }
         /* Measured on H100 (docs/CUDA.md): the fused "last block reduces" epilogue was slower than
          * a separate reduction over the whole GPU (M=64: 48 us vs 31 us), so it is off. */
-        int *cnt = c->skinny_fused ? c->tile_cnt : NULL;
+        int *cnt = fused ? c->tile_cnt : NULL;
         switch (MT) {
         case 1:
-            k_skinny2<1><<<grid, 128, 0, c->stream>>>(xbb, M, K, W->d, N, kchunk, part, S, cnt, bias, y, ldy, accumulate);
+            if (xf)
+                k_skinny2<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S, cnt,
+                                                                bias, y, ldy, accumulate);
+            else
+                k_skinny2<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
+                                                                 cnt, bias, y, ldy, accumulate);
             break;
         case 2:
-            k_skinny2<2><<<grid, 128, 0, c->stream>>>(xbb, M, K, W->d, N, kchunk, part, S, cnt, bias, y, ldy, accumulate);
+            k_skinny2<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S, cnt,
+                                                             bias, y, ldy, accumulate);
             break;
         default:
-            k_skinny2<4><<<grid, 128, 0, c->stream>>>(xbb, M, K, W->d, N, kchunk, part, S, cnt, bias, y, ldy, accumulate);
+            k_skinny2<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S, cnt,
+                                                             bias, y, ldy, accumulate);
             break;
         }
         CU_LAUNCH_CHECK("skinny linear v2");

@@ -7,12 +7,13 @@
  * (token ids, positions, the batch's state and KV page pointers).
  *
  * How: stream-ordered ops whose launches depend only on their arguments ("loggable": embed,
- * linear, the row and elementwise ops, rope, short_conv, the decode mixers, sse_route,
- * attn_decode, copy, zero) are not launched when called but appended to a log: the op code,
+ * linear, the row and elementwise ops, rope, short_conv, the decode mixers, GLA/GDN prefill,
+ * SSE routing and prefill (planned on the device), attn_decode, copy, zero) are not launched
+ * when called but appended to a log: the op code,
  * its scalars and device pointers and the derived launch parameters (the entry, which is the
  * signature) plus the host arrays the op stages for its kernels (the entry's data). Any other
- * op (sample, download, upload, sync, alloc, free, prefill ops, weights, the CUDA-only entry
- * points) first flushes the log, so stream order is exactly the call order. A flush:
+ * op (sample, download, upload, sync, alloc, free, attention prefill, weights, the CUDA-only
+ * entry points) first flushes the log, so stream order is exactly the call order. A flush:
  *   - looks the segment's signature up in a small cache of instantiated graphs; on a hit it
  *     copies the entries' data into the graph's device parameter block (through the pinned
  *     staging ring, on the stream) and launches the graph, whose kernels read it there;
@@ -61,6 +62,8 @@ enum {
     GOP_ATTN_DECODE,
     GOP_COPY,
     GOP_ZERO,
+    GOP_LIN_PREFILL,
+    GOP_SSE_PREFILL,
 };
 
 /* One logged op; every byte is part of the signature (entries are zeroed before filling). */
@@ -93,9 +96,11 @@ typedef struct {
 #define GSEEN 1024   /* signatures remembered (direct-mapped) */
 #define GMIN_OPS 3   /* shorter segments run eagerly */
 #define GMAX_FAIL 2  /* a signature whose capture failed this often is never captured again */
+#define GMAX_OPS 4096 /* longest segment (a decode step of the 1.3B models is ~300-560 ops) */
 #define AL256(x) (((x) + 255) & ~(uint64_t)255)
 
 struct hyla_cu_graphs {
+    hyla_cuda_ctx *c;  /* the owner */
     gent *e;           /* the log [n] */
     uint64_t *off;     /* [n] offset of each entry's data in `data` */
     int n, cap;
@@ -113,6 +118,7 @@ struct hyla_cu_graphs {
 extern "C" hyla_status cu_graphs_create(hyla_cuda_ctx *c) {
     hyla_cu_graphs *g = (hyla_cu_graphs *)calloc(1, sizeof *g);
     if (!g) return hyla_fail(HYLA_ERR_NOMEM, "cuda graphs: out of host memory");
+    g->c = c;
     c->graphs = g;
     return HYLA_OK;
 }
@@ -138,9 +144,18 @@ extern "C" void cu_graphs_destroy(hyla_cuda_ctx *c) {
 
 /* ---------------------------------------------------------------- the log */
 
+static hyla_status flush_log(hyla_cuda_ctx *c, hyla_cu_graphs *g);
+
 /* Append an entry with `data_len` bytes of data; *data (valid until the next append) receives
  * where to write them. */
 static hyla_status log_add(hyla_cu_graphs *g, int op, size_t data_len, gent **out, void **data) {
+    if (g->n >= GMAX_OPS) { /* a sequence that never reaches a flushing op: cut it */
+        hyla_status st = g->deferred != HYLA_OK ? g->deferred : flush_log(g->c, g);
+        g->deferred = HYLA_OK;
+        g->n = 0;
+        g->data_used = 0;
+        HYLA_TRY(st);
+    }
     if (g->n == g->cap) {
         int nc = g->cap ? g->cap * 2 : 1024;
         gent *ne = (gent *)realloc(g->e, (size_t)nc * sizeof *ne);
@@ -234,6 +249,16 @@ static hyla_status dispatch(hyla_cuda_ctx *c, const gent *e, const void *d) {
     case GOP_ATTN_DECODE:
         return cu_attn_decode_dev(c, (const float *)P[0], (const float *)P[1], (const float *)P[2], I[0], I[1], I[2],
                                   I[3], d, (size_t)e->z[0], I[4], I[5], I[6], F[0], (float *)P[3]);
+    case GOP_LIN_PREFILL:
+        return cu_lin_prefill1_dev(c, I[0], (const float *)P[0], (const float *)P[1], (const float *)P[2],
+                                   (const float *)P[3], (const float *)P[4], I[1], I[2], I[3], I[4], F[0], d, I[5],
+                                   (float *)P[5]);
+    case GOP_SSE_PREFILL:
+        return cu_sse_prefill_dev(c, (hyla_sse_transition)I[0], (const float *)P[0], (const float *)P[1],
+                                  (const float *)P[2], (const float *)P[3], (const float *)P[4], (const float *)P[5],
+                                  (const float *)P[6], (const float *)P[7], (const float *)P[8], (const int32_t *)P[9],
+                                  (const float *)P[10], I[1], I[2], I[3], I[4], I[5], I[6], F[0], I[7], (float *)P[12],
+                                  (float *)P[13], (float *)P[11]);
     case GOP_COPY:
         CU_TRY(cudaMemcpyAsync((void *)P[0], P[1], (size_t)e->z[0], cudaMemcpyDeviceToDevice, c->stream));
         return HYLA_OK;
@@ -393,6 +418,9 @@ static hyla_status g_embed(void *ctx, const hyla_weight *table, const int32_t *i
     if (!LOGGING) return cu_embed(ctx, table, ids, n, out);
     if (n <= 0) return HYLA_OK;
     HYLA_TRY(cu_embed_check(table, ids, n));
+    /* an embedding starts a forward pass (a prefill piece or a decode step): the segment before
+     * it is complete, and cutting here makes every piece of a long prefill the same segment */
+    HYLA_TRY(cu_graph_flush(c));
     gent *e;
     void *d;
     HYLA_TRY(log_add(c->graphs, GOP_EMBED, (size_t)n * 4, &e, &d));
@@ -779,16 +807,45 @@ static void f_weight_destroy(void *ctx, hyla_weight *w) {
     cu_weight_destroy(ctx, w);
 }
 
-static hyla_status f_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk, int n,
-                                 int H, int dk, int dv, float scale, float *S, float *o) {
-    FLUSH;
-    return cu_gla_prefill(ctx, q, k, v, gk, n, H, dk, dv, scale, S, o);
+static hyla_status lin_prefill(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                               const float *ga, const float *gb, int n, int H, int dk, int dv, float scale, float *S,
+                               float *o) {
+    if (n <= 0) return HYLA_OK;
+    if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
+    if (dk > 256 && !cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
+    gent *e;
+    void *d;
+    HYLA_TRY(log_add(c->graphs, GOP_LIN_PREFILL, cu_lin_prefill1_block(n, S, NULL), &e, &d));
+    e->p[0] = q;
+    e->p[1] = k;
+    e->p[2] = v;
+    e->p[3] = ga;
+    e->p[4] = gb;
+    e->p[5] = o;
+    e->i[0] = gdn;
+    e->i[1] = n;
+    e->i[2] = H;
+    e->i[3] = dk;
+    e->i[4] = dv;
+    e->i[5] = ((uintptr_t)S & 15) == 0;
+    e->f[0] = scale;
+    cu_lin_prefill1_block(n, S, d);
+    return HYLA_OK;
 }
 
-static hyla_status f_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
+static hyla_status g_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk, int n,
+                                 int H, int dk, int dv, float scale, float *S, float *o) {
+    CTX;
+    if (!LOGGING) return cu_gla_prefill(ctx, q, k, v, gk, n, H, dk, dv, scale, S, o);
+    return lin_prefill(c, 0, q, k, v, gk, NULL, n, H, dk, dv, scale, S, o);
+}
+
+static hyla_status g_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
                                  const float *beta, int n, int H, int dk, int dv, float scale, float *S, float *o) {
-    FLUSH;
-    return cu_gdn_prefill(ctx, q, k, v, g, beta, n, H, dk, dv, scale, S, o);
+    CTX;
+    if (!LOGGING) return cu_gdn_prefill(ctx, q, k, v, g, beta, n, H, dk, dv, scale, S, o);
+    return lin_prefill(c, 1, q, k, v, g, beta, n, H, dk, dv, scale, S, o);
 }
 
 static hyla_status f_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq, int Hk,
@@ -797,13 +854,34 @@ static hyla_status f_attn_prefill(void *ctx, const float *q, const float *k, con
     return cu_attn_prefill(ctx, q, k, v, n, Hq, Hk, D, pos0, kv, window, scale, o);
 }
 
-static hyla_status f_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
+/* SSE prefill planned on the device is stream-only, so it is logged too; the host planner
+ * (token-loop mode, N > 64) syncs, so that path flushes and runs at once. */
+static hyla_status g_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                                  const float *k2, const float *v, const float *ga, const float *gb,
                                  const float *betaa, const float *betab, const int32_t *idx, const float *w, int n,
                                  int H, int dk, int dv, int N, int K, float scale, float *S0, float *Sp, float *o) {
-    FLUSH;
-    return cu_sse_prefill(ctx, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0, Sp,
-                          o);
+    CTX;
+    if (n <= 0) return HYLA_OK;
+    if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: top-%d of %d partitions", K, N);
+    if (!LOGGING || c->prefill_mode != 0 || c->sse_host_plan || !cu_sse_prefill_planned(c, tr, H, dk, dv, N, K)) {
+        FLUSH;
+        return cu_sse_prefill(ctx, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0,
+                              Sp, o);
+    }
+    gent *e;
+    HYLA_TRY(log_add(c->graphs, GOP_SSE_PREFILL, 0, &e, NULL));
+    const void *ps[14] = {q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, o, S0, Sp};
+    memcpy(e->p, ps, sizeof ps);
+    e->i[0] = (int)tr;
+    e->i[1] = n;
+    e->i[2] = H;
+    e->i[3] = dk;
+    e->i[4] = dv;
+    e->i[5] = N;
+    e->i[6] = K;
+    e->i[7] = c->sse_windows;
+    e->f[0] = scale;
+    return HYLA_OK;
 }
 
 static hyla_status f_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params, const float *u,
@@ -844,14 +922,14 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     g_rope,
     g_short_conv,
     g_gated_rmsnorm,
-    f_gla_prefill,
+    g_gla_prefill,
     g_gla_decode,
-    f_gdn_prefill,
+    g_gdn_prefill,
     g_gdn_decode,
     f_attn_prefill,
     g_attn_decode,
     g_sse_route,
-    f_sse_prefill,
+    g_sse_prefill,
     g_sse_decode,
     f_sample,
     f_destroy,

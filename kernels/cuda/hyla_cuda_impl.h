@@ -41,8 +41,9 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 /* After every kernel launch: a bad configuration or a sticky earlier fault becomes a status. */
 #define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
 
-#define HYLA_CU_SCRATCH_SLOTS 8
-enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7 };
+#define HYLA_CU_SCRATCH_SLOTS 9
+enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7,
+       SCR_PLAN = 8 };
 
 typedef struct hyla_cu_pool hyla_cu_pool;     /* hyla_cuda_pool.cu */
 typedef struct hyla_cu_graphs hyla_cu_graphs; /* hyla_cuda_graph.cu */
@@ -96,8 +97,11 @@ typedef struct hyla_cuda_ctx {
     int chunk_phase;        /* HYLA_CUDA_CHUNK_PHASE=a|b: run only kernel A or B of chunked prefill (profiling) */
     int rec_scalar;         /* HYLA_CUDA_REC=scalar: the 1-column recurrent kernel only */
     int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
+    int sse_host_plan;      /* HYLA_CUDA_SSE_PLAN=host: SSE prefill plans on the host (one sync) */
     int skinny_v1;          /* HYLA_CUDA_LINEAR=v1: the first skinny kernel (no cp.async/ldmatrix) */
-    int skinny_fused;       /* HYLA_CUDA_LINEAR=fused: last block of a tile reduces the K slices */
+    int skinny_fused;       /* HYLA_CUDA_LINEAR=fused (1): last block of a tile reduces the K slices;
+                             * =fusedsmall (2): only for M <= 16 */
+    int skinny_xconv;       /* HYLA_CUDA_LINEAR=xconv: x converted by a separate kernel for M <= 16 too */
 } hyla_cuda_ctx;
 
 struct hyla_weight {
@@ -248,6 +252,29 @@ typedef struct {
     const int32_t *h_nck, *h_cklen;
 } hyla_cu_linattn_batch;
 hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b);
+/* Whether the chunked (tensor-core) kernels run these dims (else the token loop). */
+int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq);
+/* The chunked kernels with their tables on the device: chunk c covers packed rows
+ * [d_tok0[c], d_tok0[c] + d_len[c]); sequence z its chunks d_c0[z] .. + d_nc[z] and state d_S[z].
+ * NC: table entries (grid of kernel A). Entries no sequence lists may be padding with length 0:
+ * kernel A computes an empty chunk for them and kernel B never reads it. */
+hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale, const float *q,
+                                   const float *k, const float *v, const float *ga, const float *gb, float *o, int NC,
+                                   int nseq, const int32_t *d_tok0, const int32_t *d_len, const int32_t *d_c0,
+                                   const int32_t *d_nc, float *const *d_S);
+/* gla/gdn_prefill of one sequence of n tokens: the block of its chunk tables and state pointer
+ * (returns its bytes; writes it when blk != NULL), and the launch with that block on the device. */
+size_t cu_lin_prefill1_block(int n, float *S, void *blk);
+hyla_status cu_lin_prefill1_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                const float *ga, const float *gb, int n, int H, int dk, int dv, float scale,
+                                const void *d_blk, int states16, float *o);
+/* SSE prefill planned on the device (no host sync); cu_sse_prefill_planned says whether it applies. */
+int cu_sse_prefill_planned(hyla_cuda_ctx *c, hyla_sse_transition tr, int H, int dk, int dv, int N, int K);
+hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
+                               const float *q2, const float *k2, const float *v, const float *ga, const float *gb,
+                               const float *betaa, const float *betab, const int32_t *idx, const float *w, int n,
+                               int H, int dk, int dv, int N, int K, float scale, int windows, float *S0, float *Sp,
+                               float *o);
 hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B);
 
 /* attention (hyla_cuda_attn.cu) */

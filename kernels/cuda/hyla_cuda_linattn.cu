@@ -986,16 +986,76 @@ static int pow2_dkp(int dk) {
     return d;
 }
 
+extern "C" int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq) {
+    const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
+    int ok = c->prefill_mode == 0 && dkp <= 256 && dv <= 1024 && H <= 65535 && nseq <= 65535;
+    if (ok && gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) ok = 0;
+    if (ok && smem_b(dkp, gdn, 1) > c->smem_optin) ok = 0;
+    if (ok && !gdn && smem_a_gla(dkp) > c->smem_optin) ok = 0;
+    return ok;
+}
+
+extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
+                                              const float *q, const float *k, const float *v, const float *ga,
+                                              const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
+                                              const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
+                                              float *const *d_S) {
+    if (NC <= 0 || nseq <= 0) return HYLA_OK;
+    const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
+    /* scratch: per (chunk, head) tiles */
+    size_t nch = (size_t)NC * H;
+    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn ? nch * CH * dv * 4 : 0;
+    size_t sz_w = gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
+#define AL(x) (((x) + 255) & ~(size_t)255)
+    size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_CHUNK, total, &scr));
+    uint8_t *p = (uint8_t *)scr;
+    ChunkArgs ca;
+    memset(&ca, 0, sizeof ca);
+    ca.H = H;
+    ca.dk = dk;
+    ca.dv = dv;
+    ca.dkp = dkp;
+    ca.scale = scale;
+    ca.q = q;
+    ca.k = k;
+    ca.v = v;
+    ca.ga = ga;
+    ca.gb = gb;
+    ca.o = o;
+    ca.vec4 = dk % 4 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
+    ca.ck_tok0 = d_tok0;
+    ca.ck_len = d_len;
+    ca.seq_c0 = d_c0;
+    ca.seq_nc = d_nc;
+    ca.S = d_S;
+    ca.qt = (__nv_bfloat16 *)p;
+    p += AL(sz_qt);
+    ca.ktT = (__nv_bfloat16 *)p;
+    p += AL(sz_qt);
+    ca.wt = (__nv_bfloat16 *)p;
+    p += AL(sz_w);
+    ca.aqk = (__nv_bfloat16 *)p;
+    p += AL(sz_aqk);
+    ca.u0 = (float *)p;
+    p += AL(sz_u0);
+    ca.dec = (float *)p;
+#undef AL
+    switch (dkp) {
+    case 16: return launch_chunked<16>(c, ca, gdn, NC, nseq, dvp);
+    case 32: return launch_chunked<32>(c, ca, gdn, NC, nseq, dvp);
+    case 64: return launch_chunked<64>(c, ca, gdn, NC, nseq, dvp);
+    case 128: return launch_chunked<128>(c, ca, gdn, NC, nseq, dvp);
+    default: return launch_chunked<256>(c, ca, gdn, NC, nseq, dvp);
+    }
+}
+
 extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b) {
     const int H = b->H, dk = b->dk, dv = b->dv;
     if (b->nseq <= 0) return HYLA_OK;
     if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
-    const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
-    int use_chunked = c->prefill_mode == 0 && dkp <= 256 && dv <= 1024 && H <= 65535 && b->nseq <= 65535;
-    if (use_chunked && b->gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) use_chunked = 0;
-    if (use_chunked && smem_b(dkp, b->gdn, 1) > c->smem_optin) use_chunked = 0;
-    if (use_chunked && !b->gdn && smem_a_gla(dkp) > c->smem_optin) use_chunked = 0;
-    if (!use_chunked) {
+    if (!cu_linattn_chunked_ok(c, b->gdn, H, dk, dv, b->nseq)) {
         /* token loop, one sequence at a time */
         for (int z = 0; z < b->nseq; z++) {
             if (b->h_len[z] <= 0) continue;
@@ -1057,107 +1117,87 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
     free(tab);
     HYLA_TRY(st);
     HYLA_TRY(cu_stage(c, b->h_S, (size_t)b->nseq * sizeof(float *), &d_S));
-    if (NC == 0) return HYLA_OK;
-    /* scratch: per (chunk, head) tiles */
-    size_t nch = (size_t)NC * H;
-    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = b->gdn ? nch * CH * dv * 4 : 0;
-    size_t sz_w = b->gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
-#define AL(x) (((x) + 255) & ~(size_t)255)
-    size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);
-    void *scr;
-    HYLA_TRY(cu_scratch(c, SCR_CHUNK, total, &scr));
-    uint8_t *p = (uint8_t *)scr;
-    ChunkArgs ca;
-    memset(&ca, 0, sizeof ca);
-    ca.H = H;
-    ca.dk = dk;
-    ca.dv = dv;
-    ca.dkp = dkp;
-    ca.scale = b->scale;
-    ca.q = b->q;
-    ca.k = b->k;
-    ca.v = b->v;
-    ca.ga = b->ga;
-    ca.gb = b->gb;
-    ca.o = b->o;
-    ca.vec4 = dk % 4 == 0 && ((uintptr_t)b->q & 15) == 0 && ((uintptr_t)b->k & 15) == 0 && ((uintptr_t)b->v & 15) == 0;
-    int32_t *dt = (int32_t *)d_tab;
-    ca.ck_tok0 = dt;
-    ca.ck_len = dt + NC;
-    ca.seq_c0 = dt + 2 * NC;
-    ca.seq_nc = dt + 2 * NC + b->nseq;
-    ca.S = (float *const *)d_S;
-    ca.qt = (__nv_bfloat16 *)p;
-    p += AL(sz_qt);
-    ca.ktT = (__nv_bfloat16 *)p;
-    p += AL(sz_qt);
-    ca.wt = (__nv_bfloat16 *)p;
-    p += AL(sz_w);
-    ca.aqk = (__nv_bfloat16 *)p;
-    p += AL(sz_aqk);
-    ca.u0 = (float *)p;
-    p += AL(sz_u0);
-    ca.dec = (float *)p;
-#undef AL
-    switch (dkp) {
-    case 16: return launch_chunked<16>(c, ca, b->gdn, NC, b->nseq, dvp);
-    case 32: return launch_chunked<32>(c, ca, b->gdn, NC, b->nseq, dvp);
-    case 64: return launch_chunked<64>(c, ca, b->gdn, NC, b->nseq, dvp);
-    case 128: return launch_chunked<128>(c, ca, b->gdn, NC, b->nseq, dvp);
-    default: return launch_chunked<256>(c, ca, b->gdn, NC, b->nseq, dvp);
+    const int32_t *dt = (const int32_t *)d_tab;
+    return cu_linattn_chunked_dev(c, b->gdn, H, dk, dv, b->scale, b->q, b->k, b->v, b->ga, b->gb, b->o, NC, b->nseq,
+                                  dt, dt + NC, dt + 2 * NC, dt + 2 * NC + b->nseq, (float *const *)d_S);
+}
+
+/* One sequence of n tokens (the gla/gdn_prefill ops): its chunk tables and state pointer in one
+ * block [tok0 NC][len NC][c0][nc] int32, then the state pointer at an 8-byte boundary. */
+extern "C" size_t cu_lin_prefill1_block(int n, float *S, void *blk) {
+    int NC = (n + CH - 1) / CH;
+    size_t sp = ((size_t)(2 * NC + 2) * 4 + 7) & ~(size_t)7;
+    if (blk) {
+        int32_t *t = (int32_t *)blk;
+        for (int i = 0; i < NC; i++) {
+            t[i] = i * CH;
+            t[NC + i] = n - i * CH < CH ? n - i * CH : CH;
+        }
+        t[2 * NC] = 0;
+        t[2 * NC + 1] = NC;
+        for (size_t x = (size_t)(2 * NC + 2) * 4; x < sp; x++) ((uint8_t *)blk)[x] = 0;
+        memcpy((uint8_t *)blk + sp, &S, sizeof S);
     }
+    return sp + sizeof(float *);
+}
+
+extern "C" hyla_status cu_lin_prefill1_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                           const float *ga, const float *gb, int n, int H, int dk, int dv, float scale,
+                                           const void *d_blk, int states16, float *o) {
+    if (n <= 0) return HYLA_OK;
+    int NC = (n + CH - 1) / CH;
+    size_t sp = ((size_t)(2 * NC + 2) * 4 + 7) & ~(size_t)7;
+    const int32_t *t = (const int32_t *)d_blk;
+    float *const *d_S = (float *const *)((const uint8_t *)d_blk + sp);
+    if (cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
+        return cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, 1, t, t + NC, t + 2 * NC,
+                                      t + 2 * NC + 1, d_S);
+    hyla_cu_linrec r; /* token loop */
+    memset(&r, 0, sizeof r);
+    r.gdn = gdn;
+    r.H = H;
+    r.dk = dk;
+    r.dv = dv;
+    r.scale = scale;
+    r.ntok = n;
+    r.q1 = q;
+    r.k1 = k;
+    r.v = v;
+    r.ga = ga;
+    r.betaa = gdn ? gb : NULL;
+    r.o = o;
+    r.S0 = d_S;
+    r.states16 = states16;
+    return cu_lin_recurrent(c, &r, 1);
+}
+
+static hyla_status prefill1(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                            const float *ga, const float *gb, int n, int H, int dk, int dv, float scale, float *S,
+                            float *o) {
+    if (n <= 0) return HYLA_OK;
+    if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
+    size_t bytes = cu_lin_prefill1_block(n, S, NULL);
+    void *blk = malloc(bytes);
+    if (!blk) return hyla_fail(HYLA_ERR_NOMEM, "linear attention: out of host memory");
+    cu_lin_prefill1_block(n, S, blk);
+    void *d_blk;
+    hyla_status st = cu_stage(c, blk, bytes, &d_blk);
+    free(blk);
+    HYLA_TRY(st);
+    return cu_lin_prefill1_dev(c, gdn, q, k, v, ga, gb, n, H, dk, dv, scale, d_blk, ((uintptr_t)S & 15) == 0, o);
 }
 
 /* ================================================================ ops */
 
 extern "C" hyla_status cu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk,
                                       int n, int H, int dk, int dv, float scale, float *S, float *o) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0) return HYLA_OK;
-    int32_t start = 0, len = n;
-    hyla_cu_linattn_batch b;
-    memset(&b, 0, sizeof b);
-    b.gdn = 0;
-    b.H = H;
-    b.dk = dk;
-    b.dv = dv;
-    b.scale = scale;
-    b.q = q;
-    b.k = k;
-    b.v = v;
-    b.ga = gk;
-    b.o = o;
-    b.nseq = 1;
-    b.h_start = &start;
-    b.h_len = &len;
-    b.h_S = &S;
-    return cu_linattn_prefill_batch(c, &b);
+    return prefill1((hyla_cuda_ctx *)ctx, 0, q, k, v, gk, NULL, n, H, dk, dv, scale, S, o);
 }
 
 extern "C" hyla_status cu_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
                                       const float *beta, int n, int H, int dk, int dv, float scale, float *S,
                                       float *o) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0) return HYLA_OK;
-    int32_t start = 0, len = n;
-    hyla_cu_linattn_batch b;
-    memset(&b, 0, sizeof b);
-    b.gdn = 1;
-    b.H = H;
-    b.dk = dk;
-    b.dv = dv;
-    b.scale = scale;
-    b.q = q;
-    b.k = k;
-    b.v = v;
-    b.ga = g;
-    b.gb = beta;
-    b.o = o;
-    b.nseq = 1;
-    b.h_start = &start;
-    b.h_len = &len;
-    b.h_S = &S;
-    return cu_linattn_prefill_batch(c, &b);
+    return prefill1((hyla_cuda_ctx *)ctx, 1, q, k, v, g, beta, n, H, dk, dv, scale, S, o);
 }
 
 extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,

@@ -1,8 +1,9 @@
 /* hyla_cuda_sse.cu — sparse state expansion (MODELS.md 4.3) on the GPU: routing, the
  * partition-grouped prefill and the decode that touches only the selected partitions.
  *
- * Prefill (the paper's varlen method): the routes are brought to the host (one sync per call),
- * which lists for every partition the tokens that selected it (ascending). One gather kernel
+ * Prefill (the paper's varlen method): a planner kernel lists for every partition the tokens
+ * that selected it (ascending) and builds the chunk tables on the GPU (no host sync; the host
+ * planner, one sync per call, remains for the token-loop mode and N > 64). One gather kernel
  * packs the always-selected sequence (all n tokens: q1, k1, v, ga, betaa) followed by each
  * partition's subsequence (w-scaled q2, k2, and v, gb, betab of those tokens); the chunked
  * kernels run all 1 + N sequences in one launch pair; a combine kernel adds, for each token,
@@ -123,6 +124,273 @@ static unsigned grid_of(size_t n) {
     return (unsigned)(b ? b : 1);
 }
 
+/* ---------------------------------------------------------------- device plan
+ *
+ * The partition grouping of a prefill call computed on the GPU from the routes, so the call
+ * needs no host sync (and can sit in a CUDA graph): one block of PLAN_T threads
+ *   1. counts each partition's (token, slot) pairs and their offsets in the packed buffer;
+ *   2. gives each pair its place, tokens ascending within a partition (a block-wide scan per
+ *      partition over tiles of tokens: warp ballots, then warp totals scanned in order);
+ *   3. marks the packed rows that start a chunk (the always-selected sequence every 64 tokens
+ *      of the call; a partition's rows where a new 64-token window of the call begins, or every
+ *      64 rows without windows) and scans the marks into chunk ids;
+ *   4. writes the chunk tables (first row, length), each sequence's first chunk and count, the
+ *      chunk total and the sequences' state pointers.
+ * The result equals the host planner's tables (sse_prefill_host), so the chunked kernels
+ * compute the same bits. Kernel A is launched on an upper bound of the chunk count; the table
+ * entries past the real count are empty chunks (length 0) that no sequence lists, so kernel B
+ * never reads them. Routes outside [0, N) are skipped (prow = -1): they cannot come from
+ * sse_route. */
+#define PLAN_T 1024
+#define PLAN_MAXN 64 /* partitions the plan handles (more: the host planner) */
+#define PLAN_MAXK 8
+
+struct PlanArgs {
+    const int32_t *idx;
+    int n, N, K, windows;
+    float *S0, *Sp;
+    size_t sstride;          /* H*dk*dv */
+    int32_t *src, *prow;     /* [nk] */
+    int32_t *rowc;           /* [R + 1] chunks started before each packed row */
+    int32_t *tok0, *len;     /* [ub] */
+    int ub;                  /* table entries: an upper bound of the chunk count (kernel A's grid) */
+    int32_t *c0, *nc;        /* [1 + N] */
+    int32_t *ncount;         /* [1] */
+    float **S;               /* [1 + N] */
+};
+
+__device__ __forceinline__ int plan_part_of(const int *off, int N, int q) { /* off[p] <= q < off[p+1] */
+    int p = 0;
+    while (p + 1 < N && off[p + 1] <= q) p++;
+    return p;
+}
+
+__device__ __forceinline__ int plan_start(const PlanArgs &a, const int *off, int r) {
+    if (r < a.n) return r % 64 == 0;
+    int q = r - a.n, p = plan_part_of(off, a.N, q), rel = q - off[p];
+    if (!a.windows) return rel % 64 == 0;
+    return rel == 0 || (a.src[q] / a.K) / 64 != (a.src[q - 1] / a.K) / 64;
+}
+
+__global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
+    __shared__ int cnt[PLAN_MAXN], off[PLAN_MAXN + 1], base[PLAN_MAXN];
+    __shared__ int wc[PLAN_MAXN][PLAN_T / 32];
+    __shared__ int ws[PLAN_T / 32];
+    __shared__ int carry;
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int n = a.n, N = a.N, K = a.K;
+    const int nk = n * K;
+    const unsigned lt = (1u << lane) - 1u;
+    for (int p = tid; p < N; p += PLAN_T) cnt[p] = 0;
+    for (int i = tid; i < nk; i += PLAN_T) a.src[i] = 0; /* rows no route fills read token 0 (never used) */
+    __syncthreads();
+    for (int i = tid; i < nk; i += PLAN_T) {
+        int p = a.idx[i];
+        if (p >= 0 && p < N) atomicAdd(&cnt[p], 1); /* integer counts: order-free */
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int s = 0;
+        for (int p = 0; p < N; p++) {
+            off[p] = s;
+            base[p] = 0;
+            s += cnt[p];
+        }
+        off[N] = s;
+        carry = 0;
+    }
+    __syncthreads();
+    /* 2. places */
+    for (int t0 = 0; t0 < n; t0 += PLAN_T) {
+        const int t = t0 + tid;
+        int pref[PLAN_MAXK];
+        for (int j = 0; j < PLAN_MAXK; j++) pref[j] = -1;
+        for (int p = 0; p < N; p++) {
+            int slot = -1;
+            if (t < n)
+                for (int j = 0; j < K; j++)
+                    if (a.idx[(size_t)t * K + j] == p) slot = j;
+            unsigned m = __ballot_sync(0xffffffffu, slot >= 0);
+            if (slot >= 0) pref[slot] = __popc(m & lt);
+            if (lane == 0) wc[p][wid] = __popc(m);
+        }
+        __syncthreads();
+        if (tid < N) { /* exclusive scan of this partition's warp counts, after the earlier tiles */
+            int s2 = base[tid];
+            for (int w = 0; w < PLAN_T / 32; w++) {
+                int v = wc[tid][w];
+                wc[tid][w] = s2;
+                s2 += v;
+            }
+            base[tid] = s2;
+        }
+        __syncthreads();
+        if (t < n)
+            for (int j = 0; j < K; j++) {
+                int p = a.idx[(size_t)t * K + j];
+                if (p < 0 || p >= N || pref[j] < 0) { /* invalid, or a partition repeated in a token's routes */
+                    a.prow[(size_t)t * K + j] = -1;
+                    continue;
+                }
+                int pos = off[p] + wc[p][wid] + pref[j];
+                a.src[pos] = t * K + j;
+                a.prow[(size_t)t * K + j] = n + pos;
+            }
+        __syncthreads();
+    }
+    /* 3. chunk starts -> ids (rows of skipped routes lie past off[N] and are never read) */
+    const int Rv = n + off[N];
+    for (int r0 = 0; r0 < Rv; r0 += PLAN_T) {
+        const int r = r0 + tid;
+        int f = r < Rv ? plan_start(a, off, r) : 0;
+        unsigned m = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) ws[wid] = __popc(m);
+        __syncthreads();
+        if (tid == 0) {
+            int s2 = carry;
+            for (int w = 0; w < PLAN_T / 32; w++) {
+                int v = ws[w];
+                ws[w] = s2;
+                s2 += v;
+            }
+            carry = s2;
+        }
+        __syncthreads();
+        if (r < Rv) {
+            int id = ws[wid] + __popc(m & lt);
+            a.rowc[r] = id;
+            if (f) a.tok0[id] = r;
+        }
+        __syncthreads();
+    }
+    const int NC = carry;
+    /* 4. lengths and sequence tables */
+    for (int r = tid; r < Rv; r += PLAN_T) {
+        int id = a.rowc[r];
+        int nx = r + 1 < Rv ? a.rowc[r + 1] : NC;
+        if (nx == id) continue; /* not a start */
+        int send = r < n ? n : n + off[plan_part_of(off, N, r - n) + 1];
+        int next = id + 1 < NC ? a.tok0[id + 1] : Rv;
+        a.len[id] = (next < send ? next : send) - r;
+    }
+    for (int x = NC + tid; x < a.ub; x += PLAN_T) { /* padding: empty chunks that no sequence lists */
+        a.tok0[x] = 0;
+        a.len[x] = 0;
+    }
+    if (tid == 0) {
+        a.ncount[0] = NC;
+        a.c0[0] = 0;
+        a.nc[0] = n < Rv ? a.rowc[n] : NC; /* chunks started before the first sparse row */
+        a.S[0] = a.S0;
+    }
+    for (int p = tid; p < N; p += PLAN_T) {
+        int r0 = n + off[p], r1 = n + off[p + 1];
+        int c0 = r0 < Rv ? a.rowc[r0] : NC, c1 = r1 < Rv ? a.rowc[r1] : NC;
+        a.c0[1 + p] = c0;
+        a.nc[1 + p] = c1 - c0;
+        a.S[1 + p] = a.Sp + (size_t)p * a.sstride;
+    }
+}
+
+/* Whether the device plan handles this call (else the host planner). */
+static int plan_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int N, int K) {
+    return N <= PLAN_MAXN && K <= PLAN_MAXK && cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1 + N);
+}
+
+extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1,
+                                          const float *k1, const float *q2, const float *k2, const float *v,
+                                          const float *ga, const float *gb, const float *betaa, const float *betab,
+                                          const int32_t *idx, const float *w, int n, int H, int dk, int dv, int N,
+                                          int K, float scale, int windows, float *S0, float *Sp, float *o) {
+    if (n <= 0) return HYLA_OK;
+    const int gdn = tr == HYLA_SSE_GDN;
+    const size_t nk = (size_t)n * K, rows = (size_t)n + nk;
+    const int nw = (n + 63) / 64;
+    size_t ub = windows ? (size_t)nw + (nk < (size_t)N * nw ? nk : (size_t)N * nw) : (size_t)nw + (nk + 63) / 64 + N;
+    /* plan scratch: ints src, prow [nk], rowc [rows + 1], tok0, len [ub], c0, nc [1 + N], count; then pointers */
+    size_t nint = 2 * nk + rows + 1 + 2 * ub + 2 * (size_t)(1 + N) + 1;
+    size_t pbytes = ((nint * 4 + 15) & ~(size_t)15) + (size_t)(1 + N) * sizeof(float *);
+    void *pl;
+    HYLA_TRY(cu_scratch(c, SCR_PLAN, pbytes, &pl));
+    PlanArgs pa;
+    memset(&pa, 0, sizeof pa);
+    pa.idx = idx;
+    pa.n = n;
+    pa.N = N;
+    pa.K = K;
+    pa.windows = windows;
+    pa.S0 = S0;
+    pa.Sp = Sp;
+    pa.sstride = (size_t)H * dk * dv;
+    int32_t *ip = (int32_t *)pl;
+    pa.src = ip;
+    pa.prow = ip + nk;
+    pa.rowc = ip + 2 * nk;
+    pa.tok0 = pa.rowc + rows + 1;
+    pa.len = pa.tok0 + ub;
+    pa.ub = (int)ub;
+    pa.c0 = pa.len + ub;
+    pa.nc = pa.c0 + 1 + N;
+    pa.ncount = pa.nc + 1 + N;
+    pa.S = (float **)((uint8_t *)pl + ((nint * 4 + 15) & ~(size_t)15));
+    k_sse_plan<<<1, PLAN_T, 0, c->stream>>>(pa);
+    CU_LAUNCH_CHECK("sse plan");
+    /* packed buffers */
+    size_t hk = (size_t)H * dk, hv = (size_t)H * dv, gsz = gdn ? (size_t)H : hk;
+    size_t bytes = rows * (2 * hk + 2 * hv + gsz + (gdn ? (size_t)H : 0)) * 4;
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_SSE, bytes, &scr));
+    GatherArgs g;
+    memset(&g, 0, sizeof g);
+    g.n = n;
+    g.H = H;
+    g.dk = dk;
+    g.dv = dv;
+    g.K = K;
+    g.gdn = gdn;
+    g.q1 = q1;
+    g.k1 = k1;
+    g.q2 = q2;
+    g.k2 = k2;
+    g.v = v;
+    g.ga = ga;
+    g.gb = gb;
+    g.betaa = betaa;
+    g.betab = betab;
+    g.w = w;
+    g.src = pa.src;
+    float *p = (float *)scr;
+    g.pq = p;
+    p += rows * hk;
+    g.pk = p;
+    p += rows * hk;
+    g.pv = p;
+    p += rows * hv;
+    float *po = p;
+    p += rows * hv;
+    g.pga = p;
+    p += rows * gsz;
+    g.pgb = gdn ? p : NULL;
+    size_t per = (size_t)H * (2 * dk + dv) + (gdn ? 2 * (size_t)H : hk);
+    k_sse_gather<<<grid_of(rows * per), 256, 0, c->stream>>>(g, rows);
+    CU_LAUNCH_CHECK("sse gather");
+    HYLA_TRY(cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, g.pq, g.pk, g.pv, g.pga, g.pgb, po, (int)ub, 1 + N,
+                                    pa.tok0, pa.len, pa.c0, pa.nc, pa.S));
+    k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
+    CU_LAUNCH_CHECK("sse_combine");
+    return HYLA_OK;
+}
+
+extern "C" int cu_sse_prefill_planned(hyla_cuda_ctx *c, hyla_sse_transition tr, int H, int dk, int dv, int N, int K) {
+    return plan_ok(c, tr == HYLA_SSE_GDN, H, dk, dv, N, K);
+}
+
+static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
+                                    const float *q2, const float *k2, const float *v, const float *ga,
+                                    const float *gb, const float *betaa, const float *betab, const int32_t *idx,
+                                    const float *w, int n, int H, int dk, int dv, int N, int K, float scale,
+                                    float *S0, float *Sp, float *o);
+
 extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
                                       const float *q2, const float *k2, const float *v, const float *ga,
                                       const float *gb, const float *betaa, const float *betab, const int32_t *idx,
@@ -131,6 +399,20 @@ extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const f
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (n <= 0) return HYLA_OK;
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: top-%d of %d partitions", K, N);
+    if (c->prefill_mode == 0 && !c->sse_host_plan && plan_ok(c, tr == HYLA_SSE_GDN, H, dk, dv, N, K))
+        return cu_sse_prefill_dev(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale,
+                                  c->sse_windows, S0, Sp, o);
+    return sse_prefill_host(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0, Sp,
+                            o);
+}
+
+/* The host planner: routes to the host (one sync), the same tables built there. Used for the
+ * token-loop mode and where the device plan does not apply (N > 64, K > 8). */
+static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
+                                    const float *q2, const float *k2, const float *v, const float *ga,
+                                    const float *gb, const float *betaa, const float *betab, const int32_t *idx,
+                                    const float *w, int n, int H, int dk, int dv, int N, int K, float scale,
+                                    float *S0, float *Sp, float *o) {
     const int gdn = tr == HYLA_SSE_GDN;
     if (c->prefill_mode == 1) {
         void *d_p;

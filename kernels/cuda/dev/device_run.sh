@@ -2,7 +2,7 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, kbench, ksse, kphase, e2ebench, e2equick)
+# usage: run.sh PHASES... (tests, testsenv, kbench, kmain, kprefill, ksse, kphase, e2ebench, e2equick, linexp)
 # e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
@@ -17,6 +17,21 @@ for ph in "$@"; do
       grep -E "FAIL|comparisons|differ" $OUT/test_gpu_ops.log | head -30
       t0=$SECONDS; timeout 240 test_gpu_e2e > $OUT/test_gpu_e2e.log 2>&1; echo "test_gpu_e2e rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|diverge|check|graphs" $OUT/test_gpu_e2e.log | head -30 ;;
+    testsenv)
+      # the parity tests again with the optional linear paths (same bits expected in e2e)
+      for v in fusedsmall xconv; do
+        t0=$SECONDS; HYLA_CUDA_LINEAR=$v timeout 120 test_gpu_e2e > $OUT/test_gpu_e2e_$v.log 2>&1; echo "test_gpu_e2e HYLA_CUDA_LINEAR=$v rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      done ;;
+    kprefill|kmain)
+      t0=$SECONDS; list="gemm prefill"; [ $ph = kprefill ] && list=prefill
+      for o in $list; do timeout 150 hyla-bench kernels --device cuda:0 --only $o >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err; done
+      echo "kmain rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep -E '"M":(1|16|64),|varlen|one call"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//' ;;
+    linexp)
+      for v in fusedsmall xconv; do
+        HYLA_CUDA_LINEAR=$v timeout 100 hyla-bench e2e --device cuda:0 --model /tmp/m_gla --prefill 64 --batch 1,16 --ctx 16 --steps 32 | sed "s/\"bench\":\"/\"linear\":\"$v\",\"bench\":\"/" >> $OUT/bench_e2e.jsonl 2>> $OUT/e2e.err
+      done
+      grep '"linear"' $OUT/bench_e2e.jsonl | grep decode | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"model":"[^"]*",//' ;;
     kbench)
       t0=$SECONDS; timeout 300 hyla-bench kernels --device cuda:0 > $OUT/bench_kernels.jsonl 2> $OUT/bench_kernels.err; echo "kbench rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       tail -3 $OUT/bench_kernels.err ;;
@@ -28,6 +43,7 @@ for ph in "$@"; do
       echo "kphase done ($((SECONDS-T0)) s)" | tee -a $OUT/summary.txt ;;
     ksse)
       t0=$SECONDS; timeout 120 hyla-bench kernels --device cuda:0 --only sse >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err; echo "ksse rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      HYLA_CUDA_SSE_PLAN=host timeout 120 hyla-bench kernels --device cuda:0 --only sse | sed 's/"bench":"prefill_sse_vs_gla"/"bench":"prefill_sse_vs_gla_hostplan"/' >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
       cat $OUT/bench_kernels.jsonl | grep sse ;;
     e2ebench|e2equick)
       pf=4096,32768; [ $ph = e2equick ] && pf=4096
