@@ -8,9 +8,11 @@
  * have one size per layer kind, so they form a handful of classes. Larger allocations (weights,
  * scratch) go straight to cudaMalloc. Slots are zero-filled on the compute stream.
  *
- * Snapshots and restores: ops->download / ops->upload already stage through pinned bounce
- * buffers (double-buffered, so the PCIe copy of one piece overlaps the host copy of the
- * next). For copies that overlap compute, hyla_cuda_snapshot_begin queues device->host copies
+ * Snapshots and restores: ops->download / ops->upload (what hyla_session_export/import call
+ * per state part and KV page) run on the copy stream, ordered against the compute stream by
+ * events, through pinned bounce buffers (double-buffered, so the PCIe copy of one piece
+ * overlaps the host copy of the next), or directly when the host memory is pinned. For copies
+ * that overlap compute, hyla_cuda_snapshot_begin queues device->host copies
  * on a second stream, ordered after the work already queued on the compute stream, and
  * returns at once; compute queued later runs while the copies proceed. The destination must
  * be pinned host memory (hyla_cuda_host_alloc) for the copy to be truly asynchronous.
