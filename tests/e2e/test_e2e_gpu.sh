@@ -25,8 +25,12 @@ full=$(H generate "$R" -n 64 --ids --ignore-eos)
 S=$(H create --temperature 0.8 --seed 3) && H append "$S" "$doc" || e2e_fail "session"
 a=$(H generate "$S" -n 32 --ids --ignore-eos)
 H pause "$S" >/dev/null || e2e_fail "pause"
-e2e_kill "$(owner "$S")" KILL
-e2e_wait_for "$E2E_TIMEOUT" H resume "$S" || e2e_fail "resume after the owner was killed"
+victim=$(owner "$S")
+e2e_kill "$victim" KILL
+# wait until the coordinator has declared it dead, so the resume goes to the other worker
+e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | awk '\$1 == \"$victim\" && \$2 == \"ready\"' | grep -q . && exit 1 || exit 0" ||
+  e2e_fail "$victim still listed as ready"
+H resume "$S" >/dev/null || e2e_fail "resume after the owner was killed"
 b=$(H generate "$S" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$a $b" "$full" "GPU: 64 == 32 + pause + kill -9 + resume on the other GPU worker + 32"
 
