@@ -1169,6 +1169,29 @@ static void do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage
     release_session(c, s);
 }
 
+/* Move s (held busy) to to_worker's group, or to any other group when to_worker is NULL or
+ * empty: a durable snapshot on the old group, placement from it, unload from the old group.
+ * from (ID_MAX bytes) receives the old group, *si the snapshot that carried the state. */
+static hyla_rpc_code move_session(hyla_coord *c, csess *s, const char *to_worker, char *from,
+                                  Hyla__V1__SnapshotInfo *si, char *msg, size_t cap) {
+    char ids[MAX_STAGES][ID_MAX];
+    pthread_mutex_lock(&c->mu);
+    int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
+    copy_str(from, ID_MAX, s->group);
+    int n = owners_locked(c, s, ids);
+    uint64_t old_epoch = s->epoch;
+    *si = s->snap;
+    pthread_mutex_unlock(&c->mu);
+    hyla_rpc_code code = HYLA_RPC_OK;
+    if (active)
+        code = snapshot_now(c, s, si, msg, cap);
+    if (code == HYLA_RPC_OK)
+        code = place_session(c, s, to_worker, active ? from : NULL, si->version, msg, cap);
+    if (code == HYLA_RPC_OK && active)
+        unload_on(c, ids, n, s->id, old_epoch);
+    return code;
+}
+
 static void do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__MigrateRequest *q = (const Hyla__V1__MigrateRequest *)m;
     REQUIRE_ID(call, q->session_id);
@@ -1179,22 +1202,9 @@ static void do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessag
         hyla_rpc_call_fail(call, code, "%s", msg);
         return;
     }
-    char from[ID_MAX], ids[MAX_STAGES][ID_MAX];
+    char from[ID_MAX];
     Hyla__V1__SnapshotInfo si;
-    pthread_mutex_lock(&c->mu);
-    int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
-    copy_str(from, sizeof from, s->group);
-    int n = owners_locked(c, s, ids);
-    uint64_t old_epoch = s->epoch;
-    si = s->snap;
-    pthread_mutex_unlock(&c->mu);
-    code = HYLA_RPC_OK;
-    if (active)
-        code = snapshot_now(c, s, &si, msg, sizeof msg);
-    if (code == HYLA_RPC_OK)
-        code = place_session(c, s, q->to_worker, active ? from : NULL, si.version, msg, sizeof msg);
-    if (code == HYLA_RPC_OK && active)
-        unload_on(c, ids, n, s->id, old_epoch);
+    code = move_session(c, s, q->to_worker, from, &si, msg, sizeof msg);
     if (code != HYLA_RPC_OK) {
         release_session(c, s);
         hyla_rpc_call_fail(call, code, "%s", msg);
@@ -1313,6 +1323,18 @@ static void do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
     pthread_mutex_unlock(&c->mu);
     if (r)
         protobuf_c_message_free_unpacked(r, NULL);
+    if (st == HYLA_OK && q->worker_hint && *q->worker_hint) {
+        /* the hint names another group: move the fork there (a preference: on failure it stays) */
+        pthread_mutex_lock(&c->mu);
+        cworker *hw = worker_find(c, q->worker_hint);
+        int other = hw && strcmp(hw->group, s->group) != 0;
+        pthread_mutex_unlock(&c->mu);
+        char from[ID_MAX], mmsg[1024];
+        Hyla__V1__SnapshotInfo si;
+        if (other && move_session(c, s, q->worker_hint, from, &si, mmsg, sizeof mmsg) != HYLA_RPC_OK)
+            HYLA_WARN("coordinator: fork %s stays on group %s: moving it to %s's group failed: %s", s->id, s->group,
+                      q->worker_hint, mmsg);
+    }
     if (st == HYLA_OK) {
         HYLA_INFO("coordinator: session %s forked from %s", s->id, p->id);
         reply_view(c, call, s);

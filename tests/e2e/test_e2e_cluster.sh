@@ -42,13 +42,17 @@ new_session() { # a session with the same document, seed and sampling as the ref
 # (a) 64 == 32 + Pause + Resume on the other worker + 32
 A=$(new_session) || e2e_fail "(a) session"
 a1=$(H generate "$A" -n 32 --ids --ignore-eos)
-H pause "$A" --evict >/dev/null || e2e_fail "(a) pause"
 first=$(owner "$A")
+H pause "$A" --evict >/dev/null || e2e_fail "(a) pause"
 other=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | grep -vxF "$first" | head -n 1)
 H resume "$A" --on "$other" >/dev/null || e2e_fail "(a) resume on $other"
 [ "$(owner "$A")" = "$other" ] || e2e_fail "(a) resumed on $(owner "$A"), asked for $other"
 a2=$(H generate "$A" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$a1 $a2" "$(want 0 64)" "(a) 64 == 32 + pause + resume on the other worker + 32"
+# a fork placed on another worker's group (worker hint) continues like its parent
+AF=$(H fork "$A" --on "$first") || e2e_fail "(g) fork --on $first"
+[ "$(owner "$AF")" = "$first" ] || e2e_fail "(g) fork --on $first landed on $(owner "$AF")"
+e2e_expect_eq "$(H generate "$AF" -n 8 --ids --ignore-eos)" "$(want 64 8)" "(g) fork on another group continues like its parent"
 
 # (b) Migrate while a Generate streams
 B=$(new_session) || e2e_fail "(b) session"
