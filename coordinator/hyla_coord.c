@@ -404,9 +404,12 @@ static hyla_rpc_code pick_group_locked(const hyla_coord *c, const char *model, c
         }
         /* a hint that cannot serve now falls back to any group */
     }
+    /* least loaded: groups whose state memory is not over its budget first, then the fewest
+     * sessions, then the fewest calls in progress, then the group id */
     const char *best = NULL;
     uint32_t best_load = 0;
     uint32_t best_calls = 0;
+    int best_full = 0;
     int any = 0;
     for (size_t i = 0; i < c->n_workers; i++) {
         const cworker *w = c->workers[i];
@@ -416,11 +419,14 @@ static hyla_rpc_code pick_group_locked(const hyla_coord *c, const char *model, c
         if (!group_placeable_locked(c, w->group) || (exclude && strcmp(w->group, exclude) == 0))
             continue;
         uint32_t load = group_sessions_locked(c, w->group), calls = w->load.active_calls;
-        if (!best || load < best_load || (load == best_load && calls < best_calls) ||
-            (load == best_load && calls == best_calls && strcmp(w->group, best) < 0)) {
+        int full = w->load.state_budget_bytes && w->load.state_bytes >= w->load.state_budget_bytes;
+        if (!best || full < best_full ||
+            (full == best_full && (load < best_load || (load == best_load && calls < best_calls) ||
+                                   (load == best_load && calls == best_calls && strcmp(w->group, best) < 0)))) {
             best = w->group;
             best_load = load;
             best_calls = calls;
+            best_full = full;
         }
     }
     if (best) {

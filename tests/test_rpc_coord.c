@@ -49,7 +49,7 @@ typedef struct {
     fsess sess[64];
     int n_sess;
     int loads, unloads, drains, gen_cancelled;
-    atomic_int beating, stop, retarget_port;
+    atomic_int beating, stop, retarget_port, full; /* full: report state memory over budget */
     pthread_t hb;
     uint32_t hb_ms;
 } fworker;
@@ -369,6 +369,10 @@ static void *fw_heartbeat(void *arg) {
         }
         r.n_sessions = (size_t)w->n_sess;
         load.sessions_gpu = (uint32_t)w->n_sess;
+        if (atomic_load(&w->full)) {
+            load.state_budget_bytes = 1000;
+            load.state_bytes = 2000;
+        }
         /* serialize under the lock: the statuses point into the table */
         r.worker_id = w->worker_id;
         r.epoch = w->epoch;
@@ -978,6 +982,25 @@ static void test_in_process(const char *dir) {
     fw_retarget(wb, port);
     CHECK(wait_worker_state("wa", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
     CHECK(generate("acme", ids[1], 2, &res) == 2);
+
+    /* placement prefers groups with state memory to spare: w0 and w1 hold no session and w0
+     * sorts first, but w0 (and wb) report their state budgets used up, so new sessions go to w1 */
+    {
+        fworker *w0 = fw_start("w0", "tiny", port), *w1 = fw_start("w1", "tiny", port);
+        atomic_store(&w0->full, 1);
+        atomic_store(&wb->full, 1);
+        CHECK(wait_worker_state("w0", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
+        CHECK(wait_worker_state("w1", HYLA__V1__WORKER_STATE__WORKER_READY, 6000));
+        sleep_ms(500); /* a few heartbeats carry the loads */
+        s = create("acme", "", NULL, &res);
+        CHECK_MSG(s && s->n_worker_ids == 1 && strcmp(s->worker_ids[0], "w1") == 0, "placed on %s, want w1 (w0 is full)",
+                  s && s->n_worker_ids ? s->worker_ids[0] : "?");
+        if (s)
+            protobuf_c_message_free_unpacked(&s->base, NULL);
+        atomic_store(&wb->full, 0);
+        fw_stop(w0);
+        fw_stop(w1);
+    }
 
     fw_stop(wa);
     fw_stop(wb);
