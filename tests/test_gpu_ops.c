@@ -38,6 +38,8 @@
 
 static hyla_backend *cpu, *gpu, *gpu_rec; /* gpu_rec: HYLA_CUDA_PREFILL=recurrent */
 static hyla_backend *gpu_hp;              /* HYLA_CUDA_SSE_PLAN=host: SSE prefill planned on the host */
+static hyla_backend *gpu_ab;              /* HYLA_CUDA_CHUNK=ab: GDN prefill by kernels A and B (not fused) */
+static hyla_backend *gpu_fu, *gpu_sp;     /* HYLA_CUDA_CHUNK=fused / split: GDN prefill forced to one path */
 static hyla_rng rng;
 
 /* ---------------------------------------------------------------- helpers */
@@ -619,6 +621,106 @@ static float *route_logits(int n, int N) {
     return l;
 }
 
+/* Batched (varlen) prefill: sequences of different lengths packed in one launch == each
+ * sequence alone, bit for bit (the chunked kernels work per sequence and chunk), and within the
+ * chunked tolerance of the CPU. GDN: the fused kernel and its split form (chunk part over all
+ * chunks, then kernel B), which the backend picks by the batch's shape, give the same bits;
+ * kernels A and B (gpu_ab; they still run dk = 256) stay within the tolerance. */
+static void test_prefill_varlen(void) {
+    printf("varlen prefill\n");
+    for (int gdn = 0; gdn < 2; gdn++) {
+        const int H = 3, dk = gdn ? 128 : 64, dv = gdn ? 128 : 96, nseq = 4;
+        const int32_t lens[4] = {130, 64, 1, 201};
+        int32_t starts[4];
+        int n = 0;
+        for (int z = 0; z < nseq; z++) {
+            starts[z] = n;
+            n += lens[z];
+        }
+        size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv, ng = gdn ? (size_t)n * H : nqk;
+        float scale = 1.0f / sqrtf((float)dk);
+        float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
+        float *g = gdn ? gdn_decays((size_t)n * H) : gla_gates(nqk), *beta = randu((size_t)n * H, 0.05f, 1.0f);
+        float *S0 = randn(ns * nseq, 0.3f);
+        if (gdn) {
+            l2rows(q, (size_t)n * H, dk);
+            l2rows(k, (size_t)n * H, dk);
+        }
+        pair pq = pair_new(q, nqk), pk = pair_new(k, nqk), pv = pair_new(v, nv), pg = pair_new(g, ng),
+             pb = pair_new(beta, (size_t)n * H), pS = pair_new(S0, ns * nseq), po = pair_new(NULL, nv);
+        void *Sa = dev(gpu, S0, ns * nseq * 4), *oa = dev(gpu, NULL, nv * 4);
+        float *Sz[4];
+        for (int z = 0; z < nseq; z++) {
+            size_t qo = (size_t)starts[z] * H * dk, vo = (size_t)starts[z] * H * dv, go = gdn ? (size_t)starts[z] * H : qo;
+            run_lin_prefill(cpu, gdn, (float *)pq.c + qo, (float *)pk.c + qo, (float *)pv.c + vo, (float *)pg.c + go,
+                            (float *)pb.c + (size_t)starts[z] * H, lens[z], H, dk, dv, scale, (float *)pS.c + z * ns,
+                            (float *)po.c + vo);
+            run_lin_prefill(gpu, gdn, (float *)pq.g + qo, (float *)pk.g + qo, (float *)pv.g + vo, (float *)pg.g + go,
+                            (float *)pb.g + (size_t)starts[z] * H, lens[z], H, dk, dv, scale, (float *)Sa + z * ns,
+                            (float *)oa + vo);
+            Sz[z] = (float *)pS.g + z * ns;
+        }
+        CHECK_OK(hyla_cuda_prefill_varlen(gpu, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, gdn ? pb.g : NULL, po.g,
+                                          nseq, starts, lens, Sz));
+        char name[96];
+        snprintf(name, sizeof name, "%s varlen 4 seqs dk=%d dv=%d: o", gdn ? "gdn" : "gla", dk, dv);
+        cmp_pair(name, po, CHUNK_TOL);
+        snprintf(name, sizeof name, "%s varlen 4 seqs dk=%d dv=%d: S", gdn ? "gdn" : "gla", dk, dv);
+        cmp_pair(name, pS, CHUNK_TOL);
+        CHECK_MSG(same_bits(gpu, Sa, pS.g, ns * nseq * 4) && same_bits(gpu, oa, po.g, nv * 4),
+                  "%s varlen == each sequence alone (bits)", gdn ? "gdn" : "gla");
+        if (gdn) { /* forced fused, forced split: the same bits */
+            CHECK_OK(gpu->ops->sync(gpu->ctx));
+            hyla_backend *bs[2] = {gpu_fu, gpu_sp};
+            for (int m = 0; m < 2; m++) {
+                void *Sm = dev(bs[m], S0, ns * nseq * 4), *om = dev(bs[m], NULL, nv * 4);
+                float *Smz[4];
+                for (int z = 0; z < nseq; z++) Smz[z] = (float *)Sm + z * ns;
+                CHECK_OK(hyla_cuda_prefill_varlen(bs[m], gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, pb.g, om, nseq,
+                                                  starts, lens, Smz));
+                CHECK_OK(bs[m]->ops->sync(bs[m]->ctx));
+                CHECK_MSG(same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4),
+                          "gdn varlen: %s == default (bits)", m ? "split" : "fused");
+                dfree(bs[m], Sm);
+                dfree(bs[m], om);
+            }
+        }
+        if (gdn) { /* kernels A and B on the same inputs */
+            void *Sb = dev(gpu_ab, S0, ns * nseq * 4), *ob = dev(gpu_ab, NULL, nv * 4);
+            float *Sbz[4];
+            for (int z = 0; z < nseq; z++) Sbz[z] = (float *)Sb + z * ns;
+            CHECK_OK(hyla_cuda_prefill_varlen(gpu_ab, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, pb.g, ob, nseq,
+                                              starts, lens, Sbz));
+            float *hc = host_of(cpu, po.c, nv), *hb = host_of(gpu_ab, ob, nv);
+            cmp("gdn varlen, kernels A and B: o", hb, hc, nv, CHUNK_TOL);
+            free(hc);
+            free(hb);
+            hc = host_of(cpu, pS.c, ns * nseq);
+            hb = host_of(gpu_ab, Sb, ns * nseq);
+            cmp("gdn varlen, kernels A and B: S", hb, hc, ns * nseq, CHUNK_TOL);
+            free(hc);
+            free(hb);
+            dfree(gpu_ab, Sb);
+            dfree(gpu_ab, ob);
+        }
+        dfree(gpu, Sa);
+        dfree(gpu, oa);
+        pair_free(pq);
+        pair_free(pk);
+        pair_free(pv);
+        pair_free(pg);
+        pair_free(pb);
+        pair_free(pS);
+        pair_free(po);
+        free(q);
+        free(k);
+        free(v);
+        free(g);
+        free(beta);
+        free(S0);
+    }
+}
+
 static void test_sse(void) {
     printf("SSE\n");
     for (int tr = 0; tr < 2; tr++)
@@ -1046,6 +1148,22 @@ int main(void) {
         return 1;
     }
     unsetenv("HYLA_CUDA_SSE_PLAN");
+    setenv("HYLA_CUDA_CHUNK", "ab", 1);
+    if (hyla_cuda_backend_create(0, &gpu_ab) != HYLA_OK) {
+        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
+        return 1;
+    }
+    setenv("HYLA_CUDA_CHUNK", "fused", 1);
+    if (hyla_cuda_backend_create(0, &gpu_fu) != HYLA_OK) {
+        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
+        return 1;
+    }
+    setenv("HYLA_CUDA_CHUNK", "split", 1);
+    if (hyla_cuda_backend_create(0, &gpu_sp) != HYLA_OK) {
+        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
+        return 1;
+    }
+    unsetenv("HYLA_CUDA_CHUNK");
     /* gpu_rec has its own pool and stream; both see the same device, so gpu_rec's kernels may
      * read gpu's buffers once gpu's stream has been synced. */
     test_memory();
@@ -1053,6 +1171,7 @@ int main(void) {
     test_rowops();
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     test_linear_mixers();
+    test_prefill_varlen();
     test_sse();
     test_sse_plan();
     test_attention();
@@ -1062,6 +1181,9 @@ int main(void) {
     printf("test_gpu_ops: %d comparisons, %d out of tolerance\n", n_cmp, n_cmp_fail);
     hyla_backend_destroy(gpu_rec);
     hyla_backend_destroy(gpu_hp);
+    hyla_backend_destroy(gpu_ab);
+    hyla_backend_destroy(gpu_fu);
+    hyla_backend_destroy(gpu_sp);
     hyla_backend_destroy(gpu);
     hyla_backend_destroy(cpu);
     return hyla_test_done("test_gpu_ops");

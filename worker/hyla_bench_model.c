@@ -269,25 +269,28 @@ static void bench_prefill(int quick) {
 /* ---------------------------------------------------------------- SSE vs GLA prefill */
 
 typedef struct {
-    int n, H, dk, dv, N, K;
-    float *q1, *k1, *q2, *k2, *v, *ga, *gb, *w, *S0, *Sp, *o, *lg;
+    int n, H, dk, dv, N, K, gdn;
+    float *q1, *k1, *q2, *k2, *v, *ga, *gb, *w, *S0, *Sp, *o, *lg, *ba, *bb;
     int32_t *idx;
 } sse_ud;
 static void sse_run(void *u) {
     sse_ud *a = u;
     float scale = 1.0f / sqrtf((float)a->dk);
-    TRY(O->sse_prefill(CX, HYLA_SSE_GLA, a->q1, a->k1, a->q2, a->k2, a->v, a->ga, a->gb, NULL, NULL, a->idx, a->w,
-                       a->n, a->H, a->dk, a->dv, a->N, a->K, scale, a->S0, a->Sp, a->o));
+    TRY(O->sse_prefill(CX, a->gdn ? HYLA_SSE_GDN : HYLA_SSE_GLA, a->q1, a->k1, a->q2, a->k2, a->v, a->ga, a->gb, a->ba,
+                       a->bb, a->idx, a->w, a->n, a->H, a->dk, a->dv, a->N, a->K, scale, a->S0, a->Sp, a->o));
 }
 static void gla_run(void *u) {
     sse_ud *a = u;
     float scale = 1.0f / sqrtf((float)a->dk);
-    TRY(O->gla_prefill(CX, a->q1, a->k1, a->v, a->ga, a->n, a->H, a->dk, a->dv, scale, a->S0, a->o));
+    if (a->gdn)
+        TRY(O->gdn_prefill(CX, a->q1, a->k1, a->v, a->ga, a->ba, a->n, a->H, a->dk, a->dv, scale, a->S0, a->o));
+    else
+        TRY(O->gla_prefill(CX, a->q1, a->k1, a->v, a->ga, a->n, a->H, a->dk, a->dv, scale, a->S0, a->o));
 }
 
 static void bench_sse(int quick) {
-    sse_ud a = {quick ? 2048 : 32768, 18, 128, 128, 4, 1, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    sse_ud a = {quick ? 2048 : 32768, 18, 128, 128, 4, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t nk = (size_t)a.n * a.H * a.dk, nv = (size_t)a.n * a.H * a.dv;
     a.q1 = drand(nk, 0.1f, 0, 0);
     a.k1 = drand(nk, 0.1f, 0, 0);
@@ -316,6 +319,33 @@ static void bench_sse(int quick) {
         fflush(stdout);
     }
     if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, 1));
+    /* the GDN transition against GDN prefill: scalar gates and betas, keys of norm ~1 */
+    float *gbufs[] = {a.q1, a.k1, a.q2, a.k2, a.ga, a.gb};
+    for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++) dfree(gbufs[i]);
+    a.gdn = 1;
+    a.q1 = drand(nk, 1.0f / sqrtf((float)a.dk), 0, 0);
+    a.k1 = drand(nk, 1.0f / sqrtf((float)a.dk), 0, 0);
+    a.q2 = drand(nk, 1.0f / sqrtf((float)a.dk), 0, 0);
+    a.k2 = drand(nk, 1.0f / sqrtf((float)a.dk), 0, 0);
+    a.ga = drand((size_t)a.n * a.H, 0, -0.3f, -0.01f);
+    a.gb = drand((size_t)a.n * a.H, 0, -0.3f, -0.01f);
+    a.ba = drand((size_t)a.n * a.H, 0, 0.05f, 1.0f);
+    a.bb = drand((size_t)a.n * a.H, 0, 0.05f, 1.0f);
+    double ms_gdn = timeit(gla_run, &a);
+    for (int win = 1; win >= 0; win--) {
+        if (!win && (!hyla_cuda_set_sse_windows || strcmp(O->name, "cuda"))) break;
+        if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, win));
+        double ms_sse = timeit(sse_run, &a);
+        emit_head("prefill_sse_gdn_vs_gdn");
+        printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"sse_chunks\":\"%s\","
+               "\"ms_sse\":%.3f,\"ms_gdn\":%.3f,\"ratio\":%.2f}\n",
+               a.n, a.H, a.dk, a.dv, a.N, a.K, win ? "64-token windows of the call" : "64-token chunks of each partition",
+               ms_sse, ms_gdn, ms_sse / ms_gdn);
+        fflush(stdout);
+    }
+    if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, 1));
+    dfree(a.ba);
+    dfree(a.bb);
     float *bufs[] = {a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.lg, a.w, a.S0, a.Sp, a.o};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
     dfree(a.idx);

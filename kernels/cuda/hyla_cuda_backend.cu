@@ -473,6 +473,8 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->rec_scalar = rs && !strcmp(rs, "scalar");
     const char *cp = getenv("HYLA_CUDA_CHUNK_PHASE");
     c->chunk_phase = !cp ? 0 : !strcmp(cp, "a") ? 1 : !strcmp(cp, "b") ? 2 : 0;
+    const char *ck = getenv("HYLA_CUDA_CHUNK");
+    c->chunk_mode = !ck ? 0 : !strcmp(ck, "ab") ? 1 : !strcmp(ck, "fused") ? 2 : !strcmp(ck, "split") ? 3 : 0;
     return HYLA_OK;
 }
 

@@ -21,7 +21,13 @@
  *       U = U0 - W S (GDN) or V (GLA);  O = q~ S + Aqk U;  S = e^(b_C) S + k~^T U.
  *   Matrix products are bf16 x bf16 -> fp32 (mma.sync m16n8k16); the state is rounded to
  *   bf16 only as an operand, never in storage.
- * Sequences are packed (varlen) so SSE partitions and batched prefill share the kernels.
+ * GDN with dk <= 128 runs the fused kernel instead (k_gdn_fused: kernel A's quantities computed
+ *   per chunk in shared memory by the block that carries the state, so only q, k, v, gates
+ *   are read and o written), or for few long sequences its chunk part over all chunks followed
+ *   by kernel B (the same arithmetic, the same bits); kernels A and B remain for dk = 256 and
+ *   HYLA_CUDA_CHUNK=ab.
+ * Sequences are packed (varlen) so SSE partitions and batched prefill share the kernels; the
+ *   fused kernel can also read SSE rows through the plan's row map (no gathered copy).
  * Threading: launched on the context's stream. */
 #include <math.h>
 #include <stdlib.h>
@@ -342,7 +348,27 @@ struct ChunkArgs {
     __nv_bfloat16 *aqk; /* [ch][64][64] */
     float *u0;          /* [ch][64][dv]   GDN: T diag(beta) V */
     float *dec;         /* [ch][dkp]      e^(bC) (GDN: element 0) */
+    /* SSE row map (rsrc NULL: packed row r is row r of q, k, v, ga, gb). Rows r >= rdense are
+     * sparse: s = rsrc[r - rdense], token s / rK, weight rw[s]; their q, k are q2, k2 times
+     * the weight (the product the gather kernel would have stored), gates g2 (GDN: beta b2),
+     * and v the token's row of v. The dense rows read q, k, ga, gb as without a map. */
+    const int32_t *rsrc;
+    int rdense, rK;
+    const float *rw, *q2, *k2, *g2, *b2;
 };
+
+/* Source of packed row r: token index, sparse or not, weight (1 for dense rows: x * 1.0f == x). */
+__device__ __forceinline__ size_t chunk_row(const ChunkArgs &a, int r, int &sp, float &wt) {
+    if (a.rsrc && r >= a.rdense) {
+        int s = a.rsrc[r - a.rdense];
+        sp = 1;
+        wt = a.rw[s];
+        return (size_t)(s / a.rK);
+    }
+    sp = 0;
+    wt = 1.0f;
+    return (size_t)r;
+}
 
 /* ---- kernel A, GDN ---- */
 template <int DKP>
@@ -938,6 +964,558 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     }
 }
 
+/* ---- fused GDN prefill: kernels A and B in one ----
+ * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
+ * order with the state in fp32 mma accumulators, as kernel B does, and computes each chunk's
+ * kernel-A quantities itself in shared memory: nothing but q, k, v, g, beta is read from
+ * global memory and nothing but o (and the state at the end) is written. Per chunk:
+ *   stage  the chunk's fp32 rows arrive by cp.async into a staging area (issued while the
+ *          previous chunk was still computing: right after its staging was consumed);
+ *   (b)    warp 0: cumulative log decay bc by a warp scan, per-row factors;
+ *   (c)    K, Q -> bf16;  (d) K K^T, Q K^T on tensor cores -> A = tril(diag(beta) K K^T G, -1)
+ *          in fp32 and Aqk = scale tril(Q K^T G) in bf16 (G = e^(bc_t - bc_s) for s <= t);
+ *   (e)    warps 0-3 invert the diagonal 16x16 blocks of I + A (a lane per column, the column
+ *          in registers) while warps 4-15 form beta e^b K, beta V, q~ = scale e^b q and
+ *          k~^T = (e^(bC - b) k)^T from the fp32 staging; then the next chunk is staged;
+ *   (f)    T below the diagonal blocks, block row by block row: T_ij = -T_ii sum_k A_ik T_kj;
+ *   (h)    W = T (beta e^b K) for all key columns (shared), U0 = T (beta V) for each warp
+ *          group's 32 value columns (kept in registers);
+ *   (i)    each group of 4 warps (32 value columns): U = U0 - W S, O = q~ S + Aqk U,
+ *          S = e^(bC) S + k~^T U.
+ * The products are those of kernels A and B (bf16 operands, fp32 accumulation, T and A in
+ * fp32), so the results agree with them up to rounding. Sequences with SSE row maps read their
+ * rows through chunk_row. Shared memory for dk = 128: 99 KB staging + 127 KB tiles, one block
+ * per SM. */
+#define FU_T 512
+
+/* -DHYLA_FUSED_PROFILE (diagnostic builds only): block (0,0,0) records clock64() at the phase
+ * boundaries of its chunk 20 and the first such launch prints them. */
+#ifdef HYLA_FUSED_PROFILE
+__device__ long long g_fprof_t[16];
+__device__ int g_fprof_once;
+#define FPROF(k)                                                                                                       \
+    if (!MODE && cc == 20 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64();
+#else
+#define FPROF(k)
+#endif
+
+template <int DKP>
+struct FusedSmem {
+    static constexpr int LDK = DKP + 8, LDV = 136;
+    /* staging: Kst, Qst [64][DKP], Vst [64][128], Gst, Bst, Wr [64] fp32 */
+    static constexpr size_t STG = ((size_t)2 * CH * DKP + (size_t)CH * 128 + 3 * CH) * 4;
+    /* R1: Kb [64][LDK] (-> beta e^b K) and Vb [64][LDV]; in the state pass SbT [4][32][LDK] */
+    static constexpr size_t R1a = (size_t)CH * LDK * 2 + (size_t)CH * LDV * 2, R1b = (size_t)4 * 32 * LDK * 2;
+    static constexpr size_t R1 = R1a > R1b ? R1a : R1b;
+    static constexpr size_t QB = (size_t)CH * LDK * 2; /* Qb: q, then q~ */
+    static constexpr size_t KT = (size_t)DKP * 72 * 2; /* k~^T [DKP][72] */
+    static constexpr size_t AQ = (size_t)CH * 72 * 2;  /* Aqk [64][72], and T [64][72] */
+    /* R2: Af, Xf [64][65], Ah [6][16][17] fp32; once T is done W [64][LDK] and UT [4][32][72] */
+    static constexpr size_t R2a = (size_t)2 * CH * 65 * 4 + (size_t)6 * 16 * 17 * 4,
+                            R2b = (size_t)CH * LDK * 2 + (size_t)4 * 32 * 72 * 2;
+    static constexpr size_t R2 = R2a > R2b ? R2a : R2b;
+    static constexpr size_t SM = (size_t)6 * CH * 4; /* bc be fq fm fk dec */
+    static constexpr size_t TOTAL = STG + R1 + QB + KT + 2 * AQ + R2 + SM;
+};
+
+template <int DKP, int MODE>
+__global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
+    typedef FusedSmem<DKP> L;
+    constexpr int LDK = L::LDK, LDV = L::LDV, MT = DKP / 16, MTW = (MT + 3) / 4, NB = DKP / 16, NBW = (NB + 3) / 4;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *Kst = (float *)smem, *Qst = Kst + CH * DKP, *Vst = Qst + CH * DKP;
+    float *Gst = Vst + CH * 128, *Bst = Gst + CH, *Wr = Bst + CH;
+    unsigned char *sp_ = smem + L::STG;
+    __nv_bfloat16 *R1 = (__nv_bfloat16 *)sp_;
+    __nv_bfloat16 *Kb = R1, *Mb = R1, *Vb = R1 + CH * LDK;
+    sp_ += L::R1;
+    __nv_bfloat16 *Qb = (__nv_bfloat16 *)sp_;
+    sp_ += L::QB;
+    __nv_bfloat16 *KtT = (__nv_bfloat16 *)sp_;
+    sp_ += L::KT;
+    __nv_bfloat16 *Aq = (__nv_bfloat16 *)sp_;
+    sp_ += L::AQ;
+    __nv_bfloat16 *Tb = (__nv_bfloat16 *)sp_;
+    sp_ += L::AQ;
+    float *Af = (float *)sp_, *Xf = Af + CH * 65, *Ah = Xf + CH * 65;
+    __nv_bfloat16 *Wb = (__nv_bfloat16 *)sp_, *UTall = Wb + CH * LDK;
+    sp_ += L::R2;
+    float *bc = (float *)sp_, *be = bc + CH, *fq = be + CH, *fm = fq + CH, *fk = fm + CH, *decp = fk + CH;
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int gq = w >> 2, wq = w & 3;
+    /* MODE 0: block (value block, head, sequence); MODE 1: block (chunk, head, value block) */
+    const int h = blockIdx.y, z = MODE ? 0 : blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    const int jb = (MODE ? blockIdx.z : blockIdx.x) * 128, j0 = jb + gq * 32;
+    const bool active = j0 < dv;
+    const int c0 = MODE ? (int)blockIdx.x : a.seq_c0[z], nc = MODE ? 1 : a.seq_nc[z];
+    if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
+    float *S = MODE ? NULL : a.S[z] + (size_t)h * dk * dv;
+    const bool vec = a.vec4 && dv % 4 == 0;
+
+    auto stage = [&](int c) {
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if (vec) {
+            for (int x = tid; x < CH * DKP / 4; x += FU_T) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, sp = 0;
+                float wt;
+                bool ok = t < len && i < dk;
+                size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+                size_t off = (tok * H + h) * dk + i;
+                cp_async16(Qst + t * DKP + i, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+                cp_async16(Kst + t * DKP + i, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+            }
+            for (int x = tid; x < CH * 32; x += FU_T) {
+                int t = x >> 5, j = (x & 31) * 4, sp = 0;
+                float wt;
+                bool ok = t < len && jb + j < dv;
+                size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+                cp_async16(Vst + t * 128 + j, ok ? a.v + (tok * H + h) * dv + jb + j : a.v, ok ? 16 : 0);
+            }
+            if (tid < CH) {
+                int t = tid, sp = 0;
+                float wt = 0.0f;
+                bool ok = t < len;
+                size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+                cp_async4(Gst + t, ok ? (sp ? a.g2 : a.ga) + tok * H + h : a.ga, ok ? 4 : 0);
+                cp_async4(Bst + t, ok ? (sp ? a.b2 : a.gb) + tok * H + h : a.gb, ok ? 4 : 0);
+                Wr[t] = ok ? wt : 0.0f;
+            }
+            cp_async_commit();
+        } else {
+            for (int x = tid; x < CH * DKP; x += FU_T) {
+                int t = x / DKP, i = x % DKP, sp = 0;
+                float wt, qv = 0.0f, kv = 0.0f;
+                if (t < len && i < dk) {
+                    size_t off = (chunk_row(a, tok0 + t, sp, wt) * H + h) * dk + i;
+                    qv = (sp ? a.q2 : a.q)[off];
+                    kv = (sp ? a.k2 : a.k)[off];
+                }
+                Qst[t * DKP + i] = qv;
+                Kst[t * DKP + i] = kv;
+            }
+            for (int x = tid; x < CH * 128; x += FU_T) {
+                int t = x >> 7, j = x & 127, sp = 0;
+                float wt, vv = 0.0f;
+                if (t < len && jb + j < dv) vv = a.v[(chunk_row(a, tok0 + t, sp, wt) * H + h) * dv + jb + j];
+                Vst[t * 128 + j] = vv;
+            }
+            if (tid < CH) {
+                int t = tid, sp = 0;
+                float wt = 0.0f, gv = 0.0f, bv = 0.0f;
+                if (t < len) {
+                    size_t tok = chunk_row(a, tok0 + t, sp, wt);
+                    gv = (sp ? a.g2 : a.ga)[tok * H + h];
+                    bv = (sp ? a.b2 : a.gb)[tok * H + h];
+                }
+                Gst[t] = gv;
+                Bst[t] = bv;
+                Wr[t] = t < len ? wt : 0.0f;
+            }
+        }
+    };
+
+    float sacc[MTW][4][4];
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                sacc[mi][n][e] = (!MODE && mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+    }
+    stage(c0);
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc, tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        FPROF(0);
+        cp_async_wait<0>();
+        __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
+        FPROF(1);
+        /* (b) cumulative log decay (rows past len have g = 0, beta = 0) and per-row factors */
+        if (w == 0) {
+            float g0 = Gst[2 * lane], g1 = Gst[2 * lane + 1], v = g0 + g1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, v, o);
+                if (lane >= o) v += y;
+            }
+            float ex = __shfl_up_sync(0xffffffffu, v, 1);
+            if (lane == 0) ex = 0.0f;
+            float b0 = ex + g0, b1 = b0 + g1, bC = __shfl_sync(0xffffffffu, b1, 31);
+            int t0 = 2 * lane, t1 = t0 + 1;
+            float e0 = expf(b0), e1 = expf(b1), be0 = Bst[t0], be1 = Bst[t1];
+            bc[t0] = b0;
+            bc[t1] = b1;
+            be[t0] = be0;
+            be[t1] = be1;
+            fq[t0] = a.scale * e0;
+            fq[t1] = a.scale * e1;
+            fm[t0] = be0 * e0;
+            fm[t1] = be1 * e1;
+            fk[t0] = expf(bC - b0);
+            fk[t1] = expf(bC - b1);
+            if (lane == 0) decp[0] = expf(bC);
+        }
+        /* (c) K, Q (weighted rows of a row map) -> bf16; T above the diagonal blocks = 0 */
+#pragma unroll 2
+        for (int x = tid; x < CH * DKP / 4; x += FU_T) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+            float wt = Wr[t];
+            float4 kv = *(const float4 *)(Kst + t * DKP + i), qv = *(const float4 *)(Qst + t * DKP + i);
+            *(uint2 *)(Kb + t * LDK + i) =
+                make_uint2(pack_bf16x2(kv.x * wt, kv.y * wt), pack_bf16x2(kv.z * wt, kv.w * wt));
+            *(uint2 *)(Qb + t * LDK + i) =
+                make_uint2(pack_bf16x2(qv.x * wt, qv.y * wt), pack_bf16x2(qv.z * wt, qv.w * wt));
+        }
+        for (int x = tid; x < CH * CH; x += FU_T) {
+            int r = x >> 6, s = x & 63;
+            if ((s >> 4) > (r >> 4)) Tb[r * 72 + s] = __float2bfloat16_rn(0.0f);
+        }
+        __syncthreads();
+        FPROF(2);
+        /* (d) K K^T and Q K^T: warp (rows 16 wq.., columns 16 gq..) */
+        {
+            float kk[2][4], qk[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+            if (gq <= wq) {
+#pragma unroll
+                for (int kc = 0; kc < DKP / 16; kc++) {
+                    uint32_t ak[4], aq[4], bf[2][2];
+                    ldsm_frag_a(ak, Kb + (16 * wq) * LDK + kc * 16, LDK);
+                    ldsm_frag_a(aq, Qb + (16 * wq) * LDK + kc * 16, LDK);
+                    ldsm_frag_b2_nk(bf, Kb + (16 * gq) * LDK + kc * 16, LDK);
+#pragma unroll
+                    for (int n = 0; n < 2; n++) {
+                        mma_bf16_16816(kk[n], ak, bf[n]);
+                        mma_bf16_16816(qk[n], aq, bf[n]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = 16 * wq + g + (e >> 1) * 8, s = 16 * gq + n * 8 + 2 * tq + (e & 1);
+                    float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
+                    Af[r * 65 + s] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                    Aq[r * 72 + s] = __float2bfloat16_rn(a.scale * gam * qk[n][e]);
+                }
+        }
+        __syncthreads();
+        FPROF(3);
+        /* (e) diagonal blocks of T (warps 0-3) || the operand tiles (warps 4-15) */
+        if (w < 4) {
+            const int s = lane & 15;
+            const float *A = Af + (16 * w) * 65 + 16 * w;
+            float x[16];
+#pragma unroll
+            for (int t = 0; t < 16; t++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int r = 0; r < t; r++) acc = fmaf(A[t * 65 + r], x[r], acc);
+                x[t] = t < s ? 0.0f : (t == s ? 1.0f : -acc);
+            }
+            if (lane < 16) {
+#pragma unroll
+                for (int t = 0; t < 16; t++) {
+                    Xf[(16 * w + t) * 65 + 16 * w + s] = x[t];
+                    Tb[(16 * w + t) * 72 + 16 * w + s] = __float2bfloat16_rn(x[t]);
+                }
+            }
+        } else {
+            const int ht = tid - 128, HT = FU_T - 128;
+            for (int x = ht; x < CH * DKP / 4; x += HT) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                float wt = Wr[t], f = fm[t], fqq = fq[t];
+                float4 kv = *(const float4 *)(Kst + t * DKP + i), qv = *(const float4 *)(Qst + t * DKP + i);
+                kv.x *= wt;
+                kv.y *= wt;
+                kv.z *= wt;
+                kv.w *= wt;
+                qv.x *= wt;
+                qv.y *= wt;
+                qv.z *= wt;
+                qv.w *= wt;
+                *(uint2 *)(Mb + t * LDK + i) = make_uint2(pack_bf16x2(kv.x * f, kv.y * f), pack_bf16x2(kv.z * f, kv.w * f));
+                *(uint2 *)(Qb + t * LDK + i) =
+                    make_uint2(pack_bf16x2(qv.x * fqq, qv.y * fqq), pack_bf16x2(qv.z * fqq, qv.w * fqq));
+            }
+            for (int x = ht; x < CH * 32; x += HT) {
+                int t = x >> 5, j = (x & 31) * 4;
+                float4 vv = *(const float4 *)(Vst + t * 128 + j);
+                float f = be[t];
+                *(uint2 *)(Vb + t * LDV + j) = make_uint2(pack_bf16x2(vv.x * f, vv.y * f), pack_bf16x2(vv.z * f, vv.w * f));
+            }
+            for (int x = ht; x < (CH / 2) * DKP; x += HT) {
+                int t = 2 * (x / DKP), i = x % DKP;
+                float k0 = Kst[t * DKP + i] * Wr[t] * fk[t], k1 = Kst[(t + 1) * DKP + i] * Wr[t + 1] * fk[t + 1];
+                *(uint32_t *)(KtT + i * 72 + t) = pack_bf16x2(k0, k1);
+            }
+        }
+        __syncthreads();
+        FPROF(4);
+        if (cc + 1 < nc) stage(c + 1); /* the staging area is free: the next chunk streams in now */
+        FPROF(5);
+        /* (f) T below the diagonal blocks: with Ah_ik = T_ii A_ik (block (i, k), k < i, stored at
+         * i(i-1)/2 + k), T_ij = -sum_{k=j}^{i-1} Ah_ik T_kj, one block diagonal d = i - j at a time */
+        for (int x = tid; x < 6 * 256; x += FU_T) {
+            int bi = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
+            int i = bi < 1 ? 1 : (bi < 3 ? 2 : 3), k = bi - i * (i - 1) / 2;
+            float acc = 0.0f;
+#pragma unroll
+            for (int r = 0; r < 16; r++) acc = fmaf(Xf[(16 * i + ra) * 65 + 16 * i + r], Af[(16 * i + r) * 65 + 16 * k + cb], acc);
+            Ah[bi * 272 + ra * 17 + cb] = acc;
+        }
+        __syncthreads();
+        FPROF(6);
+        for (int d = 1; d < 4; d++) {
+            for (int x = tid; x < (4 - d) * 256; x += FU_T) {
+                int i = d + (x >> 8), j = i - d, ra = (x >> 4) & 15, cb = x & 15;
+                float acc = 0.0f;
+                for (int k = j; k < i; k++) {
+                    const float *ah = Ah + (i * (i - 1) / 2 + k) * 272 + ra * 17;
+#pragma unroll
+                    for (int r = 0; r < 16; r++) acc = fmaf(ah[r], Xf[(16 * k + r) * 65 + 16 * j + cb], acc);
+                }
+                Xf[(16 * i + ra) * 65 + 16 * j + cb] = -acc;
+                Tb[(16 * i + ra) * 72 + 16 * j + cb] = __float2bfloat16_rn(-acc);
+            }
+            __syncthreads();
+        }
+        FPROF(7);
+        /* (h) W = T (beta e^b K): warp rows 16 wq.., column blocks gq + 4q; U0 = T (beta V) for
+         * the group's 32 value columns. W goes to R2 (A, X, P are dead now). */
+        float u0[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) u0[n][e] = 0.0f;
+        {
+            float wacc[NBW][2][4];
+#pragma unroll
+            for (int q = 0; q < NBW; q++)
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) wacc[q][n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t at[4];
+                ldsm_frag_a(at, Tb + (16 * wq) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int q = 0; q < NBW; q++) {
+                    int nb = gq + 4 * q;
+                    if (nb < NB) {
+                        uint32_t bf[2][2];
+                        ldsm_frag_b2_kn(bf, Mb + (kc * 16) * LDK + nb * 16, LDK);
+                        mma_bf16_16816(wacc[q][0], at, bf[0]);
+                        mma_bf16_16816(wacc[q][1], at, bf[1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < NBW; q++) {
+                int nb = gq + 4 * q;
+                if (nb < NB)
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e += 2) {
+                            int r = 16 * wq + g + (e >> 1) * 8, col = nb * 16 + n * 8 + 2 * tq;
+                            *(uint32_t *)(Wb + r * LDK + col) = pack_bf16x2(wacc[q][n][e], wacc[q][n][e + 1]);
+                        }
+            }
+        }
+        if (active) { /* after W, so that its accumulators and U0's are not live together */
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t at[4];
+                ldsm_frag_a(at, Tb + (16 * wq) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_kn(bf, Vb + (kc * 16) * LDV + gq * 32 + hb * 16, LDV);
+                    mma_bf16_16816(u0[2 * hb], at, bf[0]);
+                    mma_bf16_16816(u0[2 * hb + 1], at, bf[1]);
+                }
+            }
+        }
+        __syncthreads();
+        FPROF(8);
+        if (MODE) {
+            /* the chunk's tiles for kernel B, in its layouts: the same values the fused pass
+             * uses, so kernel B computes the same bits */
+            const size_t ch = (size_t)c * H + h;
+            if (jb == 0) {
+                __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *wo = a.wt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+                for (int x = tid; x < CH * DKP / 8; x += FU_T) {
+                    int t = x / (DKP / 8), i = (x % (DKP / 8)) * 8;
+                    *(uint4 *)(qo + (size_t)x * 8) = *(const uint4 *)(Qb + t * LDK + i);
+                    *(uint4 *)(wo + (size_t)x * 8) = *(const uint4 *)(Wb + t * LDK + i);
+                }
+                for (int x = tid; x < DKP * CH / 8; x += FU_T) {
+                    int i = x / (CH / 8), t = (x % (CH / 8)) * 8;
+                    *(uint4 *)(ko + (size_t)x * 8) = *(const uint4 *)(KtT + i * 72 + t);
+                }
+                __nv_bfloat16 *ao = a.aqk + ch * CH * CH;
+                for (int x = tid; x < CH * CH / 8; x += FU_T) {
+                    int t = x >> 3, s8 = (x & 7) * 8;
+                    *(uint4 *)(ao + (size_t)x * 8) = *(const uint4 *)(Aq + t * 72 + s8);
+                }
+                if (tid == 0) a.dec[ch * DKP] = decp[0];
+            }
+            if (active) {
+                float *uo = a.u0 + ch * CH * dv;
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int t = 16 * wq + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                        if (j < dv) uo[(size_t)t * dv + j] = u0[n][e];
+                    }
+            }
+            return;
+        }
+        /* (i) the state pass of this group's 32 value columns */
+        __nv_bfloat16 *SbT = R1 + gq * 32 * LDK, *UT = UTall + gq * 32 * 72;
+        if (active) {
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                int mt = wq + 4 * mi;
+                if (mt < MT)
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                            SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
+                        }
+            }
+        }
+        __syncthreads();
+        FPROF(9);
+        if (active) { /* U = U0 - W S for rows 16 wq.. */
+            float uacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, Wb + (16 * wq) * LDK + kc * 16, LDK);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
+                    mma_bf16_16816(uacc[2 * hb], af, bf[0]);
+                    mma_bf16_16816(uacc[2 * hb + 1], af, bf[1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * wq + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                    UT[jj * 72 + t] = __float2bfloat16_rn(u0[n][e] - uacc[n][e]);
+                }
+        }
+        __syncthreads();
+        FPROF(10);
+        if (active) {
+            /* O = q~ S + Aqk U */
+            float oacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, Qb + (16 * wq) * LDK + kc * 16, LDK);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
+                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
+                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, Aq + (16 * wq) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
+                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
+                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * wq + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                    if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
+                }
+            /* S = e^(bC) S + k~^T U */
+            const float d = decp[0];
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                int mt = wq + 4 * mi;
+                if (mt < MT) {
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) sacc[mi][n][e] *= d;
+#pragma unroll
+                    for (int kc = 0; kc < CH / 16; kc++) {
+                        uint32_t af[4];
+                        ldsm_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
+#pragma unroll
+                        for (int hb = 0; hb < 2; hb++) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
+                            mma_bf16_16816(sacc[mi][2 * hb], af, bf[0]);
+                            mma_bf16_16816(sacc[mi][2 * hb + 1], af, bf[1]);
+                        }
+                    }
+                }
+            }
+        }
+        FPROF(11);
+    }
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (!MODE && mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
+            }
+    }
+#ifdef HYLA_FUSED_PROFILE
+    if (!MODE && nc > 21 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+        atomicAdd(&g_fprof_once, 1) == 0) {
+        long long *p = g_fprof_t;
+        printf("fused profile (cycles, chunk 20): wait %lld bc+cvt %lld kk/qk %lld inv+tiles %lld stage %lld "
+               "ahat %lld offdiag %lld w/u0 %lld sbt %lld u %lld o+s %lld total %lld\n",
+               p[1] - p[0], p[2] - p[1], p[3] - p[2], p[4] - p[3], p[5] - p[4], p[6] - p[5], p[7] - p[6], p[8] - p[7],
+               p[9] - p[8], p[10] - p[9], p[11] - p[10], p[11] - p[0]);
+    }
+#endif
+}
+
 static size_t smem_a_gdn(int dkp, int dvp) {
     return (size_t)2 * CH * (dkp + 8) * 2 + (size_t)CH * (dvp + 8) * 2 + (size_t)CH * 72 * 2 + (size_t)2 * CH * 65 * 4 +
            (size_t)2 * CH * 4 + (size_t)16 * 49 * 4;
@@ -980,14 +1558,54 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
     return HYLA_OK;
 }
 
+/* The fused kernel (mode 0), or its chunk part (mode 1: all chunks in parallel, tiles to the
+ * scratch) followed by kernel B: the same bits, for few long sequences where one block per
+ * (sequence, head) would leave most SMs idle. */
+template <int DKP>
+static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
+    const size_t sm = FusedSmem<DKP>::TOTAL;
+    const unsigned ncb = cu_blocks(ca.dv, 128);
+    if (!split) {
+        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_gdn_fused<DKP, 0><<<dim3(ncb, ca.H, nseq), FU_T, sm, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gdn fused chunk");
+        return HYLA_OK;
+    }
+    CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_gdn_fused<DKP, 1><<<dim3(NC, ca.H, ncb), FU_T, sm, c->stream>>>(ca);
+    CU_LAUNCH_CHECK("gdn chunk tiles");
+    if (smem_b(DKP, 1, 2) <= c->smem_optin) return launch_b<DKP, 1, 2>(c, ca, nseq);
+    return launch_b<DKP, 1, 1>(c, ca, nseq);
+}
+
+static size_t fused_smem(int dkp) {
+    switch (dkp) {
+    case 16: return FusedSmem<16>::TOTAL;
+    case 32: return FusedSmem<32>::TOTAL;
+    case 64: return FusedSmem<64>::TOTAL;
+    case 128: return FusedSmem<128>::TOTAL;
+    default: return (size_t)-1;
+    }
+}
+
 static int pow2_dkp(int dk) {
     int d = 16;
     while (d < dk) d *= 2;
     return d;
 }
 
+/* GDN runs the fused kernel for dk <= 128 unless HYLA_CUDA_CHUNK=ab or a kernel-phase timing
+ * asks for kernels A and B. The choice depends on the shapes only, so every call of a sequence
+ * (and each of its 64-token pieces) takes the same path. */
+extern "C" int cu_gdn_fused_ok(hyla_cuda_ctx *c, int dk) {
+    const int dkp = pow2_dkp(dk);
+    return c->prefill_mode == 0 && c->chunk_mode != 1 && c->chunk_phase == 0 && dkp <= 128 &&
+           fused_smem(dkp) <= c->smem_optin && smem_b(dkp, 1, 1) <= c->smem_optin;
+}
+
 extern "C" int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq) {
     const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
+    if (gdn && cu_gdn_fused_ok(c, dk) && H <= 65535 && nseq <= 65535) return 1;
     int ok = c->prefill_mode == 0 && dkp <= 256 && dv <= 1024 && H <= 65535 && nseq <= 65535;
     if (ok && gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) ok = 0;
     if (ok && smem_b(dkp, gdn, 1) > c->smem_optin) ok = 0;
@@ -995,22 +1613,13 @@ extern "C" int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, i
     return ok;
 }
 
-extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
-                                              const float *q, const float *k, const float *v, const float *ga,
-                                              const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
-                                              const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
-                                              float *const *d_S) {
+extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
+                                             const float *q, const float *k, const float *v, const float *ga,
+                                             const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
+                                             const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
+                                             float *const *d_S, const hyla_cu_rowmap *rm) {
     if (NC <= 0 || nseq <= 0) return HYLA_OK;
     const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
-    /* scratch: per (chunk, head) tiles */
-    size_t nch = (size_t)NC * H;
-    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn ? nch * CH * dv * 4 : 0;
-    size_t sz_w = gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
-#define AL(x) (((x) + 255) & ~(size_t)255)
-    size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);
-    void *scr;
-    HYLA_TRY(cu_scratch(c, SCR_CHUNK, total, &scr));
-    uint8_t *p = (uint8_t *)scr;
     ChunkArgs ca;
     memset(&ca, 0, sizeof ca);
     ca.H = H;
@@ -1025,11 +1634,49 @@ extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, 
     ca.gb = gb;
     ca.o = o;
     ca.vec4 = dk % 4 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
+    if (rm) {
+        ca.rsrc = rm->src;
+        ca.rdense = rm->ndense;
+        ca.rK = rm->K;
+        ca.rw = rm->w;
+        ca.q2 = rm->q2;
+        ca.k2 = rm->k2;
+        ca.g2 = rm->g2;
+        ca.b2 = rm->b2;
+        ca.vec4 = ca.vec4 && ((uintptr_t)rm->q2 & 15) == 0 && ((uintptr_t)rm->k2 & 15) == 0;
+    }
     ca.ck_tok0 = d_tok0;
     ca.ck_len = d_len;
     ca.seq_c0 = d_c0;
     ca.seq_nc = d_nc;
     ca.S = d_S;
+    /* fused GDN: one pass, or (split) its chunk part over all chunks then kernel B, where the
+     * sequences are few and long: fewer (sequence, head, value block) blocks than half the SMs
+     * and more than 4 chunks per sequence on average. Both give the same bits. */
+    const int fused = gdn && cu_gdn_fused_ok(c, dk);
+    int split = 0;
+    if (fused) {
+        size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
+        split = c->chunk_mode == 3 || (c->chunk_mode != 2 && NC > 4 * nseq && blocks < (size_t)c->sm_count / 2);
+        if (!split) {
+            switch (dkp) {
+            case 16: return launch_fused<16>(c, ca, NC, nseq, 0);
+            case 32: return launch_fused<32>(c, ca, NC, nseq, 0);
+            case 64: return launch_fused<64>(c, ca, NC, nseq, 0);
+            default: return launch_fused<128>(c, ca, NC, nseq, 0);
+            }
+        }
+    }
+    if (rm && !fused) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: a row map needs the fused GDN kernel");
+    /* scratch: per (chunk, head) tiles */
+    size_t nch = (size_t)NC * H;
+    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn ? nch * CH * dv * 4 : 0;
+    size_t sz_w = gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
+#define AL(x) (((x) + 255) & ~(size_t)255)
+    size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_CHUNK, total, &scr));
+    uint8_t *p = (uint8_t *)scr;
     ca.qt = (__nv_bfloat16 *)p;
     p += AL(sz_qt);
     ca.ktT = (__nv_bfloat16 *)p;
@@ -1042,6 +1689,14 @@ extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, 
     p += AL(sz_u0);
     ca.dec = (float *)p;
 #undef AL
+    if (split) {
+        switch (dkp) {
+        case 16: return launch_fused<16>(c, ca, NC, nseq, 1);
+        case 32: return launch_fused<32>(c, ca, NC, nseq, 1);
+        case 64: return launch_fused<64>(c, ca, NC, nseq, 1);
+        default: return launch_fused<128>(c, ca, NC, nseq, 1);
+        }
+    }
     switch (dkp) {
     case 16: return launch_chunked<16>(c, ca, gdn, NC, nseq, dvp);
     case 32: return launch_chunked<32>(c, ca, gdn, NC, nseq, dvp);
@@ -1049,6 +1704,15 @@ extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, 
     case 128: return launch_chunked<128>(c, ca, gdn, NC, nseq, dvp);
     default: return launch_chunked<256>(c, ca, gdn, NC, nseq, dvp);
     }
+}
+
+extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
+                                              const float *q, const float *k, const float *v, const float *ga,
+                                              const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
+                                              const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
+                                              float *const *d_S) {
+    return cu_linattn_chunked_rm(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, nseq, d_tok0, d_len, d_c0, d_nc,
+                                 d_S, NULL);
 }
 
 extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b) {

@@ -81,10 +81,26 @@ __device__ __forceinline__ void ldsm_frag_b2_nk(uint32_t b[2][2], const __nv_bfl
     b[1][1] = x[3];
 }
 
+/* B fragments of two n8 tiles (n0..n0+15) at one k16 step, B stored row-major [k][n] (row
+ * stride ld, rows 16-byte aligned): ldmatrix.trans hands lane 4g+t the elements (k = 2t, 2t+1;
+ * n = g) of each 8x8 matrix, which is the B fragment. b[0] = tile n0, b[1] = tile n0 + 8. */
+__device__ __forceinline__ void ldsm_frag_b2_kn(uint32_t b[2][2], const __nv_bfloat16 *base, int ld) {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    unsigned a = (unsigned)__cvta_generic_to_shared(base + ((m & 1) * 8 + r) * ld + (m >> 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
+                 : "r"(a));
+}
+
 /* 16-byte asynchronous global -> shared copy; src_bytes < 16 zero-fills the rest. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+/* 4-byte asynchronous copy (through L1); src_bytes 0 writes a zero. */
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

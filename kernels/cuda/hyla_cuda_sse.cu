@@ -335,8 +335,21 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
     pa.S = (float **)((uint8_t *)pl + ((nint * 4 + 15) & ~(size_t)15));
     k_sse_plan<<<1, PLAN_T, 0, c->stream>>>(pa);
     CU_LAUNCH_CHECK("sse plan");
-    /* packed buffers */
     size_t hk = (size_t)H * dk, hv = (size_t)H * dv, gsz = gdn ? (size_t)H : hk;
+    if (gdn && cu_gdn_fused_ok(c, dk)) {
+        /* the fused GDN kernel reads the rows through the plan's row map: no packed copies
+         * (measured for GLA's kernels A and B: slower than the gather, kernels/cuda/dev) */
+        void *scr;
+        HYLA_TRY(cu_scratch(c, SCR_SSE, rows * hv * 4, &scr));
+        float *po = (float *)scr;
+        hyla_cu_rowmap rm = {pa.src, n, K, w, q2, k2, gb, betab};
+        HYLA_TRY(cu_linattn_chunked_rm(c, gdn, H, dk, dv, scale, q1, k1, v, ga, betaa, po, (int)ub,
+                                       1 + N, pa.tok0, pa.len, pa.c0, pa.nc, pa.S, &rm));
+        k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
+        CU_LAUNCH_CHECK("sse_combine");
+        return HYLA_OK;
+    }
+    /* packed buffers */
     size_t bytes = rows * (2 * hk + 2 * hv + gsz + (gdn ? (size_t)H : 0)) * 4;
     void *scr;
     HYLA_TRY(cu_scratch(c, SCR_SSE, bytes, &scr));

@@ -2,7 +2,9 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kbench, kmain, kprefill, ksse, kphase, e2ebench, e2equick, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kbench, kmain, kprefill, kfused, ksse, kphase, e2ebench, e2equick, linexp)
+# kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
+# kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
 # e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
@@ -27,6 +29,18 @@ for ph in "$@"; do
       for o in $list; do timeout 150 hyla-bench kernels --device cuda:0 --only $o >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err; done
       echo "kmain rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E '"M":(1|16|64),|varlen|one call"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//' ;;
+    kfused)
+      t0=$SECONDS
+      for v in auto fused ab; do
+        if [ $v != auto ]; then export HYLA_CUDA_CHUNK=$v; fi
+        timeout 150 hyla-bench kernels --device cuda:0 --only prefill | sed "s/\"bench\":\"/\"chunk\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
+        unset HYLA_CUDA_CHUNK
+      done
+      echo "kfused ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep '"chunk"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"tokens_per_seq":8192,"H":16,"dk":128,"dv":128,//' ;;
+    kprof)
+      timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof.txt 2>&1
+      grep "fused profile" $OUT/prof.txt | tee -a $OUT/summary.txt ;;
     linexp)
       for v in fusedsmall xconv; do
         HYLA_CUDA_LINEAR=$v timeout 100 hyla-bench e2e --device cuda:0 --model /tmp/m_gla --prefill 64 --batch 1,16 --ctx 16 --steps 32 | sed "s/\"bench\":\"/\"linear\":\"$v\",\"bench\":\"/" >> $OUT/bench_e2e.jsonl 2>> $OUT/e2e.err
