@@ -4,6 +4,7 @@
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
 # usage: run.sh PHASES... (tests, testsenv, kbench, kmain, kprefill, kfused, ksse, kphase, e2ebench, e2equick, linexp)
 # kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
+# smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
 # e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
@@ -31,13 +32,17 @@ for ph in "$@"; do
       grep -E '"M":(1|16|64),|varlen|one call"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//' ;;
     kfused)
       t0=$SECONDS
-      for v in auto fused ab; do
+      for v in ${KFUSED:-auto fused ab}; do
         if [ $v != auto ]; then export HYLA_CUDA_CHUNK=$v; fi
         timeout 150 hyla-bench kernels --device cuda:0 --only prefill | sed "s/\"bench\":\"/\"chunk\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
         unset HYLA_CUDA_CHUNK
       done
       echo "kfused ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep '"chunk"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"tokens_per_seq":8192,"H":16,"dk":128,"dv":128,//' ;;
+    smoke)
+      # a short run of the prefill kernels first: a hang or a fault ends the script here
+      timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke.txt 2>&1
+      rc=$?; echo "smoke rc=$rc" | tee -a $OUT/summary.txt; [ $rc = 0 ] || { tail -5 $OUT/smoke.txt; exit 1; } ;;
     kprof)
       timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof.txt 2>&1
       grep "fused profile" $OUT/prof.txt | tee -a $OUT/summary.txt ;;
