@@ -625,7 +625,9 @@ static float *route_logits(int n, int N) {
  * sequence alone, bit for bit (the chunked kernels work per sequence and chunk), and within the
  * chunked tolerance of the CPU. GDN: the fused kernel and its split form (chunk part over all
  * chunks, then kernel B), which the backend picks by the batch's shape, give the same bits;
- * kernels A and B (gpu_ab; they still run dk = 256) stay within the tolerance. */
+ * kernels A and B (gpu_ab; they still run dk = 256) stay within the tolerance. GLA: the fused
+ * kernel and kernels A and B (which the backend picks by shape) give the same bits, the exact-exp
+ * path of strongly decaying key columns included. */
 static void test_prefill_varlen(void) {
     printf("varlen prefill\n");
     for (int gdn = 0; gdn < 2; gdn++) {
@@ -641,6 +643,10 @@ static void test_prefill_varlen(void) {
         float scale = 1.0f / sqrtf((float)dk);
         float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
         float *g = gdn ? gdn_decays((size_t)n * H) : gla_gates(nqk), *beta = randu((size_t)n * H, 0.05f, 1.0f);
+        if (!gdn) /* GLA, last sequence: every 8th key column decays by e^-4.5 per token, so 16-token
+                   * diagonal blocks span 67.5 > 60 and take the exact-exp path */
+            for (size_t x = (size_t)starts[3] * H * dk; x < nqk; x++)
+                if (x % dk % 8 == 5) g[x] = -4.5f;
         float *S0 = randn(ns * nseq, 0.3f);
         if (gdn) {
             l2rows(q, (size_t)n * H, dk);
@@ -669,18 +675,29 @@ static void test_prefill_varlen(void) {
         cmp_pair(name, pS, CHUNK_TOL);
         CHECK_MSG(same_bits(gpu, Sa, pS.g, ns * nseq * 4) && same_bits(gpu, oa, po.g, nv * 4),
                   "%s varlen == each sequence alone (bits)", gdn ? "gdn" : "gla");
-        if (gdn) { /* forced fused, forced split: the same bits */
+        { /* forced paths, the same bits. GDN: the fused pass and its split form. GLA: the fused
+           * pass, split (= kernels A and B) and kernels A and B (=ab), since the fused kernel
+           * computes kernel A's tiles and kernel B's products exactly */
             CHECK_OK(gpu->ops->sync(gpu->ctx));
-            hyla_backend *bs[2] = {gpu_fu, gpu_sp};
-            for (int m = 0; m < 2; m++) {
+            hyla_backend *bs[3] = {gpu_fu, gpu_sp, gpu_ab};
+            const char *nm[3] = {"fused", "split", "kernels A and B"};
+            for (int m = 0; m < (gdn ? 2 : 3); m++) {
                 void *Sm = dev(bs[m], S0, ns * nseq * 4), *om = dev(bs[m], NULL, nv * 4);
                 float *Smz[4];
                 for (int z = 0; z < nseq; z++) Smz[z] = (float *)Sm + z * ns;
-                CHECK_OK(hyla_cuda_prefill_varlen(bs[m], gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, pb.g, om, nseq,
-                                                  starts, lens, Smz));
+                CHECK_OK(hyla_cuda_prefill_varlen(bs[m], gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g,
+                                                  gdn ? pb.g : NULL, om, nseq, starts, lens, Smz));
                 CHECK_OK(bs[m]->ops->sync(bs[m]->ctx));
-                CHECK_MSG(same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4),
-                          "gdn varlen: %s == default (bits)", m ? "split" : "fused");
+                int same = same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4);
+                if (!same) { /* how far apart, to tell rounding from a bug */
+                    float *ha = host_of(gpu, om, nv), *hd = host_of(gpu, po.g, nv);
+                    char name[96];
+                    snprintf(name, sizeof name, "%s varlen: %s vs default: o", gdn ? "gdn" : "gla", nm[m]);
+                    cmp(name, ha, hd, nv, CHUNK_TOL);
+                    free(ha);
+                    free(hd);
+                }
+                CHECK_MSG(same, "%s varlen: %s == default (bits)", gdn ? "gdn" : "gla", nm[m]);
                 dfree(bs[m], Sm);
                 dfree(bs[m], om);
             }

@@ -102,8 +102,9 @@ typedef struct hyla_cuda_ctx {
     int skinny_fused;       /* HYLA_CUDA_LINEAR=fused (1): last block of a tile reduces the K slices;
                              * =fusedsmall (2): only for M <= 16 */
     int skinny_xconv;       /* HYLA_CUDA_LINEAR=xconv: x converted by a separate kernel for M <= 16 too */
-    int chunk_mode;         /* GDN chunked prefill: 0 auto (fused, or split for few long sequences),
-                             * HYLA_CUDA_CHUNK=ab (1): kernels A and B; =fused (2); =split (3) */
+    int chunk_mode;         /* GLA/GDN chunked prefill: 0 auto (fused, or split for few long sequences:
+                             * GDN's split form, GLA's kernels A and B), HYLA_CUDA_CHUNK=ab (1):
+                             * kernels A and B; =fused (2); =split (3) */
 } hyla_cuda_ctx;
 
 struct hyla_weight {
@@ -271,13 +272,17 @@ typedef struct {
     int ndense, K;
     const float *w, *q2, *k2, *g2, *b2;
 } hyla_cu_rowmap;
-/* cu_linattn_chunked_dev with an optional row map (GDN where cu_gdn_fused_ok only). */
+/* cu_linattn_chunked_dev with an optional row map (only where cu_lin_fused_ok). */
 hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale, const float *q,
                                   const float *k, const float *v, const float *ga, const float *gb, float *o, int NC,
                                   int nseq, const int32_t *d_tok0, const int32_t *d_len, const int32_t *d_c0,
                                   const int32_t *d_nc, float *const *d_S, const hyla_cu_rowmap *rm);
 /* Whether GDN chunked prefill with this dk runs the fused kernel (one launch, no scratch). */
 int cu_gdn_fused_ok(hyla_cuda_ctx *c, int dk);
+/* Whether GLA chunked prefill with this dk may run the fused kernel (the same bits as kernels
+ * A and B, which remain for few long sequences), and either transition's answer. */
+int cu_gla_fused_ok(hyla_cuda_ctx *c, int dk);
+int cu_lin_fused_ok(hyla_cuda_ctx *c, int gdn, int dk);
 /* gla/gdn_prefill of one sequence of n tokens: the block of its chunk tables and state pointer
  * (returns its bytes; writes it when blk != NULL), and the launch with that block on the device. */
 size_t cu_lin_prefill1_block(int n, float *S, void *blk);

@@ -335,6 +335,8 @@ extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *
 struct ChunkArgs {
     int H, dk, dv, dkp;
     int vec4; /* dk % 4 == 0 and q, k, v 16-byte aligned: float4 loads */
+    int fvec; /* fused GLA: vec4, dv % 4 == 0 and the gates 16-byte aligned: staging by 16-byte pieces */
+    int ovec; /* dv even and o 8-byte aligned: o stored two columns at a time */
     float scale;
     const float *q, *k, *v, *ga, *gb;
     float *o;
@@ -711,7 +713,8 @@ __global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
                 int r = x / 16, cc = x % 16, t = ref + r, s = ref + cc;
                 float sum = 0.0f;
                 if (cc <= r)
-                    for (int i = 0; i < dk; i++) sum += QX(t, i) * KX(s, i) * expf(Bc[t * DKP + i] - Bc[s * DKP + i]);
+                    for (int i = 0; i < dk; i++)
+                        sum = fmaf(QX(t, i) * KX(s, i), expf(Bc[t * DKP + i] - Bc[s * DKP + i]), sum);
                 aqk[t * CH + s] = __float2bfloat16_rn(a.scale * sum);
             }
             continue;
@@ -1516,6 +1519,385 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
 #endif
 }
 
+/* ---- fused GLA prefill: kernels A and B in one, the same bits ----
+ * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
+ * order with the state in fp32 mma accumulators (kernel B's layout: each group of 4 warps owns
+ * 32 value columns) and forms each chunk's kernel-A tiles itself in shared memory, so only q,
+ * k, v, the gates and o (and the state at the end) cross global memory. Every tile value is
+ * computed by kernel A's expression from the same fp32 inputs and every product is kernel B's
+ * (same operands, same k order), so the results equal kernels A + B bit for bit; the backend
+ * picks either by shape. Per chunk:
+ *   (a)  wait for the chunk's staging (fp32 q, k, g [64][DKP] with 16-byte pieces XOR-swizzled
+ *        by row so fragment reads hit distinct banks; v [64][128]; a row table of source rows
+ *        and weights, which is how SSE rows are read through the plan's row map);
+ *   (b)  every warp writes S^T (bf16) for its group; threads < DKP run kernel A's cumulative
+ *        log decay in place (sequential in t, as kernel A) and the chunk decay; the others
+ *        form V^T (bf16) and the next chunk's row table;
+ *   (b') the next chunk's v is issued (its staging area is free now);
+ *   (c)  warps 0-9: the 10 lower 16x16 blocks of Aqk, one each, operand fragments computed
+ *        in registers from the staging (kernel A's reference-row form, exact exp on a diagonal
+ *        block whose span exceeds GLA_SPAN_MAX); warps 10-15: q~, k~^T, the zero blocks;
+ *   (c') the next chunk's q, k, g are issued;
+ *   (d)  each group: O = q~ S + Aqk V, S = diag(e^(bC)) S + k~^T V.
+ * Shared memory for dk = 128: 128 KB staging + 98 KB tiles (one block per SM). */
+#define FG_T 512
+
+template <int DKP>
+struct GlaFusedSmem {
+    static constexpr int LDK = DKP + 8;
+    static constexpr size_t STG = (size_t)3 * CH * DKP * 4 + (size_t)CH * 128 * 4; /* Qst Kst Gst, Vst fp32 */
+    static constexpr size_t QT = (size_t)CH * LDK * 2;                             /* q~ [64][LDK] */
+    static constexpr size_t KT = (size_t)DKP * 72 * 2;                             /* k~^T [DKP][72] */
+    static constexpr size_t AQ = (size_t)CH * 72 * 2;                              /* Aqk [64][72] */
+    static constexpr size_t UT = (size_t)128 * 72 * 2;                             /* V^T [128][72] */
+    static constexpr size_t SB = (size_t)4 * 32 * LDK * 2;                         /* S^T [4][32][LDK] */
+    static constexpr size_t SM = (size_t)DKP * 4 + (size_t)2 * CH * 4 * 2;         /* dec, row tables */
+    static constexpr size_t TOTAL = STG + QT + KT + AQ + UT + SB + SM;
+};
+
+/* element (t, i) of a [64][DKP] fp32 staging array: 16-byte piece i/4 XOR 2(t mod 4) */
+template <int DKP>
+__device__ __forceinline__ int fg_sw(int t, int i) {
+    return t * DKP + ((((i >> 2) ^ (((t & 3) << 1) & (DKP / 4 - 1)))) << 2) + (i & 3);
+}
+
+template <int DKP>
+__global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
+    typedef GlaFusedSmem<DKP> L;
+    constexpr int LDK = L::LDK, MT = DKP / 16, MTW = (MT + 3) / 4;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *Qst = (float *)smem, *Kst = Qst + CH * DKP, *Gst = Kst + CH * DKP, *Vst = Gst + CH * DKP;
+    unsigned char *sp_ = smem + L::STG;
+    __nv_bfloat16 *Qt = (__nv_bfloat16 *)sp_;
+    sp_ += L::QT;
+    __nv_bfloat16 *KtT = (__nv_bfloat16 *)sp_;
+    sp_ += L::KT;
+    __nv_bfloat16 *Aq = (__nv_bfloat16 *)sp_;
+    sp_ += L::AQ;
+    __nv_bfloat16 *UTall = (__nv_bfloat16 *)sp_;
+    sp_ += L::UT;
+    __nv_bfloat16 *SbTall = (__nv_bfloat16 *)sp_;
+    sp_ += L::SB;
+    float *dec = (float *)sp_;                  /* [DKP] e^(bC) */
+    int *rtok = (int *)(dec + DKP);             /* [2][64] source row: >= 0 dense, <= -2 sparse (-2 - row), -1 none */
+    float *rwt = (float *)(rtok + 2 * CH);      /* [2][64] row weight (1 dense, 0 none) */
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int gq = w >> 2, wq = w & 3;
+    const int h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    const int jb = blockIdx.x * 128, j0 = jb + gq * 32;
+    const bool active = j0 < dv;
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
+    float *S = a.S[z] + (size_t)h * dk * dv;
+    const bool vec = a.fvec;
+
+    /* row t of chunk c -> table bsel (one thread per row) */
+    auto rows = [&](int c, int bsel, int t) {
+        int r = -1;
+        float wt = 0.0f;
+        if (t < a.ck_len[c]) {
+            int sp = 0;
+            size_t tok = chunk_row(a, a.ck_tok0[c] + t, sp, wt);
+            r = sp ? -2 - (int)tok : (int)tok;
+        }
+        rtok[bsel * CH + t] = r;
+        rwt[bsel * CH + t] = wt;
+    };
+    auto stage_v = [&](int bsel) {
+        const int *rt = rtok + bsel * CH;
+        if (vec) {
+            for (int x = tid; x < CH * 32; x += FG_T) {
+                int t = x >> 5, j = (x & 31) * 4, r = rt[t];
+                bool ok = r != -1 && jb + j < dv;
+                size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                cp_async16(Vst + t * 128 + j, ok ? a.v + (tok * H + h) * dv + jb + j : a.v, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        } else {
+            for (int x = tid; x < CH * 128; x += FG_T) {
+                int t = x >> 7, j = x & 127, r = rt[t];
+                float vv = 0.0f;
+                if (r != -1 && jb + j < dv) {
+                    size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                    vv = a.v[(tok * H + h) * dv + jb + j];
+                }
+                Vst[t * 128 + j] = vv;
+            }
+        }
+    };
+    auto stage_qkg = [&](int bsel) {
+        const int *rt = rtok + bsel * CH;
+        if (vec) {
+            for (int x = tid; x < CH * DKP / 4; x += FG_T) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, r = rt[t];
+                bool ok = r != -1 && i < dk, sp = r < -1;
+                size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                size_t off = (tok * H + h) * dk + i;
+                int d = fg_sw<DKP>(t, i);
+                cp_async16(Qst + d, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+                cp_async16(Kst + d, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+                cp_async16(Gst + d, ok ? (sp ? a.g2 : a.ga) + off : a.ga, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        } else {
+            for (int x = tid; x < CH * DKP; x += FG_T) {
+                int t = x / DKP, i = x % DKP, r = rt[t];
+                float qv = 0.0f, kv = 0.0f, gv = 0.0f;
+                if (r != -1 && i < dk) {
+                    bool sp = r < -1;
+                    size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                    size_t off = (tok * H + h) * dk + i;
+                    qv = (sp ? a.q2 : a.q)[off];
+                    kv = (sp ? a.k2 : a.k)[off];
+                    gv = (sp ? a.g2 : a.ga)[off];
+                }
+                int d = fg_sw<DKP>(t, i);
+                Qst[d] = qv;
+                Kst[d] = kv;
+                Gst[d] = gv;
+            }
+        }
+    };
+
+    float sacc[MTW][4][4];
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+    }
+    if (tid >= FG_T - CH) rows(c0, 0, tid - (FG_T - CH));
+    __syncthreads();
+    stage_v(0);
+    stage_qkg(0);
+    __nv_bfloat16 *SbT = SbTall + gq * 32 * LDK;
+    const __nv_bfloat16 *UT = UTall + gq * 32 * 72;
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc, tok0 = a.ck_tok0[c], len = a.ck_len[c], bs = cc & 1;
+        const float *wr = rwt + bs * CH;
+        cp_async_wait<0>();
+        __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
+        /* (b) S^T of the state entering this chunk (kernel B's operand) */
+        if (active) {
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                int mt = wq + 4 * mi;
+                if (mt < MT)
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                            SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
+                        }
+            }
+        }
+        if (tid < DKP) { /* cumulative log decay of column i, in place (kernel A's order) */
+            const int i = tid;
+            float run = 0.0f;
+#pragma unroll 8
+            for (int t = 0; t < CH; t++) {
+                const int d = fg_sw<DKP>(t, i);
+                run += Gst[d];
+                Gst[d] = run;
+            }
+            dec[i] = expf(run);
+        } else {
+            const int ht = tid - DKP, HT = FG_T - DKP;
+            for (int x = ht; x < (CH / 2) * 128; x += HT) { /* V^T, rows t, t + 1 of column j */
+                int t = 2 * (x >> 7), j = x & 127;
+                *(uint32_t *)(UTall + j * 72 + t) = pack_bf16x2(Vst[t * 128 + j], Vst[(t + 1) * 128 + j]);
+            }
+            if (tid >= FG_T - CH && cc + 1 < nc) rows(c + 1, bs ^ 1, tid - (FG_T - CH));
+        }
+        __syncthreads();
+        if (cc + 1 < nc) stage_v(bs ^ 1); /* (b') */
+        /* (c) Aqk (warps 0-9) || q~, k~^T, zero blocks (warps 10-15) */
+        if (w < 10) {
+            const int wt = w < 1 ? 0 : (w < 3 ? 1 : (w < 6 ? 2 : 3)), rb = w - wt * (wt + 1) / 2, ref = 16 * wt;
+            const bool diag = rb == wt;
+            bool exact = false;
+            if (diag) {
+                float span = 0.0f;
+                for (int i = lane; i < DKP; i += 32)
+                    span = fmaxf(span, Gst[fg_sw<DKP>(ref, i)] - Gst[fg_sw<DKP>(ref + 15, i)]);
+#pragma unroll
+                for (int o = 16; o; o >>= 1) span = fmaxf(span, __shfl_xor_sync(0xffffffffu, span, o));
+                exact = span > GLA_SPAN_MAX;
+            }
+            if (exact) {
+                for (int x = lane; x < 256; x += 32) {
+                    int r = x / 16, cs = x % 16, t = ref + r, s = ref + cs;
+                    float sum = 0.0f;
+                    if (cs <= r)
+                        for (int i = 0; i < dk; i++) {
+                            float qv = Qst[fg_sw<DKP>(t, i)] * wr[t], kv = Kst[fg_sw<DKP>(s, i)] * wr[s];
+                            sum = fmaf(qv * kv, expf(Gst[fg_sw<DKP>(t, i)] - Gst[fg_sw<DKP>(s, i)]), sum);
+                        }
+                    Aq[t * 72 + s] = __float2bfloat16_rn(a.scale * sum);
+                }
+            } else {
+                /* kernel A's operands: q_t e^(b_t - b_ref) (A, rows ref..) and k_s e^(b_ref - b_s)
+                 * (B, rows s of block rb), as fragments */
+                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                const float wa0 = wr[ref + g], wa1 = wr[ref + g + 8], wb0 = wr[rb * 16 + g], wb1 = wr[rb * 16 + 8 + g];
+#pragma unroll 2
+                for (int kc = 0; kc < DKP / 16; kc++) {
+                    uint32_t af[4], bf[2][2];
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int col = kc * 16 + 2 * tq + 8 * hf;
+                        const float2 br = *(const float2 *)(Gst + fg_sw<DKP>(ref, col));
+#pragma unroll
+                        for (int rh = 0; rh < 2; rh++) {
+                            const int t = ref + g + 8 * rh;
+                            const float2 qv = *(const float2 *)(Qst + fg_sw<DKP>(t, col));
+                            const float2 bt = *(const float2 *)(Gst + fg_sw<DKP>(t, col));
+                            const float wq_ = rh ? wa1 : wa0;
+                            af[2 * hf + rh] = pack_bf16x2((qv.x * wq_) * expf(bt.x - br.x), (qv.y * wq_) * expf(bt.y - br.y));
+                        }
+#pragma unroll
+                        for (int n = 0; n < 2; n++) {
+                            const int s = rb * 16 + n * 8 + g;
+                            const float2 kv = *(const float2 *)(Kst + fg_sw<DKP>(s, col));
+                            const float2 bsv = *(const float2 *)(Gst + fg_sw<DKP>(s, col));
+                            const float wk = n ? wb1 : wb0;
+                            bf[n][hf] = pack_bf16x2((kv.x * wk) * expf(br.x - bsv.x), (kv.y * wk) * expf(br.y - bsv.y));
+                        }
+                    }
+                    mma_bf16_16816(acc[0], af, bf[0]);
+                    mma_bf16_16816(acc[1], af, bf[1]);
+                }
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = g + (e >> 1) * 8, cs = n * 8 + 2 * tq + (e & 1);
+                        float v = (!diag || cs <= r) ? a.scale * acc[n][e] : 0.0f;
+                        Aq[(ref + r) * 72 + rb * 16 + cs] = __float2bfloat16_rn(v);
+                    }
+            }
+        } else {
+            const int ht = tid - 320, HT = FG_T - 320;
+            for (int x = ht; x < CH * DKP / 4; x += HT) { /* q~ = scale e^b q */
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
+                float4 qv = *(const float4 *)(Qst + d), bt = *(const float4 *)(Gst + d);
+                const float wq_ = wr[t];
+                qv.x *= wq_;
+                qv.y *= wq_;
+                qv.z *= wq_;
+                qv.w *= wq_;
+                *(uint2 *)(Qt + t * LDK + i) =
+                    make_uint2(pack_bf16x2(qv.x * a.scale * expf(bt.x), qv.y * a.scale * expf(bt.y)),
+                               pack_bf16x2(qv.z * a.scale * expf(bt.z), qv.w * a.scale * expf(bt.w)));
+            }
+            for (int x = ht; x < (CH / 2) * DKP; x += HT) { /* k~^T = (e^(bC - b) k)^T, rows t, t + 1 */
+                int t = 2 * (x / DKP), i = x % DKP;
+                const float bC = Gst[fg_sw<DKP>(CH - 1, i)];
+                const int d0 = fg_sw<DKP>(t, i), d1 = fg_sw<DKP>(t + 1, i);
+                float k0 = (Kst[d0] * wr[t]) * expf(bC - Gst[d0]), k1 = (Kst[d1] * wr[t + 1]) * expf(bC - Gst[d1]);
+                *(uint32_t *)(KtT + i * 72 + t) = pack_bf16x2(k0, k1);
+            }
+            for (int x = ht; x < CH * CH; x += HT) { /* Aqk above the diagonal blocks */
+                int r = x >> 6, s = x & 63;
+                if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
+            }
+        }
+        __syncthreads();
+        if (cc + 1 < nc) stage_qkg(bs ^ 1); /* (c') the staging area is free: the next chunk streams in now */
+        /* (d) this group's 32 value columns: O = q~ S + Aqk V, S = e^(bC) S + k~^T V */
+        if (active) {
+            float oacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, Qt + (16 * wq) * LDK + kc * 16, LDK);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
+                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
+                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, Aq + (16 * wq) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
+                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
+                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    int t = 16 * wq + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq;
+                    float *op = a.o + ((size_t)(tok0 + t) * H + h) * dv + j;
+                    if (t < len && j < dv) {
+                        if (a.ovec) {
+                            *(float2 *)op = make_float2(oacc[n][e], oacc[n][e + 1]);
+                        } else {
+                            op[0] = oacc[n][e];
+                            if (j + 1 < dv) op[1] = oacc[n][e + 1];
+                        }
+                    }
+                }
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                int mt = wq + 4 * mi;
+                if (mt < MT) {
+                    const float d0 = dec[mt * 16 + g], d1 = dec[mt * 16 + g + 8];
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        sacc[mi][n][0] *= d0;
+                        sacc[mi][n][1] *= d0;
+                        sacc[mi][n][2] *= d1;
+                        sacc[mi][n][3] *= d1;
+                    }
+#pragma unroll
+                    for (int kc = 0; kc < CH / 16; kc++) {
+                        uint32_t af[4];
+                        ldsm_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
+#pragma unroll
+                        for (int hb = 0; hb < 2; hb++) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
+                            mma_bf16_16816(sacc[mi][2 * hb], af, bf[0]);
+                            mma_bf16_16816(sacc[mi][2 * hb + 1], af, bf[1]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
+            }
+    }
+}
+
 static size_t smem_a_gdn(int dkp, int dvp) {
     return (size_t)2 * CH * (dkp + 8) * 2 + (size_t)CH * (dvp + 8) * 2 + (size_t)CH * 72 * 2 + (size_t)2 * CH * 65 * 4 +
            (size_t)2 * CH * 4 + (size_t)16 * 49 * 4;
@@ -1578,6 +1960,27 @@ static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, i
     return launch_b<DKP, 1, 1>(c, ca, nseq);
 }
 
+/* The fused GLA pass (one block per sequence, head and 128 value columns): the bits of kernels
+ * A and B. */
+template <int DKP>
+static hyla_status launch_gla_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
+    const size_t sm = GlaFusedSmem<DKP>::TOTAL;
+    CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_gla_fused<DKP><<<dim3(cu_blocks(ca.dv, 128), ca.H, nseq), FG_T, sm, c->stream>>>(ca);
+    CU_LAUNCH_CHECK("gla fused chunk");
+    return HYLA_OK;
+}
+
+static size_t gla_fused_smem(int dkp) {
+    switch (dkp) {
+    case 16: return GlaFusedSmem<16>::TOTAL;
+    case 32: return GlaFusedSmem<32>::TOTAL;
+    case 64: return GlaFusedSmem<64>::TOTAL;
+    case 128: return GlaFusedSmem<128>::TOTAL;
+    default: return (size_t)-1;
+    }
+}
+
 static size_t fused_smem(int dkp) {
     switch (dkp) {
     case 16: return FusedSmem<16>::TOTAL;
@@ -1603,9 +2006,21 @@ extern "C" int cu_gdn_fused_ok(hyla_cuda_ctx *c, int dk) {
            fused_smem(dkp) <= c->smem_optin && smem_b(dkp, 1, 1) <= c->smem_optin;
 }
 
+/* GLA likewise (dk <= 128; HYLA_CUDA_CHUNK=ab and kernel-phase timings use kernels A and B). */
+extern "C" int cu_gla_fused_ok(hyla_cuda_ctx *c, int dk) {
+    const int dkp = pow2_dkp(dk);
+    return c->prefill_mode == 0 && c->chunk_mode != 1 && c->chunk_phase == 0 && dkp <= 128 &&
+           gla_fused_smem(dkp) <= c->smem_optin && smem_a_gla(dkp) <= c->smem_optin &&
+           smem_b(dkp, 0, 1) <= c->smem_optin;
+}
+
+extern "C" int cu_lin_fused_ok(hyla_cuda_ctx *c, int gdn, int dk) {
+    return gdn ? cu_gdn_fused_ok(c, dk) : cu_gla_fused_ok(c, dk);
+}
+
 extern "C" int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq) {
     const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
-    if (gdn && cu_gdn_fused_ok(c, dk) && H <= 65535 && nseq <= 65535) return 1;
+    if (cu_lin_fused_ok(c, gdn, dk) && H <= 65535 && nseq <= 65535) return 1;
     int ok = c->prefill_mode == 0 && dkp <= 256 && dv <= 1024 && H <= 65535 && nseq <= 65535;
     if (ok && gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) ok = 0;
     if (ok && smem_b(dkp, gdn, 1) > c->smem_optin) ok = 0;
@@ -1645,6 +2060,8 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
         ca.b2 = rm->b2;
         ca.vec4 = ca.vec4 && ((uintptr_t)rm->q2 & 15) == 0 && ((uintptr_t)rm->k2 & 15) == 0;
     }
+    ca.fvec = ca.vec4 && dv % 4 == 0 && ((uintptr_t)ga & 15) == 0 && (!rm || ((uintptr_t)rm->g2 & 15) == 0);
+    ca.ovec = dv % 2 == 0 && ((uintptr_t)o & 7) == 0;
     ca.ck_tok0 = d_tok0;
     ca.ck_len = d_len;
     ca.seq_c0 = d_c0;
@@ -1652,12 +2069,23 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     ca.S = d_S;
     /* fused GDN: one pass, or (split) its chunk part over all chunks then kernel B, where the
      * sequences are few and long: fewer (sequence, head, value block) blocks than half the SMs
-     * and more than 4 chunks per sequence on average. Both give the same bits. */
-    const int fused = gdn && cu_gdn_fused_ok(c, dk);
+     * and more than 4 chunks per sequence on average. Both give the same bits. GLA: the fused
+     * pass, or kernels A and B in the split case (the same bits again); with a row map always
+     * the fused pass (kernel B reads v by packed row). */
+    const int fused = cu_lin_fused_ok(c, gdn, dk);
     int split = 0;
     if (fused) {
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
         split = c->chunk_mode == 3 || (c->chunk_mode != 2 && NC > 4 * nseq && blocks < (size_t)c->sm_count / 2);
+        if (!gdn && rm) split = 0;
+        if (!split && !gdn) {
+            switch (dkp) {
+            case 16: return launch_gla_fused<16>(c, ca, nseq);
+            case 32: return launch_gla_fused<32>(c, ca, nseq);
+            case 64: return launch_gla_fused<64>(c, ca, nseq);
+            default: return launch_gla_fused<128>(c, ca, nseq);
+            }
+        }
         if (!split) {
             switch (dkp) {
             case 16: return launch_fused<16>(c, ca, NC, nseq, 0);
@@ -1667,7 +2095,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
             }
         }
     }
-    if (rm && !fused) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: a row map needs the fused GDN kernel");
+    if (rm && !fused) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: a row map needs a fused kernel");
     /* scratch: per (chunk, head) tiles */
     size_t nch = (size_t)NC * H;
     size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn ? nch * CH * dv * 4 : 0;
@@ -1689,7 +2117,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     p += AL(sz_u0);
     ca.dec = (float *)p;
 #undef AL
-    if (split) {
+    if (split && gdn) {
         switch (dkp) {
         case 16: return launch_fused<16>(c, ca, NC, nseq, 1);
         case 32: return launch_fused<32>(c, ca, NC, nseq, 1);

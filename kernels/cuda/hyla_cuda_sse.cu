@@ -336,9 +336,10 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
     k_sse_plan<<<1, PLAN_T, 0, c->stream>>>(pa);
     CU_LAUNCH_CHECK("sse plan");
     size_t hk = (size_t)H * dk, hv = (size_t)H * dv, gsz = gdn ? (size_t)H : hk;
-    if (gdn && cu_gdn_fused_ok(c, dk)) {
-        /* the fused GDN kernel reads the rows through the plan's row map: no packed copies
-         * (measured for GLA's kernels A and B: slower than the gather, kernels/cuda/dev) */
+    if (cu_lin_fused_ok(c, gdn, dk)) {
+        /* the fused kernels read the rows through the plan's row map: no packed copies (GLA's
+         * kernels A and B reading through it were slower than the gather, kernels/cuda/dev;
+         * they keep the gather below, e.g. under HYLA_CUDA_CHUNK=ab) */
         void *scr;
         HYLA_TRY(cu_scratch(c, SCR_SSE, rows * hv * 4, &scr));
         float *po = (float *)scr;

@@ -7,6 +7,9 @@
 # smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
 # e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
+# kgla: --only sse and --only prefill by default (fused GLA) and under HYLA_CUDA_CHUNK=ab (GLA's
+#   kernels A and B, SSE-GLA through the gather), rows tagged "chunk".
+# TMAX=seconds: phases that would start later than that are skipped (device-time budgets).
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
 mkdir -p /tmp/b
@@ -14,6 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_ver
 cat $OUT/gpu.txt
 T0=$SECONDS
 for ph in "$@"; do
+  if [ -n "$TMAX" ] && [ $((SECONDS-T0)) -gt "$TMAX" ]; then echo "skip $ph (time)" | tee -a $OUT/summary.txt; continue; fi
   case $ph in
     tests)
       t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops.log 2>&1; echo "test_gpu_ops rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
@@ -39,6 +43,14 @@ for ph in "$@"; do
       done
       echo "kfused ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep '"chunk"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"tokens_per_seq":8192,"H":16,"dk":128,"dv":128,//' ;;
+    kgla|kglaab)
+      t0=$SECONDS; v=auto; [ $ph = kglaab ] && { v=ab; export HYLA_CUDA_CHUNK=ab; }
+      for o in sse prefill; do
+        timeout 100 hyla-bench kernels --device cuda:0 --only $o | sed "s/\"bench\":\"/\"chunk\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
+      done
+      unset HYLA_CUDA_CHUNK
+      echo "$ph ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep "\"chunk\":\"$v\"" $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//' ;;
     smoke)
       # a short run of the prefill kernels first: a hang or a fault ends the script here
       timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke.txt 2>&1
