@@ -25,9 +25,11 @@
  *   per chunk in shared memory by the block that carries the state, so only q, k, v, gates
  *   are read and o written), or for few long sequences its chunk part over all chunks followed
  *   by kernel B (the same arithmetic, the same bits); kernels A and B remain for dk = 256 and
- *   HYLA_CUDA_CHUNK=ab.
+ *   HYLA_CUDA_CHUNK=ab. GLA with dk <= 128 likewise runs a fused kernel (k_gla_fused), whose
+ *   tiles and products are exactly kernels A's and B's, so the two give the same bits; kernels A
+ *   and B stay for few long sequences, dk = 256 and HYLA_CUDA_CHUNK=ab.
  * Sequences are packed (varlen) so SSE partitions and batched prefill share the kernels; the
- *   fused kernel can also read SSE rows through the plan's row map (no gathered copy).
+ *   fused kernels can also read SSE rows through the plan's row map (no gathered copy).
  * Threading: launched on the context's stream. */
 #include <math.h>
 #include <stdlib.h>

@@ -3,10 +3,11 @@
  *
  * Prefill (the paper's varlen method): a planner kernel lists for every partition the tokens
  * that selected it (ascending) and builds the chunk tables on the GPU (no host sync; the host
- * planner, one sync per call, remains for the token-loop mode and N > 64). One gather kernel
- * packs the always-selected sequence (all n tokens: q1, k1, v, ga, betaa) followed by each
- * partition's subsequence (w-scaled q2, k2, and v, gb, betab of those tokens); the chunked
- * kernels run all 1 + N sequences in one launch pair; a combine kernel adds, for each token,
+ * planner, one sync per call, remains for the token-loop mode and N > 64). The always-selected
+ * sequence (all n tokens: q1, k1, v, ga, betaa) and each partition's subsequence (w-scaled q2,
+ * k2, and v, gb, betab of those tokens) are packed rows: the fused GLA/GDN kernels read them
+ * through the plan's row map; otherwise (host plan, kernels A and B) one gather kernel copies
+ * them. The chunked kernels run all 1 + N sequences in one launch; a combine kernel adds, for each token,
  * the always-selected output and its K partition outputs in route order (deterministic).
  * Unselected partitions are neither decayed nor written, so this equals the token loop up to
  * rounding. By default a partition's subsequence is cut into chunks where its tokens cross a
