@@ -610,6 +610,87 @@ static void test_linear_mixers(void) {
     }
 }
 
+
+/* The decode kernel's forms (HYLA_CUDA_REC: default 4 columns per lane with q, k, gates staged
+ * in shared memory; "d2" 2 columns; "x4" the token-loop kernel k_lin_rec4) do the same
+ * arithmetic in the same order: outputs and states must agree bit for bit. GLA and GDN with
+ * dk 64 and 128, and SSE decode (both transitions, K = 1 and 2, one invalid route). */
+static void test_decode_forms(void) {
+    printf("decode kernel forms (bits)\n");
+    const char *forms[5] = {NULL, "d2", "x4", "d2c", "d4"};
+    for (int kind = 0; kind < 4; kind++) {
+        int gdn = kind & 1, sse = kind >= 2;
+        for (int K = 1; K <= (sse ? 2 : 1); K++)
+            for (int dk = 64; dk <= 128; dk += 64) {
+                int B = 6, H = 3, dv = 128, N = 4;
+                size_t nqk = (size_t)B * H * dk, nv = (size_t)B * H * dv, ns = (size_t)H * dk * dv;
+                size_t ng = gdn ? (size_t)B * H : nqk;
+                float scale = 1.0f / sqrtf((float)dk);
+                float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *q2 = randn(nqk, 1.0f), *k2 = randn(nqk, 1.0f);
+                float *v = randn(nv, 1.0f), *S = randn(ns * (sse ? N : 1), 0.3f);
+                float *g = gdn ? gdn_decays((size_t)B * H) : gla_gates(nqk);
+                float *g2 = gdn ? gdn_decays((size_t)B * H) : gla_gates(nqk);
+                float *be = randu((size_t)B * H, 0.05f, 1.0f), *be2 = randu((size_t)B * H, 0.05f, 1.0f);
+                int32_t idx[12];
+                float w[12];
+                for (int i = 0; i < B * K; i++) {
+                    idx[i] = i == 5 ? -1 : (i * 7 + 1) % N; /* entry 5: an invalid route, skipped */
+                    w[i] = 0.25f + 0.1f * (float)(i % 5);
+                }
+                void *dq = dev(gpu, q, nqk * 4), *dk_ = dev(gpu, k, nqk * 4), *dq2 = dev(gpu, q2, nqk * 4),
+                     *dk2 = dev(gpu, k2, nqk * 4), *dv_ = dev(gpu, v, nv * 4), *dg = dev(gpu, g, ng * 4),
+                     *dg2 = dev(gpu, g2, ng * 4), *dbe = dev(gpu, be, (size_t)B * H * 4),
+                     *dbe2 = dev(gpu, be2, (size_t)B * H * 4), *didx = dev(gpu, idx, (size_t)B * K * 4),
+                     *dw = dev(gpu, w, (size_t)B * K * 4);
+                float *outs[5], *states[5];
+                for (int f = 0; f < 5; f++) {
+                    float *S0[6], *Sp[6];
+                    for (int b = 0; b < B; b++) {
+                        S0[b] = dev(gpu, S, ns * 4);
+                        Sp[b] = sse ? dev(gpu, S, ns * N * 4) : NULL;
+                    }
+                    void *o = dev(gpu, NULL, nv * 4);
+                    if (forms[f]) setenv("HYLA_CUDA_REC", forms[f], 1);
+                    for (int step = 0; step < 2; step++) {
+                        if (sse)
+                            CHECK_OK(gpu->ops->sse_decode(gpu->ctx, gdn ? HYLA_SSE_GDN : HYLA_SSE_GLA, dq, dk_, dq2, dk2, dv_,
+                                                          dg, dg2, gdn ? dbe : NULL, gdn ? dbe2 : NULL, didx, dw, B, H, dk,
+                                                          dv, N, K, scale, S0, Sp, o));
+                        else if (gdn)
+                            CHECK_OK(gpu->ops->gdn_decode(gpu->ctx, dq, dk_, dv_, dg, dbe, B, H, dk, dv, scale, S0, o));
+                        else
+                            CHECK_OK(gpu->ops->gla_decode(gpu->ctx, dq, dk_, dv_, dg, B, H, dk, dv, scale, S0, o));
+                    }
+                    CHECK_OK(gpu->ops->sync(gpu->ctx));
+                    unsetenv("HYLA_CUDA_REC");
+                    size_t per = ns * (sse ? 1 + N : 1);
+                    outs[f] = host_of(gpu, o, nv);
+                    states[f] = malloc((size_t)B * per * 4);
+                    for (int b = 0; b < B; b++) {
+                        CHECK_OK(gpu->ops->download(gpu->ctx, states[f] + b * per, S0[b], ns * 4));
+                        if (sse) CHECK_OK(gpu->ops->download(gpu->ctx, states[f] + b * per + ns, Sp[b], ns * N * 4));
+                        dfree(gpu, S0[b]);
+                        dfree(gpu, Sp[b]);
+                    }
+                    dfree(gpu, o);
+                }
+                size_t per = ns * (sse ? 1 + N : 1);
+                for (int f = 1; f < 5; f++)
+                    CHECK_MSG(!memcmp(outs[0], outs[f], nv * 4) && !memcmp(states[0], states[f], (size_t)B * per * 4),
+                              "%s%s decode dk=%d K=%d: form %s == default (bits)", sse ? "sse-" : "", gdn ? "gdn" : "gla",
+                              dk, sse ? K : 0, forms[f]);
+                for (int f = 0; f < 5; f++) {
+                    free(outs[f]);
+                    free(states[f]);
+                }
+                void *bufs[] = {dq, dk_, dq2, dk2, dv_, dg, dg2, dbe, dbe2, didx, dw};
+                for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(gpu, bufs[i]);
+                float *hb[] = {q, k, q2, k2, v, S, g, g2, be, be2};
+                for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) free(hb[i]);
+            }
+    }
+}
+
 /* ---------------------------------------------------------------- SSE */
 
 /* Route logits with a clear winner per token so CPU and GPU pick the same partitions. */
@@ -1188,6 +1269,7 @@ int main(void) {
     test_rowops();
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     test_linear_mixers();
+    test_decode_forms();
     test_prefill_varlen();
     test_sse();
     test_sse_plan();

@@ -298,6 +298,194 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
     }
 }
 
+/* Decode form of the recurrence (ntok == 1, every batched decode step): VW value columns per
+ * lane (16- or 8-byte state loads), one block per (session, head, 32 * VW columns). Unlike the
+ * token-loop kernels it stages the token's q, k (times the route weight) and GLA's e^gk for the
+ * block's head in shared memory while the state loads are in flight, so the update loop reads
+ * them from shared memory instead of waiting on a global load per key row. The arithmetic is
+ * k_lin_rec4's, expression by expression, so both give the same bits (tested). */
+template <int VW> struct DecVec;
+template <> struct DecVec<4> {
+    typedef float4 t;
+    static __device__ __forceinline__ void ld(float (&d)[4], const float *p) {
+        float4 x = *(const float4 *)p;
+        d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
+    }
+    static __device__ __forceinline__ void st(float *p, const float (&d)[4]) {
+        *(float4 *)p = make_float4(d[0], d[1], d[2], d[3]);
+    }
+};
+template <> struct DecVec<2> {
+    typedef float2 t;
+    static __device__ __forceinline__ void ld(float (&d)[2], const float *p) {
+        float2 x = *(const float2 *)p;
+        d[0] = x.x, d[1] = x.y;
+    }
+    static __device__ __forceinline__ void st(float *p, const float (&d)[2]) { *(float2 *)p = make_float2(d[0], d[1]); }
+};
+
+template <int R, int VW, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
+    typedef DecVec<VW> V;
+    __shared__ __align__(16) float red[2][8][32 * VW];
+    __shared__ float sq[8 * R], sk[8 * R], sd[8 * R];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.x * 32 * VW + lane * VW;
+    bool jv = j < a.dv;
+    int h = blockIdx.y, b = blockIdx.z;
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    int nslots = a.Sp ? 1 + a.K : 1;
+    int m = 0;
+    float vj[VW];
+#pragma unroll
+    for (int c = 0; c < VW; c++) vj[c] = 0.0f;
+    if (jv) V::ld(vj, a.v + ((size_t)b * H + h) * dv + j);
+    for (int slot = 0; slot < nslots; slot++) {
+        float *Sg;
+        float wt = 1.0f;
+        if (slot == 0) {
+            Sg = a.S0[b] + (size_t)h * dk * dv;
+        } else {
+            int part = a.idx[(size_t)b * a.K + slot - 1];
+            wt = a.w[(size_t)b * a.K + slot - 1];
+            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
+            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+        }
+        float s[R][VW];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) {
+                V::ld(s[r], Sg + (size_t)i * dv + j);
+            } else {
+#pragma unroll
+                for (int c = 0; c < VW; c++) s[r][c] = 0.0f;
+            }
+        }
+        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
+        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
+        size_t row = (size_t)b;
+        for (int i = threadIdx.x; i < dk; i += 256) {
+            sq[i] = Q[(row * H + h) * dk + i] * wt;
+            sk[i] = Kx[(row * H + h) * dk + i] * wt;
+            if (!a.gdn) sd[i] = expf(GA[(row * H + h) * dk + i]);
+        }
+        __syncthreads();
+        float po[VW];
+#pragma unroll
+        for (int c = 0; c < VW; c++) po[c] = 0.0f;
+        if (!a.gdn) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = w + 8 * r;
+                if (i < dk) {
+                    float ki = sk[i], qi = sq[i], d = sd[i];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) s[r][c] = d * s[r][c] + ki * vj[c];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) po[c] += qi * s[r][c];
+                }
+            }
+        } else {
+            float d = expf(GA[row * H + h]);
+            float beta = BE[row * H + h];
+            float pk[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) pk[c] = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = w + 8 * r;
+                if (i < dk) {
+                    float ki = sk[i];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) s[r][c] *= d;
+#pragma unroll
+                    for (int c = 0; c < VW; c++) pk[c] += ki * s[r][c];
+                }
+            }
+            V::st(&red[m & 1][w][lane * VW], pk);
+            __syncthreads();
+            float ks[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) ks[c] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float x[VW];
+                V::ld(x, &red[m & 1][q][lane * VW]);
+#pragma unroll
+                for (int c = 0; c < VW; c++) ks[c] += x[c];
+            }
+            m++;
+            float u[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) u[c] = beta * (vj[c] - ks[c]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = w + 8 * r;
+                if (i < dk) {
+                    float ki = sk[i], qi = sq[i];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) s[r][c] += ki * u[c];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) po[c] += qi * s[r][c];
+                }
+            }
+        }
+        /* the state goes back before the reduction: its stores drain while the block reduces */
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) V::st(Sg + (size_t)i * dv + j, s[r]);
+        }
+        V::st(&red[m & 1][w][lane * VW], po);
+        __syncthreads();
+        if (w == 0 && jv) {
+            float acc[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) acc[c] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float x[VW];
+                V::ld(x, &red[m & 1][q][lane * VW]);
+#pragma unroll
+                for (int c = 0; c < VW; c++) acc[c] += x[c];
+            }
+            float *op = a.o + ((size_t)b * H + h) * dv + j;
+            float res[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) res[c] = a.scale * acc[c];
+            if (slot != 0) {
+                float prev[VW];
+                V::ld(prev, op);
+#pragma unroll
+                for (int c = 0; c < VW; c++) res[c] += prev[c];
+            }
+            V::st(op, res);
+        }
+        m++;
+    }
+}
+
+/* HYLA_CUDA_REC: "scalar" (1 column per lane, every call), "x4" (k_lin_rec4 for decode too),
+ * "d4" / "d4b" / "d2" / "d2c": the decode kernel with 4 or 2 columns per lane and at least 1, 2,
+ * 2, 3 blocks per SM (register caps); default "d4b". */
+static int dec_mode(void) { /* read per launch (host side only) so tests can compare the forms */
+    const char *e = getenv("HYLA_CUDA_REC");
+    if (!e) return 0;
+    return !strcmp(e, "x4") ? 1 : !strcmp(e, "d2") ? 2 : !strcmp(e, "d2c") ? 3 : !strcmp(e, "d4") ? 4 : 0;
+}
+
+template <int VW, int MINB>
+static void launch_dec(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B, int R) {
+    dim3 g(cu_blocks(a->dv, 32 * VW), a->H, B);
+    if (R <= 4)
+        k_lin_dec<4, VW, MINB><<<g, 256, 0, c->stream>>>(*a);
+    else if (R <= 8)
+        k_lin_dec<8, VW, MINB><<<g, 256, 0, c->stream>>>(*a);
+    else
+        k_lin_dec<16, VW, MINB><<<g, 256, 0, c->stream>>>(*a);
+}
+
 extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B) {
     if (B <= 0 || a->ntok <= 0) return HYLA_OK;
     if (a->dk > 256)
@@ -306,6 +494,19 @@ extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *
     if (a->H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", a->H, B);
     int R = (a->dk + 7) / 8;
     bool al = a->dv % 4 == 0 && ((uintptr_t)a->v & 15) == 0 && ((uintptr_t)a->o & 15) == 0;
+    int dm = dec_mode();
+    if (al && a->states16 && R <= 16 && !c->rec_scalar && a->ntok == 1 && dm != 1) {
+        if (dm == 2)
+            launch_dec<2, 2>(c, a, B, R);
+        else if (dm == 3)
+            launch_dec<2, 3>(c, a, B, R);
+        else if (dm == 4)
+            launch_dec<4, 1>(c, a, B, R);
+        else
+            launch_dec<4, 2>(c, a, B, R);
+        CU_LAUNCH_CHECK("linear attention decode");
+        return HYLA_OK;
+    }
     if (al && a->states16 && R <= 16 && !c->rec_scalar) {
         dim3 g4(cu_blocks(a->dv, 128), a->H, B);
         if (R <= 4)
