@@ -2,7 +2,7 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kbench, kmain, kprefill, kfused, ksse, kphase, e2ebench, e2equick, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, e2ebench, e2equick, linexp)
 # kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
 # smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
@@ -51,6 +51,16 @@ for ph in "$@"; do
       unset HYLA_CUDA_CHUNK
       echo "$ph ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep "\"chunk\":\"$v\"" $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//' ;;
+    kdec)
+      # decode state update by recurrent-kernel form (HYLA_CUDA_REC; default = d4b), rows tagged "rec"
+      t0=$SECONDS
+      for v in ${KDEC:-default x4 d4 d2 d2c}; do
+        if [ $v != default ]; then export HYLA_CUDA_REC=$v; fi
+        timeout 60 hyla-bench kernels --device cuda:0 --only decode | sed "s/\"bench\":\"/\"rec\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
+        unset HYLA_CUDA_REC
+      done
+      echo "kdec ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep '"rec"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":18,"dk":128,"dv":128,//' ;;
     smoke)
       # a short run of the prefill kernels first: a hang or a fault ends the script here
       timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke.txt 2>&1
