@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
                     int i = w + 8 * r;
                     if (i < dk) {
                         float ki = kr[i] * wt, qi = qr[i] * wt;
-                        s[r] = expf(gk[i]) * s[r] + ki * vj;
-                        po += qi * s[r];
+                        s[r] = __fmaf_rn(expf(gk[i]), s[r], __fmul_rn(ki, vj)); /* explicit: every form */
+                        po = __fmaf_rn(qi, s[r], po);                           /* rounds alike */
                     }
                 }
             } else {
@@ -206,14 +206,14 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
                     int i = w + 8 * r;
                     if (i < dk) {
                         float ki = kr[i] * wt, qi = qr[i] * wt, d = expf(gk[i]);
-                        s[r].x = d * s[r].x + ki * vj.x;
-                        s[r].y = d * s[r].y + ki * vj.y;
-                        s[r].z = d * s[r].z + ki * vj.z;
-                        s[r].w = d * s[r].w + ki * vj.w;
-                        po.x += qi * s[r].x;
-                        po.y += qi * s[r].y;
-                        po.z += qi * s[r].z;
-                        po.w += qi * s[r].w;
+                        s[r].x = __fmaf_rn(d, s[r].x, __fmul_rn(ki, vj.x));
+                        s[r].y = __fmaf_rn(d, s[r].y, __fmul_rn(ki, vj.y));
+                        s[r].z = __fmaf_rn(d, s[r].z, __fmul_rn(ki, vj.z));
+                        s[r].w = __fmaf_rn(d, s[r].w, __fmul_rn(ki, vj.w));
+                        po.x = __fmaf_rn(qi, s[r].x, po.x);
+                        po.y = __fmaf_rn(qi, s[r].y, po.y);
+                        po.z = __fmaf_rn(qi, s[r].z, po.z);
+                        po.w = __fmaf_rn(qi, s[r].w, po.w);
                     }
                 }
             } else {
@@ -381,9 +381,9 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
                 if (i < dk) {
                     float ki = sk[i], qi = sq[i], d = sd[i];
 #pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] = d * s[r][c] + ki * vj[c];
+                    for (int c = 0; c < VW; c++) s[r][c] = __fmaf_rn(d, s[r][c], __fmul_rn(ki, vj[c]));
 #pragma unroll
-                    for (int c = 0; c < VW; c++) po[c] += qi * s[r][c];
+                    for (int c = 0; c < VW; c++) po[c] = __fmaf_rn(qi, s[r][c], po[c]);
                 }
             }
         } else {
@@ -468,11 +468,12 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
 
 /* HYLA_CUDA_REC: "scalar" (1 column per lane, every call), "x4" (k_lin_rec4 for decode too),
  * "d4" / "d4b" / "d2" / "d2c": the decode kernel with 4 or 2 columns per lane and at least 1, 2,
- * 2, 3 blocks per SM (register caps); default "d4b". */
+ * 2, 3 blocks per SM (register caps). Default "d2" (fastest on an H100 at every batch measured:
+ * 2.5-2.6 TB/s of state at B = 64; BENCHMARKS.md). */
 static int dec_mode(void) { /* read per launch (host side only) so tests can compare the forms */
     const char *e = getenv("HYLA_CUDA_REC");
     if (!e) return 0;
-    return !strcmp(e, "x4") ? 1 : !strcmp(e, "d2") ? 2 : !strcmp(e, "d2c") ? 3 : !strcmp(e, "d4") ? 4 : 0;
+    return !strcmp(e, "x4") ? 1 : !strcmp(e, "d4b") ? 5 : !strcmp(e, "d2c") ? 3 : !strcmp(e, "d4") ? 4 : 0;
 }
 
 template <int VW, int MINB>
@@ -496,14 +497,14 @@ extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *
     bool al = a->dv % 4 == 0 && ((uintptr_t)a->v & 15) == 0 && ((uintptr_t)a->o & 15) == 0;
     int dm = dec_mode();
     if (al && a->states16 && R <= 16 && !c->rec_scalar && a->ntok == 1 && dm != 1) {
-        if (dm == 2)
-            launch_dec<2, 2>(c, a, B, R);
+        if (dm == 5)
+            launch_dec<4, 2>(c, a, B, R);
         else if (dm == 3)
             launch_dec<2, 3>(c, a, B, R);
         else if (dm == 4)
             launch_dec<4, 1>(c, a, B, R);
         else
-            launch_dec<4, 2>(c, a, B, R);
+            launch_dec<2, 2>(c, a, B, R);
         CU_LAUNCH_CHECK("linear attention decode");
         return HYLA_OK;
     }
