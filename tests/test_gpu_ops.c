@@ -611,13 +611,13 @@ static void test_linear_mixers(void) {
 }
 
 
-/* The decode kernel's forms (HYLA_CUDA_REC: default 4 columns per lane with q, k, gates staged
- * in shared memory; "d2" 2 columns; "x4" the token-loop kernel k_lin_rec4) do the same
+/* The decode kernel's forms (HYLA_CUDA_REC: default 2 columns per lane with q, k, gates staged
+ * in shared memory; "d4b", "d4" 4 columns, "d2c" 2 with a tighter register cap; "x4" the token-loop kernel k_lin_rec4) do the same
  * arithmetic in the same order: outputs and states must agree bit for bit. GLA and GDN with
  * dk 64 and 128, and SSE decode (both transitions, K = 1 and 2, one invalid route). */
 static void test_decode_forms(void) {
     printf("decode kernel forms (bits)\n");
-    const char *forms[5] = {NULL, "d2", "x4", "d2c", "d4"};
+    const char *forms[5] = {NULL, "d4b", "x4", "d2c", "d4"};
     for (int kind = 0; kind < 4; kind++) {
         int gdn = kind & 1, sse = kind >= 2;
         for (int K = 1; K <= (sse ? 2 : 1); K++)
