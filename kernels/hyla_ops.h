@@ -56,6 +56,15 @@ typedef struct {
 
 typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 
+/* One output of linear_multi: y [M][N] (row stride ldy) = x @ W^T (+ bias). */
+#define HYLA_LINEAR_MULTI_MAX 4
+typedef struct {
+    const hyla_weight *W;
+    const float *bias; /* [N] or NULL */
+    float *y;
+    int ldy, N;
+} hyla_linear_out;
+
 typedef struct hyla_ops {
     const char *name;     /* "cpu", "cuda" */
     hyla_dtype kv_dtype;  /* element type of KV pages */
@@ -83,6 +92,11 @@ typedef struct hyla_ops {
      * or NULL, y [M][N] (row stride ldy). Each row's result does not depend on M. */
     hyla_status (*linear)(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
                           const float *bias, float *y, int ldy, int N, int accumulate);
+    /* n (1..HYLA_LINEAR_MULTI_MAX) linears of the same x [M][K] (row stride ldx): exactly n
+     * linear calls, bit for bit (outs[i].y must not overlap x or each other); a backend may run
+     * them as one launch (CUDA: decode steps issue a few hundred small linears). */
+    hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
+                                int accumulate);
     /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */
     hyla_status (*rmsnorm)(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
     /* residual += x; y = rmsnorm(residual) : all [n][D]. */

@@ -281,7 +281,10 @@ static void test_embed_linear(void) {
         int M, K, N, ldx, ldy, bias, acc;
     } cases[] = {{1, 96, 80, 96, 80, 0, 0},   {7, 96, 80, 100, 90, 1, 0},  {64, 256, 192, 256, 192, 0, 1},
                  {300, 512, 260, 512, 260, 1, 1}, {33, 2304, 1000, 2304, 1000, 0, 0},
-                 {256, 2304, 6144, 2304, 6144, 0, 0}, {5, 100, 70, 101, 70, 1, 0}};
+                 {256, 2304, 6144, 2304, 6144, 0, 0}, {5, 100, 70, 101, 70, 1, 0},
+                 /* M > 64: the large-M kernel (k_gemm_big), the skinny kernel's bits */
+                 {65, 2304, 2304, 2304, 2304, 1, 0}, {150, 200, 130, 204, 133, 1, 1}, {1000, 6144, 2304, 6144, 2304, 0, 0},
+                 {130, 100, 70, 100, 70, 0, 0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int M = cases[ci].M, K = cases[ci].K, N = cases[ci].N, ldx = cases[ci].ldx, ldy = cases[ci].ldy;
         float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K));
@@ -310,9 +313,10 @@ static void test_embed_linear(void) {
             dfree(gpu, y3);
         }
         CHECK(gpu->ops->linear(gpu->ctx, px.g, ldx, M, K + 1, Wg, NULL, py.g, ldy, N, 0) == HYLA_ERR_INVALID_ARG);
-        /* batch invariance: row r of an M-row call == the same row alone (M <= 256) */
-        if (M > 1 && M <= 256) {
-            int r = M / 2;
+        /* batch invariance: row r of an M-row call == the same row alone (any M: the large-M
+         * kernel does the skinny kernel's arithmetic) */
+        for (int q = 0; q < (M > 1 ? 2 : 0); q++) {
+            int r = q ? M - 1 : M / 2;
             void *y1 = dev(gpu, y0 + (size_t)r * ldy, (size_t)ldy * 4);
             void *yM = dev(gpu, y0, (size_t)M * ldy * 4);
             CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)r * ldx, ldx, 1, K, Wg,
@@ -324,6 +328,19 @@ static void test_embed_linear(void) {
             dfree(gpu, y1);
             dfree(gpu, yM);
         }
+        /* rows 64..M-1 as their own call (M > 64: large-M kernel vs skinny pieces) */
+        if (M > 64) {
+            void *ya = dev(gpu, y0, (size_t)M * ldy * 4), *yb = dev(gpu, y0, (size_t)M * ldy * 4);
+            const float *bb = cases[ci].bias ? pb.g : NULL;
+            CHECK_OK(gpu->ops->linear(gpu->ctx, px.g, ldx, M, K, Wg, bb, ya, ldy, N, cases[ci].acc));
+            for (int r0 = 0; r0 < M; r0 += 64)
+                CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)r0 * ldx, ldx, M - r0 < 64 ? M - r0 : 64, K,
+                                          Wg, bb, (float *)yb + (size_t)r0 * ldy, ldy, N, cases[ci].acc));
+            CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * ldy * 4),
+                      "linear M=%d K=%d N=%d: one call == 64-row pieces (bits)", M, K, N);
+            dfree(gpu, ya);
+            dfree(gpu, yb);
+        }
         pair_free(px);
         pair_free(py);
         pair_free(pb);
@@ -334,6 +351,57 @@ static void test_embed_linear(void) {
         free(y0);
         free(bias);
     }
+}
+
+/* linear_multi == its outputs' separate linear calls, bit for bit, on both backends (the CUDA
+ * one runs them as one grouped launch for M <= 64). */
+static void test_linear_multi(void) {
+    printf("linear_multi\n");
+    const int K = 2304, Ns[4] = {2304, 256, 16, 6144};
+    hyla_weight *wc[4], *wg[4];
+    float *W[4], *bias = randn(6144, 1.0f);
+    for (int i = 0; i < 4; i++) {
+        W[i] = randn((size_t)Ns[i] * K, 1.0f / sqrtf((float)K));
+        CHECK_OK(cpu->ops->weight_create(cpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wc[i]));
+        CHECK_OK(gpu->ops->weight_create(gpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wg[i]));
+    }
+    const int Ms[5] = {1, 7, 40, 64, 100};
+    for (int mi = 0; mi < 5; mi++) {
+        int M = Ms[mi];
+        float *x = randn((size_t)M * K, 1.0f);
+        pair px = pair_new(x, (size_t)M * K), pbias = pair_new(bias, 6144);
+        for (int b = 0; b < 2; b++) {
+            hyla_backend *be = b ? gpu : cpu;
+            void *xd = b ? px.g : px.c;
+            float *one[4], *grp[4];
+            hyla_linear_out outs[4];
+            for (int i = 0; i < 4; i++) {
+                one[i] = dev(be, NULL, (size_t)M * Ns[i] * 4);
+                grp[i] = dev(be, NULL, (size_t)M * Ns[i] * 4);
+                const float *bi = i == 1 ? (const float *)(b ? pbias.g : pbias.c) : NULL;
+                CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i], 0));
+                outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i]};
+            }
+            CHECK_OK(be->ops->linear_multi(be->ctx, xd, K, M, K, 4, outs, 0));
+            int same = 1;
+            for (int i = 0; i < 4; i++) same &= same_bits(be, one[i], grp[i], (size_t)M * Ns[i] * 4);
+            CHECK_MSG(same, "%s linear_multi M=%d (4 outputs, one with bias) == 4 linear calls (bits)", be->ops->name, M);
+            CHECK(be->ops->linear_multi(be->ctx, xd, K, M, K, HYLA_LINEAR_MULTI_MAX + 1, outs, 0) == HYLA_ERR_INVALID_ARG);
+            for (int i = 0; i < 4; i++) {
+                dfree(be, one[i]);
+                dfree(be, grp[i]);
+            }
+        }
+        pair_free(px);
+        pair_free(pbias);
+        free(x);
+    }
+    for (int i = 0; i < 4; i++) {
+        cpu->ops->weight_destroy(cpu->ctx, wc[i]);
+        gpu->ops->weight_destroy(gpu->ctx, wg[i]);
+        free(W[i]);
+    }
+    free(bias);
 }
 
 static void test_rowops(void) {
@@ -1266,6 +1334,7 @@ int main(void) {
      * read gpu's buffers once gpu's stream has been synced. */
     test_memory();
     test_embed_linear();
+    test_linear_multi();
     test_rowops();
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     test_linear_mixers();

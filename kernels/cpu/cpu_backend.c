@@ -325,6 +325,15 @@ static hyla_status cpu_linear(void *ctx, const float *x, int ldx, int M, int K, 
     return HYLA_OK;
 }
 
+static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
+                                    int accumulate) {
+    if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
+    for (int i = 0; i < n; i++)
+        HYLA_TRY(cpu_linear(ctx, x, ldx, M, K, outs[i].W, outs[i].bias, outs[i].y, outs[i].ldy, outs[i].N, accumulate));
+    return HYLA_OK;
+}
+
 /* 1 / sqrt(mean(x²) + eps), the sum of squares taken in double. [NORM-0] */
 static float rms_inv(const float *x, int D, float eps) {
     double ss = 0;
@@ -679,6 +688,7 @@ static const hyla_ops cpu_ops = {
     .weight_destroy = cpu_weight_destroy,
     .embed = cpu_embed,
     .linear = cpu_linear,
+    .linear_multi = cpu_linear_multi,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .add = cpu_add,

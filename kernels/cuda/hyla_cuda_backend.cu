@@ -357,11 +357,28 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
     return HYLA_OK;
 }
 
+/* Routed exactly as n cu_linear calls would be (so the same bits); the skinny case runs as one
+ * grouped launch. */
+extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n,
+                                       const hyla_linear_out *outs, int accumulate) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
+    if (M <= 0) return HYLA_OK;
+    for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
+    if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
+        return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
+    for (int j = 0; j < n; j++)
+        HYLA_TRY(cu_linear(ctx, x, ldx, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy, outs[j].N, accumulate));
+    return HYLA_OK;
+}
+
 extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
                                  const float *bias, float *y, int ldy, int N, int accumulate) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(ldx, K, W, ldy, N));
+    if (cu_gemm_big_ok(c, M, K)) return cu_gemm_big(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
     if (M <= 256 && !c->linear_cublas_only) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)M * K * 2, &xb));

@@ -12,6 +12,9 @@
  * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
  * result does not depend on M"). Weights stream through once per 128-row block.
  * Threading: launched on the context's stream. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
 
@@ -109,16 +112,15 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
  * values (round to nearest even either way), so the same bits. For larger M every block would
  * convert all M rows again, so those keep the conversion kernel. */
 template <int MT, bool XF>
-__global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
-                                                 int ldx, int vecx, int M, int K,
-                                                 const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
-                                                 float *__restrict__ part, int S, int *cnt, const float *bias, float *y,
-                                                 int ldy, int accumulate) {
+__device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                             int ldx, int vecx, int M, int K, const __nv_bfloat16 *__restrict__ W,
+                                             int N, int kchunk, float *__restrict__ part, int S, int *cnt,
+                                             const float *bias, float *y, int ldy, int accumulate, int n0, int s,
+                                             int m0, int tile) {
     __shared__ int last;
     __shared__ __align__(16) __nv_bfloat16 Ws[2][SK_N * SK_LD];
     __shared__ __align__(16) __nv_bfloat16 Xs[2][MT * 16 * SK_LD];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int n0 = blockIdx.x * SK_N, s = blockIdx.y, m0 = blockIdx.z * MT * 16;
     const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
     const int nk = (kend - kbeg + SK_K - 1) / SK_K;
     float acc[MT][2][4];
@@ -216,7 +218,6 @@ __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict
     /* the last slice to finish this output tile sums all slices in slice order (deterministic) */
     __threadfence();
     __syncthreads();
-    int tile = blockIdx.z * gridDim.x + blockIdx.x;
     if (tid == 0) last = atomicAdd(&cnt[tile], 1) == S - 1;
     __syncthreads();
     if (!last) return;
@@ -235,6 +236,41 @@ __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict
     if (tid == 0) cnt[tile] = 0; /* ready for the next launch on this stream */
 }
 
+template <int MT, bool XF>
+__global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                                 int ldx, int vecx, int M, int K,
+                                                 const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
+                                                 float *__restrict__ part, int S, int *cnt, const float *bias, float *y,
+                                                 int ldy, int accumulate) {
+    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, W, N, kchunk, part, S, cnt, bias, y, ldy, accumulate,
+                         blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16, blockIdx.z * gridDim.x + blockIdx.x);
+}
+
+/* Several linears of the same x in one launch (ops->linear_multi): block x of the grid walks the
+ * concatenation of every member's (column tile, K slice) grid; each member keeps the slice plan
+ * (S, kchunk) a lone call would use, and the body is k_skinny2's, so every output has the bits of
+ * a separate ops->linear call. */
+struct SkGroup {
+    int n;
+    int blk0[HYLA_LINEAR_MULTI_MAX + 1]; /* first block of member i; blk0[n] = total */
+    int N[HYLA_LINEAR_MULTI_MAX], kchunk[HYLA_LINEAR_MULTI_MAX], S[HYLA_LINEAR_MULTI_MAX],
+        ntiles[HYLA_LINEAR_MULTI_MAX], ldy[HYLA_LINEAR_MULTI_MAX];
+    const __nv_bfloat16 *W[HYLA_LINEAR_MULTI_MAX];
+    float *part[HYLA_LINEAR_MULTI_MAX];
+    const float *bias[HYLA_LINEAR_MULTI_MAX];
+    float *y[HYLA_LINEAR_MULTI_MAX];
+};
+
+template <int MT, bool XF>
+__global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                                  int ldx, int vecx, int M, int K, SkGroup G, int accumulate) {
+    int i = 0;
+    while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
+    const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
+    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], NULL, G.bias[i],
+                         G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16, 0);
+}
+
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0) */
 __global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias, float *y,
                                 int ldy, int accumulate) {
@@ -249,9 +285,27 @@ __global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, in
     }
 }
 
-extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
-                                        const float *bias, float *y, int ldy, int N, int accumulate) {
-    /* slices: enough blocks for ~4 per SM, from N and K only */
+/* k_skinny_reduce for every member of a group with more than one slice (same sums, same order) */
+__global__ void k_skinny_reduce_g(SkGroup G, int M, int accumulate) {
+    for (int i = 0; i < G.n; i++) {
+        const int S = G.S[i], N = G.N[i];
+        if (S == 1) continue;
+        const float *part = G.part[i], *bias = G.bias[i];
+        float *y = G.y[i];
+        size_t total = (size_t)M * N;
+        for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (size_t)gridDim.x * blockDim.x) {
+            size_t m = x / N, n = x - m * N;
+            float v = part[x];
+            for (int q = 1; q < S; q++) v += part[(size_t)q * total + x];
+            if (bias) v += bias[n];
+            float *yp = y + m * G.ldy[i] + n;
+            *yp = accumulate ? *yp + v : v;
+        }
+    }
+}
+
+/* The slice plan of an N x K weight: enough blocks for ~4 per SM, from N and K only. */
+static void sk_plan(const hyla_cuda_ctx *c, int N, int K, int *S_out, int *kchunk_out) {
     int ntiles = (N + SK_N - 1) / SK_N;
     int ktiles = (K + SK_K - 1) / SK_K;
     int S = (4 * c->sm_count + ntiles - 1) / ntiles;
@@ -259,7 +313,14 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     if (S > ktiles) S = ktiles;
     if (S < 1) S = 1;
     int kchunk = (ktiles + S - 1) / S * SK_K;
-    S = (K + kchunk - 1) / kchunk;
+    *S_out = (K + kchunk - 1) / kchunk;
+    *kchunk_out = kchunk;
+}
+
+extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                                        const float *bias, float *y, int ldy, int N, int accumulate) {
+    int ntiles = (N + SK_N - 1) / SK_N, S, kchunk;
+    sk_plan(c, N, K, &S, &kchunk);
     void *scr;
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)S * M * N * sizeof(float), &scr));
     float *part = (float *)scr;
@@ -327,5 +388,218 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     if (blocks > 65535u * 8) blocks = 65535u * 8;
     k_skinny_reduce<<<(unsigned)blocks, 256, 0, c->stream>>>(part, S, M, N, bias, y, ldy, accumulate);
     CU_LAUNCH_CHECK("skinny reduce");
+    return HYLA_OK;
+}
+
+extern "C" int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K) {
+    return M >= 1 && M <= 256 && K % 8 == 0 && !c->skinny_v1 && !c->skinny_fused && !c->linear_cublas_only;
+}
+
+/* n linears of the same x [M][K] in one launch (+ one reduction launch when a member has several
+ * slices); the bits of n separate cu_skinny_linear calls. Requires cu_skinny_multi_ok. */
+extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                              const hyla_linear_out *outs, int accumulate) {
+    if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
+    SkGroup G;
+    memset(&G, 0, sizeof G);
+    G.n = n;
+    size_t part_floats = 0;
+    int any_split = 0;
+    for (int i = 0; i < n; i++) {
+        G.N[i] = outs[i].N;
+        G.ldy[i] = outs[i].ldy;
+        G.W[i] = outs[i].W->d;
+        G.bias[i] = outs[i].bias;
+        G.y[i] = outs[i].y;
+        G.ntiles[i] = (outs[i].N + SK_N - 1) / SK_N;
+        sk_plan(c, outs[i].N, K, &G.S[i], &G.kchunk[i]);
+        G.blk0[i + 1] = G.blk0[i] + G.ntiles[i] * G.S[i];
+        part_floats += (size_t)G.S[i] * M * outs[i].N;
+        any_split |= G.S[i] > 1;
+    }
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, part_floats * sizeof(float), &scr));
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        G.part[i] = (float *)scr + off;
+        off += (size_t)G.S[i] * M * outs[i].N;
+    }
+    int MT = M <= 16 ? 1 : M <= 32 ? 2 : 4;
+    const bool xf = MT == 1 && !c->skinny_xconv;
+    const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    const __nv_bfloat16 *xbb = NULL;
+    if (!xf) { /* one conversion of x for the whole group */
+        void *xb;
+        HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+        HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+        xbb = (const __nv_bfloat16 *)xb;
+    }
+    dim3 grid(G.blk0[n], 1, (M + MT * 16 - 1) / (MT * 16));
+    if (MT == 1) {
+        if (xf)
+            k_skinny2g<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+        else
+            k_skinny2g<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+    } else if (MT == 2) {
+        k_skinny2g<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+    } else {
+        k_skinny2g<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+    }
+    CU_LAUNCH_CHECK("skinny linear (multi)");
+    if (!any_split) return HYLA_OK;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (G.S[i] > 1 && (size_t)M * outs[i].N > total) total = (size_t)M * outs[i].N;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535u * 8) blocks = 65535u * 8;
+    k_skinny_reduce_g<<<(unsigned)blocks, 256, 0, c->stream>>>(G, M, accumulate);
+    CU_LAUNCH_CHECK("skinny reduce (multi)");
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- large M, the same bits */
+
+/* k_gemm_big: the skinny linear's arithmetic for many rows (M > 64: prefill pieces of several
+ * chunks). A block owns a 128 x 128 output tile and all of K; 8 warps as 2 (rows) x 4 (columns),
+ * 64 x 32 outputs per warp; W and x tiles of 64 k arrive by cp.async three stages deep. Every
+ * output gets exactly the skinny kernel's operations: the same K slices (sk_plan, from N and K),
+ * within a slice the same m16n8k16 products over the same 16-wide k steps in the same order from
+ * a zero accumulator (zero-padded past K as there), and the slices summed in slice order before
+ * the bias and the accumulate — so a row's result is bit-identical to what the skinny kernel
+ * gives it, for any M. That keeps ops->linear's contract (a row's result does not depend on M)
+ * while prefill pieces of many tokens run at GEMM speed. x is bf16 (cu_f32_to_bf16_rows). */
+#define BG_M 128
+#define BG_N 128
+#define BG_ST 3
+#define BG_SMEM ((size_t)BG_ST * (BG_M + BG_N) * SK_LD * 2 + (size_t)64 * 256 * 4) /* + slice sums */
+
+__global__ void __launch_bounds__(256, 1) k_gemm_big(const __nv_bfloat16 *__restrict__ xb, int M, int K,
+                                                     const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
+                                                     const float *bias, float *y, int ldy, int accumulate) {
+    extern __shared__ __align__(16) unsigned char bg_smem[];
+    __nv_bfloat16 *Ws = (__nv_bfloat16 *)bg_smem;  /* [BG_ST][BG_N][SK_LD] */
+    __nv_bfloat16 *Xs = Ws + BG_ST * BG_N * SK_LD; /* [BG_ST][BG_M][SK_LD] */
+    float *tot = (float *)(Xs + BG_ST * BG_M * SK_LD); /* [64][256]: thread tid's sum of the slices so far */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int wm = w >> 2, wn = w & 3;
+    const int n0 = blockIdx.x * BG_N, m0 = blockIdx.y * BG_M;
+    const int nkt = (K + SK_K - 1) / SK_K;
+    auto stage = [&](int buf, int t) {
+        const int kt = t * SK_K;
+        int kend = (kt / kchunk + 1) * kchunk;
+        if (kend > K) kend = K;
+        __nv_bfloat16 *ws = Ws + buf * BG_N * SK_LD, *xs = Xs + buf * BG_M * SK_LD;
+#pragma unroll
+        for (int q = 0; q < BG_N * 8 / 256; q++) {
+            int c = tid + q * 256, r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
+            bool ok = n < N && k < kend;
+            cp_async16(ws + r * SK_LD + kk, ok ? (const void *)(W + (size_t)n * K + k) : (const void *)W, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int q = 0; q < BG_M * 8 / 256; q++) {
+            int c = tid + q * 256, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
+            bool ok = m < M && k < kend;
+            cp_async16(xs + r * SK_LD + kk, ok ? (const void *)(xb + (size_t)m * K + k) : (const void *)xb, ok ? 16 : 0);
+        }
+    };
+    float acc[4][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    stage(0, 0);
+    cp_async_commit();
+    if (nkt > 1) stage(1, 1);
+    cp_async_commit();
+    bool first = true;
+    for (int t = 0; t < nkt; t++) {
+        if (t + 2 < nkt) stage((t + 2) % BG_ST, t + 2);
+        cp_async_commit();
+        cp_async_wait<2>();
+        __syncthreads();
+        const __nv_bfloat16 *ws = Ws + (t % BG_ST) * BG_N * SK_LD, *xs = Xs + (t % BG_ST) * BG_M * SK_LD;
+#pragma unroll
+        for (int kc = 0; kc < SK_K / 16; kc++) {
+            uint32_t b01[2][2], b23[2][2];
+            ldsm_frag_b2_nk(b01, ws + (wn * 32) * SK_LD + kc * 16, SK_LD);
+            ldsm_frag_b2_nk(b23, ws + (wn * 32 + 16) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                uint32_t af[4];
+                ldsm_frag_a(af, xs + (wm * 64 + mt * 16) * SK_LD + kc * 16, SK_LD);
+                mma_bf16_16816(acc[mt][0], af, b01[0]);
+                mma_bf16_16816(acc[mt][1], af, b01[1]);
+                mma_bf16_16816(acc[mt][2], af, b23[0]);
+                mma_bf16_16816(acc[mt][3], af, b23[1]);
+            }
+        }
+        __syncthreads();
+        const int kt_end = (t + 1) * SK_K;
+        if (kt_end % kchunk == 0 || kt_end >= K) { /* end of a K slice: fold it in, slice order */
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float *tp = tot + ((mt * 4 + nt) * 4 + e) * 256 + tid;
+                        *tp = first ? acc[mt][nt][e] : *tp + acc[mt][nt][e];
+                        acc[mt][nt][e] = 0.0f;
+                    }
+            first = false;
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int m = m0 + wm * 64 + mt * 16 + g + (e >> 1) * 8, n = n0 + wn * 32 + nt * 8 + 2 * tq + (e & 1);
+                if (m < M && n < N) {
+                    float v = tot[((mt * 4 + nt) * 4 + e) * 256 + tid];
+                    if (bias) v += bias[n];
+                    float *yp = y + (size_t)m * ldy + n;
+                    *yp = accumulate ? *yp + v : v;
+                }
+            }
+}
+
+/* HYLA_CUDA_LINEAR=nobig: M > 64 rows as before (skinny up to 256, cuBLAS above; comparisons) */
+static int big_off(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HYLA_CUDA_LINEAR");
+        v = e && !strcmp(e, "nobig");
+    }
+    return v;
+}
+
+extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
+    return M > 64 && K % 8 == 0 && !c->skinny_v1 && !c->linear_cublas_only && !big_off();
+}
+
+/* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits. */
+extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                                   const float *bias, float *y, int ldy, int N, int accumulate) {
+    static int attr_set = 0; /* per process: the attribute belongs to the function, not a context */
+    if (!attr_set) {
+        CU_TRY(cudaFuncSetAttribute(k_gemm_big, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)BG_SMEM));
+        attr_set = 1;
+    }
+    int S, kchunk;
+    sk_plan(c, N, K, &S, &kchunk);
+    (void)S;
+    void *xb;
+    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+    dim3 grid((N + BG_N - 1) / BG_N, (M + BG_M - 1) / BG_M);
+    if (grid.y > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
+    k_gemm_big<<<grid, 256, BG_SMEM, c->stream>>>((const __nv_bfloat16 *)xb, M, K, W->d, N, kchunk, bias, y, ldy,
+                                                   accumulate);
+    CU_LAUNCH_CHECK("linear (large M)");
     return HYLA_OK;
 }

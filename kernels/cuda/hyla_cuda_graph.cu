@@ -64,14 +64,15 @@ enum {
     GOP_ZERO,
     GOP_LIN_PREFILL,
     GOP_SSE_PREFILL,
+    GOP_LINEAR_MULTI,
 };
 
 /* One logged op; every byte is part of the signature (entries are zeroed before filling). */
 typedef struct {
     int32_t op;
-    int32_t i[11];
+    int32_t i[13];
     float f[4];
-    const void *p[14];
+    const void *p[17];
     uint64_t z[2];
     uint64_t data_len; /* bytes of host data the op's kernels read from the device */
 } gent;
@@ -211,6 +212,13 @@ static hyla_status dispatch(hyla_cuda_ctx *c, const gent *e, const void *d) {
     case GOP_LINEAR:
         return cu_linear(c, (const float *)P[0], I[0], I[1], I[2], (const hyla_weight *)P[1], (const float *)P[2],
                          (float *)P[3], I[3], I[4], I[5]);
+    case GOP_LINEAR_MULTI: {
+        hyla_linear_out o[HYLA_LINEAR_MULTI_MAX];
+        for (int j = 0; j < I[3]; j++)
+            o[j] = hyla_linear_out{(const hyla_weight *)P[1 + 4 * j], (const float *)P[2 + 4 * j], (float *)P[3 + 4 * j],
+                                   I[5 + 2 * j], I[6 + 2 * j]};
+        return cu_linear_multi(c, (const float *)P[0], I[0], I[1], I[2], I[3], o, I[4]);
+    }
     case GOP_RMSNORM:
         return cu_rmsnorm(c, (const float *)P[0], (const float *)P[1], (float *)P[2], I[0], I[1], F[0]);
     case GOP_ADD_RMSNORM:
@@ -451,6 +459,34 @@ static hyla_status g_linear(void *ctx, const float *x, int ldx, int M, int K, co
     e->i[3] = ldy;
     e->i[4] = N;
     e->i[5] = accumulate;
+    return HYLA_OK;
+}
+
+static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
+                                  int accumulate) {
+    CTX;
+    if (!LOGGING) return cu_linear_multi(ctx, x, ldx, M, K, n, outs, accumulate);
+    if (M <= 0) return HYLA_OK;
+    if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
+    for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
+    gent *e;
+    HYLA_TRY(log_add(c->graphs, GOP_LINEAR_MULTI, 0, &e, NULL));
+    /* p: x, then (W, bias, y, W->d) per output (16 + 1 <= 17); i: ldx, M, K, n, acc, (ldy, N) per output */
+    e->p[0] = x;
+    e->i[0] = ldx;
+    e->i[1] = M;
+    e->i[2] = K;
+    e->i[3] = n;
+    e->i[4] = accumulate;
+    for (int j = 0; j < n; j++) {
+        e->p[1 + 4 * j] = outs[j].W;
+        e->p[2 + 4 * j] = outs[j].bias;
+        e->p[3 + 4 * j] = outs[j].y;
+        e->p[4 + 4 * j] = outs[j].W->d;
+        e->i[5 + 2 * j] = outs[j].ldy;
+        e->i[6 + 2 * j] = outs[j].N;
+    }
     return HYLA_OK;
 }
 
@@ -910,6 +946,7 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_weight_destroy,
     g_embed,
     g_linear,
+    g_linear_multi,
     g_rmsnorm,
     g_add_rmsnorm,
     g_add,

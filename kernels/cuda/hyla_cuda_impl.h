@@ -199,6 +199,16 @@ hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, 
 /* batch-invariant linear for M <= 256 (hyla_cuda_gemm.cu) */
 hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                              const float *bias, float *y, int ldy, int N, int accumulate);
+/* several skinny linears of one x in one launch, the bits of separate calls (M <= 256) */
+int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K);
+hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                   const hyla_linear_out *outs, int accumulate);
+/* M > 64 rows with the skinny kernel's bits at GEMM speed (k_gemm_big) */
+int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K);
+hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                        const float *bias, float *y, int ldy, int N, int accumulate);
+hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
+                            int accumulate);
 
 /* linear attention (hyla_cuda_linattn.cu) */
 hyla_status cu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk, int n, int H,
