@@ -1206,7 +1206,7 @@ __device__ int g_fprof_once;
 #define FPROF(k)
 #endif
 
-template <int DKP>
+template <int DKP, int WS = 0>
 struct FusedSmem {
     static constexpr int LDK = DKP + 8, LDV = 136;
     /* staging: Kst, Qst [64][DKP], Vst [64][128], Gst, Bst, Wr [64] fp32 */
@@ -1217,17 +1217,135 @@ struct FusedSmem {
     static constexpr size_t QB = (size_t)CH * LDK * 2; /* Qb: q, then q~ */
     static constexpr size_t KT = (size_t)DKP * 72 * 2; /* k~^T [DKP][72] */
     static constexpr size_t AQ = (size_t)CH * 72 * 2;  /* Aqk [64][72], and T [64][72] */
-    /* R2: Af, Xf [64][65], Ah [6][16][17] fp32; once T is done W [64][LDK] and UT [4][32][72] */
+    /* R2: Af, Xf [64][65], Ah [6][16][17] fp32; once T is done W [64][LDK] and UT [4][32][72]
+     * (WS: UT at the end of R2, so that T, W and the rest of R2 are one free span in the O phase) */
     static constexpr size_t R2a = (size_t)2 * CH * 65 * 4 + (size_t)6 * 16 * 17 * 4,
                             R2b = (size_t)CH * LDK * 2 + (size_t)4 * 32 * 72 * 2;
     static constexpr size_t R2 = R2a > R2b ? R2a : R2b;
+    static constexpr size_t UTSZ = (size_t)4 * 32 * 72 * 2, UTOFF = WS ? R2 - UTSZ : (size_t)CH * LDK * 2;
+    /* WS: the O tile [64][128] fp32 of the chunk spans OPAD (a pad before T), T and R2 up to UT */
+    static constexpr size_t OB = (size_t)CH * 128 * 4;
+    static constexpr size_t OPAD = WS && OB > AQ + UTOFF ? OB - AQ - UTOFF : 0;
     static constexpr size_t SM = (size_t)6 * CH * 4; /* bc be fq fm fk dec */
-    static constexpr size_t TOTAL = STG + R1 + QB + KT + 2 * AQ + R2 + SM;
+    static constexpr size_t TOTAL = STG + R1 + QB + KT + 2 * AQ + OPAD + R2 + SM;
+    static_assert(UTOFF >= (size_t)CH * LDK * 2, "UT overlaps W");
+    static_assert(!WS || OPAD + AQ + UTOFF >= OB, "O tile overlaps UT");
+    static_assert((STG + R1 + QB + KT + AQ) % 16 == 0 && OPAD % 16 == 0 && UTOFF % 16 == 0, "alignment");
 };
 
-template <int DKP, int MODE>
-__global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
-    typedef FusedSmem<DKP> L;
+/* Named barriers (bar.sync / bar.arrive id, count) of the warp-specialised form. */
+__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void nb_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+/* barrier among the block's compute warps: all threads, or (WS) warps 0-15 only */
+template <int WS>
+__device__ __forceinline__ void fu_sync() {
+    if (WS)
+        nb_sync(1, FU_T);
+    else
+        __syncthreads();
+}
+#define FU_FULL 2  /* producer -> compute: the chunk's staging landed and the previous O tile is stored */
+#define FU_EMPTY 3 /* compute -> producer: the staging area is consumed */
+#define FU_OREADY 4 /* compute -> producer: the chunk's O tile is in shared memory */
+#define FU_WT (FU_T + 32)
+
+#ifdef HYLA_FUSED_PROFILE
+#define FPROFP(k)                                                                                                      \
+    if (cc == 20 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64();
+#else
+#define FPROFP(k)
+#endif
+
+/* The producer warp of the WS form (warp 16): issues chunk c+1's staging (cp.async 16-byte
+ * pieces: a row of q or k per DKP/4 lanes, a row of v per instruction; the row sources of the
+ * chunk computed once, two rows per lane, and broadcast by shuffles) as soon as the compute
+ * warps release the staging area, then stores chunk c's O tile from shared memory with 16-byte
+ * coalesced stores (one 512-byte row per instruction), waits for its copies and opens the next
+ * chunk. The values are those of the default staging and of the default o stores. Needs vec
+ * (dk % 4 == 0, dv % 4 == 0, 16-byte aligned q, k, v) and o 16-byte aligned. */
+template <int DKP>
+__device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, float *Qst, float *Vst, float *Gst,
+                                            float *Bst, float *Wr, const float *Ob, int c0, int nc, int h, int jb,
+                                            int lane) {
+    constexpr int PR = DKP / 4, RPI = 32 / PR; /* 16-byte pieces per q/k row, rows per instruction */
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    auto stage = [&](int c) {
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        long long rtok[2];
+        int rfl[2]; /* rows lane, lane + 32: source token, flags (1: in the chunk, 2: sparse) */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int t = lane + 32 * hf, sp = 0;
+            float wt = 0.0f;
+            bool ok = t < len;
+            size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+            rtok[hf] = (long long)tok;
+            rfl[hf] = (ok ? 1 : 0) | (sp ? 2 : 0);
+            cp_async4(Gst + t, ok ? (sp ? a.g2 : a.ga) + tok * H + h : a.ga, ok ? 4 : 0);
+            cp_async4(Bst + t, ok ? (sp ? a.b2 : a.gb) + tok * H + h : a.gb, ok ? 4 : 0);
+            Wr[t] = ok ? wt : 0.0f;
+        }
+#pragma unroll 4
+        for (int t0 = 0; t0 < CH; t0 += RPI) {
+            const int t = t0 + lane / PR, i = (lane % PR) * 4;
+            const long long tk = __shfl_sync(0xffffffffu, t0 < 32 ? rtok[0] : rtok[1], t & 31);
+            const int fl = __shfl_sync(0xffffffffu, t0 < 32 ? rfl[0] : rfl[1], t & 31);
+            const bool ok = (fl & 1) && i < dk;
+            const size_t off = ((size_t)tk * H + h) * dk + i;
+            cp_async16(Qst + t * DKP + i, ok ? ((fl & 2) ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+            cp_async16(Kst + t * DKP + i, ok ? ((fl & 2) ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+        }
+        const bool okv = jb + 4 * lane < dv;
+#pragma unroll 4
+        for (int t = 0; t < CH; t++) {
+            const long long tk = __shfl_sync(0xffffffffu, t < 32 ? rtok[0] : rtok[1], t & 31);
+            const int fl = __shfl_sync(0xffffffffu, t < 32 ? rfl[0] : rfl[1], t & 31);
+            const bool ok = (fl & 1) && okv;
+            cp_async16(Vst + t * 128 + 4 * lane, ok ? a.v + ((size_t)tk * H + h) * dv + jb + 4 * lane : a.v, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    stage(c0);
+    cp_async_wait<0>();
+    nb_arrive(FU_FULL, FU_WT);
+    const bool okc = jb + 4 * lane < dv;
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc;
+        if (cc + 1 < nc) {
+            nb_sync(FU_EMPTY, FU_WT);
+            FPROFP(12);
+            stage(c + 1);
+            FPROFP(13);
+        }
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        float *orow = a.o + ((size_t)tok0 * H + h) * dv + jb + 4 * lane;
+        nb_sync(FU_OREADY, FU_WT);
+        FPROFP(14);
+        /* the O tile: row t's 16-byte piece p at p ^ 2(t mod 4) */
+#pragma unroll 1
+        for (int t0 = 0; t0 < CH; t0 += 8) {
+            float4 ov[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int t = t0 + u;
+                ov[u] = *(const float4 *)(Ob + t * 128 + ((lane ^ ((t & 3) << 1)) << 2));
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (t0 + u < len && okc) *(float4 *)(orow + (size_t)(t0 + u) * H * dv) = ov[u];
+        }
+        FPROFP(15);
+        if (cc + 1 < nc) {
+            cp_async_wait<0>();
+            nb_arrive(FU_FULL, FU_WT);
+        }
+    }
+}
+
+template <int DKP, int MODE, int WS = 0>
+__global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a) {
+    static_assert(!(MODE && WS), "the WS form is the fused pass only");
+    typedef FusedSmem<DKP, WS> L;
     constexpr int LDK = L::LDK, LDV = L::LDV, MT = DKP / 16, MTW = (MT + 3) / 4, NB = DKP / 16, NBW = (NB + 3) / 4;
     extern __shared__ __align__(16) unsigned char smem[];
     float *Kst = (float *)smem, *Qst = Kst + CH * DKP, *Vst = Qst + CH * DKP;
@@ -1242,21 +1360,29 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
     sp_ += L::KT;
     __nv_bfloat16 *Aq = (__nv_bfloat16 *)sp_;
     sp_ += L::AQ;
+    float *Ob = (float *)sp_; /* WS: the O tile [64][128] over OPAD, T and R2 up to UT */
+    sp_ += L::OPAD;
     __nv_bfloat16 *Tb = (__nv_bfloat16 *)sp_;
     sp_ += L::AQ;
     float *Af = (float *)sp_, *Xf = Af + CH * 65, *Ah = Xf + CH * 65;
-    __nv_bfloat16 *Wb = (__nv_bfloat16 *)sp_, *UTall = Wb + CH * LDK;
+    __nv_bfloat16 *Wb = (__nv_bfloat16 *)sp_, *UTall = (__nv_bfloat16 *)(sp_ + L::UTOFF);
     sp_ += L::R2;
     float *bc = (float *)sp_, *be = bc + CH, *fq = be + CH, *fm = fq + CH, *fk = fm + CH, *decp = fk + CH;
 
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int gq = w >> 2, wq = w & 3;
+    /* (not const: the WS form re-derives them per phase, see FU_REFRESH) */
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    int gq = w >> 2, wq = w & 3;
     /* MODE 0: block (value block, head, sequence); MODE 1: block (chunk, head, value block) */
     const int h = blockIdx.y, z = MODE ? 0 : blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
-    const int jb = (MODE ? blockIdx.z : blockIdx.x) * 128, j0 = jb + gq * 32;
-    const bool active = j0 < dv;
+    const int jb = (MODE ? blockIdx.z : blockIdx.x) * 128;
+    int j0 = jb + gq * 32;
+    bool active = j0 < dv;
     const int c0 = MODE ? (int)blockIdx.x : a.seq_c0[z], nc = MODE ? 1 : a.seq_nc[z];
     if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
+    if (WS && w == FU_T / 32) { /* the producer warp */
+        fu_producer<DKP>(a, Kst, Qst, Vst, Gst, Bst, Wr, Ob, c0, nc, h, jb, lane);
+        return;
+    }
     float *S = MODE ? NULL : a.S[z] + (size_t)h * dk * dv;
     const bool vec = a.vec4 && dv % 4 == 0;
 
@@ -1334,12 +1460,32 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                 sacc[mi][n][e] = (!MODE && mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
             }
     }
-    stage(c0);
+    if (!WS) stage(c0);
+    /* WS (96 registers with 17 warps): the thread's indices are re-derived at each chunk and made
+     * opaque at the phase starts, so the compiler recomputes the per-lane fragment addresses there
+     * instead of keeping ~20 of them live (spilled) through the chunk loop */
+#define FU_REFRESH                                                                                                     \
+    if (WS) asm volatile("" : "+r"(tid), "+r"(lane), "+r"(w), "+r"(g), "+r"(tq), "+r"(gq), "+r"(wq))
     for (int cc = 0; cc < nc; cc++) {
-        const int c = c0 + cc, tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if (WS) {
+            asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+            lane = tid & 31;
+            w = tid >> 5;
+            g = lane >> 2;
+            tq = lane & 3;
+            gq = w >> 2;
+            wq = w & 3;
+            j0 = jb + gq * 32;
+            active = j0 < dv;
+        }
+        const int c = c0 + cc, tok0 = WS ? 0 : a.ck_tok0[c], len = WS ? 0 : a.ck_len[c];
         FPROF(0);
-        cp_async_wait<0>();
-        __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
+        if (WS) {
+            nb_sync(FU_FULL, FU_WT); /* (a) staging landed, the previous O tile is stored */
+        } else {
+            cp_async_wait<0>();
+            __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
+        }
         FPROF(1);
         /* (b) cumulative log decay (rows past len have g = 0, beta = 0) and per-row factors */
         if (w == 0) {
@@ -1381,8 +1527,9 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
             int r = x >> 6, s = x & 63;
             if ((s >> 4) > (r >> 4)) Tb[r * 72 + s] = __float2bfloat16_rn(0.0f);
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(2);
+        FU_REFRESH;
         /* (d) K K^T and Q K^T: warp (rows 16 wq.., columns 16 gq..) */
         {
             float kk[2][4], qk[2][4];
@@ -1414,8 +1561,9 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                     Aq[r * 72 + s] = __float2bfloat16_rn(a.scale * gam * qk[n][e]);
                 }
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(3);
+        FU_REFRESH;
         /* (e) diagonal blocks of T (warps 0-3) || the operand tiles (warps 4-15) */
         if (w < 4) {
             const int s = lane & 15;
@@ -1465,10 +1613,14 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                 *(uint32_t *)(KtT + i * 72 + t) = pack_bf16x2(k0, k1);
             }
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(4);
-        if (cc + 1 < nc) stage(c + 1); /* the staging area is free: the next chunk streams in now */
+        if (WS) {
+            if (cc + 1 < nc) nb_arrive(FU_EMPTY, FU_WT); /* the producer stages the next chunk */
+        } else if (cc + 1 < nc)
+            stage(c + 1); /* the staging area is free: the next chunk streams in now */
         FPROF(5);
+        FU_REFRESH;
         /* (f) T below the diagonal blocks: with Ah_ik = T_ii A_ik (block (i, k), k < i, stored at
          * i(i-1)/2 + k), T_ij = -sum_{k=j}^{i-1} Ah_ik T_kj, one block diagonal d = i - j at a time */
         for (int x = tid; x < 6 * 256; x += FU_T) {
@@ -1479,7 +1631,7 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
             for (int r = 0; r < 16; r++) acc = fmaf(Xf[(16 * i + ra) * 65 + 16 * i + r], Af[(16 * i + r) * 65 + 16 * k + cb], acc);
             Ah[bi * 272 + ra * 17 + cb] = acc;
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(6);
         for (int d = 1; d < 4; d++) {
             for (int x = tid; x < (4 - d) * 256; x += FU_T) {
@@ -1493,11 +1645,12 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                 Xf[(16 * i + ra) * 65 + 16 * j + cb] = -acc;
                 Tb[(16 * i + ra) * 72 + 16 * j + cb] = __float2bfloat16_rn(-acc);
             }
-            __syncthreads();
+            fu_sync<WS>();
         }
         FPROF(7);
         /* (h) W = T (beta e^b K): warp rows 16 wq.., column blocks gq + 4q; U0 = T (beta V) for
          * the group's 32 value columns. W goes to R2 (A, X, P are dead now). */
+        FU_REFRESH;
         float u0[4][4];
 #pragma unroll
         for (int n = 0; n < 4; n++)
@@ -1553,7 +1706,7 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                 }
             }
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(8);
         if (MODE) {
             /* the chunk's tiles for kernel B, in its layouts: the same values the fused pass
@@ -1589,6 +1742,7 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
             }
             return;
         }
+        FU_REFRESH;
         /* (i) the state pass of this group's 32 value columns */
         __nv_bfloat16 *SbT = R1 + gq * 32 * LDK, *UT = UTall + gq * 32 * 72;
         if (active) {
@@ -1605,9 +1759,34 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                         }
             }
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(9);
-        if (active) { /* U = U0 - W S for rows 16 wq.. */
+        if (WS && active) { /* U = U0 - W S, one 16-column half at a time (8 accumulators less
+                             * live; each accumulator's products in the same order) */
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) {
+                float uacc[2][4];
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+#pragma unroll
+                for (int kc = 0; kc < DKP / 16; kc++) {
+                    uint32_t af[4], bf[2][2];
+                    ldsm_frag_a(af, Wb + (16 * wq) * LDK + kc * 16, LDK);
+                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
+                    mma_bf16_16816(uacc[0], af, bf[0]);
+                    mma_bf16_16816(uacc[1], af, bf[1]);
+                }
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int t = 16 * wq + g + (e >> 1) * 8, jj = (2 * hb + n) * 8 + 2 * tq + (e & 1);
+                        UT[jj * 72 + t] = __float2bfloat16_rn(u0[2 * hb + n][e] - uacc[n][e]);
+                    }
+            }
+        } else if (active) { /* U = U0 - W S for rows 16 wq.. */
             float uacc[4][4];
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -1633,7 +1812,7 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                     UT[jj * 72 + t] = __float2bfloat16_rn(u0[n][e] - uacc[n][e]);
                 }
         }
-        __syncthreads();
+        fu_sync<WS>();
         FPROF(10);
         if (active) {
             /* O = q~ S + Aqk U */
@@ -1666,13 +1845,24 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                     mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
                 }
             }
+            if (WS) { /* to the O tile (16-byte pieces XOR 2(t mod 4)); the producer stores it */
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+                for (int n = 0; n < 4; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int t = 16 * wq + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                    if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
-                }
+                    for (int e = 0; e < 4; e += 2) {
+                        int t = 16 * wq + g + (e >> 1) * 8, col = gq * 32 + n * 8 + 2 * tq;
+                        *(float2 *)(Ob + t * 128 + (((col >> 2) ^ ((t & 3) << 1)) << 2) + (col & 3)) =
+                            make_float2(oacc[n][e], oacc[n][e + 1]);
+                    }
+                nb_arrive(FU_OREADY, FU_WT);
+            } else
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int t = 16 * wq + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                        if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
+                    }
             /* S = e^(bC) S + k~^T U */
             const float d = decp[0];
 #pragma unroll
@@ -1697,8 +1887,15 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                     }
                 }
             }
-        }
+        } else if (WS)
+            nb_arrive(FU_OREADY, FU_WT); /* a group past dv: nothing of the O tile */
         FPROF(11);
+    }
+#undef FU_REFRESH
+    if (WS) { /* the state's address again rather than kept live through the chunk loop */
+        float *const *Sv = a.S;
+        asm volatile("" : "+l"(Sv));
+        S = Sv[z] + (size_t)h * dk * dv;
     }
 #pragma unroll
     for (int mi = 0; mi < MTW; mi++) {
@@ -1719,6 +1916,9 @@ __global__ void __launch_bounds__(FU_T, 1) k_gdn_fused(ChunkArgs a) {
                "ahat %lld offdiag %lld w/u0 %lld sbt %lld u %lld o+s %lld total %lld\n",
                p[1] - p[0], p[2] - p[1], p[3] - p[2], p[4] - p[3], p[5] - p[4], p[6] - p[5], p[7] - p[6], p[8] - p[7],
                p[9] - p[8], p[10] - p[9], p[11] - p[10], p[11] - p[0]);
+        if (WS) /* the producer warp, from the compute warps' chunk start */
+            printf("fused WS producer (cycles from chunk 20's start): stage issue %lld..%lld, O tile %lld..%lld\n",
+                   p[12] - p[0], p[13] - p[0], p[14] - p[0], p[15] - p[0]);
     }
 #endif
 }
@@ -2147,10 +2347,26 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
 /* The fused kernel (mode 0), or its chunk part (mode 1: all chunks in parallel, tiles to the
  * scratch) followed by kernel B: the same bits, for few long sequences where one block per
  * (sequence, head) would leave most SMs idle. */
+/* HYLA_CUDA_GDN_WS=1: the fused pass in its warp-specialised form (a producer warp stages the
+ * next chunk and stores o from a shared-memory O tile; the same bits). Read per launch (host
+ * side only) so tests can compare the forms. */
+static int gdn_ws_mode(void) {
+    const char *e = getenv("HYLA_CUDA_GDN_WS");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 template <int DKP>
 static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
     const size_t sm = FusedSmem<DKP>::TOTAL;
     const unsigned ncb = cu_blocks(ca.dv, 128);
+    if (!split && gdn_ws_mode() && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 &&
+        FusedSmem<DKP, 1>::TOTAL <= c->smem_optin) {
+        const size_t sw = FusedSmem<DKP, 1>::TOTAL;
+        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
+        k_gdn_fused<DKP, 0, 1><<<dim3(ncb, ca.H, nseq), FU_WT, sw, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gdn fused chunk (ws)");
+        return HYLA_OK;
+    }
     if (!split) {
         CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k_gdn_fused<DKP, 0><<<dim3(ncb, ca.H, nseq), FU_T, sm, c->stream>>>(ca);

@@ -2,13 +2,18 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, e2ebench, e2equick, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, e2ebench, e2equick, linexp)
 # kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
 # smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
 # e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
 # kgla: --only sse and --only prefill by default (fused GLA) and under HYLA_CUDA_CHUNK=ab (GLA's
 #   kernels A and B, SSE-GLA through the gather), rows tagged "chunk".
+# kws: the fused GDN pass's warp-specialised form (HYLA_CUDA_GDN_WS=1: a producer warp stages the
+#   chunks and stores o from shared memory) against the default: a smoke run first (a barrier
+#   hang ends the script), then --only prefill and --only sse with HYLA_CUDA_GDN_WS=0 and =1, rows
+#   tagged "ws", then test_gpu_ops (its varlen and SSE checks include WS == default bit for bit).
+# kprofws: kprof with HYLA_CUDA_GDN_WS=1 (the compute warps' phases and the producer's intervals).
 # TMAX=seconds: phases that would start later than that are skipped (device-time budgets).
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
@@ -68,6 +73,22 @@ for ph in "$@"; do
     kprof)
       timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof.txt 2>&1
       grep "fused profile" $OUT/prof.txt | tee -a $OUT/summary.txt ;;
+    kws)
+      t0=$SECONDS
+      HYLA_CUDA_GDN_WS=1 timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke_ws.txt 2>&1
+      rc=$?; echo "smoke ws rc=$rc" | tee -a $OUT/summary.txt; [ $rc = 0 ] || { tail -5 $OUT/smoke_ws.txt; exit 1; }
+      for v in 0 1; do
+        for o in prefill sse; do
+          HYLA_CUDA_GDN_WS=$v timeout 150 hyla-bench kernels --device cuda:0 --only $o | sed "s/\"bench\":\"/\"ws\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
+        done
+      done
+      echo "kws bench ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep '"ws"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//; s/"tokens_per_seq":8192,//'
+      t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops_ws.log 2>&1; echo "test_gpu_ops (ws checks) rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep -E "FAIL|comparisons|differ|GDN_WS" $OUT/test_gpu_ops_ws.log | head -30 ;;
+    kprofws)
+      HYLA_CUDA_GDN_WS=1 timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_ws.txt 2>&1
+      grep "fused" $OUT/prof_ws.txt | tee -a $OUT/summary.txt ;;
     linexp)
       for v in fusedsmall xconv; do
         HYLA_CUDA_LINEAR=$v timeout 100 hyla-bench e2e --device cuda:0 --model /tmp/m_gla --prefill 64 --batch 1,16 --ctx 16 --steps 32 | sed "s/\"bench\":\"/\"linear\":\"$v\",\"bench\":\"/" >> $OUT/bench_e2e.jsonl 2>> $OUT/e2e.err
