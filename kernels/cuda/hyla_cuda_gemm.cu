@@ -469,103 +469,133 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
  * the bias and the accumulate — so a row's result is bit-identical to what the skinny kernel
  * gives it, for any M. That keeps ops->linear's contract (a row's result does not depend on M)
  * while prefill pieces of many tokens run at GEMM speed. x is bf16 (cu_f32_to_bf16_rows). */
-#define BG_M 128
-#define BG_N 128
-#define BG_ST 3
-#define BG_SMEM ((size_t)BG_ST * (BG_M + BG_N) * SK_LD * 2 + (size_t)64 * 256 * 4) /* + slice sums */
+/* Tiles: WM x WN warps (8), each MT m16 x NT n8 outputs; BM = WM*MT*16 rows, BN = WN*NT*8
+ * columns; ST cp.async stages; TSM: the slice sums in shared memory (a [values][256] array, so
+ * the large tiles stay under 255 registers) instead of registers. */
+template <int WM, int WN, int MT, int NT, int ST, bool TSM>
+struct BigCfg {
+    static constexpr int BM = WM * MT * 16, BN = WN * NT * 8, NV = MT * NT * 4;
+    static constexpr size_t SMEM = (size_t)ST * (BM + BN) * SK_LD * 2 + (TSM ? (size_t)NV * 256 * 4 : 0);
+};
 
-__global__ void __launch_bounds__(256, 1) k_gemm_big(const __nv_bfloat16 *__restrict__ xb, int M, int K,
-                                                     const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
-                                                     const float *bias, float *y, int ldy, int accumulate) {
+template <int WM, int WN, int MT, int NT, int ST, bool TSM>
+__global__ void __launch_bounds__(256, (BigCfg<WM, WN, MT, NT, ST, TSM>::SMEM <= 113 * 1024) ? 2 : 1)
+    k_gemm_big(const __nv_bfloat16 *__restrict__ xb, int M, int K, const __nv_bfloat16 *__restrict__ W, int N,
+               int kchunk, const float *bias, float *y, int ldy, int accumulate) {
+    typedef BigCfg<WM, WN, MT, NT, ST, TSM> C;
+    constexpr int BM = C::BM, BN = C::BN;
     extern __shared__ __align__(16) unsigned char bg_smem[];
-    __nv_bfloat16 *Ws = (__nv_bfloat16 *)bg_smem;  /* [BG_ST][BG_N][SK_LD] */
-    __nv_bfloat16 *Xs = Ws + BG_ST * BG_N * SK_LD; /* [BG_ST][BG_M][SK_LD] */
-    float *tot = (float *)(Xs + BG_ST * BG_M * SK_LD); /* [64][256]: thread tid's sum of the slices so far */
+    __nv_bfloat16 *Ws = (__nv_bfloat16 *)bg_smem; /* [ST][BN][SK_LD] */
+    __nv_bfloat16 *Xs = Ws + ST * BN * SK_LD;     /* [ST][BM][SK_LD] */
+    float *tots = (float *)(Xs + ST * BM * SK_LD); /* TSM: [NV][256] */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int wm = w >> 2, wn = w & 3;
-    const int n0 = blockIdx.x * BG_N, m0 = blockIdx.y * BG_M;
+    const int wm = w / WN, wn = w % WN;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
     const int nkt = (K + SK_K - 1) / SK_K;
     auto stage = [&](int buf, int t) {
         const int kt = t * SK_K;
         int kend = (kt / kchunk + 1) * kchunk;
         if (kend > K) kend = K;
-        __nv_bfloat16 *ws = Ws + buf * BG_N * SK_LD, *xs = Xs + buf * BG_M * SK_LD;
+        __nv_bfloat16 *ws = Ws + buf * BN * SK_LD, *xs = Xs + buf * BM * SK_LD;
 #pragma unroll
-        for (int q = 0; q < BG_N * 8 / 256; q++) {
+        for (int q = 0; q < BN * 8 / 256; q++) {
             int c = tid + q * 256, r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
             bool ok = n < N && k < kend;
             cp_async16(ws + r * SK_LD + kk, ok ? (const void *)(W + (size_t)n * K + k) : (const void *)W, ok ? 16 : 0);
         }
 #pragma unroll
-        for (int q = 0; q < BG_M * 8 / 256; q++) {
+        for (int q = 0; q < BM * 8 / 256; q++) {
             int c = tid + q * 256, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
             bool ok = m < M && k < kend;
             cp_async16(xs + r * SK_LD + kk, ok ? (const void *)(xb + (size_t)m * K + k) : (const void *)xb, ok ? 16 : 0);
         }
     };
-    float acc[4][4][4];
+    float acc[MT][NT][4], tot[TSM ? 1 : MT][TSM ? 1 : NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
-    stage(0, 0);
-    cp_async_commit();
-    if (nkt > 1) stage(1, 1);
-    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nkt) stage(s, s);
+        cp_async_commit();
+    }
     bool first = true;
     for (int t = 0; t < nkt; t++) {
-        if (t + 2 < nkt) stage((t + 2) % BG_ST, t + 2);
+        if (t + ST - 1 < nkt) stage((t + ST - 1) % ST, t + ST - 1);
         cp_async_commit();
-        cp_async_wait<2>();
+        cp_async_wait<ST - 1>();
         __syncthreads();
-        const __nv_bfloat16 *ws = Ws + (t % BG_ST) * BG_N * SK_LD, *xs = Xs + (t % BG_ST) * BG_M * SK_LD;
+        const __nv_bfloat16 *ws = Ws + (t % ST) * BN * SK_LD, *xs = Xs + (t % ST) * BM * SK_LD;
 #pragma unroll
         for (int kc = 0; kc < SK_K / 16; kc++) {
-            uint32_t b01[2][2], b23[2][2];
-            ldsm_frag_b2_nk(b01, ws + (wn * 32) * SK_LD + kc * 16, SK_LD);
-            ldsm_frag_b2_nk(b23, ws + (wn * 32 + 16) * SK_LD + kc * 16, SK_LD);
+            uint32_t bfr[NT / 2][2][2];
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
+            for (int nb = 0; nb < NT / 2; nb++)
+                ldsm_frag_b2_nk(bfr[nb], ws + (wn * NT * 8 + nb * 16) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
                 uint32_t af[4];
-                ldsm_frag_a(af, xs + (wm * 64 + mt * 16) * SK_LD + kc * 16, SK_LD);
-                mma_bf16_16816(acc[mt][0], af, b01[0]);
-                mma_bf16_16816(acc[mt][1], af, b01[1]);
-                mma_bf16_16816(acc[mt][2], af, b23[0]);
-                mma_bf16_16816(acc[mt][3], af, b23[1]);
+                ldsm_frag_a(af, xs + (wm * MT * 16 + mt * 16) * SK_LD + kc * 16, SK_LD);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma_bf16_16816(acc[mt][nt], af, bfr[nt >> 1][nt & 1]);
             }
         }
         __syncthreads();
         const int kt_end = (t + 1) * SK_K;
         if (kt_end % kchunk == 0 || kt_end >= K) { /* end of a K slice: fold it in, slice order */
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        float *tp = tot + ((mt * 4 + nt) * 4 + e) * 256 + tid;
-                        *tp = first ? acc[mt][nt][e] : *tp + acc[mt][nt][e];
+                        if (TSM) {
+                            float *tp = tots + ((mt * NT + nt) * 4 + e) * 256 + tid;
+                            *tp = first ? acc[mt][nt][e] : *tp + acc[mt][nt][e];
+                        } else {
+                            float &tv = tot[TSM ? 0 : mt][TSM ? 0 : nt][e];
+                            tv = first ? acc[mt][nt][e] : tv + acc[mt][nt][e];
+                        }
                         acc[mt][nt][e] = 0.0f;
                     }
             first = false;
         }
     }
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int m = m0 + wm * 64 + mt * 16 + g + (e >> 1) * 8, n = n0 + wn * 32 + nt * 8 + 2 * tq + (e & 1);
+                int m = m0 + wm * MT * 16 + mt * 16 + g + (e >> 1) * 8, n = n0 + wn * NT * 8 + nt * 8 + 2 * tq + (e & 1);
                 if (m < M && n < N) {
-                    float v = tot[((mt * 4 + nt) * 4 + e) * 256 + tid];
+                    float v = TSM ? tots[((mt * NT + nt) * 4 + e) * 256 + tid] : tot[TSM ? 0 : mt][TSM ? 0 : nt][e];
                     if (bias) v += bias[n];
                     float *yp = y + (size_t)m * ldy + n;
                     *yp = accumulate ? *yp + v : v;
                 }
             }
+}
+
+template <int WM, int WN, int MT, int NT, int ST, bool TSM>
+static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *W,
+                              int N, int kchunk, const float *bias, float *y, int ldy, int accumulate) {
+    typedef BigCfg<WM, WN, MT, NT, ST, TSM> C;
+    static bool attr_set = false; /* per process: the attribute belongs to the function */
+    if (!attr_set) {
+        CU_TRY(cudaFuncSetAttribute(k_gemm_big<WM, WN, MT, NT, ST, TSM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)C::SMEM));
+        attr_set = true;
+    }
+    dim3 grid((N + C::BN - 1) / C::BN, (M + C::BM - 1) / C::BM);
+    if (grid.y > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
+    k_gemm_big<WM, WN, MT, NT, ST, TSM><<<grid, 256, C::SMEM, c->stream>>>(xb, M, K, W->d, N, kchunk, bias, y, ldy,
+                                                                         accumulate);
+    CU_LAUNCH_CHECK("linear (large M)");
+    return HYLA_OK;
 }
 
 /* HYLA_CUDA_LINEAR=nobig: M > 64 rows as before (skinny up to 256, cuBLAS above; comparisons) */
@@ -582,24 +612,24 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
     return M > 64 && K % 8 == 0 && !c->skinny_v1 && !c->linear_cublas_only && !big_off();
 }
 
-/* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits. */
+/* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
+ * any tile shape (HYLA_CUDA_BIG selects one, read per call: a = 128x128 3 stages, sums in shared
+ * memory; b = 128x64 3 stages, sums in registers, 2 blocks/SM; c = b with 4 stages; d = 64x128). */
 extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                                    const float *bias, float *y, int ldy, int N, int accumulate) {
-    static int attr_set = 0; /* per process: the attribute belongs to the function, not a context */
-    if (!attr_set) {
-        CU_TRY(cudaFuncSetAttribute(k_gemm_big, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)BG_SMEM));
-        attr_set = 1;
-    }
     int S, kchunk;
     sk_plan(c, N, K, &S, &kchunk);
     (void)S;
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
-    dim3 grid((N + BG_N - 1) / BG_N, (M + BG_M - 1) / BG_M);
-    if (grid.y > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
-    k_gemm_big<<<grid, 256, BG_SMEM, c->stream>>>((const __nv_bfloat16 *)xb, M, K, W->d, N, kchunk, bias, y, ldy,
-                                                   accumulate);
-    CU_LAUNCH_CHECK("linear (large M)");
-    return HYLA_OK;
+    const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
+    const char *e = getenv("HYLA_CUDA_BIG");
+    char v = e && *e ? e[0] : 'a';
+    switch (v) {
+    case 'b': return launch_big<4, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
+    case 'c': return launch_big<4, 2, 2, 4, 4, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
+    case 'd': return launch_big<2, 4, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
+    default: return launch_big<2, 4, 4, 4, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
+    }
 }
