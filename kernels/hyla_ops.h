@@ -65,6 +65,9 @@ typedef struct {
     int ldy, N;
 } hyla_linear_out;
 
+/* A batch of device->host copies queued by capture_begin (backend-defined, opaque). */
+typedef struct hyla_capture hyla_capture;
+
 typedef struct hyla_ops {
     const char *name;     /* "cpu", "cuda" */
     hyla_dtype kv_dtype;  /* element type of KV pages */
@@ -190,6 +193,34 @@ typedef struct hyla_ops {
                           const float *u, int32_t *out);
 
     void (*destroy)(void *ctx);
+
+    /* ---- host buffers and asynchronous capture (snapshots that overlap compute) ----
+     * host_alloc: `bytes` of host memory that this backend copies to and from fastest (CUDA:
+     * page-locked; CPU: 64-byte aligned malloc). Not zero-filled. Allocating and freeing may
+     * be slow and synchronise the device (CUDA), so callers cache these buffers. Caller frees
+     * with host_free (accepts NULL), on the thread that drives the context. */
+    hyla_status (*host_alloc)(void *ctx, size_t bytes, void **out);
+    void (*host_free)(void *ctx, void *p);
+    /* capture_begin: queue n device->host copies src[i] -> host_dst[i] of bytes[i] each (0
+     * allowed), ordered after every op queued so far, and return at once with a ticket in *out
+     * (caller finishes it with capture_end). The arrays are borrowed for the call only.
+     * Until the ticket has ended, the copies may run at any moment, so:
+     *   - no later op may write (or free) the source memory: capture a copy (ops->copy, in
+     *     stream order) of anything that later ops will change;
+     *   - the caller must not read, write or free the host memory.
+     * The CPU backend holds itself to the letter of this: it performs the copies in
+     * capture_end, so code that lets later ops overwrite captured memory gets wrong bytes on
+     * the CPU as well. */
+    hyla_status (*capture_begin)(void *ctx, int n, void *const *host_dst, const void *const *src,
+                                 const size_t *bytes, hyla_capture **out);
+    /* 1 when the copies have finished (capture_end will not wait for the device), 0 while they
+     * run. CPU backend: 0 at the first call for a ticket and 1 afterwards (its copies take no
+     * device time; the first 0 lets callers' polling paths run on the CPU too). */
+    int (*capture_done)(void *ctx, hyla_capture *t);
+    /* Wait for the copies, free the ticket and report any copy failure (accepts NULL). After
+     * it returns, the host memory holds the bytes the sources held when capture_begin was
+     * called (given the rule above) and the sources may be written again. */
+    hyla_status (*capture_end)(void *ctx, hyla_capture *t);
 } hyla_ops;
 
 typedef struct {

@@ -5,6 +5,7 @@
  *
  * Invariants:
  *   - Device memory is host memory: 64-byte aligned, zero-filled by alloc.
+ *   - capture_begin only records its copies; capture_end performs them (hyla_ops.h).
  *   - Weights are converted to fp32 once, at weight_create, and packed for `linear`.
  *   - Row reductions (sums of squares, softmax sums) accumulate in double, so the
  *     reference is at least as exact as any fp32 backend it is compared with.
@@ -88,6 +89,72 @@ static hyla_status cpu_zero(void *ctx, void *dst, size_t bytes) {
 
 static hyla_status cpu_sync(void *ctx) {
     (void)ctx;
+    return HYLA_OK;
+}
+
+/* ------------------------------------------------------------------ host buffers, capture
+ *
+ * Host buffers are plain aligned memory. A capture is genuinely deferred: begin records the
+ * copies, end performs them. So the reference backend holds callers to the contract of
+ * hyla_ops.h (sources unchanged until the ticket ends) instead of hiding a violation behind
+ * copies that happen to run at once. */
+
+struct hyla_capture {
+    int n;
+    int polled; /* capture_done was asked once */
+    struct {
+        void *dst;
+        const void *src;
+        size_t bytes;
+    } c[];
+};
+
+static hyla_status cpu_host_alloc(void *ctx, size_t bytes, void **out) {
+    (void)ctx;
+    *out = cpu_aligned_alloc(bytes);
+    if (!*out) return hyla_fail(HYLA_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes of host buffer", bytes);
+    return HYLA_OK;
+}
+
+static void cpu_host_free(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+
+static hyla_status cpu_capture_begin(void *ctx, int n, void *const *host_dst, const void *const *src,
+                                     const size_t *bytes, hyla_capture **out) {
+    (void)ctx;
+    *out = NULL;
+    if (n < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "capture_begin: %d copies", n);
+    for (int i = 0; i < n; i++)
+        if (bytes[i] && (!host_dst[i] || !src[i]))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "capture_begin: copy %d of %zu bytes has a NULL pointer", i, bytes[i]);
+    hyla_capture *t = malloc(sizeof *t + (size_t)n * sizeof t->c[0]);
+    if (!t) return hyla_fail(HYLA_ERR_NOMEM, "capture_begin: out of memory for %d copies", n);
+    t->n = n;
+    t->polled = 0;
+    for (int i = 0; i < n; i++) {
+        t->c[i].dst = host_dst[i];
+        t->c[i].src = src[i];
+        t->c[i].bytes = bytes[i];
+    }
+    *out = t;
+    return HYLA_OK;
+}
+
+static int cpu_capture_done(void *ctx, hyla_capture *t) {
+    (void)ctx;
+    if (!t || t->polled) return 1;
+    t->polled = 1;
+    return 0;
+}
+
+static hyla_status cpu_capture_end(void *ctx, hyla_capture *t) {
+    (void)ctx;
+    if (!t) return HYLA_OK;
+    for (int i = 0; i < t->n; i++)
+        if (t->c[i].bytes) memcpy(t->c[i].dst, t->c[i].src, t->c[i].bytes);
+    free(t);
     return HYLA_OK;
 }
 
@@ -712,6 +779,11 @@ static const hyla_ops cpu_ops = {
     .sse_decode = cpu_sse_decode,
     .sample = cpu_sample,
     .destroy = cpu_destroy,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .capture_begin = cpu_capture_begin,
+    .capture_done = cpu_capture_done,
+    .capture_end = cpu_capture_end,
 };
 
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {

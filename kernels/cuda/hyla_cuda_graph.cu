@@ -12,8 +12,9 @@
  * when called but appended to a log: the op code,
  * its scalars and device pointers and the derived launch parameters (the entry, which is the
  * signature) plus the host arrays the op stages for its kernels (the entry's data). Any other
- * op (sample, download, upload, sync, alloc, free, attention prefill, weights, the CUDA-only
- * entry points) first flushes the log, so stream order is exactly the call order. A flush:
+ * op (sample, download, upload, sync, alloc, free, attention prefill, weights, capture_begin,
+ * the CUDA-only entry points) first flushes the log, so stream order is exactly the call order
+ * (host_alloc/host_free and capture_done/capture_end queue nothing on the stream). A flush:
  *   - looks the segment's signature up in a small cache of instantiated graphs; on a hit it
  *     copies the entries' data into the graph's device parameter block (through the pinned
  *     staging ring, on the stream) and launches the graph, whose kernels read it there;
@@ -932,6 +933,23 @@ static void f_destroy(void *ctx) {
     cu_destroy(ctx);
 }
 
+/* Host buffers touch no stream; a capture flushes the log itself (its copies are ordered after
+ * every op called before it, logged or not). */
+static hyla_status f_host_alloc(void *ctx, size_t bytes, void **out) {
+    return cu_host_alloc((hyla_cuda_ctx *)ctx, bytes, out);
+}
+
+static void f_host_free(void *ctx, void *p) { cu_host_free((hyla_cuda_ctx *)ctx, p); }
+
+static hyla_status f_capture_begin(void *ctx, int n, void *const *host_dst, const void *const *src,
+                                   const size_t *bytes, hyla_capture **out) {
+    return cu_capture_begin((hyla_cuda_ctx *)ctx, n, host_dst, src, bytes, out);
+}
+
+static int f_capture_done(void *ctx, hyla_capture *t) { return cu_capture_done((hyla_cuda_ctx *)ctx, t); }
+
+static hyla_status f_capture_end(void *ctx, hyla_capture *t) { return cu_capture_end((hyla_cuda_ctx *)ctx, t); }
+
 extern "C" const hyla_ops hyla_cuda_ops_table = {
     /* name */ "cuda",
     /* kv_dtype */ HYLA_DT_BF16,
@@ -970,6 +988,11 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     g_sse_decode,
     f_sample,
     f_destroy,
+    f_host_alloc,
+    f_host_free,
+    f_capture_begin,
+    f_capture_done,
+    f_capture_end,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

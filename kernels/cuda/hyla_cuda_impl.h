@@ -319,6 +319,14 @@ hyla_status cu_pool_create(hyla_cuda_ctx *c, hyla_cu_pool **out);
 void cu_pool_destroy(hyla_cuda_ctx *c, hyla_cu_pool *p);
 hyla_status cu_pool_alloc(hyla_cuda_ctx *c, size_t bytes, void **out);
 void cu_pool_free(hyla_cuda_ctx *c, void *p);
+/* host buffers and asynchronous copies behind ops->host_alloc / capture_* and the
+ * hyla_cuda_pool.h entry points; a capture ticket of this backend is a hyla_cuda_copy */
+hyla_status cu_host_alloc(hyla_cuda_ctx *c, size_t bytes, void **out);
+void cu_host_free(hyla_cuda_ctx *c, void *p);
+hyla_status cu_capture_begin(hyla_cuda_ctx *c, int n, void *const *host_dst, const void *const *src,
+                             const size_t *bytes, hyla_capture **out);
+int cu_capture_done(hyla_cuda_ctx *c, hyla_capture *t);
+hyla_status cu_capture_end(hyla_cuda_ctx *c, hyla_capture *t);
 #ifdef __cplusplus
 }
 #endif

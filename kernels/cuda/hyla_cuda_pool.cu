@@ -6,8 +6,8 @@
  * once, never returned until the context dies). A freed slot is pushed on its class's free
  * list; reuse is safe without a sync because every user of device memory is ordered on the
  * one compute stream (hyla_cuda_impl.h) — the zero-fill of the reused slot runs after the
- * kernels that used it before. Copies on the copy stream (snapshot_begin) must be waited for
- * before the slots they read are freed (documented in the header).
+ * kernels that used it before. Copies on the copy stream (snapshot_begin, ops->capture_begin)
+ * must be waited for before the slots they read are freed (documented in the headers).
  * Larger allocations go to cudaMalloc directly (freed after a stream sync).
  * A pointer -> (size, kind) hash map answers free(). Threading: one thread per context. */
 #include <stdlib.h>
@@ -298,29 +298,36 @@ extern "C" hyla_status hyla_cuda_pool_reserve(hyla_backend *be, size_t bytes, in
     return HYLA_OK;
 }
 
-extern "C" hyla_status hyla_cuda_host_alloc(hyla_backend *be, size_t bytes, void **out) {
-    hyla_cuda_ctx *c = cuda_ctx_of(be);
+extern "C" hyla_status cu_host_alloc(hyla_cuda_ctx *c, size_t bytes, void **out) {
+    (void)c;
     *out = NULL;
-    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_host_alloc: not a cuda backend");
     CU_TRY(cudaMallocHost(out, bytes ? bytes : 1));
     return HYLA_OK;
 }
 
-extern "C" void hyla_cuda_host_free(hyla_backend *be, void *p) {
-    (void)be;
+extern "C" void cu_host_free(hyla_cuda_ctx *c, void *p) {
+    (void)c;
     if (p) cudaFreeHost(p);
 }
+
+extern "C" hyla_status hyla_cuda_host_alloc(hyla_backend *be, size_t bytes, void **out) {
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    *out = NULL;
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_host_alloc: not a cuda backend");
+    return cu_host_alloc(c, bytes, out);
+}
+
+extern "C" void hyla_cuda_host_free(hyla_backend *be, void *p) { cu_host_free(cuda_ctx_of(be), p); }
 
 struct hyla_cuda_copy {
     hyla_cuda_ctx *c;
     cudaEvent_t done;
 };
 
-static hyla_status copy_begin(hyla_backend *be, int n, void *const *dst, const void *const *src, const size_t *bytes,
+static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const void *const *src, const size_t *bytes,
                               cudaMemcpyKind kind, hyla_cuda_copy **out) {
-    hyla_cuda_ctx *c = cuda_ctx_of(be);
     *out = NULL;
-    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda async copy: not a cuda backend");
+    if (n < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda async copy: %d copies", n);
     HYLA_TRY(cu_graph_flush(c)); /* logged ops first: the copies are ordered after them */
     hyla_cuda_copy *cp = (hyla_cuda_copy *)calloc(1, sizeof *cp);
     if (!cp) return hyla_fail(HYLA_ERR_NOMEM, "hyla_cuda async copy: out of host memory");
@@ -356,27 +363,58 @@ static hyla_status copy_begin(hyla_backend *be, int n, void *const *dst, const v
     return HYLA_OK;
 }
 
+static int copy_done(const hyla_cuda_copy *cp) {
+    /* a failure counts as finished: copy_wait reports it */
+    return !cp || cudaEventQuery(cp->done) != cudaErrorNotReady;
+}
+
+static hyla_status copy_wait(hyla_cuda_copy *cp) {
+    if (!cp) return HYLA_OK;
+    cudaError_t e = cudaEventSynchronize(cp->done);
+    cudaEventDestroy(cp->done);
+    free(cp);
+    if (e != cudaSuccess) return hyla_cuda_fail(e, "cudaEventSynchronize(copy)", __FILE__, __LINE__);
+    return HYLA_OK;
+}
+
 extern "C" hyla_status hyla_cuda_snapshot_begin(hyla_backend *be, int n, void *const *host_dst,
                                                 const void *const *dev_src, const size_t *bytes,
                                                 hyla_cuda_copy **out) {
-    return copy_begin(be, n, host_dst, dev_src, bytes, cudaMemcpyDeviceToHost, out);
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    *out = NULL;
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_snapshot_begin: not a cuda backend");
+    return copy_begin(c, n, host_dst, dev_src, bytes, cudaMemcpyDeviceToHost, out);
 }
 
 extern "C" hyla_status hyla_cuda_restore_begin(hyla_backend *be, int n, void *const *dev_dst,
                                                const void *const *host_src, const size_t *bytes,
                                                hyla_cuda_copy **out) {
-    return copy_begin(be, n, dev_dst, host_src, bytes, cudaMemcpyHostToDevice, out);
+    hyla_cuda_ctx *c = cuda_ctx_of(be);
+    *out = NULL;
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_restore_begin: not a cuda backend");
+    return copy_begin(c, n, dev_dst, host_src, bytes, cudaMemcpyHostToDevice, out);
 }
 
-extern "C" int hyla_cuda_copy_done(const hyla_cuda_copy *c) {
-    return !c || cudaEventQuery(c->done) == cudaSuccess;
-}
+extern "C" int hyla_cuda_copy_done(const hyla_cuda_copy *c) { return copy_done(c); }
 
-extern "C" hyla_status hyla_cuda_copy_wait(hyla_cuda_copy *c) {
-    if (!c) return HYLA_OK;
-    cudaError_t e = cudaEventSynchronize(c->done);
-    cudaEventDestroy(c->done);
-    free(c);
-    if (e != cudaSuccess) return hyla_cuda_fail(e, "cudaEventSynchronize(copy)", __FILE__, __LINE__);
+extern "C" hyla_status hyla_cuda_copy_wait(hyla_cuda_copy *c) { return copy_wait(c); }
+
+/* ops->capture_*: the tickets are hyla_cuda_copy objects behind the ops' opaque type */
+extern "C" hyla_status cu_capture_begin(hyla_cuda_ctx *c, int n, void *const *host_dst, const void *const *src,
+                                        const size_t *bytes, hyla_capture **out) {
+    hyla_cuda_copy *cp = NULL;
+    *out = NULL;
+    HYLA_TRY(copy_begin(c, n, host_dst, src, bytes, cudaMemcpyDeviceToHost, &cp));
+    *out = (hyla_capture *)cp;
     return HYLA_OK;
+}
+
+extern "C" int cu_capture_done(hyla_cuda_ctx *c, hyla_capture *t) {
+    (void)c;
+    return copy_done((const hyla_cuda_copy *)t);
+}
+
+extern "C" hyla_status cu_capture_end(hyla_cuda_ctx *c, hyla_capture *t) {
+    (void)c;
+    return copy_wait((hyla_cuda_copy *)t);
 }

@@ -19,6 +19,10 @@
  * hyla_cuda_restore_begin is the reverse; later ops on the compute stream wait for it.
  * The bytes are the backend's own state layout (hyla_ops.h: fp32 states, bf16 KV pages), so
  * the session code converts KV dtype exactly as it does for ops->download.
+ * The ops table exposes the same machinery to backend-independent code: ops->host_alloc /
+ * host_free are hyla_cuda_host_alloc / _free, ops->capture_begin / capture_done / capture_end
+ * are hyla_cuda_snapshot_begin / hyla_cuda_copy_done / hyla_cuda_copy_wait
+ * (hyla_session_export_begin is built on them).
  *
  * These functions exist only in builds with the CUDA backend (HYLA_HAVE_CUDA); each fails
  * with HYLA_ERR_INVALID_ARG when given a backend that is not "cuda".
