@@ -1,9 +1,22 @@
-/* hyla_snapshot.c — in-memory snapshot container; see hyla_snapshot.h. Single owner, no locks. */
+/* hyla_snapshot.c — in-memory snapshot container; see hyla_snapshot.h. Single owner, no locks.
+ * Invariant: a part's data lies inside the arena (when there is one) exactly when it was carved
+ * from it; every other part's data was calloc'ed and is freed with the snapshot. */
 #include "hyla_snapshot.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+struct hyla_snapshot_arena {
+    uint8_t *base;
+    size_t bytes, used;
+    hyla_snapshot_release_fn release;
+    void *release_ctx;
+};
+
+static int in_arena(const struct hyla_snapshot_arena *a, const void *p) {
+    return a && (const uint8_t *)p >= a->base && (const uint8_t *)p < a->base + a->bytes;
+}
 
 const char *hyla_part_kind_name(hyla_part_kind k) {
     switch (k) {
@@ -24,10 +37,33 @@ hyla_snapshot *hyla_snapshot_create(void) {
     return s;
 }
 
+hyla_snapshot *hyla_snapshot_create_arena(void *base, size_t bytes, hyla_snapshot_release_fn release,
+                                          void *release_ctx) {
+    HYLA_ASSERT(base && ((uintptr_t)base & 63) == 0);
+    hyla_snapshot *s = hyla_snapshot_create();
+    struct hyla_snapshot_arena *a = calloc(1, sizeof *a);
+    if (!s || !a) {
+        free(s);
+        free(a);
+        return NULL;
+    }
+    a->base = base;
+    a->bytes = bytes;
+    a->release = release;
+    a->release_ctx = release_ctx;
+    s->arena = a;
+    return s;
+}
+
+uint64_t hyla_snapshot_arena_piece(uint64_t nbytes) { return nbytes ? (nbytes + 63) & ~(uint64_t)63 : 64; }
+
 void hyla_snapshot_destroy(hyla_snapshot *s) {
     if (!s) return;
-    for (uint32_t i = 0; i < s->n_parts; i++) free(s->parts[i].data);
+    for (uint32_t i = 0; i < s->n_parts; i++)
+        if (!in_arena(s->arena, s->parts[i].data)) free(s->parts[i].data);
     free(s->parts);
+    if (s->arena && s->arena->release) s->arena->release(s->arena->release_ctx, s->arena->base);
+    free(s->arena);
     free(s);
 }
 
@@ -60,7 +96,14 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
     }
     p->page_tokens = page_tokens;
     p->nbytes = n * hyla_dtype_size(dtype);
-    p->data = calloc(1, p->nbytes ? p->nbytes : 1);
+    struct hyla_snapshot_arena *a = s->arena;
+    uint64_t piece = hyla_snapshot_arena_piece(p->nbytes);
+    if (a && piece <= a->bytes - a->used) { /* carved, not zero-filled (hyla_snapshot.h) */
+        p->data = a->base + a->used;
+        a->used += piece;
+    } else {
+        p->data = calloc(1, p->nbytes ? p->nbytes : 1);
+    }
     if (!p->data)
         return hyla_fail(HYLA_ERR_NOMEM, "snapshot: cannot allocate %llu bytes for layer %u part %s",
                          (unsigned long long)p->nbytes, layer, name);
@@ -83,6 +126,7 @@ hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out) {
     *c = *s;
     c->parts = parts;
     c->n_parts = c->cap_parts = 0;
+    c->arena = NULL; /* a clone is an ordinary snapshot */
     for (uint32_t i = 0; i < s->n_parts; i++) {
         const hyla_state_part *p = &s->parts[i];
         hyla_state_part *q;

@@ -5,7 +5,13 @@
  * mixer declares its parts (kind, dtype, shape); docs/MODELS.md §8 lists them and
  * docs/STATE_FORMAT.md specifies how they are written.
  *
- * Ownership: a snapshot owns its parts' data (host memory). Not thread-safe; one owner. */
+ * Ownership: a snapshot owns its parts' data (host memory). Not thread-safe; one owner (who
+ * may hand it to another thread, e.g. an I/O thread that destroys it).
+ *
+ * Arena snapshots (hyla_snapshot_create_arena): the parts' data is carved from one buffer the
+ * caller provides (e.g. pinned host memory the device copies into directly), and a release
+ * callback gives the buffer back when the snapshot is destroyed. Everything else (find, equal,
+ * the codec, the store) sees an ordinary snapshot. */
 #ifndef HYLA_SNAPSHOT_H
 #define HYLA_SNAPSHOT_H
 
@@ -65,20 +71,40 @@ typedef struct {
     uint32_t n_parts;
     hyla_state_part *parts;     /* [n_parts], ordered by (layer, declaration order) */
     uint32_t cap_parts;
+    struct hyla_snapshot_arena *arena; /* private (hyla_snapshot.c): NULL unless created with
+                                          hyla_snapshot_create_arena; never copy it by value */
 } hyla_snapshot;
 
 /* Caller frees with hyla_snapshot_destroy. */
 hyla_snapshot *hyla_snapshot_create(void);
-void hyla_snapshot_destroy(hyla_snapshot *s); /* accepts NULL */
+/* Destroys s, its parts' data and, for an arena snapshot, gives the arena back: release(ctx,
+ * base) is called exactly once, on the calling thread. Accepts NULL. */
+void hyla_snapshot_destroy(hyla_snapshot *s);
 
-/* Append a part with zero-filled data of the given shape; returns it (borrowed until the
- * snapshot is destroyed or another part is added). */
+/* Bytes of arena a part of `nbytes` takes: nbytes rounded up to a multiple of 64, at least 64.
+ * An arena for parts p1..pn needs the sum of their pieces. */
+uint64_t hyla_snapshot_arena_piece(uint64_t nbytes);
+typedef void (*hyla_snapshot_release_fn)(void *ctx, void *base);
+/* A snapshot whose parts' data is carved, in the order they are added, from the `bytes` of
+ * memory at `base` (64-byte aligned; each part starts on a multiple of 64 bytes from base).
+ * Parts carved from the arena are NOT zero-filled (the caller overwrites them, e.g. by a device
+ * copy); a part that does not fit in the rest of the arena is allocated and zero-filled as in
+ * an ordinary snapshot. `base` is borrowed until the snapshot is destroyed, which calls
+ * release(release_ctx, base) once (release may be NULL). Returns NULL when out of memory
+ * (then release is not called and the buffer stays the caller's). Caller frees with
+ * hyla_snapshot_destroy. */
+hyla_snapshot *hyla_snapshot_create_arena(void *base, size_t bytes, hyla_snapshot_release_fn release,
+                                          void *release_ctx);
+
+/* Append a part with zero-filled data of the given shape (arena snapshots: see above); returns
+ * it (borrowed until the snapshot is destroyed or another part is added). */
 hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
                                    hyla_dtype dtype, uint32_t ndim, const uint64_t *shape,
                                    uint32_t page_tokens, hyla_state_part **out);
 /* The part (layer, name), or NULL. Borrowed. */
 hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, const char *name);
-/* Deep copy. Caller frees with hyla_snapshot_destroy. */
+/* Deep copy, always an ordinary (malloc'ed) snapshot, also of an arena snapshot. Caller frees
+ * with hyla_snapshot_destroy. */
 hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out);
 /* Whether two snapshots are identical bit for bit (meta and every part). */
 int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b);

@@ -1,7 +1,9 @@
 /* test_store_codec.c — the portable snapshot file: bit-exact round trip of every part kind
  * (recurrent, partition, kv) at several chunk sizes and zstd levels, the bf16 option (lossy,
  * recorded), and refusals of damaged files (flipped byte, truncation, unknown versions),
- * each message naming the part. */
+ * each message naming the part; arena snapshots (parts carved from one caller buffer, a
+ * release callback at destroy): layout, no zero-fill, overflow to ordinary parts, the codec
+ * and the file unchanged, clones ordinary. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +171,93 @@ static void test_layout(void) {
     hyla_snapshot_destroy(b);
 }
 
+typedef struct {
+    int calls;
+    void *base;
+} release_log;
+
+static void on_release(void *ctx, void *base) {
+    release_log *r = ctx;
+    r->calls++;
+    r->base = base;
+}
+
+static void test_arena(void) {
+    CHECK(hyla_snapshot_arena_piece(0) == 64 && hyla_snapshot_arena_piece(1) == 64 &&
+          hyla_snapshot_arena_piece(64) == 64 && hyla_snapshot_arena_piece(65) == 128);
+    hyla_snapshot *s = tsu_make(4, 4, 300, 0x77);
+    size_t need = tsu_arena_bytes(s);
+    uint8_t *buf = aligned_alloc(64, need + 4096);
+    memset(buf, 0xA5, need + 4096); /* the arena is not zero-filled: parts keep what is there */
+    release_log rl = {0, NULL};
+    hyla_snapshot *a = hyla_snapshot_create_arena(buf, need, on_release, &rl);
+    CHECK(a != NULL);
+    if (!a) return;
+    /* parts in order, 64-byte aligned, inside the arena, not zero-filled */
+    uint64_t shape[1] = {10};
+    hyla_state_part *p = NULL;
+    CHECK_OK(hyla_snapshot_add_part(a, 0, "x", HYLA_PART_RECURRENT, HYLA_DT_F32, 1, shape, 0, &p));
+    CHECK(p && (uint8_t *)p->data == buf && ((const uint8_t *)p->data)[0] == 0xA5);
+    hyla_snapshot_destroy(a);
+    CHECK(rl.calls == 1 && rl.base == buf);
+
+    rl.calls = 0;
+    a = tsu_arena_copy(s, buf, need, on_release, &rl);
+    CHECK(a && hyla_snapshot_equal(a, s));
+    if (!a) return;
+    size_t off = 0;
+    for (uint32_t i = 0; i < a->n_parts; i++) {
+        CHECK_MSG((uint8_t *)a->parts[i].data == buf + off, "part %u not carved in order", i);
+        off += (size_t)hyla_snapshot_arena_piece(a->parts[i].nbytes);
+    }
+    CHECK(off == need);
+    /* the arena is full: a further part is an ordinary zero-filled one */
+    uint64_t sh2[2] = {3, 5};
+    CHECK_OK(hyla_snapshot_add_part(a, 3, "extra", HYLA_PART_RECURRENT, HYLA_DT_F32, 2, sh2, 0, &p));
+    if (p) {
+        CHECK((uint8_t *)p->data < buf || (uint8_t *)p->data >= buf + need + 4096);
+        int zero = 1;
+        for (uint64_t i = 0; i < p->nbytes; i++) zero &= ((uint8_t *)p->data)[i] == 0;
+        CHECK(zero);
+        ((float *)p->data)[7] = 1.5f;
+    }
+    /* the codec and the portable file see an ordinary snapshot */
+    uint8_t *img;
+    size_t len;
+    CHECK_OK(hyla_snapshot_encode_file_bytes(a, NULL, &img, &len));
+    hyla_snapshot *t = NULL;
+    CHECK_OK(hyla_snapshot_decode_file_bytes(img, len, "mem", 0, &t));
+    CHECK_MSG(t && hyla_snapshot_equal(a, t), "arena snapshot does not round-trip through the file format");
+    hyla_snapshot_destroy(t);
+    free(img);
+    char path[512];
+    path_of(path, sizeof path, "arena.hys");
+    CHECK_OK(hyla_snapshot_save_file(path, a, NULL));
+    t = NULL;
+    CHECK_OK(hyla_snapshot_load_file(path, &t));
+    CHECK(t && hyla_snapshot_equal(a, t));
+    hyla_snapshot_destroy(t);
+    /* a clone is ordinary: its destroy releases nothing, and it outlives the arena */
+    hyla_snapshot *c = NULL;
+    CHECK_OK(hyla_snapshot_clone(a, &c));
+    CHECK(c && hyla_snapshot_equal(a, c));
+    for (uint32_t i = 0; c && i < c->n_parts; i++)
+        CHECK((uint8_t *)c->parts[i].data < buf || (uint8_t *)c->parts[i].data >= buf + need + 4096);
+    CHECK(rl.calls == 0);
+    hyla_snapshot_destroy(a);
+    CHECK(rl.calls == 1 && rl.base == buf);
+    memset(buf, 0, need + 4096);
+    CHECK(c && c->n_parts == s->n_parts + 1 && ((float *)hyla_snapshot_find(c, 3, "extra")->data)[7] == 1.5f);
+    hyla_snapshot_destroy(c);
+    CHECK(rl.calls == 1);
+    /* NULL release is allowed */
+    a = tsu_arena_copy(s, buf, need, NULL, NULL);
+    CHECK(a && hyla_snapshot_equal(a, s));
+    hyla_snapshot_destroy(a);
+    free(buf);
+    hyla_snapshot_destroy(s);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "%s/hyla_test_codec_%d", hyla_test_env("TMPDIR", "/tmp"), (int)getpid());
     hyla_mkdirs(dir);
@@ -177,6 +266,7 @@ int main(void) {
     test_refusals();
     test_failed_write_keeps_old();
     test_layout();
+    test_arena();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -77,4 +77,37 @@ static inline hyla_snapshot *tsu_make(uint64_t seed, uint64_t kv_seed, uint64_t 
     return s;
 }
 
+/* Bytes of arena a copy of s needs (hyla_snapshot_create_arena). */
+static inline size_t tsu_arena_bytes(const hyla_snapshot *s) {
+    size_t n = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++) n += (size_t)hyla_snapshot_arena_piece(s->parts[i].nbytes);
+    return n;
+}
+
+/* A copy of s whose parts are carved from the arena [base, base + bytes); NULL when out of
+ * memory. release(ctx, base) is called when the copy is destroyed. */
+static inline hyla_snapshot *tsu_arena_copy(const hyla_snapshot *s, void *base, size_t bytes,
+                                            hyla_snapshot_release_fn release, void *ctx) {
+    hyla_snapshot *c = hyla_snapshot_create_arena(base, bytes, release, ctx);
+    if (!c) return NULL;
+    c->model_fingerprint = s->model_fingerprint;
+    c->position = s->position;
+    c->n_generated = s->n_generated;
+    c->pending_token = s->pending_token;
+    c->sampler = s->sampler;
+    memcpy(c->rng, s->rng, sizeof c->rng);
+    for (uint32_t i = 0; i < s->n_parts; i++) {
+        const hyla_state_part *p = &s->parts[i];
+        hyla_state_part *q = NULL;
+        if (hyla_snapshot_add_part(c, p->layer, p->name, (hyla_part_kind)p->kind, (hyla_dtype)p->dtype, p->ndim,
+                                   p->shape, p->page_tokens, &q) != HYLA_OK) {
+            hyla_snapshot_destroy(c);
+            return NULL;
+        }
+        memcpy(q->data, p->data, p->nbytes);
+    }
+    c->n_layers = s->n_layers;
+    return c;
+}
+
 #endif
