@@ -3,11 +3,19 @@
  *   - feeding a document in pieces that end at chunk boundaries is bit-identical to one piece;
  *   - a decode batch of several sessions equals each session decoded alone, bit for bit;
  *   - same seed, same tokens (greedy and sampled); export -> import continues bit for bit;
+ *   - asynchronous export (begin, decode on, end) == the synchronous export at begin, bit for
+ *     bit, and continues like the uninterrupted session; two in flight at once, at a KV page
+ *     boundary and mid-page, at position 0; snapshots destroyed on another thread; freeing a
+ *     session with an export in flight aborts (the CPU backend performs captures at
+ *     capture_end, so state overwritten by later decode steps would show here);
  *   - import refuses another model's snapshot and a part of the wrong shape, naming it. */
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hyla_session.h"
@@ -43,6 +51,79 @@ static hyla_session *new_session(hyla_model *m, float temp, uint64_t seed) {
 
 static void gen(hyla_session *s, int n, int32_t *out) {
     for (int i = 0; i < n; i++) CHECK_OK(hyla_session_decode(&s, 1, &out[i], NULL));
+}
+
+static void *destroy_thread(void *snap) {
+    hyla_snapshot_destroy(snap);
+    return NULL;
+}
+
+/* Asynchronous export of a session fed n prompt tokens (position n - 1). */
+static void check_async_export(hyla_model *m, const char *arch, const int32_t *p, int n) {
+    enum { G = 12 };
+    hyla_session *a = new_session(m, 0.8f, 3);
+    CHECK_OK(hyla_session_feed(a, p, n, NULL, NULL, NULL, NULL));
+    int64_t pos = hyla_session_position(a);
+    hyla_snapshot *ref1 = NULL, *ref2 = NULL, *s1 = NULL, *s2 = NULL;
+    hyla_export *e1 = NULL, *e2 = NULL;
+    int32_t t[G], u[G];
+    CHECK_OK(hyla_session_export(a, &ref1));
+    CHECK_OK(hyla_session_export_begin(a, &e1));
+    if (!e1 || !ref1) return;
+    gen(a, 4, t); /* these steps overwrite the states e1 captures */
+    CHECK_OK(hyla_session_export(a, &ref2));
+    CHECK_OK(hyla_session_export_begin(a, &e2)); /* a second export in flight on the same session */
+    gen(a, G - 4, t + 4);
+    int polls = 0;
+    while (!hyla_session_export_done(e1) && polls < 100) polls++;
+    CHECK_MSG(polls < 100, "%s: export never reports done", arch);
+    CHECK_OK(hyla_session_export_end(e1, &s1));
+    CHECK_OK(hyla_session_export_end(e2, &s2));
+    CHECK_MSG(s1 && s1->position == (uint64_t)pos && hyla_snapshot_equal(s1, ref1),
+              "%s: export begun at %lld, ended %d tokens later, differs from the synchronous export", arch,
+              (long long)pos, G);
+    CHECK_MSG(s2 && hyla_snapshot_equal(s2, ref2), "%s: second export in flight differs from the synchronous one", arch);
+    /* import and continue: the uninterrupted session's tokens and final state */
+    hyla_session *c = NULL;
+    if (s1) CHECK_OK(hyla_session_import(m, s1, &c));
+    if (c) {
+        gen(c, G, u);
+        CHECK_MSG(!memcmp(t, u, sizeof t), "%s: async snapshot at %lld continues differently", arch, (long long)pos);
+        hyla_snapshot *x = NULL, *y = NULL;
+        CHECK_OK(hyla_session_export(a, &x));
+        CHECK_OK(hyla_session_export(c, &y));
+        CHECK_MSG(x && y && hyla_snapshot_equal(x, y), "%s: state after the resumed run differs", arch);
+        hyla_snapshot_destroy(x);
+        hyla_snapshot_destroy(y);
+        hyla_session_free(c);
+    }
+    /* snapshots go back to the buffer cache from another thread (the worker's I/O thread) */
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, destroy_thread, s1) == 0);
+    pthread_join(th, NULL);
+    hyla_snapshot_destroy(s2);
+    hyla_snapshot_destroy(ref1);
+    hyla_snapshot_destroy(ref2);
+    /* an export discarded at end */
+    CHECK_OK(hyla_session_export_begin(a, &e1));
+    if (e1) CHECK_OK(hyla_session_export_end(e1, NULL));
+    hyla_session_free(a);
+}
+
+static void test_async(hyla_model *m, const char *arch, const int32_t *p, int T) {
+    check_async_export(m, arch, p, 129); /* position 128: the last KV page is full */
+    check_async_export(m, arch, p, T);   /* position T - 1: mid-page */
+    /* position 0: no KV rows yet */
+    hyla_session *z = new_session(m, 0, 1);
+    hyla_export *e = NULL;
+    hyla_snapshot *a = NULL, *b = NULL;
+    CHECK_OK(hyla_session_export(z, &a));
+    CHECK_OK(hyla_session_export_begin(z, &e));
+    if (e) CHECK_OK(hyla_session_export_end(e, &b));
+    CHECK_MSG(a && b && hyla_snapshot_equal(a, b), "%s: async export of an empty session differs", arch);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+    hyla_session_free(z);
 }
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
@@ -113,6 +194,8 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
         hyla_session_free(a);
         hyla_session_free(b);
     }
+
+    test_async(m, arch, p, T);
 
     /* 4. batch decode == single decode, bit for bit */
     enum { NB = 3 };
@@ -264,6 +347,37 @@ static void test_pipeline(hyla_backend *be, const char *tmp) {
     hyla_model_free(mb);
 }
 
+/* hyla_session_free with an export in flight is a programmer error: it aborts (the copies
+ * would read freed KV pages). The child process only frees (no OpenMP region after fork). */
+static void test_free_in_flight(hyla_backend *be, const char *tmp) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/inflight", tmp);
+    make_model("gla-h", dir, NULL);
+    hyla_model *m = NULL;
+    hyla_session *s = NULL;
+    hyla_export *e = NULL;
+    int32_t t[3] = {1, 2, 3};
+    CHECK_OK(hyla_model_load(dir, be, NULL, &m));
+    if (!m) return;
+    s = new_session(m, 0, 1);
+    CHECK_OK(hyla_session_feed(s, t, 3, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_export_begin(s, &e));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stderr)) _exit(4); /* the expected assertion message */
+        hyla_session_free(s);
+        _exit(0);
+    }
+    int st = 0;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "freeing a session with an export in flight did not abort (status %d)",
+              st);
+    if (e) CHECK_OK(hyla_session_export_end(e, NULL));
+    hyla_session_free(s);
+    hyla_model_free(m);
+}
+
 int main(void) {
     char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -276,6 +390,7 @@ int main(void) {
     }
     test_refusals(be, tmp);
     test_pipeline(be, tmp);
+    test_free_in_flight(be, tmp);
     hyla_backend_destroy(be);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

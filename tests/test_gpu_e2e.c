@@ -11,7 +11,11 @@
  *   4. GPU -> CPU and CPU -> GPU resume: a snapshot taken on one backend imports on the other
  *      and the continuation's logits stay within tolerance of the uninterrupted run;
  *   5. CUDA graphs (on by default, so 1-4 run with them): decoding with graphs on == with
- *      graphs off, bit for bit (same kernels, same arguments), and graphs were replayed.
+ *      graphs off, bit for bit (same kernels, same arguments), and graphs were replayed;
+ *   6. asynchronous export on the GPU: begin, decode 12 more tokens on the same session (their
+ *      kernels run while the copies may still be in flight), end == the synchronous export
+ *      taken at begin, bit for bit; imported, it continues like the uninterrupted session
+ *      (tokens and logits, bits).
  * Tolerance: logits are O(1..10); the GPU computes projections with bf16 operands (relative
  * error ~2^-9 per product) and chunked mixers with bf16 operands, so logits differ from the
  * fp32 CPU by ~1e-2 relative: rel L2 <= 5e-2 per step. Skips (77) without a usable GPU. */
@@ -259,6 +263,38 @@ static void test_arch(const char *arch, const char *extra) {
         free(loff);
         hyla_session_free(on);
         hyla_session_free(off);
+    }
+    /* 6. asynchronous export overlapping decode (bits) */
+    {
+        enum { NA = 12 };
+        hyla_session *a = sess(mg), *r = NULL;
+        CHECK_OK(hyla_session_feed(a, p, T, NULL, NULL, NULL, NULL));
+        hyla_snapshot *ref = NULL, *snap = NULL;
+        hyla_export *e = NULL;
+        int32_t t1[NA], t2[NA];
+        float *l1 = malloc((size_t)NA * V * 4), *l2 = malloc((size_t)NA * V * 4);
+        CHECK_OK(hyla_session_export(a, &ref));
+        CHECK_OK(hyla_session_export_begin(a, &e));
+        int done_early = e ? hyla_session_export_done(e) : 1;
+        gen(a, NA, t1, l1, V);
+        if (e) CHECK_OK(hyla_session_export_end(e, &snap));
+        int eq = ref && snap && hyla_snapshot_equal(ref, snap);
+        if (snap) CHECK_OK(hyla_session_import(mg, snap, &r));
+        int cont = 0;
+        if (r) {
+            gen(r, NA, t2, l2, V);
+            cont = !memcmp(t1, t2, sizeof t1) && !memcmp(l1, l2, (size_t)NA * V * 4);
+            hyla_session_free(r);
+        }
+        printf("  async export (begin, decode %d, end) == sync export at begin: %s; continues: %s%s\n", NA,
+               eq ? "bits" : "FAIL", cont ? "bits" : "FAIL", done_early ? " (copies done at begin)" : "");
+        CHECK_MSG(eq, "%s: GPU async export differs from the synchronous export at its position", arch);
+        CHECK_MSG(cont, "%s: GPU async export continues differently", arch);
+        hyla_snapshot_destroy(ref);
+        hyla_snapshot_destroy(snap);
+        free(l1);
+        free(l2);
+        hyla_session_free(a);
     }
     free(lc);
     free(lg);

@@ -340,6 +340,7 @@ hyla_status hyla_model_scratch_reserve(hyla_model *m, int rows) {
 
 void hyla_model_free(hyla_model *m) {
     if (!m) return;
+    hyla_snapbufs_destroy(m);
     scratch_free(m);
     for (int i = 0; i < m->n_weights; i++) m->be->ops->weight_destroy(m->be->ctx, m->weights[i]);
     for (int i = 0; i < m->n_allocs; i++) m->be->ops->free(m->be->ctx, m->allocs[i]);

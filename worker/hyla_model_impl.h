@@ -43,6 +43,9 @@ typedef struct {
     float *sse_w;     /* [rows][K] */
 } hyla_scratch;
 
+/* Pinned host buffers for exported snapshots (hyla_session.c), created at the first export. */
+typedef struct hyla_snapbufs hyla_snapbufs;
+
 struct hyla_model {
     hyla_model_config cfg;
     hyla_backend *be;
@@ -62,9 +65,12 @@ struct hyla_model {
     int n_allocs, cap_allocs;
     hyla_weight **weights;
     int n_weights, cap_weights;
+    hyla_snapbufs *snapbufs; /* NULL until the first export */
 };
 
 /* Make sure the scratch holds `rows` rows (reallocates when it grows). */
 hyla_status hyla_model_scratch_reserve(hyla_model *m, int rows);
+/* Free the model's snapshot buffers (hyla_model_free; aborts if a snapshot still holds one). */
+void hyla_snapbufs_destroy(hyla_model *m);
 
 #endif

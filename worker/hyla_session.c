@@ -10,9 +10,12 @@
  *   buf[0..12] mixer temporaries (documented per mixer below), buf[13] = mixer/MLP output.
  *
  * Invariants: s->pos tokens have been consumed; s->pending is the next token to feed (or -1);
- * states of layers outside the model's layer range are not allocated.
- * Threading: one thread drives a model's sessions (the backend thread). */
+ * states of layers outside the model's layer range are not allocated; KV pages are never freed
+ * while the session lives (so an export in flight may read them: s->exports counts those).
+ * Threading: one thread drives a model's sessions (the backend thread); exported snapshots may
+ * be destroyed on any thread (their buffers go back to the model's cache under its mutex). */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +42,7 @@ struct hyla_session {
     hyla_rng rng;
     uint64_t state_bytes;
     void *tag;
+    int exports; /* exports begun and not yet ended */
 };
 
 #define OPS(m) ((m)->be->ops)
@@ -98,6 +102,8 @@ hyla_status hyla_session_create(hyla_model *m, hyla_session **out) {
 
 void hyla_session_free(hyla_session *s) {
     if (!s) return;
+    /* an export in flight still reads this session's KV pages (hyla_session.h) */
+    HYLA_ASSERT(s->exports == 0 && "every hyla_session_export_begin must end before hyla_session_free");
     hyla_model *m = s->m;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         layer_state *ls = &s->ls[l];
@@ -644,50 +650,304 @@ static int layer_parts(hyla_session *s, int l, part_desc *pd) {
     return n;
 }
 
-hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out) {
-    *out = NULL;
+/* ---- snapshot buffers: pinned host memory for exports, cached per model ----
+ * An export's parts live in one arena buffer from ops->host_alloc (page-locked on CUDA, so the
+ * device copies into it directly). Allocating page-locked memory is slow and may synchronise
+ * the device, so a released buffer is kept for the next export. Snapshots may be destroyed on
+ * any thread (the worker's I/O thread destroys them after the put), so the release callback only
+ * files its buffer under the mutex: as idle, or, over the bound, on the `doomed` list that the
+ * driving thread host_frees at its next export or at hyla_model_free. Bound: SNAPBUF_IDLE_MAX
+ * idle buffers and SNAPBUF_IDLE_BYTES idle bytes, smallest dropped first, the largest always
+ * kept (so a large session exported again and again reuses it). A buffer starts with a
+ * SNAPBUF_HDR-byte header (its size, the doomed-list link); the arena follows. */
+#define SNAPBUF_HDR 64
+#define SNAPBUF_IDLE_MAX 4
+#define SNAPBUF_IDLE_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    uint8_t *p;   /* what host_alloc returned */
+    size_t bytes; /* its size, header included */
+} snapbuf;
+
+struct hyla_snapbufs {
+    pthread_mutex_t mu; /* guards everything below */
+    snapbuf idle[SNAPBUF_IDLE_MAX + 1];
+    int n_idle;
+    size_t idle_bytes;
+    uint8_t *doomed; /* list linked through the headers */
+    int out;         /* buffers held by live snapshots */
+};
+
+typedef struct {
+    size_t bytes;
+    uint8_t *next;
+} snapbuf_hdr;
+
+static snapbuf_hdr *hdr_of(uint8_t *p) { return (snapbuf_hdr *)(void *)p; }
+
+/* Buffer sizes in classes (steps of a quarter of the power of two below; 64 KiB steps up to
+ * 1 MiB), so a session whose KV grows a little reuses the buffer of its previous export. */
+static size_t snapbuf_class(size_t need) {
+    if (need <= ((size_t)1 << 20)) return (need + 65535) & ~(size_t)65535;
+    size_t q = (size_t)1 << 18; /* quarter of 1 MiB */
+    while (q * 8 <= need) q <<= 1;
+    return (need + q - 1) / q * q;
+}
+
+static void snapbuf_release(void *ctx, void *base) {
+    hyla_snapbufs *c = ctx;
+    uint8_t *p = (uint8_t *)base - SNAPBUF_HDR;
+    pthread_mutex_lock(&c->mu);
+    c->out--;
+    c->idle[c->n_idle].p = p;
+    c->idle[c->n_idle].bytes = hdr_of(p)->bytes;
+    c->idle_bytes += hdr_of(p)->bytes;
+    c->n_idle++;
+    while (c->n_idle > 1 && (c->n_idle > SNAPBUF_IDLE_MAX || c->idle_bytes > SNAPBUF_IDLE_BYTES)) {
+        int k = 0;
+        for (int i = 1; i < c->n_idle; i++)
+            if (c->idle[i].bytes < c->idle[k].bytes) k = i;
+        uint8_t *d = c->idle[k].p;
+        c->idle_bytes -= c->idle[k].bytes;
+        c->idle[k] = c->idle[--c->n_idle];
+        hdr_of(d)->next = c->doomed; /* host_free belongs to the driving thread */
+        c->doomed = d;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* An arena of at least `need` bytes (64-byte aligned) for a snapshot: *base; give it back
+ * through snapbuf_release. Driving thread. */
+static hyla_status snapbuf_get(hyla_model *m, size_t need, uint8_t **base) {
+    *base = NULL;
+    hyla_snapbufs *c = m->snapbufs;
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        if (pthread_mutex_init(&c->mu, NULL) != 0) {
+            free(c);
+            return hyla_fail(HYLA_ERR_INTERNAL, "snapshot buffers: pthread_mutex_init failed");
+        }
+        m->snapbufs = c;
+    }
+    uint8_t *got = NULL;
+    pthread_mutex_lock(&c->mu);
+    uint8_t *doomed = c->doomed;
+    c->doomed = NULL;
+    int k = -1;
+    for (int i = 0; i < c->n_idle; i++)
+        if (c->idle[i].bytes - SNAPBUF_HDR >= need && (k < 0 || c->idle[i].bytes < c->idle[k].bytes)) k = i;
+    if (k >= 0) {
+        got = c->idle[k].p;
+        c->idle_bytes -= c->idle[k].bytes;
+        c->idle[k] = c->idle[--c->n_idle];
+        c->out++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    while (doomed) {
+        uint8_t *next = hdr_of(doomed)->next;
+        OPS(m)->host_free(CTX(m), doomed);
+        doomed = next;
+    }
+    if (!got) {
+        size_t bytes = snapbuf_class(need + SNAPBUF_HDR);
+        void *p = NULL;
+        hyla_status st = OPS(m)->host_alloc(CTX(m), bytes, &p);
+        if (st != HYLA_OK) return hyla_fail_wrap(st, "allocating a %zu-byte snapshot buffer", bytes);
+        HYLA_ASSERT(((uintptr_t)p & 63) == 0);
+        got = p;
+        hdr_of(got)->bytes = bytes;
+        pthread_mutex_lock(&c->mu);
+        c->out++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    *base = got + SNAPBUF_HDR;
+    return HYLA_OK;
+}
+
+void hyla_snapbufs_destroy(hyla_model *m) {
+    hyla_snapbufs *c = m->snapbufs;
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    /* a live snapshot would give its buffer back to freed memory (hyla_session.h) */
+    HYLA_ASSERT(c->out == 0 && "snapshots exported from this model must be destroyed before hyla_model_free");
+    for (int i = 0; i < c->n_idle; i++) OPS(m)->host_free(CTX(m), c->idle[i].p);
+    for (uint8_t *d = c->doomed, *next; d; d = next) {
+        next = hdr_of(d)->next;
+        OPS(m)->host_free(CTX(m), d);
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    m->snapbufs = NULL;
+}
+
+/* ---- export ----
+ * begin: the snapshot's parts are carved from one snapshot buffer; the mutable parts
+ * (recurrent, partition, conv) are first copied on the device (ops->copy, in stream order) into
+ * staging slots of their own size (the same pool classes as the states, so no new device
+ * allocation in steady state), because later ops overwrite the states; the KV rows below the
+ * position never change again, so their pages are captured in place (only the used bytes of the
+ * last page: the next token's row is written while the copy may still run). One
+ * ops->capture_begin queues all device->host copies; nothing waits for the device. */
+typedef struct {
+    void *slot;        /* staging slot (device), freed at end */
+    const void *state; /* the state it copies */
+    size_t bytes;
+} export_stage;
+
+struct hyla_export {
+    hyla_session *s;
+    hyla_snapshot *snap;
+    hyla_capture *ticket;
+    export_stage *stage; /* [n_stage] the mutable parts */
+    int n_stage;
+};
+
+static void export_free(hyla_export *e) {
+    hyla_model *m = e->s->m;
+    for (int i = 0; i < e->n_stage; i++) OPS(m)->free(CTX(m), e->stage[i].slot);
+    hyla_snapshot_destroy(e->snap);
+    free(e->stage);
+    free(e);
+}
+
+/* Fill the snapshot's parts (carved from its arena), allocate the staging slots and list the
+ * device->host copies: dst/src/len [*nc]. */
+static hyla_status export_plan(hyla_export *e, void **dst, const void **src, size_t *len, int *nc) {
+    hyla_session *s = e->s;
     hyla_model *m = s->m;
-    hyla_snapshot *snap = hyla_snapshot_create();
-    if (!snap) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    snap->model_fingerprint = m->fingerprint;
-    snap->position = (uint64_t)s->pos;
-    snap->n_generated = (uint64_t)s->generated;
-    snap->pending_token = s->pending;
-    snap->sampler.temperature = s->sp.temperature;
-    snap->sampler.top_k = s->sp.top_k;
-    snap->sampler.top_p = s->sp.top_p;
-    snap->sampler.seed = s->seed;
-    memcpy(snap->rng, s->rng.s, sizeof snap->rng);
-    hyla_status st = OPS(m)->sync(CTX(m));
-    for (int l = m->layer_begin; st == HYLA_OK && l < m->layer_end; l++) {
+    size_t pb = kv_page_bytes(m);
+    *nc = 0;
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
         part_desc pd[4];
         int np = layer_parts(s, l, pd);
-        for (int i = 0; st == HYLA_OK && i < np; i++) {
+        for (int i = 0; i < np; i++) {
             hyla_state_part *p;
-            st = hyla_snapshot_add_part(snap, (uint32_t)l, pd[i].name, pd[i].kind, pd[i].dtype, pd[i].ndim, pd[i].shape,
-                                        pd[i].kind == HYLA_PART_KV ? HYLA_KV_PAGE_TOKENS : 0, &p);
-            if (st != HYLA_OK) break;
+            HYLA_TRY(hyla_snapshot_add_part(e->snap, (uint32_t)l, pd[i].name, pd[i].kind, pd[i].dtype, pd[i].ndim,
+                                            pd[i].shape, pd[i].kind == HYLA_PART_KV ? HYLA_KV_PAGE_TOKENS : 0, &p));
             if (pd[i].kind != HYLA_PART_KV) {
-                st = OPS(m)->download(CTX(m), p->data, *pd[i].dev, p->nbytes);
-            } else {
-                void **pages = pd[i].name[0] == 'k' ? s->ls[l].kpages : s->ls[l].vpages;
-                size_t pb = kv_page_bytes(m);
-                uint8_t *dst = p->data;
-                for (uint64_t off = 0; st == HYLA_OK && off < p->nbytes; off += pb) {
-                    size_t len = p->nbytes - off < pb ? (size_t)(p->nbytes - off) : pb;
-                    st = OPS(m)->download(CTX(m), dst + off, pages[off / pb], len);
-                }
+                export_stage *g = &e->stage[e->n_stage];
+                HYLA_TRY(OPS(m)->alloc(CTX(m), (size_t)p->nbytes, &g->slot));
+                g->state = *pd[i].dev;
+                g->bytes = (size_t)p->nbytes;
+                e->n_stage++;
+                dst[*nc] = p->data;
+                src[*nc] = g->slot;
+                len[(*nc)++] = g->bytes;
+                continue;
+            }
+            void **pages = pd[i].name[0] == 'k' ? s->ls[l].kpages : s->ls[l].vpages;
+            for (uint64_t off = 0; off < p->nbytes; off += pb) {
+                dst[*nc] = (uint8_t *)p->data + off;
+                src[*nc] = pages[off / pb];
+                len[(*nc)++] = p->nbytes - off < pb ? (size_t)(p->nbytes - off) : pb;
             }
         }
     }
-    /* The snapshot covers the whole model even when this stage holds a range. */
-    if (st == HYLA_OK) snap->n_layers = (uint32_t)m->cfg.num_layers;
+    return HYLA_OK;
+}
+
+hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
+    *out = NULL;
+    hyla_model *m = s->m;
+    const hyla_ops *o = OPS(m);
+    size_t pb = kv_page_bytes(m);
+    /* sizes and counts first: one arena, one copy list */
+    uint64_t arena = 0;
+    int n_parts = 0, n_stage = 0, n_copies = 0;
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        part_desc pd[4];
+        int np = layer_parts(s, l, pd);
+        for (int i = 0; i < np; i++) {
+            uint64_t n = hyla_dtype_size(pd[i].dtype);
+            for (uint32_t d = 0; d < pd[i].ndim; d++) n *= pd[i].shape[d];
+            arena += hyla_snapshot_arena_piece(n);
+            n_parts++;
+            if (pd[i].kind == HYLA_PART_KV) {
+                n_copies += (int)((n + pb - 1) / pb);
+            } else {
+                n_stage++;
+                n_copies++;
+            }
+        }
+    }
+    hyla_export *e = calloc(1, sizeof *e);
+    void **dst = malloc((size_t)(n_copies + 1) * sizeof *dst);
+    const void **src = malloc((size_t)(n_copies + 1) * sizeof *src);
+    size_t *len = malloc((size_t)(n_copies + 1) * sizeof *len);
+    hyla_status st = HYLA_OK;
+    if (!e || !dst || !src || !len || !(e->stage = calloc((size_t)n_stage + 1, sizeof *e->stage))) {
+        free(e);
+        free(dst);
+        free(src);
+        free(len);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    e->s = s;
+    uint8_t *base = NULL;
+    st = snapbuf_get(m, (size_t)arena, &base);
+    if (st == HYLA_OK && !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, snapbuf_release, m->snapbufs))) {
+        snapbuf_release(m->snapbufs, base);
+        st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    if (st == HYLA_OK) {
+        hyla_snapshot *snap = e->snap;
+        snap->model_fingerprint = m->fingerprint;
+        snap->position = (uint64_t)s->pos;
+        snap->n_generated = (uint64_t)s->generated;
+        snap->pending_token = s->pending;
+        snap->sampler.temperature = s->sp.temperature;
+        snap->sampler.top_k = s->sp.top_k;
+        snap->sampler.top_p = s->sp.top_p;
+        snap->sampler.seed = s->seed;
+        memcpy(snap->rng, s->rng.s, sizeof snap->rng);
+    }
+    int nc = 0;
+    if (st == HYLA_OK) st = export_plan(e, dst, src, len, &nc);
+    HYLA_ASSERT(st != HYLA_OK || (nc == n_copies && e->n_stage == n_stage && e->snap->n_parts == (uint32_t)n_parts));
+    /* the device copies of the mutable states, in stream order after everything queued so far;
+     * queued after all staging allocations, so a backend that logs ops keeps them together */
+    for (int i = 0; st == HYLA_OK && i < e->n_stage; i++)
+        st = o->copy(CTX(m), e->stage[i].slot, e->stage[i].state, e->stage[i].bytes);
+    if (st == HYLA_OK) st = o->capture_begin(CTX(m), nc, dst, src, len, &e->ticket);
+    free(dst);
+    free(src);
+    free(len);
     if (st != HYLA_OK) {
-        hyla_snapshot_destroy(snap);
+        export_free(e); /* staging slots: nothing reads them once the queued copies into them ran */
         return hyla_fail_wrap(st, "exporting session state");
     }
-    *out = snap;
+    /* The snapshot covers the whole model even when this stage holds a range. */
+    e->snap->n_layers = (uint32_t)m->cfg.num_layers;
+    s->exports++;
+    *out = e;
     return HYLA_OK;
+}
+
+int hyla_session_export_done(hyla_export *e) {
+    hyla_model *m = e->s->m;
+    return OPS(m)->capture_done(CTX(m), e->ticket);
+}
+
+hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out) {
+    if (out) *out = NULL;
+    hyla_model *m = e->s->m;
+    hyla_status st = OPS(m)->capture_end(CTX(m), e->ticket);
+    e->ticket = NULL;
+    e->s->exports--;
+    if (st == HYLA_OK && out) {
+        *out = e->snap;
+        e->snap = NULL;
+    }
+    export_free(e); /* staging slots: the copies that read them are done */
+    return st == HYLA_OK ? HYLA_OK : hyla_fail_wrap(st, "exporting session state");
+}
+
+hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out) {
+    *out = NULL;
+    hyla_export *e;
+    HYLA_TRY(hyla_session_export_begin(s, &e));
+    return hyla_session_export_end(e, out);
 }
 
 static void fmt_shape(char *buf, size_t n, const uint64_t *shape, uint32_t ndim) {

@@ -65,9 +65,33 @@ hyla_model *hyla_session_model(const hyla_session *s);
 /* Bytes of state this session holds on the backend (recurrent + partitions + KV pages). */
 uint64_t hyla_session_state_bytes(const hyla_session *s);
 
-/* Snapshot of the whole session state (held layers only). Caller frees with
- * hyla_snapshot_destroy. Waits for queued backend work. */
+/* Snapshot of the whole session state (held layers only): hyla_session_export_begin followed
+ * by hyla_session_export_end. Caller frees with hyla_snapshot_destroy before hyla_model_free
+ * (see below). Waits for the backend's copies of the state. */
 hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
+
+/* ---- asynchronous export ----
+ * An export that overlaps compute: begin queues, in the backend's stream order, device copies
+ * of the mutable state (recurrent states, SSE partitions, conv tails) into staging memory and
+ * device->host copies of the staging and of the immutable KV (the used bytes of the pages below
+ * the position) into one pinned host buffer; it returns at once, without waiting for the
+ * device. The session may then be fed, decoded and exported again; the snapshot is the state at
+ * begin, bit for bit what hyla_session_export would have returned then.
+ *
+ * Rules: every export begun must end (hyla_session_export_end) before hyla_session_free of its
+ * session (the copies read the session's KV pages; freeing earlier is a programmer error and
+ * aborts). Snapshots from a session's exports hold buffers of the model's cache of pinned host
+ * buffers: destroy them (on any thread) before hyla_model_free. begin/done/end run on the thread
+ * that drives the model's backend. */
+typedef struct hyla_export hyla_export;
+/* *out: caller finishes it with hyla_session_export_end. */
+hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out);
+/* 1 when the copies have finished (end will not wait for the device), 0 while they run. */
+int hyla_session_export_done(hyla_export *e);
+/* Wait for the copies, free e and its staging memory. *out (may be NULL: the snapshot is
+ * discarded) receives the snapshot; caller frees it with hyla_snapshot_destroy. On failure
+ * *out is NULL and e is freed all the same. */
+hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out);
 /* A new session from a snapshot. Refuses (HYLA_ERR_MISMATCH / HYLA_ERR_FORMAT) a snapshot of
  * another model (fingerprint), an unknown format version, or a part whose kind, dtype or shape
  * does not fit its layer, naming the layer and part. KV parts in bf16/f16/f32 are converted to
