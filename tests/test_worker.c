@@ -4,6 +4,8 @@
  *   - Unload, LoadSession from the snapshot (new epoch), Generate 32 equals the second half;
  *   - two sessions generating at once (batched decode) each equal their solo runs;
  *   - ForkSession continues identically without reseed;
+ *   - auto-snapshots taken while generating (asynchronous exports) each restore and continue
+ *     exactly like the uninterrupted run;
  *   - errors: unknown session NOT_FOUND, max_tokens 0 INVALID_ARGUMENT, bad token id
  *     INVALID_ARGUMENT, Generate before any Append FAILED_PRECONDITION. */
 #include <pthread.h>
@@ -188,6 +190,7 @@ int main(void) {
     snprintf(dbdir, sizeof dbdir, "%s/db", dir);
     hyla_store *store = NULL;
     hyla_store_params spar = hyla_store_default_params();
+    spar.keep_versions = 1000; /* the auto-snapshot check below reads every version */
     CHECK_OK(hyla_store_open(dbdir, &spar, &store));
     hyla_rpc_server *srv = NULL;
     CHECK_OK(hyla_rpc_server_create(NULL, &srv));
@@ -418,6 +421,71 @@ int main(void) {
         kill(pid4, SIGTERM);
         waitpid(pid4, NULL, 0);
         fclose(o4);
+    }
+
+    /* auto-snapshots every 8 tokens while generating: each is exported asynchronously (begun,
+     * then ended after later decode steps of the same session). Every version the store holds
+     * restores on the other worker and continues exactly like the uninterrupted run. */
+    {
+        FILE *o5 = NULL;
+        int p5 = 0;
+        const char *a5[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "8", NULL};
+        pid_t pid5 = spawn_worker(bin, a5, &p5, &o5);
+        CHECK(p5 > 0);
+        hyla_rpc_client *keep = wc;
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", p5);
+        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        enum { NG = 120 };
+        int32_t gref[NG], gq[NG], rest[NG];
+        CHECK(reference(prompt, 300, 0.8f, 7, NG, gref) == NG);
+        CHECK_OK(load("s-q", 1, 0, 0.8f, 7));
+        CHECK_OK(append("s-q", prompt, 300));
+        /* four calls of 30 tokens; between them the puts settle, so every call starts with a
+         * snapshot due and takes at least one while it decodes, however slow the store is */
+        for (int r = 0, total = 0; r < 4; r++) {
+            CHECK_OK(generate("s-q", NG / 4, gq + total, &got));
+            total += got;
+            size_t last = (size_t)-1;
+            for (int i = 0, stable = 0; i < 200 && stable < 6; i++) {
+                uint64_t *vv = NULL;
+                size_t n = 0;
+                CHECK_OK(hyla_store_versions(store, "s-q", &vv, &n));
+                free(vv);
+                stable = n == last ? stable + 1 : 0;
+                last = n;
+                usleep(50000);
+            }
+            if (r == 3) CHECK_MSG(total == NG && !memcmp(gq, gref, sizeof gref), "generation with auto-snapshots differs");
+        }
+        hyla_rpc_client_destroy(wc);
+        kill(pid5, SIGTERM); /* ends the pending export and its put before exiting */
+        waitpid(pid5, NULL, 0);
+        fclose(o5);
+        wc = keep;
+        uint64_t *vers = NULL;
+        size_t nv = 0;
+        CHECK_OK(hyla_store_versions(store, "s-q", &vers, &nv));
+        int mid = 0;
+        uint64_t epoch = 1;
+        for (size_t i = 0; i < nv; i++) {
+            hyla_snapshot *sv = NULL;
+            CHECK_OK(hyla_store_get(store, "s-q", vers[i], 0, &sv, NULL));
+            if (!sv) continue;
+            int g = (int)sv->n_generated;
+            hyla_snapshot_destroy(sv);
+            if (g <= 0 || g >= NG || mid >= 6) continue; /* taken after the prompt, or at the very end */
+            mid++;
+            CHECK_OK(load("s-q", epoch++, vers[i], 0, 0));
+            CHECK_OK(generate("s-q", (uint32_t)(NG - g), rest, &got));
+            CHECK_MSG(got == NG - g && !memcmp(rest, gref + g, (size_t)(NG - g) * sizeof *rest),
+                      "auto-snapshot version %llu (after %d generated tokens) continues differently",
+                      (unsigned long long)vers[i], g);
+        }
+        free(vers);
+        printf("auto-snapshots: %zu versions, %d taken while generating checked: each continues bit for bit\n", nv, mid);
+        CHECK_MSG(mid >= 2, "only %d auto-snapshots were taken during generation", mid);
+        CHECK_OK(unload("s-q"));
     }
 
     hyla_rpc_client_destroy(wc);

@@ -10,7 +10,15 @@
  *   - the membership thread registers and heartbeats; it reads a summary the scheduler
  *     publishes under `sum_mu` and posts commands (drop, drain) when the coordinator asks.
  * A call handed to the scheduler is replied exactly once by whoever holds it last. Jobs poll
- * hyla_rpc_call_cancelled() every step, so a client cancel or deadline ends its job. */
+ * hyla_rpc_call_cancelled() every step, so a client cancel or deadline ends its job.
+ *
+ * Auto-snapshots overlap compute: the scheduler begins an export (hyla_session_export_begin,
+ * the state at that position), keeps decoding, polls it every iteration and, once its copies
+ * are done (or the scheduler has nothing else to do), ends it and queues the durable put as a
+ * synchronous export would have. Whatever needs the session's state at once or frees it
+ * (Snapshot, Unload, Fork, ExportStage, eviction, drop, shutdown) finishes a pending export
+ * first (finish_export). Pipelines (stage 0 without the last layer) export synchronously: the
+ * later stages' parts are gathered at the snapshot's position, which must still be theirs. */
 #include "hyla_worker.h"
 
 #include <errno.h>
@@ -78,6 +86,7 @@ typedef struct wsess {
     uint64_t snap_pos;        /* position it covers */
     hyla_snapshot *layout;    /* part sizes of the last durable version (data NULL): for incremental KV */
     int put_inflight;
+    hyla_export *exp;         /* auto-snapshot begun, not yet ended (finish_export) */
     double snap_retry_at;     /* an auto-snapshot failed: do not retry before this time */
     double last_used;
     append_job *app;
@@ -360,7 +369,10 @@ static hyla_snapshot *layout_of(const hyla_snapshot *s) {
     return l;
 }
 
+static void finish_export(hyla_worker *w, wsess *ws);
+
 static void drop_session(hyla_worker *w, wsess *ws, const char *why) {
+    finish_export(w, ws); /* before the session is freed; its put is queued as it would have been */
     if (ws->app) append_finish(w, ws->app, HYLA_RPC_ABORTED, "session %s: %s", ws->id, why);
     if (ws->gen) {
         char n[32];
@@ -400,6 +412,7 @@ static hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snaps
 static hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, hyla_rpc_call *call, int reply_kind,
                              int unload_after);
 static hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after) {
+    finish_export(w, ws);
     int lb, le;
     hyla_model_layer_range(w->m, &lb, &le);
     if (lb != 0)
@@ -436,6 +449,20 @@ static hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, hyl
     ws->put_inflight++;
     io_post(w, it);
     return HYLA_OK;
+}
+
+/* End ws's pending auto-snapshot export, if any (waits for its copies), and queue its durable
+ * put exactly as the synchronous auto-snapshot does. */
+static void finish_export(hyla_worker *w, wsess *ws) {
+    if (!ws->exp) return;
+    hyla_snapshot *snap = NULL;
+    hyla_status st = hyla_session_export_end(ws->exp, &snap);
+    ws->exp = NULL;
+    if (st == HYLA_OK) st = queue_put(w, ws, snap, NULL, 0, 0);
+    if (st != HYLA_OK) {
+        HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", ws->id, hyla_last_error());
+        ws->snap_retry_at = now_s() + 2;
+    }
 }
 
 static void fill_status(hyla_worker *w, const wsess *ws, Hyla__V1__WorkerSessionStatus *st) {
@@ -643,6 +670,7 @@ static void do_fork(hyla_worker *w, cmd *c) {
         hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "ForkSession: %s", bad);
         return;
     }
+    finish_export(w, src);
     hyla_snapshot *snap = NULL;
     hyla_status st = src->s ? hyla_session_export(src->s, &snap) : src->host ? hyla_snapshot_clone(src->host, &snap)
                                                                              : hyla_fail(HYLA_ERR_UNAVAILABLE, "no state");
@@ -1199,6 +1227,7 @@ static void do_export(hyla_worker *w, cmd *c) {
     const Hyla__V1__ExportStageRequest *r = (const Hyla__V1__ExportStageRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "ExportStage");
     if (!ws) return;
+    finish_export(w, ws);
     hyla_status st = make_resident(w, ws);
     if (st != HYLA_OK) {
         fail_call(c->call, st, hyla_last_error());
@@ -1282,14 +1311,22 @@ static void evict_if_needed(hyla_worker *w) {
         for (wsess *s = w->sessions; s; s = s->next)
             if (s->s && !s->app && !s->gen && (!victim || s->last_used < victim->last_used)) victim = s;
         if (!victim) break;
-        hyla_snapshot *snap = NULL, *copy = NULL;
-        if (hyla_session_export(victim->s, &snap) != HYLA_OK) {
+        finish_export(w, victim);
+        /* the host copy is an ordinary snapshot (a clone): exported snapshots hold pinned
+         * buffers, which are for snapshots on their way to the store */
+        hyla_snapshot *snap = NULL, *host = NULL;
+        if (hyla_session_export(victim->s, &snap) != HYLA_OK || hyla_snapshot_clone(snap, &host) != HYLA_OK) {
             HYLA_WARN("evicting %s: %s", victim->id, hyla_last_error());
+            hyla_snapshot_destroy(snap);
             break;
         }
-        if ((snap->position != victim->snap_pos || !victim->snap_version) &&
-            (hyla_snapshot_clone(snap, &copy) != HYLA_OK || queue_put(w, victim, copy, NULL, 0, 0) != HYLA_OK))
-            HYLA_WARN("evicting %s: durable snapshot not queued: %s", victim->id, hyla_last_error());
+        if (snap->position != victim->snap_pos || !victim->snap_version) {
+            if (queue_put(w, victim, snap, NULL, 0, 0) != HYLA_OK)
+                HYLA_WARN("evicting %s: durable snapshot not queued: %s", victim->id, hyla_last_error());
+        } else {
+            hyla_snapshot_destroy(snap);
+        }
+        snap = host;
         hyla_session_free(victim->s);
         victim->s = NULL;
         victim->host = snap;
@@ -1493,15 +1530,23 @@ static void *scheduler_main(void *arg) {
             }
         }
 
-        /* auto-snapshots every K tokens; drain snapshots everything idle */
+        /* auto-snapshots every K tokens (begun here, ended once their copies are done); drain
+         * snapshots everything idle */
         int lb0, le0;
         hyla_model_layer_range(w->m, &lb0, &le0);
+        int whole = holds_all_layers(w);
         for (wsess *s = w->sessions; s && lb0 == 0; s = s->next) {
-            if (!s->s || s->put_inflight) continue;
+            if (s->exp && hyla_session_export_done(s->exp)) finish_export(w, s);
+            if (!s->s || s->put_inflight || s->exp) continue;
             uint64_t pos = (uint64_t)hyla_session_position(s->s);
             int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every && now_s() >= s->snap_retry_at;
             int drain = w->draining && !s->app && !s->gen;
-            if (due || drain) {
+            if (due && !drain && whole) {
+                if (hyla_session_export_begin(s->s, &s->exp) != HYLA_OK) {
+                    HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
+                    s->snap_retry_at = now_s() + 2;
+                }
+            } else if (due || drain) {
                 if (start_put(w, s, NULL, 0, drain) != HYLA_OK) {
                     HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
                     s->snap_retry_at = now_s() + 2;
@@ -1519,6 +1564,9 @@ static void *scheduler_main(void *arg) {
                 pthread_mutex_unlock(&w->exit_mu);
             }
         }
+        /* nothing to overlap with: end the pending exports now rather than after a sleep */
+        if (!worked)
+            for (wsess *s = w->sessions; s; s = s->next) finish_export(w, s);
         evict_if_needed(w);
         double t = now_s();
         if (t - last_pub > 0.2 || worked) {
