@@ -153,8 +153,29 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     snprintf(what, sizeof what, "%s: prefill vs decode logits", arch);
     CHECK_CLOSE(lp, ld, (size_t)(T - 1) * V, 2e-3, 1e-3, what);
     CHECK(hyla_session_position(a) == T - 1 && hyla_session_position(b) == T - 1);
-    hyla_session_free(a);
     hyla_session_free(b);
+
+    /* 1b. the prefill piece size changes nothing: pieces of 64 and 128 tokens give the logits of
+     * every position and the state of the default (one 149-token piece), bit for bit */
+    CHECK(hyla_model_prefill_piece(m) == HYLA_PREFILL_PIECE_DEFAULT);
+    hyla_snapshot *s0 = NULL;
+    CHECK_OK(hyla_session_export(a, &s0));
+    for (int piece = 64; piece <= 128; piece += 64) {
+        CHECK_OK(hyla_model_set_prefill_piece(m, piece));
+        b = new_session(m, 0, 1);
+        CHECK_OK(hyla_session_feed(b, p, T, ld, NULL, NULL, NULL));
+        hyla_snapshot *s1 = NULL;
+        CHECK_OK(hyla_session_export(b, &s1));
+        CHECK_MSG(!memcmp(lp, ld, (size_t)(T - 1) * V * sizeof(float)) && s0 && s1 && hyla_snapshot_equal(s0, s1),
+                  "%s: prefill pieces of %d tokens differ from one piece of %d (logits or state)", arch, piece, T - 1);
+        hyla_snapshot_destroy(s1);
+        hyla_session_free(b);
+    }
+    CHECK(hyla_model_set_prefill_piece(m, 100) == HYLA_ERR_INVALID_ARG);
+    CHECK(hyla_model_set_prefill_piece(m, 0) == HYLA_ERR_INVALID_ARG);
+    CHECK_OK(hyla_model_set_prefill_piece(m, HYLA_PREFILL_PIECE_DEFAULT));
+    hyla_snapshot_destroy(s0);
+    hyla_session_free(a);
 
     /* 2. pieces ending at chunk boundaries == one piece, bit for bit (states and tokens) */
     a = new_session(m, 0, 1);

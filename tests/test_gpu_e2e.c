@@ -133,6 +133,21 @@ static void test_arch(const char *arch, const char *extra) {
     hyla_session_free(sc);
     hyla_session_free(sg);
 
+    /* 1b. prefill pieces of 64 tokens (skinny linears, one chunk per mixer call) give the logits
+     * of the default piece (one 149-row forward: the large-M GEMM, multi-chunk mixer calls) */
+    {
+        float *l64 = malloc((size_t)T * V * 4);
+        CHECK_OK(hyla_model_set_prefill_piece(mg, 64));
+        hyla_session *s64 = sess(mg);
+        CHECK_OK(hyla_session_feed(s64, p, T, l64, NULL, NULL, NULL));
+        int ok = !memcmp(l64, lg, (size_t)(T - 1) * V * 4);
+        printf("  prefill in 64-token pieces == one piece of %d: %s\n", T - 1, ok ? "bits" : "FAIL");
+        CHECK_MSG(ok, "%s: GPU prefill pieces of 64 differ from one piece", arch);
+        CHECK_OK(hyla_model_set_prefill_piece(mg, HYLA_PREFILL_PIECE_DEFAULT));
+        hyla_session_free(s64);
+        free(l64);
+    }
+
     /* 2. determinism, chunk-aligned pieces, pause/resume on the GPU (bits) */
     {
         hyla_session *a = sess(mg), *b = sess(mg), *c = sess(mg);

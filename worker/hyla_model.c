@@ -249,6 +249,7 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     }
     const hyla_model_config *c = &m->cfg;
     m->layer_begin = p.layer_begin;
+    m->prefill_piece = HYLA_PREFILL_PIECE_DEFAULT;
     m->layer_end = p.layer_end < 0 ? c->num_layers : p.layer_end;
     if (m->layer_begin < 0 || m->layer_begin >= m->layer_end || m->layer_end > c->num_layers) {
         s = hyla_fail(HYLA_ERR_INVALID_ARG, "layer range %d:%d is not within the model's %d layers", p.layer_begin,
@@ -279,6 +280,14 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
             else s = load_matrix(&L, "lm_head.weight", V, D, &m->lm_head);
         }
     }
+    const char *pe = getenv("HYLA_PREFILL_PIECE");
+    if (s == HYLA_OK && pe && *pe) {
+        char *end;
+        long v = strtol(pe, &end, 10);
+        s = *end ? hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_PREFILL_PIECE='%s' is not a number", pe)
+                 : hyla_model_set_prefill_piece(m, v > 0 && v <= HYLA_PREFILL_PIECE_MAX ? (int)v : -1);
+        if (s != HYLA_OK) s = hyla_fail_wrap(s, "environment variable HYLA_PREFILL_PIECE");
+    }
     if (s == HYLA_OK) s = hyla_model_scratch_reserve(m, HYLA_PREFILL_CHUNK);
     hyla_st_close(st); /* backends copy weights at weight_create */
     if (s != HYLA_OK) {
@@ -302,6 +311,16 @@ static void scratch_free(hyla_model *m) {
     o->free(m->be->ctx, sc->sse_w);
     memset(sc, 0, sizeof *sc);
 }
+
+hyla_status hyla_model_set_prefill_piece(hyla_model *m, int tokens) {
+    if (tokens < HYLA_PREFILL_CHUNK || tokens > HYLA_PREFILL_PIECE_MAX || tokens % HYLA_PREFILL_CHUNK)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "prefill piece of %d tokens: must be a multiple of %d in [%d, %d]", tokens,
+                         HYLA_PREFILL_CHUNK, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+    m->prefill_piece = tokens;
+    return HYLA_OK;
+}
+
+int hyla_model_prefill_piece(const hyla_model *m) { return m->prefill_piece; }
 
 hyla_status hyla_model_scratch_reserve(hyla_model *m, int rows) {
     if (rows <= m->sc.rows) return HYLA_OK;

@@ -25,6 +25,8 @@ const char *hyla_mixer_name(hyla_mixer_kind k);
 
 #define HYLA_MAX_LAYERS 256
 #define HYLA_PREFILL_CHUNK 64   /* prefill chunks are aligned to absolute positions */
+#define HYLA_PREFILL_PIECE_DEFAULT 512 /* tokens per prefill forward pass (a multiple of the chunk) */
+#define HYLA_PREFILL_PIECE_MAX 8192
 #define HYLA_KV_PAGE_TOKENS 64  /* tokens per KV page */
 
 /* Everything config.json says, normalised (defaults applied, derived sizes computed). */
@@ -74,6 +76,14 @@ hyla_backend *hyla_model_backend(const hyla_model *m);
  * Snapshots carry it; a restore onto another model is refused. Independent of the layer range. */
 uint64_t hyla_model_fingerprint(const hyla_model *m);
 void hyla_model_layer_range(const hyla_model *m, int *begin, int *end);
+/* Tokens a prefill forward pass takes at most (docs/MODELS.md §3.1): a multiple of
+ * HYLA_PREFILL_CHUNK in [HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX]. Larger pieces run the
+ * projections as larger GEMMs; the results are the same bits for any piece size (pieces stay
+ * aligned to chunk boundaries and every op's rows are independent of how many it gets).
+ * Default HYLA_PREFILL_PIECE_DEFAULT, or the environment variable HYLA_PREFILL_PIECE at load.
+ * Scratch memory grows with it (activations of that many rows, logits included). */
+hyla_status hyla_model_set_prefill_piece(hyla_model *m, int tokens);
+int hyla_model_prefill_piece(const hyla_model *m);
 /* Bytes of parameters held by this model on its backend (for placement and benchmarks). */
 uint64_t hyla_model_param_bytes(const hyla_model *m);
 

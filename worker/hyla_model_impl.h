@@ -51,6 +51,7 @@ struct hyla_model {
     hyla_backend *be;
     char dir[4096];
     int layer_begin, layer_end;
+    int prefill_piece; /* tokens per prefill forward (hyla_model_set_prefill_piece) */
     hyla_layer layers[HYLA_MAX_LAYERS];
     hyla_weight *embed;   /* [V][D] (first stage, or tied head) */
     hyla_weight *lm_head; /* [V][D] (last stage); == embed when tied */

@@ -46,6 +46,8 @@ static void usage(FILE *f) {
             "                       generation step, which consumes the last prompt token) as\n"
             "                       little-endian float32 [positions][vocab]\n"
             "  --device DEV         cpu (default) or cuda:N\n"
+            "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 8192 (default 512,\n"
+            "                       or $HYLA_PREFILL_PIECE); the output is the same for every N\n"
             "  --quiet              no progress or statistics on stderr\n");
 }
 
@@ -114,7 +116,7 @@ int main(int argc, char **argv) {
                *dump = NULL, *device = "cpu", *store_dir = NULL, *session_id = NULL;
     long max_tokens = -1;
     uint64_t seed = 0;
-    int seed_set = 0, samp_set = 0, want_ids = 0, ignore_eos = 0, quiet = 0;
+    int seed_set = 0, samp_set = 0, want_ids = 0, ignore_eos = 0, quiet = 0, piece = 0;
     hyla_sampling sp = {0.0f, 0, 1.0f};
     static struct option lo[] = {{"model", 1, 0, 'm'},       {"prompt", 1, 0, 'p'},     {"prompt-file", 1, 0, 'f'},
                                  {"prompt-ids", 1, 0, 'i'},  {"max-tokens", 1, 0, 'n'}, {"seed", 1, 0, 's'},
@@ -122,6 +124,7 @@ int main(int argc, char **argv) {
                                  {"ids", 0, 0, 'I'},         {"save-state", 1, 0, 'S'}, {"load-state", 1, 0, 'L'},
                                  {"dump-logits", 1, 0, 'D'}, {"device", 1, 0, 'd'},     {"ignore-eos", 0, 0, 'E'},
                                  {"quiet", 0, 0, 'q'},       {"store", 1, 0, 'B'}, {"session", 1, 0, 'X'},      {"help", 0, 0, 'h'},
+                                 {"prefill-piece", 1, 0, 'R'},
                                  {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
@@ -147,6 +150,14 @@ int main(int argc, char **argv) {
         case 'L': load = optarg; break;
         case 'D': dump = optarg; break;
         case 'd': device = optarg; break;
+        case 'R':
+            piece = (int)strtol(optarg, &end, 10);
+            if (*end || piece < HYLA_PREFILL_CHUNK || piece > HYLA_PREFILL_PIECE_MAX || piece % HYLA_PREFILL_CHUNK) {
+                fprintf(stderr, "hyla-run: --prefill-piece: '%s' must be a multiple of %d in [%d, %d]\n", optarg,
+                        HYLA_PREFILL_CHUNK, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+                return 2;
+            }
+            break;
         case 'E': ignore_eos = 1; break;
         case 'q': quiet = 1; break;
         case 'B': store_dir = optarg; break;
@@ -208,6 +219,7 @@ int main(int argc, char **argv) {
     if (hyla_backend_create(device, &be) != HYLA_OK) FAIL("device %s: %s", device, hyla_last_error());
     double t_load = hyla_now();
     if (hyla_model_load(model_dir, be, NULL, &m) != HYLA_OK) FAIL("%s", hyla_last_error());
+    if (piece && hyla_model_set_prefill_piece(m, piece) != HYLA_OK) FAIL("%s", hyla_last_error());
     const hyla_model_config *cfg = hyla_model_get_config(m);
     if (!quiet)
         fprintf(stderr, "hyla-run: loaded %s (%s, %d layers) on %s in %.2f s\n", model_dir, cfg->model_type,

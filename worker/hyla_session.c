@@ -1,8 +1,9 @@
 /* hyla_session.c — session state on the backend and the forward pass (docs/MODELS.md §3–§6).
  *
  * The forward runs R rows through the held layers in one of two modes:
- *   prefill: R consecutive tokens of ONE session (R <= HYLA_PREFILL_CHUNK, the piece never
- *            crosses a multiple of HYLA_PREFILL_CHUNK), mixers use the *_prefill ops;
+ *   prefill: R consecutive tokens of ONE session (a piece: from the position to the next
+ *            multiple of HYLA_PREFILL_CHUNK, or, from a multiple, up to the model's
+ *            prefill_piece tokens), mixers use the *_prefill ops;
  *   decode:  one token for each of R sessions, mixers use the batched *_decode ops.
  * Dense work (norms, projections, MLP) is identical in both modes and row-independent.
  *
@@ -174,6 +175,10 @@ typedef struct {
 } fwd;
 
 #define LIN(x, K, W, b, y, N, acc) o->linear(ctx, (x), (K), f->R, (K), (W), (b), (y), (N), (N), (acc))
+/* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate linear calls,
+ * fewer launches on the GPU): add outputs with LOUT, then run MULTI. */
+#define LOUT(lo, n, W_, b_, y_, N_) ((lo)[(n)++] = (hyla_linear_out){(W_), (b_), (y_), (N_), (N_)})
+#define MULTI(x, K, lo, n) o->linear_multi(ctx, (x), (K), f->R, (K), (n), (lo), 0)
 
 /* Collect per-session device pointers of a state field for the decode ops. */
 #define GATHER(arr, field)                                            \
@@ -191,10 +196,22 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
     hyla_status st = HYLA_OK;
     if (f->decode && !(ptrs = malloc((size_t)R * sizeof *ptrs))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
 #define T(call) do { if ((st = (call)) != HYLA_OK) goto done; } while (0)
-    /* b0 = q [R][H*dk], b1 = k, b2 = v [R][H*dv] */
-    T(LIN(xn, D, ly->q, NULL, b[0], H * dk, 0));
-    T(LIN(xn, D, ly->k, NULL, b[1], H * dk, 0));
-    T(LIN(xn, D, ly->v, NULL, b[2], H * dv, 0));
+    /* b0 = q [R][H*dk], b1 = k, b2 = v [R][H*dv]; from the same x: GLA's gate low-rank input
+     * (b4), GDN's a and b (b3, b4), the output gate (b6) */
+    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX];
+    int nlo = 0;
+    LOUT(lo, nlo, ly->q, NULL, b[0], H * dk);
+    LOUT(lo, nlo, ly->k, NULL, b[1], H * dk);
+    LOUT(lo, nlo, ly->v, NULL, b[2], H * dv);
+    if (ly->kind == HYLA_MIXER_GLA) LOUT(lo, nlo, ly->gk_a[0], NULL, b[4], c->gate_low_rank_dim);
+    T(MULTI(xn, D, lo, nlo));
+    nlo = 0;
+    if (ly->kind != HYLA_MIXER_GLA) {
+        LOUT(lo, nlo, ly->a_proj, NULL, b[3], H);
+        LOUT(lo, nlo, ly->b_proj, NULL, b[4], H);
+    }
+    if (ly->g_proj) LOUT(lo, nlo, ly->g_proj, NULL, b[6], H * dv);
+    if (nlo) T(MULTI(xn, D, lo, nlo));
     if (c->use_short_conv) { /* [CONV-1], silu inside */
         for (int j = 0; j < 3; j++) {
             int C = (int)conv_channels(c, j);
@@ -212,7 +229,6 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
     if (ly->kind == HYLA_MIXER_GLA) {
         /* b3 = gk [R][H*dk] via the low-rank pair (b4 = [R][r]) [GLA-1] */
         int r = c->gate_low_rank_dim;
-        T(LIN(xn, D, ly->gk_a[0], NULL, b[4], r, 0));
         T(LIN(b[4], r, ly->gk_b[0], ly->gk_bias[0], b[3], H * dk, 0));
         T(o->gla_gate(ctx, b[3], (size_t)R * H * dk, c->gate_logit_normalizer, c->clamp_min));
         if (f->decode) {
@@ -224,8 +240,6 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
     } else { /* GDN [GDN-1..3]: b3 = g [R][H], b4 = beta [R][H] */
         T(o->l2norm_rows(ctx, b[0], R * H, dk, 1e-6f));
         T(o->l2norm_rows(ctx, b[1], R * H, dk, 1e-6f));
-        T(LIN(xn, D, ly->a_proj, NULL, b[3], H, 0));
-        T(LIN(xn, D, ly->b_proj, NULL, b[4], H, 0));
         T(o->gdn_gates(ctx, b[3], H, b[4], H, ly->A_log, ly->dt_bias, b[3], b[4], R, H, c->allow_neg_eigval));
         if (f->decode) {
             GATHER(ptrs, S);
@@ -234,8 +248,7 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
             T(o->gdn_prefill(ctx, b[0], b[1], b[2], b[3], b[4], R, H, dk, dv, scale, f->ss[0]->ls[l].S, b[5]));
         }
     }
-    /* b6 = output gate [R][H*dv]; [NORM-1] per head; then o_proj */
-    if (ly->g_proj) T(LIN(xn, D, ly->g_proj, NULL, b[6], H * dv, 0));
+    /* b6 = output gate [R][H*dv] (above); [NORM-1] per head; then o_proj */
     T(o->gated_rmsnorm(ctx, b[5], ly->g_proj ? b[6] : NULL, ly->o_norm, b[5], R * H, dv, c->norm_eps));
     T(LIN(b[5], H * dv, ly->o, NULL, out, D, 0));
 done:
@@ -259,18 +272,33 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
         free(p0);
         return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     }
-    /* b0 = qa, b1 = ka (always-selected), b2 = qs, b3 = ks (sparse), b4 = lora temp [R][rank] */
-    T(LIN(xn, D, ly->q, NULL, b[0], H * dk, 0));
-    T(LIN(xn, D, ly->k, NULL, b[1], H * dk, 0));
+    /* b0 = qa, b1 = ka (always-selected), b2 = qs, b3 = ks (sparse); lora temps b4 (q), b8 (k)
+     * [R][rank] */
+    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX];
+    int nlo = 0;
+    LOUT(lo, nlo, ly->q, NULL, b[0], H * dk);
+    LOUT(lo, nlo, ly->k, NULL, b[1], H * dk);
+    LOUT(lo, nlo, ly->lora_q_a, NULL, b[4], rank);
+    LOUT(lo, nlo, ly->lora_k_a, NULL, b[8], rank);
+    T(MULTI(xn, D, lo, nlo));
     T(o->copy(ctx, b[2], b[0], qk * sizeof(float)));
     T(o->copy(ctx, b[3], b[1], qk * sizeof(float)));
     float *lq = c->sse_lora_on_sparse ? b[2] : b[0], *lk = c->sse_lora_on_sparse ? b[3] : b[1];
-    T(LIN(xn, D, ly->lora_q_a, NULL, b[4], rank, 0));
     T(LIN(b[4], rank, ly->lora_q_b, NULL, lq, H * dk, 1));
-    T(LIN(xn, D, ly->lora_k_a, NULL, b[4], rank, 0));
-    T(LIN(b[4], rank, ly->lora_k_b, NULL, lk, H * dk, 1));
-    /* b5 = v = silu(x Wv) */
-    T(LIN(xn, D, ly->v, NULL, b[5], H * dv, 0));
+    T(LIN(b[8], rank, ly->lora_k_b, NULL, lk, H * dk, 1));
+    /* b5 = v = silu(x Wv); b4 = routing logits [R][N]; the gates' inputs: GLA b8, b9 (low-rank
+     * [R][r]), GDN b6 = a, b7 = b [R][2H] */
+    nlo = 0;
+    LOUT(lo, nlo, ly->v, NULL, b[5], H * dv);
+    LOUT(lo, nlo, ly->e_proj, NULL, b[4], N);
+    if (!gdn) {
+        LOUT(lo, nlo, ly->gk_a[0], NULL, b[8], c->gate_low_rank_dim);
+        LOUT(lo, nlo, ly->gk_a[1], NULL, b[9], c->gate_low_rank_dim);
+    } else {
+        LOUT(lo, nlo, ly->a_proj, NULL, b[6], 2 * H);
+        LOUT(lo, nlo, ly->b_proj, NULL, b[7], 2 * H);
+    }
+    T(MULTI(xn, D, lo, nlo));
     T(o->silu(ctx, b[5], (size_t)R * H * dv));
     for (int j = 0; j < 4; j += 2) { /* feature maps of eq. 8 */
         if (c->sse_q_softmax) T(o->softmax_rows(ctx, b[j], R * H, dk));
@@ -282,20 +310,17 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
             T(o->l2norm_rows(ctx, b[j + 1], R * H, dk, 1e-6f));
         }
     }
-    /* gates: GLA: b6 = gk0, b7 = gk1 (b8 low-rank temp); GDN: b8/b9 = g/beta (always), b10/b11 = g/beta (sparse) */
+    /* gates: GLA: b6 = gk0, b7 = gk1 (from b8, b9); GDN: b8/b9 = g/beta (always), b10/b11 = g/beta (sparse) */
     const float *ga, *gb, *ba = NULL, *bb = NULL;
     if (!gdn) {
         int r = c->gate_low_rank_dim;
         for (int j = 0; j < 2; j++) {
-            T(LIN(xn, D, ly->gk_a[j], NULL, b[8], r, 0));
-            T(LIN(b[8], r, ly->gk_b[j], ly->gk_bias[j], b[6 + j], H * dk, 0));
+            T(LIN(b[8 + j], r, ly->gk_b[j], ly->gk_bias[j], b[6 + j], H * dk, 0));
             T(o->gla_gate(ctx, b[6 + j], qk, c->gate_logit_normalizer, c->clamp_min));
         }
         ga = b[6];
         gb = b[7];
     } else {
-        T(LIN(xn, D, ly->a_proj, NULL, b[6], 2 * H, 0));
-        T(LIN(xn, D, ly->b_proj, NULL, b[7], 2 * H, 0));
         T(o->gdn_gates(ctx, b[6], 2 * H, b[7], 2 * H, ly->A_log, ly->dt_bias, b[8], b[9], R, H, c->allow_neg_eigval));
         T(o->gdn_gates(ctx, b[6] + H, 2 * H, b[7] + H, 2 * H, ly->A_log + H, ly->dt_bias + H, b[10], b[11], R, H,
                        c->allow_neg_eigval));
@@ -304,8 +329,7 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
         ba = b[9];
         bb = b[11];
     }
-    /* routing [SSE-1]: b4 = e logits [R][N] */
-    T(LIN(xn, D, ly->e_proj, NULL, b[4], N, 0));
+    /* routing [SSE-1]: b4 = e logits [R][N] (above) */
     T(o->sse_route(ctx, b[4], R, N, K, m->sc.sse_idx, m->sc.sse_w));
     /* b12 = o [R][H*dv] [SSE-2..4] */
     hyla_sse_transition tr = gdn ? HYLA_SSE_GDN : HYLA_SSE_GLA;
@@ -343,9 +367,12 @@ static hyla_status mixer_attn(hyla_model *m, int l, const fwd *f, float *xn, flo
     hyla_kv_view *views = calloc((size_t)(f->decode ? R : 1), sizeof *views);
     if (!views) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     /* b0 = q [R][Hq*hd], b1 = k, b2 = v [R][Hk*hd], b3 = o */
-    T(LIN(xn, D, ly->q, ly->q_bias, b[0], Hq * hd, 0));
-    T(LIN(xn, D, ly->k, ly->k_bias, b[1], Hk * hd, 0));
-    T(LIN(xn, D, ly->v, ly->v_bias, b[2], Hk * hd, 0));
+    hyla_linear_out lo[3];
+    int nlo = 0;
+    LOUT(lo, nlo, ly->q, ly->q_bias, b[0], Hq * hd);
+    LOUT(lo, nlo, ly->k, ly->k_bias, b[1], Hk * hd);
+    LOUT(lo, nlo, ly->v, ly->v_bias, b[2], Hk * hd);
+    T(MULTI(xn, D, lo, nlo));
     if (ly->q_norm) {
         T(o->rmsnorm(ctx, b[0], ly->q_norm, b[0], R * Hq, hd, 1e-5f));
         T(o->rmsnorm(ctx, b[1], ly->k_norm, b[1], R * Hk, hd, 1e-5f));
@@ -392,8 +419,8 @@ static hyla_status forward(hyla_model *m, const fwd *f, int want_logits) {
         if (st != HYLA_OK) return hyla_fail_wrap(st, "layer %d (%s)", l, hyla_mixer_name(ly->kind));
         HYLA_TRY(o->add_rmsnorm(ctx, sc->x, mo, ly->mlp_norm, sc->xn, f->R, D, c->norm_eps));
         float *g = sc->buf[0], *u = sc->buf[1];
-        HYLA_TRY(o->linear(ctx, sc->xn, D, f->R, D, ly->mlp_gate, NULL, g, F, F, 0));
-        HYLA_TRY(o->linear(ctx, sc->xn, D, f->R, D, ly->mlp_up, NULL, u, F, F, 0));
+        hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g, F, F}, {ly->mlp_up, NULL, u, F, F}};
+        HYLA_TRY(o->linear_multi(ctx, sc->xn, D, f->R, D, 2, lo, 0));
         HYLA_TRY(o->swiglu(ctx, g, u, g, (size_t)f->R * F));
         HYLA_TRY(o->linear(ctx, g, F, f->R, F, ly->mlp_down, NULL, mo, D, D, 0));
         HYLA_TRY(o->add(ctx, sc->x, mo, (size_t)f->R * D));
@@ -436,10 +463,15 @@ hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const
     int n = decode ? R : 1;
     for (int i = 0; i < n; i++)
         if (ss[i]->m != m) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different models");
-    if (!decode && (R > HYLA_PREFILL_CHUNK ||
-                    ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK))
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage prefill of %d rows at position %lld crosses a %d-token chunk boundary",
-                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK);
+    /* a prefill piece either starts on a chunk boundary or stays inside one chunk (the pieces of
+     * any feed are then cut at the same absolute positions) */
+    if (!decode && (R > HYLA_PREFILL_PIECE_MAX ||
+                    (ss[0]->pos % HYLA_PREFILL_CHUNK &&
+                     ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK)))
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
+                         "or stay inside one chunk, and hold at most %d rows",
+                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
     HYLA_TRY(hyla_model_scratch_reserve(m, R));
     int32_t *pos = malloc((size_t)R * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
@@ -473,11 +505,15 @@ static hyla_status prefill_piece(hyla_session *s, const int32_t *toks, int n, fl
     hyla_model *m = s->m;
     if (m->layer_begin != 0)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "feeding tokens needs the first pipeline stage (layers from 0)");
-    int32_t pos[HYLA_PREFILL_CHUNK];
+    HYLA_TRY(hyla_model_scratch_reserve(m, n));
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) pos[i] = (int32_t)(s->pos + i);
-    HYLA_TRY(OPS(m)->embed(CTX(m), m->embed, toks, n, m->sc.x));
+    hyla_status st = OPS(m)->embed(CTX(m), m->embed, toks, n, m->sc.x);
     fwd f = {0, &s, n, pos};
-    HYLA_TRY(forward(m, &f, logits_host != NULL));
+    if (st == HYLA_OK) st = forward(m, &f, logits_host != NULL);
+    free(pos);
+    HYLA_TRY(st);
     if (logits_host) {
         HYLA_TRY(OPS(m)->download(CTX(m), logits_host, m->sc.logits, (size_t)n * m->cfg.vocab_size * sizeof(float)));
     }
@@ -502,7 +538,9 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
     hyla_status st = HYLA_OK;
     size_t V = (size_t)s->m->cfg.vocab_size;
     while (done < total) {
-        int room = HYLA_PREFILL_CHUNK - (int)(s->pos % HYLA_PREFILL_CHUNK);
+        /* to the next chunk boundary, then pieces of up to prefill_piece tokens from boundaries */
+        int off = (int)(s->pos % HYLA_PREFILL_CHUNK);
+        int room = off ? HYLA_PREFILL_CHUNK - off : s->m->prefill_piece;
         int piece = total - done < room ? total - done : room;
         st = prefill_piece(s, list + done, piece, logits ? logits + (size_t)done * V : NULL);
         if (st != HYLA_OK) break;

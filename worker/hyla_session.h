@@ -8,8 +8,10 @@
  * session resumes by feeding its pending token, exactly as the uninterrupted run would have:
  * "generate 64" equals "generate 32, save, load, generate 32" bit for bit on one backend.
  *
- * Prefill runs in chunks of HYLA_PREFILL_CHUNK aligned to absolute positions, so feeding a
- * document in pieces that end at chunk boundaries reproduces the one-piece run bit for bit.
+ * Prefill runs in chunks of HYLA_PREFILL_CHUNK aligned to absolute positions, in forward passes
+ * of up to the model's prefill piece (hyla_model_set_prefill_piece) that start on chunk
+ * boundaries, so feeding a document in pieces that end at chunk boundaries, or with any piece
+ * size, reproduces the one-piece run bit for bit.
  *
  * Ownership: sessions borrow their model (it must outlive them). Threading: a session is
  * driven by one thread at a time, the thread that drives the model's backend. */
@@ -113,7 +115,8 @@ typedef hyla_status (*hyla_downstream_fn)(void *ud, hyla_session *const *ss, int
 void hyla_model_set_downstream(hyla_model *m, hyla_downstream_fn fn, void *ud);
 
 /* Run R rows through this stage's layers for sessions ss (prefill: ss[0], R rows in one piece
- * that does not cross a multiple of HYLA_PREFILL_CHUNK; decode: R sessions). hidden_in: host
+ * that starts at a multiple of HYLA_PREFILL_CHUNK or does not cross one, at most
+ * HYLA_PREFILL_PIECE_MAX rows; decode: R sessions). hidden_in: host
  * [R][hidden_size]. logits: host [R][vocab] or NULL — filled by this stage when it holds the last
  * layer, else by its downstream. Positions advance by R (prefill) or 1 (decode). */
 hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits);
