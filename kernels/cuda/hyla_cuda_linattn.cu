@@ -1198,7 +1198,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
 /* -DHYLA_FUSED_PROFILE (diagnostic builds only): block (0,0,0) records clock64() at the phase
  * boundaries of its chunk 20 and the first such launch prints them. */
 #ifdef HYLA_FUSED_PROFILE
-__device__ long long g_fprof_t[16];
+__device__ long long g_fprof_t[20];
 __device__ int g_fprof_once;
 #define FPROF(k)                                                                                                       \
     if (!MODE && cc == 20 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64();
@@ -1244,52 +1244,64 @@ __device__ __forceinline__ void fu_sync() {
     else
         __syncthreads();
 }
-#define FU_FULL 2  /* producer -> compute: the chunk's staging landed and the previous O tile is stored */
+#define FU_FULL 2  /* producer -> compute: the chunk's staging landed and the previous O tile is stored
+                    * (WS = 2: read out into the producer's registers) */
 #define FU_EMPTY 3 /* compute -> producer: the staging area is consumed */
 #define FU_OREADY 4 /* compute -> producer: the chunk's O tile is in shared memory */
-#define FU_WT (FU_T + 32)
+/* producer warps of the WS form: WS = 1 one warp, WS = 2 a warpgroup of 4 (one per SM sub-partition);
+ * threads of the block: the 16 compute warps and these */
+#define FU_PW(ws) ((ws) == 2 ? 4 : (ws) ? 1 : 0)
+#define FU_WTN(ws) (FU_T + 32 * FU_PW(ws))
 
 #ifdef HYLA_FUSED_PROFILE
 #define FPROFP(k)                                                                                                      \
-    if (cc == 20 && lane == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64();
+    if (cc == 20 && threadIdx.x == FU_T && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64();
 #else
 #define FPROFP(k)
 #endif
 
-/* The producer warp of the WS form (warp 16): issues chunk c+1's staging (cp.async 16-byte
- * pieces: a row of q or k per DKP/4 lanes, a row of v per instruction; the row sources of the
- * chunk computed once, two rows per lane, and broadcast by shuffles) as soon as the compute
- * warps release the staging area, then stores chunk c's O tile from shared memory with 16-byte
- * coalesced stores (one 512-byte row per instruction), waits for its copies and opens the next
- * chunk. The values are those of the default staging and of the default o stores. Needs vec
- * (dk % 4 == 0, dv % 4 == 0, 16-byte aligned q, k, v) and o 16-byte aligned. */
-template <int DKP>
+/* The producer warps of the WS form (warps 16.. : one warp for WS = 1, four for WS = 2, warp pw
+ * owning the chunk rows [pw RW, (pw + 1) RW), RW = 64 / NPW): they issue chunk c+1's staging
+ * (cp.async 16-byte pieces: a row of q or k per DKP/4 lanes, a row of v per instruction; the row
+ * sources of the warp's rows computed once per chunk, one or two rows per lane, and broadcast by
+ * shuffles) as soon as the compute warps release the staging area, then store chunk c's O tile
+ * (one 512-byte row per st.global.v4), wait for their copies and open the next chunk (FULL).
+ * WS = 2 reads its 16 rows of the O tile into registers, waits for its copies and opens the next
+ * chunk before it issues the o stores, so the compute warps never wait for their issue. The values are those of the
+ * default staging and of the default o stores. Needs vec (dk % 4 == 0, dv % 4 == 0, 16-byte
+ * aligned q, k, v) and o 16-byte aligned. */
+template <int DKP, int NPW>
 __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, float *Qst, float *Vst, float *Gst,
                                             float *Bst, float *Wr, const float *Ob, int c0, int nc, int h, int jb,
-                                            int lane) {
+                                            int pw, int lane) {
+    constexpr int WT = FU_T + 32 * NPW, RW = CH / NPW, NS = (RW + 31) / 32; /* rows per warp, row slots per lane */
     constexpr int PR = DKP / 4, RPI = 32 / PR; /* 16-byte pieces per q/k row, rows per instruction */
-    const int H = a.H, dk = a.dk, dv = a.dv;
+    static_assert(NS <= 2 && RW % RPI == 0 && (RW % 32 == 0 || 32 % RW == 0), "producer row split");
+    const int H = a.H, dk = a.dk, dv = a.dv, r0 = pw * RW;
     auto stage = [&](int c) {
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-        long long rtok[2];
-        int rfl[2]; /* rows lane, lane + 32: source token, flags (1: in the chunk, 2: sparse) */
+        long long rtok[NS];
+        int rfl[NS]; /* rows r0 + lane (+ 32): source token, flags (1: in the chunk, 2: sparse) */
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            int t = lane + 32 * hf, sp = 0;
+        for (int hf = 0; hf < NS; hf++) {
+            const int u = lane + 32 * hf, t = r0 + u;
+            int sp = 0;
             float wt = 0.0f;
-            bool ok = t < len;
+            const bool ok = u < RW && t < len;
             size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
             rtok[hf] = (long long)tok;
             rfl[hf] = (ok ? 1 : 0) | (sp ? 2 : 0);
-            cp_async4(Gst + t, ok ? (sp ? a.g2 : a.ga) + tok * H + h : a.ga, ok ? 4 : 0);
-            cp_async4(Bst + t, ok ? (sp ? a.b2 : a.gb) + tok * H + h : a.gb, ok ? 4 : 0);
-            Wr[t] = ok ? wt : 0.0f;
+            if (u < RW) {
+                cp_async4(Gst + t, ok ? (sp ? a.g2 : a.ga) + tok * H + h : a.ga, ok ? 4 : 0);
+                cp_async4(Bst + t, ok ? (sp ? a.b2 : a.gb) + tok * H + h : a.gb, ok ? 4 : 0);
+                Wr[t] = ok ? wt : 0.0f;
+            }
         }
 #pragma unroll 4
-        for (int t0 = 0; t0 < CH; t0 += RPI) {
-            const int t = t0 + lane / PR, i = (lane % PR) * 4;
-            const long long tk = __shfl_sync(0xffffffffu, t0 < 32 ? rtok[0] : rtok[1], t & 31);
-            const int fl = __shfl_sync(0xffffffffu, t0 < 32 ? rfl[0] : rfl[1], t & 31);
+        for (int u0 = 0; u0 < RW; u0 += RPI) {
+            const int u = u0 + lane / PR, t = r0 + u, i = (lane % PR) * 4;
+            const long long tk = __shfl_sync(0xffffffffu, NS > 1 && u0 >= 32 ? rtok[NS - 1] : rtok[0], u & 31);
+            const int fl = __shfl_sync(0xffffffffu, NS > 1 && u0 >= 32 ? rfl[NS - 1] : rfl[0], u & 31);
             const bool ok = (fl & 1) && i < dk;
             const size_t off = ((size_t)tk * H + h) * dk + i;
             cp_async16(Qst + t * DKP + i, ok ? ((fl & 2) ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
@@ -1297,55 +1309,78 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
         }
         const bool okv = jb + 4 * lane < dv;
 #pragma unroll 4
-        for (int t = 0; t < CH; t++) {
-            const long long tk = __shfl_sync(0xffffffffu, t < 32 ? rtok[0] : rtok[1], t & 31);
-            const int fl = __shfl_sync(0xffffffffu, t < 32 ? rfl[0] : rfl[1], t & 31);
+        for (int u = 0; u < RW; u++) {
+            const long long tk = __shfl_sync(0xffffffffu, NS > 1 && u >= 32 ? rtok[NS - 1] : rtok[0], u & 31);
+            const int fl = __shfl_sync(0xffffffffu, NS > 1 && u >= 32 ? rfl[NS - 1] : rfl[0], u & 31);
             const bool ok = (fl & 1) && okv;
-            cp_async16(Vst + t * 128 + 4 * lane, ok ? a.v + ((size_t)tk * H + h) * dv + jb + 4 * lane : a.v, ok ? 16 : 0);
+            cp_async16(Vst + (r0 + u) * 128 + 4 * lane, ok ? a.v + ((size_t)tk * H + h) * dv + jb + 4 * lane : a.v,
+                       ok ? 16 : 0);
         }
         cp_async_commit();
     };
     stage(c0);
     cp_async_wait<0>();
-    nb_arrive(FU_FULL, FU_WT);
+    nb_arrive(FU_FULL, WT);
     const bool okc = jb + 4 * lane < dv;
     for (int cc = 0; cc < nc; cc++) {
         const int c = c0 + cc;
         if (cc + 1 < nc) {
-            nb_sync(FU_EMPTY, FU_WT);
+            nb_sync(FU_EMPTY, WT);
             FPROFP(12);
             stage(c + 1);
             FPROFP(13);
         }
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
         float *orow = a.o + ((size_t)tok0 * H + h) * dv + jb + 4 * lane;
-        nb_sync(FU_OREADY, FU_WT);
+        nb_sync(FU_OREADY, WT);
         FPROFP(14);
         /* the O tile: row t's 16-byte piece p at p ^ 2(t mod 4) */
-#pragma unroll 1
-        for (int t0 = 0; t0 < CH; t0 += 8) {
-            float4 ov[8];
+        if constexpr (NPW > 1) { /* the warp's rows to registers, the next chunk opened, then the stores */
+            float4 ov[RW];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int t = t0 + u;
+            for (int u = 0; u < RW; u++) {
+                const int t = r0 + u;
                 ov[u] = *(const float4 *)(Ob + t * 128 + ((lane ^ ((t & 3) << 1)) << 2));
             }
+            FPROFP(15);
+            if (cc + 1 < nc) {
+                cp_async_wait<0>();
+                FPROFP(17);
+                nb_arrive(FU_FULL, WT);
+            }
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (t0 + u < len && okc) *(float4 *)(orow + (size_t)(t0 + u) * H * dv) = ov[u];
-        }
-        FPROFP(15);
-        if (cc + 1 < nc) {
-            cp_async_wait<0>();
-            nb_arrive(FU_FULL, FU_WT);
+            for (int u = 0; u < RW; u++)
+                if (r0 + u < len && okc) *(float4 *)(orow + (size_t)(r0 + u) * H * dv) = ov[u];
+            FPROFP(16);
+        } else {
+#pragma unroll 1
+            for (int t0 = 0; t0 < CH; t0 += 8) {
+                float4 ov[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int t = t0 + u;
+                    ov[u] = *(const float4 *)(Ob + t * 128 + ((lane ^ ((t & 3) << 1)) << 2));
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (t0 + u < len && okc) *(float4 *)(orow + (size_t)(t0 + u) * H * dv) = ov[u];
+            }
+            FPROFP(15);
+            FPROFP(16);
+            if (cc + 1 < nc) {
+                cp_async_wait<0>();
+                FPROFP(17);
+                nb_arrive(FU_FULL, WT);
+            }
         }
     }
 }
 
 template <int DKP, int MODE, int WS = 0>
-__global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a) {
+__global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     static_assert(!(MODE && WS), "the WS form is the fused pass only");
     typedef FusedSmem<DKP, WS> L;
+    constexpr int WT = FU_WTN(WS); /* threads at the producer/compute handshakes */
     constexpr int LDK = L::LDK, LDV = L::LDV, MT = DKP / 16, MTW = (MT + 3) / 4, NB = DKP / 16, NBW = (NB + 3) / 4;
     extern __shared__ __align__(16) unsigned char smem[];
     float *Kst = (float *)smem, *Qst = Kst + CH * DKP, *Vst = Qst + CH * DKP;
@@ -1379,8 +1414,8 @@ __global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a)
     bool active = j0 < dv;
     const int c0 = MODE ? (int)blockIdx.x : a.seq_c0[z], nc = MODE ? 1 : a.seq_nc[z];
     if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
-    if (WS && w == FU_T / 32) { /* the producer warp */
-        fu_producer<DKP>(a, Kst, Qst, Vst, Gst, Bst, Wr, Ob, c0, nc, h, jb, lane);
+    if (WS && w >= FU_T / 32) { /* the producer warp(s) */
+        fu_producer<DKP, WS == 2 ? 4 : 1>(a, Kst, Qst, Vst, Gst, Bst, Wr, Ob, c0, nc, h, jb, w - FU_T / 32, lane);
         return;
     }
     float *S = MODE ? NULL : a.S[z] + (size_t)h * dk * dv;
@@ -1481,7 +1516,7 @@ __global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a)
         const int c = c0 + cc, tok0 = WS ? 0 : a.ck_tok0[c], len = WS ? 0 : a.ck_len[c];
         FPROF(0);
         if (WS) {
-            nb_sync(FU_FULL, FU_WT); /* (a) staging landed, the previous O tile is stored */
+            nb_sync(FU_FULL, WT); /* (a) staging landed, the previous O tile stored (WS = 2: read out) */
         } else {
             cp_async_wait<0>();
             __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
@@ -1616,7 +1651,7 @@ __global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a)
         fu_sync<WS>();
         FPROF(4);
         if (WS) {
-            if (cc + 1 < nc) nb_arrive(FU_EMPTY, FU_WT); /* the producer stages the next chunk */
+            if (cc + 1 < nc) nb_arrive(FU_EMPTY, WT); /* the producer stages the next chunk */
         } else if (cc + 1 < nc)
             stage(c + 1); /* the staging area is free: the next chunk streams in now */
         FPROF(5);
@@ -1854,7 +1889,7 @@ __global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a)
                         *(float2 *)(Ob + t * 128 + (((col >> 2) ^ ((t & 3) << 1)) << 2) + (col & 3)) =
                             make_float2(oacc[n][e], oacc[n][e + 1]);
                     }
-                nb_arrive(FU_OREADY, FU_WT);
+                nb_arrive(FU_OREADY, WT);
             } else
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -1888,7 +1923,7 @@ __global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a)
                 }
             }
         } else if (WS)
-            nb_arrive(FU_OREADY, FU_WT); /* a group past dv: nothing of the O tile */
+            nb_arrive(FU_OREADY, WT); /* a group past dv: nothing of the O tile */
         FPROF(11);
     }
 #undef FU_REFRESH
@@ -1916,9 +1951,12 @@ __global__ void __launch_bounds__(WS ? FU_WT : FU_T, 1) k_gdn_fused(ChunkArgs a)
                "ahat %lld offdiag %lld w/u0 %lld sbt %lld u %lld o+s %lld total %lld\n",
                p[1] - p[0], p[2] - p[1], p[3] - p[2], p[4] - p[3], p[5] - p[4], p[6] - p[5], p[7] - p[6], p[8] - p[7],
                p[9] - p[8], p[10] - p[9], p[11] - p[10], p[11] - p[0]);
-        if (WS) /* the producer warp, from the compute warps' chunk start */
-            printf("fused WS producer (cycles from chunk 20's start): stage issue %lld..%lld, O tile %lld..%lld\n",
-                   p[12] - p[0], p[13] - p[0], p[14] - p[0], p[15] - p[0]);
+        if (WS) /* the producer (warp 16), from the compute warps' chunk start: staging issue, OREADY
+                 * passed, O tile read out (WS = 2) or stored (WS = 1), o stores issued, copies landed
+                 * (WS = 2: before the o stores) */
+            printf("fused WS=%d producer (cycles from chunk 20's start): stage issue %lld..%lld, O tile %lld..%lld, "
+                   "o stores issued %lld, staging landed %lld\n",
+                   WS, p[12] - p[0], p[13] - p[0], p[14] - p[0], p[15] - p[0], p[16] - p[0], p[17] - p[0]);
     }
 #endif
 }
@@ -2348,23 +2386,31 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
  * scratch) followed by kernel B: the same bits, for few long sequences where one block per
  * (sequence, head) would leave most SMs idle. */
 /* HYLA_CUDA_GDN_WS=1: the fused pass in its warp-specialised form (a producer warp stages the
- * next chunk and stores o from a shared-memory O tile; the same bits). Read per launch (host
- * side only) so tests can compare the forms. */
+ * next chunk and stores o from a shared-memory O tile; the same bits); =2: the producer is a
+ * warpgroup of 4 warps (each a quarter of the chunk's rows). Read per launch (host side only)
+ * so tests can compare the forms. */
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
-    return e && *e && strcmp(e, "0") != 0;
+    if (!e || !*e || strcmp(e, "0") == 0) return 0;
+    return strcmp(e, "2") == 0 ? 2 : 1;
 }
 
 template <int DKP>
 static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
     const size_t sm = FusedSmem<DKP>::TOTAL;
     const unsigned ncb = cu_blocks(ca.dv, 128);
-    if (!split && gdn_ws_mode() && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 &&
-        FusedSmem<DKP, 1>::TOTAL <= c->smem_optin) {
-        const size_t sw = FusedSmem<DKP, 1>::TOTAL;
-        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-        k_gdn_fused<DKP, 0, 1><<<dim3(ncb, ca.H, nseq), FU_WT, sw, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gdn fused chunk (ws)");
+    const int ws = split ? 0 : gdn_ws_mode();
+    if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1>::TOTAL <= c->smem_optin) {
+        const size_t sw = FusedSmem<DKP, 1>::TOTAL; /* the same layout for WS = 1 and 2 */
+        if (ws == 2) {
+            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
+            k_gdn_fused<DKP, 0, 2><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(ca);
+            CU_LAUNCH_CHECK("gdn fused chunk (ws2)");
+        } else {
+            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
+            k_gdn_fused<DKP, 0, 1><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(ca);
+            CU_LAUNCH_CHECK("gdn fused chunk (ws)");
+        }
         return HYLA_OK;
     }
     if (!split) {

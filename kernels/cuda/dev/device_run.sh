@@ -9,11 +9,13 @@
 # e2ebench: prefill 4k and 32k, decode with CUDA graphs on and off; e2equick: prefill 4k only.
 # kgla: --only sse and --only prefill by default (fused GLA) and under HYLA_CUDA_CHUNK=ab (GLA's
 #   kernels A and B, SSE-GLA through the gather), rows tagged "chunk".
-# kws: the fused GDN pass's warp-specialised form (HYLA_CUDA_GDN_WS=1: a producer warp stages the
-#   chunks and stores o from shared memory) against the default: a smoke run first (a barrier
-#   hang ends the script), then --only prefill and --only sse with HYLA_CUDA_GDN_WS=0 and =1, rows
-#   tagged "ws", then test_gpu_ops (its varlen and SSE checks include WS == default bit for bit).
-# kprofws: kprof with HYLA_CUDA_GDN_WS=1 (the compute warps' phases and the producer's intervals).
+# kws: the fused GDN pass's warp-specialised forms (HYLA_CUDA_GDN_WS=1: a producer warp stages the
+#   chunks and stores o from shared memory; =2: a producer warpgroup of 4 warps) against the
+#   default: smoke runs of both first (a barrier hang ends the script), then --only prefill and
+#   --only sse with HYLA_CUDA_GDN_WS=0, 1, 2 (KWS="0 2" limits them), rows tagged "ws", then
+#   test_gpu_ops (its varlen and SSE checks include WS=1, 2 == default bit for bit).
+# kprofws: kprof with HYLA_CUDA_GDN_WS=2 (KPROFWS=1 for the one-warp form): the compute warps'
+#   phases and the producer's intervals.
 # TMAX=seconds: phases that would start later than that are skipped (device-time budgets).
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
@@ -75,9 +77,11 @@ for ph in "$@"; do
       grep "fused profile" $OUT/prof.txt | tee -a $OUT/summary.txt ;;
     kws)
       t0=$SECONDS
-      HYLA_CUDA_GDN_WS=1 timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke_ws.txt 2>&1
-      rc=$?; echo "smoke ws rc=$rc" | tee -a $OUT/summary.txt; [ $rc = 0 ] || { tail -5 $OUT/smoke_ws.txt; exit 1; }
-      for v in 0 1; do
+      for v in 2 1; do
+        HYLA_CUDA_GDN_WS=$v timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke_ws$v.txt 2>&1
+        rc=$?; echo "smoke ws=$v rc=$rc" | tee -a $OUT/summary.txt; [ $rc = 0 ] || { tail -5 $OUT/smoke_ws$v.txt; exit 1; }
+      done
+      for v in ${KWS:-0 1 2}; do
         for o in prefill sse; do
           HYLA_CUDA_GDN_WS=$v timeout 150 hyla-bench kernels --device cuda:0 --only $o | sed "s/\"bench\":\"/\"ws\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
         done
@@ -87,7 +91,7 @@ for ph in "$@"; do
       t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops_ws.log 2>&1; echo "test_gpu_ops (ws checks) rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|comparisons|differ|GDN_WS" $OUT/test_gpu_ops_ws.log | head -30 ;;
     kprofws)
-      HYLA_CUDA_GDN_WS=1 timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_ws.txt 2>&1
+      HYLA_CUDA_GDN_WS=${KPROFWS:-2} timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_ws.txt 2>&1
       grep "fused" $OUT/prof_ws.txt | tee -a $OUT/summary.txt ;;
     linexp)
       for v in fusedsmall xconv; do
