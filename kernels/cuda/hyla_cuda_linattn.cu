@@ -2385,14 +2385,15 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
 /* The fused kernel (mode 0), or its chunk part (mode 1: all chunks in parallel, tiles to the
  * scratch) followed by kernel B: the same bits, for few long sequences where one block per
  * (sequence, head) would leave most SMs idle. */
-/* HYLA_CUDA_GDN_WS=1: the fused pass in its warp-specialised form (a producer warp stages the
- * next chunk and stores o from a shared-memory O tile; the same bits); =2: the producer is a
- * warpgroup of 4 warps (each a quarter of the chunk's rows). Read per launch (host side only)
- * so tests can compare the forms. */
+/* The fused pass's forms, all with the same bits: by default (HYLA_CUDA_GDN_WS unset or 2) the
+ * warp-specialised form whose producer warpgroup (4 warps, each a quarter of the chunk's rows)
+ * stages the next chunk and stores o from a shared-memory O tile (H100: 1.73 ms for 8 x 8192,
+ * 2.10 without; BENCHMARKS.md); =1 the same with one producer warp (slower, 2.76); =0 every
+ * warp stages (the first fused form). Read per launch (host side only) so tests can compare. */
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
-    if (!e || !*e || strcmp(e, "0") == 0) return 0;
-    return strcmp(e, "2") == 0 ? 2 : 1;
+    if (!e || !*e) return 2;
+    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : 2;
 }
 
 template <int DKP>
