@@ -25,7 +25,7 @@ const char *hyla_mixer_name(hyla_mixer_kind k);
 
 #define HYLA_MAX_LAYERS 256
 #define HYLA_PREFILL_CHUNK 64   /* prefill chunks are aligned to absolute positions */
-#define HYLA_PREFILL_PIECE_DEFAULT 512 /* tokens per prefill forward pass (a multiple of the chunk) */
+#define HYLA_PREFILL_PIECE_DEFAULT 1024 /* tokens per prefill forward pass (a multiple of the chunk) */
 #define HYLA_PREFILL_PIECE_MAX 8192
 #define HYLA_KV_PAGE_TOKENS 64  /* tokens per KV page */
 

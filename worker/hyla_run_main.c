@@ -46,7 +46,7 @@ static void usage(FILE *f) {
             "                       generation step, which consumes the last prompt token) as\n"
             "                       little-endian float32 [positions][vocab]\n"
             "  --device DEV         cpu (default) or cuda:N\n"
-            "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 8192 (default 512,\n"
+            "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 8192 (default 1024,\n"
             "                       or $HYLA_PREFILL_PIECE); the output is the same for every N\n"
             "  --quiet              no progress or statistics on stderr\n");
 }

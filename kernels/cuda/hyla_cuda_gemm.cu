@@ -615,8 +615,10 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
- * any tile shape (HYLA_CUDA_BIG selects one, read per call): e (default) = 128x128 by 4 warps of
- * 64x64, sums in shared memory (the fastest on H100: 156-239 TFLOP/s); a = 128x128 by 8 warps
+ * any tile shape (HYLA_CUDA_BIG selects one, read per call; unset: e, or g when e's tiles would
+ * not fill the GPU twice): e = 128x128 by 4 warps of 64x64, sums in shared memory (the fastest
+ * at M = 4096 on H100: 156-239 TFLOP/s); g = 64x64 by 4 warps of 32x32, sums in registers, up
+ * to 4 blocks per SM; a = 128x128 by 8 warps
  * of 64x32; b = 128x64 3 stages, sums in registers, 2 blocks/SM; c = b with 4 stages; d = 64x128;
  * f = a with 4 stages. */
 extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
@@ -630,7 +632,13 @@ extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, in
     const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
     const char *e = getenv("HYLA_CUDA_BIG");
     char v = e && *e ? e[0] : 'e';
+    if (!(e && *e)) { /* automatic: 128 x 128 tiles while they fill the GPU twice over, else the
+                       * 64 x 64 tiles of g (prefill pieces of a few hundred rows against N ~ D) */
+        long tiles = (long)((M + 127) / 128) * ((N + 127) / 128);
+        if (tiles < 2L * c->sm_count) v = 'g';
+    }
     switch (v) {
+    case 'g': return launch_big<2, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
     case 'b': return launch_big<4, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
     case 'c': return launch_big<4, 2, 2, 4, 4, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
     case 'd': return launch_big<2, 4, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);

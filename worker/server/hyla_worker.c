@@ -204,7 +204,7 @@ hyla_worker_params hyla_worker_default_params(void) {
     p.listen = "127.0.0.1:0";
     p.snapshot_every = 1024;
     p.max_batch = 64;
-    p.prefill_budget = 512; /* one default prefill piece (hyla_model.h) per scheduler step */
+    p.prefill_budget = 1024; /* one default prefill piece (hyla_model.h) per scheduler step */
     p.max_generate = 65536;
     p.max_append_tokens = 1u << 24;
     p.rpc_threads = 2;

@@ -36,7 +36,7 @@ static void usage(FILE *f) {
             "                         durable in the store leave the worker (default 4096)\n"
             "  --snapshot-every K     durable snapshot every K tokens per session (default 1024; 0 = only on Pause)\n"
             "  --max-batch B          sessions per decode step (default 64)\n"
-            "  --prefill-budget T     prefill tokens per scheduler step (default 512)\n"
+            "  --prefill-budget T     prefill tokens per scheduler step (default 1024)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
             "  --threads N            gRPC threads (default 2)\n"
             "  --next-stage ADDR      pipelines without a coordinator: the next stage's address\n"
