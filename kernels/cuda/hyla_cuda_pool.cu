@@ -346,7 +346,34 @@ static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const v
          * what we overwrite) */
         STEP(cudaEventRecord(after, c->stream));
         STEP(cudaStreamWaitEvent(c->copy_stream, after, 0));
-        for (int i = 0; i < n && st == HYLA_OK; i++)
+        /* many pieces (a snapshot's KV pages: one per 64 tokens and layer) go as one batch call,
+         * whose host cost does not grow per piece like cudaMemcpyAsync's; a driver without it
+         * gets the loop */
+        int batched = 0;
+        if (n >= 8) {
+            void **bd = (void **)malloc((size_t)n * sizeof *bd);
+            const void **bs = (const void **)malloc((size_t)n * sizeof *bs);
+            size_t *bz = (size_t *)malloc((size_t)n * sizeof *bz), m = 0;
+            if (bd && bs && bz) {
+                for (int i = 0; i < n; i++)
+                    if (bytes[i]) {
+                        bd[m] = dst[i];
+                        bs[m] = src[i];
+                        bz[m++] = bytes[i];
+                    }
+                cudaMemcpyAttributes at;
+                memset(&at, 0, sizeof at);
+                at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+                size_t at_idx = 0;
+                cudaError_t e = m ? cudaMemcpyBatchAsync(bd, bs, bz, m, &at, &at_idx, 1, c->copy_stream) : cudaSuccess;
+                if (e == cudaSuccess) batched = 1;
+                else (void)cudaGetLastError(); /* not supported here: clear it and copy one by one */
+            }
+            free(bd);
+            free(bs);
+            free(bz);
+        }
+        for (int i = 0; !batched && i < n && st == HYLA_OK; i++)
             if (bytes[i]) STEP(cudaMemcpyAsync(dst[i], src[i], bytes[i], kind, c->copy_stream));
         STEP(cudaEventRecord(cp->done, c->copy_stream));
         if (kind == cudaMemcpyHostToDevice) STEP(cudaStreamWaitEvent(c->stream, cp->done, 0));
