@@ -1859,7 +1859,19 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     {
         int lb, le;
         hyla_model_layer_range(w->m, &lb, &le);
-        if (le < hyla_model_get_config(w->m)->num_layers) hyla_model_set_downstream(w->m, stage_downstream, w);
+        if (le < hyla_model_get_config(w->m)->num_layers) {
+            hyla_model_set_downstream(w->m, stage_downstream, w);
+            /* a prefill piece's hidden states travel in one StageForward message: keep it under
+             * half the message limit */
+            long rows = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->hidden_size * 4);
+            rows = rows / HYLA_PREFILL_CHUNK * HYLA_PREFILL_CHUNK;
+            if (rows < HYLA_PREFILL_CHUNK) rows = HYLA_PREFILL_CHUNK;
+            if (rows < hyla_model_prefill_piece(w->m)) {
+                (void)hyla_model_set_prefill_piece(w->m, (int)rows); /* in range: a multiple of the chunk */
+                HYLA_INFO("prefill pieces of at most %ld tokens (pipeline stage messages up to %d bytes)", rows,
+                          p->max_message_bytes);
+            }
+        }
         if (p->next_stage) snprintf(w->next_stage, sizeof w->next_stage, "%s", p->next_stage);
     }
     hyla_rpc_server_params sp = hyla_rpc_server_default_params();
