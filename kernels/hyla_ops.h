@@ -58,6 +58,7 @@ typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 
 /* One output of linear_multi: y [M][N] (row stride ldy) = x @ W^T (+ bias). */
 #define HYLA_LINEAR_MULTI_MAX 4
+#define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
 typedef struct {
     const hyla_weight *W;
     const float *bias; /* [N] or NULL */
@@ -95,11 +96,15 @@ typedef struct hyla_ops {
      * or NULL, y [M][N] (row stride ldy). Each row's result does not depend on M. */
     hyla_status (*linear)(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,
                           const float *bias, float *y, int ldy, int N, int accumulate);
-    /* n (1..HYLA_LINEAR_MULTI_MAX) linears of the same x [M][K] (row stride ldx): exactly n
-     * linear calls, bit for bit (outs[i].y must not overlap x or each other); a backend may run
-     * them as one launch (CUDA: decode steps issue a few hundred small linears). */
+    /* n (1..HYLA_LINEAR_MULTI_MAX) linears of the same x [M][K] (row stride ldx): with flags 0,
+     * exactly n linear calls, bit for bit (outs[i].y must not overlap x or each other); a backend
+     * may run them as one launch (CUDA: decode steps issue a few hundred small linears).
+     * flags & HYLA_LINEAR_PREFILL: the rows are prompt rows (prefill pieces). A backend may then
+     * use another method, as long as a row's result still depends only on that row (not on M,
+     * its place, or the other rows) among all calls with this flag — it need not equal the
+     * result without the flag (CUDA: cuBLAS at a fixed row count; CPU: the same as linear). */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
-                                int accumulate);
+                                int accumulate, int flags);
     /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */
     hyla_status (*rmsnorm)(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
     /* residual += x; y = rmsnorm(residual) : all [n][D]. */

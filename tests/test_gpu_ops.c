@@ -382,11 +382,11 @@ static void test_linear_multi(void) {
                 CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i], 0));
                 outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i]};
             }
-            CHECK_OK(be->ops->linear_multi(be->ctx, xd, K, M, K, 4, outs, 0));
+            CHECK_OK(be->ops->linear_multi(be->ctx, xd, K, M, K, 4, outs, 0, 0));
             int same = 1;
             for (int i = 0; i < 4; i++) same &= same_bits(be, one[i], grp[i], (size_t)M * Ns[i] * 4);
             CHECK_MSG(same, "%s linear_multi M=%d (4 outputs, one with bias) == 4 linear calls (bits)", be->ops->name, M);
-            CHECK(be->ops->linear_multi(be->ctx, xd, K, M, K, HYLA_LINEAR_MULTI_MAX + 1, outs, 0) == HYLA_ERR_INVALID_ARG);
+            CHECK(be->ops->linear_multi(be->ctx, xd, K, M, K, HYLA_LINEAR_MULTI_MAX + 1, outs, 0, 0) == HYLA_ERR_INVALID_ARG);
             for (int i = 0; i < 4; i++) {
                 dfree(be, one[i]);
                 dfree(be, grp[i]);
@@ -395,6 +395,54 @@ static void test_linear_multi(void) {
         pair_free(px);
         pair_free(pbias);
         free(x);
+    }
+    /* prompt rows (HYLA_LINEAR_PREFILL: cuBLAS at a fixed row count on the GPU): a row's result
+     * depends only on the row — the same bits whatever the call's size, the row's place in it and
+     * the other rows (calls of 1000 rows, of 37 rows at offset 500, of 1 row; the 1000-row call
+     * again with other rows around); close to the CPU; bias and accumulate as documented */
+    {
+        const int MB = 1000;
+        float *x = randn((size_t)MB * K, 1.0f), *x2 = randn((size_t)MB * K, 1.0f), *y0 = randn((size_t)MB * 6144, 1.0f);
+        memcpy(x2 + (size_t)500 * K, x + (size_t)500 * K, (size_t)37 * K * sizeof(float)); /* rows 500..536 shared */
+        pair px = pair_new(x, (size_t)MB * K), px2 = pair_new(x2, (size_t)MB * K), pbias = pair_new(bias, 6144);
+        for (int i = 0; i < 4; i++) {
+            size_t ny = (size_t)MB * Ns[i];
+            const float *bi = i == 1 ? (const float *)pbias.g : NULL;
+            pair pa = pair_new(y0, ny);
+            void *b37 = dev(gpu, y0 + (size_t)500 * Ns[i], (size_t)37 * Ns[i] * 4), *b1 = dev(gpu, y0 + (size_t)536 * Ns[i], (size_t)Ns[i] * 4);
+            void *bo = dev(gpu, y0, ny * 4);
+            int acc = i == 2;
+            hyla_linear_out o1 = {wg[i], bi, pa.g, Ns[i], Ns[i]}, o37 = {wg[i], bi, b37, Ns[i], Ns[i]},
+                            oo = {wg[i], bi, bo, Ns[i], Ns[i]}, o1r = {wg[i], bi, b1, Ns[i], Ns[i]};
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &o1, acc, HYLA_LINEAR_PREFILL));
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)500 * K, K, 37, K, 1, &o37, acc,
+                                            HYLA_LINEAR_PREFILL));
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)536 * K, K, 1, K, 1, &o1r, acc,
+                                            HYLA_LINEAR_PREFILL));
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px2.g, K, MB, K, 1, &oo, acc, HYLA_LINEAR_PREFILL));
+            CHECK_MSG(same_bits(gpu, (float *)pa.g + (size_t)500 * Ns[i], b37, (size_t)37 * Ns[i] * 4) &&
+                          same_bits(gpu, (float *)pa.g + (size_t)536 * Ns[i], b1, (size_t)Ns[i] * 4) &&
+                          same_bits(gpu, (float *)pa.g + (size_t)500 * Ns[i], (float *)bo + (size_t)500 * Ns[i],
+                                    (size_t)37 * Ns[i] * 4),
+                      "linear_multi HYLA_LINEAR_PREFILL N=%d%s%s: rows 500..536 of 1000 == the same rows in a "
+                      "37-row call, alone, and among other rows (bits)", Ns[i], bi ? " bias" : "", acc ? " acc" : "");
+            /* against the CPU */
+            hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i]};
+            CHECK_OK(cpu->ops->linear_multi(cpu->ctx, px.c, K, MB, K, 1, &oc, acc, HYLA_LINEAR_PREFILL));
+            char name[96];
+            snprintf(name, sizeof name, "linear prompt rows M=%d N=%d%s", MB, Ns[i], acc ? " acc" : "");
+            cmp_pair(name, pa, LIN_TOL);
+            pair_free(pa);
+            dfree(gpu, b37);
+            dfree(gpu, b1);
+            dfree(gpu, bo);
+        }
+        pair_free(px);
+        pair_free(px2);
+        pair_free(pbias);
+        free(x);
+        free(x2);
+        free(y0);
     }
     for (int i = 0; i < 4; i++) {
         cpu->ops->weight_destroy(cpu->ctx, wc[i]);

@@ -122,6 +122,12 @@ static void lin_run(void *u) {
     lin_ud *a = u;
     TRY(O->linear(CX, a->x, a->K, a->M, a->K, a->w, NULL, a->y, a->N, a->N, 0));
 }
+/* the same product as prompt rows (the path of prefill pieces) */
+static void lin_prompt_run(void *u) {
+    lin_ud *a = u;
+    hyla_linear_out lo = {a->w, NULL, a->y, a->N, a->N};
+    TRY(O->linear_multi(CX, a->x, a->K, a->M, a->K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
+}
 
 static hyla_weight *rand_weight(int N, int K) {
     size_t n = (size_t)N * K;
@@ -151,6 +157,9 @@ static void bench_gemm(int quick) {
                   {4096, 2304, 2304, "proj q/k/v/o (1.3B)"},
                   {4096, 2304, 6144, "mlp gate/up (1.3B)"},
                   {4096, 6144, 2304, "mlp down (1.3B)"},
+                  {1024, 2304, 2304, "prefill piece of 1024: q/k/v/o"},
+                  {1024, 2304, 6144, "prefill piece of 1024: mlp gate/up"},
+                  {1024, 6144, 2304, "prefill piece of 1024: mlp down"},
                   {64, 2304, 6144, "prefill chunk of 64 rows"},
                   {1, 2304, 6144, "decode B=1"},
                   {16, 2304, 6144, "decode B=16"},
@@ -158,7 +167,7 @@ static void bench_gemm(int quick) {
                   {256, 2304, 6144, "decode B=256"}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int M = shapes[i].M, K = shapes[i].K, N = shapes[i].N;
-        if (quick && M > 2048) M = 512;
+        if (quick && M > 512) M = 512;
         lin_ud a = {drand((size_t)M * K, 1.0f, 0, 0), dalloc((size_t)M * N * 4), rand_weight(N, K), M, K, N};
         double ms = timeit(lin_run, &a);
         double fl = 2.0 * M * (double)N * K, bytes = (double)N * K * 2 + (double)M * K * 4 + (double)M * N * 4;
@@ -169,6 +178,16 @@ static void bench_gemm(int quick) {
         if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
         printf("}\n");
         fflush(stdout);
+        if (M >= 512) { /* large shapes also as prompt rows (ops->linear_multi, HYLA_LINEAR_PREFILL) */
+            ms = timeit(lin_prompt_run, &a);
+            tf = fl / (ms * 1e-3) / 1e12;
+            emit_head("linear_prompt_rows");
+            printf(",\"shape\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"ms\":%.4f,\"tflops\":%.2f", shapes[i].what, M, K, N,
+                   ms, tf);
+            if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
+            printf("}\n");
+            fflush(stdout);
+        }
         dfree(a.x);
         dfree(a.y);
         O->weight_destroy(CX, a.w);
@@ -721,6 +740,17 @@ int hyla_bench_e2e(int argc, char **argv) {
     double params = (double)hyla_model_param_bytes(m);
     fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
             cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
+    if (np > 0) { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
+        int n = 2 * hyla_model_prefill_piece(m) + 1;
+        int32_t *tok = malloc((size_t)n * 4);
+        rand_tokens(tok, n, cfg->vocab_size);
+        hyla_session *s;
+        TRY(hyla_session_create(m, &s));
+        TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
+        TRY(O->sync(CX));
+        hyla_session_free(s);
+        free(tok);
+    }
     for (int i = 0; i < np; i++) {
         int n = prefill[i];
         int32_t *tok = malloc((size_t)n * 4);

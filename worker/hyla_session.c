@@ -174,11 +174,21 @@ typedef struct {
     const int32_t *pos;        /* host [R]: absolute position of each row */
 } fwd;
 
-#define LIN(x, K, W, b, y, N, acc) o->linear(ctx, (x), (K), f->R, (K), (W), (b), (y), (N), (N), (acc))
-/* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate linear calls,
- * fewer launches on the GPU): add outputs with LOUT, then run MULTI. */
+/* Every linear of the forward: decode rows through ops->linear, prompt rows (prefill pieces)
+ * through ops->linear_multi with HYLA_LINEAR_PREFILL (a row's result still depends only on the
+ * row; the CUDA backend then runs cuBLAS at a fixed row count). */
+static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const float *x, int K, const hyla_weight *W,
+                       const float *bias, float *y, int N, int acc) {
+    if (decode) return o->linear(ctx, x, K, R, K, W, bias, y, N, N, acc);
+    hyla_linear_out lo = {W, bias, y, N, N};
+    return o->linear_multi(ctx, x, K, R, K, 1, &lo, acc, HYLA_LINEAR_PREFILL);
+}
+#define LIN(x, K, W, b, y, N, acc) lin(o, ctx, f->decode, f->R, (x), (K), (W), (b), (y), (N), (acc))
+/* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate calls, fewer
+ * launches on the GPU): add outputs with LOUT, then run MULTI. */
 #define LOUT(lo, n, W_, b_, y_, N_) ((lo)[(n)++] = (hyla_linear_out){(W_), (b_), (y_), (N_), (N_)})
-#define MULTI(x, K, lo, n) o->linear_multi(ctx, (x), (K), f->R, (K), (n), (lo), 0)
+#define MULTI(x, K, lo, n) \
+    o->linear_multi(ctx, (x), (K), f->R, (K), (n), (lo), 0, f->decode ? 0 : HYLA_LINEAR_PREFILL)
 
 /* Collect per-session device pointers of a state field for the decode ops. */
 #define GATHER(arr, field)                                            \
@@ -420,15 +430,15 @@ static hyla_status forward(hyla_model *m, const fwd *f, int want_logits) {
         HYLA_TRY(o->add_rmsnorm(ctx, sc->x, mo, ly->mlp_norm, sc->xn, f->R, D, c->norm_eps));
         float *g = sc->buf[0], *u = sc->buf[1];
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g, F, F}, {ly->mlp_up, NULL, u, F, F}};
-        HYLA_TRY(o->linear_multi(ctx, sc->xn, D, f->R, D, 2, lo, 0));
+        HYLA_TRY(o->linear_multi(ctx, sc->xn, D, f->R, D, 2, lo, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL));
         HYLA_TRY(o->swiglu(ctx, g, u, g, (size_t)f->R * F));
-        HYLA_TRY(o->linear(ctx, g, F, f->R, F, ly->mlp_down, NULL, mo, D, D, 0));
+        HYLA_TRY(lin(o, ctx, f->decode, f->R, g, F, ly->mlp_down, NULL, mo, D, 0));
         HYLA_TRY(o->add(ctx, sc->x, mo, (size_t)f->R * D));
     }
     if (m->lm_head) {
         if (!want_logits) return HYLA_OK;
         HYLA_TRY(o->rmsnorm(ctx, sc->x, m->final_norm, sc->xn, f->R, D, c->norm_eps));
-        return o->linear(ctx, sc->xn, D, f->R, D, m->lm_head, NULL, sc->logits, c->vocab_size, c->vocab_size, 0);
+        return lin(o, ctx, f->decode, f->R, sc->xn, D, m->lm_head, NULL, sc->logits, c->vocab_size, 0);
     }
     /* not the last stage: hand the hidden states to the remaining stages */
     if (!m->downstream)

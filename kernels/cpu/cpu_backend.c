@@ -393,7 +393,8 @@ static hyla_status cpu_linear(void *ctx, const float *x, int ldx, int M, int K, 
 }
 
 static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
-                                    int accumulate) {
+                                    int accumulate, int flags) {
+    (void)flags; /* cpu_linear is row-invariant already: prompt rows need no other method */
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     for (int i = 0; i < n; i++)

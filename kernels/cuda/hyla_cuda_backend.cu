@@ -357,15 +357,81 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
     return HYLA_OK;
 }
 
+/* Prompt rows (HYLA_LINEAR_PREFILL) through cuBLAS at a fixed row count: every call is the
+ * same (MF, N, K) GEMM with the same cached algorithm, so a row's result depends only on the row
+ * (tested on the device: rows at other positions and in calls of other sizes give the same
+ * bits), at cuBLAS speed. Pieces are cut into blocks of MF rows; a short block runs the full MF
+ * rows (the rows past it hold stale data whose results are dropped). MF: HYLA_CUDA_PREFILL_ROWS
+ * (a multiple of 64 up to 4096; default 1024, the default prefill piece; 0 = prompt rows as any
+ * other rows: k_gemm_big / skinny). It is part of
+ * what the bits depend on, like the GPU and the library: keep it the same wherever a session
+ * may be resumed. */
+static int prefill_rows(void) {
+    const char *e = getenv("HYLA_CUDA_PREFILL_ROWS");
+    if (!e || !*e) return 1024;
+    int v = atoi(e);
+    return v > 0 && v <= 4096 && v % 64 == 0 ? v : 0;
+}
+
+/* y[m][n] = (acc ? y : 0) + (t[m][n] + bias[n]) for m < M: the skinny kernel's epilogue order */
+__global__ void k_fixed_epilogue(const float *__restrict__ t, int M, int N, const float *bias, float *y, int ldy,
+                                 int accumulate) {
+    size_t total = (size_t)M * N;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t m = i / N, n = i - m * N;
+        float v = t[i];
+        if (bias) v += bias[n];
+        float *yp = y + m * ldy + n;
+        *yp = accumulate ? *yp + v : v;
+    }
+}
+
+static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                     const hyla_linear_out *outs, int accumulate, int MF) {
+    int nmax = 0;
+    for (int j = 0; j < n; j++) nmax = outs[j].N > nmax ? outs[j].N : nmax;
+    void *xb, *t;
+    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)MF * K * 2, &xb));
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)MF * nmax * 4, &t));
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int r0 = 0; r0 < M; r0 += MF) {
+        int m = M - r0 < MF ? M - r0 : MF;
+        HYLA_TRY(cu_f32_to_bf16_rows(c, x + (size_t)r0 * ldx, ldx, m, K, (__nv_bfloat16 *)xb)); /* once for all */
+        for (int j = 0; j < n; j++) {
+            const int N = outs[j].N;
+            hyla_cu_gemm_plan *p = NULL;
+            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ptr_align(t, (size_t)N * 4), &p));
+            cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+            if (p && p->has_algo)
+                st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, outs[j].W->d, p->la, xb, p->lb, &beta, t, p->lc, t, p->lc,
+                                    &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, outs[j].W->d, CUDA_R_16BF,
+                                        K, xb, CUDA_R_16BF, K, &beta, t, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+            CU_LAUNCH_CHECK("linear (prompt rows)");
+            size_t total = (size_t)m * N, blocks = (total + 255) / 256;
+            if (blocks > 65535u * 8) blocks = 65535u * 8;
+            k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)t, m, N, outs[j].bias,
+                                                                      outs[j].y + (size_t)r0 * outs[j].ldy, outs[j].ldy,
+                                                                      accumulate);
+            CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
+        }
+    }
+    return HYLA_OK;
+}
+
 /* Routed exactly as n cu_linear calls would be (so the same bits); the skinny case runs as one
- * grouped launch. */
+ * grouped launch. Prompt rows (flags & HYLA_LINEAR_PREFILL) go to linear_fixed_rows. */
 extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n,
-                                       const hyla_linear_out *outs, int accumulate) {
+                                       const hyla_linear_out *outs, int accumulate, int flags) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
+    const int MF = (flags & HYLA_LINEAR_PREFILL) ? prefill_rows() : 0;
+    if (MF) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, MF);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
     for (int j = 0; j < n; j++)

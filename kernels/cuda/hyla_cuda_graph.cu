@@ -71,7 +71,7 @@ enum {
 /* One logged op; every byte is part of the signature (entries are zeroed before filling). */
 typedef struct {
     int32_t op;
-    int32_t i[13];
+    int32_t i[14];
     float f[4];
     const void *p[17];
     uint64_t z[2];
@@ -218,7 +218,7 @@ static hyla_status dispatch(hyla_cuda_ctx *c, const gent *e, const void *d) {
         for (int j = 0; j < I[3]; j++)
             o[j] = hyla_linear_out{(const hyla_weight *)P[1 + 4 * j], (const float *)P[2 + 4 * j], (float *)P[3 + 4 * j],
                                    I[5 + 2 * j], I[6 + 2 * j]};
-        return cu_linear_multi(c, (const float *)P[0], I[0], I[1], I[2], I[3], o, I[4]);
+        return cu_linear_multi(c, (const float *)P[0], I[0], I[1], I[2], I[3], o, I[4], I[13]);
     }
     case GOP_RMSNORM:
         return cu_rmsnorm(c, (const float *)P[0], (const float *)P[1], (float *)P[2], I[0], I[1], F[0]);
@@ -464,22 +464,24 @@ static hyla_status g_linear(void *ctx, const float *x, int ldx, int M, int K, co
 }
 
 static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
-                                  int accumulate) {
+                                  int accumulate, int flags) {
     CTX;
-    if (!LOGGING) return cu_linear_multi(ctx, x, ldx, M, K, n, outs, accumulate);
+    if (!LOGGING) return cu_linear_multi(ctx, x, ldx, M, K, n, outs, accumulate, flags);
     if (M <= 0) return HYLA_OK;
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
     gent *e;
     HYLA_TRY(log_add(c->graphs, GOP_LINEAR_MULTI, 0, &e, NULL));
-    /* p: x, then (W, bias, y, W->d) per output (16 + 1 <= 17); i: ldx, M, K, n, acc, (ldy, N) per output */
+    /* p: x, then (W, bias, y, W->d) per output (16 + 1 <= 17); i: ldx, M, K, n, acc, (ldy, N) per
+     * output, flags in i[13] */
     e->p[0] = x;
     e->i[0] = ldx;
     e->i[1] = M;
     e->i[2] = K;
     e->i[3] = n;
     e->i[4] = accumulate;
+    e->i[13] = flags;
     for (int j = 0; j < n; j++) {
         e->p[1 + 4 * j] = outs[j].W;
         e->p[2 + 4 * j] = outs[j].bias;

@@ -208,7 +208,7 @@ int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K);
 hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                         const float *bias, float *y, int ldy, int N, int accumulate);
 hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
-                            int accumulate);
+                            int accumulate, int flags);
 
 /* linear attention (hyla_cuda_linattn.cu) */
 hyla_status cu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk, int n, int H,
