@@ -1855,6 +1855,10 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return st;
     }
+    if (p->prefill_piece && (st = hyla_model_set_prefill_piece(w->m, p->prefill_piece)) != HYLA_OK) {
+        hyla_worker_destroy(w);
+        return hyla_fail_wrap(st, "--prefill-piece");
+    }
     if (hyla_tokenizer_load(p->model_dir, hyla_model_get_config(w->m)->vocab_size, &w->tok) != HYLA_OK) w->tok = NULL;
     {
         int lb, le;

@@ -37,6 +37,8 @@ static void usage(FILE *f) {
             "  --snapshot-every K     durable snapshot every K tokens per session (default 1024; 0 = only on Pause)\n"
             "  --max-batch B          sessions per decode step (default 64)\n"
             "  --prefill-budget T     prefill tokens per scheduler step (default 1024)\n"
+            "  --prefill-piece N      prompt tokens per forward pass, a multiple of 64 up to 8192 (default 1024,\n"
+            "                         or $HYLA_PREFILL_PIECE; pipeline stages cap it to the message size)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
             "  --threads N            gRPC threads (default 2)\n"
             "  --next-stage ADDR      pipelines without a coordinator: the next stage's address\n"
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
                                  {"state-budget", 1, 0, 'b'}, {"host-budget", 1, 0, 'H'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
-                                 {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+                                 {"prefill-piece", 1, 0, 'R'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -74,6 +76,7 @@ int main(int argc, char **argv) {
         case 'k': p.snapshot_every = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'B': p.max_batch = atoi(optarg); break;
         case 'P': p.prefill_budget = atoi(optarg); break;
+        case 'R': p.prefill_piece = atoi(optarg); break;
         case 'G': p.max_generate = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 't': p.rpc_threads = atoi(optarg); break;
         case 'N': p.next_stage = optarg; break;
