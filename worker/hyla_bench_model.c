@@ -43,6 +43,15 @@ static const hyla_ops *O;
 static void *CX;
 static hyla_rng rng;
 static char dev_name[128] = "cpu";
+
+/* Datasheet limits of the GPUs we run on (dense bf16 TFLOP/s, HBM TB/s), printed next to the
+ * achieved figures; 0 for other devices (the fields are then left out). */
+static void datasheet(double *tflops, double *tbps) {
+    *tflops = *tbps = 0;
+    if (strstr(dev_name, "H100") && strstr(dev_name, "HBM3")) *tflops = 989, *tbps = 3.35; /* H100 SXM */
+    else if (strstr(dev_name, "H100")) *tflops = 756, *tbps = 2.0;                       /* H100 PCIe */
+    else if (strstr(dev_name, "H200")) *tflops = 989, *tbps = 4.8;
+}
 static const char *dev_arg = "cpu";
 
 #define DIE(...)                                      \
@@ -764,9 +773,16 @@ int hyla_bench_e2e(int argc, char **argv) {
         double sec = hyla_now() - t0;
         emit_head("e2e_prefill");
         printf(",\"model\":\"%s\",\"type\":\"%s\",\"layers\":%d,\"hidden\":%d,\"tokens\":%d,\"s\":%.3f,"
-               "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f,\"graphs\":%d}\n",
+               "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f,\"graphs\":%d",
                model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, sec, n / sec, params / 1e9,
                hyla_session_state_bytes(s) / 1e6, is_cuda ? g_modes[0] : 0);
+        /* 2 flops per parameter and token (parameters: bf16 on cuda, fp32 on the cpu backend);
+         * attention's n^2 term is not counted */
+        double tf = 2.0 * (params / (is_cuda ? 2.0 : 4.0)) * (n / sec) / 1e12, peak, hbm;
+        datasheet(&peak, &hbm);
+        printf(",\"tflops_2pn\":%.1f", tf);
+        if (peak > 0) printf(",\"peak_bf16_tflops\":%.0f,\"of_peak\":%.3f", peak, tf / peak);
+        printf("}\n");
         fflush(stdout);
         hyla_session_free(s);
         free(tok);
@@ -838,6 +854,9 @@ int hyla_bench_e2e(int argc, char **argv) {
                        "\"bytes_per_step_gb\":%.3f,\"gbps\":%.1f,\"graphs\":%d",
                        model_dir, cfg->model_type, B, ctx, sec * 1e3, B / sec, (params + state) / 1e9,
                        (params + state) / sec / 1e9, is_cuda ? g_modes[gm] : 0);
+                double peak, hbm;
+                datasheet(&peak, &hbm);
+                if (hbm > 0) printf(",\"hbm_tbps\":%.2f,\"of_hbm\":%.3f", hbm, (params + state) / sec / 1e12 / hbm);
                 if (is_cuda && hyla_cuda_get_graph_stats)
                     printf(",\"ops_per_step\":%.0f,\"graph_launches_per_step\":%.2f,\"captures\":%llu",
                            (double)(g1.ops - g0.ops) / steps, (double)(g1.replays - g0.replays) / steps,
