@@ -1875,6 +1875,14 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
                 HYLA_INFO("prefill pieces of at most %ld tokens (pipeline stage messages up to %d bytes)", rows,
                           p->max_message_bytes);
             }
+            /* and a decode step's logits come back in one message: B x vocab floats */
+            long bmax = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->vocab_size * 4);
+            if (bmax < 1) bmax = 1;
+            if (bmax < w->p.max_batch) {
+                HYLA_INFO("decode batches of at most %ld sessions (pipeline stage messages up to %d bytes)", bmax,
+                          p->max_message_bytes);
+                w->p.max_batch = (int)bmax;
+            }
         }
         if (p->next_stage) snprintf(w->next_stage, sizeof w->next_stage, "%s", p->next_stage);
     }
