@@ -610,8 +610,19 @@ static int big_off(void) {
     return v;
 }
 
+/* Rows from which k_gemm_big takes over from the skinny kernel (the same bits either way):
+ * HYLA_CUDA_BIG_MIN (default 65). */
+static int big_min(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HYLA_CUDA_BIG_MIN");
+        v = e && atoi(e) > 1 ? atoi(e) : 65;
+    }
+    return v;
+}
+
 extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
-    return M > 64 && K % 8 == 0 && !c->skinny_v1 && !c->linear_cublas_only && !big_off();
+    return M >= big_min() && K % 8 == 0 && !c->skinny_v1 && !c->linear_cublas_only && !big_off();
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
