@@ -398,40 +398,44 @@ static void test_linear_multi(void) {
     }
     /* prompt rows (HYLA_LINEAR_PREFILL: cuBLAS at a fixed row count on the GPU): a row's result
      * depends only on the row — the same bits whatever the call's size, the row's place in it and
-     * the other rows (calls of 1000 rows, of 37 rows at offset 500, of 1 row; the 1000-row call
-     * again with other rows around); close to the CPU; bias and accumulate as documented */
-    {
-        const int MB = 1000;
+     * the other rows (calls of 2500 rows: whole 1024-row blocks, written straight into y, and a
+     * partial one through scratch; of 37 rows at offset R; of 1 row; the 2500-row call again with
+     * other rows around); close to the CPU; bias and accumulate as documented */
+    for (int R = 500; R <= 2100; R += 800) { /* R = 500, 1300 (whole blocks), 2100 (the partial block) */
+        const int MB = 2500;
         float *x = randn((size_t)MB * K, 1.0f), *x2 = randn((size_t)MB * K, 1.0f), *y0 = randn((size_t)MB * 6144, 1.0f);
-        memcpy(x2 + (size_t)500 * K, x + (size_t)500 * K, (size_t)37 * K * sizeof(float)); /* rows 500..536 shared */
+        memcpy(x2 + (size_t)R * K, x + (size_t)R * K, (size_t)37 * K * sizeof(float)); /* rows R..R+36 shared */
         pair px = pair_new(x, (size_t)MB * K), px2 = pair_new(x2, (size_t)MB * K), pbias = pair_new(bias, 6144);
         for (int i = 0; i < 4; i++) {
             size_t ny = (size_t)MB * Ns[i];
             const float *bi = i == 1 ? (const float *)pbias.g : NULL;
             pair pa = pair_new(y0, ny);
-            void *b37 = dev(gpu, y0 + (size_t)500 * Ns[i], (size_t)37 * Ns[i] * 4), *b1 = dev(gpu, y0 + (size_t)536 * Ns[i], (size_t)Ns[i] * 4);
+            void *b37 = dev(gpu, y0 + (size_t)R * Ns[i], (size_t)37 * Ns[i] * 4),
+                 *b1 = dev(gpu, y0 + (size_t)(R + 36) * Ns[i], (size_t)Ns[i] * 4);
             void *bo = dev(gpu, y0, ny * 4);
             int acc = i == 2;
             hyla_linear_out o1 = {wg[i], bi, pa.g, Ns[i], Ns[i]}, o37 = {wg[i], bi, b37, Ns[i], Ns[i]},
                             oo = {wg[i], bi, bo, Ns[i], Ns[i]}, o1r = {wg[i], bi, b1, Ns[i], Ns[i]};
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &o1, acc, HYLA_LINEAR_PREFILL));
-            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)500 * K, K, 37, K, 1, &o37, acc,
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, 1, &o37, acc,
                                             HYLA_LINEAR_PREFILL));
-            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)536 * K, K, 1, K, 1, &o1r, acc,
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)(R + 36) * K, K, 1, K, 1, &o1r, acc,
                                             HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px2.g, K, MB, K, 1, &oo, acc, HYLA_LINEAR_PREFILL));
-            CHECK_MSG(same_bits(gpu, (float *)pa.g + (size_t)500 * Ns[i], b37, (size_t)37 * Ns[i] * 4) &&
-                          same_bits(gpu, (float *)pa.g + (size_t)536 * Ns[i], b1, (size_t)Ns[i] * 4) &&
-                          same_bits(gpu, (float *)pa.g + (size_t)500 * Ns[i], (float *)bo + (size_t)500 * Ns[i],
+            CHECK_MSG(same_bits(gpu, (float *)pa.g + (size_t)R * Ns[i], b37, (size_t)37 * Ns[i] * 4) &&
+                          same_bits(gpu, (float *)pa.g + (size_t)(R + 36) * Ns[i], b1, (size_t)Ns[i] * 4) &&
+                          same_bits(gpu, (float *)pa.g + (size_t)R * Ns[i], (float *)bo + (size_t)R * Ns[i],
                                     (size_t)37 * Ns[i] * 4),
-                      "linear_multi HYLA_LINEAR_PREFILL N=%d%s%s: rows 500..536 of 1000 == the same rows in a "
-                      "37-row call, alone, and among other rows (bits)", Ns[i], bi ? " bias" : "", acc ? " acc" : "");
-            /* against the CPU */
-            hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i]};
-            CHECK_OK(cpu->ops->linear_multi(cpu->ctx, px.c, K, MB, K, 1, &oc, acc, HYLA_LINEAR_PREFILL));
-            char name[96];
-            snprintf(name, sizeof name, "linear prompt rows M=%d N=%d%s", MB, Ns[i], acc ? " acc" : "");
-            cmp_pair(name, pa, LIN_TOL);
+                      "linear_multi HYLA_LINEAR_PREFILL N=%d%s%s: rows %d..%d of %d == the same rows in a "
+                      "37-row call, alone, and among other rows (bits)", Ns[i], bi ? " bias" : "", acc ? " acc" : "", R,
+                      R + 36, MB);
+            if (R == 500) { /* against the CPU, once */
+                hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i]};
+                CHECK_OK(cpu->ops->linear_multi(cpu->ctx, px.c, K, MB, K, 1, &oc, acc, HYLA_LINEAR_PREFILL));
+                char name[96];
+                snprintf(name, sizeof name, "linear prompt rows M=%d N=%d%s", MB, Ns[i], acc ? " acc" : "");
+                cmp_pair(name, pa, LIN_TOL);
+            }
             pair_free(pa);
             dfree(gpu, b37);
             dfree(gpu, b1);

@@ -374,7 +374,7 @@ static int prefill_rows(void) {
 }
 
 /* y[m][n] = (acc ? y : 0) + (t[m][n] + bias[n]) for m < M: the skinny kernel's epilogue order */
-__global__ void k_fixed_epilogue(const float *__restrict__ t, int M, int N, const float *bias, float *y, int ldy,
+__global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias, float *y, int ldy, /* t may be y */
                                  int accumulate) {
     size_t total = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
@@ -399,8 +399,25 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
         HYLA_TRY(cu_f32_to_bf16_rows(c, x + (size_t)r0 * ldx, ldx, m, K, (__nv_bfloat16 *)xb)); /* once for all */
         for (int j = 0; j < n; j++) {
             const int N = outs[j].N;
+            const unsigned ac = ptr_align(t, (size_t)N * 4); /* a function of N only: t is 256-aligned */
             hyla_cu_gemm_plan *p = NULL;
-            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ptr_align(t, (size_t)N * 4), &p));
+            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, &p));
+            float *yb = outs[j].y + (size_t)r0 * outs[j].ldy;
+            /* A whole block that overwrites y with the same layout goes straight into y: the same
+             * algorithm and layout as into t, so the same values, without the copy; the bias is
+             * then added in place (t + bias either way). */
+            if (m == MF && !accumulate && outs[j].ldy == N && p && p->has_algo && ptr_align(yb, (size_t)N * 4) >= ac &&
+                cublasLtMatmul(c->lt, c->lt_desc, &alpha, outs[j].W->d, p->la, xb, p->lb, &beta, yb, p->lc, yb, p->lc,
+                               &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS) {
+                CU_LAUNCH_CHECK("linear (prompt rows, direct)");
+                if (outs[j].bias) {
+                    size_t total = (size_t)MF * N, blocks = (total + 255) / 256;
+                    if (blocks > 65535u * 8) blocks = 65535u * 8;
+                    k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>(yb, MF, N, outs[j].bias, yb, N, 0);
+                    CU_LAUNCH_CHECK("linear (prompt rows) bias");
+                }
+                continue;
+            }
             cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
             if (p && p->has_algo)
                 st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, outs[j].W->d, p->la, xb, p->lb, &beta, t, p->lc, t, p->lc,
@@ -412,9 +429,8 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
             CU_LAUNCH_CHECK("linear (prompt rows)");
             size_t total = (size_t)m * N, blocks = (total + 255) / 256;
             if (blocks > 65535u * 8) blocks = 65535u * 8;
-            k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)t, m, N, outs[j].bias,
-                                                                      outs[j].y + (size_t)r0 * outs[j].ldy, outs[j].ldy,
-                                                                      accumulate);
+            k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)t, m, N, outs[j].bias, yb,
+                                                                      outs[j].ldy, accumulate);
             CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
         }
     }
