@@ -2,8 +2,8 @@
 # The identity that matters most, through real processes: generating 64 tokens in one run
 # equals generating 32, saving the state, loading it in a new process and generating 32 more
 # (greedy and seeded sampling, sse-h and gla-h; through a state file and, when the statestore
-# is built in, through RocksDB). Also: same seed -> same tokens; a damaged or foreign state
-# file is refused with a message that says what is wrong.
+# is built in, through RocksDB). Also: same seed -> same tokens; the prefill piece size changes
+# nothing; a damaged or foreign state file is refused with a message that says what is wrong.
 set -euo pipefail
 BIN=${HYLA_BIN_DIR:-build/bin}
 T=$(mktemp -d /tmp/hyla-identity.XXXXXX)
@@ -16,6 +16,9 @@ for arch in sse-h gla-h; do
     run() { "$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --temperature $temp --seed 11 "$@"; }
     full=$(run --prompt "$PROMPT" --max-tokens 64)
     again=$(run --prompt "$PROMPT" --max-tokens 64)
+    # the prompt (139 tokens) in forward passes of 64 tokens instead of one: the same tokens
+    p64=$(run --prompt "$PROMPT" --max-tokens 64 --prefill-piece 64)
+    [ "$full" = "$p64" ] || { echo "FAIL $arch T=$temp: --prefill-piece 64 gave other tokens"; fail=1; }
     a=$(run --prompt "$PROMPT" --max-tokens 32 --save-state "$T/s.hyla")
     b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --load-state "$T/s.hyla" --max-tokens 32)
     [ "$(echo $full | wc -w)" = 64 ] || { echo "FAIL $arch T=$temp: expected 64 ids, got: $full"; fail=1; }
