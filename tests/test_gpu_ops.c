@@ -661,21 +661,6 @@ static void test_linear_mixers(void) {
             dfree(gpu, S3);
             dfree(gpu, o3);
         }
-        for (int ws = 2; !gdn && dk <= 128 && ws <= 4; ws++) { /* the fused GLA pass's warp-specialised
-                    * forms (HYLA_CUDA_GLA_WS=2: a producer warpgroup stages the chunks and stores o
-                    * from shared memory; 3: the same with an L2 prefetch; 4: q, k, g issued by the
-                    * compute warps; read per launch; forced fused) == the default, bit for bit,
-                    * partial last chunks included */
-            void *S4 = dev(gpu_fu, S0, ns * 4), *o4 = dev(gpu_fu, NULL, nv * 4);
-            setenv("HYLA_CUDA_GLA_WS", ws == 4 ? "4" : ws == 3 ? "3" : "2", 1);
-            run_lin_prefill(gpu_fu, gdn, pq.g, pk.g, pv.g, pg.g, pb.g, n, H, dk, dv, scale, S4, o4);
-            unsetenv("HYLA_CUDA_GLA_WS");
-            CHECK_OK(gpu_fu->ops->sync(gpu_fu->ctx));
-            CHECK_MSG(same_bits(gpu, S4, pS.g, ns * 4) && same_bits(gpu, o4, po.g, nv * 4),
-                      "gla n=%d dk=%d dv=%d: fused, HYLA_CUDA_GLA_WS=%d == default (bits)", n, dk, dv, ws);
-            dfree(gpu_fu, S4);
-            dfree(gpu_fu, o4);
-        }
         dfree(gpu_rec, S2);
         dfree(gpu_rec, o2);
         pair_free(pq);
@@ -933,23 +918,6 @@ static void test_prefill_varlen(void) {
                 dfree(gpu_fu, Sm);
                 dfree(gpu_fu, om);
             }
-            for (int ws = 2; !gdn && ws <= 4; ws++) { /* the fused GLA pass's warp-specialised forms
-                        * (HYLA_CUDA_GLA_WS=2, 3, 4, read per launch): a producer warpgroup stages the
-                        * chunks (3: with an L2 prefetch; 4: q, k, g by the compute warps) and stores o
-                        * from shared memory; the group past dv = 96 and the exact-exp blocks included */
-                void *Sm = dev(gpu_fu, S0, ns * nseq * 4), *om = dev(gpu_fu, NULL, nv * 4);
-                float *Smz[4];
-                for (int z = 0; z < nseq; z++) Smz[z] = (float *)Sm + z * ns;
-                setenv("HYLA_CUDA_GLA_WS", ws == 4 ? "4" : ws == 3 ? "3" : "2", 1);
-                CHECK_OK(hyla_cuda_prefill_varlen(gpu_fu, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, NULL, om, nseq,
-                                                  starts, lens, Smz));
-                unsetenv("HYLA_CUDA_GLA_WS");
-                CHECK_OK(gpu_fu->ops->sync(gpu_fu->ctx));
-                CHECK_MSG(same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4),
-                          "gla varlen: fused, HYLA_CUDA_GLA_WS=%d == default (bits)", ws);
-                dfree(gpu_fu, Sm);
-                dfree(gpu_fu, om);
-            }
         }
         if (gdn) { /* kernels A and B on the same inputs */
             void *Sb = dev(gpu_ab, S0, ns * nseq * 4), *ob = dev(gpu_ab, NULL, nv * 4);
@@ -1065,22 +1033,6 @@ static void test_sse(void) {
                 CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
                               same_bits(gpu, ao, po.g, nv * 4),
                           "sse-gdn K=%d: fused, HYLA_CUDA_GDN_WS=%d == default (bits)", K, ws);
-                dfree(gpu_fu, a0);
-                dfree(gpu_fu, ap);
-                dfree(gpu_fu, ao);
-            }
-            for (int ws = 2; !gdn && ws <= 4; ws++) { /* SSE-GLA rows through the row map into the
-                        * fused GLA pass's warp-specialised forms (HYLA_CUDA_GLA_WS=2, 3, 4) == the default */
-                CHECK_OK(gpu->ops->sync(gpu->ctx));
-                void *a0 = dev(gpu_fu, S0, ns * 4), *ap = dev(gpu_fu, Sp, ns * N * 4), *ao = dev(gpu_fu, NULL, nv * 4);
-                setenv("HYLA_CUDA_GLA_WS", ws == 4 ? "4" : ws == 3 ? "3" : "2", 1);
-                CHECK_OK(gpu_fu->ops->sse_prefill(gpu_fu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g, NULL,
-                                                  NULL, pidx.g, pw.g, n, H, dk, dv, N, K, scale, a0, ap, ao));
-                unsetenv("HYLA_CUDA_GLA_WS");
-                CHECK_OK(gpu_fu->ops->sync(gpu_fu->ctx));
-                CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
-                              same_bits(gpu, ao, po.g, nv * 4),
-                          "sse-gla K=%d: fused, HYLA_CUDA_GLA_WS=%d == default (bits)", K, ws);
                 dfree(gpu_fu, a0);
                 dfree(gpu_fu, ap);
                 dfree(gpu_fu, ao);

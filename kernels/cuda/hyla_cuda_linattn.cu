@@ -1984,7 +1984,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
  * Shared memory for dk = 128: 128 KB staging + 98 KB tiles (one block per SM). */
 #define FG_T 512
 
-template <int DKP, int WS = 0>
+template <int DKP>
 struct GlaFusedSmem {
     static constexpr int LDK = DKP + 8;
     static constexpr size_t STG = (size_t)3 * CH * DKP * 4 + (size_t)CH * 128 * 4; /* Qst Kst Gst, Vst fp32 */
@@ -1992,14 +1992,9 @@ struct GlaFusedSmem {
     static constexpr size_t KT = (size_t)DKP * 72 * 2;                             /* k~^T [DKP][72] */
     static constexpr size_t AQ = (size_t)CH * 72 * 2;                              /* Aqk [64][72] */
     static constexpr size_t UT = (size_t)128 * 72 * 2;                             /* V^T [128][72] */
-    /* S^T [4][32][LDK], one slice per group; WS: the group's slice also holds its O tile
-     * [64][32] fp32 once the group's O product is done (slices of at least 8 KB) */
-    static constexpr size_t SBG = (size_t)32 * LDK * 2, OG = (size_t)CH * 32 * 4;
-    static constexpr size_t SBS = WS && SBG < OG ? OG : SBG; /* bytes from one group's slice to the next */
-    static constexpr size_t SB = 4 * SBS;
+    static constexpr size_t SB = (size_t)4 * 32 * LDK * 2;                         /* S^T [4][32][LDK] */
     static constexpr size_t SM = (size_t)DKP * 4 + (size_t)2 * CH * 4 * 2;         /* dec, row tables */
     static constexpr size_t TOTAL = STG + QT + KT + AQ + UT + SB + SM;
-    static_assert(SBS % 16 == 0 && (STG + QT + KT + AQ + UT) % 16 == 0, "alignment");
 };
 
 /* element (t, i) of a [64][DKP] fp32 staging array: 16-byte piece i/4 XOR 2(t mod 4) */
@@ -2008,135 +2003,9 @@ __device__ __forceinline__ int fg_sw(int t, int i) {
     return t * DKP + ((((i >> 2) ^ (((t & 3) << 1) & (DKP / 4 - 1)))) << 2) + (i & 3);
 }
 
-/* The warp-specialised GLA pass (HYLA_CUDA_GLA_WS=2, 3; variant 7 in kernels/cuda/dev/NOTES.md):
- * the named barriers of the GDN form (FU_FULL, FU_EMPTY: v's staging is free, FU_OREADY) plus
- * FG_EMPTY2 (q, k, g's staging is free) and one per group of 4 compute warps (FG_GRP + group:
- * the group's O product has read its S^T slice, which then takes the group's O tile). */
-#define FG_EMPTY2 5
-#define FG_GRP 6
-#define FG_WT (FG_T + 128) /* 16 compute warps + the producer warpgroup */
-
-/* L2 prefetch of a contiguous range (16-byte multiple, 16-byte aligned) */
-__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
-/* The producer warpgroup of k_gla_fused<DKP, WS> (warps 16-19, warp pw owning the chunk rows
- * 16pw..16pw+15, as variant 6's fu_producer<DKP, 4>; not that function itself, since GLA's
- * staging differs: v and q, k, g released at two points, q, k, g per-dimension and swizzled,
- * no beta, the row weights written as the default's row table): the row sources of chunk c+1
- * (lanes < 16, one row each, broadcast by shuffles; the weights to rwt[(c+1) & 1]); PF: an L2
- * prefetch of those rows (one cp.async.bulk.prefetch per row of q, k, g, v) right away, so the
- * copies below mostly hit L2; v's cp.async once the compute warps have formed V^T (FU_EMPTY),
- * q, k, g's once Aqk, q~ and k~^T are done (FG_EMPTY2); then the O tile of chunk c (each
- * group's [64][32] fp32 slice, 16-byte pieces XOR 2(t mod 4)) to registers, the copies waited
- * for, the next chunk opened (FU_FULL, which also frees the O tile) and only then the o stores
- * (one 512-byte row per st.global.v4). The values are those of the default's staging and o
- * stores. Needs fvec and o 16-byte aligned. */
-template <int DKP, int PF, int QKG>
-__device__ __forceinline__ void fg_producer(const ChunkArgs &a, float *Qst, float *Kst, float *Gst, float *Vst,
-                                            int *rtab, float *rwt, const unsigned char *Ob, int sbs, int c0, int nc,
-                                            int h, int jb, int pw, int lane) {
-    constexpr int WT = FG_WT, RW = CH / 4;     /* rows per producer warp */
-    constexpr int PR = DKP / 4, RPI = 32 / PR; /* 16-byte pieces per q/k/g row, rows per instruction */
-    static_assert(RW % RPI == 0 && RW <= 32, "producer row split");
-    const int H = a.H, dk = a.dk, dv = a.dv, r0 = pw * RW;
-    long long rtok = 0; /* row r0 + lane (lanes < RW): source token, flags (1: in the chunk, 2: sparse) */
-    int rfl = 0;
-    auto rows = [&](int c, int bsel) {
-        const int tok0 = a.ck_tok0[c], len = a.ck_len[c], t = r0 + lane;
-        int sp = 0;
-        float wt = 0.0f;
-        const bool ok = lane < RW && t < len;
-        size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
-        rtok = (long long)tok;
-        rfl = (ok ? 1 : 0) | (sp ? 2 : 0);
-        if (lane < RW) {
-            rwt[bsel * CH + t] = ok ? wt : 0.0f;
-            if (!QKG) rtab[bsel * CH + t] = !ok ? -1 : sp ? -2 - (int)tok : (int)tok; /* the default's row table */
-        }
-        if (PF && ok) {
-            const size_t off = (tok * H + h) * dk;
-            prefetch_l2((sp ? a.q2 : a.q) + off, (unsigned)dk * 4);
-            prefetch_l2((sp ? a.k2 : a.k) + off, (unsigned)dk * 4);
-            prefetch_l2((sp ? a.g2 : a.ga) + off, (unsigned)dk * 4);
-            prefetch_l2(a.v + (tok * H + h) * dv + jb, (unsigned)min(128, dv - jb) * 4);
-        }
-    };
-    auto stage_v = [&]() {
-        const bool okv = jb + 4 * lane < dv;
-#pragma unroll 4
-        for (int u = 0; u < RW; u++) {
-            const long long tk = __shfl_sync(0xffffffffu, rtok, u);
-            const int fl = __shfl_sync(0xffffffffu, rfl, u);
-            const bool ok = (fl & 1) && okv;
-            cp_async16(Vst + (r0 + u) * 128 + 4 * lane, ok ? a.v + ((size_t)tk * H + h) * dv + jb + 4 * lane : a.v,
-                       ok ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    auto stage_qkg = [&]() {
-#pragma unroll 4
-        for (int u0 = 0; u0 < RW; u0 += RPI) {
-            const int u = u0 + lane / PR, t = r0 + u, i = (lane % PR) * 4;
-            const long long tk = __shfl_sync(0xffffffffu, rtok, u);
-            const int fl = __shfl_sync(0xffffffffu, rfl, u);
-            const bool ok = (fl & 1) && i < dk, sp = fl & 2;
-            const size_t off = ((size_t)tk * H + h) * dk + i;
-            const int d = fg_sw<DKP>(t, i);
-            cp_async16(Qst + d, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
-            cp_async16(Kst + d, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
-            cp_async16(Gst + d, ok ? (sp ? a.g2 : a.ga) + off : a.ga, ok ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    rows(c0, 0);
-    stage_v();
-    stage_qkg();
-    cp_async_wait<0>();
-    nb_arrive(FU_FULL, WT);
-    const bool okc = jb + 4 * lane < dv;
-    const float *Og = (const float *)(Ob + (size_t)(lane >> 3) * sbs); /* lane: group lane/8, piece lane%8 */
-    for (int cc = 0; cc < nc; cc++) {
-        const int c = c0 + cc;
-        if (cc + 1 < nc) {
-            rows(c + 1, (cc + 1) & 1);
-            if (!QKG) nb_arrive(FG_EMPTY2, WT); /* the row table is written: the compute warps issue q, k, g */
-            nb_sync(FU_EMPTY, WT);
-            stage_v();
-            if (QKG) {
-                nb_sync(FG_EMPTY2, WT);
-                stage_qkg();
-            }
-        }
-        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-        float *orow = a.o + ((size_t)tok0 * H + h) * dv + jb + 4 * lane;
-        nb_sync(FU_OREADY, WT);
-        float4 ov[RW];
-#pragma unroll
-        for (int u = 0; u < RW; u++) {
-            const int t = r0 + u;
-            ov[u] = *(const float4 *)(Og + t * 32 + (((lane & 7) ^ ((t & 3) << 1)) << 2));
-        }
-        if (cc + 1 < nc) {
-            cp_async_wait<0>();
-            nb_arrive(FU_FULL, WT);
-        }
-#pragma unroll
-        for (int u = 0; u < RW; u++)
-            if (r0 + u < len && okc) *(float4 *)(orow + (size_t)(r0 + u) * H * dv) = ov[u];
-    }
-}
-
-/* WS = 0: every warp stages (the default); 2: the producer warpgroup (fg_producer) stages the
- * chunks and stores o from O tiles in shared memory; 3: the same with an L2 prefetch one chunk
- * ahead; 4: as 3, but q, k, g (the bulk: 96 KB of 128 at dk = 128, free only after (c)) issued
- * by the 16 compute warps at (c') from the producer's row table, as the default does. All forms
- * give the same bits. */
-template <int DKP, int WS = 0>
-__global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a) {
-    typedef GlaFusedSmem<DKP, WS> L;
-    constexpr int WT = FG_WT;
+template <int DKP>
+__global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
+    typedef GlaFusedSmem<DKP> L;
     constexpr int LDK = L::LDK, MT = DKP / 16, MTW = (MT + 3) / 4;
     extern __shared__ __align__(16) unsigned char smem[];
     float *Qst = (float *)smem, *Kst = Qst + CH * DKP, *Gst = Kst + CH * DKP, *Vst = Gst + CH * DKP;
@@ -2155,22 +2024,15 @@ __global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a)
     int *rtok = (int *)(dec + DKP);             /* [2][64] source row: >= 0 dense, <= -2 sparse (-2 - row), -1 none */
     float *rwt = (float *)(rtok + 2 * CH);      /* [2][64] row weight (1 dense, 0 none) */
 
-    /* (not const: the WS form re-derives them per chunk, see FG_REFRESH) */
-    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    int gq = w >> 2, wq = w & 3;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int gq = w >> 2, wq = w & 3;
     const int h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
-    const int jb = blockIdx.x * 128;
-    int j0 = jb + gq * 32;
-    bool active = j0 < dv;
+    const int jb = blockIdx.x * 128, j0 = jb + gq * 32;
+    const bool active = j0 < dv;
     const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
     if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
-    if (WS && w >= FG_T / 32) { /* the producer warpgroup */
-        fg_producer<DKP, WS >= 3, WS != 4>(a, Qst, Kst, Gst, Vst, rtok, rwt, (const unsigned char *)SbTall,
-                                            (int)L::SBS, c0, nc, h, jb, w - FG_T / 32, lane);
-        return;
-    }
     float *S = a.S[z] + (size_t)h * dk * dv;
-    const bool vec = WS ? true : a.fvec; /* (the WS forms need fvec) */
+    const bool vec = a.fvec;
 
     /* row t of chunk c -> table bsel (one thread per row) */
     auto rows = [&](int c, int bsel, int t) {
@@ -2252,43 +2114,17 @@ __global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a)
                 sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
             }
     }
-    if (!WS) {
-        if (tid >= FG_T - CH) rows(c0, 0, tid - (FG_T - CH));
-        __syncthreads();
-        stage_v(0);
-        stage_qkg(0);
-    }
-    __nv_bfloat16 *SbT = SbTall + gq * (int)(L::SBS / 2);
+    if (tid >= FG_T - CH) rows(c0, 0, tid - (FG_T - CH));
+    __syncthreads();
+    stage_v(0);
+    stage_qkg(0);
+    __nv_bfloat16 *SbT = SbTall + gq * 32 * LDK;
     const __nv_bfloat16 *UT = UTall + gq * 32 * 72;
-    /* WS (96 registers with 20 warps): the thread's indices are re-derived at each chunk and made
-     * opaque at the phase starts, so the compiler recomputes the per-lane fragment addresses there
-     * instead of keeping them live (spilled) through the chunk loop (as k_gdn_fused's FU_REFRESH) */
-#define FG_REFRESH                                                                                                     \
-    if (WS) asm volatile("" : "+r"(tid), "+r"(lane), "+r"(w), "+r"(g), "+r"(tq), "+r"(gq), "+r"(wq))
     for (int cc = 0; cc < nc; cc++) {
-        if (WS) {
-            asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-            lane = tid & 31;
-            w = tid >> 5;
-            g = lane >> 2;
-            tq = lane & 3;
-            gq = w >> 2;
-            wq = w & 3;
-            j0 = jb + gq * 32;
-            active = j0 < dv;
-            SbT = SbTall + gq * (int)(L::SBS / 2);
-            UT = UTall + gq * 32 * 72;
-        }
         const int c = c0 + cc, tok0 = a.ck_tok0[c], len = a.ck_len[c], bs = cc & 1;
         const float *wr = rwt + bs * CH;
-        if (WS) {
-            if (WS == 4) cp_async_wait<0>(); /* the q, k, g this thread issued */
-            nb_sync(FU_FULL, WT); /* (a) the staging landed; the previous chunk's tiles and O tiles are dead */
-        } else {
-            cp_async_wait<0>();
-            __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
-        }
-        FG_REFRESH;
+        cp_async_wait<0>();
+        __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
         /* (b) S^T of the state entering this chunk (kernel B's operand) */
         if (active) {
 #pragma unroll
@@ -2320,14 +2156,10 @@ __global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a)
                 int t = 2 * (x >> 7), j = x & 127;
                 *(uint32_t *)(UTall + j * 72 + t) = pack_bf16x2(Vst[t * 128 + j], Vst[(t + 1) * 128 + j]);
             }
-            if (!WS && tid >= FG_T - CH && cc + 1 < nc) rows(c + 1, bs ^ 1, tid - (FG_T - CH));
+            if (tid >= FG_T - CH && cc + 1 < nc) rows(c + 1, bs ^ 1, tid - (FG_T - CH));
         }
-        fu_sync<WS>();
-        if (WS) {
-            if (cc + 1 < nc) nb_arrive(FU_EMPTY, WT); /* (b') the producer stages the next chunk's v */
-        } else if (cc + 1 < nc)
-            stage_v(bs ^ 1); /* (b') */
-        FG_REFRESH;
+        __syncthreads();
+        if (cc + 1 < nc) stage_v(bs ^ 1); /* (b') */
         /* (c) Aqk (warps 0-9) || q~, k~^T, zero blocks (warps 10-15) */
         if (w < 10) {
             const int wt = w < 1 ? 0 : (w < 3 ? 1 : (w < 6 ? 2 : 3)), rb = w - wt * (wt + 1) / 2, ref = 16 * wt;
@@ -2419,17 +2251,8 @@ __global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a)
                 if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
             }
         }
-        if (WS == 4 && cc + 1 < nc) {
-            nb_sync(FG_EMPTY2, WT); /* the compute warps' barrier, and the producer's row table is written */
-            stage_qkg(bs ^ 1);      /* (c') issued by the compute warps, as the default */
-        } else {
-            fu_sync<WS>();
-            if (WS) {
-                if (cc + 1 < nc && WS != 4) nb_arrive(FG_EMPTY2, WT); /* (c') the producer stages the next q, k, g */
-            } else if (cc + 1 < nc)
-                stage_qkg(bs ^ 1); /* (c') the staging area is free: the next chunk streams in now */
-        }
-        FG_REFRESH;
+        __syncthreads();
+        if (cc + 1 < nc) stage_qkg(bs ^ 1); /* (c') the staging area is free: the next chunk streams in now */
         /* (d) this group's 32 value columns: O = q~ S + Aqk V, S = e^(bC) S + k~^T V */
         if (active) {
             float oacc[4][4];
@@ -2461,19 +2284,6 @@ __global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a)
                     mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
                 }
             }
-            if (WS) { /* the group's O tile over its S^T slice, once all 4 warps have read S^T */
-                nb_sync(FG_GRP + gq, 128);
-                float *Og = (float *)SbT;
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        int t = 16 * wq + g + (e >> 1) * 8, col = n * 8 + 2 * tq;
-                        *(float2 *)(Og + t * 32 + (((col >> 2) ^ ((t & 3) << 1)) << 2) + (col & 3)) =
-                            make_float2(oacc[n][e], oacc[n][e + 1]);
-                    }
-                nb_arrive(FU_OREADY, WT);
-            } else
 #pragma unroll
             for (int n = 0; n < 4; n++)
 #pragma unroll
@@ -2515,14 +2325,7 @@ __global__ void __launch_bounds__(WS ? FG_WT : FG_T, 1) k_gla_fused(ChunkArgs a)
                     }
                 }
             }
-        } else if (WS)
-            nb_arrive(FU_OREADY, WT); /* a group past dv: nothing of its O tile */
-    }
-#undef FG_REFRESH
-    if (WS) { /* the state's address again rather than kept live through the chunk loop */
-        float *const *Sv = a.S;
-        asm volatile("" : "+l"(Sv));
-        S = Sv[z] + (size_t)h * dk * dv;
+        }
     }
 #pragma unroll
     for (int mi = 0; mi < MTW; mi++) {
@@ -2626,38 +2429,8 @@ static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, i
 
 /* The fused GLA pass (one block per sequence, head and 128 value columns): the bits of kernels
  * A and B. */
-/* HYLA_CUDA_GLA_WS (read per launch, host side only, so tests can compare the forms; all give
- * the same bits): unset or 0 every warp stages (the default); 2 the producer warpgroup stages the
- * chunks and stores o from shared-memory O tiles; 3 the same with an L2 prefetch of the next
- * chunk's rows; 4 as 3 with q, k, g issued by the compute warps (kernels/cuda/dev/NOTES.md
- * variant 7). */
-static int gla_ws_mode(void) {
-    const char *e = getenv("HYLA_CUDA_GLA_WS");
-    if (!e || !*e) return 0;
-    return strcmp(e, "2") == 0 ? 2 : strcmp(e, "3") == 0 ? 3 : strcmp(e, "4") == 0 ? 4 : 0;
-}
-
 template <int DKP>
 static hyla_status launch_gla_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
-    const int ws = gla_ws_mode();
-    if (ws && ca.fvec && ((uintptr_t)ca.o & 15) == 0 && GlaFusedSmem<DKP, 2>::TOTAL <= c->smem_optin) {
-        const size_t sw = GlaFusedSmem<DKP, 2>::TOTAL;
-        const dim3 grid(cu_blocks(ca.dv, 128), ca.H, nseq);
-        if (ws == 4) {
-            CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gla_fused<DKP, 4><<<grid, FG_WT, sw, c->stream>>>(ca);
-            CU_LAUNCH_CHECK("gla fused chunk (ws4)");
-        } else if (ws == 3) {
-            CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gla_fused<DKP, 3><<<grid, FG_WT, sw, c->stream>>>(ca);
-            CU_LAUNCH_CHECK("gla fused chunk (ws3)");
-        } else {
-            CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gla_fused<DKP, 2><<<grid, FG_WT, sw, c->stream>>>(ca);
-            CU_LAUNCH_CHECK("gla fused chunk (ws2)");
-        }
-        return HYLA_OK;
-    }
     const size_t sm = GlaFusedSmem<DKP>::TOTAL;
     CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     k_gla_fused<DKP><<<dim3(cu_blocks(ca.dv, 128), ca.H, nseq), FG_T, sm, c->stream>>>(ca);

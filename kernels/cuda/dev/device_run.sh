@@ -2,7 +2,7 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, kglaws, e2ebench, e2equick, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, e2ebench, e2equick, linexp)
 # kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
 # smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
@@ -16,14 +16,6 @@
 #   test_gpu_ops (its varlen and SSE checks include WS=1, 2 == default bit for bit).
 # kprofws: kprof with HYLA_CUDA_GDN_WS=2 (KPROFWS=1 for the one-warp form): the compute warps'
 #   phases and the producer's intervals.
-# kglaws: the fused GLA pass's warp-specialised forms (variant 7: HYLA_CUDA_GLA_WS=2, a producer
-#   warpgroup stages the chunks and stores o from O tiles in shared memory; =3, the same with an L2
-#   prefetch of the next chunk's rows; =4, as 3 with q, k, g issued by the compute warps) against
-#   the default (unset): smoke runs of 2, 3, 4 first (--only prefill and --only sse, --quick,
-#   timeout 60; a hang or fault ends the script), then --only prefill and --only sse with
-#   HYLA_CUDA_GLA_WS unset, 2, 3, 4 (KGLAWS="unset 2" limits them), rows tagged "glaws", then
-#   test_gpu_ops (its GLA, varlen and SSE-GLA checks include HYLA_CUDA_GLA_WS=2, 3, 4 == default
-#   bit for bit).
 # TMAX=seconds: phases that would start later than that are skipped (device-time budgets).
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
@@ -98,25 +90,6 @@ for ph in "$@"; do
       grep '"ws"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//; s/"tokens_per_seq":8192,//'
       t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops_ws.log 2>&1; echo "test_gpu_ops (ws checks) rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|comparisons|differ|GDN_WS" $OUT/test_gpu_ops_ws.log | head -30 ;;
-    kglaws)
-      t0=$SECONDS
-      for v in ${KGLAWS_SMOKE:-2 3 4}; do
-        for o in prefill sse; do
-          HYLA_CUDA_GLA_WS=$v timeout 60 hyla-bench kernels --device cuda:0 --only $o --quick > $OUT/smoke_glaws${v}_$o.txt 2>&1
-          rc=$?; echo "smoke glaws=$v $o rc=$rc" | tee -a $OUT/summary.txt; [ $rc = 0 ] || { tail -5 $OUT/smoke_glaws${v}_$o.txt; exit 1; }
-        done
-      done
-      for v in ${KGLAWS:-unset 2 3 4}; do
-        for o in prefill sse; do
-          if [ $v = unset ]; then unset HYLA_CUDA_GLA_WS; else export HYLA_CUDA_GLA_WS=$v; fi
-          timeout 150 hyla-bench kernels --device cuda:0 --only $o | sed "s/\"bench\":\"/\"glaws\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
-          unset HYLA_CUDA_GLA_WS
-        done
-      done
-      echo "kglaws bench ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
-      grep '"glaws"' $OUT/bench_kernels.jsonl | grep -E 'gla|sse' | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//; s/"tokens_per_seq":8192,//'
-      t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops_glaws.log 2>&1; echo "test_gpu_ops (glaws checks) rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
-      grep -E "FAIL|comparisons|differ|GLA_WS" $OUT/test_gpu_ops_glaws.log | head -30 ;;
     kprofws)
       HYLA_CUDA_GDN_WS=${KPROFWS:-2} timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_ws.txt 2>&1
       grep "fused" $OUT/prof_ws.txt | tee -a $OUT/summary.txt ;;
