@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
 #include "hyla_cuda_pool.h"
 
 /* ---------------------------------------------------------------- errors */
@@ -379,10 +380,7 @@ __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias
     size_t total = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t m = i / N, n = i - m * N;
-        float v = t[i];
-        if (bias) v += bias[n];
-        float *yp = y + m * ldy + n;
-        *yp = accumulate ? *yp + v : v;
+        lin_store(t[i], bias, n, y + m * ldy + n, accumulate);
     }
 }
 

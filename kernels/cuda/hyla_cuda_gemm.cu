@@ -196,10 +196,7 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                 for (int e = 0; e < 4; e++) {
                     int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
                     if (m < M && n < N) {
-                        float v = acc[mt][nt][e];
-                        if (bias) v += bias[n];
-                        float *yp = y + (size_t)m * ldy + n;
-                        *yp = accumulate ? *yp + v : v;
+                        lin_store(acc[mt][nt][e], bias, n, y + (size_t)m * ldy + n, accumulate);
                     }
                 }
         return;
@@ -229,9 +226,7 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
         size_t i = (size_t)m * N + n;
         float v = __ldcg(part + i);
         for (int q = 1; q < S; q++) v += __ldcg(part + (size_t)q * total + i);
-        if (bias) v += bias[n];
-        float *yp = y + (size_t)m * ldy + n;
-        *yp = accumulate ? *yp + v : v;
+        lin_store(v, bias, n, y + (size_t)m * ldy + n, accumulate);
     }
     if (tid == 0) cnt[tile] = 0; /* ready for the next launch on this stream */
 }
@@ -271,37 +266,27 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
                          G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16, 0);
 }
 
-/* y = sum_s part[s] (in s order) + bias + (acc ? y : 0) */
-__global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias, float *y,
-                                int ldy, int accumulate) {
+/* y = sum_s part[s] (in s order) + bias + (acc ? y : 0), grid-stride over M x N */
+__device__ __forceinline__ void skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias,
+                                              float *y, int ldy, int accumulate) {
     size_t total = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t m = i / N, n = i - m * N;
         float v = part[i];
         for (int s = 1; s < S; s++) v += part[(size_t)s * total + i];
-        if (bias) v += bias[n];
-        float *yp = y + m * ldy + n;
-        *yp = accumulate ? *yp + v : v;
+        lin_store(v, bias, n, y + m * ldy + n, accumulate);
     }
+}
+
+__global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias, float *y,
+                                int ldy, int accumulate) {
+    skinny_reduce(part, S, M, N, bias, y, ldy, accumulate);
 }
 
 /* k_skinny_reduce for every member of a group with more than one slice (same sums, same order) */
 __global__ void k_skinny_reduce_g(SkGroup G, int M, int accumulate) {
-    for (int i = 0; i < G.n; i++) {
-        const int S = G.S[i], N = G.N[i];
-        if (S == 1) continue;
-        const float *part = G.part[i], *bias = G.bias[i];
-        float *y = G.y[i];
-        size_t total = (size_t)M * N;
-        for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total; x += (size_t)gridDim.x * blockDim.x) {
-            size_t m = x / N, n = x - m * N;
-            float v = part[x];
-            for (int q = 1; q < S; q++) v += part[(size_t)q * total + x];
-            if (bias) v += bias[n];
-            float *yp = y + m * G.ldy[i] + n;
-            *yp = accumulate ? *yp + v : v;
-        }
-    }
+    for (int i = 0; i < G.n; i++)
+        if (G.S[i] > 1) skinny_reduce(G.part[i], G.S[i], M, G.N[i], G.bias[i], G.y[i], G.ldy[i], accumulate);
 }
 
 /* The slice plan of an N x K weight: enough blocks for ~4 per SM, from N and K only. */
@@ -575,9 +560,7 @@ __global__ void __launch_bounds__(BigCfg<WM, WN, MT, NT, ST, TSM>::NTH,
                 int m = m0 + wm * MT * 16 + mt * 16 + g + (e >> 1) * 8, n = n0 + wn * NT * 8 + nt * 8 + 2 * tq + (e & 1);
                 if (m < M && n < N) {
                     float v = TSM ? tots[((mt * NT + nt) * 4 + e) * NTH + tid] : tot[TSM ? 0 : mt][TSM ? 0 : nt][e];
-                    if (bias) v += bias[n];
-                    float *yp = y + (size_t)m * ldy + n;
-                    *yp = accumulate ? *yp + v : v;
+                    lin_store(v, bias, n, y + (size_t)m * ldy + n, accumulate);
                 }
             }
 }
@@ -629,9 +612,8 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
  * any tile shape (HYLA_CUDA_BIG selects one, read per call; unset: e, or g when e's tiles would
  * not fill the GPU twice): e = 128x128 by 4 warps of 64x64, sums in shared memory (the fastest
  * at M = 4096 on H100: 156-239 TFLOP/s); g = 64x64 by 4 warps of 32x32, sums in registers, up
- * to 4 blocks per SM; a = 128x128 by 8 warps
- * of 64x32; b = 128x64 3 stages, sums in registers, 2 blocks/SM; c = b with 4 stages; d = 64x128;
- * f = a with 4 stages. */
+ * to 4 blocks per SM. Other shapes measured slower on H100 (8 warps of 64x32, 128x64, 64x128,
+ * 4 stages: BENCHMARKS.md sixth round) and were dropped; the template still takes them. */
 extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                                    const float *bias, float *y, int ldy, int N, int accumulate) {
     int S, kchunk;
@@ -650,11 +632,6 @@ extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, in
     }
     switch (v) {
     case 'g': return launch_big<2, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    case 'b': return launch_big<4, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    case 'c': return launch_big<4, 2, 2, 4, 4, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    case 'd': return launch_big<2, 4, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    case 'f': return launch_big<2, 4, 4, 4, 4, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    case 'a': return launch_big<2, 4, 4, 4, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
     default: /* e */ return launch_big<2, 2, 4, 8, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
     }
 }

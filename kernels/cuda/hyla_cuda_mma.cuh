@@ -108,4 +108,12 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* The last step of every batch-invariant linear path (skinny, its reductions, k_gemm_big, the
+ * prompt rows' epilogue): y = (acc ? y : 0) + (v + bias[n]), in this order, so that a row's bits
+ * do not depend on which path computed v. One definition for all of them. */
+__device__ __forceinline__ void lin_store(float v, const float *bias, int n, float *yp, int accumulate) {
+    if (bias) v += bias[n];
+    *yp = accumulate ? *yp + v : v;
+}
+
 #endif
