@@ -19,6 +19,18 @@ for arch in sse-h gla-h; do
     # the prompt (139 tokens) in forward passes of 64 tokens instead of one: the same tokens
     p64=$(run --prompt "$PROMPT" --max-tokens 64 --prefill-piece 64)
     [ "$full" = "$p64" ] || { echo "FAIL $arch T=$temp: --prefill-piece 64 gave other tokens"; fail=1; }
+    # a piece size that is not a multiple of 64 is refused, naming the flag (hyla-run, hyla-worker)
+    if run --prompt "$PROMPT" --max-tokens 4 --prefill-piece 100 >/dev/null 2>"$T/err"; then
+      echo "FAIL $arch: --prefill-piece 100 accepted by hyla-run"; fail=1
+    fi
+    grep -q -- "--prefill-piece" "$T/err" || { echo "FAIL $arch: hyla-run's refusal does not name --prefill-piece"; fail=1; }
+    if [ -x "$BIN/hyla-worker" ]; then
+      if timeout 20 "$BIN/hyla-worker" --model "$T/$arch" --listen 127.0.0.1:0 --next-stage 127.0.0.1:1 \
+          --prefill-piece 100 >/dev/null 2>"$T/err"; then
+        echo "FAIL $arch: --prefill-piece 100 accepted by hyla-worker"; fail=1
+      fi
+      grep -q -- "--prefill-piece" "$T/err" || { echo "FAIL $arch: hyla-worker's refusal does not name --prefill-piece"; fail=1; }
+    fi
     a=$(run --prompt "$PROMPT" --max-tokens 32 --save-state "$T/s.hyla")
     b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --load-state "$T/s.hyla" --max-tokens 32)
     [ "$(echo $full | wc -w)" = 64 ] || { echo "FAIL $arch T=$temp: expected 64 ids, got: $full"; fail=1; }
