@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_log.h"
 #include "hyla_cuda_mma.cuh"
 #include "hyla_cuda_pool.h"
 
@@ -370,8 +371,15 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
 static int prefill_rows(void) {
     const char *e = getenv("HYLA_CUDA_PREFILL_ROWS");
     if (!e || !*e) return 1024;
-    int v = atoi(e);
-    return v > 0 && v <= 4096 && v % 64 == 0 ? v : 0;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > 4096 || v % 64) { /* a typo must not change the bits silently */
+        static int warned;
+        if (!warned++)
+            HYLA_WARN("HYLA_CUDA_PREFILL_ROWS='%s' is not 0 or a multiple of 64 up to 4096: using 1024", e);
+        return 1024;
+    }
+    return (int)v;
 }
 
 /* y[m][n] = (acc ? y : 0) + (t[m][n] + bias[n]) for m < M: the skinny kernel's epilogue order */
