@@ -3,6 +3,10 @@
 #ifndef HYLA_LOG_H
 #define HYLA_LOG_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { HYLA_LOG_DEBUG = 0, HYLA_LOG_INFO, HYLA_LOG_WARN, HYLA_LOG_ERROR, HYLA_LOG_OFF } hyla_log_level;
 
 void hyla_log_set_level(hyla_log_level lvl);
@@ -15,4 +19,7 @@ void hyla_log(hyla_log_level lvl, const char *fmt, ...) __attribute__((format(pr
 #define HYLA_WARN(...) hyla_log(HYLA_LOG_WARN, __VA_ARGS__)
 #define HYLA_ERROR(...) hyla_log(HYLA_LOG_ERROR, __VA_ARGS__)
 
+#ifdef __cplusplus
+}
+#endif
 #endif
