@@ -100,9 +100,10 @@ typedef struct hyla_ops {
      * exactly n linear calls, bit for bit (outs[i].y must not overlap x or each other); a backend
      * may run them as one launch (CUDA: decode steps issue a few hundred small linears).
      * flags & HYLA_LINEAR_PREFILL: the rows are prompt rows (prefill pieces). A backend may then
-     * use another method, as long as a row's result still depends only on that row (not on M,
-     * its place, or the other rows) among all calls with this flag — it need not equal the
-     * result without the flag (CUDA: cuBLAS at a fixed row count; CPU: the same as linear). */
+     * use another method, as long as a row's result still depends only on that row and on the
+     * call's output shapes (n and the Ns; not on M, the row's place, or the other rows) among
+     * all calls with this flag — it need not equal the result without the flag (CUDA: cuBLAS
+     * at a fixed row count, outputs of equal N batched; CPU: the same as linear). */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                 int accumulate, int flags);
     /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */

@@ -448,6 +448,64 @@ static void test_linear_multi(void) {
         free(x2);
         free(y0);
     }
+    /* prompt rows of one call with several outputs of the same N (q, k, v; gate and up): the
+     * CUDA backend runs them as one batched GEMM (HYLA_CUDA_PREFILL_BATCH, default on). Outputs
+     * 2304 (no bias), 2304 (bias), 16 (alone), 2304: rows R..R+36 of a 2500-row call (whole
+     * blocks straight into y, the partial block through scratch) == the same rows in a 37-row
+     * call (scratch), for each output, with and without accumulate; close to the CPU. */
+    {
+        const int MB = 2500, R = 2100, NG[4] = {2304, 2304, 16, 2304};
+        float *Wx[2];
+        hyla_weight *wxc[2], *wxg[2];
+        for (int i = 0; i < 2; i++) {
+            Wx[i] = randn((size_t)2304 * K, 1.0f / sqrtf((float)K));
+            CHECK_OK(cpu->ops->weight_create(cpu->ctx, Wx[i], HYLA_DT_F32, 2304, K, &wxc[i]));
+            CHECK_OK(gpu->ops->weight_create(gpu->ctx, Wx[i], HYLA_DT_F32, 2304, K, &wxg[i]));
+        }
+        const hyla_weight *wgg[4] = {wg[0], wxg[0], wg[2], wxg[1]}, *wgc[4] = {wc[0], wxc[0], wc[2], wxc[1]};
+        float *x = randn((size_t)MB * K, 1.0f), *y0 = randn((size_t)MB * 2304, 1.0f);
+        pair px = pair_new(x, (size_t)MB * K), pbias = pair_new(bias, 6144);
+        for (int acc = 0; acc < 2; acc++) {
+            pair py[4];
+            void *y37[4];
+            hyla_linear_out og[4], o37[4], oc[4];
+            for (int i = 0; i < 4; i++) {
+                py[i] = pair_new(y0, (size_t)MB * NG[i]);
+                y37[i] = dev(gpu, y0 + (size_t)R * NG[i], (size_t)37 * NG[i] * 4);
+                og[i] = (hyla_linear_out){wgg[i], i == 1 ? (const float *)pbias.g : NULL, py[i].g, NG[i], NG[i]};
+                o37[i] = og[i];
+                o37[i].y = y37[i];
+                oc[i] = (hyla_linear_out){wgc[i], i == 1 ? (const float *)pbias.c : NULL, py[i].c, NG[i], NG[i]};
+            }
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 4, og, acc, HYLA_LINEAR_PREFILL));
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, 4, o37, acc,
+                                            HYLA_LINEAR_PREFILL));
+            CHECK_OK(cpu->ops->linear_multi(cpu->ctx, px.c, K, MB, K, 4, oc, acc, HYLA_LINEAR_PREFILL));
+            int same = 1;
+            for (int i = 0; i < 4; i++) {
+                same &= same_bits(gpu, (float *)py[i].g + (size_t)R * NG[i], y37[i], (size_t)37 * NG[i] * 4);
+                char name[96];
+                snprintf(name, sizeof name, "linear prompt rows, 4 outputs (3 x 2304 batched) M=%d: output %d%s", MB, i,
+                         acc ? " acc" : "");
+                cmp_pair(name, py[i], LIN_TOL);
+            }
+            CHECK_MSG(same, "linear_multi HYLA_LINEAR_PREFILL, outputs 2304, 2304 (bias), 16, 2304%s: rows %d..%d of %d "
+                            "== the same rows in a 37-row call (bits)", acc ? " acc" : "", R, R + 36, MB);
+            for (int i = 0; i < 4; i++) {
+                pair_free(py[i]);
+                dfree(gpu, y37[i]);
+            }
+        }
+        pair_free(px);
+        pair_free(pbias);
+        free(x);
+        free(y0);
+        for (int i = 0; i < 2; i++) {
+            cpu->ops->weight_destroy(cpu->ctx, wxc[i]);
+            gpu->ops->weight_destroy(gpu->ctx, wxg[i]);
+            free(Wx[i]);
+        }
+    }
     for (int i = 0; i < 4; i++) {
         cpu->ops->weight_destroy(cpu->ctx, wc[i]);
         gpu->ops->weight_destroy(gpu->ctx, wg[i]);

@@ -148,6 +148,55 @@ static hyla_weight *rand_weight(int N, int K) {
     return w;
 }
 
+/* One layer's projections of a prefill piece as the runtime issues them (hyla_session.c): q, k,
+ * v of the same x in one linear_multi, o alone, the MLP's gate and up in one, down alone; each as
+ * prompt rows. Rows "linear_prompt_rows_call" per call and "linear_prompt_rows_layer" for the
+ * four together (FLOPs over the sum of their times). */
+typedef struct {
+    float *x;
+    int M, K, n;
+    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX];
+} multi_ud;
+static void multi_run(void *u) {
+    multi_ud *a = u;
+    TRY(O->linear_multi(CX, a->x, a->K, a->M, a->K, a->n, a->lo, 0, HYLA_LINEAR_PREFILL));
+}
+
+static void bench_layer_projections(int M, int D, int F, double ref_tflops) {
+    struct {
+        const char *what;
+        int K, n, N;
+    } calls[4] = {{"q/k/v (one call)", D, 3, D}, {"o", D, 1, D}, {"mlp gate/up (one call)", D, 2, F}, {"mlp down", F, 1, D}};
+    double sum_ms = 0, sum_fl = 0;
+    for (int i = 0; i < 4; i++) {
+        multi_ud a = {drand((size_t)M * calls[i].K, 1.0f, 0, 0), M, calls[i].K, calls[i].n, {{0}}};
+        for (int j = 0; j < a.n; j++)
+            a.lo[j] = (hyla_linear_out){rand_weight(calls[i].N, a.K), NULL, dalloc((size_t)M * calls[i].N * 4),
+                                        calls[i].N, calls[i].N};
+        double ms = timeit(multi_run, &a), fl = 2.0 * M * (double)calls[i].N * a.K * a.n;
+        sum_ms += ms;
+        sum_fl += fl;
+        double tf = fl / (ms * 1e-3) / 1e12;
+        emit_head("linear_prompt_rows_call");
+        printf(",\"shape\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"outputs\":%d,\"ms\":%.4f,\"tflops\":%.2f", calls[i].what, M,
+               a.K, calls[i].N, a.n, ms, tf);
+        if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
+        printf("}\n");
+        fflush(stdout);
+        dfree(a.x);
+        for (int j = 0; j < a.n; j++) {
+            dfree(a.lo[j].y);
+            O->weight_destroy(CX, (hyla_weight *)a.lo[j].W);
+        }
+    }
+    double tf = sum_fl / (sum_ms * 1e-3) / 1e12;
+    emit_head("linear_prompt_rows_layer");
+    printf(",\"M\":%d,\"hidden\":%d,\"mlp\":%d,\"ms\":%.4f,\"tflops\":%.2f", M, D, F, sum_ms, tf);
+    if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
+    printf("}\n");
+    fflush(stdout);
+}
+
 static void bench_gemm(int quick) {
     double ref_tflops = 0;
     int big = quick ? 2048 : 8192;
@@ -201,6 +250,9 @@ static void bench_gemm(int quick) {
         dfree(a.y);
         O->weight_destroy(CX, a.w);
     }
+    /* the 1.3B model's layer (hidden 2304, MLP 6144) for a 1024-token piece and a 4096-token one */
+    bench_layer_projections(quick ? 256 : 1024, 2304, 6144, ref_tflops);
+    if (!quick) bench_layer_projections(4096, 2304, 6144, ref_tflops);
 }
 
 /* ---------------------------------------------------------------- linear-attention prefill */

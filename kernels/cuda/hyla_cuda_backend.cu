@@ -392,52 +392,126 @@ __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias
     }
 }
 
+/* The pointer arrays of a batched prompt-row GEMM, written on the stream just before it (so one
+ * device buffer serves every call in stream order, graphs included). */
+struct prompt_ptr_args {
+    const void *a[HYLA_LINEAR_MULTI_MAX];
+    void *c[HYLA_LINEAR_MULTI_MAX];
+    const void *b;
+    int n;
+};
+__global__ void k_prompt_ptrs(prompt_ptr_args p, void **dst) {
+    int i = threadIdx.x;
+    if (i < p.n) {
+        dst[i] = (void *)p.a[i];
+        dst[HYLA_LINEAR_MULTI_MAX + i] = (void *)p.b;
+        dst[2 * HYLA_LINEAR_MULTI_MAX + i] = p.c[i];
+    }
+}
+
+/* One fixed-size (MF, N, K) prompt-row GEMM of outputs with the same N: one cuBLAS call (a batch
+ * over the outputs when nb > 1; the same x for all), fp32 results into C[j] (row stride N). The
+ * algorithm is chosen for C aligned as ptr_align(NULL, N * 4), a function of N only: the 256-aligned
+ * scratch blocks always are, and a y is used directly only where it is at least as aligned, so
+ * scratch and y get the same algorithm and the same bits. */
+static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int K, int N, int nb,
+                               const hyla_weight *const *W, float *const *C) {
+    const float alpha = 1.0f, beta = 0.0f;
+    if (nb == 1) {
+        const unsigned ac = ptr_align(NULL, (size_t)N * 4); /* a function of N only (see prompt_align) */
+        hyla_cu_gemm_plan *p = NULL;
+        HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, &p));
+        cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+        if (p && p->has_algo)
+            st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, p->la, xb, p->lb, &beta, C[0], p->lc, C[0], p->lc,
+                                &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, W[0]->d, CUDA_R_16BF, K, xb,
+                                    CUDA_R_16BF, K, &beta, C[0], CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+        CU_LAUNCH_CHECK("linear (prompt rows)");
+        return HYLA_OK;
+    }
+    prompt_ptr_args pp;
+    memset(&pp, 0, sizeof pp);
+    for (int j = 0; j < nb; j++) {
+        pp.a[j] = W[j]->d;
+        pp.c[j] = C[j];
+    }
+    pp.b = xb;
+    pp.n = nb;
+    k_prompt_ptrs<<<1, 32, 0, c->stream>>>(pp, c->prompt_ptrs);
+    CU_LAUNCH_CHECK("linear (prompt rows) pointers");
+    void **P = c->prompt_ptrs;
+    CUBLAS_TRY(cublasGemmBatchedEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, (const void *const *)P,
+                                   CUDA_R_16BF, K, (const void *const *)(P + HYLA_LINEAR_MULTI_MAX), CUDA_R_16BF, K,
+                                   &beta, P + 2 * HYLA_LINEAR_MULTI_MAX, CUDA_R_32F, N, nb, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    CU_LAUNCH_CHECK("linear (prompt rows, batched)");
+    return HYLA_OK;
+}
+
+/* Prompt rows: outputs with the same N (q, k, v; the MLP's gate and up) form one batched GEMM
+ * (HYLA_CUDA_PREFILL_BATCH=0: one GEMM per output), the rest one GEMM each; every GEMM has MF rows.
+ * Which outputs share a GEMM is a function of the call's output shapes, so a row's result
+ * depends on the row and on those shapes only (the runtime always groups a projection the same
+ * way). */
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                      const hyla_linear_out *outs, int accumulate, int MF) {
-    int nmax = 0;
-    for (int j = 0; j < n; j++) nmax = outs[j].N > nmax ? outs[j].N : nmax;
+    size_t nsum = 0;
+    for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
     void *xb, *t;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)MF * K * 2, &xb));
-    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)MF * nmax * 4, &t));
-    const float alpha = 1.0f, beta = 0.0f;
+    /* each output's scratch block starts 256-aligned (N * MF * 4 bytes: MF is a multiple of 64) */
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)MF * nsum * 4, &t));
+    int grp[HYLA_LINEAR_MULTI_MAX]; /* group id of each output: the first output of its N */
+    size_t toff[HYLA_LINEAR_MULTI_MAX];
+    for (int j = 0, off = 0; j < n; j++) {
+        grp[j] = j;
+        if (c->prefill_batch && outs[j].N >= 256 && outs[j].N % 8 == 0)
+            for (int i = 0; i < j; i++)
+                if (grp[i] == i && outs[i].N == outs[j].N) {
+                    grp[j] = i;
+                    break;
+                }
+        toff[j] = (size_t)off * MF;
+        off += outs[j].N;
+    }
     for (int r0 = 0; r0 < M; r0 += MF) {
         int m = M - r0 < MF ? M - r0 : MF;
         HYLA_TRY(cu_f32_to_bf16_rows(c, x + (size_t)r0 * ldx, ldx, m, K, (__nv_bfloat16 *)xb)); /* once for all */
         for (int j = 0; j < n; j++) {
+            if (grp[j] != j) continue; /* done with its group */
             const int N = outs[j].N;
-            const unsigned ac = ptr_align(t, (size_t)N * 4); /* a function of N only: t is 256-aligned */
-            hyla_cu_gemm_plan *p = NULL;
-            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, &p));
-            float *yb = outs[j].y + (size_t)r0 * outs[j].ldy;
-            /* A whole block that overwrites y with the same layout goes straight into y: the same
-             * algorithm and layout as into t, so the same values, without the copy; the bias is
-             * then added in place (t + bias either way). */
-            if (m == MF && !accumulate && outs[j].ldy == N && p && p->has_algo && ptr_align(yb, (size_t)N * 4) >= ac &&
-                cublasLtMatmul(c->lt, c->lt_desc, &alpha, outs[j].W->d, p->la, xb, p->lb, &beta, yb, p->lc, yb, p->lc,
-                               &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS) {
-                CU_LAUNCH_CHECK("linear (prompt rows, direct)");
-                if (outs[j].bias) {
-                    size_t total = (size_t)MF * N, blocks = (total + 255) / 256;
-                    if (blocks > 65535u * 8) blocks = 65535u * 8;
-                    k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>(yb, MF, N, outs[j].bias, yb, N, 0);
-                    CU_LAUNCH_CHECK("linear (prompt rows) bias");
-                }
-                continue;
+            int mem[HYLA_LINEAR_MULTI_MAX], nb = 0;
+            for (int i = j; i < n; i++)
+                if (grp[i] == j) mem[nb++] = i;
+            /* A whole block that overwrites y with the same layout goes straight into y: the
+             * same algorithm and layout as into scratch, so the same values, without the copy;
+             * the bias is then added in place (t + bias either way). */
+            int direct = m == MF && !accumulate;
+            for (int q = 0; q < nb && direct; q++) {
+                const hyla_linear_out *o = &outs[mem[q]];
+                direct = o->ldy == N && ptr_align(o->y + (size_t)r0 * o->ldy, (size_t)N * 4) >= ptr_align(NULL, (size_t)N * 4);
             }
-            cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
-            if (p && p->has_algo)
-                st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, outs[j].W->d, p->la, xb, p->lb, &beta, t, p->lc, t, p->lc,
-                                    &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream);
-            if (st != CUBLAS_STATUS_SUCCESS)
-                CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, outs[j].W->d, CUDA_R_16BF,
-                                        K, xb, CUDA_R_16BF, K, &beta, t, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
-            CU_LAUNCH_CHECK("linear (prompt rows)");
-            size_t total = (size_t)m * N, blocks = (total + 255) / 256;
-            if (blocks > 65535u * 8) blocks = 65535u * 8;
-            k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)t, m, N, outs[j].bias, yb,
-                                                                      outs[j].ldy, accumulate);
-            CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
+            const hyla_weight *W[HYLA_LINEAR_MULTI_MAX];
+            float *C[HYLA_LINEAR_MULTI_MAX];
+            for (int q = 0; q < nb; q++) {
+                const hyla_linear_out *o = &outs[mem[q]];
+                W[q] = o->W;
+                C[q] = direct ? o->y + (size_t)r0 * o->ldy : (float *)t + toff[mem[q]];
+            }
+            HYLA_TRY(prompt_gemm(c, xb, MF, K, N, nb, W, C));
+            for (int q = 0; q < nb; q++) {
+                const hyla_linear_out *o = &outs[mem[q]];
+                if (direct && !o->bias) continue;
+                float *yb = o->y + (size_t)r0 * o->ldy;
+                size_t total = (size_t)m * N, blocks = (total + 255) / 256;
+                if (blocks > 65535u * 8) blocks = 65535u * 8;
+                k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>(C[q], m, N, o->bias, yb, o->ldy,
+                                                                          direct ? 0 : accumulate);
+                CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
+            }
         }
     }
     return HYLA_OK;
@@ -512,6 +586,7 @@ extern "C" void cu_destroy(void *ctx) {
     cudaFree(c->lt_workspace);
     for (int i = 0; i < HYLA_CU_SCRATCH_SLOTS; i++) cudaFree(c->scratch[i]);
     cudaFree(c->tile_cnt);
+    cudaFree(c->prompt_ptrs);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
         if (c->bounce_ev[i]) cudaEventDestroy(c->bounce_ev[i]);
@@ -579,6 +654,9 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *cp = getenv("HYLA_CUDA_CHUNK_PHASE");
     c->chunk_phase = !cp ? 0 : !strcmp(cp, "a") ? 1 : !strcmp(cp, "b") ? 2 : 0;
     const char *ck = getenv("HYLA_CUDA_CHUNK");
+    const char *pb = getenv("HYLA_CUDA_PREFILL_BATCH");
+    c->prefill_batch = !(pb && !strcmp(pb, "0"));
+    CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
     c->chunk_mode = !ck ? 0 : !strcmp(ck, "ab") ? 1 : !strcmp(ck, "fused") ? 2 : !strcmp(ck, "split") ? 3 : 0;
     return HYLA_OK;
 }

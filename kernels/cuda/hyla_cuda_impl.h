@@ -102,6 +102,9 @@ typedef struct hyla_cuda_ctx {
     int skinny_fused;       /* HYLA_CUDA_LINEAR=fused (1): last block of a tile reduces the K slices;
                              * =fusedsmall (2): only for M <= 16 */
     int skinny_xconv;       /* HYLA_CUDA_LINEAR=xconv: x converted by a separate kernel for M <= 16 too */
+    int prefill_batch;      /* prompt rows: outputs of one linear_multi with the same N as one batched
+                             * GEMM (default 1; HYLA_CUDA_PREFILL_BATCH=0: a GEMM per output) */
+    void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of that GEMM */
     int chunk_mode;         /* GLA/GDN chunked prefill: 0 auto (fused, or split for few long sequences:
                              * GDN's split form, GLA's kernels A and B), HYLA_CUDA_CHUNK=ab (1):
                              * kernels A and B; =fused (2); =split (3) */
