@@ -1,7 +1,8 @@
 /* test_store_rpc.c — the StateStore gRPC service over loopback with a real RocksDB store:
  * put/get round trip bit-exact; an incremental put that sends only the new KV rows (shared
  * prefix from the base version) reads back complete; a put under a refused epoch fails with the
- * hook's message and leaves the previous version; get of an unknown session is NOT_FOUND. */
+ * hook's message and leaves the previous version; get of an unknown session is NOT_FOUND; a
+ * client with a message limit below the 4 MiB pieces puts and gets in smaller pieces. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,22 @@ int main(void) {
     /* unknown session */
     s = hyla_store_rpc_get(c, "s-nope", 0, 10000, &got, &v);
     CHECK(s == HYLA_ERR_NOT_FOUND && got == NULL);
+
+    /* a client with a 64 KiB message limit: its puts go in pieces of at most half that, and its
+     * gets ask the server for such pieces (the server's own limit is 16 MiB); b is ~0.5 MB */
+    {
+        hyla_rpc_client_params cp = hyla_rpc_client_default_params();
+        cp.max_message_bytes = 65536;
+        hyla_rpc_client *small = NULL;
+        CHECK_OK(hyla_rpc_client_create(target, &cp, &small));
+        CHECK(hyla_snapshot_bytes(b) > 4 * 65536);
+        hyla_snapshot_info si;
+        CHECK_OK(hyla_store_rpc_put(small, "s-small", 9, b, 0, NULL, 10000, &si));
+        CHECK_OK(hyla_store_rpc_get(small, "s-small", 0, 10000, &got, &v));
+        CHECK_MSG(got && hyla_snapshot_equal(b, got), "a 64 KiB-limit client's put + get did not round-trip");
+        hyla_snapshot_destroy(got);
+        hyla_rpc_client_destroy(small);
+    }
 
     /* delete */
     uint64_t nd = 0;

@@ -226,6 +226,8 @@ const char *hyla_rpc_call_metadata(hyla_rpc_call *call, const char *key);
 
 /* Response messages queued and not yet accepted by gRPC flow control. */
 size_t hyla_rpc_call_queued(hyla_rpc_call *call);
+/* The server's max_message_bytes (what this call may send). */
+int hyla_rpc_call_max_message(const hyla_rpc_call *call);
 
 /* Per-call user data. free_fn (may be NULL) runs once when the call context is freed (after
  * DONE and after the handler's reply/fail), on whichever thread releases it last. */
@@ -258,6 +260,8 @@ typedef struct {
  * params may be NULL. Caller frees with hyla_rpc_client_destroy. */
 hyla_status hyla_rpc_client_create(const char *target, const hyla_rpc_client_params *params,
                                    hyla_rpc_client **out);
+/* The client's max_message_bytes (the largest message it sends or receives). */
+int hyla_rpc_client_max_message(const hyla_rpc_client *c);
 
 /* Free the client. Every stream must have been destroyed (asserted). Accepts NULL. */
 void hyla_rpc_client_destroy(hyla_rpc_client *c);

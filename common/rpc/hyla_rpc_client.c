@@ -347,6 +347,8 @@ static void *client_loop(void *arg) {
 /* ---------------------------------------------------------------------------------------- */
 /* client                                                                                    */
 
+int hyla_rpc_client_max_message(const hyla_rpc_client *c) { return c->p.max_message_bytes; }
+
 hyla_status hyla_rpc_client_create(const char *target, const hyla_rpc_client_params *params,
                                    hyla_rpc_client **out) {
     *out = NULL;

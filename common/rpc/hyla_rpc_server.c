@@ -887,6 +887,8 @@ const char *hyla_rpc_call_metadata(hyla_rpc_call *c, const char *key) {
     return rpc_kv_find(c->md, c->n_md, key);
 }
 
+int hyla_rpc_call_max_message(const hyla_rpc_call *c) { return c->srv->p.max_message_bytes; }
+
 size_t hyla_rpc_call_queued(hyla_rpc_call *c) {
     pthread_mutex_lock(&c->mu);
     size_t n = c->q_len;

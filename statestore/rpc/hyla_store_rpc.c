@@ -17,6 +17,15 @@
 #include "hyla_log.h"
 
 #define PIECE_BYTES (4u << 20)
+
+/* Bytes of part data per message: 4 MiB, or less where the sender's own message limit (half of
+ * it, leaving room for the framing) or the reader's stated limit (`asked`, 0 = none) is smaller. */
+static size_t piece_bytes(int own_limit, uint32_t asked) {
+    size_t p = PIECE_BYTES;
+    if (own_limit > 0 && (size_t)own_limit / 2 < p) p = (size_t)own_limit / 2;
+    if (asked && asked < p) p = asked;
+    return p < 4096 ? 4096 : p;
+}
 #define M_PUT "/hyla.v1.StateStore/PutSnapshot"
 #define M_GET "/hyla.v1.StateStore/GetSnapshot"
 #define M_DEL "/hyla.v1.StateStore/DeleteSnapshots"
@@ -184,6 +193,7 @@ hyla_status hyla_store_rpc_put(hyla_rpc_client *c, const char *session, uint64_t
         free(shared);
         return s;
     }
+    const size_t piece = piece_bytes(hyla_rpc_client_max_message(c), 0);
     Hyla__V1__PutSnapshotRequest req = HYLA__V1__PUT_SNAPSHOT_REQUEST__INIT;
     Hyla__V1__SnapshotHeader *h = header_from_snapshot(session, placement_epoch, snap, 0, base_version, shared);
     req.msg_case = HYLA__V1__PUT_SNAPSHOT_REQUEST__MSG_HEADER;
@@ -193,8 +203,8 @@ hyla_status hyla_store_rpc_put(hyla_rpc_client *c, const char *session, uint64_t
     Hyla__V1__PartData pd = HYLA__V1__PART_DATA__INIT;
     for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) {
         const hyla_state_part *p = &snap->parts[i];
-        for (uint64_t off = shared[i]; s == HYLA_OK && off < p->nbytes; off += PIECE_BYTES) {
-            size_t len = p->nbytes - off < PIECE_BYTES ? (size_t)(p->nbytes - off) : PIECE_BYTES;
+        for (uint64_t off = shared[i]; s == HYLA_OK && off < p->nbytes; off += piece) {
+            size_t len = p->nbytes - off < piece ? (size_t)(p->nbytes - off) : piece;
             pd.part_index = i;
             pd.offset = off;
             pd.data.data = (uint8_t *)p->data + off;
@@ -285,6 +295,7 @@ hyla_status hyla_store_rpc_get(hyla_rpc_client *c, const char *session, uint64_t
     Hyla__V1__GetSnapshotRequest req = HYLA__V1__GET_SNAPSHOT_REQUEST__INIT;
     req.session_id = (char *)session;
     req.version = version;
+    req.max_piece_bytes = (uint32_t)(hyla_rpc_client_max_message(c) / 2);
     hyla_rpc_call_opts opts = {timeout_ms, NULL, NULL, 0};
     hyla_rpc_stream *st = NULL;
     HYLA_TRY(hyla_rpc_stream_open(c, M_GET, &hyla__v1__get_snapshot_response__descriptor, &opts, &st));
@@ -518,10 +529,12 @@ typedef struct {
     hyla_rpc_call *call;
     char session[HYLA_SESSION_ID_MAX + 1];
     uint64_t version;
+    uint32_t max_piece; /* the reader's limit on a piece (0: none) */
 } get_ctx;
 
 hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *session, const hyla_snapshot *snap,
-                                         uint64_t version) {
+                                         uint64_t version, uint32_t max_piece_bytes) {
+    const size_t piece = piece_bytes(hyla_rpc_call_max_message(call), max_piece_bytes);
     Hyla__V1__GetSnapshotResponse r = HYLA__V1__GET_SNAPSHOT_RESPONSE__INIT;
     Hyla__V1__SnapshotHeader *h = header_from_snapshot(session, 0, snap, version, 0, NULL);
     r.msg_case = HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_HEADER;
@@ -531,9 +544,9 @@ hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *sessio
     Hyla__V1__PartData pd = HYLA__V1__PART_DATA__INIT;
     for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) {
         const hyla_state_part *p = &snap->parts[i];
-        for (uint64_t off = 0; s == HYLA_OK && off < p->nbytes; off += PIECE_BYTES) {
+        for (uint64_t off = 0; s == HYLA_OK && off < p->nbytes; off += piece) {
             while (hyla_rpc_call_queued(call) > 8 && !hyla_rpc_call_cancelled(call)) usleep(500);
-            size_t len = p->nbytes - off < PIECE_BYTES ? (size_t)(p->nbytes - off) : PIECE_BYTES;
+            size_t len = p->nbytes - off < piece ? (size_t)(p->nbytes - off) : piece;
             pd.part_index = i;
             pd.offset = off;
             pd.data.data = (uint8_t *)p->data + off;
@@ -552,7 +565,7 @@ static void *get_thread(void *arg) {
     hyla_snapshot *snap = NULL;
     uint64_t version = 0;
     hyla_status s = hyla_store_get(g->sc->st, g->session, g->version, 0, &snap, &version);
-    if (s == HYLA_OK) s = hyla_store_rpc_send_snapshot(g->call, g->session, snap, version);
+    if (s == HYLA_OK) s = hyla_store_rpc_send_snapshot(g->call, g->session, snap, version, g->max_piece);
     hyla_snapshot_destroy(snap);
     if (s != HYLA_OK) hyla_rpc_call_fail_status(g->call, s, hyla_last_error());
     else hyla_rpc_call_reply(g->call, NULL);
@@ -573,6 +586,7 @@ static void on_get(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessag
     g->call = call;
     snprintf(g->session, sizeof g->session, "%s", r->session_id);
     g->version = r->version;
+    g->max_piece = r->max_piece_bytes;
     spawn(get_thread, g);
 }
 

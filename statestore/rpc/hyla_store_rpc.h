@@ -56,10 +56,12 @@ hyla_status hyla_store_rpc_delete(hyla_rpc_client *c, const char *session, uint6
  * caller; `what` names the source in errors. *out: caller frees with hyla_snapshot_destroy. */
 hyla_status hyla_store_rpc_recv_snapshot(hyla_rpc_stream *st, const char *what, hyla_snapshot **out,
                                          uint64_t *version_out);
-/* Send snap on a server call as a GetSnapshotResponse stream (header, then pieces of <= 4 MiB
- * with their xxh64), waiting while more than a few messages are queued. Does not finish the call. */
+/* Send snap on a server call as a GetSnapshotResponse stream (header, then pieces of <= 4 MiB,
+ * <= half the server's message limit and <= max_piece_bytes (the reader's limit from its request;
+ * 0 = none), each with its xxh64), waiting while more than a few messages are queued. Does not
+ * finish the call. */
 hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *session, const hyla_snapshot *snap,
-                                         uint64_t version);
+                                         uint64_t version, uint32_t max_piece_bytes);
 
 /* ---- server ---- */
 

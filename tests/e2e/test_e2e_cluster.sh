@@ -7,7 +7,8 @@
 #   (c) kill -9 the owning worker while it generates: the session continues on the other
 #       worker from its last durable snapshot, which is at least the last Pause (nothing
 #       committed is lost), and the continuation equals the uninterrupted run from there;
-#   (e) a two-stage pipeline (layers split across two workers) gives the same tokens as one
+#   (e) a two-stage pipeline (layers split across two workers; the first with a 64 KiB message
+#       limit, so it cuts prefill pieces and decode batches to fit) gives the same tokens as one
 #       worker, a fork of it continues like it, and its Pause restores on a whole-model worker
 #       with the same continuation;
 #   drain: a drained worker hands its sessions over and exits; they continue identically.
@@ -100,8 +101,15 @@ j=$((pos - (N - 1)))
 c3=$(H generate "$C" -n 40 --ids --ignore-eos)
 e2e_expect_eq "$c3" "$(want "$j" 40)" "(c) continuation from the last durable snapshot (token $j, paused at $((paused - (N - 1))))"
 
-# (e) a two-stage pipeline == one worker; its snapshot restores on a whole-model worker
-e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 || e2e_done
+# (e) a two-stage pipeline == one worker; its snapshot restores on a whole-model worker. The
+# first stage runs with a 64 KiB message limit: it must cut prefill pieces to 128 tokens (half the
+# limit / (hidden 64 x 4 bytes)) and decode batches to 31 sessions (vocab 260 logits), or the
+# ~2100-token document's StageForward messages (1024 x 64 x 4 bytes) would not fit
+e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 --max-message-bytes 65536 || e2e_done
+grep -q "prefill pieces of at most 128 tokens" "$E2E_DIR/p0.log" ||
+  e2e_fail "(e) p0 (--max-message-bytes 65536) did not cap its prefill pieces: $(grep -i 'prefill pieces' "$E2E_DIR/p0.log")"
+grep -q "decode batches of at most" "$E2E_DIR/p0.log" ||
+  e2e_fail "(e) p0 (--max-message-bytes 65536) did not cap its decode batches"
 e2e_start_worker p1 "$E2E_DIR/model" --layers 2:4 || e2e_done
 e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | grep -E 'p0[ ,]+p1' | grep -qw yes" ||
   e2e_fail "(e) the coordinator did not assemble p0 + p1 into a pipeline group"

@@ -1195,6 +1195,7 @@ static hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snaps
     HYLA_TRY(hyla_rpc_client_create(addr, &cp, &c));
     Hyla__V1__ExportStageRequest rq = HYLA__V1__EXPORT_STAGE_REQUEST__INIT;
     rq.session_id = (char *)ws->id;
+    rq.max_piece_bytes = (uint32_t)(w->p.max_message_bytes / 2); /* what this stage can receive */
     rq.position = snap->position;
     hyla_rpc_call_opts o = {RPC_TIMEOUT_MS, NULL, NULL, 0};
     hyla_rpc_stream *st = NULL;
@@ -1245,7 +1246,7 @@ static void do_export(hyla_worker *w, cmd *c) {
         hyla_model_layer_range(w->m, &lb, &le);
         if (le < hyla_model_get_config(w->m)->num_layers) st = gather_downstream(w, ws, snap);
     }
-    if (st == HYLA_OK) st = hyla_store_rpc_send_snapshot(c->call, ws->id, snap, 0);
+    if (st == HYLA_OK) st = hyla_store_rpc_send_snapshot(c->call, ws->id, snap, 0, r->max_piece_bytes);
     hyla_snapshot_destroy(snap);
     if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
     else hyla_rpc_call_reply(c->call, NULL);

@@ -41,6 +41,9 @@ static void usage(FILE *f) {
             "                         or $HYLA_PREFILL_PIECE; pipeline stages cap it to the message size)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
             "  --threads N            gRPC threads (default 2)\n"
+            "  --max-message-bytes N  gRPC message limit of this worker's server and its clients (default\n"
+            "                         16 MiB); a pipeline stage caps prefill pieces and decode batches to half\n"
+            "                         of it\n"
             "  --next-stage ADDR      pipelines without a coordinator: the next stage's address\n"
             "                         (with a coordinator, it names the next stage)\n"
             "Logs go to stderr (HYLA_LOG=debug|info|warn|error). SIGINT/SIGTERM stop it.\n");
@@ -53,7 +56,7 @@ int main(int argc, char **argv) {
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
                                  {"state-budget", 1, 0, 'b'}, {"host-budget", 1, 0, 'H'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
-                                 {"prefill-piece", 1, 0, 'R'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -80,6 +83,17 @@ int main(int argc, char **argv) {
         case 'G': p.max_generate = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 't': p.rpc_threads = atoi(optarg); break;
         case 'N': p.next_stage = optarg; break;
+        case 'M': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 65536 || v > (1L << 30)) {
+                fprintf(stderr, "hyla-worker: --max-message-bytes must be a number of bytes from 65536 to 1073741824, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            p.max_message_bytes = (int)v;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "hyla-worker: see --help\n"); return 2;
         }
