@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "hyla_bench_model.h"
+#include "hyla_profile.h"
 #include "hyla_model.h"
 #include "hyla_ops.h"
 #include "hyla_session.h"
@@ -819,6 +820,7 @@ int hyla_bench_e2e(int argc, char **argv) {
         hyla_session *s;
         TRY(hyla_session_create(m, &s));
         TRY(O->sync(CX));
+        hyla_prof_reset();
         t0 = hyla_now();
         TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
         TRY(O->sync(CX));
@@ -834,6 +836,7 @@ int hyla_bench_e2e(int argc, char **argv) {
         datasheet(&peak, &hbm);
         printf(",\"tflops_2pn\":%.1f", tf);
         if (peak > 0) printf(",\"peak_bf16_tflops\":%.0f,\"of_peak\":%.3f", peak, tf / peak);
+        hyla_prof_print_json(stdout); /* HYLA_PROFILE=1: where the time went (syncs included above) */
         printf("}\n");
         fflush(stdout);
         hyla_session_free(s);

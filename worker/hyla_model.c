@@ -11,6 +11,7 @@
 
 #include "hyla_log.h"
 #include "hyla_model_impl.h"
+#include "hyla_profile.h"
 
 hyla_model_params hyla_model_default_params(void) {
     hyla_model_params p;
@@ -236,6 +237,7 @@ static hyla_status compute_fingerprint(hyla_model *m, hyla_st *st) {
 }
 
 hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_params *params, hyla_model **out) {
+    hyla_prof_init();
     *out = NULL;
     hyla_model_params p = params ? *params : hyla_model_default_params();
     hyla_model *m = calloc(1, sizeof *m);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "hyla_model_impl.h"
+#include "hyla_profile.h"
 #include "hyla_session.h"
 
 typedef struct {
@@ -184,6 +185,11 @@ static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const fl
     return o->linear_multi(ctx, x, K, R, K, 1, &lo, acc, HYLA_LINEAR_PREFILL);
 }
 #define LIN(x, K, W, b, y, N, acc) lin(o, ctx, f->decode, f->R, (x), (K), (W), (b), (y), (N), (acc))
+/* HYLA_PROFILE marks (hyla_profile.h): the time since the previous mark is charged to label */
+#define PM(label)                                                        \
+    do {                                                                 \
+        if (hyla_prof_on) hyla_prof_mark(o, ctx, f->decode, (label));   \
+    } while (0)
 /* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate calls, fewer
  * launches on the GPU): add outputs with LOUT, then run MULTI. */
 #define LOUT(lo, n, W_, b_, y_, N_) ((lo)[(n)++] = (hyla_linear_out){(W_), (b_), (y_), (N_), (N_)})
@@ -215,6 +221,7 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
     LOUT(lo, nlo, ly->v, NULL, b[2], H * dv);
     if (ly->kind == HYLA_MIXER_GLA) LOUT(lo, nlo, ly->gk_a[0], NULL, b[4], c->gate_low_rank_dim);
     T(MULTI(xn, D, lo, nlo));
+    PM("lin: q/k/v proj");
     nlo = 0;
     if (ly->kind != HYLA_MIXER_GLA) {
         LOUT(lo, nlo, ly->a_proj, NULL, b[3], H);
@@ -222,6 +229,7 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
     }
     if (ly->g_proj) LOUT(lo, nlo, ly->g_proj, NULL, b[6], H * dv);
     if (nlo) T(MULTI(xn, D, lo, nlo));
+    PM("lin: gate proj");
     if (c->use_short_conv) { /* [CONV-1], silu inside */
         for (int j = 0; j < 3; j++) {
             int C = (int)conv_channels(c, j);
@@ -241,26 +249,32 @@ static hyla_status mixer_linear(hyla_model *m, int l, const fwd *f, float *xn, f
         int r = c->gate_low_rank_dim;
         T(LIN(b[4], r, ly->gk_b[0], ly->gk_bias[0], b[3], H * dk, 0));
         T(o->gla_gate(ctx, b[3], (size_t)R * H * dk, c->gate_logit_normalizer, c->clamp_min));
+        PM("gla: conv, gates");
         if (f->decode) {
             GATHER(ptrs, S);
             T(o->gla_decode(ctx, b[0], b[1], b[2], b[3], R, H, dk, dv, scale, ptrs, b[5]));
         } else {
             T(o->gla_prefill(ctx, b[0], b[1], b[2], b[3], R, H, dk, dv, scale, f->ss[0]->ls[l].S, b[5]));
         }
+        PM("gla: core");
     } else { /* GDN [GDN-1..3]: b3 = g [R][H], b4 = beta [R][H] */
         T(o->l2norm_rows(ctx, b[0], R * H, dk, 1e-6f));
         T(o->l2norm_rows(ctx, b[1], R * H, dk, 1e-6f));
         T(o->gdn_gates(ctx, b[3], H, b[4], H, ly->A_log, ly->dt_bias, b[3], b[4], R, H, c->allow_neg_eigval));
+        PM("gdn: conv, norms, gates");
         if (f->decode) {
             GATHER(ptrs, S);
             T(o->gdn_decode(ctx, b[0], b[1], b[2], b[3], b[4], R, H, dk, dv, scale, ptrs, b[5]));
         } else {
             T(o->gdn_prefill(ctx, b[0], b[1], b[2], b[3], b[4], R, H, dk, dv, scale, f->ss[0]->ls[l].S, b[5]));
         }
+        PM("gdn: core");
     }
     /* b6 = output gate [R][H*dv] (above); [NORM-1] per head; then o_proj */
     T(o->gated_rmsnorm(ctx, b[5], ly->g_proj ? b[6] : NULL, ly->o_norm, b[5], R * H, dv, c->norm_eps));
+    PM("lin: out norm");
     T(LIN(b[5], H * dv, ly->o, NULL, out, D, 0));
+    PM("lin: o proj");
 done:
     free(ptrs);
     return st;
@@ -291,11 +305,13 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
     LOUT(lo, nlo, ly->lora_q_a, NULL, b[4], rank);
     LOUT(lo, nlo, ly->lora_k_a, NULL, b[8], rank);
     T(MULTI(xn, D, lo, nlo));
+    PM("sse: q/k proj");
     T(o->copy(ctx, b[2], b[0], qk * sizeof(float)));
     T(o->copy(ctx, b[3], b[1], qk * sizeof(float)));
     float *lq = c->sse_lora_on_sparse ? b[2] : b[0], *lk = c->sse_lora_on_sparse ? b[3] : b[1];
     T(LIN(b[4], rank, ly->lora_q_b, NULL, lq, H * dk, 1));
     T(LIN(b[8], rank, ly->lora_k_b, NULL, lk, H * dk, 1));
+    PM("sse: copies, lora");
     /* b5 = v = silu(x Wv); b4 = routing logits [R][N]; the gates' inputs: GLA b8, b9 (low-rank
      * [R][r]), GDN b6 = a, b7 = b [R][2H] */
     nlo = 0;
@@ -309,6 +325,7 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
         LOUT(lo, nlo, ly->b_proj, NULL, b[7], 2 * H);
     }
     T(MULTI(xn, D, lo, nlo));
+    PM("sse: v/e/gate proj");
     T(o->silu(ctx, b[5], (size_t)R * H * dv));
     for (int j = 0; j < 4; j += 2) { /* feature maps of eq. 8 */
         if (c->sse_q_softmax) T(o->softmax_rows(ctx, b[j], R * H, dk));
@@ -320,6 +337,7 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
             T(o->l2norm_rows(ctx, b[j + 1], R * H, dk, 1e-6f));
         }
     }
+    PM("sse: feature maps");
     /* gates: GLA: b6 = gk0, b7 = gk1 (from b8, b9); GDN: b8/b9 = g/beta (always), b10/b11 = g/beta (sparse) */
     const float *ga, *gb, *ba = NULL, *bb = NULL;
     if (!gdn) {
@@ -339,8 +357,10 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
         ba = b[9];
         bb = b[11];
     }
+    PM("sse: gates");
     /* routing [SSE-1]: b4 = e logits [R][N] (above) */
     T(o->sse_route(ctx, b[4], R, N, K, m->sc.sse_idx, m->sc.sse_w));
+    PM("sse: route");
     /* b12 = o [R][H*dv] [SSE-2..4] */
     hyla_sse_transition tr = gdn ? HYLA_SSE_GDN : HYLA_SSE_GLA;
     if (f->decode) {
@@ -352,13 +372,16 @@ static hyla_status mixer_sse(hyla_model *m, int l, const fwd *f, float *xn, floa
         T(o->sse_prefill(ctx, tr, b[0], b[1], b[2], b[3], b[5], ga, gb, ba, bb, m->sc.sse_idx, m->sc.sse_w, R, H, dk,
                          dv, N, K, scale, f->ss[0]->ls[l].S, f->ss[0]->ls[l].Sp, b[12]));
     }
+    PM("sse: core");
     /* output gate g_proj.1(g_proj.0(x)) (b0 temp [R][dv], b1 = g) */
     if (ly->g_proj) {
         T(LIN(xn, D, ly->g_proj, NULL, b[0], dv, 0));
         T(LIN(b[0], dv, ly->g_proj2, NULL, b[1], H * dv, 0));
     }
     T(o->gated_rmsnorm(ctx, b[12], ly->g_proj ? b[1] : NULL, ly->o_norm, b[12], R * H, dv, c->norm_eps));
+    PM("sse: out gate, norm");
     T(LIN(b[12], H * dv, ly->o, NULL, out, D, 0));
+    PM("sse: o proj");
 done:
     free(p0);
     free(p1);
@@ -383,6 +406,7 @@ static hyla_status mixer_attn(hyla_model *m, int l, const fwd *f, float *xn, flo
     LOUT(lo, nlo, ly->k, ly->k_bias, b[1], Hk * hd);
     LOUT(lo, nlo, ly->v, ly->v_bias, b[2], Hk * hd);
     T(MULTI(xn, D, lo, nlo));
+    PM("attn: q/k/v proj");
     if (ly->q_norm) {
         T(o->rmsnorm(ctx, b[0], ly->q_norm, b[0], R * Hq, hd, 1e-5f));
         T(o->rmsnorm(ctx, b[1], ly->k_norm, b[1], R * Hk, hd, 1e-5f));
@@ -402,7 +426,9 @@ static hyla_status mixer_attn(hyla_model *m, int l, const fwd *f, float *xn, flo
         T(o->attn_decode(ctx, b[0], b[1], b[2], R, Hq, Hk, hd, f->pos, views, c->attn_window, scale, b[3]));
     else
         T(o->attn_prefill(ctx, b[0], b[1], b[2], R, Hq, Hk, hd, f->pos[0], views, c->attn_window, scale, b[3]));
+    PM("attn: norms, rope, pages, core");
     T(LIN(b[3], Hq * hd, ly->o, NULL, out, D, 0));
+    PM("attn: o proj");
 done:
     free(views);
     return st;
@@ -417,9 +443,11 @@ static hyla_status forward(hyla_model *m, const fwd *f, int want_logits) {
     hyla_scratch *sc = &m->sc;
     int D = c->hidden_size, F = c->intermediate_size;
     float *mo = sc->buf[13];
+    if (hyla_prof_on) hyla_prof_begin(o, ctx);
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
         HYLA_TRY(o->rmsnorm(ctx, sc->x, ly->attn_norm, sc->xn, f->R, D, c->norm_eps));
+        PM("norm");
         hyla_status st;
         switch (ly->kind) {
         case HYLA_MIXER_SSE: st = mixer_sse(m, l, f, sc->xn, mo); break;
@@ -428,17 +456,24 @@ static hyla_status forward(hyla_model *m, const fwd *f, int want_logits) {
         }
         if (st != HYLA_OK) return hyla_fail_wrap(st, "layer %d (%s)", l, hyla_mixer_name(ly->kind));
         HYLA_TRY(o->add_rmsnorm(ctx, sc->x, mo, ly->mlp_norm, sc->xn, f->R, D, c->norm_eps));
+        PM("norm");
         float *g = sc->buf[0], *u = sc->buf[1];
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g, F, F}, {ly->mlp_up, NULL, u, F, F}};
         HYLA_TRY(o->linear_multi(ctx, sc->xn, D, f->R, D, 2, lo, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL));
+        PM("mlp: gate/up proj");
         HYLA_TRY(o->swiglu(ctx, g, u, g, (size_t)f->R * F));
+        PM("mlp: swiglu");
         HYLA_TRY(lin(o, ctx, f->decode, f->R, g, F, ly->mlp_down, NULL, mo, D, 0));
+        PM("mlp: down proj");
         HYLA_TRY(o->add(ctx, sc->x, mo, (size_t)f->R * D));
+        PM("residual add");
     }
     if (m->lm_head) {
         if (!want_logits) return HYLA_OK;
         HYLA_TRY(o->rmsnorm(ctx, sc->x, m->final_norm, sc->xn, f->R, D, c->norm_eps));
-        return lin(o, ctx, f->decode, f->R, sc->xn, D, m->lm_head, NULL, sc->logits, c->vocab_size, 0);
+        hyla_status hs = lin(o, ctx, f->decode, f->R, sc->xn, D, m->lm_head, NULL, sc->logits, c->vocab_size, 0);
+        PM("final norm, lm head");
+        return hs;
     }
     /* not the last stage: hand the hidden states to the remaining stages */
     if (!m->downstream)
