@@ -662,12 +662,63 @@ typedef struct {
     int gdn, n, H, dk, dv;
 } lin_case;
 
+/* HYLA_CUDA_GDN_FS=1 (GDN prefill: W and U0 by blocked forward substitution on tensor cores, the
+ * fused kernel's phase (f'); read per launch): the fused pass's forms HYLA_CUDA_GDN_WS=2, 0, 1
+ * (gpu_fu) and, with nforms = 4, the split form (gpu_sp) give the same bits as each other. `run`
+ * runs the call on a backend with its states st[0..nst-1] (fresh copies of st0) and output o.
+ * The WS = 2 results stay allocated on gpu_fu (*st_out, *o_out) for the caller to compare with
+ * the CPU (FS = 1 rounds differently from the default: only within the tolerance of it). */
+typedef void (*fs_run_fn)(hyla_backend *b, const void *arg, void *const *st, void *o);
+static void fs_forms(const char *what, int nforms, fs_run_fn run, const void *arg, int nst, const float *const *st0,
+                     const size_t *stn, size_t no, void **st_out, void **o_out) {
+    hyla_backend *bs[4] = {gpu_fu, gpu_fu, gpu_fu, gpu_sp};
+    const char *ws[4] = {"2", "0", "1", NULL}, *nm[4] = {"fused WS=2", "fused WS=0", "fused WS=1", "split"};
+    void *st[4][2], *o[4];
+    CHECK_OK(gpu->ops->sync(gpu->ctx)); /* inputs were uploaded on gpu's stream */
+    setenv("HYLA_CUDA_GDN_FS", "1", 1);
+    for (int f = 0; f < nforms; f++) {
+        for (int x = 0; x < nst; x++) st[f][x] = dev(bs[f], st0[x], stn[x] * 4);
+        o[f] = dev(bs[f], NULL, no * 4);
+        if (ws[f]) setenv("HYLA_CUDA_GDN_WS", ws[f], 1);
+        run(bs[f], arg, st[f], o[f]);
+        if (ws[f]) unsetenv("HYLA_CUDA_GDN_WS");
+        CHECK_OK(bs[f]->ops->sync(bs[f]->ctx));
+    }
+    unsetenv("HYLA_CUDA_GDN_FS");
+    for (int f = 1; f < nforms; f++) {
+        int same = same_bits(gpu, o[f], o[0], no * 4);
+        for (int x = 0; x < nst; x++) same = same && same_bits(gpu, st[f][x], st[0][x], stn[x] * 4);
+        CHECK_MSG(same, "%s, HYLA_CUDA_GDN_FS=1: %s == fused WS=2 (bits)", what, nm[f]);
+        for (int x = 0; x < nst; x++) dfree(bs[f], st[f][x]);
+        dfree(bs[f], o[f]);
+    }
+    for (int x = 0; x < nst; x++) st_out[x] = st[0][x];
+    *o_out = o[0];
+}
+/* a device result d (on gpu_fu) against the CPU's c, n floats */
+static void cmp_fu(const char *what, const void *d, const void *c, size_t n) {
+    float *hg = host_of(gpu_fu, d, n), *hc = host_of(cpu, c, n);
+    cmp(what, hg, hc, n, CHUNK_TOL);
+    free(hg);
+    free(hc);
+}
+
 static void run_lin_prefill(hyla_backend *b, int gdn, void *q, void *k, void *v, void *g, void *beta, int n, int H,
                             int dk, int dv, float scale, void *S, void *o) {
     if (gdn)
         CHECK_OK(b->ops->gdn_prefill(b->ctx, q, k, v, g, beta, n, H, dk, dv, scale, S, o));
     else
         CHECK_OK(b->ops->gla_prefill(b->ctx, q, k, v, g, n, H, dk, dv, scale, S, o));
+}
+
+typedef struct {
+    void *q, *k, *v, *g, *beta;
+    int n, H, dk, dv;
+    float scale;
+} gdn_call;
+static void fs_run_prefill(hyla_backend *b, const void *arg, void *const *st, void *o) {
+    const gdn_call *a = arg;
+    run_lin_prefill(b, 1, a->q, a->k, a->v, a->g, a->beta, a->n, a->H, a->dk, a->dv, a->scale, st[0], o);
 }
 
 static void test_linear_mixers(void) {
@@ -698,6 +749,22 @@ static void test_linear_mixers(void) {
         cmp_pair(name, po, CHUNK_TOL);
         snprintf(name, sizeof name, "%s prefill n=%d H=%d dk=%d dv=%d: S", gdn ? "gdn" : "gla", n, H, dk, dv);
         cmp_pair(name, pS, CHUNK_TOL);
+        if (gdn && dk <= 128) { /* HYLA_CUDA_GDN_FS=1: every fused form and the split form, the same
+                                 * bits; within the tolerance of the CPU (dv = 48, 8: value slabs
+                                 * past dv skipped; dk = 8, 16: one key slab) */
+            gdn_call ac = {pq.g, pk.g, pv.g, pg.g, pb.g, n, H, dk, dv, scale};
+            const float *st0[1] = {S0};
+            size_t stn[1] = {ns};
+            void *Sf, *of;
+            snprintf(name, sizeof name, "gdn prefill n=%d dk=%d dv=%d", n, dk, dv);
+            fs_forms(name, 4, fs_run_prefill, &ac, 1, st0, stn, nv, &Sf, &of);
+            snprintf(name, sizeof name, "gdn prefill FS=1 n=%d dk=%d dv=%d: o", n, dk, dv);
+            cmp_fu(name, of, po.c, nv);
+            snprintf(name, sizeof name, "gdn prefill FS=1 n=%d dk=%d dv=%d: S", n, dk, dv);
+            cmp_fu(name, Sf, pS.c, ns);
+            dfree(gpu_fu, Sf);
+            dfree(gpu_fu, of);
+        }
         /* the token-loop path (fp32 throughout) */
         CHECK_OK(gpu->ops->sync(gpu->ctx)); /* inputs were uploaded on gpu's stream */
         void *S2 = dev(gpu_rec, S0, ns * 4), *o2 = dev(gpu_rec, NULL, nv * 4);
@@ -887,6 +954,21 @@ static float *route_logits(int n, int N) {
  * kernels A and B (gpu_ab; they still run dk = 256) stay within the tolerance. GLA: the fused
  * kernel and kernels A and B (which the backend picks by shape) give the same bits, the exact-exp
  * path of strongly decaying key columns included. */
+typedef struct {
+    void *q, *k, *v, *g, *beta;
+    int H, dk, dv, nseq;
+    float scale;
+    const int32_t *starts, *lens;
+    size_t ns;
+} gdn_varlen_call;
+static void fs_run_varlen(hyla_backend *b, const void *arg, void *const *st, void *o) {
+    const gdn_varlen_call *a = arg;
+    float *Sz[8];
+    for (int z = 0; z < a->nseq && z < 8; z++) Sz[z] = (float *)st[0] + z * a->ns;
+    CHECK_OK(hyla_cuda_prefill_varlen(b, 1, a->H, a->dk, a->dv, a->scale, a->q, a->k, a->v, a->g, a->beta, o, a->nseq,
+                                      a->starts, a->lens, Sz));
+}
+
 static void test_prefill_varlen(void) {
     printf("varlen prefill\n");
     for (int gdn = 0; gdn < 2; gdn++) {
@@ -976,6 +1058,18 @@ static void test_prefill_varlen(void) {
                 dfree(gpu_fu, Sm);
                 dfree(gpu_fu, om);
             }
+            if (gdn) { /* HYLA_CUDA_GDN_FS=1: the fused pass (WS = 2, 0, 1) and the split form, the
+                        * same bits; within the tolerance of the CPU */
+                gdn_varlen_call ac = {pq.g, pk.g, pv.g, pg.g, pb.g, H, dk, dv, nseq, scale, starts, lens, ns};
+                const float *st0[1] = {S0};
+                size_t stn[1] = {ns * nseq};
+                void *Sf, *of;
+                fs_forms("gdn varlen", 4, fs_run_varlen, &ac, 1, st0, stn, nv, &Sf, &of);
+                cmp_fu("gdn varlen FS=1: o", of, po.c, nv);
+                cmp_fu("gdn varlen FS=1: S", Sf, pS.c, ns * nseq);
+                dfree(gpu_fu, Sf);
+                dfree(gpu_fu, of);
+            }
         }
         if (gdn) { /* kernels A and B on the same inputs */
             void *Sb = dev(gpu_ab, S0, ns * nseq * 4), *ob = dev(gpu_ab, NULL, nv * 4);
@@ -1011,6 +1105,17 @@ static void test_prefill_varlen(void) {
         free(beta);
         free(S0);
     }
+}
+
+typedef struct {
+    int tr, n, H, dk, dv, N, K;
+    float scale;
+    void *q1, *k1, *q2, *k2, *v, *ga, *gb, *ba, *bb, *idx, *w;
+} sse_call;
+static void fs_run_sse(hyla_backend *b, const void *arg, void *const *st, void *o) {
+    const sse_call *a = arg;
+    CHECK_OK(b->ops->sse_prefill(b->ctx, a->tr, a->q1, a->k1, a->q2, a->k2, a->v, a->ga, a->gb, a->ba, a->bb, a->idx,
+                                 a->w, a->n, a->H, a->dk, a->dv, a->N, a->K, a->scale, st[0], st[1], o));
 }
 
 static void test_sse(void) {
@@ -1094,6 +1199,25 @@ static void test_sse(void) {
                 dfree(gpu_fu, a0);
                 dfree(gpu_fu, ap);
                 dfree(gpu_fu, ao);
+            }
+            if (gdn) { /* HYLA_CUDA_GDN_FS=1 through the row map: the fused pass's forms (WS = 2, 0,
+                        * 1), the same bits; within the tolerance of the CPU */
+                sse_call ac = {tr, n, H, dk, dv, N, K, scale, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
+                               pba.g, pbb.g, pidx.g, pw.g};
+                const float *st0[2] = {S0, Sp};
+                size_t stn[2] = {ns, ns * N};
+                void *Sf[2], *of;
+                snprintf(name, sizeof name, "sse-gdn K=%d", K);
+                fs_forms(name, 3, fs_run_sse, &ac, 2, st0, stn, nv, Sf, &of);
+                snprintf(name, sizeof name, "sse-gdn K=%d prefill FS=1: o", K);
+                cmp_fu(name, of, po.c, nv);
+                snprintf(name, sizeof name, "sse-gdn K=%d prefill FS=1: S0", K);
+                cmp_fu(name, Sf[0], pS0.c, ns);
+                snprintf(name, sizeof name, "sse-gdn K=%d prefill FS=1: Sp", K);
+                cmp_fu(name, Sf[1], pSp.c, ns * N);
+                dfree(gpu_fu, Sf[0]);
+                dfree(gpu_fu, Sf[1]);
+                dfree(gpu_fu, of);
             }
             /* decode: 3 sessions, 2 steps, using the first 3 tokens' inputs */
             {

@@ -37,6 +37,7 @@
 
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
+#include "hyla_log.h"
 
 #define CH 64 /* chunk length */
 
@@ -1192,7 +1193,12 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
  * The products are those of kernels A and B (bf16 operands, fp32 accumulation, T and A in
  * fp32), so the results agree with them up to rounding. Sequences with SSE row maps read their
  * rows through chunk_row. Shared memory for dk = 128: 99 KB staging + 127 KB tiles, one block
- * per SM. */
+ * per SM.
+ * FS = 1 (HYLA_CUDA_GDN_FS=1, every form): (d) writes A's diagonal blocks in fp32 and bf16(-A)
+ * below them (into T's place), (e) inverts only the diagonal blocks, and (f) + (h) become one
+ * phase (f'): each warp solves (I + A) X = B for its own 16 columns of B = [beta e^b K | beta V]
+ * by blocked forward substitution on tensor cores (W to its place in R2, U0 to an fp32 tile over
+ * R1, read at the start of (i)). */
 #define FU_T 512
 
 /* -DHYLA_FUSED_PROFILE (diagnostic builds only): block (0,0,0) records clock64() at the phase
@@ -1206,20 +1212,27 @@ __device__ int g_fprof_once;
 #define FPROF(k)
 #endif
 
-template <int DKP, int WS = 0>
+template <int DKP, int WS = 0, int FS = 0>
 struct FusedSmem {
     static constexpr int LDK = DKP + 8, LDV = 136;
+    /* FS: the U0 tile [64][U0LD] fp32 (U0 = T beta V for the block's 128 value columns; the row
+     * stride 132 makes the transposed writes of phase (f') conflict-free) over R1 */
+    static constexpr int U0LD = 132;
+    static constexpr size_t U0SZ = FS ? (size_t)CH * U0LD * 4 : 0;
     /* staging: Kst, Qst [64][DKP], Vst [64][128], Gst, Bst, Wr [64] fp32 */
     static constexpr size_t STG = ((size_t)2 * CH * DKP + (size_t)CH * 128 + 3 * CH) * 4;
-    /* R1: Kb [64][LDK] (-> beta e^b K) and Vb [64][LDV]; in the state pass SbT [4][32][LDK] */
+    /* R1: Kb [64][LDK] (-> beta e^b K) and Vb [64][LDV]; in the state pass SbT [4][32][LDK];
+     * FS: between them the U0 tile (R1 unchanged at DKP = 128, larger below) */
     static constexpr size_t R1a = (size_t)CH * LDK * 2 + (size_t)CH * LDV * 2, R1b = (size_t)4 * 32 * LDK * 2;
-    static constexpr size_t R1 = R1a > R1b ? R1a : R1b;
+    static constexpr size_t R1c = R1a > R1b ? R1a : R1b;
+    static constexpr size_t R1 = R1c > U0SZ ? R1c : U0SZ;
     static constexpr size_t QB = (size_t)CH * LDK * 2; /* Qb: q, then q~ */
     static constexpr size_t KT = (size_t)DKP * 72 * 2; /* k~^T [DKP][72] */
     static constexpr size_t AQ = (size_t)CH * 72 * 2;  /* Aqk [64][72], and T [64][72] */
     /* R2: Af, Xf [64][65], Ah [6][16][17] fp32; once T is done W [64][LDK] and UT [4][32][72]
-     * (WS: UT at the end of R2, so that T, W and the rest of R2 are one free span in the O phase) */
-    static constexpr size_t R2a = (size_t)2 * CH * 65 * 4 + (size_t)6 * 16 * 17 * 4,
+     * (WS: UT at the end of R2, so that T, W and the rest of R2 are one free span in the O phase).
+     * FS: only Af's diagonal 16x16 blocks (at their places in [64][65]), no Xf, no Ah */
+    static constexpr size_t R2a = FS ? (size_t)CH * 65 * 4 : (size_t)2 * CH * 65 * 4 + (size_t)6 * 16 * 17 * 4,
                             R2b = (size_t)CH * LDK * 2 + (size_t)4 * 32 * 72 * 2;
     static constexpr size_t R2 = R2a > R2b ? R2a : R2b;
     static constexpr size_t UTSZ = (size_t)4 * 32 * 72 * 2, UTOFF = WS ? R2 - UTSZ : (size_t)CH * LDK * 2;
@@ -1231,6 +1244,7 @@ struct FusedSmem {
     static_assert(UTOFF >= (size_t)CH * LDK * 2, "UT overlaps W");
     static_assert(!WS || OPAD + AQ + UTOFF >= OB, "O tile overlaps UT");
     static_assert((STG + R1 + QB + KT + AQ) % 16 == 0 && OPAD % 16 == 0 && UTOFF % 16 == 0, "alignment");
+    static_assert(U0SZ <= R1 && STG % 16 == 0, "U0 tile");
 };
 
 /* Named barriers (bar.sync / bar.arrive id, count) of the warp-specialised form. */
@@ -1376,10 +1390,10 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
     }
 }
 
-template <int DKP, int MODE, int WS = 0>
+template <int DKP, int MODE, int WS = 0, int FS = 0>
 __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     static_assert(!(MODE && WS), "the WS form is the fused pass only");
-    typedef FusedSmem<DKP, WS> L;
+    typedef FusedSmem<DKP, WS, FS> L;
     constexpr int WT = FU_WTN(WS); /* threads at the producer/compute handshakes */
     constexpr int LDK = L::LDK, LDV = L::LDV, MT = DKP / 16, MTW = (MT + 3) / 4, NB = DKP / 16, NBW = (NB + 3) / 4;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -1388,6 +1402,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     unsigned char *sp_ = smem + L::STG;
     __nv_bfloat16 *R1 = (__nv_bfloat16 *)sp_;
     __nv_bfloat16 *Kb = R1, *Mb = R1, *Vb = R1 + CH * LDK;
+    float *U0t = (float *)R1; /* FS: the U0 tile [64][L::U0LD] fp32, from (f') to the start of (i) */
     sp_ += L::R1;
     __nv_bfloat16 *Qb = (__nv_bfloat16 *)sp_;
     sp_ += L::QB;
@@ -1558,10 +1573,11 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             *(uint2 *)(Qb + t * LDK + i) =
                 make_uint2(pack_bf16x2(qv.x * wt, qv.y * wt), pack_bf16x2(qv.z * wt, qv.w * wt));
         }
-        for (int x = tid; x < CH * CH; x += FU_T) {
-            int r = x >> 6, s = x & 63;
-            if ((s >> 4) > (r >> 4)) Tb[r * 72 + s] = __float2bfloat16_rn(0.0f);
-        }
+        if (!FS) /* FS reads only T's diagonal blocks and -A below them */
+            for (int x = tid; x < CH * CH; x += FU_T) {
+                int r = x >> 6, s = x & 63;
+                if ((s >> 4) > (r >> 4)) Tb[r * 72 + s] = __float2bfloat16_rn(0.0f);
+            }
         fu_sync<WS>();
         FPROF(2);
         FU_REFRESH;
@@ -1592,7 +1608,12 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
                 for (int e = 0; e < 4; e++) {
                     int r = 16 * wq + g + (e >> 1) * 8, s = 16 * gq + n * 8 + 2 * tq + (e & 1);
                     float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
-                    Af[r * 65 + s] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                    if (!FS)
+                        Af[r * 65 + s] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                    else if (gq == wq) /* FS: A's diagonal blocks in fp32 for (e) */
+                        Af[r * 65 + s] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                    else if (gq < wq) /* FS: -A below the diagonal blocks in bf16, for (f') */
+                        Tb[r * 72 + s] = __float2bfloat16_rn(-(be[r] * gam * kk[n][e]));
                     Aq[r * 72 + s] = __float2bfloat16_rn(a.scale * gam * qk[n][e]);
                 }
         }
@@ -1614,7 +1635,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             if (lane < 16) {
 #pragma unroll
                 for (int t = 0; t < 16; t++) {
-                    Xf[(16 * w + t) * 65 + 16 * w + s] = x[t];
+                    if (!FS) Xf[(16 * w + t) * 65 + 16 * w + s] = x[t];
                     Tb[(16 * w + t) * 72 + 16 * w + s] = __float2bfloat16_rn(x[t]);
                 }
             }
@@ -1656,93 +1677,193 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             stage(c + 1); /* the staging area is free: the next chunk streams in now */
         FPROF(5);
         FU_REFRESH;
-        /* (f) T below the diagonal blocks: with Ah_ik = T_ii A_ik (block (i, k), k < i, stored at
-         * i(i-1)/2 + k), T_ij = -sum_{k=j}^{i-1} Ah_ik T_kj, one block diagonal d = i - j at a time */
-        for (int x = tid; x < 6 * 256; x += FU_T) {
-            int bi = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
-            int i = bi < 1 ? 1 : (bi < 3 ? 2 : 3), k = bi - i * (i - 1) / 2;
-            float acc = 0.0f;
+        float u0[4][4]; /* U0 = T (beta V), rows 16 wq.., the group's columns j0.. (C fragments) */
+        if constexpr (FS) {
+            /* (f') W = T (beta e^b K) and U0 = T (beta V) without forming T: X = (I + A)^-1 B for
+             * B = [Mb | Vb] by blocked forward substitution on tensor cores,
+             *     X_i = T_ii (B_i - sum_{j<i} A_ij X_j),  i = 0..3 (row blocks of 16),
+             * in transposed form so that each warp keeps all of it in registers: warp w owns the
+             * 16-column slab w of B (slabs 0..NB-1: key columns 16w.. of Mb -> W; NB..NB+7: value
+             * columns 16(w - NB).. of Vb -> U0; a value slab wholly past dv is skipped, and with
+             * DKP < 128 warps NB+8.. have none). Per block row i, with m = the slab's column and
+             * n = the row inside block i (two n8 tiles: rows 16i..16i+7 and 16i+8..16i+15):
+             *     acc^T = B_i^T + sum_{j<i} X_j^T (-A_ij)^T      (m16 x n16, fp32)
+             *     X_i^T = bf16(acc^T) T_ii^T                      (m16 x n16, fp32)
+             * Fragments (lane = 4g + t; PTX m16n8k16 layouts, see hyla_cuda_mma.cuh):
+             *   xf[i] (A operand, m16 x k16, k = row in block i), by ldsm_frag_a_kn on the slab:
+             *     xf[i][0] = (col g,   rows 16i+2t, +1)    xf[i][1] = (col g+8, rows 16i+2t, +1)
+             *     xf[i][2] = (col g,   rows 16i+8+2t, +1)  xf[i][3] = (col g+8, rows 16i+8+2t, +1)
+             *   (low half = the lower row); once X_i is formed xf[i] holds bf16(X_i^T) in the same
+             *   places, so the registers of B_i turn into those of X_i (16 in all, throughout);
+             *   acc[nt] / xo[nt] (C, m16 x n8, tile nt = rows 16i+8nt..): [0], [1] = (col g,
+             *     rows 16i+8nt+2t, +1), [2], [3] = (col g+8, the same rows); so acc[nt][0..1] =
+             *     xf[i][2nt] and acc[nt][2..3] = xf[i][2nt+1] (the flash-attention register reuse:
+             *     C fragments of the two n8 tiles are the A fragment of the next k16 step);
+             *   B operand (k = row 16j+k of the block column, n = row 16i+n): (-A_ij)^T (k, n) =
+             *     -A[16i+n][16j+k] = Tb[(16i+n)*72 + 16j+k] ((d) writes bf16(-A) there), and
+             *     T_ii^T (k, n) = T_ii[n][k] = Tb[(16i+n)*72 + 16i+k] ((e)): both "[n][k]" tiles,
+             *     ldsm_frag_b2_nk, b[0] = rows 16i..16i+7, b[1] = rows 16i+8...
+             * Outputs: X_i^T element (col m, row r) goes to Wb[r][16w + m] (bf16, the value of
+             * xf[i]) or to the U0 tile [r][16(w - NB) + m] (fp32); both writes are transposed
+             * (rows 2t, cols g: the tile's stride 132 makes them conflict-free).
+             * Numerics: A below the diagonal blocks, the right-hand side and every X_j fed to later
+             * block rows are bf16 (the default forms T in fp32 and rounds it once to bf16 for W =
+             * T Mb, U0 = T Vb), so the results differ from FS = 0 by rounding (within the chunked
+             * tolerance); all forms with FS (WS = 0, 1, 2, split) share this code: the same bits.
+             * The U0 tile lies over R1 (Kb/Mb, Vb), so every warp loads its whole B first. */
+            const int vs = w - NB;
+            const bool kslab = w < NB, run = kslab || (vs < 8 && jb + 16 * vs < dv);
+            uint32_t xf[4][4];
+            if (run) {
+                const __nv_bfloat16 *src = kslab ? Mb + 16 * w : Vb + 16 * vs;
+                const int ld = kslab ? LDK : LDV;
 #pragma unroll
-            for (int r = 0; r < 16; r++) acc = fmaf(Xf[(16 * i + ra) * 65 + 16 * i + r], Af[(16 * i + r) * 65 + 16 * k + cb], acc);
-            Ah[bi * 272 + ra * 17 + cb] = acc;
-        }
-        fu_sync<WS>();
-        FPROF(6);
-        for (int d = 1; d < 4; d++) {
-            for (int x = tid; x < (4 - d) * 256; x += FU_T) {
-                int i = d + (x >> 8), j = i - d, ra = (x >> 4) & 15, cb = x & 15;
-                float acc = 0.0f;
-                for (int k = j; k < i; k++) {
-                    const float *ah = Ah + (i * (i - 1) / 2 + k) * 272 + ra * 17;
+                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], src + (16 * i) * ld, ld);
+            } else /* defined values (undefined ones cost spills, as u0 in (i)) */
 #pragma unroll
-                    for (int r = 0; r < 16; r++) acc = fmaf(ah[r], Xf[(16 * k + r) * 65 + 16 * j + cb], acc);
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) xf[i][e] = 0u;
+            fu_sync<WS>(); /* every warp holds its B: R1 is free for the U0 tile (Af is dead since (e)) */
+            FPROF(6);
+            if (run) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float acc[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) { /* B_i^T, bf16 pairs -> fp32 C layout */
+                        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
+                        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
+                        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
+                        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
+                    }
+#pragma unroll
+                    for (int j = 0; j < i; j++) { /* + X_j^T (-A_ij)^T */
+                        uint32_t bn[2][2];
+                        ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
+                        mma_bf16_16816(acc[0], xf[j], bn[0]);
+                        mma_bf16_16816(acc[1], xf[j], bn[1]);
+                    }
+                    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
+                                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
+                    uint32_t bt[2][2];
+                    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
+                    float xo[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) xo[nt][e] = 0.0f;
+                    mma_bf16_16816(xo[0], ya, bt[0]); /* X_i^T = acc^T T_ii^T */
+                    mma_bf16_16816(xo[1], ya, bt[1]);
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        xf[i][2 * nt] = pack_bf16x2(xo[nt][0], xo[nt][1]);
+                        xf[i][2 * nt + 1] = pack_bf16x2(xo[nt][2], xo[nt][3]);
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) { /* (col g + 8(e/2), row 16i + 8nt + 2t + e%2) */
+                            const int r = 16 * i + 8 * nt + 2 * tq + (e & 1), m = g + 8 * (e >> 1);
+                            if (kslab)
+                                ((unsigned short *)Wb)[r * LDK + 16 * w + m] =
+                                    (unsigned short)(xf[i][2 * nt + (e >> 1)] >> (16 * (e & 1)));
+                            else
+                                U0t[r * L::U0LD + 16 * vs + m] = xo[nt][e];
+                        }
                 }
-                Xf[(16 * i + ra) * 65 + 16 * j + cb] = -acc;
-                Tb[(16 * i + ra) * 72 + 16 * j + cb] = __float2bfloat16_rn(-acc);
+            }
+            FPROF(7);
+            fu_sync<WS>(); /* W and the U0 tile complete */
+            FPROF(8);
+        } else {
+            /* (f) T below the diagonal blocks: with Ah_ik = T_ii A_ik (block (i, k), k < i, stored at
+             * i(i-1)/2 + k), T_ij = -sum_{k=j}^{i-1} Ah_ik T_kj, one block diagonal d = i - j at a time */
+            for (int x = tid; x < 6 * 256; x += FU_T) {
+                int bi = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
+                int i = bi < 1 ? 1 : (bi < 3 ? 2 : 3), k = bi - i * (i - 1) / 2;
+                float acc = 0.0f;
+#pragma unroll
+                for (int r = 0; r < 16; r++) acc = fmaf(Xf[(16 * i + ra) * 65 + 16 * i + r], Af[(16 * i + r) * 65 + 16 * k + cb], acc);
+                Ah[bi * 272 + ra * 17 + cb] = acc;
             }
             fu_sync<WS>();
-        }
-        FPROF(7);
-        /* (h) W = T (beta e^b K): warp rows 16 wq.., column blocks gq + 4q; U0 = T (beta V) for
-         * the group's 32 value columns. W goes to R2 (A, X, P are dead now). */
-        FU_REFRESH;
-        float u0[4][4];
+            FPROF(6);
+            for (int d = 1; d < 4; d++) {
+                for (int x = tid; x < (4 - d) * 256; x += FU_T) {
+                    int i = d + (x >> 8), j = i - d, ra = (x >> 4) & 15, cb = x & 15;
+                    float acc = 0.0f;
+                    for (int k = j; k < i; k++) {
+                        const float *ah = Ah + (i * (i - 1) / 2 + k) * 272 + ra * 17;
 #pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) u0[n][e] = 0.0f;
-        {
-            float wacc[NBW][2][4];
-#pragma unroll
-            for (int q = 0; q < NBW; q++)
-#pragma unroll
-                for (int n = 0; n < 2; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) wacc[q][n][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < CH / 16; kc++) {
-                uint32_t at[4];
-                ldsm_frag_a(at, Tb + (16 * wq) * 72 + kc * 16, 72);
-#pragma unroll
-                for (int q = 0; q < NBW; q++) {
-                    int nb = gq + 4 * q;
-                    if (nb < NB) {
-                        uint32_t bf[2][2];
-                        ldsm_frag_b2_kn(bf, Mb + (kc * 16) * LDK + nb * 16, LDK);
-                        mma_bf16_16816(wacc[q][0], at, bf[0]);
-                        mma_bf16_16816(wacc[q][1], at, bf[1]);
+                        for (int r = 0; r < 16; r++) acc = fmaf(ah[r], Xf[(16 * k + r) * 65 + 16 * j + cb], acc);
                     }
+                    Xf[(16 * i + ra) * 65 + 16 * j + cb] = -acc;
+                    Tb[(16 * i + ra) * 72 + 16 * j + cb] = __float2bfloat16_rn(-acc);
                 }
+                fu_sync<WS>();
             }
+            FPROF(7);
+            /* (h) W = T (beta e^b K): warp rows 16 wq.., column blocks gq + 4q; U0 = T (beta V) for
+             * the group's 32 value columns. W goes to R2 (A, X, P are dead now). */
+            FU_REFRESH;
 #pragma unroll
-            for (int q = 0; q < NBW; q++) {
-                int nb = gq + 4 * q;
-                if (nb < NB)
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) u0[n][e] = 0.0f;
+            {
+                float wacc[NBW][2][4];
+#pragma unroll
+                for (int q = 0; q < NBW; q++)
 #pragma unroll
                     for (int n = 0; n < 2; n++)
 #pragma unroll
-                        for (int e = 0; e < 4; e += 2) {
-                            int r = 16 * wq + g + (e >> 1) * 8, col = nb * 16 + n * 8 + 2 * tq;
-                            *(uint32_t *)(Wb + r * LDK + col) = pack_bf16x2(wacc[q][n][e], wacc[q][n][e + 1]);
+                        for (int e = 0; e < 4; e++) wacc[q][n][e] = 0.0f;
+#pragma unroll
+                for (int kc = 0; kc < CH / 16; kc++) {
+                    uint32_t at[4];
+                    ldsm_frag_a(at, Tb + (16 * wq) * 72 + kc * 16, 72);
+#pragma unroll
+                    for (int q = 0; q < NBW; q++) {
+                        int nb = gq + 4 * q;
+                        if (nb < NB) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_kn(bf, Mb + (kc * 16) * LDK + nb * 16, LDK);
+                            mma_bf16_16816(wacc[q][0], at, bf[0]);
+                            mma_bf16_16816(wacc[q][1], at, bf[1]);
                         }
-            }
-        }
-        if (active) { /* after W, so that its accumulators and U0's are not live together */
+                    }
+                }
 #pragma unroll
-            for (int kc = 0; kc < CH / 16; kc++) {
-                uint32_t at[4];
-                ldsm_frag_a(at, Tb + (16 * wq) * 72 + kc * 16, 72);
+                for (int q = 0; q < NBW; q++) {
+                    int nb = gq + 4 * q;
+                    if (nb < NB)
 #pragma unroll
-                for (int hb = 0; hb < 2; hb++) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_kn(bf, Vb + (kc * 16) * LDV + gq * 32 + hb * 16, LDV);
-                    mma_bf16_16816(u0[2 * hb], at, bf[0]);
-                    mma_bf16_16816(u0[2 * hb + 1], at, bf[1]);
+                        for (int n = 0; n < 2; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e += 2) {
+                                int r = 16 * wq + g + (e >> 1) * 8, col = nb * 16 + n * 8 + 2 * tq;
+                                *(uint32_t *)(Wb + r * LDK + col) = pack_bf16x2(wacc[q][n][e], wacc[q][n][e + 1]);
+                            }
                 }
             }
+            if (active) { /* after W, so that its accumulators and U0's are not live together */
+#pragma unroll
+                for (int kc = 0; kc < CH / 16; kc++) {
+                    uint32_t at[4];
+                    ldsm_frag_a(at, Tb + (16 * wq) * 72 + kc * 16, 72);
+#pragma unroll
+                    for (int hb = 0; hb < 2; hb++) {
+                        uint32_t bf[2][2];
+                        ldsm_frag_b2_kn(bf, Vb + (kc * 16) * LDV + gq * 32 + hb * 16, LDV);
+                        mma_bf16_16816(u0[2 * hb], at, bf[0]);
+                        mma_bf16_16816(u0[2 * hb + 1], at, bf[1]);
+                    }
+                }
+            }
+            fu_sync<WS>();
+            FPROF(8);
         }
-        fu_sync<WS>();
-        FPROF(8);
         if (MODE) {
             /* the chunk's tiles for kernel B, in its layouts: the same values the fused pass
              * uses, so kernel B computes the same bits */
@@ -1765,7 +1886,13 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
                 }
                 if (tid == 0) a.dec[ch * DKP] = decp[0];
             }
-            if (active) {
+            if constexpr (FS) { /* U0 from the tile (the values the fused pass reads) */
+                float *uo = a.u0 + ch * CH * dv;
+                for (int x = tid; x < CH * 128; x += FU_T) {
+                    const int t = x >> 7, jj = x & 127;
+                    if (jb + jj < dv) uo[(size_t)t * dv + jb + jj] = U0t[t * L::U0LD + jj];
+                }
+            } else if (active) {
                 float *uo = a.u0 + ch * CH * dv;
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -1780,6 +1907,27 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         FU_REFRESH;
         /* (i) the state pass of this group's 32 value columns */
         __nv_bfloat16 *SbT = R1 + gq * 32 * LDK, *UT = UTall + gq * 32 * 72;
+        if constexpr (FS) {
+            if (active) /* u0[n][e] = U0 (row 16 wq + g + 8(e/2), column j0 - jb + 8n + 2 tq + e%2), as (h)
+                         * leaves it; a 16-column slab wholly past dv was not formed: 0 */
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const bool ok = jb + 16 * (2 * gq + (n >> 1)) < dv;
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int t = 16 * wq + g + (e >> 1) * 8, col = gq * 32 + n * 8 + 2 * tq;
+                        const float2 uv = ok ? *(const float2 *)(U0t + t * L::U0LD + col) : make_float2(0.0f, 0.0f);
+                        u0[n][e] = uv.x;
+                        u0[n][e + 1] = uv.y;
+                    }
+                }
+            else /* defined values: undefined ones here made the WS forms spill */
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) u0[n][e] = 0.0f;
+            fu_sync<WS>(); /* the U0 tile is read: R1 takes S^T */
+        }
         if (active) {
 #pragma unroll
             for (int mi = 0; mi < MTW; mi++) {
@@ -1947,10 +2095,17 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     if (!MODE && nc > 21 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
         atomicAdd(&g_fprof_once, 1) == 0) {
         long long *p = g_fprof_t;
-        printf("fused profile (cycles, chunk 20): wait %lld bc+cvt %lld kk/qk %lld inv+tiles %lld stage %lld "
-               "ahat %lld offdiag %lld w/u0 %lld sbt %lld u %lld o+s %lld total %lld\n",
-               p[1] - p[0], p[2] - p[1], p[3] - p[2], p[4] - p[3], p[5] - p[4], p[6] - p[5], p[7] - p[6], p[8] - p[7],
-               p[9] - p[8], p[10] - p[9], p[11] - p[10], p[11] - p[0]);
+        if (FS) /* (f'): B loads + barrier, warp 0's substitution, the wait for the other warps;
+                 * sbt includes the U0 tile read and its barrier */
+            printf("fused FS=1 profile (cycles, chunk 20): wait %lld bc+cvt %lld kk/qk %lld inv+tiles %lld stage %lld "
+                   "fs-load %lld fs-subst %lld fs-wait %lld u0+sbt %lld u %lld o+s %lld total %lld\n",
+                   p[1] - p[0], p[2] - p[1], p[3] - p[2], p[4] - p[3], p[5] - p[4], p[6] - p[5], p[7] - p[6],
+                   p[8] - p[7], p[9] - p[8], p[10] - p[9], p[11] - p[10], p[11] - p[0]);
+        else
+            printf("fused profile (cycles, chunk 20): wait %lld bc+cvt %lld kk/qk %lld inv+tiles %lld stage %lld "
+                   "ahat %lld offdiag %lld w/u0 %lld sbt %lld u %lld o+s %lld total %lld\n",
+                   p[1] - p[0], p[2] - p[1], p[3] - p[2], p[4] - p[3], p[5] - p[4], p[6] - p[5], p[7] - p[6],
+                   p[8] - p[7], p[9] - p[8], p[10] - p[9], p[11] - p[10], p[11] - p[0]);
         if (WS) /* the producer (warp 16), from the compute warps' chunk start: staging issue, OREADY
                  * passed, O tile read out (WS = 2) or stored (WS = 1), o stores issued, copies landed
                  * (WS = 2: before the o stores) */
@@ -2396,35 +2551,57 @@ static int gdn_ws_mode(void) {
     return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : 2;
 }
 
-template <int DKP>
-static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
-    const size_t sm = FusedSmem<DKP>::TOTAL;
+/* HYLA_CUDA_GDN_FS=1: the fused pass (all WS forms) and its split form form W and U0 by blocked
+ * forward substitution on tensor cores (phase (f'), k_gdn_fused<.., FS = 1>) instead of T's
+ * off-diagonal blocks in fp32 and T times the tiles; unset or 0: the default. Its results differ
+ * from the default's by rounding (A and intermediate blocks in bf16), and are the same bits in
+ * all of its forms. Read per launch (host side only) so tests can compare; a malformed value
+ * warns once and keeps the default. */
+static int gdn_fs_mode(void) {
+    const char *e = getenv("HYLA_CUDA_GDN_FS");
+    if (!e || !*e || strcmp(e, "0") == 0) return 0;
+    if (strcmp(e, "1") == 0) return 1;
+    static int warned;
+    if (!warned++) HYLA_WARN("HYLA_CUDA_GDN_FS='%s' is not 0 or 1: using 0", e);
+    return 0;
+}
+
+template <int DKP, int FS>
+static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
+    /* FS = 1 never needs more than the default without WS (what cu_gdn_fused_ok checks) */
+    static_assert(FusedSmem<DKP, 0, FS>::TOTAL <= FusedSmem<DKP>::TOTAL, "FS shared memory");
+    const size_t sm = FusedSmem<DKP, 0, FS>::TOTAL;
     const unsigned ncb = cu_blocks(ca.dv, 128);
     const int ws = split ? 0 : gdn_ws_mode();
-    if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1>::TOTAL <= c->smem_optin) {
-        const size_t sw = FusedSmem<DKP, 1>::TOTAL; /* the same layout for WS = 1 and 2 */
+    if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1, FS>::TOTAL <= c->smem_optin) {
+        const size_t sw = FusedSmem<DKP, 1, FS>::TOTAL; /* the same layout for WS = 1 and 2 */
         if (ws == 2) {
-            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gdn_fused<DKP, 0, 2><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(ca);
+            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 2, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
+            k_gdn_fused<DKP, 0, 2, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws2)");
         } else {
-            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gdn_fused<DKP, 0, 1><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(ca);
+            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
+            k_gdn_fused<DKP, 0, 1, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws)");
         }
         return HYLA_OK;
     }
     if (!split) {
-        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_gdn_fused<DKP, 0><<<dim3(ncb, ca.H, nseq), FU_T, sm, c->stream>>>(ca);
+        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 0, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_gdn_fused<DKP, 0, 0, FS><<<dim3(ncb, ca.H, nseq), FU_T, sm, c->stream>>>(ca);
         CU_LAUNCH_CHECK("gdn fused chunk");
         return HYLA_OK;
     }
-    CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_gdn_fused<DKP, 1><<<dim3(NC, ca.H, ncb), FU_T, sm, c->stream>>>(ca);
+    CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 1, 0, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_gdn_fused<DKP, 1, 0, FS><<<dim3(NC, ca.H, ncb), FU_T, sm, c->stream>>>(ca);
     CU_LAUNCH_CHECK("gdn chunk tiles");
     if (smem_b(DKP, 1, 2) <= c->smem_optin) return launch_b<DKP, 1, 2>(c, ca, nseq);
     return launch_b<DKP, 1, 1>(c, ca, nseq);
+}
+
+template <int DKP>
+static hyla_status launch_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
+    return gdn_fs_mode() ? launch_fused_fs<DKP, 1>(c, ca, NC, nseq, split) : launch_fused_fs<DKP, 0>(c, ca, NC, nseq, split);
 }
 
 /* The fused GLA pass (one block per sequence, head and 128 value columns): the bits of kernels

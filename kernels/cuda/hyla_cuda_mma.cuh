@@ -92,6 +92,27 @@ __device__ __forceinline__ void ldsm_frag_b2_kn(uint32_t b[2][2], const __nv_bfl
                  : "r"(a));
 }
 
+/* A fragment (m16 x k16) of the matrix M with M[m][k] = base[k*ld + m], i.e. of the transpose of
+ * the row-major 16x16 tile at base (row stride ld elements, rows 16-byte aligned): the slab of
+ * 16 columns of a row-major [k][m] tile, taken as the left operand with its columns as rows.
+ * ldmatrix.trans: lane l gives the address of stored row (l & 7) of 8x8 matrix j = l >> 3, and
+ * lane 4g+t receives in reg j the elements (stored row 2t, column g) (low half) and (stored row
+ * 2t+1, column g) (high half) of matrix j, i.e. (M[g][2t], M[g][2t+1]) of matrix j seen as
+ * M = stored^T. The matrices are
+ *   j = 0: stored rows 0..7,  columns 0..7   -> a[0] = M[g][2t..2t+1]      (A frag reg0)
+ *   j = 1: stored rows 0..7,  columns 8..15  -> a[1] = M[g+8][2t..2t+1]    (reg1)
+ *   j = 2: stored rows 8..15, columns 0..7   -> a[2] = M[g][2t+8..2t+9]    (reg2)
+ *   j = 3: stored rows 8..15, columns 8..15  -> a[3] = M[g+8][2t+8..2t+9]  (reg3)
+ * so lane l addresses base + ((l >> 4) * 8 + (l & 7)) * ld + ((l >> 3) & 1) * 8 (the addresses
+ * of ldsm_frag_b2_nk, with .trans). */
+__device__ __forceinline__ void ldsm_frag_a_kn(uint32_t a[4], const __nv_bfloat16 *base, int ld) {
+    int l = threadIdx.x & 31, m = l >> 3, r = l & 7;
+    unsigned p = (unsigned)__cvta_generic_to_shared(base + (r + (m >> 1) * 8) * ld + (m & 1) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(p));
+}
+
 /* 16-byte asynchronous global -> shared copy; src_bytes < 16 zero-fills the rest. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);

@@ -2,7 +2,7 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, e2ebench, e2equick, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, kfs, kproffs, e2ebench, e2equick, linexp)
 # kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
 # smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
@@ -16,6 +16,13 @@
 #   test_gpu_ops (its varlen and SSE checks include WS=1, 2 == default bit for bit).
 # kprofws: kprof with HYLA_CUDA_GDN_WS=2 (KPROFWS=1 for the one-warp form): the compute warps'
 #   phases and the producer's intervals.
+# kfs: HYLA_CUDA_GDN_FS=1 (variant 8: W and U0 by blocked forward substitution on tensor cores)
+#   against 0: smoke runs with FS=1 first (WS=2, the default form, and WS=0; a hang or fault ends
+#   the script), then --only prefill and --only sse with HYLA_CUDA_GDN_FS=0, 1 (KFS="1" limits
+#   them), rows tagged "fs". Its bit checks (every form and the split form agree, CPU tolerance)
+#   are in test_gpu_ops: run "tests" too.
+# kproffs: kprof with HYLA_CUDA_GDN_FS=1 (WS = the default, KPROFWS to choose): the phases with
+#   (f') as fs-load / fs-subst / fs-wait.
 # TMAX=seconds: phases that would start later than that are skipped (device-time budgets).
 mkdir -p /tmp/p && tar -C /tmp/p -xzf .device/pack.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin HYLA_BUILD_DIR=/tmp/b
@@ -90,6 +97,22 @@ for ph in "$@"; do
       grep '"ws"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//; s/"tokens_per_seq":8192,//'
       t0=$SECONDS; timeout 240 test_gpu_ops > $OUT/test_gpu_ops_ws.log 2>&1; echo "test_gpu_ops (ws checks) rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|comparisons|differ|GDN_WS" $OUT/test_gpu_ops_ws.log | head -30 ;;
+    kfs)
+      t0=$SECONDS
+      for v in 2 0; do
+        HYLA_CUDA_GDN_FS=1 HYLA_CUDA_GDN_WS=$v timeout 60 hyla-bench kernels --device cuda:0 --only prefill --quick > $OUT/smoke_fs_ws$v.txt 2>&1
+        rc=$?; echo "smoke fs=1 ws=$v rc=$rc" | tee -a $OUT/summary.txt; [ $rc = 0 ] || { tail -5 $OUT/smoke_fs_ws$v.txt; exit 1; }
+      done
+      for v in ${KFS:-0 1}; do
+        for o in prefill sse; do
+          HYLA_CUDA_GDN_FS=$v timeout 150 hyla-bench kernels --device cuda:0 --only $o | sed "s/\"bench\":\"/\"fs\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
+        done
+      done
+      echo "kfs bench ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      grep '"fs"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//; s/"H":1[68],"dk":128,"dv":128,//; s/"tokens_per_seq":8192,//' ;;
+    kproffs)
+      HYLA_CUDA_GDN_FS=1 HYLA_CUDA_GDN_WS=${KPROFWS:-2} timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_fs.txt 2>&1
+      grep "fused" $OUT/prof_fs.txt | tee -a $OUT/summary.txt ;;
     kprofws)
       HYLA_CUDA_GDN_WS=${KPROFWS:-2} timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_ws.txt 2>&1
       grep "fused" $OUT/prof_ws.txt | tee -a $OUT/summary.txt ;;
