@@ -1397,6 +1397,51 @@ static void test_attention(void) {
         }
         kv_free(&kv);
     }
+    /* split flash prefill (HYLA_CUDA_ATTN_SPLIT keys per split, default 2048, read per call):
+     * with splits of 64 keys, a 300-token prefill in one call == the same tokens as pieces of
+     * 64 + 236 (both pieces' rows, bits: the split boundaries are absolute positions), with and
+     * without a window; within the tolerance of the CPU; the one-pass form (=0) too */
+    for (int W = 0; W <= 100; W += 100) {
+        const int Hq = 4, Hk = 2, D = 128, pt = 64, n = 300, n1 = 64;
+        float scale = 1.0f / sqrtf((float)D);
+        size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, q1 = (size_t)n1 * Hq * D, k1 = (size_t)n1 * Hk * D;
+        float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
+        pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
+        kvpair kv1 = kv_new((n + pt - 1) / pt, pt, Hk, D), kv2 = kv_new((n + pt - 1) / pt, pt, Hk, D);
+        hyla_kv_view vc = {kv1.kc, kv1.vc, kv1.n_pages, pt}, v1 = {kv1.kg, kv1.vg, kv1.n_pages, pt},
+                     v2 = {kv2.kg, kv2.vg, kv2.n_pages, pt};
+        void *o2 = dev(gpu, NULL, nq * 4), *o3 = dev(gpu, NULL, nq * 4);
+        setenv("HYLA_CUDA_ATTN_SPLIT", "64", 1);
+        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &v1, W, scale, po.g));
+        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &v2, W, scale, o2));
+        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1, n - n1, Hq,
+                                        Hk, D, n1, &v2, W, scale, (float *)o2 + q1));
+        CHECK_MSG(same_bits(gpu, po.g, o2, nq * 4),
+                  "attn prefill, splits of 64 keys, W=%d: 300 tokens in one call == pieces of 64 + 236 (bits)", W);
+        CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
+        char name[96];
+        snprintf(name, sizeof name, "attn prefill, splits of 64 keys, n=%d W=%d", n, W);
+        cmp_pair(name, po, ATTN_TOL);
+        setenv("HYLA_CUDA_ATTN_SPLIT", "0", 1);
+        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &v2, W, scale, o3));
+        unsetenv("HYLA_CUDA_ATTN_SPLIT");
+        float *h3 = host_of(gpu, o3, nq), *hc = host_of(cpu, po.c, nq);
+        snprintf(name, sizeof name, "attn prefill, one pass (HYLA_CUDA_ATTN_SPLIT=0), n=%d W=%d", n, W);
+        cmp(name, h3, hc, nq, ATTN_TOL);
+        free(h3);
+        free(hc);
+        dfree(gpu, o2);
+        dfree(gpu, o3);
+        kv_free(&kv1);
+        kv_free(&kv2);
+        pair_free(pq);
+        pair_free(pk);
+        pair_free(pv);
+        pair_free(po);
+        free(q);
+        free(k);
+        free(v);
+    }
     /* batched decode: 4 sessions at different positions, one call */
     {
         int B = 4, Hq = 4, Hk = 2, D = 128, pt = 64;

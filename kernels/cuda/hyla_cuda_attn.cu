@@ -9,7 +9,9 @@
  * Prefill (D a multiple of 16, D <= 128): flash-attention style, one block of 4 warps per
  * (64 queries, query head); each warp owns 16 query rows; key tiles of 64 tokens are gathered
  * from their pages into shared memory; S = Q K^T and O += P V run on tensor cores (bf16,
- * fp32 accumulation) with an online softmax in fp32 (max subtraction, exp rescaling).
+ * fp32 accumulation) with an online softmax in fp32 (max subtraction, exp rescaling). The keys
+ * are cut into splits of HYLA_CUDA_ATTN_SPLIT (2048) at absolute positions, one block per
+ * (64 queries, head, split), merged per row by k_flash_combine.
  * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
  * (query, head, key split) runs an online softmax over blocks of 256 keys on CUDA cores and
  * writes (max, sum, acc); a combine kernel merges the splits in split order. All reductions
@@ -21,6 +23,7 @@
 
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
+#include "hyla_log.h"
 
 /* ---------------------------------------------------------------- KV write */
 
@@ -212,9 +215,17 @@ __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsp
 #define FA_BQ 64
 #define FA_BK 64
 
+/* Key splits (split_len > 0, blockIdx.z = split s): the block runs the keys of
+ * [s split_len, (s+1) split_len) only and writes, for each of its rows whose keys meet the
+ * split, the unnormalised partial (O, m in log2 units, l) into part [n][Hq][nsplit][D + 2];
+ * k_flash_combine then merges a row's splits in split order. The split boundaries are absolute
+ * key positions, and key tiles past a row's position add exact zeros, so a row's result does not
+ * depend on the call it is in (prefill pieces of any size give the same bits). split_len = 0:
+ * one pass over all keys, o written directly (HYLA_CUDA_ATTN_SPLIT=0). */
 template <int D>
 __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int Hq, int Hk, int pos0, int window,
-                                                    float scale, void *const *kp, void *const *vp, int pt, float *o) {
+                                                    float scale, void *const *kp, void *const *vp, int pt, float *o,
+                                                    int split_len, int nsplit, float *part) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem; /* [64][LD] */
@@ -237,7 +248,12 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     const int qp_lo = pos0 + q0, qp_hi = pos0 + q0 + nq - 1;
     int klo = window > 0 ? qp_lo - window + 1 : 0;
     if (klo < 0) klo = 0;
-    const int khi = qp_hi;
+    int khi = qp_hi;
+    const int split = blockIdx.z;
+    if (split_len) { /* this block's keys: the split's part of [klo, khi] */
+        if (split * split_len > klo) klo = split * split_len;
+        if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+    }
     /* this thread's two query rows */
     const int r0 = 16 * w + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
@@ -285,7 +301,7 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
             for (int e = 0; e < 4; e++) {
                 int kpos = kt + nt * 8 + 2 * tq + (e & 1);
                 int qpos = (e >> 1) ? p1 : p0;
-                bool ok = kpos <= qpos && (window <= 0 || kpos > qpos - window);
+                bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
                 float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
                 sacc[nt][e] = v;
                 if (e >> 1)
@@ -343,6 +359,24 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
             }
         }
     }
+    if (split_len) { /* partials of the rows whose keys meet this split (k_flash_combine reads those) */
+        const int sl = split * split_len, sh = sl + split_len - 1;
+        const bool w0 = r0 < nq && sl <= p0 && (window <= 0 || sh > p0 - window);
+        const bool w1 = r1 < nq && sl <= p1 && (window <= 0 || sh > p1 - window);
+        float *pr0 = part + (((size_t)(q0 + r0) * Hq + h) * nsplit + split) * (D + 2);
+        float *pr1 = part + (((size_t)(q0 + r1) * Hq + h) * nsplit + split) * (D + 2);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            int d = nt * 8 + 2 * tq;
+            if (w0) *(float2 *)(pr0 + d) = make_float2(oacc[nt][0], oacc[nt][1]);
+            if (w1) *(float2 *)(pr1 + d) = make_float2(oacc[nt][2], oacc[nt][3]);
+        }
+        if (tq == 0) {
+            if (w0) *(float2 *)(pr0 + D) = make_float2(m0, l0);
+            if (w1) *(float2 *)(pr1 + D) = make_float2(m1, l1);
+        }
+        return;
+    }
     float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
@@ -358,6 +392,45 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
             op[1] = oacc[nt][3] * inv1;
         }
     }
+}
+
+/* Row qi (position pos0 + qi) of a split flash prefill: its splits s_lo..s_hi (those holding
+ * keys of its window) merged in split order, o = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s. */
+__global__ void k_flash_combine(const float *part, int Hq, int D, int nsplit, int split_len, int pos0, int window,
+                                float *o) {
+    const int h = blockIdx.x, qi = blockIdx.y, p = pos0 + qi;
+    const int s_hi = p / split_len, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, s_lo = lo / split_len;
+    const float *pp = part + ((size_t)qi * Hq + h) * nsplit * (D + 2);
+    float M = -INFINITY;
+    for (int s = s_lo; s <= s_hi; s++) M = fmaxf(M, pp[(size_t)s * (D + 2) + D]);
+    float L = 0.0f;
+    for (int s = s_lo; s <= s_hi; s++) {
+        float ms = pp[(size_t)s * (D + 2) + D];
+        if (ms > -INFINITY) L += exp2f(ms - M) * pp[(size_t)s * (D + 2) + D + 1];
+    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = s_lo; s <= s_hi; s++) {
+            float ms = pp[(size_t)s * (D + 2) + D];
+            if (ms > -INFINITY) acc += exp2f(ms - M) * pp[(size_t)s * (D + 2) + d];
+        }
+        o[((size_t)qi * Hq + h) * D + d] = L > 0.0f ? acc / L : 0.0f;
+    }
+}
+
+/* HYLA_CUDA_ATTN_SPLIT: keys per split of the flash prefill (default 2048; a multiple of 64; 0 =
+ * one pass). Part of what the bits depend on, like HYLA_CUDA_PREFILL_ROWS. Read per call. */
+static int attn_split_len(void) {
+    const char *e = getenv("HYLA_CUDA_ATTN_SPLIT");
+    if (!e || !*e) return 2048;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > (1L << 24) || v % 64) {
+        static int warned;
+        if (!warned++) HYLA_WARN("HYLA_CUDA_ATTN_SPLIT='%s' is not 0 or a multiple of 64: using 2048", e);
+        return 2048;
+    }
+    return (int)v;
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -414,19 +487,42 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
                                                                    kv->page_tokens);
     CU_LAUNCH_CHECK("kv write");
     if (use_flash(D)) {
-        dim3 grid(cu_blocks(n, FA_BQ), Hq);
         size_t sm = (size_t)(FA_BQ + 2 * FA_BK) * (D + 8) * 2;
-        if (D == 32) {
-            CU_TRY(cudaFuncSetAttribute(k_attn_flash<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash<32><<<grid, 128, sm, c->stream>>>(q, n, Hq, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o);
-        } else if (D == 64) {
-            CU_TRY(cudaFuncSetAttribute(k_attn_flash<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash<64><<<grid, 128, sm, c->stream>>>(q, n, Hq, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o);
-        } else {
-            CU_TRY(cudaFuncSetAttribute(k_attn_flash<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash<128><<<grid, 128, sm, c->stream>>>(q, n, Hq, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o);
+        if (D == 32) CU_TRY(cudaFuncSetAttribute(k_attn_flash<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        else if (D == 64) CU_TRY(cudaFuncSetAttribute(k_attn_flash<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        else CU_TRY(cudaFuncSetAttribute(k_attn_flash<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        const int L = attn_split_len();
+        /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
+        int group = n;
+        void *scr = NULL;
+        if (L) {
+            const int nsplit_max = (pos0 + n - 1) / L + 1;
+            const size_t per_q = (size_t)Hq * nsplit_max * (D + 2) * 4;
+            size_t g = ((size_t)256 << 20) / per_q / FA_BQ * FA_BQ;
+            group = g < FA_BQ ? FA_BQ : (g > (size_t)n ? n : (int)g);
+            HYLA_TRY(cu_scratch(c, SCR_ATTN, per_q * group, &scr));
         }
-        CU_LAUNCH_CHECK("attn flash");
+        for (int g0 = 0; g0 < n; g0 += group) {
+            const int ng = n - g0 < group ? n - g0 : group, gp0 = pos0 + g0;
+            const int nsplit = L ? (gp0 + ng - 1) / L + 1 : 1;
+            const float *qg = q + (size_t)g0 * Hq * D;
+            float *og = o + (size_t)g0 * Hq * D, *part = (float *)scr;
+            dim3 grid(cu_blocks(ng, FA_BQ), Hq, nsplit);
+            if (D == 32)
+                k_attn_flash<32><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
+                                                               kv->page_tokens, og, L, nsplit, part);
+            else if (D == 64)
+                k_attn_flash<64><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
+                                                               kv->page_tokens, og, L, nsplit, part);
+            else
+                k_attn_flash<128><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
+                                                                kv->page_tokens, og, L, nsplit, part);
+            CU_LAUNCH_CHECK("attn flash");
+            if (L) {
+                k_flash_combine<<<dim3(Hq, ng), D, 0, c->stream>>>(part, Hq, D, nsplit, L, gp0, window, og);
+                CU_LAUNCH_CHECK("attn flash combine");
+            }
+        }
         return HYLA_OK;
     }
     /* split-K rows, queries in groups so the partials stay bounded */
