@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     __syncthreads();
     uint32_t qf[D / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) ld_frag_a(qf[kc], Qs + (16 * w) * LD + kc * 16, LD);
+    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], Qs + (16 * w) * LD + kc * 16, LD);
 
     const int qp_lo = pos0 + q0, qp_hi = pos0 + q0 + nq - 1;
     int klo = window > 0 ? qp_lo - window + 1 : 0;
@@ -288,10 +288,11 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
 #pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt++) {
-                uint32_t bf[2];
-                ld_frag_b_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
-                mma_bf16_16816(sacc[nt], qf[kc], bf);
+            for (int nt = 0; nt < FA_BK / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4 */
+                uint32_t bf[2][2];
+                ldsm_frag_b2_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
+                mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
+                mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
             }
         /* mask and online softmax (log2 domain) */
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -352,10 +353,11 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
             pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
             pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
 #pragma unroll
-            for (int nt = 0; nt < D / 8; nt++) {
-                uint32_t bf[2];
-                ld_frag_b_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
-                mma_bf16_16816(oacc[nt], pf, bf);
+            for (int nt = 0; nt < D / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4.trans */
+                uint32_t bf[2][2];
+                ldsm_frag_b2_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
+                mma_bf16_16816(oacc[nt], pf, bf[0]);
+                mma_bf16_16816(oacc[nt + 1], pf, bf[1]);
             }
         }
     }
