@@ -656,6 +656,241 @@ static void test_rowops(void) {
     free(tails0);
 }
 
+/* ---------------------------------------------------------------- row-op layouts */
+
+/* The row ops' kernels pick a layout from D alone (units of 4 floats when D % 4 == 0, else of 1;
+ * a warp per row up to 128 units, else a block; rows over 4 units per thread re-read), and
+ * float4 or scalar loads from the pointers' alignment. Each layout against the CPU; n = 1 and
+ * n rows give the same bits for a shared row; pointers one float off 16-byte alignment (scalar
+ * loads) give the same bits as aligned ones. */
+enum { RO_RMSNORM, RO_ADD_RMSNORM, RO_GATED, RO_GATED_NOGATE, RO_L2NORM, RO_SOFTMAX, RO_N };
+static const char *const ro_name[RO_N] = {"rmsnorm", "add_rmsnorm", "gated_rmsnorm", "gated_rmsnorm (no gate)",
+                                          "l2norm_rows", "softmax_rows"};
+
+/* Row op `op` on b over n rows of D (hx, hr, hg [n][D], hw [D]) with every device pointer `off`
+ * floats past its allocation; the output comes back into hy [n][D] (add_rmsnorm: the residual
+ * into hres). */
+static void run_rowop(hyla_backend *b, int op, int n, int D, int off, const float *hx, const float *hr,
+                      const float *hg, const float *hw, float *hy, float *hres) {
+    size_t nd = (size_t)n * D;
+    float *x = dev(b, NULL, (nd + off) * 4), *r = dev(b, NULL, (nd + off) * 4), *g = dev(b, NULL, (nd + off) * 4);
+    float *y = dev(b, NULL, (nd + off) * 4), *w = dev(b, NULL, ((size_t)D + off) * 4);
+    CHECK_OK(b->ops->upload(b->ctx, x + off, hx, nd * 4));
+    CHECK_OK(b->ops->upload(b->ctx, r + off, hr, nd * 4));
+    CHECK_OK(b->ops->upload(b->ctx, g + off, hg, nd * 4));
+    CHECK_OK(b->ops->upload(b->ctx, w + off, hw, (size_t)D * 4));
+    const hyla_ops *o = b->ops;
+    float *res = y;
+    switch (op) {
+    case RO_RMSNORM: CHECK_OK(o->rmsnorm(b->ctx, x + off, w + off, y + off, n, D, 1e-6f)); break;
+    case RO_ADD_RMSNORM: CHECK_OK(o->add_rmsnorm(b->ctx, r + off, x + off, w + off, y + off, n, D, 1e-6f)); break;
+    case RO_GATED: CHECK_OK(o->gated_rmsnorm(b->ctx, x + off, g + off, w + off, y + off, n, D, 1e-6f)); break;
+    case RO_GATED_NOGATE:
+        CHECK_OK(o->gated_rmsnorm(b->ctx, x + off, NULL, w + off, x + off, n, D, 1e-6f));
+        res = x;
+        break;
+    case RO_L2NORM:
+        CHECK_OK(o->l2norm_rows(b->ctx, x + off, n, D, 1e-6f));
+        res = x;
+        break;
+    default:
+        CHECK_OK(o->softmax_rows(b->ctx, x + off, n, D));
+        res = x;
+        break;
+    }
+    CHECK_OK(o->download(b->ctx, hy, res + off, nd * 4));
+    if (hres) CHECK_OK(o->download(b->ctx, hres, r + off, nd * 4));
+    float *bufs[] = {x, r, g, y, w};
+    for (int i = 0; i < 5; i++) dfree(b, bufs[i]);
+}
+
+static void test_rowop_layouts(void) {
+    printf("row-op layouts (vector / scalar units, warp / block / re-read rows, alignment, n = 1 vs n)\n");
+    /* 128: vec warp; 37: scalar warp; 2304: vec block; 2305: scalar block; 12000: vec block,
+     * re-read (3000 units > 4 x 512); 4101: scalar block, re-read */
+    int Ds[] = {128, 37, 2304, 2305, 12000, 4101};
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++) {
+        int D = Ds[di], n = D > 4096 ? 160 : 1000, k = n / 2 + 1;
+        size_t nd = (size_t)n * D;
+        float *x = randn(nd, 2.0f), *r = randn(nd, 1.0f), *g = randn(nd, 1.5f), *w = randn(D, 1.0f);
+        float *yc = malloc(nd * 4), *yg = malloc(nd * 4), *ya = malloc(nd * 4), *y1 = malloc((size_t)D * 4);
+        float *rc = malloc(nd * 4), *rg = malloc(nd * 4), *ra = malloc(nd * 4), *r1 = malloc((size_t)D * 4);
+        for (int op = 0; op < RO_N; op++) {
+            int add = op == RO_ADD_RMSNORM;
+            run_rowop(cpu, op, n, D, 0, x, r, g, w, yc, add ? rc : NULL);
+            run_rowop(gpu, op, n, D, 0, x, r, g, w, yg, add ? rg : NULL);
+            run_rowop(gpu, op, n, D, 1, x, r, g, w, ya, add ? ra : NULL);
+            run_rowop(gpu, op, 1, D, 0, x + (size_t)k * D, r + (size_t)k * D, g + (size_t)k * D, w, y1,
+                      add ? r1 : NULL);
+            char name[96];
+            snprintf(name, sizeof name, "%s D=%d n=%d", ro_name[op], D, n);
+            cmp(name, yg, yc, nd, FP32_TOL);
+            CHECK_MSG(!memcmp(yg, ya, nd * 4), "%s: pointers off 16-byte alignment give other bits", name);
+            CHECK_MSG(!memcmp(yg + (size_t)k * D, y1, (size_t)D * 4), "%s: row %d alone gives other bits", name, k);
+            if (add) {
+                cmp("add_rmsnorm (residual)", rg, rc, nd, 0, 0);
+                CHECK(!memcmp(rg, ra, nd * 4) && !memcmp(rg + (size_t)k * D, r1, (size_t)D * 4));
+            }
+        }
+        float *bufs[] = {x, r, g, w, yc, yg, ya, y1, rc, rg, ra, r1};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    }
+
+    /* elementwise: float4 body + tail (n % 4 != 0) and scalar (off alignment), the same values */
+    size_t ne = 4099;
+    float *ea = randn(ne, 2.0f), *eb = randn(ne, 1.0f);
+    float *outc = malloc(ne * 4), *outg[2] = {malloc(ne * 4), malloc(ne * 4)};
+    for (int op = 0; op < 4; op++) {
+        static const char *const nm[4] = {"silu", "add", "swiglu", "gla_gate"};
+        for (int bi = 0; bi < 3; bi++) { /* cpu, gpu aligned, gpu off by one float */
+            hyla_backend *b = bi ? gpu : cpu;
+            int off = bi == 2;
+            float *da = dev(b, NULL, (ne + 1) * 4), *db = dev(b, NULL, (ne + 1) * 4);
+            CHECK_OK(b->ops->upload(b->ctx, da + off, ea, ne * 4));
+            CHECK_OK(b->ops->upload(b->ctx, db + off, eb, ne * 4));
+            if (op == 0) CHECK_OK(b->ops->silu(b->ctx, da + off, ne));
+            else if (op == 1) CHECK_OK(b->ops->add(b->ctx, da + off, db + off, ne));
+            else if (op == 2) CHECK_OK(b->ops->swiglu(b->ctx, da + off, db + off, db + off, ne)); /* out aliases up */
+            else CHECK_OK(b->ops->gla_gate(b->ctx, da + off, ne, 8.0f, -0.5f));
+            CHECK_OK(b->ops->download(b->ctx, bi ? outg[bi - 1] : outc, (op == 2 ? db : da) + off, ne * 4));
+            dfree(b, da);
+            dfree(b, db);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "%s n=%zu (float4 + tail)", nm[op], ne);
+        cmp(name, outg[0], outc, ne, FP32_TOL);
+        CHECK_MSG(!memcmp(outg[0], outg[1], ne * 4), "%s: scalar path gives other bits", nm[op]);
+    }
+    free(ea);
+    free(eb);
+    free(outc);
+    free(outg[0]);
+    free(outg[1]);
+
+    /* gdn_gates whose g overwrites a with another row stride (a, b interleaved [n][2H], g over
+     * its start with stride H): the scratch path */
+    {
+        int H = 18, n = 300;
+        float *ab = randn((size_t)n * 2 * H, 2.0f), *alog = randn(H, 0.5f), *dtb = randn(H, 0.5f);
+        pair pab = pair_new(ab, (size_t)n * 2 * H), pa = pair_new(alog, H), pd = pair_new(dtb, H);
+        pair pbo = pair_new(NULL, (size_t)n * H);
+        CHECK_OK(cpu->ops->gdn_gates(cpu->ctx, pab.c, 2 * H, (float *)pab.c + H, 2 * H, pa.c, pd.c, pab.c, pbo.c, n, H,
+                                     1));
+        CHECK_OK(gpu->ops->gdn_gates(gpu->ctx, pab.g, 2 * H, (float *)pab.g + H, 2 * H, pa.g, pd.g, pab.g, pbo.g, n, H,
+                                     1));
+        float *hc = host_of(cpu, pab.c, (size_t)n * H), *hg = host_of(gpu, pab.g, (size_t)n * H);
+        cmp("gdn_gates g over a, other stride (g)", hg, hc, (size_t)n * H, FP32_TOL);
+        cmp_pair("gdn_gates g over a, other stride (beta)", pbo, FP32_TOL);
+        free(hc);
+        free(hg);
+        pair_free(pab);
+        pair_free(pa);
+        pair_free(pd);
+        pair_free(pbo);
+        free(ab);
+        free(alog);
+        free(dtb);
+    }
+
+    /* rope: heads in groups (18 = 3 x 6, 9 = 2 x 5 [one of 4]); n = 1 == its row of n */
+    int Hs[] = {18, 9};
+    for (int hi = 0; hi < 2; hi++) {
+        int H = Hs[hi], hd = 64, n = 50;
+        size_t nx = (size_t)n * H * hd;
+        float *xr = randn(nx, 1.0f);
+        int32_t *pos = malloc(n * sizeof(int32_t));
+        for (int i = 0; i < n; i++) pos[i] = 7 * i + (i & 1) * 70000;
+        pair px = pair_new(xr, nx), p1 = pair_new(xr + (size_t)9 * H * hd, (size_t)H * hd);
+        CHECK_OK(cpu->ops->rope(cpu->ctx, px.c, n, H, hd, pos, 10000.0f));
+        CHECK_OK(gpu->ops->rope(gpu->ctx, px.g, n, H, hd, pos, 10000.0f));
+        CHECK_OK(gpu->ops->rope(gpu->ctx, p1.g, 1, H, hd, pos + 9, 10000.0f));
+        char name[64];
+        snprintf(name, sizeof name, "rope H=%d (head groups)", H);
+        cmp_pair(name, px, FP32_TOL);
+        CHECK_MSG(same_bits(gpu, (float *)px.g + (size_t)9 * H * hd, p1.g, (size_t)H * hd * 4), "rope: token alone");
+        pair_free(px);
+        pair_free(p1);
+        free(xr);
+        free(pos);
+    }
+}
+
+/* short_conv in place: segments of 16 tokens with their halos copied first (n > 16), one launch
+ * for n <= 16, the out-of-place kernel for K > 4; against the CPU, and a call == its pieces and
+ * a batch of decode steps == each session alone, bit for bit (outputs and tails). */
+static void conv_run(hyla_backend *b, float *x, int B, int n, int C, const float *w, const float *bias, int K,
+                     float **tails, int act) {
+    CHECK_OK(b->ops->short_conv(b->ctx, x, B, n, C, w, bias, K, tails, act));
+}
+
+static void test_short_conv_paths(void) {
+    printf("short_conv paths (segments and halos, pieces, batches, K = 1..6)\n");
+    int Ks[] = {4, 1, 2, 3, 6};
+    int Cs[] = {2304, 37};
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (int ci = 0; ci < 2; ci++) {
+            int K = Ks[ki], C = Cs[ci], B = 3, n = ci ? 301 : 1000;
+            size_t tn = (size_t)(K > 1 ? K - 1 : 1) * C;
+            float *w = randn((size_t)C * K, 0.5f), *bias = randn(C, 0.1f), *tl = randn(B * tn, 1.0f);
+            float *x = randn((size_t)B * n * C, 1.0f);
+            pair pw = pair_new(w, (size_t)C * K), pb = pair_new(bias, C), px = pair_new(x, (size_t)B * n * C);
+            pair pt[3];
+            float *tc[3], *tg[3];
+            for (int b = 0; b < B; b++) {
+                pt[b] = pair_new(tl + b * tn, tn);
+                tc[b] = pt[b].c;
+                tg[b] = pt[b].g;
+            }
+            /* B sessions of n tokens in one call, against the CPU */
+            conv_run(cpu, px.c, B, n, C, pw.c, ki & 1 ? pb.c : NULL, K, tc, ki != 2);
+            conv_run(gpu, px.g, B, n, C, pw.g, ki & 1 ? pb.g : NULL, K, tg, ki != 2);
+            char name[96];
+            snprintf(name, sizeof name, "short_conv K=%d C=%d B=%d n=%d", K, C, B, n);
+            cmp_pair(name, px, FP32_TOL);
+            for (int b = 0; b < B && K > 1; b++) cmp_pair("short_conv tail", pt[b], 0, 0);
+            /* session 0 again from its first tail, in pieces 1, 15, 16, 17, 2, rest: == the call */
+            float *x0 = dev(gpu, x, (size_t)n * C * 4), *t0 = dev(gpu, tl, tn * 4);
+            int pieces[] = {1, 15, 16, 17, 2, n - 51}, at = 0;
+            for (int p = 0; p < 6; p++) {
+                conv_run(gpu, x0 + (size_t)at * C, 1, pieces[p], C, pw.g, ki & 1 ? pb.g : NULL, K, &t0, ki != 2);
+                at += pieces[p];
+            }
+            CHECK_MSG(same_bits(gpu, x0, px.g, (size_t)n * C * 4), "%s: pieces differ from one call", name);
+            if (K > 1) CHECK_MSG(same_bits(gpu, t0, tg[0], tn * 4), "%s: tail after pieces differs", name);
+            /* decode: B sessions one token each in one call == each alone (from the tails now) */
+            float *xd = randn((size_t)B * C, 1.0f);
+            float *dxb = dev(gpu, xd, (size_t)B * C * 4), *dx1 = dev(gpu, xd, (size_t)B * C * 4);
+            float *t1[3];
+            for (int b = 0; b < B; b++) {
+                float *h = host_of(gpu, tg[b], tn);
+                t1[b] = dev(gpu, h, tn * 4);
+                free(h);
+            }
+            conv_run(gpu, dxb, B, 1, C, pw.g, ki & 1 ? pb.g : NULL, K, tg, ki != 2);
+            for (int b = 0; b < B; b++)
+                conv_run(gpu, dx1 + (size_t)b * C, 1, 1, C, pw.g, ki & 1 ? pb.g : NULL, K, &t1[b], ki != 2);
+            CHECK_MSG(same_bits(gpu, dxb, dx1, (size_t)B * C * 4), "%s: batched decode differs from alone", name);
+            for (int b = 0; b < B && K > 1; b++)
+                CHECK_MSG(same_bits(gpu, tg[b], t1[b], tn * 4), "%s: decode tail %d differs", name, b);
+            for (int b = 0; b < B; b++) {
+                dfree(gpu, t1[b]);
+                pair_free(pt[b]);
+            }
+            dfree(gpu, x0);
+            dfree(gpu, t0);
+            dfree(gpu, dxb);
+            dfree(gpu, dx1);
+            pair_free(pw);
+            pair_free(pb);
+            pair_free(px);
+            free(w);
+            free(bias);
+            free(tl);
+            free(x);
+            free(xd);
+        }
+}
+
 /* ---------------------------------------------------------------- linear mixers */
 
 typedef struct {
@@ -1659,6 +1894,8 @@ int main(void) {
     test_embed_linear();
     test_linear_multi();
     test_rowops();
+    test_rowop_layouts();
+    test_short_conv_paths();
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     test_linear_mixers();
     test_decode_forms();

@@ -637,6 +637,160 @@ static void bench_attention(int quick) {
     dfree(src);
 }
 
+/* ---------------------------------------------------------------- row and elementwise ops */
+
+/* The row and elementwise ops of a prefill piece of the 1.3B models (rows = tokens of the piece,
+ * 1024; hidden 2304; 18 heads of 128; short convolutions over 3 x 2304 channels, kernel 4; MLP
+ * 6144), each through the ops table, called as the runtime calls it (in place where it is).
+ * bytes = what the op must read and write once (weights and tails included). Ops applied in
+ * place over and over keep their values in range: silu's and short_conv's inputs are in
+ * [20, 100], where silu(x) == x in fp32, and the convolution's taps are (0, ..., 0, 1) — values
+ * decaying to denormals would time fp32 division's slow path instead. The tensors of one call
+ * (10-40 MB) fit in the H100's 50 MB L2, so of_hbm may exceed 1. */
+enum { EW_RMSNORM, EW_ADD_RMSNORM, EW_SHORT_CONV, EW_L2NORM, EW_GATED_RMSNORM, EW_SILU, EW_SWIGLU, EW_ADD,
+       EW_SOFTMAX, EW_GLA_GATE, EW_GDN_GATES, EW_ROPE, EW_COPY, EW_N };
+typedef struct {
+    int op, n, D, H, hd, F, C, K;
+    float *x, *xs, *y, *r, *w, *whd, *oh, *gh, *qh, *u, *o6, *ab, *bb, *alog, *dtb, *conv[3], *cw[3], *tails[3];
+    int32_t *pos;
+} ew_ud;
+static void ew_run(void *u) {
+    ew_ud *a = u;
+    size_t nd = (size_t)a->n * a->D, nh = (size_t)a->n * a->H * a->hd;
+    switch (a->op) {
+    case EW_RMSNORM: TRY(O->rmsnorm(CX, a->x, a->w, a->y, a->n, a->D, 1e-6f)); break;
+    case EW_ADD_RMSNORM: TRY(O->add_rmsnorm(CX, a->r, a->x, a->w, a->y, a->n, a->D, 1e-6f)); break;
+    case EW_SHORT_CONV:
+        for (int j = 0; j < 3; j++)
+            TRY(O->short_conv(CX, a->conv[j], 1, a->n, a->C, a->cw[j], NULL, a->K, &a->tails[j], 1));
+        break;
+    case EW_L2NORM: TRY(O->l2norm_rows(CX, a->qh, a->n * a->H, a->hd, 1e-6f)); break;
+    case EW_GATED_RMSNORM: TRY(O->gated_rmsnorm(CX, a->oh, a->gh, a->whd, a->oh, a->n * a->H, a->hd, 1e-6f)); break;
+    case EW_SILU: TRY(O->silu(CX, a->xs, nd)); break;
+    case EW_SWIGLU: TRY(O->swiglu(CX, a->u, a->u + (size_t)a->n * a->F, a->o6, (size_t)a->n * a->F)); break;
+    case EW_ADD: TRY(O->add(CX, a->r, a->x, nd)); break;
+    case EW_SOFTMAX: TRY(O->softmax_rows(CX, a->qh, a->n * a->H, a->hd)); break;
+    case EW_GLA_GATE: TRY(O->gla_gate(CX, a->qh, nh, 16.0f, -INFINITY)); break;
+    case EW_GDN_GATES:
+        TRY(O->gdn_gates(CX, a->ab, a->H, a->bb, a->H, a->alog, a->dtb, a->ab, a->bb, a->n, a->H, 0));
+        break;
+    case EW_ROPE: TRY(O->rope(CX, a->qh, a->n, a->H, a->hd, a->pos, 10000.0f)); break;
+    case EW_COPY: TRY(O->copy(CX, a->y, a->x, nd * sizeof(float))); break;
+    }
+}
+
+static void bench_elementwise(int quick) {
+    ew_ud a;
+    memset(&a, 0, sizeof a);
+    a.n = quick ? 64 : 1024;
+    a.D = 2304, a.H = 18, a.hd = 128, a.F = 6144, a.C = 2304, a.K = 4;
+    size_t nd = (size_t)a.n * a.D, nh = (size_t)a.n * a.H * a.hd, nf = (size_t)a.n * a.F;
+    a.x = drand(nd, 1.0f, 0, 0);
+    a.xs = drand(nd, 0, 20.0f, 100.0f);
+    a.y = dalloc(nd * 4);
+    a.r = drand(nd, 1.0f, 0, 0);
+    a.w = drand(a.D, 1.0f, 0, 0);
+    a.whd = drand(a.hd, 1.0f, 0, 0);
+    a.oh = drand(nh, 1.0f, 0, 0);
+    a.gh = drand(nh, 1.0f, 0, 0);
+    a.qh = drand(nh, 1.0f, 0, 0);
+    a.u = drand(2 * nf, 1.0f, 0, 0);
+    a.o6 = dalloc(nf * 4);
+    a.ab = drand((size_t)a.n * a.H, 1.0f, 0, 0);
+    a.bb = drand((size_t)a.n * a.H, 1.0f, 0, 0);
+    a.alog = drand(a.H, 0.5f, 0, 0);
+    a.dtb = drand(a.H, 0.5f, 0, 0);
+    float *taps = calloc((size_t)a.C * a.K, sizeof(float));
+    for (int c = 0; c < a.C; c++) taps[(size_t)c * a.K + a.K - 1] = 1.0f;
+    for (int j = 0; j < 3; j++) {
+        a.conv[j] = drand((size_t)a.n * a.C, 0, 20.0f, 100.0f);
+        a.cw[j] = dalloc((size_t)a.C * a.K * 4);
+        TRY(O->upload(CX, a.cw[j], taps, (size_t)a.C * a.K * 4));
+        a.tails[j] = drand((size_t)(a.K - 1) * a.C, 0, 20.0f, 100.0f);
+    }
+    free(taps);
+    a.pos = malloc((size_t)a.n * sizeof(int32_t));
+    for (int i = 0; i < a.n; i++) a.pos[i] = 4096 + i;
+    double peak, hbm;
+    datasheet(&peak, &hbm);
+    for (int op = 0; op < EW_N; op++) {
+        char shape[96];
+        double bytes; /* floats read + written */
+        const char *name = "";
+        a.op = op;
+        switch (op) {
+        case EW_RMSNORM:
+            name = "rmsnorm", bytes = 2.0 * nd + a.D;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.D);
+            break;
+        case EW_ADD_RMSNORM:
+            name = "add_rmsnorm", bytes = 4.0 * nd + a.D;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.D);
+            break;
+        case EW_SHORT_CONV:
+            name = "short_conv", bytes = 3.0 * (2.0 * a.n * a.C + (double)a.C * a.K + 2.0 * (a.K - 1) * a.C);
+            snprintf(shape, sizeof shape, "3 x [%d][%d], K=%d, silu", a.n, a.C, a.K);
+            break;
+        case EW_L2NORM:
+            name = "l2norm_rows", bytes = 2.0 * nh;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n * a.H, a.hd);
+            break;
+        case EW_GATED_RMSNORM:
+            name = "gated_rmsnorm", bytes = 3.0 * nh + a.hd;
+            snprintf(shape, sizeof shape, "[%d][%d], y = o", a.n * a.H, a.hd);
+            break;
+        case EW_SILU:
+            name = "silu", bytes = 2.0 * nd;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.D);
+            break;
+        case EW_SWIGLU:
+            name = "swiglu", bytes = 3.0 * nf;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.F);
+            break;
+        case EW_ADD:
+            name = "add", bytes = 3.0 * nd;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.D);
+            break;
+        case EW_SOFTMAX:
+            name = "softmax_rows", bytes = 2.0 * nh;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n * a.H, a.hd);
+            break;
+        case EW_GLA_GATE:
+            name = "gla_gate", bytes = 2.0 * nh;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.H * a.hd);
+            break;
+        case EW_GDN_GATES:
+            name = "gdn_gates", bytes = 4.0 * a.n * a.H + 2.0 * a.H;
+            snprintf(shape, sizeof shape, "[%d][%d], in place", a.n, a.H);
+            break;
+        case EW_ROPE:
+            name = "rope", bytes = 2.0 * nh + a.n;
+            snprintf(shape, sizeof shape, "[%d][%d][%d]", a.n, a.H, a.hd);
+            break;
+        default:
+            name = "copy", bytes = 2.0 * nd;
+            snprintf(shape, sizeof shape, "[%d][%d]", a.n, a.D);
+            break;
+        }
+        bytes *= 4;
+        double ms = timeit(ew_run, &a), gbps = bytes / (ms * 1e-3) / 1e9;
+        emit_head("elementwise");
+        printf(",\"op\":\"%s\",\"shape\":\"%s\",\"mb\":%.2f,\"ms\":%.4f,\"gbps\":%.1f", name, shape, bytes / 1e6, ms,
+               gbps);
+        if (hbm > 0) printf(",\"hbm_tbps\":%.2f,\"of_hbm\":%.3f", hbm, gbps / (hbm * 1e3));
+        printf("}\n");
+        fflush(stdout);
+    }
+    float *bufs[] = {a.x, a.xs, a.y, a.r, a.w, a.whd, a.oh, a.gh, a.qh, a.u, a.o6, a.ab, a.bb, a.alog, a.dtb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
+    for (int j = 0; j < 3; j++) {
+        dfree(a.conv[j]);
+        dfree(a.cw[j]);
+        dfree(a.tails[j]);
+    }
+    free(a.pos);
+}
+
 /* ---------------------------------------------------------------- options */
 
 static void open_device(const char *device) {
@@ -663,11 +817,14 @@ int hyla_bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else {
-            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--only gemm|prefill|sse|decode|attn]\n"
+            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick]\n"
+                   "                          [--only gemm|prefill|sse|decode|attn|elementwise]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
                    "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
                    "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
-                   "  prefill and decode. --quick: small sizes (the default on cpu).\n");
+                   "  prefill and decode, the row and elementwise ops of a 1024-token prefill piece of\n"
+                   "  the 1.3B models (--only elementwise; GB/s of the bytes each must move).\n"
+                   "  --quick: small sizes (the default on cpu).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -682,6 +839,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     if (!only || !strcmp(only, "sse")) bench_sse(quick);
     if (!only || !strcmp(only, "decode")) bench_decode(quick);
     if (!only || !strcmp(only, "attn")) bench_attention(quick);
+    if (!only || !strcmp(only, "elementwise")) bench_elementwise(quick);
     hyla_backend_destroy(be);
     return 0;
 }

@@ -2,8 +2,10 @@
  * activations and gates, RoPE, short convolution, gated RMSNorm, the bf16 conversion that
  * feeds cuBLAS, and sampling.
  *
- * Row ops (norms, softmax) use one warp per row with fp32 sums in a fixed order, so every
- * result is deterministic and independent of the number of rows. Sampling runs one block per
+ * Row ops (norms, softmax) give a row to one warp (short rows) or one block (long rows), a
+ * layout chosen from the row length alone, with fp32 sums in a fixed order, so every result is
+ * deterministic and independent of the number of rows. Elementwise ops move float4s when the
+ * pointers allow; the short convolution runs in place. Sampling runs one block per
  * row: top-k / top-p thresholds by radix descent over 64-bit keys (probability bits, then
  * ~index), then the draw in vocabulary order by a prefix sum, all with integer (fixed-point
  * 2^-40) masses, so ties and sums never depend on thread timing.
@@ -121,244 +123,612 @@ extern "C" hyla_status cu_embed(void *ctx, const hyla_weight *table, const int32
     return cu_embed_dev(c, table, (const int32_t *)d_ids, n, out);
 }
 
-/* ---------------------------------------------------------------- row ops: one warp per row */
+/* ---------------------------------------------------------------- row ops */
 
-#define ROWS_PER_BLOCK 8
+/* A row's layout is a function of D only, so a row's arithmetic never depends on the number of
+ * rows, on the row's place or on the buffers' alignment:
+ *   - units: D % 4 == 0: D/4 units of 4 floats (one float4 load when every pointer of the call
+ *     is 16-byte aligned, else 4 scalar loads of the same values); otherwise D units of 1 float;
+ *   - group: a row of <= 128 units is owned by one warp (8 rows per block of 256); a longer
+ *     row by one block of G = min(512, 32·ceil(units / 128)) threads;
+ *   - thread t of the group owns units t, t + G, t + 2G, ...; the first ROW_RC of them stay in
+ *     registers between the passes, further ones (rows over ROW_RC·G units) are read again;
+ *   - sums: each thread adds its units in ascending order (within a unit .x, .y, .z, .w, by
+ *     fmaf for squares), the warp by a xor butterfly (every lane gets the same bits), a block's
+ *     warps in warp order.
+ * One row is read once and written once (rmsnorm: 8 bytes per element). */
+#define ROW_RC 4
+#define ROW_MAXG 512
+#define ROW_WARP_ROWS 8
 
-/* [NORM-0] y = x * rsqrt(mean(x^2) + eps) * w */
-__global__ void k_rmsnorm(const float *x, const float *__restrict__ w, float *y, int n, int D, float eps) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n) return;
+template <int V4, int A16> __device__ __forceinline__ float4 ld_u(const float *row, int u) {
+    if (V4) {
+        if (A16) return reinterpret_cast<const float4 *>(row)[u];
+        const float *p = row + 4 * u;
+        return make_float4(p[0], p[1], p[2], p[3]);
+    }
+    return make_float4(row[u], 0.0f, 0.0f, 0.0f);
+}
+template <int V4, int A16> __device__ __forceinline__ void st_u(float *row, int u, float4 v) {
+    if (V4) {
+        if (A16) {
+            reinterpret_cast<float4 *>(row)[u] = v;
+            return;
+        }
+        float *p = row + 4 * u;
+        p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
+        return;
+    }
+    row[u] = v.x;
+}
+/* ss + the unit's squares, in component order */
+template <int V4> __device__ __forceinline__ float sq_acc(float ss, float4 v) {
+    ss = fmaf(v.x, v.x, ss);
+    if (V4) {
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+    }
+    return ss;
+}
+template <int V4> __device__ __forceinline__ float max_acc(float m, float4 v) {
+    m = fmaxf(m, v.x);
+    if (V4) m = fmaxf(fmaxf(fmaxf(m, v.y), v.z), v.w);
+    return m;
+}
+/* x * s * w per component (the order of the scalar kernels: (x * s) * w) */
+__device__ __forceinline__ float4 mul_sw(float4 x, float s, float4 w) {
+    return make_float4(x.x * s * w.x, x.y * s * w.y, x.z * s * w.z, x.w * s * w.w);
+}
+
+/* Sum / max over the row's group (WARP: the warp; else the block, sh[32] shared). */
+template <int WARP> __device__ __forceinline__ float group_sum(float v, float *sh) {
+    v = warp_sum(v);
+    if (WARP) return v;
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = sh[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    __syncthreads(); /* sh is reused by the next reduction */
+    return t;
+}
+template <int WARP> __device__ __forceinline__ float group_max(float v, float *sh) {
+    v = warp_max(v);
+    if (WARP) return v;
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = sh[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t = fmaxf(t, sh[i]);
+    __syncthreads();
+    return t;
+}
+
+/* The group's row, thread index in the group and group size; returns 0 past the last row. */
+#define ROW_SETUP(nrows)                                                             \
+    int row, t, G;                                                                   \
+    if (WARP) {                                                                      \
+        row = blockIdx.x * ROW_WARP_ROWS + (threadIdx.x >> 5), t = threadIdx.x & 31; \
+        G = 32;                                                                      \
+    } else {                                                                         \
+        row = blockIdx.x, t = threadIdx.x, G = blockDim.x;                           \
+    }                                                                                \
+    if (row >= (nrows)) return;                                                      \
+    const int U = V4 ? D / 4 : D;
+
+/* [NORM-0] y = x * rsqrt(mean(x^2) + eps) * w; y may alias x (every read of the row happens
+ * before the group's reduction, every write after it, and re-read units are the thread's own). */
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const float *__restrict__ w, float *y, int n,
+                                                      int D, float eps) {
+    __shared__ float sh[32];
+    ROW_SETUP(n);
     const float *xr = x + (size_t)row * D;
-    float ss = 0;
-    for (int i = lane; i < D; i += 32) ss += xr[i] * xr[i];
-    ss = warp_sum(ss);
+    float4 cx[ROW_RC];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            cx[k] = ld_u<V4, A16>(xr, u);
+            ss = sq_acc<V4>(ss, cx[k]);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(xr, u));
+    ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
     float *yr = y + (size_t)row * D;
-    for (int i = lane; i < D; i += 32) yr[i] = xr[i] * inv * w[i];
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) st_u<V4, A16>(yr, u, mul_sw(cx[k], inv, ld_u<V4, A16>(w, u)));
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G)
+        st_u<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(xr, u), inv, ld_u<V4, A16>(w, u)));
 }
+
+/* residual += x; y = rmsnorm(residual). y may alias x (as above). */
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm(float *residual, const float *x, const float *__restrict__ w,
+                                                          float *y, int n, int D, float eps) {
+    __shared__ float sh[32];
+    ROW_SETUP(n);
+    float *rr = residual + (size_t)row * D;
+    const float *xr = x + (size_t)row * D;
+    float4 cr[ROW_RC];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            float4 a = ld_u<V4, A16>(rr, u), b = ld_u<V4, A16>(xr, u);
+            cr[k] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            st_u<V4, A16>(rr, u, cr[k]);
+            ss = sq_acc<V4>(ss, cr[k]);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) {
+        float4 a = ld_u<V4, A16>(rr, u), b = ld_u<V4, A16>(xr, u);
+        float4 r = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        st_u<V4, A16>(rr, u, r);
+        ss = sq_acc<V4>(ss, r);
+    }
+    ss = group_sum<WARP>(ss, sh);
+    float inv = rsqrtf(ss / D + eps);
+    float *yr = y + (size_t)row * D;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) st_u<V4, A16>(yr, u, mul_sw(cr[k], inv, ld_u<V4, A16>(w, u)));
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G)
+        st_u<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(rr, u), inv, ld_u<V4, A16>(w, u)));
+}
+
+/* In place: x = exp(x - max) / sum(exp(x - max)) per row. */
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, int D) {
+    __shared__ float sh[32];
+    ROW_SETUP(rows);
+    float *xr = x + (size_t)row * D;
+    float4 cx[ROW_RC];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            cx[k] = ld_u<V4, A16>(xr, u);
+            m = max_acc<V4>(m, cx[k]);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) m = max_acc<V4>(m, ld_u<V4, A16>(xr, u));
+    m = group_max<WARP>(m, sh);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            float4 v = cx[k];
+            cx[k] = make_float4(expf(v.x - m), V4 ? expf(v.y - m) : 0.0f, V4 ? expf(v.z - m) : 0.0f,
+                                V4 ? expf(v.w - m) : 0.0f);
+            s += cx[k].x;
+            if (V4) s = ((s + cx[k].y) + cx[k].z) + cx[k].w;
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) {
+        float4 v = ld_u<V4, A16>(xr, u);
+        s += expf(v.x - m);
+        if (V4) s = ((s + expf(v.y - m)) + expf(v.z - m)) + expf(v.w - m);
+    }
+    s = group_sum<WARP>(s, sh);
+    float inv = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) st_u<V4, A16>(xr, u, make_float4(cx[k].x * inv, cx[k].y * inv, cx[k].z * inv, cx[k].w * inv));
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) {
+        float4 v = ld_u<V4, A16>(xr, u);
+        st_u<V4, A16>(xr, u,
+                      make_float4(expf(v.x - m) * inv, V4 ? expf(v.y - m) * inv : 0.0f, V4 ? expf(v.z - m) * inv : 0.0f,
+                                  V4 ? expf(v.w - m) * inv : 0.0f));
+    }
+}
+
+/* [GDN-2] in place: x / sqrt(sum(x^2) + eps) */
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, int D, float eps) {
+    __shared__ float sh[32];
+    ROW_SETUP(rows);
+    float *xr = x + (size_t)row * D;
+    float4 cx[ROW_RC];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            cx[k] = ld_u<V4, A16>(xr, u);
+            ss = sq_acc<V4>(ss, cx[k]);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(xr, u));
+    ss = group_sum<WARP>(ss, sh);
+    float inv = 1.0f / sqrtf(ss + eps);
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) st_u<V4, A16>(xr, u, make_float4(cx[k].x * inv, cx[k].y * inv, cx[k].z * inv, cx[k].w * inv));
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) {
+        float4 v = ld_u<V4, A16>(xr, u);
+        st_u<V4, A16>(xr, u, make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv));
+    }
+}
+
+/* [NORM-1] y = rmsnorm(o) * w * (g ? silu(g) : 1); y may alias o. g's units are loaded with o's,
+ * before the reduction (more bytes in flight). */
+__device__ __forceinline__ float4 gate4(float4 v, float4 g) {
+    return make_float4(v.x * silu_f(g.x), v.y * silu_f(g.y), v.z * silu_f(g.z), v.w * silu_f(g.w));
+}
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm(const float *o, const float *g, const float *__restrict__ w,
+                                                            float *y, int rows, int D, float eps) {
+    __shared__ float sh[32];
+    ROW_SETUP(rows);
+    const float *orow = o + (size_t)row * D;
+    const float *gr = g ? g + (size_t)row * D : NULL;
+    float4 co[ROW_RC], cg[ROW_RC];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            co[k] = ld_u<V4, A16>(orow, u);
+            if (gr) cg[k] = ld_u<V4, A16>(gr, u);
+            ss = sq_acc<V4>(ss, co[k]);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(orow, u));
+    ss = group_sum<WARP>(ss, sh);
+    float inv = rsqrtf(ss / D + eps);
+    float *yr = y + (size_t)row * D;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            float4 v = mul_sw(co[k], inv, ld_u<V4, A16>(w, u));
+            st_u<V4, A16>(yr, u, gr ? gate4(v, cg[k]) : v);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) {
+        float4 v = mul_sw(ld_u<V4, A16>(orow, u), inv, ld_u<V4, A16>(w, u));
+        st_u<V4, A16>(yr, u, gr ? gate4(v, ld_u<V4, A16>(gr, u)) : v);
+    }
+}
+
+/* The launch of a row op over `rows` rows of D (row_cfg: the layout above). */
+typedef struct {
+    int v4, a16, warp;
+    unsigned blocks, threads;
+} row_cfg;
+
+static int al16(const void *p) { return p == NULL || ((uintptr_t)p & 15) == 0; }
+
+static row_cfg row_config(int rows, int D, int aligned) {
+    row_cfg r;
+    r.v4 = D % 4 == 0;
+    r.a16 = r.v4 && aligned;
+    int U = r.v4 ? D / 4 : D;
+    if (U <= 128) {
+        r.warp = 1;
+        r.threads = 32 * ROW_WARP_ROWS;
+        r.blocks = cu_blocks((size_t)rows, ROW_WARP_ROWS);
+    } else {
+        r.warp = 0;
+        int G = 32 * ((U + 127) / 128);
+        r.threads = (unsigned)(G < ROW_MAXG ? G : ROW_MAXG);
+        r.blocks = (unsigned)rows;
+    }
+    return r;
+}
+
+/* kern<V4, A16, WARP><<<...>>>(args) for the configuration rc */
+#define ROW_LAUNCH(kern, rc, ...)                                                                              \
+    do {                                                                                                       \
+        dim3 g_(rc.blocks), b_(rc.threads);                                                                    \
+        if (rc.warp) {                                                                                         \
+            if (!rc.v4) kern<0, 0, 1><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                  \
+            else if (rc.a16) kern<1, 1, 1><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                             \
+            else kern<1, 0, 1><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                         \
+        } else {                                                                                               \
+            if (!rc.v4) kern<0, 0, 0><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                  \
+            else if (rc.a16) kern<1, 1, 0><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                             \
+            else kern<1, 0, 0><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                         \
+        }                                                                                                      \
+    } while (0)
 
 extern "C" hyla_status cu_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0) return HYLA_OK;
-    k_rmsnorm<<<cu_blocks(n, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, c->stream>>>(x, w, y, n, D, eps);
+    if (n <= 0 || D <= 0) return HYLA_OK;
+    row_cfg rc = row_config(n, D, al16(x) && al16(w) && al16(y));
+    ROW_LAUNCH(k_rmsnorm, rc, x, w, y, n, D, eps);
     CU_LAUNCH_CHECK("rmsnorm");
     return HYLA_OK;
-}
-
-/* residual += x; y = rmsnorm(residual). y may alias x: every read of x in a row happens
- * before the warp's reduction, every write of y after it. */
-__global__ void k_add_rmsnorm(float *residual, const float *x, const float *__restrict__ w, float *y, int n, int D,
-                              float eps) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n) return;
-    float *rr = residual + (size_t)row * D;
-    const float *xr = x + (size_t)row * D;
-    float ss = 0;
-    for (int i = lane; i < D; i += 32) {
-        float r = rr[i] + xr[i];
-        rr[i] = r;
-        ss += r * r;
-    }
-    ss = warp_sum(ss);
-    float inv = rsqrtf(ss / D + eps);
-    float *yr = y + (size_t)row * D;
-    for (int i = lane; i < D; i += 32) yr[i] = rr[i] * inv * w[i];
 }
 
 extern "C" hyla_status cu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n,
                                       int D, float eps) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0) return HYLA_OK;
-    k_add_rmsnorm<<<cu_blocks(n, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, c->stream>>>(residual, x, w, y, n, D, eps);
+    if (n <= 0 || D <= 0) return HYLA_OK;
+    row_cfg rc = row_config(n, D, al16(residual) && al16(x) && al16(w) && al16(y));
+    ROW_LAUNCH(k_add_rmsnorm, rc, residual, x, w, y, n, D, eps);
     CU_LAUNCH_CHECK("add_rmsnorm");
     return HYLA_OK;
 }
 
-__global__ void k_softmax_rows(float *x, int rows, int cols) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    float *xr = x + (size_t)row * cols;
-    float m = -INFINITY;
-    for (int i = lane; i < cols; i += 32) m = fmaxf(m, xr[i]);
-    m = warp_max(m);
-    float s = 0;
-    for (int i = lane; i < cols; i += 32) s += expf(xr[i] - m);
-    s = warp_sum(s);
-    float inv = 1.0f / s;
-    for (int i = lane; i < cols; i += 32) xr[i] = expf(xr[i] - m) * inv;
-}
-
 extern "C" hyla_status cu_softmax_rows(void *ctx, float *x, int rows, int cols) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (rows <= 0) return HYLA_OK;
-    k_softmax_rows<<<cu_blocks(rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, c->stream>>>(x, rows, cols);
+    if (rows <= 0 || cols <= 0) return HYLA_OK;
+    row_cfg rc = row_config(rows, cols, al16(x));
+    ROW_LAUNCH(k_softmax_rows, rc, x, rows, cols);
     CU_LAUNCH_CHECK("softmax_rows");
     return HYLA_OK;
 }
 
-/* [GDN-2] x / sqrt(sum(x^2) + eps) */
-__global__ void k_l2norm_rows(float *x, int rows, int cols, float eps) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    float *xr = x + (size_t)row * cols;
-    float ss = 0;
-    for (int i = lane; i < cols; i += 32) ss += xr[i] * xr[i];
-    ss = warp_sum(ss);
-    float inv = 1.0f / sqrtf(ss + eps);
-    for (int i = lane; i < cols; i += 32) xr[i] *= inv;
-}
-
 extern "C" hyla_status cu_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (rows <= 0) return HYLA_OK;
-    k_l2norm_rows<<<cu_blocks(rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, c->stream>>>(x, rows, cols, eps);
+    if (rows <= 0 || cols <= 0) return HYLA_OK;
+    row_cfg rc = row_config(rows, cols, al16(x));
+    ROW_LAUNCH(k_l2norm_rows, rc, x, rows, cols, eps);
     CU_LAUNCH_CHECK("l2norm_rows");
     return HYLA_OK;
-}
-
-/* [NORM-1] y = rmsnorm(o) * w * (g ? silu(g) : 1); y may alias o. */
-__global__ void k_gated_rmsnorm(const float *o, const float *g, const float *__restrict__ w, float *y, int rows, int D,
-                                float eps) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    const float *orow = o + (size_t)row * D;
-    float ss = 0;
-    for (int i = lane; i < D; i += 32) ss += orow[i] * orow[i];
-    ss = warp_sum(ss);
-    float inv = rsqrtf(ss / D + eps);
-    float *yr = y + (size_t)row * D;
-    const float *gr = g ? g + (size_t)row * D : NULL;
-    for (int i = lane; i < D; i += 32) {
-        float v = orow[i] * inv * w[i];
-        if (gr) v *= silu_f(gr[i]);
-        yr[i] = v;
-    }
 }
 
 extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows,
                                         int D, float eps) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (rows <= 0) return HYLA_OK;
-    k_gated_rmsnorm<<<cu_blocks(rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, c->stream>>>(o, g, w, y, rows, D, eps);
+    if (rows <= 0 || D <= 0) return HYLA_OK;
+    row_cfg rc = row_config(rows, D, al16(o) && al16(g) && al16(w) && al16(y));
+    ROW_LAUNCH(k_gated_rmsnorm, rc, o, g, w, y, rows, D, eps);
     CU_LAUNCH_CHECK("gated_rmsnorm");
     return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- elementwise */
 
-__global__ void k_add(float *y, const float *x, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] += x[i];
-}
-__global__ void k_swiglu(const float *gate, const float *up, float *out, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i], u = up[i];
-        out[i] = silu_f(g) * u;
+/* One float4 per thread and iteration when every pointer is 16-byte aligned (n / 4 of them,
+ * the last n % 4 elements one per thread), else one float; 32-bit indices whenever they cannot
+ * overflow. Elementwise results do not depend on the path. */
+struct ew_add {
+    __device__ float operator()(float y, float x) const { return y + x; }
+};
+struct ew_swiglu {
+    __device__ float operator()(float g, float u) const { return silu_f(g) * u; }
+};
+struct ew_silu {
+    __device__ float operator()(float x) const { return silu_f(x); }
+};
+/* x = max(logsigmoid(x) / normalizer, clamp_min); logsigmoid(x) = min(x,0) - log1p(exp(-|x|)) */
+struct ew_gla_gate {
+    float inv_norm, clamp_min;
+    __device__ float operator()(float v) const {
+        float ls = fminf(v, 0.0f) - log1pf(expf(-fabsf(v)));
+        return fmaxf(ls * inv_norm, clamp_min);
+    }
+};
+
+/* out[i] = f(a[i]) (in place when out == a) */
+template <class F, int VEC, class I> __global__ void k_ew1(const float *a, float *out, I n, F f) {
+    I stride = (I)gridDim.x * blockDim.x, i0 = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (VEC) {
+        I n4 = n / 4;
+        const float4 *a4 = reinterpret_cast<const float4 *>(a);
+        float4 *o4 = reinterpret_cast<float4 *>(out);
+        for (I i = i0; i < n4; i += stride) {
+            float4 v = a4[i];
+            o4[i] = make_float4(f(v.x), f(v.y), f(v.z), f(v.w));
+        }
+        if (i0 < n - 4 * n4) out[4 * n4 + i0] = f(a[4 * n4 + i0]);
+    } else {
+        for (I i = i0; i < n; i += stride) out[i] = f(a[i]);
     }
 }
-__global__ void k_silu(float *x, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] = silu_f(x[i]);
+/* out[i] = f(a[i], b[i]) (out may alias a or b) */
+template <class F, int VEC, class I> __global__ void k_ew2(const float *a, const float *b, float *out, I n, F f) {
+    I stride = (I)gridDim.x * blockDim.x, i0 = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (VEC) {
+        I n4 = n / 4;
+        const float4 *a4 = reinterpret_cast<const float4 *>(a), *b4 = reinterpret_cast<const float4 *>(b);
+        float4 *o4 = reinterpret_cast<float4 *>(out);
+        for (I i = i0; i < n4; i += stride) {
+            float4 u = a4[i], v = b4[i];
+            o4[i] = make_float4(f(u.x, v.x), f(u.y, v.y), f(u.z, v.z), f(u.w, v.w));
+        }
+        if (i0 < n - 4 * n4) out[4 * n4 + i0] = f(a[4 * n4 + i0], b[4 * n4 + i0]);
+    } else {
+        for (I i = i0; i < n; i += stride) out[i] = f(a[i], b[i]);
+    }
 }
-/* x = max(logsigmoid(x) / normalizer, clamp_min); logsigmoid(x) = min(x,0) - log1p(exp(-|x|)) */
-__global__ void k_gla_gate(float *x, size_t n, float inv_norm, float clamp_min) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        float ls = fminf(v, 0.0f) - log1pf(expf(-fabsf(v)));
-        x[i] = fmaxf(ls * inv_norm, clamp_min);
+
+#define EW_MAX_BLOCKS (1u << 20)
+static unsigned ew_blocks(size_t items) {
+    size_t b = (items + TPB - 1) / TPB;
+    if (b > EW_MAX_BLOCKS) b = EW_MAX_BLOCKS;
+    return (unsigned)(b ? b : 1);
+}
+
+template <class F> static void ew1_launch(hyla_cuda_ctx *c, const float *a, float *out, size_t n, F f) {
+    int vec = al16(a) && al16(out);
+    unsigned nb = ew_blocks(vec ? n / 4 + 1 : n);
+    /* i0 + stride <= 2^28 + n: 32 bits suffice below 2^31 elements */
+    if (n < ((size_t)1 << 31)) {
+        if (vec) k_ew1<F, 1, unsigned><<<nb, TPB, 0, c->stream>>>(a, out, (unsigned)n, f);
+        else k_ew1<F, 0, unsigned><<<nb, TPB, 0, c->stream>>>(a, out, (unsigned)n, f);
+    } else {
+        if (vec) k_ew1<F, 1, size_t><<<nb, TPB, 0, c->stream>>>(a, out, n, f);
+        else k_ew1<F, 0, size_t><<<nb, TPB, 0, c->stream>>>(a, out, n, f);
+    }
+}
+template <class F> static void ew2_launch(hyla_cuda_ctx *c, const float *a, const float *b, float *out, size_t n, F f) {
+    int vec = al16(a) && al16(b) && al16(out);
+    unsigned nb = ew_blocks(vec ? n / 4 + 1 : n);
+    if (n < ((size_t)1 << 31)) {
+        if (vec) k_ew2<F, 1, unsigned><<<nb, TPB, 0, c->stream>>>(a, b, out, (unsigned)n, f);
+        else k_ew2<F, 0, unsigned><<<nb, TPB, 0, c->stream>>>(a, b, out, (unsigned)n, f);
+    } else {
+        if (vec) k_ew2<F, 1, size_t><<<nb, TPB, 0, c->stream>>>(a, b, out, n, f);
+        else k_ew2<F, 0, size_t><<<nb, TPB, 0, c->stream>>>(a, b, out, n, f);
     }
 }
 
 extern "C" hyla_status cu_add(void *ctx, float *y, const float *x, size_t n) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    k_add<<<grid_for(n), TPB, 0, c->stream>>>(y, x, n);
+    ew2_launch(c, y, x, y, n, ew_add());
     CU_LAUNCH_CHECK("add");
     return HYLA_OK;
 }
 extern "C" hyla_status cu_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    k_swiglu<<<grid_for(n), TPB, 0, c->stream>>>(gate, up, out, n);
+    ew2_launch(c, gate, up, out, n, ew_swiglu());
     CU_LAUNCH_CHECK("swiglu");
     return HYLA_OK;
 }
 extern "C" hyla_status cu_silu(void *ctx, float *x, size_t n) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    k_silu<<<grid_for(n), TPB, 0, c->stream>>>(x, n);
+    ew1_launch(c, x, x, n, ew_silu());
     CU_LAUNCH_CHECK("silu");
     return HYLA_OK;
 }
 extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normalizer, float clamp_min) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    k_gla_gate<<<grid_for(n), TPB, 0, c->stream>>>(x, n, 1.0f / normalizer, clamp_min);
+    ew_gla_gate f;
+    f.inv_norm = 1.0f / normalizer;
+    f.clamp_min = clamp_min;
+    ew1_launch(c, x, x, n, f);
     CU_LAUNCH_CHECK("gla_gate");
     return HYLA_OK;
 }
 
-/* [GDN-1] into scratch first: g/beta may alias a/b with different row strides, so an in-place
- * parallel write could clobber inputs other threads have not read yet. */
-__global__ void k_gdn_gates(const float *a, int a_stride, const float *b, int b_stride, const float *A_log,
-                            const float *dt_bias, float *g, float *beta, int n, int H, int allow_neg) {
-    size_t total = (size_t)n * H;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / H;
-        int h = (int)(i - r * H);
-        float x = a[r * a_stride + h] + dt_bias[h];
+/* [GDN-1] g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) * (allow_neg ? 2 : 1).
+ * Element i = (row r, head h) is read and written by one thread, so the outputs are written in
+ * place when each output either equals its input with a row stride of H (the runtime's call: the
+ * thread overwrites only what it has read) or overlaps no input; any other aliasing (g/beta over
+ * a/b with other strides) goes through scratch, as every call did before. */
+template <class I>
+__global__ void k_gdn_gates(const float *a, int a_stride, const float *b, int b_stride, const float *__restrict__ A_log,
+                            const float *__restrict__ dt_bias, float *g, float *beta, I total, int H, int allow_neg) {
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I r = i / (I)H;
+        int h = (int)(i - r * (I)H);
+        float av = a[r * (I)a_stride + h], bv = b[r * (I)b_stride + h];
+        float x = av + dt_bias[h];
         float sp = x > 20.0f ? x : log1pf(expf(x));
         g[i] = -expf(A_log[h]) * sp;
-        float s = 1.0f / (1.0f + expf(-b[r * b_stride + h]));
+        float s = 1.0f / (1.0f + expf(-bv));
         beta[i] = allow_neg ? 2.0f * s : s;
     }
+}
+
+/* [p, p + bytes) and [q, q + qbytes) overlap */
+static int overlaps(const void *p, size_t bytes, const void *q, size_t qbytes) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return a < b + qbytes && b < a + bytes;
 }
 
 extern "C" hyla_status cu_gdn_gates(void *ctx, const float *a, int a_stride, const float *b, int b_stride,
                                     const float *A_log, const float *dt_bias, float *g, float *beta, int n, int H,
                                     int allow_neg) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0) return HYLA_OK;
+    if (n <= 0 || H <= 0) return HYLA_OK;
     size_t total = (size_t)n * H;
-    void *scr;
-    HYLA_TRY(cu_scratch(c, SCR_MISC, total * 2 * sizeof(float), &scr));
-    float *sg = (float *)scr, *sb = sg + total;
-    k_gdn_gates<<<grid_for(total), TPB, 0, c->stream>>>(a, a_stride, b, b_stride, A_log, dt_bias, sg, sb, n, H,
-                                                        allow_neg);
+    size_t ob = total * sizeof(float);
+    size_t ab = ((size_t)(n - 1) * a_stride + H) * sizeof(float), bb = ((size_t)(n - 1) * b_stride + H) * sizeof(float);
+    /* output O may be written directly if it overlaps neither input, or is exactly that input
+     * with stride H and overlaps the other one not at all (or is exactly it as well) */
+    int direct = 1;
+    const float *outs[2] = {g, beta};
+    for (int k = 0; k < 2; k++) {
+        const float *ins[2] = {a, b};
+        int strides[2] = {a_stride, b_stride};
+        size_t ibytes[2] = {ab, bb};
+        for (int j = 0; j < 2; j++)
+            if (overlaps(outs[k], ob, ins[j], ibytes[j]) && !(outs[k] == ins[j] && strides[j] == H)) direct = 0;
+    }
+    if (overlaps(g, ob, beta, ob)) direct = 0;
+    float *dg = g, *dbeta = beta;
+    if (!direct) {
+        void *scr;
+        HYLA_TRY(cu_scratch(c, SCR_MISC, total * 2 * sizeof(float), &scr));
+        dg = (float *)scr;
+        dbeta = dg + total;
+    }
+    unsigned nb = ew_blocks(total);
+    if (total + (size_t)nb * TPB < ((size_t)1 << 32) && (size_t)(n - 1) * a_stride + H < ((size_t)1 << 31) &&
+        (size_t)(n - 1) * b_stride + H < ((size_t)1 << 31))
+        k_gdn_gates<unsigned><<<nb, TPB, 0, c->stream>>>(a, a_stride, b, b_stride, A_log, dt_bias, dg, dbeta,
+                                                        (unsigned)total, H, allow_neg);
+    else
+        k_gdn_gates<size_t><<<nb, TPB, 0, c->stream>>>(a, a_stride, b, b_stride, A_log, dt_bias, dg, dbeta, total, H,
+                                                      allow_neg);
     CU_LAUNCH_CHECK("gdn_gates");
-    CU_TRY(cudaMemcpyAsync(g, sg, total * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
-    CU_TRY(cudaMemcpyAsync(beta, sb, total * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    if (!direct) {
+        CU_TRY(cudaMemcpyAsync(g, dg, ob, cudaMemcpyDeviceToDevice, c->stream));
+        CU_TRY(cudaMemcpyAsync(beta, dbeta, ob, cudaMemcpyDeviceToDevice, c->stream));
+    }
     return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- RoPE [ATTN-1] */
 
 /* The angle pos * theta^(-2j/D) is formed in double: at positions of 10^5 an fp32 angle is
- * off by ~1e-2 rad. */
-__global__ void k_rope(float *x, int n, int H, int D, const int32_t *pos, double log_theta) {
+ * off by ~1e-2 rad. One thread per (token, j, group of hper <= ROPE_HG heads): the angle and its
+ * sincos (double) once for the group, every pair loaded before any is stored; adjacent threads
+ * take adjacent j (coalesced). The values equal one thread per (token, head, j). */
+#define ROPE_HG 8
+template <class I>
+__global__ void k_rope(float *x, int n, int H, int D, const int32_t *pos, double log_theta, int ngrp, int hper) {
     int half = D / 2;
-    size_t total = (size_t)n * H * half;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        int j = (int)(i % half);
-        size_t th = i / half; /* token * H + head */
-        size_t t = th / H;
+    I total = (I)n * half * ngrp;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I r = i / (I)half;
+        int j = (int)(i - r * (I)half);
+        I t = r / (I)ngrp;
+        int grp = (int)(r - t * (I)ngrp);
         double inv_freq = exp(-2.0 * j / D * log_theta);
         double ang = (double)pos[t] * inv_freq;
         double sn, cs;
         sincos(ang, &sn, &cs);
-        float *xr = x + th * D;
-        float a = xr[j], b = xr[j + half];
-        xr[j] = (float)(a * cs - b * sn);
-        xr[j + half] = (float)(b * cs + a * sn);
+        int h0 = grp * hper;
+        float *xr = x + ((size_t)t * H + h0) * D + j;
+        float a[ROPE_HG], b[ROPE_HG];
+#pragma unroll
+        for (int k = 0; k < ROPE_HG; k++)
+            if (k < hper && h0 + k < H) {
+                a[k] = xr[(size_t)k * D];
+                b[k] = xr[(size_t)k * D + half];
+            }
+#pragma unroll
+        for (int k = 0; k < ROPE_HG; k++)
+            if (k < hper && h0 + k < H) {
+                xr[(size_t)k * D] = (float)(a[k] * cs - b[k] * sn);
+                xr[(size_t)k * D + half] = (float)(b[k] * cs + a[k] * sn);
+            }
     }
 }
 
 extern "C" hyla_status cu_rope_dev(hyla_cuda_ctx *c, float *x, int n, int H, int D, const int32_t *d_pos,
                                    float theta) {
-    if (n <= 0) return HYLA_OK;
-    size_t total = (size_t)n * H * (D / 2);
-    k_rope<<<grid_for(total), TPB, 0, c->stream>>>(x, n, H, D, d_pos, log((double)theta));
+    if (n <= 0 || H <= 0 || D < 2) return HYLA_OK;
+    int ngrp = (H + ROPE_HG - 1) / ROPE_HG, hper = (H + ngrp - 1) / ngrp; /* H = 18: 3 groups of 6 */
+    size_t total = (size_t)n * (D / 2) * ngrp;
+    unsigned nb = ew_blocks(total);
+    if (total + (size_t)nb * TPB < ((size_t)1 << 32))
+        k_rope<unsigned><<<nb, TPB, 0, c->stream>>>(x, n, H, D, d_pos, log((double)theta), ngrp, hper);
+    else
+        k_rope<size_t><<<nb, TPB, 0, c->stream>>>(x, n, H, D, d_pos, log((double)theta), ngrp, hper);
     CU_LAUNCH_CHECK("rope");
     return HYLA_OK;
 }
@@ -374,9 +744,82 @@ extern "C" hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const i
 
 /* ---------------------------------------------------------------- short conv [CONV-1] */
 
-/* y[b][t][c] = sum_j w[c][j] * in(t - K + 1 + j) (+bias) (silu), in(s<0) = tail[K-1+s] */
-__global__ void k_short_conv(const float *x, float *y, int B, int n, int C, const float *__restrict__ w,
-                             const float *bias, int K, float *const *tails, int act) {
+/* In place, K <= CONV_KMAX (k_conv): the n tokens of a session are cut into segments of
+ * CONV_L; one thread per (session, segment, channel), channels fastest (each load and store of
+ * a warp is 128 contiguous bytes). A thread loads its segment's inputs into registers, then
+ * computes y_t = sum_j w[c][j] * in(t - K + 1 + j) (j ascending, fmaf from 0), + bias, silu,
+ * over a register window of the last K-1 inputs, and overwrites x. The window before segment s
+ * is the K-1 raw inputs before it, which the thread of segment s-1 overwrites: when there is
+ * more than one segment, k_conv_halo first copies them (s = 0: the old tail) into scratch
+ * (a (K-1)/CONV_L fraction of x). The thread of the last segment ends with the last K-1 inputs
+ * in its window and writes them as the new tail (n < K-1: shifted old tail rows, as the CPU).
+ * One segment (n <= CONV_L: decode steps, short pieces): one launch, the window read from the
+ * tail. A value is the same function of its K inputs whatever the segment boundaries, so a call
+ * equals its pieces and a session in a batch equals it alone, bit for bit. */
+#define CONV_L 16
+#define CONV_KMAX 4
+#define CONV_TPB 128
+
+template <int K>
+__global__ void k_conv_halo(const float *x, int n, int C, int nseg, float *const *tails, float *halo) {
+    int cidx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (cidx >= C) return;
+    int bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
+    float *h = halo + (size_t)bs * (K - 1) * C + cidx;
+    const float *src =
+        s == 0 ? tails[b] + cidx : x + ((size_t)b * n + (size_t)s * CONV_L - (K - 1)) * C + cidx;
+    float v[K > 1 ? K - 1 : 1];
+#pragma unroll
+    for (int r = 0; r < K - 1; r++) v[r] = src[(size_t)r * C];
+#pragma unroll
+    for (int r = 0; r < K - 1; r++) h[(size_t)r * C] = v[r];
+}
+
+template <int K>
+__global__ void __launch_bounds__(CONV_TPB) k_conv(float *x, int n, int C, int nseg, const float *__restrict__ w,
+                                                   const float *__restrict__ bias, float *const *tails,
+                                                   const float *halo, int act) {
+    int cidx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (cidx >= C) return;
+    int bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
+    float wc[K], win[K]; /* win[0..K-2]: the previous K-1 inputs, oldest first */
+#pragma unroll
+    for (int j = 0; j < K; j++) wc[j] = w[(size_t)cidx * K + j];
+    float bc = bias ? bias[cidx] : 0.0f;
+    float *tail = K > 1 ? tails[b] : NULL;
+    if (K > 1) {
+        const float *src = nseg == 1 ? tail + cidx : halo + (size_t)bs * (K - 1) * C + cidx;
+#pragma unroll
+        for (int j = 0; j < K - 1; j++) win[j] = src[(size_t)j * C];
+    }
+    int t0 = s * CONV_L, len = n - t0 < CONV_L ? n - t0 : CONV_L;
+    float *xp = x + ((size_t)b * n + t0) * C + cidx;
+    float in[CONV_L];
+#pragma unroll
+    for (int i = 0; i < CONV_L; i++)
+        if (i < len) in[i] = xp[(size_t)i * C];
+#pragma unroll
+    for (int i = 0; i < CONV_L; i++)
+        if (i < len) {
+            win[K - 1] = in[i];
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < K; j++) acc = fmaf(wc[j], win[j], acc);
+            if (bias) acc += bc;
+            xp[(size_t)i * C] = act ? silu_f(acc) : acc;
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
+        }
+    if (K > 1 && s == nseg - 1) {
+#pragma unroll
+        for (int j = 0; j < K - 1; j++) tail[(size_t)j * C + cidx] = win[j];
+    }
+}
+
+/* Kernel sizes over CONV_KMAX (and grids past 65535 segments): out of place into scratch, the
+ * tail by a second kernel, then a copy back over x (the first version). */
+__global__ void k_short_conv_oop(const float *x, float *y, int B, int n, int C, const float *__restrict__ w,
+                                 const float *bias, int K, float *const *tails, int act) {
     size_t total = (size_t)B * n * C;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         int cidx = (int)(i % C);
@@ -385,12 +828,13 @@ __global__ void k_short_conv(const float *x, float *y, int B, int n, int C, cons
         int b = (int)(bt / n);
         const float *xb = x + (size_t)b * n * C;
         const float *tail = tails[b];
-        float acc = bias ? bias[cidx] : 0.0f;
+        float acc = 0.0f;
         for (int j = 0; j < K; j++) {
             int s = t - K + 1 + j;
             float in = s >= 0 ? xb[(size_t)s * C + cidx] : tail[(size_t)(K - 1 + s) * C + cidx];
-            acc += w[cidx * K + j] * in;
+            acc = fmaf(w[(size_t)cidx * K + j], in, acc);
         }
+        if (bias) acc += bias[cidx];
         y[i] = act ? silu_f(acc) : acc;
     }
 }
@@ -420,13 +864,39 @@ extern "C" hyla_status cu_short_conv(void *ctx, float *x, int B, int n, int C, c
     return cu_short_conv_dev(c, x, B, n, C, w, bias, K, (float *const *)d_tails, act_silu);
 }
 
+template <int K>
+static hyla_status conv_launch(hyla_cuda_ctx *c, float *x, int B, int n, int C, const float *w, const float *bias,
+                               float *const *d_tails, int act, int nseg) {
+    dim3 grid(cu_blocks((size_t)C, CONV_TPB), (unsigned)(B * nseg));
+    float *halo = NULL;
+    if (nseg > 1 && K > 1) {
+        void *scr;
+        HYLA_TRY(cu_scratch(c, SCR_MISC, (size_t)B * nseg * (K - 1) * C * sizeof(float), &scr));
+        halo = (float *)scr;
+        k_conv_halo<K><<<grid, CONV_TPB, 0, c->stream>>>(x, n, C, nseg, d_tails, halo);
+        CU_LAUNCH_CHECK("short_conv halo");
+    }
+    k_conv<K><<<grid, CONV_TPB, 0, c->stream>>>(x, n, C, nseg, w, bias, d_tails, halo, act);
+    CU_LAUNCH_CHECK("short_conv");
+    return HYLA_OK;
+}
+
 extern "C" hyla_status cu_short_conv_dev(hyla_cuda_ctx *c, float *x, int B, int n, int C, const float *w,
                                          const float *bias, int K, float *const *d_tails, int act_silu) {
-    if (B <= 0 || n <= 0) return HYLA_OK;
+    if (B <= 0 || n <= 0 || C <= 0) return HYLA_OK;
+    int nseg = (n + CONV_L - 1) / CONV_L;
+    if (K <= CONV_KMAX && (size_t)B * nseg <= 65535) {
+        switch (K) {
+        case 1: return conv_launch<1>(c, x, B, n, C, w, bias, d_tails, act_silu, nseg);
+        case 2: return conv_launch<2>(c, x, B, n, C, w, bias, d_tails, act_silu, nseg);
+        case 3: return conv_launch<3>(c, x, B, n, C, w, bias, d_tails, act_silu, nseg);
+        default: return conv_launch<4>(c, x, B, n, C, w, bias, d_tails, act_silu, nseg);
+        }
+    }
     size_t total = (size_t)B * n * C;
     void *scr;
     HYLA_TRY(cu_scratch(c, SCR_MISC, total * sizeof(float), &scr));
-    k_short_conv<<<grid_for(total), TPB, 0, c->stream>>>(x, (float *)scr, B, n, C, w, bias, K, d_tails, act_silu);
+    k_short_conv_oop<<<grid_for(total), TPB, 0, c->stream>>>(x, (float *)scr, B, n, C, w, bias, K, d_tails, act_silu);
     CU_LAUNCH_CHECK("short_conv");
     if (K > 1) {
         k_conv_tail<<<grid_for((size_t)B * C), TPB, 0, c->stream>>>(x, B, n, C, K, d_tails);
