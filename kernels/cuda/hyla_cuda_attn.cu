@@ -9,9 +9,9 @@
  * Prefill (D a multiple of 16, D <= 128): flash-attention style, one block of 4 warps per
  * (64 queries, query head); each warp owns 16 query rows; key tiles of 64 tokens are gathered
  * from their pages into shared memory; S = Q K^T and O += P V run on tensor cores (bf16,
- * fp32 accumulation) with an online softmax in fp32 (max subtraction, exp rescaling). The keys
- * are cut into splits of HYLA_CUDA_ATTN_SPLIT (2048) at absolute positions, one block per
- * (64 queries, head, split), merged per row by k_flash_combine.
+ * fp32 accumulation) with an online softmax in fp32 (max subtraction, exp rescaling). Calls
+ * whose keys reach past HYLA_CUDA_ATTN_SPLIT (8192) cut them into splits at absolute positions,
+ * one block per (64 queries, head, split), merged per row by k_flash_combine.
  * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
  * (query, head, key split) runs an online softmax over blocks of 256 keys on CUDA cores and
  * writes (max, sum, acc); a combine kernel merges the splits in split order. All reductions
@@ -379,19 +379,21 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
         }
         return;
     }
-    float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    /* O / l, as k_flash_combine computes it for a row whose keys all lie in one split (there
+     * the weight 2^(m - M) is exactly 1): a call whose keys fit one split skips the partials and
+     * gives the same bits */
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
         int d = nt * 8 + 2 * tq;
         if (r0 < nq) {
             float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
-            op[0] = oacc[nt][0] * inv0;
-            op[1] = oacc[nt][1] * inv0;
+            op[0] = l0 > 0.0f ? oacc[nt][0] / l0 : 0.0f;
+            op[1] = l0 > 0.0f ? oacc[nt][1] / l0 : 0.0f;
         }
         if (r1 < nq) {
             float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
-            op[0] = oacc[nt][2] * inv1;
-            op[1] = oacc[nt][3] * inv1;
+            op[0] = l1 > 0.0f ? oacc[nt][2] / l1 : 0.0f;
+            op[1] = l1 > 0.0f ? oacc[nt][3] / l1 : 0.0f;
         }
     }
 }
@@ -420,17 +422,20 @@ __global__ void k_flash_combine(const float *part, int Hq, int D, int nsplit, in
     }
 }
 
-/* HYLA_CUDA_ATTN_SPLIT: keys per split of the flash prefill (default 2048; a multiple of 64; 0 =
- * one pass). Part of what the bits depend on, like HYLA_CUDA_PREFILL_ROWS. Read per call. */
+/* HYLA_CUDA_ATTN_SPLIT: keys per split of the flash prefill (default 8192; a multiple of 64; 0 =
+ * one pass). H100 run 30, 1.3B sse-h prefill: splits of 2048 were slower at 4k and 32k (63.7k /
+ * 54.5k tok/s against 68.8k / 55.9k in one pass) and faster at 128k (34.6k against 30.6k): the
+ * partials and the combine cost more than the parallelism gains until contexts are long. Part of
+ * what the bits depend on, like HYLA_CUDA_PREFILL_ROWS. Read per call. */
 static int attn_split_len(void) {
     const char *e = getenv("HYLA_CUDA_ATTN_SPLIT");
-    if (!e || !*e) return 2048;
+    if (!e || !*e) return 8192;
     char *end;
     long v = strtol(e, &end, 10);
     if (*end || v < 0 || v > (1L << 24) || v % 64) {
         static int warned;
-        if (!warned++) HYLA_WARN("HYLA_CUDA_ATTN_SPLIT='%s' is not 0 or a multiple of 64: using 2048", e);
-        return 2048;
+        if (!warned++) HYLA_WARN("HYLA_CUDA_ATTN_SPLIT='%s' is not 0 or a multiple of 64: using 8192", e);
+        return 8192;
     }
     return (int)v;
 }
@@ -497,7 +502,7 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
         /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
         int group = n;
         void *scr = NULL;
-        if (L) {
+        if (L && (pos0 + n - 1) / L > 0) { /* partials only where some group has two splits or more */
             const int nsplit_max = (pos0 + n - 1) / L + 1;
             const size_t per_q = (size_t)Hq * nsplit_max * (D + 2) * 4;
             size_t g = ((size_t)256 << 20) / per_q / FA_BQ * FA_BQ;
@@ -507,20 +512,21 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
         for (int g0 = 0; g0 < n; g0 += group) {
             const int ng = n - g0 < group ? n - g0 : group, gp0 = pos0 + g0;
             const int nsplit = L ? (gp0 + ng - 1) / L + 1 : 1;
+            const int Lg = nsplit > 1 ? L : 0; /* keys in one split: the direct pass, the same bits */
             const float *qg = q + (size_t)g0 * Hq * D;
             float *og = o + (size_t)g0 * Hq * D, *part = (float *)scr;
             dim3 grid(cu_blocks(ng, FA_BQ), Hq, nsplit);
             if (D == 32)
                 k_attn_flash<32><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
-                                                               kv->page_tokens, og, L, nsplit, part);
+                                                               kv->page_tokens, og, Lg, nsplit, part);
             else if (D == 64)
                 k_attn_flash<64><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
-                                                               kv->page_tokens, og, L, nsplit, part);
+                                                               kv->page_tokens, og, Lg, nsplit, part);
             else
                 k_attn_flash<128><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
-                                                                kv->page_tokens, og, L, nsplit, part);
+                                                                kv->page_tokens, og, Lg, nsplit, part);
             CU_LAUNCH_CHECK("attn flash");
-            if (L) {
+            if (Lg) {
                 k_flash_combine<<<dim3(Hq, ng), D, 0, c->stream>>>(part, Hq, D, nsplit, L, gp0, window, og);
                 CU_LAUNCH_CHECK("attn flash combine");
             }
