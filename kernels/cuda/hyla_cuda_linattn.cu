@@ -562,7 +562,6 @@ struct ChunkArgs {
     const int32_t *rsrc;
     int rdense, rK;
     const float *rw, *q2, *k2, *g2, *b2;
-    int l2pf; /* fused GDN, WS forms: the producers prefetch chunk c+2's rows into L2 (HYLA_CUDA_GDN_PF) */
 };
 
 /* Source of packed row r: token index, sparse or not, weight (1 for dense rows: x * 1.0f == x). */
@@ -1285,11 +1284,6 @@ __device__ __forceinline__ void fu_sync() {
  * chunk before it issues the o stores, so the compute warps never wait for their issue. The values are those of the
  * default staging and of the default o stores. Needs vec (dk % 4 == 0, dv % 4 == 0, 16-byte
  * aligned q, k, v) and o 16-byte aligned. */
-/* L2 prefetch of a contiguous range (16-byte multiple, 16-byte aligned) */
-__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
 template <int DKP, int NPW>
 __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, float *Qst, float *Vst, float *Gst,
                                             float *Bst, float *Wr, const float *Ob, int c0, int nc, int h, int jb,
@@ -1338,25 +1332,7 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
         }
         cp_async_commit();
     };
-    /* HYLA_CUDA_GDN_PF=1: one cp.async.bulk.prefetch.L2 per row of q, k and v of chunk c, by
-     * the lane that owns the row, so that the cp.async of stage(c) a chunk later hit L2 */
-    auto prefetch = [&](int c) {
-        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-#pragma unroll
-        for (int hf = 0; hf < NS; hf++) {
-            const int u = lane + 32 * hf, t = r0 + u;
-            if (u < RW && t < len) {
-                int sp = 0;
-                float wt;
-                const size_t tok = chunk_row(a, tok0 + t, sp, wt), off = (tok * H + h) * dk;
-                prefetch_l2((sp ? a.q2 : a.q) + off, (unsigned)dk * 4);
-                prefetch_l2((sp ? a.k2 : a.k) + off, (unsigned)dk * 4);
-                prefetch_l2(a.v + (tok * H + h) * dv + jb, (unsigned)(dv - jb < 128 ? dv - jb : 128) * 4);
-            }
-        }
-    };
     stage(c0);
-    if (a.l2pf && nc > 1) prefetch(c0 + 1);
     cp_async_wait<0>();
     nb_arrive(FU_FULL, WT);
     const bool okc = jb + 4 * lane < dv;
@@ -1366,7 +1342,6 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
             nb_sync(FU_EMPTY, WT);
             FPROFP(12);
             stage(c + 1);
-            if (a.l2pf && cc + 2 < nc) prefetch(c + 2);
             FPROFP(13);
         }
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
@@ -2583,14 +2558,6 @@ static int gdn_ws_mode(void) {
  * rounds A and the intermediate blocks to bf16) and each is the same bits in all of its forms.
  * Read per launch (host side only) so tests can compare; a malformed value warns once and keeps
  * the default. */
-/* HYLA_CUDA_GDN_PF=1: the WS forms' producers prefetch the rows of the chunk after next into L2
- * (one bulk prefetch per row of q, k, v), so their cp.async staging hits L2 (run 29: the staging
- * bounds the chunk with FS = 1). The same bits (no arithmetic changes). Read per launch. */
-static int gdn_pf_mode(void) {
-    const char *e = getenv("HYLA_CUDA_GDN_PF");
-    return e && !strcmp(e, "1");
-}
-
 static int gdn_fs_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_FS");
     if (!e || !*e || strcmp(e, "1") == 0) return 1; /* the default since run 29 (1.59 vs 1.75 ms) */
@@ -2609,15 +2576,13 @@ static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC
     const int ws = split ? 0 : gdn_ws_mode();
     if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1, FS>::TOTAL <= c->smem_optin) {
         const size_t sw = FusedSmem<DKP, 1, FS>::TOTAL; /* the same layout for WS = 1 and 2 */
-        ChunkArgs cw = ca;
-        cw.l2pf = gdn_pf_mode() && ca.dk % 4 == 0;
         if (ws == 2) {
             CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 2, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gdn_fused<DKP, 0, 2, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(cw);
+            k_gdn_fused<DKP, 0, 2, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws2)");
         } else {
             CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-            k_gdn_fused<DKP, 0, 1, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(cw);
+            k_gdn_fused<DKP, 0, 1, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws)");
         }
         return HYLA_OK;
