@@ -1720,6 +1720,76 @@ static void test_attention(void) {
     }
 }
 
+/* k_attn_flash2 (the default flash prefill: 8 warps, 128 queries a block, cp.async double
+ * buffering) == k_attn_flash (HYLA_CUDA_ATTN=flash1) bit for bit, and the 4-warp form
+ * (HYLA_CUDA_ATTN=flash2w4) too: prefill from position 0 (n = 300, 1100: several 128-query blocks
+ * and a partial one) and a piece at pos0 = 64 after a first piece of 64 (128-query blocks that
+ * straddle k_attn_flash's 64-query grid differently; with a window, halves on different key
+ * grids), D = 32, 64, 128, GQA, window 0 and 100, one pass and splits of 64 keys; within the
+ * tolerance of the CPU. */
+static void test_attention_flash2(void) {
+    printf("attention: flash2 == flash1 (bits)\n");
+    const int Hq = 4, Hk = 2, Ds[3] = {32, 64, 128}, ns[2] = {300, 1100}, n1 = 64;
+    for (int di = 0; di < 3; di++)
+        for (int W = 0; W <= 100; W += 100)
+            for (int sp = 0; sp < 2; sp++)
+                for (int ni = 0; ni < 2; ni++) {
+                    const int D = Ds[di], n = ns[ni], pt = D == 64 ? 16 : 64;
+                    float scale = 1.0f / sqrtf((float)D);
+                    size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, q1 = (size_t)n1 * Hq * D,
+                           k1 = (size_t)n1 * Hk * D;
+                    float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
+                    pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
+                    kvpair kv = kv_new((n + pt - 1) / pt, pt, Hk, D);
+                    hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
+                    void *ob = dev(gpu, NULL, nq * 4), *oc = dev(gpu, NULL, nq * 4);
+                    if (sp) setenv("HYLA_CUDA_ATTN_SPLIT", "64", 1);
+                    /* from position 0 */
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, po.g));
+                    setenv("HYLA_CUDA_ATTN", "flash1", 1);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, ob));
+                    setenv("HYLA_CUDA_ATTN", "flash2w4", 1);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, oc));
+                    unsetenv("HYLA_CUDA_ATTN");
+                    CHECK_MSG(same_bits(gpu, po.g, ob, nq * 4) && same_bits(gpu, po.g, oc, nq * 4),
+                              "attn prefill D=%d W=%d n=%d%s: flash2 == flash1 == flash2w4 (bits)", D, W, n,
+                              sp ? " splits of 64" : "");
+                    if (ni == 0 || (D == 128 && W == 100)) {
+                        CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
+                        char name[96];
+                        snprintf(name, sizeof name, "attn prefill (flash2) D=%d W=%d n=%d%s", D, W, n,
+                                 sp ? " split 64" : "");
+                        cmp_pair(name, po, ATTN_TOL);
+                    }
+                    /* a piece at pos0 = 64 after a first piece of 64 (the cache already holds both) */
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, po.g));
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
+                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)po.g + q1));
+                    setenv("HYLA_CUDA_ATTN", "flash1", 1);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
+                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)ob + q1));
+                    setenv("HYLA_CUDA_ATTN", "flash2w4", 1);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
+                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)oc + q1));
+                    unsetenv("HYLA_CUDA_ATTN");
+                    CHECK_MSG(same_bits(gpu, (float *)po.g + q1, (float *)ob + q1, (nq - q1) * 4) &&
+                                  same_bits(gpu, (float *)po.g + q1, (float *)oc + q1, (nq - q1) * 4),
+                              "attn prefill D=%d W=%d, piece of %d at pos0=64%s: flash2 == flash1 == flash2w4 (bits)",
+                              D, W, n - n1, sp ? " splits of 64" : "");
+                    if (sp) unsetenv("HYLA_CUDA_ATTN_SPLIT");
+                    dfree(gpu, ob);
+                    dfree(gpu, oc);
+                    kv_free(&kv);
+                    pair_free(pq);
+                    pair_free(pk);
+                    pair_free(pv);
+                    pair_free(po);
+                    free(q);
+                    free(k);
+                    free(v);
+                }
+}
+
 /* ---------------------------------------------------------------- sampling */
 
 static void test_sample(void) {
@@ -1895,6 +1965,7 @@ int main(void) {
     test_sse();
     test_sse_plan();
     test_attention();
+    test_attention_flash2();
     test_sample();
     CHECK_OK(gpu->ops->sync(gpu->ctx));
     CHECK_OK(gpu_rec->ops->sync(gpu_rec->ctx));

@@ -6,12 +6,15 @@
  * written into their pages first; queries then read only the cache, so prefill and decode see
  * the same bf16 keys and values.
  *
- * Prefill (D a multiple of 16, D <= 128): flash-attention style, one block of 4 warps per
- * (64 queries, query head); each warp owns 16 query rows; key tiles of 64 tokens are gathered
- * from their pages into shared memory; S = Q K^T and O += P V run on tensor cores (bf16,
- * fp32 accumulation) with an online softmax in fp32 (max subtraction, exp rescaling). Calls
+ * Prefill (D = 32, 64, 128): flash-attention style, each warp owns 16 query rows; key tiles of
+ * 64 tokens are gathered from their pages into shared memory; S = Q K^T and O += P V run on
+ * tensor cores (bf16, fp32 accumulation) with an online softmax in fp32 (max subtraction, exp
+ * rescaling). k_attn_flash2 (default): one block of 8 warps per (128 queries, head), tiles
+ * streamed by cp.async into two buffers shared by the 8 warps; each warp runs exactly the tiles
+ * and arithmetic k_attn_flash (HYLA_CUDA_ATTN=flash1: 4 warps per 64 queries, plain loads, one
+ * buffer) gives its rows, so the two give the same bits. Calls
  * whose keys reach past HYLA_CUDA_ATTN_SPLIT (8192) cut them into splits at absolute positions,
- * one block per (64 queries, head, split), merged per row by k_flash_combine.
+ * one block per (query block, head, split), merged per row by k_flash_combine.
  * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
  * (query, head, key split) runs an online softmax over blocks of 256 keys on CUDA cores and
  * writes (max, sum, acc); a combine kernel merges the splits in split order. All reductions
@@ -398,6 +401,279 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     }
 }
 
+/* k_attn_flash2: the arithmetic of k_attn_flash, with the K/V tiles shared by 8 warps and
+ * streamed in by cp.async (HYLA_CUDA_ATTN=flash1 runs k_attn_flash instead; NW = 4,
+ * HYLA_CUDA_ATTN=flash2w4: one 64-query half per block, k_attn_flash's blocks with the
+ * double-buffered cp.async tiles).
+ *
+ * One block of 8 warps per (128 queries, head[, key split]): the block is k_attn_flash's two
+ * 64-query blocks qb' = 2 qb, 2 qb + 1 side by side ("halves"; warps 0-3 and 4-7), and each half
+ * keeps that block's key range [klo_h, khi_h], computed by the same formulas. The block streams
+ * 64-key tiles through two shared-memory buffers (cp.async, 16-byte pieces gathered row by row
+ * from the pages: a tile may span pages; tile t + 1 loads while tile t computes). A warp runs a
+ * tile only if the tile is one of its half's tiles in k_attn_flash (kt = klo_h + 64 i <= khi_h),
+ * and then runs exactly k_attn_flash's code on it: the same mma, mask (with khi_h), max, exp2,
+ * sum, rescale and P V, in the same order, on the same operands, so a row's bits are the same.
+ * The operands: Q (the same bf16 rounding), K rows (the same cache rows; rows past khi_h are
+ * masked to -inf whatever they hold) and V rows, which k_attn_flash zero-fills past khi_h: the
+ * shared tile holds real rows up to the block's last key, so a warp whose khi_h ends inside a
+ * tile zeroes those V fragment halves in registers (+0 bf16, the bits k_attn_flash loads).
+ * Tile grids: both halves' tiles lie on one grid (tile starts klo_0 + 64 i) unless the window
+ * start of half 0 (qp_lo - window + 1) is clamped up to 0 or to the split start while half 1's
+ * (64 later) is not, with klo_1 - klo_0 not a multiple of 64; then the block runs two passes
+ * (half 0's tiles, then half 1's), each half computing only in its own pass. Without a window
+ * klo_0 = klo_1 (0 or the split start): always one pass.
+ * Shared memory: 2 buffers x (K, V) x [64][D + 8] bf16 (69,632 bytes at D = 128); the Q tile
+ * [128][D + 8] is staged in buffer 1 until its fragments are in registers, while tile 0 streams
+ * into buffer 0. Registers (sm_90, no spills): NW = 8: 207 / 159 / 127 at D = 128 / 64 / 32,
+ * one block (8 warps) per SM at D = 128; NW = 4: 168 at D = 128, three blocks per SM.
+ * Tiles past a row's position would be bit-neutral too (all masked: max unchanged, factor
+ * exp2(0) = 1, sums of exact zeros), but skipping them keeps each warp's sequence of tiles that
+ * of k_attn_flash by construction (signed zeros and subnormals included). */
+template <int D, int NW>
+__global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
+                                                                 int window, float scale, void *const *kp,
+                                                                 void *const *vp, int pt, float *o, int split_len,
+                                                                 int nsplit, float *part) {
+    constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int half = w >> 2, wl = w & 3;
+    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
+    const int qB = blockIdx.x * BQ; /* first query of the block (call-relative) */
+    const int nqB = n - qB < BQ ? n - qB : BQ;
+    /* each half's k_attn_flash block: q0, nq, [klo, khi] (empty: klo > khi) */
+    int lo0, hi0, lo1, hi1;
+    {
+        int lo[2], hi[2];
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            const int q0s = qB + FA_BQ * s, nqs = n - q0s < FA_BQ ? n - q0s : FA_BQ;
+            int klo = window > 0 ? pos0 + q0s - window + 1 : 0;
+            if (klo < 0) klo = 0;
+            int khi = pos0 + q0s + nqs - 1;
+            if (split_len) {
+                if (split * split_len > klo) klo = split * split_len;
+                if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+            }
+            if (nqs <= 0 || s >= NW / 4) klo = khi + 1;
+            lo[s] = klo;
+            hi[s] = khi;
+        }
+        lo0 = lo[0], hi0 = hi[0], lo1 = lo[1], hi1 = hi[1];
+    }
+    /* passes (first tile, last key loaded); lo1 >= lo0 and hi1 >= hi0. A half computes the
+     * tiles of its own grid only (kt = klo_h + 64 i), so in two passes each half skips the other's */
+    int st0 = 0, end0 = -1, nt0 = 0, st1 = 0, end1 = -1, nt1 = 0;
+    const bool e0 = lo0 > hi0, e1 = lo1 > hi1;
+    if (e0 && !e1) {
+        st0 = lo1, end0 = hi1;
+    } else if (!e0 && e1) {
+        st0 = lo0, end0 = hi0;
+    } else if (!e0 && !e1) {
+        if ((lo1 - lo0) % FA_BK == 0) {
+            st0 = lo0, end0 = hi1;
+        } else {
+            st0 = lo0, end0 = hi0;
+            st1 = lo1, end1 = hi1;
+        }
+    }
+    if (end0 >= st0) nt0 = (end0 - st0) / FA_BK + 1;
+    if (end1 >= st1) nt1 = (end1 - st1) / FA_BK + 1;
+    const int ntile = nt0 + nt1;
+    const size_t rowsz = (size_t)Hk * D;
+    /* tile j -> buffer b: rows past the pass's last key zero-filled (src-size 0) */
+    auto load = [&](int j, int b) {
+        const bool p1 = j >= nt0;
+        const int kt = p1 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK, end = p1 ? end1 : end0;
+        __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
+#pragma unroll 1
+        for (int x = tid; x < FA_BK * (D / 8); x += NT) {
+            const int r = x / (D / 8), c8 = x % (D / 8), p = kt + r, pc = p <= end ? p : end;
+            const size_t off = (size_t)(pc % pt) * rowsz + (size_t)hk * D + c8 * 8;
+            const int bytes = p <= end ? 16 : 0;
+            cp_async16(Kd + r * LD + c8 * 8, (const __nv_bfloat16 *)kp[pc / pt] + off, bytes);
+            cp_async16(Vd + r * LD + c8 * 8, (const __nv_bfloat16 *)vp[pc / pt] + off, bytes);
+        }
+        cp_async_commit();
+    };
+    if (ntile > 0) load(0, 0);
+    /* Q tile (bf16, as k_attn_flash rounds it) in buffer 1 */
+    {
+        __nv_bfloat16 *Qs = sm + 2 * TILE;
+        for (int x = tid; x < BQ * (D / 4); x += NT) {
+            const int r = x / (D / 4), d = (x % (D / 4)) * 4;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (r < nqB) {
+                const float *src = q + ((size_t)(qB + r) * Hq + h) * D + d; /* 4-byte aligned only */
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] = src[e];
+            }
+            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + r * LD + d);
+            dst[0] = __floats2bfloat162_rn(v[0], v[1]);
+            dst[1] = __floats2bfloat162_rn(v[2], v[3]);
+        }
+    }
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LD + kc * 16, LD);
+    __syncthreads(); /* buffer 1 free for tile 1 */
+
+    /* this warp's half (k_attn_flash's block q0 = qB + 64 half) and its two query rows */
+    const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    const int klo = half ? lo1 : lo0, khi = half ? hi1 : hi0;
+    const int r0 = 16 * wl + g, r1 = r0 + 8;
+    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float oacc[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+    const float sl2 = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
+    for (int j = 0; j < ntile; j++) {
+        if (j + 1 < ntile)
+            load(j + 1, (j + 1) & 1);
+        else
+            cp_async_commit(); /* an empty group: wait_group 1 below then waits for tile j */
+        cp_async_wait<1>();
+        __syncthreads(); /* tile j in buffer j & 1, visible to all warps */
+        const int kt = j >= nt0 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK;
+        /* one of k_attn_flash's tiles for this half (kt = klo + 64 i <= khi) */
+        if (kt >= klo && kt <= khi && (kt - klo) % FA_BK == 0) {
+            const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
+            float sacc[FA_BK / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sacc[nt][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+                for (int nt = 0; nt < FA_BK / 8; nt += 2) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
+                    mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
+                    mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
+                }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int kpos = kt + nt * 8 + 2 * tq + (e & 1);
+                    int qpos = (e >> 1) ? p1 : p0;
+                    bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
+                    float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
+                    sacc[nt][e] = v;
+                    if (e >> 1)
+                        mx1 = fmaxf(mx1, v);
+                    else
+                        mx0 = fmaxf(mx0, v);
+                }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+            }
+            float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
+            float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < FA_BK / 8; nt++) {
+                sacc[nt][0] = exp2f(sacc[nt][0] - b0);
+                sacc[nt][1] = exp2f(sacc[nt][1] - b0);
+                sacc[nt][2] = exp2f(sacc[nt][2] - b1);
+                sacc[nt][3] = exp2f(sacc[nt][3] - b1);
+                s0 += sacc[nt][0] + sacc[nt][1];
+                s1 += sacc[nt][2] + sacc[nt][3];
+            }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+            }
+            l0 = l0 * c0 + s0;
+            l1 = l1 * c1 + s1;
+            m0 = mn0;
+            m1 = mn1;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt++) {
+                oacc[nt][0] *= c0;
+                oacc[nt][1] *= c0;
+                oacc[nt][2] *= c1;
+                oacc[nt][3] *= c1;
+            }
+            /* O += P V; V rows past khi as k_attn_flash sees them: zero (only in a tile that
+             * reaches past khi, which for a warp happens once) */
+            const bool vcut = kt + FA_BK - 1 > khi;
+#pragma unroll
+            for (int kc = 0; kc < FA_BK / 16; kc++) {
+                uint32_t pf[4];
+                pf[0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+                pf[1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+                pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+                pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+                /* ldsm_frag_b2_kn: reg 0 of a tile holds keys 2tq (low half), 2tq + 1 (high);
+                 * reg 1 keys 2tq + 8, 2tq + 9 (of this 16-key step) */
+                const int kb = kt + kc * 16 + 2 * tq;
+                const uint32_t keep0 = (kb <= khi ? 0x0000ffffu : 0u) | (kb + 1 <= khi ? 0xffff0000u : 0u);
+                const uint32_t keep1 = (kb + 8 <= khi ? 0x0000ffffu : 0u) | (kb + 9 <= khi ? 0xffff0000u : 0u);
+#pragma unroll
+                for (int nt = 0; nt < D / 8; nt += 2) {
+                    uint32_t bf[2][2];
+                    ldsm_frag_b2_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
+                    if (vcut) {
+                        bf[0][0] &= keep0;
+                        bf[1][0] &= keep0;
+                        bf[0][1] &= keep1;
+                        bf[1][1] &= keep1;
+                    }
+                    mma_bf16_16816(oacc[nt], pf, bf[0]);
+                    mma_bf16_16816(oacc[nt + 1], pf, bf[1]);
+                }
+            }
+        }
+        __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
+    }
+    if (nq <= 0) return;
+    if (split_len) { /* as k_attn_flash */
+        const int sl = split * split_len, sh = sl + split_len - 1;
+        const bool w0 = r0 < nq && sl <= p0 && (window <= 0 || sh > p0 - window);
+        const bool w1 = r1 < nq && sl <= p1 && (window <= 0 || sh > p1 - window);
+        float *pr0 = part + (((size_t)(q0 + r0) * Hq + h) * nsplit + split) * (D + 2);
+        float *pr1 = part + (((size_t)(q0 + r1) * Hq + h) * nsplit + split) * (D + 2);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            int d = nt * 8 + 2 * tq;
+            if (w0) *(float2 *)(pr0 + d) = make_float2(oacc[nt][0], oacc[nt][1]);
+            if (w1) *(float2 *)(pr1 + d) = make_float2(oacc[nt][2], oacc[nt][3]);
+        }
+        if (tq == 0) {
+            if (w0) *(float2 *)(pr0 + D) = make_float2(m0, l0);
+            if (w1) *(float2 *)(pr1 + D) = make_float2(m1, l1);
+        }
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int d = nt * 8 + 2 * tq;
+        if (r0 < nq) {
+            float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
+            op[0] = l0 > 0.0f ? oacc[nt][0] / l0 : 0.0f;
+            op[1] = l0 > 0.0f ? oacc[nt][1] / l0 : 0.0f;
+        }
+        if (r1 < nq) {
+            float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
+            op[0] = l1 > 0.0f ? oacc[nt][2] / l1 : 0.0f;
+            op[1] = l1 > 0.0f ? oacc[nt][3] / l1 : 0.0f;
+        }
+    }
+}
+
 /* Row qi (position pos0 + qi) of a split flash prefill: its splits s_lo..s_hi (those holding
  * keys of its window) merged in split order, o = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s. */
 __global__ void k_flash_combine(const float *part, int Hq, int D, int nsplit, int split_len, int pos0, int window,
@@ -460,13 +736,42 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
     return HYLA_OK;
 }
 
-static int use_flash(int D) {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("HYLA_CUDA_ATTN");
-        env = (e && !strcmp(e, "simple")) ? 0 : 1;
+/* HYLA_CUDA_ATTN (read per call): "simple" = no flash prefill (k_attn_rows), "flash1" =
+ * k_attn_flash (4 warps, 64 queries a block), otherwise k_attn_flash2 (8 warps, 128 queries,
+ * cp.async double buffering). The two flash kernels give the same bits.
+ * 0 = rows, 1 = flash1, 2 = flash2. */
+static int attn_kernel(int D) {
+    if (D != 32 && D != 64 && D != 128) return 0;
+    const char *e = getenv("HYLA_CUDA_ATTN");
+    if (e && !strcmp(e, "simple")) return 0;
+    if (e && !strcmp(e, "flash1")) return 1;
+    if (e && !strcmp(e, "flash2w4")) return 3;
+    return 2;
+}
+
+template <int D>
+static hyla_status flash_launch(hyla_cuda_ctx *c, int kern, unsigned ng, int Hq, int nsplit, const float *q, int n,
+                                int Hk, int pos0, int window, float scale, void *const *kp, void *const *vp, int pt,
+                                float *o, int split_len, float *part) {
+    if (kern == 1) {
+        const size_t sm = (size_t)(FA_BQ + 2 * FA_BK) * (D + 8) * 2;
+        CU_TRY(cudaFuncSetAttribute(k_attn_flash<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_attn_flash<D><<<dim3(cu_blocks(ng, FA_BQ), Hq, nsplit), 128, sm, c->stream>>>(
+            q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
+    } else {
+        const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */
+        if (kern == 2) {
+            CU_TRY(cudaFuncSetAttribute(k_attn_flash2<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash2<D, 8><<<dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, c->stream>>>(
+                q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
+        } else {
+            CU_TRY(cudaFuncSetAttribute(k_attn_flash2<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash2<D, 4><<<dim3(cu_blocks(ng, 64), Hq, nsplit), 128, sm, c->stream>>>(
+                q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
+        }
     }
-    return env && (D == 32 || D == 64 || D == 128);
+    CU_LAUNCH_CHECK("attn flash");
+    return HYLA_OK;
 }
 
 extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq,
@@ -493,11 +798,8 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
     k_kv_write<<<grid_of((size_t)n * Hk * D), 256, 0, c->stream>>>(k, v, n, Hk, D, pos0, NULL, kp, vp, NULL,
                                                                    kv->page_tokens);
     CU_LAUNCH_CHECK("kv write");
-    if (use_flash(D)) {
-        size_t sm = (size_t)(FA_BQ + 2 * FA_BK) * (D + 8) * 2;
-        if (D == 32) CU_TRY(cudaFuncSetAttribute(k_attn_flash<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        else if (D == 64) CU_TRY(cudaFuncSetAttribute(k_attn_flash<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        else CU_TRY(cudaFuncSetAttribute(k_attn_flash<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    const int kern = attn_kernel(D);
+    if (kern) {
         const int L = attn_split_len();
         /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
         int group = n;
@@ -515,17 +817,15 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
             const int Lg = nsplit > 1 ? L : 0; /* keys in one split: the direct pass, the same bits */
             const float *qg = q + (size_t)g0 * Hq * D;
             float *og = o + (size_t)g0 * Hq * D, *part = (float *)scr;
-            dim3 grid(cu_blocks(ng, FA_BQ), Hq, nsplit);
             if (D == 32)
-                k_attn_flash<32><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
-                                                               kv->page_tokens, og, Lg, nsplit, part);
+                HYLA_TRY(flash_launch<32>(c, kern, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                                          kv->page_tokens, og, Lg, part));
             else if (D == 64)
-                k_attn_flash<64><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
-                                                               kv->page_tokens, og, Lg, nsplit, part);
+                HYLA_TRY(flash_launch<64>(c, kern, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                                          kv->page_tokens, og, Lg, part));
             else
-                k_attn_flash<128><<<grid, 128, sm, c->stream>>>(qg, ng, Hq, Hk, gp0, window, scale, kp, vp,
-                                                                kv->page_tokens, og, Lg, nsplit, part);
-            CU_LAUNCH_CHECK("attn flash");
+                HYLA_TRY(flash_launch<128>(c, kern, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                                           kv->page_tokens, og, Lg, part));
             if (Lg) {
                 k_flash_combine<<<dim3(Hq, ng), D, 0, c->stream>>>(part, Hq, D, nsplit, L, gp0, window, og);
                 CU_LAUNCH_CHECK("attn flash combine");
