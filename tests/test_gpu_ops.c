@@ -1720,16 +1720,20 @@ static void test_attention(void) {
     }
 }
 
-/* k_attn_flash2 (the default flash prefill: 8 warps, 128 queries a block, cp.async double
- * buffering) == k_attn_flash (HYLA_CUDA_ATTN=flash1) bit for bit, and the 4-warp form
- * (HYLA_CUDA_ATTN=flash2w4) too: prefill from position 0 (n = 300, 1100: several 128-query blocks
- * and a partial one) and a piece at pos0 = 64 after a first piece of 64 (128-query blocks that
- * straddle k_attn_flash's 64-query grid differently; with a window, halves on different key
- * grids), D = 32, 64, 128, GQA, window 0 and 100, one pass and splits of 64 keys; within the
- * tolerance of the CPU. */
+/* The flash prefill kernels: k_attn_flash2 with 4 warps (the default: 64 queries a block,
+ * cp.async double buffering), with 8 warps (HYLA_CUDA_ATTN=flash2, 128 queries a block) and
+ * k_attn_flash (HYLA_CUDA_ATTN=flash1). Each must give a row the same bits whatever call it is in: a prefill
+ * from position 0 (n = 300, 1100: several 128-query blocks and a partial one) == the same tokens
+ * as a piece of 64 and a piece at pos0 = 64 (128-query blocks that straddle the 64-query grid
+ * differently; with a window, halves on different key grids), D = 32, 64, 128, GQA, window 0
+ * and 100, one pass and splits of 64 keys; each within the tolerance of the CPU. Between the
+ * kernels only the tolerance is asserted: run 32 (H100) found flash2 == flash1 bit for bit with
+ * key splits but not in one pass (same partials, different last steps of the compiled code), so
+ * the kernel is part of what the bits depend on, like HYLA_CUDA_PREFILL_ROWS. */
 static void test_attention_flash2(void) {
-    printf("attention: flash2 == flash1 (bits)\n");
+    printf("attention: flash2 (4 warps, 8 warps), flash1 (piece invariance, bits)\n");
     const int Hq = 4, Hk = 2, Ds[3] = {32, 64, 128}, ns[2] = {300, 1100}, n1 = 64;
+    const char *forms[3] = {NULL, "flash2", "flash1"};
     for (int di = 0; di < 3; di++)
         for (int W = 0; W <= 100; W += 100)
             for (int sp = 0; sp < 2; sp++)
@@ -1742,43 +1746,40 @@ static void test_attention_flash2(void) {
                     pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
                     kvpair kv = kv_new((n + pt - 1) / pt, pt, Hk, D);
                     hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
-                    void *ob = dev(gpu, NULL, nq * 4), *oc = dev(gpu, NULL, nq * 4);
                     if (sp) setenv("HYLA_CUDA_ATTN_SPLIT", "64", 1);
-                    /* from position 0 */
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, po.g));
-                    setenv("HYLA_CUDA_ATTN", "flash1", 1);
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, ob));
-                    setenv("HYLA_CUDA_ATTN", "flash2w4", 1);
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, oc));
-                    unsetenv("HYLA_CUDA_ATTN");
-                    CHECK_MSG(same_bits(gpu, po.g, ob, nq * 4) && same_bits(gpu, po.g, oc, nq * 4),
-                              "attn prefill D=%d W=%d n=%d%s: flash2 == flash1 == flash2w4 (bits)", D, W, n,
-                              sp ? " splits of 64" : "");
-                    if (ni == 0 || (D == 128 && W == 100)) {
-                        CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
-                        char name[96];
-                        snprintf(name, sizeof name, "attn prefill (flash2) D=%d W=%d n=%d%s", D, W, n,
-                                 sp ? " split 64" : "");
-                        cmp_pair(name, po, ATTN_TOL);
+                    CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
+                    float *hc = host_of(cpu, po.c, nq);
+                    void *o1[3];
+                    for (int f = 0; f < 3; f++) {
+                        void *op = dev(gpu, NULL, nq * 4);
+                        o1[f] = dev(gpu, NULL, nq * 4);
+                        if (forms[f]) setenv("HYLA_CUDA_ATTN", forms[f], 1);
+                        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, o1[f]));
+                        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, op));
+                        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1,
+                                                        (float *)pv.g + k1, n - n1, Hq, Hk, D, n1, &vg, W, scale,
+                                                        (float *)op + q1));
+                        unsetenv("HYLA_CUDA_ATTN");
+                        const char *nm = forms[f] ? forms[f] : "flash2w4 (default)";
+                        CHECK_MSG(same_bits(gpu, o1[f], op, nq * 4),
+                                  "attn prefill %s D=%d W=%d n=%d%s: one call == pieces of 64 + %d at pos0=64 (bits)", nm,
+                                  D, W, n, sp ? " splits of 64" : "", n - n1);
+                        if (ni == 0 || f == 0) {
+                            float *hg = host_of(gpu, o1[f], nq);
+                            char name[112];
+                            snprintf(name, sizeof name, "attn prefill %s D=%d W=%d n=%d%s", nm, D, W, n,
+                                     sp ? " split 64" : "");
+                            cmp(name, hg, hc, nq, ATTN_TOL);
+                            free(hg);
+                        }
+                        dfree(gpu, op);
                     }
-                    /* a piece at pos0 = 64 after a first piece of 64 (the cache already holds both) */
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, po.g));
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
-                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)po.g + q1));
-                    setenv("HYLA_CUDA_ATTN", "flash1", 1);
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
-                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)ob + q1));
-                    setenv("HYLA_CUDA_ATTN", "flash2w4", 1);
-                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
-                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)oc + q1));
-                    unsetenv("HYLA_CUDA_ATTN");
-                    CHECK_MSG(same_bits(gpu, (float *)po.g + q1, (float *)ob + q1, (nq - q1) * 4) &&
-                                  same_bits(gpu, (float *)po.g + q1, (float *)oc + q1, (nq - q1) * 4),
-                              "attn prefill D=%d W=%d, piece of %d at pos0=64%s: flash2 == flash1 == flash2w4 (bits)",
-                              D, W, n - n1, sp ? " splits of 64" : "");
+                    printf("    D=%d W=%d n=%d%s: flash2w4 %s flash2, flash2w4 %s flash1 (bits; informational)\n", D, W,
+                           n, sp ? " splits of 64" : "", same_bits(gpu, o1[0], o1[1], nq * 4) ? "==" : "!=",
+                           same_bits(gpu, o1[0], o1[2], nq * 4) ? "==" : "!=");
                     if (sp) unsetenv("HYLA_CUDA_ATTN_SPLIT");
-                    dfree(gpu, ob);
-                    dfree(gpu, oc);
+                    for (int f = 0; f < 3; f++) dfree(gpu, o1[f]);
+                    free(hc);
                     kv_free(&kv);
                     pair_free(pq);
                     pair_free(pk);

@@ -9,10 +9,11 @@
  * Prefill (D = 32, 64, 128): flash-attention style, each warp owns 16 query rows; key tiles of
  * 64 tokens are gathered from their pages into shared memory; S = Q K^T and O += P V run on
  * tensor cores (bf16, fp32 accumulation) with an online softmax in fp32 (max subtraction, exp
- * rescaling). k_attn_flash2 (default): one block of 8 warps per (128 queries, head), tiles
- * streamed by cp.async into two buffers shared by the 8 warps; each warp runs exactly the tiles
- * and arithmetic k_attn_flash (HYLA_CUDA_ATTN=flash1: 4 warps per 64 queries, plain loads, one
- * buffer) gives its rows, so the two give the same bits. Calls
+ * rescaling). k_attn_flash2 (default with 4 warps per 64 queries; HYLA_CUDA_ATTN=flash2: 8
+ * warps per 128 queries sharing the tiles): tiles streamed by cp.async into two buffers; each
+ * warp runs the tiles and arithmetic k_attn_flash (HYLA_CUDA_ATTN=flash1: 4 warps per 64
+ * queries, plain loads, one buffer) gives its rows (the same bits with key splits; in one pass
+ * the compiled last steps differ, H100 run 32). Calls
  * whose keys reach past HYLA_CUDA_ATTN_SPLIT (8192) cut them into splits at absolute positions,
  * one block per (query block, head, split), merged per row by k_flash_combine.
  * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
@@ -401,10 +402,10 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     }
 }
 
-/* k_attn_flash2: the arithmetic of k_attn_flash, with the K/V tiles shared by 8 warps and
- * streamed in by cp.async (HYLA_CUDA_ATTN=flash1 runs k_attn_flash instead; NW = 4,
- * HYLA_CUDA_ATTN=flash2w4: one 64-query half per block, k_attn_flash's blocks with the
- * double-buffered cp.async tiles).
+/* k_attn_flash2: the arithmetic of k_attn_flash, with the K/V tiles streamed in by cp.async
+ * (HYLA_CUDA_ATTN=flash1 runs k_attn_flash instead). NW = 4 (the default, "flash2w4"): one
+ * 64-query half per block, k_attn_flash's blocks with the double-buffered cp.async tiles; NW = 8
+ * (HYLA_CUDA_ATTN=flash2): the tiles shared by 8 warps, as below.
  *
  * One block of 8 warps per (128 queries, head[, key split]): the block is k_attn_flash's two
  * 64-query blocks qb' = 2 qb, 2 qb + 1 side by side ("halves"; warps 0-3 and 4-7), and each half
@@ -737,16 +738,19 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
 }
 
 /* HYLA_CUDA_ATTN (read per call): "simple" = no flash prefill (k_attn_rows), "flash1" =
- * k_attn_flash (4 warps, 64 queries a block), otherwise k_attn_flash2 (8 warps, 128 queries,
- * cp.async double buffering). The two flash kernels give the same bits.
- * 0 = rows, 1 = flash1, 2 = flash2. */
+ * k_attn_flash (4 warps, 64 queries a block, one buffer), "flash2" = k_attn_flash2 with 8 warps
+ * (128 queries a block), otherwise (the default, "flash2w4") k_attn_flash2 with 4 warps: H100
+ * run 32, a 1024-token piece at a 4k / 32k context 0.285 / 1.61 ms against 0.332 / 1.71 (8
+ * warps) and 0.455 / 2.65 (flash1). The kernel is part of what the bits depend on: flash1 and
+ * flash2 agree bit for bit with key splits, not in one pass (tested within tolerance).
+ * 0 = rows, 1 = flash1, 2 = flash2 (8 warps), 3 = flash2 (4 warps). */
 static int attn_kernel(int D) {
     if (D != 32 && D != 64 && D != 128) return 0;
     const char *e = getenv("HYLA_CUDA_ATTN");
     if (e && !strcmp(e, "simple")) return 0;
     if (e && !strcmp(e, "flash1")) return 1;
-    if (e && !strcmp(e, "flash2w4")) return 3;
-    return 2;
+    if (e && !strcmp(e, "flash2")) return 2;
+    return 3;
 }
 
 template <int D>
