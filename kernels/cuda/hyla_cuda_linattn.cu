@@ -1264,7 +1264,7 @@ __device__ __forceinline__ void fu_sync() {
 #define FU_OREADY 4 /* compute -> producer: the chunk's O tile is in shared memory */
 /* producer warps of the WS form: WS = 1 one warp, WS = 2 a warpgroup of 4 (one per SM sub-partition);
  * threads of the block: the 16 compute warps and these */
-#define FU_PW(ws) ((ws) == 2 ? 4 : (ws) ? 1 : 0)
+#define FU_PW(ws) ((ws) >= 2 ? 4 : (ws) ? 1 : 0)
 #define FU_WTN(ws) (FU_T + 32 * FU_PW(ws))
 
 #ifdef HYLA_FUSED_PROFILE
@@ -1284,7 +1284,9 @@ __device__ __forceinline__ void fu_sync() {
  * chunk before it issues the o stores, so the compute warps never wait for their issue. The values are those of the
  * default staging and of the default o stores. Needs vec (dk % 4 == 0, dv % 4 == 0, 16-byte
  * aligned q, k, v) and o 16-byte aligned. */
-template <int DKP, int NPW>
+/* QK = 0 (WS = 3): the producers stage q and k of the first chunk only; the compute warps stage
+ * them for the later chunks (right after EMPTY), the producers v, g, beta and the row weights. */
+template <int DKP, int NPW, int QK = 1>
 __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, float *Qst, float *Vst, float *Gst,
                                             float *Bst, float *Wr, const float *Ob, int c0, int nc, int h, int jb,
                                             int pw, int lane) {
@@ -1312,7 +1314,7 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
             }
         }
 #pragma unroll 4
-        for (int u0 = 0; u0 < RW; u0 += RPI) {
+        for (int u0 = 0; u0 < ((QK || c == c0) ? RW : 0); u0 += RPI) {
             const int u = u0 + lane / PR, t = r0 + u, i = (lane % PR) * 4;
             const long long tk = __shfl_sync(0xffffffffu, NS > 1 && u0 >= 32 ? rtok[NS - 1] : rtok[0], u & 31);
             const int fl = __shfl_sync(0xffffffffu, NS > 1 && u0 >= 32 ? rfl[NS - 1] : rfl[0], u & 31);
@@ -1430,7 +1432,8 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     const int c0 = MODE ? (int)blockIdx.x : a.seq_c0[z], nc = MODE ? 1 : a.seq_nc[z];
     if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
     if (WS && w >= FU_T / 32) { /* the producer warp(s) */
-        fu_producer<DKP, WS == 2 ? 4 : 1>(a, Kst, Qst, Vst, Gst, Bst, Wr, Ob, c0, nc, h, jb, w - FU_T / 32, lane);
+        fu_producer<DKP, WS >= 2 ? 4 : 1, WS != 3>(a, Kst, Qst, Vst, Gst, Bst, Wr, Ob, c0, nc, h, jb, w - FU_T / 32,
+                                                  lane);
         return;
     }
     float *S = MODE ? NULL : a.S[z] + (size_t)h * dk * dv;
@@ -1498,6 +1501,20 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         }
     };
 
+    /* WS = 3: the compute warps stage q and k of chunk c (16-byte pieces, as stage() does) */
+    auto stage_qk = [&](int c) {
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        for (int x = tid; x < CH * DKP / 4; x += FU_T) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, sp = 0;
+            float wt;
+            bool ok = t < len && i < dk;
+            size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+            size_t off = (tok * H + h) * dk + i;
+            cp_async16(Qst + t * DKP + i, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+            cp_async16(Kst + t * DKP + i, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
     float sacc[MTW][4][4];
 #pragma unroll
     for (int mi = 0; mi < MTW; mi++) {
@@ -1531,6 +1548,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         const int c = c0 + cc, tok0 = WS ? 0 : a.ck_tok0[c], len = WS ? 0 : a.ck_len[c];
         FPROF(0);
         if (WS) {
+            if (WS == 3) cp_async_wait<0>(); /* this thread's own q, k pieces (staged after EMPTY) */
             nb_sync(FU_FULL, WT); /* (a) staging landed, the previous O tile stored (WS = 2: read out) */
         } else {
             cp_async_wait<0>();
@@ -1673,6 +1691,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         FPROF(4);
         if (WS) {
             if (cc + 1 < nc) nb_arrive(FU_EMPTY, WT); /* the producer stages the next chunk */
+            if (WS == 3 && cc + 1 < nc) stage_qk(c + 1); /* ... and these warps its q, k */
         } else if (cc + 1 < nc)
             stage(c + 1); /* the staging area is free: the next chunk streams in now */
         FPROF(5);
@@ -2548,7 +2567,7 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
     if (!e || !*e) return 2;
-    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : 2;
+    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "3") == 0 ? 3 : 2;
 }
 
 /* HYLA_CUDA_GDN_FS (default 1): the fused pass (all WS forms) and its split form form W and U0
@@ -2580,6 +2599,10 @@ static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC
             CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 2, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
             k_gdn_fused<DKP, 0, 2, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws2)");
+        } else if (ws == 3) {
+            CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 3, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
+            k_gdn_fused<DKP, 0, 3, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(3), sw, c->stream>>>(ca);
+            CU_LAUNCH_CHECK("gdn fused chunk (ws3)");
         } else {
             CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
             k_gdn_fused<DKP, 0, 1, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(ca);
