@@ -1281,8 +1281,8 @@ static void test_prefill_varlen(void) {
                 dfree(bs[m], om);
             }
             for (int ws = 0; gdn && ws <= 3; ws++) { /* the fused pass's forms (HYLA_CUDA_GDN_WS, read
-                        * per launch): all warps stage (0), a producer warp (1) or warpgroup (2,
-                        * the default) stages the chunks and stores o from shared memory; 3: the
+                        * per launch): all warps stage (0), a producer warp (1) or warpgroup (2)
+                        * stages the chunks and stores o from shared memory; 3 (the default): the
                         * warpgroup stages v, g, beta and the compute warps q, k */
                 void *Sm = dev(gpu_fu, S0, ns * nseq * 4), *om = dev(gpu_fu, NULL, nv * 4);
                 float *Smz[4];

@@ -2559,15 +2559,17 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
 /* The fused kernel (mode 0), or its chunk part (mode 1: all chunks in parallel, tiles to the
  * scratch) followed by kernel B: the same bits, for few long sequences where one block per
  * (sequence, head) would leave most SMs idle. */
-/* The fused pass's forms, all with the same bits: by default (HYLA_CUDA_GDN_WS unset or 2) the
+/* The fused pass's forms, all with the same bits: by default (HYLA_CUDA_GDN_WS unset or 3) the
  * warp-specialised form whose producer warpgroup (4 warps, each a quarter of the chunk's rows)
- * stages the next chunk and stores o from a shared-memory O tile (H100: 1.73 ms for 8 x 8192,
- * 2.10 without; BENCHMARKS.md); =1 the same with one producer warp (slower, 2.76); =0 every
- * warp stages (the first fused form). Read per launch (host side only) so tests can compare. */
+ * stages v, g, beta of the next chunk and stores o from a shared-memory O tile while the compute
+ * warps issue its q, k right after releasing the staging (H100 run 34: 1.53 ms for 8 x 8192,
+ * SSE-GDN 32k 6.34 ms); =2 the warpgroup stages everything (1.56 / 6.55-6.63; the default from
+ * the sixth round to run 34); =1 one producer warp (slower); =0 every warp stages (the first
+ * fused form). Read per launch (host side only) so tests can compare. */
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
-    if (!e || !*e) return 2;
-    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "3") == 0 ? 3 : 2;
+    if (!e || !*e) return 3;
+    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "2") == 0 ? 2 : 3;
 }
 
 /* HYLA_CUDA_GDN_FS (default 1): the fused pass (all WS forms) and its split form form W and U0
