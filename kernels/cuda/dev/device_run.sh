@@ -2,7 +2,10 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, kfs, kproffs, e2ebench, e2equick, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, kfs, kproffs, kattn, kelem, e2ebench, e2equick, e2eprof, linexp)
+# kattn: --only attn with each flash prefill kernel (HYLA_CUDA_ATTN=flash2w4, the default; flash2; flash1), rows tagged "attn".
+# kelem: --only elementwise (row and elementwise ops at the 1.3B prefill shapes).
+# e2eprof: HYLA_PROFILE=1 e2e prefill at 32k of sse-h and gdn (models made by e2ebench, or made here): where the time goes.
 # kfused: chunked prefill, GDN path chosen by shape (auto), forced fused, and kernels A and B (HYLA_CUDA_CHUNK=ab).
 # smoke: quick prefill kernels, stops the script on a hang or fault. KFUSED="auto" limits kfused's variants.
 # kprof: hyla-bench-prof (a build with -DHYLA_FUSED_PROFILE) prints the fused kernel's phase cycles.
@@ -134,6 +137,19 @@ for ph in "$@"; do
       t0=$SECONDS; timeout 120 hyla-bench kernels --device cuda:0 --only sse >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err; echo "ksse rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       HYLA_CUDA_SSE_PLAN=host timeout 120 hyla-bench kernels --device cuda:0 --only sse | sed 's/"bench":"prefill_sse_vs_gla"/"bench":"prefill_sse_vs_gla_hostplan"/' >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
       cat $OUT/bench_kernels.jsonl | grep sse ;;
+    kattn)
+      for v in flash2w4 flash2 flash1; do
+        HYLA_CUDA_ATTN=$v timeout 150 hyla-bench kernels --device cuda:0 --only attn 2>> $OUT/bench_kernels.err | grep prefill | sed "s/\"bench\":\"/\"attn\":\"$v\",\"bench\":\"/" >> $OUT/bench_kernels.jsonl
+      done
+      grep '"attn"' $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//' ;;
+    kelem)
+      timeout 100 hyla-bench kernels --device cuda:0 --only elementwise 2>> $OUT/bench_kernels.err | tee -a $OUT/bench_kernels.jsonl | sed 's/"device":"cuda:0","gpu":"[^"]*",//' ;;
+    e2eprof)
+      for a in sse-h gdn; do
+        [ -d /tmp/m_$a ] || hyla-mkmodel --arch $a --layers 18 --hidden 2304 --heads 18 --head-dim 128 --partitions 4 --topk 1 --kv-heads 18 --intermediate 6144 --vocab 32000 --dtype bf16 --out /tmp/m_$a >> $OUT/e2e.err 2>&1
+        HYLA_PROFILE=1 timeout 100 hyla-bench e2e --device cuda:0 --model /tmp/m_$a --prefill 32768 --batch 1 --ctx 16 --steps 2 2>> $OUT/e2e.err | grep prefill >> $OUT/bench_e2e_profile.jsonl
+      done
+      cut -c1-300 $OUT/bench_e2e_profile.jsonl ;;
     e2ebench|e2equick)
       pf=4096,32768; [ $ph = e2equick ] && pf=4096
       for a in sse-h gdn gla; do
