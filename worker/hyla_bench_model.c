@@ -512,13 +512,8 @@ typedef struct {
     hyla_kv_view *views;
     int32_t *pos;
 } att_ud;
+/* a prefill of n tokens at the end of a ctx-token context (ctx = n: from position 0) */
 static void attp_run(void *u) {
-    att_ud *a = u;
-    TRY(O->attn_prefill(CX, a->q, a->k, a->v, a->n, a->Hq, a->Hk, a->D, 0, &a->views[0], 0,
-                        1.0f / sqrtf((float)a->D), a->o));
-}
-/* a prefill piece of n tokens at the end of a ctx-token context (the runtime's case) */
-static void attpp_run(void *u) {
     att_ud *a = u;
     TRY(O->attn_prefill(CX, a->q, a->k, a->v, a->n, a->Hq, a->Hk, a->D, a->ctx - a->n, &a->views[0], 0,
                         1.0f / sqrtf((float)a->D), a->o));
@@ -553,54 +548,38 @@ static void free_view(hyla_kv_view *v) {
     free((void *)v->v_pages);
 }
 
+/* One attention prefill call: n queries at the end of a ctx-token context (ctx = n: the whole
+ * prompt from position 0, row "attn_prefill"; else row "attn_prefill_piece"). TFLOP/s count the
+ * causal products: ctx - n + (n + 1) / 2 keys per query on average. */
+static void bench_attn_prefill(int n, int ctx, int Hq, int Hk, int D) {
+    att_ud a = {n, 1, Hq, Hk, D, ctx, NULL, NULL, NULL, NULL, NULL, NULL};
+    a.q = drand((size_t)n * Hq * D, 1.0f, 0, 0);
+    a.k = drand((size_t)n * Hk * D, 1.0f, 0, 0);
+    a.v = drand((size_t)n * Hk * D, 1.0f, 0, 0);
+    a.o = dalloc((size_t)n * Hq * D * 4);
+    hyla_kv_view v = make_view(ctx, Hk, D, NULL);
+    a.views = &v;
+    double ms = timeit(attp_run, &a);
+    double fl = 2.0 * 2.0 * (double)n * (ctx - n + (n + 1) / 2.0) * D * Hq;
+    emit_head(ctx == n ? "attn_prefill" : "attn_prefill_piece");
+    printf(",\"tokens\":%d", n);
+    if (ctx != n) printf(",\"ctx\":%d", ctx);
+    printf(",\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"ms\":%.3f,\"tflops\":%.1f}\n", Hq, Hk, D, ms, fl / (ms * 1e-3) / 1e12);
+    fflush(stdout);
+    free_view(&v);
+    dfree(a.q);
+    dfree(a.k);
+    dfree(a.v);
+    dfree(a.o);
+}
+
 static void bench_attention(int quick) {
     int Hq = 18, Hk = 9, D = 128;
     int ns[] = {4096, 32768};
-    for (int i = 0; i < 2; i++) {
-        int n = ns[i];
-        if (quick) n /= 16;
-        att_ud a = {n, 1, Hq, Hk, D, n, NULL, NULL, NULL, NULL, NULL, NULL};
-        a.q = drand((size_t)n * Hq * D, 1.0f, 0, 0);
-        a.k = drand((size_t)n * Hk * D, 1.0f, 0, 0);
-        a.v = drand((size_t)n * Hk * D, 1.0f, 0, 0);
-        a.o = dalloc((size_t)n * Hq * D * 4);
-        hyla_kv_view v = make_view(n, Hk, D, NULL);
-        a.views = &v;
-        double ms = timeit(attp_run, &a);
-        double fl = 2.0 * 2.0 * ((double)n * n / 2) * D * Hq;
-        emit_head("attn_prefill");
-        printf(",\"tokens\":%d,\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"ms\":%.3f,\"tflops\":%.1f}\n", n, Hq, Hk, D, ms,
-               fl / (ms * 1e-3) / 1e12);
-        fflush(stdout);
-        free_view(&v);
-        dfree(a.q);
-        dfree(a.k);
-        dfree(a.v);
-        dfree(a.o);
-    }
+    for (int i = 0; i < 2; i++) bench_attn_prefill(quick ? ns[i] / 16 : ns[i], quick ? ns[i] / 16 : ns[i], Hq, Hk, D);
     /* a 1024-token piece at the end of a 4k / 32k context, 18 KV heads (the 1.3B sse-h model's
      * attention layers): what prefill through the runtime runs */
-    for (int i = 0; i < 2; i++) {
-        int ctx = quick ? ns[i] / 16 : ns[i], n = quick ? 64 : 1024, Hk2 = 18;
-        att_ud a = {n, 1, Hq, Hk2, D, ctx, NULL, NULL, NULL, NULL, NULL, NULL};
-        a.q = drand((size_t)n * Hq * D, 1.0f, 0, 0);
-        a.k = drand((size_t)n * Hk2 * D, 1.0f, 0, 0);
-        a.v = drand((size_t)n * Hk2 * D, 1.0f, 0, 0);
-        a.o = dalloc((size_t)n * Hq * D * 4);
-        hyla_kv_view v = make_view(ctx, Hk2, D, NULL);
-        a.views = &v;
-        double ms = timeit(attpp_run, &a);
-        double fl = 2.0 * 2.0 * (double)n * (ctx - n + (n + 1) / 2.0) * D * Hq; /* causal: keys per query */
-        emit_head("attn_prefill_piece");
-        printf(",\"tokens\":%d,\"ctx\":%d,\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"ms\":%.3f,\"tflops\":%.1f}\n", n, ctx, Hq, Hk2,
-               D, ms, fl / (ms * 1e-3) / 1e12);
-        fflush(stdout);
-        free_view(&v);
-        dfree(a.q);
-        dfree(a.k);
-        dfree(a.v);
-        dfree(a.o);
-    }
+    for (int i = 0; i < 2; i++) bench_attn_prefill(quick ? 64 : 1024, quick ? ns[i] / 16 : ns[i], Hq, 18, D);
     int Bs[] = {1, 16, 64};
     int ctxs[] = {4096, 32768};
     size_t pb = (size_t)64 * Hk * D * hyla_dtype_size(O->kv_dtype);
