@@ -1439,18 +1439,24 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     float *S = MODE ? NULL : a.S[z] + (size_t)h * dk * dv;
     const bool vec = a.vec4 && dv % 4 == 0;
 
+    /* cp.async of chunk c's q and k rows in 16-byte pieces (vec4 inputs), not committed: part of
+     * stage() and, in the WS = 3 form, what the compute warps issue themselves (stage_qk) */
+    auto stage_qk_issue = [&](int c) {
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        for (int x = tid; x < CH * DKP / 4; x += FU_T) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, sp = 0;
+            float wt;
+            bool ok = t < len && i < dk;
+            size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+            size_t off = (tok * H + h) * dk + i;
+            cp_async16(Qst + t * DKP + i, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+            cp_async16(Kst + t * DKP + i, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+        }
+    };
     auto stage = [&](int c) {
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
         if (vec) {
-            for (int x = tid; x < CH * DKP / 4; x += FU_T) {
-                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, sp = 0;
-                float wt;
-                bool ok = t < len && i < dk;
-                size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
-                size_t off = (tok * H + h) * dk + i;
-                cp_async16(Qst + t * DKP + i, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
-                cp_async16(Kst + t * DKP + i, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
-            }
+            stage_qk_issue(c);
             for (int x = tid; x < CH * 32; x += FU_T) {
                 int t = x >> 5, j = (x & 31) * 4, sp = 0;
                 float wt;
@@ -1501,18 +1507,9 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         }
     };
 
-    /* WS = 3: the compute warps stage q and k of chunk c (16-byte pieces, as stage() does) */
+    /* WS = 3: the compute warps stage q and k of chunk c */
     auto stage_qk = [&](int c) {
-        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-        for (int x = tid; x < CH * DKP / 4; x += FU_T) {
-            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, sp = 0;
-            float wt;
-            bool ok = t < len && i < dk;
-            size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
-            size_t off = (tok * H + h) * dk + i;
-            cp_async16(Qst + t * DKP + i, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
-            cp_async16(Kst + t * DKP + i, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
-        }
+        stage_qk_issue(c);
         cp_async_commit();
     };
     float sacc[MTW][4][4];
