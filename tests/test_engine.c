@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "hyla_profile.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
 
@@ -399,6 +400,49 @@ static void test_free_in_flight(hyla_backend *be, const char *tmp) {
     hyla_model_free(m);
 }
 
+/* HYLA_PROFILE (hyla_profile.h): with profiling on, a prefill charges time to the forward's
+ * marks (the mixers', the attention layers', the MLP's) and a decode step to the decode table;
+ * off, nothing is printed; and the tokens are those of an unprofiled run. */
+static void test_profile(hyla_backend *be, const char *tmp) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/prof", tmp);
+    make_model("sse-h", dir, "--layers 6");
+    hyla_model *m = NULL;
+    CHECK_OK(hyla_model_load(dir, be, NULL, &m));
+    if (!m) return;
+    int32_t *p = prompt(100, 3, hyla_model_get_config(m)->vocab_size);
+    int32_t t0[4], t1[4];
+    for (int on = 0; on < 2; on++) {
+        hyla_prof_on = on;
+        hyla_prof_reset();
+        hyla_session *s = NULL;
+        CHECK_OK(hyla_session_create(m, &s));
+        CHECK_OK(hyla_session_feed(s, p, 100, NULL, NULL, NULL, NULL));
+        for (int i = 0; i < 4; i++) CHECK_OK(hyla_session_decode(&s, 1, on ? &t1[i] : &t0[i], NULL));
+        hyla_session_free(s);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    hyla_prof_print_json(f);
+    fclose(f);
+    CHECK_MSG(buf && strstr(buf, "\"prefill\":[{") && strstr(buf, "\"decode\":[{"), "profile: both tables filled: %s",
+              buf ? buf : "(null)");
+    const char *labels[] = {"\"sse: core\"", "\"attn: norms, rope, pages, core\"", "\"mlp: down proj\"", "\"norm\""};
+    for (int i = 0; buf && i < 4; i++) CHECK_MSG(strstr(buf, labels[i]) != NULL, "profile has no %s", labels[i]);
+    free(buf);
+    CHECK_MSG(memcmp(t0, t1, sizeof t0) == 0, "profiling changed the sampled tokens");
+    hyla_prof_on = 0;
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    hyla_prof_print_json(f);
+    fclose(f);
+    CHECK_MSG(len == 0, "profile off: printed %zu bytes", len);
+    free(buf);
+    free(p);
+    hyla_model_free(m);
+}
+
 int main(void) {
     char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -412,6 +456,7 @@ int main(void) {
     test_refusals(be, tmp);
     test_pipeline(be, tmp);
     test_free_in_flight(be, tmp);
+    test_profile(be, tmp);
     hyla_backend_destroy(be);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

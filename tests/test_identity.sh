@@ -30,6 +30,11 @@ for arch in sse-h gla-h; do
         echo "FAIL $arch: --prefill-piece 100 accepted by hyla-worker"; fail=1
       fi
       grep -q -- "--prefill-piece" "$T/err" || { echo "FAIL $arch: hyla-worker's refusal does not name --prefill-piece"; fail=1; }
+      if timeout 20 "$BIN/hyla-worker" --model "$T/$arch" --listen 127.0.0.1:0 --next-stage 127.0.0.1:1 \
+          --max-message-bytes 1000 >/dev/null 2>"$T/err"; then
+        echo "FAIL $arch: --max-message-bytes 1000 accepted by hyla-worker"; fail=1
+      fi
+      grep -q -- "--max-message-bytes" "$T/err" || { echo "FAIL $arch: hyla-worker's refusal does not name --max-message-bytes"; fail=1; }
     fi
     a=$(run --prompt "$PROMPT" --max-tokens 32 --save-state "$T/s.hyla")
     b=$("$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --load-state "$T/s.hyla" --max-tokens 32)
