@@ -409,6 +409,8 @@ typedef struct {
     hyla_worker_state state;     /* the worker's state after the call */
     uint32_t sessions_moved;
     uint32_t sessions_remaining;
+    char last_error[512];        /* why the worker's last handover failed, as it reported it;
+                                    "" when none failed since its last success */
 } hyla_drain_result;
 
 /* DrainWorker: stop placing sessions on the worker and hand its sessions over. wait: return only

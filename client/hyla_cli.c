@@ -52,15 +52,16 @@ static const char usage_main[] =
     "  rm SESSION...            delete sessions and their snapshots\n"
     "  ls [--model NAME] [--all] [--ids]   list sessions\n"
     "  status                   workers, worker groups and sessions by tier\n"
-    "  drain WORKER [--wait]    move a worker's sessions to other groups, place none on it\n"
+    "  drain WORKER [--wait]    move a worker's sessions to other groups, place none on it;\n"
+    "                           --wait: until it is drained (--timeout, default 600 s)\n"
     "  help [COMMAND]           this text, or a command's (also: hyla COMMAND --help)\n"
     "\n"
     "Options (before or after the command):\n"
     "  --server ADDR   coordinator address, e.g. 127.0.0.1:7000 (default: $HYLA_SERVER)\n"
     "  --tenant T      tenant of every call (default: $HYLA_TENANT; without either, none is sent\n"
     "                  and the server uses the tenant \"default\")\n"
-    "  --timeout SEC   deadline of each call, except append, generate and drain --wait, which have\n"
-    "                  none (default 60)\n"
+    "  --timeout SEC   deadline of each call, except append and generate, which have none\n"
+    "                  (default 60); for drain --wait, the deadline of the whole wait (default 600)\n"
     "  -q, --quiet     no progress or statistics on stderr (errors are still printed)\n"
     "  -h, --help      help\n"
     "\n"
@@ -72,7 +73,7 @@ static const char usage_main[] =
     "  2  usage error\n"
     "  3  not found (NOT_FOUND: no such session, worker or model)\n"
     "  4  unavailable (UNAVAILABLE, DEADLINE_EXCEEDED: the coordinator or the session's worker\n"
-    "     cannot serve now; retrying may help)\n"
+    "     cannot serve now, or drain --wait ran out of time; retrying may help)\n"
     "  5  permission denied (PERMISSION_DENIED: the session belongs to another tenant)\n"
     "  6  request refused (INVALID_ARGUMENT, OUT_OF_RANGE, RESOURCE_EXHAUSTED,\n"
     "     FAILED_PRECONDITION, ALREADY_EXISTS)\n";
@@ -190,12 +191,26 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "Print the cluster's workers (state, model, layers, device, memory, load), their groups\n"
         "and the number of sessions in each tier (gpu, host, store) over all tenants.\n",
     [HYLA_CMD_DRAIN] =
-        "usage: hyla drain WORKER [--wait]\n"
+        "usage: hyla drain WORKER [--wait] [--timeout SEC]\n"
         "\n"
-        "Stop placing sessions on WORKER and hand its sessions to other groups. Prints how many\n"
-        "were moved and how many remain.\n"
+        "Stop placing sessions on WORKER and have it hand its sessions over: it snapshots each to\n"
+        "the store and drops it, and the session continues on another group when next used (one\n"
+        "that is appending or generating goes when that call ends). Prints how many sessions were\n"
+        "moved and how many remain.\n"
         "\n"
-        "  --wait   return only when the worker holds no session (no deadline)\n",
+        "  --wait          return only when the worker is drained (holds no session); while\n"
+        "                  waiting, the number of sessions left goes to stderr every 5 s (not -q)\n"
+        "  --timeout SEC   with --wait: give up after SEC seconds (default 600) with exit status 4\n"
+        "                  and an error naming the sessions left and the worker's last handover\n"
+        "                  error; the worker stays draining. Without --wait: the call's deadline\n"
+        "                  (default 60)\n"
+        "\n"
+        "With --wait the exit status is 0 once the worker is drained, 4 when SEC pass first, 1 when\n"
+        "the worker dies (stops sending heartbeats) before it is seen drained: sessions it still\n"
+        "held continue from their last durable snapshot. Interrupting the wait does not stop the\n"
+        "drain; running drain --wait again waits again.\n"
+        "\n"
+        "Example:  hyla drain gpu3 --wait --timeout 1800\n",
     [HYLA_CMD_HELP] = "usage: hyla help [COMMAND]\n",
 };
 
@@ -1157,13 +1172,98 @@ static int cmd_status(run_ctx *r) {
     return HYLA_EXIT_OK;
 }
 
+/* drain --wait polls DrainWorker without the server-side wait (which has no progress to show),
+ * so the CLI can report progress, keep its own deadline and say what is left when it passes.
+ * Each poll also re-marks the worker draining, should a restarted coordinator have forgotten. */
+#define DRAIN_WAIT_DEFAULT_S 600.0 /* --timeout of drain --wait when none is given */
+#define DRAIN_POLL_S 0.25
+#define DRAIN_PROGRESS_S 5.0
+#define DRAIN_POLL_TIMEOUT_MS 10000 /* the deadline of each poll */
+
+static void sleep_s(double s) {
+    if (s <= 0)
+        return;
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
 static int cmd_drain(run_ctx *r) {
+    const hyla_cli_args *a = r->a;
+    const char *id = a->pos[0];
     hyla_drain_result d;
-    hyla_status st = hyla_client_drain_worker(r->c, r->a->pos[0], r->a->wait, &d);
+    hyla_status st = hyla_client_drain_worker(r->c, id, 0, &d);
     if (st != HYLA_OK)
         return fail("drain", st);
-    printf("%s %s: %u session(s) moved, %u remaining\n", r->a->pos[0], hyla_worker_state_name(d.state),
-           d.sessions_moved, d.sessions_remaining);
+    if (!a->wait || d.state != HYLA_WORKER_DRAINING) {
+        if (a->wait && d.state != HYLA_WORKER_DRAINED) {
+            fprintf(stderr, "hyla drain: %s is %s, it cannot be drained (%u session(s) on its group)\n", id,
+                    hyla_worker_state_name(d.state), d.sessions_remaining);
+            return HYLA_EXIT_ERROR;
+        }
+        printf("%s %s: %u session(s) moved, %u remaining\n", id, hyla_worker_state_name(d.state), d.sessions_moved,
+               d.sessions_remaining);
+        return HYLA_EXIT_OK;
+    }
+    double limit = a->timeout_s > 0 ? a->timeout_s : DRAIN_WAIT_DEFAULT_S;
+    double t0 = hyla_now(), last_report = t0;
+    uint32_t start = d.sessions_remaining + d.sessions_moved, left = d.sessions_remaining;
+    char handover_err[sizeof d.last_error], poll_err[512] = "";
+    snprintf(handover_err, sizeof handover_err, "%s", d.last_error);
+    for (;;) {
+        double now = hyla_now();
+        if (now - t0 >= limit) {
+            fprintf(stderr,
+                    "hyla drain: %s is not drained after %g s: %u session(s) still on it, %u handed over; it stays "
+                    "draining (drain --wait again to keep waiting)\n",
+                    id, limit, left, start > left ? start - left : 0);
+            if (handover_err[0])
+                fprintf(stderr, "hyla drain: last handover error reported by %s: %s\n", id, handover_err);
+            else
+                fprintf(stderr, "hyla drain: %s reported no handover error (a session that is appending or "
+                                "generating is handed over when that call ends)\n", id);
+            if (poll_err[0])
+                fprintf(stderr, "hyla drain: the last poll failed: %s\n", poll_err);
+            return HYLA_EXIT_UNAVAILABLE;
+        }
+        if (!a->quiet && now - last_report >= DRAIN_PROGRESS_S) {
+            fprintf(stderr, "hyla: draining %s: %u session(s) left, %u handed over, %.0f s of %g s%s%s%s%s\n", id, left,
+                    start > left ? start - left : 0, now - t0, limit, handover_err[0] ? "; last handover error: " : "",
+                    handover_err, poll_err[0] ? "; last poll failed: " : "", poll_err);
+            last_report = now;
+        }
+        sleep_s(fmin(DRAIN_POLL_S, limit - (now - t0)));
+        st = hyla_client_drain_worker(r->c, id, 0, &d);
+        if (st != HYLA_OK) {
+            int code = hyla_client_last_code();
+            if (code != HYLA_CODE_UNAVAILABLE && code != HYLA_CODE_DEADLINE_EXCEEDED)
+                return fail("drain", st);
+            snprintf(poll_err, sizeof poll_err, "%s", hyla_last_error()); /* the coordinator may come back */
+            continue;
+        }
+        poll_err[0] = 0;
+        left = d.sessions_remaining;
+        if (start < left)
+            start = left;
+        if (d.last_error[0])
+            snprintf(handover_err, sizeof handover_err, "%s", d.last_error);
+        if (d.state == HYLA_WORKER_DRAINED)
+            break;
+        if (d.state != HYLA_WORKER_DRAINING) {
+            if (d.state == HYLA_WORKER_DEAD)
+                fprintf(stderr,
+                        "hyla drain: %s is dead: it stopped sending heartbeats before it was seen drained; the "
+                        "session(s) it had not handed over continue from their last durable snapshot\n",
+                        id);
+            else
+                fprintf(stderr, "hyla drain: %s is %s, no longer draining\n", id, hyla_worker_state_name(d.state));
+            if (handover_err[0])
+                fprintf(stderr, "hyla drain: last handover error reported by %s: %s\n", id, handover_err);
+            return HYLA_EXIT_ERROR;
+        }
+    }
+    printf("%s %s: %u session(s) moved, %u remaining\n", id, hyla_worker_state_name(d.state), start > left ? start - left : 0,
+           left);
     return HYLA_EXIT_OK;
 }
 
@@ -1193,6 +1293,8 @@ int hyla_cli_main(int argc, char **argv) {
     hyla_client_params p = hyla_client_default_params();
     if (a.timeout_s > 0)
         p.call_timeout_ms = (int64_t)(a.timeout_s * 1000 + 0.5);
+    if (a.cmd == HYLA_CMD_DRAIN && a.wait && (a.timeout_s <= 0 || p.call_timeout_ms > DRAIN_POLL_TIMEOUT_MS))
+        p.call_timeout_ms = DRAIN_POLL_TIMEOUT_MS; /* each poll; --timeout bounds the whole wait */
     hyla_client *c = NULL;
     hyla_status st = hyla_client_connect(a.server, a.tenant, &p, &c);
     if (st != HYLA_OK) {

@@ -1166,6 +1166,7 @@ hyla_status hyla_client_drain_worker(hyla_client *c, const char *worker_id, int 
         out->state = r->worker ? worker_state_from_pb((int)r->worker->state) : HYLA_WORKER_UNKNOWN;
         out->sessions_moved = r->sessions_moved;
         out->sessions_remaining = r->sessions_remaining;
+        snprintf(out->last_error, sizeof out->last_error, "%s", r->last_error ? r->last_error : "");
     }
     protobuf_c_message_free_unpacked(resp, NULL);
     return HYLA_OK;

@@ -69,6 +69,7 @@ typedef struct {
     char told_next[256]; /* next stage's address as told at registration */
     int reconcile; /* the first heartbeat after registration reconciles its sessions */
     uint32_t sessions_reported;
+    char drain_error[512]; /* its last heartbeat's drain_error: why a handover failed (DrainWorker) */
     hyla_rpc_client *client; /* to its Worker service */
 } cworker;
 
@@ -1870,7 +1871,11 @@ static void do_drain(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
         }
         pthread_cond_timedwait(&c->cv, &c->mu, &t);
     }
-    uint32_t remaining = group_sessions_locked(c, group);
+    /* while it drains, the sessions it still holds (its last heartbeat): the directory keeps
+     * them on its group until it is drained */
+    uint32_t remaining = w->state == HYLA__V1__WORKER_STATE__WORKER_DRAINING && worker_find(c, q->worker_id) == w
+                             ? w->sessions_reported
+                             : group_sessions_locked(c, group);
     Hyla__V1__WorkerInfo wi;
     Hyla__V1__LayerRange lr;
     Hyla__V1__Device dev;
@@ -1880,6 +1885,7 @@ static void do_drain(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
     r.worker = &wi;
     r.sessions_moved = before > remaining ? before - remaining : 0;
     r.sessions_remaining = remaining;
+    r.last_error = w->drain_error;
     hyla_rpc_call_reply(call, &r.base);
     pthread_mutex_unlock(&c->mu);
 }
@@ -1976,6 +1982,7 @@ static void do_register(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessa
     }
     hyla__v1__worker_load__init(&w->load);
     w->state = HYLA__V1__WORKER_STATE__WORKER_READY;
+    w->drain_error[0] = 0;
     w->epoch = ++c->epoch_counter;
     w->hb_ms = now_ms();
     w->hb_mono = hyla_now();
@@ -2047,6 +2054,7 @@ static void do_heartbeat(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMess
             w->load.base.n_unknown_fields = 0;
         }
         w->sessions_reported = (uint32_t)q->n_sessions;
+        copy_str(w->drain_error, sizeof w->drain_error, q->drain_error);
         for (size_t i = 0; i < q->n_sessions; i++) {
             const Hyla__V1__WorkerSessionStatus *ws = q->sessions[i];
             if (!ws || !ws->session_id)

@@ -590,12 +590,15 @@ static void test_session_commands(void) {
     CHECK_HAS(r.out, "g-2");
     CHECK_HAS(r.out, "sessions: ");
     result_free(&r);
-    hyla(&r, NULL, 0, NULL, S, "drain", "w-1", "--wait", NULL);
+    hyla(&r, NULL, 0, NULL, S, "drain", "w-1", "--wait", "--timeout", "5", NULL);
     CHECK_RUN(r, 0);
     CHECK_HAS(r.out, "w-1 drained:");
     result_free(&r);
     fake_get_record(F, &rec);
-    CHECK(rec.drain_wait == 1);
+    CHECK(rec.drain_wait == 0); /* --wait polls DrainWorker under its own deadline (test_e2e_drain) */
+    hyla(&r, NULL, 0, NULL, "drain", "--help", NULL);
+    CHECK_RUN(r, 0);
+    CHECK_HAS(r.out, "--timeout SEC   with --wait: give up after SEC seconds (default 600)");
     hyla(&r, NULL, 0, NULL, S, "drain", "w-9", NULL);
     CHECK_RUN(r, 3);
     result_free(&r);

@@ -160,7 +160,9 @@ struct hyla_worker {
     pthread_t sched_th, io_th, memb_th;
     int have_memb;
     volatile sig_atomic_t stop;
-    int draining, drained;
+    int draining, drained; /* drained: written under exit_mu */
+    int drain_acked;       /* the coordinator answered a heartbeat that reported no session after
+                              the drain (exit_mu); the worker exits only then (or after 10 s) */
 
     pthread_mutex_t mu;  /* command queue */
     pthread_cond_t cv;
@@ -191,6 +193,7 @@ struct hyla_worker {
     Hyla__V1__WorkerSessionStatus *sum;
     size_t n_sum;
     Hyla__V1__WorkerLoad load;
+    char drain_error[512]; /* draining: why the last handover failed ("" after one succeeds) */
 
     pthread_mutex_t exit_mu;
     pthread_cond_t exit_cv;
@@ -295,6 +298,21 @@ static void h_stage(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
 
 /* ------------------------------------------------------------------------------------------ */
 /* scheduler helpers                                                                           */
+
+/* Draining: remember why handing a session over failed (heartbeats carry it to the coordinator,
+ * whose DrainWorker answer shows it to the operator); NULL clears it after a success. */
+static void set_drain_error(hyla_worker *w, const char *session, const char *err) {
+    size_t n = session ? strlen(session) : 0;
+    int named = session && strncmp(err, "session ", 8) == 0 && strncmp(err + 8, session, n) == 0;
+    pthread_mutex_lock(&w->sum_mu);
+    if (!session)
+        w->drain_error[0] = 0;
+    else if (named) /* the message already starts with "session ID" */
+        snprintf(w->drain_error, sizeof w->drain_error, "%s", err);
+    else
+        snprintf(w->drain_error, sizeof w->drain_error, "session %s: %s", session, err);
+    pthread_mutex_unlock(&w->sum_mu);
+}
 
 static wsess *find(hyla_worker *w, const char *id) {
     for (wsess *s = w->sessions; s; s = s->next)
@@ -885,9 +903,11 @@ static void do_put_done(hyla_worker *w, cmd *c) {
     if (c->status != HYLA_OK) {
         HYLA_WARN("snapshot of session %s failed: %s", c->session, c->err);
         if (ws) ws->snap_retry_at = now_s() + 2;
+        if (w->draining) set_drain_error(w, c->session, c->err);
         if (c->call) fail_call(c->call, c->status, c->err);
         return;
     }
+    if (w->draining && c->unload_after) set_drain_error(w, NULL, NULL);
     if (ws && c->info.version > ws->snap_version) {
         ws->snap_version = c->info.version;
         ws->snap_pos = c->info.position;
@@ -1377,6 +1397,17 @@ static void process_commands(hyla_worker *w, cmd *list) {
             if (!w->draining) {
                 HYLA_INFO("draining: snapshotting %s", w->sessions ? "every session" : "nothing");
                 w->draining = 1;
+                int lb, le;
+                hyla_model_layer_range(w->m, &lb, &le);
+                if (lb != 0 && w->sessions) { /* only stage 0 snapshots (and drops) a pipeline's sessions */
+                    char why[256];
+                    snprintf(why, sizeof why,
+                             "this worker is a later pipeline stage (layers %d:%d); its group's sessions are handed "
+                             "over by draining the group's first stage",
+                             lb, le);
+                    set_drain_error(w, w->sessions->id, why);
+                    HYLA_WARN("draining: %s", why);
+                }
             }
             break;
         case C_STAGE_START: {
@@ -1422,6 +1453,7 @@ static void *scheduler_main(void *arg) {
         cmd *list = w->q_head;
         w->q_head = w->q_tail = NULL;
         pthread_mutex_unlock(&w->mu);
+        int commands = list != NULL; /* may have changed the session table: publish it at once */
         process_commands(w, list);
 
         /* cancelled calls end their jobs */
@@ -1541,7 +1573,7 @@ static void *scheduler_main(void *arg) {
             if (!s->s || s->put_inflight || s->exp) continue;
             uint64_t pos = (uint64_t)hyla_session_position(s->s);
             int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every && now_s() >= s->snap_retry_at;
-            int drain = w->draining && !s->app && !s->gen;
+            int drain = w->draining && !s->app && !s->gen && now_s() >= s->snap_retry_at;
             if (due && !drain && whole) {
                 if (hyla_session_export_begin(s->s, &s->exp) != HYLA_OK) {
                     HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
@@ -1550,6 +1582,7 @@ static void *scheduler_main(void *arg) {
             } else if (due || drain) {
                 if (start_put(w, s, NULL, 0, drain) != HYLA_OK) {
                     HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
+                    if (drain) set_drain_error(w, s->id, hyla_last_error());
                     s->snap_retry_at = now_s() + 2;
                 }
             }
@@ -1558,9 +1591,9 @@ static void *scheduler_main(void *arg) {
             int left = 0;
             for (wsess *s = w->sessions; s; s = s->next) left++;
             if (!left) {
-                w->drained = 1;
                 HYLA_INFO("drained: every session is durable in the store");
                 pthread_mutex_lock(&w->exit_mu);
+                w->drained = 1;
                 pthread_cond_broadcast(&w->exit_cv);
                 pthread_mutex_unlock(&w->exit_mu);
             }
@@ -1570,7 +1603,7 @@ static void *scheduler_main(void *arg) {
             for (wsess *s = w->sessions; s; s = s->next) finish_export(w, s);
         evict_if_needed(w);
         double t = now_s();
-        if (t - last_pub > 0.2 || worked) {
+        if (t - last_pub > 0.2 || worked || commands) {
             publish_summary(w, queued);
             last_pub = t;
         }
@@ -1777,6 +1810,9 @@ static void *membership_main(void *arg) {
         Hyla__V1__HeartbeatRequest r = HYLA__V1__HEARTBEAT_REQUEST__INIT;
         r.worker_id = w->worker_id;
         r.epoch = w->epoch;
+        pthread_mutex_lock(&w->exit_mu);
+        int drained = w->drained; /* read before the summary, which is published after it is set */
+        pthread_mutex_unlock(&w->exit_mu);
         pthread_mutex_lock(&w->sum_mu);
         Hyla__V1__WorkerLoad load = w->load;
         r.load = &load;
@@ -1784,6 +1820,8 @@ static void *membership_main(void *arg) {
         for (size_t i = 0; i < w->n_sum; i++) ptrs[i] = &w->sum[i];
         r.n_sessions = w->n_sum;
         r.sessions = ptrs;
+        r.drain_error = w->drain_error;
+        int last = drained && w->n_sum == 0; /* tells the coordinator it is drained */
         size_t n = protobuf_c_message_get_packed_size(&r.base);
         uint8_t *buf = malloc(n ? n : 1);
         protobuf_c_message_pack(&r.base, buf);
@@ -1800,6 +1838,12 @@ static void *membership_main(void *arg) {
             Hyla__V1__HeartbeatResponse *hr = (Hyla__V1__HeartbeatResponse *)resp;
             if (hr->reregister) registered = 0;
             if (hr->drain && !w->draining) post(w, new_cmd(C_DRAIN, NULL, NULL));
+            if (hr->drain && last && !hr->reregister) {
+                pthread_mutex_lock(&w->exit_mu);
+                w->drain_acked = 1;
+                pthread_cond_broadcast(&w->exit_cv);
+                pthread_mutex_unlock(&w->exit_mu);
+            }
             for (size_t i = 0; i < hr->n_unload_session_ids; i++) {
                 cmd *c = new_cmd(C_DROP, NULL, NULL);
                 snprintf(c->session, sizeof c->session, "%s", hr->unload_session_ids[i]);
@@ -1946,8 +1990,17 @@ void hyla_worker_request_stop(hyla_worker *w) {
 }
 
 void hyla_worker_wait(hyla_worker *w) {
+    double drained_at = 0;
     pthread_mutex_lock(&w->exit_mu);
-    while (!w->stop && !w->drained) {
+    while (!w->stop) {
+        /* drained: exit once the coordinator has seen it (else it would only learn from the
+         * missing heartbeats, and call the worker dead rather than drained) */
+        if (w->drained && (w->drain_acked || !w->have_memb)) break;
+        if (w->drained && !drained_at) drained_at = now_s();
+        if (drained_at && now_s() - drained_at > 10) {
+            HYLA_WARN("drained, but the coordinator has not acknowledged it in 10 s: exiting anyway");
+            break;
+        }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000;

@@ -49,7 +49,9 @@ hyla_worker_params hyla_worker_default_params(void);
 hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out);
 /* The bound port of the Worker service. */
 int hyla_worker_port(const hyla_worker *w);
-/* Block until the worker should exit: stop requested, or drained after an operator's drain. */
+/* Block until the worker should exit: stop requested, or drained after an operator's drain and
+ * the coordinator has seen it drained (a heartbeat reporting no session was answered; at most
+ * 10 s after it drained). */
 void hyla_worker_wait(hyla_worker *w);
 /* Ask the worker to stop (async-signal-safe). */
 void hyla_worker_request_stop(hyla_worker *w);
