@@ -1280,20 +1280,36 @@ static void test_prefill_varlen(void) {
                 dfree(bs[m], Sm);
                 dfree(bs[m], om);
             }
-            for (int ws = 0; gdn && ws <= 3; ws++) { /* the fused pass's forms (HYLA_CUDA_GDN_WS, read
+            for (int ws = 0; gdn && ws <= 4; ws++) { /* the fused pass's forms (HYLA_CUDA_GDN_WS, read
                         * per launch): all warps stage (0), a producer warp (1) or warpgroup (2)
                         * stages the chunks and stores o from shared memory; 3 (the default): the
-                        * warpgroup stages v, g, beta and the compute warps q, k */
+                        * warpgroup stages v, g, beta and the compute warps q, k; 4: the pipelined
+                        * kernel (chunk c+1's tiles beside chunk c's state pass, S^T in registers) */
+                const char *wsn[5] = {"0", "1", "2", "3", "4"};
                 void *Sm = dev(gpu_fu, S0, ns * nseq * 4), *om = dev(gpu_fu, NULL, nv * 4);
                 float *Smz[4];
                 for (int z = 0; z < nseq; z++) Smz[z] = (float *)Sm + z * ns;
-                setenv("HYLA_CUDA_GDN_WS", ws == 3 ? "3" : ws == 2 ? "2" : ws ? "1" : "0", 1);
+                setenv("HYLA_CUDA_GDN_WS", wsn[ws], 1);
                 CHECK_OK(hyla_cuda_prefill_varlen(gpu_fu, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, pb.g, om, nseq,
                                                   starts, lens, Smz));
                 unsetenv("HYLA_CUDA_GDN_WS");
                 CHECK_OK(gpu_fu->ops->sync(gpu_fu->ctx));
-                CHECK_MSG(same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4),
-                          "gdn varlen: fused, HYLA_CUDA_GDN_WS=%d == default (bits)", ws);
+                const int same = same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4);
+                if (!same) { /* how far apart, to tell rounding from a bug */
+                    char name[96];
+                    float *ha = host_of(gpu, om, nv), *hd = host_of(gpu, po.g, nv);
+                    snprintf(name, sizeof name, "gdn varlen: WS=%d vs default: o", ws);
+                    cmp(name, ha, hd, nv, CHUNK_TOL);
+                    free(ha);
+                    free(hd);
+                    ha = host_of(gpu, Sm, ns * nseq);
+                    hd = host_of(gpu, pS.g, ns * nseq);
+                    snprintf(name, sizeof name, "gdn varlen: WS=%d vs default: S", ws);
+                    cmp(name, ha, hd, ns * nseq, CHUNK_TOL);
+                    free(ha);
+                    free(hd);
+                }
+                CHECK_MSG(same, "gdn varlen: fused, HYLA_CUDA_GDN_WS=%d == default (bits)", ws);
                 dfree(gpu_fu, Sm);
                 dfree(gpu_fu, om);
             }
@@ -1423,11 +1439,12 @@ static void test_sse(void) {
                 dfree(gpu, ap);
                 dfree(gpu, ao);
             }
-            for (int ws = 0; gdn && ws <= 3; ws++) { /* rows through the row map into the fused pass's
-                        * forms (HYLA_CUDA_GDN_WS=0, 1, 2, 3; forced fused) == the default, bit for bit */
+            for (int ws = 0; gdn && ws <= 4; ws++) { /* rows through the row map into the fused pass's
+                        * forms (HYLA_CUDA_GDN_WS=0, 1, 2, 3, 4; forced fused) == the default, bit for bit */
+                const char *wsn[5] = {"0", "1", "2", "3", "4"};
                 CHECK_OK(gpu->ops->sync(gpu->ctx));
                 void *a0 = dev(gpu_fu, S0, ns * 4), *ap = dev(gpu_fu, Sp, ns * N * 4), *ao = dev(gpu_fu, NULL, nv * 4);
-                setenv("HYLA_CUDA_GDN_WS", ws == 3 ? "3" : ws == 2 ? "2" : ws ? "1" : "0", 1);
+                setenv("HYLA_CUDA_GDN_WS", wsn[ws], 1);
                 CHECK_OK(gpu_fu->ops->sse_prefill(gpu_fu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g, pba.g,
                                                   pbb.g, pidx.g, pw.g, n, H, dk, dv, N, K, scale, a0, ap, ao));
                 unsetenv("HYLA_CUDA_GDN_WS");

@@ -2132,6 +2132,567 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
 #endif
 }
 
+/* ---- fused GDN, pipelined: the chunk part of chunk c+1 beside the state pass of chunk c ----
+ * HYLA_CUDA_GDN_WS=4 (k_gdn_pipe): the same tiles, products and bits as the FS = 1 forms of
+ * k_gdn_fused, with the block's 16 warps split in two roles that run concurrently:
+ *   warps 0-7 ("chunk warps") stage the chunks (cp.async, as the WS = 0 stage) and form chunk
+ *     c+1's tiles: (b) cumulative decay, (c) K, Q -> bf16, (d) K K^T, Q K^T (the 10 lower 16x16
+ *     blocks, warp w blocks w and w + 8), (e) diagonal inverses || operand tiles, (f') W by forward
+ *     substitution (warp w = key slab w);
+ *   warps 8-15 ("state warps") run the state pass of chunk c: warp 8 + s owns the value slab s
+ *     (16 value columns) and keeps S^T (its 16 value rows x DKP keys, fp32) in registers, so it
+ *     needs nobody else's part of the state: U0^T by forward substitution for its slab (the
+ *     value-slab half of (f'), same code), U^T = U0^T - S^T W^T, O^T = S^T q~^T + U^T Aqk^T
+ *     (stored to o from registers), S^T = e^(bC) S^T + U^T k~, with A operands from registers
+ *     (S^T and U^T packed to bf16 as the other forms round S and U) and B operands the other
+ *     forms' tiles in their layouts ([n][k]: W, q~, Aqk, k~^T).
+ * Each element is the same sum of the same bf16 products in the same order as in k_gdn_fused
+ * (a product and its transpose), so the results are bit-identical (tested with the WS forms).
+ * Hand-off (named barriers, bar.arrive by one role, bar.sync by the other, 512 threads):
+ *   GP_TILES chunk warps -> state warps: chunk c's tiles are complete;
+ *   GP_TV / GP_W / GP_QAK state -> chunk warps: T and beta V, W, then q~/Aqk/k~^T of the chunk
+ *   before are read, so the next chunk's may be written (single buffers), except q (raw, then
+ *   q~) which alternates between two buffers by chunk parity. Aqk's and k~^T's values are held in
+ *   the chunk warps' registers from (d)/(e) until GP_QAK. Shared memory (dk = 128): 97 KB fp32
+ *   staging + 126 KB tiles, one block per SM; 512 threads, 128 registers. */
+/* bf16x2 of (lo, hi), the bits of pack_bf16x2, but volatile: evaluated where written, so the
+ * state warps' S^T operands are packed per use instead of hoisted into 32 live registers */
+__device__ __forceinline__ uint32_t pack_bf16x2_v(float lo, float hi) {
+    uint32_t r;
+    asm volatile("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(lo), "f"(hi));
+    return r;
+}
+#define GP_T 512
+#define GP_C 256 /* threads of the chunk warps (0-7) */
+#define GP_BC 1    /* chunk warps among themselves */
+#define GP_TILES 2 /* chunk -> state warps */
+#define GP_TV 3    /* state -> chunk warps: T, beta V read */
+#define GP_W 4     /* state -> chunk warps: W read */
+#define GP_QAK 5   /* state -> chunk warps: q~, Aqk, k~^T read */
+#define GP_VB 6    /* state -> chunk warps: beta V read (into registers) */
+
+/* mbarrier and bulk copies (sm_90): whole rows global -> shared by the copy engine, completing
+ * on an mbarrier (transaction bytes): no per-16-byte issue cost in the chunk warps */
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *m, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(m)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *m, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(m)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *m, unsigned parity) {
+    asm volatile("{\n .reg .pred P1;\n LAB_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n @P1 bra DONE;\n"
+                 " bra LAB_WAIT;\n DONE:\n }\n" ::"r"(smem_u32(m)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *m) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(m))
+                 : "memory");
+}
+
+template <int DKP>
+struct PipeSmem {
+    static constexpr int LDK = DKP + 8, LDV = 136;
+    static constexpr size_t STG = ((size_t)2 * CH * DKP + (size_t)CH * 128 + 3 * CH) * 4;
+    static constexpr size_t TK = (size_t)CH * LDK * 2; /* Kb/Mb, Qbuf[2], Wb, k~ */
+    static constexpr size_t TV = (size_t)CH * LDV * 2; /* Vb */
+    static constexpr size_t AQ = (size_t)CH * 72 * 2;  /* Aqk, T */
+    static constexpr size_t AF = (size_t)4 * 16 * 17 * 4; /* A's diagonal blocks, fp32 */
+    static constexpr size_t SM = (size_t)(5 * CH + 4) * 4 + 16; /* bc be fq fm fk, decp[2] (+2), the mbarrier */
+    static constexpr size_t TOTAL = STG + 5 * TK + TV + 2 * AQ + AF + SM;
+    static_assert(STG % 16 == 0 && TK % 16 == 0 && TV % 16 == 0 && AQ % 16 == 0 && AF % 16 == 0,
+                  "alignment");
+};
+
+#ifdef HYLA_FUSED_PROFILE
+__device__ long long g_pprof_t[24];
+__device__ int g_pprof_once;
+#define GPROF(k, who)                                                                                                  \
+    if (cc == 20 && tid == (who) && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_pprof_t[k] = clock64();
+#else
+#define GPROF(k, who)
+#endif
+
+template <int DKP>
+__global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
+    typedef PipeSmem<DKP> L;
+    constexpr int LDK = L::LDK, LDV = L::LDV, NB = DKP / 16, NKT = DKP / 8;
+    constexpr int QI = CH * DKP / 4 / GP_C; /* 4-element pieces of a q or k tile per chunk thread */
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *Kst = (float *)smem, *Qst = Kst + CH * DKP, *Vst = Qst + CH * DKP;
+    float *Gst = Vst + CH * 128, *Bst = Gst + CH, *Wr = Bst + CH;
+    unsigned char *sp_ = smem + L::STG;
+    __nv_bfloat16 *Kb = (__nv_bfloat16 *)sp_, *Mb = Kb; /* K (c)-(d), then beta e^b K (e)-(f') */
+    sp_ += L::TK;
+    __nv_bfloat16 *Qbuf = (__nv_bfloat16 *)sp_; /* [2]: chunk parity; q (c)-(d), then q~ */
+    sp_ += 2 * L::TK;
+    __nv_bfloat16 *Wb = (__nv_bfloat16 *)sp_;
+    sp_ += L::TK;
+    __nv_bfloat16 *Vb = (__nv_bfloat16 *)sp_;
+    sp_ += L::TV;
+    __nv_bfloat16 *Kt = (__nv_bfloat16 *)sp_; /* k~ = e^(bC-b) K, row-major (the B operand of S^T += U^T k~) */
+    sp_ += L::TK;
+    __nv_bfloat16 *Aq = (__nv_bfloat16 *)sp_;
+    sp_ += L::AQ;
+    __nv_bfloat16 *Tb = (__nv_bfloat16 *)sp_;
+    sp_ += L::AQ;
+    float *Af = (float *)sp_; /* [4][16][17] */
+    sp_ += L::AF;
+    float *bc = (float *)sp_, *be = bc + CH, *fq = be + CH, *fm = fq + CH, *fk = fm + CH, *decp = fk + CH; /* decp[2] */
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv, jb = blockIdx.x * 128;
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
+
+    if (w < GP_C / 32) {
+        /* ================= chunk warps ================= */
+        uint64_t *mbar = (uint64_t *)(decp + 4);
+        /* stage chunk c (its ld-th load: mbarrier phase ld): one bulk copy per row of q, k, v
+         * (thread t of 0-191: row t % 64 of q, k or v) completing on the mbarrier; rows past len
+         * zeroed by the thread instead; g, beta by 4-byte cp.async (threads 192-255). Columns
+         * past dk (q, k) and past the block's value columns (v) stay zero from the start. */
+        auto stage = [&](int tok0, int len) {
+            const int nrows = len < CH ? len : CH, vcols = dv - jb < 128 ? dv - jb : 128;
+            if (tid == 0) mbar_expect_tx(mbar, (unsigned)nrows * (unsigned)(2 * dk + vcols) * 4u);
+            if (tid < 3 * CH) {
+                const int t = tid & (CH - 1), kind = tid >> 6; /* 0 q, 1 k, 2 v */
+                float *dst = kind == 0 ? Qst + t * DKP : kind == 1 ? Kst + t * DKP : Vst + t * 128;
+                if (t < len) {
+                    int sp = 0;
+                    float wt;
+                    const size_t tok = chunk_row(a, tok0 + t, sp, wt);
+                    const float *src = kind == 2 ? a.v + (tok * H + h) * dv + jb
+                                                 : (kind == 0 ? (sp ? a.q2 : a.q) : (sp ? a.k2 : a.k)) + (tok * H + h) * dk;
+                    bulk_g2s(dst, src, (unsigned)(kind == 2 ? vcols : dk) * 4u, mbar);
+                } else {
+                    for (int u = 0; u < (kind == 2 ? 128 : DKP) / 4; u++) ((float4 *)dst)[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    fence_proxy_async_smem(); /* before a later chunk's bulk copy to this row */
+                }
+            } else {
+                const int t = tid - 3 * CH;
+                int sp = 0;
+                float wt = 0.0f;
+                const bool ok = t < len;
+                const size_t tok = ok ? chunk_row(a, tok0 + t, sp, wt) : 0;
+                cp_async4(Gst + t, ok ? (sp ? a.g2 : a.ga) + tok * H + h : a.ga, ok ? 4 : 0);
+                cp_async4(Bst + t, ok ? (sp ? a.b2 : a.gb) + tok * H + h : a.gb, ok ? 4 : 0);
+                Wr[t] = ok ? wt : 0.0f;
+                cp_async_commit();
+            }
+        };
+        /* the staging zeroed (padding columns stay zero), Aqk above the diagonal blocks zero for
+         * every chunk ((d) writes the rest) */
+        for (int x = tid; x < (2 * CH * DKP + CH * 128) / 4; x += GP_C) ((float4 *)Kst)[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int x = tid; x < CH * CH; x += GP_C) {
+            int r = x >> 6, s = x & 63;
+            if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
+        }
+        if (tid == 0) mbar_init(mbar, 1);
+        fence_proxy_async_smem();
+        nb_sync(GP_BC, GP_C);
+        stage(a.ck_tok0[c0], a.ck_len[c0]);
+        for (int cc = 0; cc < nc; cc++) {
+            const int c = c0 + cc;
+            __nv_bfloat16 *Qb = Qbuf + (cc & 1) * (L::TK / 2);
+            GPROF(0, 0);
+            /* the next chunk's table entries, loaded long before stage() needs them */
+            const int ntok0 = cc + 1 < nc ? a.ck_tok0[c + 1] : 0, nlen = cc + 1 < nc ? a.ck_len[c + 1] : 0;
+            mbar_wait(mbar, (unsigned)cc & 1u);
+            cp_async_wait<0>();
+            nb_sync(GP_BC, GP_C); /* (a) the chunk's staging is visible */
+            GPROF(1, 0);
+            /* (b) cumulative log decay and per-row factors (k_gdn_fused's (b)) */
+            if (w == 0) {
+                float g0 = Gst[2 * lane], g1 = Gst[2 * lane + 1], v = g0 + g1;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    float y = __shfl_up_sync(0xffffffffu, v, o);
+                    if (lane >= o) v += y;
+                }
+                float ex = __shfl_up_sync(0xffffffffu, v, 1);
+                if (lane == 0) ex = 0.0f;
+                float b0 = ex + g0, b1 = b0 + g1, bC = __shfl_sync(0xffffffffu, b1, 31);
+                int t0 = 2 * lane, t1 = t0 + 1;
+                float e0 = expf(b0), e1 = expf(b1), be0 = Bst[t0], be1 = Bst[t1];
+                bc[t0] = b0;
+                bc[t1] = b1;
+                be[t0] = be0;
+                be[t1] = be1;
+                fq[t0] = a.scale * e0;
+                fq[t1] = a.scale * e1;
+                fm[t0] = be0 * e0;
+                fm[t1] = be1 * e1;
+                fk[t0] = expf(bC - b0);
+                fk[t1] = expf(bC - b1);
+                if (lane == 0) decp[cc & 1] = expf(bC);
+            }
+            nb_sync(GP_BC, GP_C);
+            if (cc) nb_sync(GP_VB, GP_T); /* the state warps hold beta V of chunk c-1 */
+            GPROF(2, 0);
+            /* (c) one pass over the staging: K, Q (weighted rows) -> bf16 for (d); beta e^b K and
+             * q~ (k_gdn_fused's (e) values) kept in registers until (d) is done, k~ until GP_QAK;
+             * beta V */
+            uint2 mbr[QI], qtr[QI], ktr[QI];
+#pragma unroll
+            for (int u = 0; u < QI; u++) {
+                const int x = tid + u * GP_C, t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                const float wt = Wr[t], f = fm[t], fqq = fq[t], fkk = fk[t];
+                float4 kv = *(const float4 *)(Kst + t * DKP + i), qv = *(const float4 *)(Qst + t * DKP + i);
+                kv.x *= wt;
+                kv.y *= wt;
+                kv.z *= wt;
+                kv.w *= wt;
+                qv.x *= wt;
+                qv.y *= wt;
+                qv.z *= wt;
+                qv.w *= wt;
+                *(uint2 *)(Kb + t * LDK + i) = make_uint2(pack_bf16x2(kv.x, kv.y), pack_bf16x2(kv.z, kv.w));
+                *(uint2 *)(Qb + t * LDK + i) = make_uint2(pack_bf16x2(qv.x, qv.y), pack_bf16x2(qv.z, qv.w));
+                mbr[u] = make_uint2(pack_bf16x2(kv.x * f, kv.y * f), pack_bf16x2(kv.z * f, kv.w * f));
+                qtr[u] = make_uint2(pack_bf16x2(qv.x * fqq, qv.y * fqq), pack_bf16x2(qv.z * fqq, qv.w * fqq));
+                ktr[u] = make_uint2(pack_bf16x2(kv.x * fkk, kv.y * fkk), pack_bf16x2(kv.z * fkk, kv.w * fkk));
+            }
+#pragma unroll 4
+            for (int x = tid; x < CH * 32; x += GP_C) {
+                int t = x >> 5, j = (x & 31) * 4;
+                float4 vv = *(const float4 *)(Vst + t * 128 + j);
+                float f = be[t];
+                *(uint2 *)(Vb + t * LDV + j) = make_uint2(pack_bf16x2(vv.x * f, vv.y * f), pack_bf16x2(vv.z * f, vv.w * f));
+            }
+            nb_sync(GP_BC, GP_C); /* the staging is consumed */
+            GPROF(3, 0);
+            if (cc + 1 < nc) stage(ntok0, nlen); /* the next chunk streams in now */
+            GPROF(4, 0);
+            if (cc) nb_sync(GP_TV, GP_T); /* the state warps have read T of chunk c-1 */
+            GPROF(5, 0);
+            /* (d) K K^T and Q K^T on the 10 lower 16x16 blocks (row block rb, column block cb):
+             * warp w takes blocks w and w + 8; A's diagonal blocks in fp32 (Af), -A below them in
+             * bf16 (T's place), Aqk's values kept in registers until GP_QAK */
+            uint32_t aqr[2][4];
+#pragma unroll
+            for (int rep = 0; rep < 2; rep++) {
+                const int bi = w + 8 * rep;
+#pragma unroll
+                for (int e = 0; e < 4; e++) aqr[rep][e] = 0u;
+                if (bi < 10) {
+                    const int rb = (bi >= 1) + (bi >= 3) + (bi >= 6), cb = bi - rb * (rb + 1) / 2;
+                    float kk[2][4], qk[2][4];
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+#pragma unroll
+                    for (int kc = 0; kc < DKP / 16; kc++) {
+                        uint32_t ak[4], aq[4], bf[2][2];
+                        ldsm_frag_a(ak, Kb + (16 * rb) * LDK + kc * 16, LDK);
+                        ldsm_frag_a(aq, Qb + (16 * rb) * LDK + kc * 16, LDK);
+                        ldsm_frag_b2_nk(bf, Kb + (16 * cb) * LDK + kc * 16, LDK);
+#pragma unroll
+                        for (int n = 0; n < 2; n++) {
+                            mma_bf16_16816(kk[n], ak, bf[n]);
+                            mma_bf16_16816(qk[n], aq, bf[n]);
+                        }
+                    }
+                    float av[2][4];
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int r = 16 * rb + g + (e >> 1) * 8, s = 16 * cb + n * 8 + 2 * tq + (e & 1);
+                            float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
+                            if (cb == rb)
+                                Af[rb * 272 + (r - 16 * rb) * 17 + (s - 16 * cb)] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                            else
+                                Tb[r * 72 + s] = __float2bfloat16_rn(-(be[r] * gam * kk[n][e]));
+                            av[n][e] = a.scale * gam * qk[n][e];
+                        }
+#pragma unroll
+                    for (int n = 0; n < 2; n++) {
+                        aqr[rep][2 * n] = pack_bf16x2(av[n][0], av[n][1]);
+                        aqr[rep][2 * n + 1] = pack_bf16x2(av[n][2], av[n][3]);
+                    }
+                }
+            }
+            nb_sync(GP_BC, GP_C);
+            GPROF(6, 0);
+            /* (e) diagonal blocks of T (warps 0-3); beta e^b K over K and q~ over q (every thread) */
+            if (w < 4) {
+                const int s = lane & 15;
+                const float *A = Af + w * 272;
+                float x[16];
+#pragma unroll
+                for (int t = 0; t < 16; t++) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < t; r++) acc = fmaf(A[t * 17 + r], x[r], acc);
+                    x[t] = t < s ? 0.0f : (t == s ? 1.0f : -acc);
+                }
+                if (lane < 16) {
+#pragma unroll
+                    for (int t = 0; t < 16; t++) Tb[(16 * w + t) * 72 + 16 * w + s] = __float2bfloat16_rn(x[t]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < QI; u++) {
+                const int x = tid + u * GP_C, t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                *(uint2 *)(Mb + t * LDK + i) = mbr[u];
+                *(uint2 *)(Qb + t * LDK + i) = qtr[u];
+            }
+            nb_sync(GP_BC, GP_C); /* T, beta e^b K, q~ complete */
+            GPROF(7, 0);
+            /* (f') W = T (beta e^b K): k_gdn_fused's forward substitution, key slab w */
+            uint32_t xf[4][4];
+            if (w < NB) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Mb + 16 * w + (16 * i) * LDK, LDK);
+            }
+            if (cc) nb_sync(GP_W, GP_T); /* the state warps have read W of chunk c-1 */
+            GPROF(8, 0);
+            if (w < NB) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float acc[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
+                        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
+                        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
+                        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
+                    }
+#pragma unroll
+                    for (int j = 0; j < i; j++) {
+                        uint32_t bn[2][2];
+                        ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
+                        mma_bf16_16816(acc[0], xf[j], bn[0]);
+                        mma_bf16_16816(acc[1], xf[j], bn[1]);
+                    }
+                    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
+                                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
+                    uint32_t bt[2][2];
+                    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
+                    float xo[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) xo[nt][e] = 0.0f;
+                    mma_bf16_16816(xo[0], ya, bt[0]);
+                    mma_bf16_16816(xo[1], ya, bt[1]);
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        xf[i][2 * nt] = pack_bf16x2(xo[nt][0], xo[nt][1]);
+                        xf[i][2 * nt + 1] = pack_bf16x2(xo[nt][2], xo[nt][3]);
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = 16 * i + 8 * nt + 2 * tq + (e & 1), m = g + 8 * (e >> 1);
+                            ((unsigned short *)Wb)[r * LDK + 16 * w + m] =
+                                (unsigned short)(xf[i][2 * nt + (e >> 1)] >> (16 * (e & 1)));
+                        }
+                }
+            }
+            GPROF(9, 0);
+            if (cc) nb_sync(GP_QAK, GP_T); /* the state warps are done with chunk c-1 */
+            GPROF(10, 0);
+#pragma unroll
+            for (int u = 0; u < QI; u++) {
+                const int x = tid + u * GP_C, t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                *(uint2 *)(Kt + t * LDK + i) = ktr[u];
+            }
+#pragma unroll
+            for (int rep = 0; rep < 2; rep++) {
+                const int bi = w + 8 * rep;
+                if (bi < 10) {
+                    const int rb = (bi >= 1) + (bi >= 3) + (bi >= 6), cb = bi - rb * (rb + 1) / 2;
+#pragma unroll
+                    for (int n = 0; n < 2; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e += 2) {
+                            int r = 16 * rb + g + (e >> 1) * 8, s = 16 * cb + n * 8 + 2 * tq;
+                            *(uint32_t *)(Aq + r * 72 + s) = aqr[rep][2 * n + (e >> 1)];
+                        }
+                }
+            }
+            nb_arrive(GP_TILES, GP_T); /* chunk c's tiles are complete */
+            GPROF(11, 0);
+        }
+    } else {
+        /* ================= state warps ================= */
+        const int sw = w - GP_C / 32, j0 = jb + 16 * sw;
+        const bool act = j0 < dv;
+        float *S = a.S[z] + (size_t)h * dk * dv;
+        float st[NKT][4]; /* S^T: (value j0 + g + 8(e/2), key 8 kt + 2 tq + e%2) */
+#pragma unroll
+        for (int kt = 0; kt < NKT; kt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 8 * kt + 2 * tq + (e & 1), j = j0 + g + 8 * (e >> 1);
+                st[kt][e] = (i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+        for (int cc = 0; cc < nc; cc++) {
+            const int c = c0 + cc;
+            const __nv_bfloat16 *Qb = Qbuf + (cc & 1) * (L::TK / 2);
+            GPROF(12, GP_C);
+            nb_sync(GP_TILES, GP_T);
+            GPROF(13, GP_C);
+            const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+            /* per 16-token block i: U0^T by k_gdn_fused's (f') for value slab sw (its C fragments
+             * u0[nt]: value row, token 16i + 8nt + ..), then U^T = U0^T - S^T W^T for the block,
+             * kept as the bf16 A fragment ua[i] (k = the block's tokens) */
+            uint32_t xf[4][4], ua[4][4];
+            if (act)
+#pragma unroll
+                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 16 * sw + (16 * i) * LDV, LDV);
+            if (cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
+            if (act) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float acc[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
+                        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
+                        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
+                        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
+                    }
+#pragma unroll
+                    for (int j = 0; j < i; j++) {
+                        uint32_t bn[2][2];
+                        ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
+                        mma_bf16_16816(acc[0], xf[j], bn[0]);
+                        mma_bf16_16816(acc[1], xf[j], bn[1]);
+                    }
+                    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
+                                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
+                    uint32_t bt[2][2];
+                    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
+                    float u0[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) u0[nt][e] = 0.0f;
+                    mma_bf16_16816(u0[0], ya, bt[0]);
+                    mma_bf16_16816(u0[1], ya, bt[1]);
+                    if (i < 3)
+#pragma unroll
+                        for (int nt = 0; nt < 2; nt++) {
+                            xf[i][2 * nt] = pack_bf16x2(u0[nt][0], u0[nt][1]);
+                            xf[i][2 * nt + 1] = pack_bf16x2(u0[nt][2], u0[nt][3]);
+                        }
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+#pragma unroll
+                    for (int kc = 0; kc < NB; kc++) {
+                        const uint32_t sa[4] = {pack_bf16x2_v(st[2 * kc][0], st[2 * kc][1]),
+                                                pack_bf16x2_v(st[2 * kc][2], st[2 * kc][3]),
+                                                pack_bf16x2_v(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                                                pack_bf16x2_v(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+                        uint32_t bf[2][2];
+                        ldsm_frag_b2_nk(bf, Wb + (16 * i) * LDK + 16 * kc, LDK);
+                        mma_bf16_16816(acc[0], sa, bf[0]);
+                        mma_bf16_16816(acc[1], sa, bf[1]);
+                    }
+                    ua[i][0] = pack_bf16x2(u0[0][0] - acc[0][0], u0[0][1] - acc[0][1]);
+                    ua[i][1] = pack_bf16x2(u0[0][2] - acc[0][2], u0[0][3] - acc[0][3]);
+                    ua[i][2] = pack_bf16x2(u0[1][0] - acc[1][0], u0[1][1] - acc[1][1]);
+                    ua[i][3] = pack_bf16x2(u0[1][2] - acc[1][2], u0[1][3] - acc[1][3]);
+                }
+            }
+            if (cc + 1 < nc) nb_arrive(GP_TV, GP_T);
+            GPROF(14, GP_C);
+            GPROF(15, GP_C);
+            if (cc + 1 < nc) nb_arrive(GP_W, GP_T);
+            if (act) {
+                /* O^T = S^T q~^T + U^T Aqk^T, 32 tokens at a time, stored from registers */
+#pragma unroll 1
+                for (int hf = 0; hf < 2; hf++) {
+                    float oa[4][4];
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) oa[n][e] = 0.0f;
+#pragma unroll
+                    for (int kc = 0; kc < NB; kc++) {
+                        const uint32_t sa[4] = {pack_bf16x2_v(st[2 * kc][0], st[2 * kc][1]),
+                                                pack_bf16x2_v(st[2 * kc][2], st[2 * kc][3]),
+                                                pack_bf16x2_v(st[2 * kc + 1][0], st[2 * kc + 1][1]),
+                                                pack_bf16x2_v(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+#pragma unroll
+                        for (int q2 = 0; q2 < 2; q2++) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_nk(bf, Qb + (32 * hf + 16 * q2) * LDK + 16 * kc, LDK);
+                            mma_bf16_16816(oa[2 * q2], sa, bf[0]);
+                            mma_bf16_16816(oa[2 * q2 + 1], sa, bf[1]);
+                        }
+                    }
+#pragma unroll
+                    for (int kc = 0; kc < CH / 16; kc++) {
+#pragma unroll
+                        for (int q2 = 0; q2 < 2; q2++) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_nk(bf, Aq + (32 * hf + 16 * q2) * 72 + 16 * kc, 72);
+                            mma_bf16_16816(oa[2 * q2], ua[kc], bf[0]);
+                            mma_bf16_16816(oa[2 * q2 + 1], ua[kc], bf[1]);
+                        }
+                    }
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int t = 32 * hf + 8 * n + 2 * tq + (e & 1), j = j0 + g + 8 * (e >> 1);
+                            if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oa[n][e];
+                        }
+                }
+                GPROF(16, GP_C);
+                /* S^T = e^(bC) S^T + U^T k~ */
+                const float d = decp[cc & 1];
+#pragma unroll
+                for (int kt = 0; kt < NKT; kt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) st[kt][e] *= d;
+#pragma unroll
+                for (int kc = 0; kc < CH / 16; kc++) {
+#pragma unroll
+                    for (int nb = 0; nb < NB; nb++) {
+                        uint32_t bf[2][2];
+                        ldsm_frag_b2_kn(bf, Kt + (16 * kc) * LDK + 16 * nb, LDK);
+                        mma_bf16_16816(st[2 * nb], ua[kc], bf[0]);
+                        mma_bf16_16816(st[2 * nb + 1], ua[kc], bf[1]);
+                    }
+                }
+            }
+            if (cc + 1 < nc) nb_arrive(GP_QAK, GP_T);
+            GPROF(17, GP_C);
+        }
+        float *const *Sv = a.S;
+        asm volatile("" : "+l"(Sv));
+        S = Sv[z] + (size_t)h * dk * dv;
+#pragma unroll
+        for (int kt = 0; kt < NKT; kt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = 8 * kt + 2 * tq + (e & 1), j = j0 + g + 8 * (e >> 1);
+                if (i < dk && j < dv) S[(size_t)i * dv + j] = st[kt][e];
+            }
+    }
+#ifdef HYLA_FUSED_PROFILE
+    __syncthreads();
+    if (nc > 21 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && atomicAdd(&g_pprof_once, 1) == 0) {
+        long long *p = g_pprof_t, t0 = p[0];
+        printf("pipe profile (cycles from the chunk warps' start of chunk 20): chunk warps: staged %lld, (b) %lld, "
+               "(c) %lld, stage issued %lld, TV %lld, (d) %lld, (e) %lld, W %lld, (f') %lld, QAK %lld, tiles %lld; state "
+               "warps (chunk 20): wait from %lld to %lld, U0+U %lld (%lld), O %lld, S %lld\n",
+               p[1] - t0, p[2] - t0, p[3] - t0, p[4] - t0, p[5] - t0, p[6] - t0, p[7] - t0, p[8] - t0, p[9] - t0,
+               p[10] - t0, p[11] - t0, p[12] - t0, p[13] - t0, p[14] - t0, p[15] - t0, p[16] - t0, p[17] - t0);
+    }
+#endif
+}
+
 /* ---- fused GLA prefill: kernels A and B in one, the same bits ----
  * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
  * order with the state in fp32 mma accumulators (kernel B's layout: each group of 4 warps owns
@@ -2566,7 +3127,7 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
     if (!e || !*e) return 3;
-    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "2") == 0 ? 2 : 3;
+    return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "2") == 0 ? 2 : strcmp(e, "4") == 0 ? 4 : 3;
 }
 
 /* HYLA_CUDA_GDN_FS (default 1): the fused pass (all WS forms) and its split form form W and U0
@@ -2592,13 +3153,20 @@ static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC
     const size_t sm = FusedSmem<DKP, 0, FS>::TOTAL;
     const unsigned ncb = cu_blocks(ca.dv, 128);
     const int ws = split ? 0 : gdn_ws_mode();
+    if (ws == 4 && FS && ca.vec4 && ca.dv % 4 == 0 && PipeSmem<DKP>::TOTAL <= c->smem_optin) {
+        const size_t sp = PipeSmem<DKP>::TOTAL;
+        CU_TRY(cudaFuncSetAttribute(k_gdn_pipe<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp));
+        k_gdn_pipe<DKP><<<dim3(ncb, ca.H, nseq), GP_T, sp, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gdn fused chunk (pipelined)");
+        return HYLA_OK;
+    }
     if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1, FS>::TOTAL <= c->smem_optin) {
         const size_t sw = FusedSmem<DKP, 1, FS>::TOTAL; /* the same layout for WS = 1 and 2 */
         if (ws == 2) {
             CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 2, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
             k_gdn_fused<DKP, 0, 2, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(2), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws2)");
-        } else if (ws == 3) {
+        } else if (ws >= 3) {
             CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 3, FS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
             k_gdn_fused<DKP, 0, 3, FS><<<dim3(ncb, ca.H, nseq), FU_WTN(3), sw, c->stream>>>(ca);
             CU_LAUNCH_CHECK("gdn fused chunk (ws3)");
