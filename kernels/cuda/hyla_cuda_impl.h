@@ -272,12 +272,14 @@ hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_bat
 int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq);
 /* The chunked kernels with their tables on the device: chunk c covers packed rows
  * [d_tok0[c], d_tok0[c] + d_len[c]); sequence z its chunks d_c0[z] .. + d_nc[z] and state d_S[z].
+ * nrows: the rows q, k, v hold (0 = not known; the pipelined GDN pass then stages by rows instead
+ * of by tensor-map copies, which must not read past the buffers).
  * NC: table entries (grid of kernel A). Entries no sequence lists may be padding with length 0:
  * kernel A computes an empty chunk for them and kernel B never reads it. */
 hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale, const float *q,
                                    const float *k, const float *v, const float *ga, const float *gb, float *o, int NC,
                                    int nseq, const int32_t *d_tok0, const int32_t *d_len, const int32_t *d_c0,
-                                   const int32_t *d_nc, float *const *d_S);
+                                   const int32_t *d_nc, float *const *d_S, long long nrows);
 /* SSE row map: packed rows r >= ndense are read from token src[r - ndense] / K with weight
  * w[src[...]] (q2, k2 times the weight; gates g2, GDN beta b2; v), instead of a gathered copy. */
 typedef struct {
@@ -289,7 +291,7 @@ typedef struct {
 hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale, const float *q,
                                   const float *k, const float *v, const float *ga, const float *gb, float *o, int NC,
                                   int nseq, const int32_t *d_tok0, const int32_t *d_len, const int32_t *d_c0,
-                                  const int32_t *d_nc, float *const *d_S, const hyla_cu_rowmap *rm);
+                                  const int32_t *d_nc, float *const *d_S, const hyla_cu_rowmap *rm, long long nrows);
 /* Whether GDN chunked prefill with this dk runs the fused kernel (one launch, no scratch). */
 int cu_gdn_fused_ok(hyla_cuda_ctx *c, int dk);
 /* Whether GLA chunked prefill with this dk may run the fused kernel (the same bits as kernels

@@ -31,6 +31,8 @@
  * Sequences are packed (varlen) so SSE partitions and batched prefill share the kernels; the
  *   fused kernels can also read SSE rows through the plan's row map (no gathered copy).
  * Threading: launched on the context's stream. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -562,6 +564,7 @@ struct ChunkArgs {
     const int32_t *rsrc;
     int rdense, rK;
     const float *rw, *q2, *k2, *g2, *b2;
+    long long nrows; /* rows of q, k, v (0: not known) */
 };
 
 /* Source of packed row r: token index, sparse or not, weight (1 for dense rows: x * 1.0f == x). */
@@ -2185,6 +2188,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t *m, unsigned parity) {
                  " bra LAB_WAIT;\n DONE:\n }\n" ::"r"(smem_u32(m)), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* one box of a 3-D tensor map (the chunk's 64 rows of one head: {columns, head, row}) */
+__device__ __forceinline__ void tma_g2s_3d(void *dst, const CUtensorMap *map, int x, int y, int zc, uint64_t *m) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(smem_u32(dst)),
+                 "l"((unsigned long long)map), "r"(x), "r"(y), "r"(zc), "r"(smem_u32(m))
+                 : "memory");
+}
+/* tensor maps of q, k, v ({dk or dv, H, rows}, boxes {DKP or 128, 1, 64}); use = 0: row copies */
+struct PipeMaps {
+    CUtensorMap q, k, v;
+    int use;
+};
 __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *m) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(smem_u32(m))
@@ -2215,11 +2230,11 @@ __device__ int g_pprof_once;
 #endif
 
 template <int DKP>
-__global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
+__global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_constant__ PipeMaps pm) {
     typedef PipeSmem<DKP> L;
     constexpr int LDK = L::LDK, LDV = L::LDV, NB = DKP / 16, NKT = DKP / 8;
     constexpr int QI = CH * DKP / 4 / GP_C; /* 4-element pieces of a q or k tile per chunk thread */
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     float *Kst = (float *)smem, *Qst = Kst + CH * DKP, *Vst = Qst + CH * DKP;
     float *Gst = Vst + CH * 128, *Bst = Gst + CH, *Wr = Bst + CH;
     unsigned char *sp_ = smem + L::STG;
@@ -2255,8 +2270,18 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
          * past dk (q, k) and past the block's value columns (v) stay zero from the start. */
         auto stage = [&](int tok0, int len) {
             const int nrows = len < CH ? len : CH, vcols = dv - jb < 128 ? dv - jb : 128;
-            if (tid == 0) mbar_expect_tx(mbar, (unsigned)nrows * (unsigned)(2 * dk + vcols) * 4u);
-            if (tid < 3 * CH) {
+            if (pm.use) { /* three boxes (OOB columns and rows read as zero); rows past len
+                           * inside the tensor are zeroed at (a) */
+                if (tid == 0) {
+                    mbar_expect_tx(mbar, (unsigned)(CH * (2 * DKP + 128) * 4));
+                    tma_g2s_3d(Qst, &pm.q, 0, h, tok0, mbar);
+                    tma_g2s_3d(Kst, &pm.k, 0, h, tok0, mbar);
+                    tma_g2s_3d(Vst, &pm.v, jb, h, tok0, mbar);
+                }
+            } else if (tid == 0)
+                mbar_expect_tx(mbar, (unsigned)nrows * (unsigned)(2 * dk + vcols) * 4u);
+            if (pm.use) {
+            } else if (tid < 3 * CH) {
                 const int t = tid & (CH - 1), kind = tid >> 6; /* 0 q, 1 k, 2 v */
                 float *dst = kind == 0 ? Qst + t * DKP : kind == 1 ? Kst + t * DKP : Vst + t * 128;
                 if (t < len) {
@@ -2270,7 +2295,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
                     for (int u = 0; u < (kind == 2 ? 128 : DKP) / 4; u++) ((float4 *)dst)[u] = make_float4(0.f, 0.f, 0.f, 0.f);
                     fence_proxy_async_smem(); /* before a later chunk's bulk copy to this row */
                 }
-            } else {
+            }
+            if (tid >= 3 * CH) {
                 const int t = tid - 3 * CH;
                 int sp = 0;
                 float wt = 0.0f;
@@ -2292,7 +2318,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
         if (tid == 0) mbar_init(mbar, 1);
         fence_proxy_async_smem();
         nb_sync(GP_BC, GP_C);
-        stage(a.ck_tok0[c0], a.ck_len[c0]);
+        int curlen = a.ck_len[c0];
+        stage(a.ck_tok0[c0], curlen);
         for (int cc = 0; cc < nc; cc++) {
             const int c = c0 + cc;
             __nv_bfloat16 *Qb = Qbuf + (cc & 1) * (L::TK / 2);
@@ -2301,6 +2328,15 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
             const int ntok0 = cc + 1 < nc ? a.ck_tok0[c + 1] : 0, nlen = cc + 1 < nc ? a.ck_len[c + 1] : 0;
             mbar_wait(mbar, (unsigned)cc & 1u);
             cp_async_wait<0>();
+            if (pm.use && curlen < CH) { /* rows past the chunk (the next sequence's) read as zero */
+                for (int x = tid; x < (CH - curlen) * (2 * DKP + 128) / 4; x += GP_C) {
+                    const int per = (2 * DKP + 128) / 4, t = curlen + x / per, u = x % per;
+                    float *row = u < DKP / 4 ? Qst + t * DKP : u < DKP / 2 ? Kst + t * DKP : Vst + t * 128;
+                    const int off = u < DKP / 4 ? u : u < DKP / 2 ? u - DKP / 4 : u - DKP / 2;
+                    ((float4 *)row)[off] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                fence_proxy_async_smem(); /* before the next bulk copies to these rows */
+            }
             nb_sync(GP_BC, GP_C); /* (a) the chunk's staging is visible */
             GPROF(1, 0);
             /* (b) cumulative log decay and per-row factors (k_gdn_fused's (b)) */
@@ -2368,15 +2404,17 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
             if (cc) nb_sync(GP_TV, GP_T); /* the state warps have read T of chunk c-1 */
             GPROF(5, 0);
             /* (d) K K^T and Q K^T on the 10 lower 16x16 blocks (row block rb, column block cb):
-             * warp w takes blocks w and w + 8; A's diagonal blocks in fp32 (Af), -A below them in
-             * bf16 (T's place), Aqk's values kept in registers until GP_QAK */
+             * warp w takes block w, and of blocks 8 and 9 warps 0, 1 the K K^T and warps 2, 3 the
+             * Q K^T (at most three products per warp); A's diagonal blocks in fp32 (Af), -A below
+             * them in bf16 (T's place), Aqk's values kept in registers until GP_QAK */
             uint32_t aqr[2][4];
 #pragma unroll
             for (int rep = 0; rep < 2; rep++) {
-                const int bi = w + 8 * rep;
+                const int bi = rep ? 8 + (w & 1) : w;
+                const bool dokk = !rep || w < 2, doqk = !rep || (w >= 2 && w < 4);
 #pragma unroll
                 for (int e = 0; e < 4; e++) aqr[rep][e] = 0u;
-                if (bi < 10) {
+                if (dokk || doqk) {
                     const int rb = (bi >= 1) + (bi >= 3) + (bi >= 6), cb = bi - rb * (rb + 1) / 2;
                     float kk[2][4], qk[2][4];
 #pragma unroll
@@ -2386,13 +2424,13 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
 #pragma unroll
                     for (int kc = 0; kc < DKP / 16; kc++) {
                         uint32_t ak[4], aq[4], bf[2][2];
-                        ldsm_frag_a(ak, Kb + (16 * rb) * LDK + kc * 16, LDK);
-                        ldsm_frag_a(aq, Qb + (16 * rb) * LDK + kc * 16, LDK);
+                        if (dokk) ldsm_frag_a(ak, Kb + (16 * rb) * LDK + kc * 16, LDK);
+                        if (doqk) ldsm_frag_a(aq, Qb + (16 * rb) * LDK + kc * 16, LDK);
                         ldsm_frag_b2_nk(bf, Kb + (16 * cb) * LDK + kc * 16, LDK);
 #pragma unroll
                         for (int n = 0; n < 2; n++) {
-                            mma_bf16_16816(kk[n], ak, bf[n]);
-                            mma_bf16_16816(qk[n], aq, bf[n]);
+                            if (dokk) mma_bf16_16816(kk[n], ak, bf[n]);
+                            if (doqk) mma_bf16_16816(qk[n], aq, bf[n]);
                         }
                     }
                     float av[2][4];
@@ -2402,17 +2440,19 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
                         for (int e = 0; e < 4; e++) {
                             int r = 16 * rb + g + (e >> 1) * 8, s = 16 * cb + n * 8 + 2 * tq + (e & 1);
                             float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
-                            if (cb == rb)
+                            if (!dokk) {
+                            } else if (cb == rb)
                                 Af[rb * 272 + (r - 16 * rb) * 17 + (s - 16 * cb)] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
                             else
                                 Tb[r * 72 + s] = __float2bfloat16_rn(-(be[r] * gam * kk[n][e]));
                             av[n][e] = a.scale * gam * qk[n][e];
                         }
+                    if (doqk)
 #pragma unroll
-                    for (int n = 0; n < 2; n++) {
-                        aqr[rep][2 * n] = pack_bf16x2(av[n][0], av[n][1]);
-                        aqr[rep][2 * n + 1] = pack_bf16x2(av[n][2], av[n][3]);
-                    }
+                        for (int n = 0; n < 2; n++) {
+                            aqr[rep][2 * n] = pack_bf16x2(av[n][0], av[n][1]);
+                            aqr[rep][2 * n + 1] = pack_bf16x2(av[n][2], av[n][3]);
+                        }
                 }
             }
             nb_sync(GP_BC, GP_C);
@@ -2504,8 +2544,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
             }
 #pragma unroll
             for (int rep = 0; rep < 2; rep++) {
-                const int bi = w + 8 * rep;
-                if (bi < 10) {
+                const int bi = rep ? 8 + (w & 1) : w;
+                if (!rep || (w >= 2 && w < 4)) { /* the warps that formed these Aqk values */
                     const int rb = (bi >= 1) + (bi >= 3) + (bi >= 6), cb = bi - rb * (rb + 1) / 2;
 #pragma unroll
                     for (int n = 0; n < 2; n++)
@@ -2518,6 +2558,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a) {
             }
             nb_arrive(GP_TILES, GP_T); /* chunk c's tiles are complete */
             GPROF(11, 0);
+            curlen = nlen;
         }
     } else {
         /* ================= state warps ================= */
@@ -3117,16 +3158,20 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
 /* The fused kernel (mode 0), or its chunk part (mode 1: all chunks in parallel, tiles to the
  * scratch) followed by kernel B: the same bits, for few long sequences where one block per
  * (sequence, head) would leave most SMs idle. */
-/* The fused pass's forms, all with the same bits: by default (HYLA_CUDA_GDN_WS unset or 3) the
- * warp-specialised form whose producer warpgroup (4 warps, each a quarter of the chunk's rows)
- * stages v, g, beta of the next chunk and stores o from a shared-memory O tile while the compute
- * warps issue its q, k right after releasing the staging (H100 run 34: 1.53 ms for 8 x 8192,
- * SSE-GDN 32k 6.34 ms); =2 the warpgroup stages everything (1.56 / 6.55-6.63; the default from
- * the sixth round to run 34); =1 one producer warp (slower); =0 every warp stages (the first
- * fused form). Read per launch (host side only) so tests can compare. */
+/* The fused pass's forms, all with the same bits. By default (HYLA_CUDA_GDN_WS unset) the
+ * pipelined kernel k_gdn_pipe where the rows are plain (no row map) and their count is known, so
+ * its tensor-map copies apply (H100: 8 x 8192 varlen 1.18 ms), else the WS = 3 form, whose staging
+ * by 16-byte pieces suits the short chunks of SSE through the row map (SSE-GDN 32k 6.35 ms, the
+ * pipelined kernel with row copies 6.48). =4 the pipelined kernel wherever it fits (row copies
+ * with a row map); =3 the warp-specialised form whose producer warpgroup (4 warps, each a quarter
+ * of the chunk's rows) stages v, g, beta of the next chunk and stores o from a shared-memory O tile
+ * while the compute warps issue its q, k right after releasing the staging (run 34: 1.53 ms for
+ * 8 x 8192, SSE-GDN 32k 6.34 ms); =2 the warpgroup stages everything (1.56 / 6.55-6.63); =1 one
+ * producer warp (slower); =0 every warp stages (the first fused form). Read per launch (host side
+ * only) so tests can compare. Returns -1 for the default. */
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
-    if (!e || !*e) return 3;
+    if (!e || !*e) return -1;
     return strcmp(e, "0") == 0 ? 0 : strcmp(e, "1") == 0 ? 1 : strcmp(e, "2") == 0 ? 2 : strcmp(e, "4") == 0 ? 4 : 3;
 }
 
@@ -3146,20 +3191,61 @@ static int gdn_fs_mode(void) {
     return 1;
 }
 
+/* The pipelined pass's tensor maps of q, k, v (3-D: {columns, head, row}; boxes of one head's 64
+ * rows, DKP key columns or 128 value columns; out-of-range elements read as zero), through the
+ * driver's cuTensorMapEncodeTiled (found once at run time; without it the kernel copies rows).
+ * Returns 0 where a map cannot be made (then rows). */
+static int pipe_maps(PipeMaps *pm, const ChunkArgs &ca, int dkp) {
+    static PFN_cuTensorMapEncodeTiled_v12000 enc;
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            enc = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        else
+            (void)cudaGetLastError();
+    }
+    if (!enc || ca.nrows <= 0 || ca.nrows > 0x7fffffffLL) return 0;
+    const cuuint32_t es[3] = {1, 1, 1};
+    const float *src[3] = {ca.q, ca.k, ca.v};
+    CUtensorMap *dst[3] = {&pm->q, &pm->k, &pm->v};
+    for (int x = 0; x < 3; x++) {
+        const cuuint64_t cols = x < 2 ? (cuuint64_t)ca.dk : (cuuint64_t)ca.dv;
+        const cuuint64_t dim[3] = {cols, (cuuint64_t)ca.H, (cuuint64_t)ca.nrows};
+        const cuuint64_t str[2] = {cols * 4, cols * 4 * (cuuint64_t)ca.H};
+        const cuuint32_t box[3] = {x < 2 ? (cuuint32_t)dkp : 128u, 1u, (cuuint32_t)CH};
+        if (enc(dst[x], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)src[x], dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return 0;
+    }
+    return 1;
+}
+
 template <int DKP, int FS>
 static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
     /* FS = 1 never needs more than the default without WS (what cu_gdn_fused_ok checks) */
     static_assert(FusedSmem<DKP, 0, FS>::TOTAL <= FusedSmem<DKP>::TOTAL, "FS shared memory");
     const size_t sm = FusedSmem<DKP, 0, FS>::TOTAL;
     const unsigned ncb = cu_blocks(ca.dv, 128);
-    const int ws = split ? 0 : gdn_ws_mode();
+    int ws = split ? 0 : gdn_ws_mode();
+    const int autows = ws < 0;
+    if (autows) ws = !ca.rsrc && ca.nrows > 0 ? 4 : 3;
     if (ws == 4 && FS && ca.vec4 && ca.dv % 4 == 0 && PipeSmem<DKP>::TOTAL <= c->smem_optin) {
         const size_t sp = PipeSmem<DKP>::TOTAL;
-        CU_TRY(cudaFuncSetAttribute(k_gdn_pipe<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp));
-        k_gdn_pipe<DKP><<<dim3(ncb, ca.H, nseq), GP_T, sp, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gdn fused chunk (pipelined)");
-        return HYLA_OK;
+        PipeMaps pm;
+        memset(&pm, 0, sizeof pm);
+        pm.use = !ca.rsrc && ca.nrows > 0 && pipe_maps(&pm, ca, DKP);
+        if (pm.use || !autows) {
+            CU_TRY(cudaFuncSetAttribute(k_gdn_pipe<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp));
+            k_gdn_pipe<DKP><<<dim3(ncb, ca.H, nseq), GP_T, sp, c->stream>>>(ca, pm);
+            CU_LAUNCH_CHECK("gdn fused chunk (pipelined)");
+            return HYLA_OK;
+        }
     }
+    if (ws == 4) ws = 3; /* the pipelined kernel does not apply: the WS = 3 form */
     if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1, FS>::TOTAL <= c->smem_optin) {
         const size_t sw = FusedSmem<DKP, 1, FS>::TOTAL; /* the same layout for WS = 1 and 2 */
         if (ws == 2) {
@@ -3267,7 +3353,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
                                              const float *q, const float *k, const float *v, const float *ga,
                                              const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
                                              const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
-                                             float *const *d_S, const hyla_cu_rowmap *rm) {
+                                             float *const *d_S, const hyla_cu_rowmap *rm, long long nrows) {
     if (NC <= 0 || nseq <= 0) return HYLA_OK;
     const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
     ChunkArgs ca;
@@ -3297,6 +3383,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     }
     ca.fvec = ca.vec4 && dv % 4 == 0 && ((uintptr_t)ga & 15) == 0 && (!rm || ((uintptr_t)rm->g2 & 15) == 0);
     ca.ovec = dv % 2 == 0 && ((uintptr_t)o & 7) == 0;
+    ca.nrows = nrows;
     ca.ck_tok0 = d_tok0;
     ca.ck_len = d_len;
     ca.seq_c0 = d_c0;
@@ -3373,9 +3460,9 @@ extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, 
                                               const float *q, const float *k, const float *v, const float *ga,
                                               const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
                                               const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
-                                              float *const *d_S) {
+                                              float *const *d_S, long long nrows) {
     return cu_linattn_chunked_rm(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, nseq, d_tok0, d_len, d_c0, d_nc,
-                                 d_S, NULL);
+                                 d_S, NULL, nrows);
 }
 
 extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b) {
@@ -3445,8 +3532,11 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
     HYLA_TRY(st);
     HYLA_TRY(cu_stage(c, b->h_S, (size_t)b->nseq * sizeof(float *), &d_S));
     const int32_t *dt = (const int32_t *)d_tab;
+    long long nrows = 0; /* rows the packed inputs hold: up to the end of the last sequence */
+    for (int z = 0; z < b->nseq; z++)
+        if (b->h_len[z] > 0 && (long long)b->h_start[z] + b->h_len[z] > nrows) nrows = (long long)b->h_start[z] + b->h_len[z];
     return cu_linattn_chunked_dev(c, b->gdn, H, dk, dv, b->scale, b->q, b->k, b->v, b->ga, b->gb, b->o, NC, b->nseq,
-                                  dt, dt + NC, dt + 2 * NC, dt + 2 * NC + b->nseq, (float *const *)d_S);
+                                  dt, dt + NC, dt + 2 * NC, dt + 2 * NC + b->nseq, (float *const *)d_S, nrows);
 }
 
 /* One sequence of n tokens (the gla/gdn_prefill ops): its chunk tables and state pointer in one
@@ -3478,7 +3568,7 @@ extern "C" hyla_status cu_lin_prefill1_dev(hyla_cuda_ctx *c, int gdn, const floa
     float *const *d_S = (float *const *)((const uint8_t *)d_blk + sp);
     if (cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
         return cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, 1, t, t + NC, t + 2 * NC,
-                                      t + 2 * NC + 1, d_S);
+                                      t + 2 * NC + 1, d_S, n);
     hyla_cu_linrec r; /* token loop */
     memset(&r, 0, sizeof r);
     r.gdn = gdn;

@@ -346,7 +346,7 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
         float *po = (float *)scr;
         hyla_cu_rowmap rm = {pa.src, n, K, w, q2, k2, gb, betab};
         HYLA_TRY(cu_linattn_chunked_rm(c, gdn, H, dk, dv, scale, q1, k1, v, ga, betaa, po, (int)ub,
-                                       1 + N, pa.tok0, pa.len, pa.c0, pa.nc, pa.S, &rm));
+                                       1 + N, pa.tok0, pa.len, pa.c0, pa.nc, pa.S, &rm, 0));
         k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
         CU_LAUNCH_CHECK("sse_combine");
         return HYLA_OK;
@@ -390,7 +390,7 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
     k_sse_gather<<<grid_of(rows * per), 256, 0, c->stream>>>(g, rows);
     CU_LAUNCH_CHECK("sse gather");
     HYLA_TRY(cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, g.pq, g.pk, g.pv, g.pga, g.pgb, po, (int)ub, 1 + N,
-                                    pa.tok0, pa.len, pa.c0, pa.nc, pa.S));
+                                    pa.tok0, pa.len, pa.c0, pa.nc, pa.S, (long long)rows));
     k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
     CU_LAUNCH_CHECK("sse_combine");
     return HYLA_OK;
