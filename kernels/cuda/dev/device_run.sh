@@ -2,7 +2,8 @@
 # The GPU round of issue 5: unpack the device-pack archive (.device/pack.tgz, see docs/TESTING.md
 # "GPU parity"), run the parity tests and the benchmarks, keep logs and JSON under $OUT.
 # Run from the repository root on the device machine; copy this file to .device/run.sh first.
-# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, kfs, kproffs, kattn, kelem, e2ebench, e2equick, e2eprof, linexp)
+# usage: run.sh PHASES... (tests, testsenv, kdec, kbench, kmain, kprefill, kfused, ksse, kphase, kws, kprofws, kfs, kproffs, kpipe, kattn, kelem, e2ebench, e2equick, e2eprof, linexp)
+# kpipe: the pipelined GDN pass (HYLA_CUDA_GDN_WS=4) against WS = 3 (prefill, sse) and its phase profile.
 # kattn: --only attn with each flash prefill kernel (HYLA_CUDA_ATTN=flash2w4, the default; flash2; flash1), rows tagged "attn".
 # kelem: --only elementwise (row and elementwise ops at the 1.3B prefill shapes).
 # e2eprof: HYLA_PROFILE=1 e2e prefill at 32k of sse-h and gdn (models made by e2ebench, or made here): where the time goes.
@@ -116,6 +117,16 @@ for ph in "$@"; do
     kproffs)
       HYLA_CUDA_GDN_FS=1 HYLA_CUDA_GDN_WS=${KPROFWS:-2} timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_fs.txt 2>&1
       grep "fused" $OUT/prof_fs.txt | tee -a $OUT/summary.txt ;;
+    kpipe)
+      # the pipelined GDN pass (HYLA_CUDA_GDN_WS=4; the default for plain rows) against WS = 3:
+      # --only prefill and --only sse with each, rows tagged "ws", then its phase profile
+      for ws in 3 4; do
+        for o in prefill sse; do
+          HYLA_CUDA_GDN_WS=$ws timeout 150 hyla-bench kernels --device cuda:0 --only $o | sed "s/\"bench\":\"/\"ws\":$ws,\"bench\":\"/" >> $OUT/bench_kernels.jsonl 2>> $OUT/bench_kernels.err
+        done
+      done
+      grep -E '"ws":[34],' $OUT/bench_kernels.jsonl | grep -E 'varlen|sse_gdn' | sed 's/"device":"cuda:0","gpu":"[^"]*",//' | tee -a $OUT/summary.txt
+      HYLA_CUDA_GDN_WS=4 timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill 2>&1 | grep "pipe profile" | tee -a $OUT/summary.txt ;;
     kprofws)
       HYLA_CUDA_GDN_WS=${KPROFWS:-2} timeout 150 hyla-bench-prof kernels --device cuda:0 --only prefill > $OUT/prof_ws.txt 2>&1
       grep "fused" $OUT/prof_ws.txt | tee -a $OUT/summary.txt ;;
