@@ -2223,8 +2223,14 @@ struct PipeSmem {
 #ifdef HYLA_FUSED_PROFILE
 __device__ long long g_pprof_t[24];
 __device__ int g_pprof_once;
+/* clock64 with a memory clobber, so that it is read after a preceding bar.sync completes */
+__device__ __forceinline__ long long gp_clock() {
+    long long t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    return t;
+}
 #define GPROF(k, who)                                                                                                  \
-    if (cc == 20 && tid == (who) && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_pprof_t[k] = clock64();
+    if (cc == 20 && tid == (who) && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_pprof_t[k] = gp_clock();
 #else
 #define GPROF(k, who)
 #endif
@@ -2433,6 +2439,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                             if (doqk) mma_bf16_16816(qk[n], aq, bf[n]);
                         }
                     }
+                    if (rep == 0) GPROF(18, 0);
+                    if (rep == 1) GPROF(21, 0);
                     float av[2][4];
 #pragma unroll
                     for (int n = 0; n < 2; n++)
@@ -2453,8 +2461,10 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                             aqr[rep][2 * n] = pack_bf16x2(av[n][0], av[n][1]);
                             aqr[rep][2 * n + 1] = pack_bf16x2(av[n][2], av[n][3]);
                         }
+                    if (rep == 0) GPROF(20, 0);
                 }
             }
+            GPROF(19, 0);
             nb_sync(GP_BC, GP_C);
             GPROF(6, 0);
             /* (e) diagonal blocks of T (warps 0-3); beta e^b K over K and q~ over q (every thread) */
@@ -2730,6 +2740,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                "warps (chunk 20): wait from %lld to %lld, U0+U %lld (%lld), O %lld, S %lld\n",
                p[1] - t0, p[2] - t0, p[3] - t0, p[4] - t0, p[5] - t0, p[6] - t0, p[7] - t0, p[8] - t0, p[9] - t0,
                p[10] - t0, p[11] - t0, p[12] - t0, p[13] - t0, p[14] - t0, p[15] - t0, p[16] - t0, p[17] - t0);
+        printf("pipe profile: warp 0 in (d): block 0 products %lld, epilogue %lld; second product %lld, all done %lld\n",
+               p[18] - t0, p[20] - t0, p[21] - t0, p[19] - t0);
     }
 #endif
 }
