@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import grpc
 
@@ -314,8 +315,63 @@ class Client:
                         pb.cluster_pb2.ListClusterSessionsRequest(page_size=1))
         return w, {"gpu": s.sessions_gpu, "host": s.sessions_host, "store": s.sessions_store}
 
-    def drain(self, worker_id, wait=False):
-        """Drain a worker; returns DrainWorkerResponse. wait: no deadline."""
-        return self._unary("DrainWorker " + worker_id, self._cluster.DrainWorker,
-                           pb.cluster_pb2.DrainWorkerRequest(worker_id=worker_id, wait=wait),
-                           timeout=None if wait else -1)
+    def drain(self, worker_id, wait=False, timeout=600.0, progress=None):
+        """Drain a worker (hand its sessions to other groups, place none on it); returns the
+        DrainWorkerResponse. wait: return only once the worker is drained, polling DrainWorker
+        every 0.25 s (each poll also re-marks it draining) for at most `timeout` seconds, as
+        `hyla drain --wait` does. When they pass, raises HylaError DEADLINE_EXCEEDED naming the
+        sessions still on the worker and its last handover error; the worker stays draining
+        (call again to keep waiting). Raises HylaError FAILED_PRECONDITION when the worker is
+        dead or not draining (e.g. it stopped sending heartbeats before it was seen drained).
+        progress(left, moved, elapsed_s, last_error) is called about every 5 s while waiting."""
+        name = "DrainWorker " + worker_id
+        req = pb.cluster_pb2.DrainWorkerRequest(worker_id=worker_id, wait=False)
+        d = self._unary(name, self._cluster.DrainWorker, req)
+        common = pb.common_pb2
+        if not wait or d.worker.state == common.WORKER_DRAINED:
+            return d
+        if d.worker.state != common.WORKER_DRAINING:
+            raise HylaError(name, grpc.StatusCode.FAILED_PRECONDITION,
+                            "%s is %s, it cannot be drained (%d session(s) on its group)" % (
+                                worker_id, common.WorkerState.Name(d.worker.state), d.sessions_remaining))
+        t0 = last = time.monotonic()
+        left = d.sessions_remaining
+        start = left + d.sessions_moved
+        handover_err, poll_err = d.last_error, ""
+        while True:
+            now = time.monotonic()
+            if now - t0 >= timeout:
+                msg = "%s is not drained after %g s: %d session(s) still on it, %d handed over; it stays draining" % (
+                    worker_id, timeout, left, max(start - left, 0))
+                msg += ("; last handover error: " + handover_err) if handover_err else \
+                    "; no handover error reported (a session that is appending or generating is handed over when that call ends)"
+                if poll_err:
+                    msg += "; the last poll failed: " + poll_err
+                raise HylaError(name, grpc.StatusCode.DEADLINE_EXCEEDED, msg)
+            if progress is not None and now - last >= 5.0:
+                progress(left, max(start - left, 0), now - t0, handover_err)
+                last = now
+            time.sleep(min(0.25, max(0.0, timeout - (now - t0))))
+            try:
+                d = self._unary(name, self._cluster.DrainWorker, req, timeout=10.0)
+            except HylaError as e:
+                if e.code_name in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):  # the coordinator may come back
+                    poll_err = str(e)
+                    continue
+                raise
+            poll_err = ""
+            left = d.sessions_remaining
+            start = max(start, left)
+            if d.last_error:
+                handover_err = d.last_error
+            if d.worker.state == common.WORKER_DRAINED:
+                d.sessions_moved = max(start - left, 0)
+                return d
+            if d.worker.state != common.WORKER_DRAINING:
+                what = ("%s is dead: it stopped sending heartbeats before it was seen drained; the session(s) it had "
+                        "not handed over continue from their last durable snapshot" % worker_id
+                        if d.worker.state == common.WORKER_DEAD else
+                        "%s is %s, no longer draining" % (worker_id, common.WorkerState.Name(d.worker.state)))
+                if handover_err:
+                    what += "; last handover error: " + handover_err
+                raise HylaError(name, grpc.StatusCode.FAILED_PRECONDITION, what)

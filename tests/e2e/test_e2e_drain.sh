@@ -9,6 +9,8 @@
 #   stage: a later pipeline stage says why it does not drain (its sessions go through stage 0);
 #       draining stage 0 then drains both;
 #   healthy: `drain --wait` of a worker that can reach the store exits 0 and the worker exits.
+# The stuck case also runs the Python client's drain(wait=True, timeout=3) where python3 has grpc:
+# DEADLINE_EXCEEDED naming the session left and the PutSnapshot failure.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init drain
@@ -51,6 +53,30 @@ expect_err "PutSnapshot" "(stuck) the handover error"
 [ -s "$E2E_DIR/drain.out" ] && e2e_fail "(stuck) stdout is not empty: $(cat "$E2E_DIR/drain.out")"
 e2e_hyla status | awk '$1 == "w1" { print $2 }' | grep -qx draining || e2e_fail "(stuck) w1 is no longer draining"
 ok "(stuck) exit 4 after ${ELAPSED}s naming w1, its session and the PutSnapshot failure"
+# the Python client's drain(wait=True) has the same deadline (where python3 has grpc)
+if PY=$(e2e_python); then
+  HYLA_PROTO_DIR="$E2E_SRC/proto" "$PY" - "$E2E_SERVER" "$E2E_SRC/client/python" "$S" >"$E2E_DIR/drain_py.out" 2>&1 <<'PY' ||
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from hyla_client import Client, HylaError
+with Client(sys.argv[1], tenant="e2e") as c:
+    t0 = time.monotonic()
+    try:
+        c.drain("w1", wait=True, timeout=3)
+        print("drain returned without an error")
+        sys.exit(1)
+    except HylaError as e:
+        el = time.monotonic() - t0
+        print("%.1f s: %s" % (el, e))
+        ok = (e.code_name == "DEADLINE_EXCEEDED" and "w1 is not drained after 3 s: 1 session(s) still on it" in e.details
+              and ("session " + sys.argv[3]) in e.details and "PutSnapshot" in e.details and 2.5 <= el <= 15)
+        sys.exit(0 if ok else 1)
+PY
+    e2e_fail "(stuck) python drain(wait=True, timeout=3): $(head -c 600 "$E2E_DIR/drain_py.out")"
+  ok "(stuck) python drain(wait=True, timeout=3): $(head -c 300 "$E2E_DIR/drain_py.out")"
+else
+  e2e_log "skip: the python drain check (no python3 that imports grpc and grpc_tools)"
+fi
 
 # dead
 e2e_kill w1 KILL
