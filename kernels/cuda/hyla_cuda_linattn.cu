@@ -23,7 +23,8 @@
  *   bf16 only as an operand, never in storage.
  * GDN with dk <= 128 runs the fused kernel instead (k_gdn_fused: kernel A's quantities computed
  *   per chunk in shared memory by the block that carries the state, so only q, k, v, gates
- *   are read and o written), or for few long sequences its chunk part over all chunks followed
+ *   are read and o written; k_gdn_pipe, its pipelined form with the same bits, where the rows
+ *   are plain: chunk c+1's tiles formed beside chunk c's state pass), or for few long sequences its chunk part over all chunks followed
  *   by kernel B (the same arithmetic, the same bits); kernels A and B remain for dk = 256 and
  *   HYLA_CUDA_CHUNK=ab. GLA with dk <= 128 likewise runs a fused kernel (k_gla_fused), whose
  *   tiles and products are exactly kernels A's and B's, so the two give the same bits; kernels A
@@ -2136,27 +2137,33 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
 }
 
 /* ---- fused GDN, pipelined: the chunk part of chunk c+1 beside the state pass of chunk c ----
- * HYLA_CUDA_GDN_WS=4 (k_gdn_pipe): the same tiles, products and bits as the FS = 1 forms of
- * k_gdn_fused, with the block's 16 warps split in two roles that run concurrently:
- *   warps 0-7 ("chunk warps") stage the chunks (cp.async, as the WS = 0 stage) and form chunk
- *     c+1's tiles: (b) cumulative decay, (c) K, Q -> bf16, (d) K K^T, Q K^T (the 10 lower 16x16
- *     blocks, warp w blocks w and w + 8), (e) diagonal inverses || operand tiles, (f') W by forward
+ * k_gdn_pipe (the default fused form where rows are plain; HYLA_CUDA_GDN_WS=4 everywhere it
+ * fits; docs/CUDA.md "Pipelined GDN pass", kernels/cuda/dev/NOTES.md variant 11): the same tiles,
+ * products and bits as the FS = 1 forms of k_gdn_fused, with the block's 16 warps split in two
+ * roles that run concurrently:
+ *   warps 0-7 ("chunk warps") stage the chunks — three tensor-map bulk copies per chunk (q, k, v
+ *     boxes of 64 rows of one head) on an mbarrier, or one bulk copy per row where there is no
+ *     map (a row map, or the row count unknown); g, beta by 4-byte cp.async — and form chunk
+ *     c+1's tiles: (b) cumulative decay; (c) one pass over the staging: K, Q in bf16 for (d), beta
+ *     V, and beta e^b K, q~, k~ kept in registers; the next chunk's copies issued; (d) K K^T, Q K^T
+ *     on the 10 lower 16x16 blocks (warp w block w; of blocks 8, 9 warps 0, 1 the K K^T, warps 2, 3
+ *     the Q K^T); (e) diagonal inverses, beta e^b K and q~ written over K and Q; (f') W by forward
  *     substitution (warp w = key slab w);
  *   warps 8-15 ("state warps") run the state pass of chunk c: warp 8 + s owns the value slab s
  *     (16 value columns) and keeps S^T (its 16 value rows x DKP keys, fp32) in registers, so it
- *     needs nobody else's part of the state: U0^T by forward substitution for its slab (the
- *     value-slab half of (f'), same code), U^T = U0^T - S^T W^T, O^T = S^T q~^T + U^T Aqk^T
- *     (stored to o from registers), S^T = e^(bC) S^T + U^T k~, with A operands from registers
- *     (S^T and U^T packed to bf16 as the other forms round S and U) and B operands the other
- *     forms' tiles in their layouts ([n][k]: W, q~, Aqk, k~^T).
+ *     needs nobody else's part of the state: per 16-token block, U0^T by forward substitution for
+ *     its slab (the value-slab half of (f'), same code) and U^T = U0^T - S^T W^T; then
+ *     O^T = S^T q~^T + U^T Aqk^T (stored to o from registers) and S^T = e^(bC) S^T + U^T k~, with
+ *     A operands from registers (S^T and U^T packed to bf16 as the other forms round S and U) and
+ *     B operands the other forms' tiles ([n][k]: W, q~, Aqk; k~ row-major through ldmatrix.trans).
  * Each element is the same sum of the same bf16 products in the same order as in k_gdn_fused
  * (a product and its transpose), so the results are bit-identical (tested with the WS forms).
  * Hand-off (named barriers, bar.arrive by one role, bar.sync by the other, 512 threads):
  *   GP_TILES chunk warps -> state warps: chunk c's tiles are complete;
- *   GP_TV / GP_W / GP_QAK state -> chunk warps: T and beta V, W, then q~/Aqk/k~^T of the chunk
- *   before are read, so the next chunk's may be written (single buffers), except q (raw, then
- *   q~) which alternates between two buffers by chunk parity. Aqk's and k~^T's values are held in
- *   the chunk warps' registers from (d)/(e) until GP_QAK. Shared memory (dk = 128): 97 KB fp32
+ *   GP_VB / GP_TV / GP_W / GP_QAK state -> chunk warps: beta V, T, W, then q~/Aqk/k~ of the
+ *   chunk before are read, so the next chunk's may be written (single buffers), except q (raw,
+ *   then q~) which alternates between two buffers by chunk parity. Aqk's and k~'s values are held
+ *   in the chunk warps' registers from (c)/(d) until GP_QAK. Shared memory (dk = 128): 97 KB fp32
  *   staging + 126 KB tiles, one block per SM; 512 threads, 128 registers. */
 /* bf16x2 of (lo, hi), the bits of pack_bf16x2, but volatile: evaluated where written, so the
  * state warps' S^T operands are packed per use instead of hoisted into 32 live registers */
