@@ -1396,6 +1396,49 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
     }
 }
 
+/* One block row i of phase (f')'s forward substitution (I + A) X = B for a warp's 16-column slab
+ * of B, in transposed form (fragment layouts in k_gdn_fused's (f') comment): from B_i^T (bf16, in
+ * xf[i]) and the rows before (bf16 X_j^T in xf[j], j < i),
+ *     acc^T = B_i^T + sum_{j<i} X_j^T (-A_ij)^T,   X_i^T = bf16(acc^T) T_ii^T,
+ * with -A below T's diagonal blocks and T_ii on them read from Tb ([64][72] bf16). xo gets X_i^T
+ * in fp32 (C fragments of the two n8 tiles, rows 16i.. and 16i+8..) and xf[i] its bf16 values,
+ * the A fragment of the later rows. Every FS = 1 form (k_gdn_fused's slabs, k_gdn_pipe's key
+ * slabs and value slabs) runs this one code: the same bits. */
+__device__ __forceinline__ void fs_block_row(uint32_t (&xf)[4][4], const __nv_bfloat16 *Tb, int i, float (&xo)[2][4]) {
+    float acc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) { /* B_i^T, bf16 pairs -> fp32 C layout */
+        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
+        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
+        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
+        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
+    }
+#pragma unroll
+    for (int j = 0; j < 3; j++) { /* + X_j^T (-A_ij)^T */
+        if (j < i) {
+            uint32_t bn[2][2];
+            ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
+            mma_bf16_16816(acc[0], xf[j], bn[0]);
+            mma_bf16_16816(acc[1], xf[j], bn[1]);
+        }
+    }
+    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
+                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
+    uint32_t bt[2][2];
+    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) xo[nt][e] = 0.0f;
+    mma_bf16_16816(xo[0], ya, bt[0]); /* X_i^T = acc^T T_ii^T */
+    mma_bf16_16816(xo[1], ya, bt[1]);
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        xf[i][2 * nt] = pack_bf16x2(xo[nt][0], xo[nt][1]);
+        xf[i][2 * nt + 1] = pack_bf16x2(xo[nt][2], xo[nt][3]);
+    }
+}
+
 template <int DKP, int MODE, int WS = 0, int FS = 0>
 __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     static_assert(!(MODE && WS), "the WS form is the fused pass only");
@@ -1749,37 +1792,8 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             if (run) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float acc[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) { /* B_i^T, bf16 pairs -> fp32 C layout */
-                        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
-                        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
-                        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
-                        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
-                    }
-#pragma unroll
-                    for (int j = 0; j < i; j++) { /* + X_j^T (-A_ij)^T */
-                        uint32_t bn[2][2];
-                        ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
-                        mma_bf16_16816(acc[0], xf[j], bn[0]);
-                        mma_bf16_16816(acc[1], xf[j], bn[1]);
-                    }
-                    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
-                                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
-                    uint32_t bt[2][2];
-                    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
                     float xo[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) xo[nt][e] = 0.0f;
-                    mma_bf16_16816(xo[0], ya, bt[0]); /* X_i^T = acc^T T_ii^T */
-                    mma_bf16_16816(xo[1], ya, bt[1]);
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        xf[i][2 * nt] = pack_bf16x2(xo[nt][0], xo[nt][1]);
-                        xf[i][2 * nt + 1] = pack_bf16x2(xo[nt][2], xo[nt][3]);
-                    }
+                    fs_block_row(xf, Tb, i, xo);
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -2510,37 +2524,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             if (w < NB) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float acc[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
-                        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
-                        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
-                        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
-                    }
-#pragma unroll
-                    for (int j = 0; j < i; j++) {
-                        uint32_t bn[2][2];
-                        ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
-                        mma_bf16_16816(acc[0], xf[j], bn[0]);
-                        mma_bf16_16816(acc[1], xf[j], bn[1]);
-                    }
-                    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
-                                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
-                    uint32_t bt[2][2];
-                    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
                     float xo[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) xo[nt][e] = 0.0f;
-                    mma_bf16_16816(xo[0], ya, bt[0]);
-                    mma_bf16_16816(xo[1], ya, bt[1]);
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        xf[i][2 * nt] = pack_bf16x2(xo[nt][0], xo[nt][1]);
-                        xf[i][2 * nt + 1] = pack_bf16x2(xo[nt][2], xo[nt][3]);
-                    }
+                    fs_block_row(xf, Tb, i, xo);
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -2608,38 +2593,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             if (act) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float acc[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        acc[nt][0] = __uint_as_float(xf[i][2 * nt] << 16);
-                        acc[nt][1] = __uint_as_float(xf[i][2 * nt] & 0xffff0000u);
-                        acc[nt][2] = __uint_as_float(xf[i][2 * nt + 1] << 16);
-                        acc[nt][3] = __uint_as_float(xf[i][2 * nt + 1] & 0xffff0000u);
-                    }
-#pragma unroll
-                    for (int j = 0; j < i; j++) {
-                        uint32_t bn[2][2];
-                        ldsm_frag_b2_nk(bn, Tb + (16 * i) * 72 + 16 * j, 72);
-                        mma_bf16_16816(acc[0], xf[j], bn[0]);
-                        mma_bf16_16816(acc[1], xf[j], bn[1]);
-                    }
-                    const uint32_t ya[4] = {pack_bf16x2(acc[0][0], acc[0][1]), pack_bf16x2(acc[0][2], acc[0][3]),
-                                            pack_bf16x2(acc[1][0], acc[1][1]), pack_bf16x2(acc[1][2], acc[1][3])};
-                    uint32_t bt[2][2];
-                    ldsm_frag_b2_nk(bt, Tb + (16 * i) * 72 + 16 * i, 72);
-                    float u0[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) u0[nt][e] = 0.0f;
-                    mma_bf16_16816(u0[0], ya, bt[0]);
-                    mma_bf16_16816(u0[1], ya, bt[1]);
-                    if (i < 3)
-#pragma unroll
-                        for (int nt = 0; nt < 2; nt++) {
-                            xf[i][2 * nt] = pack_bf16x2(u0[nt][0], u0[nt][1]);
-                            xf[i][2 * nt + 1] = pack_bf16x2(u0[nt][2], u0[nt][3]);
-                        }
+                    float u0[2][4], acc[2][4];
+                    fs_block_row(xf, Tb, i, u0);
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
