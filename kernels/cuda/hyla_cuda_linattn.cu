@@ -1396,6 +1396,48 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
     }
 }
 
+/* Phase (b) of the fused GDN kernels, by one warp: the chunk's cumulative log decay b_t (a scan of
+ * the staged gates g; rows past the chunk have g = 0, beta = 0) and the per-row factors: bc = b,
+ * be = beta, fq = scale e^b, fm = beta e^b, fk = e^(b_C - b), and *dec = e^(b_C). Lane l owns rows
+ * 2l, 2l + 1. */
+__device__ __forceinline__ void gdn_chunk_decay(const float *Gst, const float *Bst, float scale, int lane, float *bc,
+                                                float *be, float *fq, float *fm, float *fk, float *dec) {
+    float g0 = Gst[2 * lane], g1 = Gst[2 * lane + 1], v = g0 + g1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    float ex = __shfl_up_sync(0xffffffffu, v, 1);
+    if (lane == 0) ex = 0.0f;
+    float b0 = ex + g0, b1 = b0 + g1, bC = __shfl_sync(0xffffffffu, b1, 31);
+    int t0 = 2 * lane, t1 = t0 + 1;
+    float e0 = expf(b0), e1 = expf(b1), be0 = Bst[t0], be1 = Bst[t1];
+    bc[t0] = b0;
+    bc[t1] = b1;
+    be[t0] = be0;
+    be[t1] = be1;
+    fq[t0] = scale * e0;
+    fq[t1] = scale * e1;
+    fm[t0] = be0 * e0;
+    fm[t1] = be1 * e1;
+    fk[t0] = expf(bC - b0);
+    fk[t1] = expf(bC - b1);
+    if (lane == 0) *dec = expf(bC);
+}
+
+/* Phase (e)'s inverse of one 16x16 diagonal block: column s of T_ii = (I + A_ii)^-1 by forward
+ * substitution in fp32 (A_ii strictly lower, row stride lda), into x[0..15]. */
+__device__ __forceinline__ void gdn_diag_inverse_col(const float *A, int lda, int s, float (&x)[16]) {
+#pragma unroll
+    for (int t = 0; t < 16; t++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < t; r++) acc = fmaf(A[t * lda + r], x[r], acc);
+        x[t] = t < s ? 0.0f : (t == s ? 1.0f : -acc);
+    }
+}
+
 /* One block row i of phase (f')'s forward substitution (I + A) X = B for a warp's 16-column slab
  * of B, in transposed form (fragment layouts in k_gdn_fused's (f') comment): from B_i^T (bf16, in
  * xf[i]) and the rows before (bf16 X_j^T in xf[j], j < i),
@@ -1600,30 +1642,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         }
         FPROF(1);
         /* (b) cumulative log decay (rows past len have g = 0, beta = 0) and per-row factors */
-        if (w == 0) {
-            float g0 = Gst[2 * lane], g1 = Gst[2 * lane + 1], v = g0 + g1;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, v, o);
-                if (lane >= o) v += y;
-            }
-            float ex = __shfl_up_sync(0xffffffffu, v, 1);
-            if (lane == 0) ex = 0.0f;
-            float b0 = ex + g0, b1 = b0 + g1, bC = __shfl_sync(0xffffffffu, b1, 31);
-            int t0 = 2 * lane, t1 = t0 + 1;
-            float e0 = expf(b0), e1 = expf(b1), be0 = Bst[t0], be1 = Bst[t1];
-            bc[t0] = b0;
-            bc[t1] = b1;
-            be[t0] = be0;
-            be[t1] = be1;
-            fq[t0] = a.scale * e0;
-            fq[t1] = a.scale * e1;
-            fm[t0] = be0 * e0;
-            fm[t1] = be1 * e1;
-            fk[t0] = expf(bC - b0);
-            fk[t1] = expf(bC - b1);
-            if (lane == 0) decp[0] = expf(bC);
-        }
+        if (w == 0) gdn_chunk_decay(Gst, Bst, a.scale, lane, bc, be, fq, fm, fk, decp);
         /* (c) K, Q (weighted rows of a row map) -> bf16; T above the diagonal blocks = 0 */
 #pragma unroll 2
         for (int x = tid; x < CH * DKP / 4; x += FU_T) {
@@ -1685,15 +1704,8 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         /* (e) diagonal blocks of T (warps 0-3) || the operand tiles (warps 4-15) */
         if (w < 4) {
             const int s = lane & 15;
-            const float *A = Af + (16 * w) * 65 + 16 * w;
             float x[16];
-#pragma unroll
-            for (int t = 0; t < 16; t++) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int r = 0; r < t; r++) acc = fmaf(A[t * 65 + r], x[r], acc);
-                x[t] = t < s ? 0.0f : (t == s ? 1.0f : -acc);
-            }
+            gdn_diag_inverse_col(Af + (16 * w) * 65 + 16 * w, 65, s, x);
             if (lane < 16) {
 #pragma unroll
                 for (int t = 0; t < 16; t++) {
@@ -2367,30 +2379,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             nb_sync(GP_BC, GP_C); /* (a) the chunk's staging is visible */
             GPROF(1, 0);
             /* (b) cumulative log decay and per-row factors (k_gdn_fused's (b)) */
-            if (w == 0) {
-                float g0 = Gst[2 * lane], g1 = Gst[2 * lane + 1], v = g0 + g1;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    float y = __shfl_up_sync(0xffffffffu, v, o);
-                    if (lane >= o) v += y;
-                }
-                float ex = __shfl_up_sync(0xffffffffu, v, 1);
-                if (lane == 0) ex = 0.0f;
-                float b0 = ex + g0, b1 = b0 + g1, bC = __shfl_sync(0xffffffffu, b1, 31);
-                int t0 = 2 * lane, t1 = t0 + 1;
-                float e0 = expf(b0), e1 = expf(b1), be0 = Bst[t0], be1 = Bst[t1];
-                bc[t0] = b0;
-                bc[t1] = b1;
-                be[t0] = be0;
-                be[t1] = be1;
-                fq[t0] = a.scale * e0;
-                fq[t1] = a.scale * e1;
-                fm[t0] = be0 * e0;
-                fm[t1] = be1 * e1;
-                fk[t0] = expf(bC - b0);
-                fk[t1] = expf(bC - b1);
-                if (lane == 0) decp[cc & 1] = expf(bC);
-            }
+            if (w == 0) gdn_chunk_decay(Gst, Bst, a.scale, lane, bc, be, fq, fm, fk, decp + (cc & 1));
             nb_sync(GP_BC, GP_C);
             if (cc) nb_sync(GP_VB, GP_T); /* the state warps hold beta V of chunk c-1 */
             GPROF(2, 0);
@@ -2491,15 +2480,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             /* (e) diagonal blocks of T (warps 0-3); beta e^b K over K and q~ over q (every thread) */
             if (w < 4) {
                 const int s = lane & 15;
-                const float *A = Af + w * 272;
                 float x[16];
-#pragma unroll
-                for (int t = 0; t < 16; t++) {
-                    float acc = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < t; r++) acc = fmaf(A[t * 17 + r], x[r], acc);
-                    x[t] = t < s ? 0.0f : (t == s ? 1.0f : -acc);
-                }
+                gdn_diag_inverse_col(Af + w * 272, 17, s, x);
                 if (lane < 16) {
 #pragma unroll
                     for (int t = 0; t < 16; t++) Tb[(16 * w + t) * 72 + 16 * w + s] = __float2bfloat16_rn(x[t]);
