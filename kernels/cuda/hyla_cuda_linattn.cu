@@ -2165,7 +2165,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
 /* ---- fused GDN, pipelined: the chunk part of chunk c+1 beside the state pass of chunk c ----
  * k_gdn_pipe (the default fused form where rows are plain; HYLA_CUDA_GDN_WS=4 everywhere it
  * fits; docs/CUDA.md "Pipelined GDN pass", kernels/cuda/dev/NOTES.md variant 11): the same tiles,
- * products and bits as the FS = 1 forms of k_gdn_fused, with the block's 16 warps split in two
+ * products and bits as the FS = 1 forms of k_gdn_fused, with the block's 12 warps split in two
  * roles that run concurrently:
  *   warps 0-7 ("chunk warps") stage the chunks — three tensor-map bulk copies per chunk (q, k, v
  *     boxes of 64 rows of one head) on an mbarrier, or one bulk copy per row where there is no
@@ -2175,22 +2175,27 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
  *     on the 10 lower 16x16 blocks (warp w block w; of blocks 8, 9 warps 0, 1 the K K^T, warps 2, 3
  *     the Q K^T); (e) diagonal inverses, beta e^b K and q~ written over K and Q; (f') W by forward
  *     substitution (warp w = key slab w);
- *   warps 8-15 ("state warps") run the state pass of chunk c: warp 8 + s owns the value slab s
- *     (16 value columns) and keeps S^T (its 16 value rows x DKP keys, fp32) in registers, so it
- *     needs nobody else's part of the state: per 16-token block, U0^T by forward substitution for
- *     its slab (the value-slab half of (f'), same code) and U^T = U0^T - S^T W^T; then
- *     O^T = S^T q~^T + U^T Aqk^T (stored to o from registers) and S^T = e^(bC) S^T + U^T k~, with
- *     A operands from registers (S^T and U^T packed to bf16 as the other forms round S and U) and
- *     B operands the other forms' tiles ([n][k]: W, q~, Aqk; k~ row-major through ldmatrix.trans).
+ *   warps 8-11 ("state warps", one warpgroup) run the state pass of chunk c: warp 8 + w owns
+ *     the value slabs 2w and 2w+1 (32 value columns) and keeps S^T (its 32 value rows x DKP keys,
+ *     fp32) in registers, so it needs nobody else's part of the state: per slab and 16-token
+ *     block, U0^T by forward substitution for the slab (the value-slab half of (f'), same code)
+ *     and U^T = U0^T - S^T W^T; then O^T = S^T q~^T + U^T Aqk^T (16 tokens at a time, stored to o
+ *     from registers) and S^T = e^(bC) S^T + U^T k~, with A operands from registers (S^T and U^T
+ *     packed to bf16 as the other forms round S and U) and B operands the other forms' tiles
+ *     ([n][k]: W, q~, Aqk; k~ row-major through ldmatrix.trans). In O and the S update each B
+ *     fragment read from shared memory feeds both slabs, which halves those reads against one
+ *     slab per warp (the shared-memory traffic that bounded the 16-warp form, NOTES.md).
+ * Registers (setmaxnreg, sm_90a): launched at 168 per thread, the chunk warpgroups drop to 128
+ * and the state warpgroup rises to 240 (S^T alone is 128).
  * Each element is the same sum of the same bf16 products in the same order as in k_gdn_fused
  * (a product and its transpose), so the results are bit-identical (tested with the WS forms).
- * Hand-off (named barriers, bar.arrive by one role, bar.sync by the other, 512 threads):
+ * Hand-off (named barriers, bar.arrive by one role, bar.sync by the other, 384 threads):
  *   GP_TILES chunk warps -> state warps: chunk c's tiles are complete;
  *   GP_VB / GP_TV / GP_W / GP_QAK state -> chunk warps: beta V, T, W, then q~/Aqk/k~ of the
  *   chunk before are read, so the next chunk's may be written (single buffers), except q (raw,
  *   then q~) which alternates between two buffers by chunk parity. Aqk's and k~'s values are held
  *   in the chunk warps' registers from (c)/(d) until GP_QAK. Shared memory (dk = 128): 97 KB fp32
- *   staging + 126 KB tiles, one block per SM; 512 threads, 128 registers. */
+ *   staging + 126 KB tiles, one block per SM; 384 threads. */
 /* bf16x2 of (lo, hi), the bits of pack_bf16x2, but volatile: evaluated where written, so the
  * state warps' S^T operands are packed per use instead of hoisted into 32 live registers */
 __device__ __forceinline__ uint32_t pack_bf16x2_v(float lo, float hi) {
@@ -2198,8 +2203,33 @@ __device__ __forceinline__ uint32_t pack_bf16x2_v(float lo, float hi) {
     asm volatile("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(lo), "f"(hi));
     return r;
 }
-#define GP_T 512
+/* S^T's bf16 pairs, packed per use from the fp32 state xor an opaque zero (z, read from shared
+ * memory where it is used): the same bits, but ptxas can neither share the packs of one phase's
+ * blocks nor hoist them out of a loop, which would keep 64 packed registers of two slabs live
+ * beside S^T's 128 */
+__device__ __forceinline__ uint32_t pack_st(float lo, float hi, uint32_t z) {
+    return pack_bf16x2_v(__uint_as_float(__float_as_uint(lo) ^ z), __uint_as_float(__float_as_uint(hi) ^ z));
+}
+__device__ __forceinline__ uint32_t opaque_zero(const float *p) { return *(const volatile uint32_t *)p; }
+#define GP_T 384 /* 8 chunk warps (two warpgroups) + 4 state warps (one warpgroup) */
 #define GP_C 256 /* threads of the chunk warps (0-7) */
+/* Registers: the block is launched with 168 per thread (64K / 384); the chunk warpgroups give
+ * 40 each back (128, what their code needs without spilling) and the state warpgroup takes
+ * them (168 + 2 x 40 = 248; 240 asked): S^T of 32 value rows is 128 registers per thread.
+ * setmaxnreg is an sm_90a instruction: built for plain sm_90 the kernel keeps 168 everywhere
+ * (the state warps then spill) and the host does not pick it by default (HYLA_CUDA_SM90A). */
+#ifdef HYLA_CUDA_SM90A
+#define GP_BUILT_SM90A 1
+#else
+#define GP_BUILT_SM90A 0
+#endif
+#define GP_CREG 128
+#define GP_SREG 240
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GP_SETMAXNREG(act, n) asm volatile("setmaxnreg." act ".sync.aligned.u32 %0;\n" ::"n"(n))
+#else
+#define GP_SETMAXNREG(act, n)
+#endif
 #define GP_BC 1    /* chunk warps among themselves */
 #define GP_TILES 2 /* chunk -> state warps */
 #define GP_TV 3    /* state -> chunk warps: T, beta V read */
@@ -2302,6 +2332,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
 
     if (w < GP_C / 32) {
         /* ================= chunk warps ================= */
+        GP_SETMAXNREG("dec", GP_CREG);
         uint64_t *mbar = (uint64_t *)(decp + 4);
         /* stage chunk c (its ld-th load: mbarrier phase ld): one bulk copy per row of q, k, v
          * (thread t of 0-191: row t % 64 of q, k or v) completing on the mbarrier; rows past len
@@ -2354,7 +2385,10 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             int r = x >> 6, s = x & 63;
             if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
         }
-        if (tid == 0) mbar_init(mbar, 1);
+        if (tid == 0) {
+            mbar_init(mbar, 1);
+            ((uint32_t *)decp)[2] = 0u; /* the state warps' opaque zero */
+        }
         fence_proxy_async_smem();
         nb_sync(GP_BC, GP_C);
         int curlen = a.ck_len[c0];
@@ -2546,17 +2580,21 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
         }
     } else {
         /* ================= state warps ================= */
-        const int sw = w - GP_C / 32, j0 = jb + 16 * sw;
-        const bool act = j0 < dv;
+        GP_SETMAXNREG("inc", GP_SREG);
+        /* warp 8 + sw owns the value slabs 2 sw and 2 sw + 1 (32 value columns from j0): each B
+         * fragment read from shared memory feeds both slabs' products */
+        const int sw = w - GP_C / 32, j0 = jb + 32 * sw;
         float *S = a.S[z] + (size_t)h * dk * dv;
-        float st[NKT][4]; /* S^T: (value j0 + g + 8(e/2), key 8 kt + 2 tq + e%2) */
+        float st[2][NKT][4]; /* S^T of slab s: (value j0 + 16 s + g + 8(e/2), key 8 kt + 2 tq + e%2) */
 #pragma unroll
-        for (int kt = 0; kt < NKT; kt++)
+        for (int s = 0; s < 2; s++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = 8 * kt + 2 * tq + (e & 1), j = j0 + g + 8 * (e >> 1);
-                st[kt][e] = (i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
-            }
+            for (int kt = 0; kt < NKT; kt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = 8 * kt + 2 * tq + (e & 1), j = j0 + 16 * s + g + 8 * (e >> 1);
+                    st[s][kt][e] = (i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+                }
         for (int cc = 0; cc < nc; cc++) {
             const int c = c0 + cc;
             const __nv_bfloat16 *Qb = Qbuf + (cc & 1) * (L::TK / 2);
@@ -2564,15 +2602,16 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             nb_sync(GP_TILES, GP_T);
             GPROF(13, GP_C);
             const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-            /* per 16-token block i: U0^T by k_gdn_fused's (f') for value slab sw (its C fragments
-             * u0[nt]: value row, token 16i + 8nt + ..), then U^T = U0^T - S^T W^T for the block,
-             * kept as the bf16 A fragment ua[i] (k = the block's tokens) */
-            uint32_t xf[4][4], ua[4][4];
-            if (act)
+            /* per 16-token block i: U0^T by k_gdn_fused's (f') for each value slab (its C
+             * fragments u0[s][nt]: value row, token 16i + 8nt + ..), then U^T = U0^T - S^T W^T for
+             * the block, kept as the bf16 A fragment ua[s][i] (k = the block's tokens) */
+            uint32_t ua[2][4][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 16 * sw + (16 * i) * LDV, LDV);
-            if (cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
-            if (act) {
+            for (int s = 0; s < 2; s++) { /* one slab after the other: fewer live registers */
+                uint32_t xf[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 32 * sw + 16 * s + (16 * i) * LDV, LDV);
+                if (s == 1 && cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     float u0[2][4], acc[2][4];
@@ -2581,83 +2620,94 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+                    const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                     for (int kc = 0; kc < NB; kc++) {
-                        const uint32_t sa[4] = {pack_bf16x2_v(st[2 * kc][0], st[2 * kc][1]),
-                                                pack_bf16x2_v(st[2 * kc][2], st[2 * kc][3]),
-                                                pack_bf16x2_v(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                                                pack_bf16x2_v(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+                        const uint32_t sa[4] = {pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz),
+                                                pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz),
+                                                pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz),
+                                                pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz)};
                         uint32_t bf[2][2];
                         ldsm_frag_b2_nk(bf, Wb + (16 * i) * LDK + 16 * kc, LDK);
                         mma_bf16_16816(acc[0], sa, bf[0]);
                         mma_bf16_16816(acc[1], sa, bf[1]);
                     }
-                    ua[i][0] = pack_bf16x2(u0[0][0] - acc[0][0], u0[0][1] - acc[0][1]);
-                    ua[i][1] = pack_bf16x2(u0[0][2] - acc[0][2], u0[0][3] - acc[0][3]);
-                    ua[i][2] = pack_bf16x2(u0[1][0] - acc[1][0], u0[1][1] - acc[1][1]);
-                    ua[i][3] = pack_bf16x2(u0[1][2] - acc[1][2], u0[1][3] - acc[1][3]);
+                    ua[s][i][0] = pack_bf16x2(u0[0][0] - acc[0][0], u0[0][1] - acc[0][1]);
+                    ua[s][i][1] = pack_bf16x2(u0[0][2] - acc[0][2], u0[0][3] - acc[0][3]);
+                    ua[s][i][2] = pack_bf16x2(u0[1][0] - acc[1][0], u0[1][1] - acc[1][1]);
+                    ua[s][i][3] = pack_bf16x2(u0[1][2] - acc[1][2], u0[1][3] - acc[1][3]);
                 }
             }
             if (cc + 1 < nc) nb_arrive(GP_TV, GP_T);
             GPROF(14, GP_C);
             GPROF(15, GP_C);
             if (cc + 1 < nc) nb_arrive(GP_W, GP_T);
-            if (act) {
-                /* O^T = S^T q~^T + U^T Aqk^T, 32 tokens at a time, stored from registers */
+            {
+                /* O^T = S^T q~^T + U^T Aqk^T, 16 tokens at a time, stored from registers */
 #pragma unroll 1
-                for (int hf = 0; hf < 2; hf++) {
-                    float oa[4][4];
+                for (int qb = 0; qb < 4; qb++) {
+                    float oa[2][2][4];
 #pragma unroll
-                    for (int n = 0; n < 4; n++)
+                    for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) oa[n][e] = 0.0f;
+                        for (int n = 0; n < 2; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) oa[s][n][e] = 0.0f;
+                    const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                     for (int kc = 0; kc < NB; kc++) {
-                        const uint32_t sa[4] = {pack_bf16x2_v(st[2 * kc][0], st[2 * kc][1]),
-                                                pack_bf16x2_v(st[2 * kc][2], st[2 * kc][3]),
-                                                pack_bf16x2_v(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                                                pack_bf16x2_v(st[2 * kc + 1][2], st[2 * kc + 1][3])};
+                        uint32_t bf[2][2];
+                        ldsm_frag_b2_nk(bf, Qb + (16 * qb) * LDK + 16 * kc, LDK);
 #pragma unroll
-                        for (int q2 = 0; q2 < 2; q2++) {
-                            uint32_t bf[2][2];
-                            ldsm_frag_b2_nk(bf, Qb + (32 * hf + 16 * q2) * LDK + 16 * kc, LDK);
-                            mma_bf16_16816(oa[2 * q2], sa, bf[0]);
-                            mma_bf16_16816(oa[2 * q2 + 1], sa, bf[1]);
+                        for (int s = 0; s < 2; s++) {
+                            const uint32_t sa[4] = {pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz),
+                                                    pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz),
+                                                    pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz),
+                                                    pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz)};
+                            mma_bf16_16816(oa[s][0], sa, bf[0]);
+                            mma_bf16_16816(oa[s][1], sa, bf[1]);
                         }
                     }
 #pragma unroll
                     for (int kc = 0; kc < CH / 16; kc++) {
+                        uint32_t bf[2][2];
+                        ldsm_frag_b2_nk(bf, Aq + (16 * qb) * 72 + 16 * kc, 72);
 #pragma unroll
-                        for (int q2 = 0; q2 < 2; q2++) {
-                            uint32_t bf[2][2];
-                            ldsm_frag_b2_nk(bf, Aq + (32 * hf + 16 * q2) * 72 + 16 * kc, 72);
-                            mma_bf16_16816(oa[2 * q2], ua[kc], bf[0]);
-                            mma_bf16_16816(oa[2 * q2 + 1], ua[kc], bf[1]);
+                        for (int s = 0; s < 2; s++) {
+                            mma_bf16_16816(oa[s][0], ua[s][kc], bf[0]);
+                            mma_bf16_16816(oa[s][1], ua[s][kc], bf[1]);
                         }
                     }
 #pragma unroll
-                    for (int n = 0; n < 4; n++)
+                    for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int t = 32 * hf + 8 * n + 2 * tq + (e & 1), j = j0 + g + 8 * (e >> 1);
-                            if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oa[n][e];
-                        }
+                        for (int n = 0; n < 2; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                int t = 16 * qb + 8 * n + 2 * tq + (e & 1), j = j0 + 16 * s + g + 8 * (e >> 1);
+                                if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oa[s][n][e];
+                            }
                 }
                 GPROF(16, GP_C);
                 /* S^T = e^(bC) S^T + U^T k~ */
                 const float d = decp[cc & 1];
 #pragma unroll
-                for (int kt = 0; kt < NKT; kt++)
+                for (int s = 0; s < 2; s++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) st[kt][e] *= d;
+                    for (int kt = 0; kt < NKT; kt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) st[s][kt][e] *= d;
 #pragma unroll
                 for (int kc = 0; kc < CH / 16; kc++) {
 #pragma unroll
                     for (int nb = 0; nb < NB; nb++) {
                         uint32_t bf[2][2];
                         ldsm_frag_b2_kn(bf, Kt + (16 * kc) * LDK + 16 * nb, LDK);
-                        mma_bf16_16816(st[2 * nb], ua[kc], bf[0]);
-                        mma_bf16_16816(st[2 * nb + 1], ua[kc], bf[1]);
+#pragma unroll
+                        for (int s = 0; s < 2; s++) {
+                            mma_bf16_16816(st[s][2 * nb], ua[s][kc], bf[0]);
+                            mma_bf16_16816(st[s][2 * nb + 1], ua[s][kc], bf[1]);
+                        }
                     }
                 }
             }
@@ -2667,13 +2717,18 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
         float *const *Sv = a.S;
         asm volatile("" : "+l"(Sv));
         S = Sv[z] + (size_t)h * dk * dv;
+        /* the store's indices from an opaque zero: computed here, not kept live through the
+         * chunk loop from the load above (~40 registers of addresses and predicates) */
+        const int zo = (int)opaque_zero(decp + 2), tqz = tq + zo, j0z = j0 + g + zo;
 #pragma unroll
-        for (int kt = 0; kt < NKT; kt++)
+        for (int s = 0; s < 2; s++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = 8 * kt + 2 * tq + (e & 1), j = j0 + g + 8 * (e >> 1);
-                if (i < dk && j < dv) S[(size_t)i * dv + j] = st[kt][e];
-            }
+            for (int kt = 0; kt < NKT; kt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = 8 * kt + 2 * tqz + (e & 1), j = j0z + 16 * s + 8 * (e >> 1);
+                    if (i < dk && j < dv) S[(size_t)i * dv + j] = st[s][kt][e];
+                }
     }
 #ifdef HYLA_FUSED_PROFILE
     __syncthreads();
@@ -3188,7 +3243,7 @@ static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC
     const unsigned ncb = cu_blocks(ca.dv, 128);
     int ws = split ? 0 : gdn_ws_mode();
     const int autows = ws < 0;
-    if (autows) ws = !ca.rsrc && ca.nrows > 0 ? 4 : 3;
+    if (autows) ws = GP_BUILT_SM90A && !ca.rsrc && ca.nrows > 0 ? 4 : 3;
     if (ws == 4 && FS && ca.vec4 && ca.dv % 4 == 0 && PipeSmem<DKP>::TOTAL <= c->smem_optin) {
         const size_t sp = PipeSmem<DKP>::TOTAL;
         PipeMaps pm;
