@@ -2612,30 +2612,39 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
 #pragma unroll
                 for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 32 * sw + 16 * s + (16 * i) * LDV, LDV);
                 if (s == 1 && cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
+                /* S^T W^T for the chunk's four token blocks in one sweep over the keys (four
+                 * independent accumulator chains, each S^T pair packed once), then the blocks'
+                 * forward substitution and U^T = U0^T - S^T W^T */
+                float acc[4][2][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float u0[2][4], acc[2][4];
-                    fs_block_row(xf, Tb, i, u0);
+                for (int i = 0; i < 4; i++)
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-                    const uint32_t zz = opaque_zero(decp + 2);
+                        for (int e = 0; e < 4; e++) acc[i][nt][e] = 0.0f;
+                const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
-                    for (int kc = 0; kc < NB; kc++) {
-                        const uint32_t sa[4] = {pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz),
-                                                pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz),
-                                                pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz),
-                                                pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz)};
+                for (int kc = 0; kc < NB; kc++) {
+                    const uint32_t sa[4] = {pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz),
+                                            pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz),
+                                            pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz),
+                                            pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz)};
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
                         uint32_t bf[2][2];
                         ldsm_frag_b2_nk(bf, Wb + (16 * i) * LDK + 16 * kc, LDK);
-                        mma_bf16_16816(acc[0], sa, bf[0]);
-                        mma_bf16_16816(acc[1], sa, bf[1]);
+                        mma_bf16_16816(acc[i][0], sa, bf[0]);
+                        mma_bf16_16816(acc[i][1], sa, bf[1]);
                     }
-                    ua[s][i][0] = pack_bf16x2(u0[0][0] - acc[0][0], u0[0][1] - acc[0][1]);
-                    ua[s][i][1] = pack_bf16x2(u0[0][2] - acc[0][2], u0[0][3] - acc[0][3]);
-                    ua[s][i][2] = pack_bf16x2(u0[1][0] - acc[1][0], u0[1][1] - acc[1][1]);
-                    ua[s][i][3] = pack_bf16x2(u0[1][2] - acc[1][2], u0[1][3] - acc[1][3]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float u0[2][4];
+                    fs_block_row(xf, Tb, i, u0);
+                    ua[s][i][0] = pack_bf16x2(u0[0][0] - acc[i][0][0], u0[0][1] - acc[i][0][1]);
+                    ua[s][i][1] = pack_bf16x2(u0[0][2] - acc[i][0][2], u0[0][3] - acc[i][0][3]);
+                    ua[s][i][2] = pack_bf16x2(u0[1][0] - acc[i][1][0], u0[1][1] - acc[i][1][1]);
+                    ua[s][i][3] = pack_bf16x2(u0[1][2] - acc[i][1][2], u0[1][3] - acc[i][1][3]);
                 }
             }
             if (cc + 1 < nc) nb_arrive(GP_TV, GP_T);
@@ -2643,48 +2652,59 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             GPROF(15, GP_C);
             if (cc + 1 < nc) nb_arrive(GP_W, GP_T);
             {
-                /* O^T = S^T q~^T + U^T Aqk^T, 16 tokens at a time, stored from registers */
+                /* O^T = S^T q~^T + U^T Aqk^T, 32 tokens at a time (eight accumulator chains),
+                 * stored from registers */
 #pragma unroll 1
-                for (int qb = 0; qb < 4; qb++) {
-                    float oa[2][2][4];
+                for (int hf = 0; hf < 2; hf++) {
+                    float oa[2][4][4];
 #pragma unroll
                     for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int n = 0; n < 2; n++)
+                        for (int n = 0; n < 4; n++)
 #pragma unroll
                             for (int e = 0; e < 4; e++) oa[s][n][e] = 0.0f;
                     const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                     for (int kc = 0; kc < NB; kc++) {
-                        uint32_t bf[2][2];
-                        ldsm_frag_b2_nk(bf, Qb + (16 * qb) * LDK + 16 * kc, LDK);
+                        uint32_t sa[2][4];
 #pragma unroll
                         for (int s = 0; s < 2; s++) {
-                            const uint32_t sa[4] = {pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz),
-                                                    pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz),
-                                                    pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz),
-                                                    pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz)};
-                            mma_bf16_16816(oa[s][0], sa, bf[0]);
-                            mma_bf16_16816(oa[s][1], sa, bf[1]);
+                            sa[s][0] = pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz);
+                            sa[s][1] = pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz);
+                            sa[s][2] = pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz);
+                            sa[s][3] = pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz);
+                        }
+#pragma unroll
+                        for (int q2 = 0; q2 < 2; q2++) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_nk(bf, Qb + (32 * hf + 16 * q2) * LDK + 16 * kc, LDK);
+#pragma unroll
+                            for (int s = 0; s < 2; s++) {
+                                mma_bf16_16816(oa[s][2 * q2], sa[s], bf[0]);
+                                mma_bf16_16816(oa[s][2 * q2 + 1], sa[s], bf[1]);
+                            }
                         }
                     }
 #pragma unroll
                     for (int kc = 0; kc < CH / 16; kc++) {
-                        uint32_t bf[2][2];
-                        ldsm_frag_b2_nk(bf, Aq + (16 * qb) * 72 + 16 * kc, 72);
 #pragma unroll
-                        for (int s = 0; s < 2; s++) {
-                            mma_bf16_16816(oa[s][0], ua[s][kc], bf[0]);
-                            mma_bf16_16816(oa[s][1], ua[s][kc], bf[1]);
+                        for (int q2 = 0; q2 < 2; q2++) {
+                            uint32_t bf[2][2];
+                            ldsm_frag_b2_nk(bf, Aq + (32 * hf + 16 * q2) * 72 + 16 * kc, 72);
+#pragma unroll
+                            for (int s = 0; s < 2; s++) {
+                                mma_bf16_16816(oa[s][2 * q2], ua[s][kc], bf[0]);
+                                mma_bf16_16816(oa[s][2 * q2 + 1], ua[s][kc], bf[1]);
+                            }
                         }
                     }
 #pragma unroll
                     for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int n = 0; n < 2; n++)
+                        for (int n = 0; n < 4; n++)
 #pragma unroll
                             for (int e = 0; e < 4; e++) {
-                                int t = 16 * qb + 8 * n + 2 * tq + (e & 1), j = j0 + 16 * s + g + 8 * (e >> 1);
+                                int t = 32 * hf + 8 * n + 2 * tq + (e & 1), j = j0 + 16 * s + g + 8 * (e >> 1);
                                 if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oa[s][n][e];
                             }
                 }
