@@ -2485,20 +2485,39 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                     }
                     if (rep == 0) GPROF(18, 0);
                     if (rep == 1) GPROF(21, 0);
-                    float av[2][4];
+                    /* the epilogue: every value it reads from shared memory loaded first (eight
+                     * loads in flight together instead of a load-store chain per element, which
+                     * the compiler keeps in order since Af and Tb may alias bc and be), the
+                     * off-diagonal T pairs stored as one 32-bit word */
+                    const int r0 = 16 * rb + g, s0 = 16 * cb + 2 * tq;
+                    const float bcr[2] = {bc[r0], bc[r0 + 8]}, ber[2] = {be[r0], be[r0 + 8]};
+                    const float bcs[4] = {bc[s0], bc[s0 + 1], bc[s0 + 8], bc[s0 + 9]};
+                    float av[2][4], tv[2][4];
 #pragma unroll
                     for (int n = 0; n < 2; n++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            int r = 16 * rb + g + (e >> 1) * 8, s = 16 * cb + n * 8 + 2 * tq + (e & 1);
-                            float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
-                            if (!dokk) {
-                            } else if (cb == rb)
-                                Af[rb * 272 + (r - 16 * rb) * 17 + (s - 16 * cb)] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
-                            else
-                                Tb[r * 72 + s] = __float2bfloat16_rn(-(be[r] * gam * kk[n][e]));
+                            const int r = r0 + (e >> 1) * 8, s = s0 + n * 8 + (e & 1);
+                            const float gam = (s <= r) ? expf(bcr[e >> 1] - bcs[2 * n + (e & 1)]) : 0.0f;
+                            tv[n][e] = (cb == rb) ? ((s < r) ? ber[e >> 1] * gam * kk[n][e] : 0.0f)
+                                                  : -(ber[e >> 1] * gam * kk[n][e]);
                             av[n][e] = a.scale * gam * qk[n][e];
                         }
+                    if (dokk) {
+                        if (cb == rb) {
+#pragma unroll
+                            for (int n = 0; n < 2; n++)
+#pragma unroll
+                                for (int e = 0; e < 4; e++)
+                                    Af[rb * 272 + (g + (e >> 1) * 8) * 17 + n * 8 + 2 * tq + (e & 1)] = tv[n][e];
+                        } else {
+#pragma unroll
+                            for (int n = 0; n < 2; n++)
+#pragma unroll
+                                for (int h2 = 0; h2 < 2; h2++)
+                                    *(uint32_t *)(Tb + (r0 + 8 * h2) * 72 + s0 + n * 8) = pack_bf16x2(tv[n][2 * h2], tv[n][2 * h2 + 1]);
+                        }
+                    }
                     if (doqk)
 #pragma unroll
                         for (int n = 0; n < 2; n++) {
