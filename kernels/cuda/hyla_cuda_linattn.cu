@@ -2223,6 +2223,13 @@ __device__ __forceinline__ uint32_t opaque_zero(const float *p) { return *(const
 #else
 #define GP_BUILT_SM90A 0
 #endif
+/* (c)'s load batches: q, k pieces and beta V pieces loaded together before their stores */
+#ifndef GP_CB
+#define GP_CB 4
+#endif
+#ifndef GP_VBATCH
+#define GP_VBATCH 8
+#endif
 #define GP_CREG 128
 #define GP_SREG 240
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2420,32 +2427,62 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             /* (c) one pass over the staging: K, Q (weighted rows) -> bf16 for (d); beta e^b K and
              * q~ (k_gdn_fused's (e) values) kept in registers until (d) is done, k~ until GP_QAK;
              * beta V */
+            /* loads in batches of CB pieces before their stores (the compiler keeps the loads
+             * after earlier stores to shared memory, which may alias: one round trip per batch,
+             * not per piece) */
+            constexpr int CB = QI < GP_CB ? QI : GP_CB; /* QI is 1 for dk <= 16 */
+            static_assert(QI % CB == 0, "(c) batches");
             uint2 mbr[QI], qtr[QI], ktr[QI];
 #pragma unroll
-            for (int u = 0; u < QI; u++) {
-                const int x = tid + u * GP_C, t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
-                const float wt = Wr[t], f = fm[t], fqq = fq[t], fkk = fk[t];
-                float4 kv = *(const float4 *)(Kst + t * DKP + i), qv = *(const float4 *)(Qst + t * DKP + i);
-                kv.x *= wt;
-                kv.y *= wt;
-                kv.z *= wt;
-                kv.w *= wt;
-                qv.x *= wt;
-                qv.y *= wt;
-                qv.z *= wt;
-                qv.w *= wt;
-                *(uint2 *)(Kb + t * LDK + i) = make_uint2(pack_bf16x2(kv.x, kv.y), pack_bf16x2(kv.z, kv.w));
-                *(uint2 *)(Qb + t * LDK + i) = make_uint2(pack_bf16x2(qv.x, qv.y), pack_bf16x2(qv.z, qv.w));
-                mbr[u] = make_uint2(pack_bf16x2(kv.x * f, kv.y * f), pack_bf16x2(kv.z * f, kv.w * f));
-                qtr[u] = make_uint2(pack_bf16x2(qv.x * fqq, qv.y * fqq), pack_bf16x2(qv.z * fqq, qv.w * fqq));
-                ktr[u] = make_uint2(pack_bf16x2(kv.x * fkk, kv.y * fkk), pack_bf16x2(kv.z * fkk, kv.w * fkk));
+            for (int u0 = 0; u0 < QI; u0 += CB) {
+                float4 kv[CB], qv[CB];
+                float wt[CB], f[CB], fqq[CB], fkk[CB];
+#pragma unroll
+                for (int b = 0; b < CB; b++) {
+                    const int x = tid + (u0 + b) * GP_C, t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                    wt[b] = Wr[t];
+                    f[b] = fm[t];
+                    fqq[b] = fq[t];
+                    fkk[b] = fk[t];
+                    kv[b] = *(const float4 *)(Kst + t * DKP + i);
+                    qv[b] = *(const float4 *)(Qst + t * DKP + i);
+                }
+#pragma unroll
+                for (int b = 0; b < CB; b++) {
+                    const int u = u0 + b, x = tid + u * GP_C, t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                    float4 k4 = kv[b], q4 = qv[b];
+                    k4.x *= wt[b];
+                    k4.y *= wt[b];
+                    k4.z *= wt[b];
+                    k4.w *= wt[b];
+                    q4.x *= wt[b];
+                    q4.y *= wt[b];
+                    q4.z *= wt[b];
+                    q4.w *= wt[b];
+                    *(uint2 *)(Kb + t * LDK + i) = make_uint2(pack_bf16x2(k4.x, k4.y), pack_bf16x2(k4.z, k4.w));
+                    *(uint2 *)(Qb + t * LDK + i) = make_uint2(pack_bf16x2(q4.x, q4.y), pack_bf16x2(q4.z, q4.w));
+                    mbr[u] = make_uint2(pack_bf16x2(k4.x * f[b], k4.y * f[b]), pack_bf16x2(k4.z * f[b], k4.w * f[b]));
+                    qtr[u] = make_uint2(pack_bf16x2(q4.x * fqq[b], q4.y * fqq[b]), pack_bf16x2(q4.z * fqq[b], q4.w * fqq[b]));
+                    ktr[u] = make_uint2(pack_bf16x2(k4.x * fkk[b], k4.y * fkk[b]), pack_bf16x2(k4.z * fkk[b], k4.w * fkk[b]));
+                }
             }
-#pragma unroll 4
-            for (int x = tid; x < CH * 32; x += GP_C) {
-                int t = x >> 5, j = (x & 31) * 4;
-                float4 vv = *(const float4 *)(Vst + t * 128 + j);
-                float f = be[t];
-                *(uint2 *)(Vb + t * LDV + j) = make_uint2(pack_bf16x2(vv.x * f, vv.y * f), pack_bf16x2(vv.z * f, vv.w * f));
+            static_assert(CH * 32 % (GP_C * GP_VBATCH) == 0, "beta V batches");
+#pragma unroll 1
+            for (int x0 = tid; x0 < CH * 32; x0 += GP_C * GP_VBATCH) {
+                float4 vv[GP_VBATCH];
+                float f[GP_VBATCH];
+#pragma unroll
+                for (int b = 0; b < GP_VBATCH; b++) {
+                    const int x = x0 + b * GP_C;
+                    vv[b] = *(const float4 *)(Vst + (x >> 5) * 128 + (x & 31) * 4);
+                    f[b] = be[x >> 5];
+                }
+#pragma unroll
+                for (int b = 0; b < GP_VBATCH; b++) {
+                    const int x = x0 + b * GP_C, t = x >> 5, j = (x & 31) * 4;
+                    *(uint2 *)(Vb + t * LDV + j) =
+                        make_uint2(pack_bf16x2(vv[b].x * f[b], vv[b].y * f[b]), pack_bf16x2(vv[b].z * f[b], vv[b].w * f[b]));
+                }
             }
             nb_sync(GP_BC, GP_C); /* the staging is consumed */
             GPROF(3, 0);
