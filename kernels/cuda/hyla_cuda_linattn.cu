@@ -2163,8 +2163,9 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
 }
 
 /* ---- fused GDN, pipelined: the chunk part of chunk c+1 beside the state pass of chunk c ----
- * k_gdn_pipe (the default fused form where rows are plain; HYLA_CUDA_GDN_WS=4 everywhere it
- * fits; docs/CUDA.md "Pipelined GDN pass", kernels/cuda/dev/NOTES.md variant 11): the same tiles,
+ * k_gdn_pipe (the default fused form in sm_90a builds, plain rows and SSE's row map alike;
+ * HYLA_CUDA_GDN_WS=4 forces it; docs/CUDA.md "Pipelined GDN pass", kernels/cuda/dev/NOTES.md
+ * variants 11-12): the same tiles,
  * products and bits as the FS = 1 forms of k_gdn_fused, with the block's 12 warps split in two
  * roles that run concurrently:
  *   warps 0-7 ("chunk warps") stage the chunks — three tensor-map bulk copies per chunk (q, k, v
@@ -3246,16 +3247,15 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
  * scratch) followed by kernel B: the same bits, for few long sequences where one block per
  * (sequence, head) would leave most SMs idle. */
 /* The fused pass's forms, all with the same bits. By default (HYLA_CUDA_GDN_WS unset) the
- * pipelined kernel k_gdn_pipe where the rows are plain (no row map) and their count is known, so
- * its tensor-map copies apply (H100: 8 x 8192 varlen 1.18 ms), else the WS = 3 form, whose staging
- * by 16-byte pieces suits the short chunks of SSE through the row map (SSE-GDN 32k 6.35 ms, the
- * pipelined kernel with row copies 6.48). =4 the pipelined kernel wherever it fits (row copies
- * with a row map); =3 the warp-specialised form whose producer warpgroup (4 warps, each a quarter
- * of the chunk's rows) stages v, g, beta of the next chunk and stores o from a shared-memory O tile
- * while the compute warps issue its q, k right after releasing the staging (run 34: 1.53 ms for
- * 8 x 8192, SSE-GDN 32k 6.34 ms); =2 the warpgroup stages everything (1.56 / 6.55-6.63); =1 one
- * producer warp (slower); =0 every warp stages (the first fused form). Read per launch (host side
- * only) so tests can compare. Returns -1 for the default. */
+ * pipelined kernel k_gdn_pipe in an sm_90a build (H100 runs 55-57: 8 x 8192 varlen 0.95-0.96 ms;
+ * through SSE's row map, one bulk copy per row, SSE-GDN 32k 5.35 ms windows / 4.39 plain against
+ * the WS = 3 form's 6.37 / 6.34), else the WS = 3 form. =4 the pipelined kernel wherever it fits
+ * (in a plain sm_90 build too, where it has no register hand-over); =3 the warp-specialised form
+ * whose producer warpgroup (4 warps, each a quarter of the chunk's rows) stages v, g, beta of the
+ * next chunk and stores o from a shared-memory O tile while the compute warps issue its q, k right
+ * after releasing the staging (run 56: 1.47 ms); =2 the warpgroup stages everything (1.56 / 6.55-6.63
+ * in run 34's code); =1 one producer warp (slower); =0 every warp stages (the first fused form).
+ * Read per launch (host side only) so tests can compare. Returns -1 for the default. */
 static int gdn_ws_mode(void) {
     const char *e = getenv("HYLA_CUDA_GDN_WS");
     if (!e || !*e) return -1;
@@ -3318,19 +3318,16 @@ static hyla_status launch_fused_fs(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC
     const size_t sm = FusedSmem<DKP, 0, FS>::TOTAL;
     const unsigned ncb = cu_blocks(ca.dv, 128);
     int ws = split ? 0 : gdn_ws_mode();
-    const int autows = ws < 0;
-    if (autows) ws = GP_BUILT_SM90A && !ca.rsrc && ca.nrows > 0 ? 4 : 3;
+    if (ws < 0) ws = GP_BUILT_SM90A ? 4 : 3; /* the default (gdn_ws_mode) */
     if (ws == 4 && FS && ca.vec4 && ca.dv % 4 == 0 && PipeSmem<DKP>::TOTAL <= c->smem_optin) {
         const size_t sp = PipeSmem<DKP>::TOTAL;
         PipeMaps pm;
         memset(&pm, 0, sizeof pm);
         pm.use = !ca.rsrc && ca.nrows > 0 && pipe_maps(&pm, ca, DKP);
-        if (pm.use || !autows) {
-            CU_TRY(cudaFuncSetAttribute(k_gdn_pipe<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp));
-            k_gdn_pipe<DKP><<<dim3(ncb, ca.H, nseq), GP_T, sp, c->stream>>>(ca, pm);
-            CU_LAUNCH_CHECK("gdn fused chunk (pipelined)");
-            return HYLA_OK;
-        }
+        CU_TRY(cudaFuncSetAttribute(k_gdn_pipe<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp));
+        k_gdn_pipe<DKP><<<dim3(ncb, ca.H, nseq), GP_T, sp, c->stream>>>(ca, pm);
+        CU_LAUNCH_CHECK("gdn fused chunk (pipelined)");
+        return HYLA_OK;
     }
     if (ws == 4) ws = 3; /* the pipelined kernel does not apply: the WS = 3 form */
     if (ws && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1, FS>::TOTAL <= c->smem_optin) {
