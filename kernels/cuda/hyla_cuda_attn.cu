@@ -226,6 +226,157 @@ __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsp
  * key positions, and key tiles past a row's position add exact zeros, so a row's result does not
  * depend on the call it is in (prefill pieces of any size give the same bits). split_len = 0:
  * one pass over all keys, o written directly (HYLA_CUDA_ATTN_SPLIT=0). */
+/* One 64-key tile of a flash block, for a warp's two query rows (r0 = 16 w + g, r1 = r0 + 8 at
+ * positions p0, p1): S = Q K^T on the tile (K at Ks, V at Vs, rows of LD bf16), the causal /
+ * window mask and keys past khi to -inf, the online softmax update of (m, l) in the log2 domain
+ * and O = c O + P V. VCUT: V rows past khi are zeroed in the fragments (k_attn_flash2, whose
+ * shared tile may hold real rows there; k_attn_flash zero-fills them when it loads the tile, the
+ * same +0 bf16). Both flash kernels run this one code, so a tile's arithmetic is theirs alike. */
+template <int D, bool VCUT>
+__device__ __forceinline__ void fa_tile(const uint32_t (&qf)[D / 16][4], const __nv_bfloat16 *Ks, const __nv_bfloat16 *Vs,
+                                        int kt, int khi, int p0, int p1, int window, float sl2, float &m0, float &m1,
+                                        float &l0, float &l1, float (&oacc)[D / 8][4]) {
+    constexpr int LD = D + 8;
+    const int tq = (threadIdx.x & 31) & 3;
+    float sacc[FA_BK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sacc[nt][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4 */
+            uint32_t bf[2][2];
+            ldsm_frag_b2_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
+            mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
+            mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
+        }
+    /* mask and online softmax (log2 domain) */
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int kpos = kt + nt * 8 + 2 * tq + (e & 1);
+            int qpos = (e >> 1) ? p1 : p0;
+            bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
+            float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
+            sacc[nt][e] = v;
+            if (e >> 1)
+                mx1 = fmaxf(mx1, v);
+            else
+                mx0 = fmaxf(mx0, v);
+        }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
+    float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+        sacc[nt][0] = exp2f(sacc[nt][0] - b0);
+        sacc[nt][1] = exp2f(sacc[nt][1] - b0);
+        sacc[nt][2] = exp2f(sacc[nt][2] - b1);
+        sacc[nt][3] = exp2f(sacc[nt][3] - b1);
+        s0 += sacc[nt][0] + sacc[nt][1];
+        s1 += sacc[nt][2] + sacc[nt][3];
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+    }
+    l0 = l0 * c0 + s0;
+    l1 = l1 * c1 + s1;
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        oacc[nt][0] *= c0;
+        oacc[nt][1] *= c0;
+        oacc[nt][2] *= c1;
+        oacc[nt][3] *= c1;
+    }
+    /* O += P V; with VCUT the V rows past khi zeroed (only in a tile that reaches past khi, which
+     * for a warp happens once) */
+    const bool vcut = VCUT && kt + FA_BK - 1 > khi;
+#pragma unroll
+    for (int kc = 0; kc < FA_BK / 16; kc++) {
+        uint32_t pf[4];
+        pf[0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+        pf[1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+        pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+        pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+        /* ldsm_frag_b2_kn: reg 0 of a tile holds keys 2tq (low half), 2tq + 1 (high); reg 1 keys
+         * 2tq + 8, 2tq + 9 (of this 16-key step) */
+        const int kb = kt + kc * 16 + 2 * tq;
+        const uint32_t keep0 = (kb <= khi ? 0x0000ffffu : 0u) | (kb + 1 <= khi ? 0xffff0000u : 0u);
+        const uint32_t keep1 = (kb + 8 <= khi ? 0x0000ffffu : 0u) | (kb + 9 <= khi ? 0xffff0000u : 0u);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4.trans */
+            uint32_t bf[2][2];
+            ldsm_frag_b2_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
+            if (vcut) {
+                bf[0][0] &= keep0;
+                bf[1][0] &= keep0;
+                bf[0][1] &= keep1;
+                bf[1][1] &= keep1;
+            }
+            mma_bf16_16816(oacc[nt], pf, bf[0]);
+            mma_bf16_16816(oacc[nt + 1], pf, bf[1]);
+        }
+    }
+}
+
+/* The end of a flash block for a warp's two rows (r0, r1 of the block q0, nq valid): with
+ * split_len, the partials (O, m, l) of the rows whose keys meet this split, which
+ * k_flash_combine reads; without, O / l, as k_flash_combine computes it for a row whose keys all
+ * lie in one split (there the weight 2^(m - M) is exactly 1), so a call whose keys fit one split
+ * skips the partials and gives the same bits. */
+template <int D>
+__device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m0, float m1, float l0, float l1, int q0,
+                                          int nq, int r0, int r1, int p0, int p1, int h, int Hq, int window, int split,
+                                          int split_len, int nsplit, float *part, float *o) {
+    const int tq = (threadIdx.x & 31) & 3;
+    if (split_len) {
+        const int sl = split * split_len, sh = sl + split_len - 1;
+        const bool w0 = r0 < nq && sl <= p0 && (window <= 0 || sh > p0 - window);
+        const bool w1 = r1 < nq && sl <= p1 && (window <= 0 || sh > p1 - window);
+        float *pr0 = part + (((size_t)(q0 + r0) * Hq + h) * nsplit + split) * (D + 2);
+        float *pr1 = part + (((size_t)(q0 + r1) * Hq + h) * nsplit + split) * (D + 2);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            int d = nt * 8 + 2 * tq;
+            if (w0) *(float2 *)(pr0 + d) = make_float2(oacc[nt][0], oacc[nt][1]);
+            if (w1) *(float2 *)(pr1 + d) = make_float2(oacc[nt][2], oacc[nt][3]);
+        }
+        if (tq == 0) {
+            if (w0) *(float2 *)(pr0 + D) = make_float2(m0, l0);
+            if (w1) *(float2 *)(pr1 + D) = make_float2(m1, l1);
+        }
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int d = nt * 8 + 2 * tq;
+        if (r0 < nq) {
+            float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
+            op[0] = l0 > 0.0f ? oacc[nt][0] / l0 : 0.0f;
+            op[1] = l0 > 0.0f ? oacc[nt][1] / l0 : 0.0f;
+        }
+        if (r1 < nq) {
+            float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
+            op[0] = l1 > 0.0f ? oacc[nt][2] / l1 : 0.0f;
+            op[1] = l1 > 0.0f ? oacc[nt][3] / l1 : 0.0f;
+        }
+    }
+}
+
 template <int D>
 __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int Hq, int Hk, int pos0, int window,
                                                     float scale, void *const *kp, void *const *vp, int pt, float *o,
@@ -235,7 +386,7 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem; /* [64][LD] */
     __nv_bfloat16 *Ks = Qs + FA_BQ * LD;          /* [64][LD] */
     __nv_bfloat16 *Vs = Ks + FA_BK * LD;          /* [64][LD] */
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2;
     const int qb = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hk);
     const int q0 = qb * FA_BQ; /* first query (call-relative) */
     const int nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
@@ -284,122 +435,9 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
             *(uint4 *)(Vs + r * LD + c8 * 8) = vv;
         }
         __syncthreads();
-        float sacc[FA_BK / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) sacc[nt][e] = 0.0f;
-#pragma unroll
-        for (int kc = 0; kc < D / 16; kc++)
-#pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4 */
-                uint32_t bf[2][2];
-                ldsm_frag_b2_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
-                mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
-                mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
-            }
-        /* mask and online softmax (log2 domain) */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int kpos = kt + nt * 8 + 2 * tq + (e & 1);
-                int qpos = (e >> 1) ? p1 : p0;
-                bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
-                float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
-                sacc[nt][e] = v;
-                if (e >> 1)
-                    mx1 = fmaxf(mx1, v);
-                else
-                    mx0 = fmaxf(mx0, v);
-            }
-#pragma unroll
-        for (int off = 1; off <= 2; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
-        float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            sacc[nt][0] = exp2f(sacc[nt][0] - b0);
-            sacc[nt][1] = exp2f(sacc[nt][1] - b0);
-            sacc[nt][2] = exp2f(sacc[nt][2] - b1);
-            sacc[nt][3] = exp2f(sacc[nt][3] - b1);
-            s0 += sacc[nt][0] + sacc[nt][1];
-            s1 += sacc[nt][2] + sacc[nt][3];
-        }
-#pragma unroll
-        for (int off = 1; off <= 2; off <<= 1) {
-            s0 += __shfl_xor_sync(0xffffffffu, s0, off);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-        }
-        l0 = l0 * c0 + s0;
-        l1 = l1 * c1 + s1;
-        m0 = mn0;
-        m1 = mn1;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) {
-            oacc[nt][0] *= c0;
-            oacc[nt][1] *= c0;
-            oacc[nt][2] *= c1;
-            oacc[nt][3] *= c1;
-        }
-        /* O += P V */
-#pragma unroll
-        for (int kc = 0; kc < FA_BK / 16; kc++) {
-            uint32_t pf[4];
-            pf[0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
-            pf[1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
-            pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
-            pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
-#pragma unroll
-            for (int nt = 0; nt < D / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4.trans */
-                uint32_t bf[2][2];
-                ldsm_frag_b2_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
-                mma_bf16_16816(oacc[nt], pf, bf[0]);
-                mma_bf16_16816(oacc[nt + 1], pf, bf[1]);
-            }
-        }
+        fa_tile<D, false>(qf, Ks, Vs, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
     }
-    if (split_len) { /* partials of the rows whose keys meet this split (k_flash_combine reads those) */
-        const int sl = split * split_len, sh = sl + split_len - 1;
-        const bool w0 = r0 < nq && sl <= p0 && (window <= 0 || sh > p0 - window);
-        const bool w1 = r1 < nq && sl <= p1 && (window <= 0 || sh > p1 - window);
-        float *pr0 = part + (((size_t)(q0 + r0) * Hq + h) * nsplit + split) * (D + 2);
-        float *pr1 = part + (((size_t)(q0 + r1) * Hq + h) * nsplit + split) * (D + 2);
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) {
-            int d = nt * 8 + 2 * tq;
-            if (w0) *(float2 *)(pr0 + d) = make_float2(oacc[nt][0], oacc[nt][1]);
-            if (w1) *(float2 *)(pr1 + d) = make_float2(oacc[nt][2], oacc[nt][3]);
-        }
-        if (tq == 0) {
-            if (w0) *(float2 *)(pr0 + D) = make_float2(m0, l0);
-            if (w1) *(float2 *)(pr1 + D) = make_float2(m1, l1);
-        }
-        return;
-    }
-    /* O / l, as k_flash_combine computes it for a row whose keys all lie in one split (there
-     * the weight 2^(m - M) is exactly 1): a call whose keys fit one split skips the partials and
-     * gives the same bits */
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        int d = nt * 8 + 2 * tq;
-        if (r0 < nq) {
-            float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
-            op[0] = l0 > 0.0f ? oacc[nt][0] / l0 : 0.0f;
-            op[1] = l0 > 0.0f ? oacc[nt][1] / l0 : 0.0f;
-        }
-        if (r1 < nq) {
-            float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
-            op[0] = l1 > 0.0f ? oacc[nt][2] / l1 : 0.0f;
-            op[1] = l1 > 0.0f ? oacc[nt][3] / l1 : 0.0f;
-        }
-    }
+    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
 }
 
 /* k_attn_flash2: the arithmetic of k_attn_flash, with the K/V tiles streamed in by cp.async
@@ -413,8 +451,9 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
  * 64-key tiles through two shared-memory buffers (cp.async, 16-byte pieces gathered row by row
  * from the pages: a tile may span pages; tile t + 1 loads while tile t computes). A warp runs a
  * tile only if the tile is one of its half's tiles in k_attn_flash (kt = klo_h + 64 i <= khi_h),
- * and then runs exactly k_attn_flash's code on it: the same mma, mask (with khi_h), max, exp2,
- * sum, rescale and P V, in the same order, on the same operands. (On the H100, run 32, the
+ * and then runs k_attn_flash's tile code on it (fa_tile, one function for both kernels): the
+ * same mma, mask (with khi_h), max, exp2, sum, rescale and P V, in the same order, on the same
+ * operands; the block ends as k_attn_flash's does (fa_finish). (On the H100, run 32, the
  * partials of split calls are bit-identical to k_attn_flash's, the one-pass outputs are not: the
  * compiled last steps differ. What the tests assert is that each kernel gives a row the same
  * bits in any call.)
@@ -442,7 +481,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
     constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2;
     const int half = w >> 2, wl = w & 3;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     const int qB = blockIdx.x * BQ; /* first query of the block (call-relative) */
@@ -548,134 +587,12 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
         /* one of k_attn_flash's tiles for this half (kt = klo + 64 i <= khi) */
         if (kt >= klo && kt <= khi && (kt - klo) % FA_BK == 0) {
             const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
-            float sacc[FA_BK / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sacc[nt][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++)
-#pragma unroll
-                for (int nt = 0; nt < FA_BK / 8; nt += 2) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
-                    mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
-                    mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
-                }
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int kpos = kt + nt * 8 + 2 * tq + (e & 1);
-                    int qpos = (e >> 1) ? p1 : p0;
-                    bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
-                    float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
-                    sacc[nt][e] = v;
-                    if (e >> 1)
-                        mx1 = fmaxf(mx1, v);
-                    else
-                        mx0 = fmaxf(mx0, v);
-                }
-#pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-            }
-            float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-            float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
-            float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-            float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt++) {
-                sacc[nt][0] = exp2f(sacc[nt][0] - b0);
-                sacc[nt][1] = exp2f(sacc[nt][1] - b0);
-                sacc[nt][2] = exp2f(sacc[nt][2] - b1);
-                sacc[nt][3] = exp2f(sacc[nt][3] - b1);
-                s0 += sacc[nt][0] + sacc[nt][1];
-                s1 += sacc[nt][2] + sacc[nt][3];
-            }
-#pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-                s0 += __shfl_xor_sync(0xffffffffu, s0, off);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-            }
-            l0 = l0 * c0 + s0;
-            l1 = l1 * c1 + s1;
-            m0 = mn0;
-            m1 = mn1;
-#pragma unroll
-            for (int nt = 0; nt < D / 8; nt++) {
-                oacc[nt][0] *= c0;
-                oacc[nt][1] *= c0;
-                oacc[nt][2] *= c1;
-                oacc[nt][3] *= c1;
-            }
-            /* O += P V; V rows past khi as k_attn_flash sees them: zero (only in a tile that
-             * reaches past khi, which for a warp happens once) */
-            const bool vcut = kt + FA_BK - 1 > khi;
-#pragma unroll
-            for (int kc = 0; kc < FA_BK / 16; kc++) {
-                uint32_t pf[4];
-                pf[0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
-                pf[1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
-                pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
-                pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
-                /* ldsm_frag_b2_kn: reg 0 of a tile holds keys 2tq (low half), 2tq + 1 (high);
-                 * reg 1 keys 2tq + 8, 2tq + 9 (of this 16-key step) */
-                const int kb = kt + kc * 16 + 2 * tq;
-                const uint32_t keep0 = (kb <= khi ? 0x0000ffffu : 0u) | (kb + 1 <= khi ? 0xffff0000u : 0u);
-                const uint32_t keep1 = (kb + 8 <= khi ? 0x0000ffffu : 0u) | (kb + 9 <= khi ? 0xffff0000u : 0u);
-#pragma unroll
-                for (int nt = 0; nt < D / 8; nt += 2) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
-                    if (vcut) {
-                        bf[0][0] &= keep0;
-                        bf[1][0] &= keep0;
-                        bf[0][1] &= keep1;
-                        bf[1][1] &= keep1;
-                    }
-                    mma_bf16_16816(oacc[nt], pf, bf[0]);
-                    mma_bf16_16816(oacc[nt + 1], pf, bf[1]);
-                }
-            }
+            fa_tile<D, true>(qf, Ks, Vs, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
         }
         __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
     }
     if (nq <= 0) return;
-    if (split_len) { /* as k_attn_flash */
-        const int sl = split * split_len, sh = sl + split_len - 1;
-        const bool w0 = r0 < nq && sl <= p0 && (window <= 0 || sh > p0 - window);
-        const bool w1 = r1 < nq && sl <= p1 && (window <= 0 || sh > p1 - window);
-        float *pr0 = part + (((size_t)(q0 + r0) * Hq + h) * nsplit + split) * (D + 2);
-        float *pr1 = part + (((size_t)(q0 + r1) * Hq + h) * nsplit + split) * (D + 2);
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) {
-            int d = nt * 8 + 2 * tq;
-            if (w0) *(float2 *)(pr0 + d) = make_float2(oacc[nt][0], oacc[nt][1]);
-            if (w1) *(float2 *)(pr1 + d) = make_float2(oacc[nt][2], oacc[nt][3]);
-        }
-        if (tq == 0) {
-            if (w0) *(float2 *)(pr0 + D) = make_float2(m0, l0);
-            if (w1) *(float2 *)(pr1 + D) = make_float2(m1, l1);
-        }
-        return;
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        int d = nt * 8 + 2 * tq;
-        if (r0 < nq) {
-            float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
-            op[0] = l0 > 0.0f ? oacc[nt][0] / l0 : 0.0f;
-            op[1] = l0 > 0.0f ? oacc[nt][1] / l0 : 0.0f;
-        }
-        if (r1 < nq) {
-            float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
-            op[0] = l1 > 0.0f ? oacc[nt][2] / l1 : 0.0f;
-            op[1] = l1 > 0.0f ? oacc[nt][3] / l1 : 0.0f;
-        }
-    }
+    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
 }
 
 /* Row qi (position pos0 + qi) of a split flash prefill: its splits s_lo..s_hi (those holding
