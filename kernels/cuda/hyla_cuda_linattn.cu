@@ -1438,6 +1438,27 @@ __device__ __forceinline__ void gdn_diag_inverse_col(const float *A, int lda, in
     }
 }
 
+/* acc (16 x 32: four n8 C fragments) += A (16 rows x K, row-major at A, row stride lda) times
+ * B^T, B stored [n][k] (32 rows of K at B, row stride ldb): per 16-wide k step one A fragment and
+ * the B fragments of the two 16-column halves. The fused kernels' 16 x 32 products (U = W S,
+ * O = q~ S + Aqk U, S += k~^T U) all run this one code, so their sums keep one order. */
+template <int K>
+__device__ __forceinline__ void mma_16x32(float (&acc)[4][4], const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B,
+                                          int ldb) {
+#pragma unroll
+    for (int kc = 0; kc < K / 16; kc++) {
+        uint32_t af[4];
+        ldsm_frag_a(af, A + kc * 16, lda);
+#pragma unroll
+        for (int hb = 0; hb < 2; hb++) {
+            uint32_t bf[2][2];
+            ldsm_frag_b2_nk(bf, B + (hb * 16) * ldb + kc * 16, ldb);
+            mma_bf16_16816(acc[2 * hb], af, bf[0]);
+            mma_bf16_16816(acc[2 * hb + 1], af, bf[1]);
+        }
+    }
+}
+
 /* One block row i of phase (f')'s forward substitution (I + A) X = B for a warp's 16-column slab
  * of B, in transposed form (fragment layouts in k_gdn_fused's (f') comment): from B_i^T (bf16, in
  * xf[i]) and the rows before (bf16 X_j^T in xf[j], j < i),
@@ -2021,18 +2042,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < DKP / 16; kc++) {
-                uint32_t af[4];
-                ldsm_frag_a(af, Wb + (16 * wq) * LDK + kc * 16, LDK);
-#pragma unroll
-                for (int hb = 0; hb < 2; hb++) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
-                    mma_bf16_16816(uacc[2 * hb], af, bf[0]);
-                    mma_bf16_16816(uacc[2 * hb + 1], af, bf[1]);
-                }
-            }
+            mma_16x32<DKP>(uacc, Wb + (16 * wq) * LDK, LDK, SbT, LDK);
 #pragma unroll
             for (int n = 0; n < 4; n++)
 #pragma unroll
@@ -2050,30 +2060,8 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < DKP / 16; kc++) {
-                uint32_t af[4];
-                ldsm_frag_a(af, Qb + (16 * wq) * LDK + kc * 16, LDK);
-#pragma unroll
-                for (int hb = 0; hb < 2; hb++) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
-                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
-                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
-                }
-            }
-#pragma unroll
-            for (int kc = 0; kc < CH / 16; kc++) {
-                uint32_t af[4];
-                ldsm_frag_a(af, Aq + (16 * wq) * 72 + kc * 16, 72);
-#pragma unroll
-                for (int hb = 0; hb < 2; hb++) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
-                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
-                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
-                }
-            }
+            mma_16x32<DKP>(oacc, Qb + (16 * wq) * LDK, LDK, SbT, LDK);
+            mma_16x32<CH>(oacc, Aq + (16 * wq) * 72, 72, UT, 72);
             if (WS) { /* to the O tile (16-byte pieces XOR 2(t mod 4)); the producer stores it */
 #pragma unroll
                 for (int n = 0; n < 4; n++)
@@ -2102,18 +2090,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
                     for (int n = 0; n < 4; n++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) sacc[mi][n][e] *= d;
-#pragma unroll
-                    for (int kc = 0; kc < CH / 16; kc++) {
-                        uint32_t af[4];
-                        ldsm_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
-#pragma unroll
-                        for (int hb = 0; hb < 2; hb++) {
-                            uint32_t bf[2][2];
-                            ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
-                            mma_bf16_16816(sacc[mi][2 * hb], af, bf[0]);
-                            mma_bf16_16816(sacc[mi][2 * hb + 1], af, bf[1]);
-                        }
-                    }
+                    mma_16x32<CH>(sacc[mi], KtT + (mt * 16) * 72, 72, UT, 72);
                 }
             }
         } else if (WS)
@@ -3121,30 +3098,8 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < DKP / 16; kc++) {
-                uint32_t af[4];
-                ldsm_frag_a(af, Qt + (16 * wq) * LDK + kc * 16, LDK);
-#pragma unroll
-                for (int hb = 0; hb < 2; hb++) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_nk(bf, SbT + (hb * 16) * LDK + kc * 16, LDK);
-                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
-                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
-                }
-            }
-#pragma unroll
-            for (int kc = 0; kc < CH / 16; kc++) {
-                uint32_t af[4];
-                ldsm_frag_a(af, Aq + (16 * wq) * 72 + kc * 16, 72);
-#pragma unroll
-                for (int hb = 0; hb < 2; hb++) {
-                    uint32_t bf[2][2];
-                    ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
-                    mma_bf16_16816(oacc[2 * hb], af, bf[0]);
-                    mma_bf16_16816(oacc[2 * hb + 1], af, bf[1]);
-                }
-            }
+            mma_16x32<DKP>(oacc, Qt + (16 * wq) * LDK, LDK, SbT, LDK);
+            mma_16x32<CH>(oacc, Aq + (16 * wq) * 72, 72, UT, 72);
 #pragma unroll
             for (int n = 0; n < 4; n++)
 #pragma unroll
@@ -3172,18 +3127,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
                         sacc[mi][n][2] *= d1;
                         sacc[mi][n][3] *= d1;
                     }
-#pragma unroll
-                    for (int kc = 0; kc < CH / 16; kc++) {
-                        uint32_t af[4];
-                        ldsm_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
-#pragma unroll
-                        for (int hb = 0; hb < 2; hb++) {
-                            uint32_t bf[2][2];
-                            ldsm_frag_b2_nk(bf, UT + (hb * 16) * 72 + kc * 16, 72);
-                            mma_bf16_16816(sacc[mi][2 * hb], af, bf[0]);
-                            mma_bf16_16816(sacc[mi][2 * hb + 1], af, bf[1]);
-                        }
-                    }
+                    mma_16x32<CH>(sacc[mi], KtT + (mt * 16) * 72, 72, UT, 72);
                 }
             }
         }
