@@ -882,14 +882,31 @@ static int valid_session_id(const char *id) {
     return n > 0 && n < SID_MAX;
 }
 
-#define REQUIRE_ID(call, id)                                                                             \
-    do {                                                                                                 \
-        if (!valid_session_id(id)) {                                                                     \
-            hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "field session_id: 1..%d bytes required", \
-                               SID_MAX - 1);                                                             \
-            return;                                                                                      \
-        }                                                                                                \
+static void fail_bad_id(hyla_rpc_call *call) {
+    hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "field session_id: 1..%d bytes required", SID_MAX - 1);
+}
+#define REQUIRE_ID(call, id)          \
+    do {                              \
+        if (!valid_session_id(id)) {  \
+            fail_bad_id(call);        \
+            return;                   \
+        }                             \
     } while (0)
+
+/* The session a request names, acquired for this call (release_session when done), or NULL
+ * once the call has been failed with the reason: a malformed id, no such session, another
+ * tenant's, deleted meanwhile. */
+static csess *acquire_for_call(hyla_coord *c, hyla_rpc_call *call, const char *id, const char *tenant) {
+    if (!valid_session_id(id)) {
+        fail_bad_id(call);
+        return NULL;
+    }
+    char msg[1024];
+    hyla_rpc_code code;
+    csess *s = acquire_session(c, id, tenant, &code, msg, sizeof msg);
+    if (!s) hyla_rpc_call_fail(call, code, "%s", msg);
+    return s;
+}
 
 static void reply_view(hyla_coord *c, hyla_rpc_call *call, csess *s) {
     sess_view *v = malloc(sizeof *v);
@@ -1058,14 +1075,9 @@ static void do_list(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
 
 static void do_delete(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__DeleteSessionRequest *q = (const Hyla__V1__DeleteSessionRequest *)m;
-    REQUIRE_ID(call, q->session_id);
+    csess *s = acquire_for_call(c, call, q->session_id, tenant);
+    if (!s) return;
     char msg[1024];
-    hyla_rpc_code code;
-    csess *s = acquire_session(c, q->session_id, tenant, &code, msg, sizeof msg);
-    if (!s) {
-        hyla_rpc_call_fail(call, code, "%s", msg);
-        return;
-    }
     char ids[MAX_STAGES][ID_MAX];
     pthread_mutex_lock(&c->mu);
     int n = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE ? owners_locked(c, s, ids) : 0;
@@ -1107,14 +1119,10 @@ static void do_delete(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage
 
 static void do_pause(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__PauseRequest *q = (const Hyla__V1__PauseRequest *)m;
-    REQUIRE_ID(call, q->session_id);
+    csess *s = acquire_for_call(c, call, q->session_id, tenant);
+    if (!s) return;
     char msg[1024];
     hyla_rpc_code code;
-    csess *s = acquire_session(c, q->session_id, tenant, &code, msg, sizeof msg);
-    if (!s) {
-        hyla_rpc_call_fail(call, code, "%s", msg);
-        return;
-    }
     Hyla__V1__SnapshotInfo si = HYLA__V1__SNAPSHOT_INFO__INIT;
     pthread_mutex_lock(&c->mu);
     int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
@@ -1154,14 +1162,10 @@ static void do_pause(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
 
 static void do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__ResumeRequest *q = (const Hyla__V1__ResumeRequest *)m;
-    REQUIRE_ID(call, q->session_id);
+    csess *s = acquire_for_call(c, call, q->session_id, tenant);
+    if (!s) return;
     char msg[1024];
     hyla_rpc_code code;
-    csess *s = acquire_session(c, q->session_id, tenant, &code, msg, sizeof msg);
-    if (!s) {
-        hyla_rpc_call_fail(call, code, "%s", msg);
-        return;
-    }
     pthread_mutex_lock(&c->mu);
     int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
     uint64_t version = s->snap.version;
@@ -1201,14 +1205,10 @@ static hyla_rpc_code move_session(hyla_coord *c, csess *s, const char *to_worker
 
 static void do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__MigrateRequest *q = (const Hyla__V1__MigrateRequest *)m;
-    REQUIRE_ID(call, q->session_id);
+    csess *s = acquire_for_call(c, call, q->session_id, tenant);
+    if (!s) return;
     char msg[1024];
     hyla_rpc_code code;
-    csess *s = acquire_session(c, q->session_id, tenant, &code, msg, sizeof msg);
-    if (!s) {
-        hyla_rpc_call_fail(call, code, "%s", msg);
-        return;
-    }
     char from[ID_MAX];
     Hyla__V1__SnapshotInfo si;
     code = move_session(c, s, q->to_worker, from, &si, msg, sizeof msg);
