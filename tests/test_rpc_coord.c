@@ -672,6 +672,39 @@ static void test_in_process(const char *dir) {
     CHECK(!s && res.code == HYLA_RPC_INVALID_ARGUMENT && strstr(res.message, "x-hyla-tenant"));
     s = get(NULL, ids[0], &res); /* no metadata: tenant "default" */
     CHECK(!s && res.code == HYLA_RPC_PERMISSION_DENIED);
+    /* the handlers that acquire a session (Pause, Resume, Migrate, DeleteSession): a missing id,
+     * an unknown one and another tenant's are refused with the reason, and nothing changes */
+    {
+        const char *bad[3] = {"", "s-0000000000000000", ids[0]};
+        const char *who[3] = {"acme", "acme", "other"};
+        const hyla_rpc_code want[3] = {HYLA_RPC_INVALID_ARGUMENT, HYLA_RPC_NOT_FOUND, HYLA_RPC_PERMISSION_DENIED};
+        const char *says[3] = {"session_id", "not found", "another tenant"};
+        for (int k = 0; k < 3; k++) {
+            Hyla__V1__PauseRequest pq = HYLA__V1__PAUSE_REQUEST__INIT;
+            Hyla__V1__ResumeRequest rq = HYLA__V1__RESUME_REQUEST__INIT;
+            Hyla__V1__MigrateRequest mq = HYLA__V1__MIGRATE_REQUEST__INIT;
+            Hyla__V1__DeleteSessionRequest dq = HYLA__V1__DELETE_SESSION_REQUEST__INIT;
+            pq.session_id = rq.session_id = mq.session_id = dq.session_id = (char *)bad[k];
+            const struct {
+                const char *method;
+                ProtobufCMessage *q;
+                const ProtobufCMessageDescriptor *rd;
+            } calls[4] = {{"/hyla.v1.Sessions/Pause", &pq.base, &hyla__v1__pause_response__descriptor},
+                          {"/hyla.v1.Sessions/Resume", &rq.base, &hyla__v1__session__descriptor},
+                          {"/hyla.v1.Sessions/Migrate", &mq.base, &hyla__v1__migrate_response__descriptor},
+                          {"/hyla.v1.Sessions/DeleteSession", &dq.base, &hyla__v1__delete_session_response__descriptor}};
+            for (int x = 0; x < 4; x++) {
+                ProtobufCMessage *m = NULL;
+                CHECK_MSG(call(calls[x].method, calls[x].q, calls[x].rd, &m, who[k], &res) != HYLA_OK &&
+                              res.code == want[k] && strstr(res.message, says[k]),
+                          "%s with session_id '%s' as %s: code %d, '%s'", calls[x].method, bad[k], who[k], (int)res.code,
+                          res.message);
+                if (m)
+                    protobuf_c_message_free_unpacked(m, NULL);
+            }
+        }
+        CHECK(session_state("acme", ids[0]) >= 0); /* still there */
+    }
 
     /* listing with pages */
     {
