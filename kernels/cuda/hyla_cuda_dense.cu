@@ -215,6 +215,21 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
     if (row >= (nrows)) return;                                                      \
     const int U = V4 ? D / 4 : D;
 
+/* The output pass of both RMSNorms: y = v * inv * w over the row's units, v from the values cached
+ * in registers for the first ROW_RC units of this thread and re-read from src (the row itself)
+ * for the rest. */
+template <int V4, int A16>
+__device__ __forceinline__ void rms_scale_store(float *yr, const float4 (&c)[ROW_RC], const float *src, float inv,
+                                                const float *__restrict__ w, int t, int G, int U) {
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) st_u<V4, A16>(yr, u, mul_sw(c[k], inv, ld_u<V4, A16>(w, u)));
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G)
+        st_u<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(src, u), inv, ld_u<V4, A16>(w, u)));
+}
+
 /* [NORM-0] y = x * rsqrt(mean(x^2) + eps) * w; y may alias x (every read of the row happens
  * before the group's reduction, every write after it, and re-read units are the thread's own). */
 template <int V4, int A16, int WARP>
@@ -236,14 +251,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const floa
     for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(xr, u));
     ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
-    float *yr = y + (size_t)row * D;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) st_u<V4, A16>(yr, u, mul_sw(cx[k], inv, ld_u<V4, A16>(w, u)));
-    }
-    for (int u = t + ROW_RC * G; u < U; u += G)
-        st_u<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(xr, u), inv, ld_u<V4, A16>(w, u)));
+    rms_scale_store<V4, A16>(y + (size_t)row * D, cx, xr, inv, w, t, G, U);
 }
 
 /* residual += x; y = rmsnorm(residual). y may alias x (as above). */
@@ -274,14 +282,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm(float *residual, const
     }
     ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
-    float *yr = y + (size_t)row * D;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) st_u<V4, A16>(yr, u, mul_sw(cr[k], inv, ld_u<V4, A16>(w, u)));
-    }
-    for (int u = t + ROW_RC * G; u < U; u += G)
-        st_u<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(rr, u), inv, ld_u<V4, A16>(w, u)));
+    rms_scale_store<V4, A16>(y + (size_t)row * D, cr, rr, inv, w, t, G, U);
 }
 
 /* In place: x = exp(x - max) / sum(exp(x - max)) per row. */
