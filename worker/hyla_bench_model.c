@@ -369,6 +369,26 @@ static void gla_run(void *u) {
         TRY(O->gla_prefill(CX, a->q1, a->k1, a->v, a->ga, a->n, a->H, a->dk, a->dv, scale, a->S0, a->o));
 }
 
+/* One row per SSE chunking (on the CUDA backend both: 64-token windows of the call, then 64-token
+ * chunks of each partition; elsewhere the windows only): SSE prefill against the plain mixer's
+ * prefill of the same tokens (gla_run: GLA or GDN as a->gdn says), key base_key. */
+static void sse_vs_base(sse_ud *a, const char *bench, const char *base_key) {
+    const int cuda = hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda");
+    double ms_base = timeit(gla_run, a);
+    for (int win = 1; win >= 0; win--) {
+        if (!win && !cuda) break;
+        if (cuda) TRY(hyla_cuda_set_sse_windows(be, win));
+        double ms_sse = timeit(sse_run, a);
+        emit_head(bench);
+        printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"sse_chunks\":\"%s\","
+               "\"ms_sse\":%.3f,\"%s\":%.3f,\"ratio\":%.2f}\n",
+               a->n, a->H, a->dk, a->dv, a->N, a->K, win ? "64-token windows of the call" : "64-token chunks of each partition",
+               ms_sse, base_key, ms_base, ms_sse / ms_base);
+        fflush(stdout);
+    }
+    if (cuda) TRY(hyla_cuda_set_sse_windows(be, 1));
+}
+
 static void bench_sse(int quick) {
     sse_ud a = {quick ? 2048 : 32768, 18, 128, 128, 4, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -387,19 +407,7 @@ static void bench_sse(int quick) {
     a.S0 = drand((size_t)a.H * a.dk * a.dv, 0.1f, 0, 0);
     a.Sp = drand((size_t)a.N * a.H * a.dk * a.dv, 0.1f, 0, 0);
     a.o = dalloc(nv * 4);
-    double ms_gla = timeit(gla_run, &a);
-    for (int win = 1; win >= 0; win--) {
-        if (!win && (!hyla_cuda_set_sse_windows || strcmp(O->name, "cuda"))) break;
-        if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, win));
-        double ms_sse = timeit(sse_run, &a);
-        emit_head("prefill_sse_vs_gla");
-        printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"sse_chunks\":\"%s\","
-               "\"ms_sse\":%.3f,\"ms_gla\":%.3f,\"ratio\":%.2f}\n",
-               a.n, a.H, a.dk, a.dv, a.N, a.K, win ? "64-token windows of the call" : "64-token chunks of each partition",
-               ms_sse, ms_gla, ms_sse / ms_gla);
-        fflush(stdout);
-    }
-    if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, 1));
+    sse_vs_base(&a, "prefill_sse_vs_gla", "ms_gla");
     /* the GDN transition against GDN prefill: scalar gates and betas, keys of norm ~1 */
     float *gbufs[] = {a.q1, a.k1, a.q2, a.k2, a.ga, a.gb};
     for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++) dfree(gbufs[i]);
@@ -412,19 +420,7 @@ static void bench_sse(int quick) {
     a.gb = drand((size_t)a.n * a.H, 0, -0.3f, -0.01f);
     a.ba = drand((size_t)a.n * a.H, 0, 0.05f, 1.0f);
     a.bb = drand((size_t)a.n * a.H, 0, 0.05f, 1.0f);
-    double ms_gdn = timeit(gla_run, &a);
-    for (int win = 1; win >= 0; win--) {
-        if (!win && (!hyla_cuda_set_sse_windows || strcmp(O->name, "cuda"))) break;
-        if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, win));
-        double ms_sse = timeit(sse_run, &a);
-        emit_head("prefill_sse_gdn_vs_gdn");
-        printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"sse_chunks\":\"%s\","
-               "\"ms_sse\":%.3f,\"ms_gdn\":%.3f,\"ratio\":%.2f}\n",
-               a.n, a.H, a.dk, a.dv, a.N, a.K, win ? "64-token windows of the call" : "64-token chunks of each partition",
-               ms_sse, ms_gdn, ms_sse / ms_gdn);
-        fflush(stdout);
-    }
-    if (hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda")) TRY(hyla_cuda_set_sse_windows(be, 1));
+    sse_vs_base(&a, "prefill_sse_gdn_vs_gdn", "ms_gdn");
     dfree(a.ba);
     dfree(a.bb);
     float *bufs[] = {a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.lg, a.w, a.S0, a.Sp, a.o};
