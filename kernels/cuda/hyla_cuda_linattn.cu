@@ -2616,7 +2616,9 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
         /* ================= state warps ================= */
         GP_SETMAXNREG("inc", GP_SREG);
         /* warp 8 + sw owns the value slabs 2 sw and 2 sw + 1 (32 value columns from j0): each B
-         * fragment read from shared memory feeds both slabs' products */
+         * fragment read from shared memory feeds both slabs' products. A slab past dv runs on
+         * zeros (its staged columns are zero) and stores nothing: no branch on it, since values
+         * loaded and used under two such branches stay live through the whole loop in ptxas */
         const int sw = w - GP_C / 32, j0 = jb + 32 * sw;
         float *S = a.S[z] + (size_t)h * dk * dv;
         float st[2][NKT][4]; /* S^T of slab s: (value j0 + 16 s + g + 8(e/2), key 8 kt + 2 tq + e%2) */
@@ -2641,12 +2643,13 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
              * the block, kept as the bf16 A fragment ua[s][i] (k = the block's tokens) */
             uint32_t ua[2][4][4];
 #pragma unroll
-            for (int s = 0; s < 2; s++) { /* one slab after the other: fewer live registers */
+            for (int s = 0; s < 2; s++) { /* one slab after the other, slab 1's V fragments loaded
+                                           * after slab 0's U: 16 live registers fewer */
                 uint32_t xf[4][4];
 #pragma unroll
                 for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 32 * sw + 16 * s + (16 * i) * LDV, LDV);
                 if (s == 1 && cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
-                /* S^T W^T for the chunk's four token blocks in one sweep over the keys (four
+                /* S^T W^T for the chunk's four token blocks in one sweep over the keys (eight
                  * independent accumulator chains, each S^T pair packed once), then the blocks'
                  * forward substitution and U^T = U0^T - S^T W^T */
                 float acc[4][2][4];
