@@ -2174,19 +2174,19 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
  *   then q~) which alternates between two buffers by chunk parity. Aqk's and k~'s values are held
  *   in the chunk warps' registers from (c)/(d) until GP_QAK. Shared memory (dk = 128): 97 KB fp32
  *   staging + 126 KB tiles, one block per SM; 384 threads. */
-/* bf16x2 of (lo, hi), the bits of pack_bf16x2, but volatile: evaluated where written, so the
- * state warps' S^T operands are packed per use instead of hoisted into 32 live registers */
-__device__ __forceinline__ uint32_t pack_bf16x2_v(float lo, float hi) {
-    uint32_t r;
-    asm volatile("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(lo), "f"(hi));
-    return r;
-}
-/* S^T's bf16 pairs, packed per use from the fp32 state xor an opaque zero (z, read from shared
- * memory where it is used): the same bits, but ptxas can neither share the packs of one phase's
+/* The A fragment of S^T (one slab, keys 16 kc..16 kc + 15) in bf16: pairs with the bits of
+ * pack_bf16x2, packed per use by a volatile cvt from the fp32 state xor an opaque zero (z, read
+ * from shared memory where it is used), so ptxas can neither share the packs of one phase's
  * blocks nor hoist them out of a loop, which would keep 64 packed registers of two slabs live
  * beside S^T's 128 */
-__device__ __forceinline__ uint32_t pack_st(float lo, float hi, uint32_t z) {
-    return pack_bf16x2_v(__uint_as_float(__float_as_uint(lo) ^ z), __uint_as_float(__float_as_uint(hi) ^ z));
+template <int NKT>
+__device__ __forceinline__ void st_frag(uint32_t (&sa)[4], const float (&st)[NKT][4], int kc, uint32_t z) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float lo = __uint_as_float(__float_as_uint(st[2 * kc + (r >> 1)][2 * (r & 1)]) ^ z);
+        const float hi = __uint_as_float(__float_as_uint(st[2 * kc + (r >> 1)][2 * (r & 1) + 1]) ^ z);
+        asm volatile("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(sa[r]) : "f"(lo), "f"(hi));
+    }
 }
 __device__ __forceinline__ uint32_t opaque_zero(const float *p) { return *(const volatile uint32_t *)p; }
 #define GP_T 384 /* 8 chunk warps (two warpgroups) + 4 state warps (one warpgroup) */
@@ -2662,10 +2662,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                 const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                 for (int kc = 0; kc < NB; kc++) {
-                    const uint32_t sa[4] = {pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz),
-                                            pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz),
-                                            pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz),
-                                            pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz)};
+                    uint32_t sa[4];
+                    st_frag(sa, st[s], kc, zz);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         uint32_t bf[2][2];
@@ -2705,12 +2703,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                     for (int kc = 0; kc < NB; kc++) {
                         uint32_t sa[2][4];
 #pragma unroll
-                        for (int s = 0; s < 2; s++) {
-                            sa[s][0] = pack_st(st[s][2 * kc][0], st[s][2 * kc][1], zz);
-                            sa[s][1] = pack_st(st[s][2 * kc][2], st[s][2 * kc][3], zz);
-                            sa[s][2] = pack_st(st[s][2 * kc + 1][0], st[s][2 * kc + 1][1], zz);
-                            sa[s][3] = pack_st(st[s][2 * kc + 1][2], st[s][2 * kc + 1][3], zz);
-                        }
+                        for (int s = 0; s < 2; s++) st_frag(sa[s], st[s], kc, zz);
 #pragma unroll
                         for (int q2 = 0; q2 < 2; q2++) {
                             uint32_t bf[2][2];
