@@ -21,6 +21,7 @@
 #include "hyla_profile.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
+#include "hyla_test_model.h"
 
 static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h"};
 
@@ -42,7 +43,7 @@ static int32_t *prompt(int n, uint64_t seed, int vocab) {
     return t;
 }
 
-static hyla_session *new_session(hyla_model *m, float temp, uint64_t seed) {
+static hyla_session *new_session(hyla_runtime *m, float temp, uint64_t seed) {
     hyla_session *s = NULL;
     CHECK_OK(hyla_session_create(m, &s));
     hyla_sampling sp = {temp, temp > 0 ? 40 : 0, temp > 0 ? 0.95f : 1.0f};
@@ -60,7 +61,7 @@ static void *destroy_thread(void *snap) {
 }
 
 /* Asynchronous export of a session fed n prompt tokens (position n - 1). */
-static void check_async_export(hyla_model *m, const char *arch, const int32_t *p, int n) {
+static void check_async_export(hyla_runtime *m, const char *arch, const int32_t *p, int n) {
     enum { G = 12 };
     hyla_session *a = new_session(m, 0.8f, 3);
     CHECK_OK(hyla_session_feed(a, p, n, NULL, NULL, NULL, NULL));
@@ -111,7 +112,7 @@ static void check_async_export(hyla_model *m, const char *arch, const int32_t *p
     hyla_session_free(a);
 }
 
-static void test_async(hyla_model *m, const char *arch, const int32_t *p, int T) {
+static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int T) {
     check_async_export(m, arch, p, 129); /* position 128: the last KV page is full */
     check_async_export(m, arch, p, T);   /* position T - 1: mid-page */
     /* position 0: no KV rows yet */
@@ -129,10 +130,9 @@ static void test_async(hyla_model *m, const char *arch, const int32_t *p, int T)
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     make_model(arch, dir, strstr(arch, "-h") ? "--window 40" : NULL);
-    hyla_model *m = NULL;
-    CHECK_OK(hyla_model_load(dir, be, NULL, &m));
+    hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
-    const hyla_model_config *c = hyla_model_get_config(m);
+    const hyla_model_config *c = hyla_model_get_config(test_model(m));
     int V = c->vocab_size, T = 150;
     int32_t *p = prompt(T, 11, V);
 
@@ -158,11 +158,11 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
 
     /* 1b. the prefill piece size changes nothing: pieces of 64 and 128 tokens give the logits of
      * every position and the state of the default (one 149-token piece), bit for bit */
-    CHECK(hyla_model_prefill_piece(m) == HYLA_PREFILL_PIECE_DEFAULT);
+    CHECK(hyla_runtime_prefill_piece(m) == HYLA_PREFILL_PIECE_DEFAULT);
     hyla_snapshot *s0 = NULL;
     CHECK_OK(hyla_session_export(a, &s0));
     for (int piece = 64; piece <= 128; piece += 64) {
-        CHECK_OK(hyla_model_set_prefill_piece(m, piece));
+        CHECK_OK(hyla_runtime_set_prefill_piece(m, piece));
         b = new_session(m, 0, 1);
         CHECK_OK(hyla_session_feed(b, p, T, ld, NULL, NULL, NULL));
         hyla_snapshot *s1 = NULL;
@@ -172,9 +172,9 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
         hyla_snapshot_destroy(s1);
         hyla_session_free(b);
     }
-    CHECK(hyla_model_set_prefill_piece(m, 100) == HYLA_ERR_INVALID_ARG);
-    CHECK(hyla_model_set_prefill_piece(m, 0) == HYLA_ERR_INVALID_ARG);
-    CHECK_OK(hyla_model_set_prefill_piece(m, HYLA_PREFILL_PIECE_DEFAULT));
+    CHECK(hyla_runtime_set_prefill_piece(m, 100) == HYLA_ERR_INVALID_ARG);
+    CHECK(hyla_runtime_set_prefill_piece(m, 0) == HYLA_ERR_INVALID_ARG);
+    CHECK_OK(hyla_runtime_set_prefill_piece(m, HYLA_PREFILL_PIECE_DEFAULT));
     hyla_snapshot_destroy(s0);
     hyla_session_free(a);
 
@@ -247,7 +247,7 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     free(lp);
     free(ld);
     free(p);
-    hyla_model_free(m);
+    test_unload(m);
 }
 
 static void test_refusals(hyla_backend *be, const char *tmp) {
@@ -256,11 +256,11 @@ static void test_refusals(hyla_backend *be, const char *tmp) {
     snprintf(d2, sizeof d2, "%s/r2", tmp);
     make_model("sse-h", d1, NULL);
     make_model("sse-h", d2, "--partitions 3");
-    hyla_model *m1 = NULL, *m2 = NULL;
-    CHECK_OK(hyla_model_load(d1, be, NULL, &m1));
-    CHECK_OK(hyla_model_load(d2, be, NULL, &m2));
+    hyla_runtime *m1 = NULL, *m2 = NULL;
+    m1 = test_load(d1, be, NULL);
+    m2 = test_load(d2, be, NULL);
     if (!m1 || !m2) return;
-    CHECK(hyla_model_fingerprint(m1) != hyla_model_fingerprint(m2));
+    CHECK(hyla_model_fingerprint(test_model(m1)) != hyla_model_fingerprint(test_model(m2)));
     hyla_session *s = new_session(m1, 0, 0);
     int32_t *p = prompt(10, 3, 260);
     CHECK_OK(hyla_session_feed(s, p, 10, NULL, NULL, NULL, NULL));
@@ -291,8 +291,8 @@ static void test_refusals(hyla_backend *be, const char *tmp) {
     free(p);
     hyla_snapshot_destroy(snap);
     hyla_session_free(s);
-    hyla_model_free(m1);
-    hyla_model_free(m2);
+    test_unload(m1);
+    test_unload(m2);
 }
 
 /* Pipeline: stage A holds layers [0, 2), stage B [2, L); A's downstream runs B's sessions
@@ -314,16 +314,16 @@ static void test_pipeline(hyla_backend *be, const char *tmp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/pipe", tmp);
     make_model("sse-h", dir, NULL);
-    hyla_model *full = NULL, *ma = NULL, *mb = NULL;
+    hyla_runtime *full = NULL, *ma = NULL, *mb = NULL;
     hyla_model_params pa = hyla_model_default_params(), pb = hyla_model_default_params();
     pa.layer_end = 2;
     pb.layer_begin = 2;
-    CHECK_OK(hyla_model_load(dir, be, NULL, &full));
-    CHECK_OK(hyla_model_load(dir, be, &pa, &ma));
-    CHECK_OK(hyla_model_load(dir, be, &pb, &mb));
+    full = test_load(dir, be, NULL);
+    ma = test_load(dir, be, &pa);
+    mb = test_load(dir, be, &pb);
     if (!full || !ma || !mb) return;
-    CHECK(hyla_model_fingerprint(ma) == hyla_model_fingerprint(full));
-    hyla_model_set_downstream(ma, run_stage_b, NULL);
+    CHECK(hyla_model_fingerprint(test_model(ma)) == hyla_model_fingerprint(test_model(full)));
+    hyla_runtime_set_downstream(ma, run_stage_b, NULL);
     int32_t *p = prompt(100, 9, 260);
     hyla_session *f = new_session(full, 0.7f, 5), *a = new_session(ma, 0.7f, 5), *b = NULL;
     CHECK_OK(hyla_session_create(mb, &b));
@@ -364,9 +364,9 @@ static void test_pipeline(hyla_backend *be, const char *tmp) {
     hyla_session_free(f);
     hyla_session_free(a);
     hyla_session_free(b);
-    hyla_model_free(full);
-    hyla_model_free(ma);
-    hyla_model_free(mb);
+    test_unload(full);
+    test_unload(ma);
+    test_unload(mb);
 }
 
 /* hyla_session_free with an export in flight is a programmer error: it aborts (the copies
@@ -375,11 +375,11 @@ static void test_free_in_flight(hyla_backend *be, const char *tmp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/inflight", tmp);
     make_model("gla-h", dir, NULL);
-    hyla_model *m = NULL;
+    hyla_runtime *m = NULL;
     hyla_session *s = NULL;
     hyla_export *e = NULL;
     int32_t t[3] = {1, 2, 3};
-    CHECK_OK(hyla_model_load(dir, be, NULL, &m));
+    m = test_load(dir, be, NULL);
     if (!m) return;
     s = new_session(m, 0, 1);
     CHECK_OK(hyla_session_feed(s, t, 3, NULL, NULL, NULL, NULL));
@@ -397,7 +397,7 @@ static void test_free_in_flight(hyla_backend *be, const char *tmp) {
               st);
     if (e) CHECK_OK(hyla_session_export_end(e, NULL));
     hyla_session_free(s);
-    hyla_model_free(m);
+    test_unload(m);
 }
 
 /* HYLA_PROFILE (hyla_profile.h): with profiling on, a prefill charges time to the forward's
@@ -407,10 +407,9 @@ static void test_profile(hyla_backend *be, const char *tmp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/prof", tmp);
     make_model("sse-h", dir, "--layers 6");
-    hyla_model *m = NULL;
-    CHECK_OK(hyla_model_load(dir, be, NULL, &m));
+    hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
-    int32_t *p = prompt(100, 3, hyla_model_get_config(m)->vocab_size);
+    int32_t *p = prompt(100, 3, hyla_model_get_config(test_model(m))->vocab_size);
     int32_t t0[4], t1[4];
     for (int on = 0; on < 2; on++) {
         hyla_prof_on = on;
@@ -440,7 +439,7 @@ static void test_profile(hyla_backend *be, const char *tmp) {
     CHECK_MSG(len == 0, "profile off: printed %zu bytes", len);
     free(buf);
     free(p);
-    hyla_model_free(m);
+    test_unload(m);
 }
 
 int main(void) {

@@ -28,6 +28,7 @@
 #include "hyla_cuda_extra.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
+#include "hyla_test_model.h"
 
 #define LOGIT_TOL 5e-2
 #define LOGIT_MARGIN 0.05
@@ -68,7 +69,7 @@ static double top2_margin(const float *l, int V) {
     return a - b;
 }
 
-static hyla_session *sess(hyla_model *m) {
+static hyla_session *sess(hyla_runtime *m) {
     hyla_session *s = NULL;
     CHECK_OK(hyla_session_create(m, &s));
     hyla_sampling sp = {0, 0, 1};
@@ -94,11 +95,11 @@ static void test_arch(const char *arch, const char *extra) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/gpu_e2e_%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch);
     make_model(arch, dir, extra);
-    hyla_model *mc = NULL, *mg = NULL;
-    CHECK_OK(hyla_model_load(dir, cpu, NULL, &mc));
-    CHECK_OK(hyla_model_load(dir, gpu, NULL, &mg));
+    hyla_runtime *mc = NULL, *mg = NULL;
+    mc = test_load(dir, cpu, NULL);
+    mg = test_load(dir, gpu, NULL);
     if (!mc || !mg) return;
-    int V = hyla_model_get_config(mc)->vocab_size, T = 150, G = 24;
+    int V = hyla_model_get_config(test_model(mc))->vocab_size, T = 150, G = 24;
     int32_t *p = prompt(T, V);
     printf("%s\n", arch);
 
@@ -137,13 +138,13 @@ static void test_arch(const char *arch, const char *extra) {
      * of the default piece (one 149-row forward: the large-M GEMM, multi-chunk mixer calls) */
     {
         float *l64 = malloc((size_t)T * V * 4);
-        CHECK_OK(hyla_model_set_prefill_piece(mg, 64));
+        CHECK_OK(hyla_runtime_set_prefill_piece(mg, 64));
         hyla_session *s64 = sess(mg);
         CHECK_OK(hyla_session_feed(s64, p, T, l64, NULL, NULL, NULL));
         int ok = !memcmp(l64, lg, (size_t)(T - 1) * V * 4);
         printf("  prefill in 64-token pieces == one piece of %d: %s\n", T - 1, ok ? "bits" : "FAIL");
         CHECK_MSG(ok, "%s: GPU prefill pieces of 64 differ from one piece", arch);
-        CHECK_OK(hyla_model_set_prefill_piece(mg, HYLA_PREFILL_PIECE_DEFAULT));
+        CHECK_OK(hyla_runtime_set_prefill_piece(mg, HYLA_PREFILL_PIECE_DEFAULT));
         hyla_session_free(s64);
         free(l64);
     }
@@ -316,8 +317,8 @@ static void test_arch(const char *arch, const char *extra) {
     free(gc);
     free(gg);
     free(p);
-    hyla_model_free(mc);
-    hyla_model_free(mg);
+    test_unload(mc);
+    test_unload(mg);
 }
 
 int main(void) {

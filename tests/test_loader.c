@@ -10,6 +10,7 @@
 #include "hyla_safetensors.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
+#include "hyla_test_model.h"
 
 static char tmp[] = "/tmp/hyla-test-loader-XXXXXX";
 static hyla_backend *be;
@@ -154,11 +155,11 @@ int main(void) {
         write_text(path, idx);
         free(e);
         hyla_st_close(st);
-        hyla_model *m1 = NULL, *m2 = NULL;
-        CHECK_OK(hyla_model_load(good, be, NULL, &m1));
-        CHECK_OK(hyla_model_load(d, be, NULL, &m2));
+        hyla_runtime *m1 = NULL, *m2 = NULL;
+        m1 = test_load(good, be, NULL);
+        m2 = test_load(d, be, NULL);
         if (m1 && m2) {
-            CHECK(hyla_model_fingerprint(m1) == hyla_model_fingerprint(m2));
+            CHECK(hyla_model_fingerprint(test_model(m1)) == hyla_model_fingerprint(test_model(m2)));
             hyla_session *s1 = NULL, *s2 = NULL;
             CHECK_OK(hyla_session_create(m1, &s1));
             CHECK_OK(hyla_session_create(m2, &s2));
@@ -170,8 +171,8 @@ int main(void) {
             hyla_session_free(s1);
             hyla_session_free(s2);
         }
-        hyla_model_free(m1);
-        hyla_model_free(m2);
+        test_unload(m1);
+        test_unload(m2);
         /* a shard named by the index but absent */
         sh("rm %s/model-00002-of-00002.safetensors%s", d, "");
         expect_fail(d, HYLA_ERR_NOT_FOUND, "model-00002-of-00002.safetensors", NULL);
@@ -183,9 +184,8 @@ int main(void) {
         snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch gla-h --layers 2 --hidden 64 --heads 4 --dtype %s --out %s 2>/dev/null",
                  bin, k ? "f16" : "bf16", d);
         CHECK(system(cmd) == 0);
-        hyla_model *m = NULL;
-        CHECK_OK(hyla_model_load(d, be, NULL, &m));
-        hyla_model_free(m);
+        hyla_runtime *m = test_load(d, be, NULL);
+        test_unload(m);
     }
 
     hyla_backend_destroy(be);

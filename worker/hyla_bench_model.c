@@ -960,16 +960,18 @@ int hyla_bench_e2e(int argc, char **argv) {
     hyla_model_params mp = hyla_model_default_params();
     double t0 = hyla_now();
     TRY(hyla_model_load(model_dir, be, &mp, &m));
+    hyla_runtime *rt;
+    TRY(hyla_runtime_create(m, &rt));
     const hyla_model_config *cfg = hyla_model_get_config(m);
     double params = (double)hyla_model_param_bytes(m);
     fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
             cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
     if (np > 0) { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
-        int n = 2 * hyla_model_prefill_piece(m) + 1;
+        int n = 2 * hyla_runtime_prefill_piece(rt) + 1;
         int32_t *tok = malloc((size_t)n * 4);
         rand_tokens(tok, n, cfg->vocab_size);
         hyla_session *s;
-        TRY(hyla_session_create(m, &s));
+        TRY(hyla_session_create(rt, &s));
         TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
         TRY(O->sync(CX));
         hyla_session_free(s);
@@ -980,7 +982,7 @@ int hyla_bench_e2e(int argc, char **argv) {
         int32_t *tok = malloc((size_t)n * 4);
         rand_tokens(tok, n, cfg->vocab_size);
         hyla_session *s;
-        TRY(hyla_session_create(m, &s));
+        TRY(hyla_session_create(rt, &s));
         TRY(O->sync(CX));
         hyla_prof_reset();
         t0 = hyla_now();
@@ -1010,7 +1012,7 @@ int hyla_bench_e2e(int argc, char **argv) {
             int32_t *tok = malloc((size_t)(ctx > 1 ? ctx : 1) * 4);
             rand_tokens(tok, ctx > 1 ? ctx : 1, cfg->vocab_size);
             hyla_session *s0;
-            TRY(hyla_session_create(m, &s0));
+            TRY(hyla_session_create(rt, &s0));
             TRY(hyla_session_feed(s0, tok, ctx > 1 ? ctx : 1, NULL, NULL, NULL, NULL));
             double per = (double)hyla_session_state_bytes(s0);
             if (per * B / 1073741824.0 > max_state_gib) {
@@ -1034,12 +1036,12 @@ int hyla_bench_e2e(int argc, char **argv) {
             te = hyla_now() - te;
             hyla_session **ss = calloc(B, sizeof *ss);
             ss[0] = s0;
-            for (int b = 1; b < B; b++) TRY(hyla_session_import(m, snap, &ss[b]));
+            for (int b = 1; b < B; b++) TRY(hyla_session_import(rt, snap, &ss[b]));
             if (bi == 0) { /* one session's snapshot round trip through the statestore format */
                 hyla_session *tmp;
                 TRY(O->sync(CX));
                 double ti = hyla_now();
-                TRY(hyla_session_import(m, snap, &tmp));
+                TRY(hyla_session_import(rt, snap, &tmp));
                 TRY(O->sync(CX));
                 ti = hyla_now() - ti;
                 hyla_session_free(tmp);
@@ -1087,6 +1089,7 @@ int hyla_bench_e2e(int argc, char **argv) {
             free(out);
             free(tok);
         }
+    hyla_runtime_free(rt);
     hyla_model_free(m);
     hyla_backend_destroy(be);
     return 0;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_mixer.h"
 #include "hyla_model.h"
 #include "hyla_safetensors.h"
 #include "hyla_util.h"
@@ -94,67 +95,51 @@ static void vector(tensors *t, const char *name, int n, float base, float spread
 
 #define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 
-static void gate_lowrank(tensors *t, const char *prefix, int r, int D, int out) {
-    char nm[256];
-    matrix(t, NM("%s.0.weight", prefix), r, D, 1.0f);
-    matrix(t, NM("%s.1.weight", prefix), out, r, 1.0f);
-    /* bias ~ +2: sigmoid ~ 0.88 -> per-token log-decay ~ -0.13/16: slow decay, long memory */
-    vector(t, NM("%s.1.bias", prefix), out, 2.0f, 1.0f);
-}
-
-static void gdn_decay(tensors *t, const char *prefix, int n) {
-    char nm[256];
-    /* A_log = log(U(1, 16)); dt_bias = softplus^-1(dt), dt log-uniform in [0.001, 0.1] (FLA's init) */
-    float *A = add_tensor(t, NM("%s.A_log", prefix), 1, n, 0, 0);
-    for (int i = 0; i < n; i++) A[i] = logf(1.0f + 15.0f * hyla_rng_uniform(&t->rng));
-    float *dt = add_tensor(t, NM("%s.dt_bias", prefix), 1, n, 0, 0);
-    for (int i = 0; i < n; i++) {
+/* One tensor a mixer declares (hyla_mixer.h), drawn by its init kind. */
+static void declared(tensors *t, const hyla_tensor_decl *d) {
+    if (d->init == HYLA_INIT_MATRIX) {
+        matrix(t, d->name[0], (int)d->shape[0], (int)d->shape[1], d->p0);
+        return;
+    }
+    if (d->init == HYLA_INIT_VECTOR && d->ndim == 1) {
+        vector(t, d->name[0], (int)d->shape[0], d->p0, d->p1);
+        return;
+    }
+    float *w = add_tensor(t, d->name[0], d->ndim, d->shape[0], d->shape[1], d->shape[2]);
+    size_t n = numel(&t->e[t->n - 1]);
+    int K = d->ndim == 3 ? (int)d->shape[2] : 1;
+    for (size_t i = 0; i < n; i++) {
         float u = hyla_rng_uniform(&t->rng);
-        float d = expf(logf(0.001f) + u * (logf(0.1f) - logf(0.001f)));
-        dt[i] = d + logf(-expm1f(-d));
+        switch (d->init) {
+        case HYLA_INIT_VECTOR: w[i] = d->p0 + d->p1 * (2 * u - 1); break;
+        case HYLA_INIT_CONV: w[i] = 0.5f * (2 * u - 1) + ((int)(i % (size_t)K) == K - 1 ? 0.5f : 0); break;
+        case HYLA_INIT_A_LOG: w[i] = logf(1.0f + 15.0f * u); break; /* A = U(1, 16) */
+        case HYLA_INIT_DT_BIAS: {
+            /* dt log-uniform in [0.001, 0.1], stored as softplus^-1(dt) (FLA's init) */
+            float dt = expf(logf(0.001f) + u * (logf(0.1f) - logf(0.001f)));
+            w[i] = dt + logf(-expm1f(-dt));
+            break;
+        }
+        default: HYLA_ASSERT(!"unknown init kind");
+        }
     }
 }
 
-static int mk(const opts *o) {
-    int D = o->hidden, H = o->heads, L = o->layers, V = o->vocab;
-    int F = o->intermediate > 0 ? o->intermediate : 2 * D;
-    int hybrid = strlen(o->arch) > 2 && !strcmp(o->arch + strlen(o->arch) - 2, "-h");
-    char base[32];
-    snprintf(base, sizeof base, "%.*s", (int)strlen(o->arch) - (hybrid ? 2 : 0), o->arch);
-    int is_sse_gdn = !strcmp(base, "sse-gdn");
-    if (is_sse_gdn) snprintf(base, sizeof base, "sse");
-    if (strcmp(base, "gla") && strcmp(base, "gdn") && strcmp(base, "transformer") && strcmp(base, "sse")) {
-        fprintf(stderr, "hyla-mkmodel: unknown --arch '%s'\n", o->arch);
-        return 2;
-    }
-    if (!strcmp(base, "transformer") && hybrid) {
-        fprintf(stderr, "hyla-mkmodel: --arch transformer has no -h variant\n");
-        return 2;
-    }
-    int kvh = o->kv_heads > 0 ? o->kv_heads : (H % 2 == 0 ? H / 2 : H);
-    if (D % H || H % kvh) {
-        fprintf(stderr, "hyla-mkmodel: --hidden %d must be divisible by --heads %d, and heads by kv heads %d\n", D, H, kvh);
-        return 2;
-    }
-    int attn_layer[HYLA_MAX_LAYERS] = {0};
-    int n_attn = 0;
-    if (!strcmp(base, "transformer")) {
-        for (int i = 0; i < L; i++) attn_layer[i] = 1;
-    } else if (hybrid) {
-        for (int i = 0; i < L; i++)
-            if (i % 6 == 5) attn_layer[i] = 1, n_attn++;
-        if (!n_attn) attn_layer[L / 2] = 1, n_attn = 1;
-    }
-    if (L < 1 || L > HYLA_MAX_LAYERS) {
-        fprintf(stderr, "hyla-mkmodel: --layers must be in 1..%d\n", HYLA_MAX_LAYERS);
-        return 2;
-    }
+/* The architectures: a base mixer kind (and its variant), optionally with "-h": softmax attention
+ * layers from an `attn` spec at every 6th layer (i % 6 == 5), or at L/2 with fewer than 6. */
+typedef struct {
+    const char *arch, *mixer, *variant;
+} mk_arch;
+static const mk_arch ARCHS[] = {
+    {"gla", "gla", NULL}, {"gdn", "gdn", NULL}, {"transformer", "attn", NULL},
+    {"sse", "sse", NULL}, {"sse-gdn", "sse", "gdn"},
+};
 
-    /* ---- config.json ---- */
+static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {
+    int D = o->hidden, H = o->heads, L = o->layers;
     json_t *cfg = json_object();
-    const char *mt = !strcmp(base, "gla") ? "gla" : !strcmp(base, "gdn") ? "gated_deltanet" : !strcmp(base, "sse") ? "sse" : "transformer";
-    json_object_set_new(cfg, "model_type", json_string(mt));
-    json_object_set_new(cfg, "vocab_size", json_integer(V));
+    json_object_set_new(cfg, "model_type", json_string(base->model_type));
+    json_object_set_new(cfg, "vocab_size", json_integer(o->vocab));
     json_object_set_new(cfg, "hidden_size", json_integer(D));
     json_object_set_new(cfg, "num_hidden_layers", json_integer(L));
     json_object_set_new(cfg, "num_heads", json_integer(H));
@@ -164,71 +149,30 @@ static int mk(const opts *o) {
     json_object_set_new(cfg, "tie_word_embeddings", json_false());
     json_object_set_new(cfg, "bos_token_id", json_integer(256));
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
-    int dk = 0, dv = 0, conv = 0, N = o->partitions > 0 ? o->partitions : 4;
-    int K = o->topk > 0 ? o->topk : (is_sse_gdn ? 2 : 1);
-    int r = 16;
-    if (!strcmp(base, "gla")) {
-        dk = D / 2 / H;
-        dv = D / H;
-        conv = o->short_conv >= 0 ? o->short_conv : 0;
-        if ((D / 2) % H) {
-            fprintf(stderr, "hyla-mkmodel: gla needs hidden/2 divisible by heads\n");
-            return 2;
-        }
-        json_object_set_new(cfg, "expand_k", json_real(0.5));
-        json_object_set_new(cfg, "expand_v", json_real(1.0));
-        json_object_set_new(cfg, "use_output_gate", json_true());
-        json_object_set_new(cfg, "gate_low_rank_dim", json_integer(r));
-        json_object_set_new(cfg, "gate_logit_normalizer", json_integer(16));
-        json_object_set_new(cfg, "use_short_conv", json_boolean(conv));
-        json_object_set_new(cfg, "conv_size", json_integer(4));
-    } else if (!strcmp(base, "gdn") || !strcmp(base, "sse")) {
-        dk = o->head_dim > 0 ? o->head_dim : D / H;
-        int gdn = !strcmp(base, "gdn");
-        dv = gdn ? 2 * dk : dk;
-        json_object_set_new(cfg, "head_dim", json_integer(dk));
-        json_object_set_new(cfg, "expand_v", json_real(gdn ? 2.0 : 1.0));
-        if (gdn) {
-            conv = o->short_conv >= 0 ? o->short_conv : 1;
-            json_object_set_new(cfg, "use_gate", json_true());
-            json_object_set_new(cfg, "use_short_conv", json_boolean(conv));
-            json_object_set_new(cfg, "conv_size", json_integer(4));
-        } else {
-            json_object_set_new(cfg, "use_output_gate", json_true());
-            json_object_set_new(cfg, "use_short_conv", json_false());
-            json_object_set_new(cfg, "num_sparse_partition", json_integer(N));
-            json_object_set_new(cfg, "num_writer", json_integer(K));
-            json_object_set_new(cfg, "num_reader", json_integer(K));
-            json_object_set_new(cfg, "sse_transition", json_string(is_sse_gdn ? "gdn" : "gla"));
-            json_object_set_new(cfg, "gate_low_rank_dim", json_integer(r));
-            json_object_set_new(cfg, "gate_logit_normalizer", json_integer(16));
-            json_object_set_new(cfg, "lora_rank", json_integer(dv));
-            json_object_set_new(cfg, "lora_target", json_string("always"));
-            json_object_set_new(cfg, "use_q_softmax", json_false());
-            json_object_set_new(cfg, "use_k_softmax", json_true());
-        }
-    } else {
-        json_object_set_new(cfg, "num_kv_heads", json_integer(kvh));
-        json_object_set_new(cfg, "rope_theta", json_real(10000.0));
-        if (o->window > 0) json_object_set_new(cfg, "window_size", json_integer(o->window));
-        json_object_set_new(cfg, "qkv_bias", json_false());
-    }
-    if (hybrid) {
+    hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0};
+    const char *why = base->mk_config(cfg, &ma);
+    if (!why && hybrid) {
+        const hyla_mixer *attn = hyla_mixer_find("attn");
         json_t *spec = json_object(), *layers = json_array();
+        int n = 0;
         for (int i = 0; i < L; i++)
-            if (attn_layer[i]) json_array_append_new(layers, json_integer(i));
+            if (i % 6 == 5) json_array_append_new(layers, json_integer(i)), n++;
+        if (!n) json_array_append_new(layers, json_integer(L / 2));
         json_object_set_new(spec, "layers", layers);
-        json_object_set_new(spec, "num_heads", json_integer(H));
-        json_object_set_new(spec, "num_kv_heads", json_integer(kvh));
-        json_object_set_new(spec, "window_size", o->window > 0 ? json_integer(o->window) : json_null());
-        json_object_set_new(spec, "rope_theta", json_real(10000.0));
-        json_object_set_new(spec, "qkv_bias", json_false());
-        json_object_set_new(cfg, "attn", spec);
+        ma.variant = NULL;
+        ma.spec = 1;
+        why = attn->mk_config(spec, &ma);
+        json_object_set_new(cfg, attn->spec_key, spec);
     }
-
+    if (why) {
+        fprintf(stderr, "hyla-mkmodel: %s\n", why);
+        json_decref(cfg);
+        return 2;
+    }
     hyla_status st = hyla_mkdirs(o->out);
     if (st != HYLA_OK) {
         fprintf(stderr, "hyla-mkmodel: %s\n", hyla_last_error());
+        json_decref(cfg);
         return 1;
     }
     char path[4200];
@@ -245,6 +189,45 @@ static int mk(const opts *o) {
         fprintf(stderr, "hyla-mkmodel: %s\n", hyla_last_error());
         return 1;
     }
+    return 0;
+}
+
+static int mk(const opts *o) {
+    int D = o->hidden, H = o->heads, L = o->layers, V = o->vocab;
+    int F = o->intermediate > 0 ? o->intermediate : 2 * D;
+    size_t al = strlen(o->arch);
+    int hybrid = al > 2 && !strcmp(o->arch + al - 2, "-h");
+    const mk_arch *a = NULL;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (strlen(ARCHS[i].arch) == al - (hybrid ? 2 : 0) && !strncmp(ARCHS[i].arch, o->arch, al - (hybrid ? 2 : 0)))
+            a = &ARCHS[i];
+    const hyla_mixer *base = a ? hyla_mixer_find(a->mixer) : NULL;
+    if (!base) {
+        fprintf(stderr, "hyla-mkmodel: unknown --arch '%s'\n", o->arch);
+        return 2;
+    }
+    if (hybrid && !strcmp(base->name, "attn")) {
+        fprintf(stderr, "hyla-mkmodel: --arch %s has no -h variant\n", a->arch);
+        return 2;
+    }
+    int kvh = o->kv_heads > 0 ? o->kv_heads : (H % 2 == 0 ? H / 2 : H);
+    if (D % H || H % kvh) {
+        fprintf(stderr, "hyla-mkmodel: --hidden %d must be divisible by --heads %d, and heads by kv heads %d\n", D, H, kvh);
+        return 2;
+    }
+    if (L < 1 || L > HYLA_MAX_LAYERS) {
+        fprintf(stderr, "hyla-mkmodel: --layers must be in 1..%d\n", HYLA_MAX_LAYERS);
+        return 2;
+    }
+    int rc = write_config(o, base, a, hybrid, F);
+    if (rc) return rc;
+    /* the layers' tensors come from the mixers' declarations of the config just written */
+    hyla_model_config mc;
+    hyla_status st = hyla_model_config_load(o->out, &mc);
+    if (st != HYLA_OK) {
+        fprintf(stderr, "hyla-mkmodel: %s\n", hyla_last_error());
+        return 1;
+    }
 
     /* ---- weights (fixed order) ---- */
     tensors t = {0};
@@ -254,64 +237,19 @@ static int mk(const opts *o) {
         float *E = add_tensor(&t, "model.embeddings.weight", 2, V, D, 0);
         for (size_t i = 0; i < (size_t)V * D; i++) E[i] = hyla_rng_normal(&t.rng);
     }
-    int hd = D / H;
+    hyla_tensor_decl *decls = malloc(HYLA_MIXER_MAX_TENSORS * sizeof *decls);
+    HYLA_ASSERT(decls);
     for (int i = 0; i < L; i++) {
         vector(&t, NM("model.layers.%d.attn_norm.weight", i), D, 1.0f, 0.1f);
-
-        char pre[64];
-        snprintf(pre, sizeof pre, "model.layers.%d.attn", i);
-        if (attn_layer[i]) {
-            matrix(&t, NM("%s.q_proj.weight", pre), H * hd, D, 1.0f);
-            matrix(&t, NM("%s.k_proj.weight", pre), kvh * hd, D, 1.0f);
-            matrix(&t, NM("%s.v_proj.weight", pre), kvh * hd, D, 1.0f);
-            matrix(&t, NM("%s.o_proj.weight", pre), D, H * hd, 0.5f);
-        } else {
-            matrix(&t, NM("%s.q_proj.weight", pre), H * dk, D, 1.0f);
-            matrix(&t, NM("%s.k_proj.weight", pre), H * dk, D, 1.0f);
-            matrix(&t, NM("%s.v_proj.weight", pre), H * dv, D, 1.0f);
-            if (conv) {
-                const char *cn[3] = {"q_conv1d", "k_conv1d", "v_conv1d"};
-                int ch[3] = {H * dk, H * dk, H * dv};
-                for (int j = 0; j < 3; j++) {
-                    float *w = add_tensor(&t, NM("%s.%s.weight", pre, cn[j]), 3, ch[j], 1, 4);
-                    for (int c = 0; c < ch[j] * 4; c++) w[c] = 0.5f * (2 * hyla_rng_uniform(&t.rng) - 1) + (c % 4 == 3 ? 0.5f : 0);
-                }
-            }
-            if (!strcmp(base, "gla")) {
-                gate_lowrank(&t, NM("%s.gk_proj", pre), r, D, H * dk);
-                matrix(&t, NM("%s.g_proj.weight", pre), H * dv, D, 1.0f);
-                vector(&t, NM("%s.g_norm_swish_gate.weight", pre), dv, 1.0f, 0.1f);
-            } else if (!strcmp(base, "gdn")) {
-                matrix(&t, NM("%s.a_proj.weight", pre), H, D, 1.0f);
-                matrix(&t, NM("%s.b_proj.weight", pre), H, D, 1.0f);
-                gdn_decay(&t, pre, H);
-                matrix(&t, NM("%s.g_proj.weight", pre), H * dv, D, 1.0f);
-                vector(&t, NM("%s.o_norm.weight", pre), dv, 1.0f, 0.1f);
-            } else { /* sse */
-                matrix(&t, NM("%s.lora_q_proj.0.weight", pre), dv, D, 1.0f);
-                matrix(&t, NM("%s.lora_q_proj.1.weight", pre), H * dk, dv, 0.3f);
-                matrix(&t, NM("%s.lora_k_proj.0.weight", pre), dv, D, 1.0f);
-                matrix(&t, NM("%s.lora_k_proj.1.weight", pre), H * dk, dv, 0.3f);
-                matrix(&t, NM("%s.e_proj.weight", pre), N, D, 2.0f);
-                if (is_sse_gdn) {
-                    matrix(&t, NM("%s.a_proj.weight", pre), 2 * H, D, 1.0f);
-                    matrix(&t, NM("%s.b_proj.weight", pre), 2 * H, D, 1.0f);
-                    gdn_decay(&t, pre, 2 * H);
-                } else {
-                    gate_lowrank(&t, NM("%s.gk_proj.0", pre), r, D, H * dk);
-                    gate_lowrank(&t, NM("%s.gk_proj.1", pre), r, D, H * dk);
-                }
-                matrix(&t, NM("%s.g_proj.0.weight", pre), dv, D, 1.0f);
-                matrix(&t, NM("%s.g_proj.1.weight", pre), H * dv, dv, 1.0f);
-                vector(&t, NM("%s.o_norm.weight", pre), dv, 1.0f, 0.1f);
-            }
-            matrix(&t, NM("%s.o_proj.weight", pre), D, H * dv, 0.5f);
-        }
+        int nd = mc.mixer[i]->tensors(&mc, mc.mixer_cfg[i], i, decls);
+        for (int k = 0; k < nd; k++) declared(&t, &decls[k]);
         vector(&t, NM("model.layers.%d.mlp_norm.weight", i), D, 1.0f, 0.1f);
         matrix(&t, NM("model.layers.%d.mlp.gate_proj.weight", i), F, D, 1.0f);
         matrix(&t, NM("model.layers.%d.mlp.up_proj.weight", i), F, D, 1.0f);
         matrix(&t, NM("model.layers.%d.mlp.down_proj.weight", i), D, F, 0.5f);
     }
+    free(decls);
+    hyla_model_config_free(&mc);
     vector(&t, "model.norm.weight", D, 1.0f, 0.1f);
     matrix(&t, "lm_head.weight", V, D, 4.0f); /* logits std ~4: peaked distributions */
 
@@ -326,6 +264,7 @@ static int mk(const opts *o) {
         t.e[i].data = c;
         t.e[i].dtype = o->dtype;
     }
+    char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", o->out);
     st = hyla_st_write(path, t.e, t.n);
     uint64_t params = 0;

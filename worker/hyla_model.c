@@ -1,7 +1,8 @@
 /* hyla_model.c — loads a model directory onto a backend (docs/MODELS.md §1–§5).
- * Every tensor a configured layer needs is looked up by its flash-linear-attention name and
- * shape-checked before upload; errors name the file, the tensor and the expected shape.
- * Threading: loading is single-threaded; the loaded model is read-only. */
+ * The tensors every layer has (norms, MLP), the embedding and the head are named here; each
+ * layer's mixer declares its own (hyla_mixer.h: tensors()), looked up by the first of their
+ * names the checkpoint has and shape-checked before upload; errors name the file, the tensor
+ * and the expected shape. Threading: loading is single-threaded; the loaded model is read-only. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +12,7 @@
 
 #include "hyla_log.h"
 #include "hyla_model_impl.h"
-#include "hyla_profile.h"
+#include "hyla_safetensors.h"
 
 hyla_model_params hyla_model_default_params(void) {
     hyla_model_params p;
@@ -24,7 +25,7 @@ hyla_model_params hyla_model_default_params(void) {
 typedef struct {
     hyla_model *m;
     hyla_st *st;
-    char ctx[96]; /* "layer 3 (gla)" — what needs the tensor */
+    char ctx[96]; /* "layer 3 (gla)": what needs the tensor */
 } loader;
 
 static hyla_status track_alloc(hyla_model *m, void *p) {
@@ -118,93 +119,55 @@ static hyla_status load_vector(loader *L, const char *name, int n, float **out) 
 
 #define P(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
 
+static hyla_status track_host(hyla_model *m, void *p) {
+    if (m->n_host == m->cap_host) {
+        int cap = m->cap_host ? m->cap_host * 2 : 64;
+        void **n = realloc(m->host, (size_t)cap * sizeof *n);
+        if (!n) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        m->host = n;
+        m->cap_host = cap;
+    }
+    m->host[m->n_host++] = p;
+    return HYLA_OK;
+}
+
+/* One declared tensor: the first of its names the checkpoint has (a missing tensor is named by
+ * its first name), into the weight struct at d->offset. */
+static hyla_status load_decl(loader *L, const hyla_tensor_decl *d, void *wstruct) {
+    const char *name = d->name[0];
+    for (int a = 1; a < HYLA_TENSOR_ALTS && d->name[a][0]; a++)
+        if (!hyla_st_find(L->st, name) && hyla_st_find(L->st, d->name[a])) name = d->name[a];
+    void *slot = (uint8_t *)wstruct + d->offset;
+    if (d->use == HYLA_TENSOR_MATRIX)
+        return load_matrix(L, name, (int)d->shape[0], (int)d->shape[1], (hyla_weight **)slot);
+    return load_vector_nd(L, name, d->ndim, d->shape, (float **)slot);
+}
+
 static hyla_status load_layer(loader *L, int i) {
     hyla_model *m = L->m;
     const hyla_model_config *c = &m->cfg;
     hyla_layer *ly = &m->layers[i];
     char n[256];
     int D = c->hidden_size, F = c->intermediate_size;
-    ly->kind = c->mixer[i];
-    snprintf(L->ctx, sizeof L->ctx, "layer %d (%s)", i, hyla_mixer_name(ly->kind));
+    ly->mixer = c->mixer[i];
+    ly->cfg = c->mixer_cfg[i];
+    snprintf(L->ctx, sizeof L->ctx, "layer %d (%s)", i, ly->mixer->name);
     HYLA_TRY(load_vector(L, P(n, "model.layers.%d.attn_norm.weight", i), D, &ly->attn_norm));
     HYLA_TRY(load_vector(L, P(n, "model.layers.%d.mlp_norm.weight", i), D, &ly->mlp_norm));
     HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.gate_proj.weight", i), F, D, &ly->mlp_gate));
     HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.up_proj.weight", i), F, D, &ly->mlp_up));
     HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.down_proj.weight", i), D, F, &ly->mlp_down));
-#define A(suffix) P(n, "model.layers.%d.attn." suffix, i)
-    if (ly->kind == HYLA_MIXER_ATTN) {
-        int Hq = c->attn_heads, Hk = c->attn_kv_heads, hd = c->attn_head_dim;
-        HYLA_TRY(load_matrix(L, A("q_proj.weight"), Hq * hd, D, &ly->q));
-        HYLA_TRY(load_matrix(L, A("k_proj.weight"), Hk * hd, D, &ly->k));
-        HYLA_TRY(load_matrix(L, A("v_proj.weight"), Hk * hd, D, &ly->v));
-        HYLA_TRY(load_matrix(L, A("o_proj.weight"), D, Hq * hd, &ly->o));
-        if (c->qkv_bias) {
-            HYLA_TRY(load_vector(L, A("q_proj.bias"), Hq * hd, &ly->q_bias));
-            HYLA_TRY(load_vector(L, A("k_proj.bias"), Hk * hd, &ly->k_bias));
-            HYLA_TRY(load_vector(L, A("v_proj.bias"), Hk * hd, &ly->v_bias));
-        }
-        if (c->qk_norm) {
-            HYLA_TRY(load_vector(L, A("q_norm.weight"), hd, &ly->q_norm));
-            HYLA_TRY(load_vector(L, A("k_norm.weight"), hd, &ly->k_norm));
-        }
-        return HYLA_OK;
-    }
-    int H = c->num_heads, dk = c->head_k_dim, dv = c->head_v_dim, r = c->gate_low_rank_dim;
-    HYLA_TRY(load_matrix(L, A("q_proj.weight"), H * dk, D, &ly->q));
-    HYLA_TRY(load_matrix(L, A("k_proj.weight"), H * dk, D, &ly->k));
-    HYLA_TRY(load_matrix(L, A("v_proj.weight"), H * dv, D, &ly->v));
-    HYLA_TRY(load_matrix(L, A("o_proj.weight"), D, H * dv, &ly->o));
-    if (c->use_short_conv) {
-        static const char *cn[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
-        int ch[3] = {H * dk, H * dk, H * dv};
-        for (int j = 0; j < 3; j++) {
-            int64_t shape[3] = {ch[j], 1, c->conv_size};
-            HYLA_TRY(load_vector_nd(L, P(n, "model.layers.%d.attn.%s", i, cn[j]), 3, shape, &ly->conv_w[j]));
-        }
-    }
-    if (ly->kind == HYLA_MIXER_GLA) {
-        HYLA_TRY(load_matrix(L, A("gk_proj.0.weight"), r, D, &ly->gk_a[0]));
-        HYLA_TRY(load_matrix(L, A("gk_proj.1.weight"), H * dk, r, &ly->gk_b[0]));
-        HYLA_TRY(load_vector(L, A("gk_proj.1.bias"), H * dk, &ly->gk_bias[0]));
-        if (c->use_output_gate) {
-            HYLA_TRY(load_matrix(L, A("g_proj.weight"), H * dv, D, &ly->g_proj));
-            HYLA_TRY(load_vector(L, A("g_norm_swish_gate.weight"), dv, &ly->o_norm));
-        } else {
-            HYLA_TRY(load_vector(L, A("g_norm.weight"), dv, &ly->o_norm));
-        }
-    } else if (ly->kind == HYLA_MIXER_GDN) {
-        HYLA_TRY(load_matrix(L, A("a_proj.weight"), H, D, &ly->a_proj));
-        HYLA_TRY(load_matrix(L, A("b_proj.weight"), H, D, &ly->b_proj));
-        HYLA_TRY(load_vector(L, A("A_log"), H, &ly->A_log));
-        HYLA_TRY(load_vector(L, A("dt_bias"), H, &ly->dt_bias));
-        if (c->use_output_gate) HYLA_TRY(load_matrix(L, A("g_proj.weight"), H * dv, D, &ly->g_proj));
-        HYLA_TRY(load_vector(L, A("o_norm.weight"), dv, &ly->o_norm));
-    } else { /* SSE */
-        int rank = c->sse_lora_rank, N = c->sse_partitions;
-        HYLA_TRY(load_matrix(L, A("lora_q_proj.0.weight"), rank, D, &ly->lora_q_a));
-        HYLA_TRY(load_matrix(L, A("lora_q_proj.1.weight"), H * dk, rank, &ly->lora_q_b));
-        HYLA_TRY(load_matrix(L, A("lora_k_proj.0.weight"), rank, D, &ly->lora_k_a));
-        HYLA_TRY(load_matrix(L, A("lora_k_proj.1.weight"), H * dk, rank, &ly->lora_k_b));
-        HYLA_TRY(load_matrix(L, A("e_proj.weight"), N, D, &ly->e_proj));
-        if (c->sse_transition == HYLA_SSE_GLA) {
-            for (int j = 0; j < 2; j++) {
-                HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.attn.gk_proj.%d.0.weight", i, j), r, D, &ly->gk_a[j]));
-                HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.attn.gk_proj.%d.1.weight", i, j), H * dk, r, &ly->gk_b[j]));
-                HYLA_TRY(load_vector(L, P(n, "model.layers.%d.attn.gk_proj.%d.1.bias", i, j), H * dk, &ly->gk_bias[j]));
-            }
-        } else {
-            HYLA_TRY(load_matrix(L, A("a_proj.weight"), 2 * H, D, &ly->a_proj));
-            HYLA_TRY(load_matrix(L, A("b_proj.weight"), 2 * H, D, &ly->b_proj));
-            HYLA_TRY(load_vector(L, A("A_log"), 2 * H, &ly->A_log));
-            HYLA_TRY(load_vector(L, A("dt_bias"), 2 * H, &ly->dt_bias));
-        }
-        if (c->use_output_gate) {
-            HYLA_TRY(load_matrix(L, A("g_proj.0.weight"), dv, D, &ly->g_proj));
-            HYLA_TRY(load_matrix(L, A("g_proj.1.weight"), H * dv, dv, &ly->g_proj2));
-        }
-        HYLA_TRY(load_vector(L, A("o_norm.weight"), dv, &ly->o_norm));
-    }
-#undef A
+    if (!(ly->w = calloc(1, ly->mixer->w_size ? ly->mixer->w_size : 1))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    HYLA_TRY(track_host(m, ly->w));
+    hyla_tensor_decl *decls = malloc(HYLA_MIXER_MAX_TENSORS * sizeof *decls);
+    if (!decls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    int nd = ly->mixer->tensors(c, ly->cfg, i, decls);
+    hyla_status st = HYLA_OK;
+    for (int k = 0; st == HYLA_OK && k < nd; k++) st = load_decl(L, &decls[k], ly->w);
+    free(decls);
+    HYLA_TRY(st);
+    ly->n_parts = ly->mixer->parts(c, ly->cfg, m->be->ops->kv_dtype, ly->parts);
+    HYLA_ASSERT(ly->n_parts >= 0 && ly->n_parts <= HYLA_MIXER_MAX_PARTS);
     return HYLA_OK;
 }
 
@@ -237,7 +200,6 @@ static hyla_status compute_fingerprint(hyla_model *m, hyla_st *st) {
 }
 
 hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_params *params, hyla_model **out) {
-    hyla_prof_init();
     *out = NULL;
     hyla_model_params p = params ? *params : hyla_model_default_params();
     hyla_model *m = calloc(1, sizeof *m);
@@ -251,17 +213,18 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     }
     const hyla_model_config *c = &m->cfg;
     m->layer_begin = p.layer_begin;
-    m->prefill_piece = HYLA_PREFILL_PIECE_DEFAULT;
     m->layer_end = p.layer_end < 0 ? c->num_layers : p.layer_end;
     if (m->layer_begin < 0 || m->layer_begin >= m->layer_end || m->layer_end > c->num_layers) {
         s = hyla_fail(HYLA_ERR_INVALID_ARG, "layer range %d:%d is not within the model's %d layers", p.layer_begin,
                       p.layer_end, c->num_layers);
+        hyla_model_config_free(&m->cfg);
         free(m);
         return s;
     }
     hyla_st *st = NULL;
     s = hyla_st_open(dir, &st);
     if (s != HYLA_OK) {
+        hyla_model_config_free(&m->cfg);
         free(m);
         return s;
     }
@@ -282,15 +245,6 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
             else s = load_matrix(&L, "lm_head.weight", V, D, &m->lm_head);
         }
     }
-    const char *pe = getenv("HYLA_PREFILL_PIECE");
-    if (s == HYLA_OK && pe && *pe) {
-        char *end;
-        long v = strtol(pe, &end, 10);
-        s = *end ? hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_PREFILL_PIECE='%s' is not a number", pe)
-                 : hyla_model_set_prefill_piece(m, v > 0 && v <= HYLA_PREFILL_PIECE_MAX ? (int)v : -1);
-        if (s != HYLA_OK) s = hyla_fail_wrap(s, "environment variable HYLA_PREFILL_PIECE");
-    }
-    if (s == HYLA_OK) s = hyla_model_scratch_reserve(m, HYLA_PREFILL_CHUNK);
     hyla_st_close(st); /* backends copy weights at weight_create */
     if (s != HYLA_OK) {
         hyla_model_free(m);
@@ -302,71 +256,15 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     return HYLA_OK;
 }
 
-static void scratch_free(hyla_model *m) {
-    const hyla_ops *o = m->be->ops;
-    hyla_scratch *sc = &m->sc;
-    o->free(m->be->ctx, sc->x);
-    o->free(m->be->ctx, sc->xn);
-    for (int i = 0; i < HYLA_NBUF; i++) o->free(m->be->ctx, sc->buf[i]);
-    o->free(m->be->ctx, sc->logits);
-    o->free(m->be->ctx, sc->sse_idx);
-    o->free(m->be->ctx, sc->sse_w);
-    memset(sc, 0, sizeof *sc);
-}
-
-hyla_status hyla_model_set_prefill_piece(hyla_model *m, int tokens) {
-    if (tokens < HYLA_PREFILL_CHUNK || tokens > HYLA_PREFILL_PIECE_MAX || tokens % HYLA_PREFILL_CHUNK)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "prefill piece of %d tokens: must be a multiple of %d in [%d, %d]", tokens,
-                         HYLA_PREFILL_CHUNK, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
-    m->prefill_piece = tokens;
-    return HYLA_OK;
-}
-
-int hyla_model_prefill_piece(const hyla_model *m) { return m->prefill_piece; }
-
-hyla_status hyla_model_scratch_reserve(hyla_model *m, int rows) {
-    if (rows <= m->sc.rows) return HYLA_OK;
-    const hyla_model_config *c = &m->cfg;
-    size_t w = (size_t)c->hidden_size;
-#define WMAX(v) do { if ((size_t)(v) > w) w = (size_t)(v); } while (0)
-    WMAX(c->intermediate_size);
-    WMAX(c->num_heads * c->head_k_dim);
-    WMAX(c->num_heads * c->head_v_dim);
-    WMAX(c->attn_heads * c->attn_head_dim);
-    WMAX(c->sse_lora_rank);
-    WMAX(2 * c->num_heads);
-    WMAX(c->sse_partitions);
-    WMAX(c->gate_low_rank_dim);
-#undef WMAX
-    int want = rows < 2 * m->sc.rows ? 2 * m->sc.rows : rows;
-    scratch_free(m);
-    const hyla_ops *o = m->be->ops;
-    void *ctx = m->be->ctx;
-    hyla_scratch *sc = &m->sc;
-    size_t D = (size_t)c->hidden_size, V = (size_t)c->vocab_size, K = (size_t)(c->sse_topk > 0 ? c->sse_topk : 1);
-    hyla_status s = o->alloc(ctx, want * D * sizeof(float), (void **)&sc->x);
-    if (s == HYLA_OK) s = o->alloc(ctx, want * D * sizeof(float), (void **)&sc->xn);
-    for (int i = 0; s == HYLA_OK && i < HYLA_NBUF; i++) s = o->alloc(ctx, want * w * sizeof(float), (void **)&sc->buf[i]);
-    if (s == HYLA_OK) s = o->alloc(ctx, want * V * sizeof(float), (void **)&sc->logits);
-    if (s == HYLA_OK) s = o->alloc(ctx, want * K * sizeof(int32_t), (void **)&sc->sse_idx);
-    if (s == HYLA_OK) s = o->alloc(ctx, want * K * sizeof(float), (void **)&sc->sse_w);
-    if (s != HYLA_OK) {
-        scratch_free(m);
-        return hyla_fail_wrap(s, "allocating activation scratch for %d rows", want);
-    }
-    sc->rows = want;
-    sc->width = w;
-    return HYLA_OK;
-}
-
 void hyla_model_free(hyla_model *m) {
     if (!m) return;
-    hyla_snapbufs_destroy(m);
-    scratch_free(m);
     for (int i = 0; i < m->n_weights; i++) m->be->ops->weight_destroy(m->be->ctx, m->weights[i]);
     for (int i = 0; i < m->n_allocs; i++) m->be->ops->free(m->be->ctx, m->allocs[i]);
+    for (int i = 0; i < m->n_host; i++) free(m->host[i]);
     free(m->weights);
     free(m->allocs);
+    free(m->host);
+    hyla_model_config_free(&m->cfg);
     free(m);
 }
 

@@ -205,6 +205,7 @@ int main(int argc, char **argv) {
     int rc = 0;
     hyla_backend *be = NULL;
     hyla_model *m = NULL;
+    hyla_runtime *rt = NULL;
     hyla_session *s = NULL;
     hyla_tokenizer *tok = NULL;
     hyla_snapshot *snap = NULL;
@@ -219,7 +220,8 @@ int main(int argc, char **argv) {
     if (hyla_backend_create(device, &be) != HYLA_OK) FAIL("device %s: %s", device, hyla_last_error());
     double t_load = hyla_now();
     if (hyla_model_load(model_dir, be, NULL, &m) != HYLA_OK) FAIL("%s", hyla_last_error());
-    if (piece && hyla_model_set_prefill_piece(m, piece) != HYLA_OK) FAIL("%s", hyla_last_error());
+    if (hyla_runtime_create(m, &rt) != HYLA_OK) FAIL("%s", hyla_last_error());
+    if (piece && hyla_runtime_set_prefill_piece(rt, piece) != HYLA_OK) FAIL("%s", hyla_last_error());
     const hyla_model_config *cfg = hyla_model_get_config(m);
     if (!quiet)
         fprintf(stderr, "hyla-run: loaded %s (%s, %d layers) on %s in %.2f s\n", model_dir, cfg->model_type,
@@ -251,7 +253,7 @@ int main(int argc, char **argv) {
 #endif
             if (hyla_snapshot_load_file(load, &snap) != HYLA_OK)
             FAIL("loading state %s: %s", load, hyla_last_error());
-        if (hyla_session_import(m, snap, &s) != HYLA_OK) FAIL("loading state %s: %s", load, hyla_last_error());
+        if (hyla_session_import(rt, snap, &s) != HYLA_OK) FAIL("loading state %s: %s", load, hyla_last_error());
         hyla_snapshot_destroy(snap);
         snap = NULL;
         if (samp_set || seed_set) {
@@ -263,7 +265,7 @@ int main(int argc, char **argv) {
         if (!quiet)
             fprintf(stderr, "hyla-run: resumed state at position %lld\n", (long long)hyla_session_position(s));
     } else {
-        if (hyla_session_create(m, &s) != HYLA_OK) FAIL("%s", hyla_last_error());
+        if (hyla_session_create(rt, &s) != HYLA_OK) FAIL("%s", hyla_last_error());
         hyla_session_set_sampling(s, sp, seed);
     }
 
@@ -373,6 +375,7 @@ out:
     hyla_store_close(store);
 #endif
     hyla_tokenizer_free(tok);
+    hyla_runtime_free(rt);
     hyla_model_free(m);
     hyla_backend_destroy(be);
     return rc;

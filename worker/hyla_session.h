@@ -9,33 +9,32 @@
  * "generate 64" equals "generate 32, save, load, generate 32" bit for bit on one backend.
  *
  * Prefill runs in chunks of HYLA_PREFILL_CHUNK aligned to absolute positions, in forward passes
- * of up to the model's prefill piece (hyla_model_set_prefill_piece) that start on chunk
+ * of up to the runtime's prefill piece (hyla_runtime_set_prefill_piece) that start on chunk
  * boundaries, so feeding a document in pieces that end at chunk boundaries, or with any piece
  * size, reproduces the one-piece run bit for bit.
  *
- * Ownership: sessions borrow their model (it must outlive them). Threading: a session is
- * driven by one thread at a time, the thread that drives the model's backend. */
+ * Ownership: sessions borrow their runtime (hyla_runtime.h), which must outlive them.
+ * Threading: a session is driven by one thread at a time, the thread that drives the runtime. */
 #ifndef HYLA_SESSION_H
 #define HYLA_SESSION_H
 
 #include <stdint.h>
 
 #include "hyla_model.h"
+#include "hyla_runtime.h"
 #include "hyla_snapshot.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct hyla_session hyla_session;
-
 /* Progress callback for long feeds: tokens done of total; return non-zero to cancel
  * (the feed stops at a chunk boundary with HYLA_ERR_CANCELLED, the session stays valid). */
 typedef int (*hyla_progress_fn)(void *ud, int64_t done, int64_t total);
 
-/* New empty session at position 0 with greedy sampling and seed 0. Caller frees with
+/* New empty session on rt at position 0 with greedy sampling and seed 0. Caller frees with
  * hyla_session_free. */
-hyla_status hyla_session_create(hyla_model *m, hyla_session **out);
+hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out);
 void hyla_session_free(hyla_session *s); /* accepts NULL */
 
 /* Sampling parameters and seed (re-seeds the RNG). */
@@ -63,12 +62,13 @@ hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits);
 int64_t hyla_session_position(const hyla_session *s);   /* tokens consumed */
 int32_t hyla_session_pending(const hyla_session *s);    /* -1 if none */
 int64_t hyla_session_generated(const hyla_session *s);  /* tokens sampled so far */
-hyla_model *hyla_session_model(const hyla_session *s);
+const hyla_model *hyla_session_model(const hyla_session *s);
+hyla_runtime *hyla_session_runtime(const hyla_session *s);
 /* Bytes of state this session holds on the backend (recurrent + partitions + KV pages). */
 uint64_t hyla_session_state_bytes(const hyla_session *s);
 
 /* Snapshot of the whole session state (held layers only): hyla_session_export_begin followed
- * by hyla_session_export_end. Caller frees with hyla_snapshot_destroy before hyla_model_free
+ * by hyla_session_export_end. Caller frees with hyla_snapshot_destroy before hyla_runtime_free
  * (see below). Waits for the backend's copies of the state. */
 hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
 
@@ -82,9 +82,9 @@ hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
  *
  * Rules: every export begun must end (hyla_session_export_end) before hyla_session_free of its
  * session (the copies read the session's KV pages; freeing earlier is a programmer error and
- * aborts). Snapshots from a session's exports hold buffers of the model's cache of pinned host
- * buffers: destroy them (on any thread) before hyla_model_free. begin/done/end run on the thread
- * that drives the model's backend. */
+ * aborts). Snapshots from a session's exports hold buffers of the runtime's cache of pinned host
+ * buffers: destroy them (on any thread) before hyla_runtime_free. begin/done/end run on the thread
+ * that drives the runtime. */
 typedef struct hyla_export hyla_export;
 /* *out: caller finishes it with hyla_session_export_end. */
 hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out);
@@ -94,25 +94,13 @@ int hyla_session_export_done(hyla_export *e);
  * discarded) receives the snapshot; caller frees it with hyla_snapshot_destroy. On failure
  * *out is NULL and e is freed all the same. */
 hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out);
-/* A new session from a snapshot. Refuses (HYLA_ERR_MISMATCH / HYLA_ERR_FORMAT) a snapshot of
- * another model (fingerprint), an unknown format version, or a part whose kind, dtype or shape
- * does not fit its layer, naming the layer and part. KV parts in bf16/f16/f32 are converted to
- * the backend's KV dtype. Caller frees with hyla_session_free. */
-hyla_status hyla_session_import(hyla_model *m, const hyla_snapshot *snap, hyla_session **out);
+/* A new session on rt from a snapshot. Refuses (HYLA_ERR_MISMATCH / HYLA_ERR_FORMAT) a snapshot
+ * of another model (fingerprint), an unknown format version, or a part whose kind, dtype or
+ * shape does not fit its layer, naming the layer and part. Paged parts (KV) in bf16/f16/f32 are
+ * converted to the backend's KV dtype. Caller frees with hyla_session_free. */
+hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out);
 
-/* ---- pipeline stages ----
- * A model loaded with a layer range is one stage. The first stage drives sessions with
- * hyla_session_feed/decode as usual (pending token, sampler and RNG live there); when its model
- * does not hold the last layer, the forward hands the hidden states to `downstream`, which runs
- * the remaining stages (e.g. over gRPC to the next worker) and returns the logits when asked.
- * Other stages run hyla_stage_forward on their own sessions of the same conversation.
- *
- * downstream: ss are the first stage's sessions (prefill: ss[0] only, R consecutive rows starting
- * at hyla_session_position(ss[0]); decode: R sessions, one row each, at their positions);
- * hidden: host [R][hidden_size]; logits: host [R][vocab] to fill, or NULL when not needed. */
-typedef hyla_status (*hyla_downstream_fn)(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
-                                          float *logits);
-void hyla_model_set_downstream(hyla_model *m, hyla_downstream_fn fn, void *ud);
+/* ---- pipeline stages ---- (hyla_runtime.h: the downstream callback of the first stage) */
 
 /* Run R rows through this stage's layers for sessions ss (prefill: ss[0], R rows in one piece
  * that starts at a multiple of HYLA_PREFILL_CHUNK or does not cross one, at most

@@ -151,6 +151,7 @@ struct hyla_worker {
     char model_name[256], worker_id[128], group_id[128], store_addr[256], advertise[256];
     hyla_backend *be;
     hyla_model *m;
+    hyla_runtime *rt; /* the runtime every session of this worker runs on */
     hyla_tokenizer *tok; /* NULL when the model has no byte-level vocabulary */
     hyla_rpc_server *srv;
     int port;
@@ -416,7 +417,7 @@ static void drop_session(hyla_worker *w, wsess *ws, const char *why) {
 static hyla_status make_resident(hyla_worker *w, wsess *ws) {
     if (ws->s) return HYLA_OK;
     if (!ws->host) return hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s is not resident on this worker", ws->id);
-    HYLA_TRY(hyla_session_import(w->m, ws->host, &ws->s));
+    HYLA_TRY(hyla_session_import(w->rt, ws->host, &ws->s));
     w->host_bytes -= hyla_snapshot_bytes(ws->host);
     hyla_snapshot_destroy(ws->host);
     ws->host = NULL;
@@ -570,7 +571,7 @@ static void do_load(hyla_worker *w, cmd *c) {
         HYLA_ASSERT(ws);
         snprintf(ws->id, sizeof ws->id, "%s", r->session_id);
         ws->epoch = r->placement_epoch;
-        hyla_status st = hyla_session_create(w->m, &ws->s);
+        hyla_status st = hyla_session_create(w->rt, &ws->s);
         if (st != HYLA_OK) {
             fail_call(c->call, st, hyla_last_error());
             free(ws);
@@ -613,7 +614,7 @@ static void do_got_snapshot(hyla_worker *w, cmd *c) {
     HYLA_ASSERT(ws);
     snprintf(ws->id, sizeof ws->id, "%s", c->session);
     ws->epoch = c->epoch;
-    hyla_status st = hyla_session_import(w->m, c->snap, &ws->s);
+    hyla_status st = hyla_session_import(w->rt, c->snap, &ws->s);
     if (st != HYLA_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "session %s version %llu: %s", c->session, (unsigned long long)c->version,
@@ -696,7 +697,7 @@ static void do_fork(hyla_worker *w, cmd *c) {
     if (st == HYLA_OK) {
         ws = calloc(1, sizeof *ws);
         HYLA_ASSERT(ws);
-        st = hyla_session_import(w->m, snap, &ws->s);
+        st = hyla_session_import(w->rt, snap, &ws->s);
     }
     hyla_snapshot_destroy(snap);
     if (st != HYLA_OK) {
@@ -1896,11 +1897,12 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     mp.layer_begin = p->layer_begin;
     mp.layer_end = p->layer_end;
     if (st == HYLA_OK) st = hyla_model_load(p->model_dir, w->be, &mp, &w->m);
+    if (st == HYLA_OK) st = hyla_runtime_create(w->m, &w->rt);
     if (st != HYLA_OK) {
         hyla_worker_destroy(w);
         return st;
     }
-    if (p->prefill_piece && (st = hyla_model_set_prefill_piece(w->m, p->prefill_piece)) != HYLA_OK) {
+    if (p->prefill_piece && (st = hyla_runtime_set_prefill_piece(w->rt, p->prefill_piece)) != HYLA_OK) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");
     }
@@ -1909,14 +1911,14 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         int lb, le;
         hyla_model_layer_range(w->m, &lb, &le);
         if (le < hyla_model_get_config(w->m)->num_layers) {
-            hyla_model_set_downstream(w->m, stage_downstream, w);
+            hyla_runtime_set_downstream(w->rt, stage_downstream, w);
             /* a prefill piece's hidden states travel in one StageForward message: keep it under
              * half the message limit */
             long rows = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->hidden_size * 4);
             rows = rows / HYLA_PREFILL_CHUNK * HYLA_PREFILL_CHUNK;
             if (rows < HYLA_PREFILL_CHUNK) rows = HYLA_PREFILL_CHUNK;
-            if (rows < hyla_model_prefill_piece(w->m)) {
-                (void)hyla_model_set_prefill_piece(w->m, (int)rows); /* in range: a multiple of the chunk */
+            if (rows < hyla_runtime_prefill_piece(w->rt)) {
+                (void)hyla_runtime_set_prefill_piece(w->rt, (int)rows); /* in range: a multiple of the chunk */
                 HYLA_INFO("prefill pieces of at most %ld tokens (pipeline stage messages up to %d bytes)", rows,
                           p->max_message_bytes);
             }
@@ -2039,6 +2041,7 @@ void hyla_worker_destroy(hyla_worker *w) {
     for (size_t k = 0; k < w->n_sum; k++) free(w->sum[k].session_id);
     free(w->sum);
     hyla_tokenizer_free(w->tok);
+    hyla_runtime_free(w->rt);
     hyla_model_free(w->m);
     hyla_backend_destroy(w->be);
     free(w);

@@ -1,0 +1,231 @@
+/* hyla_mixer.h — the mixer interface: what a token-mixer kind (gla, gdn, sse, attn, ...) is to
+ * the rest of the runtime.
+ *
+ * A layer is pre-RMSNorm -> token mixer -> residual -> pre-RMSNorm -> SwiGLU MLP -> residual
+ * (docs/MODELS.md §3). Everything specific to a mixer kind lives in one module under
+ * worker/mixers/ that fills one `hyla_mixer` table: its config keys, its tensors, its state
+ * parts, its scratch, its forward (prefill piece and decode batch, through the ops table) and
+ * what hyla-mkmodel writes for it. The modules are registered in one list
+ * (worker/mixers/hyla_mixers.c); config loading, weight loading, sessions, snapshots and
+ * hyla-mkmodel iterate over layers and call the table — nothing outside worker/mixers/ knows a
+ * mixer kind by name. docs/ARCHITECTURE.md "Adding a mixer" lists the steps.
+ *
+ * Data flows one way: config (hyla_model_config, per-layer mixer config objects) -> model
+ * (immutable weights) -> runtime (scratch, snapshot buffers) -> session (state). A mixer's
+ * forward reads its config and weights, writes only its scratch, its output and the state of
+ * the sessions it is given.
+ *
+ * Threading: the tables are constant; forward runs on the thread that drives the backend. */
+#ifndef HYLA_MIXER_H
+#define HYLA_MIXER_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyla_model.h"
+#include "hyla_ops.h"
+#include "hyla_snapshot.h"
+
+#define HYLA_MIXER_MAX_PARTS 8    /* state parts of one layer */
+#define HYLA_MIXER_MAX_TENSORS 48 /* tensors of one layer's mixer */
+#define HYLA_MIXER_HOST_PTRS 4    /* host pointer arrays of R entries a forward may use (gathers) */
+#define HYLA_SCRATCH_ALIGN 256    /* every carved scratch buffer starts at this alignment */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Config: a reader over config.json that keeps the first error, naming the file and the key. */
+
+typedef struct hyla_cfg {
+    const char *path;   /* config.json's path, for messages */
+    const char *where;  /* "" for the root object, or the spec being read: "attn", "attn[1]" */
+    hyla_status st;     /* first error (HYLA_OK while none) */
+} hyla_cfg;
+
+/* Typed getters: dflt when the key is absent or null; an error naming the key when present with
+ * the wrong type. */
+int hyla_cfg_int(hyla_cfg *r, json_t *obj, const char *key, int dflt);
+double hyla_cfg_num(hyla_cfg *r, json_t *obj, const char *key, double dflt);
+int hyla_cfg_bool(hyla_cfg *r, json_t *obj, const char *key, int dflt);
+const char *hyla_cfg_str(hyla_cfg *r, json_t *obj, const char *key, const char *dflt);
+/* Whether obj has key with a non-null value. */
+int hyla_cfg_has(json_t *obj, const char *key);
+/* Error unless v > 0. */
+void hyla_cfg_positive(hyla_cfg *r, const char *key, int v);
+/* HYLA_ERR_UNSUPPORTED: "key 'K': why" (a value we do not implement). */
+void hyla_cfg_refuse(hyla_cfg *r, const char *key, const char *why);
+/* Any other error (code, printf-style message after "path: "). Keeps the first one. */
+void hyla_cfg_fail(hyla_cfg *r, hyla_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensors: one declaration per tensor, in the order hyla-mkmodel writes them. Loading and the
+ * random-weights generator are both driven by this list, so a name is written once. */
+
+typedef enum {
+    HYLA_TENSOR_MATRIX = 0, /* 2-D, becomes a hyla_weight (backend's format) */
+    HYLA_TENSOR_VECTOR = 1, /* any dims, becomes fp32 device memory (float *) */
+} hyla_tensor_use;
+
+typedef enum {
+    HYLA_INIT_MATRIX = 0, /* U(-a, a), a = p0 * sqrt(3 / cols): unit-variance outputs */
+    HYLA_INIT_VECTOR,     /* p0 + p1 * U(-1, 1) */
+    HYLA_INIT_CONV,       /* short-conv taps: 0.5 * U(-1, 1), +0.5 on the newest tap */
+    HYLA_INIT_A_LOG,      /* log(U(1, 16)) */
+    HYLA_INIT_DT_BIAS,    /* softplus^-1(dt), dt log-uniform in [0.001, 0.1] */
+} hyla_init;
+
+#define HYLA_TENSOR_ALTS 3
+typedef struct {
+    char name[HYLA_TENSOR_ALTS][128]; /* name[0]: the name we write; name[1..]: other names the same
+                                       * tensor has in checkpoints we load ("" = none) */
+    int ndim;
+    int64_t shape[3];
+    hyla_tensor_use use;
+    size_t offset; /* where the loaded pointer goes in the mixer's weight struct */
+    hyla_init init;
+    float p0, p1; /* init parameters (see hyla_init) */
+} hyla_tensor_decl;
+
+/* A list being built by a mixer's tensors(): names are prefix + suffix. */
+typedef struct {
+    hyla_tensor_decl *d;
+    int n;
+    char prefix[96]; /* e.g. "model.layers.3.attn." */
+} hyla_decls;
+/* Append a tensor; returns it (for hyla_decl_alt). */
+hyla_tensor_decl *hyla_decl(hyla_decls *ds, const char *suffix, hyla_tensor_use use, size_t offset, int ndim, int64_t d0,
+                            int64_t d1, int64_t d2, hyla_init init, float p0, float p1);
+/* W [rows][cols], HYLA_INIT_MATRIX with this gain. */
+hyla_tensor_decl *hyla_decl_matrix(hyla_decls *ds, const char *suffix, size_t offset, int rows, int cols, float gain);
+/* A vector [n] in fp32, HYLA_INIT_VECTOR(base, spread). */
+hyla_tensor_decl *hyla_decl_vector(hyla_decls *ds, const char *suffix, size_t offset, int n, float base, float spread);
+/* Another name (prefix + suffix) under which checkpoints store the same tensor. */
+void hyla_decl_alt(hyla_decls *ds, hyla_tensor_decl *d, const char *suffix);
+
+/* ------------------------------------------------------------------------------------------ */
+/* State: each layer's parts, as they appear in snapshots (docs/STATE_FORMAT.md). */
+
+typedef struct {
+    char name[16];      /* unique within the layer: "S", "conv_q", "k" */
+    hyla_part_kind kind;
+    hyla_dtype dtype;
+    uint32_t ndim;      /* of shape[] */
+    uint64_t shape[4];  /* a fixed part: its shape; a paged part: the shape of one token's row */
+    int paged;          /* rows appended per token, in pages of HYLA_KV_PAGE_TOKENS; a snapshot holds
+                         * [position][row shape], cut at page boundaries (incremental) */
+} hyla_part_spec;
+
+typedef struct {
+    void *dev;          /* fixed part: device memory (zero at creation) */
+    void **pages;       /* paged part: host array [n_pages] of device pages */
+    int n_pages, cap_pages;
+} hyla_part_state;
+
+struct hyla_state;
+/* One session's state of one layer: its parts, in the order of the mixer's parts(). */
+typedef struct {
+    hyla_part_state part[HYLA_MIXER_MAX_PARTS];
+    struct hyla_state *owner; /* the session's state (page allocation, byte accounting) */
+    int layer;
+} hyla_layer_state;
+
+/* Make paged part `part` of ls hold at least `tokens` rows (allocates pages). */
+hyla_status hyla_layer_state_reserve(hyla_layer_state *ls, int part, int64_t tokens);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forward */
+
+typedef struct {
+    const hyla_ops *o;
+    void *ctx;
+    const hyla_model_config *mc; /* the model's common config (hidden size, norm eps) */
+    const void *cfg;             /* this layer's mixer config */
+    const void *w;               /* this layer's mixer weights */
+    int layer;
+    int decode;                  /* 0: a prefill piece of one session; 1: one token per session */
+    int R;                       /* rows */
+    int cap_rows;                /* rows the scratch was laid out for (>= R): carve with this */
+    const int32_t *pos;          /* host [R]: the absolute position of each row */
+    hyla_layer_state *const *st; /* host [decode ? R : 1]: the sessions' states of this layer */
+    const float *xn;             /* [R][D] the normed input */
+    float *out;                  /* [R][D] the mixer's output */
+    void *scratch;               /* device memory of scratch_bytes(mc, cfg, cap_rows) bytes, aligned */
+    void **host_ptrs;            /* host [HYLA_MIXER_HOST_PTRS][R] pointer arrays for gathers */
+} hyla_mixer_fwd;
+
+/* host_ptrs array i, filled with part `part` of every row's session (decode). */
+void *const *hyla_mixer_gather(const hyla_mixer_fwd *f, int i, int part);
+
+/* Scratch carving: one pass computes sizes (base NULL) or pointers (base = the arena), so a
+ * module writes its scratch layout once. Each buffer starts HYLA_SCRATCH_ALIGN-aligned (the CUDA
+ * backend picks GEMM algorithms by output alignment; cudaMalloc'd buffers had this alignment). */
+typedef struct {
+    uintptr_t base, off;
+} hyla_carver;
+static inline hyla_carver hyla_carver_init(void *base) { return (hyla_carver){(uintptr_t)base, 0}; }
+static inline void *hyla_carve(hyla_carver *c, size_t bytes) {
+    uintptr_t p = c->base + c->off;
+    c->off += (bytes + HYLA_SCRATCH_ALIGN - 1) / HYLA_SCRATCH_ALIGN * HYLA_SCRATCH_ALIGN;
+    return (void *)p;
+}
+static inline float *hyla_carve_f32(hyla_carver *c, size_t n) { return (float *)hyla_carve(c, n * sizeof(float)); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* hyla-mkmodel's arguments, as a mixer's mk_config reads them. */
+
+typedef struct {
+    int hidden, heads, kv_heads, window, partitions, topk, head_dim;
+    int short_conv;      /* -1: the mixer's default */
+    const char *variant; /* an arch's variant of the mixer ("gdn" for sse-gdn), or NULL */
+    int spec;            /* 1: writing the keys of a hybrid spec object, 0: of the config root */
+} hyla_mk_args;
+
+/* ------------------------------------------------------------------------------------------ */
+/* The table */
+
+typedef struct hyla_mixer {
+    const char *name;       /* the layer kind, as docs and messages name it: "gla" */
+    const char *model_type; /* config.json model_type of a model whose layers are all this kind (NULL: none) */
+    const char *spec_key;   /* config.json key of a hybrid spec that puts this kind at listed layers
+                             * (an object or a list of objects with "layers": [...]; NULL: none) */
+    size_t cfg_size;        /* bytes of the mixer's config struct */
+    size_t w_size;          /* bytes of the mixer's weight struct (pointers filled by the loader) */
+
+    /* Read this kind's keys from obj (the config root, or a spec object) into cfg (zeroed),
+     * apply defaults, validate; errors through r, naming the key. mc holds the common keys. */
+    void (*parse)(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfg);
+    /* The tensors of layer `layer` (at most HYLA_MIXER_MAX_TENSORS), in mkmodel's order. */
+    int (*tensors)(const hyla_model_config *mc, const void *cfg, int layer, hyla_tensor_decl *out);
+    /* The state parts of one layer (at most HYLA_MIXER_MAX_PARTS); kv_dtype: the backend's. */
+    int (*parts)(const hyla_model_config *mc, const void *cfg, hyla_dtype kv_dtype, hyla_part_spec *out);
+    /* Scratch bytes a forward of `rows` rows needs. */
+    size_t (*scratch_bytes)(const hyla_model_config *mc, const void *cfg, int rows);
+    /* The forward: xn -> out, reading and updating the sessions' states. */
+    hyla_status (*forward)(const hyla_mixer_fwd *f);
+
+    /* hyla-mkmodel: write this kind's keys into obj (the config root, or its spec object) for
+     * args a; NULL when a fits, else a message saying why not. */
+    const char *(*mk_config)(json_t *obj, const hyla_mk_args *a);
+} hyla_mixer;
+
+/* The registered mixers (worker/mixers/hyla_mixers.c), NULL-terminated. */
+extern const hyla_mixer *const hyla_mixers[];
+/* The mixer of that name / model_type / spec key, or NULL. */
+const hyla_mixer *hyla_mixer_find(const char *name);
+
+/* HYLA_PROFILE marks inside a forward (hyla_profile.h). */
+#define HYLA_MIXER_MARK(f, label)                                                    \
+    do {                                                                             \
+        if (hyla_prof_on) hyla_prof_mark((f)->o, (f)->ctx, (f)->decode, (label));    \
+    } while (0)
+
+/* Linear helpers every mixer uses (worker/mixers/hyla_mixer_util.c):
+ * hyla_mixer_linear: y [R][N] = x [R][K] W^T (+ bias) (+ y): decode rows through ops->linear,
+ * prompt rows through ops->linear_multi with HYLA_LINEAR_PREFILL (a row's result still depends
+ * only on the row; the CUDA backend then runs cuBLAS at a fixed row count). */
+hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, const hyla_weight *W, const float *bias,
+                              float *y, int N, int acc);
+/* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate calls, fewer
+ * launches on the GPU). */
+hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs);
+
+#endif

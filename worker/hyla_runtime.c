@@ -1,0 +1,332 @@
+/* hyla_runtime.c — what sessions run on (hyla_runtime.h): scratch activations, the layer loop
+ * (norm -> mixer -> residual + norm -> MLP -> residual, then the head or the downstream stages),
+ * and the cache of pinned snapshot buffers.
+ *
+ * The forward runs R rows through the held layers in one of two modes:
+ *   prefill: R consecutive tokens of ONE session (a piece: from the position to the next
+ *            multiple of HYLA_PREFILL_CHUNK, or, from a multiple, up to prefill_piece tokens);
+ *   decode:  one token for each of R sessions.
+ * Dense work (norms, projections, MLP) is identical in both modes and row-independent; the mixer
+ * modules (hyla_mixer.h) do the rest.
+ *
+ * Threading: one thread drives a runtime (the backend's); snapshot buffers go back to the cache
+ * from any thread (under its mutex). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_log.h"
+#include "hyla_profile.h"
+#include "hyla_runtime_impl.h"
+
+static void scratch_free(hyla_runtime *rt) {
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    o->free(ctx, rt->x);
+    o->free(ctx, rt->xn);
+    o->free(ctx, rt->mo);
+    o->free(ctx, rt->mlp_g);
+    o->free(ctx, rt->mlp_u);
+    o->free(ctx, rt->logits);
+    o->free(ctx, rt->mixer_scratch);
+    free(rt->host_ptrs);
+    rt->x = rt->xn = rt->mo = rt->mlp_g = rt->mlp_u = rt->logits = NULL;
+    rt->mixer_scratch = NULL;
+    rt->host_ptrs = NULL;
+    rt->rows = 0;
+}
+
+hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows) {
+    if (rows <= rt->rows) return HYLA_OK;
+    const hyla_model *m = rt->m;
+    const hyla_model_config *c = &m->cfg;
+    int want = rows < 2 * rt->rows ? 2 * rt->rows : rows;
+    scratch_free(rt);
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size, V = (size_t)c->vocab_size;
+    size_t mix = 0;
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        const hyla_layer *ly = &m->layers[l];
+        size_t b = ly->mixer->scratch_bytes(c, ly->cfg, want);
+        if (b > mix) mix = b;
+    }
+    hyla_status s = o->alloc(ctx, want * D * sizeof(float), (void **)&rt->x);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * D * sizeof(float), (void **)&rt->xn);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * D * sizeof(float), (void **)&rt->mo);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * F * sizeof(float), (void **)&rt->mlp_g);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * F * sizeof(float), (void **)&rt->mlp_u);
+    if (s == HYLA_OK) s = o->alloc(ctx, want * V * sizeof(float), (void **)&rt->logits);
+    if (s == HYLA_OK) s = o->alloc(ctx, mix ? mix : 1, &rt->mixer_scratch);
+    if (s == HYLA_OK && !(rt->host_ptrs = calloc((size_t)HYLA_MIXER_HOST_PTRS * want, sizeof(void *))))
+        s = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    if (s != HYLA_OK) {
+        scratch_free(rt);
+        return hyla_fail_wrap(s, "allocating activation scratch for %d rows", want);
+    }
+    rt->rows = want;
+    return HYLA_OK;
+}
+
+hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens) {
+    if (tokens < HYLA_PREFILL_CHUNK || tokens > HYLA_PREFILL_PIECE_MAX || tokens % HYLA_PREFILL_CHUNK)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "prefill piece of %d tokens: must be a multiple of %d in [%d, %d]", tokens,
+                         HYLA_PREFILL_CHUNK, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+    rt->prefill_piece = tokens;
+    return HYLA_OK;
+}
+
+int hyla_runtime_prefill_piece(const hyla_runtime *rt) { return rt->prefill_piece; }
+
+void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud) {
+    rt->downstream = fn;
+    rt->downstream_ud = ud;
+}
+
+const hyla_model *hyla_runtime_model(const hyla_runtime *rt) { return rt->m; }
+hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt) { return rt->snapbufs; }
+
+static void snapbufs_destroy(hyla_runtime *rt);
+
+hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
+    *out = NULL;
+    hyla_prof_init();
+    hyla_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    rt->m = m;
+    rt->be = hyla_model_backend(m);
+    rt->prefill_piece = HYLA_PREFILL_PIECE_DEFAULT;
+    hyla_status s = HYLA_OK;
+    const char *pe = getenv("HYLA_PREFILL_PIECE");
+    if (pe && *pe) {
+        char *end;
+        long v = strtol(pe, &end, 10);
+        s = *end ? hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_PREFILL_PIECE='%s' is not a number", pe)
+                 : hyla_runtime_set_prefill_piece(rt, v > 0 && v <= HYLA_PREFILL_PIECE_MAX ? (int)v : -1);
+        if (s != HYLA_OK) s = hyla_fail_wrap(s, "environment variable HYLA_PREFILL_PIECE");
+    }
+    if (s == HYLA_OK) s = hyla_runtime_reserve(rt, HYLA_PREFILL_CHUNK);
+    if (s != HYLA_OK) {
+        hyla_runtime_free(rt);
+        return s;
+    }
+    *out = rt;
+    return HYLA_OK;
+}
+
+void hyla_runtime_free(hyla_runtime *rt) {
+    if (!rt) return;
+    snapbufs_destroy(rt);
+    scratch_free(rt);
+    free(rt);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forward                                                                                     */
+
+/* Every dense linear of the forward: decode rows through ops->linear, prompt rows (prefill
+ * pieces) through ops->linear_multi with HYLA_LINEAR_PREFILL (as hyla_mixer_linear). */
+static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const float *x, int K, const hyla_weight *W,
+                       float *y, int N) {
+    if (decode) return o->linear(ctx, x, K, R, K, W, NULL, y, N, N, 0);
+    hyla_linear_out lo = {W, NULL, y, N, N};
+    return o->linear_multi(ctx, x, K, R, K, 1, &lo, 0, HYLA_LINEAR_PREFILL);
+}
+
+#define PM(label)                                                        \
+    do {                                                                 \
+        if (hyla_prof_on) hyla_prof_mark(o, ctx, f->decode, (label));   \
+    } while (0)
+
+hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits) {
+    const hyla_model *m = rt->m;
+    const hyla_model_config *c = &m->cfg;
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    int D = c->hidden_size, F = c->intermediate_size, nst = f->decode ? f->R : 1;
+    hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
+    if (!ls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    if (hyla_prof_on) hyla_prof_begin(o, ctx);
+    hyla_status st = HYLA_OK;
+    for (int l = m->layer_begin; st == HYLA_OK && l < m->layer_end; l++) {
+        const hyla_layer *ly = &m->layers[l];
+        if ((st = o->rmsnorm(ctx, rt->x, ly->attn_norm, rt->xn, f->R, D, c->norm_eps)) != HYLA_OK) break;
+        PM("norm");
+        for (int i = 0; i < nst; i++) ls[i] = &f->st[i]->ls[l];
+        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, f->decode, f->R, rt->rows, f->pos, ls, rt->xn, rt->mo,
+                             rt->mixer_scratch, rt->host_ptrs};
+        if ((st = ly->mixer->forward(&mf)) != HYLA_OK) {
+            st = hyla_fail_wrap(st, "layer %d (%s)", l, ly->mixer->name);
+            break;
+        }
+        if ((st = o->add_rmsnorm(ctx, rt->x, rt->mo, ly->mlp_norm, rt->xn, f->R, D, c->norm_eps)) != HYLA_OK) break;
+        PM("norm");
+        hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
+        if ((st = o->linear_multi(ctx, rt->xn, D, f->R, D, 2, lo, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL)) != HYLA_OK)
+            break;
+        PM("mlp: gate/up proj");
+        if ((st = o->swiglu(ctx, rt->mlp_g, rt->mlp_u, rt->mlp_g, (size_t)f->R * F)) != HYLA_OK) break;
+        PM("mlp: swiglu");
+        if ((st = lin(o, ctx, f->decode, f->R, rt->mlp_g, F, ly->mlp_down, rt->mo, D)) != HYLA_OK) break;
+        PM("mlp: down proj");
+        if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
+        PM("residual add");
+    }
+    free(ls);
+    HYLA_TRY(st);
+    if (m->lm_head) {
+        if (!want_logits) return HYLA_OK;
+        HYLA_TRY(o->rmsnorm(ctx, rt->x, m->final_norm, rt->xn, f->R, D, c->norm_eps));
+        hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, rt->logits, c->vocab_size);
+        PM("final norm, lm head");
+        return hs;
+    }
+    /* not the last stage: hand the hidden states to the remaining stages */
+    if (!rt->downstream)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
+                         m->layer_begin, m->layer_end - 1, c->num_layers);
+    size_t V = (size_t)c->vocab_size;
+    float *hidden = malloc((size_t)f->R * D * sizeof(float));
+    float *logits = want_logits ? malloc((size_t)f->R * V * sizeof(float)) : NULL;
+    st = (!hidden || (want_logits && !logits)) ? hyla_fail(HYLA_ERR_NOMEM, "out of memory") : HYLA_OK;
+    if (st == HYLA_OK) st = o->download(ctx, hidden, rt->x, (size_t)f->R * D * sizeof(float));
+    if (st == HYLA_OK) {
+        st = rt->downstream(rt->downstream_ud, f->ss, f->R, f->decode, hidden, logits);
+        if (st != HYLA_OK) st = hyla_fail_wrap(st, "downstream stage after layer %d", m->layer_end - 1);
+    }
+    if (st == HYLA_OK && want_logits) st = o->upload(ctx, rt->logits, logits, (size_t)f->R * V * sizeof(float));
+    free(hidden);
+    free(logits);
+    return st;
+}
+
+/* ---- snapshot buffers: pinned host memory for exports, cached per runtime ----
+ * An export's parts live in one arena buffer from ops->host_alloc (page-locked on CUDA, so the
+ * device copies into it directly). Allocating page-locked memory is slow and may synchronise
+ * the device, so a released buffer is kept for the next export. Snapshots may be destroyed on
+ * any thread (the worker's I/O thread destroys them after the put), so the release callback only
+ * files its buffer under the mutex: as idle, or, over the bound, on the `doomed` list that the
+ * driving thread host_frees at its next export or at hyla_model_free. Bound: SNAPBUF_IDLE_MAX
+ * idle buffers and SNAPBUF_IDLE_BYTES idle bytes, smallest dropped first, the largest always
+ * kept (so a large session exported again and again reuses it). A buffer starts with a
+ * SNAPBUF_HDR-byte header (its size, the doomed-list link); the arena follows. */
+#define SNAPBUF_HDR 64
+#define SNAPBUF_IDLE_MAX 4
+#define SNAPBUF_IDLE_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    uint8_t *p;   /* what host_alloc returned */
+    size_t bytes; /* its size, header included */
+} snapbuf;
+
+struct hyla_snapbufs {
+    pthread_mutex_t mu; /* guards everything below */
+    snapbuf idle[SNAPBUF_IDLE_MAX + 1];
+    int n_idle;
+    size_t idle_bytes;
+    uint8_t *doomed; /* list linked through the headers */
+    int out;         /* buffers held by live snapshots */
+};
+
+typedef struct {
+    size_t bytes;
+    uint8_t *next;
+} snapbuf_hdr;
+
+static snapbuf_hdr *hdr_of(uint8_t *p) { return (snapbuf_hdr *)(void *)p; }
+
+/* Buffer sizes in classes (steps of a quarter of the power of two below; 64 KiB steps up to
+ * 1 MiB), so a session whose KV grows a little reuses the buffer of its previous export. */
+static size_t snapbuf_class(size_t need) {
+    if (need <= ((size_t)1 << 20)) return (need + 65535) & ~(size_t)65535;
+    size_t q = (size_t)1 << 18; /* quarter of 1 MiB */
+    while (q * 8 <= need) q <<= 1;
+    return (need + q - 1) / q * q;
+}
+
+void hyla_snapbuf_release(void *ctx, void *base) {
+    hyla_snapbufs *c = ctx;
+    uint8_t *p = (uint8_t *)base - SNAPBUF_HDR;
+    pthread_mutex_lock(&c->mu);
+    c->out--;
+    c->idle[c->n_idle].p = p;
+    c->idle[c->n_idle].bytes = hdr_of(p)->bytes;
+    c->idle_bytes += hdr_of(p)->bytes;
+    c->n_idle++;
+    while (c->n_idle > 1 && (c->n_idle > SNAPBUF_IDLE_MAX || c->idle_bytes > SNAPBUF_IDLE_BYTES)) {
+        int k = 0;
+        for (int i = 1; i < c->n_idle; i++)
+            if (c->idle[i].bytes < c->idle[k].bytes) k = i;
+        uint8_t *d = c->idle[k].p;
+        c->idle_bytes -= c->idle[k].bytes;
+        c->idle[k] = c->idle[--c->n_idle];
+        hdr_of(d)->next = c->doomed; /* host_free belongs to the driving thread */
+        c->doomed = d;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+hyla_status hyla_snapbuf_get(hyla_runtime *rt, size_t need, uint8_t **base) {
+    *base = NULL;
+    hyla_snapbufs *c = rt->snapbufs;
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        if (pthread_mutex_init(&c->mu, NULL) != 0) {
+            free(c);
+            return hyla_fail(HYLA_ERR_INTERNAL, "snapshot buffers: pthread_mutex_init failed");
+        }
+        rt->snapbufs = c;
+    }
+    uint8_t *got = NULL;
+    pthread_mutex_lock(&c->mu);
+    uint8_t *doomed = c->doomed;
+    c->doomed = NULL;
+    int k = -1;
+    for (int i = 0; i < c->n_idle; i++)
+        if (c->idle[i].bytes - SNAPBUF_HDR >= need && (k < 0 || c->idle[i].bytes < c->idle[k].bytes)) k = i;
+    if (k >= 0) {
+        got = c->idle[k].p;
+        c->idle_bytes -= c->idle[k].bytes;
+        c->idle[k] = c->idle[--c->n_idle];
+        c->out++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    while (doomed) {
+        uint8_t *next = hdr_of(doomed)->next;
+        rt->be->ops->host_free(rt->be->ctx, doomed);
+        doomed = next;
+    }
+    if (!got) {
+        size_t bytes = snapbuf_class(need + SNAPBUF_HDR);
+        void *p = NULL;
+        hyla_status st = rt->be->ops->host_alloc(rt->be->ctx, bytes, &p);
+        if (st != HYLA_OK) return hyla_fail_wrap(st, "allocating a %zu-byte snapshot buffer", bytes);
+        HYLA_ASSERT(((uintptr_t)p & 63) == 0);
+        got = p;
+        hdr_of(got)->bytes = bytes;
+        pthread_mutex_lock(&c->mu);
+        c->out++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    *base = got + SNAPBUF_HDR;
+    return HYLA_OK;
+}
+
+static void snapbufs_destroy(hyla_runtime *rt) {
+    hyla_snapbufs *c = rt->snapbufs;
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    /* a live snapshot would give its buffer back to freed memory (hyla_session.h) */
+    HYLA_ASSERT(c->out == 0 && "snapshots exported on this runtime must be destroyed before hyla_runtime_free");
+    for (int i = 0; i < c->n_idle; i++) rt->be->ops->host_free(rt->be->ctx, c->idle[i].p);
+    for (uint8_t *d = c->doomed, *next; d; d = next) {
+        next = hdr_of(d)->next;
+        rt->be->ops->host_free(rt->be->ctx, d);
+    }
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    rt->snapbufs = NULL;
+}
+

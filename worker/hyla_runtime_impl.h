@@ -1,0 +1,68 @@
+/* hyla_runtime_impl.h — the runtime's private structs and the interface between the runtime
+ * (hyla_runtime.c: scratch, snapshot buffers, the layer loop), the session state
+ * (hyla_state.c) and sessions (hyla_session.c). Not a public header.
+ *
+ * Layering: model (immutable) <- runtime <- state <- session. The runtime's forward takes the
+ * rows' layer states and hands the sessions to the downstream callback as opaque pointers; it
+ * never looks inside a session. */
+#ifndef HYLA_RUNTIME_IMPL_H
+#define HYLA_RUNTIME_IMPL_H
+
+#include "hyla_model_impl.h"
+#include "hyla_runtime.h"
+
+typedef struct hyla_snapbufs hyla_snapbufs;
+
+struct hyla_runtime {
+    const hyla_model *m;
+    hyla_backend *be;
+    int prefill_piece; /* tokens per prefill forward (hyla_runtime_set_prefill_piece) */
+    hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
+    void *downstream_ud;
+    /* scratch activations for up to `rows` rows (a prefill piece or a decode batch) */
+    int rows;
+    float *x;             /* [rows][D] the residual stream */
+    float *xn;            /* [rows][D] the normed input of a mixer or the MLP */
+    float *mo;            /* [rows][D] a mixer's or the MLP's output */
+    float *mlp_g, *mlp_u; /* [rows][F] the MLP's gate and up projections */
+    float *logits;        /* [rows][V] */
+    void *mixer_scratch;  /* the largest scratch_bytes of the held layers' mixers for `rows` */
+    void **host_ptrs;     /* host [HYLA_MIXER_HOST_PTRS][rows] */
+    hyla_snapbufs *snapbufs; /* NULL until the first export */
+};
+
+/* One session's state: the parts of every held layer (hyla_state.c). */
+typedef struct hyla_state {
+    const hyla_model *m;
+    hyla_layer_state *ls; /* [num_layers]; entries outside the held range are empty */
+    uint64_t bytes;       /* device bytes held */
+} hyla_state;
+
+/* A new state: every fixed part allocated (zero), paged parts empty. Caller frees with
+ * hyla_state_free. */
+hyla_status hyla_state_create(const hyla_model *m, hyla_state **out);
+void hyla_state_free(hyla_state *st); /* accepts NULL */
+
+/* The rows of one forward pass. */
+typedef struct {
+    int decode;                      /* 0: prefill piece of ss[0]; 1: one token per session */
+    int R;                           /* rows */
+    const int32_t *pos;              /* host [R]: the absolute position of each row */
+    hyla_state *const *st;           /* host [decode ? R : 1] */
+    hyla_session *const *ss;         /* host [decode ? R : 1]: passed to the downstream callback */
+} hyla_fwd;
+
+/* Make the scratch hold `rows` rows (reallocates when it grows, doubling). */
+hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);
+/* Rows of rt->x (already filled) through the held layers; final norm + head into rt->logits
+ * when want_logits and this is the last stage; else the downstream callback. */
+hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits);
+
+/* Snapshot buffers: an arena of at least `need` bytes (64-byte aligned) from the runtime's cache
+ * of pinned host buffers; give it back through hyla_snapbuf_release(hyla_runtime_snapbufs(rt),
+ * base) (any thread). Driving thread. */
+hyla_status hyla_snapbuf_get(hyla_runtime *rt, size_t need, uint8_t **base);
+void hyla_snapbuf_release(void *snapbufs, void *base);
+hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt);
+
+#endif

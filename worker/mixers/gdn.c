@@ -1,0 +1,183 @@
+/* gdn.c — Gated DeltaNet layers (model_type "gated_deltanet"; docs/MODELS.md §4.2, [GDN-1..3]).
+ *
+ * Keys and tensors as flash-linear-attention's GatedDeltaNet layer names them. State: S
+ * [H][dk][dv] fp32 and, with use_short_conv (the default), the conv tails. Forward: q, k, v in one
+ * projection call, a, b and the output gate in a second, short conv (silu inside; plain silu
+ * without the conv), l2-normalised q and k, the gates g = -exp(A_log) softplus(a + dt_bias) and
+ * beta = sigmoid(b), the chunked (prefill) or recurrent (decode) delta rule, gated RMSNorm per
+ * head, o_proj. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "hyla_linattn.h"
+#include "hyla_profile.h"
+
+typedef struct {
+    int H, dk, dv;
+    int use_short_conv, conv_size, use_gate, allow_neg_eigval;
+} gdn_cfg;
+
+typedef struct {
+    hyla_weight *q, *k, *v, *o; /* [H*dk][D], [H*dk][D], [H*dv][D], [D][H*dv] */
+    hyla_weight *a_proj, *b_proj; /* [H][D] */
+    float *A_log, *dt_bias;       /* [H] */
+    hyla_weight *g_proj;          /* [H*dv][D] (use_gate) */
+    float *o_norm;                /* [dv] */
+    float *conv_w[3];             /* [C][K] q, k, v */
+} gdn_w;
+
+enum { PART_S = 0, PART_CONV = 1 };
+
+static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
+    (void)mc;
+    gdn_cfg *c = cfgp;
+    c->H = hyla_cfg_int(r, obj, "num_heads", 6);
+    hyla_cfg_positive(r, "num_heads", c->H);
+    if (r->st != HYLA_OK) return;
+    c->use_short_conv = hyla_cfg_bool(r, obj, "use_short_conv", 1);
+    c->conv_size = hyla_cfg_int(r, obj, "conv_size", 4);
+    c->allow_neg_eigval = hyla_cfg_bool(r, obj, "allow_neg_eigval", 0);
+    c->dk = hyla_cfg_int(r, obj, "head_dim", 256);
+    double ev = hyla_cfg_num(r, obj, "expand_v", 2.0);
+    c->dv = (int)(c->dk * ev);
+    hyla_cfg_positive(r, "head_dim", c->dk);
+    if (r->st == HYLA_OK && fabs(c->dk * ev - c->dv) > 1e-6)
+        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "head_dim*expand_v must be an integer");
+    if (hyla_cfg_int(r, obj, "num_v_heads", c->H) != c->H)
+        hyla_cfg_refuse(r, "num_v_heads", "num_v_heads != num_heads is not supported");
+    c->use_gate = hyla_cfg_bool(r, obj, "use_gate", 1);
+    if (c->use_short_conv) hyla_cfg_positive(r, "conv_size", c->conv_size);
+    hyla_lin_common_keys(r, obj);
+}
+
+static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
+    const gdn_cfg *c = cfgp;
+    int D = mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv;
+    hyla_decls ds = {out, 0, ""};
+    snprintf(ds.prefix, sizeof ds.prefix, "model.layers.%d.attn.", layer);
+    hyla_decl_matrix(&ds, "q_proj.weight", offsetof(gdn_w, q), H * dk, D, 1.0f);
+    hyla_decl_matrix(&ds, "k_proj.weight", offsetof(gdn_w, k), H * dk, D, 1.0f);
+    hyla_decl_matrix(&ds, "v_proj.weight", offsetof(gdn_w, v), H * dv, D, 1.0f);
+    if (c->use_short_conv) {
+        const size_t off[3] = {offsetof(gdn_w, conv_w[0]), offsetof(gdn_w, conv_w[1]), offsetof(gdn_w, conv_w[2])};
+        hyla_lin_conv_decls(&ds, off, H * dk, H * dv, c->conv_size);
+    }
+    hyla_decl_matrix(&ds, "a_proj.weight", offsetof(gdn_w, a_proj), H, D, 1.0f);
+    hyla_decl_matrix(&ds, "b_proj.weight", offsetof(gdn_w, b_proj), H, D, 1.0f);
+    hyla_decl(&ds, "A_log", HYLA_TENSOR_VECTOR, offsetof(gdn_w, A_log), 1, H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
+    hyla_decl(&ds, "dt_bias", HYLA_TENSOR_VECTOR, offsetof(gdn_w, dt_bias), 1, H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
+    if (c->use_gate) hyla_decl_matrix(&ds, "g_proj.weight", offsetof(gdn_w, g_proj), H * dv, D, 1.0f);
+    hyla_decl_vector(&ds, "o_norm.weight", offsetof(gdn_w, o_norm), dv, 1.0f, 0.1f);
+    hyla_decl_matrix(&ds, "o_proj.weight", offsetof(gdn_w, o), D, H * dv, 0.5f);
+    return ds.n;
+}
+
+static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dtype, hyla_part_spec *out) {
+    (void)mc;
+    (void)kv_dtype;
+    const gdn_cfg *c = cfgp;
+    int n = 0;
+    out[n++] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)c->H, (uint64_t)c->dk, (uint64_t)c->dv}, 0};
+    if (c->use_short_conv) hyla_lin_conv_parts(out, &n, c->H * c->dk, c->H * c->dv, c->conv_size);
+    return n;
+}
+
+typedef struct {
+    float *q, *k, *v; /* [R][H*dk], [R][H*dk], [R][H*dv] */
+    float *g, *beta;  /* [R][H]: a and b from the projection, then the gates in place */
+    float *o;         /* [R][H*dv] */
+    float *gate;      /* [R][H*dv] output gate */
+} gdn_scratch;
+
+static size_t layout(const gdn_cfg *c, int R, void *base, gdn_scratch *s) {
+    hyla_carver cv = hyla_carver_init(base);
+    size_t qk = (size_t)R * c->H * c->dk, vo = (size_t)R * c->H * c->dv;
+    s->q = hyla_carve_f32(&cv, qk);
+    s->k = hyla_carve_f32(&cv, qk);
+    s->v = hyla_carve_f32(&cv, vo);
+    s->g = hyla_carve_f32(&cv, (size_t)R * c->H);
+    s->beta = hyla_carve_f32(&cv, (size_t)R * c->H);
+    s->o = hyla_carve_f32(&cv, vo);
+    s->gate = hyla_carve_f32(&cv, vo);
+    return cv.off;
+}
+
+static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
+    (void)mc;
+    gdn_scratch s;
+    return layout(cfg, rows, NULL, &s);
+}
+
+static hyla_status forward(const hyla_mixer_fwd *f) {
+    const gdn_cfg *c = f->cfg;
+    const gdn_w *w = f->w;
+    const hyla_ops *o = f->o;
+    void *ctx = f->ctx;
+    int D = f->mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv, R = f->R;
+    float scale = 1.0f / sqrtf((float)dk);
+    gdn_scratch s;
+    layout(c, f->cap_rows, f->scratch, &s);
+    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
+        {w->q, NULL, s.q, H * dk, H * dk},
+        {w->k, NULL, s.k, H * dk, H * dk},
+        {w->v, NULL, s.v, H * dv, H * dv},
+    };
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
+    HYLA_MIXER_MARK(f, "lin: q/k/v proj");
+    int n = 0;
+    lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H};
+    lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H};
+    if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
+    HYLA_MIXER_MARK(f, "lin: gate proj");
+    if (c->use_short_conv) {
+        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV));
+    } else {
+        HYLA_TRY(o->silu(ctx, s.q, (size_t)R * H * dk));
+        HYLA_TRY(o->silu(ctx, s.k, (size_t)R * H * dk));
+        HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
+    }
+    /* [GDN-1..3] */
+    HYLA_TRY(o->l2norm_rows(ctx, s.q, R * H, dk, 1e-6f));
+    HYLA_TRY(o->l2norm_rows(ctx, s.k, R * H, dk, 1e-6f));
+    HYLA_TRY(o->gdn_gates(ctx, s.g, H, s.beta, H, w->A_log, w->dt_bias, s.g, s.beta, R, H, c->allow_neg_eigval));
+    HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");
+    if (f->decode) {
+        void *const *S = hyla_mixer_gather(f, 0, PART_S);
+        HYLA_TRY(o->gdn_decode(ctx, s.q, s.k, s.v, s.g, s.beta, R, H, dk, dv, scale, (float *const *)S, s.o));
+    } else {
+        HYLA_TRY(o->gdn_prefill(ctx, s.q, s.k, s.v, s.g, s.beta, R, H, dk, dv, scale, f->st[0]->part[PART_S].dev, s.o));
+    }
+    HYLA_MIXER_MARK(f, "gdn: core");
+    /* [NORM-1] per head, then o_proj */
+    HYLA_TRY(o->gated_rmsnorm(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, s.o, R * H, dv, f->mc->norm_eps));
+    HYLA_MIXER_MARK(f, "lin: out norm");
+    HYLA_TRY(hyla_mixer_linear(f, s.o, H * dv, w->o, NULL, f->out, D, 0));
+    HYLA_MIXER_MARK(f, "lin: o proj");
+    return HYLA_OK;
+}
+
+static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
+    int dk = a->head_dim > 0 ? a->head_dim : a->hidden / a->heads;
+    json_object_set_new(obj, "head_dim", json_integer(dk));
+    json_object_set_new(obj, "expand_v", json_real(2.0));
+    json_object_set_new(obj, "use_gate", json_true());
+    json_object_set_new(obj, "use_short_conv", json_boolean(a->short_conv != 0));
+    json_object_set_new(obj, "conv_size", json_integer(4));
+    return NULL;
+}
+
+const hyla_mixer hyla_mixer_gdn = {
+    .name = "gdn",
+    .model_type = "gated_deltanet",
+    .spec_key = NULL,
+    .cfg_size = sizeof(gdn_cfg),
+    .w_size = sizeof(gdn_w),
+    .parse = parse,
+    .tensors = tensors,
+    .parts = parts,
+    .scratch_bytes = scratch_bytes,
+    .forward = forward,
+    .mk_config = mk_config,
+};

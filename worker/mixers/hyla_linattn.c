@@ -1,0 +1,40 @@
+/* hyla_linattn.c — see hyla_linattn.h. */
+#include <stdio.h>
+
+#include "hyla_linattn.h"
+
+void hyla_lin_conv_parts(hyla_part_spec *out, int *n, int Ck, int Cv, int K) {
+    static const char *names[3] = {"conv_q", "conv_k", "conv_v"};
+    for (int j = 0; j < 3; j++)
+        out[(*n)++] = (hyla_part_spec){.kind = HYLA_PART_RECURRENT,
+                                       .dtype = HYLA_DT_F32,
+                                       .ndim = 2,
+                                       .shape = {(uint64_t)K - 1, (uint64_t)(j == 2 ? Cv : Ck)}};
+    for (int j = 0; j < 3; j++) snprintf(out[*n - 3 + j].name, sizeof out[0].name, "%s", names[j]);
+}
+
+void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, int K) {
+    static const char *cn[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+    for (int j = 0; j < 3; j++)
+        hyla_decl(ds, cn[j], HYLA_TENSOR_VECTOR, off[j], 3, j == 2 ? Cv : Ck, 1, K, HYLA_INIT_CONV, 0, 0);
+}
+
+hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
+                                float *const conv_w[3], int K, int part0) {
+    float *x[3] = {q, k, v};
+    for (int j = 0; j < 3; j++) {
+        int C = j == 2 ? Cv : Ck;
+        if (f->decode) {
+            void *const *tails = hyla_mixer_gather(f, 0, part0 + j);
+            HYLA_TRY(f->o->short_conv(f->ctx, x[j], f->R, 1, C, conv_w[j], NULL, K, (float *const *)tails, 1));
+        } else {
+            float *tail = f->st[0]->part[part0 + j].dev;
+            HYLA_TRY(f->o->short_conv(f->ctx, x[j], 1, f->R, C, conv_w[j], NULL, K, &tail, 1));
+        }
+    }
+    return HYLA_OK;
+}
+
+void hyla_lin_common_keys(hyla_cfg *r, json_t *obj) {
+    if (hyla_cfg_bool(r, obj, "conv_bias", 0)) hyla_cfg_refuse(r, "conv_bias", "short convolutions with bias are not supported");
+}

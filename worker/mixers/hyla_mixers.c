@@ -1,0 +1,81 @@
+/* hyla_mixers.c — the list of mixer kinds (hyla_mixer.h) and the helpers every mixer module
+ * uses. Adding a kind: one module in this folder and one line in hyla_mixers[] below
+ * (docs/ARCHITECTURE.md "Adding a mixer"). The order of the list is the order in which hybrid
+ * specs are read and in which `model_type` values are listed in messages. */
+#include <stdio.h>
+#include <string.h>
+
+#include "hyla_mixer.h"
+
+extern const hyla_mixer hyla_mixer_gla, hyla_mixer_gdn, hyla_mixer_sse, hyla_mixer_attn;
+
+const hyla_mixer *const hyla_mixers[] = {
+    &hyla_mixer_gla,
+    &hyla_mixer_gdn,
+    &hyla_mixer_sse,
+    &hyla_mixer_attn,
+    NULL,
+};
+
+const hyla_mixer *hyla_mixer_find(const char *name) {
+    for (int i = 0; hyla_mixers[i]; i++) {
+        const hyla_mixer *m = hyla_mixers[i];
+        if (!strcmp(m->name, name) || (m->model_type && !strcmp(m->model_type, name)) ||
+            (m->spec_key && !strcmp(m->spec_key, name)))
+            return m;
+    }
+    return NULL;
+}
+
+void *const *hyla_mixer_gather(const hyla_mixer_fwd *f, int i, int part) {
+    HYLA_ASSERT(i >= 0 && i < HYLA_MIXER_HOST_PTRS && f->decode);
+    void **arr = f->host_ptrs + (size_t)i * (size_t)f->R;
+    for (int r = 0; r < f->R; r++) arr[r] = f->st[r]->part[part].dev;
+    return arr;
+}
+
+hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, const hyla_weight *W, const float *bias,
+                              float *y, int N, int acc) {
+    if (f->decode) return f->o->linear(f->ctx, x, K, f->R, K, W, bias, y, N, N, acc);
+    hyla_linear_out lo = {W, bias, y, N, N};
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, 1, &lo, acc, HYLA_LINEAR_PREFILL);
+}
+
+hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs) {
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL);
+}
+
+hyla_tensor_decl *hyla_decl(hyla_decls *ds, const char *suffix, hyla_tensor_use use, size_t offset, int ndim, int64_t d0,
+                            int64_t d1, int64_t d2, hyla_init init, float p0, float p1) {
+    HYLA_ASSERT(ds->n < HYLA_MIXER_MAX_TENSORS);
+    hyla_tensor_decl *d = &ds->d[ds->n++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name[0], sizeof d->name[0], "%s%s", ds->prefix, suffix);
+    d->use = use;
+    d->offset = offset;
+    d->ndim = ndim;
+    d->shape[0] = d0;
+    d->shape[1] = d1;
+    d->shape[2] = d2;
+    d->init = init;
+    d->p0 = p0;
+    d->p1 = p1;
+    return d;
+}
+
+hyla_tensor_decl *hyla_decl_matrix(hyla_decls *ds, const char *suffix, size_t offset, int rows, int cols, float gain) {
+    return hyla_decl(ds, suffix, HYLA_TENSOR_MATRIX, offset, 2, rows, cols, 0, HYLA_INIT_MATRIX, gain, 0);
+}
+
+hyla_tensor_decl *hyla_decl_vector(hyla_decls *ds, const char *suffix, size_t offset, int n, float base, float spread) {
+    return hyla_decl(ds, suffix, HYLA_TENSOR_VECTOR, offset, 1, n, 0, 0, HYLA_INIT_VECTOR, base, spread);
+}
+
+void hyla_decl_alt(hyla_decls *ds, hyla_tensor_decl *d, const char *suffix) {
+    for (int i = 1; i < HYLA_TENSOR_ALTS; i++)
+        if (!d->name[i][0]) {
+            snprintf(d->name[i], sizeof d->name[i], "%s%s", ds->prefix, suffix);
+            return;
+        }
+    HYLA_ASSERT(!"too many alternative tensor names");
+}
