@@ -87,6 +87,17 @@ void hyla_cfg_refuse(hyla_cfg *r, const char *key, const char *why) {
     hyla_cfg_fail(r, HYLA_ERR_UNSUPPORTED, "key '%s': %s", k, why);
 }
 
+/* flash-linear-attention's layout (docs/MODELS.md §1) */
+static const hyla_layout fla_layout = {
+    .embed = "model.embeddings.weight",
+    .layer_norm = "model.layers.%d.attn_norm.weight",
+    .mixer = "model.layers.%d.attn.",
+    .mlp_norm = "model.layers.%d.mlp_norm.weight",
+    .mlp = "model.layers.%d.mlp.",
+    .final_norm = "model.norm.weight",
+    .lm_head = "lm_head.weight",
+};
+
 /* ---- config objects: the mixers' config structs, freed together ---- */
 
 typedef struct owned {
@@ -215,6 +226,8 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
     }
     const char *act = hyla_cfg_str(&r, root, "hidden_act", "swish");
     if (strcmp(act, "swish") && strcmp(act, "silu")) hyla_cfg_refuse(&r, "hidden_act", "only swish (SwiGLU) is supported");
+    c->layout = base->layout ? base->layout : &fla_layout;
+    if (base->parse_model) base->parse_model(&r, root, c);
     if (r.st != HYLA_OK) goto done;
 
     /* the base kind at every layer, then the specs take their layers */

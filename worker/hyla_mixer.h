@@ -91,6 +91,8 @@ typedef struct {
     int n;
     char prefix[96]; /* e.g. "model.layers.3.attn." */
 } hyla_decls;
+/* An empty list for layer `layer`, prefixed as the model's layout names the mixer's tensors. */
+hyla_decls hyla_decls_init(hyla_tensor_decl *out, const hyla_model_config *mc, int layer);
 /* Append a tensor; returns it (for hyla_decl_alt). */
 hyla_tensor_decl *hyla_decl(hyla_decls *ds, const char *suffix, hyla_tensor_use use, size_t offset, int ndim, int64_t d0,
                             int64_t d1, int64_t d2, hyla_init init, float p0, float p1);
@@ -187,6 +189,10 @@ typedef struct hyla_mixer {
     const char *model_type; /* config.json model_type of a model whose layers are all this kind (NULL: none) */
     const char *spec_key;   /* config.json key of a hybrid spec that puts this kind at listed layers
                              * (an object or a list of objects with "layers": [...]; NULL: none) */
+    const hyla_layout *layout; /* as a base kind: its model family's tensor layout (NULL: FLA's) */
+    /* As a base kind: read the family's model-level keys that differ from FLA's (e.g. another
+     * name for the norm epsilon), after the common ones (NULL: none). */
+    void (*parse_model)(hyla_cfg *r, json_t *root, hyla_model_config *mc);
     size_t cfg_size;        /* bytes of the mixer's config struct */
     size_t w_size;          /* bytes of the mixer's weight struct (pointers filled by the loader) */
 

@@ -93,6 +93,8 @@ static void vector(tensors *t, const char *name, int n, float base, float spread
     for (int i = 0; i < n; i++) w[i] = base + spread * (2 * hyla_rng_uniform(&t->rng) - 1);
 }
 
+/* the layout's names are formats taking the layer index */
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
 #define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
 
 /* One tensor a mixer declares (hyla_mixer.h), drawn by its init kind. */
@@ -233,25 +235,29 @@ static int mk(const opts *o) {
     tensors t = {0};
     hyla_rng_seed(&t.rng, o->seed);
     char nm[320];
+    const hyla_layout *lay = mc.layout;
     {
-        float *E = add_tensor(&t, "model.embeddings.weight", 2, V, D, 0);
+        float *E = add_tensor(&t, lay->embed, 2, V, D, 0);
         for (size_t i = 0; i < (size_t)V * D; i++) E[i] = hyla_rng_normal(&t.rng);
     }
     hyla_tensor_decl *decls = malloc(HYLA_MIXER_MAX_TENSORS * sizeof *decls);
     HYLA_ASSERT(decls);
     for (int i = 0; i < L; i++) {
-        vector(&t, NM("model.layers.%d.attn_norm.weight", i), D, 1.0f, 0.1f);
+        vector(&t, NM(lay->layer_norm, i), D, 1.0f, 0.1f);
         int nd = mc.mixer[i]->tensors(&mc, mc.mixer_cfg[i], i, decls);
         for (int k = 0; k < nd; k++) declared(&t, &decls[k]);
-        vector(&t, NM("model.layers.%d.mlp_norm.weight", i), D, 1.0f, 0.1f);
-        matrix(&t, NM("model.layers.%d.mlp.gate_proj.weight", i), F, D, 1.0f);
-        matrix(&t, NM("model.layers.%d.mlp.up_proj.weight", i), F, D, 1.0f);
-        matrix(&t, NM("model.layers.%d.mlp.down_proj.weight", i), D, F, 0.5f);
+        if (!lay->mlp_norm) continue; /* mixer-only layers */
+        char pre[160];
+        snprintf(pre, sizeof pre, lay->mlp, i);
+        vector(&t, NM(lay->mlp_norm, i), D, 1.0f, 0.1f);
+        matrix(&t, NM("%sgate_proj.weight", pre), F, D, 1.0f);
+        matrix(&t, NM("%sup_proj.weight", pre), F, D, 1.0f);
+        matrix(&t, NM("%sdown_proj.weight", pre), D, F, 0.5f);
     }
     free(decls);
+    vector(&t, lay->final_norm, D, 1.0f, 0.1f);
+    matrix(&t, lay->lm_head, V, D, 4.0f); /* logits std ~4: peaked distributions */
     hyla_model_config_free(&mc);
-    vector(&t, "model.norm.weight", D, 1.0f, 0.1f);
-    matrix(&t, "lm_head.weight", V, D, 4.0f); /* logits std ~4: peaked distributions */
 
     /* convert to the requested dtype */
     for (int i = 0; i < t.n; i++) {

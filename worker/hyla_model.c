@@ -117,6 +117,8 @@ static hyla_status load_vector(loader *L, const char *name, int n, float **out) 
     return load_vector_nd(L, name, 1, shape, out);
 }
 
+/* the layout's names are formats taking the layer index */
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
 #define P(buf, ...) (snprintf(buf, sizeof buf, __VA_ARGS__), buf)
 
 static hyla_status track_host(hyla_model *m, void *p) {
@@ -152,11 +154,16 @@ static hyla_status load_layer(loader *L, int i) {
     ly->mixer = c->mixer[i];
     ly->cfg = c->mixer_cfg[i];
     snprintf(L->ctx, sizeof L->ctx, "layer %d (%s)", i, ly->mixer->name);
-    HYLA_TRY(load_vector(L, P(n, "model.layers.%d.attn_norm.weight", i), D, &ly->attn_norm));
-    HYLA_TRY(load_vector(L, P(n, "model.layers.%d.mlp_norm.weight", i), D, &ly->mlp_norm));
-    HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.gate_proj.weight", i), F, D, &ly->mlp_gate));
-    HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.up_proj.weight", i), F, D, &ly->mlp_up));
-    HYLA_TRY(load_matrix(L, P(n, "model.layers.%d.mlp.down_proj.weight", i), D, F, &ly->mlp_down));
+    const hyla_layout *lay = c->layout;
+    HYLA_TRY(load_vector(L, P(n, lay->layer_norm, i), D, &ly->attn_norm));
+    if (lay->mlp_norm) { /* else the family's layers are mixer-only */
+        char pre[160];
+        P(pre, lay->mlp, i);
+        HYLA_TRY(load_vector(L, P(n, lay->mlp_norm, i), D, &ly->mlp_norm));
+        HYLA_TRY(load_matrix(L, P(n, "%sgate_proj.weight", pre), F, D, &ly->mlp_gate));
+        HYLA_TRY(load_matrix(L, P(n, "%sup_proj.weight", pre), F, D, &ly->mlp_up));
+        HYLA_TRY(load_matrix(L, P(n, "%sdown_proj.weight", pre), D, F, &ly->mlp_down));
+    }
     if (!(ly->w = calloc(1, ly->mixer->w_size ? ly->mixer->w_size : 1))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     HYLA_TRY(track_host(m, ly->w));
     hyla_tensor_decl *decls = malloc(HYLA_MIXER_MAX_TENSORS * sizeof *decls);
@@ -234,15 +241,15 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     int first = m->layer_begin == 0, last = m->layer_end == c->num_layers;
     if (s == HYLA_OK && (first || (last && c->tie_word_embeddings))) {
         snprintf(L.ctx, sizeof L.ctx, "the embedding");
-        s = load_matrix(&L, "model.embeddings.weight", V, D, &m->embed);
+        s = load_matrix(&L, c->layout->embed, V, D, &m->embed);
     }
     for (int i = m->layer_begin; s == HYLA_OK && i < m->layer_end; i++) s = load_layer(&L, i);
     if (s == HYLA_OK && last) {
         snprintf(L.ctx, sizeof L.ctx, "the output head");
-        s = load_vector(&L, "model.norm.weight", D, &m->final_norm);
+        s = load_vector(&L, c->layout->final_norm, D, &m->final_norm);
         if (s == HYLA_OK) {
             if (c->tie_word_embeddings) m->lm_head = m->embed;
-            else s = load_matrix(&L, "lm_head.weight", V, D, &m->lm_head);
+            else s = load_matrix(&L, c->layout->lm_head, V, D, &m->lm_head);
         }
     }
     hyla_st_close(st); /* backends copy weights at weight_create */

@@ -31,6 +31,19 @@ struct hyla_mixer; /* hyla_mixer.h */
 #define HYLA_PREFILL_PIECE_MAX 8192
 #define HYLA_KV_PAGE_TOKENS 64  /* tokens per KV page */
 
+/* Where a model family keeps the tensors every layer has, and the embedding and head
+ * (printf formats taking the layer index). The base mixer kind names its family's layout;
+ * flash-linear-attention's is the default (docs/MODELS.md §1). */
+typedef struct {
+    const char *embed;      /* [V][D] */
+    const char *layer_norm; /* the mixer's pre-norm [D] */
+    const char *mixer;      /* prefix of the mixer's tensors, e.g. "model.layers.%d.attn." */
+    const char *mlp_norm;   /* the MLP's pre-norm [D]; NULL: the family's layers have no MLP */
+    const char *mlp;        /* prefix of the MLP's gate_proj, up_proj, down_proj */
+    const char *final_norm; /* [D] */
+    const char *lm_head;    /* [V][D] (absent with tied embeddings) */
+} hyla_layout;
+
 /* What config.json says, normalised: the keys every model has, and for each layer its mixer
  * kind and that kind's own config (parsed by the mixer module; opaque here). */
 typedef struct {
@@ -39,6 +52,7 @@ typedef struct {
     float norm_eps;
     int tie_word_embeddings;
     int bos_token_id, eos_token_id; /* -1 if absent */
+    const hyla_layout *layout;
     const struct hyla_mixer *mixer[HYLA_MAX_LAYERS]; /* layer i's kind */
     const void *mixer_cfg[HYLA_MAX_LAYERS];          /* layer i's mixer config (shared by layers of one spec) */
     void *owned;                                     /* the config objects (freed by hyla_model_config_free) */

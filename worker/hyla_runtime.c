@@ -160,6 +160,11 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
             st = hyla_fail_wrap(st, "layer %d (%s)", l, ly->mixer->name);
             break;
         }
+        if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
+            if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
+            PM("residual add");
+            continue;
+        }
         if ((st = o->add_rmsnorm(ctx, rt->x, rt->mo, ly->mlp_norm, rt->xn, f->R, D, c->norm_eps)) != HYLA_OK) break;
         PM("norm");
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};

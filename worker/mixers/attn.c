@@ -62,8 +62,7 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
 static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
     const attn_cfg *c = cfgp;
     int D = mc->hidden_size, Hq = c->heads, Hk = c->kv_heads, hd = c->head_dim;
-    hyla_decls ds = {out, 0, ""};
-    snprintf(ds.prefix, sizeof ds.prefix, "model.layers.%d.attn.", layer);
+    hyla_decls ds = hyla_decls_init(out, mc, layer);
     hyla_decl_matrix(&ds, "q_proj.weight", offsetof(attn_w, q), Hq * hd, D, 1.0f);
     hyla_decl_matrix(&ds, "k_proj.weight", offsetof(attn_w, k), Hk * hd, D, 1.0f);
     hyla_decl_matrix(&ds, "v_proj.weight", offsetof(attn_w, v), Hk * hd, D, 1.0f);
@@ -180,6 +179,8 @@ const hyla_mixer hyla_mixer_attn = {
     .name = "attn",
     .model_type = "transformer",
     .spec_key = "attn",
+    .layout = NULL,
+    .parse_model = NULL,
     .cfg_size = sizeof(attn_cfg),
     .w_size = sizeof(attn_w),
     .parse = parse,

@@ -54,8 +54,7 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
 static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
     const gdn_cfg *c = cfgp;
     int D = mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv;
-    hyla_decls ds = {out, 0, ""};
-    snprintf(ds.prefix, sizeof ds.prefix, "model.layers.%d.attn.", layer);
+    hyla_decls ds = hyla_decls_init(out, mc, layer);
     hyla_decl_matrix(&ds, "q_proj.weight", offsetof(gdn_w, q), H * dk, D, 1.0f);
     hyla_decl_matrix(&ds, "k_proj.weight", offsetof(gdn_w, k), H * dk, D, 1.0f);
     hyla_decl_matrix(&ds, "v_proj.weight", offsetof(gdn_w, v), H * dv, D, 1.0f);
@@ -172,6 +171,8 @@ const hyla_mixer hyla_mixer_gdn = {
     .name = "gdn",
     .model_type = "gated_deltanet",
     .spec_key = NULL,
+    .layout = NULL,
+    .parse_model = NULL,
     .cfg_size = sizeof(gdn_cfg),
     .w_size = sizeof(gdn_w),
     .parse = parse,

@@ -45,6 +45,15 @@ hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int
     return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL);
 }
 
+hyla_decls hyla_decls_init(hyla_tensor_decl *out, const hyla_model_config *mc, int layer) {
+    hyla_decls ds = {out, 0, ""};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    snprintf(ds.prefix, sizeof ds.prefix, mc->layout->mixer, layer);
+#pragma GCC diagnostic pop
+    return ds;
+}
+
 hyla_tensor_decl *hyla_decl(hyla_decls *ds, const char *suffix, hyla_tensor_use use, size_t offset, int ndim, int64_t d0,
                             int64_t d1, int64_t d2, hyla_init init, float p0, float p1) {
     HYLA_ASSERT(ds->n < HYLA_MIXER_MAX_TENSORS);

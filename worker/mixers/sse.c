@@ -83,8 +83,7 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
 static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
     const sse_cfg *c = cfgp;
     int D = mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv, rank = c->lora_rank, r = c->gate_low_rank_dim;
-    hyla_decls ds = {out, 0, ""};
-    snprintf(ds.prefix, sizeof ds.prefix, "model.layers.%d.attn.", layer);
+    hyla_decls ds = hyla_decls_init(out, mc, layer);
     hyla_decl_matrix(&ds, "q_proj.weight", offsetof(sse_w, q), H * dk, D, 1.0f);
     hyla_decl_matrix(&ds, "k_proj.weight", offsetof(sse_w, k), H * dk, D, 1.0f);
     hyla_decl_matrix(&ds, "v_proj.weight", offsetof(sse_w, v), H * dv, D, 1.0f);
@@ -296,6 +295,8 @@ const hyla_mixer hyla_mixer_sse = {
     .name = "sse",
     .model_type = "sse",
     .spec_key = NULL,
+    .layout = NULL,
+    .parse_model = NULL,
     .cfg_size = sizeof(sse_cfg),
     .w_size = sizeof(sse_w),
     .parse = parse,
