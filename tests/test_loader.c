@@ -71,6 +71,113 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
+/* ---- checkpoint naming variants (flash-linear-attention writes several for one model) ---- */
+
+/* Rename tensors whose name ends in `from` to end in `to`; drop those ending in `drop`. */
+static const char *g_from, *g_to, *g_drop;
+static char g_names[64][256];
+static int g_nnames;
+static int rename_edit(hyla_st_entry *e) {
+    size_t n = strlen(e->name);
+    if (g_drop && n >= strlen(g_drop) && !strcmp(e->name + n - strlen(g_drop), g_drop)) return 0;
+    if (g_from && n >= strlen(g_from) && !strcmp(e->name + n - strlen(g_from), g_from)) {
+        HYLA_ASSERT(g_nnames < 64);
+        char *b = g_names[g_nnames++];
+        snprintf(b, 256, "%.*s%s", (int)(n - strlen(g_from)), e->name, g_to);
+        e->name = b;
+    }
+    return 1;
+}
+static void variant(const char *src, const char *dst, const char *from, const char *to, const char *drop) {
+    g_from = from;
+    g_to = to;
+    g_drop = drop;
+    g_nnames = 0;
+    rewrite(src, dst, rename_edit);
+}
+/* Edit dst/config.json with a python3 expression on `c` (the parsed object). */
+static void config_edit(const char *dst, const char *expr) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; p=sys.argv[1]+\"/config.json\"; c=json.load(open(p)); %s; "
+             "json.dump(c, open(p, \"w\"))' %s",
+             expr, dst);
+    CHECK(system(cmd) == 0);
+}
+/* Both load and give the same logits, bit for bit, for a short prompt. */
+static void same_logits(const char *a, const char *b) {
+    hyla_runtime *ra = test_load(a, be, NULL), *rb = test_load(b, be, NULL);
+    if (ra && rb) {
+        hyla_session *s1 = NULL, *s2 = NULL;
+        CHECK_OK(hyla_session_create(ra, &s1));
+        CHECK_OK(hyla_session_create(rb, &s2));
+        int32_t toks[5] = {1, 2, 3, 4, 5};
+        float l1[4 * 260], l2[4 * 260];
+        CHECK_OK(hyla_session_feed(s1, toks, 5, l1, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(s2, toks, 5, l2, NULL, NULL, NULL));
+        CHECK_MSG(!memcmp(l1, l2, sizeof l1), "%s and %s give different logits", a, b);
+        hyla_session_free(s1);
+        hyla_session_free(s2);
+    }
+    test_unload(ra);
+    test_unload(rb);
+}
+
+static void test_naming_variants(const char *bin) {
+    char src[700], d[700], cmd[2048];
+    /* GLA saved with fuse_norm=False: the output norm is g_norm, not g_norm_swish_gate */
+    snprintf(src, sizeof src, "%s/v-gla", tmp);
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch gla-h --layers 2 --hidden 64 --heads 4 --out %s 2>/dev/null", bin, src);
+    CHECK(system(cmd) == 0);
+    snprintf(d, sizeof d, "%s/v-gla-unfused", tmp);
+    variant(src, d, "g_norm_swish_gate.weight", "g_norm.weight", NULL);
+    config_edit(d, "c[\"fuse_norm\"]=False");
+    same_logits(src, d);
+    /* GLA without the output gate: g_norm and no g_proj */
+    snprintf(d, sizeof d, "%s/v-gla-nogate", tmp);
+    variant(src, d, "g_norm_swish_gate.weight", "g_norm.weight", "attn.g_proj.weight");
+    config_edit(d, "c[\"use_output_gate\"]=False");
+    hyla_runtime *r = test_load(d, be, NULL);
+    test_unload(r);
+    /* GLA with short convolutions */
+    snprintf(d, sizeof d, "%s/v-gla-conv", tmp);
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch gla --short-conv 1 --layers 2 --hidden 64 --heads 4 --out %s 2>/dev/null", bin, d);
+    CHECK(system(cmd) == 0);
+    r = test_load(d, be, NULL);
+    test_unload(r);
+    /* GDN without the output gate (o_norm plain) and without short convolutions */
+    snprintf(src, sizeof src, "%s/v-gdn", tmp);
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch gdn --short-conv 0 --layers 2 --hidden 64 --heads 4 --out %s 2>/dev/null", bin, src);
+    CHECK(system(cmd) == 0);
+    snprintf(d, sizeof d, "%s/v-gdn-nogate", tmp);
+    variant(src, d, NULL, NULL, "attn.g_proj.weight");
+    config_edit(d, "c[\"use_gate\"]=False");
+    r = test_load(d, be, NULL);
+    test_unload(r);
+    /* tied embeddings: no lm_head tensor; the same logits as an untied model whose head is the table */
+    snprintf(src, sizeof src, "%s/v-untied", tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s/hyla-mkmodel --arch gdn-h --layers 2 --hidden 64 --heads 4 --out %s 2>/dev/null && python3 - %s <<'PY'\n"
+             "import json, struct, sys\n"
+             "p = sys.argv[1] + '/model.safetensors'\n"
+             "b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8+n]); data = bytearray(b[8+n:])\n"
+             "e, l = h['model.embeddings.weight']['data_offsets'], h['lm_head.weight']['data_offsets']\n"
+             "data[l[0]:l[1]] = data[e[0]:e[1]]\n"
+             "open(p, 'wb').write(b[:8+n] + bytes(data))\n"
+             "PY",
+             bin, src, src);
+    CHECK(system(cmd) == 0);
+    snprintf(d, sizeof d, "%s/v-tied", tmp);
+    variant(src, d, NULL, NULL, "lm_head.weight");
+    config_edit(d, "c[\"tie_word_embeddings\"]=True");
+    same_logits(src, d);
+    /* a key of newer flash-linear-attention models that we do not implement is refused by name */
+    snprintf(d, sizeof d, "%s/v-attnres", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "c[\"attnres_block_size\"]=2");
+    expect_fail(d, HYLA_ERR_UNSUPPORTED, "attnres_block_size", NULL);
+}
+
 int main(void) {
     if (!mkdtemp(tmp)) return 1;
     CHECK_OK(hyla_backend_create("cpu", &be));
@@ -187,6 +294,8 @@ int main(void) {
         hyla_runtime *m = test_load(d, be, NULL);
         test_unload(m);
     }
+
+    test_naming_variants(bin);
 
     hyla_backend_destroy(be);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

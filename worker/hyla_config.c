@@ -226,6 +226,8 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
     }
     const char *act = hyla_cfg_str(&r, root, "hidden_act", "swish");
     if (strcmp(act, "swish") && strcmp(act, "silu")) hyla_cfg_refuse(&r, "hidden_act", "only swish (SwiGLU) is supported");
+    if (hyla_cfg_has(root, "attnres_block_size"))
+        hyla_cfg_refuse(&r, "attnres_block_size", "attention residuals across layers are not supported (must be null)");
     c->layout = base->layout ? base->layout : &fla_layout;
     if (base->parse_model) base->parse_model(&r, root, c);
     if (r.st != HYLA_OK) goto done;
