@@ -168,6 +168,53 @@ static void read_spec(hyla_cfg *r, json_t *root, const hyla_mixer *mx, json_t *s
     }
 }
 
+/* A `statex` spec (our extension; docs/MODELS.md "StateX"): the listed layers keep the base kind,
+ * parsed from the root keys overlaid by the spec's own keys (e.g. num_heads 1 for merged GLA heads,
+ * state_size 512 for Mamba2). */
+static void read_statex(hyla_cfg *r, json_t *root, const hyla_mixer *base, json_t *spec, int idx, hyla_model_config *c) {
+    char where[64];
+    snprintf(where, sizeof where, idx < 0 ? "statex" : "statex[%d]", idx);
+    if (!json_is_object(spec)) {
+        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key '%s' must be an object or a list of objects", where);
+        return;
+    }
+    json_t *layers = json_object_get(spec, "layers");
+    if (!json_is_array(layers)) {
+        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key '%s.layers' must be a list of layer indices", where);
+        return;
+    }
+    json_t *merged = json_deep_copy(root);
+    void *cfg = own_new(c, base->cfg_size);
+    if (!merged || !cfg || json_object_update(merged, spec) != 0) {
+        json_decref(merged);
+        hyla_cfg_fail(r, HYLA_ERR_NOMEM, "out of memory");
+        return;
+    }
+    json_object_del(merged, "layers");
+    hyla_cfg sub = {r->path, where, HYLA_OK};
+    base->parse(&sub, merged, c, cfg);
+    json_decref(merged);
+    if (sub.st != HYLA_OK) {
+        if (r->st == HYLA_OK) r->st = sub.st;
+        return;
+    }
+    size_t i;
+    json_t *l;
+    json_array_foreach(layers, i, l) {
+        if (!json_is_integer(l) || json_integer_value(l) < 0 || json_integer_value(l) >= c->num_layers) {
+            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' has an entry outside [0, %d)", where, c->num_layers);
+            return;
+        }
+        int li = (int)json_integer_value(l);
+        if (c->mixer_cfg[li]) {
+            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' lists layer %d, which another spec already took", where, li);
+            return;
+        }
+        c->mixer[li] = base;
+        c->mixer_cfg[li] = cfg;
+    }
+}
+
 hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -253,6 +300,16 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
             read_spec(&r, root, mx, spec, -1, c);
         } else {
             hyla_cfg_fail(&r, HYLA_ERR_FORMAT, "key '%s' must be an object or a list of objects", mx->spec_key);
+        }
+    }
+    json_t *sx = json_object_get(root, "statex");
+    if (r.st == HYLA_OK && sx && !json_is_null(sx)) {
+        if (json_is_array(sx)) {
+            size_t k;
+            json_t *sp;
+            json_array_foreach(sx, k, sp) read_statex(&r, root, base, sp, (int)k, c);
+        } else {
+            read_statex(&r, root, base, sx, -1, c);
         }
     }
     for (int i = 0; i < c->num_layers; i++)

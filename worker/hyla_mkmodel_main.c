@@ -36,9 +36,11 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: hyla-mkmodel --arch ARCH --layers L --hidden D --heads H [options] --out DIR\n"
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
-            "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h\n"
+            "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
+            "                     statex-gla\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
-            "                     than 6 layers, at layer L/2)\n"
+            "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
+            "                     4 layers, one every L/4 from the first: GLA heads merged into one)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -131,10 +133,17 @@ static void declared(tensors *t, const hyla_tensor_decl *d) {
  * layers from an `attn` spec at every 6th layer (i % 6 == 5), or at L/2 with fewer than 6. */
 typedef struct {
     const char *arch, *mixer, *variant;
+    const char *statex; /* StateX: base keys overridden at 4 expanded layers (JSON object), or NULL */
 } mk_arch;
 static const mk_arch ARCHS[] = {
-    {"gla", "gla", NULL}, {"gdn", "gdn", NULL}, {"transformer", "attn", NULL},
-    {"sse", "sse", NULL}, {"sse-gdn", "sse", "gdn"},
+    {"gla", "gla", NULL, NULL},
+    {"gdn", "gdn", NULL, NULL},
+    {"transformer", "attn", NULL, NULL},
+    {"sse", "sse", NULL, NULL},
+    {"sse-gdn", "sse", "gdn", NULL},
+    /* StateX (statex-post-training-state-expansion.txt §4.1, §4.4): all heads of a GLA layer
+     * merged into one, at one layer of every L/4 from the first */
+    {"statex-gla", "gla", NULL, "{\"num_heads\": 1}"},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {
@@ -153,6 +162,14 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
     hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0};
     const char *why = base->mk_config(cfg, &ma);
+    if (!why && a->statex) {
+        json_t *spec = json_loads(a->statex, 0, NULL), *layers = json_array();
+        HYLA_ASSERT(spec);
+        int m = L / 4 > 0 ? L / 4 : 1;
+        for (int i = 0, n = 0; i < L && n < 4; i += m, n++) json_array_append_new(layers, json_integer(i));
+        json_object_set_new(spec, "layers", layers);
+        json_object_set_new(cfg, "statex", spec);
+    }
     if (!why && hybrid) {
         const hyla_mixer *attn = hyla_mixer_find("attn");
         json_t *spec = json_object(), *layers = json_array();
