@@ -575,6 +575,14 @@ class Model:
         for spec in attn_specs(cfg):
             for i in spec.get("layers", []):
                 attn_of[i] = spec
+        # StateX (docs/MODELS.md 4.5): listed layers read the root keys overlaid by the spec's
+        cfg_of = {}
+        sx = cfg.get("statex", None)
+        for spec in ([] if sx is None else sx if isinstance(sx, list) else [sx]):
+            over = dict(cfg)
+            over.update({k: v for k, v in spec.items() if k != "layers"})
+            for i in spec.get("layers", []):
+                cfg_of[i] = over
         self.layers = []
         for i in range(L):
             p = "model.layers.%d." % i
@@ -584,11 +592,11 @@ class Model:
             elif i in attn_of:
                 mix = AttnLayer(attn_of[i], W, pa, D, False)
             elif mt == "gla":
-                mix = GLALayer(cfg, W, pa, D)
+                mix = GLALayer(cfg_of.get(i, cfg), W, pa, D)
             elif mt == "gated_deltanet":
-                mix = GDNLayer(cfg, W, pa, D)
+                mix = GDNLayer(cfg_of.get(i, cfg), W, pa, D)
             else:
-                mix = SSELayer(cfg, W, pa, D)
+                mix = SSELayer(cfg_of.get(i, cfg), W, pa, D)
             self.layers.append({
                 "mixer": mix,
                 "attn_norm": W(p + "attn_norm.weight", (D,)),

@@ -55,6 +55,7 @@ FIXTURES = {
     "sse-h": (mk("sse-h", 4, "--window", "24"), "hyla-mkmodel SSE with an attention layer (layer 2), sliding window 24"),
     "gla-h": (mk("gla-h", 4), "hyla-mkmodel GLA with an attention layer (layer 2), full attention"),
     "gdn-h-bf16": (mk("gdn-h", 4, "--window", "40", "--dtype", "bf16"), "hyla-mkmodel GDN with an attention layer, window 40, BF16 weights"),
+    "statex-gla": (mk("statex-gla", 4), "hyla-mkmodel StateX GLA: every layer's heads merged into one (4 expanded of 4)"),
     "x-gla-conv": (tiny("x-gla-conv", "BF16", 2), "make_tiny GLA: short conv, no output gate, clamp_min; BF16 weights in 2 shards"),
     "x-gdn-plain": (tiny("x-gdn-plain", "F16"), "make_tiny GDN: no conv, no output gate, allow_neg_eigval, expand_v 1; F16 weights"),
     "x-transformer": (tiny("x-transformer"), "make_tiny transformer: GQA 4:1, qkv bias, qk_norm, window 20, rope_theta 500, tied embeddings"),
