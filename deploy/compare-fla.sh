@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# compare-fla.sh — flash-linear-attention and hyla side by side on one checkpoint, in one run, on a
+# GPU machine (issue: long documents faster than anyone). Needs: torch, transformers, triton, FLA's
+# source (nothing of it is committed here; fetch it and point FLA_SRC at it) and hyla's binaries.
+#
+#   FLA_SRC=/path/to/flash-linear-attention HYLA_BIN=build/bin deploy/compare-fla.sh OUTDIR
+#
+# Makes the 1.68B Gated DeltaNet checkpoint with FLA's save_pretrained (random bf16 weights),
+# times FLA's Hugging Face model (prefill 4k/32k/128k, decode B = 1 and 64), then `hyla-bench e2e`
+# on the same directory, and prints one table; OUTDIR/prefill.png plots both (with matplotlib).
+# Environment: PREFILL (4096,32768,131072), BATCH (1,64), DEVICE (cuda:0).
+set -euo pipefail
+out=${1:?usage: compare-fla.sh OUTDIR}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+: "${FLA_SRC:?set FLA_SRC to flash-linear-attention's source tree}"
+HYLA_BIN=${HYLA_BIN:-$here/../build/bin}
+PREFILL=${PREFILL:-4096,32768,131072}
+BATCH=${BATCH:-1,64}
+DEVICE=${DEVICE:-cuda:0}
+mkdir -p "$out"
+export PYTHONPATH=$FLA_SRC${PYTHONPATH:+:$PYTHONPATH}
+model=$out/gdn-1.68b
+[ -f "$model/config.json" ] || python3 "$here/compare_fla.py" make --out "$model"
+echo "compare-fla: timing flash-linear-attention" >&2
+python3 "$here/compare_fla.py" fla --model "$model" --prefill "$PREFILL" --batch "$BATCH" --out "$out/fla.jsonl"
+echo "compare-fla: timing hyla" >&2
+"$HYLA_BIN/hyla-bench" e2e --model "$model" --device "$DEVICE" --prefill "$PREFILL" --batch "$BATCH" --ctx 16 \
+    > "$out/hyla.jsonl"
+python3 "$here/compare_fla.py" table --fla "$out/fla.jsonl" --hyla "$out/hyla.jsonl" --png "$out/prefill.png" \
+    | tee "$out/table.md"

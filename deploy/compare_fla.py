@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Side by side: flash-linear-attention's Hugging Face model and hyla on the same checkpoint.
+
+Used by deploy/compare-fla.sh on a GPU machine with torch, transformers, triton and FLA's source
+on PYTHONPATH. Subcommands:
+
+  make  --out DIR                 a random Gated DeltaNet checkpoint of the 1.68B shape (18 layers,
+                                  hidden 2304, 18 heads of 128, expand_v 2, short conv, MLP 6144,
+                                  vocab 32000), saved by FLA's save_pretrained in bf16
+  fla   --model DIR --prefill N,... --batch B,... --out FILE
+                                  FLA's timings (JSON lines like hyla-bench's): prefill of one
+                                  sequence of N tokens, decode steps of B sequences after a 16-token
+                                  prompt (the model's own cache), both in bf16
+  table --fla FILE --hyla FILE [--png FILE]
+                                  one table of both (and a plot of prefill tokens/s against length)
+"""
+import argparse
+import json
+import sys
+import time
+
+
+def cmd_make(a):
+    import torch
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+    torch.manual_seed(0)
+    cfg = GatedDeltaNetConfig(hidden_size=2304, num_hidden_layers=18, num_heads=18, head_dim=128, expand_v=2,
+                              use_short_conv=True, intermediate_size=6144, vocab_size=32000,
+                              bos_token_id=1, eos_token_id=2, fuse_cross_entropy=False)
+    m = GatedDeltaNetForCausalLM(cfg).to(torch.bfloat16)
+    m.save_pretrained(a.out, safe_serialization=True)
+    n = sum(p.numel() for p in m.parameters())
+    print("wrote %s: %.2fB parameters" % (a.out, n / 1e9), file=sys.stderr)
+
+
+def sync_time(fn, reps):
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+def cmd_fla(a):
+    import torch
+    from transformers import AutoModelForCausalLM
+    import fla  # noqa: F401  (registers the model types)
+    m = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16).cuda().eval()
+    gpu = torch.cuda.get_device_name(0)
+    out = open(a.out, "w")
+    with torch.no_grad():
+        for n in [int(x) for x in a.prefill.split(",") if x]:
+            ids = torch.randint(3, 32000, (1, n), device="cuda")
+            try:
+                m(ids[:, :256])  # compile / warm the kernels
+                sec = sync_time(lambda: m(ids, use_cache=False, logits_to_keep=1), 2 if n <= 32768 else 1)
+                row = {"bench": "fla_prefill", "gpu": gpu, "tokens": n, "s": sec, "tokens_per_s": n / sec}
+            except Exception as e:  # e.g. out of memory at the longest lengths
+                row = {"bench": "fla_prefill", "gpu": gpu, "tokens": n, "error": str(e)[:200]}
+                torch.cuda.empty_cache()
+            print(json.dumps(row), file=out, flush=True)
+        for B in [int(x) for x in a.batch.split(",") if x]:
+            ids = torch.randint(3, 32000, (B, 16), device="cuda")
+            o = m(ids, use_cache=True)
+            pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+
+            def step():
+                nonlocal pkv, nxt
+                r = m(nxt, past_key_values=pkv, use_cache=True)
+                pkv, nxt = r.past_key_values, r.logits[:, -1:].argmax(-1)
+            step()
+            sec = sync_time(step, a.steps)
+            print(json.dumps({"bench": "fla_decode", "gpu": gpu, "B": B, "ctx": 16, "ms_per_step": sec * 1e3,
+                              "tokens_per_s": B / sec}), file=out, flush=True)
+
+
+def rows(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip().startswith("{")]
+
+
+def cmd_table(a):
+    fla, hy = rows(a.fla), rows(a.hyla)
+    fp = {r["tokens"]: r for r in fla if r["bench"] == "fla_prefill"}
+    hp = {r["tokens"]: r for r in hy if r["bench"] == "e2e_prefill"}
+    print("| | flash-linear-attention | hyla | hyla / FLA |")
+    print("|---|---|---|---|")
+    for n in sorted(set(fp) | set(hp)):
+        f, h = fp.get(n, {}), hp.get(n, {})
+        ft, ht = f.get("tokens_per_s"), h.get("tokens_per_s")
+        print("| prefill %d tokens | %s | %s | %s |" % (
+            n, "%.1f k tok/s" % (ft / 1e3) if ft else f.get("error", "-"), "%.1f k tok/s" % (ht / 1e3) if ht else "-",
+            "%.2f x" % (ht / ft) if ft and ht else "-"))
+    fd = {r["B"]: r for r in fla if r["bench"] == "fla_decode"}
+    hd = {r["B"]: r for r in hy if r["bench"] == "e2e_decode" and r.get("ctx") == 16 and r.get("graphs", 1) == 1}
+    for B in sorted(set(fd) | set(hd)):
+        f, h = fd.get(B, {}), hd.get(B, {})
+        print("| decode B = %d, ctx 16 | %s | %s | %s |" % (
+            B, "%.2f ms/step" % f["ms_per_step"] if f else "-", "%.2f ms/step" % h["ms_per_step"] if h else "-",
+            "%.1f x faster" % (f["ms_per_step"] / h["ms_per_step"]) if f and h else "-"))
+    if a.png:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("(matplotlib missing: no plot)", file=sys.stderr)
+            return
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, d in (("flash-linear-attention", fp), ("hyla", hp)):
+            xs = sorted(n for n in d if d[n].get("tokens_per_s"))
+            ax.plot(xs, [d[n]["tokens_per_s"] / 1e3 for n in xs], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens (one sequence)")
+        ax.set_ylabel("prefill k tokens/s")
+        ax.set_title("1.68B Gated DeltaNet, bf16, %s" % (hy[0].get("gpu", "GPU") if hy else "GPU"))
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sp = ap.add_subparsers(dest="cmd", required=True)
+    p = sp.add_parser("make")
+    p.add_argument("--out", required=True)
+    p = sp.add_parser("fla")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prefill", default="4096,32768,131072")
+    p.add_argument("--batch", default="1,64")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", required=True)
+    p = sp.add_parser("table")
+    p.add_argument("--fla", required=True)
+    p.add_argument("--hyla", required=True)
+    p.add_argument("--png")
+    a = ap.parse_args()
+    {"make": cmd_make, "fla": cmd_fla, "table": cmd_table}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
