@@ -61,6 +61,11 @@ def build(out):
             cfg = GatedDeltaNetConfig(**common, **kw)
             model = GatedDeltaNetForCausalLM(cfg)
         model = model.cuda().float().eval()
+        # FLA's models name tied weights in a list; transformers 5 reads a dict {target: source}
+        for mod in model.modules():
+            t = getattr(mod, "_tied_weights_keys", None)
+            if isinstance(t, list):
+                mod._tied_weights_keys = {k: "model.embeddings.weight" for k in t}
         d = os.path.join(out, name)
         model.save_pretrained(d, safe_serialization=True)
         with torch.no_grad():
