@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "hyla_worker_impl.h"
@@ -814,14 +813,7 @@ void hyla_worker_wait(hyla_worker *w) {
             HYLA_WARN("drained, but the coordinator has not acknowledged it in 10 s: exiting anyway");
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&w->exit_cv, &w->exit_mu, &ts);
+        hyla_cond_wait_ms(&w->exit_cv, &w->exit_mu, 100);
     }
     pthread_mutex_unlock(&w->exit_mu);
 }

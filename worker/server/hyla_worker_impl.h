@@ -22,6 +22,7 @@
 #include "hyla_rpc.h"
 #include "hyla_session.h"
 #include "hyla_store_rpc.h"
+#include "hyla_thread.h"
 #include "hyla_tokenizer.h"
 #include "hyla_util.h"
 #include "hyla_worker.h"

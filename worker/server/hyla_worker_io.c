@@ -106,7 +106,7 @@ static hyla_status do_register(hyla_worker *w) {
     lr.end = (uint32_t)le;
     dev.name = (char *)w->p.device;
     char desc[128];
-    snprintf(desc, sizeof desc, "%s backend, %ld cores", hyla_model_backend(w->m)->ops->name, sysconf(_SC_NPROCESSORS_ONLN));
+    snprintf(desc, sizeof desc, "%s backend, %d cores", hyla_model_backend(w->m)->ops->name, hyla_online_cores());
     dev.description = desc;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES);
     dev.memory_total_bytes = (uint64_t)pages * (uint64_t)psz;

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "hyla_worker_impl.h"
 
@@ -342,16 +341,7 @@ static void step_finish_exports(hyla_worker *w) {
 /* Idle: wait up to 50 ms for a command. */
 static void step_idle_wait(hyla_worker *w) {
     pthread_mutex_lock(&w->mu);
-    if (!w->q_head && !w->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-    }
+    if (!w->q_head && !w->stop) hyla_cond_wait_ms(&w->cv, &w->mu, 50);
     pthread_mutex_unlock(&w->mu);
 }
 
