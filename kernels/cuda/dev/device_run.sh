@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 cat $OUT/gpu.txt
 T0=$SECONDS
 late() { [ -n "$TMAX" ] && [ $((SECONDS-T0)) -gt "$TMAX" ]; }
-base() { local p=$1; shift; LD_LIBRARY_PATH=/tmp/b/lib timeout 120 /tmp/b/bin/$p "$@"; }
+base() { local p=$1; shift; LD_LIBRARY_PATH=/tmp/b/lib timeout 60 /tmp/b/bin/$p "$@"; }
 for ph in "$@"; do
   if late; then echo "skip $ph (time)" | tee -a $OUT/summary.txt; continue; fi
   case $ph in
@@ -33,9 +33,9 @@ for ph in "$@"; do
       t0=$SECONDS; timeout 240 test_gpu_e2e > $OUT/test_gpu_e2e.log 2>&1; echo "test_gpu_e2e rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|diverge|graphs" $OUT/test_gpu_e2e.log | head -20 ;;
     dev)
-      for p in lin_decode_forms attn_flash_forms; do
-        t0=$SECONDS; timeout 60 $p > $OUT/dev_$p.log 2>&1; echo "dev $p rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
-        cat $OUT/dev_$p.log
+      for p in lin_decode_forms "attn_flash_forms 2048"; do
+        t0=$SECONDS; timeout 60 $p > "$OUT/dev_${p%% *}.log" 2>&1; echo "dev $p rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+        cat "$OUT/dev_${p%% *}.log"
       done ;;
     bitcheck)
       t0=$SECONDS; n=0; bad=0; mkdir -p /tmp/bc/new /tmp/bc/base
@@ -64,7 +64,7 @@ for ph in "$@"; do
         if late; then echo "skip kbench $o (time)" | tee -a $OUT/summary.txt; continue; fi
         for b in base new; do
           t0=$SECONDS
-          if [ $b = base ]; then base hyla-bench kernels --device cuda:0 --only $o; else timeout 120 hyla-bench kernels --device cuda:0 --only $o; fi \
+          if [ $b = base ]; then base hyla-bench kernels --device cuda:0 --only $o; else timeout 60 hyla-bench kernels --device cuda:0 --only $o; fi \
             2>> $OUT/bench_kernels.err | sed "s/^{/{\"build\":\"$b\",/" >> $OUT/bench_kernels.jsonl
           echo "kbench $o $b ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
         done
