@@ -936,13 +936,14 @@ static void run_lin_prefill(hyla_backend *b, int gdn, void *q, void *k, void *v,
 }
 
 /* GLA / GDN prefill of one sequence, p = {gdn, n, H, dk, dv}. The backend picks the path by
- * shape: the fused pass (dk <= 128), its split form (few long sequences: n = 300 here), kernels
- * A and B (dk = 256; GLA's split form), the token loop (dv > 1024: k_lin_rec4, or k_lin_rec for
- * an odd dv), each within its tolerance of the CPU. 64-token pieces == one call, bit for bit
- * (which for n = 300 also compares the split form with the fused pass). */
+ * shape: the fused pass (dk <= 128, any dv: blocks of 128 value columns), its split form (few
+ * long sequences: n = 300 here), kernels A and B (dk = 256; GLA's split form), the token loop
+ * where kernels A and B do not fit either (dk > 128 with dv > 1024: k_lin_rec), each within its
+ * tolerance of the CPU. 64-token pieces == one call, bit for bit (which for n = 300 also holds
+ * the split form to the fused pass's bits). */
 static void case_lin_prefill(const op_case *c) {
     const int gdn = c->p[0], n = c->p[1], H = c->p[2], dk = c->p[3], dv = c->p[4];
-    const int token_loop = dv > 1024;
+    const int token_loop = dk > 128 && dv > 1024;
     size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
     float scale = 1.0f / sqrtf((float)dk);
     float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
@@ -1634,12 +1635,14 @@ static const op_case cases[] = {
     {"gla_prefill", case_lin_prefill, {0, 64, 3, 32, 16}},
     {"gla_prefill", case_lin_prefill, {0, 90, 2, 256, 64}},
     {"gla_prefill", case_lin_prefill, {0, 40, 1, 16, 1025}},
+    {"gla_prefill", case_lin_prefill, {0, 40, 1, 160, 1025}},
     {"gdn_prefill", case_lin_prefill, {1, 1, 2, 16, 32}},
     {"gdn_prefill", case_lin_prefill, {1, 200, 2, 64, 48}},
     {"gdn_prefill", case_lin_prefill, {1, 300, 4, 128, 128}},
     {"gdn_prefill", case_lin_prefill, {1, 65, 2, 256, 96}},
     {"gdn_prefill", case_lin_prefill, {1, 70, 2, 8, 8}},
     {"gdn_prefill", case_lin_prefill, {1, 70, 1, 16, 1056}},
+    {"gdn_prefill", case_lin_prefill, {1, 70, 1, 256, 1056}},
     /* {gdn, B, H, dk, dv} */
     {"gla_decode", case_lin_decode, {0, 5, 4, 64, 128}},
     {"gdn_decode", case_lin_decode, {1, 5, 4, 128, 128}},
