@@ -456,7 +456,7 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
         grp[j] = j;
         /* batched only where one GEMM leaves the GPU's waves underfilled: fewer than two
          * 128x128 output tiles per SM (the 1.3B model's 2304-wide q, k, v: 144 tiles at MF =
-         * 1024; its 6144-wide gate and up, 384, ran slower batched in run 28) */
+         * 1024; its 6144-wide gate and up, 384, ran slower batched: docs/CUDA.md) */
         const long tiles = (long)(MF / 128 > 0 ? MF / 128 : 1) * ((outs[j].N + 127) / 128);
         if (outs[j].N >= 256 && outs[j].N % 8 == 0 && tiles < 2L * c->sm_count)
             for (int i = 0; i < j; i++)
