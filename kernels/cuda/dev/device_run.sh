@@ -15,9 +15,12 @@
 #   kbench    hyla-bench kernels, baseline then this build, one --only group at a time
 #   e2ebench  hyla-bench e2e of the 1.3B shapes (sse-h, gdn, gla), this build
 # TMAX=seconds: phases (and kbench groups) that would start later than that are skipped.
+# PACKS=dir: where new.tgz and base.tgz are (default .device; the device machine gets a copy of
+# the session's checkout, so carry an ignored folder of it that holds them).
+PACKS=${PACKS:-.device}
 mkdir -p /tmp/p /tmp/b
-tar -C /tmp/p -xzf .device/new.tgz
-[ -f .device/base.tgz ] && tar -C /tmp/b -xzf .device/base.tgz
+tar -C /tmp/p -xzf $PACKS/new.tgz
+[ -f $PACKS/base.tgz ] && tar -C /tmp/b -xzf $PACKS/base.tgz
 export LD_LIBRARY_PATH=/tmp/p/lib PATH=/tmp/p/bin:$PATH HYLA_BIN_DIR=/tmp/p/bin
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > $OUT/gpu.txt 2>&1
 cat $OUT/gpu.txt
