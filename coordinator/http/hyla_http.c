@@ -523,13 +523,26 @@ struct job {
     pthread_t th;
 };
 
+/* Delete a throw-away session. A Generate just cancelled may keep it busy for a moment
+   (FAILED_PRECONDITION): retry for up to two seconds. */
+static void delete_throwaway(hyla_client *c, const char *session) {
+    for (int attempt = 0;; attempt++) {
+        if (hyla_client_delete_session(c, session, NULL) == HYLA_OK)
+            return;
+        if (hyla_client_last_code() != HYLA_CODE_FAILED_PRECONDITION || attempt >= 40) {
+            HYLA_WARN("http: deleting the throw-away session %s: %s", session, hyla_last_error());
+            return;
+        }
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void job_free(job *j) {
     if (!j)
         return;
-    if (j->throwaway && j->session[0] && j->c) {
-        if (hyla_client_delete_session(j->c, j->session, NULL) != HYLA_OK)
-            HYLA_WARN("http: deleting the throw-away session %s: %s", j->session, hyla_last_error());
-    }
+    if (j->throwaway && j->session[0] && j->c)
+        delete_throwaway(j->c, j->session);
     hyla_client_close(j->c);
     creq_clear(&j->r);
     json_decref(j->doc);
@@ -847,8 +860,7 @@ static void *stream_main(void *arg) {
     /* the throw-away session goes before the stream ends, so a client that reads to the end
        never sees it listed */
     if (j->throwaway && j->session[0]) {
-        if (hyla_client_delete_session(j->c, j->session, NULL) != HYLA_OK)
-            HYLA_WARN("http: deleting the throw-away session %s: %s", j->session, hyla_last_error());
+        delete_throwaway(j->c, j->session);
         j->session[0] = 0;
     }
     pthread_mutex_lock(&j->mu);
@@ -1095,6 +1107,15 @@ static hyla_status parse_addr(const char *addr, struct sockaddr_storage *ss, soc
     return HYLA_OK;
 }
 
+/* libmicrohttpd's own messages (a client that left, a malformed request) go to the debug log. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = 0;
+    HYLA_DEBUG("http: %s", msg);
+}
+
 hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
     *out = NULL;
     if (!params || !params->listen || !params->coordinator)
@@ -1130,7 +1151,7 @@ hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
     unsigned limit = params->connection_limit ? params->connection_limit : 256;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_LIMIT, limit,
-                            MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {
         hyla_http_stop(h);
         return hyla_fail(HYLA_ERR_IO, "--http %s: cannot listen there (in use? not a local address?)", params->listen);
