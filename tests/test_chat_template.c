@@ -96,6 +96,13 @@ static void test_features(void) {
     expect_error("line1\n{% macro m() %}{% endmacro %}", NULL, "line 2");
     expect_error("{{ 1 + 'a' }}", NULL, "unsupported operand");
     expect_error("{{ x | nosuchfilter }}", NULL, "unknown filter");
+    expect_error("{{ 'unterminated }}", NULL, "unterminated string");
+    expect_error("{# never closed", NULL, "unterminated comment");
+    expect_error("{{ }}", NULL, "expected an expression");
+    expect_error("{% for x messages %}{% endfor %}", NULL, "expected 'in'");
+    expect_error("{% endif %}", NULL, "unsupported statement");
+    expect_error("{{ (1 }}", NULL, "expected ')'");
+    expect_error("{{ none.x.y }}{% for c in none %}{% endfor %}", NULL, "cannot iterate over none");
 }
 
 static json_t *load_json(const char *path) {
@@ -129,9 +136,10 @@ static int test_real(const char *src_dir) {
         }
         pclose(f);
         dir[strcspn(dir, "\n")] = 0;
-        snprintf(path, sizeof path, "%s/package/models/tokenizer_config.json", dir);
+        char path_cfg[4200];
+        snprintf(path_cfg, sizeof path_cfg, "%s/package/models/tokenizer_config.json", dir);
         hyla_chat_template *t = NULL;
-        CHECK_OK(hyla_chat_template_load(path, &t));
+        CHECK_OK(hyla_chat_template_load(path_cfg, &t));
         snprintf(path, sizeof path, "%s/tests/fixtures/chat/expected-%s.json", src_dir, models[m][0]);
         json_t *exp = load_json(path);
         json_t *cases = json_object_get(exp, "cases");
@@ -159,6 +167,32 @@ static int test_real(const char *src_dir) {
             const char *eos = hyla_chat_template_special(t, "eos_token");
             CHECK(eos && strlen(eos) > 0);
         }
+        /* every prefix of the template (cut every 7 bytes) compiles or fails with a format
+           error, and what compiles renders or fails cleanly: no crash, no leak (ASan builds) */
+        json_t *cfg = json_load_file(path_cfg, JSON_DECODE_INT_AS_REAL, NULL);
+        const char *src = json_string_value(json_object_get(cfg, "chat_template"));
+        CHECK(src != NULL);
+        size_t len = src ? strlen(src) : 0, compiled = 0;
+        char *cut = malloc(len + 1);
+        json_t *conv0 = json_object_get(json_array_get(convs, 2), "messages");
+        for (size_t k = 0; src && cut && k <= len; k += 7) {
+            memcpy(cut, src, k);
+            cut[k] = 0;
+            hyla_chat_template *pt = NULL;
+            hyla_status cs = hyla_chat_template_create(cut, NULL, &pt);
+            CHECK_MSG(cs == HYLA_OK || cs == HYLA_ERR_FORMAT, "prefix %zu: %s", k, hyla_status_str(cs));
+            if (cs == HYLA_OK) {
+                compiled++;
+                char *o = NULL;
+                hyla_status rs = hyla_chat_template_render(pt, conv0, 1, NULL, &o);
+                CHECK_MSG(rs == HYLA_OK || rs == HYLA_ERR_INVALID_ARG, "prefix %zu renders: %s", k, hyla_status_str(rs));
+                free(o);
+            }
+            hyla_chat_template_free(pt);
+        }
+        free(cut);
+        json_decref(cfg);
+        printf("%s: %zu of %zu prefixes compile; none crashed\n", models[m][0], compiled, len / 7 + 1);
         json_decref(exp);
         hyla_chat_template_free(t);
     }

@@ -1,10 +1,10 @@
 /* hyla_http.c — the OpenAI-compatible HTTP gateway (hyla_http.h).
  *
  * One request: libmicrohttpd collects the body (up to max_body_bytes) on the connection's
- * thread; the handler parses and validates it (400 naming the field), checks the model against
- * the workers the coordinator lists (404 unknown, 503 none), renders the chat template, then
- * drives the Sessions API through libhyla: CreateSession (a throw-away session, deleted when the
- * request ends, unless the caller names one with `session_id`), Append (the prompt), Generate.
+ * thread; the handler parses and validates it (400 naming the field), then drives the Sessions
+ * API through libhyla: GetSession of a session named by `session_id`, or CreateSession (which
+ * resolves the model: 404 unknown, 503 nothing live; a throw-away session, deleted when the
+ * request ends), the chat template rendered, Append (the prompt), Generate.
  * Non-streaming requests answer when Generate returns. Streaming ones are answered at once with
  * an event stream: a producer thread runs Generate and queues server-sent events; libmicrohttpd's
  * content reader (which may block in thread-per-connection mode) sends them; a client that goes
@@ -445,7 +445,8 @@ static const hyla_chat_template *template_for(const hyla_http *h, const char *mo
     return any;
 }
 
-/* The models served now (workers not dead), as a JSON array of names. */
+/* The models served now (workers not dead), as a JSON array of names. (ListWorkers plus the
+   cluster's session counts: for GET /v1/models, not for every request.) */
 static json_t *served_models(hyla_client *c, http_err *e) {
     hyla_cluster_status st;
     if (hyla_client_cluster_status(c, &st) != HYLA_OK) {
@@ -504,7 +505,9 @@ struct job {
     creq r;
     hyla_client *c;
     char session[64];
-    int throwaway;            /* delete the session when done */
+    int keep;                 /* the session outlives the request (session_id named or "new") */
+    int throwaway;            /* delete the session when the job ends: a session the caller did
+                                 not ask to keep, or a "new" one whose id the caller never got */
     const hyla_chat_template *tpl;
     char id[48];
     int64_t created;
@@ -597,30 +600,41 @@ static int job_prepare(job *j, const char *tenant, http_err *e) {
         free(r->model);
         r->model = strdup(si.model);
         snprintf(j->session, sizeof j->session, "%s", si.id);
+        j->keep = 1;
     } else {
-        json_t *models = served_models(j->c, e);
-        if (!models)
-            return 0;
-        int ok = 1;
-        if (json_array_size(models) == 0) {
-            ok = set_err(e, 503, "no_workers", NULL, "no worker serves a model now; start hyla-worker processes");
-        } else if (!r->model) {
-            if (json_array_size(models) > 1)
-                ok = set_err(e, 400, "model_required", "model", "'model' is required: this cluster serves several models");
-            else
-                r->model = strdup(json_string_value(json_array_get(models, 0)));
+        /* CreateSession resolves the model (none named: the only one served) and says when
+           nothing serves it; a throw-away session costs one directory entry */
+        hyla_create_params p = hyla_create_default_params();
+        p.model = r->model;
+        p.has_sampling = 1;
+        p.sampling.temperature = r->temperature;
+        p.sampling.top_p = r->top_p;
+        if (r->has_seed) {
+            p.seed = r->seed;
         } else {
-            int found = 0;
-            size_t k;
-            json_t *m;
-            json_array_foreach(models, k, m) found |= !strcmp(json_string_value(m), r->model);
-            if (!found)
-                ok = set_err(e, 404, "model_not_found", "model", "the model '%s' does not exist (GET /v1/models lists them)",
-                             r->model);
+            char hx[17];
+            random_hex(hx, 16);
+            p.seed = strtoull(hx, NULL, 16);
         }
-        json_decref(models);
-        if (!ok)
-            return 0;
+        hyla_session_info out;
+        if (hyla_client_create_session(j->c, &p, &out) != HYLA_OK) {
+            int code = hyla_client_last_code();
+            if (code == HYLA_CODE_NOT_FOUND)
+                return set_err(e, 404, "model_not_found", "model", "the model '%s' does not exist (GET /v1/models lists "
+                               "the models served): %s", r->model ? r->model : "", hyla_last_error());
+            if (code == HYLA_CODE_UNAVAILABLE)
+                return set_err(e, 503, "no_workers", "model", "no live worker can take the request now: %s",
+                               hyla_last_error());
+            if (code == HYLA_CODE_INVALID_ARGUMENT && !r->model)
+                return set_err(e, 400, "model_required", "model", "'model' is required: %s", hyla_last_error());
+            return call_err(e, "creating a session");
+        }
+        snprintf(j->session, sizeof j->session, "%s", out.id);
+        free(r->model);
+        r->model = strdup(out.model);
+        hyla_session_info_clear(&out);
+        j->throwaway = 1; /* until the caller has been told the id of a "new" one */
+        j->keep = r->session_id != NULL;
     }
 
     /* the prompt text */
@@ -654,31 +668,10 @@ static int job_prepare(job *j, const char *tenant, http_err *e) {
     }
     hyla_session_info_clear(&si);
 
-    if (!continuing) {
-        hyla_create_params p = hyla_create_default_params();
-        p.model = r->model;
-        p.has_sampling = 1;
-        p.sampling.temperature = r->temperature;
-        p.sampling.top_p = r->top_p;
-        if (r->has_seed) {
-            p.seed = r->seed;
-        } else {
-            char hx[17];
-            random_hex(hx, 16);
-            p.seed = strtoull(hx, NULL, 16);
-        }
-        hyla_session_info out;
-        if (hyla_client_create_session(j->c, &p, &out) != HYLA_OK) {
-            free(text);
-            return call_err(e, "creating a session");
-        }
-        snprintf(j->session, sizeof j->session, "%s", out.id);
-        hyla_session_info_clear(&out);
-        j->throwaway = !r->session_id;
-    }
-
     hyla_append_params ap = hyla_append_default_params();
-    ap.add_bos = !r->chat && !continuing; /* as a tokenizer adds BOS to a fresh prompt; chat templates write their own */
+    /* BOS before a text prompt, as a tokenizer adds it (the worker adds it only at position 0);
+       chat templates write their own, and token-id prompts are taken as they are */
+    ap.add_bos = !r->chat && json_is_string(r->prompt);
     hyla_append_progress fin;
     memset(&fin, 0, sizeof fin);
     hyla_status st = HYLA_OK;
@@ -750,7 +743,7 @@ static hyla_status job_generate(job *j) {
     free(clean.s);
     if (st != HYLA_OK)
         return st;
-    if (r->chat && !j->throwaway) {
+    if (r->chat && j->keep) {
         http_err e;
         char *closer = after_anchor(j->tpl, NULL, 0, &e);
         if (closer) {
@@ -776,7 +769,7 @@ static json_t *usage_json(const job *j) {
 }
 
 static void add_session_field(const job *j, json_t *o) {
-    if (!j->throwaway && j->session[0])
+    if (j->keep && j->session[0])
         json_object_set_new(o, "session_id", json_string(j->session));
 }
 
@@ -942,12 +935,16 @@ static enum MHD_Result handle_completion(hyla_http *h, struct MHD_Connection *co
             call_err(&e, "generating");
             ret = send_err(conn, &e);
         } else {
+            if (j->keep)
+                j->throwaway = 0;
             ret = send_json(conn, 200, plain_response(j));
         }
         job_free(j);
         return ret;
     }
     j->emit = emit_sse;
+    if (j->keep)
+        j->throwaway = 0; /* every chunk carries the id */
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->thread_started = 1;

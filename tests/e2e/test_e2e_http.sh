@@ -212,6 +212,14 @@ e2e_expect_eq "$h2" "$(utf8 "$E2E_DIR/g2")" "second HTTP call on the session == 
 pos() { e2e_hyla show "$1" | awk '$1 == "position" { print $2 }'; }
 e2e_expect_eq "$(pos "$SID")" "$(pos "$G")" "both sessions at the same position"
 e2e_hyla ls --ids | grep -qxF "$SID" || e2e_fail "the durable session is not listed"
+st=$(curl -s -o "$E2E_DIR/resp" -w '%{http_code}' -H 'X-Hyla-Tenant: intruder' -H 'Content-Type: application/json' \
+  --data-binary "{\"prompt\":\"x\",\"session_id\":\"$SID\"}" "$URL/v1/completions")
+expect_status "$st" 403 "another tenant's session -> 403"
+e2e_expect_eq "$(jq_ 'j["error"]["type"], j["error"]["code"]')" "permission_error PERMISSION_DENIED" "the 403 body"
+# token ids as the prompt: taken as they are (no BOS)
+st=$(req POST /v1/completions '{"prompt":[72,105,33],"max_tokens":2}')
+expect_status "$st" 200 "a prompt of token ids"
+e2e_expect_eq "$(jq_ 'j["usage"]["prompt_tokens"]')" 3 "three token ids, no BOS added"
 
 # chat on a session: the new turn only, the earlier reply closed with the template's <|im_end|>\n
 st=$(req POST /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"ignore_eos":true,"session_id":"new"}')
