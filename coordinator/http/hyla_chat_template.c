@@ -1077,7 +1077,7 @@ hyla_status hyla_chat_template_load(const char *path, hyla_chat_template **out) 
     size_t len = 0;
     hyla_status st = hyla_read_file(path, &buf, &len);
     if (st != HYLA_OK)
-        return hyla_fail_wrap(st, "chat template %s", path);
+        return st; /* the message names the path */
     char *text = realloc(buf, len + 1);
     if (!text) {
         free(buf);

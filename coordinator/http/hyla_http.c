@@ -1118,7 +1118,7 @@ hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
     if (!params || !params->listen || !params->coordinator)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "http: listen and coordinator addresses are required");
     struct sockaddr_storage ss;
-    socklen_t slen;
+    socklen_t slen = 0;
     HYLA_TRY(parse_addr(params->listen, &ss, &slen));
     hyla_http *h = calloc(1, sizeof *h);
     if (!h)
@@ -1142,23 +1142,35 @@ hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
             return hyla_fail_wrap(st, "--chat-template %s", spec);
         }
     }
+    /* our own listening socket: a port another process listens on is refused here, with the
+       reason, rather than shared through the reuse options libmicrohttpd would set */
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&ss, slen) != 0 || listen(fd, 128) != 0) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        hyla_http_stop(h);
+        return hyla_fail(HYLA_ERR_IO, "--http %s: cannot listen there: %s", params->listen, strerror(err));
+    }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
+        h->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     unsigned limit = params->connection_limit ? params->connection_limit : 256;
-    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_LIMIT, limit,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {
+        close(fd);
         hyla_http_stop(h);
-        return hyla_fail(HYLA_ERR_IO, "--http %s: cannot listen there (in use? not a local address?)", params->listen);
+        return hyla_fail(HYLA_ERR_IO, "--http %s: libmicrohttpd did not start", params->listen);
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_LISTEN_FD);
-    struct sockaddr_storage bound;
-    socklen_t blen = sizeof bound;
-    if (info && getsockname(info->listen_fd, (struct sockaddr *)&bound, &blen) == 0)
-        h->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                    : ((struct sockaddr_in *)&bound)->sin_port);
     HYLA_INFO("http: serving the OpenAI-compatible API on port %d (Sessions API at %s, %zu chat template(s))", h->port,
               h->coordinator, h->n_tpls);
     *out = h;
