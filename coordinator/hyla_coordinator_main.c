@@ -1,8 +1,9 @@
 /* hyla_coordinator_main.c — `hyla-coordinator --listen ADDR --data DIR [options]`.
  * Parses flags, starts the coordinator (hyla_coord.h) and, with --http, the OpenAI-compatible
  * HTTP gateway (http/hyla_http.h) as a client of the coordinator's own gRPC address; waits for
- * SIGINT/SIGTERM, shuts down cleanly (calls in flight get a grace period). Exit status 0 on a clean stop, 1 on a startup
- * failure (the message names the directory or address), 2 on bad usage. */
+ * SIGINT/SIGTERM, shuts down cleanly (calls in flight get a grace period). Exit status 0 on a
+ * clean stop, 1 on a startup failure (the message names the directory or address), 2 on bad
+ * usage. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
