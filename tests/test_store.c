@@ -442,8 +442,9 @@ static void test_failed_writes(uint64_t nowal_bytes) {
             break;
         }
         failures++;
-        CHECK(s == HYLA_ERR_IO);
+        CHECK(s == HYLA_ERR_RESOURCE);
         CHECK(msg_has(hyla_last_error(), "previous version kept", "fault"));
+        CHECK(msg_has(hyla_last_error(), "out of disk space", "fault"));
         CHECK(get_equals(st, "f", 0, a));
         CHECK(verify_clean(st)); /* no leaked references */
         hyla_store_usage_info u;
