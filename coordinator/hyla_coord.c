@@ -646,9 +646,17 @@ static hyla_rpc_code place_session(hyla_coord *c, csess *s, const char *hint, co
         hyla_rpc_result res;
         if (call_worker(c, ids[i], SVC_WORKER "LoadSession", &q.base, &hyla__v1__worker_session_response__descriptor,
                         &r, &res) != HYLA_OK) {
-            snprintf(msg, cap, "placing session %s on worker %.120s: %.700s", s->id, ids[i], res.message);
+            hyla_rpc_code rc = res.code == HYLA_RPC_OK ? HYLA_RPC_INTERNAL : res.code;
+            if (rc == HYLA_RPC_NOT_FOUND && snapshot_version > 0) {
+                /* the store acknowledged this version (the directory recorded it): it lost it */
+                snprintf(msg, cap, "session %s: its committed snapshot version %llu is missing from the store: %.700s",
+                         s->id, (unsigned long long)snapshot_version, res.message);
+                rc = HYLA_RPC_DATA_LOSS;
+            } else {
+                snprintf(msg, cap, "placing session %s on worker %.120s: %.700s", s->id, ids[i], res.message);
+            }
             unload_on(c, ids, i, s->id, epoch);
-            return res.code == HYLA_RPC_OK ? HYLA_RPC_INTERNAL : res.code;
+            return rc;
         }
         const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)r;
         if (i == 0 && wr->session) {
@@ -1095,7 +1103,7 @@ static void do_delete(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage
         if (st != HYLA_OK && st != HYLA_ERR_NOT_FOUND) {
             snprintf(msg, sizeof msg, "deleting the snapshots of session %s: %s", s->id, hyla_last_error());
             release_session(c, s);
-            hyla_rpc_call_fail(call, HYLA_RPC_INTERNAL, "%s", msg);
+            hyla_rpc_call_fail(call, hyla_rpc_code_from_status(st), "%s", msg);
             return;
         }
     }
@@ -2293,7 +2301,7 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
         st = hyla_coord_dir_scan(c->dir, load_session_fn, c);
     if (st == HYLA_OK && p.embed_store) {
         snprintf(path, sizeof path, "%s/store", p.data_dir);
-        hyla_store_params sp = hyla_store_default_params();
+        hyla_store_params sp = p.store ? *p.store : hyla_store_default_params();
         st = hyla_store_open(path, &sp, &c->store);
     }
     if (st == HYLA_OK && pipe(c->stop_pipe) != 0)

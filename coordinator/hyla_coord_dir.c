@@ -20,11 +20,15 @@ struct hyla_coord_dir {
     char *path;
 };
 
-/* Turn a RocksDB error string into a status (and free it). */
+/* Turn a RocksDB error string into a status (and free it). A full disk is HYLA_ERR_RESOURCE:
+ * RocksDB stops writes then and resumes them by itself once space exists. */
 static hyla_status rdb_check(char *err, const char *what, const char *key) {
     if (!err)
         return HYLA_OK;
-    hyla_status st = hyla_fail(HYLA_ERR_IO, "session directory: %s %s: %s", what, key ? key : "", err);
+    int nospace = strstr(err, "No space left") || strstr(err, "NoSpace");
+    hyla_status st = hyla_fail(nospace ? HYLA_ERR_RESOURCE : HYLA_ERR_IO, "session directory: %s%s %s: %s", what,
+                               nospace ? " (disk full; writes resume by themselves once space exists)" : "",
+                               key ? key : "", err);
     rocksdb_free(err);
     return st;
 }
@@ -56,6 +60,10 @@ hyla_status hyla_coord_dir_open(const char *path, hyla_coord_dir **out) {
     d->opts = rocksdb_options_create();
     rocksdb_options_set_create_if_missing(d->opts, 1);
     rocksdb_options_set_keep_log_file_num(d->opts, 4);
+    /* small records: a small memtable keeps the WAL (and its disk) small between flushes */
+    rocksdb_options_set_write_buffer_size(d->opts, 4u << 20);
+    /* librocksdb 7.8 aborts when it logs after its LOG file met a full disk: keep it quiet */
+    rocksdb_options_set_info_log_level(d->opts, 4 /* FATAL_LEVEL */);
     d->wsync = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(d->wsync, 1);
     d->wnosync = rocksdb_writeoptions_create();

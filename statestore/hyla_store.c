@@ -37,6 +37,7 @@
 #define HEAD_MAGIC 0x44485948u /* "HYHD" */
 #define HEAD_BYTES 32
 #define REF_BYTES 16
+#define TIME_BYTES 16
 #define KEY_MAX (2 + HYLA_SESSION_ID_MAX + 8)
 #define GROUP_BYTES (64u << 20) /* raw bytes encoded and written per chunk group */
 #define BATCH_BYTES (32u << 20) /* encoded bytes per chunk WriteBatch */
@@ -140,6 +141,12 @@ static size_t key_manifest(char *k, const char *sid, uint64_t ver) {
     size_t n = key_mprefix(k, sid);
     for (int i = 0; i < 8; i++) k[n + i] = (char)(ver >> (56 - 8 * i));
     return n + 8;
+}
+/* The commit record of a version: commit time and bytes written (docs/STATE_FORMAT.md §4). */
+static size_t key_time(char *k, const char *sid, uint64_t ver) {
+    size_t n = key_manifest(k, sid, ver);
+    k[0] = 'T';
+    return n;
 }
 static size_t key_ref(char *k, const uint8_t *ckey) {
     k[0] = 'R';
@@ -1029,12 +1036,19 @@ static hyla_status commit(hyla_store *st, const char *sid, hyla_codec_plan *pl, 
         hyla_manifest_destroy(old);
         char k[KEY_MAX];
         rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_manifest(k, sid, vers[i]));
+        rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_time(k, sid, vers[i]));
         if (ps) ps->versions_dropped++;
     }
     delta_merge(&dl);
     if ((s = delta_apply(st, &dl, b, zero, what)) != HYLA_OK) goto done;
     char k[KEY_MAX];
     rocksdb_writebatch_put_cf(b, st->cf[CF_META], k, key_manifest(k, sid, ver), (const char *)mbytes, mlen);
+    uint8_t tv[TIME_BYTES];
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    put_u64(tv, (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
+    put_u64(tv + 8, ps ? ps->bytes_written + mlen : 0);
+    rocksdb_writebatch_put_cf(b, st->cf[CF_META], k, key_time(k, sid, ver), (const char *)tv, TIME_BYTES);
     head_val nh = {ver, ver + 1, mchecksum};
     uint8_t hb[HEAD_BYTES];
     head_encode(hb, &nh);
@@ -1326,6 +1340,7 @@ static hyla_status delete_impl(hyla_store *st, const char *sid) {
         hyla_manifest_destroy(m);
         char k[KEY_MAX];
         rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_manifest(k, sid, vers[i]));
+        rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_time(k, sid, vers[i]));
     }
     if (s == HYLA_OK) {
         delta_merge(&dl);
@@ -1461,6 +1476,71 @@ static hyla_status versions_impl(hyla_store *st, const char *sid, uint64_t **out
     if (s == HYLA_OK) s = list_versions(st, v.ro, sid, out, n);
     view_close(st, &v);
     return s;
+}
+
+static hyla_status snapshots_impl(hyla_store *st, const char *sid, hyla_store_snapshot_info **out, size_t *n) {
+    HYLA_TRY(check_session_id(sid));
+    *out = NULL;
+    *n = 0;
+    read_view v;
+    view_open(st, &v);
+    head_val h;
+    uint64_t *vers = NULL;
+    size_t nv = 0;
+    hyla_store_snapshot_info *a = NULL;
+    hyla_status s = read_head(st, v.ro, sid, &h);
+    if (s == HYLA_OK) s = list_versions(st, v.ro, sid, &vers, &nv);
+    if (s == HYLA_OK && !(a = calloc(nv + 1, sizeof *a))) s = hyla_fail(HYLA_ERR_NOMEM, "snapshot list");
+    for (size_t i = 0; s == HYLA_OK && i < nv; i++) {
+        hyla_store_snapshot_info *o = &a[i];
+        o->version = vers[i];
+        o->is_head = vers[i] == h.version;
+        hyla_manifest *m = NULL;
+        s = read_manifest(st, v.ro, sid, vers[i], &m);
+        if (s != HYLA_OK) break;
+        o->position = m->meta.position;
+        o->n_generated = m->meta.n_generated;
+        o->model_fingerprint = m->meta.model_fingerprint;
+        o->raw_bytes = m->raw_bytes;
+        /* encoded bytes of its distinct chunks, from their reference records */
+        delta_list dl = {0};
+        if (delta_add_manifest(&dl, m, 1)) s = hyla_fail(HYLA_ERR_NOMEM, "snapshot list");
+        delta_merge(&dl);
+        for (size_t j = 0; s == HYLA_OK && j < dl.n; j++) {
+            char k[KEY_MAX], *val;
+            size_t vl;
+            hyla_status rs = db_get(st, v.ro, CF_META, k, key_ref(k, dl.d[j].key), &val, &vl);
+            if (rs == HYLA_OK) {
+                if (vl == REF_BYTES) o->stored_bytes += get_u32((const uint8_t *)val + 8);
+                rocksdb_free(val);
+            } else if (rs != HYLA_ERR_NOT_FOUND) {
+                s = rs;
+            }
+        }
+        free(dl.d);
+        hyla_manifest_destroy(m);
+        char k[KEY_MAX], *tv;
+        size_t tl;
+        hyla_status ts = db_get(st, v.ro, CF_META, k, key_time(k, sid, vers[i]), &tv, &tl);
+        if (ts == HYLA_OK) {
+            if (tl == TIME_BYTES) {
+                o->time_us = (int64_t)get_u64((const uint8_t *)tv);
+                o->written_bytes = get_u64((const uint8_t *)tv + 8);
+            }
+            rocksdb_free(tv);
+        } else if (ts != HYLA_ERR_NOT_FOUND && s == HYLA_OK) {
+            s = ts;
+        }
+    }
+    view_close(st, &v);
+    free(vers);
+    if (s != HYLA_OK) {
+        free(a);
+        return s;
+    }
+    *out = a;
+    *n = nv;
+    return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- verify */
@@ -1778,6 +1858,9 @@ hyla_status hyla_store_list(hyla_store *st, hyla_store_session_info **out, size_
 }
 hyla_status hyla_store_versions(hyla_store *st, const char *sid, uint64_t **out, size_t *n) {
     STORE_CALL(K_READ, versions_impl(st, sid, out, n));
+}
+hyla_status hyla_store_snapshots(hyla_store *st, const char *sid, hyla_store_snapshot_info **out, size_t *n) {
+    STORE_CALL(K_READ, snapshots_impl(st, sid, out, n));
 }
 hyla_status hyla_store_verify(hyla_store *st, const char *sid, hyla_report_fn report, void *ctx, uint64_t *problems) {
     STORE_CALL(K_READ, verify_impl(st, sid, report, ctx, problems));

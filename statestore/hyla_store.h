@@ -138,6 +138,22 @@ hyla_status hyla_store_info(hyla_store *st, const char *session, hyla_store_sess
 /* The versions of a session, ascending. *out: caller frees with free(). */
 hyla_status hyla_store_versions(hyla_store *st, const char *session, uint64_t **out, size_t *n);
 
+typedef struct {
+    uint64_t version;
+    int is_head;
+    uint64_t position;          /* tokens the session had consumed */
+    uint64_t n_generated;
+    uint64_t model_fingerprint;
+    int64_t time_us;            /* commit time, Unix microseconds; 0: unknown (committed by an older build) */
+    uint64_t raw_bytes;         /* bytes of state */
+    uint64_t stored_bytes;      /* encoded bytes of its chunks (a chunk shared with other versions counts in each) */
+    uint64_t written_bytes;     /* bytes its put wrote: new chunks + manifest (0 for a fork, or unknown) */
+} hyla_store_snapshot_info;
+
+/* The versions of a session that the store keeps (the last params.keep_versions; older ones
+ * are GC'd at each put), ascending. *out: caller frees with free(). NOT_FOUND: no such session. */
+hyla_status hyla_store_snapshots(hyla_store *st, const char *session, hyla_store_snapshot_info **out, size_t *n);
+
 /* Re-read and check every chunk of every version of session (NULL: of all sessions, and also
  * the reference counts and heads of the whole store). report(ctx, msg) is called for every
  * problem (may be NULL). *problems (may be NULL) = their number. Returns HYLA_OK when none. */
