@@ -506,11 +506,48 @@ static void db_close(hyla_store *st) {
     st->db = NULL;
 }
 
+#define WAL_KEEP_MAX 3 /* wal-damaged-* folders kept; older ones are removed */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Remove all but the newest WAL_KEEP_MAX - 1 wal-damaged-* folders (their links hold disk). */
+static void wal_keep_prune(hyla_store *st) {
+    DIR *d = opendir(st->dir);
+    if (!d) return;
+    char *names[256];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256)
+        if (!strncmp(e->d_name, "wal-damaged-", 12) && (names[n] = strdup(e->d_name))) n++;
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n; i++) {
+        if (i < n - (WAL_KEEP_MAX - 1)) {
+            char sub[4096];
+            snprintf(sub, sizeof sub, "%s/%s", st->dir, names[i]);
+            DIR *sd = opendir(sub);
+            if (sd) {
+                while ((e = readdir(sd))) {
+                    if (e->d_name[0] == '.') continue;
+                    char f[8192];
+                    snprintf(f, sizeof f, "%s/%s", sub, e->d_name);
+                    unlink(f);
+                }
+                closedir(sd);
+            }
+            if (rmdir(sub) == 0) HYLA_WARN("store %s: removed %s (only the newest %d are kept)", st->dir, sub, WAL_KEEP_MAX);
+        }
+        free(names[i]);
+    }
+}
+
 /* Hard-link the WAL files into DIR/wal-damaged-TIME/ before a recovery that may drop records,
- * so what was dropped stays on disk for inspection (links cost no space). *n = files kept. */
+ * so what was dropped stays on disk for inspection (links cost no space until RocksDB deletes
+ * its own names). *n = files kept. */
 static void wal_keep(hyla_store *st, char *sub, size_t cap, int *n) {
     *n = 0;
-    snprintf(sub, cap, "%s/wal-damaged-%lld", st->dir, (long long)time(NULL));
+    wal_keep_prune(st);
+    snprintf(sub, cap, "%s/wal-damaged-%012lld", st->dir, (long long)time(NULL));
     if (mkdir(sub, 0700) != 0 && errno != EEXIST) {
         HYLA_ERROR("store %s: cannot keep the damaged WAL: mkdir %s: %s", st->dir, sub, strerror(errno));
         return;
@@ -554,7 +591,8 @@ static hyla_status db_open(hyla_store *st, int first) {
         if (!st->p.read_only) wal_keep(st, sub, sizeof sub, &kept);
         char note[sizeof st->recovery_note];
         snprintf(note, sizeof note,
-                 "store %s: the write-ahead log is damaged (%s); recovered up to the damage, writes after it are lost%s%s%s",
+                 "store %s: the write-ahead log is damaged (%s); recovered up to the damage, the writes after it are lost "
+                 "(after a crash during a write, that write was never acknowledged)%s%s%s",
                  st->dir, err, kept ? "; the damaged log is kept in " : "", kept ? sub : "",
                  kept ? "" : " (the log could not be kept)");
         rocksdb_free(err);
