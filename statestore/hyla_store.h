@@ -6,7 +6,7 @@
  * store does not have yet, then the manifest, the head and the reference-count updates in ONE
  * synced WriteBatch: after a crash the head names the previous complete snapshot or the new one.
  * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten.
- * docs/STATE_FORMAT.md §4-6 specifies keys, values, the commit protocol and GC.
+ * docs/STATE_FORMAT.md §5-9 specifies keys, values, the commit protocol, GC and storage faults.
  *
  * Threading: a hyla_store handle is safe to use from many threads at once. Puts of different
  * sessions encode and write their chunks in parallel; commits (manifest + head + refcounts),
@@ -190,7 +190,7 @@ hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *out);
  * 0 disables. Process-wide. (zstd faults: hyla_codec_fault_zstd.) */
 void hyla_store_fault_write(long nth);
 
-/* Column family names and key prefixes (docs/STATE_FORMAT.md §4), for tools and tests that
+/* Column family names and key prefixes (docs/STATE_FORMAT.md §5), for tools and tests that
  * open the RocksDB directory themselves. */
 #define HYLA_STORE_CF_CHUNKS "chunks"
 #define HYLA_STORE_CF_META "meta"
