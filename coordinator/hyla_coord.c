@@ -2303,6 +2303,8 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
         snprintf(path, sizeof path, "%s/store", p.data_dir);
         hyla_store_params sp = p.store ? *p.store : hyla_store_default_params();
         st = hyla_store_open(path, &sp, &c->store);
+        if (st == HYLA_OK && hyla_store_recovery_note(c->store)[0])
+            st = hyla_coord_dir_check_store(c->dir, c->store, NULL);
     }
     if (st == HYLA_OK && pipe(c->stop_pipe) != 0)
         st = hyla_fail(HYLA_ERR_IO, "pipe: %s", strerror(errno));

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_log.h"
 #include "hyla_util.h"
 
 #define KEY_EPOCH "m/epoch"
@@ -205,5 +206,41 @@ hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *u
         st = rdb_check(err, "scan", SESSION_PREFIX);
     }
     rocksdb_iter_destroy(it);
+    return st;
+}
+
+typedef struct {
+    hyla_store *store;
+    uint64_t lost;
+} check_ctx;
+
+static hyla_status check_one(void *ud, const Hyla__V1__Session *s, uint64_t epoch) {
+    (void)epoch;
+    check_ctx *c = ud;
+    uint64_t want = s->last_snapshot ? s->last_snapshot->version : 0;
+    if (!want)
+        return HYLA_OK;
+    hyla_store_session_info info;
+    hyla_status st = hyla_store_info(c->store, s->session_id, &info);
+    if (st == HYLA_OK && info.head_version >= want)
+        return HYLA_OK;
+    if (st != HYLA_OK && st != HYLA_ERR_NOT_FOUND && st != HYLA_ERR_CORRUPT)
+        return st;
+    c->lost++;
+    if (st == HYLA_OK)
+        HYLA_ERROR("session %s: its committed snapshot version %llu was lost by the store (whose newest version of it "
+                   "is %llu); it answers DATA_LOSS",
+                   s->session_id, (unsigned long long)want, (unsigned long long)info.head_version);
+    else
+        HYLA_ERROR("session %s: its committed snapshot version %llu was lost by the store (%s); it answers DATA_LOSS",
+                   s->session_id, (unsigned long long)want, hyla_last_error());
+    return HYLA_OK;
+}
+
+hyla_status hyla_coord_dir_check_store(hyla_coord_dir *d, hyla_store *store, uint64_t *lost) {
+    check_ctx c = {store, 0};
+    hyla_status st = hyla_coord_dir_scan(d, check_one, &c);
+    if (lost)
+        *lost = c.lost;
     return st;
 }

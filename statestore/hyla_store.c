@@ -9,10 +9,14 @@
  * A chunk whose refs reach 0 is deleted only while holding gc_lock exclusively, so a put (which
  * holds it shared from "does this chunk exist?" to its commit) never names a deleted chunk.
  *
- * Threading: `mu` serializes every read-modify-write of heads and refcounts (commits, fork,
+ * Threading: `db_lock` (rwlock) is held shared by every public call for as long as it uses the
+ * RocksDB handle, and exclusively only to reopen that handle after a failed write (full disk,
+ * see "space"). `mu` serializes every read-modify-write of heads and refcounts (commits, fork,
  * delete, chunk-batch writes); `gc_lock` (rwlock) is held shared by put/fork/delete and
- * exclusively by chunk deletion. Lock order: gc_lock, then mu. Gets read through a RocksDB
- * snapshot and take no lock. */
+ * exclusively by chunk deletion. Lock order: db_lock, gc_lock, mu. Gets read through a RocksDB
+ * snapshot and take no lock beyond db_lock. One reclaim thread per writable store (maint_main)
+ * retries a full store and returns deleted chunks' space; `reclaim_mu` keeps its passes and
+ * hyla_store_gc apart (both change the blob GC cutoff). */
 #include "hyla_store.h"
 
 #include <dirent.h>

@@ -13,6 +13,8 @@
  * forks and deletes serialize on one mutex for a few milliseconds; gets and verifies read a
  * consistent RocksDB snapshot and never block puts. Deleting unreferenced chunks excludes puts
  * briefly (a reader-writer lock). One process at a time may open a directory (RocksDB's LOCK).
+ * A writable store runs one background thread (full-disk recovery, space reclaim); a reopen of
+ * RocksDB after a full disk waits for the calls in flight.
  *
  * Session ids: 1..255 bytes, no NUL or control characters. Versions count from 1 per session
  * and are never reused while the session exists; version 0 in calls means "the head".

@@ -2,7 +2,8 @@
 # test_e2e_storage.sh — storage faults met as a user meets them, with a real coordinator (embedded
 # store) and worker on loopback:
 #   (a) the store's write-ahead log damaged after an acknowledged Pause (coordinator stopped, the
-#       log cut in half, coordinator restarted): the start-up log says what recovery dropped, and
+#       log cut in half, coordinator restarted): the start-up log says what recovery dropped (the
+#       damage, and the session and version lost), and
 #       Resume answers DATA_LOSS naming the session and its committed version — not NOT_FOUND;
 #   (b) the coordinator's data on a small tmpfs (skipped with a message where this process cannot
 #       mount one): with the disk filled behind its back, Pause answers RESOURCE_EXHAUSTED naming
@@ -40,6 +41,8 @@ e2e_wait_for "$E2E_TIMEOUT" e2e_more_workers 0 || e2e_fail "(a) the worker did n
 grep -q "write-ahead log is damaged" "$E2E_DIR/coordinator.log" ||
   e2e_fail "(a) the coordinator's start-up log does not report the damaged WAL"
 ls -d "$store"/wal-damaged-* >/dev/null 2>&1 || e2e_fail "(a) the damaged log was not kept"
+grep -q "session $S: its committed snapshot version ${ver:-1} was lost" "$E2E_DIR/coordinator.log" ||
+  e2e_fail "(a) the coordinator's start-up log does not name the lost session and version"
 e2e_expect_rc 1 "(a) resume of a session whose committed snapshot was lost -> DATA_LOSS (1)" H resume "$S"
 grep -q "DATA_LOSS" "$E2E_DIR/last.err" || e2e_fail "(a) resume: not DATA_LOSS: $(head -c 400 "$E2E_DIR/last.err")"
 grep -q "session $S" "$E2E_DIR/last.err" && grep -q "version ${ver:-1}" "$E2E_DIR/last.err" ||
