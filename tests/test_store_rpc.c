@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "hyla_store_rpc.h"
+#include "hyla_store_test.h"
 #include "hyla_test.h"
 #include "test_store_util.h"
 

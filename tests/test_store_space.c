@@ -17,6 +17,7 @@
 
 #include "hyla_log.h"
 #include "hyla_store.h"
+#include "hyla_store_test.h"
 #include "hyla_test.h"
 #include "test_store_util.h"
 
