@@ -74,7 +74,7 @@ int main(void) {
     p.codec.threads = 2;
     p.write_buffer_bytes = 8 << 20;
     p.reserve_bytes = 8 << 20;
-    p.reclaim_after_ms = 1000;
+    p.reclaim_after_ms = (uint32_t)atoi(hyla_test_env("HYLA_SOAK_RECLAIM_MS", "1000")); /* 0: see it fail */
     CHECK_OK(hyla_store_open(dir, &p, &g_st));
     if (!g_st) return 1;
     double empty = disk_mib();
