@@ -722,9 +722,9 @@ static void reclaim(hyla_store *st) {
     for (int cf = CF_CHUNKS; cf <= CF_META && !err; cf++) rocksdb_flush_cf(st->db, fo, st->cf[cf], &err);
     rocksdb_flushoptions_destroy(fo);
     if (err) {
-        hyla_status s = write_fail(st, err, "reclaim: flush");
-        (void)s;
-        HYLA_WARN("%s", hyla_last_error());
+        (void)write_fail(st, err, "reclaim: flush");
+        HYLA_WARN("%s (retried)", hyla_last_error());
+        atomic_store(&st->garbage_since, hyla_now()); /* try again a reclaim delay from now */
         pthread_mutex_unlock(&st->reclaim_mu);
         return;
     }
