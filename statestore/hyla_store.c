@@ -733,10 +733,21 @@ static void reclaim(hyla_store *st) {
     rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, none, &err);
     rocksdb_free(err);
     err = NULL;
+    /* CompactRange reports no error: a compaction that met a full disk shows as a new
+     * background error, after which RocksDB compacts no more until it is reopened */
+    uint64_t bg0 = 0, bg1 = 0;
+    rocksdb_property_int(st->db, "rocksdb.background-errors", &bg0);
     rocksdb_compact_range_cf(st->db, st->cf[CF_CHUNKS], NULL, 0, NULL, 0);
     rocksdb_compact_range_cf(st->db, st->cf[CF_META], NULL, 0, NULL, 0);
+    rocksdb_property_int(st->db, "rocksdb.background-errors", &bg1);
     rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, normal, &err);
     rocksdb_free(err);
+    if (bg1 > bg0) {
+        HYLA_WARN("store %s: reclaim: a compaction failed (disk full?); reopening and retrying", st->dir);
+        atomic_store(&st->broken, 1);
+        atomic_store(&st->full, 1);
+        atomic_store(&st->garbage_since, hyla_now());
+    }
     pthread_mutex_unlock(&st->reclaim_mu);
 }
 
@@ -759,7 +770,9 @@ static void *maint_main(void *arg) {
         pthread_mutex_unlock(&st->maint_mu);
         if (atomic_load(&st->full)) {
             pthread_rwlock_wrlock(&st->db_lock);
-            (void)recover_locked(st, 0); /* fails quietly until the reserve fits */
+            /* quietly until the reserve fits; a stopped RocksDB is reopened meanwhile anyway, so
+             * the reclaim below can free space */
+            if (recover_locked(st, 0) != HYLA_OK && (atomic_load(&st->broken) || !st->db)) (void)recover_locked(st, 1);
             pthread_rwlock_unlock(&st->db_lock);
         }
         double since = atomic_load(&st->garbage_since);
