@@ -23,7 +23,9 @@
 #include "hyla_test.h"
 #include "hyla_test_model.h"
 
-static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla"};
+static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla",
+                              /* sparse-attention hybrids */
+                              "lalte"};
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];
@@ -129,7 +131,8 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
 }
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
-    make_model(arch, dir, strstr(arch, "-h") ? "--window 40" : NULL);
+    /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace */
+    make_model(arch, dir, strstr(arch, "-h") ? "--window 40" : !strcmp(arch, "lalte") ? "--window 16 --sink 2 --budget 6" : NULL);
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     const hyla_model_config *c = hyla_model_get_config(test_model(m));

@@ -775,6 +775,10 @@ static const hyla_ops cpu_ops = {
     .gdn_decode = cpu_gdn_decode,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,
+    /* LTE */
+    .lte_score = cpu_lte_score,
+    .lte_prefill = cpu_lte_prefill,
+    .lte_decode = cpu_lte_decode,
     .sse_route = cpu_sse_route,
     .sse_prefill = cpu_sse_prefill,
     .sse_decode = cpu_sse_decode,

@@ -73,4 +73,11 @@ hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, c
                            const int32_t *idx, const float *w, int B, int H, int dk, int dv, int N,
                            int K, float scale, float *const *S0, float *const *Sp, float *o);
 
+/* ---- LTE (cpu_lte.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
+hyla_status cpu_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                            int n, int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
+hyla_status cpu_lte_decode(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                           int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
+
 #endif
