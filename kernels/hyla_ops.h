@@ -66,7 +66,7 @@ typedef struct {
     int ldy, N;
 } hyla_linear_out;
 
-/* ---- LTE (learnable token eviction; docs/MODELS.md §4.6, [LTE-1..5]) ---- */
+/* ---- LTE (learnable token eviction; docs/MODELS.md §5.1, [LTE-1..5]) ---- */
 #define HYLA_LTE_MAX_CONV 4 /* convolution layers of the scoring CNN */
 
 /* The scoring CNN and the cache geometry of one LTE layer. Weights are fp32 device pointers in

@@ -1,4 +1,4 @@
-/* cpu_lte.c — the CPU reference of the LTE ops (learnable token eviction; docs/MODELS.md §4.6,
+/* cpu_lte.c — the CPU reference of the LTE ops (learnable token eviction; docs/MODELS.md §5.1,
  * [LTE-1..5]): the scoring CNN, the fixed-size cache (sink, window ring, retained segment) and
  * attention over it.
  *

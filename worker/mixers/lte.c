@@ -1,5 +1,5 @@
 /* lte.c — learnable-token-eviction attention layers (the layers an `lte` spec lists in a hybrid
- * such as laLTE; docs/MODELS.md §4.6, [LTE-1..5]; lte-hybrid-sparse-attention-token-eviction
+ * such as laLTE; docs/MODELS.md §5.1, [LTE-1..5]; lte-hybrid-sparse-attention-token-eviction
  * §3.1).
  *
  * Softmax attention with GQA and RoPE at true positions over a fixed-size cache per KV head: an
