@@ -6,3 +6,5 @@ endif()
 hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 400)
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)
+# sparse-attention hybrids through the cluster
+hyla_add_script_test(test_e2e_lalte e2e/test_e2e_lalte.sh LABELS e2e TIMEOUT 300)
