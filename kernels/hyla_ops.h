@@ -236,6 +236,24 @@ typedef struct hyla_ops {
     hyla_status (*lte_decode)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
                               int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
 
+    /* ---- NSA ---- (native sparse attention, docs/MODELS.md §5.2 [NSA-1..4]; NULL in a backend
+     * that lacks them: the mixer refuses to run)
+     * nsa_prefill: n new tokens of one sequence at positions pos0..: writes k, v ([n][Hk][D],
+     * rotated) into the paged cache as attn_prefill does, then o [n][Hq][D] = the gated sum of
+     * three branches for each query q [n][Hq][D]: compressed attention over the mean-pooled
+     * blocks of `block` tokens that lie wholly in its past, attention over the `counts` blocks
+     * ranked highest by the compressed attention (averaged over the query group; the first,
+     * current and previous blocks always), and sliding-window attention over the last `window`
+     * tokens (window <= 0: none). g [n][Hq][3]: the gate logits (cmp, slc, swa), sigmoid inside.
+     * Each query's output is computed by one routine, so prefill == decode bit for bit. */
+    hyla_status (*nsa_prefill)(void *ctx, const float *q, const float *k, const float *v, const float *g, int n,
+                               int Hq, int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts,
+                               int window, float scale, float *o);
+    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D], g [B][Hq][3]; pos, kv host [B]. */
+    hyla_status (*nsa_decode)(void *ctx, const float *q, const float *k, const float *v, const float *g, int B,
+                              int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block,
+                              int counts, int window, float scale, float *o);
+
     /* ---- sampling ---- [SAMPLE-1]
      * logits [B][V] (device); params, u (one uniform in [0,1) per row) and out are host [B].
      * Greedy rows ignore u. */

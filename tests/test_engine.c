@@ -25,7 +25,7 @@
 
 static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla",
                               /* sparse-attention hybrids */
-                              "lalte"};
+                              "lalte", "lansa", "nsa"};
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];
@@ -131,8 +131,13 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
 }
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
-    /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace */
-    make_model(arch, dir, strstr(arch, "-h") ? "--window 40" : !strcmp(arch, "lalte") ? "--window 16 --sink 2 --budget 6" : NULL);
+    /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace;
+     * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks */
+    const char *extra = strstr(arch, "-h")           ? "--window 40"
+                        : !strcmp(arch, "lalte")     ? "--window 16 --sink 2 --budget 6"
+                        : strstr(arch, "nsa") != NULL ? "--window 16 --block-size 8 --block-counts 4"
+                                                      : NULL;
+    make_model(arch, dir, extra);
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     const hyla_model_config *c = hyla_model_get_config(test_model(m));

@@ -181,6 +181,8 @@ typedef struct {
     int spec;            /* 1: writing the keys of a hybrid spec object, 0: of the config root */
     /* LTE */
     int sink, budget;    /* -1 / 0: the mixer's default */
+    /* NSA */
+    int nsa_block, nsa_counts; /* 0: the mixer's default */
 } hyla_mk_args;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -25,6 +25,8 @@ typedef struct {
     int short_conv; /* -1: arch default */
     /* LTE */
     int sink, budget; /* -1 / 0: the mixer's default */
+    /* NSA */
+    int nsa_block, nsa_counts; /* 0: the mixer's default */
 } opts;
 
 typedef struct {
@@ -39,11 +41,12 @@ static void usage(FILE *f) {
             "usage: hyla-mkmodel --arch ARCH --layers L --hidden D --heads H [options] --out DIR\n"
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
-            "                     statex-gla | lalte\n"
+            "                     statex-gla | lalte | lansa | nsa\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
             "                     4 layers, one every L/4 from the first: GLA heads merged into one;\n"
-            "                     lalte: GDN with LTE attention at every odd layer, 1:1)\n"
+            "                     lalte / lansa: GDN with LTE / NSA attention at every odd\n"
+            "                     layer, 1:1; nsa: native sparse attention at every layer)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -55,6 +58,8 @@ static void usage(FILE *f) {
             "                     lte: 768)\n"
             "  --sink S           lte: attention sink tokens (default 4)\n"
             "  --budget B         lte: retained out-of-window tokens per KV head (default 512)\n"
+            "  --block-size N     nsa: tokens per block (default 64)\n"
+            "  --block-counts N   nsa: blocks selected per query (default 16)\n"
             "  --head-dim K       key head dim of gdn/sse (default D/H)\n"
             "  --partitions N     SSE partitions (default 4)\n"
             "  --topk K           SSE partitions selected per token (default 1; sse-gdn: 2)\n"
@@ -153,6 +158,9 @@ static const mk_arch ARCHS[] = {
     {"statex-gla", "gla", NULL, "{\"num_heads\": 1}", NULL},
     /* laLTE (lte-hybrid-sparse-attention-token-eviction.txt §3.2): GDN and LTE layers 1:1 */
     {"lalte", "gdn", NULL, NULL, "lte"},
+    /* laNSA (same paper, §3.2) and an all-NSA model (flash-linear-attention's model_type "nsa") */
+    {"lansa", "gdn", NULL, NULL, "nsa"},
+    {"nsa", "nsa", NULL, NULL, NULL},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {
@@ -170,7 +178,7 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
     json_object_set_new(cfg, "bos_token_id", json_integer(256));
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
     hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0,
-                       o->sink, o->budget};
+                       o->sink, o->budget, o->nsa_block, o->nsa_counts};
     const char *why = base->mk_config(cfg, &ma);
     if (!why && a->statex) {
         json_t *spec = json_loads(a->statex, 0, NULL), *layers = json_array();
@@ -247,7 +255,7 @@ static int mk(const opts *o) {
         fprintf(stderr, "hyla-mkmodel: unknown --arch '%s'\n", o->arch);
         return 2;
     }
-    if (hybrid && (!strcmp(base->name, "attn") || a->sparse)) {
+    if (hybrid && (!strcmp(base->name, "attn") || !strcmp(base->name, "nsa") || a->sparse)) {
         fprintf(stderr, "hyla-mkmodel: --arch %s has no -h variant\n", a->arch);
         return 2;
     }
@@ -340,6 +348,7 @@ int main(int argc, char **argv) {
                                  {"head-dim", 1, 0, 'K'}, {"partitions", 1, 0, 'n'}, {"topk", 1, 0, 'p'},
                                  {"intermediate", 1, 0, 'f'}, {"short-conv", 1, 0, 'c'}, {"out", 1, 0, 'o'},
                                  {"sink", 1, 0, 'S'},     {"budget", 1, 0, 'B'},
+                                 {"block-size", 1, 0, 'z'}, {"block-counts", 1, 0, 'N'},
                                  {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -369,6 +378,8 @@ int main(int argc, char **argv) {
         case 'o': o.out = optarg; break;
         case 'S': o.sink = atoi(optarg); break;
         case 'B': o.budget = atoi(optarg); break;
+        case 'z': o.nsa_block = atoi(optarg); break;
+        case 'N': o.nsa_counts = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
