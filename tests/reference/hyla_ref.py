@@ -15,6 +15,8 @@ What it holds:
       varlen prefill (tokens grouped by partition, chunked kernel per partition);
       LTE (learnable token eviction, lte-hybrid-sparse-attention-token-eviction.txt 3.1):
       grouped-Conv1d scores, sink + retained + window attention, token by token [LTE-1..5];
+      NSA (flash-linear-attention's nsa layer; mean-pooled compression, block selection,
+      window, gates) [NSA-1..4];
   * a Session that holds per-layer state, prefills a prompt (recurrent or chunked) and
     decodes greedily, one token at a time, always by the recurrence.
 
@@ -636,6 +638,93 @@ class LTELayer:
         return linear(o.reshape(T, self.Hq * self.hd), self.wo)
 
 
+def nsa_attend(q, k, v, g, block, counts, window, scale):
+    """Native sparse attention of the queries of the last T positions of k, v (docs/MODELS.md 5.2,
+    [NSA-1..4]). q [T, Hq, hd] at positions P-T..P-1; k, v [P, Hk, hd] (rotated keys);
+    g [T, Hq, 3] gate logits (cmp, slc, swa). Token by token, per KV head and query group."""
+    T, Hq, hd = q.shape
+    P, Hk, _ = k.shape
+    G = Hq // Hk
+    o = torch.zeros(T, Hq, hd, dtype=q.dtype)
+    nblk = P // block
+    kc = k[: nblk * block].reshape(nblk, block, Hk, hd).mean(1)  # mean pooling of whole blocks
+    vc = v[: nblk * block].reshape(nblk, block, Hk, hd).mean(1)
+    gs = torch.sigmoid(g)
+    margins = []
+    for i in range(T):
+        p = P - T + i
+        nc, cur = (p + 1) // block, p // block
+        for h in range(Hk):
+            qg = q[i, h * G:(h + 1) * G]  # [G, hd]
+            if nc > 0:
+                pr = torch.softmax(qg @ kc[:nc, h].T * scale, -1)  # [G, nc]
+                ocmp = pr @ vc[:nc, h]
+                score = torch.zeros(cur + 1, dtype=q.dtype)
+                score[:nc] = pr.mean(0)
+            else:
+                ocmp = torch.zeros(G, hd, dtype=q.dtype)
+                score = torch.zeros(cur + 1, dtype=q.dtype)
+            for c in {0, cur, cur - 1}:
+                if 0 <= c <= cur:
+                    score[c] = 1.0
+            order = sorted(range(cur + 1), key=lambda c: (-float(score[c]), c))  # ties: lower block
+            sel = order[:counts]
+            if len(order) > counts:
+                margins.append(float(score[order[counts - 1]] - score[order[counts]]))
+            pos = [t for c in sel for t in range(c * block, min((c + 1) * block, p + 1))]
+            kk, vv = k[pos, h], v[pos, h]
+            oslc = torch.softmax(qg @ kk.T * scale, -1) @ vv
+            out = oslc * gs[i, h * G:(h + 1) * G, 1:2] + ocmp * gs[i, h * G:(h + 1) * G, 0:1]
+            if window and window > 0:
+                lo = max(0, p - window + 1)
+                oswa = torch.softmax(qg @ k[lo:p + 1, h].T * scale, -1) @ v[lo:p + 1, h]
+                out = out + oswa * gs[i, h * G:(h + 1) * G, 2:3]
+            o[i, h * G:(h + 1) * G] = out
+    return o, margins
+
+
+class NSALayer:
+    """flash-linear-attention's NativeSparseAttention (q/k/v/g/o projections, RoPE, GQA), with the
+    math of its naive reference: mean-pooled compression, top-n block selection with the first,
+    current and previous blocks forced, a sliding window, sigmoid gates. margins: the score gap
+    at every selection boundary (the fixture generator's robustness check)."""
+    kind = "nsa"
+
+    def __init__(self, cfg, W, p, D, spec):
+        self.Hq = cfg.get("num_heads", None) or (None if spec else 64)
+        self.Hk = cfg.get("num_kv_heads", None) or (self.Hq if spec else 4)
+        self.hd = cfg.get("head_dim", None) or (64 if spec else 32)
+        self.theta = cfg.get("rope_theta", 10000.0) or 10000.0
+        self.block = cfg.get("block_size", 64)
+        self.counts = cfg.get("block_counts", 16)
+        self.window = cfg.get("window_size", 512) or 0
+        bias = cfg.get("qkv_bias", False)
+        Hq, Hk, hd = self.Hq, self.Hk, self.hd
+        self.wq, self.wk, self.wv = W(p + "q_proj.weight", (Hq * hd, D)), W(p + "k_proj.weight", (Hk * hd, D)), W(p + "v_proj.weight", (Hk * hd, D))
+        self.bq = W(p + "q_proj.bias", (Hq * hd,)) if bias else None
+        self.bk = W(p + "k_proj.bias", (Hk * hd,)) if bias else None
+        self.bv = W(p + "v_proj.bias", (Hk * hd,)) if bias else None
+        self.wg = W(p + "g_proj.weight", (Hq * 3, D))
+        self.wo = W(p + "o_proj.weight", (D, Hq * hd))
+        self.margins = []
+
+    def init_state(self, dt):
+        return {"k": torch.zeros(0, self.Hk, self.hd, dtype=dt), "v": torch.zeros(0, self.Hk, self.hd, dtype=dt)}
+
+    def __call__(self, x, st, pos0, mode):
+        T = x.shape[0]
+        q = linear(x, self.wq, self.bq).view(T, self.Hq, self.hd)
+        k = linear(x, self.wk, self.bk).view(T, self.Hk, self.hd)
+        v = linear(x, self.wv, self.bv).view(T, self.Hk, self.hd)
+        g = linear(x, self.wg).view(T, self.Hq, 3)
+        pos = torch.arange(pos0, pos0 + T)
+        q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
+        st["k"], st["v"] = torch.cat([st["k"], k], 0), torch.cat([st["v"], v], 0)
+        o, m = nsa_attend(q, st["k"], st["v"], g, self.block, self.counts, self.window, self.hd ** -0.5)
+        self.margins.extend(m)
+        return linear(o.reshape(T, self.Hq * self.hd), self.wo)
+
+
 # ----------------------------------------------------------------------------------------
 # model and session
 # ----------------------------------------------------------------------------------------
@@ -653,7 +742,7 @@ class Model:
         self.cfg, self.dtype = cfg, dtype
         W = Weights(raw, dtype)
         mt = cfg["model_type"]
-        if mt not in ("gla", "gated_deltanet", "transformer", "sse"):
+        if mt not in ("gla", "gated_deltanet", "transformer", "sse", "nsa"):
             raise ValueError("unknown model_type %r" % mt)
         D, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
         self.D, self.V, self.L = D, V, L
@@ -670,11 +759,12 @@ class Model:
         for spec in attn_specs(cfg):
             for i in spec.get("layers", []):
                 attn_of[i] = spec
-        lte_of = {}  # sparse-attention specs
-        lt = cfg.get("lte", None)
-        for spec in ([] if lt is None else lt if isinstance(lt, list) else [lt]):
-            for i in spec.get("layers", []):
-                lte_of[i] = spec
+        lte_of, nsa_of = {}, {}  # sparse-attention specs
+        for key, of in (("lte", lte_of), ("nsa", nsa_of)):
+            sp = cfg.get(key, None)
+            for spec in ([] if sp is None else sp if isinstance(sp, list) else [sp]):
+                for i in spec.get("layers", []):
+                    of[i] = spec
         # StateX (docs/MODELS.md 4.5): listed layers read the root keys overlaid by the spec's
         cfg_of = {}
         sx = cfg.get("statex", None)
@@ -691,8 +781,12 @@ class Model:
                 mix = AttnLayer(cfg, W, pa, D, True)
             elif i in attn_of:
                 mix = AttnLayer(attn_of[i], W, pa, D, False)
+            elif mt == "nsa":
+                mix = NSALayer(cfg, W, pa, D, False)
             elif i in lte_of:
                 mix = LTELayer(lte_of[i], W, pa, D)
+            elif i in nsa_of:
+                mix = NSALayer(nsa_of[i], W, pa, D, True)
             elif mt == "gla":
                 mix = GLALayer(cfg_of.get(i, cfg), W, pa, D)
             elif mt == "gated_deltanet":
