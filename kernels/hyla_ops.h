@@ -220,40 +220,6 @@ typedef struct hyla_ops {
                               const int32_t *idx, const float *w, int B, int H, int dk, int dv, int N,
                               int K, float scale, float *const *S0, float *const *Sp, float *o);
 
-    /* ---- LTE ---- (NULL in a backend that lacks them: the mixer refuses to run)
-     * lte_score [LTE-2]: x [T][Hk][2D] the un-rotated k‖v of positions x0..x0+T-1 (rows of
-     * negative positions are read as zero); r [T-2h][Hk] = the retention scores of positions
-     * x0+h..x0+T-1-h, h = half the receptive field. A score depends only on its position's
-     * receptive field, never on T or x0 (bit for bit). */
-    hyla_status (*lte_score)(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
-    /* lte_prefill [LTE-3..5]: n tokens of one session at positions pos0.. (the cache holds
-     * exactly pos0 tokens). For each token in order: insert k, v ([n][Hk][D], rotated) into the
-     * cache (scoring, eviction, replacement), then o [n][Hq][D] = attention of q [n][Hq][D] over
-     * sink ∪ retained ∪ window. Equal, bit for bit, to n calls of lte_decode. */
-    hyla_status (*lte_prefill)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
-                               int n, int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
-    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D]; pos, c host [B]. */
-    hyla_status (*lte_decode)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
-                              int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
-
-    /* ---- NSA ---- (native sparse attention, docs/MODELS.md §5.2 [NSA-1..4]; NULL in a backend
-     * that lacks them: the mixer refuses to run)
-     * nsa_prefill: n new tokens of one sequence at positions pos0..: writes k, v ([n][Hk][D],
-     * rotated) into the paged cache as attn_prefill does, then o [n][Hq][D] = the gated sum of
-     * three branches for each query q [n][Hq][D]: compressed attention over the mean-pooled
-     * blocks of `block` tokens that lie wholly in its past, attention over the `counts` blocks
-     * ranked highest by the compressed attention (averaged over the query group; the first,
-     * current and previous blocks always), and sliding-window attention over the last `window`
-     * tokens (window <= 0: none). g [n][Hq][3]: the gate logits (cmp, slc, swa), sigmoid inside.
-     * Each query's output is computed by one routine, so prefill == decode bit for bit. */
-    hyla_status (*nsa_prefill)(void *ctx, const float *q, const float *k, const float *v, const float *g, int n,
-                               int Hq, int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts,
-                               int window, float scale, float *o);
-    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D], g [B][Hq][3]; pos, kv host [B]. */
-    hyla_status (*nsa_decode)(void *ctx, const float *q, const float *k, const float *v, const float *g, int B,
-                              int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block,
-                              int counts, int window, float scale, float *o);
-
     /* ---- sampling ---- [SAMPLE-1]
      * logits [B][V] (device); params, u (one uniform in [0,1) per row) and out are host [B].
      * Greedy rows ignore u. */
@@ -289,6 +255,43 @@ typedef struct hyla_ops {
      * it returns, the host memory holds the bytes the sources held when capture_begin was
      * called (given the rule above) and the sources may be written again. */
     hyla_status (*capture_end)(void *ctx, hyla_capture *t);
+
+    /* ---- entries added later go here, at the end: the CUDA table (hyla_cuda_graph.cu) is
+     * positional, so an entry it does not list stays NULL ---- */
+
+    /* ---- LTE ---- (NULL in a backend that lacks them: the mixer refuses to run)
+     * lte_score [LTE-2]: x [T][Hk][2D] the un-rotated k‖v of positions x0..x0+T-1 (rows of
+     * negative positions are read as zero); r [T-2h][Hk] = the retention scores of positions
+     * x0+h..x0+T-1-h, h = half the receptive field. A score depends only on its position's
+     * receptive field, never on T or x0 (bit for bit). */
+    hyla_status (*lte_score)(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
+    /* lte_prefill [LTE-3..5]: n tokens of one session at positions pos0.. (the cache holds
+     * exactly pos0 tokens). For each token in order: insert k, v ([n][Hk][D], rotated) into the
+     * cache (scoring, eviction, replacement), then o [n][Hq][D] = attention of q [n][Hq][D] over
+     * sink ∪ retained ∪ window. Equal, bit for bit, to n calls of lte_decode. */
+    hyla_status (*lte_prefill)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                               int n, int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
+    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D]; pos, c host [B]. */
+    hyla_status (*lte_decode)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                              int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
+
+    /* ---- NSA ---- (native sparse attention, docs/MODELS.md §5.2 [NSA-1..4]; NULL in a backend
+     * that lacks them: the mixer refuses to run)
+     * nsa_prefill: n new tokens of one sequence at positions pos0..: writes k, v ([n][Hk][D],
+     * rotated) into the paged cache as attn_prefill does, then o [n][Hq][D] = the gated sum of
+     * three branches for each query q [n][Hq][D]: compressed attention over the mean-pooled
+     * blocks of `block` tokens that lie wholly in its past, attention over the `counts` blocks
+     * ranked highest by the compressed attention (averaged over the query group; the first,
+     * current and previous blocks always), and sliding-window attention over the last `window`
+     * tokens (window <= 0: none). g [n][Hq][3]: the gate logits (cmp, slc, swa), sigmoid inside.
+     * Each query's output is computed by one routine, so prefill == decode bit for bit. */
+    hyla_status (*nsa_prefill)(void *ctx, const float *q, const float *k, const float *v, const float *g, int n,
+                               int Hq, int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts,
+                               int window, float scale, float *o);
+    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D], g [B][Hq][3]; pos, kv host [B]. */
+    hyla_status (*nsa_decode)(void *ctx, const float *q, const float *k, const float *v, const float *g, int B,
+                              int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block,
+                              int counts, int window, float scale, float *o);
 } hyla_ops;
 
 typedef struct {
