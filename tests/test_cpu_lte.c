@@ -7,7 +7,8 @@
  *     scores from the true pre-RoPE keys: outputs within tolerance, the same retained positions;
  *   - prefill of N tokens == N decode steps == prefill in pieces of 1, 7 and 33 tokens: the same
  *     cache bytes and outputs, bit for bit; lazy scoring == eager scoring (outputs and retained
- *     segment, bit for bit); a decode batch == each session alone; errors.
+ *     segment, bit for bit); a decode batch == each session alone; errors. Built twice: a window
+ *     of 16 over 150 tokens, and (test_cpu_lte_wide) a window of 64 over 400.
  *
  * Tolerances: the backend is fp32, the reference double. Scores differ by the un-rotation of
  * the cached keys (cos/sin in double, one fp32 rounding per element) and fp32 sums over <= 48
@@ -25,7 +26,13 @@
 #define ATOL 2e-5
 #define RTOL 1e-4
 
+/* LTE_WIDE (test_cpu_lte_wide): a window of 64, so lazy batches hold 52 positions, over 400
+ * tokens; by default a window of 16 over 150. */
+#ifdef LTE_WIDE
+enum { HK = 2, HQ = 4, D = 8, SINK = 4, WIN = 64, BUD = 8, T = 400 };
+#else
 enum { HK = 2, HQ = 4, D = 8, SINK = 2, WIN = 16, BUD = 4, T = 150 };
+#endif
 #define ROWS (SINK + WIN + BUD)
 
 static hyla_backend *be;
