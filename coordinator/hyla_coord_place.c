@@ -206,6 +206,7 @@ hyla_status coord_place(hyla_coord *c, csess *s, const char *hint, const char *e
     coord_copy_str(s->group, sizeof s->group, group);
     s->epoch = epoch;
     s->state = HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
+    s->paused = 0;
     s->tier = tier;
     s->position = position;
     s->generated = generated;

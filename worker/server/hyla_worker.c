@@ -36,6 +36,7 @@
 #include "hyla_log.h"
 #include "hyla_rpc.h"
 #include "hyla_session.h"
+#include "hyla_session_id.h"
 #include "hyla_store_rpc.h"
 #include "hyla_tokenizer.h"
 #include <xxhash.h>
@@ -390,17 +391,37 @@ static hyla_snapshot *layout_of(const hyla_snapshot *s) {
 
 static void finish_export(hyla_worker *w, wsess *ws);
 
-static void drop_session(hyla_worker *w, wsess *ws, const char *why) {
-    finish_export(w, ws); /* before the session is freed; its put is queued as it would have been */
-    if (ws->app) append_finish(w, ws->app, HYLA_RPC_ABORTED, "session %s: %s", ws->id, why);
+/* End the session's Append or Generate call at a token boundary, failing it with code: the
+ * session keeps exactly what the call delivered (every sampled token was sent; an Append's fed
+ * tokens stay, the ones not yet fed are dropped and a last progress message says how many were
+ * ingested). The Generate trailer carries the count delivered. */
+static void end_jobs(hyla_worker *w, wsess *ws, hyla_rpc_code code, const char *why) {
+    if (ws->app) {
+        append_job *a = ws->app;
+        if (ws->s && !a->released) {
+            Hyla__V1__AppendProgress pr = HYLA__V1__APPEND_PROGRESS__INIT;
+            pr.tokens_received = a->received;
+            pr.tokens_ingested = a->ingested;
+            pr.total_tokens = a->total_hint;
+            pr.position = (uint64_t)hyla_session_position(ws->s);
+            hyla_rpc_call_send(a->call, &pr.base);
+        }
+        append_finish(w, a, code, "session %s: %s after %llu tokens ingested", ws->id, why,
+                      (unsigned long long)a->ingested);
+    }
     if (ws->gen) {
         char n[32];
         snprintf(n, sizeof n, "%u", ws->gen->delivered);
         hyla_rpc_call_set_trailer(ws->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
-        hyla_rpc_call_fail(ws->gen->call, HYLA_RPC_UNAVAILABLE, "session %s: %s after %u tokens", ws->id, why,
-                           ws->gen->delivered);
+        hyla_rpc_call_fail(ws->gen->call, code, "session %s: %s after %u tokens", ws->id, why, ws->gen->delivered);
         free_gen(ws->gen);
+        ws->gen = NULL;
     }
+}
+
+static void drop_session(hyla_worker *w, wsess *ws, const char *why) {
+    finish_export(w, ws); /* before the session is freed; its put is queued as it would have been */
+    end_jobs(w, ws, HYLA_RPC_UNAVAILABLE, why);
     if (ws->s) {
         hyla_session_free(ws->s);
     }
@@ -515,7 +536,7 @@ static hyla_sampling sampling_from(const Hyla__V1__SamplingParams *sp) {
     hyla_sampling s = {0.0f, 0, 1.0f};
     if (sp) {
         s.temperature = sp->temperature;
-        s.top_k = sp->top_k;
+        s.top_k = sp->top_k > 0 ? sp->top_k : 0; /* <= 0: top-k off (the proto's rule) */
         s.top_p = (sp->top_p <= 0 || sp->top_p >= 1) ? 1.0f : sp->top_p;
     }
     return s;
@@ -524,12 +545,11 @@ static hyla_sampling sampling_from(const Hyla__V1__SamplingParams *sp) {
 static const char *bad_sampling(const Hyla__V1__SamplingParams *sp) {
     if (!sp) return NULL;
     if (!isfinite(sp->temperature) || sp->temperature < 0) return "sampling.temperature must be >= 0";
-    if (sp->top_k < 0) return "sampling.top_k must be >= 0";
     if (!isfinite(sp->top_p) || sp->top_p < 0 || sp->top_p > 1) return "sampling.top_p must be in [0, 1]";
     return NULL;
 }
 
-static int valid_id(const char *id) { return id && *id && strlen(id) < 128; }
+static int valid_id(const char *id) { return hyla_session_id_check(id, "session_id") == HYLA_OK; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* commands on the scheduler                                                                   */
@@ -538,7 +558,8 @@ static void do_load(hyla_worker *w, cmd *c) {
     const Hyla__V1__LoadSessionRequest *r = (const Hyla__V1__LoadSessionRequest *)c->msg;
     double t0 = now_s();
     if (!valid_id(r->session_id)) {
-        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "LoadSession: session_id must be 1..127 bytes");
+        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "LoadSession: session_id must be 1..%d printable bytes",
+                           HYLA_SESSION_ID_MAX);
         return;
     }
     const char *bad = bad_sampling(r->sampling);
@@ -637,7 +658,8 @@ static void do_got_snapshot(hyla_worker *w, cmd *c) {
 
 static wsess *lookup_or_fail(hyla_worker *w, hyla_rpc_call *call, const char *id, const char *what) {
     if (!valid_id(id)) {
-        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..127 bytes", what);
+        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..%d printable bytes", what,
+                           HYLA_SESSION_ID_MAX);
         return NULL;
     }
     wsess *ws = find(w, id);
@@ -649,6 +671,9 @@ static void do_snapshot(hyla_worker *w, cmd *c) {
     const Hyla__V1__SnapshotRequest *r = (const Hyla__V1__SnapshotRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "Snapshot");
     if (!ws) return;
+    /* The coordinator snapshots to pause or move the session: a call in progress ends first, so
+     * the snapshot holds every token it delivered and none it did not. */
+    end_jobs(w, ws, HYLA_RPC_ABORTED, "paused or moved; call again to continue");
     hyla_status st = start_put(w, ws, c->call, 1, 0);
     if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
 }
@@ -657,6 +682,7 @@ static void do_unload(hyla_worker *w, cmd *c) {
     const Hyla__V1__UnloadRequest *r = (const Hyla__V1__UnloadRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "Unload");
     if (!ws) return;
+    end_jobs(w, ws, HYLA_RPC_CANCELLED, "deleted or moved");
     if (r->snapshot_first) {
         hyla_status st = start_put(w, ws, c->call, 2, 1);
         if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
@@ -991,6 +1017,7 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
     r.text.data = (uint8_t *)g->text + g->text_sent;
     r.text.len = send_to > g->text_sent ? send_to - g->text_sent : 0;
     r.position = (uint64_t)hyla_session_position(ws->s);
+    r.generated = (uint64_t)hyla_session_generated(ws->s);
     g->text_sent = send_to > g->text_sent ? send_to : g->text_sent;
     if (why) {
         r.done = 1;
@@ -1003,7 +1030,11 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
         return 1;
     }
     if (hyla_rpc_call_send(g->call, &r.base) != HYLA_OK) {
-        /* the client went away: end the job (the call reports its own status) */
+        /* the client went away: end the job (the call reports its own status); the token stays
+         * in the session, and the trailer tells the coordinator how many it kept */
+        char n[32];
+        snprintf(n, sizeof n, "%u", g->delivered);
+        hyla_rpc_call_set_trailer(g->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
         hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "Generate cancelled");
         free_gen(g);
         ws->gen = NULL;
@@ -1460,6 +1491,9 @@ static void *scheduler_main(void *arg) {
         /* cancelled calls end their jobs */
         for (wsess *s = w->sessions; s; s = s->next) {
             if (s->gen && hyla_rpc_call_cancelled(s->gen->call)) {
+                char n[32]; /* the tokens the session kept, for the coordinator's record */
+                snprintf(n, sizeof n, "%u", s->gen->delivered);
+                hyla_rpc_call_set_trailer(s->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
                 hyla_rpc_call_fail(s->gen->call, HYLA_RPC_CANCELLED, "Generate cancelled after %u tokens", s->gen->delivered);
                 free_gen(s->gen);
                 s->gen = NULL;
@@ -1552,7 +1586,7 @@ static void *scheduler_main(void *arg) {
                 pr.tokens_ingested = a->ingested;
                 pr.total_tokens = a->total_hint;
                 pr.tokens_per_second = t > a->t0 ? a->ingested / (t - a->t0) : 0;
-                pr.position = (uint64_t)hyla_session_position(s->s) + (hyla_session_pending(s->s) >= 0);
+                pr.position = (uint64_t)hyla_session_position(s->s); /* consumed, as everywhere */
                 pr.done = done;
                 a->last_progress = t;
                 if (done) {
