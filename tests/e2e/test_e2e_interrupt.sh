@@ -9,7 +9,9 @@
 #     equal to it too, and a second Generate continues with no duplicate and no gap;
 #   - client cancel and deadline: the session keeps the tokens the server sent before it saw the
 #     cancellation (Session.generated); what the client received is a prefix of them, and the
-#     continuation starts right after Session.generated.
+#     continuation starts right after Session.generated;
+#   - the owning worker killed (last): UNAVAILABLE with the trailer; the next Generate continues
+#     from the last durable snapshot, and its first message says from where.
 # Then: an Append whose second message names another session leaves the first one usable; a
 # session id with a NUL byte, a space or too many bytes is refused and acts on nothing; stop [""]
 # is refused; top_k < 0 disables top-k; position counts the same after Append, Pause and
@@ -25,12 +27,13 @@ e2e_start_coordinator || e2e_done
 e2e_start_worker w1 "$E2E_DIR/model" || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" || e2e_done
 
-"$PY" - "$E2E_SERVER" "$E2E_SRC/proto" <<'PY' || e2e_fail "interruption checks"
+"$PY" - "$E2E_SERVER" "$E2E_SRC/proto" "w1=$(e2e_pid w1)" "w2=$(e2e_pid w2)" <<'PY' || e2e_fail "interruption checks"
 import importlib, os, shutil, sys, tempfile, threading, time
 import grpc
 from grpc_tools import protoc
 
 server, proto_dir = sys.argv[1], sys.argv[2]
+worker_pids = dict(a.split("=") for a in sys.argv[3:])
 out = tempfile.mkdtemp(prefix="hyla-interrupt-stubs-")
 files = [os.path.join(proto_dir, "hyla", "v1", n + ".proto") for n in ("common", "sessions", "cluster")]
 wk = os.path.join(os.path.dirname(importlib.import_module("grpc_tools").__file__), "_proto")
@@ -96,10 +99,12 @@ append(twin_id)
 twin = gen(twin_id, N)
 check(len(twin) == N, "twin generated %d tokens" % len(twin))
 
-def interrupted(name, action, want_code):
-    """Generate N, run action(sid, call) after K tokens, read to the end; then continue."""
-    sid = create()
-    append(sid)
+def interrupted(name, action, want_code, sid=None):
+    """Generate N on sid (default: a new session fed DOC), run action(sid, call) after K tokens,
+    read to the end."""
+    if sid is None:
+        sid = create()
+        append(sid)
     call = S.Generate(pb.GenerateRequest(session_id=sid, max_tokens=N, ignore_eos=True), metadata=MD)
     got, code, delivered = [], grpc.StatusCode.OK, None
     try:
@@ -259,6 +264,35 @@ check(last.position == s1.position == r.session.position == r.snapshot.position 
 g = list(S.Generate(pb.GenerateRequest(session_id=p, max_tokens=3, ignore_eos=True), metadata=MD))
 check(g[-1].position == s1.position + 3 and get(p).position == s1.position + 3,
       "position after 3 generated tokens: %d (stream) %d (Get)" % (g[-1].position, get(p).position))
+
+# last (it leaves one worker): the owning worker dies mid-stream. The stream ends UNAVAILABLE with
+# the trailer; the session goes back to its last durable snapshot, and the next Generate says
+# where it stands (GenerateResponse.generated): continuing from there gives the twin's tokens.
+import signal
+d = create()
+append(d)
+S.Pause(pb.PauseRequest(session_id=d), metadata=MD)  # a durable snapshot at the start
+owner = get(d).worker_ids[0]
+def do_kill(sid, call):
+    os.kill(int(worker_pids[owner]), signal.SIGKILL)
+sid, got, code, dl = interrupted("worker death", do_kill, grpc.StatusCode.UNAVAILABLE, sid=d)
+check(dl == len(got), "worker death: trailer %s == %d received" % (dl, len(got)))
+msgs = []
+for _ in range(100):  # until the coordinator has declared the worker dead and re-placed the session
+    try:
+        msgs = list(S.Generate(pb.GenerateRequest(session_id=d, max_tokens=50, ignore_eos=True), metadata=MD))
+        break
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            check(False, "worker death: the next Generate failed %s: %s" % (e.code(), e.details()))
+            break
+        time.sleep(0.2)
+if msgs:
+    start = msgs[0].generated - len(msgs[0].token_ids)
+    toks = [t for m in msgs for t in m.token_ids]
+    check(start <= len(got), "worker death: the session resumed at %d of the %d tokens received" % (start, len(got)))
+    check(toks == twin[start:start + len(toks)], "worker death: the continuation from %d is the twin's" % start)
+    check(get(d).worker_ids and get(d).worker_ids[0] != owner, "worker death: the session moved off %s" % owner)
 
 if failures:
     print("%d check(s) failed" % len(failures), file=sys.stderr)
