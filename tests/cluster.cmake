@@ -7,3 +7,4 @@ hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)
 hyla_add_script_test(test_e2e_interrupt e2e/test_e2e_interrupt.sh LABELS e2e fault TIMEOUT 400)
+hyla_add_script_test(test_e2e_interrupt_restart e2e/test_e2e_interrupt_restart.sh LABELS e2e fault TIMEOUT 400)
