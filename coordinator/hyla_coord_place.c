@@ -256,6 +256,14 @@ hyla_status coord_ensure_active(hyla_coord *c, csess *s, char *owner, uint64_t *
         coord_unplace_locked(c, s, st == HYLA_OK ? "its worker holds another placement" : res.message);
         pthread_mutex_unlock(&c->mu);
     } else if (active) {
+        /* Just after a restart its workers may not have registered again yet: the monitor's
+         * grace period applies here too, or the session would fall back to its snapshot and
+         * lose what its worker still holds. */
+        if ((hyla_now() - c->started_mono) * 1000.0 <= (double)c->p.dead_after_ms)
+            return hyla_fail(HYLA_ERR_UNAVAILABLE,
+                             "session %s: the workers of group %s have not registered since the coordinator "
+                             "started; retry",
+                             s->id, s->group);
         pthread_mutex_lock(&c->mu);
         coord_unplace_locked(c, s, "its group has no live worker");
         pthread_mutex_unlock(&c->mu);
