@@ -6,3 +6,5 @@ set_tests_properties(tokenizer_fetch PROPERTIES LABELS "quick" TIMEOUT 900 SKIP_
   FIXTURES_SETUP tokenizer_files)
 hyla_add_test(test_tokenizer SOURCES test_tokenizer.c LIBS hyla_text PkgConfig::JANSSON LABELS quick TIMEOUT 600)
 set_tests_properties(test_tokenizer PROPERTIES FIXTURES_REQUIRED tokenizer_files)
+hyla_add_script_test(test_e2e_text e2e/test_e2e_text.sh LABELS e2e TIMEOUT 300)
+set_tests_properties(test_e2e_text PROPERTIES FIXTURES_REQUIRED tokenizer_files)
