@@ -175,6 +175,15 @@ static long unmap_bytes(const int16_t cp_byte[324], const char *s, size_t len, c
     return (long)o;
 }
 
+#define META "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+
+/* 1 when s holds `▁` right after a character other than `▁` */
+static int meta_inside(const char *s, size_t len) {
+    for (size_t i = 1; i + 3 <= len; i++)
+        if (!memcmp(s + i, META, 3) && !(i >= 3 && !memcmp(s + i - 3, META, 3))) return 1;
+    return 0;
+}
+
 /* ---- loading ---- */
 
 #define LFAIL(...) return hyla_fail(HYLA_ERR_FORMAT, __VA_ARGS__)
@@ -522,10 +531,12 @@ static hyla_status load_json(hyla_tokenizer *t, json_t *root) {
     char *raw = NULL;
     size_t raw_cap = 0;
     int vocab_oom = 0;
+    t->cut_at_meta = !t->byte_level;
     json_object_foreach(vocab, key, val) {
         int32_t id = (int32_t)json_integer_value(val);
         size_t kl = strlen(key);
         tok_str[id] = key;
+        if (t->cut_at_meta && meta_inside(key, kl)) t->cut_at_meta = 0;
         if (t->byte_level) {
             if (kl > raw_cap) {
                 raw_cap = kl * 2;
@@ -830,17 +841,9 @@ static void merge_heap(enc *e, size_t m) {
 
 #define SCAN_MAX 48
 
-/* BPE of one word w[0..len) */
-static void encode_word(enc *e, const char *w, size_t len) {
+/* BPE of w[0..len), a word or a piece of one no merge crosses */
+static void encode_run(enc *e, const char *w, size_t len) {
     const hyla_tokenizer *t = e->t;
-    if (!len) return;
-    if (t->ignore_merges) {
-        int32_t id = hyla_strmap_get(&t->vocab, w, len);
-        if (id >= 0) {
-            emit(e, id);
-            return;
-        }
-    }
     if (!enc_reserve_syms(e, len + 1)) {
         e->oom = 1;
         return;
@@ -878,6 +881,33 @@ static void encode_word(enc *e, const char *w, size_t len) {
     }
     if (m <= SCAN_MAX) merge_scan(e, m);
     else merge_heap(e, m);
+}
+
+/* BPE of one word w[0..len) */
+static void encode_word(enc *e, const char *w, size_t len) {
+    const hyla_tokenizer *t = e->t;
+    if (!len) return;
+    if (t->ignore_merges) {
+        int32_t id = hyla_strmap_get(&t->vocab, w, len);
+        if (id >= 0) {
+            emit(e, id);
+            return;
+        }
+    }
+    if (!t->cut_at_meta) {
+        encode_run(e, w, len);
+        return;
+    }
+    /* SentencePiece-style: a whole text is one word, but no token joins a character to a
+     * following `▁`, so no merge crosses there and the pieces give the word's tokens (the
+     * lowest-ranked pair of the word is the lowest of its piece; pieces do not interact) */
+    size_t from = 0;
+    for (size_t i = 1; i + 3 <= len; i++) {
+        if (memcmp(w + i, META, 3) || (i >= 3 && !memcmp(w + i - 3, META, 3))) continue;
+        encode_run(e, w + from, i - from);
+        from = i;
+    }
+    encode_run(e, w + from, len - from);
 }
 
 static int enc_reserve(enc *e, size_t n) {

@@ -70,6 +70,8 @@ struct hyla_tokenizer {
     int32_t byte_id[256];        /* byte-level: id of each byte's symbol (-1: none) */
     int32_t fallback_id[256];    /* byte_fallback: id of <0xHH> (-1: none) */
     int byte_fallback, fuse_unk, ignore_merges;
+    int cut_at_meta;             /* no token has `▁` after another character: BPE may run on
+                                    the pieces of a word cut before such a `▁` */
     int32_t unk_id;              /* -1: none */
     hyla_added *added;
     int n_added;
