@@ -13,6 +13,7 @@
  * Invariants: merges are keyed by the pair of ids; a byte-level vocabulary is keyed by raw
  * bytes (the byte alphabet is undone at load), so words are looked up without remapping.
  * Threading: load fills the tokenizer once; encode reads it only (scratch per call). */
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -230,6 +231,25 @@ static hyla_status load_normalizer(hyla_tokenizer *t, json_t *n) {
     return HYLA_OK;
 }
 
+/* Metaspace's replacement and prepend scheme (older files: add_prefix_space) */
+static hyla_status metaspace_params(json_t *p, char rep[8], int *scheme) {
+    const char *r = json_string_value(json_object_get(p, "replacement"));
+    if (!r) r = META;
+    if (!*r || strlen(r) > 7) LFAIL("Metaspace: replacement '%s' is not one character", r);
+    strcpy(rep, r);
+    const char *ps = json_string_value(json_object_get(p, "prepend_scheme"));
+    if (ps) {
+        if (!strcmp(ps, "always")) *scheme = HYLA_META_ALWAYS;
+        else if (!strcmp(ps, "first")) *scheme = HYLA_META_FIRST;
+        else if (!strcmp(ps, "never")) *scheme = HYLA_META_NEVER;
+        else LUNSUP("Metaspace: prepend_scheme '%s' is not always, first or never", ps);
+    } else {
+        json_t *aps = json_object_get(p, "add_prefix_space");
+        *scheme = (!aps || json_is_true(aps)) ? HYLA_META_ALWAYS : HYLA_META_NEVER;
+    }
+    return HYLA_OK;
+}
+
 static hyla_status load_pretok(hyla_tokenizer *t, json_t *p) {
     if (!p || json_is_null(p)) return HYLA_OK;
     const char *ty = jtype(p);
@@ -240,7 +260,7 @@ static hyla_status load_pretok(hyla_tokenizer *t, json_t *p) {
         json_array_foreach(list, i, x) HYLA_TRY(load_pretok(t, x));
         return HYLA_OK;
     }
-    if (t->byte_level) LUNSUP("pre_tokenizer: a step after ByteLevel is not supported");
+    if (t->byte_level || t->meta) LUNSUP("pre_tokenizer: a step after ByteLevel or Metaspace is not supported");
     if (!strcmp(ty, "Split")) {
         const char *re = json_string_value(json_object_get(json_object_get(p, "pattern"), "Regex"));
         const char *beh = json_string_value(json_object_get(p, "behavior"));
@@ -260,8 +280,13 @@ static hyla_status load_pretok(hyla_tokenizer *t, json_t *p) {
             if (t->n_split == 4) LUNSUP("pre_tokenizer: more than 4 splits");
             t->split[t->n_split++] = HYLA_SPLIT_GPT2;
         }
+    } else if (!strcmp(ty, "Metaspace")) {
+        if (t->n_split) LUNSUP("pre_tokenizer: Metaspace after a Split is not supported");
+        HYLA_TRY(metaspace_params(p, t->meta_rep, &t->meta_scheme));
+        t->meta = 1;
+        t->meta_split = json_object_get(p, "split") ? jbool(p, "split") : 1;
     } else {
-        LUNSUP("pre_tokenizer type '%s' is not supported (Split, ByteLevel, Sequence are)", ty);
+        LUNSUP("pre_tokenizer type '%s' is not supported (Split, ByteLevel, Metaspace, Sequence are)", ty);
     }
     return HYLA_OK;
 }
@@ -337,6 +362,13 @@ static hyla_status load_decoder(hyla_tokenizer *t, json_t *d, dec_step *steps, i
         steps[(*n)++] = (dec_step){DEC_REPLACE, p, c};
     } else if (!strcmp(ty, "ByteFallback")) {
         steps[(*n)++] = (dec_step){DEC_BYTEFALLBACK, NULL, NULL};
+    } else if (!strcmp(ty, "Metaspace")) {
+        char r[8];
+        int scheme;
+        HYLA_TRY(metaspace_params(d, r, &scheme));
+        t->meta_dec = strdup(r);
+        steps[(*n)++] = (dec_step){DEC_REPLACE, t->meta_dec, " "};
+        if (scheme != HYLA_META_NEVER) t->strip_start = 1;
     } else if (!strcmp(ty, "Fuse")) {
         /* joining the tokens is what decoding does anyway */
     } else if (!strcmp(ty, "Strip")) {
@@ -677,12 +709,24 @@ static hyla_status load_json(hyla_tokenizer *t, json_t *root) {
 }
 
 hyla_status hyla_bpe_load(const char *path, hyla_tokenizer *t) {
-    json_error_t err;
-    json_t *root = json_load_file(path, JSON_DECODE_ANY, &err);
-    if (!root) {
-        if (err.line < 0) return hyla_fail(HYLA_ERR_IO, "%s: %s", path, err.text);
-        return hyla_fail(HYLA_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+    /* one read, then parse from memory (jansson reads files a character at a time) */
+    FILE *f = fopen(path, "rb");
+    if (!f) return hyla_fail(HYLA_ERR_IO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)size + 1);
+    size_t got = buf ? fread(buf, 1, (size_t)size, f) : 0;
+    int rerr = ferror(f);
+    fclose(f);
+    if (!buf || rerr || got != (size_t)size) {
+        free(buf);
+        return hyla_fail(buf ? HYLA_ERR_IO : HYLA_ERR_NOMEM, "%s: cannot read it whole", path);
     }
+    json_error_t err;
+    json_t *root = json_loadb(buf, (size_t)size, 0, &err);
+    free(buf);
+    if (!root) return hyla_fail(HYLA_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
     t->kind = HYLA_TOKK_BPE;
     t->unk_id = -1;
     hyla_status st = json_is_object(root) ? load_json(t, root) : hyla_fail(HYLA_ERR_FORMAT, "not a JSON object");
@@ -695,6 +739,7 @@ void hyla_bpe_free(hyla_tokenizer *t) {
     strmap_free(&t->vocab);
     mergemap_free(&t->merges);
     for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
+    free(t->meta_dec);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
     free(t->added_raw.ids), free(t->added_norm.ids);
@@ -715,6 +760,7 @@ typedef struct {
     int32_t *prev, *next;
     size_t scap;
     int oom;
+    int segments; /* pieces of the text (added tokens, plain segments) handled so far */
 } enc;
 
 static int enc_reserve_syms(enc *e, size_t n) {
@@ -947,9 +993,46 @@ static void split_level(enc *e, const char *s, int level, size_t begin, size_t e
     free(ends);
 }
 
+/* Metaspace: spaces become the replacement, one is prepended by the scheme (unless the
+ * segment starts with one), and the words are cut before each replacement */
+static void encode_metaspace(enc *e, const char *s, size_t len, int at_start) {
+    const hyla_tokenizer *t = e->t;
+    size_t rl = strlen(t->meta_rep), n = 0, cnt = 0;
+    for (size_t i = 0; i < len; i++) cnt += s[i] == ' ';
+    char *w = malloc(len + (cnt + 1) * rl + 1);
+    if (!w) {
+        e->oom = 1;
+        return;
+    }
+    int starts = len && (s[0] == ' ' || (len >= rl && !memcmp(s, t->meta_rep, rl)));
+    if (!starts && (t->meta_scheme == HYLA_META_ALWAYS || (t->meta_scheme == HYLA_META_FIRST && at_start)))
+        memcpy(w, t->meta_rep, rl), n = rl;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == ' ') memcpy(w + n, t->meta_rep, rl), n += rl;
+        else w[n++] = s[i];
+    }
+    if (!t->meta_split) {
+        encode_word(e, w, n);
+    } else {
+        size_t from = 0;
+        for (size_t i = 1; i + rl <= n; i++) {
+            if (memcmp(w + i, t->meta_rep, rl)) continue;
+            encode_word(e, w + from, i - from);
+            from = i;
+        }
+        encode_word(e, w + from, n - from);
+    }
+    free(w);
+}
+
 /* pre-tokenize and encode a normalized segment that holds no added token */
 static void encode_plain(enc *e, const char *s, size_t len) {
     const hyla_tokenizer *t = e->t;
+    int at_start = e->segments++ == 0;
+    if (t->meta) {
+        encode_metaspace(e, s, len, at_start);
+        return;
+    }
     char *pre = NULL;
     if (t->prefix_space && len && s[0] != ' ') {
         if (!(pre = malloc(len + 1))) {
@@ -1058,6 +1141,7 @@ static void split_added(enc *e, const hyla_added_set *set, const char *s, size_t
         }
         if (start_off < start) plain(e, s + start_off, start - start_off);
         emit(e, a->id);
+        e->segments++;
         start_off = stop;
     }
     if (start_off < len) plain(e, s + start_off, len - start_off);

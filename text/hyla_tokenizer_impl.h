@@ -11,6 +11,7 @@
 #include "hyla_tokenizer.h"
 
 enum { HYLA_TOKK_BYTES = 0, HYLA_TOKK_BPE = 1 };
+enum { HYLA_META_ALWAYS = 0, HYLA_META_FIRST, HYLA_META_NEVER };
 
 /* string -> id, open addressing; keys live in a blob */
 typedef struct {
@@ -66,6 +67,10 @@ struct hyla_tokenizer {
     hyla_split_kind split[4];
     int n_split;
     int byte_level;              /* pieces are mapped through the GPT-2 byte alphabet */
+    int meta;                    /* Metaspace pre-tokenizer: spaces -> meta_rep, a leading one */
+    char meta_rep[8];
+    int meta_scheme, meta_split; /* HYLA_META_ALWAYS/FIRST/NEVER; cut before each meta_rep */
+    char *meta_dec;              /* the Metaspace decoder's replacement (owned) */
     int prefix_space;            /* ByteLevel add_prefix_space */
     int32_t byte_id[256];        /* byte-level: id of each byte's symbol (-1: none) */
     int32_t fallback_id[256];    /* byte_fallback: id of <0xHH> (-1: none) */
