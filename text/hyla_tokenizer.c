@@ -254,7 +254,7 @@ static const char *stream_emit(hyla_tokenizer_stream *s, int final, size_t *len)
     s->out.n = 0;
     size_t used = repair(&s->out, s->pend.p ? s->pend.p : "", s->pend.n, final);
     if (used == (size_t)-1) used = s->pend.n, s->out.n = 0; /* out of memory: drop rather than stall */
-    memmove(s->pend.p, s->pend.p + used, s->pend.n - used);
+    if (used && s->pend.n > used) memmove(s->pend.p, s->pend.p + used, s->pend.n - used);
     s->pend.n -= used;
     size_t skip = 0;
     while (s->strip_left > 0 && skip < s->out.n && s->out.p[skip] == ' ') skip++, s->strip_left--;
