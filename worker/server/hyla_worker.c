@@ -43,6 +43,9 @@
 #define SVC "/hyla.v1.Worker/"
 #define COORD "/hyla.v1.Coordinator/"
 #define RPC_TIMEOUT_MS 30000
+/* text an Append may hold before its tokenizer finds a cut point (a SentencePiece-style
+ * tokenizer cuts nowhere: the whole text is encoded when the stream ends) */
+#define APPEND_TEXT_HELD_MAX (64 << 20)
 
 /* ------------------------------------------------------------------------------------------ */
 /* jobs and sessions                                                                           */
@@ -783,6 +786,13 @@ static void do_append_msg(hyla_worker *w, cmd *c) {
         if (!w->tok) {
             append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: model %s has no tokenizer for text (%s); send tokens",
                           w->model_name, w->tok_err);
+            return;
+        }
+        if (a->tlen + r->text.len > APPEND_TEXT_HELD_MAX) {
+            append_finish(w, a, HYLA_RPC_RESOURCE_EXHAUSTED,
+                          "Append: over %d MiB of text with no point where the tokenizer may cut it; send it in "
+                          "several Append calls, or as tokens",
+                          APPEND_TEXT_HELD_MAX >> 20);
             return;
         }
         if (a->tlen + r->text.len > a->tcap) {
