@@ -23,7 +23,7 @@ hyla_status hyla_tokenizer_load_file(const char *path, hyla_tokenizer **out) {
     *out = NULL;
     hyla_tokenizer *t = tok_new();
     if (!t) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    hyla_status st = hyla_bpe_load(path, t);
+    hyla_status st = hyla_tokjson_load(path, t);
     if (st != HYLA_OK) {
         hyla_tokenizer_free(t);
         return st;
@@ -64,7 +64,7 @@ hyla_status hyla_tokenizer_load(const char *dir, int vocab_size, hyla_tokenizer 
 
 void hyla_tokenizer_free(hyla_tokenizer *t) {
     if (!t) return;
-    if (t->kind == HYLA_TOKK_BPE) hyla_bpe_free(t);
+    if (t->kind == HYLA_TOKK_BPE) hyla_tokjson_free(t);
     free(t->dec_off), free(t->dec_len), free(t->dec_blob), free(t->special);
     free(t);
 }
@@ -84,7 +84,7 @@ int32_t hyla_tokenizer_token_id(const hyla_tokenizer *t, const char *content) {
         size_t l = strlen(content);
         return l == 1 ? (unsigned char)content[0] : -1;
     }
-    return hyla_bpe_token_id(t, content);
+    return hyla_tokjson_token_id(t, content);
 }
 
 int hyla_tokenizer_is_special(const hyla_tokenizer *t, int32_t id) {

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "hyla_pretok.h"
 #include "hyla_tokenizer.h"
@@ -85,12 +86,57 @@ struct hyla_tokenizer {
     int n_post_pre, n_post_post;
 };
 
+#define META "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+
+/* hyla_tokjson.c */
+hyla_status hyla_tokjson_load(const char *path, hyla_tokenizer *t);
+void hyla_tokjson_free(hyla_tokenizer *t);
+int32_t hyla_tokjson_token_id(const hyla_tokenizer *t, const char *content);
+/* Apply the normalizer to s[0..len); *out: caller frees with free(). */
+hyla_status hyla_tok_normalize(const hyla_tokenizer *t, const char *s, size_t len, char **out, size_t *out_len);
+
 /* hyla_bpe.c */
-hyla_status hyla_bpe_load(const char *path, hyla_tokenizer *t);
-void hyla_bpe_free(hyla_tokenizer *t);
 hyla_status hyla_bpe_encode(const hyla_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **ids,
                             int *n);
-int32_t hyla_bpe_token_id(const hyla_tokenizer *t, const char *content);
 int32_t hyla_strmap_get(const hyla_strmap *m, const char *s, size_t len);
+
+/* a growing id list */
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+} hyla_ivec;
+
+static inline int hyla_ivec_push(hyla_ivec *a, int32_t x) {
+    if (a->n == a->cap) {
+        size_t nc = a->cap ? a->cap * 2 : 256;
+        int32_t *nv = (int32_t *)realloc(a->v, nc * sizeof *nv);
+        if (!nv) return 0;
+        a->v = nv, a->cap = nc;
+    }
+    a->v[a->n++] = x;
+    return 1;
+}
+
+static inline uint32_t hyla_mix64(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return (uint32_t)k;
+}
+
+/* rank of the merge (a, b), or INT32_MAX; *id the merged token */
+static inline int32_t hyla_mergemap_get(const hyla_mergemap *m, int32_t a, int32_t b, int32_t *id) {
+    uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+    uint32_t mask = m->cap - 1, h = hyla_mix64(k) & mask;
+    for (;;) {
+        uint64_t e = m->key[h];
+        if (e == k) {
+            *id = m->id[h];
+            return m->rank[h];
+        }
+        if (!e) return INT32_MAX;
+        h = (h + 1) & mask;
+    }
+}
 
 #endif
