@@ -190,8 +190,13 @@ hyla_status coord_place(hyla_coord *c, csess *s, const char *hint, const char *e
         if (coord_call_worker(c, ids[i], SVC_WORKER "LoadSession", &q.base,
                               &hyla__v1__worker_session_response__descriptor, &r, &res) != HYLA_OK) {
             coord_unload_on(c, ids, i, s->id, epoch); /* before the failure: it may fail too */
-            return hyla_fail(res.code == HYLA_RPC_OK ? HYLA_ERR_INTERNAL : hyla_rpc_status_from_code(res.code),
-                             "placing session %s on worker %.120s: %.700s", s->id, ids[i], res.message);
+            hyla_status fs = res.code == HYLA_RPC_OK ? HYLA_ERR_INTERNAL : hyla_rpc_status_from_code(res.code);
+            if (fs == HYLA_ERR_NOT_FOUND && snapshot_version > 0)
+                /* the store acknowledged this version (the directory recorded it), so it lost it:
+                 * DATA_LOSS, not NOT_FOUND */
+                return hyla_fail(HYLA_ERR_CORRUPT, "session %s: its committed snapshot version %llu is missing from the store: %.700s",
+                                 s->id, (unsigned long long)snapshot_version, res.message);
+            return hyla_fail(fs, "placing session %s on worker %.120s: %.700s", s->id, ids[i], res.message);
         }
         const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)r;
         if (i == 0 && wr->session) {

@@ -165,9 +165,9 @@ void coord_do_delete(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
         free(versions);
         hyla_status st = hyla_store_delete(c->store, s->id);
         if (st != HYLA_OK && st != HYLA_ERR_NOT_FOUND) {
-            hyla_fail_wrap(HYLA_ERR_INTERNAL, "deleting the snapshots of session %s", s->id);
+            st = hyla_fail_wrap(st, "deleting the snapshots of session %s", s->id);
             coord_release(c, s);
-            coord_answer_error(call, HYLA_ERR_INTERNAL);
+            coord_answer_error(call, st); /* a full disk is RESOURCE_EXHAUSTED, not INTERNAL */
             return;
         }
     }

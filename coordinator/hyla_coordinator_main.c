@@ -1,13 +1,16 @@
 /* hyla_coordinator_main.c — `hyla-coordinator --listen ADDR --data DIR [options]`.
- * Parses flags, starts the coordinator (hyla_coord.h), waits for SIGINT/SIGTERM, shuts down
- * cleanly (calls in flight get a grace period). Exit status 0 on a clean stop, 1 on a startup
- * failure (the message names the directory or address), 2 on bad usage. */
+ * Parses flags, starts the coordinator (hyla_coord.h) and, with --http, the OpenAI-compatible
+ * HTTP gateway (http/hyla_http.h) as a client of the coordinator's own gRPC address; waits for
+ * SIGINT/SIGTERM, shuts down cleanly (calls in flight get a grace period). Exit status 0 on a
+ * clean stop, 1 on a startup failure (the message names the directory or address), 2 on bad
+ * usage. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hyla_coord.h"
+#include "hyla_http.h"
 #include "hyla_log.h"
 
 static hyla_coord *g_coord;
@@ -30,7 +33,17 @@ static void usage(FILE *f) {
             "  --dead-after-ms N      silence after which a worker is dead (default 5000)\n"
             "  --threads N            gRPC threads (default 4)\n"
             "  --max-message-bytes N  gRPC message limit (default 16777216)\n"
+            "  --store-reserve-bytes N  disk held back for deletes on a full disk (default 67108864; 0: none)\n"
+            "  --store-reclaim-ms N   deleted snapshots' disk space returns about this long after (default 30000)\n"
+            "  --keep-versions N      snapshot versions kept per session (default 2)\n"
             "  --port-file FILE       write the bound port to FILE once serving (for scripts)\n"
+            "  --http ADDR            also serve the OpenAI-compatible HTTP API on ADDR (e.g. 127.0.0.1:8080;\n"
+            "                         port 0 picks one): GET /v1/models, POST /v1/completions,\n"
+            "                         POST /v1/chat/completions (docs/API.md \"HTTP\")\n"
+            "  --http-port-file FILE  write the bound HTTP port to FILE once serving\n"
+            "  --chat-template [MODEL=]FILE  chat template for /v1/chat/completions: a tokenizer_config.json\n"
+            "                         (its chat_template and special tokens) or a Jinja template file; for\n"
+            "                         MODEL only, or every model without one of its own (repeatable)\n"
             "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n");
 }
 
@@ -45,9 +58,26 @@ static int parse_u(const char *s, const char *flag, long lo, long hi, long *out)
     return 1;
 }
 
+/* Write port to file atomically (a reader never sees half a number). */
+static int write_port(const char *file, int port) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, file) != 0) {
+        fprintf(stderr, "hyla-coordinator: cannot write the port file %s\n", file);
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv) {
     hyla_coord_params p = hyla_coord_default_params();
-    const char *port_file = NULL;
+    hyla_store_params sp = hyla_store_default_params();
+    p.store = &sp;
+    const char *port_file = NULL, *http_port_file = NULL;
+    hyla_http_params hp = hyla_http_default_params();
+    const char *templates[64];
+    size_t n_templates = 0;
     hyla_log_set_prefix("coordinator");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -70,7 +100,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--dead-after-ms")) { NEEDV(); if (!parse_u(v, a, 20, 3600000, &n)) return 2; p.dead_after_ms = (uint32_t)n; }
         else if (!strcmp(a, "--threads")) { NEEDV(); if (!parse_u(v, a, 1, 256, &n)) return 2; p.rpc_threads = (int)n; }
         else if (!strcmp(a, "--max-message-bytes")) { NEEDV(); if (!parse_u(v, a, 1024, 1L << 30, &n)) return 2; p.max_message_bytes = (int)n; }
+        else if (!strcmp(a, "--store-reserve-bytes")) { NEEDV(); if (!parse_u(v, a, 0, 1L << 40, &n)) return 2; sp.reserve_bytes = (uint64_t)n; }
+        else if (!strcmp(a, "--store-reclaim-ms")) { NEEDV(); if (!parse_u(v, a, 0, 86400000, &n)) return 2; sp.reclaim_after_ms = (uint32_t)n; }
+        else if (!strcmp(a, "--keep-versions")) { NEEDV(); if (!parse_u(v, a, 1, 1000000, &n)) return 2; sp.keep_versions = (uint32_t)n; }
         else if (!strcmp(a, "--port-file")) { NEEDV(); port_file = v; }
+        else if (!strcmp(a, "--http")) { NEEDV(); hp.listen = v; }
+        else if (!strcmp(a, "--http-port-file")) { NEEDV(); http_port_file = v; }
+        else if (!strcmp(a, "--chat-template")) {
+            NEEDV();
+            if (n_templates == sizeof templates / sizeof templates[0]) { fprintf(stderr, "hyla-coordinator: too many --chat-template\n"); return 2; }
+            templates[n_templates++] = v;
+        }
         else if (!strcmp(a, "--log")) {
             NEEDV();
             hyla_log_level l = !strcmp(v, "debug") ? HYLA_LOG_DEBUG : !strcmp(v, "info") ? HYLA_LOG_INFO
@@ -87,6 +127,10 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if ((n_templates || http_port_file) && !hp.listen) {
+        fprintf(stderr, "hyla-coordinator: --chat-template and --http-port-file need --http ADDR\n");
+        return 2;
+    }
     if (!p.embed_store && !p.store_address)
         fprintf(stderr, "hyla-coordinator: warning: --no-store without --store-address: workers get no store\n");
 
@@ -101,18 +145,33 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (port_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", port_file);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%d\n", hyla_coord_port(g_coord)) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
-            fprintf(stderr, "hyla-coordinator: cannot write --port-file %s\n", port_file);
+    hyla_http *http = NULL;
+    if (hp.listen) {
+        /* the gateway is a client of this coordinator's own gRPC address */
+        char self[300];
+        const char *lc = strrchr(p.listen, ':');
+        size_t hn = lc ? (size_t)(lc - p.listen) : 0;
+        int any = hn == 0 || (hn == 7 && !strncmp(p.listen, "0.0.0.0", 7)) || (hn == 4 && !strncmp(p.listen, "[::]", 4));
+        snprintf(self, sizeof self, "%.*s:%d", any ? 9 : (int)hn, any ? "127.0.0.1" : p.listen, hyla_coord_port(g_coord));
+        hp.coordinator = self;
+        hp.chat_templates = templates;
+        hp.n_chat_templates = n_templates;
+        st = hyla_http_start(&hp, &http);
+        if (st != HYLA_OK) {
+            fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
             hyla_coord_destroy(g_coord);
             return 1;
         }
     }
+    if ((port_file && !write_port(port_file, hyla_coord_port(g_coord))) ||
+        (http_port_file && !write_port(http_port_file, hyla_http_port(http)))) {
+        hyla_http_stop(http);
+        hyla_coord_destroy(g_coord);
+        return 1;
+    }
     hyla_coord_wait(g_coord);
     HYLA_INFO("stopping");
+    hyla_http_stop(http);
     hyla_coord_destroy(g_coord);
     return 0;
 }

@@ -10,3 +10,8 @@ hyla_add_test(test_store_tool SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_too
 if(TARGET hyla-state)
   add_dependencies(test_store_tool hyla-state)
 endif()
+hyla_add_test(test_store_space SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_space.c
+  LABELS fault LIBS hyla_statestore TIMEOUT 180)
+# soak: HYLA_SOAK_SECONDS (default 20) of create / put / delete by four clients
+hyla_add_test(test_store_soak SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_soak.c
+  LABELS soak fault LIBS hyla_statestore TIMEOUT 300)
