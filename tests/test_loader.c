@@ -242,6 +242,16 @@ int main(void) {
     expect_fail(d, HYLA_ERR_FORMAT, "num_writer (5)", NULL);
     write_text(path, "{not json");
     expect_fail(d, HYLA_ERR_FORMAT, "config.json", NULL);
+    /* layer lists of hybrid specs: a layer outside the model, a layer two specs claim */
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"num_hidden_layers\": 2, "
+                     "\"attn\": {\"layers\": [2], \"num_heads\": 4}}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'attn.layers' has an entry outside [0, 2)", NULL);
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"num_hidden_layers\": 2, "
+                     "\"attn\": [{\"layers\": [1], \"num_heads\": 4}, {\"layers\": [1], \"num_heads\": 4}]}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'attn[1].layers' lists layer 1, which another spec already took", NULL);
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"num_hidden_layers\": 2, "
+                     "\"statex\": {\"layers\": [-1]}}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'statex.layers' has an entry outside [0, 2)", NULL);
 
     /* truncated safetensors: names the file and the tensor that runs past the end */
     snprintf(d, sizeof d, "%s/trunc", tmp);

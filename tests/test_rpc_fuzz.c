@@ -1,4 +1,5 @@
-/* test_rpc_fuzz.c — malformed protobuf never crashes a hyla process (issue 4, item 7).
+/* test_rpc_fuzz.c — malformed protobuf never crashes a hyla process: every decode path of a
+ * public service takes bytes from the network.
  *
  * 1. The method table (proto/hyla_api.c) matches the generated service descriptors.
  * 2. protobuf-c decode paths: for every hyla.v1 message reachable from a service, random

@@ -198,6 +198,43 @@ char *rpc_slice_strdup(grpc_slice s) {
     return p;
 }
 
+void rpc_out_push(rpc_out **head, rpc_out **tail, size_t *len, grpc_byte_buffer *bb) {
+    rpc_out *o = malloc(sizeof *o);
+    HYLA_ASSERT(o);
+    o->next = NULL;
+    o->bb = bb;
+    if (*tail)
+        (*tail)->next = o;
+    else
+        *head = o;
+    *tail = o;
+    (*len)++;
+}
+
+grpc_byte_buffer *rpc_out_pop(rpc_out **head, rpc_out **tail, size_t *len) {
+    rpc_out *o = *head;
+    if (!o)
+        return NULL;
+    *head = o->next;
+    if (!*head)
+        *tail = NULL;
+    (*len)--;
+    grpc_byte_buffer *bb = o->bb;
+    free(o);
+    return bb;
+}
+
+void rpc_out_free_after_head(rpc_out **head, rpc_out **tail, size_t *len) {
+    if (!*head)
+        return;
+    rpc_out *rest = (*head)->next, *rest_tail = NULL;
+    size_t n = 0;
+    (*head)->next = NULL;
+    *tail = *head;
+    *len = 1;
+    rpc_out_free_all(&rest, &rest_tail, &n);
+}
+
 void rpc_out_free_all(rpc_out **head, rpc_out **tail, size_t *len) {
     rpc_out *o = *head;
     while (o) {
