@@ -196,7 +196,7 @@ static hyla_sampling sampling_from(const Hyla__V1__SamplingParams *sp) {
     hyla_sampling s = {0.0f, 0, 1.0f};
     if (sp) {
         s.temperature = sp->temperature;
-        s.top_k = sp->top_k;
+        s.top_k = sp->top_k > 0 ? sp->top_k : 0; /* <= 0: top-k off (the proto's rule) */
         s.top_p = (sp->top_p <= 0 || sp->top_p >= 1) ? 1.0f : sp->top_p;
     }
     return s;
@@ -205,12 +205,11 @@ static hyla_sampling sampling_from(const Hyla__V1__SamplingParams *sp) {
 static const char *bad_sampling(const Hyla__V1__SamplingParams *sp) {
     if (!sp) return NULL;
     if (!isfinite(sp->temperature) || sp->temperature < 0) return "sampling.temperature must be >= 0";
-    if (sp->top_k < 0) return "sampling.top_k must be >= 0";
     if (!isfinite(sp->top_p) || sp->top_p < 0 || sp->top_p > 1) return "sampling.top_p must be in [0, 1]";
     return NULL;
 }
 
-static int valid_id(const char *id) { return id && *id && strlen(id) < 128; }
+static int valid_id(const char *id) { return hyla_session_id_check(id, "session_id") == HYLA_OK; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* commands on the scheduler                                                                   */
@@ -219,7 +218,8 @@ static void do_load(hyla_worker *w, cmd *c) {
     const Hyla__V1__LoadSessionRequest *r = (const Hyla__V1__LoadSessionRequest *)c->msg;
     double t0 = now_s();
     if (!valid_id(r->session_id)) {
-        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "LoadSession: session_id must be 1..127 bytes");
+        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "LoadSession: session_id must be 1..%d printable bytes",
+                           HYLA_SESSION_ID_MAX);
         return;
     }
     const char *bad = bad_sampling(r->sampling);
@@ -318,7 +318,8 @@ static void do_got_snapshot(hyla_worker *w, cmd *c) {
 
 wsess *lookup_or_fail(hyla_worker *w, hyla_rpc_call *call, const char *id, const char *what) {
     if (!valid_id(id)) {
-        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..127 bytes", what);
+        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..%d printable bytes", what,
+                           HYLA_SESSION_ID_MAX);
         return NULL;
     }
     wsess *ws = session_find(w, id);
@@ -330,6 +331,9 @@ static void do_snapshot(hyla_worker *w, cmd *c) {
     const Hyla__V1__SnapshotRequest *r = (const Hyla__V1__SnapshotRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "Snapshot");
     if (!ws) return;
+    /* The coordinator snapshots to pause or move the session: a call in progress ends first, so
+     * the snapshot holds every token it delivered and none it did not. */
+    end_jobs(w, ws, HYLA_RPC_ABORTED, "paused or moved; call again to continue");
     hyla_status st = start_put(w, ws, c->call, 1, 0);
     if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
 }
@@ -338,6 +342,7 @@ static void do_unload(hyla_worker *w, cmd *c) {
     const Hyla__V1__UnloadRequest *r = (const Hyla__V1__UnloadRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "Unload");
     if (!ws) return;
+    end_jobs(w, ws, HYLA_RPC_CANCELLED, "deleted or moved");
     if (r->snapshot_first) {
         hyla_status st = start_put(w, ws, c->call, 2, 1);
         if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());

@@ -23,6 +23,7 @@
 #include "hyla_session.h"
 #include "hyla_store_rpc.h"
 #include "hyla_thread.h"
+#include "hyla_session_id.h"
 #include "hyla_tokenizer.h"
 #include "hyla_util.h"
 #include "hyla_worker.h"
@@ -220,6 +221,8 @@ void set_drain_error(hyla_worker *w, const char *session, const char *err);
 /* hyla_worker_pool.c */
 wsess *session_find(hyla_worker *w, const char *id);
 void drop_session(hyla_worker *w, wsess *ws, const char *why);
+/* End the session's Append / Generate call with code, keeping exactly what it delivered. */
+void end_jobs(hyla_worker *w, wsess *ws, hyla_rpc_code code, const char *why);
 hyla_status make_resident(hyla_worker *w, wsess *ws);
 hyla_snapshot *layout_of(const hyla_snapshot *s);
 hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after);

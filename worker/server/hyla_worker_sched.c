@@ -142,6 +142,7 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
     r.text.data = (uint8_t *)g->text + g->text_sent;
     r.text.len = send_to > g->text_sent ? send_to - g->text_sent : 0;
     r.position = (uint64_t)hyla_session_position(ws->s);
+    r.generated = (uint64_t)hyla_session_generated(ws->s);
     g->text_sent = send_to > g->text_sent ? send_to : g->text_sent;
     if (why) {
         r.done = 1;
@@ -154,7 +155,11 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
         return 1;
     }
     if (hyla_rpc_call_send(g->call, &r.base) != HYLA_OK) {
-        /* the client went away: end the job (the call reports its own status) */
+        /* the client went away: end the job (the call reports its own status); the token stays
+         * in the session, and the trailer tells the coordinator how many it kept */
+        char n[32];
+        snprintf(n, sizeof n, "%u", g->delivered);
+        hyla_rpc_call_set_trailer(g->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
         hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "Generate cancelled");
         free_gen(g);
         ws->gen = NULL;
@@ -197,6 +202,9 @@ static int step_commands(hyla_worker *w) {
 static void step_cancellations(hyla_worker *w) {
     for (wsess *s = w->sessions; s; s = s->next) {
         if (s->gen && hyla_rpc_call_cancelled(s->gen->call)) {
+            char n[32]; /* the tokens the session kept, for the coordinator's record */
+            snprintf(n, sizeof n, "%u", s->gen->delivered);
+            hyla_rpc_call_set_trailer(s->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
             hyla_rpc_call_fail(s->gen->call, HYLA_RPC_CANCELLED, "Generate cancelled after %u tokens", s->gen->delivered);
             free_gen(s->gen);
             s->gen = NULL;
@@ -280,7 +288,7 @@ static void append_progress(hyla_worker *w, wsess *s, append_job *a) {
     pr.tokens_ingested = a->ingested;
     pr.total_tokens = a->total_hint;
     pr.tokens_per_second = t > a->t0 ? a->ingested / (t - a->t0) : 0;
-    pr.position = (uint64_t)hyla_session_position(s->s) + (hyla_session_pending(s->s) >= 0);
+    pr.position = (uint64_t)hyla_session_position(s->s); /* consumed, as everywhere */
     pr.done = done;
     a->last_progress = t;
     if (done) {
