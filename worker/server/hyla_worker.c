@@ -137,6 +137,7 @@ void fail_call(hyla_rpc_call *call, hyla_status st, const char *msg) {
 void free_append(append_job *a) {
     if (!a) return;
     free(a->toks);
+    free(a->tbuf);
     free(a);
 }
 
@@ -177,6 +178,7 @@ void free_gen(gen_job *g) {
     free(g->stop);
     free(g->stop_ids);
     free(g->text);
+    hyla_tokenizer_stream_free(g->ds);
     free(g);
 }
 
@@ -402,6 +404,9 @@ static void do_fork(hyla_worker *w, cmd *c) {
     reply_session(w, c->call, ws, t0);
 }
 
+static int append_encode(hyla_worker *w, append_job *a, size_t len, int32_t **ids, int *n);
+static void append_add(hyla_worker *w, append_job *a, int32_t *ids, int n);
+
 /* Append: the first message names the session. */
 static void do_append_msg(hyla_worker *w, cmd *c) {
     const Hyla__V1__AppendRequest *r = (const Hyla__V1__AppendRequest *)c->msg;
@@ -455,14 +460,26 @@ static void do_append_msg(hyla_worker *w, cmd *c) {
     int n = 0;
     if (r->text.len) {
         if (!w->tok) {
-            append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: model %s has no tokenizer for text; send tokens",
-                          w->model_name);
+            append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: model %s has no tokenizer for text (%s); send tokens",
+                          w->model_name, w->tok_err);
             return;
         }
-        if (hyla_tokenizer_encode(w->tok, (const char *)r->text.data, r->text.len, &ids, &n) != HYLA_OK) {
-            append_finish(w, a, HYLA_RPC_INTERNAL, "Append: %s", hyla_last_error());
+        if (a->tlen + r->text.len > APPEND_TEXT_HELD_MAX) {
+            append_finish(w, a, HYLA_RPC_RESOURCE_EXHAUSTED,
+                          "Append: over %d MiB of text with no point where the tokenizer may cut it; send it in "
+                          "several Append calls, or as tokens",
+                          APPEND_TEXT_HELD_MAX >> 20);
             return;
         }
+        if (a->tlen + r->text.len > a->tcap) {
+            a->tcap = (a->tlen + r->text.len) * 2;
+            a->tbuf = realloc(a->tbuf, a->tcap);
+            HYLA_ASSERT(a->tbuf);
+        }
+        memcpy(a->tbuf + a->tlen, r->text.data, r->text.len);
+        a->tlen += r->text.len;
+        size_t cut = hyla_tokenizer_safe_prefix(w->tok, a->tbuf, a->tlen);
+        if (cut && !append_encode(w, a, cut, &ids, &n)) return;
     } else if (r->n_tokens) {
         int V = hyla_model_get_config(w->m)->vocab_size;
         for (size_t i = 0; i < r->n_tokens; i++)
@@ -476,6 +493,22 @@ static void do_append_msg(hyla_worker *w, cmd *c) {
         memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
         n = (int)r->n_tokens;
     }
+    append_add(w, a, ids, n);
+}
+
+/* Encode the first len bytes of the Append's held text into *ids; 0 when the call failed. */
+static int append_encode(hyla_worker *w, append_job *a, size_t len, int32_t **ids, int *n) {
+    if (hyla_tokenizer_encode(w->tok, a->tbuf, len, 0, ids, n) != HYLA_OK) {
+        append_finish(w, a, HYLA_RPC_INTERNAL, "Append: %s", hyla_last_error());
+        return 0;
+    }
+    memmove(a->tbuf, a->tbuf + len, a->tlen - len);
+    a->tlen -= len;
+    return 1;
+}
+
+/* Queue n ids (takes ownership of ids) for the Append's session, within the call's limit. */
+static void append_add(hyla_worker *w, append_job *a, int32_t *ids, int n) {
     if (a->received + (uint64_t)n > w->p.max_append_tokens) {
         free(ids);
         append_finish(w, a, HYLA_RPC_RESOURCE_EXHAUSTED,
@@ -512,8 +545,18 @@ static void do_append_start(hyla_worker *w, cmd *c) {
 static void do_append_end(hyla_worker *w, cmd *c) {
     append_job *a = find_append(w, c->call);
     if (!a || a->released) return;
-    if (!a->ws) append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: the stream ended without a message naming the session");
-    else a->half_closed = 1;
+    if (!a->ws) {
+        append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: the stream ended without a message naming the session");
+        return;
+    }
+    if (a->tlen) { /* the rest of the text */
+        int32_t *ids = NULL;
+        int n = 0;
+        if (!append_encode(w, a, a->tlen, &ids, &n)) return;
+        append_add(w, a, ids, n);
+        if (a->released) return;
+    }
+    a->half_closed = 1;
 }
 
 static void do_append_done(hyla_worker *w, cmd *c) {
@@ -577,6 +620,8 @@ static void do_generate(hyla_worker *w, cmd *c) {
         memcpy(g->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof *g->stop_ids);
         g->n_stop_ids = r->n_stop_token_ids;
     }
+    /* generated text continues the session's text: no start-of-text rule; specials are not text */
+    if (w->tok && hyla_tokenizer_stream_create(w->tok, HYLA_TOK_SKIP_SPECIAL, &g->ds) != HYLA_OK) g->ds = NULL;
     ws->gen = g;
     ws->last_used = now_s();
 }
@@ -721,7 +766,11 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");
     }
-    if (hyla_tokenizer_load(p->model_dir, hyla_model_get_config(w->m)->vocab_size, &w->tok) != HYLA_OK) w->tok = NULL;
+    if (hyla_tokenizer_load(p->model_dir, hyla_model_get_config(w->m)->vocab_size, &w->tok) != HYLA_OK) {
+        w->tok = NULL;
+        snprintf(w->tok_err, sizeof w->tok_err, "%s", hyla_last_error());
+        HYLA_WARN("no tokenizer for text: %s", w->tok_err);
+    }
     {
         int lb, le;
         hyla_model_layer_range(w->m, &lb, &le);

@@ -89,13 +89,7 @@ static size_t held_suffix(const gen_job *g, size_t from) {
     return best;
 }
 
-/* Deliver one sampled token; returns 1 when the job is finished (replied). */
-static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
-    gen_job *g = ws->gen;
-    const hyla_model_config *cfg = hyla_model_get_config(w->m);
-    g->delivered++;
-    char bytes[8];
-    size_t nb = w->tok ? hyla_tokenizer_decode(w->tok, tok, bytes, sizeof bytes) : 0;
+static void gen_add_text(gen_job *g, const char *bytes, size_t nb) {
     if (g->text_len + nb + 1 > g->text_cap) {
         g->text_cap = (g->text_cap ? g->text_cap * 2 : 256) + nb;
         g->text = realloc(g->text, g->text_cap);
@@ -103,6 +97,25 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
     }
     memcpy(g->text + g->text_len, bytes, nb);
     g->text_len += nb;
+}
+
+/* Deliver one sampled token; returns 1 when the job is finished (replied). */
+static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
+    gen_job *g = ws->gen;
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    g->delivered++;
+    int last = g->delivered >= g->max_tokens || (!g->ignore_eos && tok == cfg->eos_token_id);
+    for (size_t i = 0; i < g->n_stop_ids; i++)
+        if (tok == g->stop_ids[i]) last = 1;
+    if (g->ds) {
+        size_t nb;
+        const char *bytes = hyla_tokenizer_stream_push(g->ds, tok, &nb);
+        gen_add_text(g, bytes, nb);
+        if (last) { /* a character left incomplete comes out as U+FFFD */
+            bytes = hyla_tokenizer_stream_flush(g->ds, &nb);
+            gen_add_text(g, bytes, nb);
+        }
+    }
     Hyla__V1__FinishReason why = HYLA__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
     size_t send_to = g->text_len;
     for (size_t i = 0; i < g->n_stop_ids; i++)
