@@ -23,7 +23,8 @@
 #include "hyla_test.h"
 #include "hyla_test_model.h"
 
-static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla"};
+static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla",
+                              "mamba2", "mamba2-h", "statex-mamba2"};
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The identity that matters most, through real processes: generating 64 tokens in one run
 # equals generating 32, saving the state, loading it in a new process and generating 32 more
-# (greedy and seeded sampling, sse-h and gla-h; through a state file and, when the statestore
+# (greedy and seeded sampling, sse-h, gla-h and mamba2-h; through a state file and, when the statestore
 # is built in, through RocksDB). Also: same seed -> same tokens; the prefill piece size changes
 # nothing; a damaged or foreign state file is refused with a message that says what is wrong.
 set -euo pipefail
@@ -10,7 +10,7 @@ T=$(mktemp -d /tmp/hyla-identity.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fail=0
 PROMPT="It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief."
-for arch in sse-h gla-h; do
+for arch in sse-h gla-h mamba2-h; do
   "$BIN/hyla-mkmodel" --arch $arch --layers 4 --hidden 64 --heads 4 --seed 3 --out "$T/$arch" 2>/dev/null
   for temp in 0 0.9; do
     run() { "$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --temperature $temp --seed 11 "$@"; }

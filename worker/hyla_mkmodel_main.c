@@ -37,10 +37,11 @@ static void usage(FILE *f) {
             "usage: hyla-mkmodel --arch ARCH --layers L --hidden D --heads H [options] --out DIR\n"
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
-            "                     statex-gla\n"
+            "                     statex-gla | mamba2 | mamba2-h | statex-mamba2\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
-            "                     4 layers, one every L/4 from the first: GLA heads merged into one)\n"
+            "                     4 layers, one every L/4 from the first: GLA heads merged into one,\n"
+            "                     Mamba2 state_size 128 -> 512)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -144,6 +145,9 @@ static const mk_arch ARCHS[] = {
     /* StateX (statex-post-training-state-expansion.txt §4.1, §4.4): all heads of a GLA layer
      * merged into one, at one layer of every L/4 from the first */
     {"statex-gla", "gla", NULL, "{\"num_heads\": 1}"},
+    /* Mamba2 (SSD); StateX for Mamba2: state_size 128 -> 512 at the expanded layers */
+    {"mamba2", "mamba2", NULL, NULL},
+    {"statex-mamba2", "mamba2", NULL, "{\"state_size\": 512}"},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {

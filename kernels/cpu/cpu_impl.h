@@ -73,4 +73,15 @@ hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, c
                            const int32_t *idx, const float *w, int B, int H, int dk, int dv, int N,
                            int K, float scale, float *const *S0, float *const *Sp, float *o);
 
+/* ---- Mamba2 (cpu_mamba2.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_copy2d(void *ctx, float *dst, int ldd, const float *src, int lds, int rows, int cols);
+hyla_status cpu_ssd_prefill(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                            const float *A_log, const float *Dskip, float dt_min, float dt_max, int n, int H, int P,
+                            int G, int N, float *S, float *y);
+hyla_status cpu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                           const float *A_log, const float *Dskip, float dt_min, float dt_max, int B, int H, int P,
+                           int G, int N, float *const *S, float *y);
+hyla_status cpu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
+                         int gs, float eps);
+
 #endif

@@ -952,6 +952,22 @@ static int f_capture_done(void *ctx, hyla_capture *t) { return cu_capture_done((
 
 static hyla_status f_capture_end(void *ctx, hyla_capture *t) { return cu_capture_end((hyla_cuda_ctx *)ctx, t); }
 
+/* ---- Mamba2 (SSD): not on the GPU yet ---- */
+static hyla_status f_copy2d(void *, float *, int, const float *, int, int, int) {
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "copy2d: not implemented on cuda yet");
+}
+static hyla_status f_ssd_prefill(void *, const float *, int, const float *, int, const float *, const float *,
+                                 const float *, float, float, int, int, int, int, int, float *, float *) {
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_prefill: not implemented on cuda yet");
+}
+static hyla_status f_ssd_decode(void *, const float *, int, const float *, int, const float *, const float *,
+                                const float *, float, float, int, int, int, int, int, float *const *, float *) {
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_decode: not implemented on cuda yet");
+}
+static hyla_status f_ssd_norm(void *, const float *, const float *, int, const float *, float *, int, int, int, float) {
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_norm: not implemented on cuda yet");
+}
+
 extern "C" const hyla_ops hyla_cuda_ops_table = {
     /* name */ "cuda",
     /* kv_dtype */ HYLA_DT_BF16,
@@ -995,6 +1011,11 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_begin,
     f_capture_done,
     f_capture_end,
+    /* Mamba2 (SSD) */
+    f_copy2d,
+    f_ssd_prefill,
+    f_ssd_decode,
+    f_ssd_norm,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

@@ -8,12 +8,16 @@
 #include "hyla_mixer.h"
 
 extern const hyla_mixer hyla_mixer_gla, hyla_mixer_gdn, hyla_mixer_sse, hyla_mixer_attn;
+/* Mamba2 (SSD) */
+extern const hyla_mixer hyla_mixer_mamba2;
 
 const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_gla,
     &hyla_mixer_gdn,
     &hyla_mixer_sse,
     &hyla_mixer_attn,
+    /* Mamba2 (SSD) */
+    &hyla_mixer_mamba2,
     NULL,
 };
 
