@@ -66,6 +66,10 @@ enum {
     GOP_LIN_PREFILL,
     GOP_SSE_PREFILL,
     GOP_LINEAR_MULTI,
+    /* Mamba2 (SSD) */
+    GOP_COPY2D,
+    GOP_SSD_DECODE,
+    GOP_SSD_NORM,
 };
 
 /* One logged op; every byte is part of the signature (entries are zeroed before filling). */
@@ -274,6 +278,15 @@ static hyla_status dispatch(hyla_cuda_ctx *c, const gent *e, const void *d) {
     case GOP_ZERO:
         CU_TRY(cudaMemsetAsync((void *)P[0], 0, (size_t)e->z[0], c->stream));
         return HYLA_OK;
+    /* Mamba2 (SSD) */
+    case GOP_COPY2D: return cu_copy2d(c, (float *)P[0], I[0], (const float *)P[1], I[1], I[2], I[3]);
+    case GOP_SSD_DECODE:
+        return cu_ssd_decode_dev(c, (const float *)P[0], I[0], (const float *)P[1], I[1], (const float *)P[2],
+                                 (const float *)P[3], (const float *)P[4], F[0], F[1], I[2], I[3], I[4], I[5], I[6],
+                                 (float *const *)d, (float *)P[5]);
+    case GOP_SSD_NORM:
+        return cu_ssd_norm(c, (const float *)P[0], (const float *)P[1], I[0], (const float *)P[2], (float *)P[3], I[1],
+                           I[2], I[3], F[0]);
     }
     return hyla_fail(HYLA_ERR_INTERNAL, "cuda graphs: unknown logged op %d", e->op);
 }
@@ -952,20 +965,80 @@ static int f_capture_done(void *ctx, hyla_capture *t) { return cu_capture_done((
 
 static hyla_status f_capture_end(void *ctx, hyla_capture *t) { return cu_capture_end((hyla_cuda_ctx *)ctx, t); }
 
-/* ---- Mamba2 (SSD): not on the GPU yet ---- */
-static hyla_status f_copy2d(void *, float *, int, const float *, int, int, int) {
-    return hyla_fail(HYLA_ERR_UNSUPPORTED, "copy2d: not implemented on cuda yet");
+/* ---- Mamba2 (SSD) ----
+ * copy2d, ssd_decode and ssd_norm are logged; ssd_prefill flushes the log and runs at once (its
+ * chunked path grows a scratch buffer with the piece, which a logged entry may not see move). */
+static hyla_status g_copy2d(void *ctx, float *dst, int ldd, const float *src, int lds, int rows, int cols) {
+    CTX;
+    if (!LOGGING) return cu_copy2d(ctx, dst, ldd, src, lds, rows, cols);
+    HYLA_TRY(cu_copy2d_check(ldd, lds, rows, cols));
+    if (rows == 0 || cols == 0) return HYLA_OK;
+    gent *e;
+    HYLA_TRY(log_add(c->graphs, GOP_COPY2D, 0, &e, NULL));
+    e->p[0] = dst;
+    e->p[1] = src;
+    e->i[0] = ldd;
+    e->i[1] = lds;
+    e->i[2] = rows;
+    e->i[3] = cols;
+    return HYLA_OK;
 }
-static hyla_status f_ssd_prefill(void *, const float *, int, const float *, int, const float *, const float *,
-                                 const float *, float, float, int, int, int, int, int, float *, float *) {
-    return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_prefill: not implemented on cuda yet");
+
+static hyla_status f_ssd_prefill(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                                 const float *A_log, const float *Dskip, float dt_min, float dt_max, int n, int H, int P,
+                                 int G, int N, float *S, float *y) {
+    CTX;
+    HYLA_TRY(cu_graph_flush(c));
+    return cu_ssd_prefill(ctx, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, n, H, P, G, N, S, y);
 }
-static hyla_status f_ssd_decode(void *, const float *, int, const float *, int, const float *, const float *,
-                                const float *, float, float, int, int, int, int, int, float *const *, float *) {
-    return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_decode: not implemented on cuda yet");
+
+static hyla_status g_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                                const float *A_log, const float *Dskip, float dt_min, float dt_max, int B, int H, int P,
+                                int G, int N, float *const *S, float *y) {
+    CTX;
+    if (!LOGGING) return cu_ssd_decode(ctx, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, B, H, P, G, N, S, y);
+    HYLA_TRY(cu_ssd_decode_check(B, ldx, ld_dt, H, P, G, N));
+    if (B <= 0) return HYLA_OK;
+    gent *e;
+    void *d;
+    HYLA_TRY(log_add(c->graphs, GOP_SSD_DECODE, (size_t)B * sizeof(float *), &e, &d));
+    e->p[0] = xbc;
+    e->p[1] = dt;
+    e->p[2] = dt_bias;
+    e->p[3] = A_log;
+    e->p[4] = Dskip;
+    e->p[5] = y;
+    e->i[0] = ldx;
+    e->i[1] = ld_dt;
+    e->i[2] = B;
+    e->i[3] = H;
+    e->i[4] = P;
+    e->i[5] = G;
+    e->i[6] = N;
+    e->f[0] = dt_min;
+    e->f[1] = dt_max;
+    memcpy(d, S, (size_t)B * sizeof(float *));
+    return HYLA_OK;
 }
-static hyla_status f_ssd_norm(void *, const float *, const float *, int, const float *, float *, int, int, int, float) {
-    return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_norm: not implemented on cuda yet");
+
+static hyla_status g_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows,
+                              int G, int gs, float eps) {
+    CTX;
+    if (!LOGGING) return cu_ssd_norm(ctx, o, z, ldz, w, y, rows, G, gs, eps);
+    HYLA_TRY(cu_ssd_norm_check(ldz, rows, G, gs));
+    if (rows == 0) return HYLA_OK;
+    gent *e;
+    HYLA_TRY(log_add(c->graphs, GOP_SSD_NORM, 0, &e, NULL));
+    e->p[0] = o;
+    e->p[1] = z;
+    e->p[2] = w;
+    e->p[3] = y;
+    e->i[0] = ldz;
+    e->i[1] = rows;
+    e->i[2] = G;
+    e->i[3] = gs;
+    e->f[0] = eps;
+    return HYLA_OK;
 }
 
 extern "C" const hyla_ops hyla_cuda_ops_table = {
@@ -1012,10 +1085,10 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_done,
     f_capture_end,
     /* Mamba2 (SSD) */
-    f_copy2d,
+    g_copy2d,
     f_ssd_prefill,
-    f_ssd_decode,
-    f_ssd_norm,
+    g_ssd_decode,
+    g_ssd_norm,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */
