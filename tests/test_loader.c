@@ -189,6 +189,37 @@ static void test_mamba2_keys(const char *bin) {
     variant(src, d, NULL, NULL, NULL);
     config_edit(d, "c[\"time_step_limit\"]=[0.0, float(\"inf\")]");
     same_logits(src, d);
+    /* transformers 5 writes it as [0.0, {"__float__": "Infinity"}] */
+    snprintf(d, sizeof d, "%s/m2-inf5", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "c[\"time_step_limit\"]=[0.0, {\"__float__\": \"Infinity\"}]");
+    same_logits(src, d);
+    /* the gated norm: grouped with FLA's keys (mkmodel's) or norm_grouped, over all channels as
+     * transformers without them; G = 2 here, so the two differ */
+    snprintf(d, sizeof d, "%s/m2-grp", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "del c[\"norm_before_gate\"]; c[\"norm_grouped\"]=True");
+    same_logits(src, d);
+    snprintf(d, sizeof d, "%s/m2-hf", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "del c[\"norm_before_gate\"]");
+    {
+        hyla_runtime *r1 = test_load(src, be, NULL), *r2 = test_load(d, be, NULL);
+        if (r1 && r2) {
+            hyla_session *s1 = NULL, *s2 = NULL;
+            CHECK_OK(hyla_session_create(r1, &s1));
+            CHECK_OK(hyla_session_create(r2, &s2));
+            int32_t toks[5] = {1, 2, 3, 4, 5};
+            float l1[4 * 260], l2[4 * 260];
+            CHECK_OK(hyla_session_feed(s1, toks, 5, l1, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(s2, toks, 5, l2, NULL, NULL, NULL));
+            CHECK_MSG(memcmp(l1, l2, sizeof l1) != 0, "mamba2: the norm over all channels gave the grouped norm's logits");
+            hyla_session_free(s1);
+            hyla_session_free(s2);
+        }
+        test_unload(r1);
+        test_unload(r2);
+    }
     /* a binding limit is read (other logits) */
     snprintf(d, sizeof d, "%s/m2-lim", tmp);
     variant(src, d, NULL, NULL, NULL);

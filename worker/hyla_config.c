@@ -89,7 +89,38 @@ void hyla_cfg_refuse(hyla_cfg *r, const char *key, const char *why) {
 
 /* ---- config.json with Python's non-standard number tokens ---- */
 
+/* transformers 5 writes a non-finite float as {"__float__": "Infinity" | "-Infinity" | "NaN"}:
+ * such objects become null, as the bare tokens do. */
+static json_t *decode_special_floats(json_t *v) {
+    if (json_is_object(v)) {
+        json_t *tag = json_object_get(v, "__float__");
+        if (json_object_size(v) == 1 && json_is_string(tag)) {
+            const char *t = json_string_value(tag);
+            if (!strcmp(t, "Infinity") || !strcmp(t, "-Infinity") || !strcmp(t, "NaN")) return json_null();
+        }
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            json_t *d = decode_special_floats(x);
+            if (d != x) json_object_set_new(v, k, d);
+        }
+    } else if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *x = json_array_get(v, i), *d = decode_special_floats(x);
+            if (d != x) json_array_set_new(v, i, d);
+        }
+    }
+    return v;
+}
+
+static json_t *load_json_tokens(const char *path, json_error_t *err);
+
 json_t *hyla_cfg_load_json(const char *path, json_error_t *err) {
+    json_t *root = load_json_tokens(path, err);
+    return root ? decode_special_floats(root) : NULL;
+}
+
+static json_t *load_json_tokens(const char *path, json_error_t *err) {
     json_t *root = json_load_file(path, 0, err);
     if (root) return root;
     FILE *f = fopen(path, "rb");

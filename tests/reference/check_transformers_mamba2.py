@@ -13,8 +13,10 @@ the projections and the head scaled so greedy decisions are clear), save_pretrai
     16 greedy tokens (--ids --ignore-eos).
 Greedy tokens must be equal while the reference's top-2 margin is clear (> MARGIN); the first
 divergence, if any, must come at a margin below it. Logit tolerances (max |diff| / max |ref|):
-our reference 1e-9 (both float64), hyla cpu 1e-4 (fp32), hyla cuda 5e-2 (bf16 weights and
-tensor-core operands). Prints one JSON report (and writes it to --out/report.json); exit 1 on
+our reference 1e-6 (both float64, but transformers rounds the residual stream to fp32 with
+residual_in_fp32), hyla cpu 1e-4 (fp32), hyla cuda 5e-2 (bf16 weights and tensor-core
+operands). transformers' configs have no `norm_before_gate`, so hyla and our reference use its
+gated norm over all channels (docs/MODELS.md [M2-3]); G > 1 cases check that choice. Prints one JSON report (and writes it to --out/report.json); exit 1 on
 failure.
 
   python3 tests/reference/check_transformers_mamba2.py --bin build/bin [--devices cpu,cuda:0] [--out DIR]
@@ -36,7 +38,7 @@ import hyla_ref as R  # noqa: E402
 MARGIN = 0.05
 N_GREEDY = 16
 PROMPT = [int(t) for t in np.random.RandomState(7).randint(0, 256, 150)]
-TOL = {"ref": 1e-9, "cpu": 1e-4, "cuda": 5e-2}
+TOL = {"ref": 1e-6, "cpu": 1e-4, "cuda": 5e-2}
 
 CASES = [
     # name, Mamba2Config overrides
@@ -136,19 +138,23 @@ def main():
             model = build(name, over, d)
             case = {"case": name, "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in over.items()}}
             with open(os.path.join(d, "config.json")) as f:
-                case["config_json_has_Infinity"] = "Infinity" in f.read()
+                case["saved_time_step_limit"] = json.load(f).get("time_step_limit")
             plog, hf_ids, gaps, gen = hf_run(model)
             case["hf_greedy"] = hf_ids
             case["hf_generate_with_cache_equal"] = gen == hf_ids if isinstance(gen, list) else gen
             case["min_greedy_gap"] = min(gaps)
-            rm = R.Model(d, torch.float64)
-            if rm.unused:
-                case["ref_unused_tensors"] = rm.unused
-            rlog, rids, _ = R.generate(rm, PROMPT, N_GREEDY)
-            e = rel_max(rlog, plog)
-            g_ok, div = greedy_ok(rids, hf_ids, gaps)
-            case["ref"] = {"logits_rel_max": e, "greedy_equal": rids == hf_ids, "first_divergence": div}
-            ok &= e <= TOL["ref"] and g_ok
+            try:
+                rm = R.Model(d, torch.float64)
+                if rm.unused:
+                    case["ref_unused_tensors"] = rm.unused
+                rlog, rids, _ = R.generate(rm, PROMPT, N_GREEDY)
+                e = rel_max(rlog, plog)
+                g_ok, div = greedy_ok(rids, hf_ids, gaps)
+                case["ref"] = {"logits_rel_max": e, "greedy_equal": rids == hf_ids, "first_divergence": div}
+                ok &= e <= TOL["ref"] and g_ok
+            except Exception as ex:  # noqa: BLE001 — report and go on to hyla-run
+                case["ref"] = {"error": repr(ex)}
+                ok = False
             for dev in a.devices.split(","):
                 logits, ids, err = hyla_run(a.bin, d, dev, tmp)
                 if err:

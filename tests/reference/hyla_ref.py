@@ -580,7 +580,7 @@ class AttnLayer:
 
 class Mamba2Layer:
     """Mamba2 mixer (MODELS.md 4.6): in_proj -> [z | xBC | dt], conv + silu on xBC, SSD, gated
-    RMSNorm with z (gate before the norm, per group), out_proj."""
+    RMSNorm with z (gate before the norm; per group or over all channels), out_proj."""
     kind = "mamba2"
 
     def __init__(self, cfg, W, p, D):
@@ -592,6 +592,9 @@ class Mamba2Layer:
         self.H = cfg.get("num_heads", None) or self.I // self.P
         assert self.H * self.P == self.I and self.H % self.G == 0
         self.eps = cfg.get("layer_norm_epsilon", 1e-5)
+        # the gated norm: per group of I/G (FLA's config, or norm_grouped) or over all I
+        # (transformers' MambaRMSNormGated) -- MODELS.md 4.6
+        self.ng = self.G if cfg.get("norm_grouped", "norm_before_gate" in cfg) else 1
         lim = cfg.get("time_step_limit", None) or [0.0, None]
         self.lo = 0.0 if lim[0] is None else float(lim[0])
         self.hi = float("inf") if lim[1] is None else float(lim[1])
@@ -625,7 +628,7 @@ class Mamba2Layer:
         fn = ssd_recurrent if mode == "recurrent" else (lambda *q: ssd_chunked(*q, pos0=pos0))
         y, st["S"] = fn(xs, Bm, Cm, dtp, a, self.Dsk, st["S"])                                 # [M2-2]
         u = y.reshape(T, I) * torch.nn.functional.silu(z)                                      # [M2-3]
-        u = rmsnorm(u.view(T, G, I // G), None, self.eps).reshape(T, I) * self.nw
+        u = rmsnorm(u.view(T, self.ng, I // self.ng), None, self.eps).reshape(T, I) * self.nw
         return linear(u, self.wo, self.bo)
 
 
@@ -640,9 +643,21 @@ def attn_specs(cfg):
     return a if isinstance(a, list) else [a]
 
 
+def _special_floats(v):
+    """transformers 5 writes inf as {"__float__": "Infinity"} (MODELS.md 4.6): decode it."""
+    if isinstance(v, dict):
+        if set(v) == {"__float__"} and v["__float__"] in ("Infinity", "-Infinity", "NaN"):
+            return float(v["__float__"].replace("Infinity", "inf").replace("NaN", "nan"))
+        return {k: _special_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_special_floats(x) for x in v]
+    return v
+
+
 class Model:
     def __init__(self, model_dir, dtype=torch.float64):
         cfg, raw = load_model_dir(model_dir)
+        cfg = _special_floats(cfg)
         self.cfg, self.dtype = cfg, dtype
         W = Weights(raw, dtype)
         mt = cfg["model_type"]

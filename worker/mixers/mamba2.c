@@ -5,7 +5,7 @@
  * residual; no MLP), `layer_norm_epsilon`. Forward: in_proj -> [z | xBC | dt]; xBC through the
  * causal depthwise conv (bias, silu) with its carried tail; the SSD scan over heads of P with
  * state size N, B and C shared by the heads of each of G groups, D skip; gated RMSNorm with z
- * (gate before norm, per group of I/G); out_proj. State: S [H][N][P] fp32 and the conv tail
+ * (gate before norm; over all I channels as transformers, or per group of I/G as FLA); out_proj. State: S [H][N][P] fp32 and the conv tail
  * [K-1][I + 2GN] fp32. A `statex` spec (our extension) may give listed layers another
  * state_size; an `attn` spec places softmax-attention layers (Mamba2 hybrids). */
 #include <math.h>
@@ -20,6 +20,7 @@ typedef struct {
     int H, P, N, G, K; /* heads, head dim, state size, groups, conv kernel */
     int I, Cc, Din;    /* H*P; conv channels I + 2GN; in_proj rows 2I + 2GN + H */
     int use_conv_bias, use_bias;
+    int norm_groups;      /* groups of the gated RMSNorm: G (FLA, mamba_ssm) or 1 (transformers) */
     float dt_min, dt_max; /* time_step_limit */
 } m2_cfg;
 
@@ -81,7 +82,7 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
         if (!json_is_array(lim) || json_array_size(lim) != 2) {
             hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key 'time_step_limit' must be a list of two numbers");
         } else {
-            /* [lo, hi]; a null (Python's Infinity, hyla_config.c) is no limit */
+            /* [lo, hi]; a null (an infinity as Python writes it, hyla_cfg_load_json) is no limit */
             json_t *lo = json_array_get(lim, 0), *hi = json_array_get(lim, 1);
             if ((!json_is_number(lo) && !json_is_null(lo)) || (!json_is_number(hi) && !json_is_null(hi)))
                 hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key 'time_step_limit' must be a list of two numbers");
@@ -92,6 +93,11 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
     if (!hyla_cfg_bool(r, obj, "rms_norm", 1)) hyla_cfg_refuse(r, "rms_norm", "only the gated RMSNorm is supported");
     if (hyla_cfg_bool(r, obj, "norm_before_gate", 0))
         hyla_cfg_refuse(r, "norm_before_gate", "only the gate before the norm (Mamba2's) is supported");
+    /* Choice (docs/MODELS.md 4.6): transformers' MambaRMSNormGated normalises over all I
+     * channels, flash-linear-attention's (and mamba_ssm's) per group of I/G; they differ when
+     * G > 1. A config with FLA's `norm_before_gate` key is FLA's; `norm_grouped` (ours) says it
+     * outright. */
+    c->norm_groups = hyla_cfg_bool(r, obj, "norm_grouped", hyla_cfg_has(obj, "norm_before_gate")) ? c->G : 1;
     const char *act = hyla_cfg_str(r, obj, "hidden_act", "silu");
     if (strcmp(act, "silu") && strcmp(act, "swish")) hyla_cfg_refuse(r, "hidden_act", "only silu is supported");
     c->Cc = c->I + 2 * c->G * c->N;
@@ -175,7 +181,8 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     }
     HYLA_MIXER_MARK(f, "mamba2: core");
     /* [M2-3] gated norm with z (the projection's first I columns), then out_proj */
-    HYLA_TRY(o->ssd_norm(ctx, s.y, s.zxd, c->Din, w->norm, s.y, R, c->G, c->I / c->G, f->mc->norm_eps));
+    HYLA_TRY(o->ssd_norm(ctx, s.y, s.zxd, c->Din, w->norm, s.y, R, c->norm_groups, c->I / c->norm_groups,
+                         f->mc->norm_eps));
     HYLA_MIXER_MARK(f, "lin: out norm");
     HYLA_TRY(hyla_mixer_linear(f, s.y, c->I, w->out_proj, w->out_bias, f->out, D, 0));
     HYLA_MIXER_MARK(f, "lin: out proj");
@@ -183,7 +190,8 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
 }
 
 /* hyla-mkmodel: inner width 2*hidden in `heads` heads, 2 groups when the heads divide evenly;
- * state size 128 (the Mamba2 release's; StateX expands listed layers to 512). */
+ * state size 128 (the Mamba2 release's; StateX expands listed layers to 512); FLA's keys, so
+ * the gated norm is grouped. */
 static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     if ((2 * a->hidden) % a->heads) return "mamba2: 2*hidden must be divisible by --heads";
     json_object_set_new(obj, "state_size", json_integer(128));
@@ -200,6 +208,7 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     json_array_append_new(lim, json_null());
     json_object_set_new(obj, "time_step_limit", lim);
     json_object_set_new(obj, "residual_in_fp32", json_true());
+    json_object_set_new(obj, "norm_before_gate", json_false()); /* FLA's key: the grouped norm */
     return NULL;
 }
 
