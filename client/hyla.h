@@ -132,7 +132,7 @@ typedef struct {
     float temperature;
     int32_t top_k;
     float top_p;
-} hyla_sampling;
+} hyla_sampling_params;
 
 typedef struct {
     uint64_t version;       /* 1, 2, ... ; 0 = no snapshot yet */
@@ -142,7 +142,7 @@ typedef struct {
     uint64_t written_bytes; /* bytes written by this version alone */
     uint32_t chunks;        /* chunks written by this version */
     int64_t created_unix_ms;
-} hyla_snapshot_info;
+} hyla_snapshot_summary;
 
 /* A session as the coordinator describes it. Every string is non-NULL ("" when empty) and
  * owned by the struct: caller frees the contents with hyla_session_info_clear. */
@@ -157,9 +157,9 @@ typedef struct {
     size_t n_worker_ids;
     uint64_t position;      /* tokens consumed by the model */
     uint64_t generated;     /* tokens sampled over the session's life */
-    hyla_sampling sampling; /* current sampling parameters */
+    hyla_sampling_params sampling; /* current sampling parameters */
     uint64_t seed;
-    hyla_snapshot_info last_snapshot;
+    hyla_snapshot_summary last_snapshot;
     char *parent_id;        /* fork: the parent session; "" otherwise */
     int64_t created_unix_ms;
     int64_t updated_unix_ms;
@@ -183,7 +183,7 @@ void hyla_session_list_clear(hyla_session_list *l);
 typedef struct {
     const char *model;       /* NULL or "": the cluster's only model */
     int has_sampling;        /* 0: greedy defaults */
-    hyla_sampling sampling;  /* the session's sampling defaults (when has_sampling) */
+    hyla_sampling_params sampling;  /* the session's sampling defaults (when has_sampling) */
     uint64_t seed;           /* RNG seed */
     const char *worker_hint; /* NULL: least-loaded group; else place on this worker's group */
 } hyla_create_params;
@@ -266,7 +266,7 @@ typedef struct {
     const int32_t *stop_token_ids;   /* [n_stop_token_ids] (the stop token is delivered) */
     size_t n_stop_token_ids;
     int has_sampling;                /* 1: sampling becomes the session's from now on */
-    hyla_sampling sampling;
+    hyla_sampling_params sampling;
     int reseed;                      /* 1: re-seed the session's RNG with seed */
     uint64_t seed;
     int ignore_eos;                  /* 1: do not stop at the model's EOS */
@@ -301,7 +301,7 @@ hyla_status hyla_client_generate(hyla_client *c, const char *session_id, const h
  * worker's copy now. session, snapshot: may be NULL; *session: caller frees with
  * hyla_session_info_clear. */
 hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict, hyla_session_info *session,
-                              hyla_snapshot_info *snapshot);
+                              hyla_snapshot_summary *snapshot);
 
 /* Resume: place a paused session again; worker_hint (NULL or "": least loaded) prefers that
  * worker's group. *out (may be NULL): caller frees with hyla_session_info_clear. */
@@ -312,11 +312,11 @@ hyla_status hyla_client_resume(hyla_client *c, const char *session_id, const cha
  * from_group: may be NULL; *session: caller frees with hyla_session_info_clear; *from_group:
  * caller frees with free(). */
 hyla_status hyla_client_migrate(hyla_client *c, const char *session_id, const char *to_worker,
-                                hyla_session_info *session, hyla_snapshot_info *snapshot, char **from_group);
+                                hyla_session_info *session, hyla_snapshot_summary *snapshot, char **from_group);
 
 typedef struct {
     int has_sampling;        /* 1: the fork's sampling; 0: the parent's */
-    hyla_sampling sampling;
+    hyla_sampling_params sampling;
     int reseed;              /* 1: re-seed the fork's RNG with seed; 0: it continues the parent's
                                 RNG stream (both continuations identical) */
     uint64_t seed;

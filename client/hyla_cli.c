@@ -716,7 +716,7 @@ static int cmd_create(run_ctx *r) {
 }
 
 /* Sampling for generate/fork: the session's current values with the given options on top. */
-static hyla_status merged_sampling(run_ctx *r, const char *id, hyla_sampling *out) {
+static hyla_status merged_sampling(run_ctx *r, const char *id, hyla_sampling_params *out) {
     const hyla_cli_args *a = r->a;
     hyla_session_info s;
     HYLA_TRY(hyla_client_get_session(r->c, id, &s));
@@ -976,7 +976,7 @@ static int cmd_generate(run_ctx *r) {
 static int cmd_pause(run_ctx *r) {
     const char *id = r->a->pos[0];
     hyla_session_info s;
-    hyla_snapshot_info snap;
+    hyla_snapshot_summary snap;
     hyla_status st = hyla_client_pause(r->c, id, r->a->evict, &s, &snap);
     if (st != HYLA_OK)
         return fail("pause", st);
@@ -1010,7 +1010,7 @@ static int cmd_resume(run_ctx *r) {
 
 static int cmd_migrate(run_ctx *r) {
     hyla_session_info s;
-    hyla_snapshot_info snap;
+    hyla_snapshot_summary snap;
     char *from = NULL;
     hyla_status st = hyla_client_migrate(r->c, r->a->pos[0], r->a->worker, &s, &snap, &from);
     if (st != HYLA_OK)

@@ -159,8 +159,8 @@ const char *hyla_worker_state_name(hyla_worker_state s) {
 /* ---------------------------------------------------------------------------------------- */
 /* conversions (protobuf-c -> hyla.h)                                                        */
 
-static hyla_sampling sampling_from_pb(const Hyla__V1__SamplingParams *p) {
-    hyla_sampling s = {0, 0, 0};
+static hyla_sampling_params sampling_from_pb(const Hyla__V1__SamplingParams *p) {
+    hyla_sampling_params s = {0, 0, 0};
     if (p) {
         s.temperature = p->temperature;
         s.top_k = p->top_k;
@@ -169,15 +169,15 @@ static hyla_sampling sampling_from_pb(const Hyla__V1__SamplingParams *p) {
     return s;
 }
 
-static void sampling_to_pb(const hyla_sampling *s, Hyla__V1__SamplingParams *p) {
+static void sampling_to_pb(const hyla_sampling_params *s, Hyla__V1__SamplingParams *p) {
     hyla__v1__sampling_params__init(p);
     p->temperature = s->temperature;
     p->top_k = s->top_k;
     p->top_p = s->top_p;
 }
 
-static hyla_snapshot_info snapshot_from_pb(const Hyla__V1__SnapshotInfo *p) {
-    hyla_snapshot_info s;
+static hyla_snapshot_summary snapshot_from_pb(const Hyla__V1__SnapshotInfo *p) {
+    hyla_snapshot_summary s;
     memset(&s, 0, sizeof s);
     if (p) {
         s.version = p->version;
@@ -456,7 +456,7 @@ hyla_status hyla_client_create_session(hyla_client *c, const hyla_create_params 
 }
 
 hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict, hyla_session_info *session,
-                              hyla_snapshot_info *snapshot) {
+                              hyla_snapshot_summary *snapshot) {
     HYLA_ASSERT(c);
     if (session)
         memset(session, 0, sizeof *session);
@@ -501,7 +501,7 @@ hyla_status hyla_client_resume(hyla_client *c, const char *session_id, const cha
 }
 
 hyla_status hyla_client_migrate(hyla_client *c, const char *session_id, const char *to_worker,
-                                hyla_session_info *session, hyla_snapshot_info *snapshot, char **from_group) {
+                                hyla_session_info *session, hyla_snapshot_summary *snapshot, char **from_group) {
     HYLA_ASSERT(c);
     if (session)
         memset(session, 0, sizeof *session);

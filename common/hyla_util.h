@@ -1,5 +1,5 @@
 /* hyla_util.h — small helpers every module uses: clocks, whole-file I/O, atomic file
- * replacement, number formats (bf16/fp16 <-> fp32), and the seeded RNG whose state is
+ * replacement, little-endian byte order, number formats (bf16/fp16 <-> fp32), and the seeded RNG whose state is
  * part of a session. No global state; all functions are thread-safe. */
 #ifndef HYLA_UTIL_H
 #define HYLA_UTIL_H
@@ -22,6 +22,25 @@ hyla_status hyla_read_file(const char *path, uint8_t **out, size_t *len);
 hyla_status hyla_write_file_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p */
 hyla_status hyla_mkdirs(const char *path);
+
+/* Little-endian integers in byte buffers: every on-disk format (snapshot files, store keys and
+ * records, safetensors headers) is little-endian whatever the host's byte order. */
+static inline void hyla_put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void hyla_put_le64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t hyla_get_le32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static inline uint64_t hyla_get_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
 
 /* Number formats. bf16 is the upper half of an fp32 (round-to-nearest-even on the way down). */
 static inline float hyla_bf16_to_f32(uint16_t h) {

@@ -1,6 +1,6 @@
 /* hyla_coord_dir.h — the coordinator's session directory on disk: one RocksDB database
  * (DIR/directory) holding a record per session and the epoch counter, so a coordinator restart
- * loses no session (issue 4, item 3).
+ * loses no session.
  *
  * Record format (value of key "s/<session id>"), little-endian:
  *   "HYLD" | u32 format version (1) | u64 placement epoch | packed hyla.v1.Session

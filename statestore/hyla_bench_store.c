@@ -23,6 +23,7 @@
 #include "hyla_log.h"
 #include "hyla_snapshot.h"
 #include "hyla_store.h"
+#include "hyla_thread.h"
 #include "hyla_util.h"
 
 typedef struct {

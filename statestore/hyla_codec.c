@@ -11,6 +11,7 @@
  * scratch buffer. Errors from worker threads are collected under a mutex; the one with the lowest
  * chunk index is reported on the caller's thread. */
 #include "hyla_codec.h"
+#include "hyla_codec_test.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +31,9 @@
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode (stable since zstd 1.5.0) */
 #include <zstd.h>
 #include <zstd_errors.h>
+
+#include "hyla_thread.h"
+#include "hyla_util.h"
 
 #define MANIFEST_MAGIC "HYLAMFST"
 #define FILE_MAGIC "HYLASNAP"
@@ -60,7 +64,7 @@ static int fault_hit(atomic_long *c) {
     return 0;
 }
 
-/* ---------------------------------------------------------------- params, threads */
+/* ---------------------------------------------------------------- params, errors of threads */
 
 hyla_codec_params hyla_codec_default_params(void) {
     hyla_codec_params p;
@@ -72,59 +76,6 @@ hyla_codec_params hyla_codec_default_params(void) {
     p.shuffle = 1;
     p.fast_floats = 1;
     return p;
-}
-
-int hyla_online_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : (int)n;
-}
-
-int hyla_parallel_width(int threads, size_t n) {
-    int t = threads > 0 ? threads : hyla_online_cores();
-    if (t > 64) t = 64;
-    if ((size_t)t > n) t = (int)n;
-    return t < 1 ? 1 : t;
-}
-
-typedef struct {
-    void (*fn)(void *ctx, size_t i, int tid);
-    void *ctx;
-    size_t n;
-    atomic_size_t next;
-} par_job;
-
-typedef struct {
-    par_job *job;
-    int tid;
-} par_arg;
-
-static void *par_worker(void *a) {
-    par_arg *pa = a;
-    for (;;) {
-        size_t i = atomic_fetch_add(&pa->job->next, 1);
-        if (i >= pa->job->n) break;
-        pa->job->fn(pa->job->ctx, i, pa->tid);
-    }
-    return NULL;
-}
-
-void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, int tid), void *ctx) {
-    if (n == 0) return;
-    int w = hyla_parallel_width(threads, n);
-    par_job job = {fn, ctx, n, 0};
-    par_arg args[64];
-    pthread_t th[64];
-    int started = 0;
-    for (int t = 1; t < w; t++) {
-        args[t].job = &job;
-        args[t].tid = t;
-        if (pthread_create(&th[t], NULL, par_worker, &args[t]) != 0) break; /* run with fewer */
-        started = t;
-    }
-    args[0].job = &job;
-    args[0].tid = 0;
-    par_worker(&args[0]);
-    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
 }
 
 /* First error (lowest index) of a parallel run. */
@@ -165,29 +116,13 @@ static hyla_status first_error_finish(first_error *e) {
 
 /* ---------------------------------------------------------------- little helpers */
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 static void put_f32(uint8_t *p, float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    put_u32(p, u);
+    hyla_put_le32(p, u);
 }
 static float get_f32(const uint8_t *p) {
-    uint32_t u = get_u32(p);
+    uint32_t u = hyla_get_le32(p);
     float f;
     memcpy(&f, &u, 4);
     return f;
@@ -366,14 +301,14 @@ static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len
         }
     }
     if (codec == CODEC_RAW) memcpy(v + HYLA_CHUNK_HEADER_BYTES, raw, raw_len);
-    put_u32(v, CHUNK_MAGIC);
+    hyla_put_le32(v, CHUNK_MAGIC);
     v[4] = codec;
     v[5] = shuf;
     v[6] = v[7] = 0;
-    put_u32(v + 8, raw_len);
-    put_u32(v + 12, (uint32_t)plen);
-    put_u64(v + 16, raw_hash);
-    put_u64(v + 24, value_check(v, v + HYLA_CHUNK_HEADER_BYTES, plen));
+    hyla_put_le32(v + 8, raw_len);
+    hyla_put_le32(v + 12, (uint32_t)plen);
+    hyla_put_le64(v + 16, raw_hash);
+    hyla_put_le64(v + 24, value_check(v, v + HYLA_CHUNK_HEADER_BYTES, plen));
     *out_len = HYLA_CHUNK_HEADER_BYTES + plen;
     return 0;
 }
@@ -386,12 +321,12 @@ static hyla_status decode_value(thread_scratch *ts, const uint8_t *val, size_t l
                  HYLA_CHUNK_HEADER_BYTES);
         return HYLA_ERR_CORRUPT;
     }
-    if (get_u32(val) != CHUNK_MAGIC) {
-        snprintf(err, errlen, "not a chunk value (magic %08x)", get_u32(val));
+    if (hyla_get_le32(val) != CHUNK_MAGIC) {
+        snprintf(err, errlen, "not a chunk value (magic %08x)", hyla_get_le32(val));
         return HYLA_ERR_CORRUPT;
     }
     uint8_t codec = val[4], shuf = val[5];
-    uint32_t raw_len = get_u32(val + 8), plen = get_u32(val + 12);
+    uint32_t raw_len = hyla_get_le32(val + 8), plen = hyla_get_le32(val + 12);
     if ((size_t)plen + HYLA_CHUNK_HEADER_BYTES != len) {
         snprintf(err, errlen, "%s value: %zu bytes, header says %zu",
                  (size_t)plen + HYLA_CHUNK_HEADER_BYTES > len ? "truncated" : "oversized", len,
@@ -399,14 +334,14 @@ static hyla_status decode_value(thread_scratch *ts, const uint8_t *val, size_t l
         return HYLA_ERR_CORRUPT;
     }
     uint64_t check = value_check(val, val + HYLA_CHUNK_HEADER_BYTES, plen);
-    if (check != get_u64(val + 24)) {
+    if (check != hyla_get_le64(val + 24)) {
         snprintf(err, errlen, "checksum mismatch (value xxh64 %016llx, stored %016llx)", (unsigned long long)check,
-                 (unsigned long long)get_u64(val + 24));
+                 (unsigned long long)hyla_get_le64(val + 24));
         return HYLA_ERR_CORRUPT;
     }
-    if (raw_len != ref->raw_len || get_u64(val + 16) != ref->raw_hash) {
+    if (raw_len != ref->raw_len || hyla_get_le64(val + 16) != ref->raw_hash) {
         snprintf(err, errlen, "value is for another chunk (raw %u bytes xxh64 %016llx, manifest wants %u bytes %016llx)",
-                 raw_len, (unsigned long long)get_u64(val + 16), ref->raw_len, (unsigned long long)ref->raw_hash);
+                 raw_len, (unsigned long long)hyla_get_le64(val + 16), ref->raw_len, (unsigned long long)ref->raw_hash);
         return HYLA_ERR_CORRUPT;
     }
     const uint8_t *payload = val + HYLA_CHUNK_HEADER_BYTES;
@@ -539,50 +474,50 @@ static hyla_status plan_manifest(hyla_codec_plan *pl, const uint64_t *stored_byt
     uint8_t *b = calloc(1, len);
     if (!b) return hyla_fail(HYLA_ERR_NOMEM, "manifest of %zu bytes", len);
     memcpy(b, MANIFEST_MAGIC, 8);
-    put_u32(b + 8, s->format_version);
-    put_u32(b + 12, 0);
-    put_u64(b + 16, s->model_fingerprint);
-    put_u64(b + 24, s->position);
-    put_u64(b + 32, s->n_generated);
-    put_u32(b + 40, (uint32_t)s->pending_token);
+    hyla_put_le32(b + 8, s->format_version);
+    hyla_put_le32(b + 12, 0);
+    hyla_put_le64(b + 16, s->model_fingerprint);
+    hyla_put_le64(b + 24, s->position);
+    hyla_put_le64(b + 32, s->n_generated);
+    hyla_put_le32(b + 40, (uint32_t)s->pending_token);
     put_f32(b + 44, s->sampler.temperature);
-    put_u32(b + 48, (uint32_t)s->sampler.top_k);
+    hyla_put_le32(b + 48, (uint32_t)s->sampler.top_k);
     put_f32(b + 52, s->sampler.top_p);
-    put_u64(b + 56, s->sampler.seed);
-    for (int i = 0; i < 4; i++) put_u64(b + 64 + 8 * i, s->rng[i]);
-    put_u32(b + 96, s->n_layers);
-    put_u32(b + 100, s->n_parts);
-    put_u64(b + 104, hyla_snapshot_bytes(s));
-    put_u64(b + 112, pl->n_chunks);
+    hyla_put_le64(b + 56, s->sampler.seed);
+    for (int i = 0; i < 4; i++) hyla_put_le64(b + 64 + 8 * i, s->rng[i]);
+    hyla_put_le32(b + 96, s->n_layers);
+    hyla_put_le32(b + 100, s->n_parts);
+    hyla_put_le64(b + 104, hyla_snapshot_bytes(s));
+    hyla_put_le64(b + 112, pl->n_chunks);
     uint8_t *q = b + MANIFEST_HEADER_BYTES;
     size_t ci = 0;
     for (uint32_t i = 0; i < s->n_parts; i++) {
         const hyla_state_part *sp = &s->parts[i];
-        put_u32(q, sp->layer);
+        hyla_put_le32(q, sp->layer);
         memcpy(q + 4, sp->name, HYLA_PART_NAME_MAX);
-        put_u32(q + 20, sp->kind);
-        put_u32(q + 24, sp->dtype);
-        put_u32(q + 28, part_lossy(&pl->params, sp) ? HYLA_DT_BF16 : sp->dtype);
-        put_u32(q + 32, sp->ndim);
-        for (int d = 0; d < HYLA_PART_MAX_DIMS; d++) put_u64(q + 36 + 8 * d, d < (int)sp->ndim ? sp->shape[d] : 0);
-        put_u32(q + 68, sp->page_tokens);
-        put_u32(q + 72, ppc[i]);
-        put_u64(q + 76, sp->nbytes);
-        put_u64(q + 84, stored_bytes[i]);
-        put_u64(q + 92, stride[i]);
-        put_u32(q + 100, nch[i]);
-        put_u32(q + 104, 0);
+        hyla_put_le32(q + 20, sp->kind);
+        hyla_put_le32(q + 24, sp->dtype);
+        hyla_put_le32(q + 28, part_lossy(&pl->params, sp) ? HYLA_DT_BF16 : sp->dtype);
+        hyla_put_le32(q + 32, sp->ndim);
+        for (int d = 0; d < HYLA_PART_MAX_DIMS; d++) hyla_put_le64(q + 36 + 8 * d, d < (int)sp->ndim ? sp->shape[d] : 0);
+        hyla_put_le32(q + 68, sp->page_tokens);
+        hyla_put_le32(q + 72, ppc[i]);
+        hyla_put_le64(q + 76, sp->nbytes);
+        hyla_put_le64(q + 84, stored_bytes[i]);
+        hyla_put_le64(q + 92, stride[i]);
+        hyla_put_le32(q + 100, nch[i]);
+        hyla_put_le32(q + 104, 0);
         q += MANIFEST_PART_BYTES;
         for (uint32_t c = 0; c < nch[i]; c++, ci++) {
             const hyla_chunk_ref *r = &pl->chunks[ci].ref;
             memcpy(q, r->key, HYLA_CHUNK_KEY_BYTES);
-            put_u32(q + 20, r->raw_len);
-            put_u64(q + 24, r->raw_hash);
+            hyla_put_le32(q + 20, r->raw_len);
+            hyla_put_le64(q + 24, r->raw_hash);
             q += MANIFEST_CHUNK_BYTES;
         }
     }
     pl->checksum = XXH64(b, len - 8, 0);
-    put_u64(b + len - 8, pl->checksum);
+    hyla_put_le64(b + len - 8, pl->checksum);
     pl->manifest = b;
     pl->manifest_len = len;
     return HYLA_OK;
@@ -826,23 +761,23 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
     if (len < 12 || memcmp(b, MANIFEST_MAGIC, 8) != 0)
         return hyla_fail(HYLA_ERR_FORMAT, "%s: manifest: %s", what,
                          len < 12 ? "truncated value (shorter than its header)" : "bad magic (not a hyla manifest)");
-    uint32_t ver = get_u32(b + 8);
+    uint32_t ver = hyla_get_le32(b + 8);
     if (ver != HYLA_SNAPSHOT_FORMAT_VERSION)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: unknown snapshot format version %u (this build reads version %u)",
                          what, ver, HYLA_SNAPSHOT_FORMAT_VERSION);
     if (len < MANIFEST_HEADER_BYTES + 8)
         return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest: truncated value (%zu bytes)", what, len);
-    uint32_t n_parts = get_u32(b + 100);
-    uint64_t n_chunks = get_u64(b + 112);
+    uint32_t n_parts = hyla_get_le32(b + 100);
+    uint64_t n_chunks = hyla_get_le64(b + 112);
     uint64_t need = MANIFEST_HEADER_BYTES + 8;
     if (n_parts > (1u << 20) || n_chunks > (1ull << 32) ||
         (need += (uint64_t)n_parts * MANIFEST_PART_BYTES + n_chunks * MANIFEST_CHUNK_BYTES) != len)
         return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest: %s value: %zu bytes, its header implies %llu", what,
                          len < need ? "truncated" : "malformed", len, (unsigned long long)need);
     uint64_t sum = XXH64(b, len - 8, 0);
-    if (sum != get_u64(b + len - 8))
+    if (sum != hyla_get_le64(b + len - 8))
         return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest checksum mismatch (xxh64 %016llx, stored %016llx)", what,
-                         (unsigned long long)sum, (unsigned long long)get_u64(b + len - 8));
+                         (unsigned long long)sum, (unsigned long long)hyla_get_le64(b + len - 8));
     hyla_manifest *m = calloc(1, sizeof *m);
     if (!m) return hyla_fail(HYLA_ERR_NOMEM, "manifest");
     m->parts = calloc(n_parts + 1, sizeof *m->parts);
@@ -853,16 +788,16 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
     }
     hyla_snapshot *s = &m->meta;
     s->format_version = ver;
-    s->model_fingerprint = get_u64(b + 16);
-    s->position = get_u64(b + 24);
-    s->n_generated = get_u64(b + 32);
-    s->pending_token = (int32_t)get_u32(b + 40);
+    s->model_fingerprint = hyla_get_le64(b + 16);
+    s->position = hyla_get_le64(b + 24);
+    s->n_generated = hyla_get_le64(b + 32);
+    s->pending_token = (int32_t)hyla_get_le32(b + 40);
     s->sampler.temperature = get_f32(b + 44);
-    s->sampler.top_k = (int32_t)get_u32(b + 48);
+    s->sampler.top_k = (int32_t)hyla_get_le32(b + 48);
     s->sampler.top_p = get_f32(b + 52);
-    s->sampler.seed = get_u64(b + 56);
-    for (int i = 0; i < 4; i++) s->rng[i] = get_u64(b + 64 + 8 * i);
-    s->n_layers = get_u32(b + 96);
+    s->sampler.seed = hyla_get_le64(b + 56);
+    for (int i = 0; i < 4; i++) s->rng[i] = hyla_get_le64(b + 64 + 8 * i);
+    s->n_layers = hyla_get_le32(b + 96);
     m->n_parts = n_parts;
     m->n_chunks = n_chunks;
     m->checksum = sum;
@@ -873,19 +808,19 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
     for (uint32_t i = 0; i < n_parts; i++) {
         hyla_manifest_part *mp = &m->parts[i];
         hyla_state_part *d = &mp->desc;
-        d->layer = get_u32(q);
+        d->layer = hyla_get_le32(q);
         memcpy(d->name, q + 4, HYLA_PART_NAME_MAX);
-        d->kind = get_u32(q + 20);
-        d->dtype = get_u32(q + 24);
-        mp->stored_dtype = get_u32(q + 28);
-        d->ndim = get_u32(q + 32);
-        for (int k = 0; k < HYLA_PART_MAX_DIMS; k++) d->shape[k] = get_u64(q + 36 + 8 * k);
-        d->page_tokens = get_u32(q + 68);
-        mp->pages_per_chunk = get_u32(q + 72);
-        d->nbytes = get_u64(q + 76);
-        mp->stored_bytes = get_u64(q + 84);
-        mp->chunk_bytes = get_u64(q + 92);
-        mp->n_chunks = get_u32(q + 100);
+        d->kind = hyla_get_le32(q + 20);
+        d->dtype = hyla_get_le32(q + 24);
+        mp->stored_dtype = hyla_get_le32(q + 28);
+        d->ndim = hyla_get_le32(q + 32);
+        for (int k = 0; k < HYLA_PART_MAX_DIMS; k++) d->shape[k] = hyla_get_le64(q + 36 + 8 * k);
+        d->page_tokens = hyla_get_le32(q + 68);
+        mp->pages_per_chunk = hyla_get_le32(q + 72);
+        d->nbytes = hyla_get_le64(q + 76);
+        mp->stored_bytes = hyla_get_le64(q + 84);
+        mp->chunk_bytes = hyla_get_le64(q + 92);
+        mp->n_chunks = hyla_get_le32(q + 100);
         mp->first_chunk = (uint32_t)ci;
         q += MANIFEST_PART_BYTES;
         char name[HYLA_PART_NAME_MAX + 1];
@@ -921,8 +856,8 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
             r->index = c;
             r->raw_off = (uint64_t)c * mp->chunk_bytes;
             memcpy(r->key, q, HYLA_CHUNK_KEY_BYTES);
-            r->raw_len = get_u32(q + 20);
-            r->raw_hash = get_u64(q + 24);
+            r->raw_len = hyla_get_le32(q + 20);
+            r->raw_hash = hyla_get_le64(q + 24);
             q += MANIFEST_CHUNK_BYTES;
             uint64_t left = mp->stored_bytes - r->raw_off;
             uint32_t klen = (uint32_t)r->key[16] << 24 | (uint32_t)r->key[17] << 16 | (uint32_t)r->key[18] << 8 | r->key[19];
@@ -933,7 +868,7 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
             }
         }
     }
-    if (ci != n_chunks || raw_total != get_u64(b + 104)) {
+    if (ci != n_chunks || raw_total != hyla_get_le64(b + 104)) {
         st = hyla_fail(HYLA_ERR_FORMAT, "%s: manifest: chunk or byte totals disagree", what);
         goto fail;
     }
@@ -1121,10 +1056,10 @@ hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
 
 static void file_header(uint8_t h[FILE_HEADER_BYTES], size_t manifest_len, size_t n_chunks) {
     memcpy(h, FILE_MAGIC, 8);
-    put_u32(h + 8, HYLA_FILE_VERSION);
-    put_u32(h + 12, FILE_HEADER_BYTES);
-    put_u64(h + 16, manifest_len);
-    put_u64(h + 24, n_chunks);
+    hyla_put_le32(h + 8, HYLA_FILE_VERSION);
+    hyla_put_le32(h + 12, FILE_HEADER_BYTES);
+    hyla_put_le64(h + 16, manifest_len);
+    hyla_put_le64(h + 24, n_chunks);
 }
 
 static uint64_t file_check(const uint8_t *hdr, const uint8_t *manifest, size_t mlen, const uint8_t *const *values,
@@ -1160,9 +1095,9 @@ static hyla_status encode_plan_for_file(const hyla_snapshot *s, const hyla_codec
         vals[i] = pl->chunks[i].value;
     }
     memcpy(tr, TRAILER_MAGIC, 8);
-    put_u64(tr + 8, FILE_HEADER_BYTES + pl->manifest_len + vbytes + FILE_TRAILER_BYTES);
-    put_u64(tr + 16, vbytes);
-    put_u64(tr + 24, file_check(hdr, pl->manifest, pl->manifest_len, vals, pl->n_chunks, tr));
+    hyla_put_le64(tr + 8, FILE_HEADER_BYTES + pl->manifest_len + vbytes + FILE_TRAILER_BYTES);
+    hyla_put_le64(tr + 16, vbytes);
+    hyla_put_le64(tr + 24, file_check(hdr, pl->manifest, pl->manifest_len, vals, pl->n_chunks, tr));
     free(vals);
     *out = pl;
     return HYLA_OK;
@@ -1173,7 +1108,7 @@ hyla_status hyla_snapshot_encode_file_bytes(const hyla_snapshot *s, const hyla_c
     hyla_codec_plan *pl;
     uint8_t hdr[FILE_HEADER_BYTES], tr[FILE_TRAILER_BYTES];
     HYLA_TRY(encode_plan_for_file(s, p, &pl, hdr, tr));
-    size_t total = (size_t)get_u64(tr + 8);
+    size_t total = (size_t)hyla_get_le64(tr + 8);
     uint8_t *b = malloc(total);
     if (!b) {
         hyla_codec_plan_destroy(pl);
@@ -1280,15 +1215,16 @@ hyla_status hyla_snapshot_decode_file_bytes(const uint8_t *b, size_t len, const 
     if (len < 16 || memcmp(b, FILE_MAGIC, 8) != 0)
         return hyla_fail(HYLA_ERR_FORMAT, "%s: not a hyla snapshot file (%s)", what,
                          len < 16 ? "too short" : "bad magic");
-    uint32_t fv = get_u32(b + 8);
+    uint32_t fv = hyla_get_le32(b + 8);
     if (fv != HYLA_FILE_VERSION)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: unknown snapshot file version %u (this build reads version %u)",
                          what, fv, HYLA_FILE_VERSION);
     if (len < FILE_HEADER_BYTES + FILE_TRAILER_BYTES)
         return hyla_fail(HYLA_ERR_CORRUPT, "%s: truncated file (%zu bytes)", what, len);
-    if (get_u32(b + 12) != FILE_HEADER_BYTES)
-        return hyla_fail(HYLA_ERR_FORMAT, "%s: header size %u, expected %d", what, get_u32(b + 12), FILE_HEADER_BYTES);
-    uint64_t mlen = get_u64(b + 16), nch = get_u64(b + 24);
+    if (hyla_get_le32(b + 12) != FILE_HEADER_BYTES)
+        return hyla_fail(HYLA_ERR_FORMAT, "%s: header size %u, expected %d", what, hyla_get_le32(b + 12),
+                         FILE_HEADER_BYTES);
+    uint64_t mlen = hyla_get_le64(b + 16), nch = hyla_get_le64(b + 24);
     if (mlen > len - FILE_HEADER_BYTES)
         return hyla_fail(HYLA_ERR_CORRUPT, "%s: truncated file (%zu bytes; its manifest alone is %llu)", what, len,
                          (unsigned long long)mlen);
@@ -1310,27 +1246,27 @@ hyla_status hyla_snapshot_decode_file_bytes(const uint8_t *b, size_t len, const 
     size_t end = len - FILE_TRAILER_BYTES;
     for (size_t i = 0; i < nch; i++) {
         char loc[256];
-        if (o + HYLA_CHUNK_HEADER_BYTES > end || o + HYLA_CHUNK_HEADER_BYTES + get_u32(b + o + 12) > end) {
+        if (o + HYLA_CHUNK_HEADER_BYTES > end || o + HYLA_CHUNK_HEADER_BYTES + hyla_get_le32(b + o + 12) > end) {
             loc_text(loc, sizeof loc, m, &m->chunks[i]);
             st = hyla_fail(HYLA_ERR_CORRUPT, "%s: %s: truncated value (the file ends inside it; %zu bytes in all)", what,
                            loc, len);
             goto done;
         }
         f.off[i] = o;
-        f.len[i] = HYLA_CHUNK_HEADER_BYTES + get_u32(b + o + 12);
+        f.len[i] = HYLA_CHUNK_HEADER_BYTES + hyla_get_le32(b + o + 12);
         vals[i] = b + o;
         o += f.len[i];
     }
     const uint8_t *tr = b + end;
-    if (o != end || memcmp(tr, TRAILER_MAGIC, 8) != 0 || get_u64(tr + 8) != len) {
+    if (o != end || memcmp(tr, TRAILER_MAGIC, 8) != 0 || hyla_get_le64(tr + 8) != len) {
         st = hyla_fail(HYLA_ERR_CORRUPT, "%s: %s (file is %zu bytes, chunks end at %zu)", what,
                        o < end ? "trailing garbage or bad trailer" : "truncated file or bad trailer", len, o);
         goto done;
     }
     uint64_t chk = file_check(b, b + FILE_HEADER_BYTES, (size_t)mlen, vals, nch, tr);
-    if (chk != get_u64(tr + 24)) {
+    if (chk != hyla_get_le64(tr + 24)) {
         st = hyla_fail(HYLA_ERR_CORRUPT, "%s: file checksum mismatch (xxh64 %016llx, trailer %016llx)", what,
-                       (unsigned long long)chk, (unsigned long long)get_u64(tr + 24));
+                       (unsigned long long)chk, (unsigned long long)hyla_get_le64(tr + 24));
         goto done;
     }
     st = hyla_codec_decode(m, file_fetch, NULL, &f, what, threads, out);

@@ -161,20 +161,6 @@ hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
 hyla_status hyla_chunk_decode(const uint8_t *val, size_t len, const hyla_chunk_ref *ref, uint8_t *dst, char *err,
                               size_t errlen);
 
-/* ---- helpers ---- */
-
-/* Run fn(ctx, i, tid) for i in [0, n) on hyla_parallel_width(threads, n) threads, tid in
- * [0, width): per-thread scratch can be indexed by tid. threads 0 = online cores. */
-void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, int tid), void *ctx);
-int hyla_parallel_width(int threads, size_t n);
-int hyla_online_cores(void);
-
-/* Fault injection for tests: make the nth zstd call from now fail (1 = the next one);
- * 0 disables. Process-wide. */
-void hyla_codec_fault_zstd(long nth);
-/* Make the nth file write (of hyla_snapshot_save_file) from now fail with ENOSPC; 0 disables. */
-void hyla_codec_fault_write(long nth);
-
 #ifdef __cplusplus
 }
 #endif

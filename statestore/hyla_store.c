@@ -14,6 +14,7 @@
  * exclusively by chunk deletion. Lock order: gc_lock, then mu. Gets read through a RocksDB
  * snapshot and take no lock. */
 #include "hyla_store.h"
+#include "hyla_store_test.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -29,6 +30,7 @@
 #include <rocksdb/c.h>
 
 #include "hyla_log.h"
+#include "hyla_util.h"
 
 #define STORE_FORMAT "hyla-statestore 1"
 #define HEAD_MAGIC 0x44485948u /* "HYHD" */
@@ -68,22 +70,6 @@ static int fault_write_hit(void) {
     return 0;
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* RocksDB error -> status; frees err. */
 static hyla_status rdb_fail(char *err, hyla_status s, const char *what, const char *dir) {
@@ -138,11 +124,11 @@ typedef struct {
 } head_val;
 
 static void head_encode(uint8_t b[HEAD_BYTES], const head_val *h) {
-    put_u32(b, HEAD_MAGIC);
-    put_u32(b + 4, 0);
-    put_u64(b + 8, h->version);
-    put_u64(b + 16, h->next);
-    put_u64(b + 24, h->checksum);
+    hyla_put_le32(b, HEAD_MAGIC);
+    hyla_put_le32(b + 4, 0);
+    hyla_put_le64(b + 8, h->version);
+    hyla_put_le64(b + 16, h->next);
+    hyla_put_le64(b + 24, h->checksum);
 }
 
 /* Get from meta (or chunks) cf. *val: caller frees with rocksdb_free. NOT_FOUND if absent. */
@@ -162,12 +148,12 @@ static hyla_status read_head(hyla_store *st, const rocksdb_readoptions_t *ro, co
     if (s == HYLA_ERR_NOT_FOUND) return hyla_fail(HYLA_ERR_NOT_FOUND, "session %s: no such session in store %s", sid, st->dir);
     if (s != HYLA_OK) return s;
     hyla_status r = HYLA_OK;
-    if (vl != HEAD_BYTES || get_u32((uint8_t *)v) != HEAD_MAGIC)
+    if (vl != HEAD_BYTES || hyla_get_le32((uint8_t *)v) != HEAD_MAGIC)
         r = hyla_fail(HYLA_ERR_CORRUPT, "session %s: head record is malformed (%zu bytes)", sid, vl);
     else {
-        h->version = get_u64((uint8_t *)v + 8);
-        h->next = get_u64((uint8_t *)v + 16);
-        h->checksum = get_u64((uint8_t *)v + 24);
+        h->version = hyla_get_le64((uint8_t *)v + 8);
+        h->next = hyla_get_le64((uint8_t *)v + 16);
+        h->checksum = hyla_get_le64((uint8_t *)v + 24);
     }
     rocksdb_free(v);
     return r;
@@ -328,12 +314,12 @@ static hyla_status delta_apply(hyla_store *st, delta_list *l, rocksdb_writebatch
         uint8_t nv[REF_BYTES];
         memcpy(nv, v, REF_BYTES);
         rocksdb_free(v);
-        int64_t refs = (int64_t)get_u64(nv) + l->d[i].delta;
+        int64_t refs = (int64_t)hyla_get_le64(nv) + l->d[i].delta;
         if (refs < 0) {
             HYLA_WARN("%s: reference count below zero; clamping", what);
             refs = 0;
         }
-        put_u64(nv, (uint64_t)refs);
+        hyla_put_le64(nv, (uint64_t)refs);
         rocksdb_writebatch_put_cf(b, st->cf[CF_META], k, kl, (const char *)nv, REF_BYTES);
         if (refs == 0 && zero && delta_add(zero, l->d[i].key, 0))
             return hyla_fail(HYLA_ERR_NOMEM, "gc candidates");
@@ -358,11 +344,11 @@ static hyla_status free_chunks(hyla_store *st, const delta_list *cand, uint64_t 
             continue;
         }
         if (s != HYLA_OK) break;
-        if (vl == REF_BYTES && get_u64((uint8_t *)v) == 0) {
+        if (vl == REF_BYTES && hyla_get_le64((uint8_t *)v) == 0) {
             rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, kl);
             rocksdb_writebatch_delete_cf(b, st->cf[CF_CHUNKS], (const char *)cand->d[i].key, HYLA_CHUNK_KEY_BYTES);
             nf++;
-            bf += get_u32((uint8_t *)v + 8);
+            bf += hyla_get_le32((uint8_t *)v + 8);
         }
         rocksdb_free(v);
     }
@@ -386,7 +372,7 @@ static hyla_status zero_ref_keys(hyla_store *st, delta_list *out) {
         const char *k = rocksdb_iter_key(it, &kl);
         if (kl < 1 || k[0] != 'R') break;
         const char *v = rocksdb_iter_value(it, &vl);
-        if (kl == 1 + HYLA_CHUNK_KEY_BYTES && vl == REF_BYTES && get_u64((const uint8_t *)v) == 0 &&
+        if (kl == 1 + HYLA_CHUNK_KEY_BYTES && vl == REF_BYTES && hyla_get_le64((const uint8_t *)v) == 0 &&
             delta_add(out, (const uint8_t *)k + 1, 0)) {
             s = hyla_fail(HYLA_ERR_NOMEM, "gc list");
             break;
@@ -568,9 +554,9 @@ static hyla_status write_chunks(hyla_store *st, hyla_codec_plan *pl, const size_
             if (s != HYLA_OK) break;
             char k[KEY_MAX];
             uint8_t rv[REF_BYTES];
-            put_u64(rv, 0);
-            put_u32(rv + 8, (uint32_t)c->value_len);
-            put_u32(rv + 12, 0);
+            hyla_put_le64(rv, 0);
+            hyla_put_le32(rv + 8, (uint32_t)c->value_len);
+            hyla_put_le32(rv + 12, 0);
             rocksdb_writebatch_put_cf(wb, st->cf[CF_CHUNKS], (const char *)c->ref.key, HYLA_CHUNK_KEY_BYTES,
                                       (const char *)c->value, c->value_len);
             rocksdb_writebatch_put_cf(nowal ? rb : wb, st->cf[CF_META], k, key_ref(k, c->ref.key),
@@ -1245,7 +1231,7 @@ hyla_status hyla_store_verify(hyla_store *st, const char *sid, hyla_report_fn re
             val = rocksdb_iter_value(it, &vl);
             int64_t want = 0;
             if (j < refs.n && !memcmp(refs.d[j].key, k + 1, HYLA_CHUNK_KEY_BYTES)) want = refs.d[j++].delta;
-            int64_t have = vl == REF_BYTES ? (int64_t)get_u64((const uint8_t *)val) : -1;
+            int64_t have = vl == REF_BYTES ? (int64_t)hyla_get_le64((const uint8_t *)val) : -1;
             if (have != want)
                 vreport(&a, HYLA_ERR_CORRUPT, "chunk %02x%02x%02x%02x...: reference count %lld, but %lld manifest(s) name it",
                         (uint8_t)k[1], (uint8_t)k[2], (uint8_t)k[3], (uint8_t)k[4], (long long)have, (long long)want);
@@ -1333,12 +1319,12 @@ hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *u) {
         if (k[0] == 'H') u->sessions++;
         else if (k[0] == 'M') {
             u->versions++;
-            if (vl >= 112) u->referenced_raw_bytes += get_u64((const uint8_t *)val + 104);
+            if (vl >= 112) u->referenced_raw_bytes += hyla_get_le64((const uint8_t *)val + 104);
         } else if (k[0] == 'R' && kl == 1 + HYLA_CHUNK_KEY_BYTES && vl == REF_BYTES) {
             const uint8_t *ck = (const uint8_t *)k + 1;
             u->chunks++;
             u->chunk_raw_bytes += (uint32_t)ck[16] << 24 | (uint32_t)ck[17] << 16 | (uint32_t)ck[18] << 8 | ck[19];
-            u->chunk_bytes += get_u32((const uint8_t *)val + 8);
+            u->chunk_bytes += hyla_get_le32((const uint8_t *)val + 8);
         }
     }
     char *err = NULL;

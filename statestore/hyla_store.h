@@ -146,10 +146,6 @@ typedef struct {
 
 hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *out);
 
-/* Fault injection for tests: the nth RocksDB write (chunk batch or commit batch) from now fails
- * as if the disk were full; 0 disables. Process-wide. (zstd faults: hyla_codec_fault_zstd.) */
-void hyla_store_fault_write(long nth);
-
 /* Column family names and key prefixes (docs/STATE_FORMAT.md §4), for tools and tests that
  * open the RocksDB directory themselves. */
 #define HYLA_STORE_CF_CHUNKS "chunks"

@@ -1,5 +1,6 @@
 # The cluster processes: hyla-worker (and, when built, hyla-coordinator) over loopback gRPC.
 if(TARGET hyla-worker)
+  hyla_add_test(test_sched SOURCES test_sched.c LIBS hyla_worker_srv LABELS quick TIMEOUT 60)
   hyla_add_test(test_worker SOURCES test_worker.c LIBS hyla_store_rpc LABELS e2e TIMEOUT 300)
   add_dependencies(test_worker hyla-worker hyla-run hyla-mkmodel)
   # Mamba2 (SSD): the same suite on a mamba2-h model

@@ -463,7 +463,7 @@ static void test_pause_resume_migrate_fork(void) {
     CHECK_OK(hyla_client_append_text(c, id, "0123456789", 10, NULL, NULL));
 
     hyla_session_info s;
-    hyla_snapshot_info snap;
+    hyla_snapshot_summary snap;
     CHECK_OK(hyla_client_pause(c, id, 0, &s, &snap));
     CHECK(snap.version == 1 && snap.position == 10 && snap.state_bytes == 4106 && snap.stored_bytes == 2053);
     CHECK(snap.chunks == 1 && s.state == HYLA_SESSION_ACTIVE && s.last_snapshot.version == 1);

@@ -1,11 +1,14 @@
-/* test_gpu_ops.c — every op of the CUDA backend (cuda:0) against the CPU reference backend,
- * plus the GPU-only properties the engine relies on:
+/* test_gpu_ops.c — every op of each device backend (today the CUDA backend, cuda:0) against the
+ * CPU reference backend, driven by one table of op cases (`cases` at the end: one row per op
+ * and shape; a row's function runs it on both backends and compares), plus the device-only
+ * properties the engine relies on:
  *   - memory ops, the state pool (slot reuse, reserve, stats), async snapshot/restore copies;
  *   - chunked prefill over n tokens == prefill over its 64-token pieces, bit for bit, for
- *     GLA, GDN and SSE (both transitions) on the GPU; the same run twice gives the same bits;
- *   - SSE prefill planned on the GPU == planned on the host, bit for bit;
+ *     GLA, GDN, SSE (both transitions) and attention; varlen batches == each sequence alone;
  *   - errors (bad token id, missing KV page, bad shapes) come back as statuses.
- * Skips (exit 77, with a message) when no CUDA device is usable (CI, machines without GPU).
+ * Modes: `test_gpu_ops [OP-SUBSTRING]` runs the rows whose op contains the substring (all by
+ * default); `--perf` also times each row's device calls (synced, wall clock) and prints one
+ * PERF line per row. Skips (exit 77, with a message) when no device is usable.
  *
  * Inputs are drawn from a seeded RNG; weights and table entries are rounded to bf16 first so
  * that GPU weight storage (bf16) is exact and only the kernels' own arithmetic differs.
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hyla_ops.h"
 #include "hyla_test.h"
@@ -36,11 +40,31 @@
 #endif
 #include "hyla_cuda_extra.h"
 
-static hyla_backend *cpu, *gpu, *gpu_rec; /* gpu_rec: HYLA_CUDA_PREFILL=recurrent */
-static hyla_backend *gpu_hp;              /* HYLA_CUDA_SSE_PLAN=host: SSE prefill planned on the host */
-static hyla_backend *gpu_ab;              /* HYLA_CUDA_CHUNK=ab: GDN prefill by kernels A and B (not fused) */
-static hyla_backend *gpu_fu, *gpu_sp;     /* HYLA_CUDA_CHUNK=fused / split: GDN prefill forced to one path */
+/* cpu: the reference; gpu: the backend under test (each device backend in turn, see main) */
+static hyla_backend *cpu, *gpu;
 static hyla_rng rng;
+
+/* Perf mode (--perf): the device calls of a case run inside PERF(...), which syncs, times the
+ * call and adds it to the case's total; the case table prints the totals. */
+static int perf_mode;
+static double perf_ms;
+static int perf_calls;
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+#define PERF(expr)                                                                                                     \
+    do {                                                                                                               \
+        if (perf_mode) CHECK_OK(gpu->ops->sync(gpu->ctx));                                                             \
+        double perf_t0_ = perf_mode ? now_ms() : 0;                                                                    \
+        expr;                                                                                                          \
+        if (perf_mode) {                                                                                               \
+            CHECK_OK(gpu->ops->sync(gpu->ctx));                                                                        \
+            perf_ms += now_ms() - perf_t0_;                                                                            \
+            perf_calls++;                                                                                              \
+        }                                                                                                              \
+    } while (0)
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -162,10 +186,20 @@ static void l2rows(float *x, size_t rows, int cols) {
     }
 }
 
+/* One row of the case table (main): the op (or op family) it covers, the function that runs it
+ * on `gpu` and on the CPU and compares, and its shape parameters (their meaning is the
+ * function's; rows of one function differ only in them). */
+typedef struct op_case op_case;
+struct op_case {
+    const char *op;
+    void (*run)(const op_case *c);
+    int p[7];
+};
+
 /* ---------------------------------------------------------------- memory and pool */
 
-static void test_memory(void) {
-    printf("memory\n");
+static void case_memory(const op_case *c) {
+    (void)c;
     const hyla_ops *o = gpu->ops;
     size_t n = 3 * 1024 * 1024 + 17; /* over the bounce buffer size: several pieces */
     float *h = randn(n, 1.0f);
@@ -243,8 +277,8 @@ static void test_memory(void) {
 
 /* ---------------------------------------------------------------- dense ops */
 
-static void test_embed_linear(void) {
-    printf("embed, linear\n");
+static void case_embed_linear(const op_case *c) {
+    (void)c;
     int V = 300, D = 96;
     float *tab = randn((size_t)V * D, 1.0f);
     round_bf16(tab, (size_t)V * D);
@@ -355,8 +389,8 @@ static void test_embed_linear(void) {
 
 /* linear_multi == its outputs' separate linear calls, bit for bit, on both backends (the CUDA
  * one runs them as one grouped launch for M <= 64). */
-static void test_linear_multi(void) {
-    printf("linear_multi\n");
+static void case_linear_multi(const op_case *c) {
+    (void)c;
     const int K = 2304, Ns[4] = {2304, 256, 16, 6144};
     hyla_weight *wc[4], *wg[4];
     float *W[4], *bias = randn(6144, 1.0f);
@@ -514,8 +548,8 @@ static void test_linear_multi(void) {
     free(bias);
 }
 
-static void test_rowops(void) {
-    printf("row and elementwise ops\n");
+static void case_rowops(const op_case *c) {
+    (void)c;
     int n = 37, D = 2304;
     size_t nd = (size_t)n * D;
     float *x = randn(nd, 2.0f), *r = randn(nd, 1.0f), *w = randn(D, 1.0f), *g = randn(nd, 1.5f);
@@ -704,8 +738,8 @@ static void run_rowop(hyla_backend *b, int op, int n, int D, int off, const floa
     for (int i = 0; i < 5; i++) dfree(b, bufs[i]);
 }
 
-static void test_rowop_layouts(void) {
-    printf("row-op layouts (vector / scalar units, warp / block / re-read rows, alignment, n = 1 vs n)\n");
+static void case_rowop_layouts(const op_case *c) {
+    (void)c;
     /* 128: vec warp; 37: scalar warp; 2304: vec block; 2305: scalar block; 12000: vec block,
      * re-read (3000 units > 4 x 512); 4101: scalar block, re-read */
     int Ds[] = {128, 37, 2304, 2305, 12000, 4101};
@@ -823,8 +857,8 @@ static void conv_run(hyla_backend *b, float *x, int B, int n, int C, const float
     CHECK_OK(b->ops->short_conv(b->ctx, x, B, n, C, w, bias, K, tails, act));
 }
 
-static void test_short_conv_paths(void) {
-    printf("short_conv paths (segments and halos, pieces, batches, K = 1..6)\n");
+static void case_short_conv(const op_case *c) {
+    (void)c;
     int Ks[] = {4, 1, 2, 3, 6};
     int Cs[] = {2304, 37};
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
@@ -893,53 +927,6 @@ static void test_short_conv_paths(void) {
 
 /* ---------------------------------------------------------------- linear mixers */
 
-typedef struct {
-    int gdn, n, H, dk, dv;
-} lin_case;
-
-/* The GDN prefill form that is not the default, HYLA_CUDA_GDN_FS=0 (T's off-diagonal blocks in
- * fp32; the default FS = 1 forms W and U0 by blocked forward substitution on tensor cores, the
- * fused kernel's phase (f'); read per launch): the fused pass's forms HYLA_CUDA_GDN_WS=2, 0, 1
- * (gpu_fu) and, with nforms = 4, the split form (gpu_sp) give the same bits as each other. `run`
- * runs the call on a backend with its states st[0..nst-1] (fresh copies of st0) and output o.
- * The WS = 2 results stay allocated on gpu_fu (*st_out, *o_out) for the caller to compare with
- * the CPU (the two FS forms round differently: only within the tolerance of each other). */
-#define FS_ALT "0"
-typedef void (*fs_run_fn)(hyla_backend *b, const void *arg, void *const *st, void *o);
-static void fs_forms(const char *what, int nforms, fs_run_fn run, const void *arg, int nst, const float *const *st0,
-                     const size_t *stn, size_t no, void **st_out, void **o_out) {
-    hyla_backend *bs[4] = {gpu_fu, gpu_fu, gpu_fu, gpu_sp};
-    const char *ws[4] = {"2", "0", "1", NULL}, *nm[4] = {"fused WS=2", "fused WS=0", "fused WS=1", "split"};
-    void *st[4][2], *o[4];
-    CHECK_OK(gpu->ops->sync(gpu->ctx)); /* inputs were uploaded on gpu's stream */
-    setenv("HYLA_CUDA_GDN_FS", FS_ALT, 1);
-    for (int f = 0; f < nforms; f++) {
-        for (int x = 0; x < nst; x++) st[f][x] = dev(bs[f], st0[x], stn[x] * 4);
-        o[f] = dev(bs[f], NULL, no * 4);
-        if (ws[f]) setenv("HYLA_CUDA_GDN_WS", ws[f], 1);
-        run(bs[f], arg, st[f], o[f]);
-        if (ws[f]) unsetenv("HYLA_CUDA_GDN_WS");
-        CHECK_OK(bs[f]->ops->sync(bs[f]->ctx));
-    }
-    unsetenv("HYLA_CUDA_GDN_FS");
-    for (int f = 1; f < nforms; f++) {
-        int same = same_bits(gpu, o[f], o[0], no * 4);
-        for (int x = 0; x < nst; x++) same = same && same_bits(gpu, st[f][x], st[0][x], stn[x] * 4);
-        CHECK_MSG(same, "%s, HYLA_CUDA_GDN_FS=" FS_ALT ": %s == fused WS=2 (bits)", what, nm[f]);
-        for (int x = 0; x < nst; x++) dfree(bs[f], st[f][x]);
-        dfree(bs[f], o[f]);
-    }
-    for (int x = 0; x < nst; x++) st_out[x] = st[0][x];
-    *o_out = o[0];
-}
-/* a device result d (on gpu_fu) against the CPU's c, n floats */
-static void cmp_fu(const char *what, const void *d, const void *c, size_t n) {
-    float *hg = host_of(gpu_fu, d, n), *hc = host_of(cpu, c, n);
-    cmp(what, hg, hc, n, CHUNK_TOL);
-    free(hg);
-    free(hc);
-}
-
 static void run_lin_prefill(hyla_backend *b, int gdn, void *q, void *k, void *v, void *g, void *beta, int n, int H,
                             int dk, int dv, float scale, void *S, void *o) {
     if (gdn)
@@ -948,230 +935,121 @@ static void run_lin_prefill(hyla_backend *b, int gdn, void *q, void *k, void *v,
         CHECK_OK(b->ops->gla_prefill(b->ctx, q, k, v, g, n, H, dk, dv, scale, S, o));
 }
 
-typedef struct {
-    void *q, *k, *v, *g, *beta;
-    int n, H, dk, dv;
-    float scale;
-} gdn_call;
-static void fs_run_prefill(hyla_backend *b, const void *arg, void *const *st, void *o) {
-    const gdn_call *a = arg;
-    run_lin_prefill(b, 1, a->q, a->k, a->v, a->g, a->beta, a->n, a->H, a->dk, a->dv, a->scale, st[0], o);
+/* GLA / GDN prefill of one sequence, p = {gdn, n, H, dk, dv}. The backend picks the path by
+ * shape: the fused pass (dk <= 128, any dv: blocks of 128 value columns), its split form (few
+ * long sequences: n = 300 here), kernels A and B (dk = 256; GLA's split form), the token loop
+ * where kernels A and B do not fit either (dk > 128 with dv > 1024: k_lin_rec), each within its
+ * tolerance of the CPU. 64-token pieces == one call, bit for bit (which for n = 300 also holds
+ * the split form to the fused pass's bits). */
+static void case_lin_prefill(const op_case *c) {
+    const int gdn = c->p[0], n = c->p[1], H = c->p[2], dk = c->p[3], dv = c->p[4];
+    const int token_loop = dk > 128 && dv > 1024;
+    size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
+    float scale = 1.0f / sqrtf((float)dk);
+    float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
+    float *g = gdn ? gdn_decays((size_t)n * H) : gla_gates(nqk);
+    float *beta = randu((size_t)n * H, 0.05f, 1.0f);
+    float *S0 = randn(ns, 0.3f);
+    if (gdn) {
+        l2rows(q, (size_t)n * H, dk);
+        l2rows(k, (size_t)n * H, dk);
+    }
+    size_t ng = gdn ? (size_t)n * H : nqk;
+    pair pq = pair_new(q, nqk), pk = pair_new(k, nqk), pv = pair_new(v, nv), pg = pair_new(g, ng),
+         pb = pair_new(beta, (size_t)n * H), pS = pair_new(S0, ns), po = pair_new(NULL, nv);
+    run_lin_prefill(cpu, gdn, pq.c, pk.c, pv.c, pg.c, pb.c, n, H, dk, dv, scale, pS.c, po.c);
+    PERF(run_lin_prefill(gpu, gdn, pq.g, pk.g, pv.g, pg.g, pb.g, n, H, dk, dv, scale, pS.g, po.g));
+    char name[96];
+    snprintf(name, sizeof name, "%s prefill n=%d H=%d dk=%d dv=%d: o", gdn ? "gdn" : "gla", n, H, dk, dv);
+    if (token_loop)
+        cmp_pair(name, po, REC_TOL);
+    else
+        cmp_pair(name, po, CHUNK_TOL);
+    snprintf(name, sizeof name, "%s prefill n=%d H=%d dk=%d dv=%d: S", gdn ? "gdn" : "gla", n, H, dk, dv);
+    if (token_loop)
+        cmp_pair(name, pS, REC_TOL);
+    else
+        cmp_pair(name, pS, CHUNK_TOL);
+    if (n > 64) { /* 64-token pieces == one call, bit for bit */
+        void *S3 = dev(gpu, S0, ns * 4), *o3 = dev(gpu, NULL, nv * 4);
+        size_t qo = (size_t)64 * H * dk, vo = (size_t)64 * H * dv, go = gdn ? (size_t)64 * H : qo;
+        run_lin_prefill(gpu, gdn, pq.g, pk.g, pv.g, pg.g, pb.g, 64, H, dk, dv, scale, S3, o3);
+        run_lin_prefill(gpu, gdn, (float *)pq.g + qo, (float *)pk.g + qo, (float *)pv.g + vo, (float *)pg.g + go,
+                        (float *)pb.g + (size_t)64 * H, n - 64, H, dk, dv, scale, S3, (float *)o3 + vo);
+        CHECK_MSG(same_bits(gpu, S3, pS.g, ns * 4) && same_bits(gpu, o3, po.g, nv * 4),
+                  "%s n=%d dk=%d dv=%d: 64-token pieces == one call (bits)", gdn ? "gdn" : "gla", n, dk, dv);
+        dfree(gpu, S3);
+        dfree(gpu, o3);
+    }
+    pair_free(pq);
+    pair_free(pk);
+    pair_free(pv);
+    pair_free(pg);
+    pair_free(pb);
+    pair_free(pS);
+    pair_free(po);
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(beta);
+    free(S0);
 }
 
-static void test_linear_mixers(void) {
-    printf("GLA / GDN prefill and decode\n");
-    lin_case cases[] = {{0, 1, 2, 16, 32},   {0, 200, 2, 64, 48},  {0, 130, 4, 128, 128}, {0, 64, 3, 32, 16},
-                        {1, 1, 2, 16, 32},   {1, 200, 2, 64, 48},  {1, 300, 4, 128, 128}, {1, 65, 2, 256, 96},
-                        {1, 70, 2, 8, 8},    {0, 90, 2, 256, 64}};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        lin_case L = cases[ci];
-        int n = L.n, H = L.H, dk = L.dk, dv = L.dv, gdn = L.gdn;
-        size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
-        float scale = 1.0f / sqrtf((float)dk);
+/* GLA / GDN decode, p = {gdn, B, H, dk, dv}: B sessions with separately allocated states, three
+ * steps (k_lin_dec where states and rows are 16-byte aligned, else the token-loop kernels). */
+static void case_lin_decode(const op_case *c) {
+    const int gdn = c->p[0], B = c->p[1], H = c->p[2], dk = c->p[3], dv = c->p[4];
+    size_t nqk = (size_t)B * H * dk, nv = (size_t)B * H * dv, ns = (size_t)H * dk * dv;
+    float scale = 1.0f / sqrtf((float)dk);
+    pair *pS = malloc((size_t)B * sizeof *pS);
+    float **Sc = malloc((size_t)B * sizeof *Sc), **Sg = malloc((size_t)B * sizeof *Sg);
+    for (int b = 0; b < B; b++) {
+        float *s0 = randn(ns, 0.3f);
+        pS[b] = pair_new(s0, ns);
+        Sc[b] = pS[b].c;
+        Sg[b] = pS[b].g;
+        free(s0);
+    }
+    for (int step = 0; step < 3; step++) {
         float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
-        float *g = gdn ? gdn_decays((size_t)n * H) : gla_gates(nqk);
-        float *beta = randu((size_t)n * H, 0.05f, 1.0f);
-        float *S0 = randn(ns, 0.3f);
+        float *g = gdn ? gdn_decays((size_t)B * H) : gla_gates(nqk), *beta = randu((size_t)B * H, 0.05f, 1.0f);
         if (gdn) {
-            l2rows(q, (size_t)n * H, dk);
-            l2rows(k, (size_t)n * H, dk);
+            l2rows(q, (size_t)B * H, dk);
+            l2rows(k, (size_t)B * H, dk);
         }
-        size_t ng = gdn ? (size_t)n * H : nqk;
+        size_t ng = gdn ? (size_t)B * H : nqk;
         pair pq = pair_new(q, nqk), pk = pair_new(k, nqk), pv = pair_new(v, nv), pg = pair_new(g, ng),
-             pb = pair_new(beta, (size_t)n * H), pS = pair_new(S0, ns), po = pair_new(NULL, nv);
-        run_lin_prefill(cpu, gdn, pq.c, pk.c, pv.c, pg.c, pb.c, n, H, dk, dv, scale, pS.c, po.c);
-        run_lin_prefill(gpu, gdn, pq.g, pk.g, pv.g, pg.g, pb.g, n, H, dk, dv, scale, pS.g, po.g);
-        char name[96];
-        snprintf(name, sizeof name, "%s prefill n=%d H=%d dk=%d dv=%d: o", gdn ? "gdn" : "gla", n, H, dk, dv);
-        cmp_pair(name, po, CHUNK_TOL);
-        snprintf(name, sizeof name, "%s prefill n=%d H=%d dk=%d dv=%d: S", gdn ? "gdn" : "gla", n, H, dk, dv);
-        cmp_pair(name, pS, CHUNK_TOL);
-        if (gdn && dk <= 128) { /* HYLA_CUDA_GDN_FS=0 (not the default): every fused form and the
-                                 * split form, the same bits; within the tolerance of the CPU (the
-                                 * default FS = 1 above: dv = 48, 8: value slabs past dv skipped;
-                                 * dk = 8, 16: one key slab) */
-            gdn_call ac = {pq.g, pk.g, pv.g, pg.g, pb.g, n, H, dk, dv, scale};
-            const float *st0[1] = {S0};
-            size_t stn[1] = {ns};
-            void *Sf, *of;
-            snprintf(name, sizeof name, "gdn prefill n=%d dk=%d dv=%d", n, dk, dv);
-            fs_forms(name, 4, fs_run_prefill, &ac, 1, st0, stn, nv, &Sf, &of);
-            snprintf(name, sizeof name, "gdn prefill FS=0 n=%d dk=%d dv=%d: o", n, dk, dv);
-            cmp_fu(name, of, po.c, nv);
-            snprintf(name, sizeof name, "gdn prefill FS=0 n=%d dk=%d dv=%d: S", n, dk, dv);
-            cmp_fu(name, Sf, pS.c, ns);
-            dfree(gpu_fu, Sf);
-            dfree(gpu_fu, of);
+             pb = pair_new(beta, (size_t)B * H), po = pair_new(NULL, nv);
+        if (gdn) {
+            CHECK_OK(cpu->ops->gdn_decode(cpu->ctx, pq.c, pk.c, pv.c, pg.c, pb.c, B, H, dk, dv, scale, Sc, po.c));
+            PERF(CHECK_OK(gpu->ops->gdn_decode(gpu->ctx, pq.g, pk.g, pv.g, pg.g, pb.g, B, H, dk, dv, scale, Sg, po.g)));
+        } else {
+            CHECK_OK(cpu->ops->gla_decode(cpu->ctx, pq.c, pk.c, pv.c, pg.c, B, H, dk, dv, scale, Sc, po.c));
+            PERF(CHECK_OK(gpu->ops->gla_decode(gpu->ctx, pq.g, pk.g, pv.g, pg.g, B, H, dk, dv, scale, Sg, po.g)));
         }
-        /* the token-loop path (fp32 throughout) */
-        CHECK_OK(gpu->ops->sync(gpu->ctx)); /* inputs were uploaded on gpu's stream */
-        void *S2 = dev(gpu_rec, S0, ns * 4), *o2 = dev(gpu_rec, NULL, nv * 4);
-        run_lin_prefill(gpu_rec, gdn, pq.g, pk.g, pv.g, pg.g, pb.g, n, H, dk, dv, scale, S2, o2);
-        float *hc = host_of(cpu, po.c, nv), *hg = host_of(gpu_rec, o2, nv);
-        snprintf(name, sizeof name, "%s recurrent prefill n=%d dk=%d: o", gdn ? "gdn" : "gla", n, dk);
-        cmp(name, hg, hc, nv, REC_TOL);
-        free(hc);
-        free(hg);
-        /* 64-token pieces == one call, bit for bit (GPU) */
-        if (n > 64) {
-            void *S3 = dev(gpu, S0, ns * 4), *o3 = dev(gpu, NULL, nv * 4);
-            size_t qo = (size_t)64 * H * dk, vo = (size_t)64 * H * dv, go = gdn ? (size_t)64 * H : qo;
-            run_lin_prefill(gpu, gdn, pq.g, pk.g, pv.g, pg.g, pb.g, 64, H, dk, dv, scale, S3, o3);
-            run_lin_prefill(gpu, gdn, (float *)pq.g + qo, (float *)pk.g + qo, (float *)pv.g + vo, (float *)pg.g + go,
-                            (float *)pb.g + (size_t)64 * H, n - 64, H, dk, dv, scale, S3, (float *)o3 + vo);
-            CHECK_MSG(same_bits(gpu, S3, pS.g, ns * 4) && same_bits(gpu, o3, po.g, nv * 4),
-                      "%s n=%d dk=%d: 64-token pieces == one call (bits)", gdn ? "gdn" : "gla", n, dk);
-            dfree(gpu, S3);
-            dfree(gpu, o3);
-        }
-        dfree(gpu_rec, S2);
-        dfree(gpu_rec, o2);
+        char name[80];
+        snprintf(name, sizeof name, "%s decode B=%d dk=%d dv=%d step %d: o", gdn ? "gdn" : "gla", B, dk, dv, step);
+        cmp_pair(name, po, REC_TOL);
         pair_free(pq);
         pair_free(pk);
         pair_free(pv);
         pair_free(pg);
         pair_free(pb);
-        pair_free(pS);
         pair_free(po);
         free(q);
         free(k);
         free(v);
         free(g);
         free(beta);
-        free(S0);
     }
-    /* decode: B sessions with separately allocated states */
-    for (int gdn = 0; gdn < 2; gdn++) {
-        int B = 5, H = 4, dk = gdn ? 128 : 64, dv = 128;
-        size_t nqk = (size_t)B * H * dk, nv = (size_t)B * H * dv, ns = (size_t)H * dk * dv;
-        float scale = 1.0f / sqrtf((float)dk);
-        pair pS[5];
-        float *Sc[5], *Sg[5];
-        for (int b = 0; b < B; b++) {
-            float *s0 = randn(ns, 0.3f);
-            pS[b] = pair_new(s0, ns);
-            Sc[b] = pS[b].c;
-            Sg[b] = pS[b].g;
-            free(s0);
-        }
-        for (int step = 0; step < 3; step++) {
-            float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
-            float *g = gdn ? gdn_decays((size_t)B * H) : gla_gates(nqk), *beta = randu((size_t)B * H, 0.05f, 1.0f);
-            if (gdn) {
-                l2rows(q, (size_t)B * H, dk);
-                l2rows(k, (size_t)B * H, dk);
-            }
-            size_t ng = gdn ? (size_t)B * H : nqk;
-            pair pq = pair_new(q, nqk), pk = pair_new(k, nqk), pv = pair_new(v, nv), pg = pair_new(g, ng),
-                 pb = pair_new(beta, (size_t)B * H), po = pair_new(NULL, nv);
-            if (gdn) {
-                CHECK_OK(cpu->ops->gdn_decode(cpu->ctx, pq.c, pk.c, pv.c, pg.c, pb.c, B, H, dk, dv, scale, Sc, po.c));
-                CHECK_OK(gpu->ops->gdn_decode(gpu->ctx, pq.g, pk.g, pv.g, pg.g, pb.g, B, H, dk, dv, scale, Sg, po.g));
-            } else {
-                CHECK_OK(cpu->ops->gla_decode(cpu->ctx, pq.c, pk.c, pv.c, pg.c, B, H, dk, dv, scale, Sc, po.c));
-                CHECK_OK(gpu->ops->gla_decode(gpu->ctx, pq.g, pk.g, pv.g, pg.g, B, H, dk, dv, scale, Sg, po.g));
-            }
-            char name[64];
-            snprintf(name, sizeof name, "%s decode B=%d step %d: o", gdn ? "gdn" : "gla", B, step);
-            cmp_pair(name, po, REC_TOL);
-            pair_free(pq);
-            pair_free(pk);
-            pair_free(pv);
-            pair_free(pg);
-            pair_free(pb);
-            pair_free(po);
-            free(q);
-            free(k);
-            free(v);
-            free(g);
-            free(beta);
-        }
-        for (int b = 0; b < B; b++) {
-            cmp_pair(gdn ? "gdn decode: state" : "gla decode: state", pS[b], REC_TOL);
-            pair_free(pS[b]);
-        }
+    for (int b = 0; b < B; b++) {
+        cmp_pair(gdn ? "gdn decode: state" : "gla decode: state", pS[b], REC_TOL);
+        pair_free(pS[b]);
     }
-}
-
-
-/* The decode kernel's forms (HYLA_CUDA_REC: default 2 columns per lane with q, k, gates staged
- * in shared memory; "d4b", "d4" 4 columns, "d2c" 2 with a tighter register cap; "x4" the token-loop kernel k_lin_rec4) do the same
- * arithmetic in the same order: outputs and states must agree bit for bit. GLA and GDN with
- * dk 64 and 128, and SSE decode (both transitions, K = 1 and 2, one invalid route). */
-static void test_decode_forms(void) {
-    printf("decode kernel forms (bits)\n");
-    const char *forms[5] = {NULL, "d4b", "x4", "d2c", "d4"};
-    for (int kind = 0; kind < 4; kind++) {
-        int gdn = kind & 1, sse = kind >= 2;
-        for (int K = 1; K <= (sse ? 2 : 1); K++)
-            for (int dk = 64; dk <= 128; dk += 64) {
-                int B = 6, H = 3, dv = 128, N = 4;
-                size_t nqk = (size_t)B * H * dk, nv = (size_t)B * H * dv, ns = (size_t)H * dk * dv;
-                size_t ng = gdn ? (size_t)B * H : nqk;
-                float scale = 1.0f / sqrtf((float)dk);
-                float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *q2 = randn(nqk, 1.0f), *k2 = randn(nqk, 1.0f);
-                float *v = randn(nv, 1.0f), *S = randn(ns * (sse ? N : 1), 0.3f);
-                float *g = gdn ? gdn_decays((size_t)B * H) : gla_gates(nqk);
-                float *g2 = gdn ? gdn_decays((size_t)B * H) : gla_gates(nqk);
-                float *be = randu((size_t)B * H, 0.05f, 1.0f), *be2 = randu((size_t)B * H, 0.05f, 1.0f);
-                int32_t idx[12];
-                float w[12];
-                for (int i = 0; i < B * K; i++) {
-                    idx[i] = i == 5 ? -1 : (i * 7 + 1) % N; /* entry 5: an invalid route, skipped */
-                    w[i] = 0.25f + 0.1f * (float)(i % 5);
-                }
-                void *dq = dev(gpu, q, nqk * 4), *dk_ = dev(gpu, k, nqk * 4), *dq2 = dev(gpu, q2, nqk * 4),
-                     *dk2 = dev(gpu, k2, nqk * 4), *dv_ = dev(gpu, v, nv * 4), *dg = dev(gpu, g, ng * 4),
-                     *dg2 = dev(gpu, g2, ng * 4), *dbe = dev(gpu, be, (size_t)B * H * 4),
-                     *dbe2 = dev(gpu, be2, (size_t)B * H * 4), *didx = dev(gpu, idx, (size_t)B * K * 4),
-                     *dw = dev(gpu, w, (size_t)B * K * 4);
-                float *outs[5], *states[5];
-                for (int f = 0; f < 5; f++) {
-                    float *S0[6], *Sp[6];
-                    for (int b = 0; b < B; b++) {
-                        S0[b] = dev(gpu, S, ns * 4);
-                        Sp[b] = sse ? dev(gpu, S, ns * N * 4) : NULL;
-                    }
-                    void *o = dev(gpu, NULL, nv * 4);
-                    if (forms[f]) setenv("HYLA_CUDA_REC", forms[f], 1);
-                    for (int step = 0; step < 2; step++) {
-                        if (sse)
-                            CHECK_OK(gpu->ops->sse_decode(gpu->ctx, gdn ? HYLA_SSE_GDN : HYLA_SSE_GLA, dq, dk_, dq2, dk2, dv_,
-                                                          dg, dg2, gdn ? dbe : NULL, gdn ? dbe2 : NULL, didx, dw, B, H, dk,
-                                                          dv, N, K, scale, S0, Sp, o));
-                        else if (gdn)
-                            CHECK_OK(gpu->ops->gdn_decode(gpu->ctx, dq, dk_, dv_, dg, dbe, B, H, dk, dv, scale, S0, o));
-                        else
-                            CHECK_OK(gpu->ops->gla_decode(gpu->ctx, dq, dk_, dv_, dg, B, H, dk, dv, scale, S0, o));
-                    }
-                    CHECK_OK(gpu->ops->sync(gpu->ctx));
-                    unsetenv("HYLA_CUDA_REC");
-                    size_t per = ns * (sse ? 1 + N : 1);
-                    outs[f] = host_of(gpu, o, nv);
-                    states[f] = malloc((size_t)B * per * 4);
-                    for (int b = 0; b < B; b++) {
-                        CHECK_OK(gpu->ops->download(gpu->ctx, states[f] + b * per, S0[b], ns * 4));
-                        if (sse) CHECK_OK(gpu->ops->download(gpu->ctx, states[f] + b * per + ns, Sp[b], ns * N * 4));
-                        dfree(gpu, S0[b]);
-                        dfree(gpu, Sp[b]);
-                    }
-                    dfree(gpu, o);
-                }
-                size_t per = ns * (sse ? 1 + N : 1);
-                for (int f = 1; f < 5; f++)
-                    CHECK_MSG(!memcmp(outs[0], outs[f], nv * 4) && !memcmp(states[0], states[f], (size_t)B * per * 4),
-                              "%s%s decode dk=%d K=%d: form %s == default (bits)", sse ? "sse-" : "", gdn ? "gdn" : "gla",
-                              dk, sse ? K : 0, forms[f]);
-                for (int f = 0; f < 5; f++) {
-                    free(outs[f]);
-                    free(states[f]);
-                }
-                void *bufs[] = {dq, dk_, dq2, dk2, dv_, dg, dg2, dbe, dbe2, didx, dw};
-                for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(gpu, bufs[i]);
-                float *hb[] = {q, k, q2, k2, v, S, g, g2, be, be2};
-                for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) free(hb[i]);
-            }
-    }
+    free(pS);
+    free(Sc);
+    free(Sg);
 }
 
 /* ---------------------------------------------------------------- SSE */
@@ -1185,33 +1063,17 @@ static float *route_logits(int n, int N) {
     return l;
 }
 
-/* Batched (varlen) prefill: sequences of different lengths packed in one launch == each
- * sequence alone, bit for bit (the chunked kernels work per sequence and chunk), and within the
- * chunked tolerance of the CPU. GDN: the fused kernel and its split form (chunk part over all
- * chunks, then kernel B), which the backend picks by the batch's shape, give the same bits;
- * kernels A and B (gpu_ab; they still run dk = 256) stay within the tolerance. GLA: the fused
- * kernel and kernels A and B (which the backend picks by shape) give the same bits, the exact-exp
- * path of strongly decaying key columns included. */
-typedef struct {
-    void *q, *k, *v, *g, *beta;
-    int H, dk, dv, nseq;
-    float scale;
-    const int32_t *starts, *lens;
-    size_t ns;
-} gdn_varlen_call;
-static void fs_run_varlen(hyla_backend *b, const void *arg, void *const *st, void *o) {
-    const gdn_varlen_call *a = arg;
-    float *Sz[8];
-    for (int z = 0; z < a->nseq && z < 8; z++) Sz[z] = (float *)st[0] + z * a->ns;
-    CHECK_OK(hyla_cuda_prefill_varlen(b, 1, a->H, a->dk, a->dv, a->scale, a->q, a->k, a->v, a->g, a->beta, o, a->nseq,
-                                      a->starts, a->lens, Sz));
-}
-
-static void test_prefill_varlen(void) {
-    printf("varlen prefill\n");
-    for (int gdn = 0; gdn < 2; gdn++) {
+/* Batched (varlen) prefill, p = {gdn}: sequences of different lengths packed in one launch ==
+ * each sequence alone, bit for bit, and within the chunked tolerance of the CPU. The batch runs
+ * the fused pass; the 330-token sequence alone runs the split form (GDN: the fused pass's chunk
+ * part over all chunks, then kernel B; GLA: kernels A and B), so the bit check also holds the
+ * split forms to the fused pass's bits. GLA: the exact-exp path of strongly decaying key columns
+ * included. */
+static void case_varlen(const op_case *c) {
+    {
+        const int gdn = c->p[0];
         const int H = 3, dk = gdn ? 128 : 64, dv = gdn ? 128 : 96, nseq = 4;
-        const int32_t lens[4] = {130, 64, 1, 201};
+        const int32_t lens[4] = {130, 64, 1, 330};
         int32_t starts[4];
         int n = 0;
         for (int z = 0; z < nseq; z++) {
@@ -1245,8 +1107,8 @@ static void test_prefill_varlen(void) {
                             (float *)oa + vo);
             Sz[z] = (float *)pS.g + z * ns;
         }
-        CHECK_OK(hyla_cuda_prefill_varlen(gpu, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, gdn ? pb.g : NULL, po.g,
-                                          nseq, starts, lens, Sz));
+        PERF(CHECK_OK(hyla_cuda_prefill_varlen(gpu, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, gdn ? pb.g : NULL,
+                                               po.g, nseq, starts, lens, Sz)));
         char name[96];
         snprintf(name, sizeof name, "%s varlen 4 seqs dk=%d dv=%d: o", gdn ? "gdn" : "gla", dk, dv);
         cmp_pair(name, po, CHUNK_TOL);
@@ -1254,96 +1116,6 @@ static void test_prefill_varlen(void) {
         cmp_pair(name, pS, CHUNK_TOL);
         CHECK_MSG(same_bits(gpu, Sa, pS.g, ns * nseq * 4) && same_bits(gpu, oa, po.g, nv * 4),
                   "%s varlen == each sequence alone (bits)", gdn ? "gdn" : "gla");
-        { /* forced paths, the same bits. GDN: the fused pass and its split form. GLA: the fused
-           * pass, split (= kernels A and B) and kernels A and B (=ab), since the fused kernel
-           * computes kernel A's tiles and kernel B's products exactly */
-            CHECK_OK(gpu->ops->sync(gpu->ctx));
-            hyla_backend *bs[3] = {gpu_fu, gpu_sp, gpu_ab};
-            const char *nm[3] = {"fused", "split", "kernels A and B"};
-            for (int m = 0; m < (gdn ? 2 : 3); m++) {
-                void *Sm = dev(bs[m], S0, ns * nseq * 4), *om = dev(bs[m], NULL, nv * 4);
-                float *Smz[4];
-                for (int z = 0; z < nseq; z++) Smz[z] = (float *)Sm + z * ns;
-                CHECK_OK(hyla_cuda_prefill_varlen(bs[m], gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g,
-                                                  gdn ? pb.g : NULL, om, nseq, starts, lens, Smz));
-                CHECK_OK(bs[m]->ops->sync(bs[m]->ctx));
-                int same = same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4);
-                if (!same) { /* how far apart, to tell rounding from a bug */
-                    float *ha = host_of(gpu, om, nv), *hd = host_of(gpu, po.g, nv);
-                    char name[96];
-                    snprintf(name, sizeof name, "%s varlen: %s vs default: o", gdn ? "gdn" : "gla", nm[m]);
-                    cmp(name, ha, hd, nv, CHUNK_TOL);
-                    free(ha);
-                    free(hd);
-                }
-                CHECK_MSG(same, "%s varlen: %s == default (bits)", gdn ? "gdn" : "gla", nm[m]);
-                dfree(bs[m], Sm);
-                dfree(bs[m], om);
-            }
-            for (int ws = 0; gdn && ws <= 4; ws++) { /* the fused pass's forms (HYLA_CUDA_GDN_WS, read
-                        * per launch): all warps stage (0), a producer warp (1) or warpgroup (2)
-                        * stages the chunks and stores o from shared memory; 3 (the default): the
-                        * warpgroup stages v, g, beta and the compute warps q, k; 4: the pipelined
-                        * kernel (chunk c+1's tiles beside chunk c's state pass, S^T in registers) */
-                const char *wsn[5] = {"0", "1", "2", "3", "4"};
-                void *Sm = dev(gpu_fu, S0, ns * nseq * 4), *om = dev(gpu_fu, NULL, nv * 4);
-                float *Smz[4];
-                for (int z = 0; z < nseq; z++) Smz[z] = (float *)Sm + z * ns;
-                setenv("HYLA_CUDA_GDN_WS", wsn[ws], 1);
-                CHECK_OK(hyla_cuda_prefill_varlen(gpu_fu, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, pb.g, om, nseq,
-                                                  starts, lens, Smz));
-                unsetenv("HYLA_CUDA_GDN_WS");
-                CHECK_OK(gpu_fu->ops->sync(gpu_fu->ctx));
-                const int same = same_bits(gpu, Sm, pS.g, ns * nseq * 4) && same_bits(gpu, om, po.g, nv * 4);
-                if (!same) { /* how far apart, to tell rounding from a bug */
-                    char name[96];
-                    float *ha = host_of(gpu, om, nv), *hd = host_of(gpu, po.g, nv);
-                    snprintf(name, sizeof name, "gdn varlen: WS=%d vs default: o", ws);
-                    cmp(name, ha, hd, nv, CHUNK_TOL);
-                    free(ha);
-                    free(hd);
-                    ha = host_of(gpu, Sm, ns * nseq);
-                    hd = host_of(gpu, pS.g, ns * nseq);
-                    snprintf(name, sizeof name, "gdn varlen: WS=%d vs default: S", ws);
-                    cmp(name, ha, hd, ns * nseq, CHUNK_TOL);
-                    free(ha);
-                    free(hd);
-                }
-                CHECK_MSG(same, "gdn varlen: fused, HYLA_CUDA_GDN_WS=%d == default (bits)", ws);
-                dfree(gpu_fu, Sm);
-                dfree(gpu_fu, om);
-            }
-            if (gdn) { /* HYLA_CUDA_GDN_FS=0 (not the default): the fused pass (WS = 2, 0, 1) and
-                        * the split form, the same bits; within the tolerance of the CPU */
-                gdn_varlen_call ac = {pq.g, pk.g, pv.g, pg.g, pb.g, H, dk, dv, nseq, scale, starts, lens, ns};
-                const float *st0[1] = {S0};
-                size_t stn[1] = {ns * nseq};
-                void *Sf, *of;
-                fs_forms("gdn varlen", 4, fs_run_varlen, &ac, 1, st0, stn, nv, &Sf, &of);
-                cmp_fu("gdn varlen FS=0: o", of, po.c, nv);
-                cmp_fu("gdn varlen FS=0: S", Sf, pS.c, ns * nseq);
-                dfree(gpu_fu, Sf);
-                dfree(gpu_fu, of);
-            }
-        }
-        if (gdn) { /* kernels A and B on the same inputs */
-            void *Sb = dev(gpu_ab, S0, ns * nseq * 4), *ob = dev(gpu_ab, NULL, nv * 4);
-            float *Sbz[4];
-            for (int z = 0; z < nseq; z++) Sbz[z] = (float *)Sb + z * ns;
-            CHECK_OK(hyla_cuda_prefill_varlen(gpu_ab, gdn, H, dk, dv, scale, pq.g, pk.g, pv.g, pg.g, pb.g, ob, nseq,
-                                              starts, lens, Sbz));
-            float *hc = host_of(cpu, po.c, nv), *hb = host_of(gpu_ab, ob, nv);
-            cmp("gdn varlen, kernels A and B: o", hb, hc, nv, CHUNK_TOL);
-            free(hc);
-            free(hb);
-            hc = host_of(cpu, pS.c, ns * nseq);
-            hb = host_of(gpu_ab, Sb, ns * nseq);
-            cmp("gdn varlen, kernels A and B: S", hb, hc, ns * nseq, CHUNK_TOL);
-            free(hc);
-            free(hb);
-            dfree(gpu_ab, Sb);
-            dfree(gpu_ab, ob);
-        }
         dfree(gpu, Sa);
         dfree(gpu, oa);
         pair_free(pq);
@@ -1362,21 +1134,11 @@ static void test_prefill_varlen(void) {
     }
 }
 
-typedef struct {
-    int tr, n, H, dk, dv, N, K;
-    float scale;
-    void *q1, *k1, *q2, *k2, *v, *ga, *gb, *ba, *bb, *idx, *w;
-} sse_call;
-static void fs_run_sse(hyla_backend *b, const void *arg, void *const *st, void *o) {
-    const sse_call *a = arg;
-    CHECK_OK(b->ops->sse_prefill(b->ctx, a->tr, a->q1, a->k1, a->q2, a->k2, a->v, a->ga, a->gb, a->ba, a->bb, a->idx,
-                                 a->w, a->n, a->H, a->dk, a->dv, a->N, a->K, a->scale, st[0], st[1], o));
-}
-
-static void test_sse(void) {
-    printf("SSE\n");
-    for (int tr = 0; tr < 2; tr++)
-        for (int K = 1; K <= 2; K++) {
+/* SSE routing, prefill and decode, p = {transition, K}: against the CPU; 64-token pieces == one
+ * call, bit for bit. GDN rows go through the plan's row map into the fused pass. */
+static void case_sse(const op_case *c) {
+    const int tr = c->p[0], K = c->p[1];
+    {
             int n = 150, H = 2, dk = 64, dv = 64, N = 4, gdn = tr == HYLA_SSE_GDN;
             float scale = 1.0f / sqrtf((float)dk);
             size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
@@ -1410,9 +1172,9 @@ static void test_sse(void) {
             CHECK_OK(cpu->ops->sse_prefill(cpu->ctx, tr, pq1.c, pk1.c, pq2.c, pk2.c, pv.c, pga.c, pgb.c,
                                            gdn ? pba.c : NULL, gdn ? pbb.c : NULL, pidx.c, pw.c, n, H, dk, dv, N, K,
                                            scale, pS0.c, pSp.c, po.c));
-            CHECK_OK(gpu->ops->sse_prefill(gpu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
-                                           gdn ? pba.g : NULL, gdn ? pbb.g : NULL, pidx.g, pw.g, n, H, dk, dv, N, K,
-                                           scale, pS0.g, pSp.g, po.g));
+            PERF(CHECK_OK(gpu->ops->sse_prefill(gpu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
+                                                gdn ? pba.g : NULL, gdn ? pbb.g : NULL, pidx.g, pw.g, n, H, dk, dv, N,
+                                                K, scale, pS0.g, pSp.g, po.g)));
             char name[80];
             snprintf(name, sizeof name, "sse-%s K=%d prefill: o", gdn ? "gdn" : "gla", K);
             cmp_pair(name, po, CHUNK_TOL);
@@ -1438,43 +1200,6 @@ static void test_sse(void) {
                 dfree(gpu, a0);
                 dfree(gpu, ap);
                 dfree(gpu, ao);
-            }
-            for (int ws = 0; gdn && ws <= 4; ws++) { /* rows through the row map into the fused pass's
-                        * forms (HYLA_CUDA_GDN_WS=0, 1, 2, 3, 4; forced fused) == the default, bit for bit */
-                const char *wsn[5] = {"0", "1", "2", "3", "4"};
-                CHECK_OK(gpu->ops->sync(gpu->ctx));
-                void *a0 = dev(gpu_fu, S0, ns * 4), *ap = dev(gpu_fu, Sp, ns * N * 4), *ao = dev(gpu_fu, NULL, nv * 4);
-                setenv("HYLA_CUDA_GDN_WS", wsn[ws], 1);
-                CHECK_OK(gpu_fu->ops->sse_prefill(gpu_fu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g, pba.g,
-                                                  pbb.g, pidx.g, pw.g, n, H, dk, dv, N, K, scale, a0, ap, ao));
-                unsetenv("HYLA_CUDA_GDN_WS");
-                CHECK_OK(gpu_fu->ops->sync(gpu_fu->ctx));
-                CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
-                              same_bits(gpu, ao, po.g, nv * 4),
-                          "sse-gdn K=%d: fused, HYLA_CUDA_GDN_WS=%d == default (bits)", K, ws);
-                dfree(gpu_fu, a0);
-                dfree(gpu_fu, ap);
-                dfree(gpu_fu, ao);
-            }
-            if (gdn) { /* HYLA_CUDA_GDN_FS=0 (not the default) through the row map: the fused
-                        * pass's forms (WS = 2, 0, 1), the same bits; within the tolerance of
-                        * the CPU */
-                sse_call ac = {tr, n, H, dk, dv, N, K, scale, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
-                               pba.g, pbb.g, pidx.g, pw.g};
-                const float *st0[2] = {S0, Sp};
-                size_t stn[2] = {ns, ns * N};
-                void *Sf[2], *of;
-                snprintf(name, sizeof name, "sse-gdn K=%d", K);
-                fs_forms(name, 3, fs_run_sse, &ac, 2, st0, stn, nv, Sf, &of);
-                snprintf(name, sizeof name, "sse-gdn K=%d prefill FS=0: o", K);
-                cmp_fu(name, of, po.c, nv);
-                snprintf(name, sizeof name, "sse-gdn K=%d prefill FS=0: S0", K);
-                cmp_fu(name, Sf[0], pS0.c, ns);
-                snprintf(name, sizeof name, "sse-gdn K=%d prefill FS=0: Sp", K);
-                cmp_fu(name, Sf[1], pSp.c, ns * N);
-                dfree(gpu_fu, Sf[0]);
-                dfree(gpu_fu, Sf[1]);
-                dfree(gpu_fu, of);
             }
             /* decode: 3 sessions, 2 steps, using the first 3 tokens' inputs */
             {
@@ -1579,8 +1304,8 @@ static void kv_free(kvpair *p) {
     free(p->vg);
 }
 
-static void test_attention(void) {
-    printf("attention\n");
+static void case_attention(const op_case *c) {
+    (void)c;
     struct {
         int Hq, Hk, D, pt, window;
     } cases[] = {{4, 2, 64, 64, 0}, {4, 4, 128, 64, 0}, {6, 2, 128, 16, 50}, {4, 2, 48, 64, 0}, {2, 1, 32, 64, 30}};
@@ -1650,7 +1375,7 @@ static void test_attention(void) {
         }
         kv_free(&kv);
     }
-    /* split flash prefill (HYLA_CUDA_ATTN_SPLIT keys per split, default 2048, read per call):
+    /* split flash prefill (hyla_cuda_set_attn_split, default 8192 keys per split):
      * with splits of 64 keys, a 300-token prefill in one call == the same tokens as pieces of
      * 64 + 236 (both pieces' rows, bits: the split boundaries are absolute positions), with and
      * without a window; within the tolerance of the CPU; the one-pass form (=0) too */
@@ -1664,7 +1389,7 @@ static void test_attention(void) {
         hyla_kv_view vc = {kv1.kc, kv1.vc, kv1.n_pages, pt}, v1 = {kv1.kg, kv1.vg, kv1.n_pages, pt},
                      v2 = {kv2.kg, kv2.vg, kv2.n_pages, pt};
         void *o2 = dev(gpu, NULL, nq * 4), *o3 = dev(gpu, NULL, nq * 4);
-        setenv("HYLA_CUDA_ATTN_SPLIT", "64", 1);
+        CHECK_OK(hyla_cuda_set_attn_split(gpu, 64));
         CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &v1, W, scale, po.g));
         CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &v2, W, scale, o2));
         CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1, n - n1, Hq,
@@ -1675,11 +1400,11 @@ static void test_attention(void) {
         char name[96];
         snprintf(name, sizeof name, "attn prefill, splits of 64 keys, n=%d W=%d", n, W);
         cmp_pair(name, po, ATTN_TOL);
-        setenv("HYLA_CUDA_ATTN_SPLIT", "0", 1);
+        CHECK_OK(hyla_cuda_set_attn_split(gpu, 0));
         CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &v2, W, scale, o3));
-        unsetenv("HYLA_CUDA_ATTN_SPLIT");
+        CHECK_OK(hyla_cuda_set_attn_split(gpu, 8192));
         float *h3 = host_of(gpu, o3, nq), *hc = host_of(cpu, po.c, nq);
-        snprintf(name, sizeof name, "attn prefill, one pass (HYLA_CUDA_ATTN_SPLIT=0), n=%d W=%d", n, W);
+        snprintf(name, sizeof name, "attn prefill, one pass, n=%d W=%d", n, W);
         cmp(name, h3, hc, nq, ATTN_TOL);
         free(h3);
         free(hc);
@@ -1738,81 +1463,53 @@ static void test_attention(void) {
     }
 }
 
-/* The flash prefill kernels: k_attn_flash2 with 4 warps (the default: 64 queries a block,
- * cp.async double buffering), with 8 warps (HYLA_CUDA_ATTN=flash2, 128 queries a block) and
- * k_attn_flash (HYLA_CUDA_ATTN=flash1). Each must give a row the same bits whatever call it is in: a prefill
- * from position 0 (n = 300, 1100: several 128-query blocks and a partial one) == the same tokens
- * as a piece of 64 and a piece at pos0 = 64 (128-query blocks that straddle the 64-query grid
- * differently; with a window, halves on different key grids), D = 32, 64, 128, GQA, window 0
- * and 100, one pass and splits of 64 keys; each within the tolerance of the CPU. Between the
- * kernels only the tolerance is asserted: run 32 (H100) found flash2 == flash1 bit for bit with
- * key splits but not in one pass (same partials, different last steps of the compiled code), so
- * the kernel is part of what the bits depend on, like HYLA_CUDA_PREFILL_ROWS. */
-static void test_attention_flash2(void) {
-    printf("attention: flash2 (4 warps, 8 warps), flash1 (piece invariance, bits)\n");
-    const int Hq = 4, Hk = 2, Ds[3] = {32, 64, 128}, ns[2] = {300, 1100}, n1 = 64;
-    const char *forms[3] = {NULL, "flash2", "flash1"};
-    for (int di = 0; di < 3; di++)
-        for (int W = 0; W <= 100; W += 100)
-            for (int sp = 0; sp < 2; sp++)
-                for (int ni = 0; ni < 2; ni++) {
-                    const int D = Ds[di], n = ns[ni], pt = D == 64 ? 16 : 64;
-                    float scale = 1.0f / sqrtf((float)D);
-                    size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, q1 = (size_t)n1 * Hq * D,
-                           k1 = (size_t)n1 * Hk * D;
-                    float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
-                    pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
-                    kvpair kv = kv_new((n + pt - 1) / pt, pt, Hk, D);
-                    hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
-                    if (sp) setenv("HYLA_CUDA_ATTN_SPLIT", "64", 1);
-                    CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
-                    float *hc = host_of(cpu, po.c, nq);
-                    void *o1[3];
-                    for (int f = 0; f < 3; f++) {
-                        void *op = dev(gpu, NULL, nq * 4);
-                        o1[f] = dev(gpu, NULL, nq * 4);
-                        if (forms[f]) setenv("HYLA_CUDA_ATTN", forms[f], 1);
-                        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, o1[f]));
-                        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, op));
-                        CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1,
-                                                        (float *)pv.g + k1, n - n1, Hq, Hk, D, n1, &vg, W, scale,
-                                                        (float *)op + q1));
-                        unsetenv("HYLA_CUDA_ATTN");
-                        const char *nm = forms[f] ? forms[f] : "flash2w4 (default)";
-                        CHECK_MSG(same_bits(gpu, o1[f], op, nq * 4),
-                                  "attn prefill %s D=%d W=%d n=%d%s: one call == pieces of 64 + %d at pos0=64 (bits)", nm,
-                                  D, W, n, sp ? " splits of 64" : "", n - n1);
-                        if (ni == 0 || f == 0) {
-                            float *hg = host_of(gpu, o1[f], nq);
-                            char name[112];
-                            snprintf(name, sizeof name, "attn prefill %s D=%d W=%d n=%d%s", nm, D, W, n,
-                                     sp ? " split 64" : "");
-                            cmp(name, hg, hc, nq, ATTN_TOL);
-                            free(hg);
-                        }
-                        dfree(gpu, op);
-                    }
-                    printf("    D=%d W=%d n=%d%s: flash2w4 %s flash2, flash2w4 %s flash1 (bits; informational)\n", D, W,
-                           n, sp ? " splits of 64" : "", same_bits(gpu, o1[0], o1[1], nq * 4) ? "==" : "!=",
-                           same_bits(gpu, o1[0], o1[2], nq * 4) ? "==" : "!=");
-                    if (sp) unsetenv("HYLA_CUDA_ATTN_SPLIT");
-                    for (int f = 0; f < 3; f++) dfree(gpu, o1[f]);
-                    free(hc);
-                    kv_free(&kv);
-                    pair_free(pq);
-                    pair_free(pk);
-                    pair_free(pv);
-                    pair_free(po);
-                    free(q);
-                    free(k);
-                    free(v);
-                }
+/* Flash prefill (k_attn_flash2), p = {D}: a row gets the same bits whatever call it is in: a
+ * prefill from position 0 (n = 300, 1100: several query blocks and a partial one) == the same
+ * tokens as a piece of 64 and a piece at pos0 = 64, GQA, window 0 and 100, one pass and splits of
+ * 64 keys; each within the tolerance of the CPU. */
+static void case_attn_pieces(const op_case *c) {
+    const int Hq = 4, Hk = 2, D = c->p[0], ns[2] = {300, 1100}, n1 = 64;
+    for (int W = 0; W <= 100; W += 100)
+        for (int sp = 0; sp < 2; sp++)
+            for (int ni = 0; ni < 2; ni++) {
+                const int n = ns[ni], pt = D == 64 ? 16 : 64;
+                float scale = 1.0f / sqrtf((float)D);
+                size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, q1 = (size_t)n1 * Hq * D,
+                       k1 = (size_t)n1 * Hk * D;
+                float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
+                pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
+                kvpair kv = kv_new((n + pt - 1) / pt, pt, Hk, D);
+                hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
+                if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 64));
+                CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
+                void *op = dev(gpu, NULL, nq * 4);
+                PERF(CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, po.g)));
+                CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, op));
+                CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
+                                                n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)op + q1));
+                CHECK_MSG(same_bits(gpu, po.g, op, nq * 4),
+                          "attn prefill D=%d W=%d n=%d%s: one call == pieces of 64 + %d at pos0=64 (bits)", D, W, n,
+                          sp ? " splits of 64" : "", n - n1);
+                char name[112];
+                snprintf(name, sizeof name, "attn prefill D=%d W=%d n=%d%s", D, W, n, sp ? " split 64" : "");
+                cmp_pair(name, po, ATTN_TOL);
+                if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 8192));
+                dfree(gpu, op);
+                kv_free(&kv);
+                pair_free(pq);
+                pair_free(pk);
+                pair_free(pv);
+                pair_free(po);
+                free(q);
+                free(k);
+                free(v);
+            }
 }
 
 /* ---------------------------------------------------------------- sampling */
 
-static void test_sample(void) {
-    printf("sampling\n");
+static void case_sample(const op_case *c) {
+    (void)c;
     int B = 96, V = 1000;
     float *l = randn((size_t)B * V, 2.0f);
     for (int i = 0; i < 10; i++) l[(size_t)1 * V + 100 + i] = 50.0f; /* row 1: tie for the max */
@@ -1860,141 +1557,168 @@ static void test_sample(void) {
     free(og);
 }
 
-/* SSE prefill planned on the GPU (default) == planned on the host, bit for bit: both build the
- * same chunk tables, so the kernels compute the same bits. Longer than one planner tile
- * (1024 tokens / rows), with an empty partition and K = 1, 2, window-aligned and plain chunks. */
-static void test_sse_plan(void) {
-    printf("SSE device plan\n");
-    int n = 1500, H = 2, dk = 64, dv = 64, N = 4;
-    float scale = 1.0f / sqrtf((float)dk);
-    size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
-    for (int tr = 0; tr < 2; tr++)
-        for (int K = 1; K <= 2; K++)
-            for (int win = 1; win >= 0; win--) {
-                int gdn = tr == HYLA_SSE_GDN;
-                int32_t *idx = malloc((size_t)n * K * 4);
-                float *w = randu((size_t)n * K, 0.05f, 1.0f);
-                for (int t = 0; t < n; t++) { /* partition 3 never selected; runs of varying length */
-                    int p = (t * 7 / 13 + t / 97) % 3;
-                    idx[t * K] = p;
-                    if (K == 2) idx[t * K + 1] = (p + 1 + (t / 5) % 2) % 3;
-                }
-                float *q1 = randn(nqk, 1.0f), *k1 = randn(nqk, 1.0f), *q2 = randn(nqk, 1.0f), *k2 = randn(nqk, 1.0f);
-                float *v = randn(nv, 1.0f);
-                size_t ng = gdn ? (size_t)n * H : nqk;
-                float *ga = gdn ? gdn_decays(ng) : gla_gates(ng), *gb = gdn ? gdn_decays(ng) : gla_gates(ng);
-                float *ba = randu((size_t)n * H, 0.05f, 1.0f), *bb = randu((size_t)n * H, 0.05f, 1.0f);
-                if (gdn) {
-                    l2rows(q1, (size_t)n * H, dk);
-                    l2rows(k1, (size_t)n * H, dk);
-                    l2rows(q2, (size_t)n * H, dk);
-                    l2rows(k2, (size_t)n * H, dk);
-                }
-                float *S0 = randn(ns, 0.3f), *Sp = randn(ns * N, 0.3f);
-                float *res[2][3];
-                hyla_backend *bs[2] = {gpu, gpu_hp};
-                for (int i = 0; i < 2; i++) {
-                    hyla_backend *b = bs[i];
-                    CHECK_OK(hyla_cuda_set_sse_windows(b, win));
-                    void *dq1 = dev(b, q1, nqk * 4), *dk1 = dev(b, k1, nqk * 4), *dq2 = dev(b, q2, nqk * 4),
-                         *dk2 = dev(b, k2, nqk * 4), *dv_ = dev(b, v, nv * 4), *dga = dev(b, ga, ng * 4),
-                         *dgb = dev(b, gb, ng * 4), *dba = dev(b, ba, (size_t)n * H * 4),
-                         *dbb = dev(b, bb, (size_t)n * H * 4), *di = dev(b, idx, (size_t)n * K * 4),
-                         *dw = dev(b, w, (size_t)n * K * 4), *dS0 = dev(b, S0, ns * 4), *dSp = dev(b, Sp, ns * N * 4),
-                         *dout = dev(b, NULL, nv * 4);
-                    CHECK_OK(b->ops->sse_prefill(b->ctx, tr, dq1, dk1, dq2, dk2, dv_, dga, dgb, gdn ? dba : NULL,
-                                                 gdn ? dbb : NULL, di, dw, n, H, dk, dv, N, K, scale, dS0, dSp, dout));
-                    res[i][0] = host_of(b, dout, nv);
-                    res[i][1] = host_of(b, dS0, ns);
-                    res[i][2] = host_of(b, dSp, ns * N);
-                    void *bufs[] = {dq1, dk1, dq2, dk2, dv_, dga, dgb, dba, dbb, di, dw, dS0, dSp, dout};
-                    for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++) dfree(b, bufs[j]);
-                    CHECK_OK(hyla_cuda_set_sse_windows(b, 1));
-                }
-                int same = !memcmp(res[0][0], res[1][0], nv * 4) && !memcmp(res[0][1], res[1][1], ns * 4) &&
-                           !memcmp(res[0][2], res[1][2], ns * N * 4);
-                int empty_kept = !memcmp(res[0][2] + 3 * ns, Sp + 3 * ns, ns * 4); /* partition 3: untouched */
-                printf("  sse-%s K=%d %s: device plan == host plan: %s; empty partition untouched: %s\n",
-                       gdn ? "gdn" : "gla", K, win ? "windows" : "plain chunks", same ? "bits" : "FAIL",
-                       empty_kept ? "yes" : "FAIL");
-                CHECK_MSG(same, "sse-%s K=%d win=%d: device plan differs from host plan", gdn ? "gdn" : "gla", K, win);
-                CHECK_MSG(empty_kept, "sse-%s K=%d win=%d: an unselected partition changed", gdn ? "gdn" : "gla", K, win);
-                for (int i = 0; i < 2; i++)
-                    for (int j = 0; j < 3; j++) free(res[i][j]);
-                float *hb[] = {q1, k1, q2, k2, v, ga, gb, ba, bb, S0, Sp, w};
-                for (size_t j = 0; j < sizeof hb / sizeof hb[0]; j++) free(hb[j]);
-                free(idx);
-            }
+/* SSE prefill planned on the device (N <= 64, K <= 8): longer than one planner tile (1024
+ * tokens / rows), with an empty partition, K = 1, 2, window-aligned and plain chunks; and
+ * planned on the host (N > 64): each against the CPU, and an unselected partition's state
+ * untouched. p = {transition}. */
+static void case_sse_plan(const op_case *c) {
+    const int tr = c->p[0], gdn = tr == HYLA_SSE_GDN;
+    struct {
+        int n, N, K, win;
+    } shapes[] = {{1500, 4, 1, 1}, {1500, 4, 1, 0}, {1500, 4, 2, 1}, {1500, 4, 2, 0}, {300, 72, 2, 1}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n = shapes[si].n, N = shapes[si].N, K = shapes[si].K, win = shapes[si].win, H = 2, dk = 64, dv = 64;
+        float scale = 1.0f / sqrtf((float)dk);
+        size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
+        int32_t *idx = malloc((size_t)n * K * 4);
+        float *w = randu((size_t)n * K, 0.05f, 1.0f);
+        const int used = N - 1; /* partition N - 1 is never selected; runs of varying length */
+        for (int t = 0; t < n; t++) {
+            int p = (t * 7 / 13 + t / 97) % used;
+            idx[t * K] = p;
+            if (K == 2) idx[t * K + 1] = (p + 1 + (t / 5) % 2) % used;
+        }
+        float *q1 = randn(nqk, 1.0f), *k1 = randn(nqk, 1.0f), *q2 = randn(nqk, 1.0f), *k2 = randn(nqk, 1.0f);
+        float *v = randn(nv, 1.0f);
+        size_t ng = gdn ? (size_t)n * H : nqk;
+        float *ga = gdn ? gdn_decays(ng) : gla_gates(ng), *gb = gdn ? gdn_decays(ng) : gla_gates(ng);
+        float *ba = randu((size_t)n * H, 0.05f, 1.0f), *bb = randu((size_t)n * H, 0.05f, 1.0f);
+        if (gdn) {
+            l2rows(q1, (size_t)n * H, dk);
+            l2rows(k1, (size_t)n * H, dk);
+            l2rows(q2, (size_t)n * H, dk);
+            l2rows(k2, (size_t)n * H, dk);
+        }
+        float *S0 = randn(ns, 0.3f), *Sp = randn(ns * N, 0.3f);
+        pair pq1 = pair_new(q1, nqk), pk1 = pair_new(k1, nqk), pq2 = pair_new(q2, nqk), pk2 = pair_new(k2, nqk),
+             pv = pair_new(v, nv), pga = pair_new(ga, ng), pgb = pair_new(gb, ng), pba = pair_new(ba, (size_t)n * H),
+             pbb = pair_new(bb, (size_t)n * H), pi = pair_new(idx, (size_t)n * K), pw = pair_new(w, (size_t)n * K),
+             pS0 = pair_new(S0, ns), pSp = pair_new(Sp, ns * N), po = pair_new(NULL, nv);
+        CHECK_OK(hyla_cuda_set_sse_windows(gpu, win));
+        CHECK_OK(cpu->ops->sse_prefill(cpu->ctx, tr, pq1.c, pk1.c, pq2.c, pk2.c, pv.c, pga.c, pgb.c, gdn ? pba.c : NULL,
+                                       gdn ? pbb.c : NULL, pi.c, pw.c, n, H, dk, dv, N, K, scale, pS0.c, pSp.c, po.c));
+        PERF(CHECK_OK(gpu->ops->sse_prefill(gpu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
+                                            gdn ? pba.g : NULL, gdn ? pbb.g : NULL, pi.g, pw.g, n, H, dk, dv, N, K, scale,
+                                            pS0.g, pSp.g, po.g)));
+        CHECK_OK(hyla_cuda_set_sse_windows(gpu, 1));
+        char name[96];
+        snprintf(name, sizeof name, "sse-%s n=%d N=%d K=%d %s: o", gdn ? "gdn" : "gla", n, N, K, win ? "windows" : "plain");
+        cmp_pair(name, po, CHUNK_TOL);
+        snprintf(name, sizeof name, "sse-%s n=%d N=%d K=%d %s: S0", gdn ? "gdn" : "gla", n, N, K, win ? "windows" : "plain");
+        cmp_pair(name, pS0, CHUNK_TOL);
+        snprintf(name, sizeof name, "sse-%s n=%d N=%d K=%d %s: Sp", gdn ? "gdn" : "gla", n, N, K, win ? "windows" : "plain");
+        cmp_pair(name, pSp, CHUNK_TOL);
+        float *hp = host_of(gpu, pSp.g, ns * N);
+        CHECK_MSG(!memcmp(hp + (size_t)(N - 1) * ns, Sp + (size_t)(N - 1) * ns, ns * 4),
+                  "sse-%s n=%d N=%d K=%d: an unselected partition changed", gdn ? "gdn" : "gla", n, N, K);
+        free(hp);
+        pair ps[] = {pq1, pk1, pq2, pk2, pv, pga, pgb, pba, pbb, pi, pw, pS0, pSp, po};
+        for (size_t x = 0; x < sizeof ps / sizeof ps[0]; x++) pair_free(ps[x]);
+        float *hb[] = {q1, k1, q2, k2, v, ga, gb, ba, bb, S0, Sp, w};
+        for (size_t x = 0; x < sizeof hb / sizeof hb[0]; x++) free(hb[x]);
+        free(idx);
+    }
 }
 
-int main(void) {
-    if (!hyla_cuda_available()) {
-        printf("test_gpu_ops: SKIPPED — no usable CUDA device (or the CUDA backend is not built)\n");
-        return 77;
+/* The case table: one row per op case, run on every device backend against the CPU. */
+static const op_case cases[] = {
+    {"memory, pool, snapshots", case_memory, {0}},
+    {"embed, linear", case_embed_linear, {0}},
+    {"linear_multi", case_linear_multi, {0}},
+    {"row ops", case_rowops, {0}},
+    {"row-op layouts", case_rowop_layouts, {0}},
+    {"short_conv", case_short_conv, {0}},
+    /* {gdn, n, H, dk, dv} */
+    {"gla_prefill", case_lin_prefill, {0, 1, 2, 16, 32}},
+    {"gla_prefill", case_lin_prefill, {0, 200, 2, 64, 48}},
+    {"gla_prefill", case_lin_prefill, {0, 130, 4, 128, 128}},
+    {"gla_prefill", case_lin_prefill, {0, 64, 3, 32, 16}},
+    {"gla_prefill", case_lin_prefill, {0, 90, 2, 256, 64}},
+    {"gla_prefill", case_lin_prefill, {0, 40, 1, 16, 1025}},
+    {"gla_prefill", case_lin_prefill, {0, 40, 1, 160, 1025}},
+    {"gdn_prefill", case_lin_prefill, {1, 1, 2, 16, 32}},
+    {"gdn_prefill", case_lin_prefill, {1, 200, 2, 64, 48}},
+    {"gdn_prefill", case_lin_prefill, {1, 300, 4, 128, 128}},
+    {"gdn_prefill", case_lin_prefill, {1, 65, 2, 256, 96}},
+    {"gdn_prefill", case_lin_prefill, {1, 70, 2, 8, 8}},
+    {"gdn_prefill", case_lin_prefill, {1, 70, 1, 16, 1056}},
+    {"gdn_prefill", case_lin_prefill, {1, 70, 1, 256, 1056}},
+    /* {gdn, B, H, dk, dv} */
+    {"gla_decode", case_lin_decode, {0, 5, 4, 64, 128}},
+    {"gdn_decode", case_lin_decode, {1, 5, 4, 128, 128}},
+    {"gdn_decode", case_lin_decode, {1, 3, 2, 64, 30}},
+    /* {gdn} */
+    {"prefill varlen", case_varlen, {0}},
+    {"prefill varlen", case_varlen, {1}},
+    /* {transition, K} */
+    {"sse_route, sse_prefill, sse_decode", case_sse, {HYLA_SSE_GLA, 1}},
+    {"sse_route, sse_prefill, sse_decode", case_sse, {HYLA_SSE_GLA, 2}},
+    {"sse_route, sse_prefill, sse_decode", case_sse, {HYLA_SSE_GDN, 1}},
+    {"sse_route, sse_prefill, sse_decode", case_sse, {HYLA_SSE_GDN, 2}},
+    /* {transition} */
+    {"sse_prefill plans", case_sse_plan, {HYLA_SSE_GLA}},
+    {"sse_prefill plans", case_sse_plan, {HYLA_SSE_GDN}},
+    {"attn_prefill, attn_decode", case_attention, {0}},
+    /* {D} */
+    {"attn_prefill pieces", case_attn_pieces, {32}},
+    {"attn_prefill pieces", case_attn_pieces, {64}},
+    {"attn_prefill pieces", case_attn_pieces, {128}},
+    {"sample", case_sample, {0}},
+};
+
+/* The backends under test: every device backend built in (today the CUDA backend). */
+static const struct {
+    const char *name;
+    int (*available)(void);
+    hyla_status (*create)(int device, hyla_backend **out);
+} backends[] = {{"cuda:0", hyla_cuda_available, hyla_cuda_backend_create}};
+
+int main(int argc, char **argv) {
+    const char *filter = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--perf"))
+            perf_mode = 1;
+        else if (argv[i][0] != '-')
+            filter = argv[i];
+        else {
+            fprintf(stderr, "usage: test_gpu_ops [--perf] [OP-SUBSTRING]\n");
+            return 2;
+        }
     }
-    hyla_rng_seed(&rng, 20261122);
-    if (hyla_cpu_backend_create(0, &cpu) != HYLA_OK || hyla_cuda_backend_create(0, &gpu) != HYLA_OK) {
-        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
+    if (hyla_cpu_backend_create(0, &cpu) != HYLA_OK) {
+        fprintf(stderr, "test_gpu_ops: CPU backend creation failed: %s\n", hyla_last_error());
         return 1;
     }
-    /* gpu_rec: prefill by the token loop, with the one-column recurrent kernel (the default
-     * backend's decode uses the four-column one) */
-    setenv("HYLA_CUDA_PREFILL", "recurrent", 1);
-    setenv("HYLA_CUDA_REC", "scalar", 1);
-    if (hyla_cuda_backend_create(0, &gpu_rec) != HYLA_OK) {
-        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
-        return 1;
+    int tested = 0;
+    for (size_t bi = 0; bi < sizeof backends / sizeof backends[0]; bi++) {
+        if (!backends[bi].available()) {
+            printf("test_gpu_ops: %s: SKIPPED — no usable device (or its backend is not built)\n", backends[bi].name);
+            continue;
+        }
+        if (backends[bi].create(0, &gpu) != HYLA_OK) {
+            fprintf(stderr, "test_gpu_ops: %s: backend creation failed: %s\n", backends[bi].name, hyla_last_error());
+            return 1;
+        }
+        tested++;
+        hyla_rng_seed(&rng, 20261122);
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const op_case *c = &cases[ci];
+            if (filter && !strstr(c->op, filter)) continue;
+            printf("%s: %s {%d, %d, %d, %d, %d}\n", backends[bi].name, c->op, c->p[0], c->p[1], c->p[2], c->p[3],
+                   c->p[4]);
+            perf_ms = 0;
+            perf_calls = 0;
+            c->run(c);
+            CHECK_OK(gpu->ops->sync(gpu->ctx));
+            if (perf_mode && perf_calls)
+                printf("PERF %s %-36s {%d, %d, %d, %d, %d}  %9.4f ms per call (%d calls)\n", backends[bi].name, c->op,
+                       c->p[0], c->p[1], c->p[2], c->p[3], c->p[4], perf_ms / perf_calls, perf_calls);
+        }
+        hyla_backend_destroy(gpu);
+        gpu = NULL;
     }
-    unsetenv("HYLA_CUDA_PREFILL");
-    unsetenv("HYLA_CUDA_REC");
-    setenv("HYLA_CUDA_SSE_PLAN", "host", 1);
-    if (hyla_cuda_backend_create(0, &gpu_hp) != HYLA_OK) {
-        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
-        return 1;
-    }
-    unsetenv("HYLA_CUDA_SSE_PLAN");
-    setenv("HYLA_CUDA_CHUNK", "ab", 1);
-    if (hyla_cuda_backend_create(0, &gpu_ab) != HYLA_OK) {
-        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
-        return 1;
-    }
-    setenv("HYLA_CUDA_CHUNK", "fused", 1);
-    if (hyla_cuda_backend_create(0, &gpu_fu) != HYLA_OK) {
-        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
-        return 1;
-    }
-    setenv("HYLA_CUDA_CHUNK", "split", 1);
-    if (hyla_cuda_backend_create(0, &gpu_sp) != HYLA_OK) {
-        fprintf(stderr, "test_gpu_ops: backend creation failed: %s\n", hyla_last_error());
-        return 1;
-    }
-    unsetenv("HYLA_CUDA_CHUNK");
-    /* gpu_rec has its own pool and stream; both see the same device, so gpu_rec's kernels may
-     * read gpu's buffers once gpu's stream has been synced. */
-    test_memory();
-    test_embed_linear();
-    test_linear_multi();
-    test_rowops();
-    test_rowop_layouts();
-    test_short_conv_paths();
-    CHECK_OK(gpu->ops->sync(gpu->ctx));
-    test_linear_mixers();
-    test_decode_forms();
-    test_prefill_varlen();
-    test_sse();
-    test_sse_plan();
-    test_attention();
-    test_attention_flash2();
-    test_sample();
-    CHECK_OK(gpu->ops->sync(gpu->ctx));
-    CHECK_OK(gpu_rec->ops->sync(gpu_rec->ctx));
-    printf("test_gpu_ops: %d comparisons, %d out of tolerance\n", n_cmp, n_cmp_fail);
-    hyla_backend_destroy(gpu_rec);
-    hyla_backend_destroy(gpu_hp);
-    hyla_backend_destroy(gpu_ab);
-    hyla_backend_destroy(gpu_fu);
-    hyla_backend_destroy(gpu_sp);
-    hyla_backend_destroy(gpu);
     hyla_backend_destroy(cpu);
+    if (!tested) return 77;
+    printf("test_gpu_ops: %d comparisons, %d out of tolerance\n", n_cmp, n_cmp_fail);
     return hyla_test_done("test_gpu_ops");
 }

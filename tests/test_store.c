@@ -13,7 +13,9 @@
 
 #include <rocksdb/c.h>
 
+#include "hyla_codec_test.h"
 #include "hyla_store.h"
+#include "hyla_store_test.h"
 #include "hyla_test.h"
 #include "test_store_util.h"
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "hyla_codec.h"
+#include "hyla_codec_test.h"
 #include "hyla_test.h"
 #include "test_store_util.h"
 

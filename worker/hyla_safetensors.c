@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hyla_util.h"
+
 typedef struct {
     char *path;
     char *base;
@@ -76,8 +78,7 @@ static hyla_status map_file(hyla_st *st, const char *dir, const char *name) {
     f->size = size;
 
     const uint8_t *p = map;
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)p[i] << (8 * i);
+    uint64_t hlen = hyla_get_le64(p);
     if (hlen > size - 8)
         return hyla_fail(HYLA_ERR_FORMAT, "%s: truncated: header says %llu bytes of JSON, file has %zu", path,
                          (unsigned long long)hlen, size - 8);
@@ -267,7 +268,7 @@ hyla_status hyla_st_write(const char *path, const hyla_st_entry *entries, int n)
         return hyla_fail(HYLA_ERR_NOMEM, "%s: cannot allocate %zu bytes", path, total);
     }
     uint64_t h = hlen + pad;
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)(h >> (8 * i));
+    hyla_put_le64(buf, h);
     memcpy(buf + 8, txt, hlen);
     memset(buf + 8 + hlen, ' ', pad);
     free(txt);

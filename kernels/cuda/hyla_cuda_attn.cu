@@ -9,13 +9,11 @@
  * Prefill (D = 32, 64, 128): flash-attention style, each warp owns 16 query rows; key tiles of
  * 64 tokens are gathered from their pages into shared memory; S = Q K^T and O += P V run on
  * tensor cores (bf16, fp32 accumulation) with an online softmax in fp32 (max subtraction, exp
- * rescaling). k_attn_flash2 (default with 4 warps per 64 queries; HYLA_CUDA_ATTN=flash2: 8
- * warps per 128 queries sharing the tiles): tiles streamed by cp.async into two buffers; each
- * warp runs the tiles and arithmetic k_attn_flash (HYLA_CUDA_ATTN=flash1: 4 warps per 64
- * queries, plain loads, one buffer) gives its rows (the same bits with key splits; in one pass
- * the compiled last steps differ, H100 run 32). Calls
- * whose keys reach past HYLA_CUDA_ATTN_SPLIT (8192) cut them into splits at absolute positions,
- * one block per (query block, head, split), merged per row by k_flash_combine.
+ * rescaling). k_attn_flash2: 4 warps per 64 queries, tiles streamed by cp.async into two
+ * buffers (kernels/cuda/dev/NOTES.md: the plain-load and 8-warp forms it was measured against).
+ * Calls whose keys reach past the split length (8192 keys; hyla_cuda_set_attn_split) cut them
+ * into splits at absolute positions, one block per (query block, head, split), merged per row
+ * by k_flash_combine.
  * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
  * (query, head, key split) runs an online softmax over blocks of 256 keys on CUDA cores and
  * writes (max, sum, acc); a combine kernel merges the splits in split order. All reductions
@@ -225,14 +223,13 @@ __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsp
  * k_flash_combine then merges a row's splits in split order. The split boundaries are absolute
  * key positions, and key tiles past a row's position add exact zeros, so a row's result does not
  * depend on the call it is in (prefill pieces of any size give the same bits). split_len = 0:
- * one pass over all keys, o written directly (HYLA_CUDA_ATTN_SPLIT=0). */
+ * one pass over all keys, o written directly. */
 /* One 64-key tile of a flash block, for a warp's two query rows (r0 = 16 w + g, r1 = r0 + 8 at
  * positions p0, p1): S = Q K^T on the tile (K at Ks, V at Vs, rows of LD bf16), the causal /
  * window mask and keys past khi to -inf, the online softmax update of (m, l) in the log2 domain
- * and O = c O + P V. VCUT: V rows past khi are zeroed in the fragments (k_attn_flash2, whose
- * shared tile may hold real rows there; k_attn_flash zero-fills them when it loads the tile, the
- * same +0 bf16). Both flash kernels run this one code, so a tile's arithmetic is theirs alike. */
-template <int D, bool VCUT>
+ * and O = c O + P V. V rows past khi are zeroed in the fragments (k_attn_flash2, whose
+ * shared tile may hold real rows there). */
+template <int D>
 __device__ __forceinline__ void fa_tile(const uint32_t (&qf)[D / 16][4], const __nv_bfloat16 *Ks, const __nv_bfloat16 *Vs,
                                         int kt, int khi, int p0, int p1, int window, float sl2, float &m0, float &m1,
                                         float &l0, float &l1, float (&oacc)[D / 8][4]) {
@@ -302,9 +299,9 @@ __device__ __forceinline__ void fa_tile(const uint32_t (&qf)[D / 16][4], const _
         oacc[nt][2] *= c1;
         oacc[nt][3] *= c1;
     }
-    /* O += P V; with VCUT the V rows past khi zeroed (only in a tile that reaches past khi, which
-     * for a warp happens once) */
-    const bool vcut = VCUT && kt + FA_BK - 1 > khi;
+    /* O += P V with the V rows past khi zeroed (only in a tile that reaches past khi, which for a
+     * warp happens once) */
+    const bool vcut = kt + FA_BK - 1 > khi;
 #pragma unroll
     for (int kc = 0; kc < FA_BK / 16; kc++) {
         uint32_t pf[4];
@@ -377,107 +374,24 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
     }
 }
 
+/* k_attn_flash2: one block of 4 warps per (64 queries, head[, key split]); each warp owns 16
+ * query rows. The block streams 64-key tiles through two shared-memory buffers (cp.async,
+ * 16-byte pieces gathered row by row from the pages: a tile may span pages; tile t + 1 loads
+ * while tile t computes) and runs fa_tile on each, fa_finish at the end. The block's key range
+ * [klo, khi] comes from its queries, the window and the split. The code keeps the general form
+ * of a block of two 64-query halves (the 8-warp form measured in kernels/cuda/dev/NOTES.md);
+ * with 4 warps half 1 is always empty, so every tile is half 0's. K rows past khi are masked to
+ * -inf whatever they hold; V rows past khi are zeroed in the fragment registers (+0 bf16).
+ * Shared memory: 2 buffers x (K, V) x [64][D + 8] bf16 (69,632 bytes at D = 128); the Q tile is
+ * staged in buffer 1 until its fragments are in registers, while tile 0 streams into buffer 0.
+ * Registers (sm_90, no spills): 168 at D = 128, three blocks per SM. Tiles past a row's
+ * position would be bit-neutral too (all masked), but they are skipped so that a row's
+ * sequence of tiles does not depend on the call. */
 template <int D>
-__global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int Hq, int Hk, int pos0, int window,
-                                                    float scale, void *const *kp, void *const *vp, int pt, float *o,
-                                                    int split_len, int nsplit, float *part) {
-    constexpr int LD = D + 8;
-    extern __shared__ __align__(16) unsigned char fa_smem[];
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem; /* [64][LD] */
-    __nv_bfloat16 *Ks = Qs + FA_BQ * LD;          /* [64][LD] */
-    __nv_bfloat16 *Vs = Ks + FA_BK * LD;          /* [64][LD] */
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2;
-    const int qb = blockIdx.x, h = blockIdx.y, hk = h / (Hq / Hk);
-    const int q0 = qb * FA_BQ; /* first query (call-relative) */
-    const int nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
-    for (int x = tid; x < FA_BQ * D; x += 128) {
-        int r = x / D, d = x % D;
-        float v = r < nq ? q[((size_t)(q0 + r) * Hq + h) * D + d] : 0.0f;
-        Qs[r * LD + d] = __float2bfloat16_rn(v);
-    }
-    __syncthreads();
-    uint32_t qf[D / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], Qs + (16 * w) * LD + kc * 16, LD);
-
-    const int qp_lo = pos0 + q0, qp_hi = pos0 + q0 + nq - 1;
-    int klo = window > 0 ? qp_lo - window + 1 : 0;
-    if (klo < 0) klo = 0;
-    int khi = qp_hi;
-    const int split = blockIdx.z;
-    if (split_len) { /* this block's keys: the split's part of [klo, khi] */
-        if (split * split_len > klo) klo = split * split_len;
-        if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
-    }
-    /* this thread's two query rows */
-    const int r0 = 16 * w + g, r1 = r0 + 8;
-    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float oacc[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
-    const size_t rowsz = (size_t)Hk * D;
-    const float sl2 = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
-    for (int kt = klo; kt <= khi; kt += FA_BK) {
-        __syncthreads(); /* previous tile fully consumed */
-        for (int x = tid; x < FA_BK * (D / 8); x += 128) {
-            int r = x / (D / 8), c8 = x % (D / 8);
-            int p = kt + r;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (p <= khi) {
-                size_t off = (size_t)(p % pt) * rowsz + (size_t)hk * D + c8 * 8;
-                kv = *(const uint4 *)((const __nv_bfloat16 *)kp[p / pt] + off);
-                vv = *(const uint4 *)((const __nv_bfloat16 *)vp[p / pt] + off);
-            }
-            *(uint4 *)(Ks + r * LD + c8 * 8) = kv;
-            *(uint4 *)(Vs + r * LD + c8 * 8) = vv;
-        }
-        __syncthreads();
-        fa_tile<D, false>(qf, Ks, Vs, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
-    }
-    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
-}
-
-/* k_attn_flash2: the arithmetic of k_attn_flash, with the K/V tiles streamed in by cp.async
- * (HYLA_CUDA_ATTN=flash1 runs k_attn_flash instead). NW = 4 (the default, "flash2w4"): one
- * 64-query half per block, k_attn_flash's blocks with the double-buffered cp.async tiles; NW = 8
- * (HYLA_CUDA_ATTN=flash2): the tiles shared by 8 warps, as below.
- *
- * One block of 8 warps per (128 queries, head[, key split]): the block is k_attn_flash's two
- * 64-query blocks qb' = 2 qb, 2 qb + 1 side by side ("halves"; warps 0-3 and 4-7), and each half
- * keeps that block's key range [klo_h, khi_h], computed by the same formulas. The block streams
- * 64-key tiles through two shared-memory buffers (cp.async, 16-byte pieces gathered row by row
- * from the pages: a tile may span pages; tile t + 1 loads while tile t computes). A warp runs a
- * tile only if the tile is one of its half's tiles in k_attn_flash (kt = klo_h + 64 i <= khi_h),
- * and then runs k_attn_flash's tile code on it (fa_tile, one function for both kernels): the
- * same mma, mask (with khi_h), max, exp2, sum, rescale and P V, in the same order, on the same
- * operands; the block ends as k_attn_flash's does (fa_finish). (On the H100, run 32, the
- * partials of split calls are bit-identical to k_attn_flash's, the one-pass outputs are not: the
- * compiled last steps differ. What the tests assert is that each kernel gives a row the same
- * bits in any call.)
- * The operands: Q (the same bf16 rounding), K rows (the same cache rows; rows past khi_h are
- * masked to -inf whatever they hold) and V rows, which k_attn_flash zero-fills past khi_h: the
- * shared tile holds real rows up to the block's last key, so a warp whose khi_h ends inside a
- * tile zeroes those V fragment halves in registers (+0 bf16, the bits k_attn_flash loads).
- * Tile grids: both halves' tiles lie on one grid (tile starts klo_0 + 64 i) unless the window
- * start of half 0 (qp_lo - window + 1) is clamped up to 0 or to the split start while half 1's
- * (64 later) is not, with klo_1 - klo_0 not a multiple of 64; then the block runs two passes
- * (half 0's tiles, then half 1's), each half computing only in its own pass. Without a window
- * klo_0 = klo_1 (0 or the split start): always one pass.
- * Shared memory: 2 buffers x (K, V) x [64][D + 8] bf16 (69,632 bytes at D = 128); the Q tile
- * [128][D + 8] is staged in buffer 1 until its fragments are in registers, while tile 0 streams
- * into buffer 0. Registers (sm_90, no spills): NW = 8: 207 / 159 / 127 at D = 128 / 64 / 32,
- * one block (8 warps) per SM at D = 128; NW = 4: 168 at D = 128, three blocks per SM.
- * Tiles past a row's position would be bit-neutral too (all masked: max unchanged, factor
- * exp2(0) = 1, sums of exact zeros), but skipping them keeps each warp's sequence of tiles that
- * of k_attn_flash by construction (signed zeros and subnormals included). */
-template <int D, int NW>
-__global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
-                                                                 int window, float scale, void *const *kp,
-                                                                 void *const *vp, int pt, float *o, int split_len,
-                                                                 int nsplit, float *part) {
+__global__ void __launch_bounds__(128, 3) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0, int window,
+                                                        float scale, void *const *kp, void *const *vp, int pt,
+                                                        float *o, int split_len, int nsplit, float *part) {
+    constexpr int NW = 4; /* warps: one 64-query half per block */
     constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
@@ -486,7 +400,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     const int qB = blockIdx.x * BQ; /* first query of the block (call-relative) */
     const int nqB = n - qB < BQ ? n - qB : BQ;
-    /* each half's k_attn_flash block: q0, nq, [klo, khi] (empty: klo > khi) */
+    /* each half's queries q0, nq and keys [klo, khi] (empty: klo > khi) */
     int lo0, hi0, lo1, hi1;
     {
         int lo[2], hi[2];
@@ -542,7 +456,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
         cp_async_commit();
     };
     if (ntile > 0) load(0, 0);
-    /* Q tile (bf16, as k_attn_flash rounds it) in buffer 1 */
+    /* Q tile (bf16) in buffer 1 */
     {
         __nv_bfloat16 *Qs = sm + 2 * TILE;
         for (int x = tid; x < BQ * (D / 4); x += NT) {
@@ -564,7 +478,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
     for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LD + kc * 16, LD);
     __syncthreads(); /* buffer 1 free for tile 1 */
 
-    /* this warp's half (k_attn_flash's block q0 = qB + 64 half) and its two query rows */
+    /* this warp's half (queries from q0 = qB + 64 half) and its two query rows */
     const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
     const int klo = half ? lo1 : lo0, khi = half ? hi1 : hi0;
     const int r0 = 16 * wl + g, r1 = r0 + 8;
@@ -584,10 +498,10 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
         cp_async_wait<1>();
         __syncthreads(); /* tile j in buffer j & 1, visible to all warps */
         const int kt = j >= nt0 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK;
-        /* one of k_attn_flash's tiles for this half (kt = klo + 64 i <= khi) */
+        /* one of this half's tiles (kt = klo + 64 i <= khi) */
         if (kt >= klo && kt <= khi && (kt - klo) % FA_BK == 0) {
             const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
-            fa_tile<D, true>(qf, Ks, Vs, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+            fa_tile<D>(qf, Ks, Vs, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
         }
         __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
     }
@@ -619,24 +533,6 @@ __global__ void k_flash_combine(const float *part, int Hq, int D, int nsplit, in
     }
 }
 
-/* HYLA_CUDA_ATTN_SPLIT: keys per split of the flash prefill (default 8192; a multiple of 64; 0 =
- * one pass). H100 run 30, 1.3B sse-h prefill: splits of 2048 were slower at 4k and 32k (63.7k /
- * 54.5k tok/s against 68.8k / 55.9k in one pass) and faster at 128k (34.6k against 30.6k): the
- * partials and the combine cost more than the parallelism gains until contexts are long. Part of
- * what the bits depend on, like HYLA_CUDA_PREFILL_ROWS. Read per call. */
-static int attn_split_len(void) {
-    const char *e = getenv("HYLA_CUDA_ATTN_SPLIT");
-    if (!e || !*e) return 8192;
-    char *end;
-    long v = strtol(e, &end, 10);
-    if (*end || v < 0 || v > (1L << 24) || v % 64) {
-        static int warned;
-        if (!warned++) HYLA_WARN("HYLA_CUDA_ATTN_SPLIT='%s' is not 0 or a multiple of 64: using 8192", e);
-        return 8192;
-    }
-    return (int)v;
-}
-
 /* ---------------------------------------------------------------- host side */
 
 static unsigned grid_of(size_t n) {
@@ -657,43 +553,17 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
     return HYLA_OK;
 }
 
-/* HYLA_CUDA_ATTN (read per call): "simple" = no flash prefill (k_attn_rows), "flash1" =
- * k_attn_flash (4 warps, 64 queries a block, one buffer), "flash2" = k_attn_flash2 with 8 warps
- * (128 queries a block), otherwise (the default, "flash2w4") k_attn_flash2 with 4 warps: H100
- * run 32, a 1024-token piece at a 4k / 32k context 0.285 / 1.61 ms against 0.332 / 1.71 (8
- * warps) and 0.455 / 2.65 (flash1). The kernel is part of what the bits depend on: flash1 and
- * flash2 agree bit for bit with key splits, not in one pass (tested within tolerance).
- * 0 = rows, 1 = flash1, 2 = flash2 (8 warps), 3 = flash2 (4 warps). */
-static int attn_kernel(int D) {
-    if (D != 32 && D != 64 && D != 128) return 0;
-    const char *e = getenv("HYLA_CUDA_ATTN");
-    if (e && !strcmp(e, "simple")) return 0;
-    if (e && !strcmp(e, "flash1")) return 1;
-    if (e && !strcmp(e, "flash2")) return 2;
-    return 3;
-}
-
+/* Flash prefill for the head dims it is built for: k_attn_flash2 (4 warps per 64 queries, K/V
+ * tiles by cp.async into two buffers). The kernel is part of what the bits of one-pass calls
+ * depend on. */
 template <int D>
-static hyla_status flash_launch(hyla_cuda_ctx *c, int kern, unsigned ng, int Hq, int nsplit, const float *q, int n,
-                                int Hk, int pos0, int window, float scale, void *const *kp, void *const *vp, int pt,
-                                float *o, int split_len, float *part) {
-    if (kern == 1) {
-        const size_t sm = (size_t)(FA_BQ + 2 * FA_BK) * (D + 8) * 2;
-        CU_TRY(cudaFuncSetAttribute(k_attn_flash<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_attn_flash<D><<<dim3(cu_blocks(ng, FA_BQ), Hq, nsplit), 128, sm, c->stream>>>(
-            q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
-    } else {
-        const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */
-        if (kern == 2) {
-            CU_TRY(cudaFuncSetAttribute(k_attn_flash2<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash2<D, 8><<<dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, c->stream>>>(
-                q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
-        } else {
-            CU_TRY(cudaFuncSetAttribute(k_attn_flash2<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash2<D, 4><<<dim3(cu_blocks(ng, 64), Hq, nsplit), 128, sm, c->stream>>>(
-                q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
-        }
-    }
+static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nsplit, const float *q, int n, int Hk,
+                                int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
+                                int split_len, float *part) {
+    const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */
+    CU_TRY(cudaFuncSetAttribute(k_attn_flash2<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_attn_flash2<D><<<dim3(cu_blocks(ng, 64), Hq, nsplit), 128, sm, c->stream>>>(
+        q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
     CU_LAUNCH_CHECK("attn flash");
     return HYLA_OK;
 }
@@ -722,9 +592,8 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
     k_kv_write<<<grid_of((size_t)n * Hk * D), 256, 0, c->stream>>>(k, v, n, Hk, D, pos0, NULL, kp, vp, NULL,
                                                                    kv->page_tokens);
     CU_LAUNCH_CHECK("kv write");
-    const int kern = attn_kernel(D);
-    if (kern) {
-        const int L = attn_split_len();
+    if (D == 32 || D == 64 || D == 128) {
+        const int L = c->attn_split_len;
         /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
         int group = n;
         void *scr = NULL;
@@ -742,13 +611,13 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
             const float *qg = q + (size_t)g0 * Hq * D;
             float *og = o + (size_t)g0 * Hq * D, *part = (float *)scr;
             if (D == 32)
-                HYLA_TRY(flash_launch<32>(c, kern, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                HYLA_TRY(flash_launch<32>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                           kv->page_tokens, og, Lg, part));
             else if (D == 64)
-                HYLA_TRY(flash_launch<64>(c, kern, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                HYLA_TRY(flash_launch<64>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                           kv->page_tokens, og, Lg, part));
             else
-                HYLA_TRY(flash_launch<128>(c, kern, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                HYLA_TRY(flash_launch<128>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                            kv->page_tokens, og, Lg, part));
             if (Lg) {
                 k_flash_combine<<<dim3(Hq, ng), D, 0, c->stream>>>(part, Hq, D, nsplit, L, gp0, window, og);

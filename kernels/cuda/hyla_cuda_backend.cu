@@ -360,27 +360,13 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
 }
 
 /* Prompt rows (HYLA_LINEAR_PREFILL) through cuBLAS at a fixed row count: every call is the
- * same (MF, N, K) GEMM with the same cached algorithm, so a row's result depends only on the row
- * (tested on the device: rows at other positions and in calls of other sizes give the same
- * bits), at cuBLAS speed. Pieces are cut into blocks of MF rows; a short block runs the full MF
- * rows (the rows past it hold stale data whose results are dropped). MF: HYLA_CUDA_PREFILL_ROWS
- * (a multiple of 64 up to 4096; default 1024, the default prefill piece; 0 = prompt rows as any
- * other rows: k_gemm_big / skinny). It is part of
- * what the bits depend on, like the GPU and the library: keep it the same wherever a session
- * may be resumed. */
-static int prefill_rows(void) {
-    const char *e = getenv("HYLA_CUDA_PREFILL_ROWS");
-    if (!e || !*e) return 1024;
-    char *end;
-    long v = strtol(e, &end, 10);
-    if (*end || v < 0 || v > 4096 || v % 64) { /* a typo must not change the bits silently */
-        static int warned;
-        if (!warned++)
-            HYLA_WARN("HYLA_CUDA_PREFILL_ROWS='%s' is not 0 or a multiple of 64 up to 4096: using 1024", e);
-        return 1024;
-    }
-    return (int)v;
-}
+ * same (PROMPT_ROWS, N, K) GEMM with the same cached algorithm, so a row's result depends only on
+ * the row (tested on the device: rows at other positions and in calls of other sizes give the
+ * same bits), at cuBLAS speed. Pieces are cut into blocks of PROMPT_ROWS rows; a short block runs
+ * the full count (the rows past it hold stale data whose results are dropped). 1024 is the
+ * default prefill piece. The count is part of what the bits depend on, like the GPU and the
+ * library: keep it the same wherever a session may be resumed. */
+#define PROMPT_ROWS 1024
 
 /* y[m][n] = (acc ? y : 0) + (t[m][n] + bias[n]) for m < M: the skinny kernel's epilogue order */
 __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias, float *y, int ldy, /* t may be y */
@@ -452,7 +438,7 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int K, 
 }
 
 /* Prompt rows: outputs with the same N (q, k, v; the MLP's gate and up) form one batched GEMM
- * (HYLA_CUDA_PREFILL_BATCH=0: one GEMM per output), the rest one GEMM each; every GEMM has MF rows.
+ * the rest one GEMM each; every GEMM has MF rows.
  * Which outputs share a GEMM is a function of the call's output shapes, so a row's result
  * depends on the row and on those shapes only (the runtime always groups a projection the same
  * way). */
@@ -470,9 +456,9 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
         grp[j] = j;
         /* batched only where one GEMM leaves the GPU's waves underfilled: fewer than two
          * 128x128 output tiles per SM (the 1.3B model's 2304-wide q, k, v: 144 tiles at MF =
-         * 1024; its 6144-wide gate and up, 384, ran slower batched in run 28) */
+         * 1024; its 6144-wide gate and up, 384, ran slower batched: docs/CUDA.md) */
         const long tiles = (long)(MF / 128 > 0 ? MF / 128 : 1) * ((outs[j].N + 127) / 128);
-        if (c->prefill_batch && outs[j].N >= 256 && outs[j].N % 8 == 0 && tiles < 2L * c->sm_count)
+        if (outs[j].N >= 256 && outs[j].N % 8 == 0 && tiles < 2L * c->sm_count)
             for (int i = 0; i < j; i++)
                 if (grp[i] == i && outs[i].N == outs[j].N) {
                     grp[j] = i;
@@ -530,8 +516,7 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    const int MF = (flags & HYLA_LINEAR_PREFILL) ? prefill_rows() : 0;
-    if (MF) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, MF);
+    if (flags & HYLA_LINEAR_PREFILL) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
     for (int j = 0; j < n; j++)
@@ -545,7 +530,7 @@ extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int 
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(ldx, K, W, ldy, N));
     if (cu_gemm_big_ok(c, M, K)) return cu_gemm_big(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
-    if (M <= 256 && !c->linear_cublas_only) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
+    if (M <= 256) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
@@ -589,7 +574,6 @@ extern "C" void cu_destroy(void *ctx) {
     if (c->cublas) cublasDestroy(c->cublas);
     cudaFree(c->lt_workspace);
     for (int i = 0; i < HYLA_CU_SCRATCH_SLOTS; i++) cudaFree(c->scratch[i]);
-    cudaFree(c->tile_cnt);
     cudaFree(c->prompt_ptrs);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
@@ -641,27 +625,12 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     CU_TRY(cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming));
     HYLA_TRY(cu_pool_create(c, &c->pool));
     HYLA_TRY(cu_graphs_create(c));
+    /* the one operator switch (docs/CUDA.md): HYLA_CUDA_GRAPHS=0 turns graphs off, the same bits */
     const char *ge = getenv("HYLA_CUDA_GRAPHS");
     c->graphs_on = !(ge && !strcmp(ge, "0"));
-    const char *pm = getenv("HYLA_CUDA_PREFILL");
-    c->prefill_mode = (pm && !strcmp(pm, "recurrent")) ? 1 : 0;
-    const char *lm = getenv("HYLA_CUDA_LINEAR");
-    c->linear_cublas_only = (lm && !strcmp(lm, "cublas")) ? 1 : 0;
-    c->skinny_v1 = (lm && !strcmp(lm, "v1")) ? 1 : 0;
-    c->skinny_fused = !lm ? 0 : !strcmp(lm, "fused") ? 1 : !strcmp(lm, "fusedsmall") ? 2 : 0;
-    c->skinny_xconv = lm && !strcmp(lm, "xconv");
     c->sse_windows = 1;
-    const char *sp = getenv("HYLA_CUDA_SSE_PLAN");
-    c->sse_host_plan = sp && !strcmp(sp, "host");
-    const char *rs = getenv("HYLA_CUDA_REC");
-    c->rec_scalar = rs && !strcmp(rs, "scalar");
-    const char *cp = getenv("HYLA_CUDA_CHUNK_PHASE");
-    c->chunk_phase = !cp ? 0 : !strcmp(cp, "a") ? 1 : !strcmp(cp, "b") ? 2 : 0;
-    const char *ck = getenv("HYLA_CUDA_CHUNK");
-    const char *pb = getenv("HYLA_CUDA_PREFILL_BATCH");
-    c->prefill_batch = !(pb && !strcmp(pb, "0"));
+    c->attn_split_len = 8192;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
-    c->chunk_mode = !ck ? 0 : !strcmp(ck, "ab") ? 1 : !strcmp(ck, "fused") ? 2 : !strcmp(ck, "split") ? 3 : 0;
     return HYLA_OK;
 }
 

@@ -40,6 +40,11 @@ hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, i
  * difference. */
 hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
 
+/* Flash attention prefill: calls whose keys reach past `keys` (a multiple of 64; 0 = one pass;
+ * default 8192) cut them into splits at absolute key positions, merged per row. Part of what
+ * the bits of a prefill depend on (keep it the same wherever a session may resume); a row gives
+ * the same bits in calls of any size under one setting. */
+hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
 /* CUDA graphs for repeated op sequences (docs/CUDA.md "Graphs"): on by default
  * (HYLA_CUDA_GRAPHS=0 in the environment turns them off at creation). Results are the same
  * bits either way; off launches every kernel one by one (for comparisons). */

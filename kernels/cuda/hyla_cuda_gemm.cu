@@ -6,8 +6,7 @@
  * m16n8k16) with fp32 accumulation.
  * A block owns 64 output columns and one K slice; K is cut into S slices where S depends on
  * N and K only (enough blocks to cover the GPU), the slices' fp32 partials are summed in slice
- * order (by a second kernel; by the last block to finish an output tile with
- * HYLA_CUDA_LINEAR=fused|fusedsmall). So the arithmetic that produces y[m][n] — which products, in
+ * order (by a second kernel, or by the block itself when there is one slice). So the arithmetic that produces y[m][n] — which products, in
  * which order, in which instructions — does not depend on M or on the other rows: a session's
  * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
  * result does not depend on M"). Weights stream through once per 128-row block.
@@ -114,10 +113,9 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
 template <int MT, bool XF>
 __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                              int ldx, int vecx, int M, int K, const __nv_bfloat16 *__restrict__ W,
-                                             int N, int kchunk, float *__restrict__ part, int S, int *cnt,
+                                             int N, int kchunk, float *__restrict__ part, int S,
                                              const float *bias, float *y, int ldy, int accumulate, int n0, int s,
-                                             int m0, int tile) {
-    __shared__ int last;
+                                             int m0) {
     __shared__ __align__(16) __nv_bfloat16 Ws[2][SK_N * SK_LD];
     __shared__ __align__(16) __nv_bfloat16 Xs[2][MT * 16 * SK_LD];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -211,34 +209,16 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                 int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
                 if (m < M && n < N) out[(size_t)m * N + n] = acc[mt][nt][e];
             }
-    if (!cnt) return; /* the reduction kernel sums the slices */
-    /* the last slice to finish this output tile sums all slices in slice order (deterministic) */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&cnt[tile], 1) == S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const size_t total = (size_t)M * N;
-    for (int x = tid; x < MT * 16 * SK_N; x += 128) {
-        int m = m0 + x / SK_N, n = n0 + x % SK_N;
-        if (m >= M || n >= N) continue;
-        size_t i = (size_t)m * N + n;
-        float v = __ldcg(part + i);
-        for (int q = 1; q < S; q++) v += __ldcg(part + (size_t)q * total + i);
-        lin_store(v, bias, n, y + (size_t)m * ldy + n, accumulate);
-    }
-    if (tid == 0) cnt[tile] = 0; /* ready for the next launch on this stream */
 }
 
 template <int MT, bool XF>
 __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                                  int ldx, int vecx, int M, int K,
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
-                                                 float *__restrict__ part, int S, int *cnt, const float *bias, float *y,
+                                                 float *__restrict__ part, int S, const float *bias, float *y,
                                                  int ldy, int accumulate) {
-    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, W, N, kchunk, part, S, cnt, bias, y, ldy, accumulate,
-                         blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16, blockIdx.z * gridDim.x + blockIdx.x);
+    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
+                         blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16);
 }
 
 /* Several linears of the same x in one launch (ops->linear_multi): block x of the grid walks the
@@ -262,8 +242,8 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
     int i = 0;
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
-    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], NULL, G.bias[i],
-                         G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16, 0);
+    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], G.bias[i],
+                         G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16);
 }
 
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0), grid-stride over M x N */
@@ -311,9 +291,9 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     float *part = (float *)scr;
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : M <= 64 ? 4 : 8;
     dim3 grid(ntiles, S, (M + MT * 16 - 1) / (MT * 16));
-    if (K % 8 == 0 && !c->skinny_v1) {
+    if (K % 8 == 0) {
         const __nv_bfloat16 *xbb = NULL;
-        const bool xf = MT == 1 && !c->skinny_xconv; /* M <= 16: convert x inside the kernel */
+        const bool xf = MT == 1; /* M <= 16: convert x inside the kernel */
         const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
         if (!xf) {
             void *xb;
@@ -325,42 +305,26 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
             MT = 4;
             grid.z = (M + 63) / 64;
         }
-        size_t tiles = (size_t)grid.x * grid.z;
-        const bool fused = c->skinny_fused == 1 || (c->skinny_fused == 2 && M <= 16);
-        if (fused && c->tile_cnt_n < tiles) { /* completion counters, zero between launches */
-            size_t n = tiles < 65536 ? 65536 : tiles;
-            CU_TRY(cudaStreamSynchronize(c->stream));
-            CU_TRY(cudaFree(c->tile_cnt));
-            c->tile_cnt = NULL;
-            c->tile_cnt_n = 0;
-            c->scratch_gen++;
-            CU_TRY(cudaMalloc((void **)&c->tile_cnt, n * sizeof(int)));
-            CU_TRY(cudaMemsetAsync(c->tile_cnt, 0, n * sizeof(int), c->stream));
-            c->tile_cnt_n = n;
-        }
-        /* Measured on H100 (docs/CUDA.md): the fused "last block reduces" epilogue was slower than
-         * a separate reduction over the whole GPU (M=64: 48 us vs 31 us), so it is off. */
-        int *cnt = fused ? c->tile_cnt : NULL;
         switch (MT) {
         case 1:
             if (xf)
-                k_skinny2<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S, cnt,
+                k_skinny2<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                                 bias, y, ldy, accumulate);
             else
                 k_skinny2<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
-                                                                 cnt, bias, y, ldy, accumulate);
+                                                                 bias, y, ldy, accumulate);
             break;
         case 2:
-            k_skinny2<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S, cnt,
+            k_skinny2<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                              bias, y, ldy, accumulate);
             break;
         default:
-            k_skinny2<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S, cnt,
+            k_skinny2<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                              bias, y, ldy, accumulate);
             break;
         }
         CU_LAUNCH_CHECK("skinny linear v2");
-        if (S == 1 || cnt) return HYLA_OK;
+        if (S == 1) return HYLA_OK;
     } else switch (MT) {
     case 1: k_skinny<1><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
     case 2: k_skinny<2><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
@@ -377,7 +341,7 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
 }
 
 extern "C" int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K) {
-    return M >= 1 && M <= 256 && K % 8 == 0 && !c->skinny_v1 && !c->skinny_fused && !c->linear_cublas_only;
+    return M >= 1 && M <= 256 && K % 8 == 0;
 }
 
 /* n linears of the same x [M][K] in one launch (+ one reduction launch when a member has several
@@ -411,7 +375,7 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         off += (size_t)G.S[i] * M * outs[i].N;
     }
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : 4;
-    const bool xf = MT == 1 && !c->skinny_xconv;
+    const bool xf = MT == 1;
     const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
     const __nv_bfloat16 *xbb = NULL;
     if (!xf) { /* one conversion of x for the whole group */
@@ -583,37 +547,24 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
-/* HYLA_CUDA_LINEAR=nobig: M > 64 rows as before (skinny up to 256, cuBLAS above; comparisons) */
-static int big_off(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HYLA_CUDA_LINEAR");
-        v = e && !strcmp(e, "nobig");
-    }
-    return v;
-}
-
-/* Rows from which k_gemm_big takes over from the skinny kernel (the same bits either way):
- * HYLA_CUDA_BIG_MIN (default 65). */
-static int big_min(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HYLA_CUDA_BIG_MIN");
-        v = e && atoi(e) > 1 ? atoi(e) : 65;
-    }
-    return v;
-}
+/* Rows from which k_gemm_big takes over from the skinny kernel (the same bits either way). 17
+ * made a 64 x 2304 -> 6144 linear faster (0.031 -> 0.025 ms) but decode at B = 64 slower (sse-h
+ * 7.0 -> 9.7 ms: for N = 2304 the 64x64 tiles give 36 blocks where the skinny kernel's K slices
+ * fill the GPU). */
+#define BIG_MIN_ROWS 65
 
 extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
-    return M >= big_min() && K % 8 == 0 && !c->skinny_v1 && !c->linear_cublas_only && !big_off();
+    (void)c;
+    return M >= BIG_MIN_ROWS && K % 8 == 0;
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
- * any tile shape (HYLA_CUDA_BIG selects one, read per call; unset: e, or g when e's tiles would
- * not fill the GPU twice): e = 128x128 by 4 warps of 64x64, sums in shared memory (the fastest
- * at M = 4096 on H100: 156-239 TFLOP/s); g = 64x64 by 4 warps of 32x32, sums in registers, up
- * to 4 blocks per SM. Other shapes measured slower on H100 (8 warps of 64x32, 128x64, 64x128,
- * 4 stages: BENCHMARKS.md sixth round) and were dropped; the template still takes them. */
+ * the tile shape chosen by the output's size (every shape gives the same bits): 128x128 by 4
+ * warps of 64x64, sums in shared memory (the fastest at M = 4096 on H100: 156-239 TFLOP/s), or
+ * 64x64 by 4 warps of 32x32, sums in registers, up to 4 blocks per SM, when the 128x128 tiles
+ * would not fill the GPU twice (prefill pieces of a few hundred rows against N ~ D). Other
+ * shapes measured slower on H100 (8 warps of 64x32, 128x64, 64x128, 4 stages: BENCHMARKS.md
+ * sixth round). */
 extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                                    const float *bias, float *y, int ldy, int N, int accumulate) {
     int S, kchunk;
@@ -623,15 +574,8 @@ extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, in
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
     const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
-    const char *e = getenv("HYLA_CUDA_BIG");
-    char v = e && *e ? e[0] : 'e';
-    if (!(e && *e)) { /* automatic: 128 x 128 tiles while they fill the GPU twice over, else the
-                       * 64 x 64 tiles of g (prefill pieces of a few hundred rows against N ~ D) */
-        long tiles = (long)((M + 127) / 128) * ((N + 127) / 128);
-        if (tiles < 2L * c->sm_count) v = 'g';
-    }
-    switch (v) {
-    case 'g': return launch_big<2, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    default: /* e */ return launch_big<2, 2, 4, 8, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
-    }
+    const long tiles = (long)((M + 127) / 128) * ((N + 127) / 128);
+    if (tiles < 2L * c->sm_count)
+        return launch_big<2, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
+    return launch_big<2, 2, 4, 8, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
 }

@@ -42,45 +42,321 @@
 #include "hyla_cuda_extra.h"
 #include "hyla_cuda_impl.h"
 
+/* ---------------------------------------------------------------- the logged ops
+ *
+ * Each loggable op is described once: a struct of its arguments (ga_<op>, the typed part of a
+ * log entry, the launch parameters that data would change included) and its replay
+ * (replay_<op>: the call the entry stands for). GRAPH_OPS lists them; the entry's union, the op
+ * codes, the typed log_<op> that records an entry and the dispatch that replays one are
+ * generated from the list. An entry's bytes are its signature: log_entry zeroes the entry before
+ * the op's recorder fills its fields, so padding never differs. Host arrays the op's kernels
+ * read (token ids, positions, state and page tables) are the entry's data, outside the
+ * signature: `d` in a replay is where they are on the device. */
+
+struct ga_embed { /* embed: ids (int32 [n]) are the data */
+    const hyla_weight *table;
+    float *out;
+    const void *table_d; /* the weights' device address: a new upload at the same handle is another graph */
+    int32_t n;
+};
+static hyla_status replay_embed(hyla_cuda_ctx *c, const ga_embed &a, const void *d) {
+    return cu_embed_dev(c, a.table, (const int32_t *)d, a.n, a.out);
+}
+
+struct ga_linear {
+    const float *x, *bias;
+    const hyla_weight *W;
+    float *y;
+    const void *W_d;
+    int32_t ldx, M, K, ldy, N, accumulate;
+};
+static hyla_status replay_linear(hyla_cuda_ctx *c, const ga_linear &a, const void *) {
+    return cu_linear(c, a.x, a.ldx, a.M, a.K, a.W, a.bias, a.y, a.ldy, a.N, a.accumulate);
+}
+
+struct ga_linear_multi {
+    const float *x;
+    hyla_linear_out out[HYLA_LINEAR_MULTI_MAX];
+    const void *W_d[HYLA_LINEAR_MULTI_MAX];
+    int32_t ldx, M, K, n, accumulate, flags;
+};
+static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &a, const void *) {
+    return cu_linear_multi(c, a.x, a.ldx, a.M, a.K, a.n, a.out, a.accumulate, a.flags);
+}
+
+struct ga_rmsnorm {
+    const float *x, *w;
+    float *y;
+    int32_t n, D;
+    float eps;
+};
+static hyla_status replay_rmsnorm(hyla_cuda_ctx *c, const ga_rmsnorm &a, const void *) {
+    return cu_rmsnorm(c, a.x, a.w, a.y, a.n, a.D, a.eps);
+}
+
+struct ga_add_rmsnorm {
+    float *residual;
+    const float *x, *w;
+    float *y;
+    int32_t n, D;
+    float eps;
+};
+static hyla_status replay_add_rmsnorm(hyla_cuda_ctx *c, const ga_add_rmsnorm &a, const void *) {
+    return cu_add_rmsnorm(c, a.residual, a.x, a.w, a.y, a.n, a.D, a.eps);
+}
+
+struct ga_add {
+    float *y;
+    const float *x;
+    uint64_t n;
+};
+static hyla_status replay_add(hyla_cuda_ctx *c, const ga_add &a, const void *) { return cu_add(c, a.y, a.x, (size_t)a.n); }
+
+struct ga_swiglu {
+    const float *gate, *up;
+    float *out;
+    uint64_t n;
+};
+static hyla_status replay_swiglu(hyla_cuda_ctx *c, const ga_swiglu &a, const void *) {
+    return cu_swiglu(c, a.gate, a.up, a.out, (size_t)a.n);
+}
+
+struct ga_silu {
+    float *x;
+    uint64_t n;
+};
+static hyla_status replay_silu(hyla_cuda_ctx *c, const ga_silu &a, const void *) { return cu_silu(c, a.x, (size_t)a.n); }
+
+struct ga_gla_gate {
+    float *x;
+    uint64_t n;
+    float normalizer, clamp_min;
+};
+static hyla_status replay_gla_gate(hyla_cuda_ctx *c, const ga_gla_gate &a, const void *) {
+    return cu_gla_gate(c, a.x, (size_t)a.n, a.normalizer, a.clamp_min);
+}
+
+struct ga_softmax_rows {
+    float *x;
+    int32_t rows, cols;
+};
+static hyla_status replay_softmax_rows(hyla_cuda_ctx *c, const ga_softmax_rows &a, const void *) {
+    return cu_softmax_rows(c, a.x, a.rows, a.cols);
+}
+
+struct ga_l2norm_rows {
+    float *x;
+    int32_t rows, cols;
+    float eps;
+};
+static hyla_status replay_l2norm_rows(hyla_cuda_ctx *c, const ga_l2norm_rows &a, const void *) {
+    return cu_l2norm_rows(c, a.x, a.rows, a.cols, a.eps);
+}
+
+struct ga_gdn_gates {
+    const float *a, *b, *A_log, *dt_bias;
+    float *g, *beta;
+    int32_t a_stride, b_stride, n, H, allow_neg;
+};
+static hyla_status replay_gdn_gates(hyla_cuda_ctx *c, const ga_gdn_gates &a, const void *) {
+    return cu_gdn_gates(c, a.a, a.a_stride, a.b, a.b_stride, a.A_log, a.dt_bias, a.g, a.beta, a.n, a.H, a.allow_neg);
+}
+
+struct ga_gated_rmsnorm {
+    const float *o, *gate, *w;
+    float *y;
+    int32_t rows, D;
+    float eps;
+};
+static hyla_status replay_gated_rmsnorm(hyla_cuda_ctx *c, const ga_gated_rmsnorm &a, const void *) {
+    return cu_gated_rmsnorm(c, a.o, a.gate, a.w, a.y, a.rows, a.D, a.eps);
+}
+
+struct ga_rope { /* positions (int32 [n]) are the data */
+    float *x;
+    int32_t n, H, D;
+    float theta;
+};
+static hyla_status replay_rope(hyla_cuda_ctx *c, const ga_rope &a, const void *d) {
+    return cu_rope_dev(c, a.x, a.n, a.H, a.D, (const int32_t *)d, a.theta);
+}
+
+struct ga_short_conv { /* the sessions' tail pointers (float * [B]) are the data */
+    float *x;
+    const float *w, *bias;
+    int32_t B, n, C, K, act_silu;
+};
+static hyla_status replay_short_conv(hyla_cuda_ctx *c, const ga_short_conv &a, const void *d) {
+    return cu_short_conv_dev(c, a.x, a.B, a.n, a.C, a.w, a.bias, a.K, (float *const *)d, a.act_silu);
+}
+
+struct ga_lin_decode { /* GLA (ga = gk) or GDN (ga = g, gb = beta); state pointers (float * [B]) are the data */
+    const float *q, *k, *v, *ga, *gb;
+    float *o;
+    int32_t gdn, B, H, dk, dv, states16;
+    float scale;
+};
+static hyla_status replay_lin_decode(hyla_cuda_ctx *c, const ga_lin_decode &a, const void *d) {
+    return cu_lin_decode_dev(c, a.gdn, a.q, a.k, a.v, a.ga, a.gb, a.B, a.H, a.dk, a.dv, a.scale, (float *const *)d,
+                             a.states16, a.o);
+}
+
+struct ga_lin_prefill { /* one sequence; the chunk tables and state pointer block are the data */
+    const float *q, *k, *v, *ga, *gb;
+    float *o;
+    int32_t gdn, n, H, dk, dv, s_aligned;
+    float scale;
+};
+static hyla_status replay_lin_prefill(hyla_cuda_ctx *c, const ga_lin_prefill &a, const void *d) {
+    return cu_lin_prefill1_dev(c, a.gdn, a.q, a.k, a.v, a.ga, a.gb, a.n, a.H, a.dk, a.dv, a.scale, d, a.s_aligned, a.o);
+}
+
+struct ga_sse_route {
+    const float *logits;
+    int32_t *idx;
+    float *w;
+    int32_t n, N, K;
+};
+static hyla_status replay_sse_route(hyla_cuda_ctx *c, const ga_sse_route &a, const void *) {
+    return cu_sse_route(c, a.logits, a.n, a.N, a.K, a.idx, a.w);
+}
+
+struct ga_sse_decode { /* S0 pointers then Sp pointers (float * [2B]) are the data */
+    const float *q1, *k1, *q2, *k2, *v, *ga, *gb, *betaa, *betab;
+    const int32_t *idx;
+    const float *w;
+    float *o;
+    int32_t tr, B, H, dk, dv, N, K, states16;
+    float scale;
+};
+static hyla_status replay_sse_decode(hyla_cuda_ctx *c, const ga_sse_decode &a, const void *d) {
+    float *const *S = (float *const *)d;
+    return cu_sse_decode_dev(c, (hyla_sse_transition)a.tr, a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.betaa, a.betab,
+                             a.idx, a.w, a.B, a.H, a.dk, a.dv, a.N, a.K, a.scale, S, S + a.B, a.states16, a.o);
+}
+
+struct ga_sse_prefill { /* planned on the device: no data */
+    const float *q1, *k1, *q2, *k2, *v, *ga, *gb, *betaa, *betab;
+    const int32_t *idx;
+    const float *w;
+    float *o, *S0, *Sp;
+    int32_t tr, n, H, dk, dv, N, K, windows;
+    float scale;
+};
+static hyla_status replay_sse_prefill(hyla_cuda_ctx *c, const ga_sse_prefill &a, const void *) {
+    return cu_sse_prefill_dev(c, (hyla_sse_transition)a.tr, a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.betaa, a.betab,
+                              a.idx, a.w, a.n, a.H, a.dk, a.dv, a.N, a.K, a.scale, a.windows, a.S0, a.Sp, a.o);
+}
+
+struct ga_attn_decode { /* the page tables and positions (cu_attn_decode_block) are the data */
+    const float *q, *k, *v;
+    float *o;
+    uint64_t cap; /* page-table capacity, rounded up to a power of two */
+    int32_t B, Hq, Hk, D, page_tokens, nsplit, window;
+    float scale;
+};
+static hyla_status replay_attn_decode(hyla_cuda_ctx *c, const ga_attn_decode &a, const void *d) {
+    return cu_attn_decode_dev(c, a.q, a.k, a.v, a.B, a.Hq, a.Hk, a.D, d, (size_t)a.cap, a.page_tokens, a.nsplit,
+                              a.window, a.scale, a.o);
+}
+
+struct ga_copy {
+    void *dst;
+    const void *src;
+    uint64_t bytes;
+};
+static hyla_status replay_copy(hyla_cuda_ctx *c, const ga_copy &a, const void *) {
+    CU_TRY(cudaMemcpyAsync(a.dst, a.src, (size_t)a.bytes, cudaMemcpyDeviceToDevice, c->stream));
+    return HYLA_OK;
+}
+
+struct ga_zero {
+    void *dst;
+    uint64_t bytes;
+};
+static hyla_status replay_zero(hyla_cuda_ctx *c, const ga_zero &a, const void *) {
+    CU_TRY(cudaMemsetAsync(a.dst, 0, (size_t)a.bytes, c->stream));
+    return HYLA_OK;
+}
+
+/* Mamba2 (SSD) */
+struct ga_copy2d {
+    float *dst;
+    const float *src;
+    int32_t ldd, lds, rows, cols;
+};
+static hyla_status replay_copy2d(hyla_cuda_ctx *c, const ga_copy2d &a, const void *) {
+    return cu_copy2d(c, a.dst, a.ldd, a.src, a.lds, a.rows, a.cols);
+}
+
+struct ga_ssd_decode { /* the sessions' state pointers are the data */
+    const float *xbc, *dt, *dt_bias, *A_log, *Dskip;
+    float *y;
+    int32_t ldx, ld_dt, B, H, P, G, N;
+    float dt_min, dt_max;
+};
+static hyla_status replay_ssd_decode(hyla_cuda_ctx *c, const ga_ssd_decode &a, const void *d) {
+    return cu_ssd_decode_dev(c, a.xbc, a.ldx, a.dt, a.ld_dt, a.dt_bias, a.A_log, a.Dskip, a.dt_min, a.dt_max, a.B, a.H,
+                             a.P, a.G, a.N, (float *const *)d, a.y);
+}
+
+struct ga_ssd_norm {
+    const float *o, *z, *w;
+    float *y;
+    int32_t ldz, rows, G, gs;
+    float eps;
+};
+static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const void *) {
+    return cu_ssd_norm(c, a.o, a.z, a.ldz, a.w, a.y, a.rows, a.G, a.gs, a.eps);
+}
+
+#define GRAPH_OPS(X)                                                                                                   \
+    X(EMBED, embed)                                                                                                    \
+    X(LINEAR, linear)                                                                                                  \
+    X(LINEAR_MULTI, linear_multi)                                                                                      \
+    X(RMSNORM, rmsnorm)                                                                                                \
+    X(ADD_RMSNORM, add_rmsnorm)                                                                                        \
+    X(ADD, add)                                                                                                        \
+    X(SWIGLU, swiglu)                                                                                                  \
+    X(SILU, silu)                                                                                                      \
+    X(GLA_GATE, gla_gate)                                                                                              \
+    X(SOFTMAX_ROWS, softmax_rows)                                                                                      \
+    X(L2NORM_ROWS, l2norm_rows)                                                                                        \
+    X(GDN_GATES, gdn_gates)                                                                                            \
+    X(GATED_RMSNORM, gated_rmsnorm)                                                                                    \
+    X(ROPE, rope)                                                                                                      \
+    X(SHORT_CONV, short_conv)                                                                                          \
+    X(LIN_DECODE, lin_decode)                                                                                          \
+    X(LIN_PREFILL, lin_prefill)                                                                                        \
+    X(SSE_ROUTE, sse_route)                                                                                            \
+    X(SSE_DECODE, sse_decode)                                                                                          \
+    X(SSE_PREFILL, sse_prefill)                                                                                        \
+    X(ATTN_DECODE, attn_decode)                                                                                        \
+    X(COPY, copy)                                                                                                      \
+    X(ZERO, zero)                                                                                                      \
+    /* Mamba2 (SSD) */                                                                                                 \
+    X(COPY2D, copy2d)                                                                                                  \
+    X(SSD_DECODE, ssd_decode)                                                                                          \
+    X(SSD_NORM, ssd_norm)
+
 enum {
-    GOP_EMBED = 1,
-    GOP_LINEAR,
-    GOP_RMSNORM,
-    GOP_ADD_RMSNORM,
-    GOP_ADD,
-    GOP_SWIGLU,
-    GOP_SILU,
-    GOP_GLA_GATE,
-    GOP_SOFTMAX,
-    GOP_L2NORM,
-    GOP_GDN_GATES,
-    GOP_ROPE,
-    GOP_SHORT_CONV,
-    GOP_GATED_RMSNORM,
-    GOP_LIN_DECODE,
-    GOP_SSE_ROUTE,
-    GOP_SSE_DECODE,
-    GOP_ATTN_DECODE,
-    GOP_COPY,
-    GOP_ZERO,
-    GOP_LIN_PREFILL,
-    GOP_SSE_PREFILL,
-    GOP_LINEAR_MULTI,
-    /* Mamba2 (SSD) */
-    GOP_COPY2D,
-    GOP_SSD_DECODE,
-    GOP_SSD_NORM,
+    GOP_NONE,
+#define X(OP, op) GOP_##OP,
+    GRAPH_OPS(X)
+#undef X
 };
 
 /* One logged op; every byte is part of the signature (entries are zeroed before filling). */
 typedef struct {
     int32_t op;
-    int32_t i[14];
-    float f[4];
-    const void *p[17];
-    uint64_t z[2];
     uint64_t data_len; /* bytes of host data the op's kernels read from the device */
+    union {
+#define X(OP, op) ga_##op op;
+        GRAPH_OPS(X)
+#undef X
+    } a;
 } gent;
+static_assert(sizeof(gent) % 8 == 0, "the signature hash reads 8-byte words");
 
 typedef struct {
     uint64_t hash;
@@ -154,7 +430,7 @@ static hyla_status flush_log(hyla_cuda_ctx *c, hyla_cu_graphs *g);
 
 /* Append an entry with `data_len` bytes of data; *data (valid until the next append) receives
  * where to write them. */
-static hyla_status log_add(hyla_cu_graphs *g, int op, size_t data_len, gent **out, void **data) {
+static hyla_status log_entry(hyla_cu_graphs *g, int op, size_t data_len, gent **out, void **data) {
     if (g->n >= GMAX_OPS) { /* a sequence that never reaches a flushing op: cut it */
         hyla_status st = g->deferred != HYLA_OK ? g->deferred : flush_log(g->c, g);
         g->deferred = HYLA_OK;
@@ -193,6 +469,18 @@ static hyla_status log_add(hyla_cu_graphs *g, int op, size_t data_len, gent **ou
     return HYLA_OK;
 }
 
+/* log_<op>(g, data_len, &args, &data): a zeroed entry of that op whose typed arguments the
+ * caller fills; data as for log_entry (NULL where the op has none). */
+#define X(OP, op)                                                                                                      \
+    static hyla_status log_##op(hyla_cu_graphs *g, size_t data_len, ga_##op **args, void **data) {                     \
+        gent *e;                                                                                                       \
+        HYLA_TRY(log_entry(g, GOP_##OP, data_len, &e, data));                                                            \
+        *args = &e->a.op;                                                                                              \
+        return HYLA_OK;                                                                                                \
+    }
+GRAPH_OPS(X)
+#undef X
+
 static uint64_t sig_hash(const gent *e, int n) {
     const uint64_t *w = (const uint64_t *)e;
     size_t nw = (size_t)n * sizeof(gent) / 8;
@@ -208,85 +496,11 @@ static uint64_t sig_hash(const gent *e, int n) {
 /* ---------------------------------------------------------------- running an entry */
 
 static hyla_status dispatch(hyla_cuda_ctx *c, const gent *e, const void *d) {
-    const int *I = e->i;
-    const float *F = e->f;
-    const void *const *P = e->p;
     switch (e->op) {
-    case GOP_EMBED:
-        return cu_embed_dev(c, (const hyla_weight *)P[0], (const int32_t *)d, I[0], (float *)P[1]);
-    case GOP_LINEAR:
-        return cu_linear(c, (const float *)P[0], I[0], I[1], I[2], (const hyla_weight *)P[1], (const float *)P[2],
-                         (float *)P[3], I[3], I[4], I[5]);
-    case GOP_LINEAR_MULTI: {
-        hyla_linear_out o[HYLA_LINEAR_MULTI_MAX];
-        for (int j = 0; j < I[3]; j++)
-            o[j] = hyla_linear_out{(const hyla_weight *)P[1 + 4 * j], (const float *)P[2 + 4 * j], (float *)P[3 + 4 * j],
-                                   I[5 + 2 * j], I[6 + 2 * j]};
-        return cu_linear_multi(c, (const float *)P[0], I[0], I[1], I[2], I[3], o, I[4], I[13]);
-    }
-    case GOP_RMSNORM:
-        return cu_rmsnorm(c, (const float *)P[0], (const float *)P[1], (float *)P[2], I[0], I[1], F[0]);
-    case GOP_ADD_RMSNORM:
-        return cu_add_rmsnorm(c, (float *)P[0], (const float *)P[1], (const float *)P[2], (float *)P[3], I[0], I[1],
-                              F[0]);
-    case GOP_ADD: return cu_add(c, (float *)P[0], (const float *)P[1], (size_t)e->z[0]);
-    case GOP_SWIGLU:
-        return cu_swiglu(c, (const float *)P[0], (const float *)P[1], (float *)P[2], (size_t)e->z[0]);
-    case GOP_SILU: return cu_silu(c, (float *)P[0], (size_t)e->z[0]);
-    case GOP_GLA_GATE: return cu_gla_gate(c, (float *)P[0], (size_t)e->z[0], F[0], F[1]);
-    case GOP_SOFTMAX: return cu_softmax_rows(c, (float *)P[0], I[0], I[1]);
-    case GOP_L2NORM: return cu_l2norm_rows(c, (float *)P[0], I[0], I[1], F[0]);
-    case GOP_GDN_GATES:
-        return cu_gdn_gates(c, (const float *)P[0], I[0], (const float *)P[1], I[1], (const float *)P[2],
-                            (const float *)P[3], (float *)P[4], (float *)P[5], I[2], I[3], I[4]);
-    case GOP_GATED_RMSNORM:
-        return cu_gated_rmsnorm(c, (const float *)P[0], (const float *)P[1], (const float *)P[2], (float *)P[3], I[0],
-                                I[1], F[0]);
-    case GOP_ROPE: return cu_rope_dev(c, (float *)P[0], I[0], I[1], I[2], (const int32_t *)d, F[0]);
-    case GOP_SHORT_CONV:
-        return cu_short_conv_dev(c, (float *)P[0], I[0], I[1], I[2], (const float *)P[1], (const float *)P[2], I[3],
-                                 (float *const *)d, I[4]);
-    case GOP_LIN_DECODE:
-        return cu_lin_decode_dev(c, I[0], (const float *)P[0], (const float *)P[1], (const float *)P[2],
-                                 (const float *)P[3], (const float *)P[4], I[1], I[2], I[3], I[4], F[0],
-                                 (float *const *)d, I[5], (float *)P[5]);
-    case GOP_SSE_ROUTE: return cu_sse_route(c, (const float *)P[0], I[0], I[1], I[2], (int32_t *)P[1], (float *)P[2]);
-    case GOP_SSE_DECODE: {
-        float *const *d0 = (float *const *)d;
-        return cu_sse_decode_dev(c, (hyla_sse_transition)I[0], (const float *)P[0], (const float *)P[1],
-                                 (const float *)P[2], (const float *)P[3], (const float *)P[4], (const float *)P[5],
-                                 (const float *)P[6], (const float *)P[7], (const float *)P[8], (const int32_t *)P[9],
-                                 (const float *)P[10], I[1], I[2], I[3], I[4], I[5], I[6], F[0], d0, d0 + I[1], I[7],
-                                 (float *)P[11]);
-    }
-    case GOP_ATTN_DECODE:
-        return cu_attn_decode_dev(c, (const float *)P[0], (const float *)P[1], (const float *)P[2], I[0], I[1], I[2],
-                                  I[3], d, (size_t)e->z[0], I[4], I[5], I[6], F[0], (float *)P[3]);
-    case GOP_LIN_PREFILL:
-        return cu_lin_prefill1_dev(c, I[0], (const float *)P[0], (const float *)P[1], (const float *)P[2],
-                                   (const float *)P[3], (const float *)P[4], I[1], I[2], I[3], I[4], F[0], d, I[5],
-                                   (float *)P[5]);
-    case GOP_SSE_PREFILL:
-        return cu_sse_prefill_dev(c, (hyla_sse_transition)I[0], (const float *)P[0], (const float *)P[1],
-                                  (const float *)P[2], (const float *)P[3], (const float *)P[4], (const float *)P[5],
-                                  (const float *)P[6], (const float *)P[7], (const float *)P[8], (const int32_t *)P[9],
-                                  (const float *)P[10], I[1], I[2], I[3], I[4], I[5], I[6], F[0], I[7], (float *)P[12],
-                                  (float *)P[13], (float *)P[11]);
-    case GOP_COPY:
-        CU_TRY(cudaMemcpyAsync((void *)P[0], P[1], (size_t)e->z[0], cudaMemcpyDeviceToDevice, c->stream));
-        return HYLA_OK;
-    case GOP_ZERO:
-        CU_TRY(cudaMemsetAsync((void *)P[0], 0, (size_t)e->z[0], c->stream));
-        return HYLA_OK;
-    /* Mamba2 (SSD) */
-    case GOP_COPY2D: return cu_copy2d(c, (float *)P[0], I[0], (const float *)P[1], I[1], I[2], I[3]);
-    case GOP_SSD_DECODE:
-        return cu_ssd_decode_dev(c, (const float *)P[0], I[0], (const float *)P[1], I[1], (const float *)P[2],
-                                 (const float *)P[3], (const float *)P[4], F[0], F[1], I[2], I[3], I[4], I[5], I[6],
-                                 (float *const *)d, (float *)P[5]);
-    case GOP_SSD_NORM:
-        return cu_ssd_norm(c, (const float *)P[0], (const float *)P[1], I[0], (const float *)P[2], (float *)P[3], I[1],
-                           I[2], I[3], F[0]);
+#define X(OP, op)                                                                                                      \
+    case GOP_##OP: return replay_##op(c, e->a.op, d);
+        GRAPH_OPS(X)
+#undef X
     }
     return hyla_fail(HYLA_ERR_INTERNAL, "cuda graphs: unknown logged op %d", e->op);
 }
@@ -443,13 +657,13 @@ static hyla_status g_embed(void *ctx, const hyla_weight *table, const int32_t *i
     /* an embedding starts a forward pass (a prefill piece or a decode step): the segment before
      * it is complete, and cutting here makes every piece of a long prefill the same segment */
     HYLA_TRY(cu_graph_flush(c));
-    gent *e;
+    ga_embed *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_EMBED, (size_t)n * 4, &e, &d));
-    e->p[0] = table;
-    e->p[1] = out;
-    e->p[2] = table->d; /* the signature holds the weights' device address, not only the handle's */
-    e->i[0] = n;
+    HYLA_TRY(log_embed(c->graphs, (size_t)n * 4, &a, &d));
+    a->table = table;
+    a->out = out;
+    a->table_d = table->d;
+    a->n = n;
     memcpy(d, ids, (size_t)n * 4);
     return HYLA_OK;
 }
@@ -460,19 +674,19 @@ static hyla_status g_linear(void *ctx, const float *x, int ldx, int M, int K, co
     if (!LOGGING) return cu_linear(ctx, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(ldx, K, W, ldy, N));
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_LINEAR, 0, &e, NULL));
-    e->p[0] = x;
-    e->p[1] = W;
-    e->p[2] = bias;
-    e->p[3] = y;
-    e->p[4] = W->d;
-    e->i[0] = ldx;
-    e->i[1] = M;
-    e->i[2] = K;
-    e->i[3] = ldy;
-    e->i[4] = N;
-    e->i[5] = accumulate;
+    ga_linear *a;
+    HYLA_TRY(log_linear(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->W = W;
+    a->bias = bias;
+    a->y = y;
+    a->W_d = W->d;
+    a->ldx = ldx;
+    a->M = M;
+    a->K = K;
+    a->ldy = ldy;
+    a->N = N;
+    a->accumulate = accumulate;
     return HYLA_OK;
 }
 
@@ -484,24 +698,22 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_LINEAR_MULTI, 0, &e, NULL));
-    /* p: x, then (W, bias, y, W->d) per output (16 + 1 <= 17); i: ldx, M, K, n, acc, (ldy, N) per
-     * output, flags in i[13] */
-    e->p[0] = x;
-    e->i[0] = ldx;
-    e->i[1] = M;
-    e->i[2] = K;
-    e->i[3] = n;
-    e->i[4] = accumulate;
-    e->i[13] = flags;
-    for (int j = 0; j < n; j++) {
-        e->p[1 + 4 * j] = outs[j].W;
-        e->p[2 + 4 * j] = outs[j].bias;
-        e->p[3 + 4 * j] = outs[j].y;
-        e->p[4 + 4 * j] = outs[j].W->d;
-        e->i[5 + 2 * j] = outs[j].ldy;
-        e->i[6 + 2 * j] = outs[j].N;
+    ga_linear_multi *a;
+    HYLA_TRY(log_linear_multi(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->ldx = ldx;
+    a->M = M;
+    a->K = K;
+    a->n = n;
+    a->accumulate = accumulate;
+    a->flags = flags;
+    for (int j = 0; j < n; j++) { /* field by field: the struct's padding stays zero */
+        a->out[j].W = outs[j].W;
+        a->out[j].bias = outs[j].bias;
+        a->out[j].y = outs[j].y;
+        a->out[j].ldy = outs[j].ldy;
+        a->out[j].N = outs[j].N;
+        a->W_d[j] = outs[j].W->d;
     }
     return HYLA_OK;
 }
@@ -509,14 +721,14 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
 static hyla_status g_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps) {
     CTX;
     if (!LOGGING) return cu_rmsnorm(ctx, x, w, y, n, D, eps);
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_RMSNORM, 0, &e, NULL));
-    e->p[0] = x;
-    e->p[1] = w;
-    e->p[2] = y;
-    e->i[0] = n;
-    e->i[1] = D;
-    e->f[0] = eps;
+    ga_rmsnorm *a;
+    HYLA_TRY(log_rmsnorm(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->w = w;
+    a->y = y;
+    a->n = n;
+    a->D = D;
+    a->eps = eps;
     return HYLA_OK;
 }
 
@@ -524,75 +736,84 @@ static hyla_status g_add_rmsnorm(void *ctx, float *residual, const float *x, con
                                  float eps) {
     CTX;
     if (!LOGGING) return cu_add_rmsnorm(ctx, residual, x, w, y, n, D, eps);
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_ADD_RMSNORM, 0, &e, NULL));
-    e->p[0] = residual;
-    e->p[1] = x;
-    e->p[2] = w;
-    e->p[3] = y;
-    e->i[0] = n;
-    e->i[1] = D;
-    e->f[0] = eps;
-    return HYLA_OK;
-}
-
-static hyla_status g_elem(hyla_cuda_ctx *c, int op, void *p0, const void *p1, const void *p2, size_t n, float f0,
-                          float f1) {
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, op, 0, &e, NULL));
-    e->p[0] = p0;
-    e->p[1] = p1;
-    e->p[2] = p2;
-    e->z[0] = n;
-    e->f[0] = f0;
-    e->f[1] = f1;
+    ga_add_rmsnorm *a;
+    HYLA_TRY(log_add_rmsnorm(c->graphs, 0, &a, NULL));
+    a->residual = residual;
+    a->x = x;
+    a->w = w;
+    a->y = y;
+    a->n = n;
+    a->D = D;
+    a->eps = eps;
     return HYLA_OK;
 }
 
 static hyla_status g_add(void *ctx, float *y, const float *x, size_t n) {
     CTX;
     if (!LOGGING) return cu_add(ctx, y, x, n);
-    return g_elem(c, GOP_ADD, y, x, NULL, n, 0, 0);
+    ga_add *a;
+    HYLA_TRY(log_add(c->graphs, 0, &a, NULL));
+    a->y = y;
+    a->x = x;
+    a->n = n;
+    return HYLA_OK;
 }
 
 static hyla_status g_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n) {
     CTX;
     if (!LOGGING) return cu_swiglu(ctx, gate, up, out, n);
-    return g_elem(c, GOP_SWIGLU, (void *)gate, up, out, n, 0, 0);
+    ga_swiglu *a;
+    HYLA_TRY(log_swiglu(c->graphs, 0, &a, NULL));
+    a->gate = gate;
+    a->up = up;
+    a->out = out;
+    a->n = n;
+    return HYLA_OK;
 }
 
 static hyla_status g_silu(void *ctx, float *x, size_t n) {
     CTX;
     if (!LOGGING) return cu_silu(ctx, x, n);
-    return g_elem(c, GOP_SILU, x, NULL, NULL, n, 0, 0);
+    ga_silu *a;
+    HYLA_TRY(log_silu(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->n = n;
+    return HYLA_OK;
 }
 
 static hyla_status g_gla_gate(void *ctx, float *x, size_t n, float normalizer, float clamp_min) {
     CTX;
     if (!LOGGING) return cu_gla_gate(ctx, x, n, normalizer, clamp_min);
-    return g_elem(c, GOP_GLA_GATE, x, NULL, NULL, n, normalizer, clamp_min);
-}
-
-static hyla_status g_rows(hyla_cuda_ctx *c, int op, float *x, int rows, int cols, float f0) {
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, op, 0, &e, NULL));
-    e->p[0] = x;
-    e->i[0] = rows;
-    e->i[1] = cols;
-    e->f[0] = f0;
+    ga_gla_gate *a;
+    HYLA_TRY(log_gla_gate(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->n = n;
+    a->normalizer = normalizer;
+    a->clamp_min = clamp_min;
     return HYLA_OK;
 }
 
 static hyla_status g_softmax_rows(void *ctx, float *x, int rows, int cols) {
     CTX;
     if (!LOGGING) return cu_softmax_rows(ctx, x, rows, cols);
-    return g_rows(c, GOP_SOFTMAX, x, rows, cols, 0);
+    ga_softmax_rows *a;
+    HYLA_TRY(log_softmax_rows(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->rows = rows;
+    a->cols = cols;
+    return HYLA_OK;
 }
 
 static hyla_status g_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps) {
     CTX;
     if (!LOGGING) return cu_l2norm_rows(ctx, x, rows, cols, eps);
-    return g_rows(c, GOP_L2NORM, x, rows, cols, eps);
+    ga_l2norm_rows *a;
+    HYLA_TRY(log_l2norm_rows(c->graphs, 0, &a, NULL));
+    a->x = x;
+    a->rows = rows;
+    a->cols = cols;
+    a->eps = eps;
+    return HYLA_OK;
 }
 
 static hyla_status g_gdn_gates(void *ctx, const float *a, int a_stride, const float *b, int b_stride,
@@ -600,19 +821,19 @@ static hyla_status g_gdn_gates(void *ctx, const float *a, int a_stride, const fl
                                int allow_neg) {
     CTX;
     if (!LOGGING) return cu_gdn_gates(ctx, a, a_stride, b, b_stride, A_log, dt_bias, g, beta, n, H, allow_neg);
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_GDN_GATES, 0, &e, NULL));
-    e->p[0] = a;
-    e->p[1] = b;
-    e->p[2] = A_log;
-    e->p[3] = dt_bias;
-    e->p[4] = g;
-    e->p[5] = beta;
-    e->i[0] = a_stride;
-    e->i[1] = b_stride;
-    e->i[2] = n;
-    e->i[3] = H;
-    e->i[4] = allow_neg;
+    ga_gdn_gates *r;
+    HYLA_TRY(log_gdn_gates(c->graphs, 0, &r, NULL));
+    r->a = a;
+    r->b = b;
+    r->A_log = A_log;
+    r->dt_bias = dt_bias;
+    r->g = g;
+    r->beta = beta;
+    r->a_stride = a_stride;
+    r->b_stride = b_stride;
+    r->n = n;
+    r->H = H;
+    r->allow_neg = allow_neg;
     return HYLA_OK;
 }
 
@@ -620,15 +841,15 @@ static hyla_status g_gated_rmsnorm(void *ctx, const float *o, const float *gt, c
                                    int D, float eps) {
     CTX;
     if (!LOGGING) return cu_gated_rmsnorm(ctx, o, gt, w, y, rows, D, eps);
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_GATED_RMSNORM, 0, &e, NULL));
-    e->p[0] = o;
-    e->p[1] = gt;
-    e->p[2] = w;
-    e->p[3] = y;
-    e->i[0] = rows;
-    e->i[1] = D;
-    e->f[0] = eps;
+    ga_gated_rmsnorm *a;
+    HYLA_TRY(log_gated_rmsnorm(c->graphs, 0, &a, NULL));
+    a->o = o;
+    a->gate = gt;
+    a->w = w;
+    a->y = y;
+    a->rows = rows;
+    a->D = D;
+    a->eps = eps;
     return HYLA_OK;
 }
 
@@ -637,14 +858,14 @@ static hyla_status g_rope(void *ctx, float *x, int n, int H, int D, const int32_
     if (!LOGGING) return cu_rope(ctx, x, n, H, D, pos, theta);
     if (n <= 0) return HYLA_OK;
     if (D % 2) return hyla_fail(HYLA_ERR_INVALID_ARG, "rope: head dim %d is odd", D);
-    gent *e;
+    ga_rope *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_ROPE, (size_t)n * 4, &e, &d));
-    e->p[0] = x;
-    e->i[0] = n;
-    e->i[1] = H;
-    e->i[2] = D;
-    e->f[0] = theta;
+    HYLA_TRY(log_rope(c->graphs, (size_t)n * 4, &a, &d));
+    a->x = x;
+    a->n = n;
+    a->H = H;
+    a->D = D;
+    a->theta = theta;
     memcpy(d, pos, (size_t)n * 4);
     return HYLA_OK;
 }
@@ -655,17 +876,17 @@ static hyla_status g_short_conv(void *ctx, float *x, int B, int n, int C, const 
     if (!LOGGING) return cu_short_conv(ctx, x, B, n, C, w, bias, K, tails, act_silu);
     if (B <= 0 || n <= 0) return HYLA_OK;
     if (K < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv: kernel size %d", K);
-    gent *e;
+    ga_short_conv *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_SHORT_CONV, (size_t)B * sizeof(float *), &e, &d));
-    e->p[0] = x;
-    e->p[1] = w;
-    e->p[2] = bias;
-    e->i[0] = B;
-    e->i[1] = n;
-    e->i[2] = C;
-    e->i[3] = K;
-    e->i[4] = act_silu;
+    HYLA_TRY(log_short_conv(c->graphs, (size_t)B * sizeof(float *), &a, &d));
+    a->x = x;
+    a->w = w;
+    a->bias = bias;
+    a->B = B;
+    a->n = n;
+    a->C = C;
+    a->K = K;
+    a->act_silu = act_silu;
     memcpy(d, tails, (size_t)B * sizeof(float *));
     return HYLA_OK;
 }
@@ -676,22 +897,22 @@ static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const f
     if (B <= 0) return HYLA_OK;
     if (dk > 256) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
     if (H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", H, B);
-    gent *e;
+    ga_lin_decode *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_LIN_DECODE, (size_t)B * sizeof(float *), &e, &d));
-    e->p[0] = q;
-    e->p[1] = k;
-    e->p[2] = v;
-    e->p[3] = ga;
-    e->p[4] = gb;
-    e->p[5] = o;
-    e->i[0] = gdn;
-    e->i[1] = B;
-    e->i[2] = H;
-    e->i[3] = dk;
-    e->i[4] = dv;
-    e->i[5] = cu_states16(S, B);
-    e->f[0] = scale;
+    HYLA_TRY(log_lin_decode(c->graphs, (size_t)B * sizeof(float *), &a, &d));
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->ga = ga;
+    a->gb = gb;
+    a->o = o;
+    a->gdn = gdn;
+    a->B = B;
+    a->H = H;
+    a->dk = dk;
+    a->dv = dv;
+    a->states16 = cu_states16(S, B);
+    a->scale = scale;
     memcpy(d, S, (size_t)B * sizeof(float *));
     return HYLA_OK;
 }
@@ -716,14 +937,14 @@ static hyla_status g_sse_route(void *ctx, const float *logits, int n, int N, int
     if (!LOGGING) return cu_sse_route(ctx, logits, n, N, K, idx, w);
     if (n <= 0) return HYLA_OK;
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_route: top-%d of %d partitions", K, N);
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_SSE_ROUTE, 0, &e, NULL));
-    e->p[0] = logits;
-    e->p[1] = idx;
-    e->p[2] = w;
-    e->i[0] = n;
-    e->i[1] = N;
-    e->i[2] = K;
+    ga_sse_route *a;
+    HYLA_TRY(log_sse_route(c->graphs, 0, &a, NULL));
+    a->logits = logits;
+    a->idx = idx;
+    a->w = w;
+    a->n = n;
+    a->N = N;
+    a->K = K;
     return HYLA_OK;
 }
 
@@ -740,20 +961,30 @@ static hyla_status g_sse_decode(void *ctx, hyla_sse_transition tr, const float *
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_decode: top-%d of %d partitions", K, N);
     if (dk > 256) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
     if (H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", H, B);
-    gent *e;
+    ga_sse_decode *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_SSE_DECODE, (size_t)B * 2 * sizeof(float *), &e, &d));
-    const void *ps[12] = {q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, o};
-    memcpy(e->p, ps, sizeof ps);
-    e->i[0] = (int)tr;
-    e->i[1] = B;
-    e->i[2] = H;
-    e->i[3] = dk;
-    e->i[4] = dv;
-    e->i[5] = N;
-    e->i[6] = K;
-    e->i[7] = cu_states16(S0, B) && cu_states16(Sp, B);
-    e->f[0] = scale;
+    HYLA_TRY(log_sse_decode(c->graphs, (size_t)B * 2 * sizeof(float *), &a, &d));
+    a->q1 = q1;
+    a->k1 = k1;
+    a->q2 = q2;
+    a->k2 = k2;
+    a->v = v;
+    a->ga = ga;
+    a->gb = gb;
+    a->betaa = betaa;
+    a->betab = betab;
+    a->idx = idx;
+    a->w = w;
+    a->o = o;
+    a->tr = (int32_t)tr;
+    a->B = B;
+    a->H = H;
+    a->dk = dk;
+    a->dv = dv;
+    a->N = N;
+    a->K = K;
+    a->states16 = cu_states16(S0, B) && cu_states16(Sp, B);
+    a->scale = scale;
     memcpy(d, S0, (size_t)B * sizeof(float *));
     memcpy((float **)d + B, Sp, (size_t)B * sizeof(float *));
     return HYLA_OK;
@@ -772,22 +1003,22 @@ static hyla_status g_attn_decode(void *ctx, const float *q, const float *k, cons
     size_t cap = 16;
     while (cap < nptr) cap *= 2;
     size_t bytes = cu_attn_decode_block_bytes(B, cap);
-    gent *e;
+    ga_attn_decode *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_ATTN_DECODE, bytes, &e, &d));
-    e->p[0] = q;
-    e->p[1] = k;
-    e->p[2] = v;
-    e->p[3] = o;
-    e->i[0] = B;
-    e->i[1] = Hq;
-    e->i[2] = Hk;
-    e->i[3] = D;
-    e->i[4] = kv[0].page_tokens;
-    e->i[5] = nsplit;
-    e->i[6] = window;
-    e->f[0] = scale;
-    e->z[0] = cap;
+    HYLA_TRY(log_attn_decode(c->graphs, bytes, &a, &d));
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->o = o;
+    a->B = B;
+    a->Hq = Hq;
+    a->Hk = Hk;
+    a->D = D;
+    a->page_tokens = kv[0].page_tokens;
+    a->nsplit = nsplit;
+    a->window = window;
+    a->scale = scale;
+    a->cap = cap;
     cu_attn_decode_block(d, B, cap, pos, kv);
     return HYLA_OK;
 }
@@ -799,7 +1030,12 @@ static hyla_status g_copy(void *ctx, void *dst, const void *src, size_t bytes) {
         CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
         return HYLA_OK;
     }
-    return g_elem(c, GOP_COPY, dst, src, NULL, bytes, 0, 0);
+    ga_copy *a;
+    HYLA_TRY(log_copy(c->graphs, 0, &a, NULL));
+    a->dst = dst;
+    a->src = src;
+    a->bytes = bytes;
+    return HYLA_OK;
 }
 
 static hyla_status g_zero(void *ctx, void *dst, size_t bytes) {
@@ -809,7 +1045,11 @@ static hyla_status g_zero(void *ctx, void *dst, size_t bytes) {
         CU_TRY(cudaMemsetAsync(dst, 0, bytes, c->stream));
         return HYLA_OK;
     }
-    return g_elem(c, GOP_ZERO, dst, NULL, NULL, bytes, 0, 0);
+    ga_zero *a;
+    HYLA_TRY(log_zero(c->graphs, 0, &a, NULL));
+    a->dst = dst;
+    a->bytes = bytes;
+    return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- ops that flush first */
@@ -866,22 +1106,22 @@ static hyla_status lin_prefill(hyla_cuda_ctx *c, int gdn, const float *q, const 
     if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
     if (dk > 256 && !cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
-    gent *e;
+    ga_lin_prefill *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_LIN_PREFILL, cu_lin_prefill1_block(n, S, NULL), &e, &d));
-    e->p[0] = q;
-    e->p[1] = k;
-    e->p[2] = v;
-    e->p[3] = ga;
-    e->p[4] = gb;
-    e->p[5] = o;
-    e->i[0] = gdn;
-    e->i[1] = n;
-    e->i[2] = H;
-    e->i[3] = dk;
-    e->i[4] = dv;
-    e->i[5] = ((uintptr_t)S & 15) == 0;
-    e->f[0] = scale;
+    HYLA_TRY(log_lin_prefill(c->graphs, cu_lin_prefill1_block(n, S, NULL), &a, &d));
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->ga = ga;
+    a->gb = gb;
+    a->o = o;
+    a->gdn = gdn;
+    a->n = n;
+    a->H = H;
+    a->dk = dk;
+    a->dv = dv;
+    a->s_aligned = ((uintptr_t)S & 15) == 0;
+    a->scale = scale;
     cu_lin_prefill1_block(n, S, d);
     return HYLA_OK;
 }
@@ -907,7 +1147,7 @@ static hyla_status f_attn_prefill(void *ctx, const float *q, const float *k, con
 }
 
 /* SSE prefill planned on the device is stream-only, so it is logged too; the host planner
- * (token-loop mode, N > 64) syncs, so that path flushes and runs at once. */
+ * (N > 64, K > 8) syncs, so that path flushes and runs at once. */
 static hyla_status g_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                                  const float *k2, const float *v, const float *ga, const float *gb,
                                  const float *betaa, const float *betab, const int32_t *idx, const float *w, int n,
@@ -915,24 +1155,36 @@ static hyla_status g_sse_prefill(void *ctx, hyla_sse_transition tr, const float 
     CTX;
     if (n <= 0) return HYLA_OK;
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: top-%d of %d partitions", K, N);
-    if (!LOGGING || c->prefill_mode != 0 || c->sse_host_plan || !cu_sse_prefill_planned(c, tr, H, dk, dv, N, K)) {
+    if (!LOGGING || !cu_sse_prefill_planned(c, tr, H, dk, dv, N, K)) {
         FLUSH;
         return cu_sse_prefill(ctx, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0,
                               Sp, o);
     }
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_SSE_PREFILL, 0, &e, NULL));
-    const void *ps[14] = {q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, o, S0, Sp};
-    memcpy(e->p, ps, sizeof ps);
-    e->i[0] = (int)tr;
-    e->i[1] = n;
-    e->i[2] = H;
-    e->i[3] = dk;
-    e->i[4] = dv;
-    e->i[5] = N;
-    e->i[6] = K;
-    e->i[7] = c->sse_windows;
-    e->f[0] = scale;
+    ga_sse_prefill *a;
+    HYLA_TRY(log_sse_prefill(c->graphs, 0, &a, NULL));
+    a->q1 = q1;
+    a->k1 = k1;
+    a->q2 = q2;
+    a->k2 = k2;
+    a->v = v;
+    a->ga = ga;
+    a->gb = gb;
+    a->betaa = betaa;
+    a->betab = betab;
+    a->idx = idx;
+    a->w = w;
+    a->o = o;
+    a->S0 = S0;
+    a->Sp = Sp;
+    a->tr = (int32_t)tr;
+    a->n = n;
+    a->H = H;
+    a->dk = dk;
+    a->dv = dv;
+    a->N = N;
+    a->K = K;
+    a->windows = c->sse_windows;
+    a->scale = scale;
     return HYLA_OK;
 }
 
@@ -973,14 +1225,14 @@ static hyla_status g_copy2d(void *ctx, float *dst, int ldd, const float *src, in
     if (!LOGGING) return cu_copy2d(ctx, dst, ldd, src, lds, rows, cols);
     HYLA_TRY(cu_copy2d_check(ldd, lds, rows, cols));
     if (rows == 0 || cols == 0) return HYLA_OK;
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_COPY2D, 0, &e, NULL));
-    e->p[0] = dst;
-    e->p[1] = src;
-    e->i[0] = ldd;
-    e->i[1] = lds;
-    e->i[2] = rows;
-    e->i[3] = cols;
+    ga_copy2d *a;
+    HYLA_TRY(log_copy2d(c->graphs, 0, &a, NULL));
+    a->dst = dst;
+    a->src = src;
+    a->ldd = ldd;
+    a->lds = lds;
+    a->rows = rows;
+    a->cols = cols;
     return HYLA_OK;
 }
 
@@ -999,24 +1251,24 @@ static hyla_status g_ssd_decode(void *ctx, const float *xbc, int ldx, const floa
     if (!LOGGING) return cu_ssd_decode(ctx, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, B, H, P, G, N, S, y);
     HYLA_TRY(cu_ssd_decode_check(B, ldx, ld_dt, H, P, G, N));
     if (B <= 0) return HYLA_OK;
-    gent *e;
+    ga_ssd_decode *a;
     void *d;
-    HYLA_TRY(log_add(c->graphs, GOP_SSD_DECODE, (size_t)B * sizeof(float *), &e, &d));
-    e->p[0] = xbc;
-    e->p[1] = dt;
-    e->p[2] = dt_bias;
-    e->p[3] = A_log;
-    e->p[4] = Dskip;
-    e->p[5] = y;
-    e->i[0] = ldx;
-    e->i[1] = ld_dt;
-    e->i[2] = B;
-    e->i[3] = H;
-    e->i[4] = P;
-    e->i[5] = G;
-    e->i[6] = N;
-    e->f[0] = dt_min;
-    e->f[1] = dt_max;
+    HYLA_TRY(log_ssd_decode(c->graphs, (size_t)B * sizeof(float *), &a, &d));
+    a->xbc = xbc;
+    a->dt = dt;
+    a->dt_bias = dt_bias;
+    a->A_log = A_log;
+    a->Dskip = Dskip;
+    a->y = y;
+    a->ldx = ldx;
+    a->ld_dt = ld_dt;
+    a->B = B;
+    a->H = H;
+    a->P = P;
+    a->G = G;
+    a->N = N;
+    a->dt_min = dt_min;
+    a->dt_max = dt_max;
     memcpy(d, S, (size_t)B * sizeof(float *));
     return HYLA_OK;
 }
@@ -1027,17 +1279,17 @@ static hyla_status g_ssd_norm(void *ctx, const float *o, const float *z, int ldz
     if (!LOGGING) return cu_ssd_norm(ctx, o, z, ldz, w, y, rows, G, gs, eps);
     HYLA_TRY(cu_ssd_norm_check(ldz, rows, G, gs));
     if (rows == 0) return HYLA_OK;
-    gent *e;
-    HYLA_TRY(log_add(c->graphs, GOP_SSD_NORM, 0, &e, NULL));
-    e->p[0] = o;
-    e->p[1] = z;
-    e->p[2] = w;
-    e->p[3] = y;
-    e->i[0] = ldz;
-    e->i[1] = rows;
-    e->i[2] = G;
-    e->i[3] = gs;
-    e->f[0] = eps;
+    ga_ssd_norm *a;
+    HYLA_TRY(log_ssd_norm(c->graphs, 0, &a, NULL));
+    a->o = o;
+    a->z = z;
+    a->w = w;
+    a->y = y;
+    a->ldz = ldz;
+    a->rows = rows;
+    a->G = G;
+    a->gs = gs;
+    a->eps = eps;
     return HYLA_OK;
 }
 
@@ -1103,6 +1355,17 @@ extern "C" hyla_status hyla_cuda_set_graphs(hyla_backend *be, int on) {
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_graphs: not a cuda backend");
     HYLA_TRY(cu_graph_flush(c));
     c->graphs_on = on ? 1 : 0;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys) {
+    hyla_cuda_ctx *c = graph_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_split: not a cuda backend");
+    if (keys < 0 || keys % 64 || keys > (1 << 24))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_split: %d keys is not 0 or a multiple of 64 up to 2^24",
+                         keys);
+    HYLA_TRY(cu_graph_flush(c));
+    c->attn_split_len = keys;
     return HYLA_OK;
 }
 

@@ -88,28 +88,13 @@ typedef struct hyla_cuda_ctx {
 
     hyla_cu_pool *pool;
     hyla_cu_graphs *graphs;  /* op log and captured graphs (hyla_cuda_graph.cu) */
-    int graphs_on;           /* log loggable ops and replay graphs (default; HYLA_CUDA_GRAPHS=0: off) */
+    int graphs_on;           /* log loggable ops and replay graphs (default; HYLA_CUDA_GRAPHS=0 at creation: off) */
     uint64_t scratch_gen;    /* bumped whenever a scratch buffer moves (graphs bake addresses in) */
     cudaEvent_t ev_compute;  /* upload/download: the copy stream waits for the compute stream ... */
     cudaEvent_t ev_copy;     /* ... and the compute stream for the copy stream */
-    int *tile_cnt; /* skinny linear: per-output-tile completion counters (zero between launches) */
-    size_t tile_cnt_n;
-    int prefill_mode; /* 0 chunked (tensor cores), 1 recurrent (token loop; HYLA_CUDA_PREFILL=recurrent) */
-    int linear_cublas_only; /* HYLA_CUDA_LINEAR=cublas: every linear through cuBLAS (benchmarks) */
-    int chunk_phase;        /* HYLA_CUDA_CHUNK_PHASE=a|b: run only kernel A or B of chunked prefill (profiling) */
-    int rec_scalar;         /* HYLA_CUDA_REC=scalar: the 1-column recurrent kernel only */
     int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
-    int sse_host_plan;      /* HYLA_CUDA_SSE_PLAN=host: SSE prefill plans on the host (one sync) */
-    int skinny_v1;          /* HYLA_CUDA_LINEAR=v1: the first skinny kernel (no cp.async/ldmatrix) */
-    int skinny_fused;       /* HYLA_CUDA_LINEAR=fused (1): last block of a tile reduces the K slices;
-                             * =fusedsmall (2): only for M <= 16 */
-    int skinny_xconv;       /* HYLA_CUDA_LINEAR=xconv: x converted by a separate kernel for M <= 16 too */
-    int prefill_batch;      /* prompt rows: outputs of one linear_multi with the same N as one batched
-                             * GEMM (default 1; HYLA_CUDA_PREFILL_BATCH=0: a GEMM per output) */
-    void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of that GEMM */
-    int chunk_mode;         /* GLA/GDN chunked prefill: 0 auto (fused, or split for few long sequences:
-                             * GDN's split form, GLA's kernels A and B), HYLA_CUDA_CHUNK=ab (1):
-                             * kernels A and B; =fused (2); =split (3) */
+    int attn_split_len;     /* flash prefill: keys per split (default 8192, 0 = one pass; a multiple of 64) */
+    void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of the batched prompt GEMM */
 } hyla_cuda_ctx;
 
 struct hyla_weight {

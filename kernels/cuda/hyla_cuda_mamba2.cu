@@ -10,8 +10,8 @@
  * scalar decay a on every key dimension, and the state layout [H][N][P] is GLA's [H][dk][dv].
  * k_ssd_expand writes those per-head operands (B and C of the head's group, a broadcast over
  * N) into scratch, the GLA chunked kernels (hyla_cuda_linattn.cu, tensor cores) run them, and
- * k_ssd_finish adds D·x. Shapes the chunked GLA path does not take (N > 256, or
- * HYLA_CUDA_PREFILL=recurrent) run the recurrent kernel over the call's tokens instead.
+ * k_ssd_finish adds D·x. Shapes the chunked GLA path does not take (N > 256) run the recurrent
+ * kernel over the call's tokens instead.
  * Both paths chunk from the call's first token, so 64-aligned pieces give the bits of one call.
  *
  * dt' and a are computed in fp32 (softplus as max(x,0) + log1p(e^−|x|)) by every path the
@@ -174,7 +174,6 @@ __global__ void k_ssd_finish(const float *o, const float *__restrict__ xbc, int 
     y[e] = o[e] + Dskip[h] * xbc[t * ldx + hp];
 }
 
-extern "C" int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq);
 
 extern "C" hyla_status cu_ssd_prefill(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt,
                                       const float *dt_bias, const float *A_log, const float *Dskip, float dt_min,

@@ -340,7 +340,7 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
     if (cu_lin_fused_ok(c, gdn, dk)) {
         /* the fused kernels read the rows through the plan's row map: no packed copies (GLA's
          * kernels A and B reading through it were slower than the gather, kernels/cuda/dev;
-         * they keep the gather below, e.g. under HYLA_CUDA_CHUNK=ab) */
+         * they keep the gather below where the fused kernels do not apply) */
         void *scr;
         HYLA_TRY(cu_scratch(c, SCR_SSE, rows * hv * 4, &scr));
         float *po = (float *)scr;
@@ -414,7 +414,7 @@ extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const f
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (n <= 0) return HYLA_OK;
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: top-%d of %d partitions", K, N);
-    if (c->prefill_mode == 0 && !c->sse_host_plan && plan_ok(c, tr == HYLA_SSE_GDN, H, dk, dv, N, K))
+    if (plan_ok(c, tr == HYLA_SSE_GDN, H, dk, dv, N, K))
         return cu_sse_prefill_dev(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale,
                                   c->sse_windows, S0, Sp, o);
     return sse_prefill_host(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0, Sp,
@@ -422,44 +422,13 @@ extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const f
 }
 
 /* The host planner: routes to the host (one sync), the same tables built there. Used for the
- * token-loop mode and where the device plan does not apply (N > 64, K > 8). */
+ * shapes the device plan does not take (N > 64, K > 8). */
 static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
                                     const float *q2, const float *k2, const float *v, const float *ga,
                                     const float *gb, const float *betaa, const float *betab, const int32_t *idx,
                                     const float *w, int n, int H, int dk, int dv, int N, int K, float scale,
                                     float *S0, float *Sp, float *o) {
     const int gdn = tr == HYLA_SSE_GDN;
-    if (c->prefill_mode == 1) {
-        void *d_p;
-        float *ptrs[2] = {S0, Sp};
-        HYLA_TRY(cu_stage(c, ptrs, sizeof ptrs, &d_p));
-        hyla_cu_linrec r;
-        memset(&r, 0, sizeof r);
-        r.gdn = gdn;
-        r.H = H;
-        r.dk = dk;
-        r.dv = dv;
-        r.ntok = n;
-        r.N = N;
-        r.K = K;
-        r.scale = scale;
-        r.q1 = q1;
-        r.k1 = k1;
-        r.ga = ga;
-        r.betaa = betaa;
-        r.q2 = q2;
-        r.k2 = k2;
-        r.gb = gb;
-        r.betab = betab;
-        r.v = v;
-        r.o = o;
-        r.S0 = (float *const *)d_p;
-        r.Sp = (float *const *)d_p + 1;
-        r.idx = idx;
-        r.w = w;
-        r.states16 = ((uintptr_t)S0 & 15) == 0 && ((uintptr_t)Sp & 15) == 0;
-        return cu_lin_recurrent(c, &r, 1);
-    }
     /* routes to the host: per-partition token lists */
     size_t nk = (size_t)n * K;
     int32_t *hidx = (int32_t *)malloc(nk * 4 * 3 + (size_t)(N + 1) * 2 * 4 + 16);

@@ -1,0 +1,36 @@
+/* hyla_thread.h — the thread helpers every module uses: a parallel loop over pthreads, the
+ * count of online cores, and a bounded wait on a condition variable.
+ *
+ * Threading: every function is thread-safe and keeps no global state. */
+#ifndef HYLA_THREAD_H
+#define HYLA_THREAD_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Processors online (at least 1). */
+int hyla_online_cores(void);
+
+/* Threads hyla_parallel_for uses for n items: threads (0 = online cores), at most 64 and n,
+ * at least 1. */
+int hyla_parallel_width(int threads, size_t n);
+
+/* Run fn(ctx, i, tid) for i in [0, n) on hyla_parallel_width(threads, n) threads, tid in
+ * [0, width): per-thread scratch can be indexed by tid. The caller's thread is tid 0; returns
+ * when every item is done. If a thread cannot be started, fewer run. */
+void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, int tid), void *ctx);
+
+/* pthread_cond_timedwait for at most ms milliseconds on a condition variable with the default
+ * clock (CLOCK_REALTIME). The caller holds mu; returns with mu held, woken or timed out (the
+ * caller re-checks its predicate). */
+void hyla_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,1324 @@
+/* hyla_cuda_lin_chunked.cu — GLA and gated-delta-rule (GDN) prefill on tensor cores, chunk by
+ * chunk, and the host side of every chunked call.
+ *
+ * Chunked prefill (chunk C = 64 tokens, aligned to the start of the call; MODELS.md 4.1/4.2):
+ *   kernel A, one block per (chunk, head), all chunks in parallel: everything that does not
+ *     depend on the state entering the chunk —
+ *       GDN: T = (I + tril(diag(beta) K K^T * Gamma, -1))^-1 (fp32 forward substitution),
+ *            W = T diag(beta e^b) K, U0 = T diag(beta) V, Aqk = scale tril(Q K^T * Gamma),
+ *       GLA: Aqk[t][s] = scale sum_i q_ti k_si e^(b_ti - b_si) by 16x16 sub-blocks with a
+ *            reference row (both factors <= 1 off the diagonal), exact exp on a diagonal block
+ *            whose decay span could overflow,
+ *     and q~ = scale e^b q, k~^T = (e^(b_C - b) k)^T, the chunk decay e^(b_C).
+ *   kernel B, one block per (sequence, head, 32 value columns), chunks in order, the state
+ *     in fp32 mma accumulators the whole time:
+ *       U = U0 - W S (GDN) or V (GLA);  O = q~ S + Aqk U;  S = e^(b_C) S + k~^T U.
+ *   Matrix products are bf16 x bf16 -> fp32 (mma.sync m16n8k16); the state is rounded to
+ *   bf16 only as an operand, never in storage.
+ * GDN with dk <= 128 runs the fused pass instead (hyla_cuda_gdn_fused.cu, hyla_cuda_gdn_pipe.cu:
+ *   kernel A's quantities computed per chunk in shared memory by the block that carries the
+ *   state, so only q, k, v, gates are read and o written), or for few long sequences its chunk
+ *   part over all chunks followed by kernel B; kernels A and B remain for dk = 256. GLA with
+ *   dk <= 128 likewise runs a fused kernel (k_gla_fused), whose tiles and products are exactly
+ *   kernels A's and B's, so the two give the same bits; kernels A and B stay for few long
+ *   sequences and dk = 256.
+ * Sequences are packed (varlen) so SSE partitions and batched prefill share the kernels; the
+ *   fused kernels can also read SSE rows through the plan's row map (no gathered copy).
+ * Threading: launched on the context's stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_linattn.cuh"
+#include "hyla_log.h"
+
+/* ---- kernel A, GDN ---- */
+template <int DKP>
+__global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int LDK = DKP + 8, LDV = dvp + 8;
+    __nv_bfloat16 *Kb = (__nv_bfloat16 *)smem;         /* [64][LDK] */
+    __nv_bfloat16 *Qb = Kb + CH * LDK;                 /* [64][LDK], later beta e^b K */
+    __nv_bfloat16 *Vb = Qb + CH * LDK;                 /* [64][LDV] beta V */
+    __nv_bfloat16 *Tb = Vb + CH * LDV;                 /* [64][72] */
+    float *Af = (float *)(Tb + CH * 72);               /* [64][65] */
+    float *Xf = Af + CH * 65;                          /* [64][65] */
+    float *bc = Xf + CH * 65;                          /* [64] */
+    float *be = bc + CH;                               /* [64] */
+    float *Pf = be + CH;                               /* [16][49] block products */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk, dv = a.dv;
+    const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+    const size_t ch = (size_t)c * H + h;
+
+    if (a.vec4) { /* 16-byte loads, several in flight per thread */
+#pragma unroll 4
+        for (int x = tid; x < CH * DKP / 4; x += 128) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), qv = kv;
+            if (t < len && i < dk) {
+                size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+                kv = __ldg((const float4 *)(a.k + off));
+                qv = __ldg((const float4 *)(a.q + off));
+            }
+            *(uint2 *)(Kb + t * LDK + i) = make_uint2(pack_bf16x2(kv.x, kv.y), pack_bf16x2(kv.z, kv.w));
+            *(uint2 *)(Qb + t * LDK + i) = make_uint2(pack_bf16x2(qv.x, qv.y), pack_bf16x2(qv.z, qv.w));
+        }
+    } else {
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            float kv = 0.0f, qv = 0.0f;
+            if (t < len && i < dk) {
+                size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+                kv = a.k[off];
+                qv = a.q[off];
+            }
+            Kb[t * LDK + i] = __float2bfloat16_rn(kv);
+            Qb[t * LDK + i] = __float2bfloat16_rn(qv);
+        }
+    }
+    if (tid < CH) {
+        bool ok = tid < len;
+        bc[tid] = ok ? a.ga[(size_t)(tok0 + tid) * H + h] : 0.0f;
+        be[tid] = ok ? a.gb[(size_t)(tok0 + tid) * H + h] : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int t = 1; t < CH; t++) bc[t] += bc[t - 1];
+    __syncthreads();
+    if (a.vec4 && dv % 4 == 0) {
+#pragma unroll 4
+        for (int x = tid; x < CH * dvp / 4; x += 128) {
+            int t = x / (dvp / 4), j = (x % (dvp / 4)) * 4;
+            float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < len && j < dv) vv = __ldg((const float4 *)(a.v + ((size_t)(tok0 + t) * H + h) * dv + j));
+            float f = be[t];
+            *(uint2 *)(Vb + t * LDV + j) = make_uint2(pack_bf16x2(vv.x * f, vv.y * f), pack_bf16x2(vv.z * f, vv.w * f));
+        }
+    } else {
+        for (int x = tid; x < CH * dvp; x += 128) {
+            int t = x / dvp, j = x % dvp;
+            float vv = (t < len && j < dv) ? a.v[((size_t)(tok0 + t) * H + h) * dv + j] * be[t] : 0.0f;
+            Vb[t * LDV + j] = __float2bfloat16_rn(vv);
+        }
+    }
+    /* K K^T and Q K^T for rows 16w..16w+15 */
+    {
+        float kk[8][4], qk[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < DKP / 16; kc++) {
+            uint32_t ak[4], aq[4];
+            ld_frag_a(ak, Kb + (16 * w) * LDK + kc * 16, LDK);
+            ld_frag_a(aq, Qb + (16 * w) * LDK + kc * 16, LDK);
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                uint32_t bf[2];
+                ld_frag_b_nk(bf, Kb + (n * 8) * LDK + kc * 16, LDK);
+                mma_bf16_16816(kk[n], ak, bf);
+                mma_bf16_16816(qk[n], aq, bf);
+            }
+        }
+        __nv_bfloat16 *aqk = a.aqk + ch * CH * CH;
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = 16 * w + g + (e >> 1) * 8, s = n * 8 + 2 * tq + (e & 1);
+                float gam = (s <= r) ? expf(bc[r] - bc[s]) : 0.0f;
+                Af[r * 65 + s] = (s < r) ? be[r] * gam * kk[n][e] : 0.0f;
+                aqk[r * CH + s] = __float2bfloat16_rn(a.scale * gam * qk[n][e]);
+            }
+    }
+    __syncthreads();
+    /* T = (I + A)^-1, blocked: the four 16x16 diagonal blocks by forward substitution (warp w
+     * inverts block w, column s by lanes 2s' and 2s'+1), then the blocks below the diagonal
+     * one block row at a time: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj. */
+    for (int x = tid; x < CH * 65; x += 128) Xf[x] = 0.0f;
+    __syncthreads();
+    {
+        const int sl = lane >> 1, half = lane & 1, s = 16 * w + sl;
+        if (half == 0) Xf[s * 65 + s] = 1.0f;
+        __syncwarp();
+        for (int tl = 1; tl < 16; tl++) {
+            int t = 16 * w + tl;
+            float part = 0.0f;
+            if (t > s)
+                for (int r = s + half; r < t; r += 2) part += Af[t * 65 + r] * Xf[r * 65 + s];
+            float tot = part + __shfl_xor_sync(0xffffffffu, part, 1);
+            if (t > s && half == 0) Xf[t * 65 + s] = -tot;
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+    for (int i = 1; i < 4; i++) {
+        for (int x = tid; x < i * 256; x += 128) {
+            int j = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
+            float acc = 0.0f;
+            for (int col = 16 * j; col < 16 * i; col++) acc += Af[(16 * i + ra) * 65 + col] * Xf[col * 65 + 16 * j + cb];
+            Pf[ra * 49 + 16 * j + cb] = acc;
+        }
+        __syncthreads();
+        for (int x = tid; x < i * 256; x += 128) {
+            int j = x >> 8, ra = (x >> 4) & 15, cb = x & 15;
+            float acc = 0.0f;
+#pragma unroll
+            for (int r = 0; r < 16; r++) acc += Xf[(16 * i + ra) * 65 + 16 * i + r] * Pf[r * 49 + 16 * j + cb];
+            Xf[(16 * i + ra) * 65 + 16 * j + cb] = -acc;
+        }
+        __syncthreads();
+    }
+    for (int x = tid; x < CH * CH; x += 128) {
+        int r = x / CH, s = x % CH;
+        Tb[r * 72 + s] = __float2bfloat16_rn(Xf[r * 65 + s]);
+    }
+    /* Qb <- diag(beta e^b) K (from fp32 k) */
+    if (a.vec4) {
+#pragma unroll 4
+        for (int x = tid; x < CH * DKP / 4; x += 128) {
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < len && i < dk) kv = __ldg((const float4 *)(a.k + ((size_t)(tok0 + t) * H + h) * dk + i));
+            float f = be[t] * expf(bc[t]);
+            *(uint2 *)(Qb + t * LDK + i) =
+                make_uint2(pack_bf16x2(kv.x * f, kv.y * f), pack_bf16x2(kv.z * f, kv.w * f));
+        }
+    } else {
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            float kv = (t < len && i < dk) ? a.k[((size_t)(tok0 + t) * H + h) * dk + i] * be[t] * expf(bc[t]) : 0.0f;
+            Qb[t * LDK + i] = __float2bfloat16_rn(kv);
+        }
+    }
+    __syncthreads();
+    /* W = T (beta e^b K), U0 = T (beta V); rows 16w.. */
+    {
+        __nv_bfloat16 *wo = a.wt + ch * CH * DKP;
+        for (int n0 = 0; n0 < DKP / 8; n0 += 8) {
+            float acc[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t at[4];
+                ld_frag_a(at, Tb + (16 * w) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    if (n0 + n < DKP / 8) {
+                        uint32_t bf[2];
+                        ld_frag_b_kn(bf, Qb + (kc * 16) * LDK + (n0 + n) * 8, LDK);
+                        mma_bf16_16816(acc[n], at, bf);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                if (n0 + n < DKP / 8)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        int r = 16 * w + g + (e >> 1) * 8, col = (n0 + n) * 8 + 2 * tq;
+                        *(uint32_t *)(wo + r * DKP + col) = pack_bf16x2(acc[n][e], acc[n][e + 1]);
+                    }
+        }
+        float *uo = a.u0 + ch * CH * dv;
+        for (int n0 = 0; n0 < dvp / 8; n0 += 8) {
+            float acc[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t at[4];
+                ld_frag_a(at, Tb + (16 * w) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    if (n0 + n < dvp / 8) {
+                        uint32_t bf[2];
+                        ld_frag_b_kn(bf, Vb + (kc * 16) * LDV + (n0 + n) * 8, LDV);
+                        mma_bf16_16816(acc[n], at, bf);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                if (n0 + n < dvp / 8)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = 16 * w + g + (e >> 1) * 8, col = (n0 + n) * 8 + 2 * tq + (e & 1);
+                        if (col < dv) uo[(size_t)r * dv + col] = acc[n][e];
+                    }
+        }
+    }
+    /* q~ = scale e^b q, k~^T = (e^(bC - b) k)^T, decay */
+    {
+        const float bC = bc[CH - 1];
+        __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+        if (a.vec4) {
+#pragma unroll 4
+            for (int x = tid; x < CH * DKP / 4; x += 128) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (t < len && i < dk) qv = __ldg((const float4 *)(a.q + ((size_t)(tok0 + t) * H + h) * dk + i));
+                float f = a.scale * expf(bc[t]);
+                *(uint2 *)(qo + (size_t)x * 4) =
+                    make_uint2(pack_bf16x2(qv.x * f, qv.y * f), pack_bf16x2(qv.z * f, qv.w * f));
+            }
+        } else {
+            for (int x = tid; x < CH * DKP; x += 128) {
+                int t = x / DKP, i = x % DKP;
+                float qv =
+                    (t < len && i < dk) ? a.q[((size_t)(tok0 + t) * H + h) * dk + i] * a.scale * expf(bc[t]) : 0.0f;
+                qo[x] = __float2bfloat16_rn(qv);
+            }
+        }
+        /* k~^T through shared memory (the Af/Xf area, free now): row reads of Kb, 16-byte
+         * coalesced writes to global */
+        __syncthreads();
+        __nv_bfloat16 *kst = (__nv_bfloat16 *)Af; /* [DKP][64]: 2*64*65*4 bytes >= DKP*64*2 */
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            kst[i * CH + t] = __float2bfloat16_rn(__bfloat162float(Kb[t * LDK + i]) * expf(bC - bc[t]));
+        }
+        __syncthreads();
+        for (int x = tid; x < CH * DKP / 8; x += 128) ((uint4 *)ko)[x] = ((const uint4 *)kst)[x];
+        if (tid == 0) a.dec[ch * DKP] = expf(bC);
+    }
+}
+
+/* ---- kernel A, GLA ---- */
+#define GLA_SPAN_MAX 60.0f /* larger log-decay span inside a 16-token block: exact exp path */
+
+template <int DKP>
+__global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int LDK = DKP + 8;
+    float *Bc = (float *)smem;                              /* [64][DKP] cumulative log decay */
+    __nv_bfloat16 *Qr = (__nv_bfloat16 *)(Bc + CH * DKP);   /* [4 warps][16][LDK] */
+    __nv_bfloat16 *Kr = Qr + 4 * 16 * LDK;                  /* [4 warps][16][LDK] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk;
+    const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+    const size_t ch = (size_t)c * H + h;
+#define QX(t, i) (((t) < len && (i) < dk) ? a.q[((size_t)(tok0 + (t)) * H + h) * dk + (i)] : 0.0f)
+#define KX(t, i) (((t) < len && (i) < dk) ? a.k[((size_t)(tok0 + (t)) * H + h) * dk + (i)] : 0.0f)
+
+    for (int i = tid; i < DKP; i += 128) {
+        float run = 0.0f;
+        for (int t = 0; t < CH; t++) {
+            run += (t < len && i < dk) ? a.ga[((size_t)(tok0 + t) * H + h) * dk + i] : 0.0f;
+            Bc[t * DKP + i] = run;
+        }
+    }
+    __syncthreads();
+    {
+        __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH;
+        if (a.vec4) {
+#pragma unroll 4
+            for (int x = tid; x < CH * DKP / 4; x += 128) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4;
+                float4 qv = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (t < len && i < dk) qv = __ldg((const float4 *)(a.q + ((size_t)(tok0 + t) * H + h) * dk + i));
+                const float *bt = Bc + t * DKP + i;
+                *(uint2 *)(qo + (size_t)x * 4) =
+                    make_uint2(pack_bf16x2(qv.x * a.scale * expf(bt[0]), qv.y * a.scale * expf(bt[1])),
+                               pack_bf16x2(qv.z * a.scale * expf(bt[2]), qv.w * a.scale * expf(bt[3])));
+            }
+        } else {
+            for (int x = tid; x < CH * DKP; x += 128) {
+                int t = x / DKP, i = x % DKP;
+                qo[x] = __float2bfloat16_rn(QX(t, i) * a.scale * expf(Bc[t * DKP + i]));
+            }
+        }
+        /* k~^T staged in the Qr/Kr area (not used yet): coalesced reads of k, 16-byte writes */
+        __nv_bfloat16 *kst = Qr; /* [DKP][64]: 2*4*16*(DKP+8) >= DKP*64 elements */
+        for (int x = tid; x < CH * DKP; x += 128) {
+            int t = x / DKP, i = x % DKP;
+            kst[i * CH + t] = __float2bfloat16_rn(KX(t, i) * expf(Bc[(CH - 1) * DKP + i] - Bc[t * DKP + i]));
+        }
+        __syncthreads();
+        for (int x = tid; x < CH * DKP / 8; x += 128) ((uint4 *)ko)[x] = ((const uint4 *)kst)[x];
+        for (int i = tid; i < DKP; i += 128) a.dec[ch * DKP + i] = expf(Bc[(CH - 1) * DKP + i]);
+        __syncthreads();
+    }
+    /* Aqk, t-block R = w (rows 16w..16w+15), reference row 16w */
+    __nv_bfloat16 *aqk = a.aqk + ch * CH * CH;
+    __nv_bfloat16 *qr = Qr + w * 16 * LDK, *kr = Kr + w * 16 * LDK;
+    const int ref = 16 * w;
+    for (int x = lane; x < 16 * DKP; x += 32) {
+        int r = x / DKP, i = x % DKP, t = ref + r;
+        qr[r * LDK + i] = __float2bfloat16_rn(QX(t, i) * expf(Bc[t * DKP + i] - Bc[ref * DKP + i]));
+    }
+    for (int rb = 0; rb < 4; rb++) {
+        if (rb > w) { /* above the diagonal: zero */
+            for (int x = lane; x < 256; x += 32) aqk[(ref + x / 16) * CH + rb * 16 + x % 16] = __float2bfloat16_rn(0.0f);
+            continue;
+        }
+        bool diag = rb == w;
+        bool exact = false;
+        if (diag) {
+            float span = 0.0f;
+            for (int i = lane; i < DKP; i += 32) span = fmaxf(span, Bc[ref * DKP + i] - Bc[(ref + 15) * DKP + i]);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) span = fmaxf(span, __shfl_xor_sync(0xffffffffu, span, o));
+            exact = span > GLA_SPAN_MAX;
+        }
+        if (exact) {
+            for (int x = lane; x < 256; x += 32) {
+                int r = x / 16, cc = x % 16, t = ref + r, s = ref + cc;
+                float sum = 0.0f;
+                if (cc <= r)
+                    for (int i = 0; i < dk; i++)
+                        sum = fmaf(QX(t, i) * KX(s, i), expf(Bc[t * DKP + i] - Bc[s * DKP + i]), sum);
+                aqk[t * CH + s] = __float2bfloat16_rn(a.scale * sum);
+            }
+            continue;
+        }
+        __syncwarp();
+        for (int x = lane; x < 16 * DKP; x += 32) {
+            int r = x / DKP, i = x % DKP, s = rb * 16 + r;
+            kr[r * LDK + i] = __float2bfloat16_rn(KX(s, i) * expf(Bc[ref * DKP + i] - Bc[s * DKP + i]));
+        }
+        __syncwarp();
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kc = 0; kc < DKP / 16; kc++) {
+            uint32_t af[4];
+            ld_frag_a(af, qr + kc * 16, LDK);
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                uint32_t bf[2];
+                ld_frag_b_nk(bf, kr + (n * 8) * LDK + kc * 16, LDK);
+                mma_bf16_16816(acc[n], af, bf);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = g + (e >> 1) * 8, cc = n * 8 + 2 * tq + (e & 1);
+                float v = (!diag || cc <= r) ? a.scale * acc[n][e] : 0.0f;
+                aqk[(ref + r) * CH + rb * 16 + cc] = __float2bfloat16_rn(v);
+            }
+    }
+#undef QX
+#undef KX
+}
+
+/* ---- kernel B: the state pass ----
+ * ST = 2: the next chunk's tiles (q~, W, k~^T, Aqk, decay) arrive by cp.async while this chunk
+ * computes; ST = 1 when two stages do not fit in shared memory (dk = 256 with GDN). */
+template <int DKP, int GDN, int ST>
+__global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int LDK = DKP + 8;
+    constexpr int MT = DKP / 16, MTW = (MT + 3) / 4;
+    constexpr int STAGE = CH * (DKP + 8) * (GDN ? 2 : 1) + DKP * 72 + CH * 72 + DKP * 2; /* bf16 elements */
+    __nv_bfloat16 *SbT = (__nv_bfloat16 *)smem + ST * STAGE; /* [32][LDK] */
+    __nv_bfloat16 *UT = SbT + 32 * LDK;                       /* [32][72] */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    float *S = a.S[z] + (size_t)h * dk * dv;
+
+    float sacc[MTW][4][4];
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = w + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+    }
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
+                     float *&decs) {
+        Qt = (__nv_bfloat16 *)smem + buf * STAGE;
+        Wt = Qt + CH * LDK;
+        KtT = Wt + (GDN ? CH * LDK : 0);
+        Aq = KtT + DKP * 72;
+        decs = (float *)(Aq + CH * 72);
+    };
+    auto stage = [&](int buf, int c) {
+        __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
+        float *decs;
+        tiles(buf, Qt, Wt, KtT, Aq, decs);
+        const size_t ch = (size_t)c * H + h;
+        const __nv_bfloat16 *src = a.qt + ch * CH * DKP;
+        for (int x = tid; x < CH * DKP / 8; x += 128) {
+            int r = x / (DKP / 8), q = x % (DKP / 8);
+            cp_async16(Qt + r * LDK + q * 8, src + (size_t)x * 8, 16);
+        }
+        if (GDN) {
+            src = a.wt + ch * CH * DKP;
+            for (int x = tid; x < CH * DKP / 8; x += 128) {
+                int r = x / (DKP / 8), q = x % (DKP / 8);
+                cp_async16(Wt + r * LDK + q * 8, src + (size_t)x * 8, 16);
+            }
+        }
+        src = a.ktT + ch * DKP * CH;
+        for (int x = tid; x < DKP * CH / 8; x += 128) cp_async16(KtT + (x / 8) * 72 + (x % 8) * 8, src + (size_t)x * 8, 16);
+        src = a.aqk + ch * CH * CH;
+        for (int x = tid; x < CH * CH / 8; x += 128) cp_async16(Aq + (x / 8) * 72 + (x % 8) * 8, src + (size_t)x * 8, 16);
+        const float *dsrc = a.dec + ch * DKP;
+        for (int x = tid; x < DKP / 4; x += 128) cp_async16(decs + x * 4, dsrc + x * 4, 16);
+        cp_async_commit();
+    };
+    if (ST == 2 && nc > 0) stage(0, c0);
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc, buf = ST == 2 ? (cc & 1) : 0;
+        const size_t ch = (size_t)c * H + h;
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if (ST == 2) {
+            if (cc + 1 < nc) {
+                stage((cc + 1) & 1, c + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+        } else {
+            stage(0, c);
+            cp_async_wait<0>();
+        }
+        __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
+        float *decs;
+        tiles(buf, Qt, Wt, KtT, Aq, decs);
+        /* this warp's U source (U0 of GDN, or V of GLA): loads issued before the products */
+        float usrc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                float u = 0.0f;
+                if (j < dv) {
+                    if (GDN)
+                        u = a.u0[(ch * CH + t) * dv + j];
+                    else if (t < len)
+                        u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
+                }
+                usrc[n][e] = u;
+            }
+        /* S (bf16, transposed) as the operand of this chunk */
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++) {
+            int mt = w + 4 * mi;
+            if (mt < MT)
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                        SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
+                    }
+        }
+        __syncthreads();
+        /* U for rows 16w..16w+15 */
+        {
+            float uacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+            if (GDN) {
+#pragma unroll
+                for (int kc = 0; kc < DKP / 16; kc++) {
+                    uint32_t af[4];
+                    ld_frag_a(af, Wt + (16 * w) * LDK + kc * 16, LDK);
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        uint32_t bf[2];
+                        ld_frag_b_nk(bf, SbT + (n * 8) * LDK + kc * 16, LDK);
+                        mma_bf16_16816(uacc[n], af, bf);
+                    }
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                    UT[jj * 72 + t] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
+                }
+        }
+        __syncthreads();
+        /* O = q~ S + Aqk U */
+        {
+            float oacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++) {
+                uint32_t af[4];
+                ld_frag_a(af, Qt + (16 * w) * LDK + kc * 16, LDK);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    uint32_t bf[2];
+                    ld_frag_b_nk(bf, SbT + (n * 8) * LDK + kc * 16, LDK);
+                    mma_bf16_16816(oacc[n], af, bf);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) {
+                uint32_t af[4];
+                ld_frag_a(af, Aq + (16 * w) * 72 + kc * 16, 72);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    uint32_t bf[2];
+                    ld_frag_b_nk(bf, UT + (n * 8) * 72 + kc * 16, 72);
+                    mma_bf16_16816(oacc[n], af, bf);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                    if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
+                }
+        }
+        /* S = e^(bC) S + k~^T U */
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++) {
+            int mt = w + 4 * mi;
+            if (mt < MT) {
+                float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    sacc[mi][n][0] *= d0;
+                    sacc[mi][n][1] *= d0;
+                    sacc[mi][n][2] *= d1;
+                    sacc[mi][n][3] *= d1;
+                }
+#pragma unroll
+                for (int kc = 0; kc < CH / 16; kc++) {
+                    uint32_t af[4];
+                    ld_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        uint32_t bf[2];
+                        ld_frag_b_nk(bf, UT + (n * 8) * 72 + kc * 16, 72);
+                        mma_bf16_16816(sacc[mi][n], af, bf);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = w + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
+            }
+    }
+}
+
+/* ---- fused GLA prefill: kernels A and B in one, the same bits ----
+ * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
+ * order with the state in fp32 mma accumulators (kernel B's layout: each group of 4 warps owns
+ * 32 value columns) and forms each chunk's kernel-A tiles itself in shared memory, so only q,
+ * k, v, the gates and o (and the state at the end) cross global memory. Every tile value is
+ * computed by kernel A's expression from the same fp32 inputs and every product is kernel B's
+ * (same operands, same k order), so the results equal kernels A + B bit for bit; the backend
+ * picks either by shape. Per chunk:
+ *   (a)  wait for the chunk's staging (fp32 q, k, g [64][DKP] with 16-byte pieces XOR-swizzled
+ *        by row so fragment reads hit distinct banks; v [64][128]; a row table of source rows
+ *        and weights, which is how SSE rows are read through the plan's row map);
+ *   (b)  every warp writes S^T (bf16) for its group; threads < DKP run kernel A's cumulative
+ *        log decay in place (sequential in t, as kernel A) and the chunk decay; the others
+ *        form V^T (bf16) and the next chunk's row table;
+ *   (b') the next chunk's v is issued (its staging area is free now);
+ *   (c)  warps 0-9: the 10 lower 16x16 blocks of Aqk, one each, operand fragments computed
+ *        in registers from the staging (kernel A's reference-row form, exact exp on a diagonal
+ *        block whose span exceeds GLA_SPAN_MAX); warps 10-15: q~, k~^T, the zero blocks;
+ *   (c') the next chunk's q, k, g are issued;
+ *   (d)  each group: O = q~ S + Aqk V, S = diag(e^(bC)) S + k~^T V.
+ * Shared memory for dk = 128: 128 KB staging + 98 KB tiles (one block per SM). */
+#define FG_T 512
+
+template <int DKP>
+struct GlaFusedSmem {
+    static constexpr int LDK = DKP + 8;
+    static constexpr size_t STG = (size_t)3 * CH * DKP * 4 + (size_t)CH * 128 * 4; /* Qst Kst Gst, Vst fp32 */
+    static constexpr size_t QT = (size_t)CH * LDK * 2;                             /* q~ [64][LDK] */
+    static constexpr size_t KT = (size_t)DKP * 72 * 2;                             /* k~^T [DKP][72] */
+    static constexpr size_t AQ = (size_t)CH * 72 * 2;                              /* Aqk [64][72] */
+    static constexpr size_t UT = (size_t)128 * 72 * 2;                             /* V^T [128][72] */
+    static constexpr size_t SB = (size_t)4 * 32 * LDK * 2;                         /* S^T [4][32][LDK] */
+    static constexpr size_t SM = (size_t)DKP * 4 + (size_t)2 * CH * 4 * 2;         /* dec, row tables */
+    static constexpr size_t TOTAL = STG + QT + KT + AQ + UT + SB + SM;
+};
+
+/* element (t, i) of a [64][DKP] fp32 staging array: 16-byte piece i/4 XOR 2(t mod 4) */
+template <int DKP>
+__device__ __forceinline__ int fg_sw(int t, int i) {
+    return t * DKP + ((((i >> 2) ^ (((t & 3) << 1) & (DKP / 4 - 1)))) << 2) + (i & 3);
+}
+
+template <int DKP>
+__global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
+    typedef GlaFusedSmem<DKP> L;
+    constexpr int LDK = L::LDK, MT = DKP / 16, MTW = (MT + 3) / 4;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *Qst = (float *)smem, *Kst = Qst + CH * DKP, *Gst = Kst + CH * DKP, *Vst = Gst + CH * DKP;
+    unsigned char *sp_ = smem + L::STG;
+    __nv_bfloat16 *Qt = (__nv_bfloat16 *)sp_;
+    sp_ += L::QT;
+    __nv_bfloat16 *KtT = (__nv_bfloat16 *)sp_;
+    sp_ += L::KT;
+    __nv_bfloat16 *Aq = (__nv_bfloat16 *)sp_;
+    sp_ += L::AQ;
+    __nv_bfloat16 *UTall = (__nv_bfloat16 *)sp_;
+    sp_ += L::UT;
+    __nv_bfloat16 *SbTall = (__nv_bfloat16 *)sp_;
+    sp_ += L::SB;
+    float *dec = (float *)sp_;                  /* [DKP] e^(bC) */
+    int *rtok = (int *)(dec + DKP);             /* [2][64] source row: >= 0 dense, <= -2 sparse (-2 - row), -1 none */
+    float *rwt = (float *)(rtok + 2 * CH);      /* [2][64] row weight (1 dense, 0 none) */
+
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int gq = w >> 2, wq = w & 3;
+    const int h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    const int jb = blockIdx.x * 128, j0 = jb + gq * 32;
+    const bool active = j0 < dv;
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
+    float *S = a.S[z] + (size_t)h * dk * dv;
+    const bool vec = a.fvec;
+
+    /* row t of chunk c -> table bsel (one thread per row) */
+    auto rows = [&](int c, int bsel, int t) {
+        int r = -1;
+        float wt = 0.0f;
+        if (t < a.ck_len[c]) {
+            int sp = 0;
+            size_t tok = chunk_row(a, a.ck_tok0[c] + t, sp, wt);
+            r = sp ? -2 - (int)tok : (int)tok;
+        }
+        rtok[bsel * CH + t] = r;
+        rwt[bsel * CH + t] = wt;
+    };
+    auto stage_v = [&](int bsel) {
+        const int *rt = rtok + bsel * CH;
+        if (vec) {
+            for (int x = tid; x < CH * 32; x += FG_T) {
+                int t = x >> 5, j = (x & 31) * 4, r = rt[t];
+                bool ok = r != -1 && jb + j < dv;
+                size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                cp_async16(Vst + t * 128 + j, ok ? a.v + (tok * H + h) * dv + jb + j : a.v, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        } else {
+            for (int x = tid; x < CH * 128; x += FG_T) {
+                int t = x >> 7, j = x & 127, r = rt[t];
+                float vv = 0.0f;
+                if (r != -1 && jb + j < dv) {
+                    size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                    vv = a.v[(tok * H + h) * dv + jb + j];
+                }
+                Vst[t * 128 + j] = vv;
+            }
+        }
+    };
+    auto stage_qkg = [&](int bsel) {
+        const int *rt = rtok + bsel * CH;
+        if (vec) {
+            for (int x = tid; x < CH * DKP / 4; x += FG_T) {
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, r = rt[t];
+                bool ok = r != -1 && i < dk, sp = r < -1;
+                size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                size_t off = (tok * H + h) * dk + i;
+                int d = fg_sw<DKP>(t, i);
+                cp_async16(Qst + d, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+                cp_async16(Kst + d, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+                cp_async16(Gst + d, ok ? (sp ? a.g2 : a.ga) + off : a.ga, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        } else {
+            for (int x = tid; x < CH * DKP; x += FG_T) {
+                int t = x / DKP, i = x % DKP, r = rt[t];
+                float qv = 0.0f, kv = 0.0f, gv = 0.0f;
+                if (r != -1 && i < dk) {
+                    bool sp = r < -1;
+                    size_t tok = r >= 0 ? (size_t)r : (size_t)(-2 - r);
+                    size_t off = (tok * H + h) * dk + i;
+                    qv = (sp ? a.q2 : a.q)[off];
+                    kv = (sp ? a.k2 : a.k)[off];
+                    gv = (sp ? a.g2 : a.ga)[off];
+                }
+                int d = fg_sw<DKP>(t, i);
+                Qst[d] = qv;
+                Kst[d] = kv;
+                Gst[d] = gv;
+            }
+        }
+    };
+
+    float sacc[MTW][4][4];
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+    }
+    if (tid >= FG_T - CH) rows(c0, 0, tid - (FG_T - CH));
+    __syncthreads();
+    stage_v(0);
+    stage_qkg(0);
+    __nv_bfloat16 *SbT = SbTall + gq * 32 * LDK;
+    const __nv_bfloat16 *UT = UTall + gq * 32 * 72;
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc, tok0 = a.ck_tok0[c], len = a.ck_len[c], bs = cc & 1;
+        const float *wr = rwt + bs * CH;
+        cp_async_wait<0>();
+        __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
+        /* (b) S^T of the state entering this chunk (kernel B's operand) */
+        if (active) {
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                int mt = wq + 4 * mi;
+                if (mt < MT)
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                            SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
+                        }
+            }
+        }
+        if (tid < DKP) { /* cumulative log decay of column i, in place (kernel A's order) */
+            const int i = tid;
+            float run = 0.0f;
+#pragma unroll 8
+            for (int t = 0; t < CH; t++) {
+                const int d = fg_sw<DKP>(t, i);
+                run += Gst[d];
+                Gst[d] = run;
+            }
+            dec[i] = expf(run);
+        } else {
+            const int ht = tid - DKP, HT = FG_T - DKP;
+            for (int x = ht; x < (CH / 2) * 128; x += HT) { /* V^T, rows t, t + 1 of column j */
+                int t = 2 * (x >> 7), j = x & 127;
+                *(uint32_t *)(UTall + j * 72 + t) = pack_bf16x2(Vst[t * 128 + j], Vst[(t + 1) * 128 + j]);
+            }
+            if (tid >= FG_T - CH && cc + 1 < nc) rows(c + 1, bs ^ 1, tid - (FG_T - CH));
+        }
+        __syncthreads();
+        if (cc + 1 < nc) stage_v(bs ^ 1); /* (b') */
+        /* (c) Aqk (warps 0-9) || q~, k~^T, zero blocks (warps 10-15) */
+        if (w < 10) {
+            const int wt = w < 1 ? 0 : (w < 3 ? 1 : (w < 6 ? 2 : 3)), rb = w - wt * (wt + 1) / 2, ref = 16 * wt;
+            const bool diag = rb == wt;
+            bool exact = false;
+            if (diag) {
+                float span = 0.0f;
+                for (int i = lane; i < DKP; i += 32)
+                    span = fmaxf(span, Gst[fg_sw<DKP>(ref, i)] - Gst[fg_sw<DKP>(ref + 15, i)]);
+#pragma unroll
+                for (int o = 16; o; o >>= 1) span = fmaxf(span, __shfl_xor_sync(0xffffffffu, span, o));
+                exact = span > GLA_SPAN_MAX;
+            }
+            if (exact) {
+                for (int x = lane; x < 256; x += 32) {
+                    int r = x / 16, cs = x % 16, t = ref + r, s = ref + cs;
+                    float sum = 0.0f;
+                    if (cs <= r)
+                        for (int i = 0; i < dk; i++) {
+                            float qv = Qst[fg_sw<DKP>(t, i)] * wr[t], kv = Kst[fg_sw<DKP>(s, i)] * wr[s];
+                            sum = fmaf(qv * kv, expf(Gst[fg_sw<DKP>(t, i)] - Gst[fg_sw<DKP>(s, i)]), sum);
+                        }
+                    Aq[t * 72 + s] = __float2bfloat16_rn(a.scale * sum);
+                }
+            } else {
+                /* kernel A's operands: q_t e^(b_t - b_ref) (A, rows ref..) and k_s e^(b_ref - b_s)
+                 * (B, rows s of block rb), as fragments */
+                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                const float wa0 = wr[ref + g], wa1 = wr[ref + g + 8], wb0 = wr[rb * 16 + g], wb1 = wr[rb * 16 + 8 + g];
+#pragma unroll 2
+                for (int kc = 0; kc < DKP / 16; kc++) {
+                    uint32_t af[4], bf[2][2];
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int col = kc * 16 + 2 * tq + 8 * hf;
+                        const float2 br = *(const float2 *)(Gst + fg_sw<DKP>(ref, col));
+#pragma unroll
+                        for (int rh = 0; rh < 2; rh++) {
+                            const int t = ref + g + 8 * rh;
+                            const float2 qv = *(const float2 *)(Qst + fg_sw<DKP>(t, col));
+                            const float2 bt = *(const float2 *)(Gst + fg_sw<DKP>(t, col));
+                            const float wq_ = rh ? wa1 : wa0;
+                            af[2 * hf + rh] = pack_bf16x2((qv.x * wq_) * expf(bt.x - br.x), (qv.y * wq_) * expf(bt.y - br.y));
+                        }
+#pragma unroll
+                        for (int n = 0; n < 2; n++) {
+                            const int s = rb * 16 + n * 8 + g;
+                            const float2 kv = *(const float2 *)(Kst + fg_sw<DKP>(s, col));
+                            const float2 bsv = *(const float2 *)(Gst + fg_sw<DKP>(s, col));
+                            const float wk = n ? wb1 : wb0;
+                            bf[n][hf] = pack_bf16x2((kv.x * wk) * expf(br.x - bsv.x), (kv.y * wk) * expf(br.y - bsv.y));
+                        }
+                    }
+                    mma_bf16_16816(acc[0], af, bf[0]);
+                    mma_bf16_16816(acc[1], af, bf[1]);
+                }
+#pragma unroll
+                for (int n = 0; n < 2; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = g + (e >> 1) * 8, cs = n * 8 + 2 * tq + (e & 1);
+                        float v = (!diag || cs <= r) ? a.scale * acc[n][e] : 0.0f;
+                        Aq[(ref + r) * 72 + rb * 16 + cs] = __float2bfloat16_rn(v);
+                    }
+            }
+        } else {
+            const int ht = tid - 320, HT = FG_T - 320;
+            for (int x = ht; x < CH * DKP / 4; x += HT) { /* q~ = scale e^b q */
+                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
+                float4 qv = *(const float4 *)(Qst + d), bt = *(const float4 *)(Gst + d);
+                const float wq_ = wr[t];
+                qv.x *= wq_;
+                qv.y *= wq_;
+                qv.z *= wq_;
+                qv.w *= wq_;
+                *(uint2 *)(Qt + t * LDK + i) =
+                    make_uint2(pack_bf16x2(qv.x * a.scale * expf(bt.x), qv.y * a.scale * expf(bt.y)),
+                               pack_bf16x2(qv.z * a.scale * expf(bt.z), qv.w * a.scale * expf(bt.w)));
+            }
+            for (int x = ht; x < (CH / 2) * DKP; x += HT) { /* k~^T = (e^(bC - b) k)^T, rows t, t + 1 */
+                int t = 2 * (x / DKP), i = x % DKP;
+                const float bC = Gst[fg_sw<DKP>(CH - 1, i)];
+                const int d0 = fg_sw<DKP>(t, i), d1 = fg_sw<DKP>(t + 1, i);
+                float k0 = (Kst[d0] * wr[t]) * expf(bC - Gst[d0]), k1 = (Kst[d1] * wr[t + 1]) * expf(bC - Gst[d1]);
+                *(uint32_t *)(KtT + i * 72 + t) = pack_bf16x2(k0, k1);
+            }
+            for (int x = ht; x < CH * CH; x += HT) { /* Aqk above the diagonal blocks */
+                int r = x >> 6, s = x & 63;
+                if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
+            }
+        }
+        __syncthreads();
+        if (cc + 1 < nc) stage_qkg(bs ^ 1); /* (c') the staging area is free: the next chunk streams in now */
+        /* (d) this group's 32 value columns: O = q~ S + Aqk V, S = e^(bC) S + k~^T V */
+        if (active) {
+            float oacc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+            mma_16x32<DKP>(oacc, Qt + (16 * wq) * LDK, LDK, SbT, LDK);
+            mma_16x32<CH>(oacc, Aq + (16 * wq) * 72, 72, UT, 72);
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    int t = 16 * wq + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq;
+                    float *op = a.o + ((size_t)(tok0 + t) * H + h) * dv + j;
+                    if (t < len && j < dv) {
+                        if (a.ovec) {
+                            *(float2 *)op = make_float2(oacc[n][e], oacc[n][e + 1]);
+                        } else {
+                            op[0] = oacc[n][e];
+                            if (j + 1 < dv) op[1] = oacc[n][e + 1];
+                        }
+                    }
+                }
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                int mt = wq + 4 * mi;
+                if (mt < MT) {
+                    const float d0 = dec[mt * 16 + g], d1 = dec[mt * 16 + g + 8];
+#pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        sacc[mi][n][0] *= d0;
+                        sacc[mi][n][1] *= d0;
+                        sacc[mi][n][2] *= d1;
+                        sacc[mi][n][3] *= d1;
+                    }
+                    mma_16x32<CH>(sacc[mi], KtT + (mt * 16) * 72, 72, UT, 72);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
+            }
+    }
+}
+
+/* ================================================================ host side */
+
+static size_t smem_a_gdn(int dkp, int dvp) {
+    return (size_t)2 * CH * (dkp + 8) * 2 + (size_t)CH * (dvp + 8) * 2 + (size_t)CH * 72 * 2 + (size_t)2 * CH * 65 * 4 +
+           (size_t)2 * CH * 4 + (size_t)16 * 49 * 4;
+}
+static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
+
+template <int DKP, int GDN, int ST>
+static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
+    size_t sb = smem_b(DKP, GDN, ST);
+    CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
+    k_chunk_b<DKP, GDN, ST><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
+    CU_LAUNCH_CHECK("chunk B");
+    return HYLA_OK;
+}
+
+template <int DKP>
+static hyla_status launch_b_for(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int gdn) {
+    if (gdn) return smem_b(DKP, 1, 2) <= c->smem_optin ? launch_b<DKP, 1, 2>(c, ca, nseq) : launch_b<DKP, 1, 1>(c, ca, nseq);
+    return smem_b(DKP, 0, 2) <= c->smem_optin ? launch_b<DKP, 0, 2>(c, ca, nseq) : launch_b<DKP, 0, 1>(c, ca, nseq);
+}
+
+/* Kernel B over the chunk tiles in ca's scratch: two stages of tiles where they fit. */
+hyla_status cu_chunk_b_launch(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int gdn) {
+    switch (ca.dkp) {
+    case 16: return launch_b_for<16>(c, ca, nseq, gdn);
+    case 32: return launch_b_for<32>(c, ca, nseq, gdn);
+    case 64: return launch_b_for<64>(c, ca, nseq, gdn);
+    case 128: return launch_b_for<128>(c, ca, nseq, gdn);
+    default: return launch_b_for<256>(c, ca, nseq, gdn);
+    }
+}
+
+template <int DKP>
+static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn, int NC, int nseq, int dvp) {
+    dim3 ga(NC, ca.H);
+    if (gdn) {
+        size_t sm = smem_a_gdn(DKP, dvp);
+        CU_TRY(cudaFuncSetAttribute(k_gdn_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_gdn_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca, dvp);
+        CU_LAUNCH_CHECK("gdn chunk A");
+        return cu_chunk_b_launch(c, ca, nseq, 1);
+    } else {
+        size_t sm = smem_a_gla(DKP);
+        CU_TRY(cudaFuncSetAttribute(k_gla_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_gla_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca);
+        CU_LAUNCH_CHECK("gla chunk A");
+        return cu_chunk_b_launch(c, ca, nseq, 0);
+    }
+    return HYLA_OK;
+}
+
+/* The fused GLA pass (one block per sequence, head and 128 value columns): the bits of kernels
+ * A and B. */
+template <int DKP>
+static hyla_status launch_gla_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
+    const size_t sm = GlaFusedSmem<DKP>::TOTAL;
+    CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_gla_fused<DKP><<<dim3(cu_blocks(ca.dv, 128), ca.H, nseq), FG_T, sm, c->stream>>>(ca);
+    CU_LAUNCH_CHECK("gla fused chunk");
+    return HYLA_OK;
+}
+
+static size_t gla_fused_smem(int dkp) {
+    switch (dkp) {
+    case 16: return GlaFusedSmem<16>::TOTAL;
+    case 32: return GlaFusedSmem<32>::TOTAL;
+    case 64: return GlaFusedSmem<64>::TOTAL;
+    case 128: return GlaFusedSmem<128>::TOTAL;
+    default: return (size_t)-1;
+    }
+}
+
+/* GLA likewise (dk <= 128). */
+extern "C" int cu_gla_fused_ok(hyla_cuda_ctx *c, int dk) {
+    const int dkp = pow2_dkp(dk);
+    return dkp <= 128 && gla_fused_smem(dkp) <= c->smem_optin && smem_a_gla(dkp) <= c->smem_optin &&
+           smem_b(dkp, 0, 1) <= c->smem_optin;
+}
+
+extern "C" int cu_lin_fused_ok(hyla_cuda_ctx *c, int gdn, int dk) {
+    return gdn ? cu_gdn_fused_ok(c, dk) : cu_gla_fused_ok(c, dk);
+}
+
+extern "C" int cu_linattn_chunked_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int nseq) {
+    const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
+    if (cu_lin_fused_ok(c, gdn, dk) && H <= 65535 && nseq <= 65535) return 1;
+    int ok = dkp <= 256 && dv <= 1024 && H <= 65535 && nseq <= 65535;
+    if (ok && gdn && smem_a_gdn(dkp, dvp) > c->smem_optin) ok = 0;
+    if (ok && smem_b(dkp, gdn, 1) > c->smem_optin) ok = 0;
+    if (ok && !gdn && smem_a_gla(dkp) > c->smem_optin) ok = 0;
+    return ok;
+}
+
+extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
+                                             const float *q, const float *k, const float *v, const float *ga,
+                                             const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
+                                             const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
+                                             float *const *d_S, const hyla_cu_rowmap *rm, long long nrows) {
+    if (NC <= 0 || nseq <= 0) return HYLA_OK;
+    const int dkp = pow2_dkp(dk), dvp = (dv + 15) / 16 * 16;
+    ChunkArgs ca;
+    memset(&ca, 0, sizeof ca);
+    ca.H = H;
+    ca.dk = dk;
+    ca.dv = dv;
+    ca.dkp = dkp;
+    ca.scale = scale;
+    ca.q = q;
+    ca.k = k;
+    ca.v = v;
+    ca.ga = ga;
+    ca.gb = gb;
+    ca.o = o;
+    ca.vec4 = dk % 4 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
+    if (rm) {
+        ca.rsrc = rm->src;
+        ca.rdense = rm->ndense;
+        ca.rK = rm->K;
+        ca.rw = rm->w;
+        ca.q2 = rm->q2;
+        ca.k2 = rm->k2;
+        ca.g2 = rm->g2;
+        ca.b2 = rm->b2;
+        ca.vec4 = ca.vec4 && ((uintptr_t)rm->q2 & 15) == 0 && ((uintptr_t)rm->k2 & 15) == 0;
+    }
+    ca.fvec = ca.vec4 && dv % 4 == 0 && ((uintptr_t)ga & 15) == 0 && (!rm || ((uintptr_t)rm->g2 & 15) == 0);
+    ca.ovec = dv % 2 == 0 && ((uintptr_t)o & 7) == 0;
+    ca.nrows = nrows;
+    ca.ck_tok0 = d_tok0;
+    ca.ck_len = d_len;
+    ca.seq_c0 = d_c0;
+    ca.seq_nc = d_nc;
+    ca.S = d_S;
+    /* fused GDN: one pass, or (split) its chunk part over all chunks then kernel B, where the
+     * sequences are few and long: fewer (sequence, head, value block) blocks than half the SMs
+     * and more than 4 chunks per sequence on average. Both give the same bits. GLA: the fused
+     * pass, or kernels A and B in the split case (the same bits again); with a row map always
+     * the fused pass (kernel B reads v by packed row). */
+    const int fused = cu_lin_fused_ok(c, gdn, dk);
+    int split = 0;
+    if (fused) {
+        size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
+        split = NC > 4 * nseq && blocks < (size_t)c->sm_count / 2;
+        if (!gdn && rm) split = 0;
+        if (!split && !gdn) {
+            switch (dkp) {
+            case 16: return launch_gla_fused<16>(c, ca, nseq);
+            case 32: return launch_gla_fused<32>(c, ca, nseq);
+            case 64: return launch_gla_fused<64>(c, ca, nseq);
+            default: return launch_gla_fused<128>(c, ca, nseq);
+            }
+        }
+        if (!split) return cu_gdn_fused_launch(c, ca, NC, nseq, 0);
+    }
+    if (rm && !fused) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: a row map needs a fused kernel");
+    /* scratch: per (chunk, head) tiles */
+    size_t nch = (size_t)NC * H;
+    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn ? nch * CH * dv * 4 : 0;
+    size_t sz_w = gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
+#define AL(x) (((x) + 255) & ~(size_t)255)
+    size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_CHUNK, total, &scr));
+    uint8_t *p = (uint8_t *)scr;
+    ca.qt = (__nv_bfloat16 *)p;
+    p += AL(sz_qt);
+    ca.ktT = (__nv_bfloat16 *)p;
+    p += AL(sz_qt);
+    ca.wt = (__nv_bfloat16 *)p;
+    p += AL(sz_w);
+    ca.aqk = (__nv_bfloat16 *)p;
+    p += AL(sz_aqk);
+    ca.u0 = (float *)p;
+    p += AL(sz_u0);
+    ca.dec = (float *)p;
+#undef AL
+    if (split && gdn) return cu_gdn_fused_launch(c, ca, NC, nseq, 1);
+    switch (dkp) {
+    case 16: return launch_chunked<16>(c, ca, gdn, NC, nseq, dvp);
+    case 32: return launch_chunked<32>(c, ca, gdn, NC, nseq, dvp);
+    case 64: return launch_chunked<64>(c, ca, gdn, NC, nseq, dvp);
+    case 128: return launch_chunked<128>(c, ca, gdn, NC, nseq, dvp);
+    default: return launch_chunked<256>(c, ca, gdn, NC, nseq, dvp);
+    }
+}
+
+extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
+                                              const float *q, const float *k, const float *v, const float *ga,
+                                              const float *gb, float *o, int NC, int nseq, const int32_t *d_tok0,
+                                              const int32_t *d_len, const int32_t *d_c0, const int32_t *d_nc,
+                                              float *const *d_S, long long nrows) {
+    return cu_linattn_chunked_rm(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, nseq, d_tok0, d_len, d_c0, d_nc,
+                                 d_S, NULL, nrows);
+}
+
+extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b) {
+    const int H = b->H, dk = b->dk, dv = b->dv;
+    if (b->nseq <= 0) return HYLA_OK;
+    if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
+    if (!cu_linattn_chunked_ok(c, b->gdn, H, dk, dv, b->nseq)) {
+        /* token loop, one sequence at a time */
+        for (int z = 0; z < b->nseq; z++) {
+            if (b->h_len[z] <= 0) continue;
+            void *d_s;
+            HYLA_TRY(cu_stage(c, &b->h_S[z], sizeof(float *), &d_s));
+            size_t st = (size_t)b->h_start[z];
+            hyla_cu_linrec r;
+            memset(&r, 0, sizeof r);
+            r.gdn = b->gdn;
+            r.H = H;
+            r.dk = dk;
+            r.dv = dv;
+            r.scale = b->scale;
+            r.ntok = b->h_len[z];
+            r.q1 = b->q + st * H * dk;
+            r.k1 = b->k + st * H * dk;
+            r.v = b->v + st * H * dv;
+            r.ga = b->gdn ? b->ga + st * H : b->ga + st * H * dk;
+            r.betaa = b->gdn ? b->gb + st * H : NULL;
+            r.o = b->o + st * H * dv;
+            r.S0 = (float *const *)d_s;
+            r.states16 = ((uintptr_t)b->h_S[z] & 15) == 0;
+            HYLA_TRY(cu_lin_recurrent(c, &r, 1));
+        }
+        return HYLA_OK;
+    }
+    /* chunk tables */
+    int NC = 0;
+    for (int z = 0; z < b->nseq; z++) NC += b->h_nck ? b->h_nck[z] : (b->h_len[z] + CH - 1) / CH;
+    size_t nint = (size_t)2 * NC + 2 * (size_t)b->nseq;
+    int32_t *tab = (int32_t *)malloc((nint ? nint : 1) * sizeof(int32_t));
+    if (!tab) return hyla_fail(HYLA_ERR_NOMEM, "linear attention: out of host memory");
+    int32_t *tok0 = tab, *lenv = tab + NC, *sc0 = tab + 2 * NC, *snc = sc0 + b->nseq;
+    int ci = 0, cl = 0;
+    for (int z = 0; z < b->nseq; z++) {
+        sc0[z] = ci;
+        int n = b->h_len[z] > 0 ? b->h_len[z] : 0;
+        if (b->h_nck) {
+            snc[z] = b->h_nck[z];
+            int s = 0;
+            for (int q = 0; q < b->h_nck[z]; q++) {
+                tok0[ci] = b->h_start[z] + s;
+                lenv[ci] = b->h_cklen[cl++];
+                s += lenv[ci];
+                ci++;
+            }
+        } else {
+            snc[z] = (n + CH - 1) / CH;
+            for (int s = 0; s < n; s += CH) {
+                tok0[ci] = b->h_start[z] + s;
+                lenv[ci] = n - s < CH ? n - s : CH;
+                ci++;
+            }
+        }
+    }
+    void *d_tab, *d_S;
+    hyla_status st = cu_stage_reserve(c, nint * sizeof(int32_t) + (size_t)b->nseq * sizeof(float *), 2);
+    if (st == HYLA_OK) st = cu_stage(c, tab, nint * sizeof(int32_t), &d_tab);
+    free(tab);
+    HYLA_TRY(st);
+    HYLA_TRY(cu_stage(c, b->h_S, (size_t)b->nseq * sizeof(float *), &d_S));
+    const int32_t *dt = (const int32_t *)d_tab;
+    long long nrows = 0; /* rows the packed inputs hold: up to the end of the last sequence */
+    for (int z = 0; z < b->nseq; z++)
+        if (b->h_len[z] > 0 && (long long)b->h_start[z] + b->h_len[z] > nrows) nrows = (long long)b->h_start[z] + b->h_len[z];
+    return cu_linattn_chunked_dev(c, b->gdn, H, dk, dv, b->scale, b->q, b->k, b->v, b->ga, b->gb, b->o, NC, b->nseq,
+                                  dt, dt + NC, dt + 2 * NC, dt + 2 * NC + b->nseq, (float *const *)d_S, nrows);
+}
+
+/* One sequence of n tokens (the gla/gdn_prefill ops): its chunk tables and state pointer in one
+ * block [tok0 NC][len NC][c0][nc] int32, then the state pointer at an 8-byte boundary. */
+extern "C" size_t cu_lin_prefill1_block(int n, float *S, void *blk) {
+    int NC = (n + CH - 1) / CH;
+    size_t sp = ((size_t)(2 * NC + 2) * 4 + 7) & ~(size_t)7;
+    if (blk) {
+        int32_t *t = (int32_t *)blk;
+        for (int i = 0; i < NC; i++) {
+            t[i] = i * CH;
+            t[NC + i] = n - i * CH < CH ? n - i * CH : CH;
+        }
+        t[2 * NC] = 0;
+        t[2 * NC + 1] = NC;
+        for (size_t x = (size_t)(2 * NC + 2) * 4; x < sp; x++) ((uint8_t *)blk)[x] = 0;
+        memcpy((uint8_t *)blk + sp, &S, sizeof S);
+    }
+    return sp + sizeof(float *);
+}
+
+extern "C" hyla_status cu_lin_prefill1_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                           const float *ga, const float *gb, int n, int H, int dk, int dv, float scale,
+                                           const void *d_blk, int states16, float *o) {
+    if (n <= 0) return HYLA_OK;
+    int NC = (n + CH - 1) / CH;
+    size_t sp = ((size_t)(2 * NC + 2) * 4 + 7) & ~(size_t)7;
+    const int32_t *t = (const int32_t *)d_blk;
+    float *const *d_S = (float *const *)((const uint8_t *)d_blk + sp);
+    if (cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
+        return cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, 1, t, t + NC, t + 2 * NC,
+                                      t + 2 * NC + 1, d_S, n);
+    hyla_cu_linrec r; /* token loop */
+    memset(&r, 0, sizeof r);
+    r.gdn = gdn;
+    r.H = H;
+    r.dk = dk;
+    r.dv = dv;
+    r.scale = scale;
+    r.ntok = n;
+    r.q1 = q;
+    r.k1 = k;
+    r.v = v;
+    r.ga = ga;
+    r.betaa = gdn ? gb : NULL;
+    r.o = o;
+    r.S0 = d_S;
+    r.states16 = states16;
+    return cu_lin_recurrent(c, &r, 1);
+}
+
+static hyla_status prefill1(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                            const float *ga, const float *gb, int n, int H, int dk, int dv, float scale, float *S,
+                            float *o) {
+    if (n <= 0) return HYLA_OK;
+    if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
+    size_t bytes = cu_lin_prefill1_block(n, S, NULL);
+    void *blk = malloc(bytes);
+    if (!blk) return hyla_fail(HYLA_ERR_NOMEM, "linear attention: out of host memory");
+    cu_lin_prefill1_block(n, S, blk);
+    void *d_blk;
+    hyla_status st = cu_stage(c, blk, bytes, &d_blk);
+    free(blk);
+    HYLA_TRY(st);
+    return cu_lin_prefill1_dev(c, gdn, q, k, v, ga, gb, n, H, dk, dv, scale, d_blk, ((uintptr_t)S & 15) == 0, o);
+}
+
+/* ================================================================ ops */
+
+extern "C" hyla_status cu_gla_prefill(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                                      int n, int H, int dk, int dv, float scale, float *S, float *o) {
+    return prefill1((hyla_cuda_ctx *)ctx, 0, q, k, v, gk, NULL, n, H, dk, dv, scale, S, o);
+}
+
+extern "C" hyla_status cu_gdn_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                                      const float *beta, int n, int H, int dk, int dv, float scale, float *S,
+                                      float *o) {
+    return prefill1((hyla_cuda_ctx *)ctx, 1, q, k, v, g, beta, n, H, dk, dv, scale, S, o);
+}
+

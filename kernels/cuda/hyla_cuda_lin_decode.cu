@@ -1,0 +1,534 @@
+/* hyla_cuda_lin_decode.cu — the GLA / GDN recurrence one token at a time on the GPU: batched
+ * decode (also SSE decode, whose states are {S0, Sp[idx]}) and the token-loop fallback of
+ * prefill for shapes the chunked kernels do not take.
+ *
+ * Recurrent kernel: one block per (session, head, 32 value columns); lane = value column j,
+ * warp w owns key rows i = w + 8r, so S[i][j] lives in registers for the whole call and the
+ * state is read and written once (coalesced 128-byte rows). Reductions over i go through
+ * shared memory in a fixed order (deterministic). k_lin_rec4 (4 columns per lane) and k_lin_dec
+ * (the decode form) do the same arithmetic with wider loads.
+ * Threading: launched on the context's stream. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_impl.h"
+
+/* ================================================================ recurrent kernel */
+
+template <int R>
+__global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
+    __shared__ float red[2][8][33];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.x * 32 + lane;
+    bool jv = j < a.dv;
+    int h = blockIdx.y, b = blockIdx.z;
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    int nslots = a.Sp ? (a.ntok == 1 ? 1 + a.K : 1 + a.N) : 1;
+    int m = 0; /* reduction counter: buffer m & 1 */
+    for (int slot = 0; slot < nslots; slot++) {
+        float *Sg;
+        int part = -1;
+        float wfix = 1.0f;
+        if (slot == 0) {
+            Sg = a.S0[b] + (size_t)h * dk * dv;
+        } else {
+            if (a.ntok == 1) {
+                part = a.idx[(size_t)b * a.K + slot - 1];
+                wfix = a.w[(size_t)b * a.K + slot - 1];
+            } else {
+                part = slot - 1;
+            }
+            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
+            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+        }
+        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
+        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            s[r] = (i < dk && jv) ? Sg[(size_t)i * dv + j] : 0.0f;
+        }
+        for (int t = 0; t < a.ntok; t++) {
+            size_t row = (size_t)b * a.ntok + t;
+            float wt = wfix;
+            if (slot > 0 && a.ntok > 1) {
+                int js = -1;
+                for (int q = 0; q < a.K; q++)
+                    if (a.idx[row * a.K + q] == part) js = q;
+                if (js < 0) continue; /* token did not select this partition (uniform) */
+                wt = a.w[row * a.K + js];
+            }
+            const float *qr = Q + (row * H + h) * dk, *kr = Kx + (row * H + h) * dk;
+            float vj = jv ? a.v[(row * H + h) * dv + j] : 0.0f;
+            float po = 0.0f;
+            if (!a.gdn) {
+                const float *gk = GA + (row * H + h) * dk;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt, qi = qr[i] * wt;
+                        s[r] = __fmaf_rn(expf(gk[i]), s[r], __fmul_rn(ki, vj)); /* explicit: every form */
+                        po = __fmaf_rn(qi, s[r], po);                           /* rounds alike */
+                    }
+                }
+            } else {
+                float d = expf(GA[row * H + h]);
+                float beta = BE[row * H + h];
+                float pk = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        s[r] *= d;
+                        pk += kr[i] * wt * s[r];
+                    }
+                }
+                red[m & 1][w][lane] = pk;
+                __syncthreads();
+                float ks = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 8; q++) ks += red[m & 1][q][lane];
+                m++;
+                float u = beta * (vj - ks);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        s[r] += kr[i] * wt * u;
+                        po += qr[i] * wt * s[r];
+                    }
+                }
+            }
+            red[m & 1][w][lane] = po;
+            __syncthreads();
+            if (w == 0 && jv) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 8; q++) acc += red[m & 1][q][lane];
+                float *op = a.o + (row * H + h) * dv + j;
+                if (slot == 0)
+                    *op = a.scale * acc;
+                else
+                    *op += a.scale * acc;
+            }
+            m++;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) Sg[(size_t)i * dv + j] = s[r];
+        }
+    }
+}
+
+/* The same recurrence with 4 value columns per lane (16-byte state loads and stores): one block
+ * covers 128 columns of a head. For dv % 4 == 0, dk <= 128, 16-byte aligned v, o and states. */
+template <int R>
+__global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
+    __shared__ float4 red[2][8][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.x * 128 + lane * 4;
+    bool jv = j < a.dv;
+    int h = blockIdx.y, b = blockIdx.z;
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    int nslots = a.Sp ? (a.ntok == 1 ? 1 + a.K : 1 + a.N) : 1;
+    int m = 0;
+    for (int slot = 0; slot < nslots; slot++) {
+        float *Sg;
+        int part = -1;
+        float wfix = 1.0f;
+        if (slot == 0) {
+            Sg = a.S0[b] + (size_t)h * dk * dv;
+        } else {
+            if (a.ntok == 1) {
+                part = a.idx[(size_t)b * a.K + slot - 1];
+                wfix = a.w[(size_t)b * a.K + slot - 1];
+            } else {
+                part = slot - 1;
+            }
+            if (part < 0 || part >= a.N) continue;
+            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+        }
+        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
+        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
+        float4 s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            s[r] = (i < dk && jv) ? *(const float4 *)(Sg + (size_t)i * dv + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        for (int t = 0; t < a.ntok; t++) {
+            size_t row = (size_t)b * a.ntok + t;
+            float wt = wfix;
+            if (slot > 0 && a.ntok > 1) {
+                int js = -1;
+                for (int q = 0; q < a.K; q++)
+                    if (a.idx[row * a.K + q] == part) js = q;
+                if (js < 0) continue;
+                wt = a.w[row * a.K + js];
+            }
+            const float *qr = Q + (row * H + h) * dk, *kr = Kx + (row * H + h) * dk;
+            float4 vj = jv ? *(const float4 *)(a.v + (row * H + h) * dv + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 po = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (!a.gdn) {
+                const float *gk = GA + (row * H + h) * dk;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt, qi = qr[i] * wt, d = expf(gk[i]);
+                        s[r].x = __fmaf_rn(d, s[r].x, __fmul_rn(ki, vj.x));
+                        s[r].y = __fmaf_rn(d, s[r].y, __fmul_rn(ki, vj.y));
+                        s[r].z = __fmaf_rn(d, s[r].z, __fmul_rn(ki, vj.z));
+                        s[r].w = __fmaf_rn(d, s[r].w, __fmul_rn(ki, vj.w));
+                        po.x = __fmaf_rn(qi, s[r].x, po.x);
+                        po.y = __fmaf_rn(qi, s[r].y, po.y);
+                        po.z = __fmaf_rn(qi, s[r].z, po.z);
+                        po.w = __fmaf_rn(qi, s[r].w, po.w);
+                    }
+                }
+            } else {
+                float d = expf(GA[row * H + h]);
+                float beta = BE[row * H + h];
+                float4 pk = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt;
+                        s[r].x *= d;
+                        s[r].y *= d;
+                        s[r].z *= d;
+                        s[r].w *= d;
+                        pk.x += ki * s[r].x;
+                        pk.y += ki * s[r].y;
+                        pk.z += ki * s[r].z;
+                        pk.w += ki * s[r].w;
+                    }
+                }
+                red[m & 1][w][lane] = pk;
+                __syncthreads();
+                float4 ks = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    float4 x = red[m & 1][q][lane];
+                    ks.x += x.x;
+                    ks.y += x.y;
+                    ks.z += x.z;
+                    ks.w += x.w;
+                }
+                m++;
+                float4 u = make_float4(beta * (vj.x - ks.x), beta * (vj.y - ks.y), beta * (vj.z - ks.z),
+                                       beta * (vj.w - ks.w));
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int i = w + 8 * r;
+                    if (i < dk) {
+                        float ki = kr[i] * wt, qi = qr[i] * wt;
+                        s[r].x += ki * u.x;
+                        s[r].y += ki * u.y;
+                        s[r].z += ki * u.z;
+                        s[r].w += ki * u.w;
+                        po.x += qi * s[r].x;
+                        po.y += qi * s[r].y;
+                        po.z += qi * s[r].z;
+                        po.w += qi * s[r].w;
+                    }
+                }
+            }
+            red[m & 1][w][lane] = po;
+            __syncthreads();
+            if (w == 0 && jv) {
+                float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    float4 x = red[m & 1][q][lane];
+                    acc.x += x.x;
+                    acc.y += x.y;
+                    acc.z += x.z;
+                    acc.w += x.w;
+                }
+                float4 *op = (float4 *)(a.o + (row * H + h) * dv + j);
+                float4 res = make_float4(a.scale * acc.x, a.scale * acc.y, a.scale * acc.z, a.scale * acc.w);
+                if (slot != 0) {
+                    float4 prev = *op;
+                    res.x += prev.x;
+                    res.y += prev.y;
+                    res.z += prev.z;
+                    res.w += prev.w;
+                }
+                *op = res;
+            }
+            m++;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) *(float4 *)(Sg + (size_t)i * dv + j) = s[r];
+        }
+    }
+}
+
+/* Decode form of the recurrence (ntok == 1, every batched decode step): VW value columns per
+ * lane (16- or 8-byte state loads), one block per (session, head, 32 * VW columns). Unlike the
+ * token-loop kernels it stages the token's q, k (times the route weight) and GLA's e^gk for the
+ * block's head in shared memory while the state loads are in flight, so the update loop reads
+ * them from shared memory instead of waiting on a global load per key row. The arithmetic is
+ * k_lin_rec4's, expression by expression, so both give the same bits (tested). */
+template <int VW> struct DecVec;
+template <> struct DecVec<2> {
+    typedef float2 t;
+    static __device__ __forceinline__ void ld(float (&d)[2], const float *p) {
+        float2 x = *(const float2 *)p;
+        d[0] = x.x, d[1] = x.y;
+    }
+    static __device__ __forceinline__ void st(float *p, const float (&d)[2]) { *(float2 *)p = make_float2(d[0], d[1]); }
+};
+
+template <int R, int VW, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
+    typedef DecVec<VW> V;
+    __shared__ __align__(16) float red[2][8][32 * VW];
+    __shared__ float sq[8 * R], sk[8 * R], sd[8 * R];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int j = blockIdx.x * 32 * VW + lane * VW;
+    bool jv = j < a.dv;
+    int h = blockIdx.y, b = blockIdx.z;
+    const int H = a.H, dk = a.dk, dv = a.dv;
+    int nslots = a.Sp ? 1 + a.K : 1;
+    int m = 0;
+    float vj[VW];
+#pragma unroll
+    for (int c = 0; c < VW; c++) vj[c] = 0.0f;
+    if (jv) V::ld(vj, a.v + ((size_t)b * H + h) * dv + j);
+    for (int slot = 0; slot < nslots; slot++) {
+        float *Sg;
+        float wt = 1.0f;
+        if (slot == 0) {
+            Sg = a.S0[b] + (size_t)h * dk * dv;
+        } else {
+            int part = a.idx[(size_t)b * a.K + slot - 1];
+            wt = a.w[(size_t)b * a.K + slot - 1];
+            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
+            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+        }
+        float s[R][VW];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) {
+                V::ld(s[r], Sg + (size_t)i * dv + j);
+            } else {
+#pragma unroll
+                for (int c = 0; c < VW; c++) s[r][c] = 0.0f;
+            }
+        }
+        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
+        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
+        size_t row = (size_t)b;
+        for (int i = threadIdx.x; i < dk; i += 256) {
+            sq[i] = Q[(row * H + h) * dk + i] * wt;
+            sk[i] = Kx[(row * H + h) * dk + i] * wt;
+            if (!a.gdn) sd[i] = expf(GA[(row * H + h) * dk + i]);
+        }
+        __syncthreads();
+        float po[VW];
+#pragma unroll
+        for (int c = 0; c < VW; c++) po[c] = 0.0f;
+        if (!a.gdn) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = w + 8 * r;
+                if (i < dk) {
+                    float ki = sk[i], qi = sq[i], d = sd[i];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) s[r][c] = __fmaf_rn(d, s[r][c], __fmul_rn(ki, vj[c]));
+#pragma unroll
+                    for (int c = 0; c < VW; c++) po[c] = __fmaf_rn(qi, s[r][c], po[c]);
+                }
+            }
+        } else {
+            float d = expf(GA[row * H + h]);
+            float beta = BE[row * H + h];
+            float pk[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) pk[c] = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = w + 8 * r;
+                if (i < dk) {
+                    float ki = sk[i];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) s[r][c] *= d;
+#pragma unroll
+                    for (int c = 0; c < VW; c++) pk[c] += ki * s[r][c];
+                }
+            }
+            V::st(&red[m & 1][w][lane * VW], pk);
+            __syncthreads();
+            float ks[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) ks[c] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float x[VW];
+                V::ld(x, &red[m & 1][q][lane * VW]);
+#pragma unroll
+                for (int c = 0; c < VW; c++) ks[c] += x[c];
+            }
+            m++;
+            float u[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) u[c] = beta * (vj[c] - ks[c]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int i = w + 8 * r;
+                if (i < dk) {
+                    float ki = sk[i], qi = sq[i];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) s[r][c] += ki * u[c];
+#pragma unroll
+                    for (int c = 0; c < VW; c++) po[c] += qi * s[r][c];
+                }
+            }
+        }
+        /* the state goes back before the reduction: its stores drain while the block reduces */
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = w + 8 * r;
+            if (i < dk && jv) V::st(Sg + (size_t)i * dv + j, s[r]);
+        }
+        V::st(&red[m & 1][w][lane * VW], po);
+        __syncthreads();
+        if (w == 0 && jv) {
+            float acc[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) acc[c] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float x[VW];
+                V::ld(x, &red[m & 1][q][lane * VW]);
+#pragma unroll
+                for (int c = 0; c < VW; c++) acc[c] += x[c];
+            }
+            float *op = a.o + ((size_t)b * H + h) * dv + j;
+            float res[VW];
+#pragma unroll
+            for (int c = 0; c < VW; c++) res[c] = a.scale * acc[c];
+            if (slot != 0) {
+                float prev[VW];
+                V::ld(prev, op);
+#pragma unroll
+                for (int c = 0; c < VW; c++) res[c] += prev[c];
+            }
+            V::st(op, res);
+        }
+        m++;
+    }
+}
+
+/* Decode (one token per session, 16-byte aligned states and rows): k_lin_dec with 2 columns
+ * per lane and at least 2 blocks per SM, the fastest form on an H100 at every batch measured
+ * (2.5-2.6 TB/s of state at B = 64; the other forms in kernels/cuda/dev/NOTES.md). */
+static void launch_dec(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B, int R) {
+    dim3 g(cu_blocks(a->dv, 32 * 2), a->H, B);
+    if (R <= 4)
+        k_lin_dec<4, 2, 2><<<g, 256, 0, c->stream>>>(*a);
+    else if (R <= 8)
+        k_lin_dec<8, 2, 2><<<g, 256, 0, c->stream>>>(*a);
+    else
+        k_lin_dec<16, 2, 2><<<g, 256, 0, c->stream>>>(*a);
+}
+
+extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B) {
+    if (B <= 0 || a->ntok <= 0) return HYLA_OK;
+    if (a->dk > 256)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda",
+                         a->dk);
+    if (a->H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", a->H, B);
+    int R = (a->dk + 7) / 8;
+    bool al = a->dv % 4 == 0 && ((uintptr_t)a->v & 15) == 0 && ((uintptr_t)a->o & 15) == 0;
+    if (al && a->states16 && R <= 16 && a->ntok == 1) {
+        launch_dec(c, a, B, R);
+        CU_LAUNCH_CHECK("linear attention decode");
+        return HYLA_OK;
+    }
+    if (al && a->states16 && R <= 16) {
+        dim3 g4(cu_blocks(a->dv, 128), a->H, B);
+        if (R <= 4)
+            k_lin_rec4<4><<<g4, 256, 0, c->stream>>>(*a);
+        else if (R <= 8)
+            k_lin_rec4<8><<<g4, 256, 0, c->stream>>>(*a);
+        else
+            k_lin_rec4<16><<<g4, 256, 0, c->stream>>>(*a);
+        CU_LAUNCH_CHECK("linear attention recurrent (x4)");
+        return HYLA_OK;
+    }
+    dim3 grid(cu_blocks(a->dv, 32), a->H, B);
+    if (R <= 2)
+        k_lin_rec<2><<<grid, 256, 0, c->stream>>>(*a);
+    else if (R <= 4)
+        k_lin_rec<4><<<grid, 256, 0, c->stream>>>(*a);
+    else if (R <= 8)
+        k_lin_rec<8><<<grid, 256, 0, c->stream>>>(*a);
+    else if (R <= 16)
+        k_lin_rec<16><<<grid, 256, 0, c->stream>>>(*a);
+    else
+        k_lin_rec<32><<<grid, 256, 0, c->stream>>>(*a);
+    CU_LAUNCH_CHECK("linear attention recurrent");
+    return HYLA_OK;
+}
+
+/* ================================================================ ops */
+
+extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                         const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
+                                         float *const *d_S, int states16, float *o) {
+    if (B <= 0) return HYLA_OK;
+    hyla_cu_linrec r;
+    memset(&r, 0, sizeof r);
+    r.gdn = gdn;
+    r.H = H;
+    r.dk = dk;
+    r.dv = dv;
+    r.scale = scale;
+    r.ntok = 1;
+    r.q1 = q;
+    r.k1 = k;
+    r.v = v;
+    r.ga = ga;
+    r.betaa = gb;
+    r.o = o;
+    r.S0 = d_S;
+    r.states16 = states16;
+    return cu_lin_recurrent(c, &r, B);
+}
+
+extern "C" int cu_states16(float *const *S, int B) {
+    int a = 1;
+    for (int b = 0; b < B; b++) a &= ((uintptr_t)S[b] & 15) == 0;
+    return a;
+}
+
+static hyla_status decode_common(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
+                                 const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
+                                 float *const *S, float *o) {
+    if (B <= 0) return HYLA_OK;
+    void *d_s;
+    HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
+    return cu_lin_decode_dev(c, gdn, q, k, v, ga, gb, B, H, dk, dv, scale, (float *const *)d_s, cu_states16(S, B), o);
+}
+
+extern "C" hyla_status cu_gla_decode(void *ctx, const float *q, const float *k, const float *v, const float *gk,
+                                     int B, int H, int dk, int dv, float scale, float *const *S, float *o) {
+    return decode_common((hyla_cuda_ctx *)ctx, 0, q, k, v, gk, NULL, B, H, dk, dv, scale, S, o);
+}
+
+extern "C" hyla_status cu_gdn_decode(void *ctx, const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, int B, int H, int dk, int dv, float scale, float *const *S,
+                                     float *o) {
+    return decode_common((hyla_cuda_ctx *)ctx, 1, q, k, v, g, beta, B, H, dk, dv, scale, S, o);
+}

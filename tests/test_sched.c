@@ -1,0 +1,116 @@
+/* test_sched.c — the worker scheduler's pure policies (worker/server/hyla_worker_sched.h).
+ *
+ * sched_feed_len decides how many queued Append tokens a scheduler step feeds. The identity of
+ * an Append's tokens with one uninterrupted feed rests on it: every feed but a stream's tail
+ * must leave the session's position on a multiple of the prefill chunk, never exceed what is
+ * queued or the budget, take every whole chunk that fits (or prefill would crawl), and make
+ * progress whenever a chunk's worth is queued (or a session would starve). */
+#include "hyla_test.h"
+#include "hyla_worker_sched.h"
+
+#include <stdint.h>
+
+/* Position after feeding n tokens from next_pos (the newest token stays pending). */
+static int64_t pos_after(int64_t next_pos, int n) { return next_pos + n - 1; }
+
+static void exact_cases(void) {
+    /* a fresh session: the first token goes to position 0, so 961 tokens reach position 960 */
+    CHECK(sched_feed_len(0, 1000, 1024, 0, 64) == 961);
+    /* one fed position short of a boundary: one token closes the chunk, then whole chunks */
+    CHECK(sched_feed_len(64, 1000, 1024, 0, 64) == 1 + 960);
+    /* on a boundary (position 0 fed, its token pending): whole chunks only */
+    CHECK(sched_feed_len(1, 1000, 1024, 0, 64) == 960);
+    CHECK(sched_feed_len(1, 63, 1024, 0, 64) == 0);
+    CHECK(sched_feed_len(1, 64, 1024, 0, 64) == 64);
+    /* fewer tokens than the distance to the next boundary: wait for more */
+    CHECK(sched_feed_len(10, 20, 1024, 0, 64) == 0);
+    CHECK(sched_feed_len(10, 55, 1024, 0, 64) == 55);
+    /* the budget caps the feed, still aligned */
+    CHECK(sched_feed_len(10, 5000, 1024, 0, 64) == 55 + 960);
+    CHECK(sched_feed_len(10, 5000, 64, 0, 64) == 55);
+    /* an ended stream's tail that fits the budget goes whole */
+    CHECK(sched_feed_len(10, 20, 1024, 1, 64) == 20);
+    CHECK(sched_feed_len(10, 1024, 1024, 1, 64) == 1024);
+    /* ... but a tail larger than the budget is still fed aligned */
+    CHECK(sched_feed_len(10, 1025, 1024, 1, 64) == 55 + 960);
+}
+
+/* Every argument combination in a range against the properties, by brute force. */
+static void properties(void) {
+    const int chunks[] = {64, 16, 1};
+    const int budgets[] = {64, 100, 1024};
+    for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++)
+        for (size_t bi = 0; bi < sizeof budgets / sizeof *budgets; bi++)
+            for (int64_t p = 0; p < 200; p++)
+                for (size_t q = 1; q < 1300; q += (q < 140 ? 1 : 37))
+                    for (int ended = 0; ended < 2; ended++) {
+                        int C = chunks[ci], B = budgets[bi];
+                        if (B < C) continue; /* the worker clamps its budget to at least a chunk */
+                        int n = sched_feed_len(p, q, B, ended, C);
+                        int64_t avail = q < (size_t)B ? (int64_t)q : B;
+                        int tail = ended && q <= (size_t)B;
+                        CHECK_MSG(n >= 0 && n <= avail, "p %lld q %zu B %d C %d: n %d", (long long)p, q, B, C, n);
+                        if (tail) {
+                            CHECK_MSG(n == (int)q, "p %lld q %zu B %d: ended tail n %d", (long long)p, q, B, n);
+                            continue;
+                        }
+                        if (n > 0)
+                            CHECK_MSG(pos_after(p, n) % C == 0, "p %lld q %zu B %d C %d: n %d unaligned", (long long)p,
+                                      q, B, C, n);
+                        /* maximal: no larger aligned feed fits */
+                        for (int64_t k = n + 1; k <= avail; k++)
+                            if (pos_after(p, (int)k) % C == 0) {
+                                CHECK_MSG(0, "p %lld q %zu B %d C %d: n %d but %lld fits", (long long)p, q, B, C, n,
+                                          (long long)k);
+                                break;
+                            }
+                        /* progress: a chunk's worth queued always feeds */
+                        if (avail >= C) CHECK_MSG(n > 0, "p %lld q %zu B %d C %d: starved", (long long)p, q, B, C);
+                    }
+}
+
+/* A document arriving in uneven messages, fed step by step: every feed but the last ends on a
+ * boundary, and the whole document is fed once the stream ends. */
+static void stream(void) {
+    uint64_t rng = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t next_pos = (int64_t)(rng % 300);
+        int B = 64 + (int)(rng % 2000);
+        size_t doc = 1 + (size_t)((rng >> 8) % 5000), sent = 0, queued = 0, fed = 0;
+        int ended = 0, steps = 0, last_unaligned = 0;
+        while (fed < doc && steps < 100000) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            if (sent < doc) {
+                size_t m = 1 + (size_t)((rng >> 33) % 700);
+                if (m > doc - sent) m = doc - sent;
+                sent += m;
+                queued += m;
+                ended = sent == doc;
+            }
+            if (queued) {
+                int n = sched_feed_len(next_pos, queued, B, ended, 64);
+                if (n > 0) {
+                    CHECK_MSG(!last_unaligned, "trial %d: a feed after an unaligned one", trial);
+                    if (pos_after(next_pos, n) % 64) last_unaligned = 1;
+                    next_pos += n;
+                    queued -= (size_t)n;
+                    fed += (size_t)n;
+                }
+            }
+            steps++;
+        }
+        CHECK_MSG(fed == doc, "trial %d: fed %zu of %zu in %d steps", trial, fed, doc, steps);
+    }
+}
+
+int main(void) {
+    exact_cases();
+    properties();
+    stream();
+    if (hyla_test_failures) {
+        fprintf(stderr, "test_sched: %d failures\n", hyla_test_failures);
+        return 1;
+    }
+    printf("test_sched: ok\n");
+    return 0;
+}

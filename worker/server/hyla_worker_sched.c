@@ -1,0 +1,417 @@
+/* hyla_worker_sched.c — the scheduler thread: continuous batching in a loop of named steps.
+ *
+ * Every iteration: commands (handlers' requests, I/O outcomes, membership orders) → cancelled
+ * calls end their jobs → ONE batched decode step of every generating session → prefill of
+ * Append jobs under a token budget, fed so positions land on 64-token boundaries (bit-exact with
+ * one uninterrupted feed; sched_feed_len) → auto-snapshots every K tokens (export begun, ended
+ * once its copies are done while later steps decode) and drain snapshots → drained? → idle:
+ * end pending exports → evict idle sessions over the budgets → publish the heartbeat summary →
+ * idle: wait for a command. Generate's token output (stop sequences, finish reasons) is here
+ * too, as the decode step's last stage.
+ * Threading: the scheduler thread owns the backend, the model, the session table and every
+ * job; other threads reach it only through commands. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_worker_impl.h"
+
+
+/* Draining: remember why handing a session over failed (heartbeats carry it to the coordinator,
+ * whose DrainWorker answer shows it to the operator); NULL clears it after a success. */
+void set_drain_error(hyla_worker *w, const char *session, const char *err) {
+    size_t n = session ? strlen(session) : 0;
+    int named = session && strncmp(err, "session ", 8) == 0 && strncmp(err + 8, session, n) == 0;
+    pthread_mutex_lock(&w->sum_mu);
+    if (!session)
+        w->drain_error[0] = 0;
+    else if (named) /* the message already starts with "session ID" */
+        snprintf(w->drain_error, sizeof w->drain_error, "%s", err);
+    else
+        snprintf(w->drain_error, sizeof w->drain_error, "session %s: %s", session, err);
+    pthread_mutex_unlock(&w->sum_mu);
+}
+
+static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
+    size_t n = 0;
+    for (wsess *s = w->sessions; s; s = s->next) n++;
+    Hyla__V1__WorkerSessionStatus *sum = calloc(n ? n : 1, sizeof *sum);
+    char **ids = calloc(n ? n : 1, sizeof *ids);
+    size_t i = 0;
+    uint32_t gpu = 0, host = 0, calls = 0;
+    for (wsess *s = w->sessions; s; s = s->next, i++) {
+        fill_status(w, s, &sum[i]);
+        ids[i] = strdup(s->id);
+        sum[i].session_id = ids[i];
+        gpu += s->s != NULL;
+        host += s->host != NULL;
+        calls += (s->app != NULL) + (s->gen != NULL);
+    }
+    free(ids); /* the strings now belong to sum[] */
+    double t = now_s();
+    double rate = t > w->tok_window_t0 ? w->tok_window / (t - w->tok_window_t0) : 0;
+    if (t - w->tok_window_t0 > 5) {
+        w->tok_window_t0 = t;
+        w->tok_window = 0;
+    }
+    pthread_mutex_lock(&w->sum_mu);
+    for (size_t k = 0; k < w->n_sum; k++) free(w->sum[k].session_id);
+    free(w->sum);
+    w->sum = sum;
+    w->n_sum = n;
+    hyla__v1__worker_load__init(&w->load);
+    w->load.sessions_gpu = gpu;
+    w->load.sessions_host = host;
+    w->load.active_calls = calls;
+    w->load.state_bytes = resident_bytes(w);
+    w->load.state_budget_bytes = w->p.state_budget_bytes;
+    w->load.tokens_per_second = rate;
+    w->load.queued_tokens = queued_tokens;
+    pthread_mutex_unlock(&w->sum_mu);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* generation                                                                                  */
+
+/* Longest suffix of text[from..len) that is a proper prefix of some stop sequence. */
+static size_t held_suffix(const gen_job *g, size_t from) {
+    size_t best = 0;
+    for (size_t i = 0; i < g->n_stop; i++) {
+        size_t sl = strlen(g->stop[i]);
+        for (size_t k = sl - 1; k > best; k--) {
+            if (k > g->text_len - from) continue;
+            if (!memcmp(g->text + g->text_len - k, g->stop[i], k)) {
+                best = k;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* Deliver one sampled token; returns 1 when the job is finished (replied). */
+static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
+    gen_job *g = ws->gen;
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    g->delivered++;
+    char bytes[8];
+    size_t nb = w->tok ? hyla_tokenizer_decode(w->tok, tok, bytes, sizeof bytes) : 0;
+    if (g->text_len + nb + 1 > g->text_cap) {
+        g->text_cap = (g->text_cap ? g->text_cap * 2 : 256) + nb;
+        g->text = realloc(g->text, g->text_cap);
+        HYLA_ASSERT(g->text);
+    }
+    memcpy(g->text + g->text_len, bytes, nb);
+    g->text_len += nb;
+    Hyla__V1__FinishReason why = HYLA__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    size_t send_to = g->text_len;
+    for (size_t i = 0; i < g->n_stop_ids; i++)
+        if (tok == g->stop_ids[i]) why = HYLA__V1__FINISH_REASON__FINISH_STOP;
+    if (!why && !g->ignore_eos && tok == cfg->eos_token_id) why = HYLA__V1__FINISH_REASON__FINISH_EOS;
+    if (!why && g->n_stop) {
+        size_t from = g->text_sent > g->max_stop_len ? g->text_sent - g->max_stop_len : 0;
+        for (size_t i = 0; i < g->n_stop; i++) {
+            size_t sl = strlen(g->stop[i]);
+            for (size_t p = from; p + sl <= g->text_len; p++)
+                if (!memcmp(g->text + p, g->stop[i], sl)) {
+                    if (p < send_to) send_to = p;
+                    why = HYLA__V1__FINISH_REASON__FINISH_STOP;
+                    break;
+                }
+        }
+        if (send_to < g->text_sent) send_to = g->text_sent;
+    }
+    if (!why && g->delivered >= g->max_tokens) why = HYLA__V1__FINISH_REASON__FINISH_LENGTH;
+    if (!why && g->n_stop) send_to = g->text_len - held_suffix(g, g->text_sent);
+    Hyla__V1__GenerateResponse r = HYLA__V1__GENERATE_RESPONSE__INIT;
+    r.n_token_ids = 1;
+    r.token_ids = &tok;
+    r.text.data = (uint8_t *)g->text + g->text_sent;
+    r.text.len = send_to > g->text_sent ? send_to - g->text_sent : 0;
+    r.position = (uint64_t)hyla_session_position(ws->s);
+    g->text_sent = send_to > g->text_sent ? send_to : g->text_sent;
+    if (why) {
+        r.done = 1;
+        r.finish_reason = why;
+        r.tokens_delivered = g->delivered;
+        hyla_rpc_call_send(g->call, &r.base);
+        hyla_rpc_call_reply(g->call, NULL);
+        free_gen(g);
+        ws->gen = NULL;
+        return 1;
+    }
+    if (hyla_rpc_call_send(g->call, &r.base) != HYLA_OK) {
+        /* the client went away: end the job (the call reports its own status) */
+        hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "Generate cancelled");
+        free_gen(g);
+        ws->gen = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the loop: one function per step                                                             */
+
+int sched_feed_len(int64_t next_pos, size_t queued, int budget, int stream_ended, int chunk) {
+    if (stream_ended && queued <= (size_t)budget) return (int)queued;
+    int64_t first = ((1 - next_pos) % chunk + chunk) % chunk; /* tokens up to the next boundary */
+    if (first == 0) first = chunk;
+    int64_t avail = queued < (size_t)budget ? (int64_t)queued : budget;
+    return avail < first ? 0 : (int)(first + (avail - first) / chunk * chunk);
+}
+
+/* Buffers of one decode step, allocated once for the thread's life. */
+typedef struct {
+    hyla_session **batch; /* [max_batch] */
+    wsess **ws;           /* [max_batch] the batch's sessions */
+    int32_t *out;         /* [max_batch] sampled tokens */
+} decode_bufs;
+
+/* Take every queued command and run it; returns whether there was any (the session table may
+ * have changed: the summary is published at once). */
+static int step_commands(hyla_worker *w) {
+    pthread_mutex_lock(&w->mu);
+    cmd *list = w->q_head;
+    w->q_head = w->q_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    int any = list != NULL;
+    run_commands(w, list);
+    return any;
+}
+
+/* Cancelled calls (client cancel, deadline) end their jobs. */
+static void step_cancellations(hyla_worker *w) {
+    for (wsess *s = w->sessions; s; s = s->next) {
+        if (s->gen && hyla_rpc_call_cancelled(s->gen->call)) {
+            hyla_rpc_call_fail(s->gen->call, HYLA_RPC_CANCELLED, "Generate cancelled after %u tokens", s->gen->delivered);
+            free_gen(s->gen);
+            s->gen = NULL;
+        }
+    }
+    for (append_job *a = w->appends, *next; a; a = next) {
+        next = a->next_reg;
+        if (!a->released && hyla_rpc_call_cancelled(a->call)) append_finish(w, a, HYLA_RPC_CANCELLED, "Append cancelled");
+    }
+}
+
+/* One batched decode step over every generating session (up to max_batch); returns whether it
+ * ran. A failed step fails every call of the batch. */
+static int step_decode(hyla_worker *w, decode_bufs *d) {
+    int B = 0;
+    for (wsess *s = w->sessions; s && B < w->p.max_batch; s = s->next)
+        if (s->gen && s->s) {
+            d->ws[B] = s;
+            d->batch[B++] = s->s;
+        }
+    if (!B) return 0;
+    hyla_status st = hyla_session_decode(d->batch, B, d->out, NULL);
+    if (st != HYLA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hyla_last_error());
+        HYLA_ERROR("decode step of %d sessions failed: %s", B, msg);
+        for (int i = 0; i < B; i++) {
+            char n[32];
+            snprintf(n, sizeof n, "%u", d->ws[i]->gen->delivered);
+            hyla_rpc_call_set_trailer(d->ws[i]->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
+            fail_call(d->ws[i]->gen->call, st, msg);
+            free_gen(d->ws[i]->gen);
+            d->ws[i]->gen = NULL;
+        }
+    } else {
+        w->tok_window += (uint64_t)B;
+        for (int i = 0; i < B; i++) {
+            d->ws[i]->last_used = now_s();
+            deliver(w, d->ws[i], d->out[i]);
+        }
+    }
+    return 1;
+}
+
+typedef enum { FEED_NONE, FEED_OK, FEED_FAILED } feed_result;
+
+/* Feed what the budget and the alignment allow of one Append job's queued tokens. FEED_FAILED:
+ * the feed failed and the job is ended (a may be freed). */
+static feed_result feed_append(hyla_worker *w, wsess *s, append_job *a, int *budget) {
+    if (!a->n || *budget <= 0 || !s->s) return FEED_NONE;
+    int64_t next_pos = hyla_session_position(s->s) + (hyla_session_pending(s->s) >= 0);
+    int n = sched_feed_len(next_pos, a->n, *budget, a->half_closed, HYLA_PREFILL_CHUNK);
+    if (n == 0) return FEED_NONE;
+    int consumed = 0;
+    hyla_status st = hyla_session_feed(s->s, a->toks, n, NULL, &consumed, NULL, NULL);
+    if (st != HYLA_OK) {
+        append_finish(w, a, hyla_rpc_code_from_status(st), "%s", hyla_last_error());
+        return FEED_FAILED;
+    }
+    memmove(a->toks, a->toks + n, (a->n - (size_t)n) * sizeof *a->toks);
+    a->n -= (size_t)n;
+    a->ingested += (uint64_t)n;
+    *budget -= n;
+    w->tok_window += (uint64_t)n;
+    s->last_used = now_s();
+    if (a->held && a->n < (size_t)w->p.prefill_budget * 16) {
+        hyla_rpc_call_read_resume(a->call);
+        a->held = 0;
+    }
+    return FEED_OK;
+}
+
+/* Tell an Append's client how far it got (at most every 0.2 s), and answer it once its stream
+ * has ended and everything is fed. */
+static void append_progress(hyla_worker *w, wsess *s, append_job *a) {
+    double t = now_s();
+    int done = a->half_closed && a->n == 0;
+    if (!done && t - a->last_progress <= 0.2) return;
+    Hyla__V1__AppendProgress pr = HYLA__V1__APPEND_PROGRESS__INIT;
+    pr.tokens_received = a->received;
+    pr.tokens_ingested = a->ingested;
+    pr.total_tokens = a->total_hint;
+    pr.tokens_per_second = t > a->t0 ? a->ingested / (t - a->t0) : 0;
+    pr.position = (uint64_t)hyla_session_position(s->s) + (hyla_session_pending(s->s) >= 0);
+    pr.done = done;
+    a->last_progress = t;
+    if (done) {
+        hyla_rpc_call_send(a->call, &pr.base);
+        append_finish(w, a, HYLA_RPC_OK, " ");
+    } else if (a->ingested) {
+        hyla_rpc_call_send(a->call, &pr.base);
+    }
+}
+
+/* Prefill of Append jobs under the per-step token budget; returns whether any feed ran and sets
+ * *queued to the tokens still waiting. */
+static int step_prefill(hyla_worker *w, uint32_t *queued) {
+    int budget = w->p.prefill_budget, worked = 0;
+    *queued = 0;
+    for (wsess *s = w->sessions; s; s = s->next) {
+        append_job *a = s->app;
+        if (!a) continue;
+        feed_result r = feed_append(w, s, a, &budget);
+        if (r != FEED_NONE) worked = 1;
+        if (r == FEED_FAILED) continue;
+        *queued += (uint32_t)a->n;
+        append_progress(w, s, a);
+    }
+    return worked;
+}
+
+/* Auto-snapshots every snapshot_every tokens (begun here, ended once their copies are done), and
+ * while draining a durable snapshot of every idle session. Only stage 0 snapshots. */
+static void step_snapshots(hyla_worker *w) {
+    int lb0, le0;
+    hyla_model_layer_range(w->m, &lb0, &le0);
+    int whole = holds_all_layers(w);
+    for (wsess *s = w->sessions; s && lb0 == 0; s = s->next) {
+        if (s->exp && hyla_session_export_done(s->exp)) finish_export(w, s);
+        if (!s->s || s->put_inflight || s->exp) continue;
+        uint64_t pos = (uint64_t)hyla_session_position(s->s);
+        int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every && now_s() >= s->snap_retry_at;
+        int drain = w->draining && !s->app && !s->gen && now_s() >= s->snap_retry_at;
+        if (due && !drain && whole) {
+            if (hyla_session_export_begin(s->s, &s->exp) != HYLA_OK) {
+                HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
+                s->snap_retry_at = now_s() + 2;
+            }
+        } else if (due || drain) {
+            if (start_put(w, s, NULL, 0, drain) != HYLA_OK) {
+                HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
+                if (drain) set_drain_error(w, s->id, hyla_last_error());
+                s->snap_retry_at = now_s() + 2;
+            }
+        }
+    }
+}
+
+/* Draining: once no session is left (each was unloaded after its durable put), say so to
+ * hyla_worker_wait and the membership thread. */
+static void step_drain(hyla_worker *w) {
+    if (!w->draining || w->drained || w->sessions) return;
+    HYLA_INFO("drained: every session is durable in the store");
+    pthread_mutex_lock(&w->exit_mu);
+    w->drained = 1;
+    pthread_cond_broadcast(&w->exit_cv);
+    pthread_mutex_unlock(&w->exit_mu);
+}
+
+/* Nothing to overlap with: end the pending exports now rather than after a sleep. */
+static void step_finish_exports(hyla_worker *w) {
+    for (wsess *s = w->sessions; s; s = s->next) finish_export(w, s);
+}
+
+/* Idle: wait up to 50 ms for a command. */
+static void step_idle_wait(hyla_worker *w) {
+    pthread_mutex_lock(&w->mu);
+    if (!w->q_head && !w->stop) hyla_cond_wait_ms(&w->cv, &w->mu, 50);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Shutdown: end every job and call, free the sessions, fail the commands still queued. */
+static void shutdown_jobs(hyla_worker *w) {
+    while (w->sessions) drop_session(w, w->sessions, "the worker is shutting down");
+    for (append_job *a = w->appends; a; a = a->next_reg)
+        if (!a->released) {
+            a->done_seen = 0; /* freed below, not inside append_finish */
+            append_finish(w, a, HYLA_RPC_UNAVAILABLE, "the worker is shutting down");
+        }
+    while (w->appends) {
+        append_job *a = w->appends;
+        w->appends = a->next_reg;
+        free_append(a);
+    }
+    for (stage_call *sc = w->stage_calls; sc; sc = sc->next)
+        if (!sc->released) {
+            sc->released = 1;
+            hyla_rpc_call_fail(sc->call, HYLA_RPC_UNAVAILABLE, "the worker is shutting down");
+        }
+    while (w->stage_calls) {
+        stage_call *sc = w->stage_calls;
+        w->stage_calls = sc->next;
+        free(sc);
+    }
+    close_next(w);
+    pthread_mutex_lock(&w->mu);
+    cmd *list = w->q_head;
+    w->q_head = w->q_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (list) {
+        cmd *c = list;
+        list = list->next;
+        if (c->call && c->type != C_APPEND_MSG && c->type != C_APPEND_END && c->type != C_APPEND_START &&
+            c->type != C_APPEND_DONE && c->type < C_STAGE_START)
+            hyla_rpc_call_fail(c->call, HYLA_RPC_UNAVAILABLE, "the worker is shutting down");
+        free_cmd(c);
+    }
+}
+
+void *scheduler_main(void *arg) {
+    hyla_worker *w = arg;
+    decode_bufs d;
+    d.batch = malloc((size_t)w->p.max_batch * sizeof *d.batch);
+    d.ws = malloc((size_t)w->p.max_batch * sizeof *d.ws);
+    d.out = malloc((size_t)w->p.max_batch * sizeof *d.out);
+    HYLA_ASSERT(d.batch && d.ws && d.out);
+    w->tok_window_t0 = now_s();
+    double last_pub = 0;
+    while (!w->stop) {
+        int commands = step_commands(w);
+        step_cancellations(w);
+        int worked = step_decode(w, &d);
+        uint32_t queued = 0;
+        worked |= step_prefill(w, &queued);
+        step_snapshots(w);
+        step_drain(w);
+        if (!worked) step_finish_exports(w);
+        evict_if_needed(w);
+        double t = now_s();
+        if (t - last_pub > 0.2 || worked || commands) {
+            publish_summary(w, queued);
+            last_pub = t;
+        }
+        if (!worked) step_idle_wait(w);
+    }
+    shutdown_jobs(w);
+    free(d.batch);
+    free(d.ws);
+    free(d.out);
+    return NULL;
+}
