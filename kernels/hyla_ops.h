@@ -292,6 +292,28 @@ typedef struct hyla_ops {
     hyla_status (*nsa_decode)(void *ctx, const float *q, const float *k, const float *v, const float *g, int B,
                               int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block,
                               int counts, int window, float scale, float *o);
+
+    /* ---- Mamba2 (SSD) ---- [M2-1..3] (docs/MODELS.md "Mamba2"; S: fp32 [H][N][P]) */
+    /* dst [rows][cols] (row stride ldd) = src [rows][cols] (row stride lds), fp32; no overlap. */
+    hyla_status (*copy2d)(void *ctx, float *dst, int ldd, const float *src, int lds, int rows, int cols);
+    /* SSD [M2-1, M2-2] over n tokens of one sequence, chunked. Token t's row of xbc (row stride
+     * ldx >= H*P + 2*G*N) holds x [H][P], then B [G][N], then C [G][N] (head h reads group
+     * h / (H/G)); dt [n] rows of H raw values (row stride ld_dt). Per head:
+     *   dt' = clamp(softplus(dt + dt_bias), dt_min, dt_max),  a = −exp(A_log)·dt',
+     *   S = exp(a)·S + B ⊗ (dt'·x)  (S [N][P]),  y = C·S + Dskip·x.
+     * S [H][N][P] in/out; y [n][H][P]. Equals n calls of ssd_decode up to float rounding. */
+    hyla_status (*ssd_prefill)(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                               const float *A_log, const float *Dskip, float dt_min, float dt_max, int n, int H,
+                               int P, int G, int N, float *S, float *y);
+    /* One token for each of B sessions: xbc [B] rows, dt [B] rows, y [B][H][P]; S host [B]. */
+    hyla_status (*ssd_decode)(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                              const float *A_log, const float *Dskip, float dt_min, float dt_max, int B, int H,
+                              int P, int G, int N, float *const *S, float *y);
+    /* Gated RMSNorm, gate before norm, per group [M2-3]: u = o ⊙ silu(z); each group of gs
+     * elements of u is RMS-normalised; y = u_normed ⊙ w. o, y [rows][G*gs] (y may alias o);
+     * z [rows] with row stride ldz; w [G*gs]. */
+    hyla_status (*ssd_norm)(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows,
+                            int G, int gs, float eps);
 } hyla_ops;
 
 typedef struct {

@@ -2,6 +2,11 @@
 hyla_add_test(test_sched SOURCES test_sched.c LIBS hyla_worker_srv LABELS quick TIMEOUT 60)
 hyla_add_test(test_worker SOURCES test_worker.c LIBS hyla_store_rpc LABELS e2e TIMEOUT 300)
 add_dependencies(test_worker hyla-worker hyla-run hyla-mkmodel)
+# Mamba2 (SSD): the same suite on a mamba2-h model
+add_test(NAME test_worker_mamba2 COMMAND test_worker mamba2-h WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(test_worker_mamba2 PROPERTIES LABELS "e2e" TIMEOUT 300
+  ENVIRONMENT "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR}"
+  SKIP_RETURN_CODE 77)
 hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 400)
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)

@@ -15,3 +15,9 @@ if(HYLA_HAVE_CUDA)
   target_include_directories(test_gpu_e2e PRIVATE ${CMAKE_SOURCE_DIR}/kernels/cuda)
   add_dependencies(test_gpu_e2e hyla-mkmodel)
 endif()
+if(HYLA_HAVE_CUDA)
+  # Mamba2 (SSD): its ops on cuda:0 vs the CPU, pieces and batches bit for bit, graphs on == off.
+  hyla_add_test(test_gpu_mamba2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_mamba2.c
+    LABELS gpu LIBS hyla_kernels m TIMEOUT 300)
+  target_include_directories(test_gpu_mamba2 PRIVATE ${CMAKE_SOURCE_DIR}/kernels/cuda)
+endif()

@@ -15,3 +15,6 @@ if(TARGET test_cpu_lte_wide)
 endif()
 hyla_add_test(test_cpu_nsa SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_nsa.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+# Mamba2 (SSD)
+hyla_add_test(test_cpu_mamba2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_mamba2.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 120)

@@ -25,7 +25,10 @@
 
 static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla",
                               /* sparse-attention hybrids */
-                              "lalte", "lansa", "nsa"};
+                              "lalte", "lansa", "nsa",
+                              /* Mamba2 (SSD) */
+                              "mamba2", "mamba2-h", "statex-mamba2"};
+
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];

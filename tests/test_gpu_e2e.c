@@ -1,6 +1,6 @@
 /* test_gpu_e2e.c — whole tiny models on cuda:0 against the CPU reference backend, through the
- * runtime (worker/hyla_session.h), for gla-h, gdn, sse-h, sse-gdn and gdn-h (sliding-window
- * attention):
+ * runtime (worker/hyla_session.h), for gla-h, gdn, sse-h, sse-gdn, gdn-h (sliding-window
+ * attention), mamba2-h and statex-mamba2 (state size 512: the recurrent prefill path):
  *   1. prompt logits (150 tokens: two full chunks and a partial one) within tolerance of the
  *      CPU's, then greedy tokens: equal to the CPU's while the CPU's top-2 margin is clear
  *      (> LOGIT_MARGIN); at the first divergence the margin must be below it (a near tie that
@@ -18,7 +18,8 @@
  *      (tokens and logits, bits).
  * Tolerance: logits are O(1..10); the GPU computes projections with bf16 operands (relative
  * error ~2^-9 per product) and chunked mixers with bf16 operands, so logits differ from the
- * fp32 CPU by ~1e-2 relative: rel L2 <= 5e-2 per step. Skips (77) without a usable GPU. */
+ * fp32 CPU by ~1e-2 relative: rel L2 <= 5e-2 per step. Skips (77) without a usable GPU.
+ * Arguments (optional): the archs to run, e.g. `test_gpu_e2e mamba2-h` (default: all). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -321,7 +322,17 @@ static void test_arch(const char *arch, const char *extra) {
     test_unload(mg);
 }
 
-int main(void) {
+static int n_only;
+static char **only; /* argv: run only these archs (none: all) */
+static int wanted(const char *arch) {
+    for (int i = 0; i < n_only; i++)
+        if (!strcmp(only[i], arch)) return 1;
+    return n_only == 0;
+}
+
+int main(int argc, char **argv) {
+    n_only = argc - 1;
+    only = argv + 1;
     if (!hyla_cuda_available()) {
         printf("test_gpu_e2e: SKIPPED — no usable CUDA device (or the CUDA backend is not built)\n");
         return 77;
@@ -330,11 +341,13 @@ int main(void) {
         fprintf(stderr, "test_gpu_e2e: %s\n", hyla_last_error());
         return 1;
     }
-    test_arch("gla-h", NULL);
-    test_arch("gdn", NULL);
-    test_arch("sse-h", NULL);
-    test_arch("sse-gdn", NULL);
-    test_arch("gdn-h", "--window 40");
+    if (wanted("gla-h")) test_arch("gla-h", NULL);
+    if (wanted("gdn")) test_arch("gdn", NULL);
+    if (wanted("sse-h")) test_arch("sse-h", NULL);
+    if (wanted("sse-gdn")) test_arch("sse-gdn", NULL);
+    if (wanted("gdn-h")) test_arch("gdn-h", "--window 40");
+    if (wanted("mamba2-h")) test_arch("mamba2-h", NULL);
+    if (wanted("statex-mamba2")) test_arch("statex-mamba2", NULL);
     hyla_cuda_graph_stats gs;
     CHECK_OK(hyla_cuda_get_graph_stats(gpu, &gs));
     printf("graphs: %llu segments (%llu ops), %llu graph launches, %llu captures, %llu capture failures, %llu "

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The identity that matters most, through real processes: generating 64 tokens in one run
 # equals generating 32, saving the state, loading it in a new process and generating 32 more
-# (greedy and seeded sampling, sse-h, gla-h, lalte and lansa; through a state file and, when
-# the statestore is built in, through RocksDB). Also: same seed -> same tokens; the prefill piece size changes
+# (greedy and seeded sampling, sse-h, gla-h, lalte, lansa and mamba2-h; through a state file and,
+# when the statestore is built in, through RocksDB). Also: same seed -> same tokens; the prefill piece size changes
 # nothing; a damaged or foreign state file is refused with a message that says what is wrong.
 set -euo pipefail
 BIN=${HYLA_BIN_DIR:-build/bin}
@@ -10,7 +10,7 @@ T=$(mktemp -d /tmp/hyla-identity.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fail=0
 PROMPT="It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief."
-for arch in sse-h gla-h lalte lansa; do
+for arch in sse-h gla-h lalte lansa mamba2-h; do
   extra=() # lalte: a window small enough that the prompt evicts, retains and replaces tokens
   [ $arch = lalte ] && extra=(--window 16 --sink 2 --budget 6)
   [ $arch = lansa ] && extra=(--window 16 --block-size 8 --block-counts 4) # selection among blocks

@@ -207,6 +207,93 @@ static void test_sparse_refusals(const char *bin) {
     }
 }
 
+/* ---- Mamba2 (transformers' config keys) ---- */
+static void test_mamba2_keys(const char *bin) {
+    char src[700], d[700], cmd[2048];
+    snprintf(src, sizeof src, "%s/m2", tmp);
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch mamba2 --layers 2 --hidden 64 --heads 4 --out %s 2>/dev/null", bin, src);
+    CHECK(system(cmd) == 0);
+    /* Python's json writes time_step_limit (0.0, inf) as [0.0, Infinity]: read as no limit */
+    snprintf(d, sizeof d, "%s/m2-inf", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "c[\"time_step_limit\"]=[0.0, float(\"inf\")]");
+    same_logits(src, d);
+    /* transformers 5 writes it as [0.0, {"__float__": "Infinity"}] */
+    snprintf(d, sizeof d, "%s/m2-inf5", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "c[\"time_step_limit\"]=[0.0, {\"__float__\": \"Infinity\"}]");
+    same_logits(src, d);
+    /* the gated norm: grouped with FLA's keys (mkmodel's) or norm_grouped, over all channels as
+     * transformers without them; G = 2 here, so the two differ */
+    snprintf(d, sizeof d, "%s/m2-grp", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "del c[\"norm_before_gate\"]; c[\"norm_grouped\"]=True");
+    same_logits(src, d);
+    snprintf(d, sizeof d, "%s/m2-hf", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "del c[\"norm_before_gate\"]");
+    {
+        hyla_runtime *r1 = test_load(src, be, NULL), *r2 = test_load(d, be, NULL);
+        if (r1 && r2) {
+            hyla_session *s1 = NULL, *s2 = NULL;
+            CHECK_OK(hyla_session_create(r1, &s1));
+            CHECK_OK(hyla_session_create(r2, &s2));
+            int32_t toks[5] = {1, 2, 3, 4, 5};
+            float l1[4 * 260], l2[4 * 260];
+            CHECK_OK(hyla_session_feed(s1, toks, 5, l1, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(s2, toks, 5, l2, NULL, NULL, NULL));
+            CHECK_MSG(memcmp(l1, l2, sizeof l1) != 0, "mamba2: the norm over all channels gave the grouped norm's logits");
+            hyla_session_free(s1);
+            hyla_session_free(s2);
+        }
+        test_unload(r1);
+        test_unload(r2);
+    }
+    /* a binding limit is read (other logits) */
+    snprintf(d, sizeof d, "%s/m2-lim", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "c[\"time_step_limit\"]=[0.0, 0.002]");
+    hyla_runtime *ra = test_load(src, be, NULL), *rb = test_load(d, be, NULL);
+    if (ra && rb) {
+        hyla_session *s1 = NULL, *s2 = NULL;
+        CHECK_OK(hyla_session_create(ra, &s1));
+        CHECK_OK(hyla_session_create(rb, &s2));
+        int32_t toks[5] = {1, 2, 3, 4, 5};
+        float l1[4 * 260], l2[4 * 260];
+        CHECK_OK(hyla_session_feed(s1, toks, 5, l1, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(s2, toks, 5, l2, NULL, NULL, NULL));
+        CHECK_MSG(memcmp(l1, l2, sizeof l1) != 0, "mamba2: time_step_limit [0, 0.002] changed nothing");
+        hyla_session_free(s1);
+        hyla_session_free(s2);
+    }
+    test_unload(ra);
+    test_unload(rb);
+    /* refusals name the key */
+    static const struct {
+        const char *edit, *key;
+        hyla_status st;
+    } bad[] = {
+        {"c[\"norm_before_gate\"]=True", "'norm_before_gate'", HYLA_ERR_UNSUPPORTED},
+        {"c[\"rms_norm\"]=False", "'rms_norm'", HYLA_ERR_UNSUPPORTED},
+        {"c[\"n_groups\"]=3", "'n_groups'", HYLA_ERR_UNSUPPORTED},
+        {"c[\"num_heads\"]=8", "'num_heads'", HYLA_ERR_UNSUPPORTED},
+        {"c[\"state_size\"]=0", "'state_size'", HYLA_ERR_FORMAT},
+        {"c[\"time_step_limit\"]=[0.0]", "'time_step_limit'", HYLA_ERR_FORMAT},
+        {"c[\"hidden_act\"]=\"gelu\"", "'hidden_act'", HYLA_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(d, sizeof d, "%s/m2-bad%zu", tmp, i);
+        variant(src, d, NULL, NULL, NULL);
+        config_edit(d, bad[i].edit);
+        expect_fail(d, bad[i].st, bad[i].key, NULL);
+    }
+    /* the statex spec's state_size reaches the listed layers: their state tensors' shapes */
+    snprintf(d, sizeof d, "%s/m2-sx", tmp);
+    variant(src, d, NULL, NULL, NULL);
+    config_edit(d, "c[\"statex\"]={\"layers\": [1], \"state_size\": 256}");
+    expect_fail(d, HYLA_ERR_MISMATCH, "backbone.layers.1.mixer.in_proj.weight", NULL);
+}
+
 int main(void) {
     if (!mkdtemp(tmp)) return 1;
     CHECK_OK(hyla_backend_create("cpu", &be));
@@ -336,6 +423,7 @@ int main(void) {
 
     test_naming_variants(bin);
     test_sparse_refusals(bin);
+    test_mamba2_keys(bin);
 
     hyla_backend_destroy(be);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

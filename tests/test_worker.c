@@ -7,7 +7,9 @@
  *   - auto-snapshots taken while generating (asynchronous exports) each restore and continue
  *     exactly like the uninterrupted run;
  *   - errors: unknown session NOT_FOUND, max_tokens 0 INVALID_ARGUMENT, bad token id
- *     INVALID_ARGUMENT, Generate before any Append FAILED_PRECONDITION. */
+ *     INVALID_ARGUMENT, Generate before any Append FAILED_PRECONDITION.
+ * The model is a 4-layer sse-h, or the hyla-mkmodel arch given as the argument (test_worker_mamba2
+ * runs mamba2-h). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -175,14 +177,19 @@ static void *gen_thread(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const char *arch = argc > 1 ? argv[1] : "sse-h"; /* the model's hyla-mkmodel arch */
+    /* --state-budget below holds one session but not two: a 300-token sse-h session is ~140 KB,
+     * a mamba2-h one ~290 KB (three layers of S [4][128][32] fp32 and the conv tails) */
+    const char *state_budget = strcmp(arch, "sse-h") ? "0.4" : "0.15";
     signal(SIGPIPE, SIG_IGN);
     bin = hyla_test_env("HYLA_BIN_DIR", "build/bin");
     char dir[] = "/tmp/hyla-test-worker-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     snprintf(model, sizeof model, "%s/model", dir);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch sse-h --layers 4 --hidden 64 --heads 4 --seed 2 --out %s 2>/dev/null", bin, model);
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch %s --layers 4 --hidden 64 --heads 4 --seed 2 --out %s 2>/dev/null", bin,
+             arch, model);
     if (system(cmd) != 0) return 1;
 
     /* the statestore, in this process */
@@ -343,7 +350,7 @@ int main(void) {
     {
         FILE *o3 = NULL;
         int p3 = 0;
-        const char *a3[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", "0.15", NULL};
+        const char *a3[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", state_budget, NULL};
         pid_t pid3 = spawn_worker(bin, a3, &p3, &o3);
         CHECK(p3 > 0);
         hyla_rpc_client *keep = wc;
@@ -383,7 +390,7 @@ int main(void) {
     {
         FILE *o4 = NULL;
         int p4 = 0;
-        const char *a4[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", "0.15",
+        const char *a4[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", state_budget,
                             "--host-budget", "0.01", NULL};
         pid_t pid4 = spawn_worker(bin, a4, &p4, &o4);
         CHECK(p4 > 0);

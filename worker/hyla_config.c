@@ -87,6 +87,93 @@ void hyla_cfg_refuse(hyla_cfg *r, const char *key, const char *why) {
     hyla_cfg_fail(r, HYLA_ERR_UNSUPPORTED, "key '%s': %s", k, why);
 }
 
+/* ---- config.json with Python's non-standard number tokens ---- */
+
+/* transformers 5 writes a non-finite float as {"__float__": "Infinity" | "-Infinity" | "NaN"}:
+ * such objects become null, as the bare tokens do. */
+static json_t *decode_special_floats(json_t *v) {
+    if (json_is_object(v)) {
+        json_t *tag = json_object_get(v, "__float__");
+        if (json_object_size(v) == 1 && json_is_string(tag)) {
+            const char *t = json_string_value(tag);
+            if (!strcmp(t, "Infinity") || !strcmp(t, "-Infinity") || !strcmp(t, "NaN")) return json_null();
+        }
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            json_t *d = decode_special_floats(x);
+            if (d != x) json_object_set_new(v, k, d);
+        }
+    } else if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *x = json_array_get(v, i), *d = decode_special_floats(x);
+            if (d != x) json_array_set_new(v, i, d);
+        }
+    }
+    return v;
+}
+
+static json_t *load_json_tokens(const char *path, json_error_t *err);
+
+json_t *hyla_cfg_load_json(const char *path, json_error_t *err) {
+    json_t *root = load_json_tokens(path, err);
+    return root ? decode_special_floats(root) : NULL;
+}
+
+static json_t *load_json_tokens(const char *path, json_error_t *err) {
+    json_t *root = json_load_file(path, 0, err);
+    if (root) return root;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 65536;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, 4096, f);
+        n += got;
+        if (got < 4096) break;
+    }
+    fclose(f);
+    buf[n] = 0;
+    /* outside strings, -Infinity / Infinity / NaN become null (padded with spaces) */
+    int in_str = 0, changed = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = buf[i];
+        if (in_str) {
+            if (ch == '\\' && i + 1 < n) i++;
+            else if (ch == '"') in_str = 0;
+            continue;
+        }
+        if (ch == '"') {
+            in_str = 1;
+            continue;
+        }
+        static const char *toks[3] = {"-Infinity", "Infinity", "NaN"};
+        for (int t = 0; t < 3; t++) {
+            size_t l = strlen(toks[t]);
+            if (i + l <= n && !memcmp(buf + i, toks[t], l)) {
+                memcpy(buf + i, "null", 4);
+                memset(buf + i + 4, ' ', l - 4);
+                i += l - 1;
+                changed = 1;
+                break;
+            }
+        }
+    }
+    if (changed) root = json_loads(buf, 0, err);
+    free(buf);
+    return root;
+}
+
 /* flash-linear-attention's layout (docs/MODELS.md §1) */
 static const hyla_layout fla_layout = {
     .embed = "model.embeddings.weight",
@@ -213,7 +300,7 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     memset(c, 0, sizeof *c);
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = hyla_cfg_load_json(path, &jerr);
     if (!root) {
         FILE *f = fopen(path, "r");
         if (!f) return hyla_fail(HYLA_ERR_NOT_FOUND, "%s: no such file (a model directory needs config.json)", path);

@@ -41,6 +41,13 @@ typedef struct hyla_cfg {
     hyla_status st;     /* first error (HYLA_OK while none) */
 } hyla_cfg;
 
+/* Parse config.json at path (jansson; caller json_decrefs). Non-finite floats are read as null
+ * (which keys document as "no limit"), in both forms Python writes them: the bare tokens
+ * Infinity, -Infinity and NaN of Python's json module, and transformers 5's objects
+ * {"__float__": "Infinity"} (Mamba2's time_step_limit is [0.0, inf]). NULL on failure with err
+ * filled. */
+json_t *hyla_cfg_load_json(const char *path, json_error_t *err);
+
 /* Typed getters: dflt when the key is absent or null; an error naming the key when present with
  * the wrong type. */
 int hyla_cfg_int(hyla_cfg *r, json_t *obj, const char *key, int dflt);

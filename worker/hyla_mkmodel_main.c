@@ -41,12 +41,14 @@ static void usage(FILE *f) {
             "usage: hyla-mkmodel --arch ARCH --layers L --hidden D --heads H [options] --out DIR\n"
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
-            "                     statex-gla | lalte | lansa | nsa\n"
+            "                     statex-gla | lalte | lansa | nsa | mamba2 | mamba2-h |\n"
+            "                     statex-mamba2\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
-            "                     4 layers, one every L/4 from the first: GLA heads merged into one;\n"
-            "                     lalte / lansa: GDN with LTE / NSA attention at every odd\n"
-            "                     layer, 1:1; nsa: native sparse attention at every layer)\n"
+            "                     4 layers, one every L/4 from the first: GLA heads merged into one,\n"
+            "                     Mamba2 state_size 128 -> 512; lalte / lansa: GDN with LTE / NSA\n"
+            "                     attention at every odd layer, 1:1; nsa: native sparse attention at\n"
+            "                     every layer)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -161,6 +163,9 @@ static const mk_arch ARCHS[] = {
     /* laNSA (same paper, §3.2) and an all-NSA model (flash-linear-attention's model_type "nsa") */
     {"lansa", "gdn", NULL, NULL, "nsa"},
     {"nsa", "nsa", NULL, NULL, NULL},
+    /* Mamba2 (SSD); StateX for Mamba2: state_size 128 -> 512 at the expanded layers */
+    {"mamba2", "mamba2", NULL, NULL, NULL},
+    {"statex-mamba2", "mamba2", NULL, "{\"state_size\": 512}", NULL},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {

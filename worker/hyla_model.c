@@ -184,7 +184,7 @@ static hyla_status compute_fingerprint(hyla_model *m, hyla_st *st) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", m->dir);
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = hyla_cfg_load_json(path, &jerr);
     if (!root) return hyla_fail(HYLA_ERR_FORMAT, "%s: %s", path, jerr.text);
     char *canon = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(root);

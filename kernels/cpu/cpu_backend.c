@@ -792,6 +792,11 @@ static const hyla_ops cpu_ops = {
     .capture_begin = cpu_capture_begin,
     .capture_done = cpu_capture_done,
     .capture_end = cpu_capture_end,
+    /* Mamba2 */
+    .copy2d = cpu_copy2d,
+    .ssd_prefill = cpu_ssd_prefill,
+    .ssd_decode = cpu_ssd_decode,
+    .ssd_norm = cpu_ssd_norm,
 };
 
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {

@@ -88,4 +88,15 @@ hyla_status cpu_nsa_decode(void *ctx, const float *q, const float *k, const floa
                            int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block, int counts,
                            int window, float scale, float *o);
 
+/* ---- Mamba2 (cpu_mamba2.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_copy2d(void *ctx, float *dst, int ldd, const float *src, int lds, int rows, int cols);
+hyla_status cpu_ssd_prefill(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                            const float *A_log, const float *Dskip, float dt_min, float dt_max, int n, int H, int P,
+                            int G, int N, float *S, float *y);
+hyla_status cpu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                           const float *A_log, const float *Dskip, float dt_min, float dt_max, int B, int H, int P,
+                           int G, int N, float *const *S, float *y);
+hyla_status cpu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
+                         int gs, float eps);
+
 #endif

@@ -279,6 +279,37 @@ static hyla_status replay_zero(hyla_cuda_ctx *c, const ga_zero &a, const void *)
     return HYLA_OK;
 }
 
+/* Mamba2 (SSD) */
+struct ga_copy2d {
+    float *dst;
+    const float *src;
+    int32_t ldd, lds, rows, cols;
+};
+static hyla_status replay_copy2d(hyla_cuda_ctx *c, const ga_copy2d &a, const void *) {
+    return cu_copy2d(c, a.dst, a.ldd, a.src, a.lds, a.rows, a.cols);
+}
+
+struct ga_ssd_decode { /* the sessions' state pointers are the data */
+    const float *xbc, *dt, *dt_bias, *A_log, *Dskip;
+    float *y;
+    int32_t ldx, ld_dt, B, H, P, G, N;
+    float dt_min, dt_max;
+};
+static hyla_status replay_ssd_decode(hyla_cuda_ctx *c, const ga_ssd_decode &a, const void *d) {
+    return cu_ssd_decode_dev(c, a.xbc, a.ldx, a.dt, a.ld_dt, a.dt_bias, a.A_log, a.Dskip, a.dt_min, a.dt_max, a.B, a.H,
+                             a.P, a.G, a.N, (float *const *)d, a.y);
+}
+
+struct ga_ssd_norm {
+    const float *o, *z, *w;
+    float *y;
+    int32_t ldz, rows, G, gs;
+    float eps;
+};
+static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const void *) {
+    return cu_ssd_norm(c, a.o, a.z, a.ldz, a.w, a.y, a.rows, a.G, a.gs, a.eps);
+}
+
 #define GRAPH_OPS(X)                                                                                                   \
     X(EMBED, embed)                                                                                                    \
     X(LINEAR, linear)                                                                                                  \
@@ -302,7 +333,11 @@ static hyla_status replay_zero(hyla_cuda_ctx *c, const ga_zero &a, const void *)
     X(SSE_PREFILL, sse_prefill)                                                                                        \
     X(ATTN_DECODE, attn_decode)                                                                                        \
     X(COPY, copy)                                                                                                      \
-    X(ZERO, zero)
+    X(ZERO, zero)                                                                                                      \
+    /* Mamba2 (SSD) */                                                                                                 \
+    X(COPY2D, copy2d)                                                                                                  \
+    X(SSD_DECODE, ssd_decode)                                                                                          \
+    X(SSD_NORM, ssd_norm)
 
 enum {
     GOP_NONE,
@@ -1182,6 +1217,82 @@ static int f_capture_done(void *ctx, hyla_capture *t) { return cu_capture_done((
 
 static hyla_status f_capture_end(void *ctx, hyla_capture *t) { return cu_capture_end((hyla_cuda_ctx *)ctx, t); }
 
+/* ---- Mamba2 (SSD) ----
+ * copy2d, ssd_decode and ssd_norm are logged; ssd_prefill flushes the log and runs at once (its
+ * chunked path grows a scratch buffer with the piece, which a logged entry may not see move). */
+static hyla_status g_copy2d(void *ctx, float *dst, int ldd, const float *src, int lds, int rows, int cols) {
+    CTX;
+    if (!LOGGING) return cu_copy2d(ctx, dst, ldd, src, lds, rows, cols);
+    HYLA_TRY(cu_copy2d_check(ldd, lds, rows, cols));
+    if (rows == 0 || cols == 0) return HYLA_OK;
+    ga_copy2d *a;
+    HYLA_TRY(log_copy2d(c->graphs, 0, &a, NULL));
+    a->dst = dst;
+    a->src = src;
+    a->ldd = ldd;
+    a->lds = lds;
+    a->rows = rows;
+    a->cols = cols;
+    return HYLA_OK;
+}
+
+static hyla_status f_ssd_prefill(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                                 const float *A_log, const float *Dskip, float dt_min, float dt_max, int n, int H, int P,
+                                 int G, int N, float *S, float *y) {
+    CTX;
+    HYLA_TRY(cu_graph_flush(c));
+    return cu_ssd_prefill(ctx, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, n, H, P, G, N, S, y);
+}
+
+static hyla_status g_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                                const float *A_log, const float *Dskip, float dt_min, float dt_max, int B, int H, int P,
+                                int G, int N, float *const *S, float *y) {
+    CTX;
+    if (!LOGGING) return cu_ssd_decode(ctx, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, B, H, P, G, N, S, y);
+    HYLA_TRY(cu_ssd_decode_check(B, ldx, ld_dt, H, P, G, N));
+    if (B <= 0) return HYLA_OK;
+    ga_ssd_decode *a;
+    void *d;
+    HYLA_TRY(log_ssd_decode(c->graphs, (size_t)B * sizeof(float *), &a, &d));
+    a->xbc = xbc;
+    a->dt = dt;
+    a->dt_bias = dt_bias;
+    a->A_log = A_log;
+    a->Dskip = Dskip;
+    a->y = y;
+    a->ldx = ldx;
+    a->ld_dt = ld_dt;
+    a->B = B;
+    a->H = H;
+    a->P = P;
+    a->G = G;
+    a->N = N;
+    a->dt_min = dt_min;
+    a->dt_max = dt_max;
+    memcpy(d, S, (size_t)B * sizeof(float *));
+    return HYLA_OK;
+}
+
+static hyla_status g_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows,
+                              int G, int gs, float eps) {
+    CTX;
+    if (!LOGGING) return cu_ssd_norm(ctx, o, z, ldz, w, y, rows, G, gs, eps);
+    HYLA_TRY(cu_ssd_norm_check(ldz, rows, G, gs));
+    if (rows == 0) return HYLA_OK;
+    ga_ssd_norm *a;
+    HYLA_TRY(log_ssd_norm(c->graphs, 0, &a, NULL));
+    a->o = o;
+    a->z = z;
+    a->w = w;
+    a->y = y;
+    a->ldz = ldz;
+    a->rows = rows;
+    a->G = G;
+    a->gs = gs;
+    a->eps = eps;
+    return HYLA_OK;
+}
+
 extern "C" const hyla_ops hyla_cuda_ops_table = {
     /* name */ "cuda",
     /* kv_dtype */ HYLA_DT_BF16,
@@ -1225,6 +1336,17 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_begin,
     f_capture_done,
     f_capture_end,
+    /* LTE, NSA: no CUDA kernels yet (the mixers refuse to run) */
+    NULL, /* lte_score */
+    NULL, /* lte_prefill */
+    NULL, /* lte_decode */
+    NULL, /* nsa_prefill */
+    NULL, /* nsa_decode */
+    /* Mamba2 (SSD) */
+    g_copy2d,
+    f_ssd_prefill,
+    g_ssd_decode,
+    g_ssd_norm,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

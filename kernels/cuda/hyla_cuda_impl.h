@@ -41,9 +41,11 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 /* After every kernel launch: a bad configuration or a sticky earlier fault becomes a status. */
 #define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
 
-#define HYLA_CU_SCRATCH_SLOTS 9
+#define HYLA_CU_SCRATCH_SLOTS 10
 enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7,
-       SCR_PLAN = 8 };
+       SCR_PLAN = 8,
+       /* Mamba2 (SSD) */
+       SCR_SSD = 9 };
 
 typedef struct hyla_cu_pool hyla_cu_pool;     /* hyla_cuda_pool.cu */
 typedef struct hyla_cu_graphs hyla_cu_graphs; /* hyla_cuda_graph.cu */
@@ -312,6 +314,22 @@ void cu_pool_free(hyla_cuda_ctx *c, void *p);
 /* host buffers and asynchronous copies behind ops->host_alloc / capture_* and the
  * hyla_cuda_pool.h entry points; a capture ticket of this backend is a hyla_cuda_copy */
 hyla_status cu_host_alloc(hyla_cuda_ctx *c, size_t bytes, void **out);
+/* Mamba2 (SSD) (hyla_cuda_mamba2.cu) */
+hyla_status cu_copy2d(void *ctx, float *dst, int ldd, const float *src, int lds, int rows, int cols);
+hyla_status cu_copy2d_check(int ldd, int lds, int rows, int cols);
+hyla_status cu_ssd_prefill(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                           const float *A_log, const float *Dskip, float dt_min, float dt_max, int n, int H, int P,
+                           int G, int N, float *S, float *y);
+hyla_status cu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt, const float *dt_bias,
+                          const float *A_log, const float *Dskip, float dt_min, float dt_max, int B, int H, int P,
+                          int G, int N, float *const *S, float *y);
+hyla_status cu_ssd_decode_check(int B, int ldx, int ld_dt, int H, int P, int G, int N);
+hyla_status cu_ssd_decode_dev(hyla_cuda_ctx *c, const float *xbc, int ldx, const float *dt, int ld_dt,
+                              const float *dt_bias, const float *A_log, const float *Dskip, float dt_min, float dt_max,
+                              int B, int H, int P, int G, int N, float *const *d_S, float *y);
+hyla_status cu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
+                        int gs, float eps);
+hyla_status cu_ssd_norm_check(int ldz, int rows, int G, int gs);
 void cu_host_free(hyla_cuda_ctx *c, void *p);
 hyla_status cu_capture_begin(hyla_cuda_ctx *c, int n, void *const *host_dst, const void *const *src,
                              const size_t *bytes, hyla_capture **out);

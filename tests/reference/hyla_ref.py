@@ -17,6 +17,7 @@ What it holds:
       grouped-Conv1d scores, sink + retained + window attention, token by token [LTE-1..5];
       NSA (flash-linear-attention's nsa layer; mean-pooled compression, block selection,
       window, gates) [NSA-1..4];
+      ssd_recurrent / ssd_chunked           Mamba2 [M2-1..3] and its SSD chunked form (C = 64)
   * a Session that holds per-layer state, prefills a prompt (recurrent or chunked) and
     decodes greedily, one token at a time, always by the recurrence.
 
@@ -225,6 +226,42 @@ def route(logits_e, K):
         sel.append(order[:K])
         margin.append(row[order[K - 1]] - row[order[K]] if K < len(row) else float("inf"))
     return e, sel, margin
+
+
+# ----------------------------------------------------------------------------------------
+# Mamba2 (SSD) [M2-1..3]: per head, S [N, P]; a_t = -exp(A_log) dt'_t
+#   S_t = exp(a_t) S_{t-1} + B_t^T (dt'_t x_t) ;  y_t = C_t S_t + D x_t
+# shapes: x [T, H, P]; Bm, Cm [T, H, N] (already expanded from groups to heads); a, dtp [T, H]
+# ----------------------------------------------------------------------------------------
+
+def ssd_recurrent(x, Bm, Cm, dtp, a, Dsk, S):
+    T = x.shape[0]
+    ys = []
+    for t in range(T):
+        S = torch.exp(a[t])[:, None, None] * S + Bm[t][:, :, None] * (dtp[t][:, None] * x[t])[:, None, :]
+        ys.append(torch.einsum("hn,hnp->hp", Cm[t], S) + Dsk[:, None] * x[t])
+    return torch.stack(ys, 0), S
+
+
+def ssd_chunked(x, Bm, Cm, dtp, a, Dsk, S, pos0=0, C=CHUNK):
+    """The SSD chunked form over chunks aligned to absolute positions (MODELS.md 4.6)."""
+    T = x.shape[0]
+    ys = []
+    for s0, s1 in _chunk_bounds(T, pos0, C):
+        b = torch.cumsum(a[s0:s1], 0)                      # [L, H]
+        v = dtp[s0:s1][:, :, None] * x[s0:s1]              # [L, H, P]
+        Cc, Bc = Cm[s0:s1], Bm[s0:s1]
+        L = s1 - s0
+        y0 = torch.exp(b)[:, :, None] * torch.einsum("thn,hnp->thp", Cc, S)
+        diff = b[:, None, :] - b[None, :, :]               # [t, s, H]
+        mask = torch.tril(torch.ones(L, L, dtype=torch.bool))[:, :, None]
+        dec = torch.where(mask, torch.exp(torch.where(mask, diff, torch.zeros_like(diff))), torch.zeros_like(diff))
+        Amat = torch.einsum("thn,shn->tsh", Cc, Bc) * dec
+        y = y0 + torch.einsum("tsh,shp->thp", Amat, v) + Dsk[None, :, None] * x[s0:s1]
+        ys.append(y)
+        bl = b[-1]
+        S = torch.exp(bl)[:, None, None] * S + torch.einsum("sh,shn,shp->hnp", torch.exp(bl[None, :] - b), Bc, v)
+    return torch.cat(ys, 0), S
 
 
 # ----------------------------------------------------------------------------------------
@@ -725,6 +762,60 @@ class NSALayer:
         return linear(o.reshape(T, self.Hq * self.hd), self.wo)
 
 
+class Mamba2Layer:
+    """Mamba2 mixer (MODELS.md 4.6): in_proj -> [z | xBC | dt], conv + silu on xBC, SSD, gated
+    RMSNorm with z (gate before the norm; per group or over all channels), out_proj."""
+    kind = "mamba2"
+
+    def __init__(self, cfg, W, p, D):
+        self.N = cfg.get("state_size", 128)
+        self.G = cfg.get("n_groups", 8)
+        self.P = cfg.get("head_dim", 64)
+        self.K = cfg.get("conv_kernel", 4)
+        self.I = int(cfg.get("expand", 2) * D)
+        self.H = cfg.get("num_heads", None) or self.I // self.P
+        assert self.H * self.P == self.I and self.H % self.G == 0
+        self.eps = cfg.get("layer_norm_epsilon", 1e-5)
+        # the gated norm: per group of I/G (FLA's config, or norm_grouped) or over all I
+        # (transformers' MambaRMSNormGated) -- MODELS.md 4.6
+        self.ng = self.G if cfg.get("norm_grouped", "norm_before_gate" in cfg) else 1
+        lim = cfg.get("time_step_limit", None) or [0.0, None]
+        self.lo = 0.0 if lim[0] is None else float(lim[0])
+        self.hi = float("inf") if lim[1] is None else float(lim[1])
+        I, N, G, H, K = self.I, self.N, self.G, self.H, self.K
+        self.Cc = I + 2 * G * N
+        Din = I + self.Cc + H
+        bias = cfg.get("use_bias", False)
+        self.win = W(p + "in_proj.weight", (Din, D))
+        self.bin = W(p + "in_proj.bias", (Din,)) if bias else None
+        self.cw = W(p + "conv1d.weight", (self.Cc, 1, K))
+        self.cb = W(p + "conv1d.bias", (self.Cc,)) if cfg.get("use_conv_bias", True) else None
+        self.dt_bias, self.A_log, self.Dsk = W(p + "dt_bias", (H,)), W(p + "A_log", (H,)), W(p + "D", (H,))
+        self.nw = W(p + "norm.weight", (I,))
+        self.wo = W(p + "out_proj.weight", (D, I))
+        self.bo = W(p + "out_proj.bias", (D,)) if bias else None
+
+    def init_state(self, dt):
+        return {"S": torch.zeros(self.H, self.N, self.P, dtype=dt), "conv": torch.zeros(self.K - 1, self.Cc, dtype=dt)}
+
+    def __call__(self, x, st, pos0, mode):
+        T, I, N, G, H, P = x.shape[0], self.I, self.N, self.G, self.H, self.P
+        zxd = linear(x, self.win, self.bin)
+        z, xbc, dt = zxd[:, :I], zxd[:, I:I + self.Cc], zxd[:, I + self.Cc:]
+        xbc, st["conv"] = short_conv(xbc, self.cw, self.cb, st["conv"])
+        xs = xbc[:, :I].reshape(T, H, P)
+        rep = H // G
+        Bm = xbc[:, I:I + G * N].reshape(T, G, N).repeat_interleave(rep, dim=1)
+        Cm = xbc[:, I + G * N:].reshape(T, G, N).repeat_interleave(rep, dim=1)
+        dtp = torch.clamp(torch.nn.functional.softplus(dt + self.dt_bias), self.lo, self.hi)   # [M2-1]
+        a = -torch.exp(self.A_log) * dtp
+        fn = ssd_recurrent if mode == "recurrent" else (lambda *q: ssd_chunked(*q, pos0=pos0))
+        y, st["S"] = fn(xs, Bm, Cm, dtp, a, self.Dsk, st["S"])                                 # [M2-2]
+        u = y.reshape(T, I) * torch.nn.functional.silu(z)                                      # [M2-3]
+        u = rmsnorm(u.view(T, self.ng, I // self.ng), None, self.eps).reshape(T, I) * self.nw
+        return linear(u, self.wo, self.bo)
+
+
 # ----------------------------------------------------------------------------------------
 # model and session
 # ----------------------------------------------------------------------------------------
@@ -736,9 +827,21 @@ def attn_specs(cfg):
     return a if isinstance(a, list) else [a]
 
 
+def _special_floats(v):
+    """transformers 5 writes inf as {"__float__": "Infinity"} (MODELS.md 4.6): decode it."""
+    if isinstance(v, dict):
+        if set(v) == {"__float__"} and v["__float__"] in ("Infinity", "-Infinity", "NaN"):
+            return float(v["__float__"].replace("Infinity", "inf").replace("NaN", "nan"))
+        return {k: _special_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_special_floats(x) for x in v]
+    return v
+
+
 class Model:
     def __init__(self, model_dir, dtype=torch.float64):
         cfg, raw = load_model_dir(model_dir)
+        cfg = _special_floats(cfg)
         self.cfg, self.dtype = cfg, dtype
         W = Weights(raw, dtype)
         mt = cfg["model_type"]
@@ -747,14 +850,17 @@ class Model:
         D, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
         self.D, self.V, self.L = D, V, L
         self.eps = cfg.get("norm_eps", 1e-6)
-        if cfg.get("hidden_act", "swish") != "swish":
+        if mt == "mamba2":  # Mamba2 (MODELS.md 4.6): its own layout, mixer-only layers
+            self.eps = cfg.get("layer_norm_epsilon", 1e-5)
+        if cfg.get("hidden_act", "swish") not in ("swish", "silu"):
             raise ValueError("hidden_act must be swish")
         F = cfg.get("intermediate_size", None)
         if F is None:
             F = int(D * cfg.get("hidden_ratio", 4) * 2 / 3)
             F = 256 * ((F + 255) // 256)
         self.F = F
-        self.emb = W("model.embeddings.weight", (V, D))
+        m2 = mt == "mamba2"
+        self.emb = W("backbone.embeddings.weight" if m2 else "model.embeddings.weight", (V, D))
         attn_of = {}
         for spec in attn_specs(cfg):
             for i in spec.get("layers", []):
@@ -777,6 +883,12 @@ class Model:
         for i in range(L):
             p = "model.layers.%d." % i
             pa = p + "attn."
+            if m2:
+                p = "backbone.layers.%d." % i
+                pa = p + "mixer."
+                mix = AttnLayer(attn_of[i], W, pa, D, False) if i in attn_of else Mamba2Layer(cfg_of.get(i, cfg), W, pa, D)
+                self.layers.append({"mixer": mix, "attn_norm": W(p + "norm.weight", (D,)), "mlp_norm": None})
+                continue
             if mt == "transformer":
                 mix = AttnLayer(cfg, W, pa, D, True)
             elif i in attn_of:
@@ -801,7 +913,7 @@ class Model:
                 "up": W(p + "mlp.up_proj.weight", (F, D)),
                 "down": W(p + "mlp.down_proj.weight", (D, F)),
             })
-        self.norm = W("model.norm.weight", (D,))
+        self.norm = W("backbone.norm_f.weight" if m2 else "model.norm.weight", (D,))
         if cfg.get("tie_word_embeddings", False):
             self.head = self.emb
         else:
@@ -837,6 +949,9 @@ class Session:
             if mode == "varlen":
                 mmode = "varlen" if mix.kind == "sse" else "recurrent"
             h = x + mix(rmsnorm(x, l["attn_norm"], m.eps), st, self.pos, mmode)
+            if l["mlp_norm"] is None:  # mixer-only layers (Mamba2)
+                x = h
+                continue
             y = rmsnorm(h, l["mlp_norm"], m.eps)
             x = h + linear(torch.nn.functional.silu(linear(y, l["gate"])) * linear(y, l["up"]), l["down"])
         self.pos += len(tokens)

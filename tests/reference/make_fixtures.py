@@ -68,6 +68,10 @@ FIXTURES = {
     "x-transformer": (tiny("x-transformer"), "make_tiny transformer: GQA 4:1, qkv bias, qk_norm, window 20, rope_theta 500, tied embeddings"),
     "x-sse-sparse": (tiny("x-sse-sparse"), "make_tiny SSE-GLA: N=6, K=2, lora_target sparse, q softmax, expand_v 2, windowed GQA attention layer with bias"),
     "x-sse-gdn-k2": (tiny("x-sse-gdn-k2"), "make_tiny SSE-GDN: N=4, K=2, lora rank 4, no output gate"),
+    # Mamba2 (SSD)
+    "mamba2": (mk("mamba2", 2), "hyla-mkmodel Mamba2: 4 heads of 32, 2 groups, state 128, conv bias"),
+    "mamba2-h": (mk("mamba2-h", 4), "hyla-mkmodel Mamba2 with an attention layer (layer 2)"),
+    "statex-mamba2": (mk("statex-mamba2", 5), "hyla-mkmodel StateX Mamba2: state 512 at layers 0-3, 128 at layer 4"),
 }
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """selftest.py: checks the PyTorch reference against itself in independent formulations.
 
-  * GLA chunked form == GLA recurrence; GDN WY chunked form == gated delta recurrence
-    (random inputs, nonzero initial state, chunk boundaries at absolute positions);
+  * GLA chunked form == GLA recurrence; GDN WY chunked form == gated delta recurrence; Mamba2's
+    SSD chunked form == its recurrence (random inputs, nonzero initial state, chunk boundaries
+    at absolute positions);
   * SSE: token-by-token recurrence == grouped-by-partition (varlen, Algorithm 2) prefill with
     recurrent and with chunked kernels == the masking formulation (Algorithm 1: every partition
     runs over all tokens with k = q = 0 and no decay where it is not selected);
@@ -67,6 +68,24 @@ def kernels():
             o2, s2 = R.gdn_chunked(qn, kn, v, gg, bb, S0, dk ** -0.5, pos0=pos0)
             check("gdn WY chunked == recurrent, %s, T=%d pos0=%d: o" % (nm, T, pos0), o2, o1, 1e-9)
             check("gdn WY chunked == recurrent, %s, T=%d pos0=%d: S" % (nm, T, pos0), s2, s1, 1e-9)
+
+
+def ssd_forms():
+    """Mamba2: the SSD chunked form == the recurrence, strong decays included."""
+    g = torch.Generator().manual_seed(3)
+    H, N, P = 4, 8, 6
+    for T, pos0, scale in ((1, 0, 1.0), (64, 0, 1.0), (150, 0, 1.0), (97, 37, 1.0), (130, 63, 20.0)):
+        x = torch.randn(T, H, P, generator=g, dtype=DT)
+        Bm = torch.randn(T, H, N, generator=g, dtype=DT)
+        Cm = torch.randn(T, H, N, generator=g, dtype=DT)
+        dtp = torch.nn.functional.softplus(torch.randn(T, H, generator=g, dtype=DT)) * scale
+        a = -torch.exp(torch.randn(H, generator=g, dtype=DT))[None, :] * dtp
+        Dsk = torch.randn(H, generator=g, dtype=DT)
+        S0 = torch.randn(H, N, P, generator=g, dtype=DT)
+        y1, s1 = R.ssd_recurrent(x, Bm, Cm, dtp, a, Dsk, S0)
+        y2, s2 = R.ssd_chunked(x, Bm, Cm, dtp, a, Dsk, S0, pos0=pos0)
+        check("ssd chunked == recurrent, T=%d pos0=%d dt x%g: y" % (T, pos0, scale), y2, y1, 1e-9)
+        check("ssd chunked == recurrent, T=%d pos0=%d dt x%g: S" % (T, pos0, scale), s2, s1, 1e-9)
 
 
 def sse_masked(layer, x, st):
@@ -201,6 +220,7 @@ def attention_props():
 def main():
     torch.set_num_threads(1)
     kernels()
+    ssd_forms()
     sse_forms()
     attention_props()
     models()
