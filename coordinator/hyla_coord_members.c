@@ -350,6 +350,7 @@ void *coord_monitor_main(void *arg) {
     if (period > 500)
         period = 500;
     pthread_mutex_lock(&c->mu);
+    double last = hyla_now();
     while (!c->stopping) {
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
@@ -363,6 +364,18 @@ void *coord_monitor_main(void *arg) {
         if (c->stopping)
             break;
         double now = hyla_now();
+        /* Heartbeats are handled under c->mu, like this loop. If this thread ran late (c->mu held
+         * by a slow directory fsync, or the process starved of CPU), the heartbeats that queued
+         * meanwhile have not been counted yet: the lateness is the coordinator's silence, not the
+         * workers', and must not declare a live worker dead (its sessions would fall back to
+         * their last snapshot and lose what it had acknowledged since). */
+        double late = now - last - (double)period / 1000.0;
+        last = now;
+        if (late > 0.05)
+            for (size_t i = 0; i < c->n_workers; i++) {
+                cworker *w = c->workers[i];
+                w->hb_mono = w->hb_mono + late < now ? w->hb_mono + late : now;
+            }
         for (size_t i = 0; i < c->n_workers; i++) {
             cworker *w = c->workers[i];
             if ((w->state == HYLA__V1__WORKER_STATE__WORKER_READY ||

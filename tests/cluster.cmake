@@ -7,14 +7,16 @@ add_test(NAME test_worker_mamba2 COMMAND test_worker mamba2-h WORKING_DIRECTORY 
 set_tests_properties(test_worker_mamba2 PROPERTIES LABELS "e2e" TIMEOUT 300
   ENVIRONMENT "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR}"
   SKIP_RETURN_CODE 77)
-hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 400)
+hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 900)
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)
 hyla_add_script_test(test_e2e_storage e2e/test_e2e_storage.sh LABELS e2e fault TIMEOUT 300)
 # sparse-attention hybrids through the cluster
-hyla_add_script_test(test_e2e_lalte e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 300)
-hyla_add_script_test(test_e2e_lansa e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 300)
+hyla_add_script_test(test_e2e_lalte e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
+hyla_add_script_test(test_e2e_lansa e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
 set_tests_properties(test_e2e_lansa PROPERTIES ENVIRONMENT
   "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR};HYLA_E2E_ARCH=lansa")
 hyla_add_script_test(test_e2e_interrupt e2e/test_e2e_interrupt.sh LABELS e2e fault TIMEOUT 400)
 hyla_add_script_test(test_e2e_interrupt_restart e2e/test_e2e_interrupt_restart.sh LABELS e2e fault TIMEOUT 400)
+# a coordinator stalled past --dead-after-ms (SIGSTOP) declares no live worker dead
+hyla_add_script_test(test_e2e_stall e2e/test_e2e_stall.sh LABELS e2e fault TIMEOUT 180)

@@ -6,6 +6,9 @@
  *   - ForkSession continues identically without reseed;
  *   - auto-snapshots taken while generating (asynchronous exports) each restore and continue
  *     exactly like the uninterrupted run;
+ *   - a heartbeat answered "unload" for the placement it reported, after the session was
+ *     re-placed on the worker under a newer epoch, leaves the newer placement (a fake
+ *     coordinator holds that answer until the test has re-placed it);
  *   - errors: unknown session NOT_FOUND, max_tokens 0 INVALID_ARGUMENT, bad token id
  *     INVALID_ARGUMENT, Generate before any Append FAILED_PRECONDITION.
  * The model is a 4-layer sse-h, or the hyla-mkmodel arch given as the argument (test_worker_mamba2
@@ -16,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "hyla_api.h"
@@ -176,6 +180,79 @@ static void *gen_thread(void *arg) {
     g->st = generate(g->id, 40, g->out, &g->got);
     return NULL;
 }
+
+/* A fake coordinator for the heartbeat-unload race: it registers the worker (heartbeat every
+ * 50 ms) and, when a heartbeat reports session "s-h" under placement epoch 1, holds its answer
+ * until the test has re-placed s-h on the worker under epoch 2, then answers "unload s-h" (what a
+ * coordinator says to a stale report). The later heartbeats are counted. */
+static pthread_mutex_t fc_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fc_cv = PTHREAD_COND_INITIALIZER;
+static int fc_seen_old, fc_release, fc_after; /* s-h@1 reported; answer it; heartbeats after that */
+static char fc_store[64];
+
+static void fc_register(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
+    (void)msg;
+    (void)ud;
+    if (ev != HYLA_RPC_EV_START) return;
+    Hyla__V1__RegisterWorkerResponse r = HYLA__V1__REGISTER_WORKER_RESPONSE__INIT;
+    r.worker_id = "wh";
+    r.epoch = 1;
+    r.heartbeat_interval_ms = 50;
+    r.heartbeat_timeout_ms = 10000;
+    r.group_id = "g-wh";
+    r.next_stage_address = "";
+    r.store_address = fc_store;
+    hyla_rpc_call_reply(call, &r.base);
+}
+
+static void fc_heartbeat(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
+    (void)ud;
+    if (ev != HYLA_RPC_EV_START) return;
+    const Hyla__V1__HeartbeatRequest *q = (const Hyla__V1__HeartbeatRequest *)msg;
+    uint64_t ep = 0;
+    for (size_t i = 0; i < q->n_sessions; i++)
+        if (q->sessions[i] && q->sessions[i]->session_id && !strcmp(q->sessions[i]->session_id, "s-h"))
+            ep = q->sessions[i]->placement_epoch;
+    Hyla__V1__HeartbeatResponse r = HYLA__V1__HEARTBEAT_RESPONSE__INIT;
+    char *ids[1] = {"s-h"};
+    pthread_mutex_lock(&fc_mu);
+    int hold = ep == 1 && !fc_seen_old;
+    if (hold) {
+        fc_seen_old = 1;
+        pthread_cond_broadcast(&fc_cv);
+        while (!fc_release) pthread_cond_wait(&fc_cv, &fc_mu); /* the test re-places s-h meanwhile */
+        r.n_unload_session_ids = 1;
+        r.unload_session_ids = ids;
+    } else if (fc_seen_old && fc_release) {
+        fc_after++;
+        pthread_cond_broadcast(&fc_cv);
+    }
+    pthread_mutex_unlock(&fc_mu);
+    hyla_rpc_call_reply(call, &r.base);
+}
+
+static void fc_report(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
+    (void)msg;
+    (void)ud;
+    if (ev != HYLA_RPC_EV_START) return;
+    Hyla__V1__ReportSnapshotResponse r = HYLA__V1__REPORT_SNAPSHOT_RESPONSE__INIT;
+    hyla_rpc_call_reply(call, &r.base);
+}
+
+/* Wait (up to ms) until cond() holds under fc_mu. */
+static int fc_wait(int (*cond)(void), int ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    pthread_mutex_lock(&fc_mu);
+    int rc = 0;
+    while (!cond() && rc == 0) rc = pthread_cond_timedwait(&fc_cv, &fc_mu, &t);
+    int ok = cond();
+    pthread_mutex_unlock(&fc_mu);
+    return ok;
+}
+static int fc_cond_seen(void) { return fc_seen_old; }
+static int fc_cond_two_after(void) { return fc_after >= 2; }
 
 int main(int argc, char **argv) {
     const char *arch = argc > 1 ? argv[1] : "sse-h"; /* the model's hyla-mkmodel arch */
@@ -496,6 +573,70 @@ int main(int argc, char **argv) {
         printf("auto-snapshots: %zu versions, %d taken while generating checked: each continues bit for bit\n", nv, mid);
         CHECK_MSG(mid >= 2, "only %d auto-snapshots were taken during generation", mid);
         CHECK_OK(unload("s-q"));
+    }
+
+    /* a heartbeat answered "unload" for the placement it reported (epoch 1) after the session was
+     * re-placed on this worker under epoch 2: the worker keeps the newer placement */
+    {
+        hyla_rpc_server *fc = NULL;
+        CHECK_OK(hyla_rpc_server_create(NULL, &fc));
+        CHECK_OK(hyla_rpc_server_add_method(fc, "/hyla.v1.Coordinator/RegisterWorker", HYLA_RPC_UNARY,
+                                            &hyla__v1__register_worker_request__descriptor,
+                                            &hyla__v1__register_worker_response__descriptor, fc_register, NULL));
+        CHECK_OK(hyla_rpc_server_add_method(fc, "/hyla.v1.Coordinator/Heartbeat", HYLA_RPC_UNARY,
+                                            &hyla__v1__heartbeat_request__descriptor,
+                                            &hyla__v1__heartbeat_response__descriptor, fc_heartbeat, NULL));
+        CHECK_OK(hyla_rpc_server_add_method(fc, "/hyla.v1.Coordinator/ReportSnapshot", HYLA_RPC_UNARY,
+                                            &hyla__v1__report_snapshot_request__descriptor,
+                                            &hyla__v1__report_snapshot_response__descriptor, fc_report, NULL));
+        int fport = 0;
+        CHECK_OK(hyla_rpc_server_listen(fc, "127.0.0.1:0", &fport));
+        CHECK_OK(hyla_rpc_server_start(fc));
+        snprintf(fc_store, sizeof fc_store, "%s", store_addr);
+        char faddr[64];
+        snprintf(faddr, sizeof faddr, "127.0.0.1:%d", fport);
+        FILE *o6 = NULL;
+        int p6 = 0;
+        const char *a6[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--coordinator", faddr,
+                            "--id", "wh", "--snapshot-every", "0", NULL};
+        pid_t pid6 = spawn_worker(bin, a6, &p6, &o6);
+        CHECK(p6 > 0);
+        hyla_rpc_client *keep = wc;
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", p6);
+        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        CHECK_OK(load("s-h", 1, 0, 0.8f, 7));
+        CHECK_MSG(fc_wait(fc_cond_seen, 20000), "no heartbeat reported s-h under epoch 1");
+        CHECK_OK(load("s-h", 2, 0, 0.8f, 7)); /* re-placed here while that heartbeat is unanswered */
+        pthread_mutex_lock(&fc_mu);
+        fc_release = 1;
+        pthread_cond_broadcast(&fc_cv);
+        pthread_mutex_unlock(&fc_mu);
+        /* the drop is queued before the next heartbeat is sent, so a DescribeSession after two
+         * more heartbeats is served after it (one command queue, in order) */
+        CHECK_MSG(fc_wait(fc_cond_two_after, 20000), "no heartbeats after the unload answer");
+        Hyla__V1__DescribeSessionRequest hq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+        hq.session_id = "s-h";
+        ProtobufCMessage *hr = NULL;
+        hyla_rpc_call_opts ho = {20000, NULL, NULL, 0};
+        hyla_rpc_result hres;
+        hyla_status hst = hyla_rpc_client_unary(wc, W("DescribeSession"), &hq.base,
+                                                &hyla__v1__worker_session_response__descriptor, &hr, &ho, &hres);
+        const Hyla__V1__WorkerSessionStatus *hs = hst == HYLA_OK ? ((Hyla__V1__WorkerSessionResponse *)hr)->session : NULL;
+        CHECK_MSG(hs && hs->placement_epoch == 2,
+                  "the unload of the stale placement (epoch 1) dropped the newer placement 2: %s",
+                  hst == HYLA_OK ? "wrong epoch" : hres.message);
+        if (hr) protobuf_c_message_free_unpacked(hr, NULL);
+        CHECK_OK(append("s-h", prompt, 100));
+        int32_t h[8];
+        CHECK_OK(generate("s-h", 8, h, &got));
+        CHECK(got == 8);
+        hyla_rpc_client_destroy(wc);
+        wc = keep;
+        kill(pid6, SIGTERM);
+        waitpid(pid6, NULL, 0);
+        fclose(o6);
+        hyla_rpc_server_destroy(fc);
     }
 
     hyla_rpc_client_destroy(wc);

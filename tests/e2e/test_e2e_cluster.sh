@@ -19,7 +19,7 @@ set -uo pipefail
 e2e_init cluster
 
 e2e_make_model "$E2E_DIR/model"
-e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
+e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done
 e2e_start_worker w1 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
 H() { e2e_hyla --tenant e2e -q "$@"; }
@@ -60,7 +60,7 @@ e2e_expect_eq "$(H generate "$AF" -n 8 --ids --ignore-eos)" "$(want 64 8)" "(e) 
 B=$(new_session) || e2e_fail "(b) session"
 H generate "$B" -n 600 --ids --ignore-eos >"$E2E_DIR/b1.out" 2>"$E2E_DIR/b1.err" &
 gen=$!
-e2e_wait_for 30 sh -c "[ \$(wc -w < '$E2E_DIR/b1.out') -ge 20 ]" || e2e_fail "(b) no tokens streamed"
+e2e_wait_for "$E2E_TIMEOUT" sh -c "[ \$(wc -w < '$E2E_DIR/b1.out') -ge 20 ]" || e2e_fail "(b) no tokens streamed"
 H migrate "$B" >/dev/null || e2e_fail "(b) migrate"
 wait $gen
 rc=$?
@@ -87,7 +87,7 @@ paused=$(H show "$C" | awk '$1 == "position" { print $2 }')
 victim=$(owner "$C")
 H generate "$C" -n 500 --ids --ignore-eos >"$E2E_DIR/c2.out" 2>"$E2E_DIR/c2.err" &
 gen=$!
-e2e_wait_for 30 sh -c "[ \$(wc -w < '$E2E_DIR/c2.out') -ge 150 ]" || e2e_fail "(c) no tokens streamed"
+e2e_wait_for "$E2E_TIMEOUT" sh -c "[ \$(wc -w < '$E2E_DIR/c2.out') -ge 150 ]" || e2e_fail "(c) no tokens streamed"
 e2e_kill "$victim" KILL
 wait $gen
 rc=$?
@@ -134,7 +134,7 @@ d1=$(H generate "$D" -n 20 --ids --ignore-eos)
 dw=$(owner "$D" | cut -d, -f1)
 dpid=$(e2e_pid "$dw")
 H drain "$dw" --wait >/dev/null || e2e_fail "(drain) drain $dw"
-e2e_wait_for 30 sh -c "! kill -0 $dpid 2>/dev/null" || e2e_fail "(drain) the drained worker $dw did not exit"
+e2e_wait_for "$E2E_TIMEOUT" sh -c "! kill -0 $dpid 2>/dev/null" || e2e_fail "(drain) the drained worker $dw did not exit"
 d2=$(H generate "$D" -n 20 --ids --ignore-eos)
 owner "$D" | tr , "\n" | grep -qxF "$dw" && e2e_fail "(drain) the session is still on $dw"
 e2e_expect_eq "$d1 $d2" "$(want 0 40)" "(drain) the session continues on another group"

@@ -21,7 +21,7 @@ case "$ARCH" in
   lansa) e2e_make_model "$E2E_DIR/model" lansa 4 --window 16 --block-size 8 --block-counts 4 ;;
   *) e2e_fail "unknown HYLA_E2E_ARCH '$ARCH'"; e2e_done ;;
 esac
-e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
+e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done
 e2e_start_worker w1 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
 H() { e2e_hyla --tenant e2e -q "$@"; }

@@ -183,7 +183,6 @@ void *membership_main(void *arg) {
         ProtobufCMessage *resp = NULL;
         hyla_status st = hyla_rpc_client_unary(w->coord, COORD "Heartbeat", &copy->base,
                                                &hyla__v1__heartbeat_response__descriptor, &resp, &o, NULL);
-        hyla__v1__heartbeat_request__free_unpacked(copy, NULL);
         if (st == HYLA_OK) {
             Hyla__V1__HeartbeatResponse *hr = (Hyla__V1__HeartbeatResponse *)resp;
             if (hr->reregister) registered = 0;
@@ -194,15 +193,23 @@ void *membership_main(void *arg) {
                 pthread_cond_broadcast(&w->exit_cv);
                 pthread_mutex_unlock(&w->exit_mu);
             }
+            /* The coordinator judged the sessions as this heartbeat reported them: drop only the
+             * placement it saw (or an older one), never one loaded since under a newer epoch
+             * (re-placed on this worker while the heartbeat was in flight). */
             for (size_t i = 0; i < hr->n_unload_session_ids; i++) {
                 cmd *c = new_cmd(C_DROP, NULL, NULL);
                 snprintf(c->session, sizeof c->session, "%s", hr->unload_session_ids[i]);
+                for (size_t k = 0; k < copy->n_sessions; k++)
+                    if (copy->sessions[k] && copy->sessions[k]->session_id &&
+                        strcmp(copy->sessions[k]->session_id, hr->unload_session_ids[i]) == 0)
+                        c->epoch = copy->sessions[k]->placement_epoch;
                 post_cmd(w, c);
             }
             protobuf_c_message_free_unpacked(resp, NULL);
         } else {
             HYLA_DEBUG("heartbeat: %s", hyla_last_error());
         }
+        hyla__v1__heartbeat_request__free_unpacked(copy, NULL);
         sleep_ms(w, w->hb_interval_ms);
     }
     return NULL;
