@@ -1,5 +1,8 @@
 /* hyla_coord_sessions.c — the Sessions service's unary methods: CreateSession, GetSession,
- * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork (docs/API.md describes each).
+ * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork, ListSnapshots (docs/API.md describes
+ * each). Resume and Fork with a version read the coordinator's embedded store: a rewind places the
+ * session from a kept version and commits it as the new head; a fork from a version shares that
+ * version's chunks under the fork's id (hyla_store_fork) and places the fork from it.
  *
  * Each handler validates its request, takes the session for the call (coord_acquire: one
  * placement-changing call per session at a time), does its Worker calls through the placement
@@ -363,9 +366,21 @@ static void fork_from_version(hyla_coord *c, hyla_rpc_call *call, csess *p, cons
     if (st != HYLA_OK)
         st = hyla_fail_wrap(st, "fork of session %s from version %llu", p->id, (unsigned long long)version);
     if (st == HYLA_OK) {
+        /* the store's copy is the fork's committed version 1: the directory records it so that
+         * a failure or a restart resumes the fork from it */
+        hyla_store_snapshot_info *info = NULL;
+        size_t n = 0;
+        hyla_status ist = hyla_store_snapshots(c->store, s->id, &info, &n);
         pthread_mutex_lock(&c->mu);
-        s->snap.version = 1; /* the store's copy is the fork's committed version 1 */
+        s->snap.version = 1;
+        if (ist == HYLA_OK && n > 0) {
+            s->snap.position = info[n - 1].position;
+            s->snap.state_bytes = info[n - 1].raw_bytes;
+            s->snap.stored_bytes = info[n - 1].stored_bytes;
+            s->snap.created_unix_ms = info[n - 1].time_us / 1000;
+        }
         pthread_mutex_unlock(&c->mu);
+        free(info);
         st = coord_place(c, s, hint, NULL, 1);
         if (st != HYLA_OK)
             hyla_store_delete(c->store, s->id);

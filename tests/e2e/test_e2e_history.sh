@@ -40,6 +40,8 @@ F=$(H fork "$S" --version "$v1") || e2e_fail "fork --version $v1"
 fa=$(H -q generate "$F" -n 16 --ids --ignore-eos) || e2e_fail "generate on the fork"
 e2e_expect_eq "$fa" "$after1" "fork --version $v1 continues as the parent did after $v1"
 H show "$F" | grep -q "^parent *$S" || e2e_fail "the fork does not name its parent: $(H show "$F")"
+H show "$F" | grep -q "^snapshot *version 1 at position $p1," ||
+  e2e_fail "the fork's committed snapshot is not version 1 at position $p1: $(H show "$F")"
 
 # rewind S to v1: generating again repeats what it generated after v1
 e2e_expect_rc 0 "resume --version $v1" H resume "$S" --version "$v1"
