@@ -309,6 +309,13 @@ hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict,
 hyla_status hyla_client_resume(hyla_client *c, const char *session_id, const char *worker_hint,
                                hyla_session_info *out);
 
+/* Resume from a kept version (ListSnapshots): rewind. version 0 is hyla_client_resume. The
+ * version's state becomes the session's and is committed as a new head version; the later
+ * versions stay in the store's history until retention drops them (docs/API.md, "Rewind").
+ * *out (may be NULL): caller frees with hyla_session_info_clear. */
+hyla_status hyla_client_resume_version(hyla_client *c, const char *session_id, const char *worker_hint,
+                                       uint64_t version, hyla_session_info *out);
+
 /* Migrate to to_worker's group, or (NULL or "") to any other group. session, snapshot,
  * from_group: may be NULL; *session: caller frees with hyla_session_info_clear; *from_group:
  * caller frees with free(). */
@@ -322,6 +329,9 @@ typedef struct {
                                 RNG stream (both continuations identical) */
     uint64_t seed;
     const char *worker_hint; /* NULL: anywhere */
+    uint64_t version;        /* 0: the parent's current state; else a kept version of the parent
+                                (ListSnapshots), with its own sampling and RNG (has_sampling and
+                                reseed must then be 0) */
 } hyla_fork_params;
 
 hyla_fork_params hyla_fork_default_params(void);
@@ -337,6 +347,22 @@ hyla_status hyla_client_get_session(hyla_client *c, const char *session_id, hyla
 /* ListSessions of this client's tenant, every page, ordered by id. model: filter (NULL: all).
  * *out: caller frees with hyla_session_list_clear. */
 hyla_status hyla_client_list_sessions(hyla_client *c, const char *model, hyla_session_list *out);
+
+/* One kept durable version of a session (ListSnapshots). */
+typedef struct {
+    uint64_t version;
+    uint64_t position;        /* tokens the session had consumed */
+    uint64_t generated;
+    int64_t created_unix_ms;  /* commit time; 0: unknown */
+    uint64_t state_bytes;     /* raw bytes of state */
+    uint64_t stored_bytes;    /* encoded bytes of its chunks */
+    int head;                 /* 1: the committed head */
+} hyla_snapshot_version;
+
+/* ListSnapshots: the versions the store keeps of a session, ascending by version (none yet:
+ * *n = 0). *out: caller frees with free(). */
+hyla_status hyla_client_list_snapshots(hyla_client *c, const char *session_id, hyla_snapshot_version **out,
+                                       size_t *n);
 
 /* DeleteSession: forget the session and its snapshots. snapshots_deleted may be NULL. */
 hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, uint64_t *snapshots_deleted);

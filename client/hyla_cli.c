@@ -29,7 +29,7 @@ static const char *const cmd_names[HYLA_CMD_COUNT] = {
     [HYLA_CMD_GENERATE] = "generate", [HYLA_CMD_PAUSE] = "pause", [HYLA_CMD_RESUME] = "resume",
     [HYLA_CMD_MIGRATE] = "migrate", [HYLA_CMD_FORK] = "fork", [HYLA_CMD_RM] = "rm",
     [HYLA_CMD_LS] = "ls", [HYLA_CMD_SHOW] = "show", [HYLA_CMD_STATUS] = "status",
-    [HYLA_CMD_DRAIN] = "drain", [HYLA_CMD_HELP] = "help",
+    [HYLA_CMD_DRAIN] = "drain", [HYLA_CMD_HELP] = "help", [HYLA_CMD_SNAPSHOTS] = "snapshots",
 };
 
 static const char usage_main[] =
@@ -44,10 +44,14 @@ static const char usage_main[] =
     "  generate SESSION -n N [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
     "                           generate up to N tokens; only the text goes to stdout, as it comes\n"
     "  pause SESSION [--evict]  write a durable snapshot of the session\n"
-    "  resume SESSION [--on WORKER]   place a paused session on a worker group again\n"
+    "  resume SESSION [--on WORKER] [--version V]\n"
+    "                           place a paused session on a worker group again; --version V:\n"
+    "                           rewind it to its kept snapshot version V\n"
     "  migrate SESSION [--to WORKER]  move a session to WORKER's group, or to any other group\n"
-    "  fork SESSION [--temperature T ...] [--seed S] [--on WORKER]\n"
-    "                           copy a session's state into a new one; prints its id alone\n"
+    "  fork SESSION [--temperature T ...] [--seed S] [--on WORKER] [--version V]\n"
+    "                           copy a session's state (or its snapshot version V) into a new\n"
+    "                           one; prints its id alone\n"
+    "  snapshots SESSION        list the snapshot versions kept of a session\n"
     "  show SESSION             describe a session\n"
     "  rm SESSION...            delete sessions and their snapshots\n"
     "  ls [--model NAME] [--all] [--ids]   list sessions\n"
@@ -144,12 +148,16 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "  --evict   also drop the worker's copy now (else it stays resident until memory\n"
         "            pressure evicts it)\n",
     [HYLA_CMD_RESUME] =
-        "usage: hyla resume SESSION [--on WORKER]\n"
+        "usage: hyla resume SESSION [--on WORKER] [--version V]\n"
         "\n"
         "Place a paused session on a worker group again (append and generate also do this on\n"
         "their own). Prints where it now lives on stdout.\n"
         "\n"
-        "  --on WORKER   prefer WORKER's group (else the least-loaded group)\n",
+        "  --on WORKER   prefer WORKER's group (else the least-loaded group)\n"
+        "  --version V   rewind: the session continues from its snapshot version V (one that\n"
+        "                `hyla snapshots` lists), whether it is paused or active; tokens after V\n"
+        "                are forgotten. V's state is committed as a new version at once; the\n"
+        "                later versions stay listed until retention (--keep-versions) drops them\n",
     [HYLA_CMD_MIGRATE] =
         "usage: hyla migrate SESSION [--to WORKER]\n"
         "\n"
@@ -168,7 +176,10 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "  --top-k K\n"
         "  --top-p P\n"
         "  --seed S          re-seed the fork's RNG with S\n"
-        "  --on WORKER       place the fork on WORKER's group if it can serve it\n",
+        "  --on WORKER       place the fork on WORKER's group if it can serve it\n"
+        "  --version V       fork SESSION's snapshot version V (`hyla snapshots` lists them)\n"
+        "                    instead of its current state; the fork keeps V's sampling and RNG\n"
+        "                    (not with --temperature, --top-k, --top-p or --seed)\n",
     [HYLA_CMD_RM] =
         "usage: hyla rm SESSION...\n"
         "\n"
@@ -220,6 +231,14 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "\n"
         "Example:  hyla drain gpu3 --wait --timeout 1800\n",
     [HYLA_CMD_HELP] = "usage: hyla help [COMMAND]\n",
+    [HYLA_CMD_SNAPSHOTS] =
+        "usage: hyla snapshots SESSION\n"
+        "\n"
+        "List the durable snapshot versions the store keeps of SESSION (the last N, the\n"
+        "coordinator's --keep-versions), oldest first: version, position, tokens generated,\n"
+        "commit time (UTC), state bytes, stored bytes; the head is marked with *.\n"
+        "`hyla resume SESSION --version V` rewinds to one, `hyla fork SESSION --version V`\n"
+        "copies one into a new session.\n",
 };
 
 static void print_help(FILE *f, hyla_cli_cmd cmd) {
@@ -237,7 +256,7 @@ static void print_help(FILE *f, hyla_cli_cmd cmd) {
 enum {
     O_SERVER, O_TENANT, O_TIMEOUT, O_QUIET, O_HELP, O_MODEL, O_TEMPERATURE, O_TOP_K, O_TOP_P, O_SEED,
     O_ON, O_TO, O_N, O_STOP, O_STOP_ID, O_IGNORE_EOS, O_IDS, O_EVICT, O_WAIT, O_TOKENS, O_BOS,
-    O_NO_PROGRESS, O_ALL, O_COUNT
+    O_NO_PROGRESS, O_ALL, O_VERSION, O_COUNT
 };
 
 #define C(x) (1u << HYLA_CMD_##x)
@@ -272,6 +291,7 @@ static const struct {
     [O_BOS] = {"bos", 0, 0, C(APPEND)},
     [O_NO_PROGRESS] = {"no-progress", 0, 0, C(APPEND)},
     [O_ALL] = {"all", 0, 0, C(LS)},
+    [O_VERSION] = {"version", 0, 1, C(RESUME) | C(FORK)},
 };
 
 /* Positional arguments of each command: min, max (-1: any), and their names for messages. */
@@ -292,6 +312,7 @@ static const struct {
     [HYLA_CMD_STATUS] = {0, 0, ""},
     [HYLA_CMD_DRAIN] = {1, 1, "WORKER"},
     [HYLA_CMD_HELP] = {0, 1, "[COMMAND]"},
+    [HYLA_CMD_SNAPSHOTS] = {1, 1, "SESSION"},
 };
 
 static hyla_cli_cmd find_cmd(const char *s) {
@@ -416,6 +437,11 @@ static void apply_opt(hyla_cli_args *a, int o, const char *name, const char *v, 
     case O_BOS: a->bos = 1; break;
     case O_NO_PROGRESS: a->no_progress = 1; break;
     case O_ALL: a->all = 1; break;
+    case O_VERSION:
+        if (!parse_u64(v, &u) || u == 0)
+            set_err(err, n, have, "%s: '%s' is not a snapshot version (an integer >= 1)", name, v);
+        a->version = u;
+        break;
     default: HYLA_ASSERT(!"unknown option id");
     }
 }
@@ -1026,10 +1052,10 @@ static void print_placement(const char *verb, const hyla_session_info *s) {
 
 static int cmd_resume(run_ctx *r) {
     hyla_session_info s;
-    hyla_status st = hyla_client_resume(r->c, r->a->pos[0], r->a->worker, &s);
+    hyla_status st = hyla_client_resume_version(r->c, r->a->pos[0], r->a->worker, r->a->version, &s);
     if (st != HYLA_OK)
         return fail("resume", st);
-    print_placement("resumed", &s);
+    print_placement(r->a->version ? "rewound" : "resumed", &s);
     hyla_session_info_clear(&s);
     return HYLA_EXIT_OK;
 }
@@ -1063,6 +1089,7 @@ static int cmd_fork(run_ctx *r) {
     p.reseed = a->has_seed;
     p.seed = a->seed;
     p.worker_hint = a->worker;
+    p.version = a->version;
     hyla_session_info s;
     hyla_status st = hyla_client_fork(r->c, a->pos[0], &p, &s);
     if (st != HYLA_OK)
@@ -1072,6 +1099,31 @@ static int cmd_fork(run_ctx *r) {
     if (!a->quiet)
         fprintf(stderr, "hyla: forked %s from %s at position %llu\n", s.id, a->pos[0], (unsigned long long)s.position);
     hyla_session_info_clear(&s);
+    return HYLA_EXIT_OK;
+}
+
+static int cmd_snapshots(run_ctx *r) {
+    hyla_snapshot_version *v = NULL;
+    size_t n = 0;
+    hyla_status st = hyla_client_list_snapshots(r->c, r->a->pos[0], &v, &n);
+    if (st != HYLA_OK)
+        return fail("snapshots", st);
+    printf("%-9s %12s %10s %-20s %12s %12s\n", "VERSION", "POSITION", "GENERATED", "COMMITTED (UTC)", "STATE", "STORED");
+    for (size_t i = 0; i < n; i++) {
+        char when[32] = "-";
+        if (v[i].created_unix_ms > 0) {
+            time_t t = (time_t)(v[i].created_unix_ms / 1000);
+            struct tm tm;
+            gmtime_r(&t, &tm);
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        }
+        char ver[32];
+        snprintf(ver, sizeof ver, "%llu%s", (unsigned long long)v[i].version, v[i].head ? "*" : "");
+        printf("%-9s %12llu %10llu %-20s %12llu %12llu\n", ver, (unsigned long long)v[i].position,
+               (unsigned long long)v[i].generated, when, (unsigned long long)v[i].state_bytes,
+               (unsigned long long)v[i].stored_bytes);
+    }
+    free(v);
     return HYLA_EXIT_OK;
 }
 
@@ -1374,6 +1426,7 @@ int hyla_cli_main(int argc, char **argv) {
     case HYLA_CMD_RM: rc = cmd_rm(&r); break;
     case HYLA_CMD_LS: rc = cmd_ls(&r); break;
     case HYLA_CMD_SHOW: rc = cmd_show(&r); break;
+    case HYLA_CMD_SNAPSHOTS: rc = cmd_snapshots(&r); break;
     case HYLA_CMD_STATUS: rc = cmd_status(&r); break;
     case HYLA_CMD_DRAIN: rc = cmd_drain(&r); break;
     default: HYLA_ASSERT(!"unhandled command");

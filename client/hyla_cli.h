@@ -40,6 +40,7 @@ typedef enum {
     HYLA_CMD_STATUS,
     HYLA_CMD_DRAIN,
     HYLA_CMD_HELP,
+    HYLA_CMD_SNAPSHOTS,
     HYLA_CMD_COUNT
 } hyla_cli_cmd;
 
@@ -71,6 +72,7 @@ typedef struct {
     int evict, wait, tokens, bos, no_progress, all;
     const char **pos;        /* [n_pos] positional arguments after the command */
     int n_pos;
+    uint64_t version;        /* resume/fork --version; 0: none (the head) */
 } hyla_cli_args;
 
 /* Parse argv (argv[0] is the program). env_server / env_tenant: the values of $HYLA_SERVER and

@@ -489,6 +489,11 @@ hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict,
 
 hyla_status hyla_client_resume(hyla_client *c, const char *session_id, const char *worker_hint,
                                hyla_session_info *out) {
+    return hyla_client_resume_version(c, session_id, worker_hint, 0, out);
+}
+
+hyla_status hyla_client_resume_version(hyla_client *c, const char *session_id, const char *worker_hint,
+                                       uint64_t version, hyla_session_info *out) {
     HYLA_ASSERT(c);
     if (out)
         memset(out, 0, sizeof *out);
@@ -496,6 +501,7 @@ hyla_status hyla_client_resume(hyla_client *c, const char *session_id, const cha
     Hyla__V1__ResumeRequest req = HYLA__V1__RESUME_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.worker_hint = (char *)(worker_hint ? worker_hint : "");
+    req.version = version;
     ProtobufCMessage *resp = NULL;
     HYLA_TRY(session_unary(c, "Resume", session_id, &req.base, &hyla__v1__session__descriptor, &resp));
     if (out)
@@ -552,6 +558,7 @@ hyla_status hyla_client_fork(hyla_client *c, const char *session_id, const hyla_
     req.reseed = p.reseed != 0;
     req.seed = p.seed;
     req.worker_hint = (char *)(p.worker_hint ? p.worker_hint : "");
+    req.version = p.version;
     ProtobufCMessage *resp = NULL;
     HYLA_TRY(session_unary(c, "Fork", session_id, &req.base, &hyla__v1__session__descriptor, &resp));
     session_from_pb((Hyla__V1__Session *)resp, out);
@@ -612,6 +619,36 @@ hyla_status hyla_client_list_sessions(hyla_client *c, const char *model, hyla_se
     if (st != HYLA_OK)
         hyla_session_list_clear(out);
     return st;
+}
+
+hyla_status hyla_client_list_snapshots(hyla_client *c, const char *session_id, hyla_snapshot_version **out,
+                                       size_t *n) {
+    HYLA_ASSERT(c && out && n);
+    *out = NULL;
+    *n = 0;
+    HYLA_TRY(check_id("ListSnapshots", session_id));
+    Hyla__V1__ListSnapshotsRequest req = HYLA__V1__LIST_SNAPSHOTS_REQUEST__INIT;
+    req.session_id = (char *)session_id;
+    ProtobufCMessage *resp = NULL;
+    HYLA_TRY(session_unary(c, "ListSnapshots", session_id, &req.base, &hyla__v1__list_snapshots_response__descriptor,
+                           &resp));
+    const Hyla__V1__ListSnapshotsResponse *r = (const Hyla__V1__ListSnapshotsResponse *)resp;
+    hyla_snapshot_version *v = calloc(r->n_snapshots ? r->n_snapshots : 1, sizeof *v);
+    HYLA_ASSERT(v);
+    for (size_t i = 0; i < r->n_snapshots; i++) {
+        const Hyla__V1__SnapshotVersion *m = r->snapshots[i];
+        v[i].version = m->version;
+        v[i].position = m->position;
+        v[i].generated = m->generated;
+        v[i].created_unix_ms = m->created_unix_ms;
+        v[i].state_bytes = m->state_bytes;
+        v[i].stored_bytes = m->stored_bytes;
+        v[i].head = m->head;
+    }
+    *n = r->n_snapshots;
+    *out = v;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return HYLA_OK;
 }
 
 hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, uint64_t *snapshots_deleted) {

@@ -19,6 +19,7 @@
 
 #include "hyla_coord_impl.h"
 #include "hyla_log.h"
+#include "hyla_thread.h"
 
 hyla_rpc_code coord_rpc_code(hyla_status st) { return hyla_rpc_code_from_status(st); }
 
@@ -55,13 +56,7 @@ int coord_spawn(hyla_coord *c, void *(*fn)(void *), void *arg) {
     pthread_mutex_lock(&c->mu);
     c->jobs++;
     pthread_mutex_unlock(&c->mu);
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    int e = pthread_create(&t, &a, fn, arg);
-    pthread_attr_destroy(&a);
-    if (e != 0) {
+    if (hyla_thread_start_detached(fn, arg) != 0) {
         coord_job_done(c);
         return -1;
     }
@@ -156,6 +151,7 @@ static const struct {
     {SVC_SESSIONS "Resume", coord_do_resume, 0, NULL},
     {SVC_SESSIONS "Migrate", coord_do_migrate, 0, NULL},
     {SVC_SESSIONS "Fork", coord_do_fork, 0, NULL},
+    {SVC_SESSIONS "ListSnapshots", coord_do_list_snapshots, 0, NULL},
     {SVC_SESSIONS "Generate", NULL, 0, coord_h_generate},
     {SVC_SESSIONS "Append", NULL, 0, coord_h_append},
     {SVC_CLUSTER "ListWorkers", coord_do_list_workers, 1, NULL},

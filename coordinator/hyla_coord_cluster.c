@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "hyla_coord_impl.h"
+#include "hyla_thread.h"
 #include "hyla_log.h"
 
 void coord_worker_info_locked(const hyla_coord *c, const cworker *w, Hyla__V1__WorkerInfo *wi, Hyla__V1__LayerRange *lr,
@@ -154,14 +155,7 @@ void coord_do_drain(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
     int has_deadline = hyla_rpc_call_deadline_ms(call) >= 0;
     while (q->wait && coord_worker_find(c, q->worker_id) == w && w->state == HYLA__V1__WORKER_STATE__WORKER_DRAINING &&
            !c->stopping && !hyla_rpc_call_cancelled(call) && (!has_deadline || hyla_now() < deadline)) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 50 * 1000000L;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&c->cv, &c->mu, &t);
+        hyla_cond_wait_ms(&c->cv, &c->mu, 50);
     }
     /* while it drains, the sessions it still holds (its last heartbeat): the directory keeps
      * them on its group until it is drained */

@@ -82,27 +82,6 @@ hyla_status hyla_coord_dir_open(const char *path, hyla_coord_dir **out) {
     return HYLA_OK;
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 hyla_status hyla_coord_dir_put(hyla_coord_dir *d, const Hyla__V1__Session *s, uint64_t epoch, uint64_t counter,
                                int sync) {
     HYLA_ASSERT(d && s && s->session_id && s->session_id[0]);
@@ -111,8 +90,8 @@ hyla_status hyla_coord_dir_put(hyla_coord_dir *d, const Hyla__V1__Session *s, ui
     if (!val)
         return hyla_fail(HYLA_ERR_NOMEM, "session directory record");
     memcpy(val, HYLA_COORD_DIR_MAGIC, 4);
-    put_u32(val + 4, HYLA_COORD_DIR_VERSION);
-    put_u64(val + 8, epoch);
+    hyla_put_le32(val + 4, HYLA_COORD_DIR_VERSION);
+    hyla_put_le64(val + 8, epoch);
     protobuf_c_message_pack(&s->base, val + 16);
     char key[300];
     int kl = snprintf(key, sizeof key, SESSION_PREFIX "%s", s->session_id);
@@ -121,7 +100,7 @@ hyla_status hyla_coord_dir_put(hyla_coord_dir *d, const Hyla__V1__Session *s, ui
     rocksdb_writebatch_put(b, key, (size_t)kl, (const char *)val, 16 + n);
     uint8_t cv[8];
     if (counter) {
-        put_u64(cv, counter);
+        hyla_put_le64(cv, counter);
         rocksdb_writebatch_put(b, KEY_EPOCH, strlen(KEY_EPOCH), (const char *)cv, 8);
     }
     char *err = NULL;
@@ -142,7 +121,7 @@ hyla_status hyla_coord_dir_delete(hyla_coord_dir *d, const char *session_id) {
 
 hyla_status hyla_coord_dir_set_counter(hyla_coord_dir *d, uint64_t counter) {
     uint8_t cv[8];
-    put_u64(cv, counter);
+    hyla_put_le64(cv, counter);
     char *err = NULL;
     rocksdb_put(d->db, d->wsync, KEY_EPOCH, strlen(KEY_EPOCH), (const char *)cv, 8, &err);
     return rdb_check(err, "write", KEY_EPOCH);
@@ -161,7 +140,7 @@ hyla_status hyla_coord_dir_get_counter(hyla_coord_dir *d, uint64_t *counter) {
         st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: key %s holds %zu bytes, expected 8", d->path,
                        KEY_EPOCH, len);
     else
-        *counter = get_u64((const uint8_t *)v);
+        *counter = hyla_get_le64((const uint8_t *)v);
     rocksdb_free(v);
     return st;
 }
@@ -183,13 +162,13 @@ hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *u
                            HYLA_COORD_DIR_MAGIC, vl);
             break;
         }
-        uint32_t ver = get_u32(v + 4);
+        uint32_t ver = hyla_get_le32(v + 4);
         if (ver != HYLA_COORD_DIR_VERSION) {
             st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: format version %u, this build reads %u",
                            d->path, key, ver, HYLA_COORD_DIR_VERSION);
             break;
         }
-        uint64_t epoch = get_u64(v + 8);
+        uint64_t epoch = hyla_get_le64(v + 8);
         Hyla__V1__Session *s = hyla__v1__session__unpack(NULL, vl - 16, v + 16);
         if (!s || !s->session_id || strcmp(s->session_id, key + plen) != 0) {
             st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s does not decode as hyla.v1.Session%s",

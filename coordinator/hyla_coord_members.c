@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "hyla_coord_impl.h"
+#include "hyla_thread.h"
 #include "hyla_log.h"
 
 cworker *coord_worker_find(const hyla_coord *c, const char *id) {
@@ -352,15 +353,7 @@ void *coord_monitor_main(void *arg) {
     pthread_mutex_lock(&c->mu);
     double last = hyla_now();
     while (!c->stopping) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_sec += period / 1000;
-        t.tv_nsec += (long)(period % 1000) * 1000000L;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&c->cv, &c->mu, &t);
+        hyla_cond_wait_ms(&c->cv, &c->mu, (long)period);
         if (c->stopping)
             break;
         double now = hyla_now();

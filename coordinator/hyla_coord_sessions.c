@@ -1,5 +1,8 @@
 /* hyla_coord_sessions.c — the Sessions service's unary methods: CreateSession, GetSession,
- * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork (docs/API.md describes each).
+ * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork, ListSnapshots (docs/API.md describes
+ * each). Resume and Fork with a version read the coordinator's embedded store: a rewind places the
+ * session from a kept version and commits it as the new head; a fork from a version shares that
+ * version's chunks under the fork's id (hyla_store_fork) and places the fork from it.
  *
  * Each handler validates its request, takes the session for the call (coord_acquire: one
  * placement-changing call per session at a time), does its Worker calls through the placement
@@ -227,6 +230,59 @@ void coord_do_pause(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
     coord_release(c, s);
 }
 
+/* The kept version `version` of session id exists in the embedded store (a rewind or a fork
+ * from a version needs it): HYLA_ERR_NOT_FOUND naming the kept range otherwise. */
+static hyla_status check_kept_version(hyla_coord *c, const char *id, uint64_t version) {
+    if (!c->store)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED,
+                         "field version: choosing a snapshot version needs the coordinator's embedded store "
+                         "(this one uses the store at %s)", c->store_addr);
+    uint64_t *v = NULL;
+    size_t n = 0;
+    hyla_status st = hyla_store_versions(c->store, id, &v, &n);
+    if (st == HYLA_ERR_NOT_FOUND)
+        return hyla_fail(HYLA_ERR_NOT_FOUND, "field version: session %s has no snapshot yet", id);
+    if (st != HYLA_OK)
+        return hyla_fail_wrap(st, "listing the snapshots of session %s", id);
+    int found = 0;
+    for (size_t i = 0; i < n; i++)
+        found |= v[i] == version;
+    uint64_t lo = n ? v[0] : 0, hi = n ? v[n - 1] : 0;
+    free(v);
+    if (!found)
+        return hyla_fail(HYLA_ERR_NOT_FOUND, "field version: session %s keeps no version %llu (kept: %llu..%llu)", id,
+                         (unsigned long long)version, (unsigned long long)lo, (unsigned long long)hi);
+    return HYLA_OK;
+}
+
+/* Rewind: s (held busy) leaves its group, is placed again from `version`, and that state is
+ * committed as a new head version at once, so a worker failure or a restart resumes the
+ * rewound conversation, not the newer one. The newer versions stay in the store as history
+ * until retention drops them. */
+static hyla_status rewind_to(hyla_coord *c, csess *s, const char *hint, uint64_t version) {
+    HYLA_TRY(check_kept_version(c, s->id, version));
+    char ids[MAX_STAGES][ID_MAX];
+    pthread_mutex_lock(&c->mu);
+    int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
+    int n = active ? coord_owners_locked(c, s, ids) : 0;
+    uint64_t epoch = s->epoch;
+    pthread_mutex_unlock(&c->mu);
+    if (active) {
+        coord_unload_on(c, ids, n, s->id, epoch);
+        pthread_mutex_lock(&c->mu);
+        coord_unplace_locked(c, s, "rewound");
+        pthread_mutex_unlock(&c->mu);
+    }
+    HYLA_TRY(coord_place(c, s, hint, NULL, version));
+    Hyla__V1__SnapshotInfo si = HYLA__V1__SNAPSHOT_INFO__INIT;
+    hyla_status st = coord_snapshot_now(c, s, &si);
+    if (st != HYLA_OK)
+        return hyla_fail_wrap(st, "committing session %s rewound to version %llu", s->id, (unsigned long long)version);
+    HYLA_INFO("coordinator: session %s rewound to version %llu (position %llu), committed as version %llu", s->id,
+              (unsigned long long)version, (unsigned long long)si.position, (unsigned long long)si.version);
+    return HYLA_OK;
+}
+
 void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__ResumeRequest *q = (const Hyla__V1__ResumeRequest *)m;
     csess *s = acquire_for_call(c, call, q->session_id, tenant);
@@ -237,7 +293,9 @@ void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
     uint64_t version = s->snap.version;
     pthread_mutex_unlock(&c->mu);
     hyla_status st = HYLA_OK;
-    if (!active) {
+    if (q->version) {
+        st = rewind_to(c, s, q->worker_hint, q->version);
+    } else if (!active) {
         st = coord_place(c, s, q->worker_hint, NULL, version);
     } else {
         pthread_mutex_lock(&c->mu);
@@ -281,6 +339,67 @@ void coord_do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage
     coord_release(c, s);
 }
 
+/* Fork from a kept version of p (held busy): the store shares that version's chunks under
+ * the fork's id (its version 1), and the fork is placed from it like a resumed session. */
+static void fork_from_version(hyla_coord *c, hyla_rpc_call *call, csess *p, const char *hint, uint64_t version) {
+    hyla_status st = check_kept_version(c, p->id, version);
+    if (st != HYLA_OK) {
+        coord_answer_error(call, st);
+        return;
+    }
+    csess *s = coord_sess_new();
+    pthread_mutex_lock(&c->mu);
+    coord_new_session_id_locked(c, s->id);
+    coord_copy_str(s->tenant, sizeof s->tenant, p->tenant);
+    coord_copy_str(s->model, sizeof s->model, p->model);
+    coord_copy_str(s->parent, sizeof s->parent, p->id);
+    s->temperature = p->temperature;
+    s->top_k = p->top_k;
+    s->top_p = p->top_p;
+    s->seed = p->seed;
+    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
+    s->busy = 1;
+    coord_sess_insert_locked(c, s);
+    s->refs++; /* this call's */
+    pthread_mutex_unlock(&c->mu);
+    st = hyla_store_fork(c->store, p->id, version, s->id);
+    if (st != HYLA_OK)
+        st = hyla_fail_wrap(st, "fork of session %s from version %llu", p->id, (unsigned long long)version);
+    if (st == HYLA_OK) {
+        /* the store's copy is the fork's committed version 1: the directory records it so that
+         * a failure or a restart resumes the fork from it */
+        hyla_store_snapshot_info *info = NULL;
+        size_t n = 0;
+        hyla_status ist = hyla_store_snapshots(c->store, s->id, &info, &n);
+        pthread_mutex_lock(&c->mu);
+        s->snap.version = 1;
+        if (ist == HYLA_OK && n > 0) {
+            s->snap.position = info[n - 1].position;
+            s->snap.state_bytes = info[n - 1].raw_bytes;
+            s->snap.stored_bytes = info[n - 1].stored_bytes;
+            s->snap.created_unix_ms = info[n - 1].time_us / 1000;
+        }
+        pthread_mutex_unlock(&c->mu);
+        free(info);
+        st = coord_place(c, s, hint, NULL, 1);
+        if (st != HYLA_OK)
+            hyla_store_delete(c->store, s->id);
+    }
+    if (st != HYLA_OK) {
+        pthread_mutex_lock(&c->mu);
+        coord_sess_remove_locked(c, s);
+        s->busy = 0;
+        pthread_cond_broadcast(&c->cv);
+        coord_sess_unref_locked(s);
+        pthread_mutex_unlock(&c->mu);
+        coord_answer_error(call, st);
+        return;
+    }
+    HYLA_INFO("coordinator: session %s forked from %s version %llu", s->id, p->id, (unsigned long long)version);
+    reply_view(c, call, s);
+    coord_release(c, s);
+}
+
 /* Fork: every stage of the parent's group forks the part of the state it holds, then the fork
  * moves to the hinted worker's group if one is named. */
 void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
@@ -289,11 +408,19 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     hyla_status st = coord_check_session_id(q->session_id);
     if (st == HYLA_OK)
         st = coord_check_sampling(q->sampling);
+    if (st == HYLA_OK && q->version && (q->sampling || q->reseed))
+        st = hyla_fail(HYLA_ERR_INVALID_ARG, "field version: a fork from a version keeps that version's sampling "
+                                             "and RNG; leave sampling and reseed unset");
     csess *p = NULL;
     if (st == HYLA_OK)
         st = coord_acquire(c, q->session_id, tenant, &p);
     if (st != HYLA_OK) {
         coord_answer_error(call, st);
+        return;
+    }
+    if (q->version) {
+        fork_from_version(c, call, p, q->worker_hint, q->version);
+        coord_release(c, p);
         return;
     }
     uint64_t epoch;
@@ -401,4 +528,59 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     }
     coord_release(c, s);
     coord_release(c, p);
+}
+
+void coord_do_list_snapshots(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
+    const Hyla__V1__ListSnapshotsRequest *q = (const Hyla__V1__ListSnapshotsRequest *)m;
+    hyla_status st = coord_check_session_id(q->session_id);
+    if (st == HYLA_OK) {
+        pthread_mutex_lock(&c->mu);
+        csess *s = coord_sess_find(c, q->session_id);
+        int mine = s && strcmp(s->tenant, tenant) == 0;
+        pthread_mutex_unlock(&c->mu);
+        if (!s)
+            st = hyla_fail(HYLA_ERR_NOT_FOUND, "session %s not found", q->session_id);
+        else if (!mine)
+            st = hyla_fail(HYLA_ERR_PERMISSION, "session %s belongs to another tenant", q->session_id);
+        else if (!c->store)
+            st = hyla_fail(HYLA_ERR_UNSUPPORTED, "ListSnapshots needs the coordinator's embedded store "
+                                                 "(this one uses the store at %s)", c->store_addr);
+    }
+    if (st != HYLA_OK) {
+        coord_answer_error(call, st);
+        return;
+    }
+    hyla_store_snapshot_info *info = NULL;
+    size_t n = 0;
+    st = hyla_store_snapshots(c->store, q->session_id, &info, &n);
+    if (st == HYLA_ERR_NOT_FOUND) { /* no snapshot yet: an empty history */
+        st = HYLA_OK;
+        n = 0;
+    }
+    if (st != HYLA_OK) {
+        free(info);
+        coord_answer_error(call, hyla_fail_wrap(st, "listing the snapshots of session %s", q->session_id));
+        return;
+    }
+    Hyla__V1__SnapshotVersion *vs = calloc(n ? n : 1, sizeof *vs);
+    Hyla__V1__SnapshotVersion **ps = calloc(n ? n : 1, sizeof *ps);
+    HYLA_ASSERT(vs && ps);
+    for (size_t i = 0; i < n; i++) {
+        hyla__v1__snapshot_version__init(&vs[i]);
+        vs[i].version = info[i].version;
+        vs[i].position = info[i].position;
+        vs[i].generated = info[i].n_generated;
+        vs[i].created_unix_ms = info[i].time_us / 1000;
+        vs[i].state_bytes = info[i].raw_bytes;
+        vs[i].stored_bytes = info[i].stored_bytes;
+        vs[i].head = info[i].is_head != 0;
+        ps[i] = &vs[i];
+    }
+    Hyla__V1__ListSnapshotsResponse r = HYLA__V1__LIST_SNAPSHOTS_RESPONSE__INIT;
+    r.n_snapshots = n;
+    r.snapshots = ps;
+    hyla_rpc_call_reply(call, &r.base);
+    free(ps);
+    free(vs);
+    free(info);
 }

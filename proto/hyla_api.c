@@ -25,6 +25,8 @@ const hyla_api_method hyla_api_methods[] = {
      &hyla__v1__list_sessions_request__descriptor, &hyla__v1__list_sessions_response__descriptor, 0},
     {"/hyla.v1.Sessions/DeleteSession", "hyla.v1.Sessions", "DeleteSession", 0, 0,
      &hyla__v1__delete_session_request__descriptor, &hyla__v1__delete_session_response__descriptor, 0},
+    {"/hyla.v1.Sessions/ListSnapshots", "hyla.v1.Sessions", "ListSnapshots", 0, 0,
+     &hyla__v1__list_snapshots_request__descriptor, &hyla__v1__list_snapshots_response__descriptor, 0},
     {"/hyla.v1.Cluster/ListWorkers", "hyla.v1.Cluster", "ListWorkers", 0, 0,
      &hyla__v1__list_workers_request__descriptor, &hyla__v1__list_workers_response__descriptor, 0},
     {"/hyla.v1.Cluster/ListClusterSessions", "hyla.v1.Cluster", "ListClusterSessions", 0, 0,

@@ -11,6 +11,7 @@ hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)
 hyla_add_script_test(test_e2e_storage e2e/test_e2e_storage.sh LABELS e2e fault TIMEOUT 300)
+hyla_add_script_test(test_e2e_history e2e/test_e2e_history.sh LABELS e2e TIMEOUT 300)
 # sparse-attention hybrids through the cluster
 hyla_add_script_test(test_e2e_lalte e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
 hyla_add_script_test(test_e2e_lansa e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)

@@ -267,19 +267,30 @@ class Client:
         return self._unary("Pause " + session_id, self._sessions.Pause,
                            pb.sessions_pb2.PauseRequest(session_id=session_id, evict=evict))
 
-    def resume(self, session_id, worker=None):
-        """Place a paused session again (on worker's group if given); returns its Session."""
+    def resume(self, session_id, worker=None, version=0):
+        """Place a paused session again (on worker's group if given); returns its Session.
+        version: rewind to this kept snapshot version (list_snapshots): its state becomes the
+        session's and is committed as a new head version; 0 = where the session is."""
         return self._unary("Resume " + session_id, self._sessions.Resume,
-                           pb.sessions_pb2.ResumeRequest(session_id=session_id, worker_hint=worker or ""))
+                           pb.sessions_pb2.ResumeRequest(session_id=session_id, worker_hint=worker or "",
+                                                         version=version))
+
+    def list_snapshots(self, session_id):
+        """The snapshot versions the store keeps of a session, ascending: a list of
+        SnapshotVersion (version, position, generated, created_unix_ms, state_bytes,
+        stored_bytes, head)."""
+        return list(self._unary("ListSnapshots " + session_id, self._sessions.ListSnapshots,
+                                pb.sessions_pb2.ListSnapshotsRequest(session_id=session_id)).snapshots)
 
     def migrate(self, session_id, to_worker=None):
         """Move to to_worker's group, or any other group; returns MigrateResponse."""
         return self._unary("Migrate " + session_id, self._sessions.Migrate,
                            pb.sessions_pb2.MigrateRequest(session_id=session_id, to_worker=to_worker or ""))
 
-    def fork(self, session_id, temperature=None, top_k=None, top_p=None, seed=None, worker=None):
-        """A new session with a copy of this one's state; returns the fork's Session."""
-        req = pb.sessions_pb2.ForkRequest(session_id=session_id, worker_hint=worker or "")
+    def fork(self, session_id, temperature=None, top_k=None, top_p=None, seed=None, worker=None, version=0):
+        """A new session with a copy of this one's state (or, version != 0, of that kept
+        snapshot version, with its own sampling and RNG); returns the fork's Session."""
+        req = pb.sessions_pb2.ForkRequest(session_id=session_id, worker_hint=worker or "", version=version)
         sampling = self._sampling(session_id, temperature, top_k, top_p)
         if sampling is not None:
             req.sampling.CopyFrom(sampling)
