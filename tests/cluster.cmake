@@ -10,6 +10,9 @@ set_tests_properties(test_worker_mamba2 PROPERTIES LABELS "e2e" TIMEOUT 300
 hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 900)
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)
+# two GPUs: pipeline stages over NCCL == one GPU, identity through pause / migrate (skips with a
+# message where fewer than two GPUs are usable)
+hyla_add_script_test(test_e2e_multigpu e2e/test_e2e_multigpu.sh LABELS multigpu e2e TIMEOUT 300)
 hyla_add_script_test(test_e2e_storage e2e/test_e2e_storage.sh LABELS e2e fault TIMEOUT 300)
 hyla_add_script_test(test_e2e_history e2e/test_e2e_history.sh LABELS e2e TIMEOUT 300)
 # sparse-attention hybrids through the cluster

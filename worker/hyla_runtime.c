@@ -84,6 +84,15 @@ void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *
     rt->downstream_ud = ud;
 }
 
+void hyla_runtime_set_downstream_dev(hyla_runtime *rt, hyla_downstream_dev_fn fn) { rt->downstream_dev = fn; }
+
+hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, float **x_dev, float **logits_dev) {
+    HYLA_TRY(hyla_runtime_reserve(rt, rows));
+    *x_dev = rt->x;
+    *logits_dev = rt->logits;
+    return HYLA_OK;
+}
+
 const hyla_model *hyla_runtime_model(const hyla_runtime *rt) { return rt->m; }
 hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt) { return rt->snapbufs; }
 
@@ -191,6 +200,13 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     if (!rt->downstream)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
                          m->layer_begin, m->layer_end - 1, c->num_layers);
+    if (rt->downstream_dev) {
+        int handled = 0;
+        st = rt->downstream_dev(rt->downstream_ud, f->ss, f->R, f->decode, rt->x, want_logits ? rt->logits : NULL,
+                                &handled);
+        if (st != HYLA_OK) return hyla_fail_wrap(st, "downstream stage after layer %d", m->layer_end - 1);
+        if (handled) return HYLA_OK;
+    }
     size_t V = (size_t)c->vocab_size;
     float *hidden = malloc((size_t)f->R * D * sizeof(float));
     float *logits = want_logits ? malloc((size_t)f->R * V * sizeof(float)) : NULL;

@@ -52,6 +52,21 @@ typedef hyla_status (*hyla_downstream_fn)(void *ud, hyla_session *const *ss, int
                                           float *logits);
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud);
 
+/* A downstream that takes the backend's own buffers (NCCL between GPUs of one host), tried
+ * before the host one each time the forward hands rows on: it sets *handled = 1 when it moved
+ * them (and the logits), or leaves it 0 to let `downstream` run this step (hidden and logits are
+ * then copied through the host). hidden_dev: backend buffer [R][hidden_size], this stage's
+ * output; logits_dev: backend buffer [R][vocab] to fill in stream order, or NULL. ud is the one
+ * given to hyla_runtime_set_downstream. */
+typedef hyla_status (*hyla_downstream_dev_fn)(void *ud, hyla_session *const *ss, int R, int decode,
+                                              const float *hidden_dev, float *logits_dev, int *handled);
+void hyla_runtime_set_downstream_dev(hyla_runtime *rt, hyla_downstream_dev_fn fn);
+
+/* The backend buffers a later stage's rows go through, made to hold `rows` rows: *x_dev
+ * [rows][hidden_size] (the input of hyla_stage_forward_dev) and *logits_dev [rows][vocab] (its
+ * logits). Borrowed until the next call that reserves rows on rt (a forward of more rows). */
+hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, float **x_dev, float **logits_dev);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,7 @@ struct hyla_runtime {
     int prefill_piece; /* tokens per prefill forward (hyla_runtime_set_prefill_piece) */
     hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
     void *downstream_ud;
+    hyla_downstream_dev_fn downstream_dev; /* tried first (NULL: host only) */
     /* scratch activations for up to `rows` rows (a prefill piece or a decode batch) */
     int rows;
     float *x;             /* [rows][D] the residual stream */

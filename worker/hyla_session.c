@@ -89,7 +89,9 @@ static hyla_status run_forward(hyla_session *const *ss, int R, int decode, const
     return s;
 }
 
-hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits) {
+/* hyla_stage_forward's checks and rows; hidden_in NULL: the rows are already in rt->x. */
+static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
+                                 float *logits) {
     if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
@@ -105,13 +107,16 @@ hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const
                          "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
                          "or stay inside one chunk, and hold at most %d rows",
                          R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+    if (!hidden_in && R > rt->rows) /* reserving now would drop the rows already received */
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", R, rt->rows);
     HYLA_TRY(hyla_runtime_reserve(rt, R));
     int32_t *pos = malloc((size_t)R * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < R; i++) pos[i] = (int32_t)(decode ? ss[i]->pos : ss[0]->pos + i);
     const hyla_model_config *c = &m->cfg;
-    hyla_status st = OPS(m)->upload(CTX(m), rt->x, hidden_in, (size_t)R * c->hidden_size * sizeof(float));
-    if (st == HYLA_OK) st = run_forward(ss, R, decode, pos, logits != NULL);
+    hyla_status st = HYLA_OK;
+    if (hidden_in) st = OPS(m)->upload(CTX(m), rt->x, hidden_in, (size_t)R * c->hidden_size * sizeof(float));
+    if (st == HYLA_OK) st = run_forward(ss, R, decode, pos, want_logits);
     if (st == HYLA_OK && logits && m->lm_head)
         st = OPS(m)->download(CTX(m), logits, rt->logits, (size_t)R * c->vocab_size * sizeof(float));
     if (st == HYLA_OK) {
@@ -122,6 +127,14 @@ hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const
     }
     free(pos);
     return st;
+}
+
+hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits) {
+    return stage_forward(ss, R, decode, hidden_in, logits != NULL, logits);
+}
+
+hyla_status hyla_stage_forward_dev(hyla_session *const *ss, int R, int decode, int want_logits) {
+    return stage_forward(ss, R, decode, NULL, want_logits, NULL);
 }
 
 static hyla_status check_tokens(const hyla_model *m, const int32_t *t, int n) {

@@ -108,6 +108,10 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
  * [R][hidden_size]. logits: host [R][vocab] or NULL — filled by this stage when it holds the last
  * layer, else by its downstream. Positions advance by R (prefill) or 1 (decode). */
 hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits);
+/* The same with the rows already in the runtime's stage input (hyla_runtime_stage_buffers of
+ * ss[0]'s runtime, filled in stream order, e.g. by an NCCL receive); the logits, when
+ * want_logits, are left in its stage logits buffer (in stream order), not copied to the host. */
+hyla_status hyla_stage_forward_dev(hyla_session *const *ss, int R, int decode, int want_logits);
 
 /* Sample the next token of s from host logits [vocab] with its sampler and RNG (one draw) and
  * make it pending; for drivers that obtain logits themselves. */

@@ -62,6 +62,30 @@ typedef struct {
 } hyla_cuda_graph_stats;
 hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *out);
 
+/* ---- NCCL links (hyla_cuda_nccl.cu): processes on one host exchanging device buffers ----
+ * Whether this build has NCCL (1) or not (0; the functions below then fail with
+ * HYLA_ERR_UNSUPPORTED). */
+int hyla_cuda_nccl_built(void);
+#define HYLA_NCCL_ID_BYTES 128
+typedef struct hyla_nccl_link hyla_nccl_link;
+/* A new unique id for a link; one side makes it and hands it to every other side. */
+hyla_status hyla_cuda_nccl_id(uint8_t id[HYLA_NCCL_ID_BYTES]);
+/* Join link `id` as `rank` of `nranks` on be's device. Waits (at most timeout_ms) until every
+ * rank has joined. Caller frees with hyla_cuda_nccl_close. */
+hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[HYLA_NCCL_ID_BYTES], int nranks, int rank,
+                                int timeout_ms, hyla_nccl_link **out);
+/* Queue a send of `bytes` at device address dev to rank `peer` (or a receive from it) on be's
+ * compute stream, after every op called before. Completes in stream order (the next download
+ * or sync sees it done); a peer must post the matching call, sends and receives between two
+ * ranks pair in call order. */
+hyla_status hyla_cuda_nccl_send(hyla_backend *be, hyla_nccl_link *l, const void *dev, size_t bytes, int peer);
+hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer);
+/* Who be's GPU is, for deciding whether two processes can share a link: *host gets the host's
+ * identity (boot id and host name), *dev the GPU's PCI bus id. */
+hyla_status hyla_cuda_nccl_peer_key(hyla_backend *be, char *host, size_t host_len, char *dev, size_t dev_len);
+/* Abort and free the link (accepts NULL); operations in flight on it are abandoned. */
+void hyla_cuda_nccl_close(hyla_nccl_link *l);
+
 #ifdef __cplusplus
 }
 #endif

@@ -776,6 +776,7 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_model_layer_range(w->m, &lb, &le);
         if (le < hyla_model_get_config(w->m)->num_layers) {
             hyla_runtime_set_downstream(w->rt, stage_downstream, w);
+            hyla_runtime_set_downstream_dev(w->rt, stage_downstream_dev);
             /* a prefill piece's hidden states travel in one StageForward message: keep it under
              * half the message limit */
             long rows = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->hidden_size * 4);

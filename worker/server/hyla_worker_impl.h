@@ -183,6 +183,11 @@ struct hyla_worker {
     hyla_rpc_client *next_client;
     hyla_rpc_stream *next_stream;
     uint64_t stage_step;
+    /* NCCL between stages on one host (hyla_worker_stage.c; NULL: none, the rows go over gRPC) */
+    struct hyla_nccl_link *next_nccl;  /* to the next stage, over next_stream (rank 0 of 2) */
+    char nccl_refused[256];            /* next stage address that declined or failed a link */
+    struct hyla_nccl_link *prev_nccl;  /* from the previous stage (rank 1 of 2) ... */
+    hyla_rpc_call *prev_nccl_call;     /* ... over this StageForward call */
     uint64_t host_bytes;
     double tok_window_t0;
     uint64_t tok_window;
@@ -237,6 +242,8 @@ void evict_if_needed(hyla_worker *w);
 int holds_all_layers(const hyla_worker *w);
 void close_next(hyla_worker *w);
 hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden, float *logits);
+hyla_status stage_downstream_dev(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden_dev,
+                                 float *logits_dev, int *handled);
 hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap);
 void do_stage_start(hyla_worker *w, cmd *c);
 void do_stage_msg(hyla_worker *w, cmd *c);

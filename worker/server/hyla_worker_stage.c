@@ -5,12 +5,25 @@
  * the answer (the logits, when asked). A later stage runs its layers on the rows it receives
  * (do_stage_msg) and, through its own downstream, the rest. Snapshots are whole-model: stage 0
  * gathers the later stages' parts with ExportStage at the snapshot's position.
+ * NCCL: when this stage and the next run on different GPUs of one host (CUDA builds with NCCL;
+ * HYLA_STAGE_NCCL=0 turns it off), the first message of a new StageForward stream is a handshake
+ * offering an NCCL link; once accepted, each step's hidden rows (and the logits it asks for)
+ * travel over the link on the backends' streams (stage_downstream_dev), while the stream keeps
+ * carrying the step, the items and the per-item results. Every step over a link is a send of
+ * the rows and, when logits are wanted, a send back: the next stage posts both even when a step
+ * fails, so the link stays paired; a broken stream aborts the link on both sides. The bytes are
+ * those the gRPC path sends, so tokens are the same bits.
  * Threading: scheduler thread only (next_stage is read under sum_mu: membership writes it). */
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "hyla_worker_impl.h"
+#ifdef HYLA_HAVE_CUDA
+#include "hyla_cuda_extra.h"
+#endif
+
+#define NCCL_OPEN_TIMEOUT_MS 30000
 
 int holds_all_layers(const hyla_worker *w) {
     int b, e;
@@ -18,7 +31,27 @@ int holds_all_layers(const hyla_worker *w) {
     return b == 0 && e == hyla_model_get_config(w->m)->num_layers;
 }
 
+/* Whether this worker may use NCCL links at all. */
+static int nccl_wanted(const hyla_worker *w) {
+#ifdef HYLA_HAVE_CUDA
+    const char *e = getenv("HYLA_STAGE_NCCL");
+    if (e && !strcmp(e, "0")) return 0;
+    return hyla_cuda_nccl_built() && w->be->ops->name && !strcmp(w->be->ops->name, "cuda");
+#else
+    (void)w;
+    return 0;
+#endif
+}
+
+static void close_link(struct hyla_nccl_link **l) {
+#ifdef HYLA_HAVE_CUDA
+    hyla_cuda_nccl_close(*l);
+#endif
+    *l = NULL;
+}
+
 void close_next(hyla_worker *w) {
+    close_link(&w->next_nccl);
     hyla_rpc_stream_destroy(w->next_stream);
     w->next_stream = NULL;
     hyla_rpc_client_destroy(w->next_client);
@@ -28,17 +61,60 @@ void close_next(hyla_worker *w) {
 
 /* The engine's downstream callback (scheduler thread): send R rows to the next stage over a
  * long-lived StageForward stream and wait for its answer (with the logits when asked). */
-hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
-                                    float *logits) {
-    hyla_worker *w = ud;
-    char addr[256];
+/* Offer the next stage an NCCL link over the just-opened stream and join it when accepted. A
+ * refusal or a failure leaves the stream on gRPC (a failed join closes the stream: the caller
+ * opens a plain one). */
+static hyla_status offer_link(hyla_worker *w, const char *addr) {
+#ifdef HYLA_HAVE_CUDA
+    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
+    uint8_t id[HYLA_NCCL_ID_BYTES];
+    char host[256], dev[64];
+    if (hyla_cuda_nccl_peer_key(w->be, host, sizeof host, dev, sizeof dev) != HYLA_OK || hyla_cuda_nccl_id(id) != HYLA_OK) {
+        HYLA_WARN("no NCCL link to the next stage %s (%s): stages talk over gRPC", addr, hyla_last_error());
+        snprintf(w->nccl_refused, sizeof w->nccl_refused, "%s", addr);
+        return HYLA_OK;
+    }
+    rq.step = ++w->stage_step;
+    rq.nccl_id.data = id;
+    rq.nccl_id.len = sizeof id;
+    rq.nccl_host = host;
+    rq.nccl_device = dev;
+    hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
+    ProtobufCMessage *m = NULL;
+    if (st == HYLA_OK) st = hyla_rpc_stream_read(w->next_stream, &m);
+    if (st == HYLA_OK && !m) st = hyla_fail(HYLA_ERR_UNAVAILABLE, "the next stage (%s) ended the StageForward stream", addr);
+    if (st != HYLA_OK) return hyla_fail_wrap(st, "NCCL handshake with %s", addr);
+    int accepted = ((Hyla__V1__StageForwardResponse *)m)->nccl_accepted;
+    protobuf_c_message_free_unpacked(m, NULL);
+    if (!accepted) {
+        HYLA_INFO("the next stage %s declined an NCCL link: stages talk over gRPC", addr);
+        snprintf(w->nccl_refused, sizeof w->nccl_refused, "%s", addr);
+        return HYLA_OK;
+    }
+    st = hyla_cuda_nccl_open(w->be, id, 2, 0, NCCL_OPEN_TIMEOUT_MS, &w->next_nccl);
+    if (st != HYLA_OK) {
+        snprintf(w->nccl_refused, sizeof w->nccl_refused, "%s", addr);
+        return hyla_fail_wrap(st, "joining the NCCL link to %s", addr);
+    }
+    HYLA_INFO("NCCL link to the next stage %s (GPU %s): hidden states travel over NCCL", addr, dev);
+    return HYLA_OK;
+#else
+    (void)w, (void)addr;
+    return HYLA_OK;
+#endif
+}
+
+/* The StageForward stream to the next stage, opened (with an NCCL link when one can be had)
+ * unless it is already open to the current address. */
+static hyla_status ensure_next(hyla_worker *w, char *addr, size_t addr_len) {
     pthread_mutex_lock(&w->sum_mu);
-    snprintf(addr, sizeof addr, "%s", w->next_stage);
+    snprintf(addr, addr_len, "%s", w->next_stage);
     pthread_mutex_unlock(&w->sum_mu);
     if (!addr[0]) return hyla_fail(HYLA_ERR_UNAVAILABLE, "this worker holds only part of the model and no next stage is known yet");
     if (w->next_stream && strcmp(addr, w->next_open)) close_next(w);
+    if (w->next_stream) return HYLA_OK;
     hyla_status st = HYLA_OK;
-    if (!w->next_stream) {
+    for (int attempt = 0; attempt < 2 && !w->next_stream; attempt++) {
         hyla_rpc_client_params cp = hyla_rpc_client_default_params();
         cp.max_message_bytes = w->p.max_message_bytes;
         st = hyla_rpc_client_create(addr, &cp, &w->next_client);
@@ -51,8 +127,17 @@ hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decod
             return hyla_fail_wrap(st, "opening StageForward to %s", addr);
         }
         snprintf(w->next_open, sizeof w->next_open, "%s", addr);
+        if (nccl_wanted(w) && strcmp(w->nccl_refused, addr) && (st = offer_link(w, addr)) != HYLA_OK) {
+            HYLA_WARN("%s: stages talk over gRPC", hyla_last_error());
+            close_next(w); /* the stream may hold a half-done handshake: start a plain one */
+        }
     }
-    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    return w->next_stream ? HYLA_OK : hyla_fail_wrap(st, "opening StageForward to %s", addr);
+}
+
+/* Fill the items of one step (prefill: one item of R rows; decode: R items). Caller frees both. */
+static void stage_items(hyla_session *const *ss, int R, int decode, Hyla__V1__StageItem **items_out,
+                        Hyla__V1__StageItem ***ip_out) {
     int n_items = decode ? R : 1;
     Hyla__V1__StageItem *items = calloc((size_t)n_items, sizeof *items);
     Hyla__V1__StageItem **ip = calloc((size_t)n_items, sizeof *ip);
@@ -66,21 +151,14 @@ hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decod
         items[i].decode = decode;
         ip[i] = &items[i];
     }
-    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
-    rq.step = ++w->stage_step;
-    rq.n_items = (size_t)n_items;
-    rq.items = ip;
-    rq.dtype = HYLA__V1__DTYPE__DTYPE_F32;
-    rq.hidden_size = (uint32_t)cfg->hidden_size;
-    rq.hidden.data = (uint8_t *)hidden;
-    rq.hidden.len = (size_t)R * cfg->hidden_size * sizeof(float);
-    rq.xxh64 = XXH64(hidden, rq.hidden.len, 0);
-    rq.want_logits = logits != NULL;
-    st = hyla_rpc_stream_write(w->next_stream, &rq.base);
-    free(items);
-    free(ip);
+    *items_out = items;
+    *ip_out = ip;
+}
+
+/* Read the answer to step `step`: per-item errors become a failure. Frees the message. */
+static hyla_status read_answer(hyla_worker *w, const char *addr, uint64_t step, Hyla__V1__StageForwardResponse **out) {
     ProtobufCMessage *m = NULL;
-    if (st == HYLA_OK) st = hyla_rpc_stream_read(w->next_stream, &m);
+    hyla_status st = hyla_rpc_stream_read(w->next_stream, &m);
     if (st == HYLA_OK && !m) st = hyla_fail(HYLA_ERR_UNAVAILABLE, "the next stage (%s) ended the StageForward stream", addr);
     if (st != HYLA_OK) {
         close_next(w);
@@ -91,17 +169,96 @@ hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decod
         if (r->results[i]->error && *r->results[i]->error)
             st = hyla_fail(HYLA_ERR_UNAVAILABLE, "next stage %s: session %s: %s", addr, r->results[i]->session_id,
                            r->results[i]->error);
-    size_t want = (size_t)R * cfg->vocab_size * sizeof(float);
-    if (st == HYLA_OK && r->step != rq.step)
+    if (st == HYLA_OK && r->step != step)
         st = hyla_fail(HYLA_ERR_INTERNAL, "next stage %s answered step %llu to step %llu", addr,
-                       (unsigned long long)r->step, (unsigned long long)rq.step);
+                       (unsigned long long)r->step, (unsigned long long)step);
+    *out = r;
+    return st;
+}
+
+/* The engine's device downstream (scheduler thread): over an NCCL link when the next stage
+ * accepted one, else *handled = 0 and stage_downstream runs. */
+hyla_status stage_downstream_dev(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden_dev,
+                                 float *logits_dev, int *handled) {
+    hyla_worker *w = ud;
+    *handled = 0;
+    if (!nccl_wanted(w)) return HYLA_OK;
+    char addr[256];
+    HYLA_TRY(ensure_next(w, addr, sizeof addr));
+    if (!w->next_nccl) return HYLA_OK;
+#ifdef HYLA_HAVE_CUDA
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    Hyla__V1__StageItem *items, **ip;
+    stage_items(ss, R, decode, &items, &ip);
+    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
+    rq.step = ++w->stage_step;
+    rq.n_items = (size_t)(decode ? R : 1);
+    rq.items = ip;
+    rq.dtype = HYLA__V1__DTYPE__DTYPE_F32;
+    rq.hidden_size = (uint32_t)cfg->hidden_size;
+    rq.want_logits = logits_dev != NULL;
+    rq.hidden_over_nccl = 1;
+    hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
+    free(items);
+    free(ip);
+    if (st == HYLA_OK) st = hyla_cuda_nccl_send(w->be, w->next_nccl, hidden_dev, (size_t)R * cfg->hidden_size * sizeof(float), 1);
+    if (st == HYLA_OK && logits_dev)
+        st = hyla_cuda_nccl_recv(w->be, w->next_nccl, logits_dev, (size_t)R * cfg->vocab_size * sizeof(float), 1);
+    if (st != HYLA_OK) {
+        close_next(w);
+        return hyla_fail_wrap(st, "StageForward over NCCL to %s", addr);
+    }
+    Hyla__V1__StageForwardResponse *r = NULL;
+    st = read_answer(w, addr, rq.step, &r);
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    if (st != HYLA_OK) close_next(w); /* logits may be half-received: the link is out of step */
+    *handled = 1;
+    return st;
+#else
+    (void)ss, (void)R, (void)decode, (void)hidden_dev, (void)logits_dev;
+    return HYLA_OK;
+#endif
+}
+
+/* The engine's downstream callback (scheduler thread): send R rows to the next stage over a
+ * long-lived StageForward stream and wait for its answer (with the logits when asked). */
+hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
+                                    float *logits) {
+    hyla_worker *w = ud;
+    char addr[256];
+    HYLA_TRY(ensure_next(w, addr, sizeof addr));
+    hyla_status st = HYLA_OK;
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    Hyla__V1__StageItem *items, **ip;
+    stage_items(ss, R, decode, &items, &ip);
+    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
+    rq.step = ++w->stage_step;
+    rq.n_items = (size_t)(decode ? R : 1);
+    rq.items = ip;
+    rq.dtype = HYLA__V1__DTYPE__DTYPE_F32;
+    rq.hidden_size = (uint32_t)cfg->hidden_size;
+    rq.hidden.data = (uint8_t *)hidden;
+    rq.hidden.len = (size_t)R * cfg->hidden_size * sizeof(float);
+    rq.xxh64 = XXH64(hidden, rq.hidden.len, 0);
+    rq.want_logits = logits != NULL;
+    st = hyla_rpc_stream_write(w->next_stream, &rq.base);
+    free(items);
+    free(ip);
+    if (st != HYLA_OK) {
+        close_next(w);
+        return hyla_fail_wrap(st, "StageForward to %s", addr);
+    }
+    Hyla__V1__StageForwardResponse *r = NULL;
+    st = read_answer(w, addr, rq.step, &r);
+    if (!r) return st;
+    size_t want = (size_t)R * cfg->vocab_size * sizeof(float);
     if (st == HYLA_OK && logits) {
         if (r->logits.len != want)
             st = hyla_fail(HYLA_ERR_FORMAT, "next stage %s returned %zu bytes of logits, expected %zu", addr, r->logits.len, want);
         else
             memcpy(logits, r->logits.data, want);
     }
-    protobuf_c_message_free_unpacked(m, NULL);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
     return st;
 }
 
@@ -112,6 +269,10 @@ static stage_call *find_stage_call(hyla_worker *w, hyla_rpc_call *call) {
 }
 
 static void unregister_stage_call(hyla_worker *w, stage_call *sc) {
+    if (w->prev_nccl_call == sc->call) {
+        close_link(&w->prev_nccl);
+        w->prev_nccl_call = NULL;
+    }
     stage_call **pp = &w->stage_calls;
     while (*pp && *pp != sc) pp = &(*pp)->next;
     if (*pp) *pp = sc->next;
@@ -121,6 +282,10 @@ static void unregister_stage_call(hyla_worker *w, stage_call *sc) {
 static void stage_release(hyla_worker *w, stage_call *sc, hyla_rpc_code code, const char *msg) {
     if (sc->released) return;
     sc->released = 1;
+    if (w->prev_nccl_call == sc->call) { /* the previous stage aborts its side when the call ends */
+        close_link(&w->prev_nccl);
+        w->prev_nccl_call = NULL;
+    }
     if (code == HYLA_RPC_OK) hyla_rpc_call_reply(sc->call, NULL);
     else hyla_rpc_call_fail(sc->call, code, "%s", msg);
     if (sc->done_seen) unregister_stage_call(w, sc);
@@ -151,27 +316,92 @@ void do_stage_done(hyla_worker *w, cmd *c) {
     }
 }
 
+/* A handshake from the previous stage: accept an NCCL link when this worker can join it from
+ * another GPU of the same host, answer, and join. */
+static void stage_handshake(hyla_worker *w, stage_call *sc, const Hyla__V1__StageForwardRequest *r) {
+    Hyla__V1__StageForwardResponse resp = HYLA__V1__STAGE_FORWARD_RESPONSE__INIT;
+    resp.step = r->step;
+    const char *why = NULL;
+#ifdef HYLA_HAVE_CUDA
+    char host[256] = "", dev[64] = "";
+    if (!nccl_wanted(w)) why = "this worker has no NCCL or no GPU, or HYLA_STAGE_NCCL=0";
+    else if (r->nccl_id.len != HYLA_NCCL_ID_BYTES) why = "the offered NCCL id has the wrong size";
+    else if (w->prev_nccl) why = "this stage already has an NCCL link from a previous stage";
+    else if (hyla_cuda_nccl_peer_key(w->be, host, sizeof host, dev, sizeof dev) != HYLA_OK) why = hyla_last_error();
+    else if (!r->nccl_host || strcmp(r->nccl_host, host)) why = "the previous stage runs on another host";
+    else if (r->nccl_device && !strcmp(r->nccl_device, dev)) why = "the previous stage runs on the same GPU";
+#else
+    why = "this worker was built without CUDA";
+#endif
+    resp.nccl_accepted = why == NULL;
+    if (hyla_rpc_call_send(sc->call, &resp.base) != HYLA_OK) {
+        stage_release(w, sc, HYLA_RPC_CANCELLED, "StageForward cancelled");
+        return;
+    }
+    if (why) {
+        HYLA_INFO("declined an NCCL link from the previous stage: %s", why);
+        return;
+    }
+#ifdef HYLA_HAVE_CUDA
+    hyla_status st = hyla_cuda_nccl_open(w->be, r->nccl_id.data, 2, 1, NCCL_OPEN_TIMEOUT_MS, &w->prev_nccl);
+    if (st != HYLA_OK) {
+        char msg[768];
+        snprintf(msg, sizeof msg, "stage worker %s: joining the NCCL link: %s", w->worker_id, hyla_last_error());
+        stage_release(w, sc, HYLA_RPC_UNAVAILABLE, msg);
+        return;
+    }
+    w->prev_nccl_call = sc->call;
+    HYLA_INFO("NCCL link from the previous stage (GPU %s): hidden states travel over NCCL", dev);
+#endif
+}
+
 /* One step from the previous stage: run our layers (and, through our own downstream, the rest). */
 void do_stage_msg(hyla_worker *w, cmd *c) {
     stage_call *sc = find_stage_call(w, c->call);
     if (!sc || sc->released) return;
     const Hyla__V1__StageForwardRequest *r = (const Hyla__V1__StageForwardRequest *)c->msg;
     const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    if (!r->n_items && r->nccl_id.len) {
+        stage_handshake(w, sc, r);
+        return;
+    }
+    int nccl = r->hidden_over_nccl;
     char err[512] = "";
     size_t rows = 0;
     for (size_t i = 0; i < r->n_items; i++) rows += r->items[i]->n_tokens;
     int decode = r->n_items > 0 && r->items[0]->decode;
-    if (!r->n_items || r->dtype != HYLA__V1__DTYPE__DTYPE_F32 || r->hidden_size != (uint32_t)cfg->hidden_size ||
-        r->hidden.len != rows * cfg->hidden_size * sizeof(float) || (decode && rows != r->n_items) ||
+    size_t hidden_len = nccl ? 0 : rows * cfg->hidden_size * sizeof(float);
+    if (nccl && (!w->prev_nccl || w->prev_nccl_call != sc->call))
+        snprintf(err, sizeof err, "StageForward: step %llu is over NCCL but this call has no NCCL link",
+                 (unsigned long long)r->step);
+    else if (!r->n_items || r->dtype != HYLA__V1__DTYPE__DTYPE_F32 || r->hidden_size != (uint32_t)cfg->hidden_size ||
+        r->hidden.len != hidden_len || (decode && rows != r->n_items) ||
         (!decode && r->n_items != 1) || rows > 1024)
         snprintf(err, sizeof err, "StageForward: step %llu is malformed (items %zu, rows %zu, hidden %zu bytes)",
                  (unsigned long long)r->step, r->n_items, rows, r->hidden.len);
-    else if (XXH64(r->hidden.data, r->hidden.len, 0) != r->xxh64)
+    else if (!nccl && XXH64(r->hidden.data, r->hidden.len, 0) != r->xxh64)
         snprintf(err, sizeof err, "StageForward: step %llu: hidden states checksum mismatch", (unsigned long long)r->step);
     if (err[0]) {
         stage_release(w, sc, HYLA_RPC_INVALID_ARGUMENT, err);
         return;
     }
+    /* over NCCL, the rows are received first whatever happens next, so the link stays paired */
+    float *x_dev = NULL, *logits_dev = NULL;
+#ifdef HYLA_HAVE_CUDA
+    if (nccl) {
+        hyla_status st = hyla_runtime_stage_buffers(w->rt, (int)rows, &x_dev, &logits_dev);
+        if (st == HYLA_OK)
+            st = hyla_cuda_nccl_recv(w->be, w->prev_nccl, x_dev, rows * cfg->hidden_size * sizeof(float), 0);
+        if (st != HYLA_OK) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "stage worker %s: receiving over NCCL: %s", w->worker_id, hyla_last_error());
+            stage_release(w, sc, hyla_rpc_code_from_status(st), msg);
+            return;
+        }
+    }
+#else
+    (void)logits_dev;
+#endif
     hyla_session **ss = calloc(r->n_items, sizeof *ss);
     Hyla__V1__StageResult *res = calloc(r->n_items, sizeof *res);
     Hyla__V1__StageResult **rp = calloc(r->n_items, sizeof *rp);
@@ -203,17 +433,35 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
     resp.step = r->step;
     resp.n_results = r->n_items;
     resp.results = rp;
-    if (!bad) {
+    hyla_status st = HYLA_OK;
+    if (!bad && nccl) {
+        /* make_resident may have restored a session: the rows must still be where they arrived */
+        float *x2 = NULL, *l2 = NULL;
+        st = hyla_runtime_stage_buffers(w->rt, (int)rows, &x2, &l2);
+        if (st == HYLA_OK && x2 != x_dev) st = hyla_fail(HYLA_ERR_INTERNAL, "the stage buffers moved under a received step");
+        if (st == HYLA_OK) st = hyla_stage_forward_dev(ss, (int)rows, decode, r->want_logits);
+    } else if (!bad) {
         if (r->want_logits) logits = malloc(rows * cfg->vocab_size * sizeof(float));
-        hyla_status st = hyla_stage_forward(ss, (int)rows, decode, (const float *)r->hidden.data, logits);
-        if (st != HYLA_OK) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "stage worker %s: %s", w->worker_id, hyla_last_error());
-            free(logits);
-            free(ss), free(res), free(rp), free(errs);
-            stage_release(w, sc, hyla_rpc_code_from_status(st), msg);
-            return;
-        }
+        st = hyla_stage_forward(ss, (int)rows, decode, (const float *)r->hidden.data, logits);
+    }
+#ifdef HYLA_HAVE_CUDA
+    /* the logits go back over the link even when an item failed (the previous stage is waiting
+     * for them; the item's error tells it they are not to be used); a failed forward ends the
+     * call instead, and the previous stage aborts its side of the link */
+    if (nccl && r->want_logits && st == HYLA_OK) {
+        st = hyla_cuda_nccl_send(w->be, w->prev_nccl, logits_dev, rows * cfg->vocab_size * sizeof(float), 0);
+        if (st != HYLA_OK) st = hyla_fail_wrap(st, "sending logits over NCCL");
+    }
+#endif
+    if (st != HYLA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "stage worker %s: %s", w->worker_id, hyla_last_error());
+        free(logits);
+        free(ss), free(res), free(rp), free(errs);
+        stage_release(w, sc, hyla_rpc_code_from_status(st), msg);
+        return;
+    }
+    if (!bad) {
         w->tok_window += rows;
         if (logits) {
             resp.logits.data = (uint8_t *)logits;

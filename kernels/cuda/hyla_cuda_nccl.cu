@@ -1,0 +1,185 @@
+/* hyla_cuda_nccl.cu — NCCL links between the CUDA backends of processes on one host: the
+ * transport of hidden states (and logits) between pipeline stages on different GPUs.
+ *
+ * A link is an NCCL communicator of `nranks` processes (a pipeline stage and the next: 2). Its
+ * unique id is made by one side (hyla_cuda_nccl_id) and carried to the others by the caller
+ * (the StageForward stream); every side then calls hyla_cuda_nccl_open with its rank. The
+ * communicator is created non-blocking, so a peer that never joins costs a timeout and an
+ * abort, not a hung thread. Sends and receives are queued on the backend's compute stream after
+ * the ops logged so far (the graph log is flushed first), so they are ordered like every other
+ * op: a receive into the activations is complete before the next layer reads them, a send
+ * reads them after the layer that wrote them. Nothing is converted: the bytes that arrive are
+ * the bytes that were sent, so a pipeline over NCCL gives the same bits as over gRPC.
+ * Built with NCCL when CMake finds it (HYLA_HAVE_NCCL); otherwise every entry point answers
+ * HYLA_ERR_UNSUPPORTED. Threading: one thread per backend, as every op; a link is used by the
+ * thread that drives its backend. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hyla_cuda_extra.h"
+#include "hyla_cuda_impl.h"
+
+#include <unistd.h>
+
+extern "C" hyla_status hyla_cuda_nccl_peer_key(hyla_backend *be, char *host, size_t host_len, char *dev, size_t dev_len) {
+    if (!be || !be->ops || !be->ops->name || strcmp(be->ops->name, "cuda"))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_nccl_peer_key: not a cuda backend");
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)be->ctx;
+    char boot[64] = "", name[128] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = 0;
+    if (gethostname(name, sizeof name - 1) != 0) name[0] = 0;
+    snprintf(host, host_len, "%s/%s", boot, name);
+    CU_TRY(cudaDeviceGetPCIBusId(dev, (int)dev_len, c->device));
+    return HYLA_OK;
+}
+
+#ifdef HYLA_HAVE_NCCL
+#include <nccl.h>
+
+struct hyla_nccl_link {
+    ncclComm_t comm;
+    int device;
+    int nranks, rank;
+    int broken; /* an operation failed or timed out: only close is allowed */
+};
+
+static hyla_cuda_ctx *nccl_ctx(hyla_backend *be) {
+    if (!be || !be->ops || !be->ops->name || strcmp(be->ops->name, "cuda")) return NULL;
+    return (hyla_cuda_ctx *)be->ctx;
+}
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static hyla_status nccl_fail(ncclResult_t r, const char *expr, const char *file, int line) {
+    return hyla_fail(HYLA_ERR_DEVICE, "%s:%d: %s: NCCL error %d (%s)", file, line, expr, (int)r, ncclGetErrorString(r));
+}
+
+/* A non-blocking communicator answers ncclInProgress until the operation is queued. */
+static hyla_status nccl_settle(hyla_nccl_link *l, ncclResult_t r, const char *expr, int timeout_ms) {
+    double t0 = mono_ms();
+    while (r == ncclInProgress) {
+        if (mono_ms() - t0 > timeout_ms) {
+            l->broken = 1;
+            return hyla_fail(HYLA_ERR_UNAVAILABLE, "%s: the NCCL peer did not answer within %d ms", expr, timeout_ms);
+        }
+        struct timespec ns = {0, 200000};
+        nanosleep(&ns, NULL);
+        if (ncclCommGetAsyncError(l->comm, &r) != ncclSuccess) break;
+    }
+    if (r != ncclSuccess) {
+        l->broken = 1;
+        return nccl_fail(r, expr, __FILE__, __LINE__);
+    }
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_nccl_id(uint8_t id[HYLA_NCCL_ID_BYTES]) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) return nccl_fail(r, "ncclGetUniqueId", __FILE__, __LINE__);
+    static_assert(sizeof u == HYLA_NCCL_ID_BYTES, "NCCL unique id size");
+    memcpy(id, &u, sizeof u);
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[HYLA_NCCL_ID_BYTES], int nranks, int rank,
+                                           int timeout_ms, hyla_nccl_link **out) {
+    *out = NULL;
+    hyla_cuda_ctx *c = nccl_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_nccl_open: not a cuda backend");
+    if (nranks < 2 || rank < 0 || rank >= nranks)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_nccl_open: rank %d of %d", rank, nranks);
+    CU_TRY(cudaSetDevice(c->device));
+    hyla_nccl_link *l = (hyla_nccl_link *)calloc(1, sizeof *l);
+    if (!l) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    l->device = c->device;
+    l->nranks = nranks;
+    l->rank = rank;
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&l->comm, nranks, u, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        free(l);
+        return nccl_fail(r, "ncclCommInitRankConfig", __FILE__, __LINE__);
+    }
+    if (r == ncclInProgress) ncclCommGetAsyncError(l->comm, &r);
+    hyla_status st = nccl_settle(l, r, "ncclCommInitRankConfig", timeout_ms);
+    if (st != HYLA_OK) {
+        hyla_cuda_nccl_close(l);
+        return st;
+    }
+    *out = l;
+    return HYLA_OK;
+}
+
+static hyla_status nccl_p2p(hyla_backend *be, hyla_nccl_link *l, void *buf, size_t bytes, int peer, int send) {
+    hyla_cuda_ctx *c = nccl_ctx(be);
+    if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL %s: not a cuda backend or no link", send ? "send" : "recv");
+    if (l->broken) return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link is broken (an earlier operation failed)");
+    if (peer < 0 || peer >= l->nranks || peer == l->rank)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL %s: peer %d of %d (this is rank %d)", send ? "send" : "recv", peer,
+                         l->nranks, l->rank);
+    if (l->device != c->device) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL link of device %d used on device %d", l->device, c->device);
+    HYLA_TRY(cu_graph_flush(c)); /* stream order = call order */
+    /* bytes as ncclChar; counts past 2^31 are fine for NCCL's size_t count */
+    ncclResult_t r = send ? ncclSend(buf, bytes, ncclChar, peer, l->comm, c->stream)
+                          : ncclRecv(buf, bytes, ncclChar, peer, l->comm, c->stream);
+    if (r == ncclInProgress) ncclCommGetAsyncError(l->comm, &r);
+    return nccl_settle(l, r, send ? "ncclSend" : "ncclRecv", 60000);
+}
+
+extern "C" hyla_status hyla_cuda_nccl_send(hyla_backend *be, hyla_nccl_link *l, const void *dev, size_t bytes, int peer) {
+    return nccl_p2p(be, l, (void *)dev, bytes, peer, 1);
+}
+
+extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer) {
+    return nccl_p2p(be, l, dev, bytes, peer, 0);
+}
+
+extern "C" void hyla_cuda_nccl_close(hyla_nccl_link *l) {
+    if (!l) return;
+    /* abort, not destroy: a peer that went away must not hang the close, and a link is only
+     * closed when its stream is over or broken */
+    if (l->comm) ncclCommAbort(l->comm);
+    free(l);
+}
+
+extern "C" int hyla_cuda_nccl_built(void) { return 1; }
+
+#else /* no NCCL */
+
+extern "C" hyla_status hyla_cuda_nccl_id(uint8_t id[HYLA_NCCL_ID_BYTES]) {
+    (void)id;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[HYLA_NCCL_ID_BYTES], int nranks, int rank,
+                                           int timeout_ms, hyla_nccl_link **out) {
+    (void)be, (void)id, (void)nranks, (void)rank, (void)timeout_ms;
+    *out = NULL;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" hyla_status hyla_cuda_nccl_send(hyla_backend *be, hyla_nccl_link *l, const void *dev, size_t bytes, int peer) {
+    (void)be, (void)l, (void)dev, (void)bytes, (void)peer;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer) {
+    (void)be, (void)l, (void)dev, (void)bytes, (void)peer;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" void hyla_cuda_nccl_close(hyla_nccl_link *l) { (void)l; }
+extern "C" int hyla_cuda_nccl_built(void) { return 0; }
+
+#endif
