@@ -69,6 +69,30 @@ grep -q UNAUTHENTICATED "$E2E_DIR/last.err" || e2e_fail "made-up key: $(cat "$E2
 e2e_expect_rc 5 "a tenant key on the operators' Cluster service" A status
 grep -q PERMISSION_DENIED "$E2E_DIR/last.err" || e2e_fail "tenant on Cluster: $(cat "$E2E_DIR/last.err")"
 
+# the Python client: a key gets through, none is UNAUTHENTICATED (skipped without grpcio)
+if PY=$(e2e_python); then
+  HYLA_PROTO_DIR="$E2E_SRC/proto" "$PY" - "$E2E_SERVER" "$E2E_SRC/client/python" "$S" "$KA" "$KB" <<'PY' ||
+import sys
+sys.path.insert(0, sys.argv[2])
+from hyla_client import Client, HylaError
+
+server, sid, ka, kb = sys.argv[1], sys.argv[3], sys.argv[4], sys.argv[5]
+with Client(server, api_key=ka) as c:
+    assert c.get(sid).tenant == "acme"
+for key, want in ((kb, "PERMISSION_DENIED"), ("", "UNAUTHENTICATED")):
+    with Client(server, api_key=key, tenant="acme") as c:
+        try:
+            c.get(sid)
+            raise SystemExit("python: get with key %r succeeded" % key[:8])
+        except HylaError as e:
+            assert e.code_name == want, (e.code_name, want)
+PY
+    e2e_fail "python client with API keys"
+  e2e_log "ok: python client with API keys"
+else
+  e2e_log "python client part skipped: no python3 with grpc and grpc_tools"
+fi
+
 # every internal service: no key -> UNAUTHENTICATED, a tenant key -> PERMISSION_DENIED
 probe_expect() { # ADDR METHOD KEY WANT
   local got what="no key"
