@@ -22,7 +22,8 @@ static void usage(FILE *f) {
                "  key ls [--tenant T]        list keys: id, tenant, creation time (never the keys)\n"
                "  --server ADDR              the coordinator (default $HYLA_SERVER or 127.0.0.1:7000)\n"
                "  --admin-key-file FILE      the coordinator's --admin-key-file (default $HYLA_ADMIN_KEY_FILE)\n"
-               "  --tls-ca FILE              the coordinator serves TLS: verify it with this PEM CA\n");
+               "  --tls-ca FILE              the coordinator serves TLS: verify it with this PEM CA\n"
+               "                             (default $HYLA_TLS_CA)\n");
 }
 
 static int call(hyla_rpc_client *cl, const char *method, const ProtobufCMessage *req,
@@ -51,6 +52,9 @@ int main(int argc, char **argv) {
     const char *server = getenv("HYLA_SERVER"), *key_file = getenv("HYLA_ADMIN_KEY_FILE"), *tenant = NULL;
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
+    sec.tls_ca = getenv("HYLA_TLS_CA");
+    if (sec.tls_ca && !sec.tls_ca[0])
+        sec.tls_ca = NULL;
     const char *pos[4];
     int n_pos = 0;
     for (int i = 1; i < argc; i++) {
