@@ -189,6 +189,7 @@ int main(int argc, char **argv) {
         int any = hn == 0 || (hn == 7 && !strncmp(p.listen, "0.0.0.0", 7)) || (hn == 4 && !strncmp(p.listen, "[::]", 4));
         snprintf(self, sizeof self, "%.*s:%d", any ? 9 : (int)hn, any ? "127.0.0.1" : p.listen, hyla_coord_port(g_coord));
         hp.coordinator = self;
+        hp.tls_ca = sec.tls_ca; /* the gateway dials this coordinator like any client */
         hp.chat_templates = templates;
         hp.n_chat_templates = n_templates;
         st = hyla_http_start(&hp, &http);

@@ -22,7 +22,7 @@ e2e_make_model "$E2E_DIR/model"
 # which only exists once the coordinator wrote it; the env var is read by each hyla run
 export HYLA_API_KEY=
 e2e_start "coordinator" "$E2E_BIN/hyla-coordinator" --listen 127.0.0.1:0 --port-file "$E2E_DIR/c.port" \
-  --data "$E2E_DIR/c.data" --admin-key-file "$ADMIN_FILE"
+  --data "$E2E_DIR/c.data" --admin-key-file "$ADMIN_FILE" --http 127.0.0.1:0 --http-port-file "$E2E_DIR/h.port"
 e2e_wait_for "$E2E_TIMEOUT" test -s "$E2E_DIR/c.port" || { e2e_fail "no port file"; e2e_done; }
 E2E_SERVER=127.0.0.1:$(cat "$E2E_DIR/c.port")
 [ -s "$ADMIN_FILE" ] || e2e_fail "the coordinator wrote no operator key to $ADMIN_FILE"
@@ -91,6 +91,16 @@ PY
   e2e_log "ok: python client with API keys"
 else
   e2e_log "python client part skipped: no python3 with grpc and grpc_tools"
+fi
+
+# the HTTP gateway forwards the caller's bearer key: none -> 401, a tenant's key -> served
+if command -v curl >/dev/null && [ -s "$E2E_DIR/h.port" ]; then
+  H=http://127.0.0.1:$(cat "$E2E_DIR/h.port")
+  body='{"prompt":"Once upon a time","max_tokens":4}'
+  code=$(curl -s -o "$E2E_DIR/http.out" -w '%{http_code}' "$H/v1/completions" -d "$body")
+  e2e_expect_eq "$code" 401 "HTTP completion without a key"
+  code=$(curl -s -o "$E2E_DIR/http.out" -w '%{http_code}' -H "Authorization: Bearer $KB" "$H/v1/completions" -d "$body")
+  e2e_expect_eq "$code" 200 "HTTP completion with bob's key"
 fi
 
 # every internal service: no key -> UNAUTHENTICATED, a tenant key -> PERMISSION_DENIED
