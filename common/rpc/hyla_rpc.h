@@ -195,7 +195,7 @@ hyla_status hyla_rpc_server_add_method(hyla_rpc_server *s, const char *path, hyl
                                        void *ud);
 
 /* Listen on addr ("127.0.0.1:0", "0.0.0.0:7000", "[::1]:7000", "unix:/path") before start,
- * insecure. *port (may be NULL) receives the bound TCP port (the chosen one for port 0).
+ * with TLS when the process has a certificate (hyla_rpc_set_security), else insecure. *port (may be NULL) receives the bound TCP port (the chosen one for port 0).
  * Fails with HYLA_ERR_IO naming the address when it cannot bind. May be called more than once. */
 hyla_status hyla_rpc_server_listen(hyla_rpc_server *s, const char *addr, int *port);
 
