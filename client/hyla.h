@@ -44,6 +44,13 @@ typedef struct {
     int max_message_bytes;     /* largest message sent or received (default 16 MiB) */
     size_t append_chunk_bytes; /* text bytes per Append message (default 64 KiB) */
     size_t append_chunk_tokens;/* token ids per Append message (default 16384) */
+    const char *api_key;       /* the tenant's API key, sent as "authorization: Bearer KEY" on
+                                  every call (copied at connect); NULL or "" (default): none,
+                                  for a coordinator in development mode. The tenant then comes
+                                  from the key: the server ignores `tenant`. A gateway that
+                                  forwards its callers' keys connects once per key. */
+    const char *tls_ca;        /* PEM file of the CA that signed the coordinator's certificate:
+                                  connect with TLS (read at connect); NULL (default): plain */
 } hyla_client_params;
 
 /* The defaults above, by value. */

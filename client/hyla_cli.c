@@ -64,7 +64,11 @@ static const char usage_main[] =
     "Options (before or after the command):\n"
     "  --server ADDR   coordinator address, e.g. 127.0.0.1:7000 (default: $HYLA_SERVER)\n"
     "  --tenant T      tenant of every call (default: $HYLA_TENANT; without either, none is sent\n"
-    "                  and the server uses the tenant \"default\")\n"
+    "                  and the server uses the tenant \"default\"); ignored by a coordinator that\n"
+    "                  requires keys: the key names the tenant\n"
+    "  --api-key K     API key sent on every call (default: $HYLA_API_KEY); required when the\n"
+    "                  coordinator runs with --admin-key-file (hyla-admin key create issues them)\n"
+    "  --tls-ca FILE   the coordinator serves TLS: verify it with this PEM CA (default: $HYLA_TLS_CA)\n"
     "  --timeout SEC   deadline of each call, except append and generate, which have none\n"
     "                  (default 60); for drain --wait, the deadline of the whole wait (default 600)\n"
     "  -q, --quiet     no progress or statistics on stderr (errors are still printed)\n"
@@ -79,7 +83,8 @@ static const char usage_main[] =
     "  3  not found (NOT_FOUND: no such session, worker or model)\n"
     "  4  unavailable (UNAVAILABLE, DEADLINE_EXCEEDED: the coordinator or the session's worker\n"
     "     cannot serve now, or drain --wait ran out of time; retrying may help)\n"
-    "  5  permission denied (PERMISSION_DENIED: the session belongs to another tenant)\n"
+    "  5  permission denied (PERMISSION_DENIED: the session belongs to another tenant;\n"
+    "     UNAUTHENTICATED: no valid API key)\n"
     "  6  request refused (INVALID_ARGUMENT, OUT_OF_RANGE, RESOURCE_EXHAUSTED,\n"
     "     FAILED_PRECONDITION, ALREADY_EXISTS)\n";
 
@@ -256,7 +261,7 @@ static void print_help(FILE *f, hyla_cli_cmd cmd) {
 enum {
     O_SERVER, O_TENANT, O_TIMEOUT, O_QUIET, O_HELP, O_MODEL, O_TEMPERATURE, O_TOP_K, O_TOP_P, O_SEED,
     O_ON, O_TO, O_N, O_STOP, O_STOP_ID, O_IGNORE_EOS, O_IDS, O_EVICT, O_WAIT, O_TOKENS, O_BOS,
-    O_NO_PROGRESS, O_ALL, O_VERSION, O_COUNT
+    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_COUNT
 };
 
 #define C(x) (1u << HYLA_CMD_##x)
@@ -270,6 +275,8 @@ static const struct {
 } opt_spec[O_COUNT] = {
     [O_SERVER] = {"server", 0, 1, C_ALL},
     [O_TENANT] = {"tenant", 0, 1, C_ALL},
+    [O_API_KEY] = {"api-key", 0, 1, C_ALL},
+    [O_TLS_CA] = {"tls-ca", 0, 1, C_ALL},
     [O_TIMEOUT] = {"timeout", 0, 1, C_ALL},
     [O_QUIET] = {"quiet", 'q', 0, C_ALL},
     [O_HELP] = {"help", 'h', 0, C_ALL},
@@ -374,6 +381,8 @@ static void apply_opt(hyla_cli_args *a, int o, const char *name, const char *v, 
     switch (o) {
     case O_SERVER: a->server = v; break;
     case O_TENANT: a->tenant = v; break;
+    case O_API_KEY: a->api_key = v; break;
+    case O_TLS_CA: a->tls_ca = v; break;
     case O_TIMEOUT:
         if (!parse_double(v, &d) || d <= 0)
             set_err(err, n, have, "%s: '%s' is not a number of seconds > 0", name, v);
@@ -1401,6 +1410,10 @@ int hyla_cli_main(int argc, char **argv) {
     }
 
     hyla_client_params p = hyla_client_default_params();
+    p.api_key = a.api_key ? a.api_key : getenv("HYLA_API_KEY");
+    p.tls_ca = a.tls_ca ? a.tls_ca : getenv("HYLA_TLS_CA");
+    if (p.tls_ca && !p.tls_ca[0])
+        p.tls_ca = NULL;
     if (a.timeout_s > 0)
         p.call_timeout_ms = (int64_t)(a.timeout_s * 1000 + 0.5);
     if (a.cmd == HYLA_CMD_DRAIN && a.wait && (a.timeout_s <= 0 || p.call_timeout_ms > DRAIN_POLL_TIMEOUT_MS))

@@ -73,6 +73,8 @@ typedef struct {
     const char **pos;        /* [n_pos] positional arguments after the command */
     int n_pos;
     uint64_t version;        /* resume/fork --version; 0: none (the head) */
+    const char *api_key;     /* --api-key, else $HYLA_API_KEY (hyla_cli_main); NULL: none */
+    const char *tls_ca;      /* --tls-ca, else $HYLA_TLS_CA (hyla_cli_main); NULL: plain */
 } hyla_cli_args;
 
 /* Parse argv (argv[0] is the program). env_server / env_tenant: the values of $HYLA_SERVER and

@@ -402,8 +402,11 @@ hyla_status hyla_client_connect(const char *addr, const char *tenant, const hyla
     c->addr = xstrdup(addr);
     c->tenant = xstrdup(tenant);
     c->p = p;
+    c->p.api_key = c->p.tls_ca = NULL; /* borrowed from the caller: not kept */
     hyla_rpc_client_params rp = hyla_rpc_client_default_params();
     rp.max_message_bytes = p.max_message_bytes;
+    rp.bearer = p.api_key ? p.api_key : ""; /* never the process's own credential */
+    rp.tls_ca = p.tls_ca;
     hyla_status st = hyla_rpc_client_create(addr, &rp, &c->rpc);
     if (st != HYLA_OK) {
         tl_code = HYLA_CODE_LOCAL;

@@ -5,7 +5,8 @@
  * Methods. A unary method runs inline on an rpc loop thread when it touches only memory (Get,
  * List, the Cluster listings, the Coordinator service), else on a detached job thread
  * (c->jobs counts them; shutdown waits for them and for relayed streams). The tenant
- * (x-hyla-tenant) is checked before any handler runs.
+ * (the API key's when keys are on, else x-hyla-tenant) is checked before any handler runs;
+ * authentication itself happens in the rpc layer (hyla_coord_auth.c sets it up).
  *
  * Errors. coord_answer_error is where a failure becomes a gRPC code (coord_rpc_code, the one
  * mapping); handlers call it once, with the hyla_status that failed and its detail message.
@@ -64,6 +65,11 @@ int coord_spawn(hyla_coord *c, void *(*fn)(void *), void *arg) {
 }
 
 int coord_get_tenant(hyla_rpc_call *call, char *out) {
+    const hyla_rpc_principal *pr = hyla_rpc_call_principal(call);
+    if (pr) { /* keys on: the key names the tenant, never a header */
+        coord_copy_str(out, ID_MAX, pr->kind == HYLA_RPC_PRINCIPAL_TENANT ? pr->name : "");
+        return 1;
+    }
     const char *t = hyla_rpc_call_metadata(call, HYLA_API_TENANT_KEY);
     if (!t) {
         coord_copy_str(out, ID_MAX, HYLA_API_DEFAULT_TENANT);
@@ -160,6 +166,9 @@ static const struct {
     {SVC_COORD "RegisterWorker", coord_do_register, 1, NULL},
     {SVC_COORD "Heartbeat", coord_do_heartbeat, 1, NULL},
     {SVC_COORD "ReportSnapshot", coord_do_report_snapshot, 1, NULL},
+    {SVC_ADMIN "CreateKey", coord_do_create_key, 0, NULL},
+    {SVC_ADMIN "RevokeKey", coord_do_revoke_key, 0, NULL},
+    {SVC_ADMIN "ListKeys", coord_do_list_keys, 1, NULL},
 };
 
 hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) {
@@ -226,6 +235,8 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
         for (size_t i = 0; i < sizeof methods / sizeof methods[0] && st == HYLA_OK; i++)
             st = add(c, methods[i].path, methods[i].fn, methods[i].inline_call, methods[i].stream);
     }
+    if (st == HYLA_OK)
+        st = coord_auth_setup(c);
     if (st == HYLA_OK && c->store) {
         c->hooks.check_put = coord_store_check_put;
         c->hooks.on_commit = coord_store_on_commit;
@@ -308,6 +319,7 @@ void hyla_coord_destroy(hyla_coord *c) {
         free(c->sess[i]);
     free(c->sess);
     hyla_store_close(c->store);
+    coord_auth_free(c);
     hyla_coord_dir_close(c->dir);
     if (c->stop_pipe[0] >= 0)
         close(c->stop_pipe[0]);

@@ -43,6 +43,8 @@ typedef struct {
     int64_t worker_timeout_ms;   /* deadline of unary calls to workers (default 60000) */
     const hyla_store_params *store; /* the embedded store's parameters (borrowed for hyla_coord_start);
                                        NULL: hyla_store_default_params() */
+    const char *admin_key;       /* the operator key (--admin-key-file): API keys required on every
+                                    call; NULL or "": development mode, no authentication */
 } hyla_coord_params;
 
 hyla_coord_params hyla_coord_default_params(void);

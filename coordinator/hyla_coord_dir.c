@@ -223,3 +223,46 @@ hyla_status hyla_coord_dir_check_store(hyla_coord_dir *d, hyla_store *store, uin
         *lost = c.lost;
     return st;
 }
+
+#define KEY_PREFIX "k/"
+
+hyla_status hyla_coord_dir_put_key(hyla_coord_dir *d, const char *id, const void *val, size_t len) {
+    char key[128];
+    int kl = snprintf(key, sizeof key, KEY_PREFIX "%s", id);
+    HYLA_ASSERT(kl > 0 && (size_t)kl < sizeof key);
+    char *err = NULL;
+    rocksdb_put(d->db, d->wsync, key, (size_t)kl, val, len, &err);
+    return rdb_check(err, "write", key);
+}
+
+hyla_status hyla_coord_dir_delete_key(hyla_coord_dir *d, const char *id) {
+    char key[128];
+    int kl = snprintf(key, sizeof key, KEY_PREFIX "%s", id);
+    HYLA_ASSERT(kl > 0 && (size_t)kl < sizeof key);
+    char *err = NULL;
+    rocksdb_delete(d->db, d->wsync, key, (size_t)kl, &err);
+    return rdb_check(err, "delete", key);
+}
+
+hyla_status hyla_coord_dir_scan_keys(hyla_coord_dir *d, hyla_coord_dir_key_fn fn, void *ud) {
+    rocksdb_iterator_t *it = rocksdb_create_iterator(d->db, d->ropts);
+    hyla_status st = HYLA_OK;
+    size_t plen = strlen(KEY_PREFIX);
+    for (rocksdb_iter_seek(it, KEY_PREFIX, plen); st == HYLA_OK && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        if (kl < plen || memcmp(k, KEY_PREFIX, plen) != 0)
+            break;
+        const char *v = rocksdb_iter_value(it, &vl);
+        char id[128];
+        snprintf(id, sizeof id, "%.*s", (int)(kl - plen < 100 ? kl - plen : 100), k + plen);
+        st = fn(ud, id, v, vl);
+    }
+    if (st == HYLA_OK) {
+        char *err = NULL;
+        rocksdb_iter_get_error(it, &err);
+        st = rdb_check(err, "scan", KEY_PREFIX);
+    }
+    rocksdb_iter_destroy(it);
+    return st;
+}

@@ -5,6 +5,7 @@
  * Record format (value of key "s/<session id>"), little-endian:
  *   "HYLD" | u32 format version (1) | u64 placement epoch | packed hyla.v1.Session
  * Key "m/epoch": u64, the last epoch handed out (placement and worker epochs share it).
+ * Keys "k/<key id>": API key records, written and read by hyla_coord_auth.c (format there).
  * Readers refuse a record with another magic or version, naming what they found.
  *
  * Ownership: the directory owns its RocksDB handle; records passed in are borrowed for the call.
@@ -13,6 +14,7 @@
 #ifndef HYLA_COORD_DIR_H
 #define HYLA_COORD_DIR_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hyla/v1/common.pb-c.h"
@@ -57,6 +59,13 @@ hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *u
  * session whose recorded snapshot version the store no longer has; *lost (may be NULL) = their
  * number. Such sessions answer DATA_LOSS when placed. store is borrowed for the call. */
 hyla_status hyla_coord_dir_check_store(hyla_coord_dir *d, hyla_store *store, uint64_t *lost);
+/* API key records (key "k/<id>", value opaque here): write (synced), remove (synced; absent is
+ * not an error), and read every one in id order (id and value borrowed until fn returns; a
+ * non-OK status stops the scan and is returned). */
+hyla_status hyla_coord_dir_put_key(hyla_coord_dir *d, const char *id, const void *val, size_t len);
+hyla_status hyla_coord_dir_delete_key(hyla_coord_dir *d, const char *id);
+typedef hyla_status (*hyla_coord_dir_key_fn)(void *ud, const char *id, const void *val, size_t len);
+hyla_status hyla_coord_dir_scan_keys(hyla_coord_dir *d, hyla_coord_dir_key_fn fn, void *ud);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,7 @@
 #define SVC_CLUSTER "/hyla.v1.Cluster/"
 #define SVC_COORD "/hyla.v1.Coordinator/"
 #define SVC_WORKER "/hyla.v1.Worker/"
+#define SVC_ADMIN "/hyla.v1.Admin/"
 #define ID_MAX 128 /* worker ids, tenants, models, groups (with the NUL) */
 #define SID_MAX (HYLA_SESSION_ID_MAX + 1) /* session ids (with the NUL) */
 #define MAX_STAGES 16
@@ -81,6 +82,8 @@ typedef struct {
     int paused; /* ACTIVE but paused by Pause without evict: shown PAUSED, still resident */
 } csess;
 
+typedef struct coord_keys coord_keys;
+
 /* One served method: its handler and where it runs. */
 typedef struct {
     hyla_coord *c;
@@ -115,6 +118,7 @@ struct hyla_coord {
     int n_bindings;
     hyla_store_rpc_hooks hooks; /* borrowed by the StateStore service */
     int relays;                 /* relayed streams alive (their worker streams must end first) */
+    coord_keys *keys;           /* API keys (hyla_coord_auth.c); NULL: development mode, no keys */
 };
 
 /* A Session message built from a csess; references only its own storage. */
@@ -138,8 +142,18 @@ void coord_answer_error(hyla_rpc_call *call, hyla_status st);
 int coord_spawn(hyla_coord *c, void *(*fn)(void *), void *arg);
 /* A job thread ends (the last thing it does). */
 void coord_job_done(hyla_coord *c);
-/* The caller's tenant (x-hyla-tenant, default "default") into out (ID_MAX bytes); 0 if malformed. */
+/* The caller's tenant into out (ID_MAX bytes): the tenant of its API key when keys are on, else
+ * x-hyla-tenant (default "default"); 0 if malformed. */
 int coord_get_tenant(hyla_rpc_call *call, char *out);
+
+/* ---- hyla_coord_auth.c: API keys, the verifier and the Admin service ---- */
+/* Turn authentication on when params.admin_key is set (else log the development-mode warning):
+ * load the key records, set the verifier and the per-service policies. Before the server starts. */
+hyla_status coord_auth_setup(hyla_coord *c);
+void coord_auth_free(hyla_coord *c);
+void coord_do_create_key(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+void coord_do_revoke_key(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+void coord_do_list_keys(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 
 /* ---- hyla_coord_table.c: the session table ---- */
 int64_t coord_now_ms(void);

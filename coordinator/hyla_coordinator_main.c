@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_auth.h"
 #include "hyla_coord.h"
 #include "hyla_http.h"
+#include "hyla_rpc.h"
 #include "hyla_log.h"
 
 static hyla_coord *g_coord;
@@ -44,6 +46,13 @@ static void usage(FILE *f) {
             "  --chat-template [MODEL=]FILE  chat template for /v1/chat/completions: a tokenizer_config.json\n"
             "                         (its chat_template and special tokens) or a Jinja template file; for\n"
             "                         MODEL only, or every model without one of its own (repeatable)\n"
+            "  --admin-key-file FILE  require API keys: the operator key is read from FILE (a new random\n"
+            "                         one is written there, mode 0600, when FILE is missing); tenants'\n"
+            "                         keys come from hyla-admin; workers join with the same FILE.\n"
+            "                         Without it: development mode, no authentication (logged loudly)\n"
+            "  --tls-cert FILE        serve TLS with this PEM certificate chain (with --tls-key)\n"
+            "  --tls-key FILE         the certificate's PEM private key\n"
+            "  --tls-ca FILE          PEM CA that this process's own calls to workers verify them with\n"
             "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n");
 }
 
@@ -78,6 +87,9 @@ int main(int argc, char **argv) {
     hyla_http_params hp = hyla_http_default_params();
     const char *templates[64];
     size_t n_templates = 0;
+    const char *admin_key_file = NULL;
+    hyla_rpc_security sec;
+    memset(&sec, 0, sizeof sec);
     hyla_log_set_prefix("coordinator");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -111,6 +123,10 @@ int main(int argc, char **argv) {
             if (n_templates == sizeof templates / sizeof templates[0]) { fprintf(stderr, "hyla-coordinator: too many --chat-template\n"); return 2; }
             templates[n_templates++] = v;
         }
+        else if (!strcmp(a, "--admin-key-file")) { NEEDV(); admin_key_file = v; }
+        else if (!strcmp(a, "--tls-cert")) { NEEDV(); sec.tls_cert = v; }
+        else if (!strcmp(a, "--tls-key")) { NEEDV(); sec.tls_key = v; }
+        else if (!strcmp(a, "--tls-ca")) { NEEDV(); sec.tls_ca = v; }
         else if (!strcmp(a, "--log")) {
             NEEDV();
             hyla_log_level l = !strcmp(v, "debug") ? HYLA_LOG_DEBUG : !strcmp(v, "info") ? HYLA_LOG_INFO
@@ -134,6 +150,25 @@ int main(int argc, char **argv) {
     if (!p.embed_store && !p.store_address)
         fprintf(stderr, "hyla-coordinator: warning: --no-store without --store-address: workers get no store\n");
 
+    char admin_key[HYLA_AUTH_KEY_MAX], cluster_cred[HYLA_AUTH_KEY_MAX];
+    if (admin_key_file) {
+        int created = 0;
+        if (hyla_auth_load_admin_key(admin_key_file, 1, admin_key, &created) != HYLA_OK) {
+            fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+            return 1;
+        }
+        if (created)
+            HYLA_INFO("wrote a new operator key to %s (mode 0600)", admin_key_file);
+        hyla_auth_cluster_credential(admin_key, cluster_cred);
+        p.admin_key = admin_key;
+        sec.bearer = cluster_cred; /* the coordinator's own calls to workers */
+    }
+    if (hyla_rpc_set_security(&sec) != HYLA_OK) {
+        fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        return 2;
+    }
+    if (!sec.tls_cert)
+        HYLA_WARN("coordinator: no --tls-cert: gRPC traffic (keys included) travels unencrypted");
     hyla_status st = hyla_coord_start(&p, &g_coord);
     if (st != HYLA_OK) {
         fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
@@ -154,6 +189,7 @@ int main(int argc, char **argv) {
         int any = hn == 0 || (hn == 7 && !strncmp(p.listen, "0.0.0.0", 7)) || (hn == 4 && !strncmp(p.listen, "[::]", 4));
         snprintf(self, sizeof self, "%.*s:%d", any ? 9 : (int)hn, any ? "127.0.0.1" : p.listen, hyla_coord_port(g_coord));
         hp.coordinator = self;
+        hp.tls_ca = sec.tls_ca; /* the gateway dials this coordinator like any client */
         hp.chat_templates = templates;
         hp.n_chat_templates = n_templates;
         st = hyla_http_start(&hp, &http);

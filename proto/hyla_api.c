@@ -63,13 +63,19 @@ const hyla_api_method hyla_api_methods[] = {
      &hyla__v1__get_snapshot_request__descriptor, &hyla__v1__get_snapshot_response__descriptor, 1},
     {"/hyla.v1.StateStore/DeleteSnapshots", "hyla.v1.StateStore", "DeleteSnapshots", 0, 0,
      &hyla__v1__delete_snapshots_request__descriptor, &hyla__v1__delete_snapshots_response__descriptor, 1},
+    {"/hyla.v1.Admin/CreateKey", "hyla.v1.Admin", "CreateKey", 0, 0,
+     &hyla__v1__create_key_request__descriptor, &hyla__v1__create_key_response__descriptor, 0},
+    {"/hyla.v1.Admin/RevokeKey", "hyla.v1.Admin", "RevokeKey", 0, 0,
+     &hyla__v1__revoke_key_request__descriptor, &hyla__v1__revoke_key_response__descriptor, 0},
+    {"/hyla.v1.Admin/ListKeys", "hyla.v1.Admin", "ListKeys", 0, 0,
+     &hyla__v1__list_keys_request__descriptor, &hyla__v1__list_keys_response__descriptor, 0},
     {NULL, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
 const ProtobufCServiceDescriptor *const hyla_api_services[] = {
     &hyla__v1__sessions__descriptor,    &hyla__v1__cluster__descriptor,
     &hyla__v1__coordinator__descriptor, &hyla__v1__worker__descriptor,
-    &hyla__v1__state_store__descriptor, NULL,
+    &hyla__v1__state_store__descriptor, &hyla__v1__admin__descriptor, NULL,
 };
 
 int hyla_api_method_count(void) {

@@ -11,6 +11,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "hyla/v1/admin.pb-c.h"
 #include "hyla/v1/cluster.pb-c.h"
 #include "hyla/v1/common.pb-c.h"
 #include "hyla/v1/coordinator.pb-c.h"
@@ -26,6 +27,8 @@ extern "C" {
 #define HYLA_API_TENANT_KEY "x-hyla-tenant"
 /* The tenant of calls that carry no x-hyla-tenant. */
 #define HYLA_API_DEFAULT_TENANT "default"
+/* Metadata key of the bearer API key ("Bearer KEY"), docs/API.md "Authentication". */
+#define HYLA_API_AUTH_KEY "authorization"
 /* Trailing metadata of a Generate that ended early: tokens already delivered (decimal). */
 #define HYLA_API_TOKENS_DELIVERED_KEY "x-hyla-tokens-delivered"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """example.py: the life of a hyla session from Python (client/python/hyla_client.py).
 
-    /usr/bin/python3 client/python/example.py --server 127.0.0.1:7000 [--tenant T] [--file DOC]
+    /usr/bin/python3 client/python/example.py --server 127.0.0.1:7000 [--tenant T] [--api-key K] [--tls-ca CA] [--file DOC]
         [--model NAME] [-n N] [--temperature T] [--seed S]
 
 Creates a session, appends a document (DOC, or a built-in text) with progress on stderr,
@@ -26,6 +26,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", default=os.environ.get("HYLA_SERVER"), help="coordinator host:port ($HYLA_SERVER)")
     ap.add_argument("--tenant", default=os.environ.get("HYLA_TENANT"))
+    ap.add_argument("--api-key", default=None, help="API key ($HYLA_API_KEY); required by a keyed coordinator")
+    ap.add_argument("--tls-ca", default=None, help="PEM CA of a TLS coordinator ($HYLA_TLS_CA)")
     ap.add_argument("--file", help="document to append (default: a built-in text)")
     ap.add_argument("--model", default="", help="model name (may be omitted when the cluster serves one)")
     ap.add_argument("-n", type=int, default=32, help="tokens per generate call (default 32)")
@@ -40,7 +42,7 @@ def main():
         sys.stdout.flush()
 
     try:
-        with Client(a.server, tenant=a.tenant) as c:
+        with Client(a.server, tenant=a.tenant, api_key=a.api_key, tls_ca=a.tls_ca) as c:
             s = c.create_session(model=a.model, temperature=a.temperature, seed=a.seed)
             sid = s.session_id
             print("session %s (model %s, group %s)" % (sid, s.model, s.group_id or "-"), file=sys.stderr)

@@ -5,7 +5,7 @@ imported, with grpc_tools.protoc, into a temporary directory that is removed at 
 generated is committed. On Debian: apt-get install python3-grpcio python3-grpc-tools.
 
     from hyla_client import Client, HylaError
-    with Client("127.0.0.1:7000", tenant="alice") as c:
+    with Client("127.0.0.1:7000", api_key=os.environ["HYLA_API_KEY"]) as c:
         s = c.create_session(temperature=0.8, seed=42)
         c.append(s.session_id, open("book.txt", "rb"), progress=print)
         r = c.generate(s.session_id, 64, on_piece=lambda ids, text: print(text.decode(errors="replace"), end=""))
@@ -29,6 +29,7 @@ import time
 import grpc
 
 TENANT_KEY = "x-hyla-tenant"
+AUTH_KEY = "authorization"
 TOKENS_DELIVERED_KEY = "x-hyla-tokens-delivered"
 
 _DEFAULT_PROTO_DIR = os.path.normpath(
@@ -125,13 +126,29 @@ class Client:
     """A connection to one coordinator for one tenant. timeout: deadline in seconds of each call
     except append and generate (None: none). Thread-safe like a grpc channel."""
 
-    def __init__(self, server, tenant=None, timeout=60.0, proto_dir=None):
+    def __init__(self, server, tenant=None, timeout=60.0, proto_dir=None, api_key=None, tls_ca=None):
+        """api_key: the tenant's API key (default $HYLA_API_KEY), sent as "authorization: Bearer
+        KEY"; a coordinator started with --admin-key-file requires one and takes the tenant from
+        it. tls_ca: PEM file of the CA of the coordinator's certificate (default $HYLA_TLS_CA):
+        connect with TLS."""
         load_stubs(proto_dir)
         self.server = server
         self.tenant = tenant
         self.timeout = timeout
-        self._metadata = ((TENANT_KEY, tenant),) if tenant else ()
-        self._channel = grpc.insecure_channel(server)
+        api_key = api_key if api_key is not None else os.environ.get("HYLA_API_KEY") or None
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get("HYLA_TLS_CA") or None
+        md = []
+        if tenant:
+            md.append((TENANT_KEY, tenant))
+        if api_key:
+            md.append((AUTH_KEY, "Bearer " + api_key))
+        self._metadata = tuple(md)
+        if tls_ca:
+            with open(tls_ca, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self._channel = grpc.secure_channel(server, creds)
+        else:
+            self._channel = grpc.insecure_channel(server)
         self._sessions = pb.sessions_pb2_grpc.SessionsStub(self._channel)
         self._cluster = pb.cluster_pb2_grpc.ClusterStub(self._channel)
 

@@ -32,7 +32,9 @@
  * any kind: write requests (queued; blocks only when max_queued_writes are pending, and never on
  * a loop thread), close_send, read responses (blocking; or delivered to a callback with
  * hyla_rpc_stream_open_async), finish (the final status). hyla_rpc_client_unary wraps that for
- * unary calls. Deadlines and the tenant come with hyla_rpc_call_opts.
+ * unary calls. Deadlines and the tenant come with hyla_rpc_call_opts; a call whose opts.metadata
+ * has its own "authorization" pair sends that instead of the client's bearer (a gateway
+ * forwarding its caller's key).
  *
  * Status codes. hyla_rpc_code has the canonical gRPC values (so no gRPC header leaks out of
  * this module). hyla_rpc_code_from_status / hyla_rpc_status_from_code are the one mapping
@@ -42,8 +44,16 @@
  * Blocking stream functions (read, finish, write when the queue is full) must not be called
  * from a loop thread (a handler or a stream callback): that is a programmer error (asserted).
  *
- * Transport. Insecure HTTP/2 (loopback and private networks); TLS is a later addition to
- * hyla_rpc_server_listen / hyla_rpc_client_create. */
+ * Transport. HTTP/2, insecure by default; TLS (and mutual TLS) for every listener and channel
+ * of the process once hyla_rpc_set_security names certificates.
+ *
+ * Authentication. A server given a verifier (hyla_rpc_server_set_auth) checks every call before
+ * its handler runs: the bearer key of the `authorization` metadata is mapped to a principal
+ * (tenant, cluster or operator) and compared with the policy of the method's service
+ * (hyla_rpc_server_set_policy). A call without a valid key ends UNAUTHENTICATED, a valid key of
+ * the wrong kind PERMISSION_DENIED; handlers read the principal (hyla_rpc_call_principal), never
+ * a header. Clients send the process's bearer (hyla_rpc_set_security) unless their params or the
+ * call's opts name another. */
 #ifndef HYLA_RPC_H
 #define HYLA_RPC_H
 
@@ -118,6 +128,32 @@ ProtobufCMessage *hyla_rpc_message_dup(const ProtobufCMessage *m);
 
 /* Metadata key of the tenant on public calls (docs/API.md). */
 #define HYLA_RPC_TENANT_KEY "x-hyla-tenant"
+/* Metadata key of the bearer key ("Bearer KEY"). */
+#define HYLA_RPC_AUTH_KEY "authorization"
+/* Longest key or principal name accepted, bytes with the NUL. */
+#define HYLA_RPC_KEY_MAX 160
+#define HYLA_RPC_PRINCIPAL_MAX 64
+
+/* ------------------------------------------------------------------------------------------ */
+/* Security of the process: TLS and the default bearer                                         */
+
+typedef struct {
+    const char *bearer;       /* sent on calls of clients that name none; NULL: none */
+    const char *tls_cert;     /* PEM file: this process's certificate chain (servers; and clients
+                                 for mutual TLS); NULL: no TLS */
+    const char *tls_key;      /* PEM file: its private key */
+    const char *tls_ca;       /* PEM file: CA that clients verify servers with (and servers verify
+                                 client certificates with); NULL: the system's roots */
+    int tls_client;           /* clients use TLS (set when any tls_* is given) */
+    int tls_require_client_cert; /* servers refuse TLS clients without a certificate of tls_ca */
+} hyla_rpc_security;
+
+/* Set the process's security for servers and clients created afterwards: files are read now
+ * (HYLA_ERR_IO naming a file that cannot be read). Call once at start-up, before any server or
+ * client exists; sec is copied. Not thread-safe with server/client creation. */
+hyla_status hyla_rpc_set_security(const hyla_rpc_security *sec);
+/* Whether listeners of this process use TLS. */
+int hyla_rpc_tls_enabled(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Server                                                                                      */
@@ -159,7 +195,7 @@ hyla_status hyla_rpc_server_add_method(hyla_rpc_server *s, const char *path, hyl
                                        void *ud);
 
 /* Listen on addr ("127.0.0.1:0", "0.0.0.0:7000", "[::1]:7000", "unix:/path") before start,
- * insecure. *port (may be NULL) receives the bound TCP port (the chosen one for port 0).
+ * with TLS when the process has a certificate (hyla_rpc_set_security), else insecure. *port (may be NULL) receives the bound TCP port (the chosen one for port 0).
  * Fails with HYLA_ERR_IO naming the address when it cannot bind. May be called more than once. */
 hyla_status hyla_rpc_server_listen(hyla_rpc_server *s, const char *addr, int *port);
 
@@ -173,6 +209,43 @@ void hyla_rpc_server_shutdown(hyla_rpc_server *s);
 
 /* Shut down if needed, then free. Accepts NULL. */
 void hyla_rpc_server_destroy(hyla_rpc_server *s);
+
+/* Who called (set by the server's verifier). */
+typedef enum {
+    HYLA_RPC_PRINCIPAL_NONE = 0,     /* no authentication configured on the server */
+    HYLA_RPC_PRINCIPAL_TENANT = 1,   /* a tenant's API key: name = the tenant */
+    HYLA_RPC_PRINCIPAL_CLUSTER = 2,  /* the cluster credential (workers, stages) */
+    HYLA_RPC_PRINCIPAL_OPERATOR = 3, /* the operator key */
+} hyla_rpc_principal_kind;
+
+typedef struct {
+    hyla_rpc_principal_kind kind;
+    char name[HYLA_RPC_PRINCIPAL_MAX]; /* tenant, or "cluster" / "operator" */
+    char key_id[32];                   /* the key's id when a tenant key ("" otherwise) */
+} hyla_rpc_principal;
+
+/* Who may call the methods of a service. */
+typedef enum {
+    HYLA_RPC_POLICY_TENANT = 0,   /* a tenant key (the public API) */
+    HYLA_RPC_POLICY_CLUSTER = 1,  /* the cluster credential or the operator key (internal services) */
+    HYLA_RPC_POLICY_OPERATOR = 2, /* the operator key only */
+} hyla_rpc_policy;
+
+/* A verifier: map a bearer key to a principal. Returns 1 and fills *out for a valid key, 0 for
+ * an unknown or revoked one. Runs on loop threads for every call: memory only, thread-safe. */
+typedef int (*hyla_rpc_verify_fn)(void *ud, const char *key, hyla_rpc_principal *out);
+
+/* Turn authentication on, before start: every call is verified by fn (ud borrowed for the
+ * server's life) and checked against its service's policy. */
+hyla_status hyla_rpc_server_set_auth(hyla_rpc_server *s, hyla_rpc_verify_fn fn, void *ud);
+/* Turn authentication on with a built-in verifier that accepts fixed keys (servers without a key
+ * table: workers, a standalone statestore): key (copied) authenticates as kind. Up to 4 keys;
+ * not with hyla_rpc_server_set_auth. Before start. */
+hyla_status hyla_rpc_server_accept_key(hyla_rpc_server *s, const char *key, hyla_rpc_principal_kind kind);
+/* The policy of methods whose path starts with path_prefix ("/hyla.v1.Sessions/"), before
+ * start; the longest matching prefix wins; methods without one get HYLA_RPC_POLICY_CLUSTER.
+ * At most 16 prefixes (copied). */
+hyla_status hyla_rpc_server_set_policy(hyla_rpc_server *s, const char *path_prefix, hyla_rpc_policy policy);
 
 /* Run fn(arg) once in hyla_rpc_server_destroy, after every call ended and the loop threads
  * stopped, in reverse order of registration: for method user data that lives as long as the
@@ -221,6 +294,10 @@ int64_t hyla_rpc_call_deadline_ms(hyla_rpc_call *call);
 /* "/package.Service/Method". Borrowed for the life of the call. */
 const char *hyla_rpc_call_method(hyla_rpc_call *call);
 
+/* The authenticated caller, or NULL when the server has no verifier. Borrowed for the life of
+ * the call. */
+const hyla_rpc_principal *hyla_rpc_call_principal(hyla_rpc_call *call);
+
 /* Value of request metadata key (lower-case), or NULL. Borrowed for the life of the call. */
 const char *hyla_rpc_call_metadata(hyla_rpc_call *call, const char *key);
 
@@ -244,6 +321,10 @@ typedef struct {
     int max_message_bytes; /* largest message sent or received, bytes (default 16 MiB) */
     int max_queued_writes; /* stream_write blocks while this many are pending (default 16) */
     int max_queued_reads;  /* responses buffered before reading pauses (default 16) */
+    const char *bearer;    /* key sent on every call (copied); NULL: the process's
+                              (hyla_rpc_set_security); "": none */
+    const char *tls_ca;    /* PEM file: this client uses TLS and verifies the server with this CA;
+                              NULL: the process's setting (hyla_rpc_set_security) */
 } hyla_rpc_client_params;
 
 hyla_rpc_client_params hyla_rpc_client_default_params(void);

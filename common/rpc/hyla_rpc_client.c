@@ -16,6 +16,7 @@
  *
  * Threading. Any thread may use a stream; blocking functions are refused on loop threads.
  * A client's loop thread is its only thread. Lock order: a stream's mu, then the client's mu. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,7 @@
 struct hyla_rpc_client {
     hyla_rpc_client_params p;
     char *target;
+    char *bearer; /* "Bearer KEY" sent on every call, or NULL */
     grpc_channel *ch;
     grpc_completion_queue *cq;
     pthread_t thread;
@@ -332,15 +334,36 @@ hyla_status hyla_rpc_client_create(const char *target, const hyla_rpc_client_par
         p.max_queued_reads = 1;
     if (!target[0])
         return hyla_fail(HYLA_ERR_INVALID_ARG, "rpc client: empty target address");
+    rpc_grpc_ref(); /* before any gRPC object, credentials included */
+    grpc_channel_credentials *creds = NULL;
+    if (p.tls_ca && p.tls_ca[0]) {
+        hyla_status cst = rpc_channel_credentials_ca(p.tls_ca, &creds);
+        if (cst != HYLA_OK) {
+            rpc_grpc_unref();
+            return cst;
+        }
+    } else {
+        creds = rpc_channel_credentials();
+    }
     hyla_rpc_client *c = calloc(1, sizeof *c);
-    if (!c)
+    if (!c) {
+        grpc_channel_credentials_release(creds);
+        rpc_grpc_unref();
         return hyla_fail(HYLA_ERR_NOMEM, "rpc client");
+    }
     c->p = p;
     c->target = strdup(target);
+    const char *key = p.bearer ? p.bearer : rpc_default_bearer();
+    c->p.bearer = c->p.tls_ca = NULL; /* not kept: borrowed from the caller */
+    if (key && key[0]) {
+        size_t n = strlen(key) + 8;
+        c->bearer = malloc(n);
+        HYLA_ASSERT(c->bearer);
+        snprintf(c->bearer, n, "Bearer %s", key);
+    }
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
 
-    rpc_grpc_ref();
     grpc_arg args[2];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
@@ -350,7 +373,6 @@ hyla_status hyla_rpc_client_create(const char *target, const hyla_rpc_client_par
     args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = p.max_message_bytes;
     grpc_channel_args cargs = {2, args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     c->cq = grpc_completion_queue_create_for_next(NULL);
@@ -364,6 +386,7 @@ hyla_status hyla_rpc_client_create(const char *target, const hyla_rpc_client_par
         grpc_completion_queue_destroy(c->cq);
         rpc_grpc_unref();
         free(c->target);
+        free(c->bearer);
         free(c);
         return hyla_fail(HYLA_ERR_NOMEM, "rpc client: pthread_create: %s", strerror(e));
     }
@@ -389,6 +412,7 @@ void hyla_rpc_client_destroy(hyla_rpc_client *c) {
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c->target);
+    free(c->bearer);
     free(c);
     rpc_grpc_unref();
 }
@@ -456,6 +480,12 @@ static hyla_status open_common(hyla_rpc_client *c, const char *method, const Pro
     hyla_status st = HYLA_OK;
     if (o.tenant)
         st = add_md(s, &cap, HYLA_RPC_TENANT_KEY, o.tenant);
+    int own_auth = 0;
+    for (const char *const *kv = o.metadata; kv && kv[0]; kv += 2)
+        if (strcmp(kv[0], HYLA_RPC_AUTH_KEY) == 0)
+            own_auth = 1;
+    if (st == HYLA_OK && !own_auth && c->bearer)
+        st = add_md(s, &cap, HYLA_RPC_AUTH_KEY, c->bearer);
     for (const char *const *kv = o.metadata; st == HYLA_OK && kv && kv[0]; kv += 2) {
         if (!kv[1]) {
             st = hyla_fail(HYLA_ERR_INVALID_ARG, "rpc: metadata key '%s' without a value", kv[0]);

@@ -10,6 +10,7 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 
@@ -75,5 +76,14 @@ const char *rpc_kv_find(const rpc_kv *kv, size_t n, const char *key);
 
 /* Start a batch; a refusal by gRPC is a bug of this module: logged, returns non-zero. */
 int rpc_start_batch(grpc_call *call, const grpc_op *ops, size_t n, rpc_tag *tag, const char *what);
+
+/* The process's security (hyla_rpc_security.c): credentials for a new listener or channel
+ * (caller releases them), and the default bearer key (NULL: none). */
+grpc_server_credentials *rpc_server_credentials(void);
+grpc_channel_credentials *rpc_channel_credentials(void);
+/* TLS channel credentials verifying servers with the CA in PEM file ca_path (client certificate:
+ * the process's, if any). HYLA_ERR_IO naming the file when it cannot be read. */
+hyla_status rpc_channel_credentials_ca(const char *ca_path, grpc_channel_credentials **out);
+const char *rpc_default_bearer(void);
 
 #endif

@@ -53,6 +53,7 @@ typedef struct {
 struct hyla_http {
     struct MHD_Daemon *d;
     char *coordinator;
+    char *tls_ca; /* NULL: plain gRPC to the coordinator */
     tpl_entry *tpls;
     size_t n_tpls;
     size_t max_body;
@@ -578,9 +579,17 @@ static void random_hex(char *out, size_t n) {
 }
 
 /* Everything before Generate: the model, the session, the prompt appended. On failure fills e. */
-static int job_prepare(job *j, const char *tenant, http_err *e) {
+/* The caller's API key (Authorization: Bearer KEY), forwarded to the coordinator; NULL: none. */
+static const char *bearer_of(struct MHD_Connection *conn) {
+    const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    return a && strncmp(a, "Bearer ", 7) == 0 ? a + 7 : NULL;
+}
+
+static int job_prepare(job *j, const char *tenant, const char *api_key, http_err *e) {
     creq *r = &j->r;
     hyla_client_params cp = hyla_client_default_params();
+    cp.api_key = api_key;
+    cp.tls_ca = j->h->tls_ca;
     if (hyla_client_connect(j->h->coordinator, tenant, &cp, &j->c) != HYLA_OK)
         return set_err(e, 400, "invalid_tenant", NULL, "%s", hyla_last_error());
     hyla_session_info si;
@@ -923,7 +932,7 @@ static enum MHD_Result handle_completion(hyla_http *h, struct MHD_Connection *co
     strcpy(j->id, chat ? "chatcmpl-" : "cmpl-");
     random_hex(j->id + strlen(j->id), 24);
     const char *tenant = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Hyla-Tenant");
-    if (!parse_creq(h, doc, chat, &j->r, &e) || !job_prepare(j, tenant, &e)) {
+    if (!parse_creq(h, doc, chat, &j->r, &e) || !job_prepare(j, tenant, bearer_of(conn), &e)) {
         enum MHD_Result ret = send_err(conn, &e);
         job_free(j);
         return ret;
@@ -970,6 +979,8 @@ static enum MHD_Result handle_models(hyla_http *h, struct MHD_Connection *conn, 
     hyla_client *c = NULL;
     const char *tenant = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Hyla-Tenant");
     hyla_client_params cp = hyla_client_default_params();
+    cp.api_key = bearer_of(conn);
+    cp.tls_ca = h->tls_ca;
     if (hyla_client_connect(h->coordinator, tenant, &cp, &c) != HYLA_OK) {
         set_err(&e, 400, "invalid_tenant", NULL, "%s", hyla_last_error());
         return send_err(conn, &e);
@@ -1124,6 +1135,7 @@ hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
     if (!h)
         return hyla_fail(HYLA_ERR_NOMEM, "http: out of memory");
     h->coordinator = strdup(params->coordinator);
+    h->tls_ca = params->tls_ca ? strdup(params->tls_ca) : NULL;
     h->max_body = params->max_body_bytes ? params->max_body_bytes : 8u << 20;
     h->default_max_tokens = params->default_max_tokens ? params->default_max_tokens : 512;
     h->tpls = calloc(params->n_chat_templates + 1, sizeof *h->tpls);
@@ -1190,5 +1202,6 @@ void hyla_http_stop(hyla_http *h) {
     }
     free(h->tpls);
     free(h->coordinator);
+    free(h->tls_ca);
     free(h);
 }

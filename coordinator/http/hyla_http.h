@@ -32,6 +32,9 @@ typedef struct {
     size_t max_body_bytes;               /* largest request body (default 8 MiB; larger: 413) */
     uint32_t default_max_tokens;         /* chat completions without max_tokens (default 512) */
     unsigned connection_limit;           /* simultaneous connections (default 256) */
+    const char *tls_ca;                  /* PEM CA of the coordinator's certificate when it serves TLS
+                                            (copied); NULL: plain. Callers' `Authorization: Bearer KEY`
+                                            headers are forwarded as their API keys. */
 } hyla_http_params;
 
 /* The defaults above, by value (listen and coordinator NULL). */

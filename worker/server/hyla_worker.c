@@ -31,7 +31,21 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hyla_auth.h"
 #include "hyla_worker_impl.h"
+
+/* Every method of this port needs the cluster credential (or the operator key) when the cluster
+ * is keyed; the rpc layer refuses other callers before a handler runs. */
+static hyla_status worker_protect(hyla_rpc_server *srv, const char *admin_key) {
+    if (!admin_key || !admin_key[0]) {
+        HYLA_WARN("worker: DEVELOPMENT MODE: no --admin-key-file, so this port accepts any caller");
+        return HYLA_OK;
+    }
+    char cred[HYLA_AUTH_KEY_MAX];
+    hyla_auth_cluster_credential(admin_key, cred);
+    HYLA_TRY(hyla_rpc_server_accept_key(srv, cred, HYLA_RPC_PRINCIPAL_CLUSTER));
+    return hyla_rpc_server_accept_key(srv, admin_key, HYLA_RPC_PRINCIPAL_OPERATOR);
+}
 
 hyla_worker_params hyla_worker_default_params(void) {
     hyla_worker_params p;
@@ -814,6 +828,7 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     ADD("ExportStage", HYLA_RPC_SERVER_STREAM, hyla__v1__export_stage_request__descriptor, hyla__v1__get_snapshot_response__descriptor, h_export);
     ADD("StageForward", HYLA_RPC_BIDI, hyla__v1__stage_forward_request__descriptor, hyla__v1__stage_forward_response__descriptor, h_stage);
 #undef ADD
+    if (st == HYLA_OK) st = worker_protect(w->srv, p->admin_key);
     if (st == HYLA_OK) st = hyla_rpc_server_listen(w->srv, p->listen, &w->port);
     if (st != HYLA_OK) {
         hyla_worker_destroy(w);

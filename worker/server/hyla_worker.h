@@ -40,6 +40,9 @@ typedef struct {
     int rpc_threads;           /* gRPC completion-queue threads (default 2) */
     int max_message_bytes;     /* gRPC message limit (default 16 MiB) */
     const char *next_stage;    /* pipelines without a coordinator (tests): the next stage's address */
+    const char *admin_key;     /* the cluster's operator key (--admin-key-file): this worker's port
+                                  accepts only the cluster credential derived from it (and the
+                                  key itself); NULL: development mode, no authentication */
 } hyla_worker_params;
 
 hyla_worker_params hyla_worker_default_params(void);

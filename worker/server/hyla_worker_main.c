@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "hyla_log.h"
+#include "hyla_auth.h"
+#include "hyla_rpc.h"
 #include "hyla_worker.h"
 
 static hyla_worker *g_worker;
@@ -47,6 +49,14 @@ static void usage(FILE *f) {
             "                         of it\n"
             "  --next-stage ADDR      pipelines without a coordinator: the next stage's address\n"
             "                         (with a coordinator, it names the next stage)\n"
+            "  --admin-key-file FILE  join a keyed cluster: the coordinator's operator key file; this worker\n"
+            "                         sends the cluster credential derived from it and its port refuses\n"
+            "                         callers without it (without the flag: development mode, logged)\n"
+            "  --tls-cert FILE        serve TLS with this PEM certificate chain (also the client certificate\n"
+            "                         of this worker's own calls, for mutual TLS)\n"
+            "  --tls-key FILE         the certificate's PEM private key\n"
+            "  --tls-ca FILE          PEM CA: verify the coordinator, the store and other stages with it\n"
+            "  --tls-require-client-cert  mutual TLS: this port refuses callers without a certificate of --tls-ca\n"
             "Logs go to stderr (HYLA_LOG=debug|info|warn|error). SIGINT/SIGTERM stop it.\n");
 }
 
@@ -57,7 +67,12 @@ int main(int argc, char **argv) {
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
                                  {"state-budget", 1, 0, 'b'}, {"host-budget", 1, 0, 'H'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
-                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},
+                                 {"admin-key-file", 1, 0, 'K'}, {"tls-cert", 1, 0, 1001}, {"tls-key", 1, 0, 1002},
+                                 {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},        {0, 0, 0, 0}};
+    const char *admin_key_file = NULL;
+    hyla_rpc_security sec;
+    memset(&sec, 0, sizeof sec);
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -96,6 +111,11 @@ int main(int argc, char **argv) {
             p.max_message_bytes = (int)v;
             break;
         }
+        case 'K': admin_key_file = optarg; break;
+        case 1001: sec.tls_cert = optarg; break;
+        case 1002: sec.tls_key = optarg; break;
+        case 1003: sec.tls_ca = optarg; break;
+        case 1004: sec.tls_require_client_cert = 1; break;
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "hyla-worker: see --help\n"); return 2;
         }
@@ -113,6 +133,20 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    char admin_key[HYLA_AUTH_KEY_MAX], cluster_cred[HYLA_AUTH_KEY_MAX];
+    if (admin_key_file) {
+        if (hyla_auth_load_admin_key(admin_key_file, 0, admin_key, NULL) != HYLA_OK) {
+            fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+            return 2;
+        }
+        hyla_auth_cluster_credential(admin_key, cluster_cred);
+        p.admin_key = admin_key;
+        sec.bearer = cluster_cred; /* every call this worker makes: coordinator, store, stages */
+    }
+    if (hyla_rpc_set_security(&sec) != HYLA_OK) {
+        fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        return 2;
+    }
     hyla_worker *w = NULL;
     if (hyla_worker_start(&p, &w) != HYLA_OK) {
         fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
