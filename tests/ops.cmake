@@ -1,0 +1,7 @@
+# tests/ops.cmake — operating the cluster (common/hyla_metrics.c, common/ops/, deploy/).
+#   test_metrics   the registry's Prometheus text exposition, exactly, and concurrent updates
+#   test_e2e_ops   (label e2e) coordinator and worker with --metrics: curl scrapes both, metric
+#                  values move after requests, /readyz, grpc.health.v1 Check via Python grpcio,
+#                  --log-format json
+hyla_add_test(test_metrics SOURCES test_metrics.c LIBS hyla_common LABELS quick TIMEOUT 60)
+hyla_add_script_test(test_e2e_ops e2e/test_e2e_ops.sh LABELS e2e TIMEOUT 300)
