@@ -40,6 +40,7 @@ typedef struct {
     int rpc_threads;             /* gRPC loop threads (default 4) */
     int max_message_bytes;       /* gRPC message limit (default 16 MiB) */
     int64_t worker_timeout_ms;   /* deadline of unary calls to workers (default 60000) */
+    struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
 } hyla_coord_params;
 
 hyla_coord_params hyla_coord_default_params(void);
@@ -53,6 +54,8 @@ int hyla_coord_port(const hyla_coord *c);
 void hyla_coord_wait(hyla_coord *c);
 /* Ask hyla_coord_wait to return (async-signal-safe). */
 void hyla_coord_request_stop(hyla_coord *c);
+/* 1 while the coordinator takes new work, 0 once a stop was requested (readiness, health). */
+int hyla_coord_ready(hyla_coord *c);
 /* Stop serving (calls in flight get their grace period, then CANCELLED), join, free. Accepts NULL. */
 void hyla_coord_destroy(hyla_coord *c);
 

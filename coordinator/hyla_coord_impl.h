@@ -22,6 +22,7 @@
 #define HYLA_COORD_IMPL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "hyla_api.h"
@@ -111,6 +112,8 @@ struct hyla_coord {
     int n_bindings;
     hyla_store_rpc_hooks hooks; /* borrowed by the StateStore service */
     int relays;                 /* relayed streams alive (their worker streams must end first) */
+    volatile sig_atomic_t stop_requested; /* hyla_coord_request_stop ran: readiness is false */
+    struct coord_metrics *met;  /* metric families (hyla_coord_metrics.c); NULL without metrics */
 };
 
 /* A Session message built from a csess; references only its own storage. */
@@ -124,6 +127,13 @@ typedef struct {
 } sess_view;
 
 typedef int (*sess_filter)(const hyla_coord *c, const csess *s, const void *arg);
+
+/* ---- hyla_coord_metrics.c: metrics, health, readiness ---- */
+/* Register grpc.health.v1 and, with p.metrics, the families and the collector (before start). */
+hyla_status coord_metrics_setup(hyla_coord *c);
+/* The embedded store committed a snapshot (any thread). */
+void coord_metrics_on_commit(hyla_coord *c, const hyla_snapshot_info *info);
+void coord_metrics_free(hyla_coord *c);
 
 /* ---- hyla_coord.c: lifecycle, jobs, answers ---- */
 /* The gRPC code of a coordinator failure: the one mapping (hyla_rpc_code_from_status). */

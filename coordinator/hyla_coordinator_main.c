@@ -12,6 +12,8 @@
 #include "hyla_coord.h"
 #include "hyla_http.h"
 #include "hyla_log.h"
+#include "hyla_metrics.h"
+#include "hyla_probe.h"
 
 static hyla_coord *g_coord;
 
@@ -20,6 +22,8 @@ static void on_signal(int sig) {
     if (g_coord)
         hyla_coord_request_stop(g_coord);
 }
+
+static int coord_ready(void *ud) { return hyla_coord_ready(ud); }
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -41,7 +45,10 @@ static void usage(FILE *f) {
             "  --chat-template [MODEL=]FILE  chat template for /v1/chat/completions: a tokenizer_config.json\n"
             "                         (its chat_template and special tokens) or a Jinja template file; for\n"
             "                         MODEL only, or every model without one of its own (repeatable)\n"
-            "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n");
+            "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n"
+            "  --log-format FMT       text (default) or json (one object per line)\n"
+            "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
+            "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n");
 }
 
 static int parse_u(const char *s, const char *flag, long lo, long hi, long *out) {
@@ -69,7 +76,7 @@ static int write_port(const char *file, int port) {
 
 int main(int argc, char **argv) {
     hyla_coord_params p = hyla_coord_default_params();
-    const char *port_file = NULL, *http_port_file = NULL;
+    const char *port_file = NULL, *http_port_file = NULL, *metrics_addr = NULL, *metrics_port_file = NULL;
     hyla_http_params hp = hyla_http_default_params();
     const char *templates[64];
     size_t n_templates = 0;
@@ -98,6 +105,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) { NEEDV(); port_file = v; }
         else if (!strcmp(a, "--http")) { NEEDV(); hp.listen = v; }
         else if (!strcmp(a, "--http-port-file")) { NEEDV(); http_port_file = v; }
+        else if (!strcmp(a, "--metrics")) { NEEDV(); metrics_addr = v; }
+        else if (!strcmp(a, "--metrics-port-file")) { NEEDV(); metrics_port_file = v; }
+        else if (!strcmp(a, "--log-format")) {
+            NEEDV();
+            hyla_log_format f;
+            if (!hyla_log_parse_format(v, &f)) { fprintf(stderr, "hyla-coordinator: --log-format: want text or json, got '%s'\n", v); return 2; }
+            hyla_log_set_format(f);
+        }
         else if (!strcmp(a, "--chat-template")) {
             NEEDV();
             if (n_templates == sizeof templates / sizeof templates[0]) { fprintf(stderr, "hyla-coordinator: too many --chat-template\n"); return 2; }
@@ -126,9 +141,26 @@ int main(int argc, char **argv) {
     if (!p.embed_store && !p.store_address)
         fprintf(stderr, "hyla-coordinator: warning: --no-store without --store-address: workers get no store\n");
 
+    if (metrics_port_file && !metrics_addr) {
+        fprintf(stderr, "hyla-coordinator: --metrics-port-file needs --metrics ADDR\n");
+        return 2;
+    }
+    hyla_metrics *metrics = metrics_addr ? hyla_metrics_create() : NULL;
+    p.metrics = metrics;
     hyla_status st = hyla_coord_start(&p, &g_coord);
     if (st != HYLA_OK) {
         fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        hyla_metrics_destroy(metrics);
+        return 1;
+    }
+    hyla_probe_http *ops = NULL;
+    if (metrics_addr &&
+        (hyla_probe_http_start(metrics_addr, metrics, coord_ready, g_coord, &ops) != HYLA_OK ||
+         (metrics_port_file && !write_port(metrics_port_file, hyla_probe_http_port(ops))))) {
+        fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        hyla_probe_http_stop(ops);
+        hyla_coord_destroy(g_coord);
+        hyla_metrics_destroy(metrics);
         return 1;
     }
     struct sigaction sa;
@@ -151,19 +183,25 @@ int main(int argc, char **argv) {
         st = hyla_http_start(&hp, &http);
         if (st != HYLA_OK) {
             fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+            hyla_probe_http_stop(ops);
             hyla_coord_destroy(g_coord);
+            hyla_metrics_destroy(metrics);
             return 1;
         }
     }
     if ((port_file && !write_port(port_file, hyla_coord_port(g_coord))) ||
         (http_port_file && !write_port(http_port_file, hyla_http_port(http)))) {
         hyla_http_stop(http);
+        hyla_probe_http_stop(ops);
         hyla_coord_destroy(g_coord);
+        hyla_metrics_destroy(metrics);
         return 1;
     }
     hyla_coord_wait(g_coord);
     HYLA_INFO("stopping");
     hyla_http_stop(http);
+    hyla_probe_http_stop(ops); /* its collector reads the coordinator */
     hyla_coord_destroy(g_coord);
+    hyla_metrics_destroy(metrics);
     return 0;
 }

@@ -1,4 +1,4 @@
-# tests/ops.cmake — operating the cluster (common/hyla_metrics.c, common/ops/, deploy/).
+# tests/ops.cmake — operating the cluster (common/hyla_metrics.c, common/probe/, deploy/).
 #   test_metrics   the registry's Prometheus text exposition, exactly, and concurrent updates
 #   test_e2e_ops   (label e2e) coordinator and worker with --metrics: curl scrapes both, metric
 #                  values move after requests, /readyz, grpc.health.v1 Check via Python grpcio,

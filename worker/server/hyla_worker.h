@@ -40,6 +40,7 @@ typedef struct {
     int rpc_threads;           /* gRPC completion-queue threads (default 2) */
     int max_message_bytes;     /* gRPC message limit (default 16 MiB) */
     const char *next_stage;    /* pipelines without a coordinator (tests): the next stage's address */
+    struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
 } hyla_worker_params;
 
 hyla_worker_params hyla_worker_default_params(void);
@@ -55,6 +56,8 @@ int hyla_worker_port(const hyla_worker *w);
 void hyla_worker_wait(hyla_worker *w);
 /* Ask the worker to stop (async-signal-safe). */
 void hyla_worker_request_stop(hyla_worker *w);
+/* 1 while the worker takes new work, 0 while draining or stopping (readiness, health). */
+int hyla_worker_ready(hyla_worker *w);
 /* Stop serving, join threads, free. Accepts NULL. */
 void hyla_worker_destroy(hyla_worker *w);
 

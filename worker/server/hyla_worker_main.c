@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "hyla_log.h"
+#include "hyla_metrics.h"
+#include "hyla_probe.h"
 #include "hyla_worker.h"
 
 static hyla_worker *g_worker;
@@ -14,6 +16,20 @@ static hyla_worker *g_worker;
 static void on_signal(int sig) {
     (void)sig;
     if (g_worker) hyla_worker_request_stop(g_worker);
+}
+
+static int worker_ready(void *ud) { return hyla_worker_ready(ud); }
+
+/* Write port to file atomically (a reader never sees half a number); 0 on failure (set). */
+static int write_port(const char *file, int port) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, file) != 0) {
+        hyla_fail(HYLA_ERR_IO, "cannot write the port file %s", file);
+        return 0;
+    }
+    return 1;
 }
 
 static void usage(FILE *f) {
@@ -46,6 +62,9 @@ static void usage(FILE *f) {
             "                         of it\n"
             "  --next-stage ADDR      pipelines without a coordinator: the next stage's address\n"
             "                         (with a coordinator, it names the next stage)\n"
+            "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
+            "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n"
+            "  --log-format FMT       text (default) or json (one object per line)\n"
             "Logs go to stderr (HYLA_LOG=debug|info|warn|error). SIGINT/SIGTERM stop it.\n");
 }
 
@@ -56,7 +75,9 @@ int main(int argc, char **argv) {
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
                                  {"state-budget", 1, 0, 'b'}, {"host-budget", 1, 0, 'H'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
-                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"help", 0, 0, 'h'},
+                                 {"metrics", 1, 0, 1001}, {"metrics-port-file", 1, 0, 1002}, {"log-format", 1, 0, 1003},        {0, 0, 0, 0}};
+    const char *metrics_addr = NULL, *metrics_port_file = NULL;
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -94,6 +115,17 @@ int main(int argc, char **argv) {
             p.max_message_bytes = (int)v;
             break;
         }
+        case 1001: metrics_addr = optarg; break;
+        case 1002: metrics_port_file = optarg; break;
+        case 1003: {
+            hyla_log_format f;
+            if (!hyla_log_parse_format(optarg, &f)) {
+                fprintf(stderr, "hyla-worker: --log-format: want text or json, got '%s'\n", optarg);
+                return 2;
+            }
+            hyla_log_set_format(f);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "hyla-worker: see --help\n"); return 2;
         }
@@ -111,9 +143,25 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if (metrics_port_file && !metrics_addr) {
+        fprintf(stderr, "hyla-worker: --metrics-port-file needs --metrics ADDR\n");
+        return 2;
+    }
+    hyla_metrics *metrics = metrics_addr ? hyla_metrics_create() : NULL;
+    p.metrics = metrics;
     hyla_worker *w = NULL;
     if (hyla_worker_start(&p, &w) != HYLA_OK) {
         fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        hyla_metrics_destroy(metrics);
+        return 1;
+    }
+    hyla_probe_http *ops = NULL;
+    if (metrics_addr && (hyla_probe_http_start(metrics_addr, metrics, worker_ready, w, &ops) != HYLA_OK ||
+                         (metrics_port_file && !write_port(metrics_port_file, hyla_probe_http_port(ops))))) {
+        fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        hyla_probe_http_stop(ops);
+        hyla_worker_destroy(w);
+        hyla_metrics_destroy(metrics);
         return 1;
     }
     g_worker = w;
@@ -121,6 +169,8 @@ int main(int argc, char **argv) {
     fflush(stdout);
     hyla_worker_wait(w);
     g_worker = NULL;
+    hyla_probe_http_stop(ops); /* its collector reads the worker */
     hyla_worker_destroy(w);
+    hyla_metrics_destroy(metrics);
     return 0;
 }

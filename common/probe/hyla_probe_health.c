@@ -1,14 +1,14 @@
-/* hyla_ops_health.c — grpc.health.v1.Health/Check on a hyla_rpc_server; see hyla_ops.h.
+/* hyla_probe_health.c — grpc.health.v1.Health/Check on a hyla_rpc_server; see hyla_probe.h.
  * The answer is computed per call from the ready callback, so it flips to NOT_SERVING the
  * moment a drain or a stop begins. Runs on the server's loop threads; never blocks. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "grpc/health/v1/health.pb-c.h"
-#include "hyla_ops.h"
+#include "hyla_probe.h"
 
 typedef struct {
-    hyla_ops_ready_fn ready;
+    hyla_probe_ready_fn ready;
     void *ud;
     char **services; /* NULL-terminated known names ("" is always known) */
 } health;
@@ -37,7 +37,7 @@ static void on_check(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMess
     hyla_rpc_call_reply(call, &r.base);
 }
 
-hyla_status hyla_ops_health_register(hyla_rpc_server *srv, hyla_ops_ready_fn ready, void *ud,
+hyla_status hyla_probe_health_register(hyla_rpc_server *srv, hyla_probe_ready_fn ready, void *ud,
                                      const char *const *services) {
     health *h = calloc(1, sizeof *h);
     size_t n = 0;

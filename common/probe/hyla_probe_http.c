@@ -1,7 +1,7 @@
-/* hyla_ops_http.c — the operator's HTTP endpoint (/metrics, /healthz, /readyz) and gRPC
- * request metrics; see hyla_ops.h. libmicrohttpd runs its own polling thread and a thread per
+/* hyla_probe_http.c — the operator's HTTP endpoint (/metrics, /healthz, /readyz) and gRPC
+ * request metrics; see hyla_probe.h. libmicrohttpd runs its own polling thread and a thread per
  * connection; a handler renders the registry (collectors run inside) and answers at once. */
-#include "hyla_ops.h"
+#include "hyla_probe.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -17,10 +17,10 @@
 
 #include "hyla_log.h"
 
-struct hyla_ops_http {
+struct hyla_probe_http {
     struct MHD_Daemon *d;
     hyla_metrics *m;
-    hyla_ops_ready_fn ready;
+    hyla_probe_ready_fn ready;
     void *ud;
     int port;
 };
@@ -48,7 +48,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     (void)upload;
     (void)con_cls;
-    hyla_ops_http *h = cls;
+    hyla_probe_http *h = cls;
     if (*upload_size) { /* no endpoint takes a body: discard it */
         *upload_size = 0;
         return MHD_YES;
@@ -106,8 +106,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     HYLA_DEBUG("metrics http: %s", msg);
 }
 
-hyla_status hyla_ops_http_start(const char *addr, hyla_metrics *metrics, hyla_ops_ready_fn ready, void *ud,
-                                hyla_ops_http **out) {
+hyla_status hyla_probe_http_start(const char *addr, hyla_metrics *metrics, hyla_probe_ready_fn ready, void *ud,
+                                hyla_probe_http **out) {
     *out = NULL;
     struct sockaddr_storage ss;
     socklen_t slen = 0;
@@ -120,7 +120,7 @@ hyla_status hyla_ops_http_start(const char *addr, hyla_metrics *metrics, hyla_op
         if (fd >= 0) close(fd);
         return hyla_fail(HYLA_ERR_IO, "--metrics %s: cannot listen there: %s", addr, strerror(err));
     }
-    hyla_ops_http *h = calloc(1, sizeof *h);
+    hyla_probe_http *h = calloc(1, sizeof *h);
     if (!h) {
         close(fd);
         return hyla_fail(HYLA_ERR_NOMEM, "metrics http: out of memory");
@@ -148,9 +148,9 @@ hyla_status hyla_ops_http_start(const char *addr, hyla_metrics *metrics, hyla_op
     return HYLA_OK;
 }
 
-int hyla_ops_http_port(const hyla_ops_http *h) { return h ? h->port : 0; }
+int hyla_probe_http_port(const hyla_probe_http *h) { return h ? h->port : 0; }
 
-void hyla_ops_http_stop(hyla_ops_http *h) {
+void hyla_probe_http_stop(hyla_probe_http *h) {
     if (!h) return;
     if (h->d) MHD_stop_daemon(h->d);
     free(h);
@@ -169,7 +169,7 @@ static void observe(const char *method, hyla_rpc_code code, double seconds, void
     hyla_metric_observe1(rm->latency, method, seconds);
 }
 
-void hyla_ops_rpc_metrics(hyla_rpc_server *srv, hyla_metrics *metrics) {
+void hyla_probe_rpc_metrics(hyla_rpc_server *srv, hyla_metrics *metrics) {
     if (!metrics) return;
     rpc_met *rm = calloc(1, sizeof *rm);
     HYLA_ASSERT(rm);
@@ -185,7 +185,7 @@ void hyla_ops_rpc_metrics(hyla_rpc_server *srv, hyla_metrics *metrics) {
 
 /* ---- disk usage ---- */
 
-unsigned long long hyla_ops_dir_bytes(const char *dir) {
+unsigned long long hyla_probe_dir_bytes(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     unsigned long long total = 0;
@@ -196,7 +196,7 @@ unsigned long long hyla_ops_dir_bytes(const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         struct stat st;
         if (lstat(path, &st) != 0) continue;
-        if (S_ISDIR(st.st_mode)) total += hyla_ops_dir_bytes(path);
+        if (S_ISDIR(st.st_mode)) total += hyla_probe_dir_bytes(path);
         else if (S_ISREG(st.st_mode)) total += (unsigned long long)st.st_blocks * 512ull;
     }
     closedir(d);
