@@ -11,6 +11,7 @@
 
 #include "hyla_coord.h"
 #include "hyla_http.h"
+#include "hyla_flagfile.h"
 #include "hyla_log.h"
 #include "hyla_metrics.h"
 #include "hyla_probe.h"
@@ -22,6 +23,19 @@ static void on_signal(int sig) {
     if (g_coord)
         hyla_coord_request_stop(g_coord);
 }
+
+/* Every flag main() parses, as a --config key (keep in step with the parser below). */
+static const hyla_flag_spec k_flags[] = {
+    {"listen", 1},       {"data", 1},          {"advertise", 1},         {"no-store", 0},      {"store-address", 1},
+    {"heartbeat-ms", 1}, {"dead-after-ms", 1}, {"threads", 1},           {"max-message-bytes", 1},
+    {"port-file", 1},    {"http", 1},          {"http-port-file", 1},    {"chat-template", 1}, {"log", 1},
+    {"log-format", 1},   {"metrics", 1},       {"metrics-port-file", 1},
+};
+
+/* argv with --config FILE expanded; freed at exit */
+static int g_argc;
+static char **g_argv;
+static void free_args(void) { hyla_flagfile_free(g_argc, g_argv); }
 
 static int coord_ready(void *ud) { return hyla_coord_ready(ud); }
 
@@ -48,7 +62,9 @@ static void usage(FILE *f) {
             "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n"
             "  --log-format FMT       text (default) or json (one object per line)\n"
             "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
-            "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n");
+            "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n"
+            "  --config FILE          read flags from FILE (`key = value` lines, keys = these flags' names,\n"
+            "                         `no-store = true`); flags on the command line override it\n");
 }
 
 static int parse_u(const char *s, const char *flag, long lo, long hi, long *out) {
@@ -81,6 +97,13 @@ int main(int argc, char **argv) {
     const char *templates[64];
     size_t n_templates = 0;
     hyla_log_set_prefix("coordinator");
+    if (hyla_flagfile_expand(argc, argv, k_flags, sizeof k_flags / sizeof k_flags[0], &g_argc, &g_argv) != HYLA_OK) {
+        fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        return 2;
+    }
+    atexit(free_args);
+    argc = g_argc;
+    argv = g_argv;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -3,5 +3,8 @@
 #   test_e2e_ops   (label e2e) coordinator and worker with --metrics: curl scrapes both, metric
 #                  values move after requests, /readyz, grpc.health.v1 Check via Python grpcio,
 #                  --log-format json
+#   test_e2e_config (label e2e) --config FILE on both binaries: every flag is a key, flags
+#                  override the file, bad files are refused naming FILE:LINE
 hyla_add_test(test_metrics SOURCES test_metrics.c LIBS hyla_common LABELS quick TIMEOUT 60)
 hyla_add_script_test(test_e2e_ops e2e/test_e2e_ops.sh LABELS e2e TIMEOUT 300)
+hyla_add_script_test(test_e2e_config e2e/test_e2e_config.sh LABELS e2e TIMEOUT 120)

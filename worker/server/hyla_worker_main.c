@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_flagfile.h"
 #include "hyla_log.h"
 #include "hyla_metrics.h"
 #include "hyla_probe.h"
@@ -65,7 +66,30 @@ static void usage(FILE *f) {
             "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
             "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n"
             "  --log-format FMT       text (default) or json (one object per line)\n"
+            "  --config FILE          read flags from FILE (`key = value` lines, keys = these flags' names);\n"
+            "                         flags on the command line override it\n"
             "Logs go to stderr (HYLA_LOG=debug|info|warn|error). SIGINT/SIGTERM stop it.\n");
+}
+
+/* argv with --config FILE expanded (hyla_flagfile.h); freed at exit */
+static int g_argc;
+static char **g_argv;
+static void free_args(void) { hyla_flagfile_free(g_argc, g_argv); }
+
+/* --config FILE: every long option of lo is a key; the file's entries go before the command
+ * line's flags, which override them. 0 on failure (printed). */
+static int expand_config(int argc, char **argv, const struct option *lo, int *out_argc, char ***out_argv) {
+    hyla_flag_spec spec[64];
+    size_t n = 0;
+    for (; lo[n].name && n < 64; n++) spec[n] = (hyla_flag_spec){lo[n].name, lo[n].has_arg != no_argument};
+    if (hyla_flagfile_expand(argc, argv, spec, n, &g_argc, &g_argv) != HYLA_OK) {
+        fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        return 0;
+    }
+    atexit(free_args);
+    *out_argc = g_argc;
+    *out_argv = g_argv;
+    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -78,6 +102,7 @@ int main(int argc, char **argv) {
                                  {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"help", 0, 0, 'h'},
                                  {"metrics", 1, 0, 1001}, {"metrics-port-file", 1, 0, 1002}, {"log-format", 1, 0, 1003},        {0, 0, 0, 0}};
     const char *metrics_addr = NULL, *metrics_port_file = NULL;
+    if (!expand_config(argc, argv, lo, &argc, &argv)) return 2;
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
