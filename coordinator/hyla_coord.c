@@ -235,6 +235,8 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
         st = hyla_store_rpc_register(c->srv, c->store, &c->hooks);
     }
     if (st == HYLA_OK)
+        st = coord_quota_init(c);
+    if (st == HYLA_OK)
         st = coord_metrics_setup(c);
     if (st == HYLA_OK)
         st = hyla_rpc_server_listen(c->srv, p.listen, &c->port);
@@ -319,6 +321,7 @@ void hyla_coord_destroy(hyla_coord *c) {
     if (c->stop_pipe[1] >= 0)
         close(c->stop_pipe[1]);
     coord_metrics_free(c);
+    coord_quota_free(c);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);

@@ -41,6 +41,10 @@ typedef struct {
     int max_message_bytes;       /* gRPC message limit (default 16 MiB) */
     int64_t worker_timeout_ms;   /* deadline of unary calls to workers (default 60000) */
     struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
+    /* per-tenant quotas (0 = no limit); over one, new work fails RESOURCE_EXHAUSTED naming it */
+    uint32_t quota_sessions;     /* sessions in the directory */
+    uint64_t quota_stored_bytes; /* bytes of the sessions' committed snapshots in the store */
+    uint32_t quota_generations;  /* Generate calls running at once */
 } hyla_coord_params;
 
 hyla_coord_params hyla_coord_default_params(void);

@@ -114,6 +114,7 @@ struct hyla_coord {
     int relays;                 /* relayed streams alive (their worker streams must end first) */
     volatile sig_atomic_t stop_requested; /* hyla_coord_request_stop ran: readiness is false */
     struct coord_metrics *met;  /* metric families (hyla_coord_metrics.c); NULL without metrics */
+    struct coord_quota *quota;  /* per-tenant running Generate calls (hyla_coord_quota.c) */
 };
 
 /* A Session message built from a csess; references only its own storage. */
@@ -127,6 +128,17 @@ typedef struct {
 } sess_view;
 
 typedef int (*sess_filter)(const hyla_coord *c, const csess *s, const void *arg);
+
+/* ---- hyla_coord_quota.c: per-tenant limits (RESOURCE_EXHAUSTED naming the limit) ---- */
+hyla_status coord_quota_init(hyla_coord *c);
+void coord_quota_free(hyla_coord *c);
+/* A new session (Create, Fork) for tenant: its session count and stored bytes. c->mu held. */
+hyla_status coord_quota_new_session_locked(const hyla_coord *c, const char *tenant);
+/* New input (Append): the tenant's stored bytes. Takes c->mu. */
+hyla_status coord_quota_check_bytes(hyla_coord *c, const char *tenant);
+/* A Generate call starts / ends (every successful enter is matched by one leave). No lock held. */
+hyla_status coord_quota_generate_enter(hyla_coord *c, const char *tenant);
+void coord_quota_generate_leave(hyla_coord *c, const char *tenant);
 
 /* ---- hyla_coord_metrics.c: metrics, health, readiness ---- */
 /* Register grpc.health.v1 and, with p.metrics, the families and the collector (before start). */

@@ -29,8 +29,25 @@ static const hyla_flag_spec k_flags[] = {
     {"listen", 1},       {"data", 1},          {"advertise", 1},         {"no-store", 0},      {"store-address", 1},
     {"heartbeat-ms", 1}, {"dead-after-ms", 1}, {"threads", 1},           {"max-message-bytes", 1},
     {"port-file", 1},    {"http", 1},          {"http-port-file", 1},    {"chat-template", 1}, {"log", 1},
-    {"log-format", 1},   {"metrics", 1},       {"metrics-port-file", 1},
+    {"log-format", 1},   {"metrics", 1},       {"metrics-port-file", 1}, {"quota-sessions", 1},
+    {"quota-stored-bytes", 1}, {"quota-generations", 1},
 };
+
+/* "N", "NK", "NM", "NG", "NT" (powers of 1024) into *out; 0 if malformed. */
+static int parse_bytes(const char *s, uint64_t *out) {
+    char *end = NULL;
+    unsigned long long v = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    if (!end || end == s) return 0;
+    int shift = 0;
+    if (*end) {
+        const char *u = "KMGT", *k = strchr(u, *end);
+        if (!k || end[1]) return 0;
+        shift = 10 * (int)(k - u + 1);
+    }
+    if (shift && v > (~0ull >> shift)) return 0;
+    *out = (uint64_t)v << shift;
+    return 1;
+}
 
 /* argv with --config FILE expanded; freed at exit */
 static int g_argc;
@@ -63,6 +80,10 @@ static void usage(FILE *f) {
             "  --log-format FMT       text (default) or json (one object per line)\n"
             "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
             "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n"
+            "  --quota-sessions N     per tenant: at most N sessions (default 0 = no limit)\n"
+            "  --quota-stored-bytes N per tenant: new sessions and Append refused once its snapshots occupy\n"
+            "                         N bytes in the store (suffix K, M, G, T: powers of 1024; 0 = no limit)\n"
+            "  --quota-generations N  per tenant: at most N Generate calls at once (0 = no limit)\n"
             "  --config FILE          read flags from FILE (`key = value` lines, keys = these flags' names,\n"
             "                         `no-store = true`); flags on the command line override it\n");
 }
@@ -129,6 +150,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--http")) { NEEDV(); hp.listen = v; }
         else if (!strcmp(a, "--http-port-file")) { NEEDV(); http_port_file = v; }
         else if (!strcmp(a, "--metrics")) { NEEDV(); metrics_addr = v; }
+        else if (!strcmp(a, "--quota-sessions")) { NEEDV(); if (!parse_u(v, a, 0, 100000000, &n)) return 2; p.quota_sessions = (uint32_t)n; }
+        else if (!strcmp(a, "--quota-generations")) { NEEDV(); if (!parse_u(v, a, 0, 1000000, &n)) return 2; p.quota_generations = (uint32_t)n; }
+        else if (!strcmp(a, "--quota-stored-bytes")) {
+            NEEDV();
+            if (!parse_bytes(v, &p.quota_stored_bytes)) { fprintf(stderr, "hyla-coordinator: --quota-stored-bytes wants bytes (e.g. 1073741824 or 1G), got '%s'\n", v); return 2; }
+        }
         else if (!strcmp(a, "--metrics-port-file")) { NEEDV(); metrics_port_file = v; }
         else if (!strcmp(a, "--log-format")) {
             NEEDV();
