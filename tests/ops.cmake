@@ -10,5 +10,5 @@
 hyla_add_test(test_metrics SOURCES test_metrics.c LIBS hyla_common LABELS quick TIMEOUT 60)
 hyla_add_script_test(test_e2e_ops e2e/test_e2e_ops.sh LABELS e2e TIMEOUT 300)
 hyla_add_script_test(test_e2e_config e2e/test_e2e_config.sh LABELS e2e TIMEOUT 120)
-hyla_add_script_test(test_deploy test_deploy.sh LABELS quick TIMEOUT 60)
+hyla_add_script_test(test_deploy test_deploy.sh LABELS quick TIMEOUT 120)
 hyla_add_script_test(test_e2e_quota e2e/test_e2e_quota.sh LABELS e2e TIMEOUT 180)
