@@ -4,15 +4,40 @@
  * grpc.health.v1 service, and readiness (false while draining or stopping).
  * Threading: updates come from the scheduler and I/O threads (the registry locks); the
  * collector runs on the metrics HTTP thread and reads the heartbeat summary under sum_mu. */
+#include <stdio.h>
 #include <stdlib.h>
+
+#ifdef HYLA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "hyla_probe.h"
 #include "hyla_worker_impl.h"
 
 struct worker_metrics {
     hyla_metric *tokens, *seconds, *sessions, *state_bytes, *state_budget, *calls, *queued;
-    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready;
+    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem;
+    int cuda_device; /* -1: not a cuda worker */
 };
+
+/* Device memory of a cuda worker (device-wide: every process's use counts), read with the
+ * CUDA runtime on the scrape thread (the runtime is thread-safe; cudaSetDevice is per thread
+ * and selects the primary context the backend already uses). */
+static void collect_gpu(struct worker_metrics *m) {
+#ifdef HYLA_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    if (m->cuda_device < 0 || cudaSetDevice(m->cuda_device) != cudaSuccess ||
+        cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError(); /* clear it: a failed scrape must not poison the backend's checks */
+        return;
+    }
+    hyla_metric_set1(m->gpu_mem, "total", (double)total_b);
+    hyla_metric_set1(m->gpu_mem, "free", (double)free_b);
+    hyla_metric_set1(m->gpu_mem, "used", (double)(total_b - free_b));
+#else
+    (void)m;
+#endif
+}
 
 int hyla_worker_ready(hyla_worker *w) {
     return !w->stop && !__atomic_load_n(&w->draining, __ATOMIC_RELAXED);
@@ -34,6 +59,7 @@ static void collect(hyla_metrics *r, void *ud) {
     hyla_metric_set(m->calls, NULL, load.active_calls);
     hyla_metric_set(m->queued, NULL, load.queued_tokens);
     hyla_metric_set(m->ready, NULL, hyla_worker_ready(w));
+    collect_gpu(m);
 }
 
 hyla_status worker_metrics_setup(hyla_worker *w) {
@@ -61,6 +87,12 @@ hyla_status worker_metrics_setup(hyla_worker *w) {
     m->snap_bytes = hyla_metrics_counter(r, "hyla_worker_snapshot_bytes_total",
                                          "Snapshot bytes: put = bytes the store wrote, get = raw state bytes restored", 1, op);
     m->snap_fail = hyla_metrics_counter(r, "hyla_worker_snapshot_failures_total", "Snapshot puts and gets that failed", 1, op);
+    static const char *const kind[] = {"kind"};
+    m->cuda_device = -1;
+    if (w->p.device && sscanf(w->p.device, "cuda:%d", &m->cuda_device) != 1) m->cuda_device = -1;
+    if (m->cuda_device >= 0)
+        m->gpu_mem = hyla_metrics_gauge(r, "hyla_worker_gpu_memory_bytes",
+                                        "Device memory of this worker's GPU (device-wide), by kind (total, free, used)", 1, kind);
     m->ready = hyla_metrics_gauge(r, "hyla_ready", "1 while the process takes new work, 0 while stopping or draining", 0, NULL);
     hyla_metrics_add_collector(r, collect, w);
     return HYLA_OK;
