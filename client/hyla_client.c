@@ -107,6 +107,16 @@ static hyla_status unary(hyla_client *c, const char *path, const char *what, con
     return rpc_fail(c, what, &r, NULL);
 }
 
+/* A unary Sessions call about one session: METHOD on M_SESSIONS, errors named "METHOD ID". */
+static hyla_status session_unary(hyla_client *c, const char *method, const char *session_id,
+                                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+                                 ProtobufCMessage **resp) {
+    char path[96], what[160];
+    snprintf(path, sizeof path, M_SESSIONS "%s", method);
+    snprintf(what, sizeof what, "%s %s", method, session_id);
+    return unary(c, path, what, req, desc, resp, c->p.call_timeout_ms);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* names                                                                                     */
 
@@ -466,11 +476,8 @@ hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict,
     Hyla__V1__PauseRequest req = HYLA__V1__PAUSE_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.evict = evict != 0;
-    char what[160];
-    snprintf(what, sizeof what, "Pause %s", session_id);
     ProtobufCMessage *resp = NULL;
-    HYLA_TRY(unary(c, M_SESSIONS "Pause", what, &req.base, &hyla__v1__pause_response__descriptor, &resp,
-                   c->p.call_timeout_ms));
+    HYLA_TRY(session_unary(c, "Pause", session_id, &req.base, &hyla__v1__pause_response__descriptor, &resp));
     Hyla__V1__PauseResponse *r = (Hyla__V1__PauseResponse *)resp;
     if (session)
         session_from_pb(r->session, session);
@@ -489,11 +496,8 @@ hyla_status hyla_client_resume(hyla_client *c, const char *session_id, const cha
     Hyla__V1__ResumeRequest req = HYLA__V1__RESUME_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.worker_hint = (char *)(worker_hint ? worker_hint : "");
-    char what[160];
-    snprintf(what, sizeof what, "Resume %s", session_id);
     ProtobufCMessage *resp = NULL;
-    HYLA_TRY(unary(c, M_SESSIONS "Resume", what, &req.base, &hyla__v1__session__descriptor, &resp,
-                   c->p.call_timeout_ms));
+    HYLA_TRY(session_unary(c, "Resume", session_id, &req.base, &hyla__v1__session__descriptor, &resp));
     if (out)
         session_from_pb((Hyla__V1__Session *)resp, out);
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -513,11 +517,8 @@ hyla_status hyla_client_migrate(hyla_client *c, const char *session_id, const ch
     Hyla__V1__MigrateRequest req = HYLA__V1__MIGRATE_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.to_worker = (char *)(to_worker ? to_worker : "");
-    char what[160];
-    snprintf(what, sizeof what, "Migrate %s", session_id);
     ProtobufCMessage *resp = NULL;
-    HYLA_TRY(unary(c, M_SESSIONS "Migrate", what, &req.base, &hyla__v1__migrate_response__descriptor, &resp,
-                   c->p.call_timeout_ms));
+    HYLA_TRY(session_unary(c, "Migrate", session_id, &req.base, &hyla__v1__migrate_response__descriptor, &resp));
     Hyla__V1__MigrateResponse *r = (Hyla__V1__MigrateResponse *)resp;
     if (session)
         session_from_pb(r->session, session);
@@ -551,16 +552,13 @@ hyla_status hyla_client_fork(hyla_client *c, const char *session_id, const hyla_
     req.reseed = p.reseed != 0;
     req.seed = p.seed;
     req.worker_hint = (char *)(p.worker_hint ? p.worker_hint : "");
-    char what[160];
-    snprintf(what, sizeof what, "Fork %s", session_id);
     ProtobufCMessage *resp = NULL;
-    HYLA_TRY(unary(c, M_SESSIONS "Fork", what, &req.base, &hyla__v1__session__descriptor, &resp,
-                   c->p.call_timeout_ms));
+    HYLA_TRY(session_unary(c, "Fork", session_id, &req.base, &hyla__v1__session__descriptor, &resp));
     session_from_pb((Hyla__V1__Session *)resp, out);
     protobuf_c_message_free_unpacked(resp, NULL);
     if (!out->id[0]) {
         hyla_session_info_clear(out);
-        return local_fail(HYLA_ERR_FORMAT, "%s: the server's response has no session id", what);
+        return local_fail(HYLA_ERR_FORMAT, "Fork %s: the server's response has no session id", session_id);
     }
     return HYLA_OK;
 }
@@ -571,11 +569,8 @@ hyla_status hyla_client_get_session(hyla_client *c, const char *session_id, hyla
     HYLA_TRY(check_id("GetSession", session_id));
     Hyla__V1__GetSessionRequest req = HYLA__V1__GET_SESSION_REQUEST__INIT;
     req.session_id = (char *)session_id;
-    char what[160];
-    snprintf(what, sizeof what, "GetSession %s", session_id);
     ProtobufCMessage *resp = NULL;
-    HYLA_TRY(unary(c, M_SESSIONS "GetSession", what, &req.base, &hyla__v1__session__descriptor, &resp,
-                   c->p.call_timeout_ms));
+    HYLA_TRY(session_unary(c, "GetSession", session_id, &req.base, &hyla__v1__session__descriptor, &resp));
     session_from_pb((Hyla__V1__Session *)resp, out);
     protobuf_c_message_free_unpacked(resp, NULL);
     return HYLA_OK;
@@ -626,11 +621,9 @@ hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, u
     HYLA_TRY(check_id("DeleteSession", session_id));
     Hyla__V1__DeleteSessionRequest req = HYLA__V1__DELETE_SESSION_REQUEST__INIT;
     req.session_id = (char *)session_id;
-    char what[160];
-    snprintf(what, sizeof what, "DeleteSession %s", session_id);
     ProtobufCMessage *resp = NULL;
-    HYLA_TRY(unary(c, M_SESSIONS "DeleteSession", what, &req.base, &hyla__v1__delete_session_response__descriptor,
-                   &resp, c->p.call_timeout_ms));
+    HYLA_TRY(session_unary(c, "DeleteSession", session_id, &req.base, &hyla__v1__delete_session_response__descriptor,
+                           &resp));
     if (snapshots_deleted)
         *snapshots_deleted = ((Hyla__V1__DeleteSessionResponse *)resp)->snapshots_deleted;
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -1043,7 +1036,8 @@ hyla_status hyla_client_generate(hyla_client *c, const char *session_id, const h
         char extra[256];
         if (res.delivered)
             snprintf(extra, sizeof extra, "; %u token(s) were delivered before the failure%s", res.delivered,
-                     r.code == HYLA_RPC_UNAVAILABLE
+                     r.code == HYLA_RPC_ABORTED ? "; the session kept them: call generate again to continue"
+                     : r.code == HYLA_RPC_UNAVAILABLE
                          ? "; call generate again to continue (from the session's last durable state)"
                          : "");
         else

@@ -59,6 +59,17 @@ void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, in
     for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
 }
 
+int hyla_thread_start_detached(void *(*fn)(void *), void *arg) {
+    pthread_t t;
+    pthread_attr_t a;
+    int e = pthread_attr_init(&a);
+    if (e != 0) return e;
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    e = pthread_create(&t, &a, fn, arg);
+    pthread_attr_destroy(&a);
+    return e;
+}
+
 void hyla_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

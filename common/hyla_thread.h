@@ -1,5 +1,5 @@
 /* hyla_thread.h — the thread helpers every module uses: a parallel loop over pthreads, the
- * count of online cores, and a bounded wait on a condition variable.
+ * count of online cores, detached threads, and a bounded wait on a condition variable.
  *
  * Threading: every function is thread-safe and keeps no global state. */
 #ifndef HYLA_THREAD_H
@@ -23,6 +23,10 @@ int hyla_parallel_width(int threads, size_t n);
  * [0, width): per-thread scratch can be indexed by tid. The caller's thread is tid 0; returns
  * when every item is done. If a thread cannot be started, fewer run. */
 void hyla_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i, int tid), void *ctx);
+
+/* Start fn(arg) on a detached thread (nobody joins it). Returns 0, or the pthread_create error
+ * number, in which case fn was not started and arg is still the caller's. */
+int hyla_thread_start_detached(void *(*fn)(void *), void *arg);
 
 /* pthread_cond_timedwait for at most ms milliseconds on a condition variable with the default
  * clock (CLOCK_REALTIME). The caller holds mu; returns with mu held, woken or timed out (the

@@ -214,8 +214,10 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
         st = hyla_coord_dir_scan(c->dir, coord_load_session_fn, c);
     if (st == HYLA_OK && p.embed_store) {
         snprintf(path, sizeof path, "%s/store", p.data_dir);
-        hyla_store_params sp = hyla_store_default_params();
+        hyla_store_params sp = p.store ? *p.store : hyla_store_default_params();
         st = hyla_store_open(path, &sp, &c->store);
+        if (st == HYLA_OK && hyla_store_recovery_note(c->store)[0])
+            st = hyla_coord_dir_check_store(c->dir, c->store, NULL);
     }
     if (st == HYLA_OK && pipe(c->stop_pipe) != 0)
         st = hyla_fail(HYLA_ERR_IO, "pipe: %s", strerror(errno));

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "hyla_status.h"
+#include "hyla_store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +41,8 @@ typedef struct {
     int rpc_threads;             /* gRPC loop threads (default 4) */
     int max_message_bytes;       /* gRPC message limit (default 16 MiB) */
     int64_t worker_timeout_ms;   /* deadline of unary calls to workers (default 60000) */
+    const hyla_store_params *store; /* the embedded store's parameters (borrowed for hyla_coord_start);
+                                       NULL: hyla_store_default_params() */
     struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
     /* per-tenant quotas (0 = no limit); over one, new work fails RESOURCE_EXHAUSTED naming it */
     uint32_t quota_sessions;     /* sessions in the directory */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_log.h"
 #include "hyla_util.h"
 
 #define KEY_EPOCH "m/epoch"
@@ -20,11 +21,15 @@ struct hyla_coord_dir {
     char *path;
 };
 
-/* Turn a RocksDB error string into a status (and free it). */
+/* Turn a RocksDB error string into a status (and free it). A full disk is HYLA_ERR_RESOURCE:
+ * RocksDB stops writes then and resumes them by itself once space exists. */
 static hyla_status rdb_check(char *err, const char *what, const char *key) {
     if (!err)
         return HYLA_OK;
-    hyla_status st = hyla_fail(HYLA_ERR_IO, "session directory: %s %s: %s", what, key ? key : "", err);
+    int nospace = strstr(err, "No space left") || strstr(err, "NoSpace");
+    hyla_status st = hyla_fail(nospace ? HYLA_ERR_RESOURCE : HYLA_ERR_IO, "session directory: %s%s %s: %s", what,
+                               nospace ? " (disk full; writes resume by themselves once space exists)" : "",
+                               key ? key : "", err);
     rocksdb_free(err);
     return st;
 }
@@ -56,6 +61,10 @@ hyla_status hyla_coord_dir_open(const char *path, hyla_coord_dir **out) {
     d->opts = rocksdb_options_create();
     rocksdb_options_set_create_if_missing(d->opts, 1);
     rocksdb_options_set_keep_log_file_num(d->opts, 4);
+    /* small records: a small memtable keeps the WAL (and its disk) small between flushes */
+    rocksdb_options_set_write_buffer_size(d->opts, 4u << 20);
+    /* librocksdb 7.8 aborts when it logs after its LOG file met a full disk: keep it quiet */
+    rocksdb_options_set_info_log_level(d->opts, 4 /* FATAL_LEVEL */);
     d->wsync = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(d->wsync, 1);
     d->wnosync = rocksdb_writeoptions_create();
@@ -197,5 +206,41 @@ hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *u
         st = rdb_check(err, "scan", SESSION_PREFIX);
     }
     rocksdb_iter_destroy(it);
+    return st;
+}
+
+typedef struct {
+    hyla_store *store;
+    uint64_t lost;
+} check_ctx;
+
+static hyla_status check_one(void *ud, const Hyla__V1__Session *s, uint64_t epoch) {
+    (void)epoch;
+    check_ctx *c = ud;
+    uint64_t want = s->last_snapshot ? s->last_snapshot->version : 0;
+    if (!want)
+        return HYLA_OK;
+    hyla_store_session_info info;
+    hyla_status st = hyla_store_info(c->store, s->session_id, &info);
+    if (st == HYLA_OK && info.head_version >= want)
+        return HYLA_OK;
+    if (st != HYLA_OK && st != HYLA_ERR_NOT_FOUND && st != HYLA_ERR_CORRUPT)
+        return st;
+    c->lost++;
+    if (st == HYLA_OK)
+        HYLA_ERROR("session %s: its committed snapshot version %llu was lost by the store (whose newest version of it "
+                   "is %llu); it answers DATA_LOSS",
+                   s->session_id, (unsigned long long)want, (unsigned long long)info.head_version);
+    else
+        HYLA_ERROR("session %s: its committed snapshot version %llu was lost by the store (%s); it answers DATA_LOSS",
+                   s->session_id, (unsigned long long)want, hyla_last_error());
+    return HYLA_OK;
+}
+
+hyla_status hyla_coord_dir_check_store(hyla_coord_dir *d, hyla_store *store, uint64_t *lost) {
+    check_ctx c = {store, 0};
+    hyla_status st = hyla_coord_dir_scan(d, check_one, &c);
+    if (lost)
+        *lost = c.lost;
     return st;
 }

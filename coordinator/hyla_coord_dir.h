@@ -17,6 +17,7 @@
 
 #include "hyla/v1/common.pb-c.h"
 #include "hyla_status.h"
+#include "hyla_store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +52,11 @@ typedef hyla_status (*hyla_coord_dir_fn)(void *ud, const Hyla__V1__Session *s, u
 /* Read every record. A record that does not parse fails the scan with HYLA_ERR_FORMAT naming
  * its key and what was wrong (a coordinator must not start on a directory it misreads). */
 hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *ud);
+
+/* After the store's recovery dropped writes (hyla_store_recovery_note): log, as an error, every
+ * session whose recorded snapshot version the store no longer has; *lost (may be NULL) = their
+ * number. Such sessions answer DATA_LOSS when placed. store is borrowed for the call. */
+hyla_status hyla_coord_dir_check_store(hyla_coord_dir *d, hyla_store *store, uint64_t *lost);
 
 #ifdef __cplusplus
 }

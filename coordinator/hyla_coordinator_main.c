@@ -30,7 +30,8 @@ static const hyla_flag_spec k_flags[] = {
     {"heartbeat-ms", 1}, {"dead-after-ms", 1}, {"threads", 1},           {"max-message-bytes", 1},
     {"port-file", 1},    {"http", 1},          {"http-port-file", 1},    {"chat-template", 1}, {"log", 1},
     {"log-format", 1},   {"metrics", 1},       {"metrics-port-file", 1}, {"quota-sessions", 1},
-    {"quota-stored-bytes", 1}, {"quota-generations", 1},
+    {"quota-stored-bytes", 1}, {"quota-generations", 1}, {"store-reserve-bytes", 1}, {"store-reclaim-ms", 1},
+    {"keep-versions", 1},
 };
 
 /* "N", "NK", "NM", "NG", "NT" (powers of 1024) into *out; 0 if malformed. */
@@ -68,6 +69,9 @@ static void usage(FILE *f) {
             "  --dead-after-ms N      silence after which a worker is dead (default 5000)\n"
             "  --threads N            gRPC threads (default 4)\n"
             "  --max-message-bytes N  gRPC message limit (default 16777216)\n"
+            "  --store-reserve-bytes N  disk held back for deletes on a full disk (default 67108864; 0: none)\n"
+            "  --store-reclaim-ms N   deleted snapshots' disk space returns about this long after (default 30000)\n"
+            "  --keep-versions N      snapshot versions kept per session (default 2)\n"
             "  --port-file FILE       write the bound port to FILE once serving (for scripts)\n"
             "  --http ADDR            also serve the OpenAI-compatible HTTP API on ADDR (e.g. 127.0.0.1:8080;\n"
             "                         port 0 picks one): GET /v1/models, POST /v1/completions,\n"
@@ -113,6 +117,8 @@ static int write_port(const char *file, int port) {
 
 int main(int argc, char **argv) {
     hyla_coord_params p = hyla_coord_default_params();
+    hyla_store_params sp = hyla_store_default_params();
+    p.store = &sp;
     const char *port_file = NULL, *http_port_file = NULL, *metrics_addr = NULL, *metrics_port_file = NULL;
     hyla_http_params hp = hyla_http_default_params();
     const char *templates[64];
@@ -146,6 +152,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--dead-after-ms")) { NEEDV(); if (!parse_u(v, a, 20, 3600000, &n)) return 2; p.dead_after_ms = (uint32_t)n; }
         else if (!strcmp(a, "--threads")) { NEEDV(); if (!parse_u(v, a, 1, 256, &n)) return 2; p.rpc_threads = (int)n; }
         else if (!strcmp(a, "--max-message-bytes")) { NEEDV(); if (!parse_u(v, a, 1024, 1L << 30, &n)) return 2; p.max_message_bytes = (int)n; }
+        else if (!strcmp(a, "--store-reserve-bytes")) { NEEDV(); if (!parse_u(v, a, 0, 1L << 40, &n)) return 2; sp.reserve_bytes = (uint64_t)n; }
+        else if (!strcmp(a, "--store-reclaim-ms")) { NEEDV(); if (!parse_u(v, a, 0, 86400000, &n)) return 2; sp.reclaim_after_ms = (uint32_t)n; }
+        else if (!strcmp(a, "--keep-versions")) { NEEDV(); if (!parse_u(v, a, 1, 1000000, &n)) return 2; sp.keep_versions = (uint32_t)n; }
         else if (!strcmp(a, "--port-file")) { NEEDV(); port_file = v; }
         else if (!strcmp(a, "--http")) { NEEDV(); hp.listen = v; }
         else if (!strcmp(a, "--http-port-file")) { NEEDV(); http_port_file = v; }

@@ -66,6 +66,34 @@ typedef struct {
     int ldy, N;
 } hyla_linear_out;
 
+/* ---- LTE (learnable token eviction; docs/MODELS.md §5.1, [LTE-1..5]) ---- */
+#define HYLA_LTE_MAX_CONV 4 /* convolution layers of the scoring CNN */
+
+/* The scoring CNN and the cache geometry of one LTE layer. Weights are fp32 device pointers in
+ * PyTorch's grouped Conv1d layout (groups = Hk). */
+typedef struct {
+    int Hk, D;                  /* KV heads, head dim */
+    int sink, window, budget;   /* s, w, b (w >= the receptive field) */
+    int n_conv, kernel, dilation; /* conv layers (1..HYLA_LTE_MAX_CONV), odd kernel, dilation */
+    int ch[HYLA_LTE_MAX_CONV + 1]; /* channels per head: ch[0] = 2*D (k‖v), ch[1..n_conv] */
+    const float *conv_w[HYLA_LTE_MAX_CONV]; /* [Hk*ch[l+1]][ch[l]][kernel] */
+    const float *conv_b[HYLA_LTE_MAX_CONV]; /* [Hk*ch[l+1]] */
+    const float *proj_w, *proj_b; /* [Hk][ch[n_conv]], [Hk]: the per-head projection to a scalar */
+    float rope_theta;           /* the keys' RoPE base (scoring reads un-rotated keys) */
+    int eager;                  /* 0: lazy scoring (the default); 1: score each token as soon as its
+                                 * receptive field is complete (same retained set, same outputs) */
+} hyla_lte_params;
+
+/* The LTE cache of one layer of one session: fixed size, device pointers. Rows per head:
+ * [0, s) the sink (positions 0..s-1), [s, s+w) the window ring (position p >= s in row
+ * s + (p - s) % w), [s+w, s+w+b) the retained segment. Keys are stored rotated. */
+typedef struct {
+    void *k, *v;     /* [Hk][s+w+b][D] kv_dtype */
+    float *r;        /* [Hk][s+w+b] retention scores (ring: 0 until scored; segment: the score) */
+    int32_t *rpos;   /* [Hk][b] positions of the retained entries */
+    int32_t *meta;   /* [2 + Hk]: tokens cached, the next position to score, retained count per head */
+} hyla_lte_cache;
+
 /* A batch of device->host copies queued by capture_begin (backend-defined, opaque). */
 typedef struct hyla_capture hyla_capture;
 
@@ -227,6 +255,43 @@ typedef struct hyla_ops {
      * it returns, the host memory holds the bytes the sources held when capture_begin was
      * called (given the rule above) and the sources may be written again. */
     hyla_status (*capture_end)(void *ctx, hyla_capture *t);
+
+    /* ---- entries added later go here, at the end: the CUDA table (hyla_cuda_graph.cu) is
+     * positional, so an entry it does not list stays NULL ---- */
+
+    /* ---- LTE ---- (NULL in a backend that lacks them: the mixer refuses to run)
+     * lte_score [LTE-2]: x [T][Hk][2D] the un-rotated k‖v of positions x0..x0+T-1 (rows of
+     * negative positions are read as zero); r [T-2h][Hk] = the retention scores of positions
+     * x0+h..x0+T-1-h, h = half the receptive field. A score depends only on its position's
+     * receptive field, never on T or x0 (bit for bit). */
+    hyla_status (*lte_score)(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
+    /* lte_prefill [LTE-3..5]: n tokens of one session at positions pos0.. (the cache holds
+     * exactly pos0 tokens). For each token in order: insert k, v ([n][Hk][D], rotated) into the
+     * cache (scoring, eviction, replacement), then o [n][Hq][D] = attention of q [n][Hq][D] over
+     * sink ∪ retained ∪ window. Equal, bit for bit, to n calls of lte_decode. */
+    hyla_status (*lte_prefill)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                               int n, int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
+    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D]; pos, c host [B]. */
+    hyla_status (*lte_decode)(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                              int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
+
+    /* ---- NSA ---- (native sparse attention, docs/MODELS.md §5.2 [NSA-1..4]; NULL in a backend
+     * that lacks them: the mixer refuses to run)
+     * nsa_prefill: n new tokens of one sequence at positions pos0..: writes k, v ([n][Hk][D],
+     * rotated) into the paged cache as attn_prefill does, then o [n][Hq][D] = the gated sum of
+     * three branches for each query q [n][Hq][D]: compressed attention over the mean-pooled
+     * blocks of `block` tokens that lie wholly in its past, attention over the `counts` blocks
+     * ranked highest by the compressed attention (averaged over the query group; the first,
+     * current and previous blocks always), and sliding-window attention over the last `window`
+     * tokens (window <= 0: none). g [n][Hq][3]: the gate logits (cmp, slc, swa), sigmoid inside.
+     * Each query's output is computed by one routine, so prefill == decode bit for bit. */
+    hyla_status (*nsa_prefill)(void *ctx, const float *q, const float *k, const float *v, const float *g, int n,
+                               int Hq, int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts,
+                               int window, float scale, float *o);
+    /* One token for each of B sessions: q [B][Hq][D], k, v [B][Hk][D], g [B][Hq][3]; pos, kv host [B]. */
+    hyla_status (*nsa_decode)(void *ctx, const float *q, const float *k, const float *v, const float *g, int B,
+                              int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block,
+                              int counts, int window, float scale, float *o);
 } hyla_ops;
 
 typedef struct {

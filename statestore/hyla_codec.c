@@ -1010,10 +1010,9 @@ static hyla_status run_decode(dec_ctx *d, int threads) {
     return first_error_finish(&d->err);
 }
 
-hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
-                              void *ctx, const char *what, int threads, hyla_snapshot **out) {
-    hyla_snapshot *s;
-    HYLA_TRY(hyla_manifest_to_snapshot(m, 1, &s));
+/* A decode of m's chunks, fetched (and released) through the caller's callbacks. */
+static dec_ctx dec_ctx_of(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release, void *ctx,
+                          const char *what) {
     dec_ctx d;
     memset(&d, 0, sizeof d);
     d.m = m;
@@ -1021,6 +1020,14 @@ hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
     d.release = release;
     d.fctx = ctx;
     d.what = what;
+    return d;
+}
+
+hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                              void *ctx, const char *what, int threads, hyla_snapshot **out) {
+    hyla_snapshot *s;
+    HYLA_TRY(hyla_manifest_to_snapshot(m, 1, &s));
+    dec_ctx d = dec_ctx_of(m, fetch, release, ctx, what);
     d.out = s;
     hyla_status st = run_decode(&d, threads);
     if (st != HYLA_OK) {
@@ -1033,13 +1040,7 @@ hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
 
 hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
                               void *ctx, const char *what, int threads, hyla_report_fn report, void *report_ctx) {
-    dec_ctx d;
-    memset(&d, 0, sizeof d);
-    d.m = m;
-    d.fetch = fetch;
-    d.release = release;
-    d.fctx = ctx;
-    d.what = what;
+    dec_ctx d = dec_ctx_of(m, fetch, release, ctx, what);
     d.report = report;
     d.report_ctx = report_ctx;
     return run_decode(&d, threads);

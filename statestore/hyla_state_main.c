@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hyla_codec.h"
 #include "hyla_log.h"
@@ -21,6 +22,8 @@ static void usage(FILE *f) {
             "  ls                       one line per session: id, head version, versions kept, state bytes,\n"
             "                           position, model fingerprint (tab-separated, id first)\n"
             "  show SESSION             meta and parts (layer, name, kind, dtype, shape, chunks) of a version\n"
+            "  snapshots SESSION        one line per kept version: version, position, commit time (UTC),\n"
+            "                           state bytes, stored bytes, bytes its put wrote; '*' marks the head\n"
             "  verify [SESSION]         re-read and check every chunk of every version (without SESSION: of all\n"
             "                           sessions, plus heads and reference counts); exit 1 on any problem\n"
             "  export SESSION FILE      write a version to FILE in the portable snapshot format (temp name,\n"
@@ -142,7 +145,8 @@ int main(int argc, char **argv) {
         const char *name;
         int min, max, writes;
     } cmds[] = {{"ls", 0, 0, 0},     {"show", 1, 1, 0}, {"verify", 0, 1, 0}, {"export", 2, 2, 0},
-                {"import", 1, 1, 1}, {"rm", 1, 1, 1},   {"gc", 0, 0, 1},     {"du", 0, 0, 0}};
+                {"import", 1, 1, 1}, {"rm", 1, 1, 1},   {"gc", 0, 0, 1},     {"du", 0, 0, 0},
+                {"snapshots", 1, 1, 0}};
     int ci = -1;
     for (int i = 0; i < (int)(sizeof cmds / sizeof cmds[0]); i++)
         if (!strcmp(cmd, cmds[i].name)) ci = i;
@@ -217,13 +221,28 @@ int main(int argc, char **argv) {
         hyla_store_gc_stats g;
         if (hyla_store_gc(st, &g) != HYLA_OK) rc = fail("gc");
         else printf("gc: deleted %" PRIu64 " unreferenced chunks (%" PRIu64 " bytes)\n", g.chunks_deleted, g.bytes_deleted);
+    } else if (!strcmp(cmd, "snapshots")) {
+        hyla_store_snapshot_info *l = NULL;
+        size_t n = 0;
+        if (hyla_store_snapshots(st, pos[1], &l, &n) != HYLA_OK) rc = fail("snapshots");
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+            char when[40] = "unknown";
+            time_t secs = (time_t)(l[i].time_us / 1000000);
+            struct tm tmv;
+            if (l[i].time_us && gmtime_r(&secs, &tmv)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+            printf("%" PRIu64 "%s\tposition=%" PRIu64 "\ttime=%s\tbytes=%" PRIu64 "\tstored=%" PRIu64 "\twritten=%" PRIu64 "\n",
+                   l[i].version, l[i].is_head ? "*" : "", l[i].position, when, l[i].raw_bytes, l[i].stored_bytes,
+                   l[i].written_bytes);
+        }
+        free(l);
     } else if (!strcmp(cmd, "du")) {
         hyla_store_usage_info u;
         if (hyla_store_usage(st, &u) != HYLA_OK) rc = fail("du");
         else printf("sessions %" PRIu64 "\nversions %" PRIu64 "\nchunks %" PRIu64 "\nchunk_raw_bytes %" PRIu64
-                    "\nchunk_bytes %" PRIu64 "\nreferenced_raw_bytes %" PRIu64 "\ndisk_bytes %" PRIu64 "\n",
+                    "\nchunk_bytes %" PRIu64 "\nreferenced_raw_bytes %" PRIu64 "\ndisk_bytes %" PRIu64
+                    "\ndisk_free_bytes %" PRIu64 "\nreserve_bytes %" PRIu64 "\nfull %d\n",
                     u.sessions, u.versions, u.chunks, u.chunk_raw_bytes, u.chunk_bytes, u.referenced_raw_bytes,
-                    u.disk_bytes);
+                    u.disk_bytes, u.disk_free_bytes, u.reserve_bytes, u.full);
     }
     hyla_store_close(st);
     return rc;

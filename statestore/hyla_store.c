@@ -9,10 +9,14 @@
  * A chunk whose refs reach 0 is deleted only while holding gc_lock exclusively, so a put (which
  * holds it shared from "does this chunk exist?" to its commit) never names a deleted chunk.
  *
- * Threading: `mu` serializes every read-modify-write of heads and refcounts (commits, fork,
+ * Threading: `db_lock` (rwlock) is held shared by every public call for as long as it uses the
+ * RocksDB handle, and exclusively only to reopen that handle after a failed write (full disk,
+ * see "space"). `mu` serializes every read-modify-write of heads and refcounts (commits, fork,
  * delete, chunk-batch writes); `gc_lock` (rwlock) is held shared by put/fork/delete and
- * exclusively by chunk deletion. Lock order: gc_lock, then mu. Gets read through a RocksDB
- * snapshot and take no lock. */
+ * exclusively by chunk deletion. Lock order: db_lock, gc_lock, mu. Gets read through a RocksDB
+ * snapshot and take no lock beyond db_lock. One reclaim thread per writable store (maint_main)
+ * retries a full store and returns deleted chunks' space; `reclaim_mu` keeps its passes and
+ * hyla_store_gc apart (both change the blob GC cutoff). */
 #include "hyla_store.h"
 #include "hyla_store_test.h"
 
@@ -24,7 +28,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <rocksdb/c.h>
@@ -36,6 +43,7 @@
 #define HEAD_MAGIC 0x44485948u /* "HYHD" */
 #define HEAD_BYTES 32
 #define REF_BYTES 16
+#define TIME_BYTES 16
 #define KEY_MAX (2 + HYLA_SESSION_ID_MAX + 8)
 #define GROUP_BYTES (64u << 20) /* raw bytes encoded and written per chunk group */
 #define BATCH_BYTES (32u << 20) /* encoded bytes per chunk WriteBatch */
@@ -55,6 +63,22 @@ struct hyla_store {
     pthread_rwlock_t gc_lock;
     uint64_t nowal_seq;   /* chunk batches written without the WAL (under mu) */
     uint64_t flushed_seq; /* nowal_seq covered by a completed flush (under mu) */
+    /* disk-full handling and reclaim (see "space" below) */
+    pthread_rwlock_t db_lock; /* shared by every call; exclusive to reopen the RocksDB handle */
+    atomic_int full;          /* 1: a write ran out of space; puts wait for the reserve to be re-made */
+    atomic_int broken;        /* 1: RocksDB stopped writes after a failed write; needs a reopen */
+    atomic_ullong full_events; /* writes that found the disk full */
+    int reserve_held;         /* the reserve file is in place (under db_lock exclusive, or at open) */
+    char *reserve_path;
+    pthread_mutex_t reclaim_mu; /* serializes reclaim passes and hyla_store_gc (blob GC options) */
+    atomic_ullong garbage_bytes; /* encoded bytes of chunks deleted since the last reclaim pass */
+    _Atomic double garbage_since; /* hyla_now() of the first of them; 0 when none */
+    pthread_t maint;
+    int maint_running;
+    pthread_mutex_t maint_mu;
+    pthread_cond_t maint_cv;
+    int stopping; /* under maint_mu */
+    char recovery_note[2048]; /* what WAL recovery dropped at open; "" when nothing */
 };
 
 /* ---------------------------------------------------------------- small helpers */
@@ -78,16 +102,7 @@ static hyla_status rdb_fail(char *err, hyla_status s, const char *what, const ch
     return r;
 }
 
-static hyla_status check_session_id(const char *id) {
-    if (!id) return hyla_fail(HYLA_ERR_INVALID_ARG, "session id is NULL");
-    size_t n = strlen(id);
-    if (n == 0 || n > HYLA_SESSION_ID_MAX)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "session id of %zu bytes (1..%d allowed)", n, HYLA_SESSION_ID_MAX);
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)id[i] < 0x20 || id[i] == 0x7f)
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "session id has a control character at byte %zu", i);
-    return HYLA_OK;
-}
+static hyla_status check_session_id(const char *id) { return hyla_session_id_check(id, "session id"); }
 
 /* Keys of the meta column family (docs/STATE_FORMAT.md §4). */
 static size_t key_head(char *k, const char *sid) {
@@ -107,6 +122,12 @@ static size_t key_manifest(char *k, const char *sid, uint64_t ver) {
     size_t n = key_mprefix(k, sid);
     for (int i = 0; i < 8; i++) k[n + i] = (char)(ver >> (56 - 8 * i));
     return n + 8;
+}
+/* The commit record of a version: commit time and bytes written (docs/STATE_FORMAT.md §4). */
+static size_t key_time(char *k, const char *sid, uint64_t ver) {
+    size_t n = key_manifest(k, sid, ver);
+    k[0] = 'T';
+    return n;
 }
 static size_t key_ref(char *k, const uint8_t *ckey) {
     k[0] = 'R';
@@ -159,14 +180,62 @@ static hyla_status read_head(hyla_store *st, const rocksdb_readoptions_t *ro, co
     return r;
 }
 
+/* ---------------------------------------------------------------- space
+ *
+ * A full disk: RocksDB fails the write (and stops taking writes until it recovers), the store
+ * answers HYLA_ERR_RESOURCE naming the directory and the free space, and marks itself `full`
+ * and `broken`. The reserve file (params.reserve_bytes) holds space back: a delete or a GC on a
+ * full store releases it and reopens RocksDB (which clears its stopped state), so space can
+ * always be freed. A put on a full store first re-makes the reserve (failing RESOURCE while the
+ * space is not there) and reopens RocksDB if needed, so writes resume by themselves once space
+ * exists; the reclaim thread tries the same every tick. */
+
+#define RESERVE_NAME "hyla-reserve"
+#define MIB(x) ((double)(x) / 1048576.0)
+
+static void disk_space(const char *dir, uint64_t *avail, uint64_t *total) {
+    struct statvfs v;
+    *avail = *total = 0;
+    if (statvfs(dir, &v) == 0) {
+        *avail = (uint64_t)v.f_bavail * v.f_frsize;
+        *total = (uint64_t)v.f_blocks * v.f_frsize;
+    }
+}
+
+static int is_nospace(const char *err) {
+    return err && (strstr(err, "No space left") || strstr(err, "NoSpace") || strstr(err, "no space"));
+}
+
+/* HYLA_ERR_RESOURCE naming the store and its space; marks the store full (and broken: RocksDB
+ * stops writes after a failed write until it is reopened). */
+static hyla_status fail_nospace(hyla_store *st, const char *what, const char *detail) {
+    uint64_t avail, total;
+    disk_space(st->dir, &avail, &total);
+    atomic_store(&st->full, 1);
+    atomic_store(&st->broken, 1);
+    atomic_fetch_add(&st->full_events, 1);
+    return hyla_fail(HYLA_ERR_RESOURCE,
+                     "store %s is out of disk space (%.1f MiB free of %.1f MiB; %.1f MiB reserved for deletes): %s: %s", st->dir,
+                     MIB(avail), MIB(total), st->reserve_held ? MIB(st->p.reserve_bytes) : 0.0, what, detail);
+}
+
+/* A failed RocksDB write -> status (RESOURCE for a full disk); frees err. */
+static hyla_status write_fail(hyla_store *st, char *err, const char *what) {
+    if (is_nospace(err)) {
+        hyla_status s = fail_nospace(st, what, err);
+        rocksdb_free(err);
+        return s;
+    }
+    return rdb_fail(err, HYLA_ERR_IO, what, st->dir);
+}
+
 /* commit: 1 = synced (commits), 2 = WAL without sync, 0 = chunk values (no WAL in durable mode). */
 static hyla_status store_write(hyla_store *st, rocksdb_writebatch_t *b, int commit, const char *what) {
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
-    if (fault_write_hit())
-        return hyla_fail(HYLA_ERR_IO, "store %s: %s: write failed: No space left on device (injected fault)", st->dir, what);
+    if (fault_write_hit()) return fail_nospace(st, what, "write failed: No space left on device (injected fault)");
     char *err = NULL;
     rocksdb_write(st->db, commit == 1 ? st->wo_commit : commit == 2 ? st->wo_plain : st->wo_chunks, b, &err);
-    if (err) return rdb_fail(err, HYLA_ERR_IO, what, st->dir);
+    if (err) return write_fail(st, err, what);
     return HYLA_OK;
 }
 
@@ -359,6 +428,11 @@ static hyla_status free_chunks(hyla_store *st, const delta_list *cand, uint64_t 
     if (s == HYLA_OK) {
         if (n_freed) *n_freed += nf;
         if (bytes_freed) *bytes_freed += bf;
+        if (nf) {
+            atomic_fetch_add(&st->garbage_bytes, bf);
+            double z = 0.0;
+            atomic_compare_exchange_strong(&st->garbage_since, &z, hyla_now());
+        }
     }
     return s;
 }
@@ -398,14 +472,322 @@ hyla_store_params hyla_store_default_params(void) {
     p.write_buffer_bytes = 64ull << 20;
     p.read_only = 0;
     p.nowal_bytes = 32ull << 20;
+    p.reserve_bytes = 64ull << 20;
+    p.reclaim_after_ms = 30000;
     return p;
+}
+
+/* Close the RocksDB handle (the options and the store object stay). */
+static void db_close(hyla_store *st) {
+    for (int i = 0; i < CF_COUNT; i++) {
+        if (st->cf[i]) rocksdb_column_family_handle_destroy(st->cf[i]);
+        st->cf[i] = NULL;
+    }
+    if (st->db) rocksdb_close(st->db);
+    st->db = NULL;
+}
+
+#define WAL_KEEP_MAX 3 /* wal-damaged-* folders kept; older ones are removed */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Remove all but the newest WAL_KEEP_MAX - 1 wal-damaged-* folders (their links hold disk). */
+static void wal_keep_prune(hyla_store *st) {
+    DIR *d = opendir(st->dir);
+    if (!d) return;
+    char *names[256];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256)
+        if (!strncmp(e->d_name, "wal-damaged-", 12) && (names[n] = strdup(e->d_name))) n++;
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n; i++) {
+        if (i < n - (WAL_KEEP_MAX - 1)) {
+            char sub[4096];
+            snprintf(sub, sizeof sub, "%s/%s", st->dir, names[i]);
+            DIR *sd = opendir(sub);
+            if (sd) {
+                while ((e = readdir(sd))) {
+                    if (e->d_name[0] == '.') continue;
+                    char f[8192];
+                    snprintf(f, sizeof f, "%s/%s", sub, e->d_name);
+                    unlink(f);
+                }
+                closedir(sd);
+            }
+            if (rmdir(sub) == 0) HYLA_WARN("store %s: removed %s (only the newest %d are kept)", st->dir, sub, WAL_KEEP_MAX);
+        }
+        free(names[i]);
+    }
+}
+
+/* Hard-link the WAL files into DIR/wal-damaged-TIME/ before a recovery that may drop records,
+ * so what was dropped stays on disk for inspection (links cost no space until RocksDB deletes
+ * its own names). *n = files kept. */
+static void wal_keep(hyla_store *st, char *sub, size_t cap, int *n) {
+    *n = 0;
+    wal_keep_prune(st);
+    snprintf(sub, cap, "%s/wal-damaged-%012lld", st->dir, (long long)time(NULL));
+    if (mkdir(sub, 0700) != 0 && errno != EEXIST) {
+        HYLA_ERROR("store %s: cannot keep the damaged WAL: mkdir %s: %s", st->dir, sub, strerror(errno));
+        return;
+    }
+    DIR *d = opendir(st->dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".log") != 0) continue;
+        char from[4096], to[4096];
+        snprintf(from, sizeof from, "%s/%s", st->dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
+        if (link(from, to) == 0) (*n)++;
+        else HYLA_ERROR("store %s: cannot keep %s: %s", st->dir, from, strerror(errno));
+    }
+    closedir(d);
+}
+
+static rocksdb_t *rdb_open(hyla_store *st, int wal_mode, char **err) {
+    static const char *names[CF_COUNT] = {"default", HYLA_STORE_CF_CHUNKS, HYLA_STORE_CF_META};
+    rocksdb_options_set_wal_recovery_mode(st->opt, wal_mode);
+    if (st->p.read_only)
+        return rocksdb_open_for_read_only_column_families(st->opt, st->dir, CF_COUNT, names,
+                                                          (const rocksdb_options_t *const *)st->cf_opt, st->cf, 0, err);
+    return rocksdb_open_column_families(st->opt, st->dir, CF_COUNT, names, (const rocksdb_options_t *const *)st->cf_opt,
+                                        st->cf, err);
+}
+
+/* Open the RocksDB handle. WAL recovery: first with absolute consistency (any damaged record
+ * refuses the open); on damage, the WAL files are kept aside (wal_keep) and the open is retried
+ * with point-in-time recovery, which replays up to the damage and drops the rest. The drop is
+ * logged as an error and kept in recovery_note; a session whose committed version was dropped
+ * answers HYLA_ERR_CORRUPT naming it (view_manifest). */
+static hyla_status db_open(hyla_store *st, int first) {
+    char *err = NULL;
+    st->db = rdb_open(st, 1 /* kAbsoluteConsistency */, &err);
+    if (err && strstr(err, "Corruption")) {
+        char sub[4096] = "";
+        int kept = 0;
+        if (!st->p.read_only) wal_keep(st, sub, sizeof sub, &kept);
+        char note[sizeof st->recovery_note];
+        snprintf(note, sizeof note,
+                 "store %s: the write-ahead log is damaged (%s); recovered up to the damage, the writes after it are lost "
+                 "(after a crash during a write, that write was never acknowledged)%s%s%s",
+                 st->dir, err, kept ? "; the damaged log is kept in " : "", kept ? sub : "",
+                 kept ? "" : " (the log could not be kept)");
+        rocksdb_free(err);
+        err = NULL;
+        memset(st->cf, 0, sizeof st->cf);
+        st->db = rdb_open(st, 2 /* kPointInTimeRecovery */, &err);
+        if (!err) {
+            snprintf(st->recovery_note, sizeof st->recovery_note, "%s", note);
+            HYLA_ERROR("%s; sessions whose committed version was lost answer DATA_LOSS", note);
+        }
+    }
+    if (err) {
+        hyla_status s = is_nospace(err) ? fail_nospace(st, "open", err) : rdb_fail(err, HYLA_ERR_IO, "open", st->dir);
+        if (is_nospace(err)) rocksdb_free(err);
+        memset(st->cf, 0, sizeof st->cf);
+        st->db = NULL;
+        return s;
+    }
+    /* format marker */
+    char *v;
+    size_t vl;
+    hyla_status s = db_get(st, NULL, CF_META, "F", 1, &v, &vl);
+    if (s == HYLA_OK) {
+        int ok = vl == strlen(STORE_FORMAT) && !memcmp(v, STORE_FORMAT, vl);
+        if (!ok)
+            s = hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s: unknown store format '%.*s' (this build reads '%s')", st->dir,
+                          (int)(vl < 64 ? vl : 64), v, STORE_FORMAT);
+        rocksdb_free(v);
+    } else if (s == HYLA_ERR_NOT_FOUND && !st->p.read_only) {
+        rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+        rocksdb_writebatch_put_cf(b, st->cf[CF_META], "F", 1, STORE_FORMAT, strlen(STORE_FORMAT));
+        s = store_write(st, b, 1, "write format marker");
+        rocksdb_writebatch_destroy(b);
+    } else if (s == HYLA_ERR_NOT_FOUND) {
+        s = HYLA_OK; /* read-only view of an empty store */
+    }
+    if (s == HYLA_OK && st->p.gc_on_open && !st->p.read_only) {
+        delta_list z = {0};
+        hyla_status gs = zero_ref_keys(st, &z);
+        uint64_t nf = 0;
+        if (gs == HYLA_OK) gs = free_chunks(st, &z, &nf, NULL);
+        if (nf) HYLA_INFO("store %s: deleted %llu unreferenced chunks left by an interrupted write", st->dir, (unsigned long long)nf);
+        free(z.d);
+        if (gs != HYLA_OK) {
+            if (first && gs != HYLA_ERR_RESOURCE) s = gs;
+            else HYLA_WARN("store %s: deleting unreferenced chunks: %s (retried by gc)", st->dir, hyla_last_error());
+        }
+    }
+    if (s != HYLA_OK) db_close(st);
+    return s;
+}
+
+/* The reserve file: p.reserve_bytes of disk held back for deletes on a full disk. */
+static hyla_status reserve_make(hyla_store *st) {
+    if (st->reserve_held) return HYLA_OK;
+    if (!st->p.reserve_bytes) {
+        st->reserve_held = 1;
+        return HYLA_OK;
+    }
+    int fd = open(st->reserve_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return hyla_fail(HYLA_ERR_IO, "store %s: cannot create %s: %s", st->dir, st->reserve_path, strerror(errno));
+    int e = posix_fallocate(fd, 0, (off_t)st->p.reserve_bytes);
+    if (e == EOPNOTSUPP || e == EINVAL) { /* no fallocate here: write the blocks */
+        static const char zero[65536];
+        e = 0;
+        for (uint64_t o = 0; o < st->p.reserve_bytes && !e; o += sizeof zero) {
+            size_t n = st->p.reserve_bytes - o < sizeof zero ? (size_t)(st->p.reserve_bytes - o) : sizeof zero;
+            if (pwrite(fd, zero, n, (off_t)o) != (ssize_t)n) e = errno ? errno : EIO;
+        }
+    }
+    if (!e && fsync(fd) != 0) e = errno;
+    close(fd);
+    if (e) {
+        unlink(st->reserve_path);
+        uint64_t avail, total;
+        disk_space(st->dir, &avail, &total);
+        if (e == ENOSPC || e == EDQUOT)
+            return hyla_fail(HYLA_ERR_RESOURCE,
+                             "store %s is out of disk space (%.1f MiB free of %.1f MiB): no room for the %.1f MiB reserve "
+                             "that keeps deletes possible; delete sessions or add space (writes resume by themselves)",
+                             st->dir, MIB(avail), MIB(total), MIB(st->p.reserve_bytes));
+        return hyla_fail(HYLA_ERR_IO, "store %s: reserve file %s: %s", st->dir, st->reserve_path, strerror(e));
+    }
+    st->reserve_held = 1;
+    return HYLA_OK;
+}
+
+static void reserve_release(hyla_store *st) {
+    if (st->reserve_held && st->p.reserve_bytes) {
+        unlink(st->reserve_path);
+        HYLA_WARN("store %s: disk full: released the %.1f MiB reserve so deletes and GC can run", st->dir,
+                  MIB(st->p.reserve_bytes));
+    }
+    st->reserve_held = 0;
+}
+
+/* Make a full store usable again (caller holds db_lock exclusively). freeing: the caller is
+ * about to free space (delete, GC): the reserve is given up for it. Otherwise the reserve must
+ * be re-made first (RESOURCE while it does not fit). A RocksDB handle that stopped writes is
+ * reopened. */
+static hyla_status recover_locked(hyla_store *st, int freeing) {
+    if (!atomic_load(&st->full) && st->db) return HYLA_OK;
+    if (freeing) reserve_release(st);
+    else HYLA_TRY(reserve_make(st));
+    if (atomic_load(&st->broken) || !st->db) {
+        db_close(st);
+        hyla_status s = db_open(st, 0);
+        if (s != HYLA_OK) {
+            atomic_store(&st->full, 1);
+            atomic_store(&st->broken, 1);
+            return hyla_fail_wrap(s, "store %s: reopening after a failed write", st->dir);
+        }
+        atomic_store(&st->broken, 0);
+    }
+    if (st->reserve_held && atomic_load(&st->full)) {
+        uint64_t avail, total;
+        disk_space(st->dir, &avail, &total);
+        atomic_store(&st->full, 0);
+        HYLA_INFO("store %s: writes resumed (%.1f MiB free of %.1f MiB, %.1f MiB reserved)", st->dir, MIB(avail), MIB(total),
+                  MIB(st->p.reserve_bytes));
+    }
+    return HYLA_OK;
+}
+
+/* Flush both column families (their WAL files become obsolete and are deleted) and compact
+ * them, so chunks deleted since the last pass give their space back: blob files whose chunks
+ * are all deleted are dropped once no table references them. Blob files that still hold live
+ * chunks are left to RocksDB's blob GC (the oldest quarter) and to hyla_store_gc (every file),
+ * so this pass rewrites only the small key tables. Caller holds db_lock shared. */
+static void reclaim(hyla_store *st) {
+    pthread_mutex_lock(&st->reclaim_mu);
+    atomic_store(&st->garbage_bytes, 0);
+    atomic_store(&st->garbage_since, 0.0);
+    char *err = NULL;
+    rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+    rocksdb_flushoptions_set_wait(fo, 1);
+    for (int cf = CF_CHUNKS; cf <= CF_META && !err; cf++) rocksdb_flush_cf(st->db, fo, st->cf[cf], &err);
+    rocksdb_flushoptions_destroy(fo);
+    if (err) {
+        (void)write_fail(st, err, "reclaim: flush");
+        HYLA_WARN("%s (retried)", hyla_last_error());
+        atomic_store(&st->garbage_since, hyla_now()); /* try again a reclaim delay from now */
+        pthread_mutex_unlock(&st->reclaim_mu);
+        return;
+    }
+    const char *keys[1] = {"blob_garbage_collection_age_cutoff"};
+    const char *none[1] = {"0.0"}, *normal[1] = {"0.25"};
+    rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, none, &err);
+    rocksdb_free(err);
+    err = NULL;
+    /* CompactRange reports no error: a compaction that met a full disk shows as a new
+     * background error, after which RocksDB compacts no more until it is reopened */
+    uint64_t bg0 = 0, bg1 = 0;
+    rocksdb_property_int(st->db, "rocksdb.background-errors", &bg0);
+    rocksdb_compact_range_cf(st->db, st->cf[CF_CHUNKS], NULL, 0, NULL, 0);
+    rocksdb_compact_range_cf(st->db, st->cf[CF_META], NULL, 0, NULL, 0);
+    rocksdb_property_int(st->db, "rocksdb.background-errors", &bg1);
+    rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, normal, &err);
+    rocksdb_free(err);
+    if (bg1 > bg0) {
+        HYLA_WARN("store %s: reclaim: a compaction failed (disk full?); reopening and retrying", st->dir);
+        atomic_store(&st->broken, 1);
+        atomic_store(&st->full, 1);
+        atomic_store(&st->garbage_since, hyla_now());
+    }
+    pthread_mutex_unlock(&st->reclaim_mu);
+}
+
+/* The reclaim thread: every tick, a full store tries to resume (reserve re-made, RocksDB
+ * reopened) and chunks deleted at least reclaim_after_ms ago get their space back. */
+static void *maint_main(void *arg) {
+    hyla_store *st = arg;
+    uint32_t tick = st->p.reclaim_after_ms ? st->p.reclaim_after_ms / 4 : 1000;
+    if (tick < 20) tick = 20;
+    if (tick > 1000) tick = 1000;
+    pthread_mutex_lock(&st->maint_mu);
+    while (!st->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(tick % 1000) * 1000000L;
+        ts.tv_sec += tick / 1000 + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&st->maint_cv, &st->maint_mu, &ts);
+        if (st->stopping) break;
+        pthread_mutex_unlock(&st->maint_mu);
+        if (atomic_load(&st->full)) {
+            pthread_rwlock_wrlock(&st->db_lock);
+            /* quietly until the reserve fits; a stopped RocksDB is reopened meanwhile anyway, so
+             * the reclaim below can free space */
+            if (recover_locked(st, 0) != HYLA_OK && (atomic_load(&st->broken) || !st->db)) (void)recover_locked(st, 1);
+            pthread_rwlock_unlock(&st->db_lock);
+        }
+        double since = atomic_load(&st->garbage_since);
+        if (st->p.reclaim_after_ms && since > 0 && hyla_now() - since >= st->p.reclaim_after_ms / 1000.0) {
+            pthread_rwlock_rdlock(&st->db_lock);
+            if (st->db) reclaim(st);
+            pthread_rwlock_unlock(&st->db_lock);
+        }
+        pthread_mutex_lock(&st->maint_mu);
+    }
+    pthread_mutex_unlock(&st->maint_mu);
+    return NULL;
 }
 
 void hyla_store_close(hyla_store *st) {
     if (!st) return;
-    for (int i = 0; i < CF_COUNT; i++)
-        if (st->cf[i]) rocksdb_column_family_handle_destroy(st->cf[i]);
-    if (st->db) rocksdb_close(st->db);
+    if (st->maint_running) {
+        pthread_mutex_lock(&st->maint_mu);
+        st->stopping = 1;
+        pthread_cond_signal(&st->maint_cv);
+        pthread_mutex_unlock(&st->maint_mu);
+        pthread_join(st->maint, NULL);
+    }
+    db_close(st);
     for (int i = 0; i < CF_COUNT; i++)
         if (st->cf_opt[i]) rocksdb_options_destroy(st->cf_opt[i]);
     if (st->opt) rocksdb_options_destroy(st->opt);
@@ -415,6 +797,11 @@ void hyla_store_close(hyla_store *st) {
     if (st->ro) rocksdb_readoptions_destroy(st->ro);
     pthread_mutex_destroy(&st->mu);
     pthread_rwlock_destroy(&st->gc_lock);
+    pthread_rwlock_destroy(&st->db_lock);
+    pthread_mutex_destroy(&st->reclaim_mu);
+    pthread_mutex_destroy(&st->maint_mu);
+    pthread_cond_destroy(&st->maint_cv);
+    free(st->reserve_path);
     free(st->dir);
     free(st);
 }
@@ -432,16 +819,30 @@ hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_
     if (!st) return hyla_fail(HYLA_ERR_NOMEM, "store");
     pthread_mutex_init(&st->mu, NULL);
     pthread_rwlock_init(&st->gc_lock, NULL);
+    pthread_rwlock_init(&st->db_lock, NULL);
+    pthread_mutex_init(&st->reclaim_mu, NULL);
+    pthread_mutex_init(&st->maint_mu, NULL);
+    pthread_cond_init(&st->maint_cv, NULL);
     st->dir = strdup(dir);
     st->p = p;
+    size_t rl = strlen(dir) + sizeof RESERVE_NAME + 2;
+    st->reserve_path = malloc(rl);
+    if (st->reserve_path) snprintf(st->reserve_path, rl, "%s/%s", dir, RESERVE_NAME);
     st->opt = rocksdb_options_create();
     rocksdb_options_set_create_if_missing(st->opt, (unsigned char)p.create_if_missing);
     rocksdb_options_set_create_missing_column_families(st->opt, 1);
     rocksdb_options_set_max_background_jobs(st->opt, 2);
-    rocksdb_options_set_max_total_wal_size(st->opt, 1ull << 30);
+    /* WAL files live until every column family with data in them has flushed; the meta family
+     * takes small writes and would keep gigabytes of chunk values alive in old logs. Twice the
+     * chunk memtable bounds the logs and makes RocksDB flush the family that holds them. */
+    rocksdb_options_set_max_total_wal_size(st->opt, 2 * p.write_buffer_bytes);
     /* start writeback of blob/SST files while they are written (sync_file_range every 8 MiB), so
      * the fsync at the end of a large put has little left to do */
     rocksdb_options_set_bytes_per_sync(st->opt, 8ull << 20);
+    /* RocksDB's own LOG gets only its start-up header: librocksdb 7.8 (Debian's build keeps its
+     * assertions) aborts the process when it logs again after the LOG file met a full disk.
+     * Failures reach the operator through this store's statuses and log lines instead. */
+    rocksdb_options_set_info_log_level(st->opt, 4 /* FATAL_LEVEL */);
     for (int i = 0; i < CF_COUNT; i++) {
         st->cf_opt[i] = rocksdb_options_create();
         rocksdb_options_set_compression(st->cf_opt[i], rocksdb_no_compression);
@@ -455,54 +856,25 @@ hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_
     rocksdb_options_set_blob_gc_age_cutoff(co, 0.25);
     rocksdb_options_set_write_buffer_size(co, (size_t)p.write_buffer_bytes);
     rocksdb_options_set_max_write_buffer_number(co, 6);
-    const char *names[CF_COUNT] = {"default", HYLA_STORE_CF_CHUNKS, HYLA_STORE_CF_META};
-    char *err = NULL;
-    if (p.read_only)
-        st->db = rocksdb_open_for_read_only_column_families(st->opt, dir, CF_COUNT, names,
-                                                            (const rocksdb_options_t *const *)st->cf_opt, st->cf, 0, &err);
-    else
-        st->db = rocksdb_open_column_families(st->opt, dir, CF_COUNT, names, (const rocksdb_options_t *const *)st->cf_opt,
-                                              st->cf, &err);
-    if (err) {
-        hyla_status s = rdb_fail(err, HYLA_ERR_IO, "open", dir);
-        memset(st->cf, 0, sizeof st->cf);
-        st->db = NULL;
-        hyla_store_close(st);
-        return s;
-    }
     st->wo_commit = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(st->wo_commit, (unsigned char)(p.sync != 0));
     st->wo_chunks = rocksdb_writeoptions_create();
     rocksdb_writeoptions_disable_WAL(st->wo_chunks, 1);
     st->wo_plain = rocksdb_writeoptions_create();
     st->ro = rocksdb_readoptions_create();
-    /* format marker */
-    char *v;
-    size_t vl;
-    hyla_status s = db_get(st, NULL, CF_META, "F", 1, &v, &vl);
-    if (s == HYLA_OK) {
-        int ok = vl == strlen(STORE_FORMAT) && !memcmp(v, STORE_FORMAT, vl);
-        if (!ok)
-            s = hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s: unknown store format '%.*s' (this build reads '%s')", dir,
-                          (int)(vl < 64 ? vl : 64), v, STORE_FORMAT);
-        rocksdb_free(v);
-    } else if (s == HYLA_ERR_NOT_FOUND && !p.read_only) {
-        rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-        rocksdb_writebatch_put_cf(b, st->cf[CF_META], "F", 1, STORE_FORMAT, strlen(STORE_FORMAT));
-        char *e2 = NULL;
-        rocksdb_write(st->db, st->wo_commit, b, &e2);
-        rocksdb_writebatch_destroy(b);
-        s = e2 ? rdb_fail(e2, HYLA_ERR_IO, "write format marker", dir) : HYLA_OK;
-    } else if (s == HYLA_ERR_NOT_FOUND) {
-        s = HYLA_OK; /* read-only view of an empty store */
+    if (!st->dir || !st->reserve_path) {
+        hyla_store_close(st);
+        return hyla_fail(HYLA_ERR_NOMEM, "store");
     }
-    if (s == HYLA_OK && p.gc_on_open && !p.read_only) {
-        delta_list z = {0};
-        s = zero_ref_keys(st, &z);
-        uint64_t nf = 0;
-        if (s == HYLA_OK) s = free_chunks(st, &z, &nf, NULL);
-        if (nf) HYLA_INFO("store %s: deleted %llu unreferenced chunks left by an interrupted write", dir, (unsigned long long)nf);
-        free(z.d);
+    hyla_status s = db_open(st, 1);
+    if (s == HYLA_OK && !p.read_only) {
+        /* a store opened on a full disk still opens (reads, deletes); puts wait for the reserve */
+        if (reserve_make(st) != HYLA_OK) {
+            HYLA_WARN("%s", hyla_last_error());
+            atomic_store(&st->full, 1);
+        }
+        if (pthread_create(&st->maint, NULL, maint_main, st) == 0) st->maint_running = 1;
+        else s = hyla_fail(HYLA_ERR_NOMEM, "store %s: cannot start the reclaim thread", dir);
     }
     if (s != HYLA_OK) {
         hyla_store_close(st);
@@ -630,7 +1002,7 @@ static hyla_status flush_chunks(hyla_store *st) {
     rocksdb_flushoptions_set_wait(fo, 1);
     rocksdb_flush_cf(st->db, fo, st->cf[CF_CHUNKS], &err);
     rocksdb_flushoptions_destroy(fo);
-    if (err) return rdb_fail(err, HYLA_ERR_IO, "flush chunks", st->dir);
+    if (err) return write_fail(st, err, "flush chunks");
     pthread_mutex_lock(&st->mu);
     if (st->flushed_seq < seq) st->flushed_seq = seq;
     pthread_mutex_unlock(&st->mu);
@@ -696,12 +1068,19 @@ static hyla_status commit(hyla_store *st, const char *sid, hyla_codec_plan *pl, 
         hyla_manifest_destroy(old);
         char k[KEY_MAX];
         rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_manifest(k, sid, vers[i]));
+        rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_time(k, sid, vers[i]));
         if (ps) ps->versions_dropped++;
     }
     delta_merge(&dl);
     if ((s = delta_apply(st, &dl, b, zero, what)) != HYLA_OK) goto done;
     char k[KEY_MAX];
     rocksdb_writebatch_put_cf(b, st->cf[CF_META], k, key_manifest(k, sid, ver), (const char *)mbytes, mlen);
+    uint8_t tv[TIME_BYTES];
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    hyla_put_le64(tv, (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
+    hyla_put_le64(tv + 8, ps ? ps->bytes_written + mlen : 0);
+    rocksdb_writebatch_put_cf(b, st->cf[CF_META], k, key_time(k, sid, ver), (const char *)tv, TIME_BYTES);
     head_val nh = {ver, ver + 1, mchecksum};
     uint8_t hb[HEAD_BYTES];
     head_encode(hb, &nh);
@@ -716,7 +1095,7 @@ done:
     return s;
 }
 
-hyla_status hyla_store_put(hyla_store *st, const char *sid, const hyla_snapshot *snap, uint64_t *version,
+static hyla_status put_impl(hyla_store *st, const char *sid, const hyla_snapshot *snap, uint64_t *version,
                            hyla_store_put_stats *stats) {
     HYLA_TRY(check_session_id(sid));
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
@@ -751,6 +1130,17 @@ hyla_status hyla_store_put(hyla_store *st, const char *sid, const hyla_snapshot 
     uint64_t need_raw = 0;
     for (size_t j = 0; j < n_need; j++) need_raw += pl->chunks[need[j]].ref.raw_len;
     int nowal = st->p.sync && need_raw >= st->p.nowal_bytes;
+    /* refuse up front what cannot fit (WAL-path chunks are written twice: log, then blob file),
+     * rather than drive RocksDB into its stopped state */
+    if (s == HYLA_OK && n_need) {
+        uint64_t avail, total, est = need_raw * (nowal ? 1 : 2) + (1ull << 20);
+        disk_space(st->dir, &avail, &total);
+        if (total && avail < est)
+            s = hyla_fail(HYLA_ERR_RESOURCE,
+                          "store %s is out of disk space: this snapshot needs about %.1f MiB, %.1f MiB free of %.1f MiB "
+                          "(%.1f MiB more reserved for deletes)",
+                          st->dir, MIB(est), MIB(avail), MIB(total), st->reserve_held ? MIB(st->p.reserve_bytes) : 0.0);
+    }
     /* pipeline: encode group g+1 (on the codec threads) while group g is written */
     write_job job;
     pthread_t wth;
@@ -872,7 +1262,18 @@ static hyla_status view_manifest(hyla_store *st, read_view *v, const char *sid, 
     head_val h;
     HYLA_TRY(read_head(st, v->ro, sid, &h));
     uint64_t ver = version ? version : h.version;
-    HYLA_TRY(read_manifest(st, v->ro, sid, ver, m));
+    hyla_status s = read_manifest(st, v->ro, sid, ver, m);
+    if (s == HYLA_ERR_NOT_FOUND && ver == h.version)
+        return hyla_fail(HYLA_ERR_CORRUPT, "session %s version %llu: the head names it but its manifest is missing from store %s",
+                         sid, (unsigned long long)ver, st->dir);
+    if (s == HYLA_ERR_NOT_FOUND && ver > h.version)
+        /* versions are numbered by this store only, so a caller naming one above the head was
+         * told it was committed: the store lost it (see the startup log's WAL recovery) */
+        return hyla_fail(HYLA_ERR_CORRUPT,
+                         "session %s version %llu: committed but missing from store %s, whose newest version of the session is %llu%s%s",
+                         sid, (unsigned long long)ver, st->dir, (unsigned long long)h.version,
+                         st->recovery_note[0] ? "; at start-up: " : "", st->recovery_note);
+    if (s != HYLA_OK) return s;
     if (ver == h.version && (*m)->checksum != h.checksum) {
         uint64_t mc = (*m)->checksum;
         hyla_manifest_destroy(*m);
@@ -884,7 +1285,7 @@ static hyla_status view_manifest(hyla_store *st, read_view *v, const char *sid, 
     return HYLA_OK;
 }
 
-hyla_status hyla_store_get_manifest(hyla_store *st, const char *sid, uint64_t version, hyla_manifest **out,
+static hyla_status get_manifest_impl(hyla_store *st, const char *sid, uint64_t version, hyla_manifest **out,
                                     uint64_t *version_out) {
     read_view v;
     view_open(st, &v);
@@ -895,7 +1296,7 @@ hyla_status hyla_store_get_manifest(hyla_store *st, const char *sid, uint64_t ve
     return s;
 }
 
-hyla_status hyla_store_get(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
+static hyla_status get_impl(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
                            hyla_snapshot **out, uint64_t *version_out) {
     read_view v;
     view_open(st, &v);
@@ -920,7 +1321,7 @@ hyla_status hyla_store_get(hyla_store *st, const char *sid, uint64_t version, ui
 
 /* ---------------------------------------------------------------- fork, delete */
 
-hyla_status hyla_store_fork(hyla_store *st, const char *src, uint64_t src_version, const char *dst) {
+static hyla_status fork_impl(hyla_store *st, const char *src, uint64_t src_version, const char *dst) {
     HYLA_TRY(check_session_id(src));
     HYLA_TRY(check_session_id(dst));
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
@@ -947,7 +1348,7 @@ hyla_status hyla_store_fork(hyla_store *st, const char *src, uint64_t src_versio
     return HYLA_OK;
 }
 
-hyla_status hyla_store_delete(hyla_store *st, const char *sid) {
+static hyla_status delete_impl(hyla_store *st, const char *sid) {
     HYLA_TRY(check_session_id(sid));
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
     pthread_rwlock_rdlock(&st->gc_lock);
@@ -971,6 +1372,7 @@ hyla_status hyla_store_delete(hyla_store *st, const char *sid) {
         hyla_manifest_destroy(m);
         char k[KEY_MAX];
         rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_manifest(k, sid, vers[i]));
+        rocksdb_writebatch_delete_cf(b, st->cf[CF_META], k, key_time(k, sid, vers[i]));
     }
     if (s == HYLA_OK) {
         delta_merge(&dl);
@@ -1019,7 +1421,7 @@ static hyla_status info_in_view(hyla_store *st, read_view *v, const char *sid, h
     return s;
 }
 
-hyla_status hyla_store_info(hyla_store *st, const char *sid, hyla_store_session_info *out) {
+static hyla_status info_impl(hyla_store *st, const char *sid, hyla_store_session_info *out) {
     HYLA_TRY(check_session_id(sid));
     read_view v;
     view_open(st, &v);
@@ -1071,7 +1473,7 @@ static void free_ids(char **ids, size_t n) {
     free(ids);
 }
 
-hyla_status hyla_store_list(hyla_store *st, hyla_store_session_info **out, size_t *n) {
+static hyla_status list_impl(hyla_store *st, hyla_store_session_info **out, size_t *n) {
     read_view v;
     view_open(st, &v);
     char **ids = NULL;
@@ -1097,7 +1499,7 @@ hyla_status hyla_store_list(hyla_store *st, hyla_store_session_info **out, size_
     return HYLA_OK;
 }
 
-hyla_status hyla_store_versions(hyla_store *st, const char *sid, uint64_t **out, size_t *n) {
+static hyla_status versions_impl(hyla_store *st, const char *sid, uint64_t **out, size_t *n) {
     HYLA_TRY(check_session_id(sid));
     read_view v;
     view_open(st, &v);
@@ -1106,6 +1508,71 @@ hyla_status hyla_store_versions(hyla_store *st, const char *sid, uint64_t **out,
     if (s == HYLA_OK) s = list_versions(st, v.ro, sid, out, n);
     view_close(st, &v);
     return s;
+}
+
+static hyla_status snapshots_impl(hyla_store *st, const char *sid, hyla_store_snapshot_info **out, size_t *n) {
+    HYLA_TRY(check_session_id(sid));
+    *out = NULL;
+    *n = 0;
+    read_view v;
+    view_open(st, &v);
+    head_val h;
+    uint64_t *vers = NULL;
+    size_t nv = 0;
+    hyla_store_snapshot_info *a = NULL;
+    hyla_status s = read_head(st, v.ro, sid, &h);
+    if (s == HYLA_OK) s = list_versions(st, v.ro, sid, &vers, &nv);
+    if (s == HYLA_OK && !(a = calloc(nv + 1, sizeof *a))) s = hyla_fail(HYLA_ERR_NOMEM, "snapshot list");
+    for (size_t i = 0; s == HYLA_OK && i < nv; i++) {
+        hyla_store_snapshot_info *o = &a[i];
+        o->version = vers[i];
+        o->is_head = vers[i] == h.version;
+        hyla_manifest *m = NULL;
+        s = read_manifest(st, v.ro, sid, vers[i], &m);
+        if (s != HYLA_OK) break;
+        o->position = m->meta.position;
+        o->n_generated = m->meta.n_generated;
+        o->model_fingerprint = m->meta.model_fingerprint;
+        o->raw_bytes = m->raw_bytes;
+        /* encoded bytes of its distinct chunks, from their reference records */
+        delta_list dl = {0};
+        if (delta_add_manifest(&dl, m, 1)) s = hyla_fail(HYLA_ERR_NOMEM, "snapshot list");
+        delta_merge(&dl);
+        for (size_t j = 0; s == HYLA_OK && j < dl.n; j++) {
+            char k[KEY_MAX], *val;
+            size_t vl;
+            hyla_status rs = db_get(st, v.ro, CF_META, k, key_ref(k, dl.d[j].key), &val, &vl);
+            if (rs == HYLA_OK) {
+                if (vl == REF_BYTES) o->stored_bytes += hyla_get_le32((const uint8_t *)val + 8);
+                rocksdb_free(val);
+            } else if (rs != HYLA_ERR_NOT_FOUND) {
+                s = rs;
+            }
+        }
+        free(dl.d);
+        hyla_manifest_destroy(m);
+        char k[KEY_MAX], *tv;
+        size_t tl;
+        hyla_status ts = db_get(st, v.ro, CF_META, k, key_time(k, sid, vers[i]), &tv, &tl);
+        if (ts == HYLA_OK) {
+            if (tl == TIME_BYTES) {
+                o->time_us = (int64_t)hyla_get_le64((const uint8_t *)tv);
+                o->written_bytes = hyla_get_le64((const uint8_t *)tv + 8);
+            }
+            rocksdb_free(tv);
+        } else if (ts != HYLA_ERR_NOT_FOUND && s == HYLA_OK) {
+            s = ts;
+        }
+    }
+    view_close(st, &v);
+    free(vers);
+    if (s != HYLA_OK) {
+        free(a);
+        return s;
+    }
+    *out = a;
+    *n = nv;
+    return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- verify */
@@ -1179,7 +1646,7 @@ static void verify_session(hyla_store *st, read_view *v, const char *sid, verify
     free(vers);
 }
 
-hyla_status hyla_store_verify(hyla_store *st, const char *sid, hyla_report_fn report, void *ctx, uint64_t *problems) {
+static hyla_status verify_impl(hyla_store *st, const char *sid, hyla_report_fn report, void *ctx, uint64_t *problems) {
     verify_acc a = {report, ctx, 0, HYLA_OK};
     read_view v;
     view_open(st, &v);
@@ -1253,7 +1720,7 @@ hyla_status hyla_store_verify(hyla_store *st, const char *sid, hyla_report_fn re
 
 /* ---------------------------------------------------------------- gc, usage */
 
-hyla_status hyla_store_gc(hyla_store *st, hyla_store_gc_stats *stats) {
+static hyla_status gc_impl(hyla_store *st, hyla_store_gc_stats *stats) {
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
     delta_list z = {0};
     uint64_t nf = 0, bf = 0;
@@ -1263,7 +1730,15 @@ hyla_status hyla_store_gc(hyla_store *st, hyla_store_gc_stats *stats) {
     if (s == HYLA_OK) s = free_chunks(st, &z, &nf, &bf);
     free(z.d);
     if (s != HYLA_OK) return s;
+    if (stats) {
+        stats->chunks_deleted = nf;
+        stats->bytes_deleted = bf;
+    }
+    /* on a full disk, rewriting the live chunks has no room: the caller's reclaim pass drops
+     * the blob files that hold only deleted chunks instead */
+    if (atomic_load(&st->full)) return HYLA_OK;
     /* reclaim the space of deleted blobs: compact the chunk column family with blob GC of every file */
+    pthread_mutex_lock(&st->reclaim_mu);
     const char *keys[1] = {"blob_garbage_collection_age_cutoff"};
     const char *full[1] = {"1.0"}, *normal[1] = {"0.25"};
     char *err = NULL;
@@ -1278,16 +1753,17 @@ hyla_status hyla_store_gc(hyla_store *st, hyla_store_gc_stats *stats) {
     rocksdb_flush_cf(st->db, fo, st->cf[CF_CHUNKS], &err);
     rocksdb_flushoptions_destroy(fo);
     if (err) {
-        rocksdb_free(err);
+        s = write_fail(st, err, "gc: flush");
         err = NULL;
+        rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, normal, &err);
+        rocksdb_free(err);
+        pthread_mutex_unlock(&st->reclaim_mu);
+        return s;
     }
     rocksdb_compact_range_cf(st->db, st->cf[CF_CHUNKS], NULL, 0, NULL, 0);
     rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, normal, &err);
     rocksdb_free(err);
-    if (stats) {
-        stats->chunks_deleted = nf;
-        stats->bytes_deleted = bf;
-    }
+    pthread_mutex_unlock(&st->reclaim_mu);
     return HYLA_OK;
 }
 
@@ -1306,7 +1782,7 @@ static uint64_t dir_bytes(const char *dir) {
     return n;
 }
 
-hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *u) {
+static hyla_status usage_impl(hyla_store *st, hyla_store_usage_info *u) {
     memset(u, 0, sizeof *u);
     read_view v;
     view_open(st, &v);
@@ -1333,5 +1809,95 @@ hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *u) {
     view_close(st, &v);
     if (err) return rdb_fail(err, HYLA_ERR_IO, "usage", st->dir);
     u->disk_bytes = dir_bytes(st->dir);
+    uint64_t total;
+    disk_space(st->dir, &u->disk_free_bytes, &total);
+    u->reserve_bytes = st->reserve_held ? st->p.reserve_bytes : 0;
+    u->full = atomic_load(&st->full);
+    u->full_events = atomic_load(&st->full_events);
     return HYLA_OK;
 }
+
+/* ---------------------------------------------------------------- public calls
+ *
+ * Every call holds db_lock shared while it uses the RocksDB handle; a call that writes first
+ * lets a full store recover (recover_locked, under db_lock exclusive). Calls that free space
+ * (delete, gc) give up the reserve for it and then reclaim at once. */
+
+enum { K_READ, K_ALLOC, K_FREE };
+
+static hyla_status enter(hyla_store *st, int kind) {
+    if (!st->db || (kind != K_READ && !st->p.read_only && atomic_load(&st->full))) {
+        pthread_rwlock_wrlock(&st->db_lock);
+        hyla_status s = recover_locked(st, kind != K_ALLOC);
+        pthread_rwlock_unlock(&st->db_lock);
+        if (s != HYLA_OK && (kind == K_ALLOC || !st->db)) return s;
+    }
+    pthread_rwlock_rdlock(&st->db_lock);
+    if (!st->db) {
+        pthread_rwlock_unlock(&st->db_lock);
+        return hyla_fail(HYLA_ERR_UNAVAILABLE, "store %s is not open (a reopen after a failed write failed; retried)", st->dir);
+    }
+    return HYLA_OK;
+}
+
+static void leave(hyla_store *st, int kind, hyla_status s) {
+    if (kind == K_FREE && s == HYLA_OK && (atomic_load(&st->full) || !st->reserve_held)) reclaim(st);
+    pthread_rwlock_unlock(&st->db_lock);
+}
+
+#define STORE_CALL(kind, call)                     \
+    do {                                           \
+        HYLA_TRY(enter(st, kind));                 \
+        hyla_status s_ = call;                     \
+        leave(st, kind, s_);                       \
+        return s_;                                 \
+    } while (0)
+
+hyla_status hyla_store_put(hyla_store *st, const char *sid, const hyla_snapshot *snap, uint64_t *version,
+                           hyla_store_put_stats *stats) {
+    STORE_CALL(K_ALLOC, put_impl(st, sid, snap, version, stats));
+}
+hyla_status hyla_store_get(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
+                           hyla_snapshot **out, uint64_t *version_out) {
+    STORE_CALL(K_READ, get_impl(st, sid, version, expected_fingerprint, out, version_out));
+}
+hyla_status hyla_store_get_manifest(hyla_store *st, const char *sid, uint64_t version, hyla_manifest **out,
+                                    uint64_t *version_out) {
+    STORE_CALL(K_READ, get_manifest_impl(st, sid, version, out, version_out));
+}
+hyla_status hyla_store_fork(hyla_store *st, const char *src, uint64_t src_version, const char *dst) {
+    STORE_CALL(K_ALLOC, fork_impl(st, src, src_version, dst));
+}
+/* A call that frees space, retried once when it found the disk full (the retry gives up the
+ * reserve and reopens RocksDB first). */
+static hyla_status free_call(hyla_store *st, const char *sid, hyla_store_gc_stats *stats) {
+    hyla_status s = HYLA_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        HYLA_TRY(enter(st, K_FREE));
+        s = sid ? delete_impl(st, sid) : gc_impl(st, stats);
+        leave(st, K_FREE, s);
+        if (s != HYLA_ERR_RESOURCE) break;
+    }
+    return s;
+}
+
+hyla_status hyla_store_delete(hyla_store *st, const char *sid) { return free_call(st, sid, NULL); }
+hyla_status hyla_store_info(hyla_store *st, const char *sid, hyla_store_session_info *out) {
+    STORE_CALL(K_READ, info_impl(st, sid, out));
+}
+hyla_status hyla_store_list(hyla_store *st, hyla_store_session_info **out, size_t *n) {
+    STORE_CALL(K_READ, list_impl(st, out, n));
+}
+hyla_status hyla_store_versions(hyla_store *st, const char *sid, uint64_t **out, size_t *n) {
+    STORE_CALL(K_READ, versions_impl(st, sid, out, n));
+}
+hyla_status hyla_store_snapshots(hyla_store *st, const char *sid, hyla_store_snapshot_info **out, size_t *n) {
+    STORE_CALL(K_READ, snapshots_impl(st, sid, out, n));
+}
+hyla_status hyla_store_verify(hyla_store *st, const char *sid, hyla_report_fn report, void *ctx, uint64_t *problems) {
+    STORE_CALL(K_READ, verify_impl(st, sid, report, ctx, problems));
+}
+hyla_status hyla_store_gc(hyla_store *st, hyla_store_gc_stats *stats) { return free_call(st, NULL, stats); }
+hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *u) { STORE_CALL(K_READ, usage_impl(st, u)); }
+
+const char *hyla_store_recovery_note(const hyla_store *st) { return st->recovery_note; }

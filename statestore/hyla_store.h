@@ -6,13 +6,15 @@
  * store does not have yet, then the manifest, the head and the reference-count updates in ONE
  * synced WriteBatch: after a crash the head names the previous complete snapshot or the new one.
  * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten.
- * docs/STATE_FORMAT.md §4-6 specifies keys, values, the commit protocol and GC.
+ * docs/STATE_FORMAT.md §5-9 specifies keys, values, the commit protocol, GC and storage faults.
  *
  * Threading: a hyla_store handle is safe to use from many threads at once. Puts of different
  * sessions encode and write their chunks in parallel; commits (manifest + head + refcounts),
  * forks and deletes serialize on one mutex for a few milliseconds; gets and verifies read a
  * consistent RocksDB snapshot and never block puts. Deleting unreferenced chunks excludes puts
  * briefly (a reader-writer lock). One process at a time may open a directory (RocksDB's LOCK).
+ * A writable store runs one background thread (full-disk recovery, space reclaim); a reopen of
+ * RocksDB after a full disk waits for the calls in flight.
  *
  * Session ids: 1..255 bytes, no NUL or control characters. Versions count from 1 per session
  * and are never reused while the session exists; version 0 in calls means "the head".
@@ -32,13 +34,12 @@
 
 #include "hyla_codec.h"
 #include "hyla_snapshot.h"
+#include "hyla_session_id.h"
 #include "hyla_status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define HYLA_SESSION_ID_MAX 255
 
 typedef struct hyla_store hyla_store;
 
@@ -53,13 +54,27 @@ typedef struct {
     uint64_t nowal_bytes;     /* durable puts writing at least this many new raw bytes send chunk values
                                  around the WAL and flush them to blob files before the commit (one
                                  disk write instead of two); smaller puts use the WAL. Default 32 MiB */
+    uint64_t reserve_bytes;   /* default 64 MiB: disk space held back in DIR/hyla-reserve. On a full disk
+                                 a delete or GC releases it so space can always be freed; puts fail
+                                 HYLA_ERR_RESOURCE until it can be re-made, then resume by themselves.
+                                 0: no reserve */
+    uint32_t reclaim_after_ms; /* default 30000: a background thread returns the disk space of deleted
+                                  chunks (flush + compaction) about this long after they were deleted,
+                                  and retries a full store; 0: only hyla_store_gc reclaims */
 } hyla_store_params;
 
 hyla_store_params hyla_store_default_params(void);
 
-/* Open (or create) the store in dir. *out: caller closes with hyla_store_close. */
+/* Open (or create) the store in dir. *out: caller closes with hyla_store_close.
+ * A damaged write-ahead log does not refuse the open: recovery replays it up to the damage,
+ * keeps the damaged files in DIR/wal-damaged-TIME/, logs an error and records it (below); a
+ * session whose committed version was lost then answers HYLA_ERR_CORRUPT naming it. A store on
+ * a full disk opens (reads and deletes work; puts answer HYLA_ERR_RESOURCE until space exists). */
 hyla_status hyla_store_open(const char *dir, const hyla_store_params *p, hyla_store **out);
 void hyla_store_close(hyla_store *st); /* accepts NULL */
+
+/* What WAL recovery dropped when the store was opened, "" when nothing. Borrowed until close. */
+const char *hyla_store_recovery_note(const hyla_store *st);
 
 typedef struct {
     uint64_t version;          /* version number assigned */
@@ -79,11 +94,14 @@ typedef struct {
 
 /* Persist snap as the next version of session (creating the session). Durable when it
  * returns HYLA_OK (with params.sync). On failure the previous head is intact and readable.
+ * HYLA_ERR_RESOURCE: the disk is full (the message names the store and the free space).
  * version and stats may be NULL. snap is borrowed for the call. */
 hyla_status hyla_store_put(hyla_store *st, const char *session, const hyla_snapshot *snap, uint64_t *version,
                            hyla_store_put_stats *stats);
 
-/* Read version (0 = head) of session, verifying every checksum. expected_fingerprint: refuse
+/* Read version (0 = head) of session, verifying every checksum. A version the store committed
+ * but no longer has (the head's manifest, or a version above the head) is HYLA_ERR_CORRUPT
+ * naming session and version, not NOT_FOUND. expected_fingerprint: refuse
  * (HYLA_ERR_MISMATCH) a snapshot of another model; 0 = do not check. version_out may be NULL.
  * *out: caller frees with hyla_snapshot_destroy. Refusals name session, version, layer, part,
  * chunk. */
@@ -99,7 +117,9 @@ hyla_status hyla_store_get_manifest(hyla_store *st, const char *session, uint64_
  * chunks (no chunk is copied). HYLA_ERR_EXISTS when new_session exists. */
 hyla_status hyla_store_fork(hyla_store *st, const char *src_session, uint64_t src_version, const char *new_session);
 
-/* Remove a session and all its versions; chunks no other session references are deleted. */
+/* Remove a session and all its versions; chunks no other session references are deleted.
+ * Works on a full disk (the reserve is released for it); the space comes back at once then,
+ * else within params.reclaim_after_ms. */
 hyla_status hyla_store_delete(hyla_store *st, const char *session);
 
 typedef struct {
@@ -118,6 +138,22 @@ hyla_status hyla_store_list(hyla_store *st, hyla_store_session_info **out, size_
 hyla_status hyla_store_info(hyla_store *st, const char *session, hyla_store_session_info *out);
 /* The versions of a session, ascending. *out: caller frees with free(). */
 hyla_status hyla_store_versions(hyla_store *st, const char *session, uint64_t **out, size_t *n);
+
+typedef struct {
+    uint64_t version;
+    int is_head;
+    uint64_t position;          /* tokens the session had consumed */
+    uint64_t n_generated;
+    uint64_t model_fingerprint;
+    int64_t time_us;            /* commit time, Unix microseconds; 0: unknown (committed by an older build) */
+    uint64_t raw_bytes;         /* bytes of state */
+    uint64_t stored_bytes;      /* encoded bytes of its chunks (a chunk shared with other versions counts in each) */
+    uint64_t written_bytes;     /* bytes its put wrote: new chunks + manifest (0 for a fork, or unknown) */
+} hyla_store_snapshot_info;
+
+/* The versions of a session that the store keeps (the last params.keep_versions; older ones
+ * are GC'd at each put), ascending. *out: caller frees with free(). NOT_FOUND: no such session. */
+hyla_status hyla_store_snapshots(hyla_store *st, const char *session, hyla_store_snapshot_info **out, size_t *n);
 
 /* Re-read and check every chunk of every version of session (NULL: of all sessions, and also
  * the reference counts and heads of the whole store). report(ctx, msg) is called for every
@@ -141,12 +177,16 @@ typedef struct {
     uint64_t chunk_raw_bytes;   /* their raw bytes */
     uint64_t chunk_bytes;       /* their encoded bytes (what they occupy before RocksDB overhead) */
     uint64_t referenced_raw_bytes; /* raw bytes of all versions, counting shared chunks once per version */
-    uint64_t disk_bytes;        /* files in the store directory */
+    uint64_t disk_bytes;        /* files in the store directory (the reserve file included) */
+    uint64_t disk_free_bytes;   /* free space on the store's filesystem */
+    uint64_t reserve_bytes;     /* held in the reserve file now (0 while released on a full disk) */
+    int full;                   /* 1: puts are refused until space exists */
+    uint64_t full_events;       /* RocksDB writes that found the disk full since open */
 } hyla_store_usage_info;
 
 hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *out);
 
-/* Column family names and key prefixes (docs/STATE_FORMAT.md §4), for tools and tests that
+/* Column family names and key prefixes (docs/STATE_FORMAT.md §5), for tools and tests that
  * open the RocksDB directory themselves. */
 #define HYLA_STORE_CF_CHUNKS "chunks"
 #define HYLA_STORE_CF_META "meta"

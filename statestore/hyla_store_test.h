@@ -8,8 +8,8 @@
 extern "C" {
 #endif
 
-/* The nth RocksDB write (chunk batch or commit batch) from now fails as if the disk were full;
- * 0 disables. (zstd faults: hyla_codec_fault_zstd in hyla_codec_test.h.) */
+/* The nth RocksDB write (chunk batch or commit batch) from now fails as if the disk were full
+ * (HYLA_ERR_RESOURCE; the store then recovers as from a full disk); 0 disables. (zstd faults: hyla_codec_fault_zstd in hyla_codec_test.h.) */
 void hyla_store_fault_write(long nth);
 
 #ifdef __cplusplus

@@ -5,3 +5,13 @@ hyla_add_test(test_cpu_ops SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_ops.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
 hyla_add_test(test_cpu_mixers SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_mixers.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+# sparse-attention mixers
+hyla_add_test(test_cpu_lte SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_lte.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+hyla_add_test(test_cpu_lte_wide SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_lte.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+if(TARGET test_cpu_lte_wide)
+  target_compile_definitions(test_cpu_lte_wide PRIVATE LTE_WIDE=1)
+endif()
+hyla_add_test(test_cpu_nsa SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_nsa.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 120)

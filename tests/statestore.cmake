@@ -7,6 +7,9 @@ hyla_add_test(test_store_crash SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_cr
   LABELS fault LIBS hyla_statestore TIMEOUT 120)
 hyla_add_test(test_store_tool SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_tool.c
   LABELS quick LIBS hyla_statestore TIMEOUT 120)
-if(TARGET hyla-state)
-  add_dependencies(test_store_tool hyla-state)
-endif()
+add_dependencies(test_store_tool hyla-state)
+hyla_add_test(test_store_space SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_space.c
+  LABELS fault LIBS hyla_statestore TIMEOUT 180)
+# soak: HYLA_SOAK_SECONDS (default 20) of create / put / delete by four clients
+hyla_add_test(test_store_soak SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_store_soak.c
+  LABELS soak fault LIBS hyla_statestore TIMEOUT 300)

@@ -1,4 +1,2 @@
 # The StateStore gRPC service (statestore/rpc/).
-if(TARGET hyla_store_rpc)
-  hyla_add_test(test_store_rpc SOURCES test_store_rpc.c LIBS hyla_store_rpc LABELS quick)
-endif()
+hyla_add_test(test_store_rpc SOURCES test_store_rpc.c LIBS hyla_store_rpc LABELS quick)

@@ -23,7 +23,9 @@
 #include "hyla_test.h"
 #include "hyla_test_model.h"
 
-static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla"};
+static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "sse-h", "gla-h", "gdn-h", "statex-gla",
+                              /* sparse-attention hybrids */
+                              "lalte", "lansa", "nsa"};
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];
@@ -129,7 +131,13 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
 }
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
-    make_model(arch, dir, strstr(arch, "-h") ? "--window 40" : NULL);
+    /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace;
+     * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks */
+    const char *extra = strstr(arch, "-h")           ? "--window 40"
+                        : !strcmp(arch, "lalte")     ? "--window 16 --sink 2 --budget 6"
+                        : strstr(arch, "nsa") != NULL ? "--window 16 --block-size 8 --block-counts 4"
+                                                      : NULL;
+    make_model(arch, dir, extra);
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     const hyla_model_config *c = hyla_model_get_config(test_model(m));
@@ -442,6 +450,60 @@ static void test_profile(hyla_backend *be, const char *tmp) {
     test_unload(m);
 }
 
+/* laLTE's promise: the state of its lte layers does not grow with the context. A session at 40
+ * and at 400 tokens exports lte parts of the same names, shapes and bytes (the GDN layers are
+ * constant too); the counters say 400 tokens, retained counts within the budget (reached by some
+ * head) and a scoring counter inside the window. */
+static uint64_t lte_bytes(const hyla_snapshot *sn, uint64_t *all) {
+    uint64_t b = 0;
+    *all = 0;
+    for (uint32_t i = 0; i < sn->n_parts; i++) {
+        *all += sn->parts[i].nbytes;
+        if (sn->parts[i].kind == HYLA_PART_LTE) b += sn->parts[i].nbytes;
+    }
+    return b;
+}
+
+static void test_lte_constant_state(hyla_backend *be, const char *tmp) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/lte-const", tmp);
+    make_model("lalte", dir, "--window 16 --sink 2 --budget 6");
+    hyla_runtime *m = test_load(dir, be, NULL);
+    if (!m) return;
+    int V = hyla_model_get_config(test_model(m))->vocab_size;
+    int32_t *p = prompt(401, 3, V);
+    hyla_snapshot *a = NULL, *b = NULL;
+    hyla_session *s = new_session(m, 0, 1);
+    CHECK_OK(hyla_session_feed(s, p, 41, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_export(s, &a));
+    CHECK_OK(hyla_session_feed(s, p + 41, 360, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_export(s, &b));
+    uint64_t ta, tb;
+    CHECK(a && b && lte_bytes(a, &ta) > 0);
+    CHECK_MSG(a && b && lte_bytes(a, &ta) == lte_bytes(b, &tb) && ta == tb,
+              "lalte: state bytes at 40 tokens (%llu) and at 400 (%llu) differ", (unsigned long long)ta,
+              (unsigned long long)tb);
+    int full = 0;
+    for (uint32_t i = 0; b && i < b->n_parts; i++) {
+        const hyla_state_part *q = &b->parts[i];
+        if (q->kind != HYLA_PART_LTE || strcmp(q->name, "meta")) continue;
+        const int32_t *meta = q->data;
+        CHECK_MSG(meta[0] == 400, "lalte layer %u: meta holds %d tokens, want 400", q->layer, (int)meta[0]);
+        CHECK_MSG(meta[1] > 400 - 16 && meta[1] <= 400, "lalte layer %u: next position to score %d", q->layer, (int)meta[1]);
+        for (uint64_t h = 2; h < q->shape[0]; h++) {
+            CHECK_MSG(meta[h] >= 0 && meta[h] <= 6, "lalte layer %u: head %d retains %d (budget 6)", q->layer,
+                      (int)h - 2, (int)meta[h]);
+            full += meta[h] == 6;
+        }
+    }
+    CHECK_MSG(full > 0, "lalte: no head filled its budget of 6 in 400 tokens");
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+    hyla_session_free(s);
+    free(p);
+    test_unload(m);
+}
+
 int main(void) {
     char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -456,6 +518,7 @@ int main(void) {
     test_pipeline(be, tmp);
     test_free_in_flight(be, tmp);
     test_profile(be, tmp);
+    test_lte_constant_state(be, tmp);
     hyla_backend_destroy(be);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -178,6 +178,35 @@ static void test_naming_variants(const char *bin) {
     expect_fail(d, HYLA_ERR_UNSUPPORTED, "attnres_block_size", NULL);
 }
 
+/* The sparse-attention specs refuse what we do not implement, naming the key inside the spec. */
+static void test_sparse_refusals(const char *bin) {
+    char src[600], d[600], cmd[2048];
+    static const struct {
+        const char *arch, *edit, *key;
+        hyla_status st;
+    } cases[] = {
+        {"lalte", "c[\"lte\"][\"window_size\"]=12", "lte.window_size", HYLA_ERR_FORMAT}, /* < receptive field 13 */
+        {"lalte", "c[\"lte\"][\"conv_kernel_size\"]=2", "lte.conv_kernel_size", HYLA_ERR_FORMAT},
+        {"lalte", "c[\"lte\"][\"conv_channels\"]=[8,0]", "lte.conv_channels", HYLA_ERR_FORMAT},
+        {"lalte", "c[\"lte\"][\"budget\"]=0", "lte.budget", HYLA_ERR_FORMAT},
+        {"lalte", "c[\"lte\"][\"scoring\"]=\"never\"", "lte.scoring", HYLA_ERR_UNSUPPORTED},
+        {"lansa", "c[\"nsa\"][\"block_counts\"]=[1,2]", "nsa.block_counts", HYLA_ERR_UNSUPPORTED},
+        {"lansa", "c[\"nsa\"][\"num_kv_heads\"]=3", "nsa.num_kv_heads", HYLA_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(src, sizeof src, "%s/sp-%s", tmp, cases[i].arch);
+        if (i == 0 || strcmp(cases[i].arch, cases[i - 1].arch)) {
+            snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch %s --layers 2 --hidden 64 --heads 4 --window 16 --out %s 2>/dev/null",
+                     bin, cases[i].arch, src);
+            CHECK(system(cmd) == 0);
+        }
+        snprintf(d, sizeof d, "%s/sp-%zu", tmp, i);
+        variant(src, d, NULL, NULL, NULL);
+        config_edit(d, cases[i].edit);
+        expect_fail(d, cases[i].st, cases[i].key, NULL);
+    }
+}
+
 int main(void) {
     if (!mkdtemp(tmp)) return 1;
     CHECK_OK(hyla_backend_create("cpu", &be));
@@ -213,6 +242,16 @@ int main(void) {
     expect_fail(d, HYLA_ERR_FORMAT, "num_writer (5)", NULL);
     write_text(path, "{not json");
     expect_fail(d, HYLA_ERR_FORMAT, "config.json", NULL);
+    /* layer lists of hybrid specs: a layer outside the model, a layer two specs claim */
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"num_hidden_layers\": 2, "
+                     "\"attn\": {\"layers\": [2], \"num_heads\": 4}}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'attn.layers' has an entry outside [0, 2)", NULL);
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"num_hidden_layers\": 2, "
+                     "\"attn\": [{\"layers\": [1], \"num_heads\": 4}, {\"layers\": [1], \"num_heads\": 4}]}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'attn[1].layers' lists layer 1, which another spec already took", NULL);
+    write_text(path, "{\"model_type\": \"gla\", \"hidden_size\": 64, \"num_heads\": 4, \"num_hidden_layers\": 2, "
+                     "\"statex\": {\"layers\": [-1]}}");
+    expect_fail(d, HYLA_ERR_FORMAT, "'statex.layers' has an entry outside [0, 2)", NULL);
 
     /* truncated safetensors: names the file and the tensor that runs past the end */
     snprintf(d, sizeof d, "%s/trunc", tmp);
@@ -296,6 +335,7 @@ int main(void) {
     }
 
     test_naming_variants(bin);
+    test_sparse_refusals(bin);
 
     hyla_backend_destroy(be);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <rocksdb/c.h>
@@ -444,8 +445,9 @@ static void test_failed_writes(uint64_t nowal_bytes) {
             break;
         }
         failures++;
-        CHECK(s == HYLA_ERR_IO);
+        CHECK(s == HYLA_ERR_RESOURCE);
         CHECK(msg_has(hyla_last_error(), "previous version kept", "fault"));
+        CHECK(msg_has(hyla_last_error(), "out of disk space", "fault"));
         CHECK(get_equals(st, "f", 0, a));
         CHECK(verify_clean(st)); /* no leaked references */
         hyla_store_usage_info u;
@@ -531,6 +533,56 @@ static void test_concurrent(void) {
     hyla_store_close(st);
 }
 
+/* The snapshot list of a session under retention: the last keep_versions versions, each with
+ * position, commit time and sizes. */
+static void test_snapshot_list(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    p.keep_versions = 3;
+    hyla_store *st = open_store(dir, &p);
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    int64_t t0 = (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+    for (uint64_t v = 1; v <= 5; v++) {
+        hyla_snapshot *s = tsu_make(70 + v, 70, 512 * v, 9);
+        uint64_t got = 0;
+        CHECK_OK(hyla_store_put(st, "hist", s, &got, NULL));
+        CHECK(got == v);
+        hyla_snapshot_destroy(s);
+    }
+    clock_gettime(CLOCK_REALTIME, &t);
+    int64_t t1 = (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+    hyla_store_snapshot_info *l = NULL;
+    size_t n = 0;
+    CHECK_OK(hyla_store_snapshots(st, "hist", &l, &n));
+    CHECK(n == 3); /* retention: versions 1 and 2 were GC'd */
+    for (size_t i = 0; i < n && n == 3; i++) {
+        uint64_t v = 3 + i;
+        hyla_snapshot *s = tsu_make(70 + v, 70, 512 * v, 9);
+        CHECK(l[i].version == v);
+        CHECK(l[i].is_head == (v == 5));
+        CHECK(l[i].position == 512 * v);
+        CHECK(l[i].model_fingerprint == 9);
+        CHECK(l[i].raw_bytes == hyla_snapshot_bytes(s));
+        CHECK(l[i].time_us >= t0 && l[i].time_us <= t1);
+        CHECK(i == 0 || l[i].time_us >= l[i - 1].time_us);
+        CHECK(l[i].stored_bytes > 0 && l[i].written_bytes > 0);
+        CHECK(l[i].written_bytes < l[i].stored_bytes); /* the KV prefix was shared, not rewritten */
+        hyla_snapshot_destroy(s);
+    }
+    free(l);
+    /* a fork's first version wrote nothing but its manifest records */
+    CHECK_OK(hyla_store_fork(st, "hist", 4, "hist-fork"));
+    CHECK_OK(hyla_store_snapshots(st, "hist-fork", &l, &n));
+    CHECK(n == 1 && l[0].version == 1 && l[0].position == 2048 && l[0].written_bytes == 0 && l[0].is_head);
+    free(l);
+    CHECK_OK(hyla_store_delete(st, "hist"));
+    CHECK(hyla_store_snapshots(st, "hist", &l, &n) == HYLA_ERR_NOT_FOUND);
+    CHECK(verify_clean(st));
+    hyla_store_close(st);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "%s/hyla_test_store_%d", hyla_test_env("TMPDIR", "/tmp"), (int)getpid());
     hyla_mkdirs(root);
@@ -543,6 +595,7 @@ int main(void) {
     test_failed_writes(32u << 20); /* chunks through the WAL */
     test_failed_writes(0);         /* chunks around the WAL, then a flush */
     test_concurrent();
+    test_snapshot_list();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);

@@ -1,14 +1,16 @@
 /* test_store_rpc.c — the StateStore gRPC service over loopback with a real RocksDB store:
  * put/get round trip bit-exact; an incremental put that sends only the new KV rows (shared
  * prefix from the base version) reads back complete; a put under a refused epoch fails with the
- * hook's message and leaves the previous version; get of an unknown session is NOT_FOUND; a
- * client with a message limit below the 4 MiB pieces puts and gets in smaller pieces. */
+ * hook's message and leaves the previous version; a version above the head is DATA_LOSS and a
+ * full disk RESOURCE_EXHAUSTED (fault hook), a delete on it works; get of an unknown session is
+ * NOT_FOUND; a client with a message limit below the 4 MiB pieces puts and gets in smaller pieces. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "hyla_store_rpc.h"
+#include "hyla_store_test.h"
 #include "hyla_test.h"
 #include "test_store_util.h"
 
@@ -73,6 +75,29 @@ int main(void) {
     CHECK(v == 2 && got && hyla_snapshot_equal(b, got));
     hyla_snapshot_destroy(got);
     CHECK(commits == 2);
+
+    /* a version the store numbered but no longer has: DATA_LOSS naming session and version */
+    s = hyla_store_rpc_get(c, "s-1", 7, 10000, &got, &v);
+    CHECK(s == HYLA_ERR_CORRUPT && got == NULL);
+    CHECK_MSG(strstr(hyla_last_error(), "DATA_LOSS") && strstr(hyla_last_error(), "session s-1 version 7"), "%s",
+              hyla_last_error());
+
+    /* a full disk: RESOURCE_EXHAUSTED naming the store; the previous version stays; a delete
+     * on the full store works */
+    hyla_store_fault_write(1);
+    s = hyla_store_rpc_put(c, "s-1", 6, c3, 0, NULL, 10000, NULL);
+    hyla_store_fault_write(0);
+    CHECK(s == HYLA_ERR_RESOURCE);
+    CHECK_MSG(strstr(hyla_last_error(), "RESOURCE_EXHAUSTED") && strstr(hyla_last_error(), "out of disk space") &&
+                  strstr(hyla_last_error(), dir),
+              "%s", hyla_last_error());
+    CHECK_OK(hyla_store_rpc_get(c, "s-1", 0, 10000, &got, &v));
+    CHECK(v == 2 && got && hyla_snapshot_equal(b, got));
+    hyla_snapshot_destroy(got);
+    CHECK_OK(hyla_store_rpc_put(c, "s-full", 6, a, 0, NULL, 10000, NULL));
+    hyla_store_fault_write(1);
+    CHECK_OK(hyla_store_rpc_delete(c, "s-full", 0, 10000, NULL));
+    hyla_store_fault_write(0);
 
     /* unknown session */
     s = hyla_store_rpc_get(c, "s-nope", 0, 10000, &got, &v);

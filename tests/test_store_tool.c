@@ -56,6 +56,10 @@ int main(void) {
               "show: %s", out);
     CHECK(run("verify") == 0 && strstr(out, "ok: 2 sessions"));
     CHECK(run("verify alpha") == 0);
+    CHECK_MSG(run("snapshots beta") == 0 && !strncmp(out, "1\tposition=", 11) && strstr(out, "\n2*\tposition=") &&
+                  strstr(out, "\ttime=20") && strstr(out, "\twritten="),
+              "snapshots: %s", out);
+    CHECK(run("snapshots nobody") == 1 && strstr(out, "nobody"));
     CHECK(run("verify nobody") == 1 && strstr(out, "nobody"));
     char args[1024];
     snprintf(args, sizeof args, "export alpha '%s'", file);
@@ -84,7 +88,7 @@ int main(void) {
     CHECK(run("rm gamma") == 1 && strstr(out, "gamma"));
     CHECK(run("ls") == 0 && !strstr(out, "gamma") && !strstr(out, "delta"));
     CHECK(run("gc") == 0 && strstr(out, "gc: deleted"));
-    CHECK(run("du") == 0 && strstr(out, "sessions 2"));
+    CHECK(run("du") == 0 && strstr(out, "sessions 2") && strstr(out, "disk_free_bytes") && strstr(out, "full 0"));
     CHECK(run("verify") == 0);
     CHECK(run("frobnicate") == 2);
     CHECK(run("show") == 2);

@@ -126,6 +126,27 @@ const char *hyla_model_config_layer_kind(const hyla_model_config *c, int i) {
     return i >= 0 && i < c->num_layers && c->mixer[i] ? c->mixer[i]->name : "?";
 }
 
+/* The layers a spec object lists (`where.layers`, already checked to be an array) run mixer mx
+ * with config cfg; each must be a layer of the model that no other spec took. */
+static void assign_layers(hyla_cfg *r, const char *where, json_t *layers, const hyla_mixer *mx, void *cfg,
+                          hyla_model_config *c) {
+    size_t i;
+    json_t *l;
+    json_array_foreach(layers, i, l) {
+        if (!json_is_integer(l) || json_integer_value(l) < 0 || json_integer_value(l) >= c->num_layers) {
+            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' has an entry outside [0, %d)", where, c->num_layers);
+            return;
+        }
+        int li = (int)json_integer_value(l);
+        if (c->mixer_cfg[li]) {
+            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' lists layer %d, which another spec already took", where, li);
+            return;
+        }
+        c->mixer[li] = mx;
+        c->mixer_cfg[li] = cfg;
+    }
+}
+
 /* A spec (`attn`, ...): an object, or a list of objects (FLA accepts both), each with "layers". */
 static void read_spec(hyla_cfg *r, json_t *root, const hyla_mixer *mx, json_t *spec, int idx, hyla_model_config *c) {
     char where[64];
@@ -151,21 +172,7 @@ static void read_spec(hyla_cfg *r, json_t *root, const hyla_mixer *mx, json_t *s
         return;
     }
     (void)root;
-    size_t i;
-    json_t *l;
-    json_array_foreach(layers, i, l) {
-        if (!json_is_integer(l) || json_integer_value(l) < 0 || json_integer_value(l) >= c->num_layers) {
-            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' has an entry outside [0, %d)", where, c->num_layers);
-            return;
-        }
-        int li = (int)json_integer_value(l);
-        if (c->mixer_cfg[li]) {
-            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' lists layer %d, which another spec already took", where, li);
-            return;
-        }
-        c->mixer[li] = mx;
-        c->mixer_cfg[li] = cfg;
-    }
+    assign_layers(r, where, layers, mx, cfg, c);
 }
 
 /* A `statex` spec (our extension; docs/MODELS.md "StateX"): the listed layers keep the base kind,
@@ -198,21 +205,7 @@ static void read_statex(hyla_cfg *r, json_t *root, const hyla_mixer *base, json_
         if (r->st == HYLA_OK) r->st = sub.st;
         return;
     }
-    size_t i;
-    json_t *l;
-    json_array_foreach(layers, i, l) {
-        if (!json_is_integer(l) || json_integer_value(l) < 0 || json_integer_value(l) >= c->num_layers) {
-            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' has an entry outside [0, %d)", where, c->num_layers);
-            return;
-        }
-        int li = (int)json_integer_value(l);
-        if (c->mixer_cfg[li]) {
-            hyla_cfg_fail(r, HYLA_ERR_FORMAT, "'%s.layers' lists layer %d, which another spec already took", where, li);
-            return;
-        }
-        c->mixer[li] = base;
-        c->mixer_cfg[li] = cfg;
-    }
+    assign_layers(r, where, layers, base, cfg, c);
 }
 
 hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {

@@ -179,6 +179,10 @@ typedef struct {
     int short_conv;      /* -1: the mixer's default */
     const char *variant; /* an arch's variant of the mixer ("gdn" for sse-gdn), or NULL */
     int spec;            /* 1: writing the keys of a hybrid spec object, 0: of the config root */
+    /* LTE */
+    int sink, budget;    /* -1 / 0: the mixer's default */
+    /* NSA */
+    int nsa_block, nsa_counts; /* 0: the mixer's default */
 } hyla_mk_args;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -23,6 +23,10 @@ typedef struct {
     hyla_dtype dtype;
     const char *out;
     int short_conv; /* -1: arch default */
+    /* LTE */
+    int sink, budget; /* -1 / 0: the mixer's default */
+    /* NSA */
+    int nsa_block, nsa_counts; /* 0: the mixer's default */
 } opts;
 
 typedef struct {
@@ -37,10 +41,12 @@ static void usage(FILE *f) {
             "usage: hyla-mkmodel --arch ARCH --layers L --hidden D --heads H [options] --out DIR\n"
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
-            "                     statex-gla\n"
+            "                     statex-gla | lalte | lansa | nsa\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
-            "                     4 layers, one every L/4 from the first: GLA heads merged into one)\n"
+            "                     4 layers, one every L/4 from the first: GLA heads merged into one;\n"
+            "                     lalte / lansa: GDN with LTE / NSA attention at every odd\n"
+            "                     layer, 1:1; nsa: native sparse attention at every layer)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -48,7 +54,12 @@ static void usage(FILE *f) {
             "  --seed S           weight seed (default 0)\n"
             "  --dtype T          f32 | bf16 | f16 (default f32)\n"
             "  --kv-heads K       attention KV heads (default: H/2 when H is even, else H)\n"
-            "  --window W         attention sliding window in tokens (default: full attention)\n"
+            "  --window W         attention sliding window in tokens (default: full attention;\n"
+            "                     lte: 768)\n"
+            "  --sink S           lte: attention sink tokens (default 4)\n"
+            "  --budget B         lte: retained out-of-window tokens per KV head (default 512)\n"
+            "  --block-size N     nsa: tokens per block (default 64)\n"
+            "  --block-counts N   nsa: blocks selected per query (default 16)\n"
             "  --head-dim K       key head dim of gdn/sse (default D/H)\n"
             "  --partitions N     SSE partitions (default 4)\n"
             "  --topk K           SSE partitions selected per token (default 1; sse-gdn: 2)\n"
@@ -134,16 +145,22 @@ static void declared(tensors *t, const hyla_tensor_decl *d) {
 typedef struct {
     const char *arch, *mixer, *variant;
     const char *statex; /* StateX: base keys overridden at 4 expanded layers (JSON object), or NULL */
+    const char *sparse; /* a spec kind placed at every odd layer (1:1 interleaving), or NULL */
 } mk_arch;
 static const mk_arch ARCHS[] = {
-    {"gla", "gla", NULL, NULL},
-    {"gdn", "gdn", NULL, NULL},
-    {"transformer", "attn", NULL, NULL},
-    {"sse", "sse", NULL, NULL},
-    {"sse-gdn", "sse", "gdn", NULL},
+    {"gla", "gla", NULL, NULL, NULL},
+    {"gdn", "gdn", NULL, NULL, NULL},
+    {"transformer", "attn", NULL, NULL, NULL},
+    {"sse", "sse", NULL, NULL, NULL},
+    {"sse-gdn", "sse", "gdn", NULL, NULL},
     /* StateX (statex-post-training-state-expansion.txt §4.1, §4.4): all heads of a GLA layer
      * merged into one, at one layer of every L/4 from the first */
-    {"statex-gla", "gla", NULL, "{\"num_heads\": 1}"},
+    {"statex-gla", "gla", NULL, "{\"num_heads\": 1}", NULL},
+    /* laLTE (lte-hybrid-sparse-attention-token-eviction.txt §3.2): GDN and LTE layers 1:1 */
+    {"lalte", "gdn", NULL, NULL, "lte"},
+    /* laNSA (same paper, §3.2) and an all-NSA model (flash-linear-attention's model_type "nsa") */
+    {"lansa", "gdn", NULL, NULL, "nsa"},
+    {"nsa", "nsa", NULL, NULL, NULL},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {
@@ -160,7 +177,8 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
     json_object_set_new(cfg, "tie_word_embeddings", json_false());
     json_object_set_new(cfg, "bos_token_id", json_integer(256));
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
-    hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0};
+    hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0,
+                       o->sink, o->budget, o->nsa_block, o->nsa_counts};
     const char *why = base->mk_config(cfg, &ma);
     if (!why && a->statex) {
         json_t *spec = json_loads(a->statex, 0, NULL), *layers = json_array();
@@ -169,6 +187,18 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
         for (int i = 0, n = 0; i < L && n < 4; i += m, n++) json_array_append_new(layers, json_integer(i));
         json_object_set_new(spec, "layers", layers);
         json_object_set_new(cfg, "statex", spec);
+    }
+    if (!why && a->sparse) {
+        const hyla_mixer *sp = hyla_mixer_find(a->sparse);
+        json_t *spec = json_object(), *layers = json_array();
+        for (int i = 1; i < L; i += 2) json_array_append_new(layers, json_integer(i));
+        json_object_set_new(spec, "layers", layers);
+        hyla_mk_args sa = ma;
+        sa.variant = NULL;
+        sa.spec = 1;
+        sa.head_dim = 0;
+        why = sp->mk_config(spec, &sa);
+        json_object_set_new(cfg, sp->spec_key, spec);
     }
     if (!why && hybrid) {
         const hyla_mixer *attn = hyla_mixer_find("attn");
@@ -225,7 +255,7 @@ static int mk(const opts *o) {
         fprintf(stderr, "hyla-mkmodel: unknown --arch '%s'\n", o->arch);
         return 2;
     }
-    if (hybrid && !strcmp(base->name, "attn")) {
+    if (hybrid && (!strcmp(base->name, "attn") || !strcmp(base->name, "nsa") || a->sparse)) {
         fprintf(stderr, "hyla-mkmodel: --arch %s has no -h variant\n", a->arch);
         return 2;
     }
@@ -311,11 +341,14 @@ int main(int argc, char **argv) {
     o.vocab = 260;
     o.dtype = HYLA_DT_F32;
     o.short_conv = -1;
+    o.sink = -1;
     static struct option lo[] = {{"arch", 1, 0, 'a'},     {"layers", 1, 0, 'l'},     {"hidden", 1, 0, 'd'},
                                  {"heads", 1, 0, 'H'},    {"vocab", 1, 0, 'v'},      {"seed", 1, 0, 's'},
                                  {"dtype", 1, 0, 't'},    {"kv-heads", 1, 0, 'k'},   {"window", 1, 0, 'w'},
                                  {"head-dim", 1, 0, 'K'}, {"partitions", 1, 0, 'n'}, {"topk", 1, 0, 'p'},
                                  {"intermediate", 1, 0, 'f'}, {"short-conv", 1, 0, 'c'}, {"out", 1, 0, 'o'},
+                                 {"sink", 1, 0, 'S'},     {"budget", 1, 0, 'B'},
+                                 {"block-size", 1, 0, 'z'}, {"block-counts", 1, 0, 'N'},
                                  {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -343,6 +376,10 @@ int main(int argc, char **argv) {
         case 'f': o.intermediate = atoi(optarg); break;
         case 'c': o.short_conv = atoi(optarg) != 0; break;
         case 'o': o.out = optarg; break;
+        case 'S': o.sink = atoi(optarg); break;
+        case 'B': o.budget = atoi(optarg); break;
+        case 'z': o.nsa_block = atoi(optarg); break;
+        case 'N': o.nsa_counts = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -131,32 +131,6 @@ static void stream_unref_unlock(hyla_rpc_stream *s) {
         stream_free(s);
 }
 
-static void push(rpc_out **head, rpc_out **tail, size_t *len, grpc_byte_buffer *bb) {
-    rpc_out *o = malloc(sizeof *o);
-    HYLA_ASSERT(o);
-    o->next = NULL;
-    o->bb = bb;
-    if (*tail)
-        (*tail)->next = o;
-    else
-        *head = o;
-    *tail = o;
-    (*len)++;
-}
-
-static grpc_byte_buffer *pop(rpc_out **head, rpc_out **tail, size_t *len) {
-    rpc_out *o = *head;
-    if (!o)
-        return NULL;
-    *head = o->next;
-    if (!*head)
-        *tail = NULL;
-    (*len)--;
-    grpc_byte_buffer *bb = o->bb;
-    free(o);
-    return bb;
-}
-
 static void kick_send_locked(hyla_rpc_stream *s) {
     if (s->send_inflight || s->broken || s->status_done)
         return;
@@ -272,7 +246,7 @@ static void on_recv(hyla_rpc_stream *s) {
             protobuf_c_message_free_unpacked(m, NULL);
         }
     } else {
-        push(&s->in_head, &s->in_tail, &s->in_len, bb);
+        rpc_out_push(&s->in_head, &s->in_tail, &s->in_len, bb);
     }
     maybe_post_recv_locked(s);
     maybe_done_locked(s);
@@ -284,7 +258,7 @@ static void on_send(hyla_rpc_stream *s, int ok) {
     pthread_mutex_lock(&s->mu);
     s->send_inflight = 0;
     if (!s->send_is_close) {
-        grpc_byte_buffer *bb = pop(&s->q_head, &s->q_tail, &s->q_len);
+        grpc_byte_buffer *bb = rpc_out_pop(&s->q_head, &s->q_tail, &s->q_len);
         if (bb)
             grpc_byte_buffer_destroy(bb);
     }
@@ -307,12 +281,7 @@ static void on_status(hyla_rpc_stream *s) {
         s->n_trailers = 0;
     /* Unsent requests are moot now; the one in flight completes on its own. */
     if (s->send_inflight && !s->send_is_close && s->q_head) {
-        rpc_out *rest = s->q_head->next, *tail = NULL;
-        size_t n = 0;
-        s->q_head->next = NULL;
-        s->q_tail = s->q_head;
-        s->q_len = 1;
-        rpc_out_free_all(&rest, &tail, &n);
+        rpc_out_free_after_head(&s->q_head, &s->q_tail, &s->q_len);
     } else if (!s->send_inflight) {
         rpc_out_free_all(&s->q_head, &s->q_tail, &s->q_len);
     }
@@ -593,7 +562,7 @@ static hyla_status write_bb(hyla_rpc_stream *s, grpc_byte_buffer *bb) {
         grpc_byte_buffer_destroy(bb);
         return st;
     }
-    push(&s->q_head, &s->q_tail, &s->q_len, bb);
+    rpc_out_push(&s->q_head, &s->q_tail, &s->q_len, bb);
     kick_send_locked(s);
     if (!rpc_on_loop_thread) {
         while (s->q_len >= (size_t)s->cl->p.max_queued_writes && !s->status_done && !s->broken)
@@ -632,7 +601,7 @@ hyla_status hyla_rpc_stream_read(hyla_rpc_stream *s, ProtobufCMessage **out) {
     *out = NULL;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        grpc_byte_buffer *bb = pop(&s->in_head, &s->in_tail, &s->in_len);
+        grpc_byte_buffer *bb = rpc_out_pop(&s->in_head, &s->in_tail, &s->in_len);
         if (bb) {
             maybe_post_recv_locked(s);
             pthread_mutex_unlock(&s->mu);

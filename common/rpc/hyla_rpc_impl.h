@@ -61,8 +61,13 @@ ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_b
 gpr_timespec rpc_deadline_from_ms(int64_t ms);
 /* Copy a slice into a new NUL-terminated string (caller frees with free()). */
 char *rpc_slice_strdup(grpc_slice s);
-/* Free a queue of outgoing messages. */
+/* A queue of messages (head, tail, length): append bb (takes ownership); take the head's
+ * buffer (NULL when empty; caller destroys it); free all; free all but the head (the message a
+ * send batch has in flight). */
+void rpc_out_push(rpc_out **head, rpc_out **tail, size_t *len, grpc_byte_buffer *bb);
+grpc_byte_buffer *rpc_out_pop(rpc_out **head, rpc_out **tail, size_t *len);
 void rpc_out_free_all(rpc_out **head, rpc_out **tail, size_t *len);
+void rpc_out_free_after_head(rpc_out **head, rpc_out **tail, size_t *len);
 /* Copy n metadata pairs into *out (caller frees with rpc_kv_free). */
 hyla_status rpc_kv_copy(const grpc_metadata *md, size_t n, rpc_kv **out, size_t *n_out);
 void rpc_kv_free(rpc_kv *kv, size_t n);

@@ -168,13 +168,7 @@ static const char *call_name(const hyla_rpc_call *c) { return c->path ? c->path 
 /* Drop queued messages that are not in flight (the head is in flight when a message batch is). */
 static void drop_unsent_locked(hyla_rpc_call *c) {
     if (c->send_inflight && !c->send_is_status && c->q_head) {
-        rpc_out *rest = c->q_head->next;
-        c->q_head->next = NULL;
-        c->q_tail = c->q_head;
-        c->q_len = 1;
-        rpc_out *tail = NULL;
-        size_t n = 0;
-        rpc_out_free_all(&rest, &tail, &n);
+        rpc_out_free_after_head(&c->q_head, &c->q_tail, &c->q_len);
     } else if (!c->send_inflight || c->send_is_status) {
         rpc_out_free_all(&c->q_head, &c->q_tail, &c->q_len);
     }
@@ -230,19 +224,6 @@ static void kick_send_locked(hyla_rpc_call *c) {
         grpc_slice_unref(details);
 }
 
-static void enqueue_locked(hyla_rpc_call *c, grpc_byte_buffer *bb) {
-    rpc_out *o = malloc(sizeof *o);
-    HYLA_ASSERT(o);
-    o->next = NULL;
-    o->bb = bb;
-    if (c->q_tail)
-        c->q_tail->next = o;
-    else
-        c->q_head = o;
-    c->q_tail = o;
-    c->q_len++;
-}
-
 /* Decide the final status (once); last, if not NULL, is queued before it (takes ownership). */
 static void finish_locked(hyla_rpc_call *c, hyla_rpc_code code, const char *msg, grpc_byte_buffer *last) {
     if (c->finishing || c->closed) {
@@ -255,7 +236,7 @@ static void finish_locked(hyla_rpc_call *c, hyla_rpc_code code, const char *msg,
     c->status_msg = strdup(msg ? msg : "");
     HYLA_ASSERT(c->status_msg);
     if (last)
-        enqueue_locked(c, last);
+        rpc_out_push(&c->q_head, &c->q_tail, &c->q_len, last);
     if (code != HYLA_RPC_OK)
         HYLA_DEBUG("rpc: %s -> %s: %s", call_name(c), hyla_rpc_code_name(code), c->status_msg);
     kick_send_locked(c);
@@ -406,8 +387,7 @@ static void on_recv(hyla_rpc_call *c, int ok) {
             grpc_byte_buffer_destroy(bb);
             pthread_mutex_lock(&c->mu);
             if (!req) {
-                snprintf(msg, sizeof msg, "malformed request: %zu bytes do not decode as %s", len,
-                         c->m->req->name);
+                snprintf(msg, sizeof msg, "malformed request: %s", hyla_last_error());
                 abort_locked(c, HYLA_RPC_INVALID_ARGUMENT, msg);
             } else if (!c->closed) {
                 start_locked(c, req);
@@ -426,8 +406,7 @@ static void on_recv(hyla_rpc_call *c, int ok) {
         grpc_byte_buffer_destroy(bb);
         pthread_mutex_lock(&c->mu);
         if (!m) {
-            snprintf(msg, sizeof msg, "malformed request message: %zu bytes do not decode as %s", len,
-                     c->m->req->name);
+            snprintf(msg, sizeof msg, "malformed request message: %s", hyla_last_error());
             abort_locked(c, HYLA_RPC_INVALID_ARGUMENT, msg);
         } else {
             if (!c->closed && !c->finishing && !c->done_delivered)
@@ -442,15 +421,8 @@ static void on_recv(hyla_rpc_call *c, int ok) {
 static void on_send(hyla_rpc_call *c, int ok) {
     pthread_mutex_lock(&c->mu);
     c->send_inflight = 0;
-    if (!c->send_is_status && c->q_head) {
-        rpc_out *o = c->q_head;
-        c->q_head = o->next;
-        if (!c->q_head)
-            c->q_tail = NULL;
-        c->q_len--;
-        grpc_byte_buffer_destroy(o->bb);
-        free(o);
-    }
+    if (!c->send_is_status && c->q_head)
+        grpc_byte_buffer_destroy(rpc_out_pop(&c->q_head, &c->q_tail, &c->q_len));
     if (!ok) {
         c->broken = 1;
         rpc_out_free_all(&c->q_head, &c->q_tail, &c->q_len);
@@ -797,7 +769,7 @@ hyla_status hyla_rpc_call_send(hyla_rpc_call *c, const ProtobufCMessage *msg) {
         grpc_byte_buffer_destroy(bb);
         return hyla_fail(HYLA_ERR_CANCELLED, "%s: the call is over", call_name(c));
     }
-    enqueue_locked(c, bb);
+    rpc_out_push(&c->q_head, &c->q_tail, &c->q_len, bb);
     kick_send_locked(c);
     pthread_mutex_unlock(&c->mu);
     return HYLA_OK;

@@ -775,6 +775,13 @@ static const hyla_ops cpu_ops = {
     .gdn_decode = cpu_gdn_decode,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,
+    /* LTE */
+    .lte_score = cpu_lte_score,
+    .lte_prefill = cpu_lte_prefill,
+    .lte_decode = cpu_lte_decode,
+    /* NSA */
+    .nsa_prefill = cpu_nsa_prefill,
+    .nsa_decode = cpu_nsa_decode,
     .sse_route = cpu_sse_route,
     .sse_prefill = cpu_sse_prefill,
     .sse_decode = cpu_sse_decode,

@@ -73,4 +73,19 @@ hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, c
                            const int32_t *idx, const float *w, int B, int H, int dk, int dv, int N,
                            int K, float scale, float *const *S0, float *const *Sp, float *o);
 
+/* ---- LTE (cpu_lte.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
+hyla_status cpu_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                            int n, int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
+hyla_status cpu_lte_decode(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                           int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
+
+/* ---- NSA (cpu_nsa.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_nsa_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g, int n, int Hq,
+                            int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts, int window,
+                            float scale, float *o);
+hyla_status cpu_nsa_decode(void *ctx, const float *q, const float *k, const float *v, const float *g, int B, int Hq,
+                           int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block, int counts,
+                           int window, float scale, float *o);
+
 #endif

@@ -15,6 +15,7 @@
 
 #include "hyla_api.h"
 #include "hyla_log.h"
+#include "hyla_thread.h"
 
 #define PIECE_BYTES (4u << 20)
 
@@ -169,6 +170,16 @@ static hyla_status snapshot_from_header(const Hyla__V1__SnapshotHeader *h, hyla_
     return HYLA_OK;
 }
 
+/* Point pd at bytes [off, off + piece) of part p (index i), or up to its end, with their checksum. */
+static void fill_piece(Hyla__V1__PartData *pd, const hyla_state_part *p, uint32_t i, uint64_t off, size_t piece) {
+    size_t len = p->nbytes - off < piece ? (size_t)(p->nbytes - off) : piece;
+    pd->part_index = i;
+    pd->offset = off;
+    pd->data.data = (uint8_t *)p->data + off;
+    pd->data.len = len;
+    pd->xxh64 = XXH64(pd->data.data, len, 0);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* client                                                                                      */
 
@@ -204,12 +215,7 @@ hyla_status hyla_store_rpc_put(hyla_rpc_client *c, const char *session, uint64_t
     for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) {
         const hyla_state_part *p = &snap->parts[i];
         for (uint64_t off = shared[i]; s == HYLA_OK && off < p->nbytes; off += piece) {
-            size_t len = p->nbytes - off < piece ? (size_t)(p->nbytes - off) : piece;
-            pd.part_index = i;
-            pd.offset = off;
-            pd.data.data = (uint8_t *)p->data + off;
-            pd.data.len = len;
-            pd.xxh64 = XXH64(pd.data.data, len, 0);
+            fill_piece(&pd, p, i, off, piece);
             req.msg_case = HYLA__V1__PUT_SNAPSHOT_REQUEST__MSG_DATA;
             req.data = &pd;
             s = hyla_rpc_stream_write(st, &req.base);
@@ -409,12 +415,7 @@ static void *put_thread(void *arg) {
 }
 
 static void spawn(void *(*fn)(void *), void *arg) {
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &a, fn, arg) != 0) fn(arg); /* degrade to inline rather than drop the call */
-    pthread_attr_destroy(&a);
+    if (hyla_thread_start_detached(fn, arg) != 0) fn(arg); /* degrade to inline rather than drop the call */
 }
 
 static void on_put(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
@@ -546,12 +547,7 @@ hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *sessio
         const hyla_state_part *p = &snap->parts[i];
         for (uint64_t off = 0; s == HYLA_OK && off < p->nbytes; off += piece) {
             while (hyla_rpc_call_queued(call) > 8 && !hyla_rpc_call_cancelled(call)) usleep(500);
-            size_t len = p->nbytes - off < piece ? (size_t)(p->nbytes - off) : piece;
-            pd.part_index = i;
-            pd.offset = off;
-            pd.data.data = (uint8_t *)p->data + off;
-            pd.data.len = len;
-            pd.xxh64 = XXH64(pd.data.data, len, 0);
+            fill_piece(&pd, p, i, off, piece);
             r.msg_case = HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_DATA;
             r.data = &pd;
             s = hyla_rpc_call_send(call, &r.base);

@@ -181,10 +181,11 @@ e2e_start_worker() {
 }
 e2e_more_workers() { [ "$(e2e_ready_workers)" -gt "$1" ]; }
 
-# e2e_make_model DIR [ARCH] [LAYERS]: a tiny deterministic model (default sse-h, 4 layers).
+# e2e_make_model DIR [ARCH] [LAYERS] [MKMODEL ARGS...]: a tiny deterministic model (default
+# sse-h, 4 layers).
 e2e_make_model() {
   "$E2E_BIN/hyla-mkmodel" --arch "${2:-sse-h}" --layers "${3:-4}" --hidden 64 --heads 4 --seed 3 \
-    --out "$1" >/dev/null 2>&1 || e2e_fail "hyla-mkmodel failed for $1"
+    "${@:4}" --out "$1" >/dev/null 2>&1 || e2e_fail "hyla-mkmodel failed for $1"
 }
 
 # e2e_python: the first python3 that imports grpc and grpc_tools ($HYLA_PYTHON, /usr/bin/python3,

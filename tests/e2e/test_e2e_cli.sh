@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The hyla CLI against a real cluster (hyla-coordinator + two hyla-worker on loopback, CPU
-# backend, tiny sse-h model): the scripting contract; the client side of issue 4 item 7
-# (NOT_FOUND, PERMISSION_DENIED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE become the
-# documented exit statuses); and the session identities through the CLI —
+# backend, tiny sse-h model): the scripting contract; gRPC errors reaching the user (NOT_FOUND,
+# PERMISSION_DENIED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE become the documented exit
+# statuses); and the session identities through the CLI —
 # 32 tokens == 16 + pause + resume on the other worker + 16; == 16 + migrate + 16; a fork
 # continues exactly like its parent; a worker killed mid-generate -> exit 4 with the delivered
 # count, and generate continues once the session is re-placed; the coordinator restarted keeps
@@ -61,7 +61,7 @@ fa=$(H -q generate "$F" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$fa" "$pa" "a fork continues like its parent (same RNG stream)"
 e2e_expect_eq "$pa" "$full" "the parent continues like the reference"
 
-# item 7, as exit statuses
+# gRPC errors, as the documented exit statuses
 e2e_expect_rc 3 "unknown session -> NOT_FOUND (3)" H show s-ffffffffffffffff
 e2e_expect_rc 5 "another tenant's session -> PERMISSION_DENIED (5)" e2e_hyla --tenant intruder show "$S"
 e2e_expect_rc 6 "max_tokens over the server's limit -> INVALID_ARGUMENT (6)" H generate "$S" -n 4294967295

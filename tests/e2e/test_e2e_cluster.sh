@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Issue 4 item 8 against a real cluster (hyla-coordinator + hyla-worker processes on loopback,
-# CPU backend, tiny sse-h model, the hyla CLI):
+# Session identities across pause, migration, worker death and pipelines, against a real cluster
+# (hyla-coordinator + hyla-worker processes on loopback, CPU backend, tiny sse-h model, the hyla
+# CLI); the letters label the scenarios in failure messages:
 #   (a) 64 tokens uninterrupted == 32 + Pause + Resume on the other worker + 32;
 #   (b) Migrate while a Generate streams: the Generate ends (exit 4, the tokens it delivered),
 #       a new Generate continues, and all tokens together equal the uninterrupted run;
 #   (c) kill -9 the owning worker while it generates: the session continues on the other
 #       worker from its last durable snapshot, which is at least the last Pause (nothing
 #       committed is lost), and the continuation equals the uninterrupted run from there;
-#   (e) a two-stage pipeline (layers split across two workers; the first with a 64 KiB message
+#   (d) a two-stage pipeline (layers split across two workers; the first with a 64 KiB message
 #       limit, so it cuts prefill pieces and decode batches to fit) gives the same tokens as one
 #       worker, a fork of it continues like it, and its Pause restores on a whole-model worker
 #       with the same continuation;
 #   drain: a drained worker hands its sessions over and exits; they continue identically.
-# (d), (f), (g) are in test_e2e_cli.sh and test_e2e_python.sh.
+# (d), (f), (e) are in test_e2e_cli.sh and test_e2e_python.sh.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init cluster
@@ -51,9 +52,9 @@ H resume "$A" --on "$other" >/dev/null || e2e_fail "(a) resume on $other"
 a2=$(H generate "$A" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$a1 $a2" "$(want 0 64)" "(a) 64 == 32 + pause + resume on the other worker + 32"
 # a fork placed on another worker's group (worker hint) continues like its parent
-AF=$(H fork "$A" --on "$first") || e2e_fail "(g) fork --on $first"
-[ "$(owner "$AF")" = "$first" ] || e2e_fail "(g) fork --on $first landed on $(owner "$AF")"
-e2e_expect_eq "$(H generate "$AF" -n 8 --ids --ignore-eos)" "$(want 64 8)" "(g) fork on another group continues like its parent"
+AF=$(H fork "$A" --on "$first") || e2e_fail "(e) fork --on $first"
+[ "$(owner "$AF")" = "$first" ] || e2e_fail "(e) fork --on $first landed on $(owner "$AF")"
+e2e_expect_eq "$(H generate "$AF" -n 8 --ids --ignore-eos)" "$(want 64 8)" "(e) fork on another group continues like its parent"
 
 # (b) Migrate while a Generate streams
 B=$(new_session) || e2e_fail "(b) session"
@@ -101,31 +102,31 @@ j=$((pos - (N - 1)))
 c3=$(H generate "$C" -n 40 --ids --ignore-eos)
 e2e_expect_eq "$c3" "$(want "$j" 40)" "(c) continuation from the last durable snapshot (token $j, paused at $((paused - (N - 1))))"
 
-# (e) a two-stage pipeline == one worker; its snapshot restores on a whole-model worker. The
+# (d) a two-stage pipeline == one worker; its snapshot restores on a whole-model worker. The
 # first stage runs with a 64 KiB message limit: it must cut prefill pieces to 128 tokens (half the
 # limit / (hidden 64 x 4 bytes)) and decode batches to 31 sessions (vocab 260 logits), or the
 # ~2100-token document's StageForward messages (1024 x 64 x 4 bytes) would not fit
 e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 --max-message-bytes 65536 || e2e_done
 grep -q "prefill pieces of at most 128 tokens" "$E2E_DIR/p0.log" ||
-  e2e_fail "(e) p0 (--max-message-bytes 65536) did not cap its prefill pieces: $(grep -i 'prefill pieces' "$E2E_DIR/p0.log")"
+  e2e_fail "(d) p0 (--max-message-bytes 65536) did not cap its prefill pieces: $(grep -i 'prefill pieces' "$E2E_DIR/p0.log")"
 grep -q "decode batches of at most" "$E2E_DIR/p0.log" ||
-  e2e_fail "(e) p0 (--max-message-bytes 65536) did not cap its decode batches"
+  e2e_fail "(d) p0 (--max-message-bytes 65536) did not cap its decode batches"
 e2e_start_worker p1 "$E2E_DIR/model" --layers 2:4 || e2e_done
 e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | grep -E 'p0[ ,]+p1' | grep -qw yes" ||
-  e2e_fail "(e) the coordinator did not assemble p0 + p1 into a pipeline group"
-P=$(H create --temperature 0.9 --seed 9 --on p0) || e2e_fail "(e) create on the pipeline"
-H show "$P" | grep -qE "p0[ ,]p1" || e2e_fail "(e) session not on the pipeline: $(H show "$P" | grep workers)"
-H append "$P" "$doc" || e2e_fail "(e) append"
+  e2e_fail "(d) the coordinator did not assemble p0 + p1 into a pipeline group"
+P=$(H create --temperature 0.9 --seed 9 --on p0) || e2e_fail "(d) create on the pipeline"
+H show "$P" | grep -qE "p0[ ,]p1" || e2e_fail "(d) session not on the pipeline: $(H show "$P" | grep workers)"
+H append "$P" "$doc" || e2e_fail "(d) append"
 p1=$(H generate "$P" -n 48 --ids --ignore-eos)
-e2e_expect_eq "$p1" "$(want 0 48)" "(e) two-stage pipeline == one worker"
-PF=$(H fork "$P") || e2e_fail "(e) fork of the pipelined session"
-H show "$PF" | grep -qE "p0[ ,]p1" || e2e_fail "(e) the fork is not on the pipeline"
-e2e_expect_eq "$(H generate "$PF" -n 8 --ids --ignore-eos)" "$(want 48 8)" "(e) a fork of the pipelined session continues like its parent"
-H pause "$P" >/dev/null || e2e_fail "(e) pause of the pipelined session"
+e2e_expect_eq "$p1" "$(want 0 48)" "(d) two-stage pipeline == one worker"
+PF=$(H fork "$P") || e2e_fail "(d) fork of the pipelined session"
+H show "$PF" | grep -qE "p0[ ,]p1" || e2e_fail "(d) the fork is not on the pipeline"
+e2e_expect_eq "$(H generate "$PF" -n 8 --ids --ignore-eos)" "$(want 48 8)" "(d) a fork of the pipelined session continues like its parent"
+H pause "$P" >/dev/null || e2e_fail "(d) pause of the pipelined session"
 survivor=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | head -n 1)
-H migrate "$P" --to "$survivor" >/dev/null || e2e_fail "(e) migrate to the whole-model worker $survivor"
+H migrate "$P" --to "$survivor" >/dev/null || e2e_fail "(d) migrate to the whole-model worker $survivor"
 p2=$(H generate "$P" -n 16 --ids --ignore-eos)
-e2e_expect_eq "$p2" "$(want 48 16)" "(e) pipeline snapshot continued on a whole-model worker"
+e2e_expect_eq "$p2" "$(want 48 16)" "(d) pipeline snapshot continued on a whole-model worker"
 
 # drain: the worker snapshots and hands over its sessions, then exits; they continue elsewhere
 D=$(new_session) || e2e_fail "(drain) session"

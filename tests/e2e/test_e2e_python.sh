@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4, item 8f: the Python client (client/python/hyla_client.py, grpcio) against a real
+# The Python client (client/python/hyla_client.py, grpcio) against a real
 # cluster — hyla-coordinator and two hyla-worker processes on loopback, CPU backend, a tiny sse-h
 # model. example.py does create / append / generate / pause / resume; then the identity that
 # matters: 32 tokens generated in one go equal 16 + Pause (evict) + Resume on the other worker + 16

@@ -13,6 +13,10 @@ What it holds:
       attention with RoPE, GQA and sliding window [ATTN-1], [ATTN-2]
       SSE with transitions gla and gdn, token by token [SSE-1..4], and the paper's
       varlen prefill (tokens grouped by partition, chunked kernel per partition);
+      LTE (learnable token eviction, lte-hybrid-sparse-attention-token-eviction.txt 3.1):
+      grouped-Conv1d scores, sink + retained + window attention, token by token [LTE-1..5];
+      NSA (flash-linear-attention's nsa layer; mean-pooled compression, block selection,
+      window, gates) [NSA-1..4];
   * a Session that holds per-layer state, prefills a prompt (recurrent or chunked) and
     decodes greedily, one token at a time, always by the recurrence.
 
@@ -541,6 +545,186 @@ class AttnLayer:
         return linear(o.reshape(T, self.Hq * self.hd), self.wo)
 
 
+class LTELayer:
+    """Learnable token eviction (docs/MODELS.md 5.1, [LTE-1..5]; lte-hybrid-sparse-attention-
+    token-eviction.txt 3.1): attention over sink + retained + window, token by token. Scores come
+    from the true pre-RoPE keys through a stack of grouped Conv1d (torch's, padding c*dil on both
+    sides: the left padding is the spec's, the right side is never read because a score is used
+    only once its field is complete). margins: the distance of every retention decision from
+    flipping (|r - 0.5|, |r - r_victim|, the gap between the two lowest scores of a full
+    segment), for the fixture generator's choice of robust seeds."""
+    kind = "lte"
+
+    def __init__(self, spec, W, p, D):
+        self.Hq = spec["num_heads"]
+        self.Hk = spec.get("num_kv_heads", None) or self.Hq
+        self.hd = spec.get("head_dim", None) or D // self.Hq
+        self.theta = spec.get("rope_theta", 10000.0) or 10000.0
+        self.s, self.w, self.b = spec.get("sink_size", 4), spec.get("window_size", 768), spec.get("budget", 512)
+        self.K, self.dil = spec.get("conv_kernel_size", 3), spec.get("conv_dilation", 2)
+        ch = spec.get("conv_channels", None) or [self.hd, self.hd // 2, self.hd // 4]
+        self.ch = [2 * self.hd] + list(ch)
+        self.h = len(ch) * (self.K - 1) // 2 * self.dil
+        Hq, Hk, hd = self.Hq, self.Hk, self.hd
+        self.wq, self.wk, self.wv = W(p + "q_proj.weight", (Hq * hd, D)), W(p + "k_proj.weight", (Hk * hd, D)), W(p + "v_proj.weight", (Hk * hd, D))
+        self.wo = W(p + "o_proj.weight", (D, Hq * hd))
+        self.cw, self.cb = [], []
+        for l in range(len(ch)):
+            self.cw.append(W(p + "lte.convs.%d.weight" % l, (Hk * self.ch[l + 1], self.ch[l], self.K)))
+            self.cb.append(W(p + "lte.convs.%d.bias" % l, (Hk * self.ch[l + 1],)))
+        self.pw = W(p + "lte.proj.weight", (Hk, self.ch[-1], 1))
+        self.pb = W(p + "lte.proj.bias", (Hk,))
+        self.margins = []
+
+    def init_state(self, dt):
+        z = torch.zeros(0, self.Hk, self.hd, dtype=dt)
+        return {"kpre": z, "k": z, "v": z, "ret": [[] for _ in range(self.Hk)]}
+
+    def scores(self, kpre, v):
+        """r [N, Hk] of every position of the history (valid where the field is complete)."""
+        N = kpre.shape[0]
+        x = torch.cat([kpre, v], -1).reshape(N, self.Hk * 2 * self.hd).T[None]  # [1, Hk*2hd, N]
+        pad = (self.K - 1) // 2 * self.dil
+        for w, b in zip(self.cw, self.cb):
+            x = torch.nn.functional.silu(torch.nn.functional.conv1d(x, w, b, padding=pad, dilation=self.dil, groups=self.Hk))
+        x = torch.nn.functional.conv1d(x, self.pw, self.pb, groups=self.Hk)
+        return torch.sigmoid(x[0].T)
+
+    def step(self, st, t, q):
+        """Token t is in the history: evict t - w, then attend q [Hq, hd]."""
+        e = t - self.w
+        if e >= self.s:
+            r = self.scores(st["kpre"][: e + self.h + 1], st["v"][: e + self.h + 1])[e]
+            for h in range(self.Hk):
+                re, seg = float(r[h]), st["ret"][h]
+                self.margins.append(abs(re - 0.5))
+                if not re > 0.5:
+                    continue
+                if len(seg) < self.b:
+                    seg.append((e, re))
+                    continue
+                order = sorted(range(len(seg)), key=lambda i: (seg[i][1], seg[i][0]))  # lowest, oldest first
+                vi = order[0]
+                if len(order) > 1:
+                    self.margins.append(seg[order[1]][1] - seg[vi][1])
+                self.margins.append(abs(re - seg[vi][1]))
+                if re > seg[vi][1]:
+                    seg[vi] = (e, re)
+        rep = self.Hq // self.Hk
+        o = torch.empty(self.Hq, self.hd, dtype=q.dtype)
+        for h in range(self.Hk):
+            vis = list(range(min(self.s, t + 1))) + [pp for pp, _ in st["ret"][h]] + list(range(max(self.s, t - self.w + 1), t + 1))
+            kk, vv = st["k"][vis, h], st["v"][vis, h]
+            for g in range(rep):
+                qh = q[h * rep + g]
+                p = torch.softmax(kk @ qh * self.hd ** -0.5, -1)
+                o[h * rep + g] = p @ vv
+        return o
+
+    def __call__(self, x, st, pos0, mode):
+        T = x.shape[0]
+        q = linear(x, self.wq).view(T, self.Hq, self.hd)
+        k = linear(x, self.wk).view(T, self.Hk, self.hd)
+        v = linear(x, self.wv).view(T, self.Hk, self.hd)
+        pos = torch.arange(pos0, pos0 + T)
+        q, kr = rope(q, pos, self.theta), rope(k, pos, self.theta)
+        out = []
+        for i in range(T):
+            st["kpre"] = torch.cat([st["kpre"], k[i : i + 1]], 0)
+            st["k"] = torch.cat([st["k"], kr[i : i + 1]], 0)
+            st["v"] = torch.cat([st["v"], v[i : i + 1]], 0)
+            out.append(self.step(st, pos0 + i, q[i]))
+        o = torch.stack(out, 0)
+        return linear(o.reshape(T, self.Hq * self.hd), self.wo)
+
+
+def nsa_attend(q, k, v, g, block, counts, window, scale):
+    """Native sparse attention of the queries of the last T positions of k, v (docs/MODELS.md 5.2,
+    [NSA-1..4]). q [T, Hq, hd] at positions P-T..P-1; k, v [P, Hk, hd] (rotated keys);
+    g [T, Hq, 3] gate logits (cmp, slc, swa). Token by token, per KV head and query group."""
+    T, Hq, hd = q.shape
+    P, Hk, _ = k.shape
+    G = Hq // Hk
+    o = torch.zeros(T, Hq, hd, dtype=q.dtype)
+    nblk = P // block
+    kc = k[: nblk * block].reshape(nblk, block, Hk, hd).mean(1)  # mean pooling of whole blocks
+    vc = v[: nblk * block].reshape(nblk, block, Hk, hd).mean(1)
+    gs = torch.sigmoid(g)
+    margins = []
+    for i in range(T):
+        p = P - T + i
+        nc, cur = (p + 1) // block, p // block
+        for h in range(Hk):
+            qg = q[i, h * G:(h + 1) * G]  # [G, hd]
+            if nc > 0:
+                pr = torch.softmax(qg @ kc[:nc, h].T * scale, -1)  # [G, nc]
+                ocmp = pr @ vc[:nc, h]
+                score = torch.zeros(cur + 1, dtype=q.dtype)
+                score[:nc] = pr.mean(0)
+            else:
+                ocmp = torch.zeros(G, hd, dtype=q.dtype)
+                score = torch.zeros(cur + 1, dtype=q.dtype)
+            for c in {0, cur, cur - 1}:
+                if 0 <= c <= cur:
+                    score[c] = 1.0
+            order = sorted(range(cur + 1), key=lambda c: (-float(score[c]), c))  # ties: lower block
+            sel = order[:counts]
+            if len(order) > counts:
+                margins.append(float(score[order[counts - 1]] - score[order[counts]]))
+            pos = [t for c in sel for t in range(c * block, min((c + 1) * block, p + 1))]
+            kk, vv = k[pos, h], v[pos, h]
+            oslc = torch.softmax(qg @ kk.T * scale, -1) @ vv
+            out = oslc * gs[i, h * G:(h + 1) * G, 1:2] + ocmp * gs[i, h * G:(h + 1) * G, 0:1]
+            if window and window > 0:
+                lo = max(0, p - window + 1)
+                oswa = torch.softmax(qg @ k[lo:p + 1, h].T * scale, -1) @ v[lo:p + 1, h]
+                out = out + oswa * gs[i, h * G:(h + 1) * G, 2:3]
+            o[i, h * G:(h + 1) * G] = out
+    return o, margins
+
+
+class NSALayer:
+    """flash-linear-attention's NativeSparseAttention (q/k/v/g/o projections, RoPE, GQA), with the
+    math of its naive reference: mean-pooled compression, top-n block selection with the first,
+    current and previous blocks forced, a sliding window, sigmoid gates. margins: the score gap
+    at every selection boundary (the fixture generator's robustness check)."""
+    kind = "nsa"
+
+    def __init__(self, cfg, W, p, D, spec):
+        self.Hq = cfg.get("num_heads", None) or (None if spec else 64)
+        self.Hk = cfg.get("num_kv_heads", None) or (self.Hq if spec else 4)
+        self.hd = cfg.get("head_dim", None) or (64 if spec else 32)
+        self.theta = cfg.get("rope_theta", 10000.0) or 10000.0
+        self.block = cfg.get("block_size", 64)
+        self.counts = cfg.get("block_counts", 16)
+        self.window = cfg.get("window_size", 512) or 0
+        bias = cfg.get("qkv_bias", False)
+        Hq, Hk, hd = self.Hq, self.Hk, self.hd
+        self.wq, self.wk, self.wv = W(p + "q_proj.weight", (Hq * hd, D)), W(p + "k_proj.weight", (Hk * hd, D)), W(p + "v_proj.weight", (Hk * hd, D))
+        self.bq = W(p + "q_proj.bias", (Hq * hd,)) if bias else None
+        self.bk = W(p + "k_proj.bias", (Hk * hd,)) if bias else None
+        self.bv = W(p + "v_proj.bias", (Hk * hd,)) if bias else None
+        self.wg = W(p + "g_proj.weight", (Hq * 3, D))
+        self.wo = W(p + "o_proj.weight", (D, Hq * hd))
+        self.margins = []
+
+    def init_state(self, dt):
+        return {"k": torch.zeros(0, self.Hk, self.hd, dtype=dt), "v": torch.zeros(0, self.Hk, self.hd, dtype=dt)}
+
+    def __call__(self, x, st, pos0, mode):
+        T = x.shape[0]
+        q = linear(x, self.wq, self.bq).view(T, self.Hq, self.hd)
+        k = linear(x, self.wk, self.bk).view(T, self.Hk, self.hd)
+        v = linear(x, self.wv, self.bv).view(T, self.Hk, self.hd)
+        g = linear(x, self.wg).view(T, self.Hq, 3)
+        pos = torch.arange(pos0, pos0 + T)
+        q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
+        st["k"], st["v"] = torch.cat([st["k"], k], 0), torch.cat([st["v"], v], 0)
+        o, m = nsa_attend(q, st["k"], st["v"], g, self.block, self.counts, self.window, self.hd ** -0.5)
+        self.margins.extend(m)
+        return linear(o.reshape(T, self.Hq * self.hd), self.wo)
+
+
 # ----------------------------------------------------------------------------------------
 # model and session
 # ----------------------------------------------------------------------------------------
@@ -558,7 +742,7 @@ class Model:
         self.cfg, self.dtype = cfg, dtype
         W = Weights(raw, dtype)
         mt = cfg["model_type"]
-        if mt not in ("gla", "gated_deltanet", "transformer", "sse"):
+        if mt not in ("gla", "gated_deltanet", "transformer", "sse", "nsa"):
             raise ValueError("unknown model_type %r" % mt)
         D, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
         self.D, self.V, self.L = D, V, L
@@ -575,6 +759,12 @@ class Model:
         for spec in attn_specs(cfg):
             for i in spec.get("layers", []):
                 attn_of[i] = spec
+        lte_of, nsa_of = {}, {}  # sparse-attention specs
+        for key, of in (("lte", lte_of), ("nsa", nsa_of)):
+            sp = cfg.get(key, None)
+            for spec in ([] if sp is None else sp if isinstance(sp, list) else [sp]):
+                for i in spec.get("layers", []):
+                    of[i] = spec
         # StateX (docs/MODELS.md 4.5): listed layers read the root keys overlaid by the spec's
         cfg_of = {}
         sx = cfg.get("statex", None)
@@ -591,6 +781,12 @@ class Model:
                 mix = AttnLayer(cfg, W, pa, D, True)
             elif i in attn_of:
                 mix = AttnLayer(attn_of[i], W, pa, D, False)
+            elif mt == "nsa":
+                mix = NSALayer(cfg, W, pa, D, False)
+            elif i in lte_of:
+                mix = LTELayer(lte_of[i], W, pa, D)
+            elif i in nsa_of:
+                mix = NSALayer(nsa_of[i], W, pa, D, True)
             elif mt == "gla":
                 mix = GLALayer(cfg_of.get(i, cfg), W, pa, D)
             elif mt == "gated_deltanet":

@@ -56,6 +56,13 @@ FIXTURES = {
     "gla-h": (mk("gla-h", 4), "hyla-mkmodel GLA with an attention layer (layer 2), full attention"),
     "gdn-h-bf16": (mk("gdn-h", 4, "--window", "40", "--dtype", "bf16"), "hyla-mkmodel GDN with an attention layer, window 40, BF16 weights"),
     "statex-gla": (mk("statex-gla", 4), "hyla-mkmodel StateX GLA: every layer's heads merged into one (4 expanded of 4)"),
+    # sparse-attention hybrids
+    "lalte": (mk("lalte", 4, "--window", "16", "--sink", "2", "--budget", "6"),
+              "hyla-mkmodel laLTE: GDN and LTE layers 1:1, window 16, sink 2, budget 6 (96 tokens evict, retain and replace)"),
+    "lansa": (mk("lansa", 4, "--window", "16", "--block-size", "8", "--block-counts", "4"),
+              "hyla-mkmodel laNSA: GDN and NSA layers 1:1, blocks of 8, 4 selected, window 16"),
+    "nsa": (mk("nsa", 2, "--window", "12", "--block-size", "4", "--block-counts", "5"),
+            "hyla-mkmodel NSA (model_type nsa): blocks of 4, 5 selected, window 12"),
     "x-gla-conv": (tiny("x-gla-conv", "BF16", 2), "make_tiny GLA: short conv, no output gate, clamp_min; BF16 weights in 2 shards"),
     "x-gdn-plain": (tiny("x-gdn-plain", "F16"), "make_tiny GDN: no conv, no output gate, allow_neg_eigval, expand_v 1; F16 weights"),
     "x-transformer": (tiny("x-transformer"), "make_tiny transformer: GQA 4:1, qkv bias, qk_norm, window 20, rope_theta 500, tied embeddings"),

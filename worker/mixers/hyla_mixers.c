@@ -8,12 +8,17 @@
 #include "hyla_mixer.h"
 
 extern const hyla_mixer hyla_mixer_gla, hyla_mixer_gdn, hyla_mixer_sse, hyla_mixer_attn;
+/* sparse-attention kinds of the laLTE / laNSA hybrids */
+extern const hyla_mixer hyla_mixer_lte, hyla_mixer_nsa;
 
 const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_gla,
     &hyla_mixer_gdn,
     &hyla_mixer_sse,
     &hyla_mixer_attn,
+    /* sparse-attention kinds */
+    &hyla_mixer_lte,
+    &hyla_mixer_nsa,
     NULL,
 };
 
