@@ -244,6 +244,10 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
         st = hyla_store_rpc_register(c->srv, c->store, &c->hooks);
     }
     if (st == HYLA_OK)
+        st = coord_quota_init(c);
+    if (st == HYLA_OK)
+        st = coord_metrics_setup(c);
+    if (st == HYLA_OK)
         st = hyla_rpc_server_listen(c->srv, p.listen, &c->port);
     if (st == HYLA_OK) {
         if (p.advertise && p.advertise[0]) {
@@ -289,6 +293,7 @@ void hyla_coord_wait(hyla_coord *c) {
 
 void hyla_coord_request_stop(hyla_coord *c) {
     char b = 1;
+    c->stop_requested = 1;
     ssize_t r = write(c->stop_pipe[1], &b, 1);
     (void)r;
 }
@@ -325,6 +330,8 @@ void hyla_coord_destroy(hyla_coord *c) {
         close(c->stop_pipe[0]);
     if (c->stop_pipe[1] >= 0)
         close(c->stop_pipe[1]);
+    coord_metrics_free(c);
+    coord_quota_free(c);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);

@@ -45,6 +45,11 @@ typedef struct {
                                        NULL: hyla_store_default_params() */
     const char *admin_key;       /* the operator key (--admin-key-file): API keys required on every
                                     call; NULL or "": development mode, no authentication */
+    struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
+    /* per-tenant quotas (0 = no limit); over one, new work fails RESOURCE_EXHAUSTED naming it */
+    uint32_t quota_sessions;     /* sessions in the directory */
+    uint64_t quota_stored_bytes; /* bytes of the sessions' committed snapshots in the store */
+    uint32_t quota_generations;  /* Generate calls running at once */
 } hyla_coord_params;
 
 hyla_coord_params hyla_coord_default_params(void);
@@ -58,6 +63,8 @@ int hyla_coord_port(const hyla_coord *c);
 void hyla_coord_wait(hyla_coord *c);
 /* Ask hyla_coord_wait to return (async-signal-safe). */
 void hyla_coord_request_stop(hyla_coord *c);
+/* 1 while the coordinator takes new work, 0 once a stop was requested (readiness, health). */
+int hyla_coord_ready(hyla_coord *c);
 /* Stop serving (calls in flight get their grace period, then CANCELLED), join, free. Accepts NULL. */
 void hyla_coord_destroy(hyla_coord *c);
 

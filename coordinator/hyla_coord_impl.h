@@ -22,6 +22,7 @@
 #define HYLA_COORD_IMPL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "hyla_api.h"
@@ -119,6 +120,9 @@ struct hyla_coord {
     hyla_store_rpc_hooks hooks; /* borrowed by the StateStore service */
     int relays;                 /* relayed streams alive (their worker streams must end first) */
     coord_keys *keys;           /* API keys (hyla_coord_auth.c); NULL: development mode, no keys */
+    volatile sig_atomic_t stop_requested; /* hyla_coord_request_stop ran: readiness is false */
+    struct coord_metrics *met;  /* metric families (hyla_coord_metrics.c); NULL without metrics */
+    struct coord_quota *quota;  /* per-tenant running Generate calls (hyla_coord_quota.c) */
 };
 
 /* A Session message built from a csess; references only its own storage. */
@@ -132,6 +136,24 @@ typedef struct {
 } sess_view;
 
 typedef int (*sess_filter)(const hyla_coord *c, const csess *s, const void *arg);
+
+/* ---- hyla_coord_quota.c: per-tenant limits (RESOURCE_EXHAUSTED naming the limit) ---- */
+hyla_status coord_quota_init(hyla_coord *c);
+void coord_quota_free(hyla_coord *c);
+/* A new session (Create, Fork) for tenant: its session count and stored bytes. c->mu held. */
+hyla_status coord_quota_new_session_locked(const hyla_coord *c, const char *tenant);
+/* New input (Append): the tenant's stored bytes. Takes c->mu. */
+hyla_status coord_quota_check_bytes(hyla_coord *c, const char *tenant);
+/* A Generate call starts / ends (every successful enter is matched by one leave). No lock held. */
+hyla_status coord_quota_generate_enter(hyla_coord *c, const char *tenant);
+void coord_quota_generate_leave(hyla_coord *c, const char *tenant);
+
+/* ---- hyla_coord_metrics.c: metrics, health, readiness ---- */
+/* Register grpc.health.v1 and, with p.metrics, the families and the collector (before start). */
+hyla_status coord_metrics_setup(hyla_coord *c);
+/* The embedded store committed a snapshot (any thread). */
+void coord_metrics_on_commit(hyla_coord *c, const hyla_snapshot_info *info);
+void coord_metrics_free(hyla_coord *c);
 
 /* ---- hyla_coord.c: lifecycle, jobs, answers ---- */
 /* The gRPC code of a coordinator failure: the one mapping (hyla_rpc_code_from_status). */

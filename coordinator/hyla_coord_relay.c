@@ -49,6 +49,7 @@ typedef struct {
         uint8_t data[];
     } *head, *tail;
     int qlen, half_closed, held, job_started;
+    int quota_gen; /* counted in the tenant's running Generate calls */
 } relay;
 
 static relay *relay_new(hyla_coord *c, hyla_rpc_call *call) {
@@ -81,6 +82,8 @@ static void relay_unref(void *p) {
         protobuf_c_message_free_unpacked(r->req, NULL);
     hyla_rpc_stream_destroy(r->ws); /* may run inside the stream's own final callback: allowed */
     hyla_coord *c = r->c;
+    if (r->quota_gen)
+        coord_quota_generate_leave(c, r->tenant);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -317,11 +320,14 @@ void coord_h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMes
     for (size_t i = 0; i < q->n_stop && st == HYLA_OK; i++)
         if (!q->stop[i] || !q->stop[i][0])
             st = hyla_fail(HYLA_ERR_INVALID_ARG, "field stop[%zu]: a stop sequence may not be empty", i);
+    if (st == HYLA_OK)
+        st = coord_quota_generate_enter(b->c, tenant);
     if (st != HYLA_OK) {
         coord_answer_error(call, st);
         return;
     }
     relay *r = relay_new(b->c, call);
+    r->quota_gen = 1; /* relay_unref leaves the quota */
     coord_copy_str(r->session, sizeof r->session, q->session_id);
     coord_copy_str(r->tenant, sizeof r->tenant, tenant);
     r->req = hyla_rpc_message_dup(msg);
@@ -386,6 +392,11 @@ void coord_h_append(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
         char tenant[ID_MAX];
         if (!coord_get_tenant(call, tenant)) {
             coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+            return;
+        }
+        hyla_status qs = coord_quota_check_bytes(b->c, tenant);
+        if (qs != HYLA_OK) {
+            coord_answer_error(call, qs);
             return;
         }
         r = relay_new(b->c, call);

@@ -65,6 +65,8 @@ void coord_do_create(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
     csess *s = coord_sess_new();
     pthread_mutex_lock(&c->mu);
     st = coord_resolve_model_locked(c, q->model, s->model);
+    if (st == HYLA_OK)
+        st = coord_quota_new_session_locked(c, tenant);
     if (st != HYLA_OK) {
         pthread_mutex_unlock(&c->mu);
         free(s);
@@ -441,6 +443,14 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     }
     csess *s = coord_sess_new();
     pthread_mutex_lock(&c->mu);
+    st = coord_quota_new_session_locked(c, p->tenant);
+    if (st != HYLA_OK) {
+        pthread_mutex_unlock(&c->mu);
+        free(s);
+        coord_release(c, p);
+        coord_answer_error(call, st);
+        return;
+    }
     coord_new_session_id_locked(c, s->id);
     coord_copy_str(s->tenant, sizeof s->tenant, p->tenant);
     coord_copy_str(s->model, sizeof s->model, p->model);

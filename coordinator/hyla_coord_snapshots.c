@@ -76,6 +76,7 @@ void coord_store_on_commit(void *ud, const char *session, uint64_t placement_epo
     pthread_mutex_lock(&c->mu);
     coord_note_snapshot_locked(c, session, placement_epoch, &si);
     pthread_mutex_unlock(&c->mu);
+    coord_metrics_on_commit(c, info);
 }
 
 /* ------------------------------------------------------------------------------------------ */

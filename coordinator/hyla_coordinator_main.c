@@ -13,7 +13,10 @@
 #include "hyla_coord.h"
 #include "hyla_http.h"
 #include "hyla_rpc.h"
+#include "hyla_flagfile.h"
 #include "hyla_log.h"
+#include "hyla_metrics.h"
+#include "hyla_probe.h"
 
 static hyla_coord *g_coord;
 
@@ -22,6 +25,40 @@ static void on_signal(int sig) {
     if (g_coord)
         hyla_coord_request_stop(g_coord);
 }
+
+/* Every flag main() parses, as a --config key (keep in step with the parser below). */
+static const hyla_flag_spec k_flags[] = {
+    {"listen", 1},       {"data", 1},          {"advertise", 1},         {"no-store", 0},      {"store-address", 1},
+    {"heartbeat-ms", 1}, {"dead-after-ms", 1}, {"threads", 1},           {"max-message-bytes", 1},
+    {"port-file", 1},    {"http", 1},          {"http-port-file", 1},    {"chat-template", 1}, {"log", 1},
+    {"log-format", 1},   {"metrics", 1},       {"metrics-port-file", 1}, {"quota-sessions", 1},
+    {"quota-stored-bytes", 1}, {"quota-generations", 1}, {"store-reserve-bytes", 1}, {"store-reclaim-ms", 1},
+    {"keep-versions", 1},      {"admin-key-file", 1},   {"tls-cert", 1},          {"tls-key", 1},
+    {"tls-ca", 1},
+};
+
+/* "N", "NK", "NM", "NG", "NT" (powers of 1024) into *out; 0 if malformed. */
+static int parse_bytes(const char *s, uint64_t *out) {
+    char *end = NULL;
+    unsigned long long v = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    if (!end || end == s) return 0;
+    int shift = 0;
+    if (*end) {
+        const char *u = "KMGT", *k = strchr(u, *end);
+        if (!k || end[1]) return 0;
+        shift = 10 * (int)(k - u + 1);
+    }
+    if (shift && v > (~0ull >> shift)) return 0;
+    *out = (uint64_t)v << shift;
+    return 1;
+}
+
+/* argv with --config FILE expanded; freed at exit */
+static int g_argc;
+static char **g_argv;
+static void free_args(void) { hyla_flagfile_free(g_argc, g_argv); }
+
+static int coord_ready(void *ud) { return hyla_coord_ready(ud); }
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -53,7 +90,16 @@ static void usage(FILE *f) {
             "  --tls-cert FILE        serve TLS with this PEM certificate chain (with --tls-key)\n"
             "  --tls-key FILE         the certificate's PEM private key\n"
             "  --tls-ca FILE          PEM CA that this process's own calls to workers verify them with\n"
-            "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n");
+            "  --log LEVEL            debug|info|warn|error (default: HYLA_LOG or info)\n"
+            "  --log-format FMT       text (default) or json (one object per line)\n"
+            "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
+            "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n"
+            "  --quota-sessions N     per tenant: at most N sessions (default 0 = no limit)\n"
+            "  --quota-stored-bytes N per tenant: new sessions and Append refused once its snapshots occupy\n"
+            "                         N bytes in the store (suffix K, M, G, T: powers of 1024; 0 = no limit)\n"
+            "  --quota-generations N  per tenant: at most N Generate calls at once (0 = no limit)\n"
+            "  --config FILE          read flags from FILE (`key = value` lines, keys = these flags' names,\n"
+            "                         `no-store = true`); flags on the command line override it\n");
 }
 
 static int parse_u(const char *s, const char *flag, long lo, long hi, long *out) {
@@ -83,7 +129,7 @@ int main(int argc, char **argv) {
     hyla_coord_params p = hyla_coord_default_params();
     hyla_store_params sp = hyla_store_default_params();
     p.store = &sp;
-    const char *port_file = NULL, *http_port_file = NULL;
+    const char *port_file = NULL, *http_port_file = NULL, *metrics_addr = NULL, *metrics_port_file = NULL;
     hyla_http_params hp = hyla_http_default_params();
     const char *templates[64];
     size_t n_templates = 0;
@@ -91,6 +137,13 @@ int main(int argc, char **argv) {
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
     hyla_log_set_prefix("coordinator");
+    if (hyla_flagfile_expand(argc, argv, k_flags, sizeof k_flags / sizeof k_flags[0], &g_argc, &g_argv) != HYLA_OK) {
+        fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        return 2;
+    }
+    atexit(free_args);
+    argc = g_argc;
+    argv = g_argv;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -118,6 +171,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--port-file")) { NEEDV(); port_file = v; }
         else if (!strcmp(a, "--http")) { NEEDV(); hp.listen = v; }
         else if (!strcmp(a, "--http-port-file")) { NEEDV(); http_port_file = v; }
+        else if (!strcmp(a, "--metrics")) { NEEDV(); metrics_addr = v; }
+        else if (!strcmp(a, "--quota-sessions")) { NEEDV(); if (!parse_u(v, a, 0, 100000000, &n)) return 2; p.quota_sessions = (uint32_t)n; }
+        else if (!strcmp(a, "--quota-generations")) { NEEDV(); if (!parse_u(v, a, 0, 1000000, &n)) return 2; p.quota_generations = (uint32_t)n; }
+        else if (!strcmp(a, "--quota-stored-bytes")) {
+            NEEDV();
+            if (!parse_bytes(v, &p.quota_stored_bytes)) { fprintf(stderr, "hyla-coordinator: --quota-stored-bytes wants bytes (e.g. 1073741824 or 1G), got '%s'\n", v); return 2; }
+        }
+        else if (!strcmp(a, "--metrics-port-file")) { NEEDV(); metrics_port_file = v; }
+        else if (!strcmp(a, "--log-format")) {
+            NEEDV();
+            hyla_log_format f;
+            if (!hyla_log_parse_format(v, &f)) { fprintf(stderr, "hyla-coordinator: --log-format: want text or json, got '%s'\n", v); return 2; }
+            hyla_log_set_format(f);
+        }
         else if (!strcmp(a, "--chat-template")) {
             NEEDV();
             if (n_templates == sizeof templates / sizeof templates[0]) { fprintf(stderr, "hyla-coordinator: too many --chat-template\n"); return 2; }
@@ -169,9 +236,26 @@ int main(int argc, char **argv) {
     }
     if (!sec.tls_cert)
         HYLA_WARN("coordinator: no --tls-cert: gRPC traffic (keys included) travels unencrypted");
+    if (metrics_port_file && !metrics_addr) {
+        fprintf(stderr, "hyla-coordinator: --metrics-port-file needs --metrics ADDR\n");
+        return 2;
+    }
+    hyla_metrics *metrics = metrics_addr ? hyla_metrics_create() : NULL;
+    p.metrics = metrics;
     hyla_status st = hyla_coord_start(&p, &g_coord);
     if (st != HYLA_OK) {
         fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        hyla_metrics_destroy(metrics);
+        return 1;
+    }
+    hyla_probe_http *ops = NULL;
+    if (metrics_addr &&
+        (hyla_probe_http_start(metrics_addr, metrics, coord_ready, g_coord, &ops) != HYLA_OK ||
+         (metrics_port_file && !write_port(metrics_port_file, hyla_probe_http_port(ops))))) {
+        fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+        hyla_probe_http_stop(ops);
+        hyla_coord_destroy(g_coord);
+        hyla_metrics_destroy(metrics);
         return 1;
     }
     struct sigaction sa;
@@ -195,19 +279,25 @@ int main(int argc, char **argv) {
         st = hyla_http_start(&hp, &http);
         if (st != HYLA_OK) {
             fprintf(stderr, "hyla-coordinator: %s\n", hyla_last_error());
+            hyla_probe_http_stop(ops);
             hyla_coord_destroy(g_coord);
+            hyla_metrics_destroy(metrics);
             return 1;
         }
     }
     if ((port_file && !write_port(port_file, hyla_coord_port(g_coord))) ||
         (http_port_file && !write_port(http_port_file, hyla_http_port(http)))) {
         hyla_http_stop(http);
+        hyla_probe_http_stop(ops);
         hyla_coord_destroy(g_coord);
+        hyla_metrics_destroy(metrics);
         return 1;
     }
     hyla_coord_wait(g_coord);
     HYLA_INFO("stopping");
     hyla_http_stop(http);
+    hyla_probe_http_stop(ops); /* its collector reads the coordinator */
     hyla_coord_destroy(g_coord);
+    hyla_metrics_destroy(metrics);
     return 0;
 }

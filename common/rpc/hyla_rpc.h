@@ -252,6 +252,14 @@ hyla_status hyla_rpc_server_set_policy(hyla_rpc_server *s, const char *path_pref
  * server (takes ownership of arg through fn). At most 16. */
 hyla_status hyla_rpc_server_add_cleanup(hyla_rpc_server *s, void (*fn)(void *), void *arg);
 
+/* Observer of finished calls (metrics): fn(method, code, seconds, ud) runs once per accepted
+ * call when its context is freed, on a loop thread or the thread that released it last; must
+ * not block. method is the registered path, or "unknown" for an unregistered one; code is
+ * CANCELLED for a call that ended without a status. Set before start; ud borrowed until
+ * destroy. */
+typedef void (*hyla_rpc_observer)(const char *method, hyla_rpc_code code, double seconds, void *ud);
+void hyla_rpc_server_set_observer(hyla_rpc_server *s, hyla_rpc_observer fn, void *ud);
+
 /* Calls accepted and not yet released (diagnostics and tests). */
 int hyla_rpc_server_live_calls(hyla_rpc_server *s);
 

@@ -30,6 +30,7 @@
 
 #include "hyla_log.h"
 #include "hyla_rpc_impl.h"
+#include "hyla_util.h"
 
 #define RPC_MAX_TRAILERS 8
 
@@ -74,6 +75,8 @@ struct hyla_rpc_server {
         void *arg;
     } cleanups[16];
     int n_cleanups;
+    hyla_rpc_observer obs;
+    void *obs_ud;
 };
 
 struct hyla_rpc_call {
@@ -118,6 +121,7 @@ struct hyla_rpc_call {
 
     void *user;
     void (*user_free)(void *);
+    double t0; /* accepted at (hyla_now), for the observer */
 };
 
 hyla_rpc_server_params hyla_rpc_server_default_params(void) {
@@ -135,6 +139,9 @@ hyla_rpc_server_params hyla_rpc_server_default_params(void) {
 
 static void call_free(hyla_rpc_call *c) {
     hyla_rpc_server *srv = c->srv;
+    if (srv->obs && c->path)
+        srv->obs(c->m ? c->path : "unknown", c->finishing ? c->code : HYLA_RPC_CANCELLED, hyla_now() - c->t0,
+                 srv->obs_ud);
     if (c->user_free)
         c->user_free(c->user);
     if (c->recv_bb)
@@ -394,6 +401,7 @@ static void on_accept(hyla_rpc_call *c, int ok) {
     }
     post_accept(srv);
 
+    c->t0 = hyla_now();
     c->path = rpc_slice_strdup(c->details.method);
     if (rpc_kv_copy(c->req_md.metadata, c->req_md.count, &c->md, &c->n_md) != HYLA_OK)
         c->n_md = 0;
@@ -868,6 +876,12 @@ void hyla_rpc_server_destroy(hyla_rpc_server *s) {
     pthread_mutex_destroy(&s->mu);
     free(s);
     rpc_grpc_unref();
+}
+
+void hyla_rpc_server_set_observer(hyla_rpc_server *s, hyla_rpc_observer fn, void *ud) {
+    HYLA_ASSERT(s && !s->started);
+    s->obs = fn;
+    s->obs_ud = ud;
 }
 
 int hyla_rpc_server_live_calls(hyla_rpc_server *s) {

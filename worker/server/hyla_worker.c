@@ -829,6 +829,7 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     ADD("StageForward", HYLA_RPC_BIDI, hyla__v1__stage_forward_request__descriptor, hyla__v1__stage_forward_response__descriptor, h_stage);
 #undef ADD
     if (st == HYLA_OK) st = worker_protect(w->srv, p->admin_key);
+    if (st == HYLA_OK) st = worker_metrics_setup(w);
     if (st == HYLA_OK) st = hyla_rpc_server_listen(w->srv, p->listen, &w->port);
     if (st != HYLA_OK) {
         hyla_worker_destroy(w);
@@ -917,5 +918,6 @@ void hyla_worker_destroy(hyla_worker *w) {
     hyla_runtime_free(w->rt);
     hyla_model_free(w->m);
     hyla_backend_destroy(w->be);
+    worker_metrics_free(w);
     free(w);
 }

@@ -43,6 +43,7 @@ typedef struct {
     const char *admin_key;     /* the cluster's operator key (--admin-key-file): this worker's port
                                   accepts only the cluster credential derived from it (and the
                                   key itself); NULL: development mode, no authentication */
+    struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
 } hyla_worker_params;
 
 hyla_worker_params hyla_worker_default_params(void);
@@ -58,6 +59,8 @@ int hyla_worker_port(const hyla_worker *w);
 void hyla_worker_wait(hyla_worker *w);
 /* Ask the worker to stop (async-signal-safe). */
 void hyla_worker_request_stop(hyla_worker *w);
+/* 1 while the worker takes new work, 0 while draining or stopping (readiness, health). */
+int hyla_worker_ready(hyla_worker *w);
 /* Stop serving, join threads, free. Accepts NULL. */
 void hyla_worker_destroy(hyla_worker *w);
 

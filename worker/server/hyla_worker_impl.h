@@ -201,6 +201,8 @@ struct hyla_worker {
 
     pthread_mutex_t exit_mu;
     pthread_cond_t exit_cv;
+
+    struct worker_metrics *met; /* metric families (hyla_worker_metrics.c); NULL without metrics */
 };
 
 static inline double now_s(void) { return hyla_now(); }
@@ -250,6 +252,12 @@ void do_stage_msg(hyla_worker *w, cmd *c);
 void do_stage_end(hyla_worker *w, cmd *c);
 void do_stage_done(hyla_worker *w, cmd *c);
 void do_export(hyla_worker *w, cmd *c);
+
+/* hyla_worker_metrics.c (any thread; no-ops without metrics) */
+hyla_status worker_metrics_setup(hyla_worker *w); /* before the server starts */
+void worker_metrics_tokens(hyla_worker *w, const char *phase, uint64_t n, double seconds);
+void worker_metrics_snapshot(hyla_worker *w, const char *op, int ok, uint64_t bytes, double seconds);
+void worker_metrics_free(hyla_worker *w);
 
 /* hyla_worker_io.c */
 void *io_main(void *arg);

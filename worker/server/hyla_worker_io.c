@@ -69,6 +69,7 @@ void *io_main(void *arg) {
         c->reply_kind = it->reply_kind;
         c->unload_after = it->unload_after;
         hyla_status st = ensure_store(w);
+        double t0 = now_s();
         if (it->kind == 1) {
             if (st == HYLA_OK)
                 st = hyla_store_rpc_put(w->store, it->session, it->epoch, it->snap, it->base_version, it->base,
@@ -79,8 +80,10 @@ void *io_main(void *arg) {
                            (unsigned long long)c->info.version, (unsigned long long)c->info.position);
                 report_snapshot(w, it, &c->info);
             }
+            worker_metrics_snapshot(w, "put", st == HYLA_OK, c->info.written_bytes, now_s() - t0);
         } else {
             if (st == HYLA_OK) st = hyla_store_rpc_get(w->store, it->session, it->version, RPC_TIMEOUT_MS, &c->snap, &c->version);
+            worker_metrics_snapshot(w, "get", st == HYLA_OK, st == HYLA_OK ? hyla_snapshot_bytes(c->snap) : 0, now_s() - t0);
         }
         c->status = st;
         if (st != HYLA_OK) snprintf(c->err, sizeof c->err, "%s", hyla_last_error());

@@ -6,9 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_flagfile.h"
 #include "hyla_log.h"
 #include "hyla_auth.h"
 #include "hyla_rpc.h"
+#include "hyla_metrics.h"
+#include "hyla_probe.h"
 #include "hyla_worker.h"
 
 static hyla_worker *g_worker;
@@ -16,6 +19,20 @@ static hyla_worker *g_worker;
 static void on_signal(int sig) {
     (void)sig;
     if (g_worker) hyla_worker_request_stop(g_worker);
+}
+
+static int worker_ready(void *ud) { return hyla_worker_ready(ud); }
+
+/* Write port to file atomically (a reader never sees half a number); 0 on failure (set). */
+static int write_port(const char *file, int port) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, file) != 0) {
+        hyla_fail(HYLA_ERR_IO, "cannot write the port file %s", file);
+        return 0;
+    }
+    return 1;
 }
 
 static void usage(FILE *f) {
@@ -57,7 +74,33 @@ static void usage(FILE *f) {
             "  --tls-key FILE         the certificate's PEM private key\n"
             "  --tls-ca FILE          PEM CA: verify the coordinator, the store and other stages with it\n"
             "  --tls-require-client-cert  mutual TLS: this port refuses callers without a certificate of --tls-ca\n"
+            "  --metrics ADDR         serve GET /metrics (Prometheus), /healthz and /readyz on ADDR\n"
+            "  --metrics-port-file FILE  write the bound metrics port to FILE once serving\n"
+            "  --log-format FMT       text (default) or json (one object per line)\n"
+            "  --config FILE          read flags from FILE (`key = value` lines, keys = these flags' names);\n"
+            "                         flags on the command line override it\n"
             "Logs go to stderr (HYLA_LOG=debug|info|warn|error). SIGINT/SIGTERM stop it.\n");
+}
+
+/* argv with --config FILE expanded (hyla_flagfile.h); freed at exit */
+static int g_argc;
+static char **g_argv;
+static void free_args(void) { hyla_flagfile_free(g_argc, g_argv); }
+
+/* --config FILE: every long option of lo is a key; the file's entries go before the command
+ * line's flags, which override them. 0 on failure (printed). */
+static int expand_config(int argc, char **argv, const struct option *lo, int *out_argc, char ***out_argv) {
+    hyla_flag_spec spec[64];
+    size_t n = 0;
+    for (; lo[n].name && n < 64; n++) spec[n] = (hyla_flag_spec){lo[n].name, lo[n].has_arg != no_argument};
+    if (hyla_flagfile_expand(argc, argv, spec, n, &g_argc, &g_argv) != HYLA_OK) {
+        fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        return 0;
+    }
+    atexit(free_args);
+    *out_argc = g_argc;
+    *out_argv = g_argv;
+    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -69,10 +112,13 @@ int main(int argc, char **argv) {
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
                                  {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},
                                  {"admin-key-file", 1, 0, 'K'}, {"tls-cert", 1, 0, 1001}, {"tls-key", 1, 0, 1002},
-                                 {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},        {0, 0, 0, 0}};
+                                 {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},
+                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013},        {0, 0, 0, 0}};
     const char *admin_key_file = NULL;
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
+    const char *metrics_addr = NULL, *metrics_port_file = NULL;
+    if (!expand_config(argc, argv, lo, &argc, &argv)) return 2;
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -116,6 +162,17 @@ int main(int argc, char **argv) {
         case 1002: sec.tls_key = optarg; break;
         case 1003: sec.tls_ca = optarg; break;
         case 1004: sec.tls_require_client_cert = 1; break;
+        case 1011: metrics_addr = optarg; break;
+        case 1012: metrics_port_file = optarg; break;
+        case 1013: {
+            hyla_log_format f;
+            if (!hyla_log_parse_format(optarg, &f)) {
+                fprintf(stderr, "hyla-worker: --log-format: want text or json, got '%s'\n", optarg);
+                return 2;
+            }
+            hyla_log_set_format(f);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: fprintf(stderr, "hyla-worker: see --help\n"); return 2;
         }
@@ -147,9 +204,25 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
         return 2;
     }
+    if (metrics_port_file && !metrics_addr) {
+        fprintf(stderr, "hyla-worker: --metrics-port-file needs --metrics ADDR\n");
+        return 2;
+    }
+    hyla_metrics *metrics = metrics_addr ? hyla_metrics_create() : NULL;
+    p.metrics = metrics;
     hyla_worker *w = NULL;
     if (hyla_worker_start(&p, &w) != HYLA_OK) {
         fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        hyla_metrics_destroy(metrics);
+        return 1;
+    }
+    hyla_probe_http *ops = NULL;
+    if (metrics_addr && (hyla_probe_http_start(metrics_addr, metrics, worker_ready, w, &ops) != HYLA_OK ||
+                         (metrics_port_file && !write_port(metrics_port_file, hyla_probe_http_port(ops))))) {
+        fprintf(stderr, "hyla-worker: %s\n", hyla_last_error());
+        hyla_probe_http_stop(ops);
+        hyla_worker_destroy(w);
+        hyla_metrics_destroy(metrics);
         return 1;
     }
     g_worker = w;
@@ -157,6 +230,8 @@ int main(int argc, char **argv) {
     fflush(stdout);
     hyla_worker_wait(w);
     g_worker = NULL;
+    hyla_probe_http_stop(ops); /* its collector reads the worker */
     hyla_worker_destroy(w);
+    hyla_metrics_destroy(metrics);
     return 0;
 }

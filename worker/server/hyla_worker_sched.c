@@ -226,6 +226,7 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
             d->batch[B++] = s->s;
         }
     if (!B) return 0;
+    double t0 = now_s();
     hyla_status st = hyla_session_decode(d->batch, B, d->out, NULL);
     if (st != HYLA_OK) {
         char msg[1024];
@@ -241,6 +242,7 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
         }
     } else {
         w->tok_window += (uint64_t)B;
+        worker_metrics_tokens(w, "decode", (uint64_t)B, now_s() - t0);
         for (int i = 0; i < B; i++) {
             d->ws[i]->last_used = now_s();
             deliver(w, d->ws[i], d->out[i]);
@@ -259,6 +261,7 @@ static feed_result feed_append(hyla_worker *w, wsess *s, append_job *a, int *bud
     int n = sched_feed_len(next_pos, a->n, *budget, a->half_closed, HYLA_PREFILL_CHUNK);
     if (n == 0) return FEED_NONE;
     int consumed = 0;
+    double t0 = now_s();
     hyla_status st = hyla_session_feed(s->s, a->toks, n, NULL, &consumed, NULL, NULL);
     if (st != HYLA_OK) {
         append_finish(w, a, hyla_rpc_code_from_status(st), "%s", hyla_last_error());
@@ -270,6 +273,7 @@ static feed_result feed_append(hyla_worker *w, wsess *s, append_job *a, int *bud
     *budget -= n;
     w->tok_window += (uint64_t)n;
     s->last_used = now_s();
+    worker_metrics_tokens(w, "prefill", (uint64_t)n, s->last_used - t0);
     if (a->held && a->n < (size_t)w->p.prefill_budget * 16) {
         hyla_rpc_call_read_resume(a->call);
         a->held = 0;
