@@ -15,3 +15,6 @@ if(TARGET test_cpu_lte_wide)
 endif()
 hyla_add_test(test_cpu_nsa SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_nsa.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+# dynamic linear attention (DLA)
+hyla_add_test(test_cpu_dla SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_dla.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 120)

@@ -88,4 +88,15 @@ hyla_status cpu_nsa_decode(void *ctx, const float *q, const float *k, const floa
                            int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block, int counts,
                            int window, float scale, float *o);
 
+/* ---- DLA (cpu_dla.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_dla_prefill(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
+                            const float *g, const float *erase, const float *write, const float *lam, int n,
+                            float scale, const hyla_dla_cache *c, float *o);
+hyla_status cpu_dla_decode(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
+                           const float *g, const float *erase, const float *write, const float *lam, int B,
+                           float scale, const hyla_dla_cache *c, float *o);
+/* [DLA-2] the information score of the token state w k v^T against state S [dk][dv] of a head
+ * holding m states (tests compare it with their own). */
+float cpu_dla_score(const hyla_dla_params *p, const float *S, int m, const float *k, const float *v, float w);
+
 #endif
