@@ -94,7 +94,7 @@ typedef struct {
     int32_t *meta;   /* [2 + Hk]: tokens cached, the next position to score, retained count per head */
 } hyla_lte_cache;
 
-/* ---- DLA (dynamic linear attention over a pluggable base; docs/MODELS.md §4.4, [DLA-1..5]) ---- */
+/* ---- DLA (dynamic linear attention over a pluggable base; docs/MODELS.md §4.6, [DLA-1..5]) ---- */
 /* The geometry of one DLA layer. */
 typedef struct {
     int H, dk, dv; /* heads; key and value dims of one state */

@@ -1,6 +1,6 @@
 /* test_cpu_dla.c — dynamic linear attention on the CPU reference backend (kernels/cpu/cpu_dla.c):
  *   - dla_prefill against a double-precision reference written from the spec (docs/MODELS.md
- *     §4.4 [DLA-1..5]: score against the newest state with RMSNorm on both, threshold tau, merge
+ *     §4.6 [DLA-1..5]: score against the newest state with RMSNorm on both, threshold tau, merge
  *     or open, lowest-density adjacent merge when full, softplus(lam) weights newest first), for
  *     the gated-DeltaNet base (erase = write = beta) and a Mamba2-like base (erase NULL), with the
  *     same boundaries and counts as the reference;

@@ -27,6 +27,8 @@ typedef struct {
     int sink, budget; /* -1 / 0: the mixer's default */
     /* NSA */
     int nsa_block, nsa_counts; /* 0: the mixer's default */
+    /* DLA */
+    int dla_capacity; /* 0: the mixer's default */
 } opts;
 
 typedef struct {
@@ -41,12 +43,13 @@ static void usage(FILE *f) {
             "usage: hyla-mkmodel --arch ARCH --layers L --hidden D --heads H [options] --out DIR\n"
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
-            "                     statex-gla | lalte | lansa | nsa\n"
+            "                     statex-gla | lalte | lansa | nsa | dla-gdn\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
             "                     4 layers, one every L/4 from the first: GLA heads merged into one;\n"
             "                     lalte / lansa: GDN with LTE / NSA attention at every odd\n"
             "                     layer, 1:1; nsa: native sparse attention at every layer)\n"
+            "                     dla-gdn: dynamic linear attention over gated DeltaNet\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -60,6 +63,7 @@ static void usage(FILE *f) {
             "  --budget B         lte: retained out-of-window tokens per KV head (default 512)\n"
             "  --block-size N     nsa: tokens per block (default 64)\n"
             "  --block-counts N   nsa: blocks selected per query (default 16)\n"
+            "  --dla-capacity K   dla: states per head (default 30)\n"
             "  --head-dim K       key head dim of gdn/sse (default D/H)\n"
             "  --partitions N     SSE partitions (default 4)\n"
             "  --topk K           SSE partitions selected per token (default 1; sse-gdn: 2)\n"
@@ -161,6 +165,8 @@ static const mk_arch ARCHS[] = {
     /* laNSA (same paper, §3.2) and an all-NSA model (flash-linear-attention's model_type "nsa") */
     {"lansa", "gdn", NULL, NULL, "nsa"},
     {"nsa", "nsa", NULL, NULL, NULL},
+    /* dynamic linear attention (dla-dynamic-linear-attention.txt) over gated DeltaNet */
+    {"dla-gdn", "dla-gdn", NULL, NULL, NULL},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {
@@ -178,7 +184,7 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
     json_object_set_new(cfg, "bos_token_id", json_integer(256));
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
     hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0,
-                       o->sink, o->budget, o->nsa_block, o->nsa_counts};
+                       o->sink, o->budget, o->nsa_block, o->nsa_counts, o->dla_capacity};
     const char *why = base->mk_config(cfg, &ma);
     if (!why && a->statex) {
         json_t *spec = json_loads(a->statex, 0, NULL), *layers = json_array();
@@ -349,6 +355,7 @@ int main(int argc, char **argv) {
                                  {"intermediate", 1, 0, 'f'}, {"short-conv", 1, 0, 'c'}, {"out", 1, 0, 'o'},
                                  {"sink", 1, 0, 'S'},     {"budget", 1, 0, 'B'},
                                  {"block-size", 1, 0, 'z'}, {"block-counts", 1, 0, 'N'},
+                                 {"dla-capacity", 1, 0, 'D'},
                                  {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -380,6 +387,7 @@ int main(int argc, char **argv) {
         case 'B': o.budget = atoi(optarg); break;
         case 'z': o.nsa_block = atoi(optarg); break;
         case 'N': o.nsa_counts = atoi(optarg); break;
+        case 'D': o.dla_capacity = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -10,6 +10,8 @@
 extern const hyla_mixer hyla_mixer_gla, hyla_mixer_gdn, hyla_mixer_sse, hyla_mixer_attn;
 /* sparse-attention kinds of the laLTE / laNSA hybrids */
 extern const hyla_mixer hyla_mixer_lte, hyla_mixer_nsa;
+/* dynamic linear attention (DLA) kinds */
+extern const hyla_mixer hyla_mixer_dla_gdn;
 
 const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_gla,
@@ -19,6 +21,8 @@ const hyla_mixer *const hyla_mixers[] = {
     /* sparse-attention kinds */
     &hyla_mixer_lte,
     &hyla_mixer_nsa,
+    /* dynamic linear attention (DLA) kinds */
+    &hyla_mixer_dla_gdn,
     NULL,
 };
 
