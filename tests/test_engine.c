@@ -134,11 +134,13 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace;
-     * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks */
+     * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks;
+     * dla-*: 4 states per head and a threshold of 1.4 (a random model's scores lie near sqrt(2), so
+     * about a third of the tokens merge into the newest state and the rest open one) */
     const char *extra = strstr(arch, "-h")           ? "--window 40"
                         : !strcmp(arch, "lalte")     ? "--window 16 --sink 2 --budget 6"
                         : strstr(arch, "nsa") != NULL ? "--window 16 --block-size 8 --block-counts 4"
-                        : !strncmp(arch, "dla-", 4)   ? "--dla-capacity 4"
+                        : !strncmp(arch, "dla-", 4)   ? "--dla-capacity 4 --dla-threshold 1.4"
                                                       : NULL;
     make_model(arch, dir, extra);
     hyla_runtime *m = test_load(dir, be, NULL);
@@ -507,13 +509,13 @@ static void test_lte_constant_state(hyla_backend *be, const char *tmp) {
     test_unload(m);
 }
 
-/* DLA: with capacity 4, 300 tokens fill every head's cache; per head the counts of the states in
+/* DLA: with capacity 4 (threshold 1.4, see test_arch), 300 tokens fill every head's cache; per head the counts of the states in
  * use sum to the tokens fed, scores are finite and non-negative, and the state bytes do not grow
  * with the context. */
 static void test_dla_cache(hyla_backend *be, const char *tmp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/dla-cache", tmp);
-    make_model("dla-gdn", dir, "--dla-capacity 4");
+    make_model("dla-gdn", dir, "--dla-capacity 4 --dla-threshold 1.4");
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     int V = hyla_model_get_config(test_model(m))->vocab_size;

@@ -14,7 +14,7 @@ for arch in sse-h gla-h lalte lansa dla-gdn; do
   extra=() # lalte: a window small enough that the prompt evicts, retains and replaces tokens
   [ $arch = lalte ] && extra=(--window 16 --sink 2 --budget 6)
   [ $arch = lansa ] && extra=(--window 16 --block-size 8 --block-counts 4) # selection among blocks
-  [ $arch = dla-gdn ] && extra=(--dla-capacity 4) # the prompt fills the cache and merges states
+  [ $arch = dla-gdn ] && extra=(--dla-capacity 4 --dla-threshold 1.4) # fills the cache; merges and opens
   "$BIN/hyla-mkmodel" --arch $arch --layers 4 --hidden 64 --heads 4 --seed 3 "${extra[@]}" --out "$T/$arch" 2>/dev/null
   for temp in 0 0.9; do
     run() { "$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --temperature $temp --seed 11 "$@"; }

@@ -185,6 +185,7 @@ typedef struct {
     int nsa_block, nsa_counts; /* 0: the mixer's default */
     /* DLA */
     int dla_capacity;          /* 0: the mixer's default */
+    double dla_threshold;      /* < 0: the mixer's default */
 } hyla_mk_args;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -289,7 +289,7 @@ static const char *mk_config_common(json_t *obj, const hyla_mk_args *a, const dl
     const char *why = b->mk_config(obj, a);
     if (why) return why;
     json_object_set_new(obj, "dla_capacity", json_integer(a->dla_capacity > 0 ? a->dla_capacity : DLA_DEFAULT_CAPACITY));
-    json_object_set_new(obj, "dla_threshold", json_real(DLA_DEFAULT_THRESHOLD));
+    json_object_set_new(obj, "dla_threshold", json_real(a->dla_threshold >= 0 ? a->dla_threshold : DLA_DEFAULT_THRESHOLD));
     return NULL;
 }
 
