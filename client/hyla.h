@@ -248,8 +248,9 @@ hyla_status hyla_client_append_reader(hyla_client *c, const char *session_id, hy
 typedef struct {
     const int32_t *token_ids; /* [n_token_ids] */
     size_t n_token_ids;
-    const char *text;         /* their text (text_len bytes, not NUL-terminated; may end inside a
-                                 UTF-8 sequence, the next piece continues it) */
+    const char *text;         /* their text (text_len bytes, not NUL-terminated; whole UTF-8
+                                 characters: a character split over tokens comes with the
+                                 piece of the token that completes it) */
     size_t text_len;
     uint64_t position;        /* session position after these tokens */
     uint32_t delivered;       /* tokens this call delivered before this piece */

@@ -51,7 +51,8 @@ static const char usage_main[] =
     "  show SESSION             describe a session\n"
     "  rm SESSION...            delete sessions and their snapshots\n"
     "  ls [--model NAME] [--all] [--ids]   list sessions\n"
-    "  status                   workers, worker groups and sessions by tier\n"
+    "  status [--wait]          workers, worker groups and sessions by tier; --wait: first\n"
+    "                           until a worker group can take sessions (--timeout, default 60 s)\n"
     "  drain WORKER [--wait]    move a worker's sessions to other groups, place none on it;\n"
     "                           --wait: until it is drained (--timeout, default 600 s)\n"
     "  help [COMMAND]           this text, or a command's (also: hyla COMMAND --help)\n"
@@ -114,7 +115,9 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "\n"
         "Generate up to N tokens. Only the generated text goes to stdout, flushed piece by piece\n"
         "(a newline is added at the end only when stdout is a terminal); statistics (tokens,\n"
-        "tokens/s, finish reason) go to stderr.\n"
+        "tokens/s, finish reason) go to stderr. On a terminal, control bytes other than newline\n"
+        "and tab are shown as \\xNN (a model with random weights generates any byte); a pipe or\n"
+        "a file gets the bytes exactly as generated.\n"
         "\n"
         "  -n, --max-tokens N  tokens to generate at most (required, >= 1)\n"
         "  --temperature T     change the session's sampling from now on (T = 0: greedy);\n"
@@ -126,10 +129,10 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "  --ignore-eos        do not stop at the model's end-of-sequence token\n"
         "  --ids               print token ids (space-separated, one line) instead of text\n"
         "\n"
-        "If the session's worker fails (or the session is migrated) mid-way, the command exits\n"
-        "with status 4 and stderr says how many tokens were delivered; running generate again\n"
-        "continues the session (from its last durable snapshot if its worker died: `hyla show`\n"
-        "gives its position).\n"
+        "If the session is paused, migrated or its worker fails mid-way, the command exits with\n"
+        "status 4 and stderr says how many tokens were delivered: the session kept exactly those,\n"
+        "so running generate again continues with no gap (after a worker failure, from its last\n"
+        "durable snapshot: `hyla show` gives its position).\n"
         "\n"
         "Example:  hyla generate $S -n 64 --stop $'\\n\\n'\n",
     [HYLA_CMD_PAUSE] =
@@ -186,10 +189,15 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "\n"
         "Print every field the coordinator knows of a session, one per line.\n",
     [HYLA_CMD_STATUS] =
-        "usage: hyla status\n"
+        "usage: hyla status [--wait] [--timeout SEC]\n"
         "\n"
         "Print the cluster's workers (state, model, layers, device, memory, load), their groups\n"
-        "and the number of sessions in each tier (gpu, host, store) over all tenants.\n",
+        "and the number of sessions in each tier (gpu, host, store) over all tenants.\n"
+        "\n"
+        "  --wait          first wait until the coordinator answers and a worker group is complete\n"
+        "                  (it can take sessions): the step between starting the processes and\n"
+        "                  `hyla create`\n"
+        "  --timeout SEC   with --wait: give up after SEC seconds (default 60) with exit status 4\n",
     [HYLA_CMD_DRAIN] =
         "usage: hyla drain WORKER [--wait] [--timeout SEC]\n"
         "\n"
@@ -259,7 +267,7 @@ static const struct {
     [O_IGNORE_EOS] = {"ignore-eos", 0, 0, C(GENERATE)},
     [O_IDS] = {"ids", 0, 0, C(GENERATE) | C(LS)},
     [O_EVICT] = {"evict", 0, 0, C(PAUSE)},
-    [O_WAIT] = {"wait", 0, 0, C(DRAIN)},
+    [O_WAIT] = {"wait", 0, 0, C(DRAIN) | C(STATUS)},
     [O_TOKENS] = {"tokens", 0, 0, C(APPEND)},
     [O_BOS] = {"bos", 0, 0, C(APPEND)},
     [O_NO_PROGRESS] = {"no-progress", 0, 0, C(APPEND)},
@@ -568,7 +576,8 @@ int hyla_cli_exit_code(hyla_status st, int code) {
     switch (code) {
     case HYLA_CODE_NOT_FOUND: return HYLA_EXIT_NOT_FOUND;
     case HYLA_CODE_UNAVAILABLE:
-    case HYLA_CODE_DEADLINE_EXCEEDED: return HYLA_EXIT_UNAVAILABLE;
+    case HYLA_CODE_DEADLINE_EXCEEDED:
+    case HYLA_CODE_ABORTED: return HYLA_EXIT_UNAVAILABLE; /* paused or moved mid-call: call again */
     case HYLA_CODE_PERMISSION_DENIED:
     case HYLA_CODE_UNAUTHENTICATED: return HYLA_EXIT_PERMISSION;
     case HYLA_CODE_INVALID_ARGUMENT:
@@ -907,7 +916,24 @@ typedef struct {
     int any;
     char last; /* last byte written to stdout */
     int out_err;
+    int escape; /* stdout is a terminal: control bytes are written as \xNN */
 } gen_ui;
+
+/* Write text to stdout; with escape, control bytes other than newline and tab become \xNN so
+ * that what a model generates cannot drive the terminal. */
+static void write_text(const char *t, size_t n, int escape) {
+    if (!escape) {
+        fwrite(t, 1, n, stdout);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = (unsigned char)t[i];
+        if ((b < 0x20 && b != '\n' && b != '\t') || b == 0x7f)
+            printf("\\x%02x", b);
+        else
+            fputc(b, stdout);
+    }
+}
 
 static int on_token(const hyla_token_piece *t, void *ud) {
     gen_ui *g = ud;
@@ -917,7 +943,7 @@ static int on_token(const hyla_token_piece *t, void *ud) {
             g->any = 1;
         }
     } else if (t->text_len) {
-        fwrite(t->text, 1, t->text_len, stdout);
+        write_text(t->text, t->text_len, g->escape);
         g->any = 1;
         g->last = t->text[t->text_len - 1];
     }
@@ -946,7 +972,7 @@ static int cmd_generate(run_ctx *r) {
             return fail("generate", st);
         p.has_sampling = 1;
     }
-    gen_ui g = {a->ids, 0, '\n', 0};
+    gen_ui g = {a->ids, 0, '\n', 0, isatty(1)};
     p.on_token = on_token;
     p.ud = &g;
     hyla_generate_result res;
@@ -1137,9 +1163,41 @@ static int cmd_show(run_ctx *r) {
     return HYLA_EXIT_OK;
 }
 
+#define STATUS_WAIT_DEFAULT_S 60.0 /* --timeout of status --wait when none is given */
+#define STATUS_POLL_S 0.2
+#define STATUS_POLL_TIMEOUT_MS 2000 /* the deadline of each poll */
+
+static int any_group_complete(const hyla_cluster_status *cs) {
+    for (size_t i = 0; i < cs->n_groups; i++)
+        if (cs->groups[i].complete)
+            return 1;
+    return 0;
+}
+
+static void sleep_s(double s);
+
 static int cmd_status(run_ctx *r) {
     hyla_cluster_status cs;
     hyla_status st = hyla_client_cluster_status(r->c, &cs);
+    if (r->a->wait) { /* until the coordinator answers and some group can take a session */
+        double limit = r->a->timeout_s > 0 ? r->a->timeout_s : STATUS_WAIT_DEFAULT_S, t0 = hyla_now();
+        while (st != HYLA_OK || !any_group_complete(&cs)) {
+            if (st != HYLA_OK) {
+                int code = hyla_client_last_code();
+                if (code != HYLA_CODE_UNAVAILABLE && code != HYLA_CODE_DEADLINE_EXCEEDED)
+                    return fail("status", st);
+            } else {
+                hyla_cluster_status_clear(&cs);
+            }
+            if (hyla_now() - t0 >= limit) {
+                fprintf(stderr, "hyla status: no worker group can take sessions after %g s%s\n", limit,
+                        st != HYLA_OK ? " (the coordinator does not answer)" : "");
+                return HYLA_EXIT_UNAVAILABLE;
+            }
+            sleep_s(STATUS_POLL_S);
+            st = hyla_client_cluster_status(r->c, &cs);
+        }
+    }
     if (st != HYLA_OK)
         return fail("status", st);
     printf("%-14s %-9s %-14s %-9s %-8s %-8s %19s %9s %8s %10s\n", "WORKER", "STATE", "MODEL", "LAYERS", "GROUP",
@@ -1295,6 +1353,8 @@ int hyla_cli_main(int argc, char **argv) {
         p.call_timeout_ms = (int64_t)(a.timeout_s * 1000 + 0.5);
     if (a.cmd == HYLA_CMD_DRAIN && a.wait && (a.timeout_s <= 0 || p.call_timeout_ms > DRAIN_POLL_TIMEOUT_MS))
         p.call_timeout_ms = DRAIN_POLL_TIMEOUT_MS; /* each poll; --timeout bounds the whole wait */
+    if (a.cmd == HYLA_CMD_STATUS && a.wait && (a.timeout_s <= 0 || p.call_timeout_ms > STATUS_POLL_TIMEOUT_MS))
+        p.call_timeout_ms = STATUS_POLL_TIMEOUT_MS;
     hyla_client *c = NULL;
     hyla_status st = hyla_client_connect(a.server, a.tenant, &p, &c);
     if (st != HYLA_OK) {

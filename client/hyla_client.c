@@ -1036,7 +1036,8 @@ hyla_status hyla_client_generate(hyla_client *c, const char *session_id, const h
         char extra[256];
         if (res.delivered)
             snprintf(extra, sizeof extra, "; %u token(s) were delivered before the failure%s", res.delivered,
-                     r.code == HYLA_RPC_UNAVAILABLE
+                     r.code == HYLA_RPC_ABORTED ? "; the session kept them: call generate again to continue"
+                     : r.code == HYLA_RPC_UNAVAILABLE
                          ? "; call generate again to continue (from the session's last durable state)"
                          : "");
         else

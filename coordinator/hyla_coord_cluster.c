@@ -14,7 +14,7 @@
 #include "hyla_log.h"
 
 void coord_worker_info_locked(const hyla_coord *c, const cworker *w, Hyla__V1__WorkerInfo *wi, Hyla__V1__LayerRange *lr,
-                               Hyla__V1__Device *dev, Hyla__V1__WorkerLoad *load) {
+                              Hyla__V1__Device *dev, Hyla__V1__WorkerLoad *load) {
     hyla__v1__worker_info__init(wi);
     hyla__v1__layer_range__init(lr);
     hyla__v1__device__init(dev);

@@ -28,6 +28,7 @@
 #include "hyla_coord.h"
 #include "hyla_coord_dir.h"
 #include "hyla_rpc.h"
+#include "hyla_session_id.h"
 #include "hyla_store.h"
 #include "hyla_store_rpc.h"
 #include "hyla_util.h"
@@ -37,7 +38,7 @@
 #define SVC_COORD "/hyla.v1.Coordinator/"
 #define SVC_WORKER "/hyla.v1.Worker/"
 #define ID_MAX 128 /* worker ids, tenants, models, groups (with the NUL) */
-#define SID_MAX 32 /* session ids (with the NUL) */
+#define SID_MAX (HYLA_SESSION_ID_MAX + 1) /* session ids (with the NUL) */
 #define MAX_STAGES 16
 #define PAGE_DEFAULT 100
 #define PAGE_MAX 1000
@@ -64,7 +65,9 @@ typedef struct {
     hyla_rpc_client *client; /* to its Worker service */
 } cworker;
 
-/* A session's directory record in memory. */
+/* A session's directory record in memory. state is ACTIVE (on group under epoch), PAUSED (in the
+ * store only) or MOVING (a call is placing it); Session.state shows PAUSED also for an ACTIVE
+ * session with `paused` set (its resident copy shows in tier and group_id). */
 typedef struct {
     char id[SID_MAX], tenant[ID_MAX], model[ID_MAX], group[ID_MAX], parent[SID_MAX];
     int state, tier;
@@ -75,6 +78,7 @@ typedef struct {
     int64_t created_ms, updated_ms;
     char error[256];
     int busy, refs, deleted;
+    int paused; /* ACTIVE but paused by Pause without evict: shown PAUSED, still resident */
 } csess;
 
 /* One served method: its handler and where it runs. */

@@ -112,7 +112,7 @@ static hyla_status pick_group_locked(const hyla_coord *c, const char *model, con
 
 /* Unary call to a worker (no lock held). */
 hyla_status coord_call_worker(hyla_coord *c, const char *wid, const char *method, const ProtobufCMessage *req,
-                               const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp, hyla_rpc_result *res) {
+                              const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp, hyla_rpc_result *res) {
     pthread_mutex_lock(&c->mu);
     cworker *w = coord_worker_find(c, wid);
     hyla_rpc_client *cl = w && coord_worker_alive(w) ? w->client : NULL;
@@ -211,6 +211,7 @@ hyla_status coord_place(hyla_coord *c, csess *s, const char *hint, const char *e
     coord_copy_str(s->group, sizeof s->group, group);
     s->epoch = epoch;
     s->state = HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
+    s->paused = 0;
     s->tier = tier;
     s->position = position;
     s->generated = generated;
@@ -239,7 +240,7 @@ hyla_status coord_ensure_active(hyla_coord *c, csess *s, char *owner, uint64_t *
         ProtobufCMessage *r = NULL;
         hyla_rpc_result res;
         hyla_status st = coord_call_worker(c, ids[0], SVC_WORKER "DescribeSession", &q.base,
-                                     &hyla__v1__worker_session_response__descriptor, &r, &res);
+                                           &hyla__v1__worker_session_response__descriptor, &r, &res);
         int ok = 0;
         if (st == HYLA_OK) {
             const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)r;
@@ -255,6 +256,14 @@ hyla_status coord_ensure_active(hyla_coord *c, csess *s, char *owner, uint64_t *
         coord_unplace_locked(c, s, st == HYLA_OK ? "its worker holds another placement" : res.message);
         pthread_mutex_unlock(&c->mu);
     } else if (active) {
+        /* Just after a restart its workers may not have registered again yet: the monitor's
+         * grace period applies here too, or the session would fall back to its snapshot and
+         * lose what its worker still holds. */
+        if ((hyla_now() - c->started_mono) * 1000.0 <= (double)c->p.dead_after_ms)
+            return hyla_fail(HYLA_ERR_UNAVAILABLE,
+                             "session %s: the workers of group %s have not registered since the coordinator "
+                             "started; retry",
+                             s->id, s->group);
         pthread_mutex_lock(&c->mu);
         coord_unplace_locked(c, s, "its group has no live worker");
         pthread_mutex_unlock(&c->mu);

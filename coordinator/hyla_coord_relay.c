@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hyla_coord_impl.h"
 #include "hyla_log.h"
@@ -37,9 +38,10 @@ typedef struct {
     int cancelled;  /* the client's call ended (DONE) */
     uint32_t delivered;
     uint64_t last_position; /* the session's position in the worker's last message */
+    uint64_t last_generated; /* Generate: the session's generated count in the worker's last message */
     uint64_t epoch;         /* placement epoch the worker stream was opened under */
     int have_position;
-    char session[SID_MAX], tenant[ID_MAX];
+    char session[SID_MAX], tenant[ID_MAX], owner[ID_MAX];
     /* Append: client chunks waiting for the writer job */
     struct chunk {
         struct chunk *next;
@@ -106,12 +108,60 @@ static void relay_finish_locked(relay *r, hyla_rpc_code code, const char *msg) {
     pthread_mutex_lock(&r->mu);
 }
 
-/* Finish the client's call once with a coordinator-side failure: the status on this thread
- * (r->mu held). */
+/* Finish the client's call once with a coordinator-side failure (the status on this thread) and
+ * cancel the worker's call if it is open (r->mu held). */
 static void relay_fail_locked(relay *r, hyla_status st) {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", hyla_last_error());
     relay_finish_locked(r, coord_rpc_code(st), msg);
+    /* the worker's call must end too, or its session stays busy with a call nobody feeds */
+    r->cancelled = 1;
+    if (r->ws && !r->ws_over)
+        hyla_rpc_stream_cancel(r->ws);
+    pthread_cond_broadcast(&r->cv);
+}
+
+/* After a Generate the client cancelled (or whose deadline passed): the worker's final status
+ * never reaches us (we cancelled its call too), and it may have sampled tokens after the last
+ * one we saw. Ask it, once it has stopped, what the session holds. */
+typedef struct {
+    hyla_coord *c;
+    char session[SID_MAX], owner[ID_MAX];
+    uint64_t epoch;
+} refresh_job;
+
+static void *refresh_main(void *arg) {
+    refresh_job *j = arg;
+    hyla_coord *c = j->c;
+    for (int tries = 0; tries < 100; tries++) { /* the worker ends the job at its next step */
+        Hyla__V1__DescribeSessionRequest q = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+        q.session_id = j->session;
+        ProtobufCMessage *resp = NULL;
+        hyla_rpc_result res;
+        if (coord_call_worker(c, j->owner, SVC_WORKER "DescribeSession", &q.base,
+                              &hyla__v1__worker_session_response__descriptor, &resp, &res) != HYLA_OK)
+            break;
+        const Hyla__V1__WorkerSessionStatus *ws = ((const Hyla__V1__WorkerSessionResponse *)resp)->session;
+        int busy = ws && ws->busy, done = 0;
+        if (ws && !busy) {
+            pthread_mutex_lock(&c->mu);
+            csess *cs = coord_sess_find(c, j->session);
+            if (cs && cs->epoch == j->epoch && ws->placement_epoch == j->epoch) {
+                cs->position = ws->position;
+                cs->generated = ws->generated;
+            }
+            pthread_mutex_unlock(&c->mu);
+            done = 1;
+        }
+        protobuf_c_message_free_unpacked(resp, NULL);
+        if (done || !ws)
+            break;
+        struct timespec t = {0, 10 * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    free(j);
+    coord_job_done(c);
+    return NULL;
 }
 
 /* Worker responses -> the client. msg NULL: the worker's call is over. */
@@ -123,6 +173,7 @@ static void relay_on_worker(hyla_rpc_stream *ws, const ProtobufCMessage *msg, vo
             const Hyla__V1__GenerateResponse *g = (const Hyla__V1__GenerateResponse *)msg;
             r->delivered += (uint32_t)g->n_token_ids;
             r->last_position = g->position;
+            r->last_generated = g->generated;
             r->have_position = 1;
         } else if (msg->descriptor == &hyla__v1__append_progress__descriptor) {
             r->last_position = ((const Hyla__V1__AppendProgress *)msg)->position;
@@ -137,8 +188,27 @@ static void relay_on_worker(hyla_rpc_stream *ws, const ProtobufCMessage *msg, vo
     hyla_rpc_stream_result(ws, &res);
     r->ws_over = 1;
     int have = r->have_position;
-    uint64_t pos = r->last_position, delivered = r->delivered, epoch = r->epoch;
+    uint64_t pos = r->last_position, generated = r->last_generated, epoch = r->epoch;
+    int is_generate = r->req != NULL;
+    /* A Generate the client cancelled: the worker may have sent tokens after the last one that
+     * reached us; its trailer says how many the session kept in all. */
+    const char *kept_s = is_generate && res.code != HYLA_RPC_OK
+                             ? hyla_rpc_stream_trailer(ws, HYLA_API_TOKENS_DELIVERED_KEY) : NULL;
+    uint64_t kept = kept_s ? strtoull(kept_s, NULL, 10) : 0;
+    if (kept_s && have && kept > r->delivered) {
+        pos += kept - r->delivered;
+        generated += kept - r->delivered;
+    }
     relay_finish_locked(r, res.code, res.message);
+    refresh_job *rj = NULL;
+    if (is_generate && r->cancelled && r->owner[0]) {
+        rj = calloc(1, sizeof *rj);
+        HYLA_ASSERT(rj);
+        rj->c = r->c;
+        coord_copy_str(rj->session, sizeof rj->session, r->session);
+        coord_copy_str(rj->owner, sizeof rj->owner, r->owner);
+        rj->epoch = epoch;
+    }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (have) { /* keep the directory current without waiting for a heartbeat (c->mu after r->mu is released) */
@@ -146,10 +216,13 @@ static void relay_on_worker(hyla_rpc_stream *ws, const ProtobufCMessage *msg, vo
         csess *cs = coord_sess_find(r->c, r->session);
         if (cs && cs->epoch == epoch) { /* not re-placed (Migrate, failure) meanwhile */
             cs->position = pos;
-            cs->generated += delivered;
+            if (is_generate && generated) /* the worker's count: heartbeats report the same one */
+                cs->generated = generated;
         }
         pthread_mutex_unlock(&r->c->mu);
     }
+    if (rj && coord_spawn(r->c, refresh_main, rj) != 0)
+        free(rj); /* the next heartbeat corrects the record instead */
     relay_unref(r); /* the stream's reference */
 }
 
@@ -162,6 +235,12 @@ static int relay_open(relay *r, const char *method, const ProtobufCMessageDescri
     uint64_t epoch = 0;
     if (st == HYLA_OK) {
         st = coord_ensure_active(c, s, owner, &epoch);
+        pthread_mutex_lock(&c->mu);
+        if (st == HYLA_OK && s->paused) { /* a call on a paused session resumes it */
+            s->paused = 0;
+            coord_persist_locked(c, s, 0, 0);
+        }
+        pthread_mutex_unlock(&c->mu);
         coord_release(c, s);
     }
     hyla_rpc_client *cl = NULL;
@@ -175,6 +254,8 @@ static int relay_open(relay *r, const char *method, const ProtobufCMessageDescri
     }
     pthread_mutex_lock(&r->mu);
     r->epoch = epoch;
+    if (st == HYLA_OK)
+        coord_copy_str(r->owner, sizeof r->owner, owner);
     if (st == HYLA_OK && r->cancelled)
         st = hyla_fail(HYLA_ERR_CANCELLED, "cancelled");
     if (st == HYLA_OK) {
@@ -233,6 +314,9 @@ void coord_h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMes
         st = hyla_fail(HYLA_ERR_INVALID_ARG, "field max_tokens: must be >= 1");
     if (st == HYLA_OK)
         st = coord_check_sampling(q->sampling);
+    for (size_t i = 0; i < q->n_stop && st == HYLA_OK; i++)
+        if (!q->stop[i] || !q->stop[i][0])
+            st = hyla_fail(HYLA_ERR_INVALID_ARG, "field stop[%zu]: a stop sequence may not be empty", i);
     if (st != HYLA_OK) {
         coord_answer_error(call, st);
         return;
@@ -319,10 +403,8 @@ void coord_h_append(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
             return;
         }
         if (!r->job_started) {
-            if (coord_check_session_id(q->session_id) != HYLA_OK) {
-                relay_fail_locked(r, hyla_fail(HYLA_ERR_INVALID_ARG,
-                                               "Append: the first message must carry session_id (1..%d bytes)",
-                                               SID_MAX - 1));
+            if (hyla_session_id_check(q->session_id, "Append: the first message's session_id") != HYLA_OK) {
+                relay_fail_locked(r, HYLA_ERR_INVALID_ARG);
                 pthread_mutex_unlock(&r->mu);
                 return;
             }

@@ -24,17 +24,10 @@ hyla_status coord_check_sampling(const Hyla__V1__SamplingParams *sp) {
                          (double)sp->temperature);
     if (!isfinite(sp->top_p) || sp->top_p < 0 || sp->top_p > 1)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "field sampling.top_p: %g must be in [0, 1]", (double)sp->top_p);
-    if (sp->top_k < 0)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "field sampling.top_k: %d must be >= 0", sp->top_k);
     return HYLA_OK;
 }
 
-hyla_status coord_check_session_id(const char *id) {
-    size_t n = id ? strlen(id) : 0;
-    if (n == 0 || n >= SID_MAX)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "field session_id: 1..%d bytes required", SID_MAX - 1);
-    return HYLA_OK;
-}
+hyla_status coord_check_session_id(const char *id) { return hyla_session_id_check(id, "field session_id"); }
 
 /* The session a request names, acquired for this call (coord_release when done), or NULL
  * once the call has been answered with the reason: a malformed id, no such session, another
@@ -79,7 +72,7 @@ void coord_do_create(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
     coord_copy_str(s->tenant, sizeof s->tenant, tenant);
     if (q->sampling) {
         s->temperature = q->sampling->temperature;
-        s->top_k = q->sampling->top_k;
+        s->top_k = q->sampling->top_k > 0 ? q->sampling->top_k : 0; /* <= 0: top-k off */
         s->top_p = q->sampling->top_p;
     }
     s->seed = q->seed;
@@ -214,6 +207,11 @@ void coord_do_pause(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
             pthread_mutex_lock(&c->mu);
             coord_unplace_locked(c, s, "paused with evict");
             pthread_mutex_unlock(&c->mu);
+        } else {
+            pthread_mutex_lock(&c->mu);
+            s->paused = 1;
+            coord_persist_locked(c, s, 1, 0);
+            pthread_mutex_unlock(&c->mu);
         }
     }
     sess_view *v = malloc(sizeof *v);
@@ -239,8 +237,16 @@ void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
     uint64_t version = s->snap.version;
     pthread_mutex_unlock(&c->mu);
     hyla_status st = HYLA_OK;
-    if (!active)
+    if (!active) {
         st = coord_place(c, s, q->worker_hint, NULL, version);
+    } else {
+        pthread_mutex_lock(&c->mu);
+        if (s->paused) { /* still resident: resuming is a directory change */
+            s->paused = 0;
+            coord_persist_locked(c, s, 1, 0);
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
     if (st == HYLA_OK)
         reply_view(c, call, s);
     else
@@ -314,7 +320,7 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     coord_copy_str(s->parent, sizeof s->parent, p->id);
     coord_copy_str(s->group, sizeof s->group, p->group);
     s->temperature = q->sampling ? q->sampling->temperature : p->temperature;
-    s->top_k = q->sampling ? q->sampling->top_k : p->top_k;
+    s->top_k = q->sampling ? (q->sampling->top_k > 0 ? q->sampling->top_k : 0) : p->top_k;
     s->top_p = q->sampling ? q->sampling->top_p : p->top_p;
     s->seed = q->reseed ? q->seed : p->seed;
     s->position = p->position;

@@ -149,6 +149,8 @@ void coord_view_make_locked(const hyla_coord *c, const csess *s, sess_view *v) {
     v->s.tenant = v->copy.tenant;
     v->s.model = v->copy.model;
     v->s.state = (Hyla__V1__SessionState)k->state;
+    if (k->paused && k->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE)
+        v->s.state = HYLA__V1__SESSION_STATE__SESSION_PAUSED; /* tier and group_id show the resident copy */
     v->s.tier = (Hyla__V1__Tier)k->tier;
     v->s.group_id = v->copy.group;
     v->s.position = k->position;
@@ -194,6 +196,7 @@ void coord_unplace_locked(hyla_coord *c, csess *s, const char *why) {
     s->state = HYLA__V1__SESSION_STATE__SESSION_PAUSED;
     s->tier = HYLA__V1__TIER__TIER_STORE;
     s->group[0] = 0;
+    s->paused = 0;
     if (s->snap.version) {
         s->position = s->snap.position;
     } else {
@@ -216,7 +219,8 @@ hyla_status coord_load_session_fn(void *ud, const Session *m, uint64_t epoch) {
     coord_copy_str(s->error, sizeof s->error, m->error);
     s->state = m->state;
     s->tier = m->tier;
-    if (s->state == HYLA__V1__SESSION_STATE__SESSION_MOVING) { /* a placement the crash interrupted */
+    /* paused (a resident copy is not trusted across a restart) or a placement the crash interrupted */
+    if (s->state != HYLA__V1__SESSION_STATE__SESSION_ACTIVE) {
         s->state = HYLA__V1__SESSION_STATE__SESSION_PAUSED;
         s->tier = HYLA__V1__TIER__TIER_STORE;
         s->group[0] = 0;
@@ -245,7 +249,7 @@ hyla_status coord_load_session_fn(void *ud, const Session *m, uint64_t epoch) {
 
 /* Reply with one page of sessions passing filter, in id order after page_token. */
 void coord_list_page(hyla_coord *c, hyla_rpc_call *call, uint32_t page_size, const char *page_token, sess_filter f,
-                      const void *arg, int cluster) {
+                     const void *arg, int cluster) {
     if (page_size > PAGE_MAX) {
         coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "field page_size: %u exceeds the maximum %d",
                                            page_size, PAGE_MAX));
@@ -310,4 +314,3 @@ void coord_list_page(hyla_coord *c, hyla_rpc_call *call, uint32_t page_size, con
     free(ptrs);
     free(views);
 }
-

@@ -102,16 +102,7 @@ static hyla_status rdb_fail(char *err, hyla_status s, const char *what, const ch
     return r;
 }
 
-static hyla_status check_session_id(const char *id) {
-    if (!id) return hyla_fail(HYLA_ERR_INVALID_ARG, "session id is NULL");
-    size_t n = strlen(id);
-    if (n == 0 || n > HYLA_SESSION_ID_MAX)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "session id of %zu bytes (1..%d allowed)", n, HYLA_SESSION_ID_MAX);
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)id[i] < 0x20 || id[i] == 0x7f)
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "session id has a control character at byte %zu", i);
-    return HYLA_OK;
-}
+static hyla_status check_session_id(const char *id) { return hyla_session_id_check(id, "session id"); }
 
 /* Keys of the meta column family (docs/STATE_FORMAT.md §4). */
 static size_t key_head(char *k, const char *sid) {

@@ -34,13 +34,12 @@
 
 #include "hyla_codec.h"
 #include "hyla_snapshot.h"
+#include "hyla_session_id.h"
 #include "hyla_status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define HYLA_SESSION_ID_MAX 255
 
 typedef struct hyla_store hyla_store;
 

@@ -6,7 +6,8 @@
  *    messages are built by reflection, packed (a decode of the packing must give the same
  *    bytes again), then mutated (bit flips, byte sets, inserts, deletes, truncation, range
  *    copies, huge length prefixes, splices) and decoded, by protobuf_c_message_unpack (no crash)
- *    and by hyla_rpc_unpack (what it accepts must re-encode and decode again).
+ *    and by hyla_rpc_unpack (what it accepts must re-encode and decode again). A string field
+ *    holding a NUL byte, at any depth, is refused naming the field.
  * 3. Server decode paths: a real server on 127.0.0.1:0 registers every hyla.v1 method; mutated
  *    bytes go to random methods as raw messages; every call must end OK or INVALID_ARGUMENT, and
  *    the server must still answer a valid call at the end.
@@ -312,6 +313,79 @@ static int decode_check(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
     return 1;
 }
 
+/* A string field whose bytes hold a NUL is refused (INVALID_ARG, naming the field): protobuf-c
+ * would decode it into a shorter C string, and "id\0more" would act on "id". For every string
+ * field of every message, at the top level and one message deep, a random valid message gets
+ * that field appended once with a NUL inside (refused) and once without (accepted). */
+static void test_nul_strings(void) {
+    static const uint8_t with_nul[] = {'s', '-', '1', 0, 'x', 'y'}, clean[] = {'s', '-', '1', 'x', 'y'};
+    long refused = 0;
+    for (int i = 0; i < g_n_descs; i++) {
+        const ProtobufCMessageDescriptor *d = g_descs[i];
+        for (unsigned f = 0; f < d->n_fields; f++) {
+            const ProtobufCFieldDescriptor *fd = &d->fields[f];
+            const ProtobufCFieldDescriptor *inner = NULL; /* the string field one level down */
+            if (fd->type == PROTOBUF_C_TYPE_MESSAGE) {
+                const ProtobufCMessageDescriptor *sd = fd->descriptor;
+                for (unsigned g = 0; g < sd->n_fields && !inner; g++)
+                    if (sd->fields[g].type == PROTOBUF_C_TYPE_STRING)
+                        inner = &sd->fields[g];
+                if (!inner)
+                    continue;
+            } else if (fd->type != PROTOBUF_C_TYPE_STRING) {
+                continue;
+            }
+            for (int nul = 0; nul < 2; nul++) {
+                const uint8_t *v = nul ? with_nul : clean;
+                size_t vn = nul ? sizeof with_nul : sizeof clean;
+                ProtobufCMessage *m = gen_message(d, 0);
+                size_t len;
+                uint8_t *packed = pack(m, &len);
+                protobuf_c_message_free_unpacked(m, NULL);
+                uint8_t buf[MAX_FUZZ];
+                if (len > MAX_FUZZ - 64) {
+                    free(packed);
+                    continue;
+                }
+                memcpy(buf, packed, len);
+                free(packed);
+                size_t n = len;
+                n += put_varint(buf + n, ((uint64_t)fd->id << 3) | 2);
+                if (inner) { /* a sub-message holding only the string */
+                    uint8_t sub[32];
+                    size_t sn = put_varint(sub, ((uint64_t)inner->id << 3) | 2);
+                    sn += put_varint(sub + sn, vn);
+                    memcpy(sub + sn, v, vn);
+                    sn += vn;
+                    n += put_varint(buf + n, sn);
+                    memcpy(buf + n, sub, sn);
+                    n += sn;
+                } else {
+                    n += put_varint(buf + n, vn);
+                    memcpy(buf + n, v, vn);
+                    n += vn;
+                }
+                ProtobufCMessage *out = NULL;
+                hyla_status st = hyla_rpc_unpack(d, buf, n, &out);
+                if (nul) {
+                    CHECK_MSG(st == HYLA_ERR_INVALID_ARG && out == NULL, "%s.%s%s%s: a NUL byte was accepted",
+                              d->name, fd->name, inner ? "." : "", inner ? inner->name : "");
+                    CHECK_MSG(st != HYLA_OK && strstr(hyla_last_error(), inner ? inner->name : fd->name),
+                              "%s: the refusal does not name the field: %s", d->name, hyla_last_error());
+                    refused++;
+                } else {
+                    CHECK_MSG(st == HYLA_OK, "%s.%s: a clean string was refused: %s", d->name, fd->name,
+                              hyla_last_error());
+                }
+                if (out)
+                    protobuf_c_message_free_unpacked(out, NULL);
+            }
+        }
+    }
+    CHECK(refused > 10);
+    printf("test_rpc_fuzz: %ld string fields with a NUL byte refused\n", refused);
+}
+
 static void fuzz_unpack(double seconds) {
     static uint8_t buf[MAX_FUZZ], other[MAX_FUZZ];
     double end = now_s() + seconds;
@@ -501,6 +575,7 @@ int main(void) {
     g_rng = seed;
     printf("test_rpc_fuzz: seed %llu (HYLA_FUZZ_SEED), %.1f s\n", (unsigned long long)seed, seconds);
     test_table();
+    test_nul_strings();
     fuzz_unpack(seconds * 0.5);
     fuzz_server(seconds * 0.5);
     return hyla_test_done("test_rpc_fuzz");

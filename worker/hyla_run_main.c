@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "       hyla-run --model DIR --load-state FILE [--prompt...] --max-tokens N [options]\n"
             "Prefills the prompt, generates N tokens and prints the text on stdout.\n"
             "  --model DIR          model directory (config.json + *.safetensors)\n"
-            "  --prompt TEXT        prompt text (byte-level tokenizer)\n"
+            "  --prompt TEXT        prompt text (the model's tokenizer.json, else byte-level)\n"
             "  --prompt-file F      prompt text read from F ('-' for stdin)\n"
             "  --prompt-ids \"I J\"   prompt as token ids, space separated (bypasses the tokenizer)\n"
             "  --max-tokens N       tokens to generate (required; 0 = only prefill)\n"
@@ -208,6 +208,7 @@ int main(int argc, char **argv) {
     hyla_runtime *rt = NULL;
     hyla_session *s = NULL;
     hyla_tokenizer *tok = NULL;
+    hyla_tokenizer_stream *dstream = NULL;
     hyla_snapshot *snap = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
@@ -283,7 +284,9 @@ int main(int argc, char **argv) {
             text = read_all(prompt_file, &len);
             if (!text) FAIL("--prompt-file %s: cannot read", prompt_file);
         }
-        hyla_status st = hyla_tokenizer_encode(tok, text ? text : prompt, text ? len : strlen(prompt), &ids, &n_ids);
+        /* a fresh session's text gets the post-processor's tokens (BOS); a resumed one continues */
+        hyla_status st = hyla_tokenizer_encode(tok, text ? text : prompt, text ? len : strlen(prompt),
+                                               load ? 0 : HYLA_TOK_ADD_SPECIAL, &ids, &n_ids);
         free(text);
         if (st != HYLA_OK) FAIL("%s", hyla_last_error());
         if (n_ids == 0) FAIL("the prompt is empty");
@@ -292,6 +295,9 @@ int main(int argc, char **argv) {
         if (hyla_tokenizer_load(model_dir, cfg->vocab_size, &tok) != HYLA_OK)
             FAIL("%s (use --ids to print token ids)", hyla_last_error());
     }
+    /* generated text continues the prompt: no start-of-text rule; specials are not text */
+    if (!want_ids && hyla_tokenizer_stream_create(tok, HYLA_TOK_SKIP_SPECIAL, &dstream) != HYLA_OK)
+        FAIL("%s", hyla_last_error());
 
     size_t V = (size_t)cfg->vocab_size;
     if (dump) {
@@ -329,14 +335,19 @@ int main(int argc, char **argv) {
         if (want_ids) {
             printf(i ? " %d" : "%d", t);
         } else {
-            char b[8];
-            size_t nb = hyla_tokenizer_decode(tok, t, b, sizeof b);
+            size_t nb;
+            const char *b = hyla_tokenizer_stream_push(dstream, t, &nb);
             fwrite(b, 1, nb, stdout);
         }
         fflush(stdout);
         if (!ignore_eos && t == cfg->eos_token_id) break;
     }
     free(step_logits);
+    if (dstream) {
+        size_t nb;
+        const char *b = hyla_tokenizer_stream_flush(dstream, &nb);
+        fwrite(b, 1, nb, stdout);
+    }
     if (want_ids || produced) printf("\n");
     fflush(stdout);
     double el = hyla_now() - t_gen;
@@ -374,6 +385,7 @@ out:
 #ifdef HAVE_STORE
     hyla_store_close(store);
 #endif
+    hyla_tokenizer_stream_free(dstream);
     hyla_tokenizer_free(tok);
     hyla_runtime_free(rt);
     hyla_model_free(m);

@@ -12,10 +12,10 @@ generated is committed. On Debian: apt-get install python3-grpcio python3-grpc-t
         c.pause(s.session_id)
 
 Errors are raised as HylaError with the gRPC code name (e.code_name) and the server's message.
-A Generate that fails part-way (UNAVAILABLE when the session's worker died or the session was
-migrated) raises HylaError with e.delivered = tokens already delivered; calling generate again
-continues the session (from its last durable snapshot if its worker died). docs/CLIENTS.md
-describes the calls.
+A Generate that fails part-way (ABORTED when the session was paused or migrated, UNAVAILABLE
+when its worker died) raises HylaError with e.delivered = tokens already delivered; the session
+kept exactly those (after ABORTED), so calling generate again continues with no gap (from its
+last durable snapshot if its worker died). docs/CLIENTS.md describes the calls.
 """
 
 import atexit
@@ -91,7 +91,9 @@ class HylaError(Exception):
         msg = "%s: %s: %s" % (call, self.code_name, self.details or "(no message)")
         if delivered:
             msg += "; %d token(s) were delivered before the failure" % delivered
-            if code == grpc.StatusCode.UNAVAILABLE:
+            if code == grpc.StatusCode.ABORTED:
+                msg += "; the session kept them: call generate again to continue"
+            elif code == grpc.StatusCode.UNAVAILABLE:
                 msg += "; call generate again to continue (from the session's last durable state)"
         super().__init__(msg)
 

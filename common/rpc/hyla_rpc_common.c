@@ -153,6 +153,61 @@ static int reencodable(const ProtobufCMessage *m, int depth) {
     return 1;
 }
 
+/* Read a varint at *p (< end); 0 when it runs past end or over 10 bytes. */
+static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 1;
+    }
+    return 0;
+}
+
+/* The first string field (of d or of a sub-message, at any depth) whose bytes hold a NUL, or
+ * NULL. protobuf-c decodes a string into a C string, so a NUL would silently cut it short: an
+ * id "a\0b" would act on "a". Runs on bytes protobuf-c has already decoded, so the wire is
+ * well formed; anything unexpected ends the walk (the decoded message stands). */
+static const ProtobufCFieldDescriptor *wire_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                                                        size_t len, int depth) {
+    const uint8_t *end = p + len;
+    while (p < end && depth < 100) {
+        uint64_t tag, v;
+        if (!wire_varint(&p, end, &tag))
+            return NULL;
+        switch (tag & 7) {
+        case 0:
+            if (!wire_varint(&p, end, &v))
+                return NULL;
+            break;
+        case 1:
+            p += 8;
+            break;
+        case 5:
+            p += 4;
+            break;
+        case 2: {
+            if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+                return NULL;
+            const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v))
+                return f;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                const ProtobufCFieldDescriptor *g = wire_nul_string(f->descriptor, p, (size_t)v, depth + 1);
+                if (g)
+                    return g;
+            }
+            p += v;
+            break;
+        }
+        default:
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
 hyla_status hyla_rpc_unpack(const ProtobufCMessageDescriptor *desc, const void *data, size_t len,
                             ProtobufCMessage **out) {
     HYLA_ASSERT(desc && out && (data || len == 0));
@@ -164,14 +219,22 @@ hyla_status hyla_rpc_unpack(const ProtobufCMessageDescriptor *desc, const void *
     }
     if (!m)
         return hyla_fail(HYLA_ERR_FORMAT, "%zu bytes do not decode as %s", len, desc->name);
+    const ProtobufCFieldDescriptor *f = wire_nul_string(desc, data, len, 0);
+    if (f) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "field %s (in %s) holds a NUL byte; strings may not", f->name,
+                         desc->name);
+    }
     *out = m;
     return HYLA_OK;
 }
 
 ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb, size_t *len_out) {
     grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, bb)) /* fails only for undecompressable payloads */
+    if (!grpc_byte_buffer_reader_init(&r, bb)) { /* fails only for undecompressable payloads */
+        hyla_fail(HYLA_ERR_FORMAT, "a %s payload that does not decompress", desc->name);
         return NULL;
+    }
     grpc_slice s = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
     size_t len = GRPC_SLICE_LENGTH(s);

@@ -379,8 +379,7 @@ static void on_recv(hyla_rpc_call *c, int ok) {
             grpc_byte_buffer_destroy(bb);
             pthread_mutex_lock(&c->mu);
             if (!req) {
-                snprintf(msg, sizeof msg, "malformed request: %zu bytes do not decode as %s", len,
-                         c->m->req->name);
+                snprintf(msg, sizeof msg, "malformed request: %s", hyla_last_error());
                 abort_locked(c, HYLA_RPC_INVALID_ARGUMENT, msg);
             } else if (!c->closed) {
                 start_locked(c, req);
@@ -399,8 +398,7 @@ static void on_recv(hyla_rpc_call *c, int ok) {
         grpc_byte_buffer_destroy(bb);
         pthread_mutex_lock(&c->mu);
         if (!m) {
-            snprintf(msg, sizeof msg, "malformed request message: %zu bytes do not decode as %s", len,
-                     c->m->req->name);
+            snprintf(msg, sizeof msg, "malformed request message: %s", hyla_last_error());
             abort_locked(c, HYLA_RPC_INVALID_ARGUMENT, msg);
         } else {
             if (!c->closed && !c->finishing && !c->done_delivered)

@@ -137,6 +137,7 @@ void fail_call(hyla_rpc_call *call, hyla_status st, const char *msg) {
 void free_append(append_job *a) {
     if (!a) return;
     free(a->toks);
+    free(a->tbuf);
     free(a);
 }
 
@@ -177,6 +178,7 @@ void free_gen(gen_job *g) {
     free(g->stop);
     free(g->stop_ids);
     free(g->text);
+    hyla_tokenizer_stream_free(g->ds);
     free(g);
 }
 
@@ -194,7 +196,7 @@ static hyla_sampling sampling_from(const Hyla__V1__SamplingParams *sp) {
     hyla_sampling s = {0.0f, 0, 1.0f};
     if (sp) {
         s.temperature = sp->temperature;
-        s.top_k = sp->top_k;
+        s.top_k = sp->top_k > 0 ? sp->top_k : 0; /* <= 0: top-k off (the proto's rule) */
         s.top_p = (sp->top_p <= 0 || sp->top_p >= 1) ? 1.0f : sp->top_p;
     }
     return s;
@@ -203,12 +205,11 @@ static hyla_sampling sampling_from(const Hyla__V1__SamplingParams *sp) {
 static const char *bad_sampling(const Hyla__V1__SamplingParams *sp) {
     if (!sp) return NULL;
     if (!isfinite(sp->temperature) || sp->temperature < 0) return "sampling.temperature must be >= 0";
-    if (sp->top_k < 0) return "sampling.top_k must be >= 0";
     if (!isfinite(sp->top_p) || sp->top_p < 0 || sp->top_p > 1) return "sampling.top_p must be in [0, 1]";
     return NULL;
 }
 
-static int valid_id(const char *id) { return id && *id && strlen(id) < 128; }
+static int valid_id(const char *id) { return hyla_session_id_check(id, "session_id") == HYLA_OK; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* commands on the scheduler                                                                   */
@@ -217,7 +218,8 @@ static void do_load(hyla_worker *w, cmd *c) {
     const Hyla__V1__LoadSessionRequest *r = (const Hyla__V1__LoadSessionRequest *)c->msg;
     double t0 = now_s();
     if (!valid_id(r->session_id)) {
-        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "LoadSession: session_id must be 1..127 bytes");
+        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "LoadSession: session_id must be 1..%d printable bytes",
+                           HYLA_SESSION_ID_MAX);
         return;
     }
     const char *bad = bad_sampling(r->sampling);
@@ -316,7 +318,8 @@ static void do_got_snapshot(hyla_worker *w, cmd *c) {
 
 wsess *lookup_or_fail(hyla_worker *w, hyla_rpc_call *call, const char *id, const char *what) {
     if (!valid_id(id)) {
-        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..127 bytes", what);
+        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..%d printable bytes", what,
+                           HYLA_SESSION_ID_MAX);
         return NULL;
     }
     wsess *ws = session_find(w, id);
@@ -328,6 +331,9 @@ static void do_snapshot(hyla_worker *w, cmd *c) {
     const Hyla__V1__SnapshotRequest *r = (const Hyla__V1__SnapshotRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "Snapshot");
     if (!ws) return;
+    /* The coordinator snapshots to pause or move the session: a call in progress ends first, so
+     * the snapshot holds every token it delivered and none it did not. */
+    end_jobs(w, ws, HYLA_RPC_ABORTED, "paused or moved; call again to continue");
     hyla_status st = start_put(w, ws, c->call, 1, 0);
     if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
 }
@@ -336,6 +342,7 @@ static void do_unload(hyla_worker *w, cmd *c) {
     const Hyla__V1__UnloadRequest *r = (const Hyla__V1__UnloadRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "Unload");
     if (!ws) return;
+    end_jobs(w, ws, HYLA_RPC_CANCELLED, "deleted or moved");
     if (r->snapshot_first) {
         hyla_status st = start_put(w, ws, c->call, 2, 1);
         if (st != HYLA_OK) fail_call(c->call, st, hyla_last_error());
@@ -397,6 +404,9 @@ static void do_fork(hyla_worker *w, cmd *c) {
     reply_session(w, c->call, ws, t0);
 }
 
+static int append_encode(hyla_worker *w, append_job *a, size_t len, int32_t **ids, int *n);
+static void append_add(hyla_worker *w, append_job *a, int32_t *ids, int n);
+
 /* Append: the first message names the session. */
 static void do_append_msg(hyla_worker *w, cmd *c) {
     const Hyla__V1__AppendRequest *r = (const Hyla__V1__AppendRequest *)c->msg;
@@ -450,14 +460,26 @@ static void do_append_msg(hyla_worker *w, cmd *c) {
     int n = 0;
     if (r->text.len) {
         if (!w->tok) {
-            append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: model %s has no tokenizer for text; send tokens",
-                          w->model_name);
+            append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: model %s has no tokenizer for text (%s); send tokens",
+                          w->model_name, w->tok_err);
             return;
         }
-        if (hyla_tokenizer_encode(w->tok, (const char *)r->text.data, r->text.len, &ids, &n) != HYLA_OK) {
-            append_finish(w, a, HYLA_RPC_INTERNAL, "Append: %s", hyla_last_error());
+        if (a->tlen + r->text.len > APPEND_TEXT_HELD_MAX) {
+            append_finish(w, a, HYLA_RPC_RESOURCE_EXHAUSTED,
+                          "Append: over %d MiB of text with no point where the tokenizer may cut it; send it in "
+                          "several Append calls, or as tokens",
+                          APPEND_TEXT_HELD_MAX >> 20);
             return;
         }
+        if (a->tlen + r->text.len > a->tcap) {
+            a->tcap = (a->tlen + r->text.len) * 2;
+            a->tbuf = realloc(a->tbuf, a->tcap);
+            HYLA_ASSERT(a->tbuf);
+        }
+        memcpy(a->tbuf + a->tlen, r->text.data, r->text.len);
+        a->tlen += r->text.len;
+        size_t cut = hyla_tokenizer_safe_prefix(w->tok, a->tbuf, a->tlen);
+        if (cut && !append_encode(w, a, cut, &ids, &n)) return;
     } else if (r->n_tokens) {
         int V = hyla_model_get_config(w->m)->vocab_size;
         for (size_t i = 0; i < r->n_tokens; i++)
@@ -471,6 +493,22 @@ static void do_append_msg(hyla_worker *w, cmd *c) {
         memcpy(ids, r->tokens, r->n_tokens * sizeof *ids);
         n = (int)r->n_tokens;
     }
+    append_add(w, a, ids, n);
+}
+
+/* Encode the first len bytes of the Append's held text into *ids; 0 when the call failed. */
+static int append_encode(hyla_worker *w, append_job *a, size_t len, int32_t **ids, int *n) {
+    if (hyla_tokenizer_encode(w->tok, a->tbuf, len, 0, ids, n) != HYLA_OK) {
+        append_finish(w, a, HYLA_RPC_INTERNAL, "Append: %s", hyla_last_error());
+        return 0;
+    }
+    memmove(a->tbuf, a->tbuf + len, a->tlen - len);
+    a->tlen -= len;
+    return 1;
+}
+
+/* Queue n ids (takes ownership of ids) for the Append's session, within the call's limit. */
+static void append_add(hyla_worker *w, append_job *a, int32_t *ids, int n) {
     if (a->received + (uint64_t)n > w->p.max_append_tokens) {
         free(ids);
         append_finish(w, a, HYLA_RPC_RESOURCE_EXHAUSTED,
@@ -507,8 +545,18 @@ static void do_append_start(hyla_worker *w, cmd *c) {
 static void do_append_end(hyla_worker *w, cmd *c) {
     append_job *a = find_append(w, c->call);
     if (!a || a->released) return;
-    if (!a->ws) append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: the stream ended without a message naming the session");
-    else a->half_closed = 1;
+    if (!a->ws) {
+        append_finish(w, a, HYLA_RPC_INVALID_ARGUMENT, "Append: the stream ended without a message naming the session");
+        return;
+    }
+    if (a->tlen) { /* the rest of the text */
+        int32_t *ids = NULL;
+        int n = 0;
+        if (!append_encode(w, a, a->tlen, &ids, &n)) return;
+        append_add(w, a, ids, n);
+        if (a->released) return;
+    }
+    a->half_closed = 1;
 }
 
 static void do_append_done(hyla_worker *w, cmd *c) {
@@ -572,6 +620,8 @@ static void do_generate(hyla_worker *w, cmd *c) {
         memcpy(g->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof *g->stop_ids);
         g->n_stop_ids = r->n_stop_token_ids;
     }
+    /* generated text continues the session's text: no start-of-text rule; specials are not text */
+    if (w->tok && hyla_tokenizer_stream_create(w->tok, HYLA_TOK_SKIP_SPECIAL, &g->ds) != HYLA_OK) g->ds = NULL;
     ws->gen = g;
     ws->last_used = now_s();
 }
@@ -716,7 +766,11 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");
     }
-    if (hyla_tokenizer_load(p->model_dir, hyla_model_get_config(w->m)->vocab_size, &w->tok) != HYLA_OK) w->tok = NULL;
+    if (hyla_tokenizer_load(p->model_dir, hyla_model_get_config(w->m)->vocab_size, &w->tok) != HYLA_OK) {
+        w->tok = NULL;
+        snprintf(w->tok_err, sizeof w->tok_err, "%s", hyla_last_error());
+        HYLA_WARN("no tokenizer for text: %s", w->tok_err);
+    }
     {
         int lb, le;
         hyla_model_layer_range(w->m, &lb, &le);

@@ -40,6 +40,7 @@ static void usage(FILE *f) {
             "  --prefill-piece N      prompt tokens per forward pass, a multiple of 64 up to 8192 (default 1024,\n"
             "                         or $HYLA_PREFILL_PIECE; pipeline stages cap it to the message size)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
+            "  --max-append-tokens N  largest document (tokens) one Append call may send (default 16777216)\n"
             "  --threads N            gRPC threads (default 2)\n"
             "  --max-message-bytes N  gRPC message limit of this worker's server and its clients (default\n"
             "                         16 MiB); a pipeline stage caps prefill pieces and decode batches to half\n"
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
                                  {"layers", 1, 0, 'L'},      {"id", 1, 0, 'i'},         {"store", 1, 0, 's'},
                                  {"state-budget", 1, 0, 'b'}, {"host-budget", 1, 0, 'H'}, {"snapshot-every", 1, 0, 'k'}, {"max-batch", 1, 0, 'B'},
                                  {"prefill-budget", 1, 0, 'P'}, {"max-generate", 1, 0, 'G'}, {"threads", 1, 0, 't'}, {"next-stage", 1, 0, 'N'},
-                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+                                 {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -81,6 +82,7 @@ int main(int argc, char **argv) {
         case 'P': p.prefill_budget = atoi(optarg); break;
         case 'R': p.prefill_piece = atoi(optarg); break;
         case 'G': p.max_generate = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'A': p.max_append_tokens = strtoull(optarg, NULL, 10); break;
         case 't': p.rpc_threads = atoi(optarg); break;
         case 'N': p.next_stage = optarg; break;
         case 'M': {

@@ -33,17 +33,37 @@ hyla_snapshot *layout_of(const hyla_snapshot *s) {
     return l;
 }
 
-void drop_session(hyla_worker *w, wsess *ws, const char *why) {
-    finish_export(w, ws); /* before the session is freed; its put is queued as it would have been */
-    if (ws->app) append_finish(w, ws->app, HYLA_RPC_ABORTED, "session %s: %s", ws->id, why);
+/* End the session's Append or Generate call at a token boundary, failing it with code: the
+ * session keeps exactly what the call delivered (every sampled token was sent; an Append's fed
+ * tokens stay, the ones not yet fed are dropped and a last progress message says how many were
+ * ingested). The Generate trailer carries the count delivered. */
+void end_jobs(hyla_worker *w, wsess *ws, hyla_rpc_code code, const char *why) {
+    if (ws->app) {
+        append_job *a = ws->app;
+        if (ws->s && !a->released) {
+            Hyla__V1__AppendProgress pr = HYLA__V1__APPEND_PROGRESS__INIT;
+            pr.tokens_received = a->received;
+            pr.tokens_ingested = a->ingested;
+            pr.total_tokens = a->total_hint;
+            pr.position = (uint64_t)hyla_session_position(ws->s);
+            hyla_rpc_call_send(a->call, &pr.base);
+        }
+        append_finish(w, a, code, "session %s: %s after %llu tokens ingested", ws->id, why,
+                      (unsigned long long)a->ingested);
+    }
     if (ws->gen) {
         char n[32];
         snprintf(n, sizeof n, "%u", ws->gen->delivered);
         hyla_rpc_call_set_trailer(ws->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
-        hyla_rpc_call_fail(ws->gen->call, HYLA_RPC_UNAVAILABLE, "session %s: %s after %u tokens", ws->id, why,
-                           ws->gen->delivered);
+        hyla_rpc_call_fail(ws->gen->call, code, "session %s: %s after %u tokens", ws->id, why, ws->gen->delivered);
         free_gen(ws->gen);
+        ws->gen = NULL;
     }
+}
+
+void drop_session(hyla_worker *w, wsess *ws, const char *why) {
+    finish_export(w, ws); /* before the session is freed; its put is queued as it would have been */
+    end_jobs(w, ws, HYLA_RPC_UNAVAILABLE, why);
     if (ws->s) {
         hyla_session_free(ws->s);
     }

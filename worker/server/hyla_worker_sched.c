@@ -89,13 +89,7 @@ static size_t held_suffix(const gen_job *g, size_t from) {
     return best;
 }
 
-/* Deliver one sampled token; returns 1 when the job is finished (replied). */
-static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
-    gen_job *g = ws->gen;
-    const hyla_model_config *cfg = hyla_model_get_config(w->m);
-    g->delivered++;
-    char bytes[8];
-    size_t nb = w->tok ? hyla_tokenizer_decode(w->tok, tok, bytes, sizeof bytes) : 0;
+static void gen_add_text(gen_job *g, const char *bytes, size_t nb) {
     if (g->text_len + nb + 1 > g->text_cap) {
         g->text_cap = (g->text_cap ? g->text_cap * 2 : 256) + nb;
         g->text = realloc(g->text, g->text_cap);
@@ -103,6 +97,25 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
     }
     memcpy(g->text + g->text_len, bytes, nb);
     g->text_len += nb;
+}
+
+/* Deliver one sampled token; returns 1 when the job is finished (replied). */
+static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
+    gen_job *g = ws->gen;
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    g->delivered++;
+    int last = g->delivered >= g->max_tokens || (!g->ignore_eos && tok == cfg->eos_token_id);
+    for (size_t i = 0; i < g->n_stop_ids; i++)
+        if (tok == g->stop_ids[i]) last = 1;
+    if (g->ds) {
+        size_t nb;
+        const char *bytes = hyla_tokenizer_stream_push(g->ds, tok, &nb);
+        gen_add_text(g, bytes, nb);
+        if (last) { /* a character left incomplete comes out as U+FFFD */
+            bytes = hyla_tokenizer_stream_flush(g->ds, &nb);
+            gen_add_text(g, bytes, nb);
+        }
+    }
     Hyla__V1__FinishReason why = HYLA__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
     size_t send_to = g->text_len;
     for (size_t i = 0; i < g->n_stop_ids; i++)
@@ -129,6 +142,7 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
     r.text.data = (uint8_t *)g->text + g->text_sent;
     r.text.len = send_to > g->text_sent ? send_to - g->text_sent : 0;
     r.position = (uint64_t)hyla_session_position(ws->s);
+    r.generated = (uint64_t)hyla_session_generated(ws->s);
     g->text_sent = send_to > g->text_sent ? send_to : g->text_sent;
     if (why) {
         r.done = 1;
@@ -141,7 +155,11 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
         return 1;
     }
     if (hyla_rpc_call_send(g->call, &r.base) != HYLA_OK) {
-        /* the client went away: end the job (the call reports its own status) */
+        /* the client went away: end the job (the call reports its own status); the token stays
+         * in the session, and the trailer tells the coordinator how many it kept */
+        char n[32];
+        snprintf(n, sizeof n, "%u", g->delivered);
+        hyla_rpc_call_set_trailer(g->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
         hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "Generate cancelled");
         free_gen(g);
         ws->gen = NULL;
@@ -184,6 +202,9 @@ static int step_commands(hyla_worker *w) {
 static void step_cancellations(hyla_worker *w) {
     for (wsess *s = w->sessions; s; s = s->next) {
         if (s->gen && hyla_rpc_call_cancelled(s->gen->call)) {
+            char n[32]; /* the tokens the session kept, for the coordinator's record */
+            snprintf(n, sizeof n, "%u", s->gen->delivered);
+            hyla_rpc_call_set_trailer(s->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
             hyla_rpc_call_fail(s->gen->call, HYLA_RPC_CANCELLED, "Generate cancelled after %u tokens", s->gen->delivered);
             free_gen(s->gen);
             s->gen = NULL;
@@ -267,7 +288,7 @@ static void append_progress(hyla_worker *w, wsess *s, append_job *a) {
     pr.tokens_ingested = a->ingested;
     pr.total_tokens = a->total_hint;
     pr.tokens_per_second = t > a->t0 ? a->ingested / (t - a->t0) : 0;
-    pr.position = (uint64_t)hyla_session_position(s->s) + (hyla_session_pending(s->s) >= 0);
+    pr.position = (uint64_t)hyla_session_position(s->s); /* consumed, as everywhere */
     pr.done = done;
     a->last_progress = t;
     if (done) {

@@ -13,7 +13,8 @@
 #             model by each build on cuda:0 (greedy ids and logits dumps, prefill pieces of 64
 #             and 1024): every file must be identical between the builds
 #   kbench    hyla-bench kernels, baseline then this build, one --only group at a time
-#   e2ebench  hyla-bench e2e of the 1.3B shapes (sse-h, gdn, gla), this build
+#   e2ebench  hyla-bench e2e of the 1.3B shapes (sse-h, gdn, gla), this build and (when packed)
+#             the baseline, on the same model files
 # TMAX=seconds: phases (and kbench groups) that would start later than that are skipped.
 # PACKS=dir: where new.tgz and base.tgz are (default .device; the device machine gets a copy of
 # the session's checkout, so carry an ignored folder of it that holds them).
@@ -77,8 +78,14 @@ for ph in "$@"; do
         if late; then echo "skip e2e $a (time)" | tee -a $OUT/summary.txt; continue; fi
         t0=$SECONDS
         hyla-mkmodel --arch $a --layers 18 --hidden 2304 --heads 18 --head-dim 128 --partitions 4 --topk 1 --kv-heads 18 --intermediate 6144 --vocab 32000 --dtype bf16 --out /tmp/m_$a >> $OUT/e2e.err 2>&1
-        timeout 150 hyla-bench e2e --device cuda:0 --model /tmp/m_$a --prefill 4096 --batch 1,64 --ctx 16 --steps 16 --graphs on >> $OUT/bench_e2e.jsonl 2>> $OUT/e2e.err
-        echo "e2e $a rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+        eargs="e2e --device cuda:0 --model /tmp/m_$a --prefill 4096 --batch 1,64 --ctx 16 --steps 16 --graphs on"
+        timeout 150 hyla-bench $eargs 2>> $OUT/e2e.err | sed 's/^{/{"build":"new",/' >> $OUT/bench_e2e.jsonl
+        echo "e2e $a new rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+        if [ -x /tmp/b/bin/hyla-bench ] && ! late; then
+          t0=$SECONDS
+          LD_LIBRARY_PATH=/tmp/b/lib timeout 150 /tmp/b/bin/hyla-bench $eargs 2>> $OUT/e2e.err | sed 's/^{/{"build":"base",/' >> $OUT/bench_e2e.jsonl
+          echo "e2e $a base rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+        fi
       done ;;
     *) echo "unknown phase $ph" | tee -a $OUT/summary.txt ;;
   esac

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# A Generate interrupted by a coordinator crash, with a client written from the .proto alone
+# (grpcio stubs from proto/hyla/v1): hyla-coordinator and one hyla-worker on loopback, CPU
+# backend, a tiny sse-h model. The coordinator is killed (SIGKILL) after the client has read 40
+# tokens and restarted on the same data directory: the client's stream ends UNAVAILABLE with the
+# twin's first tokens; the worker ends the orphaned call and keeps the tokens it sent; once the
+# worker has registered again, the next Generate continues right after them (its first message's
+# `generated` says where, at or after the tokens received: tokens in flight when the coordinator
+# died were kept but not read) with the tokens of an uninterrupted twin.
+# Skips (77) until the binaries exist, or without a python3 that imports grpc and grpc_tools.
+set -uo pipefail
+. "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
+e2e_init interrupt-restart
+PY=$(e2e_python) || e2e_skip "no python3 that imports grpc and grpc_tools (apt-get install python3-grpcio python3-grpc-tools)"
+
+e2e_make_model "$E2E_DIR/model"
+e2e_start_coordinator || e2e_done
+e2e_start_worker w1 "$E2E_DIR/model" || e2e_done
+
+"$PY" - "$E2E_SERVER" "$E2E_SRC/proto" "$E2E_DIR" <<'PY' &
+import importlib, os, shutil, sys, tempfile, time
+import grpc
+from grpc_tools import protoc
+
+server, proto_dir, work = sys.argv[1], sys.argv[2], sys.argv[3]
+out = tempfile.mkdtemp(prefix="hyla-restart-stubs-")
+files = [os.path.join(proto_dir, "hyla", "v1", n + ".proto") for n in ("common", "sessions")]
+wk = os.path.join(os.path.dirname(importlib.import_module("grpc_tools").__file__), "_proto")
+assert protoc.main(["protoc", "-I" + proto_dir, "-I" + wk, "--python_out=" + out, "--grpc_python_out=" + out] + files) == 0
+sys.path.insert(0, out)
+pb = importlib.import_module("hyla.v1.sessions_pb2")
+rpc = importlib.import_module("hyla.v1.sessions_pb2_grpc")
+shutil.rmtree(out, True)
+S = rpc.SessionsStub(grpc.insecure_channel(server))
+MD = (("x-hyla-tenant", "restart"),)
+DOC = b"".join(b"Line %d of a document fed before every generation.\n" % i for i in range(30))
+N, K = 2000, 40
+
+def session():
+    sid = S.CreateSession(pb.CreateSessionRequest(seed=7), metadata=MD).session_id
+    for p in S.Append(iter([pb.AppendRequest(session_id=sid, text=DOC)]), metadata=MD):
+        pass
+    return sid
+
+twin = [t for r in S.Generate(pb.GenerateRequest(session_id=session(), max_tokens=N, ignore_eos=True), metadata=MD)
+        for t in r.token_ids]
+sid = session()
+got, code = [], None
+try:
+    for r in S.Generate(pb.GenerateRequest(session_id=sid, max_tokens=N, ignore_eos=True), metadata=MD):
+        got.extend(r.token_ids)
+        if len(got) == K:
+            open(os.path.join(work, "ready"), "w").close()
+except grpc.RpcError as e:
+    code = e.code()
+ok = code == grpc.StatusCode.UNAVAILABLE and got == twin[:len(got)]
+print("%s: the stream ends %s after %d tokens, the twin's first" % ("ok" if ok else "FAIL", code, len(got)),
+      file=sys.stderr)
+while not os.path.exists(os.path.join(work, "restarted")):
+    time.sleep(0.1)
+msgs, last = None, None
+for _ in range(300):  # until the worker has registered again
+    try:
+        msgs = list(S.Generate(pb.GenerateRequest(session_id=sid, max_tokens=50, ignore_eos=True), metadata=MD))
+        break
+    except grpc.RpcError as e:
+        last = e
+        time.sleep(0.2)
+if not msgs:
+    print("FAIL: no Generate succeeded after the restart: %s" % (last and last.details()), file=sys.stderr)
+    sys.exit(1)
+start = msgs[0].generated - len(msgs[0].token_ids)
+toks = [t for m in msgs for t in m.token_ids]
+good = start >= len(got) and toks == twin[start:start + len(toks)]
+print("%s: after the restart the session continues at %d (received %d, %d in flight kept) with the twin's tokens"
+      % ("ok" if good else "FAIL", start, len(got), start - len(got)), file=sys.stderr)
+sys.exit(0 if ok and good else 1)
+PY
+client=$!
+if e2e_wait_for 300 test -e "$E2E_DIR/ready"; then
+  e2e_kill coordinator KILL
+  e2e_restart_coordinator || e2e_done
+  touch "$E2E_DIR/restarted"
+  wait "$client" || e2e_fail "a Generate interrupted by a coordinator restart"
+else
+  e2e_fail "the generating client never read $E2E_DIR/ready's 40 tokens"
+  kill "$client" 2>/dev/null
+fi
+
+e2e_done
