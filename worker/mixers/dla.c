@@ -34,6 +34,7 @@ typedef struct {
     int H, dk, dv; /* heads, key and value dims of one state */
     int K;         /* dla_capacity */
     float tau;     /* dla_threshold */
+    float scale;   /* the base's query scale (GDN: dk^-1/2; Mamba2: 1) */
     union {
         dla_gdn_cfg gdn;
     } b;
@@ -61,7 +62,8 @@ enum { PART_S = 0, PART_N, PART_I, PART_M, PART_BASE };
 
 typedef struct {
     float *q, *k, *v;           /* [R][H*dk], [R][H*dk], [R][H*dv] */
-    float *g, *erase, *write;   /* [R][H] the base's transition scalars (erase may stay unused) */
+    float *g, *erase, *write;   /* [R][H] the base's transition scalars (erase: for a base whose
+                                 * erase differs from its write; GDN's does not) */
     float *lam;                 /* [R][H*K] */
     float *o;                   /* [R][H*dv] */
     float *gate;                /* [R][H*dv] the base's output gate */
@@ -75,8 +77,10 @@ typedef struct dla_base {
     void (*tensors)(const hyla_model_config *mc, const dla_cfg *c, hyla_decls *ds);
     /* the base's parts, appended at out[*n] */
     void (*parts)(const dla_cfg *c, hyla_part_spec *out, int *n);
-    /* xn -> s->q, k, v, g, write and (when the base erases) erase; returns whether erase is used */
-    hyla_status (*project)(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *w, dla_scratch *s, int *erases);
+    /* xn -> s->q, k, v, g, write; *erase: the erase scalars [R][H] (s->erase, s->write when they
+     * equal the write scalars, or NULL for a base that does not erase) */
+    hyla_status (*project)(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *w, dla_scratch *s,
+                           const float **erase);
     /* s->o (the DLA read) -> f->out */
     hyla_status (*finish)(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *w, dla_scratch *s);
     /* hyla-mkmodel's keys of the base */
@@ -104,6 +108,7 @@ static void gdn_parse(hyla_cfg *r, json_t *obj, dla_cfg *c) {
     g->use_gate = hyla_cfg_bool(r, obj, "use_gate", 1);
     if (g->use_short_conv) hyla_cfg_positive(r, "conv_size", g->conv_size);
     hyla_lin_common_keys(r, obj);
+    if (c->dk > 0) c->scale = 1.0f / sqrtf((float)c->dk);
 }
 
 #define GW(field) (offsetof(dla_w, b.gdn) + offsetof(dla_gdn_w, field))
@@ -132,7 +137,7 @@ static void gdn_parts(const dla_cfg *c, hyla_part_spec *out, int *n) {
 
 /* [GDN-1..2] as gdn.c: projections, short conv, l2-normalised q and k, gates; e = w = beta */
 static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s,
-                               int *erases) {
+                               const float **erase) {
     const dla_gdn_w *w = &wp->b.gdn;
     const hyla_ops *o = f->o;
     void *ctx = f->ctx;
@@ -161,7 +166,7 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
     HYLA_TRY(o->gdn_gates(ctx, s->g, H, s->write, H, w->A_log, w->dt_bias, s->g, s->write, R, H,
                           c->b.gdn.allow_neg_eigval));
     HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");
-    *erases = 1;
+    *erase = s->write;
     return HYLA_OK;
 }
 
@@ -266,13 +271,12 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     int R = f->R;
     dla_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
-    int erases = 0;
-    HYLA_TRY(c->base->project(f, c, w, &s, &erases));
+    const float *e = NULL;
+    HYLA_TRY(c->base->project(f, c, w, &s, &e));
     HYLA_TRY(hyla_mixer_linear(f, f->xn, f->mc->hidden_size, w->l_proj, w->l_bias, s.lam, c->H * c->K, 0));
     HYLA_MIXER_MARK(f, "dla: lambda proj");
     hyla_dla_params p = {c->H, c->dk, c->dv, c->K, c->tau};
-    const float *e = erases ? s.write : NULL; /* both bases so far erase with the write scalar or not at all */
-    float scale = 1.0f / sqrtf((float)c->dk);
+    float scale = c->scale;
     int nc = f->decode ? R : 1;
     hyla_dla_cache *cs = calloc((size_t)nc, sizeof *cs);
     if (!cs) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
