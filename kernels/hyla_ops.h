@@ -94,6 +94,23 @@ typedef struct {
     int32_t *meta;   /* [2 + Hk]: tokens cached, the next position to score, retained count per head */
 } hyla_lte_cache;
 
+/* ---- DLA (dynamic linear attention over a pluggable base; docs/MODELS.md §4.6, [DLA-1..5]) ---- */
+/* The geometry of one DLA layer. */
+typedef struct {
+    int H, dk, dv; /* heads; key and value dims of one state */
+    int K;         /* capacity: at most K states per head (>= 2) */
+    float tau;     /* boundary threshold: a token with score >= tau opens a new state */
+} hyla_dla_params;
+
+/* The DLA state cache of one layer of one session (device pointers). Per head, slots
+ * 0..m[h]-1 hold the states in chronological order (slot 0 the oldest); slots past m[h] are 0. */
+typedef struct {
+    float *S;   /* [H][K][dk][dv] fp32 states */
+    int32_t *n; /* [H][K] tokens summarised by each state */
+    float *I;   /* [H][K] summed information scores of those tokens */
+    int32_t *m; /* [H] states in use (0..K) */
+} hyla_dla_cache;
+
 /* A batch of device->host copies queued by capture_begin (backend-defined, opaque). */
 typedef struct hyla_capture hyla_capture;
 
@@ -314,6 +331,24 @@ typedef struct hyla_ops {
      * z [rows] with row stride ldz; w [G*gs]. */
     hyla_status (*ssd_norm)(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows,
                             int G, int gs, float eps);
+
+    /* ---- DLA ---- (NULL in a backend that lacks them: the mixer refuses to run)
+     * The base model's transition is given per token and head by three scalars, so one op serves
+     * every base [DLA-1]: every state S_i <- exp(g) (S_i - e k (k^T S_i)), the token's own state
+     * s = w k v^T. Gated DeltaNet: e = w = beta; Mamba2: e = 0 (erase NULL), w = dt, k = B,
+     * v = x, q = C. For each token in order [DLA-2..5]: its information score against the newest
+     * state, the transition of all states, merge into the newest state or open a new one (when
+     * full, first merge the adjacent pair of lowest density), then
+     * o = scale * sum_i softplus(lam[m-1-i]) q^T S_i.
+     * q, k [n][H][dk]; v, o [n][H][dv]; g, erase, write [n][H]; lam [n][H][K] logits.
+     * dla_prefill: n tokens of one session; equal, bit for bit, to n calls of dla_decode. */
+    hyla_status (*dla_prefill)(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
+                               const float *g, const float *erase, const float *write, const float *lam, int n,
+                               float scale, const hyla_dla_cache *c, float *o);
+    /* One token for each of B sessions: c host [B]. */
+    hyla_status (*dla_decode)(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
+                              const float *g, const float *erase, const float *write, const float *lam, int B,
+                              float scale, const hyla_dla_cache *c, float *o);
 } hyla_ops;
 
 typedef struct {

@@ -34,7 +34,7 @@ typedef enum {
     HYLA_PART_PARTITION = 2, /* SSE partitions [N][H][dk][dv] */
     HYLA_PART_KV = 3,        /* attention keys or values [tokens][Hk][hd], in pages */
     HYLA_PART_LTE = 4,       /* reserved: laLTE token-eviction cache */
-    HYLA_PART_DLA = 5,       /* reserved: DLA state cache */
+    HYLA_PART_DLA = 5,       /* DLA state cache: states, counts, scores, states in use */
 } hyla_part_kind;
 
 const char *hyla_part_kind_name(hyla_part_kind k);

@@ -24,3 +24,7 @@ hyla_add_script_test(test_e2e_interrupt e2e/test_e2e_interrupt.sh LABELS e2e fau
 hyla_add_script_test(test_e2e_interrupt_restart e2e/test_e2e_interrupt_restart.sh LABELS e2e fault TIMEOUT 900)
 # a coordinator stalled past --dead-after-ms (SIGSTOP) declares no live worker dead
 hyla_add_script_test(test_e2e_stall e2e/test_e2e_stall.sh LABELS e2e fault TIMEOUT 180)
+# dynamic linear attention through the cluster (the sparse-hybrid script, another model)
+hyla_add_script_test(test_e2e_dla_gdn e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 300)
+set_tests_properties(test_e2e_dla_gdn PROPERTIES ENVIRONMENT
+  "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR};HYLA_E2E_ARCH=dla-gdn")

@@ -18,3 +18,6 @@ hyla_add_test(test_cpu_nsa SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_nsa.c
 # Mamba2 (SSD)
 hyla_add_test(test_cpu_mamba2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_mamba2.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+# dynamic linear attention (DLA)
+hyla_add_test(test_cpu_dla SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_dla.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 120)

@@ -27,8 +27,10 @@ static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "ss
                               /* sparse-attention hybrids */
                               "lalte", "lansa", "nsa",
                               /* Mamba2 (SSD) */
-                              "mamba2", "mamba2-h", "statex-mamba2"};
+                              "mamba2", "mamba2-h", "statex-mamba2",
 
+                              /* dynamic linear attention */
+                              "dla-gdn"};
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];
@@ -135,10 +137,13 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
 
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace;
-     * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks */
+     * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks;
+     * dla-*: 4 states per head and a threshold of 1.4 (a random model's scores lie near sqrt(2), so
+     * about a third of the tokens merge into the newest state and the rest open one) */
     const char *extra = strstr(arch, "-h")           ? "--window 40"
                         : !strcmp(arch, "lalte")     ? "--window 16 --sink 2 --budget 6"
                         : strstr(arch, "nsa") != NULL ? "--window 16 --block-size 8 --block-counts 4"
+                        : !strncmp(arch, "dla-", 4)   ? "--dla-capacity 4 --dla-threshold 1.4"
                                                       : NULL;
     make_model(arch, dir, extra);
     hyla_runtime *m = test_load(dir, be, NULL);
@@ -507,6 +512,62 @@ static void test_lte_constant_state(hyla_backend *be, const char *tmp) {
     test_unload(m);
 }
 
+/* DLA: with capacity 4 (threshold 1.4, see test_arch), 300 tokens fill every head's cache; per head the counts of the states in
+ * use sum to the tokens fed, scores are finite and non-negative, and the state bytes do not grow
+ * with the context. */
+static void test_dla_cache(hyla_backend *be, const char *tmp) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/dla-cache", tmp);
+    make_model("dla-gdn", dir, "--dla-capacity 4 --dla-threshold 1.4");
+    hyla_runtime *m = test_load(dir, be, NULL);
+    if (!m) return;
+    int V = hyla_model_get_config(test_model(m))->vocab_size;
+    int32_t *p = prompt(301, 5, V); /* the last token fed waits for the next step */
+    hyla_snapshot *a = NULL, *b = NULL;
+    hyla_session *s = new_session(m, 0, 1);
+    CHECK_OK(hyla_session_feed(s, p, 30, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_export(s, &a));
+    CHECK_OK(hyla_session_feed(s, p + 30, 271, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_export(s, &b));
+    CHECK(a && b && a->n_parts == b->n_parts);
+    for (uint32_t i = 0; a && b && i < b->n_parts && i < a->n_parts; i++)
+        CHECK_MSG(a->parts[i].nbytes == b->parts[i].nbytes, "dla-gdn: part %s grew from 30 to 300 tokens",
+                  b->parts[i].name);
+    const int32_t *n = NULL, *mm = NULL;
+    const float *I = NULL;
+    int heads = 0, full = 0, merged = 0, dla_layers = 0;
+    for (uint32_t i = 0; b && i < b->n_parts; i++) {
+        const hyla_state_part *q = &b->parts[i];
+        if (q->kind != HYLA_PART_DLA) continue;
+        if (!strcmp(q->name, "n")) n = q->data, heads = (int)q->shape[0];
+        if (!strcmp(q->name, "I")) I = q->data;
+        if (!strcmp(q->name, "m")) mm = q->data;
+        if (!n || !I || !mm) continue;
+        dla_layers++;
+        for (int h = 0; h < heads; h++) {
+            int tot = 0;
+            CHECK_MSG(mm[h] >= 1 && mm[h] <= 4, "dla-gdn layer %u head %d: %d states (capacity 4)", q->layer, h,
+                      (int)mm[h]);
+            for (int j = 0; j < mm[h] && j < 4; j++) {
+                tot += n[h * 4 + j];
+                merged += n[h * 4 + j] > 1;
+                CHECK_MSG(isfinite(I[h * 4 + j]) && I[h * 4 + j] >= 0, "dla-gdn layer %u head %d: score %g", q->layer, h,
+                          (double)I[h * 4 + j]);
+            }
+            full += mm[h] == 4;
+            CHECK_MSG(tot == 300, "dla-gdn layer %u head %d: counts sum to %d, want 300", q->layer, h, tot);
+        }
+        n = mm = NULL, I = NULL;
+    }
+    CHECK_MSG(dla_layers > 0 && full > 0 && merged > 0, "dla-gdn: %d layers, %d full heads, %d merged states", dla_layers,
+              full, merged);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+    hyla_session_free(s);
+    free(p);
+    test_unload(m);
+}
+
 int main(void) {
     char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -522,6 +583,7 @@ int main(void) {
     test_free_in_flight(be, tmp);
     test_profile(be, tmp);
     test_lte_constant_state(be, tmp);
+    test_dla_cache(be, tmp);
     hyla_backend_destroy(be);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -190,6 +190,9 @@ typedef struct {
     int sink, budget;    /* -1 / 0: the mixer's default */
     /* NSA */
     int nsa_block, nsa_counts; /* 0: the mixer's default */
+    /* DLA */
+    int dla_capacity;          /* 0: the mixer's default */
+    double dla_threshold;      /* < 0: the mixer's default */
 } hyla_mk_args;
 
 /* ------------------------------------------------------------------------------------------ */

@@ -27,6 +27,9 @@ typedef struct {
     int sink, budget; /* -1 / 0: the mixer's default */
     /* NSA */
     int nsa_block, nsa_counts; /* 0: the mixer's default */
+    /* DLA */
+    int dla_capacity;     /* 0: the mixer's default */
+    double dla_threshold; /* < 0: the mixer's default */
 } opts;
 
 typedef struct {
@@ -42,13 +45,14 @@ static void usage(FILE *f) {
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
             "                     statex-gla | lalte | lansa | nsa | mamba2 | mamba2-h |\n"
-            "                     statex-mamba2\n"
+            "                     statex-mamba2 | dla-gdn\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
             "                     4 layers, one every L/4 from the first: GLA heads merged into one,\n"
             "                     Mamba2 state_size 128 -> 512; lalte / lansa: GDN with LTE / NSA\n"
             "                     attention at every odd layer, 1:1; nsa: native sparse attention at\n"
-            "                     every layer)\n"
+            "                     every layer;\n"
+            "                     dla-gdn: dynamic linear attention over gated DeltaNet)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -62,6 +66,8 @@ static void usage(FILE *f) {
             "  --budget B         lte: retained out-of-window tokens per KV head (default 512)\n"
             "  --block-size N     nsa: tokens per block (default 64)\n"
             "  --block-counts N   nsa: blocks selected per query (default 16)\n"
+            "  --dla-capacity K   dla: states per head (default 30)\n"
+            "  --dla-threshold T  dla: information score that opens a new state (default 0.6)\n"
             "  --head-dim K       key head dim of gdn/sse (default D/H)\n"
             "  --partitions N     SSE partitions (default 4)\n"
             "  --topk K           SSE partitions selected per token (default 1; sse-gdn: 2)\n"
@@ -166,6 +172,8 @@ static const mk_arch ARCHS[] = {
     /* Mamba2 (SSD); StateX for Mamba2: state_size 128 -> 512 at the expanded layers */
     {"mamba2", "mamba2", NULL, NULL, NULL},
     {"statex-mamba2", "mamba2", NULL, "{\"state_size\": 512}", NULL},
+    /* dynamic linear attention (dla-dynamic-linear-attention.txt) over gated DeltaNet */
+    {"dla-gdn", "dla-gdn", NULL, NULL, NULL},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {
@@ -183,7 +191,7 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
     json_object_set_new(cfg, "bos_token_id", json_integer(256));
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
     hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0,
-                       o->sink, o->budget, o->nsa_block, o->nsa_counts};
+                       o->sink, o->budget, o->nsa_block, o->nsa_counts, o->dla_capacity, o->dla_threshold};
     const char *why = base->mk_config(cfg, &ma);
     if (!why && a->statex) {
         json_t *spec = json_loads(a->statex, 0, NULL), *layers = json_array();
@@ -347,6 +355,7 @@ int main(int argc, char **argv) {
     o.dtype = HYLA_DT_F32;
     o.short_conv = -1;
     o.sink = -1;
+    o.dla_threshold = -1;
     static struct option lo[] = {{"arch", 1, 0, 'a'},     {"layers", 1, 0, 'l'},     {"hidden", 1, 0, 'd'},
                                  {"heads", 1, 0, 'H'},    {"vocab", 1, 0, 'v'},      {"seed", 1, 0, 's'},
                                  {"dtype", 1, 0, 't'},    {"kv-heads", 1, 0, 'k'},   {"window", 1, 0, 'w'},
@@ -354,6 +363,7 @@ int main(int argc, char **argv) {
                                  {"intermediate", 1, 0, 'f'}, {"short-conv", 1, 0, 'c'}, {"out", 1, 0, 'o'},
                                  {"sink", 1, 0, 'S'},     {"budget", 1, 0, 'B'},
                                  {"block-size", 1, 0, 'z'}, {"block-counts", 1, 0, 'N'},
+                                 {"dla-capacity", 1, 0, 'D'}, {"dla-threshold", 1, 0, 'T'},
                                  {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -385,6 +395,8 @@ int main(int argc, char **argv) {
         case 'B': o.budget = atoi(optarg); break;
         case 'z': o.nsa_block = atoi(optarg); break;
         case 'N': o.nsa_counts = atoi(optarg); break;
+        case 'D': o.dla_capacity = atoi(optarg); break;
+        case 'T': o.dla_threshold = atof(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

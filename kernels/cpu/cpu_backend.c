@@ -782,6 +782,9 @@ static const hyla_ops cpu_ops = {
     /* NSA */
     .nsa_prefill = cpu_nsa_prefill,
     .nsa_decode = cpu_nsa_decode,
+    /* DLA */
+    .dla_prefill = cpu_dla_prefill,
+    .dla_decode = cpu_dla_decode,
     .sse_route = cpu_sse_route,
     .sse_prefill = cpu_sse_prefill,
     .sse_decode = cpu_sse_decode,

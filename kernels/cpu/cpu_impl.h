@@ -99,4 +99,15 @@ hyla_status cpu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt
 hyla_status cpu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
                          int gs, float eps);
 
+/* ---- DLA (cpu_dla.c); signatures as in hyla_ops.h ---- */
+hyla_status cpu_dla_prefill(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
+                            const float *g, const float *erase, const float *write, const float *lam, int n,
+                            float scale, const hyla_dla_cache *c, float *o);
+hyla_status cpu_dla_decode(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
+                           const float *g, const float *erase, const float *write, const float *lam, int B,
+                           float scale, const hyla_dla_cache *c, float *o);
+/* [DLA-2] the information score of the token state w k v^T against state S [dk][dv] of a head
+ * holding m states (tests compare it with their own). */
+float cpu_dla_score(const hyla_dla_params *p, const float *S, int m, const float *k, const float *v, float w);
+
 #endif

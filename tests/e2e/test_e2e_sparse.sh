@@ -3,14 +3,16 @@
 # on loopback, CPU backend, the hyla CLI); HYLA_E2E_ARCH picks the model:
 #   lalte (default): GDN and LTE layers 1:1; a window of 16 tokens, a sink of 2 and a budget of 6
 #                    retained tokens per KV head, so the document evicts, retains and replaces;
-#   lansa:           GDN and NSA layers 1:1; blocks of 8 tokens, 4 selected, a window of 16.
+#   lansa:           GDN and NSA layers 1:1; blocks of 8 tokens, 4 selected, a window of 16;
+#   dla-gdn:         dynamic linear attention over GDN with a capacity of 4 states per head and
+#                    a threshold of 1.4 (tokens both merge into the newest state and open one).
 # Checks:
 #   (a) 64 tokens uninterrupted == 32 + Pause + Resume on the other worker + 32;
 #   (m) + Migrate back to the first worker + 32 more == the uninterrupted run;
 #   (k) a worker killed (kill -9) after a Pause: the session comes back on the survivor from
 #       that Pause and continues like the uninterrupted run.
-# The LTE cache is a fixed-size state and NSA's the paged KV (docs/STATE_FORMAT.md): these check
-# that they travel exactly.
+# The LTE cache and the DLA state cache are fixed-size states and NSA's the paged KV
+# (docs/STATE_FORMAT.md): these check that they travel exactly.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 ARCH=${HYLA_E2E_ARCH:-lalte}
@@ -19,6 +21,7 @@ e2e_init "$ARCH"
 case "$ARCH" in
   lalte) e2e_make_model "$E2E_DIR/model" lalte 4 --window 16 --sink 2 --budget 6 ;;
   lansa) e2e_make_model "$E2E_DIR/model" lansa 4 --window 16 --block-size 8 --block-counts 4 ;;
+  dla-gdn) e2e_make_model "$E2E_DIR/model" dla-gdn 4 --dla-capacity 4 --dla-threshold 1.4 ;;
   *) e2e_fail "unknown HYLA_E2E_ARCH '$ARCH'"; e2e_done ;;
 esac
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done

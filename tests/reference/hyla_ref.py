@@ -18,6 +18,8 @@ What it holds:
       NSA (flash-linear-attention's nsa layer; mean-pooled compression, block selection,
       window, gates) [NSA-1..4];
       ssd_recurrent / ssd_chunked           Mamba2 [M2-1..3] and its SSD chunked form (C = 64)
+      DLA over GDN (dla-dynamic-linear-attention.txt, Algorithms 1-2): the state cache, token
+      by token, with every choice of docs/MODELS.md 4.7 [DLA-1..5];
   * a Session that holds per-layer state, prefills a prompt (recurrent or chunked) and
     decodes greedily, one token at a time, always by the recurrence.
 
@@ -330,7 +332,8 @@ class GLALayer:
             st["conv"] = [torch.zeros(self.K - 1, w.shape[0], dtype=dt) for w in self.cw]
         return st
 
-    def __call__(self, x, st, pos0, mode):
+    def _project(self, x, st):
+        """q, k [T][H][dk] (l2-normalised), v [T][H][dv], g, beta [T][H] ([GDN-1..2])."""
         T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
         q, k, v = linear(x, self.wq), linear(x, self.wk), linear(x, self.wv)
         if self.conv:
@@ -397,12 +400,91 @@ class GDNLayer:
         if self.neg:
             beta = beta * 2
         q, k = l2norm(q.view(T, H, dk)), l2norm(k.view(T, H, dk))
-        v = v.view(T, H, dv)
-        fn = gdn_recurrent if mode == "recurrent" else (lambda *a: gdn_chunked(*a, pos0=pos0))
-        o, st["S"] = fn(q, k, v, g, beta, st["S"], dk ** -0.5)
+        return q, k, v.view(T, H, dv), g, beta
+
+    def _finish(self, x, o):
+        T, H, dv = x.shape[0], self.H, self.dv
         gate = linear(x, self.wg).view(T, H, dv) if self.use_gate else None
         o = gated_rmsnorm(o, self.onorm, gate, self.eps)
         return linear(o.reshape(T, H * dv), self.wo)
+
+    def __call__(self, x, st, pos0, mode):
+        q, k, v, g, beta = self._project(x, st)
+        fn = gdn_recurrent if mode == "recurrent" else (lambda *a: gdn_chunked(*a, pos0=pos0))
+        o, st["S"] = fn(q, k, v, g, beta, st["S"], self.dk ** -0.5)
+        return self._finish(x, o)
+
+
+def dla_score(s, S, tau):
+    """[DLA-2] ||rms(s) - rms(S)||_F / (||rms(S)||_F + 1e-6); tau for an empty cache or S = 0."""
+    if S is None or float((S * S).sum()) == 0.0:
+        return tau
+    rs = s / torch.sqrt((s * s).mean() + 1e-6)
+    rS = S / torch.sqrt((S * S).mean() + 1e-6)
+    return float(torch.linalg.norm(rs - rS) / (torch.linalg.norm(rS) + 1e-6))
+
+
+def dla_recurrent(q, k, v, g, erase, write, lam, cache, scale, K, tau, margins):
+    """[DLA-1..5] token by token. cache: per head {"S": [dk x dv, oldest first], "n": [], "I": []},
+    updated in place; lam [T][H][K] logits. Returns o [T][H][dv]. margins gets the distance of
+    every decision from flipping (|I - tau|; the gap between the two lowest pair densities)."""
+    T, H = q.shape[0], q.shape[1]
+    o = torch.empty(T, H, v.shape[2], dtype=q.dtype)
+    for t in range(T):
+        for h in range(H):
+            c = cache[h]
+            kt, vt = k[t, h], v[t, h]
+            s = write[t, h] * torch.outer(kt, vt)
+            It = dla_score(s, c["S"][-1] if c["S"] else None, tau)
+            if c["S"] and It != tau:
+                margins.append(abs(It - tau))
+            a, e = torch.exp(g[t, h]), erase[t, h]
+            c["S"] = [a * (S - e * torch.outer(kt, kt @ S)) for S in c["S"]]
+            if not c["S"] or It >= tau:
+                if len(c["S"]) == K:
+                    dens = [(c["I"][i] + c["I"][i + 1]) / (c["n"][i] + c["n"][i + 1]) for i in range(K - 1)]
+                    b = min(range(K - 1), key=lambda i: (dens[i], i))
+                    margins.append(sorted(dens)[1] - sorted(dens)[0])
+                    c["S"][b] = c["S"][b] + c["S"].pop(b + 1)
+                    c["n"][b] += c["n"].pop(b + 1)
+                    c["I"][b] += c["I"].pop(b + 1)
+                c["S"].append(torch.zeros_like(s))
+                c["n"].append(0)
+                c["I"].append(0.0)
+            c["S"][-1] = c["S"][-1] + s
+            c["n"][-1] += 1
+            c["I"][-1] += It
+            m = len(c["S"])
+            lv = torch.nn.functional.softplus(lam[t, h])
+            o[t, h] = scale * sum(lv[m - 1 - i] * (q[t, h] @ c["S"][i]) for i in range(m))
+    return o
+
+
+class DLAGDNLayer(GDNLayer):
+    """Dynamic linear attention over gated DeltaNet (docs/MODELS.md 4.6): the GDN projections and
+    output stage, the state cache of dla-dynamic-linear-attention.txt in place of one state."""
+    kind = "dla-gdn"
+
+    def __init__(self, cfg, W, p, D):
+        super().__init__(cfg, W, p, D)
+        self.cap = cfg.get("dla_capacity", 30)
+        self.tau = cfg.get("dla_threshold", 0.6)
+        self.wl = W(p + "l_proj.weight", (self.H * self.cap, D))
+        self.bl = W(p + "l_proj.bias", (self.H * self.cap,))
+        self.margins = []  # decision margins (for the fixture generator's choice of robust seeds)
+
+    def init_state(self, dt):
+        st = super().init_state(dt)
+        del st["S"]
+        st["cache"] = [{"S": [], "n": [], "I": []} for _ in range(self.H)]
+        return st
+
+    def __call__(self, x, st, pos0, mode):
+        q, k, v, g, beta = self._project(x, st)
+        lam = linear(x, self.wl, self.bl).view(x.shape[0], self.H, self.cap)
+        o = dla_recurrent(q, k, v, g, beta, beta, lam, st["cache"], self.dk ** -0.5, self.cap, self.tau,
+                          self.margins)
+        return self._finish(x, o)
 
 
 class SSELayer:
@@ -845,7 +927,7 @@ class Model:
         self.cfg, self.dtype = cfg, dtype
         W = Weights(raw, dtype)
         mt = cfg["model_type"]
-        if mt not in ("gla", "gated_deltanet", "transformer", "sse", "nsa"):
+        if mt not in ("gla", "gated_deltanet", "transformer", "sse", "nsa", "mamba2", "dla_gated_deltanet"):
             raise ValueError("unknown model_type %r" % mt)
         D, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
         self.D, self.V, self.L = D, V, L
@@ -903,6 +985,8 @@ class Model:
                 mix = GLALayer(cfg_of.get(i, cfg), W, pa, D)
             elif mt == "gated_deltanet":
                 mix = GDNLayer(cfg_of.get(i, cfg), W, pa, D)
+            elif mt == "dla_gated_deltanet":
+                mix = DLAGDNLayer(cfg, W, pa, D)
             else:
                 mix = SSELayer(cfg_of.get(i, cfg), W, pa, D)
             self.layers.append({

@@ -12,6 +12,8 @@ extern const hyla_mixer hyla_mixer_gla, hyla_mixer_gdn, hyla_mixer_sse, hyla_mix
 extern const hyla_mixer hyla_mixer_lte, hyla_mixer_nsa;
 /* Mamba2 (SSD) */
 extern const hyla_mixer hyla_mixer_mamba2;
+/* dynamic linear attention (DLA) kinds */
+extern const hyla_mixer hyla_mixer_dla_gdn;
 
 const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_gla,
@@ -23,6 +25,8 @@ const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_nsa,
     /* Mamba2 (SSD) */
     &hyla_mixer_mamba2,
+    /* dynamic linear attention (DLA) kinds */
+    &hyla_mixer_dla_gdn,
     NULL,
 };
 

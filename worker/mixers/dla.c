@@ -1,0 +1,316 @@
+/* dla.c — dynamic linear attention layers over a pluggable base (docs/MODELS.md §4.6, [DLA-1..5];
+ * dla-dynamic-linear-attention.txt): model_type "dla_gated_deltanet" (kind dla-gdn).
+ *
+ * The DLA part is base-independent: the keys dla_capacity (K) and dla_threshold (tau), the
+ * lambda projection l_proj (H*K logits per token, softplus in the op), the four `dla` state parts
+ * (states, counts, scores, states in use) and the dla_prefill / dla_decode ops. A base (struct
+ * dla_base) supplies the rest: its keys, its tensors, its own state parts (conv tails), the
+ * projection from the normed input to q, k, v and the per-token transition scalars (log decay g,
+ * erase e, write w: every state S_i <- exp(g)(S_i - e k k^T S_i), the token's state w k v^T), and
+ * the output stage. Gated DeltaNet is the base here (e = w = beta); Mamba2 (e = 0, w = dt, k = B,
+ * v = x, q = C, plus its D skip) plugs in as a second dla_base and a second table.
+ *
+ * Threading: as every mixer (hyla_mixer.h). */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "hyla_linattn.h"
+#include "hyla_profile.h"
+
+#define DLA_DEFAULT_CAPACITY 30  /* the paper's K */
+#define DLA_DEFAULT_THRESHOLD 0.6 /* the paper's tau */
+
+struct dla_base;
+
+/* The gated-DeltaNet base's keys (gdn.c's). */
+typedef struct {
+    int use_short_conv, conv_size, use_gate, allow_neg_eigval;
+} dla_gdn_cfg;
+
+typedef struct {
+    const struct dla_base *base;
+    int H, dk, dv; /* heads, key and value dims of one state */
+    int K;         /* dla_capacity */
+    float tau;     /* dla_threshold */
+    float scale;   /* the base's query scale (GDN: dk^-1/2; Mamba2: 1) */
+    union {
+        dla_gdn_cfg gdn;
+    } b;
+} dla_cfg;
+
+typedef struct {
+    hyla_weight *q, *k, *v, *o; /* [H*dk][D], [H*dk][D], [H*dv][D], [D][H*dv] */
+    hyla_weight *a_proj, *b_proj; /* [H][D] */
+    float *A_log, *dt_bias;       /* [H] */
+    hyla_weight *g_proj;          /* [H*dv][D] (use_gate) */
+    float *o_norm;                /* [dv] */
+    float *conv_w[3];             /* [C][K] q, k, v */
+} dla_gdn_w;
+
+typedef struct {
+    hyla_weight *l_proj; /* [H*K][D] lambda logits, newest state first */
+    float *l_bias;       /* [H*K] */
+    union {
+        dla_gdn_w gdn;
+    } b;
+} dla_w;
+
+/* The DLA parts come first; a base's parts follow from PART_BASE. */
+enum { PART_S = 0, PART_N, PART_I, PART_M, PART_BASE };
+
+typedef struct {
+    float *q, *k, *v;           /* [R][H*dk], [R][H*dk], [R][H*dv] */
+    float *g, *erase, *write;   /* [R][H] the base's transition scalars (erase: for a base whose
+                                 * erase differs from its write; GDN's does not) */
+    float *lam;                 /* [R][H*K] */
+    float *o;                   /* [R][H*dv] */
+    float *gate;                /* [R][H*dv] the base's output gate */
+} dla_scratch;
+
+/* A base model under the DLA cache. */
+typedef struct dla_base {
+    /* the base's keys into c (H, dk, dv and c->b) */
+    void (*parse)(hyla_cfg *r, json_t *obj, dla_cfg *c);
+    /* the base's tensors, appended to ds (offsets relative to dla_w) */
+    void (*tensors)(const hyla_model_config *mc, const dla_cfg *c, hyla_decls *ds);
+    /* the base's parts, appended at out[*n] */
+    void (*parts)(const dla_cfg *c, hyla_part_spec *out, int *n);
+    /* xn -> s->q, k, v, g, write; *erase: the erase scalars [R][H] (s->erase, s->write when they
+     * equal the write scalars, or NULL for a base that does not erase) */
+    hyla_status (*project)(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *w, dla_scratch *s,
+                           const float **erase);
+    /* s->o (the DLA read) -> f->out */
+    hyla_status (*finish)(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *w, dla_scratch *s);
+    /* hyla-mkmodel's keys of the base */
+    const char *(*mk_config)(json_t *obj, const hyla_mk_args *a);
+} dla_base;
+
+/* ------------------------------------------------------------------ the gated-DeltaNet base */
+
+static void gdn_parse(hyla_cfg *r, json_t *obj, dla_cfg *c) {
+    dla_gdn_cfg *g = &c->b.gdn;
+    c->H = hyla_cfg_int(r, obj, "num_heads", 6);
+    hyla_cfg_positive(r, "num_heads", c->H);
+    if (r->st != HYLA_OK) return;
+    g->use_short_conv = hyla_cfg_bool(r, obj, "use_short_conv", 1);
+    g->conv_size = hyla_cfg_int(r, obj, "conv_size", 4);
+    g->allow_neg_eigval = hyla_cfg_bool(r, obj, "allow_neg_eigval", 0);
+    c->dk = hyla_cfg_int(r, obj, "head_dim", 256);
+    double ev = hyla_cfg_num(r, obj, "expand_v", 2.0);
+    c->dv = (int)(c->dk * ev);
+    hyla_cfg_positive(r, "head_dim", c->dk);
+    if (r->st == HYLA_OK && fabs(c->dk * ev - c->dv) > 1e-6)
+        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "head_dim*expand_v must be an integer");
+    if (hyla_cfg_int(r, obj, "num_v_heads", c->H) != c->H)
+        hyla_cfg_refuse(r, "num_v_heads", "num_v_heads != num_heads is not supported");
+    g->use_gate = hyla_cfg_bool(r, obj, "use_gate", 1);
+    if (g->use_short_conv) hyla_cfg_positive(r, "conv_size", g->conv_size);
+    hyla_lin_common_keys(r, obj);
+    if (c->dk > 0) c->scale = 1.0f / sqrtf((float)c->dk);
+}
+
+#define GW(field) (offsetof(dla_w, b.gdn) + offsetof(dla_gdn_w, field))
+
+static void gdn_tensors(const hyla_model_config *mc, const dla_cfg *c, hyla_decls *ds) {
+    int D = mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv;
+    hyla_decl_matrix(ds, "q_proj.weight", GW(q), H * dk, D, 1.0f);
+    hyla_decl_matrix(ds, "k_proj.weight", GW(k), H * dk, D, 1.0f);
+    hyla_decl_matrix(ds, "v_proj.weight", GW(v), H * dv, D, 1.0f);
+    if (c->b.gdn.use_short_conv) {
+        const size_t off[3] = {GW(conv_w[0]), GW(conv_w[1]), GW(conv_w[2])};
+        hyla_lin_conv_decls(ds, off, H * dk, H * dv, c->b.gdn.conv_size);
+    }
+    hyla_decl_matrix(ds, "a_proj.weight", GW(a_proj), H, D, 1.0f);
+    hyla_decl_matrix(ds, "b_proj.weight", GW(b_proj), H, D, 1.0f);
+    hyla_decl(ds, "A_log", HYLA_TENSOR_VECTOR, GW(A_log), 1, H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
+    hyla_decl(ds, "dt_bias", HYLA_TENSOR_VECTOR, GW(dt_bias), 1, H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
+    if (c->b.gdn.use_gate) hyla_decl_matrix(ds, "g_proj.weight", GW(g_proj), H * dv, D, 1.0f);
+    hyla_decl_vector(ds, "o_norm.weight", GW(o_norm), dv, 1.0f, 0.1f);
+    hyla_decl_matrix(ds, "o_proj.weight", GW(o), D, H * dv, 0.5f);
+}
+
+static void gdn_parts(const dla_cfg *c, hyla_part_spec *out, int *n) {
+    if (c->b.gdn.use_short_conv) hyla_lin_conv_parts(out, n, c->H * c->dk, c->H * c->dv, c->b.gdn.conv_size);
+}
+
+/* [GDN-1..2] as gdn.c: projections, short conv, l2-normalised q and k, gates; e = w = beta */
+static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s,
+                               const float **erase) {
+    const dla_gdn_w *w = &wp->b.gdn;
+    const hyla_ops *o = f->o;
+    void *ctx = f->ctx;
+    int D = f->mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv, R = f->R;
+    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
+        {w->q, NULL, s->q, H * dk, H * dk},
+        {w->k, NULL, s->k, H * dk, H * dk},
+        {w->v, NULL, s->v, H * dv, H * dv},
+    };
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
+    int n = 0;
+    lo[n++] = (hyla_linear_out){w->a_proj, NULL, s->g, H, H};
+    lo[n++] = (hyla_linear_out){w->b_proj, NULL, s->write, H, H};
+    if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s->gate, H * dv, H * dv};
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
+    HYLA_MIXER_MARK(f, "lin: q/k/v, gate proj");
+    if (c->b.gdn.use_short_conv) {
+        HYLA_TRY(hyla_lin_short_conv(f, s->q, s->k, s->v, H * dk, H * dv, w->conv_w, c->b.gdn.conv_size, PART_BASE));
+    } else {
+        HYLA_TRY(o->silu(ctx, s->q, (size_t)R * H * dk));
+        HYLA_TRY(o->silu(ctx, s->k, (size_t)R * H * dk));
+        HYLA_TRY(o->silu(ctx, s->v, (size_t)R * H * dv));
+    }
+    HYLA_TRY(o->l2norm_rows(ctx, s->q, R * H, dk, 1e-6f));
+    HYLA_TRY(o->l2norm_rows(ctx, s->k, R * H, dk, 1e-6f));
+    HYLA_TRY(o->gdn_gates(ctx, s->g, H, s->write, H, w->A_log, w->dt_bias, s->g, s->write, R, H,
+                          c->b.gdn.allow_neg_eigval));
+    HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");
+    *erase = s->write;
+    return HYLA_OK;
+}
+
+static hyla_status gdn_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s) {
+    const dla_gdn_w *w = &wp->b.gdn;
+    /* [NORM-1] per head, then o_proj */
+    HYLA_TRY(f->o->gated_rmsnorm(f->ctx, s->o, w->g_proj ? s->gate : NULL, w->o_norm, s->o, f->R * c->H, c->dv,
+                                 f->mc->norm_eps));
+    HYLA_TRY(hyla_mixer_linear(f, s->o, c->H * c->dv, w->o, NULL, f->out, f->mc->hidden_size, 0));
+    HYLA_MIXER_MARK(f, "lin: out norm, o proj");
+    return HYLA_OK;
+}
+
+static const char *gdn_mk_config(json_t *obj, const hyla_mk_args *a) {
+    int dk = a->head_dim > 0 ? a->head_dim : a->hidden / a->heads;
+    json_object_set_new(obj, "head_dim", json_integer(dk));
+    json_object_set_new(obj, "expand_v", json_real(2.0));
+    json_object_set_new(obj, "use_gate", json_true());
+    json_object_set_new(obj, "use_short_conv", json_boolean(a->short_conv != 0));
+    json_object_set_new(obj, "conv_size", json_integer(4));
+    return NULL;
+}
+
+static const dla_base dla_base_gdn = {gdn_parse, gdn_tensors, gdn_parts, gdn_project, gdn_finish, gdn_mk_config};
+
+/* ------------------------------------------------------------------ the DLA part */
+
+static void parse_common(hyla_cfg *r, json_t *obj, dla_cfg *c) {
+    c->base->parse(r, obj, c);
+    if (r->st != HYLA_OK) return;
+    c->K = hyla_cfg_int(r, obj, "dla_capacity", DLA_DEFAULT_CAPACITY);
+    if (r->st == HYLA_OK && c->K < 2) hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key 'dla_capacity': %d, want >= 2", c->K);
+    double tau = hyla_cfg_num(r, obj, "dla_threshold", DLA_DEFAULT_THRESHOLD);
+    if (r->st == HYLA_OK && !(tau >= 0 && isfinite(tau)))
+        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key 'dla_threshold': %g, want a finite value >= 0", tau);
+    c->tau = (float)tau;
+}
+
+static void parse_gdn(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
+    (void)mc;
+    dla_cfg *c = cfgp;
+    c->base = &dla_base_gdn;
+    parse_common(r, obj, c);
+}
+
+static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
+    const dla_cfg *c = cfgp;
+    hyla_decls ds = hyla_decls_init(out, mc, layer);
+    c->base->tensors(mc, c, &ds);
+    /* [DLA-5] lambda logits; the bias starts at softplus^-1(1) so a fresh layer reads the states
+     * with weights near 1 (near the plain base model) */
+    hyla_decl_matrix(&ds, "l_proj.weight", offsetof(dla_w, l_proj), c->H * c->K, mc->hidden_size, 0.3f);
+    hyla_decl_vector(&ds, "l_proj.bias", offsetof(dla_w, l_bias), c->H * c->K, 0.5413f, 0.5f);
+    return ds.n;
+}
+
+static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dtype, hyla_part_spec *out) {
+    (void)mc;
+    (void)kv_dtype;
+    const dla_cfg *c = cfgp;
+    uint64_t H = (uint64_t)c->H, K = (uint64_t)c->K;
+    out[PART_S] = (hyla_part_spec){"S", HYLA_PART_DLA, HYLA_DT_F32, 4, {H, K, (uint64_t)c->dk, (uint64_t)c->dv}, 0};
+    out[PART_N] = (hyla_part_spec){"n", HYLA_PART_DLA, HYLA_DT_I32, 2, {H, K}, 0};
+    out[PART_I] = (hyla_part_spec){"I", HYLA_PART_DLA, HYLA_DT_F32, 2, {H, K}, 0};
+    out[PART_M] = (hyla_part_spec){"m", HYLA_PART_DLA, HYLA_DT_I32, 1, {H}, 0};
+    int n = PART_BASE;
+    c->base->parts(c, out, &n);
+    return n;
+}
+
+static size_t layout(const dla_cfg *c, int R, void *base, dla_scratch *s) {
+    hyla_carver cv = hyla_carver_init(base);
+    size_t qk = (size_t)R * c->H * c->dk, vo = (size_t)R * c->H * c->dv, rh = (size_t)R * c->H;
+    s->q = hyla_carve_f32(&cv, qk);
+    s->k = hyla_carve_f32(&cv, qk);
+    s->v = hyla_carve_f32(&cv, vo);
+    s->g = hyla_carve_f32(&cv, rh);
+    s->erase = hyla_carve_f32(&cv, rh);
+    s->write = hyla_carve_f32(&cv, rh);
+    s->lam = hyla_carve_f32(&cv, rh * (size_t)c->K);
+    s->o = hyla_carve_f32(&cv, vo);
+    s->gate = hyla_carve_f32(&cv, vo);
+    return cv.off;
+}
+
+static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
+    (void)mc;
+    dla_scratch s;
+    return layout(cfg, rows, NULL, &s);
+}
+
+static hyla_dla_cache cache_of(hyla_layer_state *ls) {
+    return (hyla_dla_cache){ls->part[PART_S].dev, ls->part[PART_N].dev, ls->part[PART_I].dev, ls->part[PART_M].dev};
+}
+
+static hyla_status forward(const hyla_mixer_fwd *f) {
+    const dla_cfg *c = f->cfg;
+    const dla_w *w = f->w;
+    const hyla_ops *o = f->o;
+    if (!o->dla_prefill || !o->dla_decode)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "the %s backend has no DLA ops (dla layers run on the cpu backend)", o->name);
+    int R = f->R;
+    dla_scratch s;
+    layout(c, f->cap_rows, f->scratch, &s);
+    const float *e = NULL;
+    HYLA_TRY(c->base->project(f, c, w, &s, &e));
+    HYLA_TRY(hyla_mixer_linear(f, f->xn, f->mc->hidden_size, w->l_proj, w->l_bias, s.lam, c->H * c->K, 0));
+    HYLA_MIXER_MARK(f, "dla: lambda proj");
+    hyla_dla_params p = {c->H, c->dk, c->dv, c->K, c->tau};
+    float scale = c->scale;
+    int nc = f->decode ? R : 1;
+    hyla_dla_cache *cs = calloc((size_t)nc, sizeof *cs);
+    if (!cs) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nc; i++) cs[i] = cache_of(f->st[i]);
+    hyla_status st = f->decode ? o->dla_decode(f->ctx, &p, s.q, s.k, s.v, s.g, e, s.write, s.lam, R, scale, cs, s.o)
+                               : o->dla_prefill(f->ctx, &p, s.q, s.k, s.v, s.g, e, s.write, s.lam, R, scale, cs, s.o);
+    free(cs);
+    HYLA_TRY(st);
+    HYLA_MIXER_MARK(f, "dla: cache, core");
+    return c->base->finish(f, c, w, &s);
+}
+
+static const char *mk_config_common(json_t *obj, const hyla_mk_args *a, const dla_base *b) {
+    const char *why = b->mk_config(obj, a);
+    if (why) return why;
+    json_object_set_new(obj, "dla_capacity", json_integer(a->dla_capacity > 0 ? a->dla_capacity : DLA_DEFAULT_CAPACITY));
+    json_object_set_new(obj, "dla_threshold", json_real(a->dla_threshold >= 0 ? a->dla_threshold : DLA_DEFAULT_THRESHOLD));
+    return NULL;
+}
+
+static const char *mk_config_gdn(json_t *obj, const hyla_mk_args *a) { return mk_config_common(obj, a, &dla_base_gdn); }
+
+const hyla_mixer hyla_mixer_dla_gdn = {
+    .name = "dla-gdn",
+    .model_type = "dla_gated_deltanet",
+    .spec_key = NULL,
+    .layout = NULL,
+    .parse_model = NULL,
+    .cfg_size = sizeof(dla_cfg),
+    .w_size = sizeof(dla_w),
+    .parse = parse_gdn,
+    .tensors = tensors,
+    .parts = parts,
+    .scratch_bytes = scratch_bytes,
+    .forward = forward,
+    .mk_config = mk_config_gdn,
+};
