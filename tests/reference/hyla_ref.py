@@ -332,8 +332,7 @@ class GLALayer:
             st["conv"] = [torch.zeros(self.K - 1, w.shape[0], dtype=dt) for w in self.cw]
         return st
 
-    def _project(self, x, st):
-        """q, k [T][H][dk] (l2-normalised), v [T][H][dv], g, beta [T][H] ([GDN-1..2])."""
+    def __call__(self, x, st, pos0, mode):
         T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
         q, k, v = linear(x, self.wq), linear(x, self.wk), linear(x, self.wv)
         if self.conv:
@@ -384,7 +383,8 @@ class GDNLayer:
             st["conv"] = [torch.zeros(self.K - 1, w.shape[0], dtype=dt) for w in self.cw]
         return st
 
-    def __call__(self, x, st, pos0, mode):
+    def _project(self, x, st):
+        """q, k [T][H][dk] (l2-normalised), v [T][H][dv], g, beta [T][H] ([GDN-1..2])."""
         T, H, dk, dv = x.shape[0], self.H, self.dk, self.dv
         q, k, v = linear(x, self.wq), linear(x, self.wk), linear(x, self.wv)
         if self.conv:
