@@ -1620,6 +1620,214 @@ static void case_sse_plan(const op_case *c) {
     }
 }
 
+/* ---------------------------------------------------------------- LTE and NSA */
+
+/* LTE: a scoring CNN as the paper's (3 layers, kernel 3, dilation 2, channels halved), weights
+ * fp32 on both backends. The cache is driven through a prefill piece, a second piece and decode
+ * steps; k, v are rounded to bf16 so that the two caches (CPU fp32, GPU bf16) hold the same
+ * values. Then the scores, retained positions and counters are compared exactly (the CUDA
+ * scoring follows the CPU's arithmetic, so the same cached k, v give the same members in the
+ * same slots), and the outputs within ATTN_TOL (bf16 keys and values, fp32 softmax). */
+typedef struct {
+    hyla_lte_params pc, pg; /* the same net on each backend */
+    void *wc[2 * HYLA_LTE_MAX_CONV + 2], *wg[2 * HYLA_LTE_MAX_CONV + 2];
+    int nw;
+} lte_net;
+
+static void lte_net_make(lte_net *n, int Hk, int D, int s, int w, int b, int eager) {
+    memset(n, 0, sizeof *n);
+    hyla_lte_params *p = &n->pc;
+    p->Hk = Hk, p->D = D, p->sink = s, p->window = w, p->budget = b;
+    p->n_conv = 3, p->kernel = 3, p->dilation = 2, p->eager = eager;
+    p->ch[0] = 2 * D, p->ch[1] = D, p->ch[2] = D / 2, p->ch[3] = D / 4;
+    p->rope_theta = 10000.0f;
+    n->pg = *p;
+    for (int l = 0; l <= 3; l++) {
+        size_t nwt = l < 3 ? (size_t)Hk * p->ch[l + 1] * p->ch[l] * 3 : (size_t)Hk * p->ch[3];
+        size_t nb = l < 3 ? (size_t)Hk * p->ch[l + 1] : (size_t)Hk;
+        float *W = randn(nwt, l < 3 ? sqrtf(1.0f / (float)(p->ch[l] * 3)) : 1.0f), *B = randn(nb, l < 3 ? 0.1f : 0.3f);
+        void *wc = dev(cpu, W, nwt * 4), *wg = dev(gpu, W, nwt * 4), *bc = dev(cpu, B, nb * 4), *bg = dev(gpu, B, nb * 4);
+        if (l < 3) {
+            n->pc.conv_w[l] = wc, n->pc.conv_b[l] = bc, n->pg.conv_w[l] = wg, n->pg.conv_b[l] = bg;
+        } else {
+            n->pc.proj_w = wc, n->pc.proj_b = bc, n->pg.proj_w = wg, n->pg.proj_b = bg;
+        }
+        n->wc[n->nw] = wc, n->wg[n->nw++] = wg;
+        n->wc[n->nw] = bc, n->wg[n->nw++] = bg;
+        free(W);
+        free(B);
+    }
+}
+static void lte_net_free(lte_net *n) {
+    for (int i = 0; i < n->nw; i++) dfree(cpu, n->wc[i]), dfree(gpu, n->wg[i]);
+}
+
+typedef struct {
+    hyla_lte_cache c, g;
+    size_t rows; /* Hk * (s + w + b) */
+} lte_cpair;
+
+static lte_cpair lte_cpair_new(const hyla_lte_params *p) {
+    lte_cpair k;
+    k.rows = (size_t)p->Hk * (p->sink + p->window + p->budget);
+    size_t kc = k.rows * p->D * hyla_dtype_size(cpu->ops->kv_dtype), kg = k.rows * p->D * hyla_dtype_size(gpu->ops->kv_dtype);
+    k.c = (hyla_lte_cache){dev(cpu, NULL, kc), dev(cpu, NULL, kc), dev(cpu, NULL, k.rows * 4),
+                           dev(cpu, NULL, (size_t)p->Hk * p->budget * 4 + 4), dev(cpu, NULL, (size_t)(2 + p->Hk) * 4)};
+    k.g = (hyla_lte_cache){dev(gpu, NULL, kg), dev(gpu, NULL, kg), dev(gpu, NULL, k.rows * 4),
+                           dev(gpu, NULL, (size_t)p->Hk * p->budget * 4 + 4), dev(gpu, NULL, (size_t)(2 + p->Hk) * 4)};
+    return k;
+}
+static void lte_cpair_free(lte_cpair *k) {
+    dfree(cpu, k->c.k), dfree(cpu, k->c.v), dfree(cpu, k->c.r), dfree(cpu, k->c.rpos), dfree(cpu, k->c.meta);
+    dfree(gpu, k->g.k), dfree(gpu, k->g.v), dfree(gpu, k->g.r), dfree(gpu, k->g.rpos), dfree(gpu, k->g.meta);
+}
+
+/* The caches' bytes compared: meta, retained positions and scores exactly; k, v rows exactly
+ * after widening the GPU's bf16. */
+static void lte_cmp_cache(const char *what, const hyla_lte_params *p, const lte_cpair *k) {
+    int Hk = p->Hk;
+    size_t nm = 2 + (size_t)Hk, nrp = (size_t)Hk * p->budget;
+    int32_t *mc = malloc(nm * 4), *mg = malloc(nm * 4), *rc = malloc(nrp * 4 + 4), *rg = malloc(nrp * 4 + 4);
+    CHECK_OK(cpu->ops->download(cpu->ctx, mc, k->c.meta, nm * 4));
+    CHECK_OK(gpu->ops->download(gpu->ctx, mg, k->g.meta, nm * 4));
+    CHECK_OK(cpu->ops->download(cpu->ctx, rc, k->c.rpos, nrp * 4));
+    CHECK_OK(gpu->ops->download(gpu->ctx, rg, k->g.rpos, nrp * 4));
+    int retained = 0;
+    for (int h = 0; h < Hk; h++) retained += mc[2 + h];
+    CHECK_MSG(!memcmp(mc, mg, nm * 4), "%s: meta (tokens %d/%d, next scored %d/%d, %d retained on the CPU) equal", what,
+              mc[0], mg[0], mc[1], mg[1], retained);
+    CHECK_MSG(!memcmp(rc, rg, nrp * 4), "%s: retained positions equal", what);
+    float *sc = host_of(cpu, k->c.r, k->rows), *sg = host_of(gpu, k->g.r, k->rows);
+    size_t diff = 0;
+    for (size_t i = 0; i < k->rows; i++) diff += memcmp(&sc[i], &sg[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: scores bit-identical (%zu of %zu differ)", what, diff, k->rows);
+    size_t ne = k->rows * p->D;
+    float *kc = host_of(cpu, k->c.k, ne);
+    uint16_t *kg = malloc(ne * 2);
+    CHECK_OK(gpu->ops->download(gpu->ctx, kg, k->g.k, ne * 2));
+    size_t kd = 0;
+    for (size_t i = 0; i < ne; i++) kd += kc[i] != hyla_bf16_to_f32(kg[i]);
+    CHECK_MSG(kd == 0, "%s: cached keys equal (%zu differ)", what, kd);
+    printf("  %-44s meta, %d retained, scores, keys identical: %s\n", what, retained,
+           !memcmp(mc, mg, nm * 4) && !memcmp(rc, rg, nrp * 4) && !diff && !kd ? "ok" : "FAIL");
+    free(mc), free(mg), free(rc), free(rg), free(sc), free(sg), free(kc), free(kg);
+}
+
+/* p: {Hk, Hq, D, sink, window, budget, eager} */
+static void case_lte(const op_case *c) {
+    int Hk = c->p[0], Hq = c->p[1], D = c->p[2], s = c->p[3], w = c->p[4], b = c->p[5], eager = c->p[6];
+    lte_net net;
+    lte_net_make(&net, Hk, D, s, w, b, eager);
+    float scale = 1.0f / sqrtf((float)D);
+    /* lte_score on its own: 40 rows from position -3 */
+    {
+        int T = 40, h = 6;
+        size_t nx = (size_t)T * Hk * 2 * D, nr = (size_t)(T - 2 * h) * Hk;
+        float *x = randn(nx, 1.0f);
+        pair px = pair_new(x, nx), pr = pair_new(NULL, nr);
+        CHECK_OK(cpu->ops->lte_score(cpu->ctx, &net.pc, px.c, T, -3, pr.c));
+        PERF(CHECK_OK(gpu->ops->lte_score(gpu->ctx, &net.pg, px.g, T, -3, pr.g)));
+        cmp_pair("lte_score (same bits expected)", pr, 1e-6, 1e-6);
+        float *rc = host_of(cpu, pr.c, nr), *rg = host_of(gpu, pr.g, nr);
+        CHECK_MSG(!memcmp(rc, rg, nr * 4), "lte_score: GPU scores are the CPU's bits");
+        free(rc), free(rg), free(x);
+        pair_free(px), pair_free(pr);
+    }
+    lte_cpair k = lte_cpair_new(&net.pc);
+    int pieces[2] = {3 * w + 17, w + 5}, steps = 2 * w + 9, pos = 0;
+    for (int part = 0; part < 3; part++) {
+        int n = part < 2 ? pieces[part] : 1, reps = part < 2 ? 1 : steps;
+        for (int r = 0; r < reps; r++) {
+            size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D;
+            float *q = randn(nq, 1.0f), *kk = randn(nk, 1.0f), *v = randn(nk, 1.0f);
+            round_bf16(kk, nk);
+            round_bf16(v, nk);
+            pair pq = pair_new(q, nq), pk = pair_new(kk, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
+            char name[96];
+            if (part < 2) {
+                CHECK_OK(cpu->ops->lte_prefill(cpu->ctx, &net.pc, pq.c, pk.c, pv.c, n, Hq, pos, &k.c, scale, po.c));
+                PERF(CHECK_OK(gpu->ops->lte_prefill(gpu->ctx, &net.pg, pq.g, pk.g, pv.g, n, Hq, pos, &k.g, scale, po.g)));
+                snprintf(name, sizeof name, "lte prefill Hq=%d Hk=%d D=%d n=%d pos0=%d", Hq, Hk, D, n, pos);
+            } else {
+                int32_t p1[1] = {pos};
+                CHECK_OK(cpu->ops->lte_decode(cpu->ctx, &net.pc, pq.c, pk.c, pv.c, 1, Hq, p1, &k.c, scale, po.c));
+                PERF(CHECK_OK(gpu->ops->lte_decode(gpu->ctx, &net.pg, pq.g, pk.g, pv.g, 1, Hq, p1, &k.g, scale, po.g)));
+                snprintf(name, sizeof name, "lte decode pos=%d", pos);
+            }
+            if (part < 2 || r % 8 == 0 || r == reps - 1) cmp_pair(name, po, ATTN_TOL);
+            pair_free(pq), pair_free(pk), pair_free(pv), pair_free(po);
+            free(q), free(kk), free(v);
+            pos += n;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "lte cache after %d tokens (%s)", pos, eager ? "eager" : "lazy");
+        lte_cmp_cache(what, &net.pc, &k);
+    }
+    /* batched decode: two sessions (this cache and a fresh one) in one call */
+    {
+        lte_cpair k2 = lte_cpair_new(&net.pc);
+        int B = 2;
+        size_t nq = (size_t)B * Hq * D, nk = (size_t)B * Hk * D;
+        float *q = randn(nq, 1.0f), *kk = randn(nk, 1.0f), *v = randn(nk, 1.0f);
+        round_bf16(kk, nk);
+        round_bf16(v, nk);
+        pair pq = pair_new(q, nq), pk = pair_new(kk, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
+        int32_t pb[2] = {pos, 0};
+        hyla_lte_cache cc[2] = {k.c, k2.c}, cg[2] = {k.g, k2.g};
+        CHECK_OK(cpu->ops->lte_decode(cpu->ctx, &net.pc, pq.c, pk.c, pv.c, B, Hq, pb, cc, scale, po.c));
+        PERF(CHECK_OK(gpu->ops->lte_decode(gpu->ctx, &net.pg, pq.g, pk.g, pv.g, B, Hq, pb, cg, scale, po.g)));
+        cmp_pair("lte decode B=2 (positions differ)", po, ATTN_TOL);
+        lte_cmp_cache("lte batched: session 0", &net.pc, &k);
+        lte_cmp_cache("lte batched: session 1", &net.pc, &k2);
+        pair_free(pq), pair_free(pk), pair_free(pv), pair_free(po);
+        free(q), free(kk), free(v);
+        lte_cpair_free(&k2);
+    }
+    lte_cpair_free(&k);
+    lte_net_free(&net);
+}
+
+/* NSA: prefill in two pieces and decode steps over a paged cache, against the CPU. q is drawn
+ * with a spread so the compressed attention ranks blocks clearly. p: {Hq, Hk, D, block,
+ * counts, window, page_tokens} */
+static void case_nsa(const op_case *c) {
+    int Hq = c->p[0], Hk = c->p[1], D = c->p[2], BS = c->p[3], counts = c->p[4], W = c->p[5], pt = c->p[6];
+    float scale = 1.0f / sqrtf((float)D);
+    int pieces[2] = {150, 77}, steps = 5, total = pieces[0] + pieces[1] + steps, pos = 0;
+    kvpair kv = kv_new((total + pt - 1) / pt, pt, Hk, D);
+    hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
+    for (int part = 0; part < 2 + steps; part++) {
+        int n = part < 2 ? pieces[part] : 1;
+        size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, ng = (size_t)n * Hq * 3;
+        float *q = randn(nq, 1.0f), *kk = randn(nk, 1.0f), *v = randn(nk, 1.0f), *g = randn(ng, 1.0f);
+        round_bf16(kk, nk);
+        round_bf16(v, nk);
+        pair pq = pair_new(q, nq), pk = pair_new(kk, nk), pv = pair_new(v, nk), pg = pair_new(g, ng),
+             po = pair_new(NULL, nq);
+        char name[112];
+        if (part < 2) {
+            CHECK_OK(cpu->ops->nsa_prefill(cpu->ctx, pq.c, pk.c, pv.c, pg.c, n, Hq, Hk, D, pos, &vc, BS, counts, W, scale,
+                                           po.c));
+            PERF(CHECK_OK(gpu->ops->nsa_prefill(gpu->ctx, pq.g, pk.g, pv.g, pg.g, n, Hq, Hk, D, pos, &vg, BS, counts, W,
+                                                scale, po.g)));
+            snprintf(name, sizeof name, "nsa prefill Hq=%d Hk=%d D=%d bs=%d n=%d W=%d pos0=%d", Hq, Hk, D, BS, counts, W,
+                     pos);
+        } else {
+            int32_t p1[1] = {pos};
+            CHECK_OK(cpu->ops->nsa_decode(cpu->ctx, pq.c, pk.c, pv.c, pg.c, 1, Hq, Hk, D, p1, &vc, BS, counts, W, scale,
+                                          po.c));
+            PERF(CHECK_OK(gpu->ops->nsa_decode(gpu->ctx, pq.g, pk.g, pv.g, pg.g, 1, Hq, Hk, D, p1, &vg, BS, counts, W,
+                                               scale, po.g)));
+            snprintf(name, sizeof name, "nsa decode pos=%d", pos);
+        }
+        cmp_pair(name, po, ATTN_TOL);
+        pair_free(pq), pair_free(pk), pair_free(pv), pair_free(pg), pair_free(po);
+        free(q), free(kk), free(v), free(g);
+        pos += n;
+    }
+    kv_free(&kv);
+}
+
 /* The case table: one row per op case, run on every device backend against the CPU. */
 static const op_case cases[] = {
     {"memory, pool, snapshots", case_memory, {0}},
@@ -1664,6 +1872,15 @@ static const op_case cases[] = {
     {"attn_prefill pieces", case_attn_pieces, {64}},
     {"attn_prefill pieces", case_attn_pieces, {128}},
     {"sample", case_sample, {0}},
+    /* {Hk, Hq, D, sink, window, budget, eager} */
+    {"lte_score, lte_prefill, lte_decode", case_lte, {2, 4, 64, 4, 32, 16, 0}},
+    {"lte_score, lte_prefill, lte_decode", case_lte, {2, 4, 64, 4, 32, 16, 1}},
+    {"lte_score, lte_prefill, lte_decode", case_lte, {1, 3, 128, 2, 48, 0, 0}},
+    {"lte_score, lte_prefill, lte_decode", case_lte, {4, 8, 32, 0, 20, 64, 0}},
+    /* {Hq, Hk, D, block, counts, window, page_tokens} */
+    {"nsa_prefill, nsa_decode", case_nsa, {4, 2, 64, 16, 4, 32, 64}},
+    {"nsa_prefill, nsa_decode", case_nsa, {8, 1, 128, 32, 3, 0, 16}},
+    {"nsa_prefill, nsa_decode", case_nsa, {2, 2, 32, 8, 16, 100, 64}},
 };
 
 /* The backends under test: every device backend built in (today the CUDA backend). */
@@ -1704,8 +1921,8 @@ int main(int argc, char **argv) {
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const op_case *c = &cases[ci];
             if (filter && !strstr(c->op, filter)) continue;
-            printf("%s: %s {%d, %d, %d, %d, %d}\n", backends[bi].name, c->op, c->p[0], c->p[1], c->p[2], c->p[3],
-                   c->p[4]);
+            printf("%s: %s {%d, %d, %d, %d, %d, %d, %d}\n", backends[bi].name, c->op, c->p[0], c->p[1], c->p[2],
+                   c->p[3], c->p[4], c->p[5], c->p[6]);
             perf_ms = 0;
             perf_calls = 0;
             c->run(c);

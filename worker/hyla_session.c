@@ -488,6 +488,24 @@ static void fmt_shape(char *buf, size_t n, const uint64_t *shape, uint32_t ndim)
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
+/* Upload a whole (unpaged) part from the snapshot, converting f32/bf16/f16 to the part's dtype
+ * (an LTE cache's k, v rows exported by another backend). */
+static hyla_status import_converted(const hyla_model *m, void *dev, const hyla_part_spec *pd, const hyla_state_part *p) {
+    size_t n = (size_t)(p->nbytes / hyla_dtype_size((hyla_dtype)p->dtype));
+    float *tmp = malloc(n * sizeof(float) + 4);
+    void *conv = malloc(n * hyla_dtype_size(pd->dtype) + 4);
+    hyla_status st = HYLA_OK;
+    if (!tmp || !conv) st = hyla_fail(HYLA_ERR_RESOURCE, "import of part '%s': out of memory", pd->name);
+    if (st == HYLA_OK) {
+        hyla_to_f32(tmp, p->data, (hyla_dtype)p->dtype, n);
+        hyla_from_f32(conv, pd->dtype, tmp, n);
+        st = OPS(m)->upload(CTX(m), dev, conv, n * hyla_dtype_size(pd->dtype));
+    }
+    free(tmp);
+    free(conv);
+    return st;
+}
+
 /* Upload the rows of a paged part from the snapshot, converting f32/bf16/f16 to the part's dtype. */
 static hyla_status import_paged(const hyla_model *m, hyla_layer_state *ls, int i, const hyla_part_spec *pd,
                                 const hyla_state_part *p, int64_t pos) {
@@ -555,9 +573,12 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
             uint32_t nd = snap_shape(pd, s->pos, shape);
             int shape_ok = p->ndim == nd && p->kind == (uint32_t)pd->kind;
             for (uint32_t d = 0; shape_ok && d < p->ndim; d++) shape_ok = p->shape[d] == shape[d];
-            /* paged parts (KV) may come in any float type: a snapshot of another backend */
-            int dtype_ok = p->dtype == (uint32_t)pd->dtype ||
-                           (pd->paged && (p->dtype == HYLA_DT_F32 || p->dtype == HYLA_DT_BF16 || p->dtype == HYLA_DT_F16));
+            /* paged parts (KV) and LTE caches' rows (kv_dtype) may come in any float type: a
+             * snapshot of another backend */
+            int fl = p->dtype == HYLA_DT_F32 || p->dtype == HYLA_DT_BF16 || p->dtype == HYLA_DT_F16;
+            int lte_rows = pd->kind == HYLA_PART_LTE &&
+                           (pd->dtype == HYLA_DT_F32 || pd->dtype == HYLA_DT_BF16 || pd->dtype == HYLA_DT_F16);
+            int dtype_ok = p->dtype == (uint32_t)pd->dtype || ((pd->paged || lte_rows) && fl);
             if (!shape_ok || !dtype_ok) {
                 char got[96], want[96];
                 fmt_shape(got, sizeof got, p->shape, p->ndim);
@@ -568,6 +589,7 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
                 break;
             }
             if (pd->paged) st = import_paged(m, &s->st->ls[l], i, pd, p, s->pos);
+            else if (p->dtype != (uint32_t)pd->dtype) st = import_converted(m, s->st->ls[l].part[i].dev, pd, p);
             else st = OPS(m)->upload(CTX(m), s->st->ls[l].part[i].dev, p->data, p->nbytes);
         }
     }

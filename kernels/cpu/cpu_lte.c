@@ -43,6 +43,11 @@ static int lte_maxch(const hyla_lte_params *p) {
 
 static size_t score_scratch_floats(const hyla_lte_params *p, int T) { return 2 * (size_t)T * p->Hk * lte_maxch(p); }
 
+/* The CNN's Swish with its exponential in double, rounded once: libm's expf is not correctly
+ * rounded in every case, a double exp rounded to float is (but for ~2^-28 of inputs), so a GPU
+ * backend computing the same expression gets the same scores bit for bit. */
+static float lte_silu(float x) { return x / (1.0f + (float)exp(-(double)x)); }
+
 /* [LTE-2] The CNN over x [T][Hk][ch0] (positions x0..), into r [T-2h][Hk]. a, b: scratch of
  * T*Hk*maxch floats each. Layer l's activation at position t is computed from layer l-1 at
  * t + (i - (K-1)/2)*dil, i < K, summed in a fixed order (bias, then taps, then channels), and is
@@ -72,7 +77,7 @@ static void lte_cnn(const hyla_lte_params *p, const float *x, int T, int x0, flo
                         const float *xi = in + ((size_t)ts * Hk + h) * cin;
                         for (int j = 0; j < cin; j++) acc += w[(size_t)j * K + i] * xi[j];
                     }
-                    y[o] = cpu_silu(acc);
+                    y[o] = lte_silu(acc);
                 }
             }
         in = out;

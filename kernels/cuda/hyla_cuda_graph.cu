@@ -1293,6 +1293,39 @@ static hyla_status g_ssd_norm(void *ctx, const float *o, const float *z, int ldz
     return HYLA_OK;
 }
 
+/* LTE and NSA (hyla_cuda_sparse.cu): not logged; they stage host arrays and pick launches
+ * from host-side positions. */
+static hyla_status f_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r) {
+    FLUSH;
+    return cu_lte_score(ctx, p, x, T, x0, r);
+}
+
+static hyla_status f_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                                 int n, int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o) {
+    FLUSH;
+    return cu_lte_prefill(ctx, p, q, k, v, n, Hq, pos0, c, scale, o);
+}
+
+static hyla_status f_lte_decode(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v,
+                                int B, int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o) {
+    FLUSH;
+    return cu_lte_decode(ctx, p, q, k, v, B, Hq, pos, c, scale, o);
+}
+
+static hyla_status f_nsa_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g, int n,
+                                 int Hq, int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts,
+                                 int window, float scale, float *o) {
+    FLUSH;
+    return cu_nsa_prefill(ctx, q, k, v, g, n, Hq, Hk, D, pos0, kv, block, counts, window, scale, o);
+}
+
+static hyla_status f_nsa_decode(void *ctx, const float *q, const float *k, const float *v, const float *g, int B,
+                                int Hq, int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block,
+                                int counts, int window, float scale, float *o) {
+    FLUSH;
+    return cu_nsa_decode(ctx, q, k, v, g, B, Hq, Hk, D, pos, kv, block, counts, window, scale, o);
+}
+
 extern "C" const hyla_ops hyla_cuda_ops_table = {
     /* name */ "cuda",
     /* kv_dtype */ HYLA_DT_BF16,
@@ -1337,11 +1370,11 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_done,
     f_capture_end,
     /* LTE, NSA: no CUDA kernels yet (the mixers refuse to run) */
-    NULL, /* lte_score */
-    NULL, /* lte_prefill */
-    NULL, /* lte_decode */
-    NULL, /* nsa_prefill */
-    NULL, /* nsa_decode */
+    f_lte_score,
+    f_lte_prefill,
+    f_lte_decode,
+    f_nsa_prefill,
+    f_nsa_decode,
     /* Mamba2 (SSD) */
     g_copy2d,
     f_ssd_prefill,

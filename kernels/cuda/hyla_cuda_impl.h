@@ -183,6 +183,18 @@ hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const fl
                              float eps);
 hyla_status cu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params, const float *u,
                       int32_t *out);
+/* LTE and NSA (hyla_cuda_sparse.cu) */
+hyla_status cu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
+hyla_status cu_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v, int n,
+                           int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
+hyla_status cu_lte_decode(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v, int B,
+                          int Hq, const int32_t *pos, const hyla_lte_cache *c, float scale, float *o);
+hyla_status cu_nsa_prefill(void *ctx, const float *q, const float *k, const float *v, const float *g, int n, int Hq,
+                           int Hk, int D, int pos0, const hyla_kv_view *kv, int block, int counts, int window,
+                           float scale, float *o);
+hyla_status cu_nsa_decode(void *ctx, const float *q, const float *k, const float *v, const float *g, int B, int Hq,
+                          int Hk, int D, const int32_t *pos, const hyla_kv_view *kv, int block, int counts,
+                          int window, float scale, float *o);
 /* bf16 conversion of activations for cuBLAS (hyla_cuda_dense.cu) */
 hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, __nv_bfloat16 *out);
 hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, const float *bias);
