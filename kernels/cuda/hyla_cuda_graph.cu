@@ -1369,7 +1369,7 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_begin,
     f_capture_done,
     f_capture_end,
-    /* LTE, NSA: no CUDA kernels yet (the mixers refuse to run) */
+    /* LTE, NSA (hyla_cuda_sparse.cu) */
     f_lte_score,
     f_lte_prefill,
     f_lte_decode,
