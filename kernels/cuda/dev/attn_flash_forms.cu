@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
  * tile only if the tile is one of its half's tiles in k_attn_flash (kt = klo_h + 64 i <= khi_h),
  * and then runs k_attn_flash's tile code on it (fa_tile, one function for both kernels): the
  * same mma, mask (with khi_h), max, exp2, sum, rescale and P V, in the same order, on the same
- * operands; the block ends as k_attn_flash's does (fa_finish). (On the H100, run 32, the
- * partials of split calls are bit-identical to k_attn_flash's, the one-pass outputs are not: the
- * compiled last steps differ. What the tests assert is that each kernel gives a row the same
+ * operands; the block ends as k_attn_flash's does (fa_finish). (Measured on the H100 (NOTES.md):
+ * the partials of split calls are bit-identical to k_attn_flash's, the one-pass outputs are not:
+ * the compiled last steps differ. What the tests assert is that each kernel gives a row the same
  * bits in any call.)
  * The operands: Q (the same bf16 rounding), K rows (the same cache rows; rows past khi_h are
  * masked to -inf whatever they hold) and V rows, which k_attn_flash zero-fills past khi_h: the
