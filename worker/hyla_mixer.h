@@ -247,5 +247,9 @@ hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, co
 /* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate calls, fewer
  * launches on the GPU). */
 hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs);
+/* Paged K/V of attention-like mixers (attn, nsa): reserve room for this forward's tokens in the
+ * parts part_k and part_v of each session's layer state and describe them, one view per session
+ * in decode (f->R), one in prefill. *views: caller frees with free(). */
+hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v, hyla_kv_view **views);
 
 #endif

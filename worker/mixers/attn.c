@@ -130,25 +130,13 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     }
     HYLA_TRY(o->rope(ctx, s.q, R, Hq, hd, f->pos, c->rope_theta));
     HYLA_TRY(o->rope(ctx, s.k, R, Hk, hd, f->pos, c->rope_theta));
-    int nv = f->decode ? R : 1;
-    hyla_kv_view *views = calloc((size_t)nv, sizeof *views);
-    if (!views) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    hyla_status st = HYLA_OK;
-    for (int i = 0; st == HYLA_OK && i < nv; i++) {
-        hyla_layer_state *ls = f->st[i];
-        for (int p = PART_K; st == HYLA_OK && p <= PART_V; p++)
-            st = hyla_layer_state_reserve(ls, p, f->pos[i] + (f->decode ? 1 : R));
-        views[i].k_pages = ls->part[PART_K].pages;
-        views[i].v_pages = ls->part[PART_V].pages;
-        views[i].n_pages = ls->part[PART_K].n_pages;
-        views[i].page_tokens = HYLA_KV_PAGE_TOKENS;
-    }
-    if (st == HYLA_OK) {
-        if (f->decode)
-            st = o->attn_decode(ctx, s.q, s.k, s.v, R, Hq, Hk, hd, f->pos, views, c->window, scale, s.o);
-        else
-            st = o->attn_prefill(ctx, s.q, s.k, s.v, R, Hq, Hk, hd, f->pos[0], views, c->window, scale, s.o);
-    }
+    hyla_kv_view *views = NULL;
+    HYLA_TRY(hyla_mixer_kv_views(f, PART_K, PART_V, &views));
+    hyla_status st;
+    if (f->decode)
+        st = o->attn_decode(ctx, s.q, s.k, s.v, R, Hq, Hk, hd, f->pos, views, c->window, scale, s.o);
+    else
+        st = o->attn_prefill(ctx, s.q, s.k, s.v, R, Hq, Hk, hd, f->pos[0], views, c->window, scale, s.o);
     free(views);
     HYLA_TRY(st);
     HYLA_MIXER_MARK(f, "attn: norms, rope, pages, core");

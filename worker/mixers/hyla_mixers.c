@@ -3,6 +3,7 @@
  * (docs/ARCHITECTURE.md "Adding a mixer"). The order of the list is the order in which hybrid
  * specs are read and in which `model_type` values are listed in messages. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hyla_mixer.h"
@@ -56,6 +57,28 @@ hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, co
 
 hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs) {
     return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL);
+}
+
+hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v, hyla_kv_view **views) {
+    int R = f->R, nv = f->decode ? R : 1;
+    hyla_kv_view *v = calloc((size_t)nv, sizeof *v);
+    if (!v) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nv; i++) {
+        hyla_layer_state *ls = f->st[i];
+        int64_t need = f->pos[i] + (f->decode ? 1 : R);
+        hyla_status st = hyla_layer_state_reserve(ls, part_k, need);
+        if (st == HYLA_OK) st = hyla_layer_state_reserve(ls, part_v, need);
+        if (st != HYLA_OK) {
+            free(v);
+            return st;
+        }
+        v[i].k_pages = ls->part[part_k].pages;
+        v[i].v_pages = ls->part[part_v].pages;
+        v[i].n_pages = ls->part[part_k].n_pages;
+        v[i].page_tokens = HYLA_KV_PAGE_TOKENS;
+    }
+    *views = v;
+    return HYLA_OK;
 }
 
 hyla_decls hyla_decls_init(hyla_tensor_decl *out, const hyla_model_config *mc, int layer) {
