@@ -1,16 +1,17 @@
 /* hyla_coord_sessions.c — the Sessions service's unary methods: CreateSession, GetSession,
- * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork, ListSnapshots (docs/API.md describes
- * each). Resume and Fork with a version read the coordinator's embedded store: a rewind places the
- * session from a kept version and commits it as the new head; a fork from a version shares that
- * version's chunks under the fork's id (hyla_store_fork) and places the fork from it.
+ * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork, ListSnapshots, ListModels
+ * (docs/API.md describes each). Resume and Fork with a version read the coordinator's embedded
+ * store: a rewind places the session from a kept version and commits it as the new head; a fork
+ * from a version shares that version's chunks under the fork's id (hyla_store_fork) and places
+ * the fork from it.
  *
  * Each handler validates its request, takes the session for the call (coord_acquire: one
  * placement-changing call per session at a time), does its Worker calls through the placement
  * functions, and answers once: a reply, or coord_answer_error with the status that failed.
  * Every path that took the session releases it before it returns.
  *
- * Threading: Get and List run inline on an rpc loop thread (memory only); the others run on a
- * job thread each (hyla_coord.c). */
+ * Threading: Get, List and ListModels run inline on an rpc loop thread (memory only); the others
+ * run on a job thread each (hyla_coord.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
