@@ -4,7 +4,7 @@
  *
  * Export. The session is taken for the call (coord_acquire); an active one first commits its
  * current state as a new version (coord_snapshot_now, as Pause does, without pausing it), so the
- * file is current; a named version must be kept (ListSnapshots). The version is read from the
+ * file is current (a paused one still resident has not changed since its Pause: its head is); a named version must be kept (ListSnapshots). The version is read from the
  * embedded store with every checksum verified, encoded as a file in memory, the session is
  * released, and the file goes out in pieces of EXPORT_PIECE bytes, never more than
  * EXPORT_QUEUE pieces queued ahead of gRPC flow control.
@@ -45,7 +45,8 @@ static hyla_status export_file(hyla_coord *c, csess *s, uint64_t version, uint8_
         HYLA_TRY(coord_check_kept_version(c, s->id, version));
     } else {
         pthread_mutex_lock(&c->mu);
-        int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
+        /* paused and still resident: no call ran since its Pause, so the head is current */
+        int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE && !s->paused;
         version = s->snap.version;
         pthread_mutex_unlock(&c->mu);
         if (active) {
@@ -161,9 +162,10 @@ static void import_fail(import_ctx *x, hyla_status st) {
         coord_answer_error(x->call, st);
 }
 
-/* The id the import may take: valid, not in the directory, not in the store (a leftover of a
- * session the directory no longer knows). c->mu not held. */
-static hyla_status import_check_id(hyla_coord *c, const char *id) {
+/* The id the import may take: valid, not in the directory and (with store) not in the store: a
+ * leftover of a session the directory no longer knows. The store check reads RocksDB: not on a
+ * loop thread. c->mu not held. */
+static hyla_status import_check_id(hyla_coord *c, const char *id, int store) {
     HYLA_TRY(hyla_session_id_check(id, "field session_id"));
     pthread_mutex_lock(&c->mu);
     int taken = coord_sess_find(c, id) != NULL;
@@ -171,7 +173,7 @@ static hyla_status import_check_id(hyla_coord *c, const char *id) {
     if (taken)
         return hyla_fail(HYLA_ERR_EXISTS, "session %s already exists; import under another id", id);
     hyla_store_session_info si;
-    if (hyla_store_info(c->store, id, &si) == HYLA_OK)
+    if (store && hyla_store_info(c->store, id, &si) == HYLA_OK)
         return hyla_fail(HYLA_ERR_EXISTS,
                          "the store already holds %u snapshot version(s) under id %s, which no session "
                          "of the directory owns (hyla-state rm removes them); import under another id",
@@ -250,7 +252,7 @@ static hyla_status import_run(hyla_coord *c, import_ctx *x, csess **out) {
     char model[ID_MAX];
     st = import_model(c, snap->model_fingerprint, model);
     if (st == HYLA_OK && x->id[0])
-        st = import_check_id(c, x->id);
+        st = import_check_id(c, x->id, 1);
     if (st != HYLA_OK) {
         hyla_snapshot_destroy(snap);
         return st;
@@ -378,7 +380,7 @@ void coord_h_import(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
             x->seen_first = 1;
             hyla_status st = HYLA_OK;
             if (id[0])
-                st = import_check_id(c, id);
+                st = import_check_id(c, id, 0);
             if (st == HYLA_OK && q->worker_hint && strlen(q->worker_hint) >= ID_MAX)
                 st = hyla_fail(HYLA_ERR_INVALID_ARG, "field worker_hint: at most %d bytes", ID_MAX - 1);
             if (st == HYLA_OK) {
