@@ -8,6 +8,7 @@
 #     more in A and in B gives identical tokens, equal to an uninterrupted twin's in A;
 #   - the same file imported again under another id (a fork across clusters) continues the same
 #     way; the exported session's id is now taken in B (ALREADY_EXISTS, exit 6);
+#   - a paused session exports its head without committing a new version;
 #   - export --version V writes a kept version; importing it rewinds to V's position;
 #   - a damaged file (a flipped byte, a truncated file, a bad magic) is refused DATA_LOSS
 #     (exit 1) naming why, and leaves nothing behind: the id it asked for stays free and takes
@@ -77,6 +78,17 @@ afterG=$(HB -q generate "$G" -n $N --ids --ignore-eos) || e2e_fail "generate on 
 e2e_expect_eq "$afterG" "$afterA" "a second import continues the same way"
 e2e_expect_eq "$(HB -q generate "$S" -n 3 --ids --ignore-eos)" "$(HA -q generate "$S" -n 3 --ids --ignore-eos)" \
   "A and B stay in step"
+
+# a paused session still resident exports its head (no new version) and continues the same way
+HA -q pause "$S" >/dev/null || e2e_fail "pause in A"
+headv() { HA snapshots "$S" | awk '$1 ~ /\*$/ { print $1 }' | tr -d '*'; }
+h0=$(headv)
+e2e_expect_rc 0 "export of a paused session" HA export "$S" "$E2E_DIR/paused.hys"
+grep -q "version $h0 at position" "$E2E_DIR/last.err" || e2e_fail "paused export: $(cat "$E2E_DIR/last.err")"
+e2e_expect_eq "$(headv)" "$h0" "exporting a paused session commits no new version"
+P=$(HB import "$E2E_DIR/paused.hys") || e2e_fail "import of the paused export"
+e2e_expect_eq "$(HB -q generate "$P" -n 4 --ids --ignore-eos)" "$(HA -q generate "$S" -n 4 --ids --ignore-eos)" \
+  "the paused export continues as A does"
 
 # export a kept version: the import starts at that version's position (B's version 1 is the import)
 FV=$E2E_DIR/v1.hys
