@@ -121,6 +121,8 @@ grep -q PERMISSION_DENIED "$E2E_DIR/last.err" || e2e_fail "bob's export: $(cat "
 e2e_expect_rc 0 "acme exports its session" A export "$S" "$E2E_DIR/acme.hys"
 BI=$(B import "$E2E_DIR/acme.hys") || e2e_fail "bob imports a file he was given"
 B show "$BI" | grep -q "^tenant *bob" || e2e_fail "the import's tenant is not bob: $(B show "$BI" | grep tenant)"
+e2e_expect_eq "$(B -q generate "$BI" -n 4 --ids --ignore-eos)" "$(A -q generate "$S" -n 4 --ids --ignore-eos)" \
+  "bob's import (placed on the two-stage pipeline) continues as acme's session does"
 e2e_expect_rc 5 "acme's key on bob's import" A show "$BI"
 e2e_expect_rc 5 "an import without a key" env HYLA_API_KEY= "$E2E_BIN/hyla" --server "$E2E_SERVER" import \
   "$E2E_DIR/acme.hys"
