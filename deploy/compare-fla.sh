@@ -8,23 +8,32 @@
 # Makes the 1.68B Gated DeltaNet checkpoint with FLA's save_pretrained (random bf16 weights),
 # times FLA's Hugging Face model (prefill 4k/32k/128k, decode B = 1 and 64), then `hyla-bench e2e`
 # on the same directory, and prints one table; OUTDIR/prefill.png plots both (with matplotlib).
-# Environment: PREFILL (4096,32768,131072), BATCH (1,64), DEVICE (cuda:0).
+# Environment: PREFILL (4096,32768,131072), BATCH (1,64), DEVICE (cuda:0), MODEL (where the
+# checkpoint goes, default OUTDIR/gdn-1.68b: 3.4 GB, so keep it out of a folder that is copied
+# back), HYLA_COMMIT (printed in the table's header; default: git describe of this checkout).
+# FLA's prefill is one forward over the prompt with use_cache and the last position's logits;
+# hyla's is `hyla-bench e2e` feeding the prompt to one session (its prefill pieces, no logits).
 set -euo pipefail
 out=${1:?usage: compare-fla.sh OUTDIR}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-: "${FLA_SRC:?set FLA_SRC to flash-linear-attention's source tree}"
+: "${FLA_SRC:?set FLA_SRC to the flash-linear-attention source tree}"
 HYLA_BIN=${HYLA_BIN:-$here/../build/bin}
 PREFILL=${PREFILL:-4096,32768,131072}
 BATCH=${BATCH:-1,64}
 DEVICE=${DEVICE:-cuda:0}
 mkdir -p "$out"
 export PYTHONPATH=$FLA_SRC${PYTHONPATH:+:$PYTHONPATH}
-model=$out/gdn-1.68b
+model=${MODEL:-$out/gdn-1.68b}
+commit=${HYLA_COMMIT:-$(git -C "$here" describe --always --dirty 2>/dev/null || echo unknown)}
 [ -f "$model/config.json" ] || python3 "$here/compare_fla.py" make --out "$model"
 echo "compare-fla: timing flash-linear-attention" >&2
 python3 "$here/compare_fla.py" fla --model "$model" --prefill "$PREFILL" --batch "$BATCH" --out "$out/fla.jsonl"
 echo "compare-fla: timing hyla" >&2
 "$HYLA_BIN/hyla-bench" e2e --model "$model" --device "$DEVICE" --prefill "$PREFILL" --batch "$BATCH" --ctx 16 \
     > "$out/hyla.jsonl"
-python3 "$here/compare_fla.py" table --fla "$out/fla.jsonl" --hyla "$out/hyla.jsonl" --png "$out/prefill.png" \
-    | tee "$out/table.md"
+{
+  echo "hyla $commit vs flash-linear-attention $(python3 -c 'import fla; print(fla.__version__)'), $(date -u +%Y-%m-%dT%H:%MZ),"\
+       "$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))'); PREFILL=$PREFILL BATCH=$BATCH"
+  echo
+  python3 "$here/compare_fla.py" table --fla "$out/fla.jsonl" --hyla "$out/hyla.jsonl" --png "$out/prefill.png"
+} | tee "$out/table.md"

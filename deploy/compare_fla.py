@@ -9,8 +9,10 @@ on PYTHONPATH. Subcommands:
                                   vocab 32000), saved by FLA's save_pretrained in bf16
   fla   --model DIR --prefill N,... --batch B,... --out FILE
                                   FLA's timings (JSON lines like hyla-bench's): prefill of one
-                                  sequence of N tokens, decode steps of B sequences after a 16-token
-                                  prompt (the model's own cache), both in bf16
+                                  sequence of N tokens (one forward with use_cache, logits of the
+                                  last position only, after an untimed forward of the same length),
+                                  decode steps of B sequences after a 16-token prompt (the model's
+                                  own cache), both in bf16
   table --fla FILE --hyla FILE [--png FILE]
                                   one table of both (and a plot of prefill tokens/s against length)
 """
@@ -27,7 +29,8 @@ def cmd_make(a):
     cfg = GatedDeltaNetConfig(hidden_size=2304, num_hidden_layers=18, num_heads=18, head_dim=128, expand_v=2,
                               use_short_conv=True, intermediate_size=6144, vocab_size=32000,
                               bos_token_id=1, eos_token_id=2, fuse_cross_entropy=False)
-    m = GatedDeltaNetForCausalLM(cfg).to(torch.bfloat16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
+        m = GatedDeltaNetForCausalLM(cfg).to(torch.bfloat16)
     m.save_pretrained(a.out, safe_serialization=True)
     n = sum(p.numel() for p in m.parameters())
     print("wrote %s: %.2fB parameters" % (a.out, n / 1e9), file=sys.stderr)
@@ -46,24 +49,32 @@ def sync_time(fn, reps):
 def cmd_fla(a):
     import torch
     from transformers import AutoModelForCausalLM
-    import fla  # noqa: F401  (registers the model types)
-    m = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16).cuda().eval()
+    import fla  # registers the model types
+    m = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).cuda().eval()
     gpu = torch.cuda.get_device_name(0)
+    head = {"gpu": gpu, "fla_version": getattr(fla, "__version__", "?"), "torch": torch.__version__}
     out = open(a.out, "w")
     with torch.no_grad():
         for n in [int(x) for x in a.prefill.split(",") if x]:
             ids = torch.randint(3, 32000, (1, n), device="cuda")
+            # Prefill as a server would run it: one forward over the prompt with use_cache (the
+            # recurrent and conv states kept for decoding), logits of the last position only.
+            # A first untimed forward at the same length compiles and autotunes the kernels.
+            def fwd():
+                return m(ids, use_cache=True, logits_to_keep=1)
             try:
-                m(ids[:, :256])  # compile / warm the kernels
-                sec = sync_time(lambda: m(ids, use_cache=False, logits_to_keep=1), 2 if n <= 32768 else 1)
-                row = {"bench": "fla_prefill", "gpu": gpu, "tokens": n, "s": sec, "tokens_per_s": n / sec}
+                fwd()
+                sec = sync_time(fwd, 2 if n <= 32768 else 1)
+                row = dict(head, bench="fla_prefill", tokens=n, s=sec, tokens_per_s=n / sec, use_cache=True,
+                           logits_to_keep=1, peak_gib=torch.cuda.max_memory_allocated() / 2**30)
             except Exception as e:  # e.g. out of memory at the longest lengths
-                row = {"bench": "fla_prefill", "gpu": gpu, "tokens": n, "error": str(e)[:200]}
-                torch.cuda.empty_cache()
+                row = dict(head, bench="fla_prefill", tokens=n, error=str(e)[:200])
+            torch.cuda.empty_cache()
             print(json.dumps(row), file=out, flush=True)
+            print(json.dumps(row), file=sys.stderr, flush=True)
         for B in [int(x) for x in a.batch.split(",") if x]:
             ids = torch.randint(3, 32000, (B, 16), device="cuda")
-            o = m(ids, use_cache=True)
+            o = m(ids, use_cache=True, logits_to_keep=1)
             pkv, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
 
             def step():
@@ -72,8 +83,9 @@ def cmd_fla(a):
                 pkv, nxt = r.past_key_values, r.logits[:, -1:].argmax(-1)
             step()
             sec = sync_time(step, a.steps)
-            print(json.dumps({"bench": "fla_decode", "gpu": gpu, "B": B, "ctx": 16, "ms_per_step": sec * 1e3,
-                              "tokens_per_s": B / sec}), file=out, flush=True)
+            row = dict(head, bench="fla_decode", B=B, ctx=16, ms_per_step=sec * 1e3, tokens_per_s=B / sec)
+            print(json.dumps(row), file=out, flush=True)
+            print(json.dumps(row), file=sys.stderr, flush=True)
 
 
 def rows(path):

@@ -3,6 +3,7 @@
  *   store    statestore/hyla_bench_store.c  snapshot/restore MB/s, compression ratio
  *   kernels  worker/hyla_bench_model.c      per-op and per-mixer timings on a device
  *   e2e      worker/hyla_bench_model.c      prefill and decode tokens/s of whole models
+ *   restore  worker/hyla_bench_restore.c    resume from the statestore vs prefill again
  * Timings live here and in BENCHMARKS.md, never in test asserts. */
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +16,10 @@
 #include "hyla_bench_model.h"
 #define HAVE_BENCH_MODEL 1
 #endif
+#if __has_include("hyla_bench_restore.h")
+#include "hyla_bench_restore.h"
+#define HAVE_BENCH_RESTORE 1
+#endif
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -26,6 +31,9 @@ static void usage(FILE *f) {
 #ifdef HAVE_BENCH_MODEL
             "  kernels   per-op and per-mixer timings (--device cpu|cuda:N)\n"
             "  e2e       prefill and decode tokens/s of a model configuration\n"
+#endif
+#ifdef HAVE_BENCH_RESTORE
+            "  restore   resuming a session from the statestore vs prefilling it again\n"
 #endif
             "run 'hyla-bench SUBCOMMAND --help' for its options\n");
 }
@@ -41,6 +49,9 @@ int main(int argc, char **argv) {
 #ifdef HAVE_BENCH_MODEL
     if (!strcmp(argv[1], "kernels")) return hyla_bench_kernels(argc - 1, argv + 1);
     if (!strcmp(argv[1], "e2e")) return hyla_bench_e2e(argc - 1, argv + 1);
+#endif
+#ifdef HAVE_BENCH_RESTORE
+    if (!strcmp(argv[1], "restore")) return hyla_bench_restore(argc - 1, argv + 1);
 #endif
     fprintf(stderr, "hyla-bench: unknown subcommand '%s'\n", argv[1]);
     usage(stderr);

@@ -1,0 +1,333 @@
+/* hyla_bench_restore.c — `hyla-bench restore`: resuming a session from the statestore against
+ * prefilling its tokens again, on one device, in one run.
+ *
+ * For each --ctx N: one session is prefilled with N random tokens (timed: prefill_s), exported
+ * (hyla_session_export) and put into a real store (RocksDB through hyla_store_put, synced, the
+ * default codec: chunking, XXH3, zstd level 1 on every core). Then, --repeat times, the path the
+ * worker's LoadSession takes once the snapshot is on its host: hyla_store_get (RocksDB read,
+ * every checksum verified, decompression on the codec's threads) into host memory, then
+ * hyla_session_import (host -> device copies of every part) and a device sync: restore_s. The
+ * same tokens are then prefilled again in a fresh session (reprefill_s), which is what a resume
+ * without a snapshot costs. Not included: the gRPC hop between a remote statestore and the
+ * worker. The store's files were just written, so RocksDB reads hit the OS page cache (the
+ * usual case for a session paused on the same host; a cold disk read adds its own time).
+ *
+ * Checks, reported in the JSON (and a non-zero exit status when one fails): the restored
+ * session and the original give the same logits, bit for bit, for their next decode step; the
+ * re-prefilled session's snapshot equals the first one (prefill is deterministic).
+ *
+ * For reference, measured in the same process: pinned host -> device bandwidth (ops->host_alloc
+ * memory through ops->upload) and pageable (malloc) host -> device bandwidth (ops->upload's
+ * bounce buffers), both on a buffer the size of the snapshot (at most 1 GiB); and the decode
+ * step of the session alone, and with an asynchronous export of it always in flight
+ * (hyla_session_export_begin / _end), as e2e_snapshot_async does for a batch.
+ * Rates: GB = 10^9 bytes of state (in memory) per second. Single-threaded driver. */
+#include "hyla_bench_restore.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyla_log.h"
+#include "hyla_model.h"
+#include "hyla_ops.h"
+#include "hyla_session.h"
+#include "hyla_store.h"
+#include "hyla_thread.h"
+#include "hyla_util.h"
+
+/* kernels/cuda/hyla_cuda_extra.h, weak: NULL in builds without the CUDA backend */
+hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len, int *sm_count, double *mem_gib)
+    __attribute__((weak));
+
+#define RDIE(...)                                            \
+    do {                                                     \
+        fprintf(stderr, "hyla-bench restore: " __VA_ARGS__); \
+        fprintf(stderr, "\n");                               \
+        exit(1);                                             \
+    } while (0)
+#define RTRY(call)                                                                              \
+    do {                                                                                        \
+        hyla_status s_ = (call);                                                                \
+        if (s_ != HYLA_OK) RDIE("%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
+    } while (0)
+
+typedef struct {
+    hyla_backend *be;
+    const hyla_ops *O;
+    void *cx;
+    char gpu[128];
+    const char *device;
+} rb_dev;
+
+static int cmpd(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], cmpd);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Host -> device GB/s of `bytes` from host memory h (best of 5 after a warm-up). */
+static double h2d_gbps(rb_dev *d, const void *h, void *dst, size_t bytes) {
+    double best = 1e30;
+    RTRY(d->O->upload(d->cx, dst, h, bytes));
+    RTRY(d->O->sync(d->cx));
+    for (int i = 0; i < 5; i++) {
+        double t = hyla_now();
+        RTRY(d->O->upload(d->cx, dst, h, bytes));
+        RTRY(d->O->sync(d->cx));
+        t = hyla_now() - t;
+        if (t < best) best = t;
+    }
+    return bytes / best / 1e9;
+}
+
+static void bandwidths(rb_dev *d, uint64_t snap_bytes, double *pinned, double *pageable, size_t *used) {
+    size_t n = snap_bytes < ((size_t)1 << 30) ? (size_t)snap_bytes : ((size_t)1 << 30);
+    if (n < ((size_t)64 << 20)) n = (size_t)64 << 20;
+    void *dst, *hp = NULL;
+    RTRY(d->O->alloc(d->cx, n, &dst));
+    RTRY(d->O->host_alloc(d->cx, n, &hp));
+    memset(hp, 0x5a, n);
+    *pinned = h2d_gbps(d, hp, dst, n);
+    d->O->host_free(d->cx, hp);
+    void *hm = malloc(n);
+    if (!hm) RDIE("out of host memory (%zu bytes)", n);
+    memset(hm, 0x5a, n);
+    *pageable = h2d_gbps(d, hm, dst, n);
+    free(hm);
+    d->O->free(d->cx, dst);
+    *used = n;
+}
+
+/* Decode step of session s alone, and with an export of s always in flight (a new one begins
+ * as soon as one ends). */
+static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, double *plain_ms, double *busy_ms, int *n_exp) {
+    int32_t out;
+    hyla_export *e = NULL;
+    hyla_snapshot *snap = NULL;
+    RTRY(hyla_session_decode(&s, 1, &out, NULL));
+    RTRY(hyla_session_export_begin(s, &e)); /* warm: buffer cache, staging slots */
+    RTRY(hyla_session_decode(&s, 1, &out, NULL));
+    RTRY(hyla_session_export_end(e, &snap));
+    hyla_snapshot_destroy(snap);
+    RTRY(d->O->sync(d->cx));
+    double t = hyla_now();
+    for (int i = 0; i < steps; i++) RTRY(hyla_session_decode(&s, 1, &out, NULL));
+    RTRY(d->O->sync(d->cx));
+    *plain_ms = (hyla_now() - t) / steps * 1e3;
+    e = NULL;
+    *n_exp = 0;
+    t = hyla_now();
+    for (int i = 0; i < steps; i++) {
+        if (!e) RTRY(hyla_session_export_begin(s, &e));
+        RTRY(hyla_session_decode(&s, 1, &out, NULL));
+        if (hyla_session_export_done(e)) {
+            RTRY(hyla_session_export_end(e, &snap));
+            hyla_snapshot_destroy(snap);
+            e = NULL;
+            (*n_exp)++;
+        }
+    }
+    RTRY(d->O->sync(d->cx));
+    *busy_ms = (hyla_now() - t) / steps * 1e3;
+    if (e) {
+        RTRY(hyla_session_export_end(e, &snap));
+        hyla_snapshot_destroy(snap);
+    }
+}
+
+static double feed_timed(rb_dev *d, hyla_runtime *rt, const int32_t *tok, int n, hyla_session **out) {
+    RTRY(hyla_session_create(rt, out));
+    RTRY(d->O->sync(d->cx));
+    double t = hyla_now();
+    RTRY(hyla_session_feed(*out, tok, n, NULL, NULL, NULL, NULL));
+    RTRY(d->O->sync(d->cx));
+    return hyla_now() - t;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: hyla-bench restore --model DIR [--device cpu|cuda:N] [--ctx 32768,131072]\n"
+            "                          [--store DIR] [--repeat 3] [--threads N] [--zstd-level N]\n"
+            "                          [--decode-steps 32]\n"
+            "  Per --ctx: prefill one session, put its snapshot into a RocksDB store under --store\n"
+            "  (default $TMPDIR or /tmp; removed afterwards), then time restoring it from the store\n"
+            "  to the device (get: read + checksums + decompression; import: host -> device;\n"
+            "  median of --repeat) against prefilling the same tokens again. Also the pinned and\n"
+            "  pageable host -> device bandwidth, and decode with an export in flight. JSON lines.\n");
+}
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (s && *s && n < max) {
+        out[n++] = atoi(s);
+        s = strchr(s, ',');
+        if (s) s++;
+    }
+    return n;
+}
+
+int hyla_bench_restore(int argc, char **argv) {
+    const char *model_dir = NULL, *store_base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    rb_dev d = {.device = "cpu"};
+    int ctxs[8], nc = 0, repeat = 3, steps = 32;
+    hyla_codec_params cp = hyla_codec_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--model") && has) model_dir = argv[++i];
+        else if (!strcmp(a, "--device") && has) d.device = argv[++i];
+        else if (!strcmp(a, "--ctx") && has) nc = parse_list(argv[++i], ctxs, 8);
+        else if (!strcmp(a, "--store") && has) store_base = argv[++i];
+        else if (!strcmp(a, "--repeat") && has) repeat = atoi(argv[++i]);
+        else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--zstd-level") && has) cp.zstd_level = atoi(argv[++i]);
+        else if (!strcmp(a, "--decode-steps") && has) steps = atoi(argv[++i]);
+        else {
+            usage(strcmp(a, "--help") && strcmp(a, "-h") ? stderr : stdout);
+            return strcmp(a, "--help") && strcmp(a, "-h") ? 2 : 0;
+        }
+    }
+    if (!model_dir) {
+        usage(stderr);
+        return 2;
+    }
+    if (!nc) nc = parse_list("32768", ctxs, 8);
+    if (repeat < 1) repeat = 1;
+    if (repeat > 16) repeat = 16;
+    if (steps < 1) steps = 1;
+    hyla_log_set_level(HYLA_LOG_WARN);
+    snprintf(d.gpu, sizeof d.gpu, "cpu");
+    RTRY(hyla_backend_create(d.device, &d.be));
+    d.O = d.be->ops;
+    d.cx = d.be->ctx;
+    if (!strcmp(d.O->name, "cuda") && hyla_cuda_device_info) {
+        int sms;
+        double gib;
+        RTRY(hyla_cuda_device_info(d.be, d.gpu, sizeof d.gpu, &sms, &gib));
+    }
+    hyla_model *m;
+    hyla_model_params mp = hyla_model_default_params();
+    RTRY(hyla_model_load(model_dir, d.be, &mp, &m));
+    hyla_runtime *rt;
+    RTRY(hyla_runtime_create(m, &rt));
+    const hyla_model_config *cfg = hyla_model_get_config(m);
+    uint64_t fp = hyla_model_fingerprint(m);
+    char base[600], dbdir[700];
+    snprintf(base, sizeof base, "%s/hyla_bench_restore_%d", store_base, (int)getpid());
+    RTRY(hyla_mkdirs(base));
+    hyla_rng rng;
+    hyla_rng_seed(&rng, 7);
+    int rc = 0;
+    { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
+        int n = 2 * hyla_runtime_prefill_piece(rt) + 1;
+        int32_t *tok = malloc((size_t)n * 4);
+        for (int i = 0; i < n; i++) tok[i] = (int32_t)(hyla_rng_next(&rng) % (uint64_t)cfg->vocab_size);
+        hyla_session *s;
+        feed_timed(&d, rt, tok, n, &s);
+        hyla_session_free(s);
+        free(tok);
+    }
+    for (int ci = 0; ci < nc; ci++) {
+        int n = ctxs[ci];
+        if (n < 2) n = 2;
+        int32_t *tok = malloc((size_t)n * 4);
+        for (int i = 0; i < n; i++) tok[i] = (int32_t)(hyla_rng_next(&rng) % (uint64_t)cfg->vocab_size);
+        fprintf(stderr, "hyla-bench restore: %s, %d tokens: prefill\n", cfg->model_type, n);
+        hyla_session *s0;
+        double prefill_s = feed_timed(&d, rt, tok, n, &s0);
+        hyla_snapshot *snap;
+        RTRY(hyla_session_export(s0, &snap));
+        uint64_t bytes = hyla_snapshot_bytes(snap), kv = 0;
+        for (uint32_t i = 0; i < snap->n_parts; i++)
+            if (snap->parts[i].kind == HYLA_PART_KV) kv += snap->parts[i].nbytes;
+        /* into the store */
+        snprintf(dbdir, sizeof dbdir, "%s/db%d", base, ci);
+        hyla_store_params sp = hyla_store_default_params();
+        sp.codec = cp;
+        hyla_store *st;
+        hyla_store_put_stats ps;
+        RTRY(hyla_store_open(dbdir, &sp, &st));
+        double t = hyla_now();
+        RTRY(hyla_store_put(st, "bench", snap, NULL, &ps));
+        double put_s = hyla_now() - t;
+        /* restore: get + import, --repeat times */
+        double get_v[16], imp_v[16], tot_v[16];
+        hyla_session *s1 = NULL;
+        for (int r = 0; r < repeat; r++) {
+            hyla_session_free(s1);
+            s1 = NULL;
+            RTRY(d.O->sync(d.cx));
+            hyla_snapshot *got;
+            double t0 = hyla_now();
+            RTRY(hyla_store_get(st, "bench", 0, fp, &got, NULL));
+            double t1 = hyla_now();
+            RTRY(hyla_session_import(rt, got, &s1));
+            RTRY(d.O->sync(d.cx));
+            double t2 = hyla_now();
+            hyla_snapshot_destroy(got);
+            get_v[r] = t1 - t0, imp_v[r] = t2 - t1, tot_v[r] = t2 - t0;
+        }
+        double best = tot_v[0];
+        for (int r = 1; r < repeat; r++)
+            if (tot_v[r] < best) best = tot_v[r];
+        double get_s = median(get_v, repeat), imp_s = median(imp_v, repeat), restore_s = median(tot_v, repeat);
+        hyla_store_close(st);
+        /* the restored session continues exactly as the original */
+        int V = cfg->vocab_size;
+        float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+        int32_t ta, tb;
+        RTRY(hyla_session_decode(&s0, 1, &ta, la));
+        RTRY(hyla_session_decode(&s1, 1, &tb, lb));
+        int same_logits = ta == tb && !memcmp(la, lb, (size_t)V * 4);
+        free(la);
+        free(lb);
+        /* re-prefill the same tokens */
+        fprintf(stderr, "hyla-bench restore: %d tokens: re-prefill\n", n);
+        hyla_session *s2;
+        double reprefill_s = feed_timed(&d, rt, tok, n, &s2);
+        hyla_snapshot *snap2;
+        RTRY(hyla_session_export(s2, &snap2));
+        int same_state = hyla_snapshot_equal(snap, snap2);
+        hyla_snapshot_destroy(snap2);
+        hyla_session_free(s2);
+        if (!same_logits || !same_state) rc = 1;
+        /* references: host -> device bandwidth; decode while exporting */
+        double pinned, pageable, plain_ms, busy_ms;
+        size_t bw_bytes;
+        int n_exp;
+        bandwidths(&d, bytes, &pinned, &pageable, &bw_bytes);
+        decode_vs_export(&d, s1, steps, &plain_ms, &busy_ms, &n_exp);
+        printf("{\"bench\":\"restore\",\"device\":\"%s\",\"gpu\":\"%s\",\"model\":\"%s\",\"type\":\"%s\","
+               "\"layers\":%d,\"hidden\":%d,\"ctx\":%d,\"state_bytes\":%" PRIu64 ",\"kv_bytes\":%" PRIu64
+               ",\"stored_bytes\":%" PRIu64 ",\"put_s\":%.4f,\"repeat\":%d,\"get_s\":%.4f,\"import_s\":%.4f,"
+               "\"restore_s\":%.4f,\"restore_best_s\":%.4f,\"restore_gbps\":%.2f,\"prefill_s\":%.4f,"
+               "\"reprefill_s\":%.4f,\"reprefill_over_restore\":%.1f,\"pinned_h2d_gbps\":%.2f,"
+               "\"pageable_h2d_gbps\":%.2f,\"h2d_test_bytes\":%zu,\"restore_of_pinned\":%.3f,"
+               "\"import_gbps\":%.2f,\"codec_threads\":%d,\"zstd_level\":%d,\"decode_ms\":%.3f,"
+               "\"decode_ms_exporting\":%.3f,\"exports_completed\":%d,\"decode_steps\":%d,"
+               "\"same_logits\":%s,\"reprefill_same_state\":%s}\n",
+               d.device, d.gpu, model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, bytes, kv,
+               ps.bytes_written, put_s, repeat, get_s, imp_s, restore_s, best, bytes / restore_s / 1e9, prefill_s,
+               reprefill_s, reprefill_s / restore_s, pinned, pageable, bw_bytes, bytes / restore_s / 1e9 / pinned,
+               bytes / imp_s / 1e9, cp.threads ? cp.threads : hyla_online_cores(), cp.zstd_level, plain_ms, busy_ms,
+               n_exp, steps, same_logits ? "true" : "false", same_state ? "true" : "false");
+        fflush(stdout);
+        hyla_snapshot_destroy(snap);
+        hyla_session_free(s0);
+        hyla_session_free(s1);
+        free(tok);
+    }
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+    if (system(cmd) != 0) fprintf(stderr, "hyla-bench restore: could not remove %s\n", base);
+    hyla_runtime_free(rt);
+    hyla_model_free(m);
+    hyla_backend_destroy(d.be);
+    return rc;
+}
