@@ -22,13 +22,23 @@ import sys
 import time
 
 
+def untie_keys():
+    """transformers 5 reads a model class's _tied_weights_keys as a dict {target: source}; FLA's
+    classes may still declare the older list, which save_pretrained and from_pretrained then fail
+    on. The checkpoint's embeddings are untied (tie_word_embeddings=False): nothing is tied."""
+    from fla.models import GatedDeltaNetForCausalLM
+    if isinstance(getattr(GatedDeltaNetForCausalLM, "_tied_weights_keys", None), list):
+        GatedDeltaNetForCausalLM._tied_weights_keys = {}
+
+
 def cmd_make(a):
     import torch
     from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+    untie_keys()
     torch.manual_seed(0)
     cfg = GatedDeltaNetConfig(hidden_size=2304, num_hidden_layers=18, num_heads=18, head_dim=128, expand_v=2,
                               use_short_conv=True, intermediate_size=6144, vocab_size=32000,
-                              bos_token_id=1, eos_token_id=2, fuse_cross_entropy=False)
+                              bos_token_id=1, eos_token_id=2, fuse_cross_entropy=False, tie_word_embeddings=False)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
         m = GatedDeltaNetForCausalLM(cfg).to(torch.bfloat16)
     m.save_pretrained(a.out, safe_serialization=True)
@@ -50,6 +60,7 @@ def cmd_fla(a):
     import torch
     from transformers import AutoModelForCausalLM
     import fla  # registers the model types
+    untie_keys()
     m = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16).cuda().eval()
     gpu = torch.cuda.get_device_name(0)
     head = {"gpu": gpu, "fla_version": getattr(fla, "__version__", "?"), "torch": torch.__version__}
@@ -125,6 +136,9 @@ def cmd_table(a):
             xs = sorted(n for n in d if d[n].get("tokens_per_s"))
             ax.plot(xs, [d[n]["tokens_per_s"] / 1e3 for n in xs], marker="o", label=name)
         ax.set_xscale("log", base=2)
+        ticks = sorted(set(fp) | set(hp))
+        ax.set_xticks(ticks, ["%dk" % (n // 1024) if n >= 1024 else str(n) for n in ticks])
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("prompt tokens (one sequence)")
         ax.set_ylabel("prefill k tokens/s")
         ax.set_title("1.68B Gated DeltaNet, bf16, %s" % (hy[0].get("gpu", "GPU") if hy else "GPU"))
