@@ -990,10 +990,38 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
     return HYLA_OK;
 }
 
+/* Blocks of kernel B that one SM holds at once (0 when the query fails). */
+template <int DKP, int GDN, int ST>
+static int b_blocks_per_sm(void) {
+    int n = 0;
+    size_t sb = smem_b(DKP, GDN, ST);
+    if (cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_chunk_b<DKP, GDN, ST>, 128, sb) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Two stages where they fit, except where the grid would need a second wave at two stages but
+ * fits in one at one stage (e.g. one sequence, 18 heads, dv = 256: 144 blocks, one per SM at two
+ * stages): each block walks its chunks in order, so a second wave doubles the time. The stages
+ * only prefetch the next chunk's tiles: both give the same bits. */
+template <int DKP, int GDN>
+static hyla_status launch_b_st(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
+    if (smem_b(DKP, GDN, 2) > c->smem_optin) return launch_b<DKP, GDN, 1>(c, ca, nseq);
+    const long long grid = (long long)cu_blocks(ca.dv, 32) * ca.H * nseq;
+    if (grid > c->sm_count) {
+        const long long two = (long long)b_blocks_per_sm<DKP, GDN, 2>() * c->sm_count;
+        const long long one = (long long)b_blocks_per_sm<DKP, GDN, 1>() * c->sm_count;
+        if (grid > two && grid <= one) return launch_b<DKP, GDN, 1>(c, ca, nseq);
+    }
+    return launch_b<DKP, GDN, 2>(c, ca, nseq);
+}
+
 template <int DKP>
 static hyla_status launch_b_for(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int gdn) {
-    if (gdn) return smem_b(DKP, 1, 2) <= c->smem_optin ? launch_b<DKP, 1, 2>(c, ca, nseq) : launch_b<DKP, 1, 1>(c, ca, nseq);
-    return smem_b(DKP, 0, 2) <= c->smem_optin ? launch_b<DKP, 0, 2>(c, ca, nseq) : launch_b<DKP, 0, 1>(c, ca, nseq);
+    return gdn ? launch_b_st<DKP, 1>(c, ca, nseq) : launch_b_st<DKP, 0>(c, ca, nseq);
 }
 
 /* Kernel B over the chunk tiles in ca's scratch: two stages of tiles where they fit. */
