@@ -446,7 +446,8 @@ def dla_recurrent(q, k, v, g, erase, write, lam, cache, scale, K, tau, margins):
                 if len(c["S"]) == K:
                     dens = [(c["I"][i] + c["I"][i + 1]) / (c["n"][i] + c["n"][i + 1]) for i in range(K - 1)]
                     b = min(range(K - 1), key=lambda i: (dens[i], i))
-                    margins.append(sorted(dens)[1] - sorted(dens)[0])
+                    if len(dens) > 1:  # the pick among two or more pairs could flip
+                        margins.append(sorted(dens)[1] - sorted(dens)[0])
                     c["S"][b] = c["S"][b] + c["S"].pop(b + 1)
                     c["n"][b] += c["n"].pop(b + 1)
                     c["I"][b] += c["I"].pop(b + 1)

@@ -68,10 +68,14 @@ FIXTURES = {
               "hyla-mkmodel laNSA: GDN and NSA layers 1:1, blocks of 8, 4 selected, window 16"),
     "nsa": (mk("nsa", 2, "--window", "12", "--block-size", "4", "--block-counts", "5"),
             "hyla-mkmodel NSA (model_type nsa): blocks of 4, 5 selected, window 12"),
-    # dynamic linear attention: a random model's scores lie near sqrt(2); threshold 1.4 makes tokens
-    # both merge and open states, capacity 4 makes full-cache merges
-    "dla-gdn": (mk("dla-gdn", 2, "--dla-capacity", "4", "--dla-threshold", "1.4"),
-                "hyla-mkmodel DLA over GDN: capacity 4, threshold 1.4"),
+    # dynamic linear attention: a random model's scores crowd around sqrt(2), so a threshold there
+    # puts many decisions within fp32 reach of flipping; a threshold in the upper tail (a few
+    # percent of the tokens open a state, the rest merge) leaves few near it, and capacity 3 still
+    # makes full-cache merges (MIN_DLA_MARGIN)
+    "dla-gdn": (mk("dla-gdn", 2, "--dla-capacity", "3", "--dla-threshold", "1.5"),
+                "hyla-mkmodel DLA over GDN: capacity 3, threshold 1.5"),
+    "dla-mamba2": (mk("dla-mamba2", 2, "--dla-capacity", "3", "--dla-threshold", "1.47"),
+                   "hyla-mkmodel DLA over Mamba2: capacity 3, threshold 1.47"),
     "x-gla-conv": (tiny("x-gla-conv", "BF16", 2), "make_tiny GLA: short conv, no output gate, clamp_min; BF16 weights in 2 shards"),
     "x-gdn-plain": (tiny("x-gdn-plain", "F16"), "make_tiny GDN: no conv, no output gate, allow_neg_eigval, expand_v 1; F16 weights"),
     "x-transformer": (tiny("x-transformer"), "make_tiny transformer: GQA 4:1, qkv bias, qk_norm, window 20, rope_theta 500, tied embeddings"),
