@@ -374,7 +374,9 @@ int main(int argc, char **argv) {
      * same choices on both backends), compared within tolerance */
     if (wanted("dla-gdn")) {
         test_arch("dla-gdn", "--dla-capacity 3 --dla-threshold 1.43", 1);
-        test_arch("dla-gdn", "--dla-capacity 3 --dla-threshold 1000", 0);
+        /* seed 10 (mkmodel takes the last --seed): the CPU's 24 greedy steps all have a top-2 gap
+         * >= 0.148; seed 7's step 4 is a near tie (0.060) that bf16 rounding flips */
+        test_arch("dla-gdn", "--dla-capacity 3 --dla-threshold 1000 --seed 10", 0);
     }
     if (wanted("dla-mamba2")) {
         test_arch("dla-mamba2", "--dla-capacity 3 --dla-threshold 1.4", 1);
