@@ -4,6 +4,8 @@
   * GLA chunked form == GLA recurrence; GDN WY chunked form == gated delta recurrence; Mamba2's
     SSD chunked form == its recurrence (random inputs, nonzero initial state, chunk boundaries
     at absolute positions);
+  * DLA over GDN and over Mamba2: with every lambda = 1 the state cache reads the base's
+    output (gated delta rule, SSD) whatever the threshold;
   * SSE: token-by-token recurrence == grouped-by-partition (varlen, Algorithm 2) prefill with
     recurrent and with chunked kernels == the masking formulation (Algorithm 1: every partition
     runs over all tokens with k = q = 0 and no decay where it is not selected);
