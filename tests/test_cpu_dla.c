@@ -7,7 +7,8 @@
  *   - with every lambda = 1 the output and the summed states equal plain gdn_prefill (the delta
  *     rule applied to each state sums to the delta rule on the sum), and over the Mamba2 base
  *     (ssd_gates, B/C/x as k/q/v, ssd_skip) the output equals ssd_prefill;
- *   - prefill == decode loop == pieces of 3 and 7 tokens, bit for bit (outputs and cache); a decode
+ *   - prefill == decode loop == pieces of 3 and 7 tokens, bit for bit (outputs and cache), for both
+ *     bases; a decode
  *     batch == each session alone; refusals.
  * Inputs come in segments of near-identical (k, v) so that both merges into the newest state and
  * new states (and so full-cache merges, K = 4) occur in 80 tokens.
@@ -305,19 +306,24 @@ static void test_pieces_and_batch(void) {
     size_t no = (size_t)T * H * DV;
     float *o0 = malloc(no * sizeof(float)), *o1 = malloc(no * sizeof(float));
     cache c0, c1;
-    cache_make(&c0);
-    run(&p, &in, 1, T, 0, &c0, o0);
     const int pieces[] = {1, 3, 7};
-    for (int d = 0; d < 2; d++)
-        for (size_t pi = 0; pi < sizeof pieces / sizeof *pieces; pi++) {
-            if (d && pi) break;
-            cache_make(&c1);
-            memset(o1, 0, no * sizeof(float));
-            run(&p, &in, 1, pieces[pi], d, &c1, o1);
-            CHECK_MSG(!memcmp(o0, o1, no * sizeof(float)) && cache_eq(&c0, &c1),
-                      "dla: %s of %d differs from one prefill", d ? "decode loop" : "pieces", pieces[pi]);
-            cache_free(&c1);
-        }
+    /* both bases: erase = beta (GDN) and no erase (Mamba2) */
+    for (int erase = 0; erase < 2; erase++) {
+        cache_make(&c0);
+        run(&p, &in, erase, T, 0, &c0, o0);
+        for (int d = 0; d < 2; d++)
+            for (size_t pi = 0; pi < sizeof pieces / sizeof *pieces; pi++) {
+                if (d && pi) break;
+                cache_make(&c1);
+                memset(o1, 0, no * sizeof(float));
+                run(&p, &in, erase, pieces[pi], d, &c1, o1);
+                CHECK_MSG(!memcmp(o0, o1, no * sizeof(float)) && cache_eq(&c0, &c1),
+                          "dla (%s): %s of %d differs from one prefill", erase ? "gdn base" : "no erase",
+                          d ? "decode loop" : "pieces", pieces[pi]);
+                cache_free(&c1);
+            }
+        if (!erase) cache_free(&c0);
+    }
     /* a batch of 3 sessions (tokens t, t+1, t+2 of the inputs as three sessions) == each alone */
     enum { B = 3, STEPS = 20 };
     cache cb[B], ca[B];
