@@ -8,8 +8,7 @@
  *     rule applied to each state sums to the delta rule on the sum), and over the Mamba2 base
  *     (ssd_gates, B/C/x as k/q/v, ssd_skip) the output equals ssd_prefill;
  *   - prefill == decode loop == pieces of 3 and 7 tokens, bit for bit (outputs and cache), for both
- *     bases; a decode
- *     batch == each session alone; refusals.
+ *     bases; a decode batch == each session alone; refusals.
  * Inputs come in segments of near-identical (k, v) so that both merges into the newest state and
  * new states (and so full-cache merges, K = 4) occur in 80 tokens.
  * Tolerances: fp32 against double over <= 80 rank-1 terms of O(1): ATOL 1e-4 + RTOL 1e-3 (a
