@@ -102,7 +102,7 @@ typedef struct {
     int32_t *meta;   /* [2 + Hk]: tokens cached, the next position to score, retained count per head */
 } hyla_lte_cache;
 
-/* ---- DLA (dynamic linear attention over a pluggable base; docs/MODELS.md §4.6, [DLA-1..5]) ---- */
+/* ---- DLA (dynamic linear attention over a pluggable base; docs/MODELS.md §4.7, [DLA-1..5]) ---- */
 /* The geometry of one DLA layer. */
 typedef struct {
     int H, dk, dv; /* heads; key and value dims of one state */
@@ -357,6 +357,14 @@ typedef struct hyla_ops {
     hyla_status (*dla_decode)(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,
                               const float *g, const float *erase, const float *write, const float *lam, int B,
                               float scale, const hyla_dla_cache *c, float *o);
+
+    /* ---- Mamba2's gates and skip outside the SSD ops (DLA over Mamba2) ---- */
+    /* [M2-1] per token and head, as ssd_prefill computes them: dtp = clamp(softplus(dt + dt_bias),
+     * dt_min, dt_max) and a = −exp(A_log)·dtp. dt [n] rows of H (row stride ld_dt); a, dtp [n][H]. */
+    hyla_status (*ssd_gates)(void *ctx, const float *dt, int ld_dt, const float *dt_bias, const float *A_log,
+                             float dt_min, float dt_max, int n, int H, float *a, float *dtp);
+    /* [M2-2]'s skip term: y [n][H][P] += Dskip[h]·x, x [n] rows of H*P (row stride ldx). */
+    hyla_status (*ssd_skip)(void *ctx, float *y, const float *x, int ldx, const float *Dskip, int n, int H, int P);
 } hyla_ops;
 
 typedef struct {

@@ -30,3 +30,6 @@ hyla_add_script_test(test_e2e_stall e2e/test_e2e_stall.sh LABELS e2e fault TIMEO
 hyla_add_script_test(test_e2e_dla_gdn e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 300)
 set_tests_properties(test_e2e_dla_gdn PROPERTIES ENVIRONMENT
   "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR};HYLA_E2E_ARCH=dla-gdn")
+hyla_add_script_test(test_e2e_dla_mamba2 e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 300)
+set_tests_properties(test_e2e_dla_mamba2 PROPERTIES ENVIRONMENT
+  "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR};HYLA_E2E_ARCH=dla-mamba2")

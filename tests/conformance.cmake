@@ -11,7 +11,7 @@ set(HYLA_CONF_ENV "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINA
 # instead of silently dropping its test.
 set(HYLA_CONFORMANCE_FIXTURES gdn-h-bf16 gdn gla-h gla sse-gdn sse-h sse transformer x-gdn-plain x-gla-conv
     x-sse-gdn-k2 x-sse-sparse x-transformer lalte lansa nsa statex-gla mamba2 mamba2-h
-    statex-mamba2)
+    statex-mamba2 dla-gdn dla-mamba2)
 foreach(fx_name ${HYLA_CONFORMANCE_FIXTURES})
   set(fx ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/${fx_name}.json)
   if(NOT EXISTS ${fx})

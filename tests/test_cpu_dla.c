@@ -1,13 +1,14 @@
 /* test_cpu_dla.c — dynamic linear attention on the CPU reference backend (kernels/cpu/cpu_dla.c):
  *   - dla_prefill against a double-precision reference written from the spec (docs/MODELS.md
- *     §4.6 [DLA-1..5]: score against the newest state with RMSNorm on both, threshold tau, merge
+ *     §4.7 [DLA-1..5]: score against the newest state with RMSNorm on both, threshold tau, merge
  *     or open, lowest-density adjacent merge when full, softplus(lam) weights newest first), for
  *     the gated-DeltaNet base (erase = write = beta) and a Mamba2-like base (erase NULL), with the
  *     same boundaries and counts as the reference;
  *   - with every lambda = 1 the output and the summed states equal plain gdn_prefill (the delta
- *     rule applied to each state sums to the delta rule on the sum);
- *   - prefill == decode loop == pieces of 3 and 7 tokens, bit for bit (outputs and cache); a decode
- *     batch == each session alone; refusals.
+ *     rule applied to each state sums to the delta rule on the sum), and over the Mamba2 base
+ *     (ssd_gates, B/C/x as k/q/v, ssd_skip) the output equals ssd_prefill;
+ *   - prefill == decode loop == pieces of 3 and 7 tokens, bit for bit (outputs and cache), for both
+ *     bases; a decode batch == each session alone; refusals.
  * Inputs come in segments of near-identical (k, v) so that both merges into the newest state and
  * new states (and so full-cache merges, K = 4) occur in 80 tokens.
  * Tolerances: fp32 against double over <= 80 rank-1 terms of O(1): ATOL 1e-4 + RTOL 1e-3 (a
@@ -260,25 +261,68 @@ static void test_equals_gdn(void) {
     free_inputs(&in);
 }
 
+/* The Mamba2 base: ssd_gates, B and C of the group as k and q, x as v, no erase, scale 1, then
+ * ssd_skip; with lambda = 1 the output is ssd_prefill's (the states sum to the SSD state). */
+static void test_equals_mamba2(void) {
+    enum { N = DK, P = DV, G = 1, LDX = H * P + 2 * G * N };
+    hyla_dla_params p = {H, N, P, K, TAU};
+    float *xbc = malloc((size_t)T * LDX * sizeof(float)), *dt = malloc((size_t)T * H * sizeof(float));
+    float *q = malloc((size_t)T * H * N * sizeof(float)), *k = malloc((size_t)T * H * N * sizeof(float));
+    float *v = malloc((size_t)T * H * P * sizeof(float)), *lam = malloc((size_t)T * H * K * sizeof(float));
+    float *a = malloc((size_t)T * H * sizeof(float)), *dtp = malloc((size_t)T * H * sizeof(float));
+    size_t no = (size_t)T * H * P;
+    float *o = malloc(no * sizeof(float)), *oy = malloc(no * sizeof(float));
+    float dt_bias[H], A_log[H], Dskip[H];
+    for (int h = 0; h < H; h++) dt_bias[h] = -1.0f + 0.5f * h, A_log[h] = 0.3f * h, Dskip[h] = 0.5f + h;
+    for (size_t i = 0; i < (size_t)T * LDX; i++) xbc[i] = 0.5f * hyla_rng_normal(&rng);
+    for (size_t i = 0; i < (size_t)T * H; i++) dt[i] = hyla_rng_normal(&rng);
+    for (size_t i = 0; i < (size_t)T * H * K; i++) lam[i] = 0.54132485f;
+    CHECK_OK(ops->ssd_gates(ctx, dt, H, dt_bias, A_log, 0.0f, INFINITY, T, H, a, dtp));
+    CHECK_OK(ops->copy2d(ctx, v, H * P, xbc, LDX, T, H * P));
+    for (int h = 0; h < H; h++) {
+        CHECK_OK(ops->copy2d(ctx, k + h * N, H * N, xbc + H * P, LDX, T, N));
+        CHECK_OK(ops->copy2d(ctx, q + h * N, H * N, xbc + H * P + G * N, LDX, T, N));
+    }
+    cache c;
+    cache_make(&c);
+    CHECK_OK(ops->dla_prefill(ctx, &p, q, k, v, a, NULL, dtp, lam, T, 1.0f, &c.c, o));
+    CHECK_OK(ops->ssd_skip(ctx, o, xbc, LDX, Dskip, T, H, P));
+    void *S;
+    CHECK_OK(ops->alloc(ctx, (size_t)H * N * P * sizeof(float), &S));
+    CHECK_OK(ops->ssd_prefill(ctx, xbc, LDX, dt, H, dt_bias, A_log, Dskip, 0.0f, INFINITY, T, H, P, G, N, S, oy));
+    CHECK_CLOSE(o, oy, no, ATOL, RTOL, "dla over mamba2 with lambda 1 vs ssd_prefill");
+    int states = 0;
+    for (int h = 0; h < H; h++) states += ((const int32_t *)c.m)[h];
+    CHECK_MSG(states > H, "dla over mamba2: %d states in %d heads, the test exercises too little", states, H);
+    ops->free(ctx, S);
+    cache_free(&c);
+    free(xbc), free(dt), free(q), free(k), free(v), free(lam), free(a), free(dtp), free(o), free(oy);
+}
+
 static void test_pieces_and_batch(void) {
     hyla_dla_params p = {H, DK, DV, K, TAU};
     inputs in = make_inputs(0);
     size_t no = (size_t)T * H * DV;
     float *o0 = malloc(no * sizeof(float)), *o1 = malloc(no * sizeof(float));
     cache c0, c1;
-    cache_make(&c0);
-    run(&p, &in, 1, T, 0, &c0, o0);
     const int pieces[] = {1, 3, 7};
-    for (int d = 0; d < 2; d++)
-        for (size_t pi = 0; pi < sizeof pieces / sizeof *pieces; pi++) {
-            if (d && pi) break;
-            cache_make(&c1);
-            memset(o1, 0, no * sizeof(float));
-            run(&p, &in, 1, pieces[pi], d, &c1, o1);
-            CHECK_MSG(!memcmp(o0, o1, no * sizeof(float)) && cache_eq(&c0, &c1),
-                      "dla: %s of %d differs from one prefill", d ? "decode loop" : "pieces", pieces[pi]);
-            cache_free(&c1);
-        }
+    /* both bases: erase = beta (GDN) and no erase (Mamba2) */
+    for (int erase = 0; erase < 2; erase++) {
+        cache_make(&c0);
+        run(&p, &in, erase, T, 0, &c0, o0);
+        for (int d = 0; d < 2; d++)
+            for (size_t pi = 0; pi < sizeof pieces / sizeof *pieces; pi++) {
+                if (d && pi) break;
+                cache_make(&c1);
+                memset(o1, 0, no * sizeof(float));
+                run(&p, &in, erase, pieces[pi], d, &c1, o1);
+                CHECK_MSG(!memcmp(o0, o1, no * sizeof(float)) && cache_eq(&c0, &c1),
+                          "dla (%s): %s of %d differs from one prefill", erase ? "gdn base" : "no erase",
+                          d ? "decode loop" : "pieces", pieces[pi]);
+                cache_free(&c1);
+            }
+        if (!erase) cache_free(&c0);
+    }
     /* a batch of 3 sessions (tokens t, t+1, t+2 of the inputs as three sessions) == each alone */
     enum { B = 3, STEPS = 20 };
     cache cb[B], ca[B];
@@ -329,6 +373,7 @@ int main(void) {
     test_reference(1);
     test_reference(0);
     test_equals_gdn();
+    test_equals_mamba2();
     test_pieces_and_batch();
     hyla_backend_destroy(be);
     return hyla_test_done("test_cpu_dla");

@@ -30,7 +30,7 @@ static const char *ARCHS[] = {"gla", "gdn", "transformer", "sse", "sse-gdn", "ss
                               "mamba2", "mamba2-h", "statex-mamba2",
 
                               /* dynamic linear attention */
-                              "dla-gdn"};
+                              "dla-gdn", "dla-mamba2"};
 
 static void make_model(const char *arch, const char *dir, const char *extra) {
     char cmd[1024];
@@ -512,13 +512,13 @@ static void test_lte_constant_state(hyla_backend *be, const char *tmp) {
     test_unload(m);
 }
 
-/* DLA: with capacity 4 (threshold 1.4, see test_arch), 300 tokens fill every head's cache; per head the counts of the states in
- * use sum to the tokens fed, scores are finite and non-negative, and the state bytes do not grow
- * with the context. */
-static void test_dla_cache(hyla_backend *be, const char *tmp) {
+/* DLA (each base): with capacity 4 (threshold 1.4, see test_arch), 300 tokens fill every head's
+ * cache; per head the counts of the states in use sum to the tokens fed, scores are finite and
+ * non-negative, and the state bytes do not grow with the context. */
+static void test_dla_cache(hyla_backend *be, const char *tmp, const char *arch) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/dla-cache", tmp);
-    make_model("dla-gdn", dir, "--dla-capacity 4 --dla-threshold 1.4");
+    snprintf(dir, sizeof dir, "%s/%s-cache", tmp, arch);
+    make_model(arch, dir, "--dla-capacity 4 --dla-threshold 1.4");
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     int V = hyla_model_get_config(test_model(m))->vocab_size;
@@ -531,7 +531,7 @@ static void test_dla_cache(hyla_backend *be, const char *tmp) {
     CHECK_OK(hyla_session_export(s, &b));
     CHECK(a && b && a->n_parts == b->n_parts);
     for (uint32_t i = 0; a && b && i < b->n_parts && i < a->n_parts; i++)
-        CHECK_MSG(a->parts[i].nbytes == b->parts[i].nbytes, "dla-gdn: part %s grew from 30 to 300 tokens",
+        CHECK_MSG(a->parts[i].nbytes == b->parts[i].nbytes, "%s: part %s grew from 30 to 300 tokens", arch,
                   b->parts[i].name);
     const int32_t *n = NULL, *mm = NULL;
     const float *I = NULL;
@@ -546,21 +546,21 @@ static void test_dla_cache(hyla_backend *be, const char *tmp) {
         dla_layers++;
         for (int h = 0; h < heads; h++) {
             int tot = 0;
-            CHECK_MSG(mm[h] >= 1 && mm[h] <= 4, "dla-gdn layer %u head %d: %d states (capacity 4)", q->layer, h,
-                      (int)mm[h]);
+            CHECK_MSG(mm[h] >= 1 && mm[h] <= 4, "%s layer %u head %d: %d states (capacity 4)", arch, q->layer,
+                      h, (int)mm[h]);
             for (int j = 0; j < mm[h] && j < 4; j++) {
                 tot += n[h * 4 + j];
                 merged += n[h * 4 + j] > 1;
-                CHECK_MSG(isfinite(I[h * 4 + j]) && I[h * 4 + j] >= 0, "dla-gdn layer %u head %d: score %g", q->layer, h,
-                          (double)I[h * 4 + j]);
+                CHECK_MSG(isfinite(I[h * 4 + j]) && I[h * 4 + j] >= 0, "%s layer %u head %d: score %g", arch, q->layer,
+                          h, (double)I[h * 4 + j]);
             }
             full += mm[h] == 4;
-            CHECK_MSG(tot == 300, "dla-gdn layer %u head %d: counts sum to %d, want 300", q->layer, h, tot);
+            CHECK_MSG(tot == 300, "%s layer %u head %d: counts sum to %d, want 300", arch, q->layer, h, tot);
         }
         n = mm = NULL, I = NULL;
     }
-    CHECK_MSG(dla_layers > 0 && full > 0 && merged > 0, "dla-gdn: %d layers, %d full heads, %d merged states", dla_layers,
-              full, merged);
+    CHECK_MSG(dla_layers > 0 && full > 0 && merged > 0, "%s: %d layers, %d full heads, %d merged states", arch,
+              dla_layers, full, merged);
     hyla_snapshot_destroy(a);
     hyla_snapshot_destroy(b);
     hyla_session_free(s);
@@ -583,7 +583,8 @@ int main(void) {
     test_free_in_flight(be, tmp);
     test_profile(be, tmp);
     test_lte_constant_state(be, tmp);
-    test_dla_cache(be, tmp);
+    test_dla_cache(be, tmp, "dla-gdn");
+    test_dla_cache(be, tmp, "dla-mamba2");
     hyla_backend_destroy(be);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

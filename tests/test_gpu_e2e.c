@@ -1,12 +1,13 @@
 /* test_gpu_e2e.c — whole tiny models on cuda:0 against the CPU reference backend, through the
  * runtime (worker/hyla_session.h), for gla-h, gdn, sse-h, sse-gdn, gdn-h (sliding-window
  * attention), mamba2-h and statex-mamba2 (state size 512: the recurrent prefill path), lalte
- * (GDN + LTE attention) and lansa (GDN + NSA):
+ * (GDN + LTE attention), lansa (GDN + NSA), dla-gdn and dla-mamba2:
  *   1. prompt logits (150 tokens: two full chunks and a partial one) within tolerance of the
  *      CPU's, then greedy tokens: equal to the CPU's while the CPU's top-2 margin is clear
  *      (> LOGIT_MARGIN); at the first divergence the margin must be below it (a near tie that
- *      bf16 rounding may flip), and the comparison stops there (lalte: reported only, as the
- *      fp32 and bf16 caches may retain different tokens);
+ *      bf16 rounding may flip), and the comparison stops there (lalte and DLA with live
+ *      boundaries: reported only, as the fp32 and bf16 values may retain other tokens or draw
+ *      other boundaries; see test_arch);
  *   2. determinism and pause/resume on the GPU, bit for bit: the same run twice; "decode 20"
  *      == "decode 10, export, import, decode 10"; chunk-aligned pieces == one piece;
  *   3. batch invariance on the GPU, bit for bit: 3 sessions decoded together == each alone;
@@ -95,9 +96,14 @@ static int32_t *prompt(int n, int vocab) {
     return t;
 }
 
-static void test_arch(const char *arch, const char *extra) {
+/* discrete: the model makes discrete choices from bf16-computed values (LTE's retained tokens,
+ * DLA's boundaries and merges), so the GPU's choices may differ from the CPU's fp32 ones and the
+ * comparisons with the CPU are reported, not enforced (test_gpu_ops shows that the same inputs
+ * give the same choices); the GPU's own bit identities still are. */
+static void test_arch(const char *arch, const char *extra, int discrete) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/gpu_e2e_%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch);
+    snprintf(dir, sizeof dir, "%s/gpu_e2e_%s%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch,
+             !strncmp(arch, "dla-", 4) && !discrete ? "_one_state" : "");
     make_model(arch, dir, extra);
     hyla_runtime *mc = NULL, *mg = NULL;
     mc = test_load(dir, cpu, NULL);
@@ -105,7 +111,7 @@ static void test_arch(const char *arch, const char *extra) {
     if (!mc || !mg) return;
     int V = hyla_model_get_config(test_model(mc))->vocab_size, T = 150, G = 24;
     int32_t *p = prompt(T, V);
-    printf("%s\n", arch);
+    printf("%s %s\n", arch, extra ? extra : "");
 
     /* 1. prompt logits and greedy tokens vs CPU */
     float *lc = malloc((size_t)T * V * 4), *lg = malloc((size_t)T * V * 4);
@@ -113,8 +119,10 @@ static void test_arch(const char *arch, const char *extra) {
     CHECK_OK(hyla_session_feed(sc, p, T, lc, NULL, NULL, NULL));
     CHECK_OK(hyla_session_feed(sg, p, T, lg, NULL, NULL, NULL));
     double r = rel_l2(lg, lc, (size_t)(T - 1) * V);
-    printf("  prompt logits (149 rows): rel L2 %.2e %s\n", r, r <= LOGIT_TOL ? "ok" : "FAIL");
-    CHECK_MSG(r <= LOGIT_TOL, "%s: prompt logits rel %.3e", arch, r);
+    int dla = !strncmp(arch, "dla-", 4) && discrete; /* LTE's prompt logits stay within tolerance */
+    printf("  prompt logits (149 rows): rel L2 %.2e %s\n", r,
+           r <= LOGIT_TOL ? "ok" : dla ? "(reported: DLA boundaries may differ)" : "FAIL");
+    CHECK_MSG(dla || r <= LOGIT_TOL, "%s: prompt logits rel %.3e", arch, r);
     int32_t tc[24], tg[24];
     float *gc = malloc((size_t)G * V * 4), *gg = malloc((size_t)G * V * 4);
     gen(sc, G, tc, gc, V);
@@ -124,7 +132,6 @@ static void test_arch(const char *arch, const char *extra) {
      * that the same k, v give the same members) and their logits then differ by more than the
      * rounding tolerance. For lalte the greedy comparison is reported, not enforced; the prompt
      * logits, the GPU's own bit identities and cross-backend resume still are. */
-    int discrete = !strcmp(arch, "lalte");
     int same = 0;
     double worst = 0;
     for (int i = 0; i < G; i++) {
@@ -140,7 +147,7 @@ static void test_arch(const char *arch, const char *extra) {
         same++;
     }
     printf("  greedy: %d/%d tokens equal to the CPU run, logits rel L2 <= %.2e %s\n", same, G, worst,
-           worst <= LOGIT_TOL ? "ok" : discrete ? "(reported: LTE members may differ)" : "FAIL");
+           worst <= LOGIT_TOL ? "ok" : discrete ? "(reported: discrete choices may differ)" : "FAIL");
     CHECK_MSG(discrete || worst <= LOGIT_TOL, "%s: decode logits rel %.3e", arch, worst);
     hyla_session_free(sc);
     hyla_session_free(sg);
@@ -196,9 +203,9 @@ static void test_arch(const char *arch, const char *extra) {
             while (eq < 10 && t3[eq] == t1[10 + eq]) eq++;
             double rr = rel_l2(l3, l1 + (size_t)10 * V, (size_t)(eq > 0 ? eq : 1) * V);
             printf("  GPU -> CPU resume: %d/10 tokens equal to the GPU run, logits rel L2 %.2e %s\n", eq, rr,
-                   rr <= LOGIT_TOL ? "ok" : "FAIL");
-            CHECK_MSG(rr <= LOGIT_TOL, "%s: GPU->CPU continuation logits rel %.3e", arch, rr);
-            if (eq < 10)
+                   rr <= LOGIT_TOL ? "ok" : dla ? "(reported)" : "FAIL");
+            CHECK_MSG(dla || rr <= LOGIT_TOL, "%s: GPU->CPU continuation logits rel %.3e", arch, rr);
+            if (eq < 10 && !dla)
                 CHECK_MSG(top2_margin(l1 + (size_t)(10 + eq) * V, V) < LOGIT_MARGIN,
                           "%s: GPU->CPU continuation diverges with a clear margin", arch);
             free(l3);
@@ -219,8 +226,8 @@ static void test_arch(const char *arch, const char *extra) {
             while (eq < 10 && t4[eq] == t5[eq]) eq++;
             double rr = rel_l2(l5, l4, (size_t)(eq > 0 ? eq : 1) * V);
             printf("  CPU -> GPU resume: %d/10 tokens equal to the CPU run, logits rel L2 %.2e %s\n", eq, rr,
-                   rr <= LOGIT_TOL ? "ok" : "FAIL");
-            CHECK_MSG(rr <= LOGIT_TOL, "%s: CPU->GPU continuation logits rel %.3e", arch, rr);
+                   rr <= LOGIT_TOL ? "ok" : dla ? "(reported)" : "FAIL");
+            CHECK_MSG(dla || rr <= LOGIT_TOL, "%s: CPU->GPU continuation logits rel %.3e", arch, rr);
             free(l4);
             free(l5);
             hyla_session_free(cg);
@@ -351,17 +358,30 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_gpu_e2e: %s\n", hyla_last_error());
         return 1;
     }
-    if (wanted("gla-h")) test_arch("gla-h", NULL);
-    if (wanted("gdn")) test_arch("gdn", NULL);
-    if (wanted("sse-h")) test_arch("sse-h", NULL);
-    if (wanted("sse-gdn")) test_arch("sse-gdn", NULL);
-    if (wanted("gdn-h")) test_arch("gdn-h", "--window 40");
-    if (wanted("mamba2-h")) test_arch("mamba2-h", NULL);
-    if (wanted("statex-mamba2")) test_arch("statex-mamba2", NULL);
+    if (wanted("gla-h")) test_arch("gla-h", NULL, 0);
+    if (wanted("gdn")) test_arch("gdn", NULL, 0);
+    if (wanted("sse-h")) test_arch("sse-h", NULL, 0);
+    if (wanted("sse-gdn")) test_arch("sse-gdn", NULL, 0);
+    if (wanted("gdn-h")) test_arch("gdn-h", "--window 40", 0);
+    if (wanted("mamba2-h")) test_arch("mamba2-h", NULL, 0);
+    if (wanted("statex-mamba2")) test_arch("statex-mamba2", NULL, 0);
     /* LTE and NSA hybrids: a window, sink and budget small enough that 150 tokens evict, retain
      * and replace; blocks of 8, 4 selected, a window of 16 (as test_engine) */
-    if (wanted("lalte")) test_arch("lalte", "--window 16 --sink 2 --budget 6");
-    if (wanted("lansa")) test_arch("lansa", "--window 16 --block-size 8 --block-counts 4");
+    if (wanted("lalte")) test_arch("lalte", "--window 16 --sink 2 --budget 6", 1);
+    if (wanted("lansa")) test_arch("lansa", "--window 16 --block-size 8 --block-counts 4", 0);
+    /* DLA: thresholds where some tokens of this model open states (and caches fill and merge),
+     * compared with the CPU as discrete; and a threshold no score reaches (one state per head, the
+     * same choices on both backends), compared within tolerance */
+    if (wanted("dla-gdn")) {
+        test_arch("dla-gdn", "--dla-capacity 3 --dla-threshold 1.43", 1);
+        /* seed 10 (mkmodel takes the last --seed): the CPU's 24 greedy steps all have a top-2 gap
+         * >= 0.148; seed 7's step 4 is a near tie (0.060) that bf16 rounding flips */
+        test_arch("dla-gdn", "--dla-capacity 3 --dla-threshold 1000 --seed 10", 0);
+    }
+    if (wanted("dla-mamba2")) {
+        test_arch("dla-mamba2", "--dla-capacity 3 --dla-threshold 1.4", 1);
+        test_arch("dla-mamba2", "--dla-capacity 3 --dla-threshold 1000", 0);
+    }
     hyla_cuda_graph_stats gs;
     CHECK_OK(hyla_cuda_get_graph_stats(gpu, &gs));
     printf("graphs: %llu segments (%llu ops), %llu graph launches, %llu captures, %llu capture failures, %llu "

@@ -24,7 +24,10 @@
  *   - attention (keys/values stored bf16, P rounded to bf16 for P V): rel <= 2e-2, max <= 5e-2.
  *   - sampling: greedy rows must match exactly; sampled rows may differ only where fp32 vs
  *     double probabilities straddle the draw (a handful per thousand at most): <= 2 of 96.
- *   - SSE routes: identical indices (logits drawn with margins), weights within 1e-6. */
+ *   - SSE routes: identical indices (logits drawn with margins), weights within 1e-6.
+ *   - DLA: identical boundaries and merges (states in use, counts); outputs, scores and states
+ *     rel, max <= 1e-4 (the CPU's fp32 operations per element; the score's double sum in another
+ *     order), and on the GPU prefill == pieces == decode loop, batch == alone, bit for bit. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1831,6 +1834,172 @@ static void case_nsa(const op_case *c) {
     kv_free(&kv);
 }
 
+/* ---------------------------------------------------------------- DLA */
+
+/* A DLA cache on one backend: S [H][K][dk][dv], n [H][K], I [H][K], m [H] (zero: empty). */
+typedef struct {
+    hyla_dla_cache c;
+    size_t nS;
+} dla_dcache;
+static dla_dcache dla_cache_new(hyla_backend *b, const hyla_dla_params *p) {
+    dla_dcache d;
+    d.nS = (size_t)p->H * p->K * p->dk * p->dv;
+    d.c = (hyla_dla_cache){dev(b, NULL, d.nS * 4), dev(b, NULL, (size_t)p->H * p->K * 4),
+                           dev(b, NULL, (size_t)p->H * p->K * 4), dev(b, NULL, (size_t)p->H * 4)};
+    return d;
+}
+static void dla_cache_free(hyla_backend *b, dla_dcache *d) {
+    dfree(b, d->c.S), dfree(b, d->c.n), dfree(b, d->c.I), dfree(b, d->c.m);
+}
+/* the GPU cache against the CPU's: the decisions (m, n) exactly, scores and states in tolerance */
+static void dla_cmp_cache(const char *what, const hyla_dla_params *p, const dla_dcache *cc, const dla_dcache *cg) {
+    size_t hk = (size_t)p->H * p->K;
+    int32_t *mc = (int32_t *)host_of(cpu, cc->c.m, p->H), *mg = (int32_t *)host_of(gpu, cg->c.m, p->H);
+    int32_t *nc = (int32_t *)host_of(cpu, cc->c.n, hk), *ng = (int32_t *)host_of(gpu, cg->c.n, hk);
+    CHECK_MSG(!memcmp(mc, mg, (size_t)p->H * 4) && !memcmp(nc, ng, hk * 4),
+              "%s: the GPU's boundaries and merges (states in use, counts) differ from the CPU's", what);
+    int opened = 0;
+    for (int h = 0; h < p->H; h++) opened += mc[h];
+    CHECK_MSG(opened > p->H, "%s: %d states in %d heads, the case exercises too little", what, opened, p->H);
+    char name[160];
+    float *Ic = host_of(cpu, cc->c.I, hk), *Ig = host_of(gpu, cg->c.I, hk);
+    snprintf(name, sizeof name, "%.100s: scores", what);
+    cmp(name, Ig, Ic, hk, REC_TOL);
+    float *Sc = host_of(cpu, cc->c.S, cc->nS), *Sg = host_of(gpu, cg->c.S, cg->nS);
+    snprintf(name, sizeof name, "%.100s: states", what);
+    cmp(name, Sg, Sc, cc->nS, REC_TOL);
+    free(mc), free(mg), free(nc), free(ng), free(Ic), free(Ig), free(Sc), free(Sg);
+}
+static int dla_same_cache(const hyla_dla_params *p, const dla_dcache *a, const dla_dcache *b) {
+    size_t hk = (size_t)p->H * p->K;
+    return same_bits(gpu, a->c.S, b->c.S, a->nS * 4) && same_bits(gpu, a->c.n, b->c.n, hk * 4) &&
+           same_bits(gpu, a->c.I, b->c.I, hk * 4) && same_bits(gpu, a->c.m, b->c.m, (size_t)p->H * 4);
+}
+
+/* dla_prefill and dla_decode against the CPU, and on the GPU prefill == pieces == decode loop
+ * bit for bit, a decode batch == its sessions alone. Inputs in segments of near-identical (k, v)
+ * per head, so tokens both merge into the newest state and open states (and full caches merge).
+ * Tolerance REC_TOL: the kernel does the CPU's float operations per element in the same order;
+ * only the score (double, another summation order, rounded to float once), expf and log1pf
+ * differ, by ulps; decisions must be identical (random scores are not within ulps of tau).
+ * p: {erase (1: GDN base, 0: Mamba2-like, erase NULL), H, dk, dv, K, n} */
+static void case_dla(const op_case *c) {
+    const int erase = c->p[0], H = c->p[1], dk = c->p[2], dv = c->p[3], K = c->p[4], n = c->p[5];
+    hyla_dla_params p = {H, dk, dv, K, 0.6f};
+    float scale = erase ? 1.0f / sqrtf((float)dk) : 1.0f;
+    size_t nr = (size_t)n * H, nqk = nr * dk, nv = nr * dv;
+    float *q = randn(nqk, 1.0f), *k = malloc(nqk * 4), *v = malloc(nv * 4), *lam = randn(nr * K, 1.0f);
+    float *g = gdn_decays(nr), *w = randu(nr, 0.2f, 0.8f);
+    for (int h = 0; h < H; h++) {
+        float *bk = randn((size_t)dk, 1.0f), *bv = randn((size_t)dv, 1.0f);
+        int left = 0;
+        for (int t = 0; t < n; t++) {
+            if (!left) {
+                for (int i = 0; i < dk; i++) bk[i] = hyla_rng_normal(&rng);
+                for (int j = 0; j < dv; j++) bv[j] = hyla_rng_normal(&rng);
+                left = 1 + (int)(hyla_rng_uniform(&rng) * 6);
+            }
+            left--;
+            size_t r = (size_t)t * H + h;
+            for (int i = 0; i < dk; i++) k[r * dk + i] = bk[i] + 0.05f * hyla_rng_normal(&rng);
+            for (int j = 0; j < dv; j++) v[r * dv + j] = bv[j] + 0.05f * hyla_rng_normal(&rng);
+        }
+        free(bk), free(bv);
+    }
+    l2rows(q, nr, dk);
+    l2rows(k, nr, dk);
+    pair pq = pair_new(q, nqk), pk = pair_new(k, nqk), pv = pair_new(v, nv), pg = pair_new(g, nr), pw = pair_new(w, nr),
+         pl = pair_new(lam, nr * K), po = pair_new(NULL, nv);
+    const float *ec = erase ? pw.c : NULL, *eg = erase ? pw.g : NULL;
+    dla_dcache cc = dla_cache_new(cpu, &p), cg = dla_cache_new(gpu, &p);
+    CHECK_OK(cpu->ops->dla_prefill(cpu->ctx, &p, pq.c, pk.c, pv.c, pg.c, ec, pw.c, pl.c, n, scale, &cc.c, po.c));
+    PERF(CHECK_OK(gpu->ops->dla_prefill(gpu->ctx, &p, pq.g, pk.g, pv.g, pg.g, eg, pw.g, pl.g, n, scale, &cg.c, po.g)));
+    char name[112];
+    snprintf(name, sizeof name, "dla_prefill %s H=%d dk=%d dv=%d K=%d n=%d: o", erase ? "gdn" : "mamba2", H, dk, dv, K,
+             n);
+    cmp_pair(name, po, REC_TOL);
+    snprintf(name, sizeof name, "dla_prefill %s dk=%d dv=%d", erase ? "gdn" : "mamba2", dk, dv);
+    dla_cmp_cache(name, &p, &cc, &cg);
+    /* on the GPU: pieces of 7 and a decode loop give the one call's bits */
+    for (int mode = 0; mode < 2; mode++) {
+        dla_dcache c2 = dla_cache_new(gpu, &p);
+        void *o2 = dev(gpu, NULL, nv * 4);
+        int piece = mode ? 1 : 7;
+        for (int t0 = 0; t0 < n; t0 += piece) {
+            int m = n - t0 < piece ? n - t0 : piece;
+            size_t r = (size_t)t0 * H;
+            const float *qq = (const float *)pq.g + r * dk, *kk = (const float *)pk.g + r * dk;
+            const float *vv = (const float *)pv.g + r * dv, *gg = (const float *)pg.g + r;
+            const float *ww = (const float *)pw.g + r, *ll = (const float *)pl.g + r * K;
+            float *oo = (float *)o2 + r * dv;
+            if (mode)
+                CHECK_OK(gpu->ops->dla_decode(gpu->ctx, &p, qq, kk, vv, gg, erase ? ww : NULL, ww, ll, 1, scale, &c2.c, oo));
+            else
+                CHECK_OK(gpu->ops->dla_prefill(gpu->ctx, &p, qq, kk, vv, gg, erase ? ww : NULL, ww, ll, m, scale, &c2.c, oo));
+        }
+        CHECK_MSG(same_bits(gpu, po.g, o2, nv * 4) && dla_same_cache(&p, &cg, &c2),
+                  "dla %s dk=%d dv=%d: %s on the GPU differs from one prefill", erase ? "gdn" : "mamba2", dk, dv,
+                  mode ? "the decode loop" : "pieces of 7");
+        dla_cache_free(gpu, &c2);
+        dfree(gpu, o2);
+    }
+    /* a decode batch of 2 sessions (the prefilled cache and a fresh one) == each alone, and == the CPU */
+    {
+        dla_dcache f = dla_cache_new(gpu, &p), f1 = dla_cache_new(gpu, &p), c1 = dla_cache_new(gpu, &p), fc = dla_cache_new(cpu, &p);
+        CHECK_OK(gpu->ops->copy(gpu->ctx, c1.c.S, cg.c.S, cg.nS * 4));
+        CHECK_OK(gpu->ops->copy(gpu->ctx, c1.c.n, cg.c.n, (size_t)H * K * 4));
+        CHECK_OK(gpu->ops->copy(gpu->ctx, c1.c.I, cg.c.I, (size_t)H * K * 4));
+        CHECK_OK(gpu->ops->copy(gpu->ctx, c1.c.m, cg.c.m, (size_t)H * 4));
+        hyla_dla_cache bg[2] = {cg.c, f.c}, bc[2] = {cc.c, fc.c};
+        size_t r2 = (size_t)2 * H;
+        void *oa = dev(gpu, NULL, r2 * dv * 4);
+        pair pob = pair_new(NULL, r2 * dv);
+        const float *ew = erase ? (const float *)pw.g : NULL;
+        PERF(CHECK_OK(gpu->ops->dla_decode(gpu->ctx, &p, pq.g, pk.g, pv.g, pg.g, ew, pw.g, pl.g, 2, scale, bg, pob.g)));
+        CHECK_OK(cpu->ops->dla_decode(cpu->ctx, &p, pq.c, pk.c, pv.c, pg.c, ec, pw.c, pl.c, 2, scale, bc, pob.c));
+        snprintf(name, sizeof name, "dla_decode %s B=2: o", erase ? "gdn" : "mamba2");
+        cmp_pair(name, pob, REC_TOL);
+        for (int b = 0; b < 2; b++) {
+            size_t r = (size_t)b * H;
+            CHECK_OK(gpu->ops->dla_decode(gpu->ctx, &p, (const float *)pq.g + r * dk, (const float *)pk.g + r * dk,
+                                          (const float *)pv.g + r * dv, (const float *)pg.g + r,
+                                          erase ? (const float *)pw.g + r : NULL, (const float *)pw.g + r,
+                                          (const float *)pl.g + r * K, 1, scale, b ? &f1.c : &c1.c,
+                                          (float *)oa + r * dv));
+        }
+        CHECK_MSG(same_bits(gpu, pob.g, oa, r2 * dv * 4) && dla_same_cache(&p, &cg, &c1) && dla_same_cache(&p, &f, &f1),
+                  "dla_decode %s: a batch of 2 on the GPU differs from its sessions alone", erase ? "gdn" : "mamba2");
+        dla_cache_free(gpu, &f), dla_cache_free(gpu, &f1), dla_cache_free(gpu, &c1), dla_cache_free(cpu, &fc);
+        dfree(gpu, oa);
+        pair_free(pob);
+    }
+    dla_cache_free(cpu, &cc), dla_cache_free(gpu, &cg);
+    pair_free(pq), pair_free(pk), pair_free(pv), pair_free(pg), pair_free(pw), pair_free(pl), pair_free(po);
+    free(q), free(k), free(v), free(lam), free(g), free(w);
+}
+
+/* ssd_gates and ssd_skip (the Mamba2 base of DLA) against the CPU. p: {n, H, P, limit} */
+static void case_ssd_gates_skip(const op_case *c) {
+    const int n = c->p[0], H = c->p[1], P = c->p[2], lim = c->p[3], ld_dt = H + 3, ldx = H * P + 5;
+    float lo = lim ? 0.01f : 0.0f, hi = lim ? 0.5f : INFINITY;
+    float *dt = randn((size_t)n * ld_dt, 2.0f), *bias = randn((size_t)H, 1.0f), *alog = randu((size_t)H, -1.0f, 1.5f);
+    float *x = randn((size_t)n * ldx, 1.0f), *y = randn((size_t)n * H * P, 1.0f), *Dsk = randn((size_t)H, 1.0f);
+    pair pdt = pair_new(dt, (size_t)n * ld_dt), pb = pair_new(bias, H), pal = pair_new(alog, H),
+         pa = pair_new(NULL, (size_t)n * H), pd = pair_new(NULL, (size_t)n * H), px = pair_new(x, (size_t)n * ldx),
+         py = pair_new(y, (size_t)n * H * P), pD = pair_new(Dsk, H);
+    CHECK_OK(cpu->ops->ssd_gates(cpu->ctx, pdt.c, ld_dt, pb.c, pal.c, lo, hi, n, H, pa.c, pd.c));
+    PERF(CHECK_OK(gpu->ops->ssd_gates(gpu->ctx, pdt.g, ld_dt, pb.g, pal.g, lo, hi, n, H, pa.g, pd.g)));
+    cmp_pair(lim ? "ssd_gates (limits): a" : "ssd_gates: a", pa, FP32_TOL);
+    cmp_pair(lim ? "ssd_gates (limits): dt'" : "ssd_gates: dt'", pd, FP32_TOL);
+    CHECK_OK(cpu->ops->ssd_skip(cpu->ctx, py.c, px.c, ldx, pD.c, n, H, P));
+    PERF(CHECK_OK(gpu->ops->ssd_skip(gpu->ctx, py.g, px.g, ldx, pD.g, n, H, P)));
+    cmp_pair("ssd_skip", py, FP32_TOL);
+    CHECK(gpu->ops->ssd_gates(gpu->ctx, pdt.g, H - 1, pb.g, pal.g, lo, hi, n, H, pa.g, pd.g) == HYLA_ERR_INVALID_ARG);
+    pair_free(pdt), pair_free(pb), pair_free(pal), pair_free(pa), pair_free(pd), pair_free(px), pair_free(py),
+        pair_free(pD);
+    free(dt), free(bias), free(alog), free(x), free(y), free(Dsk);
+}
+
 /* The case table: one row per op case, run on every device backend against the CPU. */
 static const op_case cases[] = {
     {"memory, pool, snapshots", case_memory, {0}},
@@ -1884,6 +2053,14 @@ static const op_case cases[] = {
     {"nsa_prefill, nsa_decode", case_nsa, {4, 2, 64, 16, 4, 32, 64}},
     {"nsa_prefill, nsa_decode", case_nsa, {8, 1, 128, 32, 3, 0, 16}},
     {"nsa_prefill, nsa_decode", case_nsa, {2, 2, 32, 8, 16, 100, 64}},
+    /* {erase, H, dk, dv, K, n} */
+    {"dla_prefill, dla_decode", case_dla, {1, 2, 16, 32, 4, 80}},
+    {"dla_prefill, dla_decode", case_dla, {1, 3, 64, 128, 8, 120}},
+    {"dla_prefill, dla_decode", case_dla, {0, 2, 32, 48, 4, 90}},
+    {"dla_prefill, dla_decode", case_dla, {1, 1, 128, 300, 3, 40}},
+    /* {n, H, P, limit} */
+    {"ssd_gates, ssd_skip", case_ssd_gates_skip, {70, 4, 32, 0}},
+    {"ssd_gates, ssd_skip", case_ssd_gates_skip, {5, 6, 64, 1}},
 };
 
 /* The backends under test: every device backend built in (today the CUDA backend). */

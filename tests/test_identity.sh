@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The identity that matters most, through real processes: generating 64 tokens in one run
 # equals generating 32, saving the state, loading it in a new process and generating 32 more
-# (greedy and seeded sampling, sse-h, gla-h, lalte, lansa, mamba2-h and dla-gdn; through a state file and,
+# (greedy and seeded sampling, sse-h, gla-h, lalte, lansa, mamba2-h, dla-gdn and dla-mamba2; through a state file and,
 # when the statestore is built in, through RocksDB). Also: same seed -> same tokens; the prefill piece size changes
 # nothing; a damaged or foreign state file is refused with a message that says what is wrong.
 set -euo pipefail
@@ -10,11 +10,11 @@ T=$(mktemp -d /tmp/hyla-identity.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fail=0
 PROMPT="It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief."
-for arch in sse-h gla-h lalte lansa mamba2-h dla-gdn; do
+for arch in sse-h gla-h lalte lansa mamba2-h dla-gdn dla-mamba2; do
   extra=() # lalte: a window small enough that the prompt evicts, retains and replaces tokens
   [ $arch = lalte ] && extra=(--window 16 --sink 2 --budget 6)
   [ $arch = lansa ] && extra=(--window 16 --block-size 8 --block-counts 4) # selection among blocks
-  [ $arch = dla-gdn ] && extra=(--dla-capacity 4 --dla-threshold 1.4) # fills the cache; merges and opens
+  [ ${arch#dla-} != $arch ] && extra=(--dla-capacity 4 --dla-threshold 1.4) # fills the cache; merges and opens
   "$BIN/hyla-mkmodel" --arch $arch --layers 4 --hidden 64 --heads 4 --seed 3 "${extra[@]}" --out "$T/$arch" 2>/dev/null
   for temp in 0 0.9; do
     run() { "$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --temperature $temp --seed 11 "$@"; }

@@ -45,14 +45,15 @@ static void usage(FILE *f) {
             "Writes DIR/config.json and DIR/model.safetensors with deterministic random weights.\n"
             "  --arch ARCH        gla | gdn | transformer | sse | sse-gdn | sse-h | gla-h | gdn-h |\n"
             "                     statex-gla | lalte | lansa | nsa | mamba2 | mamba2-h |\n"
-            "                     statex-mamba2 | dla-gdn\n"
+            "                     statex-mamba2 | dla-gdn | dla-mamba2\n"
             "                     (-h: softmax attention at every 6th layer, i %% 6 == 5; with fewer\n"
             "                     than 6 layers, at layer L/2; statex-: StateX's expanded states at\n"
             "                     4 layers, one every L/4 from the first: GLA heads merged into one,\n"
             "                     Mamba2 state_size 128 -> 512; lalte / lansa: GDN with LTE / NSA\n"
             "                     attention at every odd layer, 1:1; nsa: native sparse attention at\n"
             "                     every layer;\n"
-            "                     dla-gdn: dynamic linear attention over gated DeltaNet)\n"
+            "                     dla-gdn / dla-mamba2: dynamic linear attention over gated\n"
+            "                     DeltaNet / Mamba2)\n"
             "  --layers L         number of layers\n"
             "  --hidden D         model width\n"
             "  --heads H          heads of the linear mixer and of attention\n"
@@ -172,8 +173,9 @@ static const mk_arch ARCHS[] = {
     /* Mamba2 (SSD); StateX for Mamba2: state_size 128 -> 512 at the expanded layers */
     {"mamba2", "mamba2", NULL, NULL, NULL},
     {"statex-mamba2", "mamba2", NULL, "{\"state_size\": 512}", NULL},
-    /* dynamic linear attention (dla-dynamic-linear-attention.txt) over gated DeltaNet */
+    /* dynamic linear attention (dla-dynamic-linear-attention.txt) over gated DeltaNet and Mamba2 */
     {"dla-gdn", "dla-gdn", NULL, NULL, NULL},
+    {"dla-mamba2", "dla-mamba2", NULL, NULL, NULL},
 };
 
 static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a, int hybrid, int F) {

@@ -800,6 +800,8 @@ static const hyla_ops cpu_ops = {
     .ssd_prefill = cpu_ssd_prefill,
     .ssd_decode = cpu_ssd_decode,
     .ssd_norm = cpu_ssd_norm,
+    .ssd_gates = cpu_ssd_gates,
+    .ssd_skip = cpu_ssd_skip,
 };
 
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {

@@ -1,5 +1,5 @@
 /* cpu_dla.c — dynamic linear attention (DLA) on the CPU reference backend: the state cache of
- * docs/MODELS.md §4.6 [DLA-1..5] over a base transition given as per-token scalars (gated
+ * docs/MODELS.md §4.7 [DLA-1..5] over a base transition given as per-token scalars (gated
  * DeltaNet, Mamba2).
  *
  * Invariants: one routine (dla_token) advances one head of one session by one token; prefill

@@ -98,6 +98,9 @@ hyla_status cpu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt
                            int G, int N, float *const *S, float *y);
 hyla_status cpu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
                          int gs, float eps);
+hyla_status cpu_ssd_gates(void *ctx, const float *dt, int ld_dt, const float *dt_bias, const float *A_log, float dt_min,
+                          float dt_max, int n, int H, float *a, float *dtp);
+hyla_status cpu_ssd_skip(void *ctx, float *y, const float *x, int ldx, const float *Dskip, int n, int H, int P);
 
 /* ---- DLA (cpu_dla.c); signatures as in hyla_ops.h ---- */
 hyla_status cpu_dla_prefill(void *ctx, const hyla_dla_params *p, const float *q, const float *k, const float *v,

@@ -226,3 +226,30 @@ hyla_status cpu_copy2d(void *ctx, float *dst, int ldd, const float *src, int lds
     for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * ldd, src + (size_t)r * lds, (size_t)cols * sizeof(float));
     return HYLA_OK;
 }
+
+hyla_status cpu_ssd_gates(void *ctx, const float *dt, int ld_dt, const float *dt_bias, const float *A_log, float dt_min,
+                          float dt_max, int n, int H, float *a, float *dtp) {
+    (void)ctx;
+    if (n < 0 || H <= 0 || ld_dt < H)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "ssd_gates: n=%d H=%d ld_dt=%d", n, H, ld_dt);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) {
+            size_t r = (size_t)t * H + h;
+            m2_step(dt[(size_t)t * ld_dt + h], dt_bias[h], A_log[h], dt_min, dt_max, &dtp[r], &a[r]);
+        }
+    return HYLA_OK;
+}
+
+hyla_status cpu_ssd_skip(void *ctx, float *y, const float *x, int ldx, const float *Dskip, int n, int H, int P) {
+    (void)ctx;
+    if (n < 0 || H <= 0 || P <= 0 || ldx < H * P)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "ssd_skip: n=%d H=%d P=%d ldx=%d", n, H, P, ldx);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) {
+            float *yr = y + ((size_t)t * H + h) * P;
+            const float *xr = x + (size_t)t * ldx + (size_t)h * P;
+            float d = Dskip[h];
+            for (int j = 0; j < P; j++) yr[j] += d * xr[j];
+        }
+    return HYLA_OK;
+}

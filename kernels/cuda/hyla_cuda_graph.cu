@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_cuda_dla.h"
 #include "hyla_cuda_extra.h"
 #include "hyla_cuda_impl.h"
 
@@ -1380,6 +1381,11 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_ssd_prefill,
     g_ssd_decode,
     g_ssd_norm,
+    /* DLA, Mamba2's gates and skip (hyla_cuda_dla.cu; not logged: each flushes the log) */
+    cu_dla_prefill,
+    cu_dla_decode,
+    cu_ssd_gates,
+    cu_ssd_skip,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

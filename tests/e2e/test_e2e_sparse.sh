@@ -5,7 +5,8 @@
 #                    retained tokens per KV head, so the document evicts, retains and replaces;
 #   lansa:           GDN and NSA layers 1:1; blocks of 8 tokens, 4 selected, a window of 16;
 #   dla-gdn:         dynamic linear attention over GDN with a capacity of 4 states per head and
-#                    a threshold of 1.4 (tokens both merge into the newest state and open one).
+#                    a threshold of 1.4 (tokens both merge into the newest state and open one);
+#   dla-mamba2:      the same over Mamba2.
 # Checks:
 #   (a) 64 tokens uninterrupted == 32 + Pause + Resume on the other worker + 32;
 #   (m) + Migrate back to the first worker + 32 more == the uninterrupted run;
@@ -21,7 +22,7 @@ e2e_init "$ARCH"
 case "$ARCH" in
   lalte) e2e_make_model "$E2E_DIR/model" lalte 4 --window 16 --sink 2 --budget 6 ;;
   lansa) e2e_make_model "$E2E_DIR/model" lansa 4 --window 16 --block-size 8 --block-counts 4 ;;
-  dla-gdn) e2e_make_model "$E2E_DIR/model" dla-gdn 4 --dla-capacity 4 --dla-threshold 1.4 ;;
+  dla-gdn | dla-mamba2) e2e_make_model "$E2E_DIR/model" "$ARCH" 4 --dla-capacity 4 --dla-threshold 1.4 ;;
   *) e2e_fail "unknown HYLA_E2E_ARCH '$ARCH'"; e2e_done ;;
 esac
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done

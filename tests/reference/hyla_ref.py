@@ -18,8 +18,10 @@ What it holds:
       NSA (flash-linear-attention's nsa layer; mean-pooled compression, block selection,
       window, gates) [NSA-1..4];
       ssd_recurrent / ssd_chunked           Mamba2 [M2-1..3] and its SSD chunked form (C = 64)
-      DLA over GDN (dla-dynamic-linear-attention.txt, Algorithms 1-2): the state cache, token
-      by token, with every choice of docs/MODELS.md 4.7 [DLA-1..5];
+      DLA over GDN and over Mamba2 (dla-dynamic-linear-attention.txt, Algorithms 1-2): the
+      state cache, token by token, with every choice of docs/MODELS.md 4.7 [DLA-1..5], and the
+      margin of every merge/open decision (make_fixtures.py keeps fixtures whose decisions
+      fp32 rounding cannot flip);
   * a Session that holds per-layer state, prefills a prompt (recurrent or chunked) and
     decodes greedily, one token at a time, always by the recurrence.
 
@@ -444,7 +446,8 @@ def dla_recurrent(q, k, v, g, erase, write, lam, cache, scale, K, tau, margins):
                 if len(c["S"]) == K:
                     dens = [(c["I"][i] + c["I"][i + 1]) / (c["n"][i] + c["n"][i + 1]) for i in range(K - 1)]
                     b = min(range(K - 1), key=lambda i: (dens[i], i))
-                    margins.append(sorted(dens)[1] - sorted(dens)[0])
+                    if len(dens) > 1:  # the pick among two or more pairs could flip
+                        margins.append(sorted(dens)[1] - sorted(dens)[0])
                     c["S"][b] = c["S"][b] + c["S"].pop(b + 1)
                     c["n"][b] += c["n"].pop(b + 1)
                     c["I"][b] += c["I"].pop(b + 1)
@@ -461,7 +464,7 @@ def dla_recurrent(q, k, v, g, erase, write, lam, cache, scale, K, tau, margins):
 
 
 class DLAGDNLayer(GDNLayer):
-    """Dynamic linear attention over gated DeltaNet (docs/MODELS.md 4.6): the GDN projections and
+    """Dynamic linear attention over gated DeltaNet (docs/MODELS.md 4.7): the GDN projections and
     output stage, the state cache of dla-dynamic-linear-attention.txt in place of one state."""
     kind = "dla-gdn"
 
@@ -898,6 +901,47 @@ class Mamba2Layer:
         return linear(u, self.wo, self.bo)
 
 
+class DLAMamba2Layer(Mamba2Layer):
+    """Dynamic linear attention over Mamba2 (docs/MODELS.md 4.7): Mamba2's projections, conv and
+    output stage, the state cache in place of one SSD state. The transition is Mamba2's scalar
+    decay per head with no erase: q = C, k = B of the head's group, v = x, g = a, w = dt', scale 1;
+    the D skip is added to the cache's read."""
+    kind = "dla-mamba2"
+
+    def __init__(self, cfg, W, p, D):
+        super().__init__(cfg, W, p, D)
+        self.cap = cfg.get("dla_capacity", 30)
+        self.tau = cfg.get("dla_threshold", 0.6)
+        self.wl = W(p + "l_proj.weight", (self.H * self.cap, D))
+        self.bl = W(p + "l_proj.bias", (self.H * self.cap,))
+        self.margins = []
+
+    def init_state(self, dt):
+        st = super().init_state(dt)
+        del st["S"]
+        st["cache"] = [{"S": [], "n": [], "I": []} for _ in range(self.H)]
+        return st
+
+    def __call__(self, x, st, pos0, mode):
+        T, I, N, G, H, P = x.shape[0], self.I, self.N, self.G, self.H, self.P
+        zxd = linear(x, self.win, self.bin)
+        z, xbc, dt = zxd[:, :I], zxd[:, I:I + self.Cc], zxd[:, I + self.Cc:]
+        xbc, st["conv"] = short_conv(xbc, self.cw, self.cb, st["conv"])
+        xs = xbc[:, :I].reshape(T, H, P)
+        rep = H // G
+        Bm = xbc[:, I:I + G * N].reshape(T, G, N).repeat_interleave(rep, dim=1)
+        Cm = xbc[:, I + G * N:].reshape(T, G, N).repeat_interleave(rep, dim=1)
+        dtp = torch.clamp(torch.nn.functional.softplus(dt + self.dt_bias), self.lo, self.hi)   # [M2-1]
+        a = -torch.exp(self.A_log) * dtp
+        lam = linear(x, self.wl, self.bl).view(T, H, self.cap)
+        y = dla_recurrent(Cm, Bm, xs, a, torch.zeros_like(a), dtp, lam, st["cache"], 1.0, self.cap, self.tau,
+                          self.margins)
+        y = y + self.Dsk[:, None] * xs                                                         # [M2-2]
+        u = y.reshape(T, I) * torch.nn.functional.silu(z)                                      # [M2-3]
+        u = rmsnorm(u.view(T, self.ng, I // self.ng), None, self.eps).reshape(T, I) * self.nw
+        return linear(u, self.wo, self.bo)
+
+
 # ----------------------------------------------------------------------------------------
 # model and session
 # ----------------------------------------------------------------------------------------
@@ -927,12 +971,13 @@ class Model:
         self.cfg, self.dtype = cfg, dtype
         W = Weights(raw, dtype)
         mt = cfg["model_type"]
-        if mt not in ("gla", "gated_deltanet", "transformer", "sse", "nsa", "mamba2", "dla_gated_deltanet"):
+        if mt not in ("gla", "gated_deltanet", "transformer", "sse", "nsa", "mamba2", "dla_gated_deltanet", "dla_mamba2"):
             raise ValueError("unknown model_type %r" % mt)
         D, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
         self.D, self.V, self.L = D, V, L
         self.eps = cfg.get("norm_eps", 1e-6)
-        if mt == "mamba2":  # Mamba2 (MODELS.md 4.6): its own layout, mixer-only layers
+        m2 = mt in ("mamba2", "dla_mamba2")  # the Mamba2 family (MODELS.md 4.6): its own layout
+        if m2:
             self.eps = cfg.get("layer_norm_epsilon", 1e-5)
         if cfg.get("hidden_act", "swish") not in ("swish", "silu"):
             raise ValueError("hidden_act must be swish")
@@ -941,7 +986,6 @@ class Model:
             F = int(D * cfg.get("hidden_ratio", 4) * 2 / 3)
             F = 256 * ((F + 255) // 256)
         self.F = F
-        m2 = mt == "mamba2"
         self.emb = W("backbone.embeddings.weight" if m2 else "model.embeddings.weight", (V, D))
         attn_of = {}
         for spec in attn_specs(cfg):
@@ -968,7 +1012,8 @@ class Model:
             if m2:
                 p = "backbone.layers.%d." % i
                 pa = p + "mixer."
-                mix = AttnLayer(attn_of[i], W, pa, D, False) if i in attn_of else Mamba2Layer(cfg_of.get(i, cfg), W, pa, D)
+                m2cls = DLAMamba2Layer if mt == "dla_mamba2" else Mamba2Layer
+                mix = AttnLayer(attn_of[i], W, pa, D, False) if i in attn_of else m2cls(cfg_of.get(i, cfg), W, pa, D)
                 self.layers.append({"mixer": mix, "attn_norm": W(p + "norm.weight", (D,)), "mlp_norm": None})
                 continue
             if mt == "transformer":
@@ -1082,6 +1127,9 @@ def main():
         print("warning: unused tensor %s" % n, file=sys.stderr)
     prompt = [int(t) for t in a.prompt_ids.split()]
     plog, out, _ = generate(model, prompt, a.max_tokens, a.prefill)
+    margins = model.route_margins()
+    if margins:  # SSE routing, NSA selection, DLA merge/open: how far the closest decision was from flipping
+        print("smallest decision margin: %.3g (%d decisions)" % (min(margins), len(margins)), file=sys.stderr)
     if a.dump_logits:
         plog.astype("<f4").tofile(a.dump_logits)
     if a.ids:

@@ -4,6 +4,8 @@
   * GLA chunked form == GLA recurrence; GDN WY chunked form == gated delta recurrence; Mamba2's
     SSD chunked form == its recurrence (random inputs, nonzero initial state, chunk boundaries
     at absolute positions);
+  * DLA over GDN and over Mamba2: with every lambda = 1 the state cache reads the base's
+    output (gated delta rule, SSD) whatever the threshold;
   * SSE: token-by-token recurrence == grouped-by-partition (varlen, Algorithm 2) prefill with
     recurrent and with chunked kernels == the masking formulation (Algorithm 1: every partition
     runs over all tokens with k = q = 0 and no decay where it is not selected);
@@ -86,6 +88,38 @@ def ssd_forms():
         y2, s2 = R.ssd_chunked(x, Bm, Cm, dtp, a, Dsk, S0, pos0=pos0)
         check("ssd chunked == recurrent, T=%d pos0=%d dt x%g: y" % (T, pos0, scale), y2, y1, 1e-9)
         check("ssd chunked == recurrent, T=%d pos0=%d dt x%g: S" % (T, pos0, scale), s2, s1, 1e-9)
+
+
+def dla_forms():
+    """DLA: with every lambda = 1 the cache reads the base model's output, whatever the boundaries
+    (the transitions are linear and apply to every state): over GDN (erase = write = beta) it is
+    the gated delta rule, over Mamba2 (no erase, write dt', q = C, k = B, v = x, plus D x) SSD."""
+    g = torch.Generator().manual_seed(4)
+    T, H, dk, dv, K = 60, 2, 6, 5, 3
+    one = torch.full((T, H, K), float(np.log(np.expm1(1.0))), dtype=DT)  # softplus^-1(1)
+    for tau in (0.0, 1.0, 1.4):  # every token opens a state (full merges) / some merge / most merge
+        q = R.l2norm(torch.randn(T, H, dk, generator=g, dtype=DT))
+        k = R.l2norm(torch.randn(T, H, dk, generator=g, dtype=DT))
+        v = torch.randn(T, H, dv, generator=g, dtype=DT)
+        gg = -0.3 * torch.rand(T, H, generator=g, dtype=DT)
+        beta = torch.rand(T, H, generator=g, dtype=DT)
+        cache = [{"S": [], "n": [], "I": []} for _ in range(H)]
+        o1 = R.dla_recurrent(q, k, v, gg, beta, beta, one, cache, dk ** -0.5, K, tau, [])
+        o2, _ = R.gdn_recurrent(q, k, v, gg, beta, torch.zeros(H, dk, dv, dtype=DT), dk ** -0.5)
+        check("dla over gdn, lambda 1, tau %g == gdn" % tau, o1, o2, 1e-9)
+        x = torch.randn(T, H, dv, generator=g, dtype=DT)
+        Bm = torch.randn(T, H, dk, generator=g, dtype=DT)
+        Cm = torch.randn(T, H, dk, generator=g, dtype=DT)
+        dtp = torch.nn.functional.softplus(torch.randn(T, H, generator=g, dtype=DT))
+        a = -torch.exp(torch.randn(H, generator=g, dtype=DT))[None, :] * dtp
+        Dsk = torch.randn(H, generator=g, dtype=DT)
+        cache = [{"S": [], "n": [], "I": []} for _ in range(H)]
+        y1 = R.dla_recurrent(Cm, Bm, x, a, torch.zeros_like(a), dtp, one, cache, 1.0, K, tau, []) + Dsk[:, None] * x
+        y2, _ = R.ssd_recurrent(x, Bm, Cm, dtp, a, Dsk, torch.zeros(H, dk, dv, dtype=DT))
+        check("dla over mamba2, lambda 1, tau %g == ssd" % tau, y1, y2, 1e-9)
+        if tau == 0.0:
+            check("dla tau 0: every head's cache is full", torch.tensor(float(min(len(c["S"]) for c in cache))),
+                  torch.tensor(float(K)), 0.0)
 
 
 def sse_masked(layer, x, st):
@@ -221,6 +255,7 @@ def main():
     torch.set_num_threads(1)
     kernels()
     ssd_forms()
+    dla_forms()
     sse_forms()
     attention_props()
     models()

@@ -1,14 +1,16 @@
-/* dla.c — dynamic linear attention layers over a pluggable base (docs/MODELS.md §4.6, [DLA-1..5];
- * dla-dynamic-linear-attention.txt): model_type "dla_gated_deltanet" (kind dla-gdn).
+/* dla.c — dynamic linear attention layers over a pluggable base (docs/MODELS.md §4.7, [DLA-1..5];
+ * dla-dynamic-linear-attention.txt): model_type "dla_gated_deltanet" (kind dla-gdn) and
+ * "dla_mamba2" (kind dla-mamba2).
  *
  * The DLA part is base-independent: the keys dla_capacity (K) and dla_threshold (tau), the
  * lambda projection l_proj (H*K logits per token, softplus in the op), the four `dla` state parts
  * (states, counts, scores, states in use) and the dla_prefill / dla_decode ops. A base (struct
- * dla_base) supplies the rest: its keys, its tensors, its own state parts (conv tails), the
- * projection from the normed input to q, k, v and the per-token transition scalars (log decay g,
- * erase e, write w: every state S_i <- exp(g)(S_i - e k k^T S_i), the token's state w k v^T), and
- * the output stage. Gated DeltaNet is the base here (e = w = beta); Mamba2 (e = 0, w = dt, k = B,
- * v = x, q = C, plus its D skip) plugs in as a second dla_base and a second table.
+ * dla_base) supplies the rest: its keys, its tensors, its own state parts (conv tails), its
+ * scratch, the projection from the normed input to q, k, v and the per-token transition scalars
+ * (log decay g, erase e, write w: every state S_i <- exp(g)(S_i - e k k^T S_i), the token's state
+ * w k v^T), and the output stage. Gated DeltaNet (e = w = beta; gdn.c's keys and tensors) and
+ * Mamba2 (e = 0, w = dt, k = B, v = x, q = C, then its D skip and gated norm; mamba2.c's keys,
+ * tensors and `backbone.*` layout) are the two bases, each with its mixer table.
  *
  * Threading: as every mixer (hyla_mixer.h). */
 #include <math.h>
@@ -24,11 +26,6 @@
 
 struct dla_base;
 
-/* The gated-DeltaNet base's keys (gdn.c's). */
-typedef struct {
-    int use_short_conv, conv_size, use_gate, allow_neg_eigval;
-} dla_gdn_cfg;
-
 typedef struct {
     const struct dla_base *base;
     int H, dk, dv; /* heads, key and value dims of one state */
@@ -36,24 +33,17 @@ typedef struct {
     float tau;     /* dla_threshold */
     float scale;   /* the base's query scale (GDN: dk^-1/2; Mamba2: 1) */
     union {
-        dla_gdn_cfg gdn;
+        hyla_gdn_keys gdn;
+        hyla_m2_keys m2;
     } b;
 } dla_cfg;
-
-typedef struct {
-    hyla_weight *q, *k, *v, *o; /* [H*dk][D], [H*dk][D], [H*dv][D], [D][H*dv] */
-    hyla_weight *a_proj, *b_proj; /* [H][D] */
-    float *A_log, *dt_bias;       /* [H] */
-    hyla_weight *g_proj;          /* [H*dv][D] (use_gate) */
-    float *o_norm;                /* [dv] */
-    float *conv_w[3];             /* [C][K] q, k, v */
-} dla_gdn_w;
 
 typedef struct {
     hyla_weight *l_proj; /* [H*K][D] lambda logits, newest state first */
     float *l_bias;       /* [H*K] */
     union {
-        dla_gdn_w gdn;
+        hyla_gdn_w gdn;
+        hyla_m2_w m2;
     } b;
 } dla_w;
 
@@ -66,17 +56,20 @@ typedef struct {
                                  * erase differs from its write; GDN's does not) */
     float *lam;                 /* [R][H*K] */
     float *o;                   /* [R][H*dv] */
-    float *gate;                /* [R][H*dv] the base's output gate */
+    float *gate;                /* [R][H*dv] GDN's output gate */
+    float *zxd, *xbc;           /* [R][Din], [R][Cc] Mamba2's input projection and convolved xBC */
 } dla_scratch;
 
 /* A base model under the DLA cache. */
 typedef struct dla_base {
-    /* the base's keys into c (H, dk, dv and c->b) */
-    void (*parse)(hyla_cfg *r, json_t *obj, dla_cfg *c);
+    /* the base's keys into c (H, dk, dv, scale and c->b) */
+    void (*parse)(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, dla_cfg *c);
     /* the base's tensors, appended to ds (offsets relative to dla_w) */
     void (*tensors)(const hyla_model_config *mc, const dla_cfg *c, hyla_decls *ds);
     /* the base's parts, appended at out[*n] */
     void (*parts)(const dla_cfg *c, hyla_part_spec *out, int *n);
+    /* the base's own scratch buffers, carved after the common ones */
+    void (*scratch)(const dla_cfg *c, int R, hyla_carver *cv, dla_scratch *s);
     /* xn -> s->q, k, v, g, write; *erase: the erase scalars [R][H] (s->erase, s->write when they
      * equal the write scalars, or NULL for a base that does not erase) */
     hyla_status (*project)(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *w, dla_scratch *s,
@@ -89,56 +82,31 @@ typedef struct dla_base {
 
 /* ------------------------------------------------------------------ the gated-DeltaNet base */
 
-static void gdn_parse(hyla_cfg *r, json_t *obj, dla_cfg *c) {
-    dla_gdn_cfg *g = &c->b.gdn;
-    c->H = hyla_cfg_int(r, obj, "num_heads", 6);
-    hyla_cfg_positive(r, "num_heads", c->H);
-    if (r->st != HYLA_OK) return;
-    g->use_short_conv = hyla_cfg_bool(r, obj, "use_short_conv", 1);
-    g->conv_size = hyla_cfg_int(r, obj, "conv_size", 4);
-    g->allow_neg_eigval = hyla_cfg_bool(r, obj, "allow_neg_eigval", 0);
-    c->dk = hyla_cfg_int(r, obj, "head_dim", 256);
-    double ev = hyla_cfg_num(r, obj, "expand_v", 2.0);
-    c->dv = (int)(c->dk * ev);
-    hyla_cfg_positive(r, "head_dim", c->dk);
-    if (r->st == HYLA_OK && fabs(c->dk * ev - c->dv) > 1e-6)
-        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "head_dim*expand_v must be an integer");
-    if (hyla_cfg_int(r, obj, "num_v_heads", c->H) != c->H)
-        hyla_cfg_refuse(r, "num_v_heads", "num_v_heads != num_heads is not supported");
-    g->use_gate = hyla_cfg_bool(r, obj, "use_gate", 1);
-    if (g->use_short_conv) hyla_cfg_positive(r, "conv_size", g->conv_size);
-    hyla_lin_common_keys(r, obj);
+static void gdn_parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, dla_cfg *c) {
+    (void)mc;
+    hyla_gdn_parse_keys(r, obj, &c->b.gdn);
+    c->H = c->b.gdn.H;
+    c->dk = c->b.gdn.dk;
+    c->dv = c->b.gdn.dv;
     if (c->dk > 0) c->scale = 1.0f / sqrtf((float)c->dk);
 }
 
-#define GW(field) (offsetof(dla_w, b.gdn) + offsetof(dla_gdn_w, field))
-
 static void gdn_tensors(const hyla_model_config *mc, const dla_cfg *c, hyla_decls *ds) {
-    int D = mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv;
-    hyla_decl_matrix(ds, "q_proj.weight", GW(q), H * dk, D, 1.0f);
-    hyla_decl_matrix(ds, "k_proj.weight", GW(k), H * dk, D, 1.0f);
-    hyla_decl_matrix(ds, "v_proj.weight", GW(v), H * dv, D, 1.0f);
-    if (c->b.gdn.use_short_conv) {
-        const size_t off[3] = {GW(conv_w[0]), GW(conv_w[1]), GW(conv_w[2])};
-        hyla_lin_conv_decls(ds, off, H * dk, H * dv, c->b.gdn.conv_size);
-    }
-    hyla_decl_matrix(ds, "a_proj.weight", GW(a_proj), H, D, 1.0f);
-    hyla_decl_matrix(ds, "b_proj.weight", GW(b_proj), H, D, 1.0f);
-    hyla_decl(ds, "A_log", HYLA_TENSOR_VECTOR, GW(A_log), 1, H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
-    hyla_decl(ds, "dt_bias", HYLA_TENSOR_VECTOR, GW(dt_bias), 1, H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
-    if (c->b.gdn.use_gate) hyla_decl_matrix(ds, "g_proj.weight", GW(g_proj), H * dv, D, 1.0f);
-    hyla_decl_vector(ds, "o_norm.weight", GW(o_norm), dv, 1.0f, 0.1f);
-    hyla_decl_matrix(ds, "o_proj.weight", GW(o), D, H * dv, 0.5f);
+    hyla_gdn_decls(ds, &c->b.gdn, mc->hidden_size, offsetof(dla_w, b.gdn));
 }
 
 static void gdn_parts(const dla_cfg *c, hyla_part_spec *out, int *n) {
     if (c->b.gdn.use_short_conv) hyla_lin_conv_parts(out, n, c->H * c->dk, c->H * c->dv, c->b.gdn.conv_size);
 }
 
+static void gdn_scratch(const dla_cfg *c, int R, hyla_carver *cv, dla_scratch *s) {
+    s->gate = hyla_carve_f32(cv, (size_t)R * c->H * c->dv);
+}
+
 /* [GDN-1..2] as gdn.c: projections, short conv, l2-normalised q and k, gates; e = w = beta */
 static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s,
                                const float **erase) {
-    const dla_gdn_w *w = &wp->b.gdn;
+    const hyla_gdn_w *w = &wp->b.gdn;
     const hyla_ops *o = f->o;
     void *ctx = f->ctx;
     int D = f->mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv, R = f->R;
@@ -171,7 +139,7 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
 }
 
 static hyla_status gdn_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s) {
-    const dla_gdn_w *w = &wp->b.gdn;
+    const hyla_gdn_w *w = &wp->b.gdn;
     /* [NORM-1] per head, then o_proj */
     HYLA_TRY(f->o->gated_rmsnorm(f->ctx, s->o, w->g_proj ? s->gate : NULL, w->o_norm, s->o, f->R * c->H, c->dv,
                                  f->mc->norm_eps));
@@ -180,22 +148,86 @@ static hyla_status gdn_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const d
     return HYLA_OK;
 }
 
-static const char *gdn_mk_config(json_t *obj, const hyla_mk_args *a) {
-    int dk = a->head_dim > 0 ? a->head_dim : a->hidden / a->heads;
-    json_object_set_new(obj, "head_dim", json_integer(dk));
-    json_object_set_new(obj, "expand_v", json_real(2.0));
-    json_object_set_new(obj, "use_gate", json_true());
-    json_object_set_new(obj, "use_short_conv", json_boolean(a->short_conv != 0));
-    json_object_set_new(obj, "conv_size", json_integer(4));
-    return NULL;
+static const dla_base dla_base_gdn = {gdn_parse,   gdn_tensors, gdn_parts,         gdn_scratch,
+                                     gdn_project, gdn_finish,  hyla_gdn_mk_config};
+
+/* ------------------------------------------------------------------ the Mamba2 base */
+
+/* Mamba2's keys; a state is [N][P] (dk = N, dv = P, mamba2.c's [H][N][P] layout), scale 1. */
+static void m2_parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, dla_cfg *c) {
+    hyla_m2_parse_keys(r, obj, mc->hidden_size, &c->b.m2);
+    c->H = c->b.m2.H;
+    c->dk = c->b.m2.N;
+    c->dv = c->b.m2.P;
+    c->scale = 1.0f;
 }
 
-static const dla_base dla_base_gdn = {gdn_parse, gdn_tensors, gdn_parts, gdn_project, gdn_finish, gdn_mk_config};
+static void m2_tensors(const hyla_model_config *mc, const dla_cfg *c, hyla_decls *ds) {
+    hyla_m2_decls(ds, &c->b.m2, mc->hidden_size, offsetof(dla_w, b.m2));
+}
+
+static void m2_parts(const dla_cfg *c, hyla_part_spec *out, int *n) {
+    const hyla_m2_keys *m = &c->b.m2;
+    if (m->K > 1)
+        out[(*n)++] = (hyla_part_spec){"conv_xbc", HYLA_PART_RECURRENT, HYLA_DT_F32, 2, {(uint64_t)m->K - 1, (uint64_t)m->Cc}, 0};
+}
+
+static void m2_scratch(const dla_cfg *c, int R, hyla_carver *cv, dla_scratch *s) {
+    s->zxd = hyla_carve_f32(cv, (size_t)R * c->b.m2.Din);
+    s->xbc = hyla_carve_f32(cv, (size_t)R * c->b.m2.Cc);
+}
+
+/* [M2-1] as mamba2.c up to the scan: in_proj -> [z | xBC | dt], conv + silu on xBC; then per head
+ * q = C and k = B of the head's group, v = x, g = a, w = dt'; no erase. */
+static hyla_status m2_project(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s,
+                              const float **erase) {
+    const hyla_m2_keys *m = &c->b.m2;
+    const hyla_m2_w *w = &wp->b.m2;
+    const hyla_ops *o = f->o;
+    void *ctx = f->ctx;
+    int R = f->R, H = m->H, N = m->N, I = m->I, GN = m->G * m->N;
+    HYLA_TRY(hyla_mixer_linear(f, f->xn, f->mc->hidden_size, w->in_proj, w->in_bias, s->zxd, m->Din, 0));
+    HYLA_MIXER_MARK(f, "lin: in proj");
+    HYLA_TRY(o->copy2d(ctx, s->xbc, m->Cc, s->zxd + I, m->Din, R, m->Cc));
+    if (f->decode) {
+        void *const *tails = m->K > 1 ? hyla_mixer_gather(f, 0, PART_BASE) : NULL;
+        HYLA_TRY(o->short_conv(ctx, s->xbc, R, 1, m->Cc, w->conv_w, w->conv_b, m->K, (float *const *)tails, 1));
+    } else {
+        float *tail = m->K > 1 ? f->st[0]->part[PART_BASE].dev : NULL;
+        HYLA_TRY(o->short_conv(ctx, s->xbc, 1, R, m->Cc, w->conv_w, w->conv_b, m->K, &tail, 1));
+    }
+    HYLA_TRY(o->copy2d(ctx, s->v, I, s->xbc, m->Cc, R, I));
+    for (int h = 0; h < H; h++) {
+        int g = h / (H / m->G);
+        HYLA_TRY(o->copy2d(ctx, s->k + (size_t)h * N, H * N, s->xbc + I + (size_t)g * N, m->Cc, R, N));
+        HYLA_TRY(o->copy2d(ctx, s->q + (size_t)h * N, H * N, s->xbc + I + GN + (size_t)g * N, m->Cc, R, N));
+    }
+    HYLA_TRY(o->ssd_gates(ctx, s->zxd + I + m->Cc, m->Din, w->dt_bias, w->A_log, m->dt_min, m->dt_max, R, H, s->g,
+                          s->write));
+    HYLA_MIXER_MARK(f, "mamba2: conv, gates");
+    *erase = NULL;
+    return HYLA_OK;
+}
+
+/* [M2-2]'s D skip, [M2-3] gated norm with z, out_proj */
+static hyla_status m2_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s) {
+    const hyla_m2_keys *m = &c->b.m2;
+    const hyla_m2_w *w = &wp->b.m2;
+    HYLA_TRY(f->o->ssd_skip(f->ctx, s->o, s->xbc, m->Cc, w->Dskip, f->R, m->H, m->P));
+    HYLA_TRY(f->o->ssd_norm(f->ctx, s->o, s->zxd, m->Din, w->norm, s->o, f->R, m->norm_groups, m->I / m->norm_groups,
+                            f->mc->norm_eps));
+    HYLA_TRY(hyla_mixer_linear(f, s->o, m->I, w->out_proj, w->out_bias, f->out, f->mc->hidden_size, 0));
+    HYLA_MIXER_MARK(f, "lin: out norm, out proj");
+    return HYLA_OK;
+}
+
+static const dla_base dla_base_m2 = {m2_parse,   m2_tensors, m2_parts,         m2_scratch,
+                                    m2_project, m2_finish,  hyla_m2_mk_config};
 
 /* ------------------------------------------------------------------ the DLA part */
 
-static void parse_common(hyla_cfg *r, json_t *obj, dla_cfg *c) {
-    c->base->parse(r, obj, c);
+static void parse_common(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, dla_cfg *c) {
+    c->base->parse(r, obj, mc, c);
     if (r->st != HYLA_OK) return;
     c->K = hyla_cfg_int(r, obj, "dla_capacity", DLA_DEFAULT_CAPACITY);
     if (r->st == HYLA_OK && c->K < 2) hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key 'dla_capacity': %d, want >= 2", c->K);
@@ -206,10 +238,15 @@ static void parse_common(hyla_cfg *r, json_t *obj, dla_cfg *c) {
 }
 
 static void parse_gdn(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
-    (void)mc;
     dla_cfg *c = cfgp;
     c->base = &dla_base_gdn;
-    parse_common(r, obj, c);
+    parse_common(r, obj, mc, c);
+}
+
+static void parse_m2(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
+    dla_cfg *c = cfgp;
+    c->base = &dla_base_m2;
+    parse_common(r, obj, mc, c);
 }
 
 static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
@@ -248,7 +285,7 @@ static size_t layout(const dla_cfg *c, int R, void *base, dla_scratch *s) {
     s->write = hyla_carve_f32(&cv, rh);
     s->lam = hyla_carve_f32(&cv, rh * (size_t)c->K);
     s->o = hyla_carve_f32(&cv, vo);
-    s->gate = hyla_carve_f32(&cv, vo);
+    c->base->scratch(c, R, &cv, s);
     return cv.off;
 }
 
@@ -266,8 +303,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     const dla_cfg *c = f->cfg;
     const dla_w *w = f->w;
     const hyla_ops *o = f->o;
-    if (!o->dla_prefill || !o->dla_decode)
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "the %s backend has no DLA ops (dla layers run on the cpu backend)", o->name);
+    if (!o->dla_prefill || !o->dla_decode || (c->base == &dla_base_m2 && (!o->ssd_gates || !o->ssd_skip)))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "the %s backend lacks the ops of %s layers", o->name,
+                         c->base == &dla_base_m2 ? "dla-mamba2" : "dla-gdn");
     int R = f->R;
     dla_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
@@ -298,6 +336,7 @@ static const char *mk_config_common(json_t *obj, const hyla_mk_args *a, const dl
 }
 
 static const char *mk_config_gdn(json_t *obj, const hyla_mk_args *a) { return mk_config_common(obj, a, &dla_base_gdn); }
+static const char *mk_config_m2(json_t *obj, const hyla_mk_args *a) { return mk_config_common(obj, a, &dla_base_m2); }
 
 const hyla_mixer hyla_mixer_dla_gdn = {
     .name = "dla-gdn",
@@ -313,4 +352,20 @@ const hyla_mixer hyla_mixer_dla_gdn = {
     .scratch_bytes = scratch_bytes,
     .forward = forward,
     .mk_config = mk_config_gdn,
+};
+
+const hyla_mixer hyla_mixer_dla_mamba2 = {
+    .name = "dla-mamba2",
+    .model_type = "dla_mamba2",
+    .spec_key = NULL,
+    .layout = &hyla_m2_layout,
+    .parse_model = hyla_m2_parse_model,
+    .cfg_size = sizeof(dla_cfg),
+    .w_size = sizeof(dla_w),
+    .parse = parse_m2,
+    .tensors = tensors,
+    .parts = parts,
+    .scratch_bytes = scratch_bytes,
+    .forward = forward,
+    .mk_config = mk_config_m2,
 };

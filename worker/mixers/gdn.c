@@ -1,6 +1,7 @@
 /* gdn.c — Gated DeltaNet layers (model_type "gated_deltanet"; docs/MODELS.md §4.2, [GDN-1..3]).
  *
- * Keys and tensors as flash-linear-attention's GatedDeltaNet layer names them. State: S
+ * Keys and tensors as flash-linear-attention's GatedDeltaNet layer names them (parsed and declared
+ * by the hyla_gdn_* functions here, which dla.c's GDN base calls too). State: S
  * [H][dk][dv] fp32 and, with use_short_conv (the default), the conv tails. Forward: q, k, v in one
  * projection call, a, b and the output gate in a second, short conv (silu inside; plain silu
  * without the conv), l2-normalised q and k, the gates g = -exp(A_log) softplus(a + dt_bias) and
@@ -13,25 +14,12 @@
 #include "hyla_linattn.h"
 #include "hyla_profile.h"
 
-typedef struct {
-    int H, dk, dv;
-    int use_short_conv, conv_size, use_gate, allow_neg_eigval;
-} gdn_cfg;
-
-typedef struct {
-    hyla_weight *q, *k, *v, *o; /* [H*dk][D], [H*dk][D], [H*dv][D], [D][H*dv] */
-    hyla_weight *a_proj, *b_proj; /* [H][D] */
-    float *A_log, *dt_bias;       /* [H] */
-    hyla_weight *g_proj;          /* [H*dv][D] (use_gate) */
-    float *o_norm;                /* [dv] */
-    float *conv_w[3];             /* [C][K] q, k, v */
-} gdn_w;
+typedef hyla_gdn_keys gdn_cfg;
+typedef hyla_gdn_w gdn_w;
 
 enum { PART_S = 0, PART_CONV = 1 };
 
-static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
-    (void)mc;
-    gdn_cfg *c = cfgp;
+void hyla_gdn_parse_keys(hyla_cfg *r, json_t *obj, hyla_gdn_keys *c) {
     c->H = hyla_cfg_int(r, obj, "num_heads", 6);
     hyla_cfg_positive(r, "num_heads", c->H);
     if (r->st != HYLA_OK) return;
@@ -51,24 +39,36 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
     hyla_lin_common_keys(r, obj);
 }
 
-static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
-    const gdn_cfg *c = cfgp;
-    int D = mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv;
-    hyla_decls ds = hyla_decls_init(out, mc, layer);
-    hyla_decl_matrix(&ds, "q_proj.weight", offsetof(gdn_w, q), H * dk, D, 1.0f);
-    hyla_decl_matrix(&ds, "k_proj.weight", offsetof(gdn_w, k), H * dk, D, 1.0f);
-    hyla_decl_matrix(&ds, "v_proj.weight", offsetof(gdn_w, v), H * dv, D, 1.0f);
+#define GW(field) (at + offsetof(hyla_gdn_w, field))
+
+void hyla_gdn_decls(hyla_decls *ds, const hyla_gdn_keys *c, int D, size_t at) {
+    int H = c->H, dk = c->dk, dv = c->dv;
+    hyla_decl_matrix(ds, "q_proj.weight", GW(q), H * dk, D, 1.0f);
+    hyla_decl_matrix(ds, "k_proj.weight", GW(k), H * dk, D, 1.0f);
+    hyla_decl_matrix(ds, "v_proj.weight", GW(v), H * dv, D, 1.0f);
     if (c->use_short_conv) {
-        const size_t off[3] = {offsetof(gdn_w, conv_w[0]), offsetof(gdn_w, conv_w[1]), offsetof(gdn_w, conv_w[2])};
-        hyla_lin_conv_decls(&ds, off, H * dk, H * dv, c->conv_size);
+        const size_t off[3] = {GW(conv_w[0]), GW(conv_w[1]), GW(conv_w[2])};
+        hyla_lin_conv_decls(ds, off, H * dk, H * dv, c->conv_size);
     }
-    hyla_decl_matrix(&ds, "a_proj.weight", offsetof(gdn_w, a_proj), H, D, 1.0f);
-    hyla_decl_matrix(&ds, "b_proj.weight", offsetof(gdn_w, b_proj), H, D, 1.0f);
-    hyla_decl(&ds, "A_log", HYLA_TENSOR_VECTOR, offsetof(gdn_w, A_log), 1, H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
-    hyla_decl(&ds, "dt_bias", HYLA_TENSOR_VECTOR, offsetof(gdn_w, dt_bias), 1, H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
-    if (c->use_gate) hyla_decl_matrix(&ds, "g_proj.weight", offsetof(gdn_w, g_proj), H * dv, D, 1.0f);
-    hyla_decl_vector(&ds, "o_norm.weight", offsetof(gdn_w, o_norm), dv, 1.0f, 0.1f);
-    hyla_decl_matrix(&ds, "o_proj.weight", offsetof(gdn_w, o), D, H * dv, 0.5f);
+    hyla_decl_matrix(ds, "a_proj.weight", GW(a_proj), H, D, 1.0f);
+    hyla_decl_matrix(ds, "b_proj.weight", GW(b_proj), H, D, 1.0f);
+    hyla_decl(ds, "A_log", HYLA_TENSOR_VECTOR, GW(A_log), 1, H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
+    hyla_decl(ds, "dt_bias", HYLA_TENSOR_VECTOR, GW(dt_bias), 1, H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
+    if (c->use_gate) hyla_decl_matrix(ds, "g_proj.weight", GW(g_proj), H * dv, D, 1.0f);
+    hyla_decl_vector(ds, "o_norm.weight", GW(o_norm), dv, 1.0f, 0.1f);
+    hyla_decl_matrix(ds, "o_proj.weight", GW(o), D, H * dv, 0.5f);
+}
+
+#undef GW
+
+static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
+    (void)mc;
+    hyla_gdn_parse_keys(r, obj, cfgp);
+}
+
+static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
+    hyla_decls ds = hyla_decls_init(out, mc, layer);
+    hyla_gdn_decls(&ds, cfgp, mc->hidden_size, 0);
     return ds.n;
 }
 
@@ -157,7 +157,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     return HYLA_OK;
 }
 
-static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
+const char *hyla_gdn_mk_config(json_t *obj, const hyla_mk_args *a) {
     int dk = a->head_dim > 0 ? a->head_dim : a->hidden / a->heads;
     json_object_set_new(obj, "head_dim", json_integer(dk));
     json_object_set_new(obj, "expand_v", json_real(2.0));
@@ -180,5 +180,5 @@ const hyla_mixer hyla_mixer_gdn = {
     .parts = parts,
     .scratch_bytes = scratch_bytes,
     .forward = forward,
-    .mk_config = mk_config,
+    .mk_config = hyla_gdn_mk_config,
 };

@@ -1,6 +1,7 @@
-/* hyla_linattn.h — pieces the linear-attention mixers (gla, gdn, sse) share: the common config
- * keys, the short causal convolution of q, k, v with its carried tails, and the output norm +
- * projection. Private to worker/mixers/. */
+/* hyla_linattn.h — pieces the linear-attention mixers (gla, gdn, sse, mamba2, dla) share: the common
+ * config keys, the short causal convolution of q, k, v with its carried tails, and the keys,
+ * weights, tensors and hyla-mkmodel keys of gated DeltaNet (gdn.c) and Mamba2 (mamba2.c), which
+ * the DLA bases (dla.c) reuse. Private to worker/mixers/. */
 #ifndef HYLA_LINATTN_H
 #define HYLA_LINATTN_H
 
@@ -16,5 +17,60 @@ hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, flo
                                 float *const conv_w[3], int K, int part0);
 /* Refuse what no linear mixer implements (conv_bias). */
 void hyla_lin_common_keys(hyla_cfg *r, json_t *obj);
+
+/* Gated DeltaNet's keys (docs/MODELS.md §4.2). */
+typedef struct {
+    int H, dk, dv; /* num_heads, head_dim, head_dim * expand_v */
+    int use_short_conv, conv_size, use_gate, allow_neg_eigval;
+} hyla_gdn_keys;
+
+/* Gated DeltaNet's weights, named as flash-linear-attention's GatedDeltaNet layer names them. */
+typedef struct {
+    hyla_weight *q, *k, *v, *o;   /* [H*dk][D], [H*dk][D], [H*dv][D], [D][H*dv] */
+    hyla_weight *a_proj, *b_proj; /* [H][D] */
+    float *A_log, *dt_bias;       /* [H] */
+    hyla_weight *g_proj;          /* [H*dv][D] (use_gate) */
+    float *o_norm;                /* [dv] */
+    float *conv_w[3];             /* [C][K] q, k, v */
+} hyla_gdn_w;
+
+/* Reads GDN's keys from obj into *k (failures in r). */
+void hyla_gdn_parse_keys(hyla_cfg *r, json_t *obj, hyla_gdn_keys *k);
+/* Declares GDN's tensors for a hyla_gdn_w at byte offset `at` of the layer's weight struct. */
+void hyla_gdn_decls(hyla_decls *ds, const hyla_gdn_keys *k, int D, size_t at);
+/* hyla-mkmodel's GDN keys into obj; NULL (no refusal). */
+const char *hyla_gdn_mk_config(json_t *obj, const hyla_mk_args *a);
+
+/* Mamba2's keys (docs/MODELS.md §4.6). */
+typedef struct {
+    int H, P, N, G, K; /* heads, head dim, state size, groups, conv kernel */
+    int I, Cc, Din;    /* H*P; conv channels I + 2GN; in_proj rows 2I + 2GN + H */
+    int use_conv_bias, use_bias;
+    int norm_groups;      /* groups of the gated RMSNorm: G (FLA, mamba_ssm) or 1 (transformers) */
+    float dt_min, dt_max; /* time_step_limit */
+} hyla_m2_keys;
+
+/* Mamba2's weights, named as transformers' Mamba2 mixer names them. */
+typedef struct {
+    hyla_weight *in_proj;           /* [Din][D] */
+    float *in_bias;                 /* [Din] (use_bias) */
+    float *conv_w;                  /* [Cc][1][K] */
+    float *conv_b;                  /* [Cc] (use_conv_bias) */
+    float *dt_bias, *A_log, *Dskip; /* [H] */
+    float *norm;                    /* [I] */
+    hyla_weight *out_proj;          /* [D][I] */
+    float *out_bias;                /* [D] (use_bias) */
+} hyla_m2_w;
+
+/* The family's layout: `backbone.*` names, mixer-only layers. */
+extern const hyla_layout hyla_m2_layout;
+/* The family's model-level keys (layer_norm_epsilon). */
+void hyla_m2_parse_model(hyla_cfg *r, json_t *root, hyla_model_config *mc);
+/* Reads Mamba2's keys from obj (hidden size D) into *k (failures in r). */
+void hyla_m2_parse_keys(hyla_cfg *r, json_t *obj, int D, hyla_m2_keys *k);
+/* Declares Mamba2's tensors for a hyla_m2_w at byte offset `at` of the layer's weight struct. */
+void hyla_m2_decls(hyla_decls *ds, const hyla_m2_keys *k, int D, size_t at);
+/* hyla-mkmodel's Mamba2 keys into obj; NULL or why the arguments do not fit. */
+const char *hyla_m2_mk_config(json_t *obj, const hyla_mk_args *a);
 
 #endif

@@ -15,6 +15,7 @@ extern const hyla_mixer hyla_mixer_lte, hyla_mixer_nsa;
 extern const hyla_mixer hyla_mixer_mamba2;
 /* dynamic linear attention (DLA) kinds */
 extern const hyla_mixer hyla_mixer_dla_gdn;
+extern const hyla_mixer hyla_mixer_dla_mamba2;
 
 const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_gla,
@@ -28,6 +29,7 @@ const hyla_mixer *const hyla_mixers[] = {
     &hyla_mixer_mamba2,
     /* dynamic linear attention (DLA) kinds */
     &hyla_mixer_dla_gdn,
+    &hyla_mixer_dla_mamba2,
     NULL,
 };
 

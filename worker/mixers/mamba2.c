@@ -7,37 +7,23 @@
  * state size N, B and C shared by the heads of each of G groups, D skip; gated RMSNorm with z
  * (gate before norm; over all I channels as transformers, or per group of I/G as FLA); out_proj. State: S [H][N][P] fp32 and the conv tail
  * [K-1][I + 2GN] fp32. A `statex` spec (our extension) may give listed layers another
- * state_size; an `attn` spec places softmax-attention layers (Mamba2 hybrids). */
+ * state_size; an `attn` spec places softmax-attention layers (Mamba2 hybrids). The keys, tensors,
+ * layout and hyla-mkmodel keys are the hyla_m2_* functions here, which dla.c's Mamba2 base
+ * calls too. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "hyla_mixer.h"
+#include "hyla_linattn.h"
 #include "hyla_profile.h"
 
-typedef struct {
-    int H, P, N, G, K; /* heads, head dim, state size, groups, conv kernel */
-    int I, Cc, Din;    /* H*P; conv channels I + 2GN; in_proj rows 2I + 2GN + H */
-    int use_conv_bias, use_bias;
-    int norm_groups;      /* groups of the gated RMSNorm: G (FLA, mamba_ssm) or 1 (transformers) */
-    float dt_min, dt_max; /* time_step_limit */
-} m2_cfg;
-
-typedef struct {
-    hyla_weight *in_proj;  /* [Din][D] */
-    float *in_bias;        /* [Din] (use_bias) */
-    float *conv_w;         /* [Cc][1][K] */
-    float *conv_b;         /* [Cc] (use_conv_bias) */
-    float *dt_bias, *A_log, *Dskip; /* [H] */
-    float *norm;           /* [I] */
-    hyla_weight *out_proj; /* [D][I] */
-    float *out_bias;       /* [D] (use_bias) */
-} m2_w;
+typedef hyla_m2_keys m2_cfg;
+typedef hyla_m2_w m2_w;
 
 enum { PART_S = 0, PART_CONV = 1 };
 
-static const hyla_layout m2_layout = {
+const hyla_layout hyla_m2_layout = {
     .embed = "backbone.embeddings.weight",
     .layer_norm = "backbone.layers.%d.norm.weight",
     .mixer = "backbone.layers.%d.mixer.",
@@ -48,13 +34,11 @@ static const hyla_layout m2_layout = {
 };
 
 /* The family's own name for the norm epsilon (transformers' Mamba2Config). */
-static void parse_model(hyla_cfg *r, json_t *root, hyla_model_config *mc) {
+void hyla_m2_parse_model(hyla_cfg *r, json_t *root, hyla_model_config *mc) {
     mc->norm_eps = (float)hyla_cfg_num(r, root, "layer_norm_epsilon", mc->norm_eps);
 }
 
-static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
-    m2_cfg *c = cfgp;
-    int D = mc->hidden_size;
+void hyla_m2_parse_keys(hyla_cfg *r, json_t *obj, int D, hyla_m2_keys *c) {
     c->N = hyla_cfg_int(r, obj, "state_size", 128);
     c->G = hyla_cfg_int(r, obj, "n_groups", 8);
     c->P = hyla_cfg_int(r, obj, "head_dim", 64);
@@ -104,20 +88,30 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
     c->Din = c->I + c->Cc + c->H;
 }
 
+#define MW(field) (at + offsetof(hyla_m2_w, field))
+
+void hyla_m2_decls(hyla_decls *ds, const hyla_m2_keys *c, int D, size_t at) {
+    hyla_decl_matrix(ds, "in_proj.weight", MW(in_proj), c->Din, D, 1.0f);
+    if (c->use_bias) hyla_decl_vector(ds, "in_proj.bias", MW(in_bias), c->Din, 0.0f, 0.1f);
+    hyla_decl(ds, "conv1d.weight", HYLA_TENSOR_VECTOR, MW(conv_w), 3, c->Cc, 1, c->K, HYLA_INIT_CONV, 0, 0);
+    if (c->use_conv_bias) hyla_decl_vector(ds, "conv1d.bias", MW(conv_b), c->Cc, 0.0f, 0.1f);
+    hyla_decl(ds, "dt_bias", HYLA_TENSOR_VECTOR, MW(dt_bias), 1, c->H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
+    hyla_decl(ds, "A_log", HYLA_TENSOR_VECTOR, MW(A_log), 1, c->H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
+    hyla_decl_vector(ds, "D", MW(Dskip), c->H, 1.0f, 0.5f);
+    hyla_decl_vector(ds, "norm.weight", MW(norm), c->I, 1.0f, 0.1f);
+    hyla_decl_matrix(ds, "out_proj.weight", MW(out_proj), D, c->I, 0.5f);
+    if (c->use_bias) hyla_decl_vector(ds, "out_proj.bias", MW(out_bias), D, 0.0f, 0.1f);
+}
+
+#undef MW
+
+static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *cfgp) {
+    hyla_m2_parse_keys(r, obj, mc->hidden_size, cfgp);
+}
+
 static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
-    const m2_cfg *c = cfgp;
-    int D = mc->hidden_size;
     hyla_decls ds = hyla_decls_init(out, mc, layer);
-    hyla_decl_matrix(&ds, "in_proj.weight", offsetof(m2_w, in_proj), c->Din, D, 1.0f);
-    if (c->use_bias) hyla_decl_vector(&ds, "in_proj.bias", offsetof(m2_w, in_bias), c->Din, 0.0f, 0.1f);
-    hyla_decl(&ds, "conv1d.weight", HYLA_TENSOR_VECTOR, offsetof(m2_w, conv_w), 3, c->Cc, 1, c->K, HYLA_INIT_CONV, 0, 0);
-    if (c->use_conv_bias) hyla_decl_vector(&ds, "conv1d.bias", offsetof(m2_w, conv_b), c->Cc, 0.0f, 0.1f);
-    hyla_decl(&ds, "dt_bias", HYLA_TENSOR_VECTOR, offsetof(m2_w, dt_bias), 1, c->H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
-    hyla_decl(&ds, "A_log", HYLA_TENSOR_VECTOR, offsetof(m2_w, A_log), 1, c->H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
-    hyla_decl_vector(&ds, "D", offsetof(m2_w, Dskip), c->H, 1.0f, 0.5f);
-    hyla_decl_vector(&ds, "norm.weight", offsetof(m2_w, norm), c->I, 1.0f, 0.1f);
-    hyla_decl_matrix(&ds, "out_proj.weight", offsetof(m2_w, out_proj), D, c->I, 0.5f);
-    if (c->use_bias) hyla_decl_vector(&ds, "out_proj.bias", offsetof(m2_w, out_bias), D, 0.0f, 0.1f);
+    hyla_m2_decls(&ds, cfgp, mc->hidden_size, 0);
     return ds.n;
 }
 
@@ -192,7 +186,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
 /* hyla-mkmodel: inner width 2*hidden in `heads` heads, 2 groups when the heads divide evenly;
  * state size 128 (the Mamba2 release's; StateX expands listed layers to 512); FLA's keys, so
  * the gated norm is grouped. */
-static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
+const char *hyla_m2_mk_config(json_t *obj, const hyla_mk_args *a) {
     if ((2 * a->hidden) % a->heads) return "mamba2: 2*hidden must be divisible by --heads";
     json_object_set_new(obj, "state_size", json_integer(128));
     json_object_set_new(obj, "expand", json_integer(2));
@@ -216,8 +210,8 @@ const hyla_mixer hyla_mixer_mamba2 = {
     .name = "mamba2",
     .model_type = "mamba2",
     .spec_key = NULL,
-    .layout = &m2_layout,
-    .parse_model = parse_model,
+    .layout = &hyla_m2_layout,
+    .parse_model = hyla_m2_parse_model,
     .cfg_size = sizeof(m2_cfg),
     .w_size = sizeof(m2_w),
     .parse = parse,
@@ -225,5 +219,5 @@ const hyla_mixer hyla_mixer_mamba2 = {
     .parts = parts,
     .scratch_bytes = scratch_bytes,
     .forward = forward,
-    .mk_config = mk_config,
+    .mk_config = hyla_m2_mk_config,
 };
