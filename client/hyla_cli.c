@@ -30,6 +30,7 @@ static const char *const cmd_names[HYLA_CMD_COUNT] = {
     [HYLA_CMD_MIGRATE] = "migrate", [HYLA_CMD_FORK] = "fork", [HYLA_CMD_RM] = "rm",
     [HYLA_CMD_LS] = "ls", [HYLA_CMD_SHOW] = "show", [HYLA_CMD_STATUS] = "status",
     [HYLA_CMD_DRAIN] = "drain", [HYLA_CMD_HELP] = "help", [HYLA_CMD_SNAPSHOTS] = "snapshots",
+    [HYLA_CMD_READ] = "read",
 };
 
 static const char usage_main[] =
@@ -52,6 +53,8 @@ static const char usage_main[] =
     "                           copy a session's state (or its snapshot version V) into a new\n"
     "                           one; prints its id alone\n"
     "  snapshots SESSION        list the snapshot versions kept of a session\n"
+    "  read SESSION [--from N] [-n N] [--ids]\n"
+    "                           print generated tokens again (after an interrupted generate)\n"
     "  show SESSION             describe a session\n"
     "  rm SESSION...            delete sessions and their snapshots\n"
     "  ls [--model NAME] [--all] [--ids]   list sessions\n"
@@ -244,6 +247,26 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "commit time (UTC), state bytes, stored bytes; the head is marked with *.\n"
         "`hyla resume SESSION --version V` rewinds to one, `hyla fork SESSION --version V`\n"
         "copies one into a new session.\n",
+    [HYLA_CMD_READ] =
+        "usage: hyla read SESSION [--from N] [-n N] [--ids]\n"
+        "\n"
+        "Print the session's generated tokens again, from its token log (the last 65536\n"
+        "generated tokens at least, kept in every snapshot). Text goes to stdout as `generate`\n"
+        "prints it (control bytes escaped on a terminal); stderr says which tokens they were\n"
+        "and the session's generated count. For a generate that was cut off (exit status 4, or\n"
+        "a cancel): if stderr or `hyla show` gives generated > the tokens you received, read\n"
+        "the rest with --from RECEIVED; then `generate` continues with no gap.\n"
+        "\n"
+        "  --from N            the first token wanted, counted over the session's generated\n"
+        "                      tokens (0 = its first; default 0)\n"
+        "  -n, --max-tokens N  at most N tokens (default: all, up to 65536)\n"
+        "  --ids               print token ids (space-separated, one line) instead of text\n"
+        "\n"
+        "A --from below the oldest token the log keeps fails with exit status 6 (OUT_OF_RANGE;\n"
+        "the message names the first available); a --from at or past the generated count\n"
+        "prints nothing.\n"
+        "\n"
+        "Example:  hyla read $S --from 120 --ids\n",
 };
 
 static void print_help(FILE *f, hyla_cli_cmd cmd) {
@@ -261,7 +284,7 @@ static void print_help(FILE *f, hyla_cli_cmd cmd) {
 enum {
     O_SERVER, O_TENANT, O_TIMEOUT, O_QUIET, O_HELP, O_MODEL, O_TEMPERATURE, O_TOP_K, O_TOP_P, O_SEED,
     O_ON, O_TO, O_N, O_STOP, O_STOP_ID, O_IGNORE_EOS, O_IDS, O_EVICT, O_WAIT, O_TOKENS, O_BOS,
-    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_COUNT
+    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_FROM, O_COUNT
 };
 
 #define C(x) (1u << HYLA_CMD_##x)
@@ -287,11 +310,11 @@ static const struct {
     [O_SEED] = {"seed", 0, 1, C(CREATE) | C(GENERATE) | C(FORK)},
     [O_ON] = {"on", 0, 1, C(CREATE) | C(RESUME) | C(FORK)},
     [O_TO] = {"to", 0, 1, C(MIGRATE)},
-    [O_N] = {"max-tokens", 'n', 1, C(GENERATE)},
+    [O_N] = {"max-tokens", 'n', 1, C(GENERATE) | C(READ)},
     [O_STOP] = {"stop", 0, 1, C(GENERATE)},
     [O_STOP_ID] = {"stop-id", 0, 1, C(GENERATE)},
     [O_IGNORE_EOS] = {"ignore-eos", 0, 0, C(GENERATE)},
-    [O_IDS] = {"ids", 0, 0, C(GENERATE) | C(LS)},
+    [O_IDS] = {"ids", 0, 0, C(GENERATE) | C(LS) | C(READ)},
     [O_EVICT] = {"evict", 0, 0, C(PAUSE)},
     [O_WAIT] = {"wait", 0, 0, C(DRAIN) | C(STATUS)},
     [O_TOKENS] = {"tokens", 0, 0, C(APPEND)},
@@ -299,6 +322,7 @@ static const struct {
     [O_NO_PROGRESS] = {"no-progress", 0, 0, C(APPEND)},
     [O_ALL] = {"all", 0, 0, C(LS)},
     [O_VERSION] = {"version", 0, 1, C(RESUME) | C(FORK)},
+    [O_FROM] = {"from", 0, 1, C(READ)},
 };
 
 /* Positional arguments of each command: min, max (-1: any), and their names for messages. */
@@ -320,6 +344,7 @@ static const struct {
     [HYLA_CMD_DRAIN] = {1, 1, "WORKER"},
     [HYLA_CMD_HELP] = {0, 1, "[COMMAND]"},
     [HYLA_CMD_SNAPSHOTS] = {1, 1, "SESSION"},
+    [HYLA_CMD_READ] = {1, 1, "SESSION"},
 };
 
 static hyla_cli_cmd find_cmd(const char *s) {
@@ -450,6 +475,11 @@ static void apply_opt(hyla_cli_args *a, int o, const char *name, const char *v, 
         if (!parse_u64(v, &u) || u == 0)
             set_err(err, n, have, "%s: '%s' is not a snapshot version (an integer >= 1)", name, v);
         a->version = u;
+        break;
+    case O_FROM:
+        if (!parse_u64(v, &u))
+            set_err(err, n, have, "%s: '%s' is not a token index (an integer >= 0)", name, v);
+        a->from = u;
         break;
     default: HYLA_ASSERT(!"unknown option id");
     }
@@ -1136,6 +1166,32 @@ static int cmd_snapshots(run_ctx *r) {
     return HYLA_EXIT_OK;
 }
 
+static int cmd_read(run_ctx *r) {
+    const hyla_cli_args *a = r->a;
+    hyla_read_result res;
+    hyla_status st = hyla_client_read_tokens(r->c, a->pos[0], a->from, a->has_max_tokens ? a->max_tokens : 0, &res);
+    if (st != HYLA_OK) {
+        hyla_read_result_clear(&res);
+        return fail("read", st);
+    }
+    if (a->ids) {
+        for (size_t i = 0; i < res.n_tokens; i++)
+            printf("%s%d", i ? " " : "", (int)res.token_ids[i]);
+        if (res.n_tokens)
+            fputc('\n', stdout);
+    } else if (res.text_len) {
+        write_text(res.text, res.text_len, isatty(1));
+        if (isatty(1) && res.text[res.text_len - 1] != '\n')
+            fputc('\n', stdout);
+    }
+    if (!a->quiet)
+        fprintf(stderr, "hyla: tokens %llu..%llu of %llu generated (the log keeps %llu on)\n",
+                (unsigned long long)res.from_generated, (unsigned long long)(res.from_generated + res.n_tokens),
+                (unsigned long long)res.generated, (unsigned long long)res.first_available);
+    hyla_read_result_clear(&res);
+    return HYLA_EXIT_OK;
+}
+
 static int cmd_rm(run_ctx *r) {
     int rc = HYLA_EXIT_OK;
     for (int i = 0; i < r->a->n_pos; i++) {
@@ -1440,6 +1496,7 @@ int hyla_cli_main(int argc, char **argv) {
     case HYLA_CMD_LS: rc = cmd_ls(&r); break;
     case HYLA_CMD_SHOW: rc = cmd_show(&r); break;
     case HYLA_CMD_SNAPSHOTS: rc = cmd_snapshots(&r); break;
+    case HYLA_CMD_READ: rc = cmd_read(&r); break;
     case HYLA_CMD_STATUS: rc = cmd_status(&r); break;
     case HYLA_CMD_DRAIN: rc = cmd_drain(&r); break;
     default: HYLA_ASSERT(!"unhandled command");

@@ -41,6 +41,7 @@ typedef enum {
     HYLA_CMD_DRAIN,
     HYLA_CMD_HELP,
     HYLA_CMD_SNAPSHOTS,
+    HYLA_CMD_READ,
     HYLA_CMD_COUNT
 } hyla_cli_cmd;
 
@@ -62,19 +63,20 @@ typedef struct {
     float top_p;
     uint64_t seed;
     int has_max_tokens;
-    uint32_t max_tokens;     /* generate -n */
+    uint32_t max_tokens;     /* generate -n, read -n */
     const char **stop;       /* [n_stop] generate --stop */
     size_t n_stop;
     int32_t *stop_ids;       /* [n_stop_ids] generate --stop-id */
     size_t n_stop_ids;
     int ignore_eos;          /* generate --ignore-eos */
-    int ids;                 /* generate --ids: print token ids; ls --ids: print session ids only */
+    int ids;                 /* generate/read --ids: print token ids; ls --ids: print session ids only */
     int evict, wait, tokens, bos, no_progress, all;
     const char **pos;        /* [n_pos] positional arguments after the command */
     int n_pos;
     uint64_t version;        /* resume/fork --version; 0: none (the head) */
     const char *api_key;     /* --api-key, else $HYLA_API_KEY (hyla_cli_main); NULL: none */
     const char *tls_ca;      /* --tls-ca, else $HYLA_TLS_CA (hyla_cli_main); NULL: plain */
+    uint64_t from;           /* read --from: the first generated index wanted (default 0) */
 } hyla_cli_args;
 
 /* Parse argv (argv[0] is the program). env_server / env_tenant: the values of $HYLA_SERVER and

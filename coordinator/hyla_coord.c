@@ -158,6 +158,7 @@ static const struct {
     {SVC_SESSIONS "Migrate", coord_do_migrate, 0, NULL},
     {SVC_SESSIONS "Fork", coord_do_fork, 0, NULL},
     {SVC_SESSIONS "ListSnapshots", coord_do_list_snapshots, 0, NULL},
+    {SVC_SESSIONS "ReadTokens", coord_do_read_tokens, 0, NULL},
     {SVC_SESSIONS "Generate", NULL, 0, coord_h_generate},
     {SVC_SESSIONS "Append", NULL, 0, coord_h_append},
     {SVC_CLUSTER "ListWorkers", coord_do_list_workers, 1, NULL},

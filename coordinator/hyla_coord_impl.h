@@ -231,6 +231,7 @@ void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
 void coord_do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 void coord_do_list_snapshots(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+void coord_do_read_tokens(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 
 /* ---- hyla_coord_relay.c: Generate and Append ---- */
 void coord_h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud);
