@@ -30,6 +30,7 @@ struct hyla_session {
      * log[log_head]; it grows by doubling up to HYLA_TOKEN_LOG_MAX, then wraps (log_head moves) */
     int32_t *log; /* [log_cap] */
     uint32_t log_cap, log_n, log_head;
+    uint32_t log_max; /* the runtime's token log size when the session was created */
 };
 
 #define OPS(m) (hyla_model_backend(m)->ops)
@@ -42,6 +43,7 @@ hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
     s->rt = rt;
     s->m = hyla_runtime_model(rt);
     s->pending = -1;
+    s->log_max = (uint32_t)rt->token_log;
     s->sp.temperature = 0;
     s->sp.top_k = 0;
     s->sp.top_p = 1;
@@ -67,9 +69,9 @@ void hyla_session_free(hyla_session *s) {
 /* Record a generated token in the log. Out of memory while growing: the log restarts empty
  * (a read below its start is refused; generation does not fail for it). */
 static void log_push(hyla_session *s, int32_t tok) {
-    if (s->log_n == s->log_cap && s->log_cap < HYLA_TOKEN_LOG_MAX) {
+    if (s->log_n == s->log_cap && s->log_cap < s->log_max) {
         uint32_t cap = s->log_cap ? s->log_cap * 2 : 256;
-        if (cap > HYLA_TOKEN_LOG_MAX) cap = HYLA_TOKEN_LOG_MAX;
+        if (cap > s->log_max) cap = s->log_max;
         int32_t *n = realloc(s->log, cap * sizeof *n); /* no wrap before the cap: log_head is 0 */
         if (!n) {
             s->log_n = 0;

@@ -19,7 +19,8 @@
 # The token log: ReadTokens(0) equals the twin's first `generated` tokens after every case (so it
 # survives Migrate, Pause, Pause with evict — answered from the store while paused — and a worker
 # death); beyond `generated` it is empty; another tenant is refused PERMISSION_DENIED; below the
-# log's first token (a session past HYLA_TOKEN_LOG_MAX = 65536 generated tokens) OUT_OF_RANGE.
+# log's first token OUT_OF_RANGE (a third worker, w3, runs with --token-log 64 for it, resident and
+# from the store, and is then drained).
 # Then: an Append whose second message names another session leaves the first one usable; a
 # session id with a NUL byte, a space or too many bytes is refused and acts on nothing; stop [""]
 # is refused; top_k < 0 disables top-k; position counts the same after Append, Pause and
@@ -34,6 +35,7 @@ e2e_make_model "$E2E_DIR/model"
 e2e_start_coordinator || e2e_done
 e2e_start_worker w1 "$E2E_DIR/model" || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" || e2e_done
+e2e_start_worker w3 "$E2E_DIR/model" --token-log 64 || e2e_done  # drained after the OUT_OF_RANGE check
 
 "$PY" - "$E2E_SERVER" "$E2E_SRC/proto" "w1=$(e2e_pid w1)" "w2=$(e2e_pid w2)" <<'PY' || e2e_fail "interruption checks"
 import importlib, os, shutil, sys, tempfile, threading, time
@@ -142,6 +144,27 @@ def trailer(e):
         if k == "x-hyla-tokens-delivered":
             return int(v)
     return None
+
+# OUT_OF_RANGE: a session on w3 (--token-log 64) keeps its last 64 generated tokens; then w3 is
+# drained so that no other session lands on it
+o = create(worker_hint="w3")
+append(o)
+ot = gen(o, 100)
+check(get(o).worker_ids[0] == "w3", "the small-log session is on w3")
+for where in ("resident", "in the store"):
+    r = read(o, 36, 10)
+    check(r.first_available == 36 and r.generated == 100 and list(r.token_ids) == ot[36:46],
+          "%s: a 64-token log: first_available %d, generated %d, tokens from 36 as generated" % (where,
+          r.first_available, r.generated))
+    try:
+        read(o, 35)
+        check(False, "%s: ReadTokens below first_available is refused" % where)
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.OUT_OF_RANGE and "first_available 36" in e.details(),
+              "%s: ReadTokens below first_available: OUT_OF_RANGE naming it (%s: %s)" % (where, e.code(), e.details()))
+    S.Pause(pb.PauseRequest(session_id=o, evict=True), metadata=MD)
+S.DeleteSession(pb.DeleteSessionRequest(session_id=o), metadata=MD)
+C.DrainWorker(cl.DrainWorkerRequest(worker_id="w3", wait=True))
 
 # the uninterrupted twin
 twin_id = create()
@@ -324,24 +347,6 @@ check(c == grpc.StatusCode.NOT_FOUND, "ReadTokens of an unknown session: NOT_FOU
 # a fork inherits the log
 fk = S.Fork(pb.ForkRequest(session_id=q), metadata=MD).session_id
 check(list(read(fk).token_ids) == qt, "a fork's token log is its parent's")
-
-# OUT_OF_RANGE: past HYLA_TOKEN_LOG_MAX generated tokens the log keeps the last 65536
-LOG_MAX = 65536
-o = create()
-append(o)
-ot = gen(o, LOG_MAX) + gen(o, 100)
-r = read(o, 100, 10)
-check(r.first_available == 100 and r.generated == LOG_MAX + 100 and list(r.token_ids) == ot[100:110],
-      "a full log: first_available %d, generated %d, tokens from 100 as generated" % (r.first_available, r.generated))
-try:
-    read(o, 99)
-    check(False, "ReadTokens below first_available: refused")
-except grpc.RpcError as e:
-    check(e.code() == grpc.StatusCode.OUT_OF_RANGE and "first_available 100" in e.details(),
-          "ReadTokens below first_available: OUT_OF_RANGE naming it (%s: %s)" % (e.code(), e.details()))
-r = read(o, LOG_MAX + 50)
-check(list(r.token_ids) == ot[LOG_MAX + 50:], "the last 50 tokens read back")
-S.DeleteSession(pb.DeleteSessionRequest(session_id=o), metadata=MD)
 
 # last (it leaves one worker): the owning worker dies mid-stream. The stream ends UNAVAILABLE with
 # the trailer; the session goes back to its last durable snapshot: ReadTokens (retried while the

@@ -833,6 +833,10 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return st;
     }
+    if (p->token_log && (st = hyla_runtime_set_token_log(w->rt, (int)p->token_log)) != HYLA_OK) {
+        hyla_worker_destroy(w);
+        return hyla_fail_wrap(st, "--token-log");
+    }
     if (p->prefill_piece && (st = hyla_runtime_set_prefill_piece(w->rt, p->prefill_piece)) != HYLA_OK) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");
