@@ -378,7 +378,8 @@ typedef struct {
     uint64_t from_generated;  /* as asked */
     uint64_t generated;       /* the session's Session.generated now */
     uint64_t first_available; /* the oldest generated index the log holds */
-    char *text;               /* their text, NUL-terminated ("" when the model has no tokenizer) */
+    char *text;               /* their text, NUL-terminated ("" without a tokenizer, or when read
+                                 from the store: the ids are the exact record) */
     size_t text_len;
 } hyla_read_result;
 

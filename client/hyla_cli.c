@@ -144,7 +144,9 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "If the session is paused, migrated or its worker fails mid-way, the command exits with\n"
         "status 4 and stderr says how many tokens were delivered: the session kept exactly those,\n"
         "so running generate again continues with no gap (after a worker failure, from its last\n"
-        "durable snapshot: `hyla show` gives its position).\n"
+        "durable snapshot: `hyla show` gives its generated count; drop what you received beyond\n"
+        "it). After a cancel, or a coordinator restart, the session may hold more tokens than you\n"
+        "received: `hyla read SESSION --from RECEIVED` prints them.\n"
         "\n"
         "Example:  hyla generate $S -n 64 --stop $'\\n\\n'\n",
     [HYLA_CMD_PAUSE] =
@@ -253,7 +255,8 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "Print the session's generated tokens again, from its token log (the last 65536\n"
         "generated tokens at least, kept in every snapshot). Text goes to stdout as `generate`\n"
         "prints it (control bytes escaped on a terminal); stderr says which tokens they were\n"
-        "and the session's generated count. For a generate that was cut off (exit status 4, or\n"
+        "and the session's generated count (a session paused in the store gives no text: use\n"
+        "--ids, or resume it first). For a generate that was cut off (exit status 4, or\n"
         "a cancel): if stderr or `hyla show` gives generated > the tokens you received, read\n"
         "the rest with --from RECEIVED; then `generate` continues with no gap.\n"
         "\n"
@@ -1183,6 +1186,9 @@ static int cmd_read(run_ctx *r) {
         write_text(res.text, res.text_len, isatty(1));
         if (isatty(1) && res.text[res.text_len - 1] != '\n')
             fputc('\n', stdout);
+    } else if (res.n_tokens) {
+        fprintf(stderr, "hyla read: no text for these %zu tokens (the session is in the store, or its model has no "
+                        "tokenizer); --ids prints them\n", res.n_tokens);
     }
     if (!a->quiet)
         fprintf(stderr, "hyla: tokens %llu..%llu of %llu generated (the log keeps %llu on)\n",

@@ -676,11 +676,18 @@ void coord_do_read_tokens(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMes
         hyla_rpc_result res;
         st = coord_call_worker(c, ids[0], SVC_WORKER "ReadTokens", &wq.base, &hyla__v1__read_tokens_response__descriptor,
                                &wr, &res);
-        if (st != HYLA_OK)
+        if (st == HYLA_OK) {
+            r = (const Hyla__V1__ReadTokensResponse *)wr;
+        } else if (res.code == HYLA_RPC_NOT_FOUND) { /* the worker let it go to the store (host budget) */
+            pthread_mutex_lock(&c->mu);
+            const csess *now = coord_sess_find(c, q->session_id); /* s may be gone: look it up again */
+            version = now ? now->snap.version : version;
+            pthread_mutex_unlock(&c->mu);
+            st = read_tokens_stored(c, q->session_id, version, generated, q, max, &local, &toks);
+        } else {
             st = hyla_fail(res.code == HYLA_RPC_OK ? HYLA_ERR_INTERNAL : hyla_rpc_status_from_code(res.code),
                            "ReadTokens of session %s on worker %s: %s", q->session_id, ids[0], res.message);
-        else
-            r = (const Hyla__V1__ReadTokensResponse *)wr;
+        }
     } else {
         st = read_tokens_stored(c, q->session_id, version, generated, q, max, &local, &toks);
     }

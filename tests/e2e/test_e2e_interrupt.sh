@@ -352,7 +352,8 @@ check(list(read(fk).token_ids) == qt, "a fork's token log is its parent's")
 # the trailer; the session goes back to its last durable snapshot: ReadTokens (retried while the
 # session is re-placed) says where (`generated`), the client drops what it received beyond it,
 # and Generate produces those positions again, identical, for a greedy session (d) and for a
-# seeded sampling one (e, which had finished a Generate of its own on the same worker).
+# seeded sampling one (e, which had generated 50 tokens, been paused, and generated 150 more on
+# the same worker: it goes back to 50, with the token log of that snapshot).
 import signal
 SAMPLING = cpb.SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
 ES = 200
@@ -365,8 +366,9 @@ S.Pause(pb.PauseRequest(session_id=d), metadata=MD)  # a durable snapshot at the
 owner = get(d).worker_ids[0]
 e = create(seed=9, sampling=SAMPLING, worker_hint=owner)
 append(e)
-S.Pause(pb.PauseRequest(session_id=e), metadata=MD)
-got_e = gen(e, ES)
+got_e = gen(e, 50)
+S.Pause(pb.PauseRequest(session_id=e), metadata=MD)  # durable at generated 50: its log survives the death
+got_e += gen(e, ES - 50)
 check(got_e == twin_e and get(e).worker_ids[0] == owner, "sampled session on %s: its %d tokens are its twin's"
       % (owner, ES))
 def do_kill(sid, call):
@@ -378,8 +380,8 @@ check(g <= len(got), "worker death: the session went back to its snapshot at %d 
 check(rest[:len(got) - g] == got[g:], "worker death (greedy): the %d tokens dropped come back identical" % (len(got) - g))
 check(get(d).worker_ids and get(d).worker_ids[0] != owner, "worker death: the session moved off %s" % owner)
 have_e, g_e, rest_e = continue_and_compare("worker death (sampled)", e, got_e, False, twin_e, ES)
-check(g_e < ES and rest_e[:ES - g_e] == got_e[g_e:], "worker death (sampled): back at %d, the %d tokens dropped "
-      "come back identical" % (g_e, ES - g_e))
+check(g_e == 50 and rest_e[:ES - g_e] == got_e[g_e:], "worker death (sampled): back at %d (its Pause at 50), the %d "
+      "tokens dropped come back identical" % (g_e, ES - g_e))
 
 if failures:
     print("%d check(s) failed" % len(failures), file=sys.stderr)
