@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "hyla_status.h"
@@ -396,6 +397,50 @@ void hyla_read_result_clear(hyla_read_result *r); /* accepts NULL; leaves it emp
 
 /* DeleteSession: forget the session and its snapshots. snapshots_deleted may be NULL. */
 hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, uint64_t *snapshots_deleted);
+
+/* What an export wrote. */
+typedef struct {
+    uint64_t version;   /* the session's version the file holds */
+    uint64_t position;  /* its position (tokens consumed) */
+    uint64_t bytes;     /* bytes of the file */
+    char model[128];    /* the session's model (NUL-terminated) */
+} hyla_export_info;
+
+/* ExportSession: write the session's portable snapshot file (docs/STATE_FORMAT.md §4) to out,
+ * a stream open for writing (borrowed; not closed or flushed). version 0: the current state (an
+ * active session commits it first, staying active); else a kept version (ListSnapshots). On
+ * failure part of the file may have been written to out. info may be NULL. Deadline:
+ * params.stream_timeout_ms. */
+hyla_status hyla_client_export_session(hyla_client *c, const char *session_id, uint64_t version, FILE *out,
+                                       hyla_export_info *info);
+/* The same into the file at path, written as PATH.tmp.<pid>, fsync'ed and renamed over PATH:
+ * on failure nothing at path changes. */
+hyla_status hyla_client_export_session_file(hyla_client *c, const char *session_id, uint64_t version,
+                                            const char *path, hyla_export_info *info);
+
+/* ImportSession: a new session of this client's tenant from a portable snapshot file read from
+ * in (borrowed; read to its end). session_id: the new session's id (NULL or "": the cluster
+ * chooses one). worker_hint: NULL or "": any group. The server refuses a damaged file
+ * (DATA_LOSS), a file of another model or one this build cannot read (FAILED_PRECONDITION), a
+ * taken id (ALREADY_EXISTS), a file over its --max-import-bytes or a tenant over quota
+ * (RESOURCE_EXHAUSTED); a refused import leaves nothing behind. *out (may be NULL): caller frees
+ * with hyla_session_info_clear. */
+hyla_status hyla_client_import_session(hyla_client *c, FILE *in, const char *session_id, const char *worker_hint,
+                                       hyla_session_info *out);
+/* The same from the file at path. */
+hyla_status hyla_client_import_session_file(hyla_client *c, const char *path, const char *session_id,
+                                            const char *worker_hint, hyla_session_info *out);
+
+/* A model the cluster serves now (ListModels). */
+typedef struct {
+    char name[128];         /* NUL-terminated */
+    uint64_t fingerprint;   /* what snapshot files of it record */
+    uint32_t ready_workers; /* workers serving it that are not dead */
+} hyla_model_info;
+
+/* ListModels (any valid key, tenant or operator), ordered by name. *out: caller frees with
+ * free(). */
+hyla_status hyla_client_list_models(hyla_client *c, hyla_model_info **out, size_t *n);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Cluster (operators)                                                                         */

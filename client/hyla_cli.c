@@ -30,6 +30,7 @@ static const char *const cmd_names[HYLA_CMD_COUNT] = {
     [HYLA_CMD_MIGRATE] = "migrate", [HYLA_CMD_FORK] = "fork", [HYLA_CMD_RM] = "rm",
     [HYLA_CMD_LS] = "ls", [HYLA_CMD_SHOW] = "show", [HYLA_CMD_STATUS] = "status",
     [HYLA_CMD_DRAIN] = "drain", [HYLA_CMD_HELP] = "help", [HYLA_CMD_SNAPSHOTS] = "snapshots",
+    [HYLA_CMD_EXPORT] = "export", [HYLA_CMD_IMPORT] = "import",
     [HYLA_CMD_READ] = "read",
 };
 
@@ -53,6 +54,11 @@ static const char usage_main[] =
     "                           copy a session's state (or its snapshot version V) into a new\n"
     "                           one; prints its id alone\n"
     "  snapshots SESSION        list the snapshot versions kept of a session\n"
+    "  export SESSION FILE|- [--version V]\n"
+    "                           write a session's portable snapshot file (to move it to another\n"
+    "                           cluster serving the same model)\n"
+    "  import FILE|- [--as ID] [--on WORKER]\n"
+    "                           a new session from a snapshot file; prints its id alone\n"
     "  read SESSION [--from N] [-n N] [--ids]\n"
     "                           print generated tokens again (after an interrupted generate)\n"
     "  show SESSION             describe a session\n"
@@ -249,6 +255,32 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "commit time (UTC), state bytes, stored bytes; the head is marked with *.\n"
         "`hyla resume SESSION --version V` rewinds to one, `hyla fork SESSION --version V`\n"
         "copies one into a new session.\n",
+    [HYLA_CMD_EXPORT] =
+        "usage: hyla export SESSION FILE|- [--version V]\n"
+        "\n"
+        "Write SESSION's portable snapshot file (docs/STATE_FORMAT.md, the file hyla-state and\n"
+        "hyla-run read) to FILE, or to stdout for -. An active session first commits its current\n"
+        "state as a new snapshot version and stays active; the file holds that version. FILE is\n"
+        "written whole or not at all (FILE.tmp.PID, then renamed). `hyla import` takes the file\n"
+        "into any cluster that serves the same model.\n"
+        "\n"
+        "  --version V   export the kept snapshot version V instead (`hyla snapshots` lists them)\n"
+        "\n"
+        "Example:  hyla export s-0123456789abcdef chat.hys\n",
+    [HYLA_CMD_IMPORT] =
+        "usage: hyla import FILE|- [--as ID] [--on WORKER]\n"
+        "\n"
+        "Create a session of your tenant from a portable snapshot file (FILE, or stdin for -), as\n"
+        "`hyla export` writes it, and place it so that generate continues where the exported\n"
+        "session was. Prints the new session's id alone on stdout. The file is checked whole\n"
+        "first: a damaged file (exit 1, DATA_LOSS), a file of another model (exit 6,\n"
+        "FAILED_PRECONDITION) or a taken id (exit 6, ALREADY_EXISTS) is refused and leaves nothing.\n"
+        "\n"
+        "  --as ID       the new session's id (default: the cluster chooses one, as create does;\n"
+        "                the file does not carry the exported session's id)\n"
+        "  --on WORKER   place it on WORKER's group\n"
+        "\n"
+        "Example:  hyla --server other:7000 import chat.hys --as s-0123456789abcdef\n",
     [HYLA_CMD_READ] =
         "usage: hyla read SESSION [--from N] [-n N] [--ids]\n"
         "\n"
@@ -287,7 +319,7 @@ static void print_help(FILE *f, hyla_cli_cmd cmd) {
 enum {
     O_SERVER, O_TENANT, O_TIMEOUT, O_QUIET, O_HELP, O_MODEL, O_TEMPERATURE, O_TOP_K, O_TOP_P, O_SEED,
     O_ON, O_TO, O_N, O_STOP, O_STOP_ID, O_IGNORE_EOS, O_IDS, O_EVICT, O_WAIT, O_TOKENS, O_BOS,
-    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_FROM, O_COUNT
+    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_AS, O_FROM, O_COUNT
 };
 
 #define C(x) (1u << HYLA_CMD_##x)
@@ -311,7 +343,7 @@ static const struct {
     [O_TOP_K] = {"top-k", 0, 1, C(CREATE) | C(GENERATE) | C(FORK)},
     [O_TOP_P] = {"top-p", 0, 1, C(CREATE) | C(GENERATE) | C(FORK)},
     [O_SEED] = {"seed", 0, 1, C(CREATE) | C(GENERATE) | C(FORK)},
-    [O_ON] = {"on", 0, 1, C(CREATE) | C(RESUME) | C(FORK)},
+    [O_ON] = {"on", 0, 1, C(CREATE) | C(RESUME) | C(FORK) | C(IMPORT)},
     [O_TO] = {"to", 0, 1, C(MIGRATE)},
     [O_N] = {"max-tokens", 'n', 1, C(GENERATE) | C(READ)},
     [O_STOP] = {"stop", 0, 1, C(GENERATE)},
@@ -324,7 +356,8 @@ static const struct {
     [O_BOS] = {"bos", 0, 0, C(APPEND)},
     [O_NO_PROGRESS] = {"no-progress", 0, 0, C(APPEND)},
     [O_ALL] = {"all", 0, 0, C(LS)},
-    [O_VERSION] = {"version", 0, 1, C(RESUME) | C(FORK)},
+    [O_VERSION] = {"version", 0, 1, C(RESUME) | C(FORK) | C(EXPORT)},
+    [O_AS] = {"as", 0, 1, C(IMPORT)},
     [O_FROM] = {"from", 0, 1, C(READ)},
 };
 
@@ -347,6 +380,8 @@ static const struct {
     [HYLA_CMD_DRAIN] = {1, 1, "WORKER"},
     [HYLA_CMD_HELP] = {0, 1, "[COMMAND]"},
     [HYLA_CMD_SNAPSHOTS] = {1, 1, "SESSION"},
+    [HYLA_CMD_EXPORT] = {2, 2, "SESSION FILE|-"},
+    [HYLA_CMD_IMPORT] = {1, 1, "FILE|-"},
     [HYLA_CMD_READ] = {1, 1, "SESSION"},
 };
 
@@ -478,6 +513,11 @@ static void apply_opt(hyla_cli_args *a, int o, const char *name, const char *v, 
         if (!parse_u64(v, &u) || u == 0)
             set_err(err, n, have, "%s: '%s' is not a snapshot version (an integer >= 1)", name, v);
         a->version = u;
+        break;
+    case O_AS:
+        if (!v[0])
+            set_err(err, n, have, "%s: the session id is empty", name);
+        a->as_id = v;
         break;
     case O_FROM:
         if (!parse_u64(v, &u))
@@ -1169,6 +1209,39 @@ static int cmd_snapshots(run_ctx *r) {
     return HYLA_EXIT_OK;
 }
 
+static int cmd_export(run_ctx *r) {
+    const char *id = r->a->pos[0], *path = r->a->pos[1];
+    hyla_export_info info;
+    hyla_status st = strcmp(path, "-") == 0 ? hyla_client_export_session(r->c, id, r->a->version, stdout, &info)
+                                            : hyla_client_export_session_file(r->c, id, r->a->version, path, &info);
+    if (st != HYLA_OK)
+        return fail("export", st);
+    if (!r->a->quiet) {
+        char b[32];
+        fprintf(stderr, "hyla: exported %s (model %s) version %llu at position %llu to %s: %s\n", id, info.model,
+                (unsigned long long)info.version, (unsigned long long)info.position,
+                strcmp(path, "-") == 0 ? "stdout" : path, human_bytes(info.bytes, b, sizeof b));
+    }
+    return HYLA_EXIT_OK;
+}
+
+static int cmd_import(run_ctx *r) {
+    const char *path = r->a->pos[0];
+    hyla_session_info s;
+    hyla_status st = strcmp(path, "-") == 0
+                         ? hyla_client_import_session(r->c, stdin, r->a->as_id, r->a->worker, &s)
+                         : hyla_client_import_session_file(r->c, path, r->a->as_id, r->a->worker, &s);
+    if (st != HYLA_OK)
+        return fail("import", st);
+    printf("%s\n", s.id);
+    fflush(stdout);
+    if (!r->a->quiet)
+        fprintf(stderr, "hyla: imported %s (model %s) at position %llu, %s on group %s\n", s.id, s.model,
+                (unsigned long long)s.position, hyla_session_state_name(s.state), s.group_id[0] ? s.group_id : "-");
+    hyla_session_info_clear(&s);
+    return HYLA_EXIT_OK;
+}
+
 static int cmd_read(run_ctx *r) {
     const hyla_cli_args *a = r->a;
     hyla_read_result res;
@@ -1502,6 +1575,8 @@ int hyla_cli_main(int argc, char **argv) {
     case HYLA_CMD_LS: rc = cmd_ls(&r); break;
     case HYLA_CMD_SHOW: rc = cmd_show(&r); break;
     case HYLA_CMD_SNAPSHOTS: rc = cmd_snapshots(&r); break;
+    case HYLA_CMD_EXPORT: rc = cmd_export(&r); break;
+    case HYLA_CMD_IMPORT: rc = cmd_import(&r); break;
     case HYLA_CMD_READ: rc = cmd_read(&r); break;
     case HYLA_CMD_STATUS: rc = cmd_status(&r); break;
     case HYLA_CMD_DRAIN: rc = cmd_drain(&r); break;

@@ -41,6 +41,8 @@ typedef enum {
     HYLA_CMD_DRAIN,
     HYLA_CMD_HELP,
     HYLA_CMD_SNAPSHOTS,
+    HYLA_CMD_EXPORT,
+    HYLA_CMD_IMPORT,
     HYLA_CMD_READ,
     HYLA_CMD_COUNT
 } hyla_cli_cmd;
@@ -73,9 +75,10 @@ typedef struct {
     int evict, wait, tokens, bos, no_progress, all;
     const char **pos;        /* [n_pos] positional arguments after the command */
     int n_pos;
-    uint64_t version;        /* resume/fork --version; 0: none (the head) */
+    uint64_t version;        /* resume/fork/export --version; 0: none (the head) */
     const char *api_key;     /* --api-key, else $HYLA_API_KEY (hyla_cli_main); NULL: none */
     const char *tls_ca;      /* --tls-ca, else $HYLA_TLS_CA (hyla_cli_main); NULL: plain */
+    const char *as_id;       /* import --as: the new session's id; NULL: the cluster chooses */
     uint64_t from;           /* read --from: the first generated index wanted (default 0) */
 } hyla_cli_args;
 

@@ -16,11 +16,15 @@
  * calls from several threads run independently. */
 #include "hyla.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hyla_api.h"
 #include "hyla_rpc.h"
@@ -703,6 +707,224 @@ hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, u
                            &resp));
     if (snapshots_deleted)
         *snapshots_deleted = ((Hyla__V1__DeleteSessionResponse *)resp)->snapshots_deleted;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* ExportSession, ImportSession, ListModels                                                  */
+
+#define PORT_PIECE (1u << 20) /* file bytes per ImportSessionRequest */
+
+hyla_status hyla_client_export_session(hyla_client *c, const char *session_id, uint64_t version, FILE *out,
+                                       hyla_export_info *info) {
+    HYLA_ASSERT(c && out);
+    hyla_export_info got;
+    memset(&got, 0, sizeof got);
+    if (info)
+        *info = got;
+    HYLA_TRY(check_id("ExportSession", session_id));
+    char what[160];
+    snprintf(what, sizeof what, "ExportSession %s", session_id);
+    Hyla__V1__ExportSessionRequest req = HYLA__V1__EXPORT_SESSION_REQUEST__INIT;
+    req.session_id = (char *)session_id;
+    req.version = version;
+    hyla_rpc_call_opts o = call_opts(c, c->p.stream_timeout_ms);
+    hyla_rpc_stream *s = NULL;
+    hyla_status st = hyla_rpc_stream_open(c->rpc, M_SESSIONS "ExportSession",
+                                          &hyla__v1__export_session_chunk__descriptor, &o, &s);
+    if (st != HYLA_OK) {
+        tl_code = HYLA_CODE_LOCAL;
+        return hyla_fail_wrap(st, "%s", what);
+    }
+    if (hyla_rpc_stream_write(s, &req.base) == HYLA_OK)
+        hyla_rpc_stream_close_send(s);
+    int write_err = 0, bad = 0, first = 1;
+    uint64_t total = 0;
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        st = hyla_rpc_stream_read(s, &m);
+        if (!m) {
+            bad = st == HYLA_ERR_FORMAT;
+            break;
+        }
+        const Hyla__V1__ExportSessionChunk *k = (const Hyla__V1__ExportSessionChunk *)m;
+        if (first) {
+            got.version = k->version;
+            got.position = k->position;
+            total = k->total_bytes;
+            snprintf(got.model, sizeof got.model, "%s", k->model ? k->model : "");
+            first = 0;
+        }
+        if (k->data.len && fwrite(k->data.data, 1, k->data.len, out) != k->data.len)
+            write_err = errno ? errno : EIO;
+        got.bytes += k->data.len;
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (write_err) {
+            hyla_rpc_stream_cancel(s);
+            break;
+        }
+    }
+    hyla_rpc_result r;
+    memset(&r, 0, sizeof r);
+    hyla_rpc_stream_finish(s, &r);
+    hyla_rpc_stream_destroy(s);
+    if (info)
+        *info = got;
+    if (write_err)
+        return local_fail(HYLA_ERR_IO, "%s: writing the file: %s", what, strerror(write_err));
+    if (r.code != HYLA_RPC_OK)
+        return rpc_fail(c, what, &r, NULL);
+    if (bad)
+        return local_fail(HYLA_ERR_FORMAT, "%s: a response did not decode", what);
+    if (first || got.bytes != total)
+        return local_fail(HYLA_ERR_FORMAT, "%s: the server sent %llu of the file's %llu bytes", what,
+                          (unsigned long long)got.bytes, (unsigned long long)total);
+    tl_code = HYLA_CODE_OK;
+    return HYLA_OK;
+}
+
+hyla_status hyla_client_export_session_file(hyla_client *c, const char *session_id, uint64_t version,
+                                            const char *path, hyla_export_info *info) {
+    HYLA_ASSERT(c && path);
+    size_t pl = strlen(path) + 32;
+    char *tmp = xcalloc(pl, 1);
+    snprintf(tmp, pl, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        hyla_status st = local_fail(HYLA_ERR_IO, "ExportSession %s: %s: %s", session_id ? session_id : "", tmp,
+                                    strerror(errno));
+        free(tmp);
+        return st;
+    }
+    hyla_status st = hyla_client_export_session(c, session_id, version, f, info);
+    if (st == HYLA_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        st = local_fail(HYLA_ERR_IO, "ExportSession %s: %s: %s", session_id, tmp, strerror(errno));
+    if (fclose(f) != 0 && st == HYLA_OK)
+        st = local_fail(HYLA_ERR_IO, "ExportSession %s: %s: %s", session_id, tmp, strerror(errno));
+    if (st == HYLA_OK && rename(tmp, path) != 0)
+        st = local_fail(HYLA_ERR_IO, "ExportSession %s: renaming %s to %s: %s", session_id, tmp, path,
+                        strerror(errno));
+    if (st != HYLA_OK) {
+        unlink(tmp);
+        free(tmp);
+        return st;
+    }
+    char *dir = xstrdup(path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    free(dir);
+    free(tmp);
+    tl_code = HYLA_CODE_OK;
+    return HYLA_OK;
+}
+
+hyla_status hyla_client_import_session(hyla_client *c, FILE *in, const char *session_id, const char *worker_hint,
+                                       hyla_session_info *out) {
+    HYLA_ASSERT(c && in);
+    if (out)
+        memset(out, 0, sizeof *out);
+    const char *id = session_id ? session_id : "";
+    char what[160];
+    snprintf(what, sizeof what, "ImportSession%s%s", id[0] ? " " : "", id);
+    hyla_rpc_call_opts o = call_opts(c, c->p.stream_timeout_ms);
+    hyla_rpc_stream *s = NULL;
+    hyla_status st = hyla_rpc_stream_open(c->rpc, M_SESSIONS "ImportSession", &hyla__v1__session__descriptor, &o, &s);
+    if (st != HYLA_OK) {
+        tl_code = HYLA_CODE_LOCAL;
+        return hyla_fail_wrap(st, "%s", what);
+    }
+    uint8_t *buf = xcalloc(PORT_PIECE, 1);
+    int first = 1, read_err = 0, local = 0;
+    char lerr[1024] = "";
+    for (;;) {
+        size_t n = fread(buf, 1, PORT_PIECE, in);
+        if (n < PORT_PIECE && ferror(in)) {
+            read_err = errno ? errno : EIO;
+            hyla_rpc_stream_cancel(s);
+            break;
+        }
+        if (n == 0 && !first)
+            break;
+        Hyla__V1__ImportSessionRequest req = HYLA__V1__IMPORT_SESSION_REQUEST__INIT;
+        if (first) {
+            req.session_id = (char *)id;
+            req.worker_hint = (char *)(worker_hint ? worker_hint : "");
+        }
+        req.data.data = buf;
+        req.data.len = n;
+        first = 0;
+        if (hyla_rpc_stream_write(s, &req.base) != HYLA_OK) {
+            if (!hyla_rpc_stream_result(s, NULL)) { /* a local refusal: end the call */
+                local = 1;
+                snprintf(lerr, sizeof lerr, "%s", hyla_last_error());
+                hyla_rpc_stream_cancel(s);
+            }
+            break; /* else the call is over: its status says why */
+        }
+        if (n < PORT_PIECE)
+            break;
+    }
+    free(buf);
+    if (!read_err && !local)
+        hyla_rpc_stream_close_send(s);
+    ProtobufCMessage *m = NULL;
+    (void)hyla_rpc_stream_read(s, &m);
+    hyla_rpc_result r;
+    memset(&r, 0, sizeof r);
+    hyla_rpc_stream_finish(s, &r);
+    hyla_rpc_stream_destroy(s);
+    if (read_err || local || r.code != HYLA_RPC_OK || !m) {
+        if (m)
+            protobuf_c_message_free_unpacked(m, NULL);
+        if (read_err)
+            return local_fail(HYLA_ERR_IO, "%s: reading the file: %s", what, strerror(read_err));
+        if (local)
+            return local_fail(HYLA_ERR_INVALID_ARG, "%s: %s", what, lerr);
+        if (r.code != HYLA_RPC_OK)
+            return rpc_fail(c, what, &r, NULL);
+        return local_fail(HYLA_ERR_FORMAT, "%s: the server answered OK without a session", what);
+    }
+    if (out)
+        session_from_pb((const Hyla__V1__Session *)m, out);
+    protobuf_c_message_free_unpacked(m, NULL);
+    tl_code = HYLA_CODE_OK;
+    return HYLA_OK;
+}
+
+hyla_status hyla_client_import_session_file(hyla_client *c, const char *path, const char *session_id,
+                                            const char *worker_hint, hyla_session_info *out) {
+    HYLA_ASSERT(c && path);
+    if (out)
+        memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return local_fail(HYLA_ERR_IO, "ImportSession: %s: %s", path, strerror(errno));
+    hyla_status st = hyla_client_import_session(c, f, session_id, worker_hint, out);
+    fclose(f);
+    return st;
+}
+
+hyla_status hyla_client_list_models(hyla_client *c, hyla_model_info **out, size_t *n) {
+    HYLA_ASSERT(c && out && n);
+    *out = NULL;
+    *n = 0;
+    Hyla__V1__ListModelsRequest req = HYLA__V1__LIST_MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    HYLA_TRY(unary(c, M_SESSIONS "ListModels", "ListModels", &req.base, &hyla__v1__list_models_response__descriptor,
+                   &resp, c->p.call_timeout_ms));
+    const Hyla__V1__ListModelsResponse *r = (const Hyla__V1__ListModelsResponse *)resp;
+    hyla_model_info *v = xcalloc(r->n_models, sizeof *v);
+    for (size_t i = 0; i < r->n_models; i++) {
+        snprintf(v[i].name, sizeof v[i].name, "%s", r->models[i]->name ? r->models[i]->name : "");
+        v[i].fingerprint = r->models[i]->fingerprint;
+        v[i].ready_workers = r->models[i]->ready_workers;
+    }
+    *n = r->n_models;
+    *out = v;
     protobuf_c_message_free_unpacked(resp, NULL);
     return HYLA_OK;
 }

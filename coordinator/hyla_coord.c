@@ -124,6 +124,7 @@ hyla_coord_params hyla_coord_default_params(void) {
     p.rpc_threads = 4;
     p.max_message_bytes = 16 << 20;
     p.worker_timeout_ms = 60000;
+    p.max_import_bytes = HYLA_COORD_IMPORT_MAX;
     return p;
 }
 
@@ -158,6 +159,9 @@ static const struct {
     {SVC_SESSIONS "Migrate", coord_do_migrate, 0, NULL},
     {SVC_SESSIONS "Fork", coord_do_fork, 0, NULL},
     {SVC_SESSIONS "ListSnapshots", coord_do_list_snapshots, 0, NULL},
+    {SVC_SESSIONS "ExportSession", coord_do_export, 0, NULL},
+    {SVC_SESSIONS "ImportSession", NULL, 0, coord_h_import},
+    {SVC_SESSIONS "ListModels", coord_do_list_models, 1, NULL},
     {SVC_SESSIONS "ReadTokens", coord_do_read_tokens, 0, NULL},
     {SVC_SESSIONS "Generate", NULL, 0, coord_h_generate},
     {SVC_SESSIONS "Append", NULL, 0, coord_h_append},
@@ -187,6 +191,8 @@ hyla_status hyla_coord_start(const hyla_coord_params *params, hyla_coord **out) 
                          p.dead_after_ms, p.heartbeat_ms);
     if (p.worker_timeout_ms <= 0)
         p.worker_timeout_ms = 60000;
+    if (p.max_import_bytes == 0)
+        p.max_import_bytes = HYLA_COORD_IMPORT_MAX;
     hyla_coord *c = calloc(1, sizeof *c);
     if (!c)
         return hyla_fail(HYLA_ERR_NOMEM, "coordinator");

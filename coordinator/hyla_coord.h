@@ -30,6 +30,9 @@ extern "C" {
 
 typedef struct hyla_coord hyla_coord;
 
+/* Default of hyla_coord_params.max_import_bytes (--max-import-bytes). */
+#define HYLA_COORD_IMPORT_MAX (1ull << 30)
+
 typedef struct {
     const char *listen;          /* gRPC address (default "127.0.0.1:7000"; port 0 picks one) */
     const char *advertise;       /* address workers dial for the store (default: listen host + port) */
@@ -50,6 +53,9 @@ typedef struct {
     uint32_t quota_sessions;     /* sessions in the directory */
     uint64_t quota_stored_bytes; /* bytes of the sessions' committed snapshots in the store */
     uint32_t quota_generations;  /* Generate calls running at once */
+    uint64_t max_import_bytes;   /* largest snapshot file ImportSession takes (it is held in memory
+                                    while checked); default HYLA_COORD_IMPORT_MAX (1 GiB); over it:
+                                    RESOURCE_EXHAUSTED naming the limit */
 } hyla_coord_params;
 
 hyla_coord_params hyla_coord_default_params(void);

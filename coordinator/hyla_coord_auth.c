@@ -181,6 +181,9 @@ hyla_status coord_auth_setup(hyla_coord *c) {
     HYLA_TRY(hyla_coord_dir_scan_keys(c->dir, load_fn, k));
     HYLA_TRY(hyla_rpc_server_set_auth(c->srv, verify, k));
     HYLA_TRY(hyla_rpc_server_set_policy(c->srv, SVC_SESSIONS, HYLA_RPC_POLICY_TENANT));
+    /* the models served are no secret of any tenant: the HTTP gateway's GET /v1/models answers
+     * every valid key, the operator's too */
+    HYLA_TRY(hyla_rpc_server_set_policy(c->srv, SVC_SESSIONS "ListModels", HYLA_RPC_POLICY_ANY));
     HYLA_TRY(hyla_rpc_server_set_policy(c->srv, SVC_CLUSTER, HYLA_RPC_POLICY_OPERATOR));
     HYLA_TRY(hyla_rpc_server_set_policy(c->srv, SVC_ADMIN, HYLA_RPC_POLICY_OPERATOR));
     HYLA_TRY(hyla_rpc_server_set_policy(c->srv, SVC_COORD, HYLA_RPC_POLICY_CLUSTER));

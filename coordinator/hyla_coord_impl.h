@@ -10,6 +10,7 @@
  *   hyla_coord_relay.c    the relayed streams (Generate, Append)
  *   hyla_coord_cluster.c  the Cluster service (ListWorkers, ListClusterSessions, DrainWorker)
  *   hyla_coord_snapshots.c committed snapshots: ReportSnapshot and the embedded store's hooks
+ *   hyla_coord_port.c     ExportSession / ImportSession: sessions leave and enter as portable files
  *   hyla_coord_dir.c      the session directory on disk (RocksDB)
  *
  * Errors. Inside the coordinator a failure travels as a hyla_status with its detail message
@@ -231,7 +232,15 @@ void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
 void coord_do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 void coord_do_list_snapshots(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+/* The kept version `version` of session id exists in the embedded store: HYLA_ERR_NOT_FOUND
+ * naming the kept range otherwise, HYLA_ERR_UNSUPPORTED without an embedded store. */
+hyla_status coord_check_kept_version(hyla_coord *c, const char *id, uint64_t version);
+void coord_do_list_models(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 void coord_do_read_tokens(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+
+/* ---- hyla_coord_port.c: ExportSession and ImportSession (the portable snapshot file) ---- */
+void coord_do_export(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+void coord_h_import(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud);
 
 /* ---- hyla_coord_relay.c: Generate and Append ---- */
 void coord_h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud);

@@ -13,7 +13,17 @@
 struct coord_metrics {
     hyla_metric *sessions, *workers, *disk, *store_sessions, *store_versions, *store_chunks, *store_chunk_bytes;
     hyla_metric *snaps, *snap_written, *snap_state_bytes, *ready;
+    hyla_metric *gc_runs, *gc_bytes, *gc_chunks, *versions_dropped;
+    /* the store's garbage-collection counts at the last scrape (they only grow while it is open):
+     * each scrape adds the difference to the counters above. Collector thread only. */
+    uint64_t last_gc_runs, last_gc_bytes, last_gc_chunks, last_versions_dropped;
 };
+
+/* Add to counter m what *last lacks of now. */
+static void counter_catch_up(hyla_metric *m, uint64_t *last, uint64_t now) {
+    if (now > *last) hyla_metric_add(m, NULL, (double)(now - *last));
+    *last = now;
+}
 
 static const char *enum_name(const ProtobufCEnumDescriptor *d, int v) {
     const ProtobufCEnumValue *e = protobuf_c_enum_descriptor_get_value(d, v);
@@ -68,6 +78,10 @@ static void collect(hyla_metrics *r, void *ud) {
             hyla_metric_set(m->store_versions, NULL, (double)u.versions);
             hyla_metric_set(m->store_chunks, NULL, (double)u.chunks);
             hyla_metric_set(m->store_chunk_bytes, NULL, (double)u.chunk_bytes);
+            counter_catch_up(m->gc_runs, &m->last_gc_runs, u.gc_runs);
+            counter_catch_up(m->gc_bytes, &m->last_gc_bytes, u.gc_bytes_freed);
+            counter_catch_up(m->gc_chunks, &m->last_gc_chunks, u.gc_chunks_freed);
+            counter_catch_up(m->versions_dropped, &m->last_versions_dropped, u.versions_dropped);
         }
     }
     hyla_metric_set(m->ready, NULL, hyla_coord_ready(c));
@@ -99,6 +113,16 @@ hyla_status coord_metrics_setup(hyla_coord *c) {
     m->snap_state_bytes = hyla_metrics_histogram(r, "hyla_store_snapshot_state_bytes",
                                                  "Raw state bytes of each committed snapshot", 0, NULL,
                                                  hyla_metrics_bytes_bounds, hyla_metrics_n_bytes_bounds);
+    m->gc_runs = hyla_metrics_counter(r, "hyla_store_gc_runs_total",
+                                      "Space-reclaim passes and garbage collections the embedded store completed", 0, NULL);
+    m->gc_bytes = hyla_metrics_counter(r, "hyla_store_gc_reclaimed_bytes_total",
+                                       "Encoded bytes of chunks the embedded store deleted because no version "
+                                       "references them (their disk space returns at the next reclaim pass)", 0, NULL);
+    m->gc_chunks = hyla_metrics_counter(r, "hyla_store_gc_chunks_deleted_total",
+                                        "Chunks the embedded store deleted because no version references them", 0, NULL);
+    m->versions_dropped = hyla_metrics_counter(r, "hyla_store_versions_dropped_total",
+                                               "Snapshot versions the embedded store dropped by retention (--keep-versions)",
+                                               0, NULL);
     m->ready = hyla_metrics_gauge(r, "hyla_ready", "1 while the process takes new work, 0 while stopping or draining", 0, NULL);
     hyla_metrics_add_collector(r, collect, c);
     return HYLA_OK;

@@ -1,16 +1,17 @@
 /* hyla_coord_sessions.c — the Sessions service's unary methods: CreateSession, GetSession,
- * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork, ListSnapshots (docs/API.md describes
- * each). Resume and Fork with a version read the coordinator's embedded store: a rewind places the
- * session from a kept version and commits it as the new head; a fork from a version shares that
- * version's chunks under the fork's id (hyla_store_fork) and places the fork from it.
+ * ListSessions, DeleteSession, Pause, Resume, Migrate, Fork, ListSnapshots, ListModels
+ * (docs/API.md describes each). Resume and Fork with a version read the coordinator's embedded
+ * store: a rewind places the session from a kept version and commits it as the new head; a fork
+ * from a version shares that version's chunks under the fork's id (hyla_store_fork) and places
+ * the fork from it.
  *
  * Each handler validates its request, takes the session for the call (coord_acquire: one
  * placement-changing call per session at a time), does its Worker calls through the placement
  * functions, and answers once: a reply, or coord_answer_error with the status that failed.
  * Every path that took the session releases it before it returns.
  *
- * Threading: Get and List run inline on an rpc loop thread (memory only); the others run on a
- * job thread each (hyla_coord.c). */
+ * Threading: Get, List and ListModels run inline on an rpc loop thread (memory only); the others
+ * run on a job thread each (hyla_coord.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,7 +235,7 @@ void coord_do_pause(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
 
 /* The kept version `version` of session id exists in the embedded store (a rewind or a fork
  * from a version needs it): HYLA_ERR_NOT_FOUND naming the kept range otherwise. */
-static hyla_status check_kept_version(hyla_coord *c, const char *id, uint64_t version) {
+hyla_status coord_check_kept_version(hyla_coord *c, const char *id, uint64_t version) {
     if (!c->store)
         return hyla_fail(HYLA_ERR_UNSUPPORTED,
                          "field version: choosing a snapshot version needs the coordinator's embedded store "
@@ -262,7 +263,7 @@ static hyla_status check_kept_version(hyla_coord *c, const char *id, uint64_t ve
  * rewound conversation, not the newer one. The newer versions stay in the store as history
  * until retention drops them. */
 static hyla_status rewind_to(hyla_coord *c, csess *s, const char *hint, uint64_t version) {
-    HYLA_TRY(check_kept_version(c, s->id, version));
+    HYLA_TRY(coord_check_kept_version(c, s->id, version));
     char ids[MAX_STAGES][ID_MAX];
     pthread_mutex_lock(&c->mu);
     int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
@@ -344,7 +345,7 @@ void coord_do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage
 /* Fork from a kept version of p (held busy): the store shares that version's chunks under
  * the fork's id (its version 1), and the fork is placed from it like a resumed session. */
 static void fork_from_version(hyla_coord *c, hyla_rpc_call *call, csess *p, const char *hint, uint64_t version) {
-    hyla_status st = check_kept_version(c, p->id, version);
+    hyla_status st = coord_check_kept_version(c, p->id, version);
     if (st != HYLA_OK) {
         coord_answer_error(call, st);
         return;
@@ -593,6 +594,49 @@ void coord_do_list_snapshots(hyla_coord *c, hyla_rpc_call *call, const ProtobufC
     free(ps);
     free(vs);
     free(info);
+}
+
+static int cmp_model(const void *a, const void *b) {
+    return strcmp((*(Hyla__V1__ModelInfo *const *)a)->name, (*(Hyla__V1__ModelInfo *const *)b)->name);
+}
+
+/* ListModels: the models of the workers not dead, each once, with its fingerprint and how many
+ * such workers serve it. Any valid key may ask (hyla_coord_auth.c sets the policy). */
+void coord_do_list_models(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
+    (void)m;
+    (void)tenant;
+    pthread_mutex_lock(&c->mu);
+    size_t cap = c->n_workers ? c->n_workers : 1, n = 0;
+    Hyla__V1__ModelInfo *mi = calloc(cap, sizeof *mi);
+    Hyla__V1__ModelInfo **pm = calloc(cap, sizeof *pm);
+    char (*names)[ID_MAX] = calloc(cap, ID_MAX);
+    HYLA_ASSERT(mi && pm && names);
+    for (size_t i = 0; i < c->n_workers; i++) {
+        const cworker *w = c->workers[i];
+        if (!coord_worker_alive(w) || !w->model[0])
+            continue;
+        size_t j = 0;
+        while (j < n && strcmp(names[j], w->model) != 0)
+            j++;
+        if (j == n) {
+            hyla__v1__model_info__init(&mi[n]);
+            coord_copy_str(names[n], ID_MAX, w->model);
+            mi[n].name = names[n];
+            mi[n].fingerprint = w->fingerprint;
+            pm[n] = &mi[n];
+            n++;
+        }
+        mi[j].ready_workers++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    qsort(pm, n, sizeof *pm, cmp_model);
+    Hyla__V1__ListModelsResponse r = HYLA__V1__LIST_MODELS_RESPONSE__INIT;
+    r.n_models = n;
+    r.models = pm;
+    hyla_rpc_call_reply(call, &r.base);
+    free(names);
+    free(pm);
+    free(mi);
 }
 
 /* The token log of a session in the store: its committed version's log (an empty log for a

@@ -34,7 +34,7 @@ static const hyla_flag_spec k_flags[] = {
     {"log-format", 1},   {"metrics", 1},       {"metrics-port-file", 1}, {"quota-sessions", 1},
     {"quota-stored-bytes", 1}, {"quota-generations", 1}, {"store-reserve-bytes", 1}, {"store-reclaim-ms", 1},
     {"keep-versions", 1},      {"admin-key-file", 1},   {"tls-cert", 1},          {"tls-key", 1},
-    {"tls-ca", 1},
+    {"tls-ca", 1},             {"max-import-bytes", 1},
 };
 
 /* "N", "NK", "NM", "NG", "NT" (powers of 1024) into *out; 0 if malformed. */
@@ -98,6 +98,8 @@ static void usage(FILE *f) {
             "  --quota-stored-bytes N per tenant: new sessions and Append refused once its snapshots occupy\n"
             "                         N bytes in the store (suffix K, M, G, T: powers of 1024; 0 = no limit)\n"
             "  --quota-generations N  per tenant: at most N Generate calls at once (0 = no limit)\n"
+            "  --max-import-bytes N   largest snapshot file ImportSession takes (held in memory while\n"
+            "                         checked; suffix K, M, G, T; default 1G)\n"
             "  --config FILE          read flags from FILE (`key = value` lines, keys = these flags' names,\n"
             "                         `no-store = true`); flags on the command line override it\n");
 }
@@ -177,6 +179,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--quota-stored-bytes")) {
             NEEDV();
             if (!parse_bytes(v, &p.quota_stored_bytes)) { fprintf(stderr, "hyla-coordinator: --quota-stored-bytes wants bytes (e.g. 1073741824 or 1G), got '%s'\n", v); return 2; }
+        }
+        else if (!strcmp(a, "--max-import-bytes")) {
+            NEEDV();
+            if (!parse_bytes(v, &p.max_import_bytes) || p.max_import_bytes == 0) { fprintf(stderr, "hyla-coordinator: --max-import-bytes wants bytes > 0 (e.g. 1073741824 or 1G), got '%s'\n", v); return 2; }
         }
         else if (!strcmp(a, "--metrics-port-file")) { NEEDV(); metrics_port_file = v; }
         else if (!strcmp(a, "--log-format")) {

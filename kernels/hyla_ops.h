@@ -44,6 +44,14 @@ typedef struct {
     void *const *v_pages; /* host array [n_pages] of device pointers */
     int n_pages;          /* pages available (capacity = n_pages * page_tokens tokens) */
     int page_tokens;
+    /* NSA only (NULL elsewhere): the compressed blocks, a cache derived from the KV and never
+     * in snapshots. c_pages[i]: device pointer to blocks i*page_tokens.. as rows
+     * [page_tokens][2][n_kv_heads][head_dim] fp32 (each block's mean key, then mean value).
+     * Rows < c_valid hold their blocks; the op fills the rest up to the last block complete
+     * after its tokens. NULL: the op derives every block it needs from the KV. */
+    void *const *c_pages;
+    int c_n_pages;
+    int c_valid;
 } hyla_kv_view;
 
 /* Sampling parameters of one session. temperature <= 0 means greedy (argmax, lowest index on

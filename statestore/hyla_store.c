@@ -72,6 +72,11 @@ struct hyla_store {
     char *reserve_path;
     pthread_mutex_t reclaim_mu; /* serializes reclaim passes and hyla_store_gc (blob GC options) */
     atomic_ullong garbage_bytes; /* encoded bytes of chunks deleted since the last reclaim pass */
+    /* garbage collection since open (hyla_store_usage_info): */
+    atomic_ullong gc_runs;          /* completed reclaim passes and hyla_store_gc calls */
+    atomic_ullong gc_chunks_freed;  /* chunks deleted because no version references them */
+    atomic_ullong gc_bytes_freed;   /* their encoded bytes */
+    atomic_ullong versions_dropped; /* versions removed by retention (keep_versions) at puts */
     _Atomic double garbage_since; /* hyla_now() of the first of them; 0 when none */
     pthread_t maint;
     int maint_running;
@@ -428,6 +433,8 @@ static hyla_status free_chunks(hyla_store *st, const delta_list *cand, uint64_t 
     if (s == HYLA_OK) {
         if (n_freed) *n_freed += nf;
         if (bytes_freed) *bytes_freed += bf;
+        atomic_fetch_add(&st->gc_chunks_freed, nf);
+        atomic_fetch_add(&st->gc_bytes_freed, bf);
         if (nf) {
             atomic_fetch_add(&st->garbage_bytes, bf);
             double z = 0.0;
@@ -738,6 +745,8 @@ static void reclaim(hyla_store *st) {
         atomic_store(&st->broken, 1);
         atomic_store(&st->full, 1);
         atomic_store(&st->garbage_since, hyla_now());
+    } else {
+        atomic_fetch_add(&st->gc_runs, 1);
     }
     pthread_mutex_unlock(&st->reclaim_mu);
 }
@@ -1200,6 +1209,7 @@ out:
     free(zero.d);
     hyla_codec_plan_destroy(pl);
     if (s == HYLA_OK) {
+        atomic_fetch_add(&st->versions_dropped, ps.versions_dropped);
         if (version) *version = ps.version;
         if (stats) *stats = ps;
     }
@@ -1764,6 +1774,7 @@ static hyla_status gc_impl(hyla_store *st, hyla_store_gc_stats *stats) {
     rocksdb_compact_range_cf(st->db, st->cf[CF_CHUNKS], NULL, 0, NULL, 0);
     rocksdb_set_options_cf(st->db, st->cf[CF_CHUNKS], 1, keys, normal, &err);
     rocksdb_free(err);
+    atomic_fetch_add(&st->gc_runs, 1);
     pthread_mutex_unlock(&st->reclaim_mu);
     return HYLA_OK;
 }
@@ -1815,6 +1826,10 @@ static hyla_status usage_impl(hyla_store *st, hyla_store_usage_info *u) {
     u->reserve_bytes = st->reserve_held ? st->p.reserve_bytes : 0;
     u->full = atomic_load(&st->full);
     u->full_events = atomic_load(&st->full_events);
+    u->gc_runs = atomic_load(&st->gc_runs);
+    u->gc_chunks_freed = atomic_load(&st->gc_chunks_freed);
+    u->gc_bytes_freed = atomic_load(&st->gc_bytes_freed);
+    u->versions_dropped = atomic_load(&st->versions_dropped);
     return HYLA_OK;
 }
 

@@ -187,6 +187,12 @@ typedef struct {
     uint64_t reserve_bytes;     /* held in the reserve file now (0 while released on a full disk) */
     int full;                   /* 1: puts are refused until space exists */
     uint64_t full_events;       /* RocksDB writes that found the disk full since open */
+    /* garbage collection since open: */
+    uint64_t gc_runs;           /* completed space-reclaim passes (the background thread's, and after
+                                   deletes on a full disk) and hyla_store_gc calls */
+    uint64_t gc_chunks_freed;   /* chunks deleted because no version references them any more */
+    uint64_t gc_bytes_freed;    /* their encoded bytes: what the reclaim passes give back */
+    uint64_t versions_dropped;  /* versions removed by retention (keep_versions) at puts */
 } hyla_store_usage_info;
 
 hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *out);

@@ -15,6 +15,8 @@ hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300
 hyla_add_script_test(test_e2e_multigpu e2e/test_e2e_multigpu.sh LABELS multigpu e2e TIMEOUT 300)
 hyla_add_script_test(test_e2e_storage e2e/test_e2e_storage.sh LABELS e2e fault TIMEOUT 300)
 hyla_add_script_test(test_e2e_history e2e/test_e2e_history.sh LABELS e2e TIMEOUT 300)
+# a session exported from one cluster and imported into another continues identically
+hyla_add_script_test(test_e2e_port e2e/test_e2e_port.sh LABELS e2e TIMEOUT 300)
 # sparse-attention hybrids through the cluster
 hyla_add_script_test(test_e2e_lalte e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
 hyla_add_script_test(test_e2e_lansa e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)

@@ -408,7 +408,7 @@ static kv_cache kv_make(int n_pages, int pt, int Hk, int D) {
         CHECK_OK(ops->alloc(ctx, (size_t)pt * Hk * D * sizeof(float), &c.k[p]));
         CHECK_OK(ops->alloc(ctx, (size_t)pt * Hk * D * sizeof(float), &c.v[p]));
     }
-    c.view = (hyla_kv_view){c.k, c.v, n_pages, pt};
+    c.view = (hyla_kv_view){.k_pages = c.k, .v_pages = c.v, .n_pages = n_pages, .page_tokens = pt};
     return c;
 }
 static void kv_free(kv_cache *c) {

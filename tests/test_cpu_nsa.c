@@ -3,8 +3,10 @@
  *     spec (docs/MODELS.md §5.2: mean-pooled compressed blocks visible once complete, the group's
  *     block selection with the first, current and previous blocks forced, the window, sigmoid
  *     gates), GQA 4:2, blocks of 4, 4 selected, a window of 6, over 60 tokens;
- *   - prefill == decode loop == pieces of 7 tokens, bit for bit; a decode batch == each session
- *     alone; errors.
+ *   - prefill == decode loop == pieces of 7 tokens, bit for bit, with and without the derived
+ *     cache of compressed blocks (c_pages); a decode batch == each session alone; errors;
+ *   - with the cache, a decode step reads only the compressed rows, the selected blocks and the
+ *     window: KV rows outside them set to NaN leave its output unchanged, bit for bit.
  * Tolerances: fp32 against double over sums of <= 60 terms of O(1) values: ATOL 2e-5 + RTOL 1e-4
  * (a wrong block, mask or gate moves outputs by >= 1e-2). */
 #include <math.h>
@@ -33,19 +35,25 @@ static float *randn(size_t n, float scale) {
 }
 
 typedef struct {
-    void *k[NP], *v[NP];
+    void *k[NP], *v[NP], *c[1]; /* c: the compressed blocks, T / BS < PT rows of [2][HK][D] */
     hyla_kv_view view;
 } cache;
 
-static void cache_make(cache *c) {
+/* with_cmp: with the derived cache of compressed blocks (as the nsa mixer passes it) */
+static void cache_make_cmp(cache *c, int with_cmp) {
     for (int i = 0; i < NP; i++) {
         CHECK_OK(ops->alloc(ctx, (size_t)PT * HK * D * sizeof(float), &c->k[i]));
         CHECK_OK(ops->alloc(ctx, (size_t)PT * HK * D * sizeof(float), &c->v[i]));
     }
-    c->view = (hyla_kv_view){c->k, c->v, NP, PT};
+    c->c[0] = NULL;
+    if (with_cmp) CHECK_OK(ops->alloc(ctx, (size_t)PT * 2 * HK * D * sizeof(float), &c->c[0]));
+    c->view = (hyla_kv_view){.k_pages = c->k, .v_pages = c->v, .n_pages = NP, .page_tokens = PT,
+                             .c_pages = with_cmp ? c->c : NULL, .c_n_pages = with_cmp, .c_valid = 0};
 }
+static void cache_make(cache *c) { cache_make_cmp(c, 0); }
 static void cache_free(cache *c) {
     for (int i = 0; i < NP; i++) ops->free(ctx, c->k[i]), ops->free(ctx, c->v[i]);
+    ops->free(ctx, c->c[0]);
 }
 
 /* softmax attention of q over keys at pos[0..n): o (double) */
@@ -139,7 +147,45 @@ static void run(const float *q, const float *k, const float *v, const float *g, 
             CHECK_OK(ops->nsa_prefill(ctx, q + qo, k + ko, v + ko, g + go, m, HQ, HK, D, t0, &c->view, BS, CNT, WIN,
                                       scale, o + qo));
         }
+        if (c->view.c_pages) c->view.c_valid = (t0 + (decode ? 1 : m)) / BS; /* as the mixer keeps it */
     }
+}
+
+/* A decode step at position p with 3 blocks selected (the forced ones: first, previous, current)
+ * reads the compressed rows, those blocks and the window; every other KV row of the cache set to
+ * NaN leaves its output unchanged, bit for bit. */
+static void check_decode_reads(const float *q, const float *k, const float *v, const float *g) {
+    enum { P = 50, CUR = P / BS };
+    cache a, b;
+    float tmp[T * HQ * D], oa[HQ * D], ob[HQ * D];
+    cache *cs[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        cache_make_cmp(cs[i], 1);
+        CHECK_OK(ops->nsa_prefill(ctx, q, k, v, g, P, HQ, HK, D, 0, &cs[i]->view, BS, 3, WIN, 0.35f, tmp));
+        cs[i]->view.c_valid = P / BS;
+    }
+    int poisoned = 0;
+    for (int t = 0; t < P; t++) {
+        int blk = t / BS;
+        if (blk == 0 || blk >= CUR - 1 || t > P - WIN) continue;
+        for (int e = 0; e < HK * D; e++) {
+            ((float *)b.k[t / PT])[(t % PT) * HK * D + e] = NAN;
+            ((float *)b.v[t / PT])[(t % PT) * HK * D + e] = NAN;
+        }
+        poisoned++;
+    }
+    CHECK_MSG(poisoned >= 30, "nsa: only %d rows poisoned", poisoned);
+    int32_t p = P;
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(ops->nsa_decode(ctx, q + (size_t)P * HQ * D, k + (size_t)P * HK * D, v + (size_t)P * HK * D,
+                                 g + (size_t)P * HQ * 3, 1, HQ, HK, D, &p, &cs[i]->view, BS, 3, WIN, 0.35f,
+                                 i ? ob : oa));
+    int finite = 1;
+    for (int x = 0; x < HQ * D; x++) finite &= isfinite(oa[x]) != 0;
+    CHECK_MSG(finite && !memcmp(oa, ob, sizeof oa),
+              "nsa_decode with the compressed cache read KV rows outside the selected blocks and the window");
+    cache_free(&a);
+    cache_free(&b);
 }
 
 int main(void) {
@@ -161,12 +207,16 @@ int main(void) {
     cache_make(&c0);
     run(q, k, v, g, T, 0, &c0, o0);
     CHECK_CLOSE(o0, of, no, ATOL, RTOL, "nsa_prefill vs the double reference");
-    for (int mode = 0; mode < 2; mode++) {
-        cache_make(&c1);
-        run(q, k, v, g, mode ? 7 : 1, mode == 0, &c1, o1);
-        CHECK_MSG(!memcmp(o0, o1, no * sizeof(float)), "nsa: %s differs from one prefill", mode ? "pieces of 7" : "a decode loop");
+    for (int mode = 0; mode < 6; mode++) { /* decode loop, pieces of 7, one prefill; x (no) cache */
+        int with_cmp = mode >= 3, how = mode % 3;
+        cache_make_cmp(&c1, with_cmp);
+        run(q, k, v, g, how == 1 ? 7 : how == 2 ? T : 1, how == 0, &c1, o1);
+        CHECK_MSG(!memcmp(o0, o1, no * sizeof(float)), "nsa: %s%s differs from one prefill",
+                  how == 0 ? "a decode loop" : how == 1 ? "pieces of 7" : "one prefill",
+                  with_cmp ? " with the compressed cache" : "");
         cache_free(&c1);
     }
+    check_decode_reads(q, k, v, g);
     /* a batch of 3 sessions at positions 10, 33, 50 == each alone (the caches of c0 hold the
      * whole sequence; each session writes its own token again, same bytes) */
     enum { B = 3 };

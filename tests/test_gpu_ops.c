@@ -1278,6 +1278,9 @@ typedef struct {
     void **kc, **vc, **kg, **vg; /* page pointers per backend */
 } kvpair;
 
+static hyla_kv_view kv_view(void *const *k, void *const *v, int n_pages, int pt) {
+    return (hyla_kv_view){.k_pages = k, .v_pages = v, .n_pages = n_pages, .page_tokens = pt};
+}
 static kvpair kv_new(int n_pages, int pt, int Hk, int D) {
     kvpair p = {n_pages, pt, calloc(n_pages, sizeof(void *)), calloc(n_pages, sizeof(void *)),
                 calloc(n_pages, sizeof(void *)), calloc(n_pages, sizeof(void *))};
@@ -1315,7 +1318,7 @@ static void case_attention(const op_case *c) {
         int n1 = 100, n2 = 70; /* prefill 100, then append 70, then 3 decode steps */
         int total = n1 + n2 + 3;
         kvpair kv = kv_new((total + pt - 1) / pt, pt, Hk, D);
-        hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
+        hyla_kv_view vc = kv_view(kv.kc, kv.vc, kv.n_pages, pt), vg = kv_view(kv.kg, kv.vg, kv.n_pages, pt);
         int pos0 = 0;
         for (int part = 0; part < 2; part++) {
             int n = part ? n2 : n1;
@@ -1386,8 +1389,8 @@ static void case_attention(const op_case *c) {
         float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
         pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
         kvpair kv1 = kv_new((n + pt - 1) / pt, pt, Hk, D), kv2 = kv_new((n + pt - 1) / pt, pt, Hk, D);
-        hyla_kv_view vc = {kv1.kc, kv1.vc, kv1.n_pages, pt}, v1 = {kv1.kg, kv1.vg, kv1.n_pages, pt},
-                     v2 = {kv2.kg, kv2.vg, kv2.n_pages, pt};
+        hyla_kv_view vc = kv_view(kv1.kc, kv1.vc, kv1.n_pages, pt), v1 = kv_view(kv1.kg, kv1.vg, kv1.n_pages, pt),
+                     v2 = kv_view(kv2.kg, kv2.vg, kv2.n_pages, pt);
         void *o2 = dev(gpu, NULL, nq * 4), *o3 = dev(gpu, NULL, nq * 4);
         CHECK_OK(hyla_cuda_set_attn_split(gpu, 64));
         CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &v1, W, scale, po.g));
@@ -1429,8 +1432,8 @@ static void case_attention(const op_case *c) {
         hyla_kv_view vc[4], vg[4];
         for (int b = 0; b < B; b++) {
             kv[b] = kv_new((lens[b] + 1 + pt - 1) / pt, pt, Hk, D);
-            vc[b] = (hyla_kv_view){kv[b].kc, kv[b].vc, kv[b].n_pages, pt};
-            vg[b] = (hyla_kv_view){kv[b].kg, kv[b].vg, kv[b].n_pages, pt};
+            vc[b] = kv_view(kv[b].kc, kv[b].vc, kv[b].n_pages, pt);
+            vg[b] = kv_view(kv[b].kg, kv[b].vg, kv[b].n_pages, pt);
             int n = lens[b];
             size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D;
             float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
@@ -1479,7 +1482,7 @@ static void case_attn_pieces(const op_case *c) {
                 float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
                 pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
                 kvpair kv = kv_new((n + pt - 1) / pt, pt, Hk, D);
-                hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
+                hyla_kv_view vc = kv_view(kv.kc, kv.vc, kv.n_pages, pt), vg = kv_view(kv.kg, kv.vg, kv.n_pages, pt);
                 if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 64));
                 CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
                 void *op = dev(gpu, NULL, nq * 4);
@@ -1795,7 +1798,7 @@ static void case_nsa(const op_case *c) {
     float scale = 1.0f / sqrtf((float)D);
     int pieces[2] = {150, 77}, steps = 5, total = pieces[0] + pieces[1] + steps, pos = 0;
     kvpair kv = kv_new((total + pt - 1) / pt, pt, Hk, D);
-    hyla_kv_view vc = {kv.kc, kv.vc, kv.n_pages, pt}, vg = {kv.kg, kv.vg, kv.n_pages, pt};
+    hyla_kv_view vc = kv_view(kv.kc, kv.vc, kv.n_pages, pt), vg = kv_view(kv.kg, kv.vg, kv.n_pages, pt);
     for (int part = 0; part < 2 + steps; part++) {
         int n = part < 2 ? pieces[part] : 1;
         size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, ng = (size_t)n * Hq * 3;

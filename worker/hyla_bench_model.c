@@ -532,7 +532,7 @@ static hyla_kv_view make_view(int tokens, int Hk, int D, void *src_page) {
             TRY(O->copy(CX, vp[p], src_page, pb));
         }
     }
-    hyla_kv_view v = {kp, vp, np, pt};
+    hyla_kv_view v = {.k_pages = kp, .v_pages = vp, .n_pages = np, .page_tokens = pt};
     return v;
 }
 static void free_view(hyla_kv_view *v) {
@@ -768,6 +768,297 @@ static void bench_elementwise(int quick) {
 
 /* ---------------------------------------------------------------- options */
 
+/* ---------------------------------------------------------------- sparse attention (LTE, NSA) */
+
+/* The attention layers of the 1.4B models of lte-hybrid-sparse-attention-token-eviction.txt
+ * (Figure 4; appendix A): Hq 32, Hk 8, head dim 64; LTE s = 4, w = 768, b = 512 with the 3-layer
+ * CNN (kernel 3, dilation 2, channels 128 -> 64 -> 32 -> 16); SWA window 1024; NSA Hq 32, Hk 2,
+ * blocks of 64, 16 selected, window 512. Prefill: one sequence of N tokens from position 0.
+ * Decode: B sessions, one token each at position ctx. Inputs random (N(0,1)). */
+enum { SP_HQ = 32, SP_HK = 8, SP_D = 64, SP_NSA_HK = 2 };
+
+/* Fill `bytes` of device memory at dst with random KV rows of the backend's KV dtype (one
+ * random chunk, copied over and over). */
+static void fill_kv(void *dst, size_t bytes) {
+    size_t chunk = (size_t)1 << 22, n = chunk / hyla_dtype_size(O->kv_dtype);
+    static void *src;
+    if (!src) {
+        float *h = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) h[i] = hyla_rng_normal(&rng);
+        if (O->kv_dtype != HYLA_DT_F32) { /* bf16: the upper half of each float, rounded to nearest */
+            uint16_t *b = (uint16_t *)h;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &h[i], 4);
+                b[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            }
+        }
+        src = dalloc(chunk);
+        TRY(O->upload(CX, src, h, chunk));
+        free(h);
+    }
+    for (size_t off = 0; off < bytes; off += chunk)
+        TRY(O->copy(CX, (char *)dst + off, src, bytes - off < chunk ? bytes - off : chunk));
+}
+
+/* Paged KV views of B sessions of `tokens` rows each, carved from two allocations (k, v); with
+ * nsa_rows > 0 also a compressed-block cache of that many rows of [2][Hk][D] fp32 each. */
+typedef struct {
+    hyla_kv_view *v;
+    void **ptrs;
+    void *kbuf, *vbuf, *cbuf;
+    int B;
+} sp_views;
+static sp_views sp_views_new(int B, int tokens, int Hk, int D, int nsa_rows, int fill) {
+    sp_views s = {calloc((size_t)B, sizeof(hyla_kv_view)), NULL, NULL, NULL, NULL, B};
+    int pt = 64, np = (tokens + pt - 1) / pt, cp = nsa_rows > 0 ? (nsa_rows + pt - 1) / pt : 0;
+    size_t pb = (size_t)pt * Hk * D * hyla_dtype_size(O->kv_dtype), cb = (size_t)pt * 2 * Hk * D * sizeof(float);
+    s.ptrs = malloc((size_t)B * (2 * np + cp + 1) * sizeof(void *));
+    s.kbuf = dalloc((size_t)B * np * pb);
+    s.vbuf = dalloc((size_t)B * np * pb);
+    if (cp) s.cbuf = dalloc((size_t)B * cp * cb);
+    if (fill) {
+        fill_kv(s.kbuf, (size_t)B * np * pb);
+        fill_kv(s.vbuf, (size_t)B * np * pb);
+    }
+    for (int b = 0; b < B; b++) {
+        void **kp = s.ptrs + (size_t)b * (2 * np + cp), **vp = kp + np, **cpp = vp + np;
+        for (int p = 0; p < np; p++) {
+            kp[p] = (char *)s.kbuf + ((size_t)b * np + p) * pb;
+            vp[p] = (char *)s.vbuf + ((size_t)b * np + p) * pb;
+        }
+        for (int p = 0; p < cp; p++) cpp[p] = (char *)s.cbuf + ((size_t)b * cp + p) * cb;
+        s.v[b] = (hyla_kv_view){.k_pages = kp, .v_pages = vp, .n_pages = np, .page_tokens = pt,
+                                .c_pages = cp ? cpp : NULL, .c_n_pages = cp, .c_valid = 0};
+    }
+    return s;
+}
+static void sp_views_free(sp_views *s) {
+    dfree(s->kbuf);
+    dfree(s->vbuf);
+    if (s->cbuf) dfree(s->cbuf);
+    free(s->ptrs);
+    free(s->v);
+}
+
+/* An LTE layer's scoring CNN (random weights) and B caches. */
+typedef struct {
+    hyla_lte_params p;
+    hyla_lte_cache *c;
+    int B;
+    size_t kv_bytes, r_bytes, rpos_bytes, meta_bytes;
+} sp_lte;
+static sp_lte sp_lte_new(int B) {
+    sp_lte l = {{0}, calloc((size_t)B, sizeof(hyla_lte_cache)), B, 0, 0, 0, 0};
+    hyla_lte_params *p = &l.p;
+    p->Hk = SP_HK, p->D = SP_D, p->sink = 4, p->window = 768, p->budget = 512;
+    p->n_conv = 3, p->kernel = 3, p->dilation = 2, p->rope_theta = 10000.0f;
+    p->ch[0] = 2 * SP_D;
+    for (int i = 1; i <= 3; i++) p->ch[i] = p->ch[i - 1] / 2;
+    for (int i = 0; i < 3; i++) {
+        float sc = 1.0f / sqrtf((float)(p->ch[i] * p->kernel));
+        p->conv_w[i] = drand((size_t)SP_HK * p->ch[i + 1] * p->ch[i] * p->kernel, sc, 0, 0);
+        p->conv_b[i] = drand((size_t)SP_HK * p->ch[i + 1], 0.1f, 0, 0);
+    }
+    p->proj_w = drand((size_t)SP_HK * p->ch[3], 1.0f / sqrtf((float)p->ch[3]), 0, 0);
+    p->proj_b = drand(SP_HK, 0.1f, 0, 0);
+    size_t rows = (size_t)p->sink + p->window + p->budget;
+    l.kv_bytes = (size_t)SP_HK * rows * SP_D * hyla_dtype_size(O->kv_dtype);
+    l.r_bytes = (size_t)SP_HK * rows * 4;
+    l.rpos_bytes = (size_t)SP_HK * p->budget * 4;
+    l.meta_bytes = (size_t)(2 + SP_HK) * 4;
+    size_t zb = l.kv_bytes > l.r_bytes ? l.kv_bytes : l.r_bytes;
+    void *z = calloc(1, zb);
+    for (int b = 0; b < B; b++) {
+        hyla_lte_cache *c = &l.c[b];
+        c->k = dalloc(l.kv_bytes), c->v = dalloc(l.kv_bytes);
+        c->r = dalloc(l.r_bytes), c->rpos = dalloc(l.rpos_bytes), c->meta = dalloc(l.meta_bytes);
+        TRY(O->upload(CX, c->k, z, l.kv_bytes));
+        TRY(O->upload(CX, c->v, z, l.kv_bytes));
+        TRY(O->upload(CX, c->r, z, l.r_bytes));
+        TRY(O->upload(CX, c->rpos, z, l.rpos_bytes));
+        TRY(O->upload(CX, c->meta, z, l.meta_bytes));
+    }
+    free(z);
+    return l;
+}
+/* Copy cache 0 into the others. */
+static void sp_lte_clone(sp_lte *l) {
+    for (int b = 1; b < l->B; b++) {
+        TRY(O->copy(CX, l->c[b].k, l->c[0].k, l->kv_bytes));
+        TRY(O->copy(CX, l->c[b].v, l->c[0].v, l->kv_bytes));
+        TRY(O->copy(CX, l->c[b].r, l->c[0].r, l->r_bytes));
+        TRY(O->copy(CX, l->c[b].rpos, l->c[0].rpos, l->rpos_bytes));
+        TRY(O->copy(CX, l->c[b].meta, l->c[0].meta, l->meta_bytes));
+    }
+}
+static void sp_lte_free(sp_lte *l) {
+    for (int i = 0; i < 3; i++) dfree((void *)l->p.conv_w[i]), dfree((void *)l->p.conv_b[i]);
+    dfree((void *)l->p.proj_w);
+    dfree((void *)l->p.proj_b);
+    for (int b = 0; b < l->B; b++) {
+        dfree(l->c[b].k), dfree(l->c[b].v), dfree(l->c[b].r), dfree(l->c[b].rpos), dfree(l->c[b].meta);
+    }
+    free(l->c);
+}
+
+typedef struct {
+    int kind; /* 0 full attention, 1 SWA, 2 LTE, 3 NSA */
+    int n, B, Hq, Hk, D, window;
+    float *q, *k, *v, *g, *o;
+    sp_views *kv;
+    sp_lte *lte;
+    int32_t *pos;
+    int advance; /* LTE decode: each call one position further (the cache's lazy scoring runs as
+                  * in a real decode) */
+} sp_ud;
+static void sp_prefill_run(void *u) {
+    sp_ud *a = u;
+    float scale = 1.0f / sqrtf((float)a->D);
+    if (a->kind <= 1)
+        TRY(O->attn_prefill(CX, a->q, a->k, a->v, a->n, a->Hq, a->Hk, a->D, 0, &a->kv->v[0], a->window, scale, a->o));
+    else if (a->kind == 2) {
+        TRY(O->upload(CX, a->lte->c[0].meta, (int32_t[2 + SP_HK]){0}, a->lte->meta_bytes)); /* an empty cache */
+        TRY(O->lte_prefill(CX, &a->lte->p, a->q, a->k, a->v, a->n, a->Hq, 0, &a->lte->c[0], scale, a->o));
+    } else {
+        a->kv->v[0].c_valid = 0; /* a fresh prompt: every block is compressed */
+        TRY(O->nsa_prefill(CX, a->q, a->k, a->v, a->g, a->n, a->Hq, a->Hk, a->D, 0, &a->kv->v[0], 64, 16, a->window,
+                           scale, a->o));
+    }
+}
+static void sp_decode_run(void *u) {
+    sp_ud *a = u;
+    float scale = 1.0f / sqrtf((float)a->D);
+    if (a->kind <= 1)
+        TRY(O->attn_decode(CX, a->q, a->k, a->v, a->B, a->Hq, a->Hk, a->D, a->pos, a->kv->v, a->window, scale, a->o));
+    else if (a->kind == 2) {
+        TRY(O->lte_decode(CX, &a->lte->p, a->q, a->k, a->v, a->B, a->Hq, a->pos, a->lte->c, scale, a->o));
+        if (a->advance)
+            for (int b = 0; b < a->B; b++) a->pos[b]++;
+    } else
+        TRY(O->nsa_decode(CX, a->q, a->k, a->v, a->g, a->B, a->Hq, a->Hk, a->D, a->pos, a->kv->v, 64, 16, a->window,
+                          scale, a->o));
+}
+
+/* ms of one call: timeit for short calls; a call of more than 1 s is timed once (its kernels
+ * were loaded by the smaller sizes before it), one of 0.25-1 s once after a warm-up. */
+static double sp_time(bench_fn fn, void *ud) {
+    double t0 = hyla_now();
+    fn(ud);
+    TRY(O->sync(CX));
+    double one = hyla_now() - t0;
+    if (one > 1.0) return one * 1e3;
+    t0 = hyla_now();
+    fn(ud);
+    TRY(O->sync(CX));
+    one = hyla_now() - t0;
+    return one > 0.25 ? one * 1e3 : timeit(fn, ud);
+}
+
+static const char *const sp_names[] = {"full", "swa", "lte", "nsa"};
+
+static void sp_alloc_io(sp_ud *a, int rows, int Hq, int Hk, int D) {
+    a->q = drand((size_t)rows * Hq * D, 1.0f, 0, 0);
+    a->k = drand((size_t)rows * Hk * D, 1.0f, 0, 0);
+    a->v = drand((size_t)rows * Hk * D, 1.0f, 0, 0);
+    a->g = drand((size_t)rows * Hq * 3, 1.0f, 0, 0);
+    a->o = dalloc((size_t)rows * Hq * D * 4);
+}
+static void sp_free_io(sp_ud *a) {
+    dfree(a->q), dfree(a->k), dfree(a->v), dfree(a->g), dfree(a->o);
+}
+
+static int sp_ctx[8] = {4096, 32768, 131072}, sp_nctx = 3; /* --ctx */
+static int parse_list(const char *s, int *out, int max);
+
+static void bench_sparse(int quick) {
+    int *ctxs = sp_ctx, nctx = sp_nctx, B = 32, small[2] = {256, 1024};
+    if (quick) ctxs = small, nctx = 2, B = 4;
+    /* decode: B sessions at position ctx. LTE: the caches a prefill of min(ctx, 4096) tokens left
+     * (cloned to every session), decoded from position ctx on (the cache has a fixed size, so a
+     * step's work does not depend on the position once window and segment are full; the CPU
+     * backend checks the position against the cache, so it decodes right after the prefill). */
+    int fill = quick ? ctxs[0] : 4096;
+    sp_lte lte = sp_lte_new(B);
+    {
+        sp_ud a = {2, fill, 1, SP_HQ, SP_HK, SP_D, 0, NULL, NULL, NULL, NULL, NULL, NULL, &lte, NULL, 0};
+        sp_alloc_io(&a, fill, SP_HQ, SP_HK, SP_D);
+        sp_prefill_run(&a);
+        TRY(O->sync(CX));
+        sp_free_io(&a);
+        sp_lte_clone(&lte);
+    }
+    for (int ci = 0; ci < nctx; ci++) {
+        int ctx = ctxs[ci];
+        for (int kind = 0; kind < 5; kind++) {
+            int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
+            int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
+            if (k == 2 && strcmp(O->name, "cuda") && ctx != fill) continue;
+            sp_ud a = {k, 1, B, SP_HQ, Hk, SP_D, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, k == 2};
+            sp_alloc_io(&a, B, SP_HQ, Hk, SP_D);
+            a.pos = malloc((size_t)B * sizeof(int32_t));
+            for (int b = 0; b < B; b++) a.pos[b] = k == 2 ? (ctx > fill ? ctx : fill) : ctx;
+            sp_views kv = {0};
+            if (k == 2) a.lte = &lte;
+            else kv = sp_views_new(B, ctx + 1, Hk, SP_D, nsa ? (ctx + 1) / 64 : 0, 1), a.kv = &kv;
+            if (nsa) { /* the first call compresses every block; later steps find them cached */
+                sp_decode_run(&a);
+                for (int b = 0; b < B; b++) kv.v[b].c_valid = (ctx + 1) / 64;
+            }
+            double ms = sp_time(sp_decode_run, &a);
+            emit_head("sparse_decode");
+            printf(",\"mixer\":\"%s\",\"B\":%d,\"ctx\":%d,\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"window\":%d,\"ms\":%.4f}\n",
+                   sp_names[k], B, ctx, SP_HQ, Hk, SP_D, k == 2 ? 768 : window, ms);
+            fflush(stdout);
+            if (k != 2) sp_views_free(&kv);
+            free(a.pos);
+            sp_free_io(&a);
+        }
+    }
+    /* prefill: full, SWA, LTE, NSA (window 512 and 0) */
+    double lte_ms_per_tok = 0, nsa_ms = 0;
+    int nsa_n = 0;
+    for (int ci = 0; ci < nctx; ci++) {
+        int n = ctxs[ci];
+        for (int kind = 0; kind < 5; kind++) {
+            int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
+            int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
+            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* per-token insertion: skip what would take > 20 s */
+                emit_head("sparse_prefill");
+                printf(",\"mixer\":\"lte\",\"tokens\":%d,\"skipped\":\"over 20 s at %.3f ms/token\"}\n", n, lte_ms_per_tok);
+                continue;
+            }
+            double nsa_est = nsa_n ? nsa_ms * ((double)n / nsa_n) * ((double)n / nsa_n) : 0;
+            if (k == 3 && nsa_est > 20e3) { /* quadratic (the serial softmax per query): skip > 20 s */
+                emit_head("sparse_prefill");
+                printf(",\"mixer\":\"nsa\",\"tokens\":%d,\"window\":%d,\"skipped\":\"estimated %.0f s\"}\n", n, window,
+                       nsa_est / 1e3);
+                continue;
+            }
+            sp_ud a = {k, n, 1, SP_HQ, Hk, SP_D, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+            sp_alloc_io(&a, n, SP_HQ, Hk, SP_D);
+            sp_views kv = {0};
+            sp_lte pl = {0};
+            if (k == 2) pl = sp_lte_new(1), a.lte = &pl;
+            else kv = sp_views_new(1, n, Hk, SP_D, nsa ? n / 64 : 0, 0), a.kv = &kv;
+            double ms = sp_time(sp_prefill_run, &a);
+            if (k == 2) lte_ms_per_tok = ms / n;
+            if (kind == 3) nsa_ms = ms, nsa_n = n;
+            emit_head("sparse_prefill");
+            printf(",\"mixer\":\"%s\",\"tokens\":%d,\"Hq\":%d,\"Hk\":%d,\"D\":%d,\"window\":%d,\"ms\":%.3f,"
+                   "\"tokens_per_s\":%.0f}\n",
+                   sp_names[k], n, SP_HQ, Hk, SP_D, k == 2 ? 768 : window, ms, n / (ms * 1e-3));
+            fflush(stdout);
+            if (k == 2) sp_lte_free(&pl);
+            else sp_views_free(&kv);
+            sp_free_io(&a);
+        }
+    }
+    emit_head("sparse_lte_cache");
+    printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    sp_lte_free(&lte);
+}
+
 static void open_device(const char *device) {
     dev_arg = device;
     TRY(hyla_backend_create(device, &be));
@@ -791,14 +1082,19 @@ int hyla_bench_kernels(int argc, char **argv) {
             only = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
+            sp_nctx = parse_list(argv[++i], sp_ctx, 8);
         else {
-            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick]\n"
-                   "                          [--only gemm|prefill|sse|decode|attn|elementwise]\n"
+            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST]\n"
+                   "                          [--only gemm|prefill|sse|decode|attn|elementwise|sparse]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
                    "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
                    "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
                    "  prefill and decode, the row and elementwise ops of a 1024-token prefill piece of\n"
                    "  the 1.3B models (--only elementwise; GB/s of the bytes each must move).\n"
+                   "  --only sparse (not in the default set): full attention, SWA (w 1024), LTE and NSA\n"
+                   "  layers at the 1.4B laLTE/laNSA shapes, prefill and batch-32 decode at --ctx LIST\n"
+                   "  (default 4096,32768,131072).\n"
                    "  --quick: small sizes (the default on cpu).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
@@ -815,6 +1111,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     if (!only || !strcmp(only, "decode")) bench_decode(quick);
     if (!only || !strcmp(only, "attn")) bench_attention(quick);
     if (!only || !strcmp(only, "elementwise")) bench_elementwise(quick);
+    if (only && !strcmp(only, "sparse")) bench_sparse(quick);
     hyla_backend_destroy(be);
     return 0;
 }

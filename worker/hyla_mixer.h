@@ -135,10 +135,18 @@ typedef struct {
     hyla_part_state part[HYLA_MIXER_MAX_PARTS];
     struct hyla_state *owner; /* the session's state (page allocation, byte accounting) */
     int layer;
+    /* A cache the mixer derives from its parts (NSA: the compressed blocks), never in
+     * snapshots: empty at creation, so after an import too. Pages of HYLA_KV_PAGE_TOKENS rows;
+     * derived_rows: the rows the mixer has filled (it keeps the count). */
+    hyla_part_state derived;
+    int64_t derived_rows;
 } hyla_layer_state;
 
 /* Make paged part `part` of ls hold at least `tokens` rows (allocates pages). */
 hyla_status hyla_layer_state_reserve(hyla_layer_state *ls, int part, int64_t tokens);
+/* Make the derived cache of ls hold at least `rows` rows of row_bytes each (allocates pages;
+ * row_bytes must be the same at every call for a layer). */
+hyla_status hyla_layer_state_reserve_derived(hyla_layer_state *ls, size_t row_bytes, int64_t rows);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Forward */

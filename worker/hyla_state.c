@@ -2,7 +2,8 @@
  * declares (hyla_mixer.h), allocated from the model's layer specs. Fixed parts are allocated
  * (zero) at creation; paged parts grow a page of HYLA_KV_PAGE_TOKENS rows at a time as the
  * context grows and are never freed while the session lives (an export in flight may read
- * them). Threading: the thread that drives the backend. */
+ * them). A layer may also keep a derived cache (NSA's compressed blocks), paged the same way,
+ * which snapshots never hold. Threading: the thread that drives the backend. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,17 +60,15 @@ void hyla_state_free(hyla_state *st) {
             for (int k = 0; k < p->n_pages; k++) be->ops->free(be->ctx, p->pages[k]);
             free(p->pages);
         }
+        for (int k = 0; k < ls->derived.n_pages; k++) be->ops->free(be->ctx, ls->derived.pages[k]);
+        free(ls->derived.pages);
     }
     free(st->ls);
     free(st);
 }
 
-hyla_status hyla_layer_state_reserve(hyla_layer_state *ls, int part, int64_t tokens) {
-    hyla_state *st = ls->owner;
-    const hyla_part_spec *spec = &st->m->layers[ls->layer].parts[part];
-    HYLA_ASSERT(spec->paged);
-    hyla_part_state *p = &ls->part[part];
-    int need = (int)((tokens + HYLA_KV_PAGE_TOKENS - 1) / HYLA_KV_PAGE_TOKENS);
+/* Grow p to `need` pages of page_bytes each. */
+static hyla_status grow_pages(hyla_state *st, hyla_part_state *p, int need, size_t page_bytes) {
     if (need <= p->n_pages) return HYLA_OK;
     if (need > p->cap_pages) {
         int cap = p->cap_pages ? p->cap_pages : 8;
@@ -79,10 +78,22 @@ hyla_status hyla_layer_state_reserve(hyla_layer_state *ls, int part, int64_t tok
         p->pages = n;
         p->cap_pages = cap;
     }
-    size_t pb = (size_t)part_bytes(spec, HYLA_KV_PAGE_TOKENS);
     while (p->n_pages < need) {
-        HYLA_TRY(state_alloc(st, pb, &p->pages[p->n_pages]));
+        HYLA_TRY(state_alloc(st, page_bytes, &p->pages[p->n_pages]));
         p->n_pages++;
     }
     return HYLA_OK;
+}
+
+hyla_status hyla_layer_state_reserve(hyla_layer_state *ls, int part, int64_t tokens) {
+    hyla_state *st = ls->owner;
+    const hyla_part_spec *spec = &st->m->layers[ls->layer].parts[part];
+    HYLA_ASSERT(spec->paged);
+    int need = (int)((tokens + HYLA_KV_PAGE_TOKENS - 1) / HYLA_KV_PAGE_TOKENS);
+    return grow_pages(st, &ls->part[part], need, (size_t)part_bytes(spec, HYLA_KV_PAGE_TOKENS));
+}
+
+hyla_status hyla_layer_state_reserve_derived(hyla_layer_state *ls, size_t row_bytes, int64_t rows) {
+    int need = (int)((rows + HYLA_KV_PAGE_TOKENS - 1) / HYLA_KV_PAGE_TOKENS);
+    return grow_pages(ls->owner, &ls->derived, need, row_bytes * HYLA_KV_PAGE_TOKENS);
 }

@@ -350,6 +350,79 @@ class Client:
         return self._unary("DeleteSession " + session_id, self._sessions.DeleteSession,
                            pb.sessions_pb2.DeleteSessionRequest(session_id=session_id)).snapshots_deleted
 
+    def export_session(self, session_id, out, version=0):
+        """Write the session's portable snapshot file (docs/STATE_FORMAT.md) to out: a path, or a
+        binary file object (written, not closed). version 0: its current state (an active
+        session commits it first and stays active); else a kept version (list_snapshots). A
+        path is written whole or not at all (PATH.tmp.PID, then renamed). Returns the first
+        ExportSessionChunk's header: (version, position, total_bytes, model)."""
+        if isinstance(out, (str, bytes, os.PathLike)):
+            tmp = "%s.tmp.%d" % (os.fsdecode(out), os.getpid())
+            try:
+                with open(tmp, "wb") as f:
+                    head = self.export_session(session_id, f, version)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, out)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            return head
+        req = pb.sessions_pb2.ExportSessionRequest(session_id=session_id, version=version)
+        head, got = None, 0
+        try:
+            for k in self._sessions.ExportSession(req, metadata=self._metadata):
+                if head is None:
+                    head = (k.version, k.position, k.total_bytes, k.model)
+                out.write(k.data)
+                got += len(k.data)
+        except grpc.RpcError as e:
+            raise _error("ExportSession " + session_id, e) from None
+        if head is None or got != head[2]:
+            raise HylaError("ExportSession " + session_id, None,
+                            "the server sent %d of the file's %d bytes" % (got, head[2] if head else 0))
+        return head
+
+    def import_session(self, src, session_id=None, worker=None, chunk_bytes=1 << 20):
+        """A new session of this tenant from a portable snapshot file: src is a path, bytes, or a
+        binary file object (read to its end). session_id: the new id (None: the cluster chooses).
+        Returns its Session. A damaged file raises HylaError DATA_LOSS, another model's
+        FAILED_PRECONDITION, a taken id ALREADY_EXISTS; nothing is left behind."""
+        if isinstance(src, (str, os.PathLike)):
+            with open(src, "rb") as f:
+                return self.import_session(f, session_id, worker, chunk_bytes)
+
+        def pieces():
+            if isinstance(src, (bytes, bytearray)):
+                for i in range(0, max(len(src), 1), chunk_bytes):
+                    yield bytes(src[i:i + chunk_bytes])
+            else:
+                while True:
+                    b = src.read(chunk_bytes)
+                    if not b:
+                        break
+                    yield b
+
+        def requests():
+            first = True
+            for b in pieces():
+                if first:
+                    yield pb.sessions_pb2.ImportSessionRequest(session_id=session_id or "", worker_hint=worker or "",
+                                                                data=b)
+                    first = False
+                else:
+                    yield pb.sessions_pb2.ImportSessionRequest(data=b)
+
+        try:
+            return self._sessions.ImportSession(requests(), metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error("ImportSession" + (" " + session_id if session_id else ""), e) from None
+
+    def list_models(self):
+        """The models the cluster serves now: a list of ModelInfo (name, fingerprint,
+        ready_workers). Any valid key may ask."""
+        return list(self._unary("ListModels", self._sessions.ListModels, pb.sessions_pb2.ListModelsRequest()).models)
+
     # -- Cluster --------------------------------------------------------------------------
 
     def cluster_status(self):

@@ -229,6 +229,8 @@ typedef enum {
     HYLA_RPC_POLICY_TENANT = 0,   /* a tenant key (the public API) */
     HYLA_RPC_POLICY_CLUSTER = 1,  /* the cluster credential or the operator key (internal services) */
     HYLA_RPC_POLICY_OPERATOR = 2, /* the operator key only */
+    HYLA_RPC_POLICY_ANY = 3,      /* any valid key: tenant, cluster or operator (read-only listings
+                                     every caller may see, e.g. the models served) */
 } hyla_rpc_policy;
 
 /* A verifier: map a bearer key to a principal. Returns 1 and fills *out for a valid key, 0 for

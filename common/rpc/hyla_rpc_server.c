@@ -374,7 +374,8 @@ static int authenticate_locked(hyla_rpc_call *c) {
         finish_locked(c, HYLA_RPC_UNAUTHENTICATED, msg, NULL);
         return 0;
     }
-    int ok = policy == HYLA_RPC_POLICY_TENANT     ? pr.kind == HYLA_RPC_PRINCIPAL_TENANT
+    int ok = policy == HYLA_RPC_POLICY_ANY        ? 1
+             : policy == HYLA_RPC_POLICY_TENANT   ? pr.kind == HYLA_RPC_PRINCIPAL_TENANT
              : policy == HYLA_RPC_POLICY_OPERATOR ? pr.kind == HYLA_RPC_PRINCIPAL_OPERATOR
                                                   : (pr.kind == HYLA_RPC_PRINCIPAL_CLUSTER ||
                                                      pr.kind == HYLA_RPC_PRINCIPAL_OPERATOR);

@@ -446,26 +446,20 @@ static const hyla_chat_template *template_for(const hyla_http *h, const char *mo
     return any;
 }
 
-/* The models served now (workers not dead), as a JSON array of names. (ListWorkers plus the
-   cluster's session counts: for GET /v1/models, not for every request.) */
+/* The models served now (workers not dead), as a JSON array of names: ListModels, which every
+   valid key may call (a tenant's or the operator's), unlike the Cluster service. */
 static json_t *served_models(hyla_client *c, http_err *e) {
-    hyla_cluster_status st;
-    if (hyla_client_cluster_status(c, &st) != HYLA_OK) {
-        call_err(e, "listing the workers");
+    hyla_model_info *mi = NULL;
+    size_t n = 0;
+    if (hyla_client_list_models(c, &mi, &n) != HYLA_OK) {
+        call_err(e, "listing the models");
         return NULL;
     }
     json_t *models = json_array();
-    for (size_t i = 0; i < st.n_workers; i++) {
-        if (st.workers[i].state == HYLA_WORKER_DEAD || !*st.workers[i].model)
-            continue;
-        int seen = 0;
-        size_t k;
-        json_t *m;
-        json_array_foreach(models, k, m) seen |= !strcmp(json_string_value(m), st.workers[i].model);
-        if (!seen)
-            json_array_append_new(models, json_string(st.workers[i].model));
-    }
-    hyla_cluster_status_clear(&st);
+    for (size_t i = 0; i < n; i++)
+        if (mi[i].name[0])
+            json_array_append_new(models, json_string(mi[i].name));
+    free(mi);
     return models;
 }
 

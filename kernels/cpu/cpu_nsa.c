@@ -1,12 +1,15 @@
 /* cpu_nsa.c — the CPU reference of native sparse attention (docs/MODELS.md §5.2, [NSA-1..4];
  * flash-linear-attention's `nsa` layer, whose compression is mean pooling).
  *
- * The keys and values live in the paged KV cache of attention (hyla_kv_view); the compressed
- * blocks are derived from it (mean of each block of `block` tokens) when a query needs them, so
- * the cache holds nothing beyond the KV. One routine computes one (token, KV head) pair — the
- * query group's compressed attention, its shared block selection, the selected and the window
- * attention — so prefill and decode give the same bits. Threading: (token, KV head) pairs are
- * spread over the threads; each has its own scratch. */
+ * The keys and values live in the paged KV cache of attention (hyla_kv_view). The compressed
+ * blocks (mean of each block of `block` tokens) live in the view's derived cache (c_pages): a
+ * call first fills the blocks its tokens complete, each computed once, so a query reads the
+ * compressed rows, its selected blocks and its window, and nothing else of the KV. Without a
+ * cache (c_pages NULL) a query derives the blocks it needs from the KV, with the same
+ * arithmetic. One routine computes one (token, KV head) pair — the query group's compressed
+ * attention, its shared block selection, the selected and the window attention — so prefill
+ * and decode give the same bits. Threading: (token, KV head) pairs, and the blocks to fill, are
+ * spread over the threads; each task has its own scratch. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -17,6 +20,23 @@
 static const float *row(const hyla_kv_view *kv, void *const *pages, int pos, int Hk, int D, int h) {
     const float *page = pages[pos / kv->page_tokens];
     return page + ((size_t)(pos % kv->page_tokens) * Hk + h) * D;
+}
+
+/* [NSA-1] block c of KV head h: kr, vr [D] = the mean of its keys and values, summed in order. */
+static void compress_block(const hyla_kv_view *kv, int c, int h, int Hk, int D, int BS, float *kr, float *vr) {
+    memset(kr, 0, (size_t)D * sizeof(float));
+    memset(vr, 0, (size_t)D * sizeof(float));
+    for (int j = c * BS; j < (c + 1) * BS; j++) {
+        const float *kj = row(kv, kv->k_pages, j, Hk, D, h), *vj = row(kv, kv->v_pages, j, Hk, D, h);
+        for (int x = 0; x < D; x++) kr[x] += kj[x], vr[x] += vj[x];
+    }
+    for (int x = 0; x < D; x++) kr[x] /= (float)BS, vr[x] /= (float)BS;
+}
+
+/* The cached compressed key (isv 0) or value (isv 1) of block c, KV head h. */
+static float *cmp_row(const hyla_kv_view *kv, int c, int isv, int h, int Hk, int D) {
+    float *page = kv->c_pages[c / kv->page_tokens];
+    return page + (((size_t)(c % kv->page_tokens) * 2 + isv) * Hk + h) * D;
 }
 
 static float sigm(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
@@ -58,14 +78,15 @@ typedef struct {
     int *sel, *pos;                                     /* [nb], [ksel + kwin] */
 } nsa_scratch;
 
-static size_t task_layout(const nsa_dims *d, int p, float *mem, nsa_scratch *s) {
+static size_t task_layout(const nsa_dims *d, int p, int cached, float *mem, nsa_scratch *s) {
     size_t nb = (size_t)(p / d->block + 1), G = (size_t)(d->Hq / d->Hk), D = (size_t)d->D;
+    size_t ncf = cached ? 0 : nb * D; /* uncached: the blocks are derived into the scratch */
     size_t ksel = (size_t)d->counts * d->block < (size_t)p + 1 ? (size_t)d->counts * d->block : (size_t)p + 1;
     size_t kwin = d->window <= 0 ? 0 : (size_t)d->window < (size_t)p + 1 ? (size_t)d->window : (size_t)p + 1;
     size_t keys = ksel > kwin ? ksel : kwin, off = 0;
 #define NSA_CARVE(field, type, n) (s->field = mem ? (type *)(mem + off) : NULL, off += (n))
-    NSA_CARVE(kc, float, nb * D);
-    NSA_CARVE(vc, float, nb * D);
+    NSA_CARVE(kc, float, ncf);
+    NSA_CARVE(vc, float, ncf);
     NSA_CARVE(probs, float, G * nb);
     NSA_CARVE(score, float, nb);
     NSA_CARVE(sc, float, keys + 1);
@@ -78,9 +99,9 @@ static size_t task_layout(const nsa_dims *d, int p, float *mem, nsa_scratch *s) 
     return off;
 }
 
-static size_t task_floats(const nsa_dims *d, int p) {
+static size_t task_floats(const nsa_dims *d, int p, int cached) {
     nsa_scratch s;
-    return task_layout(d, p, NULL, &s);
+    return task_layout(d, p, cached, NULL, &s);
 }
 
 /* [NSA-1..4] The query group of KV head h at position p: q [G][D] rows of the token's q,
@@ -90,21 +111,17 @@ static void nsa_task(const nsa_dims *d, const hyla_kv_view *kv, int p, int h, co
     int D = d->D, BS = d->block, G = d->Hq / d->Hk;
     int nc = (p + 1) / BS;  /* compressed blocks wholly in the past: (c+1)·BS − 1 <= p */
     int nb = p / BS + 1;    /* blocks touched so far (the current one may be partial) */
+    int cached = kv->c_pages != NULL;
     nsa_scratch S;
-    task_layout(d, p, mem, &S);
-    float *kc = S.kc, *vc = S.vc, *probs = S.probs, *score = S.score, *sc = S.sc, *oc = S.oc, *os = S.os, *ow = S.ow;
+    task_layout(d, p, cached, mem, &S);
+    float *probs = S.probs, *score = S.score, *sc = S.sc, *oc = S.oc, *os = S.os, *ow = S.ow;
     int *sel = S.sel, *pos = S.pos;
-    /* [NSA-1] compressed keys and values: the mean of each complete block */
-    for (int c = 0; c < nc; c++) {
-        float *kr = kc + (size_t)c * D, *vr = vc + (size_t)c * D;
-        memset(kr, 0, (size_t)D * sizeof(float));
-        memset(vr, 0, (size_t)D * sizeof(float));
-        for (int j = c * BS; j < (c + 1) * BS; j++) {
-            const float *kj = row(kv, kv->k_pages, j, d->Hk, D, h), *vj = row(kv, kv->v_pages, j, d->Hk, D, h);
-            for (int x = 0; x < D; x++) kr[x] += kj[x], vr[x] += vj[x];
-        }
-        for (int x = 0; x < D; x++) kr[x] /= (float)BS, vr[x] /= (float)BS;
-    }
+    /* [NSA-1] compressed keys and values: the cached rows, or (no cache) the mean of each
+     * complete block derived here */
+    if (!cached)
+        for (int c = 0; c < nc; c++) compress_block(kv, c, h, d->Hk, D, BS, S.kc + (size_t)c * D, S.vc + (size_t)c * D);
+#define KC(c) (cached ? cmp_row(kv, (c), 0, h, d->Hk, D) : S.kc + (size_t)(c) * D)
+#define VC(c) (cached ? cmp_row(kv, (c), 1, h, d->Hk, D) : S.vc + (size_t)(c) * D)
     for (int c = 0; c < nb; c++) score[c] = 0.0f;
     for (int i = 0; i < G; i++) {
         const float *qi = q + (size_t)i * D;
@@ -112,8 +129,9 @@ static void nsa_task(const nsa_dims *d, const hyla_kv_view *kv, int p, int h, co
         /* [NSA-2] compressed attention (no visible block: zero) */
         float m = -INFINITY;
         for (int c = 0; c < nc; c++) {
+            const float *kcr = KC(c);
             float s = 0.0f;
-            for (int x = 0; x < D; x++) s += qi[x] * kc[(size_t)c * D + x];
+            for (int x = 0; x < D; x++) s += qi[x] * kcr[x];
             pr[c] = s * d->scale;
             if (pr[c] > m) m = pr[c];
         }
@@ -122,12 +140,15 @@ static void nsa_task(const nsa_dims *d, const hyla_kv_view *kv, int p, int h, co
         memset(oci, 0, (size_t)D * sizeof(float));
         for (int c = 0; c < nc; c++) {
             pr[c] = (float)(pr[c] / sum);
-            for (int x = 0; x < D; x++) oci[x] += pr[c] * vc[(size_t)c * D + x];
+            const float *vcr = VC(c);
+            for (int x = 0; x < D; x++) oci[x] += pr[c] * vcr[x];
             score[c] += pr[c];
         }
         /* keep this head's compressed output in o until the branches are summed */
         memcpy(o + (size_t)i * D, oci, (size_t)D * sizeof(float));
     }
+#undef KC
+#undef VC
     /* [NSA-3] block selection, shared by the group: mean probability, the first, current and
      * previous blocks forced (score 1); the `counts` highest, ties to the lower block index */
     int cur = p / BS, ns = 0;
@@ -184,6 +205,30 @@ static hyla_status kv_ready(const char *op, const hyla_kv_view *kv, int hi) {
     return HYLA_OK;
 }
 
+static hyla_status cache_ready(const char *op, const hyla_kv_view *kv, int hi, int block) {
+    if (!kv->c_pages) return HYLA_OK;
+    int nc = (hi + 1) / block;
+    if (kv->c_valid < 0 || (nc > 0 && (nc - 1) / kv->page_tokens >= kv->c_n_pages))
+        return hyla_fail(HYLA_ERR_RESOURCE, "%s: %d compressed blocks need more than the %d cache pages (%d valid)", op,
+                         nc, kv->c_n_pages, kv->c_valid);
+    return HYLA_OK;
+}
+
+/* Fill the compressed blocks c_valid.. that are complete at position hi of each of the nkv
+ * sessions' caches (after their tokens were written), in parallel over (block, head). */
+static void fill_blocks(cpu_ctx *c, const hyla_kv_view *kv, const int *hi, int nkv, int Hk, int D, int BS) {
+    for (int z = 0; z < nkv; z++) {
+        if (!kv[z].c_pages) continue;
+        int lo = kv[z].c_valid, nc = (hi[z] + 1) / BS;
+        long tasks = (long)(nc > lo ? nc - lo : 0) * Hk;
+#pragma omp parallel for num_threads(c->nt) if (tasks > 1) schedule(static)
+        for (long t = 0; t < tasks; t++) {
+            int blk = lo + (int)(t / Hk), h = (int)(t % Hk);
+            compress_block(&kv[z], blk, h, Hk, D, BS, cmp_row(&kv[z], blk, 0, h, Hk, D), cmp_row(&kv[z], blk, 1, h, Hk, D));
+        }
+    }
+}
+
 static void kv_put(const hyla_kv_view *kv, int pos, const float *k, const float *v, int Hk, int D) {
     memcpy((float *)row(kv, kv->k_pages, pos, Hk, D, 0), k, (size_t)Hk * D * sizeof(float));
     memcpy((float *)row(kv, kv->v_pages, pos, Hk, D, 0), v, (size_t)Hk * D * sizeof(float));
@@ -197,9 +242,12 @@ hyla_status cpu_nsa_prefill(void *ctx, const float *q, const float *k, const flo
     HYLA_TRY(nsa_check("nsa_prefill", n, &d));
     if (n == 0) return HYLA_OK;
     if (pos0 < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "nsa_prefill: pos0=%d", pos0);
-    HYLA_TRY(kv_ready("nsa_prefill", kv, pos0 + n - 1));
+    int hi = pos0 + n - 1;
+    HYLA_TRY(kv_ready("nsa_prefill", kv, hi));
+    HYLA_TRY(cache_ready("nsa_prefill", kv, hi, block));
     for (int t = 0; t < n; t++) kv_put(kv, pos0 + t, k + (size_t)t * Hk * D, v + (size_t)t * Hk * D, Hk, D);
-    size_t per = task_floats(&d, pos0 + n - 1);
+    fill_blocks(c, kv, &hi, 1, Hk, D, block);
+    size_t per = task_floats(&d, hi, kv->c_pages != NULL);
     void *mem;
     HYLA_TRY(cpu_scratch(c, (size_t)c->nt * per * sizeof(float), &mem));
     long tasks = (long)n * Hk;
@@ -223,10 +271,16 @@ hyla_status cpu_nsa_decode(void *ctx, const float *q, const float *k, const floa
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "nsa_decode: session %d at position %d", b, (int)pos[b]);
         HYLA_TRY(kv_ready("nsa_decode", &kv[b], pos[b]));
-        size_t f = task_floats(&d, pos[b]);
+        HYLA_TRY(cache_ready("nsa_decode", &kv[b], pos[b], block));
+        size_t f = task_floats(&d, pos[b], kv[b].c_pages != NULL);
         if (f > per) per = f;
     }
     for (int b = 0; b < B; b++) kv_put(&kv[b], pos[b], k + (size_t)b * Hk * D, v + (size_t)b * Hk * D, Hk, D);
+    int *hi = malloc((size_t)(B > 0 ? B : 1) * sizeof *hi);
+    if (!hi) return hyla_fail(HYLA_ERR_NOMEM, "nsa_decode: out of memory");
+    for (int b = 0; b < B; b++) hi[b] = pos[b];
+    fill_blocks(c, kv, hi, B, Hk, D, block);
+    free(hi);
     void *mem;
     HYLA_TRY(cpu_scratch(c, (size_t)c->nt * per * sizeof(float), &mem));
     long tasks = (long)B * Hk;

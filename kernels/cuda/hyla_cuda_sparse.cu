@@ -23,9 +23,12 @@
  *     (session, query head); the scores of the visible rows in shared memory). Prefill runs
  *     these per token in order (the cache changes after every token), so prefill == decode
  *     bit for bit.
- * NSA. The paged KV cache is bf16 as attention's. Per call, the compressed blocks (the mean of
- *   each complete block, summed in the CPU's order) are computed once per (session, block, KV
- *   head); then one block per (token, KV head) runs the query group's compressed attention
+ * NSA. The paged KV cache is bf16 as attention's. The compressed blocks (the mean of each
+ *   complete block, summed in the CPU's order, fp32) live in the view's derived cache: a call
+ *   fills only the blocks its tokens complete (one thread block per (session, block, KV head)),
+ *   so a decode step reads the compressed rows, the selected blocks and the window of the KV
+ *   and nothing else (a view without a cache gets all its blocks derived into scratch); then
+ *   one block per (token, KV head) runs the query group's compressed attention
  *   (logits and the double normaliser summed in the CPU's order, so the block selection is the
  *   CPU's up to exp's accuracy), the selection (ties to the lower block index), and the
  *   selected and window attentions, gated. Prefill and decode run the same kernels.
@@ -465,7 +468,11 @@ struct nsa_tab {
     void *const *ptr;
     const int32_t *off, *pt;
     const int32_t *pos;  /* decode: [B] positions; prefill: NULL (token i at pos0 + i, session 0) */
-    const int32_t *coff; /* first compressed block of session z in the compressed buffer */
+    /* the compressed blocks of session z: block c's row [2][Hk][D] fp32 (mean k, then mean v)
+     * is row c % cpt[z] of page cptr[cpoff[z] + c / cpt[z]]; rows < cvalid[z] hold their values
+     * already, rows cvalid[z]..nc[z]-1 are filled by k_nsa_compress */
+    void *const *cptr;
+    const int32_t *cpoff, *cpt, *cvalid, *nc;
     int pos0;
 };
 
@@ -480,6 +487,12 @@ __device__ __forceinline__ __nv_bfloat16 *nsa_row(const nsa_tab &t, int z, int i
     return page + ((size_t)(pos % pt) * Hk + h) * D;
 }
 
+__device__ __forceinline__ float *nsa_crow(const nsa_tab &t, int z, int c, int isv, int Hk, int D, int h) {
+    int cpt = t.cpt[z];
+    float *page = (float *)t.cptr[t.cpoff[z] + c / cpt];
+    return page + (((size_t)(c % cpt) * 2 + isv) * Hk + h) * D;
+}
+
 /* Write token i's k, v ([n][Hk][D] fp32) into its cache row (bf16). */
 __global__ void k_nsa_put(nsa_tab t, const float *k, const float *v, int Hk, int D) {
     int i = blockIdx.x, z = nsa_sess(t, i), p = nsa_pos(t, i);
@@ -489,20 +502,20 @@ __global__ void k_nsa_put(nsa_tab t, const float *k, const float *v, int Hk, int
     }
 }
 
-/* [NSA-1] compressed block c of session z, head h: the mean of its keys and values, summed in
- * order. kc, vc: [block][Hk][D] fp32 at row coff[z] + c. grid (blocks, sessions, Hk). */
-__global__ void k_nsa_compress(nsa_tab t, const int32_t *nc, int Hk, int D, int BS, float *kc, float *vc) {
-    int c = blockIdx.x, z = blockIdx.y, h = blockIdx.z;
-    if (c >= nc[z]) return;
-    size_t out = ((size_t)(t.coff[z] + c) * Hk + h) * D;
+/* [NSA-1] compressed block cvalid[z] + blockIdx.x of session z, head h: the mean of its keys
+ * and values, summed in order, into its cache row. grid (new blocks, sessions, Hk). */
+__global__ void k_nsa_compress(nsa_tab t, int Hk, int D, int BS) {
+    int z = blockIdx.y, c = t.cvalid[z] + blockIdx.x, h = blockIdx.z;
+    if (c >= t.nc[z]) return;
+    float *kc = nsa_crow(t, z, c, 0, Hk, D, h), *vc = nsa_crow(t, z, c, 1, Hk, D, h);
     for (int x = threadIdx.x; x < D; x += blockDim.x) {
         float sk = 0.0f, sv = 0.0f;
         for (int j = c * BS; j < (c + 1) * BS; j++) {
             sk = __fadd_rn(sk, __bfloat162float(nsa_row(t, z, 0, j, Hk, D, h)[x]));
             sv = __fadd_rn(sv, __bfloat162float(nsa_row(t, z, 1, j, Hk, D, h)[x]));
         }
-        kc[out + x] = __fdiv_rn(sk, (float)BS);
-        vc[out + x] = __fdiv_rn(sv, (float)BS);
+        kc[x] = __fdiv_rn(sk, (float)BS);
+        vc[x] = __fdiv_rn(sv, (float)BS);
     }
 }
 
@@ -545,7 +558,7 @@ __device__ void nsa_attend(const nsa_tab &t, int z, int h, int Hk, int D, const 
 /* [NSA-1..4] one (token, KV head) task: grid (tokens, Hk). scratch: per task `per` floats
  * (probs [G][nbmax], score [nbmax], keys [kmax]). Dynamic shared: q, oc, os, ow [D] each. */
 __global__ void k_nsa_task(nsa_tab t, const float *q, const float *g, int Hq, int Hk, int D, int BS, int counts,
-                           int window, float scale, const float *kc, const float *vc, float *scratch, size_t per,
+                           int window, float scale, float *scratch, size_t per,
                            float *o) {
     extern __shared__ float sm[];
     __shared__ float red[SP_THREADS];
@@ -558,7 +571,6 @@ __global__ void k_nsa_task(nsa_tab t, const float *q, const float *g, int Hq, in
     float *qs = sm, *os = sm + D, *ow = sm + 2 * D;
     float *mem = scratch + ((size_t)i * Hk + h) * per;
     float *score = mem, *probs = mem + nb, *sc = probs + (size_t)G * nb;
-    const float *KC = kc + (size_t)t.coff[z] * Hk * D, *VC = vc + (size_t)t.coff[z] * Hk * D;
     size_t qo = (size_t)i * Hq + (size_t)h * G;
     for (int c = tid; c < nb; c += blockDim.x) score[c] = 0.0f;
     __syncthreads();
@@ -567,7 +579,7 @@ __global__ void k_nsa_task(nsa_tab t, const float *q, const float *g, int Hq, in
         const float *qi = q + (qo + gi) * D;
         float *pr = probs + (size_t)gi * nb;
         for (int c = tid; c < nc; c += blockDim.x) {
-            const float *kr = KC + ((size_t)c * Hk + h) * D;
+            const float *kr = nsa_crow(t, z, c, 0, Hk, D, h);
             float s = 0.0f;
             for (int x = 0; x < D; x++) s = __fadd_rn(s, __fmul_rn(qi[x], kr[x]));
             pr[c] = __fmul_rn(s, scale);
@@ -588,7 +600,7 @@ __global__ void k_nsa_task(nsa_tab t, const float *q, const float *g, int Hq, in
         float *oi = o + (qo + gi) * D;
         for (int x = tid; x < D; x += blockDim.x) {
             float acc = 0.0f;
-            for (int c = 0; c < nc; c++) acc = __fadd_rn(acc, __fmul_rn(pr[c], VC[((size_t)c * Hk + h) * D + x]));
+            for (int c = 0; c < nc; c++) acc = __fadd_rn(acc, __fmul_rn(pr[c], nsa_crow(t, z, c, 1, Hk, D, h)[x]));
             oi[x] = acc; /* this head's compressed output, until the branches are summed */
         }
         for (int c = tid; c < nc; c += blockDim.x) score[c] = __fadd_rn(score[c], pr[c]);
@@ -663,7 +675,8 @@ static hyla_status nsa_run(hyla_cuda_ctx *c, const char *op, const float *q, con
         return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: n=%d Hq=%d Hk=%d D=%d block=%d counts=%d (at most %d)", op, n, Hq, Hk,
                          D, block, counts, NSA_MAX_COUNTS);
     if (n == 0) return HYLA_OK;
-    int G = Hq / Hk, pmax = 0, ncsum = 0, nptr = 0;
+    int G = Hq / Hk, pmax = 0, nptr = 0, ncp = 0, newmax = 0;
+    size_t scf = 0; /* scratch floats of the compressed blocks of sessions without a cache */
     for (int i = 0; i < n; i++) {
         int p = pos ? pos[i] : pos0 + i;
         if (p < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: token %d at position %d", op, i, p);
@@ -671,57 +684,83 @@ static hyla_status nsa_run(hyla_cuda_ctx *c, const char *op, const float *q, con
     }
     for (int z = 0; z < nkv; z++) {
         const hyla_kv_view *w = &kv[z];
-        int hi = pos ? pos[z] : pos0 + n - 1;
+        int hi = pos ? pos[z] : pos0 + n - 1, nc = (hi + 1) / block;
         if (w->page_tokens <= 0 || hi / w->page_tokens >= w->n_pages)
             return hyla_fail(HYLA_ERR_RESOURCE, "%s: position %d is beyond the cache", op, hi);
         for (int pg = 0; pg <= hi / w->page_tokens; pg++)
             if (!w->k_pages[pg] || !w->v_pages[pg])
                 return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: page %d is not allocated", op, pg);
         nptr += 2 * w->n_pages;
-        ncsum += (hi + 1) / block;
+        if (w->c_pages) {
+            if (w->c_valid < 0 || (nc > 0 && (nc - 1) / w->page_tokens >= w->c_n_pages))
+                return hyla_fail(HYLA_ERR_RESOURCE, "%s: %d compressed blocks need more than the %d cache pages", op,
+                                 nc, w->c_n_pages);
+            ncp += w->c_n_pages;
+            int valid = w->c_valid < nc ? w->c_valid : nc;
+            if (nc - valid > newmax) newmax = nc - valid;
+        } else {
+            ncp += 1;
+            scf += (size_t)nc * 2 * Hk * D;
+            if (nc > newmax) newmax = nc;
+        }
     }
-    /* host tables: pointers, then off [nkv + 1], pt [nkv], coff [nkv], nc [nkv] */
-    size_t ints = (size_t)4 * nkv + 1;
-    void **ptr = (void **)malloc((size_t)nptr * sizeof(void *) + ints * sizeof(int32_t) + 16);
+    /* host tables: kv pointers [nptr], compressed pointers [ncp], then the ints off [nkv + 1],
+     * pt, cpoff, cpt, cvalid, nc [nkv] each */
+    int nbmax = pmax / block + 1, kmax = counts * block > window ? counts * block : window;
+    if (kmax > pmax + 1) kmax = pmax + 1;
+    size_t per = (size_t)(G + 1) * nbmax + kmax + 1;
+    void *mem;
+    HYLA_TRY(cu_scratch(c, SCR_ATTN, (scf + (size_t)n * Hk * per) * sizeof(float), &mem));
+    float *cscr = (float *)mem, *scr = cscr + scf;
+    size_t ints = (size_t)6 * nkv + 1, np = (size_t)nptr + ncp;
+    void **ptr = (void **)malloc(np * sizeof(void *) + ints * sizeof(int32_t) + 16);
     if (!ptr) return hyla_fail(HYLA_ERR_RESOURCE, "%s: out of host memory", op);
-    int32_t *off = (int32_t *)(ptr + nptr), *pt = off + nkv + 1, *coff = pt + nkv, *ncz = coff + nkv;
+    void **cptr = ptr + nptr;
+    int32_t *off = (int32_t *)(ptr + np), *pt = off + nkv + 1, *cpoff = pt + nkv, *cpt = cpoff + nkv;
+    int32_t *cvalid = cpt + nkv, *ncz = cvalid + nkv;
     int at = 0, cat = 0;
+    size_t sat = 0;
     for (int z = 0; z < nkv; z++) {
         off[z] = at;
         for (int pg = 0; pg < kv[z].n_pages; pg++) ptr[at + pg] = kv[z].k_pages[pg], ptr[at + kv[z].n_pages + pg] = kv[z].v_pages[pg];
         at += 2 * kv[z].n_pages;
         pt[z] = kv[z].page_tokens;
-        coff[z] = cat;
         ncz[z] = ((pos ? pos[z] : pos0 + n - 1) + 1) / block;
-        cat += ncz[z];
+        cpoff[z] = cat;
+        if (kv[z].c_pages) {
+            for (int pg = 0; pg < kv[z].c_n_pages; pg++) cptr[cat + pg] = kv[z].c_pages[pg];
+            cat += kv[z].c_n_pages;
+            cpt[z] = kv[z].page_tokens;
+            cvalid[z] = kv[z].c_valid < ncz[z] ? kv[z].c_valid : ncz[z];
+        } else { /* one scratch page holding all its blocks, all derived in this call */
+            cptr[cat++] = cscr + sat;
+            sat += (size_t)ncz[z] * 2 * Hk * D;
+            cpt[z] = ncz[z] > 0 ? ncz[z] : 1;
+            cvalid[z] = 0;
+        }
     }
     off[nkv] = at;
     void *dptr, *dint, *dpos = NULL;
-    hyla_status st = cu_stage_reserve(c, (size_t)nptr * sizeof(void *) + ints * sizeof(int32_t) + (size_t)n * 4 + 768, 3);
-    if (st == HYLA_OK) st = cu_stage(c, ptr, (size_t)nptr * sizeof(void *), &dptr);
+    hyla_status st = cu_stage_reserve(c, np * sizeof(void *) + ints * sizeof(int32_t) + (size_t)n * 4 + 768, 3);
+    if (st == HYLA_OK) st = cu_stage(c, ptr, np * sizeof(void *), &dptr);
     if (st == HYLA_OK) st = cu_stage(c, off, ints * sizeof(int32_t), &dint);
     if (st == HYLA_OK && pos) st = cu_stage(c, pos, (size_t)n * sizeof(int32_t), &dpos);
     free(ptr);
     HYLA_TRY(st);
     int32_t *di = (int32_t *)dint;
-    nsa_tab t = {(void *const *)dptr, di, di + nkv + 1, (const int32_t *)dpos, di + 2 * nkv + 1, pos0};
-    /* scratch: compressed k, v; per task probs, score, key scores */
-    int nbmax = pmax / block + 1, kmax = counts * block > window ? counts * block : window;
-    if (kmax > pmax + 1) kmax = pmax + 1;
-    size_t per = (size_t)(G + 1) * nbmax + kmax + 1, ncf = (size_t)(ncsum > 0 ? ncsum : 1) * Hk * D;
-    void *mem;
-    HYLA_TRY(cu_scratch(c, SCR_ATTN, (2 * ncf + (size_t)n * Hk * per) * sizeof(float), &mem));
-    float *kc = (float *)mem, *vc = kc + ncf, *scr = vc + ncf;
+    nsa_tab t = {(void *const *)dptr, di, di + nkv + 1, (const int32_t *)dpos, (void *const *)dptr + nptr,
+                 di + 2 * nkv + 1, di + 3 * nkv + 1, di + 4 * nkv + 1, di + 5 * nkv + 1, pos0};
     k_nsa_put<<<n, SP_THREADS, 0, c->stream>>>(t, k, v, Hk, D);
     CU_LAUNCH_CHECK("nsa_put");
-    int ncmax = (pmax + 1) / block;
-    if (ncmax > 0) {
-        k_nsa_compress<<<dim3(ncmax, nkv, Hk), SP_THREADS, 0, c->stream>>>(t, di + 3 * nkv + 1, Hk, D, block, kc, vc);
+    /* only the blocks completed since the cache was last filled: a decode step reads the KV
+     * of its selected blocks and window alone */
+    if (newmax > 0) {
+        k_nsa_compress<<<dim3(newmax, nkv, Hk), SP_THREADS, 0, c->stream>>>(t, Hk, D, block);
         CU_LAUNCH_CHECK("nsa_compress");
     }
     size_t smem = 3 * (size_t)D * sizeof(float);
-    k_nsa_task<<<dim3(n, Hk), SP_THREADS, smem, c->stream>>>(t, q, g, Hq, Hk, D, block, counts, window, scale, kc, vc,
-                                                            scr, per, o);
+    k_nsa_task<<<dim3(n, Hk), SP_THREADS, smem, c->stream>>>(t, q, g, Hq, Hk, D, block, counts, window, scale, scr,
+                                                            per, o);
     CU_LAUNCH_CHECK("nsa_task");
     return HYLA_OK;
 }

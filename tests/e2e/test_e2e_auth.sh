@@ -4,7 +4,9 @@
 # hyla-admin issues keys (printed alone on stdout) and revokes them; a tenant's key serves its
 # sessions (through both stages and the store); another tenant's key -> PERMISSION_DENIED (exit 5)
 # whatever x-hyla-tenant says; no key, a made-up key and a revoked key -> UNAUTHENTICATED; keys
-# survive a coordinator restart. Every internal service refuses callers without the cluster
+# survive a coordinator restart; another tenant's key cannot export a session, an import belongs
+# to the importer's tenant; GET /v1/models on the HTTP gateway answers a tenant's and the
+# operator's key. Every internal service refuses callers without the cluster
 # credential (UNAUTHENTICATED without a key; with a tenant key PERMISSION_DENIED on the
 # coordinator, UNAUTHENTICATED on a worker, which knows no tenant keys): Cluster and Admin
 # (operator), StateStore, RegisterWorker / Heartbeat, a worker's own port, a pipeline stage's
@@ -101,7 +103,30 @@ if command -v curl >/dev/null && [ -s "$E2E_DIR/h.port" ]; then
   e2e_expect_eq "$code" 401 "HTTP completion without a key"
   code=$(curl -s -o "$E2E_DIR/http.out" -w '%{http_code}' -H "Authorization: Bearer $KB" "$H/v1/completions" -d "$body")
   e2e_expect_eq "$code" 200 "HTTP completion with bob's key"
+  # GET /v1/models answers any valid key: a tenant's (ListModels, not the operators' Cluster
+  # service) and the operator's
+  code=$(curl -s -o "$E2E_DIR/http.out" -w '%{http_code}' "$H/v1/models")
+  e2e_expect_eq "$code" 401 "GET /v1/models without a key"
+  for who in KB OPKEY; do
+    code=$(curl -s -o "$E2E_DIR/http.out" -w '%{http_code}' -H "Authorization: Bearer ${!who}" "$H/v1/models")
+    e2e_expect_eq "$code" 200 "GET /v1/models with $who"
+    grep -q '"id": *"model"' "$E2E_DIR/http.out" || e2e_fail "GET /v1/models with $who: $(head -c 300 "$E2E_DIR/http.out")"
+  done
 fi
+
+# a session's file leaves only with its tenant's key; an import belongs to the importer's tenant
+e2e_expect_rc 5 "bob exports acme's session" B export "$S" "$E2E_DIR/bob.hys"
+grep -q PERMISSION_DENIED "$E2E_DIR/last.err" || e2e_fail "bob's export: $(cat "$E2E_DIR/last.err")"
+[ -e "$E2E_DIR/bob.hys" ] && e2e_fail "a refused export wrote a file"
+e2e_expect_rc 0 "acme exports its session" A export "$S" "$E2E_DIR/acme.hys"
+BI=$(B import "$E2E_DIR/acme.hys") || e2e_fail "bob imports a file he was given"
+B show "$BI" | grep -q "^tenant *bob" || e2e_fail "the import's tenant is not bob: $(B show "$BI" | grep tenant)"
+e2e_expect_eq "$(B -q generate "$BI" -n 4 --ids --ignore-eos)" "$(A -q generate "$S" -n 4 --ids --ignore-eos)" \
+  "bob's import (placed on the two-stage pipeline) continues as acme's session does"
+e2e_expect_rc 5 "acme's key on bob's import" A show "$BI"
+e2e_expect_rc 5 "an import without a key" env HYLA_API_KEY= "$E2E_BIN/hyla" --server "$E2E_SERVER" import \
+  "$E2E_DIR/acme.hys"
+grep -q UNAUTHENTICATED "$E2E_DIR/last.err" || e2e_fail "import without a key: $(cat "$E2E_DIR/last.err")"
 
 # every internal service: no key -> UNAUTHENTICATED, a tenant key -> PERMISSION_DENIED
 probe_expect() { # ADDR METHOD KEY WANT

@@ -4,7 +4,9 @@
 #       format (curl); after a create / append / generate / pause, the coordinator's request
 #       counter for CreateSession{code="OK"}, the worker's prefill and decode token counters,
 #       its snapshot put histogram and the coordinator's committed-snapshot counter have moved;
-#       sessions by tier and workers by state are reported;
+#       sessions by tier and workers by state are reported; the store's GC counters (versions
+#       dropped by retention, chunks and bytes deleted, reclaim passes) move after pauses and a
+#       delete;
 #   health: grpc.health.v1.Health/Check (Python grpcio where present, raw bytes) answers SERVING
 #       on both; /healthz and /readyz answer 200;
 #   draining: a worker held in draining (its store is unreachable) answers /readyz 503,
@@ -16,7 +18,7 @@ e2e_init ops
 command -v curl >/dev/null || e2e_skip "curl is not installed"
 
 e2e_make_model "$E2E_DIR/model"
-e2e_start_coordinator coordinator --heartbeat-ms 200 --dead-after-ms 2000 --log-format json \
+e2e_start_coordinator coordinator --heartbeat-ms 200 --dead-after-ms 2000 --log-format json --store-reclaim-ms 200 \
   --metrics 127.0.0.1:0 --metrics-port-file "$E2E_DIR/coord.mport" || e2e_done
 e2e_wait_for 10 test -s "$E2E_DIR/coord.mport" || e2e_fail "coordinator wrote no metrics port file"
 CM=127.0.0.1:$(cat "$E2E_DIR/coord.mport")
@@ -69,6 +71,23 @@ gt "$(metric "$WM" 'hyla_grpc_requests_total{method="/hyla.v1.Worker/Generate",c
 [ -n "$(metric "$CM" 'hyla_coord_sessions{state="SESSION_PAUSED",tier="TIER_UNSPECIFIED"}')" ] ||
   e2e_fail "coordinator: sessions by state and tier missing"
 [ "$E2E_FAILED" = 0 ] && e2e_log "ok: metric values moved after requests (prefill $pre, decode $dec tokens)"
+
+# store GC: retention (the default --keep-versions 2) drops versions as pauses add them; a
+# deleted session's chunks are garbage, and a reclaim pass (--store-reclaim-ms 200) follows
+for i in 1 2; do
+  H -q generate "$S" -n 2 --ids --ignore-eos >/dev/null || e2e_fail "generate $i"
+  H pause "$S" >/dev/null || e2e_fail "pause $i"
+done
+gt "$(metric "$CM" hyla_store_versions_dropped_total)" 0 || e2e_fail "coordinator: no version dropped by retention"
+GC=$(H -q create) || e2e_fail "create for GC"
+echo "a session whose snapshots are deleted" | H -q append "$GC" - || e2e_fail "append for GC"
+H pause "$GC" >/dev/null || e2e_fail "pause for GC"
+H -q rm "$GC" || e2e_fail "rm for GC"
+gt "$(metric "$CM" hyla_store_gc_reclaimed_bytes_total)" 0 || e2e_fail "coordinator: deleted chunks' bytes not counted"
+gt "$(metric "$CM" hyla_store_gc_chunks_deleted_total)" 0 || e2e_fail "coordinator: deleted chunks not counted"
+e2e_wait_for 10 sh -c "curl -sf 'http://$CM/metrics' | grep -q '^hyla_store_gc_runs_total [1-9]'" ||
+  e2e_fail "coordinator: no reclaim pass counted after a delete"
+[ "$E2E_FAILED" = 0 ] && e2e_log "ok: store GC counters moved"
 
 # probes
 for a in "$CM" "$WM"; do

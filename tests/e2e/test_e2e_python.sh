@@ -3,7 +3,8 @@
 # cluster — hyla-coordinator and two hyla-worker processes on loopback, CPU backend, a tiny sse-h
 # model. example.py does create / append / generate / pause / resume; then the identity that
 # matters: 32 tokens generated in one go equal 16 + Pause (evict) + Resume on the other worker + 16
-# in a second session fed the same document. Skips (77) until the binaries exist, or without a
+# in a second session fed the same document; export_session / import_session (path, file object,
+# bytes) continue identically, a damaged file is DATA_LOSS and leaves nothing. Skips (77) until the binaries exist, or without a
 # python3 that imports grpc and grpc_tools.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
@@ -71,5 +72,45 @@ with Client(server, tenant="py-identity") as c:
     c.delete(a)
     c.delete(b)
 PY
+
+# 3. export and import through the Python API: the import continues as the original does
+HYLA_PROTO_DIR="$E2E_SRC/proto" "$PY" - "$E2E_SERVER" "$E2E_SRC/client/python" "$doc" "$E2E_DIR/py.hys" <<'PY' ||
+import io, sys
+sys.path.insert(0, sys.argv[2])
+from hyla_client import Client, HylaError
+
+server, doc, path = sys.argv[1], open(sys.argv[3], "rb").read(), sys.argv[4]
+with Client(server, tenant="py-port") as c:
+    models = c.list_models()
+    assert [m.name for m in models] == ["model"] and models[0].ready_workers == 2, models
+    a = c.create_session(seed=3, temperature=0.8, top_k=10).session_id
+    c.append(a, doc)
+    c.generate(a, 4, ignore_eos=True)
+    version, position, size, model = c.export_session(a, path)
+    assert version >= 1 and position > 0 and size > 0 and model == "model", (version, position, size, model)
+    buf = io.BytesIO()
+    assert c.export_session(a, buf, version=version)[0] == version
+    assert buf.getvalue() == open(path, "rb").read(), "export to a file object != export to a path"
+    b = c.import_session(path, session_id="py-imported")
+    assert b.session_id == "py-imported" and b.position == position, b
+    d = c.import_session(buf.getvalue())
+    want = c.generate(a, 8, ignore_eos=True).token_ids
+    assert c.generate(b.session_id, 8, ignore_eos=True).token_ids == want, "import from a path"
+    assert c.generate(d.session_id, 8, ignore_eos=True).token_ids == want, "import from bytes"
+    damaged = bytearray(buf.getvalue())
+    damaged[len(damaged) // 2] ^= 0xFF
+    try:
+        c.import_session(bytes(damaged), session_id="py-damaged")
+        raise SystemExit("python: a damaged file was imported")
+    except HylaError as e:
+        assert e.code_name == "DATA_LOSS", e
+    try:
+        c.get("py-damaged")
+        raise SystemExit("python: the damaged import left a session")
+    except HylaError as e:
+        assert e.code_name == "NOT_FOUND", e
+    print("python export/import ok", file=sys.stderr)
+PY
+  e2e_fail "python export/import"
 
 e2e_done

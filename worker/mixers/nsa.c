@@ -4,9 +4,12 @@
  * Keys and tensors as flash-linear-attention's NativeSparseAttention layer and NSA model name
  * them: q/k/v projections (optional bias), g_proj giving three gate logits per query head
  * (compressed, selected, window), o_proj; GQA and rotate-half RoPE. State: the keys and values
- * of every position, paged and incremental in snapshots exactly as attention's; the compressed
- * blocks are derived from them by the ops (nothing else is stored, so an import needs no
- * rebuild). */
+ * of every position, paged and incremental in snapshots exactly as attention's. The compressed
+ * blocks (one row [2][Hk][hd] fp32 per complete block) are a cache derived from the KV in the
+ * layer state's derived pages: the ops fill a block once, when it completes, so a decode step
+ * reads only the compressed rows, the selected blocks and the window. Snapshots hold the KV
+ * alone; an imported session starts with an empty cache, which its first forward refills from
+ * the KV (the same bits: a block's mean depends only on its tokens). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -131,7 +134,24 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     HYLA_TRY(o->rope(ctx, s.k, R, Hk, hd, f->pos, c->rope_theta));
     hyla_kv_view *views = NULL;
     HYLA_TRY(hyla_mixer_kv_views(f, PART_K, PART_V, &views));
-    hyla_status st;
+    hyla_status st = HYLA_OK;
+    int nv = f->decode ? R : 1;
+    size_t crow = (size_t)2 * Hk * hd * sizeof(float);
+    for (int i = 0; st == HYLA_OK && i < nv; i++) {
+        hyla_layer_state *ls = f->st[i];
+        int64_t first = f->pos[i], last = f->pos[i] + (f->decode ? 0 : R - 1);
+        st = hyla_layer_state_reserve_derived(ls, crow, (last + 1) / c->block);
+        /* blocks wholly before this forward's first token are unchanged since they were filled
+         * (a session only ever appends after the tokens it keeps) */
+        int64_t valid = ls->derived_rows < first / c->block ? ls->derived_rows : first / c->block;
+        views[i].c_pages = ls->derived.pages;
+        views[i].c_n_pages = ls->derived.n_pages;
+        views[i].c_valid = (int)valid;
+    }
+    if (st != HYLA_OK) {
+        free(views);
+        return st;
+    }
     if (f->decode)
         st = o->nsa_decode(ctx, s.q, s.k, s.v, s.g, R, Hq, Hk, hd, f->pos, views, c->block, c->counts, c->window,
                            scale, s.o);
@@ -140,6 +160,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
                             c->window, scale, s.o);
     free(views);
     HYLA_TRY(st);
+    for (int i = 0; i < nv; i++) f->st[i]->derived_rows = (f->pos[i] + (f->decode ? 1 : R)) / c->block;
     HYLA_MIXER_MARK(f, "nsa: rope, pages, core");
     HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, 0));
     HYLA_MIXER_MARK(f, "nsa: o proj");
