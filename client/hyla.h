@@ -372,6 +372,29 @@ typedef struct {
 hyla_status hyla_client_list_snapshots(hyla_client *c, const char *session_id, hyla_snapshot_version **out,
                                        size_t *n);
 
+/* Tokens read back from a session's token log (ReadTokens). */
+typedef struct {
+    int32_t *token_ids;       /* [n_tokens]: generated indices from_generated .. + n_tokens - 1 */
+    size_t n_tokens;
+    uint64_t from_generated;  /* as asked */
+    uint64_t generated;       /* the session's Session.generated now */
+    uint64_t first_available; /* the oldest generated index the log holds */
+    char *text;               /* their text, NUL-terminated ("" without a tokenizer, or when read
+                                 from the store: the ids are the exact record) */
+    size_t text_len;
+} hyla_read_result;
+
+/* ReadTokens: up to max_tokens (0: the server's limit, 65536) generated tokens of the session
+ * from generated index from_generated on; none when from_generated >= generated. A
+ * from_generated below the log's first kept token fails HYLA_ERR_INVALID_ARG with
+ * hyla_client_last_code() OUT_OF_RANGE, the message naming first_available. After an interrupted
+ * Generate that delivered R tokens: if generated > R, read from R and append; if generated < R,
+ * drop the last R - generated received (docs/API.md). *out: caller frees with
+ * hyla_read_result_clear (also on failure). */
+hyla_status hyla_client_read_tokens(hyla_client *c, const char *session_id, uint64_t from_generated, uint32_t max_tokens,
+                                    hyla_read_result *out);
+void hyla_read_result_clear(hyla_read_result *r); /* accepts NULL; leaves it empty */
+
 /* DeleteSession: forget the session and its snapshots. snapshots_deleted may be NULL. */
 hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, uint64_t *snapshots_deleted);
 

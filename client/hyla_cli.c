@@ -31,6 +31,7 @@ static const char *const cmd_names[HYLA_CMD_COUNT] = {
     [HYLA_CMD_LS] = "ls", [HYLA_CMD_SHOW] = "show", [HYLA_CMD_STATUS] = "status",
     [HYLA_CMD_DRAIN] = "drain", [HYLA_CMD_HELP] = "help", [HYLA_CMD_SNAPSHOTS] = "snapshots",
     [HYLA_CMD_EXPORT] = "export", [HYLA_CMD_IMPORT] = "import",
+    [HYLA_CMD_READ] = "read",
 };
 
 static const char usage_main[] =
@@ -58,6 +59,8 @@ static const char usage_main[] =
     "                           cluster serving the same model)\n"
     "  import FILE|- [--as ID] [--on WORKER]\n"
     "                           a new session from a snapshot file; prints its id alone\n"
+    "  read SESSION [--from N] [-n N] [--ids]\n"
+    "                           print generated tokens again (after an interrupted generate)\n"
     "  show SESSION             describe a session\n"
     "  rm SESSION...            delete sessions and their snapshots\n"
     "  ls [--model NAME] [--all] [--ids]   list sessions\n"
@@ -147,7 +150,9 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "If the session is paused, migrated or its worker fails mid-way, the command exits with\n"
         "status 4 and stderr says how many tokens were delivered: the session kept exactly those,\n"
         "so running generate again continues with no gap (after a worker failure, from its last\n"
-        "durable snapshot: `hyla show` gives its position).\n"
+        "durable snapshot: `hyla show` gives its generated count; drop what you received beyond\n"
+        "it). After a cancel, or a coordinator restart, the session may hold more tokens than you\n"
+        "received: `hyla read SESSION --from RECEIVED` prints them.\n"
         "\n"
         "Example:  hyla generate $S -n 64 --stop $'\\n\\n'\n",
     [HYLA_CMD_PAUSE] =
@@ -276,6 +281,27 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "  --on WORKER   place it on WORKER's group\n"
         "\n"
         "Example:  hyla --server other:7000 import chat.hys --as s-0123456789abcdef\n",
+    [HYLA_CMD_READ] =
+        "usage: hyla read SESSION [--from N] [-n N] [--ids]\n"
+        "\n"
+        "Print the session's generated tokens again, from its token log (the last 65536\n"
+        "generated tokens at least, kept in every snapshot). Text goes to stdout as `generate`\n"
+        "prints it (control bytes escaped on a terminal); stderr says which tokens they were\n"
+        "and the session's generated count (a session paused in the store gives no text: use\n"
+        "--ids, or resume it first). For a generate that was cut off (exit status 4, or\n"
+        "a cancel): if stderr or `hyla show` gives generated > the tokens you received, read\n"
+        "the rest with --from RECEIVED; then `generate` continues with no gap.\n"
+        "\n"
+        "  --from N            the first token wanted, counted over the session's generated\n"
+        "                      tokens (0 = its first; default 0)\n"
+        "  -n, --max-tokens N  at most N tokens (default: all, up to 65536)\n"
+        "  --ids               print token ids (space-separated, one line) instead of text\n"
+        "\n"
+        "A --from below the oldest token the log keeps fails with exit status 6 (OUT_OF_RANGE;\n"
+        "the message names the first available); a --from at or past the generated count\n"
+        "prints nothing.\n"
+        "\n"
+        "Example:  hyla read $S --from 120 --ids\n",
 };
 
 static void print_help(FILE *f, hyla_cli_cmd cmd) {
@@ -293,7 +319,7 @@ static void print_help(FILE *f, hyla_cli_cmd cmd) {
 enum {
     O_SERVER, O_TENANT, O_TIMEOUT, O_QUIET, O_HELP, O_MODEL, O_TEMPERATURE, O_TOP_K, O_TOP_P, O_SEED,
     O_ON, O_TO, O_N, O_STOP, O_STOP_ID, O_IGNORE_EOS, O_IDS, O_EVICT, O_WAIT, O_TOKENS, O_BOS,
-    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_AS, O_COUNT
+    O_NO_PROGRESS, O_ALL, O_VERSION, O_API_KEY, O_TLS_CA, O_AS, O_FROM, O_COUNT
 };
 
 #define C(x) (1u << HYLA_CMD_##x)
@@ -319,11 +345,11 @@ static const struct {
     [O_SEED] = {"seed", 0, 1, C(CREATE) | C(GENERATE) | C(FORK)},
     [O_ON] = {"on", 0, 1, C(CREATE) | C(RESUME) | C(FORK) | C(IMPORT)},
     [O_TO] = {"to", 0, 1, C(MIGRATE)},
-    [O_N] = {"max-tokens", 'n', 1, C(GENERATE)},
+    [O_N] = {"max-tokens", 'n', 1, C(GENERATE) | C(READ)},
     [O_STOP] = {"stop", 0, 1, C(GENERATE)},
     [O_STOP_ID] = {"stop-id", 0, 1, C(GENERATE)},
     [O_IGNORE_EOS] = {"ignore-eos", 0, 0, C(GENERATE)},
-    [O_IDS] = {"ids", 0, 0, C(GENERATE) | C(LS)},
+    [O_IDS] = {"ids", 0, 0, C(GENERATE) | C(LS) | C(READ)},
     [O_EVICT] = {"evict", 0, 0, C(PAUSE)},
     [O_WAIT] = {"wait", 0, 0, C(DRAIN) | C(STATUS)},
     [O_TOKENS] = {"tokens", 0, 0, C(APPEND)},
@@ -332,6 +358,7 @@ static const struct {
     [O_ALL] = {"all", 0, 0, C(LS)},
     [O_VERSION] = {"version", 0, 1, C(RESUME) | C(FORK) | C(EXPORT)},
     [O_AS] = {"as", 0, 1, C(IMPORT)},
+    [O_FROM] = {"from", 0, 1, C(READ)},
 };
 
 /* Positional arguments of each command: min, max (-1: any), and their names for messages. */
@@ -355,6 +382,7 @@ static const struct {
     [HYLA_CMD_SNAPSHOTS] = {1, 1, "SESSION"},
     [HYLA_CMD_EXPORT] = {2, 2, "SESSION FILE|-"},
     [HYLA_CMD_IMPORT] = {1, 1, "FILE|-"},
+    [HYLA_CMD_READ] = {1, 1, "SESSION"},
 };
 
 static hyla_cli_cmd find_cmd(const char *s) {
@@ -490,6 +518,11 @@ static void apply_opt(hyla_cli_args *a, int o, const char *name, const char *v, 
         if (!v[0])
             set_err(err, n, have, "%s: the session id is empty", name);
         a->as_id = v;
+        break;
+    case O_FROM:
+        if (!parse_u64(v, &u))
+            set_err(err, n, have, "%s: '%s' is not a token index (an integer >= 0)", name, v);
+        a->from = u;
         break;
     default: HYLA_ASSERT(!"unknown option id");
     }
@@ -1209,6 +1242,35 @@ static int cmd_import(run_ctx *r) {
     return HYLA_EXIT_OK;
 }
 
+static int cmd_read(run_ctx *r) {
+    const hyla_cli_args *a = r->a;
+    hyla_read_result res;
+    hyla_status st = hyla_client_read_tokens(r->c, a->pos[0], a->from, a->has_max_tokens ? a->max_tokens : 0, &res);
+    if (st != HYLA_OK) {
+        hyla_read_result_clear(&res);
+        return fail("read", st);
+    }
+    if (a->ids) {
+        for (size_t i = 0; i < res.n_tokens; i++)
+            printf("%s%d", i ? " " : "", (int)res.token_ids[i]);
+        if (res.n_tokens)
+            fputc('\n', stdout);
+    } else if (res.text_len) {
+        write_text(res.text, res.text_len, isatty(1));
+        if (isatty(1) && res.text[res.text_len - 1] != '\n')
+            fputc('\n', stdout);
+    } else if (res.n_tokens) {
+        fprintf(stderr, "hyla read: no text for these %zu tokens (the session is in the store, or its model has no "
+                        "tokenizer); --ids prints them\n", res.n_tokens);
+    }
+    if (!a->quiet)
+        fprintf(stderr, "hyla: tokens %llu..%llu of %llu generated (the log keeps %llu on)\n",
+                (unsigned long long)res.from_generated, (unsigned long long)(res.from_generated + res.n_tokens),
+                (unsigned long long)res.generated, (unsigned long long)res.first_available);
+    hyla_read_result_clear(&res);
+    return HYLA_EXIT_OK;
+}
+
 static int cmd_rm(run_ctx *r) {
     int rc = HYLA_EXIT_OK;
     for (int i = 0; i < r->a->n_pos; i++) {
@@ -1515,6 +1577,7 @@ int hyla_cli_main(int argc, char **argv) {
     case HYLA_CMD_SNAPSHOTS: rc = cmd_snapshots(&r); break;
     case HYLA_CMD_EXPORT: rc = cmd_export(&r); break;
     case HYLA_CMD_IMPORT: rc = cmd_import(&r); break;
+    case HYLA_CMD_READ: rc = cmd_read(&r); break;
     case HYLA_CMD_STATUS: rc = cmd_status(&r); break;
     case HYLA_CMD_DRAIN: rc = cmd_drain(&r); break;
     default: HYLA_ASSERT(!"unhandled command");

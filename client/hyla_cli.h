@@ -43,6 +43,7 @@ typedef enum {
     HYLA_CMD_SNAPSHOTS,
     HYLA_CMD_EXPORT,
     HYLA_CMD_IMPORT,
+    HYLA_CMD_READ,
     HYLA_CMD_COUNT
 } hyla_cli_cmd;
 
@@ -64,13 +65,13 @@ typedef struct {
     float top_p;
     uint64_t seed;
     int has_max_tokens;
-    uint32_t max_tokens;     /* generate -n */
+    uint32_t max_tokens;     /* generate -n, read -n */
     const char **stop;       /* [n_stop] generate --stop */
     size_t n_stop;
     int32_t *stop_ids;       /* [n_stop_ids] generate --stop-id */
     size_t n_stop_ids;
     int ignore_eos;          /* generate --ignore-eos */
-    int ids;                 /* generate --ids: print token ids; ls --ids: print session ids only */
+    int ids;                 /* generate/read --ids: print token ids; ls --ids: print session ids only */
     int evict, wait, tokens, bos, no_progress, all;
     const char **pos;        /* [n_pos] positional arguments after the command */
     int n_pos;
@@ -78,6 +79,7 @@ typedef struct {
     const char *api_key;     /* --api-key, else $HYLA_API_KEY (hyla_cli_main); NULL: none */
     const char *tls_ca;      /* --tls-ca, else $HYLA_TLS_CA (hyla_cli_main); NULL: plain */
     const char *as_id;       /* import --as: the new session's id; NULL: the cluster chooses */
+    uint64_t from;           /* read --from: the first generated index wanted (default 0) */
 } hyla_cli_args;
 
 /* Parse argv (argv[0] is the program). env_server / env_tenant: the values of $HYLA_SERVER and

@@ -658,6 +658,43 @@ hyla_status hyla_client_list_snapshots(hyla_client *c, const char *session_id, h
     return HYLA_OK;
 }
 
+void hyla_read_result_clear(hyla_read_result *r) {
+    if (!r)
+        return;
+    free(r->token_ids);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+hyla_status hyla_client_read_tokens(hyla_client *c, const char *session_id, uint64_t from_generated, uint32_t max_tokens,
+                                    hyla_read_result *out) {
+    HYLA_ASSERT(c && out);
+    memset(out, 0, sizeof *out);
+    HYLA_TRY(check_id("ReadTokens", session_id));
+    Hyla__V1__ReadTokensRequest req = HYLA__V1__READ_TOKENS_REQUEST__INIT;
+    req.session_id = (char *)session_id;
+    req.from_generated = from_generated;
+    req.max_tokens = max_tokens;
+    ProtobufCMessage *resp = NULL;
+    HYLA_TRY(session_unary(c, "ReadTokens", session_id, &req.base, &hyla__v1__read_tokens_response__descriptor, &resp));
+    const Hyla__V1__ReadTokensResponse *r = (const Hyla__V1__ReadTokensResponse *)resp;
+    out->token_ids = malloc((r->n_token_ids ? r->n_token_ids : 1) * sizeof *out->token_ids);
+    out->text = malloc(r->text.len + 1);
+    HYLA_ASSERT(out->token_ids && out->text);
+    if (r->n_token_ids)
+        memcpy(out->token_ids, r->token_ids, r->n_token_ids * sizeof *out->token_ids);
+    out->n_tokens = r->n_token_ids;
+    if (r->text.len)
+        memcpy(out->text, r->text.data, r->text.len);
+    out->text[r->text.len] = 0;
+    out->text_len = r->text.len;
+    out->from_generated = r->from_generated;
+    out->generated = r->generated;
+    out->first_available = r->first_available;
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return HYLA_OK;
+}
+
 hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, uint64_t *snapshots_deleted) {
     HYLA_ASSERT(c);
     if (snapshots_deleted)

@@ -162,6 +162,7 @@ static const struct {
     {SVC_SESSIONS "ExportSession", coord_do_export, 0, NULL},
     {SVC_SESSIONS "ImportSession", NULL, 0, coord_h_import},
     {SVC_SESSIONS "ListModels", coord_do_list_models, 1, NULL},
+    {SVC_SESSIONS "ReadTokens", coord_do_read_tokens, 0, NULL},
     {SVC_SESSIONS "Generate", NULL, 0, coord_h_generate},
     {SVC_SESSIONS "Append", NULL, 0, coord_h_append},
     {SVC_CLUSTER "ListWorkers", coord_do_list_workers, 1, NULL},

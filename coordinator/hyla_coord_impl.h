@@ -236,6 +236,7 @@ void coord_do_list_snapshots(hyla_coord *c, hyla_rpc_call *call, const ProtobufC
  * naming the kept range otherwise, HYLA_ERR_UNSUPPORTED without an embedded store. */
 hyla_status coord_check_kept_version(hyla_coord *c, const char *id, uint64_t version);
 void coord_do_list_models(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
+void coord_do_read_tokens(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 
 /* ---- hyla_coord_port.c: ExportSession and ImportSession (the portable snapshot file) ---- */
 void coord_do_export(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);

@@ -638,3 +638,117 @@ void coord_do_list_models(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMes
     free(pm);
     free(mi);
 }
+
+/* The token log of a session in the store: its committed version's log (an empty log for a
+ * session with no snapshot yet). Fills r's generated, first_available and tokens. */
+static hyla_status read_tokens_stored(hyla_coord *c, const char *id, uint64_t version, uint64_t generated,
+                                      const Hyla__V1__ReadTokensRequest *q, uint32_t max,
+                                      Hyla__V1__ReadTokensResponse *r, int32_t **toks) {
+    r->generated = r->first_available = generated;
+    if (!version)
+        return HYLA_OK;
+    if (!c->store)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "ReadTokens of a session in the store needs the coordinator's embedded "
+                                               "store (this one uses the store at %s); Resume it first", c->store_addr);
+    hyla_snapshot *snap = NULL;
+    hyla_status st = hyla_store_get_token_log(c->store, id, version, &snap, NULL);
+    const int32_t *log = NULL;
+    uint32_t n = 0;
+    if (st == HYLA_OK)
+        st = hyla_snapshot_token_log(snap, &log, &n);
+    if (st != HYLA_OK) {
+        hyla_snapshot_destroy(snap);
+        return hyla_fail_wrap(st, "reading the token log of session %s version %llu", id, (unsigned long long)version);
+    }
+    r->generated = snap->n_generated;
+    r->first_available = snap->n_generated - n;
+    if (q->from_generated >= r->first_available && q->from_generated < r->generated) {
+        uint64_t k = r->generated - q->from_generated;
+        r->n_token_ids = k < max ? (size_t)k : max;
+        *toks = malloc(r->n_token_ids * sizeof **toks);
+        HYLA_ASSERT(*toks);
+        memcpy(*toks, log + (q->from_generated - r->first_available), r->n_token_ids * sizeof **toks);
+        r->token_ids = *toks;
+    }
+    hyla_snapshot_destroy(snap);
+    return HYLA_OK;
+}
+
+/* ReadTokens: from the owning group's stage 0 for a resident session (it holds the log of the
+ * last step), else from the committed snapshot. Runs on a job thread; takes no session lock (a
+ * read changes nothing), so it answers during a Generate. */
+void coord_do_read_tokens(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
+    const Hyla__V1__ReadTokensRequest *q = (const Hyla__V1__ReadTokensRequest *)m;
+    hyla_status st = coord_check_session_id(q->session_id);
+    if (st != HYLA_OK) {
+        coord_answer_error(call, st);
+        return;
+    }
+    char ids[MAX_STAGES][ID_MAX];
+    int n_owners = 0, state = 0;
+    uint64_t version = 0, generated = 0;
+    pthread_mutex_lock(&c->mu);
+    csess *s = coord_sess_find(c, q->session_id);
+    int mine = s && strcmp(s->tenant, tenant) == 0;
+    if (mine) {
+        state = s->state;
+        version = s->snap.version;
+        generated = s->generated;
+        if (state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE)
+            n_owners = coord_owners_locked(c, s, ids);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!s)
+        st = hyla_fail(HYLA_ERR_NOT_FOUND, "session %s not found", q->session_id);
+    else if (!mine)
+        st = hyla_fail(HYLA_ERR_PERMISSION, "session %s belongs to another tenant", q->session_id);
+    else if (state == HYLA__V1__SESSION_STATE__SESSION_MOVING ||
+             (state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE && n_owners < 1))
+        st = hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s is being placed; retry ReadTokens", q->session_id);
+    if (st != HYLA_OK) {
+        coord_answer_error(call, st);
+        return;
+    }
+    uint32_t max = q->max_tokens && q->max_tokens <= HYLA_TOKEN_LOG_MAX ? q->max_tokens : HYLA_TOKEN_LOG_MAX;
+    Hyla__V1__ReadTokensResponse local = HYLA__V1__READ_TOKENS_RESPONSE__INIT;
+    const Hyla__V1__ReadTokensResponse *r = &local;
+    ProtobufCMessage *wr = NULL;
+    int32_t *toks = NULL;
+    if (state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE) {
+        Hyla__V1__ReadTokensRequest wq = *q;
+        wq.max_tokens = max;
+        hyla_rpc_result res;
+        st = coord_call_worker(c, ids[0], SVC_WORKER "ReadTokens", &wq.base, &hyla__v1__read_tokens_response__descriptor,
+                               &wr, &res);
+        if (st == HYLA_OK) {
+            r = (const Hyla__V1__ReadTokensResponse *)wr;
+        } else if (res.code == HYLA_RPC_NOT_FOUND) { /* the worker let it go to the store (host budget) */
+            pthread_mutex_lock(&c->mu);
+            const csess *now = coord_sess_find(c, q->session_id); /* s may be gone: look it up again */
+            version = now ? now->snap.version : version;
+            pthread_mutex_unlock(&c->mu);
+            st = read_tokens_stored(c, q->session_id, version, generated, q, max, &local, &toks);
+        } else {
+            st = hyla_fail(res.code == HYLA_RPC_OK ? HYLA_ERR_INTERNAL : hyla_rpc_status_from_code(res.code),
+                           "ReadTokens of session %s on worker %s: %s", q->session_id, ids[0], res.message);
+        }
+    } else {
+        st = read_tokens_stored(c, q->session_id, version, generated, q, max, &local, &toks);
+    }
+    if (st != HYLA_OK)
+        coord_answer_error(call, st);
+    else if (q->from_generated < r->first_available)
+        hyla_rpc_call_fail(call, HYLA_RPC_OUT_OF_RANGE,
+                           "field from_generated: %llu is below first_available %llu: session %s keeps its last %llu "
+                           "generated tokens (%u at most)",
+                           (unsigned long long)q->from_generated, (unsigned long long)r->first_available, q->session_id,
+                           (unsigned long long)(r->generated - r->first_available), HYLA_TOKEN_LOG_MAX);
+    else {
+        Hyla__V1__ReadTokensResponse out = *r;
+        out.from_generated = q->from_generated;
+        hyla_rpc_call_reply(call, &out.base);
+    }
+    if (wr)
+        protobuf_c_message_free_unpacked(wr, NULL);
+    free(toks);
+}

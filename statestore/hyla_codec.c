@@ -751,6 +751,28 @@ void hyla_manifest_destroy(hyla_manifest *m) {
     free(m);
 }
 
+void hyla_manifest_keep_kind(hyla_manifest *m, uint32_t kind) {
+    uint32_t np = 0;
+    size_t nc = 0;
+    uint64_t raw = 0;
+    for (uint32_t i = 0; i < m->n_parts; i++) {
+        hyla_manifest_part mp = m->parts[i];
+        if (mp.desc.kind != kind) continue;
+        for (uint32_t c = 0; c < mp.n_chunks; c++) { /* chunks lie part by part: nc <= their index */
+            hyla_chunk_ref r = m->chunks[mp.first_chunk + c];
+            r.part = np;
+            m->chunks[nc + c] = r;
+        }
+        mp.first_chunk = (uint32_t)nc;
+        nc += mp.n_chunks;
+        raw += mp.desc.nbytes;
+        m->parts[np++] = mp;
+    }
+    m->n_parts = np;
+    m->n_chunks = nc;
+    m->raw_bytes = raw;
+}
+
 static int mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
     if (a && b > UINT64_MAX / a) return 0;
     *r = a * b;
@@ -831,6 +853,10 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
             !(mp->stored_dtype == d->dtype || (d->dtype == HYLA_DT_F32 && mp->stored_dtype == HYLA_DT_BF16))) {
             st = hyla_fail(HYLA_ERR_FORMAT, "%s: layer %u part %s: malformed descriptor (ndim %u, dtype %u, stored %u)",
                            what, d->layer, name, d->ndim, d->dtype, mp->stored_dtype);
+            goto fail;
+        }
+        if (d->kind == HYLA_PART_TOKENS && i + 1 != n_parts) { /* snapshots keep it last (hyla_snapshot.h) */
+            st = hyla_fail(HYLA_ERR_FORMAT, "%s: the token log (part %u of %u) must be the last part", what, i, n_parts);
             goto fail;
         }
         uint64_t elems = 1, nb = 0, sb = 0;

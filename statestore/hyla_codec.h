@@ -134,6 +134,9 @@ void hyla_codec_plan_destroy(hyla_codec_plan *plan); /* accepts NULL */
  * in messages ("session s1 version 3"). *out: caller frees with hyla_manifest_destroy. */
 hyla_status hyla_manifest_parse(const uint8_t *buf, size_t len, const char *what, hyla_manifest **out);
 void hyla_manifest_destroy(hyla_manifest *m); /* accepts NULL */
+/* Keep only the parts of m of the given kind (and their chunks), in order; the meta stays. For
+ * reading one part without the rest (hyla_store_get_token_log). */
+void hyla_manifest_keep_kind(hyla_manifest *m, uint32_t kind);
 /* A snapshot with the manifest's meta and parts allocated (zero-filled), or layout only
  * (data NULL) when alloc_data is 0 — for hyla_snapshot_check_layout. Caller frees. */
 hyla_status hyla_manifest_to_snapshot(const hyla_manifest *m, int alloc_data, hyla_snapshot **out);

@@ -25,6 +25,7 @@ const char *hyla_part_kind_name(hyla_part_kind k) {
     case HYLA_PART_KV: return "kv";
     case HYLA_PART_LTE: return "lte";
     case HYLA_PART_DLA: return "dla";
+    case HYLA_PART_TOKENS: return "tokens";
     default: return "unknown";
     }
 }
@@ -108,7 +109,15 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
         return hyla_fail(HYLA_ERR_NOMEM, "snapshot: cannot allocate %llu bytes for layer %u part %s",
                          (unsigned long long)p->nbytes, layer, name);
     s->n_parts++;
-    if (layer + 1 > s->n_layers) s->n_layers = layer + 1;
+    if (layer != HYLA_SNAPSHOT_SESSION_LAYER && layer + 1 > s->n_layers) s->n_layers = layer + 1;
+    /* the token log stays last (parts are ordered by layer; its layer is the session's), so a
+     * snapshot merged from pipeline stages equals the one-model snapshot */
+    if (kind != HYLA_PART_TOKENS && s->n_parts >= 2 && s->parts[s->n_parts - 2].kind == HYLA_PART_TOKENS) {
+        hyla_state_part t = s->parts[s->n_parts - 2];
+        s->parts[s->n_parts - 2] = *p;
+        s->parts[s->n_parts - 1] = t;
+        p = &s->parts[s->n_parts - 2];
+    }
     if (out) *out = p;
     return HYLA_OK;
 }
@@ -173,21 +182,60 @@ static void shape_text(char *buf, size_t n, const hyla_state_part *p) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-hyla_status hyla_snapshot_check_layout(const hyla_snapshot *got, const hyla_snapshot *exp) {
-    if (got->model_fingerprint && exp->model_fingerprint && got->model_fingerprint != exp->model_fingerprint)
-        return hyla_fail(HYLA_ERR_MISMATCH, "model fingerprint mismatch: state is from model %016llx, expected %016llx",
-                         (unsigned long long)got->model_fingerprint, (unsigned long long)exp->model_fingerprint);
-    for (uint32_t i = 0; i < got->n_parts || i < exp->n_parts; i++) {
-        if (i >= got->n_parts) {
-            const hyla_state_part *e = &exp->parts[i];
+hyla_status hyla_snapshot_add_token_log(hyla_snapshot *s, uint32_t n, int32_t **data) {
+    *data = NULL;
+    if (n == 0 || n > HYLA_TOKEN_LOG_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "token log of %u tokens: must be 1..%u", n, HYLA_TOKEN_LOG_MAX);
+    if (hyla_snapshot_find(s, HYLA_SNAPSHOT_SESSION_LAYER, HYLA_TOKEN_LOG_PART))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "the snapshot has a token log already");
+    uint64_t shape[1] = {n};
+    hyla_state_part *p = NULL;
+    HYLA_TRY(hyla_snapshot_add_part(s, HYLA_SNAPSHOT_SESSION_LAYER, HYLA_TOKEN_LOG_PART, HYLA_PART_TOKENS, HYLA_DT_I32,
+                                    1, shape, 0, &p));
+    *data = p->data;
+    return HYLA_OK;
+}
+
+hyla_status hyla_snapshot_token_log(const hyla_snapshot *s, const int32_t **tokens, uint32_t *n) {
+    *tokens = NULL;
+    *n = 0;
+    const hyla_state_part *p = hyla_snapshot_find(s, HYLA_SNAPSHOT_SESSION_LAYER, HYLA_TOKEN_LOG_PART);
+    if (!p) return HYLA_OK;
+    if (p->kind != HYLA_PART_TOKENS || p->dtype != HYLA_DT_I32 || p->ndim != 1 || p->shape[0] == 0 ||
+        p->shape[0] > HYLA_TOKEN_LOG_MAX || p->shape[0] > s->n_generated || p->nbytes != p->shape[0] * 4)
+        return hyla_fail(HYLA_ERR_FORMAT,
+                         "token log part: kind %u dtype %u ndim %u of %llu tokens, expected kind tokens, i32, 1..%llu "
+                         "tokens (min of %u and the %llu generated)",
+                         p->kind, p->dtype, p->ndim, (unsigned long long)p->shape[0],
+                         (unsigned long long)(s->n_generated < HYLA_TOKEN_LOG_MAX ? s->n_generated : HYLA_TOKEN_LOG_MAX),
+                         HYLA_TOKEN_LOG_MAX, (unsigned long long)s->n_generated);
+    *tokens = p->data;
+    *n = (uint32_t)p->shape[0];
+    return HYLA_OK;
+}
+
+/* The parts of s that are model state (all but the token log), for check_layout. */
+static uint32_t model_parts(const hyla_snapshot *s, const hyla_state_part **out) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->n_parts; i++)
+        if (s->parts[i].kind != HYLA_PART_TOKENS) out[n++] = &s->parts[i];
+    return n;
+}
+
+/* Part i of the model parts of got (gp, gn) against those of the layout (ep, en). */
+static hyla_status check_part(const hyla_state_part *const *gp, uint32_t gn, const hyla_state_part *const *ep,
+                              uint32_t en, uint32_t i) {
+    {
+        if (i >= gn) {
+            const hyla_state_part *e = ep[i];
             return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: missing from the state (it has %u parts, expected %u)",
-                             e->layer, e->name, got->n_parts, exp->n_parts);
+                             e->layer, e->name, gn, en);
         }
-        const hyla_state_part *g = &got->parts[i];
-        if (i >= exp->n_parts)
+        const hyla_state_part *g = gp[i];
+        if (i >= en)
             return hyla_fail(HYLA_ERR_MISMATCH, "layer %u part %s: not expected (the model has %u parts)", g->layer,
-                             g->name, exp->n_parts);
-        const hyla_state_part *e = &exp->parts[i];
+                             g->name, en);
+        const hyla_state_part *e = ep[i];
         if (g->layer != e->layer || strcmp(g->name, e->name) != 0)
             return hyla_fail(HYLA_ERR_MISMATCH, "part #%u: state has layer %u part %s where the model has layer %u part %s",
                              i, g->layer, g->name, e->layer, e->name);
@@ -210,4 +258,22 @@ hyla_status hyla_snapshot_check_layout(const hyla_snapshot *got, const hyla_snap
         }
     }
     return HYLA_OK;
+}
+
+hyla_status hyla_snapshot_check_layout(const hyla_snapshot *got, const hyla_snapshot *exp) {
+    if (got->model_fingerprint && exp->model_fingerprint && got->model_fingerprint != exp->model_fingerprint)
+        return hyla_fail(HYLA_ERR_MISMATCH, "model fingerprint mismatch: state is from model %016llx, expected %016llx",
+                         (unsigned long long)got->model_fingerprint, (unsigned long long)exp->model_fingerprint);
+    const hyla_state_part **gp = malloc((got->n_parts + 1) * sizeof *gp), **ep = malloc((exp->n_parts + 1) * sizeof *ep);
+    if (!gp || !ep) {
+        free(gp);
+        free(ep);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    uint32_t gn = model_parts(got, gp), en = model_parts(exp, ep);
+    hyla_status st = HYLA_OK;
+    for (uint32_t i = 0; st == HYLA_OK && (i < gn || i < en); i++) st = check_part(gp, gn, ep, en, i);
+    free(gp);
+    free(ep);
+    return st;
 }

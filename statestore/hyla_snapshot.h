@@ -35,7 +35,18 @@ typedef enum {
     HYLA_PART_KV = 3,        /* attention keys or values [tokens][Hk][hd], in pages */
     HYLA_PART_LTE = 4,       /* reserved: laLTE token-eviction cache */
     HYLA_PART_DLA = 5,       /* DLA state cache: states, counts, scores, states in use */
+    HYLA_PART_TOKENS = 6,    /* the session's token log (not model state): see below */
 } hyla_part_kind;
+
+/* The token log: the session's most recent generated tokens, so that a client can read back what
+ * it did not receive (Sessions.ReadTokens, docs/API.md). It travels as one part of kind
+ * HYLA_PART_TOKENS named HYLA_TOKEN_LOG_PART on layer HYLA_SNAPSHOT_SESSION_LAYER, dtype I32,
+ * shape [n], 1 <= n <= min(n_generated, HYLA_TOKEN_LOG_MAX): the tokens with generated indices
+ * n_generated - n .. n_generated - 1, oldest first. Absent (older snapshots, or nothing generated
+ * yet): an empty log. It is not model state: hyla_snapshot_check_layout ignores it. */
+#define HYLA_TOKEN_LOG_MAX 65536u /* tokens kept: one whole Generate at its max_tokens limit */
+#define HYLA_TOKEN_LOG_PART "tokens"
+#define HYLA_SNAPSHOT_SESSION_LAYER 0xFFFFFFFFu
 
 const char *hyla_part_kind_name(hyla_part_kind k);
 
@@ -97,7 +108,8 @@ hyla_snapshot *hyla_snapshot_create_arena(void *base, size_t bytes, hyla_snapsho
                                           void *release_ctx);
 
 /* Append a part with zero-filled data of the given shape (arena snapshots: see above); returns
- * it (borrowed until the snapshot is destroyed or another part is added). */
+ * it (borrowed until the snapshot is destroyed or another part is added). The token log stays
+ * the last part: a part added after it goes before it. */
 hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
                                    hyla_dtype dtype, uint32_t ndim, const uint64_t *shape,
                                    uint32_t page_tokens, hyla_state_part **out);
@@ -108,12 +120,19 @@ hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, cons
 hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out);
 /* Whether two snapshots are identical bit for bit (meta and every part). */
 int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b);
+/* Add the token log part of n >= 1 tokens; *data (borrowed like the part) receives its [n] int32
+ * to fill, oldest first. HYLA_ERR_INVALID_ARG when n > HYLA_TOKEN_LOG_MAX or s has one already. */
+hyla_status hyla_snapshot_add_token_log(hyla_snapshot *s, uint32_t n, int32_t **data);
+/* The token log of s: *tokens (borrowed until s is destroyed; NULL when *n is 0) and *n. A
+ * malformed log part (wrong dtype or shape, more tokens than n_generated or than
+ * HYLA_TOKEN_LOG_MAX) is HYLA_ERR_FORMAT naming what is wrong; no part: HYLA_OK with *n = 0. */
+hyla_status hyla_snapshot_token_log(const hyla_snapshot *s, const int32_t **tokens, uint32_t *n);
 /* Total bytes of part data. */
 uint64_t hyla_snapshot_bytes(const hyla_snapshot *s);
 /* Check that `got` fits the layout of `expected_layout` (e.g. the snapshot a freshly created
  * session of the model exports): the model fingerprint (unless either is 0), then the same parts
  * in the same order with the same layer, name, kind, dtype, ndim, shape and page size. A KV
- * part's token count (shape[0]) may differ. Data is not read (expected_layout's may be NULL).
+ * part's token count (shape[0]) may differ; token log parts (HYLA_PART_TOKENS) are skipped. Data is not read (expected_layout's may be NULL).
  * On mismatch returns HYLA_ERR_MISMATCH with a message naming layer, part, and what differs. */
 hyla_status hyla_snapshot_check_layout(const hyla_snapshot *got, const hyla_snapshot *expected_layout);
 

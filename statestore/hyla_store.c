@@ -1307,12 +1307,13 @@ static hyla_status get_manifest_impl(hyla_store *st, const char *sid, uint64_t v
 }
 
 static hyla_status get_impl(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
-                           hyla_snapshot **out, uint64_t *version_out) {
+                           hyla_snapshot **out, uint64_t *version_out, int only_token_log) {
     read_view v;
     view_open(st, &v);
     hyla_manifest *m = NULL;
     uint64_t ver = 0;
     hyla_status s = view_manifest(st, &v, sid, version, &m, &ver);
+    if (s == HYLA_OK && only_token_log) hyla_manifest_keep_kind(m, HYLA_PART_TOKENS);
     char what[400];
     snprintf(what, sizeof what, "session %s version %llu", sid, (unsigned long long)ver);
     if (s == HYLA_OK && expected_fingerprint && m->meta.model_fingerprint != expected_fingerprint)
@@ -1874,7 +1875,11 @@ hyla_status hyla_store_put(hyla_store *st, const char *sid, const hyla_snapshot 
 }
 hyla_status hyla_store_get(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
                            hyla_snapshot **out, uint64_t *version_out) {
-    STORE_CALL(K_READ, get_impl(st, sid, version, expected_fingerprint, out, version_out));
+    STORE_CALL(K_READ, get_impl(st, sid, version, expected_fingerprint, out, version_out, 0));
+}
+hyla_status hyla_store_get_token_log(hyla_store *st, const char *sid, uint64_t version, hyla_snapshot **out,
+                                     uint64_t *version_out) {
+    STORE_CALL(K_READ, get_impl(st, sid, version, 0, out, version_out, 1));
 }
 hyla_status hyla_store_get_manifest(hyla_store *st, const char *sid, uint64_t version, hyla_manifest **out,
                                     uint64_t *version_out) {

@@ -108,6 +108,11 @@ hyla_status hyla_store_put(hyla_store *st, const char *session, const hyla_snaps
 hyla_status hyla_store_get(hyla_store *st, const char *session, uint64_t version, uint64_t expected_fingerprint,
                            hyla_snapshot **out, uint64_t *version_out);
 
+/* As hyla_store_get, but the snapshot holds the session meta and only the token log part (if
+ * any; hyla_snapshot_token_log reads it): the chunks of the state are not read. */
+hyla_status hyla_store_get_token_log(hyla_store *st, const char *session, uint64_t version, hyla_snapshot **out,
+                                     uint64_t *version_out);
+
 /* The parsed manifest of version (0 = head) without reading chunks (for `show`).
  * *out: caller frees with hyla_manifest_destroy. */
 hyla_status hyla_store_get_manifest(hyla_store *st, const char *session, uint64_t version, hyla_manifest **out,

@@ -8,7 +8,10 @@
  *     boundary and mid-page, at position 0; snapshots destroyed on another thread; freeing a
  *     session with an export in flight aborts (the CPU backend performs captures at
  *     capture_end, so state overwritten by later decode steps would show here);
- *   - import refuses another model's snapshot and a part of the wrong shape, naming it. */
+ *   - import refuses another model's snapshot and a part of the wrong shape, naming it;
+ *   - the token log: the generated tokens read back, carried through export, the file codec and
+ *     import (a snapshot without the log imports with an empty one), wrapping at
+ *     HYLA_TOKEN_LOG_MAX; check_layout ignores it. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -18,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "hyla_codec.h"
 #include "hyla_profile.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
@@ -311,6 +315,129 @@ static void test_refusals(hyla_backend *be, const char *tmp) {
     test_unload(m2);
 }
 
+/* A snapshot through the portable file codec and back. Caller frees. */
+static hyla_snapshot *codec_round_trip(const hyla_snapshot *s) {
+    hyla_codec_params cp = hyla_codec_default_params();
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    hyla_snapshot *t = NULL;
+    CHECK_OK(hyla_snapshot_encode_file_bytes(s, &cp, &buf, &len));
+    if (buf) CHECK_OK(hyla_snapshot_decode_file_bytes(buf, len, "token log test", 1, &t));
+    free(buf);
+    return t;
+}
+
+static void test_token_log(hyla_backend *be, const char *tmp) {
+    enum { G = 300, C = 20 };
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tl", tmp);
+    make_model("sse-h", dir, NULL);
+    hyla_runtime *m = test_load(dir, be, NULL);
+    if (!m) return;
+    hyla_session *a = new_session(m, 0.8f, 11);
+    int32_t *p = prompt(10, 4, 260);
+    CHECK_OK(hyla_session_feed(a, p, 10, NULL, NULL, NULL, NULL));
+    CHECK(hyla_session_log_first(a) == 0);
+    int32_t t[G + C], r[G + C], u[C];
+    CHECK(hyla_session_read_tokens(a, 0, G, r) == 0); /* nothing generated yet */
+    gen(a, G, t);
+    CHECK(hyla_session_log_first(a) == 0 && hyla_session_read_tokens(a, 0, G + C, r) == G && !memcmp(r, t, sizeof(int32_t) * G));
+    CHECK(hyla_session_read_tokens(a, 250, 7, r) == 7 && !memcmp(r, t + 250, 7 * sizeof *r));
+    CHECK(hyla_session_read_tokens(a, G, 5, r) == 0);
+    /* export -> file codec -> import: the log comes along, consistent with generated */
+    hyla_snapshot *snap = NULL;
+    CHECK_OK(hyla_session_export(a, &snap));
+    if (!snap) return;
+    const int32_t *log = NULL;
+    uint32_t n = 0;
+    CHECK_OK(hyla_snapshot_token_log(snap, &log, &n));
+    CHECK(n == G && log && !memcmp(log, t, sizeof(int32_t) * G));
+    hyla_snapshot *back = codec_round_trip(snap);
+    CHECK(back && hyla_snapshot_equal(snap, back));
+    hyla_session *b = NULL;
+    if (back) CHECK_OK(hyla_session_import(m, back, &b));
+    if (b) {
+        CHECK(hyla_session_generated(b) == G && hyla_session_log_first(b) == 0);
+        CHECK(hyla_session_read_tokens(b, 0, G, r) == G && !memcmp(r, t, sizeof(int32_t) * G));
+        gen(a, C, t + G);
+        gen(b, C, u);
+        CHECK(!memcmp(u, t + G, sizeof u)); /* the log changes nothing of the continuation */
+        CHECK(hyla_session_read_tokens(b, 0, G + C, r) == G + C && !memcmp(r, t, sizeof(int32_t) * (G + C)));
+    }
+    /* the layout check ignores the log: a fresh session's snapshot has none */
+    hyla_session *f = new_session(m, 0, 0);
+    hyla_snapshot *fresh = NULL;
+    CHECK_OK(hyla_session_export(f, &fresh));
+    if (fresh) CHECK_OK(hyla_snapshot_check_layout(snap, fresh));
+    if (fresh) CHECK(hyla_snapshot_find(fresh, HYLA_SNAPSHOT_SESSION_LAYER, HYLA_TOKEN_LOG_PART) == NULL);
+    /* a snapshot of an older build (no log part) imports with an empty log */
+    hyla_snapshot *old = codec_round_trip(snap);
+    if (old) {
+        CHECK(old->n_parts > 0 && old->parts[old->n_parts - 1].kind == HYLA_PART_TOKENS);
+        old->n_parts--; /* the log is the last part: drop it (its data stays owned by the snapshot) */
+        hyla_snapshot *old2 = codec_round_trip(old);
+        old->n_parts++;
+        hyla_session *o = NULL;
+        if (old2) CHECK_OK(hyla_session_import(m, old2, &o));
+        if (o) {
+            CHECK(hyla_session_generated(o) == G && hyla_session_log_first(o) == G);
+            CHECK(hyla_session_read_tokens(o, 0, G, r) == 0 && hyla_session_read_tokens(o, G - 1, 1, r) == 0);
+            gen(o, C, u);
+            CHECK(!memcmp(u, t + G, sizeof u));
+            CHECK(hyla_session_log_first(o) == G && hyla_session_read_tokens(o, G, C, r) == C && !memcmp(r, u, sizeof u));
+        }
+        hyla_session_free(o);
+        hyla_snapshot_destroy(old2);
+    }
+    hyla_snapshot_destroy(old);
+    /* a full log wraps: a snapshot claiming HYLA_TOKEN_LOG_MAX + 5 generated tokens, with a full
+     * log, keeps the last HYLA_TOKEN_LOG_MAX after more decoding */
+    hyla_snapshot *big = codec_round_trip(fresh ? fresh : snap);
+    if (big) {
+        int32_t *full = NULL;
+        big->n_generated = HYLA_TOKEN_LOG_MAX + 5;
+        CHECK_OK(hyla_snapshot_add_token_log(big, HYLA_TOKEN_LOG_MAX, &full));
+        CHECK(hyla_snapshot_add_token_log(big, 1, &full) == HYLA_ERR_INVALID_ARG);
+        hyla_state_part *lp = hyla_snapshot_find(big, HYLA_SNAPSHOT_SESSION_LAYER, HYLA_TOKEN_LOG_PART);
+        int32_t *d = lp ? lp->data : NULL;
+        for (uint32_t i = 0; d && i < HYLA_TOKEN_LOG_MAX; i++) d[i] = (int32_t)(i % 200);
+        CHECK_OK(hyla_snapshot_check_layout(big, fresh ? fresh : snap));
+        hyla_session *w = NULL;
+        CHECK_OK(hyla_session_import(m, big, &w));
+        if (w) {
+            int64_t g0 = HYLA_TOKEN_LOG_MAX + 5;
+            CHECK(hyla_session_log_first(w) == 5);
+            CHECK_OK(hyla_session_feed(w, p, 3, NULL, NULL, NULL, NULL));
+            gen(w, 7, u);
+            CHECK(hyla_session_generated(w) == g0 + 7 && hyla_session_log_first(w) == 12);
+            CHECK(hyla_session_read_tokens(w, 11, 1, r) == 0);
+            CHECK(hyla_session_read_tokens(w, 12, 1, r) == 1 && r[0] == 7); /* log index 7 */
+            CHECK(hyla_session_read_tokens(w, g0 - 1, 8, r) == 8 && r[0] == (int32_t)((HYLA_TOKEN_LOG_MAX - 1) % 200) &&
+                  !memcmp(r + 1, u, 7 * sizeof *u));
+            hyla_snapshot *ws = NULL;
+            CHECK_OK(hyla_session_export(w, &ws));
+            const int32_t *wl = NULL;
+            if (ws) CHECK_OK(hyla_snapshot_token_log(ws, &wl, &n));
+            CHECK(ws && n == HYLA_TOKEN_LOG_MAX && wl[0] == 7 && !memcmp(wl + n - 7, u, 7 * sizeof *u));
+            hyla_snapshot_destroy(ws);
+        }
+        hyla_session_free(w);
+        /* a log longer than the tokens generated is refused */
+        big->n_generated = 10;
+        hyla_session *x = NULL;
+        CHECK(hyla_session_import(m, big, &x) == HYLA_ERR_FORMAT && strstr(hyla_last_error(), "token log"));
+        hyla_snapshot_destroy(big);
+    }
+    hyla_snapshot_destroy(fresh);
+    hyla_snapshot_destroy(back);
+    hyla_snapshot_destroy(snap);
+    hyla_session_free(f);
+    hyla_session_free(b);
+    hyla_session_free(a);
+    free(p);
+    test_unload(m);
+}
+
 /* Pipeline: stage A holds layers [0, 2), stage B [2, L); A's downstream runs B's sessions
  * (found through the session tag). Tokens equal the one-model run bit for bit, and the
  * snapshots of the two stages merged restore on the unsplit model. */
@@ -579,6 +706,7 @@ int main(void) {
         test_arch(be, ARCHS[i], dir);
     }
     test_refusals(be, tmp);
+    test_token_log(be, tmp);
     test_pipeline(be, tmp);
     test_free_in_flight(be, tmp);
     test_profile(be, tmp);

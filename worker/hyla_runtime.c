@@ -19,6 +19,7 @@
 #include "hyla_log.h"
 #include "hyla_profile.h"
 #include "hyla_runtime_impl.h"
+#include "hyla_snapshot.h"
 
 static void scratch_free(hyla_runtime *rt) {
     const hyla_ops *o = rt->be->ops;
@@ -79,6 +80,14 @@ hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens) {
 
 int hyla_runtime_prefill_piece(const hyla_runtime *rt) { return rt->prefill_piece; }
 
+hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens) {
+    if (tokens < 1 || tokens > (int)HYLA_TOKEN_LOG_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "token log of %d tokens: must be 1..%u", tokens, HYLA_TOKEN_LOG_MAX);
+    rt->token_log = tokens;
+    return HYLA_OK;
+}
+int hyla_runtime_token_log(const hyla_runtime *rt) { return rt->token_log; }
+
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud) {
     rt->downstream = fn;
     rt->downstream_ud = ud;
@@ -106,6 +115,7 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
     rt->m = m;
     rt->be = hyla_model_backend(m);
     rt->prefill_piece = HYLA_PREFILL_PIECE_DEFAULT;
+    rt->token_log = (int)HYLA_TOKEN_LOG_MAX;
     hyla_status s = HYLA_OK;
     const char *pe = getenv("HYLA_PREFILL_PIECE");
     if (pe && *pe) {

@@ -38,6 +38,12 @@ const hyla_model *hyla_runtime_model(const hyla_runtime *rt);
 hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens);
 int hyla_runtime_prefill_piece(const hyla_runtime *rt);
 
+/* Generated tokens each session of this runtime keeps in its token log (hyla_session.h), 1 ..
+ * HYLA_TOKEN_LOG_MAX (the default: one whole Generate at its largest max_tokens); sessions created
+ * or imported afterwards use it (an imported log longer than it keeps its last tokens). */
+hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens);
+int hyla_runtime_token_log(const hyla_runtime *rt);
+
 /* ---- pipeline stages ----
  * A model loaded with a layer range is one stage. The first stage drives sessions with
  * hyla_session_feed/decode as usual (pending token, sampler and RNG live there); when its model

@@ -17,6 +17,7 @@ struct hyla_runtime {
     const hyla_model *m;
     hyla_backend *be;
     int prefill_piece; /* tokens per prefill forward (hyla_runtime_set_prefill_piece) */
+    int token_log;     /* tokens per session token log (hyla_runtime_set_token_log) */
     hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
     void *downstream_ud;
     hyla_downstream_dev_fn downstream_dev; /* tried first (NULL: host only) */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_log.h"
 #include "hyla_runtime_impl.h"
 #include "hyla_session.h"
 
@@ -25,6 +26,11 @@ struct hyla_session {
     hyla_rng rng;
     void *tag;
     int exports; /* exports begun and not yet ended */
+    /* the token log (hyla_session_read_tokens): the last log_n generated tokens, oldest at
+     * log[log_head]; it grows by doubling up to HYLA_TOKEN_LOG_MAX, then wraps (log_head moves) */
+    int32_t *log; /* [log_cap] */
+    uint32_t log_cap, log_n, log_head;
+    uint32_t log_max; /* the runtime's token log size when the session was created */
 };
 
 #define OPS(m) (hyla_model_backend(m)->ops)
@@ -37,6 +43,7 @@ hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
     s->rt = rt;
     s->m = hyla_runtime_model(rt);
     s->pending = -1;
+    s->log_max = (uint32_t)rt->token_log;
     s->sp.temperature = 0;
     s->sp.top_k = 0;
     s->sp.top_p = 1;
@@ -55,7 +62,44 @@ void hyla_session_free(hyla_session *s) {
     /* an export in flight still reads this session's paged parts (hyla_session.h) */
     HYLA_ASSERT(s->exports == 0 && "every hyla_session_export_begin must end before hyla_session_free");
     hyla_state_free(s->st);
+    free(s->log);
     free(s);
+}
+
+/* Record a generated token in the log. Out of memory while growing: the log restarts empty
+ * (a read below its start is refused; generation does not fail for it). */
+static void log_push(hyla_session *s, int32_t tok) {
+    if (s->log_n == s->log_cap && s->log_cap < s->log_max) {
+        uint32_t cap = s->log_cap ? s->log_cap * 2 : 256;
+        if (cap > s->log_max) cap = s->log_max;
+        int32_t *n = realloc(s->log, cap * sizeof *n); /* no wrap before the cap: log_head is 0 */
+        if (!n) {
+            s->log_n = 0;
+            s->log_head = 0;
+        } else {
+            s->log = n;
+            s->log_cap = cap;
+        }
+    }
+    if (!s->log_cap) return;
+    if (s->log_n < s->log_cap) {
+        s->log[(s->log_head + s->log_n) % s->log_cap] = tok;
+        s->log_n++;
+    } else {
+        s->log[s->log_head] = tok;
+        s->log_head = (s->log_head + 1) % s->log_cap;
+    }
+}
+
+int64_t hyla_session_log_first(const hyla_session *s) { return s->generated - (int64_t)s->log_n; }
+
+int hyla_session_read_tokens(const hyla_session *s, int64_t from, int max, int32_t *out) {
+    int64_t first = hyla_session_log_first(s);
+    if (from < first || from >= s->generated || max <= 0) return 0;
+    int64_t n = s->generated - from;
+    if (n > max) n = max;
+    for (int64_t i = 0; i < n; i++) out[i] = s->log[(s->log_head + (uint32_t)(from - first + i)) % s->log_cap];
+    return (int)n;
 }
 
 void hyla_session_set_sampling(hyla_session *s, hyla_sampling params, uint64_t seed) {
@@ -271,6 +315,7 @@ hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, fl
     for (int i = 0; i < B; i++) {
         ss[i]->pending = out[i];
         ss[i]->generated++;
+        log_push(ss[i], out[i]);
     }
 out:
     free(sp);
@@ -287,6 +332,7 @@ hyla_status hyla_session_sample_logits(hyla_session *s, const float *logits, int
     HYLA_TRY(OPS(m)->sample(CTX(m), s->rt->logits, 1, (int)V, &s->sp, &u, out));
     s->pending = *out;
     s->generated++;
+    log_push(s, *out);
     return HYLA_OK;
 }
 
@@ -450,6 +496,12 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     }
     /* The snapshot covers the whole model even when this stage holds a range. */
     e->snap->n_layers = (uint32_t)m->cfg.num_layers;
+    /* the token log (host memory: copied now, the state at begin); past the arena, so allocated */
+    int32_t *log = NULL;
+    if (s->log_n && hyla_snapshot_add_token_log(e->snap, s->log_n, &log) == HYLA_OK)
+        hyla_session_read_tokens(s, hyla_session_log_first(s), (int)s->log_n, log);
+    else if (s->log_n)
+        HYLA_WARN("session export: the token log of %u tokens is left out: %s", s->log_n, hyla_last_error());
     s->exports++;
     *out = e;
     return HYLA_OK;
@@ -559,7 +611,16 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
     s->sp.top_p = snap->sampler.top_p;
     s->seed = snap->sampler.seed;
     memcpy(s->rng.s, snap->rng, sizeof snap->rng);
-    hyla_status st = HYLA_OK;
+    const int32_t *log = NULL;
+    uint32_t log_n = 0;
+    hyla_status st = hyla_snapshot_token_log(snap, &log, &log_n);
+    if (st == HYLA_OK && log_n) { /* the log ends at n_generated, as it did when it was exported */
+        s->generated -= log_n;
+        for (uint32_t i = 0; i < log_n; i++) {
+            s->generated++;
+            log_push(s, log[i]);
+        }
+    }
     for (int l = m->layer_begin; st == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
         for (int i = 0; st == HYLA_OK && i < ly->n_parts; i++) {

@@ -62,6 +62,15 @@ hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits);
 int64_t hyla_session_position(const hyla_session *s);   /* tokens consumed */
 int32_t hyla_session_pending(const hyla_session *s);    /* -1 if none */
 int64_t hyla_session_generated(const hyla_session *s);  /* tokens sampled so far */
+
+/* The token log: the session keeps its last hyla_runtime_token_log() generated tokens
+ * (HYLA_TOKEN_LOG_MAX by default, hyla_snapshot.h), in host memory, carried in every snapshot (export and import), so that a client can read
+ * back tokens it did not receive. hyla_session_log_first: the generated index of the oldest one
+ * kept (= generated when the log is empty). hyla_session_read_tokens copies into out (room for
+ * max) the tokens with generated indices from, from + 1, ... (at most max, up to generated) and
+ * returns their count: 0 when from is below the log's first or at/after generated. */
+int64_t hyla_session_log_first(const hyla_session *s);
+int hyla_session_read_tokens(const hyla_session *s, int64_t from, int max, int32_t *out);
 const hyla_model *hyla_session_model(const hyla_session *s);
 hyla_runtime *hyla_session_runtime(const hyla_session *s);
 /* Bytes of state this session holds on the backend (recurrent + partitions + KV pages). */

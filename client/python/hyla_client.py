@@ -14,8 +14,12 @@ generated is committed. On Debian: apt-get install python3-grpcio python3-grpc-t
 Errors are raised as HylaError with the gRPC code name (e.code_name) and the server's message.
 A Generate that fails part-way (ABORTED when the session was paused or migrated, UNAVAILABLE
 when its worker died) raises HylaError with e.delivered = tokens already delivered; the session
-kept exactly those (after ABORTED), so calling generate again continues with no gap (from its
-last durable snapshot if its worker died). docs/CLIENTS.md describes the calls.
+kept exactly those (after ABORTED), so calling generate again continues with no gap. After any
+interruption (a cancel, a deadline, a coordinator restart, a worker failure) the session is the
+truth: compare get(id).generated with the tokens received, R; read_tokens(id, R) returns the ones
+missed when it is larger, and the last R - generated received are dropped when it is smaller (the
+session went back to its last durable snapshot; generate produces them again). docs/CLIENTS.md
+describes the calls.
 """
 
 import atexit
@@ -291,6 +295,16 @@ class Client:
         return self._unary("Resume " + session_id, self._sessions.Resume,
                            pb.sessions_pb2.ResumeRequest(session_id=session_id, worker_hint=worker or "",
                                                          version=version))
+
+    def read_tokens(self, session_id, from_generated=0, max_tokens=0):
+        """Generated tokens read back from the session's token log (its last 65536 generated
+        tokens at least): a ReadTokensResponse with token_ids (generated indices from_generated
+        on, at most max_tokens, 0 = up to 65536), text (their text when the model has a
+        tokenizer), generated (Session.generated now) and first_available (the oldest index the
+        log holds). from_generated below first_available raises HylaError OUT_OF_RANGE."""
+        return self._unary("ReadTokens " + session_id, self._sessions.ReadTokens,
+                           pb.sessions_pb2.ReadTokensRequest(session_id=session_id, from_generated=from_generated,
+                                                             max_tokens=max_tokens))
 
     def list_snapshots(self, session_id):
         """The snapshot versions the store keeps of a session, ascending: a list of

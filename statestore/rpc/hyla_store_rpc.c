@@ -153,6 +153,11 @@ static hyla_status snapshot_from_header(const Hyla__V1__SnapshotHeader *h, hyla_
             return hyla_fail(HYLA_ERR_FORMAT, "snapshot header: layer %u part '%s': nbytes %llu does not match its shape",
                              pi->layer, pi->name, (unsigned long long)pi->nbytes);
         }
+        if (pi->kind == HYLA_PART_TOKENS && i + 1 != h->n_parts) { /* add_part keeps it last: indices would shift */
+            hyla_snapshot_destroy(s);
+            return hyla_fail(HYLA_ERR_FORMAT, "snapshot header: the token log (part %zu of %zu) must be the last part", i,
+                             h->n_parts);
+        }
         if (pi->shared_prefix_bytes > pi->nbytes) {
             hyla_snapshot_destroy(s);
             return hyla_fail(HYLA_ERR_FORMAT, "snapshot header: layer %u part '%s': shared prefix beyond the part",

@@ -3,7 +3,8 @@
 # backend, tiny sse-h model): the scripting contract; gRPC errors reaching the user (NOT_FOUND,
 # PERMISSION_DENIED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE become the documented exit
 # statuses); and the session identities through the CLI —
-# 32 tokens == 16 + pause + resume on the other worker + 16; == 16 + migrate + 16; a fork
+# 32 tokens == 16 + pause + resume on the other worker + 16 (and `hyla read` gives them back);
+# == 16 + migrate + 16; a fork
 # continues exactly like its parent; a worker killed mid-generate -> exit 4 with the delivered
 # count, and generate continues once the session is re-placed; the coordinator restarted keeps
 # the sessions; no worker left -> exit 4. Skips (77) until the binaries exist.
@@ -44,6 +45,13 @@ e2e_expect_rc 0 "resume --on $other (was on $placed)" H resume "$S" --on "$other
 grep -q "(workers $other)" "$E2E_DIR/last.out" || e2e_fail "resume did not place on $other: $(cat "$E2E_DIR/last.out")"
 b=$(H -q generate "$S" -n 16 --ids --ignore-eos)
 e2e_expect_eq "$a $b" "$full" "32 tokens == 16 + pause + resume on the other worker + 16"
+# read: the session's token log, carried through the evicting pause and the resume
+e2e_expect_eq "$(H -q read "$S" --ids)" "$full" "read --ids gives the 32 generated tokens"
+e2e_expect_eq "$(H -q read "$S" --from 20 -n 4 --ids)" "$(echo "$full" | cut -d' ' -f21-24)" "read --from 20 -n 4"
+e2e_expect_rc 0 "read past the generated tokens" H read "$S" --from 32
+[ -s "$E2E_DIR/last.out" ] && e2e_fail "read --from 32 printed tokens"
+grep -q "of 32 generated" "$E2E_DIR/last.err" || e2e_fail "read does not report the generated count: $(cat "$E2E_DIR/last.err")"
+e2e_expect_rc 5 "read of another tenant's session -> PERMISSION_DENIED (5)" e2e_hyla --tenant intruder read "$S"
 
 M=$(H create --seed 5)
 H -q append "$M" "$doc" && H -q append "$M" - <"$doc"

@@ -3,15 +3,24 @@
 # (grpcio stubs generated from proto/hyla/v1, no hyla library): hyla-coordinator and two
 # hyla-worker processes on loopback, CPU backend, a tiny sse-h model.
 #
-# Every interrupted Generate is checked against an uninterrupted twin (same seed, same document):
+# Every interrupted Generate is recovered by the rule of docs/API.md ("the session is the truth")
+# and checked against an uninterrupted twin (same seed, same document): after the interruption the
+# client asks ReadTokens (retrying UNAVAILABLE while the session is re-placed) for `generated`;
+# it reads back the tokens it missed (generated > received), or drops the ones received beyond
+# `generated` (the session went back to a durable snapshot), then continues with Generate; the
+# result must equal the twin token for token:
 #   - Migrate, Pause with evict, Pause, Delete: the stream ends (ABORTED, or CANCELLED for Delete)
-#     with the trailer x-hyla-tokens-delivered equal to the tokens received, Session.generated
-#     equal to it too, and a second Generate continues with no duplicate and no gap;
-#   - client cancel and deadline: the session keeps the tokens the server sent before it saw the
-#     cancellation (Session.generated); what the client received is a prefix of them, and the
-#     continuation starts right after Session.generated;
-#   - the owning worker killed (last): UNAVAILABLE with the trailer; the next Generate continues
-#     from the last durable snapshot, and its first message says from where.
+#     with the trailer x-hyla-tokens-delivered equal to the tokens received and Session.generated
+#     equal to it too;
+#   - client cancel and deadline: the missed tokens are read back;
+#   - the owning worker killed (last): UNAVAILABLE with the trailer; the session is back at its
+#     durable snapshot; the tokens dropped come back identical, for a greedy session and for a
+#     seeded sampling one (twins of their own).
+# The token log: ReadTokens(0) equals the twin's first `generated` tokens after every case (so it
+# survives Migrate, Pause, Pause with evict — answered from the store while paused — and a worker
+# death); beyond `generated` it is empty; another tenant is refused PERMISSION_DENIED; below the
+# log's first token OUT_OF_RANGE (a third worker, w3, runs with --token-log 64 for it, resident and
+# from the store, and is then drained).
 # Then: an Append whose second message names another session leaves the first one usable; a
 # session id with a NUL byte, a space or too many bytes is refused and acts on nothing; stop [""]
 # is refused; top_k < 0 disables top-k; position counts the same after Append, Pause and
@@ -26,6 +35,7 @@ e2e_make_model "$E2E_DIR/model"
 e2e_start_coordinator || e2e_done
 e2e_start_worker w1 "$E2E_DIR/model" || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" || e2e_done
+e2e_start_worker w3 "$E2E_DIR/model" --token-log 64 || e2e_done  # drained after the OUT_OF_RANGE check
 
 "$PY" - "$E2E_SERVER" "$E2E_SRC/proto" "w1=$(e2e_pid w1)" "w2=$(e2e_pid w2)" <<'PY' || e2e_fail "interruption checks"
 import importlib, os, shutil, sys, tempfile, threading, time
@@ -87,11 +97,74 @@ def gen(sid, n):
 def get(sid):
     return S.GetSession(pb.GetSessionRequest(session_id=sid), metadata=MD)
 
+def read(sid, frm=0, n=0, md=MD):
+    return S.ReadTokens(pb.ReadTokensRequest(session_id=sid, from_generated=frm, max_tokens=n), metadata=md)
+
+def read_retry(sid, frm=0):
+    """ReadTokens, retried while the session is being re-placed (UNAVAILABLE)."""
+    for _ in range(150):
+        try:
+            return read(sid, frm)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(0.2)
+    return read(sid, frm)
+
+def recover(name, sid, got, twin, n):
+    """The client's side of the rule: the session is the truth. Returns the tokens the client
+    holds after recovering (a prefix of the session's) and `generated`."""
+    r = read_retry(sid, len(got))
+    g = r.generated
+    if g >= len(got):
+        missed = list(r.token_ids)
+        check(r.from_generated == len(got) and len(missed) == g - len(got),
+              "%s: ReadTokens from %d returned the %d missed tokens (generated %d)" % (name, len(got), len(missed), g))
+        have = got + missed
+    else:
+        check(not r.token_ids, "%s: ReadTokens beyond generated (%d >= %d) is empty" % (name, len(got), g))
+        have = got[:g]  # drop what the session no longer holds: the next Generate produces it again
+    log = read(sid).token_ids
+    check(list(log) == twin[:g], "%s: the token log holds the twin's first %d tokens" % (name, g))
+    return have, g
+
+def continue_and_compare(name, sid, got, exact, twin=None, n=N):
+    twin = twin if twin is not None else globals()["twin"]
+    if exact:
+        s = get(sid)
+        check(s.generated == len(got), "%s: Session.generated %d == tokens received %d" % (name, s.generated, len(got)))
+    have, g = recover(name, sid, got, twin, n)
+    rest = gen(sid, n - g) if g < n else []
+    check(have + rest == twin[:n], "%s: recovering at %d (received %d) and continuing gives the twin's tokens (no "
+          "duplicate, no gap)" % (name, g, len(got)))
+    return have, g, rest
+
 def trailer(e):
     for k, v in (e.trailing_metadata() or ()):
         if k == "x-hyla-tokens-delivered":
             return int(v)
     return None
+
+# OUT_OF_RANGE: a session on w3 (--token-log 64) keeps its last 64 generated tokens; then w3 is
+# drained so that no other session lands on it
+o = create(worker_hint="w3")
+append(o)
+ot = gen(o, 100)
+check(get(o).worker_ids[0] == "w3", "the small-log session is on w3")
+for where in ("resident", "in the store"):
+    r = read(o, 36, 10)
+    check(r.first_available == 36 and r.generated == 100 and list(r.token_ids) == ot[36:46],
+          "%s: a 64-token log: first_available %d, generated %d, tokens from 36 as generated" % (where,
+          r.first_available, r.generated))
+    try:
+        read(o, 35)
+        check(False, "%s: ReadTokens below first_available is refused" % where)
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.OUT_OF_RANGE and "first_available 36" in e.details(),
+              "%s: ReadTokens below first_available: OUT_OF_RANGE naming it (%s: %s)" % (where, e.code(), e.details()))
+    S.Pause(pb.PauseRequest(session_id=o, evict=True), metadata=MD)
+S.DeleteSession(pb.DeleteSessionRequest(session_id=o), metadata=MD)
+C.DrainWorker(cl.DrainWorkerRequest(worker_id="w3", wait=True))
 
 # the uninterrupted twin
 twin_id = create()
@@ -119,18 +192,6 @@ def interrupted(name, action, want_code, sid=None):
     check(got == twin[:len(got)], "%s: the %d tokens received are the twin's first ones" % (name, len(got)))
     return sid, got, code, delivered
 
-def continue_and_compare(name, sid, got, exact):
-    s = get(sid)
-    if exact:
-        check(s.generated == len(got), "%s: Session.generated %d == tokens received %d" % (name, s.generated, len(got)))
-    else:
-        check(len(got) <= s.generated <= N, "%s: tokens received %d <= Session.generated %d (gap %d: in flight when "
-              "the client cancelled)" % (name, len(got), s.generated, s.generated - len(got)))
-    kept = s.generated
-    rest = gen(sid, N - kept) if kept < N else []
-    check(twin[:kept] + rest == twin, "%s: continuing after %d tokens gives the twin's tokens (no duplicate, no gap)"
-          % (name, kept))
-
 # Migrate mid-stream
 def do_migrate(sid, call):
     S.Migrate(pb.MigrateRequest(session_id=sid), metadata=MD)
@@ -146,6 +207,9 @@ sid, got, code, d = interrupted("pause-evict", do_pause_evict, grpc.StatusCode.A
 check(d == len(got), "pause-evict: trailer %s == %d received" % (d, len(got)))
 s = get(sid)
 check(s.generated == len(got), "pause-evict: Session.generated %d == %d (not counted twice)" % (s.generated, len(got)))
+r = read(sid)  # answered from the committed snapshot: the session is in the store
+check(s.state == cpb.SESSION_PAUSED and s.tier == cpb.TIER_STORE and list(r.token_ids) == twin[:len(got)] and
+      r.generated == len(got), "pause-evict: ReadTokens of the session in the store gives its %d tokens" % len(got))
 continue_and_compare("pause-evict", sid, got, True)
 
 # Pause (resident) mid-stream
@@ -177,9 +241,8 @@ except grpc.RpcError as e:
 check(code == grpc.StatusCode.DEADLINE_EXCEEDED, "deadline: the stream ends DEADLINE_EXCEEDED (%s, %d tokens)"
       % (code, len(got)))
 time.sleep(0.3)
-s = get(sid)
-check(len(got) <= s.generated, "deadline: received %d <= Session.generated %d" % (len(got), s.generated))
 check(got == twin[:len(got)], "deadline: what arrived is the twin's prefix")
+continue_and_compare("deadline", sid, got, False)
 
 # Delete mid-stream: CANCELLED
 sid, got, code, d = interrupted("delete", lambda sid, call: S.DeleteSession(pb.DeleteSessionRequest(session_id=sid),
@@ -265,34 +328,60 @@ g = list(S.Generate(pb.GenerateRequest(session_id=p, max_tokens=3, ignore_eos=Tr
 check(g[-1].position == s1.position + 3 and get(p).position == s1.position + 3,
       "position after 3 generated tokens: %d (stream) %d (Get)" % (g[-1].position, get(p).position))
 
+# ReadTokens: beyond `generated` empty, another tenant refused, a bad id refused
+q = create()
+append(q)
+qt = gen(q, 30)
+r = read(q, 30)
+check(not r.token_ids and r.generated == 30 and r.first_available == 0, "ReadTokens at generated: empty, generated 30")
+r = read(q, 1000)
+check(not r.token_ids and r.generated == 30, "ReadTokens beyond generated: empty, generated 30")
+r = read(q, 10, 5)
+check(list(r.token_ids) == qt[10:15] and r.from_generated == 10, "ReadTokens from 10, at most 5: tokens 10..14")
+c = code_of(lambda: read(q, md=(("x-hyla-tenant", "someone-else"),)))
+check(c == grpc.StatusCode.PERMISSION_DENIED, "ReadTokens of another tenant's session: PERMISSION_DENIED (%s)" % c)
+c = code_of(lambda: read(q + "\0x"))
+check(c == grpc.StatusCode.INVALID_ARGUMENT, "ReadTokens with a NUL in the id: INVALID_ARGUMENT (%s)" % c)
+c = code_of(lambda: read("s-none"))
+check(c == grpc.StatusCode.NOT_FOUND, "ReadTokens of an unknown session: NOT_FOUND (%s)" % c)
+# a fork inherits the log
+fk = S.Fork(pb.ForkRequest(session_id=q), metadata=MD).session_id
+check(list(read(fk).token_ids) == qt, "a fork's token log is its parent's")
+
 # last (it leaves one worker): the owning worker dies mid-stream. The stream ends UNAVAILABLE with
-# the trailer; the session goes back to its last durable snapshot, and the next Generate says
-# where it stands (GenerateResponse.generated): continuing from there gives the twin's tokens.
+# the trailer; the session goes back to its last durable snapshot: ReadTokens (retried while the
+# session is re-placed) says where (`generated`), the client drops what it received beyond it,
+# and Generate produces those positions again, identical, for a greedy session (d) and for a
+# seeded sampling one (e, which had generated 50 tokens, been paused, and generated 150 more on
+# the same worker: it goes back to 50, with the token log of that snapshot).
 import signal
+SAMPLING = cpb.SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
+ES = 200
+twin_e_id = create(seed=9, sampling=SAMPLING)
+append(twin_e_id)
+twin_e = gen(twin_e_id, ES)
 d = create()
 append(d)
 S.Pause(pb.PauseRequest(session_id=d), metadata=MD)  # a durable snapshot at the start
 owner = get(d).worker_ids[0]
+e = create(seed=9, sampling=SAMPLING, worker_hint=owner)
+append(e)
+got_e = gen(e, 50)
+S.Pause(pb.PauseRequest(session_id=e), metadata=MD)  # durable at generated 50: its log survives the death
+got_e += gen(e, ES - 50)
+check(got_e == twin_e and get(e).worker_ids[0] == owner, "sampled session on %s: its %d tokens are its twin's"
+      % (owner, ES))
 def do_kill(sid, call):
     os.kill(int(worker_pids[owner]), signal.SIGKILL)
 sid, got, code, dl = interrupted("worker death", do_kill, grpc.StatusCode.UNAVAILABLE, sid=d)
 check(dl == len(got), "worker death: trailer %s == %d received" % (dl, len(got)))
-msgs = []
-for _ in range(100):  # until the coordinator has declared the worker dead and re-placed the session
-    try:
-        msgs = list(S.Generate(pb.GenerateRequest(session_id=d, max_tokens=50, ignore_eos=True), metadata=MD))
-        break
-    except grpc.RpcError as e:
-        if e.code() != grpc.StatusCode.UNAVAILABLE:
-            check(False, "worker death: the next Generate failed %s: %s" % (e.code(), e.details()))
-            break
-        time.sleep(0.2)
-if msgs:
-    start = msgs[0].generated - len(msgs[0].token_ids)
-    toks = [t for m in msgs for t in m.token_ids]
-    check(start <= len(got), "worker death: the session resumed at %d of the %d tokens received" % (start, len(got)))
-    check(toks == twin[start:start + len(toks)], "worker death: the continuation from %d is the twin's" % start)
-    check(get(d).worker_ids and get(d).worker_ids[0] != owner, "worker death: the session moved off %s" % owner)
+have, g, rest = continue_and_compare("worker death", d, got, False)
+check(g <= len(got), "worker death: the session went back to its snapshot at %d of the %d received" % (g, len(got)))
+check(rest[:len(got) - g] == got[g:], "worker death (greedy): the %d tokens dropped come back identical" % (len(got) - g))
+check(get(d).worker_ids and get(d).worker_ids[0] != owner, "worker death: the session moved off %s" % owner)
+have_e, g_e, rest_e = continue_and_compare("worker death (sampled)", e, got_e, False, twin_e, ES)
+check(g_e == 50 and rest_e[:ES - g_e] == got_e[g_e:], "worker death (sampled): back at %d (its Pause at 50), the %d "
+      "tokens dropped come back identical" % (g_e, ES - g_e))
 
 if failures:
     print("%d check(s) failed" % len(failures), file=sys.stderr)

@@ -3,10 +3,13 @@
 # (grpcio stubs from proto/hyla/v1): hyla-coordinator and one hyla-worker on loopback, CPU
 # backend, a tiny sse-h model. The coordinator is killed (SIGKILL) after the client has read 40
 # tokens and restarted on the same data directory: the client's stream ends UNAVAILABLE with the
-# twin's first tokens; the worker ends the orphaned call and keeps the tokens it sent; once the
-# worker has registered again, the next Generate continues right after them (its first message's
-# `generated` says where, at or after the tokens received: tokens in flight when the coordinator
-# died were kept but not read) with the tokens of an uninterrupted twin.
+# twin's first tokens; the worker ends the orphaned call and keeps the tokens it sent. The client
+# recovers by the rule of docs/API.md: ReadTokens from the count it received (retried while the
+# worker registers again) says the session's `generated` (at or after the tokens received: tokens
+# in flight when the coordinator died were kept but not read) and returns the missed ones; the
+# token log from 0 is the twin's; a Generate then continues right after them (its first message's
+# `generated` says where): received + read back + continued equals an uninterrupted twin token for
+# token.
 # Skips (77) until the binaries exist, or without a python3 that imports grpc and grpc_tools.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
@@ -58,22 +61,34 @@ print("%s: the stream ends %s after %d tokens, the twin's first" % ("ok" if ok e
       file=sys.stderr)
 while not os.path.exists(os.path.join(work, "restarted")):
     time.sleep(0.1)
-msgs, last = None, None
+r, last = None, None
 for _ in range(300):  # until the worker has registered again
     try:
-        msgs = list(S.Generate(pb.GenerateRequest(session_id=sid, max_tokens=50, ignore_eos=True), metadata=MD))
+        r = S.ReadTokens(pb.ReadTokensRequest(session_id=sid, from_generated=len(got)), metadata=MD)
         break
     except grpc.RpcError as e:
         last = e
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            break
         time.sleep(0.2)
-if not msgs:
-    print("FAIL: no Generate succeeded after the restart: %s" % (last and last.details()), file=sys.stderr)
+if r is None:
+    print("FAIL: no ReadTokens succeeded after the restart: %s %s" % (last and last.code(), last and last.details()),
+          file=sys.stderr)
     sys.exit(1)
-start = msgs[0].generated - len(msgs[0].token_ids)
+g = r.generated
+missed = list(r.token_ids)
+log = list(S.ReadTokens(pb.ReadTokensRequest(session_id=sid), metadata=MD).token_ids)
+read_ok = g >= len(got) and len(missed) == g - len(got) and got + missed == twin[:g] and log == twin[:g]
+print("%s: after the restart ReadTokens says generated %d (received %d): the %d missed tokens and the log are the "
+      "twin's" % ("ok" if read_ok else "FAIL", g, len(got), len(missed)), file=sys.stderr)
+msgs = list(S.Generate(pb.GenerateRequest(session_id=sid, max_tokens=N - g, ignore_eos=True), metadata=MD)) \
+    if g < N else []
+start = msgs[0].generated - len(msgs[0].token_ids) if msgs else g
 toks = [t for m in msgs for t in m.token_ids]
-good = start >= len(got) and toks == twin[start:start + len(toks)]
-print("%s: after the restart the session continues at %d (received %d, %d in flight kept) with the twin's tokens"
-      % ("ok" if good else "FAIL", start, len(got), start - len(got)), file=sys.stderr)
+good = read_ok and start == g and got + missed + toks == twin
+print("%s: the session continues at %d (received %d, %d in flight kept and read back): received + read back + "
+      "continued == the twin's %d tokens" % ("ok" if good else "FAIL", start, len(got), len(missed), N),
+      file=sys.stderr)
 sys.exit(0 if ok and good else 1)
 PY
 client=$!

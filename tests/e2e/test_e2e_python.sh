@@ -60,6 +60,15 @@ with Client(server, tenant="py-identity") as c:
         sys.exit(1)
     print("python identity ok: 32 == 16 + pause + resume (%s -> %s) + 16" % (",".join(placed), ",".join(s.worker_ids)),
           file=sys.stderr)
+    # read_tokens: the session's token log, carried through the evicting pause and the resume
+    r = c.read_tokens(b)
+    if list(r.token_ids) != full or r.generated != 32 or r.first_available != 0:
+        print("read_tokens: %s (generated %d, first %d), expected %s" % (list(r.token_ids), r.generated,
+              r.first_available, full), file=sys.stderr)
+        sys.exit(1)
+    r = c.read_tokens(b, 20, 5)
+    assert list(r.token_ids) == full[20:25] and r.from_generated == 20, r
+    assert not c.read_tokens(b, 32).token_ids
     c.delete(a)
     c.delete(b)
 PY

@@ -112,6 +112,7 @@ static void h_snapshot(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessag
 static void h_unload(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_UNLOAD); }
 static void h_fork(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_FORK); }
 static void h_describe(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_DESCRIBE); }
+static void h_read_tokens(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_READ_TOKENS); }
 
 static void h_export(hyla_rpc_call *c, hyla_rpc_event e, const ProtobufCMessage *m, void *ud) { h_unary(c, e, m, ud, C_EXPORT); }
 
@@ -371,6 +372,61 @@ static void do_describe(hyla_worker *w, cmd *c) {
     const Hyla__V1__DescribeSessionRequest *r = (const Hyla__V1__DescribeSessionRequest *)c->msg;
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "DescribeSession");
     if (ws) reply_session(w, c->call, ws, now_s());
+}
+
+/* ReadTokens: the session's token log, from the resident session or its host copy; always OK
+ * for a loaded session (the coordinator turns a from_generated below first_available into
+ * OUT_OF_RANGE). The scheduler thread answers, so the log is the one of the last step. */
+static void do_read_tokens(hyla_worker *w, cmd *c) {
+    const Hyla__V1__ReadTokensRequest *r = (const Hyla__V1__ReadTokensRequest *)c->msg;
+    wsess *ws = lookup_or_fail(w, c->call, r->session_id, "ReadTokens");
+    if (!ws) return;
+    uint32_t max = r->max_tokens && r->max_tokens <= HYLA_TOKEN_LOG_MAX ? r->max_tokens : HYLA_TOKEN_LOG_MAX;
+    int32_t *toks = malloc((size_t)max * sizeof *toks);
+    HYLA_ASSERT(toks);
+    uint64_t generated = 0, first = 0;
+    int n = 0;
+    if (ws->s) {
+        generated = (uint64_t)hyla_session_generated(ws->s);
+        first = (uint64_t)hyla_session_log_first(ws->s);
+        if (r->from_generated >= first) n = hyla_session_read_tokens(ws->s, (int64_t)r->from_generated, (int)max, toks);
+    } else if (ws->host) {
+        const int32_t *log = NULL;
+        uint32_t log_n = 0;
+        hyla_status st = hyla_snapshot_token_log(ws->host, &log, &log_n);
+        if (st != HYLA_OK) {
+            free(toks);
+            fail_call(c->call, st, hyla_last_error());
+            return;
+        }
+        generated = ws->host->n_generated;
+        first = generated - log_n;
+        if (r->from_generated >= first && r->from_generated < generated) {
+            uint64_t k = generated - r->from_generated;
+            n = (int)(k < max ? k : max);
+            memcpy(toks, log + (r->from_generated - first), (size_t)n * sizeof *toks);
+        }
+    } else {
+        free(toks);
+        hyla_rpc_call_fail(c->call, HYLA_RPC_UNAVAILABLE, "ReadTokens: session %s has no state on worker %s", ws->id,
+                           w->worker_id);
+        return;
+    }
+    Hyla__V1__ReadTokensResponse resp = HYLA__V1__READ_TOKENS_RESPONSE__INIT;
+    resp.n_token_ids = (size_t)n;
+    resp.token_ids = toks;
+    resp.from_generated = r->from_generated;
+    resp.generated = generated;
+    resp.first_available = first;
+    char *text = NULL;
+    size_t tlen = 0;
+    if (w->tok && n > 0 && hyla_tokenizer_decode(w->tok, toks, (size_t)n, HYLA_TOK_SKIP_SPECIAL, &text, &tlen) == HYLA_OK) {
+        resp.text.data = (uint8_t *)text;
+        resp.text.len = tlen;
+    }
+    hyla_rpc_call_reply(c->call, &resp.base);
+    free(text);
+    free(toks);
 }
 
 static void do_fork(hyla_worker *w, cmd *c) {
@@ -713,6 +769,7 @@ void run_commands(hyla_worker *w, cmd *list) {
         case C_UNLOAD: do_unload(w, c); break;
         case C_FORK: do_fork(w, c); break;
         case C_DESCRIBE: do_describe(w, c); break;
+        case C_READ_TOKENS: do_read_tokens(w, c); break;
         case C_APPEND_START: do_append_start(w, c); break;
         case C_APPEND_MSG: do_append_msg(w, c); break;
         case C_APPEND_END: do_append_end(w, c); break;
@@ -776,6 +833,10 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return st;
     }
+    if (p->token_log && (st = hyla_runtime_set_token_log(w->rt, (int)p->token_log)) != HYLA_OK) {
+        hyla_worker_destroy(w);
+        return hyla_fail_wrap(st, "--token-log");
+    }
     if (p->prefill_piece && (st = hyla_runtime_set_prefill_piece(w->rt, p->prefill_piece)) != HYLA_OK) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");
@@ -825,6 +886,7 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     ADD("Unload", HYLA_RPC_UNARY, hyla__v1__unload_request__descriptor, hyla__v1__unload_response__descriptor, h_unload);
     ADD("ForkSession", HYLA_RPC_UNARY, hyla__v1__fork_session_request__descriptor, hyla__v1__worker_session_response__descriptor, h_fork);
     ADD("DescribeSession", HYLA_RPC_UNARY, hyla__v1__describe_session_request__descriptor, hyla__v1__worker_session_response__descriptor, h_describe);
+    ADD("ReadTokens", HYLA_RPC_UNARY, hyla__v1__read_tokens_request__descriptor, hyla__v1__read_tokens_response__descriptor, h_read_tokens);
     ADD("ExportStage", HYLA_RPC_SERVER_STREAM, hyla__v1__export_stage_request__descriptor, hyla__v1__get_snapshot_response__descriptor, h_export);
     ADD("StageForward", HYLA_RPC_BIDI, hyla__v1__stage_forward_request__descriptor, hyla__v1__stage_forward_response__descriptor, h_stage);
 #undef ADD

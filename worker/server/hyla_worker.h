@@ -44,6 +44,7 @@ typedef struct {
                                   accepts only the cluster credential derived from it (and the
                                   key itself); NULL: development mode, no authentication */
     struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
+    uint32_t token_log;        /* generated tokens each session keeps for ReadTokens, 1..65536 (0: 65536) */
 } hyla_worker_params;
 
 hyla_worker_params hyla_worker_default_params(void);

@@ -95,7 +95,7 @@ typedef struct wsess {
 /* commands                                                                                    */
 
 typedef enum {
-    C_LOAD, C_SNAPSHOT, C_UNLOAD, C_FORK, C_DESCRIBE, C_APPEND_START, C_APPEND_MSG, C_APPEND_END, C_APPEND_DONE,
+    C_LOAD, C_SNAPSHOT, C_UNLOAD, C_FORK, C_DESCRIBE, C_READ_TOKENS, C_APPEND_START, C_APPEND_MSG, C_APPEND_END, C_APPEND_DONE,
     C_GENERATE,
     C_GOT_SNAPSHOT, /* I/O -> scheduler: a snapshot read for C_LOAD (or an error) */
     C_PUT_DONE,     /* I/O -> scheduler: a put finished (or failed) */

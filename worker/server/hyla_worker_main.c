@@ -60,6 +60,10 @@ static void usage(FILE *f) {
             "                         or $HYLA_PREFILL_PIECE; pipeline stages cap it to the message size)\n"
             "  --max-generate N       largest max_tokens a Generate may ask (default 65536)\n"
             "  --max-append-tokens N  largest document (tokens) one Append call may send (default 16777216)\n"
+            "  --token-log N          generated tokens each session keeps for ReadTokens, 1..65536 (default\n"
+            "                         65536: one whole Generate at the largest max_tokens; fewer saves host\n"
+            "                         memory, 4 bytes a token, but a client may then be unable to read back\n"
+            "                         what an interrupted Generate sent)\n"
             "  --threads N            gRPC threads (default 2)\n"
             "  --max-message-bytes N  gRPC message limit of this worker's server and its clients (default\n"
             "                         16 MiB); a pipeline stage caps prefill pieces and decode batches to half\n"
@@ -113,7 +117,7 @@ int main(int argc, char **argv) {
                                  {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},
                                  {"admin-key-file", 1, 0, 'K'}, {"tls-cert", 1, 0, 1001}, {"tls-key", 1, 0, 1002},
                                  {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},
-                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013},        {0, 0, 0, 0}};
+                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014},        {0, 0, 0, 0}};
     const char *admin_key_file = NULL;
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
@@ -158,6 +162,16 @@ int main(int argc, char **argv) {
             break;
         }
         case 'K': admin_key_file = optarg; break;
+        case 1014: {
+            char *end;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 65536) {
+                fprintf(stderr, "hyla-worker: --token-log must be a token count from 1 to 65536, got '%s'\n", optarg);
+                return 2;
+            }
+            p.token_log = (uint32_t)v;
+            break;
+        }
         case 1001: sec.tls_cert = optarg; break;
         case 1002: sec.tls_key = optarg; break;
         case 1003: sec.tls_ca = optarg; break;
