@@ -215,21 +215,28 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
     if (row >= (nrows)) return;                                                      \
     const int U = V4 ? D / 4 : D;
 
-/* The first pass of the norms over a row: the sum of squares of the row's units of this thread
- * (in unit order), the first ROW_RC units cached in c. */
-template <int V4, int A16>
-__device__ __forceinline__ float row_sumsq(float4 (&c)[ROW_RC], const float *xr, int t, int G, int U) {
-    float ss = 0.0f;
+/* The first pass of a row op: v = acc(v, unit) over this thread's units of the row in unit
+ * order, from v0, the first ROW_RC units cached in c. */
+template <int V4, int A16, typename Acc>
+__device__ __forceinline__ float row_first_pass(float4 (&c)[ROW_RC], const float *xr, float v0, int t, int G, int U,
+                                                Acc acc) {
+    float v = v0;
 #pragma unroll
     for (int k = 0; k < ROW_RC; k++) {
         int u = t + k * G;
         if (u < U) {
             c[k] = ld_u<V4, A16>(xr, u);
-            ss = sq_acc<V4>(ss, c[k]);
+            v = acc(v, c[k]);
         }
     }
-    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(xr, u));
-    return ss;
+    for (int u = t + ROW_RC * G; u < U; u += G) v = acc(v, ld_u<V4, A16>(xr, u));
+    return v;
+}
+
+/* The norms' first pass: the sum of squares (sq_acc). */
+template <int V4, int A16>
+__device__ __forceinline__ float row_sumsq(float4 (&c)[ROW_RC], const float *xr, int t, int G, int U) {
+    return row_first_pass<V4, A16>(c, xr, 0.0f, t, G, U, [](float ss, float4 x) { return sq_acc<V4>(ss, x); });
 }
 
 /* xr's cached units (the first ROW_RC of this thread) <- c * inv; the caller writes the rest. */
@@ -309,16 +316,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, i
     ROW_SETUP(rows);
     float *xr = x + (size_t)row * D;
     float4 cx[ROW_RC];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) {
-            cx[k] = ld_u<V4, A16>(xr, u);
-            m = max_acc<V4>(m, cx[k]);
-        }
-    }
-    for (int u = t + ROW_RC * G; u < U; u += G) m = max_acc<V4>(m, ld_u<V4, A16>(xr, u));
+    float m = row_first_pass<V4, A16>(cx, xr, -INFINITY, t, G, U, [](float v, float4 x) { return max_acc<V4>(v, x); });
     m = group_max<WARP>(m, sh);
     float s = 0.0f;
 #pragma unroll
