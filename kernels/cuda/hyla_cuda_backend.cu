@@ -43,10 +43,10 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 #define RING_BYTES ((size_t)16 << 20)
 #define BOUNCE_BYTES ((size_t)8 << 20)
 
-/* Make room for `parts` stages totalling `bytes` so none of them wraps the ring (a wrap
- * would reuse the mirror of an earlier part before its consumer kernel is queued). */
-extern "C" hyla_status cu_stage_reserve(hyla_cuda_ctx *c, size_t bytes, int parts) {
-    size_t need = bytes + (size_t)parts * 256;
+/* Make `need` contiguous bytes free at the ring's offset: grow the ring when `need` exceeds it
+ * (rare: a table larger than the ring; after the stream drains), or wrap to its start (earlier
+ * copies out of the ring and kernels reading its mirror must be done first). */
+static hyla_status ring_room(hyla_cuda_ctx *c, size_t need) {
     if (need > c->ring_bytes) {
         size_t nb = c->ring_bytes;
         while (nb < need) nb *= 2;
@@ -67,28 +67,16 @@ extern "C" hyla_status cu_stage_reserve(hyla_cuda_ctx *c, size_t bytes, int part
     return HYLA_OK;
 }
 
+/* Make room for `parts` stages totalling `bytes` so none of them wraps the ring (a wrap
+ * would reuse the mirror of an earlier part before its consumer kernel is queued). */
+extern "C" hyla_status cu_stage_reserve(hyla_cuda_ctx *c, size_t bytes, int parts) {
+    return ring_room(c, bytes + (size_t)parts * 256);
+}
+
 extern "C" hyla_status cu_stage(hyla_cuda_ctx *c, const void *host, size_t bytes, void **dev) {
     size_t need = (bytes + 255) & ~(size_t)255;
     if (need == 0) need = 256;
-    if (need > c->ring_bytes) {
-        /* Rare: a table larger than the ring. Grow it (after the stream drains). */
-        size_t nb = c->ring_bytes;
-        while (nb < need) nb *= 2;
-        CU_TRY(cudaStreamSynchronize(c->stream));
-        CU_TRY(cudaFreeHost(c->ring_host));
-        CU_TRY(cudaFree(c->ring_dev));
-        c->ring_host = NULL;
-        c->ring_dev = NULL;
-        CU_TRY(cudaMallocHost((void **)&c->ring_host, nb));
-        CU_TRY(cudaMalloc((void **)&c->ring_dev, nb));
-        c->ring_bytes = nb;
-        c->ring_off = 0;
-    }
-    if (c->ring_off + need > c->ring_bytes) {
-        /* Wrap: earlier copies out of the ring and kernels reading its mirror must be done. */
-        CU_TRY(cudaStreamSynchronize(c->stream));
-        c->ring_off = 0;
-    }
+    HYLA_TRY(ring_room(c, need));
     uint8_t *h = c->ring_host + c->ring_off;
     uint8_t *d = c->ring_dev + c->ring_off;
     if (bytes) memcpy(h, host, bytes);

@@ -215,6 +215,40 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
     if (row >= (nrows)) return;                                                      \
     const int U = V4 ? D / 4 : D;
 
+/* The first pass of a row op: v = acc(v, unit) over this thread's units of the row in unit
+ * order, from v0, the first ROW_RC units cached in c. */
+template <int V4, int A16, typename Acc>
+__device__ __forceinline__ float row_first_pass(float4 (&c)[ROW_RC], const float *xr, float v0, int t, int G, int U,
+                                                Acc acc) {
+    float v = v0;
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) {
+            c[k] = ld_u<V4, A16>(xr, u);
+            v = acc(v, c[k]);
+        }
+    }
+    for (int u = t + ROW_RC * G; u < U; u += G) v = acc(v, ld_u<V4, A16>(xr, u));
+    return v;
+}
+
+/* The norms' first pass: the sum of squares (sq_acc). */
+template <int V4, int A16>
+__device__ __forceinline__ float row_sumsq(float4 (&c)[ROW_RC], const float *xr, int t, int G, int U) {
+    return row_first_pass<V4, A16>(c, xr, 0.0f, t, G, U, [](float ss, float4 x) { return sq_acc<V4>(ss, x); });
+}
+
+/* xr's cached units (the first ROW_RC of this thread) <- c * inv; the caller writes the rest. */
+template <int V4, int A16>
+__device__ __forceinline__ void row_scale_cached(float *xr, const float4 (&c)[ROW_RC], float inv, int t, int G, int U) {
+#pragma unroll
+    for (int k = 0; k < ROW_RC; k++) {
+        int u = t + k * G;
+        if (u < U) st_u<V4, A16>(xr, u, make_float4(c[k].x * inv, c[k].y * inv, c[k].z * inv, c[k].w * inv));
+    }
+}
+
 /* The output pass of both RMSNorms: y = v * inv * w over the row's units, v from the values cached
  * in registers for the first ROW_RC units of this thread and re-read from src (the row itself)
  * for the rest. */
@@ -239,17 +273,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const floa
     ROW_SETUP(n);
     const float *xr = x + (size_t)row * D;
     float4 cx[ROW_RC];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) {
-            cx[k] = ld_u<V4, A16>(xr, u);
-            ss = sq_acc<V4>(ss, cx[k]);
-        }
-    }
-    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(xr, u));
-    ss = group_sum<WARP>(ss, sh);
+    float ss = group_sum<WARP>(row_sumsq<V4, A16>(cx, xr, t, G, U), sh);
     float inv = rsqrtf(ss / D + eps);
     rms_scale_store<V4, A16>(y + (size_t)row * D, cx, xr, inv, w, t, G, U);
 }
@@ -292,16 +316,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, i
     ROW_SETUP(rows);
     float *xr = x + (size_t)row * D;
     float4 cx[ROW_RC];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) {
-            cx[k] = ld_u<V4, A16>(xr, u);
-            m = max_acc<V4>(m, cx[k]);
-        }
-    }
-    for (int u = t + ROW_RC * G; u < U; u += G) m = max_acc<V4>(m, ld_u<V4, A16>(xr, u));
+    float m = row_first_pass<V4, A16>(cx, xr, -INFINITY, t, G, U, [](float v, float4 x) { return max_acc<V4>(v, x); });
     m = group_max<WARP>(m, sh);
     float s = 0.0f;
 #pragma unroll
@@ -322,11 +337,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, i
     }
     s = group_sum<WARP>(s, sh);
     float inv = 1.0f / s;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) st_u<V4, A16>(xr, u, make_float4(cx[k].x * inv, cx[k].y * inv, cx[k].z * inv, cx[k].w * inv));
-    }
+    row_scale_cached<V4, A16>(xr, cx, inv, t, G, U);
     for (int u = t + ROW_RC * G; u < U; u += G) {
         float4 v = ld_u<V4, A16>(xr, u);
         st_u<V4, A16>(xr, u,
@@ -342,23 +353,9 @@ __global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, in
     ROW_SETUP(rows);
     float *xr = x + (size_t)row * D;
     float4 cx[ROW_RC];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) {
-            cx[k] = ld_u<V4, A16>(xr, u);
-            ss = sq_acc<V4>(ss, cx[k]);
-        }
-    }
-    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(xr, u));
-    ss = group_sum<WARP>(ss, sh);
+    float ss = group_sum<WARP>(row_sumsq<V4, A16>(cx, xr, t, G, U), sh);
     float inv = 1.0f / sqrtf(ss + eps);
-#pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
-        int u = t + k * G;
-        if (u < U) st_u<V4, A16>(xr, u, make_float4(cx[k].x * inv, cx[k].y * inv, cx[k].z * inv, cx[k].w * inv));
-    }
+    row_scale_cached<V4, A16>(xr, cx, inv, t, G, U);
     for (int u = t + ROW_RC * G; u < U; u += G) {
         float4 v = ld_u<V4, A16>(xr, u);
         st_u<V4, A16>(xr, u, make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv));

@@ -321,17 +321,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         cp_async_commit();
     };
     float sacc[MTW][4][4];
-#pragma unroll
-    for (int mi = 0; mi < MTW; mi++) {
-        int mt = wq + 4 * mi;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                sacc[mi][n][e] = (!MODE && mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
-            }
-    }
+    state_load<MT>(sacc, S, !MODE, wq, g, tq, j0, dk, dv);
     if (!WS) stage(c0);
     /* WS (96 registers with 17 warps): the thread's indices are re-derived at each chunk and made
      * opaque at the phase starts, so the compiler recomputes the per-lane fragment addresses there
@@ -379,10 +369,8 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         /* (d) K K^T and Q K^T: warp (rows 16 wq.., columns 16 gq..) */
         {
             float kk[2][4], qk[2][4];
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+            frag_zero(kk);
+            frag_zero(qk);
             if (gq <= wq) {
 #pragma unroll
                 for (int kc = 0; kc < DKP / 16; kc++) {
@@ -590,18 +578,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             fu_sync<WS>(); /* the U0 tile is read: R1 takes S^T */
         }
         if (active) {
-#pragma unroll
-            for (int mi = 0; mi < MTW; mi++) {
-                int mt = wq + 4 * mi;
-                if (mt < MT)
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                            SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
-                        }
-            }
+            state_to_sbt<MT>(sacc, SbT, LDK, wq, g, tq);
         }
         fu_sync<WS>();
         FPROF(9);
@@ -610,10 +587,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) {
                 float uacc[2][4];
-#pragma unroll
-                for (int n = 0; n < 2; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+                frag_zero(uacc);
 #pragma unroll
                 for (int kc = 0; kc < DKP / 16; kc++) {
                     uint32_t af[4], bf[2][2];
@@ -632,10 +606,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             }
         } else if (active) { /* U = U0 - W S for rows 16 wq.. */
             float uacc[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+            frag_zero(uacc);
             mma_16x32<DKP>(uacc, Wb + (16 * wq) * LDK, LDK, SbT, LDK);
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -650,10 +621,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         if (active) {
             /* O = q~ S + Aqk U */
             float oacc[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+            frag_zero(oacc);
             mma_16x32<DKP>(oacc, Qb + (16 * wq) * LDK, LDK, SbT, LDK);
             mma_16x32<CH>(oacc, Aq + (16 * wq) * 72, 72, UT, 72);
             if (WS) { /* to the O tile (16-byte pieces XOR 2(t mod 4)); the producer stores it */
@@ -680,10 +648,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             for (int mi = 0; mi < MTW; mi++) {
                 int mt = wq + 4 * mi;
                 if (mt < MT) {
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) sacc[mi][n][e] *= d;
+                    state_decay(sacc[mi], d, d);
                     mma_16x32<CH>(sacc[mi], KtT + (mt * 16) * 72, 72, UT, 72);
                 }
             }
@@ -697,17 +662,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         asm volatile("" : "+l"(Sv));
         S = Sv[z] + (size_t)h * dk * dv;
     }
-#pragma unroll
-    for (int mi = 0; mi < MTW; mi++) {
-        int mt = wq + 4 * mi;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                if (!MODE && mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
-            }
-    }
+    state_store<MT>(sacc, S, !MODE, wq, g, tq, j0, dk, dv);
 #ifdef HYLA_FUSED_PROFILE
     if (!MODE && nc > 21 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
         atomicAdd(&g_fprof_once, 1) == 0) {
@@ -730,13 +685,8 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
 /* ================================================================ host side */
 
 static size_t fused_smem(int dkp) {
-    switch (dkp) {
-    case 16: return FusedSmem<16>::TOTAL;
-    case 32: return FusedSmem<32>::TOTAL;
-    case 64: return FusedSmem<64>::TOTAL;
-    case 128: return FusedSmem<128>::TOTAL;
-    default: return (size_t)-1;
-    }
+    if (dkp > 128) return (size_t)-1;
+    return dkp_dispatch<128>(dkp, [](auto D) { return FusedSmem<decltype(D)::value>::TOTAL; });
 }
 
 /* GDN runs the fused kernel for dk <= 128. The choice depends on the shapes only, so every call
@@ -768,30 +718,13 @@ static hyla_status launch_fused_dkp(hyla_cuda_ctx *c, const ChunkArgs &ca, int N
         HYLA_TRY(cu_gdn_pipe_launch(c, ca, nseq, &launched));
         if (launched) return HYLA_OK;
     }
-    if (!split && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1>::TOTAL <= c->smem_optin) {
-        const size_t sw = FusedSmem<DKP, 1>::TOTAL;
-        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw));
-        k_gdn_fused<DKP, 0, 1><<<dim3(ncb, ca.H, nseq), FU_WTN(1), sw, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gdn fused chunk (ws)");
-        return HYLA_OK;
-    }
-    if (!split) {
-        CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_gdn_fused<DKP, 0, 0><<<dim3(ncb, ca.H, nseq), FU_T, sm, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gdn fused chunk");
-        return HYLA_OK;
-    }
-    CU_TRY(cudaFuncSetAttribute(k_gdn_fused<DKP, 1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_gdn_fused<DKP, 1, 0><<<dim3(NC, ca.H, ncb), FU_T, sm, c->stream>>>(ca);
-    CU_LAUNCH_CHECK("gdn chunk tiles");
+    if (!split && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1>::TOTAL <= c->smem_optin)
+        return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 1>, dim3(ncb, ca.H, nseq), FU_WTN(1), FusedSmem<DKP, 1>::TOTAL, ca);
+    if (!split) return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 0>, dim3(ncb, ca.H, nseq), FU_T, sm, ca);
+    HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0>, dim3(NC, ca.H, ncb), FU_T, sm, ca));
     return cu_chunk_b_launch(c, ca, nseq, 1);
 }
 
 hyla_status cu_gdn_fused_launch(hyla_cuda_ctx *c, const ChunkArgs &ca, int NC, int nseq, int split) {
-    switch (ca.dkp) {
-    case 16: return launch_fused_dkp<16>(c, ca, NC, nseq, split);
-    case 32: return launch_fused_dkp<32>(c, ca, NC, nseq, split);
-    case 64: return launch_fused_dkp<64>(c, ca, NC, nseq, split);
-    default: return launch_fused_dkp<128>(c, ca, NC, nseq, split);
-    }
+    return dkp_dispatch<128>(ca.dkp, [&](auto D) { return launch_fused_dkp<decltype(D)::value>(c, ca, NC, nseq, split); });
 }

@@ -353,10 +353,8 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                 if (dokk || doqk) {
                     const int rb = (bi >= 1) + (bi >= 3) + (bi >= 6), cb = bi - rb * (rb + 1) / 2;
                     float kk[2][4], qk[2][4];
-#pragma unroll
-                    for (int n = 0; n < 2; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+                    frag_zero(kk);
+                    frag_zero(qk);
 #pragma unroll
                     for (int kc = 0; kc < DKP / 16; kc++) {
                         uint32_t ak[4], aq[4], bf[2][2];
@@ -524,12 +522,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                  * independent accumulator chains, each S^T pair packed once), then the blocks'
                  * forward substitution and U^T = U0^T - S^T W^T */
                 float acc[4][2][4];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[i][nt][e] = 0.0f;
+                frag_zero(acc);
                 const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                 for (int kc = 0; kc < NB; kc++) {
@@ -563,12 +556,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
 #pragma unroll 1
                 for (int hf = 0; hf < 2; hf++) {
                     float oa[2][4][4];
-#pragma unroll
-                    for (int s = 0; s < 2; s++)
-#pragma unroll
-                        for (int n = 0; n < 4; n++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) oa[s][n][e] = 0.0f;
+                    frag_zero(oa);
                     const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                     for (int kc = 0; kc < NB; kc++) {
@@ -709,18 +697,11 @@ static hyla_status launch_pipe(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, 
     PipeMaps pm;
     memset(&pm, 0, sizeof pm);
     pm.use = !ca.rsrc && ca.nrows > 0 && pipe_maps(&pm, ca, DKP); /* else one bulk copy per row */
-    CU_TRY(cudaFuncSetAttribute(k_gdn_pipe<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sp));
-    k_gdn_pipe<DKP><<<dim3(cu_blocks(ca.dv, 128), ca.H, nseq), GP_T, sp, c->stream>>>(ca, pm);
-    CU_LAUNCH_CHECK("gdn fused chunk (pipelined)");
+    HYLA_TRY(cu_launch_dyn(c, k_gdn_pipe<DKP>, dim3(cu_blocks(ca.dv, 128), ca.H, nseq), GP_T, sp, ca, pm));
     *launched = 1;
     return HYLA_OK;
 }
 
 hyla_status cu_gdn_pipe_launch(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int *launched) {
-    switch (ca.dkp) {
-    case 16: return launch_pipe<16>(c, ca, nseq, launched);
-    case 32: return launch_pipe<32>(c, ca, nseq, launched);
-    case 64: return launch_pipe<64>(c, ca, nseq, launched);
-    default: return launch_pipe<128>(c, ca, nseq, launched);
-    }
+    return dkp_dispatch<128>(ca.dkp, [&](auto D) { return launch_pipe<decltype(D)::value>(c, ca, nseq, launched); });
 }

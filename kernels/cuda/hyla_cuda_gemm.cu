@@ -21,6 +21,22 @@
 #define SK_K 64 /* K per shared-memory tile */
 #define SK_LD 72
 
+/* A K slice's fp32 partial sums of the block's tile (rows m0.., columns n0..; warp w owns
+ * columns 16w..16w+15) to out [M][N], for the slice reduction. */
+template <int MT>
+__device__ __forceinline__ void sk_store_part(const float (&acc)[MT][2][4], float *out, int M, int N, int m0, int n0,
+                                              int w, int g, int tq) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
+                if (m < M && n < N) out[(size_t)m * N + n] = acc[mt][nt][e];
+            }
+}
+
 template <int MT>
 __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int ldx, int M, int K,
                                                 const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
@@ -32,12 +48,7 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
     const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
     const bool vecw = (K & 7) == 0, vecx = (ldx & 3) == 0 && (((uintptr_t)x) & 15) == 0;
     float acc[MT][2][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    frag_zero(acc);
     for (int kt = kbeg; kt < kend; kt += SK_K) {
         /* W tile: 64 rows x 64 k, 16-byte pieces */
         for (int c = tid; c < SK_N * 8; c += 128) {
@@ -91,16 +102,7 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
         }
         __syncthreads();
     }
-    float *out = part + (size_t)s * M * N;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
-                if (m < M && n < N) out[(size_t)m * N + n] = acc[mt][nt][e];
-            }
+    sk_store_part(acc, part + (size_t)s * M * N, M, N, m0, n0, w, g, tq);
 }
 
 /* v2 (K % 8 == 0): x pre-converted to bf16 [M][K]; tiles arrive by cp.async, two stages deep,
@@ -122,12 +124,7 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
     const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
     const int nk = (kend - kbeg + SK_K - 1) / SK_K;
     float acc[MT][2][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    frag_zero(acc);
     auto stage = [&](int buf, int kt) {
 #pragma unroll
         for (int q = 0; q < SK_N * 8 / 128; q++) {
@@ -199,16 +196,7 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                 }
         return;
     }
-    float *out = part + (size_t)s * M * N;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int m = m0 + mt * 16 + g + (e >> 1) * 8, n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
-                if (m < M && n < N) out[(size_t)m * N + n] = acc[mt][nt][e];
-            }
+    sk_store_part(acc, part + (size_t)s * M * N, M, N, m0, n0, w, g, tq);
 }
 
 template <int MT, bool XF>
@@ -461,12 +449,7 @@ __global__ void __launch_bounds__(BigCfg<WM, WN, MT, NT, ST, TSM>::NTH,
         }
     };
     float acc[MT][NT][4], tot[TSM ? 1 : MT][TSM ? 1 : NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    frag_zero(acc);
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
         if (s < nkt) stage(s, s);

@@ -191,25 +191,46 @@ static hyla_status replay_short_conv(hyla_cuda_ctx *c, const ga_short_conv &a, c
     return cu_short_conv_dev(c, a.x, a.B, a.n, a.C, a.w, a.bias, a.K, (float *const *)d, a.act_silu);
 }
 
-struct ga_lin_decode { /* GLA (ga = gk) or GDN (ga = g, gb = beta); state pointers (float * [B]) are the data */
+/* The inputs and shape that GLA/GDN decode and prefill share: GLA (ga = gk) or GDN (ga = g,
+ * gb = beta). Filled field by field (lin_io_set), as every entry, so padding stays zero. */
+struct ga_lin_io {
     const float *q, *k, *v, *ga, *gb;
     float *o;
-    int32_t gdn, B, H, dk, dv, states16;
+    int32_t gdn, H, dk, dv;
     float scale;
 };
+static void lin_io_set(ga_lin_io *io, int gdn, const float *q, const float *k, const float *v, const float *ga,
+                       const float *gb, int H, int dk, int dv, float scale, float *o) {
+    io->q = q;
+    io->k = k;
+    io->v = v;
+    io->ga = ga;
+    io->gb = gb;
+    io->o = o;
+    io->gdn = gdn;
+    io->H = H;
+    io->dk = dk;
+    io->dv = dv;
+    io->scale = scale;
+}
+
+struct ga_lin_decode { /* state pointers (float * [B]) are the data */
+    ga_lin_io io;
+    int32_t B, states16;
+};
 static hyla_status replay_lin_decode(hyla_cuda_ctx *c, const ga_lin_decode &a, const void *d) {
-    return cu_lin_decode_dev(c, a.gdn, a.q, a.k, a.v, a.ga, a.gb, a.B, a.H, a.dk, a.dv, a.scale, (float *const *)d,
-                             a.states16, a.o);
+    const ga_lin_io &x = a.io;
+    return cu_lin_decode_dev(c, x.gdn, x.q, x.k, x.v, x.ga, x.gb, a.B, x.H, x.dk, x.dv, x.scale, (float *const *)d,
+                             a.states16, x.o);
 }
 
 struct ga_lin_prefill { /* one sequence; the chunk tables and state pointer block are the data */
-    const float *q, *k, *v, *ga, *gb;
-    float *o;
-    int32_t gdn, n, H, dk, dv, s_aligned;
-    float scale;
+    ga_lin_io io;
+    int32_t n, s_aligned;
 };
 static hyla_status replay_lin_prefill(hyla_cuda_ctx *c, const ga_lin_prefill &a, const void *d) {
-    return cu_lin_prefill1_dev(c, a.gdn, a.q, a.k, a.v, a.ga, a.gb, a.n, a.H, a.dk, a.dv, a.scale, d, a.s_aligned, a.o);
+    const ga_lin_io &x = a.io;
+    return cu_lin_prefill1_dev(c, x.gdn, x.q, x.k, x.v, x.ga, x.gb, a.n, x.H, x.dk, x.dv, x.scale, d, a.s_aligned, x.o);
 }
 
 struct ga_sse_route {
@@ -222,31 +243,60 @@ static hyla_status replay_sse_route(hyla_cuda_ctx *c, const ga_sse_route &a, con
     return cu_sse_route(c, a.logits, a.n, a.N, a.K, a.idx, a.w);
 }
 
-struct ga_sse_decode { /* S0 pointers then Sp pointers (float * [2B]) are the data */
+/* The inputs, routes and shape that SSE decode and prefill share (filled by sse_io_set). */
+struct ga_sse_io {
     const float *q1, *k1, *q2, *k2, *v, *ga, *gb, *betaa, *betab;
     const int32_t *idx;
     const float *w;
     float *o;
-    int32_t tr, B, H, dk, dv, N, K, states16;
+    int32_t tr, H, dk, dv, N, K;
     float scale;
 };
+static void sse_io_set(ga_sse_io *io, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
+                       const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
+                       const float *betab, const int32_t *idx, const float *w, int H, int dk, int dv, int N, int K,
+                       float scale, float *o) {
+    io->q1 = q1;
+    io->k1 = k1;
+    io->q2 = q2;
+    io->k2 = k2;
+    io->v = v;
+    io->ga = ga;
+    io->gb = gb;
+    io->betaa = betaa;
+    io->betab = betab;
+    io->idx = idx;
+    io->w = w;
+    io->o = o;
+    io->tr = (int32_t)tr;
+    io->H = H;
+    io->dk = dk;
+    io->dv = dv;
+    io->N = N;
+    io->K = K;
+    io->scale = scale;
+}
+
+struct ga_sse_decode { /* S0 pointers then Sp pointers (float * [2B]) are the data */
+    ga_sse_io io;
+    int32_t B, states16;
+};
 static hyla_status replay_sse_decode(hyla_cuda_ctx *c, const ga_sse_decode &a, const void *d) {
+    const ga_sse_io &x = a.io;
     float *const *S = (float *const *)d;
-    return cu_sse_decode_dev(c, (hyla_sse_transition)a.tr, a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.betaa, a.betab,
-                             a.idx, a.w, a.B, a.H, a.dk, a.dv, a.N, a.K, a.scale, S, S + a.B, a.states16, a.o);
+    return cu_sse_decode_dev(c, (hyla_sse_transition)x.tr, x.q1, x.k1, x.q2, x.k2, x.v, x.ga, x.gb, x.betaa, x.betab,
+                             x.idx, x.w, a.B, x.H, x.dk, x.dv, x.N, x.K, x.scale, S, S + a.B, a.states16, x.o);
 }
 
 struct ga_sse_prefill { /* planned on the device: no data */
-    const float *q1, *k1, *q2, *k2, *v, *ga, *gb, *betaa, *betab;
-    const int32_t *idx;
-    const float *w;
-    float *o, *S0, *Sp;
-    int32_t tr, n, H, dk, dv, N, K, windows;
-    float scale;
+    ga_sse_io io;
+    float *S0, *Sp;
+    int32_t n, windows;
 };
 static hyla_status replay_sse_prefill(hyla_cuda_ctx *c, const ga_sse_prefill &a, const void *) {
-    return cu_sse_prefill_dev(c, (hyla_sse_transition)a.tr, a.q1, a.k1, a.q2, a.k2, a.v, a.ga, a.gb, a.betaa, a.betab,
-                              a.idx, a.w, a.n, a.H, a.dk, a.dv, a.N, a.K, a.scale, a.windows, a.S0, a.Sp, a.o);
+    const ga_sse_io &x = a.io;
+    return cu_sse_prefill_dev(c, (hyla_sse_transition)x.tr, x.q1, x.k1, x.q2, x.k2, x.v, x.ga, x.gb, x.betaa, x.betab,
+                              x.idx, x.w, a.n, x.H, x.dk, x.dv, x.N, x.K, x.scale, a.windows, a.S0, a.Sp, x.o);
 }
 
 struct ga_attn_decode { /* the page tables and positions (cu_attn_decode_block) are the data */
@@ -901,19 +951,9 @@ static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const f
     ga_lin_decode *a;
     void *d;
     HYLA_TRY(log_lin_decode(c->graphs, (size_t)B * sizeof(float *), &a, &d));
-    a->q = q;
-    a->k = k;
-    a->v = v;
-    a->ga = ga;
-    a->gb = gb;
-    a->o = o;
-    a->gdn = gdn;
+    lin_io_set(&a->io, gdn, q, k, v, ga, gb, H, dk, dv, scale, o);
     a->B = B;
-    a->H = H;
-    a->dk = dk;
-    a->dv = dv;
     a->states16 = cu_states16(S, B);
-    a->scale = scale;
     memcpy(d, S, (size_t)B * sizeof(float *));
     return HYLA_OK;
 }
@@ -965,27 +1005,9 @@ static hyla_status g_sse_decode(void *ctx, hyla_sse_transition tr, const float *
     ga_sse_decode *a;
     void *d;
     HYLA_TRY(log_sse_decode(c->graphs, (size_t)B * 2 * sizeof(float *), &a, &d));
-    a->q1 = q1;
-    a->k1 = k1;
-    a->q2 = q2;
-    a->k2 = k2;
-    a->v = v;
-    a->ga = ga;
-    a->gb = gb;
-    a->betaa = betaa;
-    a->betab = betab;
-    a->idx = idx;
-    a->w = w;
-    a->o = o;
-    a->tr = (int32_t)tr;
+    sse_io_set(&a->io, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, H, dk, dv, N, K, scale, o);
     a->B = B;
-    a->H = H;
-    a->dk = dk;
-    a->dv = dv;
-    a->N = N;
-    a->K = K;
     a->states16 = cu_states16(S0, B) && cu_states16(Sp, B);
-    a->scale = scale;
     memcpy(d, S0, (size_t)B * sizeof(float *));
     memcpy((float **)d + B, Sp, (size_t)B * sizeof(float *));
     return HYLA_OK;
@@ -1110,19 +1132,9 @@ static hyla_status lin_prefill(hyla_cuda_ctx *c, int gdn, const float *q, const 
     ga_lin_prefill *a;
     void *d;
     HYLA_TRY(log_lin_prefill(c->graphs, cu_lin_prefill1_block(n, S, NULL), &a, &d));
-    a->q = q;
-    a->k = k;
-    a->v = v;
-    a->ga = ga;
-    a->gb = gb;
-    a->o = o;
-    a->gdn = gdn;
+    lin_io_set(&a->io, gdn, q, k, v, ga, gb, H, dk, dv, scale, o);
     a->n = n;
-    a->H = H;
-    a->dk = dk;
-    a->dv = dv;
     a->s_aligned = ((uintptr_t)S & 15) == 0;
-    a->scale = scale;
     cu_lin_prefill1_block(n, S, d);
     return HYLA_OK;
 }
@@ -1163,29 +1175,11 @@ static hyla_status g_sse_prefill(void *ctx, hyla_sse_transition tr, const float 
     }
     ga_sse_prefill *a;
     HYLA_TRY(log_sse_prefill(c->graphs, 0, &a, NULL));
-    a->q1 = q1;
-    a->k1 = k1;
-    a->q2 = q2;
-    a->k2 = k2;
-    a->v = v;
-    a->ga = ga;
-    a->gb = gb;
-    a->betaa = betaa;
-    a->betab = betab;
-    a->idx = idx;
-    a->w = w;
-    a->o = o;
+    sse_io_set(&a->io, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, H, dk, dv, N, K, scale, o);
     a->S0 = S0;
     a->Sp = Sp;
-    a->tr = (int32_t)tr;
     a->n = n;
-    a->H = H;
-    a->dk = dk;
-    a->dv = dv;
-    a->N = N;
-    a->K = K;
     a->windows = c->sse_windows;
-    a->scale = scale;
     return HYLA_OK;
 }
 

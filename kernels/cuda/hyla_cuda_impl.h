@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "hyla_ops.h"
 #include "hyla_status.h"
@@ -249,6 +250,27 @@ typedef struct {
     const float *w;
 } hyla_cu_linrec;
 
+/* A linrec of partition 0 only (plain GLA/GDN: no SSE fields), every other field zero. */
+static inline void cu_linrec_plain(hyla_cu_linrec *r, int gdn, int H, int dk, int dv, float scale, int ntok,
+                                   const float *q, const float *k, const float *v, const float *ga,
+                                   const float *betaa, float *o, float *const *S0, int states16) {
+    memset(r, 0, sizeof *r);
+    r->gdn = gdn;
+    r->H = H;
+    r->dk = dk;
+    r->dv = dv;
+    r->scale = scale;
+    r->ntok = ntok;
+    r->q1 = q;
+    r->k1 = k;
+    r->v = v;
+    r->ga = ga;
+    r->betaa = betaa;
+    r->o = o;
+    r->S0 = S0;
+    r->states16 = states16;
+}
+
 /* One chunked linear-attention run over several sequences packed in one buffer (varlen):
  * sequence z has tokens [start[z], start[z]+len[z]) of q,k,v,ga,gb and state S[z]
  * (a device array of device pointers). gla: ga = gk [tok][H][dk], gb unused; gdn: ga = g,
@@ -352,5 +374,18 @@ hyla_status cu_capture_end(hyla_cuda_ctx *c, hyla_capture *t);
 #endif
 
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+
+#ifdef __CUDACC__
+/* kern<<<grid, threads, smem>>>(args) on the context's stream, for kernels whose dynamic shared
+ * memory may pass the default limit: the opt-in attribute is set to smem first. */
+template <typename... P, typename... A>
+static hyla_status cu_launch_dyn(hyla_cuda_ctx *c, void (*kern)(P...), dim3 grid, unsigned threads, size_t smem,
+                                 A... args) {
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<grid, threads, smem, c->stream>>>(args...);
+    CU_LAUNCH_CHECK("kernel");
+    return HYLA_OK;
+}
+#endif
 
 #endif

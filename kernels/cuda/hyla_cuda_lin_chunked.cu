@@ -105,10 +105,8 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
     /* K K^T and Q K^T for rows 16w..16w+15 */
     {
         float kk[8][4], qk[8][4];
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.0f;
+        frag_zero(kk);
+        frag_zero(qk);
 #pragma unroll
         for (int kc = 0; kc < DKP / 16; kc++) {
             uint32_t ak[4], aq[4];
@@ -199,10 +197,7 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
         __nv_bfloat16 *wo = a.wt + ch * CH * DKP;
         for (int n0 = 0; n0 < DKP / 8; n0 += 8) {
             float acc[8][4];
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+            frag_zero(acc);
 #pragma unroll
             for (int kc = 0; kc < CH / 16; kc++) {
                 uint32_t at[4];
@@ -228,10 +223,7 @@ __global__ void __launch_bounds__(128) k_gdn_chunk_a(ChunkArgs a, int dvp) {
         float *uo = a.u0 + ch * CH * dv;
         for (int n0 = 0; n0 < dvp / 8; n0 += 8) {
             float acc[8][4];
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+            frag_zero(acc);
 #pragma unroll
             for (int kc = 0; kc < CH / 16; kc++) {
                 uint32_t at[4];
@@ -426,17 +418,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     float *S = a.S[z] + (size_t)h * dk * dv;
 
     float sacc[MTW][4][4];
-#pragma unroll
-    for (int mi = 0; mi < MTW; mi++) {
-        int mt = w + 4 * mi;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
-            }
-    }
+    state_load<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
     const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
     auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
                      float *&decs) {
@@ -507,26 +489,12 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
                 usrc[n][e] = u;
             }
         /* S (bf16, transposed) as the operand of this chunk */
-#pragma unroll
-        for (int mi = 0; mi < MTW; mi++) {
-            int mt = w + 4 * mi;
-            if (mt < MT)
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                        SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
-                    }
-        }
+        state_to_sbt<MT>(sacc, SbT, LDK, w, g, tq);
         __syncthreads();
         /* U for rows 16w..16w+15 */
         {
             float uacc[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) uacc[n][e] = 0.0f;
+            frag_zero(uacc);
             if (GDN) {
 #pragma unroll
                 for (int kc = 0; kc < DKP / 16; kc++) {
@@ -552,10 +520,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
         /* O = q~ S + Aqk U */
         {
             float oacc[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+            frag_zero(oacc);
 #pragma unroll
             for (int kc = 0; kc < DKP / 16; kc++) {
                 uint32_t af[4];
@@ -592,13 +557,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
             int mt = w + 4 * mi;
             if (mt < MT) {
                 float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    sacc[mi][n][0] *= d0;
-                    sacc[mi][n][1] *= d0;
-                    sacc[mi][n][2] *= d1;
-                    sacc[mi][n][3] *= d1;
-                }
+                state_decay(sacc[mi], d0, d1);
 #pragma unroll
                 for (int kc = 0; kc < CH / 16; kc++) {
                     uint32_t af[4];
@@ -614,17 +573,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int mi = 0; mi < MTW; mi++) {
-        int mt = w + 4 * mi;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                if (mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
-            }
-    }
+    state_store<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
 }
 
 /* ---- fused GLA prefill: kernels A and B in one, the same bits ----
@@ -769,17 +718,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
     };
 
     float sacc[MTW][4][4];
-#pragma unroll
-    for (int mi = 0; mi < MTW; mi++) {
-        int mt = wq + 4 * mi;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                sacc[mi][n][e] = (mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
-            }
-    }
+    state_load<MT>(sacc, S, true, wq, g, tq, j0, dk, dv);
     if (tid >= FG_T - CH) rows(c0, 0, tid - (FG_T - CH));
     __syncthreads();
     stage_v(0);
@@ -793,18 +732,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
         __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
         /* (b) S^T of the state entering this chunk (kernel B's operand) */
         if (active) {
-#pragma unroll
-            for (int mi = 0; mi < MTW; mi++) {
-                int mt = wq + 4 * mi;
-                if (mt < MT)
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                            SbT[jj * LDK + i] = __float2bfloat16_rn(sacc[mi][n][e]);
-                        }
-            }
+            state_to_sbt<MT>(sacc, SbT, LDK, wq, g, tq);
         }
         if (tid < DKP) { /* cumulative log decay of column i, in place (kernel A's order) */
             const int i = tid;
@@ -922,10 +850,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
         /* (d) this group's 32 value columns: O = q~ S + Aqk V, S = e^(bC) S + k~^T V */
         if (active) {
             float oacc[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) oacc[n][e] = 0.0f;
+            frag_zero(oacc);
             mma_16x32<DKP>(oacc, Qt + (16 * wq) * LDK, LDK, SbT, LDK);
             mma_16x32<CH>(oacc, Aq + (16 * wq) * 72, 72, UT, 72);
 #pragma unroll
@@ -947,30 +872,13 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
             for (int mi = 0; mi < MTW; mi++) {
                 int mt = wq + 4 * mi;
                 if (mt < MT) {
-                    const float d0 = dec[mt * 16 + g], d1 = dec[mt * 16 + g + 8];
-#pragma unroll
-                    for (int n = 0; n < 4; n++) {
-                        sacc[mi][n][0] *= d0;
-                        sacc[mi][n][1] *= d0;
-                        sacc[mi][n][2] *= d1;
-                        sacc[mi][n][3] *= d1;
-                    }
+                    state_decay(sacc[mi], dec[mt * 16 + g], dec[mt * 16 + g + 8]);
                     mma_16x32<CH>(sacc[mi], KtT + (mt * 16) * 72, 72, UT, 72);
                 }
             }
         }
     }
-#pragma unroll
-    for (int mi = 0; mi < MTW; mi++) {
-        int mt = wq + 4 * mi;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                if (mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
-            }
-    }
+    state_store<MT>(sacc, S, true, wq, g, tq, j0, dk, dv);
 }
 
 /* ================================================================ host side */
@@ -983,11 +891,8 @@ static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 
 
 template <int DKP, int GDN, int ST>
 static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
-    size_t sb = smem_b(DKP, GDN, ST);
-    CU_TRY(cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb));
-    k_chunk_b<DKP, GDN, ST><<<dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, sb, c->stream>>>(ca);
-    CU_LAUNCH_CHECK("chunk B");
-    return HYLA_OK;
+    return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, smem_b(DKP, GDN, ST),
+                         ca);
 }
 
 /* Blocks of kernel B that one SM holds at once (0 when the query fails). */
@@ -1026,53 +931,29 @@ static hyla_status launch_b_for(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq,
 
 /* Kernel B over the chunk tiles in ca's scratch: two stages of tiles where they fit. */
 hyla_status cu_chunk_b_launch(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int gdn) {
-    switch (ca.dkp) {
-    case 16: return launch_b_for<16>(c, ca, nseq, gdn);
-    case 32: return launch_b_for<32>(c, ca, nseq, gdn);
-    case 64: return launch_b_for<64>(c, ca, nseq, gdn);
-    case 128: return launch_b_for<128>(c, ca, nseq, gdn);
-    default: return launch_b_for<256>(c, ca, nseq, gdn);
-    }
+    return dkp_dispatch<256>(ca.dkp, [&](auto D) { return launch_b_for<decltype(D)::value>(c, ca, nseq, gdn); });
 }
 
 template <int DKP>
 static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn, int NC, int nseq, int dvp) {
     dim3 ga(NC, ca.H);
-    if (gdn) {
-        size_t sm = smem_a_gdn(DKP, dvp);
-        CU_TRY(cudaFuncSetAttribute(k_gdn_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_gdn_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca, dvp);
-        CU_LAUNCH_CHECK("gdn chunk A");
-        return cu_chunk_b_launch(c, ca, nseq, 1);
-    } else {
-        size_t sm = smem_a_gla(DKP);
-        CU_TRY(cudaFuncSetAttribute(k_gla_chunk_a<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k_gla_chunk_a<DKP><<<ga, 128, sm, c->stream>>>(ca);
-        CU_LAUNCH_CHECK("gla chunk A");
-        return cu_chunk_b_launch(c, ca, nseq, 0);
-    }
-    return HYLA_OK;
+    if (gdn)
+        HYLA_TRY(cu_launch_dyn(c, k_gdn_chunk_a<DKP>, ga, 128, smem_a_gdn(DKP, dvp), ca, dvp));
+    else
+        HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_a<DKP>, ga, 128, smem_a_gla(DKP), ca));
+    return cu_chunk_b_launch(c, ca, nseq, gdn);
 }
 
 /* The fused GLA pass (one block per sequence, head and 128 value columns): the bits of kernels
  * A and B. */
 template <int DKP>
 static hyla_status launch_gla_fused(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
-    const size_t sm = GlaFusedSmem<DKP>::TOTAL;
-    CU_TRY(cudaFuncSetAttribute(k_gla_fused<DKP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_gla_fused<DKP><<<dim3(cu_blocks(ca.dv, 128), ca.H, nseq), FG_T, sm, c->stream>>>(ca);
-    CU_LAUNCH_CHECK("gla fused chunk");
-    return HYLA_OK;
+    return cu_launch_dyn(c, k_gla_fused<DKP>, dim3(cu_blocks(ca.dv, 128), ca.H, nseq), FG_T, GlaFusedSmem<DKP>::TOTAL, ca);
 }
 
 static size_t gla_fused_smem(int dkp) {
-    switch (dkp) {
-    case 16: return GlaFusedSmem<16>::TOTAL;
-    case 32: return GlaFusedSmem<32>::TOTAL;
-    case 64: return GlaFusedSmem<64>::TOTAL;
-    case 128: return GlaFusedSmem<128>::TOTAL;
-    default: return (size_t)-1;
-    }
+    if (dkp > 128) return (size_t)-1;
+    return dkp_dispatch<128>(dkp, [](auto D) { return GlaFusedSmem<decltype(D)::value>::TOTAL; });
 }
 
 /* GLA likewise (dk <= 128). */
@@ -1147,14 +1028,8 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
         split = NC > 4 * nseq && blocks < (size_t)c->sm_count / 2;
         if (!gdn && rm) split = 0;
-        if (!split && !gdn) {
-            switch (dkp) {
-            case 16: return launch_gla_fused<16>(c, ca, nseq);
-            case 32: return launch_gla_fused<32>(c, ca, nseq);
-            case 64: return launch_gla_fused<64>(c, ca, nseq);
-            default: return launch_gla_fused<128>(c, ca, nseq);
-            }
-        }
+        if (!split && !gdn)
+            return dkp_dispatch<128>(dkp, [&](auto D) { return launch_gla_fused<decltype(D)::value>(c, ca, nseq); });
         if (!split) return cu_gdn_fused_launch(c, ca, NC, nseq, 0);
     }
     if (rm && !fused) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: a row map needs a fused kernel");
@@ -1180,13 +1055,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     ca.dec = (float *)p;
 #undef AL
     if (split && gdn) return cu_gdn_fused_launch(c, ca, NC, nseq, 1);
-    switch (dkp) {
-    case 16: return launch_chunked<16>(c, ca, gdn, NC, nseq, dvp);
-    case 32: return launch_chunked<32>(c, ca, gdn, NC, nseq, dvp);
-    case 64: return launch_chunked<64>(c, ca, gdn, NC, nseq, dvp);
-    case 128: return launch_chunked<128>(c, ca, gdn, NC, nseq, dvp);
-    default: return launch_chunked<256>(c, ca, gdn, NC, nseq, dvp);
-    }
+    return dkp_dispatch<256>(dkp, [&](auto D) { return launch_chunked<decltype(D)::value>(c, ca, gdn, NC, nseq, dvp); });
 }
 
 extern "C" hyla_status cu_linattn_chunked_dev(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, float scale,
@@ -1210,21 +1079,10 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
             HYLA_TRY(cu_stage(c, &b->h_S[z], sizeof(float *), &d_s));
             size_t st = (size_t)b->h_start[z];
             hyla_cu_linrec r;
-            memset(&r, 0, sizeof r);
-            r.gdn = b->gdn;
-            r.H = H;
-            r.dk = dk;
-            r.dv = dv;
-            r.scale = b->scale;
-            r.ntok = b->h_len[z];
-            r.q1 = b->q + st * H * dk;
-            r.k1 = b->k + st * H * dk;
-            r.v = b->v + st * H * dv;
-            r.ga = b->gdn ? b->ga + st * H : b->ga + st * H * dk;
-            r.betaa = b->gdn ? b->gb + st * H : NULL;
-            r.o = b->o + st * H * dv;
-            r.S0 = (float *const *)d_s;
-            r.states16 = ((uintptr_t)b->h_S[z] & 15) == 0;
+            cu_linrec_plain(&r, b->gdn, H, dk, dv, b->scale, b->h_len[z], b->q + st * H * dk, b->k + st * H * dk,
+                            b->v + st * H * dv, b->gdn ? b->ga + st * H : b->ga + st * H * dk,
+                            b->gdn ? b->gb + st * H : NULL, b->o + st * H * dv, (float *const *)d_s,
+                            ((uintptr_t)b->h_S[z] & 15) == 0);
             HYLA_TRY(cu_lin_recurrent(c, &r, 1));
         }
         return HYLA_OK;
@@ -1303,21 +1161,7 @@ extern "C" hyla_status cu_lin_prefill1_dev(hyla_cuda_ctx *c, int gdn, const floa
         return cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, q, k, v, ga, gb, o, NC, 1, t, t + NC, t + 2 * NC,
                                       t + 2 * NC + 1, d_S, n);
     hyla_cu_linrec r; /* token loop */
-    memset(&r, 0, sizeof r);
-    r.gdn = gdn;
-    r.H = H;
-    r.dk = dk;
-    r.dv = dv;
-    r.scale = scale;
-    r.ntok = n;
-    r.q1 = q;
-    r.k1 = k;
-    r.v = v;
-    r.ga = ga;
-    r.betaa = gdn ? gb : NULL;
-    r.o = o;
-    r.S0 = d_S;
-    r.states16 = states16;
+    cu_linrec_plain(&r, gdn, H, dk, dv, scale, n, q, k, v, ga, gdn ? gb : NULL, o, d_S, states16);
     return cu_lin_recurrent(c, &r, 1);
 }
 

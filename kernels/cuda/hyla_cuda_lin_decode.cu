@@ -16,6 +16,41 @@
 
 /* ================================================================ recurrent kernel */
 
+/* The state Sg a recurrent block updates in slot `slot` of session b, head h: slot 0 the
+ * session's own state S0; slot 1 + q (SSE) partition part = idx[b][q] with route weight wfix
+ * when decoding one token (ONE: the kernel only decodes), or partition part = q for a token loop
+ * (weights per token: lin_token_weight). 0 for an invalid route (Sg not set). */
+template <bool ONE>
+__device__ __forceinline__ int lin_slot_state(const hyla_cu_linrec &a, int b, int h, int H, int dk, int dv, int slot,
+                                              float *&Sg, int &part, float &wfix) {
+    part = -1;
+    wfix = 1.0f;
+    if (slot == 0) {
+        Sg = a.S0[b] + (size_t)h * dk * dv;
+        return 1;
+    }
+    if (ONE || a.ntok == 1) {
+        part = a.idx[(size_t)b * a.K + slot - 1];
+        wfix = a.w[(size_t)b * a.K + slot - 1];
+    } else {
+        part = slot - 1;
+    }
+    if (part < 0 || part >= a.N) return 0;
+    Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
+    return 1;
+}
+
+/* Token row `row`'s weight for partition `part` (its last route to it) into wt; 0 when the
+ * token did not select the partition. */
+__device__ __forceinline__ int lin_token_weight(const hyla_cu_linrec &a, size_t row, int part, float &wt) {
+    int js = -1;
+    for (int q = 0; q < a.K; q++)
+        if (a.idx[row * a.K + q] == part) js = q;
+    if (js < 0) return 0;
+    wt = a.w[row * a.K + js];
+    return 1;
+}
+
 template <int R>
 __global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
     __shared__ float red[2][8][33];
@@ -27,21 +62,9 @@ __global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
     int nslots = a.Sp ? (a.ntok == 1 ? 1 + a.K : 1 + a.N) : 1;
     int m = 0; /* reduction counter: buffer m & 1 */
     for (int slot = 0; slot < nslots; slot++) {
-        float *Sg;
-        int part = -1;
-        float wfix = 1.0f;
-        if (slot == 0) {
-            Sg = a.S0[b] + (size_t)h * dk * dv;
-        } else {
-            if (a.ntok == 1) {
-                part = a.idx[(size_t)b * a.K + slot - 1];
-                wfix = a.w[(size_t)b * a.K + slot - 1];
-            } else {
-                part = slot - 1;
-            }
-            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
-            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
-        }
+        float *Sg, wfix;
+        int part;
+        if (!lin_slot_state<false>(a, b, h, H, dk, dv, slot, Sg, part, wfix)) continue; /* invalid route: skip (uniform) */
         const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
         const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
         float s[R];
@@ -53,13 +76,8 @@ __global__ void __launch_bounds__(256) k_lin_rec(hyla_cu_linrec a) {
         for (int t = 0; t < a.ntok; t++) {
             size_t row = (size_t)b * a.ntok + t;
             float wt = wfix;
-            if (slot > 0 && a.ntok > 1) {
-                int js = -1;
-                for (int q = 0; q < a.K; q++)
-                    if (a.idx[row * a.K + q] == part) js = q;
-                if (js < 0) continue; /* token did not select this partition (uniform) */
-                wt = a.w[row * a.K + js];
-            }
+            if (slot > 0 && a.ntok > 1 && !lin_token_weight(a, row, part, wt))
+                continue; /* token did not select this partition (uniform) */
             const float *qr = Q + (row * H + h) * dk, *kr = Kx + (row * H + h) * dk;
             float vj = jv ? a.v[(row * H + h) * dv + j] : 0.0f;
             float po = 0.0f;
@@ -137,21 +155,9 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
     int nslots = a.Sp ? (a.ntok == 1 ? 1 + a.K : 1 + a.N) : 1;
     int m = 0;
     for (int slot = 0; slot < nslots; slot++) {
-        float *Sg;
-        int part = -1;
-        float wfix = 1.0f;
-        if (slot == 0) {
-            Sg = a.S0[b] + (size_t)h * dk * dv;
-        } else {
-            if (a.ntok == 1) {
-                part = a.idx[(size_t)b * a.K + slot - 1];
-                wfix = a.w[(size_t)b * a.K + slot - 1];
-            } else {
-                part = slot - 1;
-            }
-            if (part < 0 || part >= a.N) continue;
-            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
-        }
+        float *Sg, wfix;
+        int part;
+        if (!lin_slot_state<false>(a, b, h, H, dk, dv, slot, Sg, part, wfix)) continue; /* invalid route: skip (uniform) */
         const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
         const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
         float4 s[R];
@@ -163,13 +169,8 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
         for (int t = 0; t < a.ntok; t++) {
             size_t row = (size_t)b * a.ntok + t;
             float wt = wfix;
-            if (slot > 0 && a.ntok > 1) {
-                int js = -1;
-                for (int q = 0; q < a.K; q++)
-                    if (a.idx[row * a.K + q] == part) js = q;
-                if (js < 0) continue;
-                wt = a.w[row * a.K + js];
-            }
+            if (slot > 0 && a.ntok > 1 && !lin_token_weight(a, row, part, wt))
+                continue; /* token did not select this partition (uniform) */
             const float *qr = Q + (row * H + h) * dk, *kr = Kx + (row * H + h) * dk;
             float4 vj = jv ? *(const float4 *)(a.v + (row * H + h) * dv + j) : make_float4(0.f, 0.f, 0.f, 0.f);
             float4 po = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -305,16 +306,9 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
     for (int c = 0; c < VW; c++) vj[c] = 0.0f;
     if (jv) V::ld(vj, a.v + ((size_t)b * H + h) * dv + j);
     for (int slot = 0; slot < nslots; slot++) {
-        float *Sg;
-        float wt = 1.0f;
-        if (slot == 0) {
-            Sg = a.S0[b] + (size_t)h * dk * dv;
-        } else {
-            int part = a.idx[(size_t)b * a.K + slot - 1];
-            wt = a.w[(size_t)b * a.K + slot - 1];
-            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
-            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
-        }
+        float *Sg, wt;
+        int part;
+        if (!lin_slot_state<true>(a, b, h, H, dk, dv, slot, Sg, part, wt)) continue; /* invalid route: skip (uniform) */
         float s[R][VW];
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -489,21 +483,7 @@ extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float 
                                          float *const *d_S, int states16, float *o) {
     if (B <= 0) return HYLA_OK;
     hyla_cu_linrec r;
-    memset(&r, 0, sizeof r);
-    r.gdn = gdn;
-    r.H = H;
-    r.dk = dk;
-    r.dv = dv;
-    r.scale = scale;
-    r.ntok = 1;
-    r.q1 = q;
-    r.k1 = k;
-    r.v = v;
-    r.ga = ga;
-    r.betaa = gb;
-    r.o = o;
-    r.S0 = d_S;
-    r.states16 = states16;
+    cu_linrec_plain(&r, gdn, H, dk, dv, scale, 1, q, k, v, ga, gb, o, d_S, states16);
     return cu_lin_recurrent(c, &r, B);
 }
 

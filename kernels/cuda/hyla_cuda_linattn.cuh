@@ -12,6 +12,8 @@
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
 
+#include <type_traits>
+
 #define CH 64 /* chunk length */
 
 struct ChunkArgs {
@@ -53,6 +55,74 @@ __device__ __forceinline__ size_t chunk_row(const ChunkArgs &a, int r, int &sp, 
     sp = 0;
     wt = 1.0f;
     return (size_t)r;
+}
+
+/* ---- the state in kernel B's layout (k_chunk_b, k_gla_fused, k_gdn_fused) ----
+ * The 32 value columns j0.. of a group of 4 warps; warp wq holds key tiles mt = wq + 4 mi (16
+ * rows each, mt < MT) as four n8 C fragments per tile, fp32, in registers for the whole pass.
+ * g = lane / 4, tq = lane % 4 as in the mma fragment layouts. */
+
+/* sacc <- S[i][j] (row stride dv); zero outside dk x dv, and everywhere unless `on`. */
+template <int MT, int MTW>
+__device__ __forceinline__ void state_load(float (&sacc)[MTW][4][4], const float *S, bool on, int wq, int g, int tq,
+                                           int j0, int dk, int dv) {
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                sacc[mi][n][e] = (on && mt < MT && i < dk && j < dv) ? S[(size_t)i * dv + j] : 0.0f;
+            }
+    }
+}
+
+/* S[i][j] <- sacc inside dk x dv, when `on`. */
+template <int MT, int MTW>
+__device__ __forceinline__ void state_store(const float (&sacc)[MTW][4][4], float *S, bool on, int wq, int g, int tq,
+                                            int j0, int dk, int dv) {
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (on && mt < MT && i < dk && j < dv) S[(size_t)i * dv + j] = sacc[mi][n][e];
+            }
+    }
+}
+
+/* S^T in bf16, the operand of a chunk's products: SbT[j - j0][i] (row stride ldk). */
+template <int MT, int MTW>
+__device__ __forceinline__ void state_to_sbt(const float (&sacc)[MTW][4][4], __nv_bfloat16 *SbT, int ldk, int wq, int g,
+                                             int tq) {
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        int mt = wq + 4 * mi;
+        if (mt < MT)
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                    SbT[jj * ldk + i] = __float2bfloat16_rn(sacc[mi][n][e]);
+                }
+    }
+}
+
+/* One key tile's decay before S += k~^T U: rows g of the tile times d0, rows g + 8 times d1. */
+__device__ __forceinline__ void state_decay(float (&st)[4][4], float d0, float d1) {
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+        st[n][0] *= d0;
+        st[n][1] *= d0;
+        st[n][2] *= d1;
+        st[n][3] *= d1;
+    }
 }
 
 /* ---- device helpers of the fused GDN kernels (k_gdn_fused, k_gdn_pipe) and k_gla_fused ---- */
@@ -168,6 +238,21 @@ __device__ __forceinline__ void fs_block_row(uint32_t (&xf)[4][4], const __nv_bf
 }
 
 /* ---- host side ---- */
+
+/* f(std::integral_constant<int, DKP>()) for the kernels' key width dkp (pow2_dkp): the one
+ * place a runtime width becomes a template argument. Widths above MAXW (the widest form the
+ * caller has) take MAXW; callers check the width first. */
+template <int MAXW, typename F>
+static auto dkp_dispatch(int dkp, F &&f) -> decltype(f(std::integral_constant<int, 16>())) {
+    switch (dkp) {
+    case 16: return f(std::integral_constant<int, 16>());
+    case 32: return f(std::integral_constant<int, 32>());
+    case 64: return f(std::integral_constant<int, 64>());
+    }
+    if constexpr (MAXW > 128)
+        if (dkp == 128) return f(std::integral_constant<int, 128>());
+    return f(std::integral_constant<int, MAXW>());
+}
 
 /* kernel B's dynamic shared memory: st stages of a chunk's tiles and the state operands */
 static inline size_t smem_b(int dkp, int gdn, int st) {

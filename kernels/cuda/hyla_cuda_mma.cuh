@@ -113,6 +113,20 @@ __device__ __forceinline__ void ldsm_frag_a_kn(uint32_t a[4], const __nv_bfloat1
                  : "r"(p));
 }
 
+/* Zero an array of C fragments (accumulators), element by element. */
+template <int A, int B>
+__device__ __forceinline__ void frag_zero(float (&x)[A][B]) {
+#pragma unroll
+    for (int a = 0; a < A; a++)
+#pragma unroll
+        for (int b = 0; b < B; b++) x[a][b] = 0.0f;
+}
+template <int A, int B, int C>
+__device__ __forceinline__ void frag_zero(float (&x)[A][B][C]) {
+#pragma unroll
+    for (int a = 0; a < A; a++) frag_zero(x[a]);
+}
+
 /* 16-byte asynchronous global -> shared copy; src_bytes < 16 zero-fills the rest. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);

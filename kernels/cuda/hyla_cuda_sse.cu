@@ -293,6 +293,53 @@ __global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
     }
 }
 
+/* The packed copies of the rows (k_sse_gather) for the kernels that cannot read through the row
+ * map: q, k, v, o, gates (and GDN's beta) packed over `rows` rows in SCR_SSE; *po receives the
+ * packed output the chunked pass writes, *g the gather's arguments (its packed inputs). */
+static hyla_status sse_gather(hyla_cuda_ctx *c, int gdn, const float *q1, const float *k1, const float *q2,
+                              const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
+                              const float *betab, const float *w, const int32_t *src, int n, int H, int dk, int dv,
+                              int K, size_t rows, GatherArgs *g, float **po) {
+    size_t hk = (size_t)H * dk, hv = (size_t)H * dv, gsz = gdn ? (size_t)H : hk;
+    size_t bytes = rows * (2 * hk + 2 * hv + gsz + (gdn ? (size_t)H : 0)) * 4;
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_SSE, bytes, &scr));
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->H = H;
+    g->dk = dk;
+    g->dv = dv;
+    g->K = K;
+    g->gdn = gdn;
+    g->q1 = q1;
+    g->k1 = k1;
+    g->q2 = q2;
+    g->k2 = k2;
+    g->v = v;
+    g->ga = ga;
+    g->gb = gb;
+    g->betaa = betaa;
+    g->betab = betab;
+    g->w = w;
+    g->src = src;
+    float *p = (float *)scr;
+    g->pq = p;
+    p += rows * hk;
+    g->pk = p;
+    p += rows * hk;
+    g->pv = p;
+    p += rows * hv;
+    *po = p;
+    p += rows * hv;
+    g->pga = p;
+    p += rows * gsz;
+    g->pgb = gdn ? p : NULL;
+    size_t per = (size_t)H * (2 * dk + dv) + (gdn ? 2 * (size_t)H : hk);
+    k_sse_gather<<<grid_of(rows * per), 256, 0, c->stream>>>(*g, rows);
+    CU_LAUNCH_CHECK("sse gather");
+    return HYLA_OK;
+}
+
 /* Whether the device plan handles this call (else the host planner). */
 static int plan_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int N, int K) {
     return N <= PLAN_MAXN && K <= PLAN_MAXK && cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1 + N);
@@ -336,7 +383,7 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
     pa.S = (float **)((uint8_t *)pl + ((nint * 4 + 15) & ~(size_t)15));
     k_sse_plan<<<1, PLAN_T, 0, c->stream>>>(pa);
     CU_LAUNCH_CHECK("sse plan");
-    size_t hk = (size_t)H * dk, hv = (size_t)H * dv, gsz = gdn ? (size_t)H : hk;
+    size_t hv = (size_t)H * dv;
     if (cu_lin_fused_ok(c, gdn, dk)) {
         /* the fused kernels read the rows through the plan's row map: no packed copies (GLA's
          * kernels A and B reading through it were slower than the gather, kernels/cuda/dev;
@@ -351,44 +398,9 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
         CU_LAUNCH_CHECK("sse_combine");
         return HYLA_OK;
     }
-    /* packed buffers */
-    size_t bytes = rows * (2 * hk + 2 * hv + gsz + (gdn ? (size_t)H : 0)) * 4;
-    void *scr;
-    HYLA_TRY(cu_scratch(c, SCR_SSE, bytes, &scr));
     GatherArgs g;
-    memset(&g, 0, sizeof g);
-    g.n = n;
-    g.H = H;
-    g.dk = dk;
-    g.dv = dv;
-    g.K = K;
-    g.gdn = gdn;
-    g.q1 = q1;
-    g.k1 = k1;
-    g.q2 = q2;
-    g.k2 = k2;
-    g.v = v;
-    g.ga = ga;
-    g.gb = gb;
-    g.betaa = betaa;
-    g.betab = betab;
-    g.w = w;
-    g.src = pa.src;
-    float *p = (float *)scr;
-    g.pq = p;
-    p += rows * hk;
-    g.pk = p;
-    p += rows * hk;
-    g.pv = p;
-    p += rows * hv;
-    float *po = p;
-    p += rows * hv;
-    g.pga = p;
-    p += rows * gsz;
-    g.pgb = gdn ? p : NULL;
-    size_t per = (size_t)H * (2 * dk + dv) + (gdn ? 2 * (size_t)H : hk);
-    k_sse_gather<<<grid_of(rows * per), 256, 0, c->stream>>>(g, rows);
-    CU_LAUNCH_CHECK("sse gather");
+    float *po;
+    HYLA_TRY(sse_gather(c, gdn, q1, k1, q2, k2, v, ga, gb, betaa, betab, w, pa.src, n, H, dk, dv, K, rows, &g, &po));
     HYLA_TRY(cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, g.pq, g.pk, g.pv, g.pga, g.pgb, po, (int)ub, 1 + N,
                                     pa.tok0, pa.len, pa.c0, pa.nc, pa.S, (long long)rows));
     k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
@@ -468,52 +480,14 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
         free(hidx);
         return st;
     }
-    /* packed buffers */
-    size_t hk = (size_t)H * dk, hv = (size_t)H * dv, gsz = gdn ? (size_t)H : hk;
-    size_t bytes = rows * (2 * hk + 2 * hv + gsz + (gdn ? (size_t)H : 0)) * 4;
-    void *scr;
-    st = cu_scratch(c, SCR_SSE, bytes, &scr);
+    size_t hv = (size_t)H * dv;
+    GatherArgs ga_;
+    float *po;
+    st = sse_gather(c, gdn, q1, k1, q2, k2, v, ga, gb, betaa, betab, w, (const int32_t *)d_src, n, H, dk, dv, K, rows,
+                    &ga_, &po);
     if (st != HYLA_OK) {
         free(hidx);
         return st;
-    }
-    GatherArgs ga_;
-    memset(&ga_, 0, sizeof ga_);
-    ga_.n = n;
-    ga_.H = H;
-    ga_.dk = dk;
-    ga_.dv = dv;
-    ga_.K = K;
-    ga_.gdn = gdn;
-    ga_.q1 = q1;
-    ga_.k1 = k1;
-    ga_.q2 = q2;
-    ga_.k2 = k2;
-    ga_.v = v;
-    ga_.ga = ga;
-    ga_.gb = gb;
-    ga_.betaa = betaa;
-    ga_.betab = betab;
-    ga_.w = w;
-    ga_.src = (const int32_t *)d_src;
-    float *p = (float *)scr;
-    ga_.pq = p;
-    p += rows * hk;
-    ga_.pk = p;
-    p += rows * hk;
-    ga_.pv = p;
-    p += rows * hv;
-    float *po = p;
-    p += rows * hv;
-    ga_.pga = p;
-    p += rows * gsz;
-    ga_.pgb = gdn ? p : NULL;
-    size_t per = (size_t)H * (2 * dk + dv) + (gdn ? 2 * (size_t)H : hk);
-    k_sse_gather<<<grid_of(rows * per), 256, 0, c->stream>>>(ga_, rows);
-    e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        free(hidx);
-        return hyla_cuda_fail(e, "k_sse_gather<<<>>>", __FILE__, __LINE__);
     }
     /* sequences: 0 = always-selected (S0), 1 + p = partition p (Sp + p*H*dk*dv) */
     int nseq = 1 + N;
@@ -613,30 +587,16 @@ extern "C" hyla_status cu_sse_decode_dev(hyla_cuda_ctx *c, hyla_sse_transition t
                                          float *const *d_S0, float *const *d_Sp, int states16, float *o) {
     if (B <= 0) return HYLA_OK;
     hyla_cu_linrec r;
-    memset(&r, 0, sizeof r);
-    r.gdn = tr == HYLA_SSE_GDN;
-    r.H = H;
-    r.dk = dk;
-    r.dv = dv;
-    r.ntok = 1;
+    cu_linrec_plain(&r, tr == HYLA_SSE_GDN, H, dk, dv, scale, 1, q1, k1, v, ga, betaa, o, d_S0, states16);
     r.N = N;
     r.K = K;
-    r.scale = scale;
-    r.q1 = q1;
-    r.k1 = k1;
-    r.ga = ga;
-    r.betaa = betaa;
     r.q2 = q2;
     r.k2 = k2;
     r.gb = gb;
     r.betab = betab;
-    r.v = v;
-    r.o = o;
-    r.S0 = d_S0;
     r.Sp = d_Sp;
     r.idx = idx;
     r.w = w;
-    r.states16 = states16;
     return cu_lin_recurrent(c, &r, B);
 }
 

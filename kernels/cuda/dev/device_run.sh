@@ -16,6 +16,8 @@
 #   e2ebench  hyla-bench e2e of the 1.3B shapes (sse-h, gdn, gla), this build and (when packed)
 #             the baseline, on the same model files
 # TMAX=seconds: phases (and kbench groups) that would start later than that are skipped.
+# ARCHS="a b ...": the archs bitcheck makes models of (default: every mixer kind the product has:
+# gla gdn sse sse-gdn sse-h transformer gla-h gdn-h statex-gla lalte lansa mamba2-h statex-mamba2).
 # PACKS=dir: where new.tgz and base.tgz are (default .device; the device machine gets a copy of
 # the session's checkout, so carry an ignored folder of it that holds them).
 PACKS=${PACKS:-.device}
@@ -44,7 +46,7 @@ for ph in "$@"; do
     bitcheck)
       t0=$SECONDS; n=0; bad=0; mkdir -p /tmp/bc/new /tmp/bc/base
       ids=$(awk 'BEGIN { s = 7; for (i = 0; i < 600; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%d ", 4 + s % 256 } }')
-      for a in gla gdn sse sse-gdn sse-h transformer gla-h gdn-h statex-gla; do
+      for a in ${ARCHS:-gla gdn sse sse-gdn sse-h transformer gla-h gdn-h statex-gla lalte lansa mamba2-h statex-mamba2}; do
         args="--arch $a --layers 6 --hidden 512 --heads 4 --head-dim 128 --kv-heads 2 --vocab 260 --dtype bf16 --seed 3"
         hyla-mkmodel $args --out /tmp/bc/new/m_$a > /dev/null 2>> $OUT/bitcheck.err
         base hyla-mkmodel $args --out /tmp/bc/base/m_$a > /dev/null 2>> $OUT/bitcheck.err
