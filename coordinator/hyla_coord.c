@@ -37,10 +37,7 @@ typedef struct {
 } job;
 
 void coord_job_done(hyla_coord *c) {
-    pthread_mutex_lock(&c->mu);
-    c->jobs--;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    hyla_count_down(&c->mu, &c->cv, &c->jobs);
 }
 
 static void *job_main(void *arg) {

@@ -21,6 +21,7 @@
 
 #include "hyla_coord_impl.h"
 #include "hyla_log.h"
+#include "hyla_thread.h"
 
 #define APPEND_QUEUE_HOLD 8   /* client chunks buffered before reading from the client pauses */
 #define APPEND_QUEUE_RESUME 2
@@ -87,10 +88,7 @@ static void relay_unref(void *p) {
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
-    pthread_mutex_lock(&c->mu);
-    c->relays--;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    hyla_count_down(&c->mu, &c->cv, &c->relays);
 }
 
 /* Finish the client's call once (r->mu held; released around the rpc call). */
