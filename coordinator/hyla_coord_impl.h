@@ -182,6 +182,9 @@ void coord_do_list_keys(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessa
 int64_t coord_now_ms(void);
 void coord_copy_str(char *dst, size_t cap, const char *src);
 long coord_sess_search(const hyla_coord *c, const char *id);
+/* Index of id among n entries sorted by id (id_at(arr, i): the i-th entry's id), or -(insertion
+ * point) - 1: the session table and the key table are searched alike. */
+long coord_search_ids(const void *arr, size_t n, const char *(*id_at)(const void *arr, size_t i), const char *id);
 csess *coord_sess_find(const hyla_coord *c, const char *id);
 void coord_sess_insert_locked(hyla_coord *c, csess *s);
 void coord_sess_unref_locked(csess *s);
