@@ -140,6 +140,29 @@ void coord_release(hyla_coord *c, csess *s) {
 }
 
 /* Fill v from s (c->mu held); v references only its own storage. */
+sess_view *coord_view_of(hyla_coord *c, const csess *s) {
+    sess_view *v = malloc(sizeof *v);
+    HYLA_ASSERT(v);
+    pthread_mutex_lock(&c->mu);
+    coord_view_make_locked(c, s, v);
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+void coord_sess_insert_new_locked(hyla_coord *c, csess *s) {
+    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
+    s->busy = 1;
+    coord_sess_insert_locked(c, s);
+    s->refs++; /* the creating call's */
+}
+
+void coord_sess_drop_new_locked(hyla_coord *c, csess *s) {
+    coord_sess_remove_locked(c, s);
+    s->busy = 0;
+    pthread_cond_broadcast(&c->cv);
+    coord_sess_unref_locked(s);
+}
+
 void coord_view_make_locked(const hyla_coord *c, const csess *s, sess_view *v) {
     v->copy = *s;
     const csess *k = &v->copy;
