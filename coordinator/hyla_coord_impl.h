@@ -166,7 +166,8 @@ int coord_spawn(hyla_coord *c, void *(*fn)(void *), void *arg);
 /* A job thread ends (the last thing it does). */
 void coord_job_done(hyla_coord *c);
 /* The caller's tenant into out (ID_MAX bytes): the tenant of its API key when keys are on, else
- * x-hyla-tenant (default "default"); 0 if malformed. */
+ * x-hyla-tenant (default "default"); 0 once the call has been answered INVALID_ARGUMENT for a
+ * malformed header (every handler refuses it the same way). */
 int coord_get_tenant(hyla_rpc_call *call, char *out);
 
 /* ---- hyla_coord_auth.c: API keys, the verifier and the Admin service ---- */

@@ -342,10 +342,8 @@ void coord_h_import(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
     switch (ev) {
     case HYLA_RPC_EV_START: {
         char tenant[ID_MAX];
-        if (!coord_get_tenant(call, tenant)) {
-            coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+        if (!coord_get_tenant(call, tenant))
             return;
-        }
         if (!c->store) {
             coord_answer_error(call, hyla_fail(HYLA_ERR_UNSUPPORTED, "ImportSession needs the coordinator's embedded "
                                                                      "store (this one uses the store at %s)",

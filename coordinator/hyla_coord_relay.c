@@ -306,10 +306,8 @@ void coord_h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMes
         return;
     const Hyla__V1__GenerateRequest *q = (const Hyla__V1__GenerateRequest *)msg;
     char tenant[ID_MAX];
-    if (!coord_get_tenant(call, tenant)) {
-        coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+    if (!coord_get_tenant(call, tenant))
         return;
-    }
     hyla_status st = coord_check_session_id(q->session_id);
     if (st == HYLA_OK && q->max_tokens == 0)
         st = hyla_fail(HYLA_ERR_INVALID_ARG, "field max_tokens: must be >= 1");
@@ -388,10 +386,8 @@ void coord_h_append(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
     switch (ev) {
     case HYLA_RPC_EV_START: {
         char tenant[ID_MAX];
-        if (!coord_get_tenant(call, tenant)) {
-            coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+        if (!coord_get_tenant(call, tenant))
             return;
-        }
         hyla_status qs = coord_quota_check_bytes(b->c, tenant);
         if (qs != HYLA_OK) {
             coord_answer_error(call, qs);
