@@ -111,10 +111,12 @@ static hyla_status unary(hyla_client *c, const char *path, const char *what, con
     return rpc_fail(c, what, &r, NULL);
 }
 
-/* A unary Sessions call about one session: METHOD on M_SESSIONS, errors named "METHOD ID". */
+/* A unary Sessions call about one session: METHOD on M_SESSIONS, errors named "METHOD ID"; an
+ * empty id is refused here, before anything is sent. */
 static hyla_status session_unary(hyla_client *c, const char *method, const char *session_id,
                                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
                                  ProtobufCMessage **resp) {
+    HYLA_TRY(check_id(method, session_id));
     char path[96], what[160];
     snprintf(path, sizeof path, M_SESSIONS "%s", method);
     snprintf(what, sizeof what, "%s %s", method, session_id);
@@ -472,6 +474,16 @@ hyla_status hyla_client_create_session(hyla_client *c, const hyla_create_params 
     return HYLA_OK;
 }
 
+/* The session and snapshot a Pause or Migrate answers with, into the caller's optional outputs
+ * (NULL: not wanted). */
+static void session_snapshot_out(const Hyla__V1__Session *s, const Hyla__V1__SnapshotInfo *snap,
+                                 hyla_session_info *session, hyla_snapshot_summary *snapshot) {
+    if (session)
+        session_from_pb(s, session);
+    if (snapshot)
+        *snapshot = snapshot_from_pb(snap);
+}
+
 hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict, hyla_session_info *session,
                               hyla_snapshot_summary *snapshot) {
     HYLA_ASSERT(c);
@@ -479,17 +491,13 @@ hyla_status hyla_client_pause(hyla_client *c, const char *session_id, int evict,
         memset(session, 0, sizeof *session);
     if (snapshot)
         memset(snapshot, 0, sizeof *snapshot);
-    HYLA_TRY(check_id("Pause", session_id));
     Hyla__V1__PauseRequest req = HYLA__V1__PAUSE_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.evict = evict != 0;
     ProtobufCMessage *resp = NULL;
     HYLA_TRY(session_unary(c, "Pause", session_id, &req.base, &hyla__v1__pause_response__descriptor, &resp));
     Hyla__V1__PauseResponse *r = (Hyla__V1__PauseResponse *)resp;
-    if (session)
-        session_from_pb(r->session, session);
-    if (snapshot)
-        *snapshot = snapshot_from_pb(r->snapshot);
+    session_snapshot_out(r->session, r->snapshot, session, snapshot);
     protobuf_c_message_free_unpacked(resp, NULL);
     return HYLA_OK;
 }
@@ -504,7 +512,6 @@ hyla_status hyla_client_resume_version(hyla_client *c, const char *session_id, c
     HYLA_ASSERT(c);
     if (out)
         memset(out, 0, sizeof *out);
-    HYLA_TRY(check_id("Resume", session_id));
     Hyla__V1__ResumeRequest req = HYLA__V1__RESUME_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.worker_hint = (char *)(worker_hint ? worker_hint : "");
@@ -526,17 +533,13 @@ hyla_status hyla_client_migrate(hyla_client *c, const char *session_id, const ch
         memset(snapshot, 0, sizeof *snapshot);
     if (from_group)
         *from_group = NULL;
-    HYLA_TRY(check_id("Migrate", session_id));
     Hyla__V1__MigrateRequest req = HYLA__V1__MIGRATE_REQUEST__INIT;
     req.session_id = (char *)session_id;
     req.to_worker = (char *)(to_worker ? to_worker : "");
     ProtobufCMessage *resp = NULL;
     HYLA_TRY(session_unary(c, "Migrate", session_id, &req.base, &hyla__v1__migrate_response__descriptor, &resp));
     Hyla__V1__MigrateResponse *r = (Hyla__V1__MigrateResponse *)resp;
-    if (session)
-        session_from_pb(r->session, session);
-    if (snapshot)
-        *snapshot = snapshot_from_pb(r->snapshot);
+    session_snapshot_out(r->session, r->snapshot, session, snapshot);
     if (from_group)
         *from_group = xstrdup(r->from_group_id);
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -553,7 +556,6 @@ hyla_status hyla_client_fork(hyla_client *c, const char *session_id, const hyla_
                              hyla_session_info *out) {
     HYLA_ASSERT(c && out);
     memset(out, 0, sizeof *out);
-    HYLA_TRY(check_id("Fork", session_id));
     hyla_fork_params p = params ? *params : hyla_fork_default_params();
     Hyla__V1__ForkRequest req = HYLA__V1__FORK_REQUEST__INIT;
     Hyla__V1__SamplingParams sp;
@@ -580,7 +582,6 @@ hyla_status hyla_client_fork(hyla_client *c, const char *session_id, const hyla_
 hyla_status hyla_client_get_session(hyla_client *c, const char *session_id, hyla_session_info *out) {
     HYLA_ASSERT(c && out);
     memset(out, 0, sizeof *out);
-    HYLA_TRY(check_id("GetSession", session_id));
     Hyla__V1__GetSessionRequest req = HYLA__V1__GET_SESSION_REQUEST__INIT;
     req.session_id = (char *)session_id;
     ProtobufCMessage *resp = NULL;
@@ -593,32 +594,40 @@ hyla_status hyla_client_get_session(hyla_client *c, const char *session_id, hyla
 /* Pages end with an empty token; a server that repeats a token would loop forever: refuse. */
 #define MAX_PAGES 100000
 
-hyla_status hyla_client_list_sessions(hyla_client *c, const char *model, hyla_session_list *out) {
-    HYLA_ASSERT(c && out);
+/* One page of a paged session listing: the response (freed by the pager), its sessions and the
+ * token of the next page. */
+typedef struct {
+    ProtobufCMessage *resp;
+    Hyla__V1__Session *const *sessions;
+    size_t n;
+    const char *next;
+} session_page;
+
+typedef hyla_status (*session_page_fn)(hyla_client *c, const void *arg, const char *token, session_page *pg);
+
+/* Every page of a listing into out (emptied on failure): ListSessions and ListClusterSessions
+ * page the same way, stopping when the token is empty or repeats. */
+static hyla_status session_pages(hyla_client *c, const char *what, session_page_fn fetch, const void *arg,
+                                 hyla_session_list *out) {
     memset(out, 0, sizeof *out);
     size_t cap = 0;
     char *token = xstrdup("");
     hyla_status st = HYLA_OK;
     for (int page = 0;; page++) {
         if (page == MAX_PAGES) {
-            st = local_fail(HYLA_ERR_FORMAT, "ListSessions: more than %d pages; the server's page tokens do not end",
+            st = local_fail(HYLA_ERR_FORMAT, "%s: more than %d pages; the server's page tokens do not end", what,
                             MAX_PAGES);
             break;
         }
-        Hyla__V1__ListSessionsRequest req = HYLA__V1__LIST_SESSIONS_REQUEST__INIT;
-        req.model = (char *)(model ? model : "");
-        req.page_token = token;
-        ProtobufCMessage *resp = NULL;
-        st = unary(c, M_SESSIONS "ListSessions", "ListSessions", &req.base,
-                   &hyla__v1__list_sessions_response__descriptor, &resp, c->p.call_timeout_ms);
+        session_page pg;
+        st = fetch(c, arg, token, &pg);
         if (st != HYLA_OK)
             break;
-        Hyla__V1__ListSessionsResponse *r = (Hyla__V1__ListSessionsResponse *)resp;
-        session_list_append(out, &cap, r->sessions, r->n_sessions);
-        int again = r->next_page_token && r->next_page_token[0] && strcmp(r->next_page_token, token) != 0;
+        session_list_append(out, &cap, pg.sessions, pg.n);
+        int again = pg.next && pg.next[0] && strcmp(pg.next, token) != 0;
         free(token);
-        token = xstrdup(r->next_page_token);
-        protobuf_c_message_free_unpacked(resp, NULL);
+        token = xstrdup(pg.next);
+        protobuf_c_message_free_unpacked(pg.resp, NULL);
         if (!again)
             break;
     }
@@ -628,12 +637,29 @@ hyla_status hyla_client_list_sessions(hyla_client *c, const char *model, hyla_se
     return st;
 }
 
+static hyla_status list_sessions_page(hyla_client *c, const void *arg, const char *token, session_page *pg) {
+    const char *model = arg;
+    Hyla__V1__ListSessionsRequest req = HYLA__V1__LIST_SESSIONS_REQUEST__INIT;
+    req.model = (char *)(model ? model : "");
+    req.page_token = (char *)token;
+    ProtobufCMessage *resp = NULL;
+    HYLA_TRY(unary(c, M_SESSIONS "ListSessions", "ListSessions", &req.base, &hyla__v1__list_sessions_response__descriptor,
+                   &resp, c->p.call_timeout_ms));
+    Hyla__V1__ListSessionsResponse *r = (Hyla__V1__ListSessionsResponse *)resp;
+    *pg = (session_page){resp, r->sessions, r->n_sessions, r->next_page_token};
+    return HYLA_OK;
+}
+
+hyla_status hyla_client_list_sessions(hyla_client *c, const char *model, hyla_session_list *out) {
+    HYLA_ASSERT(c && out);
+    return session_pages(c, "ListSessions", list_sessions_page, model, out);
+}
+
 hyla_status hyla_client_list_snapshots(hyla_client *c, const char *session_id, hyla_snapshot_version **out,
                                        size_t *n) {
     HYLA_ASSERT(c && out && n);
     *out = NULL;
     *n = 0;
-    HYLA_TRY(check_id("ListSnapshots", session_id));
     Hyla__V1__ListSnapshotsRequest req = HYLA__V1__LIST_SNAPSHOTS_REQUEST__INIT;
     req.session_id = (char *)session_id;
     ProtobufCMessage *resp = NULL;
@@ -699,7 +725,6 @@ hyla_status hyla_client_delete_session(hyla_client *c, const char *session_id, u
     HYLA_ASSERT(c);
     if (snapshots_deleted)
         *snapshots_deleted = 0;
-    HYLA_TRY(check_id("DeleteSession", session_id));
     Hyla__V1__DeleteSessionRequest req = HYLA__V1__DELETE_SESSION_REQUEST__INIT;
     req.session_id = (char *)session_id;
     ProtobufCMessage *resp = NULL;
@@ -990,6 +1015,17 @@ static void append_on_msg(hyla_rpc_stream *s, const ProtobufCMessage *msg, void 
     pthread_mutex_unlock(&a->mu);
 }
 
+/* The writer's own failure (st, the thread's last error) recorded for the caller, and the call
+ * ended: the append then reports it rather than the server's status. */
+static void writer_fail(append_ctx *a, hyla_status st) {
+    pthread_mutex_lock(&a->mu);
+    a->writer_local_fail = 1;
+    a->writer_st = st;
+    snprintf(a->writer_err, sizeof a->writer_err, "%s", hyla_last_error());
+    pthread_mutex_unlock(&a->mu);
+    hyla_rpc_stream_cancel(a->s);
+}
+
 static void *append_writer(void *arg) {
     append_ctx *a = arg;
     const hyla_client_params *cp = &a->c->p;
@@ -1030,12 +1066,7 @@ static void *append_writer(void *arg) {
         } else {
             ssize_t n = a->read(buf, cp->append_chunk_bytes, a->read_ud);
             if (n < 0) {
-                pthread_mutex_lock(&a->mu);
-                a->writer_local_fail = 1;
-                a->writer_st = HYLA_ERR_IO;
-                snprintf(a->writer_err, sizeof a->writer_err, "%s", hyla_last_error());
-                pthread_mutex_unlock(&a->mu);
-                hyla_rpc_stream_cancel(a->s);
+                writer_fail(a, HYLA_ERR_IO);
                 break;
             }
             if (n == 0) {
@@ -1051,14 +1082,8 @@ static void *append_writer(void *arg) {
             break;
         st = hyla_rpc_stream_write(a->s, &req.base);
         if (st != HYLA_OK) {
-            if (!hyla_rpc_stream_result(a->s, NULL)) { /* a local refusal (e.g. size): end the call */
-                pthread_mutex_lock(&a->mu);
-                a->writer_local_fail = 1;
-                a->writer_st = st;
-                snprintf(a->writer_err, sizeof a->writer_err, "%s", hyla_last_error());
-                pthread_mutex_unlock(&a->mu);
-                hyla_rpc_stream_cancel(a->s);
-            }
+            if (!hyla_rpc_stream_result(a->s, NULL)) /* a local refusal (e.g. size): end the call */
+                writer_fail(a, st);
             break; /* else: the call is over; its status tells why */
         }
         first = 0;
@@ -1409,35 +1434,24 @@ hyla_status hyla_client_cluster_status(hyla_client *c, hyla_cluster_status *out)
     return HYLA_OK;
 }
 
+typedef struct {
+    hyla_tier tier;
+    const char *worker, *tenant;
+} cluster_filter;
+
+static hyla_status cluster_filter_page(hyla_client *c, const void *arg, const char *token, session_page *pg) {
+    const cluster_filter *f = arg;
+    Hyla__V1__ListClusterSessionsResponse *r = NULL;
+    HYLA_TRY(cluster_sessions_page(c, f->tier, f->worker, f->tenant, 0, token, &r));
+    *pg = (session_page){&r->base, r->sessions, r->n_sessions, r->next_page_token};
+    return HYLA_OK;
+}
+
 hyla_status hyla_client_cluster_sessions(hyla_client *c, hyla_tier tier, const char *worker, const char *tenant,
                                          hyla_session_list *out) {
     HYLA_ASSERT(c && out);
-    memset(out, 0, sizeof *out);
-    size_t cap = 0;
-    char *token = xstrdup("");
-    hyla_status st = HYLA_OK;
-    for (int page = 0;; page++) {
-        if (page == MAX_PAGES) {
-            st = local_fail(HYLA_ERR_FORMAT,
-                            "ListClusterSessions: more than %d pages; the server's page tokens do not end", MAX_PAGES);
-            break;
-        }
-        Hyla__V1__ListClusterSessionsResponse *r = NULL;
-        st = cluster_sessions_page(c, tier, worker, tenant, 0, token, &r);
-        if (st != HYLA_OK)
-            break;
-        session_list_append(out, &cap, r->sessions, r->n_sessions);
-        int again = r->next_page_token && r->next_page_token[0] && strcmp(r->next_page_token, token) != 0;
-        free(token);
-        token = xstrdup(r->next_page_token);
-        protobuf_c_message_free_unpacked(&r->base, NULL);
-        if (!again)
-            break;
-    }
-    free(token);
-    if (st != HYLA_OK)
-        hyla_session_list_clear(out);
-    return st;
+    cluster_filter f = {tier, worker, tenant};
+    return session_pages(c, "ListClusterSessions", cluster_filter_page, &f, out);
 }
 
 hyla_status hyla_client_drain_worker(hyla_client *c, const char *worker_id, int wait, hyla_drain_result *out) {

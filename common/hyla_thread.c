@@ -81,3 +81,10 @@ void hyla_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms) {
     }
     pthread_cond_timedwait(cv, mu, &ts);
 }
+
+void hyla_count_down(pthread_mutex_t *mu, pthread_cond_t *cv, int *count) {
+    pthread_mutex_lock(mu);
+    (*count)--;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+}

@@ -33,6 +33,10 @@ int hyla_thread_start_detached(void *(*fn)(void *), void *arg);
  * caller re-checks its predicate). */
 void hyla_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms);
 
+/* Lock mu, decrement *count, wake cv's waiters, unlock: a finished job or freed context tells a
+ * shutdown that waits for its count to reach zero. */
+void hyla_count_down(pthread_mutex_t *mu, pthread_cond_t *cv, int *count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,10 +37,7 @@ typedef struct {
 } job;
 
 void coord_job_done(hyla_coord *c) {
-    pthread_mutex_lock(&c->mu);
-    c->jobs--;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    hyla_count_down(&c->mu, &c->cv, &c->jobs);
 }
 
 static void *job_main(void *arg) {
@@ -76,11 +73,14 @@ int coord_get_tenant(hyla_rpc_call *call, char *out) {
         return 1;
     }
     size_t n = strlen(t);
-    if (n == 0 || n >= ID_MAX)
+    int ok = n > 0 && n < ID_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)t[i] > ' ' && (unsigned char)t[i] < 0x7f;
+    if (!ok) {
+        coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: 1..%d printable characters without spaces",
+                                           HYLA_API_TENANT_KEY, ID_MAX - 1));
         return 0;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)t[i] <= ' ' || (unsigned char)t[i] >= 0x7f)
-            return 0;
+    }
     coord_copy_str(out, ID_MAX, t);
     return 1;
 }
@@ -91,12 +91,8 @@ static void h_unary(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
         return;
     binding *b = ud;
     char tenant[ID_MAX];
-    if (!coord_get_tenant(call, tenant)) {
-        coord_answer_error(call,
-                           hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: 1..%d printable characters without spaces",
-                                     HYLA_API_TENANT_KEY, ID_MAX - 1));
+    if (!coord_get_tenant(call, tenant))
         return;
-    }
     if (b->inline_call) {
         b->fn(b->c, call, msg, tenant);
         return;

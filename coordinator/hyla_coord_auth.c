@@ -48,20 +48,9 @@ static int key_equal(const char *a, const char *b) {
     return n == strlen(b) && hyla_ct_equal(a, b, n);
 }
 
-static long find_locked(const coord_keys *k, const char *id) {
-    size_t lo = 0, hi = k->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        int r = strcmp(k->recs[mid].id, id);
-        if (r == 0)
-            return (long)mid;
-        if (r < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return -(long)lo - 1;
-}
+static const char *rec_id_at(const void *arr, size_t i) { return ((const key_rec *)arr)[i].id; }
+
+static long find_locked(const coord_keys *k, const char *id) { return coord_search_ids(k->recs, k->n, rec_id_at, id); }
 
 static void insert_locked(coord_keys *k, const key_rec *r) {
     long at = find_locked(k, r->id);

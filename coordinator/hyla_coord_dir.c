@@ -110,13 +110,43 @@ hyla_status hyla_coord_dir_put(hyla_coord_dir *d, const Hyla__V1__Session *s, ui
     return rdb_check(err, "write", key);
 }
 
-hyla_status hyla_coord_dir_delete(hyla_coord_dir *d, const char *session_id) {
-    char key[300];
-    int kl = snprintf(key, sizeof key, SESSION_PREFIX "%s", session_id);
-    HYLA_ASSERT(kl > 0 && (size_t)kl < sizeof key);
+/* Delete key prefix+id, synced: sessions and API keys are both removed this way. */
+static hyla_status delete_prefixed(hyla_coord_dir *d, const char *prefix, const char *id, char *key, size_t cap) {
+    int kl = snprintf(key, cap, "%s%s", prefix, id);
+    HYLA_ASSERT(kl > 0 && (size_t)kl < cap);
     char *err = NULL;
     rocksdb_delete(d->db, d->wsync, key, (size_t)kl, &err);
     return rdb_check(err, "delete", key);
+}
+
+/* Every record under prefix, in key order, to each(ctx, key, value) until it fails; then the
+ * iterator's own error: the scan of sessions and of API keys alike. */
+static hyla_status scan_prefix(hyla_coord_dir *d, const char *prefix,
+                               hyla_status (*each)(void *ctx, const char *k, size_t kl, const char *v, size_t vl),
+                               void *ctx) {
+    rocksdb_iterator_t *it = rocksdb_create_iterator(d->db, d->ropts);
+    hyla_status st = HYLA_OK;
+    size_t plen = strlen(prefix);
+    for (rocksdb_iter_seek(it, prefix, plen); st == HYLA_OK && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        if (kl < plen || memcmp(k, prefix, plen) != 0)
+            break;
+        const char *v = rocksdb_iter_value(it, &vl);
+        st = each(ctx, k, kl, v, vl);
+    }
+    if (st == HYLA_OK) {
+        char *err = NULL;
+        rocksdb_iter_get_error(it, &err);
+        st = rdb_check(err, "scan", prefix);
+    }
+    rocksdb_iter_destroy(it);
+    return st;
+}
+
+hyla_status hyla_coord_dir_delete(hyla_coord_dir *d, const char *session_id) {
+    char key[300];
+    return delete_prefixed(d, SESSION_PREFIX, session_id, key, sizeof key);
 }
 
 hyla_status hyla_coord_dir_set_counter(hyla_coord_dir *d, uint64_t counter) {
@@ -145,47 +175,44 @@ hyla_status hyla_coord_dir_get_counter(hyla_coord_dir *d, uint64_t *counter) {
     return st;
 }
 
-hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *ud) {
-    rocksdb_iterator_t *it = rocksdb_create_iterator(d->db, d->ropts);
-    hyla_status st = HYLA_OK;
+typedef struct {
+    hyla_coord_dir *d;
+    hyla_coord_dir_fn fn;
+    hyla_coord_dir_key_fn key_fn;
+    void *ud;
+} scan_ctx;
+
+static hyla_status scan_session(void *ctx, const char *k, size_t kl, const char *val, size_t vl) {
+    scan_ctx *sc = ctx;
+    hyla_coord_dir *d = sc->d;
+    const uint8_t *v = (const uint8_t *)val;
     size_t plen = strlen(SESSION_PREFIX);
-    for (rocksdb_iter_seek(it, SESSION_PREFIX, plen); st == HYLA_OK && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        size_t kl, vl;
-        const char *k = rocksdb_iter_key(it, &kl);
-        if (kl < plen || memcmp(k, SESSION_PREFIX, plen) != 0)
-            break;
-        const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
-        char key[300];
-        snprintf(key, sizeof key, "%.*s", (int)(kl < 290 ? kl : 290), k);
-        if (vl < 16 || memcmp(v, HYLA_COORD_DIR_MAGIC, 4) != 0) {
-            st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: no %s magic (%zu bytes)", d->path, key,
-                           HYLA_COORD_DIR_MAGIC, vl);
-            break;
-        }
-        uint32_t ver = hyla_get_le32(v + 4);
-        if (ver != HYLA_COORD_DIR_VERSION) {
-            st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: format version %u, this build reads %u",
-                           d->path, key, ver, HYLA_COORD_DIR_VERSION);
-            break;
-        }
-        uint64_t epoch = hyla_get_le64(v + 8);
-        Hyla__V1__Session *s = hyla__v1__session__unpack(NULL, vl - 16, v + 16);
-        if (!s || !s->session_id || strcmp(s->session_id, key + plen) != 0) {
-            st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s does not decode as hyla.v1.Session%s",
-                           d->path, key, s ? " of that id" : "");
-        } else {
-            st = fn(ud, s, epoch);
-        }
-        if (s)
-            hyla__v1__session__free_unpacked(s, NULL);
+    char key[300];
+    snprintf(key, sizeof key, "%.*s", (int)(kl < 290 ? kl : 290), k);
+    if (vl < 16 || memcmp(v, HYLA_COORD_DIR_MAGIC, 4) != 0)
+        return hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: no %s magic (%zu bytes)", d->path, key,
+                         HYLA_COORD_DIR_MAGIC, vl);
+    uint32_t ver = hyla_get_le32(v + 4);
+    if (ver != HYLA_COORD_DIR_VERSION)
+        return hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s: format version %u, this build reads %u",
+                         d->path, key, ver, HYLA_COORD_DIR_VERSION);
+    uint64_t epoch = hyla_get_le64(v + 8);
+    Hyla__V1__Session *s = hyla__v1__session__unpack(NULL, vl - 16, v + 16);
+    hyla_status st;
+    if (!s || !s->session_id || strcmp(s->session_id, key + plen) != 0) {
+        st = hyla_fail(HYLA_ERR_FORMAT, "session directory %s: record %s does not decode as hyla.v1.Session%s",
+                       d->path, key, s ? " of that id" : "");
+    } else {
+        st = sc->fn(sc->ud, s, epoch);
     }
-    if (st == HYLA_OK) {
-        char *err = NULL;
-        rocksdb_iter_get_error(it, &err);
-        st = rdb_check(err, "scan", SESSION_PREFIX);
-    }
-    rocksdb_iter_destroy(it);
+    if (s)
+        hyla__v1__session__free_unpacked(s, NULL);
     return st;
+}
+
+hyla_status hyla_coord_dir_scan(hyla_coord_dir *d, hyla_coord_dir_fn fn, void *ud) {
+    scan_ctx sc = {d, fn, NULL, ud};
+    return scan_prefix(d, SESSION_PREFIX, scan_session, &sc);
 }
 
 typedef struct {
@@ -237,32 +264,18 @@ hyla_status hyla_coord_dir_put_key(hyla_coord_dir *d, const char *id, const void
 
 hyla_status hyla_coord_dir_delete_key(hyla_coord_dir *d, const char *id) {
     char key[128];
-    int kl = snprintf(key, sizeof key, KEY_PREFIX "%s", id);
-    HYLA_ASSERT(kl > 0 && (size_t)kl < sizeof key);
-    char *err = NULL;
-    rocksdb_delete(d->db, d->wsync, key, (size_t)kl, &err);
-    return rdb_check(err, "delete", key);
+    return delete_prefixed(d, KEY_PREFIX, id, key, sizeof key);
+}
+
+static hyla_status scan_key(void *ctx, const char *k, size_t kl, const char *v, size_t vl) {
+    scan_ctx *sc = ctx;
+    size_t plen = strlen(KEY_PREFIX);
+    char id[128];
+    snprintf(id, sizeof id, "%.*s", (int)(kl - plen < 100 ? kl - plen : 100), k + plen);
+    return sc->key_fn(sc->ud, id, v, vl);
 }
 
 hyla_status hyla_coord_dir_scan_keys(hyla_coord_dir *d, hyla_coord_dir_key_fn fn, void *ud) {
-    rocksdb_iterator_t *it = rocksdb_create_iterator(d->db, d->ropts);
-    hyla_status st = HYLA_OK;
-    size_t plen = strlen(KEY_PREFIX);
-    for (rocksdb_iter_seek(it, KEY_PREFIX, plen); st == HYLA_OK && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        size_t kl, vl;
-        const char *k = rocksdb_iter_key(it, &kl);
-        if (kl < plen || memcmp(k, KEY_PREFIX, plen) != 0)
-            break;
-        const char *v = rocksdb_iter_value(it, &vl);
-        char id[128];
-        snprintf(id, sizeof id, "%.*s", (int)(kl - plen < 100 ? kl - plen : 100), k + plen);
-        st = fn(ud, id, v, vl);
-    }
-    if (st == HYLA_OK) {
-        char *err = NULL;
-        rocksdb_iter_get_error(it, &err);
-        st = rdb_check(err, "scan", KEY_PREFIX);
-    }
-    rocksdb_iter_destroy(it);
-    return st;
+    scan_ctx sc = {d, NULL, fn, ud};
+    return scan_prefix(d, KEY_PREFIX, scan_key, &sc);
 }

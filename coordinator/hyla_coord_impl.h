@@ -166,7 +166,8 @@ int coord_spawn(hyla_coord *c, void *(*fn)(void *), void *arg);
 /* A job thread ends (the last thing it does). */
 void coord_job_done(hyla_coord *c);
 /* The caller's tenant into out (ID_MAX bytes): the tenant of its API key when keys are on, else
- * x-hyla-tenant (default "default"); 0 if malformed. */
+ * x-hyla-tenant (default "default"); 0 once the call has been answered INVALID_ARGUMENT for a
+ * malformed header (every handler refuses it the same way). */
 int coord_get_tenant(hyla_rpc_call *call, char *out);
 
 /* ---- hyla_coord_auth.c: API keys, the verifier and the Admin service ---- */
@@ -182,15 +183,26 @@ void coord_do_list_keys(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessa
 int64_t coord_now_ms(void);
 void coord_copy_str(char *dst, size_t cap, const char *src);
 long coord_sess_search(const hyla_coord *c, const char *id);
+/* Index of id among n entries sorted by id (id_at(arr, i): the i-th entry's id), or -(insertion
+ * point) - 1: the session table and the key table are searched alike. */
+long coord_search_ids(const void *arr, size_t n, const char *(*id_at)(const void *arr, size_t i), const char *id);
 csess *coord_sess_find(const hyla_coord *c, const char *id);
 void coord_sess_insert_locked(hyla_coord *c, csess *s);
 void coord_sess_unref_locked(csess *s);
 void coord_sess_remove_locked(hyla_coord *c, csess *s);
+/* A session a call creates (Create, Fork, Import) enters the table busy and MOVING, holding the
+ * call's reference; if it cannot be placed, drop_new takes it out again, wakes waiters and drops
+ * that reference (both with c->mu held). */
+void coord_sess_insert_new_locked(hyla_coord *c, csess *s);
+void coord_sess_drop_new_locked(hyla_coord *c, csess *s);
 csess *coord_sess_new(void);
 void coord_new_session_id_locked(hyla_coord *c, char *out);
 hyla_status coord_acquire(hyla_coord *c, const char *id, const char *tenant, csess **out);
 void coord_release(hyla_coord *c, csess *s);
 void coord_view_make_locked(const hyla_coord *c, const csess *s, sess_view *v);
+/* A reply-ready copy of s, taken under c->mu so it is consistent: the answer of every handler that
+ * returns a Session. Caller frees with free(). */
+sess_view *coord_view_of(hyla_coord *c, const csess *s);
 hyla_status coord_persist_locked(hyla_coord *c, csess *s, int sync, int counter);
 void coord_unplace_locked(hyla_coord *c, csess *s, const char *why);
 hyla_status coord_load_session_fn(void *ud, const Session *m, uint64_t epoch);
@@ -214,6 +226,9 @@ hyla_status coord_resolve_model_locked(const hyla_coord *c, const char *want, ch
 hyla_status coord_call_worker(hyla_coord *c, const char *wid, const char *method, const ProtobufCMessage *req,
                               const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp, hyla_rpc_result *res);
 int coord_owners_locked(const hyla_coord *c, const csess *s, char ids[MAX_STAGES][ID_MAX]);
+/* Under c->mu: *active (s is ACTIVE), its owners into ids (none when not active), *epoch; returns
+ * the owner count: one consistent view to act on once the lock is dropped. */
+int coord_active_owners(hyla_coord *c, const csess *s, char ids[MAX_STAGES][ID_MAX], int *active, uint64_t *epoch);
 void coord_unload_on(hyla_coord *c, char ids[MAX_STAGES][ID_MAX], int n, const char *sid, uint64_t epoch);
 hyla_status coord_place(hyla_coord *c, csess *s, const char *hint, const char *exclude, uint64_t snapshot_version);
 hyla_status coord_ensure_active(hyla_coord *c, csess *s, char *owner, uint64_t *epoch);

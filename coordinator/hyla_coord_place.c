@@ -225,15 +225,22 @@ hyla_status coord_place(hyla_coord *c, csess *s, const char *hint, const char *e
     return HYLA_OK;
 }
 
+int coord_active_owners(hyla_coord *c, const csess *s, char ids[MAX_STAGES][ID_MAX], int *active, uint64_t *epoch) {
+    pthread_mutex_lock(&c->mu);
+    *active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
+    int n = *active ? coord_owners_locked(c, s, ids) : 0;
+    *epoch = s->epoch;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 /* Make sure s (held busy) is resident where the directory says: an ACTIVE session is checked
  * with DescribeSession (a worker may have lost it), a PAUSED one is placed again. */
 hyla_status coord_ensure_active(hyla_coord *c, csess *s, char *owner, uint64_t *epoch) {
     char ids[MAX_STAGES][ID_MAX];
-    pthread_mutex_lock(&c->mu);
-    int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
-    int n = active ? coord_owners_locked(c, s, ids) : 0;
-    uint64_t ep = s->epoch;
-    pthread_mutex_unlock(&c->mu);
+    int active;
+    uint64_t ep;
+    int n = coord_active_owners(c, s, ids, &active, &ep);
     if (active && n > 0) {
         Hyla__V1__DescribeSessionRequest q = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
         q.session_id = s->id;

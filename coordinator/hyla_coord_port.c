@@ -225,10 +225,7 @@ static void import_undo(hyla_coord *c, csess *s, int stored) {
     pthread_mutex_lock(&c->mu);
     if (hyla_coord_dir_delete(c->dir, id) != HYLA_OK)
         HYLA_WARN("coordinator: import of %s failed; removing its directory entry failed too", id);
-    coord_sess_remove_locked(c, s);
-    s->busy = 0;
-    pthread_cond_broadcast(&c->cv);
-    coord_sess_unref_locked(s);
+    coord_sess_drop_new_locked(c, s);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -282,10 +279,7 @@ static hyla_status import_run(hyla_coord *c, import_ctx *x, csess **out) {
     s->seed = snap->sampler.seed;
     s->position = snap->position;
     s->generated = snap->n_generated;
-    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
-    s->busy = 1;
-    coord_sess_insert_locked(c, s);
-    s->refs++; /* this call's */
+    coord_sess_insert_new_locked(c, s);
     pthread_mutex_unlock(&c->mu);
 
     uint64_t version = 0;
@@ -332,11 +326,7 @@ static void *import_main(void *arg) {
     } else {
         HYLA_INFO("coordinator: tenant %s imported session %s (model %s, %zu bytes, position %llu)", s->tenant, s->id,
                   s->model, len, (unsigned long long)s->position);
-        sess_view *v = malloc(sizeof *v);
-        HYLA_ASSERT(v);
-        pthread_mutex_lock(&c->mu);
-        coord_view_make_locked(c, s, v);
-        pthread_mutex_unlock(&c->mu);
+        sess_view *v = coord_view_of(c, s);
         coord_release(c, s);
         hyla_rpc_call_reply(call, &v->s.base);
         free(v);
@@ -352,10 +342,8 @@ void coord_h_import(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
     switch (ev) {
     case HYLA_RPC_EV_START: {
         char tenant[ID_MAX];
-        if (!coord_get_tenant(call, tenant)) {
-            coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+        if (!coord_get_tenant(call, tenant))
             return;
-        }
         if (!c->store) {
             coord_answer_error(call, hyla_fail(HYLA_ERR_UNSUPPORTED, "ImportSession needs the coordinator's embedded "
                                                                      "store (this one uses the store at %s)",

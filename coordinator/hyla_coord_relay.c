@@ -21,6 +21,7 @@
 
 #include "hyla_coord_impl.h"
 #include "hyla_log.h"
+#include "hyla_thread.h"
 
 #define APPEND_QUEUE_HOLD 8   /* client chunks buffered before reading from the client pauses */
 #define APPEND_QUEUE_RESUME 2
@@ -87,10 +88,7 @@ static void relay_unref(void *p) {
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
-    pthread_mutex_lock(&c->mu);
-    c->relays--;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    hyla_count_down(&c->mu, &c->cv, &c->relays);
 }
 
 /* Finish the client's call once (r->mu held; released around the rpc call). */
@@ -308,10 +306,8 @@ void coord_h_generate(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMes
         return;
     const Hyla__V1__GenerateRequest *q = (const Hyla__V1__GenerateRequest *)msg;
     char tenant[ID_MAX];
-    if (!coord_get_tenant(call, tenant)) {
-        coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+    if (!coord_get_tenant(call, tenant))
         return;
-    }
     hyla_status st = coord_check_session_id(q->session_id);
     if (st == HYLA_OK && q->max_tokens == 0)
         st = hyla_fail(HYLA_ERR_INVALID_ARG, "field max_tokens: must be >= 1");
@@ -390,10 +386,8 @@ void coord_h_append(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessa
     switch (ev) {
     case HYLA_RPC_EV_START: {
         char tenant[ID_MAX];
-        if (!coord_get_tenant(call, tenant)) {
-            coord_answer_error(call, hyla_fail(HYLA_ERR_INVALID_ARG, "metadata %s: malformed", HYLA_API_TENANT_KEY));
+        if (!coord_get_tenant(call, tenant))
             return;
-        }
         hyla_status qs = coord_quota_check_bytes(b->c, tenant);
         if (qs != HYLA_OK) {
             coord_answer_error(call, qs);

@@ -46,12 +46,17 @@ static csess *acquire_for_call(hyla_coord *c, hyla_rpc_call *call, const char *i
     return s;
 }
 
-static void reply_view(hyla_coord *c, hyla_rpc_call *call, csess *s) {
-    sess_view *v = malloc(sizeof *v);
-    HYLA_ASSERT(v);
+/* A new session whose placement failed: out of the table, this call's reference dropped, the
+ * call answered with st. */
+static void abandon_new(hyla_coord *c, hyla_rpc_call *call, csess *s, hyla_status st) {
     pthread_mutex_lock(&c->mu);
-    coord_view_make_locked(c, s, v);
+    coord_sess_drop_new_locked(c, s);
     pthread_mutex_unlock(&c->mu);
+    coord_answer_error(call, st);
+}
+
+static void reply_view(hyla_coord *c, hyla_rpc_call *call, csess *s) {
+    sess_view *v = coord_view_of(c, s);
     hyla_rpc_call_reply(call, &v->s.base);
     free(v);
 }
@@ -82,21 +87,12 @@ void coord_do_create(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
         s->top_p = q->sampling->top_p;
     }
     s->seed = q->seed;
-    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
-    s->busy = 1;
-    coord_sess_insert_locked(c, s);
-    s->refs++; /* this call's */
+    coord_sess_insert_new_locked(c, s);
     pthread_mutex_unlock(&c->mu);
 
     st = coord_place(c, s, q->worker_hint, NULL, 0);
     if (st != HYLA_OK) {
-        pthread_mutex_lock(&c->mu);
-        coord_sess_remove_locked(c, s);
-        s->busy = 0;
-        pthread_cond_broadcast(&c->cv);
-        coord_sess_unref_locked(s);
-        pthread_mutex_unlock(&c->mu);
-        coord_answer_error(call, st);
+        abandon_new(c, call, s, st);
         return;
     }
     HYLA_INFO("coordinator: tenant %s created session %s (model %s)", tenant, s->id, s->model);
@@ -220,11 +216,7 @@ void coord_do_pause(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *
             pthread_mutex_unlock(&c->mu);
         }
     }
-    sess_view *v = malloc(sizeof *v);
-    HYLA_ASSERT(v);
-    pthread_mutex_lock(&c->mu);
-    coord_view_make_locked(c, s, v);
-    pthread_mutex_unlock(&c->mu);
+    sess_view *v = coord_view_of(c, s);
     Hyla__V1__PauseResponse r = HYLA__V1__PAUSE_RESPONSE__INIT;
     r.session = &v->s;
     r.snapshot = &si;
@@ -265,11 +257,9 @@ hyla_status coord_check_kept_version(hyla_coord *c, const char *id, uint64_t ver
 static hyla_status rewind_to(hyla_coord *c, csess *s, const char *hint, uint64_t version) {
     HYLA_TRY(coord_check_kept_version(c, s->id, version));
     char ids[MAX_STAGES][ID_MAX];
-    pthread_mutex_lock(&c->mu);
-    int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
-    int n = active ? coord_owners_locked(c, s, ids) : 0;
-    uint64_t epoch = s->epoch;
-    pthread_mutex_unlock(&c->mu);
+    int active;
+    uint64_t epoch;
+    int n = coord_active_owners(c, s, ids, &active, &epoch);
     if (active) {
         coord_unload_on(c, ids, n, s->id, epoch);
         pthread_mutex_lock(&c->mu);
@@ -328,11 +318,7 @@ void coord_do_migrate(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage
         coord_answer_error(call, st);
         return;
     }
-    sess_view *v = malloc(sizeof *v);
-    HYLA_ASSERT(v);
-    pthread_mutex_lock(&c->mu);
-    coord_view_make_locked(c, s, v);
-    pthread_mutex_unlock(&c->mu);
+    sess_view *v = coord_view_of(c, s);
     Hyla__V1__MigrateResponse r = HYLA__V1__MIGRATE_RESPONSE__INIT;
     r.session = &v->s;
     r.from_group_id = from;
@@ -360,10 +346,7 @@ static void fork_from_version(hyla_coord *c, hyla_rpc_call *call, csess *p, cons
     s->top_k = p->top_k;
     s->top_p = p->top_p;
     s->seed = p->seed;
-    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
-    s->busy = 1;
-    coord_sess_insert_locked(c, s);
-    s->refs++; /* this call's */
+    coord_sess_insert_new_locked(c, s);
     pthread_mutex_unlock(&c->mu);
     st = hyla_store_fork(c->store, p->id, version, s->id);
     if (st != HYLA_OK)
@@ -389,13 +372,7 @@ static void fork_from_version(hyla_coord *c, hyla_rpc_call *call, csess *p, cons
             hyla_store_delete(c->store, s->id);
     }
     if (st != HYLA_OK) {
-        pthread_mutex_lock(&c->mu);
-        coord_sess_remove_locked(c, s);
-        s->busy = 0;
-        pthread_cond_broadcast(&c->cv);
-        coord_sess_unref_locked(s);
-        pthread_mutex_unlock(&c->mu);
-        coord_answer_error(call, st);
+        abandon_new(c, call, s, st);
         return;
     }
     HYLA_INFO("coordinator: session %s forked from %s version %llu", s->id, p->id, (unsigned long long)version);
@@ -463,11 +440,8 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     s->seed = q->reseed ? q->seed : p->seed;
     s->position = p->position;
     s->generated = p->generated;
-    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
-    s->busy = 1;
     s->epoch = ++c->epoch_counter;
-    coord_sess_insert_locked(c, s);
-    s->refs++;
+    coord_sess_insert_new_locked(c, s);
     pthread_mutex_unlock(&c->mu);
 
     Hyla__V1__ForkSessionRequest fq = HYLA__V1__FORK_SESSION_REQUEST__INIT;

@@ -29,12 +29,11 @@ int64_t coord_now_ms(void) {
 
 void coord_copy_str(char *dst, size_t cap, const char *src) { snprintf(dst, cap, "%s", src ? src : ""); }
 
-/* Index of id, or -(insertion point) - 1. */
-long coord_sess_search(const hyla_coord *c, const char *id) {
-    size_t lo = 0, hi = c->n_sess;
+long coord_search_ids(const void *arr, size_t n, const char *(*id_at)(const void *arr, size_t i), const char *id) {
+    size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        int r = strcmp(c->sess[mid]->id, id);
+        int r = strcmp(id_at(arr, mid), id);
         if (r == 0)
             return (long)mid;
         if (r < 0)
@@ -44,6 +43,11 @@ long coord_sess_search(const hyla_coord *c, const char *id) {
     }
     return -(long)lo - 1;
 }
+
+static const char *sess_id_at(const void *arr, size_t i) { return ((csess *const *)arr)[i]->id; }
+
+/* Index of id, or -(insertion point) - 1. */
+long coord_sess_search(const hyla_coord *c, const char *id) { return coord_search_ids(c->sess, c->n_sess, sess_id_at, id); }
 
 csess *coord_sess_find(const hyla_coord *c, const char *id) {
     long i = coord_sess_search(c, id);
@@ -136,6 +140,29 @@ void coord_release(hyla_coord *c, csess *s) {
 }
 
 /* Fill v from s (c->mu held); v references only its own storage. */
+sess_view *coord_view_of(hyla_coord *c, const csess *s) {
+    sess_view *v = malloc(sizeof *v);
+    HYLA_ASSERT(v);
+    pthread_mutex_lock(&c->mu);
+    coord_view_make_locked(c, s, v);
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+void coord_sess_insert_new_locked(hyla_coord *c, csess *s) {
+    s->state = HYLA__V1__SESSION_STATE__SESSION_MOVING;
+    s->busy = 1;
+    coord_sess_insert_locked(c, s);
+    s->refs++; /* the creating call's */
+}
+
+void coord_sess_drop_new_locked(hyla_coord *c, csess *s) {
+    coord_sess_remove_locked(c, s);
+    s->busy = 0;
+    pthread_cond_broadcast(&c->cv);
+    coord_sess_unref_locked(s);
+}
+
 void coord_view_make_locked(const hyla_coord *c, const csess *s, sess_view *v) {
     v->copy = *s;
     const csess *k = &v->copy;

@@ -41,37 +41,43 @@ int hyla_cfg_has(json_t *obj, const char *key) {
     return v && !json_is_null(v);
 }
 
-int hyla_cfg_int(hyla_cfg *r, json_t *obj, const char *key, int dflt) {
+static int is_integral(const json_t *v) {
+    return json_is_integer(v) || (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v));
+}
+static int is_number(const json_t *v) { return json_is_number(v); }
+static int is_boolean(const json_t *v) { return json_is_boolean(v); }
+static int is_string(const json_t *v) { return json_is_string(v); }
+
+/* The value of key when present, not null and of the kind ok() accepts; else NULL (the caller's
+ * default), with an error naming the key and `want` when it has another kind: every typed getter
+ * reads a key this way. */
+static json_t *typed(hyla_cfg *r, json_t *obj, const char *key, int (*ok)(const json_t *), const char *want) {
     json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return dflt;
-    if (json_is_integer(v)) return (int)json_integer_value(v);
-    if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v)) return (int)json_real_value(v);
-    type_error(r, key, "an integer");
-    return dflt;
+    if (!v || json_is_null(v)) return NULL;
+    if (ok(v)) return v;
+    type_error(r, key, want);
+    return NULL;
+}
+
+int hyla_cfg_int(hyla_cfg *r, json_t *obj, const char *key, int dflt) {
+    json_t *v = typed(r, obj, key, is_integral, "an integer");
+    if (!v) return dflt;
+    return json_is_integer(v) ? (int)json_integer_value(v) : (int)json_real_value(v);
 }
 
 double hyla_cfg_num(hyla_cfg *r, json_t *obj, const char *key, double dflt) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return dflt;
-    if (json_is_number(v)) return json_number_value(v);
-    type_error(r, key, "a number");
-    return dflt;
+    json_t *v = typed(r, obj, key, is_number, "a number");
+    return v ? json_number_value(v) : dflt;
 }
 
 int hyla_cfg_bool(hyla_cfg *r, json_t *obj, const char *key, int dflt) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return dflt;
-    if (json_is_boolean(v)) return json_is_true(v);
-    type_error(r, key, "true or false");
-    return dflt;
+    json_t *v = typed(r, obj, key, is_boolean, "true or false");
+    return v ? json_is_true(v) : dflt;
 }
 
 const char *hyla_cfg_str(hyla_cfg *r, json_t *obj, const char *key, const char *dflt) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return dflt;
-    if (json_is_string(v)) return json_string_value(v);
-    type_error(r, key, "a string");
-    return dflt;
+    json_t *v = typed(r, obj, key, is_string, "a string");
+    return v ? json_string_value(v) : dflt;
 }
 
 void hyla_cfg_positive(hyla_cfg *r, const char *key, int v) {
@@ -234,19 +240,27 @@ static void assign_layers(hyla_cfg *r, const char *where, json_t *layers, const 
     }
 }
 
-/* A spec (`attn`, ...): an object, or a list of objects (FLA accepts both), each with "layers". */
-static void read_spec(hyla_cfg *r, json_t *root, const hyla_mixer *mx, json_t *spec, int idx, hyla_model_config *c) {
-    char where[64];
-    snprintf(where, sizeof where, idx < 0 ? "%s" : "%s[%d]", mx->spec_key, idx);
+/* The "layers" list of spec object `where`, or NULL after an error naming it: every kind of spec
+ * is an object that lists its layers. */
+static json_t *spec_layers(hyla_cfg *r, json_t *spec, const char *where) {
     if (!json_is_object(spec)) {
         hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key '%s' must be an object or a list of objects", where);
-        return;
+        return NULL;
     }
     json_t *layers = json_object_get(spec, "layers");
     if (!json_is_array(layers)) {
         hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key '%s.layers' must be a list of layer indices", where);
-        return;
+        return NULL;
     }
+    return layers;
+}
+
+/* A spec (`attn`, ...): an object, or a list of objects (FLA accepts both), each with "layers". */
+static void read_spec(hyla_cfg *r, json_t *root, const hyla_mixer *mx, json_t *spec, int idx, hyla_model_config *c) {
+    char where[64];
+    snprintf(where, sizeof where, idx < 0 ? "%s" : "%s[%d]", mx->spec_key, idx);
+    json_t *layers = spec_layers(r, spec, where);
+    if (!layers) return;
     void *cfg = own_new(c, mx->cfg_size);
     if (!cfg) {
         hyla_cfg_fail(r, HYLA_ERR_NOMEM, "out of memory");
@@ -268,15 +282,8 @@ static void read_spec(hyla_cfg *r, json_t *root, const hyla_mixer *mx, json_t *s
 static void read_statex(hyla_cfg *r, json_t *root, const hyla_mixer *base, json_t *spec, int idx, hyla_model_config *c) {
     char where[64];
     snprintf(where, sizeof where, idx < 0 ? "statex" : "statex[%d]", idx);
-    if (!json_is_object(spec)) {
-        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key '%s' must be an object or a list of objects", where);
-        return;
-    }
-    json_t *layers = json_object_get(spec, "layers");
-    if (!json_is_array(layers)) {
-        hyla_cfg_fail(r, HYLA_ERR_FORMAT, "key '%s.layers' must be a list of layer indices", where);
-        return;
-    }
+    json_t *layers = spec_layers(r, spec, where);
+    if (!layers) return;
     json_t *merged = json_deep_copy(root);
     void *cfg = own_new(c, base->cfg_size);
     if (!merged || !cfg || json_object_update(merged, spec) != 0) {

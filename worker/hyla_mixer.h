@@ -246,7 +246,7 @@ const hyla_mixer *hyla_mixer_find(const char *name);
         if (hyla_prof_on) hyla_prof_mark((f)->o, (f)->ctx, (f)->decode, (label));    \
     } while (0)
 
-/* Linear helpers every mixer uses (worker/mixers/hyla_mixer_util.c):
+/* Linear helpers every mixer uses (worker/mixers/hyla_mixers.c):
  * hyla_mixer_linear: y [R][N] = x [R][K] W^T (+ bias) (+ y): decode rows through ops->linear,
  * prompt rows through ops->linear_multi with HYLA_LINEAR_PREFILL (a row's result still depends
  * only on the row; the CUDA backend then runs cuBLAS at a fixed row count). */
@@ -259,5 +259,36 @@ hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int
  * parts part_k and part_v of each session's layer state and describe them, one view per session
  * in decode (f->R), one in prefill. *views: caller frees with free(). */
 hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v, hyla_kv_view **views);
+/* RoPE of q [R][Hq*hd] and k [R][Hk*hd] in place at the rows' positions: every GQA mixer (attn,
+ * lte, nsa) rotates both the same way. */
+hyla_status hyla_mixer_rope_qk(const hyla_mixer_fwd *f, float *q, float *k, int Hq, int Hk, int hd, float theta);
+
+/* Scratch of a GQA mixer (attn, lte): q [R][Hq*hd], k and v [R][Hk*hd], o [R][Hq*hd]. */
+typedef struct {
+    float *q, *k, *v, *o;
+} hyla_gqa_scratch;
+/* Carve s for R rows (base NULL: sizes only); returns the bytes: one layout for the modules whose
+ * scratch is just the projections and the attention output. */
+size_t hyla_gqa_layout(int R, int Hq, int Hk, int hd, void *base, hyla_gqa_scratch *s);
+
+/* hyla-mkmodel: the KV heads of a GQA mixer (--kv-heads, else half the heads when even) into
+ * *kvh; NULL, or why the sizes do not divide: the one rule attn, lte and nsa apply. */
+const char *hyla_mk_kv_heads(const hyla_mk_args *a, int *kvh);
+
+/* A module's scratch_bytes from its layout(cfg, rows, base, &scratch) (a carve without a base),
+ * so each module writes its scratch layout once. */
+#define HYLA_MIXER_SCRATCH_BYTES(scratch_t)                                                   \
+    static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {  \
+        (void)mc;                                                                          \
+        scratch_t s_;                                                                      \
+        return layout(cfg, rows, NULL, &s_);                                               \
+    }
+
+/* The table entries of a module whose hooks are its static parse, tensors, parts, scratch_bytes
+ * and forward and whose structs are cfg_t and w_t: the convention every module follows, written
+ * once (mk_config is named by each table: gdn and mamba2 export theirs to dla). */
+#define HYLA_MIXER_HOOKS(cfg_t, w_t)                                                            \
+    .cfg_size = sizeof(cfg_t), .w_size = sizeof(w_t), .parse = parse, .tensors = tensors, .parts = parts, \
+    .scratch_bytes = scratch_bytes, .forward = forward
 
 #endif

@@ -183,6 +183,16 @@ class Client:
             top_k=cur.top_k if top_k is None else top_k,
             top_p=cur.top_p if top_p is None else top_p)
 
+    def _resample(self, req, session_id, temperature, top_k, top_p, seed):
+        """Set req's sampling (the given values over the session's) and reseed when asked:
+        Generate and Fork change a session's sampling the same way."""
+        sampling = self._sampling(session_id, temperature, top_k, top_p)
+        if sampling is not None:
+            req.sampling.CopyFrom(sampling)
+        if seed is not None:
+            req.reseed = True
+            req.seed = seed
+
     # -- Sessions -------------------------------------------------------------------------
 
     def create_session(self, model="", temperature=None, top_k=None, top_p=None, seed=0, worker=None):
@@ -254,12 +264,7 @@ class Client:
         HylaError with .delivered set when the call fails part-way."""
         req = pb.sessions_pb2.GenerateRequest(session_id=session_id, max_tokens=max_tokens, stop=list(stop),
                                               stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos)
-        sampling = self._sampling(session_id, temperature, top_k, top_p)
-        if sampling is not None:
-            req.sampling.CopyFrom(sampling)
-        if seed is not None:
-            req.reseed = True
-            req.seed = seed
+        self._resample(req, session_id, temperature, top_k, top_p, seed)
         res = GenerateResult()
         call = self._sessions.Generate(req, metadata=self._metadata)
         try:
@@ -322,12 +327,7 @@ class Client:
         """A new session with a copy of this one's state (or, version != 0, of that kept
         snapshot version, with its own sampling and RNG); returns the fork's Session."""
         req = pb.sessions_pb2.ForkRequest(session_id=session_id, worker_hint=worker or "", version=version)
-        sampling = self._sampling(session_id, temperature, top_k, top_p)
-        if sampling is not None:
-            req.sampling.CopyFrom(sampling)
-        if seed is not None:
-            req.reseed = True
-            req.seed = seed
+        self._resample(req, session_id, temperature, top_k, top_p, seed)
         return self._unary("Fork " + session_id, self._sessions.Fork, req)
 
     def get(self, session_id):

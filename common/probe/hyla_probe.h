@@ -9,6 +9,8 @@
 #ifndef HYLA_PROBE_H
 #define HYLA_PROBE_H
 
+#include <stdarg.h>
+
 #include "hyla_metrics.h"
 #include "hyla_rpc.h"
 #include "hyla_status.h"
@@ -30,6 +32,16 @@ hyla_status hyla_probe_http_start(const char *addr, hyla_metrics *metrics, hyla_
                                 hyla_probe_http **out);
 /* The bound TCP port. */
 int hyla_probe_http_port(const hyla_probe_http *h);
+
+/* A listening TCP socket (SO_REUSEADDR, this backlog) on addr, "HOST:PORT" with HOST an IPv4
+ * address, [IPv6], localhost, or empty / * / 0.0.0.0 for any, PORT 0 for a free one: *fd (caller
+ * closes it, or hands it to a daemon), *port the port bound, *ipv6 its family. Errors name flag
+ * and addr ("--http 1.2.3.4:x: bad port"): every HTTP endpoint binds its own socket this way, so
+ * a port in use is refused with the reason. */
+hyla_status hyla_probe_listen(const char *flag, const char *addr, int backlog, int *fd, int *port, int *ipv6);
+/* libmicrohttpd's own messages (a client that left, a malformed request) to the debug log, after
+ * the prefix cls (a string): MHD_OPTION_EXTERNAL_LOGGER's function for every daemon. */
+void hyla_probe_mhd_log(void *cls, const char *fmt, va_list ap);
 /* Stop serving and free. Accepts NULL. */
 void hyla_probe_http_stop(hyla_probe_http *h);
 

@@ -65,16 +65,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return answer(conn, 404, "text/plain", xstrdup("not found: try /metrics, /healthz or /readyz\n"));
 }
 
-static hyla_status parse_addr(const char *addr, struct sockaddr_storage *ss, socklen_t *len) {
+static hyla_status parse_addr(const char *flag, const char *addr, struct sockaddr_storage *ss, socklen_t *len) {
     memset(ss, 0, sizeof *ss);
     const char *colon = strrchr(addr, ':');
+    if (!colon || !colon[1])
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s %s: want HOST:PORT", flag, addr);
     char *end;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (!colon || !colon[1] || *end || port < 0 || port > 65535)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "--metrics %s: want HOST:PORT", addr);
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s %s: bad port", flag, addr);
     char host[256];
     size_t hn = (size_t)(colon - addr);
-    if (hn >= sizeof host) return hyla_fail(HYLA_ERR_INVALID_ARG, "--metrics %s: host too long", addr);
+    if (hn >= sizeof host)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s %s: host too long", flag, addr);
     memcpy(host, addr, hn);
     host[hn] = 0;
     if (hn >= 2 && host[0] == '[' && host[hn - 1] == ']') {
@@ -83,43 +86,59 @@ static hyla_status parse_addr(const char *addr, struct sockaddr_storage *ss, soc
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)port);
         if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) != 1)
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "--metrics %s: bad IPv6 address", addr);
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "%s %s: bad IPv6 address", flag, addr);
         *len = sizeof *a6;
         return HYLA_OK;
     }
     struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
     a4->sin_family = AF_INET;
     a4->sin_port = htons((uint16_t)port);
-    if (!hn || !strcmp(host, "0.0.0.0") || !strcmp(host, "*")) a4->sin_addr.s_addr = htonl(INADDR_ANY);
-    else if (!strcmp(host, "localhost")) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (!hn || !strcmp(host, "0.0.0.0") || !strcmp(host, "*"))
+        a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    else if (!strcmp(host, "localhost"))
+        a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     else if (inet_pton(AF_INET, host, &a4->sin_addr) != 1)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "--metrics %s: bad IPv4 address (use a numeric address)", addr);
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s %s: bad IPv4 address (use a numeric address)", flag, addr);
     *len = sizeof *a4;
     return HYLA_OK;
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
+hyla_status hyla_probe_listen(const char *flag, const char *addr, int backlog, int *fd_out, int *port, int *ipv6) {
+    *fd_out = -1;
+    struct sockaddr_storage ss;
+    socklen_t slen = 0;
+    HYLA_TRY(parse_addr(flag, addr, &ss, &slen));
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&ss, slen) != 0 || listen(fd, backlog) != 0) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        return hyla_fail(HYLA_ERR_IO, "%s %s: cannot listen there: %s", flag, addr, strerror(err));
+    }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    *port = 0;
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
+        *port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                  : ((struct sockaddr_in *)&bound)->sin_port);
+    *ipv6 = ss.ss_family == AF_INET6;
+    *fd_out = fd;
+    return HYLA_OK;
+}
+
+void hyla_probe_mhd_log(void *cls, const char *fmt, va_list ap) {
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = 0;
-    HYLA_DEBUG("metrics http: %s", msg);
+    HYLA_DEBUG("%s: %s", (const char *)cls, msg);
 }
 
 hyla_status hyla_probe_http_start(const char *addr, hyla_metrics *metrics, hyla_probe_ready_fn ready, void *ud,
                                 hyla_probe_http **out) {
     *out = NULL;
-    struct sockaddr_storage ss;
-    socklen_t slen = 0;
-    HYLA_TRY(parse_addr(addr, &ss, &slen));
-    /* our own socket: a port in use is refused here with the reason */
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&ss, slen) != 0 || listen(fd, 64) != 0) {
-        int err = errno;
-        if (fd >= 0) close(fd);
-        return hyla_fail(HYLA_ERR_IO, "--metrics %s: cannot listen there: %s", addr, strerror(err));
-    }
+    int fd, port, ipv6;
+    HYLA_TRY(hyla_probe_listen("--metrics", addr, 64, &fd, &port, &ipv6));
     hyla_probe_http *h = calloc(1, sizeof *h);
     if (!h) {
         close(fd);
@@ -128,16 +147,13 @@ hyla_status hyla_probe_http_start(const char *addr, hyla_metrics *metrics, hyla_
     h->m = metrics;
     h->ready = ready;
     h->ud = ud;
-    struct sockaddr_storage bound;
-    socklen_t blen = sizeof bound;
-    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
-        h->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                    : ((struct sockaddr_in *)&bound)->sin_port);
+    h->port = port;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (ipv6) flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_CONNECTION_LIMIT, 32u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, hyla_probe_mhd_log, (void *)"metrics http",
+                            MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         free(h);

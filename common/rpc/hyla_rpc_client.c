@@ -25,6 +25,7 @@
 
 #include "hyla_log.h"
 #include "hyla_rpc_impl.h"
+#include "hyla_thread.h"
 
 struct hyla_rpc_client {
     hyla_rpc_client_params p;
@@ -119,10 +120,7 @@ static void stream_free(hyla_rpc_stream *s) {
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);
-    pthread_mutex_lock(&cl->mu);
-    cl->live--;
-    pthread_cond_broadcast(&cl->cv);
-    pthread_mutex_unlock(&cl->mu);
+    hyla_count_down(&cl->mu, &cl->cv, &cl->live);
 }
 
 static void stream_unref_unlock(hyla_rpc_stream *s) {
@@ -297,17 +295,13 @@ static void on_status(hyla_rpc_stream *s) {
 static void *client_loop(void *arg) {
     hyla_rpc_client *c = arg;
     rpc_on_loop_thread = 1;
-    for (;;) {
-        grpc_event ev = grpc_completion_queue_next(c->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
-            break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
-        rpc_tag *t = ev.tag;
+    rpc_tag *t;
+    int ok;
+    while (rpc_cq_next(c->cq, &t, &ok)) {
         switch (t->kind) {
         case RPC_TAG_START: on_start(t->owner); break;
         case RPC_TAG_RECV: on_recv(t->owner); break;
-        case RPC_TAG_SEND: on_send(t->owner, ev.success); break;
+        case RPC_TAG_SEND: on_send(t->owner, ok); break;
         case RPC_TAG_CLOSE: on_status(t->owner); break;
         default: HYLA_ASSERT(!"unknown rpc tag");
         }
@@ -365,14 +359,7 @@ hyla_status hyla_rpc_client_create(const char *target, const hyla_rpc_client_par
     pthread_cond_init(&c->cv, NULL);
 
     grpc_arg args[2];
-    memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = p.max_message_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = p.max_message_bytes;
-    grpc_channel_args cargs = {2, args};
+    grpc_channel_args cargs = rpc_message_size_args(args, p.max_message_bytes);
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     c->cq = grpc_completion_queue_create_for_next(NULL);

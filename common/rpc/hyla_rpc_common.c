@@ -327,12 +327,40 @@ hyla_status rpc_kv_copy(const grpc_metadata *md, size_t n, rpc_kv **out, size_t 
     return HYLA_OK;
 }
 
-void rpc_kv_free(rpc_kv *kv, size_t n) {
+void rpc_kv_clear(rpc_kv *kv, size_t n) {
     for (size_t i = 0; i < n; i++) {
         free(kv[i].key);
         free(kv[i].value);
     }
+}
+
+void rpc_kv_free(rpc_kv *kv, size_t n) {
+    rpc_kv_clear(kv, n);
     free(kv);
+}
+
+grpc_channel_args rpc_message_size_args(grpc_arg args[2], int max_bytes) {
+    memset(args, 0, 2 * sizeof *args);
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = max_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = max_bytes;
+    return (grpc_channel_args){2, args};
+}
+
+int rpc_cq_next(grpc_completion_queue *cq, rpc_tag **tag, int *ok) {
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            return 0;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        *tag = ev.tag;
+        *ok = ev.success;
+        return 1;
+    }
 }
 
 const char *rpc_kv_find(const rpc_kv *kv, size_t n, const char *key) {

@@ -72,7 +72,17 @@ void rpc_out_free_after_head(rpc_out **head, rpc_out **tail, size_t *len);
 /* Copy n metadata pairs into *out (caller frees with rpc_kv_free). */
 hyla_status rpc_kv_copy(const grpc_metadata *md, size_t n, rpc_kv **out, size_t *n_out);
 void rpc_kv_free(rpc_kv *kv, size_t n);
+/* Free the strings of n pairs but not the array: a fixed array of pairs (server trailers) is
+ * released as a copied one is. */
+void rpc_kv_clear(rpc_kv *kv, size_t n);
 const char *rpc_kv_find(const rpc_kv *kv, size_t n, const char *key);
+
+/* Channel args capping received and sent messages at max_bytes, in args[2] (borrowed by the
+ * result): client channels and servers set the same two limits. */
+grpc_channel_args rpc_message_size_args(grpc_arg args[2], int max_bytes);
+/* The next completed batch of cq: 1 with its tag and success flag, 0 once cq is shut down; the
+ * wait of every completion-queue loop thread. */
+int rpc_cq_next(grpc_completion_queue *cq, rpc_tag **tag, int *ok);
 
 /* Start a batch; a refusal by gRPC is a bug of this module: logged, returns non-zero. */
 int rpc_start_batch(grpc_call *call, const grpc_op *ops, size_t n, rpc_tag *tag, const char *what);

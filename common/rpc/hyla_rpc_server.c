@@ -30,6 +30,7 @@
 
 #include "hyla_log.h"
 #include "hyla_rpc_impl.h"
+#include "hyla_thread.h"
 #include "hyla_util.h"
 
 #define RPC_MAX_TRAILERS 8
@@ -152,18 +153,12 @@ static void call_free(hyla_rpc_call *c) {
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->req_md);
     rpc_kv_free(c->md, c->n_md);
-    for (size_t i = 0; i < c->n_trailers; i++) {
-        free(c->trailers[i].key);
-        free(c->trailers[i].value);
-    }
+    rpc_kv_clear(c->trailers, c->n_trailers);
     free(c->path);
     free(c->status_msg);
     pthread_mutex_destroy(&c->mu);
     free(c);
-    pthread_mutex_lock(&srv->mu);
-    srv->live_calls--;
-    pthread_cond_broadcast(&srv->cv);
-    pthread_mutex_unlock(&srv->mu);
+    hyla_count_down(&srv->mu, &srv->cv, &srv->live_calls);
 }
 
 /* Drop a reference taken under c->mu; frees the context at zero. Called with c->mu held;
@@ -546,17 +541,13 @@ static void post_accept(hyla_rpc_server *srv) {
 static void *loop_main(void *arg) {
     hyla_rpc_server *srv = arg;
     rpc_on_loop_thread = 1;
-    for (;;) {
-        grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
-            break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
-        rpc_tag *t = ev.tag;
+    rpc_tag *t;
+    int ok;
+    while (rpc_cq_next(srv->cq, &t, &ok)) {
         switch (t->kind) {
-        case RPC_TAG_ACCEPT: on_accept(t->owner, ev.success); break;
-        case RPC_TAG_RECV: on_recv(t->owner, ev.success); break;
-        case RPC_TAG_SEND: on_send(t->owner, ev.success); break;
+        case RPC_TAG_ACCEPT: on_accept(t->owner, ok); break;
+        case RPC_TAG_RECV: on_recv(t->owner, ok); break;
+        case RPC_TAG_SEND: on_send(t->owner, ok); break;
         case RPC_TAG_CLOSE: on_close(t->owner); break;
         case RPC_TAG_SHUTDOWN:
             pthread_mutex_lock(&srv->mu);
@@ -599,14 +590,7 @@ hyla_status hyla_rpc_server_create(const hyla_rpc_server_params *params, hyla_rp
 
     rpc_grpc_ref();
     grpc_arg args[2];
-    memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = p.max_message_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = p.max_message_bytes;
-    grpc_channel_args cargs = {2, args};
+    grpc_channel_args cargs = rpc_message_size_args(args, p.max_message_bytes);
     s->srv = grpc_server_create(&cargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->srv, s->cq, NULL);

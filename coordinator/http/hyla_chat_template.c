@@ -574,6 +574,14 @@ static node *parse_primary(parser *p) {
     perr(p, "unexpected '%.*s'", (int)t.s.n, t.s.s);
 }
 
+/* fn(args...): a call after a name, an item, a filter or a test, all parsed the same way. */
+static node *parse_call(parser *p, node *fn) {
+    node *c = mk(p, E_CALL);
+    c->a = fn;
+    parse_args(p, c);
+    return c;
+}
+
 static node *parse_postfix(parser *p, node *n) {
     for (;;) {
         if (is_op(p, ".")) {
@@ -616,10 +624,7 @@ static node *parse_postfix(parser *p, node *n) {
                 a->b = idx[0];
             n = a;
         } else if (is_op(p, "(")) {
-            node *c = mk(p, E_CALL);
-            c->a = n;
-            parse_args(p, c);
-            n = c;
+            n = parse_call(p, n);
         } else {
             return n;
         }
@@ -654,10 +659,7 @@ static node *parse_filter_expr(parser *p, node *n) {
                 parse_args(p, t);
             n = t;
         } else if (is_op(p, "(")) {
-            node *c = mk(p, E_CALL);
-            c->a = n;
-            parse_args(p, c);
-            n = c;
+            n = parse_call(p, n);
         } else {
             return n;
         }
@@ -690,45 +692,48 @@ static node *bin(parser *p, int op, node *a, node *b) {
     return n;
 }
 
-static node *parse_pow(parser *p) {
-    node *n = parse_unary(p, 1);
-    while (is_op(p, "**")) {
+/* One left-associative operator of a precedence level: its token (a keyword when kw) and op. */
+typedef struct {
+    const char *tok;
+    int kw, op;
+} infix_op;
+
+/* next-level operands joined by any operator of ops (ended by a NULL tok), left to right: the
+ * loop every plain binary level would otherwise repeat. */
+static node *parse_binary(parser *p, const infix_op *ops, node *(*next)(parser *)) {
+    node *n = next(p);
+    for (;;) {
+        const infix_op *b = ops;
+        while (b->tok && !(b->kw ? is_kw(p, b->tok) : is_op(p, b->tok)))
+            b++;
+        if (!b->tok)
+            return n;
         lex(p);
-        n = bin(p, OP_POW, n, parse_unary(p, 1));
+        n = bin(p, b->op, n, next(p));
     }
-    return n;
+}
+
+static node *parse_unary_filtered(parser *p) { return parse_unary(p, 1); }
+
+static node *parse_pow(parser *p) {
+    static const infix_op ops[] = {{"**", 0, OP_POW}, {NULL, 0, 0}};
+    return parse_binary(p, ops, parse_unary_filtered);
 }
 
 static node *parse_math2(parser *p) {
-    node *n = parse_pow(p);
-    for (;;) {
-        int op = is_op(p, "*") ? OP_MUL : is_op(p, "/") ? OP_DIV : is_op(p, "//") ? OP_FLOORDIV
-               : is_op(p, "%") ? OP_MOD : -1;
-        if (op < 0)
-            return n;
-        lex(p);
-        n = bin(p, op, n, parse_pow(p));
-    }
+    static const infix_op ops[] = {{"*", 0, OP_MUL}, {"/", 0, OP_DIV}, {"//", 0, OP_FLOORDIV}, {"%", 0, OP_MOD},
+                                {NULL, 0, 0}};
+    return parse_binary(p, ops, parse_pow);
 }
 
 static node *parse_concat(parser *p) {
-    node *n = parse_math2(p);
-    while (is_op(p, "~")) {
-        lex(p);
-        n = bin(p, OP_CAT, n, parse_math2(p));
-    }
-    return n;
+    static const infix_op ops[] = {{"~", 0, OP_CAT}, {NULL, 0, 0}};
+    return parse_binary(p, ops, parse_math2);
 }
 
 static node *parse_math1(parser *p) {
-    node *n = parse_concat(p);
-    for (;;) {
-        int op = is_op(p, "+") ? OP_ADD : is_op(p, "-") ? OP_SUB : -1;
-        if (op < 0)
-            return n;
-        lex(p);
-        n = bin(p, op, n, parse_concat(p));
-    }
+    static const infix_op ops[] = {{"+", 0, OP_ADD}, {"-", 0, OP_SUB}, {NULL, 0, 0}};
+    return parse_binary(p, ops, parse_concat);
 }
 
 static node *parse_compare(parser *p) {
@@ -767,21 +772,13 @@ static node *parse_not(parser *p) {
 }
 
 static node *parse_and(parser *p) {
-    node *n = parse_not(p);
-    while (is_kw(p, "and")) {
-        lex(p);
-        n = bin(p, OP_AND, n, parse_not(p));
-    }
-    return n;
+    static const infix_op ops[] = {{"and", 1, OP_AND}, {NULL, 0, 0}};
+    return parse_binary(p, ops, parse_not);
 }
 
 static node *parse_or(parser *p) {
-    node *n = parse_and(p);
-    while (is_kw(p, "or")) {
-        lex(p);
-        n = bin(p, OP_OR, n, parse_and(p));
-    }
-    return n;
+    static const infix_op ops[] = {{"or", 1, OP_OR}, {NULL, 0, 0}};
+    return parse_binary(p, ops, parse_and);
 }
 
 static node *parse_expr(parser *p) {
@@ -1385,6 +1382,15 @@ static void indent_to(sbuf *b, int indent, int level) {
 }
 
 /* json.dumps(v, ensure_ascii=False, indent=indent (< 0: none)). */
+/* Before item i of a list or dict at this level: the separator, then the newline and indent
+ * when indenting (Python's json.dumps layout for both). */
+static void json_item_start(sbuf *b, size_t i, int indent, int level) {
+    if (i)
+        sb_str(b, indent >= 0 ? "," : ", ");
+    if (indent >= 0)
+        indent_to(b, indent, level + 1);
+}
+
 static void to_json(rctx *c, sbuf *b, value v, int indent, int level) {
     char num_buf[64];
     switch (v.t) {
@@ -1401,10 +1407,7 @@ static void to_json(rctx *c, sbuf *b, value v, int indent, int level) {
         if (!v.u.l->n) { sb_str(b, "[]"); break; }
         sb_str(b, "[");
         for (size_t i = 0; i < v.u.l->n; i++) {
-            if (i)
-                sb_str(b, indent >= 0 ? "," : ", ");
-            if (indent >= 0)
-                indent_to(b, indent, level + 1);
+            json_item_start(b, i, indent, level);
             to_json(c, b, v.u.l->items[i], indent, level + 1);
         }
         if (indent >= 0)
@@ -1415,10 +1418,7 @@ static void to_json(rctx *c, sbuf *b, value v, int indent, int level) {
         if (!v.u.d->n) { sb_str(b, "{}"); break; }
         sb_str(b, "{");
         for (size_t i = 0; i < v.u.d->n; i++) {
-            if (i)
-                sb_str(b, indent >= 0 ? "," : ", ");
-            if (indent >= 0)
-                indent_to(b, indent, level + 1);
+            json_item_start(b, i, indent, level);
             json_quote(b, v.u.d->keys[i]);
             sb_str(b, ": ");
             to_json(c, b, v.u.d->vals[i], indent, level + 1);
@@ -1495,6 +1495,18 @@ static str text_of(rctx *c, value v) {
     sbuf b = {.c = c};
     to_text(c, &b, v);
     return (str){b.s ? b.s : "", b.n};
+}
+
+/* The items of l as text with sep between: str.join and the join filter give the same string. */
+static value join_text(rctx *c, const vlist *l, str sep) {
+    sbuf o = {.c = c};
+    for (size_t i = 0; i < l->n; i++) {
+        if (i)
+            sb_add(&o, sep.s, sep.n);
+        str t = text_of(c, l->items[i]);
+        sb_add(&o, t.s, t.n);
+    }
+    return v_str(o.s ? o.s : "", o.n);
 }
 
 /* Code-point offsets of s: offs[i] = byte offset of code point i, offs[n] = s.n. */
@@ -1751,14 +1763,7 @@ static value call_method(rctx *c, value self, const char *m, const node *n) {
             value it = arg(c, n, 0, NULL, UNDEF);
             if (it.t != V_LIST)
                 rerr(c, "join wants a list");
-            sbuf o = {.c = c};
-            for (size_t i = 0; i < it.u.l->n; i++) {
-                if (i)
-                    sb_add(&o, s.s, s.n);
-                str t = text_of(c, it.u.l->items[i]);
-                sb_add(&o, t.s, t.n);
-            }
-            return v_str(o.s ? o.s : "", o.n);
+            return join_text(c, it.u.l, s);
         }
         if (!strcmp(m, "find")) {
             str a = need_str(c, arg(c, n, 0, NULL, UNDEF), "find");
@@ -1879,15 +1884,7 @@ static value filter(rctx *c, const node *n) {
         value sep = arg(c, n, 0, "d", v_str("", 0));
         if (v.t != V_LIST)
             rerr(c, "join of a %s", type_name(v));
-        str s = text_of(c, sep);
-        sbuf o = {.c = c};
-        for (size_t i = 0; i < v.u.l->n; i++) {
-            if (i)
-                sb_add(&o, s.s, s.n);
-            str t = text_of(c, v.u.l->items[i]);
-            sb_add(&o, t.s, t.n);
-        }
-        return v_str(o.s ? o.s : "", o.n);
+        return join_text(c, v.u.l, text_of(c, sep));
     }
     if (str_eq(f, "default") || str_eq(f, "d")) {
         value dv = arg(c, n, 0, "default_value", v_str("", 0));

@@ -41,6 +41,7 @@
 #include "hyla.h"
 #include "hyla_chat_template.h"
 #include "hyla_log.h"
+#include "hyla_probe.h"
 
 /* A placeholder assistant turn: found in a rendering to cut what comes after it. */
 #define TURN_ANCHOR "\001hyla-turn\001"
@@ -1071,60 +1072,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 /* ------------------------------------------------------------------------------------------ */
 /* Start and stop                                                                              */
 
-static hyla_status parse_addr(const char *addr, struct sockaddr_storage *ss, socklen_t *len) {
-    memset(ss, 0, sizeof *ss);
-    const char *colon = strrchr(addr, ':');
-    if (!colon || !colon[1])
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "--http %s: want HOST:PORT", addr);
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port < 0 || port > 65535)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "--http %s: bad port", addr);
-    char host[256];
-    size_t hn = (size_t)(colon - addr);
-    if (hn >= sizeof host)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "--http %s: host too long", addr);
-    memcpy(host, addr, hn);
-    host[hn] = 0;
-    if (hn >= 2 && host[0] == '[' && host[hn - 1] == ']') {
-        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
-        host[hn - 1] = 0;
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)port);
-        if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) != 1)
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "--http %s: bad IPv6 address", addr);
-        *len = sizeof *a6;
-        return HYLA_OK;
-    }
-    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons((uint16_t)port);
-    if (!hn || !strcmp(host, "0.0.0.0") || !strcmp(host, "*"))
-        a4->sin_addr.s_addr = htonl(INADDR_ANY);
-    else if (!strcmp(host, "localhost"))
-        a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    else if (inet_pton(AF_INET, host, &a4->sin_addr) != 1)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "--http %s: bad IPv4 address (use a numeric address)", addr);
-    *len = sizeof *a4;
-    return HYLA_OK;
-}
-
-/* libmicrohttpd's own messages (a client that left, a malformed request) go to the debug log. */
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    msg[strcspn(msg, "\n")] = 0;
-    HYLA_DEBUG("http: %s", msg);
-}
-
 hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
     *out = NULL;
     if (!params || !params->listen || !params->coordinator)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "http: listen and coordinator addresses are required");
-    struct sockaddr_storage ss;
-    socklen_t slen = 0;
-    HYLA_TRY(parse_addr(params->listen, &ss, &slen));
     hyla_http *h = calloc(1, sizeof *h);
     if (!h)
         return hyla_fail(HYLA_ERR_NOMEM, "http: out of memory");
@@ -1150,28 +1101,19 @@ hyla_status hyla_http_start(const hyla_http_params *params, hyla_http **out) {
     }
     /* our own listening socket: a port another process listens on is refused here, with the
        reason, rather than shared through the reuse options libmicrohttpd would set */
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&ss, slen) != 0 || listen(fd, 128) != 0) {
-        int err = errno;
-        if (fd >= 0)
-            close(fd);
+    int fd, ipv6;
+    hyla_status lst = hyla_probe_listen("--http", params->listen, 128, &fd, &h->port, &ipv6);
+    if (lst != HYLA_OK) {
         hyla_http_stop(h);
-        return hyla_fail(HYLA_ERR_IO, "--http %s: cannot listen there: %s", params->listen, strerror(err));
+        return lst;
     }
-    struct sockaddr_storage bound;
-    socklen_t blen = sizeof bound;
-    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
-        h->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                    : ((struct sockaddr_in *)&bound)->sin_port);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6)
+    if (ipv6)
         flags |= MHD_USE_IPv6;
     unsigned limit = params->connection_limit ? params->connection_limit : 256;
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_LIMIT, limit,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, hyla_probe_mhd_log, (void *)"http", MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         hyla_http_stop(h);

@@ -255,6 +255,21 @@ static void seq_run(const cpu_seq *s, int gdn, int dk, int dv, float scale, floa
 
 /* ------------------------------------------------------------------ decode steps */
 
+/* o (+)= (scale·(w q)) S for one head, summed in acc [dv] first: the read-out that ends the GLA
+ * and GDN steps, in one place so both sum in the same order. */
+static void step_read(const float *q, float wt, int dk, int dv, float scale, const float *S, float *o, float *acc,
+                      int accumulate) {
+    memset(acc, 0, (size_t)dv * sizeof(float));
+    for (int i = 0; i < dk; i++) {
+        float qi = scale * (wt * q[i]);
+        const float *Si = S + (size_t)i * dv;
+        CPU_SIMD
+        for (int j = 0; j < dv; j++) acc[j] += qi * Si[j];
+    }
+    CPU_SIMD
+    for (int j = 0; j < dv; j++) o[j] = accumulate ? o[j] + acc[j] : acc[j];
+}
+
 /* [GLA-1] one token of one head: S = diag(exp(gk)) S + (w k)ᵀ v; o (+)= (scale·(w q)) S.
  * tmp: [dv]. */
 static void gla_step(const float *q, const float *k, const float *v, const float *gk, float wt, int dk, int dv,
@@ -265,15 +280,7 @@ static void gla_step(const float *q, const float *k, const float *v, const float
         CPU_SIMD
         for (int j = 0; j < dv; j++) Si[j] = d * Si[j] + kw * v[j];
     }
-    memset(tmp, 0, (size_t)dv * sizeof(float));
-    for (int i = 0; i < dk; i++) {
-        float qi = scale * (wt * q[i]);
-        const float *Si = S + (size_t)i * dv;
-        CPU_SIMD
-        for (int j = 0; j < dv; j++) tmp[j] += qi * Si[j];
-    }
-    CPU_SIMD
-    for (int j = 0; j < dv; j++) o[j] = accumulate ? o[j] + tmp[j] : tmp[j];
+    step_read(q, wt, dk, dv, scale, S, o, tmp, accumulate);
 }
 
 /* [GDN-3] one token of one head with key w·k and query w·q:
@@ -299,15 +306,7 @@ static void gdn_step(const float *q, const float *k, const float *v, float g, fl
         CPU_SIMD
         for (int j = 0; j < dv; j++) Si[j] += kw * u[j];
     }
-    memset(acc, 0, (size_t)dv * sizeof(float));
-    for (int i = 0; i < dk; i++) {
-        float qi = scale * (wt * q[i]);
-        const float *Si = S + (size_t)i * dv;
-        CPU_SIMD
-        for (int j = 0; j < dv; j++) acc[j] += qi * Si[j];
-    }
-    CPU_SIMD
-    for (int j = 0; j < dv; j++) o[j] = accumulate ? o[j] + acc[j] : acc[j];
+    step_read(q, wt, dk, dv, scale, S, o, acc, accumulate);
 }
 
 static hyla_status check_dims(const char *op, int n, int H, int dk, int dv) {

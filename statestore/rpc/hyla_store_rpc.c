@@ -530,10 +530,42 @@ static void on_put(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessag
     }
 }
 
+/* A unary job about one session, run on its own thread: the first member of each job's context. */
 typedef struct {
     server_ctx *sc;
     hyla_rpc_call *call;
     char session[HYLA_SESSION_ID_MAX + 1];
+} session_job;
+
+/* A zeroed job context of `size` bytes (a struct starting with session_job) for call about
+ * session_id, or NULL when the id is not 1..HYLA_SESSION_ID_MAX bytes and the call has been
+ * refused naming method: how every unary handler checks its request and starts. */
+static void *session_job_new(hyla_rpc_call *call, const char *method, const char *session_id, void *ud, size_t size) {
+    if (!session_id || !*session_id || strlen(session_id) > HYLA_SESSION_ID_MAX) {
+        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "%s: session_id must be 1..%d bytes", method,
+                           HYLA_SESSION_ID_MAX);
+        return NULL;
+    }
+    session_job *j = calloc(1, size);
+    HYLA_ASSERT(j);
+    j->sc = ud;
+    j->call = call;
+    snprintf(j->session, sizeof j->session, "%s", session_id);
+    return j;
+}
+
+/* Answer the job's call (reply, or s with the thread's last error) and free the job: how every
+ * job thread ends. */
+static void *session_job_end(void *job, hyla_status s, const ProtobufCMessage *reply) {
+    session_job *j = job;
+    if (s != HYLA_OK) hyla_rpc_call_fail_status(j->call, s, hyla_last_error());
+    else hyla_rpc_call_reply(j->call, reply);
+    free(job);
+    return NULL;
+}
+
+typedef struct {
+    session_job j;
     uint64_t version;
     uint32_t max_piece; /* the reader's limit on a piece (0: none) */
 } get_ctx;
@@ -565,36 +597,24 @@ static void *get_thread(void *arg) {
     get_ctx *g = arg;
     hyla_snapshot *snap = NULL;
     uint64_t version = 0;
-    hyla_status s = hyla_store_get(g->sc->st, g->session, g->version, 0, &snap, &version);
-    if (s == HYLA_OK) s = hyla_store_rpc_send_snapshot(g->call, g->session, snap, version, g->max_piece);
+    hyla_status s = hyla_store_get(g->j.sc->st, g->j.session, g->version, 0, &snap, &version);
+    if (s == HYLA_OK) s = hyla_store_rpc_send_snapshot(g->j.call, g->j.session, snap, version, g->max_piece);
     hyla_snapshot_destroy(snap);
-    if (s != HYLA_OK) hyla_rpc_call_fail_status(g->call, s, hyla_last_error());
-    else hyla_rpc_call_reply(g->call, NULL);
-    free(g);
-    return NULL;
+    return session_job_end(g, s, NULL);
 }
 
 static void on_get(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
     if (ev != HYLA_RPC_EV_START) return;
     const Hyla__V1__GetSnapshotRequest *r = (const Hyla__V1__GetSnapshotRequest *)msg;
-    if (!r->session_id || !*r->session_id || strlen(r->session_id) > HYLA_SESSION_ID_MAX) {
-        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "GetSnapshot: session_id must be 1..%d bytes", HYLA_SESSION_ID_MAX);
-        return;
-    }
-    get_ctx *g = calloc(1, sizeof *g);
-    HYLA_ASSERT(g);
-    g->sc = ud;
-    g->call = call;
-    snprintf(g->session, sizeof g->session, "%s", r->session_id);
+    get_ctx *g = session_job_new(call, "GetSnapshot", r->session_id, ud, sizeof *g);
+    if (!g) return;
     g->version = r->version;
     g->max_piece = r->max_piece_bytes;
     spawn(get_thread, g);
 }
 
 typedef struct {
-    server_ctx *sc;
-    hyla_rpc_call *call;
-    char session[HYLA_SESSION_ID_MAX + 1];
+    session_job j;
     uint64_t keep_from;
 } del_ctx;
 
@@ -605,33 +625,22 @@ static void *del_thread(void *arg) {
     if (d->keep_from == 0) {
         uint64_t *v = NULL;
         size_t n = 0;
-        s = hyla_store_versions(d->sc->st, d->session, &v, &n);
+        s = hyla_store_versions(d->j.sc->st, d->j.session, &v, &n);
         free(v);
-        if (s == HYLA_OK) s = hyla_store_delete(d->sc->st, d->session);
+        if (s == HYLA_OK) s = hyla_store_delete(d->j.sc->st, d->j.session);
         r.versions_deleted = n;
     } else {
         s = hyla_fail(HYLA_ERR_UNSUPPORTED,
                       "DeleteSnapshots: keep_from_version > 0 is not supported (the store keeps its configured number of versions)");
     }
-    if (s != HYLA_OK) hyla_rpc_call_fail_status(d->call, s, hyla_last_error());
-    else hyla_rpc_call_reply(d->call, &r.base);
-    free(d);
-    return NULL;
+    return session_job_end(d, s, &r.base);
 }
 
 static void on_del(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessage *msg, void *ud) {
     if (ev != HYLA_RPC_EV_START) return;
     const Hyla__V1__DeleteSnapshotsRequest *r = (const Hyla__V1__DeleteSnapshotsRequest *)msg;
-    if (!r->session_id || !*r->session_id || strlen(r->session_id) > HYLA_SESSION_ID_MAX) {
-        hyla_rpc_call_fail(call, HYLA_RPC_INVALID_ARGUMENT, "DeleteSnapshots: session_id must be 1..%d bytes",
-                           HYLA_SESSION_ID_MAX);
-        return;
-    }
-    del_ctx *d = calloc(1, sizeof *d);
-    HYLA_ASSERT(d);
-    d->sc = ud;
-    d->call = call;
-    snprintf(d->session, sizeof d->session, "%s", r->session_id);
+    del_ctx *d = session_job_new(call, "DeleteSnapshots", r->session_id, ud, sizeof *d);
+    if (!d) return;
     d->keep_from = r->keep_from_version;
     spawn(del_thread, d);
 }

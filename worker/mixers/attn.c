@@ -88,25 +88,11 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     return 2;
 }
 
-typedef struct {
-    float *q, *k, *v; /* [R][Hq*hd], [R][Hk*hd], [R][Hk*hd] */
-    float *o;         /* [R][Hq*hd] */
-} attn_scratch;
-
-static size_t layout(const attn_cfg *c, int R, void *base, attn_scratch *s) {
-    hyla_carver cv = hyla_carver_init(base);
-    s->q = hyla_carve_f32(&cv, (size_t)R * c->heads * c->head_dim);
-    s->k = hyla_carve_f32(&cv, (size_t)R * c->kv_heads * c->head_dim);
-    s->v = hyla_carve_f32(&cv, (size_t)R * c->kv_heads * c->head_dim);
-    s->o = hyla_carve_f32(&cv, (size_t)R * c->heads * c->head_dim);
-    return cv.off;
+static size_t layout(const attn_cfg *c, int R, void *base, hyla_gqa_scratch *s) {
+    return hyla_gqa_layout(R, c->heads, c->kv_heads, c->head_dim, base, s);
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    attn_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(hyla_gqa_scratch)
 
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const attn_cfg *c = f->cfg;
@@ -115,7 +101,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     void *ctx = f->ctx;
     int D = f->mc->hidden_size, Hq = c->heads, Hk = c->kv_heads, hd = c->head_dim, R = f->R;
     float scale = 1.0f / sqrtf((float)hd);
-    attn_scratch s;
+    hyla_gqa_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     hyla_linear_out lo[3] = {
         {w->q, w->q_bias, s.q, Hq * hd, Hq * hd},
@@ -128,8 +114,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->rmsnorm(ctx, s.q, w->q_norm, s.q, R * Hq, hd, 1e-5f));
         HYLA_TRY(o->rmsnorm(ctx, s.k, w->k_norm, s.k, R * Hk, hd, 1e-5f));
     }
-    HYLA_TRY(o->rope(ctx, s.q, R, Hq, hd, f->pos, c->rope_theta));
-    HYLA_TRY(o->rope(ctx, s.k, R, Hk, hd, f->pos, c->rope_theta));
+    HYLA_TRY(hyla_mixer_rope_qk(f, s.q, s.k, Hq, Hk, hd, c->rope_theta));
     hyla_kv_view *views = NULL;
     HYLA_TRY(hyla_mixer_kv_views(f, PART_K, PART_V, &views));
     hyla_status st;
@@ -146,8 +131,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
 }
 
 static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
-    int kvh = a->kv_heads > 0 ? a->kv_heads : (a->heads % 2 == 0 ? a->heads / 2 : a->heads);
-    if (a->hidden % a->heads || a->heads % kvh) return "--hidden must be divisible by --heads, and heads by kv heads";
+    int kvh;
+    const char *why = hyla_mk_kv_heads(a, &kvh);
+    if (why) return why;
     if (a->spec) { /* the keys of a hybrid's attn spec */
         json_object_set_new(obj, "num_heads", json_integer(a->heads));
         json_object_set_new(obj, "num_kv_heads", json_integer(kvh));
@@ -167,14 +153,6 @@ const hyla_mixer hyla_mixer_attn = {
     .name = "attn",
     .model_type = "transformer",
     .spec_key = "attn",
-    .layout = NULL,
-    .parse_model = NULL,
-    .cfg_size = sizeof(attn_cfg),
-    .w_size = sizeof(attn_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(attn_cfg, attn_w),
     .mk_config = mk_config,
 };

@@ -289,11 +289,7 @@ static size_t layout(const dla_cfg *c, int R, void *base, dla_scratch *s) {
     return cv.off;
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    dla_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(dla_scratch)
 
 static hyla_dla_cache cache_of(hyla_layer_state *ls) {
     return (hyla_dla_cache){ls->part[PART_S].dev, ls->part[PART_N].dev, ls->part[PART_I].dev, ls->part[PART_M].dev};

@@ -76,10 +76,7 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)mc;
     (void)kv_dtype;
     const gdn_cfg *c = cfgp;
-    int n = 0;
-    out[n++] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)c->H, (uint64_t)c->dk, (uint64_t)c->dv}, 0};
-    if (c->use_short_conv) hyla_lin_conv_parts(out, &n, c->H * c->dk, c->H * c->dv, c->conv_size);
-    return n;
+    return hyla_lin_parts(out, c->H, c->dk, c->dv, c->use_short_conv ? c->conv_size : 0);
 }
 
 typedef struct {
@@ -102,11 +99,7 @@ static size_t layout(const gdn_cfg *c, int R, void *base, gdn_scratch *s) {
     return cv.off;
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    gdn_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(gdn_scratch)
 
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const gdn_cfg *c = f->cfg;
@@ -149,12 +142,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->gdn_prefill(ctx, s.q, s.k, s.v, s.g, s.beta, R, H, dk, dv, scale, f->st[0]->part[PART_S].dev, s.o));
     }
     HYLA_MIXER_MARK(f, "gdn: core");
-    /* [NORM-1] per head, then o_proj */
-    HYLA_TRY(o->gated_rmsnorm(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, s.o, R * H, dv, f->mc->norm_eps));
-    HYLA_MIXER_MARK(f, "lin: out norm");
-    HYLA_TRY(hyla_mixer_linear(f, s.o, H * dv, w->o, NULL, f->out, D, 0));
-    HYLA_MIXER_MARK(f, "lin: o proj");
-    return HYLA_OK;
+    return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
 }
 
 const char *hyla_gdn_mk_config(json_t *obj, const hyla_mk_args *a) {
@@ -170,15 +158,6 @@ const char *hyla_gdn_mk_config(json_t *obj, const hyla_mk_args *a) {
 const hyla_mixer hyla_mixer_gdn = {
     .name = "gdn",
     .model_type = "gated_deltanet",
-    .spec_key = NULL,
-    .layout = NULL,
-    .parse_model = NULL,
-    .cfg_size = sizeof(gdn_cfg),
-    .w_size = sizeof(gdn_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(gdn_cfg, gdn_w),
     .mk_config = hyla_gdn_mk_config,
 };

@@ -91,10 +91,7 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)mc;
     (void)kv_dtype;
     const gla_cfg *c = cfgp;
-    int n = 0;
-    out[n++] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)c->H, (uint64_t)c->dk, (uint64_t)c->dv}, 0};
-    if (c->use_short_conv) hyla_lin_conv_parts(out, &n, c->H * c->dk, c->H * c->dv, c->conv_size);
-    return n;
+    return hyla_lin_parts(out, c->H, c->dk, c->dv, c->use_short_conv ? c->conv_size : 0);
 }
 
 typedef struct {
@@ -118,11 +115,7 @@ static size_t layout(const gla_cfg *c, int R, void *base, gla_scratch *s) {
     return cv.off;
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    gla_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(gla_scratch)
 
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const gla_cfg *c = f->cfg;
@@ -159,12 +152,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->gla_prefill(ctx, s.q, s.k, s.v, s.gk, R, H, dk, dv, scale, f->st[0]->part[PART_S].dev, s.o));
     }
     HYLA_MIXER_MARK(f, "gla: core");
-    /* [NORM-1] per head, then o_proj */
-    HYLA_TRY(o->gated_rmsnorm(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, s.o, R * H, dv, f->mc->norm_eps));
-    HYLA_MIXER_MARK(f, "lin: out norm");
-    HYLA_TRY(hyla_mixer_linear(f, s.o, H * dv, w->o, NULL, f->out, D, 0));
-    HYLA_MIXER_MARK(f, "lin: o proj");
-    return HYLA_OK;
+    return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
 }
 
 static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
@@ -182,15 +170,6 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
 const hyla_mixer hyla_mixer_gla = {
     .name = "gla",
     .model_type = "gla",
-    .spec_key = NULL,
-    .layout = NULL,
-    .parse_model = NULL,
-    .cfg_size = sizeof(gla_cfg),
-    .w_size = sizeof(gla_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(gla_cfg, gla_w),
     .mk_config = mk_config,
 };

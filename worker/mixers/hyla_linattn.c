@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "hyla_linattn.h"
+#include "hyla_profile.h"
 
 void hyla_lin_conv_parts(hyla_part_spec *out, int *n, int Ck, int Cv, int K) {
     static const char *names[3] = {"conv_q", "conv_k", "conv_v"};
@@ -11,6 +12,13 @@ void hyla_lin_conv_parts(hyla_part_spec *out, int *n, int Ck, int Cv, int K) {
                                        .ndim = 2,
                                        .shape = {(uint64_t)K - 1, (uint64_t)(j == 2 ? Cv : Ck)}};
     for (int j = 0; j < 3; j++) snprintf(out[*n - 3 + j].name, sizeof out[0].name, "%s", names[j]);
+}
+
+int hyla_lin_parts(hyla_part_spec *out, int H, int dk, int dv, int conv_size) {
+    int n = 0;
+    out[n++] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)H, (uint64_t)dk, (uint64_t)dv}, 0};
+    if (conv_size > 0) hyla_lin_conv_parts(out, &n, H * dk, H * dv, conv_size);
+    return n;
 }
 
 void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, int K) {
@@ -32,6 +40,15 @@ hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, flo
             HYLA_TRY(f->o->short_conv(f->ctx, x[j], 1, f->R, C, conv_w[j], NULL, K, &tail, 1));
         }
     }
+    return HYLA_OK;
+}
+
+hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,
+                              const hyla_weight *Wo, int H, int dv) {
+    HYLA_TRY(f->o->gated_rmsnorm(f->ctx, o, gate, norm_w, o, f->R * H, dv, f->mc->norm_eps));
+    HYLA_MIXER_MARK(f, "lin: out norm");
+    HYLA_TRY(hyla_mixer_linear(f, o, H * dv, Wo, NULL, f->out, f->mc->hidden_size, 0));
+    HYLA_MIXER_MARK(f, "lin: o proj");
     return HYLA_OK;
 }
 

@@ -9,12 +9,19 @@
 
 /* Short-conv parts conv_q, conv_k, conv_v ([K-1][C] fp32 each), appended to out[*n]. */
 void hyla_lin_conv_parts(hyla_part_spec *out, int *n, int Ck, int Cv, int K);
+/* S [H][dk][dv] fp32, then the conv parts when conv_size > 0; returns the count: the state of
+ * every gla / gdn layer. */
+int hyla_lin_parts(hyla_part_spec *out, int H, int dk, int dv, int conv_size);
 /* The three conv weight tensors ([C][1][K], fp32 on the device) at offsets off[0..2]. */
 void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, int K);
 /* x = silu(conv(x)) for q, k ([R][Ck]) and v ([R][Cv]) in place, tails in parts part0..part0+2 of
  * each session [CONV-1]. */
 hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
                                 float *const conv_w[3], int K, int part0);
+/* [NORM-1] o [R][H*dv] = gated RMSNorm per head (gate [R][H*dv], NULL: plain) in place, then
+ * f->out = o Wo^T: the end every gla / gdn forward shares, marked as "lin: out norm" and "lin: o proj". */
+hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,
+                              const hyla_weight *Wo, int H, int dv);
 /* Refuse what no linear mixer implements (conv_bias). */
 void hyla_lin_common_keys(hyla_cfg *r, json_t *obj);
 

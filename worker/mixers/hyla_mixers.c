@@ -83,6 +83,26 @@ hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v,
     return HYLA_OK;
 }
 
+hyla_status hyla_mixer_rope_qk(const hyla_mixer_fwd *f, float *q, float *k, int Hq, int Hk, int hd, float theta) {
+    HYLA_TRY(f->o->rope(f->ctx, q, f->R, Hq, hd, f->pos, theta));
+    return f->o->rope(f->ctx, k, f->R, Hk, hd, f->pos, theta);
+}
+
+size_t hyla_gqa_layout(int R, int Hq, int Hk, int hd, void *base, hyla_gqa_scratch *s) {
+    hyla_carver cv = hyla_carver_init(base);
+    s->q = hyla_carve_f32(&cv, (size_t)R * Hq * hd);
+    s->k = hyla_carve_f32(&cv, (size_t)R * Hk * hd);
+    s->v = hyla_carve_f32(&cv, (size_t)R * Hk * hd);
+    s->o = hyla_carve_f32(&cv, (size_t)R * Hq * hd);
+    return cv.off;
+}
+
+const char *hyla_mk_kv_heads(const hyla_mk_args *a, int *kvh) {
+    *kvh = a->kv_heads > 0 ? a->kv_heads : (a->heads % 2 == 0 ? a->heads / 2 : a->heads);
+    if (a->hidden % a->heads || a->heads % *kvh) return "--hidden must be divisible by --heads, and heads by kv heads";
+    return NULL;
+}
+
 hyla_decls hyla_decls_init(hyla_tensor_decl *out, const hyla_model_config *mc, int layer) {
     hyla_decls ds = {out, 0, ""};
 #pragma GCC diagnostic push

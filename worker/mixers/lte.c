@@ -128,25 +128,11 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     return N_PARTS;
 }
 
-typedef struct {
-    float *q, *k, *v; /* [R][Hq*hd], [R][Hk*hd], [R][Hk*hd] */
-    float *o;         /* [R][Hq*hd] */
-} lte_scratch;
-
-static size_t layout(const lte_cfg *c, int R, void *base, lte_scratch *s) {
-    hyla_carver cv = hyla_carver_init(base);
-    s->q = hyla_carve_f32(&cv, (size_t)R * c->heads * c->head_dim);
-    s->k = hyla_carve_f32(&cv, (size_t)R * c->kv_heads * c->head_dim);
-    s->v = hyla_carve_f32(&cv, (size_t)R * c->kv_heads * c->head_dim);
-    s->o = hyla_carve_f32(&cv, (size_t)R * c->heads * c->head_dim);
-    return cv.off;
+static size_t layout(const lte_cfg *c, int R, void *base, hyla_gqa_scratch *s) {
+    return hyla_gqa_layout(R, c->heads, c->kv_heads, c->head_dim, base, s);
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    lte_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(hyla_gqa_scratch)
 
 static hyla_lte_params params(const lte_cfg *c, const lte_w *w) {
     hyla_lte_params p = {0};
@@ -181,7 +167,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "the %s backend has no LTE ops (lte layers run on the cpu backend)", o->name);
     int D = f->mc->hidden_size, Hq = c->heads, Hk = c->kv_heads, hd = c->head_dim, R = f->R;
     float scale = 1.0f / sqrtf((float)hd);
-    lte_scratch s;
+    hyla_gqa_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     hyla_linear_out lo[3] = {
         {w->q, NULL, s.q, Hq * hd, Hq * hd},
@@ -190,8 +176,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
     HYLA_MIXER_MARK(f, "lte: q/k/v proj");
-    HYLA_TRY(o->rope(ctx, s.q, R, Hq, hd, f->pos, c->rope_theta));
-    HYLA_TRY(o->rope(ctx, s.k, R, Hk, hd, f->pos, c->rope_theta));
+    HYLA_TRY(hyla_mixer_rope_qk(f, s.q, s.k, Hq, Hk, hd, c->rope_theta));
     hyla_lte_params p = params(c, w);
     int nc = f->decode ? R : 1;
     hyla_lte_cache *cs = calloc((size_t)nc, sizeof *cs);
@@ -208,8 +193,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
 }
 
 static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
-    int kvh = a->kv_heads > 0 ? a->kv_heads : (a->heads % 2 == 0 ? a->heads / 2 : a->heads);
-    if (a->hidden % a->heads || a->heads % kvh) return "--hidden must be divisible by --heads, and heads by kv heads";
+    int kvh;
+    const char *why = hyla_mk_kv_heads(a, &kvh);
+    if (why) return why;
     if (!a->spec) return "lte layers come in hybrids (--arch lalte)";
     json_object_set_new(obj, "num_heads", json_integer(a->heads));
     json_object_set_new(obj, "num_kv_heads", json_integer(kvh));
@@ -230,14 +216,6 @@ const hyla_mixer hyla_mixer_lte = {
     .name = "lte",
     .model_type = NULL,
     .spec_key = "lte",
-    .layout = NULL,
-    .parse_model = NULL,
-    .cfg_size = sizeof(lte_cfg),
-    .w_size = sizeof(lte_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(lte_cfg, lte_w),
     .mk_config = mk_config,
 };

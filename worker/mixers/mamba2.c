@@ -138,11 +138,7 @@ static size_t layout(const m2_cfg *c, int R, void *base, m2_scratch *s) {
     return cv.off;
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    m2_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(m2_scratch)
 
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const m2_cfg *c = f->cfg;
@@ -209,15 +205,8 @@ const char *hyla_m2_mk_config(json_t *obj, const hyla_mk_args *a) {
 const hyla_mixer hyla_mixer_mamba2 = {
     .name = "mamba2",
     .model_type = "mamba2",
-    .spec_key = NULL,
     .layout = &hyla_m2_layout,
     .parse_model = hyla_m2_parse_model,
-    .cfg_size = sizeof(m2_cfg),
-    .w_size = sizeof(m2_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(m2_cfg, m2_w),
     .mk_config = hyla_m2_mk_config,
 };

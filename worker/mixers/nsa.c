@@ -105,11 +105,7 @@ static size_t layout(const nsa_cfg *c, int R, void *base, nsa_scratch *s) {
     return cv.off;
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    nsa_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(nsa_scratch)
 
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const nsa_cfg *c = f->cfg;
@@ -130,8 +126,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
     HYLA_MIXER_MARK(f, "nsa: q/k/v/g proj");
-    HYLA_TRY(o->rope(ctx, s.q, R, Hq, hd, f->pos, c->rope_theta));
-    HYLA_TRY(o->rope(ctx, s.k, R, Hk, hd, f->pos, c->rope_theta));
+    HYLA_TRY(hyla_mixer_rope_qk(f, s.q, s.k, Hq, Hk, hd, c->rope_theta));
     hyla_kv_view *views = NULL;
     HYLA_TRY(hyla_mixer_kv_views(f, PART_K, PART_V, &views));
     hyla_status st = HYLA_OK;
@@ -168,8 +163,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
 }
 
 static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
-    int kvh = a->kv_heads > 0 ? a->kv_heads : (a->heads % 2 == 0 ? a->heads / 2 : a->heads);
-    if (a->hidden % a->heads || a->heads % kvh) return "--hidden must be divisible by --heads, and heads by kv heads";
+    int kvh;
+    const char *why = hyla_mk_kv_heads(a, &kvh);
+    if (why) return why;
     if (a->spec) json_object_set_new(obj, "num_heads", json_integer(a->heads));
     json_object_set_new(obj, "num_kv_heads", json_integer(kvh));
     json_object_set_new(obj, "head_dim", json_integer(a->head_dim > 0 ? a->head_dim : a->hidden / a->heads));
@@ -185,14 +181,6 @@ const hyla_mixer hyla_mixer_nsa = {
     .name = "nsa",
     .model_type = "nsa",
     .spec_key = "nsa",
-    .layout = NULL,
-    .parse_model = NULL,
-    .cfg_size = sizeof(nsa_cfg),
-    .w_size = sizeof(nsa_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(nsa_cfg, nsa_w),
     .mk_config = mk_config,
 };

@@ -167,11 +167,7 @@ static size_t layout(const sse_cfg *c, int R, void *base, sse_scratch *s) {
     return cv.off;
 }
 
-static size_t scratch_bytes(const hyla_model_config *mc, const void *cfg, int rows) {
-    (void)mc;
-    sse_scratch s;
-    return layout(cfg, rows, NULL, &s);
-}
+HYLA_MIXER_SCRATCH_BYTES(sse_scratch)
 
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const sse_cfg *c = f->cfg;
@@ -294,15 +290,6 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
 const hyla_mixer hyla_mixer_sse = {
     .name = "sse",
     .model_type = "sse",
-    .spec_key = NULL,
-    .layout = NULL,
-    .parse_model = NULL,
-    .cfg_size = sizeof(sse_cfg),
-    .w_size = sizeof(sse_w),
-    .parse = parse,
-    .tensors = tensors,
-    .parts = parts,
-    .scratch_bytes = scratch_bytes,
-    .forward = forward,
+    HYLA_MIXER_HOOKS(sse_cfg, sse_w),
     .mk_config = mk_config,
 };

@@ -135,9 +135,12 @@ static hyla_status ensure_next(hyla_worker *w, char *addr, size_t addr_len) {
     return w->next_stream ? HYLA_OK : hyla_fail_wrap(st, "opening StageForward to %s", addr);
 }
 
-/* Fill the items of one step (prefill: one item of R rows; decode: R items). Caller frees both. */
-static void stage_items(hyla_session *const *ss, int R, int decode, Hyla__V1__StageItem **items_out,
-                        Hyla__V1__StageItem ***ip_out) {
+/* A StageForward request of the next step: its items (prefill: one item of R rows; decode: R
+ * items) and the fields both transports send (F32 rows of hidden_size). *items_out, *ip_out:
+ * caller frees both with free() once rq is written. */
+static void stage_request(hyla_worker *w, hyla_session *const *ss, int R, int decode,
+                          Hyla__V1__StageForwardRequest *rq, Hyla__V1__StageItem **items_out,
+                          Hyla__V1__StageItem ***ip_out) {
     int n_items = decode ? R : 1;
     Hyla__V1__StageItem *items = calloc((size_t)n_items, sizeof *items);
     Hyla__V1__StageItem **ip = calloc((size_t)n_items, sizeof *ip);
@@ -153,6 +156,12 @@ static void stage_items(hyla_session *const *ss, int R, int decode, Hyla__V1__St
     }
     *items_out = items;
     *ip_out = ip;
+    hyla__v1__stage_forward_request__init(rq);
+    rq->step = ++w->stage_step;
+    rq->n_items = (size_t)n_items;
+    rq->items = ip;
+    rq->dtype = HYLA__V1__DTYPE__DTYPE_F32;
+    rq->hidden_size = (uint32_t)hyla_model_get_config(w->m)->hidden_size;
 }
 
 /* Read the answer to step `step`: per-item errors become a failure. Frees the message. */
@@ -189,13 +198,8 @@ hyla_status stage_downstream_dev(void *ud, hyla_session *const *ss, int R, int d
 #ifdef HYLA_HAVE_CUDA
     const hyla_model_config *cfg = hyla_model_get_config(w->m);
     Hyla__V1__StageItem *items, **ip;
-    stage_items(ss, R, decode, &items, &ip);
-    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
-    rq.step = ++w->stage_step;
-    rq.n_items = (size_t)(decode ? R : 1);
-    rq.items = ip;
-    rq.dtype = HYLA__V1__DTYPE__DTYPE_F32;
-    rq.hidden_size = (uint32_t)cfg->hidden_size;
+    Hyla__V1__StageForwardRequest rq;
+    stage_request(w, ss, R, decode, &rq, &items, &ip);
     rq.want_logits = logits_dev != NULL;
     rq.hidden_over_nccl = 1;
     hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
@@ -230,13 +234,8 @@ hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decod
     hyla_status st = HYLA_OK;
     const hyla_model_config *cfg = hyla_model_get_config(w->m);
     Hyla__V1__StageItem *items, **ip;
-    stage_items(ss, R, decode, &items, &ip);
-    Hyla__V1__StageForwardRequest rq = HYLA__V1__STAGE_FORWARD_REQUEST__INIT;
-    rq.step = ++w->stage_step;
-    rq.n_items = (size_t)(decode ? R : 1);
-    rq.items = ip;
-    rq.dtype = HYLA__V1__DTYPE__DTYPE_F32;
-    rq.hidden_size = (uint32_t)cfg->hidden_size;
+    Hyla__V1__StageForwardRequest rq;
+    stage_request(w, ss, R, decode, &rq, &items, &ip);
     rq.hidden.data = (uint8_t *)hidden;
     rq.hidden.len = (size_t)R * cfg->hidden_size * sizeof(float);
     rq.xxh64 = XXH64(hidden, rq.hidden.len, 0);
