@@ -638,6 +638,7 @@ __global__ void k_nsa_task(nsa_tab t, const float *q, const float *g, int Hq, in
     /* selected keys in selection order: every selected block is complete but the current one */
     int nk = 0;
     for (int j = 0; j < want; j++) nk += sel[j] == cur ? p - cur * BS + 1 : BS;
+    __syncthreads(); /* every thread has counted from sel before thread 0 reorders it */
     /* key j of the list: block sel[j / BS] holds keys j..; the current block is only partial,
      * so order the list with it last to keep the j / BS mapping */
     if (tid == 0) {
