@@ -85,93 +85,40 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
     return cu_linear_multi(c, a.x, a.ldx, a.M, a.K, a.n, a.out, a.accumulate, a.flags);
 }
 
-struct ga_rmsnorm {
-    const float *x, *w;
-    float *y;
-    int32_t n, D;
-    float eps;
-};
-static hyla_status replay_rmsnorm(hyla_cuda_ctx *c, const ga_rmsnorm &a, const void *) {
-    return cu_rmsnorm(c, a.x, a.w, a.y, a.n, a.D, a.eps);
-}
+/* Plain ops: the entry is the op's arguments as they are, the replay is the same call. Each is
+ * described once, by its argument list (type, name), in the op's order in hyla_ops.h; the
+ * entry's struct, its replay here and its recorder g_<op> below are generated from it. */
+#define ARGS_rmsnorm(F) F(const float *, x) F(const float *, w) F(float *, y) F(int, n) F(int, D) F(float, eps)
+#define ARGS_add_rmsnorm(F) \
+    F(float *, residual) F(const float *, x) F(const float *, w) F(float *, y) F(int, n) F(int, D) F(float, eps)
+#define ARGS_add(F) F(float *, y) F(const float *, x) F(size_t, n)
+#define ARGS_swiglu(F) F(const float *, gate) F(const float *, up) F(float *, out) F(size_t, n)
+#define ARGS_silu(F) F(float *, x) F(size_t, n)
+#define ARGS_gla_gate(F) F(float *, x) F(size_t, n) F(float, normalizer) F(float, clamp_min)
+#define ARGS_softmax_rows(F) F(float *, x) F(int, rows) F(int, cols)
+#define ARGS_l2norm_rows(F) F(float *, x) F(int, rows) F(int, cols) F(float, eps)
+#define ARGS_gdn_gates(F)                                                                                             \
+    F(const float *, a) F(int, a_stride) F(const float *, b) F(int, b_stride) F(const float *, A_log)                 \
+    F(const float *, dt_bias) F(float *, g) F(float *, beta) F(int, n) F(int, H) F(int, allow_neg)
+#define ARGS_gated_rmsnorm(F) \
+    F(const float *, o) F(const float *, gate) F(const float *, w) F(float *, y) F(int, rows) F(int, D) F(float, eps)
+#define PLAIN_OPS(P) \
+    P(rmsnorm) P(add_rmsnorm) P(add) P(swiglu) P(silu) P(gla_gate) P(softmax_rows) P(l2norm_rows) P(gdn_gates) \
+    P(gated_rmsnorm)
 
-struct ga_add_rmsnorm {
-    float *residual;
-    const float *x, *w;
-    float *y;
-    int32_t n, D;
-    float eps;
-};
-static hyla_status replay_add_rmsnorm(hyla_cuda_ctx *c, const ga_add_rmsnorm &a, const void *) {
-    return cu_add_rmsnorm(c, a.residual, a.x, a.w, a.y, a.n, a.D, a.eps);
-}
-
-struct ga_add {
-    float *y;
-    const float *x;
-    uint64_t n;
-};
-static hyla_status replay_add(hyla_cuda_ctx *c, const ga_add &a, const void *) { return cu_add(c, a.y, a.x, (size_t)a.n); }
-
-struct ga_swiglu {
-    const float *gate, *up;
-    float *out;
-    uint64_t n;
-};
-static hyla_status replay_swiglu(hyla_cuda_ctx *c, const ga_swiglu &a, const void *) {
-    return cu_swiglu(c, a.gate, a.up, a.out, (size_t)a.n);
-}
-
-struct ga_silu {
-    float *x;
-    uint64_t n;
-};
-static hyla_status replay_silu(hyla_cuda_ctx *c, const ga_silu &a, const void *) { return cu_silu(c, a.x, (size_t)a.n); }
-
-struct ga_gla_gate {
-    float *x;
-    uint64_t n;
-    float normalizer, clamp_min;
-};
-static hyla_status replay_gla_gate(hyla_cuda_ctx *c, const ga_gla_gate &a, const void *) {
-    return cu_gla_gate(c, a.x, (size_t)a.n, a.normalizer, a.clamp_min);
-}
-
-struct ga_softmax_rows {
-    float *x;
-    int32_t rows, cols;
-};
-static hyla_status replay_softmax_rows(hyla_cuda_ctx *c, const ga_softmax_rows &a, const void *) {
-    return cu_softmax_rows(c, a.x, a.rows, a.cols);
-}
-
-struct ga_l2norm_rows {
-    float *x;
-    int32_t rows, cols;
-    float eps;
-};
-static hyla_status replay_l2norm_rows(hyla_cuda_ctx *c, const ga_l2norm_rows &a, const void *) {
-    return cu_l2norm_rows(c, a.x, a.rows, a.cols, a.eps);
-}
-
-struct ga_gdn_gates {
-    const float *a, *b, *A_log, *dt_bias;
-    float *g, *beta;
-    int32_t a_stride, b_stride, n, H, allow_neg;
-};
-static hyla_status replay_gdn_gates(hyla_cuda_ctx *c, const ga_gdn_gates &a, const void *) {
-    return cu_gdn_gates(c, a.a, a.a_stride, a.b, a.b_stride, a.A_log, a.dt_bias, a.g, a.beta, a.n, a.H, a.allow_neg);
-}
-
-struct ga_gated_rmsnorm {
-    const float *o, *gate, *w;
-    float *y;
-    int32_t rows, D;
-    float eps;
-};
-static hyla_status replay_gated_rmsnorm(hyla_cuda_ctx *c, const ga_gated_rmsnorm &a, const void *) {
-    return cu_gated_rmsnorm(c, a.o, a.gate, a.w, a.y, a.rows, a.D, a.eps);
-}
+#define GA_FIELD(t, n) t n;
+#define GA_PARAM(t, n) , t n
+#define GA_ARG(t, n) , n
+#define GA_REPLAY_ARG(t, n) , e_.n
+#define GA_SET(t, n) e_->n = n;
+#define PLAIN_ENTRY(op)                                                                                               \
+    struct ga_##op {                                                                                                  \
+        ARGS_##op(GA_FIELD)                                                                                           \
+    };                                                                                                                \
+    static hyla_status replay_##op(hyla_cuda_ctx *c, const ga_##op &e_, const void *) {                               \
+        return cu_##op(c ARGS_##op(GA_REPLAY_ARG));                                                                   \
+    }
+PLAIN_OPS(PLAIN_ENTRY)
 
 struct ga_rope { /* positions (int32 [n]) are the data */
     float *x;
@@ -769,140 +716,16 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
     return HYLA_OK;
 }
 
-static hyla_status g_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps) {
-    CTX;
-    if (!LOGGING) return cu_rmsnorm(ctx, x, w, y, n, D, eps);
-    ga_rmsnorm *a;
-    HYLA_TRY(log_rmsnorm(c->graphs, 0, &a, NULL));
-    a->x = x;
-    a->w = w;
-    a->y = y;
-    a->n = n;
-    a->D = D;
-    a->eps = eps;
-    return HYLA_OK;
-}
-
-static hyla_status g_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n, int D,
-                                 float eps) {
-    CTX;
-    if (!LOGGING) return cu_add_rmsnorm(ctx, residual, x, w, y, n, D, eps);
-    ga_add_rmsnorm *a;
-    HYLA_TRY(log_add_rmsnorm(c->graphs, 0, &a, NULL));
-    a->residual = residual;
-    a->x = x;
-    a->w = w;
-    a->y = y;
-    a->n = n;
-    a->D = D;
-    a->eps = eps;
-    return HYLA_OK;
-}
-
-static hyla_status g_add(void *ctx, float *y, const float *x, size_t n) {
-    CTX;
-    if (!LOGGING) return cu_add(ctx, y, x, n);
-    ga_add *a;
-    HYLA_TRY(log_add(c->graphs, 0, &a, NULL));
-    a->y = y;
-    a->x = x;
-    a->n = n;
-    return HYLA_OK;
-}
-
-static hyla_status g_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n) {
-    CTX;
-    if (!LOGGING) return cu_swiglu(ctx, gate, up, out, n);
-    ga_swiglu *a;
-    HYLA_TRY(log_swiglu(c->graphs, 0, &a, NULL));
-    a->gate = gate;
-    a->up = up;
-    a->out = out;
-    a->n = n;
-    return HYLA_OK;
-}
-
-static hyla_status g_silu(void *ctx, float *x, size_t n) {
-    CTX;
-    if (!LOGGING) return cu_silu(ctx, x, n);
-    ga_silu *a;
-    HYLA_TRY(log_silu(c->graphs, 0, &a, NULL));
-    a->x = x;
-    a->n = n;
-    return HYLA_OK;
-}
-
-static hyla_status g_gla_gate(void *ctx, float *x, size_t n, float normalizer, float clamp_min) {
-    CTX;
-    if (!LOGGING) return cu_gla_gate(ctx, x, n, normalizer, clamp_min);
-    ga_gla_gate *a;
-    HYLA_TRY(log_gla_gate(c->graphs, 0, &a, NULL));
-    a->x = x;
-    a->n = n;
-    a->normalizer = normalizer;
-    a->clamp_min = clamp_min;
-    return HYLA_OK;
-}
-
-static hyla_status g_softmax_rows(void *ctx, float *x, int rows, int cols) {
-    CTX;
-    if (!LOGGING) return cu_softmax_rows(ctx, x, rows, cols);
-    ga_softmax_rows *a;
-    HYLA_TRY(log_softmax_rows(c->graphs, 0, &a, NULL));
-    a->x = x;
-    a->rows = rows;
-    a->cols = cols;
-    return HYLA_OK;
-}
-
-static hyla_status g_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps) {
-    CTX;
-    if (!LOGGING) return cu_l2norm_rows(ctx, x, rows, cols, eps);
-    ga_l2norm_rows *a;
-    HYLA_TRY(log_l2norm_rows(c->graphs, 0, &a, NULL));
-    a->x = x;
-    a->rows = rows;
-    a->cols = cols;
-    a->eps = eps;
-    return HYLA_OK;
-}
-
-static hyla_status g_gdn_gates(void *ctx, const float *a, int a_stride, const float *b, int b_stride,
-                               const float *A_log, const float *dt_bias, float *g, float *beta, int n, int H,
-                               int allow_neg) {
-    CTX;
-    if (!LOGGING) return cu_gdn_gates(ctx, a, a_stride, b, b_stride, A_log, dt_bias, g, beta, n, H, allow_neg);
-    ga_gdn_gates *r;
-    HYLA_TRY(log_gdn_gates(c->graphs, 0, &r, NULL));
-    r->a = a;
-    r->b = b;
-    r->A_log = A_log;
-    r->dt_bias = dt_bias;
-    r->g = g;
-    r->beta = beta;
-    r->a_stride = a_stride;
-    r->b_stride = b_stride;
-    r->n = n;
-    r->H = H;
-    r->allow_neg = allow_neg;
-    return HYLA_OK;
-}
-
-static hyla_status g_gated_rmsnorm(void *ctx, const float *o, const float *gt, const float *w, float *y, int rows,
-                                   int D, float eps) {
-    CTX;
-    if (!LOGGING) return cu_gated_rmsnorm(ctx, o, gt, w, y, rows, D, eps);
-    ga_gated_rmsnorm *a;
-    HYLA_TRY(log_gated_rmsnorm(c->graphs, 0, &a, NULL));
-    a->o = o;
-    a->gate = gt;
-    a->w = w;
-    a->y = y;
-    a->rows = rows;
-    a->D = D;
-    a->eps = eps;
-    return HYLA_OK;
-}
+/* The plain ops' recorders: run now when not logging, else log the arguments as the entry. */
+#define PLAIN_RECORDER(op)                                                                                            \
+    static hyla_status g_##op(void *ctx ARGS_##op(GA_PARAM)) {                                                        \
+        CTX;                                                                                                          \
+        if (!LOGGING) return cu_##op(ctx ARGS_##op(GA_ARG));                                                          \
+        ga_##op *e_;                                                                                                  \
+        HYLA_TRY(log_##op(c->graphs, 0, &e_, NULL));                                                                  \
+        ARGS_##op(GA_SET) return HYLA_OK;                                                                             \
+    }
+PLAIN_OPS(PLAIN_RECORDER)
 
 static hyla_status g_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta) {
     CTX;
