@@ -55,17 +55,8 @@ static void datasheet(double *tflops, double *tbps) {
 }
 static const char *dev_arg = "cpu";
 
-#define DIE(...)                                      \
-    do {                                              \
-        fprintf(stderr, "hyla-bench: " __VA_ARGS__);  \
-        fprintf(stderr, "\n");                        \
-        exit(1);                                      \
-    } while (0)
-#define TRY(call)                                                                              \
-    do {                                                                                       \
-        hyla_status s_ = (call);                                                               \
-        if (s_ != HYLA_OK) DIE("%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
-    } while (0)
+#define DIE(...) HYLA_BENCH_DIE("hyla-bench", __VA_ARGS__)
+#define TRY(call) HYLA_BENCH_TRY("hyla-bench", call)
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -6,6 +6,23 @@
 #ifndef HYLA_BENCH_MODEL_H
 #define HYLA_BENCH_MODEL_H
 
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The benchmark programs' way out: a failed step ends the run with one line naming the step and
+ * the library's message (a benchmark has no caller to hand an error to). */
+#define HYLA_BENCH_DIE(prog, ...)               \
+    do {                                        \
+        fprintf(stderr, prog ": " __VA_ARGS__); \
+        fprintf(stderr, "\n");                  \
+        exit(1);                                \
+    } while (0)
+#define HYLA_BENCH_TRY(prog, call)                                                                         \
+    do {                                                                                                  \
+        hyla_status s_ = (call);                                                                          \
+        if (s_ != HYLA_OK) HYLA_BENCH_DIE(prog, "%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
+    } while (0)
+
 int hyla_bench_kernels(int argc, char **argv);
 int hyla_bench_e2e(int argc, char **argv);
 

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hyla_bench_model.h"
 #include "hyla_log.h"
 #include "hyla_model.h"
 #include "hyla_ops.h"
@@ -42,17 +43,8 @@
 hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len, int *sm_count, double *mem_gib)
     __attribute__((weak));
 
-#define RDIE(...)                                            \
-    do {                                                     \
-        fprintf(stderr, "hyla-bench restore: " __VA_ARGS__); \
-        fprintf(stderr, "\n");                               \
-        exit(1);                                             \
-    } while (0)
-#define RTRY(call)                                                                              \
-    do {                                                                                        \
-        hyla_status s_ = (call);                                                                \
-        if (s_ != HYLA_OK) RDIE("%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
-    } while (0)
+#define RDIE(...) HYLA_BENCH_DIE("hyla-bench restore", __VA_ARGS__)
+#define RTRY(call) HYLA_BENCH_TRY("hyla-bench restore", call)
 
 typedef struct {
     hyla_backend *be;
