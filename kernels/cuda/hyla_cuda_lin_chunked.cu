@@ -895,16 +895,23 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
                          ca);
 }
 
-/* Blocks of kernel B that one SM holds at once (0 when the query fails). */
+/* Blocks of kernel B that one SM of c's device holds at once (0 when the query fails). The
+ * answer depends only on the kernel and the device, so it is asked once per device (this runs
+ * on every prefill piece of every layer); devices past the table are asked every time. */
 template <int DKP, int GDN, int ST>
-static int b_blocks_per_sm(void) {
+static int b_blocks_per_sm(hyla_cuda_ctx *c) {
+    static int known[16]; /* blocks + 1 per device ordinal, 0: not asked yet */
+    int *slot = c->device >= 0 && c->device < 16 ? &known[c->device] : NULL;
+    int k = slot ? __atomic_load_n(slot, __ATOMIC_RELAXED) : 0;
+    if (k) return k - 1;
     int n = 0;
     size_t sb = smem_b(DKP, GDN, ST);
     if (cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_chunk_b<DKP, GDN, ST>, 128, sb) != cudaSuccess) {
         (void)cudaGetLastError();
-        return 0;
+        return 0; /* not remembered: asked again next time */
     }
+    if (slot) __atomic_store_n(slot, n + 1, __ATOMIC_RELAXED);
     return n;
 }
 
@@ -917,8 +924,8 @@ static hyla_status launch_b_st(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) 
     if (smem_b(DKP, GDN, 2) > c->smem_optin) return launch_b<DKP, GDN, 1>(c, ca, nseq);
     const long long grid = (long long)cu_blocks(ca.dv, 32) * ca.H * nseq;
     if (grid > c->sm_count) {
-        const long long two = (long long)b_blocks_per_sm<DKP, GDN, 2>() * c->sm_count;
-        const long long one = (long long)b_blocks_per_sm<DKP, GDN, 1>() * c->sm_count;
+        const long long two = (long long)b_blocks_per_sm<DKP, GDN, 2>(c) * c->sm_count;
+        const long long one = (long long)b_blocks_per_sm<DKP, GDN, 1>(c) * c->sm_count;
         if (grid > two && grid <= one) return launch_b<DKP, GDN, 1>(c, ca, nseq);
     }
     return launch_b<DKP, GDN, 2>(c, ca, nseq);
