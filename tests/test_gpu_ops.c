@@ -1818,6 +1818,17 @@ static void case_nsa(const op_case *c) {
                                                 scale, po.g)));
             snprintf(name, sizeof name, "nsa prefill Hq=%d Hk=%d D=%d bs=%d n=%d W=%d pos0=%d", Hq, Hk, D, BS, counts, W,
                      pos);
+            /* the same piece again (it rewrites the same rows) gives the same bits: the block's
+             * threads share the selection list, which thread 0 reorders after all have read it */
+            pair again = pair_new(NULL, nq);
+            int same = 1;
+            for (int rep = 0; rep < 4 && same; rep++) {
+                CHECK_OK(gpu->ops->nsa_prefill(gpu->ctx, pq.g, pk.g, pv.g, pg.g, n, Hq, Hk, D, pos, &vg, BS, counts, W,
+                                               scale, again.g));
+                same = same_bits(gpu, po.g, again.g, nq * 4);
+            }
+            CHECK_MSG(same, "%s: a repeat gives the same bits", name);
+            pair_free(again);
         } else {
             int32_t p1[1] = {pos};
             CHECK_OK(cpu->ops->nsa_decode(cpu->ctx, pq.c, pk.c, pv.c, pg.c, 1, Hq, Hk, D, p1, &vc, BS, counts, W, scale,
