@@ -1502,7 +1502,7 @@ static double dla_budget_s = 15;                           /* --max-call-s */
 
 static void bench_dla(int quick) {
     int Bs[] = {1, 64}, nb = quick ? 1 : 2;
-    int qctx[] = {64, 256}, *ctxs = quick ? qctx : dla_ctx, nctx = quick ? 2 : dla_nctx;
+    int qctx[] = {32, 64}, *ctxs = quick ? qctx : dla_ctx, nctx = quick ? 2 : dla_nctx;
     if (!copy_gbps) bench_copy(quick);
     for (int mamba = 0; mamba < 2; mamba++) {
         /* decode step cost at K = 30: one state, a full cache merging, a full cache opening */
@@ -1627,6 +1627,16 @@ int hyla_bench_kernels(int argc, char **argv) {
                    "    cache; a DLA prefill estimated over --max-call-s (default 15) is skipped.\n"
                    "  --quick: small sizes (the default on cpu).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (only) {
+        static const char *const modes[] = {"gemm", "prefill", "sse", "decode", "attn", "elementwise",
+                                            "sparse", "mamba2", "statex", "dla"};
+        size_t i = 0;
+        while (i < sizeof modes / sizeof modes[0] && strcmp(only, modes[i])) i++;
+        if (i == sizeof modes / sizeof modes[0]) {
+            fprintf(stderr, "hyla-bench kernels: unknown --only '%s' (see --help)\n", only);
+            return 2;
         }
     }
     hyla_rng_seed(&rng, 1234);
