@@ -1,6 +1,7 @@
 /* test_gpu_e2e.c — whole tiny models on cuda:0 against the CPU reference backend, through the
  * runtime (worker/hyla_session.h), for gla-h, gdn, sse-h, sse-gdn, gdn-h (sliding-window
- * attention), mamba2-h and statex-mamba2 (state size 512: the recurrent prefill path), lalte
+ * attention), mamba2-h and statex-mamba2 (state size 512: the recurrent prefill path),
+ * statex-gla (width 2048: GLA dk 1024, dv 2048 through the key slabs), lalte
  * (GDN + LTE attention), lansa (GDN + NSA), dla-gdn and dla-mamba2:
  *   1. prompt logits (150 tokens: two full chunks and a partial one) within tolerance of the
  *      CPU's, then greedy tokens: equal to the CPU's while the CPU's top-2 margin is clear
@@ -365,6 +366,9 @@ int main(int argc, char **argv) {
     if (wanted("gdn-h")) test_arch("gdn-h", "--window 40", 0);
     if (wanted("mamba2-h")) test_arch("mamba2-h", NULL, 0);
     if (wanted("statex-mamba2")) test_arch("statex-mamba2", NULL, 0);
+    /* StateX's merged GLA heads at width 2048: 4 heads of dk 256, dv 512 merged into one of dk
+     * 1024, dv 2048 at all 4 layers (the key-slab path) */
+    if (wanted("statex-gla")) test_arch("statex-gla", "--hidden 2048 --layers 4", 0);
     /* LTE and NSA hybrids: a window, sink and budget small enough that 150 tokens evict, retain
      * and replace; blocks of 8, 4 selected, a window of 16 (as test_engine) */
     if (wanted("lalte")) test_arch("lalte", "--window 16 --sink 2 --budget 6", 1);

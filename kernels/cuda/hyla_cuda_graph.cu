@@ -769,7 +769,8 @@ static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const f
                               const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
                               float *const *S, float *o) {
     if (B <= 0) return HYLA_OK;
-    if (dk > 256) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
+    if (dk > 256 && !cu_gla_slabs(gdn, dk))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda for gdn", dk);
     if (H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", H, B);
     ga_lin_decode *a;
     void *d;
@@ -950,8 +951,8 @@ static hyla_status lin_prefill(hyla_cuda_ctx *c, int gdn, const float *q, const 
                                float *o) {
     if (n <= 0) return HYLA_OK;
     if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
-    if (dk > 256 && !cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
+    if (dk > 256 && !cu_gla_slabs(gdn, dk) && !cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda for gdn", dk);
     ga_lin_prefill *a;
     void *d;
     HYLA_TRY(log_lin_prefill(c->graphs, cu_lin_prefill1_block(n, S, NULL), &a, &d));

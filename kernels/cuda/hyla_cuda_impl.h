@@ -42,11 +42,13 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 /* After every kernel launch: a bad configuration or a sticky earlier fault becomes a status. */
 #define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
 
-#define HYLA_CU_SCRATCH_SLOTS 10
+#define HYLA_CU_SCRATCH_SLOTS 11
 enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7,
        SCR_PLAN = 8,
        /* Mamba2 (SSD) */
-       SCR_SSD = 9 };
+       SCR_SSD = 9,
+       /* GLA key slabs (hyla_cuda_lin_slab.cu) */
+       SCR_SLAB = 10 };
 
 typedef struct hyla_cu_pool hyla_cu_pool;     /* hyla_cuda_pool.cu */
 typedef struct hyla_cu_graphs hyla_cu_graphs; /* hyla_cuda_graph.cu */
@@ -333,6 +335,16 @@ hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const f
                                int H, int dk, int dv, int N, int K, float scale, int windows, float *S0, float *Sp,
                                float *o);
 hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B);
+/* GLA with dk > 256 (StateX's merged heads) as nsl key slabs of dk / nsl <= 128 keys through the
+ * kernels above, the slab outputs summed in slab order (hyla_cuda_lin_slab.cu). cu_gla_slabs:
+ * nsl for this shape, 0 where the shape does not take this path (GDN, or dk <= 256). The others
+ * are cu_lin_decode_dev, cu_lin_prefill1_dev and cu_linattn_prefill_batch for such shapes. */
+int cu_gla_slabs(int gdn, int dk);
+hyla_status cu_gla_slab_decode(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *gk, int B,
+                               int H, int dk, int dv, float scale, float *const *d_S, int states16, float *o);
+hyla_status cu_gla_slab_prefill1(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *gk,
+                                 int n, int H, int dk, int dv, float scale, const void *d_blk, int states16, float *o);
+hyla_status cu_gla_slab_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b);
 
 /* attention (hyla_cuda_attn.cu) */
 hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq, int Hk, int D,
