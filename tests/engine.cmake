@@ -1,6 +1,8 @@
 # Model runtime tests (worker/): loader errors, engine equivalences, CLI identity.
 hyla_add_test(test_engine SOURCES test_engine.c LIBS hyla_engine LABELS quick TIMEOUT 600)
 add_dependencies(test_engine hyla-mkmodel)
+hyla_add_test(test_tp SOURCES test_tp.c LIBS hyla_engine LABELS quick TIMEOUT 300)
+add_dependencies(test_tp hyla-mkmodel)
 hyla_add_test(test_loader SOURCES test_loader.c LIBS hyla_engine LABELS quick)
 add_dependencies(test_loader hyla-mkmodel)
 hyla_add_script_test(test_identity test_identity.sh LABELS quick e2e TIMEOUT 1500)

@@ -230,6 +230,13 @@ typedef struct hyla_mixer {
     /* The forward: xn -> out, reading and updating the sessions' states. */
     hyla_status (*forward)(const hyla_mixer_fwd *f);
 
+    /* Tensor parallelism: divide this config's heads by T in place (a shard's config); NULL
+     * when done, else why not, naming the key ("num_heads 6 is not divisible by 4"). The
+     * module promises that its shard's tensors and state parts are the whole layer's sliced
+     * along one dimension by heads (or channels) in order, so the loader and the snapshot code
+     * slice and join them by shape. NULL hook: the kind cannot be split. */
+    const char *(*tp_shard)(void *cfg, int T, char *why, size_t why_len);
+
     /* hyla-mkmodel: write this kind's keys into obj (the config root, or its spec object) for
      * args a; NULL when a fits, else a message saying why not. */
     const char *(*mk_config)(json_t *obj, const hyla_mk_args *a);
@@ -270,6 +277,9 @@ typedef struct {
 /* Carve s for R rows (base NULL: sizes only); returns the bytes: one layout for the modules whose
  * scratch is just the projections and the attention output. */
 size_t hyla_gqa_layout(int R, int Hq, int Hk, int hd, void *base, hyla_gqa_scratch *s);
+
+/* tp_shard's common step: *v /= T when T divides it (NULL), else why not into why (returned). */
+const char *hyla_tp_divide(int *v, const char *key, int T, char *why, size_t why_len);
 
 /* hyla-mkmodel: the KV heads of a GQA mixer (--kv-heads, else half the heads when even) into
  * *kvh; NULL, or why the sizes do not divide: the one rule attn, lte and nsa apply. */

@@ -21,6 +21,8 @@ struct hyla_runtime {
     hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
     void *downstream_ud;
     hyla_downstream_dev_fn downstream_dev; /* tried first (NULL: host only) */
+    hyla_allreduce_fn allreduce; /* a tensor-parallel shard's sum over its group (NULL: none) */
+    void *allreduce_ud;
     /* scratch activations for up to `rows` rows (a prefill piece or a decode batch) */
     int rows;
     float *x;             /* [rows][D] the residual stream */

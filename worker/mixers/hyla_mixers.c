@@ -146,3 +146,12 @@ void hyla_decl_alt(hyla_decls *ds, hyla_tensor_decl *d, const char *suffix) {
         }
     HYLA_ASSERT(!"too many alternative tensor names");
 }
+
+const char *hyla_tp_divide(int *v, const char *key, int T, char *why, size_t why_len) {
+    if (*v % T) {
+        snprintf(why, why_len, "%s %d is not divisible by %d", key, *v, T);
+        return why;
+    }
+    *v /= T;
+    return NULL;
+}
