@@ -8,6 +8,7 @@
  * partner that has returned. On CUDA the sum is NCCL's all-reduce on the compute stream, one
  * communicator for the group, joined by every rank's thread at creation. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,10 @@ struct hyla_tp_group {
     int aborted;
     float *buf[HYLA_TP_MAX];
     size_t n[HYLA_TP_MAX];
+    /* what hyla_tp_open made (freed by hyla_tp_close) */
+    hyla_backend *own_be[HYLA_TP_MAX];
+    hyla_model *own_m[HYLA_TP_MAX];
+    int owned;
 };
 
 /* All ranks meet; HYLA_ERR_CANCELLED once the group is aborted. */
@@ -104,6 +109,8 @@ static hyla_status nccl_allreduce(void *ud, float *buf, size_t n) {
 }
 
 int hyla_tp_size(const hyla_tp_group *g) { return g->T; }
+int hyla_tp_group_size(const struct hyla_tp_group *g) { return g->T; }
+hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r) { return g->rt[r]; }
 
 typedef struct {
     struct hyla_tp_group *g;
@@ -174,6 +181,10 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
                              size, t, T);
         if (rts[t]->m->fingerprint != rts[0]->m->fingerprint)
             return hyla_fail(HYLA_ERR_MISMATCH, "the group's runtimes are on different models");
+        if (rts[t]->tp) return hyla_fail(HYLA_ERR_INVALID_ARG, "runtime %d is in a tensor-parallel group already", t);
+        if (rts[t]->m->layer_begin != 0 || rts[t]->m->layer_end != rts[t]->m->cfg.num_layers)
+            return hyla_fail(HYLA_ERR_UNSUPPORTED, "tensor parallelism of a pipeline stage (layers %d..%d) is not supported yet",
+                             rts[t]->m->layer_begin, rts[t]->m->layer_end - 1);
         const char *be = rts[t]->be->ops->name;
         if (!strcmp(be, "cuda")) ncuda++;
         else if (strcmp(be, "cpu"))
@@ -202,7 +213,11 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
         hyla_tp_group_free(g);
         return hyla_fail_wrap(st, "joining the tensor-parallel group");
     }
-    for (int t = 0; t < T; t++) hyla_runtime_set_allreduce(rts[t], g->cuda ? nccl_allreduce : cpu_allreduce, &g->ref[t]);
+    for (int t = 0; t < T; t++) {
+        hyla_runtime_set_allreduce(rts[t], g->cuda ? nccl_allreduce : cpu_allreduce, &g->ref[t]);
+        rts[t]->tp = g;
+        rts[t]->tp_rank = t;
+    }
     *out = g;
     return HYLA_OK;
 }
@@ -211,12 +226,83 @@ void hyla_tp_group_free(hyla_tp_group *g) {
     if (!g) return;
     for (int t = 0; t < g->T; t++) {
         if (g->rt[t]->allreduce_ud == &g->ref[t]) hyla_runtime_set_allreduce(g->rt[t], NULL, NULL);
+        if (g->rt[t]->tp == g) g->rt[t]->tp = NULL;
         if (g->link[t]) hyla_cuda_nccl_close(g->link[t]);
     }
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
+
+hyla_status hyla_tp_open(const char *dir, const char *device, int T, const hyla_model_params *params, hyla_tp_group **out) {
+    *out = NULL;
+    if (T < 2 || T > HYLA_TP_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "tensor-parallel size %d: must be 2 to %d", T, HYLA_TP_MAX);
+    int first = 0, cuda = !strncmp(device, "cuda", 4);
+    if (cuda) {
+        const char *c = strchr(device, ':');
+        first = c ? atoi(c + 1) : 0;
+    } else if (strcmp(device, "cpu")) {
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "tensor parallelism needs device cpu or cuda:N, not '%s'", device);
+    }
+    hyla_backend *be[HYLA_TP_MAX] = {NULL};
+    hyla_model *m[HYLA_TP_MAX] = {NULL};
+    hyla_runtime *rt[HYLA_TP_MAX] = {NULL};
+    hyla_status st = HYLA_OK;
+    for (int t = 0; st == HYLA_OK && t < T; t++) {
+        char dev[32];
+        snprintf(dev, sizeof dev, cuda ? "cuda:%d" : "cpu", first + t);
+        hyla_model_params mp = params ? *params : hyla_model_default_params();
+        mp.tp_rank = t;
+        mp.tp_size = T;
+        st = hyla_backend_create(dev, &be[t]);
+        if (st != HYLA_OK) st = hyla_fail_wrap(st, "tensor-parallel rank %d on %s", t, dev);
+        if (st == HYLA_OK) st = hyla_model_load(dir, be[t], &mp, &m[t]);
+        if (st == HYLA_OK) st = hyla_runtime_create(m[t], &rt[t]);
+    }
+    hyla_tp_group *g = NULL;
+    if (st == HYLA_OK) st = hyla_tp_group_create(rt, T, &g);
+    if (st != HYLA_OK) {
+        for (int t = 0; t < T; t++) {
+            hyla_runtime_free(rt[t]);
+            hyla_model_free(m[t]);
+            hyla_backend_destroy(be[t]);
+        }
+        return st;
+    }
+    g->owned = 1;
+    for (int t = 0; t < T; t++) {
+        g->own_be[t] = be[t];
+        g->own_m[t] = m[t];
+    }
+    if (cuda && hyla_cuda_bind_thread) hyla_cuda_bind_thread(be[0]); /* the caller drives rank 0 */
+    *out = g;
+    return HYLA_OK;
+}
+
+void hyla_tp_close(hyla_tp_group *g) {
+    if (!g) return;
+    if (!g->owned) {
+        hyla_tp_group_free(g);
+        return;
+    }
+    hyla_runtime *rt[HYLA_TP_MAX];
+    hyla_backend *be[HYLA_TP_MAX];
+    hyla_model *m[HYLA_TP_MAX];
+    int T = g->T;
+    for (int t = 0; t < T; t++) rt[t] = g->rt[t], be[t] = g->own_be[t], m[t] = g->own_m[t];
+    hyla_tp_group_free(g);
+    for (int t = 0; t < T; t++) {
+        if (be[t] && hyla_cuda_bind_thread && !strcmp(be[t]->ops->name, "cuda")) hyla_cuda_bind_thread(be[t]);
+        hyla_runtime_free(rt[t]);
+        hyla_model_free(m[t]);
+        hyla_backend_destroy(be[t]);
+    }
+}
+
+hyla_backend *hyla_tp_backend(const hyla_tp_group *g) { return g->rt[0]->be; }
+hyla_model *hyla_tp_model(const hyla_tp_group *g) { return (hyla_model *)g->rt[0]->m; }
+hyla_runtime *hyla_tp_runtime(const hyla_tp_group *g) { return g->rt[0]; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Snapshots */
@@ -261,6 +347,13 @@ static size_t slab(const hyla_state_part *p, int axis, size_t *outer) {
     return c;
 }
 
+/* Parts of model state (the token log aside, which only rank 0's export carries), first. */
+static uint32_t model_parts(const hyla_snapshot *s) {
+    uint32_t n = 0;
+    while (n < s->n_parts && s->parts[n].kind != HYLA_PART_TOKENS) n++;
+    return n;
+}
+
 static void copy_meta(hyla_snapshot *dst, const hyla_snapshot *src) {
     dst->format_version = src->format_version;
     dst->model_fingerprint = src->model_fingerprint;
@@ -292,16 +385,15 @@ hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_s
         hyla_model_tp(models[t], &rank, &size);
         if (rank != t || size != T)
             return hyla_fail(HYLA_ERR_INVALID_ARG, "shard %d of the merge is on model shard %d of %d", t, rank, size);
-        if (shards[t]->n_parts != shards[0]->n_parts || shards[t]->position != shards[0]->position)
+        if (model_parts(shards[t]) != model_parts(shards[0]) || shards[t]->position != shards[0]->position)
             return hyla_fail(HYLA_ERR_MISMATCH, "the shards' snapshots differ in parts or position (rank %d)", t);
     }
     hyla_snapshot *w = hyla_snapshot_create();
     if (!w) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     copy_meta(w, shards[0]);
     hyla_status st = HYLA_OK;
-    for (uint32_t i = 0; st == HYLA_OK && i < shards[0]->n_parts; i++) {
+    for (uint32_t i = 0; st == HYLA_OK && i < model_parts(shards[0]); i++) {
         const hyla_state_part *p0 = &shards[0]->parts[i];
-        if (p0->kind == HYLA_PART_TOKENS) continue;
         int axis;
         const hyla_part_spec *ss, *fs;
         if ((st = part_axis(models[0], p0->layer, p0->name, &axis, &ss, &fs)) != HYLA_OK) break;

@@ -3,18 +3,20 @@
  * A group of T ranks: rank t is a shard model (hyla_model_params tp_rank t of tp_size T, its
  * heads and MLP columns) on its own backend, with its own runtime; T threads drive the ranks in
  * lockstep, and the runtimes' allreduce hooks sum each block's partial output over the group
- * (NCCL between GPUs; on the CPU backend a host sum in rank order). A conversation is one
- * session per rank (its heads' state). The residual stream, the norms and the head are
- * replicated and every rank receives the same bits from each sum, so every rank computes the
- * same logits and, with the same sampler and seed, samples the same tokens: the ranks need no
- * broadcast, each drives its session with the ordinary session calls (hyla_tp_run).
+ * (NCCL between GPUs; on the CPU backend a host sum in rank order). The residual stream, the
+ * norms and the head are replicated and every rank receives the same bits from each sum, so
+ * every rank holds the same logits: rank 0's are used, nothing is broadcast.
  *
- * Snapshots do not depend on the split: hyla_tp_snapshot_merge joins the ranks' exports into
- * the whole-model snapshot (each part with the whole layer's shape, heads in order), which
- * hyla_session_import takes on an unsplit model, and hyla_tp_snapshot_split cuts a whole-model
- * snapshot to one rank's shard. The numbers are not the unsplit model's bits: a sum over ranks
- * rounds differently from one rank's accumulation (logits within the GPU-vs-GPU tolerance); the
- * bit-exact promises (batching, prefill pieces, pause/resume) hold within one split.
+ * Sessions are made on rank 0's runtime with the ordinary calls (hyla_session.h): such a
+ * session holds one session per rank (its heads' state) and runs every forward on all ranks
+ * (hyla_tp_run); sampling, the pending token and the token log are rank 0's. Its snapshots are
+ * whole-model snapshots (each part with the whole layer's shape, heads in order: the ranks'
+ * exports joined by hyla_tp_snapshot_merge), and it imports whole-model snapshots (cut by
+ * hyla_tp_snapshot_split), so a conversation moves between splits and to an unsplit model. The
+ * numbers are not the unsplit model's bits: a sum over ranks rounds differently from one
+ * accumulation (logits within the GPU-vs-GPU tolerance); the bit-exact promises (batching,
+ * prefill pieces, pause/resume) hold within one split. Pipeline stages (a layer range) cannot be
+ * split yet.
  *
  * Threading: a group is created, run and freed by one thread; hyla_tp_run calls fn on T threads
  * (rank 0 on the caller's). */
@@ -40,6 +42,16 @@ typedef struct hyla_tp_group hyla_tp_group;
 hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group **out);
 void hyla_tp_group_free(hyla_tp_group *g); /* accepts NULL */
 int hyla_tp_size(const hyla_tp_group *g);
+
+/* Load model dir as T shards, one per backend (device "cpu": T CPU backends; "cuda:K": GPUs K
+ * .. K+T-1), a runtime each, joined in a group that owns them all. params: NULL or with the
+ * whole layer range (tp_rank/tp_size are set here). Rank 0's backend, model and runtime
+ * (hyla_tp_backend etc., borrowed) drive sessions. Caller frees with hyla_tp_close. */
+hyla_status hyla_tp_open(const char *dir, const char *device, int T, const hyla_model_params *params, hyla_tp_group **out);
+void hyla_tp_close(hyla_tp_group *g); /* accepts NULL; every session on it freed first */
+hyla_backend *hyla_tp_backend(const hyla_tp_group *g);
+hyla_model *hyla_tp_model(const hyla_tp_group *g);
+hyla_runtime *hyla_tp_runtime(const hyla_tp_group *g);
 
 /* Run fn(ud, rank) for every rank at once, each on its own thread (bound to its rank's GPU),
  * and wait for all. When a rank fails, the others' pending sums fail too ("another rank
