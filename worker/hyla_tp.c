@@ -6,7 +6,9 @@
  * (nobody overwrites a buffer another is still reading) and copies its sum back. A failed rank
  * marks the group aborted and wakes the waiters, whose sums then fail: a rank never waits for a
  * partner that has returned. On CUDA the sum is NCCL's all-reduce on the compute stream, one
- * communicator for the group, joined by every rank's thread at creation. */
+ * communicator for the group, joined by every rank's thread at creation. Ranks 1..T-1 each have
+ * a thread for the group's life (bound to its GPU at every job, cheap); hyla_tp_run hands them a
+ * job and runs rank 0 on the caller's thread. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +48,14 @@ struct hyla_tp_group {
     int aborted;
     float *buf[HYLA_TP_MAX];
     size_t n[HYLA_TP_MAX];
+    /* the ranks' threads (1..T-1), started once: hyla_tp_run posts a job and waits */
+    pthread_t th[HYLA_TP_MAX];
+    int n_threads;
+    pthread_mutex_t jmu;
+    pthread_cond_t jcv, dcv;
+    unsigned job_gen;
+    int job_pending, quit;
+    struct rank_job *jobs;
     /* what hyla_tp_open made (freed by hyla_tp_close) */
     hyla_backend *own_be[HYLA_TP_MAX];
     hyla_model *own_m[HYLA_TP_MAX];
@@ -112,7 +122,7 @@ int hyla_tp_size(const hyla_tp_group *g) { return g->T; }
 int hyla_tp_group_size(const struct hyla_tp_group *g) { return g->T; }
 hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r) { return g->rt[r]; }
 
-typedef struct {
+typedef struct rank_job {
     struct hyla_tp_group *g;
     int rank;
     hyla_tp_fn fn;
@@ -121,8 +131,7 @@ typedef struct {
     char msg[512];
 } rank_job;
 
-static void *rank_main(void *arg) {
-    rank_job *j = arg;
+static void run_rank(rank_job *j) {
     hyla_status st = HYLA_OK;
     if (j->g->cuda) st = hyla_cuda_bind_thread(j->g->rt[j->rank]->be);
     if (st == HYLA_OK) st = j->fn(j->ud, j->rank);
@@ -131,28 +140,50 @@ static void *rank_main(void *arg) {
         abort_group(j->g);
     }
     j->st = st;
+}
+
+typedef struct {
+    struct hyla_tp_group *g;
+    int rank;
+} thread_arg;
+
+/* Rank r's thread: waits for each posted job, runs its part, reports done. */
+static void *rank_thread(void *arg) {
+    thread_arg a = *(thread_arg *)arg;
+    free(arg);
+    struct hyla_tp_group *g = a.g;
+    unsigned seen = 0;
+    pthread_mutex_lock(&g->jmu);
+    for (;;) {
+        while (!g->quit && g->job_gen == seen) pthread_cond_wait(&g->jcv, &g->jmu);
+        if (g->quit) break;
+        seen = g->job_gen;
+        rank_job *j = &g->jobs[a.rank];
+        pthread_mutex_unlock(&g->jmu);
+        run_rank(j);
+        pthread_mutex_lock(&g->jmu);
+        if (--g->job_pending == 0) pthread_cond_signal(&g->dcv);
+    }
+    pthread_mutex_unlock(&g->jmu);
     return NULL;
 }
 
 hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud) {
     rank_job jobs[HYLA_TP_MAX];
-    pthread_t th[HYLA_TP_MAX];
-    int started[HYLA_TP_MAX] = {0};
     g->aborted = 0;
     g->arrived = 0;
     for (int t = 0; t < g->T; t++) jobs[t] = (rank_job){g, t, fn, ud, HYLA_OK, ""};
-    for (int t = 1; t < g->T; t++) {
-        if (pthread_create(&th[t], NULL, rank_main, &jobs[t])) {
-            jobs[t].st = hyla_fail(HYLA_ERR_INTERNAL, "could not start the thread of tensor-parallel rank %d", t);
-            snprintf(jobs[t].msg, sizeof jobs[t].msg, "%s", hyla_last_error());
-            abort_group(g);
-        } else {
-            started[t] = 1;
-        }
-    }
-    rank_main(&jobs[0]);
-    for (int t = 1; t < g->T; t++)
-        if (started[t]) pthread_join(th[t], NULL);
+    pthread_mutex_lock(&g->jmu);
+    g->jobs = jobs;
+    g->job_pending = g->T - 1;
+    g->job_gen++;
+    pthread_cond_broadcast(&g->jcv);
+    pthread_mutex_unlock(&g->jmu);
+    run_rank(&jobs[0]);
+    pthread_mutex_lock(&g->jmu);
+    while (g->job_pending > 0) pthread_cond_wait(&g->dcv, &g->jmu);
+    g->jobs = NULL;
+    pthread_mutex_unlock(&g->jmu);
     /* the first failure that is not another rank's echo */
     int first = -1;
     for (int t = 0; t < g->T && first < 0; t++)
@@ -161,6 +192,15 @@ hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud) {
         if (jobs[t].st != HYLA_OK) first = t;
     if (first < 0) return HYLA_OK;
     return hyla_fail(jobs[first].st, "tensor-parallel rank %d: %s", first, jobs[first].msg);
+}
+
+static void stop_threads(struct hyla_tp_group *g) {
+    pthread_mutex_lock(&g->jmu);
+    g->quit = 1;
+    pthread_cond_broadcast(&g->jcv);
+    pthread_mutex_unlock(&g->jmu);
+    for (int t = 1; t <= g->n_threads; t++) pthread_join(g->th[t], NULL);
+    g->n_threads = 0;
 }
 
 static hyla_status join_nccl(void *ud, int rank) {
@@ -200,11 +240,24 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     g->cuda = ncuda > 0;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
+    pthread_mutex_init(&g->jmu, NULL);
+    pthread_cond_init(&g->jcv, NULL);
+    pthread_cond_init(&g->dcv, NULL);
     for (int t = 0; t < T; t++) {
         g->rt[t] = rts[t];
         g->ref[t] = (rank_ref){g, t};
     }
     hyla_status st = HYLA_OK;
+    for (int t = 1; st == HYLA_OK && t < T; t++) {
+        thread_arg *a = malloc(sizeof *a);
+        if (a) *a = (thread_arg){g, t};
+        if (!a || pthread_create(&g->th[t], NULL, rank_thread, a)) {
+            free(a);
+            st = hyla_fail(HYLA_ERR_INTERNAL, "could not start the thread of tensor-parallel rank %d", t);
+        } else {
+            g->n_threads = t;
+        }
+    }
     if (g->cuda) {
         st = hyla_cuda_nccl_id(g->nccl_id);
         if (st == HYLA_OK) st = hyla_tp_run(g, join_nccl, g);
@@ -224,6 +277,7 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
 
 void hyla_tp_group_free(hyla_tp_group *g) {
     if (!g) return;
+    stop_threads(g);
     for (int t = 0; t < g->T; t++) {
         if (g->rt[t]->allreduce_ud == &g->ref[t]) hyla_runtime_set_allreduce(g->rt[t], NULL, NULL);
         if (g->rt[t]->tp == g) g->rt[t]->tp = NULL;
@@ -231,6 +285,9 @@ void hyla_tp_group_free(hyla_tp_group *g) {
     }
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->jcv);
+    pthread_cond_destroy(&g->dcv);
+    pthread_mutex_destroy(&g->jmu);
     free(g);
 }
 
@@ -303,6 +360,7 @@ void hyla_tp_close(hyla_tp_group *g) {
 hyla_backend *hyla_tp_backend(const hyla_tp_group *g) { return g->rt[0]->be; }
 hyla_model *hyla_tp_model(const hyla_tp_group *g) { return (hyla_model *)g->rt[0]->m; }
 hyla_runtime *hyla_tp_runtime(const hyla_tp_group *g) { return g->rt[0]; }
+hyla_backend *hyla_tp_rank_backend(const hyla_tp_group *g, int r) { return g->rt[r]->be; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Snapshots */
