@@ -361,6 +361,7 @@ hyla_backend *hyla_tp_backend(const hyla_tp_group *g) { return g->rt[0]->be; }
 hyla_model *hyla_tp_model(const hyla_tp_group *g) { return (hyla_model *)g->rt[0]->m; }
 hyla_runtime *hyla_tp_runtime(const hyla_tp_group *g) { return g->rt[0]; }
 hyla_backend *hyla_tp_rank_backend(const hyla_tp_group *g, int r) { return g->rt[r]->be; }
+hyla_runtime *hyla_tp_rank_runtime(const hyla_tp_group *g, int r) { return g->rt[r]; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Snapshots */

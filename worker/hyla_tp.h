@@ -52,8 +52,9 @@ void hyla_tp_close(hyla_tp_group *g); /* accepts NULL; every session on it freed
 hyla_backend *hyla_tp_backend(const hyla_tp_group *g);
 hyla_model *hyla_tp_model(const hyla_tp_group *g);
 hyla_runtime *hyla_tp_runtime(const hyla_tp_group *g);
-/* Rank r's backend (borrowed; e.g. to set each rank's CUDA graph mode). */
+/* Rank r's backend and runtime (borrowed; e.g. to set each rank's CUDA graph mode). */
 hyla_backend *hyla_tp_rank_backend(const hyla_tp_group *g, int r);
+hyla_runtime *hyla_tp_rank_runtime(const hyla_tp_group *g, int r);
 
 /* Run fn(ud, rank) for every rank at once, each on its own thread (bound to its rank's GPU),
  * and wait for all. When a rank fails, the others' pending sums fail too ("another rank
