@@ -90,6 +90,9 @@ typedef struct {
     size_t offset; /* where the loaded pointer goes in the mixer's weight struct */
     hyla_init init;
     float p0, p1; /* init parameters (see hyla_init) */
+    int tp_blocks; /* tensor parallelism: the split dimension holds this many equal blocks, each
+                    * split over the ranks on its own (SSE's a_proj [2H]: rows 0..H-1 and H..2H-1);
+                    * 0 or 1: one block */
 } hyla_tensor_decl;
 
 /* A list being built by a mixer's tensors(): names are prefix + suffix. */

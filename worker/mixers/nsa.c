@@ -177,10 +177,17 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) {
+    nsa_cfg *c = cfgp;
+    const char *e = hyla_tp_divide(&c->heads, "num_heads", T, why, n);
+    return e ? e : hyla_tp_divide(&c->kv_heads, "num_kv_heads", T, why, n);
+}
+
 const hyla_mixer hyla_mixer_nsa = {
     .name = "nsa",
     .model_type = "nsa",
     .spec_key = "nsa",
     HYLA_MIXER_HOOKS(nsa_cfg, nsa_w),
     .mk_config = mk_config,
+    .tp_shard = tp_shard,
 };
