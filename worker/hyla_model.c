@@ -61,15 +61,15 @@ static void shape_str(char *buf, size_t n, const int64_t *shape, int ndim) {
 /* Find `name` and check its shape. In a tensor-parallel shard (tp_size T > 1) the checkpoint may
  * hold the whole tensor of a split one: the same shape but T times larger in exactly one
  * dimension, which *axis receives (-1: the shapes are equal, the tensor is replicated). */
-static hyla_status find_checked(loader *L, const char *name, int ndim, const int64_t *shape, const hyla_st_tensor **out,
-                                int *axis) {
+static hyla_status find_checked(loader *L, const char *name, int ndim, const int64_t *shape, const int *seg,
+                                const hyla_st_tensor **out, int *axis) {
     const hyla_st_tensor *t = hyla_st_find(L->st, name);
     if (!t)
         return hyla_fail(HYLA_ERR_NOT_FOUND, "%s: tensor '%s' is missing (needed by %s)", L->m->dir, name, L->ctx);
     int T = L->m->tp_size, ok = t->ndim == ndim, split = -1;
     for (int i = 0; ok && i < ndim; i++) {
         if (t->shape[i] == shape[i]) continue;
-        if (T > 1 && split < 0 && t->shape[i] == shape[i] * T) split = i;
+        if (T > 1 && split < 0 && t->shape[i] == hyla_tp_whole_len(seg, shape[i], T)) split = i;
         else ok = 0;
     }
     if (!ok) {
@@ -77,7 +77,7 @@ static hyla_status find_checked(loader *L, const char *name, int ndim, const int
         shape_str(got, sizeof got, t->shape, t->ndim);
         shape_str(want, sizeof want, shape, ndim);
         if (T > 1)
-            snprintf(tp, sizeof tp, ", or %d times that in one dimension for shard %d of %d", T, L->m->tp_rank, T);
+            snprintf(tp, sizeof tp, ", or the whole of that shard (%d of %d) in one dimension", L->m->tp_rank, T);
         return hyla_fail(HYLA_ERR_MISMATCH, "%s: tensor '%s' has shape %s, expected %s%s (%s)", t->file, name, got, want,
                          tp, L->ctx);
     }
@@ -89,35 +89,31 @@ static hyla_status find_checked(loader *L, const char *name, int ndim, const int
     return HYLA_OK;
 }
 
-/* The data of this shard's slice of t along `axis` (shape: the slice's; the split dimension in
- * `blocks` equal blocks, each split on its own): t's own bytes when the tensor is replicated or
- * its slice is contiguous, else a gathered copy in *owned (the caller frees it). */
+/* The data of this shard's slice of t along `axis` (shape: the slice's; seg: the split
+ * dimension's layout, hyla_mixer.h): t's own bytes when the tensor is replicated, else a copy in
+ * *owned (the caller frees it). */
 static const void *shard_data(const loader *L, const hyla_st_tensor *t, int ndim, const int64_t *shape, int axis,
-                              int blocks, void **owned) {
+                              const int *seg, void **owned) {
     *owned = NULL;
     if (axis < 0) return t->data;
-    if (blocks < 1 || shape[axis] % blocks) blocks = 1;
-    size_t es = hyla_dtype_size(t->dtype), outer = 1, span = es, T = (size_t)L->m->tp_size;
+    size_t outer = 1, inner = hyla_dtype_size(t->dtype), n = inner;
     for (int i = 0; i < axis; i++) outer *= (size_t)shape[i];
-    for (int i = axis; i < ndim; i++) span *= (size_t)shape[i];
-    span /= (size_t)blocks; /* one block of this rank's slice */
-    outer *= (size_t)blocks;
-    const uint8_t *src = (const uint8_t *)t->data + (size_t)L->m->tp_rank * span;
-    if (outer == 1) return src;
-    uint8_t *dst = malloc(outer * span);
+    for (int i = axis + 1; i < ndim; i++) inner *= (size_t)shape[i];
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    uint8_t *dst = malloc(n);
     if (!dst) return NULL;
-    for (size_t o = 0; o < outer; o++) memcpy(dst + o * span, src + o * span * T, span);
+    hyla_tp_cut(seg, outer, shape[axis], inner, L->m->tp_size, L->m->tp_rank, t->data, dst);
     *owned = dst;
     return dst;
 }
 
-static hyla_status load_matrix(loader *L, const char *name, int rows, int cols, int blocks, hyla_weight **out) {
+static hyla_status load_matrix(loader *L, const char *name, int rows, int cols, const int *seg, hyla_weight **out) {
     const hyla_st_tensor *t;
     int64_t shape[2] = {rows, cols};
     int axis;
-    HYLA_TRY(find_checked(L, name, 2, shape, &t, &axis));
+    HYLA_TRY(find_checked(L, name, 2, shape, seg, &t, &axis));
     void *owned;
-    const void *data = shard_data(L, t, 2, shape, axis, blocks, &owned);
+    const void *data = shard_data(L, t, 2, shape, axis, seg, &owned);
     if (!data) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     hyla_backend *be = L->m->be;
     hyla_status s = be->ops->weight_create(be->ctx, data, t->dtype, rows, cols, out);
@@ -128,14 +124,15 @@ static hyla_status load_matrix(loader *L, const char *name, int rows, int cols, 
 }
 
 /* A vector (or a tensor of `ndim` dims with `n` elements in all) converted to fp32 on the device. */
-static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const int64_t *shape, int blocks, float **out) {
+static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const int64_t *shape, const int *seg,
+                                  float **out) {
     const hyla_st_tensor *t;
     int axis;
-    HYLA_TRY(find_checked(L, name, ndim, shape, &t, &axis));
+    HYLA_TRY(find_checked(L, name, ndim, shape, seg, &t, &axis));
     size_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
     void *owned;
-    const void *data = shard_data(L, t, ndim, shape, axis, blocks, &owned);
+    const void *data = shard_data(L, t, ndim, shape, axis, seg, &owned);
     float *host = data ? malloc(n * sizeof(float)) : NULL;
     if (!host) {
         free(owned);
@@ -159,7 +156,7 @@ static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const i
 
 static hyla_status load_vector(loader *L, const char *name, int n, float **out) {
     int64_t shape[1] = {n};
-    return load_vector_nd(L, name, 1, shape, 1, out);
+    return load_vector_nd(L, name, 1, shape, NULL, out);
 }
 
 /* the layout's names are formats taking the layer index */
@@ -186,8 +183,8 @@ static hyla_status load_decl(loader *L, const hyla_tensor_decl *d, void *wstruct
         if (!hyla_st_find(L->st, name) && hyla_st_find(L->st, d->name[a])) name = d->name[a];
     void *slot = (uint8_t *)wstruct + d->offset;
     if (d->use == HYLA_TENSOR_MATRIX)
-        return load_matrix(L, name, (int)d->shape[0], (int)d->shape[1], d->tp_blocks, (hyla_weight **)slot);
-    return load_vector_nd(L, name, d->ndim, d->shape, d->tp_blocks, (float **)slot);
+        return load_matrix(L, name, (int)d->shape[0], (int)d->shape[1], d->tp_seg, (hyla_weight **)slot);
+    return load_vector_nd(L, name, d->ndim, d->shape, d->tp_seg, (float **)slot);
 }
 
 static hyla_status load_layer(loader *L, int i) {
@@ -205,9 +202,9 @@ static hyla_status load_layer(loader *L, int i) {
         char pre[160];
         P(pre, lay->mlp, i);
         HYLA_TRY(load_vector(L, P(n, lay->mlp_norm, i), D, &ly->mlp_norm));
-        HYLA_TRY(load_matrix(L, P(n, "%sgate_proj.weight", pre), F, D, 1, &ly->mlp_gate));
-        HYLA_TRY(load_matrix(L, P(n, "%sup_proj.weight", pre), F, D, 1, &ly->mlp_up));
-        HYLA_TRY(load_matrix(L, P(n, "%sdown_proj.weight", pre), D, F, 1, &ly->mlp_down));
+        HYLA_TRY(load_matrix(L, P(n, "%sgate_proj.weight", pre), F, D, NULL, &ly->mlp_gate));
+        HYLA_TRY(load_matrix(L, P(n, "%sup_proj.weight", pre), F, D, NULL, &ly->mlp_up));
+        HYLA_TRY(load_matrix(L, P(n, "%sdown_proj.weight", pre), D, F, NULL, &ly->mlp_down));
     }
     if (!(ly->w = calloc(1, ly->mixer->w_size ? ly->mixer->w_size : 1))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     HYLA_TRY(track_host(m, ly->w));
@@ -321,7 +318,7 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     int first = m->layer_begin == 0, last = m->layer_end == c->num_layers;
     if (s == HYLA_OK && (first || (last && c->tie_word_embeddings))) {
         snprintf(L.ctx, sizeof L.ctx, "the embedding");
-        s = load_matrix(&L, c->layout->embed, V, D, 1, &m->embed);
+        s = load_matrix(&L, c->layout->embed, V, D, NULL, &m->embed);
     }
     for (int i = m->layer_begin; s == HYLA_OK && i < m->layer_end; i++) s = load_layer(&L, i);
     if (s == HYLA_OK && last) {
@@ -329,7 +326,7 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
         s = load_vector(&L, c->layout->final_norm, D, &m->final_norm);
         if (s == HYLA_OK) {
             if (c->tie_word_embeddings) m->lm_head = m->embed;
-            else s = load_matrix(&L, c->layout->lm_head, V, D, 1, &m->lm_head);
+            else s = load_matrix(&L, c->layout->lm_head, V, D, NULL, &m->lm_head);
         }
     }
     hyla_st_close(st); /* backends copy weights at weight_create */

@@ -397,13 +397,13 @@ static int fits(const hyla_state_part *p, const hyla_part_spec *s) {
     return 1;
 }
 
-/* Bytes of one slab along `axis`: the part's bytes from axis on, for its shape. */
-static size_t slab(const hyla_state_part *p, int axis, size_t *outer) {
-    size_t es = hyla_dtype_size((hyla_dtype)p->dtype), o = 1, c = es;
+/* A shard part's runs before its split dimension (*outer) and bytes per entry of it (*inner). */
+static void runs(const hyla_state_part *p, int axis, size_t *outer, size_t *inner) {
+    size_t o = 1, c = hyla_dtype_size((hyla_dtype)p->dtype);
     for (int d = 0; d < axis; d++) o *= (size_t)p->shape[d];
-    for (uint32_t d = (uint32_t)axis; d < p->ndim; d++) c *= (size_t)p->shape[d];
+    for (uint32_t d = (uint32_t)axis + 1; d < p->ndim; d++) c *= (size_t)p->shape[d];
     *outer = o;
-    return c;
+    *inner = c;
 }
 
 /* Parts of model state (the token log aside, which only rank 0's export carries), first. */
@@ -466,7 +466,7 @@ hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_s
         if (st != HYLA_OK) break;
         uint64_t shape[HYLA_PART_MAX_DIMS];
         memcpy(shape, p0->shape, sizeof shape);
-        if (axis >= 0) shape[axis] *= (uint64_t)T;
+        if (axis >= 0) shape[axis] = (uint64_t)hyla_tp_whole_len(ss->tp_seg, (int64_t)p0->shape[axis], T);
         hyla_state_part *wp;
         if ((st = hyla_snapshot_add_part(w, p0->layer, p0->name, (hyla_part_kind)p0->kind, (hyla_dtype)p0->dtype,
                                          p0->ndim, shape, p0->page_tokens, &wp)) != HYLA_OK)
@@ -475,12 +475,10 @@ hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_s
             memcpy(wp->data, p0->data, p0->nbytes);
             continue;
         }
-        size_t outer, chunk = slab(p0, axis, &outer);
-        for (int t = 0; t < T; t++) {
-            const uint8_t *src = shards[t]->parts[i].data;
-            uint8_t *dst = (uint8_t *)wp->data + (size_t)t * chunk;
-            for (size_t o = 0; o < outer; o++) memcpy(dst + o * chunk * (size_t)T, src + o * chunk, chunk);
-        }
+        size_t outer, inner;
+        runs(p0, axis, &outer, &inner);
+        for (int t = 0; t < T; t++)
+            hyla_tp_join(ss->tp_seg, outer, (int64_t)p0->shape[axis], inner, T, t, wp->data, shards[t]->parts[i].data);
     }
     if (st == HYLA_OK) st = copy_token_log(w, shards[0]);
     if (st != HYLA_OK) {
@@ -513,7 +511,7 @@ hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *who
         }
         uint64_t shape[HYLA_PART_MAX_DIMS];
         memcpy(shape, p->shape, sizeof shape);
-        if (axis >= 0) shape[axis] /= (uint64_t)T;
+        if (axis >= 0) shape[axis] = ss->shape[axis - (ss->paged ? 1 : 0)];
         hyla_state_part *sp;
         if ((st = hyla_snapshot_add_part(s, p->layer, p->name, (hyla_part_kind)p->kind, (hyla_dtype)p->dtype, p->ndim,
                                          shape, p->page_tokens, &sp)) != HYLA_OK)
@@ -522,10 +520,9 @@ hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *who
             memcpy(sp->data, p->data, p->nbytes);
             continue;
         }
-        size_t outer, chunk = slab(sp, axis, &outer);
-        const uint8_t *src = (const uint8_t *)p->data + (size_t)r * chunk;
-        for (size_t o = 0; o < outer; o++)
-            memcpy((uint8_t *)sp->data + o * chunk, src + o * chunk * (size_t)T, chunk);
+        size_t outer, inner;
+        runs(sp, axis, &outer, &inner);
+        hyla_tp_cut(ss->tp_seg, outer, (int64_t)sp->shape[axis], inner, T, r, p->data, sp->data);
     }
     if (st == HYLA_OK) st = copy_token_log(s, whole);
     if (st != HYLA_OK) {

@@ -83,8 +83,8 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)mc;
     const attn_cfg *c = cfgp;
     uint64_t Hk = (uint64_t)c->kv_heads, hd = (uint64_t)c->head_dim;
-    out[0] = (hyla_part_spec){"k", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1};
-    out[1] = (hyla_part_spec){"v", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1};
+    out[0] = (hyla_part_spec){"k", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1, {0}};
+    out[1] = (hyla_part_spec){"v", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1, {0}};
     return 2;
 }
 
