@@ -107,25 +107,44 @@ __global__ void k_nsa_compress(nsa_tab t, int Hk, int D, int BS) {
  * ascending: row r is key r % BS of block sel[r / BS]), 2 the window lo.. */
 enum { NSA_CMP = 0, NSA_SLC = 1, NSA_SWA = 2 };
 
+/* One task's view of its session: the page tables read once. */
 struct nsa_job {
     int z, h, Hk, D, BS, G, Gp, lo;
-    const int *sel; /* shared, sorted */
+    const int *sel;       /* shared, sorted */
+    void *const *kpages;  /* the session's k pages, then (npages on) its v pages */
+    int npages, pt;       /* pages per table, tokens per page */
+    void *const *cpages;  /* the session's compressed pages, cpt blocks each */
+    int cpt;
+    const void **rp;      /* shared [NSA_TR]: the row addresses of the tile being staged */
 };
 
+/* The address of row `row` (k: isv 0, v: isv 1) of branch `mode`. */
+__device__ __forceinline__ const void *nsa_src(const nsa_job &j, int mode, int row, int isv) {
+    if (mode == NSA_CMP)
+        return (const float *)j.cpages[row / j.cpt] + (((size_t)(row % j.cpt) * 2 + isv) * j.Hk + j.h) * j.D;
+    int kp = mode == NSA_SLC ? j.sel[row / j.BS] * j.BS + row % j.BS : j.lo + row;
+    return (const __nv_bfloat16 *)j.kpages[isv * j.npages + kp / j.pt] + ((size_t)(kp % j.pt) * j.Hk + j.h) * j.D;
+}
+
 /* Stage rows j0..j0+nr-1 (k: isv 0, v: isv 1) of branch `mode` as fp32 in dst [NSA_TR][D + 1]:
- * warp per row, lanes over the columns. */
-__device__ void nsa_load_tile(const nsa_tab &t, const nsa_job &j, int mode, int j0, int nr, int isv, float *dst) {
-    int lane = threadIdx.x & 31, ld = j.D + 1;
-    for (int r = threadIdx.x >> 5; r < nr; r += NSA_NT / 32) {
-        int row = j0 + r;
-        float *d = dst + (size_t)r * ld;
-        if (mode == NSA_CMP) {
-            const float *s = nsa_crow(t, j.z, row, isv, j.Hk, j.D, j.h);
-            for (int x = lane; x < j.D; x += 32) d[x] = s[x];
-        } else {
-            int kp = mode == NSA_SLC ? j.sel[row / j.BS] * j.BS + row % j.BS : j.lo + row;
-            const __nv_bfloat16 *s = nsa_row(t, j.z, isv, kp, j.Hk, j.D, j.h);
-            for (int x = lane; x < j.D; x += 32) d[x] = __bfloat162float(s[x]);
+ * the row addresses first (a thread per row, into j.rp), then the elements, every thread's
+ * loads independent of each other. Callers put a barrier before (j.rp and dst are free) and
+ * after (dst is filled). */
+__device__ void nsa_load_tile(const nsa_job &j, int mode, int j0, int nr, int isv, float *dst) {
+    int tid = threadIdx.x, D = j.D, ld = D + 1;
+    if (tid < nr) j.rp[tid] = nsa_src(j, mode, j0 + tid, isv);
+    __syncthreads();
+    if (mode == NSA_CMP) {
+#pragma unroll 4
+        for (int e = tid; e < nr * D; e += NSA_NT) {
+            int r = e / D, x = e - r * D;
+            dst[(size_t)r * ld + x] = ((const float *)j.rp[r])[x];
+        }
+    } else {
+#pragma unroll 4
+        for (int e = tid; e < nr * D; e += NSA_NT) {
+            int r = e / D, x = e - r * D;
+            dst[(size_t)r * ld + x] = __bfloat162float(((const __nv_bfloat16 *)j.rp[r])[x]);
         }
     }
 }
@@ -133,13 +152,13 @@ __device__ void nsa_load_tile(const nsa_tab &t, const nsa_job &j, int mode, int 
 /* Logits L[gi][r] = (q_gi · k_r)·scale of the n rows of a branch. EXACT: the CPU's rounding
  * and order (products and sums rounded on their own, over the head dim in order). */
 template <bool EXACT>
-__device__ void nsa_logits(const nsa_tab &t, const nsa_job &j, int mode, int n, float scale, const float *qsT,
+__device__ void nsa_logits(const nsa_job &j, int mode, int n, float scale, const float *qsT,
                            float *tile, float *L, int ldl) {
     int tid = threadIdx.x, r = tid % NSA_TR, sub = tid / NSA_TR, ld = j.D + 1;
     for (int j0 = 0; j0 < n; j0 += NSA_TR) {
         int nr = n - j0 < NSA_TR ? n - j0 : NSA_TR;
         __syncthreads(); /* the previous tile's readers are done */
-        nsa_load_tile(t, j, mode, j0, nr, 0, tile);
+        nsa_load_tile(j, mode, j0, nr, 0, tile);
         __syncthreads();
         if (r >= nr) continue;
         const float *kr = tile + (size_t)r * ld;
@@ -199,7 +218,7 @@ __device__ __forceinline__ float nsa_sigm(float x) { return (float)(1.0 / (1.0 +
  * branch stores its output, the selected one combines σ(g_slc)·o_slc + σ(g_cmp)·o_cmp, the
  * window adds σ(g_swa)·o_swa. Each thread reads back only what it wrote. */
 template <bool EXACT>
-__device__ void nsa_out(const nsa_tab &t, const nsa_job &j, int mode, int n, const float *L, int ldl,
+__device__ void nsa_out(const nsa_job &j, int mode, int n, const float *L, int ldl,
                         const float *ginv, float *tile, float *pt, const float *g, float *o) {
     int tid = threadIdx.x, D = j.D, ld = D + 1, nos = NSA_NT / D, x = tid % D, osub = tid / D;
     float acc[NSA_OCH * NSA_OQ];
@@ -208,7 +227,7 @@ __device__ void nsa_out(const nsa_tab &t, const nsa_job &j, int mode, int n, con
     for (int j0 = 0; j0 < n; j0 += NSA_TR) {
         int nr = n - j0 < NSA_TR ? n - j0 : NSA_TR;
         __syncthreads();
-        nsa_load_tile(t, j, mode, j0, nr, 1, tile);
+        nsa_load_tile(j, mode, j0, nr, 1, tile);
         for (int e = tid; e < j.G * nr; e += NSA_NT) {
             int gi = e / nr, r = e % nr;
             pt[(size_t)r * j.Gp + gi] = L[(size_t)gi * ldl + j0 + r];
@@ -314,9 +333,12 @@ __global__ void __launch_bounds__(NSA_NT, 2)
         int x = e / Gp, gi = e % Gp;
         qsT[e] = gi < G ? q[(qo + gi) * D + x] : 0.0f;
     }
-    nsa_job j = {z, h, Hk, D, BS, G, Gp, 0, srt};
+    __shared__ const void *rp[NSA_TR];
+    int off = t.off[z];
+    nsa_job j = {z, h, Hk, D, BS, G, Gp, 0, srt, t.ptr + off, (t.off[z + 1] - off) / 2, t.pt[z], t.cptr + t.cpoff[z],
+                 t.cpt[z], rp};
     /* [NSA-2] compressed attention, the CPU's arithmetic */
-    nsa_logits<true>(t, j, NSA_CMP, nc, scale, qsT, tile, L, ldl);
+    nsa_logits<true>(j, NSA_CMP, nc, scale, qsT, tile, L, ldl);
     nsa_stats<true>(j, nc, L, ldl, ginv);
     /* [NSA-3] block scores: the group's mean probability (summed in the CPU's order), the
      * first, current and previous blocks forced */
@@ -328,7 +350,7 @@ __global__ void __launch_bounds__(NSA_NT, 2)
         if (c == 0 || c == cur || c == cur - 1) s = 1.0f;
         S[c] = s;
     }
-    nsa_out<true>(t, j, NSA_CMP, nc, L, ldl, ginv, tile, pt, gq, oq); /* ends with a barrier */
+    nsa_out<true>(j, NSA_CMP, nc, L, ldl, ginv, tile, pt, gq, oq); /* ends with a barrier */
     int want = counts < nb ? counts : nb;
     nsa_select(S, nb, want, sel);
     if (tid < want) { /* ascending block order: only the last can be the current, partial one */
@@ -339,15 +361,15 @@ __global__ void __launch_bounds__(NSA_NT, 2)
     __syncthreads();
     int nk = 0;
     for (int k = 0; k < want; k++) nk += srt[k] == cur ? p - cur * BS + 1 : BS;
-    nsa_logits<false>(t, j, NSA_SLC, nk, scale, qsT, tile, L, ldl);
+    nsa_logits<false>(j, NSA_SLC, nk, scale, qsT, tile, L, ldl);
     nsa_stats<false>(j, nk, L, ldl, ginv);
-    nsa_out<false>(t, j, NSA_SLC, nk, L, ldl, ginv, tile, pt, gq, oq);
+    nsa_out<false>(j, NSA_SLC, nk, L, ldl, ginv, tile, pt, gq, oq);
     if (window > 0) {
         j.lo = p - window + 1 > 0 ? p - window + 1 : 0;
         int nw = p - j.lo + 1;
-        nsa_logits<false>(t, j, NSA_SWA, nw, scale, qsT, tile, L, ldl);
+        nsa_logits<false>(j, NSA_SWA, nw, scale, qsT, tile, L, ldl);
         nsa_stats<false>(j, nw, L, ldl, ginv);
-        nsa_out<false>(t, j, NSA_SWA, nw, L, ldl, ginv, tile, pt, gq, oq);
+        nsa_out<false>(j, NSA_SWA, nw, L, ldl, ginv, tile, pt, gq, oq);
     }
 }
 
@@ -456,8 +478,8 @@ static hyla_status nsa_run(hyla_cuda_ctx *c, const char *op, const float *q, con
     }
     int Gp = (G + 7) & ~7;
     size_t smem = ((size_t)D * Gp + (size_t)NSA_TR * (D + 1) + (size_t)NSA_TR * Gp + Gp) * sizeof(float);
-    if (smem > 48 * 1024)
-        CU_TRY(cudaFuncSetAttribute(k_nsa_group, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* (with the static arrays, the paper's shape is just under the 48 KiB a launch gets unasked) */
+    CU_TRY(cudaFuncSetAttribute(k_nsa_group, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     for (int i0 = 0; i0 < n; i0 += (int)chunk) {
         int cnt = n - i0 < (int)chunk ? n - i0 : (int)chunk;
         k_nsa_group<<<dim3(cnt, Hk), NSA_NT, smem, c->stream>>>(t, q, g, Hq, Hk, D, block, counts, window, scale, scr,
