@@ -2071,6 +2071,8 @@ static const op_case cases[] = {
      * keys, a 300-key window */
     {"nsa_prefill, nsa_decode", case_nsa, {2, 1, 16, 1, 8, 200, 64}},
     {"nsa_prefill, nsa_decode", case_nsa, {4, 1, 32, 4, 64, 300, 64}},
+    /* a group of 32: the CUDA-core form of the selected and window branches */
+    {"nsa_prefill, nsa_decode", case_nsa, {32, 1, 32, 8, 4, 40, 64}},
     /* {erase, H, dk, dv, K, n} */
     {"dla_prefill, dla_decode", case_dla, {1, 2, 16, 32, 4, 80}},
     {"dla_prefill, dla_decode", case_dla, {1, 3, 64, 128, 8, 120}},

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
 
 #define NSA_PUT_THREADS 128
 #define NSA_MAX_COUNTS 256
@@ -283,6 +284,117 @@ __device__ void nsa_out(const nsa_job &j, int mode, int n, const float *L, int l
     __syncthreads();
 }
 
+/* Tensor-core forms of the selected and window branches (query group <= 16, hd a multiple of
+ * 16): bf16 q (rounded once), bf16 K/V rows as cached, bf16 weights e = exp(l − max), fp32
+ * accumulation, mma.sync m16n8k16 (hyla_cuda_mma.cuh); the group padded to 16 queries. */
+
+/* Stage rows j0..j0+nr-1 of branch `mode` as bf16 in dst [NSA_TR][D + 8] (16-byte copies), the
+ * rows up to the next multiple of 16 zeroed (they enter P·V with weight 0). */
+__device__ void nsa_load_tile16(const nsa_job &j, int mode, int j0, int nr, int isv, __nv_bfloat16 *dst) {
+    int tid = threadIdx.x, D8 = j.D / 8, ld = j.D + 8, nr16 = (nr + 15) & ~15;
+    if (tid < nr) j.rp[tid] = nsa_src(j, mode, j0 + tid, isv);
+    __syncthreads();
+#pragma unroll 4
+    for (int e = tid; e < nr * D8; e += NSA_NT) {
+        int r = e / D8, c = e - r * D8;
+        *(uint4 *)(dst + (size_t)r * ld + c * 8) = *(const uint4 *)((const __nv_bfloat16 *)j.rp[r] + c * 8);
+    }
+    for (int e = tid; e < (nr16 - nr) * D8; e += NSA_NT) {
+        int r = nr + e / D8, c = e % D8;
+        *(uint4 *)(dst + (size_t)r * ld + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* Logits L[gi][r] = (q_gi · k_r)·scale: warp w takes rows 16w..16w+15 of each tile (two n8
+ * tiles), k16 steps over the head dim. q16: [16][D + 8] bf16. */
+__device__ void nsa_logits_tc(const nsa_job &j, int mode, int n, float scale, const __nv_bfloat16 *q16,
+                              __nv_bfloat16 *t16, float *L, int ldl) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tt = lane & 3, ld = j.D + 8;
+    for (int j0 = 0; j0 < n; j0 += NSA_TR) {
+        int nr = n - j0 < NSA_TR ? n - j0 : NSA_TR, n0 = warp * 16;
+        __syncthreads();
+        nsa_load_tile16(j, mode, j0, nr, 0, t16);
+        __syncthreads();
+        if (n0 >= nr) continue;
+        float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        for (int k0 = 0; k0 < j.D; k0 += 16) {
+            uint32_t a[4], b[2];
+            ld_frag_a(a, q16 + k0, ld);
+            ld_frag_b_nk(b, t16 + (size_t)n0 * ld + k0, ld);
+            mma_bf16_16816(c[0], a, b);
+            ld_frag_b_nk(b, t16 + (size_t)(n0 + 8) * ld + k0, ld);
+            mma_bf16_16816(c[1], a, b);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int qi = g + 8 * hf, r = n0 + nt * 8 + 2 * tt + e;
+                    if (qi < j.G && r < nr) L[(size_t)qi * ldl + j0 + r] = c[nt][2 * hf + e] * scale;
+                }
+    }
+    __syncthreads();
+}
+
+/* P·V with the weights e in L (rounded to bf16), warp w takes the n8 column tiles w, w + 8, ..
+ * of the output; rows in order, k16 steps. Then, as nsa_out: o = σ(g_slc)·o_slc·(1/sum) +
+ * σ(g_cmp)·o_cmp, or o += σ(g_swa)·o_swa·(1/sum). */
+__device__ void nsa_out_tc(const nsa_job &j, int mode, int n, const float *L, int ldl, const float *ginv,
+                           __nv_bfloat16 *t16, const float *g, float *o) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tt = lane & 3, ld = j.D + 8;
+    int D8 = j.D / 8;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int j0 = 0; j0 < n; j0 += NSA_TR) {
+        int nr = n - j0 < NSA_TR ? n - j0 : NSA_TR, nr16 = (nr + 15) & ~15;
+        __syncthreads();
+        nsa_load_tile16(j, mode, j0, nr, 1, t16);
+        __syncthreads();
+        for (int k0 = 0; k0 < nr16; k0 += 16) {
+            float pv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) { /* (query gq or gq + 8, row k0 + 2tt (+1) or k0 + 8 + 2tt (+1)) */
+                int qi = gq + 8 * ((u >> 1) & 1), r = k0 + 2 * tt + (u & 1) + 8 * (u >> 2);
+                pv[u] = qi < j.G && r < nr ? L[(size_t)qi * ldl + j0 + r] : 0.0f;
+            }
+            uint32_t a[4] = {pack_bf16x2(pv[0], pv[1]), pack_bf16x2(pv[2], pv[3]), pack_bf16x2(pv[4], pv[5]),
+                             pack_bf16x2(pv[6], pv[7])};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int nt = warp + 8 * i;
+                if (nt >= D8) break;
+                uint32_t b[2];
+                ld_frag_b_kn(b, t16 + (size_t)k0 * ld + nt * 8, ld);
+                mma_bf16_16816(acc[i], a, b);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int nt = warp + 8 * i;
+        if (nt >= D8) break;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int qi = gq + 8 * hf;
+            if (qi >= j.G) continue;
+            const float *gg = g + (size_t)qi * 3;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float *oi = o + (size_t)qi * j.D + nt * 8 + 2 * tt + e;
+                float br = n > 0 ? acc[i][2 * hf + e] * ginv[qi] : 0.0f;
+                if (mode == NSA_SLC)
+                    *oi = __fadd_rn(__fmul_rn(br, nsa_sigm(gg[1])), __fmul_rn(*oi, nsa_sigm(gg[0])));
+                else
+                    *oi = __fadd_rn(*oi, __fmul_rn(br, nsa_sigm(gg[2])));
+            }
+        }
+    }
+    __syncthreads();
+}
+
 /* [NSA-3] The `want` highest block scores S[0..nb) (score descending, then the lower index) into
  * sel, in selection order; S's taken entries are set to −1. */
 __device__ void nsa_select(float *S, int nb, int want, int *sel) {
@@ -325,6 +437,8 @@ __global__ void __launch_bounds__(NSA_NT, 2)
     int i = i0 + blockIdx.x, h = blockIdx.y, tid = threadIdx.x, z = nsa_sess(t, i), p = nsa_pos(t, i);
     int G = Hq / Hk, Gp = (G + 7) & ~7, nc = (p + 1) / BS, nb = p / BS + 1, cur = p / BS;
     float *qsT = sm, *tile = qsT + (size_t)D * Gp, *pt = tile + (size_t)NSA_TR * (D + 1), *ginv = pt + (size_t)NSA_TR * Gp;
+    __nv_bfloat16 *q16 = (__nv_bfloat16 *)(ginv + Gp), *t16 = (__nv_bfloat16 *)tile;
+    bool tc = G <= 16 && D % 16 == 0;
     float *L = scratch + ((size_t)blockIdx.x * Hk + h) * per, *S = L + (size_t)G * ldl;
     size_t qo = (size_t)i * Hq + (size_t)h * G;
     const float *gq = g + qo * 3;
@@ -333,6 +447,11 @@ __global__ void __launch_bounds__(NSA_NT, 2)
         int x = e / Gp, gi = e % Gp;
         qsT[e] = gi < G ? q[(qo + gi) * D + x] : 0.0f;
     }
+    if (tc)
+        for (int e = tid; e < 16 * D; e += NSA_NT) {
+            int gi = e / D, x = e - gi * D;
+            q16[gi * (D + 8) + x] = __float2bfloat16_rn(gi < G ? q[(qo + gi) * D + x] : 0.0f);
+        }
     __shared__ const void *rp[NSA_TR];
     int off = t.off[z];
     nsa_job j = {z, h, Hk, D, BS, G, Gp, 0, srt, t.ptr + off, (t.off[z + 1] - off) / 2, t.pt[z], t.cptr + t.cpoff[z],
@@ -361,15 +480,19 @@ __global__ void __launch_bounds__(NSA_NT, 2)
     __syncthreads();
     int nk = 0;
     for (int k = 0; k < want; k++) nk += srt[k] == cur ? p - cur * BS + 1 : BS;
-    nsa_logits<false>(j, NSA_SLC, nk, scale, qsT, tile, L, ldl);
-    nsa_stats<false>(j, nk, L, ldl, ginv);
-    nsa_out<false>(j, NSA_SLC, nk, L, ldl, ginv, tile, pt, gq, oq);
-    if (window > 0) {
-        j.lo = p - window + 1 > 0 ? p - window + 1 : 0;
-        int nw = p - j.lo + 1;
-        nsa_logits<false>(j, NSA_SWA, nw, scale, qsT, tile, L, ldl);
-        nsa_stats<false>(j, nw, L, ldl, ginv);
-        nsa_out<false>(j, NSA_SWA, nw, L, ldl, ginv, tile, pt, gq, oq);
+    for (int br = NSA_SLC; br <= NSA_SWA; br++) {
+        if (br == NSA_SWA && window <= 0) break;
+        if (br == NSA_SWA) j.lo = p - window + 1 > 0 ? p - window + 1 : 0;
+        int nr = br == NSA_SLC ? nk : p - j.lo + 1;
+        if (tc)
+            nsa_logits_tc(j, br, nr, scale, q16, t16, L, ldl);
+        else
+            nsa_logits<false>(j, br, nr, scale, qsT, tile, L, ldl);
+        nsa_stats<false>(j, nr, L, ldl, ginv);
+        if (tc)
+            nsa_out_tc(j, br, nr, L, ldl, ginv, t16, gq, oq);
+        else
+            nsa_out<false>(j, br, nr, L, ldl, ginv, tile, pt, gq, oq);
     }
 }
 
@@ -477,7 +600,8 @@ static hyla_status nsa_run(hyla_cuda_ctx *c, const char *op, const float *q, con
         CU_LAUNCH_CHECK("nsa_compress");
     }
     int Gp = (G + 7) & ~7;
-    size_t smem = ((size_t)D * Gp + (size_t)NSA_TR * (D + 1) + (size_t)NSA_TR * Gp + Gp) * sizeof(float);
+    size_t smem = ((size_t)D * Gp + (size_t)NSA_TR * (D + 1) + (size_t)NSA_TR * Gp + Gp) * sizeof(float) +
+                  (size_t)16 * (D + 8) * sizeof(__nv_bfloat16);
     /* (with the static arrays, the paper's shape is just under the 48 KiB a launch gets unasked) */
     CU_TRY(cudaFuncSetAttribute(k_nsa_group, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     for (int i0 = 0; i0 < n; i0 += (int)chunk) {
