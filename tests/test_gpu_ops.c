@@ -2064,6 +2064,15 @@ static const op_case cases[] = {
     {"nsa_prefill, nsa_decode", case_nsa, {4, 2, 64, 16, 4, 32, 64}},
     {"nsa_prefill, nsa_decode", case_nsa, {8, 1, 128, 32, 3, 0, 16}},
     {"nsa_prefill, nsa_decode", case_nsa, {2, 2, 32, 8, 16, 100, 64}},
+    /* FLA's group of 16 (the checkpoint of nsa_fla_check.py), the paper's 32/2 shape */
+    {"nsa_prefill, nsa_decode", case_nsa, {16, 1, 32, 16, 4, 32, 64}},
+    {"nsa_prefill, nsa_decode", case_nsa, {32, 2, 64, 64, 16, 512, 64}},
+    /* branches longer than one 128-row tile: 232 compressed rows (blocks of 1), 256 selected
+     * keys, a 300-key window */
+    {"nsa_prefill, nsa_decode", case_nsa, {2, 1, 16, 1, 8, 200, 64}},
+    {"nsa_prefill, nsa_decode", case_nsa, {4, 1, 32, 4, 64, 300, 64}},
+    /* a group of 32: the CUDA-core form of the selected and window branches */
+    {"nsa_prefill, nsa_decode", case_nsa, {32, 1, 32, 8, 4, 40, 64}},
     /* {erase, H, dk, dv, K, n} */
     {"dla_prefill, dla_decode", case_dla, {1, 2, 16, 32, 4, 80}},
     {"dla_prefill, dla_decode", case_dla, {1, 3, 64, 128, 8, 120}},

@@ -973,7 +973,7 @@ static void sp_free_io(sp_ud *a) {
 static int sp_ctx[8] = {4096, 32768, 131072}, sp_nctx = 3; /* --ctx */
 static int parse_list(const char *s, int *out, int max);
 
-static void bench_sparse(int quick) {
+static void bench_sparse(int quick, int nsa_only) {
     int *ctxs = sp_ctx, nctx = sp_nctx, B = 32, small[2] = {256, 1024};
     if (quick) ctxs = small, nctx = 2, B = 4;
     /* decode: B sessions at position ctx. LTE: the caches a prefill of min(ctx, 4096) tokens left
@@ -982,7 +982,7 @@ static void bench_sparse(int quick) {
      * backend checks the position against the cache, so it decodes right after the prefill). */
     int fill = quick ? ctxs[0] : 4096;
     sp_lte lte = sp_lte_new(B);
-    {
+    if (!nsa_only) {
         sp_ud a = {2, fill, 1, SP_HQ, SP_HK, SP_D, 0, NULL, NULL, NULL, NULL, NULL, NULL, &lte, NULL, 0};
         sp_alloc_io(&a, fill, SP_HQ, SP_HK, SP_D);
         sp_prefill_run(&a);
@@ -992,7 +992,7 @@ static void bench_sparse(int quick) {
     }
     for (int ci = 0; ci < nctx; ci++) {
         int ctx = ctxs[ci];
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
             if (k == 2 && strcmp(O->name, "cuda") && ctx != fill) continue;
@@ -1022,7 +1022,7 @@ static void bench_sparse(int quick) {
     int nsa_n = 0;
     for (int ci = 0; ci < nctx; ci++) {
         int n = ctxs[ci];
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
             if (k == 2 && lte_ms_per_tok * n > 20e3) { /* per-token insertion: skip what would take > 20 s */
@@ -1031,7 +1031,7 @@ static void bench_sparse(int quick) {
                 continue;
             }
             double nsa_est = nsa_n ? nsa_ms * ((double)n / nsa_n) * ((double)n / nsa_n) : 0;
-            if (k == 3 && nsa_est > 20e3) { /* quadratic (the serial softmax per query): skip > 20 s */
+            if (k == 3 && nsa_est > 20e3) { /* the compressed branch grows with the position: skip > 20 s */
                 emit_head("sparse_prefill");
                 printf(",\"mixer\":\"nsa\",\"tokens\":%d,\"window\":%d,\"skipped\":\"estimated %.0f s\"}\n", n, window,
                        nsa_est / 1e3);
@@ -1056,8 +1056,10 @@ static void bench_sparse(int quick) {
             sp_free_io(&a);
         }
     }
-    emit_head("sparse_lte_cache");
-    printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    if (!nsa_only) {
+        emit_head("sparse_lte_cache");
+        printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    }
     sp_lte_free(&lte);
 }
 
@@ -1614,7 +1616,7 @@ int hyla_bench_kernels(int argc, char **argv) {
         else {
             printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
                    "                          [--max-call-s S] [--only gemm|prefill|sse|decode|attn|\n"
-                   "                          elementwise|sparse|mamba2|statex|dla]\n"
+                   "                          elementwise|sparse|nsa|mamba2|statex|dla]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
                    "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
                    "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
@@ -1622,7 +1624,7 @@ int hyla_bench_kernels(int argc, char **argv) {
                    "  the 1.3B models (--only elementwise; GB/s of the bytes each must move).\n"
                    "  --only sparse (not in the default set): full attention, SWA (w 1024), LTE and NSA\n"
                    "  layers at the 1.4B laLTE/laNSA shapes, prefill and batch-32 decode at --ctx LIST\n"
-                   "  (default 4096,32768,131072).\n"
+                   "  (default 4096,32768,131072). --only nsa: the NSA rows of that group alone.\n"
                    "  --only mamba2 | statex | dla (not in the default set; each first measures the\n"
                    "  device-to-device copy rate of 1 GiB, which decode rows report as of_copy):\n"
                    "    mamba2: SSD prefill (one sequence of 4096 and 16384 tokens) and decode state\n"
@@ -1642,7 +1644,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     }
     if (only) {
         static const char *const modes[] = {"gemm", "prefill", "sse", "decode", "attn", "elementwise",
-                                            "sparse", "mamba2", "statex", "dla"};
+                                            "sparse", "nsa", "mamba2", "statex", "dla"};
         size_t i = 0;
         while (i < sizeof modes / sizeof modes[0] && strcmp(only, modes[i])) i++;
         if (i == sizeof modes / sizeof modes[0]) {
@@ -1662,7 +1664,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     if (!only || !strcmp(only, "decode")) bench_decode(quick);
     if (!only || !strcmp(only, "attn")) bench_attention(quick);
     if (!only || !strcmp(only, "elementwise")) bench_elementwise(quick);
-    if (only && !strcmp(only, "sparse")) bench_sparse(quick);
+    if (only && (!strcmp(only, "sparse") || !strcmp(only, "nsa"))) bench_sparse(quick, !strcmp(only, "nsa"));
     if (only && !strcmp(only, "mamba2")) bench_mamba2(quick);
     if (only && !strcmp(only, "statex")) bench_statex(quick);
     if (only && !strcmp(only, "dla")) bench_dla(quick);
