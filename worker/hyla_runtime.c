@@ -213,7 +213,9 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         PM("final norm, lm head");
         return hs;
     }
-    /* not the last stage: hand the hidden states to the remaining stages */
+    /* not the last stage: hand the hidden states to the remaining stages (a tensor-parallel
+     * group's rank 0 does; the other ranks hold the same rows) */
+    if (rt->tp && rt->tp_rank) return HYLA_OK;
     if (!rt->downstream)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
                          m->layer_begin, m->layer_end - 1, c->num_layers);

@@ -195,27 +195,11 @@ static hyla_status run_forward(hyla_session *const *ss, int R, int decode, const
     return s;
 }
 
-/* hyla_stage_forward's checks and rows; hidden_in NULL: the rows are already in rt->x. */
-static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
-                                 float *logits) {
-    if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
+/* One rank's stage forward of rows already in its rt->x (or uploaded from hidden_in). */
+static hyla_status stage_rank(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
+                              float *logits) {
     hyla_runtime *rt = ss[0]->rt;
-    if (rt->tp) return hyla_fail(HYLA_ERR_UNSUPPORTED, "a pipeline stage with tensor parallelism is not supported yet");
     const hyla_model *m = ss[0]->m;
-    int n = decode ? R : 1;
-    for (int i = 0; i < n; i++)
-        if (ss[i]->rt != rt) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different runtimes");
-    /* a prefill piece either starts on a chunk boundary or stays inside one chunk (the pieces of
-     * any feed are then cut at the same absolute positions) */
-    if (!decode && (R > HYLA_PREFILL_PIECE_MAX ||
-                    (ss[0]->pos % HYLA_PREFILL_CHUNK &&
-                     ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK)))
-        return hyla_fail(HYLA_ERR_INVALID_ARG,
-                         "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
-                         "or stay inside one chunk, and hold at most %d rows",
-                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
-    if (!hidden_in && R > rt->rows) /* reserving now would drop the rows already received */
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", R, rt->rows);
     HYLA_TRY(hyla_runtime_reserve(rt, R));
     int32_t *pos = malloc((size_t)R * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
@@ -234,6 +218,52 @@ static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, con
     }
     free(pos);
     return st;
+}
+
+typedef struct {
+    hyla_session *const *ss;
+    int R, decode, want_logits;
+    const float *hidden_in;
+    float *logits;
+} stage_job;
+
+static hyla_status stage_job_rank(void *ud, int r) {
+    stage_job *j = ud;
+    int n = j->decode ? j->R : 1;
+    hyla_session **sr = malloc((size_t)n * sizeof *sr);
+    if (!sr) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) sr[i] = rank_of(j->ss[i], r);
+    /* rank 0 hands out the logits (every rank holds the same) */
+    hyla_status st = stage_rank(sr, j->R, j->decode, j->hidden_in, j->want_logits, r ? NULL : j->logits);
+    free(sr);
+    return st;
+}
+
+/* hyla_stage_forward's checks and rows; hidden_in NULL: the rows are already in rt->x. */
+static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
+                                 float *logits) {
+    if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
+    hyla_runtime *rt = ss[0]->rt;
+    int n = decode ? R : 1;
+    for (int i = 0; i < n; i++)
+        if (ss[i]->rt != rt) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different runtimes");
+    /* a prefill piece either starts on a chunk boundary or stays inside one chunk (the pieces of
+     * any feed are then cut at the same absolute positions) */
+    if (!decode && (R > HYLA_PREFILL_PIECE_MAX ||
+                    (ss[0]->pos % HYLA_PREFILL_CHUNK &&
+                     ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK)))
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
+                         "or stay inside one chunk, and hold at most %d rows",
+                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+    if (!hidden_in && R > rt->rows) /* reserving now would drop the rows already received */
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", R, rt->rows);
+    if (ss[0]->T == 1) return stage_rank(ss, R, decode, hidden_in, want_logits, logits);
+    /* a split stage takes its rows from the host: each rank uploads them */
+    if (!hidden_in)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "a stage split over several devices takes its rows from the host");
+    stage_job j = {ss, R, decode, want_logits, hidden_in, logits};
+    return hyla_tp_run(rt->tp, stage_job_rank, &j);
 }
 
 hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits) {

@@ -222,9 +222,8 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
         if (rts[t]->m->fingerprint != rts[0]->m->fingerprint)
             return hyla_fail(HYLA_ERR_MISMATCH, "the group's runtimes are on different models");
         if (rts[t]->tp) return hyla_fail(HYLA_ERR_INVALID_ARG, "runtime %d is in a tensor-parallel group already", t);
-        if (rts[t]->m->layer_begin != 0 || rts[t]->m->layer_end != rts[t]->m->cfg.num_layers)
-            return hyla_fail(HYLA_ERR_UNSUPPORTED, "tensor parallelism of a pipeline stage (layers %d..%d) is not supported yet",
-                             rts[t]->m->layer_begin, rts[t]->m->layer_end - 1);
+        if (rts[t]->m->layer_begin != rts[0]->m->layer_begin || rts[t]->m->layer_end != rts[0]->m->layer_end)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "the group's runtimes hold different layer ranges");
         const char *be = rts[t]->be->ops->name;
         if (!strcmp(be, "cuda")) ncuda++;
         else if (strcmp(be, "cpu"))
@@ -502,6 +501,9 @@ hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *who
     for (uint32_t i = 0; st == HYLA_OK && i < whole->n_parts; i++) {
         const hyla_state_part *p = &whole->parts[i];
         if (p->kind == HYLA_PART_TOKENS) continue;
+        /* a pipeline stage takes its layers from a whole-model snapshot (as hyla_session_import) */
+        if (p->layer != HYLA_SNAPSHOT_SESSION_LAYER && ((int)p->layer < m->layer_begin || (int)p->layer >= m->layer_end))
+            continue;
         int axis;
         const hyla_part_spec *ss, *fs;
         if ((st = part_axis(m, p->layer, p->name, &axis, &ss, &fs)) != HYLA_OK) break;

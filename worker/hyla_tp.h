@@ -15,8 +15,9 @@
  * hyla_tp_snapshot_split), so a conversation moves between splits and to an unsplit model. The
  * numbers are not the unsplit model's bits: a sum over ranks rounds differently from one
  * accumulation (logits within the GPU-vs-GPU tolerance); the bit-exact promises (batching,
- * prefill pieces, pause/resume) hold within one split. Pipeline stages (a layer range) cannot be
- * split yet.
+ * prefill pieces, pause/resume) hold within one split. A pipeline stage (a layer range) can be
+ * split too: its rows arrive on the host and every rank takes them; rank 0 hands its rows to the
+ * next stage.
  *
  * Threading: a group is created, run and freed by one thread; hyla_tp_run calls fn on T threads
  * (rank 0 on the caller's). */
@@ -68,8 +69,8 @@ hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud);
  * hyla_snapshot_destroy. HYLA_ERR_MISMATCH when the shards' parts do not fit their models. */
 hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_snapshot *const *shards, int T,
                                    hyla_snapshot **out);
-/* Rank `shard`'s part of a whole-model snapshot (its heads' slice of every split part),
- * ready for hyla_session_import on that shard's runtime. HYLA_ERR_MISMATCH, naming layer and
+/* Rank `shard`'s part of a whole-model snapshot (its heads' slice of every split part of the
+ * layers it holds), ready for hyla_session_import on that shard's runtime. HYLA_ERR_MISMATCH, naming layer and
  * part, when `whole` is not a snapshot of this model's whole layers. Caller frees with
  * hyla_snapshot_destroy. */
 hyla_status hyla_tp_snapshot_split(const hyla_model *shard, const hyla_snapshot *whole, hyla_snapshot **out);

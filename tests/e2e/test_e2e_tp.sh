@@ -9,7 +9,10 @@
 #       on the whole worker (TP = 2 -> TP = 1);
 #   (m) + Migrate back to the split worker + 32 more == the uninterrupted run (TP = 1 -> TP = 2);
 #   (t) sampled (T = 0.9) on the split worker: 32 + Pause + Resume there + 32 == 64 uninterrupted
-#       there (bit-exact within one split).
+#       there (bit-exact within one split);
+#   (p) a pipeline of two split stages (p0: layers 0:2 --tp 2, p1: 2:4 --tp 2): 32 there + Pause +
+#       Resume on the whole worker + 32 == the whole worker's 64, and back: --tp combines with
+#       --layers.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init tp
@@ -64,4 +67,20 @@ H pause "$P" --evict >/dev/null || e2e_fail "(t) pause"
 H resume "$P" --on w1 >/dev/null || e2e_fail "(t) resume on w1"
 p2=$(H generate "$P" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$p1 $p2" "$full" "(t) sampled on the split worker: 32 + pause + resume + 32 == 64"
+
+# (p) split pipeline stages
+e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 --tp 2 || e2e_done
+e2e_start_worker p1 "$E2E_DIR/model" --layers 2:4 --tp 2 || e2e_done
+group_ok() { e2e_hyla status | grep -E 'p0[ ,]+p1' | grep -qw yes; }
+e2e_wait_for "$E2E_TIMEOUT" group_ok || e2e_fail "(p) p0 + p1 were not assembled into a group"
+Q=$(H create --on p0) || e2e_fail "(p) session on the split pipeline"
+H show "$Q" | grep -qE "p0[ ,]+p1" || e2e_fail "(p) session not on p0 + p1: $(H show "$Q" | grep workers)"
+H append "$Q" "$doc" || e2e_fail "(p) append"
+q1=$(H generate "$Q" -n 32 --ids --ignore-eos)
+H pause "$Q" --evict >/dev/null || e2e_fail "(p) pause"
+H resume "$Q" --on w2 >/dev/null || e2e_fail "(p) resume on w2"
+q2=$(H generate "$Q" -n 32 --ids --ignore-eos)
+e2e_expect_eq "$q1 $q2" "$(want 0 64)" "(p) 32 on split stages + pause + resume whole + 32 == 64 whole"
+H migrate "$Q" --to p0 >/dev/null || e2e_fail "(p) migrate to the split pipeline"
+e2e_expect_eq "$(H generate "$Q" -n 32 --ids --ignore-eos)" "$(want 64 32)" "(p) migrate back to the split stages + 32"
 e2e_done
