@@ -334,6 +334,7 @@ __global__ void k_lte_sim(const lte_job *jobs, const lte_dev_cache *cs, lte_geo 
                 if (cnt < g.b) slot = cnt++;
                 else if (g.b > 0 && r > minv) slot = mini;
                 if (slot >= 0) {
+                    __syncwarp(); /* every lane has copied the previous token's segment */
                     if (lane == 0) sr[slot] = r, sp[slot] = ee;
                     __syncwarp();
                     if (cnt == g.b) lte_argmin(sr, sp, g.b, lane, &minv, &mini);
