@@ -1025,7 +1025,7 @@ static void bench_sparse(int quick, int nsa_only) {
         for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
-            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* per-token insertion: skip what would take > 20 s */
+            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* skip what would take > 20 s at the last size's rate */
                 emit_head("sparse_prefill");
                 printf(",\"mixer\":\"lte\",\"tokens\":%d,\"skipped\":\"over 20 s at %.3f ms/token\"}\n", n, lte_ms_per_tok);
                 continue;
