@@ -10,6 +10,8 @@
  * a thread for the group's life (bound to its GPU at every job, cheap); hyla_tp_run hands them a
  * job and runs rank 0 on the caller's thread. */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,10 @@ struct hyla_tp_group {
     pthread_cond_t cv;
     int arrived;
     unsigned generation;
-    int aborted;
+    atomic_int aborted;
+    /* the spinning rendezvous before each NCCL all-reduce */
+    atomic_int sarrived;
+    atomic_uint sgen;
     float *buf[HYLA_TP_MAX];
     size_t n[HYLA_TP_MAX];
     /* the ranks' threads (1..T-1), started once: hyla_tp_run posts a job and waits */
@@ -113,8 +118,30 @@ static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
     return st;
 }
 
+/* Every rank's thread reaches the all-reduce before any queues it. One process drives all the
+ * GPUs, and a CUDA call that synchronises (cudaFree, a first-time allocation or plan) on one
+ * rank's thread while another GPU's all-reduce kernel already waits for this rank would never
+ * return: the partner kernel waits for a call this thread has not made. After the rendezvous
+ * every rank queues its all-reduce at once, so a kernel in flight always has its partners. A
+ * spin, not a sleep: the ranks arrive within microseconds of each other, twice per layer. */
+static hyla_status spin_rendezvous(struct hyla_tp_group *g) {
+    unsigned gen = atomic_load(&g->sgen);
+    if (atomic_fetch_add(&g->sarrived, 1) == g->T - 1) {
+        atomic_store(&g->sarrived, 0);
+        atomic_fetch_add(&g->sgen, 1);
+        return HYLA_OK;
+    }
+    for (unsigned spins = 0; atomic_load(&g->sgen) == gen; spins++) {
+        if (atomic_load(&g->aborted))
+            return hyla_fail(HYLA_ERR_CANCELLED, "another rank of the tensor-parallel group failed");
+        if (spins > 4096) sched_yield();
+    }
+    return HYLA_OK;
+}
+
 static hyla_status nccl_allreduce(void *ud, float *buf, size_t n) {
     rank_ref *r = ud;
+    HYLA_TRY(spin_rendezvous(r->g));
     return hyla_cuda_nccl_allreduce(r->g->rt[r->rank]->be, r->g->link[r->rank], buf, n);
 }
 
@@ -170,8 +197,9 @@ static void *rank_thread(void *arg) {
 
 hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud) {
     rank_job jobs[HYLA_TP_MAX];
-    g->aborted = 0;
+    atomic_store(&g->aborted, 0);
     g->arrived = 0;
+    atomic_store(&g->sarrived, 0);
     for (int t = 0; t < g->T; t++) jobs[t] = (rank_job){g, t, fn, ud, HYLA_OK, ""};
     pthread_mutex_lock(&g->jmu);
     g->jobs = jobs;
