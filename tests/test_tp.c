@@ -184,10 +184,15 @@ out:
     hyla_backend_destroy(be1);
 }
 
-static void expect_refusal(const char *arch, int size, const char *needle) {
+static void expect_refusal(const char *arch, int size, const char *needle, const char *edit) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/tp_%s", hyla_test_env("HYLA_TMP", "/tmp"), arch);
     make_model(arch, dir);
+    if (edit) { /* a sed expression on config.json */
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "sed -i '%s' %s/config.json", edit, dir);
+        CHECK(system(cmd) == 0);
+    }
     hyla_backend *be = NULL;
     CHECK_OK(hyla_backend_create("cpu", &be));
     hyla_model_params mp = hyla_model_default_params();
@@ -220,8 +225,10 @@ int main(int argc, char **argv) {
         check_arch(ARCHS[a]);
     }
     if (strcmp(g_dev, "cpu")) return hyla_test_done("test_tp");
-    expect_refusal("gdn", 3, "num_heads 4 is not divisible by 3");
-    expect_refusal("gdn-h", 4, "num_kv_heads 2 is not divisible by 4");
-    expect_refusal("statex-gla", 2, "num_heads 1 is not divisible by 2");
+    expect_refusal("gdn", 3, "num_heads 4 is not divisible by 3", NULL);
+    expect_refusal("gdn-h", 4, "num_kv_heads 2 is not divisible by 4", NULL);
+    expect_refusal("statex-gla", 2, "num_heads 1 is not divisible by 2", NULL);
+    /* transformers' Mamba2 convention: the gated RMSNorm spans all inner channels */
+    expect_refusal("mamba2", 2, "cannot be split", "s/\"norm_before_gate\": *false/\"norm_grouped\": false/");
     return hyla_test_done("test_tp");
 }
