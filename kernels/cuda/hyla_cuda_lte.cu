@@ -71,20 +71,12 @@ struct lte_job {
                  * the CNN's input rows of the job are flat rows xrow .. xrow + m1 - m0 + 2h - 1 */
 };
 
-static int lte_half(const hyla_lte_params *p) { return p->n_conv * (p->kernel - 1) / 2 * p->dilation; }
-
 static lte_geo lte_geometry(const hyla_lte_params *p) {
-    lte_geo g = {p->Hk, p->D, p->sink, p->window, p->budget, p->sink + p->window + p->budget, lte_half(p)};
+    lte_geo g = {p->Hk, p->D, p->sink, p->window, p->budget, p->sink + p->window + p->budget, hyla_lte_half(p)};
     return g;
 }
 
-/* Largest channel count of the input and of the conv layers' outputs. */
-static int lte_maxch(const hyla_lte_params *p) {
-    int m = 0;
-    for (int l = 0; l <= p->n_conv; l++)
-        if (p->ch[l] > m) m = p->ch[l];
-    return m;
-}
+/* Largest channel count of the conv layers' outputs (hyla_lte_maxch: the input's too). */
 static int lte_maxact(const hyla_lte_params *p) {
     int m = 0;
     for (int l = 1; l <= p->n_conv; l++)
@@ -92,25 +84,11 @@ static int lte_maxact(const hyla_lte_params *p) {
     return m;
 }
 
-static hyla_status lte_check(const char *op, const hyla_lte_params *p) {
-    int bad = p->Hk <= 0 || p->D <= 0 || p->D % 2 || p->sink < 0 || p->budget < 0 || p->n_conv < 1 ||
-              p->n_conv > HYLA_LTE_MAX_CONV || p->kernel < 1 || p->kernel % 2 == 0 || p->dilation < 1 ||
-              p->ch[0] != 2 * p->D;
-    for (int l = 1; !bad && l <= p->n_conv; l++) bad = p->ch[l] <= 0 || !p->conv_w[l - 1] || !p->conv_b[l - 1];
-    if (bad || !p->proj_w || !p->proj_b)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: bad LTE parameters (Hk=%d D=%d convs=%d kernel=%d dilation=%d)", op,
-                         p->Hk, p->D, p->n_conv, p->kernel, p->dilation);
-    if (p->window < 2 * lte_half(p) + 1)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: window %d is shorter than the receptive field %d", op, p->window,
-                         2 * lte_half(p) + 1);
-    return HYLA_OK;
-}
-
 /* The limits of the cache kernels (lte_score has none): head dims whose rows split into 16-byte
  * pieces over a power-of-two number of lanes, the codes of the visible rows and the segment in
  * shared memory. */
 static hyla_status lte_check_cache(const char *op, const hyla_lte_params *p) {
-    HYLA_TRY(lte_check(op, p));
+    HYLA_TRY(hyla_lte_check(op, p));
     if (p->D != 16 && p->D != 32 && p->D != 64 && p->D != 128 && p->D != 256)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: head dim %d (the CUDA LTE kernels take 16, 32, 64, 128 or 256)", op,
                          p->D);
@@ -126,7 +104,7 @@ static hyla_status lte_check_cache(const char *op, const hyla_lte_params *p) {
  * when the position leaving the window is still needed as context; eager: every complete
  * position at once) as a function of N. */
 static int lte_next_scored(const hyla_lte_params *p, int N) {
-    int s = p->sink, w = p->window, h = lte_half(p);
+    int s = p->sink, w = p->window, h = hyla_lte_half(p);
     if (p->eager) return N - 1 - h >= s ? N - h : s;
     /* lazy: the first batch is due at t = s + w, then every w - 2h tokens (lte_check: > 0) */
     if (N <= s + w) return s;
@@ -208,10 +186,10 @@ static hyla_status lte_cnn(hyla_cuda_ctx *c, const hyla_lte_params *p, const flo
 
 extern "C" hyla_status cu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    HYLA_TRY(lte_check("lte_score", p));
-    int h = lte_half(p);
+    HYLA_TRY(hyla_lte_check("lte_score", p));
+    int h = hyla_lte_half(p);
     if (T < 2 * h + 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "lte_score: %d rows, the receptive field needs %d", T, 2 * h + 1);
-    size_t na = (size_t)T * p->Hk * lte_maxch(p);
+    size_t na = (size_t)T * p->Hk * hyla_lte_maxch(p);
     void *mem;
     HYLA_TRY(cu_scratch(c, SCR_ATTN, 2 * na * sizeof(float), &mem));
     float *a = (float *)mem;
@@ -612,13 +590,13 @@ static void lte_plan_job(const hyla_lte_params *p, lte_job *J, int *rows) {
     J->m0 = lte_next_scored(p, J->pos0);
     J->m1 = lte_next_scored(p, J->pos0 + J->n);
     J->xrow = *rows;
-    if (J->m1 > J->m0) *rows += J->m1 - J->m0 + 2 * lte_half(p);
+    if (J->m1 > J->m0) *rows += J->m1 - J->m0 + 2 * hyla_lte_half(p);
 }
 
 /* The rows of the longest scoring launch group (groups: consecutive scoring jobs up to
  * LT_SCORE_ROWS input rows, at least one job). */
 static int lte_group_rows(const hyla_lte_params *p, const lte_job *jobs, int njob) {
-    int h = lte_half(p), best = 0, cur = 0;
+    int h = hyla_lte_half(p), best = 0, cur = 0;
     for (int j = 0; j < njob; j++) {
         if (jobs[j].m1 <= jobs[j].m0) continue;
         int T = jobs[j].m1 - jobs[j].m0 + 2 * h;
