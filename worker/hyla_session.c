@@ -357,13 +357,13 @@ static uint64_t shape_bytes(hyla_dtype dt, const uint64_t *shape, uint32_t nd) {
 /* ---- export ----
  * begin: the snapshot's parts are carved from one snapshot buffer; the fixed parts (recurrent,
  * partition, conv tails, ...) are first copied on the device (ops->copy, in stream order) into
- * staging slots of their own size (the same pool classes as the states, so no new device
- * allocation in steady state), because later ops overwrite the states; the rows of paged parts
+ * slots of one staging buffer (from the runtime's cache: no device allocation, no zero-fill in
+ * steady state), because later ops overwrite the states; the rows of paged parts
  * below the position never change again, so their pages are captured in place (only the used
  * bytes of the last page: the next token's row is written while the copy may still run). One
  * ops->capture_begin queues all device->host copies; nothing waits for the device. */
 typedef struct {
-    void *slot;        /* staging slot (device), freed at end */
+    void *slot;        /* staging slot (device): a piece of the export's staging buffer */
     const void *state; /* the state it copies */
     size_t bytes;
 } export_stage;
@@ -372,19 +372,23 @@ struct hyla_export {
     hyla_session *s;
     hyla_snapshot *snap;
     hyla_capture *ticket;
+    void *staging;       /* device: every slot; back to the runtime's cache at end */
+    size_t staging_used; /* bytes of it carved so far */
     export_stage *stage; /* [n_stage] the fixed parts */
     int n_stage;
 };
 
+/* A staging slot's piece of the buffer: 256-byte aligned, like an allocation */
+static size_t stage_piece(uint64_t bytes) { return (size_t)((bytes + 255) & ~(uint64_t)255); }
+
 static void export_free(hyla_export *e) {
-    const hyla_model *m = e->s->m;
-    for (int i = 0; i < e->n_stage; i++) OPS(m)->free(CTX(m), e->stage[i].slot);
+    hyla_stagebuf_release(e->s->rt, e->staging);
     hyla_snapshot_destroy(e->snap);
     free(e->stage);
     free(e);
 }
 
-/* Fill the snapshot's parts (carved from its arena), allocate the staging slots and list the
+/* Fill the snapshot's parts (carved from its arena), carve the staging slots and list the
  * device->host copies: dst/src/len [*nc]. */
 static hyla_status export_plan(hyla_export *e, void **dst, const void **src, size_t *len, int *nc) {
     hyla_session *s = e->s;
@@ -402,7 +406,8 @@ static hyla_status export_plan(hyla_export *e, void **dst, const void **src, siz
                                             pd->paged ? HYLA_KV_PAGE_TOKENS : 0, &p));
             if (!pd->paged) {
                 export_stage *g = &e->stage[e->n_stage];
-                HYLA_TRY(OPS(m)->alloc(CTX(m), (size_t)p->nbytes, &g->slot));
+                g->slot = (uint8_t *)e->staging + e->staging_used;
+                e->staging_used += stage_piece(p->nbytes);
                 g->state = ls->part[i].dev;
                 g->bytes = (size_t)p->nbytes;
                 e->n_stage++;
@@ -427,7 +432,7 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     const hyla_model *m = s->m;
     const hyla_ops *o = OPS(m);
     /* sizes and counts first: one arena, one copy list */
-    uint64_t arena = 0;
+    uint64_t arena = 0, staging = 0;
     int n_parts = 0, n_stage = 0, n_copies = 0;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
@@ -444,6 +449,7 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
             } else {
                 n_stage++;
                 n_copies++;
+                staging += stage_piece(n);
             }
         }
     }
@@ -461,7 +467,8 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     }
     e->s = s;
     uint8_t *base = NULL;
-    st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
+    st = hyla_stagebuf_get(s->rt, (size_t)staging, &e->staging);
+    if (st == HYLA_OK) st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
     if (st == HYLA_OK &&
         !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, hyla_snapbuf_release, hyla_runtime_snapbufs(s->rt)))) {
         hyla_snapbuf_release(hyla_runtime_snapbufs(s->rt), base);
