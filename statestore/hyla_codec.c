@@ -953,6 +953,8 @@ typedef struct {
     void *fctx;
     const char *what;
     hyla_snapshot *out; /* NULL when verifying */
+    hyla_chunk_done_fn done; /* streaming decode: told of every chunk verified (may be NULL) */
+    void *done_ctx;
     thread_scratch *ts;
     uint8_t **conv;     /* per-thread bf16 / verify buffers */
     first_error err;
@@ -988,6 +990,9 @@ static void dec_fn(void *ctx, size_t i, int tid) {
             if (st == HYLA_OK && d->out && !direct) /* bf16 -> f32 */
                 hyla_to_f32((float *)d->out->parts[r->part].data + r->raw_off / 2, dst, HYLA_DT_BF16, r->raw_len / 2);
         }
+        if (st == HYLA_OK && d->done) /* in-memory bytes: f32 parts stored as bf16 take twice the room */
+            d->done(d->done_ctx, r->part, direct ? r->raw_off : r->raw_off * 2,
+                    direct ? (uint64_t)r->raw_len : (uint64_t)r->raw_len * 2);
         if (d->release) d->release(d->fctx, tok);
         if (st != HYLA_OK) loc_text(loc, sizeof loc, d->m, r);
     }
@@ -1062,6 +1067,26 @@ hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
     }
     *out = s;
     return HYLA_OK;
+}
+
+hyla_status hyla_codec_decode_into(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                                   void *ctx, const char *what, int threads, hyla_snapshot *dst,
+                                   hyla_chunk_done_fn done, void *done_ctx) {
+    if (dst->n_parts != m->n_parts)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: decode target has %u parts, the manifest %u", what, dst->n_parts,
+                         m->n_parts);
+    for (uint32_t i = 0; i < m->n_parts; i++) {
+        const hyla_state_part *a = &dst->parts[i], *b = &m->parts[i].desc;
+        if (a->nbytes != b->nbytes || a->layer != b->layer || strcmp(a->name, b->name) || (!a->data && a->nbytes))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: decode target part %u (layer %u '%s', %llu bytes) is not the "
+                             "manifest's (layer %u '%s', %llu bytes)", what, i, a->layer, a->name,
+                             (unsigned long long)a->nbytes, b->layer, b->name, (unsigned long long)b->nbytes);
+    }
+    dec_ctx d = dec_ctx_of(m, fetch, release, ctx, what);
+    d.out = dst;
+    d.done = done;
+    d.done_ctx = done_ctx;
+    return run_decode(&d, threads);
 }
 
 hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
