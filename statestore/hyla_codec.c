@@ -1009,11 +1009,47 @@ static void dec_fn(void *ctx, size_t i, int tid) {
     }
 }
 
+/* Decoders kept between decodes: a decode on fresh zstd contexts and fresh scratch pays for
+ * their allocation and for page faults on every byte of scratch, a large part of a restore's
+ * time. Up to DEC_KEEP of them (zstd context + shuffle scratch up to DEC_KEEP_SCRATCH bytes)
+ * stay for the next decode, on any thread. */
+#define DEC_KEEP 64
+#define DEC_KEEP_SCRATCH ((size_t)8 << 20)
+static pthread_mutex_t dec_keep_mu = PTHREAD_MUTEX_INITIALIZER;
+static thread_scratch dec_keep[DEC_KEEP];
+static int dec_keep_n;
+
+static void dec_take(thread_scratch *ts, int w) {
+    pthread_mutex_lock(&dec_keep_mu);
+    for (int t = 0; t < w && dec_keep_n > 0; t++) ts[t] = dec_keep[--dec_keep_n];
+    pthread_mutex_unlock(&dec_keep_mu);
+}
+
+/* Keep what fits, free the rest (and ts). */
+static void dec_give_back(thread_scratch *ts, int w) {
+    pthread_mutex_lock(&dec_keep_mu);
+    for (int t = 0; t < w; t++) {
+        if (dec_keep_n == DEC_KEEP || ts[t].cctx || !ts[t].dctx) continue;
+        if (ts[t].scratch_len > DEC_KEEP_SCRATCH) {
+            free(ts[t].scratch);
+            ts[t].scratch = NULL;
+            ts[t].scratch_len = 0;
+        }
+        dec_keep[dec_keep_n++] = ts[t];
+        memset(&ts[t], 0, sizeof ts[t]);
+    }
+    pthread_mutex_unlock(&dec_keep_mu);
+    scratch_free(ts, w);
+}
+
 static hyla_status run_decode(dec_ctx *d, int threads) {
     int w = hyla_parallel_width(threads, d->m->n_chunks);
     uint64_t maxc = 0;
-    for (uint32_t i = 0; i < d->m->n_parts; i++)
+    int need_conv = !d->out; /* verifying decodes into them; so do parts stored as bf16 */
+    for (uint32_t i = 0; i < d->m->n_parts; i++) {
         if (d->m->parts[i].chunk_bytes > maxc) maxc = d->m->parts[i].chunk_bytes;
+        if (d->m->parts[i].stored_dtype != d->m->parts[i].desc.dtype) need_conv = 1;
+    }
     d->ts = calloc((size_t)w, sizeof *d->ts);
     d->conv = calloc((size_t)w, sizeof *d->conv);
     if (!d->ts || !d->conv) {
@@ -1021,13 +1057,14 @@ static hyla_status run_decode(dec_ctx *d, int threads) {
         free(d->conv);
         return hyla_fail(HYLA_ERR_NOMEM, "decode scratch");
     }
+    dec_take(d->ts, w);
     /* conversion / verify buffers sized to the largest chunk */
-    for (int t = 0; t < w; t++) {
+    for (int t = 0; need_conv && t < w; t++) {
         d->conv[t] = malloc(maxc ? maxc : 1);
         if (!d->conv[t]) {
             for (int u = 0; u < t; u++) free(d->conv[u]);
             free(d->conv);
-            free(d->ts);
+            dec_give_back(d->ts, w);
             return hyla_fail(HYLA_ERR_NOMEM, "decode scratch of %llu bytes", (unsigned long long)maxc);
         }
     }
@@ -1037,7 +1074,7 @@ static hyla_status run_decode(dec_ctx *d, int threads) {
     pthread_mutex_destroy(&d->report_mu);
     for (int t = 0; t < w; t++) free(d->conv[t]);
     free(d->conv);
-    scratch_free(d->ts, w);
+    dec_give_back(d->ts, w);
     return first_error_finish(&d->err);
 }
 

@@ -13,7 +13,9 @@
  * RocksDB store, statestore/hyla_store.c): plan + encode values, parse manifest + decode.
  *
  * Threading: every function is safe to call from several threads on different objects; each
- * call may start its own worker threads and joins them before returning. */
+ * call may start its own worker threads and joins them before returning. Decoders (a zstd
+ * context and shuffle scratch each, up to 64) are kept between decode calls of the process, so
+ * a restore does not allocate and fault in fresh ones each time. */
 #ifndef HYLA_CODEC_H
 #define HYLA_CODEC_H
 
