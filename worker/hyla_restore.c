@@ -168,18 +168,21 @@ hyla_status hyla_restore_session(hyla_runtime *rt, hyla_store *st, const char *s
     q.r = r;
     hyla_import *im = NULL;
     hyla_status s = pinned_like(rt, hyla_store_read_layout(r), &q.snap);
-    if (s == HYLA_OK) s = hyla_session_import_begin(rt, q.snap, &im);
     if (s == HYLA_OK) {
         rs.bytes = hyla_snapshot_bytes(q.snap);
-        rs.seconds_open = hyla_now() - t0;
         pthread_mutex_init(&q.mu, NULL);
         pthread_cond_init(&q.cv, NULL);
         pthread_t th;
+        /* the reader starts before the import is laid out: the session's allocations (one per
+         * KV page, each zero-filled) overlap the first chunks' decoding, which only writes the
+         * pinned buffer; nothing is copied to the device before begin has checked the layout */
         if (pthread_create(&th, NULL, reader_main, &q) != 0) {
             s = hyla_fail(HYLA_ERR_RESOURCE, "restore: cannot start the reader thread");
         } else {
-            hyla_status ps = pump(&q, im, &rs);
-            if (ps != HYLA_OK) { /* drain: the reader keeps reporting until it returns */
+            hyla_status ps = hyla_session_import_begin(rt, q.snap, &im);
+            rs.seconds_open = hyla_now() - t0;
+            if (ps == HYLA_OK) ps = pump(&q, im, &rs);
+            if (ps != HYLA_OK) { /* the reader runs to its end (its threads cannot be stopped) */
                 pthread_mutex_lock(&q.mu);
                 while (!q.finished) pthread_cond_wait(&q.cv, &q.mu);
                 pthread_mutex_unlock(&q.mu);

@@ -7,7 +7,8 @@
  * for the next export or restore), and each chunk, once verified, is handed to the device's copy
  * engine (hyla_session_import_ranges) while the next ones are decoded. The refusals are those of
  * both calls (a missing or corrupt chunk, another model's fingerprint, a part that does not fit
- * the model), and no byte reaches the device before its chunk's checksum has been checked; a
+ * the model; that last one only after the store's read, which runs while the session is laid
+ * out), and no byte reaches the device before its chunk's checksum has been checked; a
  * refused restore leaves no session. The first restore of a given size allocates its pinned
  * buffer (slow: page-locking); later ones reuse it.
  *
@@ -31,7 +32,8 @@ typedef struct {
     uint64_t bytes;       /* bytes of state (the snapshot's parts) */
     uint64_t ranges;      /* chunks handed to the device */
     uint64_t copy_calls;  /* hyla_session_import_ranges calls (batches of chunks) */
-    double seconds_open;  /* manifest read and checked, pinned buffer, session laid out */
+    double seconds_open;  /* manifest read and checked, pinned buffer, session laid out (the
+                             store's read already runs while the session is laid out) */
     double seconds_read;  /* the store's read: every chunk fetched, verified, decoded */
     double seconds_total; /* until the session is ready (its copies done) */
 } hyla_restore_stats;
