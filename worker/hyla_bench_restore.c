@@ -100,11 +100,20 @@ static void bandwidths(rb_dev *d, uint64_t snap_bytes, double *pinned, double *p
 }
 
 /* Decode step of session s alone, and with an export of s always in flight (a new one begins
- * as soon as one ends). */
-static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, double *plain_ms, double *busy_ms, int *n_exp) {
+ * as soon as one ends). Of the steps with an export in flight: the host time of
+ * hyla_session_export_begin (begin_ms, mean), the mean step (decode only) of the steps at which
+ * an export began (step_begin_ms) and of the others (step_other_ms): a cost per export shows in
+ * the first, contention with the copies in the second. */
+typedef struct {
+    double plain_ms, busy_ms, begin_ms, end_ms, step_begin_ms, step_other_ms;
+    int n_exp;
+} export_costs;
+
+static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, export_costs *x) {
     int32_t out;
     hyla_export *e = NULL;
     hyla_snapshot *snap = NULL;
+    memset(x, 0, sizeof *x);
     RTRY(hyla_session_decode(&s, 1, &out, NULL));
     RTRY(hyla_session_export_begin(s, &e)); /* warm: buffer cache, staging slots */
     RTRY(hyla_session_decode(&s, 1, &out, NULL));
@@ -114,22 +123,38 @@ static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, double *plai
     double t = hyla_now();
     for (int i = 0; i < steps; i++) RTRY(hyla_session_decode(&s, 1, &out, NULL));
     RTRY(d->O->sync(d->cx));
-    *plain_ms = (hyla_now() - t) / steps * 1e3;
+    x->plain_ms = (hyla_now() - t) / steps * 1e3;
     e = NULL;
-    *n_exp = 0;
+    int nb = 0, no = 0, ne = 0;
     t = hyla_now();
     for (int i = 0; i < steps; i++) {
-        if (!e) RTRY(hyla_session_export_begin(s, &e));
+        int began = 0;
+        if (!e) {
+            double tb = hyla_now();
+            RTRY(hyla_session_export_begin(s, &e));
+            x->begin_ms += (hyla_now() - tb) * 1e3;
+            began = 1;
+        }
+        double ts = hyla_now();
         RTRY(hyla_session_decode(&s, 1, &out, NULL));
+        ts = (hyla_now() - ts) * 1e3;
+        if (began) x->step_begin_ms += ts, nb++;
+        else x->step_other_ms += ts, no++;
         if (hyla_session_export_done(e)) {
+            double te = hyla_now();
             RTRY(hyla_session_export_end(e, &snap));
             hyla_snapshot_destroy(snap);
+            x->end_ms += (hyla_now() - te) * 1e3;
+            ne++;
             e = NULL;
-            (*n_exp)++;
+            x->n_exp++;
         }
     }
     RTRY(d->O->sync(d->cx));
-    *busy_ms = (hyla_now() - t) / steps * 1e3;
+    x->busy_ms = (hyla_now() - t) / steps * 1e3;
+    if (nb) x->begin_ms /= nb, x->step_begin_ms /= nb;
+    if (no) x->step_other_ms /= no;
+    if (ne) x->end_ms /= ne;
     if (e) {
         RTRY(hyla_session_export_end(e, &snap));
         hyla_snapshot_destroy(snap);
@@ -149,7 +174,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: hyla-bench restore --model DIR [--device cpu|cuda:N] [--ctx 32768,131072]\n"
             "                          [--store DIR] [--repeat 3] [--threads N] [--zstd-level N]\n"
-            "                          [--decode-steps 32]\n"
+            "                          [--chunk-bytes N] [--decode-steps 32]\n"
             "  Per --ctx: prefill one session, put its snapshot into a RocksDB store under --store\n"
             "  (default $TMPDIR or /tmp; removed afterwards), then time restoring it from the store\n"
             "  to the device (read + checksums + decompression + host -> device, overlapped;\n"
@@ -183,6 +208,7 @@ int hyla_bench_restore(int argc, char **argv) {
         else if (!strcmp(a, "--repeat") && has) repeat = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
         else if (!strcmp(a, "--zstd-level") && has) cp.zstd_level = atoi(argv[++i]);
+        else if (!strcmp(a, "--chunk-bytes") && has) cp.chunk_bytes = (uint32_t)atol(argv[++i]);
         else if (!strcmp(a, "--decode-steps") && has) steps = atoi(argv[++i]);
         else {
             usage(strcmp(a, "--help") && strcmp(a, "-h") ? stderr : stdout);
@@ -314,11 +340,11 @@ int hyla_bench_restore(int argc, char **argv) {
         hyla_session_free(s2);
         if (!same_logits || !same_state) rc = 1;
         /* references: host -> device bandwidth; decode while exporting */
-        double pinned, pageable, plain_ms, busy_ms;
+        double pinned, pageable;
         size_t bw_bytes;
-        int n_exp;
+        export_costs xc;
         bandwidths(&d, bytes, &pinned, &pageable, &bw_bytes);
-        decode_vs_export(&d, s1, steps, &plain_ms, &busy_ms, &n_exp);
+        decode_vs_export(&d, s1, steps, &xc);
         printf("{\"bench\":\"restore\",\"device\":\"%s\",\"gpu\":\"%s\",\"model\":\"%s\",\"type\":\"%s\","
                "\"layers\":%d,\"hidden\":%d,\"ctx\":%d,\"state_bytes\":%" PRIu64 ",\"kv_bytes\":%" PRIu64
                ",\"stored_bytes\":%" PRIu64 ",\"put_s\":%.4f,\"repeat\":%d,\"restore_s\":%.4f,\"restore_best_s\":%.4f,"
@@ -327,14 +353,17 @@ int hyla_bench_restore(int argc, char **argv) {
                "\"reprefill_s\":%.4f,\"reprefill_over_restore\":%.1f,\"pinned_h2d_gbps\":%.2f,"
                "\"pageable_h2d_gbps\":%.2f,\"h2d_test_bytes\":%zu,\"restore_of_pinned\":%.3f,"
                "\"legacy_get_s\":%.4f,\"legacy_import_s\":%.4f,\"legacy_restore_s\":%.4f,"
-               "\"codec_threads\":%d,\"zstd_level\":%d,\"decode_ms\":%.3f,"
+               "\"codec_threads\":%d,\"zstd_level\":%d,\"chunk_bytes\":%u,\"decode_ms\":%.3f,"
                "\"decode_ms_exporting\":%.3f,\"exports_completed\":%d,\"decode_steps\":%d,"
+               "\"export_begin_ms\":%.3f,\"export_end_ms\":%.3f,\"step_ms_export_began\":%.3f,"
+               "\"step_ms_export_running\":%.3f,"
                "\"same_logits\":%s,\"reprefill_same_state\":%s}\n",
                d.device, d.gpu, model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, bytes, kv,
                ps.bytes_written, put_s, repeat, restore_s, best, cold_s, open_s, read_s, rst.ranges, rst.copy_calls,
                bytes / restore_s / 1e9, prefill_s, reprefill_s, reprefill_s / restore_s, pinned, pageable, bw_bytes,
                bytes / restore_s / 1e9 / pinned, get_s, imp_s, legacy_s, cp.threads ? cp.threads : hyla_online_cores(),
-               cp.zstd_level, plain_ms, busy_ms, n_exp, steps, same_logits ? "true" : "false",
+               cp.zstd_level, cp.chunk_bytes, xc.plain_ms, xc.busy_ms, xc.n_exp, steps, xc.begin_ms, xc.end_ms, xc.step_begin_ms,
+               xc.step_other_ms, same_logits ? "true" : "false",
                same_state ? "true" : "false");
         fflush(stdout);
         hyla_snapshot_destroy(snap);
