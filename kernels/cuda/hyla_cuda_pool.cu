@@ -364,9 +364,6 @@ static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const v
                 cudaMemcpyAttributes at;
                 memset(&at, 0, sizeof at);
                 at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-                /* these copies run beside compute (snapshots while decoding, restores beside
-                 * other sessions' steps): ask for copy engines, not copies on the SMs */
-                at.flags = cudaMemcpyFlagPreferOverlapWithCompute;
                 size_t at_idx = 0;
                 cudaError_t e = m ? cudaMemcpyBatchAsync(bd, bs, bz, m, &at, &at_idx, 1, c->copy_stream) : cudaSuccess;
                 if (e == cudaSuccess) batched = 1;
