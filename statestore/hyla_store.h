@@ -116,7 +116,9 @@ hyla_status hyla_store_get(hyla_store *st, const char *session, uint64_t version
  * threads, verifying every checksum, and reports each chunk as it is final (hyla_codec.h,
  * hyla_codec_decode_into: the contract of dst and done). This is how a restore overlaps
  * reading, decompression and the copies to a device (worker/hyla_restore.h).
- * open and close on the same thread; read_chunks once, from any thread, in between.
+ * open and close on the same thread (a reader holds the store's lock shared, as every call
+ * does for its duration: keep it open only for the read, and call nothing on the store that
+ * writes from that thread meanwhile); read_chunks once, from any thread, in between.
  * *out: caller closes with hyla_store_read_close. */
 typedef struct hyla_store_reader hyla_store_reader;
 hyla_status hyla_store_read_open(hyla_store *st, const char *session, uint64_t version, uint64_t expected_fingerprint,
