@@ -20,6 +20,7 @@
 #include "hyla_model.h"
 #include "hyla_ops.h"
 #include "hyla_session.h"
+#include "hyla_tp.h"
 #include "hyla_util.h"
 
 /* kernels/cuda/hyla_cuda_extra.h, weak: NULL in builds without the CUDA backend */
@@ -108,8 +109,18 @@ static double timeit(bench_fn fn, void *ud) {
     return t[batches / 2] * 1e3;
 }
 
+static int e2e_tp = 1;              /* hyla-bench e2e --tp */
+static hyla_tp_group *e2e_grp;       /* its group (NULL: one device) */
+
 static void emit_head(const char *bench) {
     printf("{\"bench\":\"%s\",\"device\":\"%s\",\"gpu\":\"%s\"", bench, dev_arg, dev_name);
+    if (e2e_tp > 1) printf(",\"tp\":%d", e2e_tp);
+}
+
+/* CUDA graphs on or off on every rank (one device without --tp). */
+static hyla_status set_graphs_all(int on) {
+    for (int r = 0; r < e2e_tp; r++) HYLA_TRY(hyla_cuda_set_graphs(e2e_grp ? hyla_tp_rank_backend(e2e_grp, r) : be, on));
+    return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- GEMM */
@@ -962,7 +973,7 @@ static void sp_free_io(sp_ud *a) {
 static int sp_ctx[8] = {4096, 32768, 131072}, sp_nctx = 3; /* --ctx */
 static int parse_list(const char *s, int *out, int max);
 
-static void bench_sparse(int quick) {
+static void bench_sparse(int quick, int nsa_only) {
     int *ctxs = sp_ctx, nctx = sp_nctx, B = 32, small[2] = {256, 1024};
     if (quick) ctxs = small, nctx = 2, B = 4;
     /* decode: B sessions at position ctx. LTE: the caches a prefill of min(ctx, 4096) tokens left
@@ -971,7 +982,7 @@ static void bench_sparse(int quick) {
      * backend checks the position against the cache, so it decodes right after the prefill). */
     int fill = quick ? ctxs[0] : 4096;
     sp_lte lte = sp_lte_new(B);
-    {
+    if (!nsa_only) {
         sp_ud a = {2, fill, 1, SP_HQ, SP_HK, SP_D, 0, NULL, NULL, NULL, NULL, NULL, NULL, &lte, NULL, 0};
         sp_alloc_io(&a, fill, SP_HQ, SP_HK, SP_D);
         sp_prefill_run(&a);
@@ -981,7 +992,7 @@ static void bench_sparse(int quick) {
     }
     for (int ci = 0; ci < nctx; ci++) {
         int ctx = ctxs[ci];
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
             if (k == 2 && strcmp(O->name, "cuda") && ctx != fill) continue;
@@ -1011,16 +1022,16 @@ static void bench_sparse(int quick) {
     int nsa_n = 0;
     for (int ci = 0; ci < nctx; ci++) {
         int n = ctxs[ci];
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
-            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* per-token insertion: skip what would take > 20 s */
+            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* skip what would take > 20 s at the last size's rate */
                 emit_head("sparse_prefill");
                 printf(",\"mixer\":\"lte\",\"tokens\":%d,\"skipped\":\"over 20 s at %.3f ms/token\"}\n", n, lte_ms_per_tok);
                 continue;
             }
             double nsa_est = nsa_n ? nsa_ms * ((double)n / nsa_n) * ((double)n / nsa_n) : 0;
-            if (k == 3 && nsa_est > 20e3) { /* quadratic (the serial softmax per query): skip > 20 s */
+            if (k == 3 && nsa_est > 20e3) { /* the compressed branch grows with the position: skip > 20 s */
                 emit_head("sparse_prefill");
                 printf(",\"mixer\":\"nsa\",\"tokens\":%d,\"window\":%d,\"skipped\":\"estimated %.0f s\"}\n", n, window,
                        nsa_est / 1e3);
@@ -1045,9 +1056,531 @@ static void bench_sparse(int quick) {
             sp_free_io(&a);
         }
     }
-    emit_head("sparse_lte_cache");
-    printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    if (!nsa_only) {
+        emit_head("sparse_lte_cache");
+        printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    }
     sp_lte_free(&lte);
+}
+
+/* ---------------------------------------------------------------- Mamba2, StateX, DLA */
+
+/* The shapes of issue 15's benchmarks: Mamba2-1.3B's SSD (d_model 2048, expand 2: 64 heads of
+ * 64, state 128, one group); StateX's expansions (Mamba2 state 512; GLA with its 4 heads merged:
+ * H 1, dk 1024, dv 2048, against the unmerged H 4, dk 256, dv 512 of a 2048-wide GLA); DLA with
+ * K = 30 states over the Mamba2 layer above and over a gated DeltaNet layer of 16 heads with
+ * dk 128, dv 256. Decode rates are compared with copy_gbps, the device-to-device copy rate
+ * measured in the same process (bench_copy: 1 GiB, beyond the 50 MB L2; bytes read + written).
+ * A shape the backend refuses (HYLA_ERR_UNSUPPORTED and the like) gives a row with "error"
+ * instead of a time, and the bench goes on. */
+enum { M2_H = 64, M2_P = 64, M2_G = 1, M2_N = 128, DLA_K = 30, DG_H = 16, DG_DK = 128, DG_DV = 256 };
+
+static double copy_gbps; /* bench_copy's rate; 0 before it ran */
+
+/* A row {"bench": bench, "shape": shape, "error": the backend's message} for a refused call. */
+static void emit_error(const char *bench, const char *shape) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s", hyla_last_error());
+    for (char *p = msg; *p; p++)
+        if (*p == '"' || *p == '\\' || (unsigned char)*p < 32) *p = '\'';
+    emit_head(bench);
+    printf(",\"shape\":\"%s\",\"error\":\"%s\"}\n", shape, msg);
+    fflush(stdout);
+}
+
+/* n floats like drand's, drawn for at most 4M elements and repeated by device copies (large
+ * inputs would otherwise spend seconds in the host's generator). */
+static float *drand_rep(size_t n, float scale, float lo, float hi) {
+    size_t piece = (size_t)1 << 22;
+    if (n <= piece) return drand(n, scale, lo, hi);
+    float *src = drand(piece, scale, lo, hi), *d = dalloc(n * sizeof(float));
+    for (size_t off = 0; off < n; off += piece)
+        TRY(O->copy(CX, d + off, src, (n - off < piece ? n - off : piece) * sizeof(float)));
+    dfree(src);
+    return d;
+}
+
+typedef struct {
+    void *dst, *src;
+    size_t bytes;
+} copy_ud;
+static void copy_run(void *u) {
+    copy_ud *a = u;
+    TRY(O->copy(CX, a->dst, a->src, a->bytes));
+}
+
+static void bench_copy(int quick) {
+    size_t bytes = (size_t)(quick ? 64 : 1024) << 20;
+    copy_ud a = {dalloc(bytes), dalloc(bytes), bytes};
+    double ms = timeit(copy_run, &a), peak, hbm;
+    copy_gbps = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+    datasheet(&peak, &hbm);
+    emit_head("copy_bandwidth");
+    printf(",\"mb\":%.0f,\"ms\":%.4f,\"gbps\":%.1f", bytes / 1e6, ms, copy_gbps);
+    if (hbm > 0) printf(",\"hbm_tbps\":%.2f,\"of_hbm\":%.3f", hbm, copy_gbps / (hbm * 1e3));
+    printf("}\n");
+    fflush(stdout);
+    dfree(a.dst);
+    dfree(a.src);
+}
+
+/* GB/s of a decode row and its share of the copy rate */
+static void print_rate(double bytes, double ms) {
+    double gbps = bytes / (ms * 1e-3) / 1e9;
+    printf(",\"gbps\":%.1f", gbps);
+    if (copy_gbps > 0) printf(",\"copy_gbps\":%.1f,\"of_copy\":%.3f", copy_gbps, gbps / copy_gbps);
+}
+
+/* B sessions' states of ss floats each, one random state copied to all (ptrs: host [B]) */
+static float *states_new(int B, size_t ss, float ***ptrs) {
+    float *one = drand_rep(ss, 0.1f, 0, 0), *all = dalloc((size_t)B * ss * sizeof(float));
+    *ptrs = malloc((size_t)B * sizeof(float *));
+    for (int b = 0; b < B; b++) {
+        TRY(O->copy(CX, all + (size_t)b * ss, one, ss * sizeof(float)));
+        (*ptrs)[b] = all + (size_t)b * ss;
+    }
+    dfree(one);
+    return all;
+}
+
+/* ---- SSD (Mamba2's mixer core) */
+
+typedef struct {
+    int n, H, P, G, N, ldx;
+    float *xbc, *dt, *dt_bias, *A_log, *D, *S, *y;
+    float **Sp; /* decode: host [n] */
+} ssd_ud;
+static hyla_status ssd_call(ssd_ud *a, int decode) {
+    if (decode)
+        return O->ssd_decode(CX, a->xbc, a->ldx, a->dt, a->H, a->dt_bias, a->A_log, a->D, 0.0f, INFINITY, a->n, a->H,
+                             a->P, a->G, a->N, a->Sp, a->y);
+    return O->ssd_prefill(CX, a->xbc, a->ldx, a->dt, a->H, a->dt_bias, a->A_log, a->D, 0.0f, INFINITY, a->n, a->H, a->P,
+                          a->G, a->N, a->S, a->y);
+}
+static void ssd_pf_run(void *u) { TRY(ssd_call(u, 0)); }
+static void ssd_dec_run(void *u) { TRY(ssd_call(u, 1)); }
+
+/* rows x [H][P], B [G][N], C [G][N]; dt raw in [-4, -1] (softplus ~ 0.02-0.3), dt_bias 0,
+ * A_log in [0, 2.7] (A in [-15, -1]), D 1 */
+static ssd_ud ssd_new(int rows, int N) {
+    ssd_ud a = {rows, M2_H, M2_P, M2_G, N, M2_H * M2_P + 2 * M2_G * N, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    a.xbc = drand_rep((size_t)rows * a.ldx, 0, -1.0f, 1.0f);
+    a.dt = drand_rep((size_t)rows * a.H, 0, -4.0f, -1.0f);
+    a.dt_bias = drand(a.H, 0, 0, 0);
+    a.A_log = drand(a.H, 0, 0.0f, 2.7f);
+    a.D = drand(a.H, 0, 1.0f, 1.0f + 1e-6f);
+    a.y = dalloc((size_t)rows * a.H * a.P * sizeof(float));
+    return a;
+}
+static void ssd_free(ssd_ud *a) {
+    float *bufs[] = {a->xbc, a->dt, a->dt_bias, a->A_log, a->D, a->y};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
+}
+
+/* SSD prefill of one sequence per length in ns (row "ssd_prefill"), then decode at each batch
+ * (row "ssd_decode"); bench names carry the state size. */
+static void bench_ssd(int N, const int *ns, int nn, const int *Bs, int nb) {
+    char shape[96];
+    for (int i = 0; i < nn; i++) {
+        int n = ns[i];
+        ssd_ud a = ssd_new(n, N);
+        a.S = drand_rep((size_t)a.H * N * a.P, 0.1f, 0, 0);
+        snprintf(shape, sizeof shape, "n=%d H=%d P=%d G=%d N=%d", n, a.H, a.P, a.G, N);
+        if (ssd_call(&a, 0) != HYLA_OK) emit_error("ssd_prefill", shape);
+        else {
+            double ms = sp_time(ssd_pf_run, &a);
+            /* the chunked form's products, as GLA's with dk = N, dv = P (64-token chunks) */
+            double fl = chunk_flops(0, 64, N, a.P) * (n / 64.0) * a.H;
+            emit_head("ssd_prefill");
+            printf(",\"shape\":\"%s\",\"tokens\":%d,\"H\":%d,\"P\":%d,\"G\":%d,\"N\":%d,\"ms\":%.4f,"
+                   "\"tokens_per_s\":%.0f,\"tflops_chunked\":%.2f}\n",
+                   shape, n, a.H, a.P, a.G, N, ms, n / (ms * 1e-3), fl / (ms * 1e-3) / 1e12);
+            fflush(stdout);
+        }
+        dfree(a.S);
+        ssd_free(&a);
+    }
+    for (int i = 0; i < nb; i++) {
+        int B = Bs[i];
+        ssd_ud a = ssd_new(B, N);
+        size_t ss = (size_t)a.H * N * a.P;
+        float *all = states_new(B, ss, &a.Sp);
+        snprintf(shape, sizeof shape, "B=%d H=%d P=%d G=%d N=%d", B, a.H, a.P, a.G, N);
+        if (ssd_call(&a, 1) != HYLA_OK) emit_error("ssd_decode", shape);
+        else {
+            double ms = timeit(ssd_dec_run, &a);
+            double bytes = (double)B * (2.0 * ss + a.ldx + a.H + (double)a.H * a.P) * 4;
+            emit_head("ssd_decode");
+            printf(",\"shape\":\"%s\",\"B\":%d,\"H\":%d,\"P\":%d,\"G\":%d,\"N\":%d,\"ms\":%.4f,\"state_mb\":%.1f", shape,
+                   B, a.H, a.P, a.G, N, ms, B * ss * 4.0 / 1e6);
+            print_rate(bytes, ms);
+            printf("}\n");
+            fflush(stdout);
+        }
+        dfree(all);
+        free(a.Sp);
+        ssd_free(&a);
+    }
+}
+
+static void bench_mamba2(int quick) {
+    int ns[] = {4096, 16384}, Bs[] = {1, 16, 64, 256}, qns[] = {256}, qBs[] = {1, 4};
+    if (!copy_gbps) bench_copy(quick);
+    if (quick) bench_ssd(M2_N, qns, 1, qBs, 2);
+    else bench_ssd(M2_N, ns, 2, Bs, 4);
+}
+
+/* ---- GLA at StateX's merged shape */
+
+typedef struct {
+    int n, H, dk, dv;
+    float *q, *k, *v, *g, *o, *S;
+    float **Sp;
+} glx_ud;
+static hyla_status glx_call(glx_ud *a, int decode) {
+    float scale = 1.0f / sqrtf((float)a->dk);
+    if (decode) return O->gla_decode(CX, a->q, a->k, a->v, a->g, a->n, a->H, a->dk, a->dv, scale, a->Sp, a->o);
+    return O->gla_prefill(CX, a->q, a->k, a->v, a->g, a->n, a->H, a->dk, a->dv, scale, a->S, a->o);
+}
+static void glx_pf_run(void *u) { TRY(glx_call(u, 0)); }
+static void glx_dec_run(void *u) { TRY(glx_call(u, 1)); }
+static glx_ud glx_new(int rows, int H, int dk, int dv) {
+    glx_ud a = {rows, H, dk, dv, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t nk = (size_t)rows * H * dk;
+    a.q = drand_rep(nk, 0, -0.1f, 0.1f);
+    a.k = drand_rep(nk, 0, -0.1f, 0.1f);
+    a.v = drand_rep((size_t)rows * H * dv, 0, -1.0f, 1.0f);
+    a.g = drand_rep(nk, 0, -0.2f, -0.001f);
+    a.o = dalloc((size_t)rows * H * dv * sizeof(float));
+    return a;
+}
+static void glx_free(glx_ud *a) {
+    float *bufs[] = {a->q, a->k, a->v, a->g, a->o};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
+}
+
+static void bench_gla_shape(int H, int dk, int dv, const int *ns, int nn, const int *Bs, int nb) {
+    char shape[96];
+    for (int i = 0; i < nn; i++) {
+        glx_ud a = glx_new(ns[i], H, dk, dv);
+        a.S = drand_rep((size_t)H * dk * dv, 0.1f, 0, 0);
+        snprintf(shape, sizeof shape, "n=%d H=%d dk=%d dv=%d", ns[i], H, dk, dv);
+        if (glx_call(&a, 0) != HYLA_OK) emit_error("gla_prefill", shape);
+        else {
+            double ms = sp_time(glx_pf_run, &a), fl = chunk_flops(0, 64, dk, dv) * (ns[i] / 64.0) * H;
+            emit_head("gla_prefill");
+            printf(",\"shape\":\"%s\",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,\"tokens_per_s\":%.0f,"
+                   "\"tflops_chunked\":%.2f}\n",
+                   shape, ns[i], H, dk, dv, ms, ns[i] / (ms * 1e-3), fl / (ms * 1e-3) / 1e12);
+            fflush(stdout);
+        }
+        dfree(a.S);
+        glx_free(&a);
+    }
+    for (int i = 0; i < nb; i++) {
+        int B = Bs[i];
+        glx_ud a = glx_new(B, H, dk, dv);
+        size_t ss = (size_t)H * dk * dv;
+        float *all = states_new(B, ss, &a.Sp);
+        snprintf(shape, sizeof shape, "B=%d H=%d dk=%d dv=%d", B, H, dk, dv);
+        if (glx_call(&a, 1) != HYLA_OK) emit_error("gla_decode", shape);
+        else {
+            double ms = timeit(glx_dec_run, &a);
+            double bytes = (double)B * (2.0 * ss + (double)H * (3.0 * dk + 2.0 * dv)) * 4;
+            emit_head("gla_decode");
+            printf(",\"shape\":\"%s\",\"B\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,\"state_mb\":%.1f", shape, B, H,
+                   dk, dv, ms, B * ss * 4.0 / 1e6);
+            print_rate(bytes, ms);
+            printf("}\n");
+            fflush(stdout);
+        }
+        dfree(all);
+        free(a.Sp);
+        glx_free(&a);
+    }
+}
+
+static void bench_statex(int quick) {
+    int ns[] = {4096, 16384}, Bs[] = {1, 16, 64, 256}, qns[] = {256}, qBs[] = {1, 4};
+    const int *pn = quick ? qns : ns, *pb = quick ? qBs : Bs, nn = quick ? 1 : 2, nb = quick ? 2 : 4;
+    if (!copy_gbps) bench_copy(quick);
+    bench_ssd(512, pn, nn, pb, nb);               /* StateX's Mamba2 layer: state 512 */
+    bench_gla_shape(4, 256, 512, pn, nn, pb, nb); /* a 2048-wide GLA layer, 4 heads */
+    bench_gla_shape(1, 1024, 2048, pn, nn, pb, nb); /* the same, heads merged (StateX) */
+}
+
+/* ---- DLA */
+
+typedef struct {
+    hyla_dla_params p;
+    int n, mamba; /* tokens per session (prefill) or sessions (decode); base Mamba2 (no erase) */
+    float *q, *k, *v, *g, *w, *lam, *o;
+    hyla_dla_cache *c; /* host [sessions] */
+    float *cS, *cI;
+    int32_t *cn, *cm;
+    int B;
+} dla_ud;
+static hyla_status dla_call(dla_ud *a, int decode) {
+    float scale = a->mamba ? 1.0f : 1.0f / sqrtf((float)a->p.dk);
+    const float *erase = a->mamba ? NULL : a->w;
+    if (decode) return O->dla_decode(CX, &a->p, a->q, a->k, a->v, a->g, erase, a->w, a->lam, a->n, scale, a->c, a->o);
+    return O->dla_prefill(CX, &a->p, a->q, a->k, a->v, a->g, erase, a->w, a->lam, a->n, scale, a->c, a->o);
+}
+static void dla_dec_run(void *u) { TRY(dla_call(u, 1)); }
+
+/* inputs of `rows` tokens: q, k ~ U(-1, 1)/sqrt(dk) (GDN: keys of norm ~0.6), v ~ U(-1, 1),
+ * g in [-0.01, -0.0001] (decays that keep states in range over thousands of timed calls),
+ * write (beta / dt) in [0.05, 0.5], lam logits ~ U(-1, 1) */
+static dla_ud dla_new(int mamba, int rows, float tau) {
+    dla_ud a;
+    memset(&a, 0, sizeof a);
+    a.mamba = mamba;
+    a.p = mamba ? (hyla_dla_params){M2_H, M2_N, M2_P, DLA_K, tau} : (hyla_dla_params){DG_H, DG_DK, DG_DV, DLA_K, tau};
+    a.n = rows;
+    size_t nk = (size_t)rows * a.p.H * a.p.dk, nh = (size_t)rows * a.p.H;
+    float s = 1.0f / sqrtf((float)a.p.dk);
+    a.q = drand_rep(nk, 0, -s, s);
+    a.k = drand_rep(nk, 0, -s, s);
+    a.v = drand_rep((size_t)rows * a.p.H * a.p.dv, 0, -1.0f, 1.0f);
+    a.g = drand_rep(nh, 0, -0.01f, -0.0001f);
+    a.w = drand_rep(nh, 0, 0.05f, 0.5f);
+    a.lam = drand_rep(nh * DLA_K, 0, -1.0f, 1.0f);
+    a.o = dalloc((size_t)rows * a.p.H * a.p.dv * sizeof(float));
+    return a;
+}
+/* B caches (zero-filled), then dla_reset */
+static void dla_reset(dla_ud *a, int m);
+static void dla_caches(dla_ud *a, int B, int m) {
+    const int H = a->p.H, K = a->p.K;
+    size_t ss = (size_t)H * K * a->p.dk * a->p.dv;
+    a->B = B;
+    a->cS = dalloc((size_t)B * ss * sizeof(float));
+    a->cn = dalloc((size_t)B * H * K * sizeof(int32_t));
+    a->cI = dalloc((size_t)B * H * K * sizeof(float));
+    a->cm = dalloc((size_t)B * H * sizeof(int32_t));
+    a->c = calloc((size_t)B, sizeof(hyla_dla_cache));
+    for (int b = 0; b < B; b++) {
+        hyla_dla_cache *c = &a->c[b];
+        c->S = a->cS + (size_t)b * ss;
+        c->n = a->cn + (size_t)b * H * K;
+        c->I = a->cI + (size_t)b * H * K;
+        c->m = a->cm + (size_t)b * H;
+    }
+    dla_reset(a, m);
+}
+/* every cache holds m states per head (random, 16 tokens and a summed score of 4 each); the
+ * slots past m are zero, as the cache's invariant wants */
+static void dla_reset(dla_ud *a, int m) {
+    const int H = a->p.H, K = a->p.K;
+    size_t sz = (size_t)a->p.dk * a->p.dv, ss = (size_t)H * K * sz;
+    float *one = m > 0 ? drand_rep((size_t)m * sz, 0.01f, 0, 0) : NULL, *hI = malloc((size_t)H * K * sizeof(float));
+    int32_t *hn = malloc((size_t)H * K * sizeof(int32_t)), *hm = malloc((size_t)H * sizeof(int32_t));
+    for (int h = 0; h < H; h++) {
+        hm[h] = m;
+        for (int i = 0; i < K; i++) hn[h * K + i] = i < m ? 16 : 0, hI[h * K + i] = i < m ? 4.0f : 0.0f;
+    }
+    for (int b = 0; b < a->B; b++) {
+        hyla_dla_cache *c = &a->c[b];
+        TRY(O->zero(CX, c->S, ss * sizeof(float)));
+        for (int h = 0; h < H && m > 0; h++) TRY(O->copy(CX, c->S + (size_t)h * K * sz, one, (size_t)m * sz * sizeof(float)));
+        TRY(O->upload(CX, c->n, hn, (size_t)H * K * sizeof(int32_t)));
+        TRY(O->upload(CX, c->I, hI, (size_t)H * K * sizeof(float)));
+        TRY(O->upload(CX, c->m, hm, (size_t)H * sizeof(int32_t)));
+    }
+    if (one) dfree(one);
+    free(hI);
+    free(hn);
+    free(hm);
+}
+/* copy cache 0 into caches 1..B-1 */
+static void dla_clone(dla_ud *a) {
+    const int H = a->p.H, K = a->p.K;
+    size_t ss = (size_t)H * K * a->p.dk * a->p.dv;
+    for (int b = 1; b < a->B; b++) {
+        TRY(O->copy(CX, a->c[b].S, a->c[0].S, ss * sizeof(float)));
+        TRY(O->copy(CX, a->c[b].n, a->c[0].n, (size_t)H * K * sizeof(int32_t)));
+        TRY(O->copy(CX, a->c[b].I, a->c[0].I, (size_t)H * K * sizeof(float)));
+        TRY(O->copy(CX, a->c[b].m, a->c[0].m, (size_t)H * sizeof(int32_t)));
+    }
+}
+static void dla_free(dla_ud *a) {
+    float *bufs[] = {a->q, a->k, a->v, a->g, a->w, a->lam, a->o};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dfree(bufs[i]);
+    if (a->c) {
+        dfree(a->cS), dfree(a->cn), dfree(a->cI), dfree(a->cm);
+        free(a->c);
+    }
+}
+/* mean states in use over the heads of cache 0 */
+static double dla_mean_m(dla_ud *a) {
+    int32_t *hm = malloc((size_t)a->p.H * sizeof(int32_t));
+    TRY(O->download(CX, hm, a->c[0].m, (size_t)a->p.H * sizeof(int32_t)));
+    double s = 0;
+    for (int h = 0; h < a->p.H; h++) s += hm[h];
+    free(hm);
+    return s / a->p.H;
+}
+
+static const char *dla_base_name(int mamba) { return mamba ? "mamba2" : "gdn"; }
+
+/* One decode step of B sessions whose caches hold m states per head; tau decides what each
+ * step does (a huge tau: the token merges into the newest state; 0: it opens a state, and a
+ * full cache first merges its lowest-density pair). Bytes: the states in use read and written. */
+static void dla_decode_row(int mamba, int B, int m, float tau, const char *what) {
+    char shape[128];
+    dla_ud a = dla_new(mamba, B, tau);
+    dla_caches(&a, B, m);
+    snprintf(shape, sizeof shape, "%s B=%d H=%d dk=%d dv=%d K=%d m=%d", dla_base_name(mamba), B, a.p.H, a.p.dk, a.p.dv,
+             a.p.K, m);
+    if (dla_call(&a, 1) != HYLA_OK) emit_error("dla_decode", shape);
+    else {
+        double ms = timeit(dla_dec_run, &a);
+        double ss = (double)a.p.H * a.p.dk * a.p.dv * 4;
+        emit_head("dla_decode");
+        printf(",\"shape\":\"%s\",\"base\":\"%s\",\"B\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"K\":%d,\"m\":%d,\"step\":\"%s\","
+               "\"m_after\":%.1f,\"ms\":%.4f,\"tokens_per_s\":%.0f",
+               shape, dla_base_name(mamba), B, a.p.H, a.p.dk, a.p.dv, a.p.K, m, what, dla_mean_m(&a), ms,
+               B / (ms * 1e-3));
+        print_rate((double)B * 2.0 * ss * (m > 0 ? m : 1), ms);
+        printf("}\n");
+        fflush(stdout);
+    }
+    dla_free(&a);
+}
+
+/* the plain base's decode step at the same shape (GDN: gdn_decode; Mamba2: ssd_decode) */
+typedef struct {
+    int B;
+    dla_ud *d;
+    float **Sp;
+} base_ud;
+static void base_dec_run(void *u) {
+    base_ud *a = u;
+    dla_ud *d = a->d;
+    TRY(O->gdn_decode(CX, d->q, d->k, d->v, d->g, d->w, a->B, d->p.H, d->p.dk, d->p.dv, 1.0f / sqrtf((float)d->p.dk),
+                      a->Sp, d->o));
+}
+static void base_decode_row(int mamba, int B) {
+    char shape[96];
+    if (mamba) { /* the SSD row of bench_ssd at this batch */
+        int Bs[] = {B};
+        bench_ssd(M2_N, NULL, 0, Bs, 1);
+        return;
+    }
+    dla_ud d = dla_new(0, B, 1.0f);
+    base_ud a = {B, &d, NULL};
+    size_t ss = (size_t)DG_H * DG_DK * DG_DV;
+    float *all = states_new(B, ss, &a.Sp);
+    snprintf(shape, sizeof shape, "gdn B=%d H=%d dk=%d dv=%d", B, DG_H, DG_DK, DG_DV);
+    double ms = timeit(base_dec_run, &a);
+    emit_head("gdn_decode");
+    printf(",\"shape\":\"%s\",\"B\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,\"tokens_per_s\":%.0f", shape, B, DG_H,
+           DG_DK, DG_DV, ms, B / (ms * 1e-3));
+    print_rate((double)B * (2.0 * ss + (double)DG_H * (3.0 * DG_DK + 2.0 * DG_DV)) * 4, ms);
+    printf("}\n");
+    fflush(stdout);
+    dfree(all);
+    free(a.Sp);
+    dla_free(&d);
+}
+
+/* the plain base's prefill of one sequence of n tokens (GDN: gdn_prefill; Mamba2: ssd_prefill) */
+static void gdnp_run(void *u) {
+    dla_ud *d = u;
+    TRY(O->gdn_prefill(CX, d->q, d->k, d->v, d->g, d->w, d->n, d->p.H, d->p.dk, d->p.dv, 1.0f / sqrtf((float)d->p.dk),
+                       d->cS, d->o));
+}
+static void base_prefill_row(int mamba, int n) {
+    if (mamba) {
+        int ns[] = {n};
+        bench_ssd(M2_N, ns, 1, NULL, 0);
+        return;
+    }
+    dla_ud d = dla_new(0, n, 1.0f);
+    d.cS = drand_rep((size_t)DG_H * DG_DK * DG_DV, 0.1f, 0, 0);
+    double ms = sp_time(gdnp_run, &d);
+    emit_head("gdn_prefill");
+    printf(",\"shape\":\"gdn n=%d H=%d dk=%d dv=%d\",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,"
+           "\"tokens_per_s\":%.0f}\n",
+           n, DG_H, DG_DK, DG_DV, n, DG_H, DG_DK, DG_DV, ms, n / (ms * 1e-3));
+    fflush(stdout);
+    dfree(d.cS);
+    d.cS = NULL;
+    dla_free(&d);
+}
+
+static int dla_ctx[8] = {4096, 16384, 65536}, dla_nctx = 3; /* --ctx for --only dla */
+static double dla_tau = 0.6;                               /* --tau: hyla-mkmodel's default */
+static double dla_budget_s = 15;                           /* --max-call-s */
+
+static void bench_dla(int quick) {
+    int Bs[] = {1, 64}, nb = quick ? 1 : 2;
+    int qctx[] = {32, 64}, *ctxs = quick ? qctx : dla_ctx, nctx = quick ? 2 : dla_nctx;
+    if (!copy_gbps) bench_copy(quick);
+    for (int mamba = 0; mamba < 2; mamba++) {
+        /* decode step cost at K = 30: one state, a full cache merging, a full cache opening */
+        for (int i = 0; i < nb; i++) {
+            int B = quick && Bs[i] > 1 ? 4 : Bs[i];
+            base_decode_row(mamba, B);
+            dla_decode_row(mamba, B, 1, 1e30f, "merge into the newest");
+            dla_decode_row(mamba, B, DLA_K, 1e30f, "merge into the newest");
+            dla_decode_row(mamba, B, DLA_K, 0.0f, "open a state (pair merge first)");
+        }
+        /* prefill of one session from an empty cache at each length, then decode from it */
+        double s_per_tok = 0;
+        for (int ci = 0; ci < nctx; ci++) {
+            int n = ctxs[ci];
+            char shape[128];
+            base_prefill_row(mamba, n);
+            snprintf(shape, sizeof shape, "%s n=%d tau=%g K=%d", dla_base_name(mamba), n, dla_tau, DLA_K);
+            if (s_per_tok * n > dla_budget_s) {
+                emit_head("dla_prefill");
+                printf(",\"shape\":\"%s\",\"tokens\":%d,\"skipped\":\"estimated %.1f s > --max-call-s %.0f\"}\n", shape,
+                       n, s_per_tok * n, dla_budget_s);
+                fflush(stdout);
+                continue;
+            }
+            dla_ud a = dla_new(mamba, n, (float)dla_tau);
+            dla_caches(&a, 1, 0);
+            TRY(O->sync(CX));
+            /* timed once, from an empty cache (a second call would start from the first's cache;
+             * the decode rows above loaded the kernel, which prefill shares) */
+            double t0 = hyla_now();
+            if (dla_call(&a, 0) != HYLA_OK) {
+                emit_error("dla_prefill", shape);
+                dla_free(&a);
+                continue;
+            }
+            TRY(O->sync(CX));
+            double sec = hyla_now() - t0, m_after = dla_mean_m(&a);
+            s_per_tok = sec / n;
+            emit_head("dla_prefill");
+            printf(",\"shape\":\"%s\",\"base\":\"%s\",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"K\":%d,\"tau\":%g,"
+                   "\"ms\":%.3f,\"tokens_per_s\":%.0f,\"m_after\":%.1f}\n",
+                   shape, dla_base_name(mamba), n, a.p.H, a.p.dk, a.p.dv, DLA_K, dla_tau, sec * 1e3, n / sec, m_after);
+            fflush(stdout);
+            /* decode after this prefill: B sessions holding its cache */
+            for (int i = 0; i < nb; i++) {
+                int B = quick && Bs[i] > 1 ? 4 : Bs[i];
+                dla_ud d = dla_new(mamba, B, (float)dla_tau);
+                dla_caches(&d, B, 0);
+                size_t ss = (size_t)a.p.H * DLA_K * a.p.dk * a.p.dv;
+                TRY(O->copy(CX, d.c[0].S, a.c[0].S, ss * sizeof(float)));
+                TRY(O->copy(CX, d.c[0].n, a.c[0].n, (size_t)a.p.H * DLA_K * sizeof(int32_t)));
+                TRY(O->copy(CX, d.c[0].I, a.c[0].I, (size_t)a.p.H * DLA_K * sizeof(float)));
+                TRY(O->copy(CX, d.c[0].m, a.c[0].m, (size_t)a.p.H * sizeof(int32_t)));
+                dla_clone(&d);
+                double ms = timeit(dla_dec_run, &d);
+                emit_head("dla_decode_after_prefill");
+                printf(",\"base\":\"%s\",\"ctx\":%d,\"B\":%d,\"tau\":%g,\"m\":%.1f,\"m_after\":%.1f,\"ms\":%.4f,"
+                       "\"tokens_per_s\":%.0f}\n",
+                       dla_base_name(mamba), n, B, dla_tau, m_after, dla_mean_m(&d), ms, B / (ms * 1e-3));
+                fflush(stdout);
+                dla_free(&d);
+            }
+            dla_free(&a);
+        }
+    }
 }
 
 static void open_device(const char *device) {
@@ -1073,11 +1606,17 @@ int hyla_bench_kernels(int argc, char **argv) {
             only = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
-        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
-            sp_nctx = parse_list(argv[++i], sp_ctx, 8);
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
+            sp_nctx = parse_list(argv[i + 1], sp_ctx, 8);
+            dla_nctx = parse_list(argv[++i], dla_ctx, 8);
+        } else if (!strcmp(argv[i], "--tau") && i + 1 < argc)
+            dla_tau = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--max-call-s") && i + 1 < argc)
+            dla_budget_s = atof(argv[++i]);
         else {
-            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST]\n"
-                   "                          [--only gemm|prefill|sse|decode|attn|elementwise|sparse]\n"
+            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
+                   "                          [--max-call-s S] [--only gemm|prefill|sse|decode|attn|\n"
+                   "                          elementwise|sparse|nsa|mamba2|statex|dla]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
                    "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
                    "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
@@ -1085,9 +1624,32 @@ int hyla_bench_kernels(int argc, char **argv) {
                    "  the 1.3B models (--only elementwise; GB/s of the bytes each must move).\n"
                    "  --only sparse (not in the default set): full attention, SWA (w 1024), LTE and NSA\n"
                    "  layers at the 1.4B laLTE/laNSA shapes, prefill and batch-32 decode at --ctx LIST\n"
-                   "  (default 4096,32768,131072).\n"
+                   "  (default 4096,32768,131072). --only nsa: the NSA rows of that group alone.\n"
+                   "  --only mamba2 | statex | dla (not in the default set; each first measures the\n"
+                   "  device-to-device copy rate of 1 GiB, which decode rows report as of_copy):\n"
+                   "    mamba2: SSD prefill (one sequence of 4096 and 16384 tokens) and decode state\n"
+                   "    update (B = 1/16/64/256) at Mamba2-1.3B's shapes (64 heads of 64, state 128,\n"
+                   "    one group);\n"
+                   "    statex: the same for state 512, and GLA prefill and decode for H 4, dk 256,\n"
+                   "    dv 512 and its StateX merge H 1, dk 1024, dv 2048 (a refused shape gives a\n"
+                   "    row with \"error\");\n"
+                   "    dla: K = 30 over GDN (16 heads, dk 128, dv 256) and Mamba2 (as above): decode\n"
+                   "    step of the plain base and of DLA with 1 or 30 states per head (B = 1, 64);\n"
+                   "    prefill of one session at --ctx LIST (default 4096,16384,65536) with\n"
+                   "    threshold --tau (default 0.6), plain and DLA, then DLA decode from that\n"
+                   "    cache; a DLA prefill estimated over --max-call-s (default 15) is skipped.\n"
                    "  --quick: small sizes (the default on cpu).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (only) {
+        static const char *const modes[] = {"gemm", "prefill", "sse", "decode", "attn", "elementwise",
+                                            "sparse", "nsa", "mamba2", "statex", "dla"};
+        size_t i = 0;
+        while (i < sizeof modes / sizeof modes[0] && strcmp(only, modes[i])) i++;
+        if (i == sizeof modes / sizeof modes[0]) {
+            fprintf(stderr, "hyla-bench kernels: unknown --only '%s' (see --help)\n", only);
+            return 2;
         }
     }
     hyla_rng_seed(&rng, 1234);
@@ -1102,7 +1664,10 @@ int hyla_bench_kernels(int argc, char **argv) {
     if (!only || !strcmp(only, "decode")) bench_decode(quick);
     if (!only || !strcmp(only, "attn")) bench_attention(quick);
     if (!only || !strcmp(only, "elementwise")) bench_elementwise(quick);
-    if (only && !strcmp(only, "sparse")) bench_sparse(quick);
+    if (only && (!strcmp(only, "sparse") || !strcmp(only, "nsa"))) bench_sparse(quick, !strcmp(only, "nsa"));
+    if (only && !strcmp(only, "mamba2")) bench_mamba2(quick);
+    if (only && !strcmp(only, "statex")) bench_statex(quick);
+    if (only && !strcmp(only, "dla")) bench_dla(quick);
     hyla_backend_destroy(be);
     return 0;
 }
@@ -1201,11 +1766,14 @@ int hyla_bench_e2e(int argc, char **argv) {
     int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
     double max_state_gib = 60;
     const char *graphs = "on";
+    int tp = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
+            tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
             np = parse_list(argv[++i], prefill, 8);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
@@ -1221,13 +1789,15 @@ int hyla_bench_e2e(int argc, char **argv) {
         else {
             printf("usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill 4096,32768]\n"
                    "                      [--batch 1,16,64,256] [--ctx 16,32768] [--steps 32] [--max-state-gib 60]\n"
-                   "                      [--graphs on|off|both]\n"
+                   "                      [--graphs on|off|both] [--tp N]\n"
                    "  Prefill tokens/s of one session per --prefill length; decode tokens/s of B sessions\n"
                    "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
                    "  from its snapshot). Skips a decode point whose session state exceeds --max-state-gib.\n"
                    "  --graphs (cuda): CUDA graphs for repeated op sequences on (default), off, or decode\n"
                    "  measured both ways. Also times the snapshot export and import of one session per --ctx,\n"
                    "  and the asynchronous export of one session while the first --batch keeps decoding.\n"
+                   "  --tp N: split every layer over N devices (--device's GPU and the next N-1, or N CPU\n"
+                   "  backends; worker/hyla_tp.h); each line then carries \"tp\":N.\n"
                    "  Make a model with hyla-mkmodel (random weights).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
@@ -1237,21 +1807,42 @@ int hyla_bench_e2e(int argc, char **argv) {
     if (!nb) nb = parse_list("1,16,64", batches, 8);
     if (!nc) nc = parse_list("16", ctxs, 8);
     hyla_rng_seed(&rng, 99);
-    open_device(device);
+    hyla_tp_group *grp = NULL;
+    if (tp > 1) {
+        double tl = hyla_now();
+        TRY(hyla_tp_open(model_dir, device, tp, NULL, &grp));
+        dev_arg = device;
+        be = hyla_tp_backend(grp);
+        O = be->ops;
+        CX = be->ctx;
+        int sms = 0;
+        double gib = 0;
+        if (!strcmp(O->name, "cuda") && hyla_cuda_device_info) (void)hyla_cuda_device_info(be, dev_name, sizeof dev_name, &sms, &gib);
+        fprintf(stderr, "hyla-bench: %s split over %d ranks from %s in %.1f s\n", model_dir, tp, device, hyla_now() - tl);
+    } else {
+        open_device(device);
+    }
+    e2e_tp = tp;
+    e2e_grp = grp;
     int is_cuda = !strcmp(O->name, "cuda") && hyla_cuda_set_graphs;
     int g_modes[2] = {1, 0}, n_modes = 1; /* graph settings to measure decode with */
     if (!strcmp(graphs, "off")) g_modes[0] = 0;
     else if (!strcmp(graphs, "both")) n_modes = 2;
     if (!is_cuda) n_modes = 1;
-    if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[0]));
+    if (is_cuda) TRY(set_graphs_all(g_modes[0]));
     hyla_model *m;
-    hyla_model_params mp = hyla_model_default_params();
-    double t0 = hyla_now();
-    TRY(hyla_model_load(model_dir, be, &mp, &m));
     hyla_runtime *rt;
-    TRY(hyla_runtime_create(m, &rt));
+    double t0 = hyla_now();
+    if (grp) {
+        m = hyla_tp_model(grp);
+        rt = hyla_tp_runtime(grp);
+    } else {
+        hyla_model_params mp = hyla_model_default_params();
+        TRY(hyla_model_load(model_dir, be, &mp, &m));
+        TRY(hyla_runtime_create(m, &rt));
+    }
     const hyla_model_config *cfg = hyla_model_get_config(m);
-    double params = (double)hyla_model_param_bytes(m);
+    double params = (double)hyla_model_param_bytes(m) * tp; /* a shard's times the ranks (~the whole) */
     fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
             cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
     if (np > 0) { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
@@ -1344,7 +1935,7 @@ int hyla_bench_e2e(int argc, char **argv) {
             if (bi == 0) bench_async_export(m, ss, B, ctx, steps, model_dir);
             int32_t *out = malloc(B * 4);
             for (int gm = 0; gm < n_modes; gm++) {
-                if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[gm]));
+                if (is_cuda) TRY(set_graphs_all(g_modes[gm]));
                 bench_graph_stats g0 = {0}, g1 = {0};
                 TRY(hyla_session_decode(ss, B, out, NULL)); /* warm-up (twice: a graph is captured on the */
                 TRY(hyla_session_decode(ss, B, out, NULL)); /* second sight of a step) */
@@ -1371,14 +1962,18 @@ int hyla_bench_e2e(int argc, char **argv) {
                 printf("}\n");
                 fflush(stdout);
             }
-            if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[0]));
+            if (is_cuda) TRY(set_graphs_all(g_modes[0]));
             for (int b = 0; b < B; b++) hyla_session_free(ss[b]);
             free(ss);
             free(out);
             free(tok);
         }
-    hyla_runtime_free(rt);
-    hyla_model_free(m);
-    hyla_backend_destroy(be);
+    if (grp) {
+        hyla_tp_close(grp);
+    } else {
+        hyla_runtime_free(rt);
+        hyla_model_free(m);
+        hyla_backend_destroy(be);
+    }
     return 0;
 }

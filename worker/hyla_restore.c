@@ -161,6 +161,19 @@ hyla_status hyla_restore_session(hyla_runtime *rt, hyla_store *st, const char *s
     hyla_restore_stats rs;
     memset(&rs, 0, sizeof rs);
     double t0 = hyla_now();
+    if (rt->tp) { /* a tensor-parallel group splits the whole snapshot per rank: the two-step path */
+        hyla_snapshot *snap = NULL;
+        uint64_t ver = 0;
+        HYLA_TRY(hyla_store_get(st, session, version, hyla_model_fingerprint(hyla_runtime_model(rt)), &snap, &ver));
+        hyla_status s = hyla_session_import(rt, snap, out);
+        rs.bytes = hyla_snapshot_bytes(snap);
+        hyla_snapshot_destroy(snap);
+        if (s != HYLA_OK) return s;
+        rs.seconds_total = hyla_now() - t0;
+        if (stats) *stats = rs;
+        if (version_out) *version_out = ver;
+        return HYLA_OK;
+    }
     hyla_store_reader *r = NULL;
     HYLA_TRY(hyla_store_read_open(st, session, version, hyla_model_fingerprint(hyla_runtime_model(rt)), &r));
     range_queue q;

@@ -10,7 +10,8 @@
  * the model; that last one only after the store's read, which runs while the session is laid
  * out), and no byte reaches the device before its chunk's checksum has been checked; a
  * refused restore leaves no session. The first restore of a given size allocates its pinned
- * buffer (slow: page-locking); later ones reuse it.
+ * buffer (slow: page-locking); later ones reuse it. On a tensor-parallel runtime (which splits
+ * the snapshot per rank) it is hyla_store_get + hyla_session_import, not overlapped.
  *
  * Threading: call on the thread that drives rt; it starts one thread for the store's read (which
  * runs the codec's threads) for the duration of the call. */

@@ -88,6 +88,11 @@ hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens) {
 }
 int hyla_runtime_token_log(const hyla_runtime *rt) { return rt->token_log; }
 
+void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud) {
+    rt->allreduce = fn;
+    rt->allreduce_ud = ud;
+}
+
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud) {
     rt->downstream = fn;
     rt->downstream_ud = ud;
@@ -181,6 +186,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
             st = hyla_fail_wrap(st, "layer %d (%s)", l, ly->mixer->name);
             break;
         }
+        if (rt->allreduce && (st = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
         if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
             if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
             PM("residual add");
@@ -196,6 +202,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         PM("mlp: swiglu");
         if ((st = lin(o, ctx, f->decode, f->R, rt->mlp_g, F, ly->mlp_down, rt->mo, D)) != HYLA_OK) break;
         PM("mlp: down proj");
+        if (rt->allreduce && (st = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
         if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
         PM("residual add");
     }
@@ -208,7 +215,9 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         PM("final norm, lm head");
         return hs;
     }
-    /* not the last stage: hand the hidden states to the remaining stages */
+    /* not the last stage: hand the hidden states to the remaining stages (a tensor-parallel
+     * group's rank 0 does; the other ranks hold the same rows) */
+    if (rt->tp && rt->tp_rank) return HYLA_OK;
     if (!rt->downstream)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
                          m->layer_begin, m->layer_end - 1, c->num_layers);

@@ -23,6 +23,12 @@ struct hyla_runtime {
     hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
     void *downstream_ud;
     hyla_downstream_dev_fn downstream_dev; /* tried first (NULL: host only) */
+    hyla_allreduce_fn allreduce; /* a tensor-parallel shard's sum over its group (NULL: none) */
+    void *allreduce_ud;
+    /* Tensor parallelism (hyla_tp.c): the group this runtime is rank tp_rank of (NULL: none).
+     * Sessions are created on rank 0's runtime and hold one session per rank (hyla_session.c). */
+    struct hyla_tp_group *tp;
+    int tp_rank;
     /* scratch activations for up to `rows` rows (a prefill piece or a decode batch) */
     int rows;
     float *x;             /* [rows][D] the residual stream */
@@ -62,6 +68,11 @@ typedef struct {
     hyla_state *const *st;           /* host [decode ? R : 1] */
     hyla_session *const *ss;         /* host [decode ? R : 1]: passed to the downstream callback */
 } hyla_fwd;
+
+/* The group's size and rank r's runtime (hyla_tp.c), and hyla_tp_run (hyla_tp.h) for the
+ * session code that drives every rank. */
+int hyla_tp_group_size(const struct hyla_tp_group *g);
+hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r);
 
 /* Make the scratch hold `rows` rows (reallocates when it grows, doubling). */
 hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);

@@ -1117,7 +1117,7 @@ static hyla_status g_ssd_norm(void *ctx, const float *o, const float *z, int ldz
     return HYLA_OK;
 }
 
-/* LTE and NSA (hyla_cuda_sparse.cu): not logged; they stage host arrays and pick launches
+/* LTE and NSA (hyla_cuda_lte.cu, hyla_cuda_nsa.cu): not logged; they stage host arrays and pick launches
  * from host-side positions. */
 static hyla_status f_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r) {
     FLUSH;
@@ -1193,7 +1193,7 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_begin,
     f_capture_done,
     f_capture_end,
-    /* LTE, NSA (hyla_cuda_sparse.cu) */
+    /* LTE, NSA (hyla_cuda_lte.cu, hyla_cuda_nsa.cu) */
     f_lte_score,
     f_lte_prefill,
     f_lte_decode,

@@ -194,7 +194,7 @@ hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const fl
                              float eps);
 hyla_status cu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params, const float *u,
                       int32_t *out);
-/* LTE and NSA (hyla_cuda_sparse.cu) */
+/* LTE (hyla_cuda_lte.cu) and NSA (hyla_cuda_nsa.cu) */
 hyla_status cu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
 hyla_status cu_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v, int n,
                            int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# hyla-bench kernels --only mamba2 | statex | dla | nsa on the CPU backend (--quick sizes): each mode
+# runs to the end and prints its rows — the copy rate first, then SSD prefill and decode (state
+# 128; statex: 512 and GLA at H 4 dk 256 dv 512 and the merged H 1 dk 1024 dv 2048, which the CPU
+# backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
+# from its cache; decode rows carry their share of the copy rate; the CPU refuses no shape.
+# Timings are not asserted. Skips (77) until hyla-bench exists.
+set -uo pipefail
+BIN=${HYLA_BIN_DIR:-build/bin}
+[ -x "$BIN/hyla-bench" ] || { echo "SKIP: $BIN/hyla-bench not built"; exit 77; }
+T=$(mktemp -d /tmp/hyla-bench-kernels.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail=0
+count() { grep -c "\"bench\":\"$1\"" "$T/$2.jsonl"; }
+want() { # mode bench expected-count
+  local n; n=$(count "$2" "$1")
+  [ "$n" = "$3" ] || { echo "FAIL $1: $n '$2' rows, expected $3"; fail=1; }
+}
+for mode in mamba2 statex dla; do
+  if ! "$BIN/hyla-bench" kernels --device cpu --quick --only $mode >"$T/$mode.jsonl" 2>"$T/$mode.err"; then
+    echo "FAIL $mode: hyla-bench kernels exited non-zero"; cat "$T/$mode.err"; fail=1; continue
+  fi
+  want $mode copy_bandwidth 1
+  grep -q '"error"' "$T/$mode.jsonl" && { echo "FAIL $mode: the CPU refused a shape"; grep '"error"' "$T/$mode.jsonl"; fail=1; }
+  grep '_decode"' "$T/$mode.jsonl" | grep -qv '"of_copy"' && [ $mode != dla ] && { echo "FAIL $mode: a decode row without of_copy"; fail=1; }
+done
+want mamba2 ssd_prefill 1
+want mamba2 ssd_decode 2
+grep -q '"N":128,' "$T/mamba2.jsonl" || { echo "FAIL mamba2: no state-128 rows"; fail=1; }
+want statex ssd_prefill 1
+want statex ssd_decode 2
+grep -q '"N":512,' "$T/statex.jsonl" || { echo "FAIL statex: no state-512 rows"; fail=1; }
+want statex gla_prefill 2
+want statex gla_decode 4
+grep -q '"dk":1024,"dv":2048,' "$T/statex.jsonl" || { echo "FAIL statex: no merged GLA rows"; fail=1; }
+want dla dla_decode 6      # two bases x (1 state, 30 merging, 30 opening)
+want dla gdn_decode 1
+want dla ssd_decode 1
+want dla dla_prefill 4     # two bases x two lengths
+want dla dla_decode_after_prefill 4
+grep '"bench":"dla_decode"' "$T/dla.jsonl" | grep '"m":30,' | grep -qv '"m_after":30.0' &&
+  { echo "FAIL dla: a full cache did not stay full"; fail=1; }
+# --only nsa: the NSA rows of the sparse group alone (2 contexts x windows 512 and 0, decode and
+# prefill), no other mixer's
+if "$BIN/hyla-bench" kernels --device cpu --quick --only nsa >"$T/nsa.jsonl" 2>"$T/nsa.err"; then
+  want nsa sparse_decode 4
+  want nsa sparse_prefill 4
+  grep -v '"mixer":"nsa"' "$T/nsa.jsonl" | grep -q . && { echo "FAIL nsa: rows of another mixer"; fail=1; }
+else
+  echo "FAIL nsa: hyla-bench kernels exited non-zero"; cat "$T/nsa.err"; fail=1
+fi
+# --help tells of the new modes; an unknown mode is refused
+"$BIN/hyla-bench" kernels --help >"$T/help"
+for m in mamba2 statex dla nsa; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
+"$BIN/hyla-bench" kernels --device cpu --only bogus >/dev/null 2>"$T/err" && { echo "FAIL: --only bogus accepted"; fail=1; }
+grep -q "unknown --only" "$T/err" || { echo "FAIL: no message for an unknown --only"; fail=1; }
+[ $fail = 0 ] && echo "test_bench_kernels: ok"
+exit $fail
