@@ -389,6 +389,19 @@ typedef struct hyla_ops {
                              float dt_min, float dt_max, int n, int H, float *a, float *dtp);
     /* [M2-2]'s skip term: y [n][H][P] += Dskip[h]·x, x [n] rows of H*P (row stride ldx). */
     hyla_status (*ssd_skip)(void *ctx, float *y, const float *x, int ldx, const float *Dskip, int n, int H, int P);
+
+    /* ---- asynchronous upload (restores that overlap the arrival of the state) ----
+     * upload_begin: queue n host->device copies host_src[i] -> dst[i] of bytes[i] each (0
+     * allowed), ordered after every op queued so far; every op queued later sees the copied
+     * bytes. Returns at once with a ticket in *out, finished like a capture's (capture_done
+     * polls it, capture_end waits for the copies, frees it and reports a copy failure). The
+     * arrays are borrowed for the call only; the host memory until the ticket has ended (the
+     * caller must not write or free it). Host memory from host_alloc is copied by the device
+     * without a host copy (CUDA); other memory works, more slowly. The CPU backend copies at
+     * once (its later ops run at once too). NULL in a backend that lacks it: callers fall back
+     * to upload. */
+    hyla_status (*upload_begin)(void *ctx, int n, void *const *dst, const void *const *host_src, const size_t *bytes,
+                                hyla_capture **out);
 } hyla_ops;
 
 typedef struct {

@@ -9,12 +9,16 @@
  *   - within the split, sampled at T = 0.9: pause/resume and a decode batch of two give the
  *     tokens of each session alone; sessions are refused on another rank's runtime;
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
- *     be split, another model's snapshot. */
+ *     be split, another model's snapshot;
+ *   - sse-h: the streaming import is refused on the split runtime, and hyla_restore_session from a
+ *     RocksDB store (its two-step path there) continues with the same tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "hyla_restore.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
 #include "hyla_test_model.h"
@@ -132,6 +136,30 @@ static void check_arch(const char *arch) {
               arch);
     resume(rts[0], mid1, tok);
     CHECK_MSG(!memcmp(tok + H1, tok1 + H1, (G - H1) * sizeof *tok), "%s: one rank's snapshot does not continue split", arch);
+    /* restore from a store onto the split: the streaming import is refused on a split runtime,
+     * so hyla_restore_session takes the two-step path there, and continues the same */
+    if (!strcmp(arch, "sse-h") && !cuda) {
+        hyla_import *im = NULL;
+        CHECK(hyla_session_import_begin(rts[0], mid1, &im) == HYLA_ERR_UNSUPPORTED && im == NULL);
+        CHECK(strstr(hyla_last_error(), "tensor-parallel") != NULL);
+        char sd[300];
+        snprintf(sd, sizeof sd, "%s/tp_store_%d", hyla_test_env("HYLA_TMP", "/tmp"), (int)getpid());
+        hyla_store *st = NULL;
+        CHECK_OK(hyla_store_open(sd, NULL, &st));
+        hyla_session *s = NULL;
+        if (st) {
+            CHECK_OK(hyla_store_put(st, "tp", mid1, NULL, NULL));
+            CHECK_OK(hyla_restore_session(rts[0], st, "tp", 0, &s, NULL, NULL));
+            hyla_store_close(st);
+        }
+        for (int i = H1; s && i < G; i++) CHECK_OK(hyla_session_decode(&s, 1, &tok[i], NULL));
+        CHECK_MSG(s && !memcmp(tok + H1, tok1 + H1, (G - H1) * sizeof *tok),
+                  "%s: restored from a store onto the split, the session continues differently", arch);
+        hyla_session_free(s);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", sd);
+        CHECK(system(cmd) == 0);
+    }
     /* cutting and joining move bytes only */
     {
         hyla_snapshot *parts[T] = {NULL}, *again = NULL;

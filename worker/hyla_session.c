@@ -500,13 +500,13 @@ static uint64_t shape_bytes(hyla_dtype dt, const uint64_t *shape, uint32_t nd) {
 /* ---- export ----
  * begin: the snapshot's parts are carved from one snapshot buffer; the fixed parts (recurrent,
  * partition, conv tails, ...) are first copied on the device (ops->copy, in stream order) into
- * staging slots of their own size (the same pool classes as the states, so no new device
- * allocation in steady state), because later ops overwrite the states; the rows of paged parts
+ * slots of one staging buffer (from the runtime's cache: no device allocation, no zero-fill in
+ * steady state), because later ops overwrite the states; the rows of paged parts
  * below the position never change again, so their pages are captured in place (only the used
  * bytes of the last page: the next token's row is written while the copy may still run). One
  * ops->capture_begin queues all device->host copies; nothing waits for the device. */
 typedef struct {
-    void *slot;        /* staging slot (device), freed at end */
+    void *slot;        /* staging slot (device): a piece of the export's staging buffer */
     const void *state; /* the state it copies */
     size_t bytes;
 } export_stage;
@@ -515,6 +515,8 @@ struct hyla_export {
     hyla_session *s;
     hyla_snapshot *snap;
     hyla_capture *ticket;
+    void *staging;       /* device: every slot; back to the runtime's cache at end */
+    size_t staging_used; /* bytes of it carved so far */
     export_stage *stage; /* [n_stage] the fixed parts */
     int n_stage;
     /* tensor parallelism: rank r's export of its session, peer[1..T-1]; end merges them */
@@ -522,15 +524,17 @@ struct hyla_export {
     int T;
 };
 
+/* A staging slot's piece of the buffer: 256-byte aligned, like an allocation */
+static size_t stage_piece(uint64_t bytes) { return (size_t)((bytes + 255) & ~(uint64_t)255); }
+
 static void export_free(hyla_export *e) {
-    const hyla_model *m = e->s->m;
-    for (int i = 0; i < e->n_stage; i++) OPS(m)->free(CTX(m), e->stage[i].slot);
+    hyla_stagebuf_release(e->s->rt, e->staging);
     hyla_snapshot_destroy(e->snap);
     free(e->stage);
     free(e);
 }
 
-/* Fill the snapshot's parts (carved from its arena), allocate the staging slots and list the
+/* Fill the snapshot's parts (carved from its arena), carve the staging slots and list the
  * device->host copies: dst/src/len [*nc]. */
 static hyla_status export_plan(hyla_export *e, void **dst, const void **src, size_t *len, int *nc) {
     hyla_session *s = e->s;
@@ -548,7 +552,8 @@ static hyla_status export_plan(hyla_export *e, void **dst, const void **src, siz
                                             pd->paged ? HYLA_KV_PAGE_TOKENS : 0, &p));
             if (!pd->paged) {
                 export_stage *g = &e->stage[e->n_stage];
-                HYLA_TRY(OPS(m)->alloc(CTX(m), (size_t)p->nbytes, &g->slot));
+                g->slot = (uint8_t *)e->staging + e->staging_used;
+                e->staging_used += stage_piece(p->nbytes);
                 g->state = ls->part[i].dev;
                 g->bytes = (size_t)p->nbytes;
                 e->n_stage++;
@@ -573,7 +578,7 @@ static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
     const hyla_model *m = s->m;
     const hyla_ops *o = OPS(m);
     /* sizes and counts first: one arena, one copy list */
-    uint64_t arena = 0;
+    uint64_t arena = 0, staging = 0;
     int n_parts = 0, n_stage = 0, n_copies = 0;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
@@ -590,6 +595,7 @@ static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
             } else {
                 n_stage++;
                 n_copies++;
+                staging += stage_piece(n);
             }
         }
     }
@@ -607,7 +613,8 @@ static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
     }
     e->s = s;
     uint8_t *base = NULL;
-    st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
+    st = hyla_stagebuf_get(s->rt, (size_t)staging, &e->staging);
+    if (st == HYLA_OK) st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
     if (st == HYLA_OK &&
         !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, hyla_snapbuf_release, hyla_runtime_snapbufs(s->rt)))) {
         hyla_snapbuf_release(hyla_runtime_snapbufs(s->rt), base);
@@ -795,7 +802,23 @@ static hyla_status import_paged(const hyla_model *m, hyla_layer_state *ls, int i
     return st;
 }
 
-static hyla_status import_rank(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
+/* How a snapshot part reaches the device (import_prepare). */
+typedef enum {
+    IMP_SKIP = 0, /* not a part of a held layer (another pipeline stage's), or the token log */
+    IMP_DIRECT,   /* fixed part in the backend's dtype: bytes [off, off+len) -> dev + off */
+    IMP_PAGED,    /* paged part in the backend's dtype: split at page boundaries */
+    IMP_CONVERT,  /* another float dtype (a snapshot of another backend): converted, whole */
+} import_mode;
+
+typedef struct {
+    import_mode mode;
+    int layer, part; /* the layer and its part spec */
+} import_target;
+
+/* The checks of an import (meta, then every held layer's part: present, kind, dtype, shape)
+ * and a new session with the snapshot's meta, its paged parts reserved up to the position.
+ * map [snap->n_parts] receives where each snapshot part goes. The token log is not read. */
+static hyla_status import_prepare(hyla_runtime *rt, const hyla_snapshot *snap, import_target *map, hyla_session **out) {
     *out = NULL;
     const hyla_model *m = hyla_runtime_model(rt);
     if (snap->format_version != HYLA_SNAPSHOT_FORMAT_VERSION)
@@ -817,16 +840,8 @@ static hyla_status import_rank(hyla_runtime *rt, const hyla_snapshot *snap, hyla
     s->sp.top_p = snap->sampler.top_p;
     s->seed = snap->sampler.seed;
     memcpy(s->rng.s, snap->rng, sizeof snap->rng);
-    const int32_t *log = NULL;
-    uint32_t log_n = 0;
-    hyla_status st = hyla_snapshot_token_log(snap, &log, &log_n);
-    if (st == HYLA_OK && log_n) { /* the log ends at n_generated, as it did when it was exported */
-        s->generated -= log_n;
-        for (uint32_t i = 0; i < log_n; i++) {
-            s->generated++;
-            log_push(s, log[i]);
-        }
-    }
+    memset(map, 0, (size_t)snap->n_parts * sizeof *map);
+    hyla_status st = HYLA_OK;
     for (int l = m->layer_begin; st == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
         for (int i = 0; st == HYLA_OK && i < ly->n_parts; i++) {
@@ -855,11 +870,57 @@ static hyla_status import_rank(hyla_runtime *rt, const hyla_snapshot *snap, hyla
                                got, hyla_part_kind_name(pd->kind), hyla_dtype_name(pd->dtype), want);
                 break;
             }
-            if (pd->paged) st = import_paged(m, &s->st->ls[l], i, pd, p, s->pos);
-            else if (p->dtype != (uint32_t)pd->dtype) st = import_converted(m, s->st->ls[l].part[i].dev, pd, p);
-            else st = OPS(m)->upload(CTX(m), s->st->ls[l].part[i].dev, p->data, p->nbytes);
+            import_target *t = &map[p - snap->parts];
+            t->layer = l;
+            t->part = i;
+            t->mode = p->dtype != (uint32_t)pd->dtype ? IMP_CONVERT : pd->paged ? IMP_PAGED : IMP_DIRECT;
+            if (pd->paged) st = hyla_layer_state_reserve(&s->st->ls[l], i, s->pos);
         }
     }
+    if (st != HYLA_OK) {
+        session_delete(s);
+        return st;
+    }
+    *out = s;
+    return HYLA_OK;
+}
+
+/* The token log of the snapshot into s (its data must be final). */
+static hyla_status import_token_log(hyla_session *s, const hyla_snapshot *snap) {
+    const int32_t *log = NULL;
+    uint32_t log_n = 0;
+    HYLA_TRY(hyla_snapshot_token_log(snap, &log, &log_n));
+    if (log_n) { /* the log ends at n_generated, as it did when it was exported */
+        s->generated -= log_n;
+        for (uint32_t i = 0; i < log_n; i++) {
+            s->generated++;
+            log_push(s, log[i]);
+        }
+    }
+    return HYLA_OK;
+}
+
+/* One part the synchronous way (ops->upload, converting where needed). */
+static hyla_status import_part_sync(hyla_session *s, const import_target *t, const hyla_state_part *p) {
+    const hyla_model *m = s->m;
+    const hyla_part_spec *pd = &m->layers[t->layer].parts[t->part];
+    hyla_layer_state *ls = &s->st->ls[t->layer];
+    if (pd->paged) return import_paged(m, ls, t->part, pd, p, s->pos);
+    if (t->mode == IMP_CONVERT) return import_converted(m, ls->part[t->part].dev, pd, p);
+    return OPS(m)->upload(CTX(m), ls->part[t->part].dev, p->data, p->nbytes);
+}
+
+/* One rank's import, the synchronous way: checks, the token log, every part uploaded. */
+static hyla_status import_rank(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
+    *out = NULL;
+    import_target *map = malloc(((size_t)snap->n_parts + 1) * sizeof *map);
+    if (!map) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_session *s = NULL;
+    hyla_status st = import_prepare(rt, snap, map, &s);
+    if (st == HYLA_OK) st = import_token_log(s, snap);
+    for (uint32_t k = 0; st == HYLA_OK && k < snap->n_parts; k++)
+        if (map[k].mode != IMP_SKIP) st = import_part_sync(s, &map[k], &snap->parts[k]);
+    free(map);
     if (st != HYLA_OK) {
         session_delete(s);
         return st;
@@ -907,4 +968,171 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
     for (int r = 1; r < s->T; r++) s->peer[r] = j.s[r];
     *out = s;
     return HYLA_OK;
+}
+
+/* ---- streaming import ----
+ * begin: import_prepare. ranges: the device copies of the byte ranges, queued at once through
+ * ops->upload_begin (one ticket per call; the tickets end at end), or ops->upload in a backend
+ * without it; converted parts wait for end. end: every byte of every part must have come (a
+ * caller bug otherwise: HYLA_ERR_INTERNAL), then the converted parts, the token log, and the
+ * wait for the copies. */
+struct hyla_import {
+    hyla_session *s;
+    const hyla_snapshot *snap;
+    import_target *map;   /* [snap->n_parts] */
+    uint64_t *arrived;    /* [snap->n_parts] bytes queued of each part */
+    hyla_capture **tickets;
+    int n_tickets, cap_tickets;
+    void **dst;           /* scratch of one call: [cap_copies] */
+    const void **src;
+    size_t *len;
+    int cap_copies;
+    hyla_status failed;   /* first failure of a ranges call: end reports it */
+};
+
+hyla_status hyla_session_import_begin(hyla_runtime *rt, const hyla_snapshot *snap, hyla_import **out) {
+    *out = NULL;
+    hyla_import *im = calloc(1, sizeof *im);
+    if (!im || !(im->map = malloc(((size_t)snap->n_parts + 1) * sizeof *im->map)) ||
+        !(im->arrived = calloc((size_t)snap->n_parts + 1, sizeof *im->arrived))) {
+        if (im) free(im->map);
+        free(im);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    im->snap = snap;
+    hyla_status st = check_rank0(rt);
+    /* a tensor-parallel group splits the snapshot per rank first (hyla_session_import) */
+    if (st == HYLA_OK && rt->tp)
+        st = hyla_fail(HYLA_ERR_UNSUPPORTED, "streaming import on a tensor-parallel runtime: use hyla_session_import");
+    if (st == HYLA_OK) st = import_prepare(rt, snap, im->map, &im->s);
+    if (st != HYLA_OK) {
+        free(im->map);
+        free(im->arrived);
+        free(im);
+        return st;
+    }
+    *out = im;
+    return HYLA_OK;
+}
+
+static hyla_status import_room(hyla_import *im, int need) {
+    if (need <= im->cap_copies) return HYLA_OK;
+    int cap = im->cap_copies ? im->cap_copies : 64;
+    while (cap < need) cap *= 2;
+    void **d = realloc(im->dst, (size_t)cap * sizeof *d);
+    if (d) im->dst = d;
+    const void **sr = realloc(im->src, (size_t)cap * sizeof *sr);
+    if (sr) im->src = sr;
+    size_t *l = realloc(im->len, (size_t)cap * sizeof *l);
+    if (l) im->len = l;
+    if (!d || !sr || !l) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    im->cap_copies = cap;
+    return HYLA_OK;
+}
+
+static hyla_status import_ranges(hyla_import *im, int n, const uint32_t *part, const uint64_t *off,
+                                 const uint64_t *len) {
+    const hyla_model *m = im->s->m;
+    const hyla_snapshot *snap = im->snap;
+    int nc = 0;
+    for (int k = 0; k < n; k++) {
+        if (part[k] >= snap->n_parts || off[k] + len[k] > snap->parts[part[k]].nbytes || off[k] + len[k] < off[k])
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "import range %u [%llu, +%llu) is outside the snapshot's parts", part[k],
+                             (unsigned long long)off[k], (unsigned long long)len[k]);
+        im->arrived[part[k]] += len[k];
+        const import_target *t = &im->map[part[k]];
+        if (t->mode != IMP_DIRECT && t->mode != IMP_PAGED) continue;
+        const uint8_t *src = (const uint8_t *)snap->parts[part[k]].data;
+        hyla_part_state *ps = &im->s->st->ls[t->layer].part[t->part];
+        if (t->mode == IMP_DIRECT) {
+            HYLA_TRY(import_room(im, nc + 1));
+            im->dst[nc] = (uint8_t *)ps->dev + off[k];
+            im->src[nc] = src + off[k];
+            im->len[nc++] = (size_t)len[k];
+            continue;
+        }
+        const hyla_part_spec *pd = &m->layers[t->layer].parts[t->part];
+        uint64_t pb = shape_bytes(pd->dtype, pd->shape, pd->ndim) * HYLA_KV_PAGE_TOKENS;
+        for (uint64_t o = off[k], e = off[k] + len[k]; o < e;) {
+            uint64_t pe = (o / pb + 1) * pb, n1 = (pe < e ? pe : e) - o;
+            HYLA_TRY(import_room(im, nc + 1));
+            im->dst[nc] = (uint8_t *)ps->pages[o / pb] + o % pb;
+            im->src[nc] = src + o;
+            im->len[nc++] = (size_t)n1;
+            o += n1;
+        }
+    }
+    if (!nc) return HYLA_OK;
+    const hyla_ops *o = OPS(m);
+    if (!o->upload_begin) {
+        for (int i = 0; i < nc; i++) HYLA_TRY(o->upload(CTX(m), im->dst[i], im->src[i], im->len[i]));
+        return HYLA_OK;
+    }
+    if (im->n_tickets == im->cap_tickets) {
+        int cap = im->cap_tickets ? im->cap_tickets * 2 : 16;
+        hyla_capture **t = realloc(im->tickets, (size_t)cap * sizeof *t);
+        if (!t) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        im->tickets = t;
+        im->cap_tickets = cap;
+    }
+    HYLA_TRY(o->upload_begin(CTX(m), nc, im->dst, im->src, im->len, &im->tickets[im->n_tickets]));
+    im->n_tickets++;
+    return HYLA_OK;
+}
+
+hyla_status hyla_session_import_ranges(hyla_import *im, int n, const uint32_t *part, const uint64_t *off,
+                                       const uint64_t *len) {
+    if (im->failed != HYLA_OK) return im->failed;
+    hyla_status st = import_ranges(im, n, part, off, len);
+    if (st != HYLA_OK) im->failed = st;
+    return st;
+}
+
+/* Wait for every ticket; the first failure, or `st`. */
+static hyla_status import_wait(hyla_import *im, hyla_status st) {
+    const hyla_model *m = im->s->m;
+    for (int i = 0; i < im->n_tickets; i++) {
+        hyla_status e = OPS(m)->capture_end(CTX(m), im->tickets[i]);
+        if (st == HYLA_OK && e != HYLA_OK) st = hyla_fail_wrap(e, "importing session state");
+    }
+    im->n_tickets = 0;
+    return st;
+}
+
+static void import_free(hyla_import *im) {
+    hyla_session_free(im->s);
+    free(im->map);
+    free(im->arrived);
+    free(im->tickets);
+    free(im->dst);
+    free(im->src);
+    free(im->len);
+    free(im);
+}
+
+hyla_status hyla_session_import_end(hyla_import *im, hyla_session **out) {
+    *out = NULL;
+    hyla_status st = im->failed;
+    const hyla_snapshot *snap = im->snap;
+    for (uint32_t k = 0; st == HYLA_OK && k < snap->n_parts; k++)
+        if (im->map[k].mode != IMP_SKIP && im->arrived[k] != snap->parts[k].nbytes)
+            st = hyla_fail(HYLA_ERR_INTERNAL, "import of layer %u part '%s': %llu of its %llu bytes arrived",
+                           snap->parts[k].layer, snap->parts[k].name, (unsigned long long)im->arrived[k],
+                           (unsigned long long)snap->parts[k].nbytes);
+    for (uint32_t k = 0; st == HYLA_OK && k < snap->n_parts; k++)
+        if (im->map[k].mode == IMP_CONVERT) st = import_part_sync(im->s, &im->map[k], &snap->parts[k]);
+    if (st == HYLA_OK) st = import_token_log(im->s, snap);
+    st = import_wait(im, st);
+    if (st == HYLA_OK) {
+        *out = im->s;
+        im->s = NULL;
+    }
+    import_free(im);
+    return st;
+}
+
+void hyla_session_import_abort(hyla_import *im) {
+    if (!im) return;
+    (void)import_wait(im, HYLA_OK); /* the copies write the session's memory: wait before freeing it */
+    import_free(im);
 }

@@ -1106,7 +1106,5 @@ extern "C" hyla_status cu_sample(void *ctx, const float *logits, int B, int V, c
     k_sample<<<B, SAMPLE_TPB, 0, c->stream>>>(logits, V, (const hyla_sampling *)d_params, (const float *)d_u,
                                               (int32_t *)d_out);
     CU_LAUNCH_CHECK("sample");
-    CU_TRY(cudaMemcpyAsync(out, d_out, (size_t)B * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
-    CU_TRY(cudaStreamSynchronize(c->stream));
-    return HYLA_OK;
+    return cu_readback(c, out, d_out, (size_t)B * sizeof(int32_t));
 }

@@ -923,7 +923,8 @@ static hyla_status f_upload(void *ctx, void *dst, const void *host_src, size_t b
 
 static hyla_status f_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
     FLUSH;
-    return cu_download(ctx, host_dst, src, bytes);
+    /* small reads (logits) through the mapped readback buffer, off the copy engine */
+    return cu_readback((hyla_cuda_ctx *)ctx, host_dst, src, bytes);
 }
 
 static hyla_status f_sync(void *ctx) {
@@ -1029,6 +1030,11 @@ static void f_host_free(void *ctx, void *p) { cu_host_free((hyla_cuda_ctx *)ctx,
 static hyla_status f_capture_begin(void *ctx, int n, void *const *host_dst, const void *const *src,
                                    const size_t *bytes, hyla_capture **out) {
     return cu_capture_begin((hyla_cuda_ctx *)ctx, n, host_dst, src, bytes, out);
+}
+
+static hyla_status f_upload_begin(void *ctx, int n, void *const *dst, const void *const *host_src,
+                                  const size_t *bytes, hyla_capture **out) {
+    return cu_upload_begin((hyla_cuda_ctx *)ctx, n, dst, host_src, bytes, out);
 }
 
 static int f_capture_done(void *ctx, hyla_capture *t) { return cu_capture_done((hyla_cuda_ctx *)ctx, t); }
@@ -1203,6 +1209,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     cu_dla_decode,
     cu_ssd_gates,
     cu_ssd_skip,
+    /* asynchronous upload (hyla_cuda_pool.cu) */
+    f_upload_begin,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */
