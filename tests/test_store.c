@@ -485,14 +485,7 @@ static hyla_snapshot *layout_copy(const hyla_snapshot *l) {
         CHECK_OK(hyla_snapshot_add_part(c, p->layer, p->name, (hyla_part_kind)p->kind, (hyla_dtype)p->dtype, p->ndim,
                                         p->shape, p->page_tokens, &q));
     }
-    c->format_version = l->format_version;
-    c->model_fingerprint = l->model_fingerprint;
-    c->position = l->position;
-    c->n_generated = l->n_generated;
-    c->pending_token = l->pending_token;
-    c->sampler = l->sampler;
-    memcpy(c->rng, l->rng, sizeof c->rng);
-    c->n_layers = l->n_layers;
+    hyla_snapshot_copy_meta(c, l);
     return c;
 }
 

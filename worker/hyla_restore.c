@@ -96,15 +96,7 @@ static hyla_status pinned_like(hyla_runtime *rt, const hyla_snapshot *layout, hy
             return st;
         }
     }
-    /* the meta, by field (parts and the arena stay s's own) */
-    s->format_version = layout->format_version;
-    s->model_fingerprint = layout->model_fingerprint;
-    s->position = layout->position;
-    s->n_generated = layout->n_generated;
-    s->pending_token = layout->pending_token;
-    s->sampler = layout->sampler;
-    memcpy(s->rng, layout->rng, sizeof s->rng);
-    s->n_layers = layout->n_layers;
+    hyla_snapshot_copy_meta(s, layout); /* parts and the arena stay s's own */
     *out = s;
     return HYLA_OK;
 }

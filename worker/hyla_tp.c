@@ -440,17 +440,6 @@ static uint32_t model_parts(const hyla_snapshot *s) {
     return n;
 }
 
-static void copy_meta(hyla_snapshot *dst, const hyla_snapshot *src) {
-    dst->format_version = src->format_version;
-    dst->model_fingerprint = src->model_fingerprint;
-    dst->position = src->position;
-    dst->n_generated = src->n_generated;
-    dst->pending_token = src->pending_token;
-    dst->sampler = src->sampler;
-    memcpy(dst->rng, src->rng, sizeof dst->rng);
-    dst->n_layers = src->n_layers;
-}
-
 static hyla_status copy_token_log(hyla_snapshot *dst, const hyla_snapshot *src) {
     const int32_t *tok;
     uint32_t n;
@@ -476,7 +465,7 @@ hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_s
     }
     hyla_snapshot *w = hyla_snapshot_create();
     if (!w) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    copy_meta(w, shards[0]);
+    hyla_snapshot_copy_meta(w, shards[0]);
     hyla_status st = HYLA_OK;
     for (uint32_t i = 0; st == HYLA_OK && i < model_parts(shards[0]); i++) {
         const hyla_state_part *p0 = &shards[0]->parts[i];
@@ -524,7 +513,7 @@ hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *who
     int T = m->tp_size, r = m->tp_rank;
     hyla_snapshot *s = hyla_snapshot_create();
     if (!s) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    copy_meta(s, whole);
+    hyla_snapshot_copy_meta(s, whole);
     hyla_status st = HYLA_OK;
     for (uint32_t i = 0; st == HYLA_OK && i < whole->n_parts; i++) {
         const hyla_state_part *p = &whole->parts[i];
