@@ -271,7 +271,7 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
                                 int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
                                 int split_len, float *part) {
     const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */
-    return cu_launch_dyn(c, k_attn_flash2<D>, dim3(cu_blocks(ng, 64), Hq, nsplit), 128, sm, q, n, Hq, Hk, pos0, window,
+    return cu_launch_dyn(c, k_attn_flash2<D, 4>, dim3(cu_blocks(ng, 64), Hq, nsplit), 128, sm, q, n, Hq, Hk, pos0, window,
                          scale, kp, vp, pt, o, split_len, nsplit, part);
 }
 

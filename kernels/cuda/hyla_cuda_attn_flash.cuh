@@ -1,6 +1,6 @@
 /* hyla_cuda_attn_flash.cuh — the flash-attention prefill kernel (internal to kernels/cuda): one
- * 64-key tile step (fa_tile), the end of a block (fa_finish), the block of 4 or 8 warps
- * (fa_flash2_block) and the product's kernel k_attn_flash2 (4 warps). Included by
+ * 64-key tile step (fa_tile), the end of a block (fa_finish) and the kernel k_attn_flash2<D, NW>
+ * (the product runs NW = 4 warps, the kernel lab also 8). Included by
  * hyla_cuda_attn.cu (the launches, the split combine) and by the kernel lab's
  * kernels/cuda/dev/attn_flash_forms.cu, which runs the same code in its other forms, so the forms
  * it measures and the product's cannot drift apart.
@@ -20,6 +20,17 @@
  * key positions, and key tiles past a row's position add exact zeros, so a row's result does not
  * depend on the call it is in (prefill pieces of any size give the same bits). split_len = 0:
  * one pass over all keys, o written directly. */
+/* A warp's online softmax state for its two query rows at the start of a block: running max
+ * m = -inf and sum l = 0 (log2 domain), O = 0. */
+template <int D>
+__device__ __forceinline__ void fa_begin(float &m0, float &m1, float &l0, float &l1, float (&oacc)[D / 8][4]) {
+    m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+}
+
 /* One 64-key tile of a flash block, for a warp's two query rows (r0 = 16 w + g, r1 = r0 + 8 at
  * positions p0, p1): S = Q K^T on the tile (K at Ks, V at Vs, rows of LD bf16), the causal /
  * window mask and keys past khi to -inf, the online softmax update of (m, l) in the log2 domain
@@ -171,7 +182,7 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
     }
 }
 
-/* fa_flash2_block: a flash block of NW warps (4: 64 queries, the product; 8: 128 queries sharing
+/* k_attn_flash2: a flash block of NW warps (4: 64 queries, the product; 8: 128 queries sharing
  * each K/V tile, the form measured in kernels/cuda/dev/NOTES.md) per (query block, head[, key
  * split]); each warp owns 16 query rows. The block streams 64-key tiles through two
  * shared-memory buffers (cp.async, 16-byte pieces gathered row by row from the pages: a tile may
@@ -185,11 +196,14 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
  * Shared memory: 2 buffers x (K, V) x [64][D + 8] bf16 (69,632 bytes at D = 128); the Q tile is
  * staged in buffer 1 until its fragments are in registers, while tile 0 streams into buffer 0.
  * Tiles past a row's position would be bit-neutral too (all masked), but they are skipped so
- * that a row's sequence of tiles does not depend on the call (nor on NW). */
+ * that a row's sequence of tiles does not depend on the call (nor on NW).
+ * Registers (sm_90, no spills): NW = 4: 168 at D = 128, three blocks per SM (the product's
+ * launch bounds); NW = 8: 207 / 159 / 127 at D = 128 / 64 / 32, one block per SM. */
 template <int D, int NW>
-__device__ __forceinline__ void fa_flash2_block(const float *q, int n, int Hq, int Hk, int pos0, int window, float scale,
-                                                void *const *kp, void *const *vp, int pt, float *o, int split_len,
-                                                int nsplit, float *part) {
+__global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
+                                                                 int window, float scale, void *const *kp,
+                                                                 void *const *vp, int pt, float *o, int split_len,
+                                                                 int nsplit, float *part) {
     constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
@@ -281,12 +295,8 @@ __device__ __forceinline__ void fa_flash2_block(const float *q, int n, int Hq, i
     const int klo = half ? lo1 : lo0, khi = half ? hi1 : hi0;
     const int r0 = 16 * wl + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float oacc[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+    float m0, m1, l0, l1, oacc[D / 8][4];
+    fa_begin<D>(m0, m1, l0, l1, oacc);
     const float sl2 = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
     for (int j = 0; j < ntile; j++) {
         if (j + 1 < ntile)
@@ -305,15 +315,6 @@ __device__ __forceinline__ void fa_flash2_block(const float *q, int n, int Hq, i
     }
     if (nq <= 0) return;
     fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
-}
-
-/* k_attn_flash2: the product's flash prefill, 4 warps per 64 queries. Registers (sm_90, no
- * spills): 168 at D = 128, three blocks per SM. */
-template <int D>
-__global__ void __launch_bounds__(128, 3) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0, int window,
-                                                        float scale, void *const *kp, void *const *vp, int pt,
-                                                        float *o, int split_len, int nsplit, float *part) {
-    fa_flash2_block<D, 4>(q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
 }
 
 #endif

@@ -1,9 +1,9 @@
 /* attn_flash_forms.cu — the kernel lab's flash-attention prefill forms: k_attn_flash (4 warps per
- * 64 queries, plain loads into one buffer), the flash2 block with 8 warps (128 queries a block
- * sharing each K/V tile) and the product's kernel k_attn_flash2 (4 warps), each against the CPU
- * reference, the product's kernel also against the product's attn_prefill bit for bit, and timed.
- * The tile step, the block end and the flash2 block are the product's own code
- * (hyla_cuda_attn_flash.cuh); this file adds only the forms that left the product. One pass over
+ * 64 queries, plain loads into one buffer), the product's kernel k_attn_flash2 with 8 warps (128
+ * queries a block sharing each K/V tile) and with 4 (the product's form), each against the CPU
+ * reference, the 4-warp form also against the product's attn_prefill bit for bit, and timed.
+ * k_attn_flash2, its tile step and its block end are the product's own code
+ * (hyla_cuda_attn_flash.cuh); this file adds only the form that left the product. One pass over
  * the keys (no key splits), causal, GQA. The product keeps the 4-warp cp.async form
  * (kernels/cuda/dev/NOTES.md). usage: attn_flash_forms [n]   (default n = 1024 and 4096)
  * Exit status 1 when a form is out of tolerance or the product form's bits differ. */
@@ -15,6 +15,7 @@
 #include "hyla_cuda_attn_flash.cuh"
 #include "hyla_cuda_impl.h"
 #include "hyla_ops.h"
+#include "lab.h"
 
 /* k_attn_flash: the first flash form. One block of 4 warps per (64 queries, head[, key split]);
  * each key tile is loaded by plain 16-byte loads into one buffer (rows past khi zero-filled,
@@ -56,12 +57,8 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     /* this thread's two query rows */
     const int r0 = 16 * w + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float oacc[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+    float m0, m1, l0, l1, oacc[D / 8][4];
+    fa_begin<D>(m0, m1, l0, l1, oacc);
     const size_t rowsz = (size_t)Hk * D;
     const float sl2 = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
     for (int kt = klo; kt <= khi; kt += FA_BK) {
@@ -84,36 +81,6 @@ __global__ void __launch_bounds__(128) k_attn_flash(const float *q, int n, int H
     fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
 }
 
-/* The 8-warp flash2 form: one block per (128 queries, head[, key split]), the two 64-query
- * halves of k_attn_flash's blocks qb' = 2 qb, 2 qb + 1 side by side, sharing each K/V tile
- * (fa_flash2_block<D, 8>: each half keeps its block's key range and runs only its own tiles).
- * (Measured on the H100, NOTES.md: the partials of split calls are bit-identical to
- * k_attn_flash's, the one-pass outputs are not: the compiled last steps differ.)
- * Registers (sm_90, no spills): 207 / 159 / 127 at D = 128 / 64 / 32, one block per SM at
- * D = 128. */
-template <int D>
-__global__ void __launch_bounds__(256, 1) k_attn_flash2_w8(const float *q, int n, int Hq, int Hk, int pos0, int window,
-                                                           float scale, void *const *kp, void *const *vp, int pt,
-                                                           float *o, int split_len, int nsplit, float *part) {
-    fa_flash2_block<D, 8>(q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o, split_len, nsplit, part);
-}
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                       \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-#define HK(x)                                                                                                          \
-    do {                                                                                                               \
-        if ((x) != HYLA_OK) {                                                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, hyla_last_error());                            \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
 struct Args {
     const float *q;
     int n, Hq, Hk, pos0, window;
@@ -133,21 +100,16 @@ static void run_form(int form, const Args &a) {
     } else {
         const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2;
         if (form == 1) {
-            CK(cudaFuncSetAttribute(k_attn_flash2_w8<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash2_w8<D><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(
+            CK(cudaFuncSetAttribute(k_attn_flash2<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash2<D, 8><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(
                 a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, a.o, 0, 1, NULL);
         } else {
-            CK(cudaFuncSetAttribute(k_attn_flash2<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            k_attn_flash2<D><<<dim3(cu_blocks(a.n, 64), a.Hq, 1), 128, sm>>>(
+            CK(cudaFuncSetAttribute(k_attn_flash2<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            k_attn_flash2<D, 4><<<dim3(cu_blocks(a.n, 64), a.Hq, 1), 128, sm>>>(
                 a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, a.o, 0, 1, NULL);
         }
     }
     CK(cudaGetLastError());
-}
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / 16777216.0f;
 }
 
 int main(int argc, char **argv) {

@@ -13,22 +13,7 @@
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_lin_dec.cuh"
 #include "hyla_ops.h"
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                       \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-#define HK(x)                                                                                                          \
-    do {                                                                                                               \
-        if ((x) != HYLA_OK) {                                                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, hyla_last_error());                            \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
+#include "lab.h"
 
 struct Form {
     const char *name;
@@ -45,11 +30,6 @@ static const Form forms[] = {
     {"d4 (4 columns, 1 block/SM)", launch_form<4, 1>},
     {"d4b (4 columns, 2 blocks/SM)", launch_form<4, 2>},
 };
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / 16777216.0f;
-}
 
 int main(int argc, char **argv) {
     int Bs[8] = {1, 16, 64}, nb = 3;
