@@ -194,6 +194,28 @@ __global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
 
 static bool rows_vec(int D) { return D % 8 == 0 && D <= 1024 && AR_T % (D / 8) == 0 && (AR_T / (D / 8)) * D <= 1024; }
 
+/* The arguments prefill and decode give k_attn_rows alike; pos0 (prefill) or pos, tab_off,
+ * ptok (decode) are the caller's to set. */
+static AttnRows rows_args(const float *q, int nq, int Hq, int Hk, int D, int window, float scale, int pt,
+                          void *const *kp, void *const *vp, int split_len, int nsplit, void *part) {
+    AttnRows a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.nq = nq;
+    a.Hq = Hq;
+    a.Hk = Hk;
+    a.D = D;
+    a.window = window;
+    a.scale = scale;
+    a.pt = pt;
+    a.kp = kp;
+    a.vp = vp;
+    a.split_len = split_len;
+    a.nsplit = nsplit;
+    a.part = (float *)part;
+    return a;
+}
+
 __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsplit, float *o) {
     const int h = blockIdx.x, qi = blockIdx.y;
     const float *p = part + ((size_t)qi * Hq + h) * nsplit * (D + 2);
@@ -212,6 +234,20 @@ __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsp
         }
         o[((size_t)qi * Hq + h) * D + d] = acc / L;
     }
+}
+
+/* k_attn_rows over a's queries and splits, then k_attn_combine of their partials into o
+ * [nq][Hq][D]. */
+static hyla_status rows_launch(hyla_cuda_ctx *c, const AttnRows &a, float *o) {
+    const dim3 grid(a.nsplit, a.Hq, a.nq);
+    if (rows_vec(a.D))
+        k_attn_rows<true><<<grid, AR_T, 0, c->stream>>>(a);
+    else
+        k_attn_rows<false><<<grid, AR_T, 0, c->stream>>>(a);
+    CU_LAUNCH_CHECK("attn rows");
+    k_attn_combine<<<dim3(a.Hq, a.nq), 128, 0, c->stream>>>(a.part, a.nq, a.Hq, a.D, a.nsplit, o);
+    CU_LAUNCH_CHECK("attn combine");
+    return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- flash prefill (tensor cores) */
@@ -346,30 +382,10 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
     HYLA_TRY(cu_scratch(c, SCR_ATTN, per_q * group, &scr));
     for (int q0 = 0; q0 < n; q0 += group) {
         int nq = n - q0 < group ? n - q0 : group;
-        AttnRows a;
-        memset(&a, 0, sizeof a);
-        a.q = q + (size_t)q0 * Hq * D;
-        a.nq = nq;
-        a.Hq = Hq;
-        a.Hk = Hk;
-        a.D = D;
-        a.window = window;
-        a.scale = scale;
+        AttnRows a = rows_args(q + (size_t)q0 * Hq * D, nq, Hq, Hk, D, window, scale, kv->page_tokens, kp, vp,
+                               split_len, nsplit, scr);
         a.pos0 = pos0 + q0;
-        a.pt = kv->page_tokens;
-        a.kp = kp;
-        a.vp = vp;
-        a.split_len = split_len;
-        a.nsplit = nsplit;
-        a.part = (float *)scr;
-        if (rows_vec(D))
-            k_attn_rows<true><<<dim3(nsplit, Hq, nq), AR_T, 0, c->stream>>>(a);
-        else
-            k_attn_rows<false><<<dim3(nsplit, Hq, nq), AR_T, 0, c->stream>>>(a);
-        CU_LAUNCH_CHECK("attn rows");
-        k_attn_combine<<<dim3(Hq, nq), 128, 0, c->stream>>>((float *)scr, nq, Hq, D, nsplit,
-                                                             o + (size_t)q0 * Hq * D);
-        CU_LAUNCH_CHECK("attn combine");
+        HYLA_TRY(rows_launch(c, a, o + (size_t)q0 * Hq * D));
     }
     return HYLA_OK;
 }
@@ -435,32 +451,11 @@ extern "C" hyla_status cu_attn_decode_dev(hyla_cuda_ctx *c, const float *q, cons
      * other sessions of the batch. Sessions with shorter spans leave their last splits empty. */
     void *scr;
     HYLA_TRY(cu_scratch(c, SCR_ATTN, (size_t)B * Hq * nsplit * (D + 2) * 4, &scr));
-    AttnRows a;
-    memset(&a, 0, sizeof a);
-    a.q = q;
-    a.nq = B;
-    a.Hq = Hq;
-    a.Hk = Hk;
-    a.D = D;
-    a.window = window;
-    a.scale = scale;
+    AttnRows a = rows_args(q, B, Hq, Hk, D, window, scale, page_tokens, kp, vp, AD_SPLIT, nsplit, scr);
     a.pos = d_pos;
     a.tab_off = d_toff;
     a.ptok = d_pt;
-    a.pt = page_tokens;
-    a.kp = kp;
-    a.vp = vp;
-    a.split_len = AD_SPLIT;
-    a.nsplit = nsplit;
-    a.part = (float *)scr;
-    if (rows_vec(D))
-        k_attn_rows<true><<<dim3(nsplit, Hq, B), AR_T, 0, c->stream>>>(a);
-    else
-        k_attn_rows<false><<<dim3(nsplit, Hq, B), AR_T, 0, c->stream>>>(a);
-    CU_LAUNCH_CHECK("attn rows");
-    k_attn_combine<<<dim3(Hq, B), 128, 0, c->stream>>>((float *)scr, B, Hq, D, nsplit, o);
-    CU_LAUNCH_CHECK("attn combine");
-    return HYLA_OK;
+    return rows_launch(c, a, o);
 }
 
 extern "C" hyla_status cu_attn_decode(void *ctx, const float *q, const float *k, const float *v, int B, int Hq,
