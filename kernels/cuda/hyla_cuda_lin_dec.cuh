@@ -61,6 +61,21 @@ template <> struct DecVec<2> {
     static __device__ __forceinline__ void st(float *p, const float (&d)[2]) { *(float2 *)p = make_float2(d[0], d[1]); }
 };
 
+/* sum = the lane's VW columns summed over the block's 8 warps' rows of buf [8][32 VW], in warp
+ * order (the fixed order of every reduction of the recurrent kernels). */
+template <int VW>
+__device__ __forceinline__ void dec_sum8(float (&sum)[VW], const float (*buf)[32 * VW], int lane) {
+#pragma unroll
+    for (int c = 0; c < VW; c++) sum[c] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        float x[VW];
+        DecVec<VW>::ld(x, &buf[q][lane * VW]);
+#pragma unroll
+        for (int c = 0; c < VW; c++) sum[c] += x[c];
+    }
+}
+
 template <int R, int VW, int MINB>
 __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
     typedef DecVec<VW> V;
@@ -136,15 +151,7 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
             V::st(&red[m & 1][w][lane * VW], pk);
             __syncthreads();
             float ks[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) ks[c] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float x[VW];
-                V::ld(x, &red[m & 1][q][lane * VW]);
-#pragma unroll
-                for (int c = 0; c < VW; c++) ks[c] += x[c];
-            }
+            dec_sum8<VW>(ks, red[m & 1], lane);
             m++;
             float u[VW];
 #pragma unroll
@@ -171,15 +178,7 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
         __syncthreads();
         if (w == 0 && jv) {
             float acc[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) acc[c] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float x[VW];
-                V::ld(x, &red[m & 1][q][lane * VW]);
-#pragma unroll
-                for (int c = 0; c < VW; c++) acc[c] += x[c];
-            }
+            dec_sum8<VW>(acc, red[m & 1], lane);
             float *op = a.o + ((size_t)b * H + h) * dv + j;
             float res[VW];
 #pragma unroll
