@@ -181,26 +181,23 @@ __device__ __forceinline__ float4 mul_sw(float4 x, float s, float4 w) {
     return make_float4(x.x * s * w.x, x.y * s * w.y, x.z * s * w.z, x.w * s * w.w);
 }
 
-/* Sum / max over the row's group (WARP: the warp; else the block, sh[32] shared). */
-template <int WARP> __device__ __forceinline__ float group_sum(float v, float *sh) {
-    v = warp_sum(v);
+/* Sum (MAX = false) / max over the row's group (WARP: the warp; else the block, sh[32] shared):
+ * the warps' results combined in warp order. */
+template <int WARP, bool MAX> __device__ __forceinline__ float group_reduce(float v, float *sh) {
+    v = MAX ? warp_max(v) : warp_sum(v);
     if (WARP) return v;
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
     __syncthreads();
     float t = sh[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t = MAX ? fmaxf(t, sh[i]) : t + sh[i];
     __syncthreads(); /* sh is reused by the next reduction */
     return t;
 }
+template <int WARP> __device__ __forceinline__ float group_sum(float v, float *sh) {
+    return group_reduce<WARP, false>(v, sh);
+}
 template <int WARP> __device__ __forceinline__ float group_max(float v, float *sh) {
-    v = warp_max(v);
-    if (WARP) return v;
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = sh[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t = fmaxf(t, sh[i]);
-    __syncthreads();
-    return t;
+    return group_reduce<WARP, true>(v, sh);
 }
 
 /* The group's row, thread index in the group and group size; returns 0 past the last row. */
