@@ -8,7 +8,8 @@ section; no CUDA tools needed) and compares, per kernel (by mangled name):
   - `.text.<kernel>`: the machine code, byte for byte (the verdict);
   - the kernel's other sections (`.nv.info.<kernel>`: registers, parameters, barriers;
     `.nv.shared.<kernel>`: static shared memory; `.nv.constant0.<kernel>`; `.rela.text.<kernel>`)
-    and its `.text` section's header flags (register count), reported when they differ.
+    and its `.text` section's header flags (register count), reported when they differ in more
+    than the numbering of the symbols they name.
 
 usage:
   cubin_compare.py BASE.o NEW.o [--map OLD=NEW ...]
@@ -91,6 +92,48 @@ def cubins(obj_path):
     return out
 
 
+def symbol_names(cubin):
+    """[name of symbol i] of a cubin's .symtab (a section symbol by its section's name)."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(tab, off):
+        base = hdrs[tab][4]
+        end = cubin.index(b"\0", base + off)
+        return cubin[base + off:end].decode()
+
+    names = []
+    for i, h in enumerate(hdrs):
+        if h[1] != 2:  # SHT_SYMTAB
+            continue
+        strtab = h[6]
+        for j in range(h[5] // 24):
+            st_name, st_info, _other, st_shndx = struct.unpack_from("<IBBH", cubin, h[4] + 24 * j)
+            if st_name:
+                names.append(cstr(strtab, st_name))
+            elif (st_info & 15) == 3 and st_shndx < shnum:  # STT_SECTION
+                names.append(cstr(shstrndx, hdrs[st_shndx][0]))
+            else:
+                names.append("")
+    return names
+
+
+def same_but_symbol_numbers(a, b, syms_a, syms_b):
+    """True when two sections differ only in 4-byte words that are symbol indices naming the
+    same symbol in each cubin (the numbering moves when kernels are emitted in another order)."""
+    if len(a) != len(b) or len(a) % 4:
+        return False
+    for i in range(0, len(a), 4):
+        x, = struct.unpack_from("<I", a, i)
+        y, = struct.unpack_from("<I", b, i)
+        if x == y:
+            continue
+        if not (x < len(syms_a) and y < len(syms_b) and syms_a[x] and syms_a[x] == syms_b[y]):
+            return False
+    return True
+
+
 def kernels(cubin):
     """{mangled kernel name: {section kind: (header, bytes)}} plus the text section headers."""
     secs = elf_sections(cubin)
@@ -109,6 +152,7 @@ def kernels(cubin):
 
 def compare_cubins(base, new, renames, label, quiet):
     kb, kn = kernels(base), kernels(new)
+    syms_b, syms_n = symbol_names(base), symbol_names(new)
     bad = 0
     rows = []
     seen_new = set()
@@ -137,7 +181,8 @@ def compare_cubins(base, new, renames, label, quiet):
             if (a is None) != (b is None):
                 notes.append(part + " present in one only")
             elif a is not None and (a[1] != b[1] or a[0]["size"] != b[0]["size"]):
-                notes.append(part)
+                if not same_but_symbol_numbers(a[1], b[1], syms_b, syms_n):
+                    notes.append(part)
         name = k if kn_name == k else "%s -> %s" % (k, kn_name)
         if notes:
             rows.append(("same code", name, "but " + ", ".join(notes) + " differ"))
