@@ -92,6 +92,30 @@ typedef struct {
                                  * receptive field is complete (same retained set, same outputs) */
 } hyla_lte_params;
 
+/* Half the scoring CNN's receptive field: a score needs this many tokens on each side. */
+static inline int hyla_lte_half(const hyla_lte_params *p) { return p->n_conv * (p->kernel - 1) / 2 * p->dilation; }
+/* The largest channel count of any layer of the scoring CNN. */
+static inline int hyla_lte_maxch(const hyla_lte_params *p) {
+    int m = 0;
+    for (int l = 0; l <= p->n_conv; l++)
+        if (p->ch[l] > m) m = p->ch[l];
+    return m;
+}
+/* The check every backend applies to p before an LTE op: HYLA_ERR_INVALID_ARG naming the op. */
+static inline hyla_status hyla_lte_check(const char *op, const hyla_lte_params *p) {
+    int bad = p->Hk <= 0 || p->D <= 0 || p->D % 2 || p->sink < 0 || p->budget < 0 || p->n_conv < 1 ||
+              p->n_conv > HYLA_LTE_MAX_CONV || p->kernel < 1 || p->kernel % 2 == 0 || p->dilation < 1 ||
+              p->ch[0] != 2 * p->D;
+    for (int l = 1; !bad && l <= p->n_conv; l++) bad = p->ch[l] <= 0 || !p->conv_w[l - 1] || !p->conv_b[l - 1];
+    if (bad || !p->proj_w || !p->proj_b)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: bad LTE parameters (Hk=%d D=%d convs=%d kernel=%d dilation=%d)", op,
+                         p->Hk, p->D, p->n_conv, p->kernel, p->dilation);
+    if (p->window < 2 * hyla_lte_half(p) + 1)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: window %d is shorter than the receptive field %d", op, p->window,
+                         2 * hyla_lte_half(p) + 1);
+    return HYLA_OK;
+}
+
 /* The LTE cache of one layer of one session: fixed size, device pointers. Rows per head:
  * [0, s) the sink (positions 0..s-1), [s, s+w) the window ring (position p >= s in row
  * s + (p - s) % w), [s+w, s+w+b) the retained segment. Keys are stored rotated. */
@@ -365,6 +389,19 @@ typedef struct hyla_ops {
                              float dt_min, float dt_max, int n, int H, float *a, float *dtp);
     /* [M2-2]'s skip term: y [n][H][P] += Dskip[h]·x, x [n] rows of H*P (row stride ldx). */
     hyla_status (*ssd_skip)(void *ctx, float *y, const float *x, int ldx, const float *Dskip, int n, int H, int P);
+
+    /* ---- asynchronous upload (restores that overlap the arrival of the state) ----
+     * upload_begin: queue n host->device copies host_src[i] -> dst[i] of bytes[i] each (0
+     * allowed), ordered after every op queued so far; every op queued later sees the copied
+     * bytes. Returns at once with a ticket in *out, finished like a capture's (capture_done
+     * polls it, capture_end waits for the copies, frees it and reports a copy failure). The
+     * arrays are borrowed for the call only; the host memory until the ticket has ended (the
+     * caller must not write or free it). Host memory from host_alloc is copied by the device
+     * without a host copy (CUDA); other memory works, more slowly. The CPU backend copies at
+     * once (its later ops run at once too). NULL in a backend that lacks it: callers fall back
+     * to upload. */
+    hyla_status (*upload_begin)(void *ctx, int n, void *const *dst, const void *const *host_src, const size_t *bytes,
+                                hyla_capture **out);
 } hyla_ops;
 
 typedef struct {

@@ -953,6 +953,8 @@ typedef struct {
     void *fctx;
     const char *what;
     hyla_snapshot *out; /* NULL when verifying */
+    hyla_chunk_done_fn done; /* streaming decode: told of every chunk verified (may be NULL) */
+    void *done_ctx;
     thread_scratch *ts;
     uint8_t **conv;     /* per-thread bf16 / verify buffers */
     first_error err;
@@ -988,6 +990,9 @@ static void dec_fn(void *ctx, size_t i, int tid) {
             if (st == HYLA_OK && d->out && !direct) /* bf16 -> f32 */
                 hyla_to_f32((float *)d->out->parts[r->part].data + r->raw_off / 2, dst, HYLA_DT_BF16, r->raw_len / 2);
         }
+        if (st == HYLA_OK && d->done) /* in-memory bytes: f32 parts stored as bf16 take twice the room */
+            d->done(d->done_ctx, r->part, direct ? r->raw_off : r->raw_off * 2,
+                    direct ? (uint64_t)r->raw_len : (uint64_t)r->raw_len * 2);
         if (d->release) d->release(d->fctx, tok);
         if (st != HYLA_OK) loc_text(loc, sizeof loc, d->m, r);
     }
@@ -1004,11 +1009,47 @@ static void dec_fn(void *ctx, size_t i, int tid) {
     }
 }
 
+/* Decoders kept between decodes: a decode on fresh zstd contexts and fresh scratch pays for
+ * their allocation and for page faults on every byte of scratch, a large part of a restore's
+ * time. Up to DEC_KEEP of them (zstd context + shuffle scratch up to DEC_KEEP_SCRATCH bytes)
+ * stay for the next decode, on any thread. */
+#define DEC_KEEP 64
+#define DEC_KEEP_SCRATCH ((size_t)8 << 20)
+static pthread_mutex_t dec_keep_mu = PTHREAD_MUTEX_INITIALIZER;
+static thread_scratch dec_keep[DEC_KEEP];
+static int dec_keep_n;
+
+static void dec_take(thread_scratch *ts, int w) {
+    pthread_mutex_lock(&dec_keep_mu);
+    for (int t = 0; t < w && dec_keep_n > 0; t++) ts[t] = dec_keep[--dec_keep_n];
+    pthread_mutex_unlock(&dec_keep_mu);
+}
+
+/* Keep what fits, free the rest (and ts). */
+static void dec_give_back(thread_scratch *ts, int w) {
+    pthread_mutex_lock(&dec_keep_mu);
+    for (int t = 0; t < w; t++) {
+        if (dec_keep_n == DEC_KEEP || ts[t].cctx || !ts[t].dctx) continue;
+        if (ts[t].scratch_len > DEC_KEEP_SCRATCH) {
+            free(ts[t].scratch);
+            ts[t].scratch = NULL;
+            ts[t].scratch_len = 0;
+        }
+        dec_keep[dec_keep_n++] = ts[t];
+        memset(&ts[t], 0, sizeof ts[t]);
+    }
+    pthread_mutex_unlock(&dec_keep_mu);
+    scratch_free(ts, w);
+}
+
 static hyla_status run_decode(dec_ctx *d, int threads) {
     int w = hyla_parallel_width(threads, d->m->n_chunks);
     uint64_t maxc = 0;
-    for (uint32_t i = 0; i < d->m->n_parts; i++)
+    int need_conv = !d->out; /* verifying decodes into them; so do parts stored as bf16 */
+    for (uint32_t i = 0; i < d->m->n_parts; i++) {
         if (d->m->parts[i].chunk_bytes > maxc) maxc = d->m->parts[i].chunk_bytes;
+        if (d->m->parts[i].stored_dtype != d->m->parts[i].desc.dtype) need_conv = 1;
+    }
     d->ts = calloc((size_t)w, sizeof *d->ts);
     d->conv = calloc((size_t)w, sizeof *d->conv);
     if (!d->ts || !d->conv) {
@@ -1016,13 +1057,14 @@ static hyla_status run_decode(dec_ctx *d, int threads) {
         free(d->conv);
         return hyla_fail(HYLA_ERR_NOMEM, "decode scratch");
     }
+    dec_take(d->ts, w);
     /* conversion / verify buffers sized to the largest chunk */
-    for (int t = 0; t < w; t++) {
+    for (int t = 0; need_conv && t < w; t++) {
         d->conv[t] = malloc(maxc ? maxc : 1);
         if (!d->conv[t]) {
             for (int u = 0; u < t; u++) free(d->conv[u]);
             free(d->conv);
-            free(d->ts);
+            dec_give_back(d->ts, w);
             return hyla_fail(HYLA_ERR_NOMEM, "decode scratch of %llu bytes", (unsigned long long)maxc);
         }
     }
@@ -1032,7 +1074,7 @@ static hyla_status run_decode(dec_ctx *d, int threads) {
     pthread_mutex_destroy(&d->report_mu);
     for (int t = 0; t < w; t++) free(d->conv[t]);
     free(d->conv);
-    scratch_free(d->ts, w);
+    dec_give_back(d->ts, w);
     return first_error_finish(&d->err);
 }
 
@@ -1062,6 +1104,26 @@ hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
     }
     *out = s;
     return HYLA_OK;
+}
+
+hyla_status hyla_codec_decode_into(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                                   void *ctx, const char *what, int threads, hyla_snapshot *dst,
+                                   hyla_chunk_done_fn done, void *done_ctx) {
+    if (dst->n_parts != m->n_parts)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: decode target has %u parts, the manifest %u", what, dst->n_parts,
+                         m->n_parts);
+    for (uint32_t i = 0; i < m->n_parts; i++) {
+        const hyla_state_part *a = &dst->parts[i], *b = &m->parts[i].desc;
+        if (a->nbytes != b->nbytes || a->layer != b->layer || strcmp(a->name, b->name) || (!a->data && a->nbytes))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: decode target part %u (layer %u '%s', %llu bytes) is not the "
+                             "manifest's (layer %u '%s', %llu bytes)", what, i, a->layer, a->name,
+                             (unsigned long long)a->nbytes, b->layer, b->name, (unsigned long long)b->nbytes);
+    }
+    dec_ctx d = dec_ctx_of(m, fetch, release, ctx, what);
+    d.out = dst;
+    d.done = done;
+    d.done_ctx = done_ctx;
+    return run_decode(&d, threads);
 }
 
 hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,

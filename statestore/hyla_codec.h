@@ -13,7 +13,9 @@
  * RocksDB store, statestore/hyla_store.c): plan + encode values, parse manifest + decode.
  *
  * Threading: every function is safe to call from several threads on different objects; each
- * call may start its own worker threads and joins them before returning. */
+ * call may start its own worker threads and joins them before returning. Decoders (a zstd
+ * context and shuffle scratch each, up to 64) are kept between decode calls of the process, so
+ * a restore does not allocate and fault in fresh ones each time. */
 #ifndef HYLA_CODEC_H
 #define HYLA_CODEC_H
 
@@ -152,6 +154,17 @@ typedef void (*hyla_chunk_release_fn)(void *ctx, void *token);
  * `what`, layer, part and chunk. *out: caller frees with hyla_snapshot_destroy. */
 hyla_status hyla_codec_decode(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
                               void *ctx, const char *what, int threads, hyla_snapshot **out);
+/* Streaming decode: every chunk into dst, a snapshot the caller laid out like m (the same parts
+ * in the same order with the same nbytes, data set: e.g. carved from pinned memory; else
+ * HYLA_ERR_INVALID_ARG), verifying each checksum. As each chunk's bytes are decoded and
+ * verified, done(done_ctx, part, off, len) is called from the decode thread that did it
+ * (concurrently from several: it must be thread-safe and quick): bytes [off, off + len) of
+ * dst->parts[part].data are final. Each byte is reported once; a failed chunk is not reported.
+ * On failure dst holds some chunks (the caller discards it). done may be NULL. */
+typedef void (*hyla_chunk_done_fn)(void *ctx, uint32_t part, uint64_t off, uint64_t len);
+hyla_status hyla_codec_decode_into(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                                   void *ctx, const char *what, int threads, hyla_snapshot *dst,
+                                   hyla_chunk_done_fn done, void *done_ctx);
 /* Check every chunk without building a snapshot. Calls report(msg) for every problem found
  * (report may be NULL); returns HYLA_OK when none, else the status of the first problem. */
 typedef void (*hyla_report_fn)(void *ctx, const char *msg);

@@ -128,6 +128,17 @@ hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, cons
     return NULL;
 }
 
+void hyla_snapshot_copy_meta(hyla_snapshot *dst, const hyla_snapshot *src) {
+    dst->format_version = src->format_version;
+    dst->model_fingerprint = src->model_fingerprint;
+    dst->position = src->position;
+    dst->n_generated = src->n_generated;
+    dst->pending_token = src->pending_token;
+    dst->sampler = src->sampler;
+    memcpy(dst->rng, src->rng, sizeof dst->rng);
+    dst->n_layers = src->n_layers;
+}
+
 hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out) {
     hyla_snapshot *c = hyla_snapshot_create();
     if (!c) return hyla_fail(HYLA_ERR_NOMEM, "snapshot clone");

@@ -115,6 +115,9 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
                                    uint32_t page_tokens, hyla_state_part **out);
 /* The part (layer, name), or NULL. Borrowed. */
 hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, const char *name);
+/* Copy src's session metadata (format version, fingerprint, position, generated count, pending
+ * token, sampler, RNG, layer count) into dst; parts and arena stay dst's own. */
+void hyla_snapshot_copy_meta(hyla_snapshot *dst, const hyla_snapshot *src);
 /* Deep copy, always an ordinary (malloc'ed) snapshot, also of an arena snapshot. Caller frees
  * with hyla_snapshot_destroy. */
 hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out);

@@ -1306,20 +1306,35 @@ static hyla_status get_manifest_impl(hyla_store *st, const char *sid, uint64_t v
     return s;
 }
 
+/* The manifest of a get through v: version resolved, fingerprint checked; `what` (400 bytes)
+ * receives the name for messages. */
+static hyla_status get_manifest_checked(hyla_store *st, read_view *v, const char *sid, uint64_t version,
+                                        uint64_t expected_fingerprint, hyla_manifest **m, uint64_t *ver, char *what) {
+    *m = NULL;
+    *ver = 0;
+    snprintf(what, 400, "session %s", sid);
+    hyla_status s = view_manifest(st, v, sid, version, m, ver);
+    if (s != HYLA_OK) return s;
+    snprintf(what, 400, "session %s version %llu", sid, (unsigned long long)*ver);
+    if (expected_fingerprint && (*m)->meta.model_fingerprint != expected_fingerprint) {
+        s = hyla_fail(HYLA_ERR_MISMATCH,
+                      "%s: model fingerprint mismatch: the state was saved by model %016llx, this model is %016llx", what,
+                      (unsigned long long)(*m)->meta.model_fingerprint, (unsigned long long)expected_fingerprint);
+        hyla_manifest_destroy(*m);
+        *m = NULL;
+    }
+    return s;
+}
+
 static hyla_status get_impl(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
                            hyla_snapshot **out, uint64_t *version_out, int only_token_log) {
     read_view v;
     view_open(st, &v);
     hyla_manifest *m = NULL;
     uint64_t ver = 0;
-    hyla_status s = view_manifest(st, &v, sid, version, &m, &ver);
-    if (s == HYLA_OK && only_token_log) hyla_manifest_keep_kind(m, HYLA_PART_TOKENS);
     char what[400];
-    snprintf(what, sizeof what, "session %s version %llu", sid, (unsigned long long)ver);
-    if (s == HYLA_OK && expected_fingerprint && m->meta.model_fingerprint != expected_fingerprint)
-        s = hyla_fail(HYLA_ERR_MISMATCH,
-                      "%s: model fingerprint mismatch: the state was saved by model %016llx, this model is %016llx", what,
-                      (unsigned long long)m->meta.model_fingerprint, (unsigned long long)expected_fingerprint);
+    hyla_status s = get_manifest_checked(st, &v, sid, version, expected_fingerprint, &m, &ver, what);
+    if (s == HYLA_OK && only_token_log) hyla_manifest_keep_kind(m, HYLA_PART_TOKENS);
     if (s == HYLA_OK) {
         fetch_ctx f = {st, v.ro};
         s = hyla_codec_decode(m, store_fetch, store_release, &f, what, st->p.codec.threads, out);
@@ -1329,6 +1344,7 @@ static hyla_status get_impl(hyla_store *st, const char *sid, uint64_t version, u
     if (s == HYLA_OK && version_out) *version_out = ver;
     return s;
 }
+
 
 /* ---------------------------------------------------------------- fork, delete */
 
@@ -1921,3 +1937,57 @@ hyla_status hyla_store_gc(hyla_store *st, hyla_store_gc_stats *stats) { return f
 hyla_status hyla_store_usage(hyla_store *st, hyla_store_usage_info *u) { STORE_CALL(K_READ, usage_impl(st, u)); }
 
 const char *hyla_store_recovery_note(const hyla_store *st) { return st->recovery_note; }
+
+/* ---------------------------------------------------------------- streaming reads */
+
+struct hyla_store_reader {
+    hyla_store *st;
+    read_view v;
+    hyla_manifest *m;
+    hyla_snapshot *layout; /* meta + parts, data NULL */
+    uint64_t version;
+    int chunks_read;       /* hyla_store_read_chunks was called */
+    char what[400];
+};
+
+hyla_status hyla_store_read_open(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
+                                 hyla_store_reader **out) {
+    *out = NULL;
+    hyla_store_reader *r = calloc(1, sizeof *r);
+    if (!r) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_status s = enter(st, K_READ);
+    if (s != HYLA_OK) {
+        free(r);
+        return s;
+    }
+    r->st = st;
+    view_open(st, &r->v);
+    s = get_manifest_checked(st, &r->v, sid, version, expected_fingerprint, &r->m, &r->version, r->what);
+    if (s == HYLA_OK) s = hyla_manifest_to_snapshot(r->m, 0, &r->layout);
+    if (s != HYLA_OK) {
+        hyla_store_read_close(r);
+        return s;
+    }
+    *out = r;
+    return HYLA_OK;
+}
+
+const hyla_snapshot *hyla_store_read_layout(const hyla_store_reader *r) { return r->layout; }
+uint64_t hyla_store_read_version(const hyla_store_reader *r) { return r->version; }
+
+hyla_status hyla_store_read_chunks(hyla_store_reader *r, hyla_snapshot *dst, hyla_chunk_done_fn done, void *done_ctx) {
+    HYLA_ASSERT(!r->chunks_read && "hyla_store_read_chunks: once per reader");
+    r->chunks_read = 1;
+    fetch_ctx f = {r->st, r->v.ro};
+    return hyla_codec_decode_into(r->m, store_fetch, store_release, &f, r->what, r->st->p.codec.threads, dst, done,
+                                  done_ctx);
+}
+
+void hyla_store_read_close(hyla_store_reader *r) {
+    if (!r) return;
+    hyla_snapshot_destroy(r->layout);
+    hyla_manifest_destroy(r->m);
+    view_close(r->st, &r->v);
+    leave(r->st, K_READ, HYLA_OK);
+    free(r);
+}

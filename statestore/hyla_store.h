@@ -108,6 +108,27 @@ hyla_status hyla_store_put(hyla_store *st, const char *session, const hyla_snaps
 hyla_status hyla_store_get(hyla_store *st, const char *session, uint64_t version, uint64_t expected_fingerprint,
                            hyla_snapshot **out, uint64_t *version_out);
 
+/* ---- streaming reads: a get whose chunks land where the caller wants, as they are verified ----
+ * open reads and checks the manifest (as hyla_store_get: version 0 = head, the same refusals,
+ * expected_fingerprint 0 = not checked) and holds a consistent view of the store until close;
+ * the layout (the snapshot's meta and parts, every part's data NULL) tells the caller what to
+ * lay out; read_chunks then decodes every chunk into the caller's snapshot on the codec's
+ * threads, verifying every checksum, and reports each chunk as it is final (hyla_codec.h,
+ * hyla_codec_decode_into: the contract of dst and done). This is how a restore overlaps
+ * reading, decompression and the copies to a device (worker/hyla_restore.h).
+ * open and close on the same thread (a reader holds the store's lock shared, as every call
+ * does for its duration: keep it open only for the read, and call nothing on the store that
+ * writes from that thread meanwhile); read_chunks once, from any thread, in between.
+ * *out: caller closes with hyla_store_read_close. */
+typedef struct hyla_store_reader hyla_store_reader;
+hyla_status hyla_store_read_open(hyla_store *st, const char *session, uint64_t version, uint64_t expected_fingerprint,
+                                 hyla_store_reader **out);
+/* Borrowed until close. */
+const hyla_snapshot *hyla_store_read_layout(const hyla_store_reader *r);
+uint64_t hyla_store_read_version(const hyla_store_reader *r);
+hyla_status hyla_store_read_chunks(hyla_store_reader *r, hyla_snapshot *dst, hyla_chunk_done_fn done, void *done_ctx);
+void hyla_store_read_close(hyla_store_reader *r); /* accepts NULL */
+
 /* As hyla_store_get, but the snapshot holds the session meta and only the token log part (if
  * any; hyla_snapshot_token_log reads it): the chunks of the state are not read. */
 hyla_status hyla_store_get_token_log(hyla_store *st, const char *session, uint64_t version, hyla_snapshot **out,

@@ -17,6 +17,8 @@ hyla_add_script_test(test_e2e_storage e2e/test_e2e_storage.sh LABELS e2e fault T
 hyla_add_script_test(test_e2e_history e2e/test_e2e_history.sh LABELS e2e TIMEOUT 300)
 # a session exported from one cluster and imported into another continues identically
 hyla_add_script_test(test_e2e_port e2e/test_e2e_port.sh LABELS e2e TIMEOUT 300)
+# a worker that splits every layer over two CPU backends (--tp 2), sessions moved to and from it
+hyla_add_script_test(test_e2e_tp e2e/test_e2e_tp.sh LABELS e2e TIMEOUT 300)
 # sparse-attention hybrids through the cluster
 hyla_add_script_test(test_e2e_lalte e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
 hyla_add_script_test(test_e2e_lansa e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)

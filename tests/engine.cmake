@@ -1,6 +1,12 @@
 # Model runtime tests (worker/): loader errors, engine equivalences, CLI identity.
 hyla_add_test(test_engine SOURCES test_engine.c LIBS hyla_engine LABELS quick TIMEOUT 600)
 add_dependencies(test_engine hyla-mkmodel)
+hyla_add_test(test_tp SOURCES test_tp.c LIBS hyla_engine LABELS quick TIMEOUT 300)
+add_dependencies(test_tp hyla-mkmodel)
+# the same on two GPUs (skipped with a message where fewer than two exist)
+add_test(NAME test_gpu_tp COMMAND test_tp cuda)
+set_tests_properties(test_gpu_tp PROPERTIES LABELS "multigpu" TIMEOUT 300 SKIP_RETURN_CODE 77
+  ENVIRONMENT "HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
 hyla_add_test(test_loader SOURCES test_loader.c LIBS hyla_engine LABELS quick)
 add_dependencies(test_loader hyla-mkmodel)
 hyla_add_script_test(test_identity test_identity.sh LABELS quick e2e TIMEOUT 1500)

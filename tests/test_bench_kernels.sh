@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hyla-bench kernels --only mamba2 | statex | dla on the CPU backend (--quick sizes): each mode
+# hyla-bench kernels --only mamba2 | statex | dla | nsa on the CPU backend (--quick sizes): each mode
 # runs to the end and prints its rows — the copy rate first, then SSD prefill and decode (state
 # 128; statex: 512 and GLA at H 4 dk 256 dv 512 and the merged H 1 dk 1024 dv 2048, which the CPU
 # backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
@@ -40,9 +40,18 @@ want dla dla_prefill 4     # two bases x two lengths
 want dla dla_decode_after_prefill 4
 grep '"bench":"dla_decode"' "$T/dla.jsonl" | grep '"m":30,' | grep -qv '"m_after":30.0' &&
   { echo "FAIL dla: a full cache did not stay full"; fail=1; }
+# --only nsa: the NSA rows of the sparse group alone (2 contexts x windows 512 and 0, decode and
+# prefill), no other mixer's
+if "$BIN/hyla-bench" kernels --device cpu --quick --only nsa >"$T/nsa.jsonl" 2>"$T/nsa.err"; then
+  want nsa sparse_decode 4
+  want nsa sparse_prefill 4
+  grep -v '"mixer":"nsa"' "$T/nsa.jsonl" | grep -q . && { echo "FAIL nsa: rows of another mixer"; fail=1; }
+else
+  echo "FAIL nsa: hyla-bench kernels exited non-zero"; cat "$T/nsa.err"; fail=1
+fi
 # --help tells of the new modes; an unknown mode is refused
 "$BIN/hyla-bench" kernels --help >"$T/help"
-for m in mamba2 statex dla; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
+for m in mamba2 statex dla nsa; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
 "$BIN/hyla-bench" kernels --device cpu --only bogus >/dev/null 2>"$T/err" && { echo "FAIL: --only bogus accepted"; fail=1; }
 grep -q "unknown --only" "$T/err" || { echo "FAIL: no message for an unknown --only"; fail=1; }
 [ $fail = 0 ] && echo "test_bench_kernels: ok"

@@ -9,6 +9,10 @@
  *     session with an export in flight aborts (the CPU backend performs captures at
  *     capture_end, so state overwritten by later decode steps would show here);
  *   - import refuses another model's snapshot and a part of the wrong shape, naming it;
+ *   - the streaming import (ranges in pieces, any order) equals import for every architecture;
+ *     a restore from a RocksDB store (hyla_restore_session) gives the stored state bit for bit
+ *     and continues like the original; its refusals (another model, a chunk that fails to
+ *     decode, missing or out-of-range bytes) leave no session;
  *   - the token log: the generated tokens read back, carried through export, the file codec and
  *     import (a snapshot without the log imports with an empty one), wrapping at
  *     HYLA_TOKEN_LOG_MAX; check_layout ignores it. */
@@ -22,7 +26,9 @@
 #include <unistd.h>
 
 #include "hyla_codec.h"
+#include "hyla_codec_test.h"
 #include "hyla_profile.h"
+#include "hyla_restore.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
 #include "hyla_test_model.h"
@@ -139,6 +145,33 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
     hyla_session_free(z);
 }
 
+/* hyla_session_import_begin / _ranges / _end with every part cut into pieces of `piece` bytes,
+ * given last piece first, three ranges per call. NULL (after a failed check) on failure. */
+static hyla_session *streamed_import(hyla_runtime *m, const hyla_snapshot *snap, uint64_t piece) {
+    hyla_import *im = NULL;
+    CHECK_OK(hyla_session_import_begin(m, snap, &im));
+    if (!im) return NULL;
+    uint32_t part[3];
+    uint64_t off[3], len[3];
+    int n = 0;
+    for (uint32_t k = snap->n_parts; k-- > 0;) {
+        uint64_t nb = snap->parts[k].nbytes;
+        for (uint64_t e = nb; e > 0;) {
+            uint64_t o = e > piece ? e - piece : 0;
+            part[n] = k, off[n] = o, len[n] = e - o;
+            if (++n == 3) {
+                CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
+                n = 0;
+            }
+            e = o;
+        }
+    }
+    if (n) CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
+    hyla_session *s = NULL;
+    CHECK_OK(hyla_session_import_end(im, &s));
+    return s;
+}
+
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace;
      * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks;
@@ -211,16 +244,25 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     CHECK_MSG(sa && sb && hyla_snapshot_equal(sa, sb), "%s: chunk-aligned pieces differ from one piece", arch);
     hyla_snapshot_destroy(sb);
 
-    /* 3. export/import continues bit for bit; same seed, same tokens */
+    /* 3. export/import continues bit for bit; same seed, same tokens; the streaming import, its
+     * ranges in pieces and in reverse order, gives the same session */
     int32_t g1[24], g2[24];
-    hyla_session *c1 = NULL;
+    hyla_session *c1 = NULL, *c2 = streamed_import(m, sa, 7);
     CHECK_OK(hyla_session_import(m, sa, &c1));
-    if (c1) {
+    if (c1 && c2) {
+        hyla_snapshot *x = NULL;
+        CHECK_OK(hyla_session_export(c2, &x));
+        CHECK_MSG(x && hyla_snapshot_equal(x, sa), "%s: streamed import differs from the snapshot", arch);
+        hyla_snapshot_destroy(x);
+        int32_t g3[24];
         gen(a, 24, g1);
         gen(c1, 24, g2);
+        gen(c2, 24, g3);
         CHECK_MSG(!memcmp(g1, g2, sizeof g1), "%s: imported session continues differently", arch);
-        hyla_session_free(c1);
+        CHECK_MSG(!memcmp(g1, g3, sizeof g1), "%s: stream-imported session continues differently", arch);
     }
+    hyla_session_free(c1);
+    hyla_session_free(c2);
     hyla_snapshot_destroy(sa);
     hyla_session_free(a);
     hyla_session_free(b);
@@ -313,6 +355,92 @@ static void test_refusals(hyla_backend *be, const char *tmp) {
     hyla_session_free(s);
     test_unload(m1);
     test_unload(m2);
+}
+
+/* A session restored from a RocksDB store through the streaming path (hyla_restore_session):
+ * bit for bit the stored state, and it continues like the original; an import missing bytes,
+ * a range outside the parts, another model's snapshot and a chunk that fails to decode are
+ * refused and leave no session. */
+static void test_restore(hyla_backend *be, const char *tmp) {
+    const char *archs[2] = {"sse-h", "gdn"};
+    for (int ai = 0; ai < 2; ai++) {
+        char d1[512], d2[512], sd[512];
+        snprintf(d1, sizeof d1, "%s/rs_%s", tmp, archs[ai]);
+        snprintf(d2, sizeof d2, "%s/rs2_%s", tmp, archs[ai]);
+        snprintf(sd, sizeof sd, "%s/rs_store_%s", tmp, archs[ai]);
+        make_model(archs[ai], d1, NULL);
+        make_model(archs[ai], d2, "--intermediate 96");
+        hyla_runtime *m = test_load(d1, be, NULL), *m2 = test_load(d2, be, NULL);
+        if (!m || !m2) return;
+        int V = hyla_model_get_config(test_model(m))->vocab_size;
+        int32_t *p = prompt(150, 9, V);
+        hyla_session *a = new_session(m, 0.8f, 5);
+        CHECK_OK(hyla_session_feed(a, p, 150, NULL, NULL, NULL, NULL));
+        int32_t g1[16], g2[16];
+        gen(a, 5, g1); /* a token log, and a pending token */
+        hyla_snapshot *want = NULL;
+        CHECK_OK(hyla_session_export(a, &want));
+        hyla_store_params sp = hyla_store_default_params();
+        sp.codec.chunk_bytes = 4096; /* many chunks: many ranges in flight */
+        hyla_store *st = NULL;
+        CHECK_OK(hyla_store_open(sd, &sp, &st));
+        if (!st || !want) return;
+        CHECK_OK(hyla_store_put(st, "r", want, NULL, NULL));
+        for (int rep = 0; rep < 2; rep++) { /* the second reuses the pinned buffer */
+            hyla_session *r = NULL;
+            uint64_t ver = 0;
+            hyla_restore_stats rs;
+            CHECK_OK(hyla_restore_session(m, st, "r", 0, &r, &ver, &rs));
+            CHECK(ver == 1 && rs.bytes == hyla_snapshot_bytes(want) && rs.ranges > want->n_parts && rs.copy_calls >= 1);
+            hyla_snapshot *got = NULL;
+            if (r) CHECK_OK(hyla_session_export(r, &got));
+            CHECK_MSG(got && hyla_snapshot_equal(got, want), "%s: restored state differs from the stored one", archs[ai]);
+            hyla_snapshot_destroy(got);
+            if (r && rep == 1) {
+                gen(a, 16, g1);
+                gen(r, 16, g2);
+                CHECK_MSG(!memcmp(g1, g2, sizeof g1), "%s: restored session continues differently", archs[ai]);
+            }
+            hyla_session_free(r);
+        }
+        /* refusals */
+        hyla_session *r = NULL;
+        CHECK(hyla_restore_session(m2, st, "r", 0, &r, NULL, NULL) == HYLA_ERR_MISMATCH && r == NULL);
+        CHECK(strstr(hyla_last_error(), "fingerprint") != NULL);
+        CHECK(hyla_restore_session(m, st, "absent", 0, &r, NULL, NULL) == HYLA_ERR_NOT_FOUND && r == NULL);
+        hyla_codec_fault_zstd(3);
+        hyla_status e = hyla_restore_session(m, st, "r", 0, &r, NULL, NULL);
+        hyla_codec_fault_zstd(0);
+        CHECK_MSG(e == HYLA_ERR_CORRUPT && r == NULL, "%s: a chunk that fails to decode: %s (%s)", archs[ai],
+                  hyla_status_str(e), hyla_last_error());
+        CHECK(strstr(hyla_last_error(), "session r version 1") && strstr(hyla_last_error(), "chunk"));
+        hyla_import *im = NULL;
+        CHECK_OK(hyla_session_import_begin(m, want, &im));
+        if (im) {
+            uint32_t k = 0;
+            uint64_t off = 0, len = want->parts[0].nbytes / 2;
+            CHECK_OK(hyla_session_import_ranges(im, 1, &k, &off, &len));
+            off = want->parts[0].nbytes;
+            CHECK(hyla_session_import_ranges(im, 1, &k, &off, &len) == HYLA_ERR_INVALID_ARG);
+            CHECK(hyla_session_import_end(im, &r) == HYLA_ERR_INVALID_ARG && r == NULL);
+        }
+        CHECK_OK(hyla_session_import_begin(m, want, &im));
+        if (im) {
+            uint32_t k = 0;
+            uint64_t off = 0, len = want->parts[0].nbytes / 2;
+            CHECK_OK(hyla_session_import_ranges(im, 1, &k, &off, &len));
+            CHECK(hyla_session_import_end(im, &r) == HYLA_ERR_INTERNAL && r == NULL);
+            CHECK(strstr(hyla_last_error(), "bytes arrived") != NULL);
+        }
+        CHECK_OK(hyla_session_import_begin(m, want, &im));
+        hyla_session_import_abort(im);
+        hyla_store_close(st);
+        hyla_snapshot_destroy(want);
+        hyla_session_free(a);
+        free(p);
+        test_unload(m);
+        test_unload(m2);
+    }
 }
 
 /* A snapshot through the portable file codec and back. Caller frees. */
@@ -706,6 +834,7 @@ int main(void) {
         test_arch(be, ARCHS[i], dir);
     }
     test_refusals(be, tmp);
+    test_restore(be, tmp);
     test_token_log(be, tmp);
     test_pipeline(be, tmp);
     test_free_in_flight(be, tmp);

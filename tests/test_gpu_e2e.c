@@ -20,7 +20,8 @@
  *   6. asynchronous export on the GPU: begin, decode 12 more tokens on the same session (their
  *      kernels run while the copies may still be in flight), end == the synchronous export
  *      taken at begin, bit for bit; imported, it continues like the uninterrupted session
- *      (tokens and logits, bits).
+ *      (tokens and logits, bits), and so it does through the streaming import (asynchronous
+ *      host -> device copies of ranges) and restored from a RocksDB store (hyla_restore_session).
  * Tolerance: logits are O(1..10); the GPU computes projections with bf16 operands (relative
  * error ~2^-9 per product) and chunked mixers with bf16 operands, so logits differ from the
  * fp32 CPU by ~1e-2 relative: rel L2 <= 5e-2 per step. Skips (77) without a usable GPU.
@@ -32,6 +33,7 @@
 #include <string.h>
 
 #include "hyla_cuda_extra.h"
+#include "hyla_restore.h"
 #include "hyla_session.h"
 #include "hyla_test.h"
 #include "hyla_test_model.h"
@@ -101,6 +103,32 @@ static int32_t *prompt(int n, int vocab) {
  * DLA's boundaries and merges), so the GPU's choices may differ from the CPU's fp32 ones and the
  * comparisons with the CPU are reported, not enforced (test_gpu_ops shows that the same inputs
  * give the same choices); the GPU's own bit identities still are. */
+/* hyla_session_import_begin / _ranges / _end with every part cut into pieces of `piece` bytes,
+ * given last piece first, three ranges per call. NULL on failure. */
+static hyla_session *streamed_import(hyla_runtime *m, const hyla_snapshot *snap, uint64_t piece) {
+    hyla_import *im = NULL;
+    CHECK_OK(hyla_session_import_begin(m, snap, &im));
+    if (!im) return NULL;
+    uint32_t part[3];
+    uint64_t off[3], len[3];
+    int n = 0;
+    for (uint32_t k = snap->n_parts; k-- > 0;) {
+        for (uint64_t e = snap->parts[k].nbytes; e > 0;) {
+            uint64_t o = e > piece ? e - piece : 0;
+            part[n] = k, off[n] = o, len[n] = e - o;
+            if (++n == 3) {
+                CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
+                n = 0;
+            }
+            e = o;
+        }
+    }
+    if (n) CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
+    hyla_session *s = NULL;
+    CHECK_OK(hyla_session_import_end(im, &s));
+    return s;
+}
+
 static void test_arch(const char *arch, const char *extra, int discrete) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/gpu_e2e_%s%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch,
@@ -325,6 +353,41 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
                eq ? "bits" : "FAIL", cont ? "bits" : "FAIL", done_early ? " (copies done at begin)" : "");
         CHECK_MSG(eq, "%s: GPU async export differs from the synchronous export at its position", arch);
         CHECK_MSG(cont, "%s: GPU async export continues differently", arch);
+        /* the streaming import (asynchronous copies from the pinned snapshot, ranges in pieces
+         * and in reverse order) and a restore through a RocksDB store continue the same way */
+        int cont_stream = 0, cont_store = 0;
+        if (snap) {
+            r = streamed_import(mg, snap, 4096);
+            if (r) {
+                gen(r, NA, t2, l2, V);
+                cont_stream = !memcmp(t1, t2, sizeof t1) && !memcmp(l1, l2, (size_t)NA * V * 4);
+                hyla_session_free(r);
+            }
+            char sd[] = "/tmp/hyla-gpu-e2e-store-XXXXXX";
+            hyla_store *st = NULL;
+            hyla_store_params sp = hyla_store_default_params();
+            sp.codec.chunk_bytes = 8192; /* many chunks: many copy batches */
+            r = NULL;
+            if (mkdtemp(sd) && hyla_store_open(sd, &sp, &st) == HYLA_OK) {
+                CHECK_OK(hyla_store_put(st, "g", snap, NULL, NULL));
+                CHECK_OK(hyla_restore_session(mg, st, "g", 0, &r, NULL, NULL));
+                hyla_store_close(st);
+            } else {
+                CHECK_MSG(0, "cannot make a store in %s: %s", sd, hyla_last_error());
+            }
+            char cmd[128];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", sd);
+            if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", sd);
+            if (r) {
+                gen(r, NA, t2, l2, V);
+                cont_store = !memcmp(t1, t2, sizeof t1) && !memcmp(l1, l2, (size_t)NA * V * 4);
+                hyla_session_free(r);
+            }
+        }
+        printf("  streamed import continues: %s; restored from a store continues: %s\n", cont_stream ? "bits" : "FAIL",
+               cont_store ? "bits" : "FAIL");
+        CHECK_MSG(cont_stream, "%s: GPU streamed import continues differently", arch);
+        CHECK_MSG(cont_store, "%s: GPU restore from a store continues differently", arch);
         hyla_snapshot_destroy(ref);
         hyla_snapshot_destroy(snap);
         free(l1);

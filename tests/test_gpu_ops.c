@@ -1721,7 +1721,41 @@ static void lte_cmp_cache(const char *what, const hyla_lte_params *p, const lte_
     free(mc), free(mg), free(rc), free(rg), free(sc), free(sg), free(kc), free(kg);
 }
 
-/* p: {Hk, Hq, D, sink, window, budget, eager} */
+/* Two GPU caches' bytes equal (k, v, scores, retained positions, meta). */
+static void lte_cmp_gpu(const char *what, const hyla_lte_params *p, const hyla_lte_cache *a, const hyla_lte_cache *b) {
+    size_t rows = (size_t)p->Hk * (p->sink + p->window + p->budget);
+    size_t kb = rows * p->D * hyla_dtype_size(gpu->ops->kv_dtype), nb[5] = {kb, kb, rows * 4, (size_t)p->Hk * p->budget * 4,
+                                                                           (size_t)(2 + p->Hk) * 4};
+    const void *pa[5] = {a->k, a->v, a->r, a->rpos, a->meta}, *pb[5] = {b->k, b->v, b->r, b->rpos, b->meta};
+    static const char *const names[5] = {"k", "v", "r", "rpos", "meta"};
+    int ok = 1;
+    for (int i = 0; i < 5; i++) {
+        if (!nb[i]) continue;
+        void *ha = malloc(nb[i]), *hb = malloc(nb[i]);
+        CHECK_OK(gpu->ops->download(gpu->ctx, ha, pa[i], nb[i]));
+        CHECK_OK(gpu->ops->download(gpu->ctx, hb, pb[i], nb[i]));
+        int same = !memcmp(ha, hb, nb[i]);
+        CHECK_MSG(same, "%s: %s bytes differ", what, names[i]);
+        ok &= same;
+        free(ha), free(hb);
+    }
+    printf("  %-44s GPU caches byte-identical: %s\n", what, ok ? "ok" : "FAIL");
+}
+
+/* Device outputs equal bit for bit (n floats). */
+static void lte_same_bits(const char *what, const void *a, const void *b, size_t n) {
+    float *ha = host_of(gpu, a, n), *hb = host_of(gpu, b, n);
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(&ha[i], &hb[i], 4) != 0;
+    CHECK_MSG(d == 0, "%s: %zu of %zu outputs differ", what, d, n);
+    printf("  %-44s bit-identical on the GPU: %s\n", what, d == 0 ? "ok" : "FAIL");
+    free(ha), free(hb);
+}
+
+/* p: {Hk, Hq, D, sink, window, budget, eager}. Besides the CPU comparison, a second GPU cache
+ * takes the same tokens one lte_decode call each: its outputs and bytes must equal the prefill
+ * pieces' (prefill == decode on the device), and a batched decode must equal the same session
+ * decoded alone. */
 static void case_lte(const op_case *c) {
     int Hk = c->p[0], Hq = c->p[1], D = c->p[2], s = c->p[3], w = c->p[4], b = c->p[5], eager = c->p[6];
     lte_net net;
@@ -1741,7 +1775,7 @@ static void case_lte(const op_case *c) {
         free(rc), free(rg), free(x);
         pair_free(px), pair_free(pr);
     }
-    lte_cpair k = lte_cpair_new(&net.pc);
+    lte_cpair k = lte_cpair_new(&net.pc), k3 = lte_cpair_new(&net.pc); /* k3.g: decoded token by token */
     int pieces[2] = {3 * w + 17, w + 5}, steps = 2 * w + 9, pos = 0;
     for (int part = 0; part < 3; part++) {
         int n = part < 2 ? pieces[part] : 1, reps = part < 2 ? 1 : steps;
@@ -1763,6 +1797,21 @@ static void case_lte(const op_case *c) {
                 snprintf(name, sizeof name, "lte decode pos=%d", pos);
             }
             if (part < 2 || r % 8 == 0 || r == reps - 1) cmp_pair(name, po, ATTN_TOL);
+            { /* the same tokens, one decode call each, on the second GPU cache */
+                float *od = dev(gpu, NULL, nq * 4);
+                for (int i = 0; i < n; i++) {
+                    int32_t pi[1] = {pos + i};
+                    CHECK_OK(gpu->ops->lte_decode(gpu->ctx, &net.pg, (float *)pq.g + (size_t)i * Hq * D,
+                                                  (float *)pk.g + (size_t)i * Hk * D, (float *)pv.g + (size_t)i * Hk * D,
+                                                  1, Hq, pi, &k3.g, scale, od + (size_t)i * Hq * D));
+                }
+                if (part < 2 || r % 8 == 0 || r == reps - 1) {
+                    char nm2[128];
+                    snprintf(nm2, sizeof nm2, "%s == decode steps", part < 2 ? "prefill piece" : "decode");
+                    lte_same_bits(nm2, po.g, od, nq);
+                }
+                dfree(gpu, od);
+            }
             pair_free(pq), pair_free(pk), pair_free(pv), pair_free(po);
             free(q), free(kk), free(v);
             pos += n;
@@ -1770,6 +1819,7 @@ static void case_lte(const op_case *c) {
         char what[64];
         snprintf(what, sizeof what, "lte cache after %d tokens (%s)", pos, eager ? "eager" : "lazy");
         lte_cmp_cache(what, &net.pc, &k);
+        lte_cmp_gpu("lte cache: pieces == decode steps", &net.pc, &k.g, &k3.g);
     }
     /* batched decode: two sessions (this cache and a fresh one) in one call */
     {
@@ -1787,11 +1837,18 @@ static void case_lte(const op_case *c) {
         cmp_pair("lte decode B=2 (positions differ)", po, ATTN_TOL);
         lte_cmp_cache("lte batched: session 0", &net.pc, &k);
         lte_cmp_cache("lte batched: session 1", &net.pc, &k2);
+        /* session 0 decoded alone (on the second cache) gives the batched bits */
+        float *od = dev(gpu, NULL, (size_t)Hq * D * 4);
+        CHECK_OK(gpu->ops->lte_decode(gpu->ctx, &net.pg, pq.g, pk.g, pv.g, 1, Hq, pb, &k3.g, scale, od));
+        lte_same_bits("lte decode: batched == alone", po.g, od, (size_t)Hq * D);
+        lte_cmp_gpu("lte cache: batched == alone", &net.pc, &k.g, &k3.g);
+        dfree(gpu, od);
         pair_free(pq), pair_free(pk), pair_free(pv), pair_free(po);
         free(q), free(kk), free(v);
         lte_cpair_free(&k2);
     }
     lte_cpair_free(&k);
+    lte_cpair_free(&k3);
     lte_net_free(&net);
 }
 
@@ -2072,10 +2129,22 @@ static const op_case cases[] = {
     {"lte_score, lte_prefill, lte_decode", case_lte, {2, 4, 64, 4, 32, 16, 1}},
     {"lte_score, lte_prefill, lte_decode", case_lte, {1, 3, 128, 2, 48, 0, 0}},
     {"lte_score, lte_prefill, lte_decode", case_lte, {4, 8, 32, 0, 20, 64, 0}},
+    /* the paper's 1.4B layer (s 4, w 768, b 512; GQA 32/8, head dim 64): prefill pieces of
+     * 2321 and 773 tokens (the first spans three internal steps of the CUDA kernels) */
+    {"lte_score, lte_prefill, lte_decode", case_lte, {8, 32, 64, 4, 768, 512, 0}},
     /* {Hq, Hk, D, block, counts, window, page_tokens} */
     {"nsa_prefill, nsa_decode", case_nsa, {4, 2, 64, 16, 4, 32, 64}},
     {"nsa_prefill, nsa_decode", case_nsa, {8, 1, 128, 32, 3, 0, 16}},
     {"nsa_prefill, nsa_decode", case_nsa, {2, 2, 32, 8, 16, 100, 64}},
+    /* FLA's group of 16 (the checkpoint of nsa_fla_check.py), the paper's 32/2 shape */
+    {"nsa_prefill, nsa_decode", case_nsa, {16, 1, 32, 16, 4, 32, 64}},
+    {"nsa_prefill, nsa_decode", case_nsa, {32, 2, 64, 64, 16, 512, 64}},
+    /* branches longer than one 128-row tile: 232 compressed rows (blocks of 1), 256 selected
+     * keys, a 300-key window */
+    {"nsa_prefill, nsa_decode", case_nsa, {2, 1, 16, 1, 8, 200, 64}},
+    {"nsa_prefill, nsa_decode", case_nsa, {4, 1, 32, 4, 64, 300, 64}},
+    /* a group of 32: the CUDA-core form of the selected and window branches */
+    {"nsa_prefill, nsa_decode", case_nsa, {32, 1, 32, 8, 4, 40, 64}},
     /* {erase, H, dk, dv, K, n} */
     {"dla_prefill, dla_decode", case_dla, {1, 2, 16, 32, 4, 80}},
     {"dla_prefill, dla_decode", case_dla, {1, 3, 64, 128, 8, 120}},

@@ -3,8 +3,9 @@
  * parent), GC of superseded versions, every refusal (corrupt / missing / truncated chunk,
  * unknown format version, wrong fingerprint, wrong shape/dtype) provoked through RocksDB
  * directly with the message checked to name session, version, layer, part and chunk, failed
- * writes (fault hook) leaving the previous snapshot readable, concurrent puts, and puts of
- * arena snapshots (as the runtime exports them). */
+ * writes (fault hook) leaving the previous snapshot readable, concurrent puts, puts of
+ * arena snapshots (as the runtime exports them), and streaming reads (hyla_store_read_*: every
+ * byte reported once and final when reported, the same refusals). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -369,6 +370,30 @@ static void refusal(const char *dir, const char *sid, damage d, hyla_status want
         CHECK(msg_has(msg, "layer 1 part Sp", reason));
         CHECK(msg_has(msg, "chunk 0/", reason));
     }
+    /* a streaming read refuses it the same way (the manifest opens; the chunk fails) */
+    hyla_store_reader *r = NULL;
+    s = hyla_store_read_open(st, sid, 0, 0, &r);
+    if (d == DAMAGE_MANIFEST_VERSION) {
+        CHECK_MSG(s == want && r == NULL, "stream open %s: got %s", reason, hyla_status_str(s));
+    } else if (r) {
+        CHECK_OK(s);
+        const hyla_snapshot *l = hyla_store_read_layout(r);
+        hyla_snapshot *dst = hyla_snapshot_create();
+        for (uint32_t i = 0; i < l->n_parts; i++) {
+            hyla_state_part *q;
+            CHECK_OK(hyla_snapshot_add_part(dst, l->parts[i].layer, l->parts[i].name, (hyla_part_kind)l->parts[i].kind,
+                                            (hyla_dtype)l->parts[i].dtype, l->parts[i].ndim, l->parts[i].shape,
+                                            l->parts[i].page_tokens, &q));
+        }
+        s = hyla_store_read_chunks(r, dst, NULL, NULL);
+        CHECK_MSG(s == want, "stream %s: got %s (%s)", reason, hyla_status_str(s), hyla_last_error());
+        CHECK(msg_has(hyla_last_error(), sv, reason) && msg_has(hyla_last_error(), "layer 1 part Sp", reason) &&
+              msg_has(hyla_last_error(), reason, reason));
+        hyla_snapshot_destroy(dst);
+        hyla_store_read_close(r);
+    } else {
+        CHECK_MSG(0, "stream open %s: %s", reason, hyla_last_error());
+    }
     /* verify finds it too and names the same place */
     verify_found = 0;
     uint64_t problems = 0;
@@ -423,6 +448,107 @@ static void test_refusals(void) {
     hyla_store_close(st);
     for (int i = 0; i < 4; i++) hyla_snapshot_destroy(snaps[i]);
     hyla_snapshot_destroy(ok);
+}
+
+/* ---- streaming reads (hyla_store_read_*) ---- */
+
+typedef struct {
+    pthread_mutex_t mu;
+    const hyla_snapshot *dst;  /* where the chunks land */
+    const hyla_snapshot *want; /* what the bytes must be once reported */
+    uint64_t got[16];          /* bytes reported per part */
+    int bad;                   /* a range out of bounds, or reported before its bytes were final */
+    int calls;
+} stream_acc;
+
+static void on_range(void *ctx, uint32_t part, uint64_t off, uint64_t len) {
+    stream_acc *a = ctx;
+    pthread_mutex_lock(&a->mu);
+    a->calls++;
+    if (part >= a->dst->n_parts || off + len > a->dst->parts[part].nbytes || part >= 16) a->bad = 1;
+    else {
+        a->got[part] += len;
+        if (memcmp((const uint8_t *)a->dst->parts[part].data + off, (const uint8_t *)a->want->parts[part].data + off,
+                   (size_t)len))
+            a->bad = 1;
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* A snapshot shaped like the reader's layout (zero-filled parts), the meta copied. */
+static hyla_snapshot *layout_copy(const hyla_snapshot *l) {
+    hyla_snapshot *c = hyla_snapshot_create();
+    for (uint32_t i = 0; i < l->n_parts; i++) {
+        const hyla_state_part *p = &l->parts[i];
+        hyla_state_part *q;
+        CHECK(p->data == NULL);
+        CHECK_OK(hyla_snapshot_add_part(c, p->layer, p->name, (hyla_part_kind)p->kind, (hyla_dtype)p->dtype, p->ndim,
+                                        p->shape, p->page_tokens, &q));
+    }
+    hyla_snapshot_copy_meta(c, l);
+    return c;
+}
+
+/* One streaming read of sid into a fresh layout copy, checked against `want` (what
+ * hyla_store_get returns): every byte reported once, and final when reported. */
+static void stream_read_equals(hyla_store *st, const char *sid, const hyla_snapshot *want) {
+    hyla_store_reader *r = NULL;
+    CHECK_OK(hyla_store_read_open(st, sid, 0, want->model_fingerprint, &r));
+    if (!r) return;
+    CHECK(hyla_store_read_version(r) >= 1);
+    hyla_snapshot *dst = layout_copy(hyla_store_read_layout(r));
+    stream_acc a;
+    memset(&a, 0, sizeof a);
+    pthread_mutex_init(&a.mu, NULL);
+    a.dst = dst;
+    a.want = want;
+    CHECK_OK(hyla_store_read_chunks(r, dst, on_range, &a));
+    hyla_store_read_close(r);
+    CHECK(!a.bad && a.calls > (int)want->n_parts); /* several chunks per part */
+    for (uint32_t i = 0; i < dst->n_parts && i < 16; i++)
+        CHECK_MSG(a.got[i] == dst->parts[i].nbytes, "part %u: %llu of %llu bytes reported", i,
+                  (unsigned long long)a.got[i], (unsigned long long)dst->parts[i].nbytes);
+    CHECK(hyla_snapshot_equal(dst, want));
+    pthread_mutex_destroy(&a.mu);
+    hyla_snapshot_destroy(dst);
+}
+
+static void test_stream_read(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    hyla_store_params p = small_params();
+    hyla_store *st = open_store(dir, &p);
+    hyla_snapshot *a = tsu_make(11, 11, 900, 77);
+    CHECK_OK(hyla_store_put(st, "s", a, NULL, NULL));
+    stream_read_equals(st, "s", a);
+    /* a fingerprint of another model is refused at open, as by hyla_store_get */
+    hyla_store_reader *r = NULL;
+    CHECK(hyla_store_read_open(st, "s", 0, 78, &r) == HYLA_ERR_MISMATCH && r == NULL);
+    CHECK(msg_has(hyla_last_error(), "session s version 1", "stream fingerprint"));
+    CHECK(hyla_store_read_open(st, "nope", 0, 0, &r) == HYLA_ERR_NOT_FOUND && r == NULL);
+    /* a target that is not laid out like the manifest is refused before any chunk is read */
+    CHECK_OK(hyla_store_read_open(st, "s", 0, 0, &r));
+    if (r) {
+        hyla_snapshot *dst = layout_copy(hyla_store_read_layout(r));
+        dst->parts[4].nbytes -= 2;
+        CHECK(hyla_store_read_chunks(r, dst, NULL, NULL) == HYLA_ERR_INVALID_ARG);
+        CHECK(msg_has(hyla_last_error(), "layer 2 'k'", "stream target"));
+        dst->parts[4].nbytes += 2;
+        hyla_snapshot_destroy(dst);
+        hyla_store_read_close(r);
+    }
+    hyla_store_close(st);
+    /* lossy fp32 parts (stored bf16): ranges are in the in-memory (f32) bytes */
+    new_dir(dir, sizeof dir);
+    p.codec.f32_as_bf16 = 1;
+    st = open_store(dir, &p);
+    CHECK_OK(hyla_store_put(st, "lossy", a, NULL, NULL));
+    hyla_snapshot *want = NULL;
+    CHECK_OK(hyla_store_get(st, "lossy", 0, 0, &want, NULL));
+    if (want) stream_read_equals(st, "lossy", want);
+    hyla_snapshot_destroy(want);
+    hyla_store_close(st);
+    hyla_snapshot_destroy(a);
 }
 
 static void test_failed_writes(uint64_t nowal_bytes) {
@@ -592,6 +718,7 @@ int main(void) {
     test_incremental(0);
     test_fork_and_gc();
     test_refusals();
+    test_stream_read();
     test_failed_writes(32u << 20); /* chunks through the WAL */
     test_failed_writes(0);         /* chunks around the WAL, then a flush */
     test_concurrent();

@@ -20,6 +20,7 @@
 #include "hyla_model.h"
 #include "hyla_ops.h"
 #include "hyla_session.h"
+#include "hyla_tp.h"
 #include "hyla_util.h"
 
 /* kernels/cuda/hyla_cuda_extra.h, weak: NULL in builds without the CUDA backend */
@@ -108,8 +109,18 @@ static double timeit(bench_fn fn, void *ud) {
     return t[batches / 2] * 1e3;
 }
 
+static int e2e_tp = 1;              /* hyla-bench e2e --tp */
+static hyla_tp_group *e2e_grp;       /* its group (NULL: one device) */
+
 static void emit_head(const char *bench) {
     printf("{\"bench\":\"%s\",\"device\":\"%s\",\"gpu\":\"%s\"", bench, dev_arg, dev_name);
+    if (e2e_tp > 1) printf(",\"tp\":%d", e2e_tp);
+}
+
+/* CUDA graphs on or off on every rank (one device without --tp). */
+static hyla_status set_graphs_all(int on) {
+    for (int r = 0; r < e2e_tp; r++) HYLA_TRY(hyla_cuda_set_graphs(e2e_grp ? hyla_tp_rank_backend(e2e_grp, r) : be, on));
+    return HYLA_OK;
 }
 
 /* ---------------------------------------------------------------- GEMM */
@@ -962,7 +973,7 @@ static void sp_free_io(sp_ud *a) {
 static int sp_ctx[8] = {4096, 32768, 131072}, sp_nctx = 3; /* --ctx */
 static int parse_list(const char *s, int *out, int max);
 
-static void bench_sparse(int quick) {
+static void bench_sparse(int quick, int nsa_only) {
     int *ctxs = sp_ctx, nctx = sp_nctx, B = 32, small[2] = {256, 1024};
     if (quick) ctxs = small, nctx = 2, B = 4;
     /* decode: B sessions at position ctx. LTE: the caches a prefill of min(ctx, 4096) tokens left
@@ -971,7 +982,7 @@ static void bench_sparse(int quick) {
      * backend checks the position against the cache, so it decodes right after the prefill). */
     int fill = quick ? ctxs[0] : 4096;
     sp_lte lte = sp_lte_new(B);
-    {
+    if (!nsa_only) {
         sp_ud a = {2, fill, 1, SP_HQ, SP_HK, SP_D, 0, NULL, NULL, NULL, NULL, NULL, NULL, &lte, NULL, 0};
         sp_alloc_io(&a, fill, SP_HQ, SP_HK, SP_D);
         sp_prefill_run(&a);
@@ -981,7 +992,7 @@ static void bench_sparse(int quick) {
     }
     for (int ci = 0; ci < nctx; ci++) {
         int ctx = ctxs[ci];
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
             if (k == 2 && strcmp(O->name, "cuda") && ctx != fill) continue;
@@ -1011,16 +1022,16 @@ static void bench_sparse(int quick) {
     int nsa_n = 0;
     for (int ci = 0; ci < nctx; ci++) {
         int n = ctxs[ci];
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = nsa_only ? 3 : 0; kind < 5; kind++) {
             int k = kind < 4 ? kind : 3, nsa = k == 3, Hk = nsa ? SP_NSA_HK : SP_HK;
             int window = k == 1 ? 1024 : nsa ? (kind == 3 ? 512 : 0) : 0;
-            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* per-token insertion: skip what would take > 20 s */
+            if (k == 2 && lte_ms_per_tok * n > 20e3) { /* skip what would take > 20 s at the last size's rate */
                 emit_head("sparse_prefill");
                 printf(",\"mixer\":\"lte\",\"tokens\":%d,\"skipped\":\"over 20 s at %.3f ms/token\"}\n", n, lte_ms_per_tok);
                 continue;
             }
             double nsa_est = nsa_n ? nsa_ms * ((double)n / nsa_n) * ((double)n / nsa_n) : 0;
-            if (k == 3 && nsa_est > 20e3) { /* quadratic (the serial softmax per query): skip > 20 s */
+            if (k == 3 && nsa_est > 20e3) { /* the compressed branch grows with the position: skip > 20 s */
                 emit_head("sparse_prefill");
                 printf(",\"mixer\":\"nsa\",\"tokens\":%d,\"window\":%d,\"skipped\":\"estimated %.0f s\"}\n", n, window,
                        nsa_est / 1e3);
@@ -1045,8 +1056,10 @@ static void bench_sparse(int quick) {
             sp_free_io(&a);
         }
     }
-    emit_head("sparse_lte_cache");
-    printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    if (!nsa_only) {
+        emit_head("sparse_lte_cache");
+        printf(",\"bytes_per_session_layer\":%zu}\n", 2 * lte.kv_bytes + lte.r_bytes + lte.rpos_bytes + lte.meta_bytes);
+    }
     sp_lte_free(&lte);
 }
 
@@ -1603,7 +1616,7 @@ int hyla_bench_kernels(int argc, char **argv) {
         else {
             printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
                    "                          [--max-call-s S] [--only gemm|prefill|sse|decode|attn|\n"
-                   "                          elementwise|sparse|mamba2|statex|dla]\n"
+                   "                          elementwise|sparse|nsa|mamba2|statex|dla]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
                    "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
                    "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
@@ -1611,7 +1624,7 @@ int hyla_bench_kernels(int argc, char **argv) {
                    "  the 1.3B models (--only elementwise; GB/s of the bytes each must move).\n"
                    "  --only sparse (not in the default set): full attention, SWA (w 1024), LTE and NSA\n"
                    "  layers at the 1.4B laLTE/laNSA shapes, prefill and batch-32 decode at --ctx LIST\n"
-                   "  (default 4096,32768,131072).\n"
+                   "  (default 4096,32768,131072). --only nsa: the NSA rows of that group alone.\n"
                    "  --only mamba2 | statex | dla (not in the default set; each first measures the\n"
                    "  device-to-device copy rate of 1 GiB, which decode rows report as of_copy):\n"
                    "    mamba2: SSD prefill (one sequence of 4096 and 16384 tokens) and decode state\n"
@@ -1631,7 +1644,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     }
     if (only) {
         static const char *const modes[] = {"gemm", "prefill", "sse", "decode", "attn", "elementwise",
-                                            "sparse", "mamba2", "statex", "dla"};
+                                            "sparse", "nsa", "mamba2", "statex", "dla"};
         size_t i = 0;
         while (i < sizeof modes / sizeof modes[0] && strcmp(only, modes[i])) i++;
         if (i == sizeof modes / sizeof modes[0]) {
@@ -1651,7 +1664,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     if (!only || !strcmp(only, "decode")) bench_decode(quick);
     if (!only || !strcmp(only, "attn")) bench_attention(quick);
     if (!only || !strcmp(only, "elementwise")) bench_elementwise(quick);
-    if (only && !strcmp(only, "sparse")) bench_sparse(quick);
+    if (only && (!strcmp(only, "sparse") || !strcmp(only, "nsa"))) bench_sparse(quick, !strcmp(only, "nsa"));
     if (only && !strcmp(only, "mamba2")) bench_mamba2(quick);
     if (only && !strcmp(only, "statex")) bench_statex(quick);
     if (only && !strcmp(only, "dla")) bench_dla(quick);
@@ -1753,11 +1766,14 @@ int hyla_bench_e2e(int argc, char **argv) {
     int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
     double max_state_gib = 60;
     const char *graphs = "on";
+    int tp = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
+            tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
             np = parse_list(argv[++i], prefill, 8);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
@@ -1773,13 +1789,15 @@ int hyla_bench_e2e(int argc, char **argv) {
         else {
             printf("usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill 4096,32768]\n"
                    "                      [--batch 1,16,64,256] [--ctx 16,32768] [--steps 32] [--max-state-gib 60]\n"
-                   "                      [--graphs on|off|both]\n"
+                   "                      [--graphs on|off|both] [--tp N]\n"
                    "  Prefill tokens/s of one session per --prefill length; decode tokens/s of B sessions\n"
                    "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
                    "  from its snapshot). Skips a decode point whose session state exceeds --max-state-gib.\n"
                    "  --graphs (cuda): CUDA graphs for repeated op sequences on (default), off, or decode\n"
                    "  measured both ways. Also times the snapshot export and import of one session per --ctx,\n"
                    "  and the asynchronous export of one session while the first --batch keeps decoding.\n"
+                   "  --tp N: split every layer over N devices (--device's GPU and the next N-1, or N CPU\n"
+                   "  backends; worker/hyla_tp.h); each line then carries \"tp\":N.\n"
                    "  Make a model with hyla-mkmodel (random weights).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
@@ -1789,21 +1807,42 @@ int hyla_bench_e2e(int argc, char **argv) {
     if (!nb) nb = parse_list("1,16,64", batches, 8);
     if (!nc) nc = parse_list("16", ctxs, 8);
     hyla_rng_seed(&rng, 99);
-    open_device(device);
+    hyla_tp_group *grp = NULL;
+    if (tp > 1) {
+        double tl = hyla_now();
+        TRY(hyla_tp_open(model_dir, device, tp, NULL, &grp));
+        dev_arg = device;
+        be = hyla_tp_backend(grp);
+        O = be->ops;
+        CX = be->ctx;
+        int sms = 0;
+        double gib = 0;
+        if (!strcmp(O->name, "cuda") && hyla_cuda_device_info) (void)hyla_cuda_device_info(be, dev_name, sizeof dev_name, &sms, &gib);
+        fprintf(stderr, "hyla-bench: %s split over %d ranks from %s in %.1f s\n", model_dir, tp, device, hyla_now() - tl);
+    } else {
+        open_device(device);
+    }
+    e2e_tp = tp;
+    e2e_grp = grp;
     int is_cuda = !strcmp(O->name, "cuda") && hyla_cuda_set_graphs;
     int g_modes[2] = {1, 0}, n_modes = 1; /* graph settings to measure decode with */
     if (!strcmp(graphs, "off")) g_modes[0] = 0;
     else if (!strcmp(graphs, "both")) n_modes = 2;
     if (!is_cuda) n_modes = 1;
-    if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[0]));
+    if (is_cuda) TRY(set_graphs_all(g_modes[0]));
     hyla_model *m;
-    hyla_model_params mp = hyla_model_default_params();
-    double t0 = hyla_now();
-    TRY(hyla_model_load(model_dir, be, &mp, &m));
     hyla_runtime *rt;
-    TRY(hyla_runtime_create(m, &rt));
+    double t0 = hyla_now();
+    if (grp) {
+        m = hyla_tp_model(grp);
+        rt = hyla_tp_runtime(grp);
+    } else {
+        hyla_model_params mp = hyla_model_default_params();
+        TRY(hyla_model_load(model_dir, be, &mp, &m));
+        TRY(hyla_runtime_create(m, &rt));
+    }
     const hyla_model_config *cfg = hyla_model_get_config(m);
-    double params = (double)hyla_model_param_bytes(m);
+    double params = (double)hyla_model_param_bytes(m) * tp; /* a shard's times the ranks (~the whole) */
     fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
             cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
     if (np > 0) { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
@@ -1896,7 +1935,7 @@ int hyla_bench_e2e(int argc, char **argv) {
             if (bi == 0) bench_async_export(m, ss, B, ctx, steps, model_dir);
             int32_t *out = malloc(B * 4);
             for (int gm = 0; gm < n_modes; gm++) {
-                if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[gm]));
+                if (is_cuda) TRY(set_graphs_all(g_modes[gm]));
                 bench_graph_stats g0 = {0}, g1 = {0};
                 TRY(hyla_session_decode(ss, B, out, NULL)); /* warm-up (twice: a graph is captured on the */
                 TRY(hyla_session_decode(ss, B, out, NULL)); /* second sight of a step) */
@@ -1923,14 +1962,18 @@ int hyla_bench_e2e(int argc, char **argv) {
                 printf("}\n");
                 fflush(stdout);
             }
-            if (is_cuda) TRY(hyla_cuda_set_graphs(be, g_modes[0]));
+            if (is_cuda) TRY(set_graphs_all(g_modes[0]));
             for (int b = 0; b < B; b++) hyla_session_free(ss[b]);
             free(ss);
             free(out);
             free(tok);
         }
-    hyla_runtime_free(rt);
-    hyla_model_free(m);
-    hyla_backend_destroy(be);
+    if (grp) {
+        hyla_tp_close(grp);
+    } else {
+        hyla_runtime_free(rt);
+        hyla_model_free(m);
+        hyla_backend_destroy(be);
+    }
     return 0;
 }

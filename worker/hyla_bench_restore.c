@@ -3,11 +3,13 @@
  *
  * For each --ctx N: one session is prefilled with N random tokens (timed: prefill_s), exported
  * (hyla_session_export) and put into a real store (RocksDB through hyla_store_put, synced, the
- * default codec: chunking, XXH3, zstd level 1 on every core). Then, --repeat times, the path the
- * worker's LoadSession takes once the snapshot is on its host: hyla_store_get (RocksDB read,
- * every checksum verified, decompression on the codec's threads) into host memory, then
- * hyla_session_import (host -> device copies of every part) and a device sync: restore_s. The
- * same tokens are then prefilled again in a fresh session (reprefill_s), which is what a resume
+ * default codec: chunking, XXH3, zstd level 1 on every core). Then the restore from the store,
+ * hyla_restore_session (RocksDB read, every checksum verified, decompression on the codec's
+ * threads straight into pinned memory, each chunk handed to the copy engine as it is verified,
+ * all overlapped) and a device sync: once cold (restore_cold_s: its pinned buffer is allocated),
+ * then --repeat times (restore_s, the median). For comparison the two-step path, --repeat
+ * times: hyla_store_get into malloc'ed memory, then hyla_session_import (legacy_*). The same
+ * tokens are then prefilled again in a fresh session (reprefill_s), which is what a resume
  * without a snapshot costs. Not included: the gRPC hop between a remote statestore and the
  * worker. The store's files were just written, so RocksDB reads hit the OS page cache (the
  * usual case for a session paused on the same host; a cold disk read adds its own time).
@@ -34,6 +36,7 @@
 #include "hyla_log.h"
 #include "hyla_model.h"
 #include "hyla_ops.h"
+#include "hyla_restore.h"
 #include "hyla_session.h"
 #include "hyla_store.h"
 #include "hyla_thread.h"
@@ -97,11 +100,20 @@ static void bandwidths(rb_dev *d, uint64_t snap_bytes, double *pinned, double *p
 }
 
 /* Decode step of session s alone, and with an export of s always in flight (a new one begins
- * as soon as one ends). */
-static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, double *plain_ms, double *busy_ms, int *n_exp) {
+ * as soon as one ends). Of the steps with an export in flight: the host time of
+ * hyla_session_export_begin (begin_ms, mean), the mean step (decode only) of the steps at which
+ * an export began (step_begin_ms) and of the others (step_other_ms): a cost per export shows in
+ * the first, contention with the copies in the second. */
+typedef struct {
+    double plain_ms, busy_ms, begin_ms, end_ms, step_begin_ms, step_other_ms;
+    int n_exp;
+} export_costs;
+
+static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, export_costs *x) {
     int32_t out;
     hyla_export *e = NULL;
     hyla_snapshot *snap = NULL;
+    memset(x, 0, sizeof *x);
     RTRY(hyla_session_decode(&s, 1, &out, NULL));
     RTRY(hyla_session_export_begin(s, &e)); /* warm: buffer cache, staging slots */
     RTRY(hyla_session_decode(&s, 1, &out, NULL));
@@ -111,22 +123,38 @@ static void decode_vs_export(rb_dev *d, hyla_session *s, int steps, double *plai
     double t = hyla_now();
     for (int i = 0; i < steps; i++) RTRY(hyla_session_decode(&s, 1, &out, NULL));
     RTRY(d->O->sync(d->cx));
-    *plain_ms = (hyla_now() - t) / steps * 1e3;
+    x->plain_ms = (hyla_now() - t) / steps * 1e3;
     e = NULL;
-    *n_exp = 0;
+    int nb = 0, no = 0, ne = 0;
     t = hyla_now();
     for (int i = 0; i < steps; i++) {
-        if (!e) RTRY(hyla_session_export_begin(s, &e));
+        int began = 0;
+        if (!e) {
+            double tb = hyla_now();
+            RTRY(hyla_session_export_begin(s, &e));
+            x->begin_ms += (hyla_now() - tb) * 1e3;
+            began = 1;
+        }
+        double ts = hyla_now();
         RTRY(hyla_session_decode(&s, 1, &out, NULL));
+        ts = (hyla_now() - ts) * 1e3;
+        if (began) x->step_begin_ms += ts, nb++;
+        else x->step_other_ms += ts, no++;
         if (hyla_session_export_done(e)) {
+            double te = hyla_now();
             RTRY(hyla_session_export_end(e, &snap));
             hyla_snapshot_destroy(snap);
+            x->end_ms += (hyla_now() - te) * 1e3;
+            ne++;
             e = NULL;
-            (*n_exp)++;
+            x->n_exp++;
         }
     }
     RTRY(d->O->sync(d->cx));
-    *busy_ms = (hyla_now() - t) / steps * 1e3;
+    x->busy_ms = (hyla_now() - t) / steps * 1e3;
+    if (nb) x->begin_ms /= nb, x->step_begin_ms /= nb;
+    if (no) x->step_other_ms /= no;
+    if (ne) x->end_ms /= ne;
     if (e) {
         RTRY(hyla_session_export_end(e, &snap));
         hyla_snapshot_destroy(snap);
@@ -146,12 +174,13 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: hyla-bench restore --model DIR [--device cpu|cuda:N] [--ctx 32768,131072]\n"
             "                          [--store DIR] [--repeat 3] [--threads N] [--zstd-level N]\n"
-            "                          [--decode-steps 32]\n"
+            "                          [--chunk-bytes N] [--decode-steps 32]\n"
             "  Per --ctx: prefill one session, put its snapshot into a RocksDB store under --store\n"
             "  (default $TMPDIR or /tmp; removed afterwards), then time restoring it from the store\n"
-            "  to the device (get: read + checksums + decompression; import: host -> device;\n"
-            "  median of --repeat) against prefilling the same tokens again. Also the pinned and\n"
-            "  pageable host -> device bandwidth, and decode with an export in flight. JSON lines.\n");
+            "  to the device (read + checksums + decompression + host -> device, overlapped;\n"
+            "  median of --repeat; also the two-step get + import) against prefilling the same\n"
+            "  tokens again. Also the pinned and pageable host -> device bandwidth, and decode\n"
+            "  with an export in flight. JSON lines.\n");
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -179,6 +208,7 @@ int hyla_bench_restore(int argc, char **argv) {
         else if (!strcmp(a, "--repeat") && has) repeat = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
         else if (!strcmp(a, "--zstd-level") && has) cp.zstd_level = atoi(argv[++i]);
+        else if (!strcmp(a, "--chunk-bytes") && has) cp.chunk_bytes = (uint32_t)atol(argv[++i]);
         else if (!strcmp(a, "--decode-steps") && has) steps = atoi(argv[++i]);
         else {
             usage(strcmp(a, "--help") && strcmp(a, "-h") ? stderr : stdout);
@@ -248,27 +278,47 @@ int hyla_bench_restore(int argc, char **argv) {
         double t = hyla_now();
         RTRY(hyla_store_put(st, "bench", snap, NULL, &ps));
         double put_s = hyla_now() - t;
-        /* restore: get + import, --repeat times */
-        double get_v[16], imp_v[16], tot_v[16];
+        /* restore from the store, streaming: once cold, then --repeat times */
         hyla_session *s1 = NULL;
+        hyla_restore_stats rst;
+        RTRY(d.O->sync(d.cx));
+        double tc = hyla_now();
+        RTRY(hyla_restore_session(rt, st, "bench", 0, &s1, NULL, &rst));
+        RTRY(d.O->sync(d.cx));
+        double cold_s = hyla_now() - tc;
+        double tot_v[16], open_v[16], read_v[16];
         for (int r = 0; r < repeat; r++) {
             hyla_session_free(s1);
             s1 = NULL;
+            RTRY(d.O->sync(d.cx));
+            double t0 = hyla_now();
+            RTRY(hyla_restore_session(rt, st, "bench", 0, &s1, NULL, &rst));
+            RTRY(d.O->sync(d.cx));
+            tot_v[r] = hyla_now() - t0;
+            open_v[r] = rst.seconds_open;
+            read_v[r] = rst.seconds_read;
+        }
+        double best = tot_v[0];
+        for (int r = 1; r < repeat; r++)
+            if (tot_v[r] < best) best = tot_v[r];
+        double restore_s = median(tot_v, repeat), open_s = median(open_v, repeat), read_s = median(read_v, repeat);
+        /* the two-step path: get into malloc'ed memory, then import */
+        double get_v[16], imp_v[16], leg_v[16];
+        for (int r = 0; r < repeat; r++) {
+            hyla_session *sl = NULL;
             RTRY(d.O->sync(d.cx));
             hyla_snapshot *got;
             double t0 = hyla_now();
             RTRY(hyla_store_get(st, "bench", 0, fp, &got, NULL));
             double t1 = hyla_now();
-            RTRY(hyla_session_import(rt, got, &s1));
+            RTRY(hyla_session_import(rt, got, &sl));
             RTRY(d.O->sync(d.cx));
             double t2 = hyla_now();
             hyla_snapshot_destroy(got);
-            get_v[r] = t1 - t0, imp_v[r] = t2 - t1, tot_v[r] = t2 - t0;
+            hyla_session_free(sl);
+            get_v[r] = t1 - t0, imp_v[r] = t2 - t1, leg_v[r] = t2 - t0;
         }
-        double best = tot_v[0];
-        for (int r = 1; r < repeat; r++)
-            if (tot_v[r] < best) best = tot_v[r];
-        double get_s = median(get_v, repeat), imp_s = median(imp_v, repeat), restore_s = median(tot_v, repeat);
+        double get_s = median(get_v, repeat), imp_s = median(imp_v, repeat), legacy_s = median(leg_v, repeat);
         hyla_store_close(st);
         /* the restored session continues exactly as the original */
         int V = cfg->vocab_size;
@@ -290,25 +340,31 @@ int hyla_bench_restore(int argc, char **argv) {
         hyla_session_free(s2);
         if (!same_logits || !same_state) rc = 1;
         /* references: host -> device bandwidth; decode while exporting */
-        double pinned, pageable, plain_ms, busy_ms;
+        double pinned, pageable;
         size_t bw_bytes;
-        int n_exp;
+        export_costs xc;
         bandwidths(&d, bytes, &pinned, &pageable, &bw_bytes);
-        decode_vs_export(&d, s1, steps, &plain_ms, &busy_ms, &n_exp);
+        decode_vs_export(&d, s1, steps, &xc);
         printf("{\"bench\":\"restore\",\"device\":\"%s\",\"gpu\":\"%s\",\"model\":\"%s\",\"type\":\"%s\","
                "\"layers\":%d,\"hidden\":%d,\"ctx\":%d,\"state_bytes\":%" PRIu64 ",\"kv_bytes\":%" PRIu64
-               ",\"stored_bytes\":%" PRIu64 ",\"put_s\":%.4f,\"repeat\":%d,\"get_s\":%.4f,\"import_s\":%.4f,"
-               "\"restore_s\":%.4f,\"restore_best_s\":%.4f,\"restore_gbps\":%.2f,\"prefill_s\":%.4f,"
+               ",\"stored_bytes\":%" PRIu64 ",\"put_s\":%.4f,\"repeat\":%d,\"restore_s\":%.4f,\"restore_best_s\":%.4f,"
+               "\"restore_cold_s\":%.4f,\"restore_open_s\":%.4f,\"restore_read_s\":%.4f,\"restore_ranges\":%" PRIu64
+               ",\"restore_copy_calls\":%" PRIu64 ",\"restore_gbps\":%.2f,\"prefill_s\":%.4f,"
                "\"reprefill_s\":%.4f,\"reprefill_over_restore\":%.1f,\"pinned_h2d_gbps\":%.2f,"
                "\"pageable_h2d_gbps\":%.2f,\"h2d_test_bytes\":%zu,\"restore_of_pinned\":%.3f,"
-               "\"import_gbps\":%.2f,\"codec_threads\":%d,\"zstd_level\":%d,\"decode_ms\":%.3f,"
+               "\"legacy_get_s\":%.4f,\"legacy_import_s\":%.4f,\"legacy_restore_s\":%.4f,"
+               "\"codec_threads\":%d,\"zstd_level\":%d,\"chunk_bytes\":%u,\"decode_ms\":%.3f,"
                "\"decode_ms_exporting\":%.3f,\"exports_completed\":%d,\"decode_steps\":%d,"
+               "\"export_begin_ms\":%.3f,\"export_end_ms\":%.3f,\"step_ms_export_began\":%.3f,"
+               "\"step_ms_export_running\":%.3f,"
                "\"same_logits\":%s,\"reprefill_same_state\":%s}\n",
                d.device, d.gpu, model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, bytes, kv,
-               ps.bytes_written, put_s, repeat, get_s, imp_s, restore_s, best, bytes / restore_s / 1e9, prefill_s,
-               reprefill_s, reprefill_s / restore_s, pinned, pageable, bw_bytes, bytes / restore_s / 1e9 / pinned,
-               bytes / imp_s / 1e9, cp.threads ? cp.threads : hyla_online_cores(), cp.zstd_level, plain_ms, busy_ms,
-               n_exp, steps, same_logits ? "true" : "false", same_state ? "true" : "false");
+               ps.bytes_written, put_s, repeat, restore_s, best, cold_s, open_s, read_s, rst.ranges, rst.copy_calls,
+               bytes / restore_s / 1e9, prefill_s, reprefill_s, reprefill_s / restore_s, pinned, pageable, bw_bytes,
+               bytes / restore_s / 1e9 / pinned, get_s, imp_s, legacy_s, cp.threads ? cp.threads : hyla_online_cores(),
+               cp.zstd_level, cp.chunk_bytes, xc.plain_ms, xc.busy_ms, xc.n_exp, steps, xc.begin_ms, xc.end_ms, xc.step_begin_ms,
+               xc.step_other_ms, same_logits ? "true" : "false",
+               same_state ? "true" : "false");
         fflush(stdout);
         hyla_snapshot_destroy(snap);
         hyla_session_free(s0);

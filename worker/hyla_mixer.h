@@ -64,6 +64,21 @@ void hyla_cfg_refuse(hyla_cfg *r, const char *key, const char *why);
 void hyla_cfg_fail(hyla_cfg *r, hyla_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ------------------------------------------------------------------------------------------ */
+/* Tensor parallelism: how the split dimension of a shard's tensor or state part maps onto the
+ * whole one (hyla_model_params tp_size T). The dimension is a run of segments, in the shard's
+ * units: a positive length L is split (the whole holds T such runs, rank r's the r-th), a
+ * negative one -L is replicated (L entries every rank holds whole); 0 ends the list. An empty
+ * list is one split segment (heads in order: the common case). E.g. SSE's a_proj [2H] is {H, H}
+ * (each half split on its own), an LTE cache's meta [2 + Hk] is {-2, Hk}. */
+#define HYLA_TP_SEGS 6
+/* The whole dimension's length for a shard length n. */
+int64_t hyla_tp_whole_len(const int *seg, int64_t n, int T);
+/* Copy between a whole array and rank r's shard of it: `outer` runs (the dimensions before the
+ * split one), each holding the split dimension (shard length n) times `inner` bytes. cut: the
+ * shard from the whole; join: the shard into the whole (replicated segments only from rank 0). */
+void hyla_tp_cut(const int *seg, size_t outer, int64_t n, size_t inner, int T, int r, const void *whole, void *shard);
+void hyla_tp_join(const int *seg, size_t outer, int64_t n, size_t inner, int T, int r, void *whole, const void *shard);
+
 /* Tensors: one declaration per tensor, in the order hyla-mkmodel writes them. Loading and the
  * random-weights generator are both driven by this list, so a name is written once. */
 
@@ -90,6 +105,7 @@ typedef struct {
     size_t offset; /* where the loaded pointer goes in the mixer's weight struct */
     hyla_init init;
     float p0, p1; /* init parameters (see hyla_init) */
+    int tp_seg[HYLA_TP_SEGS]; /* tensor parallelism: the split dimension's layout (see below) */
 } hyla_tensor_decl;
 
 /* A list being built by a mixer's tensors(): names are prefix + suffix. */
@@ -121,6 +137,7 @@ typedef struct {
     uint64_t shape[4];  /* a fixed part: its shape; a paged part: the shape of one token's row */
     int paged;          /* rows appended per token, in pages of HYLA_KV_PAGE_TOKENS; a snapshot holds
                          * [position][row shape], cut at page boundaries (incremental) */
+    int tp_seg[HYLA_TP_SEGS]; /* tensor parallelism: the split dimension's layout (above) */
 } hyla_part_spec;
 
 typedef struct {
@@ -230,6 +247,13 @@ typedef struct hyla_mixer {
     /* The forward: xn -> out, reading and updating the sessions' states. */
     hyla_status (*forward)(const hyla_mixer_fwd *f);
 
+    /* Tensor parallelism: divide this config's heads by T in place (a shard's config); NULL
+     * when done, else why not, naming the key ("num_heads 6 is not divisible by 4"). The
+     * module promises that its shard's tensors and state parts are the whole layer's sliced
+     * along one dimension by heads (or channels) in order, so the loader and the snapshot code
+     * slice and join them by shape. NULL hook: the kind cannot be split. */
+    const char *(*tp_shard)(void *cfg, int T, char *why, size_t why_len);
+
     /* hyla-mkmodel: write this kind's keys into obj (the config root, or its spec object) for
      * args a; NULL when a fits, else a message saying why not. */
     const char *(*mk_config)(json_t *obj, const hyla_mk_args *a);
@@ -270,6 +294,9 @@ typedef struct {
 /* Carve s for R rows (base NULL: sizes only); returns the bytes: one layout for the modules whose
  * scratch is just the projections and the attention output. */
 size_t hyla_gqa_layout(int R, int Hq, int Hk, int hd, void *base, hyla_gqa_scratch *s);
+
+/* tp_shard's common step: *v /= T when T divides it (NULL), else why not into why (returned). */
+const char *hyla_tp_divide(int *v, const char *key, int T, char *why, size_t why_len);
 
 /* hyla-mkmodel: the KV heads of a GQA mixer (--kv-heads, else half the heads when even) into
  * *kvh; NULL, or why the sizes do not divide: the one rule attn, lte and nsa apply. */

@@ -58,46 +58,88 @@ static void shape_str(char *buf, size_t n, const int64_t *shape, int ndim) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-/* Find `name` and check its shape. */
-static hyla_status find_checked(loader *L, const char *name, int ndim, const int64_t *shape, const hyla_st_tensor **out) {
+/* Find `name` and check its shape. In a tensor-parallel shard (tp_size T > 1) the checkpoint may
+ * hold the whole tensor of a split one: the same shape but T times larger in exactly one
+ * dimension, which *axis receives (-1: the shapes are equal, the tensor is replicated). */
+static hyla_status find_checked(loader *L, const char *name, int ndim, const int64_t *shape, const int *seg,
+                                const hyla_st_tensor **out, int *axis) {
     const hyla_st_tensor *t = hyla_st_find(L->st, name);
     if (!t)
         return hyla_fail(HYLA_ERR_NOT_FOUND, "%s: tensor '%s' is missing (needed by %s)", L->m->dir, name, L->ctx);
-    int ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    int T = L->m->tp_size, ok = t->ndim == ndim, split = -1;
+    for (int i = 0; ok && i < ndim; i++) {
+        if (t->shape[i] == shape[i]) continue;
+        if (T > 1 && split < 0 && t->shape[i] == hyla_tp_whole_len(seg, shape[i], T)) split = i;
+        else ok = 0;
+    }
     if (!ok) {
-        char got[96], want[96];
+        char got[96], want[96], tp[64] = "";
         shape_str(got, sizeof got, t->shape, t->ndim);
         shape_str(want, sizeof want, shape, ndim);
-        return hyla_fail(HYLA_ERR_MISMATCH, "%s: tensor '%s' has shape %s, expected %s (%s)", t->file, name, got, want, L->ctx);
+        if (T > 1)
+            snprintf(tp, sizeof tp, ", or the whole of that shard (%d of %d) in one dimension", L->m->tp_rank, T);
+        return hyla_fail(HYLA_ERR_MISMATCH, "%s: tensor '%s' has shape %s, expected %s%s (%s)", t->file, name, got, want,
+                         tp, L->ctx);
     }
     if (t->dtype != HYLA_DT_F32 && t->dtype != HYLA_DT_F16 && t->dtype != HYLA_DT_BF16)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", t->file,
                          name, hyla_dtype_name(t->dtype));
     *out = t;
+    *axis = split;
     return HYLA_OK;
 }
 
-static hyla_status load_matrix(loader *L, const char *name, int rows, int cols, hyla_weight **out) {
+/* The data of this shard's slice of t along `axis` (shape: the slice's; seg: the split
+ * dimension's layout, hyla_mixer.h): t's own bytes when the tensor is replicated, else a copy in
+ * *owned (the caller frees it). */
+static const void *shard_data(const loader *L, const hyla_st_tensor *t, int ndim, const int64_t *shape, int axis,
+                              const int *seg, void **owned) {
+    *owned = NULL;
+    if (axis < 0) return t->data;
+    size_t outer = 1, inner = hyla_dtype_size(t->dtype), n = inner;
+    for (int i = 0; i < axis; i++) outer *= (size_t)shape[i];
+    for (int i = axis + 1; i < ndim; i++) inner *= (size_t)shape[i];
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    uint8_t *dst = malloc(n);
+    if (!dst) return NULL;
+    hyla_tp_cut(seg, outer, shape[axis], inner, L->m->tp_size, L->m->tp_rank, t->data, dst);
+    *owned = dst;
+    return dst;
+}
+
+static hyla_status load_matrix(loader *L, const char *name, int rows, int cols, const int *seg, hyla_weight **out) {
     const hyla_st_tensor *t;
     int64_t shape[2] = {rows, cols};
-    HYLA_TRY(find_checked(L, name, 2, shape, &t));
+    int axis;
+    HYLA_TRY(find_checked(L, name, 2, shape, seg, &t, &axis));
+    void *owned;
+    const void *data = shard_data(L, t, 2, shape, axis, seg, &owned);
+    if (!data) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     hyla_backend *be = L->m->be;
-    hyla_status s = be->ops->weight_create(be->ctx, t->data, t->dtype, rows, cols, out);
+    hyla_status s = be->ops->weight_create(be->ctx, data, t->dtype, rows, cols, out);
+    free(owned);
     if (s != HYLA_OK) return hyla_fail_wrap(s, "%s: uploading tensor '%s'", t->file, name);
     L->m->param_bytes += (uint64_t)rows * cols * hyla_dtype_size(t->dtype);
     return track_weight(L->m, *out);
 }
 
 /* A vector (or a tensor of `ndim` dims with `n` elements in all) converted to fp32 on the device. */
-static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const int64_t *shape, float **out) {
+static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const int64_t *shape, const int *seg,
+                                  float **out) {
     const hyla_st_tensor *t;
-    HYLA_TRY(find_checked(L, name, ndim, shape, &t));
+    int axis;
+    HYLA_TRY(find_checked(L, name, ndim, shape, seg, &t, &axis));
     size_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-    float *host = malloc(n * sizeof(float));
-    if (!host) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    hyla_to_f32(host, t->data, t->dtype, n);
+    void *owned;
+    const void *data = shard_data(L, t, ndim, shape, axis, seg, &owned);
+    float *host = data ? malloc(n * sizeof(float)) : NULL;
+    if (!host) {
+        free(owned);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    hyla_to_f32(host, data, t->dtype, n);
+    free(owned);
     hyla_backend *be = L->m->be;
     void *dev = NULL;
     hyla_status s = be->ops->alloc(be->ctx, n * sizeof(float), &dev);
@@ -114,7 +156,7 @@ static hyla_status load_vector_nd(loader *L, const char *name, int ndim, const i
 
 static hyla_status load_vector(loader *L, const char *name, int n, float **out) {
     int64_t shape[1] = {n};
-    return load_vector_nd(L, name, 1, shape, out);
+    return load_vector_nd(L, name, 1, shape, NULL, out);
 }
 
 /* the layout's names are formats taking the layer index */
@@ -141,8 +183,8 @@ static hyla_status load_decl(loader *L, const hyla_tensor_decl *d, void *wstruct
         if (!hyla_st_find(L->st, name) && hyla_st_find(L->st, d->name[a])) name = d->name[a];
     void *slot = (uint8_t *)wstruct + d->offset;
     if (d->use == HYLA_TENSOR_MATRIX)
-        return load_matrix(L, name, (int)d->shape[0], (int)d->shape[1], (hyla_weight **)slot);
-    return load_vector_nd(L, name, d->ndim, d->shape, (float **)slot);
+        return load_matrix(L, name, (int)d->shape[0], (int)d->shape[1], d->tp_seg, (hyla_weight **)slot);
+    return load_vector_nd(L, name, d->ndim, d->shape, d->tp_seg, (float **)slot);
 }
 
 static hyla_status load_layer(loader *L, int i) {
@@ -160,9 +202,9 @@ static hyla_status load_layer(loader *L, int i) {
         char pre[160];
         P(pre, lay->mlp, i);
         HYLA_TRY(load_vector(L, P(n, lay->mlp_norm, i), D, &ly->mlp_norm));
-        HYLA_TRY(load_matrix(L, P(n, "%sgate_proj.weight", pre), F, D, &ly->mlp_gate));
-        HYLA_TRY(load_matrix(L, P(n, "%sup_proj.weight", pre), F, D, &ly->mlp_up));
-        HYLA_TRY(load_matrix(L, P(n, "%sdown_proj.weight", pre), D, F, &ly->mlp_down));
+        HYLA_TRY(load_matrix(L, P(n, "%sgate_proj.weight", pre), F, D, NULL, &ly->mlp_gate));
+        HYLA_TRY(load_matrix(L, P(n, "%sup_proj.weight", pre), F, D, NULL, &ly->mlp_up));
+        HYLA_TRY(load_matrix(L, P(n, "%sdown_proj.weight", pre), D, F, NULL, &ly->mlp_down));
     }
     if (!(ly->w = calloc(1, ly->mixer->w_size ? ly->mixer->w_size : 1))) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     HYLA_TRY(track_host(m, ly->w));
@@ -175,6 +217,34 @@ static hyla_status load_layer(loader *L, int i) {
     HYLA_TRY(st);
     ly->n_parts = ly->mixer->parts(c, ly->cfg, m->be->ops->kv_dtype, ly->parts);
     HYLA_ASSERT(ly->n_parts >= 0 && ly->n_parts <= HYLA_MIXER_MAX_PARTS);
+    if (m->tp_size == 1) memcpy(ly->full_parts, ly->parts, sizeof ly->parts);
+    return HYLA_OK;
+}
+
+/* Make m's config that of shard tp_rank of tp_size: each mixer config (shared by the layers of
+ * a spec: divided once) and the MLP width divided; the whole layers' state parts kept first. */
+static hyla_status shard_config(hyla_model *m) {
+    hyla_model_config *c = &m->cfg;
+    int T = m->tp_size;
+    for (int i = m->layer_begin; i < m->layer_end; i++)
+        m->layers[i].n_parts = c->mixer[i]->parts(c, c->mixer_cfg[i], m->be->ops->kv_dtype, m->layers[i].full_parts);
+    for (int i = 0; i < c->num_layers; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = c->mixer_cfg[j] == c->mixer_cfg[i];
+        if (seen) continue;
+        const hyla_mixer *mx = c->mixer[i];
+        char why[160] = "";
+        if (!mx->tp_shard)
+            return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: layer %d (%s) cannot be split for tensor parallelism yet", m->dir,
+                             i, mx->name);
+        if (mx->tp_shard((void *)c->mixer_cfg[i], T, why, sizeof why))
+            return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: layer %d (%s): %s (tensor-parallel size %d)", m->dir, i,
+                             mx->name, why, T);
+    }
+    if (c->intermediate_size % T)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: intermediate_size %d is not divisible by the tensor-parallel size %d",
+                         m->dir, c->intermediate_size, T);
+    c->intermediate_size /= T;
     return HYLA_OK;
 }
 
@@ -221,9 +291,16 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     const hyla_model_config *c = &m->cfg;
     m->layer_begin = p.layer_begin;
     m->layer_end = p.layer_end < 0 ? c->num_layers : p.layer_end;
-    if (m->layer_begin < 0 || m->layer_begin >= m->layer_end || m->layer_end > c->num_layers) {
+    m->tp_size = p.tp_size > 0 ? p.tp_size : 1;
+    m->tp_rank = p.tp_rank;
+    if (m->layer_begin < 0 || m->layer_begin >= m->layer_end || m->layer_end > c->num_layers)
         s = hyla_fail(HYLA_ERR_INVALID_ARG, "layer range %d:%d is not within the model's %d layers", p.layer_begin,
                       p.layer_end, c->num_layers);
+    else if (m->tp_rank < 0 || m->tp_rank >= m->tp_size)
+        s = hyla_fail(HYLA_ERR_INVALID_ARG, "tensor-parallel rank %d is not within 0..%d", m->tp_rank, m->tp_size - 1);
+    else if (m->tp_size > 1)
+        s = shard_config(m);
+    if (s != HYLA_OK) {
         hyla_model_config_free(&m->cfg);
         free(m);
         return s;
@@ -241,7 +318,7 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
     int first = m->layer_begin == 0, last = m->layer_end == c->num_layers;
     if (s == HYLA_OK && (first || (last && c->tie_word_embeddings))) {
         snprintf(L.ctx, sizeof L.ctx, "the embedding");
-        s = load_matrix(&L, c->layout->embed, V, D, &m->embed);
+        s = load_matrix(&L, c->layout->embed, V, D, NULL, &m->embed);
     }
     for (int i = m->layer_begin; s == HYLA_OK && i < m->layer_end; i++) s = load_layer(&L, i);
     if (s == HYLA_OK && last) {
@@ -249,7 +326,7 @@ hyla_status hyla_model_load(const char *dir, hyla_backend *be, const hyla_model_
         s = load_vector(&L, c->layout->final_norm, D, &m->final_norm);
         if (s == HYLA_OK) {
             if (c->tie_word_embeddings) m->lm_head = m->embed;
-            else s = load_matrix(&L, c->layout->lm_head, V, D, &m->lm_head);
+            else s = load_matrix(&L, c->layout->lm_head, V, D, NULL, &m->lm_head);
         }
     }
     hyla_st_close(st); /* backends copy weights at weight_create */
@@ -283,3 +360,7 @@ void hyla_model_layer_range(const hyla_model *m, int *begin, int *end) {
     *end = m->layer_end;
 }
 uint64_t hyla_model_param_bytes(const hyla_model *m) { return m->param_bytes; }
+void hyla_model_tp(const hyla_model *m, int *rank, int *size) {
+    *rank = m->tp_rank;
+    *size = m->tp_size;
+}

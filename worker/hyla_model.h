@@ -70,6 +70,12 @@ typedef struct hyla_model hyla_model;
 typedef struct {
     int layer_begin; /* first layer held (default 0) */
     int layer_end;   /* one past the last layer held (default -1: all) */
+    /* Tensor parallelism (docs/MULTIGPU.md §2): hold rank tp_rank's shard of tp_size (default 0
+     * of 1: the whole model): each mixer's heads and the MLP's intermediate columns divided by
+     * tp_size, the weights sliced to this rank's heads (column-parallel projections by rows,
+     * row-parallel ones by columns, per-head vectors by heads; the rest replicated). Refused,
+     * naming the key, where a size does not divide or a mixer kind cannot be split. */
+    int tp_rank, tp_size;
 } hyla_model_params;
 hyla_model_params hyla_model_default_params(void);
 
@@ -86,6 +92,8 @@ uint64_t hyla_model_fingerprint(const hyla_model *m);
 void hyla_model_layer_range(const hyla_model *m, int *begin, int *end);
 /* Bytes of parameters held by this model on its backend (for placement and benchmarks). */
 uint64_t hyla_model_param_bytes(const hyla_model *m);
+/* The tensor-parallel shard this model holds: *rank of *size (0 of 1: the whole model). */
+void hyla_model_tp(const hyla_model *m, int *rank, int *size);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,9 @@ typedef struct {
     void *w;                            /* the mixer's weight struct (mixer->w_size bytes) */
     hyla_part_spec parts[HYLA_MIXER_MAX_PARTS];
     int n_parts;
+    /* The parts of the whole (unsplit) layer: == parts unless the model is a tensor-parallel
+     * shard, where a split part differs in one dimension (hyla_tp.c merges and splits by it). */
+    hyla_part_spec full_parts[HYLA_MIXER_MAX_PARTS];
     float *attn_norm, *mlp_norm;        /* [D] */
     hyla_weight *mlp_gate, *mlp_up;     /* [F][D] */
     hyla_weight *mlp_down;              /* [D][F] */
@@ -24,6 +27,7 @@ struct hyla_model {
     hyla_backend *be;
     char dir[4096];
     int layer_begin, layer_end;
+    int tp_rank, tp_size; /* the shard held (0 of 1: the whole model) */
     hyla_layer layers[HYLA_MAX_LAYERS];
     hyla_weight *embed;   /* [V][D] (first stage, or tied head) */
     hyla_weight *lm_head; /* [V][D] (last stage); == embed when tied */

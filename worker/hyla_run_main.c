@@ -10,6 +10,7 @@
 #include "hyla_codec.h"
 #include "hyla_log.h"
 #include "hyla_session.h"
+#include "hyla_tp.h"
 #include "hyla_tokenizer.h"
 #if __has_include("hyla_store.h")
 #include "hyla_store.h"
@@ -46,6 +47,10 @@ static void usage(FILE *f) {
             "                       generation step, which consumes the last prompt token) as\n"
             "                       little-endian float32 [positions][vocab]\n"
             "  --device DEV         cpu (default) or cuda:N\n"
+            "  --tp N               tensor parallelism: split every layer's heads over N backends (cuda:K\n"
+            "                       and the next N-1 GPUs, or N CPU backends); default 1. Snapshots are\n"
+            "                       whole-model snapshots, so a state saved under one N loads under any\n"
+            "                       other; the tokens match N = 1's within floating-point rounding\n"
             "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 8192 (default 1024,\n"
             "                       or $HYLA_PREFILL_PIECE); the output is the same for every N\n"
             "  --quiet              no progress or statistics on stderr\n");
@@ -116,7 +121,7 @@ int main(int argc, char **argv) {
                *dump = NULL, *device = "cpu", *store_dir = NULL, *session_id = NULL;
     long max_tokens = -1;
     uint64_t seed = 0;
-    int seed_set = 0, samp_set = 0, want_ids = 0, ignore_eos = 0, quiet = 0, piece = 0;
+    int seed_set = 0, samp_set = 0, want_ids = 0, ignore_eos = 0, quiet = 0, piece = 0, tp = 1;
     hyla_sampling sp = {0.0f, 0, 1.0f};
     static struct option lo[] = {{"model", 1, 0, 'm'},       {"prompt", 1, 0, 'p'},     {"prompt-file", 1, 0, 'f'},
                                  {"prompt-ids", 1, 0, 'i'},  {"max-tokens", 1, 0, 'n'}, {"seed", 1, 0, 's'},
@@ -124,7 +129,7 @@ int main(int argc, char **argv) {
                                  {"ids", 0, 0, 'I'},         {"save-state", 1, 0, 'S'}, {"load-state", 1, 0, 'L'},
                                  {"dump-logits", 1, 0, 'D'}, {"device", 1, 0, 'd'},     {"ignore-eos", 0, 0, 'E'},
                                  {"quiet", 0, 0, 'q'},       {"store", 1, 0, 'B'}, {"session", 1, 0, 'X'},      {"help", 0, 0, 'h'},
-                                 {"prefill-piece", 1, 0, 'R'},
+                                 {"prefill-piece", 1, 0, 'R'}, {"tp", 1, 0, 'T'},
                                  {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
@@ -155,6 +160,13 @@ int main(int argc, char **argv) {
             if (*end || piece < HYLA_PREFILL_CHUNK || piece > HYLA_PREFILL_PIECE_MAX || piece % HYLA_PREFILL_CHUNK) {
                 fprintf(stderr, "hyla-run: --prefill-piece: '%s' must be a multiple of %d in [%d, %d]\n", optarg,
                         HYLA_PREFILL_CHUNK, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+                return 2;
+            }
+            break;
+        case 'T':
+            tp = (int)strtol(optarg, &end, 10);
+            if (*end || tp < 1 || tp > HYLA_TP_MAX) {
+                fprintf(stderr, "hyla-run: --tp: '%s' must be a number from 1 to %d\n", optarg, HYLA_TP_MAX);
                 return 2;
             }
             break;
@@ -206,6 +218,7 @@ int main(int argc, char **argv) {
     hyla_backend *be = NULL;
     hyla_model *m = NULL;
     hyla_runtime *rt = NULL;
+    hyla_tp_group *group = NULL; /* --tp > 1: owns be, m and rt */
     hyla_session *s = NULL;
     hyla_tokenizer *tok = NULL;
     hyla_tokenizer_stream *dstream = NULL;
@@ -218,15 +231,21 @@ int main(int argc, char **argv) {
     hyla_store *store = NULL;
 #endif
 
-    if (hyla_backend_create(device, &be) != HYLA_OK) FAIL("device %s: %s", device, hyla_last_error());
     double t_load = hyla_now();
-    if (hyla_model_load(model_dir, be, NULL, &m) != HYLA_OK) FAIL("%s", hyla_last_error());
-    if (hyla_runtime_create(m, &rt) != HYLA_OK) FAIL("%s", hyla_last_error());
+    if (tp > 1) {
+        if (hyla_tp_open(model_dir, device, tp, NULL, &group) != HYLA_OK) FAIL("--tp %d: %s", tp, hyla_last_error());
+        be = hyla_tp_backend(group), m = hyla_tp_model(group), rt = hyla_tp_runtime(group);
+    } else {
+        if (hyla_backend_create(device, &be) != HYLA_OK) FAIL("device %s: %s", device, hyla_last_error());
+        if (hyla_model_load(model_dir, be, NULL, &m) != HYLA_OK) FAIL("%s", hyla_last_error());
+        if (hyla_runtime_create(m, &rt) != HYLA_OK) FAIL("%s", hyla_last_error());
+    }
     if (piece && hyla_runtime_set_prefill_piece(rt, piece) != HYLA_OK) FAIL("%s", hyla_last_error());
     const hyla_model_config *cfg = hyla_model_get_config(m);
     if (!quiet)
-        fprintf(stderr, "hyla-run: loaded %s (%s, %d layers) on %s in %.2f s\n", model_dir, cfg->model_type,
-                cfg->num_layers, device, hyla_now() - t_load);
+        fprintf(stderr, "hyla-run: loaded %s (%s, %d layers) on %s%s in %.2f s\n", model_dir, cfg->model_type,
+                cfg->num_layers, device, tp > 1 ? " and the next ranks of the tensor-parallel group" : "",
+                hyla_now() - t_load);
 
 #ifdef HAVE_STORE
     if (store_dir) {
@@ -387,8 +406,12 @@ out:
 #endif
     hyla_tokenizer_stream_free(dstream);
     hyla_tokenizer_free(tok);
-    hyla_runtime_free(rt);
-    hyla_model_free(m);
-    hyla_backend_destroy(be);
+    if (group) {
+        hyla_tp_close(group);
+    } else {
+        hyla_runtime_free(rt);
+        hyla_model_free(m);
+        hyla_backend_destroy(be);
+    }
     return rc;
 }

@@ -88,6 +88,11 @@ hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens) {
 }
 int hyla_runtime_token_log(const hyla_runtime *rt) { return rt->token_log; }
 
+void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud) {
+    rt->allreduce = fn;
+    rt->allreduce_ud = ud;
+}
+
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud) {
     rt->downstream = fn;
     rt->downstream_ud = ud;
@@ -106,6 +111,7 @@ const hyla_model *hyla_runtime_model(const hyla_runtime *rt) { return rt->m; }
 hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt) { return rt->snapbufs; }
 
 static void snapbufs_destroy(hyla_runtime *rt);
+static void stagebufs_destroy(hyla_runtime *rt);
 
 hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
     *out = NULL;
@@ -137,6 +143,7 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
 void hyla_runtime_free(hyla_runtime *rt) {
     if (!rt) return;
     snapbufs_destroy(rt);
+    stagebufs_destroy(rt);
     scratch_free(rt);
     free(rt);
 }
@@ -179,6 +186,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
             st = hyla_fail_wrap(st, "layer %d (%s)", l, ly->mixer->name);
             break;
         }
+        if (rt->allreduce && (st = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
         if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
             if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
             PM("residual add");
@@ -194,6 +202,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         PM("mlp: swiglu");
         if ((st = lin(o, ctx, f->decode, f->R, rt->mlp_g, F, ly->mlp_down, rt->mo, D)) != HYLA_OK) break;
         PM("mlp: down proj");
+        if (rt->allreduce && (st = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
         if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
         PM("residual add");
     }
@@ -206,7 +215,9 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         PM("final norm, lm head");
         return hs;
     }
-    /* not the last stage: hand the hidden states to the remaining stages */
+    /* not the last stage: hand the hidden states to the remaining stages (a tensor-parallel
+     * group's rank 0 does; the other ranks hold the same rows) */
+    if (rt->tp && rt->tp_rank) return HYLA_OK;
     if (!rt->downstream)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
                          m->layer_begin, m->layer_end - 1, c->num_layers);
@@ -342,6 +353,56 @@ hyla_status hyla_snapbuf_get(hyla_runtime *rt, size_t need, uint8_t **base) {
     }
     *base = got + SNAPBUF_HDR;
     return HYLA_OK;
+}
+
+hyla_status hyla_stagebuf_get(hyla_runtime *rt, size_t need, void **dev) {
+    *dev = NULL;
+    const hyla_ops *o = rt->be->ops;
+    int fit = -1, idle = -1, empty = -1;
+    for (int i = 0; i < HYLA_STAGEBUF_MAX; i++) {
+        if (!rt->stagebufs[i].dev) {
+            if (empty < 0) empty = i;
+        } else if (!rt->stagebufs[i].busy) {
+            if (rt->stagebufs[i].bytes >= need && (fit < 0 || rt->stagebufs[i].bytes < rt->stagebufs[fit].bytes)) fit = i;
+            if (idle < 0 || rt->stagebufs[i].bytes < rt->stagebufs[idle].bytes) idle = i;
+        }
+    }
+    if (fit >= 0) {
+        rt->stagebufs[fit].busy = 1;
+        *dev = rt->stagebufs[fit].dev;
+        return HYLA_OK;
+    }
+    int k = empty >= 0 ? empty : idle;
+    if (k >= 0 && rt->stagebufs[k].dev) { /* too small: replaced by a larger one */
+        o->free(rt->be->ctx, rt->stagebufs[k].dev);
+        rt->stagebufs[k].dev = NULL;
+    }
+    size_t bytes = need ? need : 256;
+    HYLA_TRY(o->alloc(rt->be->ctx, bytes, dev));
+    if (k >= 0) {
+        rt->stagebufs[k].dev = *dev;
+        rt->stagebufs[k].bytes = bytes;
+        rt->stagebufs[k].busy = 1;
+    }
+    return HYLA_OK;
+}
+
+void hyla_stagebuf_release(hyla_runtime *rt, void *dev) {
+    if (!dev) return;
+    for (int i = 0; i < HYLA_STAGEBUF_MAX; i++)
+        if (rt->stagebufs[i].dev == dev) {
+            HYLA_ASSERT(rt->stagebufs[i].busy);
+            rt->stagebufs[i].busy = 0;
+            return;
+        }
+    rt->be->ops->free(rt->be->ctx, dev); /* over the bound: not cached */
+}
+
+static void stagebufs_destroy(hyla_runtime *rt) {
+    for (int i = 0; i < HYLA_STAGEBUF_MAX; i++) {
+        HYLA_ASSERT(!rt->stagebufs[i].busy && "every export must end before hyla_runtime_free");
+        rt->be->ops->free(rt->be->ctx, rt->stagebufs[i].dev);
+    }
 }
 
 static void snapbufs_destroy(hyla_runtime *rt) {

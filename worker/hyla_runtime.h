@@ -68,6 +68,14 @@ typedef hyla_status (*hyla_downstream_dev_fn)(void *ud, hyla_session *const *ss,
                                               const float *hidden_dev, float *logits_dev, int *handled);
 void hyla_runtime_set_downstream_dev(hyla_runtime *rt, hyla_downstream_dev_fn fn);
 
+/* ---- tensor parallelism ----
+ * A runtime on a tensor-parallel shard (hyla_model_params.tp_size > 1) produces, after each
+ * mixer and each MLP, only its heads' part of the block's output: `fn` must sum buf [n] floats
+ * (backend memory) over the group's ranks in place, in the backend's stream order, the same bits
+ * on every rank (hyla_tp.h makes one). Called twice per layer with the same count on each rank. */
+typedef hyla_status (*hyla_allreduce_fn)(void *ud, float *buf, size_t n);
+void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud);
+
 /* The backend buffers a later stage's rows go through, made to hold `rows` rows: *x_dev
  * [rows][hidden_size] (the input of hyla_stage_forward_dev) and *logits_dev [rows][vocab] (its
  * logits). Borrowed until the next call that reserves rows on rt (a forward of more rows). */

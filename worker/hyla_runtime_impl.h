@@ -13,6 +13,8 @@
 
 typedef struct hyla_snapbufs hyla_snapbufs;
 
+#define HYLA_STAGEBUF_MAX 4 /* staging buffers a runtime keeps (exports in flight at once) */
+
 struct hyla_runtime {
     const hyla_model *m;
     hyla_backend *be;
@@ -21,6 +23,12 @@ struct hyla_runtime {
     hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
     void *downstream_ud;
     hyla_downstream_dev_fn downstream_dev; /* tried first (NULL: host only) */
+    hyla_allreduce_fn allreduce; /* a tensor-parallel shard's sum over its group (NULL: none) */
+    void *allreduce_ud;
+    /* Tensor parallelism (hyla_tp.c): the group this runtime is rank tp_rank of (NULL: none).
+     * Sessions are created on rank 0's runtime and hold one session per rank (hyla_session.c). */
+    struct hyla_tp_group *tp;
+    int tp_rank;
     /* scratch activations for up to `rows` rows (a prefill piece or a decode batch) */
     int rows;
     float *x;             /* [rows][D] the residual stream */
@@ -31,6 +39,13 @@ struct hyla_runtime {
     void *mixer_scratch;  /* the largest scratch_bytes of the held layers' mixers for `rows` */
     void **host_ptrs;     /* host [HYLA_MIXER_HOST_PTRS][rows] */
     hyla_snapbufs *snapbufs; /* NULL until the first export */
+    /* device staging buffers of exports (hyla_stagebuf_get): cached, so an export allocates
+     * nothing (and zero-fills nothing) in steady state. Driving thread only. */
+    struct {
+        void *dev;
+        size_t bytes;
+        int busy;
+    } stagebufs[HYLA_STAGEBUF_MAX];
 };
 
 /* One session's state: the parts of every held layer (hyla_state.c). */
@@ -54,6 +69,11 @@ typedef struct {
     hyla_session *const *ss;         /* host [decode ? R : 1]: passed to the downstream callback */
 } hyla_fwd;
 
+/* The group's size and rank r's runtime (hyla_tp.c), and hyla_tp_run (hyla_tp.h) for the
+ * session code that drives every rank. */
+int hyla_tp_group_size(const struct hyla_tp_group *g);
+hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r);
+
 /* Make the scratch hold `rows` rows (reallocates when it grows, doubling). */
 hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);
 /* Rows of rt->x (already filled) through the held layers; final norm + head into rt->logits
@@ -66,5 +86,13 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
 hyla_status hyla_snapbuf_get(hyla_runtime *rt, size_t need, uint8_t **base);
 void hyla_snapbuf_release(void *snapbufs, void *base);
 hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt);
+
+/* Export staging: `need` bytes of device memory (not zero-filled) from the runtime's cache of
+ * up to HYLA_STAGEBUF_MAX buffers (the smallest idle one that fits; a new one, or a larger one
+ * in place of the smallest idle, when none fits); give it back with hyla_stagebuf_release once
+ * nothing queued reads it. More than HYLA_STAGEBUF_MAX at once: allocated and freed each time.
+ * Driving thread. */
+hyla_status hyla_stagebuf_get(hyla_runtime *rt, size_t need, void **dev);
+void hyla_stagebuf_release(hyla_runtime *rt, void *dev);
 
 #endif

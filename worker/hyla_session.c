@@ -13,6 +13,7 @@
 #include "hyla_log.h"
 #include "hyla_runtime_impl.h"
 #include "hyla_session.h"
+#include "hyla_tp.h"
 
 struct hyla_session {
     hyla_runtime *rt;
@@ -31,17 +32,27 @@ struct hyla_session {
     int32_t *log; /* [log_cap] */
     uint32_t log_cap, log_n, log_head;
     uint32_t log_max; /* the runtime's token log size when the session was created */
+    /* On a tensor-parallel runtime (rank 0 of a group): the conversation's sessions on the other
+     * ranks' runtimes, peer[1..T-1] (their heads' state; their own pending token, sampler and
+     * log are unused). Every forward runs on all ranks through hyla_tp_run. */
+    hyla_session *peer[HYLA_TP_MAX];
+    int T; /* 1 without tensor parallelism */
 };
+
+/* Session r of the conversation (r = 0: s itself). */
+static hyla_session *rank_of(hyla_session *s, int r) { return r ? s->peer[r] : s; }
 
 #define OPS(m) (hyla_model_backend(m)->ops)
 #define CTX(m) (hyla_model_backend(m)->ctx)
 
-hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
+/* One rank's session (no peers). */
+static hyla_status session_new(hyla_runtime *rt, hyla_session **out) {
     *out = NULL;
     hyla_session *s = calloc(1, sizeof *s);
     if (!s) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     s->rt = rt;
     s->m = hyla_runtime_model(rt);
+    s->T = 1;
     s->pending = -1;
     s->log_max = (uint32_t)rt->token_log;
     s->sp.temperature = 0;
@@ -57,13 +68,60 @@ hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
     return HYLA_OK;
 }
 
-void hyla_session_free(hyla_session *s) {
+static void session_delete(hyla_session *s) {
     if (!s) return;
     /* an export in flight still reads this session's paged parts (hyla_session.h) */
     HYLA_ASSERT(s->exports == 0 && "every hyla_session_export_begin must end before hyla_session_free");
     hyla_state_free(s->st);
     free(s->log);
     free(s);
+}
+
+static hyla_status peer_free(void *ud, int r) {
+    hyla_session *s = ud;
+    if (r) {
+        session_delete(s->peer[r]);
+        s->peer[r] = NULL;
+    }
+    return HYLA_OK;
+}
+
+static hyla_status peer_new(void *ud, int r) {
+    hyla_session *s = ud;
+    return r ? session_new(hyla_tp_group_runtime(s->rt->tp, r), &s->peer[r]) : HYLA_OK;
+}
+
+/* A tensor-parallel runtime is driven through rank 0's: sessions on the others are its peers. */
+static hyla_status check_rank0(const hyla_runtime *rt) {
+    if (rt->tp && rt->tp_rank)
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "runtime is rank %d of a tensor-parallel group: sessions are made on rank 0's runtime",
+                         rt->tp_rank);
+    return HYLA_OK;
+}
+
+hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
+    *out = NULL;
+    HYLA_TRY(check_rank0(rt));
+    hyla_session *s;
+    HYLA_TRY(session_new(rt, &s));
+    if (rt->tp) {
+        s->T = hyla_tp_group_size(rt->tp);
+        hyla_status st = hyla_tp_run(rt->tp, peer_new, s);
+        if (st != HYLA_OK) {
+            hyla_session_free(s);
+            return st;
+        }
+    }
+    *out = s;
+    return HYLA_OK;
+}
+
+void hyla_session_free(hyla_session *s) {
+    if (!s) return;
+    if (s->T > 1 && hyla_tp_run(s->rt->tp, peer_free, s) != HYLA_OK)
+        HYLA_WARN("freeing a tensor-parallel session: %s", hyla_last_error());
+    session_delete(s);
 }
 
 /* Record a generated token in the log. Out of memory while growing: the log restarts empty
@@ -114,7 +172,11 @@ int32_t hyla_session_pending(const hyla_session *s) { return s->pending; }
 int64_t hyla_session_generated(const hyla_session *s) { return s->generated; }
 const hyla_model *hyla_session_model(const hyla_session *s) { return s->m; }
 hyla_runtime *hyla_session_runtime(const hyla_session *s) { return s->rt; }
-uint64_t hyla_session_state_bytes(const hyla_session *s) { return s->st->bytes; }
+uint64_t hyla_session_state_bytes(const hyla_session *s) {
+    uint64_t b = s->st->bytes;
+    for (int r = 1; r < s->T; r++) b += s->peer[r]->st->bytes;
+    return b;
+}
 void hyla_session_set_tag(hyla_session *s, void *tag) { s->tag = tag; }
 void *hyla_session_tag(const hyla_session *s) { return s->tag; }
 
@@ -133,26 +195,11 @@ static hyla_status run_forward(hyla_session *const *ss, int R, int decode, const
     return s;
 }
 
-/* hyla_stage_forward's checks and rows; hidden_in NULL: the rows are already in rt->x. */
-static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
-                                 float *logits) {
-    if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
+/* One rank's stage forward of rows already in its rt->x (or uploaded from hidden_in). */
+static hyla_status stage_rank(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
+                              float *logits) {
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
-    int n = decode ? R : 1;
-    for (int i = 0; i < n; i++)
-        if (ss[i]->rt != rt) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different runtimes");
-    /* a prefill piece either starts on a chunk boundary or stays inside one chunk (the pieces of
-     * any feed are then cut at the same absolute positions) */
-    if (!decode && (R > HYLA_PREFILL_PIECE_MAX ||
-                    (ss[0]->pos % HYLA_PREFILL_CHUNK &&
-                     ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK)))
-        return hyla_fail(HYLA_ERR_INVALID_ARG,
-                         "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
-                         "or stay inside one chunk, and hold at most %d rows",
-                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
-    if (!hidden_in && R > rt->rows) /* reserving now would drop the rows already received */
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", R, rt->rows);
     HYLA_TRY(hyla_runtime_reserve(rt, R));
     int32_t *pos = malloc((size_t)R * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
@@ -173,6 +220,52 @@ static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, con
     return st;
 }
 
+typedef struct {
+    hyla_session *const *ss;
+    int R, decode, want_logits;
+    const float *hidden_in;
+    float *logits;
+} stage_job;
+
+static hyla_status stage_job_rank(void *ud, int r) {
+    stage_job *j = ud;
+    int n = j->decode ? j->R : 1;
+    hyla_session **sr = malloc((size_t)n * sizeof *sr);
+    if (!sr) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) sr[i] = rank_of(j->ss[i], r);
+    /* rank 0 hands out the logits (every rank holds the same) */
+    hyla_status st = stage_rank(sr, j->R, j->decode, j->hidden_in, j->want_logits, r ? NULL : j->logits);
+    free(sr);
+    return st;
+}
+
+/* hyla_stage_forward's checks and rows; hidden_in NULL: the rows are already in rt->x. */
+static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
+                                 float *logits) {
+    if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
+    hyla_runtime *rt = ss[0]->rt;
+    int n = decode ? R : 1;
+    for (int i = 0; i < n; i++)
+        if (ss[i]->rt != rt) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different runtimes");
+    /* a prefill piece either starts on a chunk boundary or stays inside one chunk (the pieces of
+     * any feed are then cut at the same absolute positions) */
+    if (!decode && (R > HYLA_PREFILL_PIECE_MAX ||
+                    (ss[0]->pos % HYLA_PREFILL_CHUNK &&
+                     ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK)))
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
+                         "or stay inside one chunk, and hold at most %d rows",
+                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+    if (!hidden_in && R > rt->rows) /* reserving now would drop the rows already received */
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", R, rt->rows);
+    if (ss[0]->T == 1) return stage_rank(ss, R, decode, hidden_in, want_logits, logits);
+    /* a split stage takes its rows from the host: each rank uploads them */
+    if (!hidden_in)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "a stage split over several devices takes its rows from the host");
+    stage_job j = {ss, R, decode, want_logits, hidden_in, logits};
+    return hyla_tp_run(rt->tp, stage_job_rank, &j);
+}
+
 hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits) {
     return stage_forward(ss, R, decode, hidden_in, logits != NULL, logits);
 }
@@ -189,8 +282,8 @@ static hyla_status check_tokens(const hyla_model *m, const int32_t *t, int n) {
     return HYLA_OK;
 }
 
-/* Prefill `n` tokens (one aligned piece) of session s. */
-static hyla_status prefill_piece(hyla_session *s, const int32_t *toks, int n, float *logits_host) {
+/* Prefill `n` tokens (one aligned piece) of one rank's session s. */
+static hyla_status prefill_piece_rank(hyla_session *s, const int32_t *toks, int n, float *logits_host) {
     const hyla_model *m = s->m;
     hyla_runtime *rt = s->rt;
     if (m->layer_begin != 0)
@@ -208,6 +301,26 @@ static hyla_status prefill_piece(hyla_session *s, const int32_t *toks, int n, fl
     }
     s->pos += n;
     return HYLA_OK;
+}
+
+typedef struct {
+    hyla_session *s;
+    const int32_t *toks;
+    int n;
+    float *logits;
+} piece_job;
+
+static hyla_status piece_rank(void *ud, int r) {
+    piece_job *j = ud;
+    /* every rank computes the same logits: rank 0 hands them out */
+    return prefill_piece_rank(rank_of(j->s, r), j->toks, j->n, r ? NULL : j->logits);
+}
+
+/* Prefill one aligned piece on every rank of s. */
+static hyla_status prefill_piece(hyla_session *s, const int32_t *toks, int n, float *logits_host) {
+    if (s->T == 1) return prefill_piece_rank(s, toks, n, logits_host);
+    piece_job j = {s, toks, n, logits_host};
+    return hyla_tp_run(s->rt->tp, piece_rank, &j);
 }
 
 hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, float *logits, int *consumed_out,
@@ -248,7 +361,36 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
     return st;
 }
 
-/* Decode-path forward of the pending tokens of B sessions; logits stay in the runtime's scratch. */
+/* The decode forward of tokens toks at positions pos for one rank's sessions ss. */
+static hyla_status step_rank(hyla_session *const *ss, int B, const int32_t *toks, const int32_t *pos) {
+    hyla_runtime *rt = ss[0]->rt;
+    const hyla_model *m = ss[0]->m;
+    HYLA_TRY(hyla_runtime_reserve(rt, B));
+    HYLA_TRY(OPS(m)->embed(CTX(m), m->embed, toks, B, rt->x));
+    HYLA_TRY(run_forward(ss, B, 1, pos, 1));
+    for (int i = 0; i < B; i++) ss[i]->pos++;
+    return HYLA_OK;
+}
+
+typedef struct {
+    hyla_session *const *ss;
+    int B;
+    const int32_t *toks, *pos;
+} step_job;
+
+static hyla_status step_job_rank(void *ud, int r) {
+    step_job *j = ud;
+    if (!r) return step_rank(j->ss, j->B, j->toks, j->pos);
+    hyla_session **sr = malloc((size_t)j->B * sizeof *sr);
+    if (!sr) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < j->B; i++) sr[i] = j->ss[i]->peer[r];
+    hyla_status st = step_rank(sr, j->B, j->toks, j->pos);
+    free(sr);
+    return st;
+}
+
+/* Decode-path forward of the pending tokens of B sessions; logits stay in the runtime's scratch
+ * (rank 0's under tensor parallelism). */
 static hyla_status step_forward(hyla_session *const *ss, int B) {
     if (B < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode needs at least one session");
     hyla_runtime *rt = ss[0]->rt;
@@ -261,7 +403,6 @@ static hyla_status step_forward(hyla_session *const *ss, int B) {
             if (ss[j] == ss[i]) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode batch holds one session twice");
     }
     if (m->layer_begin != 0) return hyla_fail(HYLA_ERR_UNSUPPORTED, "decode needs the first pipeline stage");
-    HYLA_TRY(hyla_runtime_reserve(rt, B));
     int32_t *toks = malloc((size_t)B * sizeof *toks), *pos = malloc((size_t)B * sizeof *pos);
     hyla_status st = HYLA_OK;
     if (!toks || !pos) {
@@ -272,12 +413,14 @@ static hyla_status step_forward(hyla_session *const *ss, int B) {
         toks[i] = ss[i]->pending;
         pos[i] = (int32_t)ss[i]->pos;
     }
-    if ((st = OPS(m)->embed(CTX(m), m->embed, toks, B, rt->x)) != HYLA_OK) goto out;
-    if ((st = run_forward(ss, B, 1, pos, 1)) != HYLA_OK) goto out;
-    for (int i = 0; i < B; i++) {
-        ss[i]->pos++;
-        ss[i]->pending = -1;
+    if (ss[0]->T == 1) {
+        st = step_rank(ss, B, toks, pos);
+    } else {
+        step_job j = {ss, B, toks, pos};
+        st = hyla_tp_run(rt->tp, step_job_rank, &j);
     }
+    if (st == HYLA_OK)
+        for (int i = 0; i < B; i++) ss[i]->pending = -1;
 out:
     free(toks);
     free(pos);
@@ -357,13 +500,13 @@ static uint64_t shape_bytes(hyla_dtype dt, const uint64_t *shape, uint32_t nd) {
 /* ---- export ----
  * begin: the snapshot's parts are carved from one snapshot buffer; the fixed parts (recurrent,
  * partition, conv tails, ...) are first copied on the device (ops->copy, in stream order) into
- * staging slots of their own size (the same pool classes as the states, so no new device
- * allocation in steady state), because later ops overwrite the states; the rows of paged parts
+ * slots of one staging buffer (from the runtime's cache: no device allocation, no zero-fill in
+ * steady state), because later ops overwrite the states; the rows of paged parts
  * below the position never change again, so their pages are captured in place (only the used
  * bytes of the last page: the next token's row is written while the copy may still run). One
  * ops->capture_begin queues all device->host copies; nothing waits for the device. */
 typedef struct {
-    void *slot;        /* staging slot (device), freed at end */
+    void *slot;        /* staging slot (device): a piece of the export's staging buffer */
     const void *state; /* the state it copies */
     size_t bytes;
 } export_stage;
@@ -372,19 +515,26 @@ struct hyla_export {
     hyla_session *s;
     hyla_snapshot *snap;
     hyla_capture *ticket;
+    void *staging;       /* device: every slot; back to the runtime's cache at end */
+    size_t staging_used; /* bytes of it carved so far */
     export_stage *stage; /* [n_stage] the fixed parts */
     int n_stage;
+    /* tensor parallelism: rank r's export of its session, peer[1..T-1]; end merges them */
+    struct hyla_export *peer[HYLA_TP_MAX];
+    int T;
 };
 
+/* A staging slot's piece of the buffer: 256-byte aligned, like an allocation */
+static size_t stage_piece(uint64_t bytes) { return (size_t)((bytes + 255) & ~(uint64_t)255); }
+
 static void export_free(hyla_export *e) {
-    const hyla_model *m = e->s->m;
-    for (int i = 0; i < e->n_stage; i++) OPS(m)->free(CTX(m), e->stage[i].slot);
+    hyla_stagebuf_release(e->s->rt, e->staging);
     hyla_snapshot_destroy(e->snap);
     free(e->stage);
     free(e);
 }
 
-/* Fill the snapshot's parts (carved from its arena), allocate the staging slots and list the
+/* Fill the snapshot's parts (carved from its arena), carve the staging slots and list the
  * device->host copies: dst/src/len [*nc]. */
 static hyla_status export_plan(hyla_export *e, void **dst, const void **src, size_t *len, int *nc) {
     hyla_session *s = e->s;
@@ -402,7 +552,8 @@ static hyla_status export_plan(hyla_export *e, void **dst, const void **src, siz
                                             pd->paged ? HYLA_KV_PAGE_TOKENS : 0, &p));
             if (!pd->paged) {
                 export_stage *g = &e->stage[e->n_stage];
-                HYLA_TRY(OPS(m)->alloc(CTX(m), (size_t)p->nbytes, &g->slot));
+                g->slot = (uint8_t *)e->staging + e->staging_used;
+                e->staging_used += stage_piece(p->nbytes);
                 g->state = ls->part[i].dev;
                 g->bytes = (size_t)p->nbytes;
                 e->n_stage++;
@@ -422,12 +573,12 @@ static hyla_status export_plan(hyla_export *e, void **dst, const void **src, siz
     return HYLA_OK;
 }
 
-hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
+static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
     *out = NULL;
     const hyla_model *m = s->m;
     const hyla_ops *o = OPS(m);
     /* sizes and counts first: one arena, one copy list */
-    uint64_t arena = 0;
+    uint64_t arena = 0, staging = 0;
     int n_parts = 0, n_stage = 0, n_copies = 0;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
@@ -444,6 +595,7 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
             } else {
                 n_stage++;
                 n_copies++;
+                staging += stage_piece(n);
             }
         }
     }
@@ -461,7 +613,8 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     }
     e->s = s;
     uint8_t *base = NULL;
-    st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
+    st = hyla_stagebuf_get(s->rt, (size_t)staging, &e->staging);
+    if (st == HYLA_OK) st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
     if (st == HYLA_OK &&
         !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, hyla_snapbuf_release, hyla_runtime_snapbufs(s->rt)))) {
         hyla_snapbuf_release(hyla_runtime_snapbufs(s->rt), base);
@@ -507,12 +660,12 @@ hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     return HYLA_OK;
 }
 
-int hyla_session_export_done(hyla_export *e) {
+static int export_done_rank(hyla_export *e) {
     const hyla_model *m = e->s->m;
     return OPS(m)->capture_done(CTX(m), e->ticket);
 }
 
-hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out) {
+static hyla_status export_end_rank(hyla_export *e, hyla_snapshot **out) {
     if (out) *out = NULL;
     const hyla_model *m = e->s->m;
     hyla_status st = OPS(m)->capture_end(CTX(m), e->ticket);
@@ -524,6 +677,66 @@ hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out) {
     }
     export_free(e); /* staging slots: the copies that read them are done */
     return st == HYLA_OK ? HYLA_OK : hyla_fail_wrap(st, "exporting session state");
+}
+
+/* Tensor parallelism: every rank exports its session; end joins the ranks' snapshots into the
+ * whole model's (hyla_tp_snapshot_merge). */
+typedef struct {
+    hyla_session *s;
+    hyla_export *e[HYLA_TP_MAX];
+    hyla_snapshot *snap[HYLA_TP_MAX];
+} tp_export_job;
+
+static hyla_status tp_export_begin(void *ud, int r) {
+    tp_export_job *j = ud;
+    return export_begin_rank(rank_of(j->s, r), &j->e[r]);
+}
+
+static hyla_status tp_export_end(void *ud, int r) {
+    tp_export_job *j = ud;
+    hyla_export *e = j->e[r];
+    j->e[r] = NULL;
+    return e ? export_end_rank(e, &j->snap[r]) : HYLA_OK;
+}
+
+hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
+    *out = NULL;
+    if (s->T == 1) return export_begin_rank(s, out);
+    tp_export_job j = {.s = s};
+    hyla_status st = hyla_tp_run(s->rt->tp, tp_export_begin, &j);
+    if (st != HYLA_OK) {
+        if (hyla_tp_run(s->rt->tp, tp_export_end, &j) != HYLA_OK) HYLA_WARN("ending a failed export: %s", hyla_last_error());
+        for (int r = 0; r < s->T; r++) hyla_snapshot_destroy(j.snap[r]);
+        return st;
+    }
+    hyla_export *e = j.e[0];
+    e->T = s->T;
+    for (int r = 1; r < s->T; r++) e->peer[r] = j.e[r];
+    *out = e;
+    return HYLA_OK;
+}
+
+int hyla_session_export_done(hyla_export *e) {
+    for (int r = 1; r < e->T; r++)
+        if (!export_done_rank(e->peer[r])) return 0;
+    return export_done_rank(e);
+}
+
+hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out) {
+    if (out) *out = NULL;
+    if (e->T <= 1) return export_end_rank(e, out);
+    hyla_session *s = e->s;
+    tp_export_job j = {.s = s};
+    j.e[0] = e;
+    for (int r = 1; r < s->T; r++) j.e[r] = e->peer[r];
+    hyla_status st = hyla_tp_run(s->rt->tp, tp_export_end, &j);
+    if (st == HYLA_OK && out) {
+        const hyla_model *ms[HYLA_TP_MAX];
+        for (int r = 0; r < s->T; r++) ms[r] = rank_of(s, r)->m;
+        st = hyla_tp_snapshot_merge(ms, (const hyla_snapshot *const *)j.snap, s->T, out);
+    }
+    for (int r = 0; r < s->T; r++) hyla_snapshot_destroy(j.snap[r]);
+    return st;
 }
 
 hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out) {
@@ -589,7 +802,23 @@ static hyla_status import_paged(const hyla_model *m, hyla_layer_state *ls, int i
     return st;
 }
 
-hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
+/* How a snapshot part reaches the device (import_prepare). */
+typedef enum {
+    IMP_SKIP = 0, /* not a part of a held layer (another pipeline stage's), or the token log */
+    IMP_DIRECT,   /* fixed part in the backend's dtype: bytes [off, off+len) -> dev + off */
+    IMP_PAGED,    /* paged part in the backend's dtype: split at page boundaries */
+    IMP_CONVERT,  /* another float dtype (a snapshot of another backend): converted, whole */
+} import_mode;
+
+typedef struct {
+    import_mode mode;
+    int layer, part; /* the layer and its part spec */
+} import_target;
+
+/* The checks of an import (meta, then every held layer's part: present, kind, dtype, shape)
+ * and a new session with the snapshot's meta, its paged parts reserved up to the position.
+ * map [snap->n_parts] receives where each snapshot part goes. The token log is not read. */
+static hyla_status import_prepare(hyla_runtime *rt, const hyla_snapshot *snap, import_target *map, hyla_session **out) {
     *out = NULL;
     const hyla_model *m = hyla_runtime_model(rt);
     if (snap->format_version != HYLA_SNAPSHOT_FORMAT_VERSION)
@@ -602,7 +831,7 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
     if (snap->pending_token >= m->cfg.vocab_size)
         return hyla_fail(HYLA_ERR_FORMAT, "snapshot pending token %d is outside the vocabulary", snap->pending_token);
     hyla_session *s;
-    HYLA_TRY(hyla_session_create(rt, &s));
+    HYLA_TRY(session_new(rt, &s));
     s->pos = (int64_t)snap->position;
     s->generated = (int64_t)snap->n_generated;
     s->pending = snap->pending_token;
@@ -611,16 +840,8 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
     s->sp.top_p = snap->sampler.top_p;
     s->seed = snap->sampler.seed;
     memcpy(s->rng.s, snap->rng, sizeof snap->rng);
-    const int32_t *log = NULL;
-    uint32_t log_n = 0;
-    hyla_status st = hyla_snapshot_token_log(snap, &log, &log_n);
-    if (st == HYLA_OK && log_n) { /* the log ends at n_generated, as it did when it was exported */
-        s->generated -= log_n;
-        for (uint32_t i = 0; i < log_n; i++) {
-            s->generated++;
-            log_push(s, log[i]);
-        }
-    }
+    memset(map, 0, (size_t)snap->n_parts * sizeof *map);
+    hyla_status st = HYLA_OK;
     for (int l = m->layer_begin; st == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
         for (int i = 0; st == HYLA_OK && i < ly->n_parts; i++) {
@@ -649,15 +870,269 @@ hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyl
                                got, hyla_part_kind_name(pd->kind), hyla_dtype_name(pd->dtype), want);
                 break;
             }
-            if (pd->paged) st = import_paged(m, &s->st->ls[l], i, pd, p, s->pos);
-            else if (p->dtype != (uint32_t)pd->dtype) st = import_converted(m, s->st->ls[l].part[i].dev, pd, p);
-            else st = OPS(m)->upload(CTX(m), s->st->ls[l].part[i].dev, p->data, p->nbytes);
+            import_target *t = &map[p - snap->parts];
+            t->layer = l;
+            t->part = i;
+            t->mode = p->dtype != (uint32_t)pd->dtype ? IMP_CONVERT : pd->paged ? IMP_PAGED : IMP_DIRECT;
+            if (pd->paged) st = hyla_layer_state_reserve(&s->st->ls[l], i, s->pos);
         }
     }
     if (st != HYLA_OK) {
-        hyla_session_free(s);
+        session_delete(s);
         return st;
     }
     *out = s;
     return HYLA_OK;
+}
+
+/* The token log of the snapshot into s (its data must be final). */
+static hyla_status import_token_log(hyla_session *s, const hyla_snapshot *snap) {
+    const int32_t *log = NULL;
+    uint32_t log_n = 0;
+    HYLA_TRY(hyla_snapshot_token_log(snap, &log, &log_n));
+    if (log_n) { /* the log ends at n_generated, as it did when it was exported */
+        s->generated -= log_n;
+        for (uint32_t i = 0; i < log_n; i++) {
+            s->generated++;
+            log_push(s, log[i]);
+        }
+    }
+    return HYLA_OK;
+}
+
+/* One part the synchronous way (ops->upload, converting where needed). */
+static hyla_status import_part_sync(hyla_session *s, const import_target *t, const hyla_state_part *p) {
+    const hyla_model *m = s->m;
+    const hyla_part_spec *pd = &m->layers[t->layer].parts[t->part];
+    hyla_layer_state *ls = &s->st->ls[t->layer];
+    if (pd->paged) return import_paged(m, ls, t->part, pd, p, s->pos);
+    if (t->mode == IMP_CONVERT) return import_converted(m, ls->part[t->part].dev, pd, p);
+    return OPS(m)->upload(CTX(m), ls->part[t->part].dev, p->data, p->nbytes);
+}
+
+/* One rank's import, the synchronous way: checks, the token log, every part uploaded. */
+static hyla_status import_rank(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
+    *out = NULL;
+    import_target *map = malloc(((size_t)snap->n_parts + 1) * sizeof *map);
+    if (!map) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_session *s = NULL;
+    hyla_status st = import_prepare(rt, snap, map, &s);
+    if (st == HYLA_OK) st = import_token_log(s, snap);
+    for (uint32_t k = 0; st == HYLA_OK && k < snap->n_parts; k++)
+        if (map[k].mode != IMP_SKIP) st = import_part_sync(s, &map[k], &snap->parts[k]);
+    free(map);
+    if (st != HYLA_OK) {
+        session_delete(s);
+        return st;
+    }
+    *out = s;
+    return HYLA_OK;
+}
+
+/* Tensor parallelism: each rank imports its slice of the whole-model snapshot. */
+typedef struct {
+    hyla_runtime *rt;
+    const hyla_snapshot *whole;
+    hyla_session *s[HYLA_TP_MAX];
+} tp_import_job;
+
+static hyla_status tp_import(void *ud, int r) {
+    tp_import_job *j = ud;
+    hyla_runtime *rr = hyla_tp_group_runtime(j->rt->tp, r);
+    hyla_snapshot *part = NULL;
+    HYLA_TRY(hyla_tp_snapshot_split(hyla_runtime_model(rr), j->whole, &part));
+    hyla_status st = import_rank(rr, part, &j->s[r]);
+    hyla_snapshot_destroy(part);
+    return st;
+}
+
+static hyla_status tp_import_undo(void *ud, int r) {
+    tp_import_job *j = ud;
+    session_delete(j->s[r]);
+    j->s[r] = NULL;
+    return HYLA_OK;
+}
+
+hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
+    *out = NULL;
+    HYLA_TRY(check_rank0(rt));
+    if (!rt->tp) return import_rank(rt, snap, out);
+    tp_import_job j = {.rt = rt, .whole = snap};
+    hyla_status st = hyla_tp_run(rt->tp, tp_import, &j);
+    if (st != HYLA_OK) {
+        if (hyla_tp_run(rt->tp, tp_import_undo, &j) != HYLA_OK) HYLA_WARN("undoing an import: %s", hyla_last_error());
+        return st;
+    }
+    hyla_session *s = j.s[0];
+    s->T = hyla_tp_group_size(rt->tp);
+    for (int r = 1; r < s->T; r++) s->peer[r] = j.s[r];
+    *out = s;
+    return HYLA_OK;
+}
+
+/* ---- streaming import ----
+ * begin: import_prepare. ranges: the device copies of the byte ranges, queued at once through
+ * ops->upload_begin (one ticket per call; the tickets end at end), or ops->upload in a backend
+ * without it; converted parts wait for end. end: every byte of every part must have come (a
+ * caller bug otherwise: HYLA_ERR_INTERNAL), then the converted parts, the token log, and the
+ * wait for the copies. */
+struct hyla_import {
+    hyla_session *s;
+    const hyla_snapshot *snap;
+    import_target *map;   /* [snap->n_parts] */
+    uint64_t *arrived;    /* [snap->n_parts] bytes queued of each part */
+    hyla_capture **tickets;
+    int n_tickets, cap_tickets;
+    void **dst;           /* scratch of one call: [cap_copies] */
+    const void **src;
+    size_t *len;
+    int cap_copies;
+    hyla_status failed;   /* first failure of a ranges call: end reports it */
+};
+
+hyla_status hyla_session_import_begin(hyla_runtime *rt, const hyla_snapshot *snap, hyla_import **out) {
+    *out = NULL;
+    hyla_import *im = calloc(1, sizeof *im);
+    if (!im || !(im->map = malloc(((size_t)snap->n_parts + 1) * sizeof *im->map)) ||
+        !(im->arrived = calloc((size_t)snap->n_parts + 1, sizeof *im->arrived))) {
+        if (im) free(im->map);
+        free(im);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    im->snap = snap;
+    hyla_status st = check_rank0(rt);
+    /* a tensor-parallel group splits the snapshot per rank first (hyla_session_import) */
+    if (st == HYLA_OK && rt->tp)
+        st = hyla_fail(HYLA_ERR_UNSUPPORTED, "streaming import on a tensor-parallel runtime: use hyla_session_import");
+    if (st == HYLA_OK) st = import_prepare(rt, snap, im->map, &im->s);
+    if (st != HYLA_OK) {
+        free(im->map);
+        free(im->arrived);
+        free(im);
+        return st;
+    }
+    *out = im;
+    return HYLA_OK;
+}
+
+static hyla_status import_room(hyla_import *im, int need) {
+    if (need <= im->cap_copies) return HYLA_OK;
+    int cap = im->cap_copies ? im->cap_copies : 64;
+    while (cap < need) cap *= 2;
+    void **d = realloc(im->dst, (size_t)cap * sizeof *d);
+    if (d) im->dst = d;
+    const void **sr = realloc(im->src, (size_t)cap * sizeof *sr);
+    if (sr) im->src = sr;
+    size_t *l = realloc(im->len, (size_t)cap * sizeof *l);
+    if (l) im->len = l;
+    if (!d || !sr || !l) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    im->cap_copies = cap;
+    return HYLA_OK;
+}
+
+static hyla_status import_ranges(hyla_import *im, int n, const uint32_t *part, const uint64_t *off,
+                                 const uint64_t *len) {
+    const hyla_model *m = im->s->m;
+    const hyla_snapshot *snap = im->snap;
+    int nc = 0;
+    for (int k = 0; k < n; k++) {
+        if (part[k] >= snap->n_parts || off[k] + len[k] > snap->parts[part[k]].nbytes || off[k] + len[k] < off[k])
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "import range %u [%llu, +%llu) is outside the snapshot's parts", part[k],
+                             (unsigned long long)off[k], (unsigned long long)len[k]);
+        im->arrived[part[k]] += len[k];
+        const import_target *t = &im->map[part[k]];
+        if (t->mode != IMP_DIRECT && t->mode != IMP_PAGED) continue;
+        const uint8_t *src = (const uint8_t *)snap->parts[part[k]].data;
+        hyla_part_state *ps = &im->s->st->ls[t->layer].part[t->part];
+        if (t->mode == IMP_DIRECT) {
+            HYLA_TRY(import_room(im, nc + 1));
+            im->dst[nc] = (uint8_t *)ps->dev + off[k];
+            im->src[nc] = src + off[k];
+            im->len[nc++] = (size_t)len[k];
+            continue;
+        }
+        const hyla_part_spec *pd = &m->layers[t->layer].parts[t->part];
+        uint64_t pb = shape_bytes(pd->dtype, pd->shape, pd->ndim) * HYLA_KV_PAGE_TOKENS;
+        for (uint64_t o = off[k], e = off[k] + len[k]; o < e;) {
+            uint64_t pe = (o / pb + 1) * pb, n1 = (pe < e ? pe : e) - o;
+            HYLA_TRY(import_room(im, nc + 1));
+            im->dst[nc] = (uint8_t *)ps->pages[o / pb] + o % pb;
+            im->src[nc] = src + o;
+            im->len[nc++] = (size_t)n1;
+            o += n1;
+        }
+    }
+    if (!nc) return HYLA_OK;
+    const hyla_ops *o = OPS(m);
+    if (!o->upload_begin) {
+        for (int i = 0; i < nc; i++) HYLA_TRY(o->upload(CTX(m), im->dst[i], im->src[i], im->len[i]));
+        return HYLA_OK;
+    }
+    if (im->n_tickets == im->cap_tickets) {
+        int cap = im->cap_tickets ? im->cap_tickets * 2 : 16;
+        hyla_capture **t = realloc(im->tickets, (size_t)cap * sizeof *t);
+        if (!t) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+        im->tickets = t;
+        im->cap_tickets = cap;
+    }
+    HYLA_TRY(o->upload_begin(CTX(m), nc, im->dst, im->src, im->len, &im->tickets[im->n_tickets]));
+    im->n_tickets++;
+    return HYLA_OK;
+}
+
+hyla_status hyla_session_import_ranges(hyla_import *im, int n, const uint32_t *part, const uint64_t *off,
+                                       const uint64_t *len) {
+    if (im->failed != HYLA_OK) return im->failed;
+    hyla_status st = import_ranges(im, n, part, off, len);
+    if (st != HYLA_OK) im->failed = st;
+    return st;
+}
+
+/* Wait for every ticket; the first failure, or `st`. */
+static hyla_status import_wait(hyla_import *im, hyla_status st) {
+    const hyla_model *m = im->s->m;
+    for (int i = 0; i < im->n_tickets; i++) {
+        hyla_status e = OPS(m)->capture_end(CTX(m), im->tickets[i]);
+        if (st == HYLA_OK && e != HYLA_OK) st = hyla_fail_wrap(e, "importing session state");
+    }
+    im->n_tickets = 0;
+    return st;
+}
+
+static void import_free(hyla_import *im) {
+    hyla_session_free(im->s);
+    free(im->map);
+    free(im->arrived);
+    free(im->tickets);
+    free(im->dst);
+    free(im->src);
+    free(im->len);
+    free(im);
+}
+
+hyla_status hyla_session_import_end(hyla_import *im, hyla_session **out) {
+    *out = NULL;
+    hyla_status st = im->failed;
+    const hyla_snapshot *snap = im->snap;
+    for (uint32_t k = 0; st == HYLA_OK && k < snap->n_parts; k++)
+        if (im->map[k].mode != IMP_SKIP && im->arrived[k] != snap->parts[k].nbytes)
+            st = hyla_fail(HYLA_ERR_INTERNAL, "import of layer %u part '%s': %llu of its %llu bytes arrived",
+                           snap->parts[k].layer, snap->parts[k].name, (unsigned long long)im->arrived[k],
+                           (unsigned long long)snap->parts[k].nbytes);
+    for (uint32_t k = 0; st == HYLA_OK && k < snap->n_parts; k++)
+        if (im->map[k].mode == IMP_CONVERT) st = import_part_sync(im->s, &im->map[k], &snap->parts[k]);
+    if (st == HYLA_OK) st = import_token_log(im->s, snap);
+    st = import_wait(im, st);
+    if (st == HYLA_OK) {
+        *out = im->s;
+        im->s = NULL;
+    }
+    import_free(im);
+    return st;
+}
+
+void hyla_session_import_abort(hyla_import *im) {
+    if (!im) return;
+    (void)import_wait(im, HYLA_OK); /* the copies write the session's memory: wait before freeing it */
+    import_free(im);
 }

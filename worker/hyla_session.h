@@ -109,6 +109,29 @@ hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out);
  * converted to the backend's KV dtype. Caller frees with hyla_session_free. */
 hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out);
 
+/* ---- streaming import ----
+ * A restore whose state arrives piece by piece (worker/hyla_restore.h decodes it from the store
+ * while the device copies run). begin checks snap's meta and layout as hyla_session_import does
+ * (the same refusals) and creates the session without reading any part's data; each
+ * hyla_session_import_ranges call queues the device copies of n byte ranges, range k being
+ * bytes [off[k], off[k] + len[k]) of snap->parts[part[k]].data, which must be final (verified)
+ * by then; nothing waits for the device (ops->upload_begin). end checks that every byte of
+ * every part was given once, converts and copies parts in another float dtype (a snapshot of
+ * another backend), reads the token log, waits for the copies and returns the session.
+ * snap is borrowed until end or abort, and the memory of its parts' data must not change or be
+ * freed until then; memory from the backend's host_alloc (a runtime's snapshot buffers) is
+ * copied by the device directly, anything else more slowly. A failed ranges call fails end too.
+ * Driving thread. */
+typedef struct hyla_import hyla_import;
+/* *out: caller finishes it with hyla_session_import_end or _abort. */
+hyla_status hyla_session_import_begin(hyla_runtime *rt, const hyla_snapshot *snap, hyla_import **out);
+hyla_status hyla_session_import_ranges(hyla_import *im, int n, const uint32_t *part, const uint64_t *off,
+                                       const uint64_t *len);
+/* *out: caller frees with hyla_session_free. im is freed, on failure too. */
+hyla_status hyla_session_import_end(hyla_import *im, hyla_session **out);
+/* Waits for the queued copies, frees im and the session it was building (accepts NULL). */
+void hyla_session_import_abort(hyla_import *im);
+
 /* ---- pipeline stages ---- (hyla_runtime.h: the downstream callback of the first stage) */
 
 /* Run R rows through this stage's layers for sessions ss (prefill: ss[0], R rows in one piece

@@ -158,6 +158,26 @@ static hyla_status cpu_capture_end(void *ctx, hyla_capture *t) {
     return HYLA_OK;
 }
 
+/* An upload is not deferred: ops called after it run at once and must see its bytes. The
+ * ticket carries no copies; capture_end frees it. */
+static hyla_status cpu_upload_begin(void *ctx, int n, void *const *dst, const void *const *host_src,
+                                    const size_t *bytes, hyla_capture **out) {
+    (void)ctx;
+    *out = NULL;
+    if (n < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "upload_begin: %d copies", n);
+    for (int i = 0; i < n; i++)
+        if (bytes[i] && (!dst[i] || !host_src[i]))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "upload_begin: copy %d of %zu bytes has a NULL pointer", i, bytes[i]);
+    hyla_capture *t = malloc(sizeof *t);
+    if (!t) return hyla_fail(HYLA_ERR_NOMEM, "upload_begin: out of memory");
+    t->n = 0;
+    t->polled = 0;
+    for (int i = 0; i < n; i++)
+        if (bytes[i]) memcpy(dst[i], host_src[i], bytes[i]);
+    *out = t;
+    return HYLA_OK;
+}
+
 /* ------------------------------------------------------------------ weights */
 
 static hyla_status cpu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols,
@@ -802,6 +822,7 @@ static const hyla_ops cpu_ops = {
     .ssd_norm = cpu_ssd_norm,
     .ssd_gates = cpu_ssd_gates,
     .ssd_skip = cpu_ssd_skip,
+    .upload_begin = cpu_upload_begin,
 };
 
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {

@@ -16,32 +16,9 @@
 
 #include "cpu_impl.h"
 
-static int lte_half(const hyla_lte_params *p) { return p->n_conv * (p->kernel - 1) / 2 * p->dilation; }
 static int lte_rows(const hyla_lte_params *p) { return p->sink + p->window + p->budget; }
 
-static hyla_status lte_check(const char *op, const hyla_lte_params *p) {
-    int bad = p->Hk <= 0 || p->D <= 0 || p->D % 2 || p->sink < 0 || p->budget < 0 || p->n_conv < 1 ||
-              p->n_conv > HYLA_LTE_MAX_CONV || p->kernel < 1 || p->kernel % 2 == 0 || p->dilation < 1 ||
-              p->ch[0] != 2 * p->D;
-    for (int l = 1; !bad && l <= p->n_conv; l++) bad = p->ch[l] <= 0 || !p->conv_w[l - 1] || !p->conv_b[l - 1];
-    if (bad || !p->proj_w || !p->proj_b)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: bad LTE parameters (Hk=%d D=%d convs=%d kernel=%d dilation=%d)", op,
-                         p->Hk, p->D, p->n_conv, p->kernel, p->dilation);
-    if (p->window < 2 * lte_half(p) + 1)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: window %d is shorter than the receptive field %d", op, p->window,
-                         2 * lte_half(p) + 1);
-    return HYLA_OK;
-}
-
-/* Largest channel count of any layer. */
-static int lte_maxch(const hyla_lte_params *p) {
-    int m = 0;
-    for (int l = 0; l <= p->n_conv; l++)
-        if (p->ch[l] > m) m = p->ch[l];
-    return m;
-}
-
-static size_t score_scratch_floats(const hyla_lte_params *p, int T) { return 2 * (size_t)T * p->Hk * lte_maxch(p); }
+static size_t score_scratch_floats(const hyla_lte_params *p, int T) { return 2 * (size_t)T * p->Hk * hyla_lte_maxch(p); }
 
 /* The CNN's Swish with its exponential in double, rounded once: libm's expf is not correctly
  * rounded in every case, a double exp rounded to float is (but for ~2^-28 of inputs), so a GPU
@@ -95,13 +72,13 @@ static void lte_cnn(const hyla_lte_params *p, const float *x, int T, int x0, flo
 }
 
 hyla_status cpu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r) {
-    HYLA_TRY(lte_check("lte_score", p));
-    int h = lte_half(p);
+    HYLA_TRY(hyla_lte_check("lte_score", p));
+    int h = hyla_lte_half(p);
     if (T < 2 * h + 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "lte_score: %d rows, the receptive field needs %d", T, 2 * h + 1);
     void *mem;
     HYLA_TRY(cpu_scratch(ctx, score_scratch_floats(p, T) * sizeof(float), &mem));
     float *a = mem;
-    lte_cnn(p, x, T, x0, r, a, a + (size_t)T * p->Hk * lte_maxch(p));
+    lte_cnn(p, x, T, x0, r, a, a + (size_t)T * p->Hk * hyla_lte_maxch(p));
     return HYLA_OK;
 }
 
@@ -120,14 +97,14 @@ static int pos_row(const hyla_lte_params *p, int pos) {
 
 /* Per-session scratch of the cache update: the CNN's input rows and two activations. */
 static size_t update_scratch_floats(const hyla_lte_params *p) {
-    int T = p->window + lte_half(p); /* the longest lazy batch plus its context (cache_check) */
+    int T = p->window + hyla_lte_half(p); /* the longest lazy batch plus its context (cache_check) */
     return (size_t)T * p->Hk * (p->ch[0] + 1) + score_scratch_floats(p, T);
 }
 
 /* [LTE-2] Score positions [lo, hi] from the cache (all of [lo-h, hi+h] present): gather the
  * un-rotated keys (RoPE at the position with the sine negated, [LTE-1]) and the values. */
 static void score_range(const hyla_lte_params *p, const hyla_lte_cache *c, int lo, int hi, float *mem) {
-    int h = lte_half(p), Hk = p->Hk, D = p->D, T = hi - lo + 1 + 2 * h, half = D / 2;
+    int h = hyla_lte_half(p), Hk = p->Hk, D = p->D, T = hi - lo + 1 + 2 * h, half = D / 2;
     float *x = mem, *act = mem + (size_t)T * Hk * p->ch[0];
     for (int t = 0; t < T; t++) {
         int pos = lo - h + t;
@@ -150,7 +127,7 @@ static void score_range(const hyla_lte_params *p, const hyla_lte_cache *c, int l
         }
     }
     float *r = act + score_scratch_floats(p, T); /* past both activations */
-    lte_cnn(p, x, T, lo - h, r, act, act + (size_t)T * Hk * lte_maxch(p));
+    lte_cnn(p, x, T, lo - h, r, act, act + (size_t)T * Hk * hyla_lte_maxch(p));
     for (int t = lo; t <= hi; t++)
         for (int kh = 0; kh < Hk; kh++) c->r[(size_t)kh * lte_rows(p) + pos_row(p, t)] = r[(size_t)(t - lo) * Hk + kh];
 }
@@ -184,7 +161,7 @@ static void evict(const hyla_lte_params *p, const hyla_lte_cache *c, int pos) {
 /* [LTE-4] Insert the token at position t (k, v [Hk][D], rotated). mem: update scratch. */
 static void insert(const hyla_lte_params *p, const hyla_lte_cache *c, int t, const float *k, const float *v,
                    float *mem) {
-    int h = lte_half(p), R = lte_rows(p);
+    int h = hyla_lte_half(p), R = lte_rows(p);
     int32_t *meta = c->meta;
     if (t >= p->sink + p->window) { /* the ring is full: position e leaves it */
         int e = t - p->window;
@@ -266,7 +243,7 @@ hyla_status cpu_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q,
                                    const float *v, int n, int Hq, int pos0, const hyla_lte_cache *c, float scale,
                                    float *o) {
     cpu_ctx *cc = ctx;
-    HYLA_TRY(lte_check("lte_prefill", p));
+    HYLA_TRY(hyla_lte_check("lte_prefill", p));
     if (n < 0 || Hq <= 0 || Hq % p->Hk || pos0 < 0)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "lte_prefill: n=%d Hq=%d Hk=%d pos0=%d", n, Hq, p->Hk, pos0);
     if (n == 0) return HYLA_OK;
@@ -292,7 +269,7 @@ hyla_status cpu_lte_decode(void *ctx, const hyla_lte_params *p, const float *q, 
                                   const float *v, int B, int Hq, const int32_t *pos, const hyla_lte_cache *c,
                                   float scale, float *o) {
     cpu_ctx *cc = ctx;
-    HYLA_TRY(lte_check("lte_decode", p));
+    HYLA_TRY(hyla_lte_check("lte_decode", p));
     if (B < 0 || Hq <= 0 || Hq % p->Hk) return hyla_fail(HYLA_ERR_INVALID_ARG, "lte_decode: B=%d Hq=%d Hk=%d", B, Hq, p->Hk);
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "lte_decode: session %d at position %d", b, (int)pos[b]);

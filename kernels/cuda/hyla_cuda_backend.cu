@@ -42,6 +42,7 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 
 #define RING_BYTES ((size_t)16 << 20)
 #define BOUNCE_BYTES ((size_t)8 << 20)
+#define READBACK_BYTES ((size_t)4 << 20) /* logits of 32 rows of a 32k vocabulary */
 
 /* Make `need` contiguous bytes free at the ring's offset: grow the ring when `need` exceeds it
  * (rare: a table larger than the ring; after the stream drains), or wrap to its start (earlier
@@ -215,6 +216,34 @@ extern "C" hyla_status cu_download(void *ctx, void *host_dst, const void *src, s
         }
         i ^= 1;
     }
+    return HYLA_OK;
+}
+
+/* Copies bytes from device memory to the mapped host buffer with stores from the SMs: no copy
+ * engine, so a snapshot's device->host copies in flight on the copy stream do not delay it
+ * (they would: device->host copies of all streams share the engine, one after the other). */
+__global__ void k_readback(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+        size_t n16 = n / 16;
+        for (size_t k = i; k < n16; k += stride) ((uint4 *)dst)[k] = ((const uint4 *)src)[k];
+        for (size_t k = n16 * 16 + i; k < n; k += stride) dst[k] = src[k];
+    } else {
+        for (size_t k = i; k < n; k += stride) dst[k] = src[k];
+    }
+}
+
+extern "C" hyla_status cu_readback(hyla_cuda_ctx *c, void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return HYLA_OK;
+    if (!c->rb_dev || bytes > c->rb_bytes) return cu_download(c, host_dst, src, bytes);
+    int blocks = (int)((bytes / 16 + 255) / 256);
+    if (blocks < 1) blocks = 1;
+    if (blocks > 4 * c->sm_count) blocks = 4 * c->sm_count;
+    k_readback<<<blocks, 256, 0, c->stream>>>((const uint8_t *)src, (uint8_t *)c->rb_dev, bytes);
+    CU_LAUNCH_CHECK("readback");
+    /* the kernel's stores to mapped memory are visible to the host once the stream is synced */
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    memcpy(host_dst, c->rb_host, bytes);
     return HYLA_OK;
 }
 
@@ -568,6 +597,7 @@ extern "C" void cu_destroy(void *ctx) {
         if (c->bounce_ev[i]) cudaEventDestroy(c->bounce_ev[i]);
     }
     if (c->ring_host) cudaFreeHost(c->ring_host);
+    if (c->rb_host) cudaFreeHost(c->rb_host);
     cudaFree(c->ring_dev);
     cu_pool_destroy(c, c->pool);
     if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
@@ -609,6 +639,17 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
         CU_TRY(cudaMallocHost((void **)&c->bounce[i], c->bounce_bytes));
         CU_TRY(cudaEventCreateWithFlags(&c->bounce_ev[i], cudaEventDisableTiming));
     }
+    /* a device that cannot map host memory reads back through the copy engine */
+    if (prop.canMapHostMemory && cudaHostAlloc((void **)&c->rb_host, READBACK_BYTES, cudaHostAllocMapped) == cudaSuccess) {
+        if (cudaHostGetDevicePointer(&c->rb_dev, c->rb_host, 0) == cudaSuccess) {
+            c->rb_bytes = READBACK_BYTES;
+        } else {
+            cudaFreeHost(c->rb_host);
+            c->rb_host = NULL;
+            c->rb_dev = NULL;
+        }
+    }
+    (void)cudaGetLastError();
     CU_TRY(cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming));
     CU_TRY(cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming));
     HYLA_TRY(cu_pool_create(c, &c->pool));
@@ -801,3 +842,10 @@ extern "C" hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on) {
     c->sse_windows = on ? 1 : 0;
     return HYLA_OK;
 }
+
+/* worker/hyla_tp.c reaches hyla_cuda_nccl.cu's entry points through weak references (it links
+ * without the CUDA backend too), and a weak reference does not pull an object out of a static
+ * library: this object, linked whenever the cuda backend is, holds strong ones. */
+extern "C" __attribute__((used)) void *const hyla_cuda_tp_entry_points[] = {
+    (void *)hyla_cuda_nccl_id, (void *)hyla_cuda_nccl_open, (void *)hyla_cuda_nccl_allreduce,
+    (void *)hyla_cuda_nccl_close, (void *)hyla_cuda_bind_thread};

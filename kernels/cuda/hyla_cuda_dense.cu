@@ -181,26 +181,23 @@ __device__ __forceinline__ float4 mul_sw(float4 x, float s, float4 w) {
     return make_float4(x.x * s * w.x, x.y * s * w.y, x.z * s * w.z, x.w * s * w.w);
 }
 
-/* Sum / max over the row's group (WARP: the warp; else the block, sh[32] shared). */
-template <int WARP> __device__ __forceinline__ float group_sum(float v, float *sh) {
-    v = warp_sum(v);
+/* Sum (MAX = false) / max over the row's group (WARP: the warp; else the block, sh[32] shared):
+ * the warps' results combined in warp order. */
+template <int WARP, bool MAX> __device__ __forceinline__ float group_reduce(float v, float *sh) {
+    v = MAX ? warp_max(v) : warp_sum(v);
     if (WARP) return v;
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
     __syncthreads();
     float t = sh[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t = MAX ? fmaxf(t, sh[i]) : t + sh[i];
     __syncthreads(); /* sh is reused by the next reduction */
     return t;
 }
+template <int WARP> __device__ __forceinline__ float group_sum(float v, float *sh) {
+    return group_reduce<WARP, false>(v, sh);
+}
 template <int WARP> __device__ __forceinline__ float group_max(float v, float *sh) {
-    v = warp_max(v);
-    if (WARP) return v;
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = sh[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); i++) t = fmaxf(t, sh[i]);
-    __syncthreads();
-    return t;
+    return group_reduce<WARP, true>(v, sh);
 }
 
 /* The group's row, thread index in the group and group size; returns 0 past the last row. */
@@ -429,66 +426,48 @@ static row_cfg row_config(int rows, int D, int aligned) {
     return r;
 }
 
-/* kern<V4, A16, WARP><<<...>>>(args) for the configuration rc */
-#define ROW_LAUNCH(kern, rc, ...)                                                                              \
+/* The body of a row op's entry point: nothing to do for an empty shape; else
+ * kern<V4, A16, WARP><<<...>>>(args) in the configuration of rows x D (row_config; aligned: every
+ * pointer 16-byte aligned) on ctx's stream, and the launch check. */
+#define ROW_OP(ctx, kern, rows, D, aligned, ...)                                                              \
     do {                                                                                                       \
+        hyla_cuda_ctx *c_ = (hyla_cuda_ctx *)(ctx);                                                            \
+        if ((rows) <= 0 || (D) <= 0) return HYLA_OK;                                                           \
+        const row_cfg rc = row_config(rows, D, aligned);                                                       \
         dim3 g_(rc.blocks), b_(rc.threads);                                                                    \
         if (rc.warp) {                                                                                         \
-            if (!rc.v4) kern<0, 0, 1><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                  \
-            else if (rc.a16) kern<1, 1, 1><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                             \
-            else kern<1, 0, 1><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                         \
+            if (!rc.v4) kern<0, 0, 1><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                 \
+            else if (rc.a16) kern<1, 1, 1><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                            \
+            else kern<1, 0, 1><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                        \
         } else {                                                                                               \
-            if (!rc.v4) kern<0, 0, 0><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                  \
-            else if (rc.a16) kern<1, 1, 0><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                             \
-            else kern<1, 0, 0><<<g_, b_, 0, c->stream>>>(__VA_ARGS__);                                         \
+            if (!rc.v4) kern<0, 0, 0><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                 \
+            else if (rc.a16) kern<1, 1, 0><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                            \
+            else kern<1, 0, 0><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                        \
         }                                                                                                      \
+        CU_LAUNCH_CHECK(#kern);                                                                                \
+        return HYLA_OK;                                                                                        \
     } while (0)
 
 extern "C" hyla_status cu_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0 || D <= 0) return HYLA_OK;
-    row_cfg rc = row_config(n, D, al16(x) && al16(w) && al16(y));
-    ROW_LAUNCH(k_rmsnorm, rc, x, w, y, n, D, eps);
-    CU_LAUNCH_CHECK("rmsnorm");
-    return HYLA_OK;
+    ROW_OP(ctx, k_rmsnorm, n, D, al16(x) && al16(w) && al16(y), x, w, y, n, D, eps);
 }
 
 extern "C" hyla_status cu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n,
                                       int D, float eps) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (n <= 0 || D <= 0) return HYLA_OK;
-    row_cfg rc = row_config(n, D, al16(residual) && al16(x) && al16(w) && al16(y));
-    ROW_LAUNCH(k_add_rmsnorm, rc, residual, x, w, y, n, D, eps);
-    CU_LAUNCH_CHECK("add_rmsnorm");
-    return HYLA_OK;
+    ROW_OP(ctx, k_add_rmsnorm, n, D, al16(residual) && al16(x) && al16(w) && al16(y), residual, x, w, y, n, D, eps);
 }
 
 extern "C" hyla_status cu_softmax_rows(void *ctx, float *x, int rows, int cols) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (rows <= 0 || cols <= 0) return HYLA_OK;
-    row_cfg rc = row_config(rows, cols, al16(x));
-    ROW_LAUNCH(k_softmax_rows, rc, x, rows, cols);
-    CU_LAUNCH_CHECK("softmax_rows");
-    return HYLA_OK;
+    ROW_OP(ctx, k_softmax_rows, rows, cols, al16(x), x, rows, cols);
 }
 
 extern "C" hyla_status cu_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (rows <= 0 || cols <= 0) return HYLA_OK;
-    row_cfg rc = row_config(rows, cols, al16(x));
-    ROW_LAUNCH(k_l2norm_rows, rc, x, rows, cols, eps);
-    CU_LAUNCH_CHECK("l2norm_rows");
-    return HYLA_OK;
+    ROW_OP(ctx, k_l2norm_rows, rows, cols, al16(x), x, rows, cols, eps);
 }
 
 extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows,
                                         int D, float eps) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    if (rows <= 0 || D <= 0) return HYLA_OK;
-    row_cfg rc = row_config(rows, D, al16(o) && al16(g) && al16(w) && al16(y));
-    ROW_LAUNCH(k_gated_rmsnorm, rc, o, g, w, y, rows, D, eps);
-    CU_LAUNCH_CHECK("gated_rmsnorm");
-    return HYLA_OK;
+    ROW_OP(ctx, k_gated_rmsnorm, rows, D, al16(o) && al16(g) && al16(w) && al16(y), o, g, w, y, rows, D, eps);
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -1106,7 +1085,5 @@ extern "C" hyla_status cu_sample(void *ctx, const float *logits, int B, int V, c
     k_sample<<<B, SAMPLE_TPB, 0, c->stream>>>(logits, V, (const hyla_sampling *)d_params, (const float *)d_u,
                                               (int32_t *)d_out);
     CU_LAUNCH_CHECK("sample");
-    CU_TRY(cudaMemcpyAsync(out, d_out, (size_t)B * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
-    CU_TRY(cudaStreamSynchronize(c->stream));
-    return HYLA_OK;
+    return cu_readback(c, out, d_out, (size_t)B * sizeof(int32_t));
 }

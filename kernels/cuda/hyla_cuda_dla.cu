@@ -226,9 +226,18 @@ static hyla_status dla_check(const char *op, const hyla_dla_params *p, int n, si
     return HYLA_OK;
 }
 
-static hyla_status dla_launch(hyla_cuda_ctx *cx, const hyla_dla_params *p, const float *q, const float *k,
-                              const float *v, const float *g, const float *erase, const float *write, const float *lam,
-                              int B, int ntok, float scale, const hyla_dla_cache *c, float *o, size_t smem) {
+/* dla_prefill (one session, B = 1, of ntok tokens) and dla_decode (B sessions of one token, each
+ * its own cache): the graph log flushed, the checks (`op` names the caller's op), then k_dla
+ * over B x ntok tokens. */
+static hyla_status dla_run(void *ctx, const char *op, const hyla_dla_params *p, const float *q, const float *k,
+                           const float *v, const float *g, const float *erase, const float *write, const float *lam,
+                           int B, int ntok, float scale, const hyla_dla_cache *c, float *o) {
+    hyla_cuda_ctx *cx = (hyla_cuda_ctx *)ctx;
+    size_t smem;
+    HYLA_TRY(cu_graph_flush(cx));
+    HYLA_TRY(dla_check(op, p, B * ntok, &smem));
+    if (B * ntok == 0) return HYLA_OK;
+    if (B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: batch %d on cuda", op, B);
     void *d_c;
     HYLA_TRY(cu_stage(cx, c, (size_t)B * sizeof *c, &d_c));
     DlaArgs a = {q, k, v, g, erase, write, lam, (const hyla_dla_cache *)d_c, o, p->H, p->dk, p->dv, p->K, ntok,
@@ -243,24 +252,13 @@ static hyla_status dla_launch(hyla_cuda_ctx *cx, const hyla_dla_params *p, const
 extern "C" hyla_status cu_dla_prefill(void *ctx, const hyla_dla_params *p, const float *q, const float *k,
                                       const float *v, const float *g, const float *erase, const float *write,
                                       const float *lam, int n, float scale, const hyla_dla_cache *c, float *o) {
-    hyla_cuda_ctx *cx = (hyla_cuda_ctx *)ctx;
-    size_t smem;
-    HYLA_TRY(cu_graph_flush(cx));
-    HYLA_TRY(dla_check("dla_prefill", p, n, &smem));
-    if (n == 0) return HYLA_OK;
-    return dla_launch(cx, p, q, k, v, g, erase, write, lam, 1, n, scale, c, o, smem);
+    return dla_run(ctx, "dla_prefill", p, q, k, v, g, erase, write, lam, 1, n, scale, c, o);
 }
 
 extern "C" hyla_status cu_dla_decode(void *ctx, const hyla_dla_params *p, const float *q, const float *k,
                                      const float *v, const float *g, const float *erase, const float *write,
                                      const float *lam, int B, float scale, const hyla_dla_cache *c, float *o) {
-    hyla_cuda_ctx *cx = (hyla_cuda_ctx *)ctx;
-    size_t smem;
-    HYLA_TRY(cu_graph_flush(cx));
-    HYLA_TRY(dla_check("dla_decode", p, B, &smem));
-    if (B == 0) return HYLA_OK;
-    if (B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "dla_decode: batch %d on cuda", B);
-    return dla_launch(cx, p, q, k, v, g, erase, write, lam, B, 1, scale, c, o, smem);
+    return dla_run(ctx, "dla_decode", p, q, k, v, g, erase, write, lam, B, 1, scale, c, o);
 }
 
 /* ---- Mamba2's gates and skip [M2-1, M2-2]: the fp32 formulas of hyla_cuda_mamba2.cu ---- */

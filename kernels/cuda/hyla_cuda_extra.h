@@ -49,6 +49,9 @@ hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
  * (HYLA_CUDA_GRAPHS=0 in the environment turns them off at creation). Results are the same
  * bits either way; off launches every kernel one by one (for comparisons). */
 hyla_status hyla_cuda_set_graphs(hyla_backend *be, int on);
+/* Make be's GPU the calling thread's current device (a thread that drives a backend it did not
+ * create calls it first). */
+hyla_status hyla_cuda_bind_thread(hyla_backend *be);
 
 typedef struct {
     uint64_t segments;         /* flushed op sequences */
@@ -80,6 +83,10 @@ hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[HYLA_NCCL_ID_
  * ranks pair in call order. */
 hyla_status hyla_cuda_nccl_send(hyla_backend *be, hyla_nccl_link *l, const void *dev, size_t bytes, int peer);
 hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer);
+/* Queue an in-place sum of dev [n] floats over every rank of the link on be's compute stream,
+ * after every op called before (tensor parallelism); every rank must post it with the same n.
+ * Every rank receives the same bits. */
+hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n);
 /* Who be's GPU is, for deciding whether two processes can share a link: *host gets the host's
  * identity (boot id and host name), *dev the GPU's PCI bus id. */
 hyla_status hyla_cuda_nccl_peer_key(hyla_backend *be, char *host, size_t host_len, char *dev, size_t dev_len);

@@ -924,7 +924,8 @@ static hyla_status f_upload(void *ctx, void *dst, const void *host_src, size_t b
 
 static hyla_status f_download(void *ctx, void *host_dst, const void *src, size_t bytes) {
     FLUSH;
-    return cu_download(ctx, host_dst, src, bytes);
+    /* small reads (logits) through the mapped readback buffer, off the copy engine */
+    return cu_readback((hyla_cuda_ctx *)ctx, host_dst, src, bytes);
 }
 
 static hyla_status f_sync(void *ctx) {
@@ -1032,6 +1033,11 @@ static hyla_status f_capture_begin(void *ctx, int n, void *const *host_dst, cons
     return cu_capture_begin((hyla_cuda_ctx *)ctx, n, host_dst, src, bytes, out);
 }
 
+static hyla_status f_upload_begin(void *ctx, int n, void *const *dst, const void *const *host_src,
+                                  const size_t *bytes, hyla_capture **out) {
+    return cu_upload_begin((hyla_cuda_ctx *)ctx, n, dst, host_src, bytes, out);
+}
+
 static int f_capture_done(void *ctx, hyla_capture *t) { return cu_capture_done((hyla_cuda_ctx *)ctx, t); }
 
 static hyla_status f_capture_end(void *ctx, hyla_capture *t) { return cu_capture_end((hyla_cuda_ctx *)ctx, t); }
@@ -1112,7 +1118,7 @@ static hyla_status g_ssd_norm(void *ctx, const float *o, const float *z, int ldz
     return HYLA_OK;
 }
 
-/* LTE and NSA (hyla_cuda_sparse.cu): not logged; they stage host arrays and pick launches
+/* LTE and NSA (hyla_cuda_lte.cu, hyla_cuda_nsa.cu): not logged; they stage host arrays and pick launches
  * from host-side positions. */
 static hyla_status f_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r) {
     FLUSH;
@@ -1188,7 +1194,7 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_capture_begin,
     f_capture_done,
     f_capture_end,
-    /* LTE, NSA (hyla_cuda_sparse.cu) */
+    /* LTE, NSA (hyla_cuda_lte.cu, hyla_cuda_nsa.cu) */
     f_lte_score,
     f_lte_prefill,
     f_lte_decode,
@@ -1204,6 +1210,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     cu_dla_decode,
     cu_ssd_gates,
     cu_ssd_skip,
+    /* asynchronous upload (hyla_cuda_pool.cu) */
+    f_upload_begin,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

@@ -86,6 +86,13 @@ typedef struct hyla_cuda_ctx {
     size_t bounce_bytes;
     int bounce_next;
 
+    /* readback buffer: pinned host memory mapped into the device's address space; small
+     * device->host reads (sampled tokens, logits) are written into it by a kernel on the
+     * compute stream, so they never queue behind a snapshot's copies on the copy engine */
+    uint8_t *rb_host;
+    void *rb_dev; /* the device's address of rb_host */
+    size_t rb_bytes;
+
     void *scratch[HYLA_CU_SCRATCH_SLOTS];
     size_t scratch_bytes[HYLA_CU_SCRATCH_SLOTS];
 
@@ -126,6 +133,9 @@ hyla_status cu_scratch(hyla_cuda_ctx *c, int slot, size_t bytes, void **out);
  * the graph log, every other op flushes the log first and then calls the function below. */
 extern const hyla_ops hyla_cuda_ops_table;
 hyla_status cu_upload(void *ctx, void *dst, const void *host_src, size_t bytes);
+/* Device -> host through the mapped readback buffer when bytes fit it (a kernel on the compute
+ * stream, after the work queued so far; complete on return), else as cu_download. */
+hyla_status cu_readback(hyla_cuda_ctx *c, void *host_dst, const void *src, size_t bytes);
 hyla_status cu_download(void *ctx, void *host_dst, const void *src, size_t bytes);
 hyla_status cu_sync(void *ctx);
 hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols, hyla_weight **out);
@@ -186,7 +196,7 @@ hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const fl
                              float eps);
 hyla_status cu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params, const float *u,
                       int32_t *out);
-/* LTE and NSA (hyla_cuda_sparse.cu) */
+/* LTE (hyla_cuda_lte.cu) and NSA (hyla_cuda_nsa.cu) */
 hyla_status cu_lte_score(void *ctx, const hyla_lte_params *p, const float *x, int T, int x0, float *r);
 hyla_status cu_lte_prefill(void *ctx, const hyla_lte_params *p, const float *q, const float *k, const float *v, int n,
                            int Hq, int pos0, const hyla_lte_cache *c, float scale, float *o);
@@ -380,6 +390,8 @@ void cu_host_free(hyla_cuda_ctx *c, void *p);
 hyla_status cu_capture_begin(hyla_cuda_ctx *c, int n, void *const *host_dst, const void *const *src,
                              const size_t *bytes, hyla_capture **out);
 int cu_capture_done(hyla_cuda_ctx *c, hyla_capture *t);
+hyla_status cu_upload_begin(hyla_cuda_ctx *c, int n, void *const *dst, const void *const *host_src,
+                            const size_t *bytes, hyla_capture **out);
 hyla_status cu_capture_end(hyla_cuda_ctx *c, hyla_capture *t);
 #ifdef __cplusplus
 }

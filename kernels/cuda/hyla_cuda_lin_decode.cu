@@ -6,39 +6,17 @@
  * warp w owns key rows i = w + 8r, so S[i][j] lives in registers for the whole call and the
  * state is read and written once (coalesced 128-byte rows). Reductions over i go through
  * shared memory in a fixed order (deterministic). k_lin_rec4 (4 columns per lane) and k_lin_dec
- * (the decode form) do the same arithmetic with wider loads.
+ * (the decode form, in hyla_cuda_lin_dec.cuh with the slot lookup the kernels share) do the same
+ * arithmetic with wider loads.
  * Threading: launched on the context's stream. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_lin_dec.cuh"
 
 /* ================================================================ recurrent kernel */
-
-/* The state Sg a recurrent block updates in slot `slot` of session b, head h: slot 0 the
- * session's own state S0; slot 1 + q (SSE) partition part = idx[b][q] with route weight wfix
- * when decoding one token (ONE: the kernel only decodes), or partition part = q for a token loop
- * (weights per token: lin_token_weight). 0 for an invalid route (Sg not set). */
-template <bool ONE>
-__device__ __forceinline__ int lin_slot_state(const hyla_cu_linrec &a, int b, int h, int H, int dk, int dv, int slot,
-                                              float *&Sg, int &part, float &wfix) {
-    part = -1;
-    wfix = 1.0f;
-    if (slot == 0) {
-        Sg = a.S0[b] + (size_t)h * dk * dv;
-        return 1;
-    }
-    if (ONE || a.ntok == 1) {
-        part = a.idx[(size_t)b * a.K + slot - 1];
-        wfix = a.w[(size_t)b * a.K + slot - 1];
-    } else {
-        part = slot - 1;
-    }
-    if (part < 0 || part >= a.N) return 0;
-    Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
-    return 1;
-}
 
 /* Token row `row`'s weight for partition `part` (its last route to it) into wt; 0 when the
  * token did not select the partition. */
@@ -270,157 +248,6 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
             int i = w + 8 * r;
             if (i < dk && jv) *(float4 *)(Sg + (size_t)i * dv + j) = s[r];
         }
-    }
-}
-
-/* Decode form of the recurrence (ntok == 1, every batched decode step): VW value columns per
- * lane (16- or 8-byte state loads), one block per (session, head, 32 * VW columns). Unlike the
- * token-loop kernels it stages the token's q, k (times the route weight) and GLA's e^gk for the
- * block's head in shared memory while the state loads are in flight, so the update loop reads
- * them from shared memory instead of waiting on a global load per key row. The arithmetic is
- * k_lin_rec4's, expression by expression, so both give the same bits (tested). */
-template <int VW> struct DecVec;
-template <> struct DecVec<2> {
-    typedef float2 t;
-    static __device__ __forceinline__ void ld(float (&d)[2], const float *p) {
-        float2 x = *(const float2 *)p;
-        d[0] = x.x, d[1] = x.y;
-    }
-    static __device__ __forceinline__ void st(float *p, const float (&d)[2]) { *(float2 *)p = make_float2(d[0], d[1]); }
-};
-
-template <int R, int VW, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
-    typedef DecVec<VW> V;
-    __shared__ __align__(16) float red[2][8][32 * VW];
-    __shared__ float sq[8 * R], sk[8 * R], sd[8 * R];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int j = blockIdx.x * 32 * VW + lane * VW;
-    bool jv = j < a.dv;
-    int h = blockIdx.y, b = blockIdx.z;
-    const int H = a.H, dk = a.dk, dv = a.dv;
-    int nslots = a.Sp ? 1 + a.K : 1;
-    int m = 0;
-    float vj[VW];
-#pragma unroll
-    for (int c = 0; c < VW; c++) vj[c] = 0.0f;
-    if (jv) V::ld(vj, a.v + ((size_t)b * H + h) * dv + j);
-    for (int slot = 0; slot < nslots; slot++) {
-        float *Sg, wt;
-        int part;
-        if (!lin_slot_state<true>(a, b, h, H, dk, dv, slot, Sg, part, wt)) continue; /* invalid route: skip (uniform) */
-        float s[R][VW];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int i = w + 8 * r;
-            if (i < dk && jv) {
-                V::ld(s[r], Sg + (size_t)i * dv + j);
-            } else {
-#pragma unroll
-                for (int c = 0; c < VW; c++) s[r][c] = 0.0f;
-            }
-        }
-        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
-        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
-        size_t row = (size_t)b;
-        for (int i = threadIdx.x; i < dk; i += 256) {
-            sq[i] = Q[(row * H + h) * dk + i] * wt;
-            sk[i] = Kx[(row * H + h) * dk + i] * wt;
-            if (!a.gdn) sd[i] = expf(GA[(row * H + h) * dk + i]);
-        }
-        __syncthreads();
-        float po[VW];
-#pragma unroll
-        for (int c = 0; c < VW; c++) po[c] = 0.0f;
-        if (!a.gdn) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int i = w + 8 * r;
-                if (i < dk) {
-                    float ki = sk[i], qi = sq[i], d = sd[i];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] = __fmaf_rn(d, s[r][c], __fmul_rn(ki, vj[c]));
-#pragma unroll
-                    for (int c = 0; c < VW; c++) po[c] = __fmaf_rn(qi, s[r][c], po[c]);
-                }
-            }
-        } else {
-            float d = expf(GA[row * H + h]);
-            float beta = BE[row * H + h];
-            float pk[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) pk[c] = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int i = w + 8 * r;
-                if (i < dk) {
-                    float ki = sk[i];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] *= d;
-#pragma unroll
-                    for (int c = 0; c < VW; c++) pk[c] += ki * s[r][c];
-                }
-            }
-            V::st(&red[m & 1][w][lane * VW], pk);
-            __syncthreads();
-            float ks[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) ks[c] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float x[VW];
-                V::ld(x, &red[m & 1][q][lane * VW]);
-#pragma unroll
-                for (int c = 0; c < VW; c++) ks[c] += x[c];
-            }
-            m++;
-            float u[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) u[c] = beta * (vj[c] - ks[c]);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int i = w + 8 * r;
-                if (i < dk) {
-                    float ki = sk[i], qi = sq[i];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] += ki * u[c];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) po[c] += qi * s[r][c];
-                }
-            }
-        }
-        /* the state goes back before the reduction: its stores drain while the block reduces */
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int i = w + 8 * r;
-            if (i < dk && jv) V::st(Sg + (size_t)i * dv + j, s[r]);
-        }
-        V::st(&red[m & 1][w][lane * VW], po);
-        __syncthreads();
-        if (w == 0 && jv) {
-            float acc[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) acc[c] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float x[VW];
-                V::ld(x, &red[m & 1][q][lane * VW]);
-#pragma unroll
-                for (int c = 0; c < VW; c++) acc[c] += x[c];
-            }
-            float *op = a.o + ((size_t)b * H + h) * dv + j;
-            float res[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) res[c] = a.scale * acc[c];
-            if (slot != 0) {
-                float prev[VW];
-                V::ld(prev, op);
-#pragma unroll
-                for (int c = 0; c < VW; c++) res[c] += prev[c];
-            }
-            V::st(op, res);
-        }
-        m++;
     }
 }
 

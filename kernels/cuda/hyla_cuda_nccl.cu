@@ -65,16 +65,22 @@ static hyla_status nccl_fail(ncclResult_t r, const char *expr, const char *file,
     return hyla_fail(HYLA_ERR_DEVICE, "%s:%d: %s: NCCL error %d (%s)", file, line, expr, (int)r, ncclGetErrorString(r));
 }
 
-/* A non-blocking communicator answers ncclInProgress until the operation is queued. */
+/* A non-blocking communicator answers ncclInProgress until the operation is queued, which
+ * usually takes microseconds: poll without sleeping for the first 2 ms (a tensor-parallel decode
+ * step queues two all-reduces per layer, so a sleep per call would dominate the step), then
+ * every 200 us until the timeout. */
 static hyla_status nccl_settle(hyla_nccl_link *l, ncclResult_t r, const char *expr, int timeout_ms) {
     double t0 = mono_ms();
     while (r == ncclInProgress) {
-        if (mono_ms() - t0 > timeout_ms) {
+        double waited = mono_ms() - t0;
+        if (waited > timeout_ms) {
             l->broken = 1;
             return hyla_fail(HYLA_ERR_UNAVAILABLE, "%s: the NCCL peer did not answer within %d ms", expr, timeout_ms);
         }
-        struct timespec ns = {0, 200000};
-        nanosleep(&ns, NULL);
+        if (waited > 2.0) {
+            struct timespec ns = {0, 200000};
+            nanosleep(&ns, NULL);
+        }
         if (ncclCommGetAsyncError(l->comm, &r) != ncclSuccess) break;
     }
     if (r != ncclSuccess) {
@@ -149,6 +155,19 @@ extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, 
     return nccl_p2p(be, l, dev, bytes, peer, 0);
 }
 
+extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {
+    hyla_cuda_ctx *c = nccl_ctx(be);
+    if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL all-reduce: not a cuda backend or no link");
+    if (l->broken) return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link is broken (an earlier operation failed)");
+    if (l->device != c->device) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL link of device %d used on device %d", l->device, c->device);
+    HYLA_TRY(cu_graph_flush(c)); /* stream order = call order */
+    /* in place; NCCL's reductions give every rank the same bits, so the replicated residual
+     * stream (and the logits) stay identical across the group */
+    ncclResult_t r = ncclAllReduce(dev, dev, n, ncclFloat, ncclSum, l->comm, c->stream);
+    if (r == ncclInProgress) ncclCommGetAsyncError(l->comm, &r);
+    return nccl_settle(l, r, "ncclAllReduce", 60000);
+}
+
 extern "C" void hyla_cuda_nccl_close(hyla_nccl_link *l) {
     if (!l) return;
     /* abort, not destroy: a peer that went away must not hang the close, and a link is only
@@ -179,7 +198,19 @@ extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, 
     (void)be, (void)l, (void)dev, (void)bytes, (void)peer;
     return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
 }
+extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {
+    (void)be, (void)l, (void)dev, (void)n;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
 extern "C" void hyla_cuda_nccl_close(hyla_nccl_link *l) { (void)l; }
 extern "C" int hyla_cuda_nccl_built(void) { return 0; }
 
 #endif
+
+/* Outside NCCL's #if: a tensor-parallel group drives each rank's backend from its own thread,
+ * and CUDA's current device is per thread. */
+extern "C" hyla_status hyla_cuda_bind_thread(hyla_backend *be) {
+    if (!be || strcmp(be->ops->name, "cuda")) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_bind_thread: not a cuda backend");
+    CU_TRY(cudaSetDevice(((hyla_cuda_ctx *)be->ctx)->device));
+    return HYLA_OK;
+}

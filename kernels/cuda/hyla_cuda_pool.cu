@@ -436,6 +436,16 @@ extern "C" hyla_status cu_capture_begin(hyla_cuda_ctx *c, int n, void *const *ho
     return HYLA_OK;
 }
 
+/* ops->upload_begin: the reverse of a capture, same ticket type (compute waits for it) */
+extern "C" hyla_status cu_upload_begin(hyla_cuda_ctx *c, int n, void *const *dst, const void *const *host_src,
+                                       const size_t *bytes, hyla_capture **out) {
+    hyla_cuda_copy *cp = NULL;
+    *out = NULL;
+    HYLA_TRY(copy_begin(c, n, dst, host_src, bytes, cudaMemcpyHostToDevice, &cp));
+    *out = (hyla_capture *)cp;
+    return HYLA_OK;
+}
+
 extern "C" int cu_capture_done(hyla_cuda_ctx *c, hyla_capture *t) {
     (void)c;
     return copy_done((const hyla_cuda_copy *)t);

@@ -62,6 +62,9 @@ grep -iE "NCCL.*(fail|error|timed out)" "$E2E_DIR/p0.log" "$E2E_DIR/p1.log" && e
 
 # the same split with the rows over gRPC
 e2e_kill p0 KILL
+# until the coordinator has declared p0 dead, it may still place p1's group's stage 0 there
+p0_dead() { e2e_hyla status | grep -qE '^p0 +dead'; }
+e2e_wait_for "$E2E_TIMEOUT" p0_dead || e2e_fail "the coordinator did not declare the killed p0 dead"
 export HYLA_STAGE_NCCL=0
 e2e_start_worker p0g "$E2E_DIR/model" --device cuda:0 --layers 0:2 || e2e_done
 unset HYLA_STAGE_NCCL

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """nsa_fla_bench.py: flash-linear-attention's Triton `parallel_nsa` timed at the shapes of
 `hyla-bench kernels --only sparse` (the laNSA 1.4B layer: 32 query heads, 2 KV heads of 64 dims,
-blocks of 64, 16 selected), in bf16 on the GPU, one JSON line per measurement (like hyla-bench's):
+blocks of 64, 16 selected), in bf16 on the GPU, one JSON line per measurement (like hyla-bench's;
+the median of the timed calls after two untimed ones, which compile and autotune the Triton kernels
+for the shape — warmup_s says how long those took):
 
   prefill: one sequence of N tokens (q, k, v of N tokens);
   decode:  B sequences, one query each over a cache of ctx + 1 tokens (how FLA's NSA model
@@ -19,9 +21,14 @@ HQ, H, D, BS, S = 32, 2, 64, 64, 16
 
 
 def timed(fn, reps):
+    """(seconds of the first two calls: Triton's compilation and autotuning, median ms after them)."""
+    import time
     import torch
+    t0 = time.time()
+    fn()
     fn()
     torch.cuda.synchronize()
+    warm = time.time() - t0
     t = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -30,7 +37,7 @@ def timed(fn, reps):
         b.record()
         torch.cuda.synchronize()
         t.append(a.elapsed_time(b))
-    return sorted(t)[len(t) // 2]
+    return warm, sorted(t)[len(t) // 2]
 
 
 def main():
@@ -55,16 +62,18 @@ def main():
     for n in [int(x) for x in a.ctx.split(",") if x]:
         if n <= a.max_prefill:
             try:
-                ms = timed(run(1, n, n), 3 if n > 32768 else 5)
-                row = {"bench": "fla_nsa_prefill", "gpu": gpu, "tokens": n, "window": 0, "ms": ms}
+                warm, ms = timed(run(1, n, n), 3 if n > 32768 else 5)
+                row = {"bench": "fla_nsa_prefill", "gpu": gpu, "tokens": n, "window": 0, "ms": ms,
+                       "warmup_s": round(warm, 2)}
             except Exception as e:  # noqa: BLE001 (out of memory, a Triton failure)
                 row = {"bench": "fla_nsa_prefill", "gpu": gpu, "tokens": n, "error": repr(e)[:300]}
                 torch.cuda.empty_cache()
             print(json.dumps(row), flush=True)
     for n in [int(x) for x in a.ctx.split(",") if x]:
         try:
-            ms = timed(run(a.batch, 1, n + 1), 10)
-            row = {"bench": "fla_nsa_decode", "gpu": gpu, "B": a.batch, "ctx": n, "window": 0, "ms": ms}
+            warm, ms = timed(run(a.batch, 1, n + 1), 10)
+            row = {"bench": "fla_nsa_decode", "gpu": gpu, "B": a.batch, "ctx": n, "window": 0, "ms": ms,
+                   "warmup_s": round(warm, 2)}
         except Exception as e:  # noqa: BLE001
             row = {"bench": "fla_nsa_decode", "gpu": gpu, "B": a.batch, "ctx": n, "error": repr(e)[:300]}
             torch.cuda.empty_cache()

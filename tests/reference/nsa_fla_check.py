@@ -17,6 +17,14 @@ heads sharing 1 KV head of 32 dims: FLA's kernels need a query group of at least
     plain torch), when Triton runs;
   - hyla-run --device cpu and --device cuda:0 on the unchanged directory.
 
+Then, to explain how far hyla's GPU run is from FLA (the CUDA backend keeps bf16 weights, rounds
+each linear's input to bf16 and caches bf16 keys and values; the CPU keeps fp32): FLA's reference
+path again with (a) the weights rounded to bf16, (b) that plus every linear's input and the keys
+and values rounded to bf16 (an emulation of hyla's CUDA numerics), (c) the whole model in bf16,
+and FLA's Triton path with (c); each against the fp32 reference and against hyla's GPU logits,
+with the block selections of every layer, token and KV head compared to the fp32 reference's
+(selection flips); and hyla-run on the checkpoint saved in bf16, on both devices.
+
 For each it compares the logits of a 100-token prompt (hyla-run --dump-logits) against the
 reference path: max |diff|, that over max |logit|, and how many positions agree on the argmax;
 and 16 greedy tokens (hyla-run --ids; FLA by re-running the whole sequence each step). Prints
@@ -53,12 +61,18 @@ def swa_torch(q, k, v, causal=True, window_size=(-1, 0), **kw):
     return torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), vv).to(q.dtype)
 
 
+SEL = None       # a list: naive_parallel_nsa appends each layer's sorted block indices to it
+KV_BF16 = False  # naive_parallel_nsa rounds k and v to bf16 first (hyla's CUDA KV cache)
+
+
 def naive_parallel_nsa(q, k, v, g_cmp=None, g_slc=None, g_swa=None, block_size=64, block_counts=16,
                        window_size=0, cu_seqlens=None, **kw):
     """FLA's naive NSA (its own compression, top-k and selection code), the signature of parallel_nsa."""
     import torch
     from fla.ops.nsa.naive import naive_nsa_compression, naive_nsa_selection, naive_nsa_topk
     assert cu_seqlens is None
+    if KV_BF16:
+        k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
     B, Tn, H, K = k.shape
     scale = K ** -0.5
     nb = (Tn + block_size - 1) // block_size
@@ -68,6 +82,8 @@ def naive_parallel_nsa(q, k, v, g_cmp=None, g_slc=None, g_swa=None, block_size=6
                     for x in (k, v))
     o_cmp, _ = naive_nsa_compression(q.float(), k_cmp, v_cmp, block_size, scale)
     idx = naive_nsa_topk(q.float(), k_cmp, block_counts, block_size, scale)
+    if SEL is not None:
+        SEL.append(idx.sort(-1).values.cpu())
     o = naive_nsa_selection(q.float(), k.float(), v.float(), idx, block_size, scale) * g_slc.unsqueeze(-1)
     o = o + o_cmp * g_cmp.unsqueeze(-1)
     if window_size and window_size > 0:
@@ -90,8 +106,41 @@ def fla_greedy(model, ids, dev, steps):
     return out
 
 
-def hyla(run, model_dir, ids, device, out):
-    dump = os.path.join(out, "hyla.%s.f32" % device.replace(":", ""))
+def variant(model, ids, dev, lin_bf16=False, kv_bf16=False, greedy=0):
+    """FLA's logits (and `greedy` tokens) with every F.linear input and/or the NSA keys and values
+    rounded to bf16; returns (logits, selections of the prompt's forward, greedy ids)."""
+    import torch
+    import torch.nn.functional as F
+    global SEL, KV_BF16
+    orig = F.linear
+    if lin_bf16:
+        F.linear = lambda x, w, b=None: orig(x.to(torch.bfloat16).to(x.dtype), w, b)
+    SEL, KV_BF16 = [], kv_bf16
+    try:
+        lg = fla_logits(model, ids, dev)
+        sel, SEL = SEL, None
+        ids_out = fla_greedy(model, ids, dev, greedy) if greedy else None
+    finally:
+        F.linear, SEL, KV_BF16 = orig, None, False
+    return lg, sel, ids_out
+
+
+def flips(ref_sel, sel):
+    """(layer, token, KV head) rows whose selected block set differs from the reference's."""
+    n = tot = 0
+    first = None
+    for a, b in zip(ref_sel, sel):
+        d = (a != b).any(-1)[0]  # [T, H]
+        n += int(d.sum())
+        tot += d.numel()
+        t = d.any(-1).nonzero()
+        if len(t) and (first is None or int(t[0]) < first):
+            first = int(t[0])
+    return {"selection_rows": tot, "selection_flips": n, "first_flip_position": first}
+
+
+def hyla(run, model_dir, ids, device, out, tag=""):
+    dump = os.path.join(out, "hyla%s.%s.f32" % (tag, device.replace(":", "")))
     base = [run, "--model", model_dir, "--prompt-ids", " ".join(map(str, ids)), "--device", device, "--quiet"]
     r = subprocess.run(base + ["--max-tokens", "1", "--dump-logits", dump], capture_output=True, text=True)
     if r.returncode:
@@ -112,7 +161,7 @@ def compare(name, ref, ref_ids, got, got_ids, err):
         d = np.abs(ref[:n].astype(np.float64) - got[:n])
         row.update(positions=int(n), max_abs=float(d.max()), max_rel=float(d.max() / np.abs(ref[:n]).max()),
                    argmax_agree=int((ref[:n].argmax(-1) == got[:n].argmax(-1)).sum()))
-    if got_ids is not None:
+    if got_ids is not None and ref_ids is not None:
         div = next((i for i, (a, b) in enumerate(zip(ref_ids, got_ids)) if a != b), None)
         row.update(greedy_equal=got_ids == ref_ids, first_divergence=div, greedy=got_ids)
     return row
@@ -176,16 +225,58 @@ def main():
         if d == "cpu":
             bad |= not row.get("greedy_equal", False)
 
+    # bf16: how far rounding alone moves FLA's own reference path (naive NSA, fp32 arithmetic)
+    import copy
+    _, ref_sel, _ = variant(model, ids, dev)
+    gpu = got.get("cuda:0", (None, None, "not run"))
+    m_w = copy.deepcopy(model)
+    for prm in m_w.parameters():
+        prm.data = prm.data.to(torch.bfloat16).float()
+    m_b = copy.deepcopy(model).to(torch.bfloat16)
+    studies = [("FLA reference, weights rounded to bf16", m_w, dict()),
+               ("FLA reference, hyla-CUDA emulation (bf16 weights, linear inputs, k and v)", m_w,
+                dict(lin_bf16=True, kv_bf16=True, greedy=STEPS)),
+               ("FLA reference, model in bf16", m_b, dict())]
+    emul = None
+    for name, mdl, kw in studies:
+        try:
+            lg, sel, gi = variant(mdl, ids, dev, **kw)
+        except Exception as e:  # noqa: BLE001
+            emit({"check": name, "error": repr(e)[:400]})
+            continue
+        row = compare(name + " vs fp32 reference", ref, ref_ids if gi else None, lg, gi, None)
+        row.update(flips(ref_sel, sel))
+        emit(row)
+        if gpu[0] is not None:
+            emit(compare("hyla-run --device cuda:0 vs " + name, lg, gi, gpu[0], gpu[1], None))
+        if kw.get("lin_bf16"):
+            emul = lg
+    # the checkpoint saved in bf16, run by hyla on both devices
+    mdir_b = os.path.join(a.out, "nsa-fla-bf16")
+    m_b.save_pretrained(mdir_b, safe_serialization=True)
+    got_b = {d: hyla(a.hyla_run, mdir_b, ids, d, a.out, ".bf16") for d in got}
+    for d, (lg, gi, err) in got_b.items():
+        emit(compare("hyla-run --device %s, bf16 checkpoint, vs fp32 reference" % d, ref, ref_ids, lg, gi, err))
+        if got[d][0] is not None and lg is not None:
+            emit(compare("hyla-run --device %s, bf16 checkpoint, vs the fp32 checkpoint on %s" % (d, d), got[d][0],
+                         got[d][1], lg, gi, None))
+    if emul is not None and "cpu" in got_b and got_b["cpu"][0] is not None:
+        emit(compare("hyla-run --device cpu, bf16 checkpoint, vs the hyla-CUDA emulation", emul, None,
+                     got_b["cpu"][0], None, None))
+
     fla_parallel.flash_attn_func = swa_torch  # flash-attn is not installed: the window in plain torch
     fla_nsa_layer.parallel_nsa = real_parallel
     if dev == "cuda":
-        try:
-            par = fla_logits(model, ids, dev)
-            emit(compare("fla_parallel_nsa (Triton) vs reference: prompt logits", ref, None, par, None, None))
-            emit(compare("fla_parallel_nsa (Triton) vs reference: greedy", ref, ref_ids, None,
-                         fla_greedy(model, ids, dev, STEPS), None))
-        except Exception as e:  # noqa: BLE001 (Triton may fail to compile on a machine)
-            emit({"check": "fla_parallel_nsa (Triton) vs reference", "error": repr(e)[:400]})
+        for name, mdl in (("fla_parallel_nsa (Triton, fp32)", model), ("fla_parallel_nsa (Triton, bf16 model)", m_b)):
+            try:
+                par = fla_logits(mdl, ids, dev)
+                emit(compare(name + " vs reference: prompt logits", ref, None, par, None, None))
+                if gpu[0] is not None and mdl is m_b:
+                    emit(compare("hyla-run --device cuda:0 vs " + name, par, None, gpu[0], None, None))
+                emit(compare(name + " vs reference: greedy", ref, ref_ids, None, fla_greedy(mdl, ids, dev, STEPS),
+                             None))
+            except Exception as e:  # noqa: BLE001 (Triton may fail to compile on a machine)
+                emit({"check": name + " vs reference", "error": repr(e)[:400]})
     jl.close()
     sys.exit(1 if bad else 0)
 

@@ -83,8 +83,8 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)mc;
     const attn_cfg *c = cfgp;
     uint64_t Hk = (uint64_t)c->kv_heads, hd = (uint64_t)c->head_dim;
-    out[0] = (hyla_part_spec){"k", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1};
-    out[1] = (hyla_part_spec){"v", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1};
+    out[0] = (hyla_part_spec){"k", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1, {0}};
+    out[1] = (hyla_part_spec){"v", HYLA_PART_KV, kv_dtype, 2, {Hk, hd}, 1, {0}};
     return 2;
 }
 
@@ -149,10 +149,17 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) {
+    attn_cfg *c = cfgp;
+    const char *e = hyla_tp_divide(&c->heads, "num_heads", T, why, n);
+    return e ? e : hyla_tp_divide(&c->kv_heads, "num_kv_heads", T, why, n);
+}
+
 const hyla_mixer hyla_mixer_attn = {
     .name = "attn",
     .model_type = "transformer",
     .spec_key = "attn",
     HYLA_MIXER_HOOKS(attn_cfg, attn_w),
     .mk_config = mk_config,
+    .tp_shard = tp_shard,
 };

@@ -169,7 +169,10 @@ static void m2_tensors(const hyla_model_config *mc, const dla_cfg *c, hyla_decls
 static void m2_parts(const dla_cfg *c, hyla_part_spec *out, int *n) {
     const hyla_m2_keys *m = &c->b.m2;
     if (m->K > 1)
-        out[(*n)++] = (hyla_part_spec){"conv_xbc", HYLA_PART_RECURRENT, HYLA_DT_F32, 2, {(uint64_t)m->K - 1, (uint64_t)m->Cc}, 0};
+    {
+        out[*n] = (hyla_part_spec){"conv_xbc", HYLA_PART_RECURRENT, HYLA_DT_F32, 2, {(uint64_t)m->K - 1, (uint64_t)m->Cc}, 0, {0}};
+        hyla_m2_seg_xbc(m, out[(*n)++].tp_seg);
+    }
 }
 
 static void m2_scratch(const dla_cfg *c, int R, hyla_carver *cv, dla_scratch *s) {
@@ -265,10 +268,10 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)kv_dtype;
     const dla_cfg *c = cfgp;
     uint64_t H = (uint64_t)c->H, K = (uint64_t)c->K;
-    out[PART_S] = (hyla_part_spec){"S", HYLA_PART_DLA, HYLA_DT_F32, 4, {H, K, (uint64_t)c->dk, (uint64_t)c->dv}, 0};
-    out[PART_N] = (hyla_part_spec){"n", HYLA_PART_DLA, HYLA_DT_I32, 2, {H, K}, 0};
-    out[PART_I] = (hyla_part_spec){"I", HYLA_PART_DLA, HYLA_DT_F32, 2, {H, K}, 0};
-    out[PART_M] = (hyla_part_spec){"m", HYLA_PART_DLA, HYLA_DT_I32, 1, {H}, 0};
+    out[PART_S] = (hyla_part_spec){"S", HYLA_PART_DLA, HYLA_DT_F32, 4, {H, K, (uint64_t)c->dk, (uint64_t)c->dv}, 0, {0}};
+    out[PART_N] = (hyla_part_spec){"n", HYLA_PART_DLA, HYLA_DT_I32, 2, {H, K}, 0, {0}};
+    out[PART_I] = (hyla_part_spec){"I", HYLA_PART_DLA, HYLA_DT_F32, 2, {H, K}, 0, {0}};
+    out[PART_M] = (hyla_part_spec){"m", HYLA_PART_DLA, HYLA_DT_I32, 1, {H}, 0, {0}};
     int n = PART_BASE;
     c->base->parts(c, out, &n);
     return n;
@@ -334,6 +337,21 @@ static const char *mk_config_common(json_t *obj, const hyla_mk_args *a, const dl
 static const char *mk_config_gdn(json_t *obj, const hyla_mk_args *a) { return mk_config_common(obj, a, &dla_base_gdn); }
 static const char *mk_config_m2(json_t *obj, const hyla_mk_args *a) { return mk_config_common(obj, a, &dla_base_m2); }
 
+/* Tensor parallelism: the cache is per head, like the base's state; the base splits its keys. */
+static const char *tp_shard_gdn(void *cfgp, int T, char *why, size_t n) {
+    dla_cfg *c = cfgp;
+    const char *e = hyla_tp_divide(&c->b.gdn.H, "num_heads", T, why, n);
+    if (!e) c->H = c->b.gdn.H;
+    return e;
+}
+
+static const char *tp_shard_m2(void *cfgp, int T, char *why, size_t n) {
+    dla_cfg *c = cfgp;
+    const char *e = hyla_m2_tp_shard(&c->b.m2, T, why, n);
+    if (!e) c->H = c->b.m2.H;
+    return e;
+}
+
 const hyla_mixer hyla_mixer_dla_gdn = {
     .name = "dla-gdn",
     .model_type = "dla_gated_deltanet",
@@ -348,6 +366,7 @@ const hyla_mixer hyla_mixer_dla_gdn = {
     .scratch_bytes = scratch_bytes,
     .forward = forward,
     .mk_config = mk_config_gdn,
+    .tp_shard = tp_shard_gdn,
 };
 
 const hyla_mixer hyla_mixer_dla_mamba2 = {
@@ -364,4 +383,5 @@ const hyla_mixer hyla_mixer_dla_mamba2 = {
     .scratch_bytes = scratch_bytes,
     .forward = forward,
     .mk_config = mk_config_m2,
+    .tp_shard = tp_shard_m2,
 };

@@ -155,9 +155,14 @@ const char *hyla_gdn_mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) {
+    return hyla_tp_divide(&((gdn_cfg *)cfgp)->H, "num_heads", T, why, n);
+}
+
 const hyla_mixer hyla_mixer_gdn = {
     .name = "gdn",
     .model_type = "gated_deltanet",
     HYLA_MIXER_HOOKS(gdn_cfg, gdn_w),
     .mk_config = hyla_gdn_mk_config,
+    .tp_shard = tp_shard,
 };

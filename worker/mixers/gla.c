@@ -167,9 +167,14 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) {
+    return hyla_tp_divide(&((gla_cfg *)cfgp)->H, "num_heads", T, why, n);
+}
+
 const hyla_mixer hyla_mixer_gla = {
     .name = "gla",
     .model_type = "gla",
     HYLA_MIXER_HOOKS(gla_cfg, gla_w),
+    .tp_shard = tp_shard,
     .mk_config = mk_config,
 };

@@ -16,7 +16,7 @@ void hyla_lin_conv_parts(hyla_part_spec *out, int *n, int Ck, int Cv, int K) {
 
 int hyla_lin_parts(hyla_part_spec *out, int H, int dk, int dv, int conv_size) {
     int n = 0;
-    out[n++] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)H, (uint64_t)dk, (uint64_t)dv}, 0};
+    out[n++] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)H, (uint64_t)dk, (uint64_t)dv}, 0, {0}};
     if (conv_size > 0) hyla_lin_conv_parts(out, &n, H * dk, H * dv, conv_size);
     return n;
 }

@@ -69,6 +69,11 @@ typedef struct {
     float *out_bias;                /* [D] (use_bias) */
 } hyla_m2_w;
 
+/* Tensor parallelism: divide c's heads and groups by T (NULL), else why not (hyla_mixer.h
+ * tp_shard); and the split layout of the convolved channels [x | B | C] into seg. */
+const char *hyla_m2_tp_shard(hyla_m2_keys *c, int T, char *why, size_t n);
+void hyla_m2_seg_xbc(const hyla_m2_keys *c, int *seg);
+
 /* The family's layout: `backbone.*` names, mixer-only layers. */
 extern const hyla_layout hyla_m2_layout;
 /* The family's model-level keys (layer_norm_epsilon). */

@@ -146,3 +146,61 @@ void hyla_decl_alt(hyla_decls *ds, hyla_tensor_decl *d, const char *suffix) {
         }
     HYLA_ASSERT(!"too many alternative tensor names");
 }
+
+const char *hyla_tp_divide(int *v, const char *key, int T, char *why, size_t why_len) {
+    if (*v % T) {
+        snprintf(why, why_len, "%s %d is not divisible by %d", key, *v, T);
+        return why;
+    }
+    *v /= T;
+    return NULL;
+}
+
+/* The segments of a split dimension of shard length n: lens[] (negative: replicated); the default
+ * (an empty list, or one that does not add up to n) is one split segment. */
+static int tp_segs(const int *seg, int64_t n, int64_t *lens) {
+    int k = 0;
+    int64_t sum = 0;
+    for (; k < HYLA_TP_SEGS && seg && seg[k]; k++) {
+        lens[k] = seg[k];
+        sum += seg[k] < 0 ? -seg[k] : seg[k];
+    }
+    if (!k || sum != n) {
+        lens[0] = n;
+        return 1;
+    }
+    return k;
+}
+
+int64_t hyla_tp_whole_len(const int *seg, int64_t n, int T) {
+    int64_t lens[HYLA_TP_SEGS], w = 0;
+    int k = tp_segs(seg, n, lens);
+    for (int i = 0; i < k; i++) w += lens[i] < 0 ? -lens[i] : lens[i] * T;
+    return w;
+}
+
+static void tp_copy(const int *seg, size_t outer, int64_t n, size_t inner, int T, int r, uint8_t *whole,
+                    uint8_t *shard, int join) {
+    int64_t lens[HYLA_TP_SEGS];
+    int k = tp_segs(seg, n, lens);
+    size_t wrun = (size_t)hyla_tp_whole_len(seg, n, T) * inner, srun = (size_t)n * inner;
+    for (size_t o = 0; o < outer; o++) {
+        uint8_t *w = whole + o * wrun, *s = shard + o * srun;
+        for (int i = 0; i < k; i++) {
+            size_t len = (size_t)(lens[i] < 0 ? -lens[i] : lens[i]) * inner;
+            uint8_t *wp = w + (lens[i] < 0 ? 0 : (size_t)r * len);
+            if (!join) memcpy(s, wp, len);
+            else if (lens[i] > 0 || r == 0) memcpy(wp, s, len);
+            w += lens[i] < 0 ? len : len * (size_t)T;
+            s += len;
+        }
+    }
+}
+
+void hyla_tp_cut(const int *seg, size_t outer, int64_t n, size_t inner, int T, int r, const void *whole, void *shard) {
+    tp_copy(seg, outer, n, inner, T, r, (uint8_t *)whole, shard, 0);
+}
+
+void hyla_tp_join(const int *seg, size_t outer, int64_t n, size_t inner, int T, int r, void *whole, const void *shard) {
+    tp_copy(seg, outer, n, inner, T, r, whole, (uint8_t *)shard, 1);
+}

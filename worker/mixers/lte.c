@@ -120,11 +120,11 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     const lte_cfg *c = cfgp;
     uint64_t Hk = (uint64_t)c->kv_heads, hd = (uint64_t)c->head_dim;
     uint64_t rows = (uint64_t)(c->sink + c->window + c->budget);
-    out[PART_K] = (hyla_part_spec){"k", HYLA_PART_LTE, kv_dtype, 3, {Hk, rows, hd}, 0};
-    out[PART_V] = (hyla_part_spec){"v", HYLA_PART_LTE, kv_dtype, 3, {Hk, rows, hd}, 0};
-    out[PART_R] = (hyla_part_spec){"r", HYLA_PART_LTE, HYLA_DT_F32, 2, {Hk, rows}, 0};
-    out[PART_RPOS] = (hyla_part_spec){"rpos", HYLA_PART_LTE, HYLA_DT_I32, 2, {Hk, (uint64_t)c->budget}, 0};
-    out[PART_META] = (hyla_part_spec){"meta", HYLA_PART_LTE, HYLA_DT_I32, 1, {2 + Hk}, 0};
+    out[PART_K] = (hyla_part_spec){"k", HYLA_PART_LTE, kv_dtype, 3, {Hk, rows, hd}, 0, {0}};
+    out[PART_V] = (hyla_part_spec){"v", HYLA_PART_LTE, kv_dtype, 3, {Hk, rows, hd}, 0, {0}};
+    out[PART_R] = (hyla_part_spec){"r", HYLA_PART_LTE, HYLA_DT_F32, 2, {Hk, rows}, 0, {0}};
+    out[PART_RPOS] = (hyla_part_spec){"rpos", HYLA_PART_LTE, HYLA_DT_I32, 2, {Hk, (uint64_t)c->budget}, 0, {0}};
+    out[PART_META] = (hyla_part_spec){"meta", HYLA_PART_LTE, HYLA_DT_I32, 1, {2 + Hk}, 0, {-2, (int)Hk}}; /* counters, then per head */
     return N_PARTS;
 }
 
@@ -212,10 +212,19 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+/* Tensor parallelism: everything is per KV head (the scoring CNN is grouped by head; the cache's
+ * counters are the same on every rank: meta's split layout replicates them). */
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) {
+    lte_cfg *c = cfgp;
+    const char *e = hyla_tp_divide(&c->heads, "num_heads", T, why, n);
+    return e ? e : hyla_tp_divide(&c->kv_heads, "num_kv_heads", T, why, n);
+}
+
 const hyla_mixer hyla_mixer_lte = {
     .name = "lte",
     .model_type = NULL,
     .spec_key = "lte",
     HYLA_MIXER_HOOKS(lte_cfg, lte_w),
     .mk_config = mk_config,
+    .tp_shard = tp_shard,
 };

@@ -90,11 +90,39 @@ void hyla_m2_parse_keys(hyla_cfg *r, json_t *obj, int D, hyla_m2_keys *c) {
 
 #define MW(field) (at + offsetof(hyla_m2_w, field))
 
+/* Tensor parallelism: in_proj's rows are [z (I) | x (I) | B (GN) | C (GN) | dt (H)] and the
+ * convolved channels [x | B | C], each block split by heads (B and C by groups) on its own. */
+static void seg_zxbcdt(const hyla_m2_keys *c, int *seg) {
+    int gn = c->G * c->N, v[5] = {c->I, c->I, gn, gn, c->H};
+    for (int i = 0; i < 5; i++) seg[i] = v[i];
+}
+
+void hyla_m2_seg_xbc(const hyla_m2_keys *c, int *seg) {
+    seg[0] = c->I;
+    seg[1] = seg[2] = c->G * c->N;
+}
+
+const char *hyla_m2_tp_shard(hyla_m2_keys *c, int T, char *why, size_t n) {
+    if (c->norm_groups % T) {
+        snprintf(why, n, "the gated RMSNorm over all %d inner channels (norm_grouped false) cannot be split", c->I);
+        return why;
+    }
+    int ng = c->norm_groups;
+    const char *e = hyla_tp_divide(&c->H, "num_heads", T, why, n);
+    if (!e) e = hyla_tp_divide(&c->G, "n_groups", T, why, n);
+    if (e) return e;
+    c->norm_groups = ng / T;
+    c->I = c->H * c->P;
+    c->Cc = c->I + 2 * c->G * c->N;
+    c->Din = c->I + c->Cc + c->H;
+    return NULL;
+}
+
 void hyla_m2_decls(hyla_decls *ds, const hyla_m2_keys *c, int D, size_t at) {
-    hyla_decl_matrix(ds, "in_proj.weight", MW(in_proj), c->Din, D, 1.0f);
-    if (c->use_bias) hyla_decl_vector(ds, "in_proj.bias", MW(in_bias), c->Din, 0.0f, 0.1f);
-    hyla_decl(ds, "conv1d.weight", HYLA_TENSOR_VECTOR, MW(conv_w), 3, c->Cc, 1, c->K, HYLA_INIT_CONV, 0, 0);
-    if (c->use_conv_bias) hyla_decl_vector(ds, "conv1d.bias", MW(conv_b), c->Cc, 0.0f, 0.1f);
+    seg_zxbcdt(c, hyla_decl_matrix(ds, "in_proj.weight", MW(in_proj), c->Din, D, 1.0f)->tp_seg);
+    if (c->use_bias) seg_zxbcdt(c, hyla_decl_vector(ds, "in_proj.bias", MW(in_bias), c->Din, 0.0f, 0.1f)->tp_seg);
+    hyla_m2_seg_xbc(c, hyla_decl(ds, "conv1d.weight", HYLA_TENSOR_VECTOR, MW(conv_w), 3, c->Cc, 1, c->K, HYLA_INIT_CONV, 0, 0)->tp_seg);
+    if (c->use_conv_bias) hyla_m2_seg_xbc(c, hyla_decl_vector(ds, "conv1d.bias", MW(conv_b), c->Cc, 0.0f, 0.1f)->tp_seg);
     hyla_decl(ds, "dt_bias", HYLA_TENSOR_VECTOR, MW(dt_bias), 1, c->H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
     hyla_decl(ds, "A_log", HYLA_TENSOR_VECTOR, MW(A_log), 1, c->H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
     hyla_decl_vector(ds, "D", MW(Dskip), c->H, 1.0f, 0.5f);
@@ -119,8 +147,9 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)mc;
     (void)kv_dtype;
     const m2_cfg *c = cfgp;
-    out[0] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)c->H, (uint64_t)c->N, (uint64_t)c->P}, 0};
-    out[1] = (hyla_part_spec){"conv_xbc", HYLA_PART_RECURRENT, HYLA_DT_F32, 2, {(uint64_t)c->K - 1, (uint64_t)c->Cc}, 0};
+    out[0] = (hyla_part_spec){"S", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {(uint64_t)c->H, (uint64_t)c->N, (uint64_t)c->P}, 0, {0}};
+    out[1] = (hyla_part_spec){"conv_xbc", HYLA_PART_RECURRENT, HYLA_DT_F32, 2, {(uint64_t)c->K - 1, (uint64_t)c->Cc}, 0, {0}};
+    hyla_m2_seg_xbc(c, out[1].tp_seg);
     return c->K > 1 ? 2 : 1;
 }
 
@@ -202,6 +231,8 @@ const char *hyla_m2_mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) { return hyla_m2_tp_shard(cfgp, T, why, n); }
+
 const hyla_mixer hyla_mixer_mamba2 = {
     .name = "mamba2",
     .model_type = "mamba2",
@@ -209,4 +240,5 @@ const hyla_mixer hyla_mixer_mamba2 = {
     .parse_model = hyla_m2_parse_model,
     HYLA_MIXER_HOOKS(m2_cfg, m2_w),
     .mk_config = hyla_m2_mk_config,
+    .tp_shard = tp_shard,
 };

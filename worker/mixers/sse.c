@@ -93,10 +93,14 @@ static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyl
     hyla_decl_matrix(&ds, "lora_k_proj.1.weight", offsetof(sse_w, lora_k_b), H * dk, rank, 0.3f);
     hyla_decl_matrix(&ds, "e_proj.weight", offsetof(sse_w, e_proj), c->N, D, 2.0f);
     if (c->tr == HYLA_SSE_GDN) {
-        hyla_decl_matrix(&ds, "a_proj.weight", offsetof(sse_w, a_proj), 2 * H, D, 1.0f);
-        hyla_decl_matrix(&ds, "b_proj.weight", offsetof(sse_w, b_proj), 2 * H, D, 1.0f);
-        hyla_decl(&ds, "A_log", HYLA_TENSOR_VECTOR, offsetof(sse_w, A_log), 1, 2 * H, 0, 0, HYLA_INIT_A_LOG, 0, 0);
-        hyla_decl(&ds, "dt_bias", HYLA_TENSOR_VECTOR, offsetof(sse_w, dt_bias), 1, 2 * H, 0, 0, HYLA_INIT_DT_BIAS, 0, 0);
+        /* [2H]: the always-selected state's H, then the sparse partitions' H (split each) */
+        hyla_tensor_decl *two[4] = {
+            hyla_decl_matrix(&ds, "a_proj.weight", offsetof(sse_w, a_proj), 2 * H, D, 1.0f),
+            hyla_decl_matrix(&ds, "b_proj.weight", offsetof(sse_w, b_proj), 2 * H, D, 1.0f),
+            hyla_decl(&ds, "A_log", HYLA_TENSOR_VECTOR, offsetof(sse_w, A_log), 1, 2 * H, 0, 0, HYLA_INIT_A_LOG, 0, 0),
+            hyla_decl(&ds, "dt_bias", HYLA_TENSOR_VECTOR, offsetof(sse_w, dt_bias), 1, 2 * H, 0, 0, HYLA_INIT_DT_BIAS, 0,
+                      0)};
+        for (int j = 0; j < 4; j++) two[j]->tp_seg[0] = two[j]->tp_seg[1] = H;
     } else {
         static const char *nm[2][3] = {{"gk_proj.0.0.weight", "gk_proj.0.1.weight", "gk_proj.0.1.bias"},
                                        {"gk_proj.1.0.weight", "gk_proj.1.1.weight", "gk_proj.1.1.bias"}};
@@ -121,8 +125,8 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
     (void)kv_dtype;
     const sse_cfg *c = cfgp;
     uint64_t H = (uint64_t)c->H, dk = (uint64_t)c->dk, dv = (uint64_t)c->dv;
-    out[0] = (hyla_part_spec){"S0", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {H, dk, dv}, 0};
-    out[1] = (hyla_part_spec){"Sp", HYLA_PART_PARTITION, HYLA_DT_F32, 4, {(uint64_t)c->N, H, dk, dv}, 0};
+    out[0] = (hyla_part_spec){"S0", HYLA_PART_RECURRENT, HYLA_DT_F32, 3, {H, dk, dv}, 0, {0}};
+    out[1] = (hyla_part_spec){"Sp", HYLA_PART_PARTITION, HYLA_DT_F32, 4, {(uint64_t)c->N, H, dk, dv}, 0, {0}};
     return 2;
 }
 
@@ -287,9 +291,14 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     return NULL;
 }
 
+static const char *tp_shard(void *cfgp, int T, char *why, size_t n) {
+    return hyla_tp_divide(&((sse_cfg *)cfgp)->H, "num_heads", T, why, n);
+}
+
 const hyla_mixer hyla_mixer_sse = {
     .name = "sse",
     .model_type = "sse",
     HYLA_MIXER_HOOKS(sse_cfg, sse_w),
     .mk_config = mk_config,
+    .tp_shard = tp_shard,
 };

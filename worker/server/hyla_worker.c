@@ -52,6 +52,7 @@ hyla_worker_params hyla_worker_default_params(void) {
     memset(&p, 0, sizeof p);
     p.device = "cpu";
     p.layer_end = -1;
+    p.tp = 1;
     p.listen = "127.0.0.1:0";
     p.snapshot_every = 1024;
     p.max_batch = 64;
@@ -823,12 +824,19 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
                  b ? b + 1 : p->model_dir);
     }
     if (p->worker_id) snprintf(w->worker_id, sizeof w->worker_id, "%s", p->worker_id);
-    hyla_status st = hyla_backend_create(p->device, &w->be);
     hyla_model_params mp = hyla_model_default_params();
     mp.layer_begin = p->layer_begin;
     mp.layer_end = p->layer_end;
-    if (st == HYLA_OK) st = hyla_model_load(p->model_dir, w->be, &mp, &w->m);
-    if (st == HYLA_OK) st = hyla_runtime_create(w->m, &w->rt);
+    hyla_status st = HYLA_OK;
+    if (p->tp > 1) { /* the group owns every rank's backend, model and runtime; rank 0's serve */
+        st = hyla_tp_open(p->model_dir, p->device, p->tp, &mp, &w->tp);
+        if (st == HYLA_OK) w->be = hyla_tp_backend(w->tp), w->m = hyla_tp_model(w->tp), w->rt = hyla_tp_runtime(w->tp);
+        else st = hyla_fail_wrap(st, "--tp %d", p->tp);
+    } else {
+        st = hyla_backend_create(p->device, &w->be);
+        if (st == HYLA_OK) st = hyla_model_load(p->model_dir, w->be, &mp, &w->m);
+        if (st == HYLA_OK) st = hyla_runtime_create(w->m, &w->rt);
+    }
     if (st != HYLA_OK) {
         hyla_worker_destroy(w);
         return st;
@@ -977,9 +985,13 @@ void hyla_worker_destroy(hyla_worker *w) {
     for (size_t k = 0; k < w->n_sum; k++) free(w->sum[k].session_id);
     free(w->sum);
     hyla_tokenizer_free(w->tok);
-    hyla_runtime_free(w->rt);
-    hyla_model_free(w->m);
-    hyla_backend_destroy(w->be);
+    if (w->tp) {
+        hyla_tp_close(w->tp);
+    } else {
+        hyla_runtime_free(w->rt);
+        hyla_model_free(w->m);
+        hyla_backend_destroy(w->be);
+    }
     worker_metrics_free(w);
     free(w);
 }

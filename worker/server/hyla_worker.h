@@ -24,6 +24,8 @@ typedef struct {
     const char *model_name;    /* default: the directory's base name */
     const char *device;        /* "cpu" (default) or "cuda:N" */
     int layer_begin, layer_end;/* layer range (default 0, -1 = all) */
+    int tp;                    /* tensor parallelism: split each layer over this many GPUs from
+                                  `device` on (or CPU backends); default 1 (worker/hyla_tp.h) */
     const char *listen;        /* Worker service address (default 127.0.0.1:0) */
     const char *advertise;     /* address the coordinator should dial (default: listen host + bound port) */
     const char *coordinator;   /* coordinator address; NULL: run without one (tests) */

@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "hyla_tp.h"
 #include "hyla_api.h"
 #include "hyla_log.h"
 #include "hyla_rpc.h"
@@ -149,6 +150,7 @@ struct hyla_worker {
     hyla_backend *be;
     hyla_model *m;
     hyla_runtime *rt; /* the runtime every session of this worker runs on */
+    hyla_tp_group *tp; /* --tp > 1: the group that owns be, m, rt and the other ranks (NULL: none) */
     hyla_tokenizer *tok; /* NULL when the model has no tokenizer (tok_err says why) */
     char tok_err[512];
     hyla_rpc_server *srv;

@@ -107,7 +107,11 @@ static hyla_status do_register(hyla_worker *w) {
     Hyla__V1__Device dev = HYLA__V1__DEVICE__INIT;
     lr.begin = (uint32_t)lb;
     lr.end = (uint32_t)le;
-    dev.name = (char *)w->p.device;
+    char dname[64];
+    if (w->p.tp > 1) snprintf(dname, sizeof dname, "%s tp=%d", w->p.device, w->p.tp);
+    else snprintf(dname, sizeof dname, "%s", w->p.device);
+    dev.name = dname;
+    dev.tensor_parallel = (uint32_t)(w->p.tp > 1 ? w->p.tp : 1);
     char desc[128];
     snprintf(desc, sizeof desc, "%s backend, %d cores", hyla_model_backend(w->m)->ops->name, hyla_online_cores());
     dev.description = desc;

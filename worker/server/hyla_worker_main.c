@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_tp.h"
 #include "hyla_flagfile.h"
 #include "hyla_log.h"
 #include "hyla_auth.h"
@@ -48,6 +49,10 @@ static void usage(FILE *f) {
             "  --model-name NAME      name clients use (default: the directory's base name)\n"
             "  --device DEV           cpu (default) or cuda:N\n"
             "  --layers A:B           serve layers [A, B) only (a pipeline stage)\n"
+            "  --tp N                 tensor parallelism: split every layer's heads over N GPUs, DEV and the\n"
+            "                         next N-1 (or N CPU backends), one process; default 1. Snapshots stay\n"
+            "                         whole-model snapshots (a session moves between any splits). With\n"
+            "                         --layers, a split pipeline stage (its rows then travel over gRPC)\n"
             "  --id NAME              stable worker id (default: assigned by the coordinator)\n"
             "  --store ADDR           statestore address (default: the one the coordinator names)\n"
             "  --state-budget MB      resident session state beyond this evicts idle sessions (default: no limit)\n"
@@ -117,7 +122,7 @@ int main(int argc, char **argv) {
                                  {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},
                                  {"admin-key-file", 1, 0, 'K'}, {"tls-cert", 1, 0, 1001}, {"tls-key", 1, 0, 1002},
                                  {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},
-                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014},        {0, 0, 0, 0}};
+                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014}, {"tp", 1, 0, 1015},        {0, 0, 0, 0}};
     const char *admin_key_file = NULL;
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
@@ -132,6 +137,16 @@ int main(int argc, char **argv) {
         case 'm': p.model_dir = optarg; break;
         case 'n': p.model_name = optarg; break;
         case 'd': p.device = optarg; break;
+        case 1015: {
+            char *e;
+            long v = strtol(optarg, &e, 10);
+            if (*e || v < 1 || v > HYLA_TP_MAX) {
+                fprintf(stderr, "hyla-worker: --tp: '%s' must be a number from 1 to %d\n", optarg, HYLA_TP_MAX);
+                return 2;
+            }
+            p.tp = (int)v;
+            break;
+        }
         case 'L':
             if (sscanf(optarg, "%d:%d", &p.layer_begin, &p.layer_end) != 2 || p.layer_begin < 0 || p.layer_end <= p.layer_begin) {
                 fprintf(stderr, "hyla-worker: --layers must be A:B with 0 <= A < B\n");

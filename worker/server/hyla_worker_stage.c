@@ -324,6 +324,7 @@ static void stage_handshake(hyla_worker *w, stage_call *sc, const Hyla__V1__Stag
 #ifdef HYLA_HAVE_CUDA
     char host[256] = "", dev[64] = "";
     if (!nccl_wanted(w)) why = "this worker has no NCCL or no GPU, or HYLA_STAGE_NCCL=0";
+    else if (w->tp) why = "this stage is split over several GPUs (--tp): its rows arrive over gRPC";
     else if (r->nccl_id.len != HYLA_NCCL_ID_BYTES) why = "the offered NCCL id has the wrong size";
     else if (w->prev_nccl) why = "this stage already has an NCCL link from a previous stage";
     else if (hyla_cuda_nccl_peer_key(w->be, host, sizeof host, dev, sizeof dev) != HYLA_OK) why = hyla_last_error();

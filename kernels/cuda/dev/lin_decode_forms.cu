@@ -1,7 +1,8 @@
 /* lin_decode_forms.cu — the kernel lab's GLA / GDN decode forms: k_lin_dec with 2 or 4 value
  * columns per lane and register caps of 1, 2 or 3 blocks per SM, against the CPU reference and
  * against the product's decode (the backend's ops: k_lin_dec<.., 2, 2>), bit for bit, and timed.
- * The product keeps the fastest (kernels/cuda/dev/NOTES.md "Decode forms").
+ * The kernel is the product's own template (hyla_cuda_lin_dec.cuh); the forms are its other
+ * instances. The product keeps the fastest (kernels/cuda/dev/NOTES.md "Decode forms").
  * usage: lin_decode_forms [B...]   (default B = 1 16 64; H = 16, dk = dv = 128)
  * Exit status 1 when a form is out of tolerance of the CPU or differs from the product's bits. */
 #include <math.h>
@@ -10,191 +11,9 @@
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_lin_dec.cuh"
 #include "hyla_ops.h"
-
-/* Decode form of the recurrence (ntok == 1, every batched decode step): VW value columns per
- * lane (16- or 8-byte state loads), one block per (session, head, 32 * VW columns). Unlike the
- * token-loop kernels it stages the token's q, k (times the route weight) and GLA's e^gk for the
- * block's head in shared memory while the state loads are in flight, so the update loop reads
- * them from shared memory instead of waiting on a global load per key row. The arithmetic is
- * k_lin_rec4's, expression by expression, so both give the same bits (tested). */
-template <int VW> struct DecVec;
-template <> struct DecVec<4> {
-    typedef float4 t;
-    static __device__ __forceinline__ void ld(float (&d)[4], const float *p) {
-        float4 x = *(const float4 *)p;
-        d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
-    }
-    static __device__ __forceinline__ void st(float *p, const float (&d)[4]) {
-        *(float4 *)p = make_float4(d[0], d[1], d[2], d[3]);
-    }
-};
-template <> struct DecVec<2> {
-    typedef float2 t;
-    static __device__ __forceinline__ void ld(float (&d)[2], const float *p) {
-        float2 x = *(const float2 *)p;
-        d[0] = x.x, d[1] = x.y;
-    }
-    static __device__ __forceinline__ void st(float *p, const float (&d)[2]) { *(float2 *)p = make_float2(d[0], d[1]); }
-};
-
-template <int R, int VW, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
-    typedef DecVec<VW> V;
-    __shared__ __align__(16) float red[2][8][32 * VW];
-    __shared__ float sq[8 * R], sk[8 * R], sd[8 * R];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int j = blockIdx.x * 32 * VW + lane * VW;
-    bool jv = j < a.dv;
-    int h = blockIdx.y, b = blockIdx.z;
-    const int H = a.H, dk = a.dk, dv = a.dv;
-    int nslots = a.Sp ? 1 + a.K : 1;
-    int m = 0;
-    float vj[VW];
-#pragma unroll
-    for (int c = 0; c < VW; c++) vj[c] = 0.0f;
-    if (jv) V::ld(vj, a.v + ((size_t)b * H + h) * dv + j);
-    for (int slot = 0; slot < nslots; slot++) {
-        float *Sg;
-        float wt = 1.0f;
-        if (slot == 0) {
-            Sg = a.S0[b] + (size_t)h * dk * dv;
-        } else {
-            int part = a.idx[(size_t)b * a.K + slot - 1];
-            wt = a.w[(size_t)b * a.K + slot - 1];
-            if (part < 0 || part >= a.N) continue; /* invalid route: skip (uniform) */
-            Sg = a.Sp[b] + ((size_t)part * H + h) * dk * dv;
-        }
-        float s[R][VW];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int i = w + 8 * r;
-            if (i < dk && jv) {
-                V::ld(s[r], Sg + (size_t)i * dv + j);
-            } else {
-#pragma unroll
-                for (int c = 0; c < VW; c++) s[r][c] = 0.0f;
-            }
-        }
-        const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
-        const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
-        size_t row = (size_t)b;
-        for (int i = threadIdx.x; i < dk; i += 256) {
-            sq[i] = Q[(row * H + h) * dk + i] * wt;
-            sk[i] = Kx[(row * H + h) * dk + i] * wt;
-            if (!a.gdn) sd[i] = expf(GA[(row * H + h) * dk + i]);
-        }
-        __syncthreads();
-        float po[VW];
-#pragma unroll
-        for (int c = 0; c < VW; c++) po[c] = 0.0f;
-        if (!a.gdn) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int i = w + 8 * r;
-                if (i < dk) {
-                    float ki = sk[i], qi = sq[i], d = sd[i];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] = __fmaf_rn(d, s[r][c], __fmul_rn(ki, vj[c]));
-#pragma unroll
-                    for (int c = 0; c < VW; c++) po[c] = __fmaf_rn(qi, s[r][c], po[c]);
-                }
-            }
-        } else {
-            float d = expf(GA[row * H + h]);
-            float beta = BE[row * H + h];
-            float pk[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) pk[c] = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int i = w + 8 * r;
-                if (i < dk) {
-                    float ki = sk[i];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] *= d;
-#pragma unroll
-                    for (int c = 0; c < VW; c++) pk[c] += ki * s[r][c];
-                }
-            }
-            V::st(&red[m & 1][w][lane * VW], pk);
-            __syncthreads();
-            float ks[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) ks[c] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float x[VW];
-                V::ld(x, &red[m & 1][q][lane * VW]);
-#pragma unroll
-                for (int c = 0; c < VW; c++) ks[c] += x[c];
-            }
-            m++;
-            float u[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) u[c] = beta * (vj[c] - ks[c]);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int i = w + 8 * r;
-                if (i < dk) {
-                    float ki = sk[i], qi = sq[i];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) s[r][c] += ki * u[c];
-#pragma unroll
-                    for (int c = 0; c < VW; c++) po[c] += qi * s[r][c];
-                }
-            }
-        }
-        /* the state goes back before the reduction: its stores drain while the block reduces */
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int i = w + 8 * r;
-            if (i < dk && jv) V::st(Sg + (size_t)i * dv + j, s[r]);
-        }
-        V::st(&red[m & 1][w][lane * VW], po);
-        __syncthreads();
-        if (w == 0 && jv) {
-            float acc[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) acc[c] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float x[VW];
-                V::ld(x, &red[m & 1][q][lane * VW]);
-#pragma unroll
-                for (int c = 0; c < VW; c++) acc[c] += x[c];
-            }
-            float *op = a.o + ((size_t)b * H + h) * dv + j;
-            float res[VW];
-#pragma unroll
-            for (int c = 0; c < VW; c++) res[c] = a.scale * acc[c];
-            if (slot != 0) {
-                float prev[VW];
-                V::ld(prev, op);
-#pragma unroll
-                for (int c = 0; c < VW; c++) res[c] += prev[c];
-            }
-            V::st(op, res);
-        }
-        m++;
-    }
-}
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                       \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-#define HK(x)                                                                                                          \
-    do {                                                                                                               \
-        if ((x) != HYLA_OK) {                                                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, hyla_last_error());                            \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
+#include "lab.h"
 
 struct Form {
     const char *name;
@@ -211,11 +30,6 @@ static const Form forms[] = {
     {"d4 (4 columns, 1 block/SM)", launch_form<4, 1>},
     {"d4b (4 columns, 2 blocks/SM)", launch_form<4, 2>},
 };
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / 16777216.0f;
-}
 
 int main(int argc, char **argv) {
     int Bs[8] = {1, 16, 64}, nb = 3;

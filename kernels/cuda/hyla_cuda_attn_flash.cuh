@@ -1,0 +1,320 @@
+/* hyla_cuda_attn_flash.cuh — the flash-attention prefill kernel (internal to kernels/cuda): one
+ * 64-key tile step (fa_tile), the end of a block (fa_finish) and the kernel k_attn_flash2<D, NW>
+ * (the product runs NW = 4 warps, the kernel lab also 8). Included by
+ * hyla_cuda_attn.cu (the launches, the split combine) and by the kernel lab's
+ * kernels/cuda/dev/attn_flash_forms.cu, which runs the same code in its other forms, so the forms
+ * it measures and the product's cannot drift apart.
+ * Tensor cores: bf16 inputs, fp32 accumulation (mma.sync m16n8k16, hyla_cuda_mma.cuh). */
+#ifndef HYLA_CUDA_ATTN_FLASH_CUH
+#define HYLA_CUDA_ATTN_FLASH_CUH
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
+
+#define FA_BQ 64
+#define FA_BK 64
+
+/* Key splits (split_len > 0, blockIdx.z = split s): the block runs the keys of
+ * [s split_len, (s+1) split_len) only and writes, for each of its rows whose keys meet the
+ * split, the unnormalised partial (O, m in log2 units, l) into part [n][Hq][nsplit][D + 2];
+ * k_flash_combine then merges a row's splits in split order. The split boundaries are absolute
+ * key positions, and key tiles past a row's position add exact zeros, so a row's result does not
+ * depend on the call it is in (prefill pieces of any size give the same bits). split_len = 0:
+ * one pass over all keys, o written directly. */
+/* A warp's online softmax state for its two query rows at the start of a block: running max
+ * m = -inf and sum l = 0 (log2 domain), O = 0. */
+template <int D>
+__device__ __forceinline__ void fa_begin(float &m0, float &m1, float &l0, float &l1, float (&oacc)[D / 8][4]) {
+    m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+}
+
+/* One 64-key tile of a flash block, for a warp's two query rows (r0 = 16 w + g, r1 = r0 + 8 at
+ * positions p0, p1): S = Q K^T on the tile (K at Ks, V at Vs, rows of LD bf16), the causal /
+ * window mask and keys past khi to -inf, the online softmax update of (m, l) in the log2 domain
+ * and O = c O + P V. VCUT: V rows past khi are zeroed in the fragments (the product's
+ * k_attn_flash2, whose shared tile may hold real rows there; the kernel lab's plain-load form
+ * zero-fills them when it loads the tile, the same +0 bf16). */
+template <int D, bool VCUT>
+__device__ __forceinline__ void fa_tile(const uint32_t (&qf)[D / 16][4], const __nv_bfloat16 *Ks, const __nv_bfloat16 *Vs,
+                                        int kt, int khi, int p0, int p1, int window, float sl2, float &m0, float &m1,
+                                        float &l0, float &l1, float (&oacc)[D / 8][4]) {
+    constexpr int LD = D + 8;
+    const int tq = (threadIdx.x & 31) & 3;
+    float sacc[FA_BK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sacc[nt][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4 */
+            uint32_t bf[2][2];
+            ldsm_frag_b2_nk(bf, Ks + (nt * 8) * LD + kc * 16, LD);
+            mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
+            mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
+        }
+    /* mask and online softmax (log2 domain) */
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int kpos = kt + nt * 8 + 2 * tq + (e & 1);
+            int qpos = (e >> 1) ? p1 : p0;
+            bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
+            float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
+            sacc[nt][e] = v;
+            if (e >> 1)
+                mx1 = fmaxf(mx1, v);
+            else
+                mx0 = fmaxf(mx0, v);
+        }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
+    float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+        sacc[nt][0] = exp2f(sacc[nt][0] - b0);
+        sacc[nt][1] = exp2f(sacc[nt][1] - b0);
+        sacc[nt][2] = exp2f(sacc[nt][2] - b1);
+        sacc[nt][3] = exp2f(sacc[nt][3] - b1);
+        s0 += sacc[nt][0] + sacc[nt][1];
+        s1 += sacc[nt][2] + sacc[nt][3];
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+    }
+    l0 = l0 * c0 + s0;
+    l1 = l1 * c1 + s1;
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        oacc[nt][0] *= c0;
+        oacc[nt][1] *= c0;
+        oacc[nt][2] *= c1;
+        oacc[nt][3] *= c1;
+    }
+    /* O += P V; with VCUT the V rows past khi zeroed (only in a tile that reaches past khi, which
+     * for a warp happens once) */
+    const bool vcut = VCUT && kt + FA_BK - 1 > khi;
+#pragma unroll
+    for (int kc = 0; kc < FA_BK / 16; kc++) {
+        uint32_t pf[4];
+        pf[0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+        pf[1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+        pf[2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+        pf[3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+        /* ldsm_frag_b2_kn: reg 0 of a tile holds keys 2tq (low half), 2tq + 1 (high); reg 1 keys
+         * 2tq + 8, 2tq + 9 (of this 16-key step) */
+        const int kb = kt + kc * 16 + 2 * tq;
+        const uint32_t keep0 = (kb <= khi ? 0x0000ffffu : 0u) | (kb + 1 <= khi ? 0xffff0000u : 0u);
+        const uint32_t keep1 = (kb + 8 <= khi ? 0x0000ffffu : 0u) | (kb + 9 <= khi ? 0xffff0000u : 0u);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt += 2) { /* two n8 tiles per ldmatrix.x4.trans */
+            uint32_t bf[2][2];
+            ldsm_frag_b2_kn(bf, Vs + (kc * 16) * LD + nt * 8, LD);
+            if (vcut) {
+                bf[0][0] &= keep0;
+                bf[1][0] &= keep0;
+                bf[0][1] &= keep1;
+                bf[1][1] &= keep1;
+            }
+            mma_bf16_16816(oacc[nt], pf, bf[0]);
+            mma_bf16_16816(oacc[nt + 1], pf, bf[1]);
+        }
+    }
+}
+
+/* The end of a flash block for a warp's two rows (r0, r1 of the block q0, nq valid): with
+ * split_len, the partials (O, m, l) of the rows whose keys meet this split, which
+ * k_flash_combine reads; without, O / l, as k_flash_combine computes it for a row whose keys all
+ * lie in one split (there the weight 2^(m - M) is exactly 1), so a call whose keys fit one split
+ * skips the partials and gives the same bits. */
+template <int D>
+__device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m0, float m1, float l0, float l1, int q0,
+                                          int nq, int r0, int r1, int p0, int p1, int h, int Hq, int window, int split,
+                                          int split_len, int nsplit, float *part, float *o) {
+    const int tq = (threadIdx.x & 31) & 3;
+    if (split_len) {
+        const int sl = split * split_len, sh = sl + split_len - 1;
+        const bool w0 = r0 < nq && sl <= p0 && (window <= 0 || sh > p0 - window);
+        const bool w1 = r1 < nq && sl <= p1 && (window <= 0 || sh > p1 - window);
+        float *pr0 = part + (((size_t)(q0 + r0) * Hq + h) * nsplit + split) * (D + 2);
+        float *pr1 = part + (((size_t)(q0 + r1) * Hq + h) * nsplit + split) * (D + 2);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            int d = nt * 8 + 2 * tq;
+            if (w0) *(float2 *)(pr0 + d) = make_float2(oacc[nt][0], oacc[nt][1]);
+            if (w1) *(float2 *)(pr1 + d) = make_float2(oacc[nt][2], oacc[nt][3]);
+        }
+        if (tq == 0) {
+            if (w0) *(float2 *)(pr0 + D) = make_float2(m0, l0);
+            if (w1) *(float2 *)(pr1 + D) = make_float2(m1, l1);
+        }
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int d = nt * 8 + 2 * tq;
+        if (r0 < nq) {
+            float *op = o + ((size_t)(q0 + r0) * Hq + h) * D + d;
+            op[0] = l0 > 0.0f ? oacc[nt][0] / l0 : 0.0f;
+            op[1] = l0 > 0.0f ? oacc[nt][1] / l0 : 0.0f;
+        }
+        if (r1 < nq) {
+            float *op = o + ((size_t)(q0 + r1) * Hq + h) * D + d;
+            op[0] = l1 > 0.0f ? oacc[nt][2] / l1 : 0.0f;
+            op[1] = l1 > 0.0f ? oacc[nt][3] / l1 : 0.0f;
+        }
+    }
+}
+
+/* k_attn_flash2: a flash block of NW warps (4: 64 queries, the product; 8: 128 queries sharing
+ * each K/V tile, the form measured in kernels/cuda/dev/NOTES.md) per (query block, head[, key
+ * split]); each warp owns 16 query rows. The block streams 64-key tiles through two
+ * shared-memory buffers (cp.async, 16-byte pieces gathered row by row from the pages: a tile may
+ * span pages; tile t + 1 loads while tile t computes) and runs fa_tile on each, fa_finish at the
+ * end. The block is two 64-query halves, each with the key range [klo, khi] of its queries, the
+ * window and the split; with 4 warps half 1 is always empty, so every tile is half 0's. With 8
+ * warps the halves' tile grids can differ when a window is set (half 0's window start clamped to
+ * 0 or to the split start, half 1's not, klo_1 - klo_0 not a multiple of 64): then the block runs
+ * two passes, each half computing only in its own. K rows past khi are masked to -inf whatever
+ * they hold; V rows past khi are zeroed in the fragment registers (+0 bf16).
+ * Shared memory: 2 buffers x (K, V) x [64][D + 8] bf16 (69,632 bytes at D = 128); the Q tile is
+ * staged in buffer 1 until its fragments are in registers, while tile 0 streams into buffer 0.
+ * Tiles past a row's position would be bit-neutral too (all masked), but they are skipped so
+ * that a row's sequence of tiles does not depend on the call (nor on NW).
+ * Registers (sm_90, no spills): NW = 4: 168 at D = 128, three blocks per SM (the product's
+ * launch bounds); NW = 8: 207 / 159 / 127 at D = 128 / 64 / 32, one block per SM. */
+template <int D, int NW>
+__global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
+                                                                 int window, float scale, void *const *kp,
+                                                                 void *const *vp, int pt, float *o, int split_len,
+                                                                 int nsplit, float *part) {
+    constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2;
+    const int half = w >> 2, wl = w & 3;
+    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
+    const int qB = blockIdx.x * BQ; /* first query of the block (call-relative) */
+    const int nqB = n - qB < BQ ? n - qB : BQ;
+    /* each half's queries q0, nq and keys [klo, khi] (empty: klo > khi) */
+    int lo0, hi0, lo1, hi1;
+    {
+        int lo[2], hi[2];
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            const int q0s = qB + FA_BQ * s, nqs = n - q0s < FA_BQ ? n - q0s : FA_BQ;
+            int klo = window > 0 ? pos0 + q0s - window + 1 : 0;
+            if (klo < 0) klo = 0;
+            int khi = pos0 + q0s + nqs - 1;
+            if (split_len) {
+                if (split * split_len > klo) klo = split * split_len;
+                if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+            }
+            if (nqs <= 0 || s >= NW / 4) klo = khi + 1;
+            lo[s] = klo;
+            hi[s] = khi;
+        }
+        lo0 = lo[0], hi0 = hi[0], lo1 = lo[1], hi1 = hi[1];
+    }
+    /* passes (first tile, last key loaded); lo1 >= lo0 and hi1 >= hi0. A half computes the
+     * tiles of its own grid only (kt = klo_h + 64 i), so in two passes each half skips the other's */
+    int st0 = 0, end0 = -1, nt0 = 0, st1 = 0, end1 = -1, nt1 = 0;
+    const bool e0 = lo0 > hi0, e1 = lo1 > hi1;
+    if (e0 && !e1) {
+        st0 = lo1, end0 = hi1;
+    } else if (!e0 && e1) {
+        st0 = lo0, end0 = hi0;
+    } else if (!e0 && !e1) {
+        if ((lo1 - lo0) % FA_BK == 0) {
+            st0 = lo0, end0 = hi1;
+        } else {
+            st0 = lo0, end0 = hi0;
+            st1 = lo1, end1 = hi1;
+        }
+    }
+    if (end0 >= st0) nt0 = (end0 - st0) / FA_BK + 1;
+    if (end1 >= st1) nt1 = (end1 - st1) / FA_BK + 1;
+    const int ntile = nt0 + nt1;
+    const size_t rowsz = (size_t)Hk * D;
+    /* tile j -> buffer b: rows past the pass's last key zero-filled (src-size 0) */
+    auto load = [&](int j, int b) {
+        const bool p1 = j >= nt0;
+        const int kt = p1 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK, end = p1 ? end1 : end0;
+        __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
+#pragma unroll 1
+        for (int x = tid; x < FA_BK * (D / 8); x += NT) {
+            const int r = x / (D / 8), c8 = x % (D / 8), p = kt + r, pc = p <= end ? p : end;
+            const size_t off = (size_t)(pc % pt) * rowsz + (size_t)hk * D + c8 * 8;
+            const int bytes = p <= end ? 16 : 0;
+            cp_async16(Kd + r * LD + c8 * 8, (const __nv_bfloat16 *)kp[pc / pt] + off, bytes);
+            cp_async16(Vd + r * LD + c8 * 8, (const __nv_bfloat16 *)vp[pc / pt] + off, bytes);
+        }
+        cp_async_commit();
+    };
+    if (ntile > 0) load(0, 0);
+    /* Q tile (bf16) in buffer 1 */
+    {
+        __nv_bfloat16 *Qs = sm + 2 * TILE;
+        for (int x = tid; x < BQ * (D / 4); x += NT) {
+            const int r = x / (D / 4), d = (x % (D / 4)) * 4;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (r < nqB) {
+                const float *src = q + ((size_t)(qB + r) * Hq + h) * D + d; /* 4-byte aligned only */
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] = src[e];
+            }
+            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + r * LD + d);
+            dst[0] = __floats2bfloat162_rn(v[0], v[1]);
+            dst[1] = __floats2bfloat162_rn(v[2], v[3]);
+        }
+    }
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LD + kc * 16, LD);
+    __syncthreads(); /* buffer 1 free for tile 1 */
+
+    /* this warp's half (queries from q0 = qB + 64 half) and its two query rows */
+    const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    const int klo = half ? lo1 : lo0, khi = half ? hi1 : hi0;
+    const int r0 = 16 * wl + g, r1 = r0 + 8;
+    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
+    float m0, m1, l0, l1, oacc[D / 8][4];
+    fa_begin<D>(m0, m1, l0, l1, oacc);
+    const float sl2 = scale * 1.4426950408889634f; /* exp(x) = exp2(x log2 e) */
+    for (int j = 0; j < ntile; j++) {
+        if (j + 1 < ntile)
+            load(j + 1, (j + 1) & 1);
+        else
+            cp_async_commit(); /* an empty group: wait_group 1 below then waits for tile j */
+        cp_async_wait<1>();
+        __syncthreads(); /* tile j in buffer j & 1, visible to all warps */
+        const int kt = j >= nt0 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK;
+        /* one of this half's tiles (kt = klo + 64 i <= khi) */
+        if (kt >= klo && kt <= khi && (kt - klo) % FA_BK == 0) {
+            const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
+            fa_tile<D, true>(qf, Ks, Vs, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+        }
+        __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
+    }
+    if (nq <= 0) return;
+    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
+}
+
+#endif

@@ -1,0 +1,553 @@
+/* hyla_tp.c — tensor-parallel groups inside one process: the ranks' threads, the sum over the
+ * group that the runtimes call twice per layer, and the snapshot join and cut (hyla_tp.h).
+ *
+ * The sum on the CPU backend: each rank posts its buffer and waits for all; each then adds the
+ * T buffers in rank order into a private copy (so every rank gets the same bits), waits again
+ * (nobody overwrites a buffer another is still reading) and copies its sum back. A failed rank
+ * marks the group aborted and wakes the waiters, whose sums then fail: a rank never waits for a
+ * partner that has returned. On CUDA the sum is NCCL's all-reduce on the compute stream, one
+ * communicator for the group, joined by every rank's thread at creation. Ranks 1..T-1 each have
+ * a thread for the group's life (bound to its GPU at every job, cheap); hyla_tp_run hands them a
+ * job and runs rank 0 on the caller's thread. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_model_impl.h"
+#include "hyla_runtime_impl.h"
+#include "hyla_tp.h"
+
+/* kernels/cuda/hyla_cuda_extra.h, weak: NULL in builds without the CUDA backend */
+typedef struct hyla_nccl_link hyla_nccl_link;
+hyla_status hyla_cuda_nccl_id(uint8_t id[128]) __attribute__((weak));
+hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[128], int nranks, int rank, int timeout_ms,
+                                hyla_nccl_link **out) __attribute__((weak));
+hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) __attribute__((weak));
+void hyla_cuda_nccl_close(hyla_nccl_link *l) __attribute__((weak));
+hyla_status hyla_cuda_bind_thread(hyla_backend *be) __attribute__((weak));
+
+#define TP_JOIN_TIMEOUT_MS 30000
+
+typedef struct {
+    struct hyla_tp_group *g;
+    int rank;
+} rank_ref;
+
+struct hyla_tp_group {
+    int T, cuda;
+    hyla_runtime *rt[HYLA_TP_MAX];
+    rank_ref ref[HYLA_TP_MAX];
+    hyla_nccl_link *link[HYLA_TP_MAX];
+    uint8_t nccl_id[128];
+    /* the CPU sum's rendezvous */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    unsigned generation;
+    atomic_int aborted;
+    /* the spinning rendezvous before each NCCL all-reduce */
+    atomic_int sarrived;
+    atomic_uint sgen;
+    float *buf[HYLA_TP_MAX];
+    size_t n[HYLA_TP_MAX];
+    /* the ranks' threads (1..T-1), started once: hyla_tp_run posts a job and waits */
+    pthread_t th[HYLA_TP_MAX];
+    int n_threads;
+    pthread_mutex_t jmu;
+    pthread_cond_t jcv, dcv;
+    unsigned job_gen;
+    int job_pending, quit;
+    struct rank_job *jobs;
+    /* what hyla_tp_open made (freed by hyla_tp_close) */
+    hyla_backend *own_be[HYLA_TP_MAX];
+    hyla_model *own_m[HYLA_TP_MAX];
+    int owned;
+};
+
+/* All ranks meet; HYLA_ERR_CANCELLED once the group is aborted. */
+static hyla_status rendezvous(struct hyla_tp_group *g) {
+    pthread_mutex_lock(&g->mu);
+    unsigned gen = g->generation;
+    if (!g->aborted && ++g->arrived == g->T) {
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (gen == g->generation && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
+    }
+    int ab = g->aborted;
+    pthread_mutex_unlock(&g->mu);
+    return ab ? hyla_fail(HYLA_ERR_CANCELLED, "another rank of the tensor-parallel group failed") : HYLA_OK;
+}
+
+static void abort_group(struct hyla_tp_group *g) {
+    pthread_mutex_lock(&g->mu);
+    g->aborted = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
+    rank_ref *r = ud;
+    struct hyla_tp_group *g = r->g;
+    g->buf[r->rank] = buf;
+    g->n[r->rank] = n;
+    HYLA_TRY(rendezvous(g));
+    for (int t = 0; t < g->T; t++)
+        if (g->n[t] != n) {
+            abort_group(g);
+            return hyla_fail(HYLA_ERR_INTERNAL, "tensor-parallel sum: rank %d sums %zu values, rank %d %zu", r->rank, n,
+                             t, g->n[t]);
+        }
+    float *sum = malloc((n ? n : 1) * sizeof *sum);
+    if (!sum) {
+        abort_group(g);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    memcpy(sum, g->buf[0], n * sizeof *sum);
+    for (int t = 1; t < g->T; t++) {
+        const float *b = g->buf[t];
+        for (size_t i = 0; i < n; i++) sum[i] += b[i];
+    }
+    hyla_status st = rendezvous(g);
+    if (st == HYLA_OK) memcpy(buf, sum, n * sizeof *sum);
+    free(sum);
+    return st;
+}
+
+/* Every rank's thread reaches the all-reduce before any queues it. One process drives all the
+ * GPUs, and a CUDA call that synchronises (cudaFree, a first-time allocation or plan) on one
+ * rank's thread while another GPU's all-reduce kernel already waits for this rank would never
+ * return: the partner kernel waits for a call this thread has not made. After the rendezvous
+ * every rank queues its all-reduce at once, so a kernel in flight always has its partners. A
+ * spin, not a sleep: the ranks arrive within microseconds of each other, twice per layer. */
+static hyla_status spin_rendezvous(struct hyla_tp_group *g) {
+    unsigned gen = atomic_load(&g->sgen);
+    if (atomic_fetch_add(&g->sarrived, 1) == g->T - 1) {
+        atomic_store(&g->sarrived, 0);
+        atomic_fetch_add(&g->sgen, 1);
+        return HYLA_OK;
+    }
+    for (unsigned spins = 0; atomic_load(&g->sgen) == gen; spins++) {
+        if (atomic_load(&g->aborted))
+            return hyla_fail(HYLA_ERR_CANCELLED, "another rank of the tensor-parallel group failed");
+        if (spins > 4096) sched_yield();
+    }
+    return HYLA_OK;
+}
+
+static hyla_status nccl_allreduce(void *ud, float *buf, size_t n) {
+    rank_ref *r = ud;
+    HYLA_TRY(spin_rendezvous(r->g));
+    return hyla_cuda_nccl_allreduce(r->g->rt[r->rank]->be, r->g->link[r->rank], buf, n);
+}
+
+int hyla_tp_size(const hyla_tp_group *g) { return g->T; }
+int hyla_tp_group_size(const struct hyla_tp_group *g) { return g->T; }
+hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r) { return g->rt[r]; }
+
+typedef struct rank_job {
+    struct hyla_tp_group *g;
+    int rank;
+    hyla_tp_fn fn;
+    void *ud;
+    hyla_status st;
+    char msg[512];
+} rank_job;
+
+static void run_rank(rank_job *j) {
+    hyla_status st = HYLA_OK;
+    if (j->g->cuda) st = hyla_cuda_bind_thread(j->g->rt[j->rank]->be);
+    if (st == HYLA_OK) st = j->fn(j->ud, j->rank);
+    if (st != HYLA_OK) {
+        snprintf(j->msg, sizeof j->msg, "%s", hyla_last_error());
+        abort_group(j->g);
+    }
+    j->st = st;
+}
+
+typedef struct {
+    struct hyla_tp_group *g;
+    int rank;
+} thread_arg;
+
+/* Rank r's thread: waits for each posted job, runs its part, reports done. */
+static void *rank_thread(void *arg) {
+    thread_arg a = *(thread_arg *)arg;
+    free(arg);
+    struct hyla_tp_group *g = a.g;
+    unsigned seen = 0;
+    pthread_mutex_lock(&g->jmu);
+    for (;;) {
+        while (!g->quit && g->job_gen == seen) pthread_cond_wait(&g->jcv, &g->jmu);
+        if (g->quit) break;
+        seen = g->job_gen;
+        rank_job *j = &g->jobs[a.rank];
+        pthread_mutex_unlock(&g->jmu);
+        run_rank(j);
+        pthread_mutex_lock(&g->jmu);
+        if (--g->job_pending == 0) pthread_cond_signal(&g->dcv);
+    }
+    pthread_mutex_unlock(&g->jmu);
+    return NULL;
+}
+
+hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud) {
+    rank_job jobs[HYLA_TP_MAX];
+    atomic_store(&g->aborted, 0);
+    g->arrived = 0;
+    atomic_store(&g->sarrived, 0);
+    for (int t = 0; t < g->T; t++) jobs[t] = (rank_job){g, t, fn, ud, HYLA_OK, ""};
+    pthread_mutex_lock(&g->jmu);
+    g->jobs = jobs;
+    g->job_pending = g->T - 1;
+    g->job_gen++;
+    pthread_cond_broadcast(&g->jcv);
+    pthread_mutex_unlock(&g->jmu);
+    run_rank(&jobs[0]);
+    pthread_mutex_lock(&g->jmu);
+    while (g->job_pending > 0) pthread_cond_wait(&g->dcv, &g->jmu);
+    g->jobs = NULL;
+    pthread_mutex_unlock(&g->jmu);
+    /* the first failure that is not another rank's echo */
+    int first = -1;
+    for (int t = 0; t < g->T && first < 0; t++)
+        if (jobs[t].st != HYLA_OK && jobs[t].st != HYLA_ERR_CANCELLED) first = t;
+    for (int t = 0; t < g->T && first < 0; t++)
+        if (jobs[t].st != HYLA_OK) first = t;
+    if (first < 0) return HYLA_OK;
+    return hyla_fail(jobs[first].st, "tensor-parallel rank %d: %s", first, jobs[first].msg);
+}
+
+static void stop_threads(struct hyla_tp_group *g) {
+    pthread_mutex_lock(&g->jmu);
+    g->quit = 1;
+    pthread_cond_broadcast(&g->jcv);
+    pthread_mutex_unlock(&g->jmu);
+    for (int t = 1; t <= g->n_threads; t++) pthread_join(g->th[t], NULL);
+    g->n_threads = 0;
+}
+
+static hyla_status join_nccl(void *ud, int rank) {
+    struct hyla_tp_group *g = ud;
+    return hyla_cuda_nccl_open(g->rt[rank]->be, g->nccl_id, g->T, rank, TP_JOIN_TIMEOUT_MS, &g->link[rank]);
+}
+
+hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group **out) {
+    *out = NULL;
+    if (T < 2 || T > HYLA_TP_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "a tensor-parallel group has 2 to %d ranks, not %d", HYLA_TP_MAX, T);
+    int ncuda = 0;
+    for (int t = 0; t < T; t++) {
+        int rank, size;
+        hyla_model_tp(rts[t]->m, &rank, &size);
+        if (rank != t || size != T)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "runtime %d of the group is on shard %d of %d, not %d of %d", t, rank,
+                             size, t, T);
+        if (rts[t]->m->fingerprint != rts[0]->m->fingerprint)
+            return hyla_fail(HYLA_ERR_MISMATCH, "the group's runtimes are on different models");
+        if (rts[t]->tp) return hyla_fail(HYLA_ERR_INVALID_ARG, "runtime %d is in a tensor-parallel group already", t);
+        if (rts[t]->m->layer_begin != rts[0]->m->layer_begin || rts[t]->m->layer_end != rts[0]->m->layer_end)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "the group's runtimes hold different layer ranges");
+        const char *be = rts[t]->be->ops->name;
+        if (!strcmp(be, "cuda")) ncuda++;
+        else if (strcmp(be, "cpu"))
+            return hyla_fail(HYLA_ERR_UNSUPPORTED, "tensor parallelism on the %s backend is not supported", be);
+    }
+    if (ncuda && ncuda != T)
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "a tensor-parallel group is all cpu or all cuda, not a mix");
+    if (ncuda && (!hyla_cuda_nccl_open || !hyla_cuda_bind_thread))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no CUDA backend");
+    struct hyla_tp_group *g = calloc(1, sizeof *g);
+    if (!g) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    g->T = T;
+    g->cuda = ncuda > 0;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    pthread_mutex_init(&g->jmu, NULL);
+    pthread_cond_init(&g->jcv, NULL);
+    pthread_cond_init(&g->dcv, NULL);
+    for (int t = 0; t < T; t++) {
+        g->rt[t] = rts[t];
+        g->ref[t] = (rank_ref){g, t};
+    }
+    hyla_status st = HYLA_OK;
+    for (int t = 1; st == HYLA_OK && t < T; t++) {
+        thread_arg *a = malloc(sizeof *a);
+        if (a) *a = (thread_arg){g, t};
+        if (!a || pthread_create(&g->th[t], NULL, rank_thread, a)) {
+            free(a);
+            st = hyla_fail(HYLA_ERR_INTERNAL, "could not start the thread of tensor-parallel rank %d", t);
+        } else {
+            g->n_threads = t;
+        }
+    }
+    if (g->cuda) {
+        st = hyla_cuda_nccl_id(g->nccl_id);
+        if (st == HYLA_OK) st = hyla_tp_run(g, join_nccl, g);
+    }
+    if (st != HYLA_OK) {
+        hyla_tp_group_free(g);
+        return hyla_fail_wrap(st, "joining the tensor-parallel group");
+    }
+    for (int t = 0; t < T; t++) {
+        hyla_runtime_set_allreduce(rts[t], g->cuda ? nccl_allreduce : cpu_allreduce, &g->ref[t]);
+        rts[t]->tp = g;
+        rts[t]->tp_rank = t;
+    }
+    *out = g;
+    return HYLA_OK;
+}
+
+void hyla_tp_group_free(hyla_tp_group *g) {
+    if (!g) return;
+    stop_threads(g);
+    for (int t = 0; t < g->T; t++) {
+        if (g->rt[t]->allreduce_ud == &g->ref[t]) hyla_runtime_set_allreduce(g->rt[t], NULL, NULL);
+        if (g->rt[t]->tp == g) g->rt[t]->tp = NULL;
+        if (g->link[t]) hyla_cuda_nccl_close(g->link[t]);
+    }
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->jcv);
+    pthread_cond_destroy(&g->dcv);
+    pthread_mutex_destroy(&g->jmu);
+    free(g);
+}
+
+hyla_status hyla_tp_open(const char *dir, const char *device, int T, const hyla_model_params *params, hyla_tp_group **out) {
+    *out = NULL;
+    if (T < 2 || T > HYLA_TP_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "tensor-parallel size %d: must be 2 to %d", T, HYLA_TP_MAX);
+    int first = 0, cuda = !strncmp(device, "cuda", 4);
+    if (cuda) {
+        const char *c = strchr(device, ':');
+        first = c ? atoi(c + 1) : 0;
+    } else if (strcmp(device, "cpu")) {
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "tensor parallelism needs device cpu or cuda:N, not '%s'", device);
+    }
+    hyla_backend *be[HYLA_TP_MAX] = {NULL};
+    hyla_model *m[HYLA_TP_MAX] = {NULL};
+    hyla_runtime *rt[HYLA_TP_MAX] = {NULL};
+    hyla_status st = HYLA_OK;
+    for (int t = 0; st == HYLA_OK && t < T; t++) {
+        char dev[32];
+        snprintf(dev, sizeof dev, cuda ? "cuda:%d" : "cpu", first + t);
+        hyla_model_params mp = params ? *params : hyla_model_default_params();
+        mp.tp_rank = t;
+        mp.tp_size = T;
+        st = hyla_backend_create(dev, &be[t]);
+        if (st != HYLA_OK) st = hyla_fail_wrap(st, "tensor-parallel rank %d on %s", t, dev);
+        if (st == HYLA_OK) st = hyla_model_load(dir, be[t], &mp, &m[t]);
+        if (st == HYLA_OK) st = hyla_runtime_create(m[t], &rt[t]);
+    }
+    hyla_tp_group *g = NULL;
+    if (st == HYLA_OK) st = hyla_tp_group_create(rt, T, &g);
+    if (st != HYLA_OK) {
+        for (int t = 0; t < T; t++) {
+            hyla_runtime_free(rt[t]);
+            hyla_model_free(m[t]);
+            hyla_backend_destroy(be[t]);
+        }
+        return st;
+    }
+    g->owned = 1;
+    for (int t = 0; t < T; t++) {
+        g->own_be[t] = be[t];
+        g->own_m[t] = m[t];
+    }
+    if (cuda && hyla_cuda_bind_thread) hyla_cuda_bind_thread(be[0]); /* the caller drives rank 0 */
+    *out = g;
+    return HYLA_OK;
+}
+
+void hyla_tp_close(hyla_tp_group *g) {
+    if (!g) return;
+    if (!g->owned) {
+        hyla_tp_group_free(g);
+        return;
+    }
+    hyla_runtime *rt[HYLA_TP_MAX];
+    hyla_backend *be[HYLA_TP_MAX];
+    hyla_model *m[HYLA_TP_MAX];
+    int T = g->T;
+    for (int t = 0; t < T; t++) rt[t] = g->rt[t], be[t] = g->own_be[t], m[t] = g->own_m[t];
+    hyla_tp_group_free(g);
+    for (int t = 0; t < T; t++) {
+        if (be[t] && hyla_cuda_bind_thread && !strcmp(be[t]->ops->name, "cuda")) hyla_cuda_bind_thread(be[t]);
+        hyla_runtime_free(rt[t]);
+        hyla_model_free(m[t]);
+        hyla_backend_destroy(be[t]);
+    }
+}
+
+hyla_backend *hyla_tp_backend(const hyla_tp_group *g) { return g->rt[0]->be; }
+hyla_model *hyla_tp_model(const hyla_tp_group *g) { return (hyla_model *)g->rt[0]->m; }
+hyla_runtime *hyla_tp_runtime(const hyla_tp_group *g) { return g->rt[0]; }
+hyla_backend *hyla_tp_rank_backend(const hyla_tp_group *g, int r) { return g->rt[r]->be; }
+hyla_runtime *hyla_tp_rank_runtime(const hyla_tp_group *g, int r) { return g->rt[r]; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Snapshots */
+
+/* The split dimension of part (layer, name) in snapshot terms (a paged part's rows follow its
+ * token dimension), -1 when the part is whole on every rank; *spec_out: the shard's spec.
+ * HYLA_ERR_MISMATCH when the model has no such part. */
+static hyla_status part_axis(const hyla_model *m, uint32_t layer, const char *name, int *axis,
+                             const hyla_part_spec **shard_spec, const hyla_part_spec **full_spec) {
+    if ((int)layer < m->layer_begin || (int)layer >= m->layer_end)
+        return hyla_fail(HYLA_ERR_MISMATCH, "snapshot part '%s' of layer %u: the model holds layers %d..%d", name, layer,
+                         m->layer_begin, m->layer_end - 1);
+    const hyla_layer *ly = &m->layers[layer];
+    for (int i = 0; i < ly->n_parts; i++) {
+        if (strcmp(ly->parts[i].name, name)) continue;
+        const hyla_part_spec *s = &ly->parts[i], *f = &ly->full_parts[i];
+        *axis = -1;
+        for (uint32_t d = 0; d < s->ndim; d++)
+            if (s->shape[d] != f->shape[d]) *axis = (int)d + (s->paged ? 1 : 0);
+        *shard_spec = s;
+        *full_spec = f;
+        return HYLA_OK;
+    }
+    return hyla_fail(HYLA_ERR_MISMATCH, "layer %u (%s) has no state part '%s'", layer, ly->mixer->name, name);
+}
+
+/* Whether part p has the shape spec s describes (a paged part: any token count). */
+static int fits(const hyla_state_part *p, const hyla_part_spec *s) {
+    uint32_t off = s->paged ? 1 : 0;
+    if (p->ndim != s->ndim + off || p->kind != (uint32_t)s->kind) return 0;
+    for (uint32_t d = 0; d < s->ndim; d++)
+        if (p->shape[d + off] != s->shape[d]) return 0;
+    return 1;
+}
+
+/* A shard part's runs before its split dimension (*outer) and bytes per entry of it (*inner). */
+static void runs(const hyla_state_part *p, int axis, size_t *outer, size_t *inner) {
+    size_t o = 1, c = hyla_dtype_size((hyla_dtype)p->dtype);
+    for (int d = 0; d < axis; d++) o *= (size_t)p->shape[d];
+    for (uint32_t d = (uint32_t)axis + 1; d < p->ndim; d++) c *= (size_t)p->shape[d];
+    *outer = o;
+    *inner = c;
+}
+
+/* Parts of model state (the token log aside, which only rank 0's export carries), first. */
+static uint32_t model_parts(const hyla_snapshot *s) {
+    uint32_t n = 0;
+    while (n < s->n_parts && s->parts[n].kind != HYLA_PART_TOKENS) n++;
+    return n;
+}
+
+static hyla_status copy_token_log(hyla_snapshot *dst, const hyla_snapshot *src) {
+    const int32_t *tok;
+    uint32_t n;
+    HYLA_TRY(hyla_snapshot_token_log(src, &tok, &n));
+    if (!n) return HYLA_OK;
+    int32_t *d;
+    HYLA_TRY(hyla_snapshot_add_token_log(dst, n, &d));
+    memcpy(d, tok, n * sizeof *d);
+    return HYLA_OK;
+}
+
+hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_snapshot *const *shards, int T,
+                                   hyla_snapshot **out) {
+    *out = NULL;
+    if (T < 1 || T > HYLA_TP_MAX) return hyla_fail(HYLA_ERR_INVALID_ARG, "merge of %d shards", T);
+    for (int t = 0; t < T; t++) {
+        int rank, size;
+        hyla_model_tp(models[t], &rank, &size);
+        if (rank != t || size != T)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "shard %d of the merge is on model shard %d of %d", t, rank, size);
+        if (model_parts(shards[t]) != model_parts(shards[0]) || shards[t]->position != shards[0]->position)
+            return hyla_fail(HYLA_ERR_MISMATCH, "the shards' snapshots differ in parts or position (rank %d)", t);
+    }
+    hyla_snapshot *w = hyla_snapshot_create();
+    if (!w) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_snapshot_copy_meta(w, shards[0]);
+    hyla_status st = HYLA_OK;
+    for (uint32_t i = 0; st == HYLA_OK && i < model_parts(shards[0]); i++) {
+        const hyla_state_part *p0 = &shards[0]->parts[i];
+        int axis;
+        const hyla_part_spec *ss, *fs;
+        if ((st = part_axis(models[0], p0->layer, p0->name, &axis, &ss, &fs)) != HYLA_OK) break;
+        for (int t = 0; t < T && st == HYLA_OK; t++) {
+            const hyla_state_part *pt = &shards[t]->parts[i];
+            if (strcmp(pt->name, p0->name) || pt->layer != p0->layer || !fits(pt, ss) || pt->nbytes != p0->nbytes ||
+                pt->dtype != p0->dtype)
+                st = hyla_fail(HYLA_ERR_MISMATCH, "layer %u part '%s' of rank %d does not fit shard %d of %d", p0->layer,
+                               p0->name, t, t, T);
+        }
+        if (st != HYLA_OK) break;
+        uint64_t shape[HYLA_PART_MAX_DIMS];
+        memcpy(shape, p0->shape, sizeof shape);
+        if (axis >= 0) shape[axis] = (uint64_t)hyla_tp_whole_len(ss->tp_seg, (int64_t)p0->shape[axis], T);
+        hyla_state_part *wp;
+        if ((st = hyla_snapshot_add_part(w, p0->layer, p0->name, (hyla_part_kind)p0->kind, (hyla_dtype)p0->dtype,
+                                         p0->ndim, shape, p0->page_tokens, &wp)) != HYLA_OK)
+            break;
+        if (axis < 0) {
+            memcpy(wp->data, p0->data, p0->nbytes);
+            continue;
+        }
+        size_t outer, inner;
+        runs(p0, axis, &outer, &inner);
+        for (int t = 0; t < T; t++)
+            hyla_tp_join(ss->tp_seg, outer, (int64_t)p0->shape[axis], inner, T, t, wp->data, shards[t]->parts[i].data);
+    }
+    if (st == HYLA_OK) st = copy_token_log(w, shards[0]);
+    if (st != HYLA_OK) {
+        hyla_snapshot_destroy(w);
+        return st;
+    }
+    *out = w;
+    return HYLA_OK;
+}
+
+hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *whole, hyla_snapshot **out) {
+    *out = NULL;
+    if (whole->model_fingerprint && whole->model_fingerprint != m->fingerprint)
+        return hyla_fail(HYLA_ERR_MISMATCH, "the snapshot is of another model (fingerprint %016llx, the model's %016llx)",
+                         (unsigned long long)whole->model_fingerprint, (unsigned long long)m->fingerprint);
+    int T = m->tp_size, r = m->tp_rank;
+    hyla_snapshot *s = hyla_snapshot_create();
+    if (!s) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_snapshot_copy_meta(s, whole);
+    hyla_status st = HYLA_OK;
+    for (uint32_t i = 0; st == HYLA_OK && i < whole->n_parts; i++) {
+        const hyla_state_part *p = &whole->parts[i];
+        if (p->kind == HYLA_PART_TOKENS) continue;
+        /* a pipeline stage takes its layers from a whole-model snapshot (as hyla_session_import) */
+        if (p->layer != HYLA_SNAPSHOT_SESSION_LAYER && ((int)p->layer < m->layer_begin || (int)p->layer >= m->layer_end))
+            continue;
+        int axis;
+        const hyla_part_spec *ss, *fs;
+        if ((st = part_axis(m, p->layer, p->name, &axis, &ss, &fs)) != HYLA_OK) break;
+        if (!fits(p, fs)) {
+            st = hyla_fail(HYLA_ERR_MISMATCH, "layer %u part '%s' does not have the whole layer's shape", p->layer, p->name);
+            break;
+        }
+        uint64_t shape[HYLA_PART_MAX_DIMS];
+        memcpy(shape, p->shape, sizeof shape);
+        if (axis >= 0) shape[axis] = ss->shape[axis - (ss->paged ? 1 : 0)];
+        hyla_state_part *sp;
+        if ((st = hyla_snapshot_add_part(s, p->layer, p->name, (hyla_part_kind)p->kind, (hyla_dtype)p->dtype, p->ndim,
+                                         shape, p->page_tokens, &sp)) != HYLA_OK)
+            break;
+        if (axis < 0) {
+            memcpy(sp->data, p->data, p->nbytes);
+            continue;
+        }
+        size_t outer, inner;
+        runs(sp, axis, &outer, &inner);
+        hyla_tp_cut(ss->tp_seg, outer, (int64_t)sp->shape[axis], inner, T, r, p->data, sp->data);
+    }
+    if (st == HYLA_OK) st = copy_token_log(s, whole);
+    if (st != HYLA_OK) {
+        hyla_snapshot_destroy(s);
+        return st;
+    }
+    *out = s;
+    return HYLA_OK;
+}
