@@ -1065,8 +1065,8 @@ static void bench_sparse(int quick, int nsa_only) {
 
 /* ---------------------------------------------------------------- Mamba2, StateX, DLA */
 
-/* The shapes of issue 15's benchmarks: Mamba2-1.3B's SSD (d_model 2048, expand 2: 64 heads of
- * 64, state 128, one group); StateX's expansions (Mamba2 state 512; GLA with its 4 heads merged:
+/* The benchmark shapes of Mamba2, StateX and DLA (BENCHMARKS.md): Mamba2-1.3B's SSD (d_model
+ * 2048, expand 2: 64 heads of 64, state 128, one group); StateX's expansions (Mamba2 state 512; GLA with its 4 heads merged:
  * H 1, dk 1024, dv 2048, against the unmerged H 4, dk 256, dv 512 of a 2048-wide GLA); DLA with
  * K = 30 states over the Mamba2 layer above and over a gated DeltaNet layer of 16 heads with
  * dk 128, dv 256. Decode rates are compared with copy_gbps, the device-to-device copy rate

@@ -168,7 +168,7 @@ def main():
             return {"ms": ms, "state_mb": st / 1e6, "gbps": by / (ms * 1e-3) / 1e9}
         guarded("fla_gla_decode", {"B": B, "H": Hh, "dk": dk, "dv": dv}, m)
 
-    # Mamba2-1.3B first (issue 15's first target), then StateX's shapes
+    # Mamba2-1.3B first (the headline shape), then StateX's shapes
     for B in batches:
         ssd_decode(128, B)
     for T in prefill:
