@@ -1792,6 +1792,7 @@ int hyla_bench_e2e(int argc, char **argv) {
         }
     }
     if (!model_dir) DIE("e2e: --model DIR is required (hyla-mkmodel writes one)");
+    if (tp < 1 || tp > HYLA_TP_MAX) DIE("e2e: --tp must be a number from 1 to %d", HYLA_TP_MAX);
     if (!np) np = hyla_bench_parse_list("4096", prefill, 8);
     if (!nb) nb = hyla_bench_parse_list("1,16,64", batches, 8);
     if (!nc) nc = hyla_bench_parse_list("16", ctxs, 8);
