@@ -52,14 +52,6 @@ static void make_model(const char *arch, const char *dir, const char *extra) {
     }
 }
 
-static int32_t *prompt(int n, uint64_t seed, int vocab) {
-    int32_t *t = malloc((size_t)n * sizeof *t);
-    hyla_rng r;
-    hyla_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&r) % (uint64_t)(vocab < 256 ? vocab : 256));
-    return t;
-}
-
 static hyla_session *new_session(hyla_runtime *m, float temp, uint64_t seed) {
     hyla_session *s = NULL;
     CHECK_OK(hyla_session_create(m, &s));
@@ -145,33 +137,6 @@ static void test_async(hyla_runtime *m, const char *arch, const int32_t *p, int 
     hyla_session_free(z);
 }
 
-/* hyla_session_import_begin / _ranges / _end with every part cut into pieces of `piece` bytes,
- * given last piece first, three ranges per call. NULL (after a failed check) on failure. */
-static hyla_session *streamed_import(hyla_runtime *m, const hyla_snapshot *snap, uint64_t piece) {
-    hyla_import *im = NULL;
-    CHECK_OK(hyla_session_import_begin(m, snap, &im));
-    if (!im) return NULL;
-    uint32_t part[3];
-    uint64_t off[3], len[3];
-    int n = 0;
-    for (uint32_t k = snap->n_parts; k-- > 0;) {
-        uint64_t nb = snap->parts[k].nbytes;
-        for (uint64_t e = nb; e > 0;) {
-            uint64_t o = e > piece ? e - piece : 0;
-            part[n] = k, off[n] = o, len[n] = e - o;
-            if (++n == 3) {
-                CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
-                n = 0;
-            }
-            e = o;
-        }
-    }
-    if (n) CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
-    hyla_session *s = NULL;
-    CHECK_OK(hyla_session_import_end(im, &s));
-    return s;
-}
-
 static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     /* lalte: a window, sink and budget small enough that 150 tokens evict, retain and replace;
      * lansa, nsa: blocks of 8, 4 selected, a window of 16: 150 tokens select among 19 blocks;
@@ -187,7 +152,7 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     if (!m) return;
     const hyla_model_config *c = hyla_model_get_config(test_model(m));
     int V = c->vocab_size, T = 150;
-    int32_t *p = prompt(T, 11, V);
+    int32_t *p = test_prompt(T, 11, V);
 
     /* 1. prefill logits vs decode logits. Tolerance: chunked and recurrent forms sum the same
      * terms in different orders in fp32 through 3 layers; logits are O(10), so 2e-3 absolute
@@ -247,7 +212,7 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     /* 3. export/import continues bit for bit; same seed, same tokens; the streaming import, its
      * ranges in pieces and in reverse order, gives the same session */
     int32_t g1[24], g2[24];
-    hyla_session *c1 = NULL, *c2 = streamed_import(m, sa, 7);
+    hyla_session *c1 = NULL, *c2 = test_streamed_import(m, sa, 7);
     CHECK_OK(hyla_session_import(m, sa, &c1));
     if (c1 && c2) {
         hyla_snapshot *x = NULL;
@@ -324,7 +289,7 @@ static void test_refusals(hyla_backend *be, const char *tmp) {
     if (!m1 || !m2) return;
     CHECK(hyla_model_fingerprint(test_model(m1)) != hyla_model_fingerprint(test_model(m2)));
     hyla_session *s = new_session(m1, 0, 0);
-    int32_t *p = prompt(10, 3, 260);
+    int32_t *p = test_prompt(10, 3, 260);
     CHECK_OK(hyla_session_feed(s, p, 10, NULL, NULL, NULL, NULL));
     hyla_snapshot *snap = NULL;
     CHECK_OK(hyla_session_export(s, &snap));
@@ -373,7 +338,7 @@ static void test_restore(hyla_backend *be, const char *tmp) {
         hyla_runtime *m = test_load(d1, be, NULL), *m2 = test_load(d2, be, NULL);
         if (!m || !m2) return;
         int V = hyla_model_get_config(test_model(m))->vocab_size;
-        int32_t *p = prompt(150, 9, V);
+        int32_t *p = test_prompt(150, 9, V);
         hyla_session *a = new_session(m, 0.8f, 5);
         CHECK_OK(hyla_session_feed(a, p, 150, NULL, NULL, NULL, NULL));
         int32_t g1[16], g2[16];
@@ -463,7 +428,7 @@ static void test_token_log(hyla_backend *be, const char *tmp) {
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     hyla_session *a = new_session(m, 0.8f, 11);
-    int32_t *p = prompt(10, 4, 260);
+    int32_t *p = test_prompt(10, 4, 260);
     CHECK_OK(hyla_session_feed(a, p, 10, NULL, NULL, NULL, NULL));
     CHECK(hyla_session_log_first(a) == 0);
     int32_t t[G + C], r[G + C], u[C];
@@ -595,7 +560,7 @@ static void test_pipeline(hyla_backend *be, const char *tmp) {
     if (!full || !ma || !mb) return;
     CHECK(hyla_model_fingerprint(test_model(ma)) == hyla_model_fingerprint(test_model(full)));
     hyla_runtime_set_downstream(ma, run_stage_b, NULL);
-    int32_t *p = prompt(100, 9, 260);
+    int32_t *p = test_prompt(100, 9, 260);
     hyla_session *f = new_session(full, 0.7f, 5), *a = new_session(ma, 0.7f, 5), *b = NULL;
     CHECK_OK(hyla_session_create(mb, &b));
     hyla_session_set_tag(a, b);
@@ -680,7 +645,7 @@ static void test_profile(hyla_backend *be, const char *tmp) {
     make_model("sse-h", dir, "--layers 6");
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
-    int32_t *p = prompt(100, 3, hyla_model_get_config(test_model(m))->vocab_size);
+    int32_t *p = test_prompt(100, 3, hyla_model_get_config(test_model(m))->vocab_size);
     int32_t t0[4], t1[4];
     for (int on = 0; on < 2; on++) {
         hyla_prof_on = on;
@@ -734,7 +699,7 @@ static void test_lte_constant_state(hyla_backend *be, const char *tmp) {
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     int V = hyla_model_get_config(test_model(m))->vocab_size;
-    int32_t *p = prompt(401, 3, V);
+    int32_t *p = test_prompt(401, 3, V);
     hyla_snapshot *a = NULL, *b = NULL;
     hyla_session *s = new_session(m, 0, 1);
     CHECK_OK(hyla_session_feed(s, p, 41, NULL, NULL, NULL, NULL));
@@ -777,7 +742,7 @@ static void test_dla_cache(hyla_backend *be, const char *tmp, const char *arch) 
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     int V = hyla_model_get_config(test_model(m))->vocab_size;
-    int32_t *p = prompt(301, 5, V); /* the last token fed waits for the next step */
+    int32_t *p = test_prompt(301, 5, V); /* the last token fed waits for the next step */
     hyla_snapshot *a = NULL, *b = NULL;
     hyla_session *s = new_session(m, 0, 1);
     CHECK_OK(hyla_session_feed(s, p, 30, NULL, NULL, NULL, NULL));

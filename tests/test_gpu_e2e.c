@@ -91,44 +91,10 @@ static void gen(hyla_session *s, int n, int32_t *tok, float *logits, int V) {
         CHECK_OK(hyla_session_decode(&s, 1, &tok[i], logits ? logits + (size_t)i * V : NULL));
 }
 
-static int32_t *prompt(int n, int vocab) {
-    int32_t *t = malloc((size_t)n * sizeof *t);
-    hyla_rng r;
-    hyla_rng_seed(&r, 11);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&r) % (uint64_t)(vocab < 256 ? vocab : 256));
-    return t;
-}
-
 /* discrete: the model makes discrete choices from bf16-computed values (LTE's retained tokens,
  * DLA's boundaries and merges), so the GPU's choices may differ from the CPU's fp32 ones and the
  * comparisons with the CPU are reported, not enforced (test_gpu_ops shows that the same inputs
  * give the same choices); the GPU's own bit identities still are. */
-/* hyla_session_import_begin / _ranges / _end with every part cut into pieces of `piece` bytes,
- * given last piece first, three ranges per call. NULL on failure. */
-static hyla_session *streamed_import(hyla_runtime *m, const hyla_snapshot *snap, uint64_t piece) {
-    hyla_import *im = NULL;
-    CHECK_OK(hyla_session_import_begin(m, snap, &im));
-    if (!im) return NULL;
-    uint32_t part[3];
-    uint64_t off[3], len[3];
-    int n = 0;
-    for (uint32_t k = snap->n_parts; k-- > 0;) {
-        for (uint64_t e = snap->parts[k].nbytes; e > 0;) {
-            uint64_t o = e > piece ? e - piece : 0;
-            part[n] = k, off[n] = o, len[n] = e - o;
-            if (++n == 3) {
-                CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
-                n = 0;
-            }
-            e = o;
-        }
-    }
-    if (n) CHECK_OK(hyla_session_import_ranges(im, n, part, off, len));
-    hyla_session *s = NULL;
-    CHECK_OK(hyla_session_import_end(im, &s));
-    return s;
-}
-
 static void test_arch(const char *arch, const char *extra, int discrete) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/gpu_e2e_%s%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch,
@@ -139,7 +105,7 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
     mg = test_load(dir, gpu, NULL);
     if (!mc || !mg) return;
     int V = hyla_model_get_config(test_model(mc))->vocab_size, T = 150, G = 24;
-    int32_t *p = prompt(T, V);
+    int32_t *p = test_prompt(T, 11, V);
     printf("%s %s\n", arch, extra ? extra : "");
 
     /* 1. prompt logits and greedy tokens vs CPU */
@@ -357,7 +323,7 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
          * and in reverse order) and a restore through a RocksDB store continue the same way */
         int cont_stream = 0, cont_store = 0;
         if (snap) {
-            r = streamed_import(mg, snap, 4096);
+            r = test_streamed_import(mg, snap, 4096);
             if (r) {
                 gen(r, NA, t2, l2, V);
                 cont_stream = !memcmp(t1, t2, sizeof t1) && !memcmp(l1, l2, (size_t)NA * V * 4);

@@ -41,14 +41,6 @@ static void make_model(const char *arch, const char *dir) {
     }
 }
 
-static int32_t *prompt(int n, int vocab) {
-    int32_t *t = malloc((size_t)n * sizeof *t);
-    hyla_rng r;
-    hyla_rng_seed(&r, 11);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&r) % (uint64_t)(vocab < 256 ? vocab : 256));
-    return t;
-}
-
 static hyla_session *new_session(hyla_runtime *rt, float temp) {
     hyla_session *s = NULL;
     CHECK_OK(hyla_session_create(rt, &s));
@@ -101,7 +93,7 @@ static void check_arch(const char *arch) {
     hyla_runtime *rt1 = be1 ? test_load(dir, be1, NULL) : NULL;
     if (!rt1) return;
     int V = hyla_model_get_config(test_model(rt1))->vocab_size;
-    int32_t *p = prompt(N, V);
+    int32_t *p = test_prompt(N, 11, V);
     size_t nl = (size_t)(N - 1) * V;
     float *l1 = malloc(nl * sizeof *l1), *lt = malloc(nl * sizeof *lt);
     int32_t tok1[G], tokt[G], tok[G];

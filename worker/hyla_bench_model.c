@@ -971,7 +971,6 @@ static void sp_free_io(sp_ud *a) {
 }
 
 static int sp_ctx[8] = {4096, 32768, 131072}, sp_nctx = 3; /* --ctx */
-static int parse_list(const char *s, int *out, int max);
 
 static void bench_sparse(int quick, int nsa_only) {
     int *ctxs = sp_ctx, nctx = sp_nctx, B = 32, small[2] = {256, 1024};
@@ -1065,8 +1064,8 @@ static void bench_sparse(int quick, int nsa_only) {
 
 /* ---------------------------------------------------------------- Mamba2, StateX, DLA */
 
-/* The shapes of issue 15's benchmarks: Mamba2-1.3B's SSD (d_model 2048, expand 2: 64 heads of
- * 64, state 128, one group); StateX's expansions (Mamba2 state 512; GLA with its 4 heads merged:
+/* The benchmark shapes of Mamba2, StateX and DLA (BENCHMARKS.md): Mamba2-1.3B's SSD (d_model
+ * 2048, expand 2: 64 heads of 64, state 128, one group); StateX's expansions (Mamba2 state 512; GLA with its 4 heads merged:
  * H 1, dk 1024, dv 2048, against the unmerged H 4, dk 256, dv 512 of a 2048-wide GLA); DLA with
  * K = 30 states over the Mamba2 layer above and over a gated DeltaNet layer of 16 heads with
  * dk 128, dv 256. Decode rates are compared with copy_gbps, the device-to-device copy rate
@@ -1607,8 +1606,8 @@ int hyla_bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
-            sp_nctx = parse_list(argv[i + 1], sp_ctx, 8);
-            dla_nctx = parse_list(argv[++i], dla_ctx, 8);
+            sp_nctx = hyla_bench_parse_list(argv[i + 1], sp_ctx, 8);
+            dla_nctx = hyla_bench_parse_list(argv[++i], dla_ctx, 8);
         } else if (!strcmp(argv[i], "--tau") && i + 1 < argc)
             dla_tau = atof(argv[++i]);
         else if (!strcmp(argv[i], "--max-call-s") && i + 1 < argc)
@@ -1673,16 +1672,6 @@ int hyla_bench_kernels(int argc, char **argv) {
 }
 
 /* ---------------------------------------------------------------- e2e */
-
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (s && *s && n < max) {
-        out[n++] = atoi(s);
-        s = strchr(s, ',');
-        if (s) s++;
-    }
-    return n;
-}
 
 static void rand_tokens(int32_t *t, int n, int vocab) {
     for (int i = 0; i < n; i++) t[i] = (int32_t)(hyla_rng_next(&rng) % (uint64_t)(vocab > 256 ? 256 : vocab));
@@ -1775,11 +1764,11 @@ int hyla_bench_e2e(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
             tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
-            np = parse_list(argv[++i], prefill, 8);
+            np = hyla_bench_parse_list(argv[++i], prefill, 8);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            nb = parse_list(argv[++i], batches, 8);
+            nb = hyla_bench_parse_list(argv[++i], batches, 8);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
-            nc = parse_list(argv[++i], ctxs, 8);
+            nc = hyla_bench_parse_list(argv[++i], ctxs, 8);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-state-gib") && i + 1 < argc)
@@ -1803,9 +1792,10 @@ int hyla_bench_e2e(int argc, char **argv) {
         }
     }
     if (!model_dir) DIE("e2e: --model DIR is required (hyla-mkmodel writes one)");
-    if (!np) np = parse_list("4096", prefill, 8);
-    if (!nb) nb = parse_list("1,16,64", batches, 8);
-    if (!nc) nc = parse_list("16", ctxs, 8);
+    if (tp < 1 || tp > HYLA_TP_MAX) DIE("e2e: --tp must be a number from 1 to %d", HYLA_TP_MAX);
+    if (!np) np = hyla_bench_parse_list("4096", prefill, 8);
+    if (!nb) nb = hyla_bench_parse_list("1,16,64", batches, 8);
+    if (!nc) nc = hyla_bench_parse_list("16", ctxs, 8);
     hyla_rng_seed(&rng, 99);
     hyla_tp_group *grp = NULL;
     if (tp > 1) {

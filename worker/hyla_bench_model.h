@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The benchmark programs' way out: a failed step ends the run with one line naming the step and
  * the library's message (a benchmark has no caller to hand an error to). */
@@ -22,6 +23,17 @@
         hyla_status s_ = (call);                                                                          \
         if (s_ != HYLA_OK) HYLA_BENCH_DIE(prog, "%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
     } while (0)
+
+/* A comma-separated list of integers ("4096,32768") into out (at most max); the count. */
+static inline int hyla_bench_parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (s && *s && n < max) {
+        out[n++] = atoi(s);
+        s = strchr(s, ',');
+        if (s) s++;
+    }
+    return n;
+}
 
 int hyla_bench_kernels(int argc, char **argv);
 int hyla_bench_e2e(int argc, char **argv);

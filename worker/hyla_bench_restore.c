@@ -183,16 +183,6 @@ static void usage(FILE *f) {
             "  with an export in flight. JSON lines.\n");
 }
 
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (s && *s && n < max) {
-        out[n++] = atoi(s);
-        s = strchr(s, ',');
-        if (s) s++;
-    }
-    return n;
-}
-
 int hyla_bench_restore(int argc, char **argv) {
     const char *model_dir = NULL, *store_base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     rb_dev d = {.device = "cpu"};
@@ -203,7 +193,7 @@ int hyla_bench_restore(int argc, char **argv) {
         int has = i + 1 < argc;
         if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--device") && has) d.device = argv[++i];
-        else if (!strcmp(a, "--ctx") && has) nc = parse_list(argv[++i], ctxs, 8);
+        else if (!strcmp(a, "--ctx") && has) nc = hyla_bench_parse_list(argv[++i], ctxs, 8);
         else if (!strcmp(a, "--store") && has) store_base = argv[++i];
         else if (!strcmp(a, "--repeat") && has) repeat = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
@@ -219,7 +209,7 @@ int hyla_bench_restore(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!nc) nc = parse_list("32768", ctxs, 8);
+    if (!nc) nc = hyla_bench_parse_list("32768", ctxs, 8);
     if (repeat < 1) repeat = 1;
     if (repeat > 16) repeat = 16;
     if (steps < 1) steps = 1;

@@ -41,9 +41,10 @@ A3=$(T a -q create 2>"$E2E_DIR/a3.err") || e2e_fail "a: create after a delete: $
 # generations
 T a -q append "$A1" - <<<"a document to generate from" || e2e_fail "a: append"
 T a -q append "$A3" - <<<"another document" || e2e_fail "a: append 2"
-T a -q generate "$A1" -n 2000 --ignore-eos --ids >"$E2E_DIR/long.out" 2>"$E2E_DIR/long.err" &
+# long enough to outlast the probes on a fast machine (2000 tokens of the tiny model took < 1 s)
+T a -q generate "$A1" -n 20000 --ignore-eos --ids >"$E2E_DIR/long.out" 2>"$E2E_DIR/long.err" &
 long=$!
-sleep 1 # let the long call start before probing (it runs for seconds)
+sleep 0.3 # let the long call start before probing
 seen=0
 for _ in $(seq 1 100); do
   rc=0

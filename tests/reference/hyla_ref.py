@@ -883,7 +883,8 @@ class Mamba2Layer:
     def init_state(self, dt):
         return {"S": torch.zeros(self.H, self.N, self.P, dtype=dt), "conv": torch.zeros(self.K - 1, self.Cc, dtype=dt)}
 
-    def __call__(self, x, st, pos0, mode):
+    def _inputs(self, x, st):
+        """in_proj, the short conv and the gates: z, x per head, B and C per head, dt', a."""
         T, I, N, G, H, P = x.shape[0], self.I, self.N, self.G, self.H, self.P
         zxd = linear(x, self.win, self.bin)
         z, xbc, dt = zxd[:, :I], zxd[:, I:I + self.Cc], zxd[:, I + self.Cc:]
@@ -894,11 +895,20 @@ class Mamba2Layer:
         Cm = xbc[:, I + G * N:].reshape(T, G, N).repeat_interleave(rep, dim=1)
         dtp = torch.clamp(torch.nn.functional.softplus(dt + self.dt_bias), self.lo, self.hi)   # [M2-1]
         a = -torch.exp(self.A_log) * dtp
-        fn = ssd_recurrent if mode == "recurrent" else (lambda *q: ssd_chunked(*q, pos0=pos0))
-        y, st["S"] = fn(xs, Bm, Cm, dtp, a, self.Dsk, st["S"])                                 # [M2-2]
+        return z, xs, Bm, Cm, dtp, a
+
+    def _output(self, y, z):
+        """The gate, the grouped RMSNorm and out_proj of y [T][H][P]."""
+        T, I = z.shape
         u = y.reshape(T, I) * torch.nn.functional.silu(z)                                      # [M2-3]
         u = rmsnorm(u.view(T, self.ng, I // self.ng), None, self.eps).reshape(T, I) * self.nw
         return linear(u, self.wo, self.bo)
+
+    def __call__(self, x, st, pos0, mode):
+        z, xs, Bm, Cm, dtp, a = self._inputs(x, st)
+        fn = ssd_recurrent if mode == "recurrent" else (lambda *q: ssd_chunked(*q, pos0=pos0))
+        y, st["S"] = fn(xs, Bm, Cm, dtp, a, self.Dsk, st["S"])                                 # [M2-2]
+        return self._output(y, z)
 
 
 class DLAMamba2Layer(Mamba2Layer):
@@ -923,23 +933,13 @@ class DLAMamba2Layer(Mamba2Layer):
         return st
 
     def __call__(self, x, st, pos0, mode):
-        T, I, N, G, H, P = x.shape[0], self.I, self.N, self.G, self.H, self.P
-        zxd = linear(x, self.win, self.bin)
-        z, xbc, dt = zxd[:, :I], zxd[:, I:I + self.Cc], zxd[:, I + self.Cc:]
-        xbc, st["conv"] = short_conv(xbc, self.cw, self.cb, st["conv"])
-        xs = xbc[:, :I].reshape(T, H, P)
-        rep = H // G
-        Bm = xbc[:, I:I + G * N].reshape(T, G, N).repeat_interleave(rep, dim=1)
-        Cm = xbc[:, I + G * N:].reshape(T, G, N).repeat_interleave(rep, dim=1)
-        dtp = torch.clamp(torch.nn.functional.softplus(dt + self.dt_bias), self.lo, self.hi)   # [M2-1]
-        a = -torch.exp(self.A_log) * dtp
+        z, xs, Bm, Cm, dtp, a = self._inputs(x, st)
+        T, H = x.shape[0], self.H
         lam = linear(x, self.wl, self.bl).view(T, H, self.cap)
         y = dla_recurrent(Cm, Bm, xs, a, torch.zeros_like(a), dtp, lam, st["cache"], 1.0, self.cap, self.tau,
                           self.margins)
         y = y + self.Dsk[:, None] * xs                                                         # [M2-2]
-        u = y.reshape(T, I) * torch.nn.functional.silu(z)                                      # [M2-3]
-        u = rmsnorm(u.view(T, self.ng, I // self.ng), None, self.eps).reshape(T, I) * self.nw
-        return linear(u, self.wo, self.bo)
+        return self._output(y, z)
 
 
 # ----------------------------------------------------------------------------------------

@@ -17,27 +17,14 @@ machine we run on; hyla's NSA is timed with window 0 too, and with 512).
 import argparse
 import json
 
+from cuda_timing import warm_then_median
+
 HQ, H, D, BS, S = 32, 2, 64, 64, 16
 
 
 def timed(fn, reps):
     """(seconds of the first two calls: Triton's compilation and autotuning, median ms after them)."""
-    import time
-    import torch
-    t0 = time.time()
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    warm = time.time() - t0
-    t = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        t.append(a.elapsed_time(b))
-    return warm, sorted(t)[len(t) // 2]
+    return warm_then_median(fn, reps, warmups=2)
 
 
 def main():

@@ -29,6 +29,8 @@ import argparse
 import importlib.util
 import json
 
+from cuda_timing import warm_then_median
+
 H, P, G = 64, 64, 1
 GPU = ""
 
@@ -38,18 +40,8 @@ def emit(row):
 
 
 def timed(fn, reps):
-    import torch
-    fn()  # compile + autotune
-    torch.cuda.synchronize()
-    t = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        t.append(a.elapsed_time(b))
-    return sorted(t)[len(t) // 2]
+    """Median ms of `reps` calls after one untimed call (compilation and autotuning)."""
+    return warm_then_median(fn, reps)[1]
 
 
 def guarded(bench, fields, measure):
@@ -168,7 +160,7 @@ def main():
             return {"ms": ms, "state_mb": st / 1e6, "gbps": by / (ms * 1e-3) / 1e9}
         guarded("fla_gla_decode", {"B": B, "H": Hh, "dk": dk, "dv": dv}, m)
 
-    # Mamba2-1.3B first (issue 15's first target), then StateX's shapes
+    # Mamba2-1.3B first (the headline shape), then StateX's shapes
     for B in batches:
         ssd_decode(128, B)
     for T in prefill:
