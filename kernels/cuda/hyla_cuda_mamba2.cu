@@ -10,8 +10,11 @@
  * scalar decay a on every key dimension, and the state layout [H][N][P] is GLA's [H][dk][dv].
  * k_ssd_expand writes those per-head operands (B and C of the head's group, a broadcast over
  * N) into scratch, the GLA chunked kernels (hyla_cuda_linattn.cu, tensor cores) run them, and
- * k_ssd_finish adds D·x. Shapes the chunked GLA path does not take (N > 256) run the recurrent
- * kernel over the call's tokens instead.
+ * k_ssd_finish adds D·x. A state wider than the chunked kernels take (StateX's N = 512) goes
+ * through GLA's key slabs (hyla_cuda_lin_slab.cu: state rows are independent under GLA's
+ * update, so N = 512 is four slab-heads of 128 whose outputs are summed in a fixed order), so
+ * it too runs on tensor cores; shapes neither path takes run the recurrent kernel over the
+ * call's tokens instead.
  * Both paths chunk from the call's first token, so 64-aligned pieces give the bits of one call.
  *
  * dt' and a are computed in fp32 (softplus as max(x,0) + log1p(e^−|x|)) by every path the
@@ -181,7 +184,7 @@ extern "C" hyla_status cu_ssd_prefill(void *ctx, const float *xbc, int ldx, cons
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     HYLA_TRY(m2_check("ssd_prefill", n, ldx, ld_dt, H, P, G, N));
     if (n == 0) return HYLA_OK;
-    if (!cu_linattn_chunked_ok(c, 0, H, N, P, 1)) {
+    if (!cu_gla_slabs(0, N) && !cu_linattn_chunked_ok(c, 0, H, N, P, 1)) {
         void *d_s;
         HYLA_TRY(cu_stage(c, &S, sizeof(float *), &d_s));
         SsdArgs a = {xbc, dt, dt_bias, A_log, Dskip, ldx, ld_dt, H, P, G, N, n, dt_min, dt_max, (float *const *)d_s, y};
