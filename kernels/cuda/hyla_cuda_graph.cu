@@ -290,12 +290,12 @@ static hyla_status replay_copy2d(hyla_cuda_ctx *c, const ga_copy2d &a, const voi
 struct ga_ssd_decode { /* the sessions' state pointers are the data */
     const float *xbc, *dt, *dt_bias, *A_log, *Dskip;
     float *y;
-    int32_t ldx, ld_dt, B, H, P, G, N;
+    int32_t ldx, ld_dt, B, H, P, G, N, states16;
     float dt_min, dt_max;
 };
 static hyla_status replay_ssd_decode(hyla_cuda_ctx *c, const ga_ssd_decode &a, const void *d) {
     return cu_ssd_decode_dev(c, a.xbc, a.ldx, a.dt, a.ld_dt, a.dt_bias, a.A_log, a.Dskip, a.dt_min, a.dt_max, a.B, a.H,
-                             a.P, a.G, a.N, (float *const *)d, a.y);
+                             a.P, a.G, a.N, (float *const *)d, a.states16, a.y);
 }
 
 struct ga_ssd_norm {
@@ -1092,6 +1092,7 @@ static hyla_status g_ssd_decode(void *ctx, const float *xbc, int ldx, const floa
     a->P = P;
     a->G = G;
     a->N = N;
+    a->states16 = cu_states16(S, B);
     a->dt_min = dt_min;
     a->dt_max = dt_max;
     memcpy(d, S, (size_t)B * sizeof(float *));

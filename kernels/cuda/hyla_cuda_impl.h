@@ -347,9 +347,11 @@ hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const f
 hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B);
 /* GLA with dk > 256 (StateX's merged heads) as nsl key slabs of dk / nsl <= 128 keys through the
  * kernels above, the slab outputs summed in slab order (hyla_cuda_lin_slab.cu). cu_gla_slabs:
- * nsl for this shape, 0 where the shape does not take this path (GDN, or dk <= 256). The others
- * are cu_lin_decode_dev, cu_lin_prefill1_dev and cu_linattn_prefill_batch for such shapes. */
+ * nsl for this shape in prefill, 0 where the shape does not take this path (GDN, or dk <= 256);
+ * cu_gla_dec_slabs: the same for decode, from dk > 128 on. The others are cu_lin_decode_dev,
+ * cu_lin_prefill1_dev and cu_linattn_prefill_batch for such shapes. */
 int cu_gla_slabs(int gdn, int dk);
+int cu_gla_dec_slabs(int gdn, int dk);
 hyla_status cu_gla_slab_decode(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *gk, int B,
                                int H, int dk, int dv, float scale, float *const *d_S, int states16, float *o);
 hyla_status cu_gla_slab_prefill1(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *gk,
@@ -382,7 +384,7 @@ hyla_status cu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt,
 hyla_status cu_ssd_decode_check(int B, int ldx, int ld_dt, int H, int P, int G, int N);
 hyla_status cu_ssd_decode_dev(hyla_cuda_ctx *c, const float *xbc, int ldx, const float *dt, int ld_dt,
                               const float *dt_bias, const float *A_log, const float *Dskip, float dt_min, float dt_max,
-                              int B, int H, int P, int G, int N, float *const *d_S, float *y);
+                              int B, int H, int P, int G, int N, float *const *d_S, int states16, float *y);
 hyla_status cu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
                         int gs, float eps);
 hyla_status cu_ssd_norm_check(int ldz, int rows, int G, int gs);

@@ -310,7 +310,7 @@ extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float 
                                          const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
                                          float *const *d_S, int states16, float *o) {
     if (B <= 0) return HYLA_OK;
-    if (cu_gla_slabs(gdn, dk)) return cu_gla_slab_decode(c, q, k, v, ga, B, H, dk, dv, scale, d_S, states16, o);
+    if (cu_gla_dec_slabs(gdn, dk)) return cu_gla_slab_decode(c, q, k, v, ga, B, H, dk, dv, scale, d_S, states16, o);
     hyla_cu_linrec r;
     cu_linrec_plain(&r, gdn, H, dk, dv, scale, 1, q, k, v, ga, gb, o, d_S, states16);
     return cu_lin_recurrent(c, &r, B);

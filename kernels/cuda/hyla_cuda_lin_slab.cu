@@ -1,6 +1,8 @@
 /* hyla_cuda_lin_slab.cu — GLA with keys wider than the chunked and recurrent kernels take
- * (dk > 256: StateX's merged heads, H = 1 with dk up to 1024 and dv up to 2048), run as key
- * slabs through those kernels.
+ * (dk > 256: StateX's merged heads, H = 1 with dk up to 1024 and dv up to 2048; Mamba2's state
+ * 512, which is GLA with a broadcast decay), run as key slabs through those kernels. Decode
+ * takes slabs from dk > 128 on: the decode kernel `k_lin_dec` keeps at most 128 key rows per
+ * block in registers, and dk 129..256 would otherwise run `k_lin_rec`, about half as fast.
  *
  * GLA's state rows are independent: S[i][:] = e^(g_i) S[i][:] + k_i v, and the output is a sum
  * over the key rows, o = Σ_i q_i S[i][:]. So a head of dk keys is nsl heads of dks = dk / nsl
@@ -51,12 +53,16 @@ __global__ void __launch_bounds__(256) k_slab_sum(const float *__restrict__ part
 
 static dim3 slab_grid(long long RH, int dv) { return dim3(cu_blocks((size_t)dv, 256), (unsigned)(RH < 65535 ? RH : 65535)); }
 
-extern "C" int cu_gla_slabs(int gdn, int dk) {
-    if (gdn || dk <= 256) return 0;
+/* Slabs of at most 128 keys that divide dk evenly. */
+static int slab_count(int dk) {
     int nsl = (dk + 127) / 128;
     while (dk % nsl) nsl++;
     return nsl;
 }
+
+extern "C" int cu_gla_slabs(int gdn, int dk) { return gdn || dk <= 256 ? 0 : slab_count(dk); }
+
+extern "C" int cu_gla_dec_slabs(int gdn, int dk) { return gdn || dk <= 128 ? 0 : slab_count(dk); }
 
 /* Scratch for `rows` rows: vx and part, [rows][H·nsl][dv] each, 256-byte aligned. */
 static hyla_status slab_scratch(hyla_cuda_ctx *c, long long rows, int H, int nsl, int dv, float **vx, float **part) {
@@ -92,7 +98,7 @@ static hyla_status slab_dims(int H, int dk, int nsl) {
 extern "C" hyla_status cu_gla_slab_decode(hyla_cuda_ctx *c, const float *q, const float *k, const float *v,
                                           const float *gk, int B, int H, int dk, int dv, float scale,
                                           float *const *d_S, int states16, float *o) {
-    const int nsl = cu_gla_slabs(0, dk), dks = dk / nsl;
+    const int nsl = cu_gla_dec_slabs(0, dk), dks = dk / nsl;
     if (B <= 0) return HYLA_OK;
     HYLA_TRY(slab_dims(H, dk, nsl));
     float *vx, *part;
