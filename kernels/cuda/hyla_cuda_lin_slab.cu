@@ -95,15 +95,21 @@ static hyla_status slab_dims(int H, int dk, int nsl) {
     return HYLA_OK;
 }
 
+/* The slab-heads' inputs for `rows` rows: the shape checked, scratch taken, v expanded. */
+static hyla_status slab_begin(hyla_cuda_ctx *c, const float *v, long long rows, int H, int dk, int nsl, int dv,
+                              float **vx, float **part) {
+    HYLA_TRY(slab_dims(H, dk, nsl));
+    HYLA_TRY(slab_scratch(c, rows, H, nsl, dv, vx, part));
+    return slab_expand(c, v, *vx, rows * H, nsl, dv);
+}
+
 extern "C" hyla_status cu_gla_slab_decode(hyla_cuda_ctx *c, const float *q, const float *k, const float *v,
                                           const float *gk, int B, int H, int dk, int dv, float scale,
                                           float *const *d_S, int states16, float *o) {
     const int nsl = cu_gla_dec_slabs(0, dk), dks = dk / nsl;
     if (B <= 0) return HYLA_OK;
-    HYLA_TRY(slab_dims(H, dk, nsl));
     float *vx, *part;
-    HYLA_TRY(slab_scratch(c, B, H, nsl, dv, &vx, &part));
-    HYLA_TRY(slab_expand(c, v, vx, (long long)B * H, nsl, dv));
+    HYLA_TRY(slab_begin(c, v, B, H, dk, nsl, dv, &vx, &part));
     hyla_cu_linrec r;
     cu_linrec_plain(&r, 0, H * nsl, dks, dv, scale, 1, q, k, vx, gk, NULL, part, d_S, states16);
     HYLA_TRY(cu_lin_recurrent(c, &r, B));
@@ -115,10 +121,8 @@ extern "C" hyla_status cu_gla_slab_prefill1(hyla_cuda_ctx *c, const float *q, co
                                             const void *d_blk, int states16, float *o) {
     const int nsl = cu_gla_slabs(0, dk), dks = dk / nsl;
     if (n <= 0) return HYLA_OK;
-    HYLA_TRY(slab_dims(H, dk, nsl));
     float *vx, *part;
-    HYLA_TRY(slab_scratch(c, n, H, nsl, dv, &vx, &part));
-    HYLA_TRY(slab_expand(c, v, vx, (long long)n * H, nsl, dv));
+    HYLA_TRY(slab_begin(c, v, n, H, dk, nsl, dv, &vx, &part));
     /* cu_lin_prefill1_dev with the slab-heads: the chunked kernels, or the token loop */
     HYLA_TRY(cu_lin_prefill1_dev(c, 0, q, k, vx, gk, NULL, n, H * nsl, dks, dv, scale, d_blk, states16, part));
     return slab_sum(c, part, o, (long long)n * H, nsl, dv);
@@ -126,14 +130,12 @@ extern "C" hyla_status cu_gla_slab_prefill1(hyla_cuda_ctx *c, const float *q, co
 
 extern "C" hyla_status cu_gla_slab_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b) {
     const int H = b->H, dv = b->dv, nsl = cu_gla_slabs(0, b->dk);
-    HYLA_TRY(slab_dims(H, b->dk, nsl));
     long long rows = 0; /* rows the packed inputs hold: up to the end of the last sequence */
     for (int z = 0; z < b->nseq; z++)
         if (b->h_len[z] > 0 && (long long)b->h_start[z] + b->h_len[z] > rows) rows = (long long)b->h_start[z] + b->h_len[z];
     if (rows <= 0) return HYLA_OK;
     float *vx, *part;
-    HYLA_TRY(slab_scratch(c, rows, H, nsl, dv, &vx, &part));
-    HYLA_TRY(slab_expand(c, b->v, vx, rows * H, nsl, dv));
+    HYLA_TRY(slab_begin(c, b->v, rows, H, b->dk, nsl, dv, &vx, &part));
     hyla_cu_linattn_batch s = *b;
     s.H = H * nsl;
     s.dk = b->dk / nsl;
