@@ -2102,6 +2102,9 @@ static const op_case cases[] = {
     {"gla_decode", case_lin_decode, {0, 3, 1, 1024, 2048}},
     {"gla_decode", case_lin_decode, {0, 4, 1, 512, 1024}},
     {"gla_decode", case_lin_decode, {0, 2, 2, 384, 96}},
+    /* 128 < dk <= 256: decode takes the key slabs (k_lin_dec holds at most 128 key rows) */
+    {"gla_decode", case_lin_decode, {0, 3, 4, 256, 512}},
+    {"gla_decode", case_lin_decode, {0, 2, 2, 160, 48}},
     {"gdn_decode", case_lin_decode, {1, 5, 4, 128, 128}},
     {"gdn_decode", case_lin_decode, {1, 3, 2, 64, 30}},
     /* {gdn} */
