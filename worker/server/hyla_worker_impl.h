@@ -126,6 +126,7 @@ typedef struct stage_call {
     int released, done_seen;
     stage_held held[HYLA_MICRO_BATCH_MAX];
     int n_held;
+    int max_groups; /* the most micro-batches of a step seen on this call (logged as it grows) */
     struct stage_call *next;
 } stage_call;
 

@@ -489,6 +489,10 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
         stage_release(w, sc, HYLA_RPC_INVALID_ARGUMENT, err);
         return;
     }
+    if (groups > 1 && (int)groups > sc->max_groups) {
+        sc->max_groups = (int)groups;
+        HYLA_INFO("StageForward: a decode step of %zu rows in micro-batches (group %zu of %zu)", total, group, groups);
+    }
     /* over NCCL, the rows are received first whatever happens next, so the link stays paired */
     float *x_dev = NULL, *logits_dev = NULL;
 #ifdef HYLA_HAVE_CUDA
