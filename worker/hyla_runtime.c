@@ -351,9 +351,10 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     size_t V = (size_t)c->vocab_size;
     float *x = rt->x + (size_t)f->row_off * D;
     int last = m->lm_head != NULL;
-    /* the first stage's decode step in micro-batches (a later stage runs the group it got) */
+    /* the first stage's decode step in micro-batches (a later stage runs the group it got; a
+     * tensor-parallel stage does not cut: every rank must sum the same rows in the same order) */
     int G = 1;
-    if (!last && f->decode && !f->groups && rt->ds && !(rt->tp && rt->tp_rank)) {
+    if (!last && f->decode && !f->groups && rt->ds && !rt->tp) {
         G = f->R / HYLA_MICRO_BATCH_MIN_ROWS;
         if (G > rt->micro_batches) G = rt->micro_batches;
         if (G < 1) G = 1;
