@@ -619,6 +619,7 @@ typedef struct {
 typedef struct {
     aq_job q[AQ_MAX];
     int n, D, max_in_flight, max_groups;
+    int fail; /* finish fails every job it reads (a next stage that went away) */
 } aq;
 
 static hyla_status aq_post(void *ud, const hyla_downstream_step *s) {
@@ -646,6 +647,7 @@ static hyla_status aq_finish(void *ud, int keep) {
         aq_job j = d->q[0];
         memmove(d->q, d->q + 1, (size_t)(d->n - 1) * sizeof *d->q);
         d->n--;
+        if (st == HYLA_OK && d->fail) st = hyla_fail(HYLA_ERR_UNAVAILABLE, "test downstream: the next stage went away");
         if (st == HYLA_OK) st = hyla_stage_forward_group(j.ss, j.R, j.decode, j.hidden, j.logits, &j.g);
         free(j.hidden);
     }
@@ -750,6 +752,13 @@ static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
                               M);
                     hyla_session_free(r);
                 }
+            }
+            if (P == 3 && M == 2) { /* a failed answer fails the decode that posted, with its message */
+                qs[1].fail = 1;
+                hyla_status fs = hyla_session_decode(ss[0], MB_NS, out, NULL);
+                CHECK_MSG(fs == HYLA_ERR_UNAVAILABLE && strstr(hyla_last_error(), "the next stage went away"),
+                          "a failed downstream answer: %s", hyla_last_error());
+                CHECK(qs[0].n == 0 && qs[1].n == 0); /* nothing left posted */
             }
             for (int k = 0; k < P; k++) {
                 hyla_snapshot_destroy(parts[k]);

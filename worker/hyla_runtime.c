@@ -1,6 +1,8 @@
 /* hyla_runtime.c — what sessions run on (hyla_runtime.h): scratch activations, the layer loop
  * (norm -> mixer -> residual + norm -> MLP -> residual, then the head or the downstream stages),
- * and the cache of pinned snapshot buffers.
+ * the asynchronous downstream (steps posted, finished when their answers are needed; decode
+ * steps in micro-batches of contiguous rows at their offsets of the buffers), and the cache of
+ * pinned snapshot buffers.
  *
  * The forward runs R rows through the held layers in one of two modes:
  *   prefill: R consecutive tokens of ONE session (a piece: from the position to the next

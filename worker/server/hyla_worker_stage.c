@@ -1,18 +1,21 @@
 /* hyla_worker_stage.c — pipelines: a worker loaded with a layer range is one stage.
  *
- * Stage 0 drives a session; the runtime's downstream callback (stage_downstream) sends each
- * step's hidden states to the next stage over one long-lived StageForward stream and waits for
- * the answer (the logits, when asked). A later stage runs its layers on the rows it receives
- * (do_stage_msg) and, through its own downstream, the rest. Snapshots are whole-model: stage 0
- * gathers the later stages' parts with ExportStage at the snapshot's position.
+ * Stage 0 drives a session; the runtime's downstream (stage_downstream_ops) posts each step's
+ * hidden states (a decode step in micro-batches: one message per group) to the next stage over
+ * one long-lived StageForward stream without waiting, and stage_finish reads the answers (the
+ * logits, when asked) in order when the runtime needs them (next_wait: the steps awaited). A
+ * later stage runs its layers on the rows it receives (do_stage_msg) and, through its own
+ * downstream, the rest. Snapshots are whole-model: stage 0 gathers the later stages' parts with
+ * ExportStage at the snapshot's position.
  * NCCL: when this stage and the next run on different GPUs of one host (CUDA builds with NCCL;
  * HYLA_STAGE_NCCL=0 turns it off), the first message of a new StageForward stream is a handshake
- * offering an NCCL link; once accepted, each step's hidden rows (and the logits it asks for)
- * travel over the link on the backends' streams (stage_downstream_dev), while the stream keeps
- * carrying the step, the items and the per-item results. Every step over a link is a send of
- * the rows and, when logits are wanted, a send back: the next stage posts both even when a step
- * fails, so the link stays paired; a broken stream aborts the link on both sides. The bytes are
- * those the gRPC path sends, so tokens are the same bits.
+ * offering an NCCL link; once accepted, each group's hidden rows travel over the link on the
+ * backends' streams (stage_post_dev), and the logits of a whole step once after its last group,
+ * while the stream keeps carrying the step, the items and the per-item results. Within a step
+ * both sides queue every row transfer before the one logits transfer, so the two streams never
+ * wait on each other; the next stage posts its transfers even when an item fails, so the link
+ * stays paired; a broken stream aborts the link on both sides. The bytes are those the gRPC path
+ * sends, so tokens are the same bits.
  * Threading: scheduler thread only (next_stage is read under sum_mu: membership writes it). */
 #include <stdlib.h>
 #include <string.h>
