@@ -56,8 +56,10 @@ int hyla_runtime_token_log(const hyla_runtime *rt);
  * step of R >= 16 rows is cut into micro-batches (hyla_runtime_set_micro_batches): the layers
  * run on group g, the group is posted, then group g + 1, ..., and the step finishes; the next
  * stage works on group g while this one computes group g + 1. The pieces of one feed are posted
- * without waiting (at most HYLA_DOWNSTREAM_IN_FLIGHT unanswered). Every call of hyla_session.h
- * that posts finishes before it returns, so between calls nothing is in flight. */
+ * without waiting (at most HYLA_DOWNSTREAM_IN_FLIGHT unanswered) and, when they want no logits,
+ * may stay posted after the feed returns, so the next scheduler step's work overlaps them; every
+ * other session call that posts (decode, step) finishes before it returns, and those that need
+ * the later stages at rest (export, import, free) finish first. */
 
 #define HYLA_MICRO_BATCH_MAX 16      /* micro-batches of one decode step at most */
 #define HYLA_MICRO_BATCH_MIN_ROWS 8  /* rows of a micro-batch at least (smaller batches: fewer groups) */

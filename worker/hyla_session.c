@@ -119,6 +119,8 @@ hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
 
 void hyla_session_free(hyla_session *s) {
     if (!s) return;
+    /* pieces of a feed may still be posted to the later stages */
+    if (hyla_runtime_finish(s->rt) != HYLA_OK) HYLA_WARN("freeing a session: %s", hyla_last_error());
     if (s->T > 1 && hyla_tp_run(s->rt->tp, peer_free, s) != HYLA_OK)
         HYLA_WARN("freeing a tensor-parallel session: %s", hyla_last_error());
     session_delete(s);
@@ -386,9 +388,8 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
             break;
         }
     }
-    /* the pieces were posted to the later stages without waiting: their answers now */
-    hyla_status fs = hyla_runtime_finish(s->rt);
-    if (st == HYLA_OK) st = fs;
+    /* pieces that want no logits may still be posted to the later stages: the next call that
+     * needs them (decode, export, import, free, a feed that wants logits) finishes them */
     /* On success the last token is pending; on failure/cancel the next unconsumed one is (the
      * tokens after it were not fed). */
     s->pending = list[done < total ? done : total];
@@ -738,6 +739,7 @@ static hyla_status tp_export_end(void *ud, int r) {
 
 hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     *out = NULL;
+    HYLA_TRY(hyla_runtime_finish(s->rt)); /* the later stages' state at this position (ExportStage) */
     if (s->T == 1) return export_begin_rank(s, out);
     tp_export_job j = {.s = s};
     hyla_status st = hyla_tp_run(s->rt->tp, tp_export_begin, &j);
@@ -993,6 +995,7 @@ static hyla_status tp_import_undo(void *ud, int r) {
 hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
     *out = NULL;
     HYLA_TRY(check_rank0(rt));
+    HYLA_TRY(hyla_runtime_finish(rt));
     if (!rt->tp) return import_rank(rt, snap, out);
     tp_import_job j = {.rt = rt, .whole = snap};
     hyla_status st = hyla_tp_run(rt->tp, tp_import, &j);
@@ -1029,6 +1032,7 @@ struct hyla_import {
 
 hyla_status hyla_session_import_begin(hyla_runtime *rt, const hyla_snapshot *snap, hyla_import **out) {
     *out = NULL;
+    HYLA_TRY(hyla_runtime_finish(rt));
     hyla_import *im = calloc(1, sizeof *im);
     if (!im || !(im->map = malloc(((size_t)snap->n_parts + 1) * sizeof *im->map)) ||
         !(im->arrived = calloc((size_t)snap->n_parts + 1, sizeof *im->arrived))) {

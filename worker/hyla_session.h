@@ -45,7 +45,10 @@ hyla_sampling hyla_session_get_sampling(const hyla_session *s);
 
 /* Feed n >= 1 tokens (see "pending token" above). logits: host [consumed][vocab] or NULL, one
  * row per consumed token (the pending one first, if any), where consumed = n - 1 + had_pending;
- * *consumed_out (may be NULL) receives that count. Token ids are checked against the vocab. */
+ * *consumed_out (may be NULL) receives that count. Token ids are checked against the vocab.
+ * On a pipeline's first stage without logits, the last pieces may return still posted to the
+ * later stages (hyla_runtime.h): decode, step, export, import, free and hyla_runtime_finish wait
+ * for them first, and a failure of theirs fails that call. */
 hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, float *logits, int *consumed_out,
                               hyla_progress_fn progress, void *ud);
 
