@@ -242,16 +242,22 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     return s;
 }
 
-/* Host room for `rows` rows of hidden states and logits crossing the host to a post. */
-static hyla_status host_room(hyla_runtime *rt, int rows) {
-    if (rows <= rt->hrows) return HYLA_OK;
+/* Host room for `hidden` rows of hidden states and `logits` rows of logits crossing the host to a
+ * post (grown, never shrunk; the logits only when a step wants them there). */
+static hyla_status host_room(hyla_runtime *rt, int hidden, int logits) {
     const hyla_model_config *c = &rt->m->cfg;
-    float *h = realloc(rt->hhidden, (size_t)rows * c->hidden_size * sizeof(float));
-    if (h) rt->hhidden = h;
-    float *l = h ? realloc(rt->hlogits, (size_t)rows * c->vocab_size * sizeof(float)) : NULL;
-    if (l) rt->hlogits = l;
-    if (!h || !l) return hyla_fail(HYLA_ERR_NOMEM, "out of memory (host rows for the downstream stage)");
-    rt->hrows = rows;
+    if (hidden > rt->hrows) {
+        float *h = realloc(rt->hhidden, (size_t)hidden * c->hidden_size * sizeof(float));
+        if (!h) return hyla_fail(HYLA_ERR_NOMEM, "out of memory (host rows for the downstream stage)");
+        rt->hhidden = h;
+        rt->hrows = hidden;
+    }
+    if (logits > rt->hlrows) {
+        float *l = realloc(rt->hlogits, (size_t)logits * c->vocab_size * sizeof(float));
+        if (!l) return hyla_fail(HYLA_ERR_NOMEM, "out of memory (host logits from the downstream stage)");
+        rt->hlogits = l;
+        rt->hlrows = logits;
+    }
     return HYLA_OK;
 }
 
@@ -315,7 +321,6 @@ static hyla_status post_group(hyla_runtime *rt, hyla_session *const *ss, int R, 
         if (want) {
             rt->step.open = 1;
             rt->step.want_dev = logits_host == NULL;
-            rt->step.total = total;
             rt->step.n_groups = 0;
         }
         if (rt->step.dev) goto posted;
@@ -327,7 +332,7 @@ static hyla_status post_group(hyla_runtime *rt, hyla_session *const *ss, int R, 
         goto posted;
     }
     /* over the host */
-    HYLA_TRY(host_room(rt, total));
+    HYLA_TRY(host_room(rt, R, want && !logits_host ? total : 0));
     HYLA_TRY(rt->be->ops->download(rt->be->ctx, rt->hhidden, x, (size_t)R * c->hidden_size * sizeof(float)));
     s.hidden = rt->hhidden;
     s.logits = !want ? NULL : logits_host ? logits_host : rt->hlogits + (size_t)off * V;

@@ -35,15 +35,15 @@ struct hyla_runtime {
         int open;     /* a step wanting logits is posted and not finished */
         int dev;      /* it goes over post_dev (decided at group 0) */
         int want_dev; /* its logits are wanted in rt->logits (else in the groups' host buffers) */
-        int total, n_groups;
+        int n_groups;
         struct {
             float *host; /* [n][V] */
             int off, n;
         } g[HYLA_MICRO_BATCH_MAX];
     } step;
-    float *hlogits; /* host [hrows][V]: the first stage's landing place of host answers */
+    float *hlogits; /* host [hlrows][V]: where host answers land when rt->logits wants them */
     float *hhidden; /* host [hrows][D]: rows crossing the host to a post */
-    int hrows;
+    int hrows, hlrows;
     hyla_allreduce_fn allreduce; /* a tensor-parallel shard's sum over its group (NULL: none) */
     void *allreduce_ud;
     /* Tensor parallelism (hyla_tp.c): the group this runtime is rank tp_rank of (NULL: none).
