@@ -35,3 +35,10 @@ set_tests_properties(test_e2e_dla_gdn PROPERTIES ENVIRONMENT
 hyla_add_script_test(test_e2e_dla_mamba2 e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 300)
 set_tests_properties(test_e2e_dla_mamba2 PROPERTIES ENVIRONMENT
   "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR};HYLA_E2E_ARCH=dla-mamba2")
+# Mamba2 and StateX through the cluster (statex-gla: 8 MiB states per layer)
+foreach(arch mamba2 statex-mamba2 statex-gla)
+  string(REPLACE "-" "_" tname "test_e2e_${arch}")
+  hyla_add_script_test(${tname} e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
+  set_tests_properties(${tname} PROPERTIES ENVIRONMENT
+    "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR};HYLA_E2E_ARCH=${arch}")
+endforeach()

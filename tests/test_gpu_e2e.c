@@ -1,11 +1,15 @@
 /* test_gpu_e2e.c — whole tiny models on cuda:0 against the CPU reference backend, through the
  * runtime (worker/hyla_session.h), for gla-h, gdn, sse-h, sse-gdn, gdn-h (sliding-window
- * attention), mamba2-h and statex-mamba2 (state size 512: the recurrent prefill path), lalte
+ * attention), mamba2-h and statex-mamba2 (state size 512: the chunked prefill as key slabs),
+ * statex-gla (width 2048: GLA dk 1024, dv 2048 through the key slabs), lalte
  * (GDN + LTE attention), lansa (GDN + NSA), dla-gdn and dla-mamba2:
  *   1. prompt logits (150 tokens: two full chunks and a partial one) within tolerance of the
  *      CPU's, then greedy tokens: equal to the CPU's while the CPU's top-2 margin is clear
- *      (> LOGIT_MARGIN); at the first divergence the margin must be below it (a near tie that
- *      bf16 rounding may flip), and the comparison stops there (lalte and DLA with live
+ *      (> LOGIT_MARGIN); at the first divergence the margin must be a near tie at the scale
+ *      of that step's measured rounding (below LOGIT_MARGIN, or below NEAR_TIE_RMS times the
+ *      rms of the two backends' logit differences at that step, whose histories are still
+ *      equal: the largest of V such deviations is about 4 rms, and two of them can flip a
+ *      pair whose margin is below their sum), and the comparison stops there (lalte and DLA with live
  *      boundaries: reported only, as the fp32 and bf16 values may retain other tokens or draw
  *      other boundaries; see test_arch);
  *   2. determinism and pause/resume on the GPU, bit for bit: the same run twice; "decode 20"
@@ -39,6 +43,7 @@
 
 #define LOGIT_TOL 5e-2
 #define LOGIT_MARGIN 0.05
+#define NEAR_TIE_RMS 8.0
 
 static hyla_backend *cpu, *gpu;
 
@@ -63,6 +68,12 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+static double rms_diff(const float *a, const float *b, int n) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(ss / n);
+}
+
 static double top2_margin(const float *l, int V) {
     double a = -INFINITY, b = -INFINITY;
     for (int i = 0; i < V; i++) {
@@ -132,10 +143,11 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
         double ri = rel_l2(gg + (size_t)i * V, gc + (size_t)i * V, V);
         if (ri > worst) worst = ri; /* this step's logits were computed from identical histories */
         if (tc[i] != tg[i]) {
-            double mgn = top2_margin(gc + (size_t)i * V, V);
-            printf("  greedy tokens diverge at step %d (cpu %d, gpu %d, cpu top-2 margin %.3f)\n", i, tc[i], tg[i], mgn);
-            CHECK_MSG(discrete || mgn < LOGIT_MARGIN, "%s: tokens diverge at step %d with a clear margin %.3f", arch, i,
-                      mgn);
+            double mgn = top2_margin(gc + (size_t)i * V, V), rms = rms_diff(gg + (size_t)i * V, gc + (size_t)i * V, V);
+            printf("  greedy tokens diverge at step %d (cpu %d, gpu %d, cpu top-2 margin %.3f, logit difference rms %.4f)\n",
+                   i, tc[i], tg[i], mgn, rms);
+            CHECK_MSG(discrete || mgn < LOGIT_MARGIN || mgn < NEAR_TIE_RMS * rms,
+                      "%s: tokens diverge at step %d with a clear margin %.3f (logit difference rms %.4f)", arch, i, mgn, rms);
             break;
         }
         same++;
@@ -394,6 +406,9 @@ int main(int argc, char **argv) {
     if (wanted("gdn-h")) test_arch("gdn-h", "--window 40", 0);
     if (wanted("mamba2-h")) test_arch("mamba2-h", NULL, 0);
     if (wanted("statex-mamba2")) test_arch("statex-mamba2", NULL, 0);
+    /* StateX's merged GLA heads at width 2048: 4 heads of dk 256, dv 512 merged into one of dk
+     * 1024, dv 2048 at all 4 layers (the key-slab path) */
+    if (wanted("statex-gla")) test_arch("statex-gla", "--hidden 2048 --layers 4", 0);
     /* LTE and NSA hybrids: a window, sink and budget small enough that 150 tokens evict, retain
      * and replace; blocks of 8, 4 selected, a window of 16 (as test_engine) */
     if (wanted("lalte")) test_arch("lalte", "--window 16 --sink 2 --budget 6", 1);

@@ -941,12 +941,13 @@ static void run_lin_prefill(hyla_backend *b, int gdn, void *q, void *k, void *v,
 /* GLA / GDN prefill of one sequence, p = {gdn, n, H, dk, dv}. The backend picks the path by
  * shape: the fused pass (dk <= 128, any dv: blocks of 128 value columns), its split form (few
  * long sequences: n = 300 here), kernels A and B (dk = 256; GLA's split form), the token loop
- * where kernels A and B do not fit either (dk > 128 with dv > 1024: k_lin_rec), each within its
+ * where kernels A and B do not fit either (dk 129..256 with dv > 1024: k_lin_rec), GLA with dk >
+ * 256 (StateX's merged heads) as key slabs of <= 128 through the fused pass, each within its
  * tolerance of the CPU. 64-token pieces == one call, bit for bit (which for n = 300 also holds
  * the split form to the fused pass's bits). */
 static void case_lin_prefill(const op_case *c) {
     const int gdn = c->p[0], n = c->p[1], H = c->p[2], dk = c->p[3], dv = c->p[4];
-    const int token_loop = dk > 128 && dv > 1024;
+    const int token_loop = dk > 128 && dk <= 256 && dv > 1024; /* dk > 256 (GLA): key slabs, chunked */
     size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
     float scale = 1.0f / sqrtf((float)dk);
     float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
@@ -1066,16 +1067,17 @@ static float *route_logits(int n, int N) {
     return l;
 }
 
-/* Batched (varlen) prefill, p = {gdn}: sequences of different lengths packed in one launch ==
+/* Batched (varlen) prefill, p = {gdn, dk, dv, H} (0: H 3, dk 64 / 128, dv 96 / 128): sequences of different lengths packed in one launch ==
  * each sequence alone, bit for bit, and within the chunked tolerance of the CPU. The batch runs
  * the fused pass; the 330-token sequence alone runs the split form (GDN: the fused pass's chunk
  * part over all chunks, then kernel B; GLA: kernels A and B), so the bit check also holds the
  * split forms to the fused pass's bits. GLA: the exact-exp path of strongly decaying key columns
- * included. */
+ * included. With dk > 256 (GLA key slabs) the batch and each sequence alone run the slab path. */
 static void case_varlen(const op_case *c) {
     {
         const int gdn = c->p[0];
-        const int H = 3, dk = gdn ? 128 : 64, dv = gdn ? 128 : 96, nseq = 4;
+        const int H = c->p[3] ? c->p[3] : 3, dk = c->p[1] ? c->p[1] : gdn ? 128 : 64,
+                  dv = c->p[2] ? c->p[2] : gdn ? 128 : 96, nseq = 4;
         const int32_t lens[4] = {130, 64, 1, 330};
         int32_t starts[4];
         int n = 0;
@@ -2084,6 +2086,10 @@ static const op_case cases[] = {
     {"gla_prefill", case_lin_prefill, {0, 90, 2, 256, 64}},
     {"gla_prefill", case_lin_prefill, {0, 40, 1, 16, 1025}},
     {"gla_prefill", case_lin_prefill, {0, 40, 1, 160, 1025}},
+    /* StateX's merged GLA heads: key slabs (dk 1024 = 8 x 128, 512 = 4 x 128, 384 = 3 x 128) */
+    {"gla_prefill", case_lin_prefill, {0, 130, 1, 1024, 2048}},
+    {"gla_prefill", case_lin_prefill, {0, 100, 1, 512, 1024}},
+    {"gla_prefill", case_lin_prefill, {0, 70, 2, 384, 96}},
     {"gdn_prefill", case_lin_prefill, {1, 1, 2, 16, 32}},
     {"gdn_prefill", case_lin_prefill, {1, 200, 2, 64, 48}},
     {"gdn_prefill", case_lin_prefill, {1, 300, 4, 128, 128}},
@@ -2093,11 +2099,17 @@ static const op_case cases[] = {
     {"gdn_prefill", case_lin_prefill, {1, 70, 1, 256, 1056}},
     /* {gdn, B, H, dk, dv} */
     {"gla_decode", case_lin_decode, {0, 5, 4, 64, 128}},
+    {"gla_decode", case_lin_decode, {0, 3, 1, 1024, 2048}},
+    {"gla_decode", case_lin_decode, {0, 4, 1, 512, 1024}},
+    {"gla_decode", case_lin_decode, {0, 2, 2, 384, 96}},
     {"gdn_decode", case_lin_decode, {1, 5, 4, 128, 128}},
     {"gdn_decode", case_lin_decode, {1, 3, 2, 64, 30}},
     /* {gdn} */
     {"prefill varlen", case_varlen, {0}},
     {"prefill varlen", case_varlen, {1}},
+    /* {gdn, dk, dv, H}: GLA key slabs (StateX) */
+    {"prefill varlen", case_varlen, {0, 512, 1024, 1}},
+    {"prefill varlen", case_varlen, {0, 384, 96, 2}},
     /* {transition, K} */
     {"sse_route, sse_prefill, sse_decode", case_sse, {HYLA_SSE_GLA, 1}},
     {"sse_route, sse_prefill, sse_decode", case_sse, {HYLA_SSE_GLA, 2}},

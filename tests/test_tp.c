@@ -11,7 +11,10 @@
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
  *     be split, another model's snapshot;
  *   - sse-h: the streaming import is refused on the split runtime, and hyla_restore_session from a
- *     RocksDB store (its two-step path there) continues with the same tokens. */
+ *     RocksDB store (its two-step path there) continues with the same tokens.
+ * `test_tp cuda` runs the same on cuda:0 and cuda:1, first checking that a kernel whose
+ * launch needs an opt-in shared-memory attribute (the large-M linear), used first on cuda:0,
+ * then runs on cuda:1 with the same bits: the attribute is the device's, not the process's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,11 +229,53 @@ static void expect_refusal(const char *arch, int size, const char *needle, const
     hyla_backend_destroy(be);
 }
 
+/* The CUDA backend's thread binding (a backend's ops run on the thread's current device), as
+ * worker/hyla_tp.c reaches it: present in CUDA builds. */
+hyla_status hyla_cuda_bind_thread(hyla_backend *be) __attribute__((weak));
+
+/* A 256 x 2304 -> 6144 linear (k_gemm_big's 128x128 tiles: opt-in shared memory) on cuda:0, then
+ * the same on cuda:1 from the same thread, bound to each device in turn (as a tensor-parallel
+ * rank's thread is): both run, same bits. Must be the process's first large-M linear. */
+static void second_gpu_linear(hyla_backend *b0, hyla_backend *b1) {
+    enum { M = 256, K = 2304, NO = 6144 };
+    hyla_rng rng;
+    hyla_rng_seed(&rng, 77);
+    float *w = malloc((size_t)NO * K * sizeof *w), *x = malloc((size_t)M * K * sizeof *x);
+    float *y[2] = {malloc((size_t)M * NO * sizeof(float)), malloc((size_t)M * NO * sizeof(float))};
+    for (size_t i = 0; i < (size_t)NO * K; i++) w[i] = 0.02f * hyla_rng_normal(&rng);
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = hyla_rng_normal(&rng);
+    hyla_backend *bs[2] = {b0, b1};
+    for (int d = 0; d < 2; d++) {
+        hyla_backend *b = bs[d];
+        CHECK_OK(hyla_cuda_bind_thread(b));
+        hyla_weight *W = NULL;
+        void *dx = NULL, *dy = NULL;
+        CHECK_OK(b->ops->weight_create(b->ctx, w, HYLA_DT_F32, NO, K, &W));
+        CHECK_OK(b->ops->alloc(b->ctx, (size_t)M * K * sizeof(float), &dx));
+        CHECK_OK(b->ops->alloc(b->ctx, (size_t)M * NO * sizeof(float), &dy));
+        if (W && dx && dy) {
+            CHECK_OK(b->ops->upload(b->ctx, dx, x, (size_t)M * K * sizeof(float)));
+            hyla_status st = b->ops->linear(b->ctx, dx, K, M, K, W, NULL, dy, NO, NO, 0);
+            if (st == HYLA_OK) st = b->ops->sync(b->ctx);
+            CHECK_MSG(st == HYLA_OK, "large-M linear on cuda:%d after cuda:0: %s", d, hyla_last_error());
+            CHECK_OK(b->ops->download(b->ctx, y[d], dy, (size_t)M * NO * sizeof(float)));
+        }
+        b->ops->free(b->ctx, dy);
+        b->ops->free(b->ctx, dx);
+        b->ops->weight_destroy(b->ctx, W);
+    }
+    CHECK_OK(hyla_cuda_bind_thread(b0));
+    CHECK_MSG(!memcmp(y[0], y[1], (size_t)M * NO * sizeof(float)), "the large-M linear differs between cuda:0 and cuda:1");
+    printf("  large-M linear on cuda:1 after its first use on cuda:0: runs, same bits\n");
+    free(w), free(x), free(y[0]), free(y[1]);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_dev = argv[1];
     if (!strcmp(g_dev, "cuda")) {
         hyla_backend *b0 = NULL, *b1 = NULL;
         int two = hyla_backend_create("cuda:0", &b0) == HYLA_OK && hyla_backend_create("cuda:1", &b1) == HYLA_OK;
+        if (two && hyla_cuda_bind_thread) second_gpu_linear(b0, b1);
         hyla_backend_destroy(b1);
         hyla_backend_destroy(b0);
         if (!two) {

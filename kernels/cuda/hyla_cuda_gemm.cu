@@ -516,11 +516,15 @@ template <int WM, int WN, int MT, int NT, int ST, bool TSM>
 static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *W,
                               int N, int kchunk, const float *bias, float *y, int ldy, int accumulate) {
     typedef BigCfg<WM, WN, MT, NT, ST, TSM> C;
-    static bool attr_set = false; /* per process: the attribute belongs to the function */
-    if (!attr_set) {
+    /* The shared-memory attribute belongs to the function on the current device: set once per
+     * device ordinal (a tensor-parallel group launches it on several); ordinals past the table
+     * set it every time. */
+    static int attr_set[16];
+    int *slot = c->device >= 0 && c->device < 16 ? &attr_set[c->device] : NULL;
+    if (!slot || !__atomic_load_n(slot, __ATOMIC_RELAXED)) {
         CU_TRY(cudaFuncSetAttribute(k_gemm_big<WM, WN, MT, NT, ST, TSM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)C::SMEM));
-        attr_set = true;
+        if (slot) __atomic_store_n(slot, 1, __ATOMIC_RELAXED);
     }
     dim3 grid((N + C::BN - 1) / C::BN, (M + C::BM - 1) / C::BM);
     if (grid.y > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);

@@ -290,12 +290,12 @@ static hyla_status replay_copy2d(hyla_cuda_ctx *c, const ga_copy2d &a, const voi
 struct ga_ssd_decode { /* the sessions' state pointers are the data */
     const float *xbc, *dt, *dt_bias, *A_log, *Dskip;
     float *y;
-    int32_t ldx, ld_dt, B, H, P, G, N;
+    int32_t ldx, ld_dt, B, H, P, G, N, states16;
     float dt_min, dt_max;
 };
 static hyla_status replay_ssd_decode(hyla_cuda_ctx *c, const ga_ssd_decode &a, const void *d) {
     return cu_ssd_decode_dev(c, a.xbc, a.ldx, a.dt, a.ld_dt, a.dt_bias, a.A_log, a.Dskip, a.dt_min, a.dt_max, a.B, a.H,
-                             a.P, a.G, a.N, (float *const *)d, a.y);
+                             a.P, a.G, a.N, (float *const *)d, a.states16, a.y);
 }
 
 struct ga_ssd_norm {
@@ -769,7 +769,8 @@ static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const f
                               const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
                               float *const *S, float *o) {
     if (B <= 0) return HYLA_OK;
-    if (dk > 256) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
+    if (dk > 256 && !cu_gla_slabs(gdn, dk))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda for gdn", dk);
     if (H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", H, B);
     ga_lin_decode *a;
     void *d;
@@ -951,8 +952,8 @@ static hyla_status lin_prefill(hyla_cuda_ctx *c, int gdn, const float *q, const 
                                float *o) {
     if (n <= 0) return HYLA_OK;
     if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
-    if (dk > 256 && !cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda", dk);
+    if (dk > 256 && !cu_gla_slabs(gdn, dk) && !cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1))
+        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda for gdn", dk);
     ga_lin_prefill *a;
     void *d;
     HYLA_TRY(log_lin_prefill(c->graphs, cu_lin_prefill1_block(n, S, NULL), &a, &d));
@@ -1091,6 +1092,7 @@ static hyla_status g_ssd_decode(void *ctx, const float *xbc, int ldx, const floa
     a->P = P;
     a->G = G;
     a->N = N;
+    a->states16 = cu_states16(S, B);
     a->dt_min = dt_min;
     a->dt_max = dt_max;
     memcpy(d, S, (size_t)B * sizeof(float *));

@@ -42,11 +42,13 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 /* After every kernel launch: a bad configuration or a sticky earlier fault becomes a status. */
 #define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
 
-#define HYLA_CU_SCRATCH_SLOTS 10
+#define HYLA_CU_SCRATCH_SLOTS 11
 enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7,
        SCR_PLAN = 8,
        /* Mamba2 (SSD) */
-       SCR_SSD = 9 };
+       SCR_SSD = 9,
+       /* GLA key slabs (hyla_cuda_lin_slab.cu) */
+       SCR_SLAB = 10 };
 
 typedef struct hyla_cu_pool hyla_cu_pool;     /* hyla_cuda_pool.cu */
 typedef struct hyla_cu_graphs hyla_cu_graphs; /* hyla_cuda_graph.cu */
@@ -343,6 +345,18 @@ hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const f
                                int H, int dk, int dv, int N, int K, float scale, int windows, float *S0, float *Sp,
                                float *o);
 hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B);
+/* GLA with dk > 256 (StateX's merged heads) as nsl key slabs of dk / nsl <= 128 keys through the
+ * kernels above, the slab outputs summed in slab order (hyla_cuda_lin_slab.cu). cu_gla_slabs:
+ * nsl for this shape in prefill, 0 where the shape does not take this path (GDN, or dk <= 256);
+ * cu_gla_dec_slabs: the same for decode, from dk > 128 on. The others are cu_lin_decode_dev,
+ * cu_lin_prefill1_dev and cu_linattn_prefill_batch for such shapes. */
+int cu_gla_slabs(int gdn, int dk);
+int cu_gla_dec_slabs(int gdn, int dk);
+hyla_status cu_gla_slab_decode(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *gk, int B,
+                               int H, int dk, int dv, float scale, float *const *d_S, int states16, float *o);
+hyla_status cu_gla_slab_prefill1(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *gk,
+                                 int n, int H, int dk, int dv, float scale, const void *d_blk, int states16, float *o);
+hyla_status cu_gla_slab_batch(hyla_cuda_ctx *c, const hyla_cu_linattn_batch *b);
 
 /* attention (hyla_cuda_attn.cu) */
 hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq, int Hk, int D,
@@ -370,7 +384,7 @@ hyla_status cu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt,
 hyla_status cu_ssd_decode_check(int B, int ldx, int ld_dt, int H, int P, int G, int N);
 hyla_status cu_ssd_decode_dev(hyla_cuda_ctx *c, const float *xbc, int ldx, const float *dt, int ld_dt,
                               const float *dt_bias, const float *A_log, const float *Dskip, float dt_min, float dt_max,
-                              int B, int H, int P, int G, int N, float *const *d_S, float *y);
+                              int B, int H, int P, int G, int N, float *const *d_S, int states16, float *y);
 hyla_status cu_ssd_norm(void *ctx, const float *o, const float *z, int ldz, const float *w, float *y, int rows, int G,
                         int gs, float eps);
 hyla_status cu_ssd_norm_check(int ldz, int rows, int G, int gs);

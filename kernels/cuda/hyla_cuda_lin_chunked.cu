@@ -1078,6 +1078,7 @@ extern "C" hyla_status cu_linattn_prefill_batch(hyla_cuda_ctx *c, const hyla_cu_
     const int H = b->H, dk = b->dk, dv = b->dv;
     if (b->nseq <= 0) return HYLA_OK;
     if (H <= 0 || dk <= 0 || dv <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "linear attention: H=%d dk=%d dv=%d", H, dk, dv);
+    if (cu_gla_slabs(b->gdn, dk)) return cu_gla_slab_batch(c, b);
     if (!cu_linattn_chunked_ok(c, b->gdn, H, dk, dv, b->nseq)) {
         /* token loop, one sequence at a time */
         for (int z = 0; z < b->nseq; z++) {
@@ -1160,6 +1161,7 @@ extern "C" hyla_status cu_lin_prefill1_dev(hyla_cuda_ctx *c, int gdn, const floa
                                            const float *ga, const float *gb, int n, int H, int dk, int dv, float scale,
                                            const void *d_blk, int states16, float *o) {
     if (n <= 0) return HYLA_OK;
+    if (cu_gla_slabs(gdn, dk)) return cu_gla_slab_prefill1(c, q, k, v, ga, n, H, dk, dv, scale, d_blk, states16, o);
     int NC = (n + CH - 1) / CH;
     size_t sp = ((size_t)(2 * NC + 2) * 4 + 7) & ~(size_t)7;
     const int32_t *t = (const int32_t *)d_blk;

@@ -267,8 +267,9 @@ static void launch_dec(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B, int R) 
 extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B) {
     if (B <= 0 || a->ntok <= 0) return HYLA_OK;
     if (a->dk > 256)
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda",
-                         a->dk);
+        return hyla_fail(HYLA_ERR_UNSUPPORTED,
+                         "linear attention: key head dim %d > 256 is not supported on cuda for %s", a->dk,
+                         a->gdn ? "gdn (the delta rule couples the key rows)" : "sse partitions");
     if (a->H > 65535 || B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: H=%d B=%d", a->H, B);
     int R = (a->dk + 7) / 8;
     bool al = a->dv % 4 == 0 && ((uintptr_t)a->v & 15) == 0 && ((uintptr_t)a->o & 15) == 0;
@@ -309,6 +310,7 @@ extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float 
                                          const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
                                          float *const *d_S, int states16, float *o) {
     if (B <= 0) return HYLA_OK;
+    if (cu_gla_dec_slabs(gdn, dk)) return cu_gla_slab_decode(c, q, k, v, ga, B, H, dk, dv, scale, d_S, states16, o);
     hyla_cu_linrec r;
     cu_linrec_plain(&r, gdn, H, dk, dv, scale, 1, q, k, v, ga, gb, o, d_S, states16);
     return cu_lin_recurrent(c, &r, B);

@@ -1,18 +1,19 @@
 /* hyla_cuda_mamba2.cu — Mamba2's SSD mixer on the GPU [M2-1..3] (docs/MODELS.md "Mamba2").
  *
- * Recurrent kernel (k_ssd_rec: decode, and the prefill of state sizes the chunked path does not
- * take): one block per (session, head, 32 head-dim columns); lane = column j, warp w owns
- * state rows i = w + 8r, so S[i][j] stays in registers for all the tokens of the call and the
- * state is read and written once. y's reduction over i goes through shared memory in a fixed
- * order (deterministic, independent of the batch).
- *
- * Chunked prefill: SSD is GLA [GLA-1] with q = C, k = B, v = dt'·x, scale 1 and the same
- * scalar decay a on every key dimension, and the state layout [H][N][P] is GLA's [H][dk][dv].
- * k_ssd_expand writes those per-head operands (B and C of the head's group, a broadcast over
- * N) into scratch, the GLA chunked kernels (hyla_cuda_linattn.cu, tensor cores) run them, and
- * k_ssd_finish adds D·x. Shapes the chunked GLA path does not take (N > 256) run the recurrent
- * kernel over the call's tokens instead.
- * Both paths chunk from the call's first token, so 64-aligned pieces give the bits of one call.
+ * SSD is GLA [GLA-1] with q = C, k = B, v = dt'·x, scale 1 and the same scalar decay a on every
+ * key dimension, and the state layout [H][N][P] is GLA's [H][dk][dv]. So both paths run GLA's
+ * kernels: k_ssd_expand writes those per-head operands (B and C of the head's group, a broadcast
+ * over N) into scratch (SCR_SSD), GLA's kernels run them, and k_ssd_finish adds D·x.
+ *   - Chunked prefill: the GLA chunked kernels (hyla_cuda_lin_chunked.cu, tensor cores); a state
+ *     wider than they take (StateX's N = 512) runs as GLA's key slabs (hyla_cuda_lin_slab.cu:
+ *     state rows are independent under GLA's update, so N = 512 is four slab-heads of 128 whose
+ *     outputs are summed in a fixed order). Every path chunks from the call's first token, so
+ *     64-aligned pieces give the bits of one call.
+ *   - Decode: GLA decode (`k_lin_dec`, key slabs for N > 128), one token per session.
+ *   - k_ssd_rec, the SSD-specific recurrent kernel (one block per (session, head, 32 head-dim
+ *     columns); lane = column j, warp w owns state rows i = w + 8r in registers; y reduced over
+ *     i through shared memory in a fixed order), is kept for the prefill of shapes neither GLA
+ *     path takes (N <= 256 with P beyond the chunked kernels' limits).
  *
  * dt' and a are computed in fp32 (softplus as max(x,0) + log1p(e^−|x|)) by every path the
  * same way; the CPU forms them in double and rounds, so the two backends may differ in the
@@ -117,32 +118,6 @@ static hyla_status launch_rec(hyla_cuda_ctx *c, const SsdArgs &a, int B) {
     return HYLA_OK;
 }
 
-extern "C" hyla_status cu_ssd_decode_dev(hyla_cuda_ctx *c, const float *xbc, int ldx, const float *dt, int ld_dt,
-                                         const float *dt_bias, const float *A_log, const float *Dskip, float dt_min,
-                                         float dt_max, int B, int H, int P, int G, int N, float *const *d_S, float *y) {
-    if (B <= 0) return HYLA_OK;
-    SsdArgs a = {xbc, dt, dt_bias, A_log, Dskip, ldx, ld_dt, H, P, G, N, 1, dt_min, dt_max, d_S, y};
-    return launch_rec(c, a, B);
-}
-
-extern "C" hyla_status cu_ssd_decode_check(int B, int ldx, int ld_dt, int H, int P, int G, int N) {
-    HYLA_TRY(m2_check("ssd_decode", B, ldx, ld_dt, H, P, G, N));
-    if (B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_decode: batch %d", B);
-    return HYLA_OK;
-}
-
-extern "C" hyla_status cu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt,
-                                     const float *dt_bias, const float *A_log, const float *Dskip, float dt_min,
-                                     float dt_max, int B, int H, int P, int G, int N, float *const *S, float *y) {
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    HYLA_TRY(cu_ssd_decode_check(B, ldx, ld_dt, H, P, G, N));
-    if (B <= 0) return HYLA_OK;
-    void *d_s;
-    HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
-    return cu_ssd_decode_dev(c, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, B, H, P, G, N,
-                             (float *const *)d_s, y);
-}
-
 /* ---------------------------------------------------------------- chunked prefill via GLA */
 
 /* One block per (token, head): q, k, gk [n][H][N]; v [n][H][P]. */
@@ -164,6 +139,22 @@ __global__ void k_ssd_expand(const float *__restrict__ xbc, int ldx, const float
     for (int j = threadIdx.x; j < P; j += blockDim.x) v[ov + j] = dtp * xr[(size_t)h * P + j];
 }
 
+/* The per-head GLA operands of n rows in scratch (SCR_SSD): q, k, gk [n][H][N], v [n][H][P]. */
+static hyla_status ssd_expand(hyla_cuda_ctx *c, const float *xbc, int ldx, const float *dt, int ld_dt,
+                              const float *dt_bias, const float *A_log, float dt_min, float dt_max, int n, int H, int P,
+                              int G, int N, float **q, float **k, float **gk, float **v) {
+    size_t qn = (size_t)n * H * N, vn = (size_t)n * H * P;
+    size_t qb = (qn * 4 + 255) & ~(size_t)255, vb = (vn * 4 + 255) & ~(size_t)255;
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_SSD, 3 * qb + vb, &scr));
+    uint8_t *p = (uint8_t *)scr;
+    *q = (float *)p, *k = (float *)(p + qb), *gk = (float *)(p + 2 * qb), *v = (float *)(p + 3 * qb);
+    k_ssd_expand<<<dim3(n, H), 128, 0, c->stream>>>(xbc, ldx, dt, ld_dt, dt_bias, A_log, dt_min, dt_max, H, P, G, N, *q,
+                                                    *k, *gk, *v);
+    CU_LAUNCH_CHECK("ssd expand");
+    return HYLA_OK;
+}
+
 /* y [n][H][P] = o + D x (y may alias o). */
 __global__ void k_ssd_finish(const float *o, const float *__restrict__ xbc, int ldx, const float *__restrict__ Dskip,
                              int n, int H, int P, float *y) {
@@ -181,25 +172,59 @@ extern "C" hyla_status cu_ssd_prefill(void *ctx, const float *xbc, int ldx, cons
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     HYLA_TRY(m2_check("ssd_prefill", n, ldx, ld_dt, H, P, G, N));
     if (n == 0) return HYLA_OK;
-    if (!cu_linattn_chunked_ok(c, 0, H, N, P, 1)) {
+    if (!cu_gla_slabs(0, N) && !cu_linattn_chunked_ok(c, 0, H, N, P, 1)) {
         void *d_s;
         HYLA_TRY(cu_stage(c, &S, sizeof(float *), &d_s));
         SsdArgs a = {xbc, dt, dt_bias, A_log, Dskip, ldx, ld_dt, H, P, G, N, n, dt_min, dt_max, (float *const *)d_s, y};
         return launch_rec(c, a, 1);
     }
-    size_t qn = (size_t)n * H * N, vn = (size_t)n * H * P;
-    size_t qb = (qn * 4 + 255) & ~(size_t)255, vb = (vn * 4 + 255) & ~(size_t)255;
-    void *scr;
-    HYLA_TRY(cu_scratch(c, SCR_SSD, 3 * qb + vb, &scr));
-    uint8_t *p = (uint8_t *)scr;
-    float *q = (float *)p, *k = (float *)(p + qb), *gk = (float *)(p + 2 * qb), *v = (float *)(p + 3 * qb);
-    k_ssd_expand<<<dim3(n, H), 128, 0, c->stream>>>(xbc, ldx, dt, ld_dt, dt_bias, A_log, dt_min, dt_max, H, P, G, N, q,
-                                                    k, gk, v);
-    CU_LAUNCH_CHECK("ssd expand");
+    float *q, *k, *gk, *v;
+    HYLA_TRY(ssd_expand(c, xbc, ldx, dt, ld_dt, dt_bias, A_log, dt_min, dt_max, n, H, P, G, N, &q, &k, &gk, &v));
+    size_t vn = (size_t)n * H * P;
     HYLA_TRY(cu_gla_prefill(c, q, k, v, gk, n, H, N, P, 1.0f, S, y));
     k_ssd_finish<<<cu_blocks(vn, M2_TPB), M2_TPB, 0, c->stream>>>(y, xbc, ldx, Dskip, n, H, P, y);
     CU_LAUNCH_CHECK("ssd finish");
     return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- decode */
+
+/* Decode is GLA decode (q = C, k = B, v = dt'·x, the decay a on every state row, scale 1) plus
+ * D·x, as the chunked prefill is chunked GLA: `k_lin_dec` (N <= 128) or its key slabs (N > 128)
+ * read and write each state once at ~0.9 of the copy rate, where the SSD-specific recurrent
+ * kernel (`k_ssd_rec`: 32 columns per block, a shared-memory reduction of y per token) reached
+ * 0.5 at N = 128 and 0.35 at 512. The per-head operands cost n·H·(3N + P) floats of scratch
+ * (~5 % of the state traffic at N = 128, P = 64). */
+extern "C" hyla_status cu_ssd_decode_dev(hyla_cuda_ctx *c, const float *xbc, int ldx, const float *dt, int ld_dt,
+                                         const float *dt_bias, const float *A_log, const float *Dskip, float dt_min,
+                                         float dt_max, int B, int H, int P, int G, int N, float *const *d_S,
+                                         int states16, float *y) {
+    if (B <= 0) return HYLA_OK;
+    float *q, *k, *gk, *v;
+    HYLA_TRY(ssd_expand(c, xbc, ldx, dt, ld_dt, dt_bias, A_log, dt_min, dt_max, B, H, P, G, N, &q, &k, &gk, &v));
+    HYLA_TRY(cu_lin_decode_dev(c, 0, q, k, v, gk, NULL, B, H, N, P, 1.0f, d_S, states16, y));
+    size_t vn = (size_t)B * H * P;
+    k_ssd_finish<<<cu_blocks(vn, M2_TPB), M2_TPB, 0, c->stream>>>(y, xbc, ldx, Dskip, B, H, P, y);
+    CU_LAUNCH_CHECK("ssd finish");
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_ssd_decode_check(int B, int ldx, int ld_dt, int H, int P, int G, int N) {
+    HYLA_TRY(m2_check("ssd_decode", B, ldx, ld_dt, H, P, G, N));
+    if (B > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "ssd_decode: batch %d", B);
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_ssd_decode(void *ctx, const float *xbc, int ldx, const float *dt, int ld_dt,
+                                     const float *dt_bias, const float *A_log, const float *Dskip, float dt_min,
+                                     float dt_max, int B, int H, int P, int G, int N, float *const *S, float *y) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    HYLA_TRY(cu_ssd_decode_check(B, ldx, ld_dt, H, P, G, N));
+    if (B <= 0) return HYLA_OK;
+    void *d_s;
+    HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
+    return cu_ssd_decode_dev(c, xbc, ldx, dt, ld_dt, dt_bias, A_log, Dskip, dt_min, dt_max, B, H, P, G, N,
+                             (float *const *)d_s, cu_states16(S, B), y);
 }
 
 /* ---------------------------------------------------------------- gated norm, copy2d */

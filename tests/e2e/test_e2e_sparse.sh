@@ -6,14 +6,20 @@
 #   lansa:           GDN and NSA layers 1:1; blocks of 8 tokens, 4 selected, a window of 16;
 #   dla-gdn:         dynamic linear attention over GDN with a capacity of 4 states per head and
 #                    a threshold of 1.4 (tokens both merge into the newest state and open one);
-#   dla-mamba2:      the same over Mamba2.
+#   dla-mamba2:      the same over Mamba2;
+#   mamba2:          Mamba2 (SSD) alone: a short-conv tail and an SSM state per layer;
+#   statex-mamba2:   StateX over Mamba2: four layers at state 512;
+#   statex-gla:      StateX over GLA at width 2048, two layers whose four heads are merged into
+#                    one (dk 1024, dv 2048): an 8 MiB state per layer, the size the codec, the
+#                    pool and the store tiers must carry without special cases.
 # Checks:
 #   (a) 64 tokens uninterrupted == 32 + Pause + Resume on the other worker + 32;
 #   (m) + Migrate back to the first worker + 32 more == the uninterrupted run;
 #   (k) a worker killed (kill -9) after a Pause: the session comes back on the survivor from
 #       that Pause and continues like the uninterrupted run.
 # The LTE cache and the DLA state cache are fixed-size states and NSA's the paged KV
-# (docs/STATE_FORMAT.md): these check that they travel exactly.
+# (docs/STATE_FORMAT.md), StateX's the largest recurrent states: these check that they travel
+# exactly.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 ARCH=${HYLA_E2E_ARCH:-lalte}
@@ -23,6 +29,8 @@ case "$ARCH" in
   lalte) e2e_make_model "$E2E_DIR/model" lalte 4 --window 16 --sink 2 --budget 6 ;;
   lansa) e2e_make_model "$E2E_DIR/model" lansa 4 --window 16 --block-size 8 --block-counts 4 ;;
   dla-gdn | dla-mamba2) e2e_make_model "$E2E_DIR/model" "$ARCH" 4 --dla-capacity 4 --dla-threshold 1.4 ;;
+  mamba2 | statex-mamba2) e2e_make_model "$E2E_DIR/model" "$ARCH" 4 ;;
+  statex-gla) e2e_make_model "$E2E_DIR/model" statex-gla 2 --hidden 2048 ;;
   *) e2e_fail "unknown HYLA_E2E_ARCH '$ARCH'"; e2e_done ;;
 esac
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done

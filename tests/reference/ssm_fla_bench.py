@@ -23,7 +23,7 @@ Each shape is called once untimed (Triton compiles and autotunes there), then ti
 events (median of several calls). A shape that fails gives a row with "error".
 
     PYTHONPATH=/path/to/fla python3 tests/reference/ssm_fla_bench.py [--prefill 4096,16384]
-        [--batch 1,16,64,256] [--skip-hf]
+        [--batch 1,16,64,256] [--skip-hf] [--only all|statex|statex-ssd]
 """
 import argparse
 import importlib.util
@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--prefill", default="4096,16384")
     ap.add_argument("--batch", default="1,16,64,256")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--only", choices=("all", "statex", "statex-ssd"), default="all",
+                    help="statex: only StateX's expanded shapes (GLA dk 1024, Mamba2 state 512); "
+                         "statex-ssd: only Mamba2 at state 512")
     a = ap.parse_args()
     prefill = [int(x) for x in a.prefill.split(",") if x]
     batches = [int(x) for x in a.batch.split(",") if x]
@@ -161,13 +164,16 @@ def main():
         guarded("fla_gla_decode", {"B": B, "H": Hh, "dk": dk, "dv": dv}, m)
 
     # Mamba2-1.3B first (the headline shape), then StateX's shapes
-    for B in batches:
-        ssd_decode(128, B)
-    for T in prefill:
-        ssd_prefill(128, T, torch.float32)
-    for T in prefill:
-        ssd_prefill(128, T, torch.bfloat16)
-    for Hh, dk, dv in ((4, 256, 512), (1, 1024, 2048)):
+    statex = a.only in ("statex", "statex-ssd")
+    if not statex:
+        for B in batches:
+            ssd_decode(128, B)
+        for T in prefill:
+            ssd_prefill(128, T, torch.float32)
+        for T in prefill:
+            ssd_prefill(128, T, torch.bfloat16)
+    gla_shapes = () if a.only == "statex-ssd" else ((1, 1024, 2048),) if statex else ((4, 256, 512), (1, 1024, 2048))
+    for Hh, dk, dv in gla_shapes:
         for B in batches:
             gla_decode(Hh, dk, dv, B)
         for T in prefill:
@@ -176,8 +182,10 @@ def main():
         ssd_decode(512, B)
     for T in prefill:
         ssd_prefill(512, T, torch.float32)
+    for T in prefill if statex else ():
+        ssd_prefill(512, T, torch.bfloat16)
 
-    if a.skip_hf:
+    if a.skip_hf or statex:
         return
     # transformers' Mamba2 mixer (one layer, projections and conv included)
     for T in prefill[:1]:
