@@ -10,14 +10,16 @@
 # line then adds sessions, batch_decode_s and batch_decode_tok_s (B x DECODE_TOKENS / wall time,
 # all sessions summed). The first stages run --micro-batches BENCH_MICRO_BATCHES (default 2; 1:
 # off), added as micro_batches. Workers get --max-batch B (at least 64) and a message limit
-# that lets a step of B sessions' logits travel over gRPC.
+# that lets a step of B sessions' logits travel over gRPC. BENCH_GRPC=0 skips the gRPC
+# configuration; BENCH_MKARGS adds hyla-mkmodel options (e.g. "--intermediate 5632").
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 DOC_BYTES=${1:-16384}
 N=${2:-256}
 e2e_init bench-pipeline
 L=${BENCH_LAYERS:-8}
-e2e_make_model "$E2E_DIR/model" "${BENCH_ARCH:-gla}" "$L" --hidden "${BENCH_HIDDEN:-2048}" --heads 16 --vocab 32000 --dtype bf16
+# shellcheck disable=SC2086 # BENCH_MKARGS is a list of options
+e2e_make_model "$E2E_DIR/model" "${BENCH_ARCH:-gla}" "$L" --hidden "${BENCH_HIDDEN:-2048}" --heads 16 --vocab 32000 --dtype bf16 ${BENCH_MKARGS:-}
 B=${BENCH_SESSIONS:-1}
 MB=${BENCH_MICRO_BATCHES:-2}
 WF=(--max-batch $((B > 64 ? B : 64)) --max-message-bytes 268435456)
@@ -77,6 +79,12 @@ e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status
   e2e_fail "p0 + p1 not assembled"
 bench one_gpu g1
 bench pp2_nccl p0
+if [ "${BENCH_GRPC:-1}" = 0 ]; then
+  cmp -s "$E2E_DIR/one_gpu.ids" "$E2E_DIR/pp2_nccl.ids" || e2e_fail "one GPU and PP = 2 over NCCL gave different greedy tokens"
+  [ "$B" -le 1 ] || cmp -s "$E2E_DIR/one_gpu.batch.ids" "$E2E_DIR/pp2_nccl.batch.ids" ||
+    e2e_fail "one GPU and PP = 2 over NCCL gave different greedy tokens in the batch"
+  e2e_done
+fi
 e2e_kill p0 KILL
 # until the coordinator has declared p0 dead, it may still place p1's group's stage 0 there
 p0_dead() { e2e_hyla status | grep -qE '^p0 +dead'; }

@@ -207,8 +207,8 @@ static hyla_status await_answer(hyla_worker *w, uint64_t step, int rows, float *
 }
 
 /* The runtime's device post (scheduler thread): over an NCCL link when the next stage accepted
- * one, else *handled = 0 and stage_post takes the step. Per group: the rows go over the link,
- * then the control message; after the last group of a step that wants logits, one receive of
+ * one, else *handled = 0 and stage_post takes the step. Per group: the control message, then
+ * the rows over the link; after the last group of a step that wants logits, one receive of
  * the whole step's logits. The next stage posts its side in the same order (all rows first,
  * then the logits), so the two streams never wait on each other. */
 static hyla_status stage_post_dev(void *ud, const hyla_downstream_step *s, int *handled) {
@@ -225,10 +225,14 @@ static hyla_status stage_post_dev(void *ud, const hyla_downstream_step *s, int *
     Hyla__V1__StageForwardRequest rq;
     stage_request(w, s, &rq, &items, &ip);
     rq.hidden_over_nccl = 1;
-    hyla_status st = hyla_cuda_nccl_send(w->be, w->next_nccl, s->hidden, (size_t)s->R * cfg->hidden_size * sizeof(float), 1);
-    if (st == HYLA_OK) st = hyla_rpc_stream_write(w->next_stream, &rq.base);
+    /* the control message first: the next stage posts its receive when the message arrives, and
+     * NCCL does not queue a send (a non-blocking communicator answers "in progress", the first
+     * time while the pair connects) before the peer's receive is posted */
+    hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
     free(items);
     free(ip);
+    if (st == HYLA_OK)
+        st = hyla_cuda_nccl_send(w->be, w->next_nccl, s->hidden, (size_t)s->R * cfg->hidden_size * sizeof(float), 1);
     if (st == HYLA_OK && s->logits)
         st = hyla_cuda_nccl_recv(w->be, w->next_nccl, s->logits, (size_t)s->total_rows * cfg->vocab_size * sizeof(float), 1);
     if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, NULL);
