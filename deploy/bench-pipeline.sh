@@ -5,6 +5,8 @@
 # NCCL (cuda:0 + cuda:1) and the same pipeline over gRPC (HYLA_STAGE_NCCL=0). Prints one JSON
 # line per configuration. Needs two GPUs; a benchmark, not a test (BENCHMARKS.md records runs).
 #   HYLA_SOURCE_DIR=. HYLA_BIN_DIR=build/bin deploy/bench-pipeline.sh [DOC_BYTES] [DECODE_TOKENS]
+# prefill_s: Append of the document and its first generated token (an Append answers once its
+# pieces are queued on the device); decode_s: the DECODE_TOKENS after it.
 # Batched decode: BENCH_SESSIONS=B (default 1: off) also times B sessions (a BENCH_BATCH_DOC_BYTES
 # prompt each, default 512) generating DECODE_TOKENS each at once, after a warm-up round; the
 # line then adds sessions, batch_decode_s and batch_decode_tok_s (B x DECODE_TOKENS / wall time,
@@ -65,7 +67,10 @@ bench() { # bench NAME ON
   H append "$s" "$doc" >/dev/null && H generate "$s" -n 8 --ignore-eos >/dev/null # warm-up (graphs, links)
   s=$(H create --temperature 0 --on "$2") || e2e_fail "$1: create"
   t0=$(now)
+  # Append answers once the document is queued on the device, not computed: the prefill is timed
+  # to its first generated token (which waits for the prompt's last logits)
   H append "$s" "$doc" >/dev/null || e2e_fail "$1: append"
+  H generate "$s" -n 1 --ids --ignore-eos >"$E2E_DIR/$1.first.ids" || e2e_fail "$1: first token"
   t1=$(now)
   H generate "$s" -n "$N" --ids --ignore-eos >"$E2E_DIR/$1.ids" || e2e_fail "$1: generate"
   t2=$(now)
