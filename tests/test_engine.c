@@ -605,6 +605,183 @@ static void test_pipeline(hyla_backend *be, const char *tmp) {
     test_unload(mb);
 }
 
+/* An asynchronous in-process downstream: a post copies the group's rows and queues it; finish
+ * runs the queued groups in order on the next stage's sessions (the poster's session tags),
+ * writing their logits where the post asked, like a remote stage whose answers are read later.
+ * It counts what it saw: the most groups of a step and the most posts unanswered at once. */
+#define AQ_MAX 32
+typedef struct {
+    hyla_session *ss[64];
+    int R, decode;
+    hyla_stage_group g;
+    float *hidden, *logits;
+} aq_job;
+typedef struct {
+    aq_job q[AQ_MAX];
+    int n, D, max_in_flight, max_groups;
+    int fail; /* finish fails every job it reads (a next stage that went away) */
+} aq;
+
+static hyla_status aq_post(void *ud, const hyla_downstream_step *s) {
+    aq *d = ud;
+    if (d->n == AQ_MAX) return hyla_fail(HYLA_ERR_INTERNAL, "test downstream: more than %d posts in flight", AQ_MAX);
+    aq_job *j = &d->q[d->n++];
+    int n = s->decode ? s->R : 1;
+    for (int i = 0; i < n; i++) j->ss[i] = hyla_session_tag(s->ss[i]);
+    j->R = s->R;
+    j->decode = s->decode;
+    j->g = (hyla_stage_group){s->group, s->groups, s->row_offset, s->total_rows};
+    j->hidden = malloc((size_t)s->R * d->D * sizeof(float));
+    if (!j->hidden) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    memcpy(j->hidden, s->hidden, (size_t)s->R * d->D * sizeof(float)); /* the poster reuses its rows */
+    j->logits = s->logits;
+    if (d->n > d->max_in_flight) d->max_in_flight = d->n;
+    if (s->groups > d->max_groups) d->max_groups = s->groups;
+    return HYLA_OK;
+}
+
+static hyla_status aq_finish(void *ud, int keep) {
+    aq *d = ud;
+    hyla_status st = HYLA_OK;
+    while (d->n > keep) {
+        aq_job j = d->q[0];
+        memmove(d->q, d->q + 1, (size_t)(d->n - 1) * sizeof *d->q);
+        d->n--;
+        if (st == HYLA_OK && d->fail) st = hyla_fail(HYLA_ERR_UNAVAILABLE, "test downstream: the next stage went away");
+        if (st == HYLA_OK) st = hyla_stage_forward_group(j.ss, j.R, j.decode, j.hidden, j.logits, &j.g);
+        free(j.hidden);
+    }
+    return st;
+}
+
+static const hyla_downstream_ops aq_ops = {aq_post, NULL, aq_finish};
+
+/* Append every part of `from` to `to` (merging the stages' snapshots into a whole-model one). */
+static void merge_parts(hyla_snapshot *to, const hyla_snapshot *from) {
+    for (uint32_t i = 0; i < from->n_parts; i++) {
+        const hyla_state_part *q = &from->parts[i];
+        hyla_state_part *np = NULL;
+        CHECK_OK(hyla_snapshot_add_part(to, q->layer, q->name, (hyla_part_kind)q->kind, (hyla_dtype)q->dtype, q->ndim,
+                                        q->shape, q->page_tokens, &np));
+        if (np) memcpy(np->data, q->data, q->nbytes);
+    }
+}
+
+/* Micro-batched pipelines: two and three stages over the asynchronous downstream, with 1, 2
+ * and 3 micro-batches, decode a batch of 24 sessions (greedy and sampled, prompts of different
+ * lengths, one of 300 tokens fed in 64-token pieces that are posted without waiting): the tokens
+ * equal the unsplit model's bit for bit; a feed after them returns with pieces still posted, and
+ * the export (which finishes them first) of the stages' snapshots, merged, equals the unsplit
+ * model's and continues like it. The downstream saw the groups asked for (24 rows: at most 3 of >= 8)
+ * and up to HYLA_DOWNSTREAM_IN_FLIGHT prefill pieces in flight. */
+#define MB_NS 24
+#define MB_STEPS 10
+static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/pipe-mb", tmp);
+    make_model("sse-h", dir, NULL);
+    hyla_runtime *full = test_load(dir, be, NULL);
+    if (!full) return;
+    const hyla_model_config *cfg = hyla_model_get_config(test_model(full));
+    int32_t *prompts[MB_NS], lens[MB_NS];
+    for (int i = 0; i < MB_NS; i++) {
+        lens[i] = i == 0 ? 300 : 20 + 7 * i;
+        prompts[i] = test_prompt(lens[i], 40 + i, cfg->vocab_size);
+    }
+    /* the reference: the unsplit model decodes the same batch */
+    hyla_session *f[MB_NS];
+    int32_t ref[MB_STEPS][MB_NS], out[MB_NS], cont_ref[8];
+    for (int i = 0; i < MB_NS; i++) {
+        f[i] = new_session(full, i % 2 ? 0.8f : 0.0f, 100 + i);
+        CHECK_OK(hyla_session_feed(f[i], prompts[i], lens[i], NULL, NULL, NULL, NULL));
+    }
+    for (int t = 0; t < MB_STEPS; t++) CHECK_OK(hyla_session_decode(f, MB_NS, ref[t], NULL));
+    int32_t *extra = test_prompt(70, 77, cfg->vocab_size); /* fed after the decode, then exported */
+    CHECK_OK(hyla_session_feed(f[3], extra, 70, NULL, NULL, NULL, NULL));
+    hyla_snapshot *sf = NULL;
+    CHECK_OK(hyla_session_export(f[3], &sf));
+    gen(f[3], 8, cont_ref);
+    static const int bounds[2][4] = {{0, 2, 3, 0}, {0, 1, 2, 3}};
+    for (int P = 2; P <= 3; P++)
+        for (int M = 1; M <= 3; M++) {
+            hyla_runtime *st[3] = {NULL, NULL, NULL};
+            aq *qs = calloc(2, sizeof *qs);
+            hyla_session *ss[3][MB_NS];
+            CHECK(qs != NULL);
+            for (int k = 0; k < P; k++) {
+                hyla_model_params mp = hyla_model_default_params();
+                mp.layer_begin = bounds[P - 2][k];
+                mp.layer_end = bounds[P - 2][k + 1];
+                st[k] = test_load(dir, be, &mp);
+                if (!st[k]) return;
+                if (k < P - 1) {
+                    qs[k].D = cfg->hidden_size;
+                    hyla_runtime_set_downstream_ops(st[k], &aq_ops, &qs[k]);
+                    CHECK_OK(hyla_runtime_set_micro_batches(st[k], M));
+                }
+            }
+            CHECK_OK(hyla_runtime_set_prefill_piece(st[0], HYLA_PREFILL_CHUNK));
+            for (int i = 0; i < MB_NS; i++) {
+                ss[0][i] = new_session(st[0], i % 2 ? 0.8f : 0.0f, 100 + i);
+                for (int k = 1; k < P; k++) CHECK_OK(hyla_session_create(st[k], &ss[k][i]));
+                for (int k = 0; k + 1 < P; k++) hyla_session_set_tag(ss[k][i], ss[k + 1][i]);
+                CHECK_OK(hyla_session_feed(ss[0][i], prompts[i], lens[i], NULL, NULL, NULL, NULL));
+            }
+            CHECK_MSG(qs[0].max_in_flight == HYLA_DOWNSTREAM_IN_FLIGHT,
+                      "P=%d M=%d: %d prefill pieces in flight at most, expected %d", P, M, qs[0].max_in_flight,
+                      HYLA_DOWNSTREAM_IN_FLIGHT);
+            int same = 1;
+            for (int t = 0; t < MB_STEPS; t++) {
+                CHECK_OK(hyla_session_decode(ss[0], MB_NS, out, NULL));
+                same &= !memcmp(out, ref[t], sizeof out);
+            }
+            CHECK_MSG(same, "P=%d M=%d: micro-batched pipeline tokens differ from the unsplit model", P, M);
+            for (int k = 0; k + 1 < P; k++)
+                CHECK_MSG(qs[k].max_groups == M, "P=%d M=%d: stage %d posted steps of %d groups", P, M, k,
+                          qs[k].max_groups);
+            CHECK(qs[0].n == 0 && (P < 3 || qs[1].n == 0)); /* a decode finishes what was posted */
+            /* a feed that wants no logits returns with its pieces posted; the export finishes them */
+            CHECK_OK(hyla_session_feed(ss[0][3], extra, 70, NULL, NULL, NULL, NULL));
+            CHECK_MSG(qs[0].n > 0, "P=%d M=%d: the feed left no piece posted", P, M);
+            /* the stages' snapshots of one session, merged, are the unsplit model's */
+            hyla_snapshot *parts[3] = {NULL, NULL, NULL};
+            for (int k = 0; k < P; k++) CHECK_OK(hyla_session_export(ss[k][3], &parts[k]));
+            if (parts[0] && parts[P - 1]) {
+                for (int k = 1; k < P; k++) merge_parts(parts[0], parts[k]);
+                CHECK_MSG(hyla_snapshot_equal(parts[0], sf), "P=%d M=%d: merged stage snapshots differ", P, M);
+                hyla_session *r = NULL;
+                int32_t cont[8];
+                CHECK_OK(hyla_session_import(full, parts[0], &r));
+                if (r) {
+                    gen(r, 8, cont);
+                    CHECK_MSG(!memcmp(cont, cont_ref, sizeof cont), "P=%d M=%d: resume of the merged snapshot differs", P,
+                              M);
+                    hyla_session_free(r);
+                }
+            }
+            if (P == 3 && M == 2) { /* a failed answer fails the decode that posted, with its message */
+                qs[1].fail = 1;
+                hyla_status fs = hyla_session_decode(ss[0], MB_NS, out, NULL);
+                CHECK_MSG(fs == HYLA_ERR_UNAVAILABLE && strstr(hyla_last_error(), "the next stage went away"),
+                          "a failed downstream answer: %s", hyla_last_error());
+                CHECK(qs[0].n == 0 && qs[1].n == 0); /* nothing left posted */
+            }
+            for (int k = 0; k < P; k++) {
+                hyla_snapshot_destroy(parts[k]);
+                for (int i = 0; i < MB_NS; i++) hyla_session_free(ss[k][i]);
+            }
+            for (int k = 0; k < P; k++) test_unload(st[k]);
+            free(qs);
+        }
+    hyla_snapshot_destroy(sf);
+    free(extra);
+    for (int i = 0; i < MB_NS; i++) {
+        hyla_session_free(f[i]);
+        free(prompts[i]);
+    }
+    test_unload(full);
+}
+
 /* hyla_session_free with an export in flight is a programmer error: it aborts (the copies
  * would read freed KV pages). The child process only frees (no OpenMP region after fork). */
 static void test_free_in_flight(hyla_backend *be, const char *tmp) {
@@ -802,6 +979,7 @@ int main(void) {
     test_restore(be, tmp);
     test_token_log(be, tmp);
     test_pipeline(be, tmp);
+    test_pipeline_micro(be, tmp);
     test_free_in_flight(be, tmp);
     test_profile(be, tmp);
     test_lte_constant_state(be, tmp);

@@ -1,6 +1,8 @@
 /* hyla_runtime.c — what sessions run on (hyla_runtime.h): scratch activations, the layer loop
  * (norm -> mixer -> residual + norm -> MLP -> residual, then the head or the downstream stages),
- * and the cache of pinned snapshot buffers.
+ * the asynchronous downstream (steps posted, finished when their answers are needed; decode
+ * steps in micro-batches of contiguous rows at their offsets of the buffers), and the cache of
+ * pinned snapshot buffers.
  *
  * The forward runs R rows through the held layers in one of two modes:
  *   prefill: R consecutive tokens of ONE session (a piece: from the position to the next
@@ -40,6 +42,8 @@ static void scratch_free(hyla_runtime *rt) {
 
 hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows) {
     if (rows <= rt->rows) return HYLA_OK;
+    /* posted rows may still be read from (or logits written to) the buffers about to go */
+    HYLA_TRY(hyla_runtime_finish(rt));
     const hyla_model *m = rt->m;
     const hyla_model_config *c = &m->cfg;
     int want = rows < 2 * rt->rows ? 2 * rt->rows : rows;
@@ -93,12 +97,38 @@ void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud
     rt->allreduce_ud = ud;
 }
 
+/* hyla_runtime_set_downstream: a synchronous function behind the asynchronous table (each post
+ * runs the remaining stages at once; finish has nothing to wait for). */
+static hyla_status sync_post(void *ud, const hyla_downstream_step *s) {
+    hyla_runtime *rt = ud;
+    return rt->sync_fn(rt->sync_ud, s->ss, s->R, s->decode, s->hidden, s->logits);
+}
+static hyla_status sync_finish(void *ud, int keep) {
+    (void)ud, (void)keep;
+    return HYLA_OK;
+}
+static const hyla_downstream_ops sync_ops = {sync_post, NULL, sync_finish};
+
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud) {
-    rt->downstream = fn;
-    rt->downstream_ud = ud;
+    rt->sync_fn = fn;
+    rt->sync_ud = ud;
+    rt->ds = fn ? &sync_ops : NULL;
+    rt->ds_ud = rt;
 }
 
-void hyla_runtime_set_downstream_dev(hyla_runtime *rt, hyla_downstream_dev_fn fn) { rt->downstream_dev = fn; }
+void hyla_runtime_set_downstream_ops(hyla_runtime *rt, const hyla_downstream_ops *ops, void *ud) {
+    HYLA_ASSERT(!ops || (ops->post && ops->finish));
+    rt->ds = ops;
+    rt->ds_ud = ud;
+}
+
+hyla_status hyla_runtime_set_micro_batches(hyla_runtime *rt, int m) {
+    if (m < 1 || m > HYLA_MICRO_BATCH_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%d micro-batches: must be 1..%d", m, HYLA_MICRO_BATCH_MAX);
+    rt->micro_batches = m;
+    return HYLA_OK;
+}
+int hyla_runtime_micro_batches(const hyla_runtime *rt) { return rt->micro_batches; }
 
 hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, float **x_dev, float **logits_dev) {
     HYLA_TRY(hyla_runtime_reserve(rt, rows));
@@ -121,6 +151,7 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
     rt->m = m;
     rt->be = hyla_model_backend(m);
     rt->prefill_piece = HYLA_PREFILL_PIECE_DEFAULT;
+    rt->micro_batches = 2;
     rt->token_log = (int)HYLA_TOKEN_LOG_MAX;
     hyla_status s = HYLA_OK;
     const char *pe = getenv("HYLA_PREFILL_PIECE");
@@ -145,6 +176,8 @@ void hyla_runtime_free(hyla_runtime *rt) {
     snapbufs_destroy(rt);
     stagebufs_destroy(rt);
     scratch_free(rt);
+    free(rt->hlogits);
+    free(rt->hhidden);
     free(rt);
 }
 
@@ -162,85 +195,219 @@ static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const fl
 
 #define PM(label)                                                        \
     do {                                                                 \
-        if (hyla_prof_on) hyla_prof_mark(o, ctx, f->decode, (label));   \
+        if (hyla_prof_on) hyla_prof_mark(o, ctx, decode, (label));      \
     } while (0)
+
+/* R rows at x (host arrays of the rows: pos [R]; st [decode ? R : 1]) through the held layers. */
+static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t *pos, hyla_state *const *st, float *x) {
+    const hyla_model *m = rt->m;
+    const hyla_model_config *c = &m->cfg;
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    int D = c->hidden_size, F = c->intermediate_size, nst = decode ? R : 1;
+    hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
+    if (!ls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    hyla_status s = HYLA_OK;
+    for (int l = m->layer_begin; s == HYLA_OK && l < m->layer_end; l++) {
+        const hyla_layer *ly = &m->layers[l];
+        if ((s = o->rmsnorm(ctx, x, ly->attn_norm, rt->xn, R, D, c->norm_eps)) != HYLA_OK) break;
+        PM("norm");
+        for (int i = 0; i < nst; i++) ls[i] = &st[i]->ls[l];
+        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, rt->mo,
+                             rt->mixer_scratch, rt->host_ptrs};
+        if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
+            s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
+            break;
+        }
+        if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
+            if ((s = o->add(ctx, x, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+            PM("residual add");
+            continue;
+        }
+        if ((s = o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)) != HYLA_OK) break;
+        PM("norm");
+        hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
+        if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, decode ? 0 : HYLA_LINEAR_PREFILL)) != HYLA_OK) break;
+        PM("mlp: gate/up proj");
+        if ((s = o->swiglu(ctx, rt->mlp_g, rt->mlp_u, rt->mlp_g, (size_t)R * F)) != HYLA_OK) break;
+        PM("mlp: swiglu");
+        if ((s = lin(o, ctx, decode, R, rt->mlp_g, F, ly->mlp_down, rt->mo, D)) != HYLA_OK) break;
+        PM("mlp: down proj");
+        if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        if ((s = o->add(ctx, x, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        PM("residual add");
+    }
+    free(ls);
+    return s;
+}
+
+/* Host room for `hidden` rows of hidden states and `logits` rows of logits crossing the host to a
+ * post (grown, never shrunk; the logits only when a step wants them there). */
+static hyla_status host_room(hyla_runtime *rt, int hidden, int logits) {
+    const hyla_model_config *c = &rt->m->cfg;
+    if (hidden > rt->hrows) {
+        float *h = realloc(rt->hhidden, (size_t)hidden * c->hidden_size * sizeof(float));
+        if (!h) return hyla_fail(HYLA_ERR_NOMEM, "out of memory (host rows for the downstream stage)");
+        rt->hhidden = h;
+        rt->hrows = hidden;
+    }
+    if (logits > rt->hlrows) {
+        float *l = realloc(rt->hlogits, (size_t)logits * c->vocab_size * sizeof(float));
+        if (!l) return hyla_fail(HYLA_ERR_NOMEM, "out of memory (host logits from the downstream stage)");
+        rt->hlogits = l;
+        rt->hlrows = logits;
+    }
+    return HYLA_OK;
+}
+
+/* After a failure: wait out what is posted (the transport has closed what it could not keep
+ * paired) and forget the step, keeping the failure's message. */
+static hyla_status abandon(hyla_runtime *rt, hyla_status st) {
+    if (rt->in_flight) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hyla_last_error());
+        (void)rt->ds->finish(rt->ds_ud, 0);
+        st = hyla_fail(st, "%s", msg);
+    }
+    rt->in_flight = 0;
+    rt->step.open = 0;
+    return st;
+}
+
+hyla_status hyla_runtime_finish(hyla_runtime *rt) {
+    if (!rt->ds || (!rt->in_flight && !rt->step.open)) return HYLA_OK;
+    hyla_status st = rt->in_flight ? rt->ds->finish(rt->ds_ud, 0) : HYLA_OK;
+    if (st != HYLA_OK) return abandon(rt, hyla_fail_wrap(st, "downstream stage after layer %d", rt->m->layer_end - 1));
+    rt->in_flight = 0;
+    if (!rt->step.open) return HYLA_OK;
+    rt->step.open = 0;
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    size_t V = (size_t)rt->m->cfg.vocab_size;
+    for (int g = 0; st == HYLA_OK && g < rt->step.n_groups; g++) {
+        float *dev = rt->logits + (size_t)rt->step.g[g].off * V, *host = rt->step.g[g].host;
+        size_t bytes = (size_t)rt->step.g[g].n * V * sizeof(float);
+        if (rt->step.dev && !rt->step.want_dev) st = o->download(ctx, host, dev, bytes);
+        else if (!rt->step.dev && rt->step.want_dev) st = o->upload(ctx, dev, host, bytes);
+    }
+    return st;
+}
+
+/* Post group g of G (rows [off, off + R) of a step of `total` rows, at x) to the downstream.
+ * logits_host: where the caller wants this group's logits on the host (NULL: in rt->logits). */
+static hyla_status post_group(hyla_runtime *rt, hyla_session *const *ss, int R, int decode, int g, int G, int off,
+                              int total, const float *x, int want, float *logits_host) {
+    const hyla_model_config *c = &rt->m->cfg;
+    size_t V = (size_t)c->vocab_size;
+    hyla_downstream_step s = {.ss = ss, .R = R, .decode = decode, .want_logits = want, .group = g, .groups = G,
+                              .row_offset = off, .total_rows = total, .hidden = x, .logits = NULL};
+    hyla_status st = HYLA_OK;
+    if (g == 0) {
+        /* a prefill piece is bounded in flight; a step that wants logits is finished before
+         * anything else is posted, so at most one step's logits are awaited */
+        if (rt->in_flight >= HYLA_DOWNSTREAM_IN_FLIGHT) {
+            HYLA_TRY(rt->ds->finish(rt->ds_ud, HYLA_DOWNSTREAM_IN_FLIGHT - 1));
+            rt->in_flight = HYLA_DOWNSTREAM_IN_FLIGHT - 1;
+        }
+        if (rt->step.open) HYLA_TRY(hyla_runtime_finish(rt)); /* a step left unfinished by its sender */
+        rt->step.dev = 0;
+        if (rt->ds->post_dev) {
+            s.logits = want && G == 1 ? rt->logits : NULL;
+            int handled = 0;
+            if ((st = rt->ds->post_dev(rt->ds_ud, &s, &handled)) != HYLA_OK) return st;
+            rt->step.dev = handled;
+        }
+        if (want) {
+            rt->step.open = 1;
+            rt->step.want_dev = logits_host == NULL;
+            rt->step.n_groups = 0;
+        }
+        if (rt->step.dev) goto posted;
+    } else if (rt->step.dev) {
+        s.logits = want && g == G - 1 ? rt->logits : NULL;
+        int handled = 0;
+        if ((st = rt->ds->post_dev(rt->ds_ud, &s, &handled)) != HYLA_OK) return st;
+        if (!handled) return hyla_fail(HYLA_ERR_INTERNAL, "the device downstream declined group %d of %d", g, G);
+        goto posted;
+    }
+    /* over the host */
+    HYLA_TRY(host_room(rt, R, want && !logits_host ? total : 0));
+    HYLA_TRY(rt->be->ops->download(rt->be->ctx, rt->hhidden, x, (size_t)R * c->hidden_size * sizeof(float)));
+    s.hidden = rt->hhidden;
+    s.logits = !want ? NULL : logits_host ? logits_host : rt->hlogits + (size_t)off * V;
+    if ((st = rt->ds->post(rt->ds_ud, &s)) != HYLA_OK) return st;
+posted:
+    rt->in_flight++;
+    if (want) {
+        HYLA_ASSERT(rt->step.n_groups < HYLA_MICRO_BATCH_MAX);
+        rt->step.g[rt->step.n_groups].host = rt->step.want_dev ? s.logits : logits_host;
+        rt->step.g[rt->step.n_groups].off = off;
+        rt->step.g[rt->step.n_groups].n = R;
+        rt->step.n_groups++;
+    }
+    return HYLA_OK;
+}
 
 hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits) {
     const hyla_model *m = rt->m;
     const hyla_model_config *c = &m->cfg;
     const hyla_ops *o = rt->be->ops;
     void *ctx = rt->be->ctx;
-    int D = c->hidden_size, F = c->intermediate_size, nst = f->decode ? f->R : 1;
-    hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
-    if (!ls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    int D = c->hidden_size, decode = f->decode;
+    size_t V = (size_t)c->vocab_size;
+    float *x = rt->x + (size_t)f->row_off * D;
+    int last = m->lm_head != NULL;
+    /* the first stage's decode step in micro-batches (a later stage runs the group it got; a
+     * tensor-parallel stage does not cut: every rank must sum the same rows in the same order) */
+    int G = 1;
+    if (!last && f->decode && !f->groups && rt->ds && !rt->tp) {
+        G = f->R / HYLA_MICRO_BATCH_MIN_ROWS;
+        if (G > rt->micro_batches) G = rt->micro_batches;
+        if (G < 1) G = 1;
+    }
     if (hyla_prof_on) hyla_prof_begin(o, ctx);
     hyla_status st = HYLA_OK;
-    for (int l = m->layer_begin; st == HYLA_OK && l < m->layer_end; l++) {
-        const hyla_layer *ly = &m->layers[l];
-        if ((st = o->rmsnorm(ctx, rt->x, ly->attn_norm, rt->xn, f->R, D, c->norm_eps)) != HYLA_OK) break;
-        PM("norm");
-        for (int i = 0; i < nst; i++) ls[i] = &f->st[i]->ls[l];
-        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, f->decode, f->R, rt->rows, f->pos, ls, rt->xn, rt->mo,
-                             rt->mixer_scratch, rt->host_ptrs};
-        if ((st = ly->mixer->forward(&mf)) != HYLA_OK) {
-            st = hyla_fail_wrap(st, "layer %d (%s)", l, ly->mixer->name);
+    for (int g = 0; g < G; g++) {
+        int a = (int)((long)f->R * g / G), n = (int)((long)f->R * (g + 1) / G) - a;
+        const int32_t *pos = f->pos + a;
+        hyla_state *const *sts = f->st + (f->decode ? a : 0);
+        if ((st = run_layers(rt, f->decode, n, pos, sts, x + (size_t)a * D)) != HYLA_OK) break;
+        if (last) break; /* G is 1 */
+        /* not the last stage: hand the hidden states to the remaining stages (a tensor-parallel
+         * group's rank 0 does; the other ranks hold the same rows) */
+        if (rt->tp && rt->tp_rank) break;
+        if (!rt->ds) {
+            st = hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
+                           m->layer_begin, m->layer_end - 1, c->num_layers);
             break;
         }
-        if (rt->allreduce && (st = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
-        if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
-            if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
-            PM("residual add");
-            continue;
-        }
-        if ((st = o->add_rmsnorm(ctx, rt->x, rt->mo, ly->mlp_norm, rt->xn, f->R, D, c->norm_eps)) != HYLA_OK) break;
-        PM("norm");
-        hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
-        if ((st = o->linear_multi(ctx, rt->xn, D, f->R, D, 2, lo, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL)) != HYLA_OK)
+        if (f->groups) /* a later stage passes its group on under the step's numbering */
+            st = post_group(rt, f->ss, n, f->decode, f->group, f->groups, f->row_off, f->total_rows, x, want_logits,
+                            f->logits_host);
+        else
+            st = post_group(rt, f->ss + (f->decode ? a : 0), n, f->decode, g, G, a, f->R, x + (size_t)a * D, want_logits,
+                            NULL);
+        if (st != HYLA_OK) {
+            st = hyla_fail_wrap(st, "downstream stage after layer %d", m->layer_end - 1);
             break;
-        PM("mlp: gate/up proj");
-        if ((st = o->swiglu(ctx, rt->mlp_g, rt->mlp_u, rt->mlp_g, (size_t)f->R * F)) != HYLA_OK) break;
-        PM("mlp: swiglu");
-        if ((st = lin(o, ctx, f->decode, f->R, rt->mlp_g, F, ly->mlp_down, rt->mo, D)) != HYLA_OK) break;
-        PM("mlp: down proj");
-        if (rt->allreduce && (st = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
-        if ((st = o->add(ctx, rt->x, rt->mo, (size_t)f->R * D)) != HYLA_OK) break;
-        PM("residual add");
+        }
     }
-    free(ls);
-    HYLA_TRY(st);
-    if (m->lm_head) {
+    if (st != HYLA_OK) return rt->ds && !last ? abandon(rt, st) : st;
+    if (last) {
         if (!want_logits) return HYLA_OK;
-        HYLA_TRY(o->rmsnorm(ctx, rt->x, m->final_norm, rt->xn, f->R, D, c->norm_eps));
-        hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, rt->logits, c->vocab_size);
+        float *lg = rt->logits + (size_t)f->row_off * V;
+        HYLA_TRY(o->rmsnorm(ctx, x, m->final_norm, rt->xn, f->R, D, c->norm_eps));
+        hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, lg, c->vocab_size);
         PM("final norm, lm head");
+        if (hs == HYLA_OK && f->logits_host) hs = o->download(ctx, f->logits_host, lg, (size_t)f->R * V * sizeof(float));
         return hs;
     }
-    /* not the last stage: hand the hidden states to the remaining stages (a tensor-parallel
-     * group's rank 0 does; the other ranks hold the same rows) */
     if (rt->tp && rt->tp_rank) return HYLA_OK;
-    if (!rt->downstream)
-        return hyla_fail(HYLA_ERR_UNSUPPORTED, "model holds layers %d..%d of %d and has no downstream stage",
-                         m->layer_begin, m->layer_end - 1, c->num_layers);
-    if (rt->downstream_dev) {
-        int handled = 0;
-        st = rt->downstream_dev(rt->downstream_ud, f->ss, f->R, f->decode, rt->x, want_logits ? rt->logits : NULL,
-                                &handled);
-        if (st != HYLA_OK) return hyla_fail_wrap(st, "downstream stage after layer %d", m->layer_end - 1);
-        if (handled) return HYLA_OK;
-    }
-    size_t V = (size_t)c->vocab_size;
-    float *hidden = malloc((size_t)f->R * D * sizeof(float));
-    float *logits = want_logits ? malloc((size_t)f->R * V * sizeof(float)) : NULL;
-    st = (!hidden || (want_logits && !logits)) ? hyla_fail(HYLA_ERR_NOMEM, "out of memory") : HYLA_OK;
-    if (st == HYLA_OK) st = o->download(ctx, hidden, rt->x, (size_t)f->R * D * sizeof(float));
-    if (st == HYLA_OK) {
-        st = rt->downstream(rt->downstream_ud, f->ss, f->R, f->decode, hidden, logits);
-        if (st != HYLA_OK) st = hyla_fail_wrap(st, "downstream stage after layer %d", m->layer_end - 1);
-    }
-    if (st == HYLA_OK && want_logits) st = o->upload(ctx, rt->logits, logits, (size_t)f->R * V * sizeof(float));
-    free(hidden);
-    free(logits);
-    return st;
+    /* finish when the logits are needed: a decode step, a piece that wants them, the last group
+     * of a later stage's step */
+    if (f->groups ? f->group == f->groups - 1 : want_logits) return hyla_runtime_finish(rt);
+    return HYLA_OK;
 }
 
 /* ---- snapshot buffers: pinned host memory for exports, cached per runtime ----

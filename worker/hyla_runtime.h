@@ -47,26 +47,73 @@ int hyla_runtime_token_log(const hyla_runtime *rt);
 /* ---- pipeline stages ----
  * A model loaded with a layer range is one stage. The first stage drives sessions with
  * hyla_session_feed/decode as usual (pending token, sampler and RNG live there); when its model
- * does not hold the last layer, the forward hands the hidden states to `downstream`, which runs
+ * does not hold the last layer, the forward hands the hidden states to the downstream, which runs
  * the remaining stages (e.g. over gRPC to the next worker) and returns the logits when asked.
  * Other stages run hyla_stage_forward on their own sessions of the same conversation.
  *
- * downstream: ss are the first stage's sessions (prefill: ss[0] only, R consecutive rows starting
- * at hyla_session_position(ss[0]); decode: R sessions, one row each, at their positions);
- * hidden: host [R][hidden_size]; logits: host [R][vocab] to fill, or NULL when not needed. */
+ * The downstream is asynchronous: the forward POSTS each step (this stage's rows; it does not
+ * wait) and FINISHES when it needs the answers (the logits, or later stages at rest). A decode
+ * step of R >= 16 rows is cut into micro-batches (hyla_runtime_set_micro_batches): the layers
+ * run on group g, the group is posted, then group g + 1, ..., and the step finishes; the next
+ * stage works on group g while this one computes group g + 1. The pieces of one feed are posted
+ * without waiting (at most HYLA_DOWNSTREAM_IN_FLIGHT unanswered) and, when they want no logits,
+ * may stay posted after the feed returns, so the next scheduler step's work overlaps them; every
+ * other session call that posts (decode, step) finishes before it returns, and those that need
+ * the later stages at rest (export, import, free) finish first. */
+
+#define HYLA_MICRO_BATCH_MAX 16      /* micro-batches of one decode step at most */
+#define HYLA_MICRO_BATCH_MIN_ROWS 8  /* rows of a micro-batch at least (smaller batches: fewer groups) */
+#define HYLA_DOWNSTREAM_IN_FLIGHT 4  /* posted prefill pieces unanswered at most */
+
+/* One posted step of the downstream: a micro-batch (a group) of a decode step, or a whole step.
+ * ss: the group's sessions of the first stage (prefill: ss[0] only, R consecutive rows starting
+ * at hyla_session_position(ss[0]); decode: R sessions, one row each, at their positions). */
+typedef struct {
+    hyla_session *const *ss;
+    int R;                      /* the group's rows */
+    int decode;
+    int want_logits;            /* the step wants logits (every group of it says so) */
+    int group, groups;          /* group g of M (0 of 1: a whole step; prefill pieces are whole steps) */
+    int row_offset, total_rows; /* the group's first row within the step, and the step's rows */
+    const float *hidden;        /* post: host [R][hidden_size]; post_dev: backend [R][hidden_size] */
+    /* NULL: no logits wanted. post: host [R][vocab], filled by the time finish has read this
+     * group's answer. post_dev: backend [total_rows][vocab] of the whole step, given with the
+     * LAST group only, filled in stream order. */
+    float *logits;
+} hyla_downstream_step;
+
+/* The remaining stages. post: send the group's rows; the step's answer is read by a later
+ * finish (a failure here or there fails the step; the transport is closed as it sees fit).
+ * post_dev (optional; NULL: host only): the same from backend buffers (NCCL between GPUs of one
+ * host), tried for group 0 of each step: *handled = 1 when it took the group (the rest of the
+ * step then goes through post_dev too), 0 to let post take the whole step (rows and logits then
+ * cross the host). finish: wait for the answers of posted steps, in order, until at most `keep`
+ * are unanswered; logits land where their posts asked. The hidden rows are read before post
+ * returns (host) or in stream order (backend); the caller may reuse them afterwards. */
+typedef struct {
+    hyla_status (*post)(void *ud, const hyla_downstream_step *s);
+    hyla_status (*post_dev)(void *ud, const hyla_downstream_step *s, int *handled);
+    hyla_status (*finish)(void *ud, int keep);
+} hyla_downstream_ops;
+
+/* ops is borrowed for the runtime's life (a static table); ud is handed to its functions. */
+void hyla_runtime_set_downstream_ops(hyla_runtime *rt, const hyla_downstream_ops *ops, void *ud);
+
+/* A synchronous downstream (runs the remaining stages at once): hidden: host [R][hidden_size];
+ * logits: host [R][vocab] to fill, or NULL. Posts of a step call it group by group. */
 typedef hyla_status (*hyla_downstream_fn)(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
                                           float *logits);
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud);
 
-/* A downstream that takes the backend's own buffers (NCCL between GPUs of one host), tried
- * before the host one each time the forward hands rows on: it sets *handled = 1 when it moved
- * them (and the logits), or leaves it 0 to let `downstream` run this step (hidden and logits are
- * then copied through the host). hidden_dev: backend buffer [R][hidden_size], this stage's
- * output; logits_dev: backend buffer [R][vocab] to fill in stream order, or NULL. ud is the one
- * given to hyla_runtime_set_downstream. */
-typedef hyla_status (*hyla_downstream_dev_fn)(void *ud, hyla_session *const *ss, int R, int decode,
-                                              const float *hidden_dev, float *logits_dev, int *handled);
-void hyla_runtime_set_downstream_dev(hyla_runtime *rt, hyla_downstream_dev_fn fn);
+/* Micro-batches per decode step of a stage with a downstream: 1 .. HYLA_MICRO_BATCH_MAX (1:
+ * off; default 2). A step of R rows runs min(M, R / HYLA_MICRO_BATCH_MIN_ROWS) groups (at least
+ * one) of contiguous rows. The tokens are the same bits for any M (rows are independent). */
+hyla_status hyla_runtime_set_micro_batches(hyla_runtime *rt, int m);
+int hyla_runtime_micro_batches(const hyla_runtime *rt);
+
+/* Wait for every posted step's answer (hyla_downstream_ops.finish with keep 0) and put the
+ * logits where the forward wants them. A no-op when nothing is in flight. */
+hyla_status hyla_runtime_finish(hyla_runtime *rt);
 
 /* ---- tensor parallelism ----
  * A runtime on a tensor-parallel shard (hyla_model_params.tp_size > 1) produces, after each
@@ -77,8 +124,9 @@ typedef hyla_status (*hyla_allreduce_fn)(void *ud, float *buf, size_t n);
 void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud);
 
 /* The backend buffers a later stage's rows go through, made to hold `rows` rows: *x_dev
- * [rows][hidden_size] (the input of hyla_stage_forward_dev) and *logits_dev [rows][vocab] (its
- * logits). Borrowed until the next call that reserves rows on rt (a forward of more rows). */
+ * [rows][hidden_size] (the input of hyla_stage_forward_dev; a micro-batch's rows at its row
+ * offset) and *logits_dev [rows][vocab] (its logits, at the same rows). Borrowed until the next
+ * call that reserves rows on rt (a forward of more rows). */
 hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, float **x_dev, float **logits_dev);
 
 #ifdef __cplusplus

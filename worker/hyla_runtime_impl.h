@@ -20,9 +20,30 @@ struct hyla_runtime {
     hyla_backend *be;
     int prefill_piece; /* tokens per prefill forward (hyla_runtime_set_prefill_piece) */
     int token_log;     /* tokens per session token log (hyla_runtime_set_token_log) */
-    hyla_downstream_fn downstream; /* remaining pipeline stages (NULL: the model holds the last layer) */
-    void *downstream_ud;
-    hyla_downstream_dev_fn downstream_dev; /* tried first (NULL: host only) */
+    /* remaining pipeline stages (ds NULL: the model holds the last layer) */
+    const hyla_downstream_ops *ds;
+    void *ds_ud;
+    hyla_downstream_fn sync_fn; /* hyla_runtime_set_downstream: behind the table `sync_ops` */
+    void *sync_ud;
+    int micro_batches; /* hyla_runtime_set_micro_batches */
+    /* The downstream's posted steps (hyla_runtime.c): unanswered messages, and the step whose
+     * logits are awaited (at most one: a step that wants logits is finished before the next).
+     * Its groups' host logits: where host answers land; at the finish they are uploaded to
+     * rt->logits (want_dev) or, when the step went over post_dev, downloaded to them. */
+    int in_flight;
+    struct {
+        int open;     /* a step wanting logits is posted and not finished */
+        int dev;      /* it goes over post_dev (decided at group 0) */
+        int want_dev; /* its logits are wanted in rt->logits (else in the groups' host buffers) */
+        int n_groups;
+        struct {
+            float *host; /* [n][V] */
+            int off, n;
+        } g[HYLA_MICRO_BATCH_MAX];
+    } step;
+    float *hlogits; /* host [hlrows][V]: where host answers land when rt->logits wants them */
+    float *hhidden; /* host [hrows][D]: rows crossing the host to a post */
+    int hrows, hlrows;
     hyla_allreduce_fn allreduce; /* a tensor-parallel shard's sum over its group (NULL: none) */
     void *allreduce_ud;
     /* Tensor parallelism (hyla_tp.c): the group this runtime is rank tp_rank of (NULL: none).
@@ -67,6 +88,11 @@ typedef struct {
     const int32_t *pos;              /* host [R]: the absolute position of each row */
     hyla_state *const *st;           /* host [decode ? R : 1] */
     hyla_session *const *ss;         /* host [decode ? R : 1]: passed to the downstream callback */
+    /* a later stage's micro-batch (zero: a whole step): the rows sit at row_off of rt->x and
+     * their logits go to row_off of rt->logits; the downstream gets the same numbering, and
+     * the last group of a step finishes it */
+    int group, groups, row_off, total_rows;
+    float *logits_host; /* a later stage's host logits [R][V] of this group (NULL: rt->logits) */
 } hyla_fwd;
 
 /* The group's size and rank r's runtime (hyla_tp.c), and hyla_tp_run (hyla_tp.h) for the
@@ -77,7 +103,10 @@ hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r);
 /* Make the scratch hold `rows` rows (reallocates when it grows, doubling). */
 hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);
 /* Rows of rt->x (already filled) through the held layers; final norm + head into rt->logits
- * when want_logits and this is the last stage; else the downstream callback. */
+ * when want_logits and this is the last stage; else posted to the downstream. The first stage's
+ * decode (f->groups 0) runs micro-batches and finishes; its prefill pieces are posted without
+ * waiting unless want_logits (the caller finishes: hyla_runtime_finish); a later stage's group
+ * (f->groups >= 1) finishes at the step's last group. */
 hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits);
 
 /* Snapshot buffers: an arena of at least `need` bytes (64-byte aligned) from the runtime's cache

@@ -119,6 +119,8 @@ hyla_status hyla_session_create(hyla_runtime *rt, hyla_session **out) {
 
 void hyla_session_free(hyla_session *s) {
     if (!s) return;
+    /* pieces of a feed may still be posted to the later stages */
+    if (hyla_runtime_finish(s->rt) != HYLA_OK) HYLA_WARN("freeing a session: %s", hyla_last_error());
     if (s->T > 1 && hyla_tp_run(s->rt->tp, peer_free, s) != HYLA_OK)
         HYLA_WARN("freeing a tensor-parallel session: %s", hyla_last_error());
     session_delete(s);
@@ -183,33 +185,46 @@ void *hyla_session_tag(const hyla_session *s) { return s->tag; }
 /* ------------------------------------------------------------------------------------------ */
 /* Forward passes                                                                              */
 
-/* The runtime's forward over sessions ss (prefill: ss[0], R rows; decode: R sessions). */
-static hyla_status run_forward(hyla_session *const *ss, int R, int decode, const int32_t *pos, int want_logits) {
+/* The runtime's forward over sessions ss (prefill: ss[0], R rows; decode: R sessions); grp: a
+ * later stage's micro-batch (NULL: the first stage's rows); logits_host: its host logits. */
+static hyla_status run_forward_group(hyla_session *const *ss, int R, int decode, const int32_t *pos, int want_logits,
+                                     const hyla_stage_group *grp, float *logits_host) {
     int n = decode ? R : 1;
     hyla_state **st = malloc((size_t)n * sizeof *st);
     if (!st) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) st[i] = ss[i]->st;
-    hyla_fwd f = {decode, R, pos, st, ss};
+    hyla_fwd f = {decode, R, pos, st, ss, 0, 0, 0, 0, logits_host};
+    if (grp) {
+        f.group = grp->group;
+        f.groups = grp->groups;
+        f.row_off = grp->row_offset;
+        f.total_rows = grp->total_rows;
+    }
     hyla_status s = hyla_runtime_forward(ss[0]->rt, &f, want_logits);
     free(st);
     return s;
 }
 
-/* One rank's stage forward of rows already in its rt->x (or uploaded from hidden_in). */
+static hyla_status run_forward(hyla_session *const *ss, int R, int decode, const int32_t *pos, int want_logits) {
+    return run_forward_group(ss, R, decode, pos, want_logits, NULL, NULL);
+}
+
+/* One rank's stage forward of rows already in its rt->x (or uploaded from hidden_in) at the
+ * group's row offset. */
 static hyla_status stage_rank(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
-                              float *logits) {
+                              float *logits, const hyla_stage_group *g) {
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
-    HYLA_TRY(hyla_runtime_reserve(rt, R));
+    HYLA_TRY(hyla_runtime_reserve(rt, g->total_rows));
     int32_t *pos = malloc((size_t)R * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < R; i++) pos[i] = (int32_t)(decode ? ss[i]->pos : ss[0]->pos + i);
     const hyla_model_config *c = &m->cfg;
     hyla_status st = HYLA_OK;
-    if (hidden_in) st = OPS(m)->upload(CTX(m), rt->x, hidden_in, (size_t)R * c->hidden_size * sizeof(float));
-    if (st == HYLA_OK) st = run_forward(ss, R, decode, pos, want_logits);
-    if (st == HYLA_OK && logits && m->lm_head)
-        st = OPS(m)->download(CTX(m), logits, rt->logits, (size_t)R * c->vocab_size * sizeof(float));
+    if (hidden_in)
+        st = OPS(m)->upload(CTX(m), rt->x + (size_t)g->row_offset * c->hidden_size, hidden_in,
+                            (size_t)R * c->hidden_size * sizeof(float));
+    if (st == HYLA_OK) st = run_forward_group(ss, R, decode, pos, want_logits, g, logits);
     if (st == HYLA_OK) {
         if (decode)
             for (int i = 0; i < R; i++) ss[i]->pos++;
@@ -225,6 +240,7 @@ typedef struct {
     int R, decode, want_logits;
     const float *hidden_in;
     float *logits;
+    const hyla_stage_group *g;
 } stage_job;
 
 static hyla_status stage_job_rank(void *ud, int r) {
@@ -234,15 +250,24 @@ static hyla_status stage_job_rank(void *ud, int r) {
     if (!sr) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) sr[i] = rank_of(j->ss[i], r);
     /* rank 0 hands out the logits (every rank holds the same) */
-    hyla_status st = stage_rank(sr, j->R, j->decode, j->hidden_in, j->want_logits, r ? NULL : j->logits);
+    hyla_status st = stage_rank(sr, j->R, j->decode, j->hidden_in, j->want_logits, r ? NULL : j->logits, j->g);
     free(sr);
     return st;
 }
 
 /* hyla_stage_forward's checks and rows; hidden_in NULL: the rows are already in rt->x. */
 static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, int want_logits,
-                                 float *logits) {
+                                 float *logits, const hyla_stage_group *grp) {
     if (R < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward needs at least one row");
+    hyla_stage_group whole = {0, 1, 0, R};
+    const hyla_stage_group *g = grp ? grp : &whole;
+    if (g->groups < 1 || g->groups > HYLA_MICRO_BATCH_MAX || g->group < 0 || g->group >= g->groups ||
+        g->row_offset < 0 || g->row_offset + R > g->total_rows || (g->groups > 1 && !decode) ||
+        (g->groups == 1 && (g->row_offset || g->total_rows != R)))
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "stage forward of %d rows as group %d of %d at row %d of %d: not a micro-batch of a decode "
+                         "step (groups 1..%d, rows inside the step)",
+                         R, g->group, g->groups, g->row_offset, g->total_rows, HYLA_MICRO_BATCH_MAX);
     hyla_runtime *rt = ss[0]->rt;
     int n = decode ? R : 1;
     for (int i = 0; i < n; i++)
@@ -256,22 +281,33 @@ static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, con
                          "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
                          "or stay inside one chunk, and hold at most %d rows",
                          R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
-    if (!hidden_in && R > rt->rows) /* reserving now would drop the rows already received */
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", R, rt->rows);
-    if (ss[0]->T == 1) return stage_rank(ss, R, decode, hidden_in, want_logits, logits);
+    if (!hidden_in && g->total_rows > rt->rows) /* reserving now would drop the rows already received */
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", g->total_rows,
+                         rt->rows);
+    if (ss[0]->T == 1) return stage_rank(ss, R, decode, hidden_in, want_logits, logits, g);
     /* a split stage takes its rows from the host: each rank uploads them */
     if (!hidden_in)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "a stage split over several devices takes its rows from the host");
-    stage_job j = {ss, R, decode, want_logits, hidden_in, logits};
+    stage_job j = {ss, R, decode, want_logits, hidden_in, logits, g};
     return hyla_tp_run(rt->tp, stage_job_rank, &j);
 }
 
 hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits) {
-    return stage_forward(ss, R, decode, hidden_in, logits != NULL, logits);
+    return stage_forward(ss, R, decode, hidden_in, logits != NULL, logits, NULL);
 }
 
 hyla_status hyla_stage_forward_dev(hyla_session *const *ss, int R, int decode, int want_logits) {
-    return stage_forward(ss, R, decode, NULL, want_logits, NULL);
+    return stage_forward(ss, R, decode, NULL, want_logits, NULL, NULL);
+}
+
+hyla_status hyla_stage_forward_group(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits,
+                                     const hyla_stage_group *g) {
+    return stage_forward(ss, R, decode, hidden_in, logits != NULL, logits, g);
+}
+
+hyla_status hyla_stage_forward_dev_group(hyla_session *const *ss, int R, int decode, int want_logits,
+                                         const hyla_stage_group *g) {
+    return stage_forward(ss, R, decode, NULL, want_logits, NULL, g);
 }
 
 static hyla_status check_tokens(const hyla_model *m, const int32_t *t, int n) {
@@ -352,6 +388,8 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
             break;
         }
     }
+    /* pieces that want no logits may still be posted to the later stages: the next call that
+     * needs them (decode, export, import, free, a feed that wants logits) finishes them */
     /* On success the last token is pending; on failure/cancel the next unconsumed one is (the
      * tokens after it were not fed). */
     s->pending = list[done < total ? done : total];
@@ -701,6 +739,7 @@ static hyla_status tp_export_end(void *ud, int r) {
 
 hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
     *out = NULL;
+    HYLA_TRY(hyla_runtime_finish(s->rt)); /* the later stages' state at this position (ExportStage) */
     if (s->T == 1) return export_begin_rank(s, out);
     tp_export_job j = {.s = s};
     hyla_status st = hyla_tp_run(s->rt->tp, tp_export_begin, &j);
@@ -956,6 +995,7 @@ static hyla_status tp_import_undo(void *ud, int r) {
 hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
     *out = NULL;
     HYLA_TRY(check_rank0(rt));
+    HYLA_TRY(hyla_runtime_finish(rt));
     if (!rt->tp) return import_rank(rt, snap, out);
     tp_import_job j = {.rt = rt, .whole = snap};
     hyla_status st = hyla_tp_run(rt->tp, tp_import, &j);
@@ -992,6 +1032,7 @@ struct hyla_import {
 
 hyla_status hyla_session_import_begin(hyla_runtime *rt, const hyla_snapshot *snap, hyla_import **out) {
     *out = NULL;
+    HYLA_TRY(hyla_runtime_finish(rt));
     hyla_import *im = calloc(1, sizeof *im);
     if (!im || !(im->map = malloc(((size_t)snap->n_parts + 1) * sizeof *im->map)) ||
         !(im->arrived = calloc((size_t)snap->n_parts + 1, sizeof *im->arrived))) {

@@ -45,7 +45,10 @@ hyla_sampling hyla_session_get_sampling(const hyla_session *s);
 
 /* Feed n >= 1 tokens (see "pending token" above). logits: host [consumed][vocab] or NULL, one
  * row per consumed token (the pending one first, if any), where consumed = n - 1 + had_pending;
- * *consumed_out (may be NULL) receives that count. Token ids are checked against the vocab. */
+ * *consumed_out (may be NULL) receives that count. Token ids are checked against the vocab.
+ * On a pipeline's first stage without logits, the last pieces may return still posted to the
+ * later stages (hyla_runtime.h): decode, step, export, import, free and hyla_runtime_finish wait
+ * for them first, and a failure of theirs fails that call. */
 hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, float *logits, int *consumed_out,
                               hyla_progress_fn progress, void *ud);
 
@@ -144,6 +147,24 @@ hyla_status hyla_stage_forward(hyla_session *const *ss, int R, int decode, const
  * ss[0]'s runtime, filled in stream order, e.g. by an NCCL receive); the logits, when
  * want_logits, are left in its stage logits buffer (in stream order), not copied to the host. */
 hyla_status hyla_stage_forward_dev(hyla_session *const *ss, int R, int decode, int want_logits);
+
+/* A micro-batch of a decode step (hyla_runtime.h): group `group` of `groups`, its R rows at
+ * row_offset of a step of total_rows rows (groups 1: the whole step, row_offset 0). */
+typedef struct {
+    int group, groups, row_offset, total_rows;
+} hyla_stage_group;
+
+/* hyla_stage_forward of one micro-batch. The stage's buffers hold the whole step (its rows and
+ * logits at the group's rows). A stage with a downstream posts the group under the same
+ * numbering and finishes at the last group: the logits of every group of the step (host [R][vocab]
+ * each, borrowed until then) are filled when the last group's call returns, not before. */
+hyla_status hyla_stage_forward_group(hyla_session *const *ss, int R, int decode, const float *hidden_in, float *logits,
+                                     const hyla_stage_group *g);
+/* The same with the rows already at the group's rows of the stage input (hyla_stage_forward_dev);
+ * the logits of the whole step are in the stage logits buffer, in stream order, once the last
+ * group's call returns. */
+hyla_status hyla_stage_forward_dev_group(hyla_session *const *ss, int R, int decode, int want_logits,
+                                         const hyla_stage_group *g);
 
 /* Sample the next token of s from host logits [vocab] with its sampler and RNG (one draw) and
  * make it pending; for drivers that obtain logits themselves. */

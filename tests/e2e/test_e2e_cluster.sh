@@ -11,7 +11,9 @@
 #   (d) a two-stage pipeline (layers split across two workers; the first with a 64 KiB message
 #       limit, so it cuts prefill pieces and decode batches to fit) gives the same tokens as one
 #       worker, a fork of it continues like it, and its Pause restores on a whole-model worker
-#       with the same continuation;
+#       with the same continuation; 16 sessions generating at once on it (--micro-batches 2:
+#       decode steps in two groups of 8; the document in 128-token pieces posted back to back)
+#       each equal the same session on a whole-model worker;
 #   drain: a drained worker hands its sessions over and exits; they continue identically.
 # (d), (f), (e) are in test_e2e_cli.sh and test_e2e_python.sh.
 set -uo pipefail
@@ -106,7 +108,7 @@ e2e_expect_eq "$c3" "$(want "$j" 40)" "(c) continuation from the last durable sn
 # first stage runs with a 64 KiB message limit: it must cut prefill pieces to 128 tokens (half the
 # limit / (hidden 64 x 4 bytes)) and decode batches to 31 sessions (vocab 260 logits), or the
 # ~2100-token document's StageForward messages (1024 x 64 x 4 bytes) would not fit
-e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 --max-message-bytes 65536 || e2e_done
+e2e_start_worker p0 "$E2E_DIR/model" --layers 0:2 --max-message-bytes 65536 --micro-batches 2 || e2e_done
 grep -q "prefill pieces of at most 128 tokens" "$E2E_DIR/p0.log" ||
   e2e_fail "(d) p0 (--max-message-bytes 65536) did not cap its prefill pieces: $(grep -i 'prefill pieces' "$E2E_DIR/p0.log")"
 grep -q "decode batches of at most" "$E2E_DIR/p0.log" ||
@@ -119,6 +121,23 @@ H show "$P" | grep -qE "p0[ ,]p1" || e2e_fail "(d) session not on the pipeline: 
 H append "$P" "$doc" || e2e_fail "(d) append"
 p1=$(H generate "$P" -n 48 --ids --ignore-eos)
 e2e_expect_eq "$p1" "$(want 0 48)" "(d) two-stage pipeline == one worker"
+batch16() { # batch16 ON: 16 sessions (even: greedy, odd: sampled) generate 24 tokens at once; a line each
+  local i ids=() pids=()
+  for i in $(seq 0 15); do
+    ids[$i]=$(H create --temperature "$([ $((i % 2)) = 1 ] && echo 0.9 || echo 0)" --seed $((30 + i)) --on "$1") || return 1
+    H append "${ids[$i]}" "$doc" || return 1
+  done
+  for i in $(seq 0 15); do
+    H generate "${ids[$i]}" -n 24 --ids --ignore-eos >"$E2E_DIR/b16-$1-$i.txt" &
+    pids[$i]=$!
+  done
+  for i in $(seq 0 15); do wait "${pids[$i]}" || return 1; done
+  for i in $(seq 0 15); do echo "$(cat "$E2E_DIR/b16-$1-$i.txt")"; done
+}
+whole=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | head -n 1)
+b_ref=$(batch16 "$whole") || e2e_fail "(d) 16 sessions at once on $whole"
+e2e_expect_eq "$(batch16 p0)" "$b_ref" "(d) 16 sessions at once on the pipeline, in 2 micro-batches == one worker"
+grep -q "micro-batches (group 0 of 2)" "$E2E_DIR/p1.log" || e2e_fail "(d) p1 saw no decode step in 2 micro-batches"
 PF=$(H fork "$P") || e2e_fail "(d) fork of the pipelined session"
 H show "$PF" | grep -qE "p0[ ,]p1" || e2e_fail "(d) the fork is not on the pipeline"
 e2e_expect_eq "$(H generate "$PF" -n 8 --ids --ignore-eos)" "$(want 48 8)" "(d) a fork of the pipelined session continues like its parent"

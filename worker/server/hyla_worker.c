@@ -57,6 +57,7 @@ hyla_worker_params hyla_worker_default_params(void) {
     p.snapshot_every = 1024;
     p.max_batch = 64;
     p.prefill_budget = 1024; /* one default prefill piece (hyla_model.h) per scheduler step */
+    p.micro_batches = 2;
     p.max_generate = 65536;
     p.max_append_tokens = 1u << 24;
     p.rpc_threads = 2;
@@ -845,6 +846,10 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--token-log");
     }
+    if ((st = hyla_runtime_set_micro_batches(w->rt, p->micro_batches)) != HYLA_OK) {
+        hyla_worker_destroy(w);
+        return hyla_fail_wrap(st, "--micro-batches");
+    }
     if (p->prefill_piece && (st = hyla_runtime_set_prefill_piece(w->rt, p->prefill_piece)) != HYLA_OK) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");
@@ -858,8 +863,7 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         int lb, le;
         hyla_model_layer_range(w->m, &lb, &le);
         if (le < hyla_model_get_config(w->m)->num_layers) {
-            hyla_runtime_set_downstream(w->rt, stage_downstream, w);
-            hyla_runtime_set_downstream_dev(w->rt, stage_downstream_dev);
+            hyla_runtime_set_downstream_ops(w->rt, &stage_downstream_ops, w);
             /* a prefill piece's hidden states travel in one StageForward message: keep it under
              * half the message limit */
             long rows = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->hidden_size * 4);

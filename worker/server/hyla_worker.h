@@ -47,6 +47,8 @@ typedef struct {
                                   key itself); NULL: development mode, no authentication */
     struct hyla_metrics *metrics; /* registry to fill (hyla_metrics.h), borrowed until destroy; NULL: none */
     uint32_t token_log;        /* generated tokens each session keeps for ReadTokens, 1..65536 (0: 65536) */
+    int micro_batches;         /* a pipeline stage's micro-batches per decode step, 1..16 (default 2;
+                                  1: off; hyla_runtime_set_micro_batches) */
 } hyla_worker_params;
 
 hyla_worker_params hyla_worker_default_params(void);

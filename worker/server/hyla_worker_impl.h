@@ -110,10 +110,23 @@ typedef enum {
     C_WAKE,
 } cmd_type;
 
+/* The answer to one micro-batch of a step, held until the step's last group (a middle stage
+ * over gRPC: the logits of every group arrive when its own downstream finishes). */
+typedef struct {
+    uint64_t step;
+    size_t n;           /* items */
+    char **ids, **errs; /* [n] each; errs[i] NULL: the item is fine */
+    float *logits;      /* [rows][vocab] or NULL; filled by the step's finish */
+    size_t logits_len;  /* bytes */
+} stage_held;
+
 /* A StageForward call from the previous pipeline stage (registered like Append calls). */
 typedef struct stage_call {
     hyla_rpc_call *call;
     int released, done_seen;
+    stage_held held[HYLA_MICRO_BATCH_MAX];
+    int n_held;
+    int max_groups; /* the most micro-batches of a step seen on this call (logged as it grows) */
     struct stage_call *next;
 } stage_call;
 
@@ -185,6 +198,13 @@ struct hyla_worker {
     hyla_rpc_client *next_client;
     hyla_rpc_stream *next_stream;
     uint64_t stage_step;
+    /* posted steps awaiting their answers on next_stream, oldest first (stage_finish) */
+    struct {
+        uint64_t step;
+        int rows;
+        float *logits; /* host [rows][vocab] to fill, or NULL */
+    } next_wait[HYLA_MICRO_BATCH_MAX + HYLA_DOWNSTREAM_IN_FLIGHT];
+    int n_next_wait;
     /* NCCL between stages on one host (hyla_worker_stage.c; NULL: none, the rows go over gRPC) */
     struct hyla_nccl_link *next_nccl;  /* to the next stage, over next_stream (rank 0 of 2) */
     char nccl_refused[256];            /* next stage address that declined or failed a link */
@@ -245,9 +265,7 @@ void evict_if_needed(hyla_worker *w);
 /* hyla_worker_stage.c */
 int holds_all_layers(const hyla_worker *w);
 void close_next(hyla_worker *w);
-hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden, float *logits);
-hyla_status stage_downstream_dev(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden_dev,
-                                 float *logits_dev, int *handled);
+extern const hyla_downstream_ops stage_downstream_ops; /* the runtime's downstream: the next stage */
 hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap);
 void do_stage_start(hyla_worker *w, cmd *c);
 void do_stage_msg(hyla_worker *w, cmd *c);

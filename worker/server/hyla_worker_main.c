@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_runtime.h"
 #include "hyla_tp.h"
 #include "hyla_flagfile.h"
 #include "hyla_log.h"
@@ -60,6 +61,8 @@ static void usage(FILE *f) {
             "                         durable in the store leave the worker (default 4096)\n"
             "  --snapshot-every K     durable snapshot every K tokens per session (default 1024; 0 = only on Pause)\n"
             "  --max-batch B          sessions per decode step (default 64)\n"
+            "  --micro-batches M      a pipeline stage cuts a decode step into M micro-batches so the stages\n"
+            "                         overlap (default 2; 1 = off; a micro-batch keeps at least 8 sessions)\n"
             "  --prefill-budget T     prefill tokens per scheduler step (default 1024)\n"
             "  --prefill-piece N      prompt tokens per forward pass, a multiple of 64 up to 8192 (default 1024,\n"
             "                         or $HYLA_PREFILL_PIECE; pipeline stages cap it to the message size)\n"
@@ -122,7 +125,7 @@ int main(int argc, char **argv) {
                                  {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},
                                  {"admin-key-file", 1, 0, 'K'}, {"tls-cert", 1, 0, 1001}, {"tls-key", 1, 0, 1002},
                                  {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},
-                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014}, {"tp", 1, 0, 1015},        {0, 0, 0, 0}};
+                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014}, {"tp", 1, 0, 1015}, {"micro-batches", 1, 0, 1016},        {0, 0, 0, 0}};
     const char *admin_key_file = NULL;
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
@@ -177,6 +180,17 @@ int main(int argc, char **argv) {
             break;
         }
         case 'K': admin_key_file = optarg; break;
+        case 1016: {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > HYLA_MICRO_BATCH_MAX) {
+                fprintf(stderr, "hyla-worker: --micro-batches must be a number from 1 to %d, got '%s'\n", HYLA_MICRO_BATCH_MAX,
+                        optarg);
+                return 2;
+            }
+            p.micro_batches = (int)v;
+            break;
+        }
         case 1014: {
             char *end;
             unsigned long v = strtoul(optarg, &end, 10);

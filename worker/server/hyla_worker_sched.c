@@ -287,6 +287,13 @@ static void append_progress(hyla_worker *w, wsess *s, append_job *a) {
     double t = now_s();
     int done = a->half_closed && a->n == 0;
     if (!done && t - a->last_progress <= 0.2) return;
+    if (done) { /* the last pieces may still be posted to the later stages: done once they answer */
+        hyla_status st = hyla_runtime_finish(w->rt);
+        if (st != HYLA_OK) {
+            append_finish(w, a, hyla_rpc_code_from_status(st), "%s", hyla_last_error());
+            return;
+        }
+    }
     Hyla__V1__AppendProgress pr = HYLA__V1__APPEND_PROGRESS__INIT;
     pr.tokens_received = a->received;
     pr.tokens_ingested = a->ingested;

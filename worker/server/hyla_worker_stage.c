@@ -1,18 +1,21 @@
 /* hyla_worker_stage.c — pipelines: a worker loaded with a layer range is one stage.
  *
- * Stage 0 drives a session; the runtime's downstream callback (stage_downstream) sends each
- * step's hidden states to the next stage over one long-lived StageForward stream and waits for
- * the answer (the logits, when asked). A later stage runs its layers on the rows it receives
- * (do_stage_msg) and, through its own downstream, the rest. Snapshots are whole-model: stage 0
- * gathers the later stages' parts with ExportStage at the snapshot's position.
+ * Stage 0 drives a session; the runtime's downstream (stage_downstream_ops) posts each step's
+ * hidden states (a decode step in micro-batches: one message per group) to the next stage over
+ * one long-lived StageForward stream without waiting, and stage_finish reads the answers (the
+ * logits, when asked) in order when the runtime needs them (next_wait: the steps awaited). A
+ * later stage runs its layers on the rows it receives (do_stage_msg) and, through its own
+ * downstream, the rest. Snapshots are whole-model: stage 0 gathers the later stages' parts with
+ * ExportStage at the snapshot's position.
  * NCCL: when this stage and the next run on different GPUs of one host (CUDA builds with NCCL;
  * HYLA_STAGE_NCCL=0 turns it off), the first message of a new StageForward stream is a handshake
- * offering an NCCL link; once accepted, each step's hidden rows (and the logits it asks for)
- * travel over the link on the backends' streams (stage_downstream_dev), while the stream keeps
- * carrying the step, the items and the per-item results. Every step over a link is a send of
- * the rows and, when logits are wanted, a send back: the next stage posts both even when a step
- * fails, so the link stays paired; a broken stream aborts the link on both sides. The bytes are
- * those the gRPC path sends, so tokens are the same bits.
+ * offering an NCCL link; once accepted, each group's hidden rows travel over the link on the
+ * backends' streams (stage_post_dev), and the logits of a whole step once after its last group,
+ * while the stream keeps carrying the step, the items and the per-item results. Within a step
+ * both sides queue every row transfer before the one logits transfer, so the two streams never
+ * wait on each other; the next stage posts its transfers even when an item fails, so the link
+ * stays paired; a broken stream aborts the link on both sides. The bytes are those the gRPC path
+ * sends, so tokens are the same bits.
  * Threading: scheduler thread only (next_stage is read under sum_mu: membership writes it). */
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +60,9 @@ void close_next(hyla_worker *w) {
     hyla_rpc_client_destroy(w->next_client);
     w->next_client = NULL;
     w->next_open[0] = 0;
+    w->n_next_wait = 0; /* their answers went with the stream */
 }
 
-/* The engine's downstream callback (scheduler thread): send R rows to the next stage over a
- * long-lived StageForward stream and wait for its answer (with the logits when asked). */
 /* Offer the next stage an NCCL link over the just-opened stream and join it when accepted. A
  * refusal or a failure leaves the stream on gRPC (a failed join closes the stream: the caller
  * opens a plain one). */
@@ -135,23 +137,23 @@ static hyla_status ensure_next(hyla_worker *w, char *addr, size_t addr_len) {
     return w->next_stream ? HYLA_OK : hyla_fail_wrap(st, "opening StageForward to %s", addr);
 }
 
-/* A StageForward request of the next step: its items (prefill: one item of R rows; decode: R
- * items) and the fields both transports send (F32 rows of hidden_size). *items_out, *ip_out:
- * caller frees both with free() once rq is written. */
-static void stage_request(hyla_worker *w, hyla_session *const *ss, int R, int decode,
-                          Hyla__V1__StageForwardRequest *rq, Hyla__V1__StageItem **items_out,
-                          Hyla__V1__StageItem ***ip_out) {
-    int n_items = decode ? R : 1;
+/* A StageForward request of the next posted group: its items (prefill: one item of R rows;
+ * decode: R items), the micro-batch fields (only for a step of several groups, so a whole step's
+ * message is the one an older stage sends) and the fields both transports send (F32 rows of
+ * hidden_size). *items_out, *ip_out: caller frees both with free() once rq is written. */
+static void stage_request(hyla_worker *w, const hyla_downstream_step *s, Hyla__V1__StageForwardRequest *rq,
+                          Hyla__V1__StageItem **items_out, Hyla__V1__StageItem ***ip_out) {
+    int n_items = s->decode ? s->R : 1;
     Hyla__V1__StageItem *items = calloc((size_t)n_items, sizeof *items);
     Hyla__V1__StageItem **ip = calloc((size_t)n_items, sizeof *ip);
     HYLA_ASSERT(items && ip);
     for (int i = 0; i < n_items; i++) {
         hyla__v1__stage_item__init(&items[i]);
-        wsess *ws = hyla_session_tag(ss[i]);
+        wsess *ws = hyla_session_tag(s->ss[i]);
         items[i].session_id = ws->id;
-        items[i].position = (uint64_t)hyla_session_position(ss[i]);
-        items[i].n_tokens = decode ? 1 : (uint32_t)R;
-        items[i].decode = decode;
+        items[i].position = (uint64_t)hyla_session_position(s->ss[i]);
+        items[i].n_tokens = s->decode ? 1 : (uint32_t)s->R;
+        items[i].decode = s->decode;
         ip[i] = &items[i];
     }
     *items_out = items;
@@ -162,10 +164,18 @@ static void stage_request(hyla_worker *w, hyla_session *const *ss, int R, int de
     rq->items = ip;
     rq->dtype = HYLA__V1__DTYPE__DTYPE_F32;
     rq->hidden_size = (uint32_t)hyla_model_get_config(w->m)->hidden_size;
+    rq->want_logits = s->want_logits;
+    if (s->groups > 1) {
+        rq->group = (uint32_t)s->group;
+        rq->groups = (uint32_t)s->groups;
+        rq->row_offset = (uint32_t)s->row_offset;
+        rq->total_rows = (uint32_t)s->total_rows;
+    }
 }
 
 /* Read the answer to step `step`: per-item errors become a failure. Frees the message. */
 static hyla_status read_answer(hyla_worker *w, const char *addr, uint64_t step, Hyla__V1__StageForwardResponse **out) {
+    *out = NULL;
     ProtobufCMessage *m = NULL;
     hyla_status st = hyla_rpc_stream_read(w->next_stream, &m);
     if (st == HYLA_OK && !m) st = hyla_fail(HYLA_ERR_UNAVAILABLE, "the next stage (%s) ended the StageForward stream", addr);
@@ -185,86 +195,142 @@ static hyla_status read_answer(hyla_worker *w, const char *addr, uint64_t step, 
     return st;
 }
 
-/* The engine's device downstream (scheduler thread): over an NCCL link when the next stage
- * accepted one, else *handled = 0 and stage_downstream runs. */
-hyla_status stage_downstream_dev(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden_dev,
-                                 float *logits_dev, int *handled) {
+/* Remember a posted step whose answer a later stage_finish reads. */
+static hyla_status await_answer(hyla_worker *w, uint64_t step, int rows, float *logits) {
+    int cap = (int)(sizeof w->next_wait / sizeof w->next_wait[0]);
+    if (w->n_next_wait == cap) return hyla_fail(HYLA_ERR_INTERNAL, "more than %d StageForward steps in flight", cap);
+    w->next_wait[w->n_next_wait].step = step;
+    w->next_wait[w->n_next_wait].rows = rows;
+    w->next_wait[w->n_next_wait].logits = logits;
+    w->n_next_wait++;
+    return HYLA_OK;
+}
+
+/* The runtime's device post (scheduler thread): over an NCCL link when the next stage accepted
+ * one, else *handled = 0 and stage_post takes the step. Per group: the control message, then
+ * the rows over the link; after the last group of a step that wants logits, one receive of
+ * the whole step's logits. The next stage posts its side in the same order (all rows first,
+ * then the logits), so the two streams never wait on each other. */
+static hyla_status stage_post_dev(void *ud, const hyla_downstream_step *s, int *handled) {
     hyla_worker *w = ud;
     *handled = 0;
     if (!nccl_wanted(w)) return HYLA_OK;
     char addr[256];
     HYLA_TRY(ensure_next(w, addr, sizeof addr));
     if (!w->next_nccl) return HYLA_OK;
+    *handled = 1;
 #ifdef HYLA_HAVE_CUDA
     const hyla_model_config *cfg = hyla_model_get_config(w->m);
     Hyla__V1__StageItem *items, **ip;
     Hyla__V1__StageForwardRequest rq;
-    stage_request(w, ss, R, decode, &rq, &items, &ip);
-    rq.want_logits = logits_dev != NULL;
+    stage_request(w, s, &rq, &items, &ip);
     rq.hidden_over_nccl = 1;
+    /* the control message first: the next stage posts its receive when the message arrives, and
+     * NCCL does not queue a send (a non-blocking communicator answers "in progress", the first
+     * time while the pair connects) before the peer's receive is posted */
     hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
     free(items);
     free(ip);
-    if (st == HYLA_OK) st = hyla_cuda_nccl_send(w->be, w->next_nccl, hidden_dev, (size_t)R * cfg->hidden_size * sizeof(float), 1);
-    if (st == HYLA_OK && logits_dev)
-        st = hyla_cuda_nccl_recv(w->be, w->next_nccl, logits_dev, (size_t)R * cfg->vocab_size * sizeof(float), 1);
+    if (st == HYLA_OK)
+        st = hyla_cuda_nccl_send(w->be, w->next_nccl, s->hidden, (size_t)s->R * cfg->hidden_size * sizeof(float), 1);
+    if (st == HYLA_OK && s->logits)
+        st = hyla_cuda_nccl_recv(w->be, w->next_nccl, s->logits, (size_t)s->total_rows * cfg->vocab_size * sizeof(float), 1);
+    if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, NULL);
     if (st != HYLA_OK) {
-        close_next(w);
+        close_next(w); /* the link may be out of step */
         return hyla_fail_wrap(st, "StageForward over NCCL to %s", addr);
     }
-    Hyla__V1__StageForwardResponse *r = NULL;
-    st = read_answer(w, addr, rq.step, &r);
-    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
-    if (st != HYLA_OK) close_next(w); /* logits may be half-received: the link is out of step */
-    *handled = 1;
-    return st;
-#else
-    (void)ss, (void)R, (void)decode, (void)hidden_dev, (void)logits_dev;
     return HYLA_OK;
+#else
+    (void)s;
+    return hyla_fail(HYLA_ERR_INTERNAL, "an NCCL link in a build without CUDA");
 #endif
 }
 
-/* The engine's downstream callback (scheduler thread): send R rows to the next stage over a
- * long-lived StageForward stream and wait for its answer (with the logits when asked). */
-hyla_status stage_downstream(void *ud, hyla_session *const *ss, int R, int decode, const float *hidden,
-                                    float *logits) {
+/* The runtime's host post (scheduler thread): one message of the group's rows on the
+ * long-lived StageForward stream; its answer (with the logits when asked) is read by
+ * stage_finish. */
+static hyla_status stage_post(void *ud, const hyla_downstream_step *s) {
     hyla_worker *w = ud;
     char addr[256];
     HYLA_TRY(ensure_next(w, addr, sizeof addr));
-    hyla_status st = HYLA_OK;
     const hyla_model_config *cfg = hyla_model_get_config(w->m);
     Hyla__V1__StageItem *items, **ip;
     Hyla__V1__StageForwardRequest rq;
-    stage_request(w, ss, R, decode, &rq, &items, &ip);
-    rq.hidden.data = (uint8_t *)hidden;
-    rq.hidden.len = (size_t)R * cfg->hidden_size * sizeof(float);
-    rq.xxh64 = XXH64(hidden, rq.hidden.len, 0);
-    rq.want_logits = logits != NULL;
-    st = hyla_rpc_stream_write(w->next_stream, &rq.base);
+    stage_request(w, s, &rq, &items, &ip);
+    rq.hidden.data = (uint8_t *)s->hidden;
+    rq.hidden.len = (size_t)s->R * cfg->hidden_size * sizeof(float);
+    rq.xxh64 = XXH64(s->hidden, rq.hidden.len, 0);
+    hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
     free(items);
     free(ip);
+    if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, s->logits);
     if (st != HYLA_OK) {
         close_next(w);
         return hyla_fail_wrap(st, "StageForward to %s", addr);
     }
-    Hyla__V1__StageForwardResponse *r = NULL;
-    st = read_answer(w, addr, rq.step, &r);
-    if (!r) return st;
-    size_t want = (size_t)R * cfg->vocab_size * sizeof(float);
-    if (st == HYLA_OK && logits) {
-        if (r->logits.len != want)
-            st = hyla_fail(HYLA_ERR_FORMAT, "next stage %s returned %zu bytes of logits, expected %zu", addr, r->logits.len, want);
-        else
-            memcpy(logits, r->logits.data, want);
-    }
-    protobuf_c_message_free_unpacked(&r->base, NULL);
-    return st;
+    return HYLA_OK;
 }
+
+/* The runtime's finish (scheduler thread): read the answers of posted steps, oldest first,
+ * until `keep` remain. The first failure is returned after the other answers due have been read
+ * (the stream stays in step); a broken stream, or any failure over an NCCL link (logits may be
+ * half-received), closes the stream and drops what was awaited. */
+static hyla_status stage_finish(void *ud, int keep) {
+    hyla_worker *w = ud;
+    const hyla_model_config *cfg = hyla_model_get_config(w->m);
+    char addr[256], first[1024] = "";
+    snprintf(addr, sizeof addr, "%s", w->next_open);
+    hyla_status err = HYLA_OK;
+    while (w->n_next_wait > keep && w->next_stream) {
+        uint64_t step = w->next_wait[0].step;
+        int rows = w->next_wait[0].rows;
+        float *logits = w->next_wait[0].logits;
+        memmove(&w->next_wait[0], &w->next_wait[1], (size_t)(w->n_next_wait - 1) * sizeof w->next_wait[0]);
+        w->n_next_wait--;
+        Hyla__V1__StageForwardResponse *r = NULL;
+        hyla_status st = read_answer(w, addr, step, &r);
+        size_t want = (size_t)rows * cfg->vocab_size * sizeof(float);
+        if (st == HYLA_OK && logits) {
+            if (r->logits.len != want)
+                st = hyla_fail(HYLA_ERR_FORMAT, "next stage %s returned %zu bytes of logits, expected %zu", addr,
+                               r->logits.len, want);
+            else
+                memcpy(logits, r->logits.data, want);
+        }
+        if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+        if (st != HYLA_OK && err == HYLA_OK) {
+            err = st;
+            snprintf(first, sizeof first, "%s", hyla_last_error());
+        }
+        if (st != HYLA_OK && w->next_nccl) close_next(w);
+    }
+    if (!w->next_stream) w->n_next_wait = 0;
+    return err == HYLA_OK ? HYLA_OK : hyla_fail(err, "%s", first);
+}
+
+const hyla_downstream_ops stage_downstream_ops = {stage_post, stage_post_dev, stage_finish};
 
 static stage_call *find_stage_call(hyla_worker *w, hyla_rpc_call *call) {
     for (stage_call *c = w->stage_calls; c; c = c->next)
         if (c->call == call) return c;
     return NULL;
+}
+
+static void held_free(stage_held *h) {
+    for (size_t i = 0; i < h->n; i++) {
+        free(h->ids[i]);
+        free(h->errs[i]);
+    }
+    free(h->ids);
+    free(h->errs);
+    free(h->logits);
+    memset(h, 0, sizeof *h);
+}
+
+static void held_clear(stage_call *sc) {
+    for (int i = 0; i < sc->n_held; i++) held_free(&sc->held[i]);
+    sc->n_held = 0;
 }
 
 static void unregister_stage_call(hyla_worker *w, stage_call *sc) {
@@ -275,12 +341,14 @@ static void unregister_stage_call(hyla_worker *w, stage_call *sc) {
     stage_call **pp = &w->stage_calls;
     while (*pp && *pp != sc) pp = &(*pp)->next;
     if (*pp) *pp = sc->next;
+    held_clear(sc);
     free(sc);
 }
 
 static void stage_release(hyla_worker *w, stage_call *sc, hyla_rpc_code code, const char *msg) {
     if (sc->released) return;
     sc->released = 1;
+    held_clear(sc);
     if (w->prev_nccl_call == sc->call) { /* the previous stage aborts its side when the call ends */
         close_link(&w->prev_nccl);
         w->prev_nccl_call = NULL;
@@ -355,7 +423,39 @@ static void stage_handshake(hyla_worker *w, stage_call *sc, const Hyla__V1__Stag
 #endif
 }
 
-/* One step from the previous stage: run our layers (and, through our own downstream, the rest). */
+/* Send a held answer (its logits filled by the step's finish) and free it. */
+static hyla_status send_held(stage_call *sc, stage_held *h) {
+    Hyla__V1__StageResult *res = calloc(h->n ? h->n : 1, sizeof *res);
+    Hyla__V1__StageResult **rp = calloc(h->n ? h->n : 1, sizeof *rp);
+    HYLA_ASSERT(res && rp);
+    for (size_t i = 0; i < h->n; i++) {
+        hyla__v1__stage_result__init(&res[i]);
+        res[i].session_id = h->ids[i];
+        res[i].token = -1;
+        if (h->errs[i]) res[i].error = h->errs[i];
+        rp[i] = &res[i];
+    }
+    Hyla__V1__StageForwardResponse resp = HYLA__V1__STAGE_FORWARD_RESPONSE__INIT;
+    resp.step = h->step;
+    resp.n_results = h->n;
+    resp.results = rp;
+    if (h->logits) {
+        resp.logits.data = (uint8_t *)h->logits;
+        resp.logits.len = h->logits_len;
+    }
+    hyla_status st = hyla_rpc_call_send(sc->call, &resp.base);
+    free(res);
+    free(rp);
+    held_free(h);
+    return st;
+}
+
+/* One step (or one micro-batch of a step) from the previous stage: run our layers (and,
+ * through our own downstream, the rest). A message is answered once its work is queued; a
+ * middle stage over gRPC whose step wants logits holds the answers of a step's groups until
+ * the last group (their logits come with its own downstream's finish). Over NCCL the rows of
+ * each group are received at the group's rows of the stage input, and the logits of the whole
+ * step go back once, after the last group. */
 void do_stage_msg(hyla_worker *w, cmd *c) {
     stage_call *sc = find_stage_call(w, c->call);
     if (!sc || sc->released) return;
@@ -370,28 +470,44 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
     size_t rows = 0;
     for (size_t i = 0; i < r->n_items; i++) rows += r->items[i]->n_tokens;
     int decode = r->n_items > 0 && r->items[0]->decode;
+    size_t groups = r->groups ? r->groups : 1, group = r->group, off = r->row_offset;
+    size_t total = r->total_rows ? r->total_rows : rows;
+    int last_group = group + 1 == groups;
+    int lb, le;
+    hyla_model_layer_range(w->m, &lb, &le);
+    int has_down = le < cfg->num_layers;
     size_t hidden_len = nccl ? 0 : rows * cfg->hidden_size * sizeof(float);
     if (nccl && (!w->prev_nccl || w->prev_nccl_call != sc->call))
         snprintf(err, sizeof err, "StageForward: step %llu is over NCCL but this call has no NCCL link",
                  (unsigned long long)r->step);
     else if (!r->n_items || r->dtype != HYLA__V1__DTYPE__DTYPE_F32 || r->hidden_size != (uint32_t)cfg->hidden_size ||
-        r->hidden.len != hidden_len || (decode && rows != r->n_items) ||
-        (!decode && r->n_items != 1) || rows > 1024)
+             r->hidden.len != hidden_len || (decode && rows != r->n_items) || (!decode && r->n_items != 1) || rows > 1024)
         snprintf(err, sizeof err, "StageForward: step %llu is malformed (items %zu, rows %zu, hidden %zu bytes)",
                  (unsigned long long)r->step, r->n_items, rows, r->hidden.len);
+    else if (groups > HYLA_MICRO_BATCH_MAX || group >= groups || off + rows > total || total > 1024 ||
+             (groups > 1 && !decode) || (groups == 1 && (off || total != rows)) ||
+             (!last_group && groups - 1 - group > total - off - rows))
+        snprintf(err, sizeof err,
+                 "StageForward: step %llu is a malformed micro-batch (group %zu of %zu, rows %zu at row %zu of %zu)",
+                 (unsigned long long)r->step, group, groups, rows, off, total);
     else if (!nccl && XXH64(r->hidden.data, r->hidden.len, 0) != r->xxh64)
         snprintf(err, sizeof err, "StageForward: step %llu: hidden states checksum mismatch", (unsigned long long)r->step);
     if (err[0]) {
         stage_release(w, sc, HYLA_RPC_INVALID_ARGUMENT, err);
         return;
     }
+    if (groups > 1 && (int)groups > sc->max_groups) {
+        sc->max_groups = (int)groups;
+        HYLA_INFO("StageForward: a decode step of %zu rows in micro-batches (group %zu of %zu)", total, group, groups);
+    }
     /* over NCCL, the rows are received first whatever happens next, so the link stays paired */
     float *x_dev = NULL, *logits_dev = NULL;
 #ifdef HYLA_HAVE_CUDA
     if (nccl) {
-        hyla_status st = hyla_runtime_stage_buffers(w->rt, (int)rows, &x_dev, &logits_dev);
+        hyla_status st = hyla_runtime_stage_buffers(w->rt, (int)total, &x_dev, &logits_dev);
         if (st == HYLA_OK)
-            st = hyla_cuda_nccl_recv(w->be, w->prev_nccl, x_dev, rows * cfg->hidden_size * sizeof(float), 0);
+            st = hyla_cuda_nccl_recv(w->be, w->prev_nccl, x_dev + off * cfg->hidden_size,
+                                     rows * cfg->hidden_size * sizeof(float), 0);
         if (st != HYLA_OK) {
             char msg[768];
             snprintf(msg, sizeof msg, "stage worker %s: receiving over NCCL: %s", w->worker_id, hyla_last_error());
@@ -428,28 +544,35 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
             bad = 1;
         }
     }
+    /* a middle stage over gRPC holds a step's answers until its last group (see above) */
+    int hold = !nccl && r->want_logits && has_down && groups > 1;
     float *logits = NULL;
     Hyla__V1__StageForwardResponse resp = HYLA__V1__STAGE_FORWARD_RESPONSE__INIT;
     resp.step = r->step;
     resp.n_results = r->n_items;
     resp.results = rp;
+    hyla_stage_group g = {(int)group, (int)groups, (int)off, (int)total};
     hyla_status st = HYLA_OK;
     if (!bad && nccl) {
         /* make_resident may have restored a session: the rows must still be where they arrived */
         float *x2 = NULL, *l2 = NULL;
-        st = hyla_runtime_stage_buffers(w->rt, (int)rows, &x2, &l2);
+        st = hyla_runtime_stage_buffers(w->rt, (int)total, &x2, &l2);
         if (st == HYLA_OK && x2 != x_dev) st = hyla_fail(HYLA_ERR_INTERNAL, "the stage buffers moved under a received step");
-        if (st == HYLA_OK) st = hyla_stage_forward_dev(ss, (int)rows, decode, r->want_logits);
+        if (st == HYLA_OK) st = hyla_stage_forward_dev_group(ss, (int)rows, decode, r->want_logits, &g);
     } else if (!bad) {
-        if (r->want_logits) logits = malloc(rows * cfg->vocab_size * sizeof(float));
-        st = hyla_stage_forward(ss, (int)rows, decode, (const float *)r->hidden.data, logits);
+        if (r->want_logits && !(logits = malloc(rows * cfg->vocab_size * sizeof(float))))
+            st = hyla_fail(HYLA_ERR_NOMEM, "out of memory (logits of %zu rows)", rows);
+        if (st == HYLA_OK) st = hyla_stage_forward_group(ss, (int)rows, decode, (const float *)r->hidden.data, logits, &g);
+    } else if (has_down && last_group) {
+        st = hyla_runtime_finish(w->rt); /* the step's earlier groups were posted on */
     }
 #ifdef HYLA_HAVE_CUDA
-    /* the logits go back over the link even when an item failed (the previous stage is waiting
-     * for them; the item's error tells it they are not to be used); a failed forward ends the
-     * call instead, and the previous stage aborts its side of the link */
-    if (nccl && r->want_logits && st == HYLA_OK) {
-        st = hyla_cuda_nccl_send(w->be, w->prev_nccl, logits_dev, rows * cfg->vocab_size * sizeof(float), 0);
+    /* the logits of the whole step go back over the link after its last group, even when an item
+     * failed (the previous stage is waiting for them; the item's error tells it they are not to
+     * be used); a failed forward ends the call instead, and the previous stage aborts its side
+     * of the link */
+    if (nccl && r->want_logits && last_group && st == HYLA_OK) {
+        st = hyla_cuda_nccl_send(w->be, w->prev_nccl, logits_dev, total * cfg->vocab_size * sizeof(float), 0);
         if (st != HYLA_OK) st = hyla_fail_wrap(st, "sending logits over NCCL");
     }
 #endif
@@ -461,12 +584,38 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
         stage_release(w, sc, hyla_rpc_code_from_status(st), msg);
         return;
     }
-    if (!bad) {
-        w->tok_window += rows;
-        if (logits) {
-            resp.logits.data = (uint8_t *)logits;
-            resp.logits.len = rows * cfg->vocab_size * sizeof(float);
+    if (!bad) w->tok_window += rows;
+    if (hold && !last_group) { /* answered with the last group */
+        HYLA_ASSERT(sc->n_held < HYLA_MICRO_BATCH_MAX);
+        stage_held *h = &sc->held[sc->n_held++];
+        h->step = r->step;
+        h->n = r->n_items;
+        h->ids = calloc(h->n, sizeof *h->ids);
+        h->errs = calloc(h->n, sizeof *h->errs);
+        HYLA_ASSERT(h->ids && h->errs);
+        for (size_t i = 0; i < h->n; i++) {
+            h->ids[i] = strdup(r->items[i]->session_id ? r->items[i]->session_id : "");
+            h->errs[i] = errs[i][0] ? strdup(errs[i]) : NULL;
+            HYLA_ASSERT(h->ids[i] && (!errs[i][0] || h->errs[i]));
         }
+        h->logits = bad ? NULL : logits; /* filled when the step finishes */
+        h->logits_len = bad ? 0 : rows * cfg->vocab_size * sizeof(float);
+        if (bad) free(logits);
+        free(ss), free(res), free(rp), free(errs);
+        return;
+    }
+    for (int i = 0; i < sc->n_held; i++)
+        if (send_held(sc, &sc->held[i]) != HYLA_OK) { /* (send_held freed the ones sent) */
+            held_clear(sc);
+            stage_release(w, sc, HYLA_RPC_CANCELLED, "StageForward cancelled");
+            free(logits);
+            free(ss), free(res), free(rp), free(errs);
+            return;
+        }
+    sc->n_held = 0;
+    if (!bad && logits) {
+        resp.logits.data = (uint8_t *)logits;
+        resp.logits.len = rows * cfg->vocab_size * sizeof(float);
     }
     if (hyla_rpc_call_send(sc->call, &resp.base) != HYLA_OK) stage_release(w, sc, HYLA_RPC_CANCELLED, "StageForward cancelled");
     free(logits);
@@ -520,7 +669,8 @@ void do_export(hyla_worker *w, cmd *c) {
     wsess *ws = lookup_or_fail(w, c->call, r->session_id, "ExportStage");
     if (!ws) return;
     finish_export(w, ws);
-    hyla_status st = make_resident(w, ws);
+    hyla_status st = hyla_runtime_finish(w->rt); /* the later stages at rest (a no-op between steps) */
+    if (st == HYLA_OK) st = make_resident(w, ws);
     if (st != HYLA_OK) {
         fail_call(c->call, st, hyla_last_error());
         return;
