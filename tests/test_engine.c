@@ -669,13 +669,15 @@ static void merge_parts(hyla_snapshot *to, const hyla_snapshot *from) {
 
 /* Micro-batched pipelines: two and three stages over the asynchronous downstream, with 1, 2
  * and 3 micro-batches, decode a batch of 24 sessions (greedy and sampled, prompts of different
- * lengths, one of 300 tokens fed in 64-token pieces that are posted without waiting): the tokens
- * equal the unsplit model's bit for bit; a feed after them returns with pieces still posted, and
+ * lengths, one of 300 tokens fed in 64-token pieces that are posted without waiting), then
+ * decode them in M lanes (each posted before the others are collected; no other forward while
+ * they are): the tokens equal the unsplit model's bit for bit; a feed after them returns with pieces still posted, and
  * the export (which finishes them first) of the stages' snapshots, merged, equals the unsplit
  * model's and continues like it. The downstream saw the groups asked for (24 rows: at most 3 of >= 8)
  * and up to HYLA_DOWNSTREAM_IN_FLIGHT prefill pieces in flight. */
 #define MB_NS 24
 #define MB_STEPS 10
+#define MB_LANE_STEPS 6
 static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/pipe-mb", tmp);
@@ -690,12 +692,12 @@ static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
     }
     /* the reference: the unsplit model decodes the same batch */
     hyla_session *f[MB_NS];
-    int32_t ref[MB_STEPS][MB_NS], out[MB_NS], cont_ref[8];
+    int32_t ref[MB_STEPS + MB_LANE_STEPS][MB_NS], out[MB_NS], cont_ref[8];
     for (int i = 0; i < MB_NS; i++) {
         f[i] = new_session(full, i % 2 ? 0.8f : 0.0f, 100 + i);
         CHECK_OK(hyla_session_feed(f[i], prompts[i], lens[i], NULL, NULL, NULL, NULL));
     }
-    for (int t = 0; t < MB_STEPS; t++) CHECK_OK(hyla_session_decode(f, MB_NS, ref[t], NULL));
+    for (int t = 0; t < MB_STEPS + MB_LANE_STEPS; t++) CHECK_OK(hyla_session_decode(f, MB_NS, ref[t], NULL));
     int32_t *extra = test_prompt(70, 77, cfg->vocab_size); /* fed after the decode, then exported */
     CHECK_OK(hyla_session_feed(f[3], extra, 70, NULL, NULL, NULL, NULL));
     hyla_snapshot *sf = NULL;
@@ -740,6 +742,36 @@ static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
                 CHECK_MSG(qs[k].max_groups == M, "P=%d M=%d: stage %d posted steps of %d groups", P, M, k,
                           qs[k].max_groups);
             CHECK(qs[0].n == 0 && (P < 3 || qs[1].n == 0)); /* a decode finishes what was posted */
+            if (M >= 2) { /* then M decode lanes, sessions dealt round robin, posted before collected */
+                hyla_session *lb[3][MB_NS];
+                int ln[3] = {0, 0, 0}, idx[3][MB_NS];
+                for (int i = 0; i < MB_NS; i++) {
+                    idx[i % M][ln[i % M]] = i;
+                    lb[i % M][ln[i % M]++] = ss[0][i];
+                }
+                qs[0].max_in_flight = 0;
+                for (int k = 0; k < M; k++) CHECK_OK(hyla_session_decode_post(lb[k], ln[k], k, k * MB_NS, M * MB_NS));
+                hyla_session *other = new_session(st[0], 0.0f, 1); /* no other forward while lanes are posted */
+                CHECK(hyla_session_feed(other, prompts[1], lens[1], NULL, NULL, NULL, NULL) == HYLA_ERR_INTERNAL);
+                hyla_session_free(other);
+                CHECK(hyla_session_decode_collect(lb[0], ln[0], 3, out) == HYLA_ERR_INVALID_ARG); /* lane 3: idle */
+                CHECK(hyla_session_decode_post(lb[0], ln[0], 0, 0, M * MB_NS) == HYLA_ERR_INVALID_ARG); /* posted */
+                int lanes_same = 1;
+                for (int t = 0; t < MB_LANE_STEPS; t++)
+                    for (int k = 0; k < M; k++) {
+                        CHECK_OK(hyla_session_decode_collect(lb[k], ln[k], k, out));
+                        for (int j = 0; j < ln[k]; j++) lanes_same &= out[j] == ref[MB_STEPS + t][idx[k][j]];
+                        if (t + 1 < MB_LANE_STEPS) CHECK_OK(hyla_session_decode_post(lb[k], ln[k], k, k * MB_NS, M * MB_NS));
+                    }
+                CHECK_MSG(lanes_same, "P=%d: tokens of %d decode lanes differ from the unsplit model", P, M);
+                CHECK_MSG(qs[0].max_in_flight == M, "P=%d: %d lanes posted, %d steps in flight at most", P, M,
+                          qs[0].max_in_flight);
+            } else {
+                for (int t = 0; t < MB_LANE_STEPS; t++) {
+                    CHECK_OK(hyla_session_decode(ss[0], MB_NS, out, NULL));
+                    CHECK(!memcmp(out, ref[MB_STEPS + t], sizeof out));
+                }
+            }
             /* a feed that wants no logits returns with its pieces posted; the export finishes them */
             CHECK_OK(hyla_session_feed(ss[0][3], extra, 70, NULL, NULL, NULL, NULL));
             CHECK_MSG(qs[0].n > 0, "P=%d M=%d: the feed left no piece posted", P, M);

@@ -190,9 +190,10 @@ static void *gen_thread(void *arg) {
  * 3:4) with --micro-batches 1, 2 and 3; stage 0 feeds in 64-token pieces (--prefill-piece 64:
  * a 300-token prompt is five pieces posted without waiting). 24 sessions (greedy and sampled,
  * prompts of 40..300 tokens) generate 40 tokens at once, so decode steps of up to 24 rows are
- * cut into up to 3 groups of >= 8; each session's tokens equal hyla-run's solo run bit for bit
- * (the unsplit model, any batch), so they are the same for every M and every split. The next
- * stage logs the groups it saw (M of them when M > 1). A Snapshot of a session on the
+ * cut into up to 3 groups of >= 8 (three stages, HYLA_DECODE_LANES=0), or run in M decode lanes
+ * (two stages); each session's tokens equal hyla-run's solo run bit for bit (the unsplit model,
+ * any batch), so they are the same for every M and every split. The next stage logs the groups it
+ * saw (M of them when M > 1), the first stage the lanes it used. A Snapshot of a session on the
  * micro-batched pipeline (ExportStage gathers the later stages' parts) restores on the whole
  * worker and continues like the uninterrupted run (pause + resume on another split). */
 enum { MB_NS = 24, MB_NT = 40, MB_MORE = 12 };
@@ -213,6 +214,7 @@ static void test_pipeline_micro(const char *store_addr, const char *dir) {
             FILE *out[3] = {NULL, NULL, NULL};
             hyla_rpc_client *cl[3] = {NULL, NULL, NULL};
             char mb[8], log[3][400], next[64] = "";
+            if (P == 3) setenv("HYLA_DECODE_LANES", "0", 1); /* micro-batches within each step */
             snprintf(mb, sizeof mb, "%d", M);
             for (int k = P - 1; k >= 0; k--) { /* the last stage first: each names its next */
                 const char *args[20] = {"--model", model, "--layers", splits[P - 2][k], "--listen", "127.0.0.1:0",
@@ -224,6 +226,7 @@ static void test_pipeline_micro(const char *store_addr, const char *dir) {
                 snprintf(log[k], sizeof log[k], "%s/mb-p%d-m%d-s%d.log", dir, P, M, k);
                 pid[k] = spawn_worker_log(bin, args, &port[k], &out[k], log[k]);
                 CHECK(port[k] > 0);
+                if (k == 0) unsetenv("HYLA_DECODE_LANES");
                 snprintf(next, sizeof next, "127.0.0.1:%d", port[k]);
                 CHECK_OK(hyla_rpc_client_create(next, NULL, &cl[k]));
             }
@@ -250,7 +253,19 @@ static void test_pipeline_micro(const char *store_addr, const char *dir) {
                 same &= !memcmp(g[i].out, refs[i], sizeof g[i].out);
             }
             CHECK_MSG(same, "P=%d M=%d: a session's tokens on the micro-batched pipeline differ from hyla-run's", P, M);
-            for (int k = 1; k < P; k++) { /* the groups every later stage saw */
+            if (P == 2) { /* the lanes stage 0 used */
+                char want[64], line[512];
+                snprintf(want, sizeof want, "decode in %d lanes", M);
+                FILE *f = fopen(log[0], "r");
+                int seen = 0, lanes = 0;
+                while (f && fgets(line, sizeof line, f)) {
+                    if (strstr(line, want)) seen = 1;
+                    if (strstr(line, "lanes (")) lanes = 1;
+                }
+                if (f) fclose(f);
+                CHECK_MSG(M == 1 ? !lanes : seen, "P=2 M=%d: stage 0 did not decode in %d lanes", M, M);
+            }
+            for (int k = 1; k < P && P == 3; k++) { /* the groups every later stage saw */
                 char want[64], line[512];
                 snprintf(want, sizeof want, "(group 0 of %d)", M);
                 FILE *f = fopen(log[k], "r");

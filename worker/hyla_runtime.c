@@ -42,6 +42,9 @@ static void scratch_free(hyla_runtime *rt) {
 
 hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows) {
     if (rows <= rt->rows) return HYLA_OK;
+    if (rt->lanes_busy) /* a lane's logits may still land in the buffers about to go */
+        return hyla_fail(HYLA_ERR_INTERNAL, "the scratch would grow to %d rows under %d posted decode lanes", rows,
+                         rt->lanes_busy);
     /* posted rows may still be read from (or logits written to) the buffers about to go */
     HYLA_TRY(hyla_runtime_finish(rt));
     const hyla_model *m = rt->m;
@@ -272,6 +275,8 @@ static hyla_status abandon(hyla_runtime *rt, hyla_status st) {
     }
     rt->in_flight = 0;
     rt->step.open = 0;
+    memset(rt->lane, 0, sizeof rt->lane); /* their answers are gone: collecting them fails */
+    rt->lanes_busy = 0;
     return st;
 }
 
@@ -339,6 +344,7 @@ static hyla_status post_group(hyla_runtime *rt, hyla_session *const *ss, int R, 
     if ((st = rt->ds->post(rt->ds_ud, &s)) != HYLA_OK) return st;
 posted:
     rt->in_flight++;
+    rt->posts++;
     if (want) {
         HYLA_ASSERT(rt->step.n_groups < HYLA_MICRO_BATCH_MAX);
         rt->step.g[rt->step.n_groups].host = rt->step.want_dev ? s.logits : logits_host;
@@ -347,6 +353,60 @@ posted:
         rt->step.n_groups++;
     }
     return HYLA_OK;
+}
+
+/* Post decode lane L's step (rows [off, off + R) at x) without finishing: its logits land at the
+ * same rows of rt->logits (post_dev, received beside the compute stream) or rt->hlogits (post). */
+static hyla_status post_lane(hyla_runtime *rt, hyla_session *const *ss, int R, int off, const float *x, int L) {
+    const hyla_model_config *c = &rt->m->cfg;
+    size_t V = (size_t)c->vocab_size;
+    if (rt->step.open) HYLA_TRY(hyla_runtime_finish(rt));
+    if (rt->in_flight >= HYLA_DOWNSTREAM_IN_FLIGHT) {
+        HYLA_TRY(rt->ds->finish(rt->ds_ud, HYLA_DOWNSTREAM_IN_FLIGHT - 1));
+        rt->in_flight = HYLA_DOWNSTREAM_IN_FLIGHT - 1;
+    }
+    hyla_downstream_step s = {.ss = ss, .R = R, .decode = 1, .want_logits = 1, .groups = 1, .total_rows = R,
+                              .hidden = x, .logits = rt->logits + (size_t)off * V, .logits_aside = 1};
+    int handled = 0;
+    if (rt->ds->post_dev) HYLA_TRY(rt->ds->post_dev(rt->ds_ud, &s, &handled));
+    if (!handled) {
+        if (rt->lanes_busy && rt->hlrows < rt->rows)
+            return hyla_fail(HYLA_ERR_INTERNAL, "host logits would move under a posted decode lane");
+        HYLA_TRY(host_room(rt, R, rt->rows));
+        HYLA_TRY(rt->be->ops->download(rt->be->ctx, rt->hhidden, x, (size_t)R * c->hidden_size * sizeof(float)));
+        s.hidden = rt->hhidden;
+        s.logits = rt->hlogits + (size_t)off * V;
+        s.logits_aside = 0;
+        HYLA_TRY(rt->ds->post(rt->ds_ud, &s));
+    }
+    rt->in_flight++;
+    rt->posts++;
+    rt->lane[L].busy = 1;
+    rt->lane[L].dev = handled;
+    rt->lane[L].off = off;
+    rt->lane[L].n = R;
+    rt->lane[L].post_seq = rt->posts;
+    rt->lanes_busy++;
+    return HYLA_OK;
+}
+
+hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int L, int *off, int *n) {
+    if (L < 0 || L >= HYLA_LANES_MAX || !rt->lane[L].busy)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d has no posted step (a failure may have dropped it)", L);
+    uint64_t answered = rt->posts - (uint64_t)rt->in_flight;
+    if (rt->lane[L].post_seq > answered) {
+        int keep = (int)(rt->posts - rt->lane[L].post_seq);
+        hyla_status st = rt->ds->finish(rt->ds_ud, keep);
+        if (st != HYLA_OK) return abandon(rt, hyla_fail_wrap(st, "downstream stage after layer %d", rt->m->layer_end - 1));
+        rt->in_flight = keep;
+    }
+    rt->lane[L].busy = 0;
+    rt->lanes_busy--;
+    *off = rt->lane[L].off;
+    *n = rt->lane[L].n;
+    if (rt->lane[L].dev) return HYLA_OK;
+    size_t V = (size_t)rt->m->cfg.vocab_size, at = (size_t)*off * V;
+    return rt->be->ops->upload(rt->be->ctx, rt->logits + at, rt->hlogits + at, (size_t)*n * V * sizeof(float));
 }
 
 hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits) {
@@ -360,8 +420,21 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     int last = m->lm_head != NULL;
     /* the first stage's decode step in micro-batches (a later stage runs the group it got; a
      * tensor-parallel stage does not cut: every rank must sum the same rows in the same order) */
+    int lane = f->lane - 1;
+    if (f->lane) {
+        const char *why = last || !rt->ds             ? "needs a later pipeline stage"
+                          : rt->tp                    ? "not on a tensor-parallel stage"
+                          : !f->decode || f->groups   ? "not a first stage's decode step"
+                          : lane >= HYLA_LANES_MAX    ? "no such lane"
+                          : rt->lane[lane].busy       ? "already posted (collect it first)"
+                                                      : NULL;
+        if (why) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d: %s", lane, why);
+    } else if (!f->groups && rt->lanes_busy) {
+        return hyla_fail(HYLA_ERR_INTERNAL, "a forward while %d decode lanes are posted (collect them first)",
+                         rt->lanes_busy);
+    }
     int G = 1;
-    if (!last && f->decode && !f->groups && rt->ds && !rt->tp) {
+    if (!last && f->decode && !f->groups && !f->lane && rt->ds && !rt->tp) {
         G = f->R / HYLA_MICRO_BATCH_MIN_ROWS;
         if (G > rt->micro_batches) G = rt->micro_batches;
         if (G < 1) G = 1;
@@ -382,7 +455,9 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
                            m->layer_begin, m->layer_end - 1, c->num_layers);
             break;
         }
-        if (f->groups) /* a later stage passes its group on under the step's numbering */
+        if (f->lane)
+            st = post_lane(rt, f->ss, n, f->row_off, x, lane);
+        else if (f->groups) /* a later stage passes its group on under the step's numbering */
             st = post_group(rt, f->ss, n, f->decode, f->group, f->groups, f->row_off, f->total_rows, x, want_logits,
                             f->logits_host);
         else
@@ -403,7 +478,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         if (hs == HYLA_OK && f->logits_host) hs = o->download(ctx, f->logits_host, lg, (size_t)f->R * V * sizeof(float));
         return hs;
     }
-    if (rt->tp && rt->tp_rank) return HYLA_OK;
+    if ((rt->tp && rt->tp_rank) || f->lane) return HYLA_OK; /* a lane is finished by its collect */
     /* finish when the logits are needed: a decode step, a piece that wants them, the last group
      * of a later stage's step */
     if (f->groups ? f->group == f->groups - 1 : want_logits) return hyla_runtime_finish(rt);

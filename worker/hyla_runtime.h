@@ -64,6 +64,7 @@ int hyla_runtime_token_log(const hyla_runtime *rt);
 #define HYLA_MICRO_BATCH_MAX 16      /* micro-batches of one decode step at most */
 #define HYLA_MICRO_BATCH_MIN_ROWS 8  /* rows of a micro-batch at least (smaller batches: fewer groups) */
 #define HYLA_DOWNSTREAM_IN_FLIGHT 4  /* posted prefill pieces unanswered at most */
+#define HYLA_LANES_MAX 4             /* decode lanes of a first stage (hyla_session_decode_post) */
 
 /* One posted step of the downstream: a micro-batch (a group) of a decode step, or a whole step.
  * ss: the group's sessions of the first stage (prefill: ss[0] only, R consecutive rows starting
@@ -80,6 +81,10 @@ typedef struct {
      * group's answer. post_dev: backend [total_rows][vocab] of the whole step, given with the
      * LAST group only, filled in stream order. */
     float *logits;
+    /* post_dev of a decode lane: receive the logits beside the compute stream, so the layers of
+     * the next lane are not queued behind them; finish, when it reads this step's answer, makes
+     * the compute stream wait for them. */
+    int logits_aside;
 } hyla_downstream_step;
 
 /* The remaining stages. post: send the group's rows; the step's answer is read by a later

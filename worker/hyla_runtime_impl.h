@@ -41,6 +41,16 @@ struct hyla_runtime {
             int off, n;
         } g[HYLA_MICRO_BATCH_MAX];
     } step;
+    /* Decode lanes (hyla_runtime_post_lane): steps posted without finishing, each at its own
+     * rows [off, off + n) of rt->x and rt->logits; post_seq: the lane's post, counted in
+     * `posts` (every post ever made; posts - in_flight of them are answered). dev: over
+     * post_dev, the logits land in rt->logits (else in rt->hlogits at the same rows). */
+    uint64_t posts;
+    struct {
+        int busy, dev, off, n;
+        uint64_t post_seq;
+    } lane[HYLA_LANES_MAX];
+    int lanes_busy;
     float *hlogits; /* host [hlrows][V]: where host answers land when rt->logits wants them */
     float *hhidden; /* host [hrows][D]: rows crossing the host to a post */
     int hrows, hlrows;
@@ -93,6 +103,7 @@ typedef struct {
      * the last group of a step finishes it */
     int group, groups, row_off, total_rows;
     float *logits_host; /* a later stage's host logits [R][V] of this group (NULL: rt->logits) */
+    int lane;           /* a first stage's decode step posted as lane `lane - 1` (0: none) */
 } hyla_fwd;
 
 /* The group's size and rank r's runtime (hyla_tp.c), and hyla_tp_run (hyla_tp.h) for the
@@ -108,6 +119,10 @@ hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);
  * waiting unless want_logits (the caller finishes: hyla_runtime_finish); a later stage's group
  * (f->groups >= 1) finishes at the step's last group. */
 hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits);
+
+/* Wait for decode lane `lane`'s posted step (hyla_fwd.lane) and put its logits in rt->logits at
+ * its rows: *off, *n. */
+hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int lane, int *off, int *n);
 
 /* Snapshot buffers: an arena of at least `need` bytes (64-byte aligned) from the runtime's cache
  * of pinned host buffers; give it back through hyla_snapbuf_release(hyla_runtime_snapbufs(rt),

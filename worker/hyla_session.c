@@ -193,7 +193,7 @@ static hyla_status run_forward_group(hyla_session *const *ss, int R, int decode,
     hyla_state **st = malloc((size_t)n * sizeof *st);
     if (!st) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) st[i] = ss[i]->st;
-    hyla_fwd f = {decode, R, pos, st, ss, 0, 0, 0, 0, logits_host};
+    hyla_fwd f = {decode, R, pos, st, ss, 0, 0, 0, 0, logits_host, 0};
     if (grp) {
         f.group = grp->group;
         f.groups = grp->groups;
@@ -399,13 +399,28 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
     return st;
 }
 
+/* Where a decode step's rows go: a lane (1 + its index; 0: an ordinary step at row 0) at rows
+ * [off, off + B) of scratch made to hold `rows` rows. */
+typedef struct {
+    int lane, off, rows;
+} step_rows;
+
 /* The decode forward of tokens toks at positions pos for one rank's sessions ss. */
-static hyla_status step_rank(hyla_session *const *ss, int B, const int32_t *toks, const int32_t *pos) {
+static hyla_status step_rank(hyla_session *const *ss, int B, const int32_t *toks, const int32_t *pos,
+                             const step_rows *at) {
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
-    HYLA_TRY(hyla_runtime_reserve(rt, B));
-    HYLA_TRY(OPS(m)->embed(CTX(m), m->embed, toks, B, rt->x));
-    HYLA_TRY(run_forward(ss, B, 1, pos, 1));
+    HYLA_TRY(hyla_runtime_reserve(rt, at->rows));
+    float *x = rt->x + (size_t)at->off * m->cfg.hidden_size;
+    HYLA_TRY(OPS(m)->embed(CTX(m), m->embed, toks, B, x));
+    int n = B;
+    hyla_state **st = malloc((size_t)n * sizeof *st);
+    if (!st) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) st[i] = ss[i]->st;
+    hyla_fwd f = {1, B, pos, st, ss, 0, 0, at->off, 0, NULL, at->lane};
+    hyla_status s = hyla_runtime_forward(rt, &f, 1);
+    free(st);
+    HYLA_TRY(s);
     for (int i = 0; i < B; i++) ss[i]->pos++;
     return HYLA_OK;
 }
@@ -414,22 +429,23 @@ typedef struct {
     hyla_session *const *ss;
     int B;
     const int32_t *toks, *pos;
+    const step_rows *at;
 } step_job;
 
 static hyla_status step_job_rank(void *ud, int r) {
     step_job *j = ud;
-    if (!r) return step_rank(j->ss, j->B, j->toks, j->pos);
+    if (!r) return step_rank(j->ss, j->B, j->toks, j->pos, j->at);
     hyla_session **sr = malloc((size_t)j->B * sizeof *sr);
     if (!sr) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < j->B; i++) sr[i] = j->ss[i]->peer[r];
-    hyla_status st = step_rank(sr, j->B, j->toks, j->pos);
+    hyla_status st = step_rank(sr, j->B, j->toks, j->pos, j->at);
     free(sr);
     return st;
 }
 
 /* Decode-path forward of the pending tokens of B sessions; logits stay in the runtime's scratch
- * (rank 0's under tensor parallelism). */
-static hyla_status step_forward(hyla_session *const *ss, int B) {
+ * (rank 0's under tensor parallelism), at row at->off; a lane's step is posted, not finished. */
+static hyla_status step_forward_at(hyla_session *const *ss, int B, const step_rows *at) {
     if (B < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode needs at least one session");
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
@@ -452,9 +468,11 @@ static hyla_status step_forward(hyla_session *const *ss, int B) {
         pos[i] = (int32_t)ss[i]->pos;
     }
     if (ss[0]->T == 1) {
-        st = step_rank(ss, B, toks, pos);
+        st = step_rank(ss, B, toks, pos, at);
+    } else if (at->lane) {
+        st = hyla_fail(HYLA_ERR_UNSUPPORTED, "decode lanes on a tensor-parallel stage");
     } else {
-        step_job j = {ss, B, toks, pos};
+        step_job j = {ss, B, toks, pos, at};
         st = hyla_tp_run(rt->tp, step_job_rank, &j);
     }
     if (st == HYLA_OK)
@@ -465,6 +483,11 @@ out:
     return st;
 }
 
+static hyla_status step_forward(hyla_session *const *ss, int B) {
+    step_rows at = {0, 0, B};
+    return step_forward_at(ss, B, &at);
+}
+
 hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits) {
     HYLA_TRY(step_forward(ss, B));
     const hyla_model *m = ss[0]->m;
@@ -473,10 +496,36 @@ hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits) {
     return HYLA_OK;
 }
 
+/* Sample the next token of B sessions from their logits at dlogits (backend [B][vocab]) and
+ * make it pending. */
+static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlogits, int32_t *out, float *logits);
+
 hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits) {
     HYLA_TRY(step_forward(ss, B));
+    return sample_rows(ss, B, ss[0]->rt->logits, out, logits);
+}
+
+hyla_status hyla_session_decode_post(hyla_session *const *ss, int B, int lane, int row_off, int rows) {
+    if (lane < 0 || lane >= HYLA_LANES_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d: lanes are 0..%d", lane, HYLA_LANES_MAX - 1);
+    if (B < 1 || row_off < 0 || row_off + B > rows)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d: rows %d..%d do not fit in %d", lane, row_off,
+                         row_off + B - 1, rows);
+    step_rows at = {lane + 1, row_off, rows};
+    return step_forward_at(ss, B, &at);
+}
+
+hyla_status hyla_session_decode_collect(hyla_session *const *ss, int B, int lane, int32_t *out) {
+    if (B < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode needs at least one session");
+    hyla_runtime *rt = ss[0]->rt;
+    int off = 0, n = 0;
+    HYLA_TRY(hyla_runtime_collect_lane(rt, lane, &off, &n));
+    if (n != B) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d posted %d sessions, collected as %d", lane, n, B);
+    return sample_rows(ss, B, rt->logits + (size_t)off * ss[0]->m->cfg.vocab_size, out, NULL);
+}
+
+static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlogits, int32_t *out, float *logits) {
     const hyla_model *m = ss[0]->m;
-    float *dlogits = ss[0]->rt->logits;
     hyla_sampling *sp = malloc((size_t)B * sizeof *sp);
     float *u = malloc((size_t)B * sizeof *u);
     hyla_status st = HYLA_OK;

@@ -57,6 +57,22 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
  * out: host [B] sampled tokens; logits: host [B][vocab] or NULL. */
 hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits);
 
+/* ---- decode lanes ----
+ * A pipeline's first stage may keep several decode steps in flight: each lane is a batch of
+ * sessions whose step is posted to the later stages (hyla_session_decode_post: the held layers
+ * run, the rows go downstream, nothing waits) and later collected (hyla_session_decode_collect:
+ * wait for that step's logits, sample as hyla_session_decode does). While lane 0's step is in
+ * the later stages, lane 1's runs here: consecutive steps overlap across the stages. A session
+ * is in at most one posted lane; collect lanes in the order they were posted. Between a post
+ * and its collect the lane's sessions have no pending token: do not feed, decode, export or free
+ * them, and make no other decode or feed on the runtime (collect every lane first). Each lane
+ * uses rows [row_off, row_off + B) of the runtime's scratch, made to hold `rows` rows; give every
+ * lane the same `rows` and disjoint row ranges. The tokens are the bits hyla_session_decode
+ * gives (rows are independent of their batch). Needs a downstream (hyla_runtime.h) and one GPU
+ * per stage (not tensor-parallel). */
+hyla_status hyla_session_decode_post(hyla_session *const *ss, int B, int lane, int row_off, int rows);
+hyla_status hyla_session_decode_collect(hyla_session *const *ss, int B, int lane, int32_t *out);
+
 /* Feed the pending token of each of B sessions through the decode path without sampling;
  * afterwards no token is pending. logits: host [B][vocab] or NULL. (Conformance tests and
  * scoring use it; generation uses hyla_session_decode.) */

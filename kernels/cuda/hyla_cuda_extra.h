@@ -83,6 +83,14 @@ hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[HYLA_NCCL_ID_
  * ranks pair in call order. */
 hyla_status hyla_cuda_nccl_send(hyla_backend *be, hyla_nccl_link *l, const void *dev, size_t bytes, int peer);
 hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer);
+/* A receive beside the compute stream: queued on the link's own stream after every op called
+ * before on the compute stream (so it pairs in call order like the others), but the ops called
+ * after it on the compute stream do not wait for it. *ticket names it for hyla_cuda_nccl_join,
+ * which makes the compute stream wait for it (call it before anything reads dev). At most
+ * HYLA_NCCL_ASIDE receives may be unjoined at once. */
+#define HYLA_NCCL_ASIDE 8
+hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer, int *ticket);
+hyla_status hyla_cuda_nccl_join(hyla_backend *be, hyla_nccl_link *l, int ticket);
 /* Queue an in-place sum of dev [n] floats over every rank of the link on be's compute stream,
  * after every op called before (tensor parallelism); every rank must post it with the same n.
  * Every rank receives the same bits. */

@@ -48,6 +48,11 @@ struct hyla_nccl_link {
     int device;
     int nranks, rank;
     int broken; /* an operation failed or timed out: only close is allowed */
+    /* receives beside the compute stream (hyla_cuda_nccl_recv_aside), made at the first */
+    cudaStream_t aside;
+    cudaEvent_t ordered;                 /* the compute stream's point the next one follows */
+    cudaEvent_t done[HYLA_NCCL_ASIDE];   /* receive t's end, by ticket */
+    unsigned next_ticket;
 };
 
 static hyla_cuda_ctx *nccl_ctx(hyla_backend *be) {
@@ -155,6 +160,44 @@ extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, 
     return nccl_p2p(be, l, dev, bytes, peer, 0);
 }
 
+/* The link's side stream: a decode lane's logits arrive there while the compute stream runs the
+ * next lane's layers. NCCL pairs a link's sends and receives in call order across streams; the
+ * side stream first waits for the compute stream's ops called before, so the receive also
+ * follows the send of the rows that produce those logits. */
+extern "C" hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer,
+                                                 int *ticket) {
+    hyla_cuda_ctx *c = nccl_ctx(be);
+    if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL recv: not a cuda backend or no link");
+    if (l->broken) return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link is broken (an earlier operation failed)");
+    if (peer < 0 || peer >= l->nranks || peer == l->rank)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL recv: peer %d of %d (this is rank %d)", peer, l->nranks, l->rank);
+    if (l->device != c->device) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL link of device %d used on device %d", l->device, c->device);
+    HYLA_TRY(cu_graph_flush(c));
+    if (!l->aside) {
+        CU_TRY(cudaStreamCreateWithFlags(&l->aside, cudaStreamNonBlocking));
+        CU_TRY(cudaEventCreateWithFlags(&l->ordered, cudaEventDisableTiming));
+        for (int i = 0; i < HYLA_NCCL_ASIDE; i++) CU_TRY(cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming));
+    }
+    CU_TRY(cudaEventRecord(l->ordered, c->stream));
+    CU_TRY(cudaStreamWaitEvent(l->aside, l->ordered, 0));
+    ncclResult_t r = ncclRecv(dev, bytes, ncclChar, peer, l->comm, l->aside);
+    if (r == ncclInProgress) ncclCommGetAsyncError(l->comm, &r);
+    HYLA_TRY(nccl_settle(l, r, "ncclRecv", 60000));
+    int t = (int)(l->next_ticket++ % HYLA_NCCL_ASIDE);
+    CU_TRY(cudaEventRecord(l->done[t], l->aside));
+    *ticket = t;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status hyla_cuda_nccl_join(hyla_backend *be, hyla_nccl_link *l, int ticket) {
+    hyla_cuda_ctx *c = nccl_ctx(be);
+    if (!c || !l || !l->aside || ticket < 0 || ticket >= HYLA_NCCL_ASIDE)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL join: no receive %d beside the compute stream", ticket);
+    HYLA_TRY(cu_graph_flush(c));
+    CU_TRY(cudaStreamWaitEvent(c->stream, l->done[ticket], 0));
+    return HYLA_OK;
+}
+
 extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {
     hyla_cuda_ctx *c = nccl_ctx(be);
     if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL all-reduce: not a cuda backend or no link");
@@ -173,6 +216,12 @@ extern "C" void hyla_cuda_nccl_close(hyla_nccl_link *l) {
     /* abort, not destroy: a peer that went away must not hang the close, and a link is only
      * closed when its stream is over or broken */
     if (l->comm) ncclCommAbort(l->comm);
+    if (l->aside) {
+        cudaSetDevice(l->device);
+        for (int i = 0; i < HYLA_NCCL_ASIDE; i++) cudaEventDestroy(l->done[i]);
+        cudaEventDestroy(l->ordered);
+        cudaStreamDestroy(l->aside);
+    }
     free(l);
 }
 
@@ -196,6 +245,16 @@ extern "C" hyla_status hyla_cuda_nccl_send(hyla_backend *be, hyla_nccl_link *l, 
 }
 extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer) {
     (void)be, (void)l, (void)dev, (void)bytes, (void)peer;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer,
+                                                 int *ticket) {
+    (void)be, (void)l, (void)dev, (void)bytes, (void)peer;
+    *ticket = -1;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" hyla_status hyla_cuda_nccl_join(hyla_backend *be, hyla_nccl_link *l, int ticket) {
+    (void)be, (void)l, (void)ticket;
     return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
 }
 extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {

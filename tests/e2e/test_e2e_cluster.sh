@@ -12,7 +12,8 @@
 #       limit, so it cuts prefill pieces and decode batches to fit) gives the same tokens as one
 #       worker, a fork of it continues like it, and its Pause restores on a whole-model worker
 #       with the same continuation; 16 sessions generating at once on it (--micro-batches 2:
-#       decode steps in two groups of 8; the document in 128-token pieces posted back to back)
+#       two decode lanes of 8 sessions whose steps overlap across the stages; the document in
+#       128-token pieces posted back to back)
 #       each equal the same session on a whole-model worker;
 #   drain: a drained worker hands its sessions over and exits; they continue identically.
 # (d), (f), (e) are in test_e2e_cli.sh and test_e2e_python.sh.
@@ -136,8 +137,8 @@ batch16() { # batch16 ON: 16 sessions (even: greedy, odd: sampled) generate 24 t
 }
 whole=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | head -n 1)
 b_ref=$(batch16 "$whole") || e2e_fail "(d) 16 sessions at once on $whole"
-e2e_expect_eq "$(batch16 p0)" "$b_ref" "(d) 16 sessions at once on the pipeline, in 2 micro-batches == one worker"
-grep -q "micro-batches (group 0 of 2)" "$E2E_DIR/p1.log" || e2e_fail "(d) p1 saw no decode step in 2 micro-batches"
+e2e_expect_eq "$(batch16 p0)" "$b_ref" "(d) 16 sessions at once on the pipeline, in 2 decode lanes == one worker"
+grep -q "decode in 2 lanes" "$E2E_DIR/p0.log" || e2e_fail "(d) p0 did not decode in 2 lanes"
 PF=$(H fork "$P") || e2e_fail "(d) fork of the pipelined session"
 H show "$PF" | grep -qE "p0[ ,]p1" || e2e_fail "(d) the fork is not on the pipeline"
 e2e_expect_eq "$(H generate "$PF" -n 8 --ids --ignore-eos)" "$(want 48 8)" "(d) a fork of the pipelined session continues like its parent"

@@ -8,10 +8,12 @@
 #     worker in both directions (64 == 32 + pause + migrate + 32),
 # and the same pipeline with NCCL turned off (HYLA_STAGE_NCCL=0: rows over gRPC) gives the same
 # tokens again. Micro-batches (--micro-batches 2): 16 sessions generating at once on the pipeline
-# (decode steps of 16 rows in two groups of 8, each group's rows over the link, the logits of the
-# step once after the last) give the one-GPU worker's tokens session by session, and so does a
-# three-stage pipeline q0 (0:1, cuda:0) -> q1 (1:3, cuda:1) -> q2 (3:4, cuda:0) whose middle stage
-# has a link on each side.
+# (two decode lanes of 8 sessions, each lane's step posted while the other's is on the next
+# stage, its logits received beside p0's compute stream) give the one-GPU worker's tokens
+# session by session, and so does a three-stage pipeline q0 (0:1, cuda:0) -> q1 (1:3, cuda:1) ->
+# q2 (3:4, cuda:0) whose middle stage has a link on each side, with lanes off there
+# (HYLA_DECODE_LANES=0: steps of 16 rows in two groups of 8, each group's rows over the link, the
+# logits of the step once after the last).
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init multigpu
@@ -78,9 +80,9 @@ batch() { # batch ON: 16 sessions (even: greedy, odd: sampled) generate 32 token
   for i in $(seq 0 15); do echo "$(cat "$E2E_DIR/batch-$on-$i.txt")"; done
 }
 ref_batch=$(batch g1) || e2e_fail "16 sessions at once on the one-GPU worker"
-e2e_expect_eq "$(batch p0)" "$ref_batch" "PP=2 over NCCL, 16 sessions at once in 2 micro-batches == one GPU"
-grep -q "micro-batches (group 0 of 2)" "$E2E_DIR/p1.log" || e2e_fail "p1 saw no decode step in 2 micro-batches"
-grep -iE "NCCL.*(fail|error|timed out)" "$E2E_DIR/p0.log" "$E2E_DIR/p1.log" && e2e_fail "NCCL errors after the micro-batched steps"
+e2e_expect_eq "$(batch p0)" "$ref_batch" "PP=2 over NCCL, 16 sessions at once in 2 decode lanes == one GPU"
+grep -q "decode in 2 lanes" "$E2E_DIR/p0.log" || e2e_fail "p0 did not decode in 2 lanes"
+grep -iE "NCCL.*(fail|error|timed out)" "$E2E_DIR/p0.log" "$E2E_DIR/p1.log" && e2e_fail "NCCL errors after the decode lanes"
 
 # the same split with the rows over gRPC
 e2e_kill p0 KILL
@@ -100,7 +102,9 @@ grep -q "NCCL link to the next stage" "$E2E_DIR/p0g.log" && e2e_fail "p0g (HYLA_
 # three stages, the middle one between two links, in micro-batches
 e2e_start_worker q2 "$E2E_DIR/model" --device cuda:0 --layers 3:4 || e2e_done
 e2e_start_worker q1 "$E2E_DIR/model" --device cuda:1 --layers 1:3 --micro-batches 2 || e2e_done
+export HYLA_DECODE_LANES=0
 e2e_start_worker q0 "$E2E_DIR/model" --device cuda:0 --layers 0:1 --micro-batches 2 || e2e_done
+unset HYLA_DECODE_LANES
 e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | grep -E 'q0[ ,]+q1[ ,]+q2' | grep -qw yes" ||
   e2e_fail "the coordinator did not assemble q0 + q1 + q2 into a pipeline group: $(e2e_hyla status)"
 e2e_expect_eq "$(batch q0)" "$ref_batch" "PP=3 over NCCL, 16 sessions at once in 2 micro-batches == one GPU"

@@ -89,6 +89,7 @@ typedef struct wsess {
     double last_used;
     append_job *app;
     gen_job *gen;
+    int in_lane;              /* its decode step is posted in a lane (hyla_worker_sched.c) */
     struct wsess *next;
 } wsess;
 
@@ -163,6 +164,7 @@ struct hyla_worker {
     hyla_backend *be;
     hyla_model *m;
     hyla_runtime *rt; /* the runtime every session of this worker runs on */
+    int lanes_on;      /* decode lanes allowed (HYLA_DECODE_LANES != 0; hyla_worker_sched.c) */
     hyla_tp_group *tp; /* --tp > 1: the group that owns be, m, rt and the other ranks (NULL: none) */
     hyla_tokenizer *tok; /* NULL when the model has no tokenizer (tok_err says why) */
     char tok_err[512];
@@ -203,6 +205,7 @@ struct hyla_worker {
         uint64_t step;
         int rows;
         float *logits; /* host [rows][vocab] to fill, or NULL */
+        int aside;     /* NCCL: the ticket of its logits' receive beside the compute stream (-1: none) */
     } next_wait[HYLA_MICRO_BATCH_MAX + HYLA_DOWNSTREAM_IN_FLIGHT];
     int n_next_wait;
     /* NCCL between stages on one host (hyla_worker_stage.c; NULL: none, the rows go over gRPC) */

@@ -179,27 +179,50 @@ int sched_feed_len(int64_t next_pos, size_t queued, int budget, int stream_ended
     return avail < first ? 0 : (int)(first + (avail - first) / chunk * chunk);
 }
 
+/* One decode lane: a batch whose step is posted to the later stages and collected later. */
+typedef struct {
+    int n;                /* sessions posted (0: the lane is idle) */
+    hyla_session **batch; /* [max_batch] */
+    wsess **ws;           /* [max_batch] */
+    int32_t *out;         /* [max_batch] */
+    double t0;            /* when it was posted */
+} decode_lane;
+
 /* Buffers of one decode step, allocated once for the thread's life. */
 typedef struct {
     hyla_session **batch; /* [max_batch] */
     wsess **ws;           /* [max_batch] the batch's sessions */
     int32_t *out;         /* [max_batch] sampled tokens */
+    decode_lane lane[HYLA_LANES_MAX];
+    int busy;       /* lanes posted */
+    int next;       /* the lane collected and posted next (lanes are collected in post order) */
+    int lanes;      /* lanes of the posted ones */
+    int most_lanes; /* the most lanes used so far (logged as it grows) */
 } decode_bufs;
 
+static void lanes_drain(hyla_worker *w, decode_bufs *d);
+static void fail_batch(hyla_worker *w, wsess **ws, int B, hyla_status st, const char *msg);
+
 /* Take every queued command and run it; returns whether there was any (the session table may
- * have changed: the summary is published at once). */
-static int step_commands(hyla_worker *w) {
+ * have changed: the summary is published at once). Commands see no posted lane. */
+static int step_commands(hyla_worker *w, decode_bufs *d) {
     pthread_mutex_lock(&w->mu);
     cmd *list = w->q_head;
     w->q_head = w->q_tail = NULL;
     pthread_mutex_unlock(&w->mu);
     int any = list != NULL;
+    if (any) lanes_drain(w, d);
     run_commands(w, list);
     return any;
 }
 
-/* Cancelled calls (client cancel, deadline) end their jobs. */
-static void step_cancellations(hyla_worker *w) {
+/* Cancelled calls (client cancel, deadline) end their jobs, once no lane is posted (a session in
+ * a lane would otherwise gain a token after its trailer counted the delivered ones). */
+static void step_cancellations(hyla_worker *w, decode_bufs *d) {
+    for (wsess *s = w->sessions; s && d->busy; s = s->next)
+        if (s->gen && hyla_rpc_call_cancelled(s->gen->call)) lanes_drain(w, d);
+    for (append_job *a = w->appends; a && d->busy; a = a->next_reg)
+        if (!a->released && hyla_rpc_call_cancelled(a->call)) lanes_drain(w, d);
     for (wsess *s = w->sessions; s; s = s->next) {
         if (s->gen && hyla_rpc_call_cancelled(s->gen->call)) {
             char n[32]; /* the tokens the session kept, for the coordinator's record */
@@ -232,14 +255,7 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", hyla_last_error());
         HYLA_ERROR("decode step of %d sessions failed: %s", B, msg);
-        for (int i = 0; i < B; i++) {
-            char n[32];
-            snprintf(n, sizeof n, "%u", d->ws[i]->gen->delivered);
-            hyla_rpc_call_set_trailer(d->ws[i]->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
-            fail_call(d->ws[i]->gen->call, st, msg);
-            free_gen(d->ws[i]->gen);
-            d->ws[i]->gen = NULL;
-        }
+        fail_batch(w, d->ws, B, st, msg);
     } else {
         w->tok_window += (uint64_t)B;
         worker_metrics_tokens(w, "decode", (uint64_t)B, now_s() - t0);
@@ -249,6 +265,133 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
         }
     }
     return 1;
+}
+
+/* ---- decode lanes ----
+ * On a pipeline's first stage (one GPU per stage, --micro-batches M >= 2) with at least
+ * M * HYLA_MICRO_BATCH_MIN_ROWS generating sessions, decoding runs in L = min(M, HYLA_LANES_MAX)
+ * lanes: each scheduler step collects the oldest lane (waits for its logits, samples, delivers)
+ * and posts it again with up to ceil(sessions / L) sessions, so while one lane's step is in the
+ * later stages the next runs here, and consecutive steps overlap across the stages. Anything
+ * else that touches sessions (commands, cancellations, Append feeds, snapshots, draining,
+ * shutdown) first collects every lane (lanes_drain). Rows are independent, so a session's tokens
+ * are the same bits in any lane. */
+static int lanes_count(hyla_worker *w, int n_gen) {
+    int lb, le;
+    hyla_model_layer_range(w->m, &lb, &le);
+    int M = hyla_runtime_micro_batches(w->rt), L = M < HYLA_LANES_MAX ? M : HYLA_LANES_MAX;
+    if (n_gen / HYLA_MICRO_BATCH_MIN_ROWS < L) L = n_gen / HYLA_MICRO_BATCH_MIN_ROWS;
+    if (lb != 0 || holds_all_layers(w) || w->tp || L < 2 || !w->lanes_on) return 0;
+    return L;
+}
+
+/* Fail a batch's calls after a failed decode step. */
+static void fail_batch(hyla_worker *w, wsess **ws, int B, hyla_status st, const char *msg) {
+    (void)w;
+    for (int i = 0; i < B; i++) {
+        if (!ws[i]->gen) continue;
+        char n[32];
+        snprintf(n, sizeof n, "%u", ws[i]->gen->delivered);
+        hyla_rpc_call_set_trailer(ws[i]->gen->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
+        fail_call(ws[i]->gen->call, st, msg);
+        free_gen(ws[i]->gen);
+        ws[i]->gen = NULL;
+    }
+}
+
+/* Collect lane k: its logits, the sampled tokens, delivered. */
+static void lane_collect(hyla_worker *w, decode_bufs *d, int k) {
+    decode_lane *ln = &d->lane[k];
+    hyla_status st = hyla_session_decode_collect(ln->batch, ln->n, k, ln->out);
+    for (int i = 0; i < ln->n; i++) ln->ws[i]->in_lane = 0;
+    if (st != HYLA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hyla_last_error());
+        HYLA_ERROR("decode lane %d of %d sessions failed: %s", k, ln->n, msg);
+        fail_batch(w, ln->ws, ln->n, st, msg);
+    } else {
+        w->tok_window += (uint64_t)ln->n;
+        worker_metrics_tokens(w, "decode", (uint64_t)ln->n, now_s() - ln->t0);
+        for (int i = 0; i < ln->n; i++) {
+            ln->ws[i]->last_used = now_s();
+            if (ln->ws[i]->gen) deliver(w, ln->ws[i], ln->out[i]);
+        }
+    }
+    ln->n = 0;
+    d->busy--;
+}
+
+/* Collect every posted lane, oldest first. */
+static void lanes_drain(hyla_worker *w, decode_bufs *d) {
+    for (int i = 0; i < HYLA_LANES_MAX && d->busy; i++) {
+        int k = (d->next + i) % HYLA_LANES_MAX;
+        if (d->lane[k].n) lane_collect(w, d, k);
+    }
+    d->next = 0;
+}
+
+/* Whether anything this step is about to do needs the sessions out of the lanes: Append jobs,
+ * snapshots due or in flight, draining. */
+static int lanes_must_drain(hyla_worker *w) {
+    if (w->appends || w->draining || w->stop) return 1;
+    for (wsess *s = w->sessions; s; s = s->next) {
+        if (s->exp) return 1;
+        if (s->s && w->p.snapshot_every && !s->put_inflight &&
+            (uint64_t)hyla_session_position(s->s) >= s->snap_pos + w->p.snapshot_every)
+            return 1;
+    }
+    return 0;
+}
+
+/* One scheduler step of L lanes: collect lane d->next, post it again. Returns whether it ran. */
+static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
+    int k = d->next, worked = 0;
+    decode_lane *ln = &d->lane[k];
+    if (ln->n) {
+        lane_collect(w, d, k);
+        worked = 1;
+        n_gen = 0;
+        for (wsess *s = w->sessions; s; s = s->next) n_gen += s->gen && s->s;
+    }
+    int per = (w->p.max_batch + L - 1) / L, cap = (n_gen + L - 1) / L;
+    if (cap > per) cap = per;
+    int B = 0;
+    for (wsess *s = w->sessions; s && B < cap; s = s->next)
+        if (s->gen && s->s && !s->in_lane) {
+            ln->ws[B] = s;
+            ln->batch[B++] = s->s;
+        }
+    d->next = (k + 1) % L;
+    if (!B) return worked;
+    ln->t0 = now_s();
+    hyla_status st = hyla_session_decode_post(ln->batch, B, k, k * per, L * per);
+    if (st != HYLA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", hyla_last_error());
+        HYLA_ERROR("posting decode lane %d of %d sessions failed: %s", k, B, msg);
+        fail_batch(w, ln->ws, B, st, msg);
+        return 1;
+    }
+    for (int i = 0; i < B; i++) ln->ws[i]->in_lane = 1;
+    ln->n = B;
+    d->busy++;
+    return 1;
+}
+
+/* The decode step: in lanes when they apply, else one batched step. */
+static int step_decode_any(hyla_worker *w, decode_bufs *d) {
+    int n_gen = 0;
+    for (wsess *s = w->sessions; s; s = s->next) n_gen += s->gen && s->s;
+    int L = lanes_count(w, n_gen);
+    if (L && d->busy && L != d->lanes) lanes_drain(w, d); /* lanes are posted round robin over L */
+    if (L) {
+        if (L > d->most_lanes) HYLA_INFO("decode in %d lanes (%d sessions generating)", L, n_gen);
+        if (L > d->most_lanes) d->most_lanes = L;
+        d->lanes = L;
+        return step_decode_lanes(w, d, L, n_gen);
+    }
+    if (d->busy) lanes_drain(w, d);
+    return step_decode(w, d);
 }
 
 typedef enum { FEED_NONE, FEED_OK, FEED_FAILED } feed_result;
@@ -422,12 +565,22 @@ void *scheduler_main(void *arg) {
     d.ws = malloc((size_t)w->p.max_batch * sizeof *d.ws);
     d.out = malloc((size_t)w->p.max_batch * sizeof *d.out);
     HYLA_ASSERT(d.batch && d.ws && d.out);
+    for (int k = 0; k < HYLA_LANES_MAX; k++) {
+        decode_lane *ln = &d.lane[k];
+        *ln = (decode_lane){0};
+        ln->batch = malloc((size_t)w->p.max_batch * sizeof *ln->batch);
+        ln->ws = malloc((size_t)w->p.max_batch * sizeof *ln->ws);
+        ln->out = malloc((size_t)w->p.max_batch * sizeof *ln->out);
+        HYLA_ASSERT(ln->batch && ln->ws && ln->out);
+    }
+    d.busy = d.next = d.lanes = d.most_lanes = 0;
     w->tok_window_t0 = now_s();
     double last_pub = 0;
     while (!w->stop) {
-        int commands = step_commands(w);
-        step_cancellations(w);
-        int worked = step_decode(w, &d);
+        int commands = step_commands(w, &d);
+        step_cancellations(w, &d);
+        if (d.busy && lanes_must_drain(w)) lanes_drain(w, &d);
+        int worked = step_decode_any(w, &d);
         uint32_t queued = 0;
         worked |= step_prefill(w, &queued);
         step_snapshots(w);
@@ -441,7 +594,13 @@ void *scheduler_main(void *arg) {
         }
         if (!worked) step_idle_wait(w);
     }
+    lanes_drain(w, &d);
     shutdown_jobs(w);
+    for (int k = 0; k < HYLA_LANES_MAX; k++) {
+        free(d.lane[k].batch);
+        free(d.lane[k].ws);
+        free(d.lane[k].out);
+    }
     free(d.batch);
     free(d.ws);
     free(d.out);

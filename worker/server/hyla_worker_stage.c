@@ -196,12 +196,13 @@ static hyla_status read_answer(hyla_worker *w, const char *addr, uint64_t step, 
 }
 
 /* Remember a posted step whose answer a later stage_finish reads. */
-static hyla_status await_answer(hyla_worker *w, uint64_t step, int rows, float *logits) {
+static hyla_status await_answer(hyla_worker *w, uint64_t step, int rows, float *logits, int aside) {
     int cap = (int)(sizeof w->next_wait / sizeof w->next_wait[0]);
     if (w->n_next_wait == cap) return hyla_fail(HYLA_ERR_INTERNAL, "more than %d StageForward steps in flight", cap);
     w->next_wait[w->n_next_wait].step = step;
     w->next_wait[w->n_next_wait].rows = rows;
     w->next_wait[w->n_next_wait].logits = logits;
+    w->next_wait[w->n_next_wait].aside = aside;
     w->n_next_wait++;
     return HYLA_OK;
 }
@@ -233,9 +234,13 @@ static hyla_status stage_post_dev(void *ud, const hyla_downstream_step *s, int *
     free(ip);
     if (st == HYLA_OK)
         st = hyla_cuda_nccl_send(w->be, w->next_nccl, s->hidden, (size_t)s->R * cfg->hidden_size * sizeof(float), 1);
-    if (st == HYLA_OK && s->logits)
-        st = hyla_cuda_nccl_recv(w->be, w->next_nccl, s->logits, (size_t)s->total_rows * cfg->vocab_size * sizeof(float), 1);
-    if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, NULL);
+    int aside = -1;
+    size_t lbytes = (size_t)s->total_rows * cfg->vocab_size * sizeof(float);
+    if (st == HYLA_OK && s->logits && s->logits_aside)
+        st = hyla_cuda_nccl_recv_aside(w->be, w->next_nccl, s->logits, lbytes, 1, &aside);
+    else if (st == HYLA_OK && s->logits)
+        st = hyla_cuda_nccl_recv(w->be, w->next_nccl, s->logits, lbytes, 1);
+    if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, NULL, aside);
     if (st != HYLA_OK) {
         close_next(w); /* the link may be out of step */
         return hyla_fail_wrap(st, "StageForward over NCCL to %s", addr);
@@ -264,7 +269,7 @@ static hyla_status stage_post(void *ud, const hyla_downstream_step *s) {
     hyla_status st = hyla_rpc_stream_write(w->next_stream, &rq.base);
     free(items);
     free(ip);
-    if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, s->logits);
+    if (st == HYLA_OK) st = await_answer(w, rq.step, s->R, s->logits, -1);
     if (st != HYLA_OK) {
         close_next(w);
         return hyla_fail_wrap(st, "StageForward to %s", addr);
@@ -286,6 +291,7 @@ static hyla_status stage_finish(void *ud, int keep) {
         uint64_t step = w->next_wait[0].step;
         int rows = w->next_wait[0].rows;
         float *logits = w->next_wait[0].logits;
+        int aside = w->next_wait[0].aside;
         memmove(&w->next_wait[0], &w->next_wait[1], (size_t)(w->n_next_wait - 1) * sizeof w->next_wait[0]);
         w->n_next_wait--;
         Hyla__V1__StageForwardResponse *r = NULL;
@@ -299,6 +305,10 @@ static hyla_status stage_finish(void *ud, int keep) {
                 memcpy(logits, r->logits.data, want);
         }
         if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+#ifdef HYLA_HAVE_CUDA
+        /* the logits received beside the compute stream: what reads them next waits for them */
+        if (st == HYLA_OK && aside >= 0 && w->next_nccl) st = hyla_cuda_nccl_join(w->be, w->next_nccl, aside);
+#endif
         if (st != HYLA_OK && err == HYLA_OK) {
             err = st;
             snprintf(first, sizeof first, "%s", hyla_last_error());
