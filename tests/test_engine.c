@@ -654,7 +654,7 @@ static hyla_status aq_finish(void *ud, int keep) {
     return st;
 }
 
-static const hyla_downstream_ops aq_ops = {aq_post, NULL, aq_finish};
+static const hyla_downstream_ops aq_ops = {aq_post, NULL, aq_finish, NULL};
 
 /* Append every part of `from` to `to` (merging the stages' snapshots into a whole-model one). */
 static void merge_parts(hyla_snapshot *to, const hyla_snapshot *from) {

@@ -110,7 +110,7 @@ static hyla_status sync_finish(void *ud, int keep) {
     (void)ud, (void)keep;
     return HYLA_OK;
 }
-static const hyla_downstream_ops sync_ops = {sync_post, NULL, sync_finish};
+static const hyla_downstream_ops sync_ops = {sync_post, NULL, sync_finish, NULL};
 
 void hyla_runtime_set_downstream(hyla_runtime *rt, hyla_downstream_fn fn, void *ud) {
     rt->sync_fn = fn;
@@ -390,7 +390,7 @@ static hyla_status post_lane(hyla_runtime *rt, hyla_session *const *ss, int R, i
     return HYLA_OK;
 }
 
-hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int L, int *off, int *n) {
+hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int L, int *off, int *n, int *aside) {
     if (L < 0 || L >= HYLA_LANES_MAX || !rt->lane[L].busy)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d has no posted step (a failure may have dropped it)", L);
     uint64_t answered = rt->posts - (uint64_t)rt->in_flight;
@@ -404,6 +404,7 @@ hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int L, int *off, int *n)
     rt->lanes_busy--;
     *off = rt->lane[L].off;
     *n = rt->lane[L].n;
+    *aside = rt->lane[L].dev && rt->ds->sample_aside;
     if (rt->lane[L].dev) return HYLA_OK;
     size_t V = (size_t)rt->m->cfg.vocab_size, at = (size_t)*off * V;
     return rt->be->ops->upload(rt->be->ctx, rt->logits + at, rt->hlogits + at, (size_t)*n * V * sizeof(float));

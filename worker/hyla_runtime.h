@@ -99,6 +99,11 @@ typedef struct {
     hyla_status (*post)(void *ud, const hyla_downstream_step *s);
     hyla_status (*post_dev)(void *ud, const hyla_downstream_step *s, int *handled);
     hyla_status (*finish)(void *ud, int keep);
+    /* optional: sample B rows of a decode lane's logits where post_dev received them, beside
+     * the compute stream (the backend's sample op, same bits), once finish has read the lane's
+     * answer; waits for the tokens. NULL: the runtime samples on the compute stream. */
+    hyla_status (*sample_aside)(void *ud, const float *logits, int B, int V, const hyla_sampling *sp, const float *u,
+                                int32_t *out);
 } hyla_downstream_ops;
 
 /* ops is borrowed for the runtime's life (a static table); ud is handed to its functions. */

@@ -121,8 +121,9 @@ hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);
 hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_logits);
 
 /* Wait for decode lane `lane`'s posted step (hyla_fwd.lane) and put its logits in rt->logits at
- * its rows: *off, *n. */
-hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int lane, int *off, int *n);
+ * its rows: *off, *n. *aside: they are beside the compute stream, to sample through
+ * rt->ds->sample_aside. */
+hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int lane, int *off, int *n, int *aside);
 
 /* Snapshot buffers: an arena of at least `need` bytes (64-byte aligned) from the runtime's cache
  * of pinned host buffers; give it back through hyla_snapbuf_release(hyla_runtime_snapbufs(rt),

@@ -498,11 +498,12 @@ hyla_status hyla_session_step(hyla_session *const *ss, int B, float *logits) {
 
 /* Sample the next token of B sessions from their logits at dlogits (backend [B][vocab]) and
  * make it pending. */
-static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlogits, int32_t *out, float *logits);
+static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlogits, int aside, int32_t *out,
+                               float *logits);
 
 hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, float *logits) {
     HYLA_TRY(step_forward(ss, B));
-    return sample_rows(ss, B, ss[0]->rt->logits, out, logits);
+    return sample_rows(ss, B, ss[0]->rt->logits, 0, out, logits);
 }
 
 hyla_status hyla_session_decode_post(hyla_session *const *ss, int B, int lane, int row_off, int rows) {
@@ -518,13 +519,16 @@ hyla_status hyla_session_decode_post(hyla_session *const *ss, int B, int lane, i
 hyla_status hyla_session_decode_collect(hyla_session *const *ss, int B, int lane, int32_t *out) {
     if (B < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode needs at least one session");
     hyla_runtime *rt = ss[0]->rt;
-    int off = 0, n = 0;
-    HYLA_TRY(hyla_runtime_collect_lane(rt, lane, &off, &n));
+    int off = 0, n = 0, aside = 0;
+    HYLA_TRY(hyla_runtime_collect_lane(rt, lane, &off, &n, &aside));
     if (n != B) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d posted %d sessions, collected as %d", lane, n, B);
-    return sample_rows(ss, B, rt->logits + (size_t)off * ss[0]->m->cfg.vocab_size, out, NULL);
+    return sample_rows(ss, B, rt->logits + (size_t)off * ss[0]->m->cfg.vocab_size, aside, out, NULL);
 }
 
-static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlogits, int32_t *out, float *logits) {
+/* aside: the logits are beside the compute stream (a lane's, received over NCCL): sample them
+ * there through the downstream, so the tokens do not wait for the compute stream's queue. */
+static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlogits, int aside, int32_t *out,
+                               float *logits) {
     const hyla_model *m = ss[0]->m;
     hyla_sampling *sp = malloc((size_t)B * sizeof *sp);
     float *u = malloc((size_t)B * sizeof *u);
@@ -539,7 +543,10 @@ static hyla_status sample_rows(hyla_session *const *ss, int B, const float *dlog
         sp[i] = ss[i]->sp;
         u[i] = hyla_rng_uniform(&ss[i]->rng);
     }
-    if ((st = OPS(m)->sample(CTX(m), dlogits, B, (int)V, sp, u, out)) != HYLA_OK) goto out;
+    hyla_runtime *rt = ss[0]->rt;
+    st = aside ? rt->ds->sample_aside(rt->ds_ud, dlogits, B, (int)V, sp, u, out)
+               : OPS(m)->sample(CTX(m), dlogits, B, (int)V, sp, u, out);
+    if (st != HYLA_OK) goto out;
     if (logits && (st = OPS(m)->download(CTX(m), logits, dlogits, (size_t)B * V * sizeof(float))) != HYLA_OK)
         goto out;
     for (int i = 0; i < B; i++) {

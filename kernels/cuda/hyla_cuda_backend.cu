@@ -598,6 +598,7 @@ extern "C" void cu_destroy(void *ctx) {
     }
     if (c->ring_host) cudaFreeHost(c->ring_host);
     if (c->rb_host) cudaFreeHost(c->rb_host);
+    if (c->so_host) cudaFreeHost(c->so_host);
     cudaFree(c->ring_dev);
     cu_pool_destroy(c, c->pool);
     if (c->copy_stream) cudaStreamDestroy(c->copy_stream);

@@ -1072,6 +1072,38 @@ __global__ void __launch_bounds__(SAMPLE_TPB) k_sample(const float *logits, int 
     }
 }
 
+/* The same kernel on `stream` (a decode lane's logits where they arrived, beside the compute
+ * stream): the parameters and draws are read, and the tokens written, through mapped host
+ * memory; waits for the stream. Same bits as cu_sample. */
+extern "C" hyla_status hyla_cuda_sample_on(hyla_backend *be, void *stream, const float *logits, int B, int V,
+                                           const hyla_sampling *params, const float *u, int32_t *out) {
+    if (!be || !be->ops->name || strcmp(be->ops->name, "cuda"))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_sample_on: not a cuda backend");
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)be->ctx;
+    if (B <= 0) return HYLA_OK;
+    if (V <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "sample: vocab size %d", V);
+    size_t o_u = ((size_t)B * sizeof(hyla_sampling) + 255) & ~(size_t)255;
+    size_t o_out = o_u + (((size_t)B * sizeof(float) + 255) & ~(size_t)255);
+    size_t need = o_out + (size_t)B * sizeof(int32_t);
+    if (need > c->so_bytes) {
+        if (c->so_host) cudaFreeHost(c->so_host);
+        c->so_host = NULL;
+        c->so_bytes = 0;
+        CU_TRY(cudaHostAlloc((void **)&c->so_host, 2 * need, cudaHostAllocMapped));
+        CU_TRY(cudaHostGetDevicePointer(&c->so_dev, c->so_host, 0));
+        c->so_bytes = 2 * need;
+    }
+    memcpy(c->so_host, params, (size_t)B * sizeof(hyla_sampling));
+    memcpy(c->so_host + o_u, u, (size_t)B * sizeof(float));
+    uint8_t *d = (uint8_t *)c->so_dev;
+    k_sample<<<B, SAMPLE_TPB, 0, (cudaStream_t)stream>>>(logits, V, (const hyla_sampling *)d, (const float *)(d + o_u),
+                                                        (int32_t *)(d + o_out));
+    CU_LAUNCH_CHECK("sample (beside the compute stream)");
+    CU_TRY(cudaStreamSynchronize((cudaStream_t)stream));
+    memcpy(out, c->so_host + o_out, (size_t)B * sizeof(int32_t));
+    return HYLA_OK;
+}
+
 extern "C" hyla_status cu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params,
                                  const float *u, int32_t *out) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;

@@ -89,6 +89,10 @@ hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, void *dev, 
  * which makes the compute stream wait for it (call it before anything reads dev). At most
  * HYLA_NCCL_ASIDE receives may be unjoined at once. */
 #define HYLA_NCCL_ASIDE 8
+/* Sample B rows of logits (device, written by receives beside the compute stream) on the
+ * link's side stream, as the backend's sample op does (same kernel, same bits); waits for it. */
+hyla_status hyla_cuda_nccl_sample_aside(hyla_backend *be, hyla_nccl_link *l, const float *logits, int B, int V,
+                                        const hyla_sampling *params, const float *u, int32_t *out);
 hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer, int *ticket);
 hyla_status hyla_cuda_nccl_join(hyla_backend *be, hyla_nccl_link *l, int ticket);
 /* Queue an in-place sum of dev [n] floats over every rank of the link on be's compute stream,

@@ -92,6 +92,11 @@ typedef struct hyla_cuda_ctx {
     uint8_t *rb_host;
     void *rb_dev; /* the device's address of rb_host */
     size_t rb_bytes;
+    /* sampling on another stream (hyla_cuda_sample_on): parameters, draws and tokens in pinned
+     * host memory mapped into the device, so that stream needs no copy at all */
+    uint8_t *so_host;
+    void *so_dev;
+    size_t so_bytes;
 
     void *scratch[HYLA_CU_SCRATCH_SLOTS];
     size_t scratch_bytes[HYLA_CU_SCRATCH_SLOTS];

@@ -198,6 +198,16 @@ extern "C" hyla_status hyla_cuda_nccl_join(hyla_backend *be, hyla_nccl_link *l, 
     return HYLA_OK;
 }
 
+extern "C" hyla_status hyla_cuda_sample_on(hyla_backend *be, void *stream, const float *logits, int B, int V,
+                                           const hyla_sampling *params, const float *u, int32_t *out);
+
+extern "C" hyla_status hyla_cuda_nccl_sample_aside(hyla_backend *be, hyla_nccl_link *l, const float *logits, int B, int V,
+                                                   const hyla_sampling *params, const float *u, int32_t *out) {
+    if (!l || !l->aside || l->broken)
+        return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link has no receives beside the compute stream to sample");
+    return hyla_cuda_sample_on(be, l->aside, logits, B, V, params, u, out);
+}
+
 extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {
     hyla_cuda_ctx *c = nccl_ctx(be);
     if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL all-reduce: not a cuda backend or no link");
@@ -255,6 +265,11 @@ extern "C" hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_lin
 }
 extern "C" hyla_status hyla_cuda_nccl_join(hyla_backend *be, hyla_nccl_link *l, int ticket) {
     (void)be, (void)l, (void)ticket;
+    return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
+}
+extern "C" hyla_status hyla_cuda_nccl_sample_aside(hyla_backend *be, hyla_nccl_link *l, const float *logits, int B, int V,
+                                                   const hyla_sampling *params, const float *u, int32_t *out) {
+    (void)be, (void)l, (void)logits, (void)B, (void)V, (void)params, (void)u, (void)out;
     return hyla_fail(HYLA_ERR_UNSUPPORTED, "this build has no NCCL");
 }
 extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {

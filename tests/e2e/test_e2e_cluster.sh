@@ -122,14 +122,17 @@ H show "$P" | grep -qE "p0[ ,]p1" || e2e_fail "(d) session not on the pipeline: 
 H append "$P" "$doc" || e2e_fail "(d) append"
 p1=$(H generate "$P" -n 48 --ids --ignore-eos)
 e2e_expect_eq "$p1" "$(want 0 48)" "(d) two-stage pipeline == one worker"
-batch16() { # batch16 ON: 16 sessions (even: greedy, odd: sampled) generate 24 tokens at once; a line each
-  local i ids=() pids=()
+batch16() { # batch16 ON [STOPS]: 16 sessions (even: greedy, odd: sampled) generate 24 tokens at
+  # once; a line each. STOPS: a --stop-id for each session (word i), so jobs end at different steps
+  local i ids=() pids=() stops=(${2:-}) stop
   for i in $(seq 0 15); do
     ids[$i]=$(H create --temperature "$([ $((i % 2)) = 1 ] && echo 0.9 || echo 0)" --seed $((30 + i)) --on "$1") || return 1
     H append "${ids[$i]}" "$doc" || return 1
   done
   for i in $(seq 0 15); do
-    H generate "${ids[$i]}" -n 24 --ids --ignore-eos >"$E2E_DIR/b16-$1-$i.txt" &
+    stop=()
+    [ -n "${stops[$i]:-}" ] && stop=(--stop-id "${stops[$i]}")
+    H generate "${ids[$i]}" -n 24 --ids --ignore-eos "${stop[@]}" >"$E2E_DIR/b16-$1-$i.txt" &
     pids[$i]=$!
   done
   for i in $(seq 0 15); do wait "${pids[$i]}" || return 1; done
@@ -139,6 +142,12 @@ whole=$(e2e_hyla status | awk '$2 == "ready" && $1 ~ /^w/ { print $1 }' | head -
 b_ref=$(batch16 "$whole") || e2e_fail "(d) 16 sessions at once on $whole"
 e2e_expect_eq "$(batch16 p0)" "$b_ref" "(d) 16 sessions at once on the pipeline, in 2 decode lanes == one worker"
 grep -q "decode in 2 lanes" "$E2E_DIR/p0.log" || e2e_fail "(d) p0 did not decode in 2 lanes"
+# the same with a stop id per session (its token at 4 + i / 2 of the run above): a job ends at its
+# first occurrence, decided before the lane's next step is posted, and the others go on
+stops=$(echo "$b_ref" | awk '{ print $(5 + int((NR - 1) / 2)) }' | tr '\n' ' ')
+b_stop=$(echo "$b_ref" | awk -v s="$stops" 'BEGIN { split(s, st, " ") } {
+  out = ""; for (j = 1; j <= NF; j++) { out = out (j > 1 ? " " : "") $j; if ($j == st[NR]) break } print out }')
+e2e_expect_eq "$(batch16 p0 "$stops")" "$b_stop" "(d) 16 sessions with stop ids on the pipeline's lanes == the runs cut at them"
 PF=$(H fork "$P") || e2e_fail "(d) fork of the pipelined session"
 H show "$PF" | grep -qE "p0[ ,]p1" || e2e_fail "(d) the fork is not on the pipeline"
 e2e_expect_eq "$(H generate "$PF" -n 8 --ids --ignore-eos)" "$(want 48 8)" "(d) a fork of the pipelined session continues like its parent"

@@ -73,6 +73,8 @@ typedef struct {
     char *text;               /* generated text so far (whole UTF-8 characters) */
     size_t text_len, text_cap, text_sent;
     hyla_tokenizer_stream *ds; /* decodes the tokens; NULL without a tokenizer */
+    int gone;                 /* a send failed while the session's next step was already posted
+                                 (decode lanes): the job ends at that step's token */
 } gen_job;
 
 typedef struct wsess {

@@ -99,8 +99,15 @@ static void gen_add_text(gen_job *g, const char *bytes, size_t nb) {
     g->text_len += nb;
 }
 
-/* Deliver one sampled token; returns 1 when the job is finished (replied). */
-static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
+/* A token's outcome, decided before it is sent (decode lanes post the next step in between). */
+typedef struct {
+    Hyla__V1__FinishReason why; /* unspecified: the job goes on */
+    size_t from, to;            /* text bytes [from, to) to send */
+    uint64_t position, generated;
+} gen_out;
+
+/* Count one sampled token into its job: text, stop conditions, what to send. */
+static void deliver_decide(hyla_worker *w, wsess *ws, int32_t tok, gen_out *o) {
     gen_job *g = ws->gen;
     const hyla_model_config *cfg = hyla_model_get_config(w->m);
     g->delivered++;
@@ -136,14 +143,28 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
     }
     if (!why && g->delivered >= g->max_tokens) why = HYLA__V1__FINISH_REASON__FINISH_LENGTH;
     if (!why && g->n_stop) send_to = g->text_len - held_suffix(g, g->text_sent);
+    o->why = why;
+    o->from = g->text_sent;
+    o->to = send_to > g->text_sent ? send_to : g->text_sent;
+    o->position = (uint64_t)hyla_session_position(ws->s);
+    o->generated = (uint64_t)hyla_session_generated(ws->s);
+    g->text_sent = o->to;
+}
+
+/* Send a decided token; returns 1 when the job is finished (replied). posted: the session's next
+ * step is already posted, so a failed send only marks the job gone (it ends at that step, whose
+ * token the session keeps, and the trailer counts it). */
+static int deliver_send(hyla_worker *w, wsess *ws, int32_t tok, const gen_out *o, int posted) {
+    (void)w;
+    gen_job *g = ws->gen;
+    Hyla__V1__FinishReason why = o->why;
     Hyla__V1__GenerateResponse r = HYLA__V1__GENERATE_RESPONSE__INIT;
     r.n_token_ids = 1;
     r.token_ids = &tok;
-    r.text.data = (uint8_t *)g->text + g->text_sent;
-    r.text.len = send_to > g->text_sent ? send_to - g->text_sent : 0;
-    r.position = (uint64_t)hyla_session_position(ws->s);
-    r.generated = (uint64_t)hyla_session_generated(ws->s);
-    g->text_sent = send_to > g->text_sent ? send_to : g->text_sent;
+    r.text.data = (uint8_t *)g->text + o->from;
+    r.text.len = o->to - o->from;
+    r.position = o->position;
+    r.generated = o->generated;
     if (why) {
         r.done = 1;
         r.finish_reason = why;
@@ -154,18 +175,27 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
         ws->gen = NULL;
         return 1;
     }
-    if (hyla_rpc_call_send(g->call, &r.base) != HYLA_OK) {
-        /* the client went away: end the job (the call reports its own status); the token stays
-         * in the session, and the trailer tells the coordinator how many it kept */
-        char n[32];
-        snprintf(n, sizeof n, "%u", g->delivered);
-        hyla_rpc_call_set_trailer(g->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
-        hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "Generate cancelled");
-        free_gen(g);
-        ws->gen = NULL;
-        return 1;
+    if (!g->gone && hyla_rpc_call_send(g->call, &r.base) == HYLA_OK) return 0;
+    if (posted) {
+        g->gone = 1;
+        return 0;
     }
-    return 0;
+    /* the client went away: end the job (the call reports its own status); the token stays in
+     * the session, and the trailer tells the coordinator how many it kept */
+    char n[32];
+    snprintf(n, sizeof n, "%u", g->delivered);
+    hyla_rpc_call_set_trailer(g->call, HYLA_API_TOKENS_DELIVERED_KEY, n);
+    hyla_rpc_call_fail(g->call, HYLA_RPC_CANCELLED, "Generate cancelled");
+    free_gen(g);
+    ws->gen = NULL;
+    return 1;
+}
+
+/* Deliver one sampled token; returns 1 when the job is finished (replied). */
+static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
+    gen_out o;
+    deliver_decide(w, ws, tok, &o);
+    return deliver_send(w, ws, tok, &o, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -194,6 +224,10 @@ typedef struct {
     wsess **ws;           /* [max_batch] the batch's sessions */
     int32_t *out;         /* [max_batch] sampled tokens */
     decode_lane lane[HYLA_LANES_MAX];
+    /* the tokens of the lane just collected, decided, sent after its next post */
+    wsess **got_ws;  /* [max_batch] */
+    int32_t *got_tok; /* [max_batch] */
+    gen_out *got;     /* [max_batch] */
     int busy;       /* lanes posted */
     int next;       /* the lane collected and posted next (lanes are collected in post order) */
     int lanes;      /* lanes of the posted ones */
@@ -201,6 +235,13 @@ typedef struct {
 } decode_bufs;
 
 static void lanes_drain(hyla_worker *w, decode_bufs *d);
+
+/* Whether s is among the n sessions of the lane just collected. */
+static int lane_got(const decode_bufs *d, int n, const wsess *s) {
+    for (int i = 0; i < n; i++)
+        if (d->got_ws[i] == s) return 1;
+    return 0;
+}
 static void fail_batch(hyla_worker *w, wsess **ws, int B, hyla_status st, const char *msg);
 
 /* Take every queued command and run it; returns whether there was any (the session table may
@@ -299,26 +340,42 @@ static void fail_batch(hyla_worker *w, wsess **ws, int B, hyla_status st, const 
     }
 }
 
-/* Collect lane k: its logits, the sampled tokens, delivered. */
-static void lane_collect(hyla_worker *w, decode_bufs *d, int k) {
+/* Collect lane k's tokens and decide each (deliver_decide) into d->got; returns how many (0
+ * after a failure, whose calls are failed). The lane is idle afterwards. */
+static int lane_take(hyla_worker *w, decode_bufs *d, int k) {
     decode_lane *ln = &d->lane[k];
-    hyla_status st = hyla_session_decode_collect(ln->batch, ln->n, k, ln->out);
-    for (int i = 0; i < ln->n; i++) ln->ws[i]->in_lane = 0;
+    int n = ln->n;
+    hyla_status st = hyla_session_decode_collect(ln->batch, n, k, ln->out);
+    for (int i = 0; i < n; i++) ln->ws[i]->in_lane = 0;
+    ln->n = 0;
+    d->busy--;
     if (st != HYLA_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", hyla_last_error());
-        HYLA_ERROR("decode lane %d of %d sessions failed: %s", k, ln->n, msg);
-        fail_batch(w, ln->ws, ln->n, st, msg);
-    } else {
-        w->tok_window += (uint64_t)ln->n;
-        worker_metrics_tokens(w, "decode", (uint64_t)ln->n, now_s() - ln->t0);
-        for (int i = 0; i < ln->n; i++) {
-            ln->ws[i]->last_used = now_s();
-            if (ln->ws[i]->gen) deliver(w, ln->ws[i], ln->out[i]);
-        }
+        HYLA_ERROR("decode lane %d of %d sessions failed: %s", k, n, msg);
+        fail_batch(w, ln->ws, n, st, msg);
+        return 0;
     }
-    ln->n = 0;
-    d->busy--;
+    w->tok_window += (uint64_t)n;
+    worker_metrics_tokens(w, "decode", (uint64_t)n, now_s() - ln->t0);
+    for (int i = 0; i < n; i++) {
+        d->got_ws[i] = ln->ws[i];
+        d->got_tok[i] = ln->out[i];
+        ln->ws[i]->last_used = now_s();
+        if (ln->ws[i]->gen) deliver_decide(w, ln->ws[i], ln->out[i], &d->got[i]);
+    }
+    return n;
+}
+
+/* Send what lane_take decided. */
+static void lane_send(hyla_worker *w, decode_bufs *d, int n) {
+    for (int i = 0; i < n; i++)
+        if (d->got_ws[i]->gen) deliver_send(w, d->got_ws[i], d->got_tok[i], &d->got[i], d->got_ws[i]->in_lane);
+}
+
+/* Collect lane k: its logits, the sampled tokens, delivered. */
+static void lane_collect(hyla_worker *w, decode_bufs *d, int k) {
+    lane_send(w, d, lane_take(w, d, k));
 }
 
 /* Collect every posted lane, oldest first. */
@@ -343,39 +400,53 @@ static int lanes_must_drain(hyla_worker *w) {
     return 0;
 }
 
-/* One scheduler step of L lanes: collect lane d->next, post it again. Returns whether it ran. */
+/* One scheduler step of L lanes: collect lane d->next, post it again, then send its tokens, so
+ * the first GPU runs the lane's next step while the host sends. A session goes on in the lane
+ * when its token did not end its job (decided before the post, stop sequences included);
+ * sessions not in a lane fill the rest. Returns whether it ran. */
 static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
-    int k = d->next, worked = 0;
+    int k = d->next, worked = 0, got = 0;
     decode_lane *ln = &d->lane[k];
     if (ln->n) {
-        lane_collect(w, d, k);
+        got = lane_take(w, d, k);
         worked = 1;
         n_gen = 0;
-        for (wsess *s = w->sessions; s; s = s->next) n_gen += s->gen && s->s;
+        for (wsess *s = w->sessions; s; s = s->next) n_gen += s->gen && s->s && !(s->gen->gone);
     }
     int per = (w->p.max_batch + L - 1) / L, cap = (n_gen + L - 1) / L;
     if (cap > per) cap = per;
     int B = 0;
+    for (int i = 0; i < got && B < cap; i++) { /* the lane's own sessions first, in their order */
+        wsess *s = d->got_ws[i];
+        if (s->gen && !s->gen->gone && !d->got[i].why && s->s) {
+            ln->ws[B] = s;
+            ln->batch[B++] = s->s;
+        }
+    }
     for (wsess *s = w->sessions; s && B < cap; s = s->next)
-        if (s->gen && s->s && !s->in_lane) {
+        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s)) {
             ln->ws[B] = s;
             ln->batch[B++] = s->s;
         }
     d->next = (k + 1) % L;
-    if (!B) return worked;
-    ln->t0 = now_s();
-    hyla_status st = hyla_session_decode_post(ln->batch, B, k, k * per, L * per);
-    if (st != HYLA_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", hyla_last_error());
-        HYLA_ERROR("posting decode lane %d of %d sessions failed: %s", k, B, msg);
-        fail_batch(w, ln->ws, B, st, msg);
-        return 1;
+    if (B) {
+        ln->t0 = now_s();
+        hyla_status st = hyla_session_decode_post(ln->batch, B, k, k * per, L * per);
+        if (st != HYLA_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", hyla_last_error());
+            HYLA_ERROR("posting decode lane %d of %d sessions failed: %s", k, B, msg);
+            lane_send(w, d, got); /* the tokens sampled before the failure still reach their clients */
+            fail_batch(w, ln->ws, B, st, msg);
+            return 1;
+        }
+        for (int i = 0; i < B; i++) ln->ws[i]->in_lane = 1;
+        ln->n = B;
+        d->busy++;
+        worked = 1;
     }
-    for (int i = 0; i < B; i++) ln->ws[i]->in_lane = 1;
-    ln->n = B;
-    d->busy++;
-    return 1;
+    lane_send(w, d, got);
+    return worked;
 }
 
 /* The decode step: in lanes when they apply, else one batched step. */
@@ -573,6 +644,10 @@ void *scheduler_main(void *arg) {
         ln->out = malloc((size_t)w->p.max_batch * sizeof *ln->out);
         HYLA_ASSERT(ln->batch && ln->ws && ln->out);
     }
+    d.got_ws = malloc((size_t)w->p.max_batch * sizeof *d.got_ws);
+    d.got_tok = malloc((size_t)w->p.max_batch * sizeof *d.got_tok);
+    d.got = malloc((size_t)w->p.max_batch * sizeof *d.got);
+    HYLA_ASSERT(d.got_ws && d.got_tok && d.got);
     d.busy = d.next = d.lanes = d.most_lanes = 0;
     w->tok_window_t0 = now_s();
     double last_pub = 0;
@@ -601,6 +676,9 @@ void *scheduler_main(void *arg) {
         free(d.lane[k].ws);
         free(d.lane[k].out);
     }
+    free(d.got_ws);
+    free(d.got_tok);
+    free(d.got);
     free(d.batch);
     free(d.ws);
     free(d.out);

@@ -319,7 +319,20 @@ static hyla_status stage_finish(void *ud, int keep) {
     return err == HYLA_OK ? HYLA_OK : hyla_fail(err, "%s", first);
 }
 
-const hyla_downstream_ops stage_downstream_ops = {stage_post, stage_post_dev, stage_finish};
+/* The runtime's sampling of a lane whose logits came over the link, on the link's side stream. */
+static hyla_status stage_sample_aside(void *ud, const float *logits, int B, int V, const hyla_sampling *sp,
+                                      const float *u, int32_t *out) {
+    hyla_worker *w = ud;
+#ifdef HYLA_HAVE_CUDA
+    if (!w->next_nccl) return hyla_fail(HYLA_ERR_UNAVAILABLE, "the NCCL link to the next stage is closed");
+    return hyla_cuda_nccl_sample_aside(w->be, w->next_nccl, logits, B, V, sp, u, out);
+#else
+    (void)w, (void)logits, (void)B, (void)V, (void)sp, (void)u, (void)out;
+    return hyla_fail(HYLA_ERR_INTERNAL, "an NCCL link in a build without CUDA");
+#endif
+}
+
+const hyla_downstream_ops stage_downstream_ops = {stage_post, stage_post_dev, stage_finish, stage_sample_aside};
 
 static stage_call *find_stage_call(hyla_worker *w, hyla_rpc_call *call) {
     for (stage_call *c = w->stage_calls; c; c = c->next)
