@@ -52,7 +52,11 @@ struct hyla_nccl_link {
     cudaStream_t aside;
     cudaEvent_t ordered;                 /* the compute stream's point the next one follows */
     cudaEvent_t done[HYLA_NCCL_ASIDE];   /* receive t's end, by ticket */
+    void *dst[HYLA_NCCL_ASIDE];          /* receive t's buffer */
     unsigned next_ticket;
+    /* sampling of a received buffer (hyla_cuda_nccl_sample_aside): its own stream, waiting only
+     * for that buffer's receive, not for the later receives queued on `aside` */
+    cudaStream_t sampling;
 };
 
 static hyla_cuda_ctx *nccl_ctx(hyla_backend *be) {
@@ -175,6 +179,7 @@ extern "C" hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_lin
     HYLA_TRY(cu_graph_flush(c));
     if (!l->aside) {
         CU_TRY(cudaStreamCreateWithFlags(&l->aside, cudaStreamNonBlocking));
+        CU_TRY(cudaStreamCreateWithFlags(&l->sampling, cudaStreamNonBlocking));
         CU_TRY(cudaEventCreateWithFlags(&l->ordered, cudaEventDisableTiming));
         for (int i = 0; i < HYLA_NCCL_ASIDE; i++) CU_TRY(cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming));
     }
@@ -185,6 +190,7 @@ extern "C" hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_lin
     HYLA_TRY(nccl_settle(l, r, "ncclRecv", 60000));
     int t = (int)(l->next_ticket++ % HYLA_NCCL_ASIDE);
     CU_TRY(cudaEventRecord(l->done[t], l->aside));
+    l->dst[t] = dev;
     *ticket = t;
     return HYLA_OK;
 }
@@ -205,7 +211,14 @@ extern "C" hyla_status hyla_cuda_nccl_sample_aside(hyla_backend *be, hyla_nccl_l
                                                    const hyla_sampling *params, const float *u, int32_t *out) {
     if (!l || !l->aside || l->broken)
         return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link has no receives beside the compute stream to sample");
-    return hyla_cuda_sample_on(be, l->aside, logits, B, V, params, u, out);
+    int t = -1; /* the latest receive into these logits */
+    for (unsigned i = 1; i <= HYLA_NCCL_ASIDE && i <= l->next_ticket && t < 0; i++) {
+        int k = (int)((l->next_ticket - i) % HYLA_NCCL_ASIDE);
+        if (l->dst[k] == logits) t = k;
+    }
+    if (t < 0) return hyla_fail(HYLA_ERR_INTERNAL, "NCCL: no receive beside the compute stream into these logits");
+    CU_TRY(cudaStreamWaitEvent(l->sampling, l->done[t], 0));
+    return hyla_cuda_sample_on(be, l->sampling, logits, B, V, params, u, out);
 }
 
 extern "C" hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) {
@@ -231,6 +244,7 @@ extern "C" void hyla_cuda_nccl_close(hyla_nccl_link *l) {
         for (int i = 0; i < HYLA_NCCL_ASIDE; i++) cudaEventDestroy(l->done[i]);
         cudaEventDestroy(l->ordered);
         cudaStreamDestroy(l->aside);
+        cudaStreamDestroy(l->sampling);
     }
     free(l);
 }
