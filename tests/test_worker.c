@@ -137,6 +137,22 @@ static hyla_status generate(const char *id, uint32_t n, int32_t *out, int *got) 
     return s == HYLA_OK ? f : s;
 }
 
+/* The session's last durable snapshot version on the worker wc talks to (0: none or failed). */
+static uint64_t snapshot_version(const char *id) {
+    Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+    dq.session_id = (char *)id;
+    ProtobufCMessage *resp = NULL;
+    hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+    uint64_t v = 0;
+    if (hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor, &resp,
+                              &o, NULL) == HYLA_OK && resp) {
+        const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
+        if (wr->session) v = wr->session->snapshot_version;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    return v;
+}
+
 static hyla_status snapshot(const char *id, uint64_t *version) {
     Hyla__V1__SnapshotRequest r = HYLA__V1__SNAPSHOT_REQUEST__INIT;
     r.session_id = (char *)id;
@@ -193,7 +209,9 @@ static void *gen_thread(void *arg) {
  * cut into up to 3 groups of >= 8 (three stages, HYLA_DECODE_LANES=0), or run in M decode lanes
  * (two stages); each session's tokens equal hyla-run's solo run bit for bit (the unsplit model,
  * any batch), so they are the same for every M and every split. The next stage logs the groups it
- * saw (M of them when M > 1), the first stage the lanes it used. A Snapshot of a session on the
+ * saw (M of them when M > 1), the first stage the lanes it used; with two stages the first also
+ * snapshots every session every 16 tokens while it decodes in lanes (a session due sits out one
+ * lane step and is snapshotted meanwhile). A Snapshot of a session on the
  * micro-batched pipeline (ExportStage gathers the later stages' parts) restores on the whole
  * worker and continues like the uninterrupted run (pause + resume on another split). */
 enum { MB_NS = 24, MB_NT = 40, MB_MORE = 12 };
@@ -222,6 +240,8 @@ static void test_pipeline_micro(const char *store_addr, const char *dir) {
                 int n = 8;
                 if (k < P - 1) args[n++] = "--next-stage", args[n++] = next;
                 if (k == 0) args[n++] = "--store", args[n++] = store_addr, args[n++] = "--prefill-piece", args[n++] = "64";
+                if (k == 0 && P == 2) /* sessions sit out a lane step for their auto-snapshots */
+                    args[n++] = "--snapshot-every", args[n++] = "16";
                 args[n] = NULL;
                 snprintf(log[k], sizeof log[k], "%s/mb-p%d-m%d-s%d.log", dir, P, M, k);
                 pid[k] = spawn_worker_log(bin, args, &port[k], &out[k], log[k]);
@@ -239,6 +259,9 @@ static void test_pipeline_micro(const char *store_addr, const char *dir) {
                 }
                 CHECK_OK(append(ids[i], prompts[i], lens[i]));
             }
+            uint64_t v0[MB_NS];
+            wc = cl[0];
+            for (int i = 0; i < MB_NS; i++) v0[i] = snapshot_version(ids[i]);
             gen_arg g[MB_NS];
             pthread_t th[MB_NS];
             for (int i = 0; i < MB_NS; i++) {
@@ -253,6 +276,15 @@ static void test_pipeline_micro(const char *store_addr, const char *dir) {
                 same &= !memcmp(g[i].out, refs[i], sizeof g[i].out);
             }
             CHECK_MSG(same, "P=%d M=%d: a session's tokens on the micro-batched pipeline differ from hyla-run's", P, M);
+            if (P == 2) { /* auto-snapshots went on while the sessions decoded (40 tokens: >= 2 each) */
+                wc = cl[0];
+                int more = 0;
+                for (int tries = 0; tries < 40 && !more; tries++) {
+                    for (int i = 0; i < MB_NS && !more; i++) more = snapshot_version(ids[i]) >= v0[i] + 2;
+                    if (!more) usleep(50000);
+                }
+                CHECK_MSG(more, "P=2 M=%d: no session took two auto-snapshots while decoding", M);
+            }
             if (P == 2) { /* the lanes stage 0 used */
                 char want[64], line[512];
                 snprintf(want, sizeof want, "decode in %d lanes", M);

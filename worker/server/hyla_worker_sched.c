@@ -314,8 +314,9 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
  * lanes: each scheduler step collects the oldest lane (waits for its logits, samples, delivers)
  * and posts it again with up to ceil(sessions / L) sessions, so while one lane's step is in the
  * later stages the next runs here, and consecutive steps overlap across the stages. Anything
- * else that touches sessions (commands, cancellations, Append feeds, snapshots, draining,
- * shutdown) first collects every lane (lanes_drain). Rows are independent, so a session's tokens
+ * else that touches sessions (commands, cancellations, Append feeds, draining, shutdown) first
+ * collects every lane (lanes_drain); a session whose auto-snapshot is due sits out one lane
+ * step instead (left out of the post, taken by step_snapshots). Rows are independent, so a session's tokens
  * are the same bits in any lane. */
 static int lanes_count(hyla_worker *w, int n_gen) {
     int lb, le;
@@ -388,16 +389,16 @@ static void lanes_drain(hyla_worker *w, decode_bufs *d) {
 }
 
 /* Whether anything this step is about to do needs the sessions out of the lanes: Append jobs,
- * snapshots due or in flight, draining. */
+ * draining, shutdown. (A session whose auto-snapshot is due sits out one lane step instead:
+ * step_decode_lanes leaves it out, step_snapshots takes it.) */
 static int lanes_must_drain(hyla_worker *w) {
-    if (w->appends || w->draining || w->stop) return 1;
-    for (wsess *s = w->sessions; s; s = s->next) {
-        if (s->exp) return 1;
-        if (s->s && w->p.snapshot_every && !s->put_inflight &&
-            (uint64_t)hyla_session_position(s->s) >= s->snap_pos + w->p.snapshot_every)
-            return 1;
-    }
-    return 0;
+    return w->appends || w->draining || w->stop;
+}
+
+/* An auto-snapshot of s is due (every snapshot_every tokens; not while one is on its way). */
+static int snapshot_due(const hyla_worker *w, const wsess *s) {
+    return s->s && w->p.snapshot_every && !s->put_inflight && !s->exp && now_s() >= s->snap_retry_at &&
+           (uint64_t)hyla_session_position(s->s) >= s->snap_pos + w->p.snapshot_every;
 }
 
 /* One scheduler step of L lanes: collect lane d->next, post it again, then send its tokens, so
@@ -418,13 +419,13 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     int B = 0;
     for (int i = 0; i < got && B < cap; i++) { /* the lane's own sessions first, in their order */
         wsess *s = d->got_ws[i];
-        if (s->gen && !s->gen->gone && !d->got[i].why && s->s) {
+        if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !snapshot_due(w, s)) {
             ln->ws[B] = s;
             ln->batch[B++] = s->s;
         }
     }
     for (wsess *s = w->sessions; s && B < cap; s = s->next)
-        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s)) {
+        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !snapshot_due(w, s)) {
             ln->ws[B] = s;
             ln->batch[B++] = s->s;
         }
@@ -549,9 +550,8 @@ static void step_snapshots(hyla_worker *w) {
     int whole = holds_all_layers(w);
     for (wsess *s = w->sessions; s && lb0 == 0; s = s->next) {
         if (s->exp && hyla_session_export_done(s->exp)) finish_export(w, s);
-        if (!s->s || s->put_inflight || s->exp) continue;
-        uint64_t pos = (uint64_t)hyla_session_position(s->s);
-        int due = w->p.snapshot_every && pos >= s->snap_pos + w->p.snapshot_every && now_s() >= s->snap_retry_at;
+        if (!s->s || s->put_inflight || s->exp || s->in_lane) continue; /* in a lane: once it sits out */
+        int due = snapshot_due(w, s);
         int drain = w->draining && !s->app && !s->gen && now_s() >= s->snap_retry_at;
         if (due && !drain && whole) {
             if (hyla_session_export_begin(s->s, &s->exp) != HYLA_OK) {
