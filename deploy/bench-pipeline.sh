@@ -13,7 +13,9 @@
 # all sessions summed). The first stages run --micro-batches BENCH_MICRO_BATCHES (default 2; 1:
 # off), added as micro_batches. Workers get --max-batch B (at least 64) and a message limit
 # that lets a step of B sessions' logits travel over gRPC. BENCH_GRPC=0 skips the gRPC
-# configuration; BENCH_MKARGS adds hyla-mkmodel options (e.g. "--intermediate 5632").
+# configuration; BENCH_MKARGS adds hyla-mkmodel options (e.g. "--intermediate 5632");
+# BENCH_SNAPSHOT_EVERY=K gives every worker --snapshot-every K (default: the worker's default,
+# 1024; 0 turns auto-snapshots off, to time the prefill without them).
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 DOC_BYTES=${1:-16384}
@@ -25,6 +27,7 @@ e2e_make_model "$E2E_DIR/model" "${BENCH_ARCH:-gla}" "$L" --hidden "${BENCH_HIDD
 B=${BENCH_SESSIONS:-1}
 MB=${BENCH_MICRO_BATCHES:-2}
 WF=(--max-batch $((B > 64 ? B : 64)) --max-message-bytes 268435456)
+[ -n "${BENCH_SNAPSHOT_EVERY:-}" ] && WF+=(--snapshot-every "$BENCH_SNAPSHOT_EVERY")
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
 e2e_start_worker g1 "$E2E_DIR/model" --device cuda:0 "${WF[@]}" || e2e_done
 e2e_start_worker p0 "$E2E_DIR/model" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" || e2e_done

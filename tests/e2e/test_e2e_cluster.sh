@@ -124,7 +124,8 @@ p1=$(H generate "$P" -n 48 --ids --ignore-eos)
 e2e_expect_eq "$p1" "$(want 0 48)" "(d) two-stage pipeline == one worker"
 batch16() { # batch16 ON [STOPS]: 16 sessions (even: greedy, odd: sampled) generate 24 tokens at
   # once; a line each. STOPS: a --stop-id for each session (word i), so jobs end at different steps
-  local i ids=() pids=() stops=(${2:-}) stop
+  local i ids=() pids=() stops=() stop
+  read -ra stops <<<"${2:-}"
   for i in $(seq 0 15); do
     ids[$i]=$(H create --temperature "$([ $((i % 2)) = 1 ] && echo 0.9 || echo 0)" --seed $((30 + i)) --on "$1") || return 1
     H append "${ids[$i]}" "$doc" || return 1
