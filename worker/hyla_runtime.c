@@ -299,6 +299,14 @@ hyla_status hyla_runtime_finish(hyla_runtime *rt) {
     return st;
 }
 
+/* At most HYLA_DOWNSTREAM_IN_FLIGHT posts unanswered: read the oldest answer before another. */
+static hyla_status bound_in_flight(hyla_runtime *rt) {
+    if (rt->in_flight < HYLA_DOWNSTREAM_IN_FLIGHT) return HYLA_OK;
+    HYLA_TRY(rt->ds->finish(rt->ds_ud, HYLA_DOWNSTREAM_IN_FLIGHT - 1));
+    rt->in_flight = HYLA_DOWNSTREAM_IN_FLIGHT - 1;
+    return HYLA_OK;
+}
+
 /* Post group g of G (rows [off, off + R) of a step of `total` rows, at x) to the downstream.
  * logits_host: where the caller wants this group's logits on the host (NULL: in rt->logits). */
 static hyla_status post_group(hyla_runtime *rt, hyla_session *const *ss, int R, int decode, int g, int G, int off,
@@ -311,10 +319,7 @@ static hyla_status post_group(hyla_runtime *rt, hyla_session *const *ss, int R, 
     if (g == 0) {
         /* a prefill piece is bounded in flight; a step that wants logits is finished before
          * anything else is posted, so at most one step's logits are awaited */
-        if (rt->in_flight >= HYLA_DOWNSTREAM_IN_FLIGHT) {
-            HYLA_TRY(rt->ds->finish(rt->ds_ud, HYLA_DOWNSTREAM_IN_FLIGHT - 1));
-            rt->in_flight = HYLA_DOWNSTREAM_IN_FLIGHT - 1;
-        }
+        HYLA_TRY(bound_in_flight(rt));
         if (rt->step.open) HYLA_TRY(hyla_runtime_finish(rt)); /* a step left unfinished by its sender */
         rt->step.dev = 0;
         if (rt->ds->post_dev) {
@@ -361,10 +366,7 @@ static hyla_status post_lane(hyla_runtime *rt, hyla_session *const *ss, int R, i
     const hyla_model_config *c = &rt->m->cfg;
     size_t V = (size_t)c->vocab_size;
     if (rt->step.open) HYLA_TRY(hyla_runtime_finish(rt));
-    if (rt->in_flight >= HYLA_DOWNSTREAM_IN_FLIGHT) {
-        HYLA_TRY(rt->ds->finish(rt->ds_ud, HYLA_DOWNSTREAM_IN_FLIGHT - 1));
-        rt->in_flight = HYLA_DOWNSTREAM_IN_FLIGHT - 1;
-    }
+    HYLA_TRY(bound_in_flight(rt));
     hyla_downstream_step s = {.ss = ss, .R = R, .decode = 1, .want_logits = 1, .groups = 1, .total_rows = R,
                               .hidden = x, .logits = rt->logits + (size_t)off * V, .logits_aside = 1};
     int handled = 0;
@@ -419,8 +421,6 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     size_t V = (size_t)c->vocab_size;
     float *x = rt->x + (size_t)f->row_off * D;
     int last = m->lm_head != NULL;
-    /* the first stage's decode step in micro-batches (a later stage runs the group it got; a
-     * tensor-parallel stage does not cut: every rank must sum the same rows in the same order) */
     int lane = f->lane - 1;
     if (f->lane) {
         const char *why = last || !rt->ds             ? "needs a later pipeline stage"
@@ -434,6 +434,9 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         return hyla_fail(HYLA_ERR_INTERNAL, "a forward while %d decode lanes are posted (collect them first)",
                          rt->lanes_busy);
     }
+    /* the first stage's decode step in micro-batches unless it is a lane (a later stage runs the
+     * group it got; a tensor-parallel stage does not cut: every rank must sum the same rows in
+     * the same order) */
     int G = 1;
     if (!last && f->decode && !f->groups && !f->lane && rt->ds && !rt->tp) {
         G = f->R / HYLA_MICRO_BATCH_MIN_ROWS;

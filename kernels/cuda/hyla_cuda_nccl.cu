@@ -140,14 +140,21 @@ extern "C" hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[HY
     return HYLA_OK;
 }
 
-static hyla_status nccl_p2p(hyla_backend *be, hyla_nccl_link *l, void *buf, size_t bytes, int peer, int send) {
-    hyla_cuda_ctx *c = nccl_ctx(be);
-    if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL %s: not a cuda backend or no link", send ? "send" : "recv");
+/* A send or receive may go on link l from backend be to `peer`: *c gets be's context. */
+static hyla_status p2p_check(hyla_backend *be, hyla_nccl_link *l, int peer, const char *what, hyla_cuda_ctx **c) {
+    *c = nccl_ctx(be);
+    if (!*c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL %s: not a cuda backend or no link", what);
     if (l->broken) return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link is broken (an earlier operation failed)");
     if (peer < 0 || peer >= l->nranks || peer == l->rank)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL %s: peer %d of %d (this is rank %d)", send ? "send" : "recv", peer,
-                         l->nranks, l->rank);
-    if (l->device != c->device) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL link of device %d used on device %d", l->device, c->device);
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL %s: peer %d of %d (this is rank %d)", what, peer, l->nranks, l->rank);
+    if (l->device != (*c)->device)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL link of device %d used on device %d", l->device, (*c)->device);
+    return HYLA_OK;
+}
+
+static hyla_status nccl_p2p(hyla_backend *be, hyla_nccl_link *l, void *buf, size_t bytes, int peer, int send) {
+    hyla_cuda_ctx *c;
+    HYLA_TRY(p2p_check(be, l, peer, send ? "send" : "recv", &c));
     HYLA_TRY(cu_graph_flush(c)); /* stream order = call order */
     /* bytes as ncclChar; counts past 2^31 are fine for NCCL's size_t count */
     ncclResult_t r = send ? ncclSend(buf, bytes, ncclChar, peer, l->comm, c->stream)
@@ -170,12 +177,8 @@ extern "C" hyla_status hyla_cuda_nccl_recv(hyla_backend *be, hyla_nccl_link *l, 
  * follows the send of the rows that produce those logits. */
 extern "C" hyla_status hyla_cuda_nccl_recv_aside(hyla_backend *be, hyla_nccl_link *l, void *dev, size_t bytes, int peer,
                                                  int *ticket) {
-    hyla_cuda_ctx *c = nccl_ctx(be);
-    if (!c || !l) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL recv: not a cuda backend or no link");
-    if (l->broken) return hyla_fail(HYLA_ERR_UNAVAILABLE, "NCCL link is broken (an earlier operation failed)");
-    if (peer < 0 || peer >= l->nranks || peer == l->rank)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL recv: peer %d of %d (this is rank %d)", peer, l->nranks, l->rank);
-    if (l->device != c->device) return hyla_fail(HYLA_ERR_INVALID_ARG, "NCCL link of device %d used on device %d", l->device, c->device);
+    hyla_cuda_ctx *c;
+    HYLA_TRY(p2p_check(be, l, peer, "recv", &c));
     HYLA_TRY(cu_graph_flush(c));
     if (!l->aside) {
         CU_TRY(cudaStreamCreateWithFlags(&l->aside, cudaStreamNonBlocking));

@@ -457,8 +457,10 @@ static int step_decode_any(hyla_worker *w, decode_bufs *d) {
     int L = lanes_count(w, n_gen);
     if (L && d->busy && L != d->lanes) lanes_drain(w, d); /* lanes are posted round robin over L */
     if (L) {
-        if (L > d->most_lanes) HYLA_INFO("decode in %d lanes (%d sessions generating)", L, n_gen);
-        if (L > d->most_lanes) d->most_lanes = L;
+        if (L > d->most_lanes) {
+            HYLA_INFO("decode in %d lanes (%d sessions generating)", L, n_gen);
+            d->most_lanes = L;
+        }
         d->lanes = L;
         return step_decode_lanes(w, d, L, n_gen);
     }
