@@ -533,6 +533,7 @@ hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_para
     if (s->format_version != HYLA_SNAPSHOT_FORMAT_VERSION)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "codec: snapshot format version %u, this build writes %u",
                          s->format_version, HYLA_SNAPSHOT_FORMAT_VERSION);
+    HYLA_TRY(hyla_snapshot_require_whole(s, "codec"));
     hyla_codec_plan *pl = calloc(1, sizeof *pl);
     uint64_t *stored_bytes = calloc(s->n_parts + 1, sizeof *stored_bytes);
     uint64_t *stride = calloc(s->n_parts + 1, sizeof *stride);

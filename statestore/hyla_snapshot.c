@@ -71,6 +71,12 @@ void hyla_snapshot_destroy(hyla_snapshot *s) {
 hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
                                    hyla_dtype dtype, uint32_t ndim, const uint64_t *shape,
                                    uint32_t page_tokens, hyla_state_part **out) {
+    return hyla_snapshot_add_part_tail(s, layer, name, kind, dtype, ndim, shape, page_tokens, 0, out);
+}
+
+hyla_status hyla_snapshot_add_part_tail(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
+                                        hyla_dtype dtype, uint32_t ndim, const uint64_t *shape, uint32_t page_tokens,
+                                        uint64_t skip, hyla_state_part **out) {
     if (ndim == 0 || ndim > HYLA_PART_MAX_DIMS)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "part %s of layer %u: %u dims (1..%d allowed)", name, layer,
                          ndim, HYLA_PART_MAX_DIMS);
@@ -97,17 +103,22 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
     }
     p->page_tokens = page_tokens;
     p->nbytes = n * hyla_dtype_size(dtype);
+    if (skip > p->nbytes)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "part %s of layer %u: skipping %llu of its %llu bytes", name, layer,
+                         (unsigned long long)skip, (unsigned long long)p->nbytes);
+    p->skip = skip;
+    uint64_t held = p->nbytes - skip;
     struct hyla_snapshot_arena *a = s->arena;
-    uint64_t piece = hyla_snapshot_arena_piece(p->nbytes);
+    uint64_t piece = hyla_snapshot_arena_piece(held);
     if (a && piece <= a->bytes - a->used) { /* carved, not zero-filled (hyla_snapshot.h) */
         p->data = a->base + a->used;
         a->used += piece;
     } else {
-        p->data = calloc(1, p->nbytes ? p->nbytes : 1);
+        p->data = calloc(1, held ? held : 1);
     }
     if (!p->data)
         return hyla_fail(HYLA_ERR_NOMEM, "snapshot: cannot allocate %llu bytes for layer %u part %s",
-                         (unsigned long long)p->nbytes, layer, name);
+                         (unsigned long long)held, layer, name);
     s->n_parts++;
     if (layer != HYLA_SNAPSHOT_SESSION_LAYER && layer + 1 > s->n_layers) s->n_layers = layer + 1;
     /* the token log stays last (parts are ordered by layer; its layer is the session's), so a
@@ -119,6 +130,22 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
         p = &s->parts[s->n_parts - 2];
     }
     if (out) *out = p;
+    return HYLA_OK;
+}
+
+int hyla_snapshot_is_partial(const hyla_snapshot *s) {
+    for (uint32_t i = 0; i < s->n_parts; i++)
+        if (s->parts[i].skip) return 1;
+    return 0;
+}
+
+hyla_status hyla_snapshot_require_whole(const hyla_snapshot *s, const char *what) {
+    for (uint32_t i = 0; i < s->n_parts; i++)
+        if (s->parts[i].skip)
+            return hyla_fail(HYLA_ERR_INVALID_ARG,
+                             "%s: a partial snapshot (an incremental export: layer %u part '%s' leaves out its first %llu "
+                             "bytes) needs its base version",
+                             what, s->parts[i].layer, s->parts[i].name, (unsigned long long)s->parts[i].skip);
     return HYLA_OK;
 }
 
@@ -150,13 +177,13 @@ hyla_status hyla_snapshot_clone(const hyla_snapshot *s, hyla_snapshot **out) {
     for (uint32_t i = 0; i < s->n_parts; i++) {
         const hyla_state_part *p = &s->parts[i];
         hyla_state_part *q;
-        hyla_status st = hyla_snapshot_add_part(c, p->layer, p->name, (hyla_part_kind)p->kind,
-                                                (hyla_dtype)p->dtype, p->ndim, p->shape, p->page_tokens, &q);
+        hyla_status st = hyla_snapshot_add_part_tail(c, p->layer, p->name, (hyla_part_kind)p->kind, (hyla_dtype)p->dtype,
+                                                     p->ndim, p->shape, p->page_tokens, p->skip, &q);
         if (st != HYLA_OK) {
             hyla_snapshot_destroy(c);
             return st;
         }
-        memcpy(q->data, p->data, p->nbytes);
+        memcpy(q->data, p->data, p->nbytes - p->skip);
     }
     c->n_layers = s->n_layers;
     *out = c;
@@ -173,7 +200,7 @@ int hyla_snapshot_equal(const hyla_snapshot *a, const hyla_snapshot *b) {
         const hyla_state_part *p = &a->parts[i], *q = &b->parts[i];
         if (p->layer != q->layer || strcmp(p->name, q->name) || p->kind != q->kind || p->dtype != q->dtype ||
             p->ndim != q->ndim || memcmp(p->shape, q->shape, sizeof p->shape) || p->page_tokens != q->page_tokens ||
-            p->nbytes != q->nbytes || memcmp(p->data, q->data, p->nbytes))
+            p->nbytes != q->nbytes || p->skip != q->skip || memcmp(p->data, q->data, p->nbytes - p->skip))
             return 0;
     }
     return 1;

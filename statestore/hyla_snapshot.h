@@ -59,7 +59,10 @@ typedef struct {
     uint64_t shape[HYLA_PART_MAX_DIMS];
     uint32_t page_tokens; /* KV parts: tokens per page (shape[0] = tokens); 0 otherwise */
     uint64_t nbytes;      /* = product(shape) * dtype size */
-    void *data;           /* host memory, owned by the snapshot */
+    uint64_t skip;        /* bytes at the front of the part this snapshot does not hold: 0 for a whole
+                             part; an incremental export (a partial snapshot) leaves out KV rows its
+                             base version already has. data holds bytes [skip, nbytes) */
+    void *data;           /* host memory, owned by the snapshot: byte `skip` of the part */
 } hyla_state_part;
 
 /* Sampler settings saved with the session (mirror of hyla_sampling plus the seed). */
@@ -113,6 +116,17 @@ hyla_snapshot *hyla_snapshot_create_arena(void *base, size_t bytes, hyla_snapsho
 hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
                                    hyla_dtype dtype, uint32_t ndim, const uint64_t *shape,
                                    uint32_t page_tokens, hyla_state_part **out);
+/* Append a part that holds only its bytes [skip, nbytes) (a partial snapshot's tail, skip <=
+ * nbytes); otherwise as hyla_snapshot_add_part. */
+hyla_status hyla_snapshot_add_part_tail(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
+                                        hyla_dtype dtype, uint32_t ndim, const uint64_t *shape, uint32_t page_tokens,
+                                        uint64_t skip, hyla_state_part **out);
+/* Whether any part of s leaves bytes out (skip > 0): such a snapshot is only put to a store
+ * together with the base version that holds them (hyla_store_rpc_put); everything that needs
+ * whole parts refuses it with hyla_snapshot_require_whole. */
+int hyla_snapshot_is_partial(const hyla_snapshot *s);
+/* HYLA_OK for a whole snapshot, else HYLA_ERR_INVALID_ARG naming `what` and the first partial part. */
+hyla_status hyla_snapshot_require_whole(const hyla_snapshot *s, const char *what);
 /* The part (layer, name), or NULL. Borrowed. */
 hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, const char *name);
 /* Copy src's session metadata (format version, fingerprint, position, generated count, pending
@@ -130,7 +144,7 @@ hyla_status hyla_snapshot_add_token_log(hyla_snapshot *s, uint32_t n, int32_t **
  * malformed log part (wrong dtype or shape, more tokens than n_generated or than
  * HYLA_TOKEN_LOG_MAX) is HYLA_ERR_FORMAT naming what is wrong; no part: HYLA_OK with *n = 0. */
 hyla_status hyla_snapshot_token_log(const hyla_snapshot *s, const int32_t **tokens, uint32_t *n);
-/* Total bytes of part data. */
+/* Total bytes of the parts (nbytes, whether held or skipped). */
 uint64_t hyla_snapshot_bytes(const hyla_snapshot *s);
 /* Check that `got` fits the layout of `expected_layout` (e.g. the snapshot a freshly created
  * session of the model exports): the model fingerprint (unless either is 0), then the same parts

@@ -62,6 +62,24 @@ static pid_t spawn_worker(const char *bin_dir, const char *const *args, int *por
 static const char *bin;
 static char model[256];
 
+/* A counter's value from the /metrics of the worker whose metrics port is in port_file (-1: none). */
+static double scrape(const char *port_file, const char *name) {
+    FILE *f = fopen(port_file, "r");
+    int port = 0;
+    if (!f) return -1;
+    if (fscanf(f, "%d", &port) != 1) port = 0;
+    fclose(f);
+    char cmd[256], line[1024];
+    snprintf(cmd, sizeof cmd, "curl -sf http://127.0.0.1:%d/metrics", port);
+    FILE *p = port ? popen(cmd, "r") : NULL;
+    double v = -1;
+    size_t n = strlen(name);
+    while (p && fgets(line, sizeof line, p))
+        if (!strncmp(line, name, n) && line[n] == ' ') v = atof(line + n + 1);
+    if (p) pclose(p);
+    return v;
+}
+
 #define W(m) "/hyla.v1.Worker/" m
 
 static hyla_status load(const char *id, uint64_t epoch, uint64_t version, float temp, uint64_t seed) {
@@ -665,7 +683,10 @@ int main(int argc, char **argv) {
     {
         FILE *o5 = NULL;
         int p5 = 0;
-        const char *a5[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "8", NULL};
+        char mport[320];
+        snprintf(mport, sizeof mport, "%s/metrics-port", dir);
+        const char *a5[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "8",
+                            "--metrics", "127.0.0.1:0", "--metrics-port-file", mport, NULL};
         pid_t pid5 = spawn_worker(bin, a5, &p5, &o5);
         CHECK(p5 > 0);
         hyla_rpc_client *keep = wc;
@@ -697,6 +718,12 @@ int main(int argc, char **argv) {
             }
             if (r == 3) CHECK_MSG(total == NG && !memcmp(gq, gref, sizeof gref), "generation with auto-snapshots differs");
         }
+        /* after the first, each durable put exported only the KV rows past the version before it */
+        double exported = scrape(mport, "hyla_worker_snapshot_exported_bytes_total"),
+               whole = scrape(mport, "hyla_worker_snapshot_state_bytes_total");
+        printf("auto-snapshots: %.0f of %.0f state bytes exported\n", exported, whole);
+        CHECK_MSG(whole > 0 && exported > 0 && exported <= whole, "exported bytes %.0f, state bytes %.0f", exported, whole);
+        if (!strcmp(arch, "sse-h")) CHECK_MSG(exported < whole, "auto-snapshots exported the whole KV every time");
         hyla_rpc_client_destroy(wc);
         kill(pid5, SIGTERM); /* ends the pending export and its put before exiting */
         waitpid(pid5, NULL, 0);

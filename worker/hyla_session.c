@@ -628,9 +628,18 @@ static void export_free(hyla_export *e) {
     free(e);
 }
 
+/* Bytes at the front of paged part pd that an export since base_pos leaves out: the KV rows of
+ * the tokens below base_pos, which never change once written (only HYLA_PART_KV parts: the
+ * store's incremental put shares exactly those, hyla_store_rpc_put). */
+static uint64_t export_skip(const hyla_part_spec *pd, int64_t pos, uint64_t base_pos) {
+    if (!pd->paged || pd->kind != HYLA_PART_KV || !base_pos) return 0;
+    uint64_t t = base_pos < (uint64_t)pos ? base_pos : (uint64_t)pos;
+    return shape_bytes(pd->dtype, pd->shape, pd->ndim) * t;
+}
+
 /* Fill the snapshot's parts (carved from its arena), carve the staging slots and list the
  * device->host copies: dst/src/len [*nc]. */
-static hyla_status export_plan(hyla_export *e, void **dst, const void **src, size_t *len, int *nc) {
+static hyla_status export_plan(hyla_export *e, uint64_t base_pos, void **dst, const void **src, size_t *len, int *nc) {
     hyla_session *s = e->s;
     const hyla_model *m = s->m;
     *nc = 0;
@@ -642,8 +651,9 @@ static hyla_status export_plan(hyla_export *e, void **dst, const void **src, siz
             uint64_t shape[5];
             uint32_t nd = snap_shape(pd, s->pos, shape);
             hyla_state_part *p;
-            HYLA_TRY(hyla_snapshot_add_part(e->snap, (uint32_t)l, pd->name, pd->kind, pd->dtype, nd, shape,
-                                            pd->paged ? HYLA_KV_PAGE_TOKENS : 0, &p));
+            HYLA_TRY(hyla_snapshot_add_part_tail(e->snap, (uint32_t)l, pd->name, pd->kind, pd->dtype, nd, shape,
+                                                 pd->paged ? HYLA_KV_PAGE_TOKENS : 0, export_skip(pd, s->pos, base_pos),
+                                                 &p));
             if (!pd->paged) {
                 export_stage *g = &e->stage[e->n_stage];
                 g->slot = (uint8_t *)e->staging + e->staging_used;
@@ -657,17 +667,19 @@ static hyla_status export_plan(hyla_export *e, void **dst, const void **src, siz
                 continue;
             }
             size_t pb = (size_t)shape_bytes(pd->dtype, pd->shape, pd->ndim) * HYLA_KV_PAGE_TOKENS;
-            for (uint64_t off = 0; off < p->nbytes; off += pb) {
-                dst[*nc] = (uint8_t *)p->data + off;
-                src[*nc] = ls->part[i].pages[off / pb];
-                len[(*nc)++] = p->nbytes - off < pb ? (size_t)(p->nbytes - off) : pb;
+            for (uint64_t off = p->skip; off < p->nbytes;) { /* page by page from the first byte held */
+                uint64_t in = off % pb, end = off - in + pb < p->nbytes ? off - in + pb : p->nbytes;
+                dst[*nc] = (uint8_t *)p->data + (off - p->skip);
+                src[*nc] = (const uint8_t *)ls->part[i].pages[off / pb] + in;
+                len[(*nc)++] = (size_t)(end - off);
+                off = end;
             }
         }
     }
     return HYLA_OK;
 }
 
-static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
+static hyla_status export_begin_rank(hyla_session *s, uint64_t base_pos, hyla_export **out) {
     *out = NULL;
     const hyla_model *m = s->m;
     const hyla_ops *o = OPS(m);
@@ -680,12 +692,12 @@ static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
             const hyla_part_spec *pd = &ly->parts[i];
             uint64_t shape[5];
             uint32_t nd = snap_shape(pd, s->pos, shape);
-            uint64_t n = shape_bytes(pd->dtype, shape, nd);
-            arena += hyla_snapshot_arena_piece(n);
+            uint64_t n = shape_bytes(pd->dtype, shape, nd), skip = export_skip(pd, s->pos, base_pos);
+            arena += hyla_snapshot_arena_piece(n - skip);
             n_parts++;
             if (pd->paged) {
                 uint64_t pb = shape_bytes(pd->dtype, pd->shape, pd->ndim) * HYLA_KV_PAGE_TOKENS;
-                n_copies += (int)((n + pb - 1) / pb);
+                if (n > skip) n_copies += (int)((n + pb - 1) / pb - skip / pb);
             } else {
                 n_stage++;
                 n_copies++;
@@ -727,7 +739,7 @@ static hyla_status export_begin_rank(hyla_session *s, hyla_export **out) {
         memcpy(snap->rng, s->rng.s, sizeof snap->rng);
     }
     int nc = 0;
-    if (st == HYLA_OK) st = export_plan(e, dst, src, len, &nc);
+    if (st == HYLA_OK) st = export_plan(e, base_pos, dst, src, len, &nc);
     HYLA_ASSERT(st != HYLA_OK || (nc == n_copies && e->n_stage == n_stage && e->snap->n_parts == (uint32_t)n_parts));
     /* the device copies of the fixed parts, in stream order after everything queued so far;
      * queued after all staging allocations, so a backend that logs ops keeps them together */
@@ -783,7 +795,7 @@ typedef struct {
 
 static hyla_status tp_export_begin(void *ud, int r) {
     tp_export_job *j = ud;
-    return export_begin_rank(rank_of(j->s, r), &j->e[r]);
+    return export_begin_rank(rank_of(j->s, r), 0, &j->e[r]); /* whole: the merge joins whole parts */
 }
 
 static hyla_status tp_export_end(void *ud, int r) {
@@ -794,9 +806,13 @@ static hyla_status tp_export_end(void *ud, int r) {
 }
 
 hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out) {
+    return hyla_session_export_begin_since(s, 0, out);
+}
+
+hyla_status hyla_session_export_begin_since(hyla_session *s, uint64_t base_position, hyla_export **out) {
     *out = NULL;
     HYLA_TRY(hyla_runtime_finish(s->rt)); /* the later stages' state at this position (ExportStage) */
-    if (s->T == 1) return export_begin_rank(s, out);
+    if (s->T == 1) return export_begin_rank(s, base_position, out);
     tp_export_job j = {.s = s};
     hyla_status st = hyla_tp_run(s->rt->tp, tp_export_begin, &j);
     if (st != HYLA_OK) {
@@ -834,10 +850,12 @@ hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out) {
     return st;
 }
 
-hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out) {
+hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out) { return hyla_session_export_since(s, 0, out); }
+
+hyla_status hyla_session_export_since(hyla_session *s, uint64_t base_position, hyla_snapshot **out) {
     *out = NULL;
     hyla_export *e;
-    HYLA_TRY(hyla_session_export_begin(s, &e));
+    HYLA_TRY(hyla_session_export_begin_since(s, base_position, &e));
     return hyla_session_export_end(e, out);
 }
 
@@ -1050,6 +1068,7 @@ static hyla_status tp_import_undo(void *ud, int r) {
 
 hyla_status hyla_session_import(hyla_runtime *rt, const hyla_snapshot *snap, hyla_session **out) {
     *out = NULL;
+    HYLA_TRY(hyla_snapshot_require_whole(snap, "session import"));
     HYLA_TRY(check_rank0(rt));
     HYLA_TRY(hyla_runtime_finish(rt));
     if (!rt->tp) return import_rank(rt, snap, out);
@@ -1088,6 +1107,7 @@ struct hyla_import {
 
 hyla_status hyla_session_import_begin(hyla_runtime *rt, const hyla_snapshot *snap, hyla_import **out) {
     *out = NULL;
+    HYLA_TRY(hyla_snapshot_require_whole(snap, "session import"));
     HYLA_TRY(hyla_runtime_finish(rt));
     hyla_import *im = calloc(1, sizeof *im);
     if (!im || !(im->map = malloc(((size_t)snap->n_parts + 1) * sizeof *im->map)) ||

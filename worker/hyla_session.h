@@ -100,6 +100,12 @@ uint64_t hyla_session_state_bytes(const hyla_session *s);
  * (see below). Waits for the backend's copies of the state. */
 hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
 
+/* An incremental export: as hyla_session_export, but the KV rows of the tokens below
+ * base_position (0: none; at most the position) are left out, so the snapshot is partial
+ * (hyla_snapshot.h: those parts' skip) and only a store put against a base version at
+ * base_position or later takes it (hyla_store_rpc_put). A tensor-parallel session exports whole. */
+hyla_status hyla_session_export_since(hyla_session *s, uint64_t base_position, hyla_snapshot **out);
+
 /* ---- asynchronous export ----
  * An export that overlaps compute: begin queues, in the backend's stream order, device copies
  * of the mutable state (recurrent states, SSE partitions, conv tails) into staging memory and
@@ -116,6 +122,8 @@ hyla_status hyla_session_export(hyla_session *s, hyla_snapshot **out);
 typedef struct hyla_export hyla_export;
 /* *out: caller finishes it with hyla_session_export_end. */
 hyla_status hyla_session_export_begin(hyla_session *s, hyla_export **out);
+/* The same, incremental (hyla_session_export_since). */
+hyla_status hyla_session_export_begin_since(hyla_session *s, uint64_t base_position, hyla_export **out);
 /* 1 when the copies have finished (end will not wait for the device), 0 while they run. */
 int hyla_session_export_done(hyla_export *e);
 /* Wait for the copies, free e and its staging memory. *out (may be NULL: the snapshot is

@@ -455,6 +455,7 @@ hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_s
                                    hyla_snapshot **out) {
     *out = NULL;
     if (T < 1 || T > HYLA_TP_MAX) return hyla_fail(HYLA_ERR_INVALID_ARG, "merge of %d shards", T);
+    for (int t = 0; t < T; t++) HYLA_TRY(hyla_snapshot_require_whole(shards[t], "tensor-parallel merge"));
     for (int t = 0; t < T; t++) {
         int rank, size;
         hyla_model_tp(models[t], &rank, &size);

@@ -121,8 +121,9 @@ static void header_free(Hyla__V1__SnapshotHeader *h) {
     free(h);
 }
 
-/* A snapshot with every part allocated (zeroed) from a received header. */
-static hyla_status snapshot_from_header(const Hyla__V1__SnapshotHeader *h, hyla_snapshot **out) {
+/* A snapshot with every part allocated (zeroed) from a received header; tails: a part with a
+ * shared prefix holds only the bytes past it (its skip: a partial snapshot, hyla_snapshot.h). */
+static hyla_status snapshot_from_header(const Hyla__V1__SnapshotHeader *h, int tails, hyla_snapshot **out) {
     *out = NULL;
     if (h->n_rng != 4) return hyla_fail(HYLA_ERR_FORMAT, "snapshot header: rng has %zu words, expected 4", h->n_rng);
     hyla_snapshot *s = hyla_snapshot_create();
@@ -163,8 +164,9 @@ static hyla_status snapshot_from_header(const Hyla__V1__SnapshotHeader *h, hyla_
             return hyla_fail(HYLA_ERR_FORMAT, "snapshot header: layer %u part '%s': shared prefix beyond the part",
                              pi->layer, pi->name);
         }
-        hyla_status st = hyla_snapshot_add_part(s, pi->layer, pi->name, (hyla_part_kind)pi->kind, (hyla_dtype)pi->dtype,
-                                                (uint32_t)pi->n_shape, pi->shape, pi->page_tokens, NULL);
+        hyla_status st = hyla_snapshot_add_part_tail(s, pi->layer, pi->name, (hyla_part_kind)pi->kind,
+                                                     (hyla_dtype)pi->dtype, (uint32_t)pi->n_shape, pi->shape,
+                                                     pi->page_tokens, tails ? pi->shared_prefix_bytes : 0, NULL);
         if (st != HYLA_OK) {
             hyla_snapshot_destroy(s);
             return st;
@@ -175,12 +177,13 @@ static hyla_status snapshot_from_header(const Hyla__V1__SnapshotHeader *h, hyla_
     return HYLA_OK;
 }
 
-/* Point pd at bytes [off, off + piece) of part p (index i), or up to its end, with their checksum. */
+/* Point pd at bytes [off, off + piece) of part p (index i; off >= its skip), or up to its end,
+ * with their checksum. */
 static void fill_piece(Hyla__V1__PartData *pd, const hyla_state_part *p, uint32_t i, uint64_t off, size_t piece) {
     size_t len = p->nbytes - off < piece ? (size_t)(p->nbytes - off) : piece;
     pd->part_index = i;
     pd->offset = off;
-    pd->data.data = (uint8_t *)p->data + off;
+    pd->data.data = (uint8_t *)p->data + (off - p->skip);
     pd->data.len = len;
     pd->xxh64 = XXH64(pd->data.data, len, 0);
 }
@@ -202,6 +205,16 @@ hyla_status hyla_store_rpc_put(hyla_rpc_client *c, const char *session, uint64_t
                 shared[i] = q->nbytes; /* KV rows of earlier tokens never change */
         }
     }
+    for (uint32_t i = 0; i < snap->n_parts; i++) /* a partial snapshot leaves out only what the base has */
+        if (snap->parts[i].skip > shared[i]) {
+            hyla_status s = hyla_fail(HYLA_ERR_INVALID_ARG,
+                                      "PutSnapshot %s: layer %u part '%s' leaves out %llu bytes, base version %llu has %llu",
+                                      session, snap->parts[i].layer, snap->parts[i].name,
+                                      (unsigned long long)snap->parts[i].skip, (unsigned long long)base_version,
+                                      (unsigned long long)shared[i]);
+            free(shared);
+            return s;
+        }
     hyla_rpc_call_opts opts = {timeout_ms, NULL, NULL, 0};
     hyla_rpc_stream *st = NULL;
     hyla_status s = hyla_rpc_stream_open(c, M_PUT, &hyla__v1__put_snapshot_response__descriptor, &opts, &st);
@@ -262,10 +275,11 @@ hyla_status hyla_store_rpc_recv_snapshot(hyla_rpc_stream *st, const char *what, 
         if (s != HYLA_OK || !m) break;
         Hyla__V1__GetSnapshotResponse *r = (Hyla__V1__GetSnapshotResponse *)m;
         if (r->msg_case == HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_HEADER && !snap) {
-            s = snapshot_from_header(r->header, &snap);
+            s = snapshot_from_header(r->header, 1, &snap);
             if (s == HYLA_OK && version_out) *version_out = r->header->version;
             if (s == HYLA_OK && !(got = calloc(snap->n_parts ? snap->n_parts : 1, sizeof *got)))
                 s = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+            for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) got[i] = snap->parts[i].skip;
         } else if (r->msg_case == HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_DATA && snap) {
             const Hyla__V1__PartData *d = r->data;
             if (d->part_index >= snap->n_parts || d->offset != got[d->part_index] ||
@@ -277,7 +291,8 @@ hyla_status hyla_store_rpc_recv_snapshot(hyla_rpc_stream *st, const char *what, 
                               snap->parts[d->part_index].layer, snap->parts[d->part_index].name,
                               (unsigned long long)d->offset);
             else {
-                memcpy((uint8_t *)snap->parts[d->part_index].data + d->offset, d->data.data, d->data.len);
+                memcpy((uint8_t *)snap->parts[d->part_index].data + (d->offset - snap->parts[d->part_index].skip),
+                       d->data.data, d->data.len);
                 got[d->part_index] += d->data.len;
             }
         } else {
@@ -450,7 +465,7 @@ static void on_put(hyla_rpc_call *call, hyla_rpc_event ev, const ProtobufCMessag
             snprintf(p->session, sizeof p->session, "%s", h->session_id);
             p->epoch = h->placement_epoch;
             p->base_version = h->base_version;
-            hyla_status s = snapshot_from_header(h, &p->snap);
+            hyla_status s = snapshot_from_header(h, 0, &p->snap);
             if (s != HYLA_OK) {
                 put_error(p, s);
                 return;
@@ -574,7 +589,11 @@ hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *sessio
                                          uint64_t version, uint32_t max_piece_bytes) {
     const size_t piece = piece_bytes(hyla_rpc_call_max_message(call), max_piece_bytes);
     Hyla__V1__GetSnapshotResponse r = HYLA__V1__GET_SNAPSHOT_RESPONSE__INIT;
-    Hyla__V1__SnapshotHeader *h = header_from_snapshot(session, 0, snap, version, 0, NULL);
+    uint64_t *skip = calloc(snap->n_parts + 1, sizeof *skip); /* a partial snapshot's parts: their tails */
+    if (!skip) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < snap->n_parts; i++) skip[i] = snap->parts[i].skip;
+    Hyla__V1__SnapshotHeader *h = header_from_snapshot(session, 0, snap, version, 0, skip);
+    free(skip);
     r.msg_case = HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_HEADER;
     r.header = h;
     hyla_status s = hyla_rpc_call_send(call, &r.base);
@@ -582,7 +601,7 @@ hyla_status hyla_store_rpc_send_snapshot(hyla_rpc_call *call, const char *sessio
     Hyla__V1__PartData pd = HYLA__V1__PART_DATA__INIT;
     for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) {
         const hyla_state_part *p = &snap->parts[i];
-        for (uint64_t off = 0; s == HYLA_OK && off < p->nbytes; off += piece) {
+        for (uint64_t off = p->skip; s == HYLA_OK && off < p->nbytes; off += piece) {
             while (hyla_rpc_call_queued(call) > 8 && !hyla_rpc_call_cancelled(call)) usleep(500);
             fill_piece(&pd, p, i, off, piece);
             r.msg_case = HYLA__V1__GET_SNAPSHOT_RESPONSE__MSG_DATA;

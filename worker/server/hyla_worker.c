@@ -852,6 +852,8 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     }
     const char *lanes = getenv("HYLA_DECODE_LANES"); /* 0: micro-batches within each step only */
     w->lanes_on = !(lanes && !strcmp(lanes, "0"));
+    const char *incr = getenv("HYLA_SNAPSHOT_INCREMENTAL"); /* 0: every put exports and sends the whole state */
+    w->incremental = !(incr && !strcmp(incr, "0"));
     if (p->prefill_piece && (st = hyla_runtime_set_prefill_piece(w->rt, p->prefill_piece)) != HYLA_OK) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--prefill-piece");

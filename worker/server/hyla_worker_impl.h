@@ -87,6 +87,7 @@ typedef struct wsess {
     hyla_snapshot *layout;    /* part sizes of the last durable version (data NULL): for incremental KV */
     int put_inflight;
     hyla_export *exp;         /* auto-snapshot begun, not yet ended (finish_export) */
+    uint64_t exp_base;        /* the base position of exp, an incremental export (incremental_base) */
     double snap_retry_at;     /* an auto-snapshot failed: do not retry before this time */
     double last_used;
     append_job *app;
@@ -167,6 +168,8 @@ struct hyla_worker {
     hyla_model *m;
     hyla_runtime *rt; /* the runtime every session of this worker runs on */
     int lanes_on;      /* decode lanes allowed (HYLA_DECODE_LANES != 0; hyla_worker_sched.c) */
+    int incremental;   /* durable puts export only the KV rows past the durable version
+                          (HYLA_SNAPSHOT_INCREMENTAL != 0; incremental_base) */
     hyla_tp_group *tp; /* --tp > 1: the group that owns be, m, rt and the other ranks (NULL: none) */
     hyla_tokenizer *tok; /* NULL when the model has no tokenizer (tok_err says why) */
     char tok_err[512];
@@ -260,8 +263,12 @@ void end_jobs(hyla_worker *w, wsess *ws, hyla_rpc_code code, const char *why);
 hyla_status make_resident(hyla_worker *w, wsess *ws);
 hyla_snapshot *layout_of(const hyla_snapshot *s);
 hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after);
-hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, hyla_rpc_call *call, int reply_kind,
-                      int unload_after);
+/* snap: an export since base_pos (0: whole), hyla_session_export_since. */
+hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, uint64_t base_pos, hyla_rpc_call *call,
+                      int reply_kind, int unload_after);
+/* The position an export of ws for its next durable put may start its KV rows from (its
+ * durable version's; 0: export whole). */
+uint64_t incremental_base(const hyla_worker *w, const wsess *ws);
 void finish_export(hyla_worker *w, wsess *ws);
 void fill_status(hyla_worker *w, const wsess *ws, Hyla__V1__WorkerSessionStatus *st);
 uint64_t resident_bytes(const hyla_worker *w);
@@ -271,7 +278,7 @@ void evict_if_needed(hyla_worker *w);
 int holds_all_layers(const hyla_worker *w);
 void close_next(hyla_worker *w);
 extern const hyla_downstream_ops stage_downstream_ops; /* the runtime's downstream: the next stage */
-hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap);
+hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap, uint64_t base_pos);
 void do_stage_start(hyla_worker *w, cmd *c);
 void do_stage_msg(hyla_worker *w, cmd *c);
 void do_stage_end(hyla_worker *w, cmd *c);
@@ -282,6 +289,8 @@ void do_export(hyla_worker *w, cmd *c);
 hyla_status worker_metrics_setup(hyla_worker *w); /* before the server starts */
 void worker_metrics_tokens(hyla_worker *w, const char *phase, uint64_t n, double seconds);
 void worker_metrics_snapshot(hyla_worker *w, const char *op, int ok, uint64_t bytes, double seconds);
+/* A durable put of snap committed: the bytes its export held, and the whole state's. */
+void worker_metrics_export(hyla_worker *w, const hyla_snapshot *snap);
 void worker_metrics_free(hyla_worker *w);
 
 /* hyla_worker_io.c */

@@ -79,6 +79,7 @@ void *io_main(void *arg) {
                 HYLA_DEBUG("session %s: version %llu durable at position %llu", it->session,
                            (unsigned long long)c->info.version, (unsigned long long)c->info.position);
                 report_snapshot(w, it, &c->info);
+                worker_metrics_export(w, it->snap);
             }
             worker_metrics_snapshot(w, "put", st == HYLA_OK, c->info.written_bytes, now_s() - t0);
         } else {

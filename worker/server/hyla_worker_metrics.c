@@ -16,7 +16,7 @@
 
 struct worker_metrics {
     hyla_metric *tokens, *seconds, *sessions, *state_bytes, *state_budget, *calls, *queued;
-    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem;
+    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem, *exp_bytes, *exp_state;
     int cuda_device; /* -1: not a cuda worker */
 };
 
@@ -87,6 +87,11 @@ hyla_status worker_metrics_setup(hyla_worker *w) {
     m->snap_bytes = hyla_metrics_counter(r, "hyla_worker_snapshot_bytes_total",
                                          "Snapshot bytes: put = bytes the store wrote, get = raw state bytes restored", 1, op);
     m->snap_fail = hyla_metrics_counter(r, "hyla_worker_snapshot_failures_total", "Snapshot puts and gets that failed", 1, op);
+    m->exp_bytes = hyla_metrics_counter(r, "hyla_worker_snapshot_exported_bytes_total",
+                                        "State bytes exported for durable puts (an incremental export leaves out the KV rows "
+                                        "the session's durable version holds)", 0, NULL);
+    m->exp_state = hyla_metrics_counter(r, "hyla_worker_snapshot_state_bytes_total",
+                                        "State bytes of the snapshots put (whole, as restored)", 0, NULL);
     static const char *const kind[] = {"kind"};
     m->cuda_device = -1;
     if (w->p.device && sscanf(w->p.device, "cuda:%d", &m->cuda_device) != 1) m->cuda_device = -1;
@@ -112,6 +117,14 @@ void worker_metrics_snapshot(hyla_worker *w, const char *op, int ok, uint64_t by
     }
     hyla_metric_observe1(w->met->snap_seconds, op, seconds);
     hyla_metric_inc1(w->met->snap_bytes, op, (double)bytes);
+}
+
+void worker_metrics_export(hyla_worker *w, const hyla_snapshot *snap) {
+    if (!w->met) return;
+    uint64_t held = 0;
+    for (uint32_t i = 0; i < snap->n_parts; i++) held += snap->parts[i].nbytes - snap->parts[i].skip;
+    hyla_metric_inc1(w->met->exp_bytes, NULL, (double)held);
+    hyla_metric_inc1(w->met->exp_state, NULL, (double)hyla_snapshot_bytes(snap));
 }
 
 void worker_metrics_free(hyla_worker *w) {

@@ -88,6 +88,12 @@ hyla_status make_resident(hyla_worker *w, wsess *ws) {
     return HYLA_OK;
 }
 
+uint64_t incremental_base(const hyla_worker *w, const wsess *ws) {
+    if (!w->incremental || !ws->s || !ws->snap_version || !ws->layout) return 0;
+    uint64_t pos = (uint64_t)hyla_session_position(ws->s);
+    return ws->snap_pos <= pos ? ws->snap_pos : 0;
+}
+
 hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_kind, int unload_after) {
     finish_export(w, ws);
     int lb, le;
@@ -95,18 +101,21 @@ hyla_status start_put(hyla_worker *w, wsess *ws, hyla_rpc_call *call, int reply_
     if (lb != 0)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "session %s: snapshots are taken by pipeline stage 0, not this stage", ws->id);
     hyla_snapshot *snap = NULL;
-    if (ws->s) HYLA_TRY(hyla_session_export(ws->s, &snap));
+    uint64_t base = incremental_base(w, ws);
+    if (ws->s) HYLA_TRY(hyla_session_export_since(ws->s, base, &snap));
     else if (ws->host) HYLA_TRY(hyla_snapshot_clone(ws->host, &snap));
     else return hyla_fail(HYLA_ERR_UNAVAILABLE, "session %s has no state here", ws->id);
-    return queue_put(w, ws, snap, call, reply_kind, unload_after);
+    return queue_put(w, ws, snap, ws->s ? base : 0, call, reply_kind, unload_after);
 }
 
-/* Queue a durable put of snap (owned; for a pipeline, the later stages' parts are gathered
- * first). The I/O thread replies to call, if any, when it is committed. */
-hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, hyla_rpc_call *call, int reply_kind,
-                             int unload_after) {
+/* Queue a durable put of snap (owned; an export since base_pos; for a pipeline, the later
+ * stages' parts are gathered first, since the same position). The I/O thread replies to call,
+ * if any, when it is committed. The put's base is the session's durable version: the KV rows
+ * a partial snapshot leaves out are that version's (incremental_base). */
+hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, uint64_t base_pos, hyla_rpc_call *call,
+                      int reply_kind, int unload_after) {
     if (!holds_all_layers(w)) {
-        hyla_status st = gather_downstream(w, ws, snap);
+        hyla_status st = gather_downstream(w, ws, snap, base_pos);
         if (st != HYLA_OK) {
             hyla_snapshot_destroy(snap);
             return st;
@@ -135,7 +144,7 @@ void finish_export(hyla_worker *w, wsess *ws) {
     hyla_snapshot *snap = NULL;
     hyla_status st = hyla_session_export_end(ws->exp, &snap);
     ws->exp = NULL;
-    if (st == HYLA_OK) st = queue_put(w, ws, snap, NULL, 0, 0);
+    if (st == HYLA_OK) st = queue_put(w, ws, snap, ws->exp_base, NULL, 0, 0);
     if (st != HYLA_OK) {
         HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", ws->id, hyla_last_error());
         ws->snap_retry_at = now_s() + 2;
@@ -188,7 +197,7 @@ void evict_if_needed(hyla_worker *w) {
             break;
         }
         if (snap->position != victim->snap_pos || !victim->snap_version) {
-            if (queue_put(w, victim, snap, NULL, 0, 0) != HYLA_OK)
+            if (queue_put(w, victim, snap, 0, NULL, 0, 0) != HYLA_OK)
                 HYLA_WARN("evicting %s: durable snapshot not queued: %s", victim->id, hyla_last_error());
         } else {
             hyla_snapshot_destroy(snap);

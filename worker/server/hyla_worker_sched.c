@@ -556,7 +556,8 @@ static void step_snapshots(hyla_worker *w) {
         int due = snapshot_due(w, s);
         int drain = w->draining && !s->app && !s->gen && now_s() >= s->snap_retry_at;
         if (due && !drain && whole) {
-            if (hyla_session_export_begin(s->s, &s->exp) != HYLA_OK) {
+            s->exp_base = incremental_base(w, s);
+            if (hyla_session_export_begin_since(s->s, s->exp_base, &s->exp) != HYLA_OK) {
                 HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
                 s->snap_retry_at = now_s() + 2;
             }

@@ -646,7 +646,7 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
 }
 
 /* Fetch the parts the later stages hold for ws and append them to snap (scheduler thread). */
-hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap) {
+hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *snap, uint64_t base_pos) {
     char addr[256];
     pthread_mutex_lock(&w->sum_mu);
     snprintf(addr, sizeof addr, "%s", w->next_stage);
@@ -660,6 +660,7 @@ hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *sn
     rq.session_id = (char *)ws->id;
     rq.max_piece_bytes = (uint32_t)(w->p.max_message_bytes / 2); /* what this stage can receive */
     rq.position = snap->position;
+    rq.base_position = base_pos;
     hyla_rpc_call_opts o = {RPC_TIMEOUT_MS, NULL, NULL, 0};
     hyla_rpc_stream *st = NULL;
     hyla_snapshot *down = NULL;
@@ -679,9 +680,9 @@ hyla_status gather_downstream(hyla_worker *w, const wsess *ws, hyla_snapshot *sn
         const hyla_state_part *q = &down->parts[i];
         hyla_state_part *np = NULL;
         if (hyla_snapshot_find(snap, q->layer, q->name)) continue;
-        s = hyla_snapshot_add_part(snap, q->layer, q->name, (hyla_part_kind)q->kind, (hyla_dtype)q->dtype, q->ndim, q->shape,
-                                   q->page_tokens, &np);
-        if (s == HYLA_OK) memcpy(np->data, q->data, q->nbytes);
+        s = hyla_snapshot_add_part_tail(snap, q->layer, q->name, (hyla_part_kind)q->kind, (hyla_dtype)q->dtype, q->ndim,
+                                        q->shape, q->page_tokens, q->skip, &np);
+        if (s == HYLA_OK) memcpy(np->data, q->data, q->nbytes - q->skip);
     }
     hyla_snapshot_destroy(down);
     return s;
@@ -704,11 +705,16 @@ void do_export(hyla_worker *w, cmd *c) {
         return;
     }
     hyla_snapshot *snap = NULL;
-    st = hyla_session_export(ws->s, &snap);
+    if (r->base_position > r->position) {
+        hyla_rpc_call_fail(c->call, HYLA_RPC_INVALID_ARGUMENT, "ExportStage %s: base position %llu beyond position %llu",
+                           ws->id, (unsigned long long)r->base_position, (unsigned long long)r->position);
+        return;
+    }
+    st = hyla_session_export_since(ws->s, r->base_position, &snap);
     if (st == HYLA_OK && !holds_all_layers(w)) {
         int lb, le;
         hyla_model_layer_range(w->m, &lb, &le);
-        if (le < hyla_model_get_config(w->m)->num_layers) st = gather_downstream(w, ws, snap);
+        if (le < hyla_model_get_config(w->m)->num_layers) st = gather_downstream(w, ws, snap, r->base_position);
     }
     if (st == HYLA_OK) st = hyla_store_rpc_send_snapshot(c->call, ws->id, snap, 0, r->max_piece_bytes);
     hyla_snapshot_destroy(snap);
