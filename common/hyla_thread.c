@@ -2,9 +2,21 @@
  * counter, so uneven items balance across threads; the threads live for one call. */
 #include "hyla_thread.h"
 
+#include <malloc.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+int hyla_malloc_tune(void) {
+    const char *e = getenv("HYLA_MALLOC_TUNE");
+    if (e && !strcmp(e, "0")) return 0;
+    /* 32 MiB is glibc's largest mmap threshold on 64-bit systems */
+    int ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+    ok &= mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+    return ok;
+}
 
 int hyla_online_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);

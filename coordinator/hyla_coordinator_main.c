@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "hyla_thread.h"
 
 #include "hyla_auth.h"
 #include "hyla_coord.h"
@@ -128,6 +129,7 @@ static int write_port(const char *file, int port) {
 }
 
 int main(int argc, char **argv) {
+    hyla_malloc_tune(); /* before any thread: chunk reads and writes on every core */
     hyla_coord_params p = hyla_coord_default_params();
     hyla_store_params sp = hyla_store_default_params();
     p.store = &sp;

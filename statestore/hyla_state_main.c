@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hyla_thread.h"
 #include "hyla_codec.h"
 #include "hyla_log.h"
 #include "hyla_store.h"
@@ -99,6 +100,7 @@ static int cmd_show(hyla_store *st, const char *sid, uint64_t version) {
 }
 
 int main(int argc, char **argv) {
+    hyla_malloc_tune(); /* before any thread: chunk reads and writes on every core */
     const char *db = NULL, *sid_opt = NULL;
     const char *pos[4] = {0};
     int npos = 0;

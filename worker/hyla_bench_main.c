@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hyla_thread.h"
+
 #if __has_include("hyla_bench_store.h")
 #include "hyla_bench_store.h"
 #define HAVE_BENCH_STORE 1
@@ -39,6 +41,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    hyla_malloc_tune(); /* before any thread: chunk reads and writes on every core */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

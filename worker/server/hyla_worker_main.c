@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_thread.h"
 #include "hyla_runtime.h"
 #include "hyla_tp.h"
 #include "hyla_flagfile.h"
@@ -120,6 +121,7 @@ static int expand_config(int argc, char **argv, const struct option *lo, int *ou
 }
 
 int main(int argc, char **argv) {
+    hyla_malloc_tune(); /* before any thread: chunk reads and writes on every core */
     hyla_worker_params p = hyla_worker_default_params();
     static struct option lo[] = {{"coordinator", 1, 0, 'c'}, {"listen", 1, 0, 'l'},     {"advertise", 1, 0, 'a'},
                                  {"model", 1, 0, 'm'},       {"model-name", 1, 0, 'n'}, {"device", 1, 0, 'd'},
