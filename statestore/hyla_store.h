@@ -5,7 +5,8 @@
  * and "meta" (manifests, per-session heads, chunk reference counts). A put writes the chunks the
  * store does not have yet, then the manifest, the head and the reference-count updates in ONE
  * synced WriteBatch: after a crash the head names the previous complete snapshot or the new one.
- * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten.
+ * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten; an
+ * incremental put (hyla_store_put_since) references a base version's chunks without reading them.
  * docs/STATE_FORMAT.md §5-9 specifies keys, values, the commit protocol, GC and storage faults.
  *
  * Threading: a hyla_store handle is safe to use from many threads at once. Puts of different
