@@ -586,6 +586,7 @@ hyla_status hyla_codec_plan_reuse(const hyla_snapshot *s, const hyla_codec_param
                                   const uint64_t *shared, uint64_t *filled_from) {
     hyla_codec_params p = pin ? *pin : hyla_codec_default_params();
     HYLA_TRY(check_params(&p));
+    HYLA_TRY(hyla_snapshot_require_whole(s, "codec"));
     for (uint32_t i = 0; i < s->n_parts; i++) {
         const hyla_state_part *sp = &s->parts[i];
         filled_from[i] = 0;
@@ -1281,6 +1282,7 @@ static void range_fn(void *ctx, size_t i, int tid) {
 hyla_status hyla_codec_decode_range(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
                                     void *ctx, const char *what, int threads, hyla_snapshot *dst, const uint64_t *from,
                                     const uint64_t *to) {
+    HYLA_TRY(hyla_snapshot_require_whole(dst, "range decode target"));
     size_t n = 0, cap = 0;
     range_task *tasks = NULL;
     hyla_status st = HYLA_OK;

@@ -141,7 +141,7 @@ hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_para
  * bytes of part i are read from filled_from[i] on, so before hyla_codec_plan_create_reusing the
  * caller makes bytes [filled_from[i], shared[i]) final (hyla_codec_decode_range); bytes below
  * filled_from[i] may be anything. base and shared may be NULL (no reuse); shared has n_parts
- * entries. base is read during the call only. */
+ * entries. base is read during the call only. s must be whole (no part skips bytes). */
 hyla_status hyla_codec_plan_reuse(const hyla_snapshot *s, const hyla_codec_params *p, const hyla_manifest *base,
                                   const uint64_t *shared, uint64_t *filled_from);
 /* As hyla_codec_plan_create, taking chunks from base as hyla_codec_plan_reuse decides for the
@@ -201,7 +201,7 @@ hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
  * A part of m stored lossy (f32 as bf16) gives its decoded values back as f32. Refusals:
  * HYLA_ERR_NOT_FOUND (m has no such part), HYLA_ERR_FORMAT (another kind or dtype, or fewer than
  * to[i] bytes), naming `what`, layer and part; chunk failures as hyla_codec_decode's. dst is
- * borrowed; parts with from[i] >= to[i] are skipped. */
+ * borrowed and whole (no part skips bytes); parts with from[i] >= to[i] are left alone. */
 hyla_status hyla_codec_decode_range(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
                                     void *ctx, const char *what, int threads, hyla_snapshot *dst, const uint64_t *from,
                                     const uint64_t *to);

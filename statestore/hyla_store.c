@@ -1142,6 +1142,7 @@ static hyla_status plan_since(hyla_store *st, const char *sid, hyla_snapshot *sn
     snprintf(what, sizeof what, "session %s base version %llu", sid, (unsigned long long)base_version);
     if (!base_version)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "session %s: an incremental put needs a base version (0 given)", sid);
+    HYLA_TRY(hyla_snapshot_require_whole(snap, "incremental put")); /* shared bytes are filled in place */
     hyla_manifest *base = NULL;
     hyla_status s = read_manifest(st, NULL, sid, base_version, &base);
     if (s == HYLA_ERR_NOT_FOUND)
