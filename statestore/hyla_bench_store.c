@@ -9,7 +9,9 @@
  * Cases: codec_encode / codec_decode (memory to memory: cut, hash, shuffle, zstd and back, all
  * checksums), pause_whole (put into a fresh store, fsynced), restore (get, every checksum),
  * pause_incremental (+inc tokens, every recurrent/partition state changed), restore_incremental,
- * file_save / file_load (the portable file, fsynced).
+ * file_save / file_load (the portable file, fsynced), pause_since / pause_since_full_base (the
+ * incremental put as the StateStore server gets it, without the KV prefixes: referencing the
+ * base's chunks vs reading the whole base and putting the whole snapshot; see since_case).
  * Single-threaded driver; the codec uses --threads workers. */
 #include "hyla_bench_store.h"
 
@@ -133,6 +135,7 @@ static void usage(FILE *f) {
             "  --dir DIR          scratch directory for the store and file (default $TMPDIR or /tmp)\n"
             "  --tokens N         KV context (default 32768)\n"
             "  --inc-tokens N     tokens added before the incremental pause (default 512)\n"
+            "  --sse-layers N     SSE layers (default 15; fewer: a larger KV share of the state)\n"
             "  --kv-dtype T       bf16 | f16 | f32 (default bf16)\n"
             "  --zstd-level N     default 1 (0 = no compression)\n"
             "  --chunk-kib N      chunk size (default 2048)\n"
@@ -157,6 +160,75 @@ static void emit(const char *name, const shape_cfg *c, const hyla_codec_params *
     fflush(stdout);
 }
 
+/* The incremental pause as the StateStore server receives it: s2 without its KV prefixes (the
+ * rows s1 has), on base version 1 = s1. Two ways, each into its own store holding s1:
+ * pause_since_full_base (the base read and decoded whole, the prefixes copied in, a whole put:
+ * O(session)) and pause_since (hyla_store_put_since: the base's chunks referenced, O(new)). */
+static int since_case(const shape_cfg *c, const hyla_codec_params *cp, const hyla_store_params *sp, const char *base,
+                      int run, const hyla_snapshot *s1, const hyla_snapshot *s2) {
+    uint64_t *shared = calloc(s2->n_parts + 1, sizeof *shared), kv = 0;
+    hyla_snapshot *g = NULL;
+    if (!shared || hyla_snapshot_clone(s2, &g) != HYLA_OK) {
+        free(shared);
+        return 1;
+    }
+    for (uint32_t i = 0; i < s2->n_parts; i++) {
+        const hyla_state_part *q = hyla_snapshot_find(s1, s2->parts[i].layer, s2->parts[i].name);
+        if (s2->parts[i].kind == HYLA_PART_KV && q) shared[i] = q->nbytes;
+        kv += shared[i];
+    }
+    uint64_t b2 = hyla_snapshot_bytes(s2);
+    fprintf(stderr, "  incremental put on the server: %.1f MB of %.1f MB shared (%.1f%%)\n", kv / 1e6, b2 / 1e6,
+            100.0 * (double)kv / (double)b2);
+    int rc = 1;
+    for (int way = 0; way < 2; way++) {
+        char dbdir[700];
+        snprintf(dbdir, sizeof dbdir, "%s/since%d_%d", base, way, run);
+        hyla_store *st = NULL;
+        hyla_store_put_stats ps;
+        if (hyla_store_open(dbdir, sp, &st) != HYLA_OK || hyla_store_put(st, "bench", s1, NULL, NULL) != HYLA_OK) {
+            hyla_store_close(st);
+            goto out;
+        }
+        for (uint32_t i = 0; i < g->n_parts; i++) memset(g->parts[i].data, 0, shared[i]); /* not sent */
+        double t = hyla_now();
+        hyla_status s;
+        if (way == 0) {
+            hyla_snapshot *b = NULL;
+            s = hyla_store_get(st, "bench", 1, 0, &b, NULL);
+            for (uint32_t i = 0; s == HYLA_OK && i < g->n_parts; i++)
+                if (shared[i]) memcpy(g->parts[i].data, hyla_snapshot_find(b, g->parts[i].layer, g->parts[i].name)->data, shared[i]);
+            hyla_snapshot_destroy(b);
+            if (s == HYLA_OK) s = hyla_store_put(st, "bench", g, NULL, &ps);
+        } else {
+            s = hyla_store_put_since(st, "bench", g, 1, shared, NULL, &ps);
+        }
+        double dt = hyla_now() - t;
+        if (s != HYLA_OK) {
+            hyla_store_close(st);
+            goto out;
+        }
+        emit(way == 0 ? "pause_since_full_base" : "pause_since", c, cp, b2, dt, ps.bytes_written, ps.raw_bytes_written, run);
+        fprintf(stderr, "  %s: plan %.3f s, encode %.3f s, write %.3f s, commit %.3f s\n",
+                way == 0 ? "pause_since_full_base (put part)" : "pause_since", ps.seconds_plan, ps.seconds_encode,
+                ps.seconds_write, ps.seconds_commit);
+        hyla_snapshot *got = NULL;
+        s = hyla_store_get(st, "bench", 2, 0, &got, NULL);
+        int eq = s == HYLA_OK && (cp->f32_as_bf16 || hyla_snapshot_equal(got, s2));
+        hyla_snapshot_destroy(got);
+        hyla_store_close(st);
+        if (!eq) {
+            fprintf(stderr, "hyla-bench store: the incremental put did not read back equal\n");
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    hyla_snapshot_destroy(g);
+    free(shared);
+    return rc;
+}
+
 int hyla_bench_store(int argc, char **argv) {
     shape_cfg c = {32768, 512, HYLA_DT_BF16, 15, 3, 18, 18, 128, 4};
     hyla_codec_params cp = hyla_codec_default_params();
@@ -172,6 +244,7 @@ int hyla_bench_store(int argc, char **argv) {
         } else if (!strcmp(a, "--dir") && has) dir = argv[++i];
         else if (!strcmp(a, "--tokens") && has) c.tokens = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(a, "--inc-tokens") && has) c.inc_tokens = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--sse-layers") && has) c.sse_layers = atoi(argv[++i]);
         else if (!strcmp(a, "--zstd-level") && has) cp.zstd_level = atoi(argv[++i]);
         else if (!strcmp(a, "--chunk-kib") && has) cp.chunk_bytes = (uint32_t)atoi(argv[++i]) * 1024u;
         else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
@@ -287,6 +360,7 @@ int hyla_bench_store(int argc, char **argv) {
         emit("restore_incremental", &c, &cp, b2, dt, 0, 0, run);
         hyla_store_close(st);
         st = NULL;
+        if (since_case(&c, &cp, &sp, base, run, s1, s2) != 0) goto fail;
         /* portable file */
         t = hyla_now();
         if (hyla_snapshot_save_file(file, s1, &cp) != HYLA_OK) goto fail;

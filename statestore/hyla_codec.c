@@ -445,6 +445,7 @@ static int part_lossy(const hyla_codec_params *p, const hyla_state_part *sp) {
 static void plan_hash_fn(void *ctx, size_t i, int tid) {
     (void)tid;
     hyla_codec_plan *pl = ctx;
+    if (pl->chunks[i].reused) return; /* key and hashes came from the base manifest */
     hyla_chunk_ref *r = &pl->chunks[i].ref;
     const uint8_t *raw = plan_part_bytes(pl, r->part) + r->raw_off;
     r->raw_hash = XXH64(raw, r->raw_len, 0);
@@ -523,13 +524,92 @@ static hyla_status plan_manifest(hyla_codec_plan *pl, const uint64_t *stored_byt
     return HYLA_OK;
 }
 
-hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_params *pin, hyla_codec_plan **out) {
-    hyla_codec_params p = pin ? *pin : hyla_codec_default_params();
-    if (p.chunk_bytes < 4096 || p.chunk_bytes > (256u << 20))
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "codec: chunk_bytes %u outside 4 KiB .. 256 MiB", p.chunk_bytes);
-    if (p.zstd_level > ZSTD_maxCLevel() || p.zstd_level < ZSTD_minCLevel())
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "codec: zstd level %d outside %d..%d", p.zstd_level, ZSTD_minCLevel(),
+static hyla_status check_params(const hyla_codec_params *p) {
+    if (p->chunk_bytes < 4096 || p->chunk_bytes > (256u << 20))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "codec: chunk_bytes %u outside 4 KiB .. 256 MiB", p->chunk_bytes);
+    if (p->zstd_level > ZSTD_maxCLevel() || p->zstd_level < ZSTD_minCLevel())
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "codec: zstd level %d outside %d..%d", p->zstd_level, ZSTD_minCLevel(),
                          ZSTD_maxCLevel());
+    return HYLA_OK;
+}
+
+/* The part of base with the same layer and name as sp (base->parts[hint] first), or NULL. */
+static const hyla_manifest_part *base_part(const hyla_manifest *base, const hyla_state_part *sp, uint32_t hint) {
+    if (hint < base->n_parts && base->parts[hint].desc.layer == sp->layer &&
+        !strncmp(base->parts[hint].desc.name, sp->name, HYLA_PART_NAME_MAX))
+        return &base->parts[hint];
+    for (uint32_t j = 0; j < base->n_parts; j++)
+        if (base->parts[j].desc.layer == sp->layer && !strncmp(base->parts[j].desc.name, sp->name, HYLA_PART_NAME_MAX))
+            return &base->parts[j];
+    return NULL;
+}
+
+/* How many leading chunks of part i (cut with stride/ppc into nch chunks of stored_bytes) can
+ * be taken from base: only where the chunk provably holds the same bytes as base's chunk of the
+ * same number. The part is stored as it is in memory on both sides (no lossy conversion), the
+ * base part has the same kind and dtype and was cut with the same stride and pages per chunk,
+ * and the chunk lies wholly inside the shared prefix with the same offset and length as the base
+ * chunk: its bytes then equal the base's, and so do its key and hashes. */
+static uint32_t reuse_count(const hyla_snapshot *s, const hyla_codec_params *p, const hyla_manifest *base,
+                            const uint64_t *shared, uint32_t i, uint64_t stored_bytes, uint64_t stride, uint32_t ppc,
+                            uint32_t nch, const hyla_manifest_part **bp_out) {
+    *bp_out = NULL;
+    if (!base || !shared || !shared[i]) return 0;
+    const hyla_state_part *sp = &s->parts[i];
+    const hyla_manifest_part *bp = base_part(base, sp, i);
+    if (!bp || part_lossy(p, sp) || bp->desc.kind != sp->kind || bp->desc.dtype != sp->dtype ||
+        bp->stored_dtype != sp->dtype || bp->chunk_bytes != stride || bp->pages_per_chunk != ppc)
+        return 0;
+    uint64_t lim = shared[i] < stored_bytes ? shared[i] : stored_bytes;
+    uint32_t k = 0;
+    for (; k < nch && k < bp->n_chunks; k++) {
+        const hyla_chunk_ref *r = &base->chunks[bp->first_chunk + k];
+        uint64_t off = (uint64_t)k * stride, left = stored_bytes - off;
+        uint64_t len = left < stride ? left : stride;
+        if (r->raw_off != off || r->raw_len != len || off + len > lim) break;
+    }
+    *bp_out = bp;
+    return k;
+}
+
+/* Stored bytes and stride of part sp under p. */
+static void part_layout(const hyla_codec_params *p, const hyla_state_part *sp, uint64_t *stored_bytes, uint64_t *stride,
+                        uint32_t *ppc, uint32_t *nch) {
+    int lossy = part_lossy(p, sp);
+    size_t selem = lossy ? 2 : hyla_dtype_size((hyla_dtype)sp->dtype);
+    *stored_bytes = lossy ? sp->nbytes / 2 : sp->nbytes;
+    *stride = part_stride(sp, selem, *stored_bytes, p->chunk_bytes, ppc);
+    *nch = (uint32_t)((*stored_bytes + *stride - 1) / *stride);
+}
+
+hyla_status hyla_codec_plan_reuse(const hyla_snapshot *s, const hyla_codec_params *pin, const hyla_manifest *base,
+                                  const uint64_t *shared, uint64_t *filled_from) {
+    hyla_codec_params p = pin ? *pin : hyla_codec_default_params();
+    HYLA_TRY(check_params(&p));
+    HYLA_TRY(hyla_snapshot_require_whole(s, "codec"));
+    for (uint32_t i = 0; i < s->n_parts; i++) {
+        const hyla_state_part *sp = &s->parts[i];
+        filled_from[i] = 0;
+        if (!dtype_valid(sp->dtype) || sp->ndim == 0 || sp->ndim > HYLA_PART_MAX_DIMS) continue; /* create refuses */
+        uint64_t sb, stride;
+        uint32_t ppc, nch;
+        part_layout(&p, sp, &sb, &stride, &ppc, &nch);
+        const hyla_manifest_part *bp;
+        uint32_t k = reuse_count(s, &p, base, shared, i, sb, stride, ppc, nch, &bp);
+        uint64_t end = (uint64_t)k * stride;
+        filled_from[i] = end < sb ? end : sb; /* reuse only where stored form = memory form */
+    }
+    return HYLA_OK;
+}
+
+hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_params *pin, hyla_codec_plan **out) {
+    return hyla_codec_plan_create_reusing(s, pin, NULL, NULL, out);
+}
+
+hyla_status hyla_codec_plan_create_reusing(const hyla_snapshot *s, const hyla_codec_params *pin,
+                                           const hyla_manifest *base, const uint64_t *shared, hyla_codec_plan **out) {
+    hyla_codec_params p = pin ? *pin : hyla_codec_default_params();
+    HYLA_TRY(check_params(&p));
     if (s->format_version != HYLA_SNAPSHOT_FORMAT_VERSION)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "codec: snapshot format version %u, this build writes %u",
                          s->format_version, HYLA_SNAPSHOT_FORMAT_VERSION);
@@ -553,11 +633,7 @@ hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_para
                            sp->name, sp->dtype, sp->ndim);
             goto done;
         }
-        int lossy = part_lossy(&p, sp);
-        size_t selem = lossy ? 2 : hyla_dtype_size((hyla_dtype)sp->dtype);
-        stored_bytes[i] = lossy ? sp->nbytes / 2 : sp->nbytes;
-        stride[i] = part_stride(sp, selem, stored_bytes[i], p.chunk_bytes, &ppc[i]);
-        nch[i] = (uint32_t)((stored_bytes[i] + stride[i] - 1) / stride[i]);
+        part_layout(&p, sp, &stored_bytes[i], &stride[i], &ppc[i], &nch[i]);
         total += nch[i];
     }
     pl->n_chunks = total;
@@ -580,8 +656,14 @@ hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_para
             size_t n = sp->nbytes / 4;
             hyla_parallel_for(p.threads, (n + (1u << 20) - 1) >> 20, conv_fn, &cc);
         }
+        const hyla_manifest_part *bp;
+        uint32_t reuse = reuse_count(s, &p, base, shared, i, stored_bytes[i], stride[i], ppc[i], nch[i], &bp);
         for (uint32_t c = 0; c < nch[i]; c++, ci++) {
             hyla_chunk_ref *r = &pl->chunks[ci].ref;
+            if (c < reuse) {
+                *r = base->chunks[bp->first_chunk + c];
+                pl->chunks[ci].reused = 1;
+            }
             r->part = i;
             r->index = c;
             r->raw_off = (uint64_t)c * stride[i];
@@ -630,6 +712,11 @@ static void enc_fn(void *ctx, size_t i, int tid) {
     hyla_plan_chunk *c = &e->pl->chunks[i];
     if (!c->want || c->value) return;
     const hyla_state_part *sp = &e->pl->snap->parts[c->ref.part];
+    if (c->reused) { /* its bytes in the snapshot are not the chunk's: the caller lost the base chunk */
+        first_error_set(&e->err, i, HYLA_ERR_INTERNAL, "encoding layer %u part %s chunk %u: the chunk was taken from the "
+                        "base version and its bytes are not in the snapshot", sp->layer, sp->name, c->ref.index);
+        return;
+    }
     size_t selem = part_lossy(&e->pl->params, sp) ? 2 : hyla_dtype_size((hyla_dtype)sp->dtype);
     int is_float = sp->dtype == HYLA_DT_F32 || sp->dtype == HYLA_DT_F16 || sp->dtype == HYLA_DT_BF16;
     char err[512];
@@ -1133,6 +1220,126 @@ hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch,
     d.report = report;
     d.report_ctx = report_ctx;
     return run_decode(&d, threads);
+}
+
+/* ---------------------------------------------------------------- range decode */
+
+typedef struct {
+    uint32_t part;     /* in dst */
+    size_t chunk;      /* in base */
+    uint64_t lo, hi;   /* stored bytes of the part to copy, within the chunk */
+} range_task;
+
+typedef struct {
+    const hyla_manifest *m;
+    hyla_chunk_fetch_fn fetch;
+    hyla_chunk_release_fn release;
+    void *fctx;
+    const char *what;
+    hyla_snapshot *dst;
+    const range_task *tasks;
+    first_error err;
+} range_ctx;
+
+static void range_fn(void *ctx, size_t i, int tid) {
+    (void)tid;
+    range_ctx *d = ctx;
+    const range_task *t = &d->tasks[i];
+    const hyla_chunk_ref *r = &d->m->chunks[t->chunk];
+    const hyla_manifest_part *mp = &d->m->parts[r->part];
+    char loc[256], err[512];
+    loc_text(loc, sizeof loc, d->m, r);
+    const uint8_t *val = NULL;
+    size_t len = 0;
+    void *tok = NULL;
+    hyla_status st = d->fetch(d->fctx, d->m, t->chunk, &val, &len, &tok);
+    if (st != HYLA_OK) {
+        first_error_set(&d->err, i, st, "%s: %s: %s", d->what, loc,
+                        st == HYLA_ERR_NOT_FOUND ? "missing chunk" : hyla_last_error());
+        return;
+    }
+    uint8_t *raw = malloc(r->raw_len ? r->raw_len : 1);
+    if (!raw) {
+        st = HYLA_ERR_NOMEM;
+        snprintf(err, sizeof err, "out of memory");
+    } else {
+        st = hyla_chunk_decode(val, len, r, raw, err, sizeof err);
+    }
+    if (d->release) d->release(d->fctx, tok);
+    if (st == HYLA_OK) {
+        uint8_t *out = d->dst->parts[t->part].data;
+        const uint8_t *src = raw + (t->lo - r->raw_off);
+        if (mp->stored_dtype == mp->desc.dtype)
+            memcpy(out + t->lo, src, t->hi - t->lo);
+        else /* f32 stored as bf16 */
+            hyla_to_f32((float *)out + t->lo / 2, src, HYLA_DT_BF16, (t->hi - t->lo) / 2);
+    } else {
+        first_error_set(&d->err, i, st, "%s: %s: %s", d->what, loc, err);
+    }
+    free(raw);
+}
+
+hyla_status hyla_codec_decode_range(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                                    void *ctx, const char *what, int threads, hyla_snapshot *dst, const uint64_t *from,
+                                    const uint64_t *to) {
+    HYLA_TRY(hyla_snapshot_require_whole(dst, "range decode target"));
+    size_t n = 0, cap = 0;
+    range_task *tasks = NULL;
+    hyla_status st = HYLA_OK;
+    for (uint32_t i = 0; i < dst->n_parts && st == HYLA_OK; i++) {
+        if (from[i] >= to[i]) continue;
+        const hyla_state_part *sp = &dst->parts[i];
+        const hyla_manifest_part *mp = base_part(m, sp, i);
+        size_t esz = dtype_valid(sp->dtype) ? hyla_dtype_size((hyla_dtype)sp->dtype) : 1;
+        if (!mp) {
+            st = hyla_fail(HYLA_ERR_NOT_FOUND, "%s: has no layer %u part '%s'", what, sp->layer, sp->name);
+        } else if (mp->desc.kind != sp->kind || mp->desc.dtype != sp->dtype) {
+            st = hyla_fail(HYLA_ERR_FORMAT, "%s: layer %u part '%s' is kind %u dtype %u, the snapshot's is kind %u dtype %u",
+                           what, sp->layer, sp->name, mp->desc.kind, mp->desc.dtype, sp->kind, sp->dtype);
+        } else if (mp->desc.nbytes < to[i] || sp->nbytes < to[i]) {
+            st = hyla_fail(HYLA_ERR_FORMAT, "%s: layer %u part '%s' has %llu bytes, the snapshot %llu: fewer than the %llu shared",
+                           what, sp->layer, sp->name, (unsigned long long)mp->desc.nbytes,
+                           (unsigned long long)sp->nbytes, (unsigned long long)to[i]);
+        } else if (from[i] % esz || to[i] % esz) {
+            st = hyla_fail(HYLA_ERR_INVALID_ARG, "%s: layer %u part '%s': range %llu..%llu is not whole elements", what,
+                           sp->layer, sp->name, (unsigned long long)from[i], (unsigned long long)to[i]);
+        }
+        if (st != HYLA_OK) break;
+        /* in-memory bytes -> stored bytes (f32 stored as bf16 takes half) */
+        uint64_t ratio = hyla_dtype_size((hyla_dtype)mp->desc.dtype) / stored_elem(mp->stored_dtype);
+        uint64_t lo = from[i] / ratio, hi = to[i] / ratio;
+        for (uint32_t c = 0; c < mp->n_chunks; c++) {
+            const hyla_chunk_ref *r = &m->chunks[mp->first_chunk + c];
+            uint64_t a = r->raw_off > lo ? r->raw_off : lo, b = r->raw_off + r->raw_len < hi ? r->raw_off + r->raw_len : hi;
+            if (a >= b) continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 16;
+                range_task *nt = realloc(tasks, cap * sizeof *nt);
+                if (!nt) {
+                    st = hyla_fail(HYLA_ERR_NOMEM, "range decode tasks");
+                    break;
+                }
+                tasks = nt;
+            }
+            tasks[n++] = (range_task){i, (size_t)mp->first_chunk + c, a, b};
+        }
+    }
+    if (st == HYLA_OK && n) {
+        range_ctx d;
+        memset(&d, 0, sizeof d);
+        d.m = m;
+        d.fetch = fetch;
+        d.release = release;
+        d.fctx = ctx;
+        d.what = what;
+        d.dst = dst;
+        d.tasks = tasks;
+        first_error_init(&d.err);
+        hyla_parallel_for(threads, n, range_fn, &d);
+        st = first_error_finish(&d.err);
+    }
+    free(tasks);
+    return st;
 }
 
 /* ---------------------------------------------------------------- portable file */

@@ -107,6 +107,8 @@ typedef struct {
     uint8_t *value;     /* encoded chunk value (header + payload), owned by the plan */
     size_t value_len;
     uint32_t arena;     /* internal: which value arena holds it */
+    int reused;         /* 1: ref copied from a base manifest (hyla_codec_plan_create_reusing); its bytes
+                           in the snapshot were not read and it cannot be encoded */
 } hyla_plan_chunk;
 
 typedef struct {
@@ -124,6 +126,28 @@ typedef struct {
 /* Cut s into chunks, hash them (in parallel) and build the manifest. Caller frees with
  * hyla_codec_plan_destroy. */
 hyla_status hyla_codec_plan_create(const hyla_snapshot *s, const hyla_codec_params *p, hyla_codec_plan **out);
+/* Incremental plans: when the first shared[i] bytes of part i are known to equal the part of
+ * the same layer and name in the snapshot that `base` describes (KV rows of earlier tokens never
+ * change), leading chunks there need not be read or hashed: their references are copied from
+ * base. Chunk c of part i is taken from base only where that provably gives the same reference:
+ * neither side stores the part lossy (stored dtype = dtype), the base part has the same kind and
+ * dtype and was cut with the same stride and pages per chunk, and the chunk lies wholly inside
+ * [0, shared[i]) with the same offset and length as the base's chunk c. Only a leading run is
+ * taken. The resulting plan and manifest are byte-identical to hyla_codec_plan_create's for the
+ * snapshot with its shared prefixes filled in.
+ *
+ * hyla_codec_plan_reuse writes filled_from[i] (n_parts entries, byte offsets in the part's
+ * in-memory bytes): the end of the run taken from base; 0 where nothing is. The snapshot's own
+ * bytes of part i are read from filled_from[i] on, so before hyla_codec_plan_create_reusing the
+ * caller makes bytes [filled_from[i], shared[i]) final (hyla_codec_decode_range); bytes below
+ * filled_from[i] may be anything. base and shared may be NULL (no reuse); shared has n_parts
+ * entries. base is read during the call only. s must be whole (no part skips bytes). */
+hyla_status hyla_codec_plan_reuse(const hyla_snapshot *s, const hyla_codec_params *p, const hyla_manifest *base,
+                                  const uint64_t *shared, uint64_t *filled_from);
+/* As hyla_codec_plan_create, taking chunks from base as hyla_codec_plan_reuse decides for the
+ * same arguments (those chunks have reused = 1). Caller frees with hyla_codec_plan_destroy. */
+hyla_status hyla_codec_plan_create_reusing(const hyla_snapshot *s, const hyla_codec_params *p,
+                                           const hyla_manifest *base, const uint64_t *shared, hyla_codec_plan **out);
 /* Build the values of every chunk with want != 0 (in parallel). Values of one call share one
  * allocation (an arena) that is reused by a later call once every value in it was released, so
  * encoding group after group (encode, write, release) touches fresh memory only once. */
@@ -170,6 +194,17 @@ hyla_status hyla_codec_decode_into(const hyla_manifest *m, hyla_chunk_fetch_fn f
 typedef void (*hyla_report_fn)(void *ctx, const char *msg);
 hyla_status hyla_codec_verify(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
                               void *ctx, const char *what, int threads, hyla_report_fn report, void *report_ctx);
+
+/* Decode only bytes [from[i], to[i]) (in-memory byte offsets, whole elements) of every part i of
+ * dst from the snapshot m describes, matching parts by layer and name: just the chunks that
+ * cover them are fetched, decoded and verified (in parallel); no other byte of dst is written.
+ * A part of m stored lossy (f32 as bf16) gives its decoded values back as f32. Refusals:
+ * HYLA_ERR_NOT_FOUND (m has no such part), HYLA_ERR_FORMAT (another kind or dtype, or fewer than
+ * to[i] bytes), naming `what`, layer and part; chunk failures as hyla_codec_decode's. dst is
+ * borrowed and whole (no part skips bytes); parts with from[i] >= to[i] are left alone. */
+hyla_status hyla_codec_decode_range(const hyla_manifest *m, hyla_chunk_fetch_fn fetch, hyla_chunk_release_fn release,
+                                    void *ctx, const char *what, int threads, hyla_snapshot *dst, const uint64_t *from,
+                                    const uint64_t *to);
 
 /* Decode one chunk value into dst (ref->raw_len bytes), checking the value's own header and
  * checksum and then the raw checksum against ref. On failure writes a reason (without the

@@ -895,6 +895,35 @@ hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_
 
 /* ---------------------------------------------------------------- put */
 
+/* Chunk reads for the codec (gets, and the base of an incremental put). */
+typedef struct {
+    hyla_store *st;
+    const rocksdb_readoptions_t *ro;
+} fetch_ctx;
+
+static hyla_status store_fetch(void *ctx, const hyla_manifest *m, size_t i, const uint8_t **val, size_t *len,
+                               void **tok) {
+    fetch_ctx *f = ctx;
+    char *err = NULL;
+    rocksdb_pinnableslice_t *ps =
+        rocksdb_get_pinned_cf(f->st->db, f->ro, f->st->cf[CF_CHUNKS], (const char *)m->chunks[i].key, HYLA_CHUNK_KEY_BYTES, &err);
+    if (err) {
+        hyla_status s = hyla_fail(HYLA_ERR_IO, "read failed: %s", err);
+        rocksdb_free(err);
+        return s;
+    }
+    if (!ps) return HYLA_ERR_NOT_FOUND;
+    *val = (const uint8_t *)rocksdb_pinnableslice_value(ps, len);
+    *tok = ps;
+    return HYLA_OK;
+}
+
+static void store_release(void *ctx, void *tok) {
+    (void)ctx;
+    if (tok) rocksdb_pinnableslice_destroy(tok);
+}
+
+
 static int cmp_idx_key(const void *a, const void *b, void *ctx) {
     const hyla_codec_plan *pl = ctx;
     size_t i = *(const size_t *)a, j = *(const size_t *)b;
@@ -1104,15 +1133,60 @@ done:
     return s;
 }
 
-static hyla_status put_impl(hyla_store *st, const char *sid, const hyla_snapshot *snap, uint64_t *version,
-                           hyla_store_put_stats *stats) {
+/* Plan an incremental put (caller holds gc_lock shared, so the base's chunks stay): read the
+ * base manifest, choose the base chunks to reference, decode from the base only the shared bytes
+ * not covered by them, then plan. */
+static hyla_status plan_since(hyla_store *st, const char *sid, hyla_snapshot *snap, uint64_t base_version,
+                              const uint64_t *shared, hyla_codec_plan **pl) {
+    char what[400];
+    snprintf(what, sizeof what, "session %s base version %llu", sid, (unsigned long long)base_version);
+    if (!base_version)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "session %s: an incremental put needs a base version (0 given)", sid);
+    HYLA_TRY(hyla_snapshot_require_whole(snap, "incremental put")); /* shared bytes are filled in place */
+    hyla_manifest *base = NULL;
+    hyla_status s = read_manifest(st, NULL, sid, base_version, &base);
+    if (s == HYLA_ERR_NOT_FOUND)
+        return hyla_fail(HYLA_ERR_NOT_FOUND, "session %s: base version %llu is not in store %s", sid,
+                         (unsigned long long)base_version, st->dir);
+    if (s != HYLA_OK) return s;
+    uint64_t *from = calloc(snap->n_parts + 1, sizeof *from);
+    if (!from) s = hyla_fail(HYLA_ERR_NOMEM, "put");
+    for (uint32_t i = 0; s == HYLA_OK && i < snap->n_parts; i++) {
+        const hyla_state_part *sp = &snap->parts[i];
+        if (shared[i] > sp->nbytes)
+            s = hyla_fail(HYLA_ERR_INVALID_ARG, "session %s: layer %u part '%s': %llu shared bytes, the part has %llu", sid,
+                          sp->layer, sp->name, (unsigned long long)shared[i], (unsigned long long)sp->nbytes);
+    }
+    if (s == HYLA_OK) s = hyla_codec_plan_reuse(snap, &st->p.codec, base, shared, from);
+    if (s == HYLA_OK) {
+        fetch_ctx f = {st, st->ro};
+        s = hyla_codec_decode_range(base, store_fetch, store_release, &f, what, st->p.codec.threads, snap, from, shared);
+    }
+    if (s == HYLA_OK) s = hyla_codec_plan_create_reusing(snap, &st->p.codec, base, shared, pl);
+    free(from);
+    hyla_manifest_destroy(base);
+    return s;
+}
+
+/* A put: plan (from the whole snapshot, or with shared != NULL incrementally on base_version),
+ * write the chunks the store lacks, commit. */
+static hyla_status put_impl(hyla_store *st, const char *sid, hyla_snapshot *snap, uint64_t base_version,
+                            const uint64_t *shared, uint64_t *version, hyla_store_put_stats *stats) {
     HYLA_TRY(check_session_id(sid));
     if (st->p.read_only) return hyla_fail(HYLA_ERR_UNSUPPORTED, "store %s is open read-only", st->dir);
     hyla_store_put_stats ps;
     memset(&ps, 0, sizeof ps);
     double t0 = hyla_now();
     hyla_codec_plan *pl = NULL;
-    hyla_status s = hyla_codec_plan_create(snap, &st->p.codec, &pl);
+    hyla_status s;
+    if (shared) {
+        /* held from reading the base manifest to the commit: its chunks cannot be freed meanwhile */
+        pthread_rwlock_rdlock(&st->gc_lock);
+        s = plan_since(st, sid, snap, base_version, shared, &pl);
+        if (s != HYLA_OK) pthread_rwlock_unlock(&st->gc_lock);
+    } else {
+        s = hyla_codec_plan_create(snap, &st->p.codec, &pl);
+    }
     if (s != HYLA_OK) return hyla_fail_wrap(s, "session %s: put", sid);
     double t1 = hyla_now();
     ps.seconds_plan = t1 - t0;
@@ -1122,17 +1196,26 @@ static hyla_status put_impl(hyla_store *st, const char *sid, const hyla_snapshot
     size_t n_need = 0;
     delta_list written = {0}, zero = {0};
     if (!order || !need) {
+        if (shared) pthread_rwlock_unlock(&st->gc_lock);
         s = hyla_fail(HYLA_ERR_NOMEM, "put");
         goto out;
     }
-    pthread_rwlock_rdlock(&st->gc_lock);
+    if (!shared) pthread_rwlock_rdlock(&st->gc_lock);
     /* which distinct chunks does the store lack? */
     for (size_t i = 0; i < pl->n_chunks; i++) order[i] = i;
     qsort_r(order, pl->n_chunks, sizeof *order, cmp_idx_key, pl);
     for (size_t j = 0; j < pl->n_chunks && s == HYLA_OK; j++) {
         size_t i = order[j];
         if (j > 0 && !memcmp(pl->chunks[order[j - 1]].ref.key, pl->chunks[i].ref.key, HYLA_CHUNK_KEY_BYTES)) continue;
-        if (!ref_exists(st, pl->chunks[i].ref.key, &s) && s == HYLA_OK) need[n_need++] = i;
+        if (!ref_exists(st, pl->chunks[i].ref.key, &s) && s == HYLA_OK) {
+            if (pl->chunks[i].reused) {
+                const hyla_state_part *sp = &snap->parts[pl->chunks[i].ref.part];
+                s = hyla_fail(HYLA_ERR_CORRUPT, "session %s base version %llu: layer %u part '%s' chunk %u is missing from store %s",
+                              sid, (unsigned long long)base_version, sp->layer, sp->name, pl->chunks[i].ref.index, st->dir);
+            } else {
+                need[n_need++] = i;
+            }
+        }
     }
     /* keep manifest order for locality; encode and write in groups */
     qsort(need, n_need, sizeof *need, cmp_size);
@@ -1217,33 +1300,6 @@ out:
 }
 
 /* ---------------------------------------------------------------- get */
-
-typedef struct {
-    hyla_store *st;
-    const rocksdb_readoptions_t *ro;
-} fetch_ctx;
-
-static hyla_status store_fetch(void *ctx, const hyla_manifest *m, size_t i, const uint8_t **val, size_t *len,
-                               void **tok) {
-    fetch_ctx *f = ctx;
-    char *err = NULL;
-    rocksdb_pinnableslice_t *ps =
-        rocksdb_get_pinned_cf(f->st->db, f->ro, f->st->cf[CF_CHUNKS], (const char *)m->chunks[i].key, HYLA_CHUNK_KEY_BYTES, &err);
-    if (err) {
-        hyla_status s = hyla_fail(HYLA_ERR_IO, "read failed: %s", err);
-        rocksdb_free(err);
-        return s;
-    }
-    if (!ps) return HYLA_ERR_NOT_FOUND;
-    *val = (const uint8_t *)rocksdb_pinnableslice_value(ps, len);
-    *tok = ps;
-    return HYLA_OK;
-}
-
-static void store_release(void *ctx, void *tok) {
-    (void)ctx;
-    if (tok) rocksdb_pinnableslice_destroy(tok);
-}
 
 /* A read view: a RocksDB snapshot + read options. */
 typedef struct {
@@ -1887,7 +1943,14 @@ static void leave(hyla_store *st, int kind, hyla_status s) {
 
 hyla_status hyla_store_put(hyla_store *st, const char *sid, const hyla_snapshot *snap, uint64_t *version,
                            hyla_store_put_stats *stats) {
-    STORE_CALL(K_ALLOC, put_impl(st, sid, snap, version, stats));
+    /* a put without shared prefixes reads snap only */
+    STORE_CALL(K_ALLOC, put_impl(st, sid, (hyla_snapshot *)snap, 0, NULL, version, stats));
+}
+hyla_status hyla_store_put_since(hyla_store *st, const char *sid, hyla_snapshot *snap, uint64_t base_version,
+                                 const uint64_t *shared, uint64_t *version, hyla_store_put_stats *stats) {
+    int any = 0;
+    for (uint32_t i = 0; shared && i < snap->n_parts; i++) any |= shared[i] > 0;
+    STORE_CALL(K_ALLOC, put_impl(st, sid, snap, base_version, any ? shared : NULL, version, stats));
 }
 hyla_status hyla_store_get(hyla_store *st, const char *sid, uint64_t version, uint64_t expected_fingerprint,
                            hyla_snapshot **out, uint64_t *version_out) {

@@ -5,7 +5,8 @@
  * and "meta" (manifests, per-session heads, chunk reference counts). A put writes the chunks the
  * store does not have yet, then the manifest, the head and the reference-count updates in ONE
  * synced WriteBatch: after a crash the head names the previous complete snapshot or the new one.
- * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten.
+ * Unchanged chunks (KV pages from earlier versions, forks) are referenced, not rewritten; an
+ * incremental put (hyla_store_put_since) references a base version's chunks without reading them.
  * docs/STATE_FORMAT.md §5-9 specifies keys, values, the commit protocol, GC and storage faults.
  *
  * Threading: a hyla_store handle is safe to use from many threads at once. Puts of different
@@ -98,6 +99,29 @@ typedef struct {
  * version and stats may be NULL. snap is borrowed for the call. */
 hyla_status hyla_store_put(hyla_store *st, const char *session, const hyla_snapshot *snap, uint64_t *version,
                            hyla_store_put_stats *stats);
+
+/* Incremental put: persist snap as the next version of session, where the first shared[i] bytes
+ * of part i (shared: snap->n_parts entries, each at most the part's nbytes) are NOT in snap
+ * (their content there is anything) but equal the first shared[i] bytes of the part with the
+ * same layer and name of version base_version (>= 1) of the same session — as KV rows of
+ * earlier tokens do. The chunks of base_version that lie wholly in those prefixes are referenced
+ * without being read or hashed (hyla_codec_plan_create_reusing); only the shared bytes they do
+ * not cover are decoded from the base's chunks (hyla_codec_decode_range) into snap; the rest
+ * is a put: the committed manifest is byte-identical to hyla_store_put's of the filled snapshot.
+ * The store's chunk-deletion lock is held shared from reading the base manifest to the commit,
+ * so the base's chunks stay. Cost: O(new bytes), not O(session). All shared[i] 0 (or shared
+ * NULL): the same as hyla_store_put.
+ * Refusals, naming session, base version, layer and part; the previous head is intact:
+ * HYLA_ERR_NOT_FOUND (no such base version, or the base lacks the part), HYLA_ERR_FORMAT (the
+ * base part is shorter than shared[i], or of another kind or dtype), HYLA_ERR_CORRUPT (a base
+ * chunk is missing or damaged), HYLA_ERR_INVALID_ARG (shared[i] beyond the part, base_version 0).
+ * snap is borrowed for the call and written to: bytes of the shared prefixes may be filled in
+ * (which bytes is unspecified), nothing else changes; its parts are whole (a partial snapshot,
+ * hyla_snapshot_is_partial, is refused INVALID_ARG: the prefix bytes need a place). shared is borrowed for the call. version
+ * and stats may be NULL; stats.seconds_plan includes reading the base manifest and decoding
+ * from the base; chunks referenced from the base count as existing (not written). */
+hyla_status hyla_store_put_since(hyla_store *st, const char *session, hyla_snapshot *snap, uint64_t base_version,
+                                 const uint64_t *shared, uint64_t *version, hyla_store_put_stats *stats);
 
 /* Read version (0 = head) of session, verifying every checksum. A version the store committed
  * but no longer has (the head's manifest, or a version above the head) is HYLA_ERR_CORRUPT

@@ -1,5 +1,6 @@
 /* test_store.c — the RocksDB statestore: bit-exact round trip of every part kind, incremental
- * KV (only new pages are written: bytes counted), fork (shares chunks, survives deleting the
+ * KV (only new pages are written: bytes counted), incremental puts referencing the base's chunks
+ * (hyla_store_put_since: same manifest as a full put, refusals), fork (shares chunks, survives deleting the
  * parent), GC of superseded versions, every refusal (corrupt / missing / truncated chunk,
  * unknown format version, wrong fingerprint, wrong shape/dtype) provoked through RocksDB
  * directly with the message checked to name session, version, layer, part and chunk, failed
@@ -193,6 +194,147 @@ static void test_incremental(uint64_t nowal_bytes) {
     hyla_store_close(st);
     hyla_snapshot_destroy(a);
     hyla_snapshot_destroy(b);
+}
+
+/* shared[i] = bytes of prev's KV part i (KV rows of earlier tokens never change), 0 elsewhere;
+ * with all_same, also every other part (prev and next have equal non-KV parts). */
+static uint64_t *kv_shared(const hyla_snapshot *prev, const hyla_snapshot *next, int all_same) {
+    uint64_t *sh = calloc(next->n_parts + 1, sizeof *sh);
+    for (uint32_t i = 0; i < next->n_parts; i++)
+        if (next->parts[i].kind == HYLA_PART_KV || all_same) sh[i] = prev->parts[i].nbytes;
+    return sh;
+}
+
+/* The bytes an incremental put does not send: anything (here a pattern, not zeros). */
+static hyla_snapshot *garbled(const hyla_snapshot *s, const uint64_t *shared) {
+    hyla_snapshot *g = NULL;
+    CHECK_OK(hyla_snapshot_clone(s, &g));
+    for (uint32_t i = 0; g && i < g->n_parts; i++) memset(g->parts[i].data, 0xA5, shared[i]);
+    return g;
+}
+
+static int same_manifest(hyla_store *x, const char *sx, uint64_t vx, hyla_store *y, const char *sy, uint64_t vy) {
+    hyla_manifest *a = NULL, *b = NULL;
+    CHECK_OK(hyla_store_get_manifest(x, sx, vx, &a, NULL));
+    CHECK_OK(hyla_store_get_manifest(y, sy, vy, &b, NULL));
+    int eq = a && b && a->checksum == b->checksum && a->n_chunks == b->n_chunks;
+    for (size_t i = 0; eq && i < a->n_chunks; i++) eq = !memcmp(a->chunks[i].key, b->chunks[i].key, HYLA_CHUNK_KEY_BYTES);
+    hyla_manifest_destroy(a);
+    hyla_manifest_destroy(b);
+    return eq;
+}
+
+/* The codec alone: a plan taking chunks from the base manifest, with only the bytes
+ * [filled_from, shared) filled in, has the same manifest bytes as a plan of the whole snapshot. */
+static void test_plan_reusing(void) {
+    hyla_codec_params cp = hyla_codec_default_params();
+    cp.chunk_bytes = 32 << 10; /* 2 pages of 16 KiB per KV chunk, 16 chunks per KV part */
+    hyla_snapshot *a = tsu_make(10, 77, 2000, 1), *b = tsu_make(11, 77, 2512, 1);
+    uint64_t *sh = kv_shared(a, b, 0);
+    hyla_codec_plan *pa = NULL, *pb = NULL, *pr = NULL;
+    CHECK_OK(hyla_codec_plan_create(a, &cp, &pa));
+    CHECK_OK(hyla_codec_plan_create(b, &cp, &pb));
+    hyla_manifest *ma = NULL;
+    if (pa) CHECK_OK(hyla_manifest_parse(pa->manifest, pa->manifest_len, "base", &ma));
+    hyla_snapshot *g = garbled(b, sh);
+    uint64_t from[16] = {0};
+    CHECK(b->n_parts <= 16);
+    CHECK_OK(hyla_codec_plan_reuse(g, &cp, ma, sh, from));
+    for (uint32_t i = 0; i < b->n_parts; i++) {
+        const hyla_state_part *q = &b->parts[i];
+        uint64_t stride = 2 * 64 * q->nbytes / q->shape[0]; /* KV: 2 pages of 64 tokens */
+        uint64_t want = q->kind == HYLA_PART_KV ? sh[i] / stride * stride : 0;
+        CHECK_MSG(from[i] == want, "part %s: filled_from %llu, expected %llu", q->name, (unsigned long long)from[i],
+                  (unsigned long long)want);
+        memcpy((uint8_t *)g->parts[i].data + from[i], (const uint8_t *)q->data + from[i], sh[i] - from[i]);
+    }
+    CHECK_OK(hyla_codec_plan_create_reusing(g, &cp, ma, sh, &pr));
+    if (pr && pb) {
+        size_t reused = 0;
+        for (size_t i = 0; i < pr->n_chunks; i++) reused += pr->chunks[i].reused;
+        CHECK(reused == 2 * 15); /* 2000 tokens = 15 whole chunks of 128 tokens in each of k, v */
+        CHECK(pr->manifest_len == pb->manifest_len && !memcmp(pr->manifest, pb->manifest, pb->manifest_len));
+    }
+    hyla_codec_plan_destroy(pa);
+    hyla_codec_plan_destroy(pb);
+    hyla_codec_plan_destroy(pr);
+    hyla_manifest_destroy(ma);
+    hyla_snapshot_destroy(g);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+    free(sh);
+}
+
+/* hyla_store_put_since: the prefix is not in the snapshot, only base chunks cover it; the result
+ * reads back bit for bit, its manifest equals a full put's, only the tail is written; refusals
+ * leave the head as it was. lossy: fp32 parts stored as bf16, with shared claims on them too
+ * (their prefix is decoded from the base instead of referenced). */
+static void test_put_since(uint64_t nowal_bytes, int lossy) {
+    char dir[300], dir2[300];
+    new_dir(dir, sizeof dir);
+    new_dir(dir2, sizeof dir2);
+    hyla_store_params p = small_params();
+    p.codec.chunk_bytes = 32 << 10;
+    p.codec.f32_as_bf16 = lossy;
+    p.nowal_bytes = nowal_bytes;
+    hyla_store *st = open_store(dir, &p), *full = open_store(dir2, &p);
+    /* lossy: the same seed, so the non-KV parts are equal too and may be claimed shared */
+    hyla_snapshot *a = tsu_make(10, 77, 2000, 1), *b = tsu_make(lossy ? 10 : 11, 77, 2512, 1);
+    uint64_t *sh = kv_shared(a, b, lossy);
+    hyla_snapshot *g = garbled(b, sh);
+    uint64_t v = 0;
+    hyla_store_put_stats fs, ps;
+    CHECK_OK(hyla_store_put(st, "inc", a, &v, NULL));
+    CHECK_OK(hyla_store_put(full, "inc", a, NULL, NULL));
+    CHECK_OK(hyla_store_put(full, "inc", b, NULL, &fs));
+    CHECK_OK(hyla_store_put_since(st, "inc", g, 1, sh, &v, &ps));
+    CHECK(v == 2);
+    CHECK(same_manifest(st, "inc", 2, full, "inc", 2));
+    if (!lossy) {
+        CHECK(get_equals(st, "inc", 2, b));
+        CHECK_MSG(ps.raw_bytes_written == expected_incremental(a, b, p.codec.chunk_bytes),
+                  "put_since wrote %llu raw bytes, expected %llu", (unsigned long long)ps.raw_bytes_written,
+                  (unsigned long long)expected_incremental(a, b, p.codec.chunk_bytes));
+    } else {
+        hyla_snapshot *want = NULL;
+        CHECK_OK(hyla_store_get(full, "inc", 2, 0, &want, NULL));
+        if (want) CHECK(get_equals(st, "inc", 2, want));
+        hyla_snapshot_destroy(want);
+    }
+    CHECK(ps.chunks_written == fs.chunks_written && ps.raw_bytes_written == fs.raw_bytes_written);
+    CHECK(ps.chunks == fs.chunks && ps.chunks_written < ps.chunks);
+    /* refusals: a base whose part is shorter than the claim, a base that does not exist */
+    hyla_snapshot *c = tsu_make(12, 77, 2600, 1);
+    uint64_t *bad = kv_shared(b, c, 0);
+    for (uint32_t i = 0; i < c->n_parts; i++)
+        if (bad[i]) bad[i] += 64 * 256; /* 64 tokens beyond version 2's */
+    hyla_status s = hyla_store_put_since(st, "inc", c, 2, bad, &v, NULL);
+    CHECK_MSG(s == HYLA_ERR_FORMAT && strstr(hyla_last_error(), "session inc") &&
+                  strstr(hyla_last_error(), "version 2") && strstr(hyla_last_error(), "layer 2 part 'k'"),
+              "short base: %s: %s", hyla_status_str(s), hyla_last_error());
+    uint64_t *ok = kv_shared(b, c, 0);
+    s = hyla_store_put_since(st, "inc", c, 7, ok, &v, NULL);
+    CHECK_MSG(s == HYLA_ERR_NOT_FOUND && strstr(hyla_last_error(), "session inc") &&
+                  strstr(hyla_last_error(), "version 7"),
+              "missing base: %s: %s", hyla_status_str(s), hyla_last_error());
+    hyla_store_session_info info;
+    CHECK_OK(hyla_store_info(st, "inc", &info));
+    CHECK(info.head_version == 2);
+    if (!lossy) CHECK(get_equals(st, "inc", 0, b));
+    /* a third version on the second, then the first is dropped (keep_versions 2): still whole */
+    CHECK_OK(hyla_store_put_since(st, "inc", c, 2, ok, &v, NULL));
+    CHECK(v == 3);
+    if (!lossy) CHECK(get_equals(st, "inc", 3, c));
+    CHECK(verify_clean(st));
+    hyla_store_close(st);
+    hyla_store_close(full);
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+    hyla_snapshot_destroy(c);
+    hyla_snapshot_destroy(g);
+    free(sh);
+    free(bad);
+    free(ok);
 }
 
 static void test_fork_and_gc(void) {
@@ -716,6 +858,10 @@ int main(void) {
     test_arena_put();
     test_incremental(32u << 20);
     test_incremental(0);
+    test_plan_reusing();
+    test_put_since(32u << 20, 0);
+    test_put_since(0, 0);
+    test_put_since(32u << 20, 1);
     test_fork_and_gc();
     test_refusals();
     test_stream_read();

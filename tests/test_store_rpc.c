@@ -1,6 +1,7 @@
 /* test_store_rpc.c — the StateStore gRPC service over loopback with a real RocksDB store:
  * put/get round trip bit-exact; an incremental put that sends only the new KV rows (shared
- * prefix from the base version) reads back complete; a put under a refused epoch fails with the
+ * prefix from the base version) reads back complete and references the base's whole KV chunks,
+ * one on a missing base version is refused naming it; a put under a refused epoch fails with the
  * hook's message and leaves the previous version; a version above the head is DATA_LOSS and a
  * full disk RESOURCE_EXHAUSTED (fault hook), a delete on it works; get of an unknown session is
  * NOT_FOUND; a client with a message limit below the 4 MiB pieces puts and gets in smaller pieces. */
@@ -34,6 +35,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     hyla_store *st = NULL;
     hyla_store_params sp = hyla_store_default_params();
+    sp.codec.chunk_bytes = 32 << 10; /* 2 KV pages per chunk: an incremental put references whole ones */
     CHECK_OK(hyla_store_open(dir, &sp, &st));
     hyla_rpc_server *srv = NULL;
     CHECK_OK(hyla_rpc_server_create(NULL, &srv));
@@ -59,17 +61,38 @@ int main(void) {
     hyla_snapshot_destroy(got);
 
     /* incremental: 300 -> 700 tokens, KV prefix not sent */
+    hyla_status s;
     hyla_snapshot *b = tsu_make(2, 7, 700, 0xabcdef);
     CHECK_OK(hyla_store_rpc_put(c, "s-1", 1, b, 1, a, 10000, &info));
     CHECK(info.version == 2);
     CHECK_OK(hyla_store_rpc_get(c, "s-1", 2, 10000, &got, &v));
     CHECK_MSG(got && hyla_snapshot_equal(b, got), "incremental put did not read back bit-exact");
     hyla_snapshot_destroy(got);
+    {
+        /* the server referenced version 1's whole KV chunks (300 tokens: 2 of 128 per part) */
+        hyla_manifest *m1 = NULL, *m2 = NULL;
+        CHECK_OK(hyla_store_get_manifest(st, "s-1", 1, &m1, NULL));
+        CHECK_OK(hyla_store_get_manifest(st, "s-1", 2, &m2, NULL));
+        int same = 0;
+        for (size_t i = 0; m1 && m2 && i < m1->n_chunks; i++)
+            for (size_t j = 0; j < m2->n_chunks; j++)
+                same += !memcmp(m1->chunks[i].key, m2->chunks[j].key, HYLA_CHUNK_KEY_BYTES) &&
+                        m1->parts[m1->chunks[i].part].desc.kind == HYLA_PART_KV;
+        CHECK_MSG(same == 4, "%d KV chunks of version 1 in version 2, expected 4", same);
+        CHECK(info.chunks + 4 <= (m2 ? m2->n_chunks : 0));
+        hyla_manifest_destroy(m1);
+        hyla_manifest_destroy(m2);
+    }
+    /* a base version that does not exist: refused, naming it; the head stays */
+    s = hyla_store_rpc_put(c, "s-1", 1, b, 99, a, 10000, NULL);
+    CHECK_MSG(s == HYLA_ERR_NOT_FOUND && strstr(hyla_last_error(), "PutSnapshot s-1") &&
+                  strstr(hyla_last_error(), "base version 99"),
+              "%s: %s", hyla_status_str(s), hyla_last_error());
 
     /* stale epoch refused, previous version intact */
     min_epoch = 5;
     hyla_snapshot *c3 = tsu_make(3, 7, 800, 0xabcdef);
-    hyla_status s = hyla_store_rpc_put(c, "s-1", 4, c3, 0, NULL, 10000, NULL);
+    s = hyla_store_rpc_put(c, "s-1", 4, c3, 0, NULL, 10000, NULL);
     CHECK(s == HYLA_ERR_PERMISSION && strstr(hyla_last_error(), "stale"));
     CHECK_OK(hyla_store_rpc_get(c, "s-1", 0, 10000, &got, &v));
     CHECK(v == 2 && got && hyla_snapshot_equal(b, got));

@@ -1,8 +1,9 @@
 /* hyla_store_rpc.c — StateStore service client and server; see hyla_store_rpc.h.
  *
  * Server invariants: a PutSnapshot call owns one put_ctx; its header arrives first, then data
- * pieces that must continue each part contiguously after its shared prefix, then commit. The
- * blocking work (reading the base version, the RocksDB commit, reading for GetSnapshot) runs on
+ * pieces that must continue each part contiguously after its shared prefix, then commit; the
+ * shared prefixes are referenced from the base version's chunks (hyla_store_put_since). The
+ * blocking work (the put on the base version, the RocksDB commit, reading for GetSnapshot) runs on
  * a detached thread per call, never on an rpc loop thread. */
 #include "hyla_store_rpc.h"
 
@@ -394,30 +395,19 @@ static void *put_thread(void *arg) {
     server_ctx *sc = p->sc;
     hyla_status s = HYLA_OK;
     if (sc->hooks.check_put) s = sc->hooks.check_put(sc->hooks.ud, p->session, p->epoch);
-    /* fill shared prefixes from the base version */
-    int need_base = 0;
-    for (uint32_t i = 0; s == HYLA_OK && i < p->snap->n_parts; i++) need_base |= p->shared[i] > 0;
-    if (s == HYLA_OK && need_base) {
-        hyla_snapshot *base = NULL;
-        s = hyla_store_get(sc->st, p->session, p->base_version, 0, &base, NULL);
-        if (s != HYLA_OK) s = hyla_fail_wrap(s, "PutSnapshot %s: reading base version %llu", p->session,
-                                             (unsigned long long)p->base_version);
-        for (uint32_t i = 0; s == HYLA_OK && i < p->snap->n_parts; i++) {
-            hyla_state_part *q = &p->snap->parts[i];
-            if (!p->shared[i]) continue;
-            const hyla_state_part *b = hyla_snapshot_find(base, q->layer, q->name);
-            if (!b || b->dtype != q->dtype || b->nbytes < p->shared[i])
-                s = hyla_fail(HYLA_ERR_FORMAT, "PutSnapshot %s: layer %u part '%s' claims %llu shared bytes that base version %llu lacks",
-                              p->session, q->layer, q->name, (unsigned long long)p->shared[i],
-                              (unsigned long long)p->base_version);
-            else
-                memcpy(q->data, b->data, p->shared[i]);
-        }
-        hyla_snapshot_destroy(base);
-    }
+    /* shared prefixes: referenced from the base version's chunks (only the bytes those do not
+     * cover are decoded from it), so a put costs the new bytes, not the session's */
+    int incremental = 0;
+    for (uint32_t i = 0; s == HYLA_OK && i < p->snap->n_parts; i++) incremental |= p->shared[i] > 0;
     hyla_store_put_stats stats;
     memset(&stats, 0, sizeof stats);
-    if (s == HYLA_OK) s = hyla_store_put(sc->st, p->session, p->snap, NULL, &stats);
+    if (s == HYLA_OK && incremental) {
+        s = hyla_store_put_since(sc->st, p->session, p->snap, p->base_version, p->shared, NULL, &stats);
+        if (s != HYLA_OK) s = hyla_fail_wrap(s, "PutSnapshot %s: on base version %llu", p->session,
+                                             (unsigned long long)p->base_version);
+    } else if (s == HYLA_OK) {
+        s = hyla_store_put(sc->st, p->session, p->snap, NULL, &stats);
+    }
     if (s != HYLA_OK) {
         hyla_rpc_call_fail_status(p->call, s, hyla_last_error());
     } else {
