@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hyla_ops.h"
 #include "hyla_test.h"
@@ -263,6 +264,33 @@ static void case_memory(const op_case *c) {
     CHECK_OK(hyla_cuda_restore_begin(gpu, 1, ddst, hsrc, bytes, &cp));
     CHECK_OK(hyla_cuda_copy_wait(cp));
     CHECK_MSG(same_bits(gpu, src, dst, m * 4), "async restore copy");
+    /* a snapshot copy into pageable memory goes through the backend's own thread and bounce
+     * buffer: pieces larger than the bounce's halves and more small pieces than a half lists */
+    {
+        size_t big = (size_t)40 << 20, small = 4096;
+        int ns = 700, np = ns + 1;
+        float *hb = malloc(big);
+        for (size_t i = 0; i < big / 4; i++) hb[i] = (float)(i % 9973) * 0.5f - 7.0f;
+        void *db = dev(gpu, hb, big);
+        uint8_t *pg = malloc(big);
+        memset(pg, 0x5a, big);
+        void **pd = malloc((size_t)np * sizeof *pd);
+        const void **ps = malloc((size_t)np * sizeof *ps);
+        size_t *pz = malloc((size_t)np * sizeof *pz);
+        for (int i = 0; i < ns; i++) { /* small pieces, in reverse order */
+            size_t off = (size_t)(ns - 1 - i) * small;
+            pd[i] = pg + off, ps[i] = (const uint8_t *)db + off, pz[i] = small;
+        }
+        pd[ns] = pg + (size_t)ns * small, ps[ns] = (const uint8_t *)db + (size_t)ns * small, pz[ns] = big - (size_t)ns * small;
+        CHECK_OK(hyla_cuda_snapshot_begin(gpu, np, pd, ps, pz, &cp));
+        int polls = 0;
+        while (cp && !hyla_cuda_copy_done(cp) && polls < 100000) polls++, usleep(10);
+        CHECK_OK(hyla_cuda_copy_wait(cp));
+        CHECK_MSG(!memcmp(pg, hb, big), "async snapshot copy into pageable memory");
+        printf("  pageable snapshot copy: %d pieces, %.0f MiB: same bytes\n", np, big / 1048576.0);
+        free(pd), free(ps), free(pz), free(pg), free(hb);
+        dfree(gpu, db);
+    }
     /* ops->upload / ops->download with pinned host memory take the direct path (no bounce) */
     CHECK_OK(o->zero(gpu->ctx, dst, m * 4));
     CHECK_OK(o->upload(gpu->ctx, dst, pin, m * 4));

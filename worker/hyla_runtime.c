@@ -601,6 +601,46 @@ hyla_status hyla_snapbuf_get(hyla_runtime *rt, size_t need, uint8_t **base) {
     return HYLA_OK;
 }
 
+/* Exports larger than this take pageable memory unless a cached pinned buffer fits them:
+ * page-locking a new buffer stalls every CUDA call of the process (about 0.45 s a GB), while the
+ * backend copies into pageable memory on a thread of its own. HYLA_EXPORT_PIN_MAX_MB overrides. */
+#define EXPORTBUF_PIN_MAX ((size_t)256 << 20)
+
+static size_t exportbuf_pin_max(void) {
+    const char *e = getenv("HYLA_EXPORT_PIN_MAX_MB");
+    return e && *e ? (size_t)strtoull(e, NULL, 10) << 20 : EXPORTBUF_PIN_MAX;
+}
+
+static void pageable_release(void *ctx, void *base) {
+    (void)ctx;
+    free(base);
+}
+
+hyla_status hyla_exportbuf_get(hyla_runtime *rt, size_t need, uint8_t **base, hyla_snapshot_release_fn *release,
+                               void **release_ctx) {
+    *base = NULL;
+    int cached = 0;
+    hyla_snapbufs *c = rt->snapbufs;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        for (int i = 0; i < c->n_idle && !cached; i++) cached = c->idle[i].bytes - SNAPBUF_HDR >= need;
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (!cached && need > exportbuf_pin_max()) {
+        size_t bytes = (need + 63) & ~(size_t)63;
+        void *p = aligned_alloc(64, bytes ? bytes : 64);
+        if (!p) return hyla_fail(HYLA_ERR_NOMEM, "out of memory for a %zu-byte export", need);
+        *base = p;
+        *release = pageable_release;
+        *release_ctx = NULL;
+        return HYLA_OK;
+    }
+    HYLA_TRY(hyla_snapbuf_get(rt, need, base));
+    *release = hyla_snapbuf_release;
+    *release_ctx = rt->snapbufs;
+    return HYLA_OK;
+}
+
 hyla_status hyla_stagebuf_get(hyla_runtime *rt, size_t need, void **dev) {
     *dev = NULL;
     const hyla_ops *o = rt->be->ops;

@@ -131,6 +131,12 @@ hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int lane, int *off, int 
 hyla_status hyla_snapbuf_get(hyla_runtime *rt, size_t need, uint8_t **base);
 void hyla_snapbuf_release(void *snapbufs, void *base);
 hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt);
+/* An export's arena of at least `need` bytes (64-byte aligned): a cached pinned buffer that fits,
+ * else a new pinned one up to 256 MiB (HYLA_EXPORT_PIN_MAX_MB), else pageable memory, which the
+ * backend's capture fills from a thread of its own instead of page-locking it. Give it back
+ * with *release(*release_ctx, base) (any thread). Driving thread. */
+hyla_status hyla_exportbuf_get(hyla_runtime *rt, size_t need, uint8_t **base, hyla_snapshot_release_fn *release,
+                               void **release_ctx);
 
 /* Export staging: `need` bytes of device memory (not zero-filled) from the runtime's cache of
  * up to HYLA_STAGEBUF_MAX buffers (the smallest idle one that fits; a new one, or a larger one

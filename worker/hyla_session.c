@@ -719,11 +719,12 @@ static hyla_status export_begin_rank(hyla_session *s, uint64_t base_pos, hyla_ex
     }
     e->s = s;
     uint8_t *base = NULL;
+    hyla_snapshot_release_fn rel = NULL;
+    void *rel_ctx = NULL;
     st = hyla_stagebuf_get(s->rt, (size_t)staging, &e->staging);
-    if (st == HYLA_OK) st = hyla_snapbuf_get(s->rt, (size_t)arena, &base);
-    if (st == HYLA_OK &&
-        !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, hyla_snapbuf_release, hyla_runtime_snapbufs(s->rt)))) {
-        hyla_snapbuf_release(hyla_runtime_snapbufs(s->rt), base);
+    if (st == HYLA_OK) st = hyla_exportbuf_get(s->rt, (size_t)arena, &base, &rel, &rel_ctx);
+    if (st == HYLA_OK && !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, rel, rel_ctx))) {
+        rel(rel_ctx, base);
         st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     }
     if (st == HYLA_OK) {

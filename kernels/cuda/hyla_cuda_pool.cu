@@ -10,6 +10,8 @@
  * must be waited for before the slots they read are freed (documented in the headers).
  * Larger allocations go to cudaMalloc directly (freed after a stream sync).
  * A pointer -> (size, kind) hash map answers free(). Threading: one thread per context. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -319,10 +321,176 @@ extern "C" hyla_status hyla_cuda_host_alloc(hyla_backend *be, size_t bytes, void
 
 extern "C" void hyla_cuda_host_free(hyla_backend *be, void *p) { cu_host_free(cuda_ctx_of(be), p); }
 
+/* ---- device -> pageable host copies ----
+ * A copy into pageable memory (an export too large for a cached pinned buffer) would make the
+ * driving thread wait for it, and page-locking a buffer for it stalls every CUDA call of the
+ * process for about 0.45 s a GB. So a thread of its own copies it: it waits for the compute
+ * stream's work queued before the call (an event), copies through a fixed pinned bounce buffer
+ * on a stream of its own, half by half, and moves each half into the destination while the next
+ * half is in flight. The bounce buffers (XB_BYTES each) are allocated once and kept. */
+#define XB_BYTES ((size_t)32 << 20)
+#define XB_KEEP 4
+static pthread_mutex_t xb_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *xb_free[XB_KEEP];
+static int xb_n;
+
+typedef struct {
+    void *dst;
+    size_t at, len; /* bytes [at, at + len) of the half */
+} xb_entry;
+
+typedef struct {
+    int device;
+    cudaEvent_t after; /* the compute stream's work before the copy */
+    int n;
+    void **dst;
+    const void **src;
+    size_t *bytes;
+    hyla_status st;
+    char msg[512];
+} pageable_job;
+
 struct hyla_cuda_copy {
     hyla_cuda_ctx *c;
     cudaEvent_t done;
+    /* a copy into pageable memory: its thread, and whether it finished */
+    pageable_job *pj;
+    pthread_t th;
+    int pj_done; /* __atomic builtins */
 };
+
+static void pj_fail(pageable_job *j, cudaError_t e, const char *what) {
+    if (j->st != HYLA_OK) return;
+    j->st = HYLA_ERR_DEVICE;
+    snprintf(j->msg, sizeof j->msg, "copy into pageable memory: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* Wait for half h's copies and move them out of the bounce buffer. */
+static void pj_drain(pageable_job *j, cudaEvent_t ev, uint8_t *half, xb_entry *ent, int *ne) {
+    if (!*ne) return;
+    cudaError_t e = cudaEventSynchronize(ev);
+    if (e != cudaSuccess) pj_fail(j, e, "cudaEventSynchronize");
+    for (int i = 0; i < *ne && j->st == HYLA_OK; i++) memcpy(ent[i].dst, half + ent[i].at, ent[i].len);
+    *ne = 0;
+}
+
+#define XB_ENTRIES 512
+static void *pageable_main(void *arg) {
+    hyla_cuda_copy *cp = (hyla_cuda_copy *)arg;
+    pageable_job *j = cp->pj;
+    cudaStream_t hs = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    void *xb = NULL;
+    xb_entry *ent[2] = {(xb_entry *)calloc(XB_ENTRIES, sizeof(xb_entry)), (xb_entry *)calloc(XB_ENTRIES, sizeof(xb_entry))};
+    int ne[2] = {0, 0};
+    cudaError_t e = cudaSetDevice(j->device);
+    if (e != cudaSuccess) pj_fail(j, e, "cudaSetDevice");
+    if (!ent[0] || !ent[1]) j->st = HYLA_ERR_NOMEM, snprintf(j->msg, sizeof j->msg, "copy into pageable memory: out of memory");
+    pthread_mutex_lock(&xb_mu);
+    if (xb_n) xb = xb_free[--xb_n];
+    pthread_mutex_unlock(&xb_mu);
+    if (j->st == HYLA_OK && !xb && (e = cudaMallocHost(&xb, XB_BYTES)) != cudaSuccess) pj_fail(j, e, "cudaMallocHost"), xb = NULL;
+    if (j->st == HYLA_OK && (e = cudaStreamCreateWithFlags(&hs, cudaStreamNonBlocking)) != cudaSuccess) pj_fail(j, e, "cudaStreamCreate");
+    for (int h = 0; h < 2 && j->st == HYLA_OK; h++)
+        if ((e = cudaEventCreateWithFlags(&ev[h], cudaEventDisableTiming)) != cudaSuccess) pj_fail(j, e, "cudaEventCreate");
+    if (j->st == HYLA_OK && (e = cudaStreamWaitEvent(hs, j->after, 0)) != cudaSuccess) pj_fail(j, e, "cudaStreamWaitEvent");
+    const size_t H = XB_BYTES / 2;
+    int h = 0;
+    size_t used = 0; /* bytes of half h filled */
+    for (int i = 0; i < j->n && j->st == HYLA_OK; i++)
+        for (size_t off = 0; off < j->bytes[i] && j->st == HYLA_OK;) {
+            if (used == H || ne[h] == XB_ENTRIES) { /* half h is full: send it, take the other */
+                if ((e = cudaEventRecord(ev[h], hs)) != cudaSuccess) pj_fail(j, e, "cudaEventRecord");
+                h ^= 1;
+                pj_drain(j, ev[h], (uint8_t *)xb + (size_t)h * H, ent[h], &ne[h]);
+                used = 0;
+            }
+            size_t len = j->bytes[i] - off < H - used ? j->bytes[i] - off : H - used;
+            uint8_t *half = (uint8_t *)xb + (size_t)h * H;
+            if ((e = cudaMemcpyAsync(half + used, (const uint8_t *)j->src[i] + off, len, cudaMemcpyDeviceToHost, hs)) !=
+                cudaSuccess)
+                pj_fail(j, e, "cudaMemcpyAsync");
+            ent[h][ne[h]++] = (xb_entry){(uint8_t *)j->dst[i] + off, used, len};
+            used += len;
+            off += len;
+        }
+    if (j->st == HYLA_OK && ne[h] && (e = cudaEventRecord(ev[h], hs)) != cudaSuccess) pj_fail(j, e, "cudaEventRecord");
+    if (j->st == HYLA_OK) { /* the older half first, then the last one */
+        pj_drain(j, ev[h ^ 1], (uint8_t *)xb + (size_t)(h ^ 1) * H, ent[h ^ 1], &ne[h ^ 1]);
+        pj_drain(j, ev[h], (uint8_t *)xb + (size_t)h * H, ent[h], &ne[h]);
+    }
+    if (hs) {
+        cudaStreamSynchronize(hs); /* nothing may still write the bounce buffer once it is given back */
+        cudaStreamDestroy(hs);
+    }
+    for (int k = 0; k < 2; k++)
+        if (ev[k]) cudaEventDestroy(ev[k]);
+    if (xb) {
+        pthread_mutex_lock(&xb_mu);
+        if (xb_n < XB_KEEP) xb_free[xb_n++] = xb, xb = NULL;
+        pthread_mutex_unlock(&xb_mu);
+        if (xb) cudaFreeHost(xb);
+    }
+    free(ent[0]);
+    free(ent[1]);
+    __atomic_store_n(&cp->pj_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* The destination of a device -> host copy is pageable (not page-locked, not mapped). */
+static int host_pageable(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
+/* Start the copies of a device -> pageable host copy on a thread (see above). */
+static hyla_status pageable_begin(hyla_cuda_ctx *c, int n, void *const *dst, const void *const *src, const size_t *bytes,
+                                  hyla_cuda_copy *cp) {
+    pageable_job *j = (pageable_job *)calloc(1, sizeof *j);
+    if (!j) return hyla_fail(HYLA_ERR_NOMEM, "hyla_cuda async copy: out of host memory");
+    j->device = c->device;
+    j->n = n;
+    j->dst = (void **)malloc(((size_t)n + 1) * sizeof *j->dst);
+    j->src = (const void **)malloc(((size_t)n + 1) * sizeof *j->src);
+    j->bytes = (size_t *)malloc(((size_t)n + 1) * sizeof *j->bytes);
+    cudaError_t e = j->dst && j->src && j->bytes ? cudaEventCreateWithFlags(&j->after, cudaEventDisableTiming)
+                                                 : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = cudaEventRecord(j->after, c->stream); /* after the work queued so far */
+    hyla_status st = e == cudaSuccess ? HYLA_OK : hyla_cuda_fail(e, "pageable copy: event", __FILE__, __LINE__);
+    if (st == HYLA_OK) {
+        for (int i = 0; i < n; i++) j->dst[i] = dst[i], j->src[i] = src[i], j->bytes[i] = bytes[i];
+        cp->pj = j;
+        __atomic_store_n(&cp->pj_done, 0, __ATOMIC_RELEASE);
+        if (pthread_create(&cp->th, NULL, pageable_main, cp) != 0)
+            st = hyla_fail(HYLA_ERR_RESOURCE, "hyla_cuda async copy: cannot start its thread");
+    }
+    if (st != HYLA_OK) {
+        if (j->after) cudaEventDestroy(j->after);
+        free(j->dst);
+        free((void *)j->src);
+        free(j->bytes);
+        free(j);
+        cp->pj = NULL;
+    }
+    return st;
+}
+
+static hyla_status pageable_wait(hyla_cuda_copy *cp) {
+    pageable_job *j = cp->pj;
+    pthread_join(cp->th, NULL);
+    hyla_status st = j->st == HYLA_OK ? HYLA_OK : hyla_fail(j->st, "%s", j->msg);
+    cudaEventDestroy(j->after);
+    free(j->dst);
+    free((void *)j->src);
+    free(j->bytes);
+    free(j);
+    free(cp);
+    return st;
+}
 
 static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const void *const *src, const size_t *bytes,
                               cudaMemcpyKind kind, hyla_cuda_copy **out) {
@@ -332,6 +500,15 @@ static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const v
     hyla_cuda_copy *cp = (hyla_cuda_copy *)calloc(1, sizeof *cp);
     if (!cp) return hyla_fail(HYLA_ERR_NOMEM, "hyla_cuda async copy: out of host memory");
     cp->c = c;
+    if (kind == cudaMemcpyDeviceToHost && n > 0 && host_pageable(dst[0])) {
+        hyla_status ps = pageable_begin(c, n, dst, src, bytes, cp);
+        if (ps != HYLA_OK) {
+            free(cp);
+            return ps;
+        }
+        *out = cp;
+        return HYLA_OK;
+    }
     cudaEvent_t after = NULL;
     hyla_status st = HYLA_OK;
 #define STEP(expr)                                                                    \
@@ -392,11 +569,13 @@ static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const v
 
 static int copy_done(const hyla_cuda_copy *cp) {
     /* a failure counts as finished: copy_wait reports it */
+    if (cp && cp->pj) return __atomic_load_n(&cp->pj_done, __ATOMIC_ACQUIRE);
     return !cp || cudaEventQuery(cp->done) != cudaErrorNotReady;
 }
 
 static hyla_status copy_wait(hyla_cuda_copy *cp) {
     if (!cp) return HYLA_OK;
+    if (cp->pj) return pageable_wait(cp);
     cudaError_t e = cudaEventSynchronize(cp->done);
     cudaEventDestroy(cp->done);
     free(cp);

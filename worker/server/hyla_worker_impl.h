@@ -88,6 +88,7 @@ typedef struct wsess {
     int put_inflight;
     hyla_export *exp;         /* auto-snapshot begun, not yet ended (finish_export) */
     uint64_t exp_base;        /* the base position of exp, an incremental export (incremental_base) */
+    double exp_t0;            /* when exp began */
     double snap_retry_at;     /* an auto-snapshot failed: do not retry before this time */
     double last_used;
     append_job *app;

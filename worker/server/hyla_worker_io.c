@@ -76,8 +76,8 @@ void *io_main(void *arg) {
                                         RPC_TIMEOUT_MS, &c->info);
             if (st == HYLA_OK) {
                 c->snap = layout_of(it->snap);
-                HYLA_DEBUG("session %s: version %llu durable at position %llu", it->session,
-                           (unsigned long long)c->info.version, (unsigned long long)c->info.position);
+                HYLA_DEBUG("session %s: version %llu durable at position %llu (put %.1f ms)", it->session,
+                           (unsigned long long)c->info.version, (unsigned long long)c->info.position, (now_s() - t0) * 1e3);
                 report_snapshot(w, it, &c->info);
                 worker_metrics_export(w, it->snap);
             }

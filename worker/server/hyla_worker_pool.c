@@ -142,8 +142,11 @@ hyla_status queue_put(hyla_worker *w, wsess *ws, hyla_snapshot *snap, uint64_t b
 void finish_export(hyla_worker *w, wsess *ws) {
     if (!ws->exp) return;
     hyla_snapshot *snap = NULL;
+    double t0 = now_s();
     hyla_status st = hyla_session_export_end(ws->exp, &snap);
     ws->exp = NULL;
+    HYLA_DEBUG("snapshot of %s: export ended %.1f ms after it began (waited %.1f ms)", ws->id, (now_s() - ws->exp_t0) * 1e3,
+               (now_s() - t0) * 1e3);
     if (st == HYLA_OK) st = queue_put(w, ws, snap, ws->exp_base, NULL, 0, 0);
     if (st != HYLA_OK) {
         HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", ws->id, hyla_last_error());

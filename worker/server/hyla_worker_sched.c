@@ -557,9 +557,14 @@ static void step_snapshots(hyla_worker *w) {
         int drain = w->draining && !s->app && !s->gen && now_s() >= s->snap_retry_at;
         if (due && !drain && whole) {
             s->exp_base = incremental_base(w, s);
+            s->exp_t0 = now_s();
             if (hyla_session_export_begin_since(s->s, s->exp_base, &s->exp) != HYLA_OK) {
                 HYLA_WARN("snapshot of %s: %s (retrying in 2 s)", s->id, hyla_last_error());
                 s->snap_retry_at = now_s() + 2;
+            } else {
+                HYLA_DEBUG("snapshot of %s: export begun at position %lld since %llu (%.1f ms)", s->id,
+                           (long long)hyla_session_position(s->s), (unsigned long long)s->exp_base,
+                           (now_s() - s->exp_t0) * 1e3);
             }
         } else if (due || drain) {
             if (start_put(w, s, NULL, 0, drain) != HYLA_OK) {
