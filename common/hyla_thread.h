@@ -1,7 +1,9 @@
 /* hyla_thread.h — the thread helpers every module uses: a parallel loop over pthreads, the
  * count of online cores, detached threads, and a bounded wait on a condition variable.
  *
- * Threading: every function is thread-safe and keeps no global state. */
+ * Threading: every function is thread-safe. hyla_parallel_for keeps a process-wide pool of threads
+ * (started on first use, kept for the life of the process); a call made while another call owns
+ * the pool starts threads of its own. */
 #ifndef HYLA_THREAD_H
 #define HYLA_THREAD_H
 
