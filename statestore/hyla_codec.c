@@ -69,8 +69,9 @@ static int fault_hit(atomic_long *c) {
 hyla_codec_params hyla_codec_default_params(void) {
     hyla_codec_params p;
     memset(&p, 0, sizeof p);
-    p.chunk_bytes = 2u << 20;
+    p.chunk_bytes = 512u << 10;
     p.zstd_level = 1;
+    p.min_gain_pct = 20;
     p.threads = 0;
     p.f32_as_bf16 = 0;
     p.shuffle = 1;
@@ -293,7 +294,8 @@ static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len
             snprintf(err, errlen, "zstd compress failed: %s", ZSTD_getErrorName(zr));
             return -1;
         }
-        if (zr < raw_len) {
+        int gain = p->min_gain_pct > 0 ? (p->min_gain_pct < 100 ? p->min_gain_pct : 100) : 0;
+        if (zr < raw_len && (uint64_t)zr * 100 <= (uint64_t)raw_len * (uint64_t)(100 - gain)) {
             codec = CODEC_ZSTD;
             plen = zr;
         } else {

@@ -36,11 +36,17 @@ extern "C" {
 #define HYLA_CHUNK_HEADER_BYTES 32
 
 typedef struct {
-    uint32_t chunk_bytes; /* target raw bytes per chunk; default 2 MiB; 4 KiB .. 256 MiB */
+    uint32_t chunk_bytes; /* target raw bytes per chunk; default 512 KiB (a restore decodes chunks on
+                             every core: smaller chunks spread a small state over more of them);
+                             4 KiB .. 256 MiB */
     int zstd_level;       /* default 1; 0 stores chunks uncompressed; negative = zstd fast levels */
     int threads;          /* worker threads; 0 (default) = online cores */
     int f32_as_bf16;      /* 1: store fp32 parts as bf16 (lossy; recorded per part). Default 0 */
     int shuffle;          /* 1 (default): byte-shuffle by element size before zstd */
+    int min_gain_pct;     /* a chunk is stored compressed only when zstd saves at least this share of
+                             its bytes (default 20): fp32 recurrent states save ~14 % and decode at
+                             ~1 GB/s a core, so they are stored raw and restore at copy speed; bf16
+                             KV saves ~32 % and stays compressed. 0: whenever it saves a byte */
     int fast_floats;      /* 1 (default): compress shuffled float chunks with zstd's fastest match
                              finder and Huffman-coded literals forced on, instead of zstd_level:
                              float states have almost no long matches, so this keeps level 1's ratio

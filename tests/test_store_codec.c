@@ -50,6 +50,54 @@ static void test_roundtrip(void) {
     hyla_snapshot_destroy(s);
 }
 
+/* Chunks are stored compressed only when zstd saves min_gain_pct of their bytes: fp32 values of
+ * full-entropy mantissas save little and are stored raw by default, bf16 values of the same
+ * distribution save more and stay compressed; min_gain_pct 0 compresses both. */
+static void test_min_gain(void) {
+    enum { N = 1 << 16 };
+    hyla_snapshot *s = hyla_snapshot_create();
+    uint64_t shape[1] = {N};
+    hyla_state_part *f = NULL, *b = NULL;
+    CHECK_OK(hyla_snapshot_add_part(s, 0, "S", HYLA_PART_RECURRENT, HYLA_DT_F32, 1, shape, 0, &f));
+    CHECK_OK(hyla_snapshot_add_part(s, 0, "k", HYLA_PART_RECURRENT, HYLA_DT_BF16, 1, shape, 0, &b));
+    hyla_rng r;
+    hyla_rng_seed(&r, 11);
+    for (int i = 0; f && b && i < N; i++) {
+        float v = hyla_rng_normal(&r);
+        ((float *)f->data)[i] = v;
+        ((uint16_t *)b->data)[i] = hyla_f32_to_bf16(v);
+    }
+    for (int gain = 20; gain >= 0; gain -= 20) {
+        hyla_codec_params p = hyla_codec_default_params();
+        CHECK(p.min_gain_pct == 20);
+        p.min_gain_pct = gain;
+        hyla_codec_plan *pl = NULL;
+        CHECK_OK(hyla_codec_plan_create(s, &p, &pl));
+        if (!pl) break;
+        for (size_t i = 0; i < pl->n_chunks; i++) pl->chunks[i].want = 1;
+        CHECK_OK(hyla_codec_plan_encode(pl));
+        int raw_f32 = 0, raw_bf16 = 0, n_f32 = 0, n_bf16 = 0;
+        for (size_t i = 0; i < pl->n_chunks; i++) {
+            int raw = pl->chunks[i].value && pl->chunks[i].value[4] == 0; /* the value's codec byte */
+            if (pl->chunks[i].ref.part == 0) raw_f32 += raw, n_f32++;
+            else raw_bf16 += raw, n_bf16++;
+        }
+        if (gain) CHECK_MSG(raw_f32 == n_f32 && raw_bf16 == 0, "min gain %d %%: %d of %d f32 chunks raw, %d of %d bf16",
+                            gain, raw_f32, n_f32, raw_bf16, n_bf16);
+        else CHECK_MSG(raw_f32 == 0 && raw_bf16 == 0, "min gain 0: %d f32 and %d bf16 chunks raw", raw_f32, raw_bf16);
+        hyla_codec_plan_destroy(pl);
+        /* either way the file reads back bit for bit */
+        char path[512];
+        path_of(path, sizeof path, "gain.hys");
+        CHECK_OK(hyla_snapshot_save_file(path, s, &p));
+        hyla_snapshot *t = NULL;
+        CHECK_OK(hyla_snapshot_load_file(path, &t));
+        CHECK_MSG(t && hyla_snapshot_equal(s, t), "min gain %d: round trip", gain);
+        hyla_snapshot_destroy(t);
+    }
+    hyla_snapshot_destroy(s);
+}
+
 static void test_bf16(void) {
     hyla_snapshot *s = tsu_make(3, 3, 200, 9);
     hyla_codec_params p = hyla_codec_default_params();
@@ -263,6 +311,7 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/hyla_test_codec_%d", hyla_test_env("TMPDIR", "/tmp"), (int)getpid());
     hyla_mkdirs(dir);
     test_roundtrip();
+    test_min_gain();
     test_bf16();
     test_refusals();
     test_failed_write_keeps_old();
