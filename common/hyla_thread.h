@@ -36,7 +36,7 @@ int hyla_thread_start_detached(void *(*fn)(void *), void *arg);
 void hyla_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms);
 
 /* Keep large blocks in the allocator instead of fresh mappings: glibc serves each allocation of
- * 128 KiB and more (RocksDB's buffer for every 2 MiB chunk read, zstd and codec scratch) with its
+ * 128 KiB and more (RocksDB's buffer for every chunk read, zstd and codec scratch) with its
  * own mmap, which faults in every page and whose munmap interrupts every other core running the
  * process for a TLB shootdown, a cost that grows with the threads reading at once. This raises
  * the mmap threshold to 32 MiB and keeps freed memory (trim threshold 1 GiB). Call once at the

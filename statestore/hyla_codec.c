@@ -1233,20 +1233,14 @@ typedef struct {
 } range_task;
 
 typedef struct {
-    const hyla_manifest *m;
-    hyla_chunk_fetch_fn fetch;
-    hyla_chunk_release_fn release;
-    void *fctx;
-    const char *what;
-    hyla_snapshot *dst;
+    dec_ctx d; /* the chunks' source (dec_ctx_of) and the target, d.out; d.err */
     const range_task *tasks;
-    first_error err;
 } range_ctx;
 
 static void range_fn(void *ctx, size_t i, int tid) {
     (void)tid;
-    range_ctx *d = ctx;
-    const range_task *t = &d->tasks[i];
+    const range_task *t = &((range_ctx *)ctx)->tasks[i];
+    dec_ctx *d = &((range_ctx *)ctx)->d;
     const hyla_chunk_ref *r = &d->m->chunks[t->chunk];
     const hyla_manifest_part *mp = &d->m->parts[r->part];
     char loc[256], err[512];
@@ -1269,7 +1263,7 @@ static void range_fn(void *ctx, size_t i, int tid) {
     }
     if (d->release) d->release(d->fctx, tok);
     if (st == HYLA_OK) {
-        uint8_t *out = d->dst->parts[t->part].data;
+        uint8_t *out = d->out->parts[t->part].data;
         const uint8_t *src = raw + (t->lo - r->raw_off);
         if (mp->stored_dtype == mp->desc.dtype)
             memcpy(out + t->lo, src, t->hi - t->lo);
@@ -1327,18 +1321,11 @@ hyla_status hyla_codec_decode_range(const hyla_manifest *m, hyla_chunk_fetch_fn 
         }
     }
     if (st == HYLA_OK && n) {
-        range_ctx d;
-        memset(&d, 0, sizeof d);
-        d.m = m;
-        d.fetch = fetch;
-        d.release = release;
-        d.fctx = ctx;
-        d.what = what;
-        d.dst = dst;
-        d.tasks = tasks;
-        first_error_init(&d.err);
-        hyla_parallel_for(threads, n, range_fn, &d);
-        st = first_error_finish(&d.err);
+        range_ctx rc = {dec_ctx_of(m, fetch, release, ctx, what), tasks};
+        rc.d.out = dst;
+        first_error_init(&rc.d.err);
+        hyla_parallel_for(threads, n, range_fn, &rc);
+        st = first_error_finish(&rc.d.err);
     }
     free(tasks);
     return st;

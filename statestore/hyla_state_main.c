@@ -36,8 +36,9 @@ static void usage(FILE *f) {
             "  du                       sessions, versions, chunks, bytes stored and on disk\n"
             "options:\n"
             "  --version N              show/export: version N instead of the head\n"
-            "  --zstd-level N           import/export: zstd level (default 1; 0 = uncompressed)\n"
-            "  --chunk-kib N            import/export: chunk size in KiB (default 2048)\n"
+            "  --zstd-level N           import/export: zstd level (default 1; 0 = uncompressed); a chunk is\n"
+            "                           stored compressed only when zstd saves at least 20 %% of it\n"
+            "  --chunk-kib N            import/export: chunk size in KiB (default 512)\n"
             "  --bf16                   import/export: store fp32 parts as bf16 (lossy)\n"
             "  --threads N              worker threads (default: all cores)\n"
             "  -h, --help               this text\n");

@@ -61,7 +61,9 @@ void hyla_cuda_host_free(hyla_backend *be, void *p);
 typedef struct hyla_cuda_copy hyla_cuda_copy;
 /* Queue n device->host copies (dev_src[i] -> host_dst[i], bytes[i]) after the work queued so
  * far on the compute stream. The arrays are borrowed for the call; the buffers until the copy
- * is waited for. *out: caller finishes with hyla_cuda_copy_wait. */
+ * is waited for. The host buffers are all pinned or all pageable (host_dst[0] decides): pageable
+ * ones are filled by a thread of the copy's own through a pinned bounce buffer, so the call
+ * does not wait either way. *out: caller finishes with hyla_cuda_copy_wait. */
 hyla_status hyla_cuda_snapshot_begin(hyla_backend *be, int n, void *const *host_dst, const void *const *dev_src,
                                      const size_t *bytes, hyla_cuda_copy **out);
 /* Queue n host->device copies; ops queued after this call wait for them on the device. */
