@@ -133,12 +133,6 @@ hyla_status hyla_snapshot_add_part_tail(hyla_snapshot *s, uint32_t layer, const 
     return HYLA_OK;
 }
 
-int hyla_snapshot_is_partial(const hyla_snapshot *s) {
-    for (uint32_t i = 0; i < s->n_parts; i++)
-        if (s->parts[i].skip) return 1;
-    return 0;
-}
-
 hyla_status hyla_snapshot_require_whole(const hyla_snapshot *s, const char *what) {
     for (uint32_t i = 0; i < s->n_parts; i++)
         if (s->parts[i].skip)

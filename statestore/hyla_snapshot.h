@@ -121,11 +121,10 @@ hyla_status hyla_snapshot_add_part(hyla_snapshot *s, uint32_t layer, const char 
 hyla_status hyla_snapshot_add_part_tail(hyla_snapshot *s, uint32_t layer, const char *name, hyla_part_kind kind,
                                         hyla_dtype dtype, uint32_t ndim, const uint64_t *shape, uint32_t page_tokens,
                                         uint64_t skip, hyla_state_part **out);
-/* Whether any part of s leaves bytes out (skip > 0): such a snapshot is only put to a store
- * together with the base version that holds them (hyla_store_rpc_put); everything that needs
- * whole parts refuses it with hyla_snapshot_require_whole. */
-int hyla_snapshot_is_partial(const hyla_snapshot *s);
-/* HYLA_OK for a whole snapshot, else HYLA_ERR_INVALID_ARG naming `what` and the first partial part. */
+/* A partial snapshot (a part with skip > 0) is only put to a store together with the base
+ * version that holds the bytes it leaves out (hyla_store_rpc_put); everything that needs whole
+ * parts refuses it: HYLA_OK for a whole snapshot, else HYLA_ERR_INVALID_ARG naming `what` and the
+ * first partial part. */
 hyla_status hyla_snapshot_require_whole(const hyla_snapshot *s, const char *what);
 /* The part (layer, name), or NULL. Borrowed. */
 hyla_state_part *hyla_snapshot_find(const hyla_snapshot *s, uint32_t layer, const char *name);

@@ -117,7 +117,7 @@ hyla_status hyla_store_put(hyla_store *st, const char *session, const hyla_snaps
  * chunk is missing or damaged), HYLA_ERR_INVALID_ARG (shared[i] beyond the part, base_version 0).
  * snap is borrowed for the call and written to: bytes of the shared prefixes may be filled in
  * (which bytes is unspecified), nothing else changes; its parts are whole (a partial snapshot,
- * hyla_snapshot_is_partial, is refused INVALID_ARG: the prefix bytes need a place). shared is borrowed for the call. version
+ * hyla_snapshot_require_whole, is refused INVALID_ARG: the prefix bytes need a place). shared is borrowed for the call. version
  * and stats may be NULL; stats.seconds_plan includes reading the base manifest and decoding
  * from the base; chunks referenced from the base count as existing (not written). */
 hyla_status hyla_store_put_since(hyla_store *st, const char *session, hyla_snapshot *snap, uint64_t base_version,

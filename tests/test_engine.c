@@ -147,7 +147,7 @@ static int check_since(hyla_session *a, const hyla_snapshot *ref, const char *ar
     }
     CHECK_MSG(ok, "%s: export since %llu (%s) differs from the whole export's tails", arch, (unsigned long long)base,
               async ? "async" : "sync");
-    CHECK_MSG(hyla_snapshot_is_partial(x) == (partial > 0), "%s: is_partial disagrees", arch);
+    CHECK_MSG((hyla_snapshot_require_whole(x, "test") == HYLA_OK) == (partial == 0), "%s: require_whole disagrees", arch);
     if (partial) { /* a partial snapshot is refused where whole parts are needed */
         hyla_session *r = NULL;
         CHECK(hyla_session_import(hyla_session_runtime(a), x, &r) == HYLA_ERR_INVALID_ARG && !r);
