@@ -183,6 +183,19 @@ typedef struct hyla_ops {
      * at a fixed row count, outputs of equal N batched; CPU: the same as linear). */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                 int accumulate, int flags);
+    /* The MLP's down projection of its SwiGLU: y [M][N] = (silu(gate) * up) @ W^T, gate and up
+     * [M][K]. gate may be overwritten with silu(gate) * up. Bit for bit: swiglu(gate, up, gate)
+     * then, without flags, linear(gate) or, with HYLA_LINEAR_PREFILL, linear_multi with that
+     * flag and one output. A backend may do both at once (CUDA prompt rows: the product is
+     * rounded to the GEMM's bf16 operand as it is formed, without the fp32 pass between). */
+    hyla_status (*swiglu_linear)(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y,
+                                 int N, int flags);
+    /* A linear-attention mixer's end: y [M][N] = gated_rmsnorm(o, gate, w) @ W^T, where o and gate
+     * are [M][H*D] (rows of M*H heads of D for the norm) and W is [N][H*D]. o may be overwritten
+     * with the normed values. Bit for bit: gated_rmsnorm(o, gate, w, o, M * H, D, eps) then the
+     * linear as in swiglu_linear (flags 0: linear; HYLA_LINEAR_PREFILL: linear_multi). */
+    hyla_status (*gated_rmsnorm_linear)(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
+                                        int M, const hyla_weight *W, float *y, int N, int flags);
     /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */
     hyla_status (*rmsnorm)(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
     /* residual += x; y = rmsnorm(residual) : all [n][D]. */

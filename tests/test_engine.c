@@ -937,7 +937,7 @@ static void test_profile(hyla_backend *be, const char *tmp) {
     fclose(f);
     CHECK_MSG(buf && strstr(buf, "\"prefill\":[{") && strstr(buf, "\"decode\":[{"), "profile: both tables filled: %s",
               buf ? buf : "(null)");
-    const char *labels[] = {"\"sse: core\"", "\"attn: norms, rope, pages, core\"", "\"mlp: down proj\"", "\"norm\""};
+    const char *labels[] = {"\"sse: core\"", "\"attn: norms, rope, pages, core\"", "\"mlp: swiglu, down proj\"", "\"norm\""};
     for (int i = 0; buf && i < 4; i++) CHECK_MSG(strstr(buf, labels[i]) != NULL, "profile has no %s", labels[i]);
     free(buf);
     CHECK_MSG(memcmp(t0, t1, sizeof t0) == 0, "profiling changed the sampled tokens");

@@ -579,6 +579,101 @@ static void case_linear_multi(const op_case *c) {
     free(bias);
 }
 
+/* swiglu_linear == swiglu then the down projection, bit for bit on the GPU: prompt rows (the
+ * SwiGLU formed while rounding to bf16; 1024-row blocks straight into y and a partial block,
+ * and a row alone) against swiglu + linear_multi(HYLA_LINEAR_PREFILL), decode rows against
+ * swiglu + linear; close to the CPU. */
+static void case_swiglu_linear(const op_case *oc) {
+    (void)oc;
+    const int K = 6144, N = 2304, Ms[3] = {1300, 40, 1};
+    float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K));
+    hyla_weight *wc, *wg;
+    CHECK_OK(cpu->ops->weight_create(cpu->ctx, W, HYLA_DT_F32, N, K, &wc));
+    CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &wg));
+    for (int mi = 0; mi < 3; mi++)
+        for (int fl = 0; fl < 2; fl++) {
+            const int M = Ms[mi], flags = fl ? HYLA_LINEAR_PREFILL : 0;
+            float *g = randn((size_t)M * K, 2.0f), *u = randn((size_t)M * K, 1.0f);
+            pair pg = pair_new(g, (size_t)M * K), pu = pair_new(u, (size_t)M * K), py = pair_new(NULL, (size_t)M * N);
+            float *g2 = dev(gpu, g, (size_t)M * K * 4), *y2 = dev(gpu, NULL, (size_t)M * N * 4);
+            CHECK_OK(cpu->ops->swiglu_linear(cpu->ctx, pg.c, pu.c, M, K, wc, py.c, N, flags));
+            CHECK_OK(gpu->ops->swiglu_linear(gpu->ctx, pg.g, pu.g, M, K, wg, py.g, N, flags));
+            CHECK_OK(gpu->ops->swiglu(gpu->ctx, g2, pu.g, g2, (size_t)M * K));
+            if (fl) {
+                hyla_linear_out lo = {wg, NULL, y2, N, N};
+                CHECK_OK(gpu->ops->linear_multi(gpu->ctx, g2, K, M, K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
+            } else {
+                CHECK_OK(gpu->ops->linear(gpu->ctx, g2, K, M, K, wg, NULL, y2, N, N, 0));
+            }
+            char name[80];
+            snprintf(name, sizeof name, "swiglu_linear M=%d%s", M, fl ? " (prompt rows)" : "");
+            cmp_pair(name, py, LIN_TOL);
+            CHECK_MSG(same_bits(gpu, py.g, y2, (size_t)M * N * 4), "%s: differs from swiglu then the linear", name);
+            pair_free(pg);
+            pair_free(pu);
+            pair_free(py);
+            dfree(gpu, g2);
+            dfree(gpu, y2);
+            free(g);
+            free(u);
+        }
+    cpu->ops->weight_destroy(cpu->ctx, wc);
+    gpu->ops->weight_destroy(gpu->ctx, wg);
+    free(W);
+}
+
+/* gated_rmsnorm_linear == the gated RMSNorm in place then the projection, bit for bit on the
+ * GPU, for heads of 256 (two units a lane), 128 (one) and 1024 (a block per row), with and
+ * without the gate, prompt rows (1024-row blocks and a partial one) and decode rows; close to
+ * the CPU. */
+static void case_gated_rmsnorm_linear(const op_case *oc) {
+    (void)oc;
+    const int N = 2304, Ms[2] = {1300, 40};
+    const int HD[3][2] = {{18, 256}, {18, 128}, {2, 1024}};
+    for (int hi = 0; hi < 3; hi++) {
+        const int H = HD[hi][0], D = HD[hi][1], K = H * D;
+        float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K)), *nw = randu(D, 0.5f, 1.5f);
+        hyla_weight *wc, *wg;
+        CHECK_OK(cpu->ops->weight_create(cpu->ctx, W, HYLA_DT_F32, N, K, &wc));
+        CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &wg));
+        pair pn = pair_new(nw, D);
+        for (int mi = 0; mi < 2; mi++)
+            for (int v = 0; v < 4; v++) {
+                const int M = Ms[mi], fl = v & 1, gated = v >> 1, flags = fl ? HYLA_LINEAR_PREFILL : 0;
+                float *o = randn((size_t)M * K, 1.0f), *g = randn((size_t)M * K, 2.0f);
+                pair po = pair_new(o, (size_t)M * K), pg = pair_new(g, (size_t)M * K), py = pair_new(NULL, (size_t)M * N);
+                float *o2 = dev(gpu, o, (size_t)M * K * 4), *y2 = dev(gpu, NULL, (size_t)M * N * 4);
+                const float *gc = gated ? pg.c : NULL, *gg = gated ? pg.g : NULL;
+                CHECK_OK(cpu->ops->gated_rmsnorm_linear(cpu->ctx, po.c, gc, pn.c, H, D, 1e-6f, M, wc, py.c, N, flags));
+                CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, po.g, gg, pn.g, H, D, 1e-6f, M, wg, py.g, N, flags));
+                CHECK_OK(gpu->ops->gated_rmsnorm(gpu->ctx, o2, gg, pn.g, o2, M * H, D, 1e-6f));
+                if (fl) {
+                    hyla_linear_out lo = {wg, NULL, y2, N, N};
+                    CHECK_OK(gpu->ops->linear_multi(gpu->ctx, o2, K, M, K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
+                } else {
+                    CHECK_OK(gpu->ops->linear(gpu->ctx, o2, K, M, K, wg, NULL, y2, N, N, 0));
+                }
+                char name[96];
+                snprintf(name, sizeof name, "gated_rmsnorm_linear H=%d D=%d M=%d%s%s", H, D, M, gated ? " gate" : "",
+                         fl ? " (prompt)" : "");
+                cmp_pair(name, py, LIN_TOL);
+                CHECK_MSG(same_bits(gpu, py.g, y2, (size_t)M * N * 4), "%s: differs from the norm then the linear", name);
+                pair_free(po);
+                pair_free(pg);
+                pair_free(py);
+                dfree(gpu, o2);
+                dfree(gpu, y2);
+                free(o);
+                free(g);
+            }
+        pair_free(pn);
+        cpu->ops->weight_destroy(cpu->ctx, wc);
+        gpu->ops->weight_destroy(gpu->ctx, wg);
+        free(W);
+        free(nw);
+    }
+}
+
 static void case_rowops(const op_case *c) {
     (void)c;
     int n = 37, D = 2304;
@@ -2106,6 +2201,8 @@ static const op_case cases[] = {
     {"row ops", case_rowops, {0}},
     {"row-op layouts", case_rowop_layouts, {0}},
     {"short_conv", case_short_conv, {0}},
+    {"swiglu_linear", case_swiglu_linear, {0}},
+    {"gated_rmsnorm_linear", case_gated_rmsnorm_linear, {0}},
     /* {gdn, n, H, dk, dv} */
     {"gla_prefill", case_lin_prefill, {0, 1, 2, 16, 32}},
     {"gla_prefill", case_lin_prefill, {0, 200, 2, 64, 48}},

@@ -233,10 +233,10 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
         if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, decode ? 0 : HYLA_LINEAR_PREFILL)) != HYLA_OK) break;
         PM("mlp: gate/up proj");
-        if ((s = o->swiglu(ctx, rt->mlp_g, rt->mlp_u, rt->mlp_g, (size_t)R * F)) != HYLA_OK) break;
-        PM("mlp: swiglu");
-        if ((s = lin(o, ctx, decode, R, rt->mlp_g, F, ly->mlp_down, rt->mo, D)) != HYLA_OK) break;
-        PM("mlp: down proj");
+        /* the SwiGLU and the down projection in one op: prompt rows skip the fp32 pass between */
+        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, rt->mo, D, decode ? 0 : HYLA_LINEAR_PREFILL);
+        if (s != HYLA_OK) break;
+        PM("mlp: swiglu, down proj");
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
         if ((s = o->add(ctx, x, rt->mo, (size_t)R * D)) != HYLA_OK) break;
         PM("residual add");

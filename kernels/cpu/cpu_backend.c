@@ -422,6 +422,27 @@ static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, i
     return HYLA_OK;
 }
 
+static hyla_status cpu_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n);
+
+static hyla_status cpu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows,
+                                     int D, float eps);
+
+/* The composition gated_rmsnorm_linear is defined as. */
+static hyla_status cpu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D,
+                                            float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
+    (void)flags;
+    HYLA_TRY(cpu_gated_rmsnorm(ctx, o, gate, w, o, M * H, D, eps));
+    return cpu_linear(ctx, o, H * D, M, H * D, W, NULL, y, N, N, 0);
+}
+
+/* The composition swiglu_linear is defined as. */
+static hyla_status cpu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
+                                     float *y, int N, int flags) {
+    (void)flags; /* prompt rows need no other method (see cpu_linear_multi) */
+    HYLA_TRY(cpu_swiglu(ctx, gate, up, gate, (size_t)M * K));
+    return cpu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
+}
+
 /* 1 / sqrt(mean(x²) + eps), the sum of squares taken in double. [NORM-0] */
 static float rms_inv(const float *x, int D, float eps) {
     double ss = 0;
@@ -777,6 +798,8 @@ static const hyla_ops cpu_ops = {
     .embed = cpu_embed,
     .linear = cpu_linear,
     .linear_multi = cpu_linear_multi,
+    .swiglu_linear = cpu_swiglu_linear,
+    .gated_rmsnorm_linear = cpu_gated_rmsnorm_linear,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .add = cpu_add,

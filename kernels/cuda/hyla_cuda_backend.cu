@@ -459,8 +459,28 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int K, 
  * Which outputs share a GEMM is a function of the call's output shapes, so a row's result
  * depends on the row and on those shapes only (the runtime always groups a projection the same
  * way). */
+/* What a prompt-row block is, before the bf16 rounding: the rows of x themselves, silu(x) * up
+ * (swiglu_linear) or the gated RMSNorm of x's rows as M*H heads of D (gated_rmsnorm_linear). The
+ * values are those of the op, then the rounding. */
+struct prompt_pro {
+    const float *up;                 /* swiglu: [M][ldx] */
+    const float *gate, *norm_w;      /* gated RMSNorm (gate may be NULL) */
+    int H, D;
+    float eps;
+};
+
+static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, int r0, int m, int K,
+                                    const prompt_pro *pro, __nv_bfloat16 *xb) {
+    const size_t off = (size_t)r0 * ldx;
+    if (pro && pro->up) return cu_swiglu_bf16_rows(c, x + off, pro->up + off, ldx, m, K, xb);
+    if (pro && pro->norm_w)
+        return cu_gated_rmsnorm_bf16(c, x + off, pro->gate ? pro->gate + off : NULL, pro->norm_w, xb, m * pro->H, pro->D,
+                                     pro->eps);
+    return cu_f32_to_bf16_rows(c, x + off, ldx, m, K, xb);
+}
+
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
-                                     const hyla_linear_out *outs, int accumulate, int MF) {
+                                     const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro) {
     size_t nsum = 0;
     for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
     void *xb, *t;
@@ -486,7 +506,7 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
     }
     for (int r0 = 0; r0 < M; r0 += MF) {
         int m = M - r0 < MF ? M - r0 : MF;
-        HYLA_TRY(cu_f32_to_bf16_rows(c, x + (size_t)r0 * ldx, ldx, m, K, (__nv_bfloat16 *)xb)); /* once for all */
+        HYLA_TRY(prompt_rows_bf16(c, x, ldx, r0, m, K, pro, (__nv_bfloat16 *)xb)); /* once for all */
         for (int j = 0; j < n; j++) {
             if (grp[j] != j) continue; /* done with its group */
             const int N = outs[j].N;
@@ -533,12 +553,46 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    if (flags & HYLA_LINEAR_PREFILL) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS);
+    if (flags & HYLA_LINEAR_PREFILL) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
     for (int j = 0; j < n; j++)
         HYLA_TRY(cu_linear(ctx, x, ldx, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy, outs[j].N, accumulate));
     return HYLA_OK;
+}
+
+/* Prompt rows: the SwiGLU is formed in the pass that rounds each block of rows to the GEMM's bf16
+ * operand (the same values as swiglu then that rounding, one pass over gate and up fewer); other
+ * rows: swiglu in place, then linear, as the op is defined. */
+extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
+                                        float *y, int N, int flags) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (M <= 0) return HYLA_OK;
+    HYLA_TRY(cu_linear_check(K, K, W, N, N));
+    if (flags & HYLA_LINEAR_PREFILL) {
+        const hyla_linear_out lo = {W, NULL, y, N, N};
+        prompt_pro pro = {up, NULL, NULL, 0, 0, 0.0f};
+        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro);
+    }
+    HYLA_TRY(cu_swiglu(ctx, gate, up, gate, (size_t)M * K));
+    return cu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
+}
+
+/* Prompt rows: the norm writes each block of rows as the GEMM's bf16 operand; other rows: the
+ * norm in place, then linear. */
+extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D,
+                                               float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (M <= 0) return HYLA_OK;
+    const int K = H * D;
+    HYLA_TRY(cu_linear_check(K, K, W, N, N));
+    if (flags & HYLA_LINEAR_PREFILL) {
+        const hyla_linear_out lo = {W, NULL, y, N, N};
+        prompt_pro pro = {NULL, gate, w, H, D, eps};
+        return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro);
+    }
+    HYLA_TRY(cu_gated_rmsnorm(ctx, o, gate, w, o, M * H, D, eps));
+    return cu_linear(ctx, o, K, M, K, W, NULL, y, N, N, 0);
 }
 
 extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,

@@ -71,6 +71,42 @@ extern "C" hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int
     return HYLA_OK;
 }
 
+/* silu(g) * u as the swiglu op computes it in fp32, rounded to bf16: the down projection's
+ * operand without the fp32 pass between (see swiglu_linear) */
+__global__ void k_swiglu_bf16_rows(const float *__restrict__ g, const float *__restrict__ u, int ld, int M, int K,
+                                   __nv_bfloat16 *__restrict__ out) {
+    size_t total = (size_t)M * K;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / K, cidx = i - r * K;
+        out[i] = __float2bfloat16_rn(silu_f(g[r * ld + cidx]) * u[r * ld + cidx]);
+    }
+}
+
+__global__ void k_swiglu_bf16_vec4(const float4 *__restrict__ g, const float4 *__restrict__ u, int ld4, int M, int K4,
+                                   __nv_bfloat162 *__restrict__ out) {
+    size_t total = (size_t)M * K4;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / K4, cidx = i - r * K4;
+        float4 a = g[r * ld4 + cidx], b = u[r * ld4 + cidx];
+        out[2 * i] = __floats2bfloat162_rn(silu_f(a.x) * b.x, silu_f(a.y) * b.y);
+        out[2 * i + 1] = __floats2bfloat162_rn(silu_f(a.z) * b.z, silu_f(a.w) * b.w);
+    }
+}
+
+extern "C" hyla_status cu_swiglu_bf16_rows(hyla_cuda_ctx *c, const float *g, const float *u, int ld, int M, int K,
+                                           __nv_bfloat16 *out) {
+    if (K % 4 == 0 && ld % 4 == 0 && ((uintptr_t)g & 15) == 0 && ((uintptr_t)u & 15) == 0) {
+        size_t n = (size_t)M * (K / 4);
+        k_swiglu_bf16_vec4<<<grid_for(n), TPB, 0, c->stream>>>((const float4 *)g, (const float4 *)u, ld / 4, M, K / 4,
+                                                               (__nv_bfloat162 *)out);
+    } else {
+        size_t n = (size_t)M * K;
+        k_swiglu_bf16_rows<<<grid_for(n), TPB, 0, c->stream>>>(g, u, ld, M, K, out);
+    }
+    CU_LAUNCH_CHECK("swiglu_bf16");
+    return HYLA_OK;
+}
+
 __global__ void k_add_bias_rows(float *y, int ldy, int M, int N, const float *bias) {
     size_t total = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
@@ -364,10 +400,21 @@ __global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, in
 __device__ __forceinline__ float4 gate4(float4 v, float4 g) {
     return make_float4(v.x * silu_f(g.x), v.y * silu_f(g.y), v.z * silu_f(g.z), v.w * silu_f(g.w));
 }
-template <int V4, int A16, int WARP>
-__global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm(const float *o, const float *g, const float *__restrict__ w,
-                                                            float *y, int rows, int D, float eps) {
-    __shared__ float sh[32];
+/* the row's store: fp32 as st_u, or rounded to bf16 (a GEMM's operand: gated_rmsnorm_linear) */
+template <int V4, int A16> __device__ __forceinline__ void st_out(float *row, int u, float4 v) { st_u<V4, A16>(row, u, v); }
+template <int V4, int A16> __device__ __forceinline__ void st_out(__nv_bfloat16 *row, int u, float4 v) {
+    if (V4) {
+        __nv_bfloat162 *p = (__nv_bfloat162 *)(row + 4 * u);
+        p[0] = __floats2bfloat162_rn(v.x, v.y);
+        p[1] = __floats2bfloat162_rn(v.z, v.w);
+    } else {
+        row[u] = __float2bfloat16_rn(v.x);
+    }
+}
+
+template <int V4, int A16, int WARP, typename OUT>
+__device__ __forceinline__ void gated_rmsnorm_row(const float *o, const float *g, const float *__restrict__ w, OUT *y,
+                                                  int rows, int D, float eps, float *sh) {
     ROW_SETUP(rows);
     const float *orow = o + (size_t)row * D;
     const float *gr = g ? g + (size_t)row * D : NULL;
@@ -385,19 +432,32 @@ __global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm(const float *o, cons
     for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(orow, u));
     ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
-    float *yr = y + (size_t)row * D;
+    OUT *yr = y + (size_t)row * D;
 #pragma unroll
     for (int k = 0; k < ROW_RC; k++) {
         int u = t + k * G;
         if (u < U) {
             float4 v = mul_sw(co[k], inv, ld_u<V4, A16>(w, u));
-            st_u<V4, A16>(yr, u, gr ? gate4(v, cg[k]) : v);
+            st_out<V4, A16>(yr, u, gr ? gate4(v, cg[k]) : v);
         }
     }
     for (int u = t + ROW_RC * G; u < U; u += G) {
         float4 v = mul_sw(ld_u<V4, A16>(orow, u), inv, ld_u<V4, A16>(w, u));
-        st_u<V4, A16>(yr, u, gr ? gate4(v, ld_u<V4, A16>(gr, u)) : v);
+        st_out<V4, A16>(yr, u, gr ? gate4(v, ld_u<V4, A16>(gr, u)) : v);
     }
+}
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm(const float *o, const float *g, const float *__restrict__ w,
+                                                            float *y, int rows, int D, float eps) {
+    __shared__ float sh[32];
+    gated_rmsnorm_row<V4, A16, WARP>(o, g, w, y, rows, D, eps, sh);
+}
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm_bf16(const float *o, const float *g,
+                                                                 const float *__restrict__ w, __nv_bfloat16 *y,
+                                                                 int rows, int D, float eps) {
+    __shared__ float sh[32];
+    gated_rmsnorm_row<V4, A16, WARP>(o, g, w, y, rows, D, eps, sh);
 }
 
 /* The launch of a row op over `rows` rows of D (row_cfg: the layout above). */
@@ -468,6 +528,14 @@ extern "C" hyla_status cu_l2norm_rows(void *ctx, float *x, int rows, int cols, f
 extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows,
                                         int D, float eps) {
     ROW_OP(ctx, k_gated_rmsnorm, rows, D, al16(o) && al16(g) && al16(w) && al16(y), o, g, w, y, rows, D, eps);
+}
+
+/* The same rows rounded to bf16 into y (the prompt GEMM's operand; the values of cu_gated_rmsnorm
+ * then cu_f32_to_bf16_rows): the layout is chosen from o, g and w alone, as there (y 16-byte
+ * aligned: always, the GEMM's scratch), so the reduction is the same. */
+extern "C" hyla_status cu_gated_rmsnorm_bf16(hyla_cuda_ctx *c, const float *o, const float *g, const float *w,
+                                             __nv_bfloat16 *y, int rows, int D, float eps) {
+    ROW_OP(c, k_gated_rmsnorm_bf16, rows, D, al16(o) && al16(g) && al16(w), o, g, w, y, rows, D, eps);
 }
 
 /* ---------------------------------------------------------------- elementwise */

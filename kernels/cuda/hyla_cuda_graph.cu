@@ -85,6 +85,31 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
     return cu_linear_multi(c, a.x, a.ldx, a.M, a.K, a.n, a.out, a.accumulate, a.flags);
 }
 
+struct ga_swiglu_linear {
+    float *gate;
+    const float *up;
+    const hyla_weight *W;
+    float *y;
+    const void *W_d;
+    int32_t M, K, N, flags;
+};
+static hyla_status replay_swiglu_linear(hyla_cuda_ctx *c, const ga_swiglu_linear &a, const void *) {
+    return cu_swiglu_linear(c, a.gate, a.up, a.M, a.K, a.W, a.y, a.N, a.flags);
+}
+
+struct ga_gated_rmsnorm_linear {
+    float *o;
+    const float *gate, *w;
+    const hyla_weight *W;
+    float *y;
+    const void *W_d;
+    int32_t H, D, M, N, flags;
+    float eps;
+};
+static hyla_status replay_gated_rmsnorm_linear(hyla_cuda_ctx *c, const ga_gated_rmsnorm_linear &a, const void *) {
+    return cu_gated_rmsnorm_linear(c, a.o, a.gate, a.w, a.H, a.D, a.eps, a.M, a.W, a.y, a.N, a.flags);
+}
+
 /* Plain ops: the entry is the op's arguments as they are, the replay is the same call. Each is
  * described once, by its argument list (type, name), in the op's order in hyla_ops.h; the
  * entry's struct, its replay here and its recorder g_<op> below are generated from it. */
@@ -312,6 +337,8 @@ static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const
     X(EMBED, embed)                                                                                                    \
     X(LINEAR, linear)                                                                                                  \
     X(LINEAR_MULTI, linear_multi)                                                                                      \
+    X(SWIGLU_LINEAR, swiglu_linear)                                                                                    \
+    X(GATED_RMSNORM_LINEAR, gated_rmsnorm_linear)                                                                      \
     X(RMSNORM, rmsnorm)                                                                                                \
     X(ADD_RMSNORM, add_rmsnorm)                                                                                        \
     X(ADD, add)                                                                                                        \
@@ -713,6 +740,49 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
         a->out[j].N = outs[j].N;
         a->W_d[j] = outs[j].W->d;
     }
+    return HYLA_OK;
+}
+
+static hyla_status g_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y,
+                                   int N, int flags) {
+    CTX;
+    if (!LOGGING) return cu_swiglu_linear(ctx, gate, up, M, K, W, y, N, flags);
+    if (M <= 0) return HYLA_OK;
+    HYLA_TRY(cu_linear_check(K, K, W, N, N));
+    ga_swiglu_linear *a;
+    HYLA_TRY(log_swiglu_linear(c->graphs, 0, &a, NULL));
+    a->gate = gate;
+    a->up = up;
+    a->W = W;
+    a->y = y;
+    a->W_d = W->d;
+    a->M = M;
+    a->K = K;
+    a->N = N;
+    a->flags = flags;
+    return HYLA_OK;
+}
+
+static hyla_status g_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
+                                          int M, const hyla_weight *W, float *y, int N, int flags) {
+    CTX;
+    if (!LOGGING) return cu_gated_rmsnorm_linear(ctx, o, gate, w, H, D, eps, M, W, y, N, flags);
+    if (M <= 0) return HYLA_OK;
+    HYLA_TRY(cu_linear_check(H * D, H * D, W, N, N));
+    ga_gated_rmsnorm_linear *a;
+    HYLA_TRY(log_gated_rmsnorm_linear(c->graphs, 0, &a, NULL));
+    a->o = o;
+    a->gate = gate;
+    a->w = w;
+    a->W = W;
+    a->y = y;
+    a->W_d = W->d;
+    a->H = H;
+    a->D = D;
+    a->M = M;
+    a->N = N;
+    a->flags = flags;
+    a->eps = eps;
     return HYLA_OK;
 }
 
@@ -1167,6 +1237,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     g_embed,
     g_linear,
     g_linear_multi,
+    g_swiglu_linear,
+    g_gated_rmsnorm_linear,
     g_rmsnorm,
     g_add_rmsnorm,
     g_add,

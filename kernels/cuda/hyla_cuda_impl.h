@@ -215,6 +215,14 @@ hyla_status cu_nsa_decode(void *ctx, const float *q, const float *k, const float
                           int window, float scale, float *o);
 /* bf16 conversion of activations for cuBLAS (hyla_cuda_dense.cu) */
 hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, __nv_bfloat16 *out);
+hyla_status cu_swiglu_bf16_rows(hyla_cuda_ctx *c, const float *g, const float *u, int ld, int M, int K,
+                                __nv_bfloat16 *out);
+hyla_status cu_gated_rmsnorm_bf16(hyla_cuda_ctx *c, const float *o, const float *g, const float *w, __nv_bfloat16 *y,
+                                  int rows, int D, float eps);
+hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
+                                    int M, const hyla_weight *W, float *y, int N, int flags);
+hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y, int N,
+                             int flags);
 hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, const float *bias);
 /* batch-invariant linear for M <= 256 (hyla_cuda_gemm.cu) */
 hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,

@@ -141,11 +141,7 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
 static hyla_status gdn_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s) {
     const hyla_gdn_w *w = &wp->b.gdn;
     /* [NORM-1] per head, then o_proj */
-    HYLA_TRY(f->o->gated_rmsnorm(f->ctx, s->o, w->g_proj ? s->gate : NULL, w->o_norm, s->o, f->R * c->H, c->dv,
-                                 f->mc->norm_eps));
-    HYLA_TRY(hyla_mixer_linear(f, s->o, c->H * c->dv, w->o, NULL, f->out, f->mc->hidden_size, 0));
-    HYLA_MIXER_MARK(f, "lin: out norm, o proj");
-    return HYLA_OK;
+    return hyla_lin_norm_out(f, s->o, w->g_proj ? s->gate : NULL, w->o_norm, w->o, c->H, c->dv);
 }
 
 static const dla_base dla_base_gdn = {gdn_parse,   gdn_tensors, gdn_parts,         gdn_scratch,

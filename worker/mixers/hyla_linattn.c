@@ -45,10 +45,10 @@ hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, flo
 
 hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,
                               const hyla_weight *Wo, int H, int dv) {
-    HYLA_TRY(f->o->gated_rmsnorm(f->ctx, o, gate, norm_w, o, f->R * H, dv, f->mc->norm_eps));
-    HYLA_MIXER_MARK(f, "lin: out norm");
-    HYLA_TRY(hyla_mixer_linear(f, o, H * dv, Wo, NULL, f->out, f->mc->hidden_size, 0));
-    HYLA_MIXER_MARK(f, "lin: o proj");
+    /* one op: prompt rows go from the norm straight to the projection's bf16 operand */
+    HYLA_TRY(f->o->gated_rmsnorm_linear(f->ctx, o, gate, norm_w, H, dv, f->mc->norm_eps, f->R, Wo, f->out,
+                                        f->mc->hidden_size, f->decode ? 0 : HYLA_LINEAR_PREFILL));
+    HYLA_MIXER_MARK(f, "lin: out norm, o proj");
     return HYLA_OK;
 }
 

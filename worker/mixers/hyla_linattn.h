@@ -18,8 +18,9 @@ void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, in
  * each session [CONV-1]. */
 hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
                                 float *const conv_w[3], int K, int part0);
-/* [NORM-1] o [R][H*dv] = gated RMSNorm per head (gate [R][H*dv], NULL: plain) in place, then
- * f->out = o Wo^T: the end every gla / gdn forward shares, marked as "lin: out norm" and "lin: o proj". */
+/* [NORM-1] f->out = (gated RMSNorm per head of o [R][H*dv], gate [R][H*dv] or NULL: plain) Wo^T
+ * in one ops->gated_rmsnorm_linear (o may be overwritten): the end every gla / gdn forward shares,
+ * marked as "lin: out norm, o proj". */
 hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,
                               const hyla_weight *Wo, int H, int dv);
 /* Refuse what no linear mixer implements (conv_bias). */

@@ -263,10 +263,11 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(hyla_mixer_linear(f, f->xn, D, w->g_proj, NULL, s.gate_lr, dv, 0));
         HYLA_TRY(hyla_mixer_linear(f, s.gate_lr, dv, w->g_proj2, NULL, s.gate, H * dv, 0));
     }
-    HYLA_TRY(o->gated_rmsnorm(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, s.o, R * H, dv, f->mc->norm_eps));
-    HYLA_MIXER_MARK(f, "sse: out gate, norm");
-    HYLA_TRY(hyla_mixer_linear(f, s.o, H * dv, w->o, NULL, f->out, D, 0));
-    HYLA_MIXER_MARK(f, "sse: o proj");
+    HYLA_MIXER_MARK(f, "sse: out gate");
+    /* the norm and o_proj in one op (prompt rows: the norm writes the projection's bf16 operand) */
+    HYLA_TRY(o->gated_rmsnorm_linear(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, H, dv, f->mc->norm_eps, R, w->o,
+                                     f->out, D, f->decode ? 0 : HYLA_LINEAR_PREFILL));
+    HYLA_MIXER_MARK(f, "sse: out norm, o proj");
     return HYLA_OK;
 }
 
