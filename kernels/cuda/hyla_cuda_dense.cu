@@ -15,22 +15,13 @@
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_rowmath.cuh"
 
 #define TPB 256
 
 /* ---------------------------------------------------------------- helpers */
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+/* warp_sum, warp_max, silu_f, sq_acc: hyla_cuda_rowmath.cuh */
 
 /* ---------------------------------------------------------------- conversion for cuBLAS */
 
@@ -196,16 +187,6 @@ template <int V4, int A16> __device__ __forceinline__ void st_u(float *row, int 
         return;
     }
     row[u] = v.x;
-}
-/* ss + the unit's squares, in component order */
-template <int V4> __device__ __forceinline__ float sq_acc(float ss, float4 v) {
-    ss = fmaf(v.x, v.x, ss);
-    if (V4) {
-        ss = fmaf(v.y, v.y, ss);
-        ss = fmaf(v.z, v.z, ss);
-        ss = fmaf(v.w, v.w, ss);
-    }
-    return ss;
 }
 template <int V4> __device__ __forceinline__ float max_acc(float m, float4 v) {
     m = fmaxf(m, v.x);

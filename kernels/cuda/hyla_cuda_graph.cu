@@ -7,7 +7,8 @@
  * (token ids, positions, the batch's state and KV page pointers).
  *
  * How: stream-ordered ops whose launches depend only on their arguments ("loggable": embed,
- * linear, the row and elementwise ops, rope, short_conv, the decode mixers, GLA/GDN prefill,
+ * linear, the linears with a folded elementwise op, the row and elementwise ops, rope, short_conv,
+ * the decode mixers, GLA/GDN prefill,
  * SSE routing and prefill (planned on the device), attn_decode, copy, zero) are not launched
  * when called but appended to a log: the op code,
  * its scalars and device pointers and the derived launch parameters (the entry, which is the
@@ -85,31 +86,6 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
     return cu_linear_multi(c, a.x, a.ldx, a.M, a.K, a.n, a.out, a.accumulate, a.flags);
 }
 
-struct ga_swiglu_linear {
-    float *gate;
-    const float *up;
-    const hyla_weight *W;
-    float *y;
-    const void *W_d;
-    int32_t M, K, N, flags;
-};
-static hyla_status replay_swiglu_linear(hyla_cuda_ctx *c, const ga_swiglu_linear &a, const void *) {
-    return cu_swiglu_linear(c, a.gate, a.up, a.M, a.K, a.W, a.y, a.N, a.flags);
-}
-
-struct ga_gated_rmsnorm_linear {
-    float *o;
-    const float *gate, *w;
-    const hyla_weight *W;
-    float *y;
-    const void *W_d;
-    int32_t H, D, M, N, flags;
-    float eps;
-};
-static hyla_status replay_gated_rmsnorm_linear(hyla_cuda_ctx *c, const ga_gated_rmsnorm_linear &a, const void *) {
-    return cu_gated_rmsnorm_linear(c, a.o, a.gate, a.w, a.H, a.D, a.eps, a.M, a.W, a.y, a.N, a.flags);
-}
-
 /* Plain ops: the entry is the op's arguments as they are, the replay is the same call. Each is
  * described once, by its argument list (type, name), in the op's order in hyla_ops.h; the
  * entry's struct, its replay here and its recorder g_<op> below are generated from it. */
@@ -144,6 +120,26 @@ static hyla_status replay_gated_rmsnorm_linear(hyla_cuda_ctx *c, const ga_gated_
         return cu_##op(c ARGS_##op(GA_REPLAY_ARG));                                                                   \
     }
 PLAIN_OPS(PLAIN_ENTRY)
+
+/* Ops that end in a linear (an elementwise op folded into its operand): plain ops plus the
+ * weights' device address (a new upload at the same handle is another graph), checked as a
+ * linear of K_op inputs when logged. */
+#define ARGS_swiglu_linear(F) \
+    F(float *, gate) F(const float *, up) F(int, M) F(int, K) F(const hyla_weight *, W) F(float *, y) F(int, N) F(int, flags)
+#define K_swiglu_linear K
+#define ARGS_gated_rmsnorm_linear(F)                                                                                  \
+    F(float *, o) F(const float *, gate) F(const float *, w) F(int, H) F(int, D) F(float, eps) F(int, M)              \
+        F(const hyla_weight *, W) F(float *, y) F(int, N) F(int, flags)
+#define K_gated_rmsnorm_linear (H * D)
+#define LINEAR_OPS(P) P(swiglu_linear) P(gated_rmsnorm_linear)
+#define LINEAR_ENTRY(op)                                                                                              \
+    struct ga_##op {                                                                                                  \
+        ARGS_##op(GA_FIELD) const void *W_d;                                                                          \
+    };                                                                                                                \
+    static hyla_status replay_##op(hyla_cuda_ctx *c, const ga_##op &e_, const void *) {                               \
+        return cu_##op(c ARGS_##op(GA_REPLAY_ARG));                                                                   \
+    }
+LINEAR_OPS(LINEAR_ENTRY)
 
 struct ga_rope { /* positions (int32 [n]) are the data */
     float *x;
@@ -743,49 +739,6 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
     return HYLA_OK;
 }
 
-static hyla_status g_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y,
-                                   int N, int flags) {
-    CTX;
-    if (!LOGGING) return cu_swiglu_linear(ctx, gate, up, M, K, W, y, N, flags);
-    if (M <= 0) return HYLA_OK;
-    HYLA_TRY(cu_linear_check(K, K, W, N, N));
-    ga_swiglu_linear *a;
-    HYLA_TRY(log_swiglu_linear(c->graphs, 0, &a, NULL));
-    a->gate = gate;
-    a->up = up;
-    a->W = W;
-    a->y = y;
-    a->W_d = W->d;
-    a->M = M;
-    a->K = K;
-    a->N = N;
-    a->flags = flags;
-    return HYLA_OK;
-}
-
-static hyla_status g_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
-                                          int M, const hyla_weight *W, float *y, int N, int flags) {
-    CTX;
-    if (!LOGGING) return cu_gated_rmsnorm_linear(ctx, o, gate, w, H, D, eps, M, W, y, N, flags);
-    if (M <= 0) return HYLA_OK;
-    HYLA_TRY(cu_linear_check(H * D, H * D, W, N, N));
-    ga_gated_rmsnorm_linear *a;
-    HYLA_TRY(log_gated_rmsnorm_linear(c->graphs, 0, &a, NULL));
-    a->o = o;
-    a->gate = gate;
-    a->w = w;
-    a->W = W;
-    a->y = y;
-    a->W_d = W->d;
-    a->H = H;
-    a->D = D;
-    a->M = M;
-    a->N = N;
-    a->flags = flags;
-    a->eps = eps;
-    return HYLA_OK;
-}
-
 /* The plain ops' recorders: run now when not logging, else log the arguments as the entry. */
 #define PLAIN_RECORDER(op)                                                                                            \
     static hyla_status g_##op(void *ctx ARGS_##op(GA_PARAM)) {                                                        \
@@ -796,6 +749,19 @@ static hyla_status g_gated_rmsnorm_linear(void *ctx, float *o, const float *gate
         ARGS_##op(GA_SET) return HYLA_OK;                                                                             \
     }
 PLAIN_OPS(PLAIN_RECORDER)
+
+#define LINEAR_RECORDER(op)                                                                                           \
+    static hyla_status g_##op(void *ctx ARGS_##op(GA_PARAM)) {                                                        \
+        CTX;                                                                                                          \
+        if (!LOGGING) return cu_##op(ctx ARGS_##op(GA_ARG));                                                          \
+        if (M <= 0) return HYLA_OK;                                                                                   \
+        HYLA_TRY(cu_linear_check(K_##op, K_##op, W, N, N));                                                           \
+        ga_##op *e_;                                                                                                  \
+        HYLA_TRY(log_##op(c->graphs, 0, &e_, NULL));                                                                  \
+        ARGS_##op(GA_SET) e_->W_d = W->d;                                                                             \
+        return HYLA_OK;                                                                                               \
+    }
+LINEAR_OPS(LINEAR_RECORDER)
 
 static hyla_status g_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta) {
     CTX;

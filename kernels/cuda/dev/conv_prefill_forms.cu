@@ -13,25 +13,11 @@
 #include <time.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_rowmath.cuh"
 #include "hyla_ops.h"
 #include "lab.h"
 
 #define CONV_KMAX 4
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); } /* as hyla_cuda_dense.cu */
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-template <int V4> __device__ __forceinline__ float sq_acc(float ss, float4 v) {
-    ss = fmaf(v.x, v.x, ss);
-    if (V4) {
-        ss = fmaf(v.y, v.y, ss);
-        ss = fmaf(v.z, v.z, ss);
-        ss = fmaf(v.w, v.w, ss);
-    }
-    return ss;
-}
 
 /* ---- the form (its args: up to three tensors, groups of G channels each) ---- */
 struct conv_pf_args {
