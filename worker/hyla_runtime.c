@@ -211,9 +211,18 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
     if (!ls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     hyla_status s = HYLA_OK;
+    /* A layer's last residual (x += mo) is owed to the next layer's first norm, which adds it
+     * itself (add_rmsnorm: the same values as add then rmsnorm, one pass over x fewer); the
+     * last layer's is added after the loop, so x leaves complete. */
+    int owed = 0;
     for (int l = m->layer_begin; s == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
-        if ((s = o->rmsnorm(ctx, x, ly->attn_norm, rt->xn, R, D, c->norm_eps)) != HYLA_OK) break;
+        if (owed)
+            s = o->add_rmsnorm(ctx, x, rt->mo, ly->attn_norm, rt->xn, R, D, c->norm_eps);
+        else
+            s = o->rmsnorm(ctx, x, ly->attn_norm, rt->xn, R, D, c->norm_eps);
+        if (s != HYLA_OK) break;
+        owed = 0;
         PM("norm");
         for (int i = 0; i < nst; i++) ls[i] = &st[i]->ls[l];
         hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, rt->mo,
@@ -224,8 +233,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         }
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
         if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
-            if ((s = o->add(ctx, x, rt->mo, (size_t)R * D)) != HYLA_OK) break;
-            PM("residual add");
+            owed = 1;
             continue;
         }
         if ((s = o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)) != HYLA_OK) break;
@@ -238,7 +246,10 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         if (s != HYLA_OK) break;
         PM("mlp: swiglu, down proj");
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
-        if ((s = o->add(ctx, x, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        owed = 1;
+    }
+    if (s == HYLA_OK && owed) {
+        s = o->add(ctx, x, rt->mo, (size_t)R * D);
         PM("residual add");
     }
     free(ls);
