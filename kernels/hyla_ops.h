@@ -74,6 +74,16 @@ typedef struct {
     int ldy, N;
 } hyla_linear_out;
 
+/* One tensor of short_conv_multi: as short_conv's x [B][n][C], w [C][K], bias [C] or NULL and
+ * tails (a host array of B device pointers, each [K-1][C]). */
+#define HYLA_CONV_MULTI_MAX 3
+typedef struct {
+    float *x;
+    const float *w, *bias;
+    float *const *tails;
+    int C;
+} hyla_conv_part;
+
 /* ---- LTE (learnable token eviction; docs/MODELS.md §5.1, [LTE-1..5]) ---- */
 #define HYLA_LTE_MAX_CONV 4 /* convolution layers of the scoring CNN */
 
@@ -227,6 +237,9 @@ typedef struct hyla_ops {
      * pointers, updated to the last K-1 inputs); act_silu: apply silu after the convolution. */
     hyla_status (*short_conv)(void *ctx, float *x, int B, int n, int C, const float *w, const float *bias,
                               int K, float *const *tails, int act_silu);
+    /* m (1..HYLA_CONV_MULTI_MAX) short_convs of the same B sessions and n tokens (q, k and v of a
+     * linear-attention layer): bit for bit the m short_conv calls, in one launch where it can. */
+    hyla_status (*short_conv_multi)(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu);
     /* Per-head gated RMSNorm [NORM-1]: y = rmsnorm(o) * w * (g ? silu(g) : 1) over the last dim.
      * o, g, y [rows][D] (y may alias o), w [D]. */
     hyla_status (*gated_rmsnorm)(void *ctx, const float *o, const float *g, const float *w, float *y,

@@ -1051,6 +1051,72 @@ static void case_short_conv(const op_case *c) {
         }
 }
 
+/* short_conv_multi == its tensors' short_conv calls, bit for bit on the GPU (outputs and tails):
+ * one launch (with the halo pass for pieces over 16 tokens) for K <= 4, the calls themselves for
+ * K = 6; decode (3 sessions, one token) and prefill (one session, 1000 and 301 tokens); a bias on
+ * one tensor; close to the CPU. */
+static void case_short_conv_multi(const op_case *oc) {
+    (void)oc;
+    const int Cs[2][3] = {{2304, 2304, 4608}, {37, 64, 100}}, Ks[2] = {4, 6};
+    const int shapes[3][2] = {{3, 1}, {1, 1000}, {1, 301}}; /* B, n */
+    for (int ci = 0; ci < 2; ci++)
+        for (int ki = 0; ki < 2; ki++)
+            for (int si = 0; si < 3; si++) {
+                const int K = Ks[ki], B = shapes[si][0], n = shapes[si][1];
+                pair px[3], pw[3], pt[3][3];
+                float *rx[3], *rt[3][3], *tc[3][3], *tg[3][3], *tr[3][3];
+                float *bias = randn(Cs[ci][1], 0.1f);
+                pair pb = pair_new(bias, Cs[ci][1]);
+                hyla_conv_part pc[3], pg[3];
+                for (int j = 0; j < 3; j++) {
+                    const int C = Cs[ci][j];
+                    const size_t nx = (size_t)B * n * C, nt = (size_t)(K - 1) * C;
+                    float *x = randn(nx, 1.0f), *w = randn((size_t)C * K, 0.5f);
+                    px[j] = pair_new(x, nx);
+                    pw[j] = pair_new(w, (size_t)C * K);
+                    rx[j] = dev(gpu, x, nx * 4);
+                    for (int b = 0; b < B; b++) {
+                        float *t = randn(nt, 1.0f);
+                        pt[j][b] = pair_new(t, nt);
+                        rt[j][b] = dev(gpu, t, nt * 4);
+                        tc[j][b] = pt[j][b].c, tg[j][b] = pt[j][b].g, tr[j][b] = rt[j][b];
+                        free(t);
+                    }
+                    const int hb = j == 1; /* a bias on the second tensor */
+                    pc[j] = (hyla_conv_part){px[j].c, pw[j].c, hb ? pb.c : NULL, tc[j], C};
+                    pg[j] = (hyla_conv_part){px[j].g, pw[j].g, hb ? pb.g : NULL, tg[j], C};
+                    free(x);
+                    free(w);
+                }
+                CHECK_OK(cpu->ops->short_conv_multi(cpu->ctx, 3, pc, B, n, K, 1));
+                CHECK_OK(gpu->ops->short_conv_multi(gpu->ctx, 3, pg, B, n, K, 1));
+                for (int j = 0; j < 3; j++)
+                    CHECK_OK(gpu->ops->short_conv(gpu->ctx, rx[j], B, n, Cs[ci][j], pw[j].g, j == 1 ? pb.g : NULL, K,
+                                                  tr[j], 1));
+                char name[96];
+                snprintf(name, sizeof name, "short_conv_multi C=%d/%d/%d K=%d B=%d n=%d", Cs[ci][0], Cs[ci][1], Cs[ci][2],
+                         K, B, n);
+                for (int j = 0; j < 3; j++) {
+                    const int C = Cs[ci][j];
+                    cmp_pair(name, px[j], FP32_TOL);
+                    CHECK_MSG(same_bits(gpu, px[j].g, rx[j], (size_t)B * n * C * 4), "%s: tensor %d differs from short_conv",
+                              name, j);
+                    for (int b = 0; b < B; b++) {
+                        cmp_pair("short_conv_multi tail", pt[j][b], 0, 0);
+                        CHECK_MSG(same_bits(gpu, pt[j][b].g, rt[j][b], (size_t)(K - 1) * C * 4),
+                                  "%s: tail %d of session %d differs", name, j, b);
+                        pair_free(pt[j][b]);
+                        dfree(gpu, rt[j][b]);
+                    }
+                    pair_free(px[j]);
+                    pair_free(pw[j]);
+                    dfree(gpu, rx[j]);
+                }
+                pair_free(pb);
+                free(bias);
+            }
+}
+
 /* ---------------------------------------------------------------- linear mixers */
 
 static void run_lin_prefill(hyla_backend *b, int gdn, void *q, void *k, void *v, void *g, void *beta, int n, int H,
@@ -2201,6 +2267,7 @@ static const op_case cases[] = {
     {"row ops", case_rowops, {0}},
     {"row-op layouts", case_rowop_layouts, {0}},
     {"short_conv", case_short_conv, {0}},
+    {"short_conv_multi", case_short_conv_multi, {0}},
     {"swiglu_linear", case_swiglu_linear, {0}},
     {"gated_rmsnorm_linear", case_gated_rmsnorm_linear, {0}},
     /* {gdn, n, H, dk, dv} */

@@ -628,6 +628,15 @@ static hyla_status cpu_short_conv(void *ctx, float *x, int B, int n, int C, cons
     return HYLA_OK;
 }
 
+/* The m calls short_conv_multi is defined as. */
+static hyla_status cpu_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu) {
+    if (m < 1 || m > HYLA_CONV_MULTI_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: %d tensors (1..%d)", m, HYLA_CONV_MULTI_MAX);
+    for (int i = 0; i < m; i++)
+        HYLA_TRY(cpu_short_conv(ctx, p[i].x, B, n, p[i].C, p[i].w, p[i].bias, K, p[i].tails, act_silu));
+    return HYLA_OK;
+}
+
 /* [NORM-1] y = rmsnorm(o; w) · silu(g) per row of D (the head's value dim). */
 static hyla_status cpu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows,
                                      int D, float eps) {
@@ -811,6 +820,7 @@ static const hyla_ops cpu_ops = {
     .gdn_gates = cpu_gdn_gates,
     .rope = cpu_rope,
     .short_conv = cpu_short_conv,
+    .short_conv_multi = cpu_short_conv_multi,
     .gated_rmsnorm = cpu_gated_rmsnorm,
     .gla_prefill = cpu_gla_prefill,
     .gla_decode = cpu_gla_decode,

@@ -787,10 +787,9 @@ extern "C" hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const i
 #define CONV_TPB 128
 
 template <int K>
-__global__ void k_conv_halo(const float *x, int n, int C, int nseg, float *const *tails, float *halo) {
-    int cidx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (cidx >= C) return;
-    int bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
+__device__ __forceinline__ void conv_halo_body(const float *x, int n, int C, int nseg, float *const *tails, float *halo,
+                                               int cidx, int bs) {
+    int b = bs / nseg, s = bs - b * nseg;
     float *h = halo + (size_t)bs * (K - 1) * C + cidx;
     const float *src =
         s == 0 ? tails[b] + cidx : x + ((size_t)b * n + (size_t)s * CONV_L - (K - 1)) * C + cidx;
@@ -800,14 +799,18 @@ __global__ void k_conv_halo(const float *x, int n, int C, int nseg, float *const
 #pragma unroll
     for (int r = 0; r < K - 1; r++) h[(size_t)r * C] = v[r];
 }
-
 template <int K>
-__global__ void __launch_bounds__(CONV_TPB) k_conv(float *x, int n, int C, int nseg, const float *__restrict__ w,
-                                                   const float *__restrict__ bias, float *const *tails,
-                                                   const float *halo, int act) {
+__global__ void k_conv_halo(const float *x, int n, int C, int nseg, float *const *tails, float *halo) {
     int cidx = blockIdx.x * blockDim.x + threadIdx.x;
     if (cidx >= C) return;
-    int bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
+    conv_halo_body<K>(x, n, C, nseg, tails, halo, cidx, blockIdx.y);
+}
+
+template <int K>
+__device__ __forceinline__ void conv_body(float *x, int n, int C, int nseg, const float *__restrict__ w,
+                                          const float *__restrict__ bias, float *const *tails, const float *halo,
+                                          int act, int cidx, int bs) {
+    int b = bs / nseg, s = bs - b * nseg;
     float wc[K], win[K]; /* win[0..K-2]: the previous K-1 inputs, oldest first */
 #pragma unroll
     for (int j = 0; j < K; j++) wc[j] = w[(size_t)cidx * K + j];
@@ -840,6 +843,41 @@ __global__ void __launch_bounds__(CONV_TPB) k_conv(float *x, int n, int C, int n
 #pragma unroll
         for (int j = 0; j < K - 1; j++) tail[(size_t)j * C + cidx] = win[j];
     }
+}
+template <int K>
+__global__ void __launch_bounds__(CONV_TPB) k_conv(float *x, int n, int C, int nseg, const float *__restrict__ w,
+                                                   const float *__restrict__ bias, float *const *tails,
+                                                   const float *halo, int act) {
+    int cidx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (cidx >= C) return;
+    conv_body<K>(x, n, C, nseg, w, bias, tails, halo, act, cidx, blockIdx.y);
+}
+
+/* Several tensors of the same sessions and tokens in one launch (short_conv_multi): the blocks
+ * along x run over each tensor's channel blocks in turn, each thread the single-tensor code. */
+struct conv_multi_args {
+    float *x[HYLA_CONV_MULTI_MAX];
+    const float *w[HYLA_CONV_MULTI_MAX], *bias[HYLA_CONV_MULTI_MAX];
+    float *const *tails[HYLA_CONV_MULTI_MAX];
+    float *halo[HYLA_CONV_MULTI_MAX];
+    int C[HYLA_CONV_MULTI_MAX];
+    int cb[HYLA_CONV_MULTI_MAX + 1]; /* first block of each tensor */
+    int m;
+};
+__device__ __forceinline__ int conv_multi_part(const conv_multi_args &a, int blk) {
+    int i = 0;
+    while (i + 1 < a.m && blk >= a.cb[i + 1]) i++;
+    return i;
+}
+template <int K> __global__ void k_conv_multi_halo(conv_multi_args a, int n, int nseg) {
+    const int i = conv_multi_part(a, blockIdx.x), cidx = (blockIdx.x - a.cb[i]) * blockDim.x + threadIdx.x;
+    if (cidx >= a.C[i]) return;
+    conv_halo_body<K>(a.x[i], n, a.C[i], nseg, a.tails[i], a.halo[i], cidx, blockIdx.y);
+}
+template <int K> __global__ void __launch_bounds__(CONV_TPB) k_conv_multi(conv_multi_args a, int n, int nseg, int act) {
+    const int i = conv_multi_part(a, blockIdx.x), cidx = (blockIdx.x - a.cb[i]) * blockDim.x + threadIdx.x;
+    if (cidx >= a.C[i]) return;
+    conv_body<K>(a.x[i], n, a.C[i], nseg, a.w[i], a.bias[i], a.tails[i], a.halo[i], act, cidx, blockIdx.y);
 }
 
 /* Kernel sizes over CONV_KMAX (and grids past 65535 segments): out of place into scratch, the
@@ -930,6 +968,83 @@ extern "C" hyla_status cu_short_conv_dev(hyla_cuda_ctx *c, float *x, int B, int 
     }
     CU_TRY(cudaMemcpyAsync(x, scr, total * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
     return HYLA_OK;
+}
+
+template <int K>
+static hyla_status conv_multi_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int n, int nseg, int act) {
+    dim3 grid((unsigned)a.cb[a.m], (unsigned)(B * nseg));
+    if (nseg > 1 && K > 1) {
+        size_t tot = 0;
+        for (int i = 0; i < a.m; i++) tot += (size_t)B * nseg * (K - 1) * a.C[i];
+        void *scr;
+        HYLA_TRY(cu_scratch(c, SCR_MISC, tot * sizeof(float), &scr));
+        float *h = (float *)scr;
+        for (int i = 0; i < a.m; i++) {
+            a.halo[i] = h;
+            h += (size_t)B * nseg * (K - 1) * a.C[i];
+        }
+        k_conv_multi_halo<K><<<grid, CONV_TPB, 0, c->stream>>>(a, n, nseg);
+        CU_LAUNCH_CHECK("short_conv_multi halo");
+    }
+    k_conv_multi<K><<<grid, CONV_TPB, 0, c->stream>>>(a, n, nseg, act);
+    CU_LAUNCH_CHECK("short_conv_multi");
+    return HYLA_OK;
+}
+
+/* p[i].tails are device arrays of B pointers here. */
+extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hyla_conv_part *p, int B, int n, int K,
+                                               int act_silu) {
+    if (B <= 0 || n <= 0) return HYLA_OK;
+    const int nseg = (n + CONV_L - 1) / CONV_L;
+    if (K > CONV_KMAX || (size_t)B * nseg > 65535) { /* as separate calls (their out-of-place path) */
+        for (int i = 0; i < m; i++)
+            HYLA_TRY(cu_short_conv_dev(c, p[i].x, B, n, p[i].C, p[i].w, p[i].bias, K, p[i].tails, act_silu));
+        return HYLA_OK;
+    }
+    conv_multi_args a;
+    memset(&a, 0, sizeof a);
+    a.m = m;
+    for (int i = 0; i < m; i++) {
+        a.x[i] = p[i].x, a.w[i] = p[i].w, a.bias[i] = p[i].bias, a.tails[i] = p[i].tails, a.C[i] = p[i].C;
+        a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C, CONV_TPB);
+    }
+    switch (K) {
+    case 1: return conv_multi_launch<1>(c, a, B, n, nseg, act_silu);
+    case 2: return conv_multi_launch<2>(c, a, B, n, nseg, act_silu);
+    case 3: return conv_multi_launch<3>(c, a, B, n, nseg, act_silu);
+    default: return conv_multi_launch<4>(c, a, B, n, nseg, act_silu);
+    }
+}
+
+extern "C" hyla_status cu_short_conv_multi_check(int m, const hyla_conv_part *p, int K) {
+    if (m < 1 || m > HYLA_CONV_MULTI_MAX)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: %d tensors (1..%d)", m, HYLA_CONV_MULTI_MAX);
+    if (K < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: kernel size %d", K);
+    for (int i = 0; i < m; i++)
+        if (p[i].C <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: tensor %d has %d channels", i, p[i].C);
+    return HYLA_OK;
+}
+
+/* The host tails arrays are staged as one array of m * B pointers. */
+extern "C" hyla_status cu_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K,
+                                           int act_silu) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    HYLA_TRY(cu_short_conv_multi_check(m, p, K));
+    if (B <= 0 || n <= 0) return HYLA_OK;
+    float *h[HYLA_CONV_MULTI_MAX * 256], **hp = h;
+    if ((size_t)m * B > sizeof h / sizeof h[0] && !(hp = (float **)malloc((size_t)m * B * sizeof(float *))))
+        return hyla_fail(HYLA_ERR_NOMEM, "short_conv_multi: out of host memory");
+    for (int i = 0; i < m; i++) memcpy(hp + (size_t)i * B, p[i].tails, (size_t)B * sizeof(float *));
+    void *d;
+    hyla_status st = cu_stage(c, hp, (size_t)m * B * sizeof(float *), &d);
+    if (hp != h) free(hp);
+    HYLA_TRY(st);
+    hyla_conv_part q[HYLA_CONV_MULTI_MAX];
+    for (int i = 0; i < m; i++) {
+        q[i] = p[i];
+        q[i].tails = (float *const *)d + (size_t)i * B;
+    }
+    return cu_short_conv_multi_dev(c, m, q, B, n, K, act_silu);
 }
 
 /* ---------------------------------------------------------------- sampling [SAMPLE-1] */

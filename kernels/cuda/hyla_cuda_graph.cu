@@ -159,6 +159,19 @@ static hyla_status replay_short_conv(hyla_cuda_ctx *c, const ga_short_conv &a, c
     return cu_short_conv_dev(c, a.x, a.B, a.n, a.C, a.w, a.bias, a.K, (float *const *)d, a.act_silu);
 }
 
+struct ga_short_conv_multi { /* the tensors' tail pointers (float * [m][B]) are the data */
+    float *x[HYLA_CONV_MULTI_MAX];
+    const float *w[HYLA_CONV_MULTI_MAX], *bias[HYLA_CONV_MULTI_MAX];
+    int32_t C[HYLA_CONV_MULTI_MAX];
+    int32_t m, B, n, K, act_silu;
+};
+static hyla_status replay_short_conv_multi(hyla_cuda_ctx *c, const ga_short_conv_multi &a, const void *d) {
+    hyla_conv_part p[HYLA_CONV_MULTI_MAX];
+    for (int i = 0; i < a.m; i++)
+        p[i] = (hyla_conv_part){a.x[i], a.w[i], a.bias[i], (float *const *)d + (size_t)i * a.B, a.C[i]};
+    return cu_short_conv_multi_dev(c, a.m, p, a.B, a.n, a.K, a.act_silu);
+}
+
 /* The inputs and shape that GLA/GDN decode and prefill share: GLA (ga = gk) or GDN (ga = g,
  * gb = beta). Filled field by field (lin_io_set), as every entry, so padding stays zero. */
 struct ga_lin_io {
@@ -347,6 +360,7 @@ static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const
     X(GATED_RMSNORM, gated_rmsnorm)                                                                                    \
     X(ROPE, rope)                                                                                                      \
     X(SHORT_CONV, short_conv)                                                                                          \
+    X(SHORT_CONV_MULTI, short_conv_multi)                                                                              \
     X(LIN_DECODE, lin_decode)                                                                                          \
     X(LIN_PREFILL, lin_prefill)                                                                                        \
     X(SSE_ROUTE, sse_route)                                                                                            \
@@ -801,6 +815,29 @@ static hyla_status g_short_conv(void *ctx, float *x, int B, int n, int C, const 
     return HYLA_OK;
 }
 
+static hyla_status g_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu) {
+    CTX;
+    if (!LOGGING) return cu_short_conv_multi(ctx, m, p, B, n, K, act_silu);
+    HYLA_TRY(cu_short_conv_multi_check(m, p, K));
+    if (B <= 0 || n <= 0) return HYLA_OK;
+    ga_short_conv_multi *a;
+    void *d;
+    HYLA_TRY(log_short_conv_multi(c->graphs, (size_t)m * B * sizeof(float *), &a, &d));
+    for (int i = 0; i < m; i++) {
+        a->x[i] = p[i].x;
+        a->w[i] = p[i].w;
+        a->bias[i] = p[i].bias;
+        a->C[i] = p[i].C;
+        memcpy((float **)d + (size_t)i * B, p[i].tails, (size_t)B * sizeof(float *));
+    }
+    a->m = m;
+    a->B = B;
+    a->n = n;
+    a->K = K;
+    a->act_silu = act_silu;
+    return HYLA_OK;
+}
+
 static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
                               const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
                               float *const *S, float *o) {
@@ -1216,6 +1253,7 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     g_gdn_gates,
     g_rope,
     g_short_conv,
+    g_short_conv_multi,
     g_gated_rmsnorm,
     g_gla_prefill,
     g_gla_decode,

@@ -197,6 +197,9 @@ hyla_status cu_gdn_gates(void *ctx, const float *a, int a_stride, const float *b
 hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta);
 hyla_status cu_short_conv(void *ctx, float *x, int B, int n, int C, const float *w, const float *bias, int K,
                           float *const *tails, int act_silu);
+hyla_status cu_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu);
+hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu);
+hyla_status cu_short_conv_multi_check(int m, const hyla_conv_part *p, int K);
 hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows, int D,
                              float eps);
 hyla_status cu_sample(void *ctx, const float *logits, int B, int V, const hyla_sampling *params, const float *u,

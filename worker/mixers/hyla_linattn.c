@@ -29,18 +29,21 @@ void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, in
 
 hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
                                 float *const conv_w[3], int K, int part0) {
-    float *x[3] = {q, k, v};
+    float *x[3] = {q, k, v}, *tail[3];
+    hyla_conv_part p[3];
     for (int j = 0; j < 3; j++) {
-        int C = j == 2 ? Cv : Ck;
+        float *const *tails;
         if (f->decode) {
-            void *const *tails = hyla_mixer_gather(f, 0, part0 + j);
-            HYLA_TRY(f->o->short_conv(f->ctx, x[j], f->R, 1, C, conv_w[j], NULL, K, (float *const *)tails, 1));
+            tails = (float *const *)hyla_mixer_gather(f, j, part0 + j);
         } else {
-            float *tail = f->st[0]->part[part0 + j].dev;
-            HYLA_TRY(f->o->short_conv(f->ctx, x[j], 1, f->R, C, conv_w[j], NULL, K, &tail, 1));
+            tail[j] = f->st[0]->part[part0 + j].dev;
+            tails = &tail[j];
         }
+        p[j] = (hyla_conv_part){x[j], conv_w[j], NULL, tails, j == 2 ? Cv : Ck};
     }
-    return HYLA_OK;
+    /* decode: R sessions of one token; prefill: one session's piece of R tokens */
+    const int B = f->decode ? f->R : 1, n = f->decode ? 1 : f->R;
+    return f->o->short_conv_multi(f->ctx, 3, p, B, n, K, 1);
 }
 
 hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,

@@ -15,7 +15,7 @@ int hyla_lin_parts(hyla_part_spec *out, int H, int dk, int dv, int conv_size);
 /* The three conv weight tensors ([C][1][K], fp32 on the device) at offsets off[0..2]. */
 void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, int K);
 /* x = silu(conv(x)) for q, k ([R][Ck]) and v ([R][Cv]) in place, tails in parts part0..part0+2 of
- * each session [CONV-1]. */
+ * each session [CONV-1], in one ops->short_conv_multi. */
 hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
                                 float *const conv_w[3], int K, int part0);
 /* [NORM-1] f->out = (gated RMSNorm per head of o [R][H*dv], gate [R][H*dv] or NULL: plain) Wo^T
