@@ -80,17 +80,19 @@ static int parts(const hyla_model_config *mc, const void *cfgp, hyla_dtype kv_dt
 }
 
 typedef struct {
-    float *q, *k, *v; /* [R][H*dk], [R][H*dk], [R][H*dv] */
+    float *q, *k, *v; /* [R][H*dk], [R][H*dk], [R][H*dv]; k follows q's R rows (one L2-norm call) */
     float *g, *beta;  /* [R][H]: a and b from the projection, then the gates in place */
     float *o;         /* [R][H*dv] */
     float *gate;      /* [R][H*dv] output gate */
 } gdn_scratch;
 
+/* R: the rows the scratch is sized for. q and k share one block of 2R rows; forward puts k right
+ * after the call's own rows of q, so their L2 norms are one call. */
 static size_t layout(const gdn_cfg *c, int R, void *base, gdn_scratch *s) {
     hyla_carver cv = hyla_carver_init(base);
     size_t qk = (size_t)R * c->H * c->dk, vo = (size_t)R * c->H * c->dv;
-    s->q = hyla_carve_f32(&cv, qk);
-    s->k = hyla_carve_f32(&cv, qk);
+    s->q = hyla_carve_f32(&cv, 2 * qk);
+    s->k = s->q + qk;
     s->v = hyla_carve_f32(&cv, vo);
     s->g = hyla_carve_f32(&cv, (size_t)R * c->H);
     s->beta = hyla_carve_f32(&cv, (size_t)R * c->H);
@@ -110,6 +112,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     float scale = 1.0f / sqrtf((float)dk);
     gdn_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
+    s.k = s.q + (size_t)R * H * dk; /* within q's and k's block: k right after this call's q rows */
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
         {w->q, NULL, s.q, H * dk, H * dk},
         {w->k, NULL, s.k, H * dk, H * dk},
@@ -131,8 +134,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
     }
     /* [GDN-1..3] */
-    HYLA_TRY(o->l2norm_rows(ctx, s.q, R * H, dk, 1e-6f));
-    HYLA_TRY(o->l2norm_rows(ctx, s.k, R * H, dk, 1e-6f));
+    HYLA_TRY(o->l2norm_rows(ctx, s.q, 2 * R * H, dk, 1e-6f)); /* q's rows, then k's */
     HYLA_TRY(o->gdn_gates(ctx, s.g, H, s.beta, H, w->A_log, w->dt_bias, s.g, s.beta, R, H, c->allow_neg_eigval));
     HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");
     if (f->decode) {
