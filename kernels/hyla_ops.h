@@ -65,7 +65,7 @@ typedef struct {
 typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 
 /* One output of linear_multi: y [M][N] (row stride ldy) = x @ W^T (+ bias). */
-#define HYLA_LINEAR_MULTI_MAX 4
+#define HYLA_LINEAR_MULTI_MAX 6 /* a GDN layer's q, k, v, a, b and output gate */
 #define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
 typedef struct {
     const hyla_weight *W;

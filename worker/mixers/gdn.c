@@ -118,14 +118,14 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         {w->k, NULL, s.k, H * dk, H * dk},
         {w->v, NULL, s.v, H * dv, H * dv},
     };
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
-    HYLA_MIXER_MARK(f, "lin: q/k/v proj");
-    int n = 0;
+    /* every projection of xn in one call: one launch for a decode batch, one bf16 pass over xn
+     * for a prefill piece (the CUDA prompt GEMMs group by N as in two calls: the same bits) */
+    int n = 3;
     lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H};
     lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H};
     if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
-    HYLA_MIXER_MARK(f, "lin: gate proj");
+    HYLA_MIXER_MARK(f, "lin: q/k/v, gates proj");
     if (c->use_short_conv) {
         HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV));
     } else {
