@@ -454,11 +454,6 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int K, 
     return HYLA_OK;
 }
 
-/* Prompt rows: outputs with the same N (q, k, v; the MLP's gate and up) form one batched GEMM
- * the rest one GEMM each; every GEMM has MF rows.
- * Which outputs share a GEMM is a function of the call's output shapes, so a row's result
- * depends on the row and on those shapes only (the runtime always groups a projection the same
- * way). */
 /* What a prompt-row block is, before the bf16 rounding: the rows of x themselves, silu(x) * up
  * (swiglu_linear) or the gated RMSNorm of x's rows as M*H heads of D (gated_rmsnorm_linear). The
  * values are those of the op, then the rounding. */
@@ -479,6 +474,11 @@ static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, i
     return cu_f32_to_bf16_rows(c, x + off, ldx, m, K, xb);
 }
 
+/* Prompt rows: outputs with the same N (q, k, v; the MLP's gate and up) form one batched GEMM
+ * the rest one GEMM each; every GEMM has MF rows.
+ * Which outputs share a GEMM is a function of the call's output shapes, so a row's result
+ * depends on the row and on those shapes only (the runtime always groups a projection the same
+ * way). */
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                      const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro) {
     size_t nsum = 0;
