@@ -562,8 +562,9 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
 }
 
 /* Prompt rows: the SwiGLU is formed in the pass that rounds each block of rows to the GEMM's bf16
- * operand (the same values as swiglu then that rounding, one pass over gate and up fewer); other
- * rows: swiglu in place, then linear, as the op is defined. */
+ * operand (the same values as swiglu then that rounding, one pass over gate and up fewer);
+ * decode rows that cu_linear would give the skinny kernel: that kernel forms it as it stages x
+ * (the same values again, one launch fewer); other rows: swiglu in place, then linear. */
 extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
                                         float *y, int N, int flags) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
@@ -574,6 +575,9 @@ extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up,
         prompt_pro pro = {up, NULL, NULL, 0, 0, 0.0f};
         return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro);
     }
+    /* decode rows on the skinny kernel's path of cu_linear: it forms the SwiGLU as it stages x */
+    if (!cu_gemm_big_ok(c, M, K) && M <= 256 && K % 8 == 0)
+        return cu_skinny_linear(c, gate, K, M, K, W, NULL, y, N, N, 0, up);
     HYLA_TRY(cu_swiglu(ctx, gate, up, gate, (size_t)M * K));
     return cu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
 }
@@ -601,7 +605,7 @@ extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int 
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(ldx, K, W, ldy, N));
     if (cu_gemm_big_ok(c, M, K)) return cu_gemm_big(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
-    if (M <= 256) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate);
+    if (M <= 256) return cu_skinny_linear(c, x, ldx, M, K, W, bias, y, ldy, N, accumulate, NULL);
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));

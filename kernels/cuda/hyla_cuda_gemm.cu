@@ -16,6 +16,7 @@
 
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
+#include "hyla_cuda_rowmath.cuh"
 
 #define SK_N 64 /* output columns per block */
 #define SK_K 64 /* K per shared-memory tile */
@@ -114,6 +115,7 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
  * convert all M rows again, so those keep the conversion kernel. */
 template <int MT, bool XF>
 __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                             const float *__restrict__ xu, /* XF: x = silu(xf) * xu (NULL: xf) */
                                              int ldx, int vecx, int M, int K, const __nv_bfloat16 *__restrict__ W,
                                              int N, int kchunk, float *__restrict__ part, int S,
                                              const float *bias, float *y, int ldy, int accumulate, int n0, int s,
@@ -147,6 +149,11 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                     } else {
 #pragma unroll
                         for (int j = 0; j < 8; j++) v[j] = src[j];
+                    }
+                    if (xu) { /* the swiglu op's value, formed here instead of by its own pass */
+                        const float *us = xu + (size_t)m * ldx + k;
+#pragma unroll
+                        for (int j = 0; j < 8; j++) v[j] = silu_f(v[j]) * us[j];
                     }
                 }
                 *(uint4 *)&Xs[buf][r * SK_LD + kk] = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
@@ -201,11 +208,11 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
 
 template <int MT, bool XF>
 __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
-                                                 int ldx, int vecx, int M, int K,
+                                                 const float *__restrict__ xu, int ldx, int vecx, int M, int K,
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
                                                  float *__restrict__ part, int S, const float *bias, float *y,
                                                  int ldy, int accumulate) {
-    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
+    skinny2_body<MT, XF>(xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
                          blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16);
 }
 
@@ -230,7 +237,7 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
     int i = 0;
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
-    skinny2_body<MT, XF>(xb, xf, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], G.bias[i],
+    skinny2_body<MT, XF>(xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], G.bias[i],
                          G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16);
 }
 
@@ -271,7 +278,8 @@ static void sk_plan(const hyla_cuda_ctx *c, int N, int K, int *S_out, int *kchun
 }
 
 extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
-                                        const float *bias, float *y, int ldy, int N, int accumulate) {
+                                        const float *bias, float *y, int ldy, int N, int accumulate, const float *up) {
+    HYLA_ASSERT(!up || K % 8 == 0);
     int ntiles = (N + SK_N - 1) / SK_N, S, kchunk;
     sk_plan(c, N, K, &S, &kchunk);
     void *scr;
@@ -286,7 +294,10 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
         if (!xf) {
             void *xb;
             HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
-            HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+            if (up)
+                HYLA_TRY(cu_swiglu_bf16_rows(c, x, up, ldx, M, K, (__nv_bfloat16 *)xb));
+            else
+                HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
             xbb = (const __nv_bfloat16 *)xb;
         }
         if (MT > 4) { /* 64 rows per block (static shared memory); more blocks along M */
@@ -296,18 +307,18 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
         switch (MT) {
         case 1:
             if (xf)
-                k_skinny2<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
+                k_skinny2<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                                 bias, y, ldy, accumulate);
             else
-                k_skinny2<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
+                k_skinny2<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                                  bias, y, ldy, accumulate);
             break;
         case 2:
-            k_skinny2<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
+            k_skinny2<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                              bias, y, ldy, accumulate);
             break;
         default:
-            k_skinny2<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, W->d, N, kchunk, part, S,
+            k_skinny2<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
                                                              bias, y, ldy, accumulate);
             break;
         }

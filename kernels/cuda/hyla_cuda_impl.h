@@ -229,7 +229,8 @@ hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int
 hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, const float *bias);
 /* batch-invariant linear for M <= 256 (hyla_cuda_gemm.cu) */
 hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
-                             const float *bias, float *y, int ldy, int N, int accumulate);
+                             const float *bias, float *y, int ldy, int N, int accumulate,
+                             const float *up /* non-NULL (K % 8 == 0): x is silu(x) * up, as swiglu computes it */);
 /* several skinny linears of one x in one launch, the bits of separate calls (M <= 256) */
 int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K);
 hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
