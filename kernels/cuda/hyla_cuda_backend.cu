@@ -650,6 +650,7 @@ extern "C" void cu_destroy(void *ctx) {
     cudaFree(c->lt_workspace);
     for (int i = 0; i < HYLA_CU_SCRATCH_SLOTS; i++) cudaFree(c->scratch[i]);
     cudaFree(c->prompt_ptrs);
+    cudaFree(c->sk_count);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
         if (c->bounce_ev[i]) cudaEventDestroy(c->bounce_ev[i]);
@@ -716,9 +717,15 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     /* the one operator switch (docs/CUDA.md): HYLA_CUDA_GRAPHS=0 turns graphs off, the same bits */
     const char *ge = getenv("HYLA_CUDA_GRAPHS");
     c->graphs_on = !(ge && !strcmp(ge, "0"));
+    const char *pe = getenv("HYLA_CUDA_PDL");
+    c->pdl = !(pe && !strcmp(pe, "0"));
+    const char *sf = getenv("HYLA_CUDA_SK_FINISH");
+    c->sk_finish = !(sf && !strcmp(sf, "0"));
     c->sse_windows = 1;
     c->attn_split_len = 8192;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
+    CU_TRY(cudaMalloc((void **)&c->sk_count, HYLA_CU_SK_COUNTS * sizeof(unsigned)));
+    CU_TRY(cudaMemsetAsync(c->sk_count, 0, HYLA_CU_SK_COUNTS * sizeof(unsigned), c->stream));
     return HYLA_OK;
 }
 

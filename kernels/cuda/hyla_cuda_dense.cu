@@ -26,6 +26,7 @@
 /* ---------------------------------------------------------------- conversion for cuBLAS */
 
 __global__ void k_f32_to_bf16_rows(const float *__restrict__ x, int ldx, int M, int K, __nv_bfloat16 *__restrict__ out) {
+    pdl_trigger();
     size_t total = (size_t)M * K;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K, cidx = i - r * K;
@@ -34,6 +35,7 @@ __global__ void k_f32_to_bf16_rows(const float *__restrict__ x, int ldx, int M, 
 }
 
 __global__ void k_f32_to_bf16_vec4(const float4 *__restrict__ x, int ldx4, int M, int K4, __nv_bfloat162 *__restrict__ out) {
+    pdl_trigger();
     size_t total = (size_t)M * K4;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K4, cidx = i - r * K4;
@@ -66,6 +68,7 @@ extern "C" hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int
  * operand without the fp32 pass between (see swiglu_linear) */
 __global__ void k_swiglu_bf16_rows(const float *__restrict__ g, const float *__restrict__ u, int ld, int M, int K,
                                    __nv_bfloat16 *__restrict__ out) {
+    pdl_trigger();
     size_t total = (size_t)M * K;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K, cidx = i - r * K;
@@ -75,6 +78,7 @@ __global__ void k_swiglu_bf16_rows(const float *__restrict__ g, const float *__r
 
 __global__ void k_swiglu_bf16_vec4(const float4 *__restrict__ g, const float4 *__restrict__ u, int ld4, int M, int K4,
                                    __nv_bfloat162 *__restrict__ out) {
+    pdl_trigger();
     size_t total = (size_t)M * K4;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K4, cidx = i - r * K4;
@@ -219,6 +223,8 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
 
 /* The group's row, thread index in the group and group size; returns 0 past the last row. */
 #define ROW_SETUP(nrows)                                                             \
+    pdl_trigger(); /* the next kernel may start (cu_launch_pdl) ... */                \
+    pdl_wait();    /* ... and this one reads nothing before the one ahead is done */ \
     int row, t, G;                                                                   \
     if (WARP) {                                                                      \
         row = blockIdx.x * ROW_WARP_ROWS + (threadIdx.x >> 5), t = threadIdx.x & 31; \
@@ -469,23 +475,23 @@ static row_cfg row_config(int rows, int D, int aligned) {
 
 /* The body of a row op's entry point: nothing to do for an empty shape; else
  * kern<V4, A16, WARP><<<...>>>(args) in the configuration of rows x D (row_config; aligned: every
- * pointer 16-byte aligned) on ctx's stream, and the launch check. */
+ * pointer 16-byte aligned) on ctx's stream, allowed to overlap the kernel ahead (ROW_SETUP's
+ * pdl_wait). */
 #define ROW_OP(ctx, kern, rows, D, aligned, ...)                                                              \
     do {                                                                                                       \
         hyla_cuda_ctx *c_ = (hyla_cuda_ctx *)(ctx);                                                            \
         if ((rows) <= 0 || (D) <= 0) return HYLA_OK;                                                           \
         const row_cfg rc = row_config(rows, D, aligned);                                                       \
-        dim3 g_(rc.blocks), b_(rc.threads);                                                                    \
+        dim3 g_(rc.blocks);                                                                                    \
         if (rc.warp) {                                                                                         \
-            if (!rc.v4) kern<0, 0, 1><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                 \
-            else if (rc.a16) kern<1, 1, 1><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                            \
-            else kern<1, 0, 1><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                        \
+            if (!rc.v4) HYLA_TRY(cu_launch_pdl(c_, kern<0, 0, 1>, g_, rc.threads, 0, __VA_ARGS__));            \
+            else if (rc.a16) HYLA_TRY(cu_launch_pdl(c_, kern<1, 1, 1>, g_, rc.threads, 0, __VA_ARGS__));       \
+            else HYLA_TRY(cu_launch_pdl(c_, kern<1, 0, 1>, g_, rc.threads, 0, __VA_ARGS__));                   \
         } else {                                                                                               \
-            if (!rc.v4) kern<0, 0, 0><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                 \
-            else if (rc.a16) kern<1, 1, 0><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                            \
-            else kern<1, 0, 0><<<g_, b_, 0, c_->stream>>>(__VA_ARGS__);                                        \
+            if (!rc.v4) HYLA_TRY(cu_launch_pdl(c_, kern<0, 0, 0>, g_, rc.threads, 0, __VA_ARGS__));            \
+            else if (rc.a16) HYLA_TRY(cu_launch_pdl(c_, kern<1, 1, 0>, g_, rc.threads, 0, __VA_ARGS__));       \
+            else HYLA_TRY(cu_launch_pdl(c_, kern<1, 0, 0>, g_, rc.threads, 0, __VA_ARGS__));                   \
         }                                                                                                      \
-        CU_LAUNCH_CHECK(#kern);                                                                                \
         return HYLA_OK;                                                                                        \
     } while (0)
 
@@ -646,6 +652,8 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
 template <class I>
 __global__ void k_gdn_gates(const float *a, int a_stride, const float *b, int b_stride, const float *__restrict__ A_log,
                             const float *__restrict__ dt_bias, float *g, float *beta, I total, int H, int allow_neg) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I r = i / (I)H;
         int h = (int)(i - r * (I)H);
@@ -694,12 +702,11 @@ extern "C" hyla_status cu_gdn_gates(void *ctx, const float *a, int a_stride, con
     unsigned nb = ew_blocks(total);
     if (total + (size_t)nb * TPB < ((size_t)1 << 32) && (size_t)(n - 1) * a_stride + H < ((size_t)1 << 31) &&
         (size_t)(n - 1) * b_stride + H < ((size_t)1 << 31))
-        k_gdn_gates<unsigned><<<nb, TPB, 0, c->stream>>>(a, a_stride, b, b_stride, A_log, dt_bias, dg, dbeta,
-                                                        (unsigned)total, H, allow_neg);
+        HYLA_TRY(cu_launch_pdl(c, k_gdn_gates<unsigned>, nb, TPB, 0, a, a_stride, b, b_stride, A_log, dt_bias, dg,
+                               dbeta, (unsigned)total, H, allow_neg));
     else
-        k_gdn_gates<size_t><<<nb, TPB, 0, c->stream>>>(a, a_stride, b, b_stride, A_log, dt_bias, dg, dbeta, total, H,
-                                                      allow_neg);
-    CU_LAUNCH_CHECK("gdn_gates");
+        HYLA_TRY(cu_launch_pdl(c, k_gdn_gates<size_t>, nb, TPB, 0, a, a_stride, b, b_stride, A_log, dt_bias, dg, dbeta,
+                               total, H, allow_neg));
     if (!direct) {
         CU_TRY(cudaMemcpyAsync(g, dg, ob, cudaMemcpyDeviceToDevice, c->stream));
         CU_TRY(cudaMemcpyAsync(beta, dbeta, ob, cudaMemcpyDeviceToDevice, c->stream));
@@ -870,11 +877,15 @@ __device__ __forceinline__ int conv_multi_part(const conv_multi_args &a, int blk
     return i;
 }
 template <int K> __global__ void k_conv_multi_halo(conv_multi_args a, int n, int nseg) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     const int i = conv_multi_part(a, blockIdx.x), cidx = (blockIdx.x - a.cb[i]) * blockDim.x + threadIdx.x;
     if (cidx >= a.C[i]) return;
     conv_halo_body<K>(a.x[i], n, a.C[i], nseg, a.tails[i], a.halo[i], cidx, blockIdx.y);
 }
 template <int K> __global__ void __launch_bounds__(CONV_TPB) k_conv_multi(conv_multi_args a, int n, int nseg, int act) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     const int i = conv_multi_part(a, blockIdx.x), cidx = (blockIdx.x - a.cb[i]) * blockDim.x + threadIdx.x;
     if (cidx >= a.C[i]) return;
     conv_body<K>(a.x[i], n, a.C[i], nseg, a.w[i], a.bias[i], a.tails[i], a.halo[i], act, cidx, blockIdx.y);
@@ -983,12 +994,9 @@ static hyla_status conv_multi_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B
             a.halo[i] = h;
             h += (size_t)B * nseg * (K - 1) * a.C[i];
         }
-        k_conv_multi_halo<K><<<grid, CONV_TPB, 0, c->stream>>>(a, n, nseg);
-        CU_LAUNCH_CHECK("short_conv_multi halo");
+        HYLA_TRY(cu_launch_pdl(c, k_conv_multi_halo<K>, grid, CONV_TPB, 0, a, n, nseg));
     }
-    k_conv_multi<K><<<grid, CONV_TPB, 0, c->stream>>>(a, n, nseg, act);
-    CU_LAUNCH_CHECK("short_conv_multi");
-    return HYLA_OK;
+    return cu_launch_pdl(c, k_conv_multi<K>, grid, CONV_TPB, 0, a, n, nseg, act);
 }
 
 /* p[i].tails are device arrays of B pointers here. */

@@ -38,6 +38,40 @@ __device__ __forceinline__ void sk_store_part(const float (&acc)[MT][2][4], floa
             }
 }
 
+/* The slice reduction inside the skinny kernel: each block of a tile, after storing its slice's
+ * partial sums, counts itself in; the last of the S to arrive sums the tile's slices in slice
+ * order (k_skinny_reduce's arithmetic, so the same bits) and resets the count for the next
+ * launch. This saves the reduction launch of every split linear of a decode step (several per
+ * layer). The fences make the other blocks' partials visible before they are read through L2. */
+template <int MT>
+__device__ __forceinline__ void sk_finish_tile(const float *part, int S, int M, int N, const float *bias, float *y,
+                                               int ldy, int accumulate, int m0, int n0, unsigned *cnt) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == (unsigned)S - 1;
+        if (last) atomicExch(cnt, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const size_t total = (size_t)M * N;
+    for (int i = threadIdx.x; i < MT * 16 * SK_N; i += blockDim.x) {
+        const int m = m0 + i / SK_N, n = n0 + i % SK_N;
+        if (m >= M || n >= N) continue;
+        const size_t o = (size_t)m * N + n;
+        float t[16]; /* every slice's load in flight at once (S <= 16, sk_plan) */
+#pragma unroll
+        for (int s = 0; s < 16; s++) t[s] = s < S ? __ldcg(part + (size_t)s * total + o) : 0.0f;
+        float v = t[0];
+#pragma unroll
+        for (int s = 1; s < 16; s++)
+            if (s < S) v += t[s];
+        lin_store(v, bias, n, y + (size_t)m * ldy + n, accumulate);
+    }
+}
+
 template <int MT>
 __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int ldx, int M, int K,
                                                 const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
@@ -119,15 +153,16 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                                              int ldx, int vecx, int M, int K, const __nv_bfloat16 *__restrict__ W,
                                              int N, int kchunk, float *__restrict__ part, int S,
                                              const float *bias, float *y, int ldy, int accumulate, int n0, int s,
-                                             int m0) {
+                                             int m0, unsigned *cnt) {
     __shared__ __align__(16) __nv_bfloat16 Ws[2][SK_N * SK_LD];
     __shared__ __align__(16) __nv_bfloat16 Xs[2][MT * 16 * SK_LD];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
     const int nk = (kend - kbeg + SK_K - 1) / SK_K;
+    pdl_trigger();
     float acc[MT][2][4];
     frag_zero(acc);
-    auto stage = [&](int buf, int kt) {
+    auto stage_w = [&](int buf, int kt) {
 #pragma unroll
         for (int q = 0; q < SK_N * 8 / 128; q++) {
             int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
@@ -135,6 +170,8 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
             cp_async16(&Ws[buf][r * SK_LD + kk], ok ? (const void *)(W + (size_t)n * K + k) : (const void *)W,
                        ok ? 16 : 0);
         }
+    };
+    auto stage_x = [&](int buf, int kt) {
 #pragma unroll
         for (int q = 0; q < MT * 16 * 8 / 128; q++) {
             int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
@@ -163,12 +200,23 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                            ok ? 16 : 0);
             }
         }
-        cp_async_commit();
     };
-    if (nk > 0) stage(0, kbeg);
+    /* Launched by cu_launch_pdl, the block may be here while the kernel ahead still runs: the
+     * weight tiles of both stages are requested (no kernel writes weights), then it waits for
+     * that kernel before it reads x. Tile `it` has landed once at most one group (the next
+     * stage's) is pending. */
+    if (nk > 0) stage_w(0, kbeg);
+    cp_async_commit();
+    if (nk > 1) stage_w(1, kbeg + SK_K);
+    cp_async_commit();
+    pdl_wait();
+    if (nk > 0) stage_x(0, kbeg);
+    cp_async_commit();
     for (int it = 0; it < nk; it++) {
         if (it + 1 < nk) {
-            stage((it + 1) & 1, kbeg + (it + 1) * SK_K);
+            if (it + 1 >= 2) stage_w((it + 1) & 1, kbeg + (it + 1) * SK_K);
+            stage_x((it + 1) & 1, kbeg + (it + 1) * SK_K);
+            cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -204,6 +252,7 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
         return;
     }
     sk_store_part(acc, part + (size_t)s * M * N, M, N, m0, n0, w, g, tq);
+    if (cnt) sk_finish_tile<MT>(part, S, M, N, bias, y, ldy, accumulate, m0, n0, cnt);
 }
 
 template <int MT, bool XF>
@@ -211,9 +260,10 @@ __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict
                                                  const float *__restrict__ xu, int ldx, int vecx, int M, int K,
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
                                                  float *__restrict__ part, int S, const float *bias, float *y,
-                                                 int ldy, int accumulate) {
+                                                 int ldy, int accumulate, unsigned *cnt) {
     skinny2_body<MT, XF>(xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
-                         blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16);
+                         blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16,
+                         cnt ? cnt + blockIdx.x * gridDim.z + blockIdx.z : NULL);
 }
 
 /* Several linears of the same x in one launch (ops->linear_multi): block x of the grid walks the
@@ -229,6 +279,7 @@ struct SkGroup {
     float *part[HYLA_LINEAR_MULTI_MAX];
     const float *bias[HYLA_LINEAR_MULTI_MAX];
     float *y[HYLA_LINEAR_MULTI_MAX];
+    unsigned *cnt[HYLA_LINEAR_MULTI_MAX]; /* member i's tile counts (NULL: the reduction kernel sums) */
 };
 
 template <int MT, bool XF>
@@ -238,7 +289,8 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
     skinny2_body<MT, XF>(xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], G.bias[i],
-                         G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16);
+                         G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16,
+                         G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL);
 }
 
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0), grid-stride over M x N */
@@ -255,13 +307,25 @@ __device__ __forceinline__ void skinny_reduce(const float *__restrict__ part, in
 
 __global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, int N, const float *bias, float *y,
                                 int ldy, int accumulate) {
+    pdl_trigger();
     skinny_reduce(part, S, M, N, bias, y, ldy, accumulate);
 }
 
 /* k_skinny_reduce for every member of a group with more than one slice (same sums, same order) */
 __global__ void k_skinny_reduce_g(SkGroup G, int M, int accumulate) {
+    pdl_trigger();
     for (int i = 0; i < G.n; i++)
         if (G.S[i] > 1) skinny_reduce(G.part[i], G.S[i], M, G.N[i], G.bias[i], G.y[i], G.ldy[i], accumulate);
+}
+
+/* The tile counts for a split launch of `tiles` output tiles (NULL: one slice, or too many tiles
+ * for the counts, or the in-kernel sum turned off: then the reduction kernel sums). */
+static unsigned *sk_counts(const hyla_cuda_ctx *c, int M, int S, size_t tiles) {
+    /* the in-kernel sum is one block's work per tile, on the kernel's tail: for a few rows
+     * only (at M = 16 the step took 20 % longer than with the reduction kernel, at M = 64 a
+     * third longer) */
+    if (S == 1 || M > 4 || !c->sk_finish || tiles > HYLA_CU_SK_COUNTS) return NULL;
+    return c->sk_count;
 }
 
 /* The slice plan of an N x K weight: enough blocks for ~4 per SM, from N and K only. */
@@ -289,7 +353,10 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     dim3 grid(ntiles, S, (M + MT * 16 - 1) / (MT * 16));
     if (K % 8 == 0) {
         const __nv_bfloat16 *xbb = NULL;
-        const bool xf = MT == 1; /* M <= 16: convert x inside the kernel */
+        /* M <= 16: convert x inside the kernel; the SwiGLU only for M <= 4 (every column tile's
+         * blocks form it again, in the staging each k step waits for: at M = 16 that made the
+         * decode step 6 % slower than its own pass) */
+        const bool xf = MT == 1 && (!up || M <= 4);
         const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
         if (!xf) {
             void *xb;
@@ -304,26 +371,27 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
             MT = 4;
             grid.z = (M + 63) / 64;
         }
+        unsigned *cnt = sk_counts(c, M, S, (size_t)grid.x * grid.z);
         switch (MT) {
         case 1:
             if (xf)
-                k_skinny2<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
-                                                                bias, y, ldy, accumulate);
+                HYLA_TRY(cu_launch_pdl(c, k_skinny2<1, true>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N,
+                                       kchunk, part, S, bias, y, ldy, accumulate, cnt));
             else
-                k_skinny2<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
-                                                                 bias, y, ldy, accumulate);
+                HYLA_TRY(cu_launch_pdl(c, k_skinny2<1, false>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N,
+                                       kchunk, part, S, bias, y, ldy, accumulate, cnt));
             break;
         case 2:
-            k_skinny2<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
-                                                             bias, y, ldy, accumulate);
+            HYLA_TRY(cu_launch_pdl(c, k_skinny2<2, false>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk,
+                                   part, S, bias, y, ldy, accumulate, cnt));
             break;
         default:
-            k_skinny2<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk, part, S,
-                                                             bias, y, ldy, accumulate);
+            HYLA_TRY(cu_launch_pdl(c, k_skinny2<4, false>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk,
+                                   part, S, bias, y, ldy, accumulate, cnt));
             break;
         }
         CU_LAUNCH_CHECK("skinny linear v2");
-        if (S == 1) return HYLA_OK;
+        if (S == 1 || cnt) return HYLA_OK;
     } else switch (MT) {
     case 1: k_skinny<1><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
     case 2: k_skinny<2><<<grid, 128, 0, c->stream>>>(x, ldx, M, K, W->d, N, kchunk, part); break;
@@ -343,8 +411,8 @@ extern "C" int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K) {
     return M >= 1 && M <= 256 && K % 8 == 0;
 }
 
-/* n linears of the same x [M][K] in one launch (+ one reduction launch when a member has several
- * slices); the bits of n separate cu_skinny_linear calls. Requires cu_skinny_multi_ok. */
+/* n linears of the same x [M][K] in one launch (its last blocks per tile sum the slices; the
+ * reduction kernel only where the counts are off or too few); the bits of n separate cu_skinny_linear calls. Requires cu_skinny_multi_ok. */
 extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                               const hyla_linear_out *outs, int accumulate) {
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
@@ -384,18 +452,23 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         xbb = (const __nv_bfloat16 *)xb;
     }
     dim3 grid(G.blk0[n], 1, (M + MT * 16 - 1) / (MT * 16));
+    size_t tiles = 0;
+    for (int i = 0; i < n; i++) tiles += (size_t)G.ntiles[i] * grid.z;
+    unsigned *cnt = any_split ? sk_counts(c, M, 2, tiles) : NULL;
+    for (size_t i = 0, at = 0; cnt && i < (size_t)n; at += (size_t)G.ntiles[i] * grid.z, i++)
+        G.cnt[i] = G.S[i] > 1 ? cnt + at : NULL;
     if (MT == 1) {
         if (xf)
-            k_skinny2g<1, true><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+            HYLA_TRY(cu_launch_pdl(c, k_skinny2g<1, true>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
         else
-            k_skinny2g<1, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+            HYLA_TRY(cu_launch_pdl(c, k_skinny2g<1, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
     } else if (MT == 2) {
-        k_skinny2g<2, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+        HYLA_TRY(cu_launch_pdl(c, k_skinny2g<2, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
     } else {
-        k_skinny2g<4, false><<<grid, 128, 0, c->stream>>>(xbb, x, ldx, vecx, M, K, G, accumulate);
+        HYLA_TRY(cu_launch_pdl(c, k_skinny2g<4, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
     }
     CU_LAUNCH_CHECK("skinny linear (multi)");
-    if (!any_split) return HYLA_OK;
+    if (!any_split || cnt) return HYLA_OK;
     size_t total = 0;
     for (int i = 0; i < n; i++)
         if (G.S[i] > 1 && (size_t)M * outs[i].N > total) total = (size_t)M * outs[i].N;

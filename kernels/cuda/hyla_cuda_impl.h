@@ -110,7 +110,14 @@ typedef struct hyla_cuda_ctx {
     int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
     int attn_split_len;     /* flash prefill: keys per split (default 8192, 0 = one pass; a multiple of 64) */
     void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of the batched prompt GEMM */
+    int pdl;                /* the skinny linears may start before the kernel ahead of them ends (cu_launch_pdl;
+                             * default; HYLA_CUDA_PDL=0 at creation: off, the same bits) */
+    int sk_finish;          /* split skinny linears sum their slices in the kernel (default; HYLA_CUDA_SK_FINISH=0:
+                             * a reduction kernel, the same bits, for timing the difference) */
+    unsigned *sk_count;     /* device [HYLA_CU_SK_COUNTS], zero between launches: the skinny linears' slice
+                             * arrivals per output tile (the last block of a tile sums the slices) */
 } hyla_cuda_ctx;
+#define HYLA_CU_SK_COUNTS 65536
 
 struct hyla_weight {
     int rows, cols;
@@ -419,6 +426,41 @@ hyla_status cu_capture_end(hyla_cuda_ctx *c, hyla_capture *t);
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 
 #ifdef __CUDACC__
+/* Programmatic dependent launch (decode's weight streaming under the small kernels): a kernel
+ * launched by cu_launch_pdl may start while the kernel before it still runs, as soon as every
+ * block of that one has called pdl_trigger (or ended); it must call pdl_wait before it reads
+ * anything an earlier kernel writes or writes anything, and pdl_wait returns once the earlier
+ * grid has completed and its memory is visible. Before pdl_wait it may only touch what no
+ * kernel writes (weights). pdl_trigger is a hint, harmless where the next kernel is launched
+ * plainly. Both are no-ops below sm_90. */
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* kern<<<grid, threads, smem>>>(args) on the context's stream, allowed to overlap the kernel
+ * before it when c->pdl is on (see pdl_wait). */
+template <typename... P, typename... A>
+static hyla_status cu_launch_pdl(hyla_cuda_ctx *c, void (*kern)(P...), dim3 grid, unsigned threads, size_t smem,
+                                 A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = c->pdl;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CU_TRY(cudaLaunchKernelEx(&cfg, kern, ((P)args)...));
+    return HYLA_OK;
+}
 /* kern<<<grid, threads, smem>>>(args) on the context's stream, for kernels whose dynamic shared
  * memory may pass the default limit: the opt-in attribute is set to smem first. */
 template <typename... P, typename... A>

@@ -79,6 +79,8 @@ __device__ __forceinline__ void dec_sum8(float (&sum)[VW], const float (*buf)[32
 template <int R, int VW, int MINB>
 __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
     typedef DecVec<VW> V;
+    pdl_trigger(); /* launched by cu_launch_pdl in the product: nothing is read before the wait */
+    pdl_wait();
     __shared__ __align__(16) float red[2][8][32 * VW];
     __shared__ float sq[8 * R], sk[8 * R], sd[8 * R];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;

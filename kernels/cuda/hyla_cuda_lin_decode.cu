@@ -254,14 +254,13 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
 /* Decode (one token per session, 16-byte aligned states and rows): k_lin_dec with 2 columns
  * per lane and at least 2 blocks per SM, the fastest form on an H100 at every batch measured
  * (2.5-2.6 TB/s of state at B = 64; the other forms in kernels/cuda/dev/NOTES.md). */
-static void launch_dec(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B, int R) {
+static hyla_status launch_dec(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B, int R) {
     dim3 g(cu_blocks(a->dv, 32 * 2), a->H, B);
     if (R <= 4)
-        k_lin_dec<4, 2, 2><<<g, 256, 0, c->stream>>>(*a);
+        return cu_launch_pdl(c, k_lin_dec<4, 2, 2>, g, 256, 0, *a);
     else if (R <= 8)
-        k_lin_dec<8, 2, 2><<<g, 256, 0, c->stream>>>(*a);
-    else
-        k_lin_dec<16, 2, 2><<<g, 256, 0, c->stream>>>(*a);
+        return cu_launch_pdl(c, k_lin_dec<8, 2, 2>, g, 256, 0, *a);
+    return cu_launch_pdl(c, k_lin_dec<16, 2, 2>, g, 256, 0, *a);
 }
 
 extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B) {
@@ -274,9 +273,7 @@ extern "C" hyla_status cu_lin_recurrent(hyla_cuda_ctx *c, const hyla_cu_linrec *
     int R = (a->dk + 7) / 8;
     bool al = a->dv % 4 == 0 && ((uintptr_t)a->v & 15) == 0 && ((uintptr_t)a->o & 15) == 0;
     if (al && a->states16 && R <= 16 && a->ntok == 1) {
-        launch_dec(c, a, B, R);
-        CU_LAUNCH_CHECK("linear attention decode");
-        return HYLA_OK;
+        return launch_dec(c, a, B, R);
     }
     if (al && a->states16 && R <= 16) {
         dim3 g4(cu_blocks(a->dv, 128), a->H, B);
