@@ -153,7 +153,10 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
     if (!rt) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     rt->m = m;
     rt->be = hyla_model_backend(m);
-    rt->prefill_piece = HYLA_PREFILL_PIECE_DEFAULT;
+    rt->prefill_piece = rt->be->prefill_piece >= HYLA_PREFILL_CHUNK && rt->be->prefill_piece <= HYLA_PREFILL_PIECE_MAX &&
+                                rt->be->prefill_piece % HYLA_PREFILL_CHUNK == 0
+                            ? rt->be->prefill_piece
+                            : HYLA_PREFILL_PIECE_DEFAULT;
     rt->micro_batches = 2;
     rt->token_log = (int)HYLA_TOKEN_LOG_MAX;
     hyla_status s = HYLA_OK;

@@ -324,15 +324,20 @@ static unsigned ptr_align(const void *p, size_t ld_bytes) {
     return a;
 }
 
+/* The cached cublasLt plan of an (M, N, K) GEMM: layouts and an algorithm, the heuristic's first
+ * choice, or with `from` (a plan of the same N, K, ldy and alignment), from's algorithm on this
+ * M where cublasLtMatmulAlgoCheck accepts it (else no algorithm). */
 static hyla_status gemm_plan(hyla_cuda_ctx *c, int M, int N, int K, int ldy, int acc, unsigned align_c,
-                             hyla_cu_gemm_plan **out) {
+                             const hyla_cu_gemm_plan *from, hyla_cu_gemm_plan **out) {
+    const int derived = from != NULL;
     uint64_t key = ((uint64_t)M * 1000003u) ^ ((uint64_t)N << 20) ^ ((uint64_t)K << 40) ^ ((uint64_t)ldy * 7919u) ^
-                   ((uint64_t)acc << 62) ^ ((uint64_t)align_c << 50);
+                   ((uint64_t)acc << 62) ^ ((uint64_t)derived << 61) ^ ((uint64_t)align_c << 50);
     key |= 1; /* 0 marks an empty slot */
     unsigned h = (unsigned)(key ^ (key >> 29)) % HYLA_CU_GEMM_PLANS;
     for (int probe = 0; probe < HYLA_CU_GEMM_PLANS; probe++) {
         hyla_cu_gemm_plan *p = &c->plans[(h + probe) % HYLA_CU_GEMM_PLANS];
-        if (p->key == key && p->M == M && p->N == N && p->K == K && p->ldy == ldy && p->acc == acc) {
+        if (p->key == key && p->M == M && p->N == N && p->K == K && p->ldy == ldy && p->acc == acc &&
+            p->derived == derived) {
             *out = p;
             return HYLA_OK;
         }
@@ -349,11 +354,20 @@ static hyla_status gemm_plan(hyla_cuda_ctx *c, int M, int N, int K, int ldy, int
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
             cublasLtMatmulHeuristicResult_t res;
             int found = 0;
-            cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, c->lt_desc, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                                               &res, &found);
+            cublasStatus_t hs;
+            if (from) {
+                hs = from->has_algo ? cublasLtMatmulAlgoCheck(c->lt, c->lt_desc, p->la, p->lb, p->lc, p->lc,
+                                                              &from->algo, &res)
+                                    : CUBLAS_STATUS_NOT_SUPPORTED;
+                found = hs == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= c->lt_workspace_bytes;
+                res.algo = from->algo;
+            } else {
+                hs = cublasLtMatmulAlgoGetHeuristic(c->lt, c->lt_desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+            }
             cublasLtMatmulPreferenceDestroy(pref);
             p->has_algo = (hs == CUBLAS_STATUS_SUCCESS && found > 0);
             if (p->has_algo) p->algo = res.algo;
+            p->derived = derived;
             p->key = key;
             p->M = M;
             p->N = N;
@@ -380,9 +394,9 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
  * same (PROMPT_ROWS, N, K) GEMM with the same cached algorithm, so a row's result depends only on
  * the row (tested on the device: rows at other positions and in calls of other sizes give the
  * same bits), at cuBLAS speed. Pieces are cut into blocks of PROMPT_ROWS rows; a short block runs
- * the full count (the rows past it hold stale data whose results are dropped). 1024 is the
- * default prefill piece. The count is part of what the bits depend on, like the GPU and the
- * library: keep it the same wherever a session may be resumed. */
+ * the full count (the rows past it hold stale data whose results are dropped); runs of whole
+ * blocks go as one GEMM with the same algorithm (prompt_gemm). The count is part of what the bits
+ * depend on, like the GPU and the library: keep it the same wherever a session may be resumed. */
 #define PROMPT_ROWS 1024
 
 /* y[m][n] = (acc ? y : 0) + (t[m][n] + bias[n]) for m < M: the skinny kernel's epilogue order */
@@ -417,13 +431,38 @@ __global__ void k_prompt_ptrs(prompt_ptr_args p, void **dst) {
  * algorithm is chosen for C aligned as ptr_align(NULL, N * 4), a function of N only: the 256-aligned
  * scratch blocks always are, and a y is used directly only where it is at least as aligned, so
  * scratch and y get the same algorithm and the same bits. */
-static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int K, int N, int nb,
+static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nblk, int K, int N, int nb,
                                const hyla_weight *const *W, float *const *C) {
     const float alpha = 1.0f, beta = 0.0f;
+    if (nblk > 1) {
+        /* nblk consecutive blocks (x and C contiguous): one GEMM of nblk * MF rows with the
+         * MF-row plan's algorithm, so each row gets the operations it gets in an MF-row call
+         * (tested: rows of long and short calls give the same bits) with nblk times the tiles
+         * to fill the GPU; where that algorithm does not take the larger shape, and for batched
+         * outputs (cuBLAS picks their algorithm per call), block by block */
+        hyla_cu_gemm_plan *p = NULL, *q = NULL;
+        const unsigned ac = ptr_align(NULL, (size_t)N * 4);
+        if (nb == 1) {
+            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p));
+            if (p && p->has_algo) HYLA_TRY(gemm_plan(c, nblk * MF, N, K, N, 0, ac, p, &q));
+        }
+        if (q && q->has_algo &&
+            cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, q->la, xb, q->lb, &beta, C[0], q->lc, C[0], q->lc,
+                           &q->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS) {
+            CU_LAUNCH_CHECK("linear (prompt rows, several blocks)");
+            return HYLA_OK;
+        }
+        for (int b = 0; b < nblk; b++) {
+            float *Cb[HYLA_LINEAR_MULTI_MAX];
+            for (int j = 0; j < nb; j++) Cb[j] = C[j] + (size_t)b * MF * N;
+            HYLA_TRY(prompt_gemm(c, (const __nv_bfloat16 *)xb + (size_t)b * MF * K, MF, 1, K, N, nb, W, Cb));
+        }
+        return HYLA_OK;
+    }
     if (nb == 1) {
         const unsigned ac = ptr_align(NULL, (size_t)N * 4); /* a function of N only (see prompt_align) */
         hyla_cu_gemm_plan *p = NULL;
-        HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, &p));
+        HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p));
         cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
         if (p && p->has_algo)
             st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, p->la, xb, p->lb, &beta, C[0], p->lc, C[0], p->lc,
@@ -483,8 +522,15 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                                      const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro) {
     size_t nsum = 0;
     for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
+    /* Runs of up to c->prompt_blocks whole blocks go to the GEMM together (prompt_gemm) where
+     * every output is written straight into y (no accumulate, ldy == N; the alignment is checked
+     * per run below, and a run that fails it goes block by block); the last partial block alone */
+    int maxb = c->prompt_blocks;
+    for (int j = 0; j < n; j++)
+        if (accumulate || outs[j].ldy != outs[j].N) maxb = 1;
+    if (M / MF < maxb) maxb = M / MF > 1 ? M / MF : 1;
     void *xb, *t;
-    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)MF * K * 2, &xb));
+    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)maxb * MF * K * 2, &xb));
     /* each output's scratch block starts 256-aligned (N * MF * 4 bytes: MF is a multiple of 64) */
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)MF * nsum * 4, &t));
     int grp[HYLA_LINEAR_MULTI_MAX]; /* group id of each output: the first output of its N */
@@ -504,8 +550,13 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
         toff[j] = (size_t)off * MF;
         off += outs[j].N;
     }
-    for (int r0 = 0; r0 < M; r0 += MF) {
-        int m = M - r0 < MF ? M - r0 : MF;
+    for (int r0 = 0, m; r0 < M; r0 += m) {
+        const int whole = (M - r0) / MF;
+        int nblk = whole < 1 ? 1 : whole < maxb ? whole : maxb;
+        for (int j = 0; j < n && nblk > 1; j++)
+            if (ptr_align(outs[j].y + (size_t)r0 * outs[j].ldy, (size_t)outs[j].N * 4) < ptr_align(NULL, (size_t)outs[j].N * 4))
+                nblk = 1;
+        m = whole < 1 ? M - r0 : nblk * MF;
         HYLA_TRY(prompt_rows_bf16(c, x, ldx, r0, m, K, pro, (__nv_bfloat16 *)xb)); /* once for all */
         for (int j = 0; j < n; j++) {
             if (grp[j] != j) continue; /* done with its group */
@@ -516,11 +567,12 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
             /* A whole block that overwrites y with the same layout goes straight into y: the
              * same algorithm and layout as into scratch, so the same values, without the copy;
              * the bias is then added in place (t + bias either way). */
-            int direct = m == MF && !accumulate;
+            int direct = m % MF == 0 && !accumulate;
             for (int q = 0; q < nb && direct; q++) {
                 const hyla_linear_out *o = &outs[mem[q]];
                 direct = o->ldy == N && ptr_align(o->y + (size_t)r0 * o->ldy, (size_t)N * 4) >= ptr_align(NULL, (size_t)N * 4);
             }
+            HYLA_ASSERT(direct || m <= MF); /* t holds one block */
             const hyla_weight *W[HYLA_LINEAR_MULTI_MAX];
             float *C[HYLA_LINEAR_MULTI_MAX];
             for (int q = 0; q < nb; q++) {
@@ -528,7 +580,7 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                 W[q] = o->W;
                 C[q] = direct ? o->y + (size_t)r0 * o->ldy : (float *)t + toff[mem[q]];
             }
-            HYLA_TRY(prompt_gemm(c, xb, MF, K, N, nb, W, C));
+            HYLA_TRY(prompt_gemm(c, xb, MF, m / MF > 1 ? m / MF : 1, K, N, nb, W, C));
             for (int q = 0; q < nb; q++) {
                 const hyla_linear_out *o = &outs[mem[q]];
                 if (direct && !o->bias) continue;
@@ -612,7 +664,7 @@ extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int 
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     hyla_cu_gemm_plan *p = NULL;
     unsigned ac = ptr_align(y, (size_t)ldy * 4);
-    HYLA_TRY(gemm_plan(c, M, N, K, ldy, accumulate, ac, &p));
+    HYLA_TRY(gemm_plan(c, M, N, K, ldy, accumulate, ac, NULL, &p));
     cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
     if (p && p->has_algo)
         st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W->d, p->la, xb, p->lb, &beta, y, p->lc, y, p->lc, &p->algo,
@@ -717,6 +769,8 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     /* the one operator switch (docs/CUDA.md): HYLA_CUDA_GRAPHS=0 turns graphs off, the same bits */
     const char *ge = getenv("HYLA_CUDA_GRAPHS");
     c->graphs_on = !(ge && !strcmp(ge, "0"));
+    const char *pb = getenv("HYLA_CUDA_PROMPT_BLOCKS");
+    c->prompt_blocks = pb && atoi(pb) >= 1 && atoi(pb) <= 64 ? atoi(pb) : 8;
     const char *pe = getenv("HYLA_CUDA_PDL");
     c->pdl = !(pe && !strcmp(pe, "0"));
     const char *sf = getenv("HYLA_CUDA_SK_FINISH");
@@ -746,6 +800,7 @@ extern "C" hyla_status hyla_cuda_backend_create(int device, hyla_backend **out) 
     }
     b->ops = &hyla_cuda_ops_table;
     b->ctx = c;
+    b->prefill_piece = 8192;
     *out = b;
     return HYLA_OK;
 }

@@ -59,6 +59,7 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     int has_algo;
+    int derived; /* the algorithm is another plan's (gemm_plan's `from`), not this shape's heuristic */
 } hyla_cu_gemm_plan;
 #define HYLA_CU_GEMM_PLANS 512
 
@@ -110,6 +111,8 @@ typedef struct hyla_cuda_ctx {
     int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
     int attn_split_len;     /* flash prefill: keys per split (default 8192, 0 = one pass; a multiple of 64) */
     void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of the batched prompt GEMM */
+    int prompt_blocks;      /* prompt rows: whole PROMPT_ROWS blocks per GEMM call (default 8;
+                             * HYLA_CUDA_PROMPT_BLOCKS at creation, 1..64; the same bits) */
     int pdl;                /* the skinny linears may start before the kernel ahead of them ends (cu_launch_pdl;
                              * default; HYLA_CUDA_PDL=0 at creation: off, the same bits) */
     int sk_finish;          /* split skinny linears sum their slices in the kernel (default; HYLA_CUDA_SK_FINISH=0:
