@@ -1931,6 +1931,7 @@ int hyla_bench_e2e(int argc, char **argv) {
                 TRY(hyla_session_decode(ss, B, out, NULL)); /* second sight of a step) */
                 TRY(O->sync(CX));
                 if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g0));
+                hyla_prof_reset();
                 t0 = hyla_now();
                 for (int st = 0; st < steps; st++) TRY(hyla_session_decode(ss, B, out, NULL));
                 TRY(O->sync(CX));
@@ -1949,6 +1950,7 @@ int hyla_bench_e2e(int argc, char **argv) {
                     printf(",\"ops_per_step\":%.0f,\"graph_launches_per_step\":%.2f,\"captures\":%llu",
                            (double)(g1.ops - g0.ops) / steps, (double)(g1.replays - g0.replays) / steps,
                            (unsigned long long)(g1.captures - g0.captures));
+                hyla_prof_print_json(stdout); /* HYLA_PROFILE=1: the timed steps' marks (syncs included) */
                 printf("}\n");
                 fflush(stdout);
             }
