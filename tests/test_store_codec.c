@@ -85,6 +85,35 @@ static void test_min_gain(void) {
         if (gain) CHECK_MSG(raw_f32 == n_f32 && raw_bf16 == 0, "min gain %d %%: %d of %d f32 chunks raw, %d of %d bf16",
                             gain, raw_f32, n_f32, raw_bf16, n_bf16);
         else CHECK_MSG(raw_f32 == 0 && raw_bf16 == 0, "min gain 0: %d f32 and %d bf16 chunks raw", raw_f32, raw_bf16);
+        /* each chunk value decodes to its bytes: raw values (copied and hashed block by block)
+         * and shuffled zstd ones (unshuffled and hashed block by block); a flipped payload byte
+         * and a header claiming more raw bytes than the chunk holds are refused, and nothing is
+         * written past the chunk's bytes */
+        for (size_t i = 0; i < pl->n_chunks; i++) {
+            hyla_plan_chunk *pc = &pl->chunks[i];
+            const hyla_chunk_ref *ref = &pc->ref;
+            const uint8_t *src = (const uint8_t *)(ref->part == 0 ? f->data : b->data) + ref->raw_off;
+            uint8_t *out = malloc(ref->raw_len + 64);
+            char err[256];
+            memset(out + ref->raw_len, 0xA5, 64);
+            CHECK_OK(hyla_chunk_decode(pc->value, pc->value_len, ref, out, err, sizeof err));
+            CHECK_MSG(!memcmp(out, src, ref->raw_len), "chunk %zu (%s) decodes to its bytes", i,
+                      pc->value[4] == 0 ? "raw" : "zstd");
+            uint8_t *v = malloc(pc->value_len);
+            memcpy(v, pc->value, pc->value_len);
+            v[pc->value_len - 7] ^= 0x10;
+            hyla_status st = hyla_chunk_decode(v, pc->value_len, ref, out, err, sizeof err);
+            CHECK_MSG(st == HYLA_ERR_CORRUPT && strstr(err, "checksum"), "chunk %zu, a payload byte flipped: %s", i, err);
+            memcpy(v, pc->value, pc->value_len);
+            hyla_put_le32(v + 8, ref->raw_len + 64); /* raw_len in the header */
+            st = hyla_chunk_decode(v, pc->value_len, ref, out, err, sizeof err);
+            CHECK_MSG(st == HYLA_ERR_CORRUPT, "chunk %zu, raw length in the header changed: %s", i, err);
+            int intact = 1;
+            for (int k = 0; k < 64; k++) intact &= out[ref->raw_len + k] == 0xA5;
+            CHECK_MSG(intact, "chunk %zu: nothing written past its %u bytes", i, ref->raw_len);
+            free(v);
+            free(out);
+        }
         hyla_codec_plan_destroy(pl);
         /* either way the file reads back bit for bit */
         char path[512];
