@@ -35,7 +35,8 @@ typedef struct {
     uint64_t host_budget_bytes;    /* host-tier sessions beyond this leave the worker (durable in the store; default 4 GiB) */
     uint32_t snapshot_every;   /* auto-snapshot every this many tokens (0 = never); default 1024 */
     int max_batch;             /* sessions per decode step (default 64) */
-    int prefill_budget;        /* prefill tokens per scheduler step (default 1024) */
+    int prefill_budget;        /* prefill tokens per scheduler step while sessions generate (default 1024;
+                                  with none generating, up to the runtime's prefill piece) */
     int prefill_piece;         /* tokens per prefill forward pass (0: the model's default; hyla_model.h) */
     uint32_t max_generate;     /* largest max_tokens accepted (default 65536) */
     uint64_t max_append_tokens;/* largest document one Append may send (default 1 << 24) */

@@ -528,9 +528,13 @@ static void append_progress(hyla_worker *w, wsess *s, append_job *a) {
 }
 
 /* Prefill of Append jobs under the per-step token budget; returns whether any feed ran and sets
- * *queued to the tokens still waiting. */
+ * *queued to the tokens still waiting. The budget bounds how long a step's prefill holds up the
+ * sessions that generate; while none does, a step feeds up to a whole prefill piece instead (8192
+ * tokens on a GPU), so a lone long document runs at the backend's best piece size. */
 static int step_prefill(hyla_worker *w, uint32_t *queued) {
-    int budget = w->p.prefill_budget, worked = 0;
+    int budget = w->p.prefill_budget, worked = 0, generating = 0;
+    for (wsess *s = w->sessions; s && !generating; s = s->next) generating = s->gen != NULL;
+    if (!generating && hyla_runtime_prefill_piece(w->rt) > budget) budget = hyla_runtime_prefill_piece(w->rt);
     *queued = 0;
     for (wsess *s = w->sessions; s; s = s->next) {
         append_job *a = s->app;
