@@ -1,5 +1,8 @@
 /* test_sched.c — the worker scheduler's pure policies (worker/server/hyla_worker_sched.h).
  *
+ * sched_prefill_budget sets a step's prefill tokens: the operator's budget while sessions
+ * generate, a whole prefill piece while none does.
+ *
  * sched_feed_len decides how many queued Append tokens a scheduler step feeds. The identity of
  * an Append's tokens with one uninterrupted feed rests on it: every feed but a stream's tail
  * must leave the session's position on a multiple of the prefill chunk, never exceed what is
@@ -103,7 +106,18 @@ static void stream(void) {
     }
 }
 
+/* The step's budget: --prefill-budget while sessions generate; a whole piece when none does,
+ * never less than the budget. */
+static void budget_cases(void) {
+    CHECK(sched_prefill_budget(1024, 8192, 1) == 1024);
+    CHECK(sched_prefill_budget(1024, 8192, 0) == 8192);
+    CHECK(sched_prefill_budget(1024, 1024, 0) == 1024);
+    CHECK(sched_prefill_budget(4096, 1024, 0) == 4096);
+    CHECK(sched_prefill_budget(4096, 1024, 1) == 4096);
+}
+
 int main(void) {
+    budget_cases();
     exact_cases();
     properties();
     stream();

@@ -201,6 +201,10 @@ static int deliver(hyla_worker *w, wsess *ws, int32_t tok) {
 /* ------------------------------------------------------------------------------------------ */
 /* the loop: one function per step                                                             */
 
+int sched_prefill_budget(int budget, int piece, int generating) {
+    return !generating && piece > budget ? piece : budget;
+}
+
 int sched_feed_len(int64_t next_pos, size_t queued, int budget, int stream_ended, int chunk) {
     if (stream_ended && queued <= (size_t)budget) return (int)queued;
     int64_t first = ((1 - next_pos) % chunk + chunk) % chunk; /* tokens up to the next boundary */
@@ -527,14 +531,12 @@ static void append_progress(hyla_worker *w, wsess *s, append_job *a) {
     }
 }
 
-/* Prefill of Append jobs under the per-step token budget; returns whether any feed ran and sets
- * *queued to the tokens still waiting. The budget bounds how long a step's prefill holds up the
- * sessions that generate; while none does, a step feeds up to a whole prefill piece instead (8192
- * tokens on a GPU), so a lone long document runs at the backend's best piece size. */
+/* Prefill of Append jobs under the step's token budget (sched_prefill_budget); returns whether
+ * any feed ran and sets *queued to the tokens still waiting. */
 static int step_prefill(hyla_worker *w, uint32_t *queued) {
-    int budget = w->p.prefill_budget, worked = 0, generating = 0;
+    int generating = 0, worked = 0;
     for (wsess *s = w->sessions; s && !generating; s = s->next) generating = s->gen != NULL;
-    if (!generating && hyla_runtime_prefill_piece(w->rt) > budget) budget = hyla_runtime_prefill_piece(w->rt);
+    int budget = sched_prefill_budget(w->p.prefill_budget, hyla_runtime_prefill_piece(w->rt), generating);
     *queued = 0;
     for (wsess *s = w->sessions; s; s = s->next) {
         append_job *a = s->app;

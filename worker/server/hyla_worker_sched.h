@@ -18,4 +18,10 @@
  * that has ended (`stream_ended`) and fits the budget is fed whole, unaligned. */
 int sched_feed_len(int64_t next_pos, size_t queued, int budget, int stream_ended, int chunk);
 
+/* The prefill tokens a scheduler step may feed: `budget` (--prefill-budget) bounds how long the
+ * step holds up the sessions that generate; while none does (`generating` 0), up to a whole
+ * prefill `piece` (the runtime's: 8192 on a GPU), so a lone long document runs at the backend's
+ * best piece size. */
+int sched_prefill_budget(int budget, int piece, int generating);
+
 #endif
