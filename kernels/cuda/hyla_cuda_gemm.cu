@@ -318,13 +318,13 @@ __global__ void k_skinny_reduce_g(SkGroup G, int M, int accumulate) {
         if (G.S[i] > 1) skinny_reduce(G.part[i], G.S[i], M, G.N[i], G.bias[i], G.y[i], G.ldy[i], accumulate);
 }
 
-/* The tile counts for a split launch of `tiles` output tiles (NULL: one slice, or too many tiles
- * for the counts, or the in-kernel sum turned off: then the reduction kernel sums). */
-static unsigned *sk_counts(const hyla_cuda_ctx *c, int M, int S, size_t tiles) {
-    /* the in-kernel sum is one block's work per tile, on the kernel's tail: for a few rows
-     * only (at M = 16 the step took 20 % longer than with the reduction kernel, at M = 64 a
-     * third longer) */
-    if (S == 1 || M > 4 || !c->sk_finish || tiles > HYLA_CU_SK_COUNTS) return NULL;
+/* The tile counts for a launch of `tiles` output tiles of M rows, any split into slices (NULL:
+ * nothing split, more rows than the in-kernel sum suits, or too many tiles for the counts: then
+ * the reduction kernel sums). The in-kernel sum is one block's work per tile, on the kernel's
+ * tail: for a few rows only (at M = 16 the decode step took 20 % longer than with the reduction
+ * kernel, at M = 64 a third longer). */
+static unsigned *sk_counts(const hyla_cuda_ctx *c, int M, int split, size_t tiles) {
+    if (!split || M > 4 || tiles > HYLA_CU_SK_COUNTS) return NULL;
     return c->sk_count;
 }
 
@@ -371,7 +371,7 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
             MT = 4;
             grid.z = (M + 63) / 64;
         }
-        unsigned *cnt = sk_counts(c, M, S, (size_t)grid.x * grid.z);
+        unsigned *cnt = sk_counts(c, M, S > 1, (size_t)grid.x * grid.z);
         switch (MT) {
         case 1:
             if (xf)
@@ -454,7 +454,7 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
     dim3 grid(G.blk0[n], 1, (M + MT * 16 - 1) / (MT * 16));
     size_t tiles = 0;
     for (int i = 0; i < n; i++) tiles += (size_t)G.ntiles[i] * grid.z;
-    unsigned *cnt = any_split ? sk_counts(c, M, 2, tiles) : NULL;
+    unsigned *cnt = sk_counts(c, M, any_split, tiles);
     for (size_t i = 0, at = 0; cnt && i < (size_t)n; at += (size_t)G.ntiles[i] * grid.z, i++)
         G.cnt[i] = G.S[i] > 1 ? cnt + at : NULL;
     if (MT == 1) {

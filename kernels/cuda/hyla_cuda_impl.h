@@ -115,8 +115,6 @@ typedef struct hyla_cuda_ctx {
                              * HYLA_CUDA_PROMPT_BLOCKS at creation, 1..64; the same bits) */
     int pdl;                /* the skinny linears may start before the kernel ahead of them ends (cu_launch_pdl;
                              * default; HYLA_CUDA_PDL=0 at creation: off, the same bits) */
-    int sk_finish;          /* split skinny linears sum their slices in the kernel (default; HYLA_CUDA_SK_FINISH=0:
-                             * a reduction kernel, the same bits, for timing the difference) */
     unsigned *sk_count;     /* device [HYLA_CU_SK_COUNTS], zero between launches: the skinny linears' slice
                              * arrivals per output tile (the last block of a tile sums the slices) */
 } hyla_cuda_ctx;
