@@ -773,6 +773,7 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->prompt_blocks = pb && atoi(pb) >= 1 && atoi(pb) <= 64 ? atoi(pb) : 8;
     const char *pe = getenv("HYLA_CUDA_PDL");
     c->pdl = !(pe && !strcmp(pe, "0"));
+    cu_skinny_cluster_init(c);
     c->sse_windows = 1;
     c->attn_split_len = 8192;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));

@@ -11,16 +11,19 @@
  * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
  * result does not depend on M"). Weights stream through once per 128-row block.
  * Threading: launched on the context's stream. */
+#include <cooperative_groups.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
 #include "hyla_cuda_rowmath.cuh"
+#include "hyla_log.h"
 
 #define SK_N 64 /* output columns per block */
 #define SK_K 64 /* K per shared-memory tile */
 #define SK_LD 72
+#define SK_PLD 72 /* row stride (floats) of a block's partial tile in shared memory (cluster sums) */
 
 /* A K slice's fp32 partial sums of the block's tile (rows m0.., columns n0..; warp w owns
  * columns 16w..16w+15) to out [M][N], for the slice reduction. */
@@ -69,6 +72,33 @@ __device__ __forceinline__ void sk_finish_tile(const float *part, int S, int M, 
         for (int s = 1; s < 16; s++)
             if (s < S) v += t[s];
         lin_store(v, bias, n, y + (size_t)m * ldy + n, accumulate);
+    }
+}
+
+/* The slice reduction across a thread-block cluster: the S blocks of one output tile (cluster
+ * ranks r0 .. r0 + S - 1) have each left their slice's partial tile in their own shared memory
+ * (P, rows x SK_PLD floats), and after the cluster barrier block s sums its share of the tile's
+ * outputs, reading the S partials from the peers' shared memory in slice order: the arithmetic
+ * of k_skinny_reduce and sk_finish_tile (v = p0, v += p1, ...), so the same bits, while the
+ * partials never leave the SMs (at 64 rows they are more bytes than the weights) and no second
+ * kernel runs. The caller holds the cluster barrier again before the block's shared memory may
+ * go. */
+template <int MT>
+__device__ __forceinline__ void sk_cluster_sum(float *P, int S, int r0, int s, int M, int N, const float *bias,
+                                               float *y, int ldy, int accumulate, int m0, int n0) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    const int rows = M - m0 < MT * 16 ? M - m0 : MT * 16, cols = N - n0 < SK_N ? N - n0 : SK_N;
+    const int tot = rows * cols, per = (tot + S - 1) / S, i1 = (s + 1) * per < tot ? (s + 1) * per : tot;
+    for (int i = s * per + (int)threadIdx.x; i < i1; i += blockDim.x) {
+        const int r = i / cols, cc = i - r * cols, off = r * SK_PLD + cc;
+        float t[16]; /* every peer's load in flight at once (S <= 16, sk_plan) */
+#pragma unroll
+        for (int q = 0; q < 16; q++) t[q] = q < S ? *cl.map_shared_rank(P + off, (unsigned)(r0 + q)) : 0.0f;
+        float v = t[0];
+#pragma unroll
+        for (int q = 1; q < 16; q++)
+            if (q < S) v += t[q];
+        lin_store(v, bias, n0 + cc, y + (size_t)(m0 + r) * ldy + n0 + cc, accumulate);
     }
 }
 
@@ -147,13 +177,13 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
  * instead of by a separate conversion kernel: one launch less per linear, and the same bf16
  * values (round to nearest even either way), so the same bits. For larger M every block would
  * convert all M rows again, so those keep the conversion kernel. */
-template <int MT, bool XF>
+template <int MT, bool XF, bool CL>
 __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                              const float *__restrict__ xu, /* XF: x = silu(xf) * xu (NULL: xf) */
                                              int ldx, int vecx, int M, int K, const __nv_bfloat16 *__restrict__ W,
                                              int N, int kchunk, float *__restrict__ part, int S,
                                              const float *bias, float *y, int ldy, int accumulate, int n0, int s,
-                                             int m0, unsigned *cnt) {
+                                             int m0, unsigned *cnt, int r0 /* CL: cluster rank of slice 0 */) {
     __shared__ __align__(16) __nv_bfloat16 Ws[2][SK_N * SK_LD];
     __shared__ __align__(16) __nv_bfloat16 Xs[2][MT * 16 * SK_LD];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -249,10 +279,28 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
                         lin_store(acc[mt][nt][e], bias, n, y + (size_t)m * ldy + n, accumulate);
                     }
                 }
+        if (!CL) return;
+    } else if (!CL) {
+        sk_store_part(acc, part + (size_t)s * M * N, M, N, m0, n0, w, g, tq);
+        if (cnt) sk_finish_tile<MT>(part, S, M, N, bias, y, ldy, accumulate, m0, n0, cnt);
         return;
     }
-    sk_store_part(acc, part + (size_t)s * M * N, M, N, m0, n0, w, g, tq);
-    if (cnt) sk_finish_tile<MT>(part, S, M, N, bias, y, ldy, accumulate, m0, n0, cnt);
+    /* CL: the partial tile into the (now idle) weight staging, then the cluster's slice sum */
+    static_assert(MT * 16 * SK_PLD * sizeof(float) <= sizeof Ws, "partial tile fits the weight staging");
+    float *P = reinterpret_cast<float *>(&Ws[0][0]);
+    if (S > 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *(float2 *)&P[(mt * 16 + g + h * 8) * SK_PLD + 16 * w + nt * 8 + 2 * tq] =
+                        make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+    }
+    cooperative_groups::this_cluster().sync();
+    if (S > 1) sk_cluster_sum<MT>(P, S, r0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    cooperative_groups::this_cluster().sync();
 }
 
 template <int MT, bool XF>
@@ -261,9 +309,9 @@ __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
                                                  float *__restrict__ part, int S, const float *bias, float *y,
                                                  int ldy, int accumulate, unsigned *cnt) {
-    skinny2_body<MT, XF>(xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
-                         blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16,
-                         cnt ? cnt + blockIdx.x * gridDim.z + blockIdx.z : NULL);
+    skinny2_body<MT, XF, false>(xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
+                                blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16,
+                                cnt ? cnt + blockIdx.x * gridDim.z + blockIdx.z : NULL, 0);
 }
 
 /* Several linears of the same x in one launch (ops->linear_multi): block x of the grid walks the
@@ -280,6 +328,7 @@ struct SkGroup {
     const float *bias[HYLA_LINEAR_MULTI_MAX];
     float *y[HYLA_LINEAR_MULTI_MAX];
     unsigned *cnt[HYLA_LINEAR_MULTI_MAX]; /* member i's tile counts (NULL: the reduction kernel sums) */
+    int C, cl0[HYLA_LINEAR_MULTI_MAX + 1]; /* k_skinny2c: cluster size, first cluster of member i */
 };
 
 template <int MT, bool XF>
@@ -288,9 +337,31 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
     int i = 0;
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
-    skinny2_body<MT, XF>(xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i], G.bias[i],
-                         G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16,
-                         G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL);
+    skinny2_body<MT, XF, false>(xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i],
+                                G.bias[i], G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16,
+                                G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL, 0);
+}
+
+/* The same linears with the slices summed across a thread-block cluster (sk_cluster_sum): the
+ * grid is clusters of C = the largest S of the members; a cluster holds C / S_i of member i's
+ * output tiles, S_i blocks each (block s of a tile computes slice s), and the ranks left over
+ * only keep the cluster's barriers. Rows up to 64 (one block along M). */
+template <int MT, bool XF>
+__global__ void __launch_bounds__(128) k_skinny2c(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                                  const float *__restrict__ xu, int ldx, int vecx, int M, int K,
+                                                  SkGroup G, int accumulate) {
+    const int C = G.C, ci = blockIdx.x / C, cr = blockIdx.x - ci * C;
+    int i = 0;
+    while (i + 1 < G.n && ci >= G.cl0[i + 1]) i++;
+    const int S = G.S[i], tpc = C / S, local = cr / S, s = cr - local * S, tile = (ci - G.cl0[i]) * tpc + local;
+    if (local >= tpc || tile >= G.ntiles[i]) {
+        pdl_trigger();
+        cooperative_groups::this_cluster().sync();
+        cooperative_groups::this_cluster().sync();
+        return;
+    }
+    skinny2_body<MT, XF, true>(xb, xf, xu, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], NULL, S, G.bias[i], G.y[i],
+                               G.ldy[i], accumulate, tile * SK_N, s, 0, NULL, cr - s);
 }
 
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0), grid-stride over M x N */
@@ -341,6 +412,93 @@ static void sk_plan(const hyla_cuda_ctx *c, int N, int K, int *S_out, int *kchun
     *kchunk_out = kchunk;
 }
 
+/* ---- cluster slice sums (k_skinny2c): rows c->sk_cluster .. 64, every split linear ---- */
+
+static int sk_cluster_on(const hyla_cuda_ctx *c, int M) { return c->sk_cluster > 0 && M >= c->sk_cluster && M <= 64; }
+
+template <int MT, bool XF>
+static hyla_status sk_launch_c(hyla_cuda_ctx *c, unsigned blocks, int C, const __nv_bfloat16 *xb, const float *x,
+                               const float *up, int ldx, int vecx, int M, int K, const SkGroup &G, int accumulate) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(128);
+    cfg.stream = c->stream;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = c->pdl;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = (unsigned)C;
+    at[1].val.clusterDim.y = 1;
+    at[1].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 2;
+    CU_TRY(cudaLaunchKernelEx(&cfg, k_skinny2c<MT, XF>, xb, x, up, ldx, vecx, M, K, G, accumulate));
+    return HYLA_OK;
+}
+
+/* G's members (N, S, kchunk, ntiles, W, bias, y, ldy) laid out in clusters and launched. */
+static hyla_status sk_cluster_run(hyla_cuda_ctx *c, SkGroup &G, const __nv_bfloat16 *xb, const float *x,
+                                  const float *up, int ldx, int vecx, int M, int K, int accumulate, bool xf) {
+    int C = 1;
+    for (int i = 0; i < G.n; i++)
+        if (G.S[i] > C) C = G.S[i];
+    G.C = C;
+    G.cl0[0] = 0;
+    for (int i = 0; i < G.n; i++) {
+        const int tpc = C / G.S[i];
+        G.cl0[i + 1] = G.cl0[i] + (G.ntiles[i] + tpc - 1) / tpc;
+    }
+    const unsigned blocks = (unsigned)G.cl0[G.n] * (unsigned)C;
+    if (M <= 16) {
+        if (xf)
+            HYLA_TRY((sk_launch_c<1, true>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+        else
+            HYLA_TRY((sk_launch_c<1, false>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+    } else if (M <= 32) {
+        HYLA_TRY((sk_launch_c<2, false>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+    } else {
+        HYLA_TRY((sk_launch_c<4, false>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+    }
+    CU_LAUNCH_CHECK("skinny linear (cluster sums)");
+    return HYLA_OK;
+}
+
+/* At context creation: HYLA_CUDA_SK_CLUSTER (rows from which split linears sum their slices in a
+ * cluster; 0 = never, the reduction kernel or the last block sums them; the same bits either
+ * way), and the cluster sizes above 8 this device must allow (function attributes are per
+ * device). A device that cannot run a 16-block cluster of these kernels keeps the other path. */
+extern "C" void cu_skinny_cluster_init(hyla_cuda_ctx *c) {
+    const char *e = getenv("HYLA_CUDA_SK_CLUSTER");
+    c->sk_cluster = e ? atoi(e) : 5;
+    if (c->sk_cluster <= 0 || c->sk_cluster > 64) {
+        c->sk_cluster = 0;
+        return;
+    }
+    const void *ks[4] = {(const void *)k_skinny2c<1, true>, (const void *)k_skinny2c<1, false>,
+                         (const void *)k_skinny2c<2, false>, (const void *)k_skinny2c<4, false>};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) ok &= cudaFuncSetAttribute(ks[i], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                                      cudaSuccess;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(16);
+    cfg.blockDim = dim3(128);
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 16;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (ok) ok = cudaOccupancyMaxActiveClusters(&n, (const void *)k_skinny2c<4, false>, &cfg) == cudaSuccess && n > 0;
+    if (!ok) {
+        (void)cudaGetLastError();
+        hyla_log(HYLA_LOG_INFO, "cuda: no 16-block clusters on this device; split linears sum their slices in a "
+                                "second pass");
+        c->sk_cluster = 0;
+    }
+}
+
 extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                                         const float *bias, float *y, int ldy, int N, int accumulate, const float *up) {
     HYLA_ASSERT(!up || K % 8 == 0);
@@ -366,6 +524,14 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
             else
                 HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
             xbb = (const __nv_bfloat16 *)xb;
+        }
+        if (S > 1 && sk_cluster_on(c, M)) {
+            SkGroup G;
+            memset(&G, 0, sizeof G);
+            G.n = 1;
+            G.N[0] = N, G.ldy[0] = ldy, G.W[0] = W->d, G.bias[0] = bias, G.y[0] = y;
+            G.ntiles[0] = ntiles, G.S[0] = S, G.kchunk[0] = kchunk;
+            return sk_cluster_run(c, G, xbb, x, up, ldx, vecx, M, K, accumulate, xf);
         }
         if (MT > 4) { /* 64 rows per block (static shared memory); more blocks along M */
             MT = 4;
@@ -451,6 +617,8 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
         xbb = (const __nv_bfloat16 *)xb;
     }
+    if (any_split && sk_cluster_on(c, M))
+        return sk_cluster_run(c, G, xbb, x, NULL, ldx, vecx, M, K, accumulate, xf);
     dim3 grid(G.blk0[n], 1, (M + MT * 16 - 1) / (MT * 16));
     size_t tiles = 0;
     for (int i = 0; i < n; i++) tiles += (size_t)G.ntiles[i] * grid.z;

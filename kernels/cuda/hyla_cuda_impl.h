@@ -117,6 +117,8 @@ typedef struct hyla_cuda_ctx {
                              * default; HYLA_CUDA_PDL=0 at creation: off, the same bits) */
     unsigned *sk_count;     /* device [HYLA_CU_SK_COUNTS], zero between launches: the skinny linears' slice
                              * arrivals per output tile (the last block of a tile sums the slices) */
+    int sk_cluster;         /* split skinny linears of this many rows up to 64 sum their slices across a
+                             * thread-block cluster (0: never; HYLA_CUDA_SK_CLUSTER, cu_skinny_cluster_init) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536
 
@@ -239,6 +241,8 @@ hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, 
 hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                              const float *bias, float *y, int ldy, int N, int accumulate,
                              const float *up /* non-NULL (K % 8 == 0): x is silu(x) * up, as swiglu computes it */);
+/* reads HYLA_CUDA_SK_CLUSTER and readies the cluster-sum kernels on this device (at creation) */
+void cu_skinny_cluster_init(hyla_cuda_ctx *c);
 /* several skinny linears of one x in one launch, the bits of separate calls (M <= 256) */
 int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K);
 hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
