@@ -14,6 +14,7 @@
 #include "hyla_runtime_impl.h"
 #include "hyla_session.h"
 #include "hyla_tp.h"
+#include "hyla_util.h"
 
 struct hyla_session {
     hyla_runtime *rt;
@@ -681,6 +682,7 @@ static hyla_status export_plan(hyla_export *e, uint64_t base_pos, void **dst, co
 
 static hyla_status export_begin_rank(hyla_session *s, uint64_t base_pos, hyla_export **out) {
     *out = NULL;
+    const double t_begin = hyla_now();
     const hyla_model *m = s->m;
     const hyla_ops *o = OPS(m);
     /* sizes and counts first: one arena, one copy list */
@@ -740,13 +742,21 @@ static hyla_status export_begin_rank(hyla_session *s, uint64_t base_pos, hyla_ex
         memcpy(snap->rng, s->rng.s, sizeof snap->rng);
     }
     int nc = 0;
+    const double t_alloc = hyla_now();
     if (st == HYLA_OK) st = export_plan(e, base_pos, dst, src, len, &nc);
+    const double t_plan = hyla_now();
     HYLA_ASSERT(st != HYLA_OK || (nc == n_copies && e->n_stage == n_stage && e->snap->n_parts == (uint32_t)n_parts));
     /* the device copies of the fixed parts, in stream order after everything queued so far;
      * queued after all staging allocations, so a backend that logs ops keeps them together */
     for (int i = 0; st == HYLA_OK && i < e->n_stage; i++)
         st = o->copy(CTX(m), e->stage[i].slot, e->stage[i].state, e->stage[i].bytes);
+    const double t_stage = hyla_now();
     if (st == HYLA_OK) st = o->capture_begin(CTX(m), nc, dst, src, len, &e->ticket);
+    const double t_capture = hyla_now();
+    HYLA_DEBUG("session export begin: %d copies (%d staged), buffers %.3f ms, plan %.3f ms, staging copies %.3f ms, "
+               "capture_begin %.3f ms",
+               nc, e->n_stage, (t_alloc - t_begin) * 1e3, (t_plan - t_alloc) * 1e3, (t_stage - t_plan) * 1e3,
+               (t_capture - t_stage) * 1e3);
     free(dst);
     free(src);
     free(len);

@@ -17,6 +17,8 @@
 
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_pool.h"
+#include "hyla_log.h"
+#include "hyla_util.h"
 
 typedef struct {
     size_t size;
@@ -350,6 +352,19 @@ typedef struct {
     char msg[512];
 } pageable_job;
 
+/* A large device -> pinned host batch whose copies a thread of its own hands to the driver:
+ * cudaMemcpyBatchAsync costs the calling thread ~0.5 us per piece (a 32k-token SSE-H export is
+ * ~3,100 KV pages, ~1.5 ms; 128k ~7 ms), which the caller (a decode loop) should not wait for. */
+typedef struct {
+    int device;
+    size_t m;
+    void **dst;
+    const void **src;
+    size_t *bytes;
+    hyla_status st;
+    char msg[160];
+} issue_job;
+
 struct hyla_cuda_copy {
     hyla_cuda_ctx *c;
     cudaEvent_t done;
@@ -357,6 +372,9 @@ struct hyla_cuda_copy {
     pageable_job *pj;
     pthread_t th;
     int pj_done; /* __atomic builtins */
+    /* a batch issued by its own thread (th): done is recorded once issued is set */
+    issue_job *ij;
+    int issued; /* __atomic builtins */
 };
 
 static void pj_fail(pageable_job *j, cudaError_t e, const char *what) {
@@ -492,6 +510,46 @@ static hyla_status pageable_wait(hyla_cuda_copy *cp) {
     return st;
 }
 
+/* Pieces at least this many (after merging) make a device -> host batch worth a thread. */
+#define ISSUE_THREAD_MIN 256
+
+/* The m copies on the copy stream: one batch call where the driver has it, else one by one. */
+static void issue_copies(hyla_cuda_ctx *c, size_t m, void **bd, const void **bs, size_t *bz, cudaMemcpyKind kind,
+                         hyla_status *st) {
+    int batched = 0;
+    if (m >= 8) {
+        cudaMemcpyAttributes at;
+        memset(&at, 0, sizeof at);
+        at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t at_idx = 0;
+        const double t0 = hyla_now();
+        if (cudaMemcpyBatchAsync(bd, bs, bz, m, &at, &at_idx, 1, c->copy_stream) == cudaSuccess) batched = 1;
+        else (void)cudaGetLastError(); /* not supported here: clear it and copy one by one */
+        HYLA_DEBUG("cuda copies: %zu pieces, batch call %.3f ms", m, (hyla_now() - t0) * 1e3);
+    }
+    for (size_t i = 0; !batched && i < m && *st == HYLA_OK; i++) {
+        cudaError_t e = cudaMemcpyAsync(bd[i], bs[i], bz[i], kind, c->copy_stream);
+        if (e != cudaSuccess) *st = hyla_cuda_fail(e, "cudaMemcpyAsync", __FILE__, __LINE__);
+    }
+}
+
+static void *issue_main(void *arg) {
+    hyla_cuda_copy *cp = (hyla_cuda_copy *)arg;
+    issue_job *j = cp->ij;
+    j->st = HYLA_OK;
+    cudaError_t e = cudaSetDevice(j->device);
+    if (e != cudaSuccess) j->st = hyla_cuda_fail(e, "cudaSetDevice", __FILE__, __LINE__);
+    if (j->st == HYLA_OK) issue_copies(cp->c, j->m, j->dst, j->src, j->bytes, cudaMemcpyDeviceToHost, &j->st);
+    if (j->st == HYLA_OK && (e = cudaEventRecord(cp->done, cp->c->copy_stream)) != cudaSuccess)
+        j->st = hyla_cuda_fail(e, "cudaEventRecord(copy)", __FILE__, __LINE__);
+    if (j->st != HYLA_OK) snprintf(j->msg, sizeof j->msg, "%s", hyla_last_error());
+    free(j->dst);
+    free((void *)j->src);
+    free(j->bytes);
+    __atomic_store_n(&cp->issued, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const void *const *src, const size_t *bytes,
                               cudaMemcpyKind kind, hyla_cuda_copy **out) {
     *out = NULL;
@@ -525,33 +583,48 @@ static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const v
         STEP(cudaStreamWaitEvent(c->copy_stream, after, 0));
         /* many pieces (a snapshot's KV pages: one per 64 tokens and layer) go as one batch call,
          * whose host cost does not grow per piece like cudaMemcpyAsync's; a driver without it
-         * gets the loop */
-        int batched = 0;
-        if (n >= 8) {
-            void **bd = (void **)malloc((size_t)n * sizeof *bd);
-            const void **bs = (const void **)malloc((size_t)n * sizeof *bs);
-            size_t *bz = (size_t *)malloc((size_t)n * sizeof *bz), m = 0;
-            if (bd && bs && bz) {
-                for (int i = 0; i < n; i++)
-                    if (bytes[i]) {
-                        bd[m] = dst[i];
-                        bs[m] = src[i];
-                        bz[m++] = bytes[i];
-                    }
-                cudaMemcpyAttributes at;
-                memset(&at, 0, sizeof at);
-                at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-                size_t at_idx = 0;
-                cudaError_t e = m ? cudaMemcpyBatchAsync(bd, bs, bz, m, &at, &at_idx, 1, c->copy_stream) : cudaSuccess;
-                if (e == cudaSuccess) batched = 1;
-                else (void)cudaGetLastError(); /* not supported here: clear it and copy one by one */
+         * gets the loop. Pieces that continue the previous one at both ends (pages the pool
+         * handed out one after another) go as one copy. */
+        void **bd = (void **)malloc(((size_t)n + 1) * sizeof *bd);
+        const void **bs = (const void **)malloc(((size_t)n + 1) * sizeof *bs);
+        size_t *bz = (size_t *)malloc(((size_t)n + 1) * sizeof *bz), m = 0;
+        if (!bd || !bs || !bz) st = hyla_fail(HYLA_ERR_NOMEM, "hyla_cuda async copy: out of host memory");
+        for (int i = 0; st == HYLA_OK && i < n; i++) {
+            if (!bytes[i]) continue;
+            if (m && (char *)bd[m - 1] + bz[m - 1] == (char *)dst[i] &&
+                (const char *)bs[m - 1] + bz[m - 1] == (const char *)src[i]) {
+                bz[m - 1] += bytes[i];
+                continue;
             }
-            free(bd);
-            free(bs);
-            free(bz);
+            bd[m] = dst[i];
+            bs[m] = src[i];
+            bz[m++] = bytes[i];
         }
-        for (int i = 0; !batched && i < n && st == HYLA_OK; i++)
-            if (bytes[i]) STEP(cudaMemcpyAsync(dst[i], src[i], bytes[i], kind, c->copy_stream));
+        /* device -> host batches of many pieces are issued by a thread (issue_main): nothing
+         * on the compute stream waits for them, so done may be recorded later; uploads are
+         * issued here, since the compute stream must wait for their done event now */
+        if (st == HYLA_OK && kind == cudaMemcpyDeviceToHost && m >= ISSUE_THREAD_MIN) {
+            issue_job *j = (issue_job *)calloc(1, sizeof *j);
+            if (j) {
+                j->device = c->device;
+                j->m = m;
+                j->dst = bd;
+                j->src = bs;
+                j->bytes = bz;
+                cp->ij = j;
+                if (pthread_create(&cp->th, NULL, issue_main, cp) == 0) {
+                    *out = cp;
+                    cudaEventDestroy(after); /* the copy stream already waits for it */
+                    return HYLA_OK;
+                }
+                cp->ij = NULL;
+                free(j);
+            }
+        }
+        if (st == HYLA_OK) issue_copies(c, m, bd, bs, bz, kind, &st);
+        free(bd);
+        free((void *)bs);
+        free(bz);
         STEP(cudaEventRecord(cp->done, c->copy_stream));
         if (kind == cudaMemcpyHostToDevice) STEP(cudaStreamWaitEvent(c->stream, cp->done, 0));
     }
@@ -570,12 +643,29 @@ static hyla_status copy_begin(hyla_cuda_ctx *c, int n, void *const *dst, const v
 static int copy_done(const hyla_cuda_copy *cp) {
     /* a failure counts as finished: copy_wait reports it */
     if (cp && cp->pj) return __atomic_load_n(&cp->pj_done, __ATOMIC_ACQUIRE);
+    if (cp && cp->ij) {
+        if (!__atomic_load_n(&cp->issued, __ATOMIC_ACQUIRE)) return 0;
+        if (cp->ij->st != HYLA_OK) return 1;
+    }
     return !cp || cudaEventQuery(cp->done) != cudaErrorNotReady;
 }
 
 static hyla_status copy_wait(hyla_cuda_copy *cp) {
     if (!cp) return HYLA_OK;
     if (cp->pj) return pageable_wait(cp);
+    if (cp->ij) {
+        pthread_join(cp->th, NULL);
+        issue_job *j = cp->ij;
+        if (j->st != HYLA_OK) {
+            hyla_status st = hyla_fail(j->st, "%s", j->msg);
+            cudaStreamSynchronize(cp->c->copy_stream); /* what was issued before the failure */
+            cudaEventDestroy(cp->done);
+            free(j);
+            free(cp);
+            return st;
+        }
+        free(j);
+    }
     cudaError_t e = cudaEventSynchronize(cp->done);
     cudaEventDestroy(cp->done);
     free(cp);
