@@ -349,7 +349,9 @@ static void case_embed_linear(const op_case *c) {
                  {256, 2304, 6144, 2304, 6144, 0, 0}, {5, 100, 70, 101, 70, 1, 0},
                  /* M > 64: the large-M kernel (k_gemm_big), the skinny kernel's bits */
                  {65, 2304, 2304, 2304, 2304, 1, 0}, {150, 200, 130, 204, 133, 1, 1}, {1000, 6144, 2304, 6144, 2304, 0, 0},
-                 {130, 100, 70, 100, 70, 0, 0}};
+                 {130, 100, 70, 100, 70, 0, 0},
+                 /* 17-32 rows: the cluster sum's 8-warp blocks */
+                 {20, 2304, 2304, 2304, 2304, 1, 0}, {32, 512, 200, 520, 210, 1, 1}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int M = cases[ci].M, K = cases[ci].K, N = cases[ci].N, ldx = cases[ci].ldx, ldy = cases[ci].ldy;
         float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K));
@@ -430,8 +432,8 @@ static void case_linear_multi(const op_case *c) {
         CHECK_OK(cpu->ops->weight_create(cpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wc[i]));
         CHECK_OK(gpu->ops->weight_create(gpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wg[i]));
     }
-    const int Ms[5] = {1, 7, 40, 64, 100};
-    for (int mi = 0; mi < 5; mi++) {
+    const int Ms[6] = {1, 7, 24, 40, 64, 100};
+    for (int mi = 0; mi < 6; mi++) {
         int M = Ms[mi];
         float *x = randn((size_t)M * K, 1.0f);
         pair px = pair_new(x, (size_t)M * K), pbias = pair_new(bias, 6144);

@@ -23,7 +23,6 @@
 #define SK_N 64 /* output columns per block */
 #define SK_K 64 /* K per shared-memory tile */
 #define SK_LD 72
-#define SK_PLD 72 /* row stride (floats) of a block's partial tile in shared memory (cluster sums) */
 
 /* A K slice's fp32 partial sums of the block's tile (rows m0.., columns n0..; warp w owns
  * columns 16w..16w+15) to out [M][N], for the slice reduction. */
@@ -77,20 +76,20 @@ __device__ __forceinline__ void sk_finish_tile(const float *part, int S, int M, 
 
 /* The slice reduction across a thread-block cluster: the S blocks of one output tile (cluster
  * ranks r0 .. r0 + S - 1) have each left their slice's partial tile in their own shared memory
- * (P, rows x SK_PLD floats), and after the cluster barrier block s sums its share of the tile's
+ * (P, rows x PLD floats), and after the cluster barrier block s sums its share of the tile's
  * outputs, reading the S partials from the peers' shared memory in slice order: the arithmetic
  * of k_skinny_reduce and sk_finish_tile (v = p0, v += p1, ...), so the same bits, while the
  * partials never leave the SMs (at 64 rows they are more bytes than the weights) and no second
  * kernel runs. The caller holds the cluster barrier again before the block's shared memory may
  * go. */
-template <int MT>
+template <int MT, int BN, int PLD>
 __device__ __forceinline__ void sk_cluster_sum(float *P, int S, int r0, int s, int M, int N, const float *bias,
                                                float *y, int ldy, int accumulate, int m0, int n0) {
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    const int rows = M - m0 < MT * 16 ? M - m0 : MT * 16, cols = N - n0 < SK_N ? N - n0 : SK_N;
+    const int rows = M - m0 < MT * 16 ? M - m0 : MT * 16, cols = N - n0 < BN ? N - n0 : BN;
     const int tot = rows * cols, per = (tot + S - 1) / S, i1 = (s + 1) * per < tot ? (s + 1) * per : tot;
     for (int i = s * per + (int)threadIdx.x; i < i1; i += blockDim.x) {
-        const int r = i / cols, cc = i - r * cols, off = r * SK_PLD + cc;
+        const int r = i / cols, cc = i - r * cols, off = r * PLD + cc;
         float t[16]; /* every peer's load in flight at once (S <= 16, sk_plan) */
 #pragma unroll
         for (int q = 0; q < 16; q++) t[q] = q < S ? *cl.map_shared_rank(P + off, (unsigned)(r0 + q)) : 0.0f;
@@ -177,15 +176,28 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
  * instead of by a separate conversion kernel: one launch less per linear, and the same bf16
  * values (round to nearest even either way), so the same bits. For larger M every block would
  * convert all M rows again, so those keep the conversion kernel. */
-template <int MT, bool XF, bool CL>
-__device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+/* The staging of a block of NW warps (16 NW output columns) and MT*16 rows: W and x tiles of
+ * two stages, bf16; the cluster form reuses the W part for its partial tile. */
+template <int MT, int NW>
+struct SkSmem {
+    static constexpr int BN = 16 * NW, W_ELEMS = 2 * BN * SK_LD, X_ELEMS = 2 * MT * 16 * SK_LD;
+    static constexpr int BYTES = (W_ELEMS + X_ELEMS) * 2, PLD = BN + 8; /* PLD: partial tile row stride */
+    static_assert(MT * 16 * PLD * 4 <= W_ELEMS * 2, "the partial tile fits the weight staging");
+};
+
+template <int MT, bool XF, bool CL, int NW>
+__device__ __forceinline__ void skinny2_body(__nv_bfloat16 *__restrict__ Wsm, __nv_bfloat16 *__restrict__ Xsm,
+                                             const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                              const float *__restrict__ xu, /* XF: x = silu(xf) * xu (NULL: xf) */
                                              int ldx, int vecx, int M, int K, const __nv_bfloat16 *__restrict__ W,
                                              int N, int kchunk, float *__restrict__ part, int S,
                                              const float *bias, float *y, int ldy, int accumulate, int n0, int s,
                                              int m0, unsigned *cnt, int r0 /* CL: cluster rank of slice 0 */) {
-    __shared__ __align__(16) __nv_bfloat16 Ws[2][SK_N * SK_LD];
-    __shared__ __align__(16) __nv_bfloat16 Xs[2][MT * 16 * SK_LD];
+    typedef SkSmem<MT, NW> SM;
+    constexpr int NT = 32 * NW, BN = SM::BN;
+    static_assert(CL || NW == 4, "the partial-sum forms own 64 columns");
+    __nv_bfloat16(*Ws)[BN * SK_LD] = (__nv_bfloat16(*)[BN * SK_LD])Wsm;
+    __nv_bfloat16(*Xs)[MT * 16 * SK_LD] = (__nv_bfloat16(*)[MT * 16 * SK_LD])Xsm;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int kbeg = s * kchunk, kend = kbeg + kchunk < K ? kbeg + kchunk : K;
     const int nk = (kend - kbeg + SK_K - 1) / SK_K;
@@ -194,8 +206,8 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
     frag_zero(acc);
     auto stage_w = [&](int buf, int kt) {
 #pragma unroll
-        for (int q = 0; q < SK_N * 8 / 128; q++) {
-            int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
+        for (int q = 0; q < BN * 8 / NT; q++) {
+            int c = tid + q * NT, r = c >> 3, kk = (c & 7) * 8, n = n0 + r, k = kt + kk;
             bool ok = n < N && k < kend;
             cp_async16(&Ws[buf][r * SK_LD + kk], ok ? (const void *)(W + (size_t)n * K + k) : (const void *)W,
                        ok ? 16 : 0);
@@ -203,8 +215,9 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
     };
     auto stage_x = [&](int buf, int kt) {
 #pragma unroll
-        for (int q = 0; q < MT * 16 * 8 / 128; q++) {
-            int c = tid + q * 128, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
+        for (int q = 0; q < (MT * 16 * 8 + NT - 1) / NT; q++) {
+            int c = tid + q * NT, r = c >> 3, kk = (c & 7) * 8, m = m0 + r, k = kt + kk;
+            if (c >= MT * 16 * 8) break;
             bool ok = m < M && k < kend;
             if (XF) { /* k < kend implies k + 8 <= kend: K % 8 == 0 and slices are multiples of 64 */
                 float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -286,8 +299,7 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
         return;
     }
     /* CL: the partial tile into the (now idle) weight staging, then the cluster's slice sum */
-    static_assert(MT * 16 * SK_PLD * sizeof(float) <= sizeof Ws, "partial tile fits the weight staging");
-    float *P = reinterpret_cast<float *>(&Ws[0][0]);
+    float *P = reinterpret_cast<float *>(Wsm);
     if (S > 1) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -295,11 +307,11 @@ __device__ __forceinline__ void skinny2_body(const __nv_bfloat16 *__restrict__ x
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    *(float2 *)&P[(mt * 16 + g + h * 8) * SK_PLD + 16 * w + nt * 8 + 2 * tq] =
+                    *(float2 *)&P[(mt * 16 + g + h * 8) * SM::PLD + 16 * w + nt * 8 + 2 * tq] =
                         make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
     }
     cooperative_groups::this_cluster().sync();
-    if (S > 1) sk_cluster_sum<MT>(P, S, r0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    if (S > 1) sk_cluster_sum<MT, BN, SM::PLD>(P, S, r0, s, M, N, bias, y, ldy, accumulate, m0, n0);
     cooperative_groups::this_cluster().sync();
 }
 
@@ -309,9 +321,10 @@ __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
                                                  float *__restrict__ part, int S, const float *bias, float *y,
                                                  int ldy, int accumulate, unsigned *cnt) {
-    skinny2_body<MT, XF, false>(xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy, accumulate,
-                                blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16,
-                                cnt ? cnt + blockIdx.x * gridDim.z + blockIdx.z : NULL, 0);
+    __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4>::W_ELEMS], Xs[SkSmem<MT, 4>::X_ELEMS];
+    skinny2_body<MT, XF, false, 4>(Ws, Xs, xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy,
+                                   accumulate, blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16,
+                                   cnt ? cnt + blockIdx.x * gridDim.z + blockIdx.z : NULL, 0);
 }
 
 /* Several linears of the same x in one launch (ops->linear_multi): block x of the grid walks the
@@ -337,19 +350,21 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
     int i = 0;
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
-    skinny2_body<MT, XF, false>(xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i], G.S[i],
-                                G.bias[i], G.y[i], G.ldy[i], accumulate, nt * SK_N, s, blockIdx.z * MT * 16,
-                                G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL, 0);
+    __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4>::W_ELEMS], Xs[SkSmem<MT, 4>::X_ELEMS];
+    skinny2_body<MT, XF, false, 4>(Ws, Xs, xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i],
+                                   G.S[i], G.bias[i], G.y[i], G.ldy[i], accumulate, nt * SK_N, s,
+                                   blockIdx.z * MT * 16, G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL, 0);
 }
 
 /* The same linears with the slices summed across a thread-block cluster (sk_cluster_sum): the
  * grid is clusters of C = the largest S of the members; a cluster holds C / S_i of member i's
  * output tiles, S_i blocks each (block s of a tile computes slice s), and the ranks left over
  * only keep the cluster's barriers. Rows up to 64 (one block along M). */
-template <int MT, bool XF>
-__global__ void __launch_bounds__(128) k_skinny2c(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
-                                                  const float *__restrict__ xu, int ldx, int vecx, int M, int K,
-                                                  SkGroup G, int accumulate) {
+template <int MT, bool XF, int NW>
+__global__ void __launch_bounds__(32 * NW) k_skinny2c(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
+                                                      const float *__restrict__ xu, int ldx, int vecx, int M, int K,
+                                                      SkGroup G, int accumulate) {
+    extern __shared__ __align__(16) unsigned char sk_smem[];
     const int C = G.C, ci = blockIdx.x / C, cr = blockIdx.x - ci * C;
     int i = 0;
     while (i + 1 < G.n && ci >= G.cl0[i + 1]) i++;
@@ -360,8 +375,9 @@ __global__ void __launch_bounds__(128) k_skinny2c(const __nv_bfloat16 *__restric
         cooperative_groups::this_cluster().sync();
         return;
     }
-    skinny2_body<MT, XF, true>(xb, xf, xu, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], NULL, S, G.bias[i], G.y[i],
-                               G.ldy[i], accumulate, tile * SK_N, s, 0, NULL, cr - s);
+    __nv_bfloat16 *Ws = (__nv_bfloat16 *)sk_smem, *Xs = Ws + SkSmem<MT, NW>::W_ELEMS;
+    skinny2_body<MT, XF, true, NW>(Ws, Xs, xb, xf, xu, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], NULL, S,
+                                   G.bias[i], G.y[i], G.ldy[i], accumulate, tile * 16 * NW, s, 0, NULL, cr - s);
 }
 
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0), grid-stride over M x N */
@@ -416,13 +432,14 @@ static void sk_plan(const hyla_cuda_ctx *c, int N, int K, int *S_out, int *kchun
 
 static int sk_cluster_on(const hyla_cuda_ctx *c, int M) { return c->sk_cluster > 0 && M >= c->sk_cluster && M <= 64; }
 
-template <int MT, bool XF>
+template <int MT, bool XF, int NW>
 static hyla_status sk_launch_c(hyla_cuda_ctx *c, unsigned blocks, int C, const __nv_bfloat16 *xb, const float *x,
                                const float *up, int ldx, int vecx, int M, int K, const SkGroup &G, int accumulate) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[2];
     cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(128);
+    cfg.blockDim = dim3(32 * NW);
+    cfg.dynamicSmemBytes = SkSmem<MT, NW>::BYTES;
     cfg.stream = c->stream;
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = c->pdl;
@@ -432,13 +449,18 @@ static hyla_status sk_launch_c(hyla_cuda_ctx *c, unsigned blocks, int C, const _
     at[1].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 2;
-    CU_TRY(cudaLaunchKernelEx(&cfg, k_skinny2c<MT, XF>, xb, x, up, ldx, vecx, M, K, G, accumulate));
+    CU_TRY(cudaLaunchKernelEx(&cfg, k_skinny2c<MT, XF, NW>, xb, x, up, ldx, vecx, M, K, G, accumulate));
     return HYLA_OK;
 }
 
-/* G's members (N, S, kchunk, ntiles, W, bias, y, ldy) laid out in clusters and launched. */
+/* G's members (N, S, kchunk, W, bias, y, ldy) laid out in clusters and launched. A block owns
+ * 16 output columns per warp; which columns a block owns changes no output's arithmetic (that is
+ * the slices', sk_plan, from 64-column tiles). 17-32 rows take 8 warps (128 columns: x staged
+ * half as often), the rest 4: on the 1.68B GDN model's decode 8 warps were 3.5 % faster at
+ * B = 32 and the same at 64 (kernels/cuda/dev/NOTES.md "Decode at 64 rows"). */
 static hyla_status sk_cluster_run(hyla_cuda_ctx *c, SkGroup &G, const __nv_bfloat16 *xb, const float *x,
                                   const float *up, int ldx, int vecx, int M, int K, int accumulate, bool xf) {
+    const int NW = M > 16 && M <= 32 ? 8 : 4, BN = 16 * NW;
     int C = 1;
     for (int i = 0; i < G.n; i++)
         if (G.S[i] > C) C = G.S[i];
@@ -446,18 +468,19 @@ static hyla_status sk_cluster_run(hyla_cuda_ctx *c, SkGroup &G, const __nv_bfloa
     G.cl0[0] = 0;
     for (int i = 0; i < G.n; i++) {
         const int tpc = C / G.S[i];
+        G.ntiles[i] = (G.N[i] + BN - 1) / BN;
         G.cl0[i + 1] = G.cl0[i] + (G.ntiles[i] + tpc - 1) / tpc;
     }
     const unsigned blocks = (unsigned)G.cl0[G.n] * (unsigned)C;
     if (M <= 16) {
         if (xf)
-            HYLA_TRY((sk_launch_c<1, true>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+            HYLA_TRY((sk_launch_c<1, true, 4>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
         else
-            HYLA_TRY((sk_launch_c<1, false>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+            HYLA_TRY((sk_launch_c<1, false, 4>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
     } else if (M <= 32) {
-        HYLA_TRY((sk_launch_c<2, false>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+        HYLA_TRY((sk_launch_c<2, false, 8>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
     } else {
-        HYLA_TRY((sk_launch_c<4, false>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
+        HYLA_TRY((sk_launch_c<4, false, 4>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
     }
     CU_LAUNCH_CHECK("skinny linear (cluster sums)");
     return HYLA_OK;
@@ -465,8 +488,9 @@ static hyla_status sk_cluster_run(hyla_cuda_ctx *c, SkGroup &G, const __nv_bfloa
 
 /* At context creation: HYLA_CUDA_SK_CLUSTER (rows from which split linears sum their slices in a
  * cluster; 0 = never, the reduction kernel or the last block sums them; the same bits either
- * way), and the cluster sizes above 8 this device must allow (function attributes are per
- * device). A device that cannot run a 16-block cluster of these kernels keeps the other path. */
+ * way), and on this device (function attributes are per device) the kernels' shared memory and
+ * cluster sizes above 8. A device that cannot run a 16-block cluster of them keeps the other
+ * path. */
 extern "C" void cu_skinny_cluster_init(hyla_cuda_ctx *c) {
     const char *e = getenv("HYLA_CUDA_SK_CLUSTER");
     c->sk_cluster = e ? atoi(e) : 5;
@@ -474,23 +498,28 @@ extern "C" void cu_skinny_cluster_init(hyla_cuda_ctx *c) {
         c->sk_cluster = 0;
         return;
     }
-    const void *ks[4] = {(const void *)k_skinny2c<1, true>, (const void *)k_skinny2c<1, false>,
-                         (const void *)k_skinny2c<2, false>, (const void *)k_skinny2c<4, false>};
+    const void *ks[4] = {(const void *)k_skinny2c<1, true, 4>, (const void *)k_skinny2c<1, false, 4>,
+                         (const void *)k_skinny2c<2, false, 8>, (const void *)k_skinny2c<4, false, 4>};
+    const int sm[4] = {SkSmem<1, 4>::BYTES, SkSmem<1, 4>::BYTES, SkSmem<2, 8>::BYTES, SkSmem<4, 4>::BYTES};
+    const int nt[4] = {128, 128, 256, 128};
     int ok = 1;
-    for (int i = 0; i < 4; i++) ok &= cudaFuncSetAttribute(ks[i], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-                                      cudaSuccess;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3(16);
-    cfg.blockDim = dim3(128);
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 16;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (ok) ok = cudaOccupancyMaxActiveClusters(&n, (const void *)k_skinny2c<4, false>, &cfg) == cudaSuccess && n > 0;
+    for (int i = 0; i < 4 && ok; i++) {
+        ok &= cudaFuncSetAttribute(ks[i], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+        ok &= cudaFuncSetAttribute(ks[i], cudaFuncAttributeMaxDynamicSharedMemorySize, sm[i]) == cudaSuccess;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        cfg.gridDim = dim3(16);
+        cfg.blockDim = dim3(nt[i]);
+        cfg.dynamicSmemBytes = sm[i];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 16;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        ok &= cudaOccupancyMaxActiveClusters(&n, ks[i], &cfg) == cudaSuccess && n > 0;
+    }
     if (!ok) {
         (void)cudaGetLastError();
         hyla_log(HYLA_LOG_INFO, "cuda: no 16-block clusters on this device; split linears sum their slices in a "
