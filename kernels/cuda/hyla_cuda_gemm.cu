@@ -4,9 +4,11 @@
  * y[M][N] = x[M][K] W[N][K]^T (+ bias) (+ y): x fp32 rounded to bf16 (by a conversion kernel,
  * or while staged in shared memory for M <= 16), W bf16, bf16 tensor-core products (mma.sync
  * m16n8k16) with fp32 accumulation.
- * A block owns 64 output columns and one K slice; K is cut into S slices where S depends on
- * N and K only (enough blocks to cover the GPU), the slices' fp32 partials are summed in slice
- * order (by a second kernel, or by the block itself when there is one slice). So the arithmetic that produces y[m][n] — which products, in
+ * A block owns 64 output columns (128 in some cluster forms) and one K slice; K is cut into S
+ * slices where S depends on N and K only (enough blocks to cover the GPU), the slices' fp32
+ * partials are summed in slice order: by the last block of a tile for up to 4 rows, across a
+ * thread-block cluster for 5 to 128 rows (k_skinny2c), by a second kernel where neither
+ * applies, by the block itself when there is one slice. So the arithmetic that produces y[m][n] — which products, in
  * which order, in which instructions — does not depend on M or on the other rows: a session's
  * logits are bit-identical whether it is decoded alone or in a batch (hyla_ops.h: "each row's
  * result does not depend on M"). Weights stream through once per 128-row block.
@@ -342,6 +344,7 @@ struct SkGroup {
     float *y[HYLA_LINEAR_MULTI_MAX];
     unsigned *cnt[HYLA_LINEAR_MULTI_MAX]; /* member i's tile counts (NULL: the reduction kernel sums) */
     int C, cl0[HYLA_LINEAR_MULTI_MAX + 1]; /* k_skinny2c: cluster size, first cluster of member i */
+    int MB;                                /* k_skinny2c: blocks of MT*16 rows along M */
 };
 
 template <int MT, bool XF>
@@ -365,7 +368,9 @@ __global__ void __launch_bounds__(32 * NW) k_skinny2c(const __nv_bfloat16 *__res
                                                       const float *__restrict__ xu, int ldx, int vecx, int M, int K,
                                                       SkGroup G, int accumulate) {
     extern __shared__ __align__(16) unsigned char sk_smem[];
-    const int C = G.C, ci = blockIdx.x / C, cr = blockIdx.x - ci * C;
+    /* cluster index = (member cluster, row block): the row blocks of one cluster's tiles run
+     * side by side, so their weight slices are read from L2 after the first */
+    const int C = G.C, cq = blockIdx.x / C, cr = blockIdx.x - cq * C, ci = cq / G.MB, mb = cq - ci * G.MB;
     int i = 0;
     while (i + 1 < G.n && ci >= G.cl0[i + 1]) i++;
     const int S = G.S[i], tpc = C / S, local = cr / S, s = cr - local * S, tile = (ci - G.cl0[i]) * tpc + local;
@@ -377,7 +382,8 @@ __global__ void __launch_bounds__(32 * NW) k_skinny2c(const __nv_bfloat16 *__res
     }
     __nv_bfloat16 *Ws = (__nv_bfloat16 *)sk_smem, *Xs = Ws + SkSmem<MT, NW>::W_ELEMS;
     skinny2_body<MT, XF, true, NW>(Ws, Xs, xb, xf, xu, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], NULL, S,
-                                   G.bias[i], G.y[i], G.ldy[i], accumulate, tile * 16 * NW, s, 0, NULL, cr - s);
+                                   G.bias[i], G.y[i], G.ldy[i], accumulate, tile * 16 * NW, s, mb * MT * 16, NULL,
+                                   cr - s);
 }
 
 /* y = sum_s part[s] (in s order) + bias + (acc ? y : 0), grid-stride over M x N */
@@ -428,9 +434,12 @@ static void sk_plan(const hyla_cuda_ctx *c, int N, int K, int *S_out, int *kchun
     *kchunk_out = kchunk;
 }
 
-/* ---- cluster slice sums (k_skinny2c): rows c->sk_cluster .. 64, every split linear ---- */
+/* ---- cluster slice sums (k_skinny2c): rows c->sk_cluster .. c->sk_cluster_max, every split
+ * linear; more than 64 rows in blocks of 64 along M ---- */
 
-static int sk_cluster_on(const hyla_cuda_ctx *c, int M) { return c->sk_cluster > 0 && M >= c->sk_cluster && M <= 64; }
+static int sk_cluster_on(const hyla_cuda_ctx *c, int M) {
+    return c->sk_cluster > 0 && M >= c->sk_cluster && M <= c->sk_cluster_max;
+}
 
 template <int MT, bool XF, int NW>
 static hyla_status sk_launch_c(hyla_cuda_ctx *c, unsigned blocks, int C, const __nv_bfloat16 *xb, const float *x,
@@ -471,7 +480,8 @@ static hyla_status sk_cluster_run(hyla_cuda_ctx *c, SkGroup &G, const __nv_bfloa
         G.ntiles[i] = (G.N[i] + BN - 1) / BN;
         G.cl0[i + 1] = G.cl0[i] + (G.ntiles[i] + tpc - 1) / tpc;
     }
-    const unsigned blocks = (unsigned)G.cl0[G.n] * (unsigned)C;
+    G.MB = (M + 63) / 64; /* more than 64 rows: blocks of 64 (MT = 4) */
+    const unsigned blocks = (unsigned)G.cl0[G.n] * (unsigned)G.MB * (unsigned)C;
     if (M <= 16) {
         if (xf)
             HYLA_TRY((sk_launch_c<1, true, 4>(c, blocks, C, xb, x, up, ldx, vecx, M, K, G, accumulate)));
@@ -492,8 +502,9 @@ static hyla_status sk_cluster_run(hyla_cuda_ctx *c, SkGroup &G, const __nv_bfloa
  * cluster sizes above 8. A device that cannot run a 16-block cluster of them keeps the other
  * path. */
 extern "C" void cu_skinny_cluster_init(hyla_cuda_ctx *c) {
-    const char *e = getenv("HYLA_CUDA_SK_CLUSTER");
+    const char *e = getenv("HYLA_CUDA_SK_CLUSTER"), *em = getenv("HYLA_CUDA_SK_CLUSTER_MAX");
     c->sk_cluster = e ? atoi(e) : 5;
+    c->sk_cluster_max = em && atoi(em) >= 64 && atoi(em) <= 256 ? atoi(em) : 128;
     if (c->sk_cluster <= 0 || c->sk_cluster > 64) {
         c->sk_cluster = 0;
         return;
@@ -815,15 +826,15 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
-/* Rows from which k_gemm_big takes over from the skinny kernel (the same bits either way). 17
+/* Rows from which k_gemm_big may take over from the skinny kernel (the same bits either way). 17
  * made a 64 x 2304 -> 6144 linear faster (0.031 -> 0.025 ms) but decode at B = 64 slower (sse-h
  * 7.0 -> 9.7 ms: for N = 2304 the 64x64 tiles give 36 blocks where the skinny kernel's K slices
- * fill the GPU). */
+ * fill the GPU). With the cluster sums the skinny kernel keeps rows up to c->sk_cluster_max (128:
+ * 1.68B GDN decode at B = 96 / 128 13 % / 8 % faster than k_gemm_big, at 256 6 % slower). */
 #define BIG_MIN_ROWS 65
 
 extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
-    (void)c;
-    return M >= BIG_MIN_ROWS && K % 8 == 0;
+    return M >= BIG_MIN_ROWS && K % 8 == 0 && !sk_cluster_on(c, M);
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
