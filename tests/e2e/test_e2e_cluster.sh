@@ -158,6 +158,20 @@ H migrate "$P" --to "$survivor" >/dev/null || e2e_fail "(d) migrate to the whole
 p2=$(H generate "$P" -n 16 --ids --ignore-eos)
 e2e_expect_eq "$p2" "$(want 48 16)" "(d) pipeline snapshot continued on a whole-model worker"
 
+# (d2) prefill pieces of more than 1024 rows cross the stages: q0 feeds pieces of 2048 tokens
+# (HYLA_PREFILL_PIECE, as a GPU stage feeds 8192) under a message limit that lets them through, and
+# the next stage takes them (it refused more than 1024 rows as a malformed step; over NCCL the
+# first stage then waited a minute for a receive that never came)
+e2e_kill p0 TERM
+e2e_kill p1 TERM
+HYLA_PREFILL_PIECE=2048 e2e_start_worker q0 "$E2E_DIR/model" --layers 0:2 --max-message-bytes 8388608 || e2e_done
+e2e_start_worker q1 "$E2E_DIR/model" --layers 2:4 || e2e_done
+e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | grep -E 'q0[ ,]+q1' | grep -qw yes" ||
+  e2e_fail "(d2) the coordinator did not assemble q0 + q1 into a pipeline group"
+Q=$(H create --temperature 0.9 --seed 9 --on q0) || e2e_fail "(d2) create on the pipeline"
+H append "$Q" "$doc" || e2e_fail "(d2) append in pieces of 2048 tokens"
+e2e_expect_eq "$(H generate "$Q" -n 16 --ids --ignore-eos)" "$(want 0 16)" "(d2) pieces of 2048 rows through the pipeline == one worker"
+
 # drain: the worker snapshots and hands over its sessions, then exits; they continue elsewhere
 D=$(new_session) || e2e_fail "(drain) session"
 d1=$(H generate "$D" -n 20 --ids --ignore-eos)

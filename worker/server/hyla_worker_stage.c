@@ -504,10 +504,11 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
         snprintf(err, sizeof err, "StageForward: step %llu is over NCCL but this call has no NCCL link",
                  (unsigned long long)r->step);
     else if (!r->n_items || r->dtype != HYLA__V1__DTYPE__DTYPE_F32 || r->hidden_size != (uint32_t)cfg->hidden_size ||
-             r->hidden.len != hidden_len || (decode && rows != r->n_items) || (!decode && r->n_items != 1) || rows > 1024)
+             r->hidden.len != hidden_len || (decode && rows != r->n_items) || (!decode && r->n_items != 1) ||
+             rows > HYLA_PREFILL_PIECE_MAX)
         snprintf(err, sizeof err, "StageForward: step %llu is malformed (items %zu, rows %zu, hidden %zu bytes)",
                  (unsigned long long)r->step, r->n_items, rows, r->hidden.len);
-    else if (groups > HYLA_MICRO_BATCH_MAX || group >= groups || off + rows > total || total > 1024 ||
+    else if (groups > HYLA_MICRO_BATCH_MAX || group >= groups || off + rows > total || total > HYLA_PREFILL_PIECE_MAX ||
              (groups > 1 && !decode) || (groups == 1 && (off || total != rows)) ||
              (!last_group && groups - 1 - group > total - off - rows))
         snprintf(err, sizeof err,
