@@ -873,10 +873,16 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
             long rows = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->hidden_size * 4);
             rows = rows / HYLA_PREFILL_CHUNK * HYLA_PREFILL_CHUNK;
             if (rows < HYLA_PREFILL_CHUNK) rows = HYLA_PREFILL_CHUNK;
+            /* and, unless the operator chose the piece, pieces small enough for the stages to
+             * overlap: a two-stage pipeline on two H100s prefilled 131,072 tokens at 178 k tok/s
+             * in pieces of 1024 or 2048, 167 k in 4096, 158 k in 8192 (BENCHMARKS.md) */
+            if (!p->prefill_piece && !getenv("HYLA_PREFILL_PIECE") && rows > HYLA_PIPELINE_PIECE)
+                rows = HYLA_PIPELINE_PIECE;
             if (rows < hyla_runtime_prefill_piece(w->rt)) {
                 (void)hyla_runtime_set_prefill_piece(w->rt, (int)rows); /* in range: a multiple of the chunk */
-                HYLA_INFO("prefill pieces of at most %ld tokens (pipeline stage messages up to %d bytes)", rows,
-                          p->max_message_bytes);
+                HYLA_INFO("prefill pieces of at most %ld tokens (a pipeline stage: stage messages up to %d bytes, "
+                          "pieces the stages overlap)",
+                          rows, p->max_message_bytes);
             }
             /* and a decode step's logits come back in one message: B x vocab floats */
             long bmax = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->vocab_size * 4);
