@@ -182,7 +182,9 @@ static void usage(FILE *f) {
             "  to the device (read + checksums + decompression + host -> device, overlapped;\n"
             "  median of --repeat; also the two-step get + import) against prefilling the same\n"
             "  tokens again. Also the pinned and pageable host -> device bandwidth, and decode\n"
-            "  with an export in flight. JSON lines.\n");
+            "  with an export always in flight (the steps' own time, with the host time of each\n"
+            "  export's begin). JSON lines. Logs at warn level unless HYLA_LOG is set (HYLA_LOG=debug:\n"
+            "  each export begin's parts and the copy batches, timed).\n");
 }
 
 int hyla_bench_restore(int argc, char **argv) {
