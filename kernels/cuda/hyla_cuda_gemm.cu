@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
 /* The same linears with the slices summed across a thread-block cluster (sk_cluster_sum): the
  * grid is clusters of C = the largest S of the members; a cluster holds C / S_i of member i's
  * output tiles, S_i blocks each (block s of a tile computes slice s), and the ranks left over
- * only keep the cluster's barriers. Rows up to 64 (one block along M). */
+ * only keep the cluster's barriers. More than 64 rows run in blocks of 64 along M (G.MB). */
 template <int MT, bool XF, int NW>
 __global__ void __launch_bounds__(32 * NW) k_skinny2c(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                                       const float *__restrict__ xu, int ldx, int vecx, int M, int K,
