@@ -774,6 +774,8 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *pe = getenv("HYLA_CUDA_PDL");
     c->pdl = !(pe && !strcmp(pe, "0"));
     cu_skinny_cluster_init(c);
+    const char *pv = getenv("HYLA_CUDA_GDN_PIPE_VW");
+    c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;
     c->attn_split_len = 8192;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));

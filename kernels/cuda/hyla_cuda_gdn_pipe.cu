@@ -125,10 +125,10 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned by
                  : "memory");
 }
 
-template <int DKP>
+template <int DKP, int VW>
 struct PipeSmem {
-    static constexpr int LDK = DKP + 8, LDV = 136;
-    static constexpr size_t STG = ((size_t)2 * CH * DKP + (size_t)CH * 128 + 3 * CH) * 4;
+    static constexpr int LDK = DKP + 8, LDV = VW + 8;
+    static constexpr size_t STG = ((size_t)2 * CH * DKP + (size_t)CH * VW + 3 * CH) * 4;
     static constexpr size_t TK = (size_t)CH * LDK * 2; /* Kb/Mb, Qbuf[2], Wb, k~ */
     static constexpr size_t TV = (size_t)CH * LDV * 2; /* Vb */
     static constexpr size_t AQ = (size_t)CH * 72 * 2;  /* Aqk, T */
@@ -154,14 +154,16 @@ __device__ __forceinline__ long long gp_clock() {
 #define GPROF(k, who)
 #endif
 
-template <int DKP>
+template <int DKP, int VW>
 __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_constant__ PipeMaps pm) {
-    typedef PipeSmem<DKP> L;
+    typedef PipeSmem<DKP, VW> L;
+    constexpr int NS = VW / 64; /* value slabs of 16 columns per state warp */
+    static_assert(VW == 64 || VW == 128, "value blocks of 64 or 128 columns");
     constexpr int LDK = L::LDK, LDV = L::LDV, NB = DKP / 16, NKT = DKP / 8;
     constexpr int QI = CH * DKP / 4 / GP_C; /* 4-element pieces of a q or k tile per chunk thread */
     extern __shared__ __align__(128) unsigned char smem[];
     float *Kst = (float *)smem, *Qst = Kst + CH * DKP, *Vst = Qst + CH * DKP;
-    float *Gst = Vst + CH * 128, *Bst = Gst + CH, *Wr = Bst + CH;
+    float *Gst = Vst + CH * VW, *Bst = Gst + CH, *Wr = Bst + CH;
     unsigned char *sp_ = smem + L::STG;
     __nv_bfloat16 *Kb = (__nv_bfloat16 *)sp_, *Mb = Kb; /* K (c)-(d), then beta e^b K (e)-(f') */
     sp_ += L::TK;
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
     float *bc = (float *)sp_, *be = bc + CH, *fq = be + CH, *fm = fq + CH, *fk = fm + CH, *decp = fk + CH; /* decp[2] */
 
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv, jb = blockIdx.x * 128;
+    const int h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv, jb = blockIdx.x * VW;
     const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
     if (nc <= 0) return; /* nothing selected this sequence: the state stays untouched */
 
@@ -195,11 +197,11 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
          * zeroed by the thread instead; g, beta by 4-byte cp.async (threads 192-255). Columns
          * past dk (q, k) and past the block's value columns (v) stay zero from the start. */
         auto stage = [&](int tok0, int len) {
-            const int nrows = len < CH ? len : CH, vcols = dv - jb < 128 ? dv - jb : 128;
+            const int nrows = len < CH ? len : CH, vcols = dv - jb < VW ? dv - jb : VW;
             if (pm.use) { /* three boxes (OOB columns and rows read as zero); rows past len
                            * inside the tensor are zeroed at (a) */
                 if (tid == 0) {
-                    mbar_expect_tx(mbar, (unsigned)(CH * (2 * DKP + 128) * 4));
+                    mbar_expect_tx(mbar, (unsigned)(CH * (2 * DKP + VW) * 4));
                     tma_g2s_3d(Qst, &pm.q, 0, h, tok0, mbar);
                     tma_g2s_3d(Kst, &pm.k, 0, h, tok0, mbar);
                     tma_g2s_3d(Vst, &pm.v, jb, h, tok0, mbar);
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             if (pm.use) {
             } else if (tid < 3 * CH) {
                 const int t = tid & (CH - 1), kind = tid >> 6; /* 0 q, 1 k, 2 v */
-                float *dst = kind == 0 ? Qst + t * DKP : kind == 1 ? Kst + t * DKP : Vst + t * 128;
+                float *dst = kind == 0 ? Qst + t * DKP : kind == 1 ? Kst + t * DKP : Vst + t * VW;
                 if (t < len) {
                     int sp = 0;
                     float wt;
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                                                  : (kind == 0 ? (sp ? a.q2 : a.q) : (sp ? a.k2 : a.k)) + (tok * H + h) * dk;
                     bulk_g2s(dst, src, (unsigned)(kind == 2 ? vcols : dk) * 4u, mbar);
                 } else {
-                    for (int u = 0; u < (kind == 2 ? 128 : DKP) / 4; u++) ((float4 *)dst)[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    for (int u = 0; u < (kind == 2 ? VW : DKP) / 4; u++) ((float4 *)dst)[u] = make_float4(0.f, 0.f, 0.f, 0.f);
                     fence_proxy_async_smem(); /* before a later chunk's bulk copy to this row */
                 }
             }
@@ -236,7 +238,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
         };
         /* the staging zeroed (padding columns stay zero), Aqk above the diagonal blocks zero for
          * every chunk ((d) writes the rest) */
-        for (int x = tid; x < (2 * CH * DKP + CH * 128) / 4; x += GP_C) ((float4 *)Kst)[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int x = tid; x < (2 * CH * DKP + CH * VW) / 4; x += GP_C) ((float4 *)Kst)[x] = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int x = tid; x < CH * CH; x += GP_C) {
             int r = x >> 6, s = x & 63;
             if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
@@ -258,9 +260,9 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             mbar_wait(mbar, (unsigned)cc & 1u);
             cp_async_wait<0>();
             if (pm.use && curlen < CH) { /* rows past the chunk (the next sequence's) read as zero */
-                for (int x = tid; x < (CH - curlen) * (2 * DKP + 128) / 4; x += GP_C) {
-                    const int per = (2 * DKP + 128) / 4, t = curlen + x / per, u = x % per;
-                    float *row = u < DKP / 4 ? Qst + t * DKP : u < DKP / 2 ? Kst + t * DKP : Vst + t * 128;
+                for (int x = tid; x < (CH - curlen) * (2 * DKP + VW) / 4; x += GP_C) {
+                    const int per = (2 * DKP + VW) / 4, t = curlen + x / per, u = x % per;
+                    float *row = u < DKP / 4 ? Qst + t * DKP : u < DKP / 2 ? Kst + t * DKP : Vst + t * VW;
                     const int off = u < DKP / 4 ? u : u < DKP / 2 ? u - DKP / 4 : u - DKP / 2;
                     ((float4 *)row)[off] = make_float4(0.f, 0.f, 0.f, 0.f);
                 }
@@ -315,20 +317,22 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                     ktr[u] = make_uint2(pack_bf16x2(k4.x * fkk[b], k4.y * fkk[b]), pack_bf16x2(k4.z * fkk[b], k4.w * fkk[b]));
                 }
             }
-            static_assert(CH * 32 % (GP_C * GP_VBATCH) == 0, "beta V batches");
+            constexpr int VQ = VW / 4, VQS = VW == 128 ? 5 : 4; /* 4-column pieces of a row of v (2^VQS) */
+            constexpr int VBT = CH * VQ / GP_C < GP_VBATCH ? CH * VQ / GP_C : GP_VBATCH;
+            static_assert(CH * VQ % (GP_C * VBT) == 0, "beta V batches");
 #pragma unroll 1
-            for (int x0 = tid; x0 < CH * 32; x0 += GP_C * GP_VBATCH) {
-                float4 vv[GP_VBATCH];
-                float f[GP_VBATCH];
+            for (int x0 = tid; x0 < CH * VQ; x0 += GP_C * VBT) {
+                float4 vv[VBT];
+                float f[VBT];
 #pragma unroll
-                for (int b = 0; b < GP_VBATCH; b++) {
+                for (int b = 0; b < VBT; b++) {
                     const int x = x0 + b * GP_C;
-                    vv[b] = *(const float4 *)(Vst + (x >> 5) * 128 + (x & 31) * 4);
-                    f[b] = be[x >> 5];
+                    vv[b] = *(const float4 *)(Vst + (x >> VQS) * VW + (x & (VQ - 1)) * 4);
+                    f[b] = be[x >> VQS];
                 }
 #pragma unroll
-                for (int b = 0; b < GP_VBATCH; b++) {
-                    const int x = x0 + b * GP_C, t = x >> 5, j = (x & 31) * 4;
+                for (int b = 0; b < VBT; b++) {
+                    const int x = x0 + b * GP_C, t = x >> VQS, j = (x & (VQ - 1)) * 4;
                     *(uint2 *)(Vb + t * LDV + j) =
                         make_uint2(pack_bf16x2(vv[b].x * f[b], vv[b].y * f[b]), pack_bf16x2(vv[b].z * f[b], vv[b].w * f[b]));
                 }
@@ -488,11 +492,11 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
          * fragment read from shared memory feeds both slabs' products. A slab past dv runs on
          * zeros (its staged columns are zero) and stores nothing: no branch on it, since values
          * loaded and used under two such branches stay live through the whole loop in ptxas */
-        const int sw = w - GP_C / 32, j0 = jb + 32 * sw;
+        const int sw = w - GP_C / 32, j0 = jb + 16 * NS * sw;
         float *S = a.S[z] + (size_t)h * dk * dv;
-        float st[2][NKT][4]; /* S^T of slab s: (value j0 + 16 s + g + 8(e/2), key 8 kt + 2 tq + e%2) */
+        float st[NS][NKT][4]; /* S^T of slab s: (value j0 + 16 s + g + 8(e/2), key 8 kt + 2 tq + e%2) */
 #pragma unroll
-        for (int s = 0; s < 2; s++)
+        for (int s = 0; s < NS; s++)
 #pragma unroll
             for (int kt = 0; kt < NKT; kt++)
 #pragma unroll
@@ -510,14 +514,14 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
             /* per 16-token block i: U0^T by k_gdn_fused's (f') for each value slab (its C
              * fragments u0[s][nt]: value row, token 16i + 8nt + ..), then U^T = U0^T - S^T W^T for
              * the block, kept as the bf16 A fragment ua[s][i] (k = the block's tokens) */
-            uint32_t ua[2][4][4];
+            uint32_t ua[NS][4][4];
 #pragma unroll
-            for (int s = 0; s < 2; s++) { /* one slab after the other, slab 1's V fragments loaded
-                                           * after slab 0's U: 16 live registers fewer */
+            for (int s = 0; s < NS; s++) { /* one slab after the other, slab 1's V fragments loaded
+                                            * after slab 0's U: 16 live registers fewer */
                 uint32_t xf[4][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 32 * sw + 16 * s + (16 * i) * LDV, LDV);
-                if (s == 1 && cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
+                for (int i = 0; i < 4; i++) ldsm_frag_a_kn(xf[i], Vb + 16 * NS * sw + 16 * s + (16 * i) * LDV, LDV);
+                if (s == NS - 1 && cc + 1 < nc) nb_arrive(GP_VB, GP_T); /* beta V is in registers */
                 /* S^T W^T for the chunk's four token blocks in one sweep over the keys (eight
                  * independent accumulator chains, each S^T pair packed once), then the blocks'
                  * forward substitution and U^T = U0^T - S^T W^T */
@@ -555,20 +559,20 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                  * stored from registers */
 #pragma unroll 1
                 for (int hf = 0; hf < 2; hf++) {
-                    float oa[2][4][4];
+                    float oa[NS][4][4];
                     frag_zero(oa);
                     const uint32_t zz = opaque_zero(decp + 2);
 #pragma unroll
                     for (int kc = 0; kc < NB; kc++) {
-                        uint32_t sa[2][4];
+                        uint32_t sa[NS][4];
 #pragma unroll
-                        for (int s = 0; s < 2; s++) st_frag(sa[s], st[s], kc, zz);
+                        for (int s = 0; s < NS; s++) st_frag(sa[s], st[s], kc, zz);
 #pragma unroll
                         for (int q2 = 0; q2 < 2; q2++) {
                             uint32_t bf[2][2];
                             ldsm_frag_b2_nk(bf, Qb + (32 * hf + 16 * q2) * LDK + 16 * kc, LDK);
 #pragma unroll
-                            for (int s = 0; s < 2; s++) {
+                            for (int s = 0; s < NS; s++) {
                                 mma_bf16_16816(oa[s][2 * q2], sa[s], bf[0]);
                                 mma_bf16_16816(oa[s][2 * q2 + 1], sa[s], bf[1]);
                             }
@@ -581,14 +585,14 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                             uint32_t bf[2][2];
                             ldsm_frag_b2_nk(bf, Aq + (32 * hf + 16 * q2) * 72 + 16 * kc, 72);
 #pragma unroll
-                            for (int s = 0; s < 2; s++) {
+                            for (int s = 0; s < NS; s++) {
                                 mma_bf16_16816(oa[s][2 * q2], ua[s][kc], bf[0]);
                                 mma_bf16_16816(oa[s][2 * q2 + 1], ua[s][kc], bf[1]);
                             }
                         }
                     }
 #pragma unroll
-                    for (int s = 0; s < 2; s++)
+                    for (int s = 0; s < NS; s++)
 #pragma unroll
                         for (int n = 0; n < 4; n++)
 #pragma unroll
@@ -601,7 +605,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                 /* S^T = e^(bC) S^T + U^T k~ */
                 const float d = decp[cc & 1];
 #pragma unroll
-                for (int s = 0; s < 2; s++)
+                for (int s = 0; s < NS; s++)
 #pragma unroll
                     for (int kt = 0; kt < NKT; kt++)
 #pragma unroll
@@ -613,7 +617,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
                         uint32_t bf[2][2];
                         ldsm_frag_b2_kn(bf, Kt + (16 * kc) * LDK + 16 * nb, LDK);
 #pragma unroll
-                        for (int s = 0; s < 2; s++) {
+                        for (int s = 0; s < NS; s++) {
                             mma_bf16_16816(st[s][2 * nb], ua[s][kc], bf[0]);
                             mma_bf16_16816(st[s][2 * nb + 1], ua[s][kc], bf[1]);
                         }
@@ -630,7 +634,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
          * chunk loop from the load above (~40 registers of addresses and predicates) */
         const int zo = (int)opaque_zero(decp + 2), tqz = tq + zo, j0z = j0 + g + zo;
 #pragma unroll
-        for (int s = 0; s < 2; s++)
+        for (int s = 0; s < NS; s++)
 #pragma unroll
             for (int kt = 0; kt < NKT; kt++)
 #pragma unroll
@@ -657,10 +661,10 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
 /* ================================================================ host side */
 
 /* The pipelined pass's tensor maps of q, k, v (3-D: {columns, head, row}; boxes of one head's 64
- * rows, DKP key columns or 128 value columns; out-of-range elements read as zero), through the
+ * rows, DKP key columns or the block's VW value columns; out-of-range elements read as zero), through the
  * driver's cuTensorMapEncodeTiled (found once at run time; without it the kernel copies rows).
  * Returns 0 where a map cannot be made (then rows). */
-static int pipe_maps(PipeMaps *pm, const ChunkArgs &ca, int dkp) {
+static int pipe_maps(PipeMaps *pm, const ChunkArgs &ca, int dkp, int vw) {
     static PFN_cuTensorMapEncodeTiled_v12000 enc;
     static int looked;
     if (!looked) {
@@ -681,7 +685,7 @@ static int pipe_maps(PipeMaps *pm, const ChunkArgs &ca, int dkp) {
         const cuuint64_t cols = x < 2 ? (cuuint64_t)ca.dk : (cuuint64_t)ca.dv;
         const cuuint64_t dim[3] = {cols, (cuuint64_t)ca.H, (cuuint64_t)ca.nrows};
         const cuuint64_t str[2] = {cols * 4, cols * 4 * (cuuint64_t)ca.H};
-        const cuuint32_t box[3] = {x < 2 ? (cuuint32_t)dkp : 128u, 1u, (cuuint32_t)CH};
+        const cuuint32_t box[3] = {x < 2 ? (cuuint32_t)dkp : (cuuint32_t)vw, 1u, (cuuint32_t)CH};
         if (enc(dst[x], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)src[x], dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
             return 0;
@@ -689,17 +693,29 @@ static int pipe_maps(PipeMaps *pm, const ChunkArgs &ca, int dkp) {
     return 1;
 }
 
+template <int DKP, int VW>
+static hyla_status launch_pipe_vw(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int *launched) {
+    typedef PipeSmem<DKP, VW> L;
+    if (!(GP_BUILT_SM90A && ca.vec4 && ca.dv % 4 == 0 && L::TOTAL <= c->smem_optin)) return HYLA_OK;
+    PipeMaps pm;
+    memset(&pm, 0, sizeof pm);
+    pm.use = !ca.rsrc && ca.nrows > 0 && pipe_maps(&pm, ca, DKP, VW); /* else one bulk copy per row */
+    HYLA_TRY(cu_launch_dyn(c, k_gdn_pipe<DKP, VW>, dim3(cu_blocks(ca.dv, VW), ca.H, nseq), GP_T, L::TOTAL, ca, pm));
+    *launched = 1;
+    return HYLA_OK;
+}
+
+/* Value blocks of 128 columns, or of 64 where the 128-column blocks would leave more than half
+ * the SMs idle (a few long sequences): twice the blocks, each state warp with half the columns,
+ * so the chain of chunks is shorter; the chunk tiles are formed by each value block, and every
+ * column's arithmetic is the same (the same bits). HYLA_CUDA_GDN_PIPE_VW = 64 | 128 forces one. */
 template <int DKP>
 static hyla_status launch_pipe(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int *launched) {
     *launched = 0;
-    if (!(GP_BUILT_SM90A && ca.vec4 && ca.dv % 4 == 0 && PipeSmem<DKP>::TOTAL <= c->smem_optin)) return HYLA_OK;
-    const size_t sp = PipeSmem<DKP>::TOTAL;
-    PipeMaps pm;
-    memset(&pm, 0, sizeof pm);
-    pm.use = !ca.rsrc && ca.nrows > 0 && pipe_maps(&pm, ca, DKP); /* else one bulk copy per row */
-    HYLA_TRY(cu_launch_dyn(c, k_gdn_pipe<DKP>, dim3(cu_blocks(ca.dv, 128), ca.H, nseq), GP_T, sp, ca, pm));
-    *launched = 1;
-    return HYLA_OK;
+    const long blocks128 = (long)cu_blocks(ca.dv, 128) * ca.H * nseq;
+    const int vw = c->gdn_pipe_vw ? c->gdn_pipe_vw : 2 * blocks128 <= c->sm_count ? 64 : 128;
+    if (vw == 64) return launch_pipe_vw<DKP, 64>(c, ca, nseq, launched);
+    return launch_pipe_vw<DKP, 128>(c, ca, nseq, launched);
 }
 
 hyla_status cu_gdn_pipe_launch(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq, int *launched) {

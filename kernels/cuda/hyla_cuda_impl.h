@@ -117,6 +117,7 @@ typedef struct hyla_cuda_ctx {
                              * default; HYLA_CUDA_PDL=0 at creation: off, the same bits) */
     unsigned *sk_count;     /* device [HYLA_CU_SK_COUNTS], zero between launches: the skinny linears' slice
                              * arrivals per output tile (the last block of a tile sums the slices) */
+    int gdn_pipe_vw;        /* k_gdn_pipe's value block: 0 = by the shape, or 64 / 128 (HYLA_CUDA_GDN_PIPE_VW) */
     int sk_cluster;         /* split skinny linears of this many rows and more sum their slices across a
                              * thread-block cluster (0: never; HYLA_CUDA_SK_CLUSTER, cu_skinny_cluster_init) */
     int sk_cluster_max;     /* ... up to this many rows (HYLA_CUDA_SK_CLUSTER_MAX, 64-256, default 128; above it
