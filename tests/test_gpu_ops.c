@@ -291,6 +291,41 @@ static void case_memory(const op_case *c) {
         free(pd), free(ps), free(pz), free(pg), free(hb);
         dfree(gpu, db);
     }
+    /* a snapshot copy of many pieces into pinned memory (a long session's KV pages) is issued
+     * by a thread of its own (ISSUE_THREAD_MIN pieces after merging): pieces in reverse order,
+     * so none merge; the source's first pieces are zeroed by an op queued just before, which
+     * the copies must see (they start after the compute work queued so far) */
+    {
+        const int ns = 1500;
+        const size_t small = 2048, tot = (size_t)ns * small;
+        float *hb = malloc(tot);
+        for (size_t i = 0; i < tot / 4; i++) hb[i] = (float)(i % 7919) * 0.25f + 1.0f;
+        void *db = dev(gpu, hb, tot);
+        void *pb = NULL;
+        CHECK_OK(hyla_cuda_host_alloc(gpu, tot, &pb));
+        memset(pb, 0x5a, tot);
+        void **pd = malloc((size_t)ns * sizeof *pd);
+        const void **ps = malloc((size_t)ns * sizeof *ps);
+        size_t *pz = malloc((size_t)ns * sizeof *pz);
+        for (int i = 0; i < ns; i++) {
+            size_t off = (size_t)(ns - 1 - i) * small;
+            pd[i] = (uint8_t *)pb + off, ps[i] = (const uint8_t *)db + off, pz[i] = small;
+        }
+        const size_t zb = 8 * small;
+        CHECK_OK(o->zero(gpu->ctx, db, zb));
+        memset(hb, 0, zb);
+        CHECK_OK(hyla_cuda_snapshot_begin(gpu, ns, pd, ps, pz, &cp));
+        int polls = 0;
+        while (cp && !hyla_cuda_copy_done(cp) && polls < 1000000) polls++, usleep(10);
+        int done = cp && hyla_cuda_copy_done(cp);
+        CHECK_OK(hyla_cuda_copy_wait(cp));
+        CHECK_MSG(done, "a many-piece snapshot copy reports done before its wait");
+        CHECK_MSG(!memcmp(pb, hb, tot), "async snapshot copy of %d pieces into pinned memory", ns);
+        printf("  pinned snapshot copy: %d pieces (issued by a thread), %.1f MiB: same bytes\n", ns, tot / 1048576.0);
+        free(pd), free(ps), free(pz), free(hb);
+        hyla_cuda_host_free(gpu, pb);
+        dfree(gpu, db);
+    }
     /* ops->upload / ops->download with pinned host memory take the direct path (no bounce) */
     CHECK_OK(o->zero(gpu->ctx, dst, m * 4));
     CHECK_OK(o->upload(gpu->ctx, dst, pin, m * 4));
