@@ -6,9 +6,10 @@
 #   FLA_SRC=/path/to/flash-linear-attention HYLA_BIN=build/bin deploy/compare-fla.sh OUTDIR
 #
 # Makes the 1.68B Gated DeltaNet checkpoint with FLA's save_pretrained (random bf16 weights),
-# times FLA's Hugging Face model (prefill 4k/32k/128k, decode B = 1 and 64), then `hyla-bench e2e`
+# times FLA's Hugging Face model (prefill 4k to 1M tokens, decode B = 1 and 64), then `hyla-bench e2e`
 # on the same directory, and prints one table; OUTDIR/prefill.png plots both (with matplotlib).
-# Environment: PREFILL (4096,32768,131072), BATCH (1,64), DEVICE (cuda:0), MODEL (where the
+# Environment: PREFILL (4096,32768,131072,524288,1048576; a length FLA cannot hold, e.g. 1M on an
+# 80 GB GPU, is reported as out of memory; ~6 minutes in all on an H100), BATCH (1,64), DEVICE (cuda:0), MODEL (where the
 # checkpoint goes, default OUTDIR/gdn-1.68b: 3.4 GB, so keep it out of a folder that is copied
 # back), HYLA_COMMIT (printed in the table's header; default: git describe of this checkout).
 # FLA's prefill is one forward over the prompt with use_cache and the last position's logits;
@@ -18,7 +19,7 @@ out=${1:?usage: compare-fla.sh OUTDIR}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${FLA_SRC:?set FLA_SRC to the flash-linear-attention source tree}"
 HYLA_BIN=${HYLA_BIN:-$here/../build/bin}
-PREFILL=${PREFILL:-4096,32768,131072}
+PREFILL=${PREFILL:-4096,32768,131072,524288,1048576}
 BATCH=${BATCH:-1,64}
 DEVICE=${DEVICE:-cuda:0}
 mkdir -p "$out"

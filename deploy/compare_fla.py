@@ -104,6 +104,14 @@ def rows(path):
         return [json.loads(l) for l in f if l.strip().startswith("{")]
 
 
+def short_error(r):
+    """A failed point as a table cell: out of memory named as such, other errors cut short."""
+    e = r.get("error")
+    if not e:
+        return "-"
+    return "out of memory" if "out of memory" in e.lower() else e[:60]
+
+
 def cmd_table(a):
     fla, hy = rows(a.fla), rows(a.hyla)
     fp = {r["tokens"]: r for r in fla if r["bench"] == "fla_prefill"}
@@ -114,7 +122,7 @@ def cmd_table(a):
         f, h = fp.get(n, {}), hp.get(n, {})
         ft, ht = f.get("tokens_per_s"), h.get("tokens_per_s")
         print("| prefill %d tokens | %s | %s | %s |" % (
-            n, "%.1f k tok/s" % (ft / 1e3) if ft else f.get("error", "-"), "%.1f k tok/s" % (ht / 1e3) if ht else "-",
+            n, "%.1f k tok/s" % (ft / 1e3) if ft else short_error(f), "%.1f k tok/s" % (ht / 1e3) if ht else short_error(h),
             "%.2f x" % (ht / ft) if ft and ht else "-"))
     fd = {r["B"]: r for r in fla if r["bench"] == "fla_decode"}
     hd = {r["B"]: r for r in hy if r["bench"] == "e2e_decode" and r.get("ctx") == 16 and r.get("graphs", 1) == 1}
@@ -134,10 +142,15 @@ def cmd_table(a):
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, d in (("flash-linear-attention", fp), ("hyla", hp)):
             xs = sorted(n for n in d if d[n].get("tokens_per_s"))
-            ax.plot(xs, [d[n]["tokens_per_s"] / 1e3 for n in xs], marker="o", label=name)
+            line, = ax.plot(xs, [d[n]["tokens_per_s"] / 1e3 for n in xs], marker="o", label=name)
+            for n in sorted(n for n in d if d[n].get("error")):  # a length that failed: marked on the axis
+                ax.plot([n], [0], marker="x", markersize=9, color=line.get_color(), clip_on=False)
+                ax.annotate("%s: %s" % ("FLA" if name.startswith("flash") else name, short_error(d[n])), (n, 0), textcoords="offset points",
+                            xytext=(-4, 8), ha="right", fontsize=8, color=line.get_color())
         ax.set_xscale("log", base=2)
         ticks = sorted(set(fp) | set(hp))
-        ax.set_xticks(ticks, ["%dk" % (n // 1024) if n >= 1024 else str(n) for n in ticks])
+        ax.set_xticks(ticks, ["%dM" % (n >> 20) if n >= 1 << 20 and n % (1 << 20) == 0 else
+                              "%dk" % (n // 1024) if n >= 1024 else str(n) for n in ticks])
         ax.set_ylim(bottom=0)
         ax.set_xlabel("prompt tokens (one sequence)")
         ax.set_ylabel("prefill k tokens/s")
@@ -155,7 +168,7 @@ def main():
     p.add_argument("--out", required=True)
     p = sp.add_parser("fla")
     p.add_argument("--model", required=True)
-    p.add_argument("--prefill", default="4096,32768,131072")
+    p.add_argument("--prefill", default="4096,32768,131072,524288,1048576")
     p.add_argument("--batch", default="1,64")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", required=True)
