@@ -398,6 +398,8 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
  * blocks go as one GEMM with the same algorithm (prompt_gemm). The count is part of what the bits
  * depend on, like the GPU and the library: keep it the same wherever a session may be resumed. */
 #define PROMPT_ROWS 1024
+/* the most scratch an accumulating prompt-row call takes for a run of blocks (at least one block) */
+#define PROMPT_SCRATCH_RUN ((size_t)80 << 20)
 
 /* y[m][n] = (acc ? y : 0) + (t[m][n] + bias[n]) for m < M: the skinny kernel's epilogue order */
 __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias, float *y, int ldy, /* t may be y */
@@ -522,17 +524,26 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                                      const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro) {
     size_t nsum = 0;
     for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
-    /* Runs of up to c->prompt_blocks whole blocks go to the GEMM together (prompt_gemm) where
-     * every output is written straight into y (no accumulate, ldy == N; the alignment is checked
-     * per run below, and a run that fails it goes block by block); the last partial block alone */
-    int maxb = c->prompt_blocks;
+    /* Runs of up to c->prompt_blocks whole blocks go to the GEMM together (prompt_gemm); the last
+     * partial block alone. Where every output is written straight into y (no accumulate, ldy ==
+     * N; the alignment is checked per run below) the scratch holds one block; otherwise (an
+     * accumulating call: SSE's LoRA terms onto the copied projections) the run's results go
+     * through scratch of up to PROMPT_SCRATCH_RUN bytes and one epilogue pass over the run, where
+     * block by block cost three launches per 1024 rows. Each row gets the same GEMM and the same
+     * epilogue either way: the same bits. */
+    int maxb = c->prompt_blocks, via_scratch = 0;
     for (int j = 0; j < n; j++)
-        if (accumulate || outs[j].ldy != outs[j].N) maxb = 1;
+        if (accumulate || outs[j].ldy != outs[j].N) via_scratch = 1;
+    if (via_scratch) {
+        const size_t per_block = (size_t)MF * nsum * 4, cap = (size_t)PROMPT_SCRATCH_RUN / (per_block ? per_block : 1);
+        if ((size_t)maxb > cap) maxb = cap > 1 ? (int)cap : 1;
+    }
     if (M / MF < maxb) maxb = M / MF > 1 ? M / MF : 1;
+    const int tblk = via_scratch ? maxb : 1; /* blocks the scratch holds per output */
     void *xb, *t;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)maxb * MF * K * 2, &xb));
-    /* each output's scratch block starts 256-aligned (N * MF * 4 bytes: MF is a multiple of 64) */
-    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)MF * nsum * 4, &t));
+    /* each output's scratch starts 256-aligned (tblk * N * MF * 4 bytes: MF is a multiple of 64) */
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)tblk * MF * nsum * 4, &t));
     int grp[HYLA_LINEAR_MULTI_MAX]; /* group id of each output: the first output of its N */
     size_t toff[HYLA_LINEAR_MULTI_MAX];
     for (int j = 0, off = 0; j < n; j++) {
@@ -547,13 +558,13 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                     grp[j] = i;
                     break;
                 }
-        toff[j] = (size_t)off * MF;
+        toff[j] = (size_t)off * MF * tblk;
         off += outs[j].N;
     }
     for (int r0 = 0, m; r0 < M; r0 += m) {
         const int whole = (M - r0) / MF;
         int nblk = whole < 1 ? 1 : whole < maxb ? whole : maxb;
-        for (int j = 0; j < n && nblk > 1; j++)
+        for (int j = 0; j < n && nblk > 1 && !via_scratch; j++) /* into y straight: its alignment */
             if (ptr_align(outs[j].y + (size_t)r0 * outs[j].ldy, (size_t)outs[j].N * 4) < ptr_align(NULL, (size_t)outs[j].N * 4))
                 nblk = 1;
         m = whole < 1 ? M - r0 : nblk * MF;
@@ -572,7 +583,7 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                 const hyla_linear_out *o = &outs[mem[q]];
                 direct = o->ldy == N && ptr_align(o->y + (size_t)r0 * o->ldy, (size_t)N * 4) >= ptr_align(NULL, (size_t)N * 4);
             }
-            HYLA_ASSERT(direct || m <= MF); /* t holds one block */
+            HYLA_ASSERT(direct || m <= tblk * MF); /* t holds tblk blocks */
             const hyla_weight *W[HYLA_LINEAR_MULTI_MAX];
             float *C[HYLA_LINEAR_MULTI_MAX];
             for (int q = 0; q < nb; q++) {
