@@ -266,7 +266,7 @@ int hyla_bench_store(int argc, char **argv) {
         }
     }
     if (repeat < 1) repeat = 1;
-    hyla_log_set_level(HYLA_LOG_WARN);
+    if (!getenv("HYLA_LOG")) hyla_log_set_level(HYLA_LOG_WARN); /* quiet unless asked (HYLA_LOG=debug) */
     char base[512], dbdir[600], file[600];
     snprintf(base, sizeof base, "%s/hyla_bench_store_%d", dir, (int)getpid());
     snprintf(file, sizeof file, "%s/session.hys", base);
