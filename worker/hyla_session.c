@@ -1196,6 +1196,22 @@ static hyla_status import_ranges(hyla_import *im, int n, const uint32_t *part, c
         for (int i = 0; i < nc; i++) HYLA_TRY(o->upload(CTX(m), im->dst[i], im->src[i], im->len[i]));
         return HYLA_OK;
     }
+    /* tickets whose copies are done are finished now, while the caller waits for more ranges
+     * anyway, instead of all at the end (they complete in order: one copy stream) */
+    int reaped = 0;
+    while (reaped < im->n_tickets && o->capture_done && o->capture_done(CTX(m), im->tickets[reaped])) {
+        hyla_status e = o->capture_end(CTX(m), im->tickets[reaped]);
+        reaped++;
+        if (e != HYLA_OK) {
+            memmove(im->tickets, im->tickets + reaped, (size_t)(im->n_tickets - reaped) * sizeof *im->tickets);
+            im->n_tickets -= reaped;
+            return hyla_fail_wrap(e, "importing session state");
+        }
+    }
+    if (reaped) {
+        memmove(im->tickets, im->tickets + reaped, (size_t)(im->n_tickets - reaped) * sizeof *im->tickets);
+        im->n_tickets -= reaped;
+    }
     if (im->n_tickets == im->cap_tickets) {
         int cap = im->cap_tickets ? im->cap_tickets * 2 : 16;
         hyla_capture **t = realloc(im->tickets, (size_t)cap * sizeof *t);
