@@ -280,7 +280,7 @@ int hyla_bench_restore(int argc, char **argv) {
         RTRY(hyla_restore_session(rt, st, "bench", 0, &s1, NULL, &rst));
         RTRY(d.O->sync(d.cx));
         double cold_s = hyla_now() - tc;
-        double tot_v[16], open_v[16], read_v[16];
+        double tot_v[16], open_v[16], read_v[16], tail_v[16];
         for (int r = 0; r < repeat; r++) {
             hyla_session_free(s1);
             s1 = NULL;
@@ -291,11 +291,13 @@ int hyla_bench_restore(int argc, char **argv) {
             tot_v[r] = hyla_now() - t0;
             open_v[r] = rst.seconds_open;
             read_v[r] = rst.seconds_read;
+            tail_v[r] = rst.seconds_tail;
         }
         double best = tot_v[0];
         for (int r = 1; r < repeat; r++)
             if (tot_v[r] < best) best = tot_v[r];
-        double restore_s = median(tot_v, repeat), open_s = median(open_v, repeat), read_s = median(read_v, repeat);
+        double restore_s = median(tot_v, repeat), open_s = median(open_v, repeat), read_s = median(read_v, repeat),
+               tail_s = median(tail_v, repeat);
         /* the two-step path: get into malloc'ed memory, then import */
         double get_v[16], imp_v[16], leg_v[16];
         for (int r = 0; r < repeat; r++) {
@@ -342,7 +344,7 @@ int hyla_bench_restore(int argc, char **argv) {
         printf("{\"bench\":\"restore\",\"device\":\"%s\",\"gpu\":\"%s\",\"model\":\"%s\",\"type\":\"%s\","
                "\"layers\":%d,\"hidden\":%d,\"ctx\":%d,\"state_bytes\":%" PRIu64 ",\"kv_bytes\":%" PRIu64
                ",\"stored_bytes\":%" PRIu64 ",\"put_s\":%.4f,\"repeat\":%d,\"restore_s\":%.4f,\"restore_best_s\":%.4f,"
-               "\"restore_cold_s\":%.4f,\"restore_open_s\":%.4f,\"restore_read_s\":%.4f,\"restore_ranges\":%" PRIu64
+               "\"restore_cold_s\":%.4f,\"restore_open_s\":%.4f,\"restore_read_s\":%.4f,\"restore_tail_s\":%.4f,\"restore_ranges\":%" PRIu64
                ",\"restore_copy_calls\":%" PRIu64 ",\"restore_gbps\":%.2f,\"prefill_s\":%.4f,"
                "\"reprefill_s\":%.4f,\"reprefill_over_restore\":%.1f,\"pinned_h2d_gbps\":%.2f,"
                "\"pageable_h2d_gbps\":%.2f,\"h2d_test_bytes\":%zu,\"restore_of_pinned\":%.3f,"
@@ -353,7 +355,7 @@ int hyla_bench_restore(int argc, char **argv) {
                "\"step_ms_export_running\":%.3f,"
                "\"same_logits\":%s,\"reprefill_same_state\":%s}\n",
                d.device, d.gpu, model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, bytes, kv,
-               ps.bytes_written, put_s, repeat, restore_s, best, cold_s, open_s, read_s, rst.ranges, rst.copy_calls,
+               ps.bytes_written, put_s, repeat, restore_s, best, cold_s, open_s, read_s, tail_s, rst.ranges, rst.copy_calls,
                bytes / restore_s / 1e9, prefill_s, reprefill_s, reprefill_s / restore_s, pinned, pageable, bw_bytes,
                bytes / restore_s / 1e9 / pinned, get_s, imp_s, legacy_s, cp.threads ? cp.threads : hyla_online_cores(),
                cp.zstd_level, cp.chunk_bytes, xc.plain_ms, xc.busy_ms, xc.n_exp, steps, xc.begin_ms, xc.end_ms, xc.step_begin_ms,

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_log.h"
 #include "hyla_model.h"
 #include "hyla_runtime_impl.h"
 #include "hyla_util.h"
@@ -30,6 +31,7 @@ typedef struct {
     hyla_status st;
     char msg[1024]; /* the reader's failure detail (its thread's error slot is its own) */
     double t_read; /* seconds the reader took */
+    double t_end;  /* when it returned (hyla_now) */
     hyla_store_reader *r;
     hyla_snapshot *snap;
 } range_queue;
@@ -66,7 +68,8 @@ static void *reader_main(void *arg) {
     pthread_mutex_lock(&q->mu);
     q->st = st;
     if (st != HYLA_OK) snprintf(q->msg, sizeof q->msg, "%s", hyla_last_error());
-    q->t_read = hyla_now() - t;
+    q->t_end = hyla_now();
+    q->t_read = q->t_end - t;
     q->finished = 1;
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
@@ -172,6 +175,7 @@ hyla_status hyla_restore_session(hyla_runtime *rt, hyla_store *st, const char *s
     memset(&q, 0, sizeof q);
     q.r = r;
     hyla_import *im = NULL;
+    double tp = 0;
     hyla_status s = pinned_like(rt, hyla_store_read_layout(r), &q.snap);
     if (s == HYLA_OK) {
         rs.bytes = hyla_snapshot_bytes(q.snap);
@@ -187,6 +191,7 @@ hyla_status hyla_restore_session(hyla_runtime *rt, hyla_store *st, const char *s
             hyla_status ps = hyla_session_import_begin(rt, q.snap, &im);
             rs.seconds_open = hyla_now() - t0;
             if (ps == HYLA_OK) ps = pump(&q, im, &rs);
+            tp = hyla_now();
             if (ps != HYLA_OK) { /* the reader runs to its end (its threads cannot be stopped) */
                 pthread_mutex_lock(&q.mu);
                 while (!q.finished) pthread_cond_wait(&q.cv, &q.mu);
@@ -201,16 +206,23 @@ hyla_status hyla_restore_session(hyla_runtime *rt, hyla_store *st, const char *s
         rs.seconds_read = q.t_read;
     }
     hyla_session *sess = NULL;
+    const double tj = hyla_now();
     if (s == HYLA_OK) s = hyla_session_import_end(im, &sess);
     else hyla_session_import_abort(im);
+    const double te = hyla_now();
     hyla_snapshot_destroy(q.snap); /* the copies that read it are done */
     uint64_t ver = hyla_store_read_version(r);
     hyla_store_read_close(r);
+    HYLA_DEBUG("restore %s: read %.3f..%.3f ms, ranges handed on until %.3f, import end %.3f..%.3f, closed %.3f ms "
+               "(%llu copy calls)", session, (q.t_end - q.t_read - t0) * 1e3, (q.t_end - t0) * 1e3, (tp - t0) * 1e3,
+               (tj - t0) * 1e3, (te - t0) * 1e3, (hyla_now() - t0) * 1e3, (unsigned long long)rs.copy_calls);
     free(q.part);
     free(q.off);
     free(q.len);
     if (s != HYLA_OK) return s;
-    rs.seconds_total = hyla_now() - t0;
+    const double t1 = hyla_now();
+    rs.seconds_total = t1 - t0;
+    rs.seconds_tail = t1 - q.t_end;
     if (stats) *stats = rs;
     if (version_out) *version_out = ver;
     *out = sess;

@@ -37,6 +37,8 @@ typedef struct {
                              store's read already runs while the session is laid out) */
     double seconds_read;  /* the store's read: every chunk fetched, verified, decoded */
     double seconds_total; /* until the session is ready (its copies done) */
+    double seconds_tail;  /* from the read's end until the session is ready (the last copies, the
+                             import's end) */
 } hyla_restore_stats;
 
 /* Restore version (0 = head) of session from st as a new session on rt. version_out and stats
