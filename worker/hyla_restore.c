@@ -138,6 +138,15 @@ static hyla_status pump(range_queue *q, hyla_import *im, hyla_restore_stats *rs)
             break;
         }
         if (n && st == HYLA_OK) {
+            /* in part and offset order: the chunks of a part that arrived together are then
+             * neighbours in memory on both sides, and go to the device as one copy */
+            for (size_t i = 1; i < n; i++)
+                for (size_t j = i; j > 0 && (part[j - 1] > part[j] || (part[j - 1] == part[j] && off[j - 1] > off[j])); j--) {
+                    uint32_t tp = part[j];
+                    uint64_t to = off[j], tl = len[j];
+                    part[j] = part[j - 1], off[j] = off[j - 1], len[j] = len[j - 1];
+                    part[j - 1] = tp, off[j - 1] = to, len[j - 1] = tl;
+                }
             st = hyla_session_import_ranges(im, (int)n, part, off, len);
             rs->ranges += n;
             rs->copy_calls++;
