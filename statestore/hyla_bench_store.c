@@ -138,13 +138,15 @@ static void usage(FILE *f) {
             "  --sse-layers N     SSE layers (default 15; fewer: a larger KV share of the state)\n"
             "  --kv-dtype T       bf16 | f16 | f32 (default bf16)\n"
             "  --zstd-level N     default 1 (0 = no compression)\n"
-            "  --chunk-kib N      chunk size (default 2048)\n"
+            "  --chunk-kib N      chunk size (default: the codec's, 512)\n"
             "  --threads N        codec threads (default: all cores)\n"
             "  --bf16             store fp32 states as bf16 (lossy)\n"
             "  --plain-zstd       zstd at --zstd-level for float chunks too (no fast_floats)\n"
             "  --write-buffer-mib N  memtable size of the chunk column family (default 64)\n"
             "  --repeat N         repeat each measurement N times (default 1)\n"
-            "  --small            a 1/8-size session (quick check)\n");
+            "  --small            a 1/8-size session (quick check)\n"
+            "  Logs at warn level unless HYLA_LOG is set (HYLA_LOG=debug: each decode's time per codec\n"
+            "  thread: fetching, decoding, handing on).\n");
 }
 
 static void emit(const char *name, const shape_cfg *c, const hyla_codec_params *cp, uint64_t state_bytes, double sec,

@@ -184,7 +184,9 @@ static void usage(FILE *f) {
             "  tokens again. Also the pinned and pageable host -> device bandwidth, and decode\n"
             "  with an export always in flight (the steps' own time, with the host time of each\n"
             "  export's begin). JSON lines. Logs at warn level unless HYLA_LOG is set (HYLA_LOG=debug:\n"
-            "  each export begin's parts and the copy batches, timed).\n");
+            "  each export begin's parts and the copy batches, timed; each restore's read span and\n"
+            "  import end, and the codec threads' fetch and decode times). restore_tail_s: from the\n"
+            "  store's read ending to the session being ready.\n");
 }
 
 int hyla_bench_restore(int argc, char **argv) {
