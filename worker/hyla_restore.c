@@ -139,7 +139,9 @@ static hyla_status pump(range_queue *q, hyla_import *im, hyla_restore_stats *rs)
         }
         if (n && st == HYLA_OK) {
             /* in part and offset order: the chunks of a part that arrived together are then
-             * neighbours in memory on both sides, and go to the device as one copy */
+             * neighbours in memory on both sides, and go to the device as one copy. Insertion
+             * sort: the codec deals chunks out in manifest order (part, then offset) and they
+             * arrive within about a thread count of it, so a batch is nearly sorted already. */
             for (size_t i = 1; i < n; i++)
                 for (size_t j = i; j > 0 && (part[j - 1] > part[j] || (part[j - 1] == part[j] && off[j - 1] > off[j])); j--) {
                     uint32_t tp = part[j];
