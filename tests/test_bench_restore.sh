@@ -24,11 +24,18 @@ for arch in gdn sse-h; do
   [ "$(grep -c '"same_logits":true' "$T/out_$arch.jsonl")" = 2 ] || { echo "FAIL $arch: restored logits differ"; fail=1; }
   [ "$(grep -c '"reprefill_same_state":true' "$T/out_$arch.jsonl")" = 2 ] || { echo "FAIL $arch: re-prefill state differs"; fail=1; }
   grep -q '"ctx":130,' "$T/out_$arch.jsonl" || { echo "FAIL $arch: no line for ctx 130"; fail=1; }
+  [ "$(grep -c '"restore_tail_s":[0-9]' "$T/out_$arch.jsonl")" = 2 ] || { echo "FAIL $arch: no restore_tail_s"; fail=1; }
   [ -z "$(ls -A "$T/store")" ] || { echo "FAIL $arch: the bench left its store behind"; fail=1; }
   if [ $arch = sse-h ]; then
     grep -q '"kv_bytes":0,' "$T/out_$arch.jsonl" && { echo "FAIL sse-h: no KV in the snapshot"; fail=1; }
   fi
 done
+# HYLA_LOG=debug: each restore logs its read span and import end, and the codec its threads' times
+mkdir -p "$T/store"
+HYLA_LOG=debug "$BIN/hyla-bench" restore --model "$T/m_gdn" --device cpu --ctx 70 --store "$T/store" --repeat 1 \
+  --decode-steps 2 >/dev/null 2>"$T/err_debug" || { echo "FAIL: hyla-bench restore with HYLA_LOG=debug"; fail=1; }
+grep -q "restore bench: read .* import end" "$T/err_debug" || { echo "FAIL: no restore timing line at debug"; fail=1; }
+grep -q "codec decode .* fetch .* decode" "$T/err_debug" || { echo "FAIL: no codec thread timings at debug"; fail=1; }
 # a bad option is refused with the usage
 "$BIN/hyla-bench" restore --bogus >/dev/null 2>"$T/err" && { echo "FAIL: --bogus accepted"; fail=1; }
 grep -q "usage: hyla-bench restore" "$T/err" || { echo "FAIL: no usage on a bad option"; fail=1; }
