@@ -1853,11 +1853,14 @@ int hyla_bench_e2e(int argc, char **argv) {
         hyla_session *s;
         TRY(hyla_session_create(rt, &s));
         TRY(O->sync(CX));
+        bench_graph_stats g0 = {0}, g1 = {0};
+        if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g0));
         hyla_prof_reset();
         t0 = hyla_now();
         TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
         TRY(O->sync(CX));
         double sec = hyla_now() - t0;
+        if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g1));
         emit_head("e2e_prefill");
         printf(",\"model\":\"%s\",\"type\":\"%s\",\"layers\":%d,\"hidden\":%d,\"tokens\":%d,\"s\":%.3f,"
                "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f,\"graphs\":%d",
@@ -1869,6 +1872,10 @@ int hyla_bench_e2e(int argc, char **argv) {
         datasheet(&peak, &hbm);
         printf(",\"tflops_2pn\":%.1f", tf);
         if (peak > 0) printf(",\"peak_bf16_tflops\":%.0f,\"of_peak\":%.3f", peak, tf / peak);
+        if (is_cuda && hyla_cuda_get_graph_stats) /* rank 0's (a tensor-parallel group's ranks run alike) */
+            printf(",\"graph_replays\":%llu,\"captures\":%llu,\"evictions\":%llu",
+                   (unsigned long long)(g1.replays - g0.replays), (unsigned long long)(g1.captures - g0.captures),
+                   (unsigned long long)(g1.evictions - g0.evictions));
         hyla_prof_print_json(stdout); /* HYLA_PROFILE=1: where the time went (syncs included above) */
         printf("}\n");
         fflush(stdout);
