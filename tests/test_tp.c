@@ -8,6 +8,8 @@
  *     (TP = 2 -> TP = 1 -> TP = 2); cutting and joining a snapshot move bytes only;
  *   - within the split, sampled at T = 0.9: pause/resume and a decode batch of two give the
  *     tokens of each session alone; sessions are refused on another rank's runtime;
+ *   - within the split, a 300-token piece (run as two halves whose sums overlap the other
+ *     half's work) gives the logits of 64-token pieces, bit for bit;
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
  *     be split, another model's snapshot;
  *   - sse-h: the streaming import is refused on the split runtime, and hyla_restore_session from a
@@ -27,7 +29,7 @@
 #include "hyla_test_model.h"
 #include "hyla_tp.h"
 
-enum { T = 2, N = 40, G = 12, H1 = 6 };
+enum { T = 2, N = 40, G = 12, H1 = 6, NW = 300 };
 
 static const char *ARCHS[] = {"gla",    "gdn",    "transformer", "gdn-h",   "gla-h",         "sse",     "sse-gdn",
                               "sse-h",  "nsa",    "lansa",       "lalte",   "mamba2",        "mamba2-h", "statex-mamba2",
@@ -188,6 +190,31 @@ static void check_arch(const char *arch) {
         }
         hyla_session_free(ss[0]);
         hyla_session_free(ss[1]);
+    }
+    /* within one split, prefill pieces: a piece of NW tokens runs as two halves whose sums
+     * travel while the other half computes (hyla_runtime.c, run_layers_wave); its logits are
+     * those of pieces of one chunk (no halves), bit for bit */
+    {
+        int32_t *pw = test_prompt(NW, 13, V);
+        size_t nw = (size_t)(NW - 1) * V;
+        float *la = malloc(nw * sizeof *la), *lb = malloc(nw * sizeof *lb);
+        hyla_session *sa = new_session(rts[0], 0), *sb = NULL;
+        long waves = hyla_runtime_wave_pieces(rts[0]);
+        if (sa && pw && la && lb) CHECK_OK(hyla_session_feed(sa, pw, NW, la, NULL, NULL, NULL));
+        CHECK_MSG(hyla_runtime_wave_pieces(rts[0]) > waves, "%s: a %d-token piece did not run as two halves", arch, NW);
+        int piece = hyla_runtime_prefill_piece(rts[0]);
+        CHECK_OK(hyla_runtime_set_prefill_piece(rts[0], 64));
+        waves = hyla_runtime_wave_pieces(rts[0]);
+        if ((sb = new_session(rts[0], 0)) && pw && la && lb) CHECK_OK(hyla_session_feed(sb, pw, NW, lb, NULL, NULL, NULL));
+        CHECK(hyla_runtime_wave_pieces(rts[0]) == waves);
+        CHECK_OK(hyla_runtime_set_prefill_piece(rts[0], piece));
+        CHECK_MSG(la && lb && !memcmp(la, lb, nw * sizeof *la),
+                  "%s: a piece in two halves with overlapped sums differs from pieces of 64 tokens", arch);
+        hyla_session_free(sa);
+        hyla_session_free(sb);
+        free(la);
+        free(lb);
+        free(pw);
     }
     {
         hyla_session *s = NULL;

@@ -16,9 +16,11 @@ typedef struct {
 
 int hyla_prof_on;
 static int g_init;
-static prof_ent g_tab[2][PROF_MAX]; /* [decode] */
-static int g_n[2];
-static double g_t;
+/* per thread: a tensor-parallel group's ranks each run on their own thread (rank 0 on the
+ * caller's), so the caller's table is rank 0's and the ranks' marks do not mix */
+static _Thread_local prof_ent g_tab[2][PROF_MAX]; /* [decode] */
+static _Thread_local int g_n[2];
+static _Thread_local double g_t;
 
 void hyla_prof_init(void) {
     if (g_init) return;

@@ -4,8 +4,9 @@
  * and charges the time since the previous mark to the mark's label, separately for prefill
  * pieces and decode steps. The syncs cost time of their own (and break CUDA graphs into small
  * segments), so the shares, not the sum, are what to read; hyla-bench e2e prints them after each
- * measurement. Off (the default), a mark is one load of a global flag. Process-wide: meant for
- * one model driven by one thread (hyla-bench, hyla-run). */
+ * measurement. Off (the default), a mark is one load of a global flag. The tables are per
+ * thread: meant for one model driven by one thread (hyla-bench, hyla-run); of a tensor-parallel
+ * group, the caller's thread (rank 0) reads its own. */
 #ifndef HYLA_PROFILE_H
 #define HYLA_PROFILE_H
 

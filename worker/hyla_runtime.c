@@ -95,6 +95,13 @@ hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens) {
 }
 int hyla_runtime_token_log(const hyla_runtime *rt) { return rt->token_log; }
 
+void hyla_runtime_set_allreduce_aside(hyla_runtime *rt, hyla_allreduce_begin_fn begin, hyla_allreduce_join_fn join) {
+    rt->allreduce_begin = begin && join ? begin : NULL;
+    rt->allreduce_join = begin && join ? join : NULL;
+}
+
+long hyla_runtime_wave_pieces(const hyla_runtime *rt) { return rt->wave_pieces; }
+
 void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud) {
     rt->allreduce = fn;
     rt->allreduce_ud = ud;
@@ -204,6 +211,93 @@ static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const fl
         if (hyla_prof_on) hyla_prof_mark(o, ctx, decode, (label));      \
     } while (0)
 
+/* A tensor-parallel prefill piece in two halves, so that the sums travel while the GPU computes:
+ * each layer runs half A's mixer, begins A's sum, runs half B's mixer (which needs A's state of
+ * this layer only) while A's sum travels, begins B's, then A's MLP while B's sum travels, and so
+ * on; only the last sum of the piece is waited for with nothing beside it. The halves are split
+ * at a multiple of HYLA_PREFILL_CHUNK from the piece's start (itself on a chunk boundary), so
+ * each half is a piece the session could have been fed as, and every mixer's arithmetic for
+ * its rows is that piece's: the bits are those of the two pieces one after the other (prefill
+ * pieces do not change the bits). Half B uses the scratch rows after half A's (x, xn, mo and
+ * the MLP buffers have a row each); the mixers' scratch is shared, in stream order. */
+static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, hyla_state *const *st, float *x) {
+    const hyla_model *m = rt->m;
+    const hyla_model_config *c = &m->cfg;
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    const int decode = 0;
+    void *ud = rt->allreduce_ud;
+    size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
+    int a = R / 2 / HYLA_PREFILL_CHUNK * HYLA_PREFILL_CHUNK;
+    int n[2] = {a, R - a}, off[2] = {0, a};
+    float *xh[2] = {x, x + a * D}, *xn[2] = {rt->xn, rt->xn + a * D}, *mo[2] = {rt->mo, rt->mo + a * D};
+    float *g[2] = {rt->mlp_g, rt->mlp_g + a * F}, *u[2] = {rt->mlp_u, rt->mlp_u + a * F};
+    int owed[2] = {0, 0}, tk[2] = {-1, -1}, busy[2] = {0, 0}; /* busy: a sum of mo[h] in flight */
+    hyla_layer_state *ls[1];
+    hyla_status s = HYLA_OK;
+    rt->wave_pieces++;
+#define WAVE_JOIN(h)                                                                  \
+    do {                                                                              \
+        if (busy[h] && (s = rt->allreduce_join(ud, tk[h])) != HYLA_OK) goto wave_out; \
+        busy[h] = 0;                                                                  \
+    } while (0)
+#define WAVE_BEGIN(h)                                                                                    \
+    do {                                                                                                 \
+        if ((s = rt->allreduce_begin(ud, mo[h], (size_t)n[h] * D, &tk[h])) != HYLA_OK) goto wave_out; \
+        busy[h] = 1;                                                                                     \
+    } while (0)
+    for (int l = m->layer_begin; l < m->layer_end; l++) {
+        const hyla_layer *ly = &m->layers[l];
+        ls[0] = &st[0]->ls[l];
+        for (int h = 0; h < 2; h++) {
+            WAVE_JOIN(h);
+            s = owed[h] ? o->add_rmsnorm(ctx, xh[h], mo[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps)
+                        : o->rmsnorm(ctx, xh[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps);
+            if (s != HYLA_OK) goto wave_out;
+            owed[h] = 0;
+            PM("norm");
+            hyla_mixer_fwd mf = {o,   ctx,          c,    ly->cfg, ly->w, l, decode, n[h], rt->rows, pos + off[h],
+                                 ls,  xn[h],        mo[h], rt->mixer_scratch, rt->host_ptrs};
+            if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
+                s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
+                goto wave_out;
+            }
+            WAVE_BEGIN(h);
+            PM("mixer, tp sum begun");
+        }
+        if (!ly->mlp_gate) { /* a mixer-only layer: the next layer's norm adds the sums */
+            owed[0] = owed[1] = 1;
+            continue;
+        }
+        for (int h = 0; h < 2; h++) {
+            WAVE_JOIN(h);
+            if ((s = o->add_rmsnorm(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps)) != HYLA_OK)
+                goto wave_out;
+            hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g[h], (int)F, (int)F}, {ly->mlp_up, NULL, u[h], (int)F, (int)F}};
+            if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, HYLA_LINEAR_PREFILL)) != HYLA_OK)
+                goto wave_out;
+            s = o->swiglu_linear(ctx, g[h], u[h], n[h], (int)F, ly->mlp_down, mo[h], (int)D, HYLA_LINEAR_PREFILL);
+            if (s != HYLA_OK) goto wave_out;
+            WAVE_BEGIN(h);
+            owed[h] = 1;
+            PM("mlp, tp sum begun");
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        WAVE_JOIN(h);
+        if (owed[h] && (s = o->add(ctx, xh[h], mo[h], (size_t)n[h] * D)) != HYLA_OK) goto wave_out;
+    }
+    PM("residual add");
+wave_out:
+    /* after a failure, the sums in flight still end before their buffers are reused; the group
+     * has failed (the other ranks' sums fail or time out), so their errors add nothing */
+    for (int h = 0; h < 2; h++)
+        if (busy[h]) (void)rt->allreduce_join(ud, tk[h]);
+#undef WAVE_JOIN
+#undef WAVE_BEGIN
+    return s;
+}
+
 /* R rows at x (host arrays of the rows: pos [R]; st [decode ? R : 1]) through the held layers. */
 static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t *pos, hyla_state *const *st, float *x) {
     const hyla_model *m = rt->m;
@@ -211,6 +305,8 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     const hyla_ops *o = rt->be->ops;
     void *ctx = rt->be->ctx;
     int D = c->hidden_size, F = c->intermediate_size, nst = decode ? R : 1;
+    if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * HYLA_PREFILL_CHUNK && pos[0] % HYLA_PREFILL_CHUNK == 0)
+        return run_layers_wave(rt, R, pos, st, x);
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
     if (!ls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     hyla_status s = HYLA_OK;
@@ -235,6 +331,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
             break;
         }
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        if (rt->allreduce) PM("tp sum");
         if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
             owed = 1;
             continue;
@@ -249,6 +346,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         if (s != HYLA_OK) break;
         PM("mlp: swiglu, down proj");
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        if (rt->allreduce) PM("tp sum");
         owed = 1;
     }
     if (s == HYLA_OK && owed) {

@@ -133,6 +133,18 @@ hyla_status hyla_runtime_finish(hyla_runtime *rt);
  * on every rank (hyla_tp.h makes one). Called twice per layer with the same count on each rank. */
 typedef hyla_status (*hyla_allreduce_fn)(void *ud, float *buf, size_t n);
 void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud);
+/* The same sum begun beside the backend's stream (optional, the same ud): queued in stream order
+ * like fn's, but the ops called after it may run while it travels, until join(ud, *ticket),
+ * which must come before anything reads or writes buf again. A hook that cannot overlap may sum
+ * at once and give ticket -1 (join is then a no-op). With both set, a prefill piece of at least
+ * 2 HYLA_PREFILL_CHUNK rows runs as two halves through the layers in turn (run_layers_wave in
+ * hyla_runtime.c), each half's sums travelling while the other half computes; the bits are those
+ * of the two halves fed as two pieces. */
+typedef hyla_status (*hyla_allreduce_begin_fn)(void *ud, float *buf, size_t n, int *ticket);
+typedef hyla_status (*hyla_allreduce_join_fn)(void *ud, int ticket);
+void hyla_runtime_set_allreduce_aside(hyla_runtime *rt, hyla_allreduce_begin_fn begin, hyla_allreduce_join_fn join);
+/* How many prefill pieces ran as two halves with overlapped sums (above), since creation. */
+long hyla_runtime_wave_pieces(const hyla_runtime *rt);
 
 /* The backend buffers a later stage's rows go through, made to hold `rows` rows: *x_dev
  * [rows][hidden_size] (the input of hyla_stage_forward_dev; a micro-batch's rows at its row

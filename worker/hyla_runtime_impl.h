@@ -56,6 +56,9 @@ struct hyla_runtime {
     int hrows, hlrows;
     hyla_allreduce_fn allreduce; /* a tensor-parallel shard's sum over its group (NULL: none) */
     void *allreduce_ud;
+    hyla_allreduce_begin_fn allreduce_begin; /* the sum begun beside the stream (NULL: none) */
+    hyla_allreduce_join_fn allreduce_join;
+    long wave_pieces; /* prefill pieces run as two halves (run_layers_wave) */
     /* Tensor parallelism (hyla_tp.c): the group this runtime is rank tp_rank of (NULL: none).
      * Sessions are created on rank 0's runtime and hold one session per rank (hyla_session.c). */
     struct hyla_tp_group *tp;

@@ -6,7 +6,9 @@
  * (nobody overwrites a buffer another is still reading) and copies its sum back. A failed rank
  * marks the group aborted and wakes the waiters, whose sums then fail: a rank never waits for a
  * partner that has returned. On CUDA the sum is NCCL's all-reduce on the compute stream, one
- * communicator for the group, joined by every rank's thread at creation. Ranks 1..T-1 each have
+ * communicator for the group, joined by every rank's thread at creation; the sums a prefill
+ * piece's halves overlap with compute (hyla_runtime.c, run_layers_wave) are peer sums
+ * (hyla_cuda_psum.cu), sequenced across the ranks' threads here (psum_begin, psum_join). Ranks 1..T-1 each have
  * a thread for the group's life (bound to its GPU at every job, cheap); hyla_tp_run hands them a
  * job and runs rank 0 on the caller's thread. */
 #include <pthread.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_log.h"
 #include "hyla_model_impl.h"
 #include "hyla_runtime_impl.h"
 #include "hyla_tp.h"
@@ -26,6 +29,13 @@ hyla_status hyla_cuda_nccl_id(uint8_t id[128]) __attribute__((weak));
 hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[128], int nranks, int rank, int timeout_ms,
                                 hyla_nccl_link **out) __attribute__((weak));
 hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) __attribute__((weak));
+typedef struct hyla_cuda_psum hyla_cuda_psum;
+hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, hyla_cuda_psum **out) __attribute__((weak));
+hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n) __attribute__((weak));
+hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
+hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
+void hyla_cuda_psum_reset(hyla_cuda_psum *p) __attribute__((weak));
+void hyla_cuda_psum_close(hyla_cuda_psum *p) __attribute__((weak));
 void hyla_cuda_nccl_close(hyla_nccl_link *l) __attribute__((weak));
 hyla_status hyla_cuda_bind_thread(hyla_backend *be) __attribute__((weak));
 
@@ -34,6 +44,7 @@ hyla_status hyla_cuda_bind_thread(hyla_backend *be) __attribute__((weak));
 typedef struct {
     struct hyla_tp_group *g;
     int rank;
+    unsigned psum_seq; /* the next peer sum's number (this rank's thread only) */
 } rank_ref;
 
 struct hyla_tp_group {
@@ -53,6 +64,10 @@ struct hyla_tp_group {
     atomic_uint sgen;
     float *buf[HYLA_TP_MAX];
     size_t n[HYLA_TP_MAX];
+    /* the peer sums that overlap compute (hyla_cuda_psum; NULL: none): how many sums each rank
+     * has made ready and has issued, so that no rank waits for an event not yet recorded */
+    hyla_cuda_psum *psum;
+    atomic_uint pready[HYLA_TP_MAX], pissued[HYLA_TP_MAX];
     /* the ranks' threads (1..T-1), started once: hyla_tp_run posts a job and waits */
     pthread_t th[HYLA_TP_MAX];
     int n_threads;
@@ -145,6 +160,56 @@ static hyla_status nccl_allreduce(void *ud, float *buf, size_t n) {
     return hyla_cuda_nccl_allreduce(r->g->rt[r->rank]->be, r->g->link[r->rank], buf, n);
 }
 
+/* Until every rank's counter has passed seq (wrap-safe), or the group is aborted. */
+static hyla_status spin_until(struct hyla_tp_group *g, atomic_uint *count, unsigned seq) {
+    for (int t = 0; t < g->T; t++)
+        for (unsigned spins = 0; (int)(atomic_load(&count[t]) - (seq + 1)) < 0; spins++) {
+            if (atomic_load(&g->aborted))
+                return hyla_fail(HYLA_ERR_CANCELLED, "another rank of the tensor-parallel group failed");
+            if (spins > 4096) sched_yield();
+        }
+    return HYLA_OK;
+}
+
+/* The sums begun beside the compute stream (hyla_runtime_set_allreduce_aside): on CUDA the peer
+ * sums (ready, every rank ready, issue; the join after every rank issued), the ticket the sum's
+ * number; on the CPU the sum at once. */
+static hyla_status psum_begin(void *ud, float *buf, size_t n, int *ticket) {
+    rank_ref *r = ud;
+    struct hyla_tp_group *g = r->g;
+    unsigned seq = r->psum_seq++;
+    hyla_status st = hyla_cuda_psum_ready(g->psum, r->rank, seq, buf, n);
+    if (st == HYLA_OK) {
+        atomic_store(&g->pready[r->rank], seq + 1);
+        st = spin_until(g, g->pready, seq);
+    }
+    if (st == HYLA_OK) st = hyla_cuda_psum_issue(g->psum, r->rank, seq);
+    if (st != HYLA_OK) {
+        abort_group(g);
+        return st;
+    }
+    atomic_store(&g->pissued[r->rank], seq + 1);
+    *ticket = (int)seq;
+    return HYLA_OK;
+}
+
+static hyla_status psum_join(void *ud, int ticket) {
+    rank_ref *r = ud;
+    unsigned seq = (unsigned)ticket;
+    HYLA_TRY(spin_until(r->g, r->g->pissued, seq));
+    return hyla_cuda_psum_join(r->g->psum, r->rank, seq);
+}
+
+static hyla_status cpu_allreduce_begin(void *ud, float *buf, size_t n, int *ticket) {
+    *ticket = -1;
+    return cpu_allreduce(ud, buf, n);
+}
+
+static hyla_status cpu_allreduce_join(void *ud, int ticket) {
+    (void)ud, (void)ticket;
+    return HYLA_OK;
+}
+
 int hyla_tp_size(const hyla_tp_group *g) { return g->T; }
 int hyla_tp_group_size(const struct hyla_tp_group *g) { return g->T; }
 hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r) { return g->rt[r]; }
@@ -219,6 +284,16 @@ hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud) {
     for (int t = 0; t < g->T && first < 0; t++)
         if (jobs[t].st != HYLA_OK) first = t;
     if (first < 0) return HYLA_OK;
+    /* a failed job may leave the ranks at different peer-sum numbers: wait out what was queued
+     * and number from 0 again (no rank is inside a sum between jobs) */
+    if (g->psum) {
+        hyla_cuda_psum_reset(g->psum);
+        for (int t = 0; t < g->T; t++) {
+            g->ref[t].psum_seq = 0;
+            atomic_store(&g->pready[t], 0);
+            atomic_store(&g->pissued[t], 0);
+        }
+    }
     return hyla_fail(jobs[first].st, "tensor-parallel rank %d: %s", first, jobs[first].msg);
 }
 
@@ -272,7 +347,7 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     pthread_cond_init(&g->dcv, NULL);
     for (int t = 0; t < T; t++) {
         g->rt[t] = rts[t];
-        g->ref[t] = (rank_ref){g, t};
+        g->ref[t] = (rank_ref){g, t, 0};
     }
     hyla_status st = HYLA_OK;
     for (int t = 1; st == HYLA_OK && t < T; t++) {
@@ -293,8 +368,28 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
         hyla_tp_group_free(g);
         return hyla_fail_wrap(st, "joining the tensor-parallel group");
     }
+    /* Prefill pieces in two halves whose sums overlap the other half's work (hyla_runtime.h),
+     * on CUDA through the peer sums (hyla_cuda_psum.cu: copy engines, no SMs taken from the
+     * compute); the sums that are waited for at once (decode steps, short pieces) stay NCCL's,
+     * which was faster there. HYLA_TP_WAVE=0 turns the halves off (pieces whole; the bits are
+     * the same either way). Without peer access between the GPUs: off, and said. */
+    const char *wave = getenv("HYLA_TP_WAVE");
+    int overlap = !(wave && !strcmp(wave, "0"));
+    if (overlap && g->cuda) {
+        hyla_backend *bes[HYLA_TP_MAX];
+        for (int t = 0; t < T; t++) bes[t] = rts[t]->be;
+        if (!hyla_cuda_psum_open || hyla_cuda_psum_open(bes, T, &g->psum) != HYLA_OK) {
+            hyla_log(HYLA_LOG_WARN, "tensor-parallel prefill without overlapped sums: %s",
+                     hyla_cuda_psum_open ? hyla_last_error() : "no CUDA backend in this build");
+            g->psum = NULL;
+            overlap = 0;
+        }
+    }
     for (int t = 0; t < T; t++) {
         hyla_runtime_set_allreduce(rts[t], g->cuda ? nccl_allreduce : cpu_allreduce, &g->ref[t]);
+        if (overlap)
+            hyla_runtime_set_allreduce_aside(rts[t], g->cuda ? psum_begin : cpu_allreduce_begin,
+                                             g->cuda ? psum_join : cpu_allreduce_join);
         rts[t]->tp = g;
         rts[t]->tp_rank = t;
     }
@@ -306,10 +401,14 @@ void hyla_tp_group_free(hyla_tp_group *g) {
     if (!g) return;
     stop_threads(g);
     for (int t = 0; t < g->T; t++) {
-        if (g->rt[t]->allreduce_ud == &g->ref[t]) hyla_runtime_set_allreduce(g->rt[t], NULL, NULL);
+        if (g->rt[t]->allreduce_ud == &g->ref[t]) {
+            hyla_runtime_set_allreduce(g->rt[t], NULL, NULL);
+            hyla_runtime_set_allreduce_aside(g->rt[t], NULL, NULL);
+        }
         if (g->rt[t]->tp == g) g->rt[t]->tp = NULL;
         if (g->link[t]) hyla_cuda_nccl_close(g->link[t]);
     }
+    if (g->psum) hyla_cuda_psum_close(g->psum);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->jcv);

@@ -976,9 +976,12 @@ extern "C" hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on) {
     return HYLA_OK;
 }
 
-/* worker/hyla_tp.c reaches hyla_cuda_nccl.cu's entry points through weak references (it links
- * without the CUDA backend too), and a weak reference does not pull an object out of a static
- * library: this object, linked whenever the cuda backend is, holds strong ones. */
+/* worker/hyla_tp.c reaches hyla_cuda_nccl.cu's and hyla_cuda_psum.cu's entry points through
+ * weak references (it links without the CUDA backend too), and a weak reference does not pull an
+ * object out of a static library: this object, linked whenever the cuda backend is, holds strong
+ * ones. */
 extern "C" __attribute__((used)) void *const hyla_cuda_tp_entry_points[] = {
-    (void *)hyla_cuda_nccl_id, (void *)hyla_cuda_nccl_open, (void *)hyla_cuda_nccl_allreduce,
-    (void *)hyla_cuda_nccl_close, (void *)hyla_cuda_bind_thread};
+    (void *)hyla_cuda_nccl_id,    (void *)hyla_cuda_nccl_open,  (void *)hyla_cuda_nccl_allreduce,
+    (void *)hyla_cuda_nccl_close, (void *)hyla_cuda_bind_thread, (void *)hyla_cuda_psum_open,
+    (void *)hyla_cuda_psum_ready, (void *)hyla_cuda_psum_issue, (void *)hyla_cuda_psum_join,
+    (void *)hyla_cuda_psum_reset, (void *)hyla_cuda_psum_close};

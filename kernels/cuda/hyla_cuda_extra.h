@@ -65,6 +65,29 @@ typedef struct {
 } hyla_cuda_graph_stats;
 hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *out);
 
+/* ---- Peer sums (hyla_cuda_psum.cu): a tensor-parallel group's sum over the GPUs of one process
+ * by peer copies (copy engines, no SMs) and one small addition kernel per rank: the sum that
+ * travels while the GPUs compute. Each float of the result is the rank-order sum of the ranks'
+ * partials, the same bits on every rank whatever the count. A sum is numbered (seq, from 0, in
+ * the same order on every rank) and made of three calls per rank, each on the rank's own thread:
+ *   ready(seq, buf, n): buf [n] (device, the rank's partial, complete after the ops called so far
+ *     on its compute stream) is summed in place;
+ *   issue(seq): after EVERY rank's ready(seq): queues this rank's share on its side stream;
+ *   join(seq): after EVERY rank's issue(seq): the compute stream waits for the whole sum in buf
+ *     (call it before anything reads or writes buf again).
+ * Sums seq and seq + HYLA_PSUM_SLOTS must not be in flight at once. Open fails where a GPU cannot
+ * reach another's memory (no peer access). */
+#define HYLA_PSUM_SLOTS 4
+typedef struct hyla_cuda_psum hyla_cuda_psum;
+hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, hyla_cuda_psum **out);
+hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n);
+hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq);
+hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq);
+/* After a failure left the ranks at different numbers: wait until every side stream is idle
+ * (the caller then numbers from 0 again on every rank). No rank may be inside a sum. */
+void hyla_cuda_psum_reset(hyla_cuda_psum *p);
+void hyla_cuda_psum_close(hyla_cuda_psum *p);
+
 /* ---- NCCL links (hyla_cuda_nccl.cu): processes on one host exchanging device buffers ----
  * Whether this build has NCCL (1) or not (0; the functions below then fail with
  * HYLA_ERR_UNSUPPORTED). */
