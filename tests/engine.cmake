@@ -7,6 +7,10 @@ add_dependencies(test_tp hyla-mkmodel)
 add_test(NAME test_gpu_tp COMMAND test_tp cuda)
 set_tests_properties(test_gpu_tp PROPERTIES LABELS "multigpu" TIMEOUT 300 SKIP_RETURN_CODE 77
   ENVIRONMENT "HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+# four ranks on four GPUs (skipped with a message where fewer than four exist)
+add_test(NAME test_gpu_tp4 COMMAND test_tp cuda4)
+set_tests_properties(test_gpu_tp4 PROPERTIES LABELS "multigpu" TIMEOUT 300 SKIP_RETURN_CODE 77
+  ENVIRONMENT "HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
 hyla_add_test(test_loader SOURCES test_loader.c LIBS hyla_engine LABELS quick)
 add_dependencies(test_loader hyla-mkmodel)
 hyla_add_script_test(test_identity test_identity.sh LABELS quick e2e TIMEOUT 1500)

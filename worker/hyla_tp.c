@@ -200,6 +200,13 @@ static hyla_status psum_join(void *ud, int ticket) {
     return hyla_cuda_psum_join(r->g->psum, r->rank, seq);
 }
 
+/* A sum waited for at once through the peer sums: begun and joined. */
+static hyla_status psum_allreduce(void *ud, float *buf, size_t n) {
+    int ticket;
+    HYLA_TRY(psum_begin(ud, buf, n, &ticket));
+    return psum_join(ud, ticket);
+}
+
 static hyla_status cpu_allreduce_begin(void *ud, float *buf, size_t n, int *ticket) {
     *ticket = -1;
     return cpu_allreduce(ud, buf, n);
@@ -370,23 +377,36 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     }
     /* Prefill pieces in two halves whose sums overlap the other half's work (hyla_runtime.h),
      * on CUDA through the peer sums (hyla_cuda_psum.cu: copy engines, no SMs taken from the
-     * compute); the sums that are waited for at once (decode steps, short pieces) stay NCCL's,
-     * which was faster there. HYLA_TP_WAVE=0 turns the halves off (pieces whole; the bits are
-     * the same either way). Without peer access between the GPUs: off, and said. */
-    const char *wave = getenv("HYLA_TP_WAVE");
+     * compute). HYLA_TP_WAVE=0 turns the halves off (pieces whole; the same bits).
+     * The sums waited for at once (decode steps, short pieces): NCCL's for two ranks (faster
+     * there; a + b = b + a, so the bits are the peer sums'), peer sums for more: NCCL adds
+     * more than two partials in an order of its own, not rank order (at T = 4 its sums differ
+     * from the peer sums in every arch, test_tp cuda4), which may also depend on where a float
+     * falls in the buffer; the halves' peer sums and the whole pieces' sums must round alike,
+     * or a prompt's bits would depend on how it was cut into pieces. HYLA_TP_SUM=nccl|peer
+     * overrides (nccl with T > 2 gives up that invariance; for measuring). Without peer access
+     * between the GPUs: whole pieces and NCCL, and said. */
+    const char *wave = getenv("HYLA_TP_WAVE"), *sum = getenv("HYLA_TP_SUM");
     int overlap = !(wave && !strcmp(wave, "0"));
-    if (overlap && g->cuda) {
+    int peer = sum && *sum ? !strcmp(sum, "peer") : T > 2;
+    if (sum && *sum && strcmp(sum, "peer") && strcmp(sum, "nccl")) {
+        hyla_tp_group_free(g);
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_TP_SUM='%s': nccl or peer", sum);
+    }
+    if ((overlap || peer) && g->cuda) {
         hyla_backend *bes[HYLA_TP_MAX];
         for (int t = 0; t < T; t++) bes[t] = rts[t]->be;
         if (!hyla_cuda_psum_open || hyla_cuda_psum_open(bes, T, &g->psum) != HYLA_OK) {
-            hyla_log(HYLA_LOG_WARN, "tensor-parallel prefill without overlapped sums: %s",
+            hyla_log(HYLA_LOG_WARN, "tensor-parallel sums through NCCL only, prefill pieces whole%s: %s",
+                     T > 2 ? " (with more than two ranks a row's sum may round differently with the batch's size)"
+                           : "",
                      hyla_cuda_psum_open ? hyla_last_error() : "no CUDA backend in this build");
             g->psum = NULL;
-            overlap = 0;
+            overlap = peer = 0;
         }
     }
     for (int t = 0; t < T; t++) {
-        hyla_runtime_set_allreduce(rts[t], g->cuda ? nccl_allreduce : cpu_allreduce, &g->ref[t]);
+        hyla_runtime_set_allreduce(rts[t], !g->cuda ? cpu_allreduce : peer ? psum_allreduce : nccl_allreduce, &g->ref[t]);
         if (overlap)
             hyla_runtime_set_allreduce_aside(rts[t], g->cuda ? psum_begin : cpu_allreduce_begin,
                                              g->cuda ? psum_join : cpu_allreduce_join);
