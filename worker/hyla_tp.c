@@ -30,7 +30,11 @@ hyla_status hyla_cuda_nccl_open(hyla_backend *be, const uint8_t id[128], int nra
                                 hyla_nccl_link **out) __attribute__((weak));
 hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float *dev, size_t n) __attribute__((weak));
 typedef struct hyla_cuda_psum hyla_cuda_psum;
-hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, hyla_cuda_psum **out) __attribute__((weak));
+hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_max, hyla_cuda_psum **out)
+    __attribute__((weak));
+hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n) __attribute__((weak));
+size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) __attribute__((weak));
+hyla_status hyla_cuda_flush(hyla_backend *be) __attribute__((weak));
 hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n) __attribute__((weak));
 hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
 hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
@@ -40,6 +44,7 @@ void hyla_cuda_nccl_close(hyla_nccl_link *l) __attribute__((weak));
 hyla_status hyla_cuda_bind_thread(hyla_backend *be) __attribute__((weak));
 
 #define TP_JOIN_TIMEOUT_MS 30000
+#define ONESHOT_ROWS 1024 /* rows of hidden states a one-shot sum takes (decode batches, short pieces) */
 
 typedef struct {
     struct hyla_tp_group *g;
@@ -154,8 +159,16 @@ static hyla_status spin_rendezvous(struct hyla_tp_group *g) {
     return HYLA_OK;
 }
 
+/* Before a rank's thread waits for another's: launch what its graph log holds. A one-shot sum
+ * (below) logged here may be what the other rank's GPU, and so a CUDA call the other thread is
+ * blocked in, waits for. */
+static hyla_status flush_own(rank_ref *r) {
+    return r->g->cuda && hyla_cuda_flush ? hyla_cuda_flush(r->g->rt[r->rank]->be) : HYLA_OK;
+}
+
 static hyla_status nccl_allreduce(void *ud, float *buf, size_t n) {
     rank_ref *r = ud;
+    HYLA_TRY(flush_own(r));
     HYLA_TRY(spin_rendezvous(r->g));
     return hyla_cuda_nccl_allreduce(r->g->rt[r->rank]->be, r->g->link[r->rank], buf, n);
 }
@@ -196,6 +209,7 @@ static hyla_status psum_begin(void *ud, float *buf, size_t n, int *ticket) {
 static hyla_status psum_join(void *ud, int ticket) {
     rank_ref *r = ud;
     unsigned seq = (unsigned)ticket;
+    HYLA_TRY(flush_own(r));
     HYLA_TRY(spin_until(r->g, r->g->pissued, seq));
     return hyla_cuda_psum_join(r->g->psum, r->rank, seq);
 }
@@ -205,6 +219,20 @@ static hyla_status psum_allreduce(void *ud, float *buf, size_t n) {
     int ticket;
     HYLA_TRY(psum_begin(ud, buf, n, &ticket));
     return psum_join(ud, ticket);
+}
+
+/* A sum waited for at once as two kernels of the rank's stream (hyla_cuda_psum_oneshot): no
+ * host call between the ranks, so it stays inside the step's CUDA graph; the ranks' kernels
+ * meet on the device. No rendezvous: a rank's thread never waits for another's with logged
+ * work unlaunched (flush_own), so every kernel a GPU waits for is launched or will be. Sums
+ * larger than the one-shot buffers take NCCL's with two ranks (the same bits, faster for
+ * whole pieces), the peer sums with more. */
+static hyla_status oneshot_allreduce(void *ud, float *buf, size_t n) {
+    rank_ref *r = ud;
+    struct hyla_tp_group *g = r->g;
+    if (n <= hyla_cuda_psum_oneshot_max(g->psum) && n % 4 == 0 && (uintptr_t)buf % 16 == 0)
+        return hyla_cuda_psum_oneshot(g->psum, r->rank, buf, n);
+    return g->T == 2 ? nccl_allreduce(ud, buf, n) : psum_allreduce(ud, buf, n);
 }
 
 static hyla_status cpu_allreduce_begin(void *ud, float *buf, size_t n, int *ticket) {
@@ -234,6 +262,13 @@ static void run_rank(rank_job *j) {
     hyla_status st = HYLA_OK;
     if (j->g->cuda) st = hyla_cuda_bind_thread(j->g->rt[j->rank]->be);
     if (st == HYLA_OK) st = j->fn(j->ud, j->rank);
+    /* the job's logged work is launched before the job counts as done (after a failure too):
+     * another rank's GPU may wait for it (a one-shot sum) while that rank's thread waits for
+     * the job's end */
+    if (j->g->cuda && hyla_cuda_flush) {
+        hyla_status fs = hyla_cuda_flush(j->g->rt[j->rank]->be);
+        if (st == HYLA_OK) st = fs;
+    }
     if (st != HYLA_OK) {
         snprintf(j->msg, sizeof j->msg, "%s", hyla_last_error());
         abort_group(j->g);
@@ -378,35 +413,46 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     /* Prefill pieces in two halves whose sums overlap the other half's work (hyla_runtime.h),
      * on CUDA through the peer sums (hyla_cuda_psum.cu: copy engines, no SMs taken from the
      * compute). HYLA_TP_WAVE=0 turns the halves off (pieces whole; the same bits).
-     * The sums waited for at once (decode steps, short pieces): NCCL's for two ranks (faster
-     * there; a + b = b + a, so the bits are the peer sums'), peer sums for more: NCCL adds
-     * more than two partials in an order of its own, not rank order (at T = 4 its sums differ
-     * from the peer sums in every arch, test_tp cuda4), which may also depend on where a float
-     * falls in the buffer; the halves' peer sums and the whole pieces' sums must round alike,
-     * or a prompt's bits would depend on how it was cut into pieces. HYLA_TP_SUM=nccl|peer
-     * overrides (nccl with T > 2 gives up that invariance; for measuring). Without peer access
-     * between the GPUs: whole pieces and NCCL, and said. */
+     * The sums waited for at once (decode steps, short pieces): one-shot sums (two kernels of
+     * each rank's stream, inside the CUDA graphs) up to ONESHOT_ROWS rows, peer sums above.
+     * Every sum of the group then rounds alike (rank order, wherever a float falls in the
+     * buffer): the halves and whole pieces must, or a prompt's bits would depend on its
+     * pieces. NCCL's all-reduce is rank order only for two ranks (a + b = b + a); with more it
+     * adds in an order of its own (at T = 4 its sums differ from the peer sums in every arch,
+     * test_tp cuda4). HYLA_TP_SUM=oneshot|peer|nccl chooses (nccl with T > 2 gives up that
+     * invariance; for measuring). Without peer access between the GPUs: NCCL, pieces whole,
+     * and said. */
     const char *wave = getenv("HYLA_TP_WAVE"), *sum = getenv("HYLA_TP_SUM");
     int overlap = !(wave && !strcmp(wave, "0"));
-    int peer = sum && *sum ? !strcmp(sum, "peer") : T > 2;
-    if (sum && *sum && strcmp(sum, "peer") && strcmp(sum, "nccl")) {
-        hyla_tp_group_free(g);
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_TP_SUM='%s': nccl or peer", sum);
+    enum { SUM_NCCL, SUM_PEER, SUM_ONESHOT } mode = SUM_ONESHOT;
+    if (sum && *sum) {
+        if (!strcmp(sum, "nccl")) mode = SUM_NCCL;
+        else if (!strcmp(sum, "peer")) mode = SUM_PEER;
+        else if (strcmp(sum, "oneshot")) {
+            hyla_tp_group_free(g);
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_TP_SUM='%s': oneshot, peer or nccl", sum);
+        }
     }
-    if ((overlap || peer) && g->cuda) {
+    if ((overlap || mode != SUM_NCCL) && g->cuda) {
         hyla_backend *bes[HYLA_TP_MAX];
         for (int t = 0; t < T; t++) bes[t] = rts[t]->be;
-        if (!hyla_cuda_psum_open || hyla_cuda_psum_open(bes, T, &g->psum) != HYLA_OK) {
+        size_t oneshot = mode == SUM_ONESHOT ? (size_t)ONESHOT_ROWS * (size_t)rts[0]->m->cfg.hidden_size : 0;
+        if (!hyla_cuda_psum_open || hyla_cuda_psum_open(bes, T, oneshot, &g->psum) != HYLA_OK) {
             hyla_log(HYLA_LOG_WARN, "tensor-parallel sums through NCCL only, prefill pieces whole%s: %s",
                      T > 2 ? " (with more than two ranks a row's sum may round differently with the batch's size)"
                            : "",
                      hyla_cuda_psum_open ? hyla_last_error() : "no CUDA backend in this build");
             g->psum = NULL;
-            overlap = peer = 0;
+            overlap = 0;
+            mode = SUM_NCCL;
         }
     }
+    hyla_allreduce_fn blocking = !g->cuda               ? cpu_allreduce
+                                 : mode == SUM_ONESHOT ? oneshot_allreduce
+                                 : mode == SUM_PEER    ? psum_allreduce
+                                                       : nccl_allreduce;
     for (int t = 0; t < T; t++) {
-        hyla_runtime_set_allreduce(rts[t], !g->cuda ? cpu_allreduce : peer ? psum_allreduce : nccl_allreduce, &g->ref[t]);
+        hyla_runtime_set_allreduce(rts[t], blocking, &g->ref[t]);
         if (overlap)
             hyla_runtime_set_allreduce_aside(rts[t], g->cuda ? psum_begin : cpu_allreduce_begin,
                                              g->cuda ? psum_join : cpu_allreduce_join);

@@ -52,6 +52,9 @@ hyla_status hyla_cuda_set_graphs(hyla_backend *be, int on);
 /* Make be's GPU the calling thread's current device (a thread that drives a backend it did not
  * create calls it first). */
 hyla_status hyla_cuda_bind_thread(hyla_backend *be);
+/* Launch what the graph log holds (nothing waits): before a thread waits for another thread
+ * whose GPU may need this GPU's logged work (tensor-parallel ranks, worker/hyla_tp.c). */
+hyla_status hyla_cuda_flush(hyla_backend *be);
 
 typedef struct {
     uint64_t segments;         /* flushed op sequences */
@@ -76,16 +79,26 @@ hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *o
  *   join(seq): after EVERY rank's issue(seq): the compute stream waits for the whole sum in buf
  *     (call it before anything reads or writes buf again).
  * Sums seq and seq + HYLA_PSUM_SLOTS must not be in flight at once. Open fails where a GPU cannot
- * reach another's memory (no peer access). */
+ * reach another's memory (no peer access). oneshot_max: the most floats a one-shot sum (below)
+ * takes (0: none). */
 #define HYLA_PSUM_SLOTS 4
 typedef struct hyla_cuda_psum hyla_cuda_psum;
-hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, hyla_cuda_psum **out);
+hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_max, hyla_cuda_psum **out);
 hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n);
 hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq);
 hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq);
-/* After a failure left the ranks at different numbers: wait until every side stream is idle
- * (the caller then numbers from 0 again on every rank). No rank may be inside a sum. */
+/* After a failure left the ranks at different numbers: wait until every rank's streams are
+ * idle and count the one-shot sums from 0 again (the caller numbers the peer sums from 0 on
+ * every rank). No rank may be inside a sum. */
 void hyla_cuda_psum_reset(hyla_cuda_psum *p);
+/* A sum waited for at once, as an op of the rank's compute stream (logged into CUDA graphs):
+ * buf [n] (n <= oneshot_max, a multiple of 4, 16-byte aligned) becomes the rank-order sum of
+ * the ranks' buffers, the peer sums' bits. Every rank must call it, in the same order as its
+ * other sums, and no rank's thread may make a CUDA call that waits for another GPU between
+ * reaching it and queueing it (sequence the calls as worker/hyla_tp.c does). The two launches
+ * wait on the device for every rank's. */
+hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n);
+size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p);
 void hyla_cuda_psum_close(hyla_cuda_psum *p);
 
 /* ---- NCCL links (hyla_cuda_nccl.cu): processes on one host exchanging device buffers ----

@@ -342,6 +342,17 @@ static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const
     return cu_ssd_norm(c, a.o, a.z, a.ldz, a.w, a.y, a.rows, a.G, a.gs, a.eps);
 }
 
+/* a tensor-parallel one-shot sum (hyla_cuda_psum.cu): the kernels count the sums on the device,
+ * so a graph replays it with no data */
+struct ga_tp_sum {
+    const void *os;
+    float *buf;
+    uint64_t n;
+};
+static hyla_status replay_tp_sum(hyla_cuda_ctx *c, const ga_tp_sum &a, const void *) {
+    return cu_tp_sum(c, a.os, a.buf, (size_t)a.n);
+}
+
 #define GRAPH_OPS(X)                                                                                                   \
     X(EMBED, embed)                                                                                                    \
     X(LINEAR, linear)                                                                                                  \
@@ -372,7 +383,8 @@ static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const
     /* Mamba2 (SSD) */                                                                                                 \
     X(COPY2D, copy2d)                                                                                                  \
     X(SSD_DECODE, ssd_decode)                                                                                          \
-    X(SSD_NORM, ssd_norm)
+    X(SSD_NORM, ssd_norm)                                                                                              \
+    X(TP_SUM, tp_sum)
 
 enum {
     GOP_NONE,
@@ -979,6 +991,16 @@ static hyla_status g_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     a->dst = dst;
     a->src = src;
     a->bytes = bytes;
+    return HYLA_OK;
+}
+
+extern "C" hyla_status cu_graph_tp_sum(hyla_cuda_ctx *c, const void *os, float *buf, size_t n) {
+    if (!LOGGING) return cu_tp_sum(c, os, buf, n);
+    ga_tp_sum *a;
+    HYLA_TRY(log_tp_sum(c->graphs, 0, &a, NULL));
+    a->os = os;
+    a->buf = buf;
+    a->n = n;
     return HYLA_OK;
 }
 

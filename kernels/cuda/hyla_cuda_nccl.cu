@@ -300,6 +300,11 @@ extern "C" int hyla_cuda_nccl_built(void) { return 0; }
 
 /* Outside NCCL's #if: a tensor-parallel group drives each rank's backend from its own thread,
  * and CUDA's current device is per thread. */
+extern "C" hyla_status hyla_cuda_flush(hyla_backend *be) {
+    if (!be || strcmp(be->ops->name, "cuda")) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_flush: not a cuda backend");
+    return cu_graph_flush((hyla_cuda_ctx *)be->ctx);
+}
+
 extern "C" hyla_status hyla_cuda_bind_thread(hyla_backend *be) {
     if (!be || strcmp(be->ops->name, "cuda")) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_bind_thread: not a cuda backend");
     CU_TRY(cudaSetDevice(((hyla_cuda_ctx *)be->ctx)->device));

@@ -23,7 +23,23 @@
  * before it is recorded would be no wait at all): every rank's ready before any rank's issue,
  * every rank's issue before any rank's join (worker/hyla_tp.c sequences them). A slice of rank
  * r's partial is read by one rank's pull and written by that rank's push only after its pull,
- * so the pushes never overwrite what another rank still has to read. */
+ * so the pushes never overwrite what another rank still has to read.
+ *
+ * The one-shot sum (hyla_cuda_psum_oneshot; the sums waited for at once, up to oneshot_max
+ * floats: decode steps and short pieces) is two kernels on the rank's compute stream and no
+ * host call between the ranks, so it is logged into the CUDA graphs like any op and a decode
+ * step stays one graph. Kernel A copies the rank's partial into its exchange buffer (one of
+ * two, by the sum's parity) and, once every block has copied, writes the sum's number into a
+ * flag of every rank (peer stores, system-scope release). Kernel B waits until every rank's flag
+ * holds the number, then adds the T exchange buffers in rank order into the partial (reading
+ * the peers' over NVLink): the same bits as the peer sums. The number is on the device (each
+ * rank counts its sums), so a graph replays it. Two exchange buffers suffice: a rank writes
+ * buffer e % 2 again at sum e + 2 only after its kernel B of sum e + 1 saw every rank's flag of
+ * e + 1, which each rank raises after its kernel B of sum e, the last reader of buffer e % 2.
+ * A rank's kernels wait for the others' only on the device: every rank's host thread must
+ * reach the sum before any queues it (worker/hyla_tp.c's rendezvous), so no rank's thread can
+ * be blocked by a CUDA call that waits for a GPU spinning on that rank. A wait longer than
+ * ~20 s traps (a lost rank would otherwise hang the group's GPUs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,11 +58,33 @@ typedef struct {
     size_t n[HYLA_PSUM_SLOTS];
     float *recv;     /* [T - 1][cap] the pulled slices */
     size_t cap;      /* floats per pulled slice */
+    /* the one-shot sum: exchange buffers [2][oneshot_max] and the control words (this rank's
+     * device memory; flags are written by every rank) */
+    float *xbuf;
+    struct os_ctl *ctl;
 } psum_rank;
+
+/* One rank's control words of the one-shot sum (device memory). */
+struct os_ctl {
+    unsigned epoch;                  /* sums done by this rank (kernel B's last block counts) */
+    unsigned copied, summed;         /* blocks of kernel A / B done, for the last block's duty */
+    unsigned flag[PSUM_MAX_RANKS];   /* flag[s]: the latest sum whose partial rank s has shared */
+};
+
+/* What a rank's one-shot kernels need (kernel parameters, by value). */
+typedef struct {
+    int T, rank;
+    struct os_ctl *ctl;                  /* this rank's */
+    unsigned *peer_flag[PSUM_MAX_RANKS]; /* &ctl_s->flag[rank] of every rank s (this one too) */
+    float *xbuf[PSUM_MAX_RANKS];         /* every rank's exchange buffers [2][cap] */
+    size_t cap;
+} os_args;
 
 struct hyla_cuda_psum {
     int T;
     psum_rank r[PSUM_MAX_RANKS];
+    size_t oneshot_max; /* floats (0: no one-shot sums) */
+    os_args os[PSUM_MAX_RANKS];
 };
 
 typedef struct {
@@ -80,6 +118,68 @@ __global__ void k_psum_add(psum_add_args a) {
     }
 }
 
+__device__ __forceinline__ void st_release_sys(unsigned *p, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Kernel A: the partial into this rank's exchange buffer of the sum's parity, then (the last
+ * block to finish) the sum's number into every rank's flag for this rank. */
+__global__ void k_os_share(os_args a, const float4 *x, size_t n4) {
+    unsigned e = a.ctl->epoch + 1;
+    float4 *dst = (float4 *)(a.xbuf[a.rank] + (size_t)(e & 1) * a.cap);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = x[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        if (atomicAdd(&a.ctl->copied, 1u) == gridDim.x - 1) {
+            a.ctl->copied = 0;
+            __threadfence_system();
+            for (int s = 0; s < a.T; s++) st_release_sys(a.peer_flag[s], e);
+        }
+    }
+}
+
+/* Kernel B: wait for every rank's flag of this sum, then x = xbuf_0 + xbuf_1 + ... in rank
+ * order; the last block to finish counts the sum. */
+__global__ void k_os_sum(os_args a, float4 *x, size_t n4) {
+    unsigned e = a.ctl->epoch + 1;
+    if (threadIdx.x == 0) {
+        long long t0 = clock64();
+        for (int s = 0; s < a.T; s++)
+            while ((int)(ld_acquire_sys(&a.ctl->flag[s]) - e) < 0) {
+                if (clock64() - t0 > (1ll << 35)) {
+                    printf("hyla: tensor-parallel sum %u: rank %d waited ~20 s for rank %d\n", e, a.rank, s);
+                    __trap();
+                }
+            }
+        __threadfence_system();
+    }
+    __syncthreads();
+    size_t off = (size_t)(e & 1) * a.cap;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = __ldcg((const float4 *)(a.xbuf[0] + off) + i);
+        for (int s = 1; s < a.T; s++) {
+            float4 w = __ldcg((const float4 *)(a.xbuf[s] + off) + i);
+            v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+        }
+        x[i] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&a.ctl->summed, 1u) == gridDim.x - 1) {
+            a.ctl->summed = 0;
+            a.ctl->epoch = e;
+        }
+    }
+}
+
 static hyla_cuda_ctx *cuda_ctx(hyla_backend *be) {
     if (!be || !be->ops || !be->ops->name || strcmp(be->ops->name, "cuda")) return NULL;
     return (hyla_cuda_ctx *)be->ctx;
@@ -93,8 +193,19 @@ static void slice_of(size_t n, int T, int s, size_t *lo, size_t *hi) {
 
 extern "C" void hyla_cuda_psum_reset(hyla_cuda_psum *p) {
     if (!p) return;
-    for (int t = 0; t < p->T; t++)
-        if (p->r[t].side) cudaStreamSynchronize(p->r[t].side);
+    /* a failed job may have left the ranks at different one-shot numbers: wait out the queued
+     * work (every rank's log was launched at the job's end, so a kernel waiting for a sum some
+     * rank never queued traps after its timeout) and count from 0 again */
+    int prev = 0;
+    cudaGetDevice(&prev);
+    for (int t = 0; t < p->T; t++) {
+        psum_rank *r = &p->r[t];
+        cudaSetDevice(r->device);
+        if (r->side) cudaStreamSynchronize(r->side);
+        cudaStreamSynchronize(r->c->stream);
+        if (r->ctl) cudaMemset(r->ctl, 0, sizeof *r->ctl), cudaDeviceSynchronize();
+    }
+    cudaSetDevice(prev);
 }
 
 extern "C" void hyla_cuda_psum_close(hyla_cuda_psum *p) {
@@ -112,6 +223,8 @@ extern "C" void hyla_cuda_psum_close(hyla_cuda_psum *p) {
         }
         if (r->side) cudaStreamDestroy(r->side);
         cudaFree(r->recv);
+        cudaFree(r->xbuf);
+        cudaFree(r->ctl);
     }
     cudaSetDevice(prev);
     free(p);
@@ -136,16 +249,22 @@ static hyla_status psum_open_rank(hyla_cuda_psum *p, int t) {
         CU_TRY(cudaEventCreateWithFlags(&r->ready[k], cudaEventDisableTiming));
         CU_TRY(cudaEventCreateWithFlags(&r->done[k], cudaEventDisableTiming));
     }
+    if (p->oneshot_max) {
+        CU_TRY(cudaMalloc((void **)&r->xbuf, 2 * p->oneshot_max * sizeof(float)));
+        CU_TRY(cudaMalloc((void **)&r->ctl, sizeof *r->ctl));
+        CU_TRY(cudaMemset(r->ctl, 0, sizeof *r->ctl));
+    }
     return HYLA_OK;
 }
 
-extern "C" hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, hyla_cuda_psum **out) {
+extern "C" hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_max, hyla_cuda_psum **out) {
     *out = NULL;
     if (T < 2 || T > PSUM_MAX_RANKS)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "peer sums: %d ranks (2..%d)", T, PSUM_MAX_RANKS);
     hyla_cuda_psum *p = (hyla_cuda_psum *)calloc(1, sizeof *p);
     if (!p) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     p->T = T;
+    p->oneshot_max = (oneshot_max + 3) & ~(size_t)3;
     for (int t = 0; t < T; t++) {
         p->r[t].c = cuda_ctx(be[t]);
         if (!p->r[t].c) {
@@ -158,6 +277,22 @@ extern "C" hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, hyla_
     cudaGetDevice(&prev);
     hyla_status st = HYLA_OK;
     for (int t = 0; t < T && st == HYLA_OK; t++) st = psum_open_rank(p, t);
+    if (st == HYLA_OK)
+        for (int t = 0; t < T && st == HYLA_OK; t++) {
+            cudaSetDevice(p->r[t].device);
+            if (cudaDeviceSynchronize() != cudaSuccess) st = hyla_fail(HYLA_ERR_INTERNAL, "peer sums: setting up cuda:%d", p->r[t].device);
+        }
+    for (int t = 0; t < T && p->oneshot_max; t++) {
+        os_args *a = &p->os[t];
+        a->T = T;
+        a->rank = t;
+        a->ctl = p->r[t].ctl;
+        a->cap = p->oneshot_max;
+        for (int u = 0; u < T; u++) {
+            a->peer_flag[u] = p->r[u].ctl ? &p->r[u].ctl->flag[t] : NULL;
+            a->xbuf[u] = p->r[u].xbuf;
+        }
+    }
     cudaSetDevice(prev);
     if (st != HYLA_OK) {
         hyla_cuda_psum_close(p);
@@ -237,4 +372,26 @@ extern "C" hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned
     HYLA_TRY(cu_graph_flush(r->c));
     for (int t = 0; t < p->T; t++) CU_TRY(cudaStreamWaitEvent(r->c->stream, p->r[t].done[k], 0));
     return HYLA_OK;
+}
+
+/* The one-shot sum's two launches on the compute stream (the graph log replays this). */
+extern "C" hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, float *buf, size_t n) {
+    const os_args *a = (const os_args *)os;
+    size_t n4 = n / 4;
+    unsigned blocks = cu_blocks(n4 ? n4 : 1, 256);
+    if (blocks > 264) blocks = 264;
+    k_os_share<<<blocks, 256, 0, c->stream>>>(*a, (const float4 *)buf, n4);
+    CU_LAUNCH_CHECK("k_os_share");
+    k_os_sum<<<blocks, 256, 0, c->stream>>>(*a, (float4 *)buf, n4);
+    CU_LAUNCH_CHECK("k_os_sum");
+    return HYLA_OK;
+}
+
+extern "C" size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) { return p ? p->oneshot_max : 0; }
+
+extern "C" hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n) {
+    if (!p->oneshot_max || n > p->oneshot_max || n % 4 || (uintptr_t)buf % 16)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "one-shot sum of %zu floats at %p: at most %zu, a multiple of 4, 16-byte aligned",
+                         n, (void *)buf, p->oneshot_max);
+    return cu_graph_tp_sum(p->r[rank].c, &p->os[rank], buf, n);
 }
