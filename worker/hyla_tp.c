@@ -5,12 +5,14 @@
  * T buffers in rank order into a private copy (so every rank gets the same bits), waits again
  * (nobody overwrites a buffer another is still reading) and copies its sum back. A failed rank
  * marks the group aborted and wakes the waiters, whose sums then fail: a rank never waits for a
- * partner that has returned. On CUDA the sum is NCCL's all-reduce on the compute stream, one
- * communicator for the group, joined by every rank's thread at creation; the sums a prefill
- * piece's halves overlap with compute (hyla_runtime.c, run_layers_wave) are peer sums
- * (hyla_cuda_psum.cu), sequenced across the ranks' threads here (psum_begin, psum_join). Ranks 1..T-1 each have
- * a thread for the group's life (bound to its GPU at every job, cheap); hyla_tp_run hands them a
- * job and runs rank 0 on the caller's thread. */
+ * partner that has returned. On CUDA (hyla_tp_group_create says which sum takes which rows):
+ * one-shot sums, kernels that meet on the device and are logged into the CUDA graphs (decode
+ * steps, short pieces); peer sums by copy engines, sequenced across the ranks' threads here
+ * (psum_begin, psum_join), for the halves of a prefill piece that overlap their sums with
+ * compute (hyla_runtime.c, run_layers_wave); NCCL's all-reduce on the compute stream (one
+ * communicator for the group, joined by every rank's thread at creation) for larger sums of two
+ * ranks. Ranks 1..T-1 each have a thread for the group's life (bound to its GPU at every job,
+ * cheap); hyla_tp_run hands them a job and runs rank 0 on the caller's thread. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
