@@ -19,6 +19,9 @@ hyla_add_script_test(test_e2e_history e2e/test_e2e_history.sh LABELS e2e TIMEOUT
 hyla_add_script_test(test_e2e_port e2e/test_e2e_port.sh LABELS e2e TIMEOUT 300)
 # a worker that splits every layer over two CPU backends (--tp 2), sessions moved to and from it
 hyla_add_script_test(test_e2e_tp e2e/test_e2e_tp.sh LABELS e2e TIMEOUT 300)
+# the same on two GPUs (skipped with a message where fewer than two are usable)
+hyla_add_script_test(test_e2e_tp_gpu e2e/test_e2e_tp.sh LABELS multigpu e2e TIMEOUT 300)
+set_property(TEST test_e2e_tp_gpu APPEND PROPERTY ENVIRONMENT "E2E_TP_DEVICE=cuda:0")
 # sparse-attention hybrids through the cluster
 hyla_add_script_test(test_e2e_lalte e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
 hyla_add_script_test(test_e2e_lansa e2e/test_e2e_sparse.sh LABELS e2e TIMEOUT 600)
