@@ -855,7 +855,7 @@ hyla_status hyla_session_export_end(hyla_export *e, hyla_snapshot **out) {
     if (st == HYLA_OK && out) {
         const hyla_model *ms[HYLA_TP_MAX];
         for (int r = 0; r < s->T; r++) ms[r] = rank_of(s, r)->m;
-        st = hyla_tp_snapshot_merge(ms, (const hyla_snapshot *const *)j.snap, s->T, out);
+        st = hyla_tp_snapshot_merge_into_export(s->rt, ms, (const hyla_snapshot *const *)j.snap, s->T, out);
     }
     for (int r = 0; r < s->T; r++) hyla_snapshot_destroy(j.snap[r]);
     return st;

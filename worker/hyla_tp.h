@@ -69,6 +69,10 @@ hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud);
  * hyla_snapshot_destroy. HYLA_ERR_MISMATCH when the shards' parts do not fit their models. */
 hyla_status hyla_tp_snapshot_merge(const hyla_model *const *models, const hyla_snapshot *const *shards, int T,
                                    hyla_snapshot **out);
+/* The same merge into one arena from rt's export buffers (rank 0's runtime: reused pinned
+ * memory, hyla_exportbuf_get), as an export's own snapshot is: the same bytes. */
+hyla_status hyla_tp_snapshot_merge_into_export(hyla_runtime *rt, const hyla_model *const *models,
+                                               const hyla_snapshot *const *shards, int T, hyla_snapshot **out);
 /* Rank `shard`'s part of a whole-model snapshot (its heads' slice of every split part of the
  * layers it holds), ready for hyla_session_import on that shard's runtime. HYLA_ERR_MISMATCH, naming layer and
  * part, when `whole` is not a snapshot of this model's whole layers. Caller frees with
