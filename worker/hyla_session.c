@@ -1064,7 +1064,7 @@ static hyla_status tp_import(void *ud, int r) {
     tp_import_job *j = ud;
     hyla_runtime *rr = hyla_tp_group_runtime(j->rt->tp, r);
     hyla_snapshot *part = NULL;
-    HYLA_TRY(hyla_tp_snapshot_split(hyla_runtime_model(rr), j->whole, &part));
+    HYLA_TRY(hyla_tp_snapshot_split_for_import(rr, j->whole, &part));
     hyla_status st = import_rank(rr, part, &j->s[r]);
     hyla_snapshot_destroy(part);
     return st;

@@ -608,17 +608,6 @@ static uint32_t model_parts(const hyla_snapshot *s) {
     return n;
 }
 
-static hyla_status copy_token_log(hyla_snapshot *dst, const hyla_snapshot *src) {
-    const int32_t *tok;
-    uint32_t n;
-    HYLA_TRY(hyla_snapshot_token_log(src, &tok, &n));
-    if (!n) return HYLA_OK;
-    int32_t *d;
-    HYLA_TRY(hyla_snapshot_add_token_log(dst, n, &d));
-    memcpy(d, tok, n * sizeof *d);
-    return HYLA_OK;
-}
-
 /* One part's share of one rank, joined into the merged part (the merge's copies, run in
  * parallel: the ranks' shares of a part are disjoint). */
 typedef struct {
@@ -754,22 +743,54 @@ hyla_status hyla_tp_snapshot_merge_into_export(hyla_runtime *rt, const hyla_mode
     return merge_rt(rt, models, shards, T, out);
 }
 
-hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *whole, hyla_snapshot **out) {
+/* Whether part p of a whole-model snapshot goes to shard m (the token log aside: a pipeline
+ * stage takes only its layers, as hyla_session_import does). */
+static int split_takes(const hyla_model *m, const hyla_state_part *p) {
+    if (p->kind == HYLA_PART_TOKENS) return 0;
+    return p->layer == HYLA_SNAPSHOT_SESSION_LAYER || ((int)p->layer >= m->layer_begin && (int)p->layer < m->layer_end);
+}
+
+/* The cut: the parts checked and laid out first, so that with rt the shard's snapshot is one
+ * arena from rt's export buffers (reused pinned memory: nothing zero-filled, and the import
+ * uploads from page-locked memory), then each part's share copied. */
+static hyla_status split_rt(hyla_runtime *rt, const hyla_model *m, const hyla_snapshot *whole, hyla_snapshot **out) {
     *out = NULL;
     if (whole->model_fingerprint && whole->model_fingerprint != m->fingerprint)
         return hyla_fail(HYLA_ERR_MISMATCH, "the snapshot is of another model (fingerprint %016llx, the model's %016llx)",
                          (unsigned long long)whole->model_fingerprint, (unsigned long long)m->fingerprint);
     int T = m->tp_size, r = m->tp_rank;
-    hyla_snapshot *s = hyla_snapshot_create();
+    hyla_status st = HYLA_OK;
+    uint64_t arena = 0;
+    for (uint32_t i = 0; rt && st == HYLA_OK && i < whole->n_parts; i++) {
+        const hyla_state_part *p = &whole->parts[i];
+        if (!split_takes(m, p)) continue;
+        int axis;
+        const hyla_part_spec *ss, *fs;
+        if ((st = part_axis(m, p->layer, p->name, &axis, &ss, &fs)) != HYLA_OK) break;
+        uint64_t n = p->nbytes;
+        if (axis >= 0 && p->shape[axis]) n = p->nbytes / p->shape[axis] * ss->shape[axis - (ss->paged ? 1 : 0)];
+        arena += hyla_snapshot_arena_piece(n);
+    }
+    const int32_t *tok = NULL;
+    uint32_t ntok = 0;
+    if (st == HYLA_OK) st = hyla_snapshot_token_log(whole, &tok, &ntok);
+    if (ntok) arena += hyla_snapshot_arena_piece((uint64_t)ntok * sizeof(int32_t));
+    HYLA_TRY(st);
+    hyla_snapshot *s = NULL;
+    if (rt && arena) {
+        uint8_t *base;
+        hyla_snapshot_release_fn rel;
+        void *rel_ctx;
+        HYLA_TRY(hyla_exportbuf_get(rt, (size_t)arena, &base, &rel, &rel_ctx));
+        if (!(s = hyla_snapshot_create_arena(base, (size_t)arena, rel, rel_ctx))) rel(rel_ctx, base);
+    } else {
+        s = hyla_snapshot_create();
+    }
     if (!s) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     hyla_snapshot_copy_meta(s, whole);
-    hyla_status st = HYLA_OK;
     for (uint32_t i = 0; st == HYLA_OK && i < whole->n_parts; i++) {
         const hyla_state_part *p = &whole->parts[i];
-        if (p->kind == HYLA_PART_TOKENS) continue;
-        /* a pipeline stage takes its layers from a whole-model snapshot (as hyla_session_import) */
-        if (p->layer != HYLA_SNAPSHOT_SESSION_LAYER && ((int)p->layer < m->layer_begin || (int)p->layer >= m->layer_end))
-            continue;
+        if (!split_takes(m, p)) continue;
         int axis;
         const hyla_part_spec *ss, *fs;
         if ((st = part_axis(m, p->layer, p->name, &axis, &ss, &fs)) != HYLA_OK) break;
@@ -792,11 +813,22 @@ hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *who
         runs(sp, axis, &outer, &inner);
         hyla_tp_cut(ss->tp_seg, outer, (int64_t)sp->shape[axis], inner, T, r, p->data, sp->data);
     }
-    if (st == HYLA_OK) st = copy_token_log(s, whole);
+    if (st == HYLA_OK && ntok) {
+        int32_t *d;
+        if ((st = hyla_snapshot_add_token_log(s, ntok, &d)) == HYLA_OK) memcpy(d, tok, ntok * sizeof *d);
+    }
     if (st != HYLA_OK) {
         hyla_snapshot_destroy(s);
         return st;
     }
     *out = s;
     return HYLA_OK;
+}
+
+hyla_status hyla_tp_snapshot_split(const hyla_model *m, const hyla_snapshot *whole, hyla_snapshot **out) {
+    return split_rt(NULL, m, whole, out);
+}
+
+hyla_status hyla_tp_snapshot_split_for_import(hyla_runtime *rt, const hyla_snapshot *whole, hyla_snapshot **out) {
+    return split_rt(rt, rt->m, whole, out);
 }

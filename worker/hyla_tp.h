@@ -78,6 +78,9 @@ hyla_status hyla_tp_snapshot_merge_into_export(hyla_runtime *rt, const hyla_mode
  * part, when `whole` is not a snapshot of this model's whole layers. Caller frees with
  * hyla_snapshot_destroy. */
 hyla_status hyla_tp_snapshot_split(const hyla_model *shard, const hyla_snapshot *whole, hyla_snapshot **out);
+/* The same cut for rt's model into one arena from rt's export buffers (reused pinned memory the
+ * import uploads from); destroy it before rt is freed. */
+hyla_status hyla_tp_snapshot_split_for_import(hyla_runtime *rt, const hyla_snapshot *whole, hyla_snapshot **out);
 
 #ifdef __cplusplus
 }
