@@ -212,11 +212,18 @@ extern "C" void hyla_cuda_psum_close(hyla_cuda_psum *p) {
     if (!p) return;
     int prev = 0;
     cudaGetDevice(&prev);
+    /* every rank's queued work first: a rank's kernels read the others' exchange buffers */
     for (int t = 0; t < p->T; t++) {
         psum_rank *r = &p->r[t];
         if (!r->c) continue;
         cudaSetDevice(r->device);
         if (r->side) cudaStreamSynchronize(r->side);
+        cudaStreamSynchronize(r->c->stream);
+    }
+    for (int t = 0; t < p->T; t++) {
+        psum_rank *r = &p->r[t];
+        if (!r->c) continue;
+        cudaSetDevice(r->device);
         for (int k = 0; k < HYLA_PSUM_SLOTS; k++) {
             if (r->ready[k]) cudaEventDestroy(r->ready[k]);
             if (r->done[k]) cudaEventDestroy(r->done[k]);
