@@ -753,6 +753,19 @@ hyla_status hyla_exportbuf_get(hyla_runtime *rt, size_t need, uint8_t **base, hy
     return HYLA_OK;
 }
 
+hyla_status hyla_export_snapshot_new(hyla_runtime *rt, size_t bytes, hyla_snapshot **out) {
+    *out = NULL;
+    uint8_t *base;
+    hyla_snapshot_release_fn rel;
+    void *rel_ctx;
+    HYLA_TRY(hyla_exportbuf_get(rt, bytes, &base, &rel, &rel_ctx));
+    if (!(*out = hyla_snapshot_create_arena(base, bytes, rel, rel_ctx))) {
+        rel(rel_ctx, base);
+        return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    }
+    return HYLA_OK;
+}
+
 hyla_status hyla_stagebuf_get(hyla_runtime *rt, size_t need, void **dev) {
     *dev = NULL;
     const hyla_ops *o = rt->be->ops;

@@ -140,6 +140,9 @@ hyla_snapbufs *hyla_runtime_snapbufs(hyla_runtime *rt);
  * with *release(*release_ctx, base) (any thread). Driving thread. */
 hyla_status hyla_exportbuf_get(hyla_runtime *rt, size_t need, uint8_t **base, hyla_snapshot_release_fn *release,
                                void **release_ctx);
+/* An empty arena snapshot of `bytes` bytes on such a buffer (its parts carved, not zero-filled;
+ * destroying it gives the buffer back). Driving thread. */
+hyla_status hyla_export_snapshot_new(hyla_runtime *rt, size_t bytes, hyla_snapshot **out);
 
 /* Export staging: `need` bytes of device memory (not zero-filled) from the runtime's cache of
  * up to HYLA_STAGEBUF_MAX buffers (the smallest idle one that fits; a new one, or a larger one

@@ -720,15 +720,8 @@ static hyla_status export_begin_rank(hyla_session *s, uint64_t base_pos, hyla_ex
         return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     }
     e->s = s;
-    uint8_t *base = NULL;
-    hyla_snapshot_release_fn rel = NULL;
-    void *rel_ctx = NULL;
     st = hyla_stagebuf_get(s->rt, (size_t)staging, &e->staging);
-    if (st == HYLA_OK) st = hyla_exportbuf_get(s->rt, (size_t)arena, &base, &rel, &rel_ctx);
-    if (st == HYLA_OK && !(e->snap = hyla_snapshot_create_arena(base, (size_t)arena, rel, rel_ctx))) {
-        rel(rel_ctx, base);
-        st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-    }
+    if (st == HYLA_OK) st = hyla_export_snapshot_new(s->rt, (size_t)arena, &e->snap);
     if (st == HYLA_OK) {
         hyla_snapshot *snap = e->snap;
         snap->model_fingerprint = m->fingerprint;

@@ -683,14 +683,7 @@ static hyla_status merge_rt(hyla_runtime *rt, const hyla_model *const *models, c
     if (ntok) arena += hyla_snapshot_arena_piece((uint64_t)ntok * sizeof(int32_t));
     hyla_snapshot *w = NULL;
     if (st == HYLA_OK && rt && arena) {
-        uint8_t *base;
-        hyla_snapshot_release_fn rel;
-        void *rel_ctx;
-        if ((st = hyla_exportbuf_get(rt, (size_t)arena, &base, &rel, &rel_ctx)) == HYLA_OK &&
-            !(w = hyla_snapshot_create_arena(base, (size_t)arena, rel, rel_ctx))) {
-            rel(rel_ctx, base);
-            st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
-        }
+        st = hyla_export_snapshot_new(rt, (size_t)arena, &w);
     } else if (st == HYLA_OK && !(w = hyla_snapshot_create())) {
         st = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     }
@@ -777,16 +770,8 @@ static hyla_status split_rt(hyla_runtime *rt, const hyla_model *m, const hyla_sn
     if (ntok) arena += hyla_snapshot_arena_piece((uint64_t)ntok * sizeof(int32_t));
     HYLA_TRY(st);
     hyla_snapshot *s = NULL;
-    if (rt && arena) {
-        uint8_t *base;
-        hyla_snapshot_release_fn rel;
-        void *rel_ctx;
-        HYLA_TRY(hyla_exportbuf_get(rt, (size_t)arena, &base, &rel, &rel_ctx));
-        if (!(s = hyla_snapshot_create_arena(base, (size_t)arena, rel, rel_ctx))) rel(rel_ctx, base);
-    } else {
-        s = hyla_snapshot_create();
-    }
-    if (!s) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
+    if (rt && arena) HYLA_TRY(hyla_export_snapshot_new(rt, (size_t)arena, &s));
+    else if (!(s = hyla_snapshot_create())) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     hyla_snapshot_copy_meta(s, whole);
     for (uint32_t i = 0; st == HYLA_OK && i < whole->n_parts; i++) {
         const hyla_state_part *p = &whole->parts[i];
