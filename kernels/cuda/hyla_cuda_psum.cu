@@ -191,28 +191,12 @@ static void slice_of(size_t n, int T, int s, size_t *lo, size_t *hi) {
     *hi = s + 1 < T ? (n * (size_t)(s + 1) / (size_t)T) & ~(size_t)3 : n;
 }
 
-extern "C" void hyla_cuda_psum_reset(hyla_cuda_psum *p) {
-    if (!p) return;
-    /* a failed job may have left the ranks at different one-shot numbers: wait out the queued
-     * work (every rank's log was launched at the job's end, so a kernel waiting for a sum some
-     * rank never queued traps after its timeout) and count from 0 again */
+/* Wait until every rank's compute and side streams are idle (a rank's kernels read the other
+ * ranks' exchange buffers, so nothing of any rank may change or go before). Leaves the current
+ * device as it was. */
+static void psum_quiesce(hyla_cuda_psum *p) {
     int prev = 0;
     cudaGetDevice(&prev);
-    for (int t = 0; t < p->T; t++) {
-        psum_rank *r = &p->r[t];
-        cudaSetDevice(r->device);
-        if (r->side) cudaStreamSynchronize(r->side);
-        cudaStreamSynchronize(r->c->stream);
-        if (r->ctl) cudaMemset(r->ctl, 0, sizeof *r->ctl), cudaDeviceSynchronize();
-    }
-    cudaSetDevice(prev);
-}
-
-extern "C" void hyla_cuda_psum_close(hyla_cuda_psum *p) {
-    if (!p) return;
-    int prev = 0;
-    cudaGetDevice(&prev);
-    /* every rank's queued work first: a rank's kernels read the others' exchange buffers */
     for (int t = 0; t < p->T; t++) {
         psum_rank *r = &p->r[t];
         if (!r->c) continue;
@@ -220,6 +204,26 @@ extern "C" void hyla_cuda_psum_close(hyla_cuda_psum *p) {
         if (r->side) cudaStreamSynchronize(r->side);
         cudaStreamSynchronize(r->c->stream);
     }
+    cudaSetDevice(prev);
+}
+
+extern "C" void hyla_cuda_psum_reset(hyla_cuda_psum *p) {
+    if (!p) return;
+    /* a failed job may have left the ranks at different one-shot numbers: wait out the queued
+     * work (every rank's log was launched at the job's end, so a kernel waiting for a sum some
+     * rank never queued traps after its timeout) and count from 0 again */
+    psum_quiesce(p);
+    struct os_ctl zero;
+    memset(&zero, 0, sizeof zero);
+    for (int t = 0; t < p->T; t++) /* unified addressing: the copy finds each rank's device */
+        if (p->r[t].ctl) cudaMemcpy(p->r[t].ctl, &zero, sizeof zero, cudaMemcpyHostToDevice);
+}
+
+extern "C" void hyla_cuda_psum_close(hyla_cuda_psum *p) {
+    if (!p) return;
+    psum_quiesce(p);
+    int prev = 0;
+    cudaGetDevice(&prev);
     for (int t = 0; t < p->T; t++) {
         psum_rank *r = &p->r[t];
         if (!r->c) continue;
