@@ -9,7 +9,8 @@
  *   - within the split, sampled at T = 0.9: pause/resume and a decode batch of two give the
  *     tokens of each session alone; sessions are refused on another rank's runtime;
  *   - within the split, a 300-token piece (run as two halves whose sums overlap the other
- *     half's work) gives the logits of 64-token pieces, bit for bit;
+ *     half's work) gives the logits of 64-token pieces, bit for bit; HYLA_TP_WAVE=0 runs it
+ *     whole with the same logits, and HYLA_TP_SUM refuses a value it does not know;
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
  *     be split, another model's snapshot;
  *   - sse-h: the streaming import is refused on the split runtime, and hyla_restore_session from a
@@ -310,6 +311,48 @@ static void second_gpu_linear(hyla_backend *b0, hyla_backend *b1) {
     free(w), free(x), free(y[0]), free(y[1]);
 }
 
+/* The group's switches (CPU): HYLA_TP_SUM refuses what it does not know, naming it; with
+ * HYLA_TP_WAVE=0 a 300-token piece runs whole (no halves) and its logits are the halves', bit
+ * for bit. */
+static void check_switches(void) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/tp_switches", hyla_test_env("HYLA_TMP", "/tmp"));
+    make_model("gdn", dir);
+    hyla_tp_group *g = NULL;
+    setenv("HYLA_TP_SUM", "fast", 1);
+    hyla_status st = hyla_tp_open(dir, "cpu", 2, NULL, &g);
+    CHECK_MSG(st == HYLA_ERR_INVALID_ARG && g == NULL && strstr(hyla_last_error(), "HYLA_TP_SUM='fast'"),
+              "HYLA_TP_SUM=fast: expected a refusal naming it, got %s: %s", hyla_status_str(st), hyla_last_error());
+    hyla_tp_close(g);
+    unsetenv("HYLA_TP_SUM");
+    float *l[2] = {NULL, NULL};
+    long waves[2] = {0, 0};
+    int32_t *pw = NULL;
+    size_t nw = 0;
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("HYLA_TP_WAVE", "0", 1);
+        g = NULL;
+        CHECK_OK(hyla_tp_open(dir, "cpu", 2, NULL, &g));
+        if (!g) break;
+        hyla_runtime *rt = hyla_tp_rank_runtime(g, 0);
+        int V = hyla_model_get_config(test_model(rt))->vocab_size;
+        if (!pw) pw = test_prompt(NW, 17, V), nw = (size_t)(NW - 1) * V;
+        l[k] = malloc(nw * sizeof(float));
+        hyla_session *s = new_session(rt, 0);
+        if (s && l[k]) CHECK_OK(hyla_session_feed(s, pw, NW, l[k], NULL, NULL, NULL));
+        waves[k] = hyla_runtime_wave_pieces(rt);
+        hyla_session_free(s);
+        hyla_tp_close(g);
+    }
+    unsetenv("HYLA_TP_WAVE");
+    CHECK_MSG(waves[0] > 0 && waves[1] == 0, "HYLA_TP_WAVE: pieces in halves %ld by default, %ld with 0", waves[0],
+              waves[1]);
+    CHECK_MSG(l[0] && l[1] && !memcmp(l[0], l[1], nw * sizeof(float)),
+              "HYLA_TP_WAVE=0: the whole piece's logits differ from the halves'");
+    printf("  switches: HYLA_TP_SUM refuses an unknown value; HYLA_TP_WAVE=0 runs whole pieces, same logits\n");
+    free(l[0]), free(l[1]), free(pw);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) g_dev = argv[1];
     if (!strcmp(g_dev, "cuda4")) { /* four ranks: the sums of more than two (peer sums) */
@@ -339,6 +382,7 @@ int main(int argc, char **argv) {
         check_arch(ARCHS[a]);
     }
     if (strcmp(g_dev, "cpu")) return hyla_test_done("test_tp");
+    check_switches();
     /* four ranks on the CPU: the same checks (the archs whose heads split in four) */
     T = 4;
     printf("four ranks:\n");
