@@ -225,7 +225,12 @@ static void bench_gemm(int quick) {
                   {1, 2304, 6144, "decode B=1"},
                   {16, 2304, 6144, "decode B=16"},
                   {64, 2304, 6144, "decode B=64"},
-                  {256, 2304, 6144, "decode B=256"}};
+                  {128, 2304, 6144, "decode B=128"},
+                  {256, 2304, 6144, "decode B=256"},
+                  {128, 6144, 2304, "decode B=128: mlp down"},
+                  {256, 6144, 2304, "decode B=256: mlp down"},
+                  {256, 2304, 2304, "decode B=256: q/k/o"},
+                  {256, 2304, 4608, "decode B=256: v (expand 2)"}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int M = shapes[i].M, K = shapes[i].K, N = shapes[i].N;
         if (quick && M > 512) M = 512;
@@ -237,6 +242,11 @@ static void bench_gemm(int quick) {
         printf(",\"shape\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"ms\":%.4f,\"tflops\":%.2f,\"gbps\":%.1f", shapes[i].what,
                M, K, N, ms, tf, bytes / (ms * 1e-3) / 1e9);
         if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
+        /* cuBLAS on the same shape (bf16 in and out, its own algorithm): what a GEMM without the
+         * batch-invariance contract takes, for the rows a decode step has */
+        double cms;
+        if (ref_tflops > 0 && M <= 256 && hyla_cuda_bench_gemm_bf16(be, M, N, K, 20, &cms) == HYLA_OK)
+            printf(",\"cublas_ms\":%.4f,\"vs_cublas_same_shape\":%.3f", cms, cms / ms);
         printf("}\n");
         fflush(stdout);
         if (M >= 512) { /* large shapes also as prompt rows (ops->linear_multi, HYLA_LINEAR_PREFILL) */
