@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "hyla_cuda_linattn.cuh"
+#include "hyla_cuda_tma.cuh"
 
 /* ---- fused GDN, pipelined: the chunk part of chunk c+1 beside the state pass of chunk c ----
  * k_gdn_pipe (the fused form in sm_90a builds, plain rows and SSE's row map alike; docs/CUDA.md
@@ -93,38 +94,11 @@ __device__ __forceinline__ uint32_t opaque_zero(const float *p) { return *(const
 #define GP_QAK 5   /* state -> chunk warps: q~, Aqk, k~^T read */
 #define GP_VB 6    /* state -> chunk warps: beta V read (into registers) */
 
-/* mbarrier and bulk copies (sm_90): whole rows global -> shared by the copy engine, completing
- * on an mbarrier (transaction bytes): no per-16-byte issue cost in the chunk warps */
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t *m, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(m)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *m, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(m)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *m, unsigned parity) {
-    asm volatile("{\n .reg .pred P1;\n LAB_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n @P1 bra DONE;\n"
-                 " bra LAB_WAIT;\n DONE:\n }\n" ::"r"(smem_u32(m)), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* one box of a 3-D tensor map (the chunk's 64 rows of one head: {columns, head, row}) */
-__device__ __forceinline__ void tma_g2s_3d(void *dst, const CUtensorMap *map, int x, int y, int zc, uint64_t *m) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-                 "%4}], [%5];\n" ::"r"(smem_u32(dst)),
-                 "l"((unsigned long long)map), "r"(x), "r"(y), "r"(zc), "r"(smem_u32(m))
-                 : "memory");
-}
 /* tensor maps of q, k, v ({dk or dv, H, rows}, boxes {DKP or 128, 1, 64}); use = 0: row copies */
 struct PipeMaps {
     CUtensorMap q, k, v;
     int use;
 };
-__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *m) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(m))
-                 : "memory");
-}
-
 template <int DKP, int VW>
 struct PipeSmem {
     static constexpr int LDK = DKP + 8, LDV = VW + 8;
@@ -665,18 +639,7 @@ __global__ void __launch_bounds__(GP_T, 1) k_gdn_pipe(ChunkArgs a, const __grid_
  * driver's cuTensorMapEncodeTiled (found once at run time; without it the kernel copies rows).
  * Returns 0 where a map cannot be made (then rows). */
 static int pipe_maps(PipeMaps *pm, const ChunkArgs &ca, int dkp, int vw) {
-    static PFN_cuTensorMapEncodeTiled_v12000 enc;
-    static int looked;
-    if (!looked) {
-        looked = 1;
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            enc = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-        else
-            (void)cudaGetLastError();
-    }
+    PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
     if (!enc || ca.nrows <= 0 || ca.nrows > 0x7fffffffLL) return 0;
     const cuuint32_t es[3] = {1, 1, 1};
     const float *src[3] = {ca.q, ca.k, ca.v};
