@@ -385,6 +385,9 @@ static void case_embed_linear(const op_case *c) {
                  /* M > 64: the large-M kernel (k_gemm_big), the skinny kernel's bits */
                  {65, 2304, 2304, 2304, 2304, 1, 0}, {150, 200, 130, 204, 133, 1, 1}, {1000, 6144, 2304, 6144, 2304, 0, 0},
                  {130, 100, 70, 100, 70, 0, 0},
+                 /* decode rows on Hopper's warpgroup products (k_gemm_wg): a cluster's slices (N = D,
+                  * 14 and 12 slices), part of a row block, bias and accumulate */
+                 {256, 6144, 2304, 6144, 2304, 1, 1}, {192, 2304, 2304, 2304, 2304, 0, 0},
                  /* 17-32 rows: the cluster sum's 8-warp blocks */
                  {20, 2304, 2304, 2304, 2304, 1, 0}, {32, 512, 200, 520, 210, 1, 1}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {

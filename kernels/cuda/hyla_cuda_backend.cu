@@ -265,8 +265,11 @@ extern "C" hyla_status cu_weight_create(void *ctx, const void *host, hyla_dtype 
     if (dt != HYLA_DT_F32 && dt != HYLA_DT_F16 && dt != HYLA_DT_BF16)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "weight_create: dtype %s", hyla_dtype_name(dt));
     size_t n = (size_t)rows * cols;
-    hyla_weight *w = (hyla_weight *)calloc(1, sizeof *w);
+    /* aligned as its tensor maps must be (CUtensorMap is 64-byte aligned) */
+    hyla_weight *w = NULL;
+    if (posix_memalign((void **)&w, 64, sizeof *w)) w = NULL;
     if (!w) return hyla_fail(HYLA_ERR_NOMEM, "weight_create: out of host memory");
+    memset(w, 0, sizeof *w);
     w->rows = rows;
     w->cols = cols;
     cudaError_t e = cudaMalloc((void **)&w->d, n * 2);
@@ -785,6 +788,7 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *pe = getenv("HYLA_CUDA_PDL");
     c->pdl = !(pe && !strcmp(pe, "0"));
     cu_skinny_cluster_init(c);
+    cu_gemm_wg_init(c, prop.major);
     const char *pv = getenv("HYLA_CUDA_GDN_PIPE_VW");
     c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;

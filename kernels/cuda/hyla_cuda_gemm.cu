@@ -20,6 +20,7 @@
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
 #include "hyla_cuda_rowmath.cuh"
+#include "hyla_cuda_tma.cuh"
 #include "hyla_log.h"
 
 #define SK_N 64 /* output columns per block */
@@ -826,6 +827,263 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
+/* ---------------------------------------------------------------- large M, warpgroup products */
+
+/* k_gemm_wg: k_gemm_big's contract (the skinny kernel's bits for any M) on Hopper's warpgroup
+ * products (wgmma.mma_async m64nNk16, sm_90a). One wgmma k16 step rounds exactly as one
+ * mma.sync m16n8k16 step (kernels/cuda/dev/wgmma_bits: every output of 393,216 over uniform and
+ * 2^-24..2^24-spread inputs, the same bits), so an output that gets the same k16 steps in the
+ * same order from a zero accumulator, slice by slice, then the slices' sums in slice order, has
+ * the skinny kernel's bits. A warpgroup's product reads its operand tiles from shared memory
+ * itself (no fragment loads through registers per warp, as mma.sync needs), and the tiles arrive
+ * by the copy engine, not by every thread's 16-byte copies.
+ * Block: WGM warpgroups along M (BM = 64 WGM rows) x BN columns; x and W tiles of 64 k arrive by
+ * tensor maps (one thread issues them, an mbarrier per stage) ST stages deep, in the 128-byte
+ * swizzle. Two forms: whole K per block (each slice from a zeroed accumulator, folded into `tot`
+ * as it ends), or CL: one slice per block, the S blocks of an output tile a cluster that sums
+ * the slices from each other's shared memory in slice order (sk_cluster_sum), for outputs too
+ * few to fill the GPU (N = D at 256 rows: 36 tiles of 128 x 128). OV: a tile's products stay in
+ * flight while the stage before it is loaded again (no faster so far: the blocks are short, a
+ * slice of 3-7 tiles). At 128-256 rows it runs 1.3-1.6 x k_gemm_big's rate and ~0.6 x cuBLAS's
+ * (BENCHMARKS.md "Decode: large batches on warpgroup products"). */
+#ifdef HYLA_CUDA_SM90A
+#define WG_BUILT 1
+#else
+#define WG_BUILT 0
+#endif
+
+template <int BN>
+__device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d);
+template <>
+__device__ __forceinline__ void wg_mma<128>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#endif
+}
+template <>
+__device__ __forceinline__ void wg_mma<256>(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#endif
+}
+
+/* The operand tiles: each row's 64 k (128 bytes) in one line, in the 128-byte swizzle, as the
+ * tensor maps write them (CU_TENSOR_MAP_SWIZZLE_128B) and the descriptors read them: 8-row groups
+ * 1024 bytes apart; k16 step j of a stage starts 32 j bytes into its rows. The stages are
+ * 1024-byte aligned, as the swizzle needs. */
+__device__ __forceinline__ uint64_t wg_desc(const void *p) {
+    const uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+template <int WGM, int BN, int ST, bool CL>
+struct WgCfg {
+    static constexpr int BM = 64 * WGM, NTH = 128 * WGM, NACC = BN / 2, STAGE = (BM + BN) * 64, PLD = BN + 8;
+    static constexpr size_t STAGING = (size_t)ST * STAGE * 2, PART = CL ? (size_t)BM * PLD * 4 : 0;
+    /* + the stages' mbarriers, + the alignment */
+    static constexpr size_t SMEM = (STAGING > PART ? STAGING : PART) + 8 * ST + 1024;
+};
+
+template <int WGM, int BN, int ST, bool CL, bool OV>
+__global__ void __launch_bounds__(128 * WGM, 1)
+    k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K, int N,
+              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgCfg<WGM, BN, ST, CL> C;
+    constexpr int BM = C::BM;
+    extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
+    unsigned char *wg_smem = wg_smem_raw + ((1024 - (__cvta_generic_to_shared(wg_smem_raw) & 1023)) & 1023);
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_smem;
+    uint64_t *full = (uint64_t *)(wg_smem + (C::STAGING > C::PART ? C::STAGING : C::PART));
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
+    const int s = CL ? (int)blockIdx.x : 0;
+    const int n0 = (CL ? blockIdx.y : blockIdx.x) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
+    const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
+    const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
+    /* tile t into stage t % ST by the copy engine: x's BM rows and W's BN rows of k kbeg + 64 t
+     * (rows past M or N and k past K read as zero, as the skinny kernel's padding) */
+    auto stage = [&](int t) {
+        const int b = t % ST;
+        __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
+        mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
+        tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
+        tma_g2s_2d(ws, &wmap, kbeg + t * SK_K, n0, &full[b]);
+    };
+    if (tid == 0) {
+        for (int b = 0; b < ST; b++) mbar_init(&full[b], 1);
+        fence_proxy_async_smem();
+        for (int p = 0; p < ST - 1 && p < nkt; p++) stage(p);
+    }
+    __syncthreads();
+    float acc[C::NACC], tot[CL ? 1 : C::NACC];
+    if (CL) { /* the block's one slice, from zero (here, so no register of the products in flight
+               * is written inside the loop) */
+#pragma unroll
+        for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+    }
+    bool first = true;
+    for (int t = 0; t < nkt; t++) {
+        const int kt = kbeg + t * SK_K, kt_end = kt + SK_K;
+        const bool begins = CL ? t == 0 : kt % kchunk == 0, ends = CL ? t == nkt - 1 : kt_end % kchunk == 0 || kt_end >= K;
+        if (!OV) {
+            /* after the barrier every warpgroup has finished tile t - 1's products (waited for
+             * below), so its stage may be loaded again */
+            if (t > 0) __syncthreads();
+            if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1);
+        }
+        if (!CL && begins) { /* a slice begins: from zero, as the skinny kernel (nothing in flight) */
+#pragma unroll
+            for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+        }
+        mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+        const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < SK_K / 16; j++)
+            wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (OV && !ends) {
+            /* OV: tile t's products stay in flight while tile t - 1's stage is loaded again:
+             * after this warpgroup's products of t - 1 are done and the barrier (every
+             * warpgroup's) */
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        } else {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        }
+        if (OV) {
+            __syncthreads();
+            if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1); /* t = 0: a stage not used yet */
+        }
+        if (!CL && ends) { /* end of a K slice: fold it in, slice order */
+#pragma unroll
+            for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
+            first = false;
+        }
+    }
+    /* accumulator register i: n8 block i / 4; rows g and g + 8 of the warp's 16 */
+    const int rw = wg * 64 + (w & 3) * 16 + g;
+    if (!CL) {
+#pragma unroll
+        for (int i = 0; i < C::NACC; i++) {
+            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
+            if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
+        }
+        return;
+    }
+    /* CL: the slice's partial tile into the (now idle) staging, then the cluster's slice sum */
+    __syncthreads();
+    float *P = reinterpret_cast<float *>(wg_smem);
+#pragma unroll
+    for (int i = 0; i < C::NACC; i += 2)
+        *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
+    cooperative_groups::this_cluster().sync();
+    sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    cooperative_groups::this_cluster().sync();
+#endif
+}
+
+/* A 2-D tensor map of a bf16 [rows][K] matrix, boxes of `box` rows x 64 k in the 128-byte
+ * swizzle (out-of-range elements read as zero). 0: cannot. */
+static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
+    if (!enc) return 0;
+    const cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)rows}, str[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t bx[2] = {SK_K, (cuuint32_t)box}, es[2] = {1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dim, str, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int WGM, int BN, int ST, bool CL, bool OV>
+static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
+                             int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
+    typedef WgCfg<WGM, BN, ST, CL> C;
+    *done = 0;
+    /* the weight's map, made once per box height and kept with it */
+    const int wi = BN == 256;
+    if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
+    CUtensorMap xm;
+    if (W->wg_map_state[wi] < 0 || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
+    static int attr_set[16]; /* per device ordinal, as launch_big */
+    int *slot = c->device >= 0 && c->device < 16 ? &attr_set[c->device] : NULL;
+    if (!slot || !__atomic_load_n(slot, __ATOMIC_RELAXED)) {
+        CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)C::SMEM));
+        if (CL) CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        if (slot) __atomic_store_n(slot, 1, __ATOMIC_RELAXED);
+    }
+    const unsigned nt = (unsigned)((N + BN - 1) / BN), mt = (unsigned)((M + C::BM - 1) / C::BM);
+    if (mt > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = CL ? dim3((unsigned)S, nt, mt) : dim3(nt, mt);
+    cfg.blockDim = dim3(C::NTH);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = c->stream;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CL ? (unsigned)S : 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = CL ? 1 : 0;
+    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wg<WGM, BN, ST, CL, OV>, xm, W->wg_map[wi], M, K, N, kchunk, S, bias, y, ldy,
+                              accumulate));
+    CU_LAUNCH_CHECK("linear (warpgroup products)");
+    *done = 1;
+    return HYLA_OK;
+}
+
+/* The form for a shape (c->gemm_wg: 1 by the shape; for measuring, 2 whole K per block, 3 the
+ * slices across a cluster, 4 the same with 256 columns a block, 5 and 6 as 2 and 3 with a tile's
+ * products in flight while the next tile's stage is loaded). By the shape: whole K per block
+ * where its 128 x 128 tiles fill at least half the SMs, else the slices across a cluster, one per
+ * block (sk_plan gives S from N and K). On H100 at 128-256 rows of the 1.68B GDN model's shapes
+ * (BENCHMARKS.md "Decode: large batches on warpgroup products"): 256 x 2304 -> 6144 whole K
+ * 0.040 ms against 0.045 in slices, 6144 -> 2304 in slices 0.054 against 0.078 whole; 4608
+ * columns alike; 5 and 6 within 2 % of 2 and 3 elsewhere. */
+static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *Wc, int N,
+                           int S, int kchunk, const float *bias, float *y, int ldy, int accumulate, int *done) {
+    hyla_weight *W = (hyla_weight *)Wc; /* its tensor maps are made once and kept with it */
+    int form = c->gemm_wg;
+    if (form == 1) form = 2L * ((M + 127) / 128) * ((N + 127) / 128) >= c->sm_count ? 5 : 6;
+    if (S == 1) form = form >= 5 ? 5 : 2;
+    switch (form) {
+    case 3: return launch_wg<2, 128, 3, true, false>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    case 4: return launch_wg<2, 256, 3, true, false>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    case 5: return launch_wg<2, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    case 6: return launch_wg<2, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    default: return launch_wg<2, 128, 4, false, false>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    }
+}
+
 /* Rows from which k_gemm_big may take over from the skinny kernel (the same bits either way). 17
  * made a 64 x 2304 -> 6144 linear faster (0.031 -> 0.025 ms) but decode at B = 64 slower (sse-h
  * 7.0 -> 9.7 ms: for N = 2304 the 64x64 tiles give 36 blocks where the skinny kernel's K slices
@@ -834,7 +1092,20 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
 #define BIG_MIN_ROWS 65
 
 extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
-    return M >= BIG_MIN_ROWS && K % 8 == 0 && !sk_cluster_on(c, M);
+    if (K % 8) return 0;
+    if (c->gemm_wg && M >= c->gemm_wg_min) return 1;
+    return M >= BIG_MIN_ROWS && !sk_cluster_on(c, M);
+}
+
+/* At context creation: HYLA_CUDA_GEMM_WG (0 off; 1 by the shape, the default where the build has
+ * sm_90a code and the device is a Hopper; 2-6 one form, for measuring: gemm_wg) and
+ * HYLA_CUDA_GEMM_WG_MIN (rows from which, 65-256; default 129). The same bits either way. */
+extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
+    const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
+    c->gemm_wg = e && *e ? atoi(e) : 1;
+    if (c->gemm_wg < 0 || c->gemm_wg > 6) c->gemm_wg = 1;
+    if (!WG_BUILT || cc_major != 9) c->gemm_wg = 0;
+    c->gemm_wg_min = em && atoi(em) >= 65 && atoi(em) <= 256 ? atoi(em) : 129;
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
@@ -848,11 +1119,15 @@ extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, in
                                    const float *bias, float *y, int ldy, int N, int accumulate) {
     int S, kchunk;
     sk_plan(c, N, K, &S, &kchunk);
-    (void)S;
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
     const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
+    if (c->gemm_wg && M >= c->gemm_wg_min) { /* without tensor maps: k_gemm_big below */
+        int done = 0;
+        HYLA_TRY(gemm_wg(c, xbb, M, K, W, N, S, kchunk, bias, y, ldy, accumulate, &done));
+        if (done) return HYLA_OK;
+    }
     const long tiles = (long)((M + 127) / 128) * ((N + 127) / 128);
     if (tiles < 2L * c->sm_count)
         return launch_big<2, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);

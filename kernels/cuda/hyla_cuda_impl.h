@@ -15,6 +15,7 @@
 #ifndef HYLA_CUDA_IMPL_H
 #define HYLA_CUDA_IMPL_H
 
+#include <cuda.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -122,12 +123,19 @@ typedef struct hyla_cuda_ctx {
                              * thread-block cluster (0: never; HYLA_CUDA_SK_CLUSTER, cu_skinny_cluster_init) */
     int sk_cluster_max;     /* ... up to this many rows (HYLA_CUDA_SK_CLUSTER_MAX, 64-256, default 128; above it
                              * k_gemm_big) */
+    int gemm_wg;            /* decode rows of gemm_wg_min and more through k_gemm_wg (warpgroup products, the
+                             * skinny kernel's bits): 0 off, 1 by the shape, 2-4 one form (HYLA_CUDA_GEMM_WG) */
+    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (65-256, default 129) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536
 
 struct hyla_weight {
     int rows, cols;
     __nv_bfloat16 *d; /* [rows][cols] bf16 */
+    /* k_gemm_wg's tensor maps of d (boxes of 128 and 256 rows), made at first use; state 0 not
+     * yet, 1 made, -1 cannot be */
+    CUtensorMap wg_map[2];
+    int wg_map_state[2];
 };
 
 #ifdef __cplusplus
@@ -256,6 +264,7 @@ hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, in
                                    const hyla_linear_out *outs, int accumulate);
 /* M > 64 rows with the skinny kernel's bits at GEMM speed (k_gemm_big) */
 int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K);
+void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major);
 hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                         const float *bias, float *y, int ldy, int N, int accumulate);
 hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
