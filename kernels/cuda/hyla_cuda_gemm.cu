@@ -843,9 +843,9 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
  * as it ends), or CL: one slice per block, the S blocks of an output tile a cluster that sums
  * the slices from each other's shared memory in slice order (sk_cluster_sum), for outputs too
  * few to fill the GPU (N = D at 256 rows: 36 tiles of 128 x 128). OV: a tile's products stay in
- * flight while the stage before it is loaded again (no faster so far: the blocks are short, a
- * slice of 3-7 tiles). At 128-256 rows it runs 1.3-1.6 x k_gemm_big's rate and ~0.6 x cuBLAS's
- * (BENCHMARKS.md "Decode: large batches on warpgroup products"). */
+ * flight while the stage before it is loaded again (10-16 % off the whole-K form; nothing off
+ * the slices, whose blocks are short: 3-7 tiles). At 256 rows it runs up to 1.5 x k_gemm_big's rate (equal at 2304 x 2304)
+ * and ~0.5 x cuBLAS's (BENCHMARKS.md "Decode: large batches on warpgroup products"). */
 #ifdef HYLA_CUDA_SM90A
 #define WG_BUILT 1
 #else
@@ -1068,7 +1068,7 @@ static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, i
  * block (sk_plan gives S from N and K). On H100 at 128-256 rows of the 1.68B GDN model's shapes
  * (BENCHMARKS.md "Decode: large batches on warpgroup products"): 256 x 2304 -> 6144 whole K
  * 0.040 ms against 0.045 in slices, 6144 -> 2304 in slices 0.054 against 0.078 whole; 4608
- * columns alike; 5 and 6 within 2 % of 2 and 3 elsewhere. */
+ * columns alike. Products in flight (5, 6) took 10-16 % off whole K, nothing off slices. */
 static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *Wc, int N,
                            int S, int kchunk, const float *bias, float *y, int ldy, int accumulate, int *done) {
     hyla_weight *W = (hyla_weight *)Wc; /* its tensor maps are made once and kept with it */
