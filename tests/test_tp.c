@@ -9,8 +9,9 @@
  *   - within the split, sampled at T = 0.9: pause/resume and a decode batch of two give the
  *     tokens of each session alone; sessions are refused on another rank's runtime;
  *   - within the split, a 300-token piece (run as two halves whose sums overlap the other
- *     half's work) gives the logits of 64-token pieces, bit for bit; HYLA_TP_WAVE=0 runs it
- *     whole with the same logits, and HYLA_TP_SUM refuses a value it does not know;
+ *     half's work, HYLA_TP_WAVE=1) gives the logits of 64-token pieces, bit for bit; by default
+ *     GDN runs it in halves and SSE-H (paged KV) whole, HYLA_TP_WAVE=0 whole, 1 in halves, all
+ *     with the same logits; HYLA_TP_SUM refuses a value it does not know;
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
  *     be split, another model's snapshot;
  *   - sse-h: the streaming import is refused on the split runtime, and hyla_restore_session from a
@@ -311,13 +312,13 @@ static void second_gpu_linear(hyla_backend *b0, hyla_backend *b1) {
     free(w), free(x), free(y[0]), free(y[1]);
 }
 
-/* The group's switches (CPU): HYLA_TP_SUM refuses what it does not know, naming it; with
- * HYLA_TP_WAVE=0 a 300-token piece runs whole (no halves) and its logits are the halves', bit
- * for bit. */
-static void check_switches(void) {
+/* The group's switches (CPU): HYLA_TP_SUM refuses what it does not know, naming it; a 300-token
+ * piece runs in halves by default when the model keeps no paged state (halves_by_default), whole
+ * with HYLA_TP_WAVE=0, in halves with 1, and its logits are the same bits every way. */
+static void check_switches(const char *arch, int halves_by_default) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/tp_switches", hyla_test_env("HYLA_TMP", "/tmp"));
-    make_model("gdn", dir);
+    make_model(arch, dir);
     hyla_tp_group *g = NULL;
     setenv("HYLA_TP_SUM", "fast", 1);
     hyla_status st = hyla_tp_open(dir, "cpu", 2, NULL, &g);
@@ -325,12 +326,12 @@ static void check_switches(void) {
               "HYLA_TP_SUM=fast: expected a refusal naming it, got %s: %s", hyla_status_str(st), hyla_last_error());
     hyla_tp_close(g);
     unsetenv("HYLA_TP_SUM");
-    float *l[2] = {NULL, NULL};
-    long waves[2] = {0, 0};
+    float *l[3] = {NULL, NULL, NULL};
+    long waves[3] = {0, 0, 0};
     int32_t *pw = NULL;
     size_t nw = 0;
-    for (int k = 0; k < 2; k++) {
-        if (k) setenv("HYLA_TP_WAVE", "0", 1);
+    for (int k = 0; k < 3; k++) {
+        if (k) setenv("HYLA_TP_WAVE", k == 1 ? "0" : "1", 1);
         g = NULL;
         CHECK_OK(hyla_tp_open(dir, "cpu", 2, NULL, &g));
         if (!g) break;
@@ -345,12 +346,15 @@ static void check_switches(void) {
         hyla_tp_close(g);
     }
     unsetenv("HYLA_TP_WAVE");
-    CHECK_MSG(waves[0] > 0 && waves[1] == 0, "HYLA_TP_WAVE: pieces in halves %ld by default, %ld with 0", waves[0],
-              waves[1]);
-    CHECK_MSG(l[0] && l[1] && !memcmp(l[0], l[1], nw * sizeof(float)),
-              "HYLA_TP_WAVE=0: the whole piece's logits differ from the halves'");
-    printf("  switches: HYLA_TP_SUM refuses an unknown value; HYLA_TP_WAVE=0 runs whole pieces, same logits\n");
-    free(l[0]), free(l[1]), free(pw);
+    CHECK_MSG((waves[0] > 0) == halves_by_default && waves[1] == 0 && waves[2] > 0,
+              "%s: HYLA_TP_WAVE: pieces in halves %ld by default (expected %s), %ld with 0, %ld with 1", arch, waves[0],
+              halves_by_default ? "some" : "none", waves[1], waves[2]);
+    CHECK_MSG(l[0] && l[1] && l[2] && !memcmp(l[0], l[1], nw * sizeof(float)) && !memcmp(l[0], l[2], nw * sizeof(float)),
+              "%s: HYLA_TP_WAVE: the whole piece's logits differ from the halves'", arch);
+    printf("  switches (%s): HYLA_TP_SUM refuses an unknown value; pieces %s by default, whole with "
+           "HYLA_TP_WAVE=0, halves with 1, same logits\n",
+           arch, halves_by_default ? "in halves" : "whole");
+    free(l[0]), free(l[1]), free(l[2]), free(pw);
 }
 
 int main(int argc, char **argv) {
@@ -378,16 +382,21 @@ int main(int argc, char **argv) {
          * ulp, and tiny random models amplify it (test_gpu_e2e's GPU-vs-CPU bound) */
         g_tol = 2e-2;
     }
+    /* the halves in every arch (by default a model with paged state runs whole pieces:
+     * check_switches) */
+    setenv("HYLA_TP_WAVE", "1", 1);
     for (size_t a = 0; a < sizeof ARCHS / sizeof *ARCHS; a++) {
         check_arch(ARCHS[a]);
     }
     if (strcmp(g_dev, "cpu")) return hyla_test_done("test_tp");
-    check_switches();
     /* four ranks on the CPU: the same checks (the archs whose heads split in four) */
     T = 4;
     printf("four ranks:\n");
     for (size_t a = 0; a < sizeof ARCHS / sizeof *ARCHS; a++) check_arch(ARCHS[a]);
     T = 2;
+    unsetenv("HYLA_TP_WAVE");
+    check_switches("gdn", 1);
+    check_switches("sse-h", 0);
     expect_refusal("gdn", 3, "num_heads 4 is not divisible by 3", NULL);
     expect_refusal("gdn-h", 4, "num_kv_heads 2 is not divisible by 4", NULL);
     expect_refusal("statex-gla", 2, "num_heads 1 is not divisible by 2", NULL);
