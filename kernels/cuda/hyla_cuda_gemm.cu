@@ -1073,6 +1073,11 @@ static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
                            int S, int kchunk, const float *bias, float *y, int ldy, int accumulate, int *done) {
     hyla_weight *W = (hyla_weight *)Wc; /* its tensor maps are made once and kept with it */
     int form = c->gemm_wg;
+    if (M <= 64) { /* one warpgroup a block (64 rows): only where HYLA_CUDA_GEMM_WG_MIN is set that low */
+        if (form == 1 || form >= 5) form = S > 1 && 2L * ((N + 127) / 128) < c->sm_count ? 6 : 5;
+        if (form == 6) return launch_wg<1, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+        if (form == 5) return launch_wg<1, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    }
     if (form == 1) form = 2L * ((M + 127) / 128) * ((N + 127) / 128) >= c->sm_count ? 5 : 6;
     if (S == 1) form = form >= 5 ? 5 : 2;
     switch (form) {
@@ -1099,13 +1104,14 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
 
 /* At context creation: HYLA_CUDA_GEMM_WG (0 off; 1 by the shape, the default where the build has
  * sm_90a code and the device is a Hopper; 2-6 one form, for measuring: gemm_wg) and
- * HYLA_CUDA_GEMM_WG_MIN (rows from which, 65-256; default 129). The same bits either way. */
+ * HYLA_CUDA_GEMM_WG_MIN (rows from which, 17-256; default 129; up to 64 rows a block is one
+ * warpgroup, a form built but not yet measured). The same bits either way. */
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
     c->gemm_wg = e && *e ? atoi(e) : 1;
     if (c->gemm_wg < 0 || c->gemm_wg > 6) c->gemm_wg = 1;
     if (!WG_BUILT || cc_major != 9) c->gemm_wg = 0;
-    c->gemm_wg_min = em && atoi(em) >= 65 && atoi(em) <= 256 ? atoi(em) : 129;
+    c->gemm_wg_min = em && atoi(em) >= 17 && atoi(em) <= 256 ? atoi(em) : 129;
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with

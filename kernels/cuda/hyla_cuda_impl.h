@@ -125,7 +125,7 @@ typedef struct hyla_cuda_ctx {
                              * k_gemm_big) */
     int gemm_wg;            /* decode rows of gemm_wg_min and more through k_gemm_wg (warpgroup products, the
                              * skinny kernel's bits): 0 off, 1 by the shape, 2-4 one form (HYLA_CUDA_GEMM_WG) */
-    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (65-256, default 129) */
+    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (17-256, default 129) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536
 
