@@ -912,6 +912,22 @@ struct WgCfg {
     static constexpr size_t SMEM = (STAGING > PART ? STAGING : PART) + 8 * ST + 1024;
 };
 
+/* -DHYLA_WG_PROFILE (diagnostic builds only): thread 0 of the first and the last block of each
+ * of the first 16 launches adds up its cycles by phase and prints them: the prologue, per tile
+ * the wait for the stage, the products (issue to done) and the barrier, then the cluster's
+ * barriers and its sum. */
+#ifdef HYLA_WG_PROFILE
+__device__ int g_wgprof_launches;
+__device__ __forceinline__ long long wg_clock() {
+    long long t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    return t;
+}
+#define WG_PROF(...) __VA_ARGS__
+#else
+#define WG_PROF(...)
+#endif
+
 template <int WGM, int BN, int ST, bool CL, bool OV>
 __global__ void __launch_bounds__(128 * WGM, 1)
     k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K, int N,
@@ -937,12 +953,14 @@ __global__ void __launch_bounds__(128 * WGM, 1)
         tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
         tma_g2s_2d(ws, &wmap, kbeg + t * SK_K, n0, &full[b]);
     };
+    WG_PROF(long long pt0 = wg_clock(); long long pf[8] = {0, 0, 0, 0, 0, 0, 0, 0}; long long pa);
     if (tid == 0) {
         for (int b = 0; b < ST; b++) mbar_init(&full[b], 1);
         fence_proxy_async_smem();
         for (int p = 0; p < ST - 1 && p < nkt; p++) stage(p);
     }
     __syncthreads();
+    WG_PROF(pf[0] = wg_clock() - pt0);
     float acc[C::NACC], tot[CL ? 1 : C::NACC];
     if (CL) { /* the block's one slice, from zero (here, so no register of the products in flight
                * is written inside the loop) */
@@ -963,7 +981,9 @@ __global__ void __launch_bounds__(128 * WGM, 1)
 #pragma unroll
             for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
         }
+        WG_PROF(pa = wg_clock());
         mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+        WG_PROF(pf[1] += wg_clock() - pa; pa = wg_clock());
         const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -978,16 +998,35 @@ __global__ void __launch_bounds__(128 * WGM, 1)
         } else {
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         }
+        WG_PROF(pf[2] += wg_clock() - pa; pa = wg_clock());
         if (OV) {
             __syncthreads();
             if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1); /* t = 0: a stage not used yet */
         }
+        WG_PROF(pf[3] += wg_clock() - pa);
         if (!CL && ends) { /* end of a K slice: fold it in, slice order */
 #pragma unroll
             for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
             first = false;
         }
     }
+    WG_PROF(pf[4] = wg_clock() - pt0);
+#ifdef HYLA_WG_PROFILE
+    /* the report of this block (the first or the last of the grid, the first 16 launches) */
+    const unsigned blin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+                   bn = gridDim.x * gridDim.y * gridDim.z;
+    auto report = [&](const char *form) {
+        __shared__ int launch;
+        if (tid == 0 && blin == 0) launch = atomicAdd(&g_wgprof_launches, 1);
+        if (tid == 0 && blin == bn - 1) launch = atomicAdd(&g_wgprof_launches, 0) - 1;
+        if (tid == 0 && (blin == 0 || blin == bn - 1) && launch < 16)
+            printf("gemm_wg profile: %s %d x %d -> %d, %d slices (block %u of %u, %d tiles): prologue %lld, waits "
+                   "%lld, products %lld, barriers %lld, loop end %lld; cluster barrier %lld, sum %lld, barrier "
+                   "%lld; total %lld cycles\n",
+                   form, M, K, N, S, blin, bn, nkt, pf[0], pf[1], pf[2], pf[3], pf[4], pf[5], pf[6], pf[7],
+                   wg_clock() - pt0);
+    };
+#endif
     /* accumulator register i: n8 block i / 4; rows g and g + 8 of the warp's 16 */
     const int rw = wg * 64 + (w & 3) * 16 + g;
     if (!CL) {
@@ -996,6 +1035,7 @@ __global__ void __launch_bounds__(128 * WGM, 1)
             const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
             if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
         }
+        WG_PROF(report(OV ? "whole K, in flight" : "whole K"));
         return;
     }
     /* CL: the slice's partial tile into the (now idle) staging, then the cluster's slice sum */
@@ -1004,9 +1044,13 @@ __global__ void __launch_bounds__(128 * WGM, 1)
 #pragma unroll
     for (int i = 0; i < C::NACC; i += 2)
         *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
+    WG_PROF(pa = wg_clock());
     cooperative_groups::this_cluster().sync();
+    WG_PROF(pf[5] = wg_clock() - pa; pa = wg_clock());
     sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    WG_PROF(pf[6] = wg_clock() - pa; pa = wg_clock());
     cooperative_groups::this_cluster().sync();
+    WG_PROF(pf[7] = wg_clock() - pa; report(OV ? "slices, in flight" : "slices"));
 #endif
 }
 
