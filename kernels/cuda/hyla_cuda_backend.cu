@@ -622,6 +622,7 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
     if (flags & HYLA_LINEAR_PREFILL) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
+    if (n > 1 && cu_gemm_big_ok(c, M, K)) return cu_gemm_big_multi(c, x, ldx, M, K, n, outs, accumulate);
     for (int j = 0; j < n; j++)
         HYLA_TRY(cu_linear(ctx, x, ldx, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy, outs[j].N, accumulate));
     return HYLA_OK;

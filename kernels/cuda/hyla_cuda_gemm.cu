@@ -1148,14 +1148,16 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
 
 /* At context creation: HYLA_CUDA_GEMM_WG (0 off; 1 by the shape, the default where the build has
  * sm_90a code and the device is a Hopper; 2-6 one form, for measuring: gemm_wg) and
- * HYLA_CUDA_GEMM_WG_MIN (rows from which, 17-256; default 129; up to 64 rows a block is one
- * warpgroup, a form built but not yet measured). The same bits either way. */
+ * HYLA_CUDA_GEMM_WG_MIN (rows from which, 1-256; default 129; up to 64 rows a block is one
+ * warpgroup, a form built but not yet measured: below 17 rows it gives up the skinny kernel's
+ * in-staging conversion and SwiGLU, for streaming the weights by tensor maps). The same bits
+ * either way. */
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
     c->gemm_wg = e && *e ? atoi(e) : 1;
     if (c->gemm_wg < 0 || c->gemm_wg > 6) c->gemm_wg = 1;
     if (!WG_BUILT || cc_major != 9) c->gemm_wg = 0;
-    c->gemm_wg_min = em && atoi(em) >= 17 && atoi(em) <= 256 ? atoi(em) : 129;
+    c->gemm_wg_min = em && atoi(em) >= 1 && atoi(em) <= 256 ? atoi(em) : 129;
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
@@ -1165,14 +1167,10 @@ extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
  * would not fill the GPU twice (prefill pieces of a few hundred rows against N ~ D). Other
  * shapes measured slower on H100 (8 warps of 64x32, 128x64, 64x128, 4 stages: BENCHMARKS.md
  * sixth round). */
-extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
-                                   const float *bias, float *y, int ldy, int N, int accumulate) {
+static hyla_status gemm_big_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xbb, int M, int K, const hyla_weight *W,
+                                 const float *bias, float *y, int ldy, int N, int accumulate) {
     int S, kchunk;
     sk_plan(c, N, K, &S, &kchunk);
-    void *xb;
-    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
-    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
-    const __nv_bfloat16 *xbb = (const __nv_bfloat16 *)xb;
     if (c->gemm_wg && M >= c->gemm_wg_min) { /* without tensor maps: k_gemm_big below */
         int done = 0;
         HYLA_TRY(gemm_wg(c, xbb, M, K, W, N, S, kchunk, bias, y, ldy, accumulate, &done));
@@ -1182,4 +1180,25 @@ extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, in
     if (tiles < 2L * c->sm_count)
         return launch_big<2, 2, 2, 4, 3, false>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
     return launch_big<2, 2, 4, 8, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
+}
+
+extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                                   const float *bias, float *y, int ldy, int N, int accumulate) {
+    void *xb;
+    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+    return gemm_big_bf16(c, (const __nv_bfloat16 *)xb, M, K, W, bias, y, ldy, N, accumulate);
+}
+
+/* linear_multi's outputs through cu_gemm_big with x rounded to bf16 once for all of them (the
+ * same values each separate call would round: the same bits, n - 1 conversions fewer) */
+extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                         const hyla_linear_out *outs, int accumulate) {
+    void *xb;
+    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+    for (int j = 0; j < n; j++)
+        HYLA_TRY(gemm_big_bf16(c, (const __nv_bfloat16 *)xb, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy,
+                               outs[j].N, accumulate));
+    return HYLA_OK;
 }

@@ -125,7 +125,7 @@ typedef struct hyla_cuda_ctx {
                              * k_gemm_big) */
     int gemm_wg;            /* decode rows of gemm_wg_min and more through k_gemm_wg (warpgroup products, the
                              * skinny kernel's bits): 0 off, 1 by the shape, 2-4 one form (HYLA_CUDA_GEMM_WG) */
-    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (17-256, default 129) */
+    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (1-256, default 129) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536
 
@@ -267,6 +267,8 @@ int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K);
 void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major);
 hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                         const float *bias, float *y, int ldy, int N, int accumulate);
+hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                              const hyla_linear_out *outs, int accumulate);
 hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                             int accumulate, int flags);
 
