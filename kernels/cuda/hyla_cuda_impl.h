@@ -126,6 +126,8 @@ typedef struct hyla_cuda_ctx {
     int gemm_wg;            /* decode rows of gemm_wg_min and more through k_gemm_wg (warpgroup products, the
                              * skinny kernel's bits): 0 off, 1 by the shape, 2-4 one form (HYLA_CUDA_GEMM_WG) */
     int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (1-256, default 129) */
+    int chunk_bv;           /* kernel B's value columns a block: 0 32 (default), 16, -1 16 where 32 leaves SMs
+                             * idle (HYLA_CUDA_CHUNK_BV=32|16|auto) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536
 

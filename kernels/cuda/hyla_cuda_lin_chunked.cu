@@ -404,20 +404,22 @@ __global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
 
 /* ---- kernel B: the state pass ----
  * ST = 2: the next chunk's tiles (q~, W, k~^T, Aqk, decay) arrive by cp.async while this chunk
- * computes; ST = 1 when two stages do not fit in shared memory (dk = 256 with GDN). */
-template <int DKP, int GDN, int ST>
+ * computes; ST = 1 when two stages do not fit in shared memory (dk = 256 with GDN).
+ * NV: n8 tiles of value columns per block (4: 32 columns; 2: 16, twice the blocks for a grid
+ * that would leave SMs idle). Each value column's sums are its own, so NV changes no bit. */
+template <int DKP, int GDN, int ST, int NV>
 __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int LDK = DKP + 8;
     constexpr int MT = DKP / 16, MTW = (MT + 3) / 4;
     constexpr int STAGE = CH * (DKP + 8) * (GDN ? 2 : 1) + DKP * 72 + CH * 72 + DKP * 2; /* bf16 elements */
-    __nv_bfloat16 *SbT = (__nv_bfloat16 *)smem + ST * STAGE; /* [32][LDK] */
-    __nv_bfloat16 *UT = SbT + 32 * LDK;                       /* [32][72] */
+    __nv_bfloat16 *SbT = (__nv_bfloat16 *)smem + ST * STAGE; /* [8 NV][LDK] */
+    __nv_bfloat16 *UT = SbT + 8 * NV * LDK;                   /* [8 NV][72] */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    const int j0 = blockIdx.x * 8 * NV, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
     float *S = a.S[z] + (size_t)h * dk * dv;
 
-    float sacc[MTW][4][4];
+    float sacc[MTW][NV][4];
     state_load<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
     const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
     auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
@@ -473,9 +475,9 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
         float *decs;
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         /* this warp's U source (U0 of GDN, or V of GLA): loads issued before the products */
-        float usrc[4][4];
+        float usrc[NV][4];
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+        for (int n = 0; n < NV; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
@@ -493,7 +495,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
         __syncthreads();
         /* U for rows 16w..16w+15 */
         {
-            float uacc[4][4];
+            float uacc[NV][4];
             frag_zero(uacc);
             if (GDN) {
 #pragma unroll
@@ -501,7 +503,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
                     uint32_t af[4];
                     ld_frag_a(af, Wt + (16 * w) * LDK + kc * 16, LDK);
 #pragma unroll
-                    for (int n = 0; n < 4; n++) {
+                    for (int n = 0; n < NV; n++) {
                         uint32_t bf[2];
                         ld_frag_b_nk(bf, SbT + (n * 8) * LDK + kc * 16, LDK);
                         mma_bf16_16816(uacc[n], af, bf);
@@ -509,7 +511,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
                 }
             }
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+            for (int n = 0; n < NV; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
@@ -519,14 +521,14 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
         __syncthreads();
         /* O = q~ S + Aqk U */
         {
-            float oacc[4][4];
+            float oacc[NV][4];
             frag_zero(oacc);
 #pragma unroll
             for (int kc = 0; kc < DKP / 16; kc++) {
                 uint32_t af[4];
                 ld_frag_a(af, Qt + (16 * w) * LDK + kc * 16, LDK);
 #pragma unroll
-                for (int n = 0; n < 4; n++) {
+                for (int n = 0; n < NV; n++) {
                     uint32_t bf[2];
                     ld_frag_b_nk(bf, SbT + (n * 8) * LDK + kc * 16, LDK);
                     mma_bf16_16816(oacc[n], af, bf);
@@ -537,14 +539,14 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
                 uint32_t af[4];
                 ld_frag_a(af, Aq + (16 * w) * 72 + kc * 16, 72);
 #pragma unroll
-                for (int n = 0; n < 4; n++) {
+                for (int n = 0; n < NV; n++) {
                     uint32_t bf[2];
                     ld_frag_b_nk(bf, UT + (n * 8) * 72 + kc * 16, 72);
                     mma_bf16_16816(oacc[n], af, bf);
                 }
             }
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+            for (int n = 0; n < NV; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
@@ -563,7 +565,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
                     uint32_t af[4];
                     ld_frag_a(af, KtT + (mt * 16) * 72 + kc * 16, 72);
 #pragma unroll
-                    for (int n = 0; n < 4; n++) {
+                    for (int n = 0; n < NV; n++) {
                         uint32_t bf[2];
                         ld_frag_b_nk(bf, UT + (n * 8) * 72 + kc * 16, 72);
                         mma_bf16_16816(sacc[mi][n], af, bf);
@@ -889,10 +891,17 @@ static size_t smem_a_gdn(int dkp, int dvp) {
 }
 static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
 
+/* Kernel B in blocks of 32 value columns, or of 16 where c->chunk_bv says so (HYLA_CUDA_CHUNK_BV:
+ * 16 always; 0, the default: 32; -1: 16 where blocks of 32 would number fewer than the SMs, as
+ * one long sequence on a tensor-parallel rank's 9 heads: 72 blocks on 132 SMs). The same bits. */
 template <int DKP, int GDN, int ST>
 static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
-    return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, smem_b(DKP, GDN, ST),
-                         ca);
+    const long long grid32 = (long long)cu_blocks(ca.dv, 32) * ca.H * nseq;
+    if (c->chunk_bv == 16 || (c->chunk_bv < 0 && grid32 < c->sm_count))
+        return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 2>, dim3(cu_blocks(ca.dv, 16), ca.H, nseq), 128,
+                             smem_b(DKP, GDN, ST), ca);
+    return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 4>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128,
+                         smem_b(DKP, GDN, ST), ca);
 }
 
 /* Blocks of kernel B that one SM of c's device holds at once (0 when the query fails). The
@@ -906,8 +915,8 @@ static int b_blocks_per_sm(hyla_cuda_ctx *c) {
     if (k) return k - 1;
     int n = 0;
     size_t sb = smem_b(DKP, GDN, ST);
-    if (cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_chunk_b<DKP, GDN, ST>, 128, sb) != cudaSuccess) {
+    if (cudaFuncSetAttribute(k_chunk_b<DKP, GDN, ST, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sb) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_chunk_b<DKP, GDN, ST, 4>, 128, sb) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0; /* not remembered: asked again next time */
     }

@@ -58,19 +58,19 @@ __device__ __forceinline__ size_t chunk_row(const ChunkArgs &a, int r, int &sp, 
 }
 
 /* ---- the state in kernel B's layout (k_chunk_b, k_gla_fused, k_gdn_fused) ----
- * The 32 value columns j0.. of a group of 4 warps; warp wq holds key tiles mt = wq + 4 mi (16
- * rows each, mt < MT) as four n8 C fragments per tile, fp32, in registers for the whole pass.
- * g = lane / 4, tq = lane % 4 as in the mma fragment layouts. */
+ * The 8 NT value columns j0.. of a group of 4 warps (NT = 4: 32; k_chunk_b may take 2); warp wq
+ * holds key tiles mt = wq + 4 mi (16 rows each, mt < MT) as NT n8 C fragments per tile, fp32, in
+ * registers for the whole pass. g = lane / 4, tq = lane % 4 as in the mma fragment layouts. */
 
 /* sacc <- S[i][j] (row stride dv); zero outside dk x dv, and everywhere unless `on`. */
-template <int MT, int MTW>
-__device__ __forceinline__ void state_load(float (&sacc)[MTW][4][4], const float *S, bool on, int wq, int g, int tq,
+template <int MT, int MTW, int NT>
+__device__ __forceinline__ void state_load(float (&sacc)[MTW][NT][4], const float *S, bool on, int wq, int g, int tq,
                                            int j0, int dk, int dv) {
 #pragma unroll
     for (int mi = 0; mi < MTW; mi++) {
         int mt = wq + 4 * mi;
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+        for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
@@ -80,14 +80,14 @@ __device__ __forceinline__ void state_load(float (&sacc)[MTW][4][4], const float
 }
 
 /* S[i][j] <- sacc inside dk x dv, when `on`. */
-template <int MT, int MTW>
-__device__ __forceinline__ void state_store(const float (&sacc)[MTW][4][4], float *S, bool on, int wq, int g, int tq,
+template <int MT, int MTW, int NT>
+__device__ __forceinline__ void state_store(const float (&sacc)[MTW][NT][4], float *S, bool on, int wq, int g, int tq,
                                             int j0, int dk, int dv) {
 #pragma unroll
     for (int mi = 0; mi < MTW; mi++) {
         int mt = wq + 4 * mi;
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+        for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int i = mt * 16 + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
@@ -97,15 +97,15 @@ __device__ __forceinline__ void state_store(const float (&sacc)[MTW][4][4], floa
 }
 
 /* S^T in bf16, the operand of a chunk's products: SbT[j - j0][i] (row stride ldk). */
-template <int MT, int MTW>
-__device__ __forceinline__ void state_to_sbt(const float (&sacc)[MTW][4][4], __nv_bfloat16 *SbT, int ldk, int wq, int g,
+template <int MT, int MTW, int NT>
+__device__ __forceinline__ void state_to_sbt(const float (&sacc)[MTW][NT][4], __nv_bfloat16 *SbT, int ldk, int wq, int g,
                                              int tq) {
 #pragma unroll
     for (int mi = 0; mi < MTW; mi++) {
         int mt = wq + 4 * mi;
         if (mt < MT)
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+            for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int i = mt * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
@@ -115,9 +115,10 @@ __device__ __forceinline__ void state_to_sbt(const float (&sacc)[MTW][4][4], __n
 }
 
 /* One key tile's decay before S += k~^T U: rows g of the tile times d0, rows g + 8 times d1. */
-__device__ __forceinline__ void state_decay(float (&st)[4][4], float d0, float d1) {
+template <int NT>
+__device__ __forceinline__ void state_decay(float (&st)[NT][4], float d0, float d1) {
 #pragma unroll
-    for (int n = 0; n < 4; n++) {
+    for (int n = 0; n < NT; n++) {
         st[n][0] *= d0;
         st[n][1] *= d0;
         st[n][2] *= d1;
