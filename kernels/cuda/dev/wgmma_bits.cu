@@ -10,7 +10,10 @@
  * the accumulator) three ways on one GPU — mma.sync, wgmma with both operands in shared memory
  * (no swizzle), wgmma with A in registers — over inputs chosen to stress the adder inside the
  * tensor core (uniform, exponents spread over 2^-24..2^24, mixed), and reports for each form the
- * outputs whose bits differ from mma.sync's and its error against a double-precision sum.
+ * outputs whose bits differ from mma.sync's and its error against a double-precision sum. A
+ * fourth set has rows whose products are all -0, where a first step that ignores the accumulator
+ * (scale-d = 0) may keep a -0 that mma.sync's zero accumulator turns into +0: a fourth form starts
+ * from a zeroed accumulator instead (as k_gemm_wg does) and is judged on that set too.
  *
  * usage: wgmma_bits        Exit status 1 when a wgmma form's bits differ from mma.sync's, 2
  *                          when a form is wrong against the double sums (a layout mistake). */
@@ -106,9 +109,12 @@ __device__ static inline void store_d(const float (&d)[N / 2], float *C) {
         for (int e = 0; e < 4; e++) C[(16 * w + g + 8 * (e >> 1)) * N + 8 * j + 2 * tq + (e & 1)] = d[j * 4 + e];
 }
 
-/* both operands from shared memory; lbo / sbo as given (a swapped pair tells a layout mistake) */
+/* both operands from shared memory; lbo / sbo as given (a swapped pair tells a layout mistake);
+ * zeroed: the first k16 step adds to a zeroed accumulator (scale-d = 1, as the product's
+ * k_gemm_wg and as mma.sync from a zero accumulator) instead of ignoring it (scale-d = 0) */
 template <int N>
-__global__ void k_wg_ss(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *C, unsigned lbo, unsigned sbo) {
+__global__ void k_wg_ss(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *C, unsigned lbo, unsigned sbo,
+                        int zeroed) {
     extern __shared__ __align__(128) __nv_bfloat16 sm[];
     __nv_bfloat16 *As = sm, *Bs = sm + MM * KK;
     fill(As, A, MM);
@@ -116,7 +122,8 @@ __global__ void k_wg_ss(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *C
     float d[N / 2];
     for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
     wg_fence();
-    for (int s = 0; s < KK / 16; s++) wg_ss<N>(d, desc(As + s * MM * 16, lbo, sbo), desc(Bs + s * N * 16, lbo, sbo), s > 0);
+    for (int s = 0; s < KK / 16; s++)
+        wg_ss<N>(d, desc(As + s * MM * 16, lbo, sbo), desc(Bs + s * N * 16, lbo, sbo), zeroed || s > 0);
     wg_commit_wait();
     store_d<N>(d, C);
 }
@@ -141,9 +148,11 @@ __global__ void k_wg_rs64(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float 
 static float bf2f(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 /* the value of set `set` at draw i: 0 uniform [-1, 1); 1 sign x [1, 2) x 2^[-24, 24]; 2 a mix
- * (half the entries from each) */
+ * (half the entries from each); 3 (signed zeros) A's even rows +0 and B negative, so those rows'
+ * products are all -0: a zero accumulator gives +0, ignoring it may give -0 */
 static float draw(int set, uint64_t *s) {
     float u = frand(s) * 2.0f - 1.0f;
+    if (set == 3) return u;
     if (set == 0 || (set == 2 && frand(s) < 0.5f)) return u;
     int e = (int)(frand(s) * 49.0f) - 24;
     return (u < 0 ? -1.0f : 1.0f) * (1.0f + frand(s)) * ldexpf(1.0f, e);
@@ -159,41 +168,47 @@ int main(void) {
     }
     const int NMAX = 128;
     __nv_bfloat16 *hA = (__nv_bfloat16 *)malloc(MM * KK * 2), *hB = (__nv_bfloat16 *)malloc(NMAX * KK * 2);
-    float *hC[4];
-    for (int i = 0; i < 4; i++) hC[i] = (float *)malloc(MM * NMAX * 4);
+    float *hC[5];
+    for (int i = 0; i < 5; i++) hC[i] = (float *)malloc(MM * NMAX * 4);
     __nv_bfloat16 *dA, *dB;
-    float *dC[4];
+    float *dC[5];
     CK(cudaMalloc(&dA, MM * KK * 2));
     CK(cudaMalloc(&dB, NMAX * KK * 2));
-    for (int i = 0; i < 4; i++) CK(cudaMalloc(&dC[i], MM * NMAX * 4));
+    for (int i = 0; i < 5; i++) CK(cudaMalloc(&dC[i], MM * NMAX * 4));
     CK(cudaFuncSetAttribute(k_wg_ss<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (MM + 64) * KK * 2));
     CK(cudaFuncSetAttribute(k_wg_ss<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (MM + 128) * KK * 2));
     CK(cudaFuncSetAttribute(k_wg_rs64, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * KK * 2));
     int status = 0;
     long total_diff = 0, total_out = 0;
-    const char *setname[3] = {"uniform", "exp2^+-24", "mixed"};
-    for (int set = 0; set < 3; set++)
+    long zero_sign = 0; /* set 3: outputs where ignoring the accumulator gave another zero than mma.sync */
+    const char *setname[4] = {"uniform", "exp2^+-24", "mixed", "signed 0"};
+    for (int set = 0; set < 4; set++)
         for (int rep = 0; rep < 8; rep++) {
             uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(set * 64 + rep + 1);
-            for (int i = 0; i < MM * KK; i++) hA[i] = __float2bfloat16(draw(set, &seed));
-            for (int i = 0; i < NMAX * KK; i++) hB[i] = __float2bfloat16(draw(set, &seed));
+            for (int i = 0; i < MM * KK; i++) hA[i] = __float2bfloat16(set == 3 && (i / KK) % 2 == 0 ? 0.0f : draw(set, &seed));
+            for (int i = 0; i < NMAX * KK; i++) {
+                const float v = draw(set, &seed);
+                hB[i] = __float2bfloat16(set == 3 ? -fabsf(v) - 0.5f : v);
+            }
             CK(cudaMemcpy(dA, hA, MM * KK * 2, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(dB, hB, NMAX * KK * 2, cudaMemcpyHostToDevice));
             for (int N = 64; N <= 128; N += 64) {
-                /* forms: 0 mma.sync, 1 wgmma SS (LBO 128, SBO 256), 2 the pair swapped, 3 RS */
+                /* forms: 0 mma.sync, 1 wgmma SS (LBO 128, SBO 256), 2 the pair swapped, 3 RS,
+                 * 4 SS from a zeroed accumulator (N = 64) */
                 if (N == 64) {
                     k_mma<64><<<1, 128>>>(dA, dB, dC[0]);
-                    k_wg_ss<64><<<1, 128, (MM + 64) * KK * 2>>>(dA, dB, dC[1], 128, 256);
-                    k_wg_ss<64><<<1, 128, (MM + 64) * KK * 2>>>(dA, dB, dC[2], 256, 128);
+                    k_wg_ss<64><<<1, 128, (MM + 64) * KK * 2>>>(dA, dB, dC[1], 128, 256, 0);
+                    k_wg_ss<64><<<1, 128, (MM + 64) * KK * 2>>>(dA, dB, dC[2], 256, 128, 0);
                     k_wg_rs64<<<1, 128, 64 * KK * 2>>>(dA, dB, dC[3]);
+                    k_wg_ss<64><<<1, 128, (MM + 64) * KK * 2>>>(dA, dB, dC[4], 128, 256, 1);
                 } else {
                     k_mma<128><<<1, 128>>>(dA, dB, dC[0]);
-                    k_wg_ss<128><<<1, 128, (MM + 128) * KK * 2>>>(dA, dB, dC[1], 128, 256);
-                    k_wg_ss<128><<<1, 128, (MM + 128) * KK * 2>>>(dA, dB, dC[2], 256, 128);
+                    k_wg_ss<128><<<1, 128, (MM + 128) * KK * 2>>>(dA, dB, dC[1], 128, 256, 0);
+                    k_wg_ss<128><<<1, 128, (MM + 128) * KK * 2>>>(dA, dB, dC[2], 256, 128, 0);
                 }
                 CK(cudaGetLastError());
                 CK(cudaDeviceSynchronize());
-                const int nf = N == 64 ? 4 : 3;
+                const int nf = N == 64 ? 5 : 3;
                 for (int f = 0; f < nf; f++) CK(cudaMemcpy(hC[f], dC[f], MM * N * 4, cudaMemcpyDeviceToHost));
                 for (int f = 0; f < nf; f++) {
                     long diff = 0;
@@ -211,13 +226,19 @@ int main(void) {
                             if (!(err <= maxerr)) maxerr = err;
                             if (memcmp(&v, &hC[0][m * N + n], 4)) diff++;
                         }
-                    const char *fname[4] = {"mma.sync", "wgmma SS", "wgmma SS swapped", "wgmma RS"};
+                    const char *fname[5] = {"mma.sync", "wgmma SS", "wgmma SS swapped", "wgmma RS",
+                                            "wgmma SS zeroed"};
                     const int correct = maxerr < 1e-5;
                     if (rep == 0 || (f != 2 && (diff || !correct)))
                         printf("set %-9s rep %d N %3d %-17s: %5ld of %5d outputs' bits differ from mma.sync; "
                                "error / sum|p| %.2e%s\n",
                                setname[set], rep, N, fname[f], diff, MM * N, maxerr, correct ? "" : " (WRONG)");
-                    if (f == 1 || f == 3) {
+                    /* the verdict: every form on values, the zeroed form on signed zeros too; the
+                     * sign of a zero sum under scale-d = 0 is reported, not judged */
+                    if (set == 3 && (f == 1 || f == 3)) {
+                        zero_sign += diff;
+                        if (!correct) status = 2;
+                    } else if (f == 1 || f == 3 || f == 4) {
                         total_diff += diff;
                         total_out += MM * N;
                         if (!correct) status = 2;
@@ -229,5 +250,8 @@ int main(void) {
         }
     printf("wgmma_bits: %ld of %ld wgmma outputs differ from mma.sync's bits: %s\n", total_diff, total_out,
            status == 0 ? "the same bits" : status == 1 ? "DIFFERENT bits" : "a form is wrong (layout)");
+    printf("wgmma_bits: all -0 products, the first step ignoring the accumulator (scale-d = 0): %ld outputs' "
+           "zeros differ in sign from mma.sync's (zeroed accumulators: counted above)\n",
+           zero_sign);
     return status;
 }
