@@ -792,6 +792,8 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     cu_gemm_wg_init(c, prop.major);
     const char *bv = getenv("HYLA_CUDA_CHUNK_BV");
     c->chunk_bv = !bv ? 0 : !strcmp(bv, "16") ? 16 : !strcmp(bv, "auto") ? -1 : 0;
+    const char *bw = getenv("HYLA_CUDA_CHUNK_B_WG");
+    c->chunk_b_wg = bw && !strcmp(bw, "1") && prop.major == 9;
     const char *pv = getenv("HYLA_CUDA_GDN_PIPE_VW");
     c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;

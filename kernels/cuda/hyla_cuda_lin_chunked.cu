@@ -30,6 +30,8 @@
 #include <string.h>
 
 #include "hyla_cuda_linattn.cuh"
+#include "hyla_cuda_tma.cuh"
+#include "hyla_cuda_wgmma.cuh"
 #include "hyla_log.h"
 
 /* ---- kernel A, GDN ---- */
@@ -578,6 +580,161 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     state_store<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
 }
 
+/* ---- kernel B on warpgroup products (sm_90a; DKP = 128, 32 value columns a block) ----
+ * k_chunk_b's state pass with each phase's products as wgmma m64n32k16 of its one warpgroup
+ * (the block's 4 warps). A warp's part of the m64n32 accumulator is k_chunk_b's register layout
+ * (U and O: token rows 16w..; S: key tiles mt = w + 4 mi, the two m64 halves of the 128 keys),
+ * and every output gets k_chunk_b's k16 steps in its order from the same start (zeroed U and
+ * O; S decayed first), so the bits are k_chunk_b's (hyla_cuda_wgmma.cuh). The operand tiles sit
+ * in shared memory in the 128-byte swizzle instead of padded rows: the chunk's q~, W, k~^T and
+ * Aqk by cp.async (two stages), S^T and U^T written by the threads. Behind
+ * HYLA_CUDA_CHUNK_B_WG=1: built, not yet run on a GPU. */
+#define BW_STAGE (CH * 128 * 2 + 128 * CH + CH * CH) /* bf16 elements: q~, W, k~^T, Aqk */
+#define BW_STAGE_BYTES (BW_STAGE * 2 + 1024)         /* + the decays (512 bytes), padded to 1024 */
+static inline size_t smem_b_wg(void) { return (size_t)2 * BW_STAGE_BYTES + (size_t)(32 * 128 + 32 * CH) * 2 + 1024; }
+
+template <int GDN>
+__global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int DKP = 128, MT = DKP / 16, MTW = 2;
+    extern __shared__ __align__(1024) unsigned char bw_raw[];
+    unsigned char *base = bw_raw + ((1024 - (__cvta_generic_to_shared(bw_raw) & 1023)) & 1023);
+    __nv_bfloat16 *SbT = (__nv_bfloat16 *)(base + 2 * BW_STAGE_BYTES); /* [32 j][128 i], swizzled */
+    __nv_bfloat16 *UT = SbT + 32 * 128;                                 /* [32 j][64 t], swizzled */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    float *S = a.S[z] + (size_t)h * dk * dv;
+    float sacc[MTW][4][4];
+    state_load<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
+                     float *&decs) {
+        Qt = (__nv_bfloat16 *)(base + buf * BW_STAGE_BYTES); /* [64 t][128 k] */
+        Wt = Qt + CH * 128;                                    /* [64 t][128 k] */
+        KtT = Wt + CH * 128;                                   /* [128 k][64 t] */
+        Aq = KtT + 128 * CH;                                   /* [64 t][64 t'] */
+        decs = (float *)(Aq + CH * CH);
+    };
+    /* 16-byte pieces: a warp's 8-lane phases write one row's 8 pieces of a 64-k block, which the
+     * swizzle spreads over every bank */
+    auto stage = [&](int buf, int c) {
+        __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
+        float *decs;
+        tiles(buf, Qt, Wt, KtT, Aq, decs);
+        const size_t ch = (size_t)c * H + h;
+        const __nv_bfloat16 *src = a.qt + ch * CH * DKP;
+        for (int x = tid; x < CH * DKP / 8; x += 128) cp_async16(Qt + wg_swz(x / 16, (x % 16) * 8, CH), src + (size_t)x * 8, 16);
+        if (GDN) {
+            src = a.wt + ch * CH * DKP;
+            for (int x = tid; x < CH * DKP / 8; x += 128)
+                cp_async16(Wt + wg_swz(x / 16, (x % 16) * 8, CH), src + (size_t)x * 8, 16);
+        }
+        src = a.ktT + ch * DKP * CH;
+        for (int x = tid; x < DKP * CH / 8; x += 128) cp_async16(KtT + wg_swz(x / 8, (x % 8) * 8, DKP), src + (size_t)x * 8, 16);
+        src = a.aqk + ch * CH * CH;
+        for (int x = tid; x < CH * CH / 8; x += 128) cp_async16(Aq + wg_swz(x / 8, (x % 8) * 8, CH), src + (size_t)x * 8, 16);
+        const float *dsrc = a.dec + ch * DKP;
+        for (int x = tid; x < DKP / 4; x += 128) cp_async16(decs + x * 4, dsrc + x * 4, 16);
+        cp_async_commit();
+    };
+    if (nc > 0) stage(0, c0);
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc, buf = cc & 1;
+        const size_t ch = (size_t)c * H + h;
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if (cc + 1 < nc) {
+            stage((cc + 1) & 1, c + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
+        float *decs;
+        tiles(buf, Qt, Wt, KtT, Aq, decs);
+        float usrc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                float u = 0.0f;
+                if (j < dv) {
+                    if (GDN)
+                        u = a.u0[(ch * CH + t) * dv + j];
+                    else if (t < len)
+                        u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
+                }
+                usrc[n][e] = u;
+            }
+        /* S^T (bf16) as the chunk's operand: row j, k = key i */
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++)
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = (w + 4 * mi) * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                    SbT[wg_swz(jj, i, 32)] = __float2bfloat16_rn(sacc[mi][n][e]);
+                }
+        fence_proxy_async_smem(); /* this thread's stores and cp.async writes, to wgmma's proxy */
+        __syncthreads();
+        /* U = U0 - W S for token rows 16w.. (GLA: U = V) */
+        float uacc[4][4];
+        frag_zero(uacc);
+        if (GDN) {
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++)
+                wg_mma32(uacc, wg_desc(Wt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
+                         wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
+            wg_commit();
+            wg_wait<0>();
+        }
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                UT[wg_swz(jj, t, 32)] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
+            }
+        fence_proxy_async_smem();
+        __syncthreads();
+        /* O = q~ S + Aqk U, then S = e^(bC) S + k~^T U */
+        float oacc[4][4];
+        frag_zero(oacc);
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++) {
+            const int mt = w + 4 * mi;
+            float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
+            state_decay(sacc[mi], d0, d1);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < DKP / 16; kc++)
+            wg_mma32(oacc, wg_desc(Qt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
+                     wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
+#pragma unroll
+        for (int kc = 0; kc < CH / 16; kc++) wg_mma32(oacc, wg_desc(Aq + kc * 16), wg_desc(UT + kc * 16), 1);
+#pragma unroll
+        for (int mi = 0; mi < MTW; mi++)
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++)
+                wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+                if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
+            }
+        __syncthreads(); /* every warpgroup's reads of this stage, S^T and U^T done */
+    }
+    state_store<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
+#endif
+}
+
 /* ---- fused GLA prefill: kernels A and B in one, the same bits ----
  * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
  * order with the state in fp32 mma accumulators (kernel B's layout: each group of 4 warps owns
@@ -891,11 +1048,16 @@ static size_t smem_a_gdn(int dkp, int dvp) {
 }
 static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
 
-/* Kernel B in blocks of 32 value columns, or of 16 where c->chunk_bv says so (HYLA_CUDA_CHUNK_BV:
+/* Kernel B on warpgroup products where c->chunk_b_wg (HYLA_CUDA_CHUNK_B_WG=1) and the keys pad to
+ * 128; else in blocks of 32 value columns, or of 16 where c->chunk_bv says so (HYLA_CUDA_CHUNK_BV:
  * 16 always; 0, the default: 32; -1: 16 where blocks of 32 would number fewer than the SMs, as
  * one long sequence on a tensor-parallel rank's 9 heads: 72 blocks on 132 SMs). The same bits. */
 template <int DKP, int GDN, int ST>
 static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
+#ifdef HYLA_CUDA_SM90A
+    if (DKP == 128 && c->chunk_b_wg && smem_b_wg() <= c->smem_optin)
+        return cu_launch_dyn(c, k_chunk_b_wg<GDN>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, smem_b_wg(), ca);
+#endif
     const long long grid32 = (long long)cu_blocks(ca.dv, 32) * ca.H * nseq;
     if (c->chunk_bv == 16 || (c->chunk_bv < 0 && grid32 < c->sm_count))
         return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 2>, dim3(cu_blocks(ca.dv, 16), ca.H, nseq), 128,
