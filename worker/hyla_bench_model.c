@@ -28,6 +28,7 @@ hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len,
     __attribute__((weak));
 hyla_status hyla_cuda_bench_gemm_bf16(hyla_backend *be, int M, int N, int K, int iters, double *ms)
     __attribute__((weak));
+hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t len) __attribute__((weak));
 hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, int dv, float scale, const float *q,
                                      const float *k, const float *v, const float *ga, const float *gb, float *o,
                                      int nseq, const int32_t *start, const int32_t *len, float *const *S)
@@ -45,6 +46,7 @@ static const hyla_ops *O;
 static void *CX;
 static hyla_rng rng;
 static char dev_name[128] = "cpu";
+static char dev_switches[256]; /* the CUDA backend's kernel-form switches (empty on the CPU) */
 
 /* Datasheet limits of the GPUs we run on (dense bf16 TFLOP/s, HBM TB/s), printed next to the
  * achieved figures; 0 for other devices (the fields are then left out). */
@@ -115,6 +117,7 @@ static hyla_tp_group *e2e_grp;       /* its group (NULL: one device) */
 static void emit_head(const char *bench) {
     printf("{\"bench\":\"%s\",\"device\":\"%s\",\"gpu\":\"%s\"", bench, dev_arg, dev_name);
     if (e2e_tp > 1) printf(",\"tp\":%d", e2e_tp);
+    if (dev_switches[0]) printf(",\"cuda_switches\":\"%s\"", dev_switches);
 }
 
 /* CUDA graphs on or off on every rank (one device without --tp). */
@@ -1602,6 +1605,7 @@ static void open_device(const char *device) {
         double gib = 0;
         if (hyla_cuda_device_info(be, dev_name, sizeof dev_name, &sms, &gib) == HYLA_OK)
             fprintf(stderr, "hyla-bench: %s, %d SMs, %.1f GiB\n", dev_name, sms, gib);
+        if (hyla_cuda_switches) (void)hyla_cuda_switches(be, dev_switches, sizeof dev_switches);
     }
 }
 
@@ -1820,6 +1824,7 @@ int hyla_bench_e2e(int argc, char **argv) {
         int sms = 0;
         double gib = 0;
         if (!strcmp(O->name, "cuda") && hyla_cuda_device_info) (void)hyla_cuda_device_info(be, dev_name, sizeof dev_name, &sms, &gib);
+        if (!strcmp(O->name, "cuda") && hyla_cuda_switches) (void)hyla_cuda_switches(be, dev_switches, sizeof dev_switches);
         fprintf(stderr, "hyla-bench: %s split over %d ranks from %s in %.1f s\n", model_dir, tp, device, hyla_now() - tl);
     } else {
         open_device(device);

@@ -856,6 +856,18 @@ extern "C" hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_
     return HYLA_OK;
 }
 
+extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t len) {
+    hyla_cuda_ctx *c = extra_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_switches: not a cuda backend");
+    if (buf && len)
+        snprintf(buf, len,
+                 "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
+                 "chunk_bv=%d chunk_b_wg=%d gdn_pipe_vw=%d",
+                 c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
+                 c->chunk_bv == 16 ? 16 : c->chunk_bv < 0 ? -1 : 32, c->chunk_b_wg, c->gdn_pipe_vw);
+    return HYLA_OK;
+}
+
 __global__ void k_fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t x = (uint32_t)i * 2654435761u ^ seed;

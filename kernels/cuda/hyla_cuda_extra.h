@@ -20,6 +20,10 @@ extern "C" {
 /* The GPU's name, SM count and memory (for benchmark records). */
 hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_t name_len, int *sm_count, double *mem_gib);
 
+/* The kernel-form switches the backend was created with (docs/CUDA.md "Operator switches"), as
+ * one line of name=value pairs, for benchmark records. */
+hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t len);
+
 /* The reference the projection target is measured against: a plain cuBLAS bf16 GEMM
  * (bf16 A, B and C, fp32 accumulation) of M x N x K on random data, `iters` times after a
  * warm-up. *ms receives the median time of one GEMM. */
