@@ -1,0 +1,286 @@
+/* hyla_cuda_gemm_wg.cuh — what the batch-invariant linears share with the kernel lab: the slice
+ * plan (which K slices an N x K weight's outputs sum, hence their bits), the slice sum across a
+ * thread-block cluster, and the warpgroup linear k_gemm_wg with its launch (hyla_cuda_gemm.cu
+ * picks its forms; kernels/cuda/dev/gemm_wg_forms times the others from the same template).
+ * Included by one translation unit each: its host functions are static. */
+#ifndef HYLA_CUDA_GEMM_WG_CUH
+#define HYLA_CUDA_GEMM_WG_CUH
+
+#include <cooperative_groups.h>
+
+#include "hyla_cuda_impl.h"
+#include "hyla_cuda_mma.cuh"
+#include "hyla_cuda_tma.cuh"
+#include "hyla_cuda_wgmma.cuh"
+
+#define SK_N 64 /* output columns per block */
+#define SK_K 64 /* K per shared-memory tile */
+#define SK_LD 72
+
+/* The slice plan of an N x K weight: enough blocks for ~4 per SM, from N and K only. */
+static void sk_plan(const hyla_cuda_ctx *c, int N, int K, int *S_out, int *kchunk_out) {
+    int ntiles = (N + SK_N - 1) / SK_N;
+    int ktiles = (K + SK_K - 1) / SK_K;
+    int S = (4 * c->sm_count + ntiles - 1) / ntiles;
+    if (S > 16) S = 16;
+    if (S > ktiles) S = ktiles;
+    if (S < 1) S = 1;
+    int kchunk = (ktiles + S - 1) / S * SK_K;
+    *S_out = (K + kchunk - 1) / kchunk;
+    *kchunk_out = kchunk;
+}
+
+/* The slice reduction across a thread-block cluster: the S blocks of one output tile (cluster
+ * ranks r0 .. r0 + S - 1) have each left their slice's partial tile in their own shared memory
+ * (P, rows x PLD floats), and after the cluster barrier block s sums its share of the tile's
+ * outputs, reading the S partials from the peers' shared memory in slice order: the arithmetic
+ * of k_skinny_reduce and sk_finish_tile (v = p0, v += p1, ...), so the same bits, while the
+ * partials never leave the SMs (at 64 rows they are more bytes than the weights) and no second
+ * kernel runs. The caller holds the cluster barrier again before the block's shared memory may
+ * go. */
+template <int MT, int BN, int PLD>
+__device__ __forceinline__ void sk_cluster_sum(float *P, int S, int r0, int s, int M, int N, const float *bias,
+                                               float *y, int ldy, int accumulate, int m0, int n0) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    const int rows = M - m0 < MT * 16 ? M - m0 : MT * 16, cols = N - n0 < BN ? N - n0 : BN;
+    const int tot = rows * cols, per = (tot + S - 1) / S, i1 = (s + 1) * per < tot ? (s + 1) * per : tot;
+    for (int i = s * per + (int)threadIdx.x; i < i1; i += blockDim.x) {
+        const int r = i / cols, cc = i - r * cols, off = r * PLD + cc;
+        float t[16]; /* every peer's load in flight at once (S <= 16, sk_plan) */
+#pragma unroll
+        for (int q = 0; q < 16; q++) t[q] = q < S ? *cl.map_shared_rank(P + off, (unsigned)(r0 + q)) : 0.0f;
+        float v = t[0];
+#pragma unroll
+        for (int q = 1; q < 16; q++)
+            if (q < S) v += t[q];
+        lin_store(v, bias, n0 + cc, y + (size_t)(m0 + r) * ldy + n0 + cc, accumulate);
+    }
+}
+
+/* ---------------------------------------------------------------- large M, warpgroup products */
+
+/* k_gemm_wg: k_gemm_big's contract (the skinny kernel's bits for any M) on Hopper's warpgroup
+ * products (wgmma.mma_async m64nNk16, sm_90a). One wgmma k16 step rounds exactly as one
+ * mma.sync m16n8k16 step (kernels/cuda/dev/wgmma_bits: every output of 393,216 over uniform and
+ * 2^-24..2^24-spread inputs, the same bits), so an output that gets the same k16 steps in the
+ * same order from a zero accumulator, slice by slice, then the slices' sums in slice order, has
+ * the skinny kernel's bits. A warpgroup's product reads its operand tiles from shared memory
+ * itself (no fragment loads through registers per warp, as mma.sync needs), and the tiles arrive
+ * by the copy engine, not by every thread's 16-byte copies.
+ * Block: WGM warpgroups along M (BM = 64 WGM rows) x BN columns; x and W tiles of 64 k arrive by
+ * tensor maps (one thread issues them, an mbarrier per stage) ST stages deep, in the 128-byte
+ * swizzle. Two forms: whole K per block (each slice from a zeroed accumulator, folded into `tot`
+ * as it ends), or CL: one slice per block, the S blocks of an output tile a cluster that sums
+ * the slices from each other's shared memory in slice order (sk_cluster_sum), for outputs too
+ * few to fill the GPU (N = D at 256 rows: 36 tiles of 128 x 128). OV: a tile's products stay in
+ * flight while the stage before it is loaded again (10-16 % off the whole-K form; nothing off
+ * the slices, whose blocks are short: 3-7 tiles). At 256 rows it runs up to 1.5 x k_gemm_big's rate (equal at 2304 x 2304)
+ * and ~0.5 x cuBLAS's (BENCHMARKS.md "Decode: large batches on warpgroup products"). */
+#ifdef HYLA_CUDA_SM90A
+#define WG_BUILT 1
+#else
+#define WG_BUILT 0
+#endif
+
+template <int WGM, int BN, int ST, bool CL>
+struct WgCfg {
+    static constexpr int BM = 64 * WGM, NTH = 128 * WGM, NACC = BN / 2, STAGE = (BM + BN) * 64, PLD = BN + 8;
+    static constexpr size_t STAGING = (size_t)ST * STAGE * 2, PART = CL ? (size_t)BM * PLD * 4 : 0;
+    /* + the stages' mbarriers, + the alignment */
+    static constexpr size_t SMEM = (STAGING > PART ? STAGING : PART) + 8 * ST + 1024;
+};
+
+/* -DHYLA_WG_PROFILE (diagnostic builds only): thread 0 of the first and the last block of each
+ * of the first 16 launches adds up its cycles by phase and prints them: the prologue, per tile
+ * the wait for the stage, the products (issue to done) and the barrier, then the cluster's
+ * barriers and its sum. */
+#ifdef HYLA_WG_PROFILE
+__device__ int g_wgprof_launches;
+__device__ __forceinline__ long long wg_clock() {
+    long long t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    return t;
+}
+#define WG_PROF(...) __VA_ARGS__
+#else
+#define WG_PROF(...)
+#endif
+
+template <int WGM, int BN, int ST, bool CL, bool OV>
+__global__ void __launch_bounds__(128 * WGM, 1)
+    k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K, int N,
+              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgCfg<WGM, BN, ST, CL> C;
+    constexpr int BM = C::BM;
+    extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
+    unsigned char *wg_smem = wg_smem_raw + ((1024 - (__cvta_generic_to_shared(wg_smem_raw) & 1023)) & 1023);
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_smem;
+    uint64_t *full = (uint64_t *)(wg_smem + (C::STAGING > C::PART ? C::STAGING : C::PART));
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
+    const int s = CL ? (int)blockIdx.x : 0;
+    const int n0 = (CL ? blockIdx.y : blockIdx.x) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
+    const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
+    const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
+    /* tile t into stage t % ST by the copy engine: x's BM rows and W's BN rows of k kbeg + 64 t
+     * (rows past M or N and k past K read as zero, as the skinny kernel's padding) */
+    auto stage = [&](int t) {
+        const int b = t % ST;
+        __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
+        mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
+        tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
+        tma_g2s_2d(ws, &wmap, kbeg + t * SK_K, n0, &full[b]);
+    };
+    WG_PROF(long long pt0 = wg_clock(); long long pf[8] = {0, 0, 0, 0, 0, 0, 0, 0}; long long pa);
+    if (tid == 0) {
+        for (int b = 0; b < ST; b++) mbar_init(&full[b], 1);
+        fence_proxy_async_smem();
+        for (int p = 0; p < ST - 1 && p < nkt; p++) stage(p);
+    }
+    __syncthreads();
+    WG_PROF(pf[0] = wg_clock() - pt0);
+    float acc[C::NACC], tot[CL ? 1 : C::NACC];
+    if (CL) { /* the block's one slice, from zero (here, so no register of the products in flight
+               * is written inside the loop) */
+#pragma unroll
+        for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+    }
+    bool first = true;
+    for (int t = 0; t < nkt; t++) {
+        const int kt = kbeg + t * SK_K, kt_end = kt + SK_K;
+        const bool begins = CL ? t == 0 : kt % kchunk == 0, ends = CL ? t == nkt - 1 : kt_end % kchunk == 0 || kt_end >= K;
+        if (!OV) {
+            /* after the barrier every warpgroup has finished tile t - 1's products (waited for
+             * below), so its stage may be loaded again */
+            if (t > 0) __syncthreads();
+            if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1);
+        }
+        if (!CL && begins) { /* a slice begins: from zero, as the skinny kernel (nothing in flight) */
+#pragma unroll
+            for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+        }
+        WG_PROF(pa = wg_clock());
+        mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+        WG_PROF(pf[1] += wg_clock() - pa; pa = wg_clock());
+        const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < SK_K / 16; j++)
+            wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
+        wg_commit();
+        if (OV && !ends) {
+            /* OV: tile t's products stay in flight while tile t - 1's stage is loaded again:
+             * after this warpgroup's products of t - 1 are done and the barrier (every
+             * warpgroup's) */
+            wg_wait<1>();
+        } else {
+            wg_wait<0>();
+        }
+        WG_PROF(pf[2] += wg_clock() - pa; pa = wg_clock());
+        if (OV) {
+            __syncthreads();
+            if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1); /* t = 0: a stage not used yet */
+        }
+        WG_PROF(pf[3] += wg_clock() - pa);
+        if (!CL && ends) { /* end of a K slice: fold it in, slice order */
+#pragma unroll
+            for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
+            first = false;
+        }
+    }
+    WG_PROF(pf[4] = wg_clock() - pt0);
+#ifdef HYLA_WG_PROFILE
+    /* the report of this block (the first or the last of the grid, the first 16 launches) */
+    const unsigned blin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+                   bn = gridDim.x * gridDim.y * gridDim.z;
+    auto report = [&](const char *form) {
+        __shared__ int launch;
+        if (tid == 0 && blin == 0) launch = atomicAdd(&g_wgprof_launches, 1);
+        if (tid == 0 && blin == bn - 1) launch = atomicAdd(&g_wgprof_launches, 0) - 1;
+        if (tid == 0 && (blin == 0 || blin == bn - 1) && launch < 16)
+            printf("gemm_wg profile: %s %d x %d -> %d, %d slices (block %u of %u, %d tiles): prologue %lld, waits "
+                   "%lld, products %lld, barriers %lld, loop end %lld; cluster barrier %lld, sum %lld, barrier "
+                   "%lld; total %lld cycles\n",
+                   form, M, K, N, S, blin, bn, nkt, pf[0], pf[1], pf[2], pf[3], pf[4], pf[5], pf[6], pf[7],
+                   wg_clock() - pt0);
+    };
+#endif
+    /* accumulator register i: n8 block i / 4; rows g and g + 8 of the warp's 16 */
+    const int rw = wg * 64 + (w & 3) * 16 + g;
+    if (!CL) {
+#pragma unroll
+        for (int i = 0; i < C::NACC; i++) {
+            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
+            if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
+        }
+        WG_PROF(report(OV ? "whole K, in flight" : "whole K"));
+        return;
+    }
+    /* CL: the slice's partial tile into the (now idle) staging, then the cluster's slice sum */
+    __syncthreads();
+    float *P = reinterpret_cast<float *>(wg_smem);
+#pragma unroll
+    for (int i = 0; i < C::NACC; i += 2)
+        *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
+    WG_PROF(pa = wg_clock());
+    cooperative_groups::this_cluster().sync();
+    WG_PROF(pf[5] = wg_clock() - pa; pa = wg_clock());
+    sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    WG_PROF(pf[6] = wg_clock() - pa; pa = wg_clock());
+    cooperative_groups::this_cluster().sync();
+    WG_PROF(pf[7] = wg_clock() - pa; report(OV ? "slices, in flight" : "slices"));
+#endif
+}
+
+/* A 2-D tensor map of a bf16 [rows][K] matrix, boxes of `box` rows x 64 k in the 128-byte
+ * swizzle (out-of-range elements read as zero). 0: cannot. */
+static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
+    if (!enc) return 0;
+    const cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)rows}, str[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t bx[2] = {SK_K, (cuuint32_t)box}, es[2] = {1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dim, str, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int WGM, int BN, int ST, bool CL, bool OV>
+static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
+                             int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
+    typedef WgCfg<WGM, BN, ST, CL> C;
+    *done = 0;
+    /* the weight's map, made once per box height and kept with it */
+    const int wi = BN == 256;
+    if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
+    CUtensorMap xm;
+    if (W->wg_map_state[wi] < 0 || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
+    static int attr_set[16]; /* per device ordinal, as launch_big */
+    int *slot = c->device >= 0 && c->device < 16 ? &attr_set[c->device] : NULL;
+    if (!slot || !__atomic_load_n(slot, __ATOMIC_RELAXED)) {
+        CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)C::SMEM));
+        if (CL) CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        if (slot) __atomic_store_n(slot, 1, __ATOMIC_RELAXED);
+    }
+    const unsigned nt = (unsigned)((N + BN - 1) / BN), mt = (unsigned)((M + C::BM - 1) / C::BM);
+    if (mt > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = CL ? dim3((unsigned)S, nt, mt) : dim3(nt, mt);
+    cfg.blockDim = dim3(C::NTH);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = c->stream;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CL ? (unsigned)S : 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = CL ? 1 : 0;
+    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wg<WGM, BN, ST, CL, OV>, xm, W->wg_map[wi], M, K, N, kchunk, S, bias, y, ldy,
+                              accumulate));
+    CU_LAUNCH_CHECK("linear (warpgroup products)");
+    *done = 1;
+    return HYLA_OK;
+}
+
+#endif
