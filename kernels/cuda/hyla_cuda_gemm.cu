@@ -784,32 +784,20 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
-/* The form for a shape (c->gemm_wg: 1 by the shape; for measuring, 2 whole K per block, 3 the
- * slices across a cluster, 4 the same with 256 columns a block, 5 and 6 as 2 and 3 with a tile's
- * products in flight while the next tile's stage is loaded). By the shape: whole K per block
- * where its 128 x 128 tiles fill at least half the SMs, else the slices across a cluster, one per
- * block (sk_plan gives S from N and K). On H100 at 128-256 rows of the 1.68B GDN model's shapes
- * (BENCHMARKS.md "Decode: large batches on warpgroup products"): 256 x 2304 -> 6144 whole K
- * 0.040 ms against 0.045 in slices, 6144 -> 2304 in slices 0.054 against 0.078 whole; 4608
- * columns alike. Products in flight (5, 6) took 10-16 % off whole K, nothing off slices. */
+/* The form for a shape: whole K per block where its 128 x 128 tiles fill at least half the SMs,
+ * else one K slice per block with the slices summed across a cluster (sk_plan gives S from N
+ * and K); in both a tile's products stay in flight while the next stage loads. On H100 at
+ * 128-256 rows of the 1.68B GDN model's shapes (BENCHMARKS.md "Decode: large batches on
+ * warpgroup products"): 256 x 2304 -> 6144 whole K 0.040 ms against 0.045 in slices, 6144 -> 2304
+ * in slices 0.054 against 0.078 whole; 4608 columns alike; products in flight took 10-16 % off
+ * whole K, nothing off slices. The other instances of the template (one warpgroup a block, 256
+ * columns, other stage counts, products waited for) are the kernel lab's (dev/gemm_wg_forms). */
 static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *Wc, int N,
                            int S, int kchunk, const float *bias, float *y, int ldy, int accumulate, int *done) {
     hyla_weight *W = (hyla_weight *)Wc; /* its tensor maps are made once and kept with it */
-    int form = c->gemm_wg;
-    if (M <= 64) { /* one warpgroup a block (64 rows): only where HYLA_CUDA_GEMM_WG_MIN is set that low */
-        if (form == 1 || form >= 5) form = S > 1 && 2L * ((N + 127) / 128) < c->sm_count ? 6 : 5;
-        if (form == 6) return launch_wg<1, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-        if (form == 5) return launch_wg<1, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    }
-    if (form == 1) form = 2L * ((M + 127) / 128) * ((N + 127) / 128) >= c->sm_count ? 5 : 6;
-    if (S == 1) form = form >= 5 ? 5 : 2;
-    switch (form) {
-    case 3: return launch_wg<2, 128, 3, true, false>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    case 4: return launch_wg<2, 256, 3, true, false>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    case 5: return launch_wg<2, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    case 6: return launch_wg<2, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    default: return launch_wg<2, 128, 4, false, false>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    }
+    if (S > 1 && 2L * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count)
+        return launch_wg<2, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    return launch_wg<2, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
 }
 
 /* Rows from which k_gemm_big may take over from the skinny kernel (the same bits either way). 17
@@ -825,18 +813,14 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
     return M >= BIG_MIN_ROWS && !sk_cluster_on(c, M);
 }
 
-/* At context creation: HYLA_CUDA_GEMM_WG (0 off; 1 by the shape, the default where the build has
- * sm_90a code and the device is a Hopper; 2-6 one form, for measuring: gemm_wg) and
- * HYLA_CUDA_GEMM_WG_MIN (rows from which, 1-256; default 129; up to 64 rows a block is one
- * warpgroup, a form built but not yet measured: below 17 rows it gives up the skinny kernel's
- * in-staging conversion and SwiGLU, for streaming the weights by tensor maps). The same bits
- * either way. */
+/* At context creation: HYLA_CUDA_GEMM_WG=0 turns k_gemm_wg off (on by default where the build
+ * has sm_90a code and the device is a Hopper), HYLA_CUDA_GEMM_WG_MIN moves the rows from which it
+ * takes over (65-256, default 129: at 65-128 one GPU's B = 128 step was 7 % faster, a TP = 2
+ * rank's 6 % slower). The same bits either way. */
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
-    c->gemm_wg = e && *e ? atoi(e) : 1;
-    if (c->gemm_wg < 0 || c->gemm_wg > 6) c->gemm_wg = 1;
-    if (!WG_BUILT || cc_major != 9) c->gemm_wg = 0;
-    c->gemm_wg_min = em && atoi(em) >= 1 && atoi(em) <= 256 ? atoi(em) : 129;
+    c->gemm_wg = WG_BUILT && cc_major == 9 && !(e && !strcmp(e, "0"));
+    c->gemm_wg_min = em && atoi(em) >= 65 && atoi(em) <= 256 ? atoi(em) : 129;
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
@@ -861,16 +845,8 @@ static hyla_status gemm_big_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xbb, int
     return launch_big<2, 2, 4, 8, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
 }
 
-extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
-                                   const float *bias, float *y, int ldy, int N, int accumulate) {
-    void *xb;
-    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
-    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
-    return gemm_big_bf16(c, (const __nv_bfloat16 *)xb, M, K, W, bias, y, ldy, N, accumulate);
-}
-
-/* linear_multi's outputs through cu_gemm_big with x rounded to bf16 once for all of them (the
- * same values each separate call would round: the same bits, n - 1 conversions fewer) */
+/* linear_multi's outputs through the large-M path with x rounded to bf16 once for all of them
+ * (the same values each separate call would round: the same bits, n - 1 conversions fewer) */
 extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                          const hyla_linear_out *outs, int accumulate) {
     void *xb;
@@ -880,4 +856,10 @@ extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int l
         HYLA_TRY(gemm_big_bf16(c, (const __nv_bfloat16 *)xb, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy,
                                outs[j].N, accumulate));
     return HYLA_OK;
+}
+
+extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
+                                   const float *bias, float *y, int ldy, int N, int accumulate) {
+    const hyla_linear_out o = {W, bias, y, ldy, N};
+    return cu_gemm_big_multi(c, x, ldx, M, K, 1, &o, accumulate);
 }
