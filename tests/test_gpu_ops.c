@@ -458,6 +458,44 @@ static void case_embed_linear(const op_case *c) {
     }
 }
 
+/* The kernel-form switches are read when a backend is made and named by hyla_cuda_switches
+ * (benchmark records carry that line): a second backend made with HYLA_CUDA_GEMM_WG=0 and
+ * HYLA_CUDA_CHUNK_BV=16 says so where the first says its defaults, and its large-M linear
+ * (k_gemm_big instead of the warpgroup form where that runs) gives the same bits. */
+static void case_switches(const op_case *c) {
+    (void)c;
+    char a[256] = "", b[256] = "";
+    CHECK_OK(hyla_cuda_switches(gpu, a, sizeof a));
+    setenv("HYLA_CUDA_GEMM_WG", "0", 1);
+    setenv("HYLA_CUDA_CHUNK_BV", "16", 1);
+    hyla_backend *g2 = NULL;
+    hyla_status st = hyla_cuda_backend_create(0, &g2);
+    unsetenv("HYLA_CUDA_GEMM_WG");
+    unsetenv("HYLA_CUDA_CHUNK_BV");
+    CHECK_OK(st);
+    if (!g2) return;
+    CHECK_OK(hyla_cuda_switches(g2, b, sizeof b));
+    CHECK_MSG(strstr(a, "chunk_bv=32") && strstr(b, "gemm_wg=0") && strstr(b, "chunk_bv=16"),
+              "switches: default '%s', with HYLA_CUDA_GEMM_WG=0 HYLA_CUDA_CHUNK_BV=16 '%s'", a, b);
+    const int M = 256, K = 2304, N = 2304;
+    float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K)), *x = randn((size_t)M * K, 1.0f);
+    round_bf16(W, (size_t)N * K);
+    hyla_weight *w1, *w2;
+    CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &w1));
+    CHECK_OK(g2->ops->weight_create(g2->ctx, W, HYLA_DT_F32, N, K, &w2));
+    void *x1 = dev(gpu, x, (size_t)M * K * 4), *y1 = dev(gpu, NULL, (size_t)M * N * 4);
+    void *x2 = dev(g2, x, (size_t)M * K * 4), *y2 = dev(g2, NULL, (size_t)M * N * 4);
+    CHECK_OK(gpu->ops->linear(gpu->ctx, x1, K, M, K, w1, NULL, y1, N, N, 0));
+    CHECK_OK(g2->ops->linear(g2->ctx, x2, K, M, K, w2, NULL, y2, N, N, 0));
+    float *h1 = host_of(gpu, y1, (size_t)M * N), *h2 = host_of(g2, y2, (size_t)M * N);
+    CHECK_MSG(!memcmp(h1, h2, (size_t)M * N * 4), "linear 256 x 2304 -> 2304: other bits with HYLA_CUDA_GEMM_WG=0");
+    free(h1), free(h2), free(W), free(x);
+    dfree(gpu, x1), dfree(gpu, y1), dfree(g2, x2), dfree(g2, y2);
+    gpu->ops->weight_destroy(gpu->ctx, w1);
+    g2->ops->weight_destroy(g2->ctx, w2);
+    hyla_backend_destroy(g2);
+}
+
 /* linear_multi == its outputs' separate linear calls, bit for bit, on both backends (the CUDA
  * one runs them as one grouped launch for M <= 64). */
 static void case_linear_multi(const op_case *c) {
@@ -2304,6 +2342,7 @@ static const op_case cases[] = {
     {"memory, pool, snapshots", case_memory, {0}},
     {"embed, linear", case_embed_linear, {0}},
     {"linear_multi", case_linear_multi, {0}},
+    {"linear switches", case_switches, {0}},
     {"row ops", case_rowops, {0}},
     {"row-op layouts", case_rowop_layouts, {0}},
     {"short_conv", case_short_conv, {0}},
