@@ -312,9 +312,10 @@ static void second_gpu_linear(hyla_backend *b0, hyla_backend *b1) {
     free(w), free(x), free(y[0]), free(y[1]);
 }
 
-/* The group's switches (CPU): HYLA_TP_SUM refuses what it does not know, naming it; a 300-token
- * piece runs in halves by default when the model keeps no paged state (halves_by_default), whole
- * with HYLA_TP_WAVE=0, in halves with 1, and its logits are the same bits every way. */
+/* The group's switches (CPU): HYLA_TP_SUM and HYLA_TP_WAVE refuse what they do not know, naming
+ * it; a 300-token piece runs in halves by default when the model keeps no paged state
+ * (halves_by_default), whole with HYLA_TP_WAVE=0, in halves with 1, and its logits are the same
+ * bits every way. */
 static void check_switches(const char *arch, int halves_by_default) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/tp_switches", hyla_test_env("HYLA_TMP", "/tmp"));
@@ -326,6 +327,13 @@ static void check_switches(const char *arch, int halves_by_default) {
               "HYLA_TP_SUM=fast: expected a refusal naming it, got %s: %s", hyla_status_str(st), hyla_last_error());
     hyla_tp_close(g);
     unsetenv("HYLA_TP_SUM");
+    setenv("HYLA_TP_WAVE", "yes", 1);
+    g = NULL;
+    st = hyla_tp_open(dir, "cpu", 2, NULL, &g);
+    CHECK_MSG(st == HYLA_ERR_INVALID_ARG && g == NULL && strstr(hyla_last_error(), "HYLA_TP_WAVE='yes'"),
+              "HYLA_TP_WAVE=yes: expected a refusal naming it, got %s: %s", hyla_status_str(st), hyla_last_error());
+    hyla_tp_close(g);
+    unsetenv("HYLA_TP_WAVE");
     float *l[3] = {NULL, NULL, NULL};
     long waves[3] = {0, 0, 0};
     int32_t *pw = NULL;
@@ -351,7 +359,7 @@ static void check_switches(const char *arch, int halves_by_default) {
               halves_by_default ? "some" : "none", waves[1], waves[2]);
     CHECK_MSG(l[0] && l[1] && l[2] && !memcmp(l[0], l[1], nw * sizeof(float)) && !memcmp(l[0], l[2], nw * sizeof(float)),
               "%s: HYLA_TP_WAVE: the whole piece's logits differ from the halves'", arch);
-    printf("  switches (%s): HYLA_TP_SUM refuses an unknown value; pieces %s by default, whole with "
+    printf("  switches (%s): HYLA_TP_SUM and HYLA_TP_WAVE refuse unknown values; pieces %s by default, whole with "
            "HYLA_TP_WAVE=0, halves with 1, same logits\n",
            arch, halves_by_default ? "in halves" : "whole");
     free(l[0]), free(l[1]), free(l[2]), free(pw);

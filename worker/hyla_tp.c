@@ -438,7 +438,14 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
      * invariance; for measuring). Without peer access between the GPUs: NCCL, pieces whole,
      * and said. */
     const char *wave = getenv("HYLA_TP_WAVE"), *sum = getenv("HYLA_TP_SUM");
-    int overlap = wave && *wave ? strcmp(wave, "0") != 0 : !keeps_paged_state(rts[0]->m);
+    int overlap = !keeps_paged_state(rts[0]->m);
+    if (wave && *wave) {
+        if (strcmp(wave, "0") && strcmp(wave, "1")) {
+            hyla_tp_group_free(g);
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_TP_WAVE='%s': 0 (whole pieces) or 1 (halves)", wave);
+        }
+        overlap = wave[0] == '1';
+    }
     enum { SUM_NCCL, SUM_PEER, SUM_ONESHOT } mode = SUM_ONESHOT;
     if (sum && *sum) {
         if (!strcmp(sum, "nccl")) mode = SUM_NCCL;
