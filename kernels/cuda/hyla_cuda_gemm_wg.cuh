@@ -91,15 +91,36 @@ struct WgCfg {
 };
 
 /* -DHYLA_WG_PROFILE (diagnostic builds only): thread 0 of the first and the last block of each
- * of the first 16 launches adds up its cycles by phase and prints them: the prologue, per tile
- * the wait for the stage, the products (issue to done) and the barrier, then the cluster's
- * barriers and its sum. */
+ * of the first 16 launches of at most 512 rows adds up its cycles by phase — the prologue, per tile the wait for the
+ * stage, the products (issue to done) and the barrier, then the cluster's barriers and its sum —
+ * and records them in device memory; launch_wg then prints them from a one-thread kernel. The
+ * products kernel itself has no call in it: a printf there would make ptxas serialize every
+ * wgmma of the kernel, and the profile would time another kernel. */
 #ifdef HYLA_WG_PROFILE
-__device__ int g_wgprof_launches;
+struct WgProfRec {
+    int form, M, K, N, S, nkt;
+    unsigned blin, bn;
+    long long pf[9];
+};
+__device__ int g_wgprof_launches, g_wgprof_n, g_wgprof_printed;
+__device__ WgProfRec g_wgprof[32];
 __device__ __forceinline__ long long wg_clock() {
     long long t;
     asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
     return t;
+}
+__global__ void k_wgprof_print() {
+    static const char *forms[4] = {"whole K", "whole K, in flight", "slices", "slices, in flight"};
+    const int n = g_wgprof_n < 32 ? g_wgprof_n : 32;
+    for (int i = g_wgprof_printed; i < n; i++) {
+        const WgProfRec *r = &g_wgprof[i];
+        printf("gemm_wg profile: %s %d x %d -> %d, %d slices (block %u of %u, %d tiles): prologue %lld, waits "
+               "%lld, products %lld, barriers %lld, loop end %lld; cluster barrier %lld, sum %lld, barrier "
+               "%lld; total %lld cycles\n",
+               forms[r->form & 3], r->M, r->K, r->N, r->S, r->blin, r->bn, r->nkt, r->pf[0], r->pf[1], r->pf[2],
+               r->pf[3], r->pf[4], r->pf[5], r->pf[6], r->pf[7], r->pf[8]);
+    }
+    g_wgprof_printed = n;
 }
 #define WG_PROF(...) __VA_ARGS__
 #else
@@ -193,16 +214,20 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     /* the report of this block (the first or the last of the grid, the first 16 launches) */
     const unsigned blin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
                    bn = gridDim.x * gridDim.y * gridDim.z;
-    auto report = [&](const char *form) {
+    auto report = [&](int form) {
+        if (M > 512) return; /* the decode rows it is for, not a bench's large products ahead of them */
         __shared__ int launch;
         if (tid == 0 && blin == 0) launch = atomicAdd(&g_wgprof_launches, 1);
         if (tid == 0 && blin == bn - 1) launch = atomicAdd(&g_wgprof_launches, 0) - 1;
-        if (tid == 0 && (blin == 0 || blin == bn - 1) && launch < 16)
-            printf("gemm_wg profile: %s %d x %d -> %d, %d slices (block %u of %u, %d tiles): prologue %lld, waits "
-                   "%lld, products %lld, barriers %lld, loop end %lld; cluster barrier %lld, sum %lld, barrier "
-                   "%lld; total %lld cycles\n",
-                   form, M, K, N, S, blin, bn, nkt, pf[0], pf[1], pf[2], pf[3], pf[4], pf[5], pf[6], pf[7],
-                   wg_clock() - pt0);
+        if (tid == 0 && (blin == 0 || blin == bn - 1) && launch < 16) {
+            const int slot = atomicAdd(&g_wgprof_n, 1);
+            if (slot < 32) {
+                WgProfRec *r = &g_wgprof[slot];
+                r->form = form, r->M = M, r->K = K, r->N = N, r->S = S, r->nkt = nkt, r->blin = blin, r->bn = bn;
+                for (int i = 0; i < 8; i++) r->pf[i] = pf[i];
+                r->pf[8] = wg_clock() - pt0;
+            }
+        }
     };
 #endif
     /* accumulator register i: n8 block i / 4; rows g and g + 8 of the warp's 16 */
@@ -213,7 +238,7 @@ __global__ void __launch_bounds__(128 * WGM, 1)
             const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
             if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
         }
-        WG_PROF(report(OV ? "whole K, in flight" : "whole K"));
+        WG_PROF(report(OV ? 1 : 0));
         return;
     }
     /* CL: the slice's partial tile into the (now idle) staging, then the cluster's slice sum */
@@ -228,7 +253,7 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
     WG_PROF(pf[6] = wg_clock() - pa; pa = wg_clock());
     cooperative_groups::this_cluster().sync();
-    WG_PROF(pf[7] = wg_clock() - pa; report(OV ? "slices, in flight" : "slices"));
+    WG_PROF(pf[7] = wg_clock() - pa; report(OV ? 3 : 2));
 #endif
 }
 
@@ -279,8 +304,12 @@ static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, i
     CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wg<WGM, BN, ST, CL, OV>, xm, W->wg_map[wi], M, K, N, kchunk, S, bias, y, ldy,
                               accumulate));
     CU_LAUNCH_CHECK("linear (warpgroup products)");
+#ifdef HYLA_WG_PROFILE
+    k_wgprof_print<<<1, 1, 0, c->stream>>>();
+#endif
     *done = 1;
     return HYLA_OK;
 }
+
 
 #endif
