@@ -467,16 +467,16 @@ static void case_switches(const op_case *c) {
     char a[256] = "", b[256] = "";
     CHECK_OK(hyla_cuda_switches(gpu, a, sizeof a));
     setenv("HYLA_CUDA_GEMM_WG", "0", 1);
-    setenv("HYLA_CUDA_CHUNK_BV", "16", 1);
+    setenv("HYLA_CUDA_CHUNK_B_WG", "0", 1);
     hyla_backend *g2 = NULL;
     hyla_status st = hyla_cuda_backend_create(0, &g2);
     unsetenv("HYLA_CUDA_GEMM_WG");
-    unsetenv("HYLA_CUDA_CHUNK_BV");
+    unsetenv("HYLA_CUDA_CHUNK_B_WG");
     CHECK_OK(st);
     if (!g2) return;
     CHECK_OK(hyla_cuda_switches(g2, b, sizeof b));
-    CHECK_MSG(strstr(a, "chunk_bv=32") && strstr(b, "gemm_wg=0") && strstr(b, "chunk_bv=16"),
-              "switches: default '%s', with HYLA_CUDA_GEMM_WG=0 HYLA_CUDA_CHUNK_BV=16 '%s'", a, b);
+    CHECK_MSG(strstr(a, "gemm_wg_min=") && strstr(b, "gemm_wg=0") && strstr(b, "chunk_b_wg=0"),
+              "switches: default '%s', with HYLA_CUDA_GEMM_WG=0 HYLA_CUDA_CHUNK_B_WG=0 '%s'", a, b);
     const int M = 256, K = 2304, N = 2304;
     float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K)), *x = randn((size_t)M * K, 1.0f);
     round_bf16(W, (size_t)N * K);
@@ -1265,6 +1265,53 @@ static void case_lin_prefill(const op_case *c) {
     free(g);
     free(beta);
     free(S0);
+}
+
+/* The chunked state pass's forms give one set of bits, p = {gdn, n, H, dk, dv}: a backend with
+ * kernel B on warpgroup products (HYLA_CUDA_CHUNK_B_WG=1; for keys padded to 128) and one with it
+ * off run the same prefill (the split form: few long sequences) from the same state; states and
+ * outputs must match bit for bit. */
+static void case_chunk_switches(const op_case *c) {
+    const int gdn = c->p[0], n = c->p[1], H = c->p[2], dk = c->p[3], dv = c->p[4];
+    hyla_backend *b[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        setenv("HYLA_CUDA_CHUNK_B_WG", i ? "0" : "1", 1);
+        hyla_status st = hyla_cuda_backend_create(0, &b[i]);
+        unsetenv("HYLA_CUDA_CHUNK_B_WG");
+        CHECK_OK(st);
+        if (!b[i]) goto out;
+    }
+    char sw[256] = "";
+    CHECK_OK(hyla_cuda_switches(b[1], sw, sizeof sw));
+    CHECK_MSG(strstr(sw, "chunk_b_wg=0") != NULL, "switches with HYLA_CUDA_CHUNK_B_WG=0: '%s'", sw);
+    size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
+    float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
+    float *g = gdn ? gdn_decays((size_t)n * H) : gla_gates(nqk);
+    float *beta = randu((size_t)n * H, 0.05f, 1.0f), *S0 = randn(ns, 0.3f);
+    if (gdn) {
+        l2rows(q, (size_t)n * H, dk);
+        l2rows(k, (size_t)n * H, dk);
+    }
+    size_t ng = gdn ? (size_t)n * H : nqk;
+    float *hS[2], *ho[2];
+    for (int i = 0; i < 2; i++) {
+        void *dq = dev(b[i], q, nqk * 4), *dk_ = dev(b[i], k, nqk * 4), *dv_ = dev(b[i], v, nv * 4),
+             *dg = dev(b[i], g, ng * 4), *db = dev(b[i], beta, (size_t)n * H * 4), *dS = dev(b[i], S0, ns * 4),
+             *dO = dev(b[i], NULL, nv * 4);
+        run_lin_prefill(b[i], gdn, dq, dk_, dv_, dg, db, n, H, dk, dv, 1.0f / sqrtf((float)dk), dS, dO);
+        hS[i] = host_of(b[i], dS, ns);
+        ho[i] = host_of(b[i], dO, nv);
+        dfree(b[i], dq), dfree(b[i], dk_), dfree(b[i], dv_), dfree(b[i], dg), dfree(b[i], db), dfree(b[i], dS),
+            dfree(b[i], dO);
+    }
+    CHECK_MSG(!memcmp(hS[0], hS[1], ns * 4) && !memcmp(ho[0], ho[1], nv * 4),
+              "%s prefill n=%d H=%d dk=%d dv=%d: kernel B on warpgroup products gives other bits than k_chunk_b",
+              gdn ? "gdn" : "gla", n, H, dk, dv);
+    for (int i = 0; i < 2; i++) free(hS[i]), free(ho[i]);
+    free(q), free(k), free(v), free(g), free(beta), free(S0);
+out:
+    for (int i = 0; i < 2; i++)
+        if (b[i]) hyla_backend_destroy(b[i]);
 }
 
 /* GLA / GDN decode, p = {gdn, B, H, dk, dv}: B sessions with separately allocated states, three
@@ -2368,6 +2415,10 @@ static const op_case cases[] = {
     {"gdn_prefill", case_lin_prefill, {1, 70, 2, 8, 8}},
     {"gdn_prefill", case_lin_prefill, {1, 70, 1, 16, 1056}},
     {"gdn_prefill", case_lin_prefill, {1, 70, 1, 256, 1056}},
+    /* {gdn, n, H, dk, dv}: one or two long sequences (kernel B's forms) */
+    {"chunked switches", case_chunk_switches, {1, 300, 4, 128, 128}},
+    {"chunked switches", case_chunk_switches, {0, 300, 4, 128, 128}},
+    {"chunked switches", case_chunk_switches, {1, 1100, 2, 128, 256}},
     /* {gdn, B, H, dk, dv} */
     {"gla_decode", case_lin_decode, {0, 5, 4, 64, 128}},
     {"gla_decode", case_lin_decode, {0, 3, 1, 1024, 2048}},

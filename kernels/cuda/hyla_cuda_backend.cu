@@ -790,10 +790,8 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->pdl = !(pe && !strcmp(pe, "0"));
     cu_skinny_cluster_init(c);
     cu_gemm_wg_init(c, prop.major);
-    const char *bv = getenv("HYLA_CUDA_CHUNK_BV");
-    c->chunk_bv = !bv ? 0 : !strcmp(bv, "16") ? 16 : !strcmp(bv, "auto") ? -1 : 0;
     const char *bw = getenv("HYLA_CUDA_CHUNK_B_WG");
-    c->chunk_b_wg = bw && !strcmp(bw, "1") && prop.major == 9;
+    c->chunk_b_wg = !(bw && !strcmp(bw, "0")) && prop.major == 9;
     const char *pv = getenv("HYLA_CUDA_GDN_PIPE_VW");
     c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;
@@ -862,9 +860,9 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
     if (buf && len)
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
-                 "chunk_bv=%s chunk_b_wg=%d gdn_pipe_vw=%d",
+                 "chunk_b_wg=%d gdn_pipe_vw=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
-                 c->chunk_bv == 16 ? "16" : c->chunk_bv < 0 ? "auto" : "32", c->chunk_b_wg, c->gdn_pipe_vw);
+                 c->chunk_b_wg, c->gdn_pipe_vw);
     return HYLA_OK;
 }
 

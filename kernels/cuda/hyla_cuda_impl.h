@@ -126,9 +126,7 @@ typedef struct hyla_cuda_ctx {
     int gemm_wg;            /* decode rows of gemm_wg_min and more through k_gemm_wg (warpgroup products, the
                              * skinny kernel's bits; HYLA_CUDA_GEMM_WG=0: off) */
     int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (65-256, default 129) */
-    int chunk_bv;           /* kernel B's value columns a block: 0 32 (default), 16, -1 16 where 32 leaves SMs
-                             * idle (HYLA_CUDA_CHUNK_BV=32|16|auto) */
-    int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (HYLA_CUDA_CHUNK_B_WG=1; off by default) */
+    int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (Hopper; HYLA_CUDA_CHUNK_B_WG=0: off) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536
 

@@ -407,8 +407,8 @@ __global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
 /* ---- kernel B: the state pass ----
  * ST = 2: the next chunk's tiles (q~, W, k~^T, Aqk, decay) arrive by cp.async while this chunk
  * computes; ST = 1 when two stages do not fit in shared memory (dk = 256 with GDN).
- * NV: n8 tiles of value columns per block (4: 32 columns; 2: 16, twice the blocks for a grid
- * that would leave SMs idle). Each value column's sums are its own, so NV changes no bit. */
+ * NV: n8 tiles of value columns per block (the product launches 4: 32 columns; 2, twice the
+ * blocks, was slower in the model). Each value column's sums are its own, so NV changes no bit. */
 template <int DKP, int GDN, int ST, int NV>
 __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -587,8 +587,10 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
  * and every output gets k_chunk_b's k16 steps in its order from the same start (zeroed U and
  * O; S decayed first), so the bits are k_chunk_b's (hyla_cuda_wgmma.cuh). The operand tiles sit
  * in shared memory in the 128-byte swizzle instead of padded rows: the chunk's q~, W, k~^T and
- * Aqk by cp.async (two stages), S^T and U^T written by the threads. Behind
- * HYLA_CUDA_CHUNK_B_WG=1: built, not yet run on a GPU. */
+ * Aqk by cp.async (two stages), S^T and U^T written by the threads. On by default on Hopper
+ * (HYLA_CUDA_CHUNK_B_WG=0: off); test_gpu_ops' "chunked switches" holds it to k_chunk_b's bits.
+ * On an H100: one sequence of 8192 tokens, 16 heads, 0.632 -> 0.554 ms; a tensor-parallel rank's
+ * GDN prefill at 128k (the split form) 167 k -> 173 k tok/s (BENCHMARKS.md). */
 #define BW_STAGE (CH * 128 * 2 + 128 * CH + CH * CH) /* bf16 elements: q~, W, k~^T, Aqk */
 #define BW_STAGE_BYTES (BW_STAGE * 2 + 1024)         /* + the decays (512 bytes), padded to 1024 */
 static inline size_t smem_b_wg(void) { return (size_t)2 * BW_STAGE_BYTES + (size_t)(32 * 128 + 32 * CH) * 2 + 1024; }
@@ -1048,20 +1050,16 @@ static size_t smem_a_gdn(int dkp, int dvp) {
 }
 static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
 
-/* Kernel B on warpgroup products where c->chunk_b_wg (HYLA_CUDA_CHUNK_B_WG=1) and the keys pad to
- * 128; else in blocks of 32 value columns, or of 16 where c->chunk_bv says so (HYLA_CUDA_CHUNK_BV:
- * 16 always; 0, the default: 32; -1: 16 where blocks of 32 would number fewer than the SMs, as
- * one long sequence on a tensor-parallel rank's 9 heads: 72 blocks on 132 SMs). The same bits. */
+/* Kernel B on warpgroup products where c->chunk_b_wg (Hopper, unless HYLA_CUDA_CHUNK_B_WG=0) and
+ * the keys pad to 128; else k_chunk_b in blocks of 32 value columns. The same bits. (Blocks of 16
+ * columns, for a tensor-parallel rank's few heads, were slower in the model: 154 k against 167 k
+ * tok/s at 128k, and left for the lab's notes.) */
 template <int DKP, int GDN, int ST>
 static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
 #ifdef HYLA_CUDA_SM90A
     if (DKP == 128 && c->chunk_b_wg && smem_b_wg() <= c->smem_optin)
         return cu_launch_dyn(c, k_chunk_b_wg<GDN>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, smem_b_wg(), ca);
 #endif
-    const long long grid32 = (long long)cu_blocks(ca.dv, 32) * ca.H * nseq;
-    if (c->chunk_bv == 16 || (c->chunk_bv < 0 && grid32 < c->sm_count))
-        return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 2>, dim3(cu_blocks(ca.dv, 16), ca.H, nseq), 128,
-                             smem_b(DKP, GDN, ST), ca);
     return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 4>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128,
                          smem_b(DKP, GDN, ST), ca);
 }
