@@ -94,6 +94,9 @@ static void resume(hyla_runtime *rt, const hyla_snapshot *mid, int32_t *tok) {
 static const char *g_dev = "cpu"; /* or "cuda": the unsplit model on cuda:0, the ranks on cuda:0, 1 */
 static double g_tol = 1e-4;
 
+/* kernels/cuda/hyla_cuda_extra.h: the kernel-form switches of a backend (CUDA builds) */
+hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t len) __attribute__((weak));
+
 static void check_arch(const char *arch) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/tp_%s", hyla_test_env("HYLA_TMP", "/tmp"), arch);
@@ -121,6 +124,15 @@ static void check_arch(const char *arch) {
     CHECK_OK(ost);
     if (!g || !mid1) goto out;
     for (int r = 0; r < T; r++) rts[r] = hyla_tp_rank_runtime(g, r);
+    if (cuda && hyla_cuda_switches && !getenv("HYLA_CUDA_GEMM_WG_MIN")) {
+        /* the warpgroup linear from 65 decode rows on one GPU, from 129 on a rank (its half-width
+         * linears' faster form) */
+        char s1[256] = "", sr[256] = "";
+        CHECK_OK(hyla_cuda_switches(be1, s1, sizeof s1));
+        CHECK_OK(hyla_cuda_switches(hyla_tp_rank_backend(g, T - 1), sr, sizeof sr));
+        CHECK_MSG(strstr(s1, "gemm_wg_min=65 ") && strstr(sr, "gemm_wg_min=129 "),
+                  "%s: switches of the unsplit model '%s', of a rank '%s'", arch, s1, sr);
+    }
 
     /* the split model against the unsplit one */
     run(rts[0], p, 0, lt, tokt, &midt, 0);

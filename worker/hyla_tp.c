@@ -38,6 +38,7 @@ hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_m
 hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n) __attribute__((weak));
 size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) __attribute__((weak));
 hyla_status hyla_cuda_flush(hyla_backend *be) __attribute__((weak));
+hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) __attribute__((weak));
 hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n) __attribute__((weak));
 hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
 hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
@@ -402,6 +403,10 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     for (int t = 0; t < T; t++) {
         g->rt[t] = rts[t];
         g->ref[t] = (rank_ref){g, t, 0};
+        /* a rank's half-width decode linears of 65-128 rows run faster on the skinny kernel's
+         * cluster form than on the warpgroup one (1.68B GDN, TP = 2, B = 96 / 128: 3 % per step;
+         * one GPU's whole-width linears gain 9-10 % from it, its default); the same bits */
+        if (g->cuda && hyla_cuda_set_gemm_wg_min) (void)hyla_cuda_set_gemm_wg_min(rts[t]->be, 129);
     }
     hyla_status st = HYLA_OK;
     for (int t = 1; st == HYLA_OK && t < T; t++) {

@@ -22,6 +22,7 @@
 #include "hyla_cuda_rowmath.cuh"
 #include "hyla_cuda_gemm_wg.cuh"
 #include "hyla_log.h"
+#include "hyla_cuda_extra.h"
 
 
 /* A K slice's fp32 partial sums of the block's tile (rows m0.., columns n0..; warp w owns
@@ -795,6 +796,10 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
 static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *Wc, int N,
                            int S, int kchunk, const float *bias, float *y, int ldy, int accumulate, int *done) {
     hyla_weight *W = (hyla_weight *)Wc; /* its tensor maps are made once and kept with it */
+    if (M <= 64) { /* one warpgroup a block: no rows of padding past 64 */
+        if (S > 1) return launch_wg<1, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+        return launch_wg<1, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    }
     if (S > 1 && 2L * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count)
         return launch_wg<2, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
     return launch_wg<2, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
@@ -815,12 +820,28 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
 
 /* At context creation: HYLA_CUDA_GEMM_WG=0 turns k_gemm_wg off (on by default where the build
  * has sm_90a code and the device is a Hopper), HYLA_CUDA_GEMM_WG_MIN moves the rows from which it
- * takes over (65-256, default 129: at 65-128 one GPU's B = 128 step was 7 % faster, a TP = 2
- * rank's 6 % slower). The same bits either way. */
+ * takes over (1-256; the same bits either way). The default, 65, is one GPU's: the 1.68B GDN
+ * model's decode at B = 96 / 128 8.29 -> 7.42 / 9.85 -> 9.01 ms against 129 (H100). A
+ * tensor-parallel rank's half-width linears are 3 % slower there, so its group sets 129
+ * (hyla_cuda_set_gemm_wg_min). From 64 rows down one warpgroup a block: faster alone than the
+ * skinny kernel from ~32 rows, but a decode step's grouped skinny launch (q, k, v, the gates in
+ * one) beats its separate launches, so the default leaves those rows alone. */
+#define GEMM_WG_MIN_DEFAULT 65
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
     c->gemm_wg = WG_BUILT && cc_major == 9 && !(e && !strcmp(e, "0"));
-    c->gemm_wg_min = em && atoi(em) >= 65 && atoi(em) <= 256 ? atoi(em) : 129;
+    c->gemm_wg_min_env = em && atoi(em) >= 1 && atoi(em) <= 256;
+    c->gemm_wg_min = c->gemm_wg_min_env ? atoi(em) : GEMM_WG_MIN_DEFAULT;
+}
+
+extern "C" hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) {
+    if (!be || !be->ops || strcmp(be->ops->name, "cuda"))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_gemm_wg_min: not a cuda backend");
+    if (rows < 1 || rows > 256)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_gemm_wg_min: %d rows (1..256)", rows);
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)be->ctx;
+    if (!c->gemm_wg_min_env) c->gemm_wg_min = rows;
+    return HYLA_OK;
 }
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
