@@ -1873,6 +1873,29 @@ static void case_sample(const op_case *c) {
     free(og2);
     pair_free(pl);
     free(l);
+    /* greedy over a real vocabulary's width: rows whose 16-byte loads run four deep (V = 32000,
+     * every row aligned), and V = 32003 (rows after the first unaligned: the one-by-one loop;
+     * the first: the vector loop, then the last 3 one by one); ties for the max placed in the
+     * unrolled part, across its 4-deep groups, and in the tail */
+    const int Vs[2] = {32000, 32003};
+    for (int vi = 0; vi < 2; vi++) {
+        const int BV = 4, VV = Vs[vi];
+        float *lv = randn((size_t)BV * VV, 2.0f);
+        for (int r = 0; r < BV; r++) lv[(size_t)r * VV + 31000 + r] = 40.0f; /* a clear max */
+        lv[(size_t)1 * VV + 20000] = lv[(size_t)1 * VV + 9000] = lv[(size_t)1 * VV + 17] = 41.0f; /* tie: 17 */
+        lv[(size_t)2 * VV + VV - 1] = 42.0f;                                                        /* in the tail */
+        hyla_sampling gs[4] = {{0.0f, 0, 1.0f}, {0.0f, 0, 1.0f}, {0.0f, 0, 1.0f}, {0.0f, 0, 1.0f}};
+        float gu[4] = {0, 0, 0, 0};
+        int32_t tc[4], tg[4];
+        pair pv = pair_new(lv, (size_t)BV * VV);
+        CHECK_OK(cpu->ops->sample(cpu->ctx, pv.c, BV, VV, gs, gu, tc));
+        CHECK_OK(gpu->ops->sample(gpu->ctx, pv.g, BV, VV, gs, gu, tg));
+        CHECK_MSG(!memcmp(tc, tg, sizeof tc) && tg[0] == 31000 && tg[1] == 17 && tg[2] == VV - 1,
+                  "greedy, V = %d: cpu %d %d %d %d, gpu %d %d %d %d", VV, tc[0], tc[1], tc[2], tc[3], tg[0], tg[1],
+                  tg[2], tg[3]);
+        pair_free(pv);
+        free(lv);
+    }
     free(sp);
     free(u);
     free(oc);
