@@ -7,11 +7,15 @@
  * and a tile's products in flight. This program runs those and the other instances of the same
  * template — one or two warpgroups (64 or 128 rows a block), 128 or 256 columns, 3 to 5 stages,
  * products waited for at every tile or kept in flight — on the 1.68B GDN model's shapes and a
- * tensor-parallel rank's halves, so the next change to the product's choice is a measured one.
+ * tensor-parallel rank's halves and the LM head, so the next change to the product's choice is a measured one.
  * Every form must give the bits of the product's path with the warpgroup form off
  * (HYLA_CUDA_GEMM_WG=0: the skinny kernel / k_gemm_big, which every row alone shares).
  *
- * usage: gemm_wg_forms [M...]   (default M = 64 128 256)
+ * The streamed form (k_gemm_ps, at most 64 rows) runs the plan's units persistently.
+ * Each timed call streams its weight from memory: the loops cycle through copies of it that
+ * together exceed the L2 cache twice (a decode step reads each weight once).
+ *
+ * usage: [FORMS=SUBSTRING] gemm_wg_forms [M...]   (default M = 64 128 256)
  * Exit status 1 when a form's output differs from the product's bits, 77 off Hopper. */
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +27,175 @@
 #include "hyla_ops.h"
 #include "lab.h"
 
+/* k_gemm_ps: the skinny kernel's bits (the same slice plan: each output's slice s sums its k16
+ * steps from zero, then the slices are summed in slice order) for M <= 64 rows, as a persistent
+ * stream. The work is the plan's units, (BN-column tile, slice) pairs; each of G blocks takes
+ * units b, b + G, b + 2G, ... and one thread keeps ST tiles of 64 k (x and W by tensor maps, the
+ * 128-byte swizzle) in flight across the unit boundaries, so a block's weight stream never
+ * drains between units the way a grid of short blocks does (one wave of 3-7-tile blocks, each a
+ * chain of load latency: kernels/cuda/dev/NOTES.md "Decode at 64 rows"). A unit ends by storing
+ * its slice's partial tile; the last of a tile's S units to count itself in sums them in slice
+ * order (sk_finish_tile's arithmetic) and resets the count. BN: 32 or 64 (m64n32 products,
+ * BN / 32 of them per k16 step: an output column's steps do not depend on the tile width).
+ * Measured (H100, weights streamed from memory; NOTES.md "The staged runs, run; decode linears"):
+ * slower than the product's skinny kernel at every shape, and slower with more stages; it is
+ * kept here, not in the product. */
+template <int BN, int ST>
+struct PsCfg {
+    static constexpr int STAGE = (64 + BN) * 64; /* elements: x's 64 rows, then W's BN rows */
+    static constexpr size_t SMEM = (size_t)ST * STAGE * 2 + 8 * ST + 1024;
+};
+
+template <int BN, int ST>
+__global__ void __launch_bounds__(128, 1)
+    k_gemm_ps(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K, int N,
+              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, float *part, unsigned *cnt) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef PsCfg<BN, ST> C;
+    constexpr int NB = BN / 32;
+    extern __shared__ __align__(1024) unsigned char ps_smem_raw[];
+    unsigned char *ps_smem = ps_smem_raw + ((1024 - (__cvta_generic_to_shared(ps_smem_raw) & 1023)) & 1023);
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)ps_smem;
+    uint64_t *full = (uint64_t *)(ps_smem + (size_t)ST * C::STAGE * 2);
+    __shared__ int last;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int ntl = (N + BN - 1) / BN, units = ntl * S, G = (int)gridDim.x;
+    auto unit_tiles = [&](int u) {
+        const int kb = (u % S) * kchunk, ke = kb + kchunk < K ? kb + kchunk : K;
+        return (ke - kb + SK_K - 1) / SK_K;
+    };
+    /* the producer's cursor: the unit (this block's i-th: b + i G) and tile of the next stage */
+    int pu = blockIdx.x, pt = 0, pn = pu < units ? unit_tiles(pu) : 0;
+    unsigned pf = 0; /* stages issued */
+    auto issue = [&]() {
+        if (pu >= units) return;
+        const int b = pf % ST;
+        __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + 64 * SK_K;
+        const int k = (pu % S) * kchunk + pt * SK_K;
+        mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
+        tma_g2s_2d(ws, &wmap, k, (pu / S) * BN, &full[b]);
+        tma_g2s_2d(xs, &xmap, k, 0, &full[b]);
+        pf++;
+        if (++pt == pn) {
+            pt = 0;
+            pu += G;
+            pn = pu < units ? unit_tiles(pu) : 0;
+        }
+    };
+    if (tid == 0) {
+        for (int b = 0; b < ST; b++) mbar_init(&full[b], 1);
+        fence_proxy_async_smem();
+        for (int p = 0; p < ST - 1; p++) issue();
+    }
+    __syncthreads();
+    unsigned f = 0; /* stages consumed */
+    for (int u = blockIdx.x; u < units; u += G) {
+        const int nkt = unit_tiles(u), tile = u / S, s = u % S, n0 = tile * BN;
+        float acc[NB][4][4];
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[j][a][e] = 0.0f;
+        for (int t = 0; t < nkt; t++, f++) {
+            const int b = f % ST;
+            mbar_wait(&full[b], (f / ST) & 1);
+            const __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + 64 * SK_K;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < SK_K / 16; kk++)
+#pragma unroll
+                for (int j = 0; j < NB; j++) wg_mma32(acc[j], wg_desc(xs + kk * 16), wg_desc(ws + j * 32 * SK_K + kk * 16), 1);
+            wg_commit();
+            /* this tile's products stay in flight while the stage before it is loaded again:
+             * once every warp's products of that stage are done (wait, then the barrier) */
+            if (t + 1 < nkt)
+                wg_wait<1>();
+            else
+                wg_wait<0>();
+            __syncthreads();
+            if (tid == 0) issue();
+        }
+        /* register (j, a, e): n8 block 4 j + a of the tile; rows g and g + 8 of warp w's 16 */
+        if (S == 1) {
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+#pragma unroll
+                for (int a = 0; a < 4; a++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int m = w * 16 + g + 8 * (e >> 1), n = n0 + 32 * j + 8 * a + 2 * tq + (e & 1);
+                        if (m < M && n < N) lin_store(acc[j][a][e], bias, n, y + (size_t)m * ldy + n, accumulate);
+                    }
+            continue;
+        }
+        float *ps = part + (size_t)s * M * N;
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int m = w * 16 + g + 8 * (e >> 1), n = n0 + 32 * j + 8 * a + 2 * tq + (e & 1);
+                    if (m < M && n < N) ps[(size_t)m * N + n] = acc[j][a][e];
+                }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            last = atomicAdd(&cnt[tile], 1u) == (unsigned)S - 1;
+            if (last) atomicExch(&cnt[tile], 0u);
+        }
+        __syncthreads();
+        if (!last) continue;
+        __threadfence();
+        const size_t total = (size_t)M * N;
+        for (int i = tid; i < M * BN; i += 128) {
+            const int m = i / BN, n = n0 + i % BN;
+            if (n >= N) continue;
+            const size_t o = (size_t)m * N + n;
+            float tv[16]; /* every slice's load in flight at once (S <= 16, sk_plan) */
+#pragma unroll
+            for (int q = 0; q < 16; q++) tv[q] = q < S ? __ldcg(part + (size_t)q * total + o) : 0.0f;
+            float v = tv[0];
+#pragma unroll
+            for (int q = 1; q < 16; q++)
+                if (q < S) v += tv[q];
+            lin_store(v, bias, n, y + (size_t)m * ldy + n, accumulate);
+        }
+    }
+#endif
+}
+
+/* k_gemm_ps's launch: G = the blocks that fit the device at once (at most the units); part holds
+ * S M N floats, cnt (zero between launches) one count per BN-column tile. */
+template <int BN, int ST>
+static hyla_status launch_ps(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
+                             int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, float *part,
+                             unsigned *cnt, int *done) {
+    typedef PsCfg<BN, ST> C;
+    *done = 0;
+    if (M > 64 || (N + BN - 1) / BN > HYLA_CU_SK_COUNTS) return HYLA_OK;
+    CUtensorMap wm, xm;
+    if (!wg_map(&wm, W->d, N, K, BN) || !wg_map(&xm, xb, M, K, 64)) return HYLA_OK;
+    static int per_sm[16]; /* blocks per SM, + 1, per device ordinal */
+    int *slot = c->device >= 0 && c->device < 16 ? &per_sm[c->device] : NULL;
+    int bps = slot ? __atomic_load_n(slot, __ATOMIC_RELAXED) - 1 : -1;
+    if (bps < 0) {
+        CU_TRY(cudaFuncSetAttribute(k_gemm_ps<BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+        CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemm_ps<BN, ST>, 128, C::SMEM));
+        if (bps < 1) bps = 1;
+        if (slot) __atomic_store_n(slot, bps + 1, __ATOMIC_RELAXED);
+    }
+    const long units = (long)((N + BN - 1) / BN) * S;
+    const unsigned G = (unsigned)(units < (long)bps * c->sm_count ? units : (long)bps * c->sm_count);
+    k_gemm_ps<BN, ST><<<G, 128, C::SMEM, c->stream>>>(xm, wm, M, K, N, kchunk, S, bias, y, ldy, accumulate,
+                                                       part, cnt);
+    CU_LAUNCH_CHECK("linear (streamed few rows)");
+    *done = 1;
+    return HYLA_OK;
+}
+
 struct Form {
     const char *name;
     int wgm; /* warpgroups along M: the rows a block covers are 64 wgm */
@@ -32,6 +205,19 @@ struct Form {
 };
 
 #define FORM(name, WGM, BN, ST, CL, OV) {name, WGM, CL, launch_wg<WGM, BN, ST, CL, OV>}
+
+/* k_gemm_ps (at most 64 rows) through the forms' signature: its partials in a scratch buffer,
+ * its counts the context's (zero between launches) */
+template <int BN, int ST>
+static hyla_status ps_form(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N, int kchunk,
+                           int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
+    void *part;
+    *done = 0;
+    if (M > 64) return HYLA_OK;
+    HYLA_TRY(cu_scratch(c, SCR_BENCH, (size_t)S * M * N * 4 + 4, &part));
+    return launch_ps<BN, ST>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, (float *)part, c->sk_count, done);
+}
+#define PS(name, BN, ST) {name, 1, 0, ps_form<BN, ST>}
 static const Form forms[] = {
     FORM("whole K, 2 wg x 128, 4 st, in flight (product)", 2, 128, 4, false, true),
     FORM("slices, 2 wg x 128, 3 st, in flight (product)", 2, 128, 3, true, true),
@@ -44,6 +230,11 @@ static const Form forms[] = {
     FORM("slices, 1 wg x 128, 3 st, in flight", 1, 128, 3, true, true),
     FORM("slices, 1 wg x 128, 5 st, in flight", 1, 128, 5, true, true),
     FORM("slices, 1 wg x 256, 3 st, in flight", 1, 256, 3, true, true),
+    PS("streamed units, 64 cols, 4 st", 64, 4),
+    PS("streamed units, 64 cols, 6 st", 64, 6),
+    PS("streamed units, 64 cols, 8 st", 64, 8),
+    PS("streamed units, 32 cols, 6 st", 32, 6),
+    PS("streamed units, 32 cols, 10 st", 32, 10),
 };
 
 int main(int argc, char **argv) {
@@ -68,9 +259,9 @@ int main(int argc, char **argv) {
         hyla_backend_destroy(gpu);
         return 77;
     }
-    /* K, N: the 1.68B GDN model's decode linears, then a tensor-parallel rank's halves */
-    const int shapes[][2] = {{2304, 6144}, {6144, 2304}, {2304, 2304}, {2304, 4608},
-                             {2304, 3072}, {3072, 2304}, {2304, 1152}, {4608, 2304}};
+    /* K, N: the 1.68B GDN model's decode linears, a tensor-parallel rank's halves, the LM head */
+    const int shapes[][2] = {{2304, 6144}, {6144, 2304}, {2304, 2304}, {2304, 4608}, {2304, 3072},
+                             {3072, 2304}, {2304, 1152}, {4608, 2304}, {2304, 32000}};
     const int iters = 100;
     int bad = 0;
     uint64_t seed = 20261127;
@@ -80,8 +271,15 @@ int main(int argc, char **argv) {
         sk_plan(c, N, K, &S, &kchunk);
         float *Wf = (float *)malloc((size_t)N * K * 4);
         for (size_t i = 0; i < (size_t)N * K; i++) Wf[i] = (2 * frand(&seed) - 1) / sqrtf((float)K);
-        hyla_weight *Wg;
-        HK(gpu->ops->weight_create(gpu->ctx, Wf, HYLA_DT_F32, N, K, &Wg));
+        /* copies of the weight, cycled through by the timing loops, that together exceed the L2
+         * cache twice: every call streams its weight from memory, as in a decode step */
+        const size_t wbytes = (size_t)N * K * 2;
+        const int R = (int)((2 * (size_t)pr.l2CacheSize + wbytes - 1) / wbytes) + 1 < 64
+                          ? (int)((2 * (size_t)pr.l2CacheSize + wbytes - 1) / wbytes) + 1
+                          : 64;
+        hyla_weight *Wr[64];
+        for (int r = 0; r < R; r++) HK(gpu->ops->weight_create(gpu->ctx, Wf, HYLA_DT_F32, N, K, &Wr[r]));
+        hyla_weight *Wg = Wr[0];
         free(Wf);
         for (int mi = 0; mi < nm; mi++) {
             const int M = Ms[mi];
@@ -101,19 +299,25 @@ int main(int argc, char **argv) {
             /* the product's path (x converted inside) */
             HK(gpu->ops->linear(gpu->ctx, dx, K, M, K, Wg, NULL, dyp, N, N, 0));
             HK(gpu->ops->sync(gpu->ctx));
-            CK(cudaEventRecord(e0, st));
-            for (int i = 0; i < iters; i++) HK(gpu->ops->linear(gpu->ctx, dx, K, M, K, Wg, NULL, dyp, N, N, 0));
-            CK(cudaEventRecord(e1, st));
+            /* by the host's clock: the backend may hold ops back (CUDA graphs) until its sync, so
+             * events on its stream would not bracket them */
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (int i = 0; i < iters; i++)
+                HK(gpu->ops->linear(gpu->ctx, dx, K, M, K, Wr[i % R], NULL, dyp, N, N, 0));
             HK(gpu->ops->sync(gpu->ctx));
+            clock_gettime(CLOCK_MONOTONIC, &t1);
             float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double tp = ms * 1e-3 / iters, fl = 2.0 * M * (double)N * K;
-            printf("M=%d K=%d N=%d S=%d: mma.sync path %.2f us (%.0f TFLOP/s)\n", M, K, N, S, tp * 1e6, fl / tp * 1e-12);
+            const double tp = ((t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9) / iters,
+                         fl = 2.0 * M * (double)N * K;
+            printf("M=%d K=%d N=%d S=%d: mma.sync path %.2f us (%.0f TFLOP/s, %.2f TB/s of weights)\n", M, K, N, S,
+                   tp * 1e6, fl / tp * 1e-12, wbytes / tp * 1e-12);
             float *yp = (float *)malloc((size_t)M * N * 4), *yf = (float *)malloc((size_t)M * N * 4);
             CK(cudaMemcpy(yp, dyp, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
             for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
                 const Form *f = &forms[fi];
                 if (f->cl && S == 1) continue;
+                if (getenv("FORMS") && !strstr(f->name, getenv("FORMS"))) continue;
                 HK(cu_f32_to_bf16_rows(c, dx, K, M, K, dxb));
                 CK(cudaMemsetAsync(dyf, 0xff, (size_t)M * N * 4, st));
                 int done = 0;
@@ -128,14 +332,14 @@ int main(int argc, char **argv) {
                 CK(cudaEventRecord(e0, st));
                 for (int i = 0; i < iters; i++) {
                     HK(cu_f32_to_bf16_rows(c, dx, K, M, K, dxb));
-                    HK(f->launch(c, dxb, M, K, Wg, N, kchunk, S, NULL, dyf, N, 0, &done));
+                    HK(f->launch(c, dxb, M, K, Wr[i % R], N, kchunk, S, NULL, dyf, N, 0, &done));
                 }
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 const double tf = ms * 1e-3 / iters;
-                printf("  %-48s %.2f us (%.0f TFLOP/s) %s\n", f->name, tf * 1e6, fl / tf * 1e-12,
-                       same ? "bits = product" : "BITS DIFFER");
+                printf("  %-48s %.2f us (%.0f TFLOP/s, %.2f TB/s) %s\n", f->name, tf * 1e6, fl / tf * 1e-12,
+                       wbytes / tf * 1e-12, same ? "bits = product" : "BITS DIFFER");
                 bad |= !same;
             }
             CK(cudaEventDestroy(e0));
@@ -148,7 +352,7 @@ int main(int argc, char **argv) {
             CK(cudaFree(dyp));
             CK(cudaFree(dyf));
         }
-        gpu->ops->weight_destroy(gpu->ctx, Wg);
+        for (int r = 0; r < R; r++) gpu->ops->weight_destroy(gpu->ctx, Wr[r]);
     }
     hyla_backend_destroy(gpu);
     printf("gemm_wg_forms: %s\n", bad ? "FAILED" : "ok");
