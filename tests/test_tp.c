@@ -125,12 +125,12 @@ static void check_arch(const char *arch) {
     if (!g || !mid1) goto out;
     for (int r = 0; r < T; r++) rts[r] = hyla_tp_rank_runtime(g, r);
     if (cuda && hyla_cuda_switches && !getenv("HYLA_CUDA_GEMM_WG_MIN")) {
-        /* the warpgroup linear from 65 decode rows on one GPU, from 129 on a rank (its half-width
+        /* the warpgroup linear from 33 decode rows on one GPU, from 129 on a rank (its half-width
          * linears' faster form) */
         char s1[256] = "", sr[256] = "";
         CHECK_OK(hyla_cuda_switches(be1, s1, sizeof s1));
         CHECK_OK(hyla_cuda_switches(hyla_tp_rank_backend(g, T - 1), sr, sizeof sr));
-        CHECK_MSG(strstr(s1, "gemm_wg_min=65 ") && strstr(sr, "gemm_wg_min=129 "),
+        CHECK_MSG(strstr(s1, "gemm_wg_min=33 ") && strstr(sr, "gemm_wg_min=129 "),
                   "%s: switches of the unsplit model '%s', of a rank '%s'", arch, s1, sr);
     }
 

@@ -403,9 +403,9 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     for (int t = 0; t < T; t++) {
         g->rt[t] = rts[t];
         g->ref[t] = (rank_ref){g, t, 0};
-        /* a rank's half-width decode linears of 65-128 rows run faster on the skinny kernel's
-         * cluster form than on the warpgroup one (1.68B GDN, TP = 2, B = 96 / 128: 3 % per step;
-         * one GPU's whole-width linears gain 9-10 % from it, its default); the same bits */
+        /* a rank's half-width decode linears of 33-128 rows run faster on the skinny kernel's
+         * cluster form than on the warpgroup one (1.68B GDN, TP = 2: B = 64 7 %, B = 96 / 128 3 %
+         * per step; one GPU's whole-width linears gain 3-10 % from it, its default); the same bits */
         if (g->cuda && hyla_cuda_set_gemm_wg_min) (void)hyla_cuda_set_gemm_wg_min(rts[t]->be, 129);
     }
     hyla_status st = HYLA_OK;

@@ -622,7 +622,21 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
     if (flags & HYLA_LINEAR_PREFILL) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
-    if (n > 1 && cu_gemm_big_ok(c, M, K)) return cu_gemm_big_multi(c, x, ldx, M, K, n, outs, accumulate);
+    if (n > 1 && cu_gemm_big_ok(c, M, K)) {
+        /* up to 64 rows (the warpgroup linear from a lowered HYLA_CUDA_GEMM_WG_MIN): outputs
+         * narrower than its 128-column tile (GDN's a and b: one per head) go to the skinny
+         * kernel in one grouped launch, not a launch each (7 us apiece at 64 rows) */
+        hyla_linear_out wide[HYLA_LINEAR_MULTI_MAX], narrow[HYLA_LINEAR_MULTI_MAX];
+        int nw = 0, nn = 0;
+        for (int j = 0; j < n; j++) {
+            if (M <= 64 && outs[j].N < 128 && cu_skinny_multi_ok(c, M, K))
+                narrow[nn++] = outs[j];
+            else
+                wide[nw++] = outs[j];
+        }
+        if (nn) HYLA_TRY(cu_skinny_linear_multi(c, x, ldx, M, K, nn, narrow, accumulate));
+        return nw ? cu_gemm_big_multi(c, x, ldx, M, K, nw, wide, accumulate) : HYLA_OK;
+    }
     for (int j = 0; j < n; j++)
         HYLA_TRY(cu_linear(ctx, x, ldx, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy, outs[j].N, accumulate));
     return HYLA_OK;

@@ -820,13 +820,13 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
 
 /* At context creation: HYLA_CUDA_GEMM_WG=0 turns k_gemm_wg off (on by default where the build
  * has sm_90a code and the device is a Hopper), HYLA_CUDA_GEMM_WG_MIN moves the rows from which it
- * takes over (1-256; the same bits either way). The default, 65, is one GPU's: the 1.68B GDN
- * model's decode at B = 96 / 128 8.29 -> 7.42 / 9.85 -> 9.01 ms against 129 (H100). A
- * tensor-parallel rank's half-width linears are 3 % slower there, so its group sets 129
- * (hyla_cuda_set_gemm_wg_min). From 64 rows down one warpgroup a block: faster alone than the
- * skinny kernel from ~32 rows, but a decode step's grouped skinny launch (q, k, v, the gates in
- * one) beats its separate launches, so the default leaves those rows alone. */
-#define GEMM_WG_MIN_DEFAULT 65
+ * takes over (1-256; the same bits either way). The default, 33, is one GPU's (1.68B GDN decode,
+ * H100): from 65 rows against 129, B = 96 / 128 8.29 -> 7.42 / 9.85 -> 9.01 ms; from 33 against
+ * 65 (one warpgroup a block up to 64 rows, cu_linear_multi's outputs narrower than a tile left
+ * to the skinny kernel's grouped launch), B = 48 / 64 4.57 -> 4.44 / 5.43 -> 5.17 ms, B = 32
+ * within 0.5 %. A tensor-parallel rank's half-width linears are 3-7 % slower on it, so its group
+ * sets 129 (hyla_cuda_set_gemm_wg_min). */
+#define GEMM_WG_MIN_DEFAULT 33
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
     c->gemm_wg = WG_BUILT && cc_major == 9 && !(e && !strcmp(e, "0"));

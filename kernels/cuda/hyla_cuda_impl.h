@@ -125,7 +125,7 @@ typedef struct hyla_cuda_ctx {
                              * k_gemm_big) */
     int gemm_wg;            /* decode rows of gemm_wg_min and more through k_gemm_wg (warpgroup products, the
                              * skinny kernel's bits; HYLA_CUDA_GEMM_WG=0: off) */
-    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (1-256, default 65; hyla_cuda_set_gemm_wg_min) */
+    int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (1-256, default 33; hyla_cuda_set_gemm_wg_min) */
     int gemm_wg_min_env;    /* gemm_wg_min came from the environment (the setter leaves it) */
     int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (Hopper; HYLA_CUDA_CHUNK_B_WG=0: off) */
 } hyla_cuda_ctx;
