@@ -460,7 +460,7 @@ static void case_embed_linear(const op_case *c) {
 
 /* The kernel-form switches are read when a backend is made and named by hyla_cuda_switches
  * (benchmark records carry that line): a second backend made with HYLA_CUDA_GEMM_WG=0 and
- * HYLA_CUDA_CHUNK_BV=16 says so where the first says its defaults, and its large-M linear
+ * HYLA_CUDA_CHUNK_B_WG=0 says so where the first says its defaults, and its large-M linear
  * (k_gemm_big instead of the warpgroup form where that runs) gives the same bits. */
 static void case_switches(const op_case *c) {
     (void)c;
