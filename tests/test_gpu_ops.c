@@ -539,6 +539,44 @@ static void case_linear_multi(const op_case *c) {
         pair_free(pbias);
         free(x);
     }
+    /* outputs of equal width run in pairs, one launch each pair, on the warpgroup path (from 33
+     * rows on Hopper): the second of a pair with a bias, as the bits of separate calls */
+    {
+        const int N2[4] = {2304, 2304, 6144, 6144};
+        hyla_weight *wp[4];
+        float *Wp[4];
+        for (int i = 0; i < 4; i++) {
+            Wp[i] = i == 0 ? W[0] : i == 2 ? W[3] : randn((size_t)N2[i] * K, 1.0f / sqrtf((float)K));
+            CHECK_OK(gpu->ops->weight_create(gpu->ctx, Wp[i], HYLA_DT_F32, N2[i], K, &wp[i]));
+        }
+        const int Mp[4] = {33, 64, 100, 200};
+        for (int mi = 0; mi < 4; mi++) {
+            const int M = Mp[mi];
+            float *x = randn((size_t)M * K, 1.0f);
+            void *xd = dev(gpu, x, (size_t)M * K * 4), *bd = dev(gpu, bias, 6144 * 4);
+            float *one[4], *grp[4];
+            hyla_linear_out outs[4];
+            for (int i = 0; i < 4; i++) {
+                one[i] = dev(gpu, NULL, (size_t)M * N2[i] * 4);
+                grp[i] = dev(gpu, NULL, (size_t)M * N2[i] * 4);
+                const float *bi = i & 1 ? (const float *)bd : NULL;
+                CHECK_OK(gpu->ops->linear(gpu->ctx, xd, K, M, K, wp[i], bi, one[i], N2[i], N2[i], 0));
+                outs[i] = (hyla_linear_out){wp[i], bi, grp[i], N2[i], N2[i]};
+            }
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xd, K, M, K, 4, outs, 0, 0));
+            int same = 1;
+            for (int i = 0; i < 4; i++) same &= same_bits(gpu, one[i], grp[i], (size_t)M * N2[i] * 4);
+            CHECK_MSG(same, "linear_multi M=%d, outputs 2304, 2304 (bias), 6144, 6144 (bias) == 4 linear calls (bits)",
+                      M);
+            for (int i = 0; i < 4; i++) dfree(gpu, one[i]), dfree(gpu, grp[i]);
+            dfree(gpu, xd), dfree(gpu, bd);
+            free(x);
+        }
+        for (int i = 0; i < 4; i++) {
+            gpu->ops->weight_destroy(gpu->ctx, wp[i]);
+            if (i & 1) free(Wp[i]);
+        }
+    }
     /* prompt rows (HYLA_LINEAR_PREFILL: cuBLAS at a fixed row count on the GPU): a row's result
      * depends only on the row — the same bits whatever the call's size, the row's place in it and
      * the other rows (calls of 2500 rows: whole 1024-row blocks, written straight into y, and a

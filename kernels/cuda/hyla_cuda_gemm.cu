@@ -792,17 +792,25 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
  * warpgroup products"): 256 x 2304 -> 6144 whole K 0.040 ms against 0.045 in slices, 6144 -> 2304
  * in slices 0.054 against 0.078 whole; 4608 columns alike; products in flight took 10-16 % off
  * whole K, nothing off slices. The other instances of the template (one warpgroup a block, 256
- * columns, other stage counts, products waited for) are the kernel lab's (dev/gemm_wg_forms). */
-static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *Wc, int N,
-                           int S, int kchunk, const float *bias, float *y, int ldy, int accumulate, int *done) {
-    hyla_weight *W = (hyla_weight *)Wc; /* its tensor maps are made once and kept with it */
+ * columns, other stage counts, products waited for) are the kernel lab's (dev/gemm_wg_forms).
+ * o2 (or NULL): a second output of the same N and K, in the same launch; its tiles count in the
+ * choice of form. */
+static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_linear_out *o,
+                           const hyla_linear_out *o2, int S, int kchunk, int accumulate, int *done) {
+    /* the weights' tensor maps are made once and kept with them */
+    hyla_weight *W = (hyla_weight *)o->W, *W2 = o2 ? (hyla_weight *)o2->W : NULL;
+    const int N = o->N, nout = o2 ? 2 : 1;
+    const float *b2 = o2 ? o2->bias : NULL;
+    float *y2 = o2 ? o2->y : NULL;
+    const int ldy2 = o2 ? o2->ldy : 0;
+#define WG_ARGS c, xb, M, K, W, N, kchunk, S, o->bias, o->y, o->ldy, W2, b2, y2, ldy2, accumulate, done
     if (M <= 64) { /* one warpgroup a block: no rows of padding past 64 */
-        if (S > 1) return launch_wg<1, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-        return launch_wg<1, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+        if (S > 1) return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
+        return launch_wg2<1, 128, 4, false, true>(WG_ARGS);
     }
-    if (S > 1 && 2L * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count)
-        return launch_wg<2, 128, 3, true, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
-    return launch_wg<2, 128, 4, false, true>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, done);
+    if (S > 1 && 2L * nout * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
+    return launch_wg2<2, 128, 4, false, true>(WG_ARGS);
+#undef WG_ARGS
 }
 
 /* Rows from which k_gemm_big may take over from the skinny kernel (the same bits either way). 17
@@ -857,7 +865,8 @@ static hyla_status gemm_big_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xbb, int
     sk_plan(c, N, K, &S, &kchunk);
     if (c->gemm_wg && M >= c->gemm_wg_min) { /* without tensor maps: k_gemm_big below */
         int done = 0;
-        HYLA_TRY(gemm_wg(c, xbb, M, K, W, N, S, kchunk, bias, y, ldy, accumulate, &done));
+        const hyla_linear_out o = {W, bias, y, ldy, N};
+        HYLA_TRY(gemm_wg(c, xbb, M, K, &o, NULL, S, kchunk, accumulate, &done));
         if (done) return HYLA_OK;
     }
     const long tiles = (long)((M + 127) / 128) * ((N + 127) / 128);
@@ -873,9 +882,27 @@ extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int l
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
-    for (int j = 0; j < n; j++)
+    /* on the warpgroup path, two outputs of the same width in one launch (a layer's q and k, v
+     * and gate, MLP gate and up: the same bits, one launch's ramp and tail instead of two) */
+    int paired[HYLA_LINEAR_MULTI_MAX] = {0};
+    for (int j = 0; j < n; j++) {
+        if (paired[j]) continue;
+        int S, kchunk, mate = -1;
+        sk_plan(c, outs[j].N, K, &S, &kchunk);
+        if (c->gemm_wg && M >= c->gemm_wg_min)
+            for (int k = j + 1; k < n && mate < 0; k++)
+                if (!paired[k] && outs[k].N == outs[j].N) mate = k;
+        if (mate >= 0) {
+            int done = 0;
+            HYLA_TRY(gemm_wg(c, (const __nv_bfloat16 *)xb, M, K, &outs[j], &outs[mate], S, kchunk, accumulate, &done));
+            if (done) {
+                paired[mate] = 1;
+                continue;
+            }
+        }
         HYLA_TRY(gemm_big_bf16(c, (const __nv_bfloat16 *)xb, M, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].ldy,
                                outs[j].N, accumulate));
+    }
     return HYLA_OK;
 }
 

@@ -129,8 +129,9 @@ __global__ void k_wgprof_print() {
 
 template <int WGM, int BN, int ST, bool CL, bool OV>
 __global__ void __launch_bounds__(128 * WGM, 1)
-    k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K, int N,
-              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate) {
+    k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+              const __grid_constant__ CUtensorMap wmap2, int M, int K, int N, int kchunk, int S, const float *bias,
+              float *y, int ldy, const float *bias2, float *y2, int ldy2, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef WgCfg<WGM, BN, ST, CL> C;
     constexpr int BM = C::BM;
@@ -140,7 +141,12 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     uint64_t *full = (uint64_t *)(wg_smem + (C::STAGING > C::PART ? C::STAGING : C::PART));
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
     const int s = CL ? (int)blockIdx.x : 0;
-    const int n0 = (CL ? blockIdx.y : blockIdx.x) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
+    /* the column tiles of a second output of the same x, N and K (wmap2, bias2, y2) follow the
+     * first's: one launch for both (a layer's q and k, v and gate, MLP gate and up) */
+    const int ntl = (N + BN - 1) / BN, jt = CL ? (int)blockIdx.y : (int)blockIdx.x, second = jt >= ntl;
+    const int n0 = (jt - (second ? ntl : 0)) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
+    const CUtensorMap *wm = second ? &wmap2 : &wmap;
+    if (second) bias = bias2, y = y2, ldy = ldy2;
     const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
     const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
     /* tile t into stage t % ST by the copy engine: x's BM rows and W's BN rows of k kbeg + 64 t
@@ -150,7 +156,7 @@ __global__ void __launch_bounds__(128 * WGM, 1)
         __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
         mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
         tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
-        tma_g2s_2d(ws, &wmap, kbeg + t * SK_K, n0, &full[b]);
+        tma_g2s_2d(ws, wm, kbeg + t * SK_K, n0, &full[b]);
     };
     WG_PROF(long long pt0 = wg_clock(); long long pf[8] = {0, 0, 0, 0, 0, 0, 0, 0}; long long pa);
     if (tid == 0) {
@@ -269,16 +275,20 @@ static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) 
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* One output, or two of the same N and K from the same x in one launch (W2, bias2, y2, ldy2; W2
+ * NULL: one). */
 template <int WGM, int BN, int ST, bool CL, bool OV>
-static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
-                             int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
+static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
+                              int kchunk, int S, const float *bias, float *y, int ldy, hyla_weight *W2,
+                              const float *bias2, float *y2, int ldy2, int accumulate, int *done) {
     typedef WgCfg<WGM, BN, ST, CL> C;
     *done = 0;
-    /* the weight's map, made once per box height and kept with it */
+    /* the weights' maps, made once per box height and kept with them */
     const int wi = BN == 256;
     if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
+    if (W2 && !W2->wg_map_state[wi]) W2->wg_map_state[wi] = wg_map(&W2->wg_map[wi], W2->d, N, K, BN) ? 1 : -1;
     CUtensorMap xm;
-    if (W->wg_map_state[wi] < 0 || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
+    if (W->wg_map_state[wi] < 0 || (W2 && W2->wg_map_state[wi] < 0) || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
     static int attr_set[16]; /* per device ordinal, as launch_big */
     int *slot = c->device >= 0 && c->device < 16 ? &attr_set[c->device] : NULL;
     if (!slot || !__atomic_load_n(slot, __ATOMIC_RELAXED)) {
@@ -287,7 +297,7 @@ static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, i
         if (CL) CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         if (slot) __atomic_store_n(slot, 1, __ATOMIC_RELAXED);
     }
-    const unsigned nt = (unsigned)((N + BN - 1) / BN), mt = (unsigned)((M + C::BM - 1) / C::BM);
+    const unsigned nt = (unsigned)((N + BN - 1) / BN) * (W2 ? 2u : 1u), mt = (unsigned)((M + C::BM - 1) / C::BM);
     if (mt > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
@@ -301,14 +311,21 @@ static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, i
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = CL ? 1 : 0;
-    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wg<WGM, BN, ST, CL, OV>, xm, W->wg_map[wi], M, K, N, kchunk, S, bias, y, ldy,
-                              accumulate));
+    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wg<WGM, BN, ST, CL, OV>, xm, W->wg_map[wi], W2 ? W2->wg_map[wi] : W->wg_map[wi],
+                              M, K, N, kchunk, S, bias, y, ldy, bias2, y2, ldy2, accumulate));
     CU_LAUNCH_CHECK("linear (warpgroup products)");
 #ifdef HYLA_WG_PROFILE
     k_wgprof_print<<<1, 1, 0, c->stream>>>();
 #endif
     *done = 1;
     return HYLA_OK;
+}
+
+template <int WGM, int BN, int ST, bool CL, bool OV>
+static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
+                             int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
+    return launch_wg2<WGM, BN, ST, CL, OV>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, NULL, NULL, NULL, 0, accumulate,
+                                           done);
 }
 
 
