@@ -94,8 +94,10 @@ static void resume(hyla_runtime *rt, const hyla_snapshot *mid, int32_t *tok) {
 static const char *g_dev = "cpu"; /* or "cuda": the unsplit model on cuda:0, the ranks on cuda:0, 1 */
 static double g_tol = 1e-4;
 
-/* kernels/cuda/hyla_cuda_extra.h: the kernel-form switches of a backend (CUDA builds) */
+/* kernels/cuda/hyla_cuda_extra.h: the kernel-form switches of a backend, and the rows from which
+ * the warpgroup linear runs (CUDA builds) */
 hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t len) __attribute__((weak));
+hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) __attribute__((weak));
 
 static void check_arch(const char *arch) {
     char dir[256];
@@ -401,6 +403,16 @@ int main(int argc, char **argv) {
         /* the GPU rounds linear inputs to bf16: a sum that rounds differently can move one by an
          * ulp, and tiny random models amplify it (test_gpu_e2e's GPU-vs-CPU bound) */
         g_tol = 2e-2;
+    }
+    if (hyla_cuda_set_gemm_wg_min) { /* what a group does to each rank, refused for a CPU backend */
+        hyla_backend *cb = NULL;
+        CHECK_OK(hyla_backend_create("cpu", &cb));
+        if (cb) {
+            CHECK_MSG(hyla_cuda_set_gemm_wg_min(cb, 129) == HYLA_ERR_INVALID_ARG &&
+                          strstr(hyla_last_error(), "not a cuda backend"),
+                      "hyla_cuda_set_gemm_wg_min on the CPU backend: %s", hyla_last_error());
+            hyla_backend_destroy(cb);
+        }
     }
     /* the halves in every arch (by default a model with paged state runs whole pieces:
      * check_switches) */
