@@ -134,6 +134,8 @@ static void check_arch(const char *arch) {
         CHECK_OK(hyla_cuda_switches(hyla_tp_rank_backend(g, T - 1), sr, sizeof sr));
         CHECK_MSG(strstr(s1, "gemm_wg_min=33 ") && strstr(sr, "gemm_wg_min=129 "),
                   "%s: switches of the unsplit model '%s', of a rank '%s'", arch, s1, sr);
+        CHECK_MSG(hyla_cuda_set_gemm_wg_min(be1, 0) == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "0 rows"),
+                  "hyla_cuda_set_gemm_wg_min(0): %s", hyla_last_error());
     }
 
     /* the split model against the unsplit one */

@@ -868,6 +868,15 @@ extern "C" hyla_status hyla_cuda_device_info(hyla_backend *be, char *name, size_
     return HYLA_OK;
 }
 
+extern "C" hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) {
+    hyla_cuda_ctx *c = extra_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_gemm_wg_min: not a cuda backend");
+    if (rows < 1 || rows > 256)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_gemm_wg_min: %d rows (1..256)", rows);
+    if (!c->gemm_wg_min_env) c->gemm_wg_min = rows; /* the environment's setting wins */
+    return HYLA_OK;
+}
+
 extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t len) {
     hyla_cuda_ctx *c = extra_ctx(be);
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_switches: not a cuda backend");

@@ -22,7 +22,6 @@
 #include "hyla_cuda_rowmath.cuh"
 #include "hyla_cuda_gemm_wg.cuh"
 #include "hyla_log.h"
-#include "hyla_cuda_extra.h"
 
 
 /* A K slice's fp32 partial sums of the block's tile (rows m0.., columns n0..; warp w owns
@@ -842,15 +841,6 @@ extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     c->gemm_wg_min = c->gemm_wg_min_env ? atoi(em) : GEMM_WG_MIN_DEFAULT;
 }
 
-extern "C" hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) {
-    if (!be || !be->ops || strcmp(be->ops->name, "cuda"))
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_gemm_wg_min: not a cuda backend");
-    if (rows < 1 || rows > 256)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_gemm_wg_min: %d rows (1..256)", rows);
-    hyla_cuda_ctx *c = (hyla_cuda_ctx *)be->ctx;
-    if (!c->gemm_wg_min_env) c->gemm_wg_min = rows;
-    return HYLA_OK;
-}
 
 /* y = x W^T (+ bias) (+ y) for M > 64 rows through k_gemm_big: the skinny kernel's bits, with
  * the tile shape chosen by the output's size (every shape gives the same bits): 128x128 by 4
@@ -887,13 +877,13 @@ extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int l
     int paired[HYLA_LINEAR_MULTI_MAX] = {0};
     for (int j = 0; j < n; j++) {
         if (paired[j]) continue;
-        int S, kchunk, mate = -1;
-        sk_plan(c, outs[j].N, K, &S, &kchunk);
+        int mate = -1;
         if (c->gemm_wg && M >= c->gemm_wg_min)
             for (int k = j + 1; k < n && mate < 0; k++)
                 if (!paired[k] && outs[k].N == outs[j].N) mate = k;
         if (mate >= 0) {
-            int done = 0;
+            int S, kchunk, done = 0;
+            sk_plan(c, outs[j].N, K, &S, &kchunk);
             HYLA_TRY(gemm_wg(c, (const __nv_bfloat16 *)xb, M, K, &outs[j], &outs[mate], S, kchunk, accumulate, &done));
             if (done) {
                 paired[mate] = 1;
