@@ -477,22 +477,32 @@ static void case_switches(const op_case *c) {
     CHECK_OK(hyla_cuda_switches(g2, b, sizeof b));
     CHECK_MSG(strstr(a, "gemm_wg_min=") && strstr(b, "gemm_wg=0") && strstr(b, "chunk_b_wg=0"),
               "switches: default '%s', with HYLA_CUDA_GEMM_WG=0 HYLA_CUDA_CHUNK_B_WG=0 '%s'", a, b);
-    const int M = 256, K = 2304, N = 2304;
-    float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K)), *x = randn((size_t)M * K, 1.0f);
-    round_bf16(W, (size_t)N * K);
-    hyla_weight *w1, *w2;
-    CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &w1));
-    CHECK_OK(g2->ops->weight_create(g2->ctx, W, HYLA_DT_F32, N, K, &w2));
-    void *x1 = dev(gpu, x, (size_t)M * K * 4), *y1 = dev(gpu, NULL, (size_t)M * N * 4);
-    void *x2 = dev(g2, x, (size_t)M * K * 4), *y2 = dev(g2, NULL, (size_t)M * N * 4);
-    CHECK_OK(gpu->ops->linear(gpu->ctx, x1, K, M, K, w1, NULL, y1, N, N, 0));
-    CHECK_OK(g2->ops->linear(g2->ctx, x2, K, M, K, w2, NULL, y2, N, N, 0));
-    float *h1 = host_of(gpu, y1, (size_t)M * N), *h2 = host_of(g2, y2, (size_t)M * N);
-    CHECK_MSG(!memcmp(h1, h2, (size_t)M * N * 4), "linear 256 x 2304 -> 2304: other bits with HYLA_CUDA_GEMM_WG=0");
-    free(h1), free(h2), free(W), free(x);
-    dfree(gpu, x1), dfree(gpu, y1), dfree(g2, x2), dfree(g2, y2);
-    gpu->ops->weight_destroy(gpu->ctx, w1);
-    g2->ops->weight_destroy(g2->ctx, w2);
+    /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
+     * the cluster's slice sum (64 rows), two warpgroups with the cluster's slice sum (256 x 2304
+     * -> 1152), one warpgroup and a producer warp over the whole K (256 x 2304 -> 2304, 100 x
+     * 2304 -> 6144, 160 x 4608 -> 2304), two warpgroups and a producer warp (256 x 2304 -> 6144,
+     * a part row block: 200 x 2304 -> 4608) */
+    const int shapes[][3] = {{64, 2304, 2304}, {256, 2304, 1152}, {256, 2304, 2304}, {100, 2304, 6144},
+                             {160, 4608, 2304}, {256, 2304, 6144}, {200, 2304, 4608}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+        float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K)), *x = randn((size_t)M * K, 1.0f);
+        round_bf16(W, (size_t)N * K);
+        hyla_weight *w1, *w2;
+        CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &w1));
+        CHECK_OK(g2->ops->weight_create(g2->ctx, W, HYLA_DT_F32, N, K, &w2));
+        void *x1 = dev(gpu, x, (size_t)M * K * 4), *y1 = dev(gpu, NULL, (size_t)M * N * 4);
+        void *x2 = dev(g2, x, (size_t)M * K * 4), *y2 = dev(g2, NULL, (size_t)M * N * 4);
+        CHECK_OK(gpu->ops->linear(gpu->ctx, x1, K, M, K, w1, NULL, y1, N, N, 0));
+        CHECK_OK(g2->ops->linear(g2->ctx, x2, K, M, K, w2, NULL, y2, N, N, 0));
+        float *h1 = host_of(gpu, y1, (size_t)M * N), *h2 = host_of(g2, y2, (size_t)M * N);
+        CHECK_MSG(!memcmp(h1, h2, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WG=0", M,
+                  K, N);
+        free(h1), free(h2), free(W), free(x);
+        dfree(gpu, x1), dfree(gpu, y1), dfree(g2, x2), dfree(g2, y2);
+        gpu->ops->weight_destroy(gpu->ctx, w1);
+        g2->ops->weight_destroy(g2->ctx, w2);
+    }
     hyla_backend_destroy(g2);
 }
 

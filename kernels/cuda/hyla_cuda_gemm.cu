@@ -784,14 +784,16 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
-/* The form for a shape: whole K per block where its 128 x 128 tiles fill at least half the SMs,
- * else one K slice per block with the slices summed across a cluster (sk_plan gives S from N
- * and K); in both a tile's products stay in flight while the next stage loads. On H100 at
- * 128-256 rows of the 1.68B GDN model's shapes (BENCHMARKS.md "Decode: large batches on
- * warpgroup products"): 256 x 2304 -> 6144 whole K 0.040 ms against 0.045 in slices, 6144 -> 2304
- * in slices 0.054 against 0.078 whole; 4608 columns alike; products in flight took 10-16 % off
- * whole K, nothing off slices. The other instances of the template (one warpgroup a block, 256
- * columns, other stage counts, products waited for) are the kernel lab's (dev/gemm_wg_forms).
+/* The form for a shape. Up to 64 rows: one warpgroup a block, one K slice per block summed
+ * across a cluster (sk_plan gives S from N and K), a tile's products in flight while the next
+ * stage loads. From 65 rows, by how many one-warpgroup blocks (64 x 128) the outputs make: more
+ * than the SMs, two warpgroups a block with a producer warp, whole K (k_gemm_wgp); fewer than a
+ * third of the SMs, the slices in a cluster (too few tiles to fill the GPU otherwise); between,
+ * one warpgroup a block with a producer warp, whole K, 6 stages. The kernel lab's times on H100,
+ * weights streamed from memory (kernels/cuda/dev/NOTES.md "Producer warps"), us, this choice
+ * against k_gemm_wg's forms before it: 256 x 2304 -> 2304 24.7 / 36.8, 256 x 4608 -> 2304 40.0 /
+ * 50.2, 256 x 2304 -> 6144 37.1 / 40.0, 128 x 2304 -> 6144 26.2 / 30.5; at 128 x 2304 -> 2304
+ * and 256 x 2304 -> 1152 the slices stay (24.5, 23.7). Every form gives the same bits.
  * o2 (or NULL): a second output of the same N and K, in the same launch; its tiles count in the
  * choice of form. */
 static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_linear_out *o,
@@ -807,8 +809,15 @@ static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
         if (S > 1) return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
         return launch_wg2<1, 128, 4, false, true>(WG_ARGS);
     }
-    if (S > 1 && 2L * nout * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
-    return launch_wg2<2, 128, 4, false, true>(WG_ARGS);
+    if (!c->gemm_wgp) { /* k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0), by its 128 x 128 tiles */
+        if (S > 1 && 2L * nout * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count)
+            return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
+        return launch_wg2<2, 128, 4, false, true>(WG_ARGS);
+    }
+    const long t1 = (long)nout * ((M + 63) / 64) * ((N + 127) / 128); /* one-warpgroup blocks */
+    if (t1 > c->sm_count) return launch_wg2<2, 128, 4, false, false, true>(WG_ARGS);
+    if (S > 1 && 3 * t1 < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
+    return launch_wg2<1, 128, 6, false, false, true>(WG_ARGS);
 #undef WG_ARGS
 }
 
@@ -827,7 +836,8 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
 
 /* At context creation: HYLA_CUDA_GEMM_WG=0 turns k_gemm_wg off (on by default where the build
  * has sm_90a code and the device is a Hopper), HYLA_CUDA_GEMM_WG_MIN moves the rows from which it
- * takes over (1-256; the same bits either way). The default, 33, is one GPU's (1.68B GDN decode,
+ * takes over (1-256; the same bits either way), HYLA_CUDA_GEMM_WGP=0 keeps the producer-warp
+ * forms out (gemm_wg). The default, 33, is one GPU's (1.68B GDN decode,
  * H100): from 65 rows against 129, B = 96 / 128 8.29 -> 7.42 / 9.85 -> 9.01 ms; from 33 against
  * 65 (one warpgroup a block up to 64 rows, cu_linear_multi's outputs narrower than a tile left
  * to the skinny kernel's grouped launch), B = 48 / 64 4.57 -> 4.44 / 5.43 -> 5.17 ms, B = 32
@@ -835,10 +845,11 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
  * sets 129 (hyla_cuda_set_gemm_wg_min). */
 #define GEMM_WG_MIN_DEFAULT 33
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
-    const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN");
+    const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN"), *ep = getenv("HYLA_CUDA_GEMM_WGP");
     c->gemm_wg = WG_BUILT && cc_major == 9 && !(e && !strcmp(e, "0"));
     c->gemm_wg_min_env = em && atoi(em) >= 1 && atoi(em) <= 256;
     c->gemm_wg_min = c->gemm_wg_min_env ? atoi(em) : GEMM_WG_MIN_DEFAULT;
+    c->gemm_wgp = !(ep && !strcmp(ep, "0"));
 }
 
 

@@ -263,6 +263,113 @@ __global__ void __launch_bounds__(128 * WGM, 1)
 #endif
 }
 
+/* k_gemm_wgp: k_gemm_wg with a producer warp. In k_gemm_wg every 64-k tile ends in a block
+ * barrier (the warpgroups wait for each other's products before thread 0 reissues the stage):
+ * ~500 of a ~1,500-cycle tile in its profile. Here a warp of its own issues the copies, and each
+ * stage has a second mbarrier, "empty", on which each consumer warpgroup arrives once its
+ * products of that stage are done (wgmma.wait_group 1 after the next tile's products are
+ * issued), so the consumers take no block barrier in the loop and the producer runs up to ST
+ * tiles ahead. The same products in the same order from the same zero accumulators: k_gemm_wg's
+ * bits (gemm_wg_forms and test_gpu_ops compare them). Whole K per block, or CL as k_gemm_wg;
+ * one or two outputs (wmap2, bias2, y2, ldy2) as k_gemm_wg. */
+template <int WGM, int BN, int ST, bool CL>
+__global__ void __launch_bounds__(128 * WGM + 32, 1)
+    k_gemm_wgp(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+               const __grid_constant__ CUtensorMap wmap2, int M, int K, int N, int kchunk, int S, const float *bias,
+               float *y, int ldy, const float *bias2, float *y2, int ldy2, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgCfg<WGM, BN, ST, CL> C;
+    constexpr int BM = C::BM;
+    extern __shared__ __align__(1024) unsigned char wgp_smem_raw[];
+    unsigned char *smem = wgp_smem_raw + ((1024 - (__cvta_generic_to_shared(wgp_smem_raw) & 1023)) & 1023);
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)smem;
+    uint64_t *full = (uint64_t *)(smem + (C::STAGING > C::PART ? C::STAGING : C::PART)), *empty = full + ST;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
+    /* the role as a warp-uniform value (a shuffle from lane 0), so that ptxas sees the products
+     * outside any divergent path */
+    const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) == WGM;
+    const int s = CL ? (int)blockIdx.x : 0;
+    const int ntl = (N + BN - 1) / BN, jt = CL ? (int)blockIdx.y : (int)blockIdx.x, second = jt >= ntl;
+    const int n0 = (jt - (second ? ntl : 0)) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
+    const CUtensorMap *wm = second ? &wmap2 : &wmap;
+    if (second) bias = bias2, y = y2, ldy = ldy2;
+    const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
+    const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
+    if (tid == 0) {
+        for (int b = 0; b < ST; b++) mbar_init(&full[b], 1), mbar_init(&empty[b], WGM);
+        fence_proxy_async_smem();
+    }
+    __syncthreads();
+    float acc[C::NACC], tot[CL ? 1 : C::NACC];
+    if (producer) {
+        if (lane == 0)
+            for (int t = 0; t < nkt; t++) {
+                const int b = t % ST;
+                if (t >= ST) mbar_wait(&empty[b], (unsigned)(t / ST - 1) & 1);
+                __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
+                mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
+                tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
+                tma_g2s_2d(ws, wm, kbeg + t * SK_K, n0, &full[b]);
+            }
+    } else {
+        if (CL) {
+#pragma unroll
+            for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+        }
+        bool first = true;
+        for (int t = 0; t < nkt; t++) {
+            const int kt = kbeg + t * SK_K, kt_end = kt + SK_K;
+            const bool begins = CL ? t == 0 : kt % kchunk == 0,
+                       ends = CL ? t == nkt - 1 : kt_end % kchunk == 0 || kt_end >= K;
+            if (!CL && begins) { /* a slice begins: from zero (nothing in flight: its last tile waited) */
+#pragma unroll
+                for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+            }
+            mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+            const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < SK_K / 16; j++)
+                wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
+            wg_commit();
+            if (!ends)
+                wg_wait<1>();
+            else
+                wg_wait<0>();
+            /* this warpgroup's products of tile t - 1 are done: its stage may be loaded again */
+            if (t > 0 && (tid & 127) == 0) mbar_arrive(&empty[(t - 1) % ST]);
+            if (!CL && ends) { /* end of a K slice: fold it in, slice order */
+#pragma unroll
+                for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
+                first = false;
+            }
+        }
+    }
+    const int rw = wg * 64 + (w & 3) * 16 + g;
+    if (!CL) {
+        if (producer) return;
+#pragma unroll
+        for (int i = 0; i < C::NACC; i++) {
+            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
+            if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
+        }
+        return;
+    }
+    /* CL: every copy has landed (the consumers waited for each), so the staging may hold the
+     * slice's partial tile; then the cluster's slice sum, the producer warp's threads helping */
+    __syncthreads();
+    float *P = reinterpret_cast<float *>(smem);
+    if (!producer) {
+#pragma unroll
+        for (int i = 0; i < C::NACC; i += 2)
+            *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
+    }
+    cooperative_groups::this_cluster().sync();
+    sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    cooperative_groups::this_cluster().sync();
+#endif
+}
+
 /* A 2-D tensor map of a bf16 [rows][K] matrix, boxes of `box` rows x 64 k in the 128-byte
  * swizzle (out-of-range elements read as zero). 0: cannot. */
 static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) {
@@ -276,12 +383,14 @@ static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) 
 }
 
 /* One output, or two of the same N and K from the same x in one launch (W2, bias2, y2, ldy2; W2
- * NULL: one). */
-template <int WGM, int BN, int ST, bool CL, bool OV>
+ * NULL: one). PW: k_gemm_wgp (a producer warp; OV does not apply), else k_gemm_wg. */
+template <int WGM, int BN, int ST, bool CL, bool OV, bool PW = false>
 static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
                               int kchunk, int S, const float *bias, float *y, int ldy, hyla_weight *W2,
                               const float *bias2, float *y2, int ldy2, int accumulate, int *done) {
     typedef WgCfg<WGM, BN, ST, CL> C;
+    const size_t smem = C::SMEM + (PW ? 8 * ST : 0); /* + k_gemm_wgp's empty barriers */
+    auto kern = PW ? k_gemm_wgp<WGM, BN, ST, CL> : k_gemm_wg<WGM, BN, ST, CL, OV>;
     *done = 0;
     /* the weights' maps, made once per box height and kept with them */
     const int wi = BN == 256;
@@ -292,9 +401,8 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     static int attr_set[16]; /* per device ordinal, as launch_big */
     int *slot = c->device >= 0 && c->device < 16 ? &attr_set[c->device] : NULL;
     if (!slot || !__atomic_load_n(slot, __ATOMIC_RELAXED)) {
-        CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)C::SMEM));
-        if (CL) CU_TRY(cudaFuncSetAttribute(k_gemm_wg<WGM, BN, ST, CL, OV>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (CL) CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         if (slot) __atomic_store_n(slot, 1, __ATOMIC_RELAXED);
     }
     const unsigned nt = (unsigned)((N + BN - 1) / BN) * (W2 ? 2u : 1u), mt = (unsigned)((M + C::BM - 1) / C::BM);
@@ -302,8 +410,8 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
     cfg.gridDim = CL ? dim3((unsigned)S, nt, mt) : dim3(nt, mt);
-    cfg.blockDim = dim3(C::NTH);
-    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.blockDim = dim3(C::NTH + (PW ? 32 : 0));
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = CL ? (unsigned)S : 1;
@@ -311,9 +419,9 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = CL ? 1 : 0;
-    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wg<WGM, BN, ST, CL, OV>, xm, W->wg_map[wi], W2 ? W2->wg_map[wi] : W->wg_map[wi],
-                              M, K, N, kchunk, S, bias, y, ldy, bias2, y2, ldy2, accumulate));
-    CU_LAUNCH_CHECK("linear (warpgroup products)");
+    CU_TRY(cudaLaunchKernelEx(&cfg, kern, xm, W->wg_map[wi], W2 ? W2->wg_map[wi] : W->wg_map[wi], M, K, N, kchunk, S,
+                              bias, y, ldy, bias2, y2, ldy2, accumulate));
+    CU_LAUNCH_CHECK(PW ? "linear (warpgroup products, producer warp)" : "linear (warpgroup products)");
 #ifdef HYLA_WG_PROFILE
     k_wgprof_print<<<1, 1, 0, c->stream>>>();
 #endif
@@ -321,10 +429,10 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
-template <int WGM, int BN, int ST, bool CL, bool OV>
+template <int WGM, int BN, int ST, bool CL, bool OV, bool PW = false>
 static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
                              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
-    return launch_wg2<WGM, BN, ST, CL, OV>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, NULL, NULL, NULL, 0, accumulate,
+    return launch_wg2<WGM, BN, ST, CL, OV, PW>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, NULL, NULL, NULL, 0, accumulate,
                                            done);
 }
 

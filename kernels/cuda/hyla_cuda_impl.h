@@ -127,6 +127,7 @@ typedef struct hyla_cuda_ctx {
                              * skinny kernel's bits; HYLA_CUDA_GEMM_WG=0: off) */
     int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (1-256, default 33; hyla_cuda_set_gemm_wg_min) */
     int gemm_wg_min_env;    /* gemm_wg_min came from the environment (the setter leaves it) */
+    int gemm_wgp;           /* k_gemm_wgp (producer warp) from 65 rows (HYLA_CUDA_GEMM_WGP=0: k_gemm_wg only) */
     int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (Hopper; HYLA_CUDA_CHUNK_B_WG=0: off) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536

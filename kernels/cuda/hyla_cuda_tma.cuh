@@ -22,6 +22,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t *m, unsigned parity) {
     asm volatile("{\n .reg .pred P1;\n LAB_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n @P1 bra DONE;\n"
                  " bra LAB_WAIT;\n DONE:\n }\n" ::"r"(smem_u32(m)), "r"(parity) : "memory");
 }
+/* a plain arrival (no transaction bytes): a consumer telling the producer a stage is free */
+__device__ __forceinline__ void mbar_arrive(uint64_t *m) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(m)) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* one box of a 2-D tensor map ({inner x, outer y}) */
 __device__ __forceinline__ void tma_g2s_2d(void *dst, const CUtensorMap *map, int x, int y, uint64_t *m) {

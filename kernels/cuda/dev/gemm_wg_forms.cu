@@ -196,147 +196,6 @@ static hyla_status launch_ps(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, i
     return HYLA_OK;
 }
 
-/* k_gemm_wgp: k_gemm_wg with a producer warp. The profile of k_gemm_wg (NOTES.md "The staged
- * runs, run") puts ~500 cycles of a ~1,500-cycle 64-k tile in its block barrier: every tile the
- * warpgroups wait for each other's products before thread 0 reissues the stage. Here a warp of
- * its own issues the copies and each stage has a second mbarrier, "empty", on which each
- * consumer warpgroup arrives once its products of that stage are done (wgmma.wait_group 1 after
- * the next tile's products are issued); the consumers never take a block barrier in the loop.
- * The same products in the same order: the bits of k_gemm_wg. */
-__device__ __forceinline__ void mbar_arrive(uint64_t *m) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(m)) : "memory");
-}
-
-template <int WGM, int BN, int ST, bool CL>
-__global__ void __launch_bounds__(128 * WGM + 32, 1)
-    k_gemm_wgp(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K, int N,
-               int kchunk, int S, const float *bias, float *y, int ldy, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgCfg<WGM, BN, ST, CL> C;
-    constexpr int BM = C::BM;
-    extern __shared__ __align__(1024) unsigned char wgp_smem_raw[];
-    unsigned char *smem = wgp_smem_raw + ((1024 - (__cvta_generic_to_shared(wgp_smem_raw) & 1023)) & 1023);
-    __nv_bfloat16 *sm = (__nv_bfloat16 *)smem;
-    uint64_t *full = (uint64_t *)(smem + (C::STAGING > C::PART ? C::STAGING : C::PART)), *empty = full + ST;
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
-    /* the role as a warp-uniform value (a shuffle from lane 0), so that ptxas sees the products
-     * outside any divergent path */
-    const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) == WGM;
-    const int s = CL ? (int)blockIdx.x : 0;
-    const int n0 = (CL ? blockIdx.y : blockIdx.x) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
-    const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
-    const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
-    if (tid == 0) {
-        for (int b = 0; b < ST; b++) mbar_init(&full[b], 1), mbar_init(&empty[b], WGM);
-        fence_proxy_async_smem();
-    }
-    __syncthreads();
-    float acc[C::NACC], tot[CL ? 1 : C::NACC];
-    if (producer) {
-        if (lane == 0)
-            for (int t = 0; t < nkt; t++) {
-                const int b = t % ST;
-                if (t >= ST) mbar_wait(&empty[b], (unsigned)(t / ST - 1) & 1);
-                __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
-                mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
-                tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
-                tma_g2s_2d(ws, &wmap, kbeg + t * SK_K, n0, &full[b]);
-            }
-    } else {
-        if (CL) {
-#pragma unroll
-            for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
-        }
-        bool first = true;
-        for (int t = 0; t < nkt; t++) {
-            const int kt = kbeg + t * SK_K, kt_end = kt + SK_K;
-            const bool begins = CL ? t == 0 : kt % kchunk == 0,
-                       ends = CL ? t == nkt - 1 : kt_end % kchunk == 0 || kt_end >= K;
-            if (!CL && begins) {
-#pragma unroll
-                for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
-            }
-            mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
-            const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
-            wg_fence();
-#pragma unroll
-            for (int j = 0; j < SK_K / 16; j++)
-                wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
-            wg_commit();
-            if (!ends)
-                wg_wait<1>();
-            else
-                wg_wait<0>();
-            /* this warpgroup's products of tile t - 1 are done: its stage may be loaded again */
-            if (t > 0 && (tid & 127) == 0) mbar_arrive(&empty[(t - 1) % ST]);
-            if (!CL && ends) {
-#pragma unroll
-                for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
-                first = false;
-            }
-        }
-    }
-    const int rw = wg * 64 + (w & 3) * 16 + g;
-    if (!CL) {
-        if (producer) return;
-#pragma unroll
-        for (int i = 0; i < C::NACC; i++) {
-            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
-            if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
-        }
-        return;
-    }
-    /* CL: every copy has landed (the consumers waited for each), so the staging may hold the
-     * slice's partial tile; then the cluster's slice sum, the producer warp's threads helping */
-    __syncthreads();
-    float *P = reinterpret_cast<float *>(smem);
-    if (!producer) {
-#pragma unroll
-        for (int i = 0; i < C::NACC; i += 2)
-            *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
-    }
-    cooperative_groups::this_cluster().sync();
-    sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
-    cooperative_groups::this_cluster().sync();
-#endif
-}
-
-template <int WGM, int BN, int ST, bool CL>
-static hyla_status launch_wgp(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
-                              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
-    typedef WgCfg<WGM, BN, ST, CL> C;
-    const size_t smem = C::SMEM + 8 * ST; /* the empty barriers */
-    *done = 0;
-    const int wi = BN == 256;
-    if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
-    CUtensorMap xm;
-    if (W->wg_map_state[wi] < 0 || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
-    static int attr_set;
-    if (!attr_set) {
-        CU_TRY(cudaFuncSetAttribute(k_gemm_wgp<WGM, BN, ST, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        if (CL) CU_TRY(cudaFuncSetAttribute(k_gemm_wgp<WGM, BN, ST, CL>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        attr_set = 1;
-    }
-    const unsigned nt = (unsigned)((N + BN - 1) / BN), mt = (unsigned)((M + C::BM - 1) / C::BM);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = CL ? dim3((unsigned)S, nt, mt) : dim3(nt, mt);
-    cfg.blockDim = dim3(C::NTH + 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL ? (unsigned)S : 1;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = CL ? 1 : 0;
-    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wgp<WGM, BN, ST, CL>, xm, W->wg_map[wi], M, K, N, kchunk, S, bias, y, ldy,
-                              accumulate));
-    CU_LAUNCH_CHECK("linear (warpgroup products, producer warp)");
-    *done = 1;
-    return HYLA_OK;
-}
-
 struct Form {
     const char *name;
     int wgm; /* warpgroups along M: the rows a block covers are 64 wgm */
@@ -359,7 +218,8 @@ static hyla_status ps_form(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
     return launch_ps<BN, ST>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, accumulate, (float *)part, c->sk_count, done);
 }
 #define PS(name, BN, ST) {name, 1, 0, ps_form<BN, ST>}
-#define WGP(name, WGM, BN, ST, CL) {name, WGM, CL, launch_wgp<WGM, BN, ST, CL>}
+/* k_gemm_wgp (the producer-warp form, hyla_cuda_gemm_wg.cuh) */
+#define WGP(name, WGM, BN, ST, CL) {name, WGM, CL, launch_wg<WGM, BN, ST, CL, false, true>}
 static const Form forms[] = {
     FORM("whole K, 2 wg x 128, 4 st, in flight (product)", 2, 128, 4, false, true),
     FORM("slices, 2 wg x 128, 3 st, in flight (product)", 2, 128, 3, true, true),
