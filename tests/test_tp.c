@@ -127,12 +127,12 @@ static void check_arch(const char *arch) {
     if (!g || !mid1) goto out;
     for (int r = 0; r < T; r++) rts[r] = hyla_tp_rank_runtime(g, r);
     if (cuda && hyla_cuda_switches && !getenv("HYLA_CUDA_GEMM_WG_MIN")) {
-        /* the warpgroup linear from 33 decode rows on one GPU, from 129 on a rank (its half-width
+        /* the warpgroup linear from 33 decode rows on one GPU, from 65 on a rank (its half-width
          * linears' faster form) */
         char s1[256] = "", sr[256] = "";
         CHECK_OK(hyla_cuda_switches(be1, s1, sizeof s1));
         CHECK_OK(hyla_cuda_switches(hyla_tp_rank_backend(g, T - 1), sr, sizeof sr));
-        CHECK_MSG(strstr(s1, "gemm_wg_min=33 ") && strstr(sr, "gemm_wg_min=129 "),
+        CHECK_MSG(strstr(s1, "gemm_wg_min=33 ") && strstr(sr, "gemm_wg_min=65 "),
                   "%s: switches of the unsplit model '%s', of a rank '%s'", arch, s1, sr);
         CHECK_MSG(hyla_cuda_set_gemm_wg_min(be1, 0) == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "0 rows"),
                   "hyla_cuda_set_gemm_wg_min(0): %s", hyla_last_error());
@@ -410,7 +410,7 @@ int main(int argc, char **argv) {
         hyla_backend *cb = NULL;
         CHECK_OK(hyla_backend_create("cpu", &cb));
         if (cb) {
-            CHECK_MSG(hyla_cuda_set_gemm_wg_min(cb, 129) == HYLA_ERR_INVALID_ARG &&
+            CHECK_MSG(hyla_cuda_set_gemm_wg_min(cb, 65) == HYLA_ERR_INVALID_ARG &&
                           strstr(hyla_last_error(), "not a cuda backend"),
                       "hyla_cuda_set_gemm_wg_min on the CPU backend: %s", hyla_last_error());
             hyla_backend_destroy(cb);

@@ -403,10 +403,11 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     for (int t = 0; t < T; t++) {
         g->rt[t] = rts[t];
         g->ref[t] = (rank_ref){g, t, 0};
-        /* a rank's half-width decode linears of 33-128 rows run faster on the skinny kernel's
-         * cluster form than on the warpgroup one (1.68B GDN, TP = 2: B = 64 7 %, B = 96 / 128 3 %
-         * per step; one GPU's whole-width linears gain 3-10 % from it, its default); the same bits */
-        if (g->cuda && hyla_cuda_set_gemm_wg_min) (void)hyla_cuda_set_gemm_wg_min(rts[t]->be, 129);
+        /* a rank's half-width decode linears of 33-64 rows run faster on the skinny kernel's
+         * cluster form than on the warpgroup one's (1.68B GDN, TP = 2: B = 64 7 % per step), those
+         * of 65 and more on the warpgroup forms with a producer warp (B = 96 / 128 9 % / 11 %
+         * shorter than from 129 on 2 x H200); the same bits */
+        if (g->cuda && hyla_cuda_set_gemm_wg_min) (void)hyla_cuda_set_gemm_wg_min(rts[t]->be, 65);
     }
     hyla_status st = HYLA_OK;
     for (int t = 1; st == HYLA_OK && t < T; t++) {

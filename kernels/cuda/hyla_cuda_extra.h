@@ -51,7 +51,7 @@ hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
 hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
 /* The fewest decode rows the warpgroup linear (k_gemm_wg) takes, 1..256 (default 33; the same
  * bits whichever kernel runs). HYLA_CUDA_GEMM_WG_MIN in the environment, when set, wins: the call
- * then changes nothing. Tensor-parallel groups set 129 for their ranks (worker/hyla_tp.c). */
+ * then changes nothing. Tensor-parallel groups set 65 for their ranks (worker/hyla_tp.c). */
 hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows);
 /* CUDA graphs for repeated op sequences (docs/CUDA.md "Graphs"): on by default
  * (HYLA_CUDA_GRAPHS=0 in the environment turns them off at creation). Results are the same

@@ -842,7 +842,7 @@ extern "C" int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K) {
  * 65 (one warpgroup a block up to 64 rows, cu_linear_multi's outputs narrower than a tile left
  * to the skinny kernel's grouped launch), B = 48 / 64 4.57 -> 4.44 / 5.43 -> 5.17 ms, B = 32
  * within 0.5 %. A tensor-parallel rank's half-width linears are 3-7 % slower on it, so its group
- * sets 129 (hyla_cuda_set_gemm_wg_min). */
+ * sets 65 (hyla_cuda_set_gemm_wg_min: from 65 rows the producer-warp forms make them faster). */
 #define GEMM_WG_MIN_DEFAULT 33
 extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     const char *e = getenv("HYLA_CUDA_GEMM_WG"), *em = getenv("HYLA_CUDA_GEMM_WG_MIN"), *ep = getenv("HYLA_CUDA_GEMM_WGP");
