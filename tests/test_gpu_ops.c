@@ -707,16 +707,17 @@ static void case_linear_multi(const op_case *c) {
 
 /* swiglu_linear == swiglu then the down projection, bit for bit on the GPU: prompt rows (the
  * SwiGLU formed while rounding to bf16; 1024-row blocks straight into y and a partial block,
- * and a row alone) against swiglu + linear_multi(HYLA_LINEAR_PREFILL), decode rows against
+ * and a row alone) against swiglu + linear_multi(HYLA_LINEAR_PREFILL), decode rows (the skinny
+ * kernel's staging at 1 row, the large-M path's bf16 pass at 40 and 200 on Hopper) against
  * swiglu + linear; close to the CPU. */
 static void case_swiglu_linear(const op_case *oc) {
     (void)oc;
-    const int K = 6144, N = 2304, Ms[3] = {1300, 40, 1};
+    const int K = 6144, N = 2304, Ms[4] = {1300, 40, 1, 200};
     float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K));
     hyla_weight *wc, *wg;
     CHECK_OK(cpu->ops->weight_create(cpu->ctx, W, HYLA_DT_F32, N, K, &wc));
     CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &wg));
-    for (int mi = 0; mi < 3; mi++)
+    for (int mi = 0; mi < 4; mi++)
         for (int fl = 0; fl < 2; fl++) {
             const int M = Ms[mi], flags = fl ? HYLA_LINEAR_PREFILL : 0;
             float *g = randn((size_t)M * K, 2.0f), *u = randn((size_t)M * K, 1.0f);
@@ -754,7 +755,7 @@ static void case_swiglu_linear(const op_case *oc) {
  * the CPU. */
 static void case_gated_rmsnorm_linear(const op_case *oc) {
     (void)oc;
-    const int N = 2304, Ms[2] = {1300, 40};
+    const int N = 2304, Ms[3] = {1300, 40, 200};
     const int HD[3][2] = {{18, 256}, {18, 128}, {2, 1024}};
     for (int hi = 0; hi < 3; hi++) {
         const int H = HD[hi][0], D = HD[hi][1], K = H * D;
@@ -763,7 +764,7 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
         CHECK_OK(cpu->ops->weight_create(cpu->ctx, W, HYLA_DT_F32, N, K, &wc));
         CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &wg));
         pair pn = pair_new(nw, D);
-        for (int mi = 0; mi < 2; mi++)
+        for (int mi = 0; mi < 3; mi++)
             for (int v = 0; v < 4; v++) {
                 const int M = Ms[mi], fl = v & 1, gated = v >> 1, flags = fl ? HYLA_LINEAR_PREFILL : 0;
                 float *o = randn((size_t)M * K, 1.0f), *g = randn((size_t)M * K, 2.0f);

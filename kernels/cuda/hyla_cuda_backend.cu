@@ -645,7 +645,9 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
 /* Prompt rows: the SwiGLU is formed in the pass that rounds each block of rows to the GEMM's bf16
  * operand (the same values as swiglu then that rounding, one pass over gate and up fewer);
  * decode rows that cu_linear would give the skinny kernel: that kernel forms it as it stages x
- * (the same values again, one launch fewer); other rows: swiglu in place, then linear. */
+ * (the same values again, one launch fewer); decode rows of the large-M path (the warpgroup
+ * linear, k_gemm_big): formed in the pass that rounds them to its bf16 operand, as prompt rows
+ * (no fp32 write, one launch fewer); other rows: swiglu in place, then linear. */
 extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
                                         float *y, int N, int flags) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
@@ -659,12 +661,19 @@ extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up,
     /* decode rows on the skinny kernel's path of cu_linear: it forms the SwiGLU as it stages x */
     if (!cu_gemm_big_ok(c, M, K) && M <= 256 && K % 8 == 0)
         return cu_skinny_linear(c, gate, K, M, K, W, NULL, y, N, N, 0, up);
+    if (cu_gemm_big_ok(c, M, K)) {
+        void *xb;
+        HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+        HYLA_TRY(cu_swiglu_bf16_rows(c, gate, up, K, M, K, (__nv_bfloat16 *)xb));
+        return cu_gemm_big_xb(c, (const __nv_bfloat16 *)xb, M, K, W, NULL, y, N, N, 0);
+    }
     HYLA_TRY(cu_swiglu(ctx, gate, up, gate, (size_t)M * K));
     return cu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
 }
 
-/* Prompt rows: the norm writes each block of rows as the GEMM's bf16 operand; other rows: the
- * norm in place, then linear. */
+/* Prompt rows: the norm writes each block of rows as the GEMM's bf16 operand; decode rows of the
+ * large-M path likewise, its operand in one pass (no fp32 write, one launch fewer); other rows:
+ * the norm in place, then linear. */
 extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D,
                                                float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
@@ -675,6 +684,12 @@ extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float 
         const hyla_linear_out lo = {W, NULL, y, N, N};
         prompt_pro pro = {NULL, gate, w, H, D, eps};
         return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro);
+    }
+    if (cu_gemm_big_ok(c, M, K)) {
+        void *xb;
+        HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+        HYLA_TRY(cu_gated_rmsnorm_bf16(c, o, gate, w, (__nv_bfloat16 *)xb, M * H, D, eps));
+        return cu_gemm_big_xb(c, (const __nv_bfloat16 *)xb, M, K, W, NULL, y, N, N, 0);
     }
     HYLA_TRY(cu_gated_rmsnorm(ctx, o, gate, w, o, M * H, D, eps));
     return cu_linear(ctx, o, K, M, K, W, NULL, y, N, N, 0);

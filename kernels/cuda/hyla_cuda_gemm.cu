@@ -907,6 +907,11 @@ extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int l
     return HYLA_OK;
 }
 
+extern "C" hyla_status cu_gemm_big_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *W,
+                                      const float *bias, float *y, int ldy, int N, int accumulate) {
+    return gemm_big_bf16(c, xb, M, K, W, bias, y, ldy, N, accumulate);
+}
+
 extern "C" hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                                    const float *bias, float *y, int ldy, int N, int accumulate) {
     const hyla_linear_out o = {W, bias, y, ldy, N};

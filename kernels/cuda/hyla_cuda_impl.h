@@ -270,6 +270,9 @@ int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K);
 void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major);
 hyla_status cu_gemm_big(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                         const float *bias, float *y, int ldy, int N, int accumulate);
+/* cu_gemm_big from x already rounded to bf16 rows [M][K] (a fused elementwise pass wrote them) */
+hyla_status cu_gemm_big_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *W,
+                           const float *bias, float *y, int ldy, int N, int accumulate);
 hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                               const hyla_linear_out *outs, int accumulate);
 hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
