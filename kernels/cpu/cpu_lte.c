@@ -15,15 +15,15 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "hyla_detmath.h"
 
 static int lte_rows(const hyla_lte_params *p) { return p->sink + p->window + p->budget; }
 
 static size_t score_scratch_floats(const hyla_lte_params *p, int T) { return 2 * (size_t)T * p->Hk * hyla_lte_maxch(p); }
 
-/* The CNN's Swish with its exponential in double, rounded once: libm's expf is not correctly
- * rounded in every case, a double exp rounded to float is (but for ~2^-28 of inputs), so a GPU
- * backend computing the same expression gets the same scores bit for bit. */
-static float lte_silu(float x) { return x / (1.0f + (float)exp(-(double)x)); }
+/* The CNN's Swish with its exponential in double (hyla_detmath.h: the same bits as the GPU
+ * backend's, which libm's exp and CUDA's are not in every case), rounded once. */
+static float lte_silu(float x) { return x / (1.0f + (float)hyla_exp_det(-(double)x)); }
 
 /* [LTE-2] The CNN over x [T][Hk][ch0] (positions x0..), into r [T-2h][Hk]. a, b: scratch of
  * T*Hk*maxch floats each. Layer l's activation at position t is computed from layer l-1 at
@@ -67,7 +67,7 @@ static void lte_cnn(const hyla_lte_params *p, const float *x, int T, int x0, flo
             const float *xi = in + ((size_t)t * Hk + h) * cin;
             float acc = p->proj_b[h];
             for (int j = 0; j < cin; j++) acc += p->proj_w[(size_t)h * cin + j] * xi[j];
-            r[(size_t)(t - lo) * Hk + h] = (float)(1.0 / (1.0 + exp(-(double)acc)));
+            r[(size_t)(t - lo) * Hk + h] = (float)(1.0 / (1.0 + hyla_exp_det(-(double)acc)));
         }
 }
 

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "hyla_cuda_impl.h"
+#include "hyla_detmath.h"
 
 #define LT_THREADS 128
 #define LT_ATT_WARPS 8     /* warps of an attention block */
@@ -113,7 +114,7 @@ static int lte_next_scored(const hyla_lte_params *p, int N) {
 }
 
 __device__ __forceinline__ float lte_silu(float x) {
-    return __fdiv_rn(x, __fadd_rn(1.0f, (float)exp(-(double)x))); /* x / (1 + expf(-x)), rounded once */
+    return __fdiv_rn(x, __fadd_rn(1.0f, (float)hyla_exp_det(-(double)x))); /* cpu_lte.c's expression */
 }
 
 __device__ __forceinline__ int lte_pos_row(const lte_geo g, int pos) { return pos < g.s ? pos : g.s + (pos - g.s) % g.w; }
@@ -152,7 +153,7 @@ __global__ void k_lte_proj(const float *in, int cin, const float *pw, const floa
     const float *xi = in + ((size_t)t * Hk + h) * cin;
     float acc = pb[h];
     for (int j = 0; j < cin; j++) acc = __fadd_rn(acc, __fmul_rn(pw[(size_t)h * cin + j], xi[j]));
-    r[(size_t)(t - lo) * Hk + h] = (float)(1.0 / (1.0 + exp(-(double)acc)));
+    r[(size_t)(t - lo) * Hk + h] = (float)(1.0 / (1.0 + hyla_exp_det(-(double)acc)));
 }
 
 static unsigned blocks_for(long long n) { return (unsigned)((n + LT_THREADS - 1) / LT_THREADS); }
