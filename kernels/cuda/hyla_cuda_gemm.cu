@@ -784,16 +784,17 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     return HYLA_OK;
 }
 
-/* The form for a shape. Up to 64 rows: one warpgroup a block, one K slice per block summed
- * across a cluster (sk_plan gives S from N and K), a tile's products in flight while the next
- * stage loads. From 65 rows, by how many one-warpgroup blocks (64 x 128) the outputs make: more
- * than the SMs, two warpgroups a block with a producer warp, whole K (k_gemm_wgp); fewer than a
- * third of the SMs, the slices in a cluster (too few tiles to fill the GPU otherwise); between,
- * one warpgroup a block with a producer warp, whole K, 6 stages. The kernel lab's times on H100,
+/* The form for a shape, by the number t1 of 64 x 128 one-warpgroup blocks the outputs make
+ * (sk_plan gives the slices S from N and K). Whole K per block runs k_gemm_wgp (a producer warp,
+ * 6 stages); "slices" is k_gemm_wg's cluster form, one K slice per block summed across the
+ * cluster. Up to 64 rows: slices (one warpgroup) where t1 is under a third of the SMs, else one
+ * warpgroup whole K. From 65 rows: two warpgroups whole K where t1 exceeds the SMs; slices (two
+ * warpgroups) under a sixth of them; else one warpgroup whole K. The kernel lab's times on H100,
  * weights streamed from memory (kernels/cuda/dev/NOTES.md "Producer warps"), us, this choice
- * against k_gemm_wg's forms before it: 256 x 2304 -> 2304 24.7 / 36.8, 256 x 4608 -> 2304 40.0 /
- * 50.2, 256 x 2304 -> 6144 37.1 / 40.0, 128 x 2304 -> 6144 26.2 / 30.5; at 128 x 2304 -> 2304
- * and 256 x 2304 -> 1152 the slices stay (24.5, 23.7). Every form gives the same bits.
+ * against k_gemm_wg's forms: 256 x 2304 -> 2304 20.1 / 36.8, 256 x 4608 -> 2304 29.9 / 50.2,
+ * 256 x 2304 -> 6144 30.8 / 40.0, 128 x 6144 -> 2304 33.7 / 36.3, 64 x 2304 -> 6144 20.2 / 22.6,
+ * the LM head at 64 rows 67.1 / 80.4; slices stay best at 64 x 2304 -> 2304 (15.7 against 19.1)
+ * and 128 x 2304 -> 1152. Every form gives the same bits.
  * o2 (or NULL): a second output of the same N and K, in the same launch; its tiles count in the
  * choice of form. */
 static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_linear_out *o,
@@ -805,18 +806,22 @@ static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
     float *y2 = o2 ? o2->y : NULL;
     const int ldy2 = o2 ? o2->ldy : 0;
 #define WG_ARGS c, xb, M, K, W, N, kchunk, S, o->bias, o->y, o->ldy, W2, b2, y2, ldy2, accumulate, done
-    if (M <= 64) { /* one warpgroup a block: no rows of padding past 64 */
-        if (S > 1) return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
-        return launch_wg2<1, 128, 4, false, true>(WG_ARGS);
-    }
-    if (!c->gemm_wgp) { /* k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0), by its 128 x 128 tiles */
+    const long t1 = (long)nout * ((M + 63) / 64) * ((N + 127) / 128); /* one-warpgroup blocks */
+    if (!c->gemm_wgp) { /* k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0) */
+        if (M <= 64) { /* one warpgroup a block: no rows of padding past 64 */
+            if (S > 1) return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
+            return launch_wg2<1, 128, 4, false, true>(WG_ARGS);
+        }
         if (S > 1 && 2L * nout * ((M + 127) / 128) * ((N + 127) / 128) < c->sm_count)
             return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
         return launch_wg2<2, 128, 4, false, true>(WG_ARGS);
     }
-    const long t1 = (long)nout * ((M + 63) / 64) * ((N + 127) / 128); /* one-warpgroup blocks */
-    if (t1 > c->sm_count) return launch_wg2<2, 128, 4, false, false, true>(WG_ARGS);
-    if (S > 1 && 3 * t1 < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
+    if (M <= 64) {
+        if (S > 1 && 3 * t1 < c->sm_count) return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
+        return launch_wg2<1, 128, 6, false, false, true>(WG_ARGS);
+    }
+    if (t1 > c->sm_count) return launch_wg2<2, 128, 6, false, false, true>(WG_ARGS);
+    if (S > 1 && 6 * t1 < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
     return launch_wg2<1, 128, 6, false, false, true>(WG_ARGS);
 #undef WG_ARGS
 }

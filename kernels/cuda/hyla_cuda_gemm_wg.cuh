@@ -92,7 +92,8 @@ struct WgCfg {
 
 /* -DHYLA_WG_PROFILE (diagnostic builds only): thread 0 of the first and the last block of each
  * of the first 16 launches of at most 512 rows adds up its cycles by phase — the prologue, per tile the wait for the
- * stage, the products (issue to done) and the barrier, then the cluster's barriers and its sum —
+ * stage, the products (issue to done) and the barrier (k_gemm_wgp: the producer's waits for a
+ * free stage), then the cluster's barriers and its sum —
  * and records them in device memory; launch_wg then prints them from a one-thread kernel. The
  * products kernel itself has no call in it: a printf there would make ptxas serialize every
  * wgmma of the kernel, and the profile would time another kernel. */
@@ -102,25 +103,43 @@ struct WgProfRec {
     unsigned blin, bn;
     long long pf[9];
 };
-__device__ int g_wgprof_launches, g_wgprof_n, g_wgprof_printed;
-__device__ WgProfRec g_wgprof[32];
+static __device__ int g_wgprof_launches, g_wgprof_n, g_wgprof_printed; /* per translation unit */
+static __device__ WgProfRec g_wgprof[32];
 __device__ __forceinline__ long long wg_clock() {
     long long t;
     asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
     return t;
 }
-__global__ void k_wgprof_print() {
-    static const char *forms[4] = {"whole K", "whole K, in flight", "slices", "slices, in flight"};
+static __global__ void k_wgprof_print() {
+    /* the producer-warp forms' "barriers": the producer's waits for a free stage */
+    static const char *forms[6] = {"whole K",        "whole K, in flight",     "slices", "slices, in flight",
+                                   "producer, whole K", "producer, slices"};
     const int n = g_wgprof_n < 32 ? g_wgprof_n : 32;
     for (int i = g_wgprof_printed; i < n; i++) {
         const WgProfRec *r = &g_wgprof[i];
         printf("gemm_wg profile: %s %d x %d -> %d, %d slices (block %u of %u, %d tiles): prologue %lld, waits "
                "%lld, products %lld, barriers %lld, loop end %lld; cluster barrier %lld, sum %lld, barrier "
                "%lld; total %lld cycles\n",
-               forms[r->form & 3], r->M, r->K, r->N, r->S, r->blin, r->bn, r->nkt, r->pf[0], r->pf[1], r->pf[2],
+               forms[r->form < 6 ? r->form : 0], r->M, r->K, r->N, r->S, r->blin, r->bn, r->nkt, r->pf[0], r->pf[1], r->pf[2],
                r->pf[3], r->pf[4], r->pf[5], r->pf[6], r->pf[7], r->pf[8]);
     }
     g_wgprof_printed = n;
+}
+/* thread 0's record of its block (the first or the last of the grid, the first 16 launches) */
+__device__ __forceinline__ void wg_prof_report(int form, int M, int K, int N, int S, int nkt, const long long *pf,
+                                               long long pt0) {
+    if (M > 512) return; /* the decode rows it is for, not a bench's large products ahead of them */
+    const unsigned blin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+                   bn = gridDim.x * gridDim.y * gridDim.z;
+    if (threadIdx.x != 0 || (blin != 0 && blin != bn - 1)) return;
+    const int launch = blin == 0 ? atomicAdd(&g_wgprof_launches, 1) : atomicAdd(&g_wgprof_launches, 0) - 1;
+    if (launch >= 16) return;
+    const int slot = atomicAdd(&g_wgprof_n, 1);
+    if (slot >= 32) return;
+    WgProfRec *r = &g_wgprof[slot];
+    r->form = form, r->M = M, r->K = K, r->N = N, r->S = S, r->nkt = nkt, r->blin = blin, r->bn = bn;
+    for (int i = 0; i < 8; i++) r->pf[i] = pf[i];
+    r->pf[8] = wg_clock() - pt0;
 }
 #define WG_PROF(...) __VA_ARGS__
 #else
@@ -167,74 +186,57 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     __syncthreads();
     WG_PROF(pf[0] = wg_clock() - pt0);
     float acc[C::NACC], tot[CL ? 1 : C::NACC];
-    if (CL) { /* the block's one slice, from zero (here, so no register of the products in flight
-               * is written inside the loop) */
+    /* One K slice at a time, as k_gemm_wgp (whose comment says why): the accumulator zeroed
+     * before a slice's first products, folded in after its last tile's */
+    bool first = true;
+    int t = 0;
+    for (int k0 = kbeg; k0 < kend;) {
+        int k1 = CL ? kend : (k0 / kchunk + 1) * kchunk;
+        if (k1 > kend) k1 = kend;
+        const int tn = (k1 - k0 + SK_K - 1) / SK_K;
 #pragma unroll
         for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
-    }
-    bool first = true;
-    for (int t = 0; t < nkt; t++) {
-        const int kt = kbeg + t * SK_K, kt_end = kt + SK_K;
-        const bool begins = CL ? t == 0 : kt % kchunk == 0, ends = CL ? t == nkt - 1 : kt_end % kchunk == 0 || kt_end >= K;
-        if (!OV) {
-            /* after the barrier every warpgroup has finished tile t - 1's products (waited for
-             * below), so its stage may be loaded again */
-            if (t > 0) __syncthreads();
-            if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1);
-        }
-        if (!CL && begins) { /* a slice begins: from zero, as the skinny kernel (nothing in flight) */
+        for (int u = 0; u < tn; u++, t++) {
+            if (!OV) {
+                /* after the barrier every warpgroup has finished tile t - 1's products (waited for
+                 * below), so its stage may be loaded again */
+                if (t > 0) __syncthreads();
+                if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1);
+            }
+            WG_PROF(pa = wg_clock());
+            mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+            WG_PROF(pf[1] += wg_clock() - pa; pa = wg_clock());
+            const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
+            wg_fence();
 #pragma unroll
-            for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
-        }
-        WG_PROF(pa = wg_clock());
-        mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
-        WG_PROF(pf[1] += wg_clock() - pa; pa = wg_clock());
-        const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
-        wg_fence();
-#pragma unroll
-        for (int j = 0; j < SK_K / 16; j++)
-            wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
-        wg_commit();
-        if (OV && !ends) {
+            for (int j = 0; j < SK_K / 16; j++)
+                wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
+            wg_commit();
             /* OV: tile t's products stay in flight while tile t - 1's stage is loaded again:
              * after this warpgroup's products of t - 1 are done and the barrier (every
              * warpgroup's) */
-            wg_wait<1>();
-        } else {
-            wg_wait<0>();
+            if (OV)
+                wg_wait<1>();
+            else
+                wg_wait<0>();
+            WG_PROF(pf[2] += wg_clock() - pa; pa = wg_clock());
+            if (OV) {
+                __syncthreads();
+                if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1); /* t = 0: a stage not used yet */
+            }
+            WG_PROF(pf[3] += wg_clock() - pa);
         }
-        WG_PROF(pf[2] += wg_clock() - pa; pa = wg_clock());
-        if (OV) {
-            __syncthreads();
-            if (tid == 0 && t + ST - 1 < nkt) stage(t + ST - 1); /* t = 0: a stage not used yet */
-        }
-        WG_PROF(pf[3] += wg_clock() - pa);
-        if (!CL && ends) { /* end of a K slice: fold it in, slice order */
+        wg_wait<0>(); /* the slice's last tile */
+        if (!CL) { /* end of a K slice: fold it in, slice order */
 #pragma unroll
             for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
             first = false;
         }
+        k0 = k1;
     }
     WG_PROF(pf[4] = wg_clock() - pt0);
 #ifdef HYLA_WG_PROFILE
-    /* the report of this block (the first or the last of the grid, the first 16 launches) */
-    const unsigned blin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
-                   bn = gridDim.x * gridDim.y * gridDim.z;
-    auto report = [&](int form) {
-        if (M > 512) return; /* the decode rows it is for, not a bench's large products ahead of them */
-        __shared__ int launch;
-        if (tid == 0 && blin == 0) launch = atomicAdd(&g_wgprof_launches, 1);
-        if (tid == 0 && blin == bn - 1) launch = atomicAdd(&g_wgprof_launches, 0) - 1;
-        if (tid == 0 && (blin == 0 || blin == bn - 1) && launch < 16) {
-            const int slot = atomicAdd(&g_wgprof_n, 1);
-            if (slot < 32) {
-                WgProfRec *r = &g_wgprof[slot];
-                r->form = form, r->M = M, r->K = K, r->N = N, r->S = S, r->nkt = nkt, r->blin = blin, r->bn = bn;
-                for (int i = 0; i < 8; i++) r->pf[i] = pf[i];
-                r->pf[8] = wg_clock() - pt0;
-            }
-        }
-    };
+    auto report = [&](int form) { wg_prof_report(form, M, K, N, S, nkt, pf, pt0); };
 #endif
     /* accumulator register i: n8 block i / 4; rows g and g + 8 of the warp's 16 */
     const int rw = wg * 64 + (w & 3) * 16 + g;
@@ -295,56 +297,70 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
     if (second) bias = bias2, y = y2, ldy = ldy2;
     const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
     const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
+    WG_PROF(long long pt0 = wg_clock(); long long pf[8] = {0, 0, 0, 0, 0, 0, 0, 0}; long long pa;
+            __shared__ long long prod_wait);
     if (tid == 0) {
         for (int b = 0; b < ST; b++) mbar_init(&full[b], 1), mbar_init(&empty[b], WGM);
         fence_proxy_async_smem();
     }
     __syncthreads();
+    WG_PROF(pf[0] = wg_clock() - pt0);
     float acc[C::NACC], tot[CL ? 1 : C::NACC];
     if (producer) {
-        if (lane == 0)
+        if (lane == 0) {
+            WG_PROF(long long pw = 0);
             for (int t = 0; t < nkt; t++) {
                 const int b = t % ST;
+                WG_PROF(pa = wg_clock());
                 if (t >= ST) mbar_wait(&empty[b], (unsigned)(t / ST - 1) & 1);
+                WG_PROF(pw += wg_clock() - pa);
                 __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
                 mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
                 tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
                 tma_g2s_2d(ws, wm, kbeg + t * SK_K, n0, &full[b]);
             }
+            WG_PROF(atomicExch((unsigned long long *)&prod_wait, (unsigned long long)pw));
+        }
     } else {
-        if (CL) {
+        /* One K slice at a time (CL: the block's one slice): the accumulator is zeroed before the
+         * slice's first products and folded in after its last tile's (wait 0), so inside a slice no
+         * instruction but the products touches it and a tile's products stay in flight across the
+         * next tile's wait. A zeroing or fold inside the tile loop, even predicated off, makes
+         * ptxas wait for every tile's products before the next tile (a WARPGROUP.DEPBAR 0 per
+         * iteration in the SASS): the tensor cores then idle through each tile's wait. */
+        bool first = true;
+        int t = 0;
+        for (int k0 = kbeg; k0 < kend;) {
+            int k1 = CL ? kend : (k0 / kchunk + 1) * kchunk;
+            if (k1 > kend) k1 = kend;
+            const int tn = (k1 - k0 + SK_K - 1) / SK_K;
 #pragma unroll
             for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
-        }
-        bool first = true;
-        for (int t = 0; t < nkt; t++) {
-            const int kt = kbeg + t * SK_K, kt_end = kt + SK_K;
-            const bool begins = CL ? t == 0 : kt % kchunk == 0,
-                       ends = CL ? t == nkt - 1 : kt_end % kchunk == 0 || kt_end >= K;
-            if (!CL && begins) { /* a slice begins: from zero (nothing in flight: its last tile waited) */
+            for (int u = 0; u < tn; u++, t++) {
+                WG_PROF(pa = wg_clock());
+                mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+                WG_PROF(pf[1] += wg_clock() - pa; pa = wg_clock());
+                const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
+                wg_fence();
 #pragma unroll
-                for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
-            }
-            mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
-            const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
-            wg_fence();
-#pragma unroll
-            for (int j = 0; j < SK_K / 16; j++)
-                wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
-            wg_commit();
-            if (!ends)
+                for (int j = 0; j < SK_K / 16; j++)
+                    wg_mma<BN>(acc, wg_desc(xs + wg * 64 * SK_K + j * 16), wg_desc(ws + j * 16), 1);
+                wg_commit();
                 wg_wait<1>();
-            else
-                wg_wait<0>();
-            /* this warpgroup's products of tile t - 1 are done: its stage may be loaded again */
-            if (t > 0 && (tid & 127) == 0) mbar_arrive(&empty[(t - 1) % ST]);
-            if (!CL && ends) { /* end of a K slice: fold it in, slice order */
+                WG_PROF(pf[2] += wg_clock() - pa);
+                /* this warpgroup's products of tile t - 1 are done: its stage may be loaded again */
+                if (t > 0 && (tid & 127) == 0) mbar_arrive(&empty[(t - 1) % ST]);
+            }
+            wg_wait<0>(); /* the slice's last tile */
+            if (!CL) { /* fold the slice in, slice order */
 #pragma unroll
                 for (int i = 0; i < C::NACC; i++) tot[CL ? 0 : i] = first ? acc[i] : tot[CL ? 0 : i] + acc[i];
                 first = false;
             }
+            k0 = k1;
         }
     }
+    WG_PROF(pf[4] = wg_clock() - pt0);
     const int rw = wg * 64 + (w & 3) * 16 + g;
     if (!CL) {
         if (producer) return;
@@ -353,6 +369,8 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
             const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
             if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
         }
+        WG_PROF(pf[3] = (long long)atomicAdd((unsigned long long *)&prod_wait, 0ull);
+                wg_prof_report(4, M, K, N, S, nkt, pf, pt0));
         return;
     }
     /* CL: every copy has landed (the consumers waited for each), so the staging may hold the
@@ -364,9 +382,14 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
         for (int i = 0; i < C::NACC; i += 2)
             *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
     }
+    WG_PROF(pa = wg_clock());
     cooperative_groups::this_cluster().sync();
+    WG_PROF(pf[5] = wg_clock() - pa; pa = wg_clock());
     sk_cluster_sum<BM / 16, BN, C::PLD>(P, S, 0, s, M, N, bias, y, ldy, accumulate, m0, n0);
+    WG_PROF(pf[6] = wg_clock() - pa; pa = wg_clock());
     cooperative_groups::this_cluster().sync();
+    WG_PROF(pf[7] = wg_clock() - pa; pf[3] = (long long)atomicAdd((unsigned long long *)&prod_wait, 0ull);
+            wg_prof_report(5, M, K, N, S, nkt, pf, pt0));
 #endif
 }
 
