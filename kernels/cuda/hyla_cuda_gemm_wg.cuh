@@ -146,6 +146,47 @@ __device__ __forceinline__ void wg_prof_report(int form, int M, int K, int N, in
 #define WG_PROF(...)
 #endif
 
+/* What a block of k_gemm_wg or k_gemm_wgp computes: its slice s (CL: blockIdx.x), its output
+ * tile (n0, m0) and whether that is the second output's (the column tiles of a second output
+ * of the same x, N and K follow the first's: one launch for both, a layer's q and k, v and
+ * gate, the MLP's gate and up), and its K range [kbeg, kend) of nkt tiles of 64. */
+struct WgBlock {
+    int s, second, n0, m0, kbeg, kend, nkt;
+};
+template <int BN, int BM, bool CL>
+__device__ __forceinline__ WgBlock wg_block(int N, int K, int kchunk) {
+    WgBlock b;
+    b.s = CL ? (int)blockIdx.x : 0;
+    const int ntl = (N + BN - 1) / BN, jt = CL ? (int)blockIdx.y : (int)blockIdx.x;
+    b.second = jt >= ntl;
+    b.n0 = (jt - (b.second ? ntl : 0)) * BN;
+    b.m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
+    b.kbeg = CL ? b.s * kchunk : 0;
+    b.kend = CL ? (b.kbeg + kchunk < K ? b.kbeg + kchunk : K) : K;
+    b.nkt = (b.kend - b.kbeg + SK_K - 1) / SK_K;
+    return b;
+}
+
+/* The ends of k_gemm_wg's and k_gemm_wgp's blocks. Accumulator register i of a warpgroup's
+ * m64nNk16 products: n8 block i / 4; rows g and g + 8 of the warp's 16 (rw: the thread's first
+ * row in the block). Whole K: the folded tile to y; CL: the slice's partial tile into P (rows of
+ * PLD floats) for the cluster's slice sum. */
+template <int NACC>
+__device__ __forceinline__ void wg_store_tile(const float *v, int M, int N, int m0, int n0, int rw, int tq,
+                                              const float *bias, float *y, int ldy, int accumulate) {
+#pragma unroll
+    for (int i = 0; i < NACC; i++) {
+        const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
+        if (m < M && n < N) lin_store(v[i], bias, n, y + (size_t)m * ldy + n, accumulate);
+    }
+}
+template <int NACC, int PLD>
+__device__ __forceinline__ void wg_put_partial(float *P, const float *acc, int rw, int tq) {
+#pragma unroll
+    for (int i = 0; i < NACC; i += 2)
+        *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
+}
+
 template <int WGM, int BN, int ST, bool CL, bool OV>
 __global__ void __launch_bounds__(128 * WGM, 1)
     k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
@@ -159,15 +200,10 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_smem;
     uint64_t *full = (uint64_t *)(wg_smem + (C::STAGING > C::PART ? C::STAGING : C::PART));
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
-    const int s = CL ? (int)blockIdx.x : 0;
-    /* the column tiles of a second output of the same x, N and K (wmap2, bias2, y2) follow the
-     * first's: one launch for both (a layer's q and k, v and gate, MLP gate and up) */
-    const int ntl = (N + BN - 1) / BN, jt = CL ? (int)blockIdx.y : (int)blockIdx.x, second = jt >= ntl;
-    const int n0 = (jt - (second ? ntl : 0)) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
-    const CUtensorMap *wm = second ? &wmap2 : &wmap;
-    if (second) bias = bias2, y = y2, ldy = ldy2;
-    const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
-    const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
+    const WgBlock B = wg_block<BN, BM, CL>(N, K, kchunk);
+    const int s = B.s, n0 = B.n0, m0 = B.m0, kbeg = B.kbeg, kend = B.kend, nkt = B.nkt;
+    const CUtensorMap *wm = B.second ? &wmap2 : &wmap;
+    if (B.second) bias = bias2, y = y2, ldy = ldy2;
     /* tile t into stage t % ST by the copy engine: x's BM rows and W's BN rows of k kbeg + 64 t
      * (rows past M or N and k past K read as zero, as the skinny kernel's padding) */
     auto stage = [&](int t) {
@@ -238,23 +274,17 @@ __global__ void __launch_bounds__(128 * WGM, 1)
 #ifdef HYLA_WG_PROFILE
     auto report = [&](int form) { wg_prof_report(form, M, K, N, S, nkt, pf, pt0); };
 #endif
-    /* accumulator register i: n8 block i / 4; rows g and g + 8 of the warp's 16 */
+    /* the thread's first row in the block (wg_store_tile) */
     const int rw = wg * 64 + (w & 3) * 16 + g;
     if (!CL) {
-#pragma unroll
-        for (int i = 0; i < C::NACC; i++) {
-            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
-            if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
-        }
+        wg_store_tile<C::NACC>(tot, M, N, m0, n0, rw, tq, bias, y, ldy, accumulate);
         WG_PROF(report(OV ? 1 : 0));
         return;
     }
     /* CL: the slice's partial tile into the (now idle) staging, then the cluster's slice sum */
     __syncthreads();
     float *P = reinterpret_cast<float *>(wg_smem);
-#pragma unroll
-    for (int i = 0; i < C::NACC; i += 2)
-        *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
+    wg_put_partial<C::NACC, C::PLD>(P, acc, rw, tq);
     WG_PROF(pa = wg_clock());
     cooperative_groups::this_cluster().sync();
     WG_PROF(pf[5] = wg_clock() - pa; pa = wg_clock());
@@ -290,13 +320,10 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
     /* the role as a warp-uniform value (a shuffle from lane 0), so that ptxas sees the products
      * outside any divergent path */
     const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) == WGM;
-    const int s = CL ? (int)blockIdx.x : 0;
-    const int ntl = (N + BN - 1) / BN, jt = CL ? (int)blockIdx.y : (int)blockIdx.x, second = jt >= ntl;
-    const int n0 = (jt - (second ? ntl : 0)) * BN, m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
-    const CUtensorMap *wm = second ? &wmap2 : &wmap;
-    if (second) bias = bias2, y = y2, ldy = ldy2;
-    const int kbeg = CL ? s * kchunk : 0, kend = CL ? (kbeg + kchunk < K ? kbeg + kchunk : K) : K;
-    const int nkt = (kend - kbeg + SK_K - 1) / SK_K;
+    const WgBlock B = wg_block<BN, BM, CL>(N, K, kchunk);
+    const int s = B.s, n0 = B.n0, m0 = B.m0, kbeg = B.kbeg, kend = B.kend, nkt = B.nkt;
+    const CUtensorMap *wm = B.second ? &wmap2 : &wmap;
+    if (B.second) bias = bias2, y = y2, ldy = ldy2;
     WG_PROF(long long pt0 = wg_clock(); long long pf[8] = {0, 0, 0, 0, 0, 0, 0, 0}; long long pa;
             __shared__ long long prod_wait);
     if (tid == 0) {
@@ -364,11 +391,7 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
     const int rw = wg * 64 + (w & 3) * 16 + g;
     if (!CL) {
         if (producer) return;
-#pragma unroll
-        for (int i = 0; i < C::NACC; i++) {
-            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
-            if (m < M && n < N) lin_store(tot[CL ? 0 : i], bias, n, y + (size_t)m * ldy + n, accumulate);
-        }
+        wg_store_tile<C::NACC>(tot, M, N, m0, n0, rw, tq, bias, y, ldy, accumulate);
         WG_PROF(pf[3] = (long long)atomicAdd((unsigned long long *)&prod_wait, 0ull);
                 wg_prof_report(4, M, K, N, S, nkt, pf, pt0));
         return;
@@ -377,11 +400,7 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
      * slice's partial tile; then the cluster's slice sum, the producer warp's threads helping */
     __syncthreads();
     float *P = reinterpret_cast<float *>(smem);
-    if (!producer) {
-#pragma unroll
-        for (int i = 0; i < C::NACC; i += 2)
-            *(float2 *)&P[(rw + 8 * ((i & 3) >> 1)) * C::PLD + 8 * (i >> 2) + 2 * tq] = make_float2(acc[i], acc[i + 1]);
-    }
+    if (!producer) wg_put_partial<C::NACC, C::PLD>(P, acc, rw, tq);
     WG_PROF(pa = wg_clock());
     cooperative_groups::this_cluster().sync();
     WG_PROF(pf[5] = wg_clock() - pa; pa = wg_clock());
