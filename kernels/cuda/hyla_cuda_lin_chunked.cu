@@ -409,6 +409,40 @@ __global__ void __launch_bounds__(128) k_gla_chunk_a(ChunkArgs a) {
  * computes; ST = 1 when two stages do not fit in shared memory (dk = 256 with GDN).
  * NV: n8 tiles of value columns per block (the product launches 4: 32 columns; 2, twice the
  * blocks, was slower in the model). Each value column's sums are its own, so NV changes no bit. */
+/* What k_chunk_b and k_chunk_b_wg share: a warp's tokens and value columns of a chunk (rows
+ * 16 w + g and + 8, columns j0 + 8 n + 2 tq and + 1, the mma accumulator layout both keep).
+ * chunkb_usrc: the warp's U source (GDN: U0 of chunk row ch; GLA: V, zero past the chunk's
+ * len tokens and past dv), loaded before the products. chunkb_store_o: the chunk's O rows. */
+template <int NV, int GDN>
+__device__ __forceinline__ void chunkb_usrc(float (&usrc)[NV][4], const ChunkArgs &a, size_t ch, int tok0, int len,
+                                            int h, int H, int dv, int j0, int w, int g, int tq) {
+#pragma unroll
+    for (int n = 0; n < NV; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+            float u = 0.0f;
+            if (j < dv) {
+                if (GDN)
+                    u = a.u0[(ch * CH + t) * dv + j];
+                else if (t < len)
+                    u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
+            }
+            usrc[n][e] = u;
+        }
+}
+template <int NV>
+__device__ __forceinline__ void chunkb_store_o(const float (&oacc)[NV][4], const ChunkArgs &a, int tok0, int len,
+                                               int h, int H, int dv, int j0, int w, int g, int tq) {
+#pragma unroll
+    for (int n = 0; n < NV; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
+            if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
+        }
+}
+
 template <int DKP, int GDN, int ST, int NV>
 __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -478,20 +512,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         /* this warp's U source (U0 of GDN, or V of GLA): loads issued before the products */
         float usrc[NV][4];
-#pragma unroll
-        for (int n = 0; n < NV; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                float u = 0.0f;
-                if (j < dv) {
-                    if (GDN)
-                        u = a.u0[(ch * CH + t) * dv + j];
-                    else if (t < len)
-                        u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
-                }
-                usrc[n][e] = u;
-            }
+        chunkb_usrc<NV, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
         /* S (bf16, transposed) as the operand of this chunk */
         state_to_sbt<MT>(sacc, SbT, LDK, w, g, tq);
         __syncthreads();
@@ -547,13 +568,7 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
                     mma_bf16_16816(oacc[n], af, bf);
                 }
             }
-#pragma unroll
-            for (int n = 0; n < NV; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                    if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
-                }
+            chunkb_store_o<NV>(oacc, a, tok0, len, h, H, dv, j0, w, g, tq);
         }
         /* S = e^(bC) S + k~^T U */
 #pragma unroll
@@ -654,20 +669,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         float *decs;
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         float usrc[4][4];
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                float u = 0.0f;
-                if (j < dv) {
-                    if (GDN)
-                        u = a.u0[(ch * CH + t) * dv + j];
-                    else if (t < len)
-                        u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
-                }
-                usrc[n][e] = u;
-            }
+        chunkb_usrc<4, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
         /* S^T (bf16) as the chunk's operand: row j, k = key i */
 #pragma unroll
         for (int mi = 0; mi < MTW; mi++)
@@ -724,13 +726,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
                 wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
         wg_commit();
         wg_wait<0>();
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
-                if (t < len && j < dv) a.o[((size_t)(tok0 + t) * H + h) * dv + j] = oacc[n][e];
-            }
+        chunkb_store_o<4>(oacc, a, tok0, len, h, H, dv, j0, w, g, tq);
         __syncthreads(); /* every warpgroup's reads of this stage, S^T and U^T done */
     }
     state_store<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
