@@ -477,6 +477,16 @@ static void case_switches(const op_case *c) {
     CHECK_OK(hyla_cuda_switches(g2, b, sizeof b));
     CHECK_MSG(strstr(a, "gemm_wg_min=") && strstr(b, "gemm_wg=0") && strstr(b, "chunk_b_wg=0"),
               "switches: default '%s', with HYLA_CUDA_GEMM_WG=0 HYLA_CUDA_CHUNK_B_WG=0 '%s'", a, b);
+    /* a third backend with k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0): the same bits again */
+    setenv("HYLA_CUDA_GEMM_WGP", "0", 1);
+    hyla_backend *g3 = NULL;
+    st = hyla_cuda_backend_create(0, &g3);
+    unsetenv("HYLA_CUDA_GEMM_WGP");
+    CHECK_OK(st);
+    char d[256] = "";
+    if (g3) CHECK_OK(hyla_cuda_switches(g3, d, sizeof d));
+    CHECK_MSG(strstr(a, "gemm_wgp=1") && strstr(d, "gemm_wgp=0"), "switches: default '%s', with HYLA_CUDA_GEMM_WGP=0 '%s'",
+              a, d);
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 x 2304 -> 2304), one warpgroup and a producer warp over the whole
      * K (256 x 2304 -> 2304 and -> 1152, 100 x 2304 -> 6144, 160 x 4608 -> 2304; at 64 rows: 64 x
@@ -507,12 +517,25 @@ static void case_switches(const op_case *c) {
         float *h1 = host_of(gpu, y1, (size_t)M * N), *h2 = host_of(g2, y2, (size_t)M * N);
         CHECK_MSG(!memcmp(h1, h2, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WG=0", M,
                   K, N);
+        if (g3) {
+            hyla_weight *w3;
+            CHECK_OK(g3->ops->weight_create(g3->ctx, W, HYLA_DT_F32, N, K, &w3));
+            void *x3 = dev(g3, x, (size_t)M * K * 4), *y3 = dev(g3, NULL, (size_t)M * N * 4);
+            CHECK_OK(g3->ops->linear(g3->ctx, x3, K, M, K, w3, NULL, y3, N, N, 0));
+            float *h3 = host_of(g3, y3, (size_t)M * N);
+            CHECK_MSG(!memcmp(h1, h3, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WGP=0",
+                      M, K, N);
+            free(h3);
+            dfree(g3, x3), dfree(g3, y3);
+            g3->ops->weight_destroy(g3->ctx, w3);
+        }
         free(h1), free(h2), free(W), free(x);
         dfree(gpu, x1), dfree(gpu, y1), dfree(g2, x2), dfree(g2, y2);
         gpu->ops->weight_destroy(gpu->ctx, w1);
         g2->ops->weight_destroy(g2->ctx, w2);
     }
     rng = saved;
+    if (g3) hyla_backend_destroy(g3);
     hyla_backend_destroy(g2);
 }
 
