@@ -146,6 +146,25 @@ static uint64_t wait_free(hyla_store *st, uint64_t bytes) {
     return u.disk_free_bytes;
 }
 
+/* Wait until the space-reclaim passes that deletes scheduled have run (gc_runs past runs0) and
+ * no other has followed for quiet_ms: a pass flushes the chunk memtable, so what the caller puts
+ * next stays in it only once they are over (a fixed sleep was too short on a loaded machine). */
+static void wait_reclaimed(hyla_store *st, uint64_t runs0, int quiet_ms) {
+    hyla_store_usage_info u;
+    double t0 = hyla_now(), tl = t0;
+    uint64_t last = runs0;
+    for (;;) {
+        usleep(50000);
+        CHECK_OK(hyla_store_usage(st, &u));
+        if (u.gc_runs != last) last = u.gc_runs, tl = hyla_now();
+        if (last > runs0 && hyla_now() - tl > quiet_ms / 1000.0) return;
+        if (hyla_now() - t0 > 20) {
+            CHECK_MSG(0, "no reclaim pass after the deletes in 20 s (%llu runs)", (unsigned long long)last);
+            return;
+        }
+    }
+}
+
 /* A real full disk: a small tmpfs. */
 static void test_tmpfs(void) {
     char mnt[300];
@@ -190,12 +209,12 @@ static void test_tmpfs(void) {
     /* take the rest of the disk too: even the RocksDB write of a delete finds no room */
     hyla_store_usage_info u;
     CHECK_OK(hyla_store_usage(st, &u));
-    uint64_t events = u.full_events;
+    uint64_t events = u.full_events, runs = u.gc_runs;
     /* make a little room (the reclaim pass after it empties the memtable), then a small session
      * whose chunks stay in the memtable (and the WAL): no garbage, so no reclaim flushes it */
     delete_range(st, 0, 4);
     wait_free(st, 2u << 20);
-    usleep(3 * 1000 * p.reclaim_after_ms);
+    wait_reclaimed(st, runs, 3 * p.reclaim_after_ms);
     hyla_snapshot *small = tsu_make(99, 99, 256, 77);
     CHECK_OK(hyla_store_put(st, "small", small, NULL, NULL));
     uint64_t bb = ballast(bal);
