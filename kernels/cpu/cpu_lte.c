@@ -106,6 +106,7 @@ static size_t update_scratch_floats(const hyla_lte_params *p) {
 static void score_range(const hyla_lte_params *p, const hyla_lte_cache *c, int lo, int hi, float *mem) {
     int h = hyla_lte_half(p), Hk = p->Hk, D = p->D, T = hi - lo + 1 + 2 * h, half = D / 2;
     float *x = mem, *act = mem + (size_t)T * Hk * p->ch[0];
+    const double ln_theta = log((double)p->rope_theta);
     for (int t = 0; t < T; t++) {
         int pos = lo - h + t;
         float *xr = x + (size_t)t * Hk * 2 * D;
@@ -118,8 +119,8 @@ static void score_range(const hyla_lte_params *p, const hyla_lte_cache *c, int l
             const float *kr = krow(p, c, kh, row);
             float *xk = xr + (size_t)kh * 2 * D;
             for (int j = 0; j < half; j++) {
-                double ang = (double)pos * pow((double)p->rope_theta, -2.0 * j / D);
-                double cs = cos(ang), sn = sin(ang), k0 = kr[j], k1 = kr[j + half];
+                double cs, sn, k0 = kr[j], k1 = kr[j + half];
+                hyla_rope_det(pos, j, D, ln_theta, &sn, &cs); /* the CUDA backend's bits */
                 xk[j] = (float)(k0 * cs + k1 * sn);
                 xk[j + half] = (float)(k1 * cs - k0 * sn);
             }

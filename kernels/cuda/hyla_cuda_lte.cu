@@ -6,10 +6,11 @@
  *
  * Scoring (the CNN) runs one thread per output value with the CPU's summation order (bias, taps,
  * channels), every product and sum rounded on its own (__fmul_rn/__fadd_rn: no FMA contraction),
- * the Swish's and the sigmoid's exponentials in double rounded once, and the un-rotation of the
- * keys in double as the CPU does. Given the same cached k, v the scores are the CPU's bits (up to
- * the libm-vs-CUDA accuracy of double exp, pow, sin, cos), so the retained members and their
- * order are the CPU's. A score depends only on its receptive field, so every position a call
+ * the Swish's and the sigmoid's exponentials in double rounded once (hyla_exp_det), and the
+ * un-rotation of the keys in double with RoPE's angles, sines and cosines from hyla_rope_det, as
+ * the CPU computes them (kernels/hyla_detmath.h: libm's and CUDA's pow, sin, cos are not the same
+ * functions). Given the same cached k, v the scores are the CPU's bits, so the retained members
+ * and their order are the CPU's. A score depends only on its receptive field, so every position a call
  * needs is scored in one batch before the cache update: a token's score is known once h tokens
  * after it exist, and it is read only when it leaves the window, w > h tokens later.
  *
@@ -215,7 +216,7 @@ __device__ __forceinline__ float lte_elem(const lte_job &J, const lte_dev_cache 
  * at flat rows xrow - gb .. of x [rows][Hk][2D] (un-rotated keys ‖ values; negative positions
  * zero) and apos [rows] (their positions). grid (blocks over the longest job, jobs). */
 __global__ void k_lte_gather(const lte_job *jobs, const int32_t *sj, int gb, const lte_dev_cache *cs, lte_geo g,
-                             const float *k, const float *v, float theta, float *x, int32_t *apos) {
+                             const float *k, const float *v, double ln_theta, float *x, int32_t *apos) {
     const lte_job J = jobs[sj[blockIdx.y]];
     int T = J.m1 - J.m0 + 2 * g.h, D = g.D, half = D / 2;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -233,8 +234,8 @@ __global__ void k_lte_gather(const lte_job *jobs, const int32_t *sj, int gb, con
     const lte_dev_cache c = cs[J.z];
     xk[D + j] = lte_elem(J, c, g, k, v, 1, kh, pos, j);
     if (j < half) {
-        double ang = (double)pos * pow((double)theta, -2.0 * j / D);
-        double cs_ = cos(ang), sn = sin(ang);
+        double cs_, sn;
+        hyla_rope_det(pos, j, D, ln_theta, &sn, &cs_); /* the CPU's bits (hyla_detmath.h) */
         double k0 = lte_elem(J, c, g, k, v, 0, kh, pos, j), k1 = lte_elem(J, c, g, k, v, 0, kh, pos, j + half);
         xk[j] = (float)__dadd_rn(__dmul_rn(k0, cs_), __dmul_rn(k1, sn));
         xk[j + half] = (float)__dsub_rn(__dmul_rn(k1, cs_), __dmul_rn(k0, sn));
@@ -640,7 +641,7 @@ static hyla_status lte_step(hyla_cuda_ctx *c, const hyla_lte_params *p, const lt
             e++;
         }
         k_lte_gather<<<dim3(blocks_for((long long)tmax * g.Hk * g.D), e - a), LT_THREADS, 0, c->stream>>>(
-            dj, dsj + a, gb, dc, g, k, v, p->rope_theta, s->x, s->apos);
+            dj, dsj + a, gb, dc, g, k, v, log((double)p->rope_theta), s->x, s->apos);
         CU_LAUNCH_CHECK("lte_gather");
         HYLA_TRY(lte_cnn(c, p, s->x, rows, 0, s->apos, s->scores + (size_t)gb * g.Hk, s->a, s->b));
         a = e;
