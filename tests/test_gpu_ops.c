@@ -156,6 +156,19 @@ static int same_bits(hyla_backend *b, const void *x, const void *y, size_t bytes
     CHECK_OK(b->ops->download(b->ctx, hx, x, bytes));
     CHECK_OK(b->ops->download(b->ctx, hy, y, bytes));
     int r = !memcmp(hx, hy, bytes);
+    if (!r && bytes % 4 == 0) { /* how far apart, as floats: rounding (a few ulp) or a wrong value */
+        const float *fx = (const float *)hx, *fy = (const float *)hy;
+        size_t nd = 0, first = 0;
+        double mx = 0.0;
+        for (size_t i = 0; i < bytes / 4; i++)
+            if (memcmp(fx + i, fy + i, 4)) {
+                if (!nd++) first = i;
+                double d = fabs((double)fx[i] - fy[i]);
+                if (d > mx) mx = d;
+            }
+        printf("  (bits: %zu of %zu floats differ, the first at %zu: %.9g against %.9g, max |diff| %.3g)\n", nd,
+               bytes / 4, first, fx[first], fy[first], mx);
+    }
     free(hx);
     free(hy);
     return r;
@@ -197,7 +210,7 @@ typedef struct op_case op_case;
 struct op_case {
     const char *op;
     void (*run)(const op_case *c);
-    int p[7];
+    int p[8];
 };
 
 /* ---------------------------------------------------------------- memory and pool */
@@ -1867,12 +1880,19 @@ static void case_attention(const op_case *c) {
     }
 }
 
-/* Flash prefill (k_attn_flash2), p = {D}: a row gets the same bits whatever call it is in: a
- * prefill from position 0 (n = 300, 1100: several query blocks and a partial one) == the same
- * tokens as a piece of 64 and a piece at pos0 = 64, GQA, window 0 and 100, one pass and splits of
- * 64 keys; each within the tolerance of the CPU. */
+/* Flash prefill (k_attn_wg / k_attn_flash2), p = {D}: a row gets the same bits whatever call it
+ * is in: a prefill from position 0 (n = 300, 1100: several query blocks and a partial one) == the
+ * same tokens as a piece of 64 and a piece at pos0 = 64, GQA, window 0 and 100, one pass and
+ * splits of 64 keys; each within the tolerance of the CPU; at D = 128 on Hopper the other flash
+ * kernel (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and
+ * piece-invariant too. */
 static void case_attn_pieces(const op_case *c) {
     const int Hq = 4, Hk = 2, D = c->p[0], ns[2] = {300, 1100}, n1 = 64;
+    char sw[256] = "";
+    CHECK_OK(hyla_cuda_switches(gpu, sw, sizeof sw));
+    const char *aw = strstr(sw, "attn_wg=");
+    const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here (2: its pipelined form) */
+    printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_on && D == 128 ? "k_attn_wg" : "k_attn_flash2");
     for (int W = 0; W <= 100; W += 100)
         for (int sp = 0; sp < 2; sp++)
             for (int ni = 0; ni < 2; ni++) {
@@ -1884,6 +1904,7 @@ static void case_attn_pieces(const op_case *c) {
                 pair pq = pair_new(q, nq), pk = pair_new(k, nk), pv = pair_new(v, nk), po = pair_new(NULL, nq);
                 kvpair kv = kv_new((n + pt - 1) / pt, pt, Hk, D);
                 hyla_kv_view vc = kv_view(kv.kc, kv.vc, kv.n_pages, pt), vg = kv_view(kv.kg, kv.vg, kv.n_pages, pt);
+                char name[112];
                 if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 64));
                 CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
                 void *op = dev(gpu, NULL, nq * 4);
@@ -1894,7 +1915,28 @@ static void case_attn_pieces(const op_case *c) {
                 CHECK_MSG(same_bits(gpu, po.g, op, nq * 4),
                           "attn prefill D=%d W=%d n=%d%s: one call == pieces of 64 + %d at pos0=64 (bits)", D, W, n,
                           sp ? " splits of 64" : "", n - n1);
-                char name[112];
+                /* the other flash kernel (k_attn_wg, Hopper's default at D = 128, against
+                 * k_attn_flash2): within rounding of each other (the same tiles, products and
+                 * softmax; the warpgroup product's sums round differently where P V adds into a
+                 * larger O, up to an ulp or two), and each one piece-invariant on its own */
+                if (wg_on && D == 128) {
+                    CHECK_OK(hyla_cuda_set_attn_wg(gpu, 0));
+                    void *ow = dev(gpu, NULL, nq * 4);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, ow));
+                    float *hw = host_of(gpu, po.g, nq), *hf = host_of(gpu, ow, nq);
+                    snprintf(name, sizeof name, "  k_attn_wg vs k_attn_flash2 D=%d W=%d n=%d%s", D, W, n,
+                             sp ? " split" : "");
+                    cmp(name, hw, hf, nq, 1e-6, 1e-6);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, op));
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1, (float *)pv.g + k1,
+                                                    n - n1, Hq, Hk, D, n1, &vg, W, scale, (float *)op + q1));
+                    CHECK_MSG(same_bits(gpu, ow, op, nq * 4),
+                              "attn prefill D=%d W=%d n=%d%s with k_attn_flash2: one call == pieces (bits)", D, W, n,
+                              sp ? " splits of 64" : "");
+                    free(hw), free(hf);
+                    CHECK_OK(hyla_cuda_set_attn_wg(gpu, wg_on));
+                    dfree(gpu, ow);
+                }
                 snprintf(name, sizeof name, "attn prefill D=%d W=%d n=%d%s", D, W, n, sp ? " split 64" : "");
                 cmp_pair(name, po, ATTN_TOL);
                 if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 8192));
@@ -2177,6 +2219,8 @@ static void lte_same_bits(const char *what, const void *a, const void *b, size_t
  * decoded alone. */
 static void case_lte(const op_case *c) {
     int Hk = c->p[0], Hq = c->p[1], D = c->p[2], s = c->p[3], w = c->p[4], b = c->p[5], eager = c->p[6];
+    hyla_rng saved = rng;
+    if (c->p[7]) hyla_rng_seed(&rng, (uint64_t)c->p[7]); /* inputs of its own; the shared stream restored at the end */
     lte_net net;
     lte_net_make(&net, Hk, D, s, w, b, eager);
     float scale = 1.0f / sqrtf((float)D);
@@ -2269,6 +2313,7 @@ static void case_lte(const op_case *c) {
     lte_cpair_free(&k);
     lte_cpair_free(&k3);
     lte_net_free(&net);
+    if (c->p[7]) rng = saved;
 }
 
 /* NSA: prefill in two pieces and decode steps over a paged cache, against the CPU. q is drawn
@@ -2554,7 +2599,7 @@ static const op_case cases[] = {
     {"attn_prefill pieces", case_attn_pieces, {64}},
     {"attn_prefill pieces", case_attn_pieces, {128}},
     {"sample", case_sample, {0}},
-    /* {Hk, Hq, D, sink, window, budget, eager} */
+    /* {Hk, Hq, D, sink, window, budget, eager[, seed]} */
     {"lte_score, lte_prefill, lte_decode", case_lte, {2, 4, 64, 4, 32, 16, 0}},
     {"lte_score, lte_prefill, lte_decode", case_lte, {2, 4, 64, 4, 32, 16, 1}},
     {"lte_score, lte_prefill, lte_decode", case_lte, {1, 3, 128, 2, 48, 0, 0}},
@@ -2562,6 +2607,11 @@ static const op_case cases[] = {
     /* the paper's 1.4B layer (s 4, w 768, b 512; GQA 32/8, head dim 64): prefill pieces of
      * 2321 and 773 tokens (the first spans three internal steps of the CUDA kernels) */
     {"lte_score, lte_prefill, lte_decode", case_lte, {8, 32, 64, 4, 768, 512, 0}},
+    /* the same on inputs of their own (p[7]: the seed): the CPU's and the GPU's scores must agree
+     * on any input, not on the shared stream's alone (both un-rotate the keys with
+     * hyla_detmath.h's RoPE) */
+    {"lte_score, lte_prefill, lte_decode", case_lte, {8, 32, 64, 4, 768, 512, 0, 101}},
+    {"lte_score, lte_prefill, lte_decode", case_lte, {8, 32, 64, 4, 768, 512, 0, 202}},
     /* {Hq, Hk, D, block, counts, window, page_tokens} */
     {"nsa_prefill, nsa_decode", case_nsa, {4, 2, 64, 16, 4, 32, 64}},
     {"nsa_prefill, nsa_decode", case_nsa, {8, 1, 128, 32, 3, 0, 16}},

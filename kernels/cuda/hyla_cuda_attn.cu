@@ -299,16 +299,34 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
     return HYLA_OK;
 }
 
-/* Flash prefill for the head dims it is built for: k_attn_flash2 (4 warps per 64 queries, K/V
- * tiles by cp.async into two buffers). The kernel is part of what the bits of one-pass calls
- * depend on. */
+/* Flash prefill for the head dims it is built for: k_attn_wg (Hopper's warpgroup products, D = 128,
+ * unless HYLA_CUDA_ATTN_WG=0) or k_attn_flash2 (4 warps per 64 queries, K/V tiles by cp.async
+ * into two buffers). Each is piece-invariant; they agree within rounding, not bit for bit
+ * (test_gpu_ops "attn pieces"), so the kernel is part of what a prefill's bits depend on, as the
+ * GPU kind is. */
 template <int D>
 static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nsplit, const float *q, int n, int Hk,
                                 int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
                                 int split_len, float *part) {
+    const dim3 grid(cu_blocks(ng, 64), Hq, nsplit);
+    if constexpr (D == 128) {
+        if (c->attn_wg) {
+            const bool pipe = c->attn_wg == 2;
+            const size_t sm = (size_t)(pipe ? 6 : 4) * FA_BK * D * 2 + 1024; /* buffers of K and V, swizzled */
+            int lg = -1; /* pages of 2^lg rows: the kernel shifts instead of dividing */
+            if (pt > 0 && !(pt & (pt - 1)))
+                for (lg = 0; (1 << lg) < pt; lg++) {
+                }
+            if (pipe)
+                return cu_launch_dyn(c, k_attn_wg<D, true>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp,
+                                     pt, lg, o, split_len, nsplit, part);
+            return cu_launch_dyn(c, k_attn_wg<D, false>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt,
+                                 lg, o, split_len, nsplit, part);
+        }
+    }
     const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */
-    return cu_launch_dyn(c, k_attn_flash2<D, 4>, dim3(cu_blocks(ng, 64), Hq, nsplit), 128, sm, q, n, Hq, Hk, pos0, window,
-                         scale, kp, vp, pt, o, split_len, nsplit, part);
+    return cu_launch_dyn(c, k_attn_flash2<D, 4>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o,
+                         split_len, nsplit, part);
 }
 
 extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k, const float *v, int n, int Hq,

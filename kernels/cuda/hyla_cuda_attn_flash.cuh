@@ -7,8 +7,12 @@
  * Tensor cores: bf16 inputs, fp32 accumulation (mma.sync m16n8k16, hyla_cuda_mma.cuh). */
 #ifndef HYLA_CUDA_ATTN_FLASH_CUH
 #define HYLA_CUDA_ATTN_FLASH_CUH
+#include <type_traits>
+
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
+#include "hyla_cuda_tma.cuh"
+#include "hyla_cuda_wgmma.cuh"
 
 #define FA_BQ 64
 #define FA_BK 64
@@ -29,6 +33,94 @@ __device__ __forceinline__ void fa_begin(float &m0, float &m1, float &l0, float 
     for (int nt = 0; nt < D / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) oacc[nt][e] = 0.0f;
+}
+
+/* O's rows scaled by the softmax step's correction (c0: row r0, c1: row r1) */
+template <int D>
+__device__ __forceinline__ void fa_rescale(float (&oacc)[D / 8][4], float c0, float c1) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        oacc[nt][0] *= c0;
+        oacc[nt][1] *= c0;
+        oacc[nt][2] *= c1;
+        oacc[nt][3] *= c1;
+    }
+}
+
+/* The online softmax step of one 64-key tile (log2 domain) for a warp's two query rows, on the
+ * tile's scores sacc (S = Q K^T, mma.sync's C fragments of eight n8 tiles): keys past a row's
+ * position, past khi or outside the window to -inf (FULL: the caller knows no key of the tile is
+ * masked for any row of the block, so the tests are skipped: the same values), the running
+ * (m, l) updated, O rescaled (RS; else the corrections written to c01 for the caller to apply
+ * later), sacc replaced by P = 2^(s - m) (FX: by fa_ex2). Shared by both flash kernels, so their
+ * softmax is one piece of code. */
+/* 2^x with the multi-function unit alone (ex2.approx.ftz: exp2f's instruction without its fix-up
+ * for results below 2^-126, which flush to zero: a P that small adds nothing a bf16 product
+ * keeps) */
+__device__ __forceinline__ float fa_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <bool FX>
+__device__ __forceinline__ float fa_exp2(float x) {
+    return FX ? fa_ex2(x) : exp2f(x);
+}
+
+template <int D, bool FULL, bool FX = false, bool RS = true>
+__device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
+                                           float sl2, float &m0, float &m1, float &l0, float &l1,
+                                           float (&oacc)[D / 8][4], float *c01 = nullptr) {
+    const int tq = (threadIdx.x & 31) & 3;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int kpos = kt + nt * 8 + 2 * tq + (e & 1);
+            int qpos = (e >> 1) ? p1 : p0;
+            bool ok = FULL || (kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window));
+            float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
+            sacc[nt][e] = v;
+            if (e >> 1)
+                mx1 = fmaxf(mx1, v);
+            else
+                mx0 = fmaxf(mx0, v);
+        }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
+    float c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < FA_BK / 8; nt++) {
+        sacc[nt][0] = fa_exp2<FX>(sacc[nt][0] - b0);
+        sacc[nt][1] = fa_exp2<FX>(sacc[nt][1] - b0);
+        sacc[nt][2] = fa_exp2<FX>(sacc[nt][2] - b1);
+        sacc[nt][3] = fa_exp2<FX>(sacc[nt][3] - b1);
+        s0 += sacc[nt][0] + sacc[nt][1];
+        s1 += sacc[nt][2] + sacc[nt][3];
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+    }
+    l0 = l0 * c0 + s0;
+    l1 = l1 * c1 + s1;
+    m0 = mn0;
+    m1 = mn1;
+    if constexpr (RS) {
+        fa_rescale<D>(oacc, c0, c1);
+    } else {
+        c01[0] = c0;
+        c01[1] = c1;
+    }
 }
 
 /* One 64-key tile of a flash block, for a warp's two query rows (r0 = 16 w + g, r1 = r0 + 8 at
@@ -57,56 +149,7 @@ __device__ __forceinline__ void fa_tile(const uint32_t (&qf)[D / 16][4], const _
             mma_bf16_16816(sacc[nt], qf[kc], bf[0]);
             mma_bf16_16816(sacc[nt + 1], qf[kc], bf[1]);
         }
-    /* mask and online softmax (log2 domain) */
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int kpos = kt + nt * 8 + 2 * tq + (e & 1);
-            int qpos = (e >> 1) ? p1 : p0;
-            bool ok = kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window);
-            float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
-            sacc[nt][e] = v;
-            if (e >> 1)
-                mx1 = fmaxf(mx1, v);
-            else
-                mx0 = fmaxf(mx0, v);
-        }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
-    float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++) {
-        sacc[nt][0] = exp2f(sacc[nt][0] - b0);
-        sacc[nt][1] = exp2f(sacc[nt][1] - b0);
-        sacc[nt][2] = exp2f(sacc[nt][2] - b1);
-        sacc[nt][3] = exp2f(sacc[nt][3] - b1);
-        s0 += sacc[nt][0] + sacc[nt][1];
-        s1 += sacc[nt][2] + sacc[nt][3];
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        s0 += __shfl_xor_sync(0xffffffffu, s0, off);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-    }
-    l0 = l0 * c0 + s0;
-    l1 = l1 * c1 + s1;
-    m0 = mn0;
-    m1 = mn1;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        oacc[nt][0] *= c0;
-        oacc[nt][1] *= c0;
-        oacc[nt][2] *= c1;
-        oacc[nt][3] *= c1;
-    }
+    fa_softmax<D, false>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
     /* O += P V; with VCUT the V rows past khi zeroed (only in a tile that reaches past khi, which
      * for a warp happens once) */
     const bool vcut = VCUT && kt + FA_BK - 1 > khi;
@@ -315,6 +358,239 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
     }
     if (nq <= 0) return;
     fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
+}
+
+/* k_attn_wg: the flash block of k_attn_flash2<D, 4> on Hopper's warpgroup products (sm_90a),
+ * launched at D = 128. One warpgroup, 64 queries, the same grid, key range, tiles (kt = klo +
+ * 64 i, absolute positions), splits and order of every sum as k_attn_flash2<D, 4>: S = Q K^T is
+ * wgmma m64n64k16 with the Q fragments in registers (mma.sync's A fragments: warp w of the
+ * warpgroup owns rows 16 w .. 16 w + 15, as there) and the K tile in shared memory, D / 16 k16
+ * steps in order; the scores land in mma.sync's C layout, so the softmax is fa_softmax itself;
+ * O += P V is wgmma with P from registers (packed as fa_tile packs it) and V in shared memory
+ * MN-major, the tile's four k16 steps in order, one m64n64 product per 64 columns of O. Tiles
+ * whose keys are unmasked for every row of the block skip the mask's tests (the same values).
+ * Bits: a block of one key tile gives k_attn_flash2's bits; over several tiles about one output
+ * in ten differs by an ulp or two (measured on an H200: where P V adds into the rescaled O, the
+ * warpgroup product rounds otherwise than mma.sync), so the kernel is part of what a prefill's
+ * bits depend on; it is piece-invariant on its own, as k_attn_flash2 is.
+ * K and V tiles: [64 keys][D] bf16 in the 128-byte swizzle (wg_swz; 64 columns per 8 KB block),
+ * streamed by cp.async into two buffers (rows past khi zero-filled, as k_attn_flash2<D, 4> sees
+ * them), each tile made visible to the async proxy before a barrier. The Q tile is staged in
+ * buffer 1 ([64][D + 8], ldmatrix) while tile 0 streams into buffer 0. Shared memory:
+ * 4 x 64 x D x 2 bytes + 1 KB for the alignment (65 KB at D = 128: three blocks per SM).
+ * Not launched at D = 64: ptxas (CUDA 13) gave that instantiation's loop-invariant Q fragment
+ * registers to the P fragments after the S products, so every tile after the first read P as
+ * Q (kernels/cuda/dev/NOTES.md "Flash prefill on warpgroup products"); the D = 128 code keeps
+ * them apart, which test_gpu_ops checks against k_attn_flash2 and the CPU. */
+template <int D, bool PIPE>
+__global__ void __launch_bounds__(128, PIPE ? 2 : 3) k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window,
+                                                    float scale, void *const *kp, void *const *vp, int pt, int lgpt,
+                                                    float *o, int split_len, int nsplit, float *part) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = FA_BK * D, LDQ = D + 8;
+    extern __shared__ __align__(1024) unsigned char faw_raw[];
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)(faw_raw + ((1024 - (__cvta_generic_to_shared(faw_raw) & 1023)) & 1023));
+    const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2;
+    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
+    const int q0 = blockIdx.x * FA_BQ, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    int klo = window > 0 ? pos0 + q0 - window + 1 : 0;
+    if (klo < 0) klo = 0;
+    int khi = pos0 + q0 + nq - 1;
+    if (split_len) {
+        if (split * split_len > klo) klo = split * split_len;
+        if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+    }
+    const int ntile = klo <= khi ? (khi - klo) / FA_BK + 1 : 0;
+    /* a thread's 16-byte chunk c8 of rows lr0 + RP i: its swizzled column is the same in every
+     * one of them (RP is a multiple of 8), and pages of 2^lgpt rows take a shift */
+    constexpr int CH = D / 8, RP = 128 / CH;
+    const int c8 = tid % CH, lr0 = tid / CH;
+    const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
+    const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
+    auto load = [&](int j, int b) {
+        const int kt = klo + j * FA_BK;
+        __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
+#pragma unroll
+        for (int i = 0; i < FA_BK / RP; i++) {
+            const int r = lr0 + RP * i, p = kt + r, pc = p <= khi ? p : khi;
+            const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+            const size_t off = (size_t)row * rowsz + hoff;
+            const int bytes = p <= khi ? 16 : 0;
+            cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+            cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+        }
+        cp_async_commit();
+    };
+    constexpr int QB = PIPE ? 2 : 1; /* the buffer that stages Q */
+    if (ntile > 0) load(0, 0);
+    if (PIPE) {
+        if (ntile > 1)
+            load(1, 1);
+        else
+            cp_async_commit();
+    }
+    {
+        __nv_bfloat16 *Qs = sm + 2 * QB * TILE;
+        for (int x = tid; x < FA_BQ * (D / 4); x += 128) {
+            const int r = x / (D / 4), d = (x % (D / 4)) * 4;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (r < nq) {
+                const float *src = q + ((size_t)(q0 + r) * Hq + h) * D + d;
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] = src[e];
+            }
+            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + r * LDQ + d);
+            dst[0] = __floats2bfloat162_rn(v[0], v[1]);
+            dst[1] = __floats2bfloat162_rn(v[2], v[3]);
+        }
+    }
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * QB * TILE + (16 * w) * LDQ + kc * 16, LDQ);
+    __syncthreads(); /* the Q buffer free for its tile */
+    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
+    /* a tile is unmasked for every row when its last key is at or before the block's first
+     * position and khi, and (window) its first key is inside the last row's window */
+    const int pfirst = pos0 + q0, plast = pos0 + q0 + FA_BQ - 1;
+    float m0, m1, l0, l1, oacc[D / 8][4];
+    fa_begin<D>(m0, m1, l0, l1, oacc);
+    const float sl2 = scale * 1.4426950408889634f;
+    float(&of)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&oacc[0][0]);
+    /* S = Q K^T of the tile in buffer Ks into sacc (issued, committed, not waited for) */
+    auto s_issue = [&](float(&sf)[32], const __nv_bfloat16 *Ks) {
+#pragma unroll
+        for (int e = 0; e < 32; e++) sf[e] = 0.0f;
+        wg_keep(sf);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            wg_mma64_rs<0>(sf, qf[kc], wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+        wg_commit();
+    };
+    /* O += P V of the tile whose V is at Vs (issued, committed) */
+    auto pv_issue = [&](uint32_t(&pf)[FA_BK / 16][4], const __nv_bfloat16 *Vs) {
+        wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+        wg_keep(of);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < FA_BK / 16; kc++)
+#pragma unroll
+            for (int b = 0; b < D / 64; b++)
+                wg_mma64_rs<1>(*reinterpret_cast<float(*)[32]>(&oacc[8 * b][0]), pf[kc],
+                               wg_desc(Vs + b * FA_BK * 64 + kc * 16 * 64));
+        wg_commit();
+    };
+    auto pack_p = [&](uint32_t(&pf)[FA_BK / 16][4], const float(&sacc)[FA_BK / 8][4]) {
+#pragma unroll
+        for (int kc = 0; kc < FA_BK / 16; kc++) {
+            pf[kc][0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+            pf[kc][1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+            pf[kc][2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+            pf[kc][3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+        }
+    };
+    if constexpr (PIPE) {
+        /* Three buffers (tile t in buffer t % 3). Tile j's S products are issued behind tile
+         * j - 1's P V products; the softmax of tile j runs while P V of tile j - 1 is still on
+         * the tensor cores, and O is rescaled once those are done. Every element sees the
+         * operations of the serial form in the same order: the same bits. */
+        /* one tile: pin (the P of tile j - 1, whose product is issued here) and pout (tile j's
+         * P); the loop runs two tiles a turn with the two arrays swapped, so P of tile j is
+         * packed into registers other than the ones P V of tile j - 1 still reads */
+        int bj = 0; /* j % 3 */
+        /* tile j: its S products issued behind P V of tile j - 1 (when PREV), its softmax while
+         * those run, O rescaled once they are done. The branches on PREV are compile-time: with
+         * a run-time one, ptxas cannot pair the waits with the products and serializes them. */
+        auto step = [&](auto prev, int j, uint32_t(&pin)[FA_BK / 16][4], uint32_t(&pout)[FA_BK / 16][4]) {
+            constexpr bool PREV = decltype(prev)::value;
+            cp_async_wait<1>(); /* tile j landed (tile j + 1 may still stream) */
+            fence_proxy_async_smem();
+            __syncthreads();
+            const int kt = klo + j * FA_BK;
+            const __nv_bfloat16 *Ks = sm + 2 * bj * TILE;
+            const int bprev = bj ? bj - 1 : 2;
+            float sacc[FA_BK / 8][4];
+            float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
+            s_issue(sf, Ks);
+            if constexpr (PREV) {
+                pv_issue(pin, sm + (2 * bprev + 1) * TILE);
+                wg_wait<1>();
+            } else {
+                wg_wait<0>();
+            }
+            wg_keep(sf);
+            float c01[2];
+            const bool full = kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
+            if (full)
+                fa_softmax<D, true, true, false>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc, c01);
+            else
+                fa_softmax<D, false, true, false>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc, c01);
+            pack_p(pout, sacc);
+            if constexpr (PREV) {
+                wg_wait<0>();
+                wg_keep(of);
+                wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pin[0][0]));
+            }
+            fa_rescale<D>(oacc, c01[0], c01[1]);
+            __syncthreads(); /* every warp past P V of tile j - 1: its buffer is free */
+            if (j + 2 < ntile)
+                load(j + 2, bprev);
+            else
+                cp_async_commit();
+            bj = bj == 2 ? 0 : bj + 1;
+        };
+        uint32_t pa[FA_BK / 16][4], pb[FA_BK / 16][4];
+        if (ntile > 0) step(std::false_type(), 0, pb, pa);
+        for (int j = 1; j < ntile; j += 2) {
+            step(std::true_type(), j, pa, pb);
+            if (j + 1 < ntile) step(std::true_type(), j + 1, pb, pa);
+        }
+        if (ntile > 0) { /* the last tile's P V: its P is in pa (ntile odd) or pb */
+            const __nv_bfloat16 *Vl = sm + (2 * (bj ? bj - 1 : 2) + 1) * TILE;
+            if (ntile & 1)
+                pv_issue(pa, Vl);
+            else
+                pv_issue(pb, Vl);
+            wg_wait<0>();
+            wg_keep(of);
+            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pa[0][0]));
+            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pb[0][0]));
+        }
+    } else {
+    for (int j = 0; j < ntile; j++) {
+        if (j + 1 < ntile)
+            load(j + 1, (j + 1) & 1);
+        else
+            cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async_smem(); /* this thread's cp.async writes, to wgmma's proxy */
+        __syncthreads();
+        const int kt = klo + j * FA_BK;
+        const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
+        float sacc[FA_BK / 8][4];
+        float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
+        s_issue(sf, Ks);
+        wg_wait<0>();
+        wg_keep(sf);
+        const bool full = kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
+        if (full)
+            fa_softmax<D, true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+        else
+            fa_softmax<D, false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+        uint32_t pf[FA_BK / 16][4];
+        pack_p(pf, sacc);
+        pv_issue(pf, Vs);
+        wg_wait<0>();
+        wg_keep(of);
+        wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+        __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
+    }
+    }
+    if (nq <= 0) return;
+    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
+#endif
 }
 
 #endif

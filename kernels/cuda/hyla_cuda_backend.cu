@@ -825,6 +825,9 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;
     c->attn_split_len = 8192;
+    const char *aw = getenv("HYLA_CUDA_ATTN_WG");
+    c->hopper = prop.major == 9;
+    c->attn_wg = !c->hopper ? 0 : aw && !strcmp(aw, "0") ? 0 : aw && !strcmp(aw, "2") ? 2 : 1;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
     CU_TRY(cudaMalloc((void **)&c->sk_count, HYLA_CU_SK_COUNTS * sizeof(unsigned)));
     CU_TRY(cudaMemsetAsync(c->sk_count, 0, HYLA_CU_SK_COUNTS * sizeof(unsigned), c->stream));
@@ -898,9 +901,9 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
     if (buf && len)
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
-                 "gemm_wgp=%d chunk_b_wg=%d gdn_pipe_vw=%d",
+                 "gemm_wgp=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
-                 c->gemm_wgp, c->chunk_b_wg, c->gdn_pipe_vw);
+                 c->gemm_wgp, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg);
     return HYLA_OK;
 }
 

@@ -49,6 +49,12 @@ hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
  * the bits of a prefill depend on (keep it the same wherever a session may resume); a row gives
  * the same bits in calls of any size under one setting. */
 hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
+/* Flash attention prefill at head dim 128 on Hopper's warpgroup products (on: the default on
+ * compute capability 9.x, where alone it takes effect; HYLA_CUDA_ATTN_WG=0 in the environment
+ * starts a backend with it off) or on the mma.sync kernel. Each is piece-invariant; they agree
+ * within rounding (an ulp or two), not bit for bit, so keep one setting wherever a session may
+ * resume. */
+hyla_status hyla_cuda_set_attn_wg(hyla_backend *be, int on);
 /* The fewest decode rows the warpgroup linear (k_gemm_wg) takes, 1..256 (default 33; the same
  * bits whichever kernel runs). HYLA_CUDA_GEMM_WG_MIN in the environment, when set, wins: the call
  * then changes nothing. Tensor-parallel groups set 65 for their ranks (worker/hyla_tp.c). */

@@ -1363,6 +1363,14 @@ extern "C" hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys) {
     return HYLA_OK;
 }
 
+extern "C" hyla_status hyla_cuda_set_attn_wg(hyla_backend *be, int on) {
+    hyla_cuda_ctx *c = graph_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_wg: not a cuda backend");
+    HYLA_TRY(cu_graph_flush(c));
+    c->attn_wg = c->hopper && on >= 0 && on <= 2 ? on : 0;
+    return HYLA_OK;
+}
+
 extern "C" hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *out) {
     hyla_cuda_ctx *c = graph_ctx(be);
     memset(out, 0, sizeof *out);

@@ -30,6 +30,22 @@ __device__ __forceinline__ int wg_swz(int row, int k, int rows) {
     return (k >> 6) * rows * 64 + row * 64 + ((((k & 63) >> 3) ^ (row & 7)) << 3) + (k & 7);
 }
 
+/* Operand fences: the compiler sees a wgmma's accumulators written when the asm statement
+ * runs, not when wgmma.wait_group returns, and may move plain arithmetic on them across the
+ * wgmma.fence or the wait. An empty asm that "rewrites" each register pins that arithmetic on
+ * its side: before wg_fence (the writes that the product reads), after wg_wait (the reads of its
+ * results). */
+template <int N>
+__device__ __forceinline__ void wg_keep(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_keep(uint32_t (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(d[i])::"memory");
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -88,6 +104,24 @@ __device__ __forceinline__ void wg_mma<256>(float (&d)[128], uint64_t da, uint64
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
                    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
                  : "l"(da), "l"(db), "r"(scale_d));
+#endif
+}
+
+/* d (m64 x 64, as eight n8 C fragments) += A B over one k16 step with A in registers: a warp's
+ * 16 rows of the warpgroup's m64 x k16 A as mma.sync's A fragment (rows 16w + g, 16w + g + 8),
+ * B in shared memory in the 128-byte swizzle. TB = 0: B K-major (N rows of 64 k, as wg_desc);
+ * TB = 1: B MN-major (k rows of the 64 n, the same lines and swizzle: a [k][n] tile stored as
+ * wg_swz(k, n, rows)), its 8-k groups SBO = 1024 bytes apart, which wg_desc also encodes. */
+template <int TB>
+__device__ __forceinline__ void wg_mma64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
 #endif
 }
 
