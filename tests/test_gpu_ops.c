@@ -1891,7 +1891,7 @@ static void case_attn_pieces(const op_case *c) {
     char sw[256] = "";
     CHECK_OK(hyla_cuda_switches(gpu, sw, sizeof sw));
     const char *aw = strstr(sw, "attn_wg=");
-    const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here (2: its pipelined form) */
+    const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here */
     printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_on && D == 128 ? "k_attn_wg" : "k_attn_flash2");
     for (int W = 0; W <= 100; W += 100)
         for (int sp = 0; sp < 2; sp++)

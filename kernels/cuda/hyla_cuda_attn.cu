@@ -311,17 +311,13 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
     const dim3 grid(cu_blocks(ng, 64), Hq, nsplit);
     if constexpr (D == 128) {
         if (c->attn_wg) {
-            const bool pipe = c->attn_wg == 2;
-            const size_t sm = (size_t)(pipe ? 6 : 4) * FA_BK * D * 2 + 1024; /* buffers of K and V, swizzled */
+            const size_t sm = (size_t)4 * FA_BK * D * 2 + 1024; /* 2 buffers of K and V, swizzled; alignment */
             int lg = -1; /* pages of 2^lg rows: the kernel shifts instead of dividing */
             if (pt > 0 && !(pt & (pt - 1)))
                 for (lg = 0; (1 << lg) < pt; lg++) {
                 }
-            if (pipe)
-                return cu_launch_dyn(c, k_attn_wg<D, true>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp,
-                                     pt, lg, o, split_len, nsplit, part);
-            return cu_launch_dyn(c, k_attn_wg<D, false>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt,
-                                 lg, o, split_len, nsplit, part);
+            return cu_launch_dyn(c, k_attn_wg<D>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, lg, o,
+                                 split_len, nsplit, part);
         }
     }
     const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */

@@ -7,8 +7,6 @@
  * Tensor cores: bf16 inputs, fp32 accumulation (mma.sync m16n8k16, hyla_cuda_mma.cuh). */
 #ifndef HYLA_CUDA_ATTN_FLASH_CUH
 #define HYLA_CUDA_ATTN_FLASH_CUH
-#include <type_traits>
-
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
 #include "hyla_cuda_tma.cuh"
@@ -51,9 +49,8 @@ __device__ __forceinline__ void fa_rescale(float (&oacc)[D / 8][4], float c0, fl
  * tile's scores sacc (S = Q K^T, mma.sync's C fragments of eight n8 tiles): keys past a row's
  * position, past khi or outside the window to -inf (FULL: the caller knows no key of the tile is
  * masked for any row of the block, so the tests are skipped: the same values), the running
- * (m, l) updated, O rescaled (RS; else the corrections written to c01 for the caller to apply
- * later), sacc replaced by P = 2^(s - m) (FX: by fa_ex2). Shared by both flash kernels, so their
- * softmax is one piece of code. */
+ * (m, l) updated, O rescaled, sacc replaced by P = 2^(s - m) (FX: by fa_ex2). Shared by both
+ * flash kernels, so their softmax is one piece of code. */
 /* 2^x with the multi-function unit alone (ex2.approx.ftz: exp2f's instruction without its fix-up
  * for results below 2^-126, which flush to zero: a P that small adds nothing a bf16 product
  * keeps) */
@@ -68,10 +65,10 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return FX ? fa_ex2(x) : exp2f(x);
 }
 
-template <int D, bool FULL, bool FX = false, bool RS = true>
+template <int D, bool FULL, bool FX = false>
 __device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
                                            float sl2, float &m0, float &m1, float &l0, float &l1,
-                                           float (&oacc)[D / 8][4], float *c01 = nullptr) {
+                                           float (&oacc)[D / 8][4]) {
     const int tq = (threadIdx.x & 31) & 3;
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -115,12 +112,7 @@ __device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, 
     l1 = l1 * c1 + s1;
     m0 = mn0;
     m1 = mn1;
-    if constexpr (RS) {
-        fa_rescale<D>(oacc, c0, c1);
-    } else {
-        c01[0] = c0;
-        c01[1] = c1;
-    }
+    fa_rescale<D>(oacc, c0, c1);
 }
 
 /* One 64-key tile of a flash block, for a warp's two query rows (r0 = 16 w + g, r1 = r0 + 8 at
@@ -382,8 +374,8 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
  * registers to the P fragments after the S products, so every tile after the first read P as
  * Q (kernels/cuda/dev/NOTES.md "Flash prefill on warpgroup products"); the D = 128 code keeps
  * them apart, which test_gpu_ops checks against k_attn_flash2 and the CPU. */
-template <int D, bool PIPE>
-__global__ void __launch_bounds__(128, PIPE ? 2 : 3) k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window,
+template <int D>
+__global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window,
                                                     float scale, void *const *kp, void *const *vp, int pt, int lgpt,
                                                     float *o, int split_len, int nsplit, float *part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -421,16 +413,9 @@ __global__ void __launch_bounds__(128, PIPE ? 2 : 3) k_attn_wg(const float *q, i
         }
         cp_async_commit();
     };
-    constexpr int QB = PIPE ? 2 : 1; /* the buffer that stages Q */
     if (ntile > 0) load(0, 0);
-    if (PIPE) {
-        if (ntile > 1)
-            load(1, 1);
-        else
-            cp_async_commit();
-    }
     {
-        __nv_bfloat16 *Qs = sm + 2 * QB * TILE;
+        __nv_bfloat16 *Qs = sm + 2 * TILE;
         for (int x = tid; x < FA_BQ * (D / 4); x += 128) {
             const int r = x / (D / 4), d = (x % (D / 4)) * 4;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -447,8 +432,8 @@ __global__ void __launch_bounds__(128, PIPE ? 2 : 3) k_attn_wg(const float *q, i
     __syncthreads();
     uint32_t qf[D / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * QB * TILE + (16 * w) * LDQ + kc * 16, LDQ);
-    __syncthreads(); /* the Q buffer free for its tile */
+    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LDQ + kc * 16, LDQ);
+    __syncthreads(); /* buffer 1 free for tile 1 */
     const int r0 = 16 * w + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
     /* a tile is unmasked for every row when its last key is at or before the block's first
@@ -491,74 +476,6 @@ __global__ void __launch_bounds__(128, PIPE ? 2 : 3) k_attn_wg(const float *q, i
             pf[kc][3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
         }
     };
-    if constexpr (PIPE) {
-        /* Three buffers (tile t in buffer t % 3). Tile j's S products are issued behind tile
-         * j - 1's P V products; the softmax of tile j runs while P V of tile j - 1 is still on
-         * the tensor cores, and O is rescaled once those are done. Every element sees the
-         * operations of the serial form in the same order: the same bits. */
-        /* one tile: pin (the P of tile j - 1, whose product is issued here) and pout (tile j's
-         * P); the loop runs two tiles a turn with the two arrays swapped, so P of tile j is
-         * packed into registers other than the ones P V of tile j - 1 still reads */
-        int bj = 0; /* j % 3 */
-        /* tile j: its S products issued behind P V of tile j - 1 (when PREV), its softmax while
-         * those run, O rescaled once they are done. The branches on PREV are compile-time: with
-         * a run-time one, ptxas cannot pair the waits with the products and serializes them. */
-        auto step = [&](auto prev, int j, uint32_t(&pin)[FA_BK / 16][4], uint32_t(&pout)[FA_BK / 16][4]) {
-            constexpr bool PREV = decltype(prev)::value;
-            cp_async_wait<1>(); /* tile j landed (tile j + 1 may still stream) */
-            fence_proxy_async_smem();
-            __syncthreads();
-            const int kt = klo + j * FA_BK;
-            const __nv_bfloat16 *Ks = sm + 2 * bj * TILE;
-            const int bprev = bj ? bj - 1 : 2;
-            float sacc[FA_BK / 8][4];
-            float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
-            s_issue(sf, Ks);
-            if constexpr (PREV) {
-                pv_issue(pin, sm + (2 * bprev + 1) * TILE);
-                wg_wait<1>();
-            } else {
-                wg_wait<0>();
-            }
-            wg_keep(sf);
-            float c01[2];
-            const bool full = kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
-            if (full)
-                fa_softmax<D, true, true, false>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc, c01);
-            else
-                fa_softmax<D, false, true, false>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc, c01);
-            pack_p(pout, sacc);
-            if constexpr (PREV) {
-                wg_wait<0>();
-                wg_keep(of);
-                wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pin[0][0]));
-            }
-            fa_rescale<D>(oacc, c01[0], c01[1]);
-            __syncthreads(); /* every warp past P V of tile j - 1: its buffer is free */
-            if (j + 2 < ntile)
-                load(j + 2, bprev);
-            else
-                cp_async_commit();
-            bj = bj == 2 ? 0 : bj + 1;
-        };
-        uint32_t pa[FA_BK / 16][4], pb[FA_BK / 16][4];
-        if (ntile > 0) step(std::false_type(), 0, pb, pa);
-        for (int j = 1; j < ntile; j += 2) {
-            step(std::true_type(), j, pa, pb);
-            if (j + 1 < ntile) step(std::true_type(), j + 1, pb, pa);
-        }
-        if (ntile > 0) { /* the last tile's P V: its P is in pa (ntile odd) or pb */
-            const __nv_bfloat16 *Vl = sm + (2 * (bj ? bj - 1 : 2) + 1) * TILE;
-            if (ntile & 1)
-                pv_issue(pa, Vl);
-            else
-                pv_issue(pb, Vl);
-            wg_wait<0>();
-            wg_keep(of);
-            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pa[0][0]));
-            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pb[0][0]));
-        }
-    } else {
     for (int j = 0; j < ntile; j++) {
         if (j + 1 < ntile)
             load(j + 1, (j + 1) & 1);
@@ -586,7 +503,6 @@ __global__ void __launch_bounds__(128, PIPE ? 2 : 3) k_attn_wg(const float *q, i
         wg_keep(of);
         wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
         __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
-    }
     }
     if (nq <= 0) return;
     fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);

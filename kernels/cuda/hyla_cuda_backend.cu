@@ -827,7 +827,7 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->attn_split_len = 8192;
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
     c->hopper = prop.major == 9;
-    c->attn_wg = !c->hopper ? 0 : aw && !strcmp(aw, "0") ? 0 : aw && !strcmp(aw, "2") ? 2 : 1;
+    c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
     CU_TRY(cudaMalloc((void **)&c->sk_count, HYLA_CU_SK_COUNTS * sizeof(unsigned)));
     CU_TRY(cudaMemsetAsync(c->sk_count, 0, HYLA_CU_SK_COUNTS * sizeof(unsigned), c->stream));

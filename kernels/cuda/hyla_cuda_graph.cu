@@ -1367,7 +1367,7 @@ extern "C" hyla_status hyla_cuda_set_attn_wg(hyla_backend *be, int on) {
     hyla_cuda_ctx *c = graph_ctx(be);
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_wg: not a cuda backend");
     HYLA_TRY(cu_graph_flush(c));
-    c->attn_wg = c->hopper && on >= 0 && on <= 2 ? on : 0;
+    c->attn_wg = on && c->hopper;
     return HYLA_OK;
 }
 
