@@ -1883,7 +1883,7 @@ static void case_attention(const op_case *c) {
 /* Flash prefill (k_attn_wg / k_attn_flash2), p = {D}: a row gets the same bits whatever call it
  * is in: a prefill from position 0 (n = 300, 1100: several query blocks and a partial one) == the
  * same tokens as a piece of 64 and a piece at pos0 = 64, GQA, window 0 and 100, one pass and
- * splits of 64 keys; each within the tolerance of the CPU; at D = 128 on Hopper the other flash
+ * splits of 64 keys; each within the tolerance of the CPU; at D = 64, 128 on Hopper the other flash
  * kernel (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and
  * piece-invariant too. */
 static void case_attn_pieces(const op_case *c) {
@@ -1892,7 +1892,7 @@ static void case_attn_pieces(const op_case *c) {
     CHECK_OK(hyla_cuda_switches(gpu, sw, sizeof sw));
     const char *aw = strstr(sw, "attn_wg=");
     const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here */
-    printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_on && D == 128 ? "k_attn_wg" : "k_attn_flash2");
+    printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_on && D >= 64 ? "k_attn_wg" : "k_attn_flash2");
     for (int W = 0; W <= 100; W += 100)
         for (int sp = 0; sp < 2; sp++)
             for (int ni = 0; ni < 2; ni++) {
@@ -1919,7 +1919,7 @@ static void case_attn_pieces(const op_case *c) {
                  * k_attn_flash2): within rounding of each other (the same tiles, products and
                  * softmax; the warpgroup product's sums round differently where P V adds into a
                  * larger O, up to an ulp or two), and each one piece-invariant on its own */
-                if (wg_on && D == 128) {
+                if (wg_on && D >= 64) {
                     CHECK_OK(hyla_cuda_set_attn_wg(gpu, 0));
                     void *ow = dev(gpu, NULL, nq * 4);
                     CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, ow));

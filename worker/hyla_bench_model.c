@@ -591,6 +591,8 @@ static void bench_attention(int quick) {
     /* a 1024-token piece at the end of a 4k / 32k context, 18 KV heads (the 1.3B sse-h model's
      * attention layers): what prefill through the runtime runs */
     for (int i = 0; i < 2; i++) bench_attn_prefill(quick ? 64 : 1024, quick ? ns[i] / 16 : ns[i], Hq, 18, D);
+    /* head dim 64, 32 query heads on 8 KV heads (the LTE paper's 1.4B attention shape) */
+    for (int i = 0; i < 2; i++) bench_attn_prefill(quick ? ns[i] / 16 : ns[i], quick ? ns[i] / 16 : ns[i], 32, 8, 64);
     int Bs[] = {1, 16, 64};
     int ctxs[] = {4096, 32768};
     size_t pb = (size_t)64 * Hk * D * hyla_dtype_size(O->kv_dtype);

@@ -237,8 +237,8 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
 template <int D, int NW>
 __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
                                                                  int window, float scale, void *const *kp,
-                                                                 void *const *vp, int pt, float *o, int split_len,
-                                                                 int nsplit, float *part) {
+                                                                 void *const *vp, int pt, int lgpt, float *o,
+                                                                 int split_len, int nsplit, float *part) {
     constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
@@ -286,19 +286,23 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
     if (end0 >= st0) nt0 = (end0 - st0) / FA_BK + 1;
     if (end1 >= st1) nt1 = (end1 - st1) / FA_BK + 1;
     const int ntile = nt0 + nt1;
-    const size_t rowsz = (size_t)Hk * D;
-    /* tile j -> buffer b: rows past the pass's last key zero-filled (src-size 0) */
+    /* tile j -> buffer b: rows past the pass's last key zero-filled (src-size 0). A thread loads
+     * its 16-byte column c8 of rows lr0 + RP i; pages of 2^lgpt rows (lgpt >= 0) take a shift */
+    constexpr int CH = D / 8, RP = NT / CH;
+    const int c8 = tid % CH, lr0 = tid / CH;
+    const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
     auto load = [&](int j, int b) {
         const bool p1 = j >= nt0;
         const int kt = p1 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK, end = p1 ? end1 : end0;
-        __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
-#pragma unroll 1
-        for (int x = tid; x < FA_BK * (D / 8); x += NT) {
-            const int r = x / (D / 8), c8 = x % (D / 8), p = kt + r, pc = p <= end ? p : end;
-            const size_t off = (size_t)(pc % pt) * rowsz + (size_t)hk * D + c8 * 8;
+        __nv_bfloat16 *Kd = sm + 2 * b * TILE + c8 * 8, *Vd = Kd + TILE;
+#pragma unroll
+        for (int i = 0; i < FA_BK / RP; i++) {
+            const int r = lr0 + RP * i, p = kt + r, pc = p <= end ? p : end;
+            const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+            const size_t off = (size_t)row * rowsz + hoff;
             const int bytes = p <= end ? 16 : 0;
-            cp_async16(Kd + r * LD + c8 * 8, (const __nv_bfloat16 *)kp[pc / pt] + off, bytes);
-            cp_async16(Vd + r * LD + c8 * 8, (const __nv_bfloat16 *)vp[pc / pt] + off, bytes);
+            cp_async16(Kd + r * LD, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+            cp_async16(Vd + r * LD, (const __nv_bfloat16 *)vp[pg] + off, bytes);
         }
         cp_async_commit();
     };
@@ -353,11 +357,11 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
 }
 
 /* k_attn_wg: the flash block of k_attn_flash2<D, 4> on Hopper's warpgroup products (sm_90a),
- * launched at D = 128. One warpgroup, 64 queries, the same grid, key range, tiles (kt = klo +
+ * D = 64 and 128. One warpgroup, 64 queries, the same grid, key range, tiles (kt = klo +
  * 64 i, absolute positions), splits and order of every sum as k_attn_flash2<D, 4>: S = Q K^T is
- * wgmma m64n64k16 with the Q fragments in registers (mma.sync's A fragments: warp w of the
- * warpgroup owns rows 16 w .. 16 w + 15, as there) and the K tile in shared memory, D / 16 k16
- * steps in order; the scores land in mma.sync's C layout, so the softmax is fa_softmax itself;
+ * wgmma m64n64k16 with the Q fragments in registers (D = 128: mma.sync's A fragments, warp w of
+ * the warpgroup owns rows 16 w .. 16 w + 15, as there; D = 64: the Q tile in shared memory) and
+ * the K tile in shared memory, D / 16 k16 steps in order; the scores land in mma.sync's C layout, so the softmax is fa_softmax itself;
  * O += P V is wgmma with P from registers (packed as fa_tile packs it) and V in shared memory
  * MN-major, the tile's four k16 steps in order, one m64n64 product per 64 columns of O. Tiles
  * whose keys are unmasked for every row of the block skip the mask's tests (the same values).
@@ -370,10 +374,12 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
  * them), each tile made visible to the async proxy before a barrier. The Q tile is staged in
  * buffer 1 ([64][D + 8], ldmatrix) while tile 0 streams into buffer 0. Shared memory:
  * 4 x 64 x D x 2 bytes + 1 KB for the alignment (65 KB at D = 128: three blocks per SM).
- * Not launched at D = 64: ptxas (CUDA 13) gave that instantiation's loop-invariant Q fragment
- * registers to the P fragments after the S products, so every tile after the first read P as
- * Q (kernels/cuda/dev/NOTES.md "Flash prefill on warpgroup products"); the D = 128 code keeps
- * them apart, which test_gpu_ops checks against k_attn_flash2 and the CPU. */
+ * D = 64 keeps the Q tile in shared memory (after the buffers, K-major in the swizzle: 8 KB,
+ * 41 KB in all) and the S products read it there: with Q's fragments in registers, ptxas (CUDA
+ * 13) gave that instantiation's loop-invariant Q registers to the P fragments after the S
+ * products, so every tile after the first read P as Q (kernels/cuda/dev/NOTES.md "Flash prefill
+ * on warpgroup products"). D = 128 keeps them in registers (three blocks per SM; 16 KB more of
+ * shared memory would leave two), which test_gpu_ops checks against k_attn_flash2 and the CPU. */
 template <int D>
 __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window,
                                                     float scale, void *const *kp, void *const *vp, int pt, int lgpt,
@@ -413,9 +419,13 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
         }
         cp_async_commit();
     };
+    /* QS (D = 64): the Q tile stays in shared memory after the buffers, K-major in the swizzle,
+     * and the S products read it there (see above); else it is staged in buffer 1 and read into
+     * registers */
+    constexpr bool QS = D == 64;
     if (ntile > 0) load(0, 0);
     {
-        __nv_bfloat16 *Qs = sm + 2 * TILE;
+        __nv_bfloat16 *Qs = sm + (QS ? 4 : 2) * TILE;
         for (int x = tid; x < FA_BQ * (D / 4); x += 128) {
             const int r = x / (D / 4), d = (x % (D / 4)) * 4;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -424,16 +434,20 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
 #pragma unroll
                 for (int e = 0; e < 4; e++) v[e] = src[e];
             }
-            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + r * LDQ + d);
+            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + (QS ? wg_swz(r, d, FA_BQ) : r * LDQ + d));
             dst[0] = __floats2bfloat162_rn(v[0], v[1]);
             dst[1] = __floats2bfloat162_rn(v[2], v[3]);
         }
     }
+    if (QS) fence_proxy_async_smem(); /* Q's stores, to wgmma's proxy */
     __syncthreads();
-    uint32_t qf[D / 16][4];
+    uint32_t qf[QS ? 1 : D / 16][4];
+    const __nv_bfloat16 *Qsm = sm + 4 * TILE;
+    if constexpr (!QS) {
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LDQ + kc * 16, LDQ);
-    __syncthreads(); /* buffer 1 free for tile 1 */
+        for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LDQ + kc * 16, LDQ);
+        __syncthreads(); /* buffer 1 free for tile 1 */
+    }
     const int r0 = 16 * w + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
     /* a tile is unmasked for every row when its last key is at or before the block's first
@@ -451,7 +465,11 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
-            wg_mma64_rs<0>(sf, qf[kc], wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+            if constexpr (QS)
+                wg_mma64_ss(sf, wg_desc(Qsm + (kc >> 2) * FA_BQ * 64 + (kc & 3) * 16),
+                            wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+            else
+                wg_mma64_rs<0>(sf, qf[kc], wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
         wg_commit();
     };
     /* O += P V of the tile whose V is at Vs (issued, committed) */

@@ -49,7 +49,7 @@ hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
  * the bits of a prefill depend on (keep it the same wherever a session may resume); a row gives
  * the same bits in calls of any size under one setting. */
 hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
-/* Flash attention prefill at head dim 128 on Hopper's warpgroup products (on: the default on
+/* Flash attention prefill at head dims 64 and 128 on Hopper's warpgroup products (on: the default on
  * compute capability 9.x, where alone it takes effect; HYLA_CUDA_ATTN_WG=0 in the environment
  * starts a backend with it off) or on the mma.sync kernel. Each is piece-invariant; they agree
  * within rounding (an ulp or two), not bit for bit, so keep one setting wherever a session may

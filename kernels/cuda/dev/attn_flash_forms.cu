@@ -1,7 +1,8 @@
 /* attn_flash_forms.cu — the kernel lab's flash-attention prefill forms: k_attn_flash (4 warps per
  * 64 queries, plain loads into one buffer), the product's kernel k_attn_flash2 with 8 warps (128
  * queries a block sharing each K/V tile) and with 4 (the product's form), each against the CPU
- * reference, the 4-warp form also against the product's attn_prefill bit for bit, and timed.
+ * reference, the 4-warp form also against the product's attn_prefill (with k_attn_flash2, not
+ * Hopper's k_attn_wg) bit for bit, and timed.
  * k_attn_flash2, its tile step and its block end are the product's own code
  * (hyla_cuda_attn_flash.cuh); this file adds only the form that left the product. One pass over
  * the keys (no key splits), causal, GQA. The product keeps the 4-warp cp.async form
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "hyla_cuda_attn_flash.cuh"
+#include "hyla_cuda_extra.h"
 #include "hyla_cuda_impl.h"
 #include "hyla_ops.h"
 #include "lab.h"
@@ -102,11 +104,11 @@ static void run_form(int form, const Args &a) {
         if (form == 1) {
             CK(cudaFuncSetAttribute(k_attn_flash2<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
             k_attn_flash2<D, 8><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(
-                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, a.o, 0, 1, NULL);
+                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, -1, a.o, 0, 1, NULL);
         } else {
             CK(cudaFuncSetAttribute(k_attn_flash2<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
             k_attn_flash2<D, 4><<<dim3(cu_blocks(a.n, 64), a.Hq, 1), 128, sm>>>(
-                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, a.o, 0, 1, NULL);
+                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, -1, a.o, 0, 1, NULL);
         }
     }
     CK(cudaGetLastError());
@@ -122,6 +124,7 @@ int main(int argc, char **argv) {
     hyla_backend *cpu, *gpu;
     HK(hyla_cpu_backend_create(0, &cpu));
     HK(hyla_cuda_backend_create(0, &gpu));
+    HK(hyla_cuda_set_attn_wg(gpu, 0)); /* the product's k_attn_flash2 (on Hopper k_attn_wg is the default) */
     const char *names[3] = {"flash1 (4 warps, one buffer)", "flash2, 8 warps", "flash2, 4 warps (product)"};
     const int Hq = 8, Hk = 4, D = 128, pt = 64;
     const float scale = 1.0f / sqrtf((float)D);
