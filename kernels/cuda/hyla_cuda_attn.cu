@@ -309,12 +309,12 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
                                 int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
                                 int split_len, float *part) {
     const dim3 grid(cu_blocks(ng, 64), Hq, nsplit);
-    int lg = -1; /* pages of 2^lg rows: the kernels shift instead of dividing */
-    if (pt > 0 && !(pt & (pt - 1)))
-        for (lg = 0; (1 << lg) < pt; lg++) {
-        }
     if constexpr (D >= 64) {
         if (c->attn_wg) {
+            int lg = -1; /* pages of 2^lg rows: the kernel shifts instead of dividing */
+            if (pt > 0 && !(pt & (pt - 1)))
+                for (lg = 0; (1 << lg) < pt; lg++) {
+                }
             /* 2 buffers of K and V, swizzled (D = 64: and the Q tile); the alignment */
             const size_t sm = (size_t)(D == 64 ? 5 : 4) * FA_BK * D * 2 + 1024;
             return cu_launch_dyn(c, k_attn_wg<D>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, lg, o,
@@ -322,7 +322,7 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
         }
     }
     const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */
-    return cu_launch_dyn(c, k_attn_flash2<D, 4>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, lg, o,
+    return cu_launch_dyn(c, k_attn_flash2<D, 4>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, o,
                          split_len, nsplit, part);
 }
 

@@ -237,8 +237,8 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
 template <int D, int NW>
 __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
                                                                  int window, float scale, void *const *kp,
-                                                                 void *const *vp, int pt, int lgpt, float *o,
-                                                                 int split_len, int nsplit, float *part) {
+                                                                 void *const *vp, int pt, float *o, int split_len,
+                                                                 int nsplit, float *part) {
     constexpr int LD = D + 8, TILE = FA_BK * LD, NT = 32 * NW, BQ = 16 * NW;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)fa_smem; /* buffer b: K at sm + 2b TILE, V at sm + (2b+1) TILE */
@@ -286,23 +286,19 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
     if (end0 >= st0) nt0 = (end0 - st0) / FA_BK + 1;
     if (end1 >= st1) nt1 = (end1 - st1) / FA_BK + 1;
     const int ntile = nt0 + nt1;
-    /* tile j -> buffer b: rows past the pass's last key zero-filled (src-size 0). A thread loads
-     * its 16-byte column c8 of rows lr0 + RP i; pages of 2^lgpt rows (lgpt >= 0) take a shift */
-    constexpr int CH = D / 8, RP = NT / CH;
-    const int c8 = tid % CH, lr0 = tid / CH;
-    const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
+    const size_t rowsz = (size_t)Hk * D;
+    /* tile j -> buffer b: rows past the pass's last key zero-filled (src-size 0) */
     auto load = [&](int j, int b) {
         const bool p1 = j >= nt0;
         const int kt = p1 ? st1 + (j - nt0) * FA_BK : st0 + j * FA_BK, end = p1 ? end1 : end0;
-        __nv_bfloat16 *Kd = sm + 2 * b * TILE + c8 * 8, *Vd = Kd + TILE;
-#pragma unroll
-        for (int i = 0; i < FA_BK / RP; i++) {
-            const int r = lr0 + RP * i, p = kt + r, pc = p <= end ? p : end;
-            const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
-            const size_t off = (size_t)row * rowsz + hoff;
+        __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
+#pragma unroll 1
+        for (int x = tid; x < FA_BK * (D / 8); x += NT) {
+            const int r = x / (D / 8), c8 = x % (D / 8), p = kt + r, pc = p <= end ? p : end;
+            const size_t off = (size_t)(pc % pt) * rowsz + (size_t)hk * D + c8 * 8;
             const int bytes = p <= end ? 16 : 0;
-            cp_async16(Kd + r * LD, (const __nv_bfloat16 *)kp[pg] + off, bytes);
-            cp_async16(Vd + r * LD, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            cp_async16(Kd + r * LD + c8 * 8, (const __nv_bfloat16 *)kp[pc / pt] + off, bytes);
+            cp_async16(Vd + r * LD + c8 * 8, (const __nv_bfloat16 *)vp[pc / pt] + off, bytes);
         }
         cp_async_commit();
     };

@@ -104,11 +104,11 @@ static void run_form(int form, const Args &a) {
         if (form == 1) {
             CK(cudaFuncSetAttribute(k_attn_flash2<D, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
             k_attn_flash2<D, 8><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(
-                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, -1, a.o, 0, 1, NULL);
+                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, a.o, 0, 1, NULL);
         } else {
             CK(cudaFuncSetAttribute(k_attn_flash2<D, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
             k_attn_flash2<D, 4><<<dim3(cu_blocks(a.n, 64), a.Hq, 1), 128, sm>>>(
-                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, -1, a.o, 0, 1, NULL);
+                a.q, a.n, a.Hq, a.Hk, a.pos0, a.window, a.scale, a.kp, a.vp, a.pt, a.o, 0, 1, NULL);
         }
     }
     CK(cudaGetLastError());
