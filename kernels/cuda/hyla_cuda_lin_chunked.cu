@@ -684,8 +684,10 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         __syncthreads();
         /* U = U0 - W S for token rows 16w.. (GLA: U = V) */
         float uacc[4][4];
+        float(&uf)[16] = *reinterpret_cast<float(*)[16]>(&uacc[0][0]);
         frag_zero(uacc);
         if (GDN) {
+            wg_keep(uf); /* operand fences (hyla_cuda_wgmma.cuh) */
             wg_fence();
 #pragma unroll
             for (int kc = 0; kc < DKP / 16; kc++)
@@ -693,6 +695,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
                          wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
             wg_commit();
             wg_wait<0>();
+            wg_keep(uf);
         }
 #pragma unroll
         for (int n = 0; n < 4; n++)
@@ -705,6 +708,8 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         __syncthreads();
         /* O = q~ S + Aqk U, then S = e^(bC) S + k~^T U */
         float oacc[4][4];
+        float(&of)[16] = *reinterpret_cast<float(*)[16]>(&oacc[0][0]);
+        float(&sf)[MTW * 16] = *reinterpret_cast<float(*)[MTW * 16]>(&sacc[0][0][0]);
         frag_zero(oacc);
 #pragma unroll
         for (int mi = 0; mi < MTW; mi++) {
@@ -712,6 +717,8 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
             float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
             state_decay(sacc[mi], d0, d1);
         }
+        wg_keep(of); /* the decayed S and the zeroed O written before the fence */
+        wg_keep(sf);
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < DKP / 16; kc++)
@@ -726,6 +733,8 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
                 wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
         wg_commit();
         wg_wait<0>();
+        wg_keep(of);
+        wg_keep(sf);
         chunkb_store_o<4>(oacc, a, tok0, len, h, H, dv, j0, w, g, tq);
         __syncthreads(); /* every warpgroup's reads of this stage, S^T and U^T done */
     }
