@@ -5,6 +5,9 @@ hyla_add_test(test_cpu_ops SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_ops.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
 hyla_add_test(test_cpu_mixers SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_mixers.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
+# functions whose bits the CPU and CUDA backends share (kernels/hyla_detmath.h)
+hyla_add_test(test_detmath SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_detmath.c
+  LABELS quick LIBS hyla_kernels m TIMEOUT 60)
 # sparse-attention mixers
 hyla_add_test(test_cpu_lte SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cpu_lte.c
   LABELS quick LIBS hyla_kernels m TIMEOUT 120)
