@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int TILE = FA_BK * D, LDQ = D + 8;
     extern __shared__ __align__(1024) unsigned char faw_raw[];
-    __nv_bfloat16 *sm = (__nv_bfloat16 *)(faw_raw + ((1024 - (__cvta_generic_to_shared(faw_raw) & 1023)) & 1023));
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(faw_raw);
     const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     const int q0 = blockIdx.x * FA_BQ, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;

@@ -819,14 +819,14 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->pdl = !(pe && !strcmp(pe, "0"));
     cu_skinny_cluster_init(c);
     cu_gemm_wg_init(c, prop.major);
+    c->hopper = prop.major == 9;
     const char *bw = getenv("HYLA_CUDA_CHUNK_B_WG");
-    c->chunk_b_wg = !(bw && !strcmp(bw, "0")) && prop.major == 9;
+    c->chunk_b_wg = !(bw && !strcmp(bw, "0")) && c->hopper;
     const char *pv = getenv("HYLA_CUDA_GDN_PIPE_VW");
     c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;
     c->attn_split_len = 8192;
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
-    c->hopper = prop.major == 9;
     c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
     CU_TRY(cudaMalloc((void **)&c->sk_count, HYLA_CU_SK_COUNTS * sizeof(unsigned)));

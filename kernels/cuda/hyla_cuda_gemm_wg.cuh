@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     typedef WgCfg<WGM, BN, ST, CL> C;
     constexpr int BM = C::BM;
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
-    unsigned char *wg_smem = wg_smem_raw + ((1024 - (__cvta_generic_to_shared(wg_smem_raw) & 1023)) & 1023);
+    unsigned char *wg_smem = wg_align1024(wg_smem_raw);
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_smem;
     uint64_t *full = (uint64_t *)(wg_smem + (C::STAGING > C::PART ? C::STAGING : C::PART));
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
     typedef WgCfg<WGM, BN, ST, CL> C;
     constexpr int BM = C::BM;
     extern __shared__ __align__(1024) unsigned char wgp_smem_raw[];
-    unsigned char *smem = wgp_smem_raw + ((1024 - (__cvta_generic_to_shared(wgp_smem_raw) & 1023)) & 1023);
+    unsigned char *smem = wg_align1024(wgp_smem_raw);
     __nv_bfloat16 *sm = (__nv_bfloat16 *)smem;
     uint64_t *full = (uint64_t *)(smem + (C::STAGING > C::PART ? C::STAGING : C::PART)), *empty = full + ST;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;

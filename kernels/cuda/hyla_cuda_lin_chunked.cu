@@ -615,7 +615,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int DKP = 128, MT = DKP / 16, MTW = 2;
     extern __shared__ __align__(1024) unsigned char bw_raw[];
-    unsigned char *base = bw_raw + ((1024 - (__cvta_generic_to_shared(bw_raw) & 1023)) & 1023);
+    unsigned char *base = wg_align1024(bw_raw);
     __nv_bfloat16 *SbT = (__nv_bfloat16 *)(base + 2 * BW_STAGE_BYTES); /* [32 j][128 i], swizzled */
     __nv_bfloat16 *UT = SbT + 32 * 128;                                 /* [32 j][64 t], swizzled */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;

@@ -19,6 +19,12 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+/* The first 1024-byte boundary (in the shared window) at or after raw: where a kernel's swizzled
+ * tiles start, its dynamic shared memory sized 1 KB over what it uses. */
+__device__ __forceinline__ unsigned char *wg_align1024(unsigned char *raw) {
+    return raw + ((1024 - (__cvta_generic_to_shared(raw) & 1023)) & 1023);
+}
+
 /* The descriptor of a K-major operand in the 128-byte swizzle starting at p. */
 __device__ __forceinline__ uint64_t wg_desc(const void *p) {
     const uint64_t a = (uint64_t)__cvta_generic_to_shared(p);

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(128, 1)
     typedef PsCfg<BN, ST> C;
     constexpr int NB = BN / 32;
     extern __shared__ __align__(1024) unsigned char ps_smem_raw[];
-    unsigned char *ps_smem = ps_smem_raw + ((1024 - (__cvta_generic_to_shared(ps_smem_raw) & 1023)) & 1023);
+    unsigned char *ps_smem = wg_align1024(ps_smem_raw);
     __nv_bfloat16 *sm = (__nv_bfloat16 *)ps_smem;
     uint64_t *full = (uint64_t *)(ps_smem + (size_t)ST * C::STAGE * 2);
     __shared__ int last;
