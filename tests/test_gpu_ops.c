@@ -472,24 +472,31 @@ static void case_embed_linear(const op_case *c) {
 }
 
 /* The kernel-form switches are read when a backend is made and named by hyla_cuda_switches
- * (benchmark records carry that line): a second backend made with HYLA_CUDA_GEMM_WG=0 and
- * HYLA_CUDA_CHUNK_B_WG=0 says so where the first says its defaults, and its large-M linear
- * (k_gemm_big instead of the warpgroup form where that runs) gives the same bits. */
+ * (benchmark records carry that line): a second backend made with HYLA_CUDA_GEMM_WG=0,
+ * HYLA_CUDA_CHUNK_B_WG=0 and HYLA_CUDA_ATTN_WG=0 says so where the first says its defaults,
+ * and its large-M linear (k_gemm_big instead of the warpgroup form where that runs) gives the
+ * same bits. */
 static void case_switches(const op_case *c) {
     (void)c;
     char a[256] = "", b[256] = "";
     CHECK_OK(hyla_cuda_switches(gpu, a, sizeof a));
     setenv("HYLA_CUDA_GEMM_WG", "0", 1);
     setenv("HYLA_CUDA_CHUNK_B_WG", "0", 1);
+    setenv("HYLA_CUDA_ATTN_WG", "0", 1);
     hyla_backend *g2 = NULL;
     hyla_status st = hyla_cuda_backend_create(0, &g2);
     unsetenv("HYLA_CUDA_GEMM_WG");
     unsetenv("HYLA_CUDA_CHUNK_B_WG");
+    unsetenv("HYLA_CUDA_ATTN_WG");
     CHECK_OK(st);
     if (!g2) return;
     CHECK_OK(hyla_cuda_switches(g2, b, sizeof b));
     CHECK_MSG(strstr(a, "gemm_wg_min=") && strstr(b, "gemm_wg=0") && strstr(b, "chunk_b_wg=0"),
               "switches: default '%s', with HYLA_CUDA_GEMM_WG=0 HYLA_CUDA_CHUNK_B_WG=0 '%s'", a, b);
+    /* the warpgroup flash kernel is on wherever kernel B's warpgroup form is (Hopper), and
+     * HYLA_CUDA_ATTN_WG=0 turns it off */
+    CHECK_MSG(!!strstr(a, "attn_wg=1") == !!strstr(a, "chunk_b_wg=1") && strstr(b, "attn_wg=0"),
+              "switches: default '%s', with HYLA_CUDA_ATTN_WG=0 '%s'", a, b);
     /* a third backend with k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0): the same bits again */
     setenv("HYLA_CUDA_GEMM_WGP", "0", 1);
     hyla_backend *g3 = NULL;
