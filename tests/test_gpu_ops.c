@@ -1903,7 +1903,9 @@ static void case_attention(const op_case *c) {
  * kernel (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and
  * piece-invariant too. */
 static void case_attn_pieces(const op_case *c) {
-    const int Hq = 4, Hk = 2, D = c->p[0], ns[2] = {300, 1100}, n1 = 64;
+    /* n = 2300 at D = 128: one call of k_attn_wg's two-warpgroup form (2048 queries and more, no
+     * window), its pieces of 64 and 2236 on the one- and the two-warpgroup form */
+    const int Hq = 4, Hk = 2, D = c->p[0], ns[3] = {300, 1100, 2300}, nn = D == 128 ? 3 : 2, n1 = 64;
     char sw[256] = "";
     CHECK_OK(hyla_cuda_switches(gpu, sw, sizeof sw));
     const char *aw = strstr(sw, "attn_wg=");
@@ -1911,7 +1913,7 @@ static void case_attn_pieces(const op_case *c) {
     printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_on && D >= 64 ? "k_attn_wg" : "k_attn_flash2");
     for (int W = 0; W <= 100; W += 100)
         for (int sp = 0; sp < 2; sp++)
-            for (int ni = 0; ni < 2; ni++) {
+            for (int ni = 0; ni < nn; ni++) {
                 const int n = ns[ni], pt = D == 64 ? 16 : 64;
                 float scale = 1.0f / sqrtf((float)D);
                 size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, q1 = (size_t)n1 * Hq * D,

@@ -315,10 +315,19 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
             if (pt > 0 && !(pt & (pt - 1)))
                 for (lg = 0; (1 << lg) < pt; lg++) {
                 }
+            if constexpr (D == 128) {
+                /* two warpgroups sharing each tile: calls of 2048 queries and more without a window
+                 * (the same bits; shorter calls and pieces run one warpgroup a block faster) */
+                if (window <= 0 && c->attn_wg2 && ng >= 2048) {
+                    const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024; /* K, V buffers and two Q tiles */
+                    return cu_launch_dyn(c, k_attn_wg<D, 2>, dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, q, n, Hq,
+                                         Hk, pos0, window, scale, kp, vp, pt, lg, o, split_len, nsplit, part);
+                }
+            }
             /* 2 buffers of K and V, swizzled (D = 64: and the Q tile); the alignment */
             const size_t sm = (size_t)(D == 64 ? 5 : 4) * FA_BK * D * 2 + 1024;
-            return cu_launch_dyn(c, k_attn_wg<D>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, lg, o,
-                                 split_len, nsplit, part);
+            return cu_launch_dyn(c, k_attn_wg<D, 1>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, lg,
+                                 o, split_len, nsplit, part);
         }
     }
     const size_t sm = (size_t)4 * FA_BK * (D + 8) * 2; /* 2 buffers of K and V; Q staged in one */

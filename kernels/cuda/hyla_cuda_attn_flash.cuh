@@ -376,28 +376,35 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const 
  * products, so every tile after the first read P as Q (kernels/cuda/dev/NOTES.md "Flash prefill
  * on warpgroup products"). D = 128 keeps them in registers (three blocks per SM; 16 KB more of
  * shared memory would leave two), which test_gpu_ops checks against k_attn_flash2 and the CPU. */
-template <int D>
-__global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window,
-                                                    float scale, void *const *kp, void *const *vp, int pt, int lgpt,
-                                                    float *o, int split_len, int nsplit, float *part) {
+template <int D, int NWG>
+__global__ void __launch_bounds__(128 * NWG, NWG == 2 ? 2 : 3)
+    k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window, float scale, void *const *kp,
+              void *const *vp, int pt, int lgpt, float *o, int split_len, int nsplit, float *part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int TILE = FA_BK * D, LDQ = D + 8;
+    constexpr int TILE = FA_BK * D, LDQ = D + 8, NT = 128 * NWG;
     extern __shared__ __align__(1024) unsigned char faw_raw[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(faw_raw);
-    const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2;
+    const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2, half = NWG == 2 ? w >> 2 : 0,
+              wl = NWG == 2 ? w & 3 : w;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
-    const int q0 = blockIdx.x * FA_BQ, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    /* the block's queries qB.. (NWG halves of 64, one per warpgroup); this warpgroup's q0, nq */
+    const int qB = blockIdx.x * FA_BQ * NWG, nqB = n - qB < FA_BQ * NWG ? n - qB : FA_BQ * NWG;
+    const int q0 = qB + FA_BQ * half, nq = NWG == 1 ? nqB : n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    /* keys: klo is the same for both halves (NWG = 2 runs without a window: 0 or the split's
+     * start), khi this half's; the block loads up to the block's last key kend */
     int klo = window > 0 ? pos0 + q0 - window + 1 : 0;
     if (klo < 0) klo = 0;
-    int khi = pos0 + q0 + nq - 1;
+    int khi = pos0 + q0 + nq - 1, kend = pos0 + qB + nqB - 1;
     if (split_len) {
         if (split * split_len > klo) klo = split * split_len;
         if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+        if ((split + 1) * split_len - 1 < kend) kend = (split + 1) * split_len - 1;
     }
-    const int ntile = klo <= khi ? (khi - klo) / FA_BK + 1 : 0;
+    if (NWG == 1) kend = khi;
+    const int ntile = klo <= kend ? (kend - klo) / FA_BK + 1 : 0;
     /* a thread's 16-byte chunk c8 of rows lr0 + RP i: its swizzled column is the same in every
      * one of them (RP is a multiple of 8), and pages of 2^lgpt rows take a shift */
-    constexpr int CH = D / 8, RP = 128 / CH;
+    constexpr int CH = D / 8, RP = NT / CH;
     const int c8 = tid % CH, lr0 = tid / CH;
     const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
     const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
@@ -406,31 +413,33 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
         __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
 #pragma unroll
         for (int i = 0; i < FA_BK / RP; i++) {
-            const int r = lr0 + RP * i, p = kt + r, pc = p <= khi ? p : khi;
+            const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
             const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
             const size_t off = (size_t)row * rowsz + hoff;
-            const int bytes = p <= khi ? 16 : 0;
+            const int bytes = p <= kend ? 16 : 0;
             cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
             cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
         }
         cp_async_commit();
     };
-    /* QS (D = 64): the Q tile stays in shared memory after the buffers, K-major in the swizzle,
-     * and the S products read it there (see above); else it is staged in buffer 1 and read into
-     * registers */
-    constexpr bool QS = D == 64;
+    /* QS (D = 64, and NWG = 2): the Q tiles stay in shared memory after the buffers, K-major in
+     * the swizzle, and the S products read them there (see above); else the Q tile is staged in
+     * buffer 1 and read into registers */
+    constexpr bool QS = D == 64 || NWG == 2;
     if (ntile > 0) load(0, 0);
     {
         __nv_bfloat16 *Qs = sm + (QS ? 4 : 2) * TILE;
-        for (int x = tid; x < FA_BQ * (D / 4); x += 128) {
+        for (int x = tid; x < FA_BQ * NWG * (D / 4); x += NT) {
             const int r = x / (D / 4), d = (x % (D / 4)) * 4;
             float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (r < nq) {
-                const float *src = q + ((size_t)(q0 + r) * Hq + h) * D + d;
+            if (r < nqB) {
+                const float *src = q + ((size_t)(qB + r) * Hq + h) * D + d;
 #pragma unroll
                 for (int e = 0; e < 4; e++) v[e] = src[e];
             }
-            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + (QS ? wg_swz(r, d, FA_BQ) : r * LDQ + d));
+            /* QS: half r / 64's tile of [64][D] */
+            __nv_bfloat162 *dst =
+                (__nv_bfloat162 *)(Qs + (QS ? (r / FA_BQ) * FA_BQ * D + wg_swz(r % FA_BQ, d, FA_BQ) : r * LDQ + d));
             dst[0] = __floats2bfloat162_rn(v[0], v[1]);
             dst[1] = __floats2bfloat162_rn(v[2], v[3]);
         }
@@ -438,13 +447,13 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
     if (QS) fence_proxy_async_smem(); /* Q's stores, to wgmma's proxy */
     __syncthreads();
     uint32_t qf[QS ? 1 : D / 16][4];
-    const __nv_bfloat16 *Qsm = sm + 4 * TILE;
+    const __nv_bfloat16 *Qsm = sm + 4 * TILE + half * FA_BQ * D;
     if constexpr (!QS) {
 #pragma unroll
-        for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * w) * LDQ + kc * 16, LDQ);
+        for (int kc = 0; kc < D / 16; kc++) ldsm_frag_a(qf[kc], sm + 2 * TILE + (16 * wl) * LDQ + kc * 16, LDQ);
         __syncthreads(); /* buffer 1 free for tile 1 */
     }
-    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const int r0 = 16 * wl + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
     /* a tile is unmasked for every row when its last key is at or before the block's first
      * position and khi, and (window) its first key is inside the last row's window */
@@ -499,23 +508,26 @@ __global__ void __launch_bounds__(128, 3) k_attn_wg(const float *q, int n, int H
         fence_proxy_async_smem(); /* this thread's cp.async writes, to wgmma's proxy */
         __syncthreads();
         const int kt = klo + j * FA_BK;
-        const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
-        float sacc[FA_BK / 8][4];
-        float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
-        s_issue(sf, Ks);
-        wg_wait<0>();
-        wg_keep(sf);
-        const bool full = kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
-        if (full)
-            fa_softmax<D, true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
-        else
-            fa_softmax<D, false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
-        uint32_t pf[FA_BK / 16][4];
-        pack_p(pf, sacc);
-        pv_issue(pf, Vs);
-        wg_wait<0>();
-        wg_keep(of);
-        wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+        if (NWG == 1 || kt <= khi) { /* one of this half's tiles (the other half's last may lie past it) */
+            const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
+            float sacc[FA_BK / 8][4];
+            float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
+            s_issue(sf, Ks);
+            wg_wait<0>();
+            wg_keep(sf);
+            const bool full =
+                kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
+            if (full)
+                fa_softmax<D, true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+            else
+                fa_softmax<D, false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+            uint32_t pf[FA_BK / 16][4];
+            pack_p(pf, sacc);
+            pv_issue(pf, Vs);
+            wg_wait<0>();
+            wg_keep(of);
+            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+        }
         __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
     }
     if (nq <= 0) return;
