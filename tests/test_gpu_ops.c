@@ -473,7 +473,8 @@ static void case_embed_linear(const op_case *c) {
 
 /* The kernel-form switches are read when a backend is made and named by hyla_cuda_switches
  * (benchmark records carry that line): a second backend made with HYLA_CUDA_GEMM_WG=0,
- * HYLA_CUDA_CHUNK_B_WG=0 and HYLA_CUDA_ATTN_WG=0 says so where the first says its defaults,
+ * HYLA_CUDA_CHUNK_B_WG=0, HYLA_CUDA_ATTN_WG=0 and HYLA_CUDA_ATTN_WG2=0 says so where the first
+ * says its defaults (which the environment of the run must leave alone),
  * and its large-M linear (k_gemm_big instead of the warpgroup form where that runs) gives the
  * same bits. */
 static void case_switches(const op_case *c) {
@@ -483,11 +484,13 @@ static void case_switches(const op_case *c) {
     setenv("HYLA_CUDA_GEMM_WG", "0", 1);
     setenv("HYLA_CUDA_CHUNK_B_WG", "0", 1);
     setenv("HYLA_CUDA_ATTN_WG", "0", 1);
+    setenv("HYLA_CUDA_ATTN_WG2", "0", 1);
     hyla_backend *g2 = NULL;
     hyla_status st = hyla_cuda_backend_create(0, &g2);
     unsetenv("HYLA_CUDA_GEMM_WG");
     unsetenv("HYLA_CUDA_CHUNK_B_WG");
     unsetenv("HYLA_CUDA_ATTN_WG");
+    unsetenv("HYLA_CUDA_ATTN_WG2");
     CHECK_OK(st);
     if (!g2) return;
     CHECK_OK(hyla_cuda_switches(g2, b, sizeof b));
@@ -497,6 +500,9 @@ static void case_switches(const op_case *c) {
      * HYLA_CUDA_ATTN_WG=0 turns it off */
     CHECK_MSG(!!strstr(a, "attn_wg=1") == !!strstr(a, "chunk_b_wg=1") && strstr(b, "attn_wg=0"),
               "switches: default '%s', with HYLA_CUDA_ATTN_WG=0 '%s'", a, b);
+    /* its two-warpgroup form from 8192 keys on average; HYLA_CUDA_ATTN_WG2=0 turns it off */
+    CHECK_MSG(strstr(a, "attn_wg2=8192") && strstr(b, "attn_wg2=0"),
+              "switches: default '%s', with HYLA_CUDA_ATTN_WG2=0 '%s'", a, b);
     /* a third backend with k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0): the same bits again */
     setenv("HYLA_CUDA_GEMM_WGP", "0", 1);
     hyla_backend *g3 = NULL;
@@ -1903,13 +1909,16 @@ static void case_attention(const op_case *c) {
  * kernel (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and
  * piece-invariant too. */
 static void case_attn_pieces(const op_case *c) {
-    /* n = 2300 at D = 128: one call of k_attn_wg's two-warpgroup form (2048 queries and more, no
-     * window), its pieces of 64 and 2236 on the one- and the two-warpgroup form */
+    /* n = 2300 at D = 128 with the two-warpgroup form from any key count
+     * (hyla_cuda_set_attn_wg2(1); the default takes it from 8192 keys on average): one call on it
+     * (2048 queries and more, no window) == pieces of 64 (one warpgroup) and 2236 (two) */
     const int Hq = 4, Hk = 2, D = c->p[0], ns[3] = {300, 1100, 2300}, nn = D == 128 ? 3 : 2, n1 = 64;
     char sw[256] = "";
     CHECK_OK(hyla_cuda_switches(gpu, sw, sizeof sw));
     const char *aw = strstr(sw, "attn_wg=");
     const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here */
+    const char *aw2 = strstr(sw, "attn_wg2=");
+    const int wg2_keys = aw2 ? atoi(aw2 + 9) : 0;
     printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_on && D >= 64 ? "k_attn_wg" : "k_attn_flash2");
     for (int W = 0; W <= 100; W += 100)
         for (int sp = 0; sp < 2; sp++)
@@ -1924,6 +1933,7 @@ static void case_attn_pieces(const op_case *c) {
                 hyla_kv_view vc = kv_view(kv.kc, kv.vc, kv.n_pages, pt), vg = kv_view(kv.kg, kv.vg, kv.n_pages, pt);
                 char name[112];
                 if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 64));
+                if (n == 2300 && wg2_keys) CHECK_OK(hyla_cuda_set_attn_wg2(gpu, 1));
                 CHECK_OK(cpu->ops->attn_prefill(cpu->ctx, pq.c, pk.c, pv.c, n, Hq, Hk, D, 0, &vc, W, scale, po.c));
                 void *op = dev(gpu, NULL, nq * 4);
                 PERF(CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, po.g)));
@@ -1958,6 +1968,7 @@ static void case_attn_pieces(const op_case *c) {
                 snprintf(name, sizeof name, "attn prefill D=%d W=%d n=%d%s", D, W, n, sp ? " split 64" : "");
                 cmp_pair(name, po, ATTN_TOL);
                 if (sp) CHECK_OK(hyla_cuda_set_attn_split(gpu, 8192));
+                if (n == 2300 && wg2_keys) CHECK_OK(hyla_cuda_set_attn_wg2(gpu, wg2_keys));
                 dfree(gpu, op);
                 kv_free(&kv);
                 pair_free(pq);

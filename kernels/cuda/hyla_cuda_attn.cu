@@ -316,9 +316,12 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
                 for (lg = 0; (1 << lg) < pt; lg++) {
                 }
             if constexpr (D == 128) {
-                /* two warpgroups sharing each tile: calls of 2048 queries and more without a window
-                 * (the same bits; shorter calls and pieces run one warpgroup a block faster) */
-                if (window <= 0 && c->attn_wg2 && ng >= 2048) {
+                /* two warpgroups sharing each K/V tile, for calls of 2048 queries and more without
+                 * a window whose queries see c->attn_wg2 keys on average (the same bits). Measured on an
+                 * H100 (BENCHMARKS.md "Attention: two warpgroups a block"): 355 against 340
+                 * TFLOP/s for 32k queries from position 0, but 7 % slower for 4096 from 0, equal
+                 * for a 1024-query piece at a 32k context, where one warpgroup stays. */
+                if (window <= 0 && c->attn_wg2 > 0 && ng >= 2048 && (long long)pos0 + ng / 2 >= c->attn_wg2) {
                     const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024; /* K, V buffers and two Q tiles */
                     return cu_launch_dyn(c, k_attn_wg<D, 2>, dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, q, n, Hq,
                                          Hk, pos0, window, scale, kp, vp, pt, lg, o, split_len, nsplit, part);

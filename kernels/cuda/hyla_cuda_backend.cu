@@ -829,7 +829,8 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
     c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
     const char *aw2 = getenv("HYLA_CUDA_ATTN_WG2");
-    c->attn_wg2 = !(aw2 && !strcmp(aw2, "0"));
+    c->attn_wg2 = aw2 && *aw2 ? atoi(aw2) : 8192;
+    if (c->attn_wg2 < 0) c->attn_wg2 = 0;
     CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
     CU_TRY(cudaMalloc((void **)&c->sk_count, HYLA_CU_SK_COUNTS * sizeof(unsigned)));
     CU_TRY(cudaMemsetAsync(c->sk_count, 0, HYLA_CU_SK_COUNTS * sizeof(unsigned), c->stream));

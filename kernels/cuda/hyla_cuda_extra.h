@@ -55,6 +55,11 @@ hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
  * within rounding (an ulp or two), not bit for bit, so keep one setting wherever a session may
  * resume. */
 hyla_status hyla_cuda_set_attn_wg(hyla_backend *be, int on);
+/* k_attn_wg's two-warpgroup form (D = 128, no window, calls of 2048 queries and more) for calls
+ * whose queries see at least min_keys keys on average, pos0 + n / 2; 0 turns it off. The default
+ * 8192 (HYLA_CUDA_ATTN_WG2 in the environment sets it at start, 0 off) keeps the one-warpgroup
+ * form where that is faster. Both forms give the same bits. */
+hyla_status hyla_cuda_set_attn_wg2(hyla_backend *be, int min_keys);
 /* The fewest decode rows the warpgroup linear (k_gemm_wg) takes, 1..256 (default 33; the same
  * bits whichever kernel runs). HYLA_CUDA_GEMM_WG_MIN in the environment, when set, wins: the call
  * then changes nothing. Tensor-parallel groups set 65 for their ranks (worker/hyla_tp.c). */

@@ -1371,6 +1371,15 @@ extern "C" hyla_status hyla_cuda_set_attn_wg(hyla_backend *be, int on) {
     return HYLA_OK;
 }
 
+extern "C" hyla_status hyla_cuda_set_attn_wg2(hyla_backend *be, int min_keys) {
+    hyla_cuda_ctx *c = graph_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_wg2: not a cuda backend");
+    if (min_keys < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_wg2: %d keys is negative", min_keys);
+    HYLA_TRY(cu_graph_flush(c));
+    c->attn_wg2 = min_keys;
+    return HYLA_OK;
+}
+
 extern "C" hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *out) {
     hyla_cuda_ctx *c = graph_ctx(be);
     memset(out, 0, sizeof *out);

@@ -112,7 +112,8 @@ typedef struct hyla_cuda_ctx {
     int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
     int attn_split_len;     /* flash prefill: keys per split (default 8192, 0 = one pass; a multiple of 64) */
     int attn_wg;            /* flash prefill at D = 64, 128 on k_attn_wg (Hopper; HYLA_CUDA_ATTN_WG=0: k_attn_flash2) */
-    int attn_wg2;           /* k_attn_wg with two warpgroups a block for long window-free calls (HYLA_CUDA_ATTN_WG2=0: off) */
+    int attn_wg2;           /* k_attn_wg with two warpgroups a block for window-free calls of >= 2048 queries that see
+                             * at least this many keys on average (pos0 + n / 2); 0: off (HYLA_CUDA_ATTN_WG2, 8192) */
     int hopper;             /* compute capability 9.x: the warpgroup (sm_90a) kernels can run */
     void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of the batched prompt GEMM */
     int prompt_blocks;      /* prompt rows: whole PROMPT_ROWS blocks per GEMM call (default 8;
