@@ -14,6 +14,9 @@
 # back), HYLA_COMMIT (printed in the table's header; default: git describe of this checkout).
 # FLA's prefill is one forward over the prompt with use_cache and the last position's logits;
 # hyla's is `hyla-bench e2e` feeding the prompt to one session (its prefill pieces, no logits).
+# KERNELS (32768,131072; empty to skip): the chunked GLA and GDN kernels alone on one sequence of
+# each length, 18 heads of 128 (FLA's chunk_gla / chunk_gated_delta_rule on bf16 inputs against
+# `hyla-bench kernels --only seq` on fp32 ones), as rows of the same table.
 set -euo pipefail
 out=${1:?usage: compare-fla.sh OUTDIR}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,6 +25,7 @@ HYLA_BIN=${HYLA_BIN:-$here/../build/bin}
 PREFILL=${PREFILL:-4096,32768,131072,524288,1048576}
 BATCH=${BATCH:-1,64}
 DEVICE=${DEVICE:-cuda:0}
+KERNELS=${KERNELS-32768,131072}
 mkdir -p "$out"
 export PYTHONPATH=$FLA_SRC${PYTHONPATH:+:$PYTHONPATH}
 model=${MODEL:-$out/gdn-1.68b}
@@ -32,6 +36,12 @@ python3 "$here/compare_fla.py" fla --model "$model" --prefill "$PREFILL" --batch
 echo "compare-fla: timing hyla" >&2
 "$HYLA_BIN/hyla-bench" e2e --model "$model" --device "$DEVICE" --prefill "$PREFILL" --batch "$BATCH" --ctx 16 \
     > "$out/hyla.jsonl"
+if [ -n "$KERNELS" ]; then
+  echo "compare-fla: timing the chunked kernels (KERNELS=$KERNELS)" >&2
+  python3 "$here/compare_fla.py" kernels --seq "$KERNELS" --out "$out/fla-kernels.jsonl"
+  cat "$out/fla-kernels.jsonl" >> "$out/fla.jsonl"
+  "$HYLA_BIN/hyla-bench" kernels --device "$DEVICE" --only seq --ctx "$KERNELS" >> "$out/hyla.jsonl"
+fi
 {
   echo "hyla $commit vs flash-linear-attention $(python3 -c 'import fla; print(fla.__version__)'), $(date -u +%Y-%m-%dT%H:%MZ),"\
        "$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))'); PREFILL=$PREFILL BATCH=$BATCH"

@@ -13,6 +13,11 @@ on PYTHONPATH. Subcommands:
                                   last position only, after an untimed forward of the same length),
                                   decode steps of B sequences after a 16-token prompt (the model's
                                   own cache), both in bf16
+  kernels --seq N,... [--profile] --out FILE
+                                  FLA's chunk kernels alone (chunk_gla, chunk_gated_delta_rule): one
+                                  sequence of N tokens, 18 heads, dk = dv = 128, bf16 q, k, v, fp32
+                                  gates, an fp32 initial state and the final state out (the shape of
+                                  `hyla-bench kernels --only seq`, whose inputs are fp32)
   table --fla FILE --hyla FILE [--png FILE]
                                   one table of both (and a plot of prefill tokens/s against length)
 """
@@ -99,6 +104,60 @@ def cmd_fla(a):
             print(json.dumps(row), file=sys.stderr, flush=True)
 
 
+def cmd_kernels(a):
+    import torch
+    import fla
+    from fla.ops.gla import chunk_gla
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    H, dk, dv = 18, 128, 128
+    head = {"gpu": torch.cuda.get_device_name(0), "fla_version": getattr(fla, "__version__", "?")}
+    out = open(a.out, "w")
+    torch.manual_seed(0)
+    for n in [int(x) for x in a.seq.split(",") if x]:
+        for gdn in (0, 1):
+            dev, bf = "cuda", torch.bfloat16
+            qs = dk ** -0.5 if gdn else 1.0  # GDN: unit-norm-ish q, k (as hyla-bench's rows)
+            q = (torch.randn(1, n, H, dk, device=dev) * qs).to(bf)
+            k = (torch.randn(1, n, H, dk, device=dev) * qs).to(bf)
+            v = torch.randn(1, n, H, dv, device=dev).to(bf)
+            s0 = torch.randn(1, H, dk, dv, device=dev) * 0.1
+            if gdn:
+                g = torch.empty(1, n, H, device=dev).uniform_(-0.3, -0.01)
+                beta = torch.empty(1, n, H, device=dev).uniform_(0.05, 1.0).to(bf)
+                fn = lambda: chunk_gated_delta_rule(q, k, v, g, beta, scale=dk ** -0.5, initial_state=s0,
+                                                    output_final_state=True)
+            else:
+                g = torch.empty(1, n, H, dk, device=dev).uniform_(-0.2, -0.001)
+                fn = lambda: chunk_gla(q, k, v, g, scale=dk ** -0.5, initial_state=s0, output_final_state=True)
+            with torch.no_grad():
+                for _ in range(3):  # compile and autotune
+                    fn()
+                ts = []
+                for _ in range(5):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    reps = 10
+                    e0.record()
+                    for _ in range(reps):
+                        fn()
+                    e1.record()
+                    torch.cuda.synchronize()
+                    ts.append(e0.elapsed_time(e1) / reps)
+            ts.sort()
+            row = dict(head, bench="fla_seq_gdn" if gdn else "fla_seq_gla", tokens=n, H=H, dk=dk, dv=dv,
+                       ms=ts[len(ts) // 2], inputs="bf16")
+            if a.profile:  # where FLA's time goes: GPU time per kernel of one call (torch.profiler)
+                from torch.profiler import profile, ProfilerActivity
+                with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    fn()
+                    torch.cuda.synchronize()
+                ks = [(e.key, e.device_time_total / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+                row["kernels_ms"] = sorted(ks, key=lambda x: -x[1])[:12]
+            print(json.dumps(row), file=out, flush=True)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            del q, k, v, g, s0
+            torch.cuda.empty_cache()
+
+
 def rows(path):
     with open(path) as f:
         return [json.loads(l) for l in f if l.strip().startswith("{")]
@@ -131,6 +190,13 @@ def cmd_table(a):
         print("| decode B = %d, ctx 16 | %s | %s | %s |" % (
             B, "%.2f ms/step" % f["ms_per_step"] if f else "-", "%.2f ms/step" % h["ms_per_step"] if h else "-",
             "%.1f x faster" % (f["ms_per_step"] / h["ms_per_step"]) if f and h else "-"))
+    fk = {(r["bench"][8:], r["tokens"]): r for r in fla if r["bench"].startswith("fla_seq_")}
+    hk = {(r["bench"][4:], r["tokens"]): r for r in hy if r["bench"].startswith("seq_")}
+    for key in sorted(set(fk) | set(hk), key=lambda t: (t[0], t[1])):
+        f, h = fk.get(key, {}), hk.get(key, {})
+        print("| chunked %s kernel, one sequence of %d tokens, 18 heads of 128 | %s | %s | %s |" % (
+            key[0].upper(), key[1], "%.2f ms" % f["ms"] if f else "-", "%.2f ms" % h["ms"] if h else "-",
+            "%.2f x FLA's time" % (h["ms"] / f["ms"]) if f and h else "-"))
     if a.png:
         try:
             import matplotlib
@@ -172,12 +238,16 @@ def main():
     p.add_argument("--batch", default="1,64")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", required=True)
+    p = sp.add_parser("kernels")
+    p.add_argument("--seq", default="32768,131072")
+    p.add_argument("--profile", action="store_true", help="also each kernel's GPU time in one call")
+    p.add_argument("--out", required=True)
     p = sp.add_parser("table")
     p.add_argument("--fla", required=True)
     p.add_argument("--hyla", required=True)
     p.add_argument("--png")
     a = ap.parse_args()
-    {"make": cmd_make, "fla": cmd_fla, "table": cmd_table}[a.cmd](a)
+    {"make": cmd_make, "fla": cmd_fla, "kernels": cmd_kernels, "table": cmd_table}[a.cmd](a)
 
 
 if __name__ == "__main__":

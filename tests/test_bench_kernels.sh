@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hyla-bench kernels --only mamba2 | statex | dla | nsa on the CPU backend (--quick sizes): each mode
+# hyla-bench kernels --only mamba2 | statex | dla | nsa | seq on the CPU backend (--quick sizes): each mode
 # runs to the end and prints its rows — the copy rate first, then SSD prefill and decode (state
 # 128; statex: 512 and GLA at H 4 dk 256 dv 512 and the merged H 1 dk 1024 dv 2048, which the CPU
 # backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
@@ -49,9 +49,17 @@ if "$BIN/hyla-bench" kernels --device cpu --quick --only nsa >"$T/nsa.jsonl" 2>"
 else
   echo "FAIL nsa: hyla-bench kernels exited non-zero"; cat "$T/nsa.err"; fail=1
 fi
+# --only seq: one GLA and one GDN row per --ctx length (the rows compare-fla.sh sets beside FLA's)
+if "$BIN/hyla-bench" kernels --device cpu --quick --only seq >"$T/seq.jsonl" 2>"$T/seq.err"; then
+  want seq seq_gla 1
+  want seq seq_gdn 1
+  grep -q '"tokens":2048,"H":18,"dk":128,"dv":128,' "$T/seq.jsonl" || { echo "FAIL seq: not 2048 tokens of 18 heads of 128"; fail=1; }
+else
+  echo "FAIL seq: hyla-bench kernels exited non-zero"; cat "$T/seq.err"; fail=1
+fi
 # --help tells of the new modes; an unknown mode is refused
 "$BIN/hyla-bench" kernels --help >"$T/help"
-for m in mamba2 statex dla nsa; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
+for m in mamba2 statex dla nsa seq; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
 "$BIN/hyla-bench" kernels --device cpu --only bogus >/dev/null 2>"$T/err" && { echo "FAIL: --only bogus accepted"; fail=1; }
 grep -q "unknown --only" "$T/err" || { echo "FAIL: no message for an unknown --only"; fail=1; }
 [ $fail = 0 ] && echo "test_bench_kernels: ok"

@@ -362,6 +362,42 @@ static void bench_prefill(int quick) {
     }
 }
 
+/* One sequence per --ctx length (default 32k and 128k tokens) at issue 17's single-sequence shape
+ * (18 heads, dk = dv = 128): chunked GLA and GDN prefill of one op call, the kernels
+ * deploy/compare-fla.sh times against flash-linear-attention's chunk kernels on the same sizes.
+ * Inputs are fp32 here (the backend's activations); FLA's are bf16. */
+static int seq_ctx[8] = {32768, 131072}, seq_nctx = 2;
+static void bench_seq(int quick) {
+    const int H = 18, dk = 128, dv = 128;
+    int ctx1[1] = {2048}, *ns = quick ? ctx1 : seq_ctx, nn = quick ? 1 : seq_nctx;
+    for (int i = 0; i < nn; i++)
+        for (int gdn = 0; gdn < 2; gdn++) {
+            size_t tok = (size_t)ns[i];
+            float qs = gdn ? 1.0f / sqrtf((float)dk) : 1.0f; /* GDN: unit-norm-ish q, k */
+            pf_ud a = {gdn, ns[i], H, dk, dv, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+            a.q = drand(tok * H * dk, qs, 0, 0);
+            a.k = drand(tok * H * dk, qs, 0, 0);
+            a.v = drand(tok * H * dv, 1.0f, 0, 0);
+            a.g = gdn ? drand(tok * H, 0, -0.3f, -0.01f) : drand(tok * H * dk, 0, -0.2f, -0.001f);
+            a.b = gdn ? drand(tok * H, 0, 0.05f, 1.0f) : NULL;
+            a.o = dalloc(tok * H * dv * 4);
+            a.S = drand((size_t)H * dk * dv, 0.1f, 0, 0);
+            double ms = timeit(pf_run, &a);
+            double fl = chunk_flops(gdn, 64, dk, dv) * (tok / 64.0) * H;
+            emit_head(gdn ? "seq_gdn" : "seq_gla");
+            printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,\"tokens_per_s\":%.0f,\"tflops\":%.2f}\n",
+                   ns[i], H, dk, dv, ms, tok / (ms * 1e-3), fl / (ms * 1e-3) / 1e12);
+            fflush(stdout);
+            dfree(a.q);
+            dfree(a.k);
+            dfree(a.v);
+            dfree(a.g);
+            if (a.b) dfree(a.b);
+            dfree(a.o);
+            dfree(a.S);
+        }
+}
+
 /* ---------------------------------------------------------------- SSE vs GLA prefill */
 
 typedef struct {
@@ -1623,6 +1659,7 @@ int hyla_bench_kernels(int argc, char **argv) {
             quick = 1;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
             sp_nctx = hyla_bench_parse_list(argv[i + 1], sp_ctx, 8);
+            seq_nctx = hyla_bench_parse_list(argv[i + 1], seq_ctx, 8);
             dla_nctx = hyla_bench_parse_list(argv[++i], dla_ctx, 8);
         } else if (!strcmp(argv[i], "--tau") && i + 1 < argc)
             dla_tau = atof(argv[++i]);
@@ -1631,7 +1668,7 @@ int hyla_bench_kernels(int argc, char **argv) {
         else {
             printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
                    "                          [--max-call-s S] [--only gemm|prefill|sse|decode|attn|\n"
-                   "                          elementwise|sparse|nsa|mamba2|statex|dla]\n"
+                   "                          elementwise|sparse|nsa|mamba2|statex|dla|seq]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
                    "  chunked GLA/GDN prefill (8 x 8192 tokens, 16 heads, dk=dv=128), SSE n4k1 vs GLA\n"
                    "  prefill at 32k tokens, decode state updates at batch 1/16/64/256, attention\n"
@@ -1653,13 +1690,16 @@ int hyla_bench_kernels(int argc, char **argv) {
                    "    prefill of one session at --ctx LIST (default 4096,16384,65536) with\n"
                    "    threshold --tau (default 0.6), plain and DLA, then DLA decode from that\n"
                    "    cache; a DLA prefill estimated over --max-call-s (default 15) is skipped.\n"
+                   "  --only seq (not in the default set): chunked GLA and GDN prefill of one sequence\n"
+                   "    per --ctx length (default 32768,131072), 18 heads, dk = dv = 128 (the kernels\n"
+                   "    deploy/compare-fla.sh compares with flash-linear-attention's).\n"
                    "  --quick: small sizes (the default on cpu).\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
     if (only) {
         static const char *const modes[] = {"gemm", "prefill", "sse", "decode", "attn", "elementwise",
-                                            "sparse", "nsa", "mamba2", "statex", "dla"};
+                                            "sparse", "nsa", "mamba2", "statex", "dla", "seq"};
         size_t i = 0;
         while (i < sizeof modes / sizeof modes[0] && strcmp(only, modes[i])) i++;
         if (i == sizeof modes / sizeof modes[0]) {
@@ -1683,6 +1723,7 @@ int hyla_bench_kernels(int argc, char **argv) {
     if (only && !strcmp(only, "mamba2")) bench_mamba2(quick);
     if (only && !strcmp(only, "statex")) bench_statex(quick);
     if (only && !strcmp(only, "dla")) bench_dla(quick);
+    if (only && !strcmp(only, "seq")) bench_seq(quick);
     hyla_backend_destroy(be);
     return 0;
 }
