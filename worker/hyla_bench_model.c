@@ -319,24 +319,42 @@ static double chunk_flops(int gdn, int C, int dk, int dv) {
     return 2 * f;
 }
 
+/* Inputs of nseq sequences of n tokens, packed, and their states: q, k, v ~ N(0, 1) (GDN: q, k
+ * unit-norm-ish, N(0, 1/dk)), log gates in a decaying range, beta in (0.05, 1), states N(0, 0.01).
+ * (GDN's q and k are drawn twice, as they always were, so the inputs of earlier figures stay.) */
+static pf_ud pf_new(int gdn, int n, int H, int dk, int dv, int nseq) {
+    size_t tok = (size_t)n * nseq;
+    pf_ud a = {gdn, n, H, dk, dv, nseq, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    a.q = drand(tok * H * dk, 1.0f, 0, 0);
+    a.k = drand(tok * H * dk, 1.0f, 0, 0);
+    if (gdn) {
+        dfree(a.q);
+        dfree(a.k);
+        a.q = drand(tok * H * dk, 1.0f / sqrtf((float)dk), 0, 0);
+        a.k = drand(tok * H * dk, 1.0f / sqrtf((float)dk), 0, 0);
+    }
+    a.v = drand(tok * H * dv, 1.0f, 0, 0);
+    a.g = gdn ? drand(tok * H, 0, -0.3f, -0.01f) : drand(tok * H * dk, 0, -0.2f, -0.001f);
+    a.b = gdn ? drand(tok * H, 0, 0.05f, 1.0f) : NULL;
+    a.o = dalloc(tok * H * dv * 4);
+    a.S = drand((size_t)nseq * H * dk * dv, 0.1f, 0, 0);
+    return a;
+}
+static void pf_free(pf_ud *a) {
+    dfree(a->q);
+    dfree(a->k);
+    dfree(a->v);
+    dfree(a->g);
+    if (a->b) dfree(a->b);
+    dfree(a->o);
+    dfree(a->S);
+}
+
 static void bench_prefill(int quick) {
     int n = quick ? 1024 : 8192, H = 16, dk = 128, dv = 128, nseq = 8;
     for (int gdn = 0; gdn < 2; gdn++) {
         size_t tok = (size_t)n * nseq;
-        pf_ud a = {gdn, n, H, dk, dv, nseq, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-        a.q = drand(tok * H * dk, 1.0f, 0, 0);
-        a.k = drand(tok * H * dk, 1.0f, 0, 0);
-        if (gdn) { /* unit-norm-ish keys: entries ~ N(0, 1/dk) */
-            dfree(a.q);
-            dfree(a.k);
-            a.q = drand(tok * H * dk, 1.0f / sqrtf((float)dk), 0, 0);
-            a.k = drand(tok * H * dk, 1.0f / sqrtf((float)dk), 0, 0);
-        }
-        a.v = drand(tok * H * dv, 1.0f, 0, 0);
-        a.g = gdn ? drand(tok * H, 0, -0.3f, -0.01f) : drand(tok * H * dk, 0, -0.2f, -0.001f);
-        a.b = gdn ? drand(tok * H, 0, 0.05f, 1.0f) : NULL;
-        a.o = dalloc(tok * H * dv * 4);
-        a.S = drand((size_t)nseq * H * dk * dv, 0.1f, 0, 0);
+        pf_ud a = pf_new(gdn, n, H, dk, dv, nseq);
         double fl = chunk_flops(gdn, 64, dk, dv) * (tok / 64.0) * H;
         double io = (double)tok * H * (2.0 * dk + 2.0 * dv + (gdn ? 2 : dk)) * 4;
         for (int mode = 0; mode < 3; mode++) {
@@ -352,18 +370,12 @@ static void bench_prefill(int quick) {
                    ms, a.nseq * (double)n / (ms * 1e-3), f / (ms * 1e-3) / 1e12, b / (ms * 1e-3) / 1e9);
             fflush(stdout);
         }
-        dfree(a.q);
-        dfree(a.k);
-        dfree(a.v);
-        dfree(a.g);
-        if (a.b) dfree(a.b);
-        dfree(a.o);
-        dfree(a.S);
+        pf_free(&a);
     }
 }
 
-/* One sequence per --ctx length (default 32k and 128k tokens) at issue 17's single-sequence shape
- * (18 heads, dk = dv = 128): chunked GLA and GDN prefill of one op call, the kernels
+/* One sequence per --ctx length (default 32k and 128k tokens), 18 heads, dk = dv = 128 (the 1.68B
+ * GDN model's heads at dv 128): chunked GLA and GDN prefill of one op call, the kernels
  * deploy/compare-fla.sh times against flash-linear-attention's chunk kernels on the same sizes.
  * Inputs are fp32 here (the backend's activations); FLA's are bf16. */
 static int seq_ctx[8] = {32768, 131072}, seq_nctx = 2;
@@ -373,28 +385,14 @@ static void bench_seq(int quick) {
     for (int i = 0; i < nn; i++)
         for (int gdn = 0; gdn < 2; gdn++) {
             size_t tok = (size_t)ns[i];
-            float qs = gdn ? 1.0f / sqrtf((float)dk) : 1.0f; /* GDN: unit-norm-ish q, k */
-            pf_ud a = {gdn, ns[i], H, dk, dv, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-            a.q = drand(tok * H * dk, qs, 0, 0);
-            a.k = drand(tok * H * dk, qs, 0, 0);
-            a.v = drand(tok * H * dv, 1.0f, 0, 0);
-            a.g = gdn ? drand(tok * H, 0, -0.3f, -0.01f) : drand(tok * H * dk, 0, -0.2f, -0.001f);
-            a.b = gdn ? drand(tok * H, 0, 0.05f, 1.0f) : NULL;
-            a.o = dalloc(tok * H * dv * 4);
-            a.S = drand((size_t)H * dk * dv, 0.1f, 0, 0);
+            pf_ud a = pf_new(gdn, ns[i], H, dk, dv, 1);
             double ms = timeit(pf_run, &a);
             double fl = chunk_flops(gdn, 64, dk, dv) * (tok / 64.0) * H;
             emit_head(gdn ? "seq_gdn" : "seq_gla");
             printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"ms\":%.4f,\"tokens_per_s\":%.0f,\"tflops\":%.2f}\n",
                    ns[i], H, dk, dv, ms, tok / (ms * 1e-3), fl / (ms * 1e-3) / 1e12);
             fflush(stdout);
-            dfree(a.q);
-            dfree(a.k);
-            dfree(a.v);
-            dfree(a.g);
-            if (a.b) dfree(a.b);
-            dfree(a.o);
-            dfree(a.S);
+            pf_free(&a);
         }
 }
 
