@@ -1375,23 +1375,26 @@ static void case_lin_prefill(const op_case *c) {
     free(S0);
 }
 
-/* The chunked state pass's forms give one set of bits, p = {gdn, n, H, dk, dv}: a backend with
- * kernel B on warpgroup products (HYLA_CUDA_CHUNK_B_WG=1; for keys padded to 128) and one with it
- * off run the same prefill (the split form: few long sequences) from the same state; states and
- * outputs must match bit for bit. */
+/* The chunked split form's kernels give one set of bits, p = {gdn, n, H, dk, dv, which}: a backend
+ * with the form on and one with it off run the same prefill (the split form: few long sequences)
+ * from the same state; states and outputs must match bit for bit. which = 0: kernel B on
+ * warpgroup products (HYLA_CUDA_CHUNK_B_WG; keys padded to 128) against k_chunk_b; 1: GLA's
+ * 16-warp chunk kernel k_gla_chunk_f (HYLA_CUDA_GLA_TILES) against kernel A. */
 static void case_chunk_switches(const op_case *c) {
     const int gdn = c->p[0], n = c->p[1], H = c->p[2], dk = c->p[3], dv = c->p[4];
+    const char *env = c->p[5] ? "HYLA_CUDA_GLA_TILES" : "HYLA_CUDA_CHUNK_B_WG",
+               *off = c->p[5] ? "gla_tiles=0" : "chunk_b_wg=0";
     hyla_backend *b[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
-        setenv("HYLA_CUDA_CHUNK_B_WG", i ? "0" : "1", 1);
+        setenv(env, i ? "0" : "1", 1);
         hyla_status st = hyla_cuda_backend_create(0, &b[i]);
-        unsetenv("HYLA_CUDA_CHUNK_B_WG");
+        unsetenv(env);
         CHECK_OK(st);
         if (!b[i]) goto out;
     }
     char sw[256] = "";
     CHECK_OK(hyla_cuda_switches(b[1], sw, sizeof sw));
-    CHECK_MSG(strstr(sw, "chunk_b_wg=0") != NULL, "switches with HYLA_CUDA_CHUNK_B_WG=0: '%s'", sw);
+    CHECK_MSG(strstr(sw, off) != NULL, "switches with %s=0: '%s'", env, sw);
     size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
     float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f);
     float *g = gdn ? gdn_decays((size_t)n * H) : gla_gates(nqk);
@@ -1413,8 +1416,8 @@ static void case_chunk_switches(const op_case *c) {
             dfree(b[i], dO);
     }
     CHECK_MSG(!memcmp(hS[0], hS[1], ns * 4) && !memcmp(ho[0], ho[1], nv * 4),
-              "%s prefill n=%d H=%d dk=%d dv=%d: kernel B on warpgroup products gives other bits than k_chunk_b",
-              gdn ? "gdn" : "gla", n, H, dk, dv);
+              "%s prefill n=%d H=%d dk=%d dv=%d: %s gives other bits than %s", gdn ? "gdn" : "gla", n, H, dk, dv,
+              c->p[5] ? "k_gla_chunk_f" : "kernel B on warpgroup products", c->p[5] ? "k_gla_chunk_a" : "k_chunk_b");
     for (int i = 0; i < 2; i++) free(hS[i]), free(ho[i]);
     free(q), free(k), free(v), free(g), free(beta), free(S0);
 out:
@@ -2583,6 +2586,12 @@ static const op_case cases[] = {
     {"gla_prefill", case_lin_prefill, {0, 90, 2, 256, 64}},
     {"gla_prefill", case_lin_prefill, {0, 40, 1, 16, 1025}},
     {"gla_prefill", case_lin_prefill, {0, 40, 1, 160, 1025}},
+    /* the split form (more than 4 chunks, few blocks): its chunk kernel, a partial last chunk,
+     * keys short of the padding (dk 100 of 128; dk 62 of 64, not 16-byte rows); the 64-token
+     * pieces run the fused pass, so their bits hold the split form to it */
+    {"gla_prefill", case_lin_prefill, {0, 300, 4, 128, 128}},
+    {"gla_prefill", case_lin_prefill, {0, 300, 2, 100, 72}},
+    {"gla_prefill", case_lin_prefill, {0, 330, 2, 62, 40}},
     /* StateX's merged GLA heads: key slabs (dk 1024 = 8 x 128, 512 = 4 x 128, 384 = 3 x 128) */
     {"gla_prefill", case_lin_prefill, {0, 130, 1, 1024, 2048}},
     {"gla_prefill", case_lin_prefill, {0, 100, 1, 512, 1024}},
@@ -2598,6 +2607,9 @@ static const op_case cases[] = {
     {"chunked switches", case_chunk_switches, {1, 300, 4, 128, 128}},
     {"chunked switches", case_chunk_switches, {0, 300, 4, 128, 128}},
     {"chunked switches", case_chunk_switches, {1, 1100, 2, 128, 256}},
+    /* {gdn, n, H, dk, dv, 1}: GLA's chunk kernel against kernel A */
+    {"chunked switches", case_chunk_switches, {0, 300, 4, 128, 128, 1}},
+    {"chunked switches", case_chunk_switches, {0, 330, 2, 62, 40, 1}},
     /* {gdn, B, H, dk, dv} */
     {"gla_decode", case_lin_decode, {0, 5, 4, 64, 128}},
     {"gla_decode", case_lin_decode, {0, 3, 1, 1024, 2048}},

@@ -784,6 +784,123 @@ __device__ __forceinline__ int fg_sw(int t, int i) {
     return t * DKP + ((((i >> 2) ^ (((t & 3) << 1) & (DKP / 4 - 1)))) << 2) + (i & 3);
 }
 
+/* The cumulative log decay of key column i of a GLA chunk, in place in its fp32 staging (kernel
+ * A's order of sums), and the chunk decay e^(b_C). */
+template <int DKP>
+__device__ __forceinline__ void gla_cumdecay(float *Gst, float *dec, int i) {
+    float run = 0.0f;
+#pragma unroll 8
+    for (int t = 0; t < CH; t++) {
+        const int d = fg_sw<DKP>(t, i);
+        run += Gst[d];
+        Gst[d] = run;
+    }
+    dec[i] = expf(run);
+}
+
+/* Kernel A's tiles of one GLA chunk from its fp32 staging (Qst, Kst, Gst [64][DKP] in the fg_sw
+ * layout, Gst holding the cumulative log decay; wr the rows' weights): Aqk by warps 0-9, one
+ * 16 x 16 lower block each (kernel A's reference-row form; the exact exp path on a diagonal block
+ * whose span exceeds GLA_SPAN_MAX), and q~, k~^T and Aqk's zero blocks by warps 10-15. Shared by
+ * the fused pass (k_gla_fused) and the split form's chunk kernel (k_gla_chunk_f), so both give
+ * kernel A's values. Qt [64][DKP + 8], KtT [DKP][72], Aq [64][72]. */
+template <int DKP>
+__device__ __forceinline__ void gla_tiles(const float *Qst, const float *Kst, const float *Gst, const float *wr,
+                                          __nv_bfloat16 *Qt, __nv_bfloat16 *KtT, __nv_bfloat16 *Aq, const ChunkArgs &a,
+                                          int dk, int tid, int lane, int w, int g, int tq) {
+    constexpr int LDK = DKP + 8;
+    if (w < 10) {
+        const int wt = w < 1 ? 0 : (w < 3 ? 1 : (w < 6 ? 2 : 3)), rb = w - wt * (wt + 1) / 2, ref = 16 * wt;
+        const bool diag = rb == wt;
+        bool exact = false;
+        if (diag) {
+            float span = 0.0f;
+            for (int i = lane; i < DKP; i += 32)
+                span = fmaxf(span, Gst[fg_sw<DKP>(ref, i)] - Gst[fg_sw<DKP>(ref + 15, i)]);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) span = fmaxf(span, __shfl_xor_sync(0xffffffffu, span, o));
+            exact = span > GLA_SPAN_MAX;
+        }
+        if (exact) {
+            for (int x = lane; x < 256; x += 32) {
+                int r = x / 16, cs = x % 16, t = ref + r, s = ref + cs;
+                float sum = 0.0f;
+                if (cs <= r)
+                    for (int i = 0; i < dk; i++) {
+                        float qv = Qst[fg_sw<DKP>(t, i)] * wr[t], kv = Kst[fg_sw<DKP>(s, i)] * wr[s];
+                        sum = fmaf(qv * kv, expf(Gst[fg_sw<DKP>(t, i)] - Gst[fg_sw<DKP>(s, i)]), sum);
+                    }
+                Aq[t * 72 + s] = __float2bfloat16_rn(a.scale * sum);
+            }
+        } else {
+            /* kernel A's operands: q_t e^(b_t - b_ref) (A, rows ref..) and k_s e^(b_ref - b_s)
+             * (B, rows s of block rb), as fragments */
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            const float wa0 = wr[ref + g], wa1 = wr[ref + g + 8], wb0 = wr[rb * 16 + g], wb1 = wr[rb * 16 + 8 + g];
+#pragma unroll 2
+            for (int kc = 0; kc < DKP / 16; kc++) {
+                uint32_t af[4], bf[2][2];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int col = kc * 16 + 2 * tq + 8 * hf;
+                    const float2 br = *(const float2 *)(Gst + fg_sw<DKP>(ref, col));
+#pragma unroll
+                    for (int rh = 0; rh < 2; rh++) {
+                        const int t = ref + g + 8 * rh;
+                        const float2 qv = *(const float2 *)(Qst + fg_sw<DKP>(t, col));
+                        const float2 bt = *(const float2 *)(Gst + fg_sw<DKP>(t, col));
+                        const float wq_ = rh ? wa1 : wa0;
+                        af[2 * hf + rh] = pack_bf16x2((qv.x * wq_) * expf(bt.x - br.x), (qv.y * wq_) * expf(bt.y - br.y));
+                    }
+#pragma unroll
+                    for (int n = 0; n < 2; n++) {
+                        const int s = rb * 16 + n * 8 + g;
+                        const float2 kv = *(const float2 *)(Kst + fg_sw<DKP>(s, col));
+                        const float2 bsv = *(const float2 *)(Gst + fg_sw<DKP>(s, col));
+                        const float wk = n ? wb1 : wb0;
+                        bf[n][hf] = pack_bf16x2((kv.x * wk) * expf(br.x - bsv.x), (kv.y * wk) * expf(br.y - bsv.y));
+                    }
+                }
+                mma_bf16_16816(acc[0], af, bf[0]);
+                mma_bf16_16816(acc[1], af, bf[1]);
+            }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = g + (e >> 1) * 8, cs = n * 8 + 2 * tq + (e & 1);
+                    float v = (!diag || cs <= r) ? a.scale * acc[n][e] : 0.0f;
+                    Aq[(ref + r) * 72 + rb * 16 + cs] = __float2bfloat16_rn(v);
+                }
+        }
+    } else {
+        const int ht = tid - 320, HT = FG_T - 320;
+        for (int x = ht; x < CH * DKP / 4; x += HT) { /* q~ = scale e^b q */
+            int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
+            float4 qv = *(const float4 *)(Qst + d), bt = *(const float4 *)(Gst + d);
+            const float wq_ = wr[t];
+            qv.x *= wq_;
+            qv.y *= wq_;
+            qv.z *= wq_;
+            qv.w *= wq_;
+            *(uint2 *)(Qt + t * LDK + i) =
+                make_uint2(pack_bf16x2(qv.x * a.scale * expf(bt.x), qv.y * a.scale * expf(bt.y)),
+                           pack_bf16x2(qv.z * a.scale * expf(bt.z), qv.w * a.scale * expf(bt.w)));
+        }
+        for (int x = ht; x < (CH / 2) * DKP; x += HT) { /* k~^T = (e^(bC - b) k)^T, rows t, t + 1 */
+            int t = 2 * (x / DKP), i = x % DKP;
+            const float bC = Gst[fg_sw<DKP>(CH - 1, i)];
+            const int d0 = fg_sw<DKP>(t, i), d1 = fg_sw<DKP>(t + 1, i);
+            float k0 = (Kst[d0] * wr[t]) * expf(bC - Gst[d0]), k1 = (Kst[d1] * wr[t + 1]) * expf(bC - Gst[d1]);
+            *(uint32_t *)(KtT + i * 72 + t) = pack_bf16x2(k0, k1);
+        }
+        for (int x = ht; x < CH * CH; x += HT) { /* Aqk above the diagonal blocks */
+            int r = x >> 6, s = x & 63;
+            if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
+        }
+    }
+}
+
 template <int DKP>
 __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
     typedef GlaFusedSmem<DKP> L;
@@ -901,15 +1018,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
             state_to_sbt<MT>(sacc, SbT, LDK, wq, g, tq);
         }
         if (tid < DKP) { /* cumulative log decay of column i, in place (kernel A's order) */
-            const int i = tid;
-            float run = 0.0f;
-#pragma unroll 8
-            for (int t = 0; t < CH; t++) {
-                const int d = fg_sw<DKP>(t, i);
-                run += Gst[d];
-                Gst[d] = run;
-            }
-            dec[i] = expf(run);
+            gla_cumdecay<DKP>(Gst, dec, tid);
         } else {
             const int ht = tid - DKP, HT = FG_T - DKP;
             for (int x = ht; x < (CH / 2) * 128; x += HT) { /* V^T, rows t, t + 1 of column j */
@@ -921,96 +1030,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
         __syncthreads();
         if (cc + 1 < nc) stage_v(bs ^ 1); /* (b') */
         /* (c) Aqk (warps 0-9) || q~, k~^T, zero blocks (warps 10-15) */
-        if (w < 10) {
-            const int wt = w < 1 ? 0 : (w < 3 ? 1 : (w < 6 ? 2 : 3)), rb = w - wt * (wt + 1) / 2, ref = 16 * wt;
-            const bool diag = rb == wt;
-            bool exact = false;
-            if (diag) {
-                float span = 0.0f;
-                for (int i = lane; i < DKP; i += 32)
-                    span = fmaxf(span, Gst[fg_sw<DKP>(ref, i)] - Gst[fg_sw<DKP>(ref + 15, i)]);
-#pragma unroll
-                for (int o = 16; o; o >>= 1) span = fmaxf(span, __shfl_xor_sync(0xffffffffu, span, o));
-                exact = span > GLA_SPAN_MAX;
-            }
-            if (exact) {
-                for (int x = lane; x < 256; x += 32) {
-                    int r = x / 16, cs = x % 16, t = ref + r, s = ref + cs;
-                    float sum = 0.0f;
-                    if (cs <= r)
-                        for (int i = 0; i < dk; i++) {
-                            float qv = Qst[fg_sw<DKP>(t, i)] * wr[t], kv = Kst[fg_sw<DKP>(s, i)] * wr[s];
-                            sum = fmaf(qv * kv, expf(Gst[fg_sw<DKP>(t, i)] - Gst[fg_sw<DKP>(s, i)]), sum);
-                        }
-                    Aq[t * 72 + s] = __float2bfloat16_rn(a.scale * sum);
-                }
-            } else {
-                /* kernel A's operands: q_t e^(b_t - b_ref) (A, rows ref..) and k_s e^(b_ref - b_s)
-                 * (B, rows s of block rb), as fragments */
-                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-                const float wa0 = wr[ref + g], wa1 = wr[ref + g + 8], wb0 = wr[rb * 16 + g], wb1 = wr[rb * 16 + 8 + g];
-#pragma unroll 2
-                for (int kc = 0; kc < DKP / 16; kc++) {
-                    uint32_t af[4], bf[2][2];
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        const int col = kc * 16 + 2 * tq + 8 * hf;
-                        const float2 br = *(const float2 *)(Gst + fg_sw<DKP>(ref, col));
-#pragma unroll
-                        for (int rh = 0; rh < 2; rh++) {
-                            const int t = ref + g + 8 * rh;
-                            const float2 qv = *(const float2 *)(Qst + fg_sw<DKP>(t, col));
-                            const float2 bt = *(const float2 *)(Gst + fg_sw<DKP>(t, col));
-                            const float wq_ = rh ? wa1 : wa0;
-                            af[2 * hf + rh] = pack_bf16x2((qv.x * wq_) * expf(bt.x - br.x), (qv.y * wq_) * expf(bt.y - br.y));
-                        }
-#pragma unroll
-                        for (int n = 0; n < 2; n++) {
-                            const int s = rb * 16 + n * 8 + g;
-                            const float2 kv = *(const float2 *)(Kst + fg_sw<DKP>(s, col));
-                            const float2 bsv = *(const float2 *)(Gst + fg_sw<DKP>(s, col));
-                            const float wk = n ? wb1 : wb0;
-                            bf[n][hf] = pack_bf16x2((kv.x * wk) * expf(br.x - bsv.x), (kv.y * wk) * expf(br.y - bsv.y));
-                        }
-                    }
-                    mma_bf16_16816(acc[0], af, bf[0]);
-                    mma_bf16_16816(acc[1], af, bf[1]);
-                }
-#pragma unroll
-                for (int n = 0; n < 2; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = g + (e >> 1) * 8, cs = n * 8 + 2 * tq + (e & 1);
-                        float v = (!diag || cs <= r) ? a.scale * acc[n][e] : 0.0f;
-                        Aq[(ref + r) * 72 + rb * 16 + cs] = __float2bfloat16_rn(v);
-                    }
-            }
-        } else {
-            const int ht = tid - 320, HT = FG_T - 320;
-            for (int x = ht; x < CH * DKP / 4; x += HT) { /* q~ = scale e^b q */
-                int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
-                float4 qv = *(const float4 *)(Qst + d), bt = *(const float4 *)(Gst + d);
-                const float wq_ = wr[t];
-                qv.x *= wq_;
-                qv.y *= wq_;
-                qv.z *= wq_;
-                qv.w *= wq_;
-                *(uint2 *)(Qt + t * LDK + i) =
-                    make_uint2(pack_bf16x2(qv.x * a.scale * expf(bt.x), qv.y * a.scale * expf(bt.y)),
-                               pack_bf16x2(qv.z * a.scale * expf(bt.z), qv.w * a.scale * expf(bt.w)));
-            }
-            for (int x = ht; x < (CH / 2) * DKP; x += HT) { /* k~^T = (e^(bC - b) k)^T, rows t, t + 1 */
-                int t = 2 * (x / DKP), i = x % DKP;
-                const float bC = Gst[fg_sw<DKP>(CH - 1, i)];
-                const int d0 = fg_sw<DKP>(t, i), d1 = fg_sw<DKP>(t + 1, i);
-                float k0 = (Kst[d0] * wr[t]) * expf(bC - Gst[d0]), k1 = (Kst[d1] * wr[t + 1]) * expf(bC - Gst[d1]);
-                *(uint32_t *)(KtT + i * 72 + t) = pack_bf16x2(k0, k1);
-            }
-            for (int x = ht; x < CH * CH; x += HT) { /* Aqk above the diagonal blocks */
-                int r = x >> 6, s = x & 63;
-                if ((s >> 4) > (r >> 4)) Aq[r * 72 + s] = __float2bfloat16_rn(0.0f);
-            }
-        }
+        gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
         __syncthreads();
         if (cc + 1 < nc) stage_qkg(bs ^ 1); /* (c') the staging area is free: the next chunk streams in now */
         /* (d) this group's 32 value columns: O = q~ S + Aqk V, S = e^(bC) S + k~^T V */
@@ -1045,6 +1065,81 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
         }
     }
     state_store<MT>(sacc, S, true, wq, g, tq, j0, dk, dv);
+}
+
+/* ---- the split form's chunk kernel for GLA (dk <= 128) ----
+ * One block of 16 warps per (chunk, head) forms kernel A's tiles as the fused pass forms them
+ * (gla_cumdecay, gla_tiles: kernel A's values, which test_gpu_ops holds the fused pass to) from
+ * the chunk's fp32 q, k, g staged by cp.async, and writes them to the scratch in kernel B's
+ * layouts: q~ [64][DKP], k~^T [DKP][64], Aqk [64][64] (bf16), e^(b_C) [DKP]. k_gla_chunk_a forms
+ * the same tiles with 4 warps element by element from global memory; ncu had it at 2.34 ms for
+ * one 32k sequence of 18 heads (DRAM 19 %, SM 34 %), against FLA's ~1.1 ms for the same work. */
+template <int DKP>
+struct GlaTilesSmem {
+    static constexpr size_t STG = (size_t)3 * CH * DKP * 4;  /* Qst Kst Gst fp32 */
+    static constexpr size_t QT = (size_t)CH * (DKP + 8) * 2; /* q~ [64][DKP + 8] */
+    static constexpr size_t KT = (size_t)DKP * 72 * 2;       /* k~^T [DKP][72] */
+    static constexpr size_t AQ = (size_t)CH * 72 * 2;        /* Aqk [64][72] */
+    static constexpr size_t TOTAL = STG + QT + KT + AQ + (size_t)DKP * 4 + (size_t)CH * 4;
+};
+
+template <int DKP>
+__global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
+    typedef GlaTilesSmem<DKP> L;
+    constexpr int LDK = DKP + 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *Qst = (float *)smem, *Kst = Qst + CH * DKP, *Gst = Kst + CH * DKP;
+    __nv_bfloat16 *Qt = (__nv_bfloat16 *)(smem + L::STG);
+    __nv_bfloat16 *KtT = (__nv_bfloat16 *)(smem + L::STG + L::QT);
+    __nv_bfloat16 *Aq = (__nv_bfloat16 *)(smem + L::STG + L::QT + L::KT);
+    float *dec = (float *)(smem + L::STG + L::QT + L::KT + L::AQ); /* [DKP] e^(bC) */
+    float *wr = dec + DKP;                                          /* [64] 1 for the chunk's rows, 0 past it */
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk;
+    const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+    const size_t ch = (size_t)c * H + h;
+    if (tid < CH) wr[tid] = tid < len ? 1.0f : 0.0f;
+    /* q, k, g rows tok0.. in the fg_sw layout; rows past the chunk and columns past dk zero */
+    if (a.fvec) {
+        for (int x = tid; x < CH * DKP / 4; x += FG_T) {
+            const int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
+            const bool ok = t < len && i < dk;
+            const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+            cp_async16(Qst + d, ok ? a.q + off : a.q, ok ? 16 : 0);
+            cp_async16(Kst + d, ok ? a.k + off : a.k, ok ? 16 : 0);
+            cp_async16(Gst + d, ok ? a.ga + off : a.ga, ok ? 16 : 0);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    } else {
+        for (int x = tid; x < CH * DKP; x += FG_T) {
+            const int t = x / DKP, i = x % DKP, d = fg_sw<DKP>(t, i);
+            const bool ok = t < len && i < dk;
+            const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+            Qst[d] = ok ? a.q[off] : 0.0f;
+            Kst[d] = ok ? a.k[off] : 0.0f;
+            Gst[d] = ok ? a.ga[off] : 0.0f;
+        }
+    }
+    __syncthreads();
+    if (tid < DKP) gla_cumdecay<DKP>(Gst, dec, tid);
+    __syncthreads();
+    gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
+    __syncthreads();
+    __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH, *ao = a.aqk + ch * CH * CH;
+    for (int x = tid; x < CH * DKP / 8; x += FG_T) {
+        const int t = x / (DKP / 8), i = (x % (DKP / 8)) * 8;
+        *(uint4 *)(qo + t * DKP + i) = *(const uint4 *)(Qt + t * LDK + i);
+    }
+    for (int x = tid; x < DKP * CH / 8; x += FG_T) {
+        const int i = x / (CH / 8), t = (x % (CH / 8)) * 8;
+        *(uint4 *)(ko + i * CH + t) = *(const uint4 *)(KtT + i * 72 + t);
+    }
+    for (int x = tid; x < CH * CH / 8; x += FG_T) {
+        const int r = x / (CH / 8), t = (x % (CH / 8)) * 8;
+        *(uint4 *)(ao + r * CH + t) = *(const uint4 *)(Aq + r * 72 + t);
+    }
+    for (int i = tid; i < DKP; i += FG_T) a.dec[ch * DKP + i] = dec[i];
 }
 
 /* ================================================================ host side */
@@ -1120,8 +1215,15 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
     dim3 ga(NC, ca.H);
     if (gdn)
         HYLA_TRY(cu_launch_dyn(c, k_gdn_chunk_a<DKP>, ga, 128, smem_a_gdn(DKP, dvp), ca, dvp));
-    else
-        HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_a<DKP>, ga, 128, smem_a_gla(DKP), ca));
+    else {
+        bool tiles = false; /* GLA, dk <= 128: the 16-warp chunk kernel (HYLA_CUDA_GLA_TILES=0: kernel A) */
+        if constexpr (DKP <= 128) tiles = c->gla_tiles && GlaTilesSmem<DKP>::TOTAL <= (size_t)c->smem_optin;
+        if (tiles) {
+            if constexpr (DKP <= 128)
+                HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_f<DKP>, ga, FG_T, GlaTilesSmem<DKP>::TOTAL, ca));
+        } else
+            HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_a<DKP>, ga, 128, smem_a_gla(DKP), ca));
+    }
     return cu_chunk_b_launch(c, ca, nseq, gdn);
 }
 
