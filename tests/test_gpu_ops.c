@@ -2607,6 +2607,8 @@ static const op_case cases[] = {
     {"chunked switches", case_chunk_switches, {1, 300, 4, 128, 128}},
     {"chunked switches", case_chunk_switches, {0, 300, 4, 128, 128}},
     {"chunked switches", case_chunk_switches, {1, 1100, 2, 128, 256}},
+    {"chunked switches", case_chunk_switches, {1, 330, 2, 128, 72}},
+    {"chunked switches", case_chunk_switches, {0, 330, 2, 100, 72}},
     /* {gdn, n, H, dk, dv, 1}: GLA's chunk kernel against kernel A */
     {"chunked switches", case_chunk_switches, {0, 300, 4, 128, 128, 1}},
     {"chunked switches", case_chunk_switches, {0, 330, 2, 62, 40, 1}},

@@ -608,15 +608,25 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
  * GDN prefill at 128k (the split form) 167 k -> 173 k tok/s (BENCHMARKS.md). */
 #define BW_STAGE (CH * 128 * 2 + 128 * CH + CH * CH) /* bf16 elements: q~, W, k~^T, Aqk */
 #define BW_STAGE_BYTES (BW_STAGE * 2 + 1024)         /* + the decays (512 bytes), padded to 1024 */
-static inline size_t smem_b_wg(void) { return (size_t)2 * BW_STAGE_BYTES + (size_t)(32 * 128 + 32 * CH) * 2 + 1024; }
+#define BW_ULD 40                                    /* the staged U source's row: 32 columns + 8 */
+#define BW_U_BYTES (CH * BW_ULD * 4)                 /* fp32 [64 t][BW_ULD] */
+static inline size_t bw_stage_bytes(int us) { return (size_t)BW_STAGE_BYTES + (us ? BW_U_BYTES : 0); }
+static inline size_t smem_b_wg(int st, int us) {
+    return (size_t)st * bw_stage_bytes(us) + (size_t)(32 * 128 + 32 * CH) * 2 + 1024;
+}
 
-template <int GDN>
+/* ST: stages of the chunk ring (the next ST - 1 chunks' tiles in flight). US: the U source (GLA's
+ * v, GDN's U0) staged with the tiles by cp.async into rows of BW_ULD floats (conflict-free float2
+ * reads of the accumulator layout) instead of loaded from global memory at the chunk's start;
+ * its 16-byte pieces need dv % 4 == 0 and (GLA) v 16-byte aligned, which the launch checks. */
+template <int GDN, int ST, int US>
 __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int DKP = 128, MT = DKP / 16, MTW = 2;
+    constexpr size_t SB = BW_STAGE_BYTES + (US ? BW_U_BYTES : 0);
     extern __shared__ __align__(1024) unsigned char bw_raw[];
     unsigned char *base = wg_align1024(bw_raw);
-    __nv_bfloat16 *SbT = (__nv_bfloat16 *)(base + 2 * BW_STAGE_BYTES); /* [32 j][128 i], swizzled */
+    __nv_bfloat16 *SbT = (__nv_bfloat16 *)(base + ST * SB); /* [32 j][128 i], swizzled */
     __nv_bfloat16 *UT = SbT + 32 * 128;                                 /* [32 j][64 t], swizzled */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
@@ -626,7 +636,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
     const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
     auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
                      float *&decs) {
-        Qt = (__nv_bfloat16 *)(base + buf * BW_STAGE_BYTES); /* [64 t][128 k] */
+        Qt = (__nv_bfloat16 *)(base + buf * SB); /* [64 t][128 k] */
         Wt = Qt + CH * 128;                                    /* [64 t][128 k] */
         KtT = Wt + CH * 128;                                   /* [128 k][64 t] */
         Aq = KtT + 128 * CH;                                   /* [64 t][64 t'] */
@@ -652,24 +662,36 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         for (int x = tid; x < CH * CH / 8; x += 128) cp_async16(Aq + wg_swz(x / 8, (x % 8) * 8, CH), src + (size_t)x * 8, 16);
         const float *dsrc = a.dec + ch * DKP;
         for (int x = tid; x < DKP / 4; x += 128) cp_async16(decs + x * 4, dsrc + x * 4, 16);
+        if (US) { /* 8 pieces of 4 columns per token row; past dv (and GLA's len) zeros */
+            float *Us = (float *)(base + buf * SB + BW_STAGE_BYTES);
+            const int ctok0 = GDN ? 0 : a.ck_tok0[c], clen = GDN ? CH : a.ck_len[c];
+            for (int x = tid; x < CH * 8; x += 128) {
+                const int t = x >> 3, j = j0 + (x & 7) * 4;
+                const bool in = j < dv && t < clen;
+                const float *us = GDN ? a.u0 + (ch * CH + t) * dv + j : a.v + ((size_t)(ctok0 + t) * H + h) * dv + j;
+                cp_async16(Us + t * BW_ULD + (x & 7) * 4, in ? us : (GDN ? a.u0 : a.v), in ? 16 : 0);
+            }
+        }
         cp_async_commit();
     };
-    if (nc > 0) stage(0, c0);
+    /* the first ST - 1 chunks in flight; every turn commits one group (empty past the last
+     * chunk), so waiting for all but the newest ST - 1 groups leaves this chunk's tiles landed */
+    for (int s0 = 0; s0 < ST - 1; s0++) {
+        if (s0 < nc) stage(s0, c0 + s0);
+        else cp_async_commit();
+    }
     for (int cc = 0; cc < nc; cc++) {
-        const int c = c0 + cc, buf = cc & 1;
+        const int c = c0 + cc, buf = cc % ST;
         const size_t ch = (size_t)c * H + h;
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-        if (cc + 1 < nc) {
-            stage((cc + 1) & 1, c + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        if (cc + ST - 1 < nc) stage((cc + ST - 1) % ST, c + ST - 1);
+        else cp_async_commit();
+        cp_async_wait<ST - 1>();
         __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
         float *decs;
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         float usrc[4][4];
-        chunkb_usrc<4, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
+        if (!US) chunkb_usrc<4, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
         /* S^T (bf16) as the chunk's operand: row j, k = key i */
 #pragma unroll
         for (int mi = 0; mi < MTW; mi++)
@@ -682,6 +704,17 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
                 }
         fence_proxy_async_smem(); /* this thread's stores and cp.async writes, to wgmma's proxy */
         __syncthreads();
+        if (US) { /* every thread's pieces of the staged U source landed before the barrier */
+            const float *Us = (const float *)((const unsigned char *)Qt + BW_STAGE_BYTES);
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    float2 u2 = *(const float2 *)(Us + (16 * w + g + e2 * 8) * BW_ULD + n * 8 + 2 * tq);
+                    usrc[n][2 * e2] = u2.x;
+                    usrc[n][2 * e2 + 1] = u2.y;
+                }
+        }
         /* U = U0 - W S for token rows 16w.. (GLA: U = V) */
         float uacc[4][4];
         float(&uf)[16] = *reinterpret_cast<float(*)[16]>(&uacc[0][0]);
@@ -1157,8 +1190,17 @@ static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 
 template <int DKP, int GDN, int ST>
 static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
 #ifdef HYLA_CUDA_SM90A
-    if (DKP == 128 && c->chunk_b_wg && smem_b_wg() <= c->smem_optin)
-        return cu_launch_dyn(c, k_chunk_b_wg<GDN>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128, smem_b_wg(), ca);
+    if (DKP == 128 && c->chunk_b_wg) {
+        const dim3 grid(cu_blocks(ca.dv, 32), ca.H, nseq);
+        const int us = ca.dv % 4 == 0 && (GDN || ((uintptr_t)ca.v % 16 == 0));
+        const int f = c->chunk_b_form; /* 0: ST 2; 1: ST 2 + US; 2: ST 3 + US */
+        if (us && f == 2 && smem_b_wg(3, 1) <= c->smem_optin)
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 3, 1>, grid, 128, smem_b_wg(3, 1), ca);
+        if (us && f >= 1 && smem_b_wg(2, 1) <= c->smem_optin)
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(2, 1), ca);
+        if (smem_b_wg(2, 0) <= c->smem_optin)
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0>, grid, 128, smem_b_wg(2, 0), ca);
+    }
 #endif
     return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 4>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128,
                          smem_b(DKP, GDN, ST), ca);
