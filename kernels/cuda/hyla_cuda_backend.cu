@@ -828,8 +828,6 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->attn_split_len = 8192;
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
     c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
-    const char *bf = getenv("HYLA_CUDA_CHUNK_B_FORM");
-    c->chunk_b_form = bf && *bf ? atoi(bf) : 2;
     const char *gt = getenv("HYLA_CUDA_GLA_TILES");
     c->gla_tiles = !(gt && !strcmp(gt, "0"));
     const char *aw2 = getenv("HYLA_CUDA_ATTN_WG2");
@@ -908,9 +906,9 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
     if (buf && len)
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
-                 "gemm_wgp=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d gla_tiles=%d chunk_b_form=%d",
+                 "gemm_wgp=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d gla_tiles=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
-                 c->gemm_wgp, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2, c->gla_tiles, c->chunk_b_form);
+                 c->gemm_wgp, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2, c->gla_tiles);
     return HYLA_OK;
 }
 

@@ -615,10 +615,13 @@ static inline size_t smem_b_wg(int st, int us) {
     return (size_t)st * bw_stage_bytes(us) + (size_t)(32 * 128 + 32 * CH) * 2 + 1024;
 }
 
-/* ST: stages of the chunk ring (the next ST - 1 chunks' tiles in flight). US: the U source (GLA's
- * v, GDN's U0) staged with the tiles by cp.async into rows of BW_ULD floats (conflict-free float2
- * reads of the accumulator layout) instead of loaded from global memory at the chunk's start;
- * its 16-byte pieces need dv % 4 == 0 and (GLA) v 16-byte aligned, which the launch checks. */
+/* ST: stages of the chunk ring (the next ST - 1 chunks' tiles in flight; the launch uses 2, and 3
+ * measured the same). US: the U source (GLA's v, GDN's U0) staged with the tiles by cp.async into
+ * rows of BW_ULD floats (conflict-free float2 reads in the accumulator layout) instead of loaded
+ * from global memory at the chunk's start, where its latency sat on the chain from one chunk's
+ * state to the next: one 32k sequence of 18 heads on an H100, GLA 2.14 -> 1.81 ms, GDN 2.27 ->
+ * 2.03 (split form, whole op). Its 16-byte pieces need dv % 4 == 0 and, for GLA, v 16-byte
+ * aligned; the launch checks and otherwise takes US = 0. */
 template <int GDN, int ST, int US>
 __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1193,10 +1196,7 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
     if (DKP == 128 && c->chunk_b_wg) {
         const dim3 grid(cu_blocks(ca.dv, 32), ca.H, nseq);
         const int us = ca.dv % 4 == 0 && (GDN || ((uintptr_t)ca.v % 16 == 0));
-        const int f = c->chunk_b_form; /* 0: ST 2; 1: ST 2 + US; 2: ST 3 + US */
-        if (us && f == 2 && smem_b_wg(3, 1) <= c->smem_optin)
-            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 3, 1>, grid, 128, smem_b_wg(3, 1), ca);
-        if (us && f >= 1 && smem_b_wg(2, 1) <= c->smem_optin)
+        if (us && smem_b_wg(2, 1) <= c->smem_optin)
             return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(2, 1), ca);
         if (smem_b_wg(2, 0) <= c->smem_optin)
             return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0>, grid, 128, smem_b_wg(2, 0), ca);
