@@ -42,6 +42,8 @@ struct ChunkArgs {
     int rdense, rK;
     const float *rw, *q2, *k2, *g2, *b2;
     long long nrows; /* rows of q, k, v (0: not known) */
+    /* the split form's chunk parts (k_gdn_fused MODE 1): chunks per block, chunks in all */
+    int split_cpb, split_nc;
 };
 
 /* Source of packed row r: token index, sparse or not, weight (1 for dense rows: x * 1.0f == x). */
