@@ -724,19 +724,11 @@ static hyla_status launch_fused_dkp(hyla_cuda_ctx *c, const ChunkArgs &ca, int N
     if (!split && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1>::TOTAL <= c->smem_optin)
         return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 1>, dim3(ncb, ca.H, nseq), FU_WTN(1), FusedSmem<DKP, 1>::TOTAL, ca);
     if (!split) return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 0>, dim3(ncb, ca.H, nseq), FU_T, sm, ca);
-    /* several consecutive chunks per block where the (chunk, head, value block) tasks are
-     * plentiful, so a block's next staging streams in while it computes (one block per SM: a
-     * block alone left the SM idle while its chunk loaded); up to 8, keeping >= 4 blocks per SM.
-     * H100, one 32k sequence of 18 heads of 128, the whole op: 2.06 ms with one chunk a block,
-     * 1.96 / 1.94 / 1.92 with 2 / 4 / 8; 128k 8.09 -> 7.41 (8). The same bits: each chunk's
-     * tiles are its own, whichever block forms them. */
+    /* runs of consecutive chunks a block (cu_split_runs; one 32k sequence, 18 heads: 2.06 ms
+     * with one chunk a block, 1.96 / 1.94 / 1.92 with runs of 2 / 4 / 8) */
     ChunkArgs cb = ca;
-    const size_t tasks = (size_t)NC * ca.H * ncb;
-    int cpb = 1;
-    while (cpb < 8 && tasks / ((size_t)cpb * 2) >= (size_t)4 * c->sm_count) cpb *= 2;
-    cb.split_cpb = cpb;
-    cb.split_nc = NC;
-    HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0>, dim3(cu_blocks(NC, cpb), ca.H, ncb), FU_T, sm, cb));
+    const unsigned gx = cu_split_runs(c, cb, NC, (size_t)NC * ca.H * ncb);
+    HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0>, dim3(gx, ca.H, ncb), FU_T, sm, cb));
     return cu_chunk_b_launch(c, ca, nseq, 1);
 }
 

@@ -1131,51 +1131,61 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
     float *dec = (float *)(smem + L::STG + L::QT + L::KT + L::AQ); /* [DKP] e^(bC) */
     float *wr = dec + DKP;                                          /* [64] 1 for the chunk's rows, 0 past it */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
-    const int c = blockIdx.x, h = blockIdx.y, H = a.H, dk = a.dk;
-    const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-    const size_t ch = (size_t)c * H + h;
-    if (tid < CH) wr[tid] = tid < len ? 1.0f : 0.0f;
-    /* q, k, g rows tok0.. in the fg_sw layout; rows past the chunk and columns past dk zero */
-    if (a.fvec) {
-        for (int x = tid; x < CH * DKP / 4; x += FG_T) {
-            const int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
-            const bool ok = t < len && i < dk;
-            const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
-            cp_async16(Qst + d, ok ? a.q + off : a.q, ok ? 16 : 0);
-            cp_async16(Kst + d, ok ? a.k + off : a.k, ok ? 16 : 0);
-            cp_async16(Gst + d, ok ? a.ga + off : a.ga, ok ? 16 : 0);
+    const int h = blockIdx.y, H = a.H, dk = a.dk;
+    /* a run of split_cpb consecutive chunks: the next one's rows stream in while this one's
+     * tiles are copied out */
+    const int c0 = blockIdx.x * a.split_cpb, nc = min(a.split_cpb, a.split_nc - c0);
+    /* q, k, g rows of chunk c in the fg_sw layout; rows past the chunk and columns past dk zero */
+    auto stage = [&](int c) {
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if (tid < CH) wr[tid] = tid < len ? 1.0f : 0.0f;
+        if (a.fvec) {
+            for (int x = tid; x < CH * DKP / 4; x += FG_T) {
+                const int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
+                const bool ok = t < len && i < dk;
+                const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+                cp_async16(Qst + d, ok ? a.q + off : a.q, ok ? 16 : 0);
+                cp_async16(Kst + d, ok ? a.k + off : a.k, ok ? 16 : 0);
+                cp_async16(Gst + d, ok ? a.ga + off : a.ga, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        } else {
+            for (int x = tid; x < CH * DKP; x += FG_T) {
+                const int t = x / DKP, i = x % DKP, d = fg_sw<DKP>(t, i);
+                const bool ok = t < len && i < dk;
+                const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
+                Qst[d] = ok ? a.q[off] : 0.0f;
+                Kst[d] = ok ? a.k[off] : 0.0f;
+                Gst[d] = ok ? a.ga[off] : 0.0f;
+            }
         }
-        cp_async_commit();
-        cp_async_wait<0>();
-    } else {
-        for (int x = tid; x < CH * DKP; x += FG_T) {
-            const int t = x / DKP, i = x % DKP, d = fg_sw<DKP>(t, i);
-            const bool ok = t < len && i < dk;
-            const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
-            Qst[d] = ok ? a.q[off] : 0.0f;
-            Kst[d] = ok ? a.k[off] : 0.0f;
-            Gst[d] = ok ? a.ga[off] : 0.0f;
+    };
+    if (nc > 0) stage(c0);
+    for (int cc = 0; cc < nc; cc++) {
+        const int c = c0 + cc;
+        const size_t ch = (size_t)c * H + h;
+        if (a.fvec) cp_async_wait<0>();
+        __syncthreads(); /* the rows landed; the previous chunk's tiles are copied out */
+        if (tid < DKP) gla_cumdecay<DKP>(Gst, dec, tid);
+        __syncthreads();
+        gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
+        __syncthreads(); /* the tiles are formed and the staging (and wr) is free */
+        if (cc + 1 < nc) stage(c + 1);
+        __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH, *ao = a.aqk + ch * CH * CH;
+        for (int x = tid; x < CH * DKP / 8; x += FG_T) {
+            const int t = x / (DKP / 8), i = (x % (DKP / 8)) * 8;
+            *(uint4 *)(qo + t * DKP + i) = *(const uint4 *)(Qt + t * LDK + i);
         }
+        for (int x = tid; x < DKP * CH / 8; x += FG_T) {
+            const int i = x / (CH / 8), t = (x % (CH / 8)) * 8;
+            *(uint4 *)(ko + i * CH + t) = *(const uint4 *)(KtT + i * 72 + t);
+        }
+        for (int x = tid; x < CH * CH / 8; x += FG_T) {
+            const int r = x / (CH / 8), t = (x % (CH / 8)) * 8;
+            *(uint4 *)(ao + r * CH + t) = *(const uint4 *)(Aq + r * 72 + t);
+        }
+        for (int i = tid; i < DKP; i += FG_T) a.dec[ch * DKP + i] = dec[i];
     }
-    __syncthreads();
-    if (tid < DKP) gla_cumdecay<DKP>(Gst, dec, tid);
-    __syncthreads();
-    gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
-    __syncthreads();
-    __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH, *ao = a.aqk + ch * CH * CH;
-    for (int x = tid; x < CH * DKP / 8; x += FG_T) {
-        const int t = x / (DKP / 8), i = (x % (DKP / 8)) * 8;
-        *(uint4 *)(qo + t * DKP + i) = *(const uint4 *)(Qt + t * LDK + i);
-    }
-    for (int x = tid; x < DKP * CH / 8; x += FG_T) {
-        const int i = x / (CH / 8), t = (x % (CH / 8)) * 8;
-        *(uint4 *)(ko + i * CH + t) = *(const uint4 *)(KtT + i * 72 + t);
-    }
-    for (int x = tid; x < CH * CH / 8; x += FG_T) {
-        const int r = x / (CH / 8), t = (x % (CH / 8)) * 8;
-        *(uint4 *)(ao + r * CH + t) = *(const uint4 *)(Aq + r * 72 + t);
-    }
-    for (int i = tid; i < DKP; i += FG_T) a.dec[ch * DKP + i] = dec[i];
 }
 
 /* ================================================================ host side */
@@ -1261,8 +1271,10 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
         bool tiles = false; /* GLA, dk <= 128: the 16-warp chunk kernel (HYLA_CUDA_GLA_TILES=0: kernel A) */
         if constexpr (DKP <= 128) tiles = c->gla_tiles && GlaTilesSmem<DKP>::TOTAL <= (size_t)c->smem_optin;
         if (tiles) {
+            ChunkArgs cf = ca;
+            const unsigned gx = cu_split_runs(c, cf, NC, (size_t)NC * ca.H);
             if constexpr (DKP <= 128)
-                HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_f<DKP>, ga, FG_T, GlaTilesSmem<DKP>::TOTAL, ca));
+                HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_f<DKP>, dim3(gx, ca.H), FG_T, GlaTilesSmem<DKP>::TOTAL, cf));
         } else
             HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_a<DKP>, ga, 128, smem_a_gla(DKP), ca));
     }
