@@ -2609,6 +2609,7 @@ static const op_case cases[] = {
     {"chunked switches", case_chunk_switches, {1, 1100, 2, 128, 256}},
     {"chunked switches", case_chunk_switches, {1, 330, 2, 128, 72}},
     {"chunked switches", case_chunk_switches, {0, 330, 2, 100, 72}},
+    {"chunked switches", case_chunk_switches, {1, 330, 2, 128, 70}}, /* dv % 4: kernel B's cp.async form */
     /* {gdn, n, H, dk, dv, 1}: GLA's chunk kernel against kernel A */
     {"chunked switches", case_chunk_switches, {0, 300, 4, 128, 128, 1}},
     {"chunked switches", case_chunk_switches, {0, 330, 2, 62, 40, 1}},

@@ -608,29 +608,52 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
  * GDN prefill at 128k (the split form) 167 k -> 173 k tok/s (BENCHMARKS.md). */
 #define BW_STAGE (CH * 128 * 2 + 128 * CH + CH * CH) /* bf16 elements: q~, W, k~^T, Aqk */
 #define BW_STAGE_BYTES (BW_STAGE * 2 + 1024)         /* + the decays (512 bytes), padded to 1024 */
-#define BW_ULD 40                                    /* the staged U source's row: 32 columns + 8 */
-#define BW_U_BYTES (CH * BW_ULD * 4)                 /* fp32 [64 t][BW_ULD] */
-static inline size_t bw_stage_bytes(int us) { return (size_t)BW_STAGE_BYTES + (us ? BW_U_BYTES : 0); }
-static inline size_t smem_b_wg(int st, int us) {
-    return (size_t)st * bw_stage_bytes(us) + (size_t)(32 * 128 + 32 * CH) * 2 + 1024;
+#define BW_U_BYTES (CH * 32 * 4)                    /* TM: the U source [64 t][32] fp32, 128-byte swizzle */
+static inline size_t smem_b_wg(int tm) {
+    return (size_t)2 * (BW_STAGE_BYTES + (tm ? BW_U_BYTES : 0)) + (size_t)(32 * 128 + 32 * CH) * 2 + 1024 + (tm ? 64 : 0);
 }
 
-/* ST: stages of the chunk ring (the next ST - 1 chunks' tiles in flight; the launch uses 2, and 3
- * measured the same). US: the U source (GLA's v, GDN's U0) staged with the tiles by cp.async into
- * rows of BW_ULD floats (conflict-free float2 reads in the accumulator layout) instead of loaded
- * from global memory at the chunk's start, where its latency sat on the chain from one chunk's
- * state to the next: one 32k sequence of 18 heads on an H100, GLA 2.14 -> 1.81 ms, GDN 2.27 ->
- * 2.03 (split form, whole op). Its 16-byte pieces need dv % 4 == 0 and, for GLA, v 16-byte
- * aligned; the launch checks and otherwise takes US = 0. */
-template <int GDN, int ST, int US>
-__global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
+/* TM: the copy engine's tensor maps over the scratch (q~, W: boxes of 64 x 64, two a tile; k~^T
+ * 64 x 128; Aqk 64 x 64; bf16 in the 128-byte swizzle wgmma reads) and over the U source (GDN's
+ * U0 [rows][dv], GLA's v [rows][H][dv]: boxes of 32 fp32 columns x 64 rows, the same swizzle). */
+struct ChunkBMaps {
+    CUtensorMap qt, wt, kt, aq, u;
+};
+
+/* -DHYLA_FUSED_PROFILE (diagnostic builds only): thread 0 of block (0,0,0) sums clock64()
+ * intervals between the phases of each chunk from the 8th on, and the first launch of each
+ * GDN value prints the means per chunk. */
+#ifdef HYLA_FUSED_PROFILE
+__device__ int g_bprof_once[2];
+#define BPROF(k)                                                                                                       \
+    if (bprof) {                                                                                                       \
+        long long t_ = clock64();                                                                                      \
+        bp[k] += t_ - bt;                                                                                              \
+        bt = t_;                                                                                                       \
+    }
+#else
+#define BPROF(k)
+#endif
+
+/* Two stages of the chunk ring (the next chunk's tiles in flight; three measured no faster).
+ * TM = 1: each chunk's tiles and its U source (GLA's v, GDN's U0) come by the copy engine, one
+ * thread issuing a stage's boxes on its mbarrier (ChunkBMaps). Issued by the threads as cp.async
+ * pieces (TM = 0), the ~4,100 16-byte copies of a chunk stalled the warps ~1,700 cycles a chunk
+ * in the issue itself (phase profile, -DHYLA_FUSED_PROFILE), and the U source, loaded from global
+ * memory at the chunk's start, sat on the chain from one chunk's state to the next. One 32k
+ * sequence of 18 heads on an H100, the whole op: GLA 2.14 (TM = 0) -> 1.81 (U staged by cp.async)
+ * -> 1.42 ms (TM = 1), GDN 2.27 -> 2.03 -> 1.53. TM needs dv % 4 == 0 and, for GLA, v 16-byte
+ * aligned and its row count known; the launch checks and otherwise takes TM = 0. */
+template <int GDN, int ST, int TM>
+__global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_constant__ ChunkBMaps bm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int DKP = 128, MT = DKP / 16, MTW = 2;
-    constexpr size_t SB = BW_STAGE_BYTES + (US ? BW_U_BYTES : 0);
+    constexpr size_t SB = BW_STAGE_BYTES + (TM ? BW_U_BYTES : 0);
     extern __shared__ __align__(1024) unsigned char bw_raw[];
     unsigned char *base = wg_align1024(bw_raw);
     __nv_bfloat16 *SbT = (__nv_bfloat16 *)(base + ST * SB); /* [32 j][128 i], swizzled */
     __nv_bfloat16 *UT = SbT + 32 * 128;                                 /* [32 j][64 t], swizzled */
+    uint64_t *fullb = (uint64_t *)(UT + 32 * CH);                       /* TM: a stage's tiles landed */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
     float *S = a.S[z] + (size_t)h * dk * dv;
@@ -652,6 +675,29 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         float *decs;
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         const size_t ch = (size_t)c * H + h;
+        if (TM) { /* one thread hands the chunk's tiles to the copy engine */
+            if (tid == 0) {
+                uint64_t *m = &fullb[buf];
+                float *Us = (float *)(base + buf * SB + BW_STAGE_BYTES);
+                const int row = (int)(ch * CH);
+                mbar_expect_tx(m, (unsigned)((GDN ? 2 : 1) * CH * DKP * 2 + DKP * CH * 2 + CH * CH * 2 + DKP * 4 +
+                                             BW_U_BYTES));
+                tma_g2s_2d(Qt, &bm.qt, 0, row, m);
+                tma_g2s_2d(Qt + CH * 64, &bm.qt, 64, row, m);
+                if (GDN) {
+                    tma_g2s_2d(Wt, &bm.wt, 0, row, m);
+                    tma_g2s_2d(Wt + CH * 64, &bm.wt, 64, row, m);
+                }
+                tma_g2s_2d(KtT, &bm.kt, 0, (int)(ch * DKP), m);
+                tma_g2s_2d(Aq, &bm.aq, 0, row, m);
+                bulk_g2s(decs, a.dec + ch * DKP, DKP * 4, m);
+                if (GDN)
+                    tma_g2s_2d(Us, &bm.u, j0, row, m);
+                else
+                    tma_g2s_3d(Us, &bm.u, j0, h, a.ck_tok0[c], m);
+            }
+            return;
+        }
         const __nv_bfloat16 *src = a.qt + ch * CH * DKP;
         for (int x = tid; x < CH * DKP / 8; x += 128) cp_async16(Qt + wg_swz(x / 16, (x % 16) * 8, CH), src + (size_t)x * 8, 16);
         if (GDN) {
@@ -665,36 +711,46 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         for (int x = tid; x < CH * CH / 8; x += 128) cp_async16(Aq + wg_swz(x / 8, (x % 8) * 8, CH), src + (size_t)x * 8, 16);
         const float *dsrc = a.dec + ch * DKP;
         for (int x = tid; x < DKP / 4; x += 128) cp_async16(decs + x * 4, dsrc + x * 4, 16);
-        if (US) { /* 8 pieces of 4 columns per token row; past dv (and GLA's len) zeros */
-            float *Us = (float *)(base + buf * SB + BW_STAGE_BYTES);
-            const int ctok0 = GDN ? 0 : a.ck_tok0[c], clen = GDN ? CH : a.ck_len[c];
-            for (int x = tid; x < CH * 8; x += 128) {
-                const int t = x >> 3, j = j0 + (x & 7) * 4;
-                const bool in = j < dv && t < clen;
-                const float *us = GDN ? a.u0 + (ch * CH + t) * dv + j : a.v + ((size_t)(ctok0 + t) * H + h) * dv + j;
-                cp_async16(Us + t * BW_ULD + (x & 7) * 4, in ? us : (GDN ? a.u0 : a.v), in ? 16 : 0);
-            }
-        }
         cp_async_commit();
     };
+    if (TM) {
+        if (tid == 0) {
+            for (int b = 0; b < ST; b++) mbar_init(&fullb[b], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
     /* the first ST - 1 chunks in flight; every turn commits one group (empty past the last
-     * chunk), so waiting for all but the newest ST - 1 groups leaves this chunk's tiles landed */
+     * chunk), so waiting for all but the newest ST - 1 groups leaves this chunk's tiles landed
+     * (TM: each stage's mbarrier, phase = its use count mod 2) */
     for (int s0 = 0; s0 < ST - 1; s0++) {
         if (s0 < nc) stage(s0, c0 + s0);
         else cp_async_commit();
     }
+#ifdef HYLA_FUSED_PROFILE
+    long long bp[6] = {0, 0, 0, 0, 0, 0}, bt = 0;
+    const bool bprof0 = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+#endif
     for (int cc = 0; cc < nc; cc++) {
+#ifdef HYLA_FUSED_PROFILE
+        const bool bprof = bprof0 && cc >= 8;
+        if (bprof) bt = clock64();
+#endif
         const int c = c0 + cc, buf = cc % ST;
         const size_t ch = (size_t)c * H + h;
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
         if (cc + ST - 1 < nc) stage((cc + ST - 1) % ST, c + ST - 1);
-        else cp_async_commit();
-        cp_async_wait<ST - 1>();
+        else if (!TM) cp_async_commit();
+        if (TM)
+            mbar_wait(&fullb[buf], (unsigned)(cc / ST) & 1u);
+        else
+            cp_async_wait<ST - 1>();
+        BPROF(0);
         __nv_bfloat16 *Qt, *Wt, *KtT, *Aq;
         float *decs;
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         float usrc[4][4];
-        if (!US) chunkb_usrc<4, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
+        if (!TM) chunkb_usrc<4, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
         /* S^T (bf16) as the chunk's operand: row j, k = key i */
 #pragma unroll
         for (int mi = 0; mi < MTW; mi++)
@@ -707,15 +763,19 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
                 }
         fence_proxy_async_smem(); /* this thread's stores and cp.async writes, to wgmma's proxy */
         __syncthreads();
-        if (US) { /* every thread's pieces of the staged U source landed before the barrier */
+        BPROF(1);
+        if (TM) { /* rows of 32 floats, 16-byte piece p of row t at p ^ (t % 8); GLA's rows
+                        * past the chunk (the next sequence's, inside the tensor) read as zero */
             const float *Us = (const float *)((const unsigned char *)Qt + BW_STAGE_BYTES);
 #pragma unroll
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; e2++) {
-                    float2 u2 = *(const float2 *)(Us + (16 * w + g + e2 * 8) * BW_ULD + n * 8 + 2 * tq);
-                    usrc[n][2 * e2] = u2.x;
-                    usrc[n][2 * e2 + 1] = u2.y;
+                    const int t = 16 * w + g + e2 * 8, col = n * 8 + 2 * tq;
+                    float2 u2 = *(const float2 *)(Us + t * 32 + ((((col >> 2) ^ (t & 7))) << 2) + (col & 3));
+                    const bool in = GDN || t < len;
+                    usrc[n][2 * e2] = in ? u2.x : 0.0f;
+                    usrc[n][2 * e2 + 1] = in ? u2.y : 0.0f;
                 }
         }
         /* U = U0 - W S for token rows 16w.. (GLA: U = V) */
@@ -733,6 +793,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
             wg_wait<0>();
             wg_keep(uf);
         }
+        BPROF(2);
 #pragma unroll
         for (int n = 0; n < 4; n++)
 #pragma unroll
@@ -742,6 +803,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
             }
         fence_proxy_async_smem();
         __syncthreads();
+        BPROF(3);
         /* O = q~ S + Aqk U, then S = e^(bC) S + k~^T U */
         float oacc[4][4];
         float(&of)[16] = *reinterpret_cast<float(*)[16]>(&oacc[0][0]);
@@ -771,10 +833,22 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a) {
         wg_wait<0>();
         wg_keep(of);
         wg_keep(sf);
+        BPROF(4);
         chunkb_store_o<4>(oacc, a, tok0, len, h, H, dv, j0, w, g, tq);
         __syncthreads(); /* every warpgroup's reads of this stage, S^T and U^T done */
+        BPROF(5);
     }
     state_store<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
+#ifdef HYLA_FUSED_PROFILE
+    if (bprof0 && nc > 8 && atomicAdd(&g_bprof_once[GDN], 1) == 0) {
+        const double n = nc - 8;
+        printf("kernel B profile (k_chunk_b_wg<%d, %d, %d>, cycles per chunk, mean of %d chunks): ring wait %.0f, "
+               "S^T + barrier %.0f, W S %.0f, U^T + barrier %.0f, O and S products %.0f, o stores + barrier %.0f, "
+               "total %.0f\n",
+               GDN, ST, TM, nc - 8, bp[0] / n, bp[1] / n, bp[2] / n, bp[3] / n, bp[4] / n, bp[5] / n,
+               (bp[0] + bp[1] + bp[2] + bp[3] + bp[4] + bp[5]) / n);
+    }
+#endif
 #endif
 }
 
@@ -1196,6 +1270,35 @@ static size_t smem_a_gdn(int dkp, int dvp) {
 }
 static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 * 16 * (dkp + 8) * 2; }
 
+#ifdef HYLA_CUDA_SM90A
+/* The copy engine's tensor maps for k_chunk_b_wg's TM form (ChunkBMaps); 0 where the driver's
+ * encoder is missing or a map cannot be made (then the cp.async forms). */
+static int chunkb_maps(ChunkBMaps *m, const ChunkArgs &ca, int gdn) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
+    if (!enc || ca.nch <= 0 || ca.nch * 128 > 0x7fffffffLL) return 0;
+    if (!gdn && (ca.nrows <= 0 || ca.nrows > 0x7fffffffLL)) return 0;
+    const cuuint32_t es[3] = {1, 1, 1};
+    auto map2 = [&](CUtensorMap *dst, CUtensorMapDataType ty, const void *base, cuuint64_t cols, cuuint64_t rows,
+                    cuuint32_t esz, cuuint32_t bx, cuuint32_t by) {
+        const cuuint64_t dim[2] = {cols, rows}, str[1] = {cols * esz};
+        const cuuint32_t box[2] = {bx, by};
+        return enc(dst, ty, 2, (void *)base, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    };
+    const cuuint64_t rows = (cuuint64_t)ca.nch * CH;
+    const CUtensorMapDataType BF = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, F32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    if (!map2(&m->qt, BF, ca.qt, 128, rows, 2, 64, CH) || !map2(&m->kt, BF, ca.ktT, CH, (cuuint64_t)ca.nch * 128, 2, 64, 128) ||
+        !map2(&m->aq, BF, ca.aqk, CH, rows, 2, 64, CH))
+        return 0;
+    if (gdn) return map2(&m->wt, BF, ca.wt, 128, rows, 2, 64, CH) && map2(&m->u, F32, ca.u0, ca.dv, rows, 4, 32, CH);
+    const cuuint64_t dim[3] = {(cuuint64_t)ca.dv, (cuuint64_t)ca.H, (cuuint64_t)ca.nrows};
+    const cuuint64_t str[2] = {(cuuint64_t)ca.dv * 4, (cuuint64_t)ca.dv * 4 * ca.H};
+    const cuuint32_t box[3] = {32, 1, CH};
+    return enc(&m->u, F32, 3, (void *)ca.v, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+#endif
+
 /* Kernel B on warpgroup products where c->chunk_b_wg (Hopper, unless HYLA_CUDA_CHUNK_B_WG=0) and
  * the keys pad to 128; else k_chunk_b in blocks of 32 value columns. The same bits. (Blocks of 16
  * columns, for a tensor-parallel rank's few heads, were slower in the model: 154 k against 167 k
@@ -1205,11 +1308,13 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
 #ifdef HYLA_CUDA_SM90A
     if (DKP == 128 && c->chunk_b_wg) {
         const dim3 grid(cu_blocks(ca.dv, 32), ca.H, nseq);
-        const int us = ca.dv % 4 == 0 && (GDN || ((uintptr_t)ca.v % 16 == 0));
-        if (us && smem_b_wg(2, 1) <= c->smem_optin)
-            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(2, 1), ca);
-        if (smem_b_wg(2, 0) <= c->smem_optin)
-            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0>, grid, 128, smem_b_wg(2, 0), ca);
+        const int tm = ca.dv % 4 == 0 && (GDN || ((uintptr_t)ca.v % 16 == 0));
+        ChunkBMaps bm;
+        memset(&bm, 0, sizeof bm);
+        if (tm && smem_b_wg(1) <= c->smem_optin && chunkb_maps(&bm, ca, GDN))
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(1), ca, bm);
+        if (smem_b_wg(0) <= c->smem_optin)
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0>, grid, 128, smem_b_wg(0), ca, bm);
     }
 #endif
     return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 4>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128,
@@ -1393,6 +1498,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     ca.u0 = (float *)p;
     p += AL(sz_u0);
     ca.dec = (float *)p;
+    ca.nch = (long long)nch;
 #undef AL
     if (split && gdn) return cu_gdn_fused_launch(c, ca, NC, nseq, 1);
     return dkp_dispatch<256>(dkp, [&](auto D) { return launch_chunked<decltype(D)::value>(c, ca, gdn, NC, nseq, dvp); });

@@ -44,6 +44,7 @@ struct ChunkArgs {
     long long nrows; /* rows of q, k, v (0: not known) */
     /* the split form's chunk parts (k_gdn_fused MODE 1): chunks per block, chunks in all */
     int split_cpb, split_nc;
+    long long nch; /* (chunk, head) tiles in the scratch (NC * H) */
 };
 
 /* Source of packed row r: token index, sparse or not, weight (1 for dense rows: x * 1.0f == x). */
