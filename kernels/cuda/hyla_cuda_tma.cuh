@@ -1,6 +1,6 @@
 /* hyla_cuda_tma.cuh — mbarriers and the copy engine's bulk and tensor copies (sm_90), shared by
- * the kernels that stage tiles through them (the pipelined GDN pass, the warpgroup linear), and
- * the host's lookup of the driver's tensor-map encoder. */
+ * the kernels that stage tiles through them (the pipelined GDN pass, the warpgroup linear, the
+ * chunked state pass k_chunk_b_wg), and the host's lookup of the driver's tensor-map encoder. */
 #ifndef HYLA_CUDA_TMA_CUH
 #define HYLA_CUDA_TMA_CUH
 
