@@ -852,6 +852,188 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
 #endif
 }
 
+/* ---- kernel B with its outputs in a warpgroup of their own (sm_90a, DKP = 128, 32 value columns) ----
+ * k_chunk_b_wg's chain from one chunk's state to the next runs its O products (12 of a chunk's 20
+ * last products) before the next chunk can start. Here warpgroup 0 walks the state chain alone
+ * (Sᵀ, W S, U, Uᵀ, S = e^(bC) S + k̃ᵀ U) and hands each chunk's Sᵀ and Uᵀ to warpgroup 1 through
+ * one of two slots; warpgroup 1 forms O = q̃ Sᵀ + Aqk U from them (the same products in the same
+ * order into a zeroed accumulator: k_chunk_b_wg's bits) and stores it, a chunk behind at most.
+ * Each warpgroup has its own ring of three stages by the copy engine (W, k̃ᵀ, the U source and
+ * the decays; q̃ and Aqk), two chunks ahead. mbarriers: the rings' tiles landed; a slot ready
+ * (warpgroup 0 -> 1) and free again (1 -> 0). 220 KB, one block per SM. */
+#define BS_SRB(gdn) ((size_t)((gdn) ? CH * 128 * 2 : 0) + 128 * CH * 2 + BW_U_BYTES + 1024)
+#define BS_ORB ((size_t)CH * 128 * 2 + CH * CH * 2)
+#define BS_SLOT ((size_t)32 * 128 * 2 + 32 * CH * 2)
+static inline size_t smem_b_ws(int gdn) { return 3 * BS_SRB(gdn) + 3 * BS_ORB + 2 * BS_SLOT + 1024 + 128; }
+
+template <int GDN>
+__global__ void __launch_bounds__(256, 1) k_chunk_b_ws(ChunkArgs a, const __grid_constant__ ChunkBMaps bm) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int DKP = 128, MT = DKP / 16, MTW = 2, NS = 3;
+    constexpr size_t SRB = BS_SRB(GDN), WSZ = GDN ? (size_t)CH * DKP * 2 : 0;
+    extern __shared__ __align__(1024) unsigned char bw_raw[];
+    unsigned char *base = wg_align1024(bw_raw);
+    unsigned char *sring = base, *oring = base + NS * SRB, *slots = oring + NS * BS_ORB;
+    uint64_t *bar = (uint64_t *)(slots + 2 * BS_SLOT);
+    uint64_t *sfull = bar, *ofull = bar + NS, *ready = bar + 2 * NS, *sempty = bar + 2 * NS + 2;
+    const int tid = threadIdx.x, wgi = tid >> 7, t7 = tid & 127, lane = tid & 31, w = t7 >> 5, g = lane >> 2,
+              tq = lane & 3;
+    const int j0 = blockIdx.x * 32, h = blockIdx.y, z = blockIdx.z, H = a.H, dk = a.dk, dv = a.dv;
+    const int c0 = a.seq_c0[z], nc = a.seq_nc[z];
+    if (tid == 0) {
+        for (int i = 0; i < NS; i++) mbar_init(&sfull[i], 1), mbar_init(&ofull[i], 1);
+        for (int i = 0; i < 2; i++) mbar_init(&ready[i], 1), mbar_init(&sempty[i], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    auto slotS = [&](int sl) { return (__nv_bfloat16 *)(slots + sl * BS_SLOT); };            /* [32 j][128 i] */
+    auto slotU = [&](int sl) { return (__nv_bfloat16 *)(slots + sl * BS_SLOT + 32 * 128 * 2); }; /* [32 j][64 t] */
+    if (wgi == 0) {
+        /* ---- warpgroup 0: the state chain ---- */
+        float *S = a.S[z] + (size_t)h * dk * dv;
+        float sacc[MTW][4][4];
+        state_load<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
+        auto stage = [&](int b, int c) { /* W, k~^T, the U source and the decays of chunk c */
+            if (t7 == 0) {
+                const size_t ch = (size_t)c * H + h;
+                const int row = (int)(ch * CH);
+                unsigned char *p = sring + b * SRB;
+                __nv_bfloat16 *Wt = (__nv_bfloat16 *)p, *KtT = (__nv_bfloat16 *)(p + WSZ);
+                float *Us = (float *)(p + WSZ + DKP * CH * 2), *decs = (float *)(p + WSZ + DKP * CH * 2 + BW_U_BYTES);
+                mbar_expect_tx(&sfull[b], (unsigned)(WSZ + DKP * CH * 2 + BW_U_BYTES + DKP * 4));
+                if (GDN) {
+                    tma_g2s_2d(Wt, &bm.wt, 0, row, &sfull[b]);
+                    tma_g2s_2d(Wt + CH * 64, &bm.wt, 64, row, &sfull[b]);
+                }
+                tma_g2s_2d(KtT, &bm.kt, 0, (int)(ch * DKP), &sfull[b]);
+                bulk_g2s(decs, a.dec + ch * DKP, DKP * 4, &sfull[b]);
+                if (GDN)
+                    tma_g2s_2d(Us, &bm.u, j0, row, &sfull[b]);
+                else
+                    tma_g2s_3d(Us, &bm.u, j0, h, a.ck_tok0[c], &sfull[b]);
+            }
+        };
+        for (int s0 = 0; s0 < NS - 1 && s0 < nc; s0++) stage(s0, c0 + s0);
+        for (int cc = 0; cc < nc; cc++) {
+            const int c = c0 + cc, b = cc % NS, sl = cc & 1, len = a.ck_len[c];
+            /* the buffer of chunk cc - 1: this warpgroup is done with it (the barrier below) */
+            if (cc + NS - 1 < nc) stage((cc + NS - 1) % NS, c + NS - 1);
+            unsigned char *p = sring + b * SRB;
+            __nv_bfloat16 *Wt = (__nv_bfloat16 *)p, *KtT = (__nv_bfloat16 *)(p + WSZ), *SbT = slotS(sl), *UT = slotU(sl);
+            const float *Us = (const float *)(p + WSZ + DKP * CH * 2), *decs = (const float *)(p + WSZ + DKP * CH * 2 + BW_U_BYTES);
+            mbar_wait(&sfull[b], (unsigned)(cc / NS) & 1u);
+            if (cc >= 2) mbar_wait(&sempty[sl], (unsigned)((cc - 2) / 2) & 1u); /* warpgroup 1 is done with the slot */
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++)
+#pragma unroll
+                for (int n = 0; n < 4; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = (w + 4 * mi) * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                        SbT[wg_swz(jj, i, 32)] = __float2bfloat16_rn(sacc[mi][n][e]);
+                    }
+            fence_proxy_async_smem();
+            nb_sync(1, 128);
+            float usrc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) { /* k_chunk_b_wg's TM reads */
+                    const int t = 16 * w + g + e2 * 8, col = n * 8 + 2 * tq;
+                    float2 u2 = *(const float2 *)(Us + t * 32 + ((((col >> 2) ^ (t & 7))) << 2) + (col & 3));
+                    const bool in = GDN || t < len;
+                    usrc[n][2 * e2] = in ? u2.x : 0.0f;
+                    usrc[n][2 * e2 + 1] = in ? u2.y : 0.0f;
+                }
+            float uacc[4][4];
+            float(&uf)[16] = *reinterpret_cast<float(*)[16]>(&uacc[0][0]);
+            frag_zero(uacc);
+            if (GDN) {
+                wg_keep(uf);
+                wg_fence();
+#pragma unroll
+                for (int kc = 0; kc < DKP / 16; kc++)
+                    wg_mma32(uacc, wg_desc(Wt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
+                             wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
+                wg_commit();
+                wg_wait<0>();
+                wg_keep(uf);
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                    UT[wg_swz(jj, t, 32)] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
+                }
+            fence_proxy_async_smem();
+            nb_sync(1, 128);
+            if (t7 == 0) mbar_arrive(&ready[sl]); /* S^T and U^T of chunk cc for warpgroup 1 */
+            float(&sf)[MTW * 16] = *reinterpret_cast<float(*)[MTW * 16]>(&sacc[0][0][0]);
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++) {
+                const int mt = w + 4 * mi;
+                float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
+                state_decay(sacc[mi], d0, d1);
+            }
+            wg_keep(sf);
+            wg_fence();
+#pragma unroll
+            for (int mi = 0; mi < MTW; mi++)
+#pragma unroll
+                for (int kc = 0; kc < CH / 16; kc++)
+                    wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(sf);
+            nb_sync(1, 128); /* every warp's reads of this stage done before a later stage() refills it */
+        }
+        state_store<MT>(sacc, S, true, w, g, tq, j0, dk, dv);
+    } else {
+        /* ---- warpgroup 1: the outputs, a chunk behind at most ---- */
+        auto stage = [&](int b, int c) { /* q~ and Aqk of chunk c */
+            if (t7 == 0) {
+                const size_t ch = (size_t)c * H + h;
+                const int row = (int)(ch * CH);
+                __nv_bfloat16 *Qt = (__nv_bfloat16 *)(oring + b * BS_ORB), *Aq = Qt + CH * DKP;
+                mbar_expect_tx(&ofull[b], (unsigned)BS_ORB);
+                tma_g2s_2d(Qt, &bm.qt, 0, row, &ofull[b]);
+                tma_g2s_2d(Qt + CH * 64, &bm.qt, 64, row, &ofull[b]);
+                tma_g2s_2d(Aq, &bm.aq, 0, row, &ofull[b]);
+            }
+        };
+        for (int s0 = 0; s0 < NS - 1 && s0 < nc; s0++) stage(s0, c0 + s0);
+        for (int cc = 0; cc < nc; cc++) {
+            const int c = c0 + cc, b = cc % NS, sl = cc & 1;
+            const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+            /* the buffer of chunk cc - 1, whose products completed (a warpgroup's wgmma completes
+             * as a whole, so this warp's wait covered every warp's reads) */
+            if (cc + NS - 1 < nc) stage((cc + NS - 1) % NS, c + NS - 1);
+            const __nv_bfloat16 *Qt = (const __nv_bfloat16 *)(oring + b * BS_ORB), *Aq = Qt + CH * DKP;
+            __nv_bfloat16 *SbT = slotS(sl), *UT = slotU(sl);
+            mbar_wait(&ofull[b], (unsigned)(cc / NS) & 1u);
+            mbar_wait(&ready[sl], (unsigned)(cc / 2) & 1u);
+            float oacc[4][4];
+            float(&of)[16] = *reinterpret_cast<float(*)[16]>(&oacc[0][0]);
+            frag_zero(oacc);
+            wg_keep(of);
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < DKP / 16; kc++)
+                wg_mma32(oacc, wg_desc(Qt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
+                         wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
+#pragma unroll
+            for (int kc = 0; kc < CH / 16; kc++) wg_mma32(oacc, wg_desc(Aq + kc * 16), wg_desc(UT + kc * 16), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(of);
+            if (t7 == 0) mbar_arrive(&sempty[sl]); /* the slot is free for chunk cc + 2 */
+            chunkb_store_o<4>(oacc, a, tok0, len, h, H, dv, j0, w, g, tq);
+        }
+    }
+#endif
+}
+
 /* ---- fused GLA prefill: kernels A and B in one, the same bits ----
  * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
  * order with the state in fp32 mma accumulators (kernel B's layout: each group of 4 warps owns
@@ -1311,8 +1493,11 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
         const int tm = ca.dv % 4 == 0 && (GDN || ((uintptr_t)ca.v % 16 == 0));
         ChunkBMaps bm;
         memset(&bm, 0, sizeof bm);
-        if (tm && smem_b_wg(1) <= c->smem_optin && chunkb_maps(&bm, ca, GDN))
+        if (tm && smem_b_wg(1) <= c->smem_optin && chunkb_maps(&bm, ca, GDN)) {
+            if (c->chunk_b_ws && smem_b_ws(GDN) <= c->smem_optin)
+                return cu_launch_dyn(c, k_chunk_b_ws<GDN>, grid, 256, smem_b_ws(GDN), ca, bm);
             return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(1), ca, bm);
+        }
         if (smem_b_wg(0) <= c->smem_optin)
             return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0>, grid, 128, smem_b_wg(0), ca, bm);
     }
