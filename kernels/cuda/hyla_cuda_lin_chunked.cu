@@ -1656,7 +1656,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     int split = 0;
     if (fused) {
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
-        split = NC > 4 * nseq && blocks < (size_t)c->sm_count / (gdn ? 4 : 2);
+        split = NC > 4 * nseq && blocks < (c->split_below ? (size_t)c->split_below : (size_t)c->sm_count / (gdn ? 4 : 2));
         if (!gdn && rm) split = 0;
         if (!split && !gdn)
             return dkp_dispatch<128>(dkp, [&](auto D) { return launch_gla_fused<decltype(D)::value>(c, ca, nseq); });
