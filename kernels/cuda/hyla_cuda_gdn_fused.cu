@@ -36,12 +36,19 @@
 #define FU_T 512
 
 /* -DHYLA_FUSED_PROFILE (diagnostic builds only): block (0,0,0) records clock64() at the phase
- * boundaries of its chunk 20 and the first such launch prints them. */
+ * boundaries of its chunk 20 and the first such launch prints them; in the split form's chunk
+ * part (MODE 1) thread 0 of block (0,0,0) sums each interval over its run of chunks instead and
+ * the first launch prints the means a chunk. */
 #ifdef HYLA_FUSED_PROFILE
 __device__ long long g_fprof_t[20];
-__device__ int g_fprof_once;
+__device__ int g_fprof_once, g_fprof_m1_once;
 #define FPROF(k)                                                                                                       \
-    if (!MODE && cc == 20 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64();
+    if (!MODE && cc == 20 && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) g_fprof_t[k] = clock64(); \
+    if (MODE && fp1) {                                                                                                 \
+        long long t_ = clock64();                                                                                      \
+        fp1_acc[k] += t_ - fp1_last;                                                                                   \
+        fp1_last = t_;                                                                                                 \
+    }
 #else
 #define FPROF(k)
 #endif
@@ -324,6 +331,10 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     float sacc[MTW][4][4];
     state_load<MT>(sacc, S, !MODE, wq, g, tq, j0, dk, dv);
     if (!WS) stage(c0);
+#ifdef HYLA_FUSED_PROFILE
+    const bool fp1 = MODE && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+    long long fp1_acc[12] = {0}, fp1_last = clock64();
+#endif
     /* WS (96 registers with 17 warps): the thread's indices are re-derived at each chunk and made
      * opaque at the phase starts, so the compiler recomputes the per-lane fragment addresses there
      * instead of keeping ~20 of them live (spilled) through the chunk loop */
@@ -552,6 +563,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
                     if (jb + jj < dv) uo[(size_t)t * dv + jb + jj] = U0t[t * L::U0LD + jj];
                 }
             }
+            FPROF(9);
             continue; /* the next chunk's staging is in flight since (e); the loop's barrier
                        * keeps its tiles until every thread has copied these out */
         }
@@ -664,6 +676,15 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
         asm volatile("" : "+l"(Sv));
         S = Sv[z] + (size_t)h * dk * dv;
     }
+#ifdef HYLA_FUSED_PROFILE
+    if (fp1 && atomicAdd(&g_fprof_m1_once, 1) == 0) {
+        const double n = nc;
+        printf("chunk part profile (k_gdn_fused MODE 1, cycles per chunk, mean of %d chunks): wait %.0f decay+cvt %.0f "
+               "kk/qk %.0f inv+tiles %.0f stage %.0f fs-load %.0f fs-subst %.0f fs-wait %.0f write-out %.0f\n",
+               nc, fp1_acc[1] / n, fp1_acc[2] / n, fp1_acc[3] / n, fp1_acc[4] / n, fp1_acc[5] / n, fp1_acc[6] / n,
+               fp1_acc[7] / n, fp1_acc[8] / n, fp1_acc[9] / n);
+    }
+#endif
     if (MODE) return;
     state_store<MT>(sacc, S, !MODE, wq, g, tq, j0, dk, dv);
 #ifdef HYLA_FUSED_PROFILE

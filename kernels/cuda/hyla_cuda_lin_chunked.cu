@@ -1375,6 +1375,9 @@ struct GlaTilesSmem {
     static constexpr size_t TOTAL = STG + QT + KT + AQ + (size_t)DKP * 4 + (size_t)CH * 4;
 };
 
+#ifdef HYLA_FUSED_PROFILE
+__device__ int g_gprof_once;
+#endif
 template <int DKP>
 __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
     typedef GlaTilesSmem<DKP> L;
@@ -1417,16 +1420,32 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
         }
     };
     if (nc > 0) stage(c0);
+#ifdef HYLA_FUSED_PROFILE /* thread 0 of block (0,0): cycles a chunk by phase, the first launch prints */
+    const bool gp = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0;
+    long long gacc[5] = {0, 0, 0, 0, 0}, glast = clock64();
+#define GPROF(k)                                                                                                       \
+    if (gp) {                                                                                                          \
+        long long t_ = clock64();                                                                                      \
+        gacc[k] += t_ - glast;                                                                                         \
+        glast = t_;                                                                                                    \
+    }
+#else
+#define GPROF(k)
+#endif
     for (int cc = 0; cc < nc; cc++) {
         const int c = c0 + cc;
         const size_t ch = (size_t)c * H + h;
         if (a.fvec) cp_async_wait<0>();
         __syncthreads(); /* the rows landed; the previous chunk's tiles are copied out */
+        GPROF(0);
         if (tid < DKP) gla_cumdecay<DKP>(Gst, dec, tid);
         __syncthreads();
+        GPROF(1);
         gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
         __syncthreads(); /* the tiles are formed and the staging (and wr) is free */
+        GPROF(2);
         if (cc + 1 < nc) stage(c + 1);
+        GPROF(3);
         __nv_bfloat16 *qo = a.qt + ch * CH * DKP, *ko = a.ktT + ch * DKP * CH, *ao = a.aqk + ch * CH * CH;
         for (int x = tid; x < CH * DKP / 8; x += FG_T) {
             const int t = x / (DKP / 8), i = (x % (DKP / 8)) * 8;
@@ -1441,7 +1460,16 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
             *(uint4 *)(ao + r * CH + t) = *(const uint4 *)(Aq + r * 72 + t);
         }
         for (int i = tid; i < DKP; i += FG_T) a.dec[ch * DKP + i] = dec[i];
+        GPROF(4);
     }
+#ifdef HYLA_FUSED_PROFILE
+    if (gp && nc > 0 && atomicAdd(&g_gprof_once, 1) == 0)
+        printf("GLA chunk kernel profile (k_gla_chunk_f<%d>, cycles per chunk, mean of %d chunks): wait %.0f "
+               "cumdecay %.0f tiles %.0f stage %.0f write-out %.0f\n",
+               DKP, nc, (double)gacc[0] / nc, (double)gacc[1] / nc, (double)gacc[2] / nc, (double)gacc[3] / nc,
+               (double)gacc[4] / nc);
+#endif
+#undef GPROF
 }
 
 /* ================================================================ host side */
