@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "hyla_cuda_linattn.cuh"
+#include "hyla_cuda_tma.cuh"
 
 /* ---- fused GDN prefill: kernels A and B in one ----
  * One block of 16 warps per (sequence, head, 128 value columns) walks the sequence's chunks in
@@ -80,7 +81,7 @@ struct FusedSmem {
     /* WS: the O tile [64][128] fp32 of the chunk spans OPAD (a pad before T), T and R2 up to UT */
     static constexpr size_t OB = (size_t)CH * 128 * 4;
     static constexpr size_t OPAD = WS && OB > AQ + UTOFF ? OB - AQ - UTOFF : 0;
-    static constexpr size_t SM = (size_t)6 * CH * 4; /* bc be fq fm fk dec */
+    static constexpr size_t SM = (size_t)6 * CH * 4 + 16; /* bc be fq fm fk dec, an mbarrier */
     static constexpr size_t TOTAL = STG + R1 + QB + KT + 2 * AQ + OPAD + R2 + SM;
     static_assert(UTOFF >= (size_t)CH * LDK * 2, "UT overlaps W");
     static_assert(!WS || OPAD + AQ + UTOFF >= OB, "O tile overlaps UT");
@@ -208,9 +209,20 @@ __device__ __forceinline__ void fu_producer(const ChunkArgs &a, float *Kst, floa
     }
 }
 
-template <int DKP, int MODE, int WS = 0>
-__global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
+/* The split form's chunk part may take its rows by the copy engine (M = FuMaps: tensor maps over
+ * q, k, v, boxes of one head's 64 rows, one mbarrier) instead of per-thread cp.async pieces
+ * (M = FuNoMaps, every other form). */
+struct FuNoMaps {
+    int unused;
+};
+struct FuMaps {
+    CUtensorMap q, k, v;
+};
+
+template <int DKP, int MODE, int WS = 0, class M = FuNoMaps>
+__global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a, const __grid_constant__ M tmaps) {
     static_assert(!(MODE && WS), "the WS form is the fused pass only");
+    constexpr bool TMA = std::is_same<M, FuMaps>::value;
     typedef FusedSmem<DKP, WS> L;
     constexpr int WT = FU_WTN(WS); /* threads at the producer/compute handshakes */
     constexpr int LDK = L::LDK, LDV = L::LDV, MT = DKP / 16, MTW = (MT + 3) / 4, NB = DKP / 16;
@@ -236,6 +248,7 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     __nv_bfloat16 *Wb = (__nv_bfloat16 *)sp_, *UTall = (__nv_bfloat16 *)(sp_ + L::UTOFF);
     sp_ += L::R2;
     float *bc = (float *)sp_, *be = bc + CH, *fq = be + CH, *fm = fq + CH, *fk = fm + CH, *decp = fk + CH;
+    uint64_t *stg_bar = (uint64_t *)(bc + 6 * CH); /* TMA: the staging's rows landed */
 
     /* (not const: the WS form re-derives them per phase, see FU_REFRESH) */
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -271,6 +284,23 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     };
     auto stage = [&](int c) {
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
+        if constexpr (TMA) { /* q, k, v by three boxes; rows past len zeroed at (a) */
+            if (tid == 0) {
+                mbar_expect_tx(stg_bar, (unsigned)(CH * (2 * DKP + 128) * 4));
+                tma_g2s_3d(Qst, &tmaps.q, 0, h, tok0, stg_bar);
+                tma_g2s_3d(Kst, &tmaps.k, 0, h, tok0, stg_bar);
+                tma_g2s_3d(Vst, &tmaps.v, jb, h, tok0, stg_bar);
+            }
+            if (tid < CH) {
+                const int t = tid;
+                const bool ok = t < len;
+                cp_async4(Gst + t, ok ? a.ga + (size_t)(tok0 + t) * H + h : a.ga, ok ? 4 : 0);
+                cp_async4(Bst + t, ok ? a.gb + (size_t)(tok0 + t) * H + h : a.gb, ok ? 4 : 0);
+                Wr[t] = ok ? 1.0f : 0.0f;
+            }
+            cp_async_commit();
+            return;
+        }
         if (vec) {
             stage_qk_issue(c);
             for (int x = tid; x < CH * 32; x += FU_T) {
@@ -330,6 +360,13 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
     };
     float sacc[MTW][4][4];
     state_load<MT>(sacc, S, !MODE, wq, g, tq, j0, dk, dv);
+    if constexpr (TMA) {
+        if (tid == 0) {
+            mbar_init(stg_bar, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
     if (!WS) stage(c0);
 #ifdef HYLA_FUSED_PROFILE
     const bool fp1 = MODE && tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
@@ -359,6 +396,19 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a) {
             nb_sync(FU_FULL, WT); /* (a) staging landed, the previous O tile read out */
         } else {
             cp_async_wait<0>();
+            if constexpr (TMA) {
+                mbar_wait(stg_bar, (unsigned)cc & 1u);
+                if (len < CH) { /* rows past the chunk (the next sequence's) read as zero */
+                    constexpr int per = (2 * DKP + 128) / 4;
+                    for (int x = tid; x < (CH - len) * per; x += FU_T) {
+                        const int t = len + x / per, u = x % per;
+                        float *row = u < DKP / 4 ? Qst + t * DKP : u < DKP / 2 ? Kst + t * DKP : Vst + t * 128;
+                        const int off = u < DKP / 4 ? u : u < DKP / 2 ? u - DKP / 4 : u - DKP / 2;
+                        ((float4 *)row)[off] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
+                    fence_proxy_async_smem(); /* before a later chunk's copy into these rows */
+                }
+            }
             __syncthreads(); /* (a) this chunk's staging is visible; the previous chunk's tiles are dead */
         }
         FPROF(1);
@@ -713,6 +763,27 @@ static size_t fused_smem(int dkp) {
     return dkp_dispatch<128>(dkp, [](auto D) { return FusedSmem<decltype(D)::value>::TOTAL; });
 }
 
+/* The chunk part's tensor maps (FuMaps: q, k, v as {columns, head, row}, boxes of one head's 64
+ * rows, DKP key or 128 value columns, out-of-range elements zero); 0 where they cannot be made
+ * (a row map, unaligned rows, no driver encoder): then cp.async pieces. */
+static int fused_maps(FuMaps *m, const ChunkArgs &ca, int dkp) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
+    if (!enc || ca.rsrc || !ca.vec4 || ca.dv % 4 || ca.nrows <= 0 || ca.nrows > 0x7fffffffLL) return 0;
+    const cuuint32_t es[3] = {1, 1, 1};
+    const float *src[3] = {ca.q, ca.k, ca.v};
+    CUtensorMap *dst[3] = {&m->q, &m->k, &m->v};
+    for (int x = 0; x < 3; x++) {
+        const cuuint64_t cols = x < 2 ? (cuuint64_t)ca.dk : (cuuint64_t)ca.dv;
+        const cuuint64_t dim[3] = {cols, (cuuint64_t)ca.H, (cuuint64_t)ca.nrows};
+        const cuuint64_t str[2] = {cols * 4, cols * 4 * (cuuint64_t)ca.H};
+        const cuuint32_t box[3] = {x < 2 ? (cuuint32_t)dkp : 128u, 1u, (cuuint32_t)CH};
+        if (enc(dst[x], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)src[x], dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return 0;
+    }
+    return 1;
+}
+
 /* GDN runs the fused kernel for dk <= 128. The choice depends on the shapes only, so every call
  * of a sequence (and each of its 64-token pieces) takes the same path. */
 extern "C" int cu_gdn_fused_ok(hyla_cuda_ctx *c, int dk) {
@@ -743,13 +814,18 @@ static hyla_status launch_fused_dkp(hyla_cuda_ctx *c, const ChunkArgs &ca, int N
         if (launched) return HYLA_OK;
     }
     if (!split && ca.vec4 && ca.dv % 4 == 0 && ((uintptr_t)ca.o & 15) == 0 && FusedSmem<DKP, 1>::TOTAL <= c->smem_optin)
-        return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 1>, dim3(ncb, ca.H, nseq), FU_WTN(1), FusedSmem<DKP, 1>::TOTAL, ca);
-    if (!split) return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 0>, dim3(ncb, ca.H, nseq), FU_T, sm, ca);
+        return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 1>, dim3(ncb, ca.H, nseq), FU_WTN(1), FusedSmem<DKP, 1>::TOTAL, ca,
+                             FuNoMaps{});
+    if (!split) return cu_launch_dyn(c, k_gdn_fused<DKP, 0, 0>, dim3(ncb, ca.H, nseq), FU_T, sm, ca, FuNoMaps{});
     /* runs of consecutive chunks a block (cu_split_runs; one 32k sequence, 18 heads: 2.06 ms
      * with one chunk a block, 1.96 / 1.94 / 1.92 with runs of 2 / 4 / 8) */
     ChunkArgs cb = ca;
     const unsigned gx = cu_split_runs(c, cb, NC, (size_t)NC * ca.H * ncb);
-    HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0>, dim3(gx, ca.H, ncb), FU_T, sm, cb));
+    FuMaps fmap;
+    if (c->split_tma && fused_maps(&fmap, ca, DKP))
+        HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0, FuMaps>, dim3(gx, ca.H, ncb), FU_T, sm, cb, fmap));
+    else
+        HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0>, dim3(gx, ca.H, ncb), FU_T, sm, cb, FuNoMaps{}));
     return cu_chunk_b_launch(c, ca, nseq, 1);
 }
 
