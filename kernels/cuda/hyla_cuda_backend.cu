@@ -828,12 +828,6 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->attn_split_len = 8192;
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
     c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
-    const char *cbw = getenv("HYLA_CUDA_CHUNK_B_WS");
-    c->chunk_b_ws = !(cbw && !strcmp(cbw, "0"));
-    const char *sb = getenv("HYLA_CUDA_SPLIT_BELOW");
-    c->split_below = sb && *sb ? atoi(sb) : 0;
-    const char *stm = getenv("HYLA_CUDA_SPLIT_TMA");
-    c->split_tma = !(stm && !strcmp(stm, "0"));
     const char *gt = getenv("HYLA_CUDA_GLA_TILES");
     c->gla_tiles = !(gt && !strcmp(gt, "0"));
     const char *aw2 = getenv("HYLA_CUDA_ATTN_WG2");

@@ -822,7 +822,7 @@ static hyla_status launch_fused_dkp(hyla_cuda_ctx *c, const ChunkArgs &ca, int N
     ChunkArgs cb = ca;
     const unsigned gx = cu_split_runs(c, cb, NC, (size_t)NC * ca.H * ncb);
     FuMaps fmap;
-    if (c->split_tma && fused_maps(&fmap, ca, DKP))
+    if (fused_maps(&fmap, ca, DKP))
         HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0, FuMaps>, dim3(gx, ca.H, ncb), FU_T, sm, cb, fmap));
     else
         HYLA_TRY(cu_launch_dyn(c, k_gdn_fused<DKP, 1, 0>, dim3(gx, ca.H, ncb), FU_T, sm, cb, FuNoMaps{}));

@@ -133,9 +133,6 @@ typedef struct hyla_cuda_ctx {
     int gemm_wg_min_env;    /* gemm_wg_min came from the environment (the setter leaves it) */
     int gemm_wgp;           /* k_gemm_wgp (producer warp) from 65 rows (HYLA_CUDA_GEMM_WGP=0: k_gemm_wg only) */
     int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (Hopper; HYLA_CUDA_CHUNK_B_WG=0: off) */
-    int chunk_b_ws;         /* probe: kernel B's outputs in a warpgroup of their own (HYLA_CUDA_CHUNK_B_WS=0: off) */
-    int split_below;        /* probe: split form below this many blocks (HYLA_CUDA_SPLIT_BELOW; 0: by SM count) */
-    int split_tma;          /* probe: the GDN split chunk part's rows by the copy engine (HYLA_CUDA_SPLIT_TMA=0: cp.async) */
     int gla_tiles;          /* GLA's split form: k_gla_chunk_f for dk <= 128 (HYLA_CUDA_GLA_TILES=0: k_gla_chunk_a) */
 } hyla_cuda_ctx;
 #define HYLA_CU_SK_COUNTS 65536

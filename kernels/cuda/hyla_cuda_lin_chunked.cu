@@ -860,7 +860,8 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
  * order into a zeroed accumulator: k_chunk_b_wg's bits) and stores it, a chunk behind at most.
  * Each warpgroup has its own ring of three stages by the copy engine (W, k̃ᵀ, the U source and
  * the decays; q̃ and Aqk), two chunks ahead. mbarriers: the rings' tiles landed; a slot ready
- * (warpgroup 0 -> 1) and free again (1 -> 0). 220 KB, one block per SM. */
+ * (warpgroup 0 -> 1) and free again (1 -> 0). 225 KB, one block per SM. Launched for GDN only
+ * (launch_b says why). */
 #define BS_SRB(gdn) ((size_t)((gdn) ? CH * 128 * 2 : 0) + 128 * CH * 2 + BW_U_BYTES + 1024)
 #define BS_ORB ((size_t)CH * 128 * 2 + CH * CH * 2)
 #define BS_SLOT ((size_t)32 * 128 * 2 + 32 * CH * 2)
@@ -1485,7 +1486,8 @@ static size_t smem_a_gla(int dkp) { return (size_t)CH * dkp * 4 + (size_t)2 * 4 
  * encoder is missing or a map cannot be made (then the cp.async forms). */
 static int chunkb_maps(ChunkBMaps *m, const ChunkArgs &ca, int gdn) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
-    if (!enc || ca.nch <= 0 || ca.nch * 128 > 0x7fffffffLL) return 0;
+    const long long nch = (long long)ca.split_nc * ca.H; /* (chunk, head) tiles in the scratch */
+    if (!enc || nch <= 0 || nch * 128 > 0x7fffffffLL) return 0;
     if (!gdn && (ca.nrows <= 0 || ca.nrows > 0x7fffffffLL)) return 0;
     const cuuint32_t es[3] = {1, 1, 1};
     auto map2 = [&](CUtensorMap *dst, CUtensorMapDataType ty, const void *base, cuuint64_t cols, cuuint64_t rows,
@@ -1495,9 +1497,9 @@ static int chunkb_maps(ChunkBMaps *m, const ChunkArgs &ca, int gdn) {
         return enc(dst, ty, 2, (void *)base, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
-    const cuuint64_t rows = (cuuint64_t)ca.nch * CH;
+    const cuuint64_t rows = (cuuint64_t)nch * CH;
     const CUtensorMapDataType BF = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, F32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-    if (!map2(&m->qt, BF, ca.qt, 128, rows, 2, 64, CH) || !map2(&m->kt, BF, ca.ktT, CH, (cuuint64_t)ca.nch * 128, 2, 64, 128) ||
+    if (!map2(&m->qt, BF, ca.qt, 128, rows, 2, 64, CH) || !map2(&m->kt, BF, ca.ktT, CH, (cuuint64_t)nch * 128, 2, 64, 128) ||
         !map2(&m->aq, BF, ca.aqk, CH, rows, 2, 64, CH))
         return 0;
     if (gdn) return map2(&m->wt, BF, ca.wt, 128, rows, 2, 64, CH) && map2(&m->u, F32, ca.u0, ca.dv, rows, 4, 32, CH);
@@ -1510,7 +1512,11 @@ static int chunkb_maps(ChunkBMaps *m, const ChunkArgs &ca, int gdn) {
 #endif
 
 /* Kernel B on warpgroup products where c->chunk_b_wg (Hopper, unless HYLA_CUDA_CHUNK_B_WG=0) and
- * the keys pad to 128; else k_chunk_b in blocks of 32 value columns. The same bits. (Blocks of 16
+ * the keys pad to 128; else k_chunk_b in blocks of 32 value columns. The same bits. GDN with
+ * tensor maps takes k_chunk_b_ws (H100, one sequence of 18 heads: 1.54 -> 1.46 ms at 32k, 6.00
+ * -> 5.62 ms at 128k); GLA keeps k_chunk_b_wg, which measured level at 32k and 2 % faster at 128k
+ * (1.43 / 5.51 against 1.43 / 5.60 ms): its chain is shorter (no W S), so a second warpgroup
+ * buys less than its hand-over costs. (Blocks of 16
  * columns, for a tensor-parallel rank's few heads, were slower in the model: 154 k against 167 k
  * tok/s at 128k, and left for the lab's notes.) */
 template <int DKP, int GDN, int ST>
@@ -1522,8 +1528,9 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
         ChunkBMaps bm;
         memset(&bm, 0, sizeof bm);
         if (tm && smem_b_wg(1) <= c->smem_optin && chunkb_maps(&bm, ca, GDN)) {
-            if (c->chunk_b_ws && smem_b_ws(GDN) <= c->smem_optin)
-                return cu_launch_dyn(c, k_chunk_b_ws<GDN>, grid, 256, smem_b_ws(GDN), ca, bm);
+            if constexpr (GDN != 0)
+                if (smem_b_ws(GDN) <= c->smem_optin)
+                    return cu_launch_dyn(c, k_chunk_b_ws<GDN>, grid, 256, smem_b_ws(GDN), ca, bm);
             return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(1), ca, bm);
         }
         if (smem_b_wg(0) <= c->smem_optin)
@@ -1676,15 +1683,17 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
      * sequences are few and long: fewer (sequence, head, value block) blocks than a quarter of
      * the SMs (GLA: half) and more than 4 chunks per sequence on average. Both give the same
      * bits. H100, one run: one 8k sequence of 16 heads, dv = 128 (16 blocks) takes 0.63 ms split
-     * and 0.93 ms fused, while the 1.68B GDN model (18 heads of dv = 256: 36 blocks) prefills 32k
-     * tokens in 0.327 s fused and 0.343 s split (kernels/cuda/dev/NOTES.md). GLA: the fused
+     * and 0.93 ms fused, while the 1.68B GDN model (18 heads of dv = 256: 36 blocks) prefilled 32k
+     * tokens in 0.327 s fused and 0.343 s split (kernels/cuda/dev/NOTES.md); with kernel B's
+     * outputs in a warpgroup of their own and the chunk part's rows by the copy engine the two
+     * are level (118-119 k tok/s at 32k and 128k), so the bound stays. GLA: the fused
      * pass, or kernels A and B in the split case (the same bits again); with a row map always
      * the fused pass (kernel B reads v by packed row). */
     const int fused = cu_lin_fused_ok(c, gdn, dk);
     int split = 0;
     if (fused) {
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
-        split = NC > 4 * nseq && blocks < (c->split_below ? (size_t)c->split_below : (size_t)c->sm_count / (gdn ? 4 : 2));
+        split = NC > 4 * nseq && blocks < (size_t)c->sm_count / (gdn ? 4 : 2);
         if (!gdn && rm) split = 0;
         if (!split && !gdn)
             return dkp_dispatch<128>(dkp, [&](auto D) { return launch_gla_fused<decltype(D)::value>(c, ca, nseq); });
@@ -1711,7 +1720,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     ca.u0 = (float *)p;
     p += AL(sz_u0);
     ca.dec = (float *)p;
-    ca.nch = (long long)nch;
+    ca.split_nc = NC; /* kernel B's tensor maps span the scratch's NC * H tiles */
 #undef AL
     if (split && gdn) return cu_gdn_fused_launch(c, ca, NC, nseq, 1);
     return dkp_dispatch<256>(dkp, [&](auto D) { return launch_chunked<decltype(D)::value>(c, ca, gdn, NC, nseq, dvp); });

@@ -42,9 +42,9 @@ struct ChunkArgs {
     int rdense, rK;
     const float *rw, *q2, *k2, *g2, *b2;
     long long nrows; /* rows of q, k, v (0: not known) */
-    /* the split form's chunk parts (k_gdn_fused MODE 1): chunks per block, chunks in all */
+    /* the split form: chunks per block of the chunk parts (k_gdn_fused MODE 1, k_gla_chunk_f),
+     * chunks in all (the scratch holds split_nc * H (chunk, head) tiles) */
     int split_cpb, split_nc;
-    long long nch; /* (chunk, head) tiles in the scratch (NC * H) */
 };
 
 /* Source of packed row r: token index, sparse or not, weight (1 for dense rows: x * 1.0f == x). */
