@@ -428,6 +428,15 @@ typedef struct hyla_ops {
      * to upload. */
     hyla_status (*upload_begin)(void *ctx, int n, void *const *dst, const void *const *host_src, const size_t *bytes,
                                 hyla_capture **out);
+
+    /* ---- GDN decode from the raw projections (NULL in a backend that lacks it: the mixer runs the
+     * three ops) ----
+     * Bit for bit l2norm_rows of q's and k's B * H rows (eps), gdn_gates(a, H, b, H, A_log, dt_bias,
+     * a, b, B, H, allow_neg) and gdn_decode, in one kernel where the shape allows. q, k, a, b are
+     * scratch: they may be left as they came or overwritten by the normalised rows and the gates. */
+    hyla_status (*gdn_decode_raw)(void *ctx, float *q, float *k, const float *v, float *a, float *b, const float *A_log,
+                                  const float *dt_bias, int allow_neg, float eps, int B, int H, int dk, int dv,
+                                  float scale, float *const *S, float *o);
 } hyla_ops;
 
 typedef struct {

@@ -1481,6 +1481,70 @@ static void case_lin_decode(const op_case *c) {
     free(Sg);
 }
 
+/* gdn_decode_raw, p = {B, H, dk, dv}: the op from the raw projections (the L2 norms of q and k,
+ * the gates and the recurrence, in one kernel where the shape allows) against l2norm_rows,
+ * gdn_gates and gdn_decode on the GPU, bit for bit: o and the states over three steps, with the
+ * ops logged for graphs and run eagerly. dk % 4 != 0 and batches over 32 take the three ops inside
+ * the op. */
+static void case_gdn_decode_raw(const op_case *c) {
+    const int B = c->p[0], H = c->p[1], dk = c->p[2], dv = c->p[3];
+    const size_t nqk = (size_t)B * H * dk, nv = (size_t)B * H * dv, ns = (size_t)H * dk * dv, ng = (size_t)B * H;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float *Alog = randn((size_t)H, 0.5f), *dtb = randn((size_t)H, 0.5f);
+    void *dA = dev(gpu, Alog, (size_t)H * 4), *ddt = dev(gpu, dtb, (size_t)H * 4);
+    for (int graphs = 1; graphs >= 0; graphs--) {
+        CHECK_OK(hyla_cuda_set_graphs(gpu, graphs));
+        float **S1 = malloc((size_t)B * sizeof *S1), **S2 = malloc((size_t)B * sizeof *S2);
+        for (int b = 0; b < B; b++) {
+            float *s0 = randn(ns, 0.3f);
+            S1[b] = dev(gpu, s0, ns * 4);
+            S2[b] = dev(gpu, s0, ns * 4);
+            free(s0);
+        }
+        for (int step = 0; step < 3; step++) {
+            const int allow_neg = step == 2;
+            float *q = randn(nqk, 1.0f), *k = randn(nqk, 1.0f), *v = randn(nv, 1.0f), *a = randn(ng, 2.0f),
+                  *b = randn(ng, 2.0f);
+            if (step == 1) a[0] = 30.0f; /* softplus's linear branch */
+            float *q1 = dev(gpu, q, nqk * 4), *k1 = dev(gpu, k, nqk * 4), *a1 = dev(gpu, a, ng * 4),
+                  *b1 = dev(gpu, b, ng * 4), *q2 = dev(gpu, q, nqk * 4), *k2 = dev(gpu, k, nqk * 4),
+                  *a2 = dev(gpu, a, ng * 4), *b2 = dev(gpu, b, ng * 4), *dv_ = dev(gpu, v, nv * 4),
+                  *o1 = dev(gpu, NULL, nv * 4), *o2 = dev(gpu, NULL, nv * 4);
+            CHECK_OK(gpu->ops->l2norm_rows(gpu->ctx, q1, B * H, dk, 1e-6f));
+            CHECK_OK(gpu->ops->l2norm_rows(gpu->ctx, k1, B * H, dk, 1e-6f));
+            CHECK_OK(gpu->ops->gdn_gates(gpu->ctx, a1, H, b1, H, dA, ddt, a1, b1, B, H, allow_neg));
+            CHECK_OK(gpu->ops->gdn_decode(gpu->ctx, q1, k1, dv_, a1, b1, B, H, dk, dv, scale, S1, o1));
+            CHECK_OK(gpu->ops->gdn_decode_raw(gpu->ctx, q2, k2, dv_, a2, b2, dA, ddt, allow_neg, 1e-6f, B, H, dk, dv,
+                                              scale, S2, o2));
+            CHECK_MSG(same_bits(gpu, o1, o2, nv * 4),
+                      "gdn_decode_raw B=%d H=%d dk=%d dv=%d step %d (graphs %d): o == l2norm_rows, gdn_gates, "
+                      "gdn_decode (bits)", B, H, dk, dv, step, graphs);
+            float *ptrs[] = {q1, k1, a1, b1, q2, k2, a2, b2, dv_, o1, o2};
+            for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) dfree(gpu, ptrs[i]);
+            free(q);
+            free(k);
+            free(v);
+            free(a);
+            free(b);
+        }
+        int same = 1;
+        for (int b = 0; b < B; b++) {
+            same &= same_bits(gpu, S1[b], S2[b], ns * 4);
+            dfree(gpu, S1[b]);
+            dfree(gpu, S2[b]);
+        }
+        CHECK_MSG(same, "gdn_decode_raw B=%d H=%d dk=%d dv=%d (graphs %d): states == the three ops' (bits)", B, H, dk,
+                  dv, graphs);
+        free(S1);
+        free(S2);
+    }
+    CHECK_OK(hyla_cuda_set_graphs(gpu, 1));
+    dfree(gpu, dA);
+    dfree(gpu, ddt);
+    free(Alog);
+    free(dtb);
+}
+
 /* ---------------------------------------------------------------- SSE */
 
 /* Route logits with a clear winner per token so CPU and GPU pick the same partitions. */
@@ -2623,6 +2687,11 @@ static const op_case cases[] = {
     {"gla_decode", case_lin_decode, {0, 2, 2, 160, 48}},
     {"gdn_decode", case_lin_decode, {1, 5, 4, 128, 128}},
     {"gdn_decode", case_lin_decode, {1, 3, 2, 64, 30}},
+    {"gdn_decode_raw", case_gdn_decode_raw, {1, 18, 128, 256}},
+    {"gdn_decode_raw", case_gdn_decode_raw, {32, 9, 128, 256}},
+    {"gdn_decode_raw", case_gdn_decode_raw, {64, 9, 128, 256}},
+    {"gdn_decode_raw", case_gdn_decode_raw, {5, 4, 64, 128}},
+    {"gdn_decode_raw", case_gdn_decode_raw, {3, 2, 30, 40}},
     /* {gdn} */
     {"prefill varlen", case_varlen, {0}},
     {"prefill varlen", case_varlen, {1}},

@@ -657,12 +657,10 @@ __global__ void k_gdn_gates(const float *a, int a_stride, const float *b, int b_
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
         I r = i / (I)H;
         int h = (int)(i - r * (I)H);
-        float av = a[r * (I)a_stride + h], bv = b[r * (I)b_stride + h];
-        float x = av + dt_bias[h];
-        float sp = x > 20.0f ? x : log1pf(expf(x));
-        g[i] = -expf(A_log[h]) * sp;
-        float s = 1.0f / (1.0f + expf(-bv));
-        beta[i] = allow_neg ? 2.0f * s : s;
+        float gv, bt;
+        gdn_gate_vals(a[r * (I)a_stride + h], b[r * (I)b_stride + h], A_log[h], dt_bias[h], allow_neg, gv, bt);
+        g[i] = gv;
+        beta[i] = bt;
     }
 }
 

@@ -198,9 +198,15 @@ static void lin_io_set(ga_lin_io *io, int gdn, const float *q, const float *k, c
 struct ga_lin_decode { /* state pointers (float * [B]) are the data */
     ga_lin_io io;
     int32_t B, states16;
+    int32_t raw, allow_neg; /* raw: cu_gdn_decode_raw's fused form (ga, gb: the projections a, b) */
+    float eps;
+    const float *A_log, *dt_bias;
 };
 static hyla_status replay_lin_decode(hyla_cuda_ctx *c, const ga_lin_decode &a, const void *d) {
     const ga_lin_io &x = a.io;
+    if (a.raw)
+        return cu_gdn_decode_raw_dev(c, x.q, x.k, x.v, x.ga, x.gb, a.A_log, a.dt_bias, a.allow_neg, a.eps, a.B, x.H,
+                                     x.dk, x.dv, x.scale, (float *const *)d, x.o);
     return cu_lin_decode_dev(c, x.gdn, x.q, x.k, x.v, x.ga, x.gb, a.B, x.H, x.dk, x.dv, x.scale, (float *const *)d,
                              a.states16, x.o);
 }
@@ -887,6 +893,7 @@ static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const f
     lin_io_set(&a->io, gdn, q, k, v, ga, gb, H, dk, dv, scale, o);
     a->B = B;
     a->states16 = cu_states16(S, B);
+    a->raw = 0;
     memcpy(d, S, (size_t)B * sizeof(float *));
     return HYLA_OK;
 }
@@ -904,6 +911,33 @@ static hyla_status g_gdn_decode(void *ctx, const float *q, const float *k, const
     CTX;
     if (!LOGGING) return cu_gdn_decode(ctx, q, k, v, g, beta, B, H, dk, dv, scale, S, o);
     return lin_decode(c, 1, q, k, v, g, beta, B, H, dk, dv, scale, S, o);
+}
+
+static hyla_status g_gdn_decode_raw(void *ctx, float *q, float *k, const float *v, float *ga, float *gb,
+                                    const float *A_log, const float *dt_bias, int allow_neg, float eps, int B, int H,
+                                    int dk, int dv, float scale, float *const *S, float *o) {
+    CTX;
+    if (!LOGGING) return cu_gdn_decode_raw(ctx, q, k, v, ga, gb, A_log, dt_bias, allow_neg, eps, B, H, dk, dv, scale, S, o);
+    if (B <= 0) return HYLA_OK;
+    if (!cu_gdn_decode_raw_ok(q, k, v, o, B, H, dk, dv, cu_states16(S, B))) { /* the three ops, logged */
+        HYLA_TRY(g_l2norm_rows(ctx, q, B * H, dk, eps));
+        HYLA_TRY(g_l2norm_rows(ctx, k, B * H, dk, eps));
+        HYLA_TRY(g_gdn_gates(ctx, ga, H, gb, H, A_log, dt_bias, ga, gb, B, H, allow_neg));
+        return g_gdn_decode(ctx, q, k, v, ga, gb, B, H, dk, dv, scale, S, o);
+    }
+    ga_lin_decode *a;
+    void *d;
+    HYLA_TRY(log_lin_decode(c->graphs, (size_t)B * sizeof(float *), &a, &d));
+    lin_io_set(&a->io, 1, q, k, v, ga, gb, H, dk, dv, scale, o);
+    a->B = B;
+    a->states16 = 1;
+    a->raw = 1;
+    a->allow_neg = allow_neg;
+    a->eps = eps;
+    a->A_log = A_log;
+    a->dt_bias = dt_bias;
+    memcpy(d, S, (size_t)B * sizeof(float *));
+    return HYLA_OK;
 }
 
 static hyla_status g_sse_route(void *ctx, const float *logits, int n, int N, int K, int32_t *idx, float *w) {
@@ -1335,6 +1369,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     cu_ssd_skip,
     /* asynchronous upload (hyla_cuda_pool.cu) */
     f_upload_begin,
+    /* GDN decode from the raw projections */
+    g_gdn_decode_raw,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

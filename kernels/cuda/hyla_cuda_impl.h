@@ -292,6 +292,14 @@ hyla_status cu_gdn_prefill(void *ctx, const float *q, const float *k, const floa
                            const float *beta, int n, int H, int dk, int dv, float scale, float *S, float *o);
 hyla_status cu_gdn_decode(void *ctx, const float *q, const float *k, const float *v, const float *g,
                           const float *beta, int B, int H, int dk, int dv, float scale, float *const *S, float *o);
+hyla_status cu_gdn_decode_raw(void *ctx, float *q, float *k, const float *v, float *a, float *b, const float *A_log,
+                              const float *dt_bias, int allow_neg, float eps, int B, int H, int dk, int dv, float scale,
+                              float *const *S, float *o);
+int cu_gdn_decode_raw_ok(const float *q, const float *k, const float *v, const float *o, int B, int H, int dk, int dv,
+                         int states16);
+hyla_status cu_gdn_decode_raw_dev(hyla_cuda_ctx *c, const float *q, const float *k, const float *v, const float *a,
+                                  const float *b, const float *A_log, const float *dt_bias, int allow_neg, float eps,
+                                  int B, int H, int dk, int dv, float scale, float *const *d_S, float *o);
 hyla_status cu_sse_route(void *ctx, const float *logits, int n, int N, int K, int32_t *idx, float *w);
 hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                            const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
@@ -318,6 +326,12 @@ typedef struct {
     float *const *Sp;
     const int32_t *idx;
     const float *w;
+    /* GDN decode from the raw projections (cu_gdn_decode_raw; 0 elsewhere): q1, k1 are l2-normalised
+     * in the kernel (qk_eps), ga / betaa hold the gate projections a, b, turned into g, beta there
+     * with A_log, dt_bias and allow_neg */
+    int raw, allow_neg;
+    float qk_eps;
+    const float *A_log, *dt_bias;
 } hyla_cu_linrec;
 
 /* A linrec of partition 0 only (plain GLA/GDN: no SSE fields), every other field zero. */

@@ -8,6 +8,7 @@
 #ifndef HYLA_CUDA_LIN_DEC_CUH
 #define HYLA_CUDA_LIN_DEC_CUH
 #include "hyla_cuda_impl.h"
+#include "hyla_cuda_rowmath.cuh"
 
 /* The state Sg a recurrent block updates in slot `slot` of session b, head h: slot 0 the
  * session's own state S0; slot 1 + q (SSE) partition part = idx[b][q] with route weight wfix
@@ -76,7 +77,13 @@ __device__ __forceinline__ void dec_sum8(float (&sum)[VW], const float (*buf)[32
     }
 }
 
-template <int R, int VW, int MINB>
+/* RAW (GDN without SSE partitions, dk % 4 == 0, dk <= 512, q and k 16-byte aligned: cu_gdn_decode_raw):
+ * q and k arrive as projected and ga / betaa as the gate projections a, b. Warps 0 and 1 take the
+ * L2 norms of the head's q and k rows (l2_inv_warp: k_l2norm_rows's arithmetic) while the state
+ * loads are in flight, and each thread forms g, beta as k_gdn_gates does (gdn_gate_vals), so the
+ * block computes exactly what l2norm_rows, gdn_gates and the plain form compute, without their two
+ * launches or the round trip of q, k, g, beta through memory. */
+template <int R, int VW, int MINB, bool RAW = false>
 __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
     typedef DecVec<VW> V;
     pdl_trigger(); /* launched by cu_launch_pdl in the product: nothing is read before the wait */
@@ -112,9 +119,26 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
         const float *Q = slot ? a.q2 : a.q1, *Kx = slot ? a.k2 : a.k1;
         const float *GA = slot ? a.gb : a.ga, *BE = slot ? a.betab : a.betaa;
         size_t row = (size_t)b;
+        float invq = 1.0f, invk = 1.0f; /* RAW: the rows' inverse L2 norms */
+        if (RAW) {
+            __shared__ float sinv[2];
+            if (w < 2) {
+                const float inv = l2_inv_warp((w ? Kx : Q) + (row * H + h) * dk, dk, a.qk_eps, lane);
+                if (lane == 0) sinv[w] = inv;
+            }
+            __syncthreads();
+            invq = sinv[0];
+            invk = sinv[1];
+        }
         for (int i = threadIdx.x; i < dk; i += 256) {
-            sq[i] = Q[(row * H + h) * dk + i] * wt;
-            sk[i] = Kx[(row * H + h) * dk + i] * wt;
+            if (RAW) { /* the normalised element (x * inv, as k_l2norm_rows stores it), then the weight */
+                const float qn = Q[(row * H + h) * dk + i] * invq, kn = Kx[(row * H + h) * dk + i] * invk;
+                sq[i] = qn * wt;
+                sk[i] = kn * wt;
+            } else {
+                sq[i] = Q[(row * H + h) * dk + i] * wt;
+                sk[i] = Kx[(row * H + h) * dk + i] * wt;
+            }
             if (!a.gdn) sd[i] = expf(GA[(row * H + h) * dk + i]);
         }
         __syncthreads();
@@ -134,8 +158,9 @@ __global__ void __launch_bounds__(256, MINB) k_lin_dec(hyla_cu_linrec a) {
                 }
             }
         } else {
-            float d = expf(GA[row * H + h]);
-            float beta = BE[row * H + h];
+            float gv = GA[row * H + h], beta = BE[row * H + h];
+            if (RAW) gdn_gate_vals(gv, beta, a.A_log[h], a.dt_bias[h], a.allow_neg, gv, beta);
+            float d = expf(gv);
             float pk[VW];
 #pragma unroll
             for (int c = 0; c < VW; c++) pk[c] = 0.0f;

@@ -256,6 +256,11 @@ __global__ void __launch_bounds__(256) k_lin_rec4(hyla_cu_linrec a) {
  * (2.5-2.6 TB/s of state at B = 64; the other forms in kernels/cuda/dev/NOTES.md). */
 static hyla_status launch_dec(hyla_cuda_ctx *c, const hyla_cu_linrec *a, int B, int R) {
     dim3 g(cu_blocks(a->dv, 32 * 2), a->H, B);
+    if (a->raw) { /* cu_gdn_decode_raw */
+        if (R <= 4) return cu_launch_pdl(c, k_lin_dec<4, 2, 2, true>, g, 256, 0, *a);
+        if (R <= 8) return cu_launch_pdl(c, k_lin_dec<8, 2, 2, true>, g, 256, 0, *a);
+        return cu_launch_pdl(c, k_lin_dec<16, 2, 2, true>, g, 256, 0, *a);
+    }
     if (R <= 4)
         return cu_launch_pdl(c, k_lin_dec<4, 2, 2>, g, 256, 0, *a);
     else if (R <= 8)
@@ -311,6 +316,51 @@ extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float 
     hyla_cu_linrec r;
     cu_linrec_plain(&r, gdn, H, dk, dv, scale, 1, q, k, v, ga, gb, o, d_S, states16);
     return cu_lin_recurrent(c, &r, B);
+}
+
+/* GDN decode from the raw projections: the fused kernel where cu_gdn_decode_raw_ok, else
+ * l2norm_rows, gdn_gates and the plain decode, in place on q, k, a, b. The same bits either way.
+ * The fused form takes batches of up to 32 sessions, where a step is bound by its launches: the
+ * 1.68B GDN model on an H100, B = 1 2.005-2.022 -> 1.945-1.986 ms a step; at B = 64 it measured
+ * level (4.73-4.76 ms either way) and at B = 256, a step bound by the state traffic, 12.76-12.82 ->
+ * 13.00-13.19 ms (the norms' barrier before the staging delays every block's update loop). */
+#define GDN_DEC_RAW_MAX_B 32
+extern "C" int cu_gdn_decode_raw_ok(const float *q, const float *k, const float *v, const float *o, int B, int H, int dk,
+                                    int dv, int states16) {
+    return B > 0 && B <= GDN_DEC_RAW_MAX_B && H <= 65535 && dk % 4 == 0 && dk <= 128 && (dk + 7) / 8 <= 16 && dv % 4 == 0 &&
+           states16 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0 &&
+           ((uintptr_t)o & 15) == 0;
+}
+
+extern "C" hyla_status cu_gdn_decode_raw_dev(hyla_cuda_ctx *c, const float *q, const float *k, const float *v,
+                                             const float *a, const float *b, const float *A_log, const float *dt_bias,
+                                             int allow_neg, float eps, int B, int H, int dk, int dv, float scale,
+                                             float *const *d_S, float *o) {
+    hyla_cu_linrec r;
+    cu_linrec_plain(&r, 1, H, dk, dv, scale, 1, q, k, v, a, b, o, d_S, 1);
+    r.raw = 1;
+    r.allow_neg = allow_neg;
+    r.qk_eps = eps;
+    r.A_log = A_log;
+    r.dt_bias = dt_bias;
+    return launch_dec(c, &r, B, (dk + 7) / 8);
+}
+
+extern "C" hyla_status cu_gdn_decode_raw(void *ctx, float *q, float *k, const float *v, float *a, float *b,
+                                         const float *A_log, const float *dt_bias, int allow_neg, float eps, int B,
+                                         int H, int dk, int dv, float scale, float *const *S, float *o) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    if (B <= 0) return HYLA_OK;
+    if (cu_gdn_decode_raw_ok(q, k, v, o, B, H, dk, dv, cu_states16(S, B))) {
+        void *d_s;
+        HYLA_TRY(cu_stage(c, S, (size_t)B * sizeof(float *), &d_s));
+        return cu_gdn_decode_raw_dev(c, q, k, v, a, b, A_log, dt_bias, allow_neg, eps, B, H, dk, dv, scale,
+                                     (float *const *)d_s, o);
+    }
+    HYLA_TRY(cu_l2norm_rows(ctx, q, B * H, dk, eps));
+    HYLA_TRY(cu_l2norm_rows(ctx, k, B * H, dk, eps));
+    HYLA_TRY(cu_gdn_gates(ctx, a, H, b, H, A_log, dt_bias, a, b, B, H, allow_neg));
+    return cu_gdn_decode(ctx, q, k, v, a, b, B, H, dk, dv, scale, S, o);
 }
 
 extern "C" int cu_states16(float *const *S, int B) {

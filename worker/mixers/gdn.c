@@ -134,6 +134,14 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
     }
     /* [GDN-1..3] */
+    if (f->decode && o->gdn_decode_raw) { /* norms, gates and the recurrence in one op (the same bits) */
+        HYLA_MIXER_MARK(f, "gdn: conv");
+        void *const *S = hyla_mixer_gather(f, 0, PART_S);
+        HYLA_TRY(o->gdn_decode_raw(ctx, s.q, s.k, s.v, s.g, s.beta, w->A_log, w->dt_bias, c->allow_neg_eigval, 1e-6f, R,
+                                   H, dk, dv, scale, (float *const *)S, s.o));
+        HYLA_MIXER_MARK(f, "gdn: norms, gates, core");
+        return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
+    }
     HYLA_TRY(o->l2norm_rows(ctx, s.q, 2 * R * H, dk, 1e-6f)); /* q's rows, then k's */
     HYLA_TRY(o->gdn_gates(ctx, s.g, H, s.beta, H, w->A_log, w->dt_bias, s.g, s.beta, R, H, c->allow_neg_eigval));
     HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");
