@@ -606,11 +606,20 @@ __global__ void __launch_bounds__(FU_WTN(WS), 1) k_gdn_fused(ChunkArgs a, const 
                 }
                 if (tid == 0) a.dec[ch * DKP] = decp[0];
             }
-            { /* U0 from the tile (the values the fused pass reads) */
+            { /* U0 from the tile (the values the fused pass reads); 16-byte stores where dv % 4 == 0
+               * (the scratch's tiles start 256-aligned, rows of dv floats, the tile's of 132) */
                 float *uo = a.u0 + ch * CH * dv;
-                for (int x = tid; x < CH * 128; x += FU_T) {
-                    const int t = x >> 7, jj = x & 127;
-                    if (jb + jj < dv) uo[(size_t)t * dv + jb + jj] = U0t[t * L::U0LD + jj];
+                if (dv % 4 == 0) {
+                    for (int x = tid; x < CH * 32; x += FU_T) {
+                        const int t = x >> 5, jj = (x & 31) * 4;
+                        if (jb + jj < dv)
+                            *(float4 *)(uo + (size_t)t * dv + jb + jj) = *(const float4 *)(U0t + t * L::U0LD + jj);
+                    }
+                } else {
+                    for (int x = tid; x < CH * 128; x += FU_T) {
+                        const int t = x >> 7, jj = x & 127;
+                        if (jb + jj < dv) uo[(size_t)t * dv + jb + jj] = U0t[t * L::U0LD + jj];
+                    }
                 }
             }
             FPROF(9);
