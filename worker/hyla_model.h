@@ -28,7 +28,7 @@ struct hyla_mixer; /* hyla_mixer.h */
 #define HYLA_MAX_LAYERS 256
 #define HYLA_PREFILL_CHUNK 64   /* prefill chunks are aligned to absolute positions */
 #define HYLA_PREFILL_PIECE_DEFAULT 1024 /* tokens per prefill forward pass (a multiple of the chunk) */
-#define HYLA_PREFILL_PIECE_MAX 8192
+#define HYLA_PREFILL_PIECE_MAX 32768 /* the largest piece a caller may choose (the default is the backend's) */
 #define HYLA_PIPELINE_PIECE 2048 /* a stage with a downstream: default piece cap, so the stages overlap */
 #define HYLA_KV_PAGE_TOKENS 64  /* tokens per KV page */
 

@@ -814,7 +814,7 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *ge = getenv("HYLA_CUDA_GRAPHS");
     c->graphs_on = !(ge && !strcmp(ge, "0"));
     const char *pb = getenv("HYLA_CUDA_PROMPT_BLOCKS");
-    c->prompt_blocks = pb && atoi(pb) >= 1 && atoi(pb) <= 64 ? atoi(pb) : 8;
+    c->prompt_blocks = pb && atoi(pb) >= 1 && atoi(pb) <= 64 ? atoi(pb) : 32;
     const char *pe = getenv("HYLA_CUDA_PDL");
     c->pdl = !(pe && !strcmp(pe, "0"));
     cu_skinny_cluster_init(c);

@@ -70,7 +70,7 @@ static void usage(FILE *f) {
             "                         (default 2; 1 = off)\n"
             "  --prefill-budget T     prefill tokens per scheduler step while sessions generate (default\n"
             "                         1024); with none generating, a step feeds up to a prefill piece\n"
-            "  --prefill-piece N      prompt tokens per forward pass, a multiple of 64 up to 8192 (default 8192\n"
+            "  --prefill-piece N      prompt tokens per forward pass, a multiple of 64 up to 32768 (default 8192\n"
             "                         on a GPU, 1024 on the CPU, or $HYLA_PREFILL_PIECE; a pipeline stage with\n"
             "                         a next stage caps the default to 2048, so the stages overlap, and any\n"
             "                         piece to the message size)\n"
