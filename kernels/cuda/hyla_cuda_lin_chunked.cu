@@ -1680,20 +1680,21 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     ca.seq_nc = d_nc;
     ca.S = d_S;
     /* fused GDN: one pass, or (split) its chunk part over all chunks then kernel B, where the
-     * sequences are few and long: fewer (sequence, head, value block) blocks than a quarter of
+     * sequences are few and long: fewer (sequence, head, value block) blocks than a third of
      * the SMs (GLA: half) and more than 4 chunks per sequence on average. Both give the same
      * bits. H100, one run: one 8k sequence of 16 heads, dv = 128 (16 blocks) takes 0.63 ms split
      * and 0.93 ms fused, while the 1.68B GDN model (18 heads of dv = 256: 36 blocks) prefilled 32k
-     * tokens in 0.327 s fused and 0.343 s split (kernels/cuda/dev/NOTES.md); with kernel B's
-     * outputs in a warpgroup of their own and the chunk part's rows by the copy engine the two
-     * are level (118-119 k tok/s at 32k and 128k), so the bound stays. GLA: the fused
+     * tokens in 0.327 s fused and 0.343 s split (kernels/cuda/dev/NOTES.md), so the bound was a
+     * quarter of the SMs; since kernel B's outputs have a warpgroup of their own and the chunk
+     * part's rows come by the copy engine, the split form leads at 36 blocks (120.1-120.4 against
+     * 119.0-119.2 k tok/s at 32k, 119.4-119.9 against 119.1 at 128k), so a third. GLA: the fused
      * pass, or kernels A and B in the split case (the same bits again); with a row map always
      * the fused pass (kernel B reads v by packed row). */
     const int fused = cu_lin_fused_ok(c, gdn, dk);
     int split = 0;
     if (fused) {
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
-        split = NC > 4 * nseq && blocks < (size_t)c->sm_count / (gdn ? 4 : 2);
+        split = NC > 4 * nseq && blocks < (size_t)c->sm_count / (gdn ? 3 : 2);
         if (!gdn && rm) split = 0;
         if (!split && !gdn)
             return dkp_dispatch<128>(dkp, [&](auto D) { return launch_gla_fused<decltype(D)::value>(c, ca, nseq); });
