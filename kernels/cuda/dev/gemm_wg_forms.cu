@@ -11,7 +11,8 @@
  * Every form must give the bits of the product's path with the warpgroup form off
  * (HYLA_CUDA_GEMM_WG=0: the skinny kernel / k_gemm_big, which every row alone shares).
  *
- * The streamed form (k_gemm_ps, at most 64 rows) runs the plan's units persistently.
+ * The streamed form (k_gemm_ps, at most 64 rows) runs the plan's units persistently; the runs
+ * form (k_gemm_wgr) gives each block of a cluster a run of consecutive slices.
  * Each timed call streams its weight from memory: the loops cycle through copies of it that
  * together exceed the L2 cache twice (a decode step reads each weight once).
  *
@@ -196,6 +197,152 @@ static hyla_status launch_ps(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, i
     return HYLA_OK;
 }
 
+/* k_gemm_wgr: runs of slices a block (kernels/cuda/dev/NOTES.md "Decode at 64 rows: runs of
+ * slices a block"). The skinny kernel's bits: each slice a zero-started chain of k16 steps, the
+ * slices summed in slice order. A cluster of R blocks per 64 x 128 output tile; block r takes
+ * the run of slices [rG, min(S, (r + 1)G)) and streams its tiles through k_gemm_wgp's ring (a
+ * producer warp, full / empty mbarriers, no block barrier in the loop). Block 0 folds its run as
+ * the whole-K form does (v = p0, v += p1, ...: the prefix of the slice-order sum); the others
+ * keep each slice's partial tile in shared memory. After the cluster barrier each block sums
+ * its share of the tile's outputs: block 0's fold, then p_G ... p_(S-1) in order, from the
+ * owners' shared memory. */
+template <int ST, int GMAX>
+struct WgrCfg {
+    static constexpr int BM = 64, BN = 128, NACC = 64, STAGE = (BM + BN) * 64, PLD = BN + 8;
+    static constexpr size_t STAGING = (size_t)ST * STAGE * 2, PART = (size_t)BM * PLD * 4;
+    static constexpr size_t SMEM = STAGING + GMAX * PART + 16 * ST + 1024;
+};
+
+template <int ST, int GMAX>
+__global__ void __launch_bounds__(160, 1)
+    k_gemm_wgr(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int K,
+               int N, int kchunk, int S, int G, const float *bias, float *y, int ldy, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgrCfg<ST, GMAX> C;
+    constexpr int BM = C::BM, BN = C::BN, PLD = C::PLD;
+    extern __shared__ __align__(1024) unsigned char wgr_smem_raw[];
+    unsigned char *smem = wg_align1024(wgr_smem_raw);
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)smem;
+    float *parts = (float *)(smem + C::STAGING);
+    uint64_t *full = (uint64_t *)(smem + C::STAGING + GMAX * C::PART), *empty = full + ST;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) == 1;
+    const int r = (int)blockIdx.x, R = (int)gridDim.x;
+    const int n0 = (int)blockIdx.y * BN, m0 = (int)blockIdx.z * BM;
+    const int s0 = r * G, s1 = s0 + G < S ? s0 + G : S;
+    const int kbeg = s0 * kchunk, kend = s1 * kchunk < K ? s1 * kchunk : K;
+    const int nkt = kend > kbeg ? (kend - kbeg + SK_K - 1) / SK_K : 0;
+    if (tid == 0) {
+        for (int b = 0; b < ST; b++) mbar_init(&full[b], 1), mbar_init(&empty[b], 1);
+        fence_proxy_async_smem();
+    }
+    __syncthreads();
+    float acc[C::NACC], tot[C::NACC];
+    const int rw = (w & 3) * 16 + g;
+    if (producer) {
+        if (lane == 0)
+            for (int t = 0; t < nkt; t++) {
+                const int b = t % ST;
+                if (t >= ST) mbar_wait(&empty[b], (unsigned)(t / ST - 1) & 1);
+                __nv_bfloat16 *xs = sm + b * C::STAGE, *ws = xs + BM * SK_K;
+                mbar_expect_tx(&full[b], (unsigned)C::STAGE * 2);
+                tma_g2s_2d(xs, &xmap, kbeg + t * SK_K, m0, &full[b]);
+                tma_g2s_2d(ws, &wmap, kbeg + t * SK_K, n0, &full[b]);
+            }
+    } else {
+        int t = 0, j = 0;
+        for (int k0 = kbeg; k0 < kend; j++) {
+            int k1 = (k0 / kchunk + 1) * kchunk;
+            if (k1 > kend) k1 = kend;
+            const int tn = (k1 - k0 + SK_K - 1) / SK_K;
+#pragma unroll
+            for (int i = 0; i < C::NACC; i++) acc[i] = 0.0f;
+            for (int u = 0; u < tn; u++, t++) {
+                mbar_wait(&full[t % ST], (unsigned)(t / ST) & 1);
+                const __nv_bfloat16 *xs = sm + (t % ST) * C::STAGE, *ws = xs + BM * SK_K;
+                wg_fence();
+#pragma unroll
+                for (int q = 0; q < SK_K / 16; q++) wg_mma<BN>(acc, wg_desc(xs + q * 16), wg_desc(ws + q * 16), 1);
+                wg_commit();
+                wg_wait<1>();
+                if (t > 0 && tid == 0) mbar_arrive(&empty[(t - 1) % ST]);
+            }
+            wg_wait<0>();
+            if (r == 0) {
+#pragma unroll
+                for (int i = 0; i < C::NACC; i++) tot[i] = j == 0 ? acc[i] : tot[i] + acc[i];
+            } else {
+                wg_put_partial<C::NACC, PLD>(parts + (size_t)j * BM * PLD, acc, rw, tq);
+            }
+            k0 = k1;
+        }
+        if (r == 0 && nkt > 0) wg_put_partial<C::NACC, PLD>(parts, tot, rw, tq);
+    }
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    cl.sync();
+    /* block r's share of the tile: block 0's fold, then the later slices in order */
+    const int rows = M - m0 < BM ? M - m0 : BM, cols = N - n0 < BN ? N - n0 : BN;
+    const int tot_el = rows * cols, per = (tot_el + R - 1) / R, i1 = (r + 1) * per < tot_el ? (r + 1) * per : tot_el;
+    for (int i = r * per + tid; i < i1; i += (int)blockDim.x) {
+        const int rr = i / cols, cc = i - rr * cols, off = rr * PLD + cc;
+        float tv[16]; /* every term's load in flight at once (1 + S - G <= 16: S <= 16, sk_plan) */
+        tv[0] = *cl.map_shared_rank(parts + off, 0u);
+#pragma unroll
+        for (int e = 1; e < 16; e++) {
+            const int q = G + e - 1;
+            tv[e] = q < S ? *cl.map_shared_rank(parts + (size_t)(q % G) * BM * PLD + off, (unsigned)(q / G)) : 0.0f;
+        }
+        float v = tv[0];
+#pragma unroll
+        for (int e = 1; e < 16; e++)
+            if (G + e - 1 < S) v += tv[e];
+        lin_store(v, bias, n0 + cc, y + (size_t)(m0 + rr) * ldy + n0 + cc, accumulate);
+    }
+    cl.sync();
+#endif
+}
+
+/* k_gemm_wgr's launch: the cluster size R as large as keeps the grid within one block per SM
+ * (at most 8 and S), G = ceil(S / R) slices a block (at most GMAX). */
+template <int ST, int GMAX>
+static hyla_status wgr_form(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N, int kchunk,
+                            int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
+    typedef WgrCfg<ST, GMAX> C;
+    *done = 0;
+    const int nt = (N + C::BN - 1) / C::BN, mt = (M + C::BM - 1) / C::BM;
+    int R = c->sm_count / (nt * mt);
+    if (R > 8) R = 8;
+    if (R > S) R = S;
+    if (R < 1) R = 1;
+    const int G = (S + R - 1) / R;
+    R = (S + G - 1) / G;
+    if (G > GMAX) return HYLA_OK;
+    CUtensorMap wm, xm;
+    if (!wg_map(&wm, W->d, N, K, C::BN) || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
+    static int attr[16];
+    if (!attr[c->device & 15]) {
+        CU_TRY(cudaFuncSetAttribute(k_gemm_wgr<ST, GMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+        attr[c->device & 15] = 1;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3((unsigned)R, (unsigned)nt, (unsigned)mt);
+    cfg.blockDim = dim3(160);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = c->stream;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)R;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CU_TRY(cudaLaunchKernelEx(&cfg, k_gemm_wgr<ST, GMAX>, xm, wm, M, K, N, kchunk, S, G, bias, y, ldy, accumulate));
+    CU_LAUNCH_CHECK("linear (runs of slices)");
+    *done = 1;
+    return HYLA_OK;
+}
+#define WGR(name, ST, GMAX) {name, 1, 0, wgr_form<ST, GMAX>}
+
 struct Form {
     const char *name;
     int wgm; /* warpgroups along M: the rows a block covers are 64 wgm */
@@ -238,6 +385,9 @@ static const Form forms[] = {
     WGP("producer warp, slices, 2 wg x 128, 5 st", 2, 128, 5, true),
     WGP("producer warp, whole K, 1 wg x 128, 6 st", 1, 128, 6, false),
     WGP("producer warp, slices, 1 wg x 128, 4 st", 1, 128, 4, true),
+    WGR("runs of slices, 1 wg x 128, 4 st", 4, 2),
+    WGR("runs of slices, 1 wg x 128, 6 st", 6, 2),
+    WGR("runs of slices, 1 wg x 128, 3 st, up to 4", 3, 4),
     PS("streamed units, 64 cols, 4 st", 64, 4),
     PS("streamed units, 64 cols, 6 st", 64, 6),
     PS("streamed units, 64 cols, 8 st", 64, 8),
