@@ -788,7 +788,11 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
  * (sk_plan gives the slices S from N and K). Whole K per block runs k_gemm_wgp (a producer warp,
  * 6 stages); "slices" is k_gemm_wg's cluster form, one K slice per block summed across the
  * cluster. Up to 64 rows: slices (one warpgroup) where t1 is under a third of the SMs, else one
- * warpgroup whole K. From 65 rows: two warpgroups whole K where t1 exceeds the SMs; slices (two
+ * warpgroup whole K, both in blocks of 64 columns (m64n64 products, half the shared memory, twice
+ * the blocks: the lab at 64 rows, us, 64 against 128 columns: 2304 -> 6144 whole K 18.0 / 19.9,
+ * 2304 -> 4608 16.1 / 19.0, the LM head 64.4 / 66.2, 2304 -> 2304 slices 13.8 / 16.1, 3072 -> 2304
+ * 15.2 / 17.2), except slices over K > 3072 (o, down: level, 21.7 / 22.1 at 6144 -> 2304, and
+ * slower at 32 rows), which keep 128. From 65 rows: two warpgroups whole K where t1 exceeds the SMs; slices (two
  * warpgroups) under a sixth of them; else one warpgroup whole K. The kernel lab's times on H100,
  * weights streamed from memory (kernels/cuda/dev/NOTES.md "Producer warps"), us, this choice
  * against k_gemm_wg's forms: 256 x 2304 -> 2304 20.1 / 36.8, 256 x 4608 -> 2304 29.9 / 50.2,
@@ -816,9 +820,12 @@ static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
             return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
         return launch_wg2<2, 128, 4, false, true>(WG_ARGS);
     }
-    if (M <= 64) {
-        if (S > 1 && 3 * t1 < c->sm_count) return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
-        return launch_wg2<1, 128, 6, false, false, true>(WG_ARGS);
+    if (M <= 64) { /* 64 columns a block (m64n64 products) except the slices of a deep K */
+        if (S > 1 && 3 * t1 < c->sm_count) {
+            if (K <= 3072) return launch_wg2<1, 64, 3, true, true>(WG_ARGS);
+            return launch_wg2<1, 128, 3, true, true>(WG_ARGS);
+        }
+        return launch_wg2<1, 64, 6, false, false, true>(WG_ARGS);
     }
     if (t1 > c->sm_count) return launch_wg2<2, 128, 6, false, false, true>(WG_ARGS);
     if (S > 1 && 6 * t1 < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);

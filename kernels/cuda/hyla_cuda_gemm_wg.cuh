@@ -435,7 +435,7 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     auto kern = PW ? k_gemm_wgp<WGM, BN, ST, CL> : k_gemm_wg<WGM, BN, ST, CL, OV>;
     *done = 0;
     /* the weights' maps, made once per box height and kept with them */
-    const int wi = BN == 256;
+    const int wi = BN == 256 ? 1 : BN == 64 ? 2 : 0;
     if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
     if (W2 && !W2->wg_map_state[wi]) W2->wg_map_state[wi] = wg_map(&W2->wg_map[wi], W2->d, N, K, BN) ? 1 : -1;
     CUtensorMap xm;

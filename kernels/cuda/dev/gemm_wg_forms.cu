@@ -343,6 +343,10 @@ static hyla_status wgr_form(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, in
 }
 #define WGR(name, ST, GMAX) {name, 1, 0, wgr_form<ST, GMAX>}
 
+/* 64 columns a block (m64n64 products): the product's forms up to 64 rows (gemm_wg) */
+#define WG64(name, ST, CL, PW) {name, 1, CL, launch_wg<1, 64, ST, CL, !(PW), PW>}
+
+
 struct Form {
     const char *name;
     int wgm; /* warpgroups along M: the rows a block covers are 64 wgm */
@@ -385,6 +389,12 @@ static const Form forms[] = {
     WGP("producer warp, slices, 2 wg x 128, 5 st", 2, 128, 5, true),
     WGP("producer warp, whole K, 1 wg x 128, 6 st", 1, 128, 6, false),
     WGP("producer warp, slices, 1 wg x 128, 4 st", 1, 128, 4, true),
+    WG64("slices, 1 wg x 64, 2 st, in flight", 2, true, false),
+    WG64("slices, 1 wg x 64, 3 st, in flight", 3, true, false),
+    WG64("slices, 1 wg x 64, 4 st, in flight", 4, true, false),
+    WG64("producer warp, slices, 1 wg x 64, 3 st", 3, true, true),
+    WG64("whole K, 1 wg x 64, 4 st, in flight", 4, false, false),
+    WG64("producer warp, whole K, 1 wg x 64, 6 st", 6, false, true),
     WGR("runs of slices, 1 wg x 128, 4 st", 4, 2),
     WGR("runs of slices, 1 wg x 128, 6 st", 6, 2),
     WGR("runs of slices, 1 wg x 128, 3 st, up to 4", 3, 4),
