@@ -519,13 +519,14 @@ static void case_switches(const op_case *c) {
      * 2304 and -> 1152, 100 x 2304 -> 6144, 160 x 4608 -> 2304; at 64 rows and fewer, 64 columns:
      * 64 x 2304 -> 6144, 40 x 2304 -> 4608), two warpgroups and a producer warp (256 x 2304 ->
      * 6144, a part row block: 200 x 2304 -> 4608), two warpgroups with the cluster's slice sum (128
-     * x 2304 -> 1152). The first seven draw their inputs from the shared stream, the rest from one
-     * of their own:
+     * x 2304 -> 1152; 96 x 6144 -> 2304, one warpgroup whole K). The first seven draw their inputs
+     * from the shared stream, the rest from one of their own:
      * the cases after this one keep the inputs they have had (the LTE case's CPU-against-GPU
      * scores are not bit-identical on every input: kernels/cuda/dev/NOTES.md "LTE scores"). */
     const int shapes[][3] = {{64, 2304, 2304}, {256, 2304, 1152}, {256, 2304, 2304}, {100, 2304, 6144},
                              {160, 4608, 2304}, {256, 2304, 6144}, {200, 2304, 4608}, {64, 2304, 6144},
-                             {128, 2304, 1152}, {40, 2304, 4608}, {64, 6144, 2304}, {48, 3072, 2304}};
+                             {128, 2304, 1152}, {40, 2304, 4608}, {64, 6144, 2304}, {48, 3072, 2304},
+                             {96, 6144, 2304}};
     hyla_rng saved = rng;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];

@@ -792,7 +792,9 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
  * the blocks: the lab at 64 rows, us, 64 against 128 columns: 2304 -> 6144 whole K 18.0 / 19.9,
  * 2304 -> 4608 16.1 / 19.0, the LM head 64.4 / 66.2, 2304 -> 2304 slices 13.8 / 16.1, 3072 -> 2304
  * 15.2 / 17.2), except slices over K > 3072 (o, down: level, 21.7 / 22.1 at 6144 -> 2304, and
- * slower at 32 rows), which keep 128. From 65 rows: two warpgroups whole K where t1 exceeds the SMs; slices (two
+ * slower at 32 rows), which keep 128. (The same 64-column blocks from 65 to 128 rows, faster in
+ * the lab on single outputs — 128 x 6144 -> 2304 28.7 against 34.2 us — made the 1.68B GDN
+ * model's B = 96 / 128 steps 1-4 % slower and SSE-H's 2-6 % faster: not taken.) From 65 rows: two warpgroups whole K where t1 exceeds the SMs; slices (two
  * warpgroups) under a sixth of them; else one warpgroup whole K. The kernel lab's times on H100,
  * weights streamed from memory (kernels/cuda/dev/NOTES.md "Producer warps"), us, this choice
  * against k_gemm_wg's forms: 256 x 2304 -> 2304 20.1 / 36.8, 256 x 4608 -> 2304 29.9 / 50.2,
