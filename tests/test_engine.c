@@ -256,6 +256,10 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     }
     CHECK(hyla_runtime_set_prefill_piece(m, 100) == HYLA_ERR_INVALID_ARG);
     CHECK(hyla_runtime_set_prefill_piece(m, 0) == HYLA_ERR_INVALID_ARG);
+    /* the largest piece a caller may choose, and one chunk past it */
+    CHECK(HYLA_PREFILL_PIECE_MAX == 32768);
+    CHECK_OK(hyla_runtime_set_prefill_piece(m, HYLA_PREFILL_PIECE_MAX));
+    CHECK(hyla_runtime_set_prefill_piece(m, HYLA_PREFILL_PIECE_MAX + HYLA_PREFILL_CHUNK) == HYLA_ERR_INVALID_ARG);
     CHECK_OK(hyla_runtime_set_prefill_piece(m, HYLA_PREFILL_PIECE_DEFAULT));
     hyla_snapshot_destroy(s0);
     hyla_session_free(a);
