@@ -275,10 +275,10 @@ static void bench_gemm(int quick) {
             printf(",\"shape\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"ms\":%.4f,\"tflops\":%.2f", shapes[i].what, M, K, N,
                    ms, tf);
             if (ref_tflops > 0) printf(",\"vs_cublas_bf16\":%.3f", tf / ref_tflops);
-            /* issue 17's "prompt linears against cuBLAS on the prompt shapes": cuBLAS on this shape
-             * with its own algorithm, bf16 x in and bf16 out (no batch invariance, no fp32 x to
-             * convert, half the output bytes) against the prompt-row path (fp32 x converted in a
-             * pass, fp32 out, the fixed 1024-row algorithm) */
+            /* the prompt linears against cuBLAS on the same shape: cuBLAS with its own algorithm,
+             * bf16 x in and bf16 out (no batch invariance, no fp32 x to convert, half the output
+             * bytes) against the prompt-row path (fp32 x converted in a pass, fp32 out, the fixed
+             * 1024-row algorithm) */
             if (ref_tflops > 0 && hyla_cuda_bench_gemm_bf16(be, M, N, K, 10, &cms) == HYLA_OK)
                 printf(",\"cublas_ms\":%.4f,\"vs_cublas_same_shape\":%.3f", cms, cms / ms);
             printf("}\n");

@@ -327,7 +327,7 @@ extern "C" hyla_status cu_lin_decode_dev(hyla_cuda_ctx *c, int gdn, const float 
 #define GDN_DEC_RAW_MAX_B 32
 extern "C" int cu_gdn_decode_raw_ok(const float *q, const float *k, const float *v, const float *o, int B, int H, int dk,
                                     int dv, int states16) {
-    return B > 0 && B <= GDN_DEC_RAW_MAX_B && H <= 65535 && dk % 4 == 0 && dk <= 128 && (dk + 7) / 8 <= 16 && dv % 4 == 0 &&
+    return B > 0 && B <= GDN_DEC_RAW_MAX_B && H <= 65535 && dk % 4 == 0 && dk <= 128 && dv % 4 == 0 &&
            states16 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0 &&
            ((uintptr_t)o & 15) == 0;
 }
