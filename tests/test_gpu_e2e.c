@@ -14,7 +14,7 @@
  *      other boundaries; see test_arch);
  *   2. determinism and pause/resume on the GPU, bit for bit: the same run twice; "decode 20"
  *      == "decode 10, export, import, decode 10"; chunk-aligned pieces == one piece;
- *   3. batch invariance on the GPU, bit for bit: 3 sessions decoded together == each alone;
+ *   3. batch invariance on the GPU, bit for bit: 3 and 40 sessions decoded together == each alone;
  *   4. GPU -> CPU and CPU -> GPU resume: a snapshot taken on one backend imports on the other
  *      and the continuation's logits stay within tolerance of the uninterrupted run (LTE
  *      caches' k, v rows are converted between the backends' KV types on import);
@@ -250,28 +250,29 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
         hyla_session_free(c);
     }
 
-    /* 3. batch == alone on the GPU (bits) */
-    {
-        enum { NB = 3 };
-        hyla_session *bs[NB], *ss[NB];
+    /* 3. batch == alone on the GPU (bits): 3 sessions (the skinny linears), and 40 (from 33 rows
+     * the linears take the warpgroup forms, launched to overlap the kernel ahead) */
+    for (int NB = 3; NB <= 40; NB += 37) {
+        hyla_session *bs[40], *ss[40];
         for (int i = 0; i < NB; i++) {
+            const int off = 7 * (i % 3) + i / 3, len = 30 + 40 * (i % 3);
             bs[i] = sess(mg);
             ss[i] = sess(mg);
-            CHECK_OK(hyla_session_feed(bs[i], p + 7 * i, 30 + 40 * i, NULL, NULL, NULL, NULL));
-            CHECK_OK(hyla_session_feed(ss[i], p + 7 * i, 30 + 40 * i, NULL, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(bs[i], p + off, len, NULL, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(ss[i], p + off, len, NULL, NULL, NULL, NULL));
         }
         int ok = 1;
         float *lb = malloc((size_t)NB * V * 4), *ls = malloc((size_t)V * 4);
         for (int step = 0; step < 8; step++) {
-            int32_t ob[NB], os[NB];
+            int32_t ob[40], os[40];
             CHECK_OK(hyla_session_decode(bs, NB, ob, lb));
             for (int i = 0; i < NB; i++) {
                 CHECK_OK(hyla_session_decode(&ss[i], 1, &os[i], ls));
                 ok &= ob[i] == os[i] && !memcmp(ls, lb + (size_t)i * V, (size_t)V * 4);
             }
         }
-        printf("  GPU batch of 3 == each alone (8 steps): %s\n", ok ? "bits" : "FAIL");
-        CHECK_MSG(ok, "%s: GPU batched decode differs from single decode", arch);
+        printf("  GPU batch of %d == each alone (8 steps): %s\n", NB, ok ? "bits" : "FAIL");
+        CHECK_MSG(ok, "%s: GPU batched decode of %d differs from single decode", arch, NB);
         for (int i = 0; i < NB; i++) {
             hyla_session_free(bs[i]);
             hyla_session_free(ss[i]);
