@@ -26,7 +26,8 @@
 /* ---------------------------------------------------------------- conversion for cuBLAS */
 
 __global__ void k_f32_to_bf16_rows(const float *__restrict__ x, int ldx, int M, int K, __nv_bfloat16 *__restrict__ out) {
-    pdl_trigger();
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     size_t total = (size_t)M * K;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K, cidx = i - r * K;
@@ -35,7 +36,8 @@ __global__ void k_f32_to_bf16_rows(const float *__restrict__ x, int ldx, int M, 
 }
 
 __global__ void k_f32_to_bf16_vec4(const float4 *__restrict__ x, int ldx4, int M, int K4, __nv_bfloat162 *__restrict__ out) {
-    pdl_trigger();
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     size_t total = (size_t)M * K4;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K4, cidx = i - r * K4;
@@ -54,11 +56,11 @@ static unsigned grid_for(size_t n) {
 extern "C" hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, __nv_bfloat16 *out) {
     if (K % 4 == 0 && ldx % 4 == 0 && ((uintptr_t)x & 15) == 0) {
         size_t n = (size_t)M * (K / 4);
-        k_f32_to_bf16_vec4<<<grid_for(n), TPB, 0, c->stream>>>((const float4 *)x, ldx / 4, M, K / 4,
-                                                               (__nv_bfloat162 *)out);
+        HYLA_TRY(cu_launch_pdl(c, k_f32_to_bf16_vec4, grid_for(n), TPB, 0, (const float4 *)x, ldx / 4, M, K / 4,
+                               (__nv_bfloat162 *)out));
     } else {
         size_t n = (size_t)M * K;
-        k_f32_to_bf16_rows<<<grid_for(n), TPB, 0, c->stream>>>(x, ldx, M, K, out);
+        HYLA_TRY(cu_launch_pdl(c, k_f32_to_bf16_rows, grid_for(n), TPB, 0, x, ldx, M, K, out));
     }
     CU_LAUNCH_CHECK("f32_to_bf16");
     return HYLA_OK;
@@ -68,7 +70,8 @@ extern "C" hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int
  * operand without the fp32 pass between (see swiglu_linear) */
 __global__ void k_swiglu_bf16_rows(const float *__restrict__ g, const float *__restrict__ u, int ld, int M, int K,
                                    __nv_bfloat16 *__restrict__ out) {
-    pdl_trigger();
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     size_t total = (size_t)M * K;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K, cidx = i - r * K;
@@ -78,7 +81,8 @@ __global__ void k_swiglu_bf16_rows(const float *__restrict__ g, const float *__r
 
 __global__ void k_swiglu_bf16_vec4(const float4 *__restrict__ g, const float4 *__restrict__ u, int ld4, int M, int K4,
                                    __nv_bfloat162 *__restrict__ out) {
-    pdl_trigger();
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     size_t total = (size_t)M * K4;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / K4, cidx = i - r * K4;
@@ -92,11 +96,11 @@ extern "C" hyla_status cu_swiglu_bf16_rows(hyla_cuda_ctx *c, const float *g, con
                                            __nv_bfloat16 *out) {
     if (K % 4 == 0 && ld % 4 == 0 && ((uintptr_t)g & 15) == 0 && ((uintptr_t)u & 15) == 0) {
         size_t n = (size_t)M * (K / 4);
-        k_swiglu_bf16_vec4<<<grid_for(n), TPB, 0, c->stream>>>((const float4 *)g, (const float4 *)u, ld / 4, M, K / 4,
-                                                               (__nv_bfloat162 *)out);
+        HYLA_TRY(cu_launch_pdl(c, k_swiglu_bf16_vec4, grid_for(n), TPB, 0, (const float4 *)g, (const float4 *)u, ld / 4,
+                               M, K / 4, (__nv_bfloat162 *)out));
     } else {
         size_t n = (size_t)M * K;
-        k_swiglu_bf16_rows<<<grid_for(n), TPB, 0, c->stream>>>(g, u, ld, M, K, out);
+        HYLA_TRY(cu_launch_pdl(c, k_swiglu_bf16_rows, grid_for(n), TPB, 0, g, u, ld, M, K, out));
     }
     CU_LAUNCH_CHECK("swiglu_bf16");
     return HYLA_OK;
@@ -550,6 +554,8 @@ struct ew_gla_gate {
 
 /* out[i] = f(a[i]) (in place when out == a) */
 template <class F, int VEC, class I> __global__ void k_ew1(const float *a, float *out, I n, F f) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     I stride = (I)gridDim.x * blockDim.x, i0 = (I)blockIdx.x * blockDim.x + threadIdx.x;
     if (VEC) {
         I n4 = n / 4;
@@ -566,6 +572,8 @@ template <class F, int VEC, class I> __global__ void k_ew1(const float *a, float
 }
 /* out[i] = f(a[i], b[i]) (out may alias a or b) */
 template <class F, int VEC, class I> __global__ void k_ew2(const float *a, const float *b, float *out, I n, F f) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
     I stride = (I)gridDim.x * blockDim.x, i0 = (I)blockIdx.x * blockDim.x + threadIdx.x;
     if (VEC) {
         I n4 = n / 4;
@@ -588,48 +596,48 @@ static unsigned ew_blocks(size_t items) {
     return (unsigned)(b ? b : 1);
 }
 
-template <class F> static void ew1_launch(hyla_cuda_ctx *c, const float *a, float *out, size_t n, F f) {
+template <class F> static hyla_status ew1_launch(hyla_cuda_ctx *c, const float *a, float *out, size_t n, F f) {
     int vec = al16(a) && al16(out);
     unsigned nb = ew_blocks(vec ? n / 4 + 1 : n);
     /* i0 + stride <= 2^28 + n: 32 bits suffice below 2^31 elements */
     if (n < ((size_t)1 << 31)) {
-        if (vec) k_ew1<F, 1, unsigned><<<nb, TPB, 0, c->stream>>>(a, out, (unsigned)n, f);
-        else k_ew1<F, 0, unsigned><<<nb, TPB, 0, c->stream>>>(a, out, (unsigned)n, f);
+        if (vec) return cu_launch_pdl(c, k_ew1<F, 1, unsigned>, nb, TPB, 0, a, out, (unsigned)n, f);
+        else return cu_launch_pdl(c, k_ew1<F, 0, unsigned>, nb, TPB, 0, a, out, (unsigned)n, f);
     } else {
-        if (vec) k_ew1<F, 1, size_t><<<nb, TPB, 0, c->stream>>>(a, out, n, f);
-        else k_ew1<F, 0, size_t><<<nb, TPB, 0, c->stream>>>(a, out, n, f);
+        if (vec) return cu_launch_pdl(c, k_ew1<F, 1, size_t>, nb, TPB, 0, a, out, n, f);
+        else return cu_launch_pdl(c, k_ew1<F, 0, size_t>, nb, TPB, 0, a, out, n, f);
     }
 }
-template <class F> static void ew2_launch(hyla_cuda_ctx *c, const float *a, const float *b, float *out, size_t n, F f) {
+template <class F> static hyla_status ew2_launch(hyla_cuda_ctx *c, const float *a, const float *b, float *out, size_t n, F f) {
     int vec = al16(a) && al16(b) && al16(out);
     unsigned nb = ew_blocks(vec ? n / 4 + 1 : n);
     if (n < ((size_t)1 << 31)) {
-        if (vec) k_ew2<F, 1, unsigned><<<nb, TPB, 0, c->stream>>>(a, b, out, (unsigned)n, f);
-        else k_ew2<F, 0, unsigned><<<nb, TPB, 0, c->stream>>>(a, b, out, (unsigned)n, f);
+        if (vec) return cu_launch_pdl(c, k_ew2<F, 1, unsigned>, nb, TPB, 0, a, b, out, (unsigned)n, f);
+        else return cu_launch_pdl(c, k_ew2<F, 0, unsigned>, nb, TPB, 0, a, b, out, (unsigned)n, f);
     } else {
-        if (vec) k_ew2<F, 1, size_t><<<nb, TPB, 0, c->stream>>>(a, b, out, n, f);
-        else k_ew2<F, 0, size_t><<<nb, TPB, 0, c->stream>>>(a, b, out, n, f);
+        if (vec) return cu_launch_pdl(c, k_ew2<F, 1, size_t>, nb, TPB, 0, a, b, out, n, f);
+        else return cu_launch_pdl(c, k_ew2<F, 0, size_t>, nb, TPB, 0, a, b, out, n, f);
     }
 }
 
 extern "C" hyla_status cu_add(void *ctx, float *y, const float *x, size_t n) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    ew2_launch(c, y, x, y, n, ew_add());
+    HYLA_TRY(ew2_launch(c, y, x, y, n, ew_add()));
     CU_LAUNCH_CHECK("add");
     return HYLA_OK;
 }
 extern "C" hyla_status cu_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    ew2_launch(c, gate, up, out, n, ew_swiglu());
+    HYLA_TRY(ew2_launch(c, gate, up, out, n, ew_swiglu()));
     CU_LAUNCH_CHECK("swiglu");
     return HYLA_OK;
 }
 extern "C" hyla_status cu_silu(void *ctx, float *x, size_t n) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (!n) return HYLA_OK;
-    ew1_launch(c, x, x, n, ew_silu());
+    HYLA_TRY(ew1_launch(c, x, x, n, ew_silu()));
     CU_LAUNCH_CHECK("silu");
     return HYLA_OK;
 }
@@ -639,7 +647,7 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
     ew_gla_gate f;
     f.inv_norm = 1.0f / normalizer;
     f.clamp_min = clamp_min;
-    ew1_launch(c, x, x, n, f);
+    HYLA_TRY(ew1_launch(c, x, x, n, f));
     CU_LAUNCH_CHECK("gla_gate");
     return HYLA_OK;
 }
