@@ -424,6 +424,9 @@ static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) 
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* hyla_weight.wg_map's slot of the maps with boxes of BN rows (32 and 48: the kernel lab's forms) */
+static constexpr int wg_map_slot(int BN) { return BN == 256 ? 1 : BN == 64 ? 2 : BN == 32 ? 3 : BN == 48 ? 4 : 0; }
+
 /* One output, or two of the same N and K from the same x in one launch (W2, bias2, y2, ldy2; W2
  * NULL: one). PW: k_gemm_wgp (a producer warp; OV does not apply), else k_gemm_wg. */
 template <int WGM, int BN, int ST, bool CL, bool OV, bool PW = false>
@@ -435,7 +438,7 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     auto kern = PW ? k_gemm_wgp<WGM, BN, ST, CL> : k_gemm_wg<WGM, BN, ST, CL, OV>;
     *done = 0;
     /* the weights' maps, made once per box height and kept with them */
-    const int wi = BN == 256 ? 1 : BN == 64 ? 2 : 0;
+    const int wi = wg_map_slot(BN);
     if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
     if (W2 && !W2->wg_map_state[wi]) W2->wg_map_state[wi] = wg_map(&W2->wg_map[wi], W2->d, N, K, BN) ? 1 : -1;
     CUtensorMap xm;

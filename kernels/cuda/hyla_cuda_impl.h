@@ -141,10 +141,10 @@ typedef struct hyla_cuda_ctx {
 struct hyla_weight {
     int rows, cols;
     __nv_bfloat16 *d; /* [rows][cols] bf16 */
-    /* k_gemm_wg's tensor maps of d (boxes of 128, 256 and 64 rows), made at first use; state 0
-     * not yet, 1 made, -1 cannot be */
-    CUtensorMap wg_map[3];
-    int wg_map_state[3];
+    /* k_gemm_wg's tensor maps of d (boxes of 128, 256, 64, 32 and 48 rows: wg_map_slot), made
+     * at first use; state 0 not yet, 1 made, -1 cannot be */
+    CUtensorMap wg_map[5];
+    int wg_map_state[5];
 };
 
 #ifdef __cplusplus
