@@ -644,6 +644,98 @@ __device__ int g_bprof_once[2];
  * sequence of 18 heads on an H100, the whole op: GLA 2.14 (TM = 0) -> 1.81 (U staged by cp.async)
  * -> 1.42 ms (TM = 1), GDN 2.27 -> 2.03 -> 1.53. TM needs dv % 4 == 0 and, for GLA, v 16-byte
  * aligned and its row count known; the launch checks and otherwise takes TM = 0. */
+/* What kernel B's two warpgroup forms (k_chunk_b_wg, k_chunk_b_ws) share, in the order a chunk
+ * runs them; each is the same instructions in both kernels (one warpgroup of 4 warps, warp w,
+ * lane (g, tq); 32 value columns; DKP = 128). */
+/* S^T in bf16 as the chunk's operand: row j, k = key i ([32 j][128 i], swizzled) */
+template <int MTW>
+__device__ __forceinline__ void chunkb_put_st(__nv_bfloat16 *SbT, const float (&sacc)[MTW][4][4], int w, int g, int tq) {
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++)
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = (w + 4 * mi) * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+                SbT[wg_swz(jj, i, 32)] = __float2bfloat16_rn(sacc[mi][n][e]);
+            }
+}
+/* The U source (GDN's U0, GLA's v) of token rows 16w.. from the copy engine's staging: rows of 32
+ * floats, 16-byte piece p of row t at p ^ (t % 8); GLA's rows past the chunk (the next
+ * sequence's, inside the tensor) read as zero */
+template <int GDN>
+__device__ __forceinline__ void chunkb_usrc_tm(float (&usrc)[4][4], const float *Us, int len, int w, int g, int tq) {
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const int t = 16 * w + g + e2 * 8, col = n * 8 + 2 * tq;
+            float2 u2 = *(const float2 *)(Us + t * 32 + ((((col >> 2) ^ (t & 7))) << 2) + (col & 3));
+            const bool in = GDN || t < len;
+            usrc[n][2 * e2] = in ? u2.x : 0.0f;
+            usrc[n][2 * e2 + 1] = in ? u2.y : 0.0f;
+        }
+}
+/* uacc = W S for token rows 16w.. (GDN; GLA: zero), products waited for */
+template <int GDN, int DKP>
+__device__ __forceinline__ void chunkb_ws(float (&uacc)[4][4], const __nv_bfloat16 *Wt, const __nv_bfloat16 *SbT) {
+    float(&uf)[16] = *reinterpret_cast<float(*)[16]>(&uacc[0][0]);
+    frag_zero(uacc);
+    if (GDN) {
+        wg_keep(uf); /* operand fences (hyla_cuda_wgmma.cuh) */
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < DKP / 16; kc++)
+            wg_mma32(uacc, wg_desc(Wt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
+                     wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(uf);
+    }
+}
+/* U^T = (U source - W S)^T in bf16 ([32 j][64 t], swizzled) */
+__device__ __forceinline__ void chunkb_put_ut(__nv_bfloat16 *UT, const float (&usrc)[4][4], const float (&uacc)[4][4],
+                                              int w, int g, int tq) {
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
+            UT[wg_swz(jj, t, 32)] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
+        }
+}
+/* S = e^(bC) S: GDN one decay a head, GLA one a key row */
+template <int GDN, int MTW>
+__device__ __forceinline__ void chunkb_decay(float (&sacc)[MTW][4][4], const float *decs, int w, int g) {
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++) {
+        const int mt = w + 4 * mi;
+        float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
+        state_decay(sacc[mi], d0, d1);
+    }
+}
+/* the products (issued, not committed) of O += q~ S + Aqk U ... */
+template <int DKP>
+__device__ __forceinline__ void chunkb_o_products(float (&oacc)[4][4], const __nv_bfloat16 *Qt, const __nv_bfloat16 *Aq,
+                                                  const __nv_bfloat16 *SbT, const __nv_bfloat16 *UT) {
+#pragma unroll
+    for (int kc = 0; kc < DKP / 16; kc++)
+        wg_mma32(oacc, wg_desc(Qt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
+                 wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
+#pragma unroll
+    for (int kc = 0; kc < CH / 16; kc++) wg_mma32(oacc, wg_desc(Aq + kc * 16), wg_desc(UT + kc * 16), 1);
+}
+/* ... and of S += k~^T U */
+template <int MTW>
+__device__ __forceinline__ void chunkb_s_products(float (&sacc)[MTW][4][4], const __nv_bfloat16 *KtT,
+                                                  const __nv_bfloat16 *UT) {
+#pragma unroll
+    for (int mi = 0; mi < MTW; mi++)
+#pragma unroll
+        for (int kc = 0; kc < CH / 16; kc++)
+            wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
+}
+
 template <int GDN, int ST, int TM>
 __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_constant__ ChunkBMaps bm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -751,56 +843,16 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
         tiles(buf, Qt, Wt, KtT, Aq, decs);
         float usrc[4][4];
         if (!TM) chunkb_usrc<4, GDN>(usrc, a, ch, tok0, len, h, H, dv, j0, w, g, tq);
-        /* S^T (bf16) as the chunk's operand: row j, k = key i */
-#pragma unroll
-        for (int mi = 0; mi < MTW; mi++)
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int i = (w + 4 * mi) * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                    SbT[wg_swz(jj, i, 32)] = __float2bfloat16_rn(sacc[mi][n][e]);
-                }
+        chunkb_put_st<MTW>(SbT, sacc, w, g, tq);
         fence_proxy_async_smem(); /* this thread's stores and cp.async writes, to wgmma's proxy */
         __syncthreads();
         BPROF(1);
-        if (TM) { /* rows of 32 floats, 16-byte piece p of row t at p ^ (t % 8); GLA's rows
-                        * past the chunk (the next sequence's, inside the tensor) read as zero */
-            const float *Us = (const float *)((const unsigned char *)Qt + BW_STAGE_BYTES);
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    const int t = 16 * w + g + e2 * 8, col = n * 8 + 2 * tq;
-                    float2 u2 = *(const float2 *)(Us + t * 32 + ((((col >> 2) ^ (t & 7))) << 2) + (col & 3));
-                    const bool in = GDN || t < len;
-                    usrc[n][2 * e2] = in ? u2.x : 0.0f;
-                    usrc[n][2 * e2 + 1] = in ? u2.y : 0.0f;
-                }
-        }
+        if (TM) chunkb_usrc_tm<GDN>(usrc, (const float *)((const unsigned char *)Qt + BW_STAGE_BYTES), len, w, g, tq);
         /* U = U0 - W S for token rows 16w.. (GLA: U = V) */
         float uacc[4][4];
-        float(&uf)[16] = *reinterpret_cast<float(*)[16]>(&uacc[0][0]);
-        frag_zero(uacc);
-        if (GDN) {
-            wg_keep(uf); /* operand fences (hyla_cuda_wgmma.cuh) */
-            wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < DKP / 16; kc++)
-                wg_mma32(uacc, wg_desc(Wt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
-                         wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
-            wg_commit();
-            wg_wait<0>();
-            wg_keep(uf);
-        }
+        chunkb_ws<GDN, DKP>(uacc, Wt, SbT);
         BPROF(2);
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                UT[wg_swz(jj, t, 32)] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
-            }
+        chunkb_put_ut(UT, usrc, uacc, w, g, tq);
         fence_proxy_async_smem();
         __syncthreads();
         BPROF(3);
@@ -809,26 +861,12 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
         float(&of)[16] = *reinterpret_cast<float(*)[16]>(&oacc[0][0]);
         float(&sf)[MTW * 16] = *reinterpret_cast<float(*)[MTW * 16]>(&sacc[0][0][0]);
         frag_zero(oacc);
-#pragma unroll
-        for (int mi = 0; mi < MTW; mi++) {
-            const int mt = w + 4 * mi;
-            float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
-            state_decay(sacc[mi], d0, d1);
-        }
+        chunkb_decay<GDN, MTW>(sacc, decs, w, g);
         wg_keep(of); /* the decayed S and the zeroed O written before the fence */
         wg_keep(sf);
         wg_fence();
-#pragma unroll
-        for (int kc = 0; kc < DKP / 16; kc++)
-            wg_mma32(oacc, wg_desc(Qt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
-                     wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
-#pragma unroll
-        for (int kc = 0; kc < CH / 16; kc++) wg_mma32(oacc, wg_desc(Aq + kc * 16), wg_desc(UT + kc * 16), 1);
-#pragma unroll
-        for (int mi = 0; mi < MTW; mi++)
-#pragma unroll
-            for (int kc = 0; kc < CH / 16; kc++)
-                wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
+        chunkb_o_products<DKP>(oacc, Qt, Aq, SbT, UT);
+        chunkb_s_products<MTW>(sacc, KtT, UT);
         wg_commit();
         wg_wait<0>();
         wg_keep(of);
@@ -924,66 +962,22 @@ __global__ void __launch_bounds__(256, 1) k_chunk_b_ws(ChunkArgs a, const __grid
             const float *Us = (const float *)(p + WSZ + DKP * CH * 2), *decs = (const float *)(p + WSZ + DKP * CH * 2 + BW_U_BYTES);
             mbar_wait(&sfull[b], (unsigned)(cc / NS) & 1u);
             if (cc >= 2) mbar_wait(&sempty[sl], (unsigned)((cc - 2) / 2) & 1u); /* warpgroup 1 is done with the slot */
-#pragma unroll
-            for (int mi = 0; mi < MTW; mi++)
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int i = (w + 4 * mi) * 16 + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                        SbT[wg_swz(jj, i, 32)] = __float2bfloat16_rn(sacc[mi][n][e]);
-                    }
+            chunkb_put_st<MTW>(SbT, sacc, w, g, tq);
             fence_proxy_async_smem();
             nb_sync(1, 128);
             float usrc[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) { /* k_chunk_b_wg's TM reads */
-                    const int t = 16 * w + g + e2 * 8, col = n * 8 + 2 * tq;
-                    float2 u2 = *(const float2 *)(Us + t * 32 + ((((col >> 2) ^ (t & 7))) << 2) + (col & 3));
-                    const bool in = GDN || t < len;
-                    usrc[n][2 * e2] = in ? u2.x : 0.0f;
-                    usrc[n][2 * e2 + 1] = in ? u2.y : 0.0f;
-                }
+            chunkb_usrc_tm<GDN>(usrc, Us, len, w, g, tq);
             float uacc[4][4];
-            float(&uf)[16] = *reinterpret_cast<float(*)[16]>(&uacc[0][0]);
-            frag_zero(uacc);
-            if (GDN) {
-                wg_keep(uf);
-                wg_fence();
-#pragma unroll
-                for (int kc = 0; kc < DKP / 16; kc++)
-                    wg_mma32(uacc, wg_desc(Wt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
-                             wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
-                wg_commit();
-                wg_wait<0>();
-                wg_keep(uf);
-            }
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int t = 16 * w + g + (e >> 1) * 8, jj = n * 8 + 2 * tq + (e & 1);
-                    UT[wg_swz(jj, t, 32)] = __float2bfloat16_rn(usrc[n][e] - uacc[n][e]);
-                }
+            chunkb_ws<GDN, DKP>(uacc, Wt, SbT);
+            chunkb_put_ut(UT, usrc, uacc, w, g, tq);
             fence_proxy_async_smem();
             nb_sync(1, 128);
             if (t7 == 0) mbar_arrive(&ready[sl]); /* S^T and U^T of chunk cc for warpgroup 1 */
             float(&sf)[MTW * 16] = *reinterpret_cast<float(*)[MTW * 16]>(&sacc[0][0][0]);
-#pragma unroll
-            for (int mi = 0; mi < MTW; mi++) {
-                const int mt = w + 4 * mi;
-                float d0 = GDN ? decs[0] : decs[mt * 16 + g], d1 = GDN ? decs[0] : decs[mt * 16 + g + 8];
-                state_decay(sacc[mi], d0, d1);
-            }
+            chunkb_decay<GDN, MTW>(sacc, decs, w, g);
             wg_keep(sf);
             wg_fence();
-#pragma unroll
-            for (int mi = 0; mi < MTW; mi++)
-#pragma unroll
-                for (int kc = 0; kc < CH / 16; kc++)
-                    wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
+            chunkb_s_products<MTW>(sacc, KtT, UT);
             wg_commit();
             wg_wait<0>();
             wg_keep(sf);
@@ -1019,12 +1013,7 @@ __global__ void __launch_bounds__(256, 1) k_chunk_b_ws(ChunkArgs a, const __grid
             frag_zero(oacc);
             wg_keep(of);
             wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < DKP / 16; kc++)
-                wg_mma32(oacc, wg_desc(Qt + (kc >> 2) * CH * 64 + (kc & 3) * 16),
-                         wg_desc(SbT + (kc >> 2) * 32 * 64 + (kc & 3) * 16), 1);
-#pragma unroll
-            for (int kc = 0; kc < CH / 16; kc++) wg_mma32(oacc, wg_desc(Aq + kc * 16), wg_desc(UT + kc * 16), 1);
+            chunkb_o_products<DKP>(oacc, Qt, Aq, SbT, UT);
             wg_commit();
             wg_wait<0>();
             wg_keep(of);
