@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include "hyla_cuda_mma.cuh"
+#include "hyla_cuda_wgmma.cuh"
 #include "lab.h"
 
 #define MM 64
@@ -67,31 +68,12 @@ __device__ static inline void fill(__nv_bfloat16 *S, const __nv_bfloat16 *X, int
     __syncthreads();
 }
 
-__device__ static inline void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+/* the single-instruction helpers are the product's (hyla_cuda_wgmma.cuh): wg_mma<N> is the
+ * m64nNk16 product with both operands in shared memory, wg_fence / wg_commit / wg_wait its
+ * ordering; the register-A form here takes a scale-d operand, which the product's does not */
 __device__ static inline void wg_commit_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-
-template <int N>
-__device__ static inline void wg_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
-template <>
-__device__ inline void wg_ss<64>(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(scale_d));
-#endif
-}
-template <>
-__device__ inline void wg_ss<128>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(scale_d));
-#endif
+    wg_commit();
+    wg_wait<0>();
 }
 __device__ static inline void wg_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -123,7 +105,7 @@ __global__ void k_wg_ss(const __nv_bfloat16 *A, const __nv_bfloat16 *B, float *C
     for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
     wg_fence();
     for (int s = 0; s < KK / 16; s++)
-        wg_ss<N>(d, desc(As + s * MM * 16, lbo, sbo), desc(Bs + s * N * 16, lbo, sbo), zeroed || s > 0);
+        wg_mma<N>(d, desc(As + s * MM * 16, lbo, sbo), desc(Bs + s * N * 16, lbo, sbo), zeroed || s > 0);
     wg_commit_wait();
     store_d<N>(d, C);
 }
