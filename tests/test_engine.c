@@ -218,6 +218,21 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
     int V = c->vocab_size, T = 150;
     int32_t *p = test_prompt(T, 11, V);
 
+    /* 0. logits scratch only where logits are wanted: a fresh runtime holds none, a prompt fed
+     * without a logits buffer reserves none (8192 rows of a 152k vocabulary would be 5 GB), a
+     * decode step its batch's rows, a prompt fed with a logits buffer its piece's */
+    {
+        CHECK(hyla_runtime_logit_rows(m) == 0);
+        hyla_session *z = new_session(m, 0, 1);
+        CHECK_OK(hyla_session_feed(z, p, T, NULL, NULL, NULL, NULL));
+        CHECK_MSG(hyla_runtime_logit_rows(m) == 0, "%s: a prompt fed without logits reserved %d rows of them", arch,
+                  hyla_runtime_logit_rows(m));
+        CHECK_OK(hyla_session_step(&z, 1, NULL));
+        CHECK_MSG(hyla_runtime_logit_rows(m) >= 1 && hyla_runtime_logit_rows(m) < T,
+                  "%s: a decode step of one session reserved %d rows of logits", arch, hyla_runtime_logit_rows(m));
+        hyla_session_free(z);
+    }
+
     /* 1. prefill logits vs decode logits. Tolerance: chunked and recurrent forms sum the same
      * terms in different orders in fp32 through 3 layers; logits are O(10), so 2e-3 absolute
      * + 1e-3 relative is far below any real discrepancy (a wrong decay or missing term moves

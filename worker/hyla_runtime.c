@@ -31,29 +31,42 @@ static void scratch_free(hyla_runtime *rt) {
     o->free(ctx, rt->mo);
     o->free(ctx, rt->mlp_g);
     o->free(ctx, rt->mlp_u);
-    o->free(ctx, rt->logits);
     o->free(ctx, rt->mixer_scratch);
     free(rt->host_ptrs);
-    rt->x = rt->xn = rt->mo = rt->mlp_g = rt->mlp_u = rt->logits = NULL;
+    rt->x = rt->xn = rt->mo = rt->mlp_g = rt->mlp_u = NULL;
     rt->mixer_scratch = NULL;
     rt->host_ptrs = NULL;
     rt->rows = 0;
 }
 
-hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows) {
-    if (rows <= rt->rows) return HYLA_OK;
+static void logits_free(hyla_runtime *rt) {
+    rt->be->ops->free(rt->be->ctx, rt->logits);
+    rt->logits = NULL;
+    rt->logit_rows = 0;
+}
+
+hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows, int logit_rows) {
+    if (rows <= rt->rows && logit_rows <= rt->logit_rows) return HYLA_OK;
     if (rt->lanes_busy) /* a lane's logits may still land in the buffers about to go */
-        return hyla_fail(HYLA_ERR_INTERNAL, "the scratch would grow to %d rows under %d posted decode lanes", rows,
-                         rt->lanes_busy);
+        return hyla_fail(HYLA_ERR_INTERNAL, "the scratch would grow to %d rows (%d of logits) under %d posted decode lanes",
+                         rows, logit_rows, rt->lanes_busy);
     /* posted rows may still be read from (or logits written to) the buffers about to go */
     HYLA_TRY(hyla_runtime_finish(rt));
     const hyla_model *m = rt->m;
     const hyla_model_config *c = &m->cfg;
-    int want = rows < 2 * rt->rows ? 2 * rt->rows : rows;
-    scratch_free(rt);
     const hyla_ops *o = rt->be->ops;
     void *ctx = rt->be->ctx;
     size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size, V = (size_t)c->vocab_size;
+    if (logit_rows > rt->logit_rows) {
+        int lwant = logit_rows < 2 * rt->logit_rows ? 2 * rt->logit_rows : logit_rows;
+        logits_free(rt);
+        hyla_status s = o->alloc(ctx, (size_t)lwant * V * sizeof(float), (void **)&rt->logits);
+        if (s != HYLA_OK) return hyla_fail_wrap(s, "allocating logits scratch for %d rows of %zu", lwant, V);
+        rt->logit_rows = lwant;
+    }
+    if (rows <= rt->rows) return HYLA_OK;
+    int want = rows < 2 * rt->rows ? 2 * rt->rows : rows;
+    scratch_free(rt);
     size_t mix = 0;
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
@@ -65,7 +78,6 @@ hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows) {
     if (s == HYLA_OK) s = o->alloc(ctx, want * D * sizeof(float), (void **)&rt->mo);
     if (s == HYLA_OK) s = o->alloc(ctx, want * F * sizeof(float), (void **)&rt->mlp_g);
     if (s == HYLA_OK) s = o->alloc(ctx, want * F * sizeof(float), (void **)&rt->mlp_u);
-    if (s == HYLA_OK) s = o->alloc(ctx, want * V * sizeof(float), (void **)&rt->logits);
     if (s == HYLA_OK) s = o->alloc(ctx, mix ? mix : 1, &rt->mixer_scratch);
     if (s == HYLA_OK && !(rt->host_ptrs = calloc((size_t)HYLA_MIXER_HOST_PTRS * want, sizeof(void *))))
         s = hyla_fail(HYLA_ERR_NOMEM, "out of memory");
@@ -86,6 +98,7 @@ hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens) {
 }
 
 int hyla_runtime_prefill_piece(const hyla_runtime *rt) { return rt->prefill_piece; }
+int hyla_runtime_logit_rows(const hyla_runtime *rt) { return rt->logit_rows; }
 
 hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens) {
     if (tokens < 1 || tokens > (int)HYLA_TOKEN_LOG_MAX)
@@ -140,8 +153,8 @@ hyla_status hyla_runtime_set_micro_batches(hyla_runtime *rt, int m) {
 }
 int hyla_runtime_micro_batches(const hyla_runtime *rt) { return rt->micro_batches; }
 
-hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, float **x_dev, float **logits_dev) {
-    HYLA_TRY(hyla_runtime_reserve(rt, rows));
+hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, int logit_rows, float **x_dev, float **logits_dev) {
+    HYLA_TRY(hyla_runtime_reserve(rt, rows, logit_rows));
     *x_dev = rt->x;
     *logits_dev = rt->logits;
     return HYLA_OK;
@@ -175,7 +188,7 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
                  : hyla_runtime_set_prefill_piece(rt, v > 0 && v <= HYLA_PREFILL_PIECE_MAX ? (int)v : -1);
         if (s != HYLA_OK) s = hyla_fail_wrap(s, "environment variable HYLA_PREFILL_PIECE");
     }
-    if (s == HYLA_OK) s = hyla_runtime_reserve(rt, HYLA_PREFILL_CHUNK);
+    if (s == HYLA_OK) s = hyla_runtime_reserve(rt, HYLA_PREFILL_CHUNK, 0);
     if (s != HYLA_OK) {
         hyla_runtime_free(rt);
         return s;
@@ -189,6 +202,7 @@ void hyla_runtime_free(hyla_runtime *rt) {
     snapbufs_destroy(rt);
     stagebufs_destroy(rt);
     scratch_free(rt);
+    logits_free(rt);
     free(rt->hlogits);
     free(rt->hhidden);
     free(rt);
@@ -587,6 +601,9 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     if (st != HYLA_OK) return rt->ds && !last ? abandon(rt, st) : st;
     if (last) {
         if (!want_logits) return HYLA_OK;
+        if (f->row_off + f->R > rt->logit_rows)
+            return hyla_fail(HYLA_ERR_INTERNAL, "logits of rows %d..%d wanted with %d reserved", f->row_off,
+                             f->row_off + f->R - 1, rt->logit_rows);
         float *lg = rt->logits + (size_t)f->row_off * V;
         HYLA_TRY(o->rmsnorm(ctx, x, m->final_norm, rt->xn, f->R, D, c->norm_eps));
         hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, lg, c->vocab_size);

@@ -35,9 +35,12 @@ const hyla_model *hyla_runtime_model(const hyla_runtime *rt);
  * HYLA_PREFILL_CHUNK in [HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX]. Larger pieces run the
  * projections as larger GEMMs; the results are the same bits for any piece size (pieces stay
  * aligned to chunk boundaries and every op's rows are independent of how many it gets).
- * Scratch memory grows with it (activations of that many rows, logits included). */
+ * Scratch memory grows with it (activations of that many rows; logits only for the rows whose
+ * logits a caller asks for: a decode batch, a piece fed with a logits buffer). */
 hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens);
 int hyla_runtime_prefill_piece(const hyla_runtime *rt);
+/* Rows of logits the scratch holds now (0 until a step wanted logits; for tests and diagnostics). */
+int hyla_runtime_logit_rows(const hyla_runtime *rt);
 
 /* Generated tokens each session of this runtime keeps in its token log (hyla_session.h), 1 ..
  * HYLA_TOKEN_LOG_MAX (the default: one whole Generate at its largest max_tokens); sessions created
@@ -148,9 +151,10 @@ long hyla_runtime_wave_pieces(const hyla_runtime *rt);
 
 /* The backend buffers a later stage's rows go through, made to hold `rows` rows: *x_dev
  * [rows][hidden_size] (the input of hyla_stage_forward_dev; a micro-batch's rows at its row
- * offset) and *logits_dev [rows][vocab] (its logits, at the same rows). Borrowed until the next
- * call that reserves rows on rt (a forward of more rows). */
-hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, float **x_dev, float **logits_dev);
+ * offset) and *logits_dev [logit_rows][vocab] (its logits, at the same rows; logit_rows: rows
+ * when the step wants logits, else 0). Borrowed until the next call that reserves rows on rt (a
+ * forward of more rows). */
+hyla_status hyla_runtime_stage_buffers(hyla_runtime *rt, int rows, int logit_rows, float **x_dev, float **logits_dev);
 
 #ifdef __cplusplus
 }

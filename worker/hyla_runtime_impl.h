@@ -69,7 +69,11 @@ struct hyla_runtime {
     float *xn;            /* [rows][D] the normed input of a mixer or the MLP */
     float *mo;            /* [rows][D] a mixer's or the MLP's output */
     float *mlp_g, *mlp_u; /* [rows][F] the MLP's gate and up projections */
-    float *logits;        /* [rows][V] */
+    /* [logit_rows][V]: reserved apart, for the rows that want logits (a decode batch, a prefill
+     * piece whose caller asked for its logits), so a prefill piece that wants none holds none:
+     * 8192 rows of a 152k vocabulary would be 5 GB */
+    int logit_rows;
+    float *logits;
     void *mixer_scratch;  /* the largest scratch_bytes of the held layers' mixers for `rows` */
     void **host_ptrs;     /* host [HYLA_MIXER_HOST_PTRS][rows] */
     hyla_snapbufs *snapbufs; /* NULL until the first export */
@@ -114,8 +118,10 @@ typedef struct {
 int hyla_tp_group_size(const struct hyla_tp_group *g);
 hyla_runtime *hyla_tp_group_runtime(const struct hyla_tp_group *g, int r);
 
-/* Make the scratch hold `rows` rows (reallocates when it grows, doubling). */
-hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows);
+/* Make the scratch hold `rows` rows of activations and `logit_rows` rows of logits (0: none
+ * needed; reallocates what grows, doubling). Every forward that writes logits to rt->logits
+ * (rows [row_off, row_off + R)) is preceded by a reservation of that many logit rows. */
+hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows, int logit_rows);
 /* Rows of rt->x (already filled) through the held layers; final norm + head into rt->logits
  * when want_logits and this is the last stage; else posted to the downstream. The first stage's
  * decode (f->groups 0) runs micro-batches and finishes; its prefill pieces are posted without

@@ -216,7 +216,7 @@ static hyla_status stage_rank(hyla_session *const *ss, int R, int decode, const 
                               float *logits, const hyla_stage_group *g) {
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
-    HYLA_TRY(hyla_runtime_reserve(rt, g->total_rows));
+    HYLA_TRY(hyla_runtime_reserve(rt, g->total_rows, want_logits ? g->total_rows : 0));
     int32_t *pos = malloc((size_t)R * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < R; i++) pos[i] = (int32_t)(decode ? ss[i]->pos : ss[0]->pos + i);
@@ -325,7 +325,7 @@ static hyla_status prefill_piece_rank(hyla_session *s, const int32_t *toks, int 
     hyla_runtime *rt = s->rt;
     if (m->layer_begin != 0)
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "feeding tokens needs the first pipeline stage (layers from 0)");
-    HYLA_TRY(hyla_runtime_reserve(rt, n));
+    HYLA_TRY(hyla_runtime_reserve(rt, n, logits_host ? n : 0)); /* logits only when asked for */
     int32_t *pos = malloc((size_t)n * sizeof *pos);
     if (!pos) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) pos[i] = (int32_t)(s->pos + i);
@@ -411,7 +411,7 @@ static hyla_status step_rank(hyla_session *const *ss, int B, const int32_t *toks
                              const step_rows *at) {
     hyla_runtime *rt = ss[0]->rt;
     const hyla_model *m = ss[0]->m;
-    HYLA_TRY(hyla_runtime_reserve(rt, at->rows));
+    HYLA_TRY(hyla_runtime_reserve(rt, at->rows, at->rows));
     float *x = rt->x + (size_t)at->off * m->cfg.hidden_size;
     HYLA_TRY(OPS(m)->embed(CTX(m), m->embed, toks, B, x));
     int n = B;
@@ -563,7 +563,7 @@ out:
 
 hyla_status hyla_session_sample_logits(hyla_session *s, const float *logits, int32_t *out) {
     const hyla_model *m = s->m;
-    HYLA_TRY(hyla_runtime_reserve(s->rt, 1));
+    HYLA_TRY(hyla_runtime_reserve(s->rt, 1, 1));
     size_t V = (size_t)m->cfg.vocab_size;
     HYLA_TRY(OPS(m)->upload(CTX(m), s->rt->logits, logits, V * sizeof(float)));
     float u = hyla_rng_uniform(&s->rng);

@@ -528,7 +528,8 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
     float *x_dev = NULL, *logits_dev = NULL;
 #ifdef HYLA_HAVE_CUDA
     if (nccl) {
-        hyla_status st = hyla_runtime_stage_buffers(w->rt, (int)total, &x_dev, &logits_dev);
+        hyla_status st =
+            hyla_runtime_stage_buffers(w->rt, (int)total, r->want_logits ? (int)total : 0, &x_dev, &logits_dev);
         if (st == HYLA_OK)
             st = hyla_cuda_nccl_recv(w->be, w->prev_nccl, x_dev + off * cfg->hidden_size,
                                      rows * cfg->hidden_size * sizeof(float), 0);
@@ -580,7 +581,7 @@ void do_stage_msg(hyla_worker *w, cmd *c) {
     if (!bad && nccl) {
         /* make_resident may have restored a session: the rows must still be where they arrived */
         float *x2 = NULL, *l2 = NULL;
-        st = hyla_runtime_stage_buffers(w->rt, (int)total, &x2, &l2);
+        st = hyla_runtime_stage_buffers(w->rt, (int)total, r->want_logits ? (int)total : 0, &x2, &l2);
         if (st == HYLA_OK && x2 != x_dev) st = hyla_fail(HYLA_ERR_INTERNAL, "the stage buffers moved under a received step");
         if (st == HYLA_OK) st = hyla_stage_forward_dev_group(ss, (int)rows, decode, r->want_logits, &g);
     } else if (!bad) {
