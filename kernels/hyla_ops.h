@@ -443,8 +443,8 @@ typedef struct {
     const hyla_ops *ops;
     void *ctx;
     /* tokens per prefill forward pass the backend runs best at (0: HYLA_PREFILL_PIECE_DEFAULT);
-     * a runtime starts with it (worker/hyla_runtime.h). The CUDA backend: 8192, the most a piece
-     * takes, so prompt projections run as GEMMs of many 1024-row blocks (docs/CUDA.md "Linear") */
+     * a runtime starts with it (worker/hyla_runtime.h). The CUDA backend: 16384, so prompt
+     * projections run as GEMMs of many 1024-row blocks (docs/CUDA.md "Linear") */
     int prefill_piece;
 } hyla_backend;
 

@@ -51,7 +51,7 @@ static void usage(FILE *f) {
             "                       and the next N-1 GPUs, or N CPU backends); default 1. Snapshots are\n"
             "                       whole-model snapshots, so a state saved under one N loads under any\n"
             "                       other; the tokens match N = 1's within floating-point rounding\n"
-            "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 32768 (default 8192\n"
+            "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 32768 (default 16384\n"
             "                       on a GPU, 1024 on the CPU, or $HYLA_PREFILL_PIECE); the output is the\n"
             "                       same for every N\n"
             "  --quiet              no progress or statistics on stderr\n");

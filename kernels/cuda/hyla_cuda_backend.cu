@@ -856,7 +856,10 @@ extern "C" hyla_status hyla_cuda_backend_create(int device, hyla_backend **out) 
     }
     b->ops = &hyla_cuda_ops_table;
     b->ctx = c;
-    b->prefill_piece = 8192;
+    /* 16384: every model measured prefills 0.3-3 % faster than at 8192 (BENCHMARKS.md "Prefill
+     * pieces of 16k: the default"), and a prompt's piece reserves no logits, so its scratch is
+     * about what 8192 rows took with logits */
+    b->prefill_piece = 16384;
     *out = b;
     return HYLA_OK;
 }
