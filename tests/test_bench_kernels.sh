@@ -4,7 +4,8 @@
 # 128; statex: 512 and GLA at H 4 dk 256 dv 512 and the merged H 1 dk 1024 dv 2048, which the CPU
 # backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
 # from its cache; decode rows carry their share of the copy rate; the CPU refuses no shape.
-# Timings are not asserted. Skips (77) until hyla-bench exists.
+# hyla-bench e2e on a tiny model reports the runtime's scratch (no logits for a prompt fed without
+# them). Timings are not asserted. Skips (77) until hyla-bench exists.
 set -uo pipefail
 BIN=${HYLA_BIN_DIR:-build/bin}
 [ -x "$BIN/hyla-bench" ] || { echo "SKIP: $BIN/hyla-bench not built"; exit 77; }
@@ -62,5 +63,17 @@ fi
 for m in mamba2 statex dla nsa seq; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
 "$BIN/hyla-bench" kernels --device cpu --only bogus >/dev/null 2>"$T/err" && { echo "FAIL: --only bogus accepted"; fail=1; }
 grep -q "unknown --only" "$T/err" || { echo "FAIL: no message for an unknown --only"; fail=1; }
+# e2e reports the runtime's scratch: a prompt fed without logits reserves none, a decode step its batch's rows
+if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hidden 128 --heads 2 --head-dim 64 \
+     --intermediate 256 --vocab 1000 --out "$T/m" >/dev/null 2>&1; then
+  "$BIN/hyla-bench" e2e --model "$T/m" --prefill 256 --batch 2 --ctx 16 --steps 2 >"$T/e2e.jsonl" 2>"$T/e2e.err" ||
+    { echo "FAIL e2e: hyla-bench e2e exited non-zero"; cat "$T/e2e.err"; fail=1; }
+  grep '"e2e_prefill"' "$T/e2e.jsonl" | grep -q '"scratch_mb":[0-9.]*,"logits_scratch_mb":0.00' ||
+    { echo "FAIL e2e: the prefill line does not show scratch without logits"; grep e2e_prefill "$T/e2e.jsonl"; fail=1; }
+  grep '"e2e_decode"' "$T/e2e.jsonl" | grep -q '"logits_scratch_mb":0.01' ||
+    { echo "FAIL e2e: the decode line does not show 2 rows of logits (8 KB)"; grep e2e_decode "$T/e2e.jsonl"; fail=1; }
+else
+  echo "FAIL e2e: hyla-mkmodel did not make the tiny model"; fail=1
+fi
 [ $fail = 0 ] && echo "test_bench_kernels: ok"
 exit $fail

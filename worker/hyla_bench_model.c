@@ -1827,6 +1827,13 @@ static void bench_async_export(hyla_model *m, hyla_session **ss, int B, int ctx,
     free(out);
 }
 
+/* The runtime's scratch after the measured call (rank 0's under tensor parallelism): activations
+ * with the mixers' scratch, and logits, which only rows that want them reserve */
+static void print_scratch(const hyla_runtime *rt) {
+    size_t lb = 0, all = hyla_runtime_scratch_bytes(rt, &lb);
+    printf(",\"scratch_mb\":%.1f,\"logits_scratch_mb\":%.2f", all / 1e6, lb / 1e6);
+}
+
 int hyla_bench_e2e(int argc, char **argv) {
     const char *device = "cpu", *model_dir = NULL;
     int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
@@ -1952,6 +1959,7 @@ int hyla_bench_e2e(int argc, char **argv) {
         datasheet(&peak, &hbm);
         printf(",\"tflops_2pn\":%.1f", tf);
         if (peak > 0) printf(",\"peak_bf16_tflops\":%.0f,\"of_peak\":%.3f", peak, tf / peak);
+        print_scratch(rt);
         if (is_cuda && hyla_cuda_get_graph_stats) /* rank 0's (a tensor-parallel group's ranks run alike) */
             printf(",\"graph_replays\":%llu,\"captures\":%llu,\"evictions\":%llu",
                    (unsigned long long)(g1.replays - g0.replays), (unsigned long long)(g1.captures - g0.captures),
@@ -2033,6 +2041,7 @@ int hyla_bench_e2e(int argc, char **argv) {
                 double peak, hbm;
                 datasheet(&peak, &hbm);
                 if (hbm > 0) printf(",\"hbm_tbps\":%.2f,\"of_hbm\":%.3f", hbm, (params + state) / sec / 1e12 / hbm);
+                print_scratch(rt);
                 if (is_cuda && hyla_cuda_get_graph_stats)
                     printf(",\"ops_per_step\":%.0f,\"graph_launches_per_step\":%.2f,\"captures\":%llu",
                            (double)(g1.ops - g0.ops) / steps, (double)(g1.replays - g0.replays) / steps,

@@ -37,6 +37,7 @@ static void scratch_free(hyla_runtime *rt) {
     rt->mixer_scratch = NULL;
     rt->host_ptrs = NULL;
     rt->rows = 0;
+    rt->act_bytes = 0;
 }
 
 static void logits_free(hyla_runtime *rt) {
@@ -86,6 +87,7 @@ hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows, int logit_rows) {
         return hyla_fail_wrap(s, "allocating activation scratch for %d rows", want);
     }
     rt->rows = want;
+    rt->act_bytes = (size_t)want * (3 * D + 2 * F) * sizeof(float) + (mix ? mix : 1);
     return HYLA_OK;
 }
 
@@ -99,6 +101,11 @@ hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens) {
 
 int hyla_runtime_prefill_piece(const hyla_runtime *rt) { return rt->prefill_piece; }
 int hyla_runtime_logit_rows(const hyla_runtime *rt) { return rt->logit_rows; }
+size_t hyla_runtime_scratch_bytes(const hyla_runtime *rt, size_t *logits_bytes) {
+    size_t lb = (size_t)rt->logit_rows * (size_t)rt->m->cfg.vocab_size * sizeof(float);
+    if (logits_bytes) *logits_bytes = lb;
+    return rt->act_bytes + lb;
+}
 
 hyla_status hyla_runtime_set_token_log(hyla_runtime *rt, int tokens) {
     if (tokens < 1 || tokens > (int)HYLA_TOKEN_LOG_MAX)

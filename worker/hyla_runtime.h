@@ -41,6 +41,10 @@ hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens);
 int hyla_runtime_prefill_piece(const hyla_runtime *rt);
 /* Rows of logits the scratch holds now (0 until a step wanted logits; for tests and diagnostics). */
 int hyla_runtime_logit_rows(const hyla_runtime *rt);
+/* Device bytes of the runtime's scratch now: activations, the mixers' scratch and logits (the
+ * logits' share in *logits_bytes, when given). The backend's own buffers (GEMM operands, graph
+ * parameter blocks) are not counted. hyla-bench e2e reports it. */
+size_t hyla_runtime_scratch_bytes(const hyla_runtime *rt, size_t *logits_bytes);
 
 /* Generated tokens each session of this runtime keeps in its token log (hyla_session.h), 1 ..
  * HYLA_TOKEN_LOG_MAX (the default: one whole Generate at its largest max_tokens); sessions created

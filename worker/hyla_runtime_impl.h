@@ -63,8 +63,10 @@ struct hyla_runtime {
      * Sessions are created on rank 0's runtime and hold one session per rank (hyla_session.c). */
     struct hyla_tp_group *tp;
     int tp_rank;
-    /* scratch activations for up to `rows` rows (a prefill piece or a decode batch) */
+    /* scratch activations for up to `rows` rows (a prefill piece or a decode batch), act_bytes of
+     * device memory with the mixers' scratch */
     int rows;
+    size_t act_bytes;
     float *x;             /* [rows][D] the residual stream */
     float *xn;            /* [rows][D] the normed input of a mixer or the MLP */
     float *mo;            /* [rows][D] a mixer's or the MLP's output */
