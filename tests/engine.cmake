@@ -17,3 +17,7 @@ hyla_add_script_test(test_identity test_identity.sh LABELS quick e2e TIMEOUT 150
 hyla_add_script_test(test_cuda_toolkit test_cuda_toolkit.sh LABELS quick TIMEOUT 400)
 hyla_add_script_test(test_bench_restore test_bench_restore.sh LABELS quick TIMEOUT 300)
 hyla_add_script_test(test_bench_kernels test_bench_kernels.sh LABELS quick TIMEOUT 300)
+# every programmatically launched CUDA kernel waits for the kernel ahead before it returns or
+# touches memory (a source check: runs without a GPU or a CUDA build)
+add_test(NAME test_pdl_lint COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/pdl_lint.py ${CMAKE_SOURCE_DIR}/kernels/cuda)
+set_tests_properties(test_pdl_lint PROPERTIES LABELS "quick" TIMEOUT 60)

@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(32 * NW) k_skinny2c(const __nv_bfloat16 *__res
     int i = 0;
     while (i + 1 < G.n && ci >= G.cl0[i + 1]) i++;
     const int S = G.S[i], tpc = C / S, local = cr / S, s = cr - local * S, tile = (ci - G.cl0[i]) * tpc + local;
-    if (local >= tpc || tile >= G.ntiles[i]) {
+    if (local >= tpc || tile >= G.ntiles[i]) { /* pdl-lint: returns before the wait touch no memory */
         pdl_trigger();
         cooperative_groups::this_cluster().sync();
         cooperative_groups::this_cluster().sync();
