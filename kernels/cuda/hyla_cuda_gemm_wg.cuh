@@ -435,6 +435,7 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
                               const float *bias2, float *y2, int ldy2, int accumulate, int *done) {
     typedef WgCfg<WGM, BN, ST, CL> C;
     const size_t smem = C::SMEM + (PW ? 8 * ST : 0); /* + k_gemm_wgp's empty barriers */
+    static_assert(BN == 32 || BN == 48 || BN == 64 || BN == 128 || BN == 256, "no weight map slot for this box height");
     auto kern = PW ? k_gemm_wgp<WGM, BN, ST, CL> : k_gemm_wg<WGM, BN, ST, CL, OV>;
     *done = 0;
     /* the weights' maps, made once per box height and kept with them */
