@@ -68,6 +68,9 @@ gt "$(metric "$WM" 'hyla_worker_snapshot_bytes_total{op="put"}')" 0 || e2e_fail 
 gt "$(metric "$WM" 'hyla_grpc_requests_total{method="/hyla.v1.Worker/Generate",code="OK"}')" 0 ||
   e2e_fail "w1: Generate OK count"
 [ -n "$(metric "$WM" 'hyla_worker_sessions{tier="gpu"}')" ] || e2e_fail "w1: sessions by tier missing"
+# the runtime's scratch: activations after the prefill, logits for the decode batch only
+gt "$(metric "$WM" 'hyla_worker_scratch_bytes{kind="activations"}')" 0 || e2e_fail "w1: no activation scratch reported"
+gt "$(metric "$WM" 'hyla_worker_scratch_bytes{kind="logits"}')" 0 || e2e_fail "w1: no logits scratch after decoding"
 [ -n "$(metric "$CM" 'hyla_coord_sessions{state="SESSION_PAUSED",tier="TIER_UNSPECIFIED"}')" ] ||
   e2e_fail "coordinator: sessions by state and tier missing"
 [ "$E2E_FAILED" = 0 ] && e2e_log "ok: metric values moved after requests (prefill $pre, decode $dec tokens)"

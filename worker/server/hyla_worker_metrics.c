@@ -16,7 +16,7 @@
 
 struct worker_metrics {
     hyla_metric *tokens, *seconds, *sessions, *state_bytes, *state_budget, *calls, *queued;
-    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem, *exp_bytes, *exp_state;
+    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem, *exp_bytes, *exp_state, *scratch;
     int cuda_device; /* -1: not a cuda worker */
 };
 
@@ -51,7 +51,10 @@ static void collect(hyla_metrics *r, void *ud) {
     struct worker_metrics *m = w->met;
     pthread_mutex_lock(&w->sum_mu);
     Hyla__V1__WorkerLoad load = w->load;
+    const size_t scratch = w->scratch_bytes, scratch_logits = w->scratch_logits_bytes;
     pthread_mutex_unlock(&w->sum_mu);
+    hyla_metric_set1(m->scratch, "activations", (double)(scratch - scratch_logits));
+    hyla_metric_set1(m->scratch, "logits", (double)scratch_logits);
     hyla_metric_set1(m->sessions, "gpu", load.sessions_gpu);
     hyla_metric_set1(m->sessions, "host", load.sessions_host);
     hyla_metric_set(m->state_bytes, NULL, (double)load.state_bytes);
@@ -71,7 +74,7 @@ hyla_status worker_metrics_setup(hyla_worker *w) {
     if (!m) return hyla_fail(HYLA_ERR_NOMEM, "worker metrics");
     w->met = m;
     hyla_probe_rpc_metrics(w->srv, r);
-    static const char *const phase[] = {"phase"}, *const tier[] = {"tier"}, *const op[] = {"op"};
+    static const char *const phase[] = {"phase"}, *const tier[] = {"tier"}, *const op[] = {"op"}, *const kind[] = {"kind"};
     m->tokens = hyla_metrics_counter(r, "hyla_worker_tokens_total", "Tokens computed, by phase (prefill, decode)", 1, phase);
     m->seconds = hyla_metrics_counter(r, "hyla_worker_compute_seconds_total",
                                       "Seconds spent in forward passes, by phase; tokens/s = rate(tokens) / rate(seconds)",
@@ -79,6 +82,9 @@ hyla_status worker_metrics_setup(hyla_worker *w) {
     m->sessions = hyla_metrics_gauge(r, "hyla_worker_sessions", "Sessions held, by tier (gpu: the state pool, host: evicted)", 1, tier);
     m->state_bytes = hyla_metrics_gauge(r, "hyla_worker_state_bytes", "Session state bytes resident in the state pool (device memory on cuda)", 0, NULL);
     m->state_budget = hyla_metrics_gauge(r, "hyla_worker_state_budget_bytes", "State pool budget (0: unlimited)", 0, NULL);
+    m->scratch = hyla_metrics_gauge(r, "hyla_worker_scratch_bytes",
+                                    "The runtime's scratch, by kind (activations: a prefill piece's or a decode batch's "
+                                    "rows with the mixers' scratch; logits: only rows whose logits are wanted)", 1, kind);
     m->calls = hyla_metrics_gauge(r, "hyla_worker_active_calls", "Append and Generate calls in progress", 0, NULL);
     m->queued = hyla_metrics_gauge(r, "hyla_worker_queued_prefill_tokens", "Prefill tokens waiting in the scheduler", 0, NULL);
     m->snap_seconds = hyla_metrics_histogram(r, "hyla_worker_snapshot_seconds",
@@ -92,7 +98,6 @@ hyla_status worker_metrics_setup(hyla_worker *w) {
                                         "the session's durable version holds)", 0, NULL);
     m->exp_state = hyla_metrics_counter(r, "hyla_worker_snapshot_state_bytes_total",
                                         "State bytes of the snapshots put (whole, as restored)", 0, NULL);
-    static const char *const kind[] = {"kind"};
     m->cuda_device = -1;
     if (w->p.device && sscanf(w->p.device, "cuda:%d", &m->cuda_device) != 1) m->cuda_device = -1;
     if (m->cuda_device >= 0)

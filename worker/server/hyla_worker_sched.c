@@ -50,6 +50,7 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     free(ids); /* the strings now belong to sum[] */
     double t = now_s();
     double rate = t > w->tok_window_t0 ? w->tok_window / (t - w->tok_window_t0) : 0;
+    size_t scratch_logits = 0, scratch = w->rt ? hyla_runtime_scratch_bytes(w->rt, &scratch_logits) : 0;
     if (t - w->tok_window_t0 > 5) {
         w->tok_window_t0 = t;
         w->tok_window = 0;
@@ -67,6 +68,8 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     w->load.state_budget_bytes = w->p.state_budget_bytes;
     w->load.tokens_per_second = rate;
     w->load.queued_tokens = queued_tokens;
+    w->scratch_bytes = scratch;
+    w->scratch_logits_bytes = scratch_logits;
     pthread_mutex_unlock(&w->sum_mu);
 }
 
