@@ -880,9 +880,11 @@ static hyla_status g_short_conv_multi(void *ctx, int m, const hyla_conv_part *p,
     return HYLA_OK;
 }
 
+/* The logged decode entry; *out (when given): the entry, for the caller's further fields (the
+ * raw GDN form) */
 static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const float *k, const float *v,
                               const float *ga, const float *gb, int B, int H, int dk, int dv, float scale,
-                              float *const *S, float *o) {
+                              float *const *S, float *o, ga_lin_decode **out = NULL) {
     if (B <= 0) return HYLA_OK;
     if (dk > 256 && !cu_gla_slabs(gdn, dk))
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: key head dim %d > 256 is not supported on cuda for gdn", dk);
@@ -895,6 +897,7 @@ static hyla_status lin_decode(hyla_cuda_ctx *c, int gdn, const float *q, const f
     a->states16 = cu_states16(S, B);
     a->raw = 0;
     memcpy(d, S, (size_t)B * sizeof(float *));
+    if (out) *out = a;
     return HYLA_OK;
 }
 
@@ -925,18 +928,14 @@ static hyla_status g_gdn_decode_raw(void *ctx, float *q, float *k, const float *
         HYLA_TRY(g_gdn_gates(ctx, ga, H, gb, H, A_log, dt_bias, ga, gb, B, H, allow_neg));
         return g_gdn_decode(ctx, q, k, v, ga, gb, B, H, dk, dv, scale, S, o);
     }
+    /* the GDN decode entry (its states are 16-byte aligned: cu_gdn_decode_raw_ok), made raw */
     ga_lin_decode *a;
-    void *d;
-    HYLA_TRY(log_lin_decode(c->graphs, (size_t)B * sizeof(float *), &a, &d));
-    lin_io_set(&a->io, 1, q, k, v, ga, gb, H, dk, dv, scale, o);
-    a->B = B;
-    a->states16 = 1;
+    HYLA_TRY(lin_decode(c, 1, q, k, v, ga, gb, B, H, dk, dv, scale, S, o, &a));
     a->raw = 1;
     a->allow_neg = allow_neg;
     a->eps = eps;
     a->A_log = A_log;
     a->dt_bias = dt_bias;
-    memcpy(d, S, (size_t)B * sizeof(float *));
     return HYLA_OK;
 }
 
