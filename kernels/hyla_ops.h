@@ -67,6 +67,7 @@ typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 /* One output of linear_multi: y [M][N] (row stride ldy) = x @ W^T (+ bias). */
 #define HYLA_LINEAR_MULTI_MAX 6 /* a GDN layer's q, k, v, a, b and output gate */
 #define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
+#define HYLA_LINEAR_X_BF16 2  /* with HYLA_LINEAR_PREFILL: x is bf16 rows from rmsnorm_bf16 (see there) */
 typedef struct {
     const hyla_weight *W;
     const float *bias; /* [N] or NULL */
@@ -75,13 +76,17 @@ typedef struct {
 } hyla_linear_out;
 
 /* One tensor of short_conv_multi: as short_conv's x [B][n][C], w [C][K], bias [C] or NULL and
- * tails (a host array of B device pointers, each [K-1][C]). */
+ * tails (a host array of B device pointers, each [K-1][C]). l2 > 0 (a divisor of C): then each
+ * token's runs of l2 channels are L2-normalised, bit for bit l2norm_rows(x, B * n * C / l2, l2,
+ * l2_eps) after the convolution (GDN's q and k heads; the GPU does it in the convolution's pass). */
 #define HYLA_CONV_MULTI_MAX 3
 typedef struct {
     float *x;
     const float *w, *bias;
     float *const *tails;
     int C;
+    int l2;       /* 0: none */
+    float l2_eps;
 } hyla_conv_part;
 
 /* ---- LTE (learnable token eviction; docs/MODELS.md §5.1, [LTE-1..5]) ---- */
@@ -190,7 +195,9 @@ typedef struct hyla_ops {
      * use another method, as long as a row's result still depends only on that row and on the
      * call's output shapes (n and the Ns; not on M, the row's place, or the other rows) among
      * all calls with this flag — it need not equal the result without the flag (CUDA: cuBLAS
-     * at a fixed row count, outputs of equal N batched; CPU: the same as linear). */
+     * at a fixed row count, outputs of equal N batched; CPU: the same as linear).
+     * flags & HYLA_LINEAR_X_BF16 (with HYLA_LINEAR_PREFILL, only on a backend with rmsnorm_bf16):
+     * x points to bf16 rows [M][ldx], ldx == K, written by rmsnorm_bf16. */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                 int accumulate, int flags);
     /* The MLP's down projection of its SwiGLU: y [M][N] = (silu(gate) * up) @ W^T, gate and up
@@ -437,6 +444,16 @@ typedef struct hyla_ops {
     hyla_status (*gdn_decode_raw)(void *ctx, float *q, float *k, const float *v, float *a, float *b, const float *A_log,
                                   const float *dt_bias, int allow_neg, float eps, int B, int H, int dk, int dv,
                                   float scale, float *const *S, float *o);
+
+    /* ---- prompt rows' norms as the prompt GEMMs' operand (NULL in a backend that lacks it: the
+     * runtime runs rmsnorm / add_rmsnorm and fp32 rows) ----
+     * As add_rmsnorm(residual, x, w, y) (x != NULL) or rmsnorm(residual, w, y) (x == NULL), with y
+     * [n][D] bf16: each value the fp32 result rounded to nearest-even. A backend has it only when
+     * its prompt linears round x to bf16 that way (HYLA_LINEAR_X_BF16), so that the norm followed
+     * by linear_multi(HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16) gives the bits of the fp32 norm
+     * followed by linear_multi(HYLA_LINEAR_PREFILL): the fp32 rows are never written. */
+    hyla_status (*rmsnorm_bf16)(void *ctx, float *residual, const float *x, const float *w, void *y, int n, int D,
+                                float eps);
 } hyla_ops;
 
 typedef struct {

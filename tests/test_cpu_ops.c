@@ -362,6 +362,27 @@ static void test_short_conv(void) {
         free(ref), free(y), free(tails), free(t2), free(y2), free(p1), free(p2);
     }
     free(x), free(w), free(bias), free(tail0);
+    /* short_conv_multi with L2 runs (GDN's q and k heads) == short_conv then l2norm_rows, bit for
+     * bit; runs that do not divide the channels are refused, naming both */
+    {
+        const int C2 = 8, l2 = 4;
+        float *xa = randn((size_t)B * n * C2, 1.0f), *w2 = randn((size_t)C2 * K, 0.5f);
+        float *ta = randn((size_t)B * (K - 1) * C2, 1.0f), *xb = dup(xa, (size_t)B * n * C2),
+              *tb = dup(ta, (size_t)B * (K - 1) * C2);
+        float *tpa[2] = {ta, ta + (K - 1) * C2}, *tpb[2] = {tb, tb + (K - 1) * C2};
+        hyla_conv_part p = {xa, w2, NULL, tpa, C2, l2, 1e-6f};
+        CHECK_OK(ops->short_conv_multi(ctx, 1, &p, B, n, K, 1));
+        CHECK_OK(ops->short_conv(ctx, xb, B, n, C2, w2, NULL, K, tpb, 1));
+        CHECK_OK(ops->l2norm_rows(ctx, xb, B * n * C2 / l2, l2, 1e-6f));
+        CHECK_MSG(!memcmp(xa, xb, (size_t)B * n * C2 * sizeof(float)), "short_conv_multi l2 == short_conv, l2norm_rows");
+        double ss = 0;
+        for (int i = 0; i < l2; i++) ss += (double)xa[i] * xa[i];
+        CHECK_MSG(fabs(ss - 1.0) < 1e-3, "short_conv_multi l2: a run has unit norm (%.8f)", ss);
+        p.l2 = 3;
+        CHECK(ops->short_conv_multi(ctx, 1, &p, B, n, K, 1) == HYLA_ERR_INVALID_ARG);
+        CHECK(strstr(hyla_last_error(), "L2 runs of 3") != NULL);
+        free(xa), free(w2), free(ta), free(xb), free(tb);
+    }
 }
 
 /* ---------------------------------------------------------------- sampling [SAMPLE-1] */

@@ -863,6 +863,77 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
     }
 }
 
+/* rmsnorm_bf16, p = {n, D, row offset}: the norm's rows rounded to bf16 as stored are the fp32 op's
+ * rounded (residual: the same bits), with and without the residual add; and prompt-row linears
+ * from them (HYLA_LINEAR_X_BF16) give the bits of the linears from the fp32 rows, in whole 1024-row
+ * blocks read in place, a partial block, and rows at an offset that is not 256-byte aligned (both
+ * copied to the scratch). */
+static void case_rmsnorm_bf16(const op_case *c) {
+    if (!gpu->ops->rmsnorm_bf16) {
+        printf("  (no rmsnorm_bf16 in this backend)\n");
+        return;
+    }
+    const int n = c->p[0], D = c->p[1], off = c->p[2], N = 640, rows = n + off;
+    const size_t nd = (size_t)rows * D;
+    float *x = randn(nd, 1.0f), *r = randn(nd, 2.0f), *w = randn(D, 1.0f), *W = randn((size_t)N * D, 0.05f);
+    round_bf16(W, (size_t)N * D);
+    hyla_weight *wg;
+    CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, D, &wg));
+    float *dx = dev(gpu, x, nd * 4), *dw = dev(gpu, w, (size_t)D * 4);
+    float *ra = dev(gpu, r, nd * 4), *rb = dev(gpu, r, nd * 4), *ya = dev(gpu, NULL, nd * 4);
+    void *yb = dev(gpu, NULL, nd * 2);
+    float *la = dev(gpu, NULL, (size_t)rows * N * 4), *lb = dev(gpu, NULL, (size_t)rows * N * 4), *lc = dev(gpu, NULL, (size_t)rows * N * 2 * 4);
+    for (int add = 0; add < 2; add++) {
+        const size_t o = (size_t)off * D;
+        if (add)
+            CHECK_OK(gpu->ops->add_rmsnorm(gpu->ctx, ra + o, dx + o, dw, ya + o, n, D, 1e-6f));
+        else
+            CHECK_OK(gpu->ops->rmsnorm(gpu->ctx, ra + o, dw, ya + o, n, D, 1e-6f));
+        CHECK_OK(gpu->ops->rmsnorm_bf16(gpu->ctx, rb + o, add ? dx + o : NULL, dw, (uint16_t *)yb + o, n, D, 1e-6f));
+        float *hya = host_of(gpu, ya + o, (size_t)n * D);
+        uint16_t *hyb = malloc((size_t)n * D * 2 + 4);
+        CHECK_OK(gpu->ops->download(gpu->ctx, hyb, (uint16_t *)yb + o, (size_t)n * D * 2));
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)n * D; i++) bad += hyb[i] != hyla_f32_to_bf16(hya[i]);
+        CHECK_MSG(bad == 0, "rmsnorm_bf16 n=%d D=%d off=%d%s: %zu of %zu values are not the fp32 norm's, rounded", n, D,
+                  off, add ? " (add)" : "", bad, (size_t)n * D);
+        CHECK_MSG(same_bits(gpu, ra, rb, nd * 4), "rmsnorm_bf16 n=%d D=%d%s: the residual == add_rmsnorm's (bits)", n, D,
+                  add ? " (add)" : "");
+        /* one output, then two of the same N (grouped as the MLP's gate and up) */
+        hyla_linear_out oa = {wg, NULL, la + (size_t)off * N, N, N}, ob = {wg, NULL, lb + (size_t)off * N, N, N};
+        CHECK_OK(gpu->ops->linear_multi(gpu->ctx, ya + o, D, n, D, 1, &oa, 0, HYLA_LINEAR_PREFILL));
+        CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)((uint16_t *)yb + o), D, n, D, 1, &ob, 0,
+                                        HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
+        CHECK_MSG(same_bits(gpu, la + (size_t)off * N, lb + (size_t)off * N, (size_t)n * N * 4),
+                  "linear_multi from rmsnorm_bf16's rows n=%d D=%d off=%d == from the fp32 norm's (bits)", n, D, off);
+        hyla_linear_out o2[2] = {{wg, NULL, lc, N, N}, {wg, NULL, lc + (size_t)n * N, N, N}};
+        CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)((uint16_t *)yb + o), D, n, D, 2, o2, 0,
+                                        HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
+        CHECK_MSG(same_bits(gpu, la + (size_t)off * N, lc, (size_t)n * N * 4) &&
+                      same_bits(gpu, la + (size_t)off * N, lc + (size_t)n * N, (size_t)n * N * 4),
+                  "linear_multi of two outputs from rmsnorm_bf16's rows n=%d D=%d == one (bits)", n, D);
+        free(hya);
+        free(hyb);
+    }
+    hyla_linear_out bad = {wg, NULL, la, N, N};
+    CHECK_MSG(gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, HYLA_LINEAR_X_BF16) == HYLA_ERR_INVALID_ARG,
+              "HYLA_LINEAR_X_BF16 without prompt rows is refused");
+    gpu->ops->weight_destroy(gpu->ctx, wg);
+    dfree(gpu, dx);
+    dfree(gpu, dw);
+    dfree(gpu, ra);
+    dfree(gpu, rb);
+    dfree(gpu, ya);
+    dfree(gpu, yb);
+    dfree(gpu, la);
+    dfree(gpu, lb);
+    dfree(gpu, lc);
+    free(x);
+    free(r);
+    free(w);
+    free(W);
+}
+
 static void case_rowops(const op_case *c) {
     (void)c;
     int n = 37, D = 2304;
@@ -1243,11 +1314,15 @@ static void case_short_conv(const op_case *c) {
 /* short_conv_multi == its tensors' short_conv calls, bit for bit on the GPU (outputs and tails):
  * one launch (with the halo pass for pieces over 16 tokens) for K <= 4, the calls themselves for
  * K = 6; decode (3 sessions, one token) and prefill (one session, 1000 and 301 tokens); a bias on
- * one tensor; close to the CPU. */
+ * one tensor; close to the CPU. With L2 runs (GDN's q and k heads: in the convolution's pass where
+ * the runs divide its blocks, 128 and 16 here; l2norm_rows after it for 37 and 50, and for K = 6):
+ * == short_conv then l2norm_rows, bit for bit. */
 static void case_short_conv_multi(const op_case *oc) {
     (void)oc;
     const int Cs[2][3] = {{2304, 2304, 4608}, {37, 64, 100}}, Ks[2] = {4, 6};
+    const int L2s[2][3] = {{128, 128, 0}, {37, 16, 50}};
     const int shapes[3][2] = {{3, 1}, {1, 1000}, {1, 301}}; /* B, n */
+    for (int li = 0; li < 2; li++)
     for (int ci = 0; ci < 2; ci++)
         for (int ki = 0; ki < 2; ki++)
             for (int si = 0; si < 3; si++) {
@@ -1272,19 +1347,23 @@ static void case_short_conv_multi(const op_case *oc) {
                         free(t);
                     }
                     const int hb = j == 1; /* a bias on the second tensor */
-                    pc[j] = (hyla_conv_part){px[j].c, pw[j].c, hb ? pb.c : NULL, tc[j], C};
-                    pg[j] = (hyla_conv_part){px[j].g, pw[j].g, hb ? pb.g : NULL, tg[j], C};
+                    const int l2 = li ? L2s[ci][j] : 0;
+                    pc[j] = (hyla_conv_part){px[j].c, pw[j].c, hb ? pb.c : NULL, tc[j], C, l2, 1e-6f};
+                    pg[j] = (hyla_conv_part){px[j].g, pw[j].g, hb ? pb.g : NULL, tg[j], C, l2, 1e-6f};
                     free(x);
                     free(w);
                 }
                 CHECK_OK(cpu->ops->short_conv_multi(cpu->ctx, 3, pc, B, n, K, 1));
                 CHECK_OK(gpu->ops->short_conv_multi(gpu->ctx, 3, pg, B, n, K, 1));
-                for (int j = 0; j < 3; j++)
+                for (int j = 0; j < 3; j++) {
                     CHECK_OK(gpu->ops->short_conv(gpu->ctx, rx[j], B, n, Cs[ci][j], pw[j].g, j == 1 ? pb.g : NULL, K,
                                                   tr[j], 1));
+                    if (pg[j].l2)
+                        CHECK_OK(gpu->ops->l2norm_rows(gpu->ctx, rx[j], B * n * Cs[ci][j] / pg[j].l2, pg[j].l2, 1e-6f));
+                }
                 char name[96];
-                snprintf(name, sizeof name, "short_conv_multi C=%d/%d/%d K=%d B=%d n=%d", Cs[ci][0], Cs[ci][1], Cs[ci][2],
-                         K, B, n);
+                snprintf(name, sizeof name, "short_conv_multi C=%d/%d/%d K=%d B=%d n=%d%s", Cs[ci][0], Cs[ci][1],
+                         Cs[ci][2], K, B, n, li ? " l2" : "");
                 for (int j = 0; j < 3; j++) {
                     const int C = Cs[ci][j];
                     cmp_pair(name, px[j], FP32_TOL);
@@ -2640,6 +2719,12 @@ static const op_case cases[] = {
     {"linear_multi", case_linear_multi, {0}},
     {"linear switches", case_switches, {0}},
     {"row ops", case_rowops, {0}},
+    /* {n, D, row offset} */
+    {"rmsnorm_bf16", case_rmsnorm_bf16, {2500, 2304, 0}},
+    {"rmsnorm_bf16", case_rmsnorm_bf16, {2048, 2304, 64}},
+    {"rmsnorm_bf16", case_rmsnorm_bf16, {1100, 2112, 1}},
+    {"rmsnorm_bf16", case_rmsnorm_bf16, {300, 128, 0}},
+    {"rmsnorm_bf16", case_rmsnorm_bf16, {40, 102, 3}},
     {"row-op layouts", case_rowop_layouts, {0}},
     {"short_conv", case_short_conv, {0}},
     {"short_conv_multi", case_short_conv_multi, {0}},

@@ -184,6 +184,9 @@ typedef struct {
     float *out;                  /* [R][D] the mixer's output */
     void *scratch;               /* device memory of scratch_bytes(mc, cfg, cap_rows) bytes, aligned */
     void **host_ptrs;            /* host [HYLA_MIXER_HOST_PTRS][R] pointer arrays for gathers */
+    int xn_bf16;                 /* 1: xn holds bf16 rows (prompt rows on a backend with rmsnorm_bf16):
+                                  * a mixer hands xn only to hyla_mixer_linear(_multi), which tell the
+                                  * backend (HYLA_LINEAR_X_BF16); the bits are those of fp32 rows */
 } hyla_mixer_fwd;
 
 /* host_ptrs array i, filled with part `part` of every row's session (decode). */

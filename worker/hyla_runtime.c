@@ -254,6 +254,8 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
     float *xh[2] = {x, x + a * D}, *xn[2] = {rt->xn, rt->xn + a * D}, *mo[2] = {rt->mo, rt->mo + a * D};
     float *g[2] = {rt->mlp_g, rt->mlp_g + a * F}, *u[2] = {rt->mlp_u, rt->mlp_u + a * F};
     int owed[2] = {0, 0}, tk[2] = {-1, -1}, busy[2] = {0, 0}; /* busy: a sum of mo[h] in flight */
+    const int nb = o->rmsnorm_bf16 != NULL; /* the norms write the prompt GEMMs' bf16 operand */
+    const int xf = HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
     hyla_layer_state *ls[1];
     hyla_status s = HYLA_OK;
     rt->wave_pieces++;
@@ -272,13 +274,15 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
         ls[0] = &st[0]->ls[l];
         for (int h = 0; h < 2; h++) {
             WAVE_JOIN(h);
-            s = owed[h] ? o->add_rmsnorm(ctx, xh[h], mo[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps)
-                        : o->rmsnorm(ctx, xh[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps);
+            s = nb        ? o->rmsnorm_bf16(ctx, xh[h], owed[h] ? mo[h] : NULL, ly->attn_norm, xn[h], n[h], (int)D,
+                                            c->norm_eps)
+                : owed[h] ? o->add_rmsnorm(ctx, xh[h], mo[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps)
+                          : o->rmsnorm(ctx, xh[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps);
             if (s != HYLA_OK) goto wave_out;
             owed[h] = 0;
             PM("norm");
             hyla_mixer_fwd mf = {o,   ctx,          c,    ly->cfg, ly->w, l, decode, n[h], rt->rows, pos + off[h],
-                                 ls,  xn[h],        mo[h], rt->mixer_scratch, rt->host_ptrs};
+                                 ls,  xn[h],        mo[h], rt->mixer_scratch, rt->host_ptrs, nb};
             if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
                 s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
                 goto wave_out;
@@ -292,11 +296,11 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
         }
         for (int h = 0; h < 2; h++) {
             WAVE_JOIN(h);
-            if ((s = o->add_rmsnorm(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps)) != HYLA_OK)
-                goto wave_out;
+            s = nb ? o->rmsnorm_bf16(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps)
+                   : o->add_rmsnorm(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps);
+            if (s != HYLA_OK) goto wave_out;
             hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g[h], (int)F, (int)F}, {ly->mlp_up, NULL, u[h], (int)F, (int)F}};
-            if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, HYLA_LINEAR_PREFILL)) != HYLA_OK)
-                goto wave_out;
+            if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, xf)) != HYLA_OK) goto wave_out;
             s = o->swiglu_linear(ctx, g[h], u[h], n[h], (int)F, ly->mlp_down, mo[h], (int)D, HYLA_LINEAR_PREFILL);
             if (s != HYLA_OK) goto wave_out;
             WAVE_BEGIN(h);
@@ -326,6 +330,10 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     const hyla_ops *o = rt->be->ops;
     void *ctx = rt->be->ctx;
     int D = c->hidden_size, F = c->intermediate_size, nst = decode ? R : 1;
+    /* prompt rows: the norms write the prompt GEMMs' bf16 operand where the backend can (the bits
+     * of fp32 rows; hyla_ops.h rmsnorm_bf16), halving the bytes of xn and skipping its rounding */
+    const int nb = !decode && o->rmsnorm_bf16;
+    const int xf = decode ? 0 : HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
     if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * HYLA_PREFILL_CHUNK && pos[0] % HYLA_PREFILL_CHUNK == 0)
         return run_layers_wave(rt, R, pos, st, x);
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
@@ -337,7 +345,9 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     int owed = 0;
     for (int l = m->layer_begin; s == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
-        if (owed)
+        if (nb)
+            s = o->rmsnorm_bf16(ctx, x, owed ? rt->mo : NULL, ly->attn_norm, rt->xn, R, D, c->norm_eps);
+        else if (owed)
             s = o->add_rmsnorm(ctx, x, rt->mo, ly->attn_norm, rt->xn, R, D, c->norm_eps);
         else
             s = o->rmsnorm(ctx, x, ly->attn_norm, rt->xn, R, D, c->norm_eps);
@@ -346,7 +356,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         PM("norm");
         for (int i = 0; i < nst; i++) ls[i] = &st[i]->ls[l];
         hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, rt->mo,
-                             rt->mixer_scratch, rt->host_ptrs};
+                             rt->mixer_scratch, rt->host_ptrs, nb};
         if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
             s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
             break;
@@ -357,10 +367,12 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
             owed = 1;
             continue;
         }
-        if ((s = o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)) != HYLA_OK) break;
+        s = nb ? o->rmsnorm_bf16(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)
+               : o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
+        if (s != HYLA_OK) break;
         PM("norm");
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
-        if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, decode ? 0 : HYLA_LINEAR_PREFILL)) != HYLA_OK) break;
+        if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, xf)) != HYLA_OK) break;
         PM("mlp: gate/up proj");
         /* the SwiGLU and the down projection in one op: prompt rows skip the fp32 pass between */
         s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, rt->mo, D, decode ? 0 : HYLA_LINEAR_PREFILL);

@@ -632,8 +632,14 @@ static hyla_status cpu_short_conv(void *ctx, float *x, int B, int n, int C, cons
 static hyla_status cpu_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu) {
     if (m < 1 || m > HYLA_CONV_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: %d tensors (1..%d)", m, HYLA_CONV_MULTI_MAX);
-    for (int i = 0; i < m; i++)
+    for (int i = 0; i < m; i++) {
+        if (p[i].l2 < 0 || (p[i].l2 && p[i].C % p[i].l2))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: L2 runs of %d do not divide %d channels", p[i].l2,
+                             p[i].C);
         HYLA_TRY(cpu_short_conv(ctx, p[i].x, B, n, p[i].C, p[i].w, p[i].bias, K, p[i].tails, act_silu));
+        if (p[i].l2)
+            HYLA_TRY(cpu_l2norm_rows(ctx, p[i].x, (int)((size_t)B * n * p[i].C / p[i].l2), p[i].l2, p[i].l2_eps));
+    }
     return HYLA_OK;
 }
 

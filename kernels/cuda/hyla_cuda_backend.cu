@@ -393,6 +393,13 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
     return HYLA_OK;
 }
 
+extern "C" hyla_status cu_linear_flags_check(int flags, int ldx, int K) {
+    if ((flags & HYLA_LINEAR_X_BF16) && (!(flags & HYLA_LINEAR_PREFILL) || ldx != K))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows need prompt rows and ldx == K (ldx %d, K %d)", ldx,
+                         K);
+    return HYLA_OK;
+}
+
 /* Prompt rows (HYLA_LINEAR_PREFILL) through cuBLAS at a fixed row count: every call is the
  * same (PROMPT_ROWS, N, K) GEMM with the same cached algorithm, so a row's result depends only on
  * the row (tested on the device: rows at other positions and in calls of other sizes give the
@@ -524,7 +531,8 @@ static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, i
  * depends on the row and on those shapes only (the runtime always groups a projection the same
  * way). */
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
-                                     const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro) {
+                                     const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro,
+                                     int x_bf16) {
     size_t nsum = 0;
     for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
     /* Runs of up to c->prompt_blocks whole blocks go to the GEMM together (prompt_gemm); the last
@@ -571,7 +579,20 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
             if (ptr_align(outs[j].y + (size_t)r0 * outs[j].ldy, (size_t)outs[j].N * 4) < ptr_align(NULL, (size_t)outs[j].N * 4))
                 nblk = 1;
         m = whole < 1 ? M - r0 : nblk * MF;
-        HYLA_TRY(prompt_rows_bf16(c, x, ldx, r0, m, K, pro, (__nv_bfloat16 *)xb)); /* once for all */
+        /* the run's bf16 operand: x's own rows where they already are (HYLA_LINEAR_X_BF16: whole
+         * blocks, as aligned as the scratch; the same values either way), else formed once for
+         * all outputs into the scratch (a partial block reads MF rows: the scratch's, never past
+         * x's rows) */
+        const void *xr = xb;
+        if (x_bf16) {
+            const __nv_bfloat16 *xs = (const __nv_bfloat16 *)x + (size_t)r0 * K;
+            if (m % MF == 0 && ((uintptr_t)xs & 255) == 0)
+                xr = xs;
+            else
+                CU_TRY(cudaMemcpyAsync(xb, xs, (size_t)m * K * 2, cudaMemcpyDeviceToDevice, c->stream));
+        } else {
+            HYLA_TRY(prompt_rows_bf16(c, x, ldx, r0, m, K, pro, (__nv_bfloat16 *)xb));
+        }
         for (int j = 0; j < n; j++) {
             if (grp[j] != j) continue; /* done with its group */
             const int N = outs[j].N;
@@ -594,7 +615,7 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                 W[q] = o->W;
                 C[q] = direct ? o->y + (size_t)r0 * o->ldy : (float *)t + toff[mem[q]];
             }
-            HYLA_TRY(prompt_gemm(c, xb, MF, m / MF > 1 ? m / MF : 1, K, N, nb, W, C));
+            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, nb, W, C));
             for (int q = 0; q < nb; q++) {
                 const hyla_linear_out *o = &outs[mem[q]];
                 if (direct && !o->bias) continue;
@@ -619,7 +640,10 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    if (flags & HYLA_LINEAR_PREFILL) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL);
+    HYLA_TRY(cu_linear_flags_check(flags, ldx, K));
+    if (flags & HYLA_LINEAR_X_BF16) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL, 1);
+    if (flags & HYLA_LINEAR_PREFILL)
+        return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL, 0);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
     if (n > 1 && cu_gemm_big_ok(c, M, K)) {
@@ -656,7 +680,7 @@ extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up,
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
         prompt_pro pro = {up, NULL, NULL, 0, 0, 0.0f};
-        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro);
+        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, 0);
     }
     /* decode rows on the skinny kernel's path of cu_linear: it forms the SwiGLU as it stages x */
     if (!cu_gemm_big_ok(c, M, K) && M <= 256 && K % 8 == 0)
@@ -683,7 +707,7 @@ extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float 
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
         prompt_pro pro = {NULL, gate, w, H, D, eps};
-        return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro);
+        return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, 0);
     }
     if (cu_gemm_big_ok(c, M, K)) {
         void *xb;

@@ -273,27 +273,38 @@ __device__ __forceinline__ void row_scale_cached(float *xr, const float4 (&c)[RO
     }
 }
 
+/* the row's store: fp32 as st_u, or rounded to bf16 (a GEMM's operand: gated_rmsnorm_linear) */
+template <int V4, int A16> __device__ __forceinline__ void st_out(float *row, int u, float4 v) { st_u<V4, A16>(row, u, v); }
+template <int V4, int A16> __device__ __forceinline__ void st_out(__nv_bfloat16 *row, int u, float4 v) {
+    if (V4) {
+        __nv_bfloat162 *p = (__nv_bfloat162 *)(row + 4 * u);
+        p[0] = __floats2bfloat162_rn(v.x, v.y);
+        p[1] = __floats2bfloat162_rn(v.z, v.w);
+    } else {
+        row[u] = __float2bfloat16_rn(v.x);
+    }
+}
+
 /* The output pass of both RMSNorms: y = v * inv * w over the row's units, v from the values cached
  * in registers for the first ROW_RC units of this thread and re-read from src (the row itself)
  * for the rest. */
-template <int V4, int A16>
-__device__ __forceinline__ void rms_scale_store(float *yr, const float4 (&c)[ROW_RC], const float *src, float inv,
+template <int V4, int A16, typename OUT>
+__device__ __forceinline__ void rms_scale_store(OUT *yr, const float4 (&c)[ROW_RC], const float *src, float inv,
                                                 const float *__restrict__ w, int t, int G, int U) {
 #pragma unroll
     for (int k = 0; k < ROW_RC; k++) {
         int u = t + k * G;
-        if (u < U) st_u<V4, A16>(yr, u, mul_sw(c[k], inv, ld_u<V4, A16>(w, u)));
+        if (u < U) st_out<V4, A16>(yr, u, mul_sw(c[k], inv, ld_u<V4, A16>(w, u)));
     }
     for (int u = t + ROW_RC * G; u < U; u += G)
-        st_u<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(src, u), inv, ld_u<V4, A16>(w, u)));
+        st_out<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(src, u), inv, ld_u<V4, A16>(w, u)));
 }
 
 /* [NORM-0] y = x * rsqrt(mean(x^2) + eps) * w; y may alias x (every read of the row happens
  * before the group's reduction, every write after it, and re-read units are the thread's own). */
-template <int V4, int A16, int WARP>
-__global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const float *__restrict__ w, float *y, int n,
-                                                      int D, float eps) {
-    __shared__ float sh[32];
+template <int V4, int A16, int WARP, typename OUT>
+__device__ __forceinline__ void rmsnorm_row(const float *x, const float *__restrict__ w, OUT *y, int n, int D, float eps,
+                                            float *sh) {
     ROW_SETUP(n);
     const float *xr = x + (size_t)row * D;
     float4 cx[ROW_RC];
@@ -301,12 +312,24 @@ __global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const floa
     float inv = rsqrtf(ss / D + eps);
     rms_scale_store<V4, A16>(y + (size_t)row * D, cx, xr, inv, w, t, G, U);
 }
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const float *__restrict__ w, float *y, int n,
+                                                      int D, float eps) {
+    __shared__ float sh[32];
+    rmsnorm_row<V4, A16, WARP>(x, w, y, n, D, eps, sh);
+}
+/* the same rows rounded to bf16 as they are stored (rmsnorm_bf16: a prompt GEMM's operand) */
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm_bf16(const float *x, const float *__restrict__ w,
+                                                           __nv_bfloat16 *y, int n, int D, float eps) {
+    __shared__ float sh[32];
+    rmsnorm_row<V4, A16, WARP>(x, w, y, n, D, eps, sh);
+}
 
 /* residual += x; y = rmsnorm(residual). y may alias x (as above). */
-template <int V4, int A16, int WARP>
-__global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm(float *residual, const float *x, const float *__restrict__ w,
-                                                          float *y, int n, int D, float eps) {
-    __shared__ float sh[32];
+template <int V4, int A16, int WARP, typename OUT>
+__device__ __forceinline__ void add_rmsnorm_row(float *residual, const float *x, const float *__restrict__ w, OUT *y,
+                                                int n, int D, float eps, float *sh) {
     ROW_SETUP(n);
     float *rr = residual + (size_t)row * D;
     const float *xr = x + (size_t)row * D;
@@ -331,6 +354,19 @@ __global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm(float *residual, const
     ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
     rms_scale_store<V4, A16>(y + (size_t)row * D, cr, rr, inv, w, t, G, U);
+}
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm(float *residual, const float *x, const float *__restrict__ w,
+                                                          float *y, int n, int D, float eps) {
+    __shared__ float sh[32];
+    add_rmsnorm_row<V4, A16, WARP>(residual, x, w, y, n, D, eps, sh);
+}
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm_bf16(float *residual, const float *x,
+                                                               const float *__restrict__ w, __nv_bfloat16 *y, int n,
+                                                               int D, float eps) {
+    __shared__ float sh[32];
+    add_rmsnorm_row<V4, A16, WARP>(residual, x, w, y, n, D, eps, sh);
 }
 
 /* In place: x = exp(x - max) / sum(exp(x - max)) per row. */
@@ -391,18 +427,6 @@ __global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, in
 __device__ __forceinline__ float4 gate4(float4 v, float4 g) {
     return make_float4(v.x * silu_f(g.x), v.y * silu_f(g.y), v.z * silu_f(g.z), v.w * silu_f(g.w));
 }
-/* the row's store: fp32 as st_u, or rounded to bf16 (a GEMM's operand: gated_rmsnorm_linear) */
-template <int V4, int A16> __device__ __forceinline__ void st_out(float *row, int u, float4 v) { st_u<V4, A16>(row, u, v); }
-template <int V4, int A16> __device__ __forceinline__ void st_out(__nv_bfloat16 *row, int u, float4 v) {
-    if (V4) {
-        __nv_bfloat162 *p = (__nv_bfloat162 *)(row + 4 * u);
-        p[0] = __floats2bfloat162_rn(v.x, v.y);
-        p[1] = __floats2bfloat162_rn(v.z, v.w);
-    } else {
-        row[u] = __float2bfloat16_rn(v.x);
-    }
-}
-
 template <int V4, int A16, int WARP, typename OUT>
 __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const float *g, const float *__restrict__ w, OUT *y,
                                                   int rows, int D, float eps, float *sh) {
@@ -506,6 +530,16 @@ extern "C" hyla_status cu_rmsnorm(void *ctx, const float *x, const float *w, flo
 extern "C" hyla_status cu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n,
                                       int D, float eps) {
     ROW_OP(ctx, k_add_rmsnorm, n, D, al16(residual) && al16(x) && al16(w) && al16(y), residual, x, w, y, n, D, eps);
+}
+
+/* The layout (row_config) is the fp32 op's for the same rows: the same reduction, so the fp32
+ * values that round to y are the fp32 op's bits (y's alignment picks only the store form). */
+extern "C" hyla_status cu_rmsnorm_bf16(void *ctx, float *residual, const float *x, const float *w, void *y, int n, int D,
+                                       float eps) {
+    __nv_bfloat16 *yb = (__nv_bfloat16 *)y;
+    if (!x) ROW_OP(ctx, k_rmsnorm_bf16, n, D, al16(residual) && al16(w) && al16(y), residual, w, yb, n, D, eps);
+    ROW_OP(ctx, k_add_rmsnorm_bf16, n, D, al16(residual) && al16(x) && al16(w) && al16(y), residual, x, w, yb, n, D,
+           eps);
 }
 
 extern "C" hyla_status cu_softmax_rows(void *ctx, float *x, int rows, int cols) {
@@ -819,10 +853,12 @@ __global__ void k_conv_halo(const float *x, int n, int C, int nseg, float *const
     conv_halo_body<K>(x, n, C, nseg, tails, halo, cidx, blockIdx.y);
 }
 
-template <int K>
+/* One channel's CONV_L tokens of one segment. KEEP: the results stay in out[] (the caller stores
+ * them) instead of being written over x. */
+template <int K, bool KEEP = false>
 __device__ __forceinline__ void conv_body(float *x, int n, int C, int nseg, const float *__restrict__ w,
                                           const float *__restrict__ bias, float *const *tails, const float *halo,
-                                          int act, int cidx, int bs) {
+                                          int act, int cidx, int bs, float *out = NULL) {
     int b = bs / nseg, s = bs - b * nseg;
     float wc[K], win[K]; /* win[0..K-2]: the previous K-1 inputs, oldest first */
 #pragma unroll
@@ -848,7 +884,10 @@ __device__ __forceinline__ void conv_body(float *x, int n, int C, int nseg, cons
 #pragma unroll
             for (int j = 0; j < K; j++) acc = fmaf(wc[j], win[j], acc);
             if (bias) acc += bc;
-            xp[(size_t)i * C] = act ? silu_f(acc) : acc;
+            if (KEEP)
+                out[i] = act ? silu_f(acc) : acc;
+            else
+                xp[(size_t)i * C] = act ? silu_f(acc) : acc;
 #pragma unroll
             for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
         }
@@ -874,9 +913,43 @@ struct conv_multi_args {
     float *const *tails[HYLA_CONV_MULTI_MAX];
     float *halo[HYLA_CONV_MULTI_MAX];
     int C[HYLA_CONV_MULTI_MAX];
+    int l2[HYLA_CONV_MULTI_MAX]; /* 0, or L2 runs that divide CONV_TPB (conv_l2_fits) */
+    float l2_eps[HYLA_CONV_MULTI_MAX];
     int cb[HYLA_CONV_MULTI_MAX + 1]; /* first block of each tensor */
     int m;
 };
+
+/* A tensor whose L2 runs the convolution's pass can normalise: each block's CONV_TPB channels are
+ * whole runs of a multiple of 4 (l2_inv_warp's 16-byte units). */
+static int conv_l2_fits(int l2, int C) { return l2 > 0 && l2 % 4 == 0 && CONV_TPB % l2 == 0 && C % l2 == 0; }
+
+/* The convolution of a block's CONV_TPB channels (whole runs of l2), then each (token, run)'s L2
+ * norm by one warp from shared memory: l2_inv_warp, k_l2norm_rows's arithmetic, and the same
+ * product x * inv, so the bits of short_conv then l2norm_rows with one pass over x fewer. */
+template <int K>
+__device__ __forceinline__ void conv_body_l2(const conv_multi_args &a, int i, int cidx, int n, int nseg, int act) {
+    __shared__ __align__(16) float tile[CONV_L][CONV_TPB];
+    __shared__ float inv_s[CONV_L][CONV_TPB / 4];
+    const int C = a.C[i], l2 = a.l2[i], bs = blockIdx.y, tid = threadIdx.x;
+    const int valid = cidx < C, s = bs % nseg, t0 = s * CONV_L, len = n - t0 < CONV_L ? n - t0 : CONV_L;
+    float v[CONV_L];
+    if (valid) conv_body<K, true>(a.x[i], n, C, nseg, a.w[i], a.bias[i], a.tails[i], a.halo[i], act, cidx, bs, v);
+#pragma unroll
+    for (int t = 0; t < CONV_L; t++) tile[t][tid] = valid && t < len ? v[t] : 0.0f;
+    __syncthreads();
+    const int runs = CONV_TPB / l2, lane = tid & 31;
+    for (int r = tid >> 5; r < len * runs; r += CONV_TPB / 32) {
+        const int t = r / runs, h = r - t * runs;
+        const float inv = l2_inv_warp(&tile[t][h * l2], l2, a.l2_eps[i], lane);
+        if (lane == 0) inv_s[t][h] = inv;
+    }
+    __syncthreads();
+    if (!valid) return;
+    float *xp = a.x[i] + ((size_t)(bs / nseg) * n + t0) * C + cidx;
+#pragma unroll
+    for (int t = 0; t < CONV_L; t++)
+        if (t < len) xp[(size_t)t * C] = v[t] * inv_s[t][tid / l2];
+}
 __device__ __forceinline__ int conv_multi_part(const conv_multi_args &a, int blk) {
     int i = 0;
     while (i + 1 < a.m && blk >= a.cb[i + 1]) i++;
@@ -893,6 +966,10 @@ template <int K> __global__ void __launch_bounds__(CONV_TPB) k_conv_multi(conv_m
     pdl_trigger(); /* launched by cu_launch_pdl */
     pdl_wait();
     const int i = conv_multi_part(a, blockIdx.x), cidx = (blockIdx.x - a.cb[i]) * blockDim.x + threadIdx.x;
+    if (a.l2[i]) { /* the whole block, invalid channels too: it meets at barriers */
+        conv_body_l2<K>(a, i, cidx, n, nseg, act);
+        return;
+    }
     if (cidx >= a.C[i]) return;
     conv_body<K>(a.x[i], n, a.C[i], nseg, a.w[i], a.bias[i], a.tails[i], a.halo[i], act, cidx, blockIdx.y);
 }
@@ -1010,32 +1087,43 @@ extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hy
                                                int act_silu) {
     if (B <= 0 || n <= 0) return HYLA_OK;
     const int nseg = (n + CONV_L - 1) / CONV_L;
-    if (K > CONV_KMAX || (size_t)B * nseg > 65535) { /* as separate calls (their out-of-place path) */
+    /* L2 runs the convolution's pass cannot take: l2norm_rows after it (the same bits) */
+    const int fused = K <= CONV_KMAX && (size_t)B * nseg <= 65535;
+    if (!fused) { /* as separate calls (their out-of-place path) */
         for (int i = 0; i < m; i++)
             HYLA_TRY(cu_short_conv_dev(c, p[i].x, B, n, p[i].C, p[i].w, p[i].bias, K, p[i].tails, act_silu));
-        return HYLA_OK;
+    } else {
+        conv_multi_args a;
+        memset(&a, 0, sizeof a);
+        a.m = m;
+        for (int i = 0; i < m; i++) {
+            a.x[i] = p[i].x, a.w[i] = p[i].w, a.bias[i] = p[i].bias, a.tails[i] = p[i].tails, a.C[i] = p[i].C;
+            if (conv_l2_fits(p[i].l2, p[i].C)) a.l2[i] = p[i].l2, a.l2_eps[i] = p[i].l2_eps;
+            a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C, CONV_TPB);
+        }
+        switch (K) {
+        case 1: HYLA_TRY(conv_multi_launch<1>(c, a, B, n, nseg, act_silu)); break;
+        case 2: HYLA_TRY(conv_multi_launch<2>(c, a, B, n, nseg, act_silu)); break;
+        case 3: HYLA_TRY(conv_multi_launch<3>(c, a, B, n, nseg, act_silu)); break;
+        default: HYLA_TRY(conv_multi_launch<4>(c, a, B, n, nseg, act_silu)); break;
+        }
     }
-    conv_multi_args a;
-    memset(&a, 0, sizeof a);
-    a.m = m;
-    for (int i = 0; i < m; i++) {
-        a.x[i] = p[i].x, a.w[i] = p[i].w, a.bias[i] = p[i].bias, a.tails[i] = p[i].tails, a.C[i] = p[i].C;
-        a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C, CONV_TPB);
-    }
-    switch (K) {
-    case 1: return conv_multi_launch<1>(c, a, B, n, nseg, act_silu);
-    case 2: return conv_multi_launch<2>(c, a, B, n, nseg, act_silu);
-    case 3: return conv_multi_launch<3>(c, a, B, n, nseg, act_silu);
-    default: return conv_multi_launch<4>(c, a, B, n, nseg, act_silu);
-    }
+    for (int i = 0; i < m; i++)
+        if (p[i].l2 && !(fused && conv_l2_fits(p[i].l2, p[i].C)))
+            HYLA_TRY(cu_l2norm_rows(c, p[i].x, (int)((size_t)B * n * p[i].C / p[i].l2), p[i].l2, p[i].l2_eps));
+    return HYLA_OK;
 }
 
 extern "C" hyla_status cu_short_conv_multi_check(int m, const hyla_conv_part *p, int K) {
     if (m < 1 || m > HYLA_CONV_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: %d tensors (1..%d)", m, HYLA_CONV_MULTI_MAX);
     if (K < 1) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: kernel size %d", K);
-    for (int i = 0; i < m; i++)
+    for (int i = 0; i < m; i++) {
         if (p[i].C <= 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: tensor %d has %d channels", i, p[i].C);
+        if (p[i].l2 < 0 || (p[i].l2 && p[i].C % p[i].l2))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: L2 runs of %d do not divide %d channels", p[i].l2,
+                             p[i].C);
+    }
     return HYLA_OK;
 }
 

@@ -101,11 +101,13 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
 #define ARGS_gdn_gates(F)                                                                                             \
     F(const float *, a) F(int, a_stride) F(const float *, b) F(int, b_stride) F(const float *, A_log)                 \
     F(const float *, dt_bias) F(float *, g) F(float *, beta) F(int, n) F(int, H) F(int, allow_neg)
+#define ARGS_rmsnorm_bf16(F) \
+    F(float *, residual) F(const float *, x) F(const float *, w) F(void *, y) F(int, n) F(int, D) F(float, eps)
 #define ARGS_gated_rmsnorm(F) \
     F(const float *, o) F(const float *, gate) F(const float *, w) F(float *, y) F(int, rows) F(int, D) F(float, eps)
 #define PLAIN_OPS(P) \
     P(rmsnorm) P(add_rmsnorm) P(add) P(swiglu) P(silu) P(gla_gate) P(softmax_rows) P(l2norm_rows) P(gdn_gates) \
-    P(gated_rmsnorm)
+    P(gated_rmsnorm) P(rmsnorm_bf16)
 
 #define GA_FIELD(t, n) t n;
 #define GA_PARAM(t, n) , t n
@@ -162,13 +164,15 @@ static hyla_status replay_short_conv(hyla_cuda_ctx *c, const ga_short_conv &a, c
 struct ga_short_conv_multi { /* the tensors' tail pointers (float * [m][B]) are the data */
     float *x[HYLA_CONV_MULTI_MAX];
     const float *w[HYLA_CONV_MULTI_MAX], *bias[HYLA_CONV_MULTI_MAX];
-    int32_t C[HYLA_CONV_MULTI_MAX];
+    int32_t C[HYLA_CONV_MULTI_MAX], l2[HYLA_CONV_MULTI_MAX];
+    float l2_eps[HYLA_CONV_MULTI_MAX];
     int32_t m, B, n, K, act_silu;
 };
 static hyla_status replay_short_conv_multi(hyla_cuda_ctx *c, const ga_short_conv_multi &a, const void *d) {
     hyla_conv_part p[HYLA_CONV_MULTI_MAX];
     for (int i = 0; i < a.m; i++)
-        p[i] = (hyla_conv_part){a.x[i], a.w[i], a.bias[i], (float *const *)d + (size_t)i * a.B, a.C[i]};
+        p[i] = (hyla_conv_part){a.x[i], a.w[i], a.bias[i], (float *const *)d + (size_t)i * a.B, a.C[i], a.l2[i],
+                                a.l2_eps[i]};
     return cu_short_conv_multi_dev(c, a.m, p, a.B, a.n, a.K, a.act_silu);
 }
 
@@ -390,7 +394,8 @@ static hyla_status replay_tp_sum(hyla_cuda_ctx *c, const ga_tp_sum &a, const voi
     X(COPY2D, copy2d)                                                                                                  \
     X(SSD_DECODE, ssd_decode)                                                                                          \
     X(SSD_NORM, ssd_norm)                                                                                              \
-    X(TP_SUM, tp_sum)
+    X(TP_SUM, tp_sum)                                                                                                  \
+    X(RMSNORM_BF16, rmsnorm_bf16)
 
 enum {
     GOP_NONE,
@@ -775,6 +780,7 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
+    HYLA_TRY(cu_linear_flags_check(flags, ldx, K));
     ga_linear_multi *a;
     HYLA_TRY(log_linear_multi(c->graphs, 0, &a, NULL));
     a->x = x;
@@ -870,6 +876,8 @@ static hyla_status g_short_conv_multi(void *ctx, int m, const hyla_conv_part *p,
         a->w[i] = p[i].w;
         a->bias[i] = p[i].bias;
         a->C[i] = p[i].C;
+        a->l2[i] = p[i].l2;
+        a->l2_eps[i] = p[i].l2_eps;
         memcpy((float **)d + (size_t)i * B, p[i].tails, (size_t)B * sizeof(float *));
     }
     a->m = m;
@@ -1370,6 +1378,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_upload_begin,
     /* GDN decode from the raw projections */
     g_gdn_decode_raw,
+    /* prompt rows' norms as the prompt GEMMs' bf16 operand */
+    g_rmsnorm_bf16,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

@@ -178,6 +178,8 @@ void cu_weight_destroy(void *ctx, hyla_weight *w);
 void cu_destroy(void *ctx);
 hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W, const float *bias,
                       float *y, int ldy, int N, int accumulate);
+/* HYLA_LINEAR_X_BF16 only with HYLA_LINEAR_PREFILL and ldx == K (the logged op checks it when called) */
+hyla_status cu_linear_flags_check(int flags, int ldx, int K);
 hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int ldy, int N);
 
 /* graphs (hyla_cuda_graph.cu) */
@@ -220,6 +222,8 @@ hyla_status cu_embed(void *ctx, const hyla_weight *table, const int32_t *ids, in
 hyla_status cu_rmsnorm(void *ctx, const float *x, const float *w, float *y, int n, int D, float eps);
 hyla_status cu_add_rmsnorm(void *ctx, float *residual, const float *x, const float *w, float *y, int n, int D,
                            float eps);
+hyla_status cu_rmsnorm_bf16(void *ctx, float *residual, const float *x, const float *w, void *y, int n, int D,
+                            float eps);
 hyla_status cu_add(void *ctx, float *y, const float *x, size_t n);
 hyla_status cu_swiglu(void *ctx, const float *gate, const float *up, float *out, size_t n);
 hyla_status cu_silu(void *ctx, float *x, size_t n);

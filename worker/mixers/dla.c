@@ -122,15 +122,16 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
     if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s->gate, H * dv, H * dv};
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "lin: q/k/v, gate proj");
-    if (c->b.gdn.use_short_conv) {
-        HYLA_TRY(hyla_lin_short_conv(f, s->q, s->k, s->v, H * dk, H * dv, w->conv_w, c->b.gdn.conv_size, PART_BASE));
+    if (c->b.gdn.use_short_conv) { /* with q's and k's L2 norms (the same bits as l2norm_rows after it) */
+        HYLA_TRY(hyla_lin_short_conv(f, s->q, s->k, s->v, H * dk, H * dv, w->conv_w, c->b.gdn.conv_size, PART_BASE,
+                                     dk));
     } else {
         HYLA_TRY(o->silu(ctx, s->q, (size_t)R * H * dk));
         HYLA_TRY(o->silu(ctx, s->k, (size_t)R * H * dk));
         HYLA_TRY(o->silu(ctx, s->v, (size_t)R * H * dv));
+        HYLA_TRY(o->l2norm_rows(ctx, s->q, R * H, dk, 1e-6f));
+        HYLA_TRY(o->l2norm_rows(ctx, s->k, R * H, dk, 1e-6f));
     }
-    HYLA_TRY(o->l2norm_rows(ctx, s->q, R * H, dk, 1e-6f));
-    HYLA_TRY(o->l2norm_rows(ctx, s->k, R * H, dk, 1e-6f));
     HYLA_TRY(o->gdn_gates(ctx, s->g, H, s->write, H, w->A_log, w->dt_bias, s->g, s->write, R, H,
                           c->b.gdn.allow_neg_eigval));
     HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");

@@ -126,15 +126,18 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "lin: q/k/v, gates proj");
+    /* the L2 norms of q and k in the convolution's op (the same bits, one pass over them fewer),
+     * except where the fused decode takes them */
+    const int raw = f->decode && o->gdn_decode_raw, l2 = c->use_short_conv && !raw ? dk : 0;
     if (c->use_short_conv) {
-        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV));
+        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV, l2));
     } else {
         HYLA_TRY(o->silu(ctx, s.q, (size_t)R * H * dk));
         HYLA_TRY(o->silu(ctx, s.k, (size_t)R * H * dk));
         HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
     }
     /* [GDN-1..3] */
-    if (f->decode && o->gdn_decode_raw) { /* norms, gates and the recurrence in one op (the same bits) */
+    if (raw) { /* norms, gates and the recurrence in one op (the same bits) */
         HYLA_MIXER_MARK(f, "gdn: conv");
         void *const *S = hyla_mixer_gather(f, 0, PART_S);
         HYLA_TRY(o->gdn_decode_raw(ctx, s.q, s.k, s.v, s.g, s.beta, w->A_log, w->dt_bias, c->allow_neg_eigval, 1e-6f, R,
@@ -142,7 +145,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_MIXER_MARK(f, "gdn: norms, gates, core");
         return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
     }
-    HYLA_TRY(o->l2norm_rows(ctx, s.q, 2 * R * H, dk, 1e-6f)); /* q's rows, then k's */
+    if (!l2) HYLA_TRY(o->l2norm_rows(ctx, s.q, 2 * R * H, dk, 1e-6f)); /* q's rows, then k's */
     HYLA_TRY(o->gdn_gates(ctx, s.g, H, s.beta, H, w->A_log, w->dt_bias, s.g, s.beta, R, H, c->allow_neg_eigval));
     HYLA_MIXER_MARK(f, "gdn: conv, norms, gates");
     if (f->decode) {

@@ -50,15 +50,20 @@ void *const *hyla_mixer_gather(const hyla_mixer_fwd *f, int i, int part) {
     return arr;
 }
 
+/* prompt rows' flags: xn may be the norm's bf16 rows */
+static int prompt_flags(const hyla_mixer_fwd *f, const float *x) {
+    return HYLA_LINEAR_PREFILL | (f->xn_bf16 && x == f->xn ? HYLA_LINEAR_X_BF16 : 0);
+}
+
 hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, const hyla_weight *W, const float *bias,
                               float *y, int N, int acc) {
     if (f->decode) return f->o->linear(f->ctx, x, K, f->R, K, W, bias, y, N, N, acc);
     hyla_linear_out lo = {W, bias, y, N, N};
-    return f->o->linear_multi(f->ctx, x, K, f->R, K, 1, &lo, acc, HYLA_LINEAR_PREFILL);
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, 1, &lo, acc, prompt_flags(f, x));
 }
 
 hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs) {
-    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : HYLA_LINEAR_PREFILL);
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : prompt_flags(f, x));
 }
 
 hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v, hyla_kv_view **views) {
