@@ -68,6 +68,7 @@ typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 #define HYLA_LINEAR_MULTI_MAX 6 /* a GDN layer's q, k, v, a, b and output gate */
 #define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
 #define HYLA_LINEAR_X_BF16 2  /* with HYLA_LINEAR_PREFILL: x is bf16 rows from rmsnorm_bf16 (see there) */
+#define HYLA_LINEAR_Y_BF16 4  /* with HYLA_LINEAR_PREFILL: the outputs are bf16 (see linear_multi) */
 typedef struct {
     const hyla_weight *W;
     const float *bias; /* [N] or NULL */
@@ -197,14 +198,19 @@ typedef struct hyla_ops {
      * all calls with this flag — it need not equal the result without the flag (CUDA: cuBLAS
      * at a fixed row count, outputs of equal N batched; CPU: the same as linear).
      * flags & HYLA_LINEAR_X_BF16 (with HYLA_LINEAR_PREFILL, only on a backend with rmsnorm_bf16):
-     * x points to bf16 rows [M][ldx], ldx == K, written by rmsnorm_bf16. */
+     * x points to bf16 rows [M][ldx], ldx == K, written by rmsnorm_bf16.
+     * flags & HYLA_LINEAR_Y_BF16 (likewise; no bias, no accumulate, ldy == N): each y is bf16
+     * [M][N], the fp32 result rounded to nearest-even (a row's result still depends only on the
+     * row: the MLP's gate and up, read by swiglu_linear as bf16). */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                 int accumulate, int flags);
     /* The MLP's down projection of its SwiGLU: y [M][N] = (silu(gate) * up) @ W^T, gate and up
      * [M][K]. gate may be overwritten with silu(gate) * up. Bit for bit: swiglu(gate, up, gate)
      * then, without flags, linear(gate) or, with HYLA_LINEAR_PREFILL, linear_multi with that
      * flag and one output. A backend may do both at once (CUDA prompt rows: the product is
-     * rounded to the GEMM's bf16 operand as it is formed, without the fp32 pass between). */
+     * rounded to the GEMM's bf16 operand as it is formed, without the fp32 pass between).
+     * flags HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 (a backend with rmsnorm_bf16): gate and up
+     * are bf16 [M][K] (linear_multi's HYLA_LINEAR_Y_BF16 outputs), widened to fp32 for the SwiGLU. */
     hyla_status (*swiglu_linear)(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y,
                                  int N, int flags);
     /* A linear-attention mixer's end: y [M][N] = gated_rmsnorm(o, gate, w) @ W^T, where o and gate

@@ -916,8 +916,9 @@ static void case_rmsnorm_bf16(const op_case *c) {
         free(hyb);
     }
     hyla_linear_out bad = {wg, NULL, la, N, N};
-    CHECK_MSG(gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, HYLA_LINEAR_X_BF16) == HYLA_ERR_INVALID_ARG,
-              "HYLA_LINEAR_X_BF16 without prompt rows is refused");
+    hyla_status sb = gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, HYLA_LINEAR_X_BF16);
+    if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx); /* a logged op reports at the sync */
+    CHECK_MSG(sb == HYLA_ERR_INVALID_ARG, "HYLA_LINEAR_X_BF16 without prompt rows is refused");
     gpu->ops->weight_destroy(gpu->ctx, wg);
     dfree(gpu, dx);
     dfree(gpu, dw);
@@ -932,6 +933,75 @@ static void case_rmsnorm_bf16(const op_case *c) {
     free(r);
     free(w);
     free(W);
+}
+
+/* HYLA_LINEAR_Y_BF16, p = {M, N}: prompt-row linears writing bf16 (the MLP's gate and up): a row's
+ * result is the same bits in a call of M rows (whole blocks straight into y, a partial one through
+ * the scratch), of 37 rows at an offset and of one row; within bf16 rounding of the fp32 outputs;
+ * swiglu_linear of the bf16 rows (HYLA_LINEAR_X_BF16) == swiglu_linear of their fp32 values, bit
+ * for bit; a bias or accumulate with bf16 outputs is refused. */
+static void case_linear_y_bf16(const op_case *c) {
+    const int M = c->p[0], N = c->p[1], K = 2304, R = M > 100 ? M - 60 : 0, D2 = 640;
+    float *x = randn((size_t)M * K, 1.0f), *W = randn((size_t)N * K, 0.03f), *W2 = randn((size_t)D2 * N, 0.03f);
+    round_bf16(W, (size_t)N * K);
+    round_bf16(W2, (size_t)D2 * N);
+    hyla_weight *wg, *wd;
+    CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &wg));
+    CHECK_OK(gpu->ops->weight_create(gpu->ctx, W2, HYLA_DT_F32, D2, N, &wd));
+    float *dx = dev(gpu, x, (size_t)M * K * 4), *yf = dev(gpu, NULL, (size_t)M * N * 4);
+    uint16_t *yb = dev(gpu, NULL, (size_t)M * N * 2), *yb2 = dev(gpu, NULL, (size_t)M * N * 2),
+             *y37 = dev(gpu, NULL, (size_t)37 * N * 2), *y1 = dev(gpu, NULL, (size_t)N * 2);
+    const int F = HYLA_LINEAR_PREFILL | HYLA_LINEAR_Y_BF16;
+    hyla_linear_out of = {wg, NULL, yf, N, N}, o2[2] = {{wg, NULL, (float *)yb, N, N}, {wg, NULL, (float *)yb2, N, N}};
+    hyla_linear_out o37 = {wg, NULL, (float *)y37, N, N}, o1 = {wg, NULL, (float *)y1, N, N};
+    CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &of, 0, HYLA_LINEAR_PREFILL));
+    CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 2, o2, 0, F));
+    const int r37 = R + 37 <= M ? R : 0, n37 = M < 37 ? M : 37;
+    CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx + (size_t)r37 * K, K, n37, K, 1, &o37, 0, F));
+    CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx + (size_t)(M - 1) * K, K, 1, K, 1, &o1, 0, F));
+    CHECK_MSG(same_bits(gpu, yb, yb2, (size_t)M * N * 2) &&
+                  same_bits(gpu, yb + (size_t)r37 * N, y37, (size_t)n37 * N * 2) &&
+                  same_bits(gpu, yb + (size_t)(M - 1) * N, y1, (size_t)N * 2),
+              "linear_multi HYLA_LINEAR_Y_BF16 M=%d N=%d: rows == the same rows in a call of %d rows and of one (bits)", M,
+              N, n37);
+    float *hf = host_of(gpu, yf, (size_t)M * N), *hb = malloc((size_t)M * N * 4 + 4);
+    uint16_t *hbb = malloc((size_t)M * N * 2 + 4);
+    CHECK_OK(gpu->ops->download(gpu->ctx, hbb, yb, (size_t)M * N * 2));
+    for (size_t i = 0; i < (size_t)M * N; i++) hb[i] = hyla_bf16_to_f32(hbb[i]);
+    char name[96];
+    snprintf(name, sizeof name, "linear bf16 outputs M=%d N=%d (against fp32)", M, N);
+    cmp(name, hb, hf, (size_t)M * N, 5e-3, 1e-2);
+    /* swiglu_linear from the bf16 rows == from their fp32 values */
+    float *dg = dev(gpu, hb, (size_t)M * N * 4), *du = dev(gpu, hb, (size_t)M * N * 4);
+    float *z1 = dev(gpu, NULL, (size_t)M * D2 * 4), *z2 = dev(gpu, NULL, (size_t)M * D2 * 4);
+    CHECK_OK(gpu->ops->swiglu_linear(gpu->ctx, dg, du, M, N, wd, z1, D2, HYLA_LINEAR_PREFILL));
+    CHECK_OK(gpu->ops->swiglu_linear(gpu->ctx, (float *)yb, (const float *)yb2, M, N, wd, z2, D2,
+                                     HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
+    CHECK_MSG(same_bits(gpu, z1, z2, (size_t)M * D2 * 4),
+              "swiglu_linear M=%d K=%d of bf16 gate and up == of their fp32 values (bits)", M, N);
+    /* refusals: at the call, or at the sync where the op was logged */
+    float *bias = dev(gpu, W, (size_t)N * 4);
+    hyla_linear_out ob = {wg, bias, (float *)yb, N, N};
+    hyla_status s1 = gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &ob, 0, F);
+    if (s1 == HYLA_OK) s1 = gpu->ops->sync(gpu->ctx);
+    CHECK_MSG(s1 == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "bias"), "bf16 outputs with a bias are refused");
+    hyla_status s2 = gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &o1, 1, F);
+    if (s2 == HYLA_OK) s2 = gpu->ops->sync(gpu->ctx);
+    CHECK_MSG(s2 == HYLA_ERR_INVALID_ARG, "bf16 outputs with accumulate are refused");
+    gpu->ops->weight_destroy(gpu->ctx, wg);
+    gpu->ops->weight_destroy(gpu->ctx, wd);
+    dfree(gpu, dx);
+    dfree(gpu, yf);
+    dfree(gpu, yb);
+    dfree(gpu, yb2);
+    dfree(gpu, y37);
+    dfree(gpu, y1);
+    dfree(gpu, dg);
+    dfree(gpu, du);
+    dfree(gpu, z1);
+    dfree(gpu, z2);
+    dfree(gpu, bias);
+    free(x), free(W), free(W2), free(hf), free(hb), free(hbb);
 }
 
 static void case_rowops(const op_case *c) {
@@ -2725,6 +2795,10 @@ static const op_case cases[] = {
     {"rmsnorm_bf16", case_rmsnorm_bf16, {1100, 2112, 1}},
     {"rmsnorm_bf16", case_rmsnorm_bf16, {300, 128, 0}},
     {"rmsnorm_bf16", case_rmsnorm_bf16, {40, 102, 3}},
+    /* {M, N} */
+    {"linear bf16 outputs", case_linear_y_bf16, {2500, 6144}},
+    {"linear bf16 outputs", case_linear_y_bf16, {3072, 640}},
+    {"linear bf16 outputs", case_linear_y_bf16, {300, 2304}},
     {"row-op layouts", case_rowop_layouts, {0}},
     {"short_conv", case_short_conv, {0}},
     {"short_conv_multi", case_short_conv_multi, {0}},

@@ -256,6 +256,7 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
     int owed[2] = {0, 0}, tk[2] = {-1, -1}, busy[2] = {0, 0}; /* busy: a sum of mo[h] in flight */
     const int nb = o->rmsnorm_bf16 != NULL; /* the norms write the prompt GEMMs' bf16 operand */
     const int xf = HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
+    const int gf = nb ? HYLA_LINEAR_Y_BF16 : 0, hf = nb ? HYLA_LINEAR_X_BF16 : 0; /* the MLP's gate and up */
     hyla_layer_state *ls[1];
     hyla_status s = HYLA_OK;
     rt->wave_pieces++;
@@ -300,8 +301,8 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
                    : o->add_rmsnorm(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps);
             if (s != HYLA_OK) goto wave_out;
             hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g[h], (int)F, (int)F}, {ly->mlp_up, NULL, u[h], (int)F, (int)F}};
-            if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, xf)) != HYLA_OK) goto wave_out;
-            s = o->swiglu_linear(ctx, g[h], u[h], n[h], (int)F, ly->mlp_down, mo[h], (int)D, HYLA_LINEAR_PREFILL);
+            if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, xf | gf)) != HYLA_OK) goto wave_out;
+            s = o->swiglu_linear(ctx, g[h], u[h], n[h], (int)F, ly->mlp_down, mo[h], (int)D, HYLA_LINEAR_PREFILL | hf);
             if (s != HYLA_OK) goto wave_out;
             WAVE_BEGIN(h);
             owed[h] = 1;
@@ -334,6 +335,9 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
      * of fp32 rows; hyla_ops.h rmsnorm_bf16), halving the bytes of xn and skipping its rounding */
     const int nb = !decode && o->rmsnorm_bf16;
     const int xf = decode ? 0 : HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
+    /* and the MLP's gate and up in bf16 (half the bytes written and read; the values the SwiGLU
+     * then sees are rounded once more than decode rows': prompt and decode rows are separate paths) */
+    const int gf = nb ? HYLA_LINEAR_Y_BF16 : 0, hf = nb ? HYLA_LINEAR_X_BF16 : 0;
     if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * HYLA_PREFILL_CHUNK && pos[0] % HYLA_PREFILL_CHUNK == 0)
         return run_layers_wave(rt, R, pos, st, x);
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
@@ -372,10 +376,11 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         if (s != HYLA_OK) break;
         PM("norm");
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
-        if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, xf)) != HYLA_OK) break;
+        if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, xf | gf)) != HYLA_OK) break;
         PM("mlp: gate/up proj");
         /* the SwiGLU and the down projection in one op: prompt rows skip the fp32 pass between */
-        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, rt->mo, D, decode ? 0 : HYLA_LINEAR_PREFILL);
+        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, rt->mo, D,
+                             decode ? 0 : HYLA_LINEAR_PREFILL | hf);
         if (s != HYLA_OK) break;
         PM("mlp: swiglu, down proj");
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;

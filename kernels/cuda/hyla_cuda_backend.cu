@@ -331,23 +331,24 @@ static unsigned ptr_align(const void *p, size_t ld_bytes) {
  * choice, or with `from` (a plan of the same N, K, ldy and alignment), from's algorithm on this
  * M where cublasLtMatmulAlgoCheck accepts it (else no algorithm). */
 static hyla_status gemm_plan(hyla_cuda_ctx *c, int M, int N, int K, int ldy, int acc, unsigned align_c,
-                             const hyla_cu_gemm_plan *from, hyla_cu_gemm_plan **out) {
+                             const hyla_cu_gemm_plan *from, hyla_cu_gemm_plan **out, int cbf16 = 0) {
     const int derived = from != NULL;
     uint64_t key = ((uint64_t)M * 1000003u) ^ ((uint64_t)N << 20) ^ ((uint64_t)K << 40) ^ ((uint64_t)ldy * 7919u) ^
-                   ((uint64_t)acc << 62) ^ ((uint64_t)derived << 61) ^ ((uint64_t)align_c << 50);
+                   ((uint64_t)acc << 62) ^ ((uint64_t)derived << 61) ^ ((uint64_t)align_c << 50) ^
+                   ((uint64_t)cbf16 << 63);
     key |= 1; /* 0 marks an empty slot */
     unsigned h = (unsigned)(key ^ (key >> 29)) % HYLA_CU_GEMM_PLANS;
     for (int probe = 0; probe < HYLA_CU_GEMM_PLANS; probe++) {
         hyla_cu_gemm_plan *p = &c->plans[(h + probe) % HYLA_CU_GEMM_PLANS];
         if (p->key == key && p->M == M && p->N == N && p->K == K && p->ldy == ldy && p->acc == acc &&
-            p->derived == derived) {
+            p->derived == derived && p->cbf16 == cbf16) {
             *out = p;
             return HYLA_OK;
         }
         if (p->key == 0) {
             CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K));
             CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, K, M, K));
-            CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, M, ldy));
+            CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lc, cbf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, ldy));
             cublasLtMatmulPreference_t pref;
             CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
             uint32_t ac = align_c;
@@ -371,6 +372,7 @@ static hyla_status gemm_plan(hyla_cuda_ctx *c, int M, int N, int K, int ldy, int
             p->has_algo = (hs == CUBLAS_STATUS_SUCCESS && found > 0);
             if (p->has_algo) p->algo = res.algo;
             p->derived = derived;
+            p->cbf16 = cbf16;
             p->key = key;
             p->M = M;
             p->N = N;
@@ -393,10 +395,19 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
     return HYLA_OK;
 }
 
-extern "C" hyla_status cu_linear_flags_check(int flags, int ldx, int K) {
+extern "C" hyla_status cu_linear_flags_check(int flags, int ldx, int K, int n, const hyla_linear_out *outs,
+                                             int accumulate) {
     if ((flags & HYLA_LINEAR_X_BF16) && (!(flags & HYLA_LINEAR_PREFILL) || ldx != K))
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows need prompt rows and ldx == K (ldx %d, K %d)", ldx,
                          K);
+    if (flags & HYLA_LINEAR_Y_BF16) {
+        if (!(flags & HYLA_LINEAR_PREFILL) || accumulate)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 outputs need prompt rows and no accumulate");
+        for (int j = 0; j < n; j++)
+            if (outs[j].bias || outs[j].ldy != outs[j].N)
+                return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 output %d has a bias or ldy %d != N %d", j,
+                                 outs[j].ldy, outs[j].N);
+    }
     return HYLA_OK;
 }
 
@@ -444,8 +455,10 @@ __global__ void k_prompt_ptrs(prompt_ptr_args p, void **dst) {
  * scratch blocks always are, and a y is used directly only where it is at least as aligned, so
  * scratch and y get the same algorithm and the same bits. */
 static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nblk, int K, int N, int nb,
-                               const hyla_weight *const *W, float *const *C) {
+                               const hyla_weight *const *W, void *const *C, int cbf16) {
     const float alpha = 1.0f, beta = 0.0f;
+    const size_t es = cbf16 ? 2 : 4; /* bytes of an output */
+    const cudaDataType_t ct = cbf16 ? CUDA_R_16BF : CUDA_R_32F;
     if (nblk > 1) {
         /* nblk consecutive blocks (x and C contiguous): one GEMM of nblk * MF rows with the
          * MF-row plan's algorithm, so each row gets the operations it gets in an MF-row call
@@ -453,10 +466,10 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nbl
          * to fill the GPU; where that algorithm does not take the larger shape, and for batched
          * outputs (cuBLAS picks their algorithm per call), block by block */
         hyla_cu_gemm_plan *p = NULL, *q = NULL;
-        const unsigned ac = ptr_align(NULL, (size_t)N * 4);
+        const unsigned ac = ptr_align(NULL, (size_t)N * es);
         if (nb == 1) {
-            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p));
-            if (p && p->has_algo) HYLA_TRY(gemm_plan(c, nblk * MF, N, K, N, 0, ac, p, &q));
+            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p, cbf16));
+            if (p && p->has_algo) HYLA_TRY(gemm_plan(c, nblk * MF, N, K, N, 0, ac, p, &q, cbf16));
         }
         if (q && q->has_algo &&
             cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, q->la, xb, q->lb, &beta, C[0], q->lc, C[0], q->lc,
@@ -465,24 +478,23 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nbl
             return HYLA_OK;
         }
         for (int b = 0; b < nblk; b++) {
-            float *Cb[HYLA_LINEAR_MULTI_MAX];
-            for (int j = 0; j < nb; j++) Cb[j] = C[j] + (size_t)b * MF * N;
-            HYLA_TRY(prompt_gemm(c, (const __nv_bfloat16 *)xb + (size_t)b * MF * K, MF, 1, K, N, nb, W, Cb));
+            void *Cb[HYLA_LINEAR_MULTI_MAX];
+            for (int j = 0; j < nb; j++) Cb[j] = (char *)C[j] + (size_t)b * MF * N * es;
+            HYLA_TRY(prompt_gemm(c, (const __nv_bfloat16 *)xb + (size_t)b * MF * K, MF, 1, K, N, nb, W, Cb, cbf16));
         }
         return HYLA_OK;
     }
     if (nb == 1) {
-        const unsigned ac = ptr_align(NULL, (size_t)N * 4); /* a function of N only (see prompt_align) */
+        const unsigned ac = ptr_align(NULL, (size_t)N * es); /* a function of N only (see prompt_align) */
         hyla_cu_gemm_plan *p = NULL;
-        HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p));
+        HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p, cbf16));
         cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
         if (p && p->has_algo)
             st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, p->la, xb, p->lb, &beta, C[0], p->lc, C[0], p->lc,
                                 &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream);
         if (st != CUBLAS_STATUS_SUCCESS)
             CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, W[0]->d, CUDA_R_16BF, K, xb,
-                                    CUDA_R_16BF, K, &beta, C[0], CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT));
+                                    CUDA_R_16BF, K, &beta, C[0], ct, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         CU_LAUNCH_CHECK("linear (prompt rows)");
         return HYLA_OK;
     }
@@ -499,7 +511,7 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nbl
     void **P = c->prompt_ptrs;
     CUBLAS_TRY(cublasGemmBatchedEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, (const void *const *)P,
                                    CUDA_R_16BF, K, (const void *const *)(P + HYLA_LINEAR_MULTI_MAX), CUDA_R_16BF, K,
-                                   &beta, P + 2 * HYLA_LINEAR_MULTI_MAX, CUDA_R_32F, N, nb, CUBLAS_COMPUTE_32F,
+                                   &beta, P + 2 * HYLA_LINEAR_MULTI_MAX, ct, N, nb, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
     CU_LAUNCH_CHECK("linear (prompt rows, batched)");
     return HYLA_OK;
@@ -509,7 +521,8 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nbl
  * (swiglu_linear) or the gated RMSNorm of x's rows as M*H heads of D (gated_rmsnorm_linear). The
  * values are those of the op, then the rounding. */
 struct prompt_pro {
-    const float *up;                 /* swiglu: [M][ldx] */
+    const float *up;                 /* swiglu: [M][ldx] (bf16 [M][K] with up_bf16) */
+    int up_bf16;                     /* swiglu of bf16 gate and up rows (swiglu_linear, HYLA_LINEAR_X_BF16) */
     const float *gate, *norm_w;      /* gated RMSNorm (gate may be NULL) */
     int H, D;
     float eps;
@@ -518,6 +531,9 @@ struct prompt_pro {
 static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, int r0, int m, int K,
                                     const prompt_pro *pro, __nv_bfloat16 *xb) {
     const size_t off = (size_t)r0 * ldx;
+    if (pro && pro->up && pro->up_bf16) /* ldx == K */
+        return cu_swiglu_bf16in(c, (const __nv_bfloat16 *)x + off, (const __nv_bfloat16 *)pro->up + off, (size_t)m * K,
+                                xb);
     if (pro && pro->up) return cu_swiglu_bf16_rows(c, x + off, pro->up + off, ldx, m, K, xb);
     if (pro && pro->norm_w)
         return cu_gated_rmsnorm_bf16(c, x + off, pro->gate ? pro->gate + off : NULL, pro->norm_w, xb, m * pro->H, pro->D,
@@ -532,7 +548,12 @@ static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, i
  * way). */
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                      const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro,
-                                     int x_bf16) {
+                                     int flags) {
+    /* HYLA_LINEAR_X_BF16: x holds bf16 rows; HYLA_LINEAR_Y_BF16: the GEMMs write bf16 (es bytes an
+     * output), straight into y for whole blocks, through the scratch (then copied) for a partial
+     * one; no bias or accumulate (cu_linear_flags_check) */
+    const int x_bf16 = (flags & HYLA_LINEAR_X_BF16) != 0, y_bf16 = (flags & HYLA_LINEAR_Y_BF16) != 0;
+    const size_t es = y_bf16 ? 2 : 4;
     size_t nsum = 0;
     for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
     /* Runs of up to c->prompt_blocks whole blocks go to the GEMM together (prompt_gemm); the last
@@ -553,8 +574,8 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
     const int tblk = via_scratch ? maxb : 1; /* blocks the scratch holds per output */
     void *xb, *t;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)maxb * MF * K * 2, &xb));
-    /* each output's scratch starts 256-aligned (tblk * N * MF * 4 bytes: MF is a multiple of 64) */
-    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)tblk * MF * nsum * 4, &t));
+    /* each output's scratch starts 256-aligned (tblk * N * MF * es bytes: MF is a multiple of 128) */
+    HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)tblk * MF * nsum * es, &t));
     int grp[HYLA_LINEAR_MULTI_MAX]; /* group id of each output: the first output of its N */
     size_t toff[HYLA_LINEAR_MULTI_MAX];
     for (int j = 0, off = 0; j < n; j++) {
@@ -569,14 +590,15 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
                     grp[j] = i;
                     break;
                 }
-        toff[j] = (size_t)off * MF * tblk;
+        toff[j] = (size_t)off * MF * tblk * es; /* bytes */
         off += outs[j].N;
     }
     for (int r0 = 0, m; r0 < M; r0 += m) {
         const int whole = (M - r0) / MF;
         int nblk = whole < 1 ? 1 : whole < maxb ? whole : maxb;
         for (int j = 0; j < n && nblk > 1 && !via_scratch; j++) /* into y straight: its alignment */
-            if (ptr_align(outs[j].y + (size_t)r0 * outs[j].ldy, (size_t)outs[j].N * 4) < ptr_align(NULL, (size_t)outs[j].N * 4))
+            if (ptr_align((char *)outs[j].y + (size_t)r0 * outs[j].ldy * es, (size_t)outs[j].N * es) <
+                ptr_align(NULL, (size_t)outs[j].N * es))
                 nblk = 1;
         m = whole < 1 ? M - r0 : nblk * MF;
         /* the run's bf16 operand: x's own rows where they already are (HYLA_LINEAR_X_BF16: whole
@@ -605,24 +627,30 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
             int direct = m % MF == 0 && !accumulate;
             for (int q = 0; q < nb && direct; q++) {
                 const hyla_linear_out *o = &outs[mem[q]];
-                direct = o->ldy == N && ptr_align(o->y + (size_t)r0 * o->ldy, (size_t)N * 4) >= ptr_align(NULL, (size_t)N * 4);
+                direct = o->ldy == N && ptr_align((char *)o->y + (size_t)r0 * o->ldy * es, (size_t)N * es) >=
+                                            ptr_align(NULL, (size_t)N * es);
             }
             HYLA_ASSERT(direct || m <= tblk * MF); /* t holds tblk blocks */
             const hyla_weight *W[HYLA_LINEAR_MULTI_MAX];
-            float *C[HYLA_LINEAR_MULTI_MAX];
+            void *C[HYLA_LINEAR_MULTI_MAX];
             for (int q = 0; q < nb; q++) {
                 const hyla_linear_out *o = &outs[mem[q]];
                 W[q] = o->W;
-                C[q] = direct ? o->y + (size_t)r0 * o->ldy : (float *)t + toff[mem[q]];
+                C[q] = direct ? (void *)((char *)o->y + (size_t)r0 * o->ldy * es) : (void *)((char *)t + toff[mem[q]]);
             }
-            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, nb, W, C));
+            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, nb, W, C, y_bf16));
             for (int q = 0; q < nb; q++) {
                 const hyla_linear_out *o = &outs[mem[q]];
                 if (direct && !o->bias) continue;
+                if (y_bf16) { /* a partial block's rows, out of the scratch (ldy == N, no bias) */
+                    CU_TRY(cudaMemcpyAsync((char *)o->y + (size_t)r0 * N * 2, C[q], (size_t)m * N * 2,
+                                           cudaMemcpyDeviceToDevice, c->stream));
+                    continue;
+                }
                 float *yb = o->y + (size_t)r0 * o->ldy;
                 size_t total = (size_t)m * N, blocks = (total + 255) / 256;
                 if (blocks > 65535u * 8) blocks = 65535u * 8;
-                k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>(C[q], m, N, o->bias, yb, o->ldy,
+                k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)C[q], m, N, o->bias, yb, o->ldy,
                                                                           direct ? 0 : accumulate);
                 CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
             }
@@ -640,10 +668,9 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    HYLA_TRY(cu_linear_flags_check(flags, ldx, K));
-    if (flags & HYLA_LINEAR_X_BF16) return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL, 1);
+    HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate));
     if (flags & HYLA_LINEAR_PREFILL)
-        return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL, 0);
+        return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL, flags);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
     if (n > 1 && cu_gemm_big_ok(c, M, K)) {
@@ -677,10 +704,17 @@ extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up,
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(K, K, W, N, N));
+    if (flags & HYLA_LINEAR_X_BF16) {
+        if (!(flags & HYLA_LINEAR_PREFILL))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "swiglu_linear: bf16 gate and up need prompt rows");
+        const hyla_linear_out lo = {W, NULL, y, N, N};
+        prompt_pro pro = {up, 1, NULL, NULL, 0, 0, 0.0f};
+        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
+    }
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
-        prompt_pro pro = {up, NULL, NULL, 0, 0, 0.0f};
-        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, 0);
+        prompt_pro pro = {up, 0, NULL, NULL, 0, 0, 0.0f};
+        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     /* decode rows on the skinny kernel's path of cu_linear: it forms the SwiGLU as it stages x */
     if (!cu_gemm_big_ok(c, M, K) && M <= 256 && K % 8 == 0)
@@ -706,8 +740,8 @@ extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float 
     HYLA_TRY(cu_linear_check(K, K, W, N, N));
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
-        prompt_pro pro = {NULL, gate, w, H, D, eps};
-        return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, 0);
+        prompt_pro pro = {NULL, 0, gate, w, H, D, eps};
+        return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     if (cu_gemm_big_ok(c, M, K)) {
         void *xb;

@@ -106,6 +106,45 @@ extern "C" hyla_status cu_swiglu_bf16_rows(hyla_cuda_ctx *c, const float *g, con
     return HYLA_OK;
 }
 
+/* The same from bf16 gate and up rows [M][K] (the MLP's prompt GEMMs' HYLA_LINEAR_Y_BF16 outputs):
+ * silu and the product in fp32 on the widened values, rounded once; 8 values a thread. */
+__global__ void k_swiglu_bf16in_vec8(const uint4 *__restrict__ g, const uint4 *__restrict__ u, size_t n8,
+                                     uint4 *__restrict__ out) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 a = g[i], b = u[i], r;
+        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pb = (const __nv_bfloat162 *)&b;
+        __nv_bfloat162 *pr = (__nv_bfloat162 *)&r;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 x = __bfloat1622float2(pa[j]), y = __bfloat1622float2(pb[j]);
+            pr[j] = __floats2bfloat162_rn(silu_f(x.x) * y.x, silu_f(x.y) * y.y);
+        }
+        out[i] = r;
+    }
+}
+__global__ void k_swiglu_bf16in(const __nv_bfloat16 *__restrict__ g, const __nv_bfloat16 *__restrict__ u, size_t n,
+                                __nv_bfloat16 *__restrict__ out) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(silu_f(__bfloat162float(g[i])) * __bfloat162float(u[i]));
+}
+
+/* n contiguous values (rows of gate and up with stride K): the vector form where all three are
+ * 16-byte aligned and n % 8 == 0, else one value a thread (the same arithmetic) */
+extern "C" hyla_status cu_swiglu_bf16in(hyla_cuda_ctx *c, const __nv_bfloat16 *g, const __nv_bfloat16 *u, size_t n,
+                                        __nv_bfloat16 *out) {
+    if (n % 8 == 0 && (((uintptr_t)g | (uintptr_t)u | (uintptr_t)out) & 15) == 0)
+        HYLA_TRY(cu_launch_pdl(c, k_swiglu_bf16in_vec8, grid_for(n / 8), TPB, 0, (const uint4 *)g, (const uint4 *)u,
+                               n / 8, (uint4 *)out));
+    else
+        HYLA_TRY(cu_launch_pdl(c, k_swiglu_bf16in, grid_for(n), TPB, 0, g, u, n, out));
+    CU_LAUNCH_CHECK("swiglu_bf16in");
+    return HYLA_OK;
+}
+
 __global__ void k_add_bias_rows(float *y, int ldy, int M, int N, const float *bias) {
     size_t total = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {

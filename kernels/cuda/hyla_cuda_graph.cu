@@ -780,7 +780,7 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    HYLA_TRY(cu_linear_flags_check(flags, ldx, K));
+    HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate));
     ga_linear_multi *a;
     HYLA_TRY(log_linear_multi(c->graphs, 0, &a, NULL));
     a->x = x;

@@ -61,6 +61,7 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
     int has_algo;
     int derived; /* the algorithm is another plan's (gemm_plan's `from`), not this shape's heuristic */
+    int cbf16;   /* C and D are bf16 (HYLA_LINEAR_Y_BF16), else fp32 */
 } hyla_cu_gemm_plan;
 #define HYLA_CU_GEMM_PLANS 512
 
@@ -178,8 +179,9 @@ void cu_weight_destroy(void *ctx, hyla_weight *w);
 void cu_destroy(void *ctx);
 hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W, const float *bias,
                       float *y, int ldy, int N, int accumulate);
-/* HYLA_LINEAR_X_BF16 only with HYLA_LINEAR_PREFILL and ldx == K (the logged op checks it when called) */
-hyla_status cu_linear_flags_check(int flags, int ldx, int K);
+/* HYLA_LINEAR_X_BF16 only with HYLA_LINEAR_PREFILL and ldx == K; HYLA_LINEAR_Y_BF16 only with
+ * HYLA_LINEAR_PREFILL, no accumulate, no bias, ldy == N (the logged op checks it when called) */
+hyla_status cu_linear_flags_check(int flags, int ldx, int K, int n, const hyla_linear_out *outs, int accumulate);
 hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int ldy, int N);
 
 /* graphs (hyla_cuda_graph.cu) */
@@ -258,6 +260,8 @@ hyla_status cu_nsa_decode(void *ctx, const float *q, const float *k, const float
 hyla_status cu_f32_to_bf16_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, __nv_bfloat16 *out);
 hyla_status cu_swiglu_bf16_rows(hyla_cuda_ctx *c, const float *g, const float *u, int ld, int M, int K,
                                 __nv_bfloat16 *out);
+hyla_status cu_swiglu_bf16in(hyla_cuda_ctx *c, const __nv_bfloat16 *g, const __nv_bfloat16 *u, size_t n,
+                             __nv_bfloat16 *out);
 hyla_status cu_gated_rmsnorm_bf16(hyla_cuda_ctx *c, const float *o, const float *g, const float *w, __nv_bfloat16 *y,
                                   int rows, int D, float eps);
 hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
