@@ -1103,6 +1103,123 @@ extern "C" hyla_status cu_short_conv_dev(hyla_cuda_ctx *c, float *x, int B, int 
     return HYLA_OK;
 }
 
+/* The same convolution with 4 adjacent channels a thread (float4 loads and stores: 1 KB of a row
+ * per warp access pair, a quarter of the instructions), CONV4_TPB threads = 256 channels a block.
+ * Every tensor of the launch has C % 4 == 0 and 16-byte aligned rows (conv4_fits); each output
+ * is the scalar form's fmaf chain, component by component: the same bits. */
+#define CONV4_TPB 64
+#define CONV4_CH (4 * CONV4_TPB)
+
+__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ void st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+__device__ __forceinline__ float f4c(const float4 &v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
+template <int K> __global__ void k_conv4_halo(conv_multi_args a, int n, int nseg) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
+    const int i = conv_multi_part(a, blockIdx.x), c4 = ((blockIdx.x - a.cb[i]) * blockDim.x + threadIdx.x) * 4;
+    const int C = a.C[i], bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
+    if (c4 >= C) return;
+    float *h = a.halo[i] + (size_t)bs * (K - 1) * C + c4;
+    const float *src = s == 0 ? a.tails[i][b] + c4 : a.x[i] + ((size_t)b * n + (size_t)s * CONV_L - (K - 1)) * C + c4;
+    float4 v[K > 1 ? K - 1 : 1];
+#pragma unroll
+    for (int r = 0; r < K - 1; r++) v[r] = ld4(src + (size_t)r * C);
+#pragma unroll
+    for (int r = 0; r < K - 1; r++) st4(h + (size_t)r * C, v[r]);
+}
+
+template <int K>
+__global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, int nseg, int act) {
+    __shared__ __align__(16) float tile[CONV_L][CONV4_CH];
+    __shared__ float inv_s[CONV_L][CONV4_CH / 4];
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
+    const int i = conv_multi_part(a, blockIdx.x), tid = threadIdx.x, c4 = ((blockIdx.x - a.cb[i]) * CONV4_TPB + tid) * 4;
+    const int C = a.C[i], l2 = a.l2[i], bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
+    const int valid = c4 < C, t0 = s * CONV_L, len = n - t0 < CONV_L ? n - t0 : CONV_L;
+    float *xp = a.x[i] + ((size_t)b * n + t0) * C + c4;
+    float4 in[CONV_L];
+    if (valid) {
+        float wc[4][K], bc[4];
+        float4 win[K]; /* win[0..K-2]: the previous K-1 inputs, oldest first */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+#pragma unroll
+            for (int j = 0; j < K; j++) wc[k][j] = a.w[i][(size_t)(c4 + k) * K + j];
+            bc[k] = a.bias[i] ? a.bias[i][c4 + k] : 0.0f;
+        }
+        float *tail = K > 1 ? a.tails[i][b] : NULL;
+        if (K > 1) {
+            const float *src = nseg == 1 ? tail + c4 : a.halo[i] + (size_t)bs * (K - 1) * C + c4;
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) win[j] = ld4(src + (size_t)j * C);
+        }
+#pragma unroll
+        for (int t = 0; t < CONV_L; t++)
+            if (t < len) in[t] = ld4(xp + (size_t)t * C);
+#pragma unroll
+        for (int t = 0; t < CONV_L; t++)
+            if (t < len) {
+                win[K - 1] = in[t];
+                float r[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < K; j++) acc = fmaf(wc[k][j], f4c(win[j], k), acc);
+                    if (a.bias[i]) acc += bc[k];
+                    r[k] = act ? silu_f(acc) : acc;
+                }
+                in[t] = make_float4(r[0], r[1], r[2], r[3]);
+#pragma unroll
+                for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
+            }
+        if (K > 1 && s == nseg - 1) {
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) st4(tail + (size_t)j * C + c4, win[j]);
+        }
+    }
+    if (!l2) { /* uniform across the block: its channels are one tensor's */
+        if (!valid) return;
+#pragma unroll
+        for (int t = 0; t < CONV_L; t++)
+            if (t < len) st4(xp + (size_t)t * C, in[t]);
+        return;
+    }
+    /* L2 runs (conv4_fits: l2 % 4 == 0 and l2 divides CONV4_CH): one warp per (token, run) from
+     * shared memory, l2_inv_warp as in conv_body_l2 */
+#pragma unroll
+    for (int t = 0; t < CONV_L; t++)
+        st4(&tile[t][4 * tid], valid && t < len ? in[t] : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+    __syncthreads();
+    const int runs = CONV4_CH / l2, lane = tid & 31;
+    for (int r = tid >> 5; r < len * runs; r += CONV4_TPB / 32) {
+        const int t = r / runs, h = r - t * runs;
+        const float inv = l2_inv_warp(&tile[t][h * l2], l2, a.l2_eps[i], lane);
+        if (lane == 0) inv_s[t][h] = inv;
+    }
+    __syncthreads();
+    if (!valid) return;
+    const int run = 4 * tid / l2;
+#pragma unroll
+    for (int t = 0; t < CONV_L; t++)
+        if (t < len) {
+            const float inv = inv_s[t][run];
+            st4(xp + (size_t)t * C, make_float4(in[t].x * inv, in[t].y * inv, in[t].z * inv, in[t].w * inv));
+        }
+}
+
+/* Whether a launch can take the 4-channel form: every tensor's C % 4 == 0 with 16-byte aligned
+ * x, tails and halo rows, and its L2 runs (if any) fused in it (l2 % 4 == 0, dividing CONV4_CH). */
+static int conv4_fits(const conv_multi_args &a, const hyla_conv_part *p) {
+    for (int i = 0; i < a.m; i++) {
+        if (a.C[i] % 4 || ((uintptr_t)a.x[i] & 15)) return 0;
+        if (p[i].l2 && !(p[i].l2 % 4 == 0 && CONV4_CH % p[i].l2 == 0 && a.C[i] % p[i].l2 == 0)) return 0;
+    }
+    return 1;
+}
+
 template <int K>
 static hyla_status conv_multi_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int n, int nseg, int act) {
     dim3 grid((unsigned)a.cb[a.m], (unsigned)(B * nseg));
@@ -1121,9 +1238,27 @@ static hyla_status conv_multi_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B
     return cu_launch_pdl(c, k_conv_multi<K>, grid, CONV_TPB, 0, a, n, nseg, act);
 }
 
+template <int K>
+static hyla_status conv4_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int n, int nseg, int act) {
+    dim3 grid((unsigned)a.cb[a.m], (unsigned)(B * nseg));
+    if (nseg > 1 && K > 1) {
+        size_t tot = 0;
+        for (int i = 0; i < a.m; i++) tot += (size_t)B * nseg * (K - 1) * a.C[i];
+        void *scr;
+        HYLA_TRY(cu_scratch(c, SCR_MISC, tot * sizeof(float), &scr));
+        float *h = (float *)scr;
+        for (int i = 0; i < a.m; i++) {
+            a.halo[i] = h; /* 16-byte aligned: each tensor's part is a multiple of 4 floats */
+            h += (size_t)B * nseg * (K - 1) * a.C[i];
+        }
+        HYLA_TRY(cu_launch_pdl(c, k_conv4_halo<K>, grid, CONV4_TPB, 0, a, n, nseg));
+    }
+    return cu_launch_pdl(c, k_conv4<K>, grid, CONV4_TPB, 0, a, n, nseg, act);
+}
+
 /* p[i].tails are device arrays of B pointers here. */
 extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hyla_conv_part *p, int B, int n, int K,
-                                               int act_silu) {
+                                               int act_silu, int tails16) {
     if (B <= 0 || n <= 0) return HYLA_OK;
     const int nseg = (n + CONV_L - 1) / CONV_L;
     /* L2 runs the convolution's pass cannot take: l2norm_rows after it (the same bits) */
@@ -1135,8 +1270,25 @@ extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hy
         conv_multi_args a;
         memset(&a, 0, sizeof a);
         a.m = m;
-        for (int i = 0; i < m; i++) {
+        for (int i = 0; i < m; i++)
             a.x[i] = p[i].x, a.w[i] = p[i].w, a.bias[i] = p[i].bias, a.tails[i] = p[i].tails, a.C[i] = p[i].C;
+        /* prompt pieces only: a decode step's one token of B sessions has a few thousand
+         * channels to spread, which one channel a thread spreads over more SMs (B = 1 ran 3 %
+         * slower in the 4-channel form) */
+        if (c->conv4 && tails16 && n > CONV_L && conv4_fits(a, p)) {
+            for (int i = 0; i < m; i++) {
+                if (p[i].l2) a.l2[i] = p[i].l2, a.l2_eps[i] = p[i].l2_eps;
+                a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C / 4, CONV4_TPB);
+            }
+            switch (K) {
+            case 1: HYLA_TRY(conv4_launch<1>(c, a, B, n, nseg, act_silu)); break;
+            case 2: HYLA_TRY(conv4_launch<2>(c, a, B, n, nseg, act_silu)); break;
+            case 3: HYLA_TRY(conv4_launch<3>(c, a, B, n, nseg, act_silu)); break;
+            default: HYLA_TRY(conv4_launch<4>(c, a, B, n, nseg, act_silu)); break;
+            }
+            return HYLA_OK; /* every L2 run fused (conv4_fits) */
+        }
+        for (int i = 0; i < m; i++) {
             if (conv_l2_fits(p[i].l2, p[i].C)) a.l2[i] = p[i].l2, a.l2_eps[i] = p[i].l2_eps;
             a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C, CONV_TPB);
         }
@@ -1166,6 +1318,15 @@ extern "C" hyla_status cu_short_conv_multi_check(int m, const hyla_conv_part *p,
     return HYLA_OK;
 }
 
+/* Every session's tail of every tensor 16-byte aligned (host arrays of device pointers): the
+ * 4-channel form's condition on them. */
+extern "C" int cu_conv_tails16(int m, const hyla_conv_part *p, int B) {
+    for (int i = 0; i < m; i++)
+        for (int b = 0; b < B; b++)
+            if ((uintptr_t)p[i].tails[b] & 15) return 0;
+    return 1;
+}
+
 /* The host tails arrays are staged as one array of m * B pointers. */
 extern "C" hyla_status cu_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K,
                                            int act_silu) {
@@ -1185,7 +1346,7 @@ extern "C" hyla_status cu_short_conv_multi(void *ctx, int m, const hyla_conv_par
         q[i] = p[i];
         q[i].tails = (float *const *)d + (size_t)i * B;
     }
-    return cu_short_conv_multi_dev(c, m, q, B, n, K, act_silu);
+    return cu_short_conv_multi_dev(c, m, q, B, n, K, act_silu, cu_conv_tails16(m, p, B));
 }
 
 /* ---------------------------------------------------------------- sampling [SAMPLE-1] */

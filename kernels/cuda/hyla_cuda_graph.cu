@@ -166,14 +166,14 @@ struct ga_short_conv_multi { /* the tensors' tail pointers (float * [m][B]) are 
     const float *w[HYLA_CONV_MULTI_MAX], *bias[HYLA_CONV_MULTI_MAX];
     int32_t C[HYLA_CONV_MULTI_MAX], l2[HYLA_CONV_MULTI_MAX];
     float l2_eps[HYLA_CONV_MULTI_MAX];
-    int32_t m, B, n, K, act_silu;
+    int32_t m, B, n, K, act_silu, tails16;
 };
 static hyla_status replay_short_conv_multi(hyla_cuda_ctx *c, const ga_short_conv_multi &a, const void *d) {
     hyla_conv_part p[HYLA_CONV_MULTI_MAX];
     for (int i = 0; i < a.m; i++)
         p[i] = (hyla_conv_part){a.x[i], a.w[i], a.bias[i], (float *const *)d + (size_t)i * a.B, a.C[i], a.l2[i],
                                 a.l2_eps[i]};
-    return cu_short_conv_multi_dev(c, a.m, p, a.B, a.n, a.K, a.act_silu);
+    return cu_short_conv_multi_dev(c, a.m, p, a.B, a.n, a.K, a.act_silu, a.tails16);
 }
 
 /* The inputs and shape that GLA/GDN decode and prefill share: GLA (ga = gk) or GDN (ga = g,
@@ -885,6 +885,7 @@ static hyla_status g_short_conv_multi(void *ctx, int m, const hyla_conv_part *p,
     a->n = n;
     a->K = K;
     a->act_silu = act_silu;
+    a->tails16 = cu_conv_tails16(m, p, B);
     return HYLA_OK;
 }
 

@@ -117,6 +117,8 @@ typedef struct hyla_cuda_ctx {
                              * at least this many keys on average (pos0 + n / 2); 0: off (HYLA_CUDA_ATTN_WG2, 8192) */
     int hopper;             /* compute capability 9.x: the warpgroup (sm_90a) kernels can run */
     void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of the batched prompt GEMM */
+    int conv4;              /* short_conv_multi in its 4-channel form where it fits (default; HYLA_CUDA_CONV4=0 at
+                             * creation: one channel a thread; the same bits) */
     int prompt_blocks;      /* prompt rows: whole PROMPT_ROWS blocks per GEMM call (default 32, so a piece's whole
                              * blocks are one GEMM up to pieces of 32768;
                              * HYLA_CUDA_PROMPT_BLOCKS at creation, 1..64; the same bits) */
@@ -238,7 +240,10 @@ hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos
 hyla_status cu_short_conv(void *ctx, float *x, int B, int n, int C, const float *w, const float *bias, int K,
                           float *const *tails, int act_silu);
 hyla_status cu_short_conv_multi(void *ctx, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu);
-hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu);
+/* tails16: every tail pointer is 16-byte aligned (cu_conv_tails16 of the host arrays) */
+hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hyla_conv_part *p, int B, int n, int K, int act_silu,
+                                    int tails16);
+int cu_conv_tails16(int m, const hyla_conv_part *p, int B);
 hyla_status cu_short_conv_multi_check(int m, const hyla_conv_part *p, int K);
 hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *g, const float *w, float *y, int rows, int D,
                              float eps);
