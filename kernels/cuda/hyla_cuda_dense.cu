@@ -1103,8 +1103,8 @@ extern "C" hyla_status cu_short_conv_dev(hyla_cuda_ctx *c, float *x, int B, int 
     return HYLA_OK;
 }
 
-/* The same convolution with 4 adjacent channels a thread (float4 loads and stores: 1 KB of a row
- * per warp access pair, a quarter of the instructions), CONV4_TPB threads = 256 channels a block.
+/* The same convolution with 4 adjacent channels a thread (float4 loads and stores: 512 bytes of a
+ * row per warp access, a quarter of the instructions), CONV4_TPB threads = 256 channels a block.
  * Every tensor of the launch has C % 4 == 0 and 16-byte aligned rows (conv4_fits); each output
  * is the scalar form's fmaf chain, component by component: the same bits. */
 #define CONV4_TPB 64
@@ -1129,15 +1129,30 @@ template <int K> __global__ void k_conv4_halo(conv_multi_args a, int n, int nseg
     for (int r = 0; r < K - 1; r++) st4(h + (size_t)r * C, v[r]);
 }
 
+/* L2 runs of the 4-channel form: a run of l2 channels is l2 / 4 adjacent lanes of one warp, each
+ * holding one 16-byte unit of it (blocks start at multiples of CONV4_CH, warps at 128 channels,
+ * l2 a power of two times 4 up to 128: conv4_fits). l2_inv_warp sums a row's units lane by lane
+ * (sq_acc) and then by the xor butterfly over 32 lanes, its lanes past the row's units adding
+ * 0.0 (exact); here the butterfly's steps below l2 / 4 lanes do the same sums within each run, so
+ * the inverse is l2_inv_warp's, bit for bit, without shared memory. */
+__device__ __forceinline__ float conv4_l2_inv(float4 v, int lanes, float eps) {
+    float ss = sq_acc<1>(0.0f, v);
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        if (o < lanes) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    return 1.0f / sqrtf(ss + eps);
+}
+
 template <int K>
 __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, int nseg, int act) {
-    __shared__ __align__(16) float tile[CONV_L][CONV4_CH];
-    __shared__ float inv_s[CONV_L][CONV4_CH / 4];
     pdl_trigger(); /* launched by cu_launch_pdl */
     pdl_wait();
     const int i = conv_multi_part(a, blockIdx.x), tid = threadIdx.x, c4 = ((blockIdx.x - a.cb[i]) * CONV4_TPB + tid) * 4;
     const int C = a.C[i], l2 = a.l2[i], bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
     const int valid = c4 < C, t0 = s * CONV_L, len = n - t0 < CONV_L ? n - t0 : CONV_L;
+    /* a warp past C: with L2 runs its lanes still take part in the shuffles (C % 128 may be
+     * nonzero; a run never straddles C, C % l2 == 0), without them it can leave */
+    if (!valid && !l2) return;
     float *xp = a.x[i] + ((size_t)b * n + t0) * C + c4;
     float4 in[CONV_L];
     if (valid) {
@@ -1179,34 +1194,20 @@ __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, i
 #pragma unroll
             for (int j = 0; j < K - 1; j++) st4(tail + (size_t)j * C + c4, win[j]);
         }
-    }
-    if (!l2) { /* uniform across the block: its channels are one tensor's */
-        if (!valid) return;
+    } else {
 #pragma unroll
-        for (int t = 0; t < CONV_L; t++)
-            if (t < len) st4(xp + (size_t)t * C, in[t]);
-        return;
+        for (int t = 0; t < CONV_L; t++) in[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    /* L2 runs (conv4_fits: l2 % 4 == 0 and l2 divides CONV4_CH): one warp per (token, run) from
-     * shared memory, l2_inv_warp as in conv_body_l2 */
-#pragma unroll
-    for (int t = 0; t < CONV_L; t++)
-        st4(&tile[t][4 * tid], valid && t < len ? in[t] : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-    __syncthreads();
-    const int runs = CONV4_CH / l2, lane = tid & 31;
-    for (int r = tid >> 5; r < len * runs; r += CONV4_TPB / 32) {
-        const int t = r / runs, h = r - t * runs;
-        const float inv = l2_inv_warp(&tile[t][h * l2], l2, a.l2_eps[i], lane);
-        if (lane == 0) inv_s[t][h] = inv;
-    }
-    __syncthreads();
-    if (!valid) return;
-    const int run = 4 * tid / l2;
+    const int lanes = l2 / 4;
 #pragma unroll
     for (int t = 0; t < CONV_L; t++)
         if (t < len) {
-            const float inv = inv_s[t][run];
-            st4(xp + (size_t)t * C, make_float4(in[t].x * inv, in[t].y * inv, in[t].z * inv, in[t].w * inv));
+            float4 v = in[t];
+            if (l2) { /* uniform across the warp (one tensor), len too */
+                const float inv = conv4_l2_inv(v, lanes, a.l2_eps[i]);
+                v = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            }
+            if (valid) st4(xp + (size_t)t * C, v);
         }
 }
 
@@ -1215,7 +1216,8 @@ __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, i
 static int conv4_fits(const conv_multi_args &a, const hyla_conv_part *p) {
     for (int i = 0; i < a.m; i++) {
         if (a.C[i] % 4 || ((uintptr_t)a.x[i] & 15)) return 0;
-        if (p[i].l2 && !(p[i].l2 % 4 == 0 && CONV4_CH % p[i].l2 == 0 && a.C[i] % p[i].l2 == 0)) return 0;
+        const int l2 = p[i].l2; /* a power of two times 4, up to a warp's 128 channels (conv4_l2_inv) */
+        if (l2 && !(l2 % 4 == 0 && l2 <= 128 && !((l2 / 4) & (l2 / 4 - 1)) && a.C[i] % l2 == 0)) return 0;
     }
     return 1;
 }
