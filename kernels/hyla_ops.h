@@ -77,7 +77,7 @@ typedef struct {
 } hyla_linear_out;
 
 /* One tensor of short_conv_multi: as short_conv's x [B][n][C], w [C][K], bias [C] or NULL and
- * tails (a host array of B device pointers, each [K-1][C]). l2 > 0 (a divisor of C): then each
+ * tails (a host array of B device pointers, each [K-1][C]); src (below). l2 > 0 (a divisor of C): then each
  * token's runs of l2 channels are L2-normalised, bit for bit l2norm_rows(x, B * n * C / l2, l2,
  * l2_eps) after the convolution (GDN's q and k heads; the GPU does it in the convolution's pass). */
 #define HYLA_CONV_MULTI_MAX 3
@@ -88,6 +88,10 @@ typedef struct {
     int C;
     int l2;       /* 0: none */
     float l2_eps;
+    /* NULL: x is read and written in place. Else the inputs are bf16 rows src [B][n][C] (a prompt
+     * GEMM's HYLA_LINEAR_Y_BF16 outputs), widened to fp32, and the results go to x; the tails take
+     * the last K-1 inputs widened. Bit for bit: x = widen(src), then the convolution in place. */
+    const void *src;
 } hyla_conv_part;
 
 /* ---- LTE (learnable token eviction; docs/MODELS.md §5.1, [LTE-1..5]) ---- */

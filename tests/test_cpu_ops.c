@@ -370,7 +370,7 @@ static void test_short_conv(void) {
         float *ta = randn((size_t)B * (K - 1) * C2, 1.0f), *xb = dup(xa, (size_t)B * n * C2),
               *tb = dup(ta, (size_t)B * (K - 1) * C2);
         float *tpa[2] = {ta, ta + (K - 1) * C2}, *tpb[2] = {tb, tb + (K - 1) * C2};
-        hyla_conv_part p = {xa, w2, NULL, tpa, C2, l2, 1e-6f};
+        hyla_conv_part p = {xa, w2, NULL, tpa, C2, l2, 1e-6f, NULL};
         CHECK_OK(ops->short_conv_multi(ctx, 1, &p, B, n, K, 1));
         CHECK_OK(ops->short_conv(ctx, xb, B, n, C2, w2, NULL, K, tpb, 1));
         CHECK_OK(ops->l2norm_rows(ctx, xb, B * n * C2 / l2, l2, 1e-6f));
@@ -378,6 +378,23 @@ static void test_short_conv(void) {
         double ss = 0;
         for (int i = 0; i < l2; i++) ss += (double)xa[i] * xa[i];
         CHECK_MSG(fabs(ss - 1.0) < 1e-3, "short_conv_multi l2: a run has unit norm (%.8f)", ss);
+        /* from bf16 inputs (src): == the widened rows in place */
+        uint16_t *sb = malloc((size_t)B * n * C2 * 2);
+        float *xw = malloc((size_t)B * n * C2 * sizeof(float)), *xo = malloc((size_t)B * n * C2 * sizeof(float));
+        float *t3 = randn((size_t)B * (K - 1) * C2, 1.0f), *t4 = dup(t3, (size_t)B * (K - 1) * C2);
+        float *tp3[2] = {t3, t3 + (K - 1) * C2}, *tp4[2] = {t4, t4 + (K - 1) * C2};
+        for (size_t e = 0; e < (size_t)B * n * C2; e++) {
+            sb[e] = hyla_f32_to_bf16(xb[e]);
+            xw[e] = hyla_bf16_to_f32(sb[e]);
+            xo[e] = 1e30f;
+        }
+        hyla_conv_part ps = {xo, w2, NULL, tp3, C2, l2, 1e-6f, sb}, pw = {xw, w2, NULL, tp4, C2, l2, 1e-6f, NULL};
+        CHECK_OK(ops->short_conv_multi(ctx, 1, &ps, B, n, K, 1));
+        CHECK_OK(ops->short_conv_multi(ctx, 1, &pw, B, n, K, 1));
+        CHECK_MSG(!memcmp(xo, xw, (size_t)B * n * C2 * sizeof(float)) &&
+                      !memcmp(t3, t4, (size_t)B * (K - 1) * C2 * sizeof(float)),
+                  "short_conv_multi from bf16 rows == the widened rows in place (outputs and tails)");
+        free(sb), free(xw), free(xo), free(t3), free(t4);
         p.l2 = 3;
         CHECK(ops->short_conv_multi(ctx, 1, &p, B, n, K, 1) == HYLA_ERR_INVALID_ARG);
         CHECK(strstr(hyla_last_error(), "L2 runs of 3") != NULL);

@@ -1382,7 +1382,8 @@ static void case_short_conv(const op_case *c) {
 }
 
 /* short_conv_multi == its tensors' short_conv calls, bit for bit on the GPU (outputs and tails):
- * one launch (with the halo pass for pieces over 16 tokens) for K <= 4 — for pieces four channels
+ * From bf16 sources (hyla_conv_part.src: x's own contents garbage) == the widened rows in place.
+ * One launch (with the halo pass for pieces over 16 tokens) for K <= 4 — for pieces four channels
  * a thread where every C % 4 == 0 (2304/2304/4608, 512/1280/96; L2 runs of 128, 16 and 8 by warp
  * shuffles), else and for decode one —, the calls
  * themselves for K = 6; decode (3 sessions, one token) and prefill (one session, 1000 and 301 tokens); a bias on
@@ -1394,13 +1395,14 @@ static void case_short_conv_multi(const op_case *oc) {
     const int Cs[3][3] = {{2304, 2304, 4608}, {37, 64, 100}, {512, 1280, 96}}, Ks[2] = {4, 6};
     const int L2s[3][3] = {{128, 128, 0}, {37, 16, 50}, {16, 128, 8}};
     const int shapes[3][2] = {{3, 1}, {1, 1000}, {1, 301}}; /* B, n */
-    for (int li = 0; li < 2; li++)
+    for (int li = 0; li < 3; li++) /* li 2: L2 runs, inputs from bf16 sources */
     for (int ci = 0; ci < 3; ci++)
         for (int ki = 0; ki < 2; ki++)
             for (int si = 0; si < 3; si++) {
                 const int K = Ks[ki], B = shapes[si][0], n = shapes[si][1];
                 pair px[3], pw[3], pt[3][3];
                 float *rx[3], *rt[3][3], *tc[3][3], *tg[3][3], *tr[3][3];
+                void *sc[3] = {NULL, NULL, NULL}, *sg[3] = {NULL, NULL, NULL};
                 float *bias = randn(Cs[ci][1], 0.1f);
                 pair pb = pair_new(bias, Cs[ci][1]);
                 hyla_conv_part pc[3], pg[3];
@@ -1408,9 +1410,19 @@ static void case_short_conv_multi(const op_case *oc) {
                     const int C = Cs[ci][j];
                     const size_t nx = (size_t)B * n * C, nt = (size_t)(K - 1) * C;
                     float *x = randn(nx, 1.0f), *w = randn((size_t)C * K, 0.5f);
+                    if (li == 2) { /* the bf16 rows as the source, x's own contents garbage */
+                        round_bf16(x, nx);
+                        uint16_t *xb = malloc(nx * 2 + 4);
+                        for (size_t e = 0; e < nx; e++) xb[e] = hyla_f32_to_bf16(x[e]);
+                        sc[j] = dev(cpu, xb, nx * 2);
+                        sg[j] = dev(gpu, xb, nx * 2);
+                        free(xb);
+                    }
+                    rx[j] = dev(gpu, x, nx * 4);
+                    if (li == 2)
+                        for (size_t e = 0; e < nx; e++) x[e] = 1e30f;
                     px[j] = pair_new(x, nx);
                     pw[j] = pair_new(w, (size_t)C * K);
-                    rx[j] = dev(gpu, x, nx * 4);
                     for (int b = 0; b < B; b++) {
                         float *t = randn(nt, 1.0f);
                         pt[j][b] = pair_new(t, nt);
@@ -1420,8 +1432,8 @@ static void case_short_conv_multi(const op_case *oc) {
                     }
                     const int hb = j == 1; /* a bias on the second tensor */
                     const int l2 = li ? L2s[ci][j] : 0;
-                    pc[j] = (hyla_conv_part){px[j].c, pw[j].c, hb ? pb.c : NULL, tc[j], C, l2, 1e-6f};
-                    pg[j] = (hyla_conv_part){px[j].g, pw[j].g, hb ? pb.g : NULL, tg[j], C, l2, 1e-6f};
+                    pc[j] = (hyla_conv_part){px[j].c, pw[j].c, hb ? pb.c : NULL, tc[j], C, l2, 1e-6f, sc[j]};
+                    pg[j] = (hyla_conv_part){px[j].g, pw[j].g, hb ? pb.g : NULL, tg[j], C, l2, 1e-6f, sg[j]};
                     free(x);
                     free(w);
                 }
@@ -1435,7 +1447,7 @@ static void case_short_conv_multi(const op_case *oc) {
                 }
                 char name[96];
                 snprintf(name, sizeof name, "short_conv_multi C=%d/%d/%d K=%d B=%d n=%d%s", Cs[ci][0], Cs[ci][1],
-                         Cs[ci][2], K, B, n, li ? " l2" : "");
+                         Cs[ci][2], K, B, n, li == 2 ? " l2 bf16" : li ? " l2" : "");
                 for (int j = 0; j < 3; j++) {
                     const int C = Cs[ci][j];
                     cmp_pair(name, px[j], FP32_TOL);
@@ -1451,6 +1463,8 @@ static void case_short_conv_multi(const op_case *oc) {
                     pair_free(px[j]);
                     pair_free(pw[j]);
                     dfree(gpu, rx[j]);
+                    dfree(cpu, sc[j]);
+                    dfree(gpu, sg[j]);
                 }
                 pair_free(pb);
                 free(bias);

@@ -636,6 +636,10 @@ static hyla_status cpu_short_conv_multi(void *ctx, int m, const hyla_conv_part *
         if (p[i].l2 < 0 || (p[i].l2 && p[i].C % p[i].l2))
             return hyla_fail(HYLA_ERR_INVALID_ARG, "short_conv_multi: L2 runs of %d do not divide %d channels", p[i].l2,
                              p[i].C);
+        if (p[i].src) { /* bf16 inputs: widened into x, then the convolution in place */
+            const uint16_t *sb = p[i].src;
+            for (size_t e = 0; e < (size_t)B * n * p[i].C; e++) p[i].x[e] = hyla_bf16_to_f32(sb[e]);
+        }
         HYLA_TRY(cpu_short_conv(ctx, p[i].x, B, n, p[i].C, p[i].w, p[i].bias, K, p[i].tails, act_silu));
         if (p[i].l2)
             HYLA_TRY(cpu_l2norm_rows(ctx, p[i].x, (int)((size_t)B * n * p[i].C / p[i].l2), p[i].l2, p[i].l2_eps));

@@ -952,6 +952,7 @@ struct conv_multi_args {
     float *const *tails[HYLA_CONV_MULTI_MAX];
     float *halo[HYLA_CONV_MULTI_MAX];
     int C[HYLA_CONV_MULTI_MAX];
+    const __nv_bfloat16 *src[HYLA_CONV_MULTI_MAX]; /* bf16 inputs (the 4-channel form only), else NULL */
     int l2[HYLA_CONV_MULTI_MAX]; /* 0, or L2 runs that divide CONV_TPB (conv_l2_fits) */
     float l2_eps[HYLA_CONV_MULTI_MAX];
     int cb[HYLA_CONV_MULTI_MAX + 1]; /* first block of each tensor */
@@ -1143,7 +1144,17 @@ __device__ __forceinline__ float conv4_l2_inv(float4 v, int lanes, float eps) {
     return 1.0f / sqrtf(ss + eps);
 }
 
-template <int K>
+/* 4 bf16 values widened (8 bytes; C % 4 == 0 keeps them aligned) */
+__device__ __forceinline__ float4 ld4b(const __nv_bfloat16 *p) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x)),
+                 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+/* SRC: the inputs are bf16 rows a.src[i] (out of place into x), so the window before a segment is
+ * read from the source itself (never written) and no halo pass runs. */
+template <int K, bool SRC>
 __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, int nseg, int act) {
     pdl_trigger(); /* launched by cu_launch_pdl */
     pdl_wait();
@@ -1165,14 +1176,20 @@ __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, i
             bc[k] = a.bias[i] ? a.bias[i][c4 + k] : 0.0f;
         }
         float *tail = K > 1 ? a.tails[i][b] : NULL;
+        const __nv_bfloat16 *sp = SRC ? a.src[i] + ((size_t)b * n + t0) * C + c4 : NULL;
         if (K > 1) {
-            const float *src = nseg == 1 ? tail + c4 : a.halo[i] + (size_t)bs * (K - 1) * C + c4;
+            if (SRC && s > 0) {
 #pragma unroll
-            for (int j = 0; j < K - 1; j++) win[j] = ld4(src + (size_t)j * C);
+                for (int j = 0; j < K - 1; j++) win[j] = ld4b(sp - (size_t)(K - 1 - j) * C);
+            } else {
+                const float *src = s == 0 ? tail + c4 : a.halo[i] + (size_t)bs * (K - 1) * C + c4;
+#pragma unroll
+                for (int j = 0; j < K - 1; j++) win[j] = ld4(src + (size_t)j * C);
+            }
         }
 #pragma unroll
         for (int t = 0; t < CONV_L; t++)
-            if (t < len) in[t] = ld4(xp + (size_t)t * C);
+            if (t < len) in[t] = SRC ? ld4b(sp + (size_t)t * C) : ld4(xp + (size_t)t * C);
 #pragma unroll
         for (int t = 0; t < CONV_L; t++)
             if (t < len) {
@@ -1215,7 +1232,8 @@ __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, i
  * x, tails and halo rows, and its L2 runs (if any) fused in it (l2 % 4 == 0, dividing CONV4_CH). */
 static int conv4_fits(const conv_multi_args &a, const hyla_conv_part *p) {
     for (int i = 0; i < a.m; i++) {
-        if (a.C[i] % 4 || ((uintptr_t)a.x[i] & 15)) return 0;
+        if (a.C[i] % 4 || ((uintptr_t)a.x[i] & 15) || ((uintptr_t)p[i].src & 7)) return 0;
+        if (!p[i].src != !p[0].src) return 0; /* all from bf16 sources, or none */
         const int l2 = p[i].l2; /* a power of two times 4, up to a warp's 128 channels (conv4_l2_inv) */
         if (l2 && !(l2 % 4 == 0 && l2 <= 128 && !((l2 / 4) & (l2 / 4 - 1)) && a.C[i] % l2 == 0)) return 0;
     }
@@ -1243,6 +1261,8 @@ static hyla_status conv_multi_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B
 template <int K>
 static hyla_status conv4_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int n, int nseg, int act) {
     dim3 grid((unsigned)a.cb[a.m], (unsigned)(B * nseg));
+    if (a.src[0]) /* every tensor's (conv4_fits) */
+        return cu_launch_pdl(c, k_conv4<K, true>, grid, CONV4_TPB, 0, a, n, nseg, act);
     if (nseg > 1 && K > 1) {
         size_t tot = 0;
         for (int i = 0; i < a.m; i++) tot += (size_t)B * nseg * (K - 1) * a.C[i];
@@ -1255,7 +1275,22 @@ static hyla_status conv4_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int
         }
         HYLA_TRY(cu_launch_pdl(c, k_conv4_halo<K>, grid, CONV4_TPB, 0, a, n, nseg));
     }
-    return cu_launch_pdl(c, k_conv4<K>, grid, CONV4_TPB, 0, a, n, nseg, act);
+    return cu_launch_pdl(c, k_conv4<K, false>, grid, CONV4_TPB, 0, a, n, nseg, act);
+}
+
+__global__ void k_bf16_to_f32(const __nv_bfloat16 *__restrict__ x, size_t n, float *__restrict__ y) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+/* x = widen(src) for every tensor with a bf16 source: the in-place forms' inputs */
+static hyla_status conv_widen(hyla_cuda_ctx *c, int m, const hyla_conv_part *p, int B, int n) {
+    for (int i = 0; i < m; i++) {
+        if (!p[i].src) continue;
+        const size_t e = (size_t)B * n * p[i].C;
+        k_bf16_to_f32<<<grid_for(e), TPB, 0, c->stream>>>((const __nv_bfloat16 *)p[i].src, e, p[i].x);
+        CU_LAUNCH_CHECK("short_conv_multi: widen");
+    }
+    return HYLA_OK;
 }
 
 /* p[i].tails are device arrays of B pointers here. */
@@ -1265,7 +1300,10 @@ extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hy
     const int nseg = (n + CONV_L - 1) / CONV_L;
     /* L2 runs the convolution's pass cannot take: l2norm_rows after it (the same bits) */
     const int fused = K <= CONV_KMAX && (size_t)B * nseg <= 65535;
+    int src_any = 0;
+    for (int i = 0; i < m; i++) src_any |= p[i].src != NULL;
     if (!fused) { /* as separate calls (their out-of-place path) */
+        if (src_any) HYLA_TRY(conv_widen(c, m, p, B, n));
         for (int i = 0; i < m; i++)
             HYLA_TRY(cu_short_conv_dev(c, p[i].x, B, n, p[i].C, p[i].w, p[i].bias, K, p[i].tails, act_silu));
     } else {
@@ -1278,6 +1316,7 @@ extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hy
          * channels to spread, which one channel a thread spreads over more SMs (B = 1 ran 3 %
          * slower in the 4-channel form) */
         if (c->conv4 && tails16 && n > CONV_L && conv4_fits(a, p)) {
+            for (int i = 0; i < m; i++) a.src[i] = (const __nv_bfloat16 *)p[i].src;
             for (int i = 0; i < m; i++) {
                 if (p[i].l2) a.l2[i] = p[i].l2, a.l2_eps[i] = p[i].l2_eps;
                 a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C / 4, CONV4_TPB);
@@ -1290,6 +1329,8 @@ extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hy
             }
             return HYLA_OK; /* every L2 run fused (conv4_fits) */
         }
+        if (src_any) /* the other forms convolve in place: widen the inputs into x first */
+            HYLA_TRY(conv_widen(c, m, p, B, n));
         for (int i = 0; i < m; i++) {
             if (conv_l2_fits(p[i].l2, p[i].C)) a.l2[i] = p[i].l2, a.l2_eps[i] = p[i].l2_eps;
             a.cb[i + 1] = a.cb[i] + (int)cu_blocks((size_t)p[i].C, CONV_TPB);

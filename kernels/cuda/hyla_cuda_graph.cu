@@ -166,13 +166,14 @@ struct ga_short_conv_multi { /* the tensors' tail pointers (float * [m][B]) are 
     const float *w[HYLA_CONV_MULTI_MAX], *bias[HYLA_CONV_MULTI_MAX];
     int32_t C[HYLA_CONV_MULTI_MAX], l2[HYLA_CONV_MULTI_MAX];
     float l2_eps[HYLA_CONV_MULTI_MAX];
+    const void *src[HYLA_CONV_MULTI_MAX];
     int32_t m, B, n, K, act_silu, tails16;
 };
 static hyla_status replay_short_conv_multi(hyla_cuda_ctx *c, const ga_short_conv_multi &a, const void *d) {
     hyla_conv_part p[HYLA_CONV_MULTI_MAX];
     for (int i = 0; i < a.m; i++)
         p[i] = (hyla_conv_part){a.x[i], a.w[i], a.bias[i], (float *const *)d + (size_t)i * a.B, a.C[i], a.l2[i],
-                                a.l2_eps[i]};
+                                a.l2_eps[i], a.src[i]};
     return cu_short_conv_multi_dev(c, a.m, p, a.B, a.n, a.K, a.act_silu, a.tails16);
 }
 
@@ -878,6 +879,7 @@ static hyla_status g_short_conv_multi(void *ctx, int m, const hyla_conv_part *p,
         a->C[i] = p[i].C;
         a->l2[i] = p[i].l2;
         a->l2_eps[i] = p[i].l2_eps;
+        a->src[i] = p[i].src;
         memcpy((float **)d + (size_t)i * B, p[i].tails, (size_t)B * sizeof(float *));
     }
     a->m = m;

@@ -124,7 +124,7 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
     HYLA_MIXER_MARK(f, "lin: q/k/v, gate proj");
     if (c->b.gdn.use_short_conv) { /* with q's and k's L2 norms (the same bits as l2norm_rows after it) */
         HYLA_TRY(hyla_lin_short_conv(f, s->q, s->k, s->v, H * dk, H * dv, w->conv_w, c->b.gdn.conv_size, PART_BASE,
-                                     dk));
+                                     dk, NULL));
     } else {
         HYLA_TRY(o->silu(ctx, s->q, (size_t)R * H * dk));
         HYLA_TRY(o->silu(ctx, s->k, (size_t)R * H * dk));

@@ -113,14 +113,27 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     gdn_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     s.k = s.q + (size_t)R * H * dk; /* within q's and k's block: k right after this call's q rows */
+    /* Prompt rows on a backend with bf16 rows (f->xn_bf16): q, k and v leave their GEMMs as bf16
+     * into o's block (free until the core writes it; (2 dk + dv) * 2 <= 4 dv bytes a head when
+     * dv >= 2 dk, as expand_v 2 has it) and the convolution reads them from there, writing fp32
+     * q, k, v (hyla_conv_part.src): half the bytes written and read, no copy of the window
+     * between segments. Otherwise fp32 in place. */
+    const int qkv16 = !f->decode && f->xn_bf16 && c->use_short_conv && dv >= 2 * dk;
+    uint16_t *qb = (uint16_t *)s.o, *kb = qb + (size_t)R * H * dk, *vb = kb + (size_t)R * H * dk;
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, s.q, H * dk, H * dk},
-        {w->k, NULL, s.k, H * dk, H * dk},
-        {w->v, NULL, s.v, H * dv, H * dv},
+        {w->q, NULL, qkv16 ? (float *)qb : s.q, H * dk, H * dk},
+        {w->k, NULL, qkv16 ? (float *)kb : s.k, H * dk, H * dk},
+        {w->v, NULL, qkv16 ? (float *)vb : s.v, H * dv, H * dv},
     };
     /* every projection of xn in one call: one launch for a decode batch, one bf16 pass over xn
-     * for a prefill piece (the CUDA prompt GEMMs group by N as in two calls: the same bits) */
+     * for a prefill piece (the CUDA prompt GEMMs group by N as in two calls: the same bits); q, k,
+     * v as bf16 are a call of their own */
     int n = 3;
+    if (qkv16) {
+        HYLA_TRY(f->o->linear_multi(ctx, f->xn, D, R, D, 3, lo, 0,
+                                    HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16));
+        n = 0;
+    }
     lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H};
     lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H};
     if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
@@ -130,7 +143,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
      * except where the fused decode takes them */
     const int raw = f->decode && o->gdn_decode_raw, l2 = c->use_short_conv && !raw ? dk : 0;
     if (c->use_short_conv) {
-        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV, l2));
+        const void *src[3] = {qb, kb, vb};
+        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV, l2,
+                                     qkv16 ? src : NULL));
     } else {
         HYLA_TRY(o->silu(ctx, s.q, (size_t)R * H * dk));
         HYLA_TRY(o->silu(ctx, s.k, (size_t)R * H * dk));

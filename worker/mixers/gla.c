@@ -140,7 +140,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     }
     HYLA_MIXER_MARK(f, "lin: gate proj");
     if (c->use_short_conv)
-        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV, 0));
+        HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV, 0, NULL));
     /* gk [R][H*dk] via the low-rank pair [GLA-1] */
     HYLA_TRY(hyla_mixer_linear(f, s.gk_lr, r, w->gk_b, w->gk_bias, s.gk, H * dk, 0));
     HYLA_TRY(o->gla_gate(ctx, s.gk, (size_t)R * H * dk, c->gate_logit_normalizer, c->clamp_min));

@@ -28,7 +28,7 @@ void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, in
 }
 
 hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
-                                float *const conv_w[3], int K, int part0, int l2) {
+                                float *const conv_w[3], int K, int part0, int l2, const void *const *src) {
     float *x[3] = {q, k, v}, *tail[3];
     hyla_conv_part p[3];
     for (int j = 0; j < 3; j++) {
@@ -39,7 +39,8 @@ hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, flo
             tail[j] = f->st[0]->part[part0 + j].dev;
             tails = &tail[j];
         }
-        p[j] = (hyla_conv_part){x[j], conv_w[j], NULL, tails, j == 2 ? Cv : Ck, j == 2 ? 0 : l2, 1e-6f};
+        p[j] = (hyla_conv_part){x[j], conv_w[j], NULL, tails, j == 2 ? Cv : Ck, j == 2 ? 0 : l2, 1e-6f,
+                                src ? src[j] : NULL};
     }
     /* decode: R sessions of one token; prefill: one session's piece of R tokens */
     const int B = f->decode ? f->R : 1, n = f->decode ? 1 : f->R;

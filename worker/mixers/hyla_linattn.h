@@ -16,9 +16,10 @@ int hyla_lin_parts(hyla_part_spec *out, int H, int dk, int dv, int conv_size);
 void hyla_lin_conv_decls(hyla_decls *ds, const size_t off[3], int Ck, int Cv, int K);
 /* x = silu(conv(x)) for q, k ([R][Ck]) and v ([R][Cv]) in place, tails in parts part0..part0+2 of
  * each session [CONV-1], in one ops->short_conv_multi; l2 > 0: then q's and k's heads of l2 are
- * L2-normalised (eps 1e-6, [GDN-2]) in the same op, as l2norm_rows would. */
+ * L2-normalised (eps 1e-6, [GDN-2]) in the same op, as l2norm_rows would. src (NULL: in place):
+ * the bf16 inputs of q, k and v (hyla_conv_part.src), the results into q, k, v. */
 hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, float *v, int Ck, int Cv,
-                                float *const conv_w[3], int K, int part0, int l2);
+                                float *const conv_w[3], int K, int part0, int l2, const void *const *src);
 /* [NORM-1] f->out = (gated RMSNorm per head of o [R][H*dv], gate [R][H*dv] or NULL: plain) Wo^T
  * in one ops->gated_rmsnorm_linear (o may be overwritten): the end every gla / gdn forward shares,
  * marked as "lin: out norm, o proj". */
