@@ -1240,19 +1240,25 @@ static int conv4_fits(const conv_multi_args &a, const hyla_conv_part *p) {
     return 1;
 }
 
+/* The halo scratch of a multi-tensor launch: each tensor's K-1 raw inputs before each segment */
+static hyla_status conv_halo_scratch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int nseg, int K) {
+    size_t tot = 0;
+    for (int i = 0; i < a.m; i++) tot += (size_t)B * nseg * (K - 1) * a.C[i];
+    void *scr;
+    HYLA_TRY(cu_scratch(c, SCR_MISC, tot * sizeof(float), &scr));
+    float *h = (float *)scr;
+    for (int i = 0; i < a.m; i++) {
+        a.halo[i] = h;
+        h += (size_t)B * nseg * (K - 1) * a.C[i];
+    }
+    return HYLA_OK;
+}
+
 template <int K>
 static hyla_status conv_multi_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int n, int nseg, int act) {
     dim3 grid((unsigned)a.cb[a.m], (unsigned)(B * nseg));
     if (nseg > 1 && K > 1) {
-        size_t tot = 0;
-        for (int i = 0; i < a.m; i++) tot += (size_t)B * nseg * (K - 1) * a.C[i];
-        void *scr;
-        HYLA_TRY(cu_scratch(c, SCR_MISC, tot * sizeof(float), &scr));
-        float *h = (float *)scr;
-        for (int i = 0; i < a.m; i++) {
-            a.halo[i] = h;
-            h += (size_t)B * nseg * (K - 1) * a.C[i];
-        }
+        HYLA_TRY(conv_halo_scratch(c, a, B, nseg, K));
         HYLA_TRY(cu_launch_pdl(c, k_conv_multi_halo<K>, grid, CONV_TPB, 0, a, n, nseg));
     }
     return cu_launch_pdl(c, k_conv_multi<K>, grid, CONV_TPB, 0, a, n, nseg, act);
@@ -1263,16 +1269,8 @@ static hyla_status conv4_launch(hyla_cuda_ctx *c, conv_multi_args &a, int B, int
     dim3 grid((unsigned)a.cb[a.m], (unsigned)(B * nseg));
     if (a.src[0]) /* every tensor's (conv4_fits) */
         return cu_launch_pdl(c, k_conv4<K, true>, grid, CONV4_TPB, 0, a, n, nseg, act);
-    if (nseg > 1 && K > 1) {
-        size_t tot = 0;
-        for (int i = 0; i < a.m; i++) tot += (size_t)B * nseg * (K - 1) * a.C[i];
-        void *scr;
-        HYLA_TRY(cu_scratch(c, SCR_MISC, tot * sizeof(float), &scr));
-        float *h = (float *)scr;
-        for (int i = 0; i < a.m; i++) {
-            a.halo[i] = h; /* 16-byte aligned: each tensor's part is a multiple of 4 floats */
-            h += (size_t)B * nseg * (K - 1) * a.C[i];
-        }
+    if (nseg > 1 && K > 1) { /* each tensor's halo 16-byte aligned: a multiple of 4 floats */
+        HYLA_TRY(conv_halo_scratch(c, a, B, nseg, K));
         HYLA_TRY(cu_launch_pdl(c, k_conv4_halo<K>, grid, CONV4_TPB, 0, a, n, nseg));
     }
     return cu_launch_pdl(c, k_conv4<K, false>, grid, CONV4_TPB, 0, a, n, nseg, act);
