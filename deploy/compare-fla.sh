@@ -17,6 +17,9 @@
 # KERNELS (32768,131072; empty to skip): the chunked GLA and GDN kernels alone on one sequence of
 # each length, 18 heads of 128 (FLA's chunk_gla / chunk_gated_delta_rule on bf16 inputs against
 # `hyla-bench kernels --only seq` on fp32 ones), as rows of the same table.
+# PARTS (fla,hyla: both, then the table): which halves to time now; a half left out keeps its
+# OUTDIR/fla.jsonl or hyla.jsonl from an earlier call (same OUTDIR and MODEL), so a GPU session
+# short of time can run the halves in two calls. The table is written when both files exist.
 set -euo pipefail
 out=${1:?usage: compare-fla.sh OUTDIR}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,22 +29,39 @@ PREFILL=${PREFILL:-4096,32768,131072,524288,1048576}
 BATCH=${BATCH:-1,64}
 DEVICE=${DEVICE:-cuda:0}
 KERNELS=${KERNELS-32768,131072}
+PARTS=${PARTS:-fla,hyla}
+case ",$PARTS," in *,fla,*) do_fla=1 ;; *) do_fla=0 ;; esac
+case ",$PARTS," in *,hyla,*) do_hyla=1 ;; *) do_hyla=0 ;; esac
+if [ $do_fla = 0 ] && [ $do_hyla = 0 ]; then echo "compare-fla: PARTS=$PARTS names neither fla nor hyla" >&2; exit 2; fi
 mkdir -p "$out"
 export PYTHONPATH=$FLA_SRC${PYTHONPATH:+:$PYTHONPATH}
 model=${MODEL:-$out/gdn-1.68b}
 commit=${HYLA_COMMIT:-$(git -C "$here" describe --always --dirty 2>/dev/null || echo unknown)}
 [ -f "$model/config.json" ] || python3 "$here/compare_fla.py" make --out "$model"
-echo "compare-fla: timing flash-linear-attention" >&2
-python3 "$here/compare_fla.py" fla --model "$model" --prefill "$PREFILL" --batch "$BATCH" --out "$out/fla.jsonl"
-echo "compare-fla: timing hyla" >&2
-"$HYLA_BIN/hyla-bench" e2e --model "$model" --device "$DEVICE" --prefill "$PREFILL" --batch "$BATCH" --ctx 16 \
-    > "$out/hyla.jsonl"
-if [ -n "$KERNELS" ]; then
-  echo "compare-fla: timing the chunked kernels (KERNELS=$KERNELS)" >&2
-  python3 "$here/compare_fla.py" kernels --seq "$KERNELS" --out "$out/fla-kernels.jsonl"
-  cat "$out/fla-kernels.jsonl" >> "$out/fla.jsonl"
-  "$HYLA_BIN/hyla-bench" kernels --device "$DEVICE" --only seq --ctx "$KERNELS" >> "$out/hyla.jsonl"
+if [ $do_fla = 1 ]; then
+  echo "compare-fla: timing flash-linear-attention" >&2
+  python3 "$here/compare_fla.py" fla --model "$model" --prefill "$PREFILL" --batch "$BATCH" --out "$out/fla.jsonl"
+  if [ -n "$KERNELS" ]; then
+    echo "compare-fla: timing FLA's chunked kernels (KERNELS=$KERNELS)" >&2
+    python3 "$here/compare_fla.py" kernels --seq "$KERNELS" --out "$out/fla-kernels.jsonl"
+    cat "$out/fla-kernels.jsonl" >> "$out/fla.jsonl"
+  fi
 fi
+if [ $do_hyla = 1 ]; then
+  echo "compare-fla: timing hyla" >&2
+  "$HYLA_BIN/hyla-bench" e2e --model "$model" --device "$DEVICE" --prefill "$PREFILL" --batch "$BATCH" --ctx 16 \
+      > "$out/hyla.jsonl"
+  if [ -n "$KERNELS" ]; then
+    echo "compare-fla: timing hyla's chunked kernels (KERNELS=$KERNELS)" >&2
+    "$HYLA_BIN/hyla-bench" kernels --device "$DEVICE" --only seq --ctx "$KERNELS" >> "$out/hyla.jsonl"
+  fi
+fi
+for f in fla hyla; do
+  if [ ! -s "$out/$f.jsonl" ]; then
+    echo "compare-fla: no $out/$f.jsonl yet (PARTS=$PARTS): run the other half into the same OUTDIR for the table" >&2
+    exit 0
+  fi
+done
 {
   echo "hyla $commit vs flash-linear-attention $(python3 -c 'import fla; print(fla.__version__)'), $(date -u +%Y-%m-%dT%H:%MZ),"\
        "$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))'); PREFILL=$PREFILL BATCH=$BATCH"
