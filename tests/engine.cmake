@@ -3,6 +3,8 @@ hyla_add_test(test_engine SOURCES test_engine.c LIBS hyla_engine LABELS quick TI
 add_dependencies(test_engine hyla-mkmodel)
 hyla_add_test(test_tp SOURCES test_tp.c LIBS hyla_engine LABELS quick TIMEOUT 300)
 add_dependencies(test_tp hyla-mkmodel)
+hyla_add_test(test_bf16rows SOURCES test_bf16rows.c LIBS hyla_engine LABELS quick TIMEOUT 300)
+add_dependencies(test_bf16rows hyla-mkmodel)
 # the same on two GPUs (skipped with a message where fewer than two exist)
 add_test(NAME test_gpu_tp COMMAND test_tp cuda)
 set_tests_properties(test_gpu_tp PROPERTIES LABELS "multigpu" TIMEOUT 300 SKIP_RETURN_CODE 77

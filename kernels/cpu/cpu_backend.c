@@ -19,6 +19,8 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -412,8 +414,8 @@ static hyla_status cpu_linear(void *ctx, const float *x, int ldx, int M, int K, 
     return HYLA_OK;
 }
 
-static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
-                                    int accumulate, int flags) {
+static hyla_status cpu_linear_multi_f32(void *ctx, const float *x, int ldx, int M, int K, int n,
+                                        const hyla_linear_out *outs, int accumulate, int flags) {
     (void)flags; /* cpu_linear is row-invariant already: prompt rows need no other method */
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
@@ -436,8 +438,8 @@ static hyla_status cpu_gated_rmsnorm_linear(void *ctx, float *o, const float *ga
 }
 
 /* The composition swiglu_linear is defined as. */
-static hyla_status cpu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
-                                     float *y, int N, int flags) {
+static hyla_status cpu_swiglu_linear_f32(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
+                                         float *y, int N, int flags) {
     (void)flags; /* prompt rows need no other method (see cpu_linear_multi) */
     HYLA_TRY(cpu_swiglu(ctx, gate, up, gate, (size_t)M * K));
     return cpu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
@@ -645,6 +647,80 @@ static hyla_status cpu_short_conv_multi(void *ctx, int m, const hyla_conv_part *
             HYLA_TRY(cpu_l2norm_rows(ctx, p[i].x, (int)((size_t)B * n * p[i].C / p[i].l2), p[i].l2, p[i].l2_eps));
     }
     return HYLA_OK;
+}
+
+/* ---------------------------------------------------------------- bf16 prompt rows (opt-in)
+ *
+ * With HYLA_CPU_BF16_ROWS=1 at creation the backend takes the CUDA backend's bf16 prompt rows
+ * (hyla_ops.h rmsnorm_bf16, HYLA_LINEAR_X_BF16 / Y_BF16): each bf16 value is the fp32 one rounded
+ * to nearest-even, widened again where read. Not the reference's arithmetic (which stays fp32): it
+ * lets the CPU tests run the runtime's and mixers' bf16 paths (pieces, tensor-parallel halves). */
+static float *cpu_widen(const void *x, size_t n) {
+    const uint16_t *b = x;
+    float *f = malloc(n * sizeof(float) + 4);
+    if (f)
+        for (size_t i = 0; i < n; i++) f[i] = hyla_bf16_to_f32(b[i]);
+    return f;
+}
+static void cpu_round(const float *f, size_t n, void *y) {
+    uint16_t *b = y;
+    for (size_t i = 0; i < n; i++) b[i] = hyla_f32_to_bf16(f[i]);
+}
+
+static hyla_status cpu_rmsnorm_bf16(void *ctx, float *residual, const float *x, const float *w, void *y, int n, int D,
+                                    float eps) {
+    float *t = malloc((size_t)n * D * sizeof(float) + 4);
+    if (!t) return hyla_fail(HYLA_ERR_NOMEM, "rmsnorm_bf16: out of memory");
+    hyla_status st = x ? cpu_add_rmsnorm(ctx, residual, x, w, t, n, D, eps) : cpu_rmsnorm(ctx, residual, w, t, n, D, eps);
+    if (st == HYLA_OK) cpu_round(t, (size_t)n * D, y);
+    free(t);
+    return st;
+}
+
+static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
+                                    int accumulate, int flags) {
+    if (!(flags & (HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16)))
+        return cpu_linear_multi_f32(ctx, x, ldx, M, K, n, outs, accumulate, flags);
+    if (!((cpu_ctx *)ctx)->bf16_rows || !(flags & HYLA_LINEAR_PREFILL) || n < 1 || n > HYLA_LINEAR_MULTI_MAX ||
+        ((flags & HYLA_LINEAR_X_BF16) && ldx != K))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows (flags %d) need prompt rows, ldx == K and a "
+                                               "backend created with HYLA_CPU_BF16_ROWS=1", flags);
+    float *xf = (flags & HYLA_LINEAR_X_BF16) ? cpu_widen(x, (size_t)M * K) : NULL;
+    hyla_linear_out o[HYLA_LINEAR_MULTI_MAX];
+    float *yf[HYLA_LINEAR_MULTI_MAX] = {NULL};
+    hyla_status st = (flags & HYLA_LINEAR_X_BF16) && !xf ? hyla_fail(HYLA_ERR_NOMEM, "linear_multi: out of memory") : HYLA_OK;
+    for (int j = 0; j < n && st == HYLA_OK; j++) {
+        o[j] = outs[j];
+        if (!(flags & HYLA_LINEAR_Y_BF16)) continue;
+        if (accumulate || outs[j].bias || outs[j].ldy != outs[j].N)
+            st = hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 output %d has a bias, accumulate or ldy != N", j);
+        else if (!(yf[j] = malloc((size_t)M * outs[j].N * sizeof(float) + 4)))
+            st = hyla_fail(HYLA_ERR_NOMEM, "linear_multi: out of memory");
+        else
+            o[j].y = yf[j];
+    }
+    if (st == HYLA_OK)
+        st = cpu_linear_multi_f32(ctx, xf ? xf : x, xf ? K : ldx, M, K, n, o, accumulate, HYLA_LINEAR_PREFILL);
+    for (int j = 0; j < n; j++) {
+        if (st == HYLA_OK && yf[j]) cpu_round(yf[j], (size_t)M * outs[j].N, outs[j].y);
+        free(yf[j]);
+    }
+    free(xf);
+    return st;
+}
+
+static hyla_status cpu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
+                                     float *y, int N, int flags) {
+    if (!(flags & HYLA_LINEAR_X_BF16)) return cpu_swiglu_linear_f32(ctx, gate, up, M, K, W, y, N, flags);
+    if (!((cpu_ctx *)ctx)->bf16_rows || !(flags & HYLA_LINEAR_PREFILL))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "swiglu_linear: bf16 gate and up need prompt rows and a backend created "
+                                               "with HYLA_CPU_BF16_ROWS=1");
+    float *g = cpu_widen(gate, (size_t)M * K), *u = cpu_widen(up, (size_t)M * K);
+    hyla_status st = g && u ? cpu_swiglu_linear_f32(ctx, g, u, M, K, W, y, N, HYLA_LINEAR_PREFILL)
+                            : hyla_fail(HYLA_ERR_NOMEM, "swiglu_linear: out of memory");
+    free(g);
+    free(u);
+    return st;
 }
 
 /* [NORM-1] y = rmsnorm(o; w) · silu(g) per row of D (the head's value dim). */
@@ -867,6 +943,13 @@ static const hyla_ops cpu_ops = {
     .ssd_skip = cpu_ssd_skip,
     .upload_begin = cpu_upload_begin,
 };
+/* the same with the bf16 prompt rows (HYLA_CPU_BF16_ROWS=1) */
+static hyla_ops cpu_ops_bf16;
+
+static void cpu_ops_bf16_init(void) {
+    cpu_ops_bf16 = cpu_ops;
+    cpu_ops_bf16.rmsnorm_bf16 = cpu_rmsnorm_bf16;
+}
 
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {
     *out = NULL;
@@ -884,6 +967,13 @@ hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {
     }
     if (c->nt < 1) c->nt = 1;
     b->ops = &cpu_ops;
+    const char *br = getenv("HYLA_CPU_BF16_ROWS");
+    if (br && !strcmp(br, "1")) {
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        pthread_once(&once, cpu_ops_bf16_init);
+        c->bf16_rows = 1;
+        b->ops = &cpu_ops_bf16;
+    }
     b->ctx = c;
     *out = b;
     return HYLA_OK;
