@@ -53,6 +53,17 @@ static inline double hyla_test_max_violation(const float *a, const float *b, siz
     return m;
 }
 
+/* ||a - b|| / ||b|| over n elements (||a - b|| where b is all zero). */
+static inline double hyla_test_rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 #define CHECK_CLOSE(a, b, n, atol, rtol, what)                                              \
     do {                                                                                    \
         size_t w_ = 0;                                                                      \

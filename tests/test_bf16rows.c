@@ -45,15 +45,6 @@ static void feed(hyla_runtime *rt, const int32_t *p, int piece, float *logits) {
     CHECK_OK(hyla_runtime_set_prefill_piece(rt, keep));
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 static void check_arch(const char *arch, hyla_backend *b16, hyla_backend *b32) {
     char dir[256];
@@ -69,7 +60,7 @@ static void check_arch(const char *arch, hyla_backend *b16, hyla_backend *b32) {
     feed(r16, p, 64, b);
     feed(r32, p, 1024, f);
     CHECK_MSG(!memcmp(a, b, nl * sizeof *a), "%s: bf16 rows, one piece of %d tokens != pieces of 64 (bits)", arch, NW);
-    const double rel = rel_l2(a, f, nl);
+    const double rel = hyla_test_rel_l2(a, f, nl);
     int agree = 0;
     for (int t = 0; t < NW - 1; t++) {
         int ia = 0, jf = 0;

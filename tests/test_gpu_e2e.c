@@ -59,15 +59,6 @@ static void make_model(const char *arch, const char *dir, const char *extra) {
     }
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 static double rms_diff(const float *a, const float *b, int n) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
@@ -123,7 +114,7 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
     hyla_session *sc = sess(mc), *sg = sess(mg);
     CHECK_OK(hyla_session_feed(sc, p, T, lc, NULL, NULL, NULL));
     CHECK_OK(hyla_session_feed(sg, p, T, lg, NULL, NULL, NULL));
-    double r = rel_l2(lg, lc, (size_t)(T - 1) * V);
+    double r = hyla_test_rel_l2(lg, lc, (size_t)(T - 1) * V);
     int dla = !strncmp(arch, "dla-", 4) && discrete; /* LTE's prompt logits stay within tolerance */
     printf("  prompt logits (149 rows): rel L2 %.2e %s\n", r,
            r <= LOGIT_TOL ? "ok" : dla ? "(reported: DLA boundaries may differ)" : "FAIL");
@@ -140,7 +131,7 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
     int same = 0;
     double worst = 0;
     for (int i = 0; i < G; i++) {
-        double ri = rel_l2(gg + (size_t)i * V, gc + (size_t)i * V, V);
+        double ri = hyla_test_rel_l2(gg + (size_t)i * V, gc + (size_t)i * V, V);
         if (ri > worst) worst = ri; /* this step's logits were computed from identical histories */
         if (tc[i] != tg[i]) {
             double mgn = top2_margin(gc + (size_t)i * V, V), rms = rms_diff(gg + (size_t)i * V, gc + (size_t)i * V, V);
@@ -207,7 +198,7 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
             gen(x, 10, t3, l3, V);
             int eq = 0;
             while (eq < 10 && t3[eq] == t1[10 + eq]) eq++;
-            double rr = rel_l2(l3, l1 + (size_t)10 * V, (size_t)(eq > 0 ? eq : 1) * V);
+            double rr = hyla_test_rel_l2(l3, l1 + (size_t)10 * V, (size_t)(eq > 0 ? eq : 1) * V);
             printf("  GPU -> CPU resume: %d/10 tokens equal to the GPU run, logits rel L2 %.2e %s\n", eq, rr,
                    rr <= LOGIT_TOL ? "ok" : dla ? "(reported)" : "FAIL");
             CHECK_MSG(dla || rr <= LOGIT_TOL, "%s: GPU->CPU continuation logits rel %.3e", arch, rr);
@@ -230,7 +221,7 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
             gen(cg, 10, t5, l5, V);
             int eq = 0;
             while (eq < 10 && t4[eq] == t5[eq]) eq++;
-            double rr = rel_l2(l5, l4, (size_t)(eq > 0 ? eq : 1) * V);
+            double rr = hyla_test_rel_l2(l5, l4, (size_t)(eq > 0 ? eq : 1) * V);
             printf("  CPU -> GPU resume: %d/10 tokens equal to the CPU run, logits rel L2 %.2e %s\n", eq, rr,
                    rr <= LOGIT_TOL ? "ok" : dla ? "(reported)" : "FAIL");
             CHECK_MSG(dla || rr <= LOGIT_TOL, "%s: CPU->GPU continuation logits rel %.3e", arch, rr);
