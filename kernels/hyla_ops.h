@@ -461,7 +461,10 @@ typedef struct hyla_ops {
      * [n][D] bf16: each value the fp32 result rounded to nearest-even. A backend has it only when
      * its prompt linears round x to bf16 that way (HYLA_LINEAR_X_BF16), so that the norm followed
      * by linear_multi(HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16) gives the bits of the fp32 norm
-     * followed by linear_multi(HYLA_LINEAR_PREFILL): the fp32 rows are never written. */
+     * followed by linear_multi(HYLA_LINEAR_PREFILL): the fp32 rows are never written. Such a
+     * backend also takes HYLA_LINEAR_Y_BF16, swiglu_linear's bf16 gate and up and the conv's bf16
+     * sources (hyla_conv_part.src). CUDA has it; the CPU backend when created with
+     * HYLA_CPU_BF16_ROWS=1 (tests/test_bf16rows.c; its default is the fp32 reference). */
     hyla_status (*rmsnorm_bf16)(void *ctx, float *residual, const float *x, const float *w, void *y, int n, int D,
                                 float eps);
 } hyla_ops;

@@ -240,7 +240,9 @@ static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const fl
  * each half is a piece the session could have been fed as, and every mixer's arithmetic for
  * its rows is that piece's: the bits are those of the two pieces one after the other (prefill
  * pieces do not change the bits). Half B uses the scratch rows after half A's (x, xn, mo and
- * the MLP buffers have a row each); the mixers' scratch is shared, in stream order. */
+ * the MLP buffers have a row each; where xn or the MLP's gate and up hold bf16 rows, half B's
+ * start at the same float offset, where both their writer and their reader look); the mixers'
+ * scratch is shared, in stream order. */
 static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, hyla_state *const *st, float *x) {
     const hyla_model *m = rt->m;
     const hyla_model_config *c = &m->cfg;
