@@ -873,8 +873,6 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->graphs_on = !(ge && !strcmp(ge, "0"));
     const char *pb = getenv("HYLA_CUDA_PROMPT_BLOCKS");
     c->prompt_blocks = pb && atoi(pb) >= 1 && atoi(pb) <= 64 ? atoi(pb) : 32;
-    const char *c4 = getenv("HYLA_CUDA_CONV4");
-    c->conv4 = !(c4 && !strcmp(c4, "0"));
     const char *pe = getenv("HYLA_CUDA_PDL");
     c->pdl = !(pe && !strcmp(pe, "0"));
     cu_skinny_cluster_init(c);
@@ -968,9 +966,9 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_switches: not a cuda backend");
     if (buf && len)
         snprintf(buf, len,
-                 "graphs=%d pdl=%d conv4=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
+                 "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
                  "gemm_wgp=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d gla_tiles=%d",
-                 c->graphs_on, c->pdl, c->conv4, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
+                 c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
                  c->gemm_wgp, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2, c->gla_tiles);
     return HYLA_OK;
 }

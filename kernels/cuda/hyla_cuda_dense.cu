@@ -1313,7 +1313,7 @@ extern "C" hyla_status cu_short_conv_multi_dev(hyla_cuda_ctx *c, int m, const hy
         /* prompt pieces only: a decode step's one token of B sessions has a few thousand
          * channels to spread, which one channel a thread spreads over more SMs (B = 1 ran 3 %
          * slower in the 4-channel form) */
-        if (c->conv4 && tails16 && n > CONV_L && conv4_fits(a, p)) {
+        if (tails16 && n > CONV_L && conv4_fits(a, p)) {
             for (int i = 0; i < m; i++) a.src[i] = (const __nv_bfloat16 *)p[i].src;
             for (int i = 0; i < m; i++) {
                 if (p[i].l2) a.l2[i] = p[i].l2, a.l2_eps[i] = p[i].l2_eps;
