@@ -12,6 +12,8 @@
 #       --config parser (every key known, every value accepted).
 #   Dockerfile: based on debian:12, its COPY sources exist, the runtime packages it installs
 #       exist in this Debian 12's apt lists (where apt has lists), the targets it builds exist.
+#   compare-fla.sh: PARTS=hyla times only hyla's half (a stand-in hyla-bench) and writes no table
+#       without FLA's file; a PARTS naming neither half is refused.
 set -uo pipefail
 SRC=${HYLA_SOURCE_DIR:-.}
 BIN=$(cd "${HYLA_BIN_DIR:-build/bin}" && pwd)
@@ -90,6 +92,31 @@ fi
 for t in hyla-coordinator hyla-worker hyla hyla-state hyla-mkmodel; do
   grep -rqs "add_executable($t[ )]" "$SRC"/*/CMakeLists.txt "$SRC"/CMakeLists.txt || FAIL "Dockerfile target $t is not defined"
 done
+
+# ---- compare-fla.sh's halves (PARTS) ----
+# With a stand-in hyla-bench and an existing model directory (no GPU, no FLA needed for the hyla
+# half): PARTS=hyla writes hyla.jsonl and stops, naming the missing fla.jsonl, without a table;
+# PARTS naming neither half is refused.
+mkdir -p "$work/cf/bin" "$work/cf/model" "$work/cf/out"
+echo '{}' >"$work/cf/model/config.json"
+printf '#!/bin/sh\necho "{\\"bench\\":\\"e2e_prefill\\",\\"args\\":\\"$*\\"}"\n' >"$work/cf/bin/hyla-bench"
+chmod +x "$work/cf/bin/hyla-bench"
+out=$(FLA_SRC="$work" HYLA_BIN="$work/cf/bin" MODEL="$work/cf/model" PARTS=hyla KERNELS= PREFILL=4096 BATCH=1 \
+      bash "$SRC/deploy/compare-fla.sh" "$work/cf/out" 2>&1)
+rc=$?
+if [ $rc = 0 ] && grep -q '"bench":"e2e_prefill"' "$work/cf/out/hyla.jsonl" && grep -q -- '--prefill 4096' "$work/cf/out/hyla.jsonl" &&
+   [ ! -e "$work/cf/out/fla.jsonl" ] && [ ! -e "$work/cf/out/table.md" ] && echo "$out" | grep -q "no $work/cf/out/fla.jsonl yet"; then
+  ok "compare-fla.sh PARTS=hyla: the hyla half alone, no table without fla.jsonl"
+else
+  FAIL "compare-fla.sh PARTS=hyla: rc $rc: $out"
+fi
+out=$(FLA_SRC="$work" HYLA_BIN="$work/cf/bin" MODEL="$work/cf/model" PARTS=neither bash "$SRC/deploy/compare-fla.sh" "$work/cf/out" 2>&1)
+rc=$?
+if [ $rc = 2 ] && echo "$out" | grep -q "PARTS=neither names neither fla nor hyla"; then
+  ok "compare-fla.sh refuses a PARTS naming neither half"
+else
+  FAIL "compare-fla.sh PARTS=neither: rc $rc: $out"
+fi
 
 [ $fail = 0 ] && echo "test_deploy: ok"
 exit $fail
