@@ -69,6 +69,7 @@ typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 #define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
 #define HYLA_LINEAR_X_BF16 2  /* with HYLA_LINEAR_PREFILL: x is bf16 rows from rmsnorm_bf16 (see there) */
 #define HYLA_LINEAR_Y_BF16 4  /* with HYLA_LINEAR_PREFILL: the outputs are bf16 (see linear_multi) */
+#define HYLA_LINEAR_GATE_BF16 8 /* gated_rmsnorm_linear, with HYLA_LINEAR_PREFILL: gate is bf16 (see there) */
 typedef struct {
     const hyla_weight *W;
     const float *bias; /* [N] or NULL */
@@ -220,7 +221,9 @@ typedef struct hyla_ops {
     /* A linear-attention mixer's end: y [M][N] = gated_rmsnorm(o, gate, w) @ W^T, where o and gate
      * are [M][H*D] (rows of M*H heads of D for the norm) and W is [N][H*D]. o may be overwritten
      * with the normed values. Bit for bit: gated_rmsnorm(o, gate, w, o, M * H, D, eps) then the
-     * linear as in swiglu_linear (flags 0: linear; HYLA_LINEAR_PREFILL: linear_multi). */
+     * linear as in swiglu_linear (flags 0: linear; HYLA_LINEAR_PREFILL: linear_multi).
+     * flags HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16 (a backend with rmsnorm_bf16): gate is bf16
+     * [M][H*D] (linear_multi's HYLA_LINEAR_Y_BF16 output), widened for the norm. */
     hyla_status (*gated_rmsnorm_linear)(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
                                         int M, const hyla_weight *W, float *y, int N, int flags);
     /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */

@@ -815,6 +815,8 @@ static void case_swiglu_linear(const op_case *oc) {
  * GPU, for heads of 256 (two units a lane), 128 (one) and 1024 (a block per row), with and
  * without the gate, prompt rows (1024-row blocks and a partial one) and decode rows; close to
  * the CPU. */
+/* ... and for prompt rows with a gate: the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) == the fp32
+ * gate of the same values, bit for bit. */
 static void case_gated_rmsnorm_linear(const op_case *oc) {
     (void)oc;
     const int N = 2304, Ms[3] = {1300, 40, 200};
@@ -830,6 +832,7 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
             for (int v = 0; v < 4; v++) {
                 const int M = Ms[mi], fl = v & 1, gated = v >> 1, flags = fl ? HYLA_LINEAR_PREFILL : 0;
                 float *o = randn((size_t)M * K, 1.0f), *g = randn((size_t)M * K, 2.0f);
+                round_bf16(g, (size_t)M * K); /* so that a bf16 gate holds the same values (below) */
                 pair po = pair_new(o, (size_t)M * K), pg = pair_new(g, (size_t)M * K), py = pair_new(NULL, (size_t)M * N);
                 float *o2 = dev(gpu, o, (size_t)M * K * 4), *y2 = dev(gpu, NULL, (size_t)M * N * 4);
                 const float *gc = gated ? pg.c : NULL, *gg = gated ? pg.g : NULL;
@@ -847,6 +850,23 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                          fl ? " (prompt)" : "");
                 cmp_pair(name, py, LIN_TOL);
                 CHECK_MSG(same_bits(gpu, py.g, y2, (size_t)M * N * 4), "%s: differs from the norm then the linear", name);
+                if (fl && gated && gpu->ops->rmsnorm_bf16) { /* the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) */
+                    uint16_t *gb = malloc((size_t)M * K * 2 + 4);
+                    for (size_t e = 0; e < (size_t)M * K; e++) gb[e] = hyla_f32_to_bf16(g[e]);
+                    void *dgb = dev(gpu, gb, (size_t)M * K * 2);
+                    float *o3 = dev(gpu, o, (size_t)M * K * 4), *y3 = dev(gpu, NULL, (size_t)M * N * 4);
+                    CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o3, (const float *)dgb, pn.g, H, D, 1e-6f, M, wg, y3,
+                                                            N, HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16));
+                    CHECK_MSG(same_bits(gpu, py.g, y3, (size_t)M * N * 4), "%s: with the gate in bf16 rows differs", name);
+                    hyla_status sb = gpu->ops->gated_rmsnorm_linear(gpu->ctx, o3, (const float *)dgb, pn.g, H, D, 1e-6f, M,
+                                                                    wg, y3, N, HYLA_LINEAR_GATE_BF16);
+                    if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx);
+                    CHECK_MSG(sb == HYLA_ERR_INVALID_ARG, "%s: a bf16 gate without prompt rows is refused", name);
+                    dfree(gpu, dgb);
+                    dfree(gpu, o3);
+                    dfree(gpu, y3);
+                    free(gb);
+                }
                 pair_free(po);
                 pair_free(pg);
                 pair_free(py);

@@ -395,6 +395,12 @@ extern "C" hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int
     return HYLA_OK;
 }
 
+extern "C" hyla_status cu_fused_flags_check(const char *op, int flags) {
+    if ((flags & (HYLA_LINEAR_X_BF16 | HYLA_LINEAR_GATE_BF16)) && !(flags & HYLA_LINEAR_PREFILL))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "%s: bf16 inputs need prompt rows (HYLA_LINEAR_PREFILL)", op);
+    return HYLA_OK;
+}
+
 extern "C" hyla_status cu_linear_flags_check(int flags, int ldx, int K, int n, const hyla_linear_out *outs,
                                              int accumulate) {
     if ((flags & HYLA_LINEAR_X_BF16) && (!(flags & HYLA_LINEAR_PREFILL) || ldx != K))
@@ -523,7 +529,8 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nbl
 struct prompt_pro {
     const float *up;                 /* swiglu: [M][ldx] (bf16 [M][K] with up_bf16) */
     int up_bf16;                     /* swiglu of bf16 gate and up rows (swiglu_linear, HYLA_LINEAR_X_BF16) */
-    const float *gate, *norm_w;      /* gated RMSNorm (gate may be NULL) */
+    const float *gate, *norm_w;      /* gated RMSNorm (gate may be NULL; bf16 with gate_bf16) */
+    int gate_bf16;
     int H, D;
     float eps;
 };
@@ -535,6 +542,9 @@ static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, i
         return cu_swiglu_bf16in(c, (const __nv_bfloat16 *)x + off, (const __nv_bfloat16 *)pro->up + off, (size_t)m * K,
                                 xb);
     if (pro && pro->up) return cu_swiglu_bf16_rows(c, x + off, pro->up + off, ldx, m, K, xb);
+    if (pro && pro->norm_w && pro->gate && pro->gate_bf16)
+        return cu_gated_rmsnorm_bf16g(c, x + off, (const __nv_bfloat16 *)pro->gate + off, pro->norm_w, xb, m * pro->H,
+                                      pro->D, pro->eps);
     if (pro && pro->norm_w)
         return cu_gated_rmsnorm_bf16(c, x + off, pro->gate ? pro->gate + off : NULL, pro->norm_w, xb, m * pro->H, pro->D,
                                      pro->eps);
@@ -704,16 +714,15 @@ extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up,
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(K, K, W, N, N));
+    HYLA_TRY(cu_fused_flags_check("swiglu_linear", flags));
     if (flags & HYLA_LINEAR_X_BF16) {
-        if (!(flags & HYLA_LINEAR_PREFILL))
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "swiglu_linear: bf16 gate and up need prompt rows");
         const hyla_linear_out lo = {W, NULL, y, N, N};
-        prompt_pro pro = {up, 1, NULL, NULL, 0, 0, 0.0f};
+        prompt_pro pro = {up, 1, NULL, NULL, 0, 0, 0, 0.0f};
         return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
-        prompt_pro pro = {up, 0, NULL, NULL, 0, 0, 0.0f};
+        prompt_pro pro = {up, 0, NULL, NULL, 0, 0, 0, 0.0f};
         return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     /* decode rows on the skinny kernel's path of cu_linear: it forms the SwiGLU as it stages x */
@@ -738,9 +747,12 @@ extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float 
     if (M <= 0) return HYLA_OK;
     const int K = H * D;
     HYLA_TRY(cu_linear_check(K, K, W, N, N));
+    HYLA_TRY(cu_fused_flags_check("gated_rmsnorm_linear", flags));
+    if ((flags & HYLA_LINEAR_GATE_BF16) && D % 4)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "gated_rmsnorm_linear: a bf16 gate needs D %% 4 == 0 (D %d)", D);
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
-        prompt_pro pro = {NULL, 0, gate, w, H, D, eps};
+        prompt_pro pro = {NULL, 0, gate, w, (flags & HYLA_LINEAR_GATE_BF16) != 0, H, D, eps};
         return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     if (cu_gemm_big_ok(c, M, K)) {

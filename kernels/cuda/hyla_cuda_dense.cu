@@ -466,12 +466,25 @@ __global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, in
 __device__ __forceinline__ float4 gate4(float4 v, float4 g) {
     return make_float4(v.x * silu_f(g.x), v.y * silu_f(g.y), v.z * silu_f(g.z), v.w * silu_f(g.w));
 }
-template <int V4, int A16, int WARP, typename OUT>
-__device__ __forceinline__ void gated_rmsnorm_row(const float *o, const float *g, const float *__restrict__ w, OUT *y,
+/* a gate unit: fp32 as o's, or bf16 widened (gated_rmsnorm_linear's HYLA_LINEAR_GATE_BF16; 8 bytes
+ * for 4 values, aligned when D % 4 == 0) */
+template <int V4, int A16> __device__ __forceinline__ float4 ld_g(const float *row, int u) { return ld_u<V4, A16>(row, u); }
+template <int V4, int A16> __device__ __forceinline__ float4 ld_g(const __nv_bfloat16 *row, int u) {
+    if (V4) {
+        const uint2 q = *reinterpret_cast<const uint2 *>(row + 4 * u);
+        const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&q.x)),
+                     b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&q.y));
+        return make_float4(a.x, a.y, b.x, b.y);
+    }
+    return make_float4(__bfloat162float(row[u]), 0.0f, 0.0f, 0.0f);
+}
+
+template <int V4, int A16, int WARP, typename OUT, typename GT = float>
+__device__ __forceinline__ void gated_rmsnorm_row(const float *o, const GT *g, const float *__restrict__ w, OUT *y,
                                                   int rows, int D, float eps, float *sh) {
     ROW_SETUP(rows);
     const float *orow = o + (size_t)row * D;
-    const float *gr = g ? g + (size_t)row * D : NULL;
+    const GT *gr = g ? g + (size_t)row * D : NULL;
     float4 co[ROW_RC], cg[ROW_RC];
     float ss = 0.0f;
 #pragma unroll
@@ -479,7 +492,7 @@ __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const float *g
         int u = t + k * G;
         if (u < U) {
             co[k] = ld_u<V4, A16>(orow, u);
-            if (gr) cg[k] = ld_u<V4, A16>(gr, u);
+            if (gr) cg[k] = ld_g<V4, A16>(gr, u);
             ss = sq_acc<V4>(ss, co[k]);
         }
     }
@@ -497,7 +510,7 @@ __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const float *g
     }
     for (int u = t + ROW_RC * G; u < U; u += G) {
         float4 v = mul_sw(ld_u<V4, A16>(orow, u), inv, ld_u<V4, A16>(w, u));
-        st_out<V4, A16>(yr, u, gr ? gate4(v, ld_u<V4, A16>(gr, u)) : v);
+        st_out<V4, A16>(yr, u, gr ? gate4(v, ld_g<V4, A16>(gr, u)) : v);
     }
 }
 template <int V4, int A16, int WARP>
@@ -510,6 +523,14 @@ template <int V4, int A16, int WARP>
 __global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm_bf16(const float *o, const float *g,
                                                                  const float *__restrict__ w, __nv_bfloat16 *y,
                                                                  int rows, int D, float eps) {
+    __shared__ float sh[32];
+    gated_rmsnorm_row<V4, A16, WARP>(o, g, w, y, rows, D, eps, sh);
+}
+
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm_bf16g(const float *o, const __nv_bfloat16 *g,
+                                                                  const float *__restrict__ w, __nv_bfloat16 *y,
+                                                                  int rows, int D, float eps) {
     __shared__ float sh[32];
     gated_rmsnorm_row<V4, A16, WARP>(o, g, w, y, rows, D, eps, sh);
 }
@@ -597,6 +618,13 @@ extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *
 /* The same rows rounded to bf16 into y (the prompt GEMM's operand; the values of cu_gated_rmsnorm
  * then cu_f32_to_bf16_rows): the layout is chosen from o, g and w alone, as there (y 16-byte
  * aligned: always, the GEMM's scratch), so the reduction is the same. */
+/* The same with a bf16 gate (the layout from o and w, as there: the same reduction; the gate's
+ * 8-byte loads need only D % 4 == 0) */
+extern "C" hyla_status cu_gated_rmsnorm_bf16g(hyla_cuda_ctx *c, const float *o, const __nv_bfloat16 *g, const float *w,
+                                              __nv_bfloat16 *y, int rows, int D, float eps) {
+    ROW_OP(c, k_gated_rmsnorm_bf16g, rows, D, al16(o) && al16(w), o, g, w, y, rows, D, eps);
+}
+
 extern "C" hyla_status cu_gated_rmsnorm_bf16(hyla_cuda_ctx *c, const float *o, const float *g, const float *w,
                                              __nv_bfloat16 *y, int rows, int D, float eps) {
     ROW_OP(c, k_gated_rmsnorm_bf16, rows, D, al16(o) && al16(g) && al16(w), o, g, w, y, rows, D, eps);

@@ -819,6 +819,7 @@ PLAIN_OPS(PLAIN_RECORDER)
         if (!LOGGING) return cu_##op(ctx ARGS_##op(GA_ARG));                                                          \
         if (M <= 0) return HYLA_OK;                                                                                   \
         HYLA_TRY(cu_linear_check(K_##op, K_##op, W, N, N));                                                           \
+        HYLA_TRY(cu_fused_flags_check(#op, flags));                                                                   \
         ga_##op *e_;                                                                                                  \
         HYLA_TRY(log_##op(c->graphs, 0, &e_, NULL));                                                                  \
         ARGS_##op(GA_SET) e_->W_d = W->d;                                                                             \

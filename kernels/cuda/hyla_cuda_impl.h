@@ -182,6 +182,8 @@ hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hy
 /* HYLA_LINEAR_X_BF16 only with HYLA_LINEAR_PREFILL and ldx == K; HYLA_LINEAR_Y_BF16 only with
  * HYLA_LINEAR_PREFILL, no accumulate, no bias, ldy == N (the logged op checks it when called) */
 hyla_status cu_linear_flags_check(int flags, int ldx, int K, int n, const hyla_linear_out *outs, int accumulate);
+/* swiglu_linear's and gated_rmsnorm_linear's bf16 inputs only with HYLA_LINEAR_PREFILL (checked when logged too) */
+hyla_status cu_fused_flags_check(const char *op, int flags);
 hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int ldy, int N);
 
 /* graphs (hyla_cuda_graph.cu) */
@@ -267,6 +269,8 @@ hyla_status cu_swiglu_bf16in(hyla_cuda_ctx *c, const __nv_bfloat16 *g, const __n
                              __nv_bfloat16 *out);
 hyla_status cu_gated_rmsnorm_bf16(hyla_cuda_ctx *c, const float *o, const float *g, const float *w, __nv_bfloat16 *y,
                                   int rows, int D, float eps);
+hyla_status cu_gated_rmsnorm_bf16g(hyla_cuda_ctx *c, const float *o, const __nv_bfloat16 *g, const float *w,
+                                   __nv_bfloat16 *y, int rows, int D, float eps);
 hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
                                     int M, const hyla_weight *W, float *y, int N, int flags);
 hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y, int N,

@@ -142,7 +142,7 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
 static hyla_status gdn_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const dla_w *wp, dla_scratch *s) {
     const hyla_gdn_w *w = &wp->b.gdn;
     /* [NORM-1] per head, then o_proj */
-    return hyla_lin_norm_out(f, s->o, w->g_proj ? s->gate : NULL, w->o_norm, w->o, c->H, c->dv);
+    return hyla_lin_norm_out(f, s->o, w->g_proj ? s->gate : NULL, w->o_norm, w->o, c->H, c->dv, 0);
 }
 
 static const dla_base dla_base_gdn = {gdn_parse,   gdn_tensors, gdn_parts,         gdn_scratch,

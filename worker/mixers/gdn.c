@@ -120,24 +120,24 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
      * between segments. Otherwise fp32 in place. */
     const int qkv16 = !f->decode && f->xn_bf16 && c->use_short_conv && dv >= 2 * dk;
     uint16_t *qb = (uint16_t *)s.o, *kb = qb + (size_t)R * H * dk, *vb = kb + (size_t)R * H * dk;
-    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, qkv16 ? (float *)qb : s.q, H * dk, H * dk},
-        {w->k, NULL, qkv16 ? (float *)kb : s.k, H * dk, H * dk},
-        {w->v, NULL, qkv16 ? (float *)vb : s.v, H * dv, H * dv},
-    };
-    /* every projection of xn in one call: one launch for a decode batch, one bf16 pass over xn
-     * for a prefill piece (the CUDA prompt GEMMs group by N as in two calls: the same bits); q, k,
-     * v as bf16 are a call of their own */
-    int n = 3;
-    if (qkv16) {
-        HYLA_TRY(f->o->linear_multi(ctx, f->xn, D, R, D, 3, lo, 0,
-                                    HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16));
-        n = 0;
-    }
-    lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H};
-    lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H};
-    if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
+    /* The output gate as bf16 too where the out norm reads it so (hyla_lin_gate_bf16). The
+     * projections of xn go out as two calls, the bf16 outputs' and the fp32 ones' (one launch for
+     * a decode batch, which has only the second; the CUDA prompt GEMMs group by N either way). */
+    const int g16 = w->g_proj && hyla_lin_gate_bf16(f, dv);
+    hyla_linear_out lb[HYLA_LINEAR_MULTI_MAX], lf[HYLA_LINEAR_MULTI_MAX];
+    int nb = 0, nf = 0;
+    hyla_linear_out *const lq = qkv16 ? lb : lf;
+    int *const nq = qkv16 ? &nb : &nf;
+    lq[(*nq)++] = (hyla_linear_out){w->q, NULL, qkv16 ? (float *)qb : s.q, H * dk, H * dk};
+    lq[(*nq)++] = (hyla_linear_out){w->k, NULL, qkv16 ? (float *)kb : s.k, H * dk, H * dk};
+    lq[(*nq)++] = (hyla_linear_out){w->v, NULL, qkv16 ? (float *)vb : s.v, H * dv, H * dv};
+    lf[nf++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H};
+    lf[nf++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H};
+    if (w->g_proj) *(g16 ? &lb[nb++] : &lf[nf++]) = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
+    if (nb)
+        HYLA_TRY(o->linear_multi(ctx, f->xn, D, R, D, nb, lb, 0,
+                                 HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16));
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, nf, lf));
     HYLA_MIXER_MARK(f, "lin: q/k/v, gates proj");
     /* the L2 norms of q and k in the convolution's op (the same bits, one pass over them fewer),
      * except where the fused decode takes them */
@@ -158,7 +158,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->gdn_decode_raw(ctx, s.q, s.k, s.v, s.g, s.beta, w->A_log, w->dt_bias, c->allow_neg_eigval, 1e-6f, R,
                                    H, dk, dv, scale, (float *const *)S, s.o));
         HYLA_MIXER_MARK(f, "gdn: norms, gates, core");
-        return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
+        return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv, 0);
     }
     if (!l2) HYLA_TRY(o->l2norm_rows(ctx, s.q, 2 * R * H, dk, 1e-6f)); /* q's rows, then k's */
     HYLA_TRY(o->gdn_gates(ctx, s.g, H, s.beta, H, w->A_log, w->dt_bias, s.g, s.beta, R, H, c->allow_neg_eigval));
@@ -170,7 +170,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->gdn_prefill(ctx, s.q, s.k, s.v, s.g, s.beta, R, H, dk, dv, scale, f->st[0]->part[PART_S].dev, s.o));
     }
     HYLA_MIXER_MARK(f, "gdn: core");
-    return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
+    return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv, g16);
 }
 
 const char *hyla_gdn_mk_config(json_t *obj, const hyla_mk_args *a) {

@@ -134,9 +134,14 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
     HYLA_MIXER_MARK(f, "lin: q/k/v proj");
+    const int g16 = hyla_lin_gate_bf16(f, dv); /* the gate as bf16 rows for the out norm */
     if (w->g_proj) {
         hyla_linear_out g = {w->g_proj, NULL, s.gate, H * dv, H * dv};
-        HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 1, &g));
+        if (g16)
+            HYLA_TRY(o->linear_multi(ctx, f->xn, D, R, D, 1, &g, 0,
+                                     HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16));
+        else
+            HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 1, &g));
     }
     HYLA_MIXER_MARK(f, "lin: gate proj");
     if (c->use_short_conv)
@@ -152,7 +157,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->gla_prefill(ctx, s.q, s.k, s.v, s.gk, R, H, dk, dv, scale, f->st[0]->part[PART_S].dev, s.o));
     }
     HYLA_MIXER_MARK(f, "gla: core");
-    return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv);
+    return hyla_lin_norm_out(f, s.o, w->g_proj ? s.gate : NULL, w->o_norm, w->o, H, dv, g16);
 }
 
 static const char *mk_config(json_t *obj, const hyla_mk_args *a) {

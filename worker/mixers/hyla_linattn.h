@@ -22,9 +22,13 @@ hyla_status hyla_lin_short_conv(const hyla_mixer_fwd *f, float *q, float *k, flo
                                 float *const conv_w[3], int K, int part0, int l2, const void *const *src);
 /* [NORM-1] f->out = (gated RMSNorm per head of o [R][H*dv], gate [R][H*dv] or NULL: plain) Wo^T
  * in one ops->gated_rmsnorm_linear (o may be overwritten): the end every gla / gdn forward shares,
- * marked as "lin: out norm, o proj". */
+ * marked as "lin: out norm, o proj". gate_bf16: gate holds bf16 rows (prompt rows on a backend with
+ * rmsnorm_bf16: hyla_lin_gate_bf16). */
 hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,
-                              const hyla_weight *Wo, int H, int dv);
+                              const hyla_weight *Wo, int H, int dv, int gate_bf16);
+/* Whether this forward's output gate projection [R][H*dv] is written as bf16 (HYLA_LINEAR_Y_BF16)
+ * and read so by hyla_lin_norm_out: prompt rows on a backend with bf16 rows, dv % 4 == 0. */
+int hyla_lin_gate_bf16(const hyla_mixer_fwd *f, int dv);
 /* Refuse what no linear mixer implements (conv_bias). */
 void hyla_lin_common_keys(hyla_cfg *r, json_t *obj);
 
