@@ -1,5 +1,5 @@
 /* test_bf16rows.c — the bf16 prompt rows on the CPU backend (HYLA_CPU_BF16_ROWS=1, which takes the
- * CUDA backend's rmsnorm_bf16 / HYLA_LINEAR_X_BF16 / Y_BF16 paths: kernels/cpu/cpu_backend.c), so
+ * CUDA backend's rmsnorm_bf16 / HYLA_LINEAR_X_BF16 / Y_BF16 / GATE_BF16 paths: kernels/cpu/cpu_backend.c), so
  * that the runtime's and the mixers' bf16 plumbing runs in CI, for the kinds whose prompt rows take
  * it (gdn: q, k, v from bf16 conv sources, gla, sse-h, gdn-h, dla-gdn, mamba2-h):
  *   - the backend offers rmsnorm_bf16 only when asked, and refuses bf16 rows without it;

@@ -430,9 +430,8 @@ static hyla_status cpu_gated_rmsnorm(void *ctx, const float *o, const float *g, 
                                      int D, float eps);
 
 /* The composition gated_rmsnorm_linear is defined as. */
-static hyla_status cpu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D,
-                                            float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
-    (void)flags;
+static hyla_status cpu_gated_rmsnorm_linear_f32(void *ctx, float *o, const float *gate, const float *w, int H, int D,
+                                                float eps, int M, const hyla_weight *W, float *y, int N) {
     HYLA_TRY(cpu_gated_rmsnorm(ctx, o, gate, w, o, M * H, D, eps));
     return cpu_linear(ctx, o, H * D, M, H * D, W, NULL, y, N, N, 0);
 }
@@ -706,6 +705,21 @@ static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, i
         free(yf[j]);
     }
     free(xf);
+    return st;
+}
+
+/* flags HYLA_LINEAR_GATE_BF16: the gate widened from bf16 rows (the bf16 prompt rows, above) */
+static hyla_status cpu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D,
+                                            float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
+    if (!(flags & HYLA_LINEAR_GATE_BF16) || !gate)
+        return cpu_gated_rmsnorm_linear_f32(ctx, o, gate, w, H, D, eps, M, W, y, N);
+    if (!((cpu_ctx *)ctx)->bf16_rows || !(flags & HYLA_LINEAR_PREFILL))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "gated_rmsnorm_linear: a bf16 gate needs prompt rows and a backend "
+                                               "created with HYLA_CPU_BF16_ROWS=1");
+    float *g = cpu_widen(gate, (size_t)M * H * D);
+    hyla_status st = g ? cpu_gated_rmsnorm_linear_f32(ctx, o, g, w, H, D, eps, M, W, y, N)
+                       : hyla_fail(HYLA_ERR_NOMEM, "gated_rmsnorm_linear: out of memory");
+    free(g);
     return st;
 }
 
