@@ -1180,31 +1180,79 @@ __device__ __forceinline__ float4 ld4b(const __nv_bfloat16 *p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
+/* A thread's four channels' taps and bias: wc[k][j] is channel c4 + k's tap j. With K == 4 and
+ * 16-byte aligned rows each channel's taps are one float4 (a warp's 2 KB in 4 loads, not 16
+ * scalar ones 64 bytes apart). */
+template <int K>
+__device__ __forceinline__ void conv4_taps(const float *__restrict__ w, const float *__restrict__ bias, int c4,
+                                           float (&wc)[4][K], float (&bc)[4]) {
+    if (K == 4 && !((uintptr_t)w & 15)) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 t = ld4(w + (size_t)(c4 + k) * 4);
+#pragma unroll
+            for (int j = 0; j < K; j++) wc[k][j] = f4c(t, j);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int j = 0; j < K; j++) wc[k][j] = w[(size_t)(c4 + k) * K + j];
+    }
+    if (bias && !((uintptr_t)bias & 15)) {
+        const float4 t = ld4(bias + c4);
+        bc[0] = t.x, bc[1] = t.y, bc[2] = t.z, bc[3] = t.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) bc[k] = bias ? bias[c4 + k] : 0.0f;
+    }
+}
+
+/* A segment's raw inputs: bf16 units (8 bytes, widened as they are used) or fp32 float4s */
+template <bool SRC> struct conv4_raw { typedef float4 T; };
+template <> struct conv4_raw<true> { typedef uint2 T; };
+__device__ __forceinline__ float4 conv4_widen(const float4 &v) { return v; }
+__device__ __forceinline__ float4 conv4_widen(const uint2 &u) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x)),
+                 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
 /* SRC: the inputs are bf16 rows a.src[i] (out of place into x), so the window before a segment is
- * read from the source itself (never written) and no halo pass runs. */
+ * read from the source itself (never written) and no halo pass runs.
+ * Every input of the segment is requested first (the loads in flight together), kept raw (bf16
+ * units from a source: half the registers), then each token's outputs are formed, L2-normalised
+ * and stored in turn: no array of outputs, so a block needs few enough registers for several
+ * blocks an SM (in place that is safe too: token t's store writes only row t, which no later
+ * token of the thread reads from memory, and the next segment's window is the halo's copy).
+ * Bits: each output is the scalar form's fmaf chain, the L2 inverse conv4_l2_inv's. */
 template <int K, bool SRC>
-__global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, int nseg, int act) {
+__global__ void __launch_bounds__(CONV4_TPB, SRC ? 10 : 6) k_conv4(conv_multi_args a, int n, int nseg, int act) {
     pdl_trigger(); /* launched by cu_launch_pdl */
     pdl_wait();
     const int i = conv_multi_part(a, blockIdx.x), tid = threadIdx.x, c4 = ((blockIdx.x - a.cb[i]) * CONV4_TPB + tid) * 4;
     const int C = a.C[i], l2 = a.l2[i], bs = blockIdx.y, b = bs / nseg, s = bs - b * nseg;
     const int valid = c4 < C, t0 = s * CONV_L, len = n - t0 < CONV_L ? n - t0 : CONV_L;
     /* a warp past C: with L2 runs its lanes still take part in the shuffles (C % 128 may be
-     * nonzero; a run never straddles C, C % l2 == 0), without them it can leave */
+     * nonzero; a run never straddles C, C % l2 == 0) with zeros, without them it can leave */
     if (!valid && !l2) return;
+    typedef typename conv4_raw<SRC>::T raw_t;
     float *xp = a.x[i] + ((size_t)b * n + t0) * C + c4;
-    float4 in[CONV_L];
+    const __nv_bfloat16 *sp = SRC ? a.src[i] + ((size_t)b * n + t0) * C + c4 : NULL;
+    raw_t in[CONV_L];
+    float wc[4][K], bc[4];
+    float4 win[K]; /* win[0..K-2]: the previous K-1 inputs, oldest first */
+    float *tail = K > 1 && valid ? a.tails[i][b] : NULL;
     if (valid) {
-        float wc[4][K], bc[4];
-        float4 win[K]; /* win[0..K-2]: the previous K-1 inputs, oldest first */
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-#pragma unroll
-            for (int j = 0; j < K; j++) wc[k][j] = a.w[i][(size_t)(c4 + k) * K + j];
-            bc[k] = a.bias[i] ? a.bias[i][c4 + k] : 0.0f;
-        }
-        float *tail = K > 1 ? a.tails[i][b] : NULL;
-        const __nv_bfloat16 *sp = SRC ? a.src[i] + ((size_t)b * n + t0) * C + c4 : NULL;
+        for (int t = 0; t < CONV_L; t++)
+            if (t < len) {
+                if (SRC)
+                    in[t] = *reinterpret_cast<const raw_t *>(sp + (size_t)t * C);
+                else
+                    in[t] = *reinterpret_cast<const raw_t *>(xp + (size_t)t * C);
+            }
+        conv4_taps<K>(a.w[i], a.bias[i], c4, wc, bc);
         if (K > 1) {
             if (SRC && s > 0) {
 #pragma unroll
@@ -1215,45 +1263,45 @@ __global__ void __launch_bounds__(CONV4_TPB) k_conv4(conv_multi_args a, int n, i
                 for (int j = 0; j < K - 1; j++) win[j] = ld4(src + (size_t)j * C);
             }
         }
+    } else { /* zeros through the same arithmetic: outputs 0 (silu(0) = 0), never stored */
 #pragma unroll
-        for (int t = 0; t < CONV_L; t++)
-            if (t < len) in[t] = SRC ? ld4b(sp + (size_t)t * C) : ld4(xp + (size_t)t * C);
+        for (int t = 0; t < CONV_L; t++) in[t] = raw_t{};
 #pragma unroll
-        for (int t = 0; t < CONV_L; t++)
-            if (t < len) {
-                win[K - 1] = in[t];
-                float r[4];
+        for (int k = 0; k < 4; k++) {
+            bc[k] = 0.0f;
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    float acc = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < K; j++) acc = fmaf(wc[k][j], f4c(win[j], k), acc);
-                    if (a.bias[i]) acc += bc[k];
-                    r[k] = act ? silu_f(acc) : acc;
-                }
-                in[t] = make_float4(r[0], r[1], r[2], r[3]);
-#pragma unroll
-                for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
-            }
-        if (K > 1 && s == nseg - 1) {
-#pragma unroll
-            for (int j = 0; j < K - 1; j++) st4(tail + (size_t)j * C + c4, win[j]);
+            for (int j = 0; j < K; j++) wc[k][j] = 0.0f;
         }
-    } else {
 #pragma unroll
-        for (int t = 0; t < CONV_L; t++) in[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < K; j++) win[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    const int lanes = l2 / 4;
+    const int lanes = l2 / 4, hb = a.bias[i] != NULL;
 #pragma unroll
     for (int t = 0; t < CONV_L; t++)
-        if (t < len) {
-            float4 v = in[t];
-            if (l2) { /* uniform across the warp (one tensor), len too */
+        if (t < len) { /* len and l2 uniform across the warp (one tensor, one segment) */
+            win[K - 1] = conv4_widen(in[t]);
+            float r[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < K; j++) acc = fmaf(wc[k][j], f4c(win[j], k), acc);
+                if (hb) acc += bc[k];
+                r[k] = act ? silu_f(acc) : acc;
+            }
+            float4 v = make_float4(r[0], r[1], r[2], r[3]);
+            if (l2) {
                 const float inv = conv4_l2_inv(v, lanes, a.l2_eps[i]);
                 v = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
             }
             if (valid) st4(xp + (size_t)t * C, v);
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
         }
+    if (K > 1 && valid && s == nseg - 1) {
+#pragma unroll
+        for (int j = 0; j < K - 1; j++) st4(tail + (size_t)j * C + c4, win[j]);
+    }
 }
 
 /* Whether a launch can take the 4-channel form: every tensor's C % 4 == 0 with 16-byte aligned
