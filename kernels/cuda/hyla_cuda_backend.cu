@@ -438,88 +438,47 @@ __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias
     }
 }
 
-/* The pointer arrays of a batched prompt-row GEMM, written on the stream just before it (so one
- * device buffer serves every call in stream order, graphs included). */
-struct prompt_ptr_args {
-    const void *a[HYLA_LINEAR_MULTI_MAX];
-    void *c[HYLA_LINEAR_MULTI_MAX];
-    const void *b;
-    int n;
-};
-__global__ void k_prompt_ptrs(prompt_ptr_args p, void **dst) {
-    int i = threadIdx.x;
-    if (i < p.n) {
-        dst[i] = (void *)p.a[i];
-        dst[HYLA_LINEAR_MULTI_MAX + i] = (void *)p.b;
-        dst[2 * HYLA_LINEAR_MULTI_MAX + i] = p.c[i];
-    }
-}
-
-/* One fixed-size (MF, N, K) prompt-row GEMM of outputs with the same N: one cuBLAS call (a batch
- * over the outputs when nb > 1; the same x for all), fp32 results into C[j] (row stride N). The
- * algorithm is chosen for C aligned as ptr_align(NULL, N * 4), a function of N only: the 256-aligned
- * scratch blocks always are, and a y is used directly only where it is at least as aligned, so
- * scratch and y get the same algorithm and the same bits. */
-static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nblk, int K, int N, int nb,
-                               const hyla_weight *const *W, void *const *C, int cbf16) {
+/* One fixed-size (MF, N, K) prompt-row GEMM: fp32 (or bf16) results into C (row stride N). The
+ * algorithm is chosen for C aligned as ptr_align(NULL, N * 4), a function of N only: the
+ * 256-aligned scratch blocks always are, and a y is used directly only where it is at least as
+ * aligned, so scratch and y get the same algorithm and the same bits. Every output takes its own
+ * GEMM with its pinned algorithm: a batched call over outputs of the same N (which cuBLAS picks an
+ * algorithm for per call) could only go block by block, and a 2304-wide q and k of a 16k piece
+ * ran faster as one pinned GEMM each over the run (docs/CUDA.md "Runs of whole blocks"). */
+static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nblk, int K, int N, const hyla_weight *W,
+                               void *C, int cbf16) {
     const float alpha = 1.0f, beta = 0.0f;
     const size_t es = cbf16 ? 2 : 4; /* bytes of an output */
     const cudaDataType_t ct = cbf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const unsigned ac = ptr_align(NULL, (size_t)N * es); /* a function of N only (see prompt_align) */
+    hyla_cu_gemm_plan *p = NULL;
+    HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p, cbf16));
     if (nblk > 1) {
         /* nblk consecutive blocks (x and C contiguous): one GEMM of nblk * MF rows with the
          * MF-row plan's algorithm, so each row gets the operations it gets in an MF-row call
          * (tested: rows of long and short calls give the same bits) with nblk times the tiles
-         * to fill the GPU; where that algorithm does not take the larger shape, and for batched
-         * outputs (cuBLAS picks their algorithm per call), block by block */
-        hyla_cu_gemm_plan *p = NULL, *q = NULL;
-        const unsigned ac = ptr_align(NULL, (size_t)N * es);
-        if (nb == 1) {
-            HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p, cbf16));
-            if (p && p->has_algo) HYLA_TRY(gemm_plan(c, nblk * MF, N, K, N, 0, ac, p, &q, cbf16));
-        }
+         * to fill the GPU; where that algorithm does not take the larger shape, block by block */
+        hyla_cu_gemm_plan *q = NULL;
+        if (p && p->has_algo) HYLA_TRY(gemm_plan(c, nblk * MF, N, K, N, 0, ac, p, &q, cbf16));
         if (q && q->has_algo &&
-            cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, q->la, xb, q->lb, &beta, C[0], q->lc, C[0], q->lc,
-                           &q->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS) {
+            cublasLtMatmul(c->lt, c->lt_desc, &alpha, W->d, q->la, xb, q->lb, &beta, C, q->lc, C, q->lc, &q->algo,
+                           c->lt_workspace, c->lt_workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS) {
             CU_LAUNCH_CHECK("linear (prompt rows, several blocks)");
             return HYLA_OK;
         }
-        for (int b = 0; b < nblk; b++) {
-            void *Cb[HYLA_LINEAR_MULTI_MAX];
-            for (int j = 0; j < nb; j++) Cb[j] = (char *)C[j] + (size_t)b * MF * N * es;
-            HYLA_TRY(prompt_gemm(c, (const __nv_bfloat16 *)xb + (size_t)b * MF * K, MF, 1, K, N, nb, W, Cb, cbf16));
-        }
+        for (int b = 0; b < nblk; b++)
+            HYLA_TRY(prompt_gemm(c, (const __nv_bfloat16 *)xb + (size_t)b * MF * K, MF, 1, K, N, W,
+                                 (char *)C + (size_t)b * MF * N * es, cbf16));
         return HYLA_OK;
     }
-    if (nb == 1) {
-        const unsigned ac = ptr_align(NULL, (size_t)N * es); /* a function of N only (see prompt_align) */
-        hyla_cu_gemm_plan *p = NULL;
-        HYLA_TRY(gemm_plan(c, MF, N, K, N, 0, ac, NULL, &p, cbf16));
-        cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
-        if (p && p->has_algo)
-            st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W[0]->d, p->la, xb, p->lb, &beta, C[0], p->lc, C[0], p->lc,
-                                &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, W[0]->d, CUDA_R_16BF, K, xb,
-                                    CUDA_R_16BF, K, &beta, C[0], ct, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        CU_LAUNCH_CHECK("linear (prompt rows)");
-        return HYLA_OK;
-    }
-    prompt_ptr_args pp;
-    memset(&pp, 0, sizeof pp);
-    for (int j = 0; j < nb; j++) {
-        pp.a[j] = W[j]->d;
-        pp.c[j] = C[j];
-    }
-    pp.b = xb;
-    pp.n = nb;
-    k_prompt_ptrs<<<1, 32, 0, c->stream>>>(pp, c->prompt_ptrs);
-    CU_LAUNCH_CHECK("linear (prompt rows) pointers");
-    void **P = c->prompt_ptrs;
-    CUBLAS_TRY(cublasGemmBatchedEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, (const void *const *)P,
-                                   CUDA_R_16BF, K, (const void *const *)(P + HYLA_LINEAR_MULTI_MAX), CUDA_R_16BF, K,
-                                   &beta, P + 2 * HYLA_LINEAR_MULTI_MAX, ct, N, nb, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT));
-    CU_LAUNCH_CHECK("linear (prompt rows, batched)");
+    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p && p->has_algo)
+        st = cublasLtMatmul(c->lt, c->lt_desc, &alpha, W->d, p->la, xb, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+                            c->lt_workspace, c->lt_workspace_bytes, c->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, MF, K, &alpha, W->d, CUDA_R_16BF, K, xb,
+                                CUDA_R_16BF, K, &beta, C, ct, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CU_LAUNCH_CHECK("linear (prompt rows)");
     return HYLA_OK;
 }
 
@@ -551,11 +510,8 @@ static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, i
     return cu_f32_to_bf16_rows(c, x + off, ldx, m, K, xb);
 }
 
-/* Prompt rows: outputs with the same N (q, k, v; the MLP's gate and up) form one batched GEMM
- * the rest one GEMM each; every GEMM has MF rows.
- * Which outputs share a GEMM is a function of the call's output shapes, so a row's result
- * depends on the row and on those shapes only (the runtime always groups a projection the same
- * way). */
+/* Prompt rows: one GEMM an output, every GEMM of MF rows (runs of whole blocks as one), so a
+ * row's result depends on the row only. */
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                      const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro,
                                      int flags) {
@@ -586,20 +542,8 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)maxb * MF * K * 2, &xb));
     /* each output's scratch starts 256-aligned (tblk * N * MF * es bytes: MF is a multiple of 128) */
     HYLA_TRY(cu_scratch(c, SCR_LINEAR, (size_t)tblk * MF * nsum * es, &t));
-    int grp[HYLA_LINEAR_MULTI_MAX]; /* group id of each output: the first output of its N */
     size_t toff[HYLA_LINEAR_MULTI_MAX];
     for (int j = 0, off = 0; j < n; j++) {
-        grp[j] = j;
-        /* batched only where one GEMM leaves the GPU's waves underfilled: fewer than two
-         * 128x128 output tiles per SM (the 1.3B model's 2304-wide q, k, v: 144 tiles at MF =
-         * 1024; its 6144-wide gate and up, 384, ran slower batched: docs/CUDA.md) */
-        const long tiles = (long)(MF / 128 > 0 ? MF / 128 : 1) * ((outs[j].N + 127) / 128);
-        if (outs[j].N >= 256 && outs[j].N % 8 == 0 && tiles < 2L * c->sm_count)
-            for (int i = 0; i < j; i++)
-                if (grp[i] == i && outs[i].N == outs[j].N) {
-                    grp[j] = i;
-                    break;
-                }
         toff[j] = (size_t)off * MF * tblk * es; /* bytes */
         off += outs[j].N;
     }
@@ -626,44 +570,29 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
             HYLA_TRY(prompt_rows_bf16(c, x, ldx, r0, m, K, pro, (__nv_bfloat16 *)xb));
         }
         for (int j = 0; j < n; j++) {
-            if (grp[j] != j) continue; /* done with its group */
-            const int N = outs[j].N;
-            int mem[HYLA_LINEAR_MULTI_MAX], nb = 0;
-            for (int i = j; i < n; i++)
-                if (grp[i] == j) mem[nb++] = i;
+            const hyla_linear_out *o = &outs[j];
+            const int N = o->N;
             /* A whole block that overwrites y with the same layout goes straight into y: the
              * same algorithm and layout as into scratch, so the same values, without the copy;
              * the bias is then added in place (t + bias either way). */
-            int direct = m % MF == 0 && !accumulate;
-            for (int q = 0; q < nb && direct; q++) {
-                const hyla_linear_out *o = &outs[mem[q]];
-                direct = o->ldy == N && ptr_align((char *)o->y + (size_t)r0 * o->ldy * es, (size_t)N * es) >=
-                                            ptr_align(NULL, (size_t)N * es);
-            }
+            const int direct = m % MF == 0 && !accumulate && o->ldy == N &&
+                               ptr_align((char *)o->y + (size_t)r0 * o->ldy * es, (size_t)N * es) >=
+                                   ptr_align(NULL, (size_t)N * es);
             HYLA_ASSERT(direct || m <= tblk * MF); /* t holds tblk blocks */
-            const hyla_weight *W[HYLA_LINEAR_MULTI_MAX];
-            void *C[HYLA_LINEAR_MULTI_MAX];
-            for (int q = 0; q < nb; q++) {
-                const hyla_linear_out *o = &outs[mem[q]];
-                W[q] = o->W;
-                C[q] = direct ? (void *)((char *)o->y + (size_t)r0 * o->ldy * es) : (void *)((char *)t + toff[mem[q]]);
+            void *C = direct ? (void *)((char *)o->y + (size_t)r0 * o->ldy * es) : (void *)((char *)t + toff[j]);
+            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, o->W, C, y_bf16));
+            if (direct && !o->bias) continue;
+            if (y_bf16) { /* a partial block's rows, out of the scratch (ldy == N, no bias) */
+                CU_TRY(cudaMemcpyAsync((char *)o->y + (size_t)r0 * N * 2, C, (size_t)m * N * 2, cudaMemcpyDeviceToDevice,
+                                       c->stream));
+                continue;
             }
-            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, nb, W, C, y_bf16));
-            for (int q = 0; q < nb; q++) {
-                const hyla_linear_out *o = &outs[mem[q]];
-                if (direct && !o->bias) continue;
-                if (y_bf16) { /* a partial block's rows, out of the scratch (ldy == N, no bias) */
-                    CU_TRY(cudaMemcpyAsync((char *)o->y + (size_t)r0 * N * 2, C[q], (size_t)m * N * 2,
-                                           cudaMemcpyDeviceToDevice, c->stream));
-                    continue;
-                }
-                float *yb = o->y + (size_t)r0 * o->ldy;
-                size_t total = (size_t)m * N, blocks = (total + 255) / 256;
-                if (blocks > 65535u * 8) blocks = 65535u * 8;
-                k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)C[q], m, N, o->bias, yb, o->ldy,
-                                                                          direct ? 0 : accumulate);
-                CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
-            }
+            float *yb = o->y + (size_t)r0 * o->ldy;
+            size_t total = (size_t)m * N, blocks = (total + 255) / 256;
+            if (blocks > 65535u * 8) blocks = 65535u * 8;
+            k_fixed_epilogue<<<(unsigned)blocks, 256, 0, c->stream>>>((const float *)C, m, N, o->bias, yb, o->ldy,
+                                                                      direct ? 0 : accumulate);
+            CU_LAUNCH_CHECK("linear (prompt rows) epilogue");
         }
     }
     return HYLA_OK;
@@ -815,7 +744,6 @@ extern "C" void cu_destroy(void *ctx) {
     if (c->cublas) cublasDestroy(c->cublas);
     cudaFree(c->lt_workspace);
     for (int i = 0; i < HYLA_CU_SCRATCH_SLOTS; i++) cudaFree(c->scratch[i]);
-    cudaFree(c->prompt_ptrs);
     cudaFree(c->sk_count);
     for (int i = 0; i < 2; i++) {
         if (c->bounce[i]) cudaFreeHost(c->bounce[i]);
@@ -903,7 +831,6 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     const char *aw2 = getenv("HYLA_CUDA_ATTN_WG2");
     c->attn_wg2 = aw2 && *aw2 ? atoi(aw2) : 8192;
     if (c->attn_wg2 < 0) c->attn_wg2 = 0;
-    CU_TRY(cudaMalloc((void **)&c->prompt_ptrs, 3 * HYLA_LINEAR_MULTI_MAX * sizeof(void *)));
     CU_TRY(cudaMalloc((void **)&c->sk_count, HYLA_CU_SK_COUNTS * sizeof(unsigned)));
     CU_TRY(cudaMemsetAsync(c->sk_count, 0, HYLA_CU_SK_COUNTS * sizeof(unsigned), c->stream));
     return HYLA_OK;

@@ -116,7 +116,6 @@ typedef struct hyla_cuda_ctx {
     int attn_wg2;           /* k_attn_wg with two warpgroups a block for window-free calls of >= 2048 queries that see
                              * at least this many keys on average (pos0 + n / 2); 0: off (HYLA_CUDA_ATTN_WG2, 8192) */
     int hopper;             /* compute capability 9.x: the warpgroup (sm_90a) kernels can run */
-    void **prompt_ptrs;     /* device [3][HYLA_LINEAR_MULTI_MAX]: A, B, C pointers of the batched prompt GEMM */
     int prompt_blocks;      /* prompt rows: whole PROMPT_ROWS blocks per GEMM call (default 32, so a piece's whole
                              * blocks are one GEMM up to pieces of 32768;
                              * HYLA_CUDA_PROMPT_BLOCKS at creation, 1..64; the same bits) */
