@@ -70,6 +70,7 @@ typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 #define HYLA_LINEAR_X_BF16 2  /* with HYLA_LINEAR_PREFILL: x is bf16 rows from rmsnorm_bf16 (see there) */
 #define HYLA_LINEAR_Y_BF16 4  /* with HYLA_LINEAR_PREFILL: the outputs are bf16 (see linear_multi) */
 #define HYLA_LINEAR_GATE_BF16 8 /* gated_rmsnorm_linear, with HYLA_LINEAR_PREFILL: gate is bf16 (see there) */
+#define HYLA_LINEAR_ACC 16 /* swiglu_linear, gated_rmsnorm_linear: y += the result (linear's accumulate) */
 typedef struct {
     const hyla_weight *W;
     const float *bias; /* [N] or NULL */
@@ -215,7 +216,9 @@ typedef struct hyla_ops {
      * flag and one output. A backend may do both at once (CUDA prompt rows: the product is
      * rounded to the GEMM's bf16 operand as it is formed, without the fp32 pass between).
      * flags HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 (a backend with rmsnorm_bf16): gate and up
-     * are bf16 [M][K] (linear_multi's HYLA_LINEAR_Y_BF16 outputs), widened to fp32 for the SwiGLU. */
+     * are bf16 [M][K] (linear_multi's HYLA_LINEAR_Y_BF16 outputs), widened to fp32 for the SwiGLU.
+     * flags & HYLA_LINEAR_ACC: y += the result, as the linear's accumulate (the runtime adds a
+     * prompt piece's MLP output straight onto the residual stream). */
     hyla_status (*swiglu_linear)(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W, float *y,
                                  int N, int flags);
     /* A linear-attention mixer's end: y [M][N] = gated_rmsnorm(o, gate, w) @ W^T, where o and gate
@@ -223,7 +226,8 @@ typedef struct hyla_ops {
      * with the normed values. Bit for bit: gated_rmsnorm(o, gate, w, o, M * H, D, eps) then the
      * linear as in swiglu_linear (flags 0: linear; HYLA_LINEAR_PREFILL: linear_multi).
      * flags HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16 (a backend with rmsnorm_bf16): gate is bf16
-     * [M][H*D] (linear_multi's HYLA_LINEAR_Y_BF16 output), widened for the norm. */
+     * [M][H*D] (linear_multi's HYLA_LINEAR_Y_BF16 output), widened for the norm.
+     * flags & HYLA_LINEAR_ACC: y += the result (as swiglu_linear's). */
     hyla_status (*gated_rmsnorm_linear)(void *ctx, float *o, const float *gate, const float *w, int H, int D, float eps,
                                         int M, const hyla_weight *W, float *y, int N, int flags);
     /* y = x * rsqrt(mean(x^2) + eps) * w : x, y [n][D] (may alias), w [D]. */

@@ -701,8 +701,8 @@ static void case_linear_multi(const op_case *c) {
         free(x2);
         free(y0);
     }
-    /* prompt rows of one call with several outputs of the same N (q, k, v; gate and up): the
-     * CUDA backend runs them as one batched GEMM (HYLA_CUDA_PREFILL_BATCH, default on). Outputs
+    /* prompt rows of one call with several outputs of the same N (q, k, v; gate and up), each its
+     * own GEMM on the CUDA backend. Outputs
      * 2304 (no bias), 2304 (bias), 16 (alone), 2304: rows R..R+36 of a 2500-row call (whole
      * blocks straight into y, the partial block through scratch) == the same rows in a 37-row
      * call (scratch), for each output, with and without accumulate; close to the CPU. */
@@ -738,7 +738,7 @@ static void case_linear_multi(const op_case *c) {
             for (int i = 0; i < 4; i++) {
                 same &= same_bits(gpu, (float *)py[i].g + (size_t)R * NG[i], y37[i], (size_t)37 * NG[i] * 4);
                 char name[96];
-                snprintf(name, sizeof name, "linear prompt rows, 4 outputs (3 x 2304 batched) M=%d: output %d%s", MB, i,
+                snprintf(name, sizeof name, "linear prompt rows, 4 outputs (3 x 2304) M=%d: output %d%s", MB, i,
                          acc ? " acc" : "");
                 cmp_pair(name, py[i], LIN_TOL);
             }
@@ -771,7 +771,9 @@ static void case_linear_multi(const op_case *c) {
  * SwiGLU formed while rounding to bf16; 1024-row blocks straight into y and a partial block,
  * and a row alone) against swiglu + linear_multi(HYLA_LINEAR_PREFILL), decode rows (the skinny
  * kernel's staging at 1 row, the large-M path's bf16 pass at 40 and 200 on Hopper) against
- * swiglu + linear; close to the CPU. */
+ * swiglu + linear; close to the CPU. HYLA_LINEAR_ACC (y += the result: on prompt rows the whole
+ * blocks by the GEMM's beta = 1, the partial one by the epilogue) == the add of y and the result,
+ * bit for bit. */
 static void case_swiglu_linear(const op_case *oc) {
     (void)oc;
     const int K = 6144, N = 2304, Ms[4] = {1300, 40, 1, 200};
@@ -798,6 +800,19 @@ static void case_swiglu_linear(const op_case *oc) {
             snprintf(name, sizeof name, "swiglu_linear M=%d%s", M, fl ? " (prompt rows)" : "");
             cmp_pair(name, py, LIN_TOL);
             CHECK_MSG(same_bits(gpu, py.g, y2, (size_t)M * N * 4), "%s: differs from swiglu then the linear", name);
+            {
+                float *y0 = randn((size_t)M * N, 1.0f);
+                float *ya = dev(gpu, y0, (size_t)M * N * 4), *yb = dev(gpu, y0, (size_t)M * N * 4),
+                      *g3 = dev(gpu, g, (size_t)M * K * 4);
+                CHECK_OK(gpu->ops->swiglu_linear(gpu->ctx, g3, pu.g, M, K, wg, ya, N, flags | HYLA_LINEAR_ACC));
+                CHECK_OK(gpu->ops->add(gpu->ctx, yb, y2, (size_t)M * N));
+                CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * N * 4), "%s, HYLA_LINEAR_ACC: differs from y + the result",
+                          name);
+                dfree(gpu, ya);
+                dfree(gpu, yb);
+                dfree(gpu, g3);
+                free(y0);
+            }
             pair_free(pg);
             pair_free(pu);
             pair_free(py);
@@ -816,7 +831,7 @@ static void case_swiglu_linear(const op_case *oc) {
  * without the gate, prompt rows (1024-row blocks and a partial one) and decode rows; close to
  * the CPU. */
 /* ... and for prompt rows with a gate: the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) == the fp32
- * gate of the same values, bit for bit. */
+ * gate of the same values, bit for bit; with HYLA_LINEAR_ACC == the add of y and the result. */
 static void case_gated_rmsnorm_linear(const op_case *oc) {
     (void)oc;
     const int N = 2304, Ms[3] = {1300, 40, 200};
@@ -858,6 +873,18 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                     CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o3, (const float *)dgb, pn.g, H, D, 1e-6f, M, wg, y3,
                                                             N, HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16));
                     CHECK_MSG(same_bits(gpu, py.g, y3, (size_t)M * N * 4), "%s: with the gate in bf16 rows differs", name);
+                    float *y0 = randn((size_t)M * N, 1.0f);
+                    float *ya = dev(gpu, y0, (size_t)M * N * 4), *yb = dev(gpu, y0, (size_t)M * N * 4),
+                          *o4 = dev(gpu, o, (size_t)M * K * 4);
+                    CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o4, (const float *)dgb, pn.g, H, D, 1e-6f, M, wg, ya,
+                                                            N, HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16 | HYLA_LINEAR_ACC));
+                    CHECK_OK(gpu->ops->add(gpu->ctx, yb, y2, (size_t)M * N));
+                    CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * N * 4), "%s: HYLA_LINEAR_ACC differs from y + the result",
+                              name);
+                    dfree(gpu, ya);
+                    dfree(gpu, yb);
+                    dfree(gpu, o4);
+                    free(y0);
                     hyla_status sb = gpu->ops->gated_rmsnorm_linear(gpu->ctx, o3, (const float *)dgb, pn.g, H, D, 1e-6f, M,
                                                                     wg, y3, N, HYLA_LINEAR_GATE_BF16);
                     if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx);

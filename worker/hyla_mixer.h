@@ -187,6 +187,10 @@ typedef struct {
     int xn_bf16;                 /* 1: xn holds bf16 rows (prompt rows on a backend with rmsnorm_bf16):
                                   * a mixer hands xn only to hyla_mixer_linear(_multi), which tell the
                                   * backend (HYLA_LINEAR_X_BF16); the bits are those of fp32 rows */
+    int out_acc;                 /* 1: out is the residual stream and the mixer's output is added onto it
+                                  * (prompt rows): the mixer's one write of out, its output projection,
+                                  * accumulates (linear's accumulate, HYLA_LINEAR_ACC) instead of
+                                  * overwriting: the rounding of residual + output, as the runtime's add */
 } hyla_mixer_fwd;
 
 /* host_ptrs array i, filled with part `part` of every row's session (decode). */

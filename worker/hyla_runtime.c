@@ -285,7 +285,8 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
             owed[h] = 0;
             PM("norm");
             hyla_mixer_fwd mf = {o,   ctx,          c,    ly->cfg, ly->w, l, decode, n[h], rt->rows, pos + off[h],
-                                 ls,  xn[h],        mo[h], rt->mixer_scratch, rt->host_ptrs, nb};
+                                 ls,  xn[h],        mo[h], rt->mixer_scratch, rt->host_ptrs, nb,
+                                 0}; /* partial sums: summed across the ranks before they join x */
             if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
                 s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
                 goto wave_out;
@@ -340,6 +341,11 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     /* and the MLP's gate and up in bf16 (half the bytes written and read; the values the SwiGLU
      * then sees are rounded once more than decode rows': prompt and decode rows are separate paths) */
     const int gf = nb ? HYLA_LINEAR_Y_BF16 : 0, hf = nb ? HYLA_LINEAR_X_BF16 : 0;
+    /* and the mixer's and the MLP's output projections add onto x themselves (the GEMM's
+     * accumulate: the rounding of x + output, the add's): no mo written and read again, and the
+     * norms after them read x alone. Not under tensor parallelism, whose outputs are partial sums
+     * to be summed across the ranks before they join the residual. */
+    const int xacc = nb && !rt->allreduce;
     if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * HYLA_PREFILL_CHUNK && pos[0] % HYLA_PREFILL_CHUNK == 0)
         return run_layers_wave(rt, R, pos, st, x);
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
@@ -361,8 +367,8 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         owed = 0;
         PM("norm");
         for (int i = 0; i < nst; i++) ls[i] = &st[i]->ls[l];
-        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, rt->mo,
-                             rt->mixer_scratch, rt->host_ptrs, nb};
+        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, xacc ? x : rt->mo,
+                             rt->mixer_scratch, rt->host_ptrs, nb, xacc};
         if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
             s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
             break;
@@ -370,10 +376,10 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
         if (rt->allreduce) PM("tp sum");
         if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
-            owed = 1;
+            owed = !xacc;
             continue;
         }
-        s = nb ? o->rmsnorm_bf16(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)
+        s = nb ? o->rmsnorm_bf16(ctx, x, xacc ? NULL : rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)
                : o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
         if (s != HYLA_OK) break;
         PM("norm");
@@ -381,13 +387,13 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, xf | gf)) != HYLA_OK) break;
         PM("mlp: gate/up proj");
         /* the SwiGLU and the down projection in one op: prompt rows skip the fp32 pass between */
-        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, rt->mo, D,
-                             decode ? 0 : HYLA_LINEAR_PREFILL | hf);
+        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, xacc ? x : rt->mo, D,
+                             decode ? 0 : HYLA_LINEAR_PREFILL | hf | (xacc ? HYLA_LINEAR_ACC : 0));
         if (s != HYLA_OK) break;
         PM("mlp: swiglu, down proj");
         if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
         if (rt->allreduce) PM("tp sum");
-        owed = 1;
+        owed = !xacc;
     }
     if (s == HYLA_OK && owed) {
         s = o->add(ctx, x, rt->mo, (size_t)R * D);

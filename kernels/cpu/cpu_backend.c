@@ -431,17 +431,17 @@ static hyla_status cpu_gated_rmsnorm(void *ctx, const float *o, const float *g, 
 
 /* The composition gated_rmsnorm_linear is defined as. */
 static hyla_status cpu_gated_rmsnorm_linear_f32(void *ctx, float *o, const float *gate, const float *w, int H, int D,
-                                                float eps, int M, const hyla_weight *W, float *y, int N) {
+                                                float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
     HYLA_TRY(cpu_gated_rmsnorm(ctx, o, gate, w, o, M * H, D, eps));
-    return cpu_linear(ctx, o, H * D, M, H * D, W, NULL, y, N, N, 0);
+    return cpu_linear(ctx, o, H * D, M, H * D, W, NULL, y, N, N, (flags & HYLA_LINEAR_ACC) != 0);
 }
 
 /* The composition swiglu_linear is defined as. */
 static hyla_status cpu_swiglu_linear_f32(void *ctx, float *gate, const float *up, int M, int K, const hyla_weight *W,
                                          float *y, int N, int flags) {
-    (void)flags; /* prompt rows need no other method (see cpu_linear_multi) */
+    /* prompt rows need no other method (see cpu_linear_multi) */
     HYLA_TRY(cpu_swiglu(ctx, gate, up, gate, (size_t)M * K));
-    return cpu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
+    return cpu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, (flags & HYLA_LINEAR_ACC) != 0);
 }
 
 /* 1 / sqrt(mean(x²) + eps), the sum of squares taken in double. [NORM-0] */
@@ -712,12 +712,12 @@ static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, i
 static hyla_status cpu_gated_rmsnorm_linear(void *ctx, float *o, const float *gate, const float *w, int H, int D,
                                             float eps, int M, const hyla_weight *W, float *y, int N, int flags) {
     if (!(flags & HYLA_LINEAR_GATE_BF16) || !gate)
-        return cpu_gated_rmsnorm_linear_f32(ctx, o, gate, w, H, D, eps, M, W, y, N);
+        return cpu_gated_rmsnorm_linear_f32(ctx, o, gate, w, H, D, eps, M, W, y, N, flags);
     if (!((cpu_ctx *)ctx)->bf16_rows || !(flags & HYLA_LINEAR_PREFILL))
         return hyla_fail(HYLA_ERR_INVALID_ARG, "gated_rmsnorm_linear: a bf16 gate needs prompt rows and a backend "
                                                "created with HYLA_CPU_BF16_ROWS=1");
     float *g = cpu_widen(gate, (size_t)M * H * D);
-    hyla_status st = g ? cpu_gated_rmsnorm_linear_f32(ctx, o, g, w, H, D, eps, M, W, y, N)
+    hyla_status st = g ? cpu_gated_rmsnorm_linear_f32(ctx, o, g, w, H, D, eps, M, W, y, N, flags)
                        : hyla_fail(HYLA_ERR_NOMEM, "gated_rmsnorm_linear: out of memory");
     free(g);
     return st;
@@ -730,7 +730,7 @@ static hyla_status cpu_swiglu_linear(void *ctx, float *gate, const float *up, in
         return hyla_fail(HYLA_ERR_INVALID_ARG, "swiglu_linear: bf16 gate and up need prompt rows and a backend created "
                                                "with HYLA_CPU_BF16_ROWS=1");
     float *g = cpu_widen(gate, (size_t)M * K), *u = cpu_widen(up, (size_t)M * K);
-    hyla_status st = g && u ? cpu_swiglu_linear_f32(ctx, g, u, M, K, W, y, N, HYLA_LINEAR_PREFILL)
+    hyla_status st = g && u ? cpu_swiglu_linear_f32(ctx, g, u, M, K, W, y, N, flags & (HYLA_LINEAR_PREFILL | HYLA_LINEAR_ACC))
                             : hyla_fail(HYLA_ERR_NOMEM, "swiglu_linear: out of memory");
     free(g);
     free(u);

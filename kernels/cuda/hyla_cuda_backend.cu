@@ -438,7 +438,9 @@ __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias
     }
 }
 
-/* One fixed-size (MF, N, K) prompt-row GEMM: fp32 (or bf16) results into C (row stride N). The
+/* One fixed-size (MF, N, K) prompt-row GEMM: fp32 (or bf16) results into C (row stride N), or
+ * added onto C's fp32 values with beta = 1 (cuBLAS's epilogue alpha·acc + beta·C with both 1: the
+ * rounding of acc + C, as the epilogue kernel's y + t; tested against it). The
  * algorithm is chosen for C aligned as ptr_align(NULL, N * 4), a function of N only: the
  * 256-aligned scratch blocks always are, and a y is used directly only where it is at least as
  * aligned, so scratch and y get the same algorithm and the same bits. Every output takes its own
@@ -446,8 +448,8 @@ __global__ void k_fixed_epilogue(const float *t, int M, int N, const float *bias
  * algorithm for per call) could only go block by block, and a 2304-wide q and k of a 16k piece
  * ran faster as one pinned GEMM each over the run (docs/CUDA.md "Runs of whole blocks"). */
 static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nblk, int K, int N, const hyla_weight *W,
-                               void *C, int cbf16) {
-    const float alpha = 1.0f, beta = 0.0f;
+                               void *C, int cbf16, float beta) {
+    const float alpha = 1.0f;
     const size_t es = cbf16 ? 2 : 4; /* bytes of an output */
     const cudaDataType_t ct = cbf16 ? CUDA_R_16BF : CUDA_R_32F;
     const unsigned ac = ptr_align(NULL, (size_t)N * es); /* a function of N only (see prompt_align) */
@@ -468,7 +470,7 @@ static hyla_status prompt_gemm(hyla_cuda_ctx *c, const void *xb, int MF, int nbl
         }
         for (int b = 0; b < nblk; b++)
             HYLA_TRY(prompt_gemm(c, (const __nv_bfloat16 *)xb + (size_t)b * MF * K, MF, 1, K, N, W,
-                                 (char *)C + (size_t)b * MF * N * es, cbf16));
+                                 (char *)C + (size_t)b * MF * N * es, cbf16, beta));
         return HYLA_OK;
     }
     cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
@@ -528,10 +530,11 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
      * accumulating call: SSE's LoRA terms onto the copied projections) the run's results go
      * through scratch of up to PROMPT_SCRATCH_RUN bytes and one epilogue pass over the run, where
      * block by block cost three launches per 1024 rows. Each row gets the same GEMM and the same
-     * epilogue either way: the same bits. */
+     * epilogue either way: the same bits. An accumulating call without a bias (the runtime's
+     * residual adds) adds its whole blocks in the GEMM (beta = 1) straight into y. */
     int maxb = c->prompt_blocks, via_scratch = 0;
     for (int j = 0; j < n; j++)
-        if (accumulate || outs[j].ldy != outs[j].N) via_scratch = 1;
+        if ((accumulate && outs[j].bias) || outs[j].ldy != outs[j].N) via_scratch = 1;
     if (via_scratch) {
         const size_t per_block = (size_t)MF * nsum * 4, cap = (size_t)PROMPT_SCRATCH_RUN / (per_block ? per_block : 1);
         if ((size_t)maxb > cap) maxb = cap > 1 ? (int)cap : 1;
@@ -572,15 +575,16 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
         for (int j = 0; j < n; j++) {
             const hyla_linear_out *o = &outs[j];
             const int N = o->N;
-            /* A whole block that overwrites y with the same layout goes straight into y: the
-             * same algorithm and layout as into scratch, so the same values, without the copy;
-             * the bias is then added in place (t + bias either way). */
-            const int direct = m % MF == 0 && !accumulate && o->ldy == N &&
+            /* A whole block with y's layout goes straight into y: the same algorithm and layout
+             * as into scratch, so the same values, without the copy; the bias is then added in
+             * place (t + bias either way), an accumulate (no bias) by the GEMM itself. */
+            const int direct = m % MF == 0 && !(accumulate && o->bias) && o->ldy == N &&
                                ptr_align((char *)o->y + (size_t)r0 * o->ldy * es, (size_t)N * es) >=
                                    ptr_align(NULL, (size_t)N * es);
             HYLA_ASSERT(direct || m <= tblk * MF); /* t holds tblk blocks */
             void *C = direct ? (void *)((char *)o->y + (size_t)r0 * o->ldy * es) : (void *)((char *)t + toff[j]);
-            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, o->W, C, y_bf16));
+            HYLA_TRY(prompt_gemm(c, xr, MF, m / MF > 1 ? m / MF : 1, K, N, o->W, C, y_bf16,
+                                 direct && accumulate ? 1.0f : 0.0f));
             if (direct && !o->bias) continue;
             if (y_bf16) { /* a partial block's rows, out of the scratch (ldy == N, no bias) */
                 CU_TRY(cudaMemcpyAsync((char *)o->y + (size_t)r0 * N * 2, C, (size_t)m * N * 2, cudaMemcpyDeviceToDevice,
@@ -644,27 +648,28 @@ extern "C" hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up,
     if (M <= 0) return HYLA_OK;
     HYLA_TRY(cu_linear_check(K, K, W, N, N));
     HYLA_TRY(cu_fused_flags_check("swiglu_linear", flags));
+    const int acc = (flags & HYLA_LINEAR_ACC) != 0;
     if (flags & HYLA_LINEAR_X_BF16) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
         prompt_pro pro = {up, 1, NULL, NULL, 0, 0, 0, 0.0f};
-        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
+        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, acc, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
         prompt_pro pro = {up, 0, NULL, NULL, 0, 0, 0, 0.0f};
-        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
+        return linear_fixed_rows(c, gate, K, M, K, 1, &lo, acc, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     /* decode rows on the skinny kernel's path of cu_linear: it forms the SwiGLU as it stages x */
     if (!cu_gemm_big_ok(c, M, K) && M <= 256 && K % 8 == 0)
-        return cu_skinny_linear(c, gate, K, M, K, W, NULL, y, N, N, 0, up);
+        return cu_skinny_linear(c, gate, K, M, K, W, NULL, y, N, N, acc, up);
     if (cu_gemm_big_ok(c, M, K)) {
         void *xb;
         HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
         HYLA_TRY(cu_swiglu_bf16_rows(c, gate, up, K, M, K, (__nv_bfloat16 *)xb));
-        return cu_gemm_big_xb(c, (const __nv_bfloat16 *)xb, M, K, W, NULL, y, N, N, 0);
+        return cu_gemm_big_xb(c, (const __nv_bfloat16 *)xb, M, K, W, NULL, y, N, N, acc);
     }
     HYLA_TRY(cu_swiglu(ctx, gate, up, gate, (size_t)M * K));
-    return cu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, 0);
+    return cu_linear(ctx, gate, K, M, K, W, NULL, y, N, N, acc);
 }
 
 /* Prompt rows: the norm writes each block of rows as the GEMM's bf16 operand; decode rows of the
@@ -679,19 +684,20 @@ extern "C" hyla_status cu_gated_rmsnorm_linear(void *ctx, float *o, const float 
     HYLA_TRY(cu_fused_flags_check("gated_rmsnorm_linear", flags));
     if ((flags & HYLA_LINEAR_GATE_BF16) && D % 4)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "gated_rmsnorm_linear: a bf16 gate needs D %% 4 == 0 (D %d)", D);
+    const int acc = (flags & HYLA_LINEAR_ACC) != 0;
     if (flags & HYLA_LINEAR_PREFILL) {
         const hyla_linear_out lo = {W, NULL, y, N, N};
         prompt_pro pro = {NULL, 0, gate, w, (flags & HYLA_LINEAR_GATE_BF16) != 0, H, D, eps};
-        return linear_fixed_rows(c, o, K, M, K, 1, &lo, 0, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
+        return linear_fixed_rows(c, o, K, M, K, 1, &lo, acc, PROMPT_ROWS, &pro, HYLA_LINEAR_PREFILL);
     }
     if (cu_gemm_big_ok(c, M, K)) {
         void *xb;
         HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
         HYLA_TRY(cu_gated_rmsnorm_bf16(c, o, gate, w, (__nv_bfloat16 *)xb, M * H, D, eps));
-        return cu_gemm_big_xb(c, (const __nv_bfloat16 *)xb, M, K, W, NULL, y, N, N, 0);
+        return cu_gemm_big_xb(c, (const __nv_bfloat16 *)xb, M, K, W, NULL, y, N, N, acc);
     }
     HYLA_TRY(cu_gated_rmsnorm(ctx, o, gate, w, o, M * H, D, eps));
-    return cu_linear(ctx, o, K, M, K, W, NULL, y, N, N, 0);
+    return cu_linear(ctx, o, K, M, K, W, NULL, y, N, N, acc);
 }
 
 extern "C" hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W,

@@ -125,7 +125,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     free(views);
     HYLA_TRY(st);
     HYLA_MIXER_MARK(f, "attn: norms, rope, pages, core");
-    HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, 0));
+    HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, f->out_acc));
     HYLA_MIXER_MARK(f, "attn: o proj");
     return HYLA_OK;
 }

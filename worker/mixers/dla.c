@@ -216,7 +216,7 @@ static hyla_status m2_finish(const hyla_mixer_fwd *f, const dla_cfg *c, const dl
     HYLA_TRY(f->o->ssd_skip(f->ctx, s->o, s->xbc, m->Cc, w->Dskip, f->R, m->H, m->P));
     HYLA_TRY(f->o->ssd_norm(f->ctx, s->o, s->zxd, m->Din, w->norm, s->o, f->R, m->norm_groups, m->I / m->norm_groups,
                             f->mc->norm_eps));
-    HYLA_TRY(hyla_mixer_linear(f, s->o, m->I, w->out_proj, w->out_bias, f->out, f->mc->hidden_size, 0));
+    HYLA_TRY(hyla_mixer_linear(f, s->o, m->I, w->out_proj, w->out_bias, f->out, f->mc->hidden_size, f->out_acc));
     HYLA_MIXER_MARK(f, "lin: out norm, out proj");
     return HYLA_OK;
 }

@@ -52,7 +52,8 @@ int hyla_lin_gate_bf16(const hyla_mixer_fwd *f, int dv) { return !f->decode && f
 hyla_status hyla_lin_norm_out(const hyla_mixer_fwd *f, float *o, const float *gate, const float *norm_w,
                               const hyla_weight *Wo, int H, int dv, int gate_bf16) {
     /* one op: prompt rows go from the norm straight to the projection's bf16 operand */
-    const int fl = f->decode ? 0 : HYLA_LINEAR_PREFILL | (gate && gate_bf16 ? HYLA_LINEAR_GATE_BF16 : 0);
+    const int fl = (f->decode ? 0 : HYLA_LINEAR_PREFILL | (gate && gate_bf16 ? HYLA_LINEAR_GATE_BF16 : 0)) |
+                   (f->out_acc ? HYLA_LINEAR_ACC : 0);
     HYLA_TRY(f->o->gated_rmsnorm_linear(f->ctx, o, gate, norm_w, H, dv, f->mc->norm_eps, f->R, Wo, f->out,
                                         f->mc->hidden_size, fl));
     HYLA_MIXER_MARK(f, "lin: out norm, o proj");

@@ -187,7 +187,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     free(cs);
     HYLA_TRY(st);
     HYLA_MIXER_MARK(f, "lte: rope, cache, core");
-    HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, 0));
+    HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, f->out_acc));
     HYLA_MIXER_MARK(f, "lte: o proj");
     return HYLA_OK;
 }

@@ -203,7 +203,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     HYLA_TRY(o->ssd_norm(ctx, s.y, s.zxd, c->Din, w->norm, s.y, R, c->norm_groups, c->I / c->norm_groups,
                          f->mc->norm_eps));
     HYLA_MIXER_MARK(f, "lin: out norm");
-    HYLA_TRY(hyla_mixer_linear(f, s.y, c->I, w->out_proj, w->out_bias, f->out, D, 0));
+    HYLA_TRY(hyla_mixer_linear(f, s.y, c->I, w->out_proj, w->out_bias, f->out, D, f->out_acc));
     HYLA_MIXER_MARK(f, "lin: out proj");
     return HYLA_OK;
 }

@@ -157,7 +157,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     HYLA_TRY(st);
     for (int i = 0; i < nv; i++) f->st[i]->derived_rows = (f->pos[i] + (f->decode ? 1 : R)) / c->block;
     HYLA_MIXER_MARK(f, "nsa: rope, pages, core");
-    HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, 0));
+    HYLA_TRY(hyla_mixer_linear(f, s.o, Hq * hd, w->o, NULL, f->out, D, f->out_acc));
     HYLA_MIXER_MARK(f, "nsa: o proj");
     return HYLA_OK;
 }

@@ -266,7 +266,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     HYLA_MIXER_MARK(f, "sse: out gate");
     /* the norm and o_proj in one op (prompt rows: the norm writes the projection's bf16 operand) */
     HYLA_TRY(o->gated_rmsnorm_linear(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, H, dv, f->mc->norm_eps, R, w->o,
-                                     f->out, D, f->decode ? 0 : HYLA_LINEAR_PREFILL));
+                                     f->out, D, (f->decode ? 0 : HYLA_LINEAR_PREFILL) | (f->out_acc ? HYLA_LINEAR_ACC : 0)));
     HYLA_MIXER_MARK(f, "sse: out norm, o proj");
     return HYLA_OK;
 }
