@@ -1,7 +1,9 @@
 /* test_bf16rows.c — the bf16 prompt rows on the CPU backend (HYLA_CPU_BF16_ROWS=1, which takes the
  * CUDA backend's rmsnorm_bf16 / HYLA_LINEAR_X_BF16 / Y_BF16 / GATE_BF16 paths: kernels/cpu/cpu_backend.c), so
  * that the runtime's and the mixers' bf16 plumbing runs in CI, for the kinds whose prompt rows take
- * it (gdn: q, k, v from bf16 conv sources, gla, sse-h, gdn-h, dla-gdn, mamba2-h):
+ * it (gdn: q, k, v from bf16 conv sources, gla, sse-h, gdn-h, dla-gdn, mamba2-h), and with it the
+ * output projections that add onto the residual themselves (hyla_mixer_fwd.out_acc, HYLA_LINEAR_ACC:
+ * one runtime, not the tensor-parallel ranks):
  *   - the backend offers rmsnorm_bf16 only when asked, and refuses bf16 rows without it;
  *   - a 300-token prompt fed as one piece gives the logits of 64-token pieces, bit for bit;
  *   - those logits are within 5e-2 (relative L2) of the fp32 backend's, and the greedy tokens

@@ -2,7 +2,8 @@
  * against naive double-precision references written here from docs/MODELS.md, plus the
  * properties the engine relies on: `linear` batch invariance (row r of an M=37 call equals
  * an M=1 call bit for bit, and the thread count changes no bit), short_conv continuation across calls, sampling determinism and
- * the exact top-k / top-p / inverse-CDF rules of [SAMPLE-1]; host buffers and the deferred
+ * the exact top-k / top-p / inverse-CDF rules of [SAMPLE-1]; the fused output projections'
+ * accumulate (HYLA_LINEAR_ACC == the op then add, bit for bit); host buffers and the deferred
  * capture (copies performed at capture_end, done 0 then 1).
  *
  * Tolerances are stated per op. The backend computes in fp32 (reductions in double), the
@@ -251,6 +252,38 @@ static void test_rows(void) {
     CHECK_OK(ops->l2norm_rows(ctx, s, rows, cols, 1e-6f));
     CHECK_CLOSE(s, ref, (size_t)rows * cols, 1e-7, 1e-6, "l2norm_rows");
     free(x), free(ref), free(s);
+}
+
+/* swiglu_linear and gated_rmsnorm_linear with HYLA_LINEAR_ACC (the runtime's residual added by
+ * the output projections of prompt rows): y0 + the result, bit for bit the op into a fresh y then
+ * add, with and without HYLA_LINEAR_PREFILL. */
+static void test_fused_acc(void) {
+    const int M = 5, K = 48, N = 24, H = 3, D = 16;
+    float *W = randn((size_t)N * K, 0.2f), *y0 = randn((size_t)M * N, 1.0f);
+    hyla_weight *w = NULL;
+    CHECK_OK(ops->weight_create(ctx, W, HYLA_DT_F32, N, K, &w));
+    for (int fl = 0; fl < 2; fl++) {
+        const int flags = fl ? HYLA_LINEAR_PREFILL : 0;
+        float *g = randn((size_t)M * K, 1.0f), *u = randn((size_t)M * K, 1.0f), *nw = randn(D, 1.0f);
+        float *g1 = dup(g, (size_t)M * K), *t = malloc((size_t)M * N * sizeof(float)), *ya = dup(y0, (size_t)M * N);
+        CHECK_OK(ops->swiglu_linear(ctx, g1, u, M, K, w, t, N, flags));
+        CHECK_OK(ops->swiglu_linear(ctx, g, u, M, K, w, ya, N, flags | HYLA_LINEAR_ACC));
+        float *yb = dup(y0, (size_t)M * N);
+        CHECK_OK(ops->add(ctx, yb, t, (size_t)M * N));
+        CHECK_MSG(!memcmp(ya, yb, (size_t)M * N * sizeof(float)), "swiglu_linear%s HYLA_LINEAR_ACC == the op then add",
+                  fl ? " (prompt rows)" : "");
+        float *o = randn((size_t)M * K, 1.0f), *o1 = dup(o, (size_t)M * K);
+        memcpy(ya, y0, (size_t)M * N * sizeof(float));
+        memcpy(yb, y0, (size_t)M * N * sizeof(float));
+        CHECK_OK(ops->gated_rmsnorm_linear(ctx, o1, u, nw, H, D, 1e-6f, M, w, t, N, flags));
+        CHECK_OK(ops->gated_rmsnorm_linear(ctx, o, u, nw, H, D, 1e-6f, M, w, ya, N, flags | HYLA_LINEAR_ACC));
+        CHECK_OK(ops->add(ctx, yb, t, (size_t)M * N));
+        CHECK_MSG(!memcmp(ya, yb, (size_t)M * N * sizeof(float)),
+                  "gated_rmsnorm_linear%s HYLA_LINEAR_ACC == the op then add", fl ? " (prompt rows)" : "");
+        free(g), free(u), free(nw), free(g1), free(t), free(ya), free(yb), free(o), free(o1);
+    }
+    ops->weight_destroy(ctx, w);
+    free(W), free(y0);
 }
 
 /* [GDN-1] gates, computed in double and rounded once: rtol 1e-6. Also the aliased layout the
@@ -560,6 +593,7 @@ int main(void) {
     test_pointwise();
     test_rows();
     test_gdn_gates();
+    test_fused_acc();
     test_rope();
     test_short_conv();
     test_sample();
