@@ -9,7 +9,8 @@
 # times FLA's Hugging Face model (prefill 4k to 1M tokens, decode B = 1 and 64), then `hyla-bench e2e`
 # on the same directory, and prints one table; OUTDIR/prefill.png plots both (with matplotlib).
 # Environment: PREFILL (4096,32768,131072,524288,1048576; a length FLA cannot hold, e.g. 1M on an
-# 80 GB GPU, is reported as out of memory; ~6 minutes in all on an H100), BATCH (1,64), DEVICE (cuda:0), MODEL (where the
+# 80 GB GPU, is reported as out of memory; ~5 minutes in all on an H100 for 4k, 32k and 128k,
+# checkpoint included, longer with 512k and 1M), BATCH (1,64), DEVICE (cuda:0), MODEL (where the
 # checkpoint goes, default OUTDIR/gdn-1.68b: 3.4 GB, so keep it out of a folder that is copied
 # back), HYLA_COMMIT (printed in the table's header; default: git describe of this checkout).
 # FLA's prefill is one forward over the prompt with use_cache and the last position's logits;
