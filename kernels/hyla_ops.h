@@ -202,7 +202,7 @@ typedef struct hyla_ops {
      * use another method, as long as a row's result still depends only on that row and on the
      * call's output shapes (n and the Ns; not on M, the row's place, or the other rows) among
      * all calls with this flag — it need not equal the result without the flag (CUDA: cuBLAS
-     * at a fixed row count, outputs of equal N batched; CPU: the same as linear).
+     * at a fixed row count, one GEMM an output; CPU: the same as linear).
      * flags & HYLA_LINEAR_X_BF16 (with HYLA_LINEAR_PREFILL, only on a backend with rmsnorm_bf16):
      * x points to bf16 rows [M][ldx], ldx == K, written by rmsnorm_bf16.
      * flags & HYLA_LINEAR_Y_BF16 (likewise; no bias, no accumulate, ldy == N): each y is bf16

@@ -286,6 +286,11 @@ hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, co
 /* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate calls, fewer
  * launches on the GPU). */
 hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs);
+/* The same for prompt rows whose outputs are bf16 [R][N] (HYLA_LINEAR_Y_BF16: each outs[j].y holds
+ * bf16 rows; no bias, ldy == N), read by an op that takes them so (the conv's bf16 sources, a bf16
+ * gate): only where f->xn_bf16 (a backend with bf16 rows) and not in decode. */
+hyla_status hyla_mixer_linear_multi_bf16(const hyla_mixer_fwd *f, const float *x, int K, int n,
+                                         const hyla_linear_out *outs);
 /* Paged K/V of attention-like mixers (attn, nsa): reserve room for this forward's tokens in the
  * parts part_k and part_v of each session's layer state and describe them, one view per session
  * in decode (f->R), one in prefill. *views: caller frees with free(). */

@@ -353,7 +353,8 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     hyla_status s = HYLA_OK;
     /* A layer's last residual (x += mo) is owed to the next layer's first norm, which adds it
      * itself (add_rmsnorm: the same values as add then rmsnorm, one pass over x fewer); the
-     * last layer's is added after the loop, so x leaves complete. */
+     * last layer's is added after the loop, so x leaves complete. With xacc nothing is owed: the
+     * output projections have added onto x already. */
     int owed = 0;
     for (int l = m->layer_begin; s == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];

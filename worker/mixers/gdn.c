@@ -134,9 +134,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     lf[nf++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H};
     lf[nf++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H};
     if (w->g_proj) *(g16 ? &lb[nb++] : &lf[nf++]) = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv};
-    if (nb)
-        HYLA_TRY(o->linear_multi(ctx, f->xn, D, R, D, nb, lb, 0,
-                                 HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16));
+    if (nb) HYLA_TRY(hyla_mixer_linear_multi_bf16(f, f->xn, D, nb, lb));
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, nf, lf));
     HYLA_MIXER_MARK(f, "lin: q/k/v, gates proj");
     /* the L2 norms of q and k in the convolution's op (the same bits, one pass over them fewer),

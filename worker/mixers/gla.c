@@ -137,11 +137,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     const int g16 = hyla_lin_gate_bf16(f, dv); /* the gate as bf16 rows for the out norm */
     if (w->g_proj) {
         hyla_linear_out g = {w->g_proj, NULL, s.gate, H * dv, H * dv};
-        if (g16)
-            HYLA_TRY(o->linear_multi(ctx, f->xn, D, R, D, 1, &g, 0,
-                                     HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16));
-        else
-            HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 1, &g));
+        HYLA_TRY(g16 ? hyla_mixer_linear_multi_bf16(f, f->xn, D, 1, &g) : hyla_mixer_linear_multi(f, f->xn, D, 1, &g));
     }
     HYLA_MIXER_MARK(f, "lin: gate proj");
     if (c->use_short_conv)

@@ -66,6 +66,12 @@ hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int
     return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : prompt_flags(f, x));
 }
 
+hyla_status hyla_mixer_linear_multi_bf16(const hyla_mixer_fwd *f, const float *x, int K, int n,
+                                         const hyla_linear_out *outs) {
+    HYLA_ASSERT(!f->decode && f->xn_bf16);
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, prompt_flags(f, x) | HYLA_LINEAR_Y_BF16);
+}
+
 hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v, hyla_kv_view **views) {
     int R = f->R, nv = f->decode ? R : 1;
     hyla_kv_view *v = calloc((size_t)nv, sizeof *v);
