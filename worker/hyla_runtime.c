@@ -242,7 +242,9 @@ static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const fl
  * pieces do not change the bits). Half B uses the scratch rows after half A's (x, xn, mo and
  * the MLP buffers have a row each; where xn or the MLP's gate and up hold bf16 rows, half B's
  * start at the same float offset, where both their writer and their reader look); the mixers'
- * scratch is shared, in stream order. */
+ * scratch is shared, in stream order. Each sum of a half's partial outputs (mo) lands on that
+ * half's rows of x itself (the hook's acc: x + sum, the add's rounding), which nothing touches
+ * while it travels, so the norms after it read x alone. */
 static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, hyla_state *const *st, float *x) {
     const hyla_model *m = rt->m;
     const hyla_model_config *c = &m->cfg;
@@ -255,7 +257,7 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
     int n[2] = {a, R - a}, off[2] = {0, a};
     float *xh[2] = {x, x + a * D}, *xn[2] = {rt->xn, rt->xn + a * D}, *mo[2] = {rt->mo, rt->mo + a * D};
     float *g[2] = {rt->mlp_g, rt->mlp_g + a * F}, *u[2] = {rt->mlp_u, rt->mlp_u + a * F};
-    int owed[2] = {0, 0}, tk[2] = {-1, -1}, busy[2] = {0, 0}; /* busy: a sum of mo[h] in flight */
+    int tk[2] = {-1, -1}, busy[2] = {0, 0}; /* busy: a sum of mo[h] onto x's half h in flight */
     const int nb = o->rmsnorm_bf16 != NULL; /* the norms write the prompt GEMMs' bf16 operand */
     const int xf = HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
     const int gf = nb ? HYLA_LINEAR_Y_BF16 : 0, hf = nb ? HYLA_LINEAR_X_BF16 : 0; /* the MLP's gate and up */
@@ -269,20 +271,17 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
     } while (0)
 #define WAVE_BEGIN(h)                                                                                    \
     do {                                                                                                 \
-        if ((s = rt->allreduce_begin(ud, mo[h], (size_t)n[h] * D, &tk[h])) != HYLA_OK) goto wave_out; \
+        if ((s = rt->allreduce_begin(ud, mo[h], (size_t)n[h] * D, xh[h], &tk[h])) != HYLA_OK) goto wave_out; \
         busy[h] = 1;                                                                                     \
     } while (0)
     for (int l = m->layer_begin; l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
         ls[0] = &st[0]->ls[l];
         for (int h = 0; h < 2; h++) {
-            WAVE_JOIN(h);
-            s = nb        ? o->rmsnorm_bf16(ctx, xh[h], owed[h] ? mo[h] : NULL, ly->attn_norm, xn[h], n[h], (int)D,
-                                            c->norm_eps)
-                : owed[h] ? o->add_rmsnorm(ctx, xh[h], mo[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps)
-                          : o->rmsnorm(ctx, xh[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps);
+            WAVE_JOIN(h); /* the sums add onto x themselves: the norms read x alone */
+            s = nb ? o->rmsnorm_bf16(ctx, xh[h], NULL, ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps)
+                   : o->rmsnorm(ctx, xh[h], ly->attn_norm, xn[h], n[h], (int)D, c->norm_eps);
             if (s != HYLA_OK) goto wave_out;
-            owed[h] = 0;
             PM("norm");
             hyla_mixer_fwd mf = {o,   ctx,          c,    ly->cfg, ly->w, l, decode, n[h], rt->rows, pos + off[h],
                                  ls,  xn[h],        mo[h], rt->mixer_scratch, rt->host_ptrs, nb,
@@ -294,29 +293,22 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
             WAVE_BEGIN(h);
             PM("mixer, tp sum begun");
         }
-        if (!ly->mlp_gate) { /* a mixer-only layer: the next layer's norm adds the sums */
-            owed[0] = owed[1] = 1;
-            continue;
-        }
+        if (!ly->mlp_gate) continue; /* a mixer-only layer */
         for (int h = 0; h < 2; h++) {
             WAVE_JOIN(h);
-            s = nb ? o->rmsnorm_bf16(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps)
-                   : o->add_rmsnorm(ctx, xh[h], mo[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps);
+            s = nb ? o->rmsnorm_bf16(ctx, xh[h], NULL, ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps)
+                   : o->rmsnorm(ctx, xh[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps);
             if (s != HYLA_OK) goto wave_out;
             hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g[h], (int)F, (int)F}, {ly->mlp_up, NULL, u[h], (int)F, (int)F}};
             if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, xf | gf)) != HYLA_OK) goto wave_out;
             s = o->swiglu_linear(ctx, g[h], u[h], n[h], (int)F, ly->mlp_down, mo[h], (int)D, HYLA_LINEAR_PREFILL | hf);
             if (s != HYLA_OK) goto wave_out;
             WAVE_BEGIN(h);
-            owed[h] = 1;
             PM("mlp, tp sum begun");
         }
     }
-    for (int h = 0; h < 2; h++) {
-        WAVE_JOIN(h);
-        if (owed[h] && (s = o->add(ctx, xh[h], mo[h], (size_t)n[h] * D)) != HYLA_OK) goto wave_out;
-    }
-    PM("residual add");
+    for (int h = 0; h < 2; h++) WAVE_JOIN(h);
+    PM("last sums");
 wave_out:
     /* after a failure, the sums in flight still end before their buffers are reused; the group
      * has failed (the other ranks' sums fail or time out), so their errors add nothing */

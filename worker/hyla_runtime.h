@@ -146,8 +146,10 @@ void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud
  * at once and give ticket -1 (join is then a no-op). With both set, a prefill piece of at least
  * 2 HYLA_PREFILL_CHUNK rows runs as two halves through the layers in turn (run_layers_wave in
  * hyla_runtime.c), each half's sums travelling while the other half computes; the bits are those
- * of the two halves fed as two pieces. */
-typedef hyla_status (*hyla_allreduce_begin_fn)(void *ud, float *buf, size_t n, int *ticket);
+ * of the two halves fed as two pieces. acc (or NULL): the sum is added onto acc[0..n) on every rank
+ * (each value the rounding of acc + the sum, the residual's add) instead of being left in buf,
+ * whose contents are then unspecified; join must come before anything touches acc too. */
+typedef hyla_status (*hyla_allreduce_begin_fn)(void *ud, float *buf, size_t n, float *acc, int *ticket);
 typedef hyla_status (*hyla_allreduce_join_fn)(void *ud, int ticket);
 void hyla_runtime_set_allreduce_aside(hyla_runtime *rt, hyla_allreduce_begin_fn begin, hyla_allreduce_join_fn join);
 /* How many prefill pieces ran as two halves with overlapped sums (above), since creation. */

@@ -39,7 +39,8 @@ hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size
 size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) __attribute__((weak));
 hyla_status hyla_cuda_flush(hyla_backend *be) __attribute__((weak));
 hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) __attribute__((weak));
-hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n) __attribute__((weak));
+hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, float *acc, size_t n)
+    __attribute__((weak));
 hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
 hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq) __attribute__((weak));
 void hyla_cuda_psum_reset(hyla_cuda_psum *p) __attribute__((weak));
@@ -191,11 +192,11 @@ static hyla_status spin_until(struct hyla_tp_group *g, atomic_uint *count, unsig
 /* The sums begun beside the compute stream (hyla_runtime_set_allreduce_aside): on CUDA the peer
  * sums (ready, every rank ready, issue; the join after every rank issued), the ticket the sum's
  * number; on the CPU the sum at once. */
-static hyla_status psum_begin(void *ud, float *buf, size_t n, int *ticket) {
+static hyla_status psum_begin(void *ud, float *buf, size_t n, float *acc, int *ticket) {
     rank_ref *r = ud;
     struct hyla_tp_group *g = r->g;
     unsigned seq = r->psum_seq++;
-    hyla_status st = hyla_cuda_psum_ready(g->psum, r->rank, seq, buf, n);
+    hyla_status st = hyla_cuda_psum_ready(g->psum, r->rank, seq, buf, acc, n);
     if (st == HYLA_OK) {
         atomic_store(&g->pready[r->rank], seq + 1);
         st = spin_until(g, g->pready, seq);
@@ -221,7 +222,7 @@ static hyla_status psum_join(void *ud, int ticket) {
 /* A sum waited for at once through the peer sums: begun and joined. */
 static hyla_status psum_allreduce(void *ud, float *buf, size_t n) {
     int ticket;
-    HYLA_TRY(psum_begin(ud, buf, n, &ticket));
+    HYLA_TRY(psum_begin(ud, buf, n, NULL, &ticket));
     return psum_join(ud, ticket);
 }
 
@@ -239,9 +240,12 @@ static hyla_status oneshot_allreduce(void *ud, float *buf, size_t n) {
     return g->T == 2 ? nccl_allreduce(ud, buf, n) : psum_allreduce(ud, buf, n);
 }
 
-static hyla_status cpu_allreduce_begin(void *ud, float *buf, size_t n, int *ticket) {
+static hyla_status cpu_allreduce_begin(void *ud, float *buf, size_t n, float *acc, int *ticket) {
     *ticket = -1;
-    return cpu_allreduce(ud, buf, n);
+    HYLA_TRY(cpu_allreduce(ud, buf, n));
+    if (acc) /* the add the norm after the sum would make: acc + sum, value by value */
+        for (size_t i = 0; i < n; i++) acc[i] += buf[i];
+    return HYLA_OK;
 }
 
 static hyla_status cpu_allreduce_join(void *ud, int ticket) {

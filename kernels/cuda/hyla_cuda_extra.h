@@ -92,18 +92,19 @@ hyla_status hyla_cuda_get_graph_stats(hyla_backend *be, hyla_cuda_graph_stats *o
  * travels while the GPUs compute. Each float of the result is the rank-order sum of the ranks'
  * partials, the same bits on every rank whatever the count. A sum is numbered (seq, from 0, in
  * the same order on every rank) and made of three calls per rank, each on the rank's own thread:
- *   ready(seq, buf, n): buf [n] (device, the rank's partial, complete after the ops called so far
- *     on its compute stream) is summed in place;
+ *   ready(seq, buf, acc, n): buf [n] (device, the rank's partial, complete after the ops called so
+ *     far on its compute stream) is summed in place, or with acc (device [n], or NULL) added onto
+ *     acc on every rank (acc + sum, one rounding; buf's contents then unspecified);
  *   issue(seq): after EVERY rank's ready(seq): queues this rank's share on its side stream;
  *   join(seq): after EVERY rank's issue(seq): the compute stream waits for the whole sum in buf
- *     (call it before anything reads or writes buf again).
+ *     or acc (call it before anything reads or writes buf or acc again).
  * Sums seq and seq + HYLA_PSUM_SLOTS must not be in flight at once. Open fails where a GPU cannot
  * reach another's memory (no peer access). oneshot_max: the most floats a one-shot sum (below)
  * takes (0: none). */
 #define HYLA_PSUM_SLOTS 4
 typedef struct hyla_cuda_psum hyla_cuda_psum;
 hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_max, hyla_cuda_psum **out);
-hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n);
+hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, float *acc, size_t n);
 hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigned seq);
 hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq);
 /* After a failure left the ranks at different numbers: wait until every rank's streams are

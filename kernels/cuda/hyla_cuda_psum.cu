@@ -12,7 +12,10 @@
  * A sum of n floats over T ranks: the floats are cut into T slices (rank s owns slice s). Rank s,
  * on its side stream, pulls slice s of every other rank's partial into its receive buffer, adds
  * the T slices in rank order (((p0 + p1) + p2) + ...) into slice s of its own partial, then
- * pushes that slice into every other rank's partial. Every float of the result is the same
+ * pushes that slice into every other rank's partial. With an acc (the prefill halves' residual
+ * x) the rank-order sum is added onto slice s of its own acc instead (acc + sum, one rounding)
+ * and that acc slice is pushed into every other rank's acc: no rank writes its partial, which
+ * the others only read, and each acc slice s is written by rank s alone. Every float of the result is the same
  * rank-order sum on every rank, whatever n or the float's position: the bits do not depend on
  * how many rows a sum carries (with T = 2 they are also the bits of NCCL's sum: a + b = b + a).
  *
@@ -55,6 +58,7 @@ typedef struct {
     cudaStream_t side;
     cudaEvent_t ready[HYLA_PSUM_SLOTS], done[HYLA_PSUM_SLOTS];
     float *buf[HYLA_PSUM_SLOTS]; /* the partial of the sum in each slot */
+    float *acc[HYLA_PSUM_SLOTS]; /* where the sum is added (NULL: into buf) */
     size_t n[HYLA_PSUM_SLOTS];
     float *recv;     /* [T - 1][cap] the pulled slices */
     size_t cap;      /* floats per pulled slice */
@@ -91,11 +95,12 @@ typedef struct {
     const float *src[PSUM_MAX_RANKS];
     float *dst;
     size_t n;
-    int T;
+    int T, acc;
 } psum_add_args;
 
-/* dst[i] = src[0][i] + src[1][i] + ... in rank order; four floats a thread where every pointer
- * is 16-byte aligned (the caller checks), the same additions either way. */
+/* dst[i] = src[0][i] + src[1][i] + ... in rank order, then with acc dst[i] + that sum (one more
+ * rounding: the residual's add); four floats a thread where every pointer is 16-byte aligned
+ * (the caller checks), the same additions either way. */
 template <int V4>
 __global__ void k_psum_add(psum_add_args a) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -107,13 +112,17 @@ __global__ void k_psum_add(psum_add_args a) {
                 float4 w = ((const float4 *)a.src[t])[i];
                 v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
             }
+            if (a.acc) {
+                const float4 d = ((const float4 *)a.dst)[i];
+                v.x = d.x + v.x, v.y = d.y + v.y, v.z = d.z + v.z, v.w = d.w + v.w;
+            }
             ((float4 *)a.dst)[i] = v;
         }
     } else {
         for (; i < a.n; i += stride) {
             float v = a.src[0][i];
             for (int t = 1; t < a.T; t++) v += a.src[t][i];
-            a.dst[i] = v;
+            a.dst[i] = a.acc ? a.dst[i] + v : v;
         }
     }
 }
@@ -313,12 +322,14 @@ extern "C" hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_
     return HYLA_OK;
 }
 
-extern "C" hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, size_t n) {
+extern "C" hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, float *acc,
+                                            size_t n) {
     psum_rank *r = &p->r[rank];
     int k = (int)(seq % HYLA_PSUM_SLOTS);
     HYLA_TRY(cu_graph_flush(r->c)); /* the partial's ops are queued before the event */
     CU_TRY(cudaEventRecord(r->ready[k], r->c->stream));
     r->buf[k] = buf;
+    r->acc[k] = acc;
     r->n[k] = n;
     return HYLA_OK;
 }
@@ -327,10 +338,14 @@ extern "C" hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigne
     psum_rank *r = &p->r[rank];
     int k = (int)(seq % HYLA_PSUM_SLOTS), T = p->T;
     size_t n = r->n[k], lo, hi;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
         if (p->r[t].n[k] != n)
             return hyla_fail(HYLA_ERR_INTERNAL, "peer sum %u: rank %d sums %zu floats, rank %d %zu", seq, rank, n, t,
                              p->r[t].n[k]);
+        if (!p->r[t].acc[k] != !r->acc[k])
+            return hyla_fail(HYLA_ERR_INTERNAL, "peer sum %u: rank %d adds onto its acc, rank %d not", seq,
+                             r->acc[k] ? rank : t, r->acc[k] ? t : rank);
+    }
     slice_of(n, T, rank, &lo, &hi);
     size_t len = hi - lo;
     if (len > r->cap) { /* grow the receive buffer: nothing of ours reads it after the side stream */
@@ -343,15 +358,19 @@ extern "C" hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigne
         r->cap = cap;
     }
     for (int t = 0; t < T; t++) CU_TRY(cudaStreamWaitEvent(r->side, p->r[t].ready[k], 0));
+    /* with acc: the slice of this rank's own partial is a term, the sum lands in its acc slice,
+     * and the pushes below carry that slice into every other rank's acc */
     psum_add_args a;
     memset(&a, 0, sizeof a);
-    a.dst = r->buf[k] + lo;
+    const int acc = r->acc[k] != NULL;
+    a.dst = (acc ? r->acc[k] : r->buf[k]) + lo;
     a.n = len;
     a.T = T;
-    int aligned = ((uintptr_t)a.dst % 16) == 0;
+    a.acc = acc;
+    int aligned = ((uintptr_t)a.dst % 16) == 0 && ((uintptr_t)(r->buf[k] + lo) % 16) == 0;
     for (int t = 0, j = 0; t < T; t++) {
         if (t == rank) {
-            a.src[t] = a.dst;
+            a.src[t] = r->buf[k] + lo;
             continue;
         }
         float *into = r->recv + (size_t)j++ * r->cap;
@@ -370,8 +389,8 @@ extern "C" hyla_status hyla_cuda_psum_issue(hyla_cuda_psum *p, int rank, unsigne
         CU_LAUNCH_CHECK("k_psum_add");
         for (int t = 0; t < T; t++)
             if (t != rank)
-                CU_TRY(cudaMemcpyPeerAsync(p->r[t].buf[k] + lo, p->r[t].device, a.dst, r->device, len * sizeof(float),
-                                           r->side));
+                CU_TRY(cudaMemcpyPeerAsync((acc ? p->r[t].acc[k] : p->r[t].buf[k]) + lo, p->r[t].device, a.dst,
+                                           r->device, len * sizeof(float), r->side));
     }
     CU_TRY(cudaEventRecord(r->done[k], r->side));
     return HYLA_OK;
