@@ -2392,6 +2392,30 @@ static void case_sse_plan(const op_case *c) {
         CHECK_MSG(!memcmp(hp + (size_t)(N - 1) * ns, Sp + (size_t)(N - 1) * ns, ns * 4),
                   "sse-%s n=%d N=%d K=%d: an unselected partition changed", gdn ? "gdn" : "gla", n, N, K);
         free(hp);
+        /* window-aligned chunks: 64-token pieces == the one call, bit for bit. The one call (few
+         * blocks, many chunks) runs the split form, through the row map (GLA: v rows copied to
+         * kernel B's U0), and a piece's few chunks the fused pass, so this holds the split form
+         * to the fused pass's bits. */
+        if (win && N <= 64) {
+            void *a0 = dev(gpu, S0, ns * 4), *ap = dev(gpu, Sp, ns * N * 4), *ao = dev(gpu, NULL, nv * 4);
+            for (int t0 = 0; t0 < n; t0 += 64) {
+                const int m = n - t0 < 64 ? n - t0 : 64;
+                const size_t qo = (size_t)t0 * H * dk, vo = (size_t)t0 * H * dv, go = gdn ? (size_t)t0 * H : qo,
+                             bo = (size_t)t0 * H;
+                CHECK_OK(gpu->ops->sse_prefill(
+                    gpu->ctx, tr, (float *)pq1.g + qo, (float *)pk1.g + qo, (float *)pq2.g + qo, (float *)pk2.g + qo,
+                    (float *)pv.g + vo, (float *)pga.g + go, (float *)pgb.g + go, gdn ? (float *)pba.g + bo : NULL,
+                    gdn ? (float *)pbb.g + bo : NULL, (int32_t *)pi.g + (size_t)t0 * K, (float *)pw.g + (size_t)t0 * K,
+                    m, H, dk, dv, N, K, scale, a0, ap, (float *)ao + vo));
+            }
+            CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
+                          same_bits(gpu, ao, po.g, nv * 4),
+                      "sse-%s n=%d N=%d K=%d: 64-token pieces (fused pass) == one call (split form), bits",
+                      gdn ? "gdn" : "gla", n, N, K);
+            dfree(gpu, a0);
+            dfree(gpu, ap);
+            dfree(gpu, ao);
+        }
         pair ps[] = {pq1, pk1, pq2, pk2, pv, pga, pgb, pba, pbb, pi, pw, pS0, pSp, po};
         for (size_t x = 0; x < sizeof ps / sizeof ps[0]; x++) pair_free(ps[x]);
         float *hb[] = {q1, k1, q2, k2, v, ga, gb, ba, bb, S0, Sp, w};

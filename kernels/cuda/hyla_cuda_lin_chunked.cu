@@ -423,7 +423,7 @@ __device__ __forceinline__ void chunkb_usrc(float (&usrc)[NV][4], const ChunkArg
             int t = 16 * w + g + (e >> 1) * 8, j = j0 + n * 8 + 2 * tq + (e & 1);
             float u = 0.0f;
             if (j < dv) {
-                if (GDN)
+                if (GDN || a.gla_u0)
                     u = a.u0[(ch * CH + t) * dv + j];
                 else if (t < len)
                     u = a.v[((size_t)(tok0 + t) * H + h) * dv + j];
@@ -783,7 +783,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
                 tma_g2s_2d(KtT, &bm.kt, 0, (int)(ch * DKP), m);
                 tma_g2s_2d(Aq, &bm.aq, 0, row, m);
                 bulk_g2s(decs, a.dec + ch * DKP, DKP * 4, m);
-                if (GDN)
+                if (GDN || a.gla_u0)
                     tma_g2s_2d(Us, &bm.u, j0, row, m);
                 else
                     tma_g2s_3d(Us, &bm.u, j0, h, a.ck_tok0[c], m);
@@ -946,7 +946,7 @@ __global__ void __launch_bounds__(256, 1) k_chunk_b_ws(ChunkArgs a, const __grid
                 }
                 tma_g2s_2d(KtT, &bm.kt, 0, (int)(ch * DKP), &sfull[b]);
                 bulk_g2s(decs, a.dec + ch * DKP, DKP * 4, &sfull[b]);
-                if (GDN)
+                if (GDN || a.gla_u0)
                     tma_g2s_2d(Us, &bm.u, j0, row, &sfull[b]);
                 else
                     tma_g2s_3d(Us, &bm.u, j0, h, a.ck_tok0[c], &sfull[b]);
@@ -1384,28 +1384,63 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
     /* a run of split_cpb consecutive chunks: the next one's rows stream in while this one's
      * tiles are copied out */
     const int c0 = blockIdx.x * a.split_cpb, nc = min(a.split_cpb, a.split_nc - c0);
-    /* q, k, g rows of chunk c in the fg_sw layout; rows past the chunk and columns past dk zero */
+    /* q, k, g rows of chunk c in the fg_sw layout; rows past the chunk and columns past dk zero.
+     * Through a row map (SSE) a sparse row reads q2, k2, g2 of its token and wr holds its weight,
+     * as the fused pass stages them (wr: 1 for the chunk's dense rows, 0 past it). */
     auto stage = [&](int c) {
         const int tok0 = a.ck_tok0[c], len = a.ck_len[c];
-        if (tid < CH) wr[tid] = tid < len ? 1.0f : 0.0f;
+        if (tid < CH) {
+            int sp = 0;
+            float wt = 0.0f;
+            if (tid < len) (void)chunk_row(a, tok0 + tid, sp, wt);
+            wr[tid] = wt;
+        }
         if (a.fvec) {
             for (int x = tid; x < CH * DKP / 4; x += FG_T) {
                 const int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
                 const bool ok = t < len && i < dk;
-                const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
-                cp_async16(Qst + d, ok ? a.q + off : a.q, ok ? 16 : 0);
-                cp_async16(Kst + d, ok ? a.k + off : a.k, ok ? 16 : 0);
-                cp_async16(Gst + d, ok ? a.ga + off : a.ga, ok ? 16 : 0);
+                int sp = 0;
+                float wt;
+                const size_t off = ((ok ? chunk_row(a, tok0 + t, sp, wt) : 0) * H + h) * dk + i;
+                cp_async16(Qst + d, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
+                cp_async16(Kst + d, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
+                cp_async16(Gst + d, ok ? (sp ? a.g2 : a.ga) + off : a.ga, ok ? 16 : 0);
             }
             cp_async_commit();
         } else {
             for (int x = tid; x < CH * DKP; x += FG_T) {
                 const int t = x / DKP, i = x % DKP, d = fg_sw<DKP>(t, i);
                 const bool ok = t < len && i < dk;
-                const size_t off = ((size_t)(tok0 + t) * H + h) * dk + i;
-                Qst[d] = ok ? a.q[off] : 0.0f;
-                Kst[d] = ok ? a.k[off] : 0.0f;
-                Gst[d] = ok ? a.ga[off] : 0.0f;
+                int sp = 0;
+                float wt;
+                const size_t off = ((ok ? chunk_row(a, tok0 + t, sp, wt) : 0) * H + h) * dk + i;
+                Qst[d] = ok ? (sp ? a.q2 : a.q)[off] : 0.0f;
+                Kst[d] = ok ? (sp ? a.k2 : a.k)[off] : 0.0f;
+                Gst[d] = ok ? (sp ? a.g2 : a.ga)[off] : 0.0f;
+            }
+        }
+    };
+    /* gla_u0: chunk c's v rows (its tokens' rows through the map) to U0 [64][dv], zero past it */
+    auto put_u0 = [&](int c, size_t ch) {
+        const int tok0 = a.ck_tok0[c], len = a.ck_len[c], dv = a.dv;
+        float *u = a.u0 + ch * CH * dv;
+        if (a.fvec && (((uintptr_t)a.u0) & 15) == 0) {
+            for (int x = tid; x < CH * dv / 4; x += FG_T) {
+                const int t = x / (dv / 4), j = (x % (dv / 4)) * 4;
+                float4 v4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (t < len) {
+                    int sp;
+                    float wt;
+                    v4 = *(const float4 *)(a.v + (chunk_row(a, tok0 + t, sp, wt) * H + h) * dv + j);
+                }
+                *(float4 *)(u + (size_t)t * dv + j) = v4;
+            }
+        } else {
+            for (int x = tid; x < CH * dv; x += FG_T) {
+                const int t = x / dv, j = x % dv;
+                int sp;
+                float wt;
+                u[x] = t < len ? a.v[(chunk_row(a, tok0 + t, sp, wt) * H + h) * dv + j] : 0.0f;
             }
         }
     };
@@ -1450,6 +1485,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
             *(uint4 *)(ao + r * CH + t) = *(const uint4 *)(Aq + r * 72 + t);
         }
         for (int i = tid; i < DKP; i += FG_T) a.dec[ch * DKP + i] = dec[i];
+        if (a.gla_u0) put_u0(c, ch);
         GPROF(4);
     }
 #ifdef HYLA_FUSED_PROFILE
@@ -1464,6 +1500,13 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
 
 /* ================================================================ host side */
 
+/* GLA's split form forms its chunk tiles with k_gla_chunk_f (dk <= 128, on unless
+ * HYLA_CUDA_GLA_TILES=0, its shared memory within the device's opt-in); else kernel A. */
+static bool gla_tiles_ok(const hyla_cuda_ctx *c, int dkp) {
+    if (!c->gla_tiles || dkp > 128) return false;
+    return dkp_dispatch<128>(dkp, [&](auto D) { return GlaTilesSmem<decltype(D)::value>::TOTAL <= (size_t)c->smem_optin; });
+}
+
 static size_t smem_a_gdn(int dkp, int dvp) {
     return (size_t)2 * CH * (dkp + 8) * 2 + (size_t)CH * (dvp + 8) * 2 + (size_t)CH * 72 * 2 + (size_t)2 * CH * 65 * 4 +
            (size_t)2 * CH * 4 + (size_t)16 * 49 * 4;
@@ -1477,7 +1520,7 @@ static int chunkb_maps(ChunkBMaps *m, const ChunkArgs &ca, int gdn) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = cu_tensor_map_encoder();
     const long long nch = (long long)ca.split_nc * ca.H; /* (chunk, head) tiles in the scratch */
     if (!enc || nch <= 0 || nch * 128 > 0x7fffffffLL) return 0;
-    if (!gdn && (ca.nrows <= 0 || ca.nrows > 0x7fffffffLL)) return 0;
+    if (!gdn && !ca.gla_u0 && (ca.nrows <= 0 || ca.nrows > 0x7fffffffLL)) return 0;
     const cuuint32_t es[3] = {1, 1, 1};
     auto map2 = [&](CUtensorMap *dst, CUtensorMapDataType ty, const void *base, cuuint64_t cols, cuuint64_t rows,
                     cuuint32_t esz, cuuint32_t bx, cuuint32_t by) {
@@ -1492,6 +1535,7 @@ static int chunkb_maps(ChunkBMaps *m, const ChunkArgs &ca, int gdn) {
         !map2(&m->aq, BF, ca.aqk, CH, rows, 2, 64, CH))
         return 0;
     if (gdn) return map2(&m->wt, BF, ca.wt, 128, rows, 2, 64, CH) && map2(&m->u, F32, ca.u0, ca.dv, rows, 4, 32, CH);
+    if (ca.gla_u0) return map2(&m->u, F32, ca.u0, ca.dv, rows, 4, 32, CH);
     const cuuint64_t dim[3] = {(cuuint64_t)ca.dv, (cuuint64_t)ca.H, (cuuint64_t)ca.nrows};
     const cuuint64_t str[2] = {(cuuint64_t)ca.dv * 4, (cuuint64_t)ca.dv * 4 * ca.H};
     const cuuint32_t box[3] = {32, 1, CH};
@@ -1513,7 +1557,7 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
 #ifdef HYLA_CUDA_SM90A
     if (DKP == 128 && c->chunk_b_wg) {
         const dim3 grid(cu_blocks(ca.dv, 32), ca.H, nseq);
-        const int tm = ca.dv % 4 == 0 && (GDN || ((uintptr_t)ca.v % 16 == 0));
+        const int tm = ca.dv % 4 == 0 && (GDN || ca.gla_u0 || ((uintptr_t)ca.v % 16 == 0));
         ChunkBMaps bm;
         memset(&bm, 0, sizeof bm);
         if (tm && smem_b_wg(1) <= c->smem_optin && chunkb_maps(&bm, ca, GDN)) {
@@ -1582,9 +1626,7 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
     if (gdn)
         HYLA_TRY(cu_launch_dyn(c, k_gdn_chunk_a<DKP>, ga, 128, smem_a_gdn(DKP, dvp), ca, dvp));
     else {
-        bool tiles = false; /* GLA, dk <= 128: the 16-warp chunk kernel (HYLA_CUDA_GLA_TILES=0: kernel A) */
-        if constexpr (DKP <= 128) tiles = c->gla_tiles && GlaTilesSmem<DKP>::TOTAL <= (size_t)c->smem_optin;
-        if (tiles) {
+        if (gla_tiles_ok(c, DKP)) { /* GLA, dk <= 128: the 16-warp chunk kernel (HYLA_CUDA_GLA_TILES=0: kernel A) */
             ChunkArgs cf = ca;
             const unsigned gx = cu_split_runs(c, cf, NC, (size_t)NC * ca.H);
             if constexpr (DKP <= 128)
@@ -1677,14 +1719,19 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
      * quarter of the SMs; since kernel B's outputs have a warpgroup of their own and the chunk
      * part's rows come by the copy engine, the split form leads at 36 blocks (120.1-120.4 against
      * 119.0-119.2 k tok/s at 32k, 119.4-119.9 against 119.1 at 128k), so a third. GLA: the fused
-     * pass, or kernels A and B in the split case (the same bits again); with a row map always
-     * the fused pass (kernel B reads v by packed row). */
+     * pass, or kernels A and B in the split case (the same bits again). GLA with a row map
+     * (SSE) splits through k_gla_chunk_f only, which copies the chunks' v rows to u0 for
+     * kernel B (gla_u0): a tensor-parallel rank's 9 heads of the 1.3B SSE-H model (1 + 4
+     * sequences, 45 blocks) prefilled 128k tokens at 112.5 k tok/s split against 98.1 k fused
+     * (32k: 137.7 k against 116.1 k) on two H100s; with all 18 heads (90 blocks) the two forms
+     * were level (72.1 k against 72.6 k): the windows leave a partition's chunks a quarter full,
+     * and the split form's cost goes by chunks, not rows. */
     const int fused = cu_lin_fused_ok(c, gdn, dk);
     int split = 0;
     if (fused) {
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
         split = NC > 4 * nseq && blocks < (size_t)c->sm_count / (gdn ? 3 : 2);
-        if (!gdn && rm) split = 0;
+        if (!gdn && rm && !gla_tiles_ok(c, dkp)) split = 0;
         if (!split && !gdn)
             return dkp_dispatch<128>(dkp, [&](auto D) { return launch_gla_fused<decltype(D)::value>(c, ca, nseq); });
         if (!split) return cu_gdn_fused_launch(c, ca, NC, nseq, 0);
@@ -1692,7 +1739,8 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
     if (rm && !fused) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear attention: a row map needs a fused kernel");
     /* scratch: per (chunk, head) tiles */
     size_t nch = (size_t)NC * H;
-    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn ? nch * CH * dv * 4 : 0;
+    ca.gla_u0 = !gdn && rm;
+    size_t sz_qt = nch * CH * dkp * 2, sz_aqk = nch * CH * CH * 2, sz_u0 = gdn || ca.gla_u0 ? nch * CH * dv * 4 : 0;
     size_t sz_w = gdn ? sz_qt : 0, sz_dec = nch * dkp * 4;
 #define AL(x) (((x) + 255) & ~(size_t)255)
     size_t total = AL(sz_qt) * 2 + AL(sz_w) + AL(sz_aqk) + AL(sz_u0) + AL(sz_dec);

@@ -42,6 +42,10 @@ struct ChunkArgs {
     int rdense, rK;
     const float *rw, *q2, *k2, *g2, *b2;
     long long nrows; /* rows of q, k, v (0: not known) */
+    /* GLA's split form with a row map: k_gla_chunk_f copies each chunk's v rows (zero past the
+     * chunk) to u0 as GDN's chunk part writes U0, and kernel B reads its U source there, since
+     * a partition's packed rows are no run of v's rows the copy engine could fetch */
+    int gla_u0;
     /* the split form: chunks per block of the chunk parts (k_gdn_fused MODE 1, k_gla_chunk_f),
      * chunks in all (the scratch holds split_nc * H (chunk, head) tiles) */
     int split_cpb, split_nc;
