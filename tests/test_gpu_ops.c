@@ -2343,11 +2343,15 @@ static void case_sample(const op_case *c) {
  * untouched. p = {transition}. */
 static void case_sse_plan(const op_case *c) {
     const int tr = c->p[0], gdn = tr == HYLA_SSE_GDN;
+    /* the last shape: 8 heads of 128, so that GLA's kernel B grid (4 x 8 x 5 blocks) exceeds the
+     * SMs and takes its compact stage (two blocks an SM) */
     struct {
-        int n, N, K, win;
-    } shapes[] = {{1500, 4, 1, 1}, {1500, 4, 1, 0}, {1500, 4, 2, 1}, {1500, 4, 2, 0}, {300, 72, 2, 1}};
+        int n, N, K, win, H, dk, dv;
+    } shapes[] = {{1500, 4, 1, 1, 2, 64, 64}, {1500, 4, 1, 0, 2, 64, 64}, {1500, 4, 2, 1, 2, 64, 64},
+                  {1500, 4, 2, 0, 2, 64, 64},  {300, 72, 2, 1, 2, 64, 64},  {1500, 4, 1, 1, 8, 128, 128}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int n = shapes[si].n, N = shapes[si].N, K = shapes[si].K, win = shapes[si].win, H = 2, dk = 64, dv = 64;
+        const int n = shapes[si].n, N = shapes[si].N, K = shapes[si].K, win = shapes[si].win, H = shapes[si].H,
+                  dk = shapes[si].dk, dv = shapes[si].dv;
         float scale = 1.0f / sqrtf((float)dk);
         size_t nqk = (size_t)n * H * dk, nv = (size_t)n * H * dv, ns = (size_t)H * dk * dv;
         int32_t *idx = malloc((size_t)n * K * 4);
@@ -2382,11 +2386,11 @@ static void case_sse_plan(const op_case *c) {
                                             pS0.g, pSp.g, po.g)));
         CHECK_OK(hyla_cuda_set_sse_windows(gpu, 1));
         char name[96];
-        snprintf(name, sizeof name, "sse-%s n=%d N=%d K=%d %s: o", gdn ? "gdn" : "gla", n, N, K, win ? "windows" : "plain");
+        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s: o", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain");
         cmp_pair(name, po, CHUNK_TOL);
-        snprintf(name, sizeof name, "sse-%s n=%d N=%d K=%d %s: S0", gdn ? "gdn" : "gla", n, N, K, win ? "windows" : "plain");
+        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s: S0", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain");
         cmp_pair(name, pS0, CHUNK_TOL);
-        snprintf(name, sizeof name, "sse-%s n=%d N=%d K=%d %s: Sp", gdn ? "gdn" : "gla", n, N, K, win ? "windows" : "plain");
+        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s: Sp", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain");
         cmp_pair(name, pSp, CHUNK_TOL);
         float *hp = host_of(gpu, pSp.g, ns * N);
         CHECK_MSG(!memcmp(hp + (size_t)(N - 1) * ns, Sp + (size_t)(N - 1) * ns, ns * 4),
@@ -2410,8 +2414,8 @@ static void case_sse_plan(const op_case *c) {
             }
             CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
                           same_bits(gpu, ao, po.g, nv * 4),
-                      "sse-%s n=%d N=%d K=%d: 64-token pieces (fused pass) == one call (split form), bits",
-                      gdn ? "gdn" : "gla", n, N, K);
+                      "sse-%s n=%d H=%d N=%d K=%d: 64-token pieces (fused pass) == one call (split form), bits",
+                      gdn ? "gdn" : "gla", n, H, N, K);
             dfree(gpu, a0);
             dfree(gpu, ap);
             dfree(gpu, ao);

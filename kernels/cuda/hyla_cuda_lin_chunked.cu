@@ -606,11 +606,17 @@ __global__ void __launch_bounds__(128) k_chunk_b(ChunkArgs a) {
  * (HYLA_CUDA_CHUNK_B_WG=0: off); test_gpu_ops' "chunked switches" holds it to k_chunk_b's bits.
  * On an H100: one sequence of 8192 tokens, 16 heads, 0.632 -> 0.554 ms; a tensor-parallel rank's
  * GDN prefill at 128k (the split form) 167 k -> 173 k tok/s (BENCHMARKS.md). */
-#define BW_STAGE (CH * 128 * 2 + 128 * CH + CH * CH) /* bf16 elements: q~, W, k~^T, Aqk */
-#define BW_STAGE_BYTES (BW_STAGE * 2 + 1024)         /* + the decays (512 bytes), padded to 1024 */
+/* A stage: q~, W, k~^T, Aqk (bf16 elements), then the decays (512 bytes) padded to 1024.
+ * CMP (GLA, whose W is unused): the stage without W, so that two blocks fit an SM (111 KB each
+ * with the U source), for grids of more blocks than SMs: an SSE call's 1 + N sequences. With
+ * one block an SM GLA keeps the full stage: the compact one measured 4-6 % slower on one
+ * sequence (72 blocks), for reasons not found. */
+#define BW_STAGE_W(w) (CH * 128 * ((w) ? 2 : 1) + 128 * CH + CH * CH)
+#define BW_STAGE_BYTES_W(w) (BW_STAGE_W(w) * 2 + 1024)
 #define BW_U_BYTES (CH * 32 * 4)                    /* TM: the U source [64 t][32] fp32, 128-byte swizzle */
-static inline size_t smem_b_wg(int tm) {
-    return (size_t)2 * (BW_STAGE_BYTES + (tm ? BW_U_BYTES : 0)) + (size_t)(32 * 128 + 32 * CH) * 2 + 1024 + (tm ? 64 : 0);
+static inline size_t smem_b_wg(int tm, int cmp) {
+    return (size_t)2 * (BW_STAGE_BYTES_W(!cmp) + (tm ? BW_U_BYTES : 0)) + (size_t)(32 * 128 + 32 * CH) * 2 + 1024 +
+           (tm ? 64 : 0);
 }
 
 /* TM: the copy engine's tensor maps over the scratch (q~, W: boxes of 64 x 64, two a tile; k~^T
@@ -736,11 +742,12 @@ __device__ __forceinline__ void chunkb_s_products(float (&sacc)[MTW][4][4], cons
             wg_mma32(sacc[mi], wg_desc(KtT + mi * 64 * 64 + kc * 16), wg_desc(UT + kc * 16), 1);
 }
 
-template <int GDN, int ST, int TM>
+template <int GDN, int ST, int TM, int CMP>
 __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_constant__ ChunkBMaps bm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int DKP = 128, MT = DKP / 16, MTW = 2;
-    constexpr size_t SB = BW_STAGE_BYTES + (TM ? BW_U_BYTES : 0);
+    static_assert(!(GDN && CMP), "GDN reads W");
+    constexpr size_t SBY = BW_STAGE_BYTES_W(!CMP), SB = SBY + (TM ? BW_U_BYTES : 0);
     extern __shared__ __align__(1024) unsigned char bw_raw[];
     unsigned char *base = wg_align1024(bw_raw);
     __nv_bfloat16 *SbT = (__nv_bfloat16 *)(base + ST * SB); /* [32 j][128 i], swizzled */
@@ -755,8 +762,8 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
     auto tiles = [&](int buf, __nv_bfloat16 *&Qt, __nv_bfloat16 *&Wt, __nv_bfloat16 *&KtT, __nv_bfloat16 *&Aq,
                      float *&decs) {
         Qt = (__nv_bfloat16 *)(base + buf * SB); /* [64 t][128 k] */
-        Wt = Qt + CH * 128;                                    /* [64 t][128 k] */
-        KtT = Wt + CH * 128;                                   /* [128 k][64 t] */
+        Wt = Qt + CH * 128;                                    /* [64 t][128 k] (GDN) */
+        KtT = Wt + (CMP ? 0 : CH * 128);                       /* [128 k][64 t] */
         Aq = KtT + 128 * CH;                                   /* [64 t][64 t'] */
         decs = (float *)(Aq + CH * CH);
     };
@@ -770,7 +777,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
         if (TM) { /* one thread hands the chunk's tiles to the copy engine */
             if (tid == 0) {
                 uint64_t *m = &fullb[buf];
-                float *Us = (float *)(base + buf * SB + BW_STAGE_BYTES);
+                float *Us = (float *)(base + buf * SB + SBY);
                 const int row = (int)(ch * CH);
                 mbar_expect_tx(m, (unsigned)((GDN ? 2 : 1) * CH * DKP * 2 + DKP * CH * 2 + CH * CH * 2 + DKP * 4 +
                                              BW_U_BYTES));
@@ -847,7 +854,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
         fence_proxy_async_smem(); /* this thread's stores and cp.async writes, to wgmma's proxy */
         __syncthreads();
         BPROF(1);
-        if (TM) chunkb_usrc_tm<GDN>(usrc, (const float *)((const unsigned char *)Qt + BW_STAGE_BYTES), len, w, g, tq);
+        if (TM) chunkb_usrc_tm<GDN>(usrc, (const float *)((const unsigned char *)Qt + SBY), len, w, g, tq);
         /* U = U0 - W S for token rows 16w.. (GLA: U = V) */
         float uacc[4][4];
         chunkb_ws<GDN, DKP>(uacc, Wt, SbT);
@@ -880,7 +887,7 @@ __global__ void __launch_bounds__(128) k_chunk_b_wg(ChunkArgs a, const __grid_co
 #ifdef HYLA_FUSED_PROFILE
     if (bprof0 && nc > 8 && atomicAdd(&g_bprof_once[GDN], 1) == 0) {
         const double n = nc - 8;
-        printf("kernel B profile (k_chunk_b_wg<%d, %d, %d>, cycles per chunk, mean of %d chunks): ring wait %.0f, "
+        printf("kernel B profile (k_chunk_b_wg<%d, %d, %d, CMP>, cycles per chunk, mean of %d chunks): ring wait %.0f, "
                "S^T + barrier %.0f, W S %.0f, U^T + barrier %.0f, O and S products %.0f, o stores + barrier %.0f, "
                "total %.0f\n",
                GDN, ST, TM, nc - 8, bp[0] / n, bp[1] / n, bp[2] / n, bp[3] / n, bp[4] / n, bp[5] / n,
@@ -1068,13 +1075,15 @@ __device__ __forceinline__ int fg_sw(int t, int i) {
 
 /* The cumulative log decay of key column i of a GLA chunk, in place in its fp32 staging (kernel
  * A's order of sums), and the chunk decay e^(b_C). */
-template <int DKP>
-__device__ __forceinline__ void gla_cumdecay(float *Gst, float *dec, int i) {
+template <int DKP, bool SKIP>
+__device__ __forceinline__ void gla_cumdecay(float *Gst, float *dec, int i, int len) {
     float run = 0.0f;
+    /* SKIP: rows past the chunk's len were staged zero, and run + 0 == run (run is never -0: it
+     * starts at +0), so they take run unread */
 #pragma unroll 8
     for (int t = 0; t < CH; t++) {
         const int d = fg_sw<DKP>(t, i);
-        run += Gst[d];
+        if (!SKIP || t < len) run += Gst[d];
         Gst[d] = run;
     }
     dec[i] = expf(run);
@@ -1086,14 +1095,23 @@ __device__ __forceinline__ void gla_cumdecay(float *Gst, float *dec, int i) {
  * whose span exceeds GLA_SPAN_MAX), and q~, k~^T and Aqk's zero blocks by warps 10-15. Shared by
  * the fused pass (k_gla_fused) and the split form's chunk kernel (k_gla_chunk_f), so both give
  * kernel A's values. Qt [64][DKP + 8], KtT [DKP][72], Aq [64][72]. */
-template <int DKP>
+template <int DKP, bool SKIP>
 __device__ __forceinline__ void gla_tiles(const float *Qst, const float *Kst, const float *Gst, const float *wr,
                                           __nv_bfloat16 *Qt, __nv_bfloat16 *KtT, __nv_bfloat16 *Aq, const ChunkArgs &a,
-                                          int dk, int tid, int lane, int w, int g, int tq) {
+                                          int dk, int len, int tid, int lane, int w, int g, int tq) {
     constexpr int LDK = DKP + 8;
+    /* SKIP (the chunk kernel through a row map): rows at and past len were staged zero with
+     * weight 0, so every value formed from them is +0 (a product of +0 and a finite factor,
+     * summed from +0): they are stored as zeros without the arithmetic, the same bits, which
+     * spares much of the work of an SSE partition's chunks (a quarter full at N = 4, K = 1).
+     * Full chunks gain nothing from the tests, so plain GLA leaves them out. */
     if (w < 10) {
         const int wt = w < 1 ? 0 : (w < 3 ? 1 : (w < 6 ? 2 : 3)), rb = w - wt * (wt + 1) / 2, ref = 16 * wt;
         const bool diag = rb == wt;
+        if (SKIP && ref >= len) { /* query rows ref.. all past the chunk: a zero block */
+            for (int x = lane; x < 256; x += 32) Aq[(ref + x / 16) * 72 + rb * 16 + x % 16] = __float2bfloat16_rn(0.0f);
+            return;
+        }
         bool exact = false;
         if (diag) {
             float span = 0.0f;
@@ -1159,6 +1177,10 @@ __device__ __forceinline__ void gla_tiles(const float *Qst, const float *Kst, co
         const int ht = tid - 320, HT = FG_T - 320;
         for (int x = ht; x < CH * DKP / 4; x += HT) { /* q~ = scale e^b q */
             int t = x / (DKP / 4), i = (x % (DKP / 4)) * 4, d = fg_sw<DKP>(t, i);
+            if (SKIP && t >= len) {
+                *(uint2 *)(Qt + t * LDK + i) = make_uint2(0u, 0u);
+                continue;
+            }
             float4 qv = *(const float4 *)(Qst + d), bt = *(const float4 *)(Gst + d);
             const float wq_ = wr[t];
             qv.x *= wq_;
@@ -1171,6 +1193,10 @@ __device__ __forceinline__ void gla_tiles(const float *Qst, const float *Kst, co
         }
         for (int x = ht; x < (CH / 2) * DKP; x += HT) { /* k~^T = (e^(bC - b) k)^T, rows t, t + 1 */
             int t = 2 * (x / DKP), i = x % DKP;
+            if (SKIP && t >= len) {
+                *(uint32_t *)(KtT + i * 72 + t) = 0u;
+                continue;
+            }
             const float bC = Gst[fg_sw<DKP>(CH - 1, i)];
             const int d0 = fg_sw<DKP>(t, i), d1 = fg_sw<DKP>(t + 1, i);
             float k0 = (Kst[d0] * wr[t]) * expf(bC - Gst[d0]), k1 = (Kst[d1] * wr[t + 1]) * expf(bC - Gst[d1]);
@@ -1300,7 +1326,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
             state_to_sbt<MT>(sacc, SbT, LDK, wq, g, tq);
         }
         if (tid < DKP) { /* cumulative log decay of column i, in place (kernel A's order) */
-            gla_cumdecay<DKP>(Gst, dec, tid);
+            gla_cumdecay<DKP, false>(Gst, dec, tid, len);
         } else {
             const int ht = tid - DKP, HT = FG_T - DKP;
             for (int x = ht; x < (CH / 2) * 128; x += HT) { /* V^T, rows t, t + 1 of column j */
@@ -1312,7 +1338,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_fused(ChunkArgs a) {
         __syncthreads();
         if (cc + 1 < nc) stage_v(bs ^ 1); /* (b') */
         /* (c) Aqk (warps 0-9) || q~, k~^T, zero blocks (warps 10-15) */
-        gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
+        gla_tiles<DKP, false>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, len, tid, lane, w, g, tq);
         __syncthreads();
         if (cc + 1 < nc) stage_qkg(bs ^ 1); /* (c') the staging area is free: the next chunk streams in now */
         /* (d) this group's 32 value columns: O = q~ S + Aqk V, S = e^(bC) S + k~^T V */
@@ -1368,7 +1394,7 @@ struct GlaTilesSmem {
 #ifdef HYLA_FUSED_PROFILE
 __device__ int g_gprof_once;
 #endif
-template <int DKP>
+template <int DKP, int RM> /* RM: through an SSE row map (then gla_u0) */
 __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
     typedef GlaTilesSmem<DKP> L;
     constexpr int LDK = DKP + 8;
@@ -1381,6 +1407,12 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
     float *wr = dec + DKP;                                          /* [64] 1 for the chunk's rows, 0 past it */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int h = blockIdx.y, H = a.H, dk = a.dk;
+    auto row_of = [&](int r, int &sp, float &wt) -> size_t {
+        if (RM) return chunk_row(a, r, sp, wt);
+        sp = 0;
+        wt = 1.0f;
+        return (size_t)r;
+    };
     /* a run of split_cpb consecutive chunks: the next one's rows stream in while this one's
      * tiles are copied out */
     const int c0 = blockIdx.x * a.split_cpb, nc = min(a.split_cpb, a.split_nc - c0);
@@ -1392,7 +1424,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
         if (tid < CH) {
             int sp = 0;
             float wt = 0.0f;
-            if (tid < len) (void)chunk_row(a, tok0 + tid, sp, wt);
+            if (tid < len) (void)row_of(tok0 + tid, sp, wt);
             wr[tid] = wt;
         }
         if (a.fvec) {
@@ -1401,7 +1433,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
                 const bool ok = t < len && i < dk;
                 int sp = 0;
                 float wt;
-                const size_t off = ((ok ? chunk_row(a, tok0 + t, sp, wt) : 0) * H + h) * dk + i;
+                const size_t off = ((ok ? row_of(tok0 + t, sp, wt) : 0) * H + h) * dk + i;
                 cp_async16(Qst + d, ok ? (sp ? a.q2 : a.q) + off : a.q, ok ? 16 : 0);
                 cp_async16(Kst + d, ok ? (sp ? a.k2 : a.k) + off : a.k, ok ? 16 : 0);
                 cp_async16(Gst + d, ok ? (sp ? a.g2 : a.ga) + off : a.ga, ok ? 16 : 0);
@@ -1413,7 +1445,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
                 const bool ok = t < len && i < dk;
                 int sp = 0;
                 float wt;
-                const size_t off = ((ok ? chunk_row(a, tok0 + t, sp, wt) : 0) * H + h) * dk + i;
+                const size_t off = ((ok ? row_of(tok0 + t, sp, wt) : 0) * H + h) * dk + i;
                 Qst[d] = ok ? (sp ? a.q2 : a.q)[off] : 0.0f;
                 Kst[d] = ok ? (sp ? a.k2 : a.k)[off] : 0.0f;
                 Gst[d] = ok ? (sp ? a.g2 : a.ga)[off] : 0.0f;
@@ -1431,7 +1463,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
                 if (t < len) {
                     int sp;
                     float wt;
-                    v4 = *(const float4 *)(a.v + (chunk_row(a, tok0 + t, sp, wt) * H + h) * dv + j);
+                    v4 = *(const float4 *)(a.v + (row_of(tok0 + t, sp, wt) * H + h) * dv + j);
                 }
                 *(float4 *)(u + (size_t)t * dv + j) = v4;
             }
@@ -1440,7 +1472,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
                 const int t = x / dv, j = x % dv;
                 int sp;
                 float wt;
-                u[x] = t < len ? a.v[(chunk_row(a, tok0 + t, sp, wt) * H + h) * dv + j] : 0.0f;
+                u[x] = t < len ? a.v[(row_of(tok0 + t, sp, wt) * H + h) * dv + j] : 0.0f;
             }
         }
     };
@@ -1463,10 +1495,11 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
         if (a.fvec) cp_async_wait<0>();
         __syncthreads(); /* the rows landed; the previous chunk's tiles are copied out */
         GPROF(0);
-        if (tid < DKP) gla_cumdecay<DKP>(Gst, dec, tid);
+        const int len = a.ck_len[c];
+        if (tid < DKP) gla_cumdecay<DKP, RM != 0>(Gst, dec, tid, len);
         __syncthreads();
         GPROF(1);
-        gla_tiles<DKP>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, tid, lane, w, g, tq);
+        gla_tiles<DKP, RM != 0>(Qst, Kst, Gst, wr, Qt, KtT, Aq, a, dk, len, tid, lane, w, g, tq);
         __syncthreads(); /* the tiles are formed and the staging (and wr) is free */
         GPROF(2);
         if (cc + 1 < nc) stage(c + 1);
@@ -1485,7 +1518,7 @@ __global__ void __launch_bounds__(FG_T, 1) k_gla_chunk_f(ChunkArgs a) {
             *(uint4 *)(ao + r * CH + t) = *(const uint4 *)(Aq + r * 72 + t);
         }
         for (int i = tid; i < DKP; i += FG_T) a.dec[ch * DKP + i] = dec[i];
-        if (a.gla_u0) put_u0(c, ch);
+        if (RM) put_u0(c, ch);
         GPROF(4);
     }
 #ifdef HYLA_FUSED_PROFILE
@@ -1560,14 +1593,20 @@ static hyla_status launch_b(hyla_cuda_ctx *c, const ChunkArgs &ca, int nseq) {
         const int tm = ca.dv % 4 == 0 && (GDN || ca.gla_u0 || ((uintptr_t)ca.v % 16 == 0));
         ChunkBMaps bm;
         memset(&bm, 0, sizeof bm);
-        if (tm && smem_b_wg(1) <= c->smem_optin && chunkb_maps(&bm, ca, GDN)) {
-            if constexpr (GDN != 0)
+        if (tm && smem_b_wg(1, 0) <= c->smem_optin && chunkb_maps(&bm, ca, GDN)) {
+            if constexpr (GDN != 0) {
                 if (smem_b_ws(GDN) <= c->smem_optin)
                     return cu_launch_dyn(c, k_chunk_b_ws<GDN>, grid, 256, smem_b_ws(GDN), ca, bm);
-            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1>, grid, 128, smem_b_wg(1), ca, bm);
+            } else if ((long long)grid.x * grid.y * grid.z > c->sm_count) {
+                /* two blocks an SM want the whole carveout as shared memory (a hint) */
+                (void)cudaFuncSetAttribute(k_chunk_b_wg<0, 2, 1, 1>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           (int)cudaSharedmemCarveoutMaxShared);
+                return cu_launch_dyn(c, k_chunk_b_wg<0, 2, 1, 1>, grid, 128, smem_b_wg(1, 1), ca, bm);
+            }
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 1, 0>, grid, 128, smem_b_wg(1, 0), ca, bm);
         }
-        if (smem_b_wg(0) <= c->smem_optin)
-            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0>, grid, 128, smem_b_wg(0), ca, bm);
+        if (smem_b_wg(0, 0) <= c->smem_optin)
+            return cu_launch_dyn(c, k_chunk_b_wg<GDN, 2, 0, 0>, grid, 128, smem_b_wg(0, 0), ca, bm);
     }
 #endif
     return cu_launch_dyn(c, k_chunk_b<DKP, GDN, ST, 4>, dim3(cu_blocks(ca.dv, 32), ca.H, nseq), 128,
@@ -1629,8 +1668,12 @@ static hyla_status launch_chunked(hyla_cuda_ctx *c, const ChunkArgs &ca, int gdn
         if (gla_tiles_ok(c, DKP)) { /* GLA, dk <= 128: the 16-warp chunk kernel (HYLA_CUDA_GLA_TILES=0: kernel A) */
             ChunkArgs cf = ca;
             const unsigned gx = cu_split_runs(c, cf, NC, (size_t)NC * ca.H);
-            if constexpr (DKP <= 128)
-                HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_f<DKP>, dim3(gx, ca.H), FG_T, GlaTilesSmem<DKP>::TOTAL, cf));
+            if constexpr (DKP <= 128) {
+                if (ca.gla_u0)
+                    HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_f<DKP, 1>, dim3(gx, ca.H), FG_T, GlaTilesSmem<DKP>::TOTAL, cf));
+                else
+                    HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_f<DKP, 0>, dim3(gx, ca.H), FG_T, GlaTilesSmem<DKP>::TOTAL, cf));
+            }
         } else
             HYLA_TRY(cu_launch_dyn(c, k_gla_chunk_a<DKP>, ga, 128, smem_a_gla(DKP), ca));
     }
@@ -1721,16 +1764,17 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
      * 119.0-119.2 k tok/s at 32k, 119.4-119.9 against 119.1 at 128k), so a third. GLA: the fused
      * pass, or kernels A and B in the split case (the same bits again). GLA with a row map
      * (SSE) splits through k_gla_chunk_f only, which copies the chunks' v rows to u0 for
-     * kernel B (gla_u0): a tensor-parallel rank's 9 heads of the 1.3B SSE-H model (1 + 4
-     * sequences, 45 blocks) prefilled 128k tokens at 112.5 k tok/s split against 98.1 k fused
-     * (32k: 137.7 k against 116.1 k) on two H100s; with all 18 heads (90 blocks) the two forms
-     * were level (72.1 k against 72.6 k): the windows leave a partition's chunks a quarter full,
-     * and the split form's cost goes by chunks, not rows. */
+     * kernel B (gla_u0), and it takes the split form wherever the chunks are many: the 64-token
+     * windows leave a partition's chunks about a quarter full, which the chunk kernel mostly
+     * skips (gla_tiles) and the fused pass walks at full cost. H100s: the 1.3B SSE-H model's
+     * 18 heads (1 + 4 sequences, 90 blocks) prefilled 128k tokens at 73.0 k tok/s split against
+     * 71.5 k fused (32k: 99.7 k against 95.4 k); a tensor-parallel rank's 9 heads 112.5 k
+     * against 98.1 k (BENCHMARKS.md "Session 28"). */
     const int fused = cu_lin_fused_ok(c, gdn, dk);
     int split = 0;
     if (fused) {
         size_t blocks = (size_t)nseq * H * cu_blocks(dv, 128);
-        split = NC > 4 * nseq && blocks < (size_t)c->sm_count / (gdn ? 3 : 2);
+        split = NC > 4 * nseq && (blocks < (size_t)c->sm_count / (gdn ? 3 : 2) || (!gdn && rm));
         if (!gdn && rm && !gla_tiles_ok(c, dkp)) split = 0;
         if (!split && !gdn)
             return dkp_dispatch<128>(dkp, [&](auto D) { return launch_gla_fused<decltype(D)::value>(c, ca, nseq); });
