@@ -10,8 +10,8 @@
  *     tokens of each session alone; sessions are refused on another rank's runtime;
  *   - within the split, a 300-token piece (run as two halves whose sums overlap the other
  *     half's work, HYLA_TP_WAVE=1) gives the logits of 64-token pieces, bit for bit; by default
- *     GDN runs it in halves and SSE-H (paged KV) whole, HYLA_TP_WAVE=0 whole, 1 in halves, all
- *     with the same logits; HYLA_TP_SUM refuses a value it does not know;
+ *     GDN and SSE-H (paged KV) run it in halves, HYLA_TP_WAVE=0 whole, 1 in halves, all with
+ *     the same logits; HYLA_TP_SUM refuses a value it does not know;
  *   - refusals name the reason: heads (or KV heads) not divisible by the split, a kind that cannot
  *     be split, another model's snapshot;
  *   - sse-h: the streaming import is refused on the split runtime, and hyla_restore_session from a
@@ -329,10 +329,9 @@ static void second_gpu_linear(hyla_backend *b0, hyla_backend *b1) {
 }
 
 /* The group's switches (CPU): HYLA_TP_SUM and HYLA_TP_WAVE refuse what they do not know, naming
- * it; a 300-token piece runs in halves by default when the model keeps no paged state
- * (halves_by_default), whole with HYLA_TP_WAVE=0, in halves with 1, and its logits are the same
- * bits every way. */
-static void check_switches(const char *arch, int halves_by_default) {
+ * it; a 300-token piece runs in halves by default (models with paged state too), whole with
+ * HYLA_TP_WAVE=0, in halves with 1, and its logits are the same bits every way. */
+static void check_switches(const char *arch) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/tp_switches", hyla_test_env("HYLA_TMP", "/tmp"));
     make_model(arch, dir);
@@ -370,14 +369,14 @@ static void check_switches(const char *arch, int halves_by_default) {
         hyla_tp_close(g);
     }
     unsetenv("HYLA_TP_WAVE");
-    CHECK_MSG((waves[0] > 0) == halves_by_default && waves[1] == 0 && waves[2] > 0,
-              "%s: HYLA_TP_WAVE: pieces in halves %ld by default (expected %s), %ld with 0, %ld with 1", arch, waves[0],
-              halves_by_default ? "some" : "none", waves[1], waves[2]);
+    CHECK_MSG(waves[0] > 0 && waves[1] == 0 && waves[2] > 0,
+              "%s: HYLA_TP_WAVE: pieces in halves %ld by default (expected some), %ld with 0, %ld with 1", arch,
+              waves[0], waves[1], waves[2]);
     CHECK_MSG(l[0] && l[1] && l[2] && !memcmp(l[0], l[1], nw * sizeof(float)) && !memcmp(l[0], l[2], nw * sizeof(float)),
               "%s: HYLA_TP_WAVE: the whole piece's logits differ from the halves'", arch);
-    printf("  switches (%s): HYLA_TP_SUM and HYLA_TP_WAVE refuse unknown values; pieces %s by default, whole with "
-           "HYLA_TP_WAVE=0, halves with 1, same logits\n",
-           arch, halves_by_default ? "in halves" : "whole");
+    printf("  switches (%s): HYLA_TP_SUM and HYLA_TP_WAVE refuse unknown values; pieces in halves by default, "
+           "whole with HYLA_TP_WAVE=0, halves with 1, same logits\n",
+           arch);
     free(l[0]), free(l[1]), free(l[2]), free(pw);
 }
 
@@ -416,8 +415,7 @@ int main(int argc, char **argv) {
             hyla_backend_destroy(cb);
         }
     }
-    /* the halves in every arch (by default a model with paged state runs whole pieces:
-     * check_switches) */
+    /* the halves in every arch (the default: check_switches) */
     setenv("HYLA_TP_WAVE", "1", 1);
     for (size_t a = 0; a < sizeof ARCHS / sizeof *ARCHS; a++) {
         check_arch(ARCHS[a]);
@@ -429,8 +427,8 @@ int main(int argc, char **argv) {
     for (size_t a = 0; a < sizeof ARCHS / sizeof *ARCHS; a++) check_arch(ARCHS[a]);
     T = 2;
     unsetenv("HYLA_TP_WAVE");
-    check_switches("gdn", 1);
-    check_switches("sse-h", 0);
+    check_switches("gdn");
+    check_switches("sse-h");
     expect_refusal("gdn", 3, "num_heads 4 is not divisible by 3", NULL);
     expect_refusal("gdn-h", 4, "num_kv_heads 2 is not divisible by 4", NULL);
     expect_refusal("statex-gla", 2, "num_heads 1 is not divisible by 2", NULL);

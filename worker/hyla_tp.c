@@ -361,15 +361,6 @@ static hyla_status join_nccl(void *ud, int rank) {
     return hyla_cuda_nccl_open(g->rt[rank]->be, g->nccl_id, g->T, rank, TP_JOIN_TIMEOUT_MS, &g->link[rank]);
 }
 
-/* Whether a layer of the model keeps paged state (attention KV, a retained cache): its prefill
- * attends over the whole prefix, and such models have measured faster in whole pieces. */
-static int keeps_paged_state(const hyla_model *m) {
-    for (int l = m->layer_begin; l < m->layer_end; l++)
-        for (int p = 0; p < m->layers[l].n_parts; p++)
-            if (m->layers[l].parts[p].paged) return 1;
-    return 0;
-}
-
 hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group **out) {
     *out = NULL;
     if (T < 2 || T > HYLA_TP_MAX)
@@ -434,10 +425,10 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
     }
     /* Prefill pieces in two halves whose sums overlap the other half's work (hyla_runtime.h),
      * on CUDA through the peer sums (hyla_cuda_psum.cu: copy engines, no SMs taken from the
-     * compute). By default only for models without paged state (attention KV and the like):
-     * on two H100s the 1.3B SSE-H model's 128k-token prefill ran 5 % slower in halves than
-     * whole (73.7 k against 69.8 k tokens/s), the GDN model's 9 % faster (BENCHMARKS.md "Two
-     * GPUs, 2026-11-27"). HYLA_TP_WAVE=0 turns the halves off, 1 on (the same bits).
+     * compute), for every model: on two H100s the halves prefilled 128k tokens of the 1.68B GDN
+     * model 9 % faster than whole pieces and, since their sums add onto x, those of the 1.3B
+     * SSE-H model (attention KV) 3.5 % faster (118.6 k against 114.6 k tokens/s; BENCHMARKS.md
+     * "Session 28"). HYLA_TP_WAVE=0 turns the halves off, 1 on (the same bits).
      * The sums waited for at once (decode steps, short pieces): one-shot sums (two kernels of
      * each rank's stream, inside the CUDA graphs) up to ONESHOT_ROWS rows, peer sums above.
      * Every sum of the group then rounds alike (rank order, wherever a float falls in the
@@ -448,7 +439,7 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
      * invariance; for measuring). Without peer access between the GPUs: NCCL, pieces whole,
      * and said. */
     const char *wave = getenv("HYLA_TP_WAVE"), *sum = getenv("HYLA_TP_SUM");
-    int overlap = !keeps_paged_state(rts[0]->m);
+    int overlap = 1;
     if (wave && *wave) {
         if (strcmp(wave, "0") && strcmp(wave, "1")) {
             hyla_tp_group_free(g);
