@@ -240,6 +240,18 @@ static void bench_gemm(int quick) {
                   {8192, 4608, 2304, "prefill piece of 8192: o (expand 2)"},
                   {8192, 2304, 6144, "prefill piece of 8192: mlp gate/up"},
                   {8192, 6144, 2304, "prefill piece of 8192: mlp down"},
+                  /* the 1.68B GDN model's prompt projections at a 16384-token piece, one GPU and a
+                   * TP = 2 rank (half the heads, half the MLP): where the half-width calls lose
+                   * against cuBLAS on the same shape */
+                  {16384, 2304, 18, "piece of 16384: a, b gates"},
+                  {16384, 2304, 9, "piece of 16384, TP = 2 rank: a, b gates"},
+                  {16384, 2304, 2304, "piece of 16384: q, k"},
+                  {16384, 2304, 1152, "piece of 16384, TP = 2 rank: q, k"},
+                  {16384, 2304, 4608, "piece of 16384: v, gate"},
+                  {16384, 4608, 2304, "piece of 16384: o"},
+                  {16384, 2304, 2304, "piece of 16384, TP = 2 rank: o (K 2304)"},
+                  {16384, 2304, 3072, "piece of 16384, TP = 2 rank: mlp gate/up"},
+                  {16384, 3072, 2304, "piece of 16384, TP = 2 rank: mlp down"},
                   {64, 2304, 6144, "prefill chunk of 64 rows"},
                   {1, 2304, 6144, "decode B=1"},
                   {16, 2304, 6144, "decode B=16"},
