@@ -428,7 +428,8 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
      * compute), for every model: on two H100s the halves prefilled 128k tokens of the 1.68B GDN
      * model 9 % faster than whole pieces and, since their sums add onto x, those of the 1.3B
      * SSE-H model (attention KV) 3.5 % faster (118.6 k against 114.6 k tokens/s; BENCHMARKS.md
-     * "Session 28"). HYLA_TP_WAVE=0 turns the halves off, 1 on (the same bits).
+     * "SSE-GLA's split form, TP halves' sums onto x"). HYLA_TP_WAVE=0 turns the halves off, 1
+     * on (the same bits).
      * The sums waited for at once (decode steps, short pieces): one-shot sums (two kernels of
      * each rank's stream, inside the CUDA graphs) up to ONESHOT_ROWS rows, peer sums above.
      * Every sum of the group then rounds alike (rank order, wherever a float falls in the

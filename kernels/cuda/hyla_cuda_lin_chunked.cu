@@ -1769,7 +1769,7 @@ extern "C" hyla_status cu_linattn_chunked_rm(hyla_cuda_ctx *c, int gdn, int H, i
      * skips (gla_tiles) and the fused pass walks at full cost. H100s: the 1.3B SSE-H model's
      * 18 heads (1 + 4 sequences, 90 blocks) prefilled 128k tokens at 73.0 k tok/s split against
      * 71.5 k fused (32k: 99.7 k against 95.4 k); a tensor-parallel rank's 9 heads 112.5 k
-     * against 98.1 k (BENCHMARKS.md "Session 28"). */
+     * against 98.1 k (BENCHMARKS.md "SSE-GLA's split form, TP halves' sums onto x"). */
     const int fused = cu_lin_fused_ok(c, gdn, dk);
     int split = 0;
     if (fused) {
