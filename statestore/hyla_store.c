@@ -68,6 +68,7 @@ struct hyla_store {
     atomic_int full;          /* 1: a write ran out of space; puts wait for the reserve to be re-made */
     atomic_int broken;        /* 1: RocksDB stopped writes after a failed write; needs a reopen */
     atomic_ullong full_events; /* writes that found the disk full */
+    uint64_t bg_base;         /* RocksDB's background-error count when the handle opened */
     int reserve_held;         /* the reserve file is in place (under db_lock exclusive, or at open) */
     char *reserve_path;
     pthread_mutex_t reclaim_mu; /* serializes reclaim passes and hyla_store_gc (blob GC options) */
@@ -570,6 +571,13 @@ static rocksdb_t *rdb_open(hyla_store *st, int wal_mode, char **err) {
  * with point-in-time recovery, which replays up to the damage and drops the rest. The drop is
  * logged as an error and kept in recovery_note; a session whose committed version was dropped
  * answers HYLA_ERR_CORRUPT naming it (view_manifest). */
+/* Background flushes and compactions that failed since the handle opened (and the open's own). */
+static uint64_t bg_errors(hyla_store *st) {
+    uint64_t n = 0;
+    if (st->db) rocksdb_property_int(st->db, "rocksdb.background-errors", &n);
+    return n;
+}
+
 static hyla_status db_open(hyla_store *st, int first) {
     char *err = NULL;
     st->db = rdb_open(st, 1 /* kAbsoluteConsistency */, &err);
@@ -630,6 +638,7 @@ static hyla_status db_open(hyla_store *st, int first) {
         }
     }
     if (s != HYLA_OK) db_close(st);
+    else st->bg_base = bg_errors(st);
     return s;
 }
 
@@ -1913,19 +1922,36 @@ static hyla_status usage_impl(hyla_store *st, hyla_store_usage_info *u) {
 
 enum { K_READ, K_ALLOC, K_FREE };
 
+/* A write first checks that RocksDB has not stopped behind the store's back: a background flush
+ * or compaction that met a full disk (say, one the reopen after an earlier failure scheduled
+ * while the disk was still full) stops every later write with that old error, even once space
+ * is back. Such a handle is treated as after a failed write: reserve re-made, RocksDB reopened. */
 static hyla_status enter(hyla_store *st, int kind) {
-    if (!st->db || (kind != K_READ && !st->p.read_only && atomic_load(&st->full))) {
-        pthread_rwlock_wrlock(&st->db_lock);
-        hyla_status s = recover_locked(st, kind != K_ALLOC);
-        pthread_rwlock_unlock(&st->db_lock);
-        if (s != HYLA_OK && (kind == K_ALLOC || !st->db)) return s;
+    int writes = kind != K_READ && !st->p.read_only;
+    for (int pass = 0;; pass++) {
+        if (!st->db || (writes && atomic_load(&st->full))) {
+            pthread_rwlock_wrlock(&st->db_lock);
+            hyla_status s = recover_locked(st, kind != K_ALLOC);
+            pthread_rwlock_unlock(&st->db_lock);
+            if (s != HYLA_OK && (kind == K_ALLOC || !st->db)) return s;
+        }
+        pthread_rwlock_rdlock(&st->db_lock);
+        if (!st->db) {
+            pthread_rwlock_unlock(&st->db_lock);
+            return hyla_fail(HYLA_ERR_UNAVAILABLE, "store %s is not open (a reopen after a failed write failed; retried)",
+                             st->dir);
+        }
+        if (writes && pass == 0 && bg_errors(st) > st->bg_base) {
+            pthread_rwlock_unlock(&st->db_lock);
+            HYLA_WARN("store %s: a background flush or compaction failed since the last open (disk full?); "
+                      "reopening RocksDB before this write",
+                      st->dir);
+            atomic_store(&st->full, 1);
+            atomic_store(&st->broken, 1);
+            continue;
+        }
+        return HYLA_OK;
     }
-    pthread_rwlock_rdlock(&st->db_lock);
-    if (!st->db) {
-        pthread_rwlock_unlock(&st->db_lock);
-        return hyla_fail(HYLA_ERR_UNAVAILABLE, "store %s is not open (a reopen after a failed write failed; retried)", st->dir);
-    }
-    return HYLA_OK;
 }
 
 static void leave(hyla_store *st, int kind, hyla_status s) {
