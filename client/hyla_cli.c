@@ -90,8 +90,9 @@ static const char usage_main[] =
     "  1  error (a local file, INTERNAL, DATA_LOSS, ...)\n"
     "  2  usage error\n"
     "  3  not found (NOT_FOUND: no such session, worker or model)\n"
-    "  4  unavailable (UNAVAILABLE, DEADLINE_EXCEEDED: the coordinator or the session's worker\n"
-    "     cannot serve now, or drain --wait ran out of time; retrying may help)\n"
+    "  4  unavailable (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED: the coordinator or the session's\n"
+    "     worker cannot serve now, the session was paused or moved mid-call, or drain --wait ran\n"
+    "     out of time; retrying may help)\n"
     "  5  permission denied (PERMISSION_DENIED: the session belongs to another tenant;\n"
     "     UNAUTHENTICATED: no valid API key)\n"
     "  6  request refused (INVALID_ARGUMENT, OUT_OF_RANGE, RESOURCE_EXHAUSTED,\n"
@@ -183,6 +184,7 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
         "  --to WORKER   the group of this worker (default: any group other than the current)\n",
     [HYLA_CMD_FORK] =
         "usage: hyla fork SESSION [--temperature T] [--top-k K] [--top-p P] [--seed S] [--on WORKER]\n"
+        "                 [--version V]\n"
         "\n"
         "Create a new session whose state is a copy of SESSION's current state; print the new\n"
         "id alone on stdout. Without --seed the fork continues the parent's RNG stream, so both\n"
@@ -284,8 +286,8 @@ static const char *const cmd_help[HYLA_CMD_COUNT] = {
     [HYLA_CMD_READ] =
         "usage: hyla read SESSION [--from N] [-n N] [--ids]\n"
         "\n"
-        "Print the session's generated tokens again, from its token log (the last 65536\n"
-        "generated tokens at least, kept in every snapshot). Text goes to stdout as `generate`\n"
+        "Print the session's generated tokens again, from its token log (by default the last\n"
+        "65536 generated tokens; the worker's --token-log; kept in every snapshot). Text goes to stdout as `generate`\n"
         "prints it (control bytes escaped on a terminal); stderr says which tokens they were\n"
         "and the session's generated count (a session paused in the store gives no text: use\n"
         "--ids, or resume it first). For a generate that was cut off (exit status 4, or\n"

@@ -16,14 +16,18 @@
 #include "hyla_rpc.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: hyla-admin [--server ADDR] --admin-key-file FILE [--tls-ca FILE] key COMMAND\n"
+    fprintf(f, "usage: hyla-admin [--server ADDR] --admin-key-file FILE [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]\n"
+               "                  key COMMAND\n"
                "  key create --tenant T      issue a key for tenant T; prints the key alone on stdout\n"
                "  key revoke KEY_ID|KEY      revoke a key: its calls fail UNAUTHENTICATED from now on\n"
                "  key ls [--tenant T]        list keys: id, tenant, creation time (never the keys)\n"
                "  --server ADDR              the coordinator (default $HYLA_SERVER or 127.0.0.1:7000)\n"
                "  --admin-key-file FILE      the coordinator's --admin-key-file (default $HYLA_ADMIN_KEY_FILE)\n"
                "  --tls-ca FILE              the coordinator serves TLS: verify it with this PEM CA\n"
-               "                             (default $HYLA_TLS_CA)\n");
+               "                             (default $HYLA_TLS_CA)\n"
+               "  --tls-cert FILE            with --tls-key: a client certificate (PEM) for a coordinator\n"
+               "                             that asks for one (mutual TLS)\n"
+               "  --tls-key FILE             the private key of --tls-cert (PEM)\n");
 }
 
 static int call(hyla_rpc_client *cl, const char *method, const ProtobufCMessage *req,

@@ -1698,7 +1698,10 @@ int hyla_bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--max-call-s") && i + 1 < argc)
             dla_budget_s = atof(argv[++i]);
         else {
-            printf("usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
+            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            FILE *uf = help ? stdout : stderr;
+            if (!help) fprintf(stderr, "hyla-bench kernels: unknown option or missing value: %s\n", argv[i]);
+            fprintf(uf, "usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
                    "                          [--max-call-s S] [--only gemm|prefill|sse|decode|attn|\n"
                    "                          elementwise|sparse|nsa|mamba2|statex|dla|seq]\n"
                    "  JSON lines: GEMM through ops->linear (and a plain cuBLAS bf16 reference on cuda),\n"
@@ -1726,7 +1729,7 @@ int hyla_bench_kernels(int argc, char **argv) {
                    "    per --ctx length (default 32768,131072), 18 heads, dk = dv = 128 (the kernels\n"
                    "    deploy/compare-fla.sh compares with flash-linear-attention's).\n"
                    "  --quick: small sizes (the default on cpu).\n");
-            return strcmp(argv[i], "--help") ? 2 : 0;
+            return help ? 0 : 2;
         }
     }
     if (only) {
@@ -1872,8 +1875,12 @@ int hyla_bench_e2e(int argc, char **argv) {
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc)
             graphs = argv[++i];
         else {
-            printf("usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill 4096,32768]\n"
-                   "                      [--batch 1,16,64,256] [--ctx 16,32768] [--steps 32] [--max-state-gib 60]\n"
+            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            FILE *uf = help ? stdout : stderr;
+            if (!help) fprintf(stderr, "hyla-bench e2e: unknown option or missing value: %s\n", argv[i]);
+            fprintf(uf, "usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill LIST (default 4096)]\n"
+                   "                      [--batch LIST (default 1,16,64)] [--ctx LIST (default 16)] [--steps 32]\n"
+                   "                      [--max-state-gib 60]\n"
                    "                      [--graphs on|off|both] [--tp N]\n"
                    "  Prefill tokens/s of one session per --prefill length; decode tokens/s of B sessions\n"
                    "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
@@ -1886,7 +1893,7 @@ int hyla_bench_e2e(int argc, char **argv) {
                    "  --tp N: split every layer over N devices (--device's GPU and the next N-1, or N CPU\n"
                    "  backends; worker/hyla_tp.h); each line then carries \"tp\":N.\n"
                    "  Make a model with hyla-mkmodel (random weights).\n");
-            return strcmp(argv[i], "--help") ? 2 : 0;
+            return help ? 0 : 2;
         }
     }
     if (!model_dir) DIE("e2e: --model DIR is required (hyla-mkmodel writes one)");

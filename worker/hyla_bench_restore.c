@@ -174,8 +174,8 @@ static double feed_timed(rb_dev *d, hyla_runtime *rt, const int32_t *tok, int n,
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: hyla-bench restore --model DIR [--device cpu|cuda:N] [--ctx 32768,131072]\n"
-            "                          [--store DIR] [--repeat 3] [--threads N] [--zstd-level N]\n"
+            "usage: hyla-bench restore --model DIR [--device cpu|cuda:N] [--ctx LIST (default 32768)]\n"
+            "                          [--store DIR] [--repeat 3 (at most 16)] [--threads N] [--zstd-level N]\n"
             "                          [--chunk-bytes N] [--decode-steps 32]\n"
             "  Per --ctx: prefill one session, put its snapshot into a RocksDB store under --store\n"
             "  (default $TMPDIR or /tmp; removed afterwards), then time restoring it from the store\n"

@@ -54,7 +54,7 @@ static void usage(FILE *f) {
             "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 32768 (default 16384\n"
             "                       on a GPU, 1024 on the CPU, or $HYLA_PREFILL_PIECE); the output is the\n"
             "                       same for every N\n"
-            "  --quiet              no progress or statistics on stderr\n");
+            "  --quiet, -q          no progress or statistics on stderr\n");
 }
 
 typedef struct {

@@ -24,7 +24,7 @@ typedef struct hyla_runtime hyla_runtime;
 typedef struct hyla_session hyla_session;
 
 /* A runtime for m. The prefill piece starts at the backend's preferred piece (hyla_backend's
- * prefill_piece: 8192 on CUDA) or else HYLA_PREFILL_PIECE_DEFAULT, or the environment variable
+ * prefill_piece: 16384 on CUDA) or else HYLA_PREFILL_PIECE_DEFAULT, or the environment variable
  * HYLA_PREFILL_PIECE read here (refused by name when invalid). Caller frees with
  * hyla_runtime_free. */
 hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out);

@@ -40,7 +40,7 @@ static int write_port(const char *file, int port) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: hyla-worker --coordinator ADDR --listen ADDR --model DIR [options]\n"
+            "usage: hyla-worker --model DIR [--coordinator ADDR] [--listen ADDR] [options]\n"
             "Serves a model on one device for the hyla cluster: registers with the coordinator,\n"
             "batches decode steps of all generating sessions, interleaves prefill under a token\n"
             "budget, snapshots sessions to the statestore, evicts idle sessions beyond a budget.\n"
@@ -66,8 +66,9 @@ static void usage(FILE *f) {
             "                         that is longer. Each exports only the KV rows past the last durable version\n"
             "                         (HYLA_SNAPSHOT_INCREMENTAL=0: the whole state every time)\n"
             "  --max-batch B          sessions per decode step (default 64)\n"
-            "  --micro-batches M      a first pipeline stage decodes its sessions in up to M lanes (at most 4;\n"
-            "                         a lane keeps at least 8 sessions) whose steps overlap across the stages;\n"
+            "  --micro-batches M      M from 1 to 16: a first pipeline stage decodes its sessions in up to\n"
+            "                         min(M, 4) lanes (a lane keeps at least 8 sessions) whose steps overlap\n"
+            "                         across the stages;\n"
             "                         with HYLA_DECODE_LANES=0 it cuts each step into M micro-batches instead\n"
             "                         (default 2; 1 = off)\n"
             "  --prefill-budget T     prefill tokens per scheduler step while sessions generate (default\n"

@@ -115,6 +115,7 @@ static void run_form(int form, const Args &a) {
 }
 
 int main(int argc, char **argv) {
+    lab_args(argc, argv, "usage: attn_flash_forms [n]   (default n = 1024 and 4096). Exit 77 without a GPU.");
     int ns[2] = {1024, 4096}, nn = 2;
     if (argc > 1) ns[0] = atoi(argv[1]), nn = 1;
     if (!hyla_cuda_available()) {

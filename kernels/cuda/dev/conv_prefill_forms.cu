@@ -123,6 +123,7 @@ static const Form forms[] = {{"fused, 4 rows a warp", launch<4>}, {"fused, 8 row
                              {"fused, 16 rows a warp", launch<16>}};
 
 int main(int argc, char **argv) {
+    lab_args(argc, argv, "usage: conv_prefill_forms [n]   (default n = 1024 rows; q, k 18 heads of 128, v 4608, K = 4). Exit 77 without a GPU.");
     const int n = argc > 1 ? atoi(argv[1]) : 1024, K = 4, dk = 128, C[3] = {2304, 2304, 4608};
     if (!hyla_cuda_available()) {
         printf("conv_prefill_forms: no usable CUDA device\n");

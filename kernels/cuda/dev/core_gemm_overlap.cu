@@ -31,6 +31,7 @@ static float *dev_uniform(size_t n, float lo, float hi, uint64_t *seed) {
 }
 
 int main(int argc, char **argv) {
+    lab_args(argc, argv, "usage: core_gemm_overlap [rows]   (default 8192). Exit 77 without a GPU.");
     const int R = argc > 1 ? atoi(argv[1]) : 8192, H = 18, dk = 128, dv = 256, D = 2304, N = H * dv;
     if (!hyla_cuda_available()) {
         printf("core_gemm_overlap: no usable CUDA device\n");

@@ -415,6 +415,7 @@ static const Form forms[] = {
 };
 
 int main(int argc, char **argv) {
+    lab_args(argc, argv, "usage: [FORMS=SUBSTRING] gemm_wg_forms [M...]   (default M = 64 128 256). Exit 1 when a form's output differs from the product's bits, 77 off Hopper.");
     int Ms[8] = {64, 128, 256}, nm = 3;
     if (argc > 1) {
         nm = 0;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime.h>
 
@@ -26,6 +27,24 @@
             exit(1);                                                                                                   \
         }                                                                                                              \
     } while (0)
+
+/* The programs' arguments are sizes (positive numbers): --help / -h prints the usage and exits 0,
+ * anything else that is not a positive number prints it to stderr and exits 2 (rather than
+ * running a size of 0). */
+static inline void lab_args(int argc, char **argv, const char *usage) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("%s\n", usage);
+            exit(0);
+        }
+        char *end;
+        long v = strtol(argv[i], &end, 10);
+        if (end == argv[i] || *end || v < 1) {
+            fprintf(stderr, "%s: not a size: '%s'\n%s\n", argv[0], argv[i], usage);
+            exit(2);
+        }
+    }
+}
 
 /* uniform in [0, 1), 24 bits, from the state *s (a 64-bit LCG) */
 static inline float frand(uint64_t *s) {

@@ -32,6 +32,7 @@ static const Form forms[] = {
 };
 
 int main(int argc, char **argv) {
+    lab_args(argc, argv, "usage: lin_decode_forms [B...]   (default B = 1 16 64; H = 16, dk = dv = 128). Exit 77 without a GPU.");
     int Bs[8] = {1, 16, 64}, nb = 3;
     if (argc > 1) {
         nb = 0;

@@ -196,6 +196,7 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
+    lab_args(argc, argv, "usage: skinny_rows_forms [M...]   (default M = 16 32 64; shapes of the 1.68B GDN model). Exit 1 when a form's output differs from the product's bits, 77 without a GPU.");
     int Ms[8] = {16, 32, 64}, nm = 3;
     if (argc > 1) {
         nm = 0;

@@ -140,8 +140,17 @@ static float draw(int set, uint64_t *s) {
     return (u < 0 ? -1.0f : 1.0f) * (1.0f + frand(s)) * ldexpf(1.0f, e);
 }
 
-int main(void) {
-    int dev = 0;
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        printf("usage: wgmma_bits   (no arguments). Exit 1 when a wgmma form's bits differ from mma.sync's, 2 when a\n"
+               "form is wrong against the double sums, 77 without a Hopper GPU.\n");
+        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
+    }
+    int dev = 0, ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("wgmma_bits: no usable CUDA device\n");
+        return 77;
+    }
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, dev));
     if (pr.major != 9) {
