@@ -93,6 +93,34 @@ static atomic_long g_fault_write;
 
 void hyla_store_fault_write(long nth) { atomic_store(&g_fault_write, nth); }
 
+static uint64_t bg_errors(hyla_store *st);
+uint64_t hyla_store_test_flush_background(hyla_store *st) {
+    pthread_rwlock_rdlock(&st->db_lock);
+    uint64_t n = 0;
+    if (st->db) {
+        rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+        rocksdb_flushoptions_set_wait(fo, 0);
+        for (int cf = CF_CHUNKS; cf <= CF_META; cf++) {
+            char *err = NULL;
+            rocksdb_flush_cf(st->db, fo, st->cf[cf], &err);
+            rocksdb_free(err);
+        }
+        rocksdb_flushoptions_destroy(fo);
+        /* done when a background job failed, or when both families' memtables were flushed */
+        for (double t0 = hyla_now(); hyla_now() - t0 < 10 && bg_errors(st) == st->bg_base;) {
+            uint64_t imm = 0, running = 0, v;
+            for (int cf = CF_CHUNKS; cf <= CF_META; cf++)
+                if (rocksdb_property_int_cf(st->db, st->cf[cf], "rocksdb.num-immutable-mem-table", &v) == 0) imm += v;
+            rocksdb_property_int(st->db, "rocksdb.num-running-flushes", &running);
+            if (!imm && !running) break;
+            usleep(20000);
+        }
+        n = bg_errors(st) - st->bg_base;
+    }
+    pthread_rwlock_unlock(&st->db_lock);
+    return n;
+}
+
 static int fault_write_hit(void) {
     long v = atomic_load(&g_fault_write);
     while (v > 0)

@@ -4,7 +4,8 @@
  * full disk (the reserve); puts resume by themselves once space exists; a damaged write-ahead
  * log (truncated, or bytes flipped) after acknowledged writes is reported at open (recovery
  * note, the damaged log kept aside) and the lost version answers HYLA_ERR_CORRUPT naming
- * session and version, never NOT_FOUND. */
+ * session and version, never NOT_FOUND; a background flush that met the full disk (RocksDB
+ * stopped, no call failed) does not fail the puts after space is back. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -269,6 +270,51 @@ out:
     if (umount2(mnt, MNT_DETACH) != 0) fprintf(stderr, "umount %s: %s\n", mnt, strerror(errno));
 }
 
+/* A background flush that meets the full disk stops RocksDB without any call of the store
+ * failing: once space is back, the next put must still work (the store reopens RocksDB rather
+ * than fail with the stale error). */
+static void test_tmpfs_background(void) {
+    char mnt[300];
+    snprintf(mnt, sizeof mnt, "%s/tmpfs-bg", root);
+    mkdir(mnt, 0700);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=24m") != 0) {
+        printf("SKIP background-flush test on tmpfs: cannot mount one here (%s)\n", strerror(errno));
+        return;
+    }
+    char dir[400], bal[400];
+    snprintf(dir, sizeof dir, "%s/store", mnt);
+    snprintf(bal, sizeof bal, "%s/ballast", mnt);
+    hyla_store_params p = params();
+    hyla_store *st = NULL;
+    CHECK_OK(hyla_store_open(dir, &p, &st));
+    if (!st) goto out;
+    /* small sessions: their chunks and commits stay in the memtables (and the WAL) */
+    hyla_snapshot *a = tsu_make(7, 7, 256, 77), *b = tsu_make(8, 8, 256, 77);
+    CHECK_OK(hyla_store_put(st, "a", a, NULL, NULL));
+    uint64_t bb = ballast(bal);
+    uint64_t failed = hyla_store_test_flush_background(st);
+    printf("tmpfs-bg: ballast of %.1f MiB, then a background flush: %llu failed background job(s)\n", bb / 1048576.0,
+           (unsigned long long)failed);
+    CHECK_MSG(failed > 0, "the background flush did not meet the full disk");
+    unlink(bal);
+    /* space is back, nothing told the store: the put works, what was acknowledged is there */
+    CHECK_OK(hyla_store_put(st, "b", b, NULL, NULL));
+    CHECK(get_equals(st, "a", 0, a));
+    CHECK(get_equals(st, "b", 0, b));
+    hyla_store_close(st);
+    st = NULL;
+    CHECK_OK(hyla_store_open(dir, &p, &st));
+    if (st) {
+        CHECK(get_equals(st, "a", 0, a));
+        CHECK(get_equals(st, "b", 0, b));
+        hyla_store_close(st);
+    }
+    hyla_snapshot_destroy(a);
+    hyla_snapshot_destroy(b);
+out:
+    if (umount2(mnt, MNT_DETACH) != 0) fprintf(stderr, "umount %s: %s\n", mnt, strerror(errno));
+}
+
 /* The newest WAL file of dir ("" when none). */
 static void newest_log(const char *dir, char *out, size_t cap) {
     out[0] = 0;
@@ -370,6 +416,7 @@ int main(void) {
     test_wal_damage(0);
     test_wal_damage(1);
     test_tmpfs();
+    test_tmpfs_background();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
