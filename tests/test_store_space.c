@@ -166,22 +166,35 @@ static void wait_reclaimed(hyla_store *st, uint64_t runs0, int quiet_ms) {
     }
 }
 
+/* A tmpfs of size_mib under root/name (mnt), with a store in mnt/store (*st, NULL when the open
+ * failed) and the path of a ballast file beside it (bal). 0 when no tmpfs can be mounted here:
+ * SKIP printed for `what`. */
+static int tmpfs_store(const char *name, int size_mib, const char *what, char mnt[300], char bal[400],
+                       hyla_store **st) {
+    snprintf(mnt, 300, "%s/%s", root, name);
+    mkdir(mnt, 0700);
+    char opt[32], dir[400];
+    snprintf(opt, sizeof opt, "size=%dm", size_mib);
+    if (mount("tmpfs", mnt, "tmpfs", 0, opt) != 0) {
+        printf("SKIP %s on tmpfs: cannot mount one here (%s); the injected-fault test covers the logic\n", what,
+               strerror(errno));
+        return 0;
+    }
+    snprintf(dir, sizeof dir, "%s/store", mnt);
+    snprintf(bal, 400, "%s/ballast", mnt);
+    hyla_store_params p = params();
+    *st = NULL;
+    CHECK_OK(hyla_store_open(dir, &p, st));
+    return 1;
+}
+
 /* A real full disk: a small tmpfs. */
 static void test_tmpfs(void) {
-    char mnt[300];
-    snprintf(mnt, sizeof mnt, "%s/tmpfs", root);
-    mkdir(mnt, 0700);
-    if (mount("tmpfs", mnt, "tmpfs", 0, "size=40m") != 0) {
-        printf("SKIP full-disk test on tmpfs: cannot mount one here (%s); the injected-fault test covers the logic\n",
-               strerror(errno));
-        return;
-    }
-    char dir[400], bal[400];
+    char mnt[300], bal[400], dir[400];
+    hyla_store *st;
+    if (!tmpfs_store("tmpfs", 40, "full-disk test", mnt, bal, &st)) return;
     snprintf(dir, sizeof dir, "%s/store", mnt);
-    snprintf(bal, sizeof bal, "%s/ballast", mnt);
     hyla_store_params p = params();
-    hyla_store *st = NULL;
-    CHECK_OK(hyla_store_open(dir, &p, &st));
     if (!st) goto out;
     enum { MAXS = 64 };
     hyla_snapshot *snaps[MAXS] = {0};
@@ -274,19 +287,11 @@ out:
  * failing: once space is back, the next put must still work (the store reopens RocksDB rather
  * than fail with the stale error). */
 static void test_tmpfs_background(void) {
-    char mnt[300];
-    snprintf(mnt, sizeof mnt, "%s/tmpfs-bg", root);
-    mkdir(mnt, 0700);
-    if (mount("tmpfs", mnt, "tmpfs", 0, "size=24m") != 0) {
-        printf("SKIP background-flush test on tmpfs: cannot mount one here (%s)\n", strerror(errno));
-        return;
-    }
-    char dir[400], bal[400];
+    char mnt[300], bal[400], dir[400];
+    hyla_store *st;
+    if (!tmpfs_store("tmpfs-bg", 24, "background-flush test", mnt, bal, &st)) return;
     snprintf(dir, sizeof dir, "%s/store", mnt);
-    snprintf(bal, sizeof bal, "%s/ballast", mnt);
     hyla_store_params p = params();
-    hyla_store *st = NULL;
-    CHECK_OK(hyla_store_open(dir, &p, &st));
     if (!st) goto out;
     /* small sessions: their chunks and commits stay in the memtables (and the WAL) */
     hyla_snapshot *a = tsu_make(7, 7, 256, 77), *b = tsu_make(8, 8, 256, 77);

@@ -1698,9 +1698,8 @@ int hyla_bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--max-call-s") && i + 1 < argc)
             dla_budget_s = atof(argv[++i]);
         else {
-            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            FILE *uf = help ? stdout : stderr;
-            if (!help) fprintf(stderr, "hyla-bench kernels: unknown option or missing value: %s\n", argv[i]);
+            int help;
+            FILE *uf = hyla_bench_usage_to("kernels", argv[i], &help);
             fprintf(uf, "usage: hyla-bench kernels [--device cpu|cuda:N] [--quick] [--ctx LIST] [--tau T]\n"
                    "                          [--max-call-s S] [--only gemm|prefill|sse|decode|attn|\n"
                    "                          elementwise|sparse|nsa|mamba2|statex|dla|seq]\n"
@@ -1875,9 +1874,8 @@ int hyla_bench_e2e(int argc, char **argv) {
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc)
             graphs = argv[++i];
         else {
-            int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            FILE *uf = help ? stdout : stderr;
-            if (!help) fprintf(stderr, "hyla-bench e2e: unknown option or missing value: %s\n", argv[i]);
+            int help;
+            FILE *uf = hyla_bench_usage_to("e2e", argv[i], &help);
             fprintf(uf, "usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill LIST (default 4096)]\n"
                    "                      [--batch LIST (default 1,16,64)] [--ctx LIST (default 16)] [--steps 32]\n"
                    "                      [--max-state-gib 60]\n"

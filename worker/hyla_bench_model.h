@@ -35,6 +35,14 @@ static inline int hyla_bench_parse_list(const char *s, int *out, int max) {
     return n;
 }
 
+/* Where a subcommand's usage goes for argument arg: stdout for --help / -h (*help = 1), else
+ * stderr after a line naming the argument it did not take (*help = 0). */
+static inline FILE *hyla_bench_usage_to(const char *cmd, const char *arg, int *help) {
+    *help = !strcmp(arg, "--help") || !strcmp(arg, "-h");
+    if (!*help) fprintf(stderr, "hyla-bench %s: unknown option or missing value: %s\n", cmd, arg);
+    return *help ? stdout : stderr;
+}
+
 int hyla_bench_kernels(int argc, char **argv);
 int hyla_bench_e2e(int argc, char **argv);
 
