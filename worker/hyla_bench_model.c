@@ -261,7 +261,13 @@ static void bench_gemm(int quick) {
                   {128, 6144, 2304, "decode B=128: mlp down"},
                   {256, 6144, 2304, "decode B=256: mlp down"},
                   {256, 2304, 2304, "decode B=256: q/k/o"},
-                  {256, 2304, 4608, "decode B=256: v (expand 2)"}};
+                  {256, 2304, 4608, "decode B=256: v (expand 2)"},
+                  /* a TP = 2 rank's decode projections at B = 256 (half the heads, half the MLP;
+                   * the v / gate and o halves are the 2304 x 2304 shape above): against the whole
+                   * model's, whether a half-width call takes half the time */
+                  {256, 2304, 1152, "decode B=256, TP = 2 rank: q, k"},
+                  {256, 2304, 3072, "decode B=256, TP = 2 rank: mlp gate/up"},
+                  {256, 3072, 2304, "decode B=256, TP = 2 rank: mlp down"}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int M = shapes[i].M, K = shapes[i].K, N = shapes[i].N;
         if (quick && M > 512) M = 512;
