@@ -594,11 +594,6 @@ static rocksdb_t *rdb_open(hyla_store *st, int wal_mode, char **err) {
                                         st->cf, err);
 }
 
-/* Open the RocksDB handle. WAL recovery: first with absolute consistency (any damaged record
- * refuses the open); on damage, the WAL files are kept aside (wal_keep) and the open is retried
- * with point-in-time recovery, which replays up to the damage and drops the rest. The drop is
- * logged as an error and kept in recovery_note; a session whose committed version was dropped
- * answers HYLA_ERR_CORRUPT naming it (view_manifest). */
 /* Background flushes and compactions that failed since the handle opened (and the open's own). */
 static uint64_t bg_errors(hyla_store *st) {
     uint64_t n = 0;
@@ -606,6 +601,11 @@ static uint64_t bg_errors(hyla_store *st) {
     return n;
 }
 
+/* Open the RocksDB handle. WAL recovery: first with absolute consistency (any damaged record
+ * refuses the open); on damage, the WAL files are kept aside (wal_keep) and the open is retried
+ * with point-in-time recovery, which replays up to the damage and drops the rest. The drop is
+ * logged as an error and kept in recovery_note; a session whose committed version was dropped
+ * answers HYLA_ERR_CORRUPT naming it (view_manifest). */
 static hyla_status db_open(hyla_store *st, int first) {
     char *err = NULL;
     st->db = rdb_open(st, 1 /* kAbsoluteConsistency */, &err);
