@@ -43,7 +43,9 @@ A3=$(T a -q create 2>"$E2E_DIR/a3.err") || e2e_fail "a: create after a delete: $
 T a -q append "$A1" - <<<"a document to generate from" || e2e_fail "a: append"
 T a -q append "$A3" - <<<"another document" || e2e_fail "a: append 2"
 # long enough to outlast the probes on a fast machine (2000 tokens of the tiny model took < 1 s)
-T a -q generate "$A1" -n 20000 --ignore-eos --ids >"$E2E_DIR/long.out" 2>"$E2E_DIR/long.err" &
+# (the CLI itself in the background, not a subshell running T: $long is the process to end)
+"$E2E_BIN/hyla" --server "$E2E_SERVER" --tenant a -q generate "$A1" -n 20000 --ignore-eos --ids \
+  >"$E2E_DIR/long.out" 2>"$E2E_DIR/long.err" &
 long=$!
 sleep 0.3 # let the long call start before probing
 seen=0
@@ -67,7 +69,7 @@ fi
 # 20000 tokens could take minutes) and the tenant's slot must come back once the coordinator
 # has seen the cancel
 if kill -0 $long 2>/dev/null; then
-  pkill -TERM -P $long 2>/dev/null # the CLI itself: $long is the subshell running T
+  kill $long 2>/dev/null
   wait $long 2>/dev/null
 else
   wait $long || e2e_fail "a: the long Generate failed: $(head -c 300 "$E2E_DIR/long.err")"
