@@ -207,8 +207,12 @@ static size_t stored_elem(uint32_t stored_dtype) { return hyla_dtype_size((hyla_
 /* Location text "layer L part NAME (kind) chunk C/N". */
 static void loc_text(char *buf, size_t n, const hyla_manifest *m, const hyla_chunk_ref *c) {
     const hyla_manifest_part *mp = &m->parts[c->part];
-    snprintf(buf, n, "layer %u part %s (%s) chunk %u/%u", mp->desc.layer, mp->desc.name,
-             hyla_part_kind_name((hyla_part_kind)mp->desc.kind), c->index, mp->n_chunks);
+    if (mp->desc.layer == HYLA_SNAPSHOT_SESSION_LAYER) /* the session's own parts: no layer number */
+        snprintf(buf, n, "session part %s (%s) chunk %u/%u", mp->desc.name,
+                 hyla_part_kind_name((hyla_part_kind)mp->desc.kind), c->index, mp->n_chunks);
+    else
+        snprintf(buf, n, "layer %u part %s (%s) chunk %u/%u", mp->desc.layer, mp->desc.name,
+                 hyla_part_kind_name((hyla_part_kind)mp->desc.kind), c->index, mp->n_chunks);
 }
 
 /* ---------------------------------------------------------------- chunk values */

@@ -282,6 +282,17 @@ static json_t *normalize_messages(json_t *msgs, http_err *e) {
             json_decref(out);
             return NULL;
         }
+        /* the roles of OpenAI's chat API; a template would otherwise render any string as a turn */
+        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+        const char *role = json_string_value(json_object_get(m, "role"));
+        size_t ri = 0;
+        while (ri < sizeof roles / sizeof roles[0] && strcmp(role, roles[ri])) ri++;
+        if (ri == sizeof roles / sizeof roles[0]) {
+            set_err(e, 400, "invalid_value", "messages",
+                    "messages[%zu].role '%.64s' is not one of system, developer, user, assistant, tool", i, role);
+            json_decref(out);
+            return NULL;
+        }
         json_t *c = json_deep_copy(m);
         json_t *content = json_object_get(m, "content");
         if (json_is_array(content)) {
@@ -292,7 +303,10 @@ static json_t *normalize_messages(json_t *msgs, http_err *e) {
                 const char *type = json_string_value(json_object_get(part, "type"));
                 const char *text = json_string_value(json_object_get(part, "text"));
                 if (!type || strcmp(type, "text") || !text) {
-                    set_err(e, 400, "invalid_value", "messages", "messages[%zu].content[%zu]: only text parts are supported", i, k);
+                    if (type && !strcmp(type, "text"))
+                        set_err(e, 400, "invalid_type", "messages", "messages[%zu].content[%zu].text must be a string", i, k);
+                    else
+                        set_err(e, 400, "invalid_value", "messages", "messages[%zu].content[%zu]: only text parts are supported", i, k);
                     free(b.s);
                     json_decref(c);
                     json_decref(out);
@@ -364,14 +378,17 @@ static int parse_creq(const hyla_http *h, json_t *body, int chat, creq *r, http_
     if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
         return set_err(e, 400, "unsupported_parameter", "n", "'n' must be 1");
 
-    const char *mt_key = "max_tokens";
+    /* chat: max_completion_tokens, the newer name, wins over max_tokens when both are given */
+    const char *mt_key = chat ? "max_completion_tokens" : "max_tokens";
     v = json_object_get(body, mt_key);
     if (chat && (!v || json_is_null(v))) {
-        mt_key = "max_completion_tokens";
+        mt_key = "max_tokens";
         v = json_object_get(body, mt_key);
     }
     if (v && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > UINT32_MAX)
+        if (!json_is_integer(v))
+            return set_err(e, 400, "invalid_type", mt_key, "'%s' must be an integer", mt_key);
+        if (json_integer_value(v) < 1 || json_integer_value(v) > UINT32_MAX)
             return set_err(e, 400, "invalid_value", mt_key, "'%s' must be an integer >= 1", mt_key);
         r->max_tokens = (uint32_t)json_integer_value(v);
     } else {
@@ -427,6 +444,11 @@ static int parse_creq(const hyla_http *h, json_t *body, int chat, creq *r, http_
             return set_err(e, 400, "invalid_type", "session_id", "'session_id' must be a session id or \"new\"");
         r->session_id = json_string_value(v);
     }
+    /* no tokens for a new session: nothing to complete (a session named by session_id may
+     * continue from what it holds) */
+    if (!chat && json_is_array(r->prompt) && json_array_size(r->prompt) == 0 &&
+        (!r->session_id || !strcmp(r->session_id, "new")))
+        return set_err(e, 400, "invalid_value", "prompt", "'prompt' is empty and no session_id names a session to continue");
     return 1;
 }
 
