@@ -166,21 +166,21 @@ static void wait_reclaimed(hyla_store *st, uint64_t runs0, int quiet_ms) {
     }
 }
 
-/* A tmpfs of size_mib under root/name (mnt), with a store in mnt/store (*st, NULL when the open
- * failed) and the path of a ballast file beside it (bal). 0 when no tmpfs can be mounted here:
+/* A tmpfs of size_mib under root/name (mnt), with a store in mnt/store (dir; *st, NULL when the
+ * open failed) and the path of a ballast file beside it (bal). 0 when no tmpfs can be mounted here:
  * SKIP printed for `what`. */
-static int tmpfs_store(const char *name, int size_mib, const char *what, char mnt[300], char bal[400],
-                       hyla_store **st) {
+static int tmpfs_store(const char *name, int size_mib, const char *what, char mnt[300], char dir[400],
+                       char bal[400], hyla_store **st) {
     snprintf(mnt, 300, "%s/%s", root, name);
     mkdir(mnt, 0700);
-    char opt[32], dir[400];
+    char opt[32];
     snprintf(opt, sizeof opt, "size=%dm", size_mib);
     if (mount("tmpfs", mnt, "tmpfs", 0, opt) != 0) {
         printf("SKIP %s on tmpfs: cannot mount one here (%s); the injected-fault test covers the logic\n", what,
                strerror(errno));
         return 0;
     }
-    snprintf(dir, sizeof dir, "%s/store", mnt);
+    snprintf(dir, 400, "%s/store", mnt);
     snprintf(bal, 400, "%s/ballast", mnt);
     hyla_store_params p = params();
     *st = NULL;
@@ -192,8 +192,7 @@ static int tmpfs_store(const char *name, int size_mib, const char *what, char mn
 static void test_tmpfs(void) {
     char mnt[300], bal[400], dir[400];
     hyla_store *st;
-    if (!tmpfs_store("tmpfs", 40, "full-disk test", mnt, bal, &st)) return;
-    snprintf(dir, sizeof dir, "%s/store", mnt);
+    if (!tmpfs_store("tmpfs", 40, "full-disk test", mnt, dir, bal, &st)) return;
     hyla_store_params p = params();
     if (!st) goto out;
     enum { MAXS = 64 };
@@ -289,8 +288,7 @@ out:
 static void test_tmpfs_background(void) {
     char mnt[300], bal[400], dir[400];
     hyla_store *st;
-    if (!tmpfs_store("tmpfs-bg", 24, "background-flush test", mnt, bal, &st)) return;
-    snprintf(dir, sizeof dir, "%s/store", mnt);
+    if (!tmpfs_store("tmpfs-bg", 24, "background-flush test", mnt, dir, bal, &st)) return;
     hyla_store_params p = params();
     if (!st) goto out;
     /* small sessions: their chunks and commits stay in the memtables (and the WAL) */
