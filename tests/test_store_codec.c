@@ -196,6 +196,22 @@ static void test_refusals(void) {
     /* not a snapshot */
     expect_refusal((const uint8_t *)"hello world, not a snapshot file at all", 40, HYLA_ERR_FORMAT, "not a hyla", NULL,
                    "magic");
+    /* a snapshot whose last part is the session's token log, truncated: the damage is named as
+     * the session's part, not as a layer (the token log's layer number is a sentinel) */
+    {
+        hyla_snapshot *tl = tsu_make(4, 4, 300, 11);
+        int32_t *toks;
+        CHECK_OK(hyla_snapshot_add_token_log(tl, 4096, &toks));
+        for (int i = 0; i < 4096; i++) toks[i] = i * 7919;
+        uint8_t *tb;
+        size_t tlen;
+        CHECK_OK(hyla_snapshot_encode_file_bytes(tl, &p, &tb, &tlen));
+        expect_refusal(tb, tlen - 100, HYLA_ERR_CORRUPT, "session part tokens", "truncated", "truncated token log");
+        CHECK_MSG(!strstr(hyla_last_error(), "4294967295"), "the token log named by its sentinel layer: %s",
+                  hyla_last_error());
+        free(tb);
+        hyla_snapshot_destroy(tl);
+    }
     /* a manifest byte flipped */
     memcpy(c, buf, len);
     c[32 + 30] ^= 1;
