@@ -156,6 +156,10 @@ grep -q '"object":"chat.completion.chunk"' "$E2E_DIR/cstream" || e2e_fail "no ch
 st=$(req POST /v1/chat/completions '{"model":"model","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hel"},{"type":"text","text":"lo!"}]}],"max_tokens":8,"temperature":0,"ignore_eos":true}')
 expect_status "$st" 200 "a chat with content parts"
 e2e_expect_eq "$(jq_ 'json.dumps(j["choices"][0]["message"]["content"])')" "$chat_plain" "content parts == the same string content"
+# both limits given: max_completion_tokens (the newer name) wins
+st=$(req POST /v1/chat/completions "{$M,\"max_completion_tokens\":3}")
+expect_status "$st" 200 "a chat with max_tokens and max_completion_tokens"
+e2e_expect_eq "$(jq_ 'j["usage"]["completion_tokens"]')" "3" "max_completion_tokens wins over max_tokens"
 
 # ---- errors ----
 expect_error 400 invalid_json "bad JSON -> 400" POST /v1/completions '{"prompt": '
