@@ -5,7 +5,8 @@
 # backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
 # from its cache; decode rows carry their share of the copy rate; the CPU refuses no shape.
 # hyla-bench e2e on a tiny model reports the runtime's scratch (no logits for a prompt fed without
-# them). Timings are not asserted. Skips (77) until hyla-bench exists.
+# them). A bad option of kernels or e2e exits 2 naming it, the usage on stderr; --help prints it on
+# stdout. Timings are not asserted. Skips (77) until hyla-bench exists.
 set -uo pipefail
 BIN=${HYLA_BIN_DIR:-build/bin}
 [ -x "$BIN/hyla-bench" ] || { echo "SKIP: $BIN/hyla-bench not built"; exit 77; }
@@ -63,6 +64,16 @@ fi
 for m in mamba2 statex dla nsa seq; do grep -q "$m" "$T/help" || { echo "FAIL: --help does not name $m"; fail=1; }; done
 "$BIN/hyla-bench" kernels --device cpu --only bogus >/dev/null 2>"$T/err" && { echo "FAIL: --only bogus accepted"; fail=1; }
 grep -q "unknown --only" "$T/err" || { echo "FAIL: no message for an unknown --only"; fail=1; }
+# a bad option: exit 2, the option named and the usage on stderr, nothing on stdout (which
+# carries the JSON lines); --help: the usage on stdout, exit 0
+for sub in kernels e2e; do
+  rc=0; "$BIN/hyla-bench" $sub --bogus >"$T/out" 2>"$T/err" || rc=$?
+  [ $rc = 2 ] || { echo "FAIL $sub --bogus: exit $rc, want 2"; fail=1; }
+  grep -q -- "unknown option or missing value: --bogus" "$T/err" && grep -q "usage: hyla-bench $sub" "$T/err" ||
+    { echo "FAIL $sub --bogus: stderr lacks the option or the usage"; fail=1; }
+  [ -s "$T/out" ] && { echo "FAIL $sub --bogus: wrote to stdout"; fail=1; }
+  "$BIN/hyla-bench" $sub --help 2>/dev/null | grep -q "usage: hyla-bench $sub" || { echo "FAIL $sub --help"; fail=1; }
+done
 # e2e reports the runtime's scratch: a prompt fed without logits reserves none, a decode step its batch's rows
 if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hidden 128 --heads 2 --head-dim 64 \
      --intermediate 256 --vocab 1000 --out "$T/m" >/dev/null 2>&1; then
