@@ -15,23 +15,32 @@
 # that lets a step of B sessions' logits travel over gRPC. BENCH_GRPC=0 skips the gRPC
 # configuration; BENCH_MKARGS adds hyla-mkmodel options (e.g. "--intermediate 5632");
 # BENCH_SNAPSHOT_EVERY=K gives every worker --snapshot-every K (default: the worker's default,
-# 1024; 0 turns auto-snapshots off, to time the prefill without them).
+# 1024; 0 turns auto-snapshots off, to time the prefill without them). BENCH_MODEL=DIR serves a
+# model made beforehand (its layer count in BENCH_LAYERS) instead of making one: a model of the
+# 1.3B shapes takes minutes to make, and the same files then serve the in-process benchmarks.
+# BENCH_PP_PIECE=N gives the pipeline's stages --prefill-piece N (the whole-model worker keeps
+# its default), to compare piece sizes of a pipeline against one GPU at its own.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 DOC_BYTES=${1:-16384}
 N=${2:-256}
 e2e_init bench-pipeline
 L=${BENCH_LAYERS:-8}
-# shellcheck disable=SC2086 # BENCH_MKARGS is a list of options
-e2e_make_model "$E2E_DIR/model" "${BENCH_ARCH:-gla}" "$L" --hidden "${BENCH_HIDDEN:-2048}" --heads 16 --vocab 32000 --dtype bf16 ${BENCH_MKARGS:-}
+MODEL=${BENCH_MODEL:-$E2E_DIR/model}
+if [ -z "${BENCH_MODEL:-}" ]; then
+  # shellcheck disable=SC2086 # BENCH_MKARGS is a list of options
+  e2e_make_model "$MODEL" "${BENCH_ARCH:-gla}" "$L" --hidden "${BENCH_HIDDEN:-2048}" --heads 16 --vocab 32000 --dtype bf16 ${BENCH_MKARGS:-}
+fi
 B=${BENCH_SESSIONS:-1}
 MB=${BENCH_MICRO_BATCHES:-2}
 WF=(--max-batch $((B > 64 ? B : 64)) --max-message-bytes 268435456)
 [ -n "${BENCH_SNAPSHOT_EVERY:-}" ] && WF+=(--snapshot-every "$BENCH_SNAPSHOT_EVERY")
+PF=()
+[ -n "${BENCH_PP_PIECE:-}" ] && PF=(--prefill-piece "$BENCH_PP_PIECE")
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
-e2e_start_worker g1 "$E2E_DIR/model" --device cuda:0 "${WF[@]}" || e2e_done
-e2e_start_worker p0 "$E2E_DIR/model" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" || e2e_done
-e2e_start_worker p1 "$E2E_DIR/model" --device cuda:1 --layers $((L / 2)):$L "${WF[@]}" || e2e_done
+e2e_start_worker g1 "$MODEL" --device cuda:0 "${WF[@]}" || e2e_done
+e2e_start_worker p0 "$MODEL" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" "${PF[@]}" || e2e_done
+e2e_start_worker p1 "$MODEL" --device cuda:1 --layers $((L / 2)):$L "${WF[@]}" "${PF[@]}" || e2e_done
 H() { e2e_hyla -q "$@"; }
 doc="$E2E_DIR/doc.txt"
 head -c "$DOC_BYTES" /dev/urandom | base64 -w 100 | head -c "$DOC_BYTES" >"$doc"
@@ -98,7 +107,7 @@ e2e_kill p0 KILL
 p0_dead() { e2e_hyla status | grep -qE '^p0 +dead'; }
 e2e_wait_for "$E2E_TIMEOUT" p0_dead || e2e_fail "the coordinator did not declare the killed p0 dead"
 export HYLA_STAGE_NCCL=0
-e2e_start_worker q0 "$E2E_DIR/model" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" || e2e_done
+e2e_start_worker q0 "$MODEL" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" "${PF[@]}" || e2e_done
 unset HYLA_STAGE_NCCL
 # p1 stays listed under the dead p0's group until a session is placed on q0 (the placement pairs them)
 bench pp2_grpc q0
