@@ -222,6 +222,17 @@ static void check_arch(const char *arch) {
         hyla_session_free(ss[0]);
         hyla_session_free(ss[1]);
     }
+    if (!getenv("HYLA_PREFILL_PIECE")) {
+        /* a GPU group's prefill pieces are T times one GPU's, up to the largest (a rank's
+         * projections, 1/T as wide, then run as GEMMs of one GPU's size); a CPU group keeps the
+         * backend's */
+        long want = (long)hyla_runtime_prefill_piece(rt1) * (cuda ? T : 1);
+        if (want > HYLA_PREFILL_PIECE_MAX) want = HYLA_PREFILL_PIECE_MAX;
+        for (int r = 0; r < T; r++)
+            CHECK_MSG(hyla_runtime_prefill_piece(rts[r]) == want, "%s: rank %d's prefill piece is %d, not %ld", arch, r,
+                      hyla_runtime_prefill_piece(rts[r]), want);
+    }
+
     /* within one split, prefill pieces: a piece of NW tokens runs as two halves whose sums
      * travel while the other half computes (hyla_runtime.c, run_layers_wave); its logits are
      * those of pieces of one chunk (no halves), bit for bit */

@@ -52,8 +52,8 @@ static void usage(FILE *f) {
             "                       whole-model snapshots, so a state saved under one N loads under any\n"
             "                       other; the tokens match N = 1's within floating-point rounding\n"
             "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 32768 (default 16384\n"
-            "                       on a GPU, 1024 on the CPU, or $HYLA_PREFILL_PIECE); the output is the\n"
-            "                       same for every N\n"
+            "                       on a GPU, 32768 with --tp on GPUs, 1024 on the CPU, or $HYLA_PREFILL_PIECE);\n"
+            "                       the output is the same for every N\n"
             "  --quiet, -q          no progress or statistics on stderr\n");
 }
 

@@ -25,8 +25,8 @@ typedef struct hyla_session hyla_session;
 
 /* A runtime for m. The prefill piece starts at the backend's preferred piece (hyla_backend's
  * prefill_piece: 16384 on CUDA) or else HYLA_PREFILL_PIECE_DEFAULT, or the environment variable
- * HYLA_PREFILL_PIECE read here (refused by name when invalid). Caller frees with
- * hyla_runtime_free. */
+ * HYLA_PREFILL_PIECE read here (refused by name when invalid); a GPU tensor-parallel group
+ * raises its ranks' default (hyla_tp.h). Caller frees with hyla_runtime_free. */
 hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out);
 void hyla_runtime_free(hyla_runtime *rt); /* accepts NULL */
 const hyla_model *hyla_runtime_model(const hyla_runtime *rt);

@@ -483,6 +483,20 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
         rts[t]->tp = g;
         rts[t]->tp_rank = t;
     }
+    /* A GPU group's prefill pieces: T times the backend's piece, up to HYLA_PREFILL_PIECE_MAX. A
+     * rank's projections are 1/T as wide, so at one GPU's piece they run as smaller GEMMs, and
+     * each piece's fixed costs (norms on every rank, the sums, the launches) weigh T times as
+     * much. On two H200s, pieces of 32768 against 16384 took the 128k-token prefill from 1.67 x
+     * to 1.72 x one GPU's rate for the 1.68B GDN model and from 1.65 x to 1.76 x for the 1.3B
+     * SSE-H model, while one GPU was level or slower at 32768 (BENCHMARKS.md "Issue 19 on two
+     * H200s"). Pieces do not change the bits. HYLA_PREFILL_PIECE (read by each runtime) and an
+     * operator's --prefill-piece (set on the group's runtime afterwards) win. */
+    const char *pe = getenv("HYLA_PREFILL_PIECE");
+    if (g->cuda && !(pe && *pe))
+        for (int t = 0; t < T; t++) {
+            long piece = (long)hyla_runtime_prefill_piece(rts[t]) * T;
+            (void)hyla_runtime_set_prefill_piece(rts[t], piece > HYLA_PREFILL_PIECE_MAX ? HYLA_PREFILL_PIECE_MAX : (int)piece);
+        }
     *out = g;
     return HYLA_OK;
 }

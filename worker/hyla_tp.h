@@ -38,8 +38,9 @@ typedef struct hyla_tp_group hyla_tp_group;
 
 /* A group over rts[0..T-1] (rank t's runtime, on shard t of T of one model; 2 <= T <=
  * HYLA_TP_MAX; every backend "cpu", or every one "cuda" on distinct GPUs of a build with
- * NCCL). Installs the runtimes' allreduce hooks (removed by hyla_tp_group_free). Caller frees
- * with hyla_tp_group_free before the runtimes. */
+ * NCCL). Installs the runtimes' allreduce hooks (removed by hyla_tp_group_free); on GPUs, unless
+ * HYLA_PREFILL_PIECE is set, raises the runtimes' prefill piece to T times the backend's (up to
+ * HYLA_PREFILL_PIECE_MAX). Caller frees with hyla_tp_group_free before the runtimes. */
 hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group **out);
 void hyla_tp_group_free(hyla_tp_group *g); /* accepts NULL */
 int hyla_tp_size(const hyla_tp_group *g);
