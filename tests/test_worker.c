@@ -99,6 +99,8 @@ static hyla_status load(const char *id, uint64_t epoch, uint64_t version, float 
     return s;
 }
 
+static int append_no_hint; /* append() leaves total_tokens_hint at 0 */
+
 static hyla_status append(const char *id, const int32_t *toks, int n) {
     hyla_rpc_stream *st = NULL;
     hyla_rpc_call_opts o = {30000, NULL, NULL, 0};
@@ -111,7 +113,7 @@ static hyla_status append(const char *id, const int32_t *toks, int n) {
         r.session_id = (char *)id;
         r.tokens = (int32_t *)toks + cuts[i];
         r.n_tokens = (size_t)(cuts[i + 1] - cuts[i]);
-        r.total_tokens_hint = (uint64_t)n;
+        r.total_tokens_hint = append_no_hint ? 0 : (uint64_t)n;
         s = hyla_rpc_stream_write(st, &r.base);
     }
     if (s == HYLA_OK) s = hyla_rpc_stream_close_send(st);
@@ -540,6 +542,63 @@ int main(int argc, char **argv) {
               hyla_last_error());
     /* the worker is still serving */
     CHECK_OK(generate("s-a", 2, b, &got));
+
+    /* --max-append-tokens: a document declared larger is refused before anything is added; one
+     * that only turns out larger is refused when it passes the limit, and the error says what
+     * the call had added (it stays: an Append is not a transaction) */
+    {
+        FILE *o7 = NULL;
+        int p7 = 0;
+        const char *a7[] = {"--model", model, "--listen", "127.0.0.1:0", "--max-append-tokens", "100", NULL};
+        pid_t pid7 = spawn_worker(bin, a7, &p7, &o7);
+        CHECK(p7 > 0);
+        hyla_rpc_client *keep = wc;
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", p7);
+        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        CHECK_OK(load("s-m", 1, 0, 0, 0));
+        s = append("s-m", prompt, 300);
+        CHECK_MSG(s != HYLA_OK && strstr(hyla_last_error(), "declared 300 tokens") &&
+                      strstr(hyla_last_error(), "max_append_tokens") && strstr(hyla_last_error(), "nothing was added"),
+                  "an Append declaring 300 tokens over a limit of 100: %s", hyla_last_error());
+        long long pos = -1;
+        Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+        dq.session_id = "s-m";
+        hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+        ProtobufCMessage *resp = NULL;
+        CHECK_OK(hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor,
+                                       &resp, &o, NULL));
+        if (resp) {
+            const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
+            pos = wr->session ? (long long)wr->session->position : -1;
+            protobuf_c_message_free_unpacked(resp, NULL);
+            resp = NULL;
+        }
+        CHECK_MSG(pos == 0, "the refused Append left the session at position %lld", pos);
+        append_no_hint = 1;
+        s = append("s-m", prompt, 300);
+        append_no_hint = 0;
+        char err[1024];
+        snprintf(err, sizeof err, "%s", hyla_last_error());
+        CHECK_MSG(s != HYLA_OK && strstr(err, "exceeds the limit of 100 tokens"), "300 tokens over a limit of 100: %s", err);
+        CHECK_OK(hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor,
+                                       &resp, &o, NULL));
+        pos = -1;
+        if (resp) {
+            const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
+            pos = wr->session ? (long long)wr->session->position : -1;
+            protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        char at[64];
+        snprintf(at, sizeof at, "is at position %lld)", pos);
+        CHECK_MSG(pos >= 0 && pos <= 100 && (pos == 0 || strstr(err, at)),
+                  "after the refusal the session is at %lld; the error said: %s", pos, err);
+        hyla_rpc_client_destroy(wc);
+        wc = keep;
+        kill(pid7, SIGTERM);
+        waitpid(pid7, NULL, 0);
+        fclose(o7);
+    }
 
     /* a two-stage pipeline: layers [0, 2) on one worker, [2, 4) on another, hidden states over
      * StageForward; tokens equal the one-worker run */

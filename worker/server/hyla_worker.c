@@ -175,7 +175,8 @@ static void unregister_append(hyla_worker *w, append_job *a) {
 void append_finish(hyla_worker *w, append_job *a, hyla_rpc_code code, const char *fmt, ...) {
     if (a->released) return;
     a->released = 1;
-    if (a->ws && a->ws->app == a) a->ws->app = NULL;
+    wsess *ws = a->ws;
+    if (ws && ws->app == a) ws->app = NULL;
     a->ws = NULL;
     if (code == HYLA_RPC_OK) {
         hyla_rpc_call_reply(a->call, NULL);
@@ -183,8 +184,15 @@ void append_finish(hyla_worker *w, append_job *a, hyla_rpc_code code, const char
         char msg[1024];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
+        int len = vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        /* what the failed call left: the pieces fed before the error stay in the session (an
+         * Append is not a transaction), so say how many and where the session now is */
+        if (a->ingested && ws && ws->s && len >= 0 && (size_t)len < sizeof msg)
+            snprintf(msg + len, sizeof msg - (size_t)len,
+                     " (this Append had added %llu tokens to session %s before it ended; they stay, and the session "
+                     "is at position %lld)",
+                     (unsigned long long)a->ingested, ws->id, (long long)hyla_session_position(ws->s));
         hyla_rpc_call_fail(a->call, code, "%s", msg);
     }
     if (a->done_seen) unregister_append(w, a);
@@ -503,6 +511,15 @@ static void do_append_msg(hyla_worker *w, cmd *c) {
         hyla_status st = make_resident(w, ws);
         if (st != HYLA_OK) {
             append_finish(w, a, hyla_rpc_code_from_status(st), "%s", hyla_last_error());
+            return;
+        }
+        /* a document declared larger than the call's limit is refused before anything of it is
+         * added, not once the limit's worth of it has been fed */
+        if (r->total_tokens_hint > w->p.max_append_tokens) {
+            append_finish(w, a, HYLA_RPC_RESOURCE_EXHAUSTED,
+                          "Append: the document's declared %llu tokens (total_tokens_hint) exceed the limit of %llu "
+                          "tokens per call (max_append_tokens); nothing was added to session %s",
+                          (unsigned long long)r->total_tokens_hint, (unsigned long long)w->p.max_append_tokens, ws->id);
             return;
         }
         a->ws = ws;
