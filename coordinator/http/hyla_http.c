@@ -542,7 +542,31 @@ struct job {
     size_t out_off;
     int done, cancelled, thread_started;
     pthread_t th;
+    int client_fd;            /* the HTTP client's socket (-1: unknown), watched while the
+                                 handler's own thread appends the prompt or generates */
 };
+
+/* The client has closed its end of the connection: a read would see the end of the stream (or
+   an error). While the handler's thread is inside an Append or a Generate nothing else reads the
+   socket, so a prompt or a completion whose client went away would run to its end for nobody.
+   (A client that half-closes after its request looks gone too; HTTP clients do not.) */
+static int client_gone(const job *j) {
+    if (j->client_fd < 0)
+        return 0;
+    char c;
+    ssize_t r = recv(j->client_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* hyla_append_params.progress of a prompt: non-zero (cancel the Append) once the client is gone */
+static int prompt_progress(const hyla_append_progress *p, void *ud) {
+    const job *j = ud;
+    if (!client_gone(j))
+        return 0;
+    HYLA_INFO("http: %s: the client went away; its prompt's Append stops after %llu tokens", j->id,
+              (unsigned long long)p->tokens_ingested);
+    return 1;
+}
 
 /* Delete a throw-away session. A Generate just cancelled may keep it busy for a moment
    (FAILED_PRECONDITION): retry for up to two seconds. */
@@ -698,6 +722,8 @@ static int job_prepare(job *j, const char *tenant, const char *api_key, http_err
     /* BOS before a text prompt, as a tokenizer adds it (the worker adds it only at position 0);
        chat templates write their own, and token-id prompts are taken as they are */
     ap.add_bos = !r->chat && json_is_string(r->prompt);
+    ap.progress = prompt_progress;
+    ap.progress_ud = j;
     hyla_append_progress fin;
     memset(&fin, 0, sizeof fin);
     hyla_status st = HYLA_OK;
@@ -732,6 +758,9 @@ static int on_piece(const hyla_token_piece *p, void *ud) {
         pthread_mutex_unlock(&j->mu);
         if (cancelled)
             return 1;
+    } else if (client_gone(j)) { /* a plain response: the handler's thread generates */
+        HYLA_INFO("http: %s: the client went away; its completion stops", j->id);
+        return 1;
     }
     buf_add(&j->all_raw, p->text, p->text_len);
     buf_add(&j->raw, p->text, p->text_len);
@@ -945,6 +974,8 @@ static enum MHD_Result handle_completion(hyla_http *h, struct MHD_Connection *co
     }
     j->doc = doc; /* the request's strings (prompt, stop, session_id) point into it */
     j->h = h;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->client_fd = ci ? ci->connect_fd : -1;
     j->created = (int64_t)time(NULL);
     strcpy(j->id, chat ? "chatcmpl-" : "cmpl-");
     random_hex(j->id + strlen(j->id), 24);

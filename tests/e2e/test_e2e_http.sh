@@ -199,6 +199,15 @@ sessions_left() { e2e_hyla ls --ids | wc -l; }
 only_one() { [ "$(sessions_left)" = 1 ]; } # the model_mismatch check created one
 e2e_wait_for 20 only_one || e2e_fail "throw-away sessions were not deleted: $(e2e_hyla ls)"
 
+# ---- a client that leaves while its long prompt is appended stops the Append ----
+# (the CPU workers take over a minute to ingest a 6 MB prompt; the gateway watches the client's
+# socket while it appends and cancels the Append, so the throw-away session goes in seconds)
+head -c 6000000 /dev/zero | tr '\0' y | "$PY" -c 'import json, sys; sys.stdout.write(json.dumps({"prompt": sys.stdin.read(), "max_tokens": 1}))' >"$E2E_DIR/longp"
+curl -s --max-time 3 -o /dev/null -H 'Content-Type: application/json' --data-binary @"$E2E_DIR/longp" "$URL/v1/completions"
+e2e_wait_for 20 only_one || e2e_fail "the prompt's Append went on after its client left: $(e2e_hyla ls)"
+grep -q "the client went away; its prompt's Append stops" "$E2E_DIR/coordinator.log" ||
+  e2e_fail "the coordinator did not log the client's leaving: $(grep -i 'went away' "$E2E_DIR/coordinator.log")"
+
 # ---- session_id: HTTP continuation == the gRPC path ----
 st=$(req POST /v1/completions '{"prompt":"First part.","max_tokens":10,"temperature":0,"seed":5,"ignore_eos":true,"session_id":"new"}')
 expect_status "$st" 200 "session_id new"
