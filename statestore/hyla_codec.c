@@ -882,9 +882,18 @@ hyla_status hyla_manifest_parse(const uint8_t *b, size_t len, const char *what, 
         return hyla_fail(HYLA_ERR_FORMAT, "%s: manifest: %s", what,
                          len < 12 ? "truncated value (shorter than its header)" : "bad magic (not a hyla manifest)");
     uint32_t ver = hyla_get_le32(b + 8);
-    if (ver != HYLA_SNAPSHOT_FORMAT_VERSION)
+    if (ver != HYLA_SNAPSHOT_FORMAT_VERSION) {
+        /* A newer format, or this one with its version field damaged: every format version ends
+         * its manifest in the xxh64 of the bytes before it (docs/STATE_FORMAT.md §3), so a value
+         * whose last 8 bytes do not match is damaged (DATA_LOSS), not new (FAILED_PRECONDITION) */
+        if (len >= 20 && XXH64(b, len - 8, 0) != hyla_get_le64(b + len - 8))
+            return hyla_fail(HYLA_ERR_CORRUPT,
+                             "%s: manifest checksum mismatch (damaged: its format version field reads %u, this build "
+                             "reads version %u, and its closing xxh64 does not match)",
+                             what, ver, HYLA_SNAPSHOT_FORMAT_VERSION);
         return hyla_fail(HYLA_ERR_UNSUPPORTED, "%s: unknown snapshot format version %u (this build reads version %u)",
                          what, ver, HYLA_SNAPSHOT_FORMAT_VERSION);
+    }
     if (len < MANIFEST_HEADER_BYTES + 8)
         return hyla_fail(HYLA_ERR_CORRUPT, "%s: manifest: truncated value (%zu bytes)", what, len);
     uint32_t n_parts = hyla_get_le32(b + 100);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <rocksdb/c.h>
+#include <xxhash.h>
 
 #include "hyla_codec_test.h"
 #include "hyla_store.h"
@@ -424,7 +425,10 @@ static void raw_close(raw_db *r) {
     rocksdb_writeoptions_destroy(r->wo);
 }
 
-typedef enum { DAMAGE_FLIP, DAMAGE_DELETE, DAMAGE_TRUNCATE, DAMAGE_MANIFEST_VERSION } damage;
+/* DAMAGE_MANIFEST_VERSION: the manifest of a newer format (version 2, its checksum made anew);
+ * DAMAGE_VERSION_FLIP: a version field damaged in place (the checksum no longer matches) */
+typedef enum { DAMAGE_FLIP, DAMAGE_DELETE, DAMAGE_TRUNCATE, DAMAGE_MANIFEST_VERSION, DAMAGE_VERSION_FLIP } damage;
+static int manifest_damage(damage d) { return d == DAMAGE_MANIFEST_VERSION || d == DAMAGE_VERSION_FLIP; }
 
 /* Damage chunk `chunk` of (layer, part) of session's head, or its manifest. */
 static void damage_store(const char *dir, const char *sid, uint64_t ver, uint32_t layer, const char *part,
@@ -445,7 +449,7 @@ static void damage_store(const char *dir, const char *sid, uint64_t ver, uint32_
     raw_open(&r, dir);
     char *err = NULL;
     size_t vl = 0;
-    if (d == DAMAGE_MANIFEST_VERSION) {
+    if (manifest_damage(d)) { /* the manifest, not a chunk */
         char k[300];
         size_t n = strlen(sid);
         k[0] = 'M';
@@ -456,6 +460,10 @@ static void damage_store(const char *dir, const char *sid, uint64_t ver, uint32_
         CHECK(v && !err);
         if (v) {
             v[8] = 2; /* format version 1 -> 2 */
+            if (d == DAMAGE_MANIFEST_VERSION && vl > 8) {
+                uint64_t x = XXH64(v, vl - 8, 0);
+                for (int i = 0; i < 8; i++) v[vl - 8 + i] = (char)(x >> (8 * i));
+            }
             rocksdb_put_cf(r.db, r.wo, r.cf[2], k, n + 10, v, vl, &err);
             rocksdb_free(v);
         }
@@ -508,14 +516,14 @@ static void refusal(const char *dir, const char *sid, damage d, hyla_status want
     snprintf(sv, sizeof sv, "session %s version 1", sid);
     CHECK(msg_has(msg, sv, reason));
     CHECK(msg_has(msg, reason, reason));
-    if (d != DAMAGE_MANIFEST_VERSION) {
+    if (!manifest_damage(d)) {
         CHECK(msg_has(msg, "layer 1 part Sp", reason));
         CHECK(msg_has(msg, "chunk 0/", reason));
     }
     /* a streaming read refuses it the same way (the manifest opens; the chunk fails) */
     hyla_store_reader *r = NULL;
     s = hyla_store_read_open(st, sid, 0, 0, &r);
-    if (d == DAMAGE_MANIFEST_VERSION) {
+    if (manifest_damage(d)) {
         CHECK_MSG(s == want && r == NULL, "stream open %s: got %s", reason, hyla_status_str(s));
     } else if (r) {
         CHECK_OK(s);
@@ -541,7 +549,7 @@ static void refusal(const char *dir, const char *sid, damage d, hyla_status want
     uint64_t problems = 0;
     CHECK(hyla_store_verify(st, sid, on_report, NULL, &problems) != HYLA_OK);
     CHECK(problems >= 1 && verify_found >= 1);
-    CHECK(msg_has(verify_msg, d == DAMAGE_MANIFEST_VERSION ? "format version" : "layer 1 part Sp", "verify"));
+    CHECK(msg_has(verify_msg, manifest_damage(d) ? "format version" : "layer 1 part Sp", "verify"));
     /* another session is unaffected */
     hyla_snapshot_destroy(t);
     hyla_store_close(st);
@@ -552,9 +560,9 @@ static void test_refusals(void) {
     new_dir(dir, sizeof dir);
     hyla_store_params p = small_params();
     hyla_store *st = open_store(dir, &p);
-    const char *sids[4] = {"flip", "gone", "short", "ver"};
-    hyla_snapshot *snaps[4];
-    for (int i = 0; i < 4; i++) {
+    const char *sids[5] = {"flip", "gone", "short", "ver", "verflip"};
+    hyla_snapshot *snaps[5];
+    for (int i = 0; i < 5; i++) {
         snaps[i] = tsu_make(30 + (uint64_t)i, 30 + (uint64_t)i, 400, 99);
         CHECK_OK(hyla_store_put(st, sids[i], snaps[i], NULL, NULL));
     }
@@ -585,10 +593,11 @@ static void test_refusals(void) {
     refusal(dir, "gone", DAMAGE_DELETE, HYLA_ERR_NOT_FOUND, "missing chunk");
     refusal(dir, "short", DAMAGE_TRUNCATE, HYLA_ERR_CORRUPT, "truncated value");
     refusal(dir, "ver", DAMAGE_MANIFEST_VERSION, HYLA_ERR_UNSUPPORTED, "format version 2");
+    refusal(dir, "verflip", DAMAGE_VERSION_FLIP, HYLA_ERR_CORRUPT, "manifest checksum mismatch");
     st = open_store(dir, &p);
     CHECK(get_equals(st, "ok", 0, ok));
     hyla_store_close(st);
-    for (int i = 0; i < 4; i++) hyla_snapshot_destroy(snaps[i]);
+    for (int i = 0; i < 5; i++) hyla_snapshot_destroy(snaps[i]);
     hyla_snapshot_destroy(ok);
 }
 

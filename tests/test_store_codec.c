@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "hyla_codec.h"
 #include "hyla_codec_test.h"
@@ -189,10 +190,22 @@ static void test_refusals(void) {
     memcpy(c, buf, len);
     c[8] = 9;
     expect_refusal(c, len, HYLA_ERR_UNSUPPORTED, "file version 9", NULL, "file version");
-    /* unknown snapshot format version (manifest at offset 32, version at +8) */
+    /* unknown snapshot format version (manifest at offset 32, version at +8, its length at 16),
+     * the manifest's closing checksum made anew: a newer format */
     memcpy(c, buf, len);
     c[32 + 8] = 2;
+    {
+        uint64_t ml = 0;
+        for (int i = 0; i < 8; i++) ml |= (uint64_t)c[16 + i] << (8 * i);
+        uint64_t x = XXH64(c + 32, ml - 8, 0);
+        for (int i = 0; i < 8; i++) c[32 + ml - 8 + i] = (uint8_t)(x >> (8 * i));
+    }
     expect_refusal(c, len, HYLA_ERR_UNSUPPORTED, "format version 2", NULL, "format version");
+    /* the same field damaged in place (the checksum left as it was): damage, not a newer format */
+    memcpy(c, buf, len);
+    c[32 + 8] = 2;
+    expect_refusal(c, len, HYLA_ERR_CORRUPT, "manifest checksum mismatch", "format version field reads 2",
+                   "damaged version field");
     /* not a snapshot */
     expect_refusal((const uint8_t *)"hello world, not a snapshot file at all", 40, HYLA_ERR_FORMAT, "not a hyla", NULL,
                    "magic");
