@@ -436,6 +436,7 @@ typedef struct {
     char name[128];         /* NUL-terminated */
     uint64_t fingerprint;   /* what snapshot files of it record */
     uint32_t ready_workers; /* workers serving it that are not dead */
+    uint32_t max_generate;  /* the largest max_tokens a Generate may ask on any of them (0: unknown) */
 } hyla_model_info;
 
 /* ListModels (any valid key, tenant or operator), ordered by name. *out: caller frees with

@@ -947,6 +947,7 @@ hyla_status hyla_client_list_models(hyla_client *c, hyla_model_info **out, size_
         snprintf(v[i].name, sizeof v[i].name, "%s", r->models[i]->name ? r->models[i]->name : "");
         v[i].fingerprint = r->models[i]->fingerprint;
         v[i].ready_workers = r->models[i]->ready_workers;
+        v[i].max_generate = r->models[i]->max_generate;
     }
     *n = r->n_models;
     *out = v;

@@ -53,6 +53,7 @@ typedef struct {
     char id[ID_MAX], address[256], model[ID_MAX], version[64];
     uint64_t fingerprint, param_bytes, state_budget;
     uint32_t num_layers, lb, le;
+    uint32_t max_generate; /* its --max-generate (0: not told, an older worker) */
     char dev_name[64], dev_desc[256];
     uint64_t mem_total, mem_free;
     int state; /* Hyla__V1__WorkerState */

@@ -209,6 +209,7 @@ void coord_do_register(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessag
     w->le = le;
     w->param_bytes = q->param_bytes;
     w->state_budget = q->state_budget_bytes;
+    w->max_generate = q->max_generate;
     if (q->device) {
         coord_copy_str(w->dev_name, sizeof w->dev_name, q->device->name);
         coord_copy_str(w->dev_desc, sizeof w->dev_desc, q->device->description);

@@ -574,8 +574,10 @@ static int cmp_model(const void *a, const void *b) {
     return strcmp((*(Hyla__V1__ModelInfo *const *)a)->name, (*(Hyla__V1__ModelInfo *const *)b)->name);
 }
 
-/* ListModels: the models of the workers not dead, each once, with its fingerprint and how many
- * such workers serve it. Any valid key may ask (hyla_coord_auth.c sets the policy). */
+/* ListModels: the models of the workers not dead, each once, with its fingerprint, how many
+ * such workers serve it and the largest max_tokens all of them take (the smallest --max-generate
+ * of the first stages, which answer Generate; 0 when one did not say). Any valid key may ask
+ * (hyla_coord_auth.c sets the policy). */
 void coord_do_list_models(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     (void)m;
     (void)tenant;
@@ -597,11 +599,17 @@ void coord_do_list_models(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMes
             coord_copy_str(names[n], ID_MAX, w->model);
             mi[n].name = names[n];
             mi[n].fingerprint = w->fingerprint;
+            mi[n].max_generate = UINT32_MAX;
             pm[n] = &mi[n];
             n++;
         }
         mi[j].ready_workers++;
+        if (w->lb == 0 && (!w->max_generate || w->max_generate < mi[j].max_generate))
+            mi[j].max_generate = w->max_generate; /* an older worker's 0: unknown for the model */
     }
+    for (size_t j = 0; j < n; j++)
+        if (mi[j].max_generate == UINT32_MAX) /* no first stage among them */
+            mi[j].max_generate = 0;
     pthread_mutex_unlock(&c->mu);
     qsort(pm, n, sizeof *pm, cmp_model);
     Hyla__V1__ListModelsResponse r = HYLA__V1__LIST_MODELS_RESPONSE__INIT;

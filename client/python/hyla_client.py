@@ -420,7 +420,8 @@ class Client:
 
     def list_models(self):
         """The models the cluster serves now: a list of ModelInfo (name, fingerprint,
-        ready_workers). Any valid key may ask."""
+        ready_workers, max_generate: the largest max_tokens a Generate may ask, 0 if unknown).
+        Any valid key may ask."""
         return list(self._unary("ListModels", self._sessions.ListModels, pb.sessions_pb2.ListModelsRequest()).models)
 
     # -- Cluster --------------------------------------------------------------------------

@@ -242,6 +242,7 @@ typedef struct {
     json_t *prompt;           /* completions: string or array of token ids (borrowed from body) */
     json_t *messages;         /* chat: normalised messages (owned) */
     uint32_t max_tokens;
+    const char *max_tokens_key; /* the request's name for it: max_tokens or max_completion_tokens */
     float temperature, top_p;
     int has_seed;
     uint64_t seed;
@@ -391,7 +392,9 @@ static int parse_creq(const hyla_http *h, json_t *body, int chat, creq *r, http_
         if (json_integer_value(v) < 1 || json_integer_value(v) > UINT32_MAX)
             return set_err(e, 400, "invalid_value", mt_key, "'%s' must be an integer >= 1", mt_key);
         r->max_tokens = (uint32_t)json_integer_value(v);
+        r->max_tokens_key = mt_key;
     } else {
+        r->max_tokens_key = mt_key;
         r->max_tokens = chat ? h->default_max_tokens : 16; /* OpenAI's default for completions */
     }
     double d = 1;
@@ -685,6 +688,25 @@ static int job_prepare(job *j, const char *tenant, const char *api_key, http_err
         hyla_session_info_clear(&out);
         j->throwaway = 1; /* until the caller has been told the id of a "new" one */
         j->keep = r->session_id != NULL;
+    }
+    /* max_tokens against what the model's workers generate in one call (their --max-generate):
+       refused here, before the prompt is appended, rather than by the worker once the prompt is
+       in (streamed: after the response has begun). A listing that fails leaves it to the worker. */
+    hyla_model_info *mi = NULL;
+    size_t nm = 0;
+    if (hyla_client_list_models(j->c, &mi, &nm) == HYLA_OK) {
+        uint32_t lim = 0;
+        for (size_t i = 0; i < nm; i++)
+            if (!strcmp(mi[i].name, r->model))
+                lim = mi[i].max_generate;
+        free(mi);
+        if (lim && r->max_tokens > lim) {
+            hyla_session_info_clear(&si);
+            return set_err(e, 400, "invalid_value", r->max_tokens_key,
+                           "'%s' is %u, over the %u tokens model '%s' generates for one request (hyla-worker "
+                           "--max-generate)",
+                           r->max_tokens_key, r->max_tokens, lim, r->model);
+        }
     }
 
     /* the prompt text */

@@ -190,11 +190,14 @@ expect_status "$st" 413 "a body over 8 MiB -> 413"
 # ---- throw-away sessions are gone, also after a client left a stream early ----
 curl -sN --max-time 1 -H 'Content-Type: application/json' --data-binary \
   '{"prompt":"long","max_tokens":60000,"ignore_eos":true,"stream":true}' "$URL/v1/completions" >/dev/null 2>&1
-# an error found once the stream has started (the worker's max_tokens limit) comes as an event
-curl -sN -H 'Content-Type: application/json' --data-binary \
-  '{"prompt":"x","max_tokens":100000,"stream":true}' "$URL/v1/completions" >"$E2E_DIR/estream"
-grep -q '^data: {"error":{"message":".*max_tokens' "$E2E_DIR/estream" || e2e_fail "no error event in: $(head -c 300 "$E2E_DIR/estream")"
-e2e_expect_eq "$(tail -n 2 "$E2E_DIR/estream" | head -n 1)" "data: [DONE]" "an error event, then data: [DONE]"
+# max_tokens over the workers' --max-generate (ListModels' max_generate): refused before the
+# prompt is appended, streamed or not, naming the limit
+expect_error 400 invalid_value "max_tokens over --max-generate, streamed -> 400" POST /v1/completions \
+  '{"prompt":"x","max_tokens":100000,"stream":true}'
+grep -q "65536 tokens model" "$E2E_DIR/resp" || e2e_fail "the refusal does not name the limit: $(head -c 300 "$E2E_DIR/resp")"
+expect_error 400 invalid_value "max_completion_tokens over --max-generate -> 400" POST /v1/chat/completions \
+  '{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":70000}'
+grep -q "max_completion_tokens' is 70000" "$E2E_DIR/resp" || e2e_fail "the refusal does not name the key: $(head -c 300 "$E2E_DIR/resp")"
 sessions_left() { e2e_hyla ls --ids | wc -l; }
 only_one() { [ "$(sessions_left)" = 1 ]; } # the model_mismatch check created one
 e2e_wait_for 20 only_one || e2e_fail "throw-away sessions were not deleted: $(e2e_hyla ls)"
@@ -274,9 +277,19 @@ else
   fi
 fi
 
+# ---- an error once a stream has begun comes as an event, then [DONE]: the workers die ----
+curl -sN -H 'Content-Type: application/json' --data-binary \
+  '{"prompt":"x","max_tokens":60000,"ignore_eos":true,"stream":true}' "$URL/v1/completions" >"$E2E_DIR/estream" &
+CURL=$!
+streaming() { grep -q '"text"' "$E2E_DIR/estream"; }
+e2e_wait_for 20 streaming || e2e_fail "the stream did not begin: $(head -c 300 "$E2E_DIR/estream")"
+
 # ---- no worker left: 503 ----
 e2e_kill w1 KILL
 e2e_kill w2 KILL
+wait "$CURL"
+grep -q '^data: {"error":{"message":' "$E2E_DIR/estream" || e2e_fail "no error event in: $(tail -c 300 "$E2E_DIR/estream")"
+e2e_expect_eq "$(tail -n 2 "$E2E_DIR/estream" | head -n 1)" "data: [DONE]" "an error event, then data: [DONE]"
 st=$(req POST /v1/completions '{"prompt":"x","max_tokens":2}')
 expect_status "$st" 503 "a completion with every worker killed -> 503"
 e2e_done

@@ -128,6 +128,7 @@ static hyla_status do_register(hyla_worker *w) {
     r.device = &dev;
     r.param_bytes = hyla_model_param_bytes(w->m);
     r.state_budget_bytes = w->p.state_budget_bytes;
+    r.max_generate = w->p.max_generate;
     r.version = "hyla 0.1";
     hyla_rpc_call_opts o = {5000, NULL, NULL, 0};
     ProtobufCMessage *resp = NULL;
