@@ -133,6 +133,23 @@ static hyla_status append(const char *id, const int32_t *toks, int n) {
     return s;
 }
 
+/* The worker's position of session id (DescribeSession), -1 when it did not answer. */
+static long long position_of(const char *id) {
+    Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+    dq.session_id = (char *)id;
+    hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+    ProtobufCMessage *resp = NULL;
+    long long pos = -1;
+    if (hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor, &resp,
+                              &o, NULL) == HYLA_OK &&
+        resp) {
+        const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
+        pos = wr->session ? (long long)wr->session->position : -1;
+    }
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    return pos;
+}
+
 static hyla_status generate(const char *id, uint32_t n, int32_t *out, int *got) {
     Hyla__V1__GenerateRequest r = HYLA__V1__GENERATE_REQUEST__INIT;
     r.session_id = (char *)id;
@@ -561,19 +578,7 @@ int main(int argc, char **argv) {
         CHECK_MSG(s != HYLA_OK && strstr(hyla_last_error(), "declared 300 tokens") &&
                       strstr(hyla_last_error(), "max_append_tokens") && strstr(hyla_last_error(), "nothing was added"),
                   "an Append declaring 300 tokens over a limit of 100: %s", hyla_last_error());
-        long long pos = -1;
-        Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
-        dq.session_id = "s-m";
-        hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
-        ProtobufCMessage *resp = NULL;
-        CHECK_OK(hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor,
-                                       &resp, &o, NULL));
-        if (resp) {
-            const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
-            pos = wr->session ? (long long)wr->session->position : -1;
-            protobuf_c_message_free_unpacked(resp, NULL);
-            resp = NULL;
-        }
+        long long pos = position_of("s-m");
         CHECK_MSG(pos == 0, "the refused Append left the session at position %lld", pos);
         append_no_hint = 1;
         s = append("s-m", prompt, 300);
@@ -581,14 +586,7 @@ int main(int argc, char **argv) {
         char err[1024];
         snprintf(err, sizeof err, "%s", hyla_last_error());
         CHECK_MSG(s != HYLA_OK && strstr(err, "exceeds the limit of 100 tokens"), "300 tokens over a limit of 100: %s", err);
-        CHECK_OK(hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor,
-                                       &resp, &o, NULL));
-        pos = -1;
-        if (resp) {
-            const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
-            pos = wr->session ? (long long)wr->session->position : -1;
-            protobuf_c_message_free_unpacked(resp, NULL);
-        }
+        pos = position_of("s-m");
         char at[64];
         snprintf(at, sizeof at, "is at position %lld)", pos);
         CHECK_MSG(pos >= 0 && pos <= 100 && (pos == 0 || strstr(err, at)),
