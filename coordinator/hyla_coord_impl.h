@@ -222,6 +222,8 @@ void *coord_monitor_main(void *arg);
 void coord_do_register(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 void coord_do_heartbeat(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant);
 
+/* A call's worker hint checked: NOT_FOUND (no such worker), INVALID_ARGUMENT (another model). */
+hyla_status coord_check_hint(hyla_coord *c, const char *hint, const char *model);
 /* ---- hyla_coord_place.c: placement ---- */
 hyla_status coord_resolve_model_locked(const hyla_coord *c, const char *want, char *out);
 hyla_status coord_call_worker(hyla_coord *c, const char *wid, const char *method, const ProtobufCMessage *req,

@@ -54,6 +54,22 @@ hyla_status coord_resolve_model_locked(const hyla_coord *c, const char *want, ch
     return hyla_fail(HYLA_ERR_INVALID_ARG, "field model: the cluster serves several models (%s); name one", models);
 }
 
+/* A worker hint a call names: NOT_FOUND when no such worker is registered, INVALID_ARGUMENT when
+ * it serves another model. Whether its group can take the session now is placement's business
+ * (a hint is a preference), but a hint that cannot mean anything is the caller's mistake. */
+hyla_status coord_check_hint(hyla_coord *c, const char *hint, const char *model) {
+    if (!hint || !hint[0])
+        return HYLA_OK;
+    pthread_mutex_lock(&c->mu);
+    const cworker *w = coord_worker_find(c, hint);
+    hyla_status st = !w ? hyla_fail(HYLA_ERR_NOT_FOUND, "worker '%s' not found", hint)
+                     : strcmp(w->model, model) ? hyla_fail(HYLA_ERR_INVALID_ARG, "worker '%s' serves model '%s', not '%s'",
+                                                           hint, w->model, model)
+                                               : HYLA_OK;
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
 /* The least-loaded placeable group of model (or hint's group), other than exclude. */
 static hyla_status pick_group_locked(const hyla_coord *c, const char *model, const char *hint, const char *exclude,
                                      char *out) {

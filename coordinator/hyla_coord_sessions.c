@@ -285,18 +285,27 @@ void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
     int active = s->state == HYLA__V1__SESSION_STATE__SESSION_ACTIVE;
     uint64_t version = s->snap.version;
     pthread_mutex_unlock(&c->mu);
-    hyla_status st = HYLA_OK;
-    if (q->version) {
+    hyla_status st = coord_check_hint(c, q->worker_hint, s->model);
+    if (st == HYLA_OK && q->version) {
         st = rewind_to(c, s, q->worker_hint, q->version);
-    } else if (!active) {
+    } else if (st == HYLA_OK && !active) {
         st = coord_place(c, s, q->worker_hint, NULL, version);
-    } else {
+    } else if (st == HYLA_OK) {
         pthread_mutex_lock(&c->mu);
         if (s->paused) { /* still resident: resuming is a directory change */
             s->paused = 0;
             coord_persist_locked(c, s, 1, 0);
         }
+        cworker *hw = q->worker_hint && *q->worker_hint ? coord_worker_find(c, q->worker_hint) : NULL;
+        int other = hw && strcmp(hw->group, s->group) != 0;
         pthread_mutex_unlock(&c->mu);
+        /* resident elsewhere than the hint names: it moves there, as a placement would have put it
+         * (a preference: when the move fails it stays where it is, active) */
+        char from[ID_MAX];
+        Hyla__V1__SnapshotInfo si;
+        if (other && coord_move(c, s, q->worker_hint, from, &si) != HYLA_OK)
+            HYLA_WARN("coordinator: resume of %s: it stays on group %s: moving it to %s's group failed: %s", s->id,
+                      s->group, q->worker_hint, hyla_last_error());
     }
     if (st == HYLA_OK)
         reply_view(c, call, s);
@@ -394,6 +403,8 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     csess *p = NULL;
     if (st == HYLA_OK)
         st = coord_acquire(c, q->session_id, tenant, &p);
+    if (st == HYLA_OK && (st = coord_check_hint(c, q->worker_hint, p->model)) != HYLA_OK)
+        coord_release(c, p);
     if (st != HYLA_OK) {
         coord_answer_error(call, st);
         return;

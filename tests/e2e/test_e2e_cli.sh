@@ -52,6 +52,15 @@ e2e_expect_rc 0 "read past the generated tokens" H read "$S" --from 32
 [ -s "$E2E_DIR/last.out" ] && e2e_fail "read --from 32 printed tokens"
 grep -q "of 32 generated" "$E2E_DIR/last.err" || e2e_fail "read does not report the generated count: $(cat "$E2E_DIR/last.err")"
 e2e_expect_rc 5 "read of another tenant's session -> PERMISSION_DENIED (5)" e2e_hyla --tenant intruder read "$S"
+# a worker hint that names no worker is refused by every call that takes one, resident or not
+e2e_expect_rc 3 "resume --on a worker that does not exist -> NOT_FOUND (3)" H resume "$S" --on nope
+grep -q "worker 'nope' not found" "$E2E_DIR/last.err" || e2e_fail "resume --on nope: $(cat "$E2E_DIR/last.err")"
+e2e_expect_rc 3 "fork --on a worker that does not exist -> NOT_FOUND (3)" H fork "$S" --on nope
+# paused but still resident (no --evict), resumed with a hint naming the other worker: it moves there
+e2e_expect_rc 0 "pause (resident)" H pause "$S"
+e2e_expect_rc 0 "resume --on $placed of a resident session (on $other)" H resume "$S" --on "$placed"
+grep -q "(workers $placed)" "$E2E_DIR/last.out" || e2e_fail "resume --on $placed left it: $(cat "$E2E_DIR/last.out")"
+e2e_expect_eq "$(H -q read "$S" --ids)" "$full" "the moved session keeps its 32 generated tokens"
 
 M=$(H create --seed 5)
 H -q append "$M" "$doc" && H -q append "$M" - <"$doc"
