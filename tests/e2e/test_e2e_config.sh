@@ -79,4 +79,15 @@ bad hyla-worker "bad.conf:2: want \`key = value\`" "model = /x" "device cpu"
 bad hyla-worker "bad.conf:1: unknown key 'modle'" "modle = /x"
 { "$E2E_BIN/hyla-coordinator" --config "$E2E_DIR/nonexistent.conf" 2>&1 || true; } | grep -q "nonexistent.conf: cannot open" ||
   e2e_fail "a missing config file is not named"
+# a numeric option whose value is not one (from a file or the command line) exits 2 naming it,
+# instead of starting with 0 or a wrapped negative
+bad hyla-worker "--max-batch must be a number of sessions from 1 to 65536, got 'abc'" "max-batch = abc"
+bad hyla-worker "--state-budget must be a size in MiB" "state-budget = -5"
+for a in "--max-batch 0" "--snapshot-every -1" "--max-generate x" "--max-append-tokens 0" "--prefill-piece abc" \
+         "--prefill-budget 0" "--threads 0" "--host-budget x"; do
+  set -- $a
+  rc=0
+  err=$("$E2E_BIN/hyla-worker" "$1" "$2" --help 2>&1 >/dev/null) || rc=$?
+  [ "$rc" = 2 ] && echo "$err" | grep -qF -- "$1 must be" || e2e_fail "hyla-worker $a: exit $rc, '$err'"
+done
 e2e_done

@@ -1,7 +1,9 @@
 /* hyla-worker — serves one model (or a layer range of it) on one device for the cluster.
  * See worker/server/hyla_worker.h for what it does; --help for how to run it. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +128,33 @@ static int expand_config(int argc, char **argv, const struct option *lo, int *ou
     return 1;
 }
 
+/* A whole-number option in [lo, hi] into *out; 0 (after saying so on stderr, naming the option
+ * and the text) when optarg is not one. */
+static int uint_opt(const char *name, const char *s, unsigned long long lo, unsigned long long hi, const char *what,
+                    unsigned long long *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[strspn(s, " \t")] == '-' || v < lo || v > hi) {
+        fprintf(stderr, "hyla-worker: --%s must be %s from %llu to %llu, got '%s'\n", name, what, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* A size in MiB (a number >= 0, fractions allowed) as bytes into *out; 0 after saying why. */
+static int mib_opt(const char *name, const char *s, uint64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || !(v >= 0) || v > 1e12) {
+        fprintf(stderr, "hyla-worker: --%s must be a size in MiB (a number >= 0), got '%s'\n", name, s);
+        return 0;
+    }
+    *out = (uint64_t)(v * 1024 * 1024);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     hyla_malloc_tune(); /* before any thread: chunk reads and writes on every core */
     hyla_worker_params p = hyla_worker_default_params();
@@ -170,15 +199,37 @@ int main(int argc, char **argv) {
             break;
         case 'i': p.worker_id = optarg; break;
         case 's': p.store = optarg; break;
-        case 'b': p.state_budget_bytes = (uint64_t)(strtod(optarg, NULL) * 1024 * 1024); break;
-        case 'H': p.host_budget_bytes = (uint64_t)(strtod(optarg, NULL) * 1024 * 1024); break;
-        case 'k': p.snapshot_every = (uint32_t)strtoul(optarg, NULL, 10); break;
-        case 'B': p.max_batch = atoi(optarg); break;
-        case 'P': p.prefill_budget = atoi(optarg); break;
-        case 'R': p.prefill_piece = atoi(optarg); break;
-        case 'G': p.max_generate = (uint32_t)strtoul(optarg, NULL, 10); break;
-        case 'A': p.max_append_tokens = strtoull(optarg, NULL, 10); break;
-        case 't': p.rpc_threads = atoi(optarg); break;
+        case 'b':
+            if (!mib_opt("state-budget", optarg, &p.state_budget_bytes)) return 2;
+            break;
+        case 'H':
+            if (!mib_opt("host-budget", optarg, &p.host_budget_bytes)) return 2;
+            break;
+        case 'k':
+        case 'B':
+        case 'P':
+        case 'R':
+        case 'G':
+        case 'A':
+        case 't': {
+            unsigned long long v;
+            int ok = c == 'k'   ? uint_opt("snapshot-every", optarg, 0, UINT32_MAX, "a token count", &v)
+                     : c == 'B' ? uint_opt("max-batch", optarg, 1, 65536, "a number of sessions", &v)
+                     : c == 'P' ? uint_opt("prefill-budget", optarg, 1, INT32_MAX, "a token count", &v)
+                     : c == 'R' ? uint_opt("prefill-piece", optarg, 1, INT32_MAX, "a token count", &v)
+                     : c == 'G' ? uint_opt("max-generate", optarg, 1, UINT32_MAX, "a token count", &v)
+                     : c == 'A' ? uint_opt("max-append-tokens", optarg, 1, UINT64_MAX, "a token count", &v)
+                                : uint_opt("threads", optarg, 1, 256, "a number of threads", &v);
+            if (!ok) return 2;
+            if (c == 'k') p.snapshot_every = (uint32_t)v;
+            else if (c == 'B') p.max_batch = (int)v;
+            else if (c == 'P') p.prefill_budget = (int)v;
+            else if (c == 'R') p.prefill_piece = (int)v;
+            else if (c == 'G') p.max_generate = (uint32_t)v;
+            else if (c == 'A') p.max_append_tokens = v;
+            else p.rpc_threads = (int)v;
+            break;
+        }
         case 'N': p.next_stage = optarg; break;
         case 'M': {
             char *end;
