@@ -74,6 +74,14 @@ for sub in kernels e2e; do
   [ -s "$T/out" ] && { echo "FAIL $sub --bogus: wrote to stdout"; fail=1; }
   "$BIN/hyla-bench" $sub --help 2>/dev/null | grep -q "usage: hyla-bench $sub" || { echo "FAIL $sub --help"; fail=1; }
 done
+# a list or a number that is not one (parsed as 0 before: a benchmark of nothing): exit 2 naming it
+for a in "e2e --prefill abc" "e2e --prefill 64,,128" "e2e --batch 0" "e2e --steps x" "e2e --tp 0" "kernels --ctx 1,-2" \
+         "restore --repeat 0" "restore --chunk-bytes 10"; do
+  set -- $a
+  m=(--model "$T"); [ "$1" = kernels ] && m=()
+  rc=0; "$BIN/hyla-bench" "$1" "${m[@]}" "$2" "$3" >/dev/null 2>"$T/err" || rc=$?
+  [ $rc = 2 ] && grep -q -- "$2: '$3' is not" "$T/err" || { echo "FAIL $a: exit $rc, '$(cat "$T/err")'"; fail=1; }
+done
 # e2e reports the runtime's scratch: a prompt fed without logits reserves none, a decode step its batch's rows
 if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hidden 128 --heads 2 --head-dim 64 \
      --intermediate 256 --vocab 1000 --out "$T/m" >/dev/null 2>&1; then

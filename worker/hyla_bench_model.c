@@ -1696,13 +1696,13 @@ int hyla_bench_kernels(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
-            sp_nctx = hyla_bench_parse_list(argv[i + 1], sp_ctx, 8);
-            seq_nctx = hyla_bench_parse_list(argv[i + 1], seq_ctx, 8);
-            dla_nctx = hyla_bench_parse_list(argv[++i], dla_ctx, 8);
+            sp_nctx = hyla_bench_parse_list("--ctx", argv[i + 1], sp_ctx, 8);
+            seq_nctx = hyla_bench_parse_list("--ctx", argv[i + 1], seq_ctx, 8);
+            dla_nctx = hyla_bench_parse_list("--ctx", argv[++i], dla_ctx, 8);
         } else if (!strcmp(argv[i], "--tau") && i + 1 < argc)
-            dla_tau = atof(argv[++i]);
+            dla_tau = hyla_bench_num("--tau", argv[++i], 1e-9, 1e9, 0);
         else if (!strcmp(argv[i], "--max-call-s") && i + 1 < argc)
-            dla_budget_s = atof(argv[++i]);
+            dla_budget_s = hyla_bench_num("--max-call-s", argv[++i], 1e-3, 1e6, 0);
         else {
             int help;
             FILE *uf = hyla_bench_usage_to("kernels", argv[i], &help);
@@ -1866,17 +1866,17 @@ int hyla_bench_e2e(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model_dir = argv[++i];
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
-            tp = atoi(argv[++i]);
+            tp = (int)hyla_bench_num("--tp", argv[++i], 1, HYLA_TP_MAX, 1);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
-            np = hyla_bench_parse_list(argv[++i], prefill, 8);
+            np = hyla_bench_parse_list("--prefill", argv[++i], prefill, 8);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            nb = hyla_bench_parse_list(argv[++i], batches, 8);
+            nb = hyla_bench_parse_list("--batch", argv[++i], batches, 8);
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
-            nc = hyla_bench_parse_list(argv[++i], ctxs, 8);
+            nc = hyla_bench_parse_list("--ctx", argv[++i], ctxs, 8);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
+            steps = (int)hyla_bench_num("--steps", argv[++i], 1, 1e6, 1);
         else if (!strcmp(argv[i], "--max-state-gib") && i + 1 < argc)
-            max_state_gib = atof(argv[++i]);
+            max_state_gib = hyla_bench_num("--max-state-gib", argv[++i], 1e-3, 1e6, 0);
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc)
             graphs = argv[++i];
         else {
@@ -1902,9 +1902,9 @@ int hyla_bench_e2e(int argc, char **argv) {
     }
     if (!model_dir) DIE("e2e: --model DIR is required (hyla-mkmodel writes one)");
     if (tp < 1 || tp > HYLA_TP_MAX) DIE("e2e: --tp must be a number from 1 to %d", HYLA_TP_MAX);
-    if (!np) np = hyla_bench_parse_list("4096", prefill, 8);
-    if (!nb) nb = hyla_bench_parse_list("1,16,64", batches, 8);
-    if (!nc) nc = hyla_bench_parse_list("16", ctxs, 8);
+    if (!np) np = hyla_bench_parse_list("(default)", "4096", prefill, 8);
+    if (!nb) nb = hyla_bench_parse_list("(default)", "1,16,64", batches, 8);
+    if (!nc) nc = hyla_bench_parse_list("(default)", "16", ctxs, 8);
     hyla_rng_seed(&rng, 99);
     hyla_tp_group *grp = NULL;
     if (tp > 1) {

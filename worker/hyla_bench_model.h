@@ -24,15 +24,39 @@
         if (s_ != HYLA_OK) HYLA_BENCH_DIE(prog, "%s: %s: %s", #call, hyla_status_str(s_), hyla_last_error()); \
     } while (0)
 
-/* A comma-separated list of integers ("4096,32768") into out (at most max); the count. */
-static inline int hyla_bench_parse_list(const char *s, int *out, int max) {
+/* A comma-separated list of positive integers ("4096,32768") into out (at most max); the count.
+ * Anything else (an empty item, a sign, a letter, 0, more than max items) exits 2 naming the
+ * option opt and the text: a list that parsed as zeros ran the benchmark on nothing. */
+static inline int hyla_bench_parse_list(const char *opt, const char *s, int *out, int max) {
     int n = 0;
-    while (s && *s && n < max) {
-        out[n++] = atoi(s);
-        s = strchr(s, ',');
-        if (s) s++;
+    const char *p = s;
+    while (p) {
+        char *end;
+        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : 0;
+        if (v < 1 || v > 1 << 30 || (*end && *end != ',') || n == max) {
+            fprintf(stderr, "hyla-bench: %s: '%s' is not a comma-separated list of up to %d positive integers\n", opt,
+                    s, max);
+            exit(2);
+        }
+        out[n++] = (int)v;
+        p = *end == ',' ? end + 1 : NULL;
     }
     return n;
+}
+
+/* The number s of option opt in [lo, hi] (a whole number when whole); anything else exits 2
+ * naming the option and the text. */
+static inline double hyla_bench_num(const char *opt, const char *s, double lo, double hi, int whole) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || !(v >= lo && v <= hi) || (whole && v != (double)(long long)v)) {
+        if (whole)
+            fprintf(stderr, "hyla-bench: %s: '%s' is not a whole number from %.0f to %.0f\n", opt, s, lo, hi);
+        else
+            fprintf(stderr, "hyla-bench: %s: '%s' is not a number from %g to %g\n", opt, s, lo, hi);
+        exit(2);
+    }
+    return v;
 }
 
 /* Where a subcommand's usage goes for argument arg: stdout for --help / -h (*help = 1), else

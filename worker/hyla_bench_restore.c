@@ -199,13 +199,13 @@ int hyla_bench_restore(int argc, char **argv) {
         int has = i + 1 < argc;
         if (!strcmp(a, "--model") && has) model_dir = argv[++i];
         else if (!strcmp(a, "--device") && has) d.device = argv[++i];
-        else if (!strcmp(a, "--ctx") && has) nc = hyla_bench_parse_list(argv[++i], ctxs, 8);
+        else if (!strcmp(a, "--ctx") && has) nc = hyla_bench_parse_list("--ctx", argv[++i], ctxs, 8);
         else if (!strcmp(a, "--store") && has) store_base = argv[++i];
-        else if (!strcmp(a, "--repeat") && has) repeat = atoi(argv[++i]);
-        else if (!strcmp(a, "--threads") && has) cp.threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--zstd-level") && has) cp.zstd_level = atoi(argv[++i]);
-        else if (!strcmp(a, "--chunk-bytes") && has) cp.chunk_bytes = (uint32_t)atol(argv[++i]);
-        else if (!strcmp(a, "--decode-steps") && has) steps = atoi(argv[++i]);
+        else if (!strcmp(a, "--repeat") && has) repeat = (int)hyla_bench_num("--repeat", argv[++i], 1, 16, 1);
+        else if (!strcmp(a, "--threads") && has) cp.threads = (int)hyla_bench_num("--threads", argv[++i], 0, 1024, 1);
+        else if (!strcmp(a, "--zstd-level") && has) cp.zstd_level = (int)hyla_bench_num("--zstd-level", argv[++i], -131072, 22, 1);
+        else if (!strcmp(a, "--chunk-bytes") && has) cp.chunk_bytes = (uint32_t)hyla_bench_num("--chunk-bytes", argv[++i], 4096, 256 << 20, 1);
+        else if (!strcmp(a, "--decode-steps") && has) steps = (int)hyla_bench_num("--decode-steps", argv[++i], 1, 1e6, 1);
         else {
             usage(strcmp(a, "--help") && strcmp(a, "-h") ? stderr : stdout);
             return strcmp(a, "--help") && strcmp(a, "-h") ? 2 : 0;
@@ -215,7 +215,7 @@ int hyla_bench_restore(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!nc) nc = hyla_bench_parse_list("32768", ctxs, 8);
+    if (!nc) nc = hyla_bench_parse_list("(default)", "32768", ctxs, 8);
     if (repeat < 1) repeat = 1;
     if (repeat > 16) repeat = 16;
     if (steps < 1) steps = 1;
