@@ -86,5 +86,18 @@ if "$BIN/hyla-run" --model "$T/nope" --prompt x --max-tokens 1 2>"$T/err" >/dev/
 else
   grep -q "config.json" "$T/err" || { echo "FAIL: missing-model message unclear: $(cat "$T/err")"; fail=1; }
 fi
+# numeric options that are not numbers in range exit 2 naming them (they were read as 0 before)
+for a in "--temperature x" "--temperature -1" "--top-p 2" "--top-k 1.5" "--seed -1" "--seed 18446744073709551616"; do
+  set -- $a
+  rc=0
+  "$BIN/hyla-run" --model "$T/sse-h" --prompt x --max-tokens 1 --quiet "$1" "$2" >/dev/null 2>"$T/err" || rc=$?
+  [ $rc = 2 ] && grep -q -- "$1 must be" "$T/err" || { echo "FAIL: hyla-run $a: exit $rc, $(cat "$T/err")"; fail=1; }
+done
+for a in "--layers abc" "--heads 0" "--short-conv 2" "--vocab 1" "--dla-threshold x"; do
+  set -- $a
+  rc=0
+  "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hidden 64 --heads 2 --out "$T/bad-model" "$1" "$2" >/dev/null 2>"$T/err" || rc=$?
+  [ $rc = 2 ] && grep -q -- "$1 must be" "$T/err" || { echo "FAIL: hyla-mkmodel $a: exit $rc, $(cat "$T/err")"; fail=1; }
+done
 [ $fail = 0 ] && echo "test_identity: ok"
 exit $fail

@@ -4,9 +4,11 @@
  * Same arguments => byte-identical files (weights come from hyla_rng seeded by --seed, in a
  * fixed tensor order). Initialisation keeps activations O(1) and logits peaked enough that
  * greedy decoding is not decided by rounding noise (docs/MODELS.md lists the tensors). */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -351,6 +353,19 @@ static int mk(const opts *o) {
     return 0;
 }
 
+
+/* The whole number text of option name in [lo, hi]; exits 2 naming both when it is not one. */
+static long long mk_int(const char *name, const char *text, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (!*text || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "hyla-mkmodel: --%s must be a whole number from %lld to %lld, got '%s'\n", name, lo, hi, text);
+        exit(2);
+    }
+    return v;
+}
+
 int main(int argc, char **argv) {
     opts o = {0};
     o.vocab = 260;
@@ -371,11 +386,11 @@ int main(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'a': o.arch = optarg; break;
-        case 'l': o.layers = atoi(optarg); break;
-        case 'd': o.hidden = atoi(optarg); break;
-        case 'H': o.heads = atoi(optarg); break;
-        case 'v': o.vocab = atoi(optarg); break;
-        case 's': o.seed = strtoull(optarg, NULL, 10); break;
+        case 'l': o.layers = (int)mk_int("layers", optarg, 1, 100000); break;
+        case 'd': o.hidden = (int)mk_int("hidden", optarg, 1, 1 << 20); break;
+        case 'H': o.heads = (int)mk_int("heads", optarg, 1, 1 << 16); break;
+        case 'v': o.vocab = (int)mk_int("vocab", optarg, 2, 1 << 24); break;
+        case 's': o.seed = (uint64_t)mk_int("seed", optarg, 0, INT64_MAX); break;
         case 't':
             if (!strcmp(optarg, "f32")) o.dtype = HYLA_DT_F32;
             else if (!strcmp(optarg, "bf16")) o.dtype = HYLA_DT_BF16;
@@ -385,20 +400,28 @@ int main(int argc, char **argv) {
                 return 2;
             }
             break;
-        case 'k': o.kv_heads = atoi(optarg); break;
-        case 'w': o.window = atoi(optarg); break;
-        case 'K': o.head_dim = atoi(optarg); break;
-        case 'n': o.partitions = atoi(optarg); break;
-        case 'p': o.topk = atoi(optarg); break;
-        case 'f': o.intermediate = atoi(optarg); break;
-        case 'c': o.short_conv = atoi(optarg) != 0; break;
+        case 'k': o.kv_heads = (int)mk_int("kv-heads", optarg, 1, 1 << 16); break;
+        case 'w': o.window = (int)mk_int("window", optarg, 0, INT32_MAX); break;
+        case 'K': o.head_dim = (int)mk_int("head-dim", optarg, 1, 1 << 16); break;
+        case 'n': o.partitions = (int)mk_int("partitions", optarg, 1, 1 << 16); break;
+        case 'p': o.topk = (int)mk_int("topk", optarg, 1, 1 << 16); break;
+        case 'f': o.intermediate = (int)mk_int("intermediate", optarg, 1, 1 << 24); break;
+        case 'c': o.short_conv = (int)mk_int("short-conv", optarg, 0, 1); break;
         case 'o': o.out = optarg; break;
-        case 'S': o.sink = atoi(optarg); break;
-        case 'B': o.budget = atoi(optarg); break;
-        case 'z': o.nsa_block = atoi(optarg); break;
-        case 'N': o.nsa_counts = atoi(optarg); break;
-        case 'D': o.dla_capacity = atoi(optarg); break;
-        case 'T': o.dla_threshold = atof(optarg); break;
+        case 'S': o.sink = (int)mk_int("sink", optarg, 0, INT32_MAX); break;
+        case 'B': o.budget = (int)mk_int("budget", optarg, 1, INT32_MAX); break;
+        case 'z': o.nsa_block = (int)mk_int("block-size", optarg, 1, 1 << 16); break;
+        case 'N': o.nsa_counts = (int)mk_int("block-counts", optarg, 1, 1 << 16); break;
+        case 'D': o.dla_capacity = (int)mk_int("dla-capacity", optarg, 1, INT32_MAX); break;
+        case 'T': {
+            char *end;
+            o.dla_threshold = strtod(optarg, &end);
+            if (!*optarg || *end || !(o.dla_threshold >= 0)) {
+                fprintf(stderr, "hyla-mkmodel: --dla-threshold must be a number >= 0, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -1,6 +1,7 @@
 /* hyla-run — the offline runner: prefill a prompt, generate, print; save and load session
  * state. stdout carries only the output (text, or ids with --ids); progress, statistics and
  * errors go to stderr. Exit status: 0 success, 1 runtime failure, 2 usage error. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,10 +148,35 @@ int main(int argc, char **argv) {
                 return 2;
             }
             break;
-        case 's': seed = strtoull(optarg, NULL, 10), seed_set = 1; break;
-        case 't': sp.temperature = strtof(optarg, NULL), samp_set = 1; break;
-        case 'k': sp.top_k = atoi(optarg), samp_set = 1; break;
-        case 'P': sp.top_p = strtof(optarg, NULL), samp_set = 1; break;
+        case 's':
+        case 't':
+        case 'k':
+        case 'P': { /* whole numbers for --seed and --top-k; the sampling ranges of hyla.h */
+            const char *nm = c == 's' ? "seed" : c == 't' ? "temperature" : c == 'k' ? "top-k" : "top-p";
+            double v = strtod(optarg, &end);
+            int bad = !*optarg || *end || !(v >= 0) || (c == 'k' && v != (double)(long long)v);
+            if (c == 's') { /* the whole 64-bit range, exactly */
+                errno = 0;
+                (void)strtoull(optarg, &end, 10);
+                bad = optarg[0] < '0' || optarg[0] > '9' || *end || errno;
+            }
+            if (!bad && c == 'P') bad = v > 1;
+            if (!bad && c == 'k') bad = v > 1e9;
+            if (bad) {
+                fprintf(stderr, "hyla-run: --%s must be %s, got '%s'\n", nm,
+                        c == 's'   ? "a whole number >= 0"
+                        : c == 't' ? "a number >= 0"
+                        : c == 'k' ? "a whole number >= 0 (0: off)"
+                                   : "a number in [0, 1]",
+                        optarg);
+                return 2;
+            }
+            if (c == 's') seed = strtoull(optarg, NULL, 10), seed_set = 1;
+            else if (c == 't') sp.temperature = (float)v, samp_set = 1;
+            else if (c == 'k') sp.top_k = (int)v, samp_set = 1;
+            else sp.top_p = (float)v, samp_set = 1;
+            break;
+        }
         case 'I': want_ids = 1; break;
         case 'S': save = optarg; break;
         case 'L': load = optarg; break;
