@@ -100,6 +100,19 @@ static int cmd_show(hyla_store *st, const char *sid, uint64_t version) {
     return 0;
 }
 
+/* The whole number text of option name in [lo, hi]; 0 after saying why on stderr. */
+static int num_arg(const char *name, const char *text, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (!*text || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "hyla-state: %s must be a whole number from %lld to %lld, got '%s'\n", name, lo, hi, text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     hyla_malloc_tune(); /* before any thread: chunk reads and writes on every core */
     const char *db = NULL, *sid_opt = NULL;
@@ -117,14 +130,20 @@ int main(int argc, char **argv) {
             db = argv[++i];
         } else if (!strcmp(a, "--session") && has) {
             sid_opt = argv[++i];
-        } else if (!strcmp(a, "--version") && has) {
-            version = strtoull(argv[++i], NULL, 10);
-        } else if (!strcmp(a, "--zstd-level") && has) {
-            cp.zstd_level = atoi(argv[++i]);
-        } else if (!strcmp(a, "--chunk-kib") && has) {
-            cp.chunk_bytes = (uint32_t)atoi(argv[++i]) * 1024u;
-        } else if (!strcmp(a, "--threads") && has) {
-            cp.threads = atoi(argv[++i]);
+        } else if ((!strcmp(a, "--version") || !strcmp(a, "--zstd-level") || !strcmp(a, "--chunk-kib") ||
+                    !strcmp(a, "--threads")) &&
+                   has) {
+            long long v;
+            int ok = !strcmp(a, "--version")      ? num_arg(a, argv[i + 1], 1, INT64_MAX, &v)
+                     : !strcmp(a, "--zstd-level") ? num_arg(a, argv[i + 1], -131072, 22, &v)
+                     : !strcmp(a, "--chunk-kib")  ? num_arg(a, argv[i + 1], 4, 256 * 1024, &v)
+                                                  : num_arg(a, argv[i + 1], 0, 1024, &v);
+            if (!ok) return 2;
+            i++;
+            if (!strcmp(a, "--version")) version = (uint64_t)v;
+            else if (!strcmp(a, "--zstd-level")) cp.zstd_level = (int)v;
+            else if (!strcmp(a, "--chunk-kib")) cp.chunk_bytes = (uint32_t)v * 1024u;
+            else cp.threads = (int)v;
         } else if (!strcmp(a, "--bf16")) {
             cp.f32_as_bf16 = 1;
         } else if (a[0] == '-' && a[1]) {

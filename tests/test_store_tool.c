@@ -92,6 +92,11 @@ int main(void) {
     CHECK(run("verify") == 0);
     CHECK(run("frobnicate") == 2);
     CHECK(run("show") == 2);
+    /* numbers that are not numbers in range: exit 2 naming the option (they were read as 0) */
+    CHECK_MSG(run("show beta --version abc") == 2 && strstr(out, "--version must be"), "--version abc: %s", out);
+    CHECK_MSG(run("export beta /dev/null --zstd-level 99") == 2 && strstr(out, "--zstd-level must be"), "%s", out);
+    CHECK_MSG(run("export beta /dev/null --chunk-kib 0") == 2 && strstr(out, "--chunk-kib must be"), "%s", out);
+    CHECK_MSG(run("ls --threads -1") == 2 && strstr(out, "--threads must be"), "%s", out);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' ls >/dev/null 2>&1", tool);
     int s = system(cmd);
