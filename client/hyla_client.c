@@ -817,16 +817,18 @@ hyla_status hyla_client_export_session_file(hyla_client *c, const char *session_
     snprintf(tmp, pl, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f) {
-        hyla_status st = local_fail(HYLA_ERR_IO, "ExportSession %s: %s: %s", session_id ? session_id : "", tmp,
-                                    strerror(errno));
+        hyla_status st = local_fail(HYLA_ERR_IO, "ExportSession %s: cannot write %s (through %s): %s",
+                                    session_id ? session_id : "", path, tmp, strerror(errno));
         free(tmp);
         return st;
     }
     hyla_status st = hyla_client_export_session(c, session_id, version, f, info);
     if (st == HYLA_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        st = local_fail(HYLA_ERR_IO, "ExportSession %s: %s: %s", session_id, tmp, strerror(errno));
+        st = local_fail(HYLA_ERR_IO, "ExportSession %s: writing %s (through %s): %s", session_id, path, tmp,
+                        strerror(errno));
     if (fclose(f) != 0 && st == HYLA_OK)
-        st = local_fail(HYLA_ERR_IO, "ExportSession %s: %s: %s", session_id, tmp, strerror(errno));
+        st = local_fail(HYLA_ERR_IO, "ExportSession %s: writing %s (through %s): %s", session_id, path, tmp,
+                        strerror(errno));
     if (st == HYLA_OK && rename(tmp, path) != 0)
         st = local_fail(HYLA_ERR_IO, "ExportSession %s: renaming %s to %s: %s", session_id, tmp, path,
                         strerror(errno));

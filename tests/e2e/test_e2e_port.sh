@@ -48,6 +48,9 @@ grep -q "exported $S (model .*) version [0-9]* at position" "$E2E_DIR/last.err" 
 [ -s "$F" ] || e2e_fail "export wrote no file"
 ls "$E2E_DIR"/s.hys.tmp.* >/dev/null 2>&1 && e2e_fail "export left its temporary file behind"
 [ "$(head -c 8 "$F")" = HYLASNAP ] || e2e_fail "the export is not a portable snapshot file"
+e2e_expect_rc 1 "export into a directory that does not exist" HA export "$S" "$E2E_DIR/no/such/dir/s.hys"
+grep -q "cannot write $E2E_DIR/no/such/dir/s.hys" "$E2E_DIR/last.err" ||
+  e2e_fail "the export's refusal does not name the file: $(cat "$E2E_DIR/last.err")"
 HA show "$S" | grep -q "^state *active" || e2e_fail "export changed the session's state: $(HA show "$S")"
 pos_a=$(HA show "$S" | awk '$1 == "position" { print $2 }')
 afterA=$(HA -q generate "$S" -n $N --ids --ignore-eos) || e2e_fail "generate in A after the export"
