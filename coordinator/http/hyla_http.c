@@ -26,6 +26,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -405,7 +406,10 @@ static int parse_creq(const hyla_http *h, json_t *body, int chat, creq *r, http_
     d = 1;
     if (!get_num(body, "top_p", 0, 1, &d, &present, e))
         return 0;
-    r->top_p = present ? (float)d : 1.0f;
+    /* OpenAI's top_p 0 keeps the most probable token alone; the Sessions API reads 0 as "off"
+       (proto3 has no unset), so 0 travels as the smallest positive float, whose nucleus is the
+       top token (the sampler always keeps one) */
+    r->top_p = !present ? 1.0f : d > 0 ? (float)d : FLT_MIN;
     v = json_object_get(body, "seed");
     if (v && !json_is_null(v)) {
         if (!json_is_integer(v))

@@ -123,6 +123,10 @@ e2e_expect_eq "$a" "$b" "the same seed samples the same text"
 req POST /v1/completions "{${S/1234/99}}" >/dev/null
 c=$(jq_ 'json.dumps(j["choices"][0]["text"])')
 [ "$a" != "$c" ] || e2e_fail "another seed gave the same 12 sampled tokens"
+# top_p 0 keeps the most probable token alone (OpenAI's meaning; the Sessions API's 0 is "off"):
+# at temperature 1 with any seed the text is the greedy text
+req POST /v1/completions "{${P/\"temperature\":0/\"temperature\":1,\"top_p\":0,\"seed\":7}}" >/dev/null
+e2e_expect_eq "$(jq_ 'json.dumps(j["choices"][0]["text"])')" "$plain" "top_p 0 at temperature 1 == greedy"
 
 # a stop sequence: the first printable ASCII character of the greedy text stops it, unsent
 stop=$("$PY" -c "
