@@ -150,6 +150,31 @@ static long long position_of(const char *id) {
     return pos;
 }
 
+/* A worker of its own for one check: spawned with args and made the one wc talks to; side_end
+ * points wc back, stops the worker (SIGTERM, waited for) and closes its output. */
+typedef struct {
+    pid_t pid;
+    FILE *out;
+    hyla_rpc_client *keep;
+} side_worker;
+static void side_begin(const char *const *args, side_worker *sw) {
+    int port = 0;
+    sw->out = NULL;
+    sw->pid = spawn_worker(bin, args, &port, &sw->out);
+    CHECK(port > 0);
+    sw->keep = wc;
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+}
+static void side_end(side_worker *sw) {
+    hyla_rpc_client_destroy(wc);
+    wc = sw->keep;
+    kill(sw->pid, SIGTERM);
+    waitpid(sw->pid, NULL, 0);
+    if (sw->out) fclose(sw->out);
+}
+
 static hyla_status generate(const char *id, uint32_t n, int32_t *out, int *got) {
     Hyla__V1__GenerateRequest r = HYLA__V1__GENERATE_REQUEST__INIT;
     r.session_id = (char *)id;
@@ -564,15 +589,9 @@ int main(int argc, char **argv) {
      * that only turns out larger is refused when it passes the limit, and the error says what
      * the call had added (it stays: an Append is not a transaction) */
     {
-        FILE *o7 = NULL;
-        int p7 = 0;
         const char *a7[] = {"--model", model, "--listen", "127.0.0.1:0", "--max-append-tokens", "100", NULL};
-        pid_t pid7 = spawn_worker(bin, a7, &p7, &o7);
-        CHECK(p7 > 0);
-        hyla_rpc_client *keep = wc;
-        char addr[64];
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", p7);
-        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        side_worker w7;
+        side_begin(a7, &w7);
         CHECK_OK(load("s-m", 1, 0, 0, 0));
         s = append("s-m", prompt, 300);
         CHECK_MSG(s != HYLA_OK && strstr(hyla_last_error(), "declared 300 tokens") &&
@@ -591,11 +610,7 @@ int main(int argc, char **argv) {
         snprintf(at, sizeof at, "is at position %lld)", pos);
         CHECK_MSG(pos >= 0 && pos <= 100 && (pos == 0 || strstr(err, at)),
                   "after the refusal the session is at %lld; the error said: %s", pos, err);
-        hyla_rpc_client_destroy(wc);
-        wc = keep;
-        kill(pid7, SIGTERM);
-        waitpid(pid7, NULL, 0);
-        fclose(o7);
+        side_end(&w7);
     }
 
     /* a two-stage pipeline: layers [0, 2) on one worker, [2, 4) on another, hidden states over
@@ -652,15 +667,9 @@ int main(int argc, char **argv) {
     /* a state budget smaller than two sessions: the idle one is evicted (to host memory, with a
      * durable snapshot) and restored transparently when addressed, continuing bit for bit */
     {
-        FILE *o3 = NULL;
-        int p3 = 0;
         const char *a3[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", state_budget, NULL};
-        pid_t pid3 = spawn_worker(bin, a3, &p3, &o3);
-        CHECK(p3 > 0);
-        hyla_rpc_client *keep = wc;
-        char addr[64];
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", p3);
-        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        side_worker w3;
+        side_begin(a3, &w3);
         int32_t e1[16], e2[8];
         CHECK_OK(load("s-x", 1, 0, 0.8f, 7));
         CHECK_OK(append("s-x", prompt, 300));
@@ -682,26 +691,16 @@ int main(int argc, char **argv) {
         }
         CHECK_OK(generate("s-x", 8, e1 + 8, &got));
         CHECK_MSG(!memcmp(e1, ref, sizeof e1), "evicted and restored session continues differently");
-        hyla_rpc_client_destroy(wc);
-        wc = keep;
-        kill(pid3, SIGTERM);
-        waitpid(pid3, NULL, 0);
-        fclose(o3);
+        side_end(&w3);
     }
 
     /* a host budget too: an evicted session whose durable snapshot covers it leaves the worker
      * (NOT_FOUND there); loading its head version elsewhere continues bit for bit */
     {
-        FILE *o4 = NULL;
-        int p4 = 0;
         const char *a4[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--state-budget", state_budget,
                             "--host-budget", "0.01", NULL};
-        pid_t pid4 = spawn_worker(bin, a4, &p4, &o4);
-        CHECK(p4 > 0);
-        hyla_rpc_client *keep = wc;
-        char addr[64];
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", p4);
-        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        side_worker w4;
+        side_begin(a4, &w4);
         int32_t e1[16], e2[8];
         CHECK_OK(load("s-u", 1, 0, 0.8f, 7));
         CHECK_OK(append("s-u", prompt, 300));
@@ -727,11 +726,7 @@ int main(int argc, char **argv) {
         CHECK_OK(load("s-u", 2, si.head_version, 0, 0));
         CHECK_OK(generate("s-u", 8, e1 + 8, &got));
         CHECK_MSG(!memcmp(e1, ref, sizeof e1), "session unloaded to the store continues differently");
-        hyla_rpc_client_destroy(wc);
-        wc = keep;
-        kill(pid4, SIGTERM);
-        waitpid(pid4, NULL, 0);
-        fclose(o4);
+        side_end(&w4);
     }
 
     /* auto-snapshots every 8 tokens while generating: each is exported asynchronously (begun,
@@ -831,16 +826,10 @@ int main(int argc, char **argv) {
         snprintf(fc_store, sizeof fc_store, "%s", store_addr);
         char faddr[64];
         snprintf(faddr, sizeof faddr, "127.0.0.1:%d", fport);
-        FILE *o6 = NULL;
-        int p6 = 0;
         const char *a6[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--coordinator", faddr,
                             "--id", "wh", "--snapshot-every", "0", NULL};
-        pid_t pid6 = spawn_worker(bin, a6, &p6, &o6);
-        CHECK(p6 > 0);
-        hyla_rpc_client *keep = wc;
-        char addr[64];
-        snprintf(addr, sizeof addr, "127.0.0.1:%d", p6);
-        CHECK_OK(hyla_rpc_client_create(addr, NULL, &wc));
+        side_worker w6;
+        side_begin(a6, &w6);
         CHECK_OK(load("s-h", 1, 0, 0.8f, 7));
         CHECK_MSG(fc_wait(fc_cond_seen, 20000), "no heartbeat reported s-h under epoch 1");
         CHECK_OK(load("s-h", 2, 0, 0.8f, 7)); /* re-placed here while that heartbeat is unanswered */
@@ -867,11 +856,7 @@ int main(int argc, char **argv) {
         int32_t h[8];
         CHECK_OK(generate("s-h", 8, h, &got));
         CHECK(got == 8);
-        hyla_rpc_client_destroy(wc);
-        wc = keep;
-        kill(pid6, SIGTERM);
-        waitpid(pid6, NULL, 0);
-        fclose(o6);
+        side_end(&w6);
         hyla_rpc_server_destroy(fc);
     }
 
