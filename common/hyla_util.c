@@ -243,3 +243,34 @@ float hyla_rng_normal(hyla_rng *r) {
     double u2 = (hyla_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
+
+int hyla_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+    if (!s || s[0] < '0' || s[0] > '9') return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+int hyla_parse_int(const char *s, long long lo, long long hi, long long *out) {
+    if (!s || !((s[0] >= '0' && s[0] <= '9') || (s[0] == '-' && lo < 0))) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+int hyla_parse_num(const char *s, double lo, double hi, double *out) {
+    if (!s || !*s) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno || !isfinite(v) || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+

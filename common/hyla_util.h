@@ -23,6 +23,13 @@ hyla_status hyla_write_file_atomic(const char *path, const void *data, size_t le
 /* mkdir -p */
 hyla_status hyla_mkdirs(const char *path);
 
+/* Command-line numbers, strictly: the whole text is one decimal number within [lo, hi], else 0
+ * (a caller names the option and the text in its own error). hyla_parse_u64 takes no sign;
+ * hyla_parse_int a leading '-' only where lo < 0; hyla_parse_num any finite number. */
+int hyla_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+int hyla_parse_int(const char *s, long long lo, long long hi, long long *out);
+int hyla_parse_num(const char *s, double lo, double hi, double *out);
+
 /* Little-endian integers in byte buffers: every on-disk format (snapshot files, store keys and
  * records, safetensors headers) is little-endian whatever the host's byte order. */
 static inline void hyla_put_le32(uint8_t *p, uint32_t v) {

@@ -15,6 +15,7 @@
 #include "hyla_codec.h"
 #include "hyla_log.h"
 #include "hyla_store.h"
+#include "hyla_util.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -102,14 +103,10 @@ static int cmd_show(hyla_store *st, const char *sid, uint64_t version) {
 
 /* The whole number text of option name in [lo, hi]; 0 after saying why on stderr. */
 static int num_arg(const char *name, const char *text, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (!*text || *end || errno || v < lo || v > hi) {
+    if (!hyla_parse_int(text, lo, hi, out)) {
         fprintf(stderr, "hyla-state: %s must be a whole number from %lld to %lld, got '%s'\n", name, lo, hi, text);
         return 0;
     }
-    *out = v;
     return 1;
 }
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_util.h"
+
 /* The benchmark programs' way out: a failed step ends the run with one line naming the step and
  * the library's message (a benchmark has no caller to hand an error to). */
 #define HYLA_BENCH_DIE(prog, ...)               \
@@ -31,15 +33,21 @@ static inline int hyla_bench_parse_list(const char *opt, const char *s, int *out
     int n = 0;
     const char *p = s;
     while (p) {
-        char *end;
-        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : 0;
-        if (v < 1 || v > 1 << 30 || (*end && *end != ',') || n == max) {
+        char item[32];
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        uint64_t v = 0;
+        if (len < sizeof item) {
+            memcpy(item, p, len);
+            item[len] = 0;
+        }
+        if (len >= sizeof item || n == max || !hyla_parse_u64(item, 1, 1 << 30, &v)) {
             fprintf(stderr, "hyla-bench: %s: '%s' is not a comma-separated list of up to %d positive integers\n", opt,
                     s, max);
             exit(2);
         }
         out[n++] = (int)v;
-        p = *end == ',' ? end + 1 : NULL;
+        p = comma ? comma + 1 : NULL;
     }
     return n;
 }
@@ -47,9 +55,8 @@ static inline int hyla_bench_parse_list(const char *opt, const char *s, int *out
 /* The number s of option opt in [lo, hi] (a whole number when whole); anything else exits 2
  * naming the option and the text. */
 static inline double hyla_bench_num(const char *opt, const char *s, double lo, double hi, int whole) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*s || *end || !(v >= lo && v <= hi) || (whole && v != (double)(long long)v)) {
+    double v;
+    if (!hyla_parse_num(s, lo, hi, &v) || (whole && v != (double)(long long)v)) {
         if (whole)
             fprintf(stderr, "hyla-bench: %s: '%s' is not a whole number from %.0f to %.0f\n", opt, s, lo, hi);
         else

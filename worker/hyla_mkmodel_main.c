@@ -4,11 +4,9 @@
  * Same arguments => byte-identical files (weights come from hyla_rng seeded by --seed, in a
  * fixed tensor order). Initialisation keeps activations O(1) and logits peaked enough that
  * greedy decoding is not decided by rounding noise (docs/MODELS.md lists the tensors). */
-#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,10 +354,8 @@ static int mk(const opts *o) {
 
 /* The whole number text of option name in [lo, hi]; exits 2 naming both when it is not one. */
 static long long mk_int(const char *name, const char *text, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (!*text || *end || errno || v < lo || v > hi) {
+    long long v;
+    if (!hyla_parse_int(text, lo, hi, &v)) {
         fprintf(stderr, "hyla-mkmodel: --%s must be a whole number from %lld to %lld, got '%s'\n", name, lo, hi, text);
         exit(2);
     }
@@ -414,12 +410,12 @@ int main(int argc, char **argv) {
         case 'N': o.nsa_counts = (int)mk_int("block-counts", optarg, 1, 1 << 16); break;
         case 'D': o.dla_capacity = (int)mk_int("dla-capacity", optarg, 1, INT32_MAX); break;
         case 'T': {
-            char *end;
-            o.dla_threshold = strtod(optarg, &end);
-            if (!*optarg || *end || !(o.dla_threshold >= 0)) {
+            double v;
+            if (!hyla_parse_num(optarg, 0, 1e30, &v)) {
                 fprintf(stderr, "hyla-mkmodel: --dla-threshold must be a number >= 0, got '%s'\n", optarg);
                 return 2;
             }
+            o.dla_threshold = v;
             break;
         }
         case 'h': usage(stdout); return 0;

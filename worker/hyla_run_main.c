@@ -1,7 +1,6 @@
 /* hyla-run — the offline runner: prefill a prompt, generate, print; save and load session
  * state. stdout carries only the output (text, or ids with --ids); progress, statistics and
  * errors go to stderr. Exit status: 0 success, 1 runtime failure, 2 usage error. */
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include "hyla_session.h"
 #include "hyla_tp.h"
 #include "hyla_tokenizer.h"
+#include "hyla_util.h"
 #if __has_include("hyla_store.h")
 #include "hyla_store.h"
 #define HAVE_STORE 1
@@ -151,19 +151,15 @@ int main(int argc, char **argv) {
         case 's':
         case 't':
         case 'k':
-        case 'P': { /* whole numbers for --seed and --top-k; the sampling ranges of hyla.h */
-            const char *nm = c == 's' ? "seed" : c == 't' ? "temperature" : c == 'k' ? "top-k" : "top-p";
-            double v = strtod(optarg, &end);
-            int bad = !*optarg || *end || !(v >= 0) || (c == 'k' && v != (double)(long long)v);
-            if (c == 's') { /* the whole 64-bit range, exactly */
-                errno = 0;
-                (void)strtoull(optarg, &end, 10);
-                bad = optarg[0] < '0' || optarg[0] > '9' || *end || errno;
-            }
-            if (!bad && c == 'P') bad = v > 1;
-            if (!bad && c == 'k') bad = v > 1e9;
-            if (bad) {
-                fprintf(stderr, "hyla-run: --%s must be %s, got '%s'\n", nm,
+        case 'P': { /* seeds over the whole 64-bit range; the sampling ranges of hyla.h */
+            uint64_t u = 0;
+            double v = 0;
+            int ok = c == 's'   ? hyla_parse_u64(optarg, 0, UINT64_MAX, &u)
+                     : c == 'k' ? hyla_parse_u64(optarg, 0, 1000000000, &u)
+                                : hyla_parse_num(optarg, 0, c == 'P' ? 1 : 1e30, &v);
+            if (!ok) {
+                fprintf(stderr, "hyla-run: --%s must be %s, got '%s'\n",
+                        c == 's' ? "seed" : c == 't' ? "temperature" : c == 'k' ? "top-k" : "top-p",
                         c == 's'   ? "a whole number >= 0"
                         : c == 't' ? "a number >= 0"
                         : c == 'k' ? "a whole number >= 0 (0: off)"
@@ -171,9 +167,9 @@ int main(int argc, char **argv) {
                         optarg);
                 return 2;
             }
-            if (c == 's') seed = strtoull(optarg, NULL, 10), seed_set = 1;
+            if (c == 's') seed = u, seed_set = 1;
             else if (c == 't') sp.temperature = (float)v, samp_set = 1;
-            else if (c == 'k') sp.top_k = (int)v, samp_set = 1;
+            else if (c == 'k') sp.top_k = (int)u, samp_set = 1;
             else sp.top_p = (float)v, samp_set = 1;
             break;
         }

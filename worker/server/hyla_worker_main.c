@@ -1,9 +1,7 @@
 /* hyla-worker — serves one model (or a layer range of it) on one device for the cluster.
  * See worker/server/hyla_worker.h for what it does; --help for how to run it. */
-#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +15,7 @@
 #include "hyla_rpc.h"
 #include "hyla_metrics.h"
 #include "hyla_probe.h"
+#include "hyla_util.h"
 #include "hyla_worker.h"
 
 static hyla_worker *g_worker;
@@ -132,10 +131,8 @@ static int expand_config(int argc, char **argv, const struct option *lo, int *ou
  * and the text) when optarg is not one. */
 static int uint_opt(const char *name, const char *s, unsigned long long lo, unsigned long long hi, const char *what,
                     unsigned long long *out) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || s[strspn(s, " \t")] == '-' || v < lo || v > hi) {
+    uint64_t v;
+    if (!hyla_parse_u64(s, lo, hi, &v)) {
         fprintf(stderr, "hyla-worker: --%s must be %s from %llu to %llu, got '%s'\n", name, what, lo, hi, s);
         return 0;
     }
@@ -145,9 +142,8 @@ static int uint_opt(const char *name, const char *s, unsigned long long lo, unsi
 
 /* A size in MiB (a number >= 0, fractions allowed) as bytes into *out; 0 after saying why. */
 static int mib_opt(const char *name, const char *s, uint64_t *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*s || *end || !(v >= 0) || v > 1e12) {
+    double v;
+    if (!hyla_parse_num(s, 0, 1e12, &v)) {
         fprintf(stderr, "hyla-worker: --%s must be a size in MiB (a number >= 0), got '%s'\n", name, s);
         return 0;
     }
