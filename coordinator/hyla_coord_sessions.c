@@ -276,6 +276,23 @@ static hyla_status rewind_to(hyla_coord *c, csess *s, const char *hint, uint64_t
     return HYLA_OK;
 }
 
+/* A resident session s (held busy) whose call named a hint of another group moves there, as a
+ * placement would have put it; the hint is a preference, so a failed move leaves it active where
+ * it is (what: the call, for the log). */
+static void move_to_hint(hyla_coord *c, csess *s, const char *hint, const char *what) {
+    if (!hint || !*hint)
+        return;
+    pthread_mutex_lock(&c->mu);
+    cworker *hw = coord_worker_find(c, hint);
+    int other = hw && strcmp(hw->group, s->group) != 0;
+    pthread_mutex_unlock(&c->mu);
+    char from[ID_MAX];
+    Hyla__V1__SnapshotInfo si;
+    if (other && coord_move(c, s, hint, from, &si) != HYLA_OK)
+        HYLA_WARN("coordinator: %s of %s: it stays on group %s: moving it to %s's group failed: %s", what, s->id,
+                  s->group, hint, hyla_last_error());
+}
+
 void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m, const char *tenant) {
     const Hyla__V1__ResumeRequest *q = (const Hyla__V1__ResumeRequest *)m;
     csess *s = acquire_for_call(c, call, q->session_id, tenant);
@@ -296,16 +313,8 @@ void coord_do_resume(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage 
             s->paused = 0;
             coord_persist_locked(c, s, 1, 0);
         }
-        cworker *hw = q->worker_hint && *q->worker_hint ? coord_worker_find(c, q->worker_hint) : NULL;
-        int other = hw && strcmp(hw->group, s->group) != 0;
         pthread_mutex_unlock(&c->mu);
-        /* resident elsewhere than the hint names: it moves there, as a placement would have put it
-         * (a preference: when the move fails it stays where it is, active) */
-        char from[ID_MAX];
-        Hyla__V1__SnapshotInfo si;
-        if (other && coord_move(c, s, q->worker_hint, from, &si) != HYLA_OK)
-            HYLA_WARN("coordinator: resume of %s: it stays on group %s: moving it to %s's group failed: %s", s->id,
-                      s->group, q->worker_hint, hyla_last_error());
+        move_to_hint(c, s, q->worker_hint, "resume");
     }
     if (st == HYLA_OK)
         reply_view(c, call, s);
@@ -502,18 +511,8 @@ void coord_do_fork(hyla_coord *c, hyla_rpc_call *call, const ProtobufCMessage *m
     pthread_mutex_unlock(&c->mu);
     if (r)
         protobuf_c_message_free_unpacked(r, NULL);
-    if (st == HYLA_OK && q->worker_hint && *q->worker_hint) {
-        /* the hint names another group: move the fork there (a preference: on failure it stays) */
-        pthread_mutex_lock(&c->mu);
-        cworker *hw = coord_worker_find(c, q->worker_hint);
-        int other = hw && strcmp(hw->group, s->group) != 0;
-        pthread_mutex_unlock(&c->mu);
-        char from[ID_MAX];
-        Hyla__V1__SnapshotInfo si;
-        if (other && coord_move(c, s, q->worker_hint, from, &si) != HYLA_OK)
-            HYLA_WARN("coordinator: fork %s stays on group %s: moving it to %s's group failed: %s", s->id, s->group,
-                      q->worker_hint, hyla_last_error());
-    }
+    if (st == HYLA_OK)
+        move_to_hint(c, s, q->worker_hint, "fork");
     if (st == HYLA_OK) {
         HYLA_INFO("coordinator: session %s forked from %s", s->id, p->id);
         reply_view(c, call, s);
