@@ -57,15 +57,21 @@ hyla_status coord_resolve_model_locked(const hyla_coord *c, const char *want, ch
 /* A worker hint a call names: NOT_FOUND when no such worker is registered, INVALID_ARGUMENT when
  * it serves another model. Whether its group can take the session now is placement's business
  * (a hint is a preference), but a hint that cannot mean anything is the caller's mistake. */
+static hyla_status hint_worker_locked(const hyla_coord *c, const char *hint, const char *model, const cworker **w) {
+    *w = coord_worker_find(c, hint);
+    if (!*w)
+        return hyla_fail(HYLA_ERR_NOT_FOUND, "worker '%s' not found", hint);
+    if (strcmp((*w)->model, model) != 0)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "worker '%s' serves model '%s', not '%s'", hint, (*w)->model, model);
+    return HYLA_OK;
+}
+
 hyla_status coord_check_hint(hyla_coord *c, const char *hint, const char *model) {
     if (!hint || !hint[0])
         return HYLA_OK;
+    const cworker *w;
     pthread_mutex_lock(&c->mu);
-    const cworker *w = coord_worker_find(c, hint);
-    hyla_status st = !w ? hyla_fail(HYLA_ERR_NOT_FOUND, "worker '%s' not found", hint)
-                     : strcmp(w->model, model) ? hyla_fail(HYLA_ERR_INVALID_ARG, "worker '%s' serves model '%s', not '%s'",
-                                                           hint, w->model, model)
-                                               : HYLA_OK;
+    hyla_status st = hint_worker_locked(c, hint, model, &w);
     pthread_mutex_unlock(&c->mu);
     return st;
 }
@@ -74,13 +80,8 @@ hyla_status coord_check_hint(hyla_coord *c, const char *hint, const char *model)
 static hyla_status pick_group_locked(const hyla_coord *c, const char *model, const char *hint, const char *exclude,
                                      char *out) {
     if (hint && hint[0]) {
-        const cworker *w = coord_worker_find(c, hint);
-        if (!w) {
-            return hyla_fail(HYLA_ERR_NOT_FOUND, "worker '%s' not found", hint);
-        }
-        if (strcmp(w->model, model) != 0) {
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "worker '%s' serves model '%s', not '%s'", hint, w->model, model);
-        }
+        const cworker *w;
+        HYLA_TRY(hint_worker_locked(c, hint, model, &w));
         if (exclude && strcmp(w->group, exclude) == 0) {
             return hyla_fail(HYLA_ERR_INVALID_ARG, "worker '%s' already holds the session", hint);
         }
