@@ -758,7 +758,8 @@ static void merge_parts(hyla_snapshot *to, const hyla_snapshot *from) {
  * they are): the tokens equal the unsplit model's bit for bit; a feed after them returns with pieces still posted, and
  * the export (which finishes them first) of the stages' snapshots, merged, equals the unsplit
  * model's and continues like it. The downstream saw the groups asked for (24 rows: at most 3 of >= 8)
- * and up to HYLA_DOWNSTREAM_IN_FLIGHT prefill pieces in flight. */
+ * and up to HYLA_DOWNSTREAM_IN_FLIGHT prefill pieces in flight. The whole model's own lanes (one,
+ * then two posted together) give its plain steps' tokens too. */
 #define MB_NS 24
 #define MB_STEPS 10
 #define MB_LANE_STEPS 6
@@ -889,6 +890,38 @@ static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
             for (int k = 0; k < P; k++) test_unload(st[k]);
             free(qs);
         }
+    { /* the whole model's lanes (a worker's step ahead): posted on the device's queue, sampled
+       * at collect; one lane of every session, then two lanes posted together */
+        hyla_session *g[MB_NS], *lb[2][MB_NS];
+        for (int i = 0; i < MB_NS; i++) {
+            g[i] = new_session(full, i % 2 ? 0.8f : 0.0f, 100 + i);
+            CHECK_OK(hyla_session_feed(g[i], prompts[i], lens[i], NULL, NULL, NULL, NULL));
+            lb[i % 2][i / 2] = g[i];
+        }
+        int same = 1, t = 0;
+        for (; t < MB_STEPS; t++) {
+            CHECK_OK(hyla_session_decode_post(g, MB_NS, 0, 0, MB_NS));
+            if (t == 0) {
+                hyla_session *other = new_session(full, 0.0f, 1); /* no other forward while posted */
+                CHECK(hyla_session_feed(other, prompts[1], lens[1], NULL, NULL, NULL, NULL) == HYLA_ERR_INTERNAL);
+                hyla_session_free(other);
+                CHECK(hyla_session_decode_post(g, MB_NS, 0, 0, MB_NS) == HYLA_ERR_INVALID_ARG); /* posted */
+            }
+            CHECK_OK(hyla_session_decode_collect(g, MB_NS, 0, out));
+            same &= !memcmp(out, ref[t], sizeof out);
+        }
+        CHECK_MSG(same, "one lane of the whole model: tokens differ from its plain decode steps");
+        same = 1;
+        for (; t < MB_STEPS + MB_LANE_STEPS; t++) {
+            for (int k = 0; k < 2; k++) CHECK_OK(hyla_session_decode_post(lb[k], MB_NS / 2, k, k * MB_NS / 2, MB_NS));
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(hyla_session_decode_collect(lb[k], MB_NS / 2, k, out));
+                for (int j = 0; j < MB_NS / 2; j++) same &= out[j] == ref[t][2 * j + k];
+            }
+        }
+        CHECK_MSG(same, "two lanes of the whole model: tokens differ from its plain decode steps");
+        for (int i = 0; i < MB_NS; i++) hyla_session_free(g[i]);
+    }
     hyla_snapshot_destroy(sf);
     free(extra);
     for (int i = 0; i < MB_NS; i++) {

@@ -501,7 +501,13 @@ int main(int argc, char **argv) {
     const char *wargs[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "100", NULL};
     FILE *wout = NULL;
     int wport = 0;
-    pid_t pid = spawn_worker(bin, wargs, &wport, &wout);
+    char wlog[300];
+    snprintf(wlog, sizeof wlog, "%s/worker.log", dir);
+    /* this worker decodes one step ahead (a GPU worker's default; HYLA_DECODE_LANES=1 on the
+     * CPU): every check on it below runs through the posted lane, the others' workers do not */
+    setenv("HYLA_DECODE_LANES", "1", 1);
+    pid_t pid = spawn_worker_log(bin, wargs, &wport, &wout, wlog);
+    unsetenv("HYLA_DECODE_LANES");
     CHECK(wport > 0);
     if (wport <= 0) {
         kill(pid, SIGKILL);
@@ -552,6 +558,14 @@ int main(int argc, char **argv) {
     CHECK_OK(g2.st);
     CHECK_MSG(g1.got == 40 && !memcmp(g1.out, r1, sizeof r1), "batched session b differs from its solo run");
     CHECK_MSG(g2.got == 40 && !memcmp(g2.out, r2, sizeof r2), "batched session c differs from its solo run");
+    {
+        FILE *f = fopen(wlog, "r");
+        char line[512];
+        int ahead = 0;
+        while (f && fgets(line, sizeof line, f)) ahead |= strstr(line, "decode one step ahead") != NULL;
+        if (f) fclose(f);
+        CHECK_MSG(ahead, "the worker with HYLA_DECODE_LANES=1 did not decode one step ahead (%s)", wlog);
+    }
 
     /* fork without reseed: both continue identically */
     {

@@ -557,7 +557,7 @@ hyla_status hyla_runtime_collect_lane(hyla_runtime *rt, int L, int *off, int *n,
     rt->lanes_busy--;
     *off = rt->lane[L].off;
     *n = rt->lane[L].n;
-    *aside = rt->lane[L].dev && rt->ds->sample_aside;
+    *aside = rt->lane[L].dev && rt->ds && rt->ds->sample_aside;
     if (rt->lane[L].dev) return HYLA_OK;
     size_t V = (size_t)rt->m->cfg.vocab_size, at = (size_t)*off * V;
     return rt->be->ops->upload(rt->be->ctx, rt->logits + at, rt->hlogits + at, (size_t)*n * V * sizeof(float));
@@ -574,7 +574,10 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     int last = m->lm_head != NULL;
     int lane = f->lane - 1;
     if (f->lane) {
-        const char *why = last || !rt->ds             ? "needs a later pipeline stage"
+        /* a lane is posted to the later stages, or (the whole model on one device) left
+         * running on the device's queue: its logits land in rt->logits and collect samples them */
+        const char *why = last && m->layer_begin != 0 ? "not a first stage's decode step"
+                          : !last && !rt->ds          ? "needs a later pipeline stage"
                           : rt->tp                    ? "not on a tensor-parallel stage"
                           : !f->decode || f->groups   ? "not a first stage's decode step"
                           : lane >= HYLA_LANES_MAX    ? "no such lane"
@@ -634,6 +637,14 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, lg, c->vocab_size);
         PM("final norm, lm head");
         if (hs == HYLA_OK && f->logits_host) hs = o->download(ctx, f->logits_host, lg, (size_t)f->R * V * sizeof(float));
+        if (hs == HYLA_OK && f->lane) { /* nothing in flight downstream: collect only samples */
+            rt->lane[lane].busy = 1;
+            rt->lane[lane].dev = 1;
+            rt->lane[lane].off = f->row_off;
+            rt->lane[lane].n = f->R;
+            rt->lane[lane].post_seq = rt->posts - (uint64_t)rt->in_flight;
+            rt->lanes_busy++;
+        }
         return hs;
     }
     if ((rt->tp && rt->tp_rank) || f->lane) return HYLA_OK; /* a lane is finished by its collect */

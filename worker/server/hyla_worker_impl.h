@@ -169,6 +169,8 @@ struct hyla_worker {
     hyla_model *m;
     hyla_runtime *rt; /* the runtime every session of this worker runs on */
     int lanes_on;      /* decode lanes allowed (HYLA_DECODE_LANES != 0; hyla_worker_sched.c) */
+    int ahead;         /* a whole-model worker keeps its next decode step queued on the device while
+                          it sends the last step's tokens (on a GPU, or HYLA_DECODE_LANES=1) */
     int incremental;   /* durable puts export only the KV rows past the durable version
                           (HYLA_SNAPSHOT_INCREMENTAL != 0; incremental_base) */
     hyla_tp_group *tp; /* --tp > 1: the group that owns be, m, rt and the other ranks (NULL: none) */

@@ -316,7 +316,11 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
 }
 
 /* ---- decode lanes ----
- * On a pipeline's first stage (one GPU per stage, --micro-batches M >= 2) with at least
+ * A whole-model worker on a GPU keeps one lane: each scheduler step collects it (waits for the
+ * step's logits, samples), posts the next step of the sessions that go on, and only then sends
+ * the collected tokens, so the device runs step N + 1 while the host sends step N's tokens and
+ * does the loop's other work (the host's turn between steps is otherwise the device's idle
+ * time). On a pipeline's first stage (one GPU per stage, --micro-batches M >= 2) with at least
  * M * HYLA_MICRO_BATCH_MIN_ROWS generating sessions, decoding runs in L = min(M, HYLA_LANES_MAX)
  * lanes: each scheduler step collects the oldest lane (waits for its logits, samples, delivers)
  * and posts it again with up to ceil(sessions / L) sessions, so while one lane's step is in the
@@ -328,9 +332,10 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
 static int lanes_count(hyla_worker *w, int n_gen) {
     int lb, le;
     hyla_model_layer_range(w->m, &lb, &le);
+    if (holds_all_layers(w)) return w->ahead && n_gen > 0;
     int M = hyla_runtime_micro_batches(w->rt), L = M < HYLA_LANES_MAX ? M : HYLA_LANES_MAX;
     if (n_gen / HYLA_MICRO_BATCH_MIN_ROWS < L) L = n_gen / HYLA_MICRO_BATCH_MIN_ROWS;
-    if (lb != 0 || holds_all_layers(w) || w->tp || L < 2 || !w->lanes_on) return 0;
+    if (lb != 0 || w->tp || L < 2 || !w->lanes_on) return 0;
     return L;
 }
 
@@ -465,7 +470,8 @@ static int step_decode_any(hyla_worker *w, decode_bufs *d) {
     if (L && d->busy && L != d->lanes) lanes_drain(w, d); /* lanes are posted round robin over L */
     if (L) {
         if (L > d->most_lanes) {
-            HYLA_INFO("decode in %d lanes (%d sessions generating)", L, n_gen);
+            if (holds_all_layers(w)) HYLA_INFO("decode one step ahead (%d sessions generating)", n_gen);
+            else HYLA_INFO("decode in %d lanes (%d sessions generating)", L, n_gen);
             d->most_lanes = L;
         }
         d->lanes = L;
