@@ -474,6 +474,13 @@ typedef struct hyla_ops {
      * HYLA_CPU_BF16_ROWS=1 (tests/test_bf16rows.c; its default is the fp32 reference). */
     hyla_status (*rmsnorm_bf16)(void *ctx, float *residual, const float *x, const float *w, void *y, int n, int D,
                                 float eps);
+
+    /* ---- start the work queued so far without waiting for it (NULL: each op starts when called)
+     * A backend that defers launches (CUDA logs stream-ordered ops for its graphs until an op that
+     * needs their results) launches them now, so the device works while the host goes on: a
+     * decode step posted on the whole model (hyla_session_decode_post) before its tokens are
+     * needed. */
+    hyla_status (*submit)(void *ctx);
 } hyla_ops;
 
 typedef struct {

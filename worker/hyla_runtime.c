@@ -637,6 +637,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
         hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, lg, c->vocab_size);
         PM("final norm, lm head");
         if (hs == HYLA_OK && f->logits_host) hs = o->download(ctx, f->logits_host, lg, (size_t)f->R * V * sizeof(float));
+        if (hs == HYLA_OK && f->lane && o->submit) hs = o->submit(ctx); /* the device starts it now */
         if (hs == HYLA_OK && f->lane) { /* nothing in flight downstream: collect only samples */
             rt->lane[lane].busy = 1;
             rt->lane[lane].dev = 1;

@@ -1097,6 +1097,11 @@ static hyla_status f_sync(void *ctx) {
     return cu_sync(ctx);
 }
 
+static hyla_status f_submit(void *ctx) {
+    FLUSH;
+    return HYLA_OK;
+}
+
 static hyla_status f_weight_create(void *ctx, const void *host, hyla_dtype dt, int rows, int cols, hyla_weight **out) {
     *out = NULL;
     FLUSH;
@@ -1384,6 +1389,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     g_gdn_decode_raw,
     /* prompt rows' norms as the prompt GEMMs' bf16 operand */
     g_rmsnorm_bf16,
+    /* launch what is logged, without waiting */
+    f_submit,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */
