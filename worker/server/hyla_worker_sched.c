@@ -239,7 +239,37 @@ typedef struct {
     int next;       /* the lane collected and posted next (lanes are collected in post order) */
     int lanes;      /* lanes of the posted ones */
     int most_lanes; /* the most lanes used so far (logged as it grows) */
+    /* the pace of decoding (pace_count), logged at debug level every 2 s of steady decoding */
+    double pace_t0, pace_last;
+    uint64_t pace_steps, pace_tokens;
+    double pace_wait, pace_post, pace_send; /* s: collect (device + sampling), post, sends */
 } decode_bufs;
+
+/* Count a decode step that delivered `tokens` tokens; every 2 s without a pause of 0.1 s between
+ * steps, log the mean step (wall time, the host's turn included) and the token rate. */
+static void pace_count(decode_bufs *d, int tokens) {
+    double t = now_s();
+    if (t - d->pace_last > 0.1) { /* idle before this step: a new window */
+        d->pace_t0 = t;
+        d->pace_steps = d->pace_tokens = 0;
+        d->pace_wait = d->pace_post = d->pace_send = 0;
+    } else {
+        d->pace_steps++;
+        d->pace_tokens += (uint64_t)tokens;
+    }
+    d->pace_last = t;
+    if (t - d->pace_t0 >= 2 && d->pace_steps) {
+        double k = 1e3 / (double)d->pace_steps;
+        HYLA_DEBUG("decode pace: %llu steps of %.1f tokens in %.2f s: %.3f ms a step (collect %.3f, post %.3f, "
+                   "sends %.3f), %.0f tokens/s",
+                   (unsigned long long)d->pace_steps, (double)d->pace_tokens / (double)d->pace_steps, t - d->pace_t0,
+                   (t - d->pace_t0) * k, d->pace_wait * k, d->pace_post * k, d->pace_send * k,
+                   (double)d->pace_tokens / (t - d->pace_t0));
+        d->pace_t0 = t;
+        d->pace_steps = d->pace_tokens = 0;
+        d->pace_wait = d->pace_post = d->pace_send = 0;
+    }
+}
 
 static void lanes_drain(hyla_worker *w, decode_bufs *d);
 
@@ -305,12 +335,16 @@ static int step_decode(hyla_worker *w, decode_bufs *d) {
         HYLA_ERROR("decode step of %d sessions failed: %s", B, msg);
         fail_batch(w, d->ws, B, st, msg);
     } else {
+        double t1 = now_s();
         w->tok_window += (uint64_t)B;
-        worker_metrics_tokens(w, "decode", (uint64_t)B, now_s() - t0);
+        worker_metrics_tokens(w, "decode", (uint64_t)B, t1 - t0);
+        pace_count(d, B);
         for (int i = 0; i < B; i++) {
-            d->ws[i]->last_used = now_s();
+            d->ws[i]->last_used = t1;
             deliver(w, d->ws[i], d->out[i]);
         }
+        d->pace_wait += t1 - t0;
+        d->pace_send += now_s() - t1;
     }
     return 1;
 }
@@ -371,6 +405,7 @@ static int lane_take(hyla_worker *w, decode_bufs *d, int k) {
     }
     w->tok_window += (uint64_t)n;
     worker_metrics_tokens(w, "decode", (uint64_t)n, now_s() - ln->t0);
+    pace_count(d, n);
     for (int i = 0; i < n; i++) {
         d->got_ws[i] = ln->ws[i];
         d->got_tok[i] = ln->out[i];
@@ -421,7 +456,9 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     int k = d->next, worked = 0, got = 0;
     decode_lane *ln = &d->lane[k];
     if (ln->n) {
+        double t0 = now_s();
         got = lane_take(w, d, k);
+        d->pace_wait += now_s() - t0;
         worked = 1;
         n_gen = 0;
         for (wsess *s = w->sessions; s; s = s->next) n_gen += s->gen && s->s && !(s->gen->gone);
@@ -444,7 +481,9 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     d->next = (k + 1) % L;
     if (B) {
         ln->t0 = now_s();
+        double t0 = now_s();
         hyla_status st = hyla_session_decode_post(ln->batch, B, k, k * per, L * per);
+        d->pace_post += now_s() - t0;
         if (st != HYLA_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", hyla_last_error());
@@ -458,7 +497,9 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
         d->busy++;
         worked = 1;
     }
+    double t0 = now_s();
     lane_send(w, d, got);
+    d->pace_send += now_s() - t0;
     return worked;
 }
 
@@ -504,6 +545,8 @@ static feed_result feed_append(hyla_worker *w, wsess *s, append_job *a, int *bud
     w->tok_window += (uint64_t)n;
     s->last_used = now_s();
     worker_metrics_tokens(w, "prefill", (uint64_t)n, s->last_used - t0);
+    HYLA_DEBUG("fed %d tokens of %s in %.1f ms (position %lld)", n, s->id, (s->last_used - t0) * 1e3,
+               (long long)hyla_session_position(s->s));
     if (a->held && a->n < (size_t)w->p.prefill_budget * 16) {
         hyla_rpc_call_read_resume(a->call);
         a->held = 0;
@@ -602,15 +645,16 @@ static void step_drain(hyla_worker *w) {
     pthread_mutex_unlock(&w->exit_mu);
 }
 
-/* Nothing to overlap with: end the pending exports now rather than after a sleep. */
-static void step_finish_exports(hyla_worker *w) {
-    for (wsess *s = w->sessions; s; s = s->next) finish_export(w, s);
-}
-
-/* Idle: wait up to 50 ms for a command. */
+/* Idle: wait up to 50 ms for a command, or 1 ms while an auto-snapshot's copies are in flight
+ * (step_snapshots queues its put once they are done). The scheduler never waits for the copies
+ * themselves: those of a long document's KV take seconds, and a Generate or Append arriving
+ * meanwhile must not wait behind them (nothing but a put, a fork or a drop of that session
+ * needs them finished). */
 static void step_idle_wait(hyla_worker *w) {
+    int exporting = 0;
+    for (wsess *s = w->sessions; s && !exporting; s = s->next) exporting = s->exp != NULL;
     pthread_mutex_lock(&w->mu);
-    if (!w->q_head && !w->stop) hyla_cond_wait_ms(&w->cv, &w->mu, 50);
+    if (!w->q_head && !w->stop) hyla_cond_wait_ms(&w->cv, &w->mu, exporting ? 1 : 50);
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -672,6 +716,9 @@ void *scheduler_main(void *arg) {
     d.got = malloc((size_t)w->p.max_batch * sizeof *d.got);
     HYLA_ASSERT(d.got_ws && d.got_tok && d.got);
     d.busy = d.next = d.lanes = d.most_lanes = 0;
+    d.pace_t0 = d.pace_last = 0;
+    d.pace_steps = d.pace_tokens = 0;
+    d.pace_wait = d.pace_post = d.pace_send = 0;
     w->tok_window_t0 = now_s();
     double last_pub = 0;
     while (!w->stop) {
@@ -683,7 +730,6 @@ void *scheduler_main(void *arg) {
         worked |= step_prefill(w, &queued);
         step_snapshots(w);
         step_drain(w);
-        if (!worked) step_finish_exports(w);
         evict_if_needed(w);
         double t = now_s();
         if (t - last_pub > 0.2 || worked || commands) {
