@@ -19,7 +19,8 @@
 # model made beforehand (its layer count in BENCH_LAYERS) instead of making one: a model of the
 # 1.3B shapes takes minutes to make, and the same files then serve the in-process benchmarks.
 # BENCH_PP_PIECE=N gives the pipeline's stages --prefill-piece N (the whole-model worker keeps
-# its default), to compare piece sizes of a pipeline against one GPU at its own.
+# its default), to compare piece sizes of a pipeline against one GPU at its own. BENCH_PP=0 times
+# the whole-model worker alone (one GPU is enough), e.g. to compare worker settings between runs.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 DOC_BYTES=${1:-16384}
@@ -39,8 +40,9 @@ PF=()
 [ -n "${BENCH_PP_PIECE:-}" ] && PF=(--prefill-piece "$BENCH_PP_PIECE")
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
 e2e_start_worker g1 "$MODEL" --device cuda:0 "${WF[@]}" || e2e_done
-e2e_start_worker p0 "$MODEL" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" "${PF[@]}" || e2e_done
-e2e_start_worker p1 "$MODEL" --device cuda:1 --layers $((L / 2)):$L "${WF[@]}" "${PF[@]}" || e2e_done
+PP=${BENCH_PP:-1}
+[ "$PP" = 0 ] || e2e_start_worker p0 "$MODEL" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" "${PF[@]}" || e2e_done
+[ "$PP" = 0 ] || e2e_start_worker p1 "$MODEL" --device cuda:1 --layers $((L / 2)):$L "${WF[@]}" "${PF[@]}" || e2e_done
 H() { e2e_hyla -q "$@"; }
 doc="$E2E_DIR/doc.txt"
 head -c "$DOC_BYTES" /dev/urandom | base64 -w 100 | head -c "$DOC_BYTES" >"$doc"
@@ -92,6 +94,10 @@ bench() { # bench NAME ON
     printf "{\"config\":\"%s\",\"prefill_tokens\":%d,\"prefill_s\":%.3f,\"prefill_tok_s\":%.0f,\"decode_tokens\":%d,\"decode_s\":%.3f,\"decode_tok_s\":%.1f,\"micro_batches\":%d%s}\n",
       n, d, b - a, d / (b - a), k, c - b, k / (c - b), m, x }'
 }
+if [ "$PP" = 0 ]; then
+  bench one_gpu g1
+  e2e_done
+fi
 e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status | grep -E 'p0[ ,]+p1' | grep -qw yes" ||
   e2e_fail "p0 + p1 not assembled"
 bench one_gpu g1
