@@ -3,7 +3,8 @@
 # hyla-worker --device cuda:0 processes, the coordinator and the CLI; 64 tokens uninterrupted ==
 # 32 + Pause + kill -9 of the owner + Resume on the other GPU worker + 32 (bit for bit on one
 # backend), and a GPU snapshot continued by a CPU worker gives tokens (reported, since bf16
-# rounding may legitimately diverge from the fp32 CPU reference).
+# rounding may legitimately diverge from the fp32 CPU reference); eight sampled sessions at once on
+# a worker that decodes one step ahead == on one with it off.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init gpu
@@ -33,6 +34,27 @@ e2e_wait_for "$E2E_TIMEOUT" sh -c "'$E2E_BIN/hyla' --server '$E2E_SERVER' status
 H resume "$S" >/dev/null || e2e_fail "resume after the owner was killed"
 b=$(H generate "$S" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$a $b" "$full" "GPU: 64 == 32 + pause + kill -9 + resume on the other GPU worker + 32"
+
+# a GPU worker decodes one step ahead (the next step queued before the last one's tokens are
+# sent): eight sampled sessions generating at once there give the tokens of the same sessions on a
+# worker with it off (HYLA_DECODE_LANES=0), generating at once too
+e2e_start_worker ga "$E2E_DIR/model" --device cuda:0 || e2e_done
+HYLA_DECODE_LANES=0 e2e_start_worker gb "$E2E_DIR/model" --device cuda:0 || e2e_done
+pids=()
+for i in 1 2 3 4 5 6 7 8; do
+  head -c $((100 + 37 * i)) "$doc" >"$E2E_DIR/p$i.txt"
+  for w in ga gb; do
+    s=$(H create --temperature 0.8 --seed "$i" --on $w) && H append "$s" "$E2E_DIR/p$i.txt" || e2e_fail "session $i on $w"
+    H generate "$s" -n 24 --ids --ignore-eos >"$E2E_DIR/$w.$i.ids" &
+    pids+=($!)
+  done
+done
+for p in "${pids[@]}"; do wait "$p" || e2e_fail "a batched generate failed"; done
+for i in 1 2 3 4 5 6 7 8; do
+  e2e_expect_eq "$(cat "$E2E_DIR/ga.$i.ids")" "$(cat "$E2E_DIR/gb.$i.ids")" "session $i: step ahead == plain steps, in a batch"
+done
+grep -q "decode one step ahead" "$E2E_DIR/ga.log" || e2e_fail "ga did not decode one step ahead"
+! grep -q "decode one step ahead" "$E2E_DIR/gb.log" || e2e_fail "gb decoded ahead with HYLA_DECODE_LANES=0"
 
 # a CPU worker continues a GPU snapshot
 e2e_start_worker c1 "$E2E_DIR/model" --device cpu || e2e_done
