@@ -20,7 +20,8 @@
 # 1.3B shapes takes minutes to make, and the same files then serve the in-process benchmarks.
 # BENCH_PP_PIECE=N gives the pipeline's stages --prefill-piece N (the whole-model worker keeps
 # its default), to compare piece sizes of a pipeline against one GPU at its own. BENCH_PP=0 times
-# the whole-model worker alone (one GPU is enough), e.g. to compare worker settings between runs.
+# the whole-model worker alone (one GPU is enough), e.g. to compare worker settings between runs;
+# BENCH_G1_ARGS adds options to that worker alone (e.g. "--tp 2").
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 DOC_BYTES=${1:-16384}
@@ -39,7 +40,8 @@ WF=(--max-batch $((B > 64 ? B : 64)) --max-message-bytes 268435456)
 PF=()
 [ -n "${BENCH_PP_PIECE:-}" ] && PF=(--prefill-piece "$BENCH_PP_PIECE")
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 2000 || e2e_done
-e2e_start_worker g1 "$MODEL" --device cuda:0 "${WF[@]}" || e2e_done
+# shellcheck disable=SC2086 # BENCH_G1_ARGS is a list of options
+e2e_start_worker g1 "$MODEL" --device cuda:0 "${WF[@]}" ${BENCH_G1_ARGS:-} || e2e_done
 PP=${BENCH_PP:-1}
 [ "$PP" = 0 ] || e2e_start_worker p0 "$MODEL" --device cuda:0 --layers 0:$((L / 2)) --micro-batches "$MB" "${WF[@]}" "${PF[@]}" || e2e_done
 [ "$PP" = 0 ] || e2e_start_worker p1 "$MODEL" --device cuda:1 --layers $((L / 2)):$L "${WF[@]}" "${PF[@]}" || e2e_done

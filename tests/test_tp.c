@@ -221,6 +221,31 @@ static void check_arch(const char *arch) {
         }
         hyla_session_free(ss[0]);
         hyla_session_free(ss[1]);
+        /* the same batch posted as the group's lane (a worker's step ahead) and collected: the
+         * same tokens; nothing else runs on the group while it is posted, on any rank */
+        hyla_session *sl[2] = {new_session(rts[0], 0.9f), new_session(rts[0], 0)};
+        if (sl[0] && sl[1]) {
+            CHECK_OK(hyla_session_feed(sl[0], p, N, NULL, NULL, NULL, NULL));
+            CHECK_OK(hyla_session_feed(sl[1], p, N, NULL, NULL, NULL, NULL));
+            int same = 1;
+            for (int i = 0; i < G; i++) {
+                int32_t o[2];
+                CHECK_OK(hyla_session_decode_post(sl, 2, 0, 0, 2));
+                if (i == 1) {
+                    hyla_session *other = new_session(rts[0], 0);
+                    hyla_status fs = other ? hyla_session_feed(other, p, N, NULL, NULL, NULL, NULL) : HYLA_ERR_NOMEM;
+                    CHECK_MSG(fs == HYLA_ERR_INTERNAL, "%s: a feed on the split while a lane is posted: %s", arch,
+                              hyla_status_str(fs));
+                    hyla_session_free(other);
+                    CHECK(hyla_session_decode_post(sl, 2, 0, 0, 2) == HYLA_ERR_INVALID_ARG); /* posted */
+                }
+                CHECK_OK(hyla_session_decode_collect(sl, 2, 0, o));
+                same &= o[0] == a[i] && o[1] == tok1[i];
+            }
+            CHECK_MSG(same, "%s: the split's decode lane gives other tokens than its plain steps", arch);
+        }
+        hyla_session_free(sl[0]);
+        hyla_session_free(sl[1]);
     }
     if (!getenv("HYLA_PREFILL_PIECE")) {
         /* a GPU group's prefill pieces are T times one GPU's, up to the largest (a rank's

@@ -574,11 +574,12 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
     int last = m->lm_head != NULL;
     int lane = f->lane - 1;
     if (f->lane) {
-        /* a lane is posted to the later stages, or (the whole model on one device) left
-         * running on the device's queue: its logits land in rt->logits and collect samples them */
+        /* a lane is posted to the later stages, or (the whole model on one device, or on every
+         * rank of a tensor-parallel group, each marking its own lane) left running on the
+         * device's queue: its logits land in rt->logits and collect samples them */
         const char *why = last && m->layer_begin != 0 ? "not a first stage's decode step"
                           : !last && !rt->ds          ? "needs a later pipeline stage"
-                          : rt->tp                    ? "not on a tensor-parallel stage"
+                          : rt->tp && !last           ? "not on a tensor-parallel stage"
                           : !f->decode || f->groups   ? "not a first stage's decode step"
                           : lane >= HYLA_LANES_MAX    ? "no such lane"
                           : rt->lane[lane].busy       ? "already posted (collect it first)"

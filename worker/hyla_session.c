@@ -470,9 +470,7 @@ static hyla_status step_forward_at(hyla_session *const *ss, int B, const step_ro
     }
     if (ss[0]->T == 1) {
         st = step_rank(ss, B, toks, pos, at);
-    } else if (at->lane) {
-        st = hyla_fail(HYLA_ERR_UNSUPPORTED, "decode lanes on a tensor-parallel stage");
-    } else {
+    } else { /* every rank checks its own lanes first (they agree), so all fail or none does */
         step_job j = {ss, B, toks, pos, at};
         st = hyla_tp_run(rt->tp, step_job_rank, &j);
     }
@@ -522,6 +520,10 @@ hyla_status hyla_session_decode_collect(hyla_session *const *ss, int B, int lane
     hyla_runtime *rt = ss[0]->rt;
     int off = 0, n = 0, aside = 0;
     HYLA_TRY(hyla_runtime_collect_lane(rt, lane, &off, &n, &aside));
+    for (int r = 1; r < ss[0]->T; r++) { /* the other ranks' lanes: their logits are not needed */
+        int o2, n2, a2;
+        HYLA_TRY(hyla_runtime_collect_lane(rank_of(ss[0], r)->rt, lane, &o2, &n2, &a2));
+    }
     if (n != B) return hyla_fail(HYLA_ERR_INVALID_ARG, "decode lane %d posted %d sessions, collected as %d", lane, n, B);
     return sample_rows(ss, B, rt->logits + (size_t)off * ss[0]->m->cfg.vocab_size, aside, out, NULL);
 }

@@ -69,9 +69,10 @@ hyla_status hyla_session_decode(hyla_session *const *ss, int B, int32_t *out, fl
  * uses rows [row_off, row_off + B) of the runtime's scratch, made to hold `rows` rows; give every
  * lane the same `rows` and disjoint row ranges. The tokens are the bits hyla_session_decode
  * gives (rows are independent of their batch). Needs a downstream (hyla_runtime.h) and one GPU
- * per stage (not tensor-parallel), or the whole model on one device: then post queues the whole
- * step on the device (nothing waits on a GPU) and collect samples its logits, so the host may do
- * other work (send the last step's tokens) while the step runs. */
+ * per stage (not tensor-parallel), or the whole model on one device or one tensor-parallel
+ * group: then post queues the whole step on the device(s) (nothing waits on a GPU) and collect
+ * samples its logits, so the host may do other work (send the last step's tokens) while the
+ * step runs. */
 hyla_status hyla_session_decode_post(hyla_session *const *ss, int B, int lane, int row_off, int rows);
 hyla_status hyla_session_decode_collect(hyla_session *const *ss, int B, int lane, int32_t *out);
 

@@ -4,7 +4,8 @@
 # two CPU backends (--tp 2), w2 runs it whole. Greedy, so the tokens may be compared across
 # splits (the sums over ranks round differently from one accumulation; the greedy choice of this
 # model does not flip).
-#   (s) hyla status shows w1's split ("cpu tp=2");
+#   (s) hyla status shows w1's split ("cpu tp=2"); w1 decodes one step ahead (HYLA_DECODE_LANES=1,
+#       checked in its log at the end);
 #   (a) 32 tokens on the split worker + Pause + Resume on the whole one + 32 == 64 uninterrupted
 #       on the whole worker (TP = 2 -> TP = 1);
 #   (m) + Migrate back to the split worker + 32 more == the uninterrupted run (TP = 1 -> TP = 2);
@@ -38,7 +39,9 @@ if [ -n "$DEV" ]; then
 fi
 W=(${DEV:+--device "$DEV"})
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done
-e2e_start_worker w1 "$E2E_DIR/model" "${W[@]}" --tp 2 --snapshot-every 64 || e2e_done
+# w1 decodes one step ahead (its next step queued on both ranks before the last one's tokens are
+# sent): a GPU worker's default, asked for here so the CPU run takes that path too
+HYLA_DECODE_LANES=1 e2e_start_worker w1 "$E2E_DIR/model" "${W[@]}" --tp 2 --snapshot-every 64 || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" "${W[@]}" --snapshot-every 64 || e2e_done
 H() { e2e_hyla --tenant e2e -q "$@"; }
 owner() { H show "$1" | awk '$1 == "workers" { print $2 }'; }
@@ -116,4 +119,5 @@ q2=$(H generate "$Q" -n 32 --ids --ignore-eos)
 e2e_expect_eq "$q1 $q2" "$(want 0 64)" "(p) 32 on split stages + pause + resume on $REFW + 32 == 64 there"
 H migrate "$Q" --to p0 >/dev/null || e2e_fail "(p) migrate to the split pipeline"
 e2e_expect_eq "$(H generate "$Q" -n 32 --ids --ignore-eos)" "$(want 64 32)" "(p) migrate back to the split stages + 32"
+grep -q "decode one step ahead" "$E2E_DIR/w1.log" || e2e_fail "(s) w1 did not decode one step ahead"
 e2e_done
