@@ -55,6 +55,7 @@ hyla_worker_params hyla_worker_default_params(void) {
     p.tp = 1;
     p.listen = "127.0.0.1:0";
     p.snapshot_every = 1024;
+    p.snapshot_concurrency = 4;
     p.max_batch = 64;
     p.prefill_budget = 1024; /* one default prefill piece (hyla_model.h) per scheduler step */
     p.micro_batches = 2;

@@ -34,6 +34,7 @@ typedef struct {
     uint64_t state_budget_bytes;   /* resident state beyond this evicts idle sessions (0 = unlimited) */
     uint64_t host_budget_bytes;    /* host-tier sessions beyond this leave the worker (durable in the store; default 4 GiB) */
     uint32_t snapshot_every;   /* auto-snapshot every this many tokens (0 = never); default 1024 */
+    uint32_t snapshot_concurrency; /* auto-snapshots (export or put) in flight at most (0 = no limit); default 4 */
     int max_batch;             /* sessions per decode step (default 64) */
     int prefill_budget;        /* prefill tokens per scheduler step while sessions generate (default 1024;
                                   with none generating, up to the runtime's prefill piece) */

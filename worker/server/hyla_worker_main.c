@@ -66,6 +66,9 @@ static void usage(FILE *f) {
             "                         goes in whole prefill pieces, so its snapshots come every piece when\n"
             "                         that is longer. Each exports only the KV rows past the last durable version\n"
             "                         (HYLA_SNAPSHOT_INCREMENTAL=0: the whole state every time)\n"
+            "  --snapshot-concurrency N  auto-snapshots in flight at once, exports and puts (default 4; 0 =\n"
+            "                         no limit): when many sessions pass a snapshot point together the\n"
+            "                         rest wait their turn and go on decoding, and the copies' buffers stay few\n"
             "  --max-batch B          sessions per decode step (default 64); a whole-model worker on a GPU\n"
             "                         queues each step before it sends the last step's tokens\n"
             "                         (HYLA_DECODE_LANES=0: off; =1: on for a CPU or --tp worker too)\n"
@@ -164,7 +167,8 @@ int main(int argc, char **argv) {
                                  {"prefill-piece", 1, 0, 'R'}, {"max-message-bytes", 1, 0, 'M'}, {"max-append-tokens", 1, 0, 'A'}, {"help", 0, 0, 'h'},
                                  {"admin-key-file", 1, 0, 'K'}, {"tls-cert", 1, 0, 1001}, {"tls-key", 1, 0, 1002},
                                  {"tls-ca", 1, 0, 1003}, {"tls-require-client-cert", 0, 0, 1004},
-                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014}, {"tp", 1, 0, 1015}, {"micro-batches", 1, 0, 1016},        {0, 0, 0, 0}};
+                                 {"metrics", 1, 0, 1011}, {"metrics-port-file", 1, 0, 1012}, {"log-format", 1, 0, 1013}, {"token-log", 1, 0, 1014}, {"tp", 1, 0, 1015}, {"micro-batches", 1, 0, 1016},
+                                 {"snapshot-concurrency", 1, 0, 1017},        {0, 0, 0, 0}};
     const char *admin_key_file = NULL;
     hyla_rpc_security sec;
     memset(&sec, 0, sizeof sec);
@@ -226,6 +230,12 @@ int main(int argc, char **argv) {
             else if (c == 'G') p.max_generate = (uint32_t)v;
             else if (c == 'A') p.max_append_tokens = v;
             else p.rpc_threads = (int)v;
+            break;
+        }
+        case 1017: {
+            unsigned long long v;
+            if (!uint_opt("snapshot-concurrency", optarg, 0, 65536, "a number of sessions", &v)) return 2;
+            p.snapshot_concurrency = (uint32_t)v;
             break;
         }
         case 'N': p.next_stage = optarg; break;

@@ -10,6 +10,7 @@
  * too, as the decode step's last stage.
  * Threading: the scheduler thread owns the backend, the model, the session table and every
  * job; other threads reach it only through commands. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -448,6 +449,25 @@ static int snapshot_due(const hyla_worker *w, const wsess *s) {
            (uint64_t)hyla_session_position(s->s) >= s->snap_pos + w->p.snapshot_every;
 }
 
+/* How many more auto-snapshots may begin now (--snapshot-concurrency less the sessions whose
+ * export or put is in flight). Many sessions pass a snapshot point together (a batch started
+ * together generates in step): begun at once, their exports would each take a buffer (a new
+ * pinned one stalls every GPU call while it is page-locked) and their puts would queue behind one
+ * another anyway; so the rest stay due and go on decoding until a slot frees. */
+static int snapshot_room(const hyla_worker *w) {
+    if (!w->p.snapshot_concurrency) return INT_MAX;
+    int busy = 0;
+    for (const wsess *s = w->sessions; s; s = s->next) busy += s->exp || s->put_inflight;
+    return busy < (int)w->p.snapshot_concurrency ? (int)w->p.snapshot_concurrency - busy : 0;
+}
+
+/* Whether s sits out the lane step being posted for its due auto-snapshot (while *room lasts). */
+static int sits_out(const hyla_worker *w, const wsess *s, int *room) {
+    if (*room <= 0 || !snapshot_due(w, s)) return 0;
+    (*room)--;
+    return 1;
+}
+
 /* One scheduler step of L lanes: collect lane d->next, post it again, then send its tokens, so
  * the first GPU runs the lane's next step while the host sends. A session goes on in the lane
  * when its token did not end its job (decided before the post, stop sequences included);
@@ -465,16 +485,16 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     }
     int per = (w->p.max_batch + L - 1) / L, cap = (n_gen + L - 1) / L;
     if (cap > per) cap = per;
-    int B = 0;
+    int B = 0, room = snapshot_room(w);
     for (int i = 0; i < got && B < cap; i++) { /* the lane's own sessions first, in their order */
         wsess *s = d->got_ws[i];
-        if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !snapshot_due(w, s)) {
+        if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) {
             ln->ws[B] = s;
             ln->batch[B++] = s->s;
         }
     }
     for (wsess *s = w->sessions; s && B < cap; s = s->next)
-        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !snapshot_due(w, s)) {
+        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room)) {
             ln->ws[B] = s;
             ln->batch[B++] = s->s;
         }
@@ -608,12 +628,16 @@ static void step_snapshots(hyla_worker *w) {
     int lb0, le0;
     hyla_model_layer_range(w->m, &lb0, &le0);
     int whole = holds_all_layers(w);
-    for (wsess *s = w->sessions; s && lb0 == 0; s = s->next) {
+    if (lb0 != 0) return;
+    for (wsess *s = w->sessions; s; s = s->next)
         if (s->exp && hyla_session_export_done(s->exp)) finish_export(w, s);
+    int room = snapshot_room(w); /* auto-snapshots; a drain's puts are not limited */
+    for (wsess *s = w->sessions; s; s = s->next) {
         if (!s->s || s->put_inflight || s->exp || s->in_lane) continue; /* in a lane: once it sits out */
-        int due = snapshot_due(w, s);
         int drain = w->draining && !s->app && !s->gen && now_s() >= s->snap_retry_at;
-        if (due && !drain && whole) {
+        int due = !drain && room > 0 && snapshot_due(w, s);
+        room -= due;
+        if (due && whole) {
             s->exp_base = incremental_base(w, s);
             s->exp_t0 = now_s();
             if (hyla_session_export_begin_since(s->s, s->exp_base, &s->exp) != HYLA_OK) {
