@@ -501,9 +501,8 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     d->next = (k + 1) % L;
     if (B) {
         ln->t0 = now_s();
-        double t0 = now_s();
         hyla_status st = hyla_session_decode_post(ln->batch, B, k, k * per, L * per);
-        d->pace_post += now_s() - t0;
+        d->pace_post += now_s() - ln->t0;
         if (st != HYLA_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", hyla_last_error());
