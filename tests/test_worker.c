@@ -747,7 +747,8 @@ int main(int argc, char **argv) {
      * together, yet one auto-snapshot at a time is begun (the worker's debug log: never a second
      * export begun before the last one's put is durable); the others go on decoding (one step
      * ahead: a due session sits out a step only when its snapshot begins; one put at a time
-     * bounds how many they take), each takes one, and each gives its solo run's tokens */
+     * bounds how many they take), each takes one, and each gives its solo run's tokens; the
+     * hyla_worker_snapshots gauge never reads two under way */
     {
         enum { CN = 6 };
         static int32_t cref[CN][40];
@@ -755,8 +756,11 @@ int main(int argc, char **argv) {
             CHECK(reference(prompt + 10 * i, 60, i % 2 ? 0.8f : 0.0f, 20 + i, 40, cref[i]) == 40);
         char clog[320];
         snprintf(clog, sizeof clog, "%s/concurrency.log", dir);
+        char cport[320];
+        snprintf(cport, sizeof cport, "%s/metrics-port-cc", dir);
         const char *a6[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "8",
-                            "--snapshot-concurrency", "1", NULL};
+                            "--snapshot-concurrency", "1", "--metrics", "127.0.0.1:0", "--metrics-port-file", cport,
+                            NULL};
         setenv("HYLA_DECODE_LANES", "1", 1);
         setenv("HYLA_LOG", "debug", 1);
         FILE *o6 = NULL;
@@ -782,6 +786,13 @@ int main(int argc, char **argv) {
             pthread_create(&ct[i], NULL, gen_thread, &cg[i]);
         }
         int same = 1, snapped = 1;
+        double most_m = -1; /* the gauge while they decode: never two under way */
+        for (int k = 0; k < 5; k++) {
+            double v = scrape(cport, "hyla_worker_snapshots{state=\"in_flight\"}");
+            if (v > most_m) most_m = v;
+        }
+        CHECK_MSG(most_m >= 0 && most_m <= 1, "hyla_worker_snapshots{state=\"in_flight\"} read %.0f", most_m);
+        CHECK_MSG(scrape(cport, "hyla_worker_snapshots{state=\"waiting\"}") >= 0, "no hyla_worker_snapshots waiting gauge");
         for (int i = 0; i < CN; i++) {
             pthread_join(ct[i], NULL);
             same &= cg[i].st == HYLA_OK && cg[i].got == 40 && !memcmp(cg[i].out, cref[i], sizeof cref[i]);

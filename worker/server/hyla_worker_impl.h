@@ -231,6 +231,7 @@ struct hyla_worker {
     size_t n_sum;
     Hyla__V1__WorkerLoad load;
     size_t scratch_bytes, scratch_logits_bytes; /* the runtime's scratch (hyla_runtime_scratch_bytes) */
+    int snap_in_flight, snap_waiting; /* auto-snapshots under way / due but held back (--snapshot-concurrency) */
     char drain_error[512]; /* draining: why the last handover failed ("" after one succeeds) */
 
     pthread_mutex_t exit_mu;

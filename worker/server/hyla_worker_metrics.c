@@ -16,7 +16,7 @@
 
 struct worker_metrics {
     hyla_metric *tokens, *seconds, *sessions, *state_bytes, *state_budget, *calls, *queued;
-    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem, *exp_bytes, *exp_state, *scratch;
+    hyla_metric *snap_seconds, *snap_bytes, *snap_fail, *ready, *gpu_mem, *exp_bytes, *exp_state, *scratch, *snaps;
     int cuda_device; /* -1: not a cuda worker */
 };
 
@@ -52,7 +52,10 @@ static void collect(hyla_metrics *r, void *ud) {
     pthread_mutex_lock(&w->sum_mu);
     Hyla__V1__WorkerLoad load = w->load;
     const size_t scratch = w->scratch_bytes, scratch_logits = w->scratch_logits_bytes;
+    const int snap_in_flight = w->snap_in_flight, snap_waiting = w->snap_waiting;
     pthread_mutex_unlock(&w->sum_mu);
+    hyla_metric_set1(m->snaps, "in_flight", snap_in_flight);
+    hyla_metric_set1(m->snaps, "waiting", snap_waiting);
     hyla_metric_set1(m->scratch, "activations", (double)(scratch - scratch_logits));
     hyla_metric_set1(m->scratch, "logits", (double)scratch_logits);
     hyla_metric_set1(m->sessions, "gpu", load.sessions_gpu);
@@ -87,6 +90,11 @@ hyla_status worker_metrics_setup(hyla_worker *w) {
                                     "rows with the mixers' scratch; logits: only rows whose logits are wanted)", 1, kind);
     m->calls = hyla_metrics_gauge(r, "hyla_worker_active_calls", "Append and Generate calls in progress", 0, NULL);
     m->queued = hyla_metrics_gauge(r, "hyla_worker_queued_prefill_tokens", "Prefill tokens waiting in the scheduler", 0, NULL);
+    static const char *const state[] = {"state"};
+    m->snaps = hyla_metrics_gauge(r, "hyla_worker_snapshots",
+                                  "Sessions' snapshots by state (in_flight: an export or put under way; waiting: an "
+                                  "auto-snapshot due but held back by --snapshot-concurrency)",
+                                  1, state);
     m->snap_seconds = hyla_metrics_histogram(r, "hyla_worker_snapshot_seconds",
                                              "Snapshot transfer time to or from the statestore, by op (put, get)", 1, op,
                                              hyla_metrics_latency_bounds, hyla_metrics_n_latency_bounds);

@@ -33,6 +33,8 @@ void set_drain_error(hyla_worker *w, const char *session, const char *err) {
     pthread_mutex_unlock(&w->sum_mu);
 }
 
+static int snapshot_due(const hyla_worker *w, const wsess *s);
+
 static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     size_t n = 0;
     for (wsess *s = w->sessions; s; s = s->next) n++;
@@ -40,7 +42,10 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     char **ids = calloc(n ? n : 1, sizeof *ids);
     size_t i = 0;
     uint32_t gpu = 0, host = 0, calls = 0;
+    int snap_in_flight = 0, snap_waiting = 0;
     for (wsess *s = w->sessions; s; s = s->next, i++) {
+        snap_in_flight += s->exp || s->put_inflight;
+        snap_waiting += snapshot_due(w, s);
         fill_status(w, s, &sum[i]);
         ids[i] = strdup(s->id);
         sum[i].session_id = ids[i];
@@ -71,6 +76,8 @@ static void publish_summary(hyla_worker *w, uint32_t queued_tokens) {
     w->load.queued_tokens = queued_tokens;
     w->scratch_bytes = scratch;
     w->scratch_logits_bytes = scratch_logits;
+    w->snap_in_flight = snap_in_flight;
+    w->snap_waiting = snap_waiting;
     pthread_mutex_unlock(&w->sum_mu);
 }
 
