@@ -558,6 +558,29 @@ int main(int argc, char **argv) {
     CHECK_OK(g2.st);
     CHECK_MSG(g1.got == 40 && !memcmp(g1.out, r1, sizeof r1), "batched session b differs from its solo run");
     CHECK_MSG(g2.got == 40 && !memcmp(g2.out, r2, sizeof r2), "batched session c differs from its solo run");
+    /* a prompt appended while another session decodes one step ahead: the whole model's lane
+     * step feeds it between its collect and its post (the runtime refuses a forward while a lane
+     * is posted, so a feed at the wrong time would fail the Append); both give their solo runs */
+    {
+        int32_t r3[40], r4[40];
+        CHECK(reference(prompt, 150, 0.0f, 5, 40, r3) == 40);
+        CHECK(reference(prompt + 20, 280, 0.7f, 6, 40, r4) == 40);
+        CHECK_OK(load("s-g", 1, 0, 0.0f, 5));
+        CHECK_OK(load("s-h", 1, 0, 0.7f, 6));
+        CHECK_OK(append("s-g", prompt, 150));
+        gen_arg g3 = {"s-g", {0}, 0, 0};
+        pthread_t t3;
+        pthread_create(&t3, NULL, gen_thread, &g3);
+        usleep(2000);
+        hyla_status as = append("s-h", prompt + 20, 280);
+        pthread_join(t3, NULL);
+        CHECK_MSG(as == HYLA_OK, "an Append while another session decodes ahead: %s", hyla_last_error());
+        CHECK_OK(g3.st);
+        CHECK_MSG(g3.got == 40 && !memcmp(g3.out, r3, sizeof r3), "a session decoding beside an Append differs");
+        int32_t h[40];
+        CHECK_OK(generate("s-h", 40, h, &got));
+        CHECK_MSG(got == 40 && !memcmp(h, r4, sizeof r4), "a session appended beside a decoding one differs");
+    }
     {
         FILE *f = fopen(wlog, "r");
         char line[512];

@@ -4,7 +4,8 @@
 # 32 + Pause + kill -9 of the owner + Resume on the other GPU worker + 32 (bit for bit on one
 # backend), and a GPU snapshot continued by a CPU worker gives tokens (reported, since bf16
 # rounding may legitimately diverge from the fp32 CPU reference); eight sampled sessions at once on
-# a worker that decodes one step ahead == on one with it off.
+# a worker that decodes one step ahead == on one with it off, and so is a document appended
+# meanwhile.
 set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init gpu
@@ -49,10 +50,19 @@ for i in 1 2 3 4 5 6 7 8; do
     pids+=($!)
   done
 done
+# a ninth session's document appended on each worker while the eight decode (on ga the lane
+# step feeds it between its collect and its post)
+for w in ga gb; do
+  s9=$(H create --temperature 0.8 --seed 9 --on $w) || e2e_fail "session 9 on $w"
+  echo "$s9" >"$E2E_DIR/$w.s9"
+  H append "$s9" "$doc" || e2e_fail "session 9: append on $w while the batch decodes"
+done
 for p in "${pids[@]}"; do wait "$p" || e2e_fail "a batched generate failed"; done
 for i in 1 2 3 4 5 6 7 8; do
   e2e_expect_eq "$(cat "$E2E_DIR/ga.$i.ids")" "$(cat "$E2E_DIR/gb.$i.ids")" "session $i: step ahead == plain steps, in a batch"
 done
+e2e_expect_eq "$(H generate "$(cat "$E2E_DIR/ga.s9")" -n 24 --ids --ignore-eos)" \
+  "$(H generate "$(cat "$E2E_DIR/gb.s9")" -n 24 --ids --ignore-eos)" "session 9, appended while the batch decoded ahead"
 grep -q "decode one step ahead" "$E2E_DIR/ga.log" || e2e_fail "ga did not decode one step ahead"
 ! grep -q "decode one step ahead" "$E2E_DIR/gb.log" || e2e_fail "gb decoded ahead with HYLA_DECODE_LANES=0"
 

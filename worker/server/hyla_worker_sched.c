@@ -251,6 +251,11 @@ typedef struct {
     double pace_t0, pace_last;
     uint64_t pace_steps, pace_tokens;
     double pace_wait, pace_post, pace_send; /* s: collect (device + sampling), post, sends */
+    /* the whole model's lane step fed the Append jobs between its collect and its post (the
+     * runtime runs no other forward while a lane is posted): whether it did, and what
+     * step_prefill said */
+    int fed_here, fed_worked;
+    uint32_t fed_queued;
 } decode_bufs;
 
 /* Count a decode step that delivered `tokens` tokens; every 2 s without a pause of 0.1 s between
@@ -280,6 +285,7 @@ static void pace_count(decode_bufs *d, int tokens) {
 }
 
 static void lanes_drain(hyla_worker *w, decode_bufs *d);
+static int step_prefill(hyla_worker *w, uint32_t *queued);
 
 /* Whether s is among the n sessions of the lane just collected. */
 static int lane_got(const decode_bufs *d, int n, const wsess *s) {
@@ -443,11 +449,12 @@ static void lanes_drain(hyla_worker *w, decode_bufs *d) {
     d->next = 0;
 }
 
-/* Whether anything this step is about to do needs the sessions out of the lanes: Append jobs,
+/* Whether anything this step is about to do needs the sessions out of the lanes: Append jobs
+ * (except on the whole model, whose lane step feeds them between its collect and its post),
  * draining, shutdown. (A session whose auto-snapshot is due sits out one lane step instead:
  * step_decode_lanes leaves it out, step_snapshots takes it.) */
 static int lanes_must_drain(hyla_worker *w) {
-    return w->appends || w->draining || w->stop;
+    return (w->appends && !holds_all_layers(w)) || w->draining || w->stop;
 }
 
 /* An auto-snapshot of s is due (every snapshot_every tokens; not while one is on its way). */
@@ -489,6 +496,10 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
         worked = 1;
         n_gen = 0;
         for (wsess *s = w->sessions; s; s = s->next) n_gen += s->gen && s->s && !(s->gen->gone);
+    }
+    if (holds_all_layers(w)) { /* prompts are fed here, with no lane posted, then the step */
+        d->fed_worked = step_prefill(w, &d->fed_queued);
+        d->fed_here = 1;
     }
     int per = (w->p.max_batch + L - 1) / L, cap = (n_gen + L - 1) / L;
     if (cap > per) cap = per;
@@ -749,15 +760,19 @@ void *scheduler_main(void *arg) {
     d.pace_t0 = d.pace_last = 0;
     d.pace_steps = d.pace_tokens = 0;
     d.pace_wait = d.pace_post = d.pace_send = 0;
+    d.fed_here = d.fed_worked = 0;
+    d.fed_queued = 0;
     w->tok_window_t0 = now_s();
     double last_pub = 0;
     while (!w->stop) {
         int commands = step_commands(w, &d);
         step_cancellations(w, &d);
         if (d.busy && lanes_must_drain(w)) lanes_drain(w, &d);
+        d.fed_here = 0;
         int worked = step_decode_any(w, &d);
-        uint32_t queued = 0;
-        worked |= step_prefill(w, &queued);
+        uint32_t queued = d.fed_queued;
+        if (d.fed_here) worked |= d.fed_worked;
+        else worked |= step_prefill(w, &queued);
         step_snapshots(w);
         step_drain(w);
         evict_if_needed(w);
