@@ -766,6 +766,33 @@ int main(int argc, char **argv) {
         side_end(&w4);
     }
 
+    /* an auto-snapshot whose copies take 3 s (the CPU backend's HYLA_CPU_CAPTURE_MS, as a GPU's
+     * copies of a long document's KV take seconds): the Generate that follows the Append is
+     * served at once, not after the copies (the idle scheduler used to wait for them), and the
+     * snapshot still becomes durable once they are done */
+    {
+        const char *a8[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "8",
+                            NULL};
+        setenv("HYLA_CPU_CAPTURE_MS", "3000", 1);
+        side_worker w8;
+        side_begin(a8, &w8);
+        unsetenv("HYLA_CPU_CAPTURE_MS");
+        int32_t r8[4], o8[4];
+        CHECK(reference(prompt, 60, 0.0f, 8, 4, r8) == 4);
+        CHECK_OK(load("s-slow", 1, 0, 0.0f, 8));
+        CHECK_OK(append("s-slow", prompt, 60));
+        usleep(100000); /* the scheduler has begun the snapshot and gone idle */
+        double t0 = hyla_now();
+        CHECK_OK(generate("s-slow", 4, o8, &got));
+        double took = hyla_now() - t0;
+        CHECK_MSG(got == 4 && !memcmp(o8, r8, sizeof r8), "generating beside a slow snapshot copy differs");
+        CHECK_MSG(took < 1.5, "a Generate waited %.2f s behind an auto-snapshot's 3 s copies", took);
+        uint64_t v8 = 0;
+        for (int i = 0; i < 100 && !(v8 = snapshot_version("s-slow")); i++) usleep(100000);
+        CHECK_MSG(v8 >= 1, "the slow auto-snapshot never became durable");
+        side_end(&w8);
+    }
+
     /* --snapshot-concurrency 1: six sessions generating at once pass their snapshot points
      * together, yet one auto-snapshot at a time is begun (the worker's debug log: never a second
      * export begun before the last one's put is durable); the others go on decoding (one step

@@ -23,8 +23,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_impl.h"
+#include "hyla_util.h"
 
 /* Each float operation must round to float (no wider evaluation), or the batch-invariance
  * argument of cpu_linear would not hold. True of x86-64 (SSE) and AArch64. */
@@ -99,11 +101,14 @@ static hyla_status cpu_sync(void *ctx) {
  * Host buffers are plain aligned memory. A capture is genuinely deferred: begin records the
  * copies, end performs them. So the reference backend holds callers to the contract of
  * hyla_ops.h (sources unchanged until the ticket ends) instead of hiding a violation behind
- * copies that happen to run at once. */
+ * copies that happen to run at once. HYLA_CPU_CAPTURE_MS=T (read at creation) makes every
+ * capture take T ms, as a GPU's copies of a long document's KV take seconds: capture_done says
+ * no until then and capture_end waits for it, so the tests can see who waits for a capture. */
 
 struct hyla_capture {
     int n;
-    int polled; /* capture_done was asked once */
+    int polled;   /* capture_done was asked once */
+    double ready; /* hyla_now() from which the copies count as done (HYLA_CPU_CAPTURE_MS) */
     struct {
         void *dst;
         const void *src;
@@ -125,7 +130,7 @@ static void cpu_host_free(void *ctx, void *p) {
 
 static hyla_status cpu_capture_begin(void *ctx, int n, void *const *host_dst, const void *const *src,
                                      const size_t *bytes, hyla_capture **out) {
-    (void)ctx;
+    const cpu_ctx *c = ctx;
     *out = NULL;
     if (n < 0) return hyla_fail(HYLA_ERR_INVALID_ARG, "capture_begin: %d copies", n);
     for (int i = 0; i < n; i++)
@@ -135,6 +140,7 @@ static hyla_status cpu_capture_begin(void *ctx, int n, void *const *host_dst, co
     if (!t) return hyla_fail(HYLA_ERR_NOMEM, "capture_begin: out of memory for %d copies", n);
     t->n = n;
     t->polled = 0;
+    t->ready = c->capture_s > 0 ? hyla_now() + c->capture_s : 0;
     for (int i = 0; i < n; i++) {
         t->c[i].dst = host_dst[i];
         t->c[i].src = src[i];
@@ -146,6 +152,7 @@ static hyla_status cpu_capture_begin(void *ctx, int n, void *const *host_dst, co
 
 static int cpu_capture_done(void *ctx, hyla_capture *t) {
     (void)ctx;
+    if (t && t->ready > 0) return hyla_now() >= t->ready;
     if (!t || t->polled) return 1;
     t->polled = 1;
     return 0;
@@ -154,6 +161,8 @@ static int cpu_capture_done(void *ctx, hyla_capture *t) {
 static hyla_status cpu_capture_end(void *ctx, hyla_capture *t) {
     (void)ctx;
     if (!t) return HYLA_OK;
+    for (double left; t->ready > 0 && (left = t->ready - hyla_now()) > 0;)
+        usleep((useconds_t)(left * 1e6) + 1);
     for (int i = 0; i < t->n; i++)
         if (t->c[i].bytes) memcpy(t->c[i].dst, t->c[i].src, t->c[i].bytes);
     free(t);
@@ -981,6 +990,8 @@ hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {
     }
     if (c->nt < 1) c->nt = 1;
     b->ops = &cpu_ops;
+    const char *cm = getenv("HYLA_CPU_CAPTURE_MS");
+    c->capture_s = cm && *cm ? atof(cm) / 1e3 : 0;
     const char *br = getenv("HYLA_CPU_BF16_ROWS");
     if (br && !strcmp(br, "1")) {
         static pthread_once_t once = PTHREAD_ONCE_INIT;

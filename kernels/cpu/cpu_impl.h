@@ -34,6 +34,7 @@ typedef struct {
     void *scratch;        /* grows on demand, never shrinks: no allocation in steady state */
     size_t scratch_bytes;
     int bf16_rows;        /* HYLA_CPU_BF16_ROWS=1 at creation: the bf16 prompt rows (cpu_backend.c) */
+    double capture_s;     /* HYLA_CPU_CAPTURE_MS at creation: how long a capture's copies take (cpu_backend.c) */
 } cpu_ctx;
 
 /* A scratch region of at least `bytes` bytes (64-byte aligned), valid until the next call.
