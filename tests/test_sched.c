@@ -7,7 +7,11 @@
  * an Append's tokens with one uninterrupted feed rests on it: every feed but a stream's tail
  * must leave the session's position on a multiple of the prefill chunk, never exceed what is
  * queued or the budget, take every whole chunk that fits (or prefill would crawl), and make
- * progress whenever a chunk's worth is queued (or a session would starve). */
+ * progress whenever a chunk's worth is queued (or a session would starve).
+ *
+ * sched_fair_cap picks a decode step's sessions when more could decode than a step takes: those
+ * decoded least recently, so that each gets a step at least every ceil(n / cap) steps, in
+ * whatever order the worker's table lists them (newest first), and joiners do not wait. */
 #include "hyla_test.h"
 #include "hyla_worker_sched.h"
 
@@ -116,7 +120,60 @@ static void budget_cases(void) {
     CHECK(sched_prefill_budget(4096, 1024, 1) == 4096);
 }
 
+/* n sessions, cap a step, `steps` steps: each step takes sched_fair_cap's first cap of the
+ * sessions in table order (newest first); a session joins at step join[i] (0: from the start).
+ * Returns the longest wait (steps between two of a session's steps, or from its joining). */
+static int fair_run(int n, int cap, int steps, const int *join) {
+    uint64_t last[64], keys[64];
+    void *items[64];
+    int since[64], worst = 0;
+    for (int i = 0; i < n; i++) last[i] = 0, since[i] = 0;
+    for (int t = 1; t <= steps; t++) {
+        int m = 0;
+        for (int i = n - 1; i >= 0; i--) /* the table: newest (highest index) first */
+            if (!join || join[i] < t) keys[m] = last[i], items[m++] = (void *)(intptr_t)i;
+        int k = sched_fair_cap(keys, items, m, cap);
+        CHECK(k == (m < cap ? m : cap));
+        for (int j = 1; j < m; j++) CHECK(keys[j - 1] <= keys[j] || m <= cap); /* sorted when capped */
+        for (int j = 0; j < k; j++) {
+            int i = (int)(intptr_t)items[j];
+            last[i] = (uint64_t)t;
+            since[i] = 0;
+        }
+        for (int i = 0; i < n; i++)
+            if (!join || join[i] < t) {
+                if (last[i] != (uint64_t)t) since[i]++;
+                if (since[i] > worst) worst = since[i];
+            }
+    }
+    return worst;
+}
+
+static void fair_cases(void) {
+    /* not capped: nothing moves */
+    uint64_t k[3] = {5, 1, 3};
+    void *it[3] = {(void *)1, (void *)2, (void *)3};
+    CHECK(sched_fair_cap(k, it, 3, 3) == 3 && k[0] == 5 && it[0] == (void *)1 && it[2] == (void *)3);
+    /* capped: the least recent first, ties in their order */
+    uint64_t k2[5] = {4, 0, 2, 0, 1};
+    void *it2[5] = {(void *)10, (void *)11, (void *)12, (void *)13, (void *)14};
+    CHECK(sched_fair_cap(k2, it2, 5, 2) == 2);
+    CHECK(it2[0] == (void *)11 && it2[1] == (void *)13 && it2[2] == (void *)14 && it2[3] == (void *)12 &&
+          it2[4] == (void *)10);
+    /* every session waits at most ceil(n / cap) - 1 steps between two of its own */
+    for (int n = 1; n <= 40; n++)
+        for (int cap = 1; cap <= 12; cap++) {
+            int worst = fair_run(n, cap, 200, NULL), bound = (n + cap - 1) / cap - 1;
+            CHECK_MSG(worst <= bound, "n=%d cap=%d: a session waited %d steps (bound %d)", n, cap, worst, bound);
+        }
+    /* sessions joining while others decode (each new one first in the table) wait no longer */
+    int join[9] = {0, 0, 3, 5, 5, 9, 20, 21, 40};
+    int worst = fair_run(9, 2, 120, join);
+    CHECK_MSG(worst <= 4, "joiners: a session waited %d steps (bound 4)", worst);
+}
+
 int main(void) {
+    fair_cases();
     budget_cases();
     exact_cases();
     properties();

@@ -199,6 +199,22 @@ static hyla_status generate(const char *id, uint32_t n, int32_t *out, int *got) 
     return s == HYLA_OK ? f : s;
 }
 
+/* Tokens the session has generated on the worker wc talks to (0: unknown). */
+static uint64_t generated_of(const char *id) {
+    Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
+    dq.session_id = (char *)id;
+    ProtobufCMessage *resp = NULL;
+    hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
+    uint64_t v = 0;
+    if (hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor, &resp,
+                              &o, NULL) == HYLA_OK && resp) {
+        const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
+        if (wr->session) v = wr->session->generated;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    return v;
+}
+
 /* The session's last durable snapshot version on the worker wc talks to (0: none or failed). */
 static uint64_t snapshot_version(const char *id) {
     Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
@@ -258,6 +274,25 @@ typedef struct {
     int got;
     hyla_status st;
 } gen_arg;
+typedef struct {
+    char id[32];
+    int n, got;
+    int32_t out[200];
+    hyla_status st;
+    int done; /* __atomic: the call returned */
+} fair_arg;
+static hyla_status snapshot(const char *id, uint64_t *version);
+static void *snap_thread(void *arg) {
+    uint64_t v = 0;
+    CHECK_OK(snapshot((const char *)arg, &v));
+    return NULL;
+}
+static void *fair_thread(void *arg) {
+    fair_arg *g = arg;
+    g->st = generate(g->id, (uint32_t)g->n, g->out, &g->got);
+    __atomic_store_n(&g->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
 static void *gen_thread(void *arg) {
     gen_arg *g = arg;
     g->st = generate(g->id, 40, g->out, &g->got);
@@ -764,6 +799,62 @@ int main(int argc, char **argv) {
         CHECK_OK(generate("s-u", 8, e1 + 8, &got));
         CHECK_MSG(!memcmp(e1, ref, sizeof e1), "session unloaded to the store continues differently");
         side_end(&w4);
+    }
+
+    /* more sessions generating than a step takes (--max-batch 2, four sessions): each step takes
+     * those decoded least recently, so the four advance together and, when the first finishes,
+     * the others are nearly done (the table's order, newest first, used to leave the two oldest
+     * waiting until the newest had finished); with plain steps and one step ahead; every
+     * session's tokens are its solo run's. The four calls are made while a Snapshot holds the
+     * scheduler (its copies take 0.8 s: HYLA_CPU_CAPTURE_MS), so they start together. */
+    for (int ahead = 0; ahead < 2; ahead++) {
+        enum { FN = 4, FT = 150 };
+        static int32_t fref[FN][FT];
+        for (int i = 0; i < FN; i++) CHECK(reference(prompt + 7 * i, 50, 0.0f, 30 + i, FT, fref[i]) == FT);
+        const char *a9[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--max-batch", "2",
+                            "--snapshot-every", "0", NULL};
+        setenv("HYLA_DECODE_LANES", ahead ? "1" : "0", 1);
+        setenv("HYLA_CPU_CAPTURE_MS", "800", 1); /* the Snapshot below holds the scheduler 0.8 s */
+        side_worker w9;
+        side_begin(a9, &w9);
+        unsetenv("HYLA_DECODE_LANES");
+        unsetenv("HYLA_CPU_CAPTURE_MS");
+        fair_arg fa[FN];
+        pthread_t ft[FN];
+        for (int i = 0; i < FN; i++) {
+            snprintf(fa[i].id, sizeof fa[i].id, "s-fair%d%d", ahead, i);
+            CHECK_OK(load(fa[i].id, 1, 0, 0.0f, 30 + i));
+            CHECK_OK(append(fa[i].id, prompt + 7 * i, 50));
+        }
+        /* the four Generate calls arrive while a Snapshot's export holds the scheduler, so they
+         * start together, whatever the threads' timing */
+        pthread_t st9;
+        pthread_create(&st9, NULL, snap_thread, fa[0].id);
+        usleep(200000);
+        for (int i = 0; i < FN; i++) {
+            fa[i].n = FT;
+            fa[i].done = 0;
+            pthread_create(&ft[i], NULL, fair_thread, &fa[i]);
+        }
+        pthread_join(st9, NULL);
+        int first = -1;
+        for (int tries = 0; tries < 20000 && first < 0; tries++) {
+            for (int i = 0; i < FN && first < 0; i++)
+                if (__atomic_load_n(&fa[i].done, __ATOMIC_ACQUIRE)) first = i;
+            if (first < 0) usleep(500);
+        }
+        int least = FT;
+        for (int i = 0; i < FN; i++) {
+            int g = (int)generated_of(fa[i].id);
+            if (i != first && g < least) least = g;
+        }
+        for (int i = 0; i < FN; i++) pthread_join(ft[i], NULL);
+        CHECK_MSG(first >= 0 && least >= FT * 2 / 3,
+                  "ahead=%d, --max-batch 2: when one session had its %d tokens another had %d", ahead, FT, least);
+        int same = 1;
+        for (int i = 0; i < FN; i++) same &= fa[i].st == HYLA_OK && fa[i].got == FT && !memcmp(fa[i].out, fref[i], sizeof fref[i]);
+        CHECK_MSG(same, "ahead=%d: a session of an oversubscribed worker differs from its solo run", ahead);
+        side_end(&w9);
     }
 
     /* an auto-snapshot whose copies take 3 s (the CPU backend's HYLA_CPU_CAPTURE_MS, as a GPU's

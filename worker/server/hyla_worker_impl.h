@@ -94,6 +94,7 @@ typedef struct wsess {
     append_job *app;
     gen_job *gen;
     int in_lane;              /* its decode step is posted in a lane (hyla_worker_sched.c) */
+    uint64_t last_step;       /* the decode step (worker's count, from 1) it last took part in; 0: none */
     struct wsess *next;
 } wsess;
 
@@ -223,6 +224,7 @@ struct hyla_worker {
     hyla_rpc_call *prev_nccl_call;     /* ... over this StageForward call */
     uint64_t host_bytes;
     double tok_window_t0;
+    uint64_t decode_steps;  /* decode steps and lane posts so far (wsess.last_step) */
     uint64_t tok_window;
 
     /* summary for heartbeats */

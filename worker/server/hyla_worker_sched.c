@@ -251,6 +251,9 @@ typedef struct {
     double pace_t0, pace_last;
     uint64_t pace_steps, pace_tokens;
     double pace_wait, pace_post, pace_send; /* s: collect (device + sampling), post, sends */
+    wsess **cand; /* [cand_cap] sessions that may decode (fair_cap), grown with the table */
+    uint64_t *cand_last; /* [cand_cap] their last_step, for sched_fair_cap */
+    int cand_cap;
     /* the whole model's lane step fed the Append jobs between its collect and its post (the
      * runtime runs no other forward while a lane is posted): whether it did, and what
      * step_prefill said */
@@ -331,16 +334,76 @@ static void step_cancellations(hyla_worker *w, decode_bufs *d) {
     }
 }
 
-/* One batched decode step over every generating session (up to max_batch); returns whether it
- * ran. A failed step fails every call of the batch. */
-static int step_decode(hyla_worker *w, decode_bufs *d) {
-    int B = 0;
-    for (wsess *s = w->sessions; s && B < w->p.max_batch; s = s->next)
-        if (s->gen && s->s) {
-            d->ws[B] = s;
-            d->batch[B++] = s->s;
+int sched_fair_cap(uint64_t *last, void **items, int n, int cap) {
+    if (n <= cap) return n;
+    for (int i = 1; i < n; i++) { /* stable insertion sort: n is a few hundred */
+        uint64_t k = last[i];
+        void *x = items[i];
+        int j = i;
+        for (; j > 0 && last[j - 1] > k; j--) {
+            last[j] = last[j - 1];
+            items[j] = items[j - 1];
         }
+        last[j] = k;
+        items[j] = x;
+    }
+    return cap;
+}
+
+/* When more sessions could decode than a step takes (cap), keep the cap of them decoded least
+ * recently (sched_fair_cap): the table's order alone (newest first) would serve the newest and
+ * leave the oldest waiting for as long as new ones keep arriving. Which rows share a step does
+ * not change any session's tokens. Returns how many of cand[0..n) to take (sorted so). */
+static int fair_cap(decode_bufs *d, wsess **cand, int n, int cap) {
+    if (n <= cap) return n;
+    for (int i = 0; i < n; i++) d->cand_last[i] = cand[i]->last_step;
+    return sched_fair_cap(d->cand_last, (void **)cand, n, cap);
+}
+
+/* Mark the sessions of a step (or lane post) as decoded now. */
+static void mark_step(hyla_worker *w, wsess *const *ws, int B) {
+    w->decode_steps++;
+    for (int i = 0; i < B; i++) ws[i]->last_step = w->decode_steps;
+}
+
+/* Every session that may decode now (up to all of them; grown as needed): *n of them. */
+static wsess **decode_candidates(hyla_worker *w, decode_bufs *d, int *n) {
+    int k = 0;
+    for (wsess *s = w->sessions; s; s = s->next) k++;
+    *n = 0;
+    if (k > d->cand_cap) {
+        wsess **c = realloc(d->cand, (size_t)k * sizeof *c);
+        if (c) d->cand = c;
+        uint64_t *l = realloc(d->cand_last, (size_t)k * sizeof *l);
+        if (l) d->cand_last = l;
+        if (!c || !l) return NULL;
+        d->cand_cap = k;
+    }
+    return d->cand;
+}
+
+/* One batched decode step over every generating session (up to max_batch, fair_cap); returns
+ * whether it ran. A failed step fails every call of the batch. */
+static int step_decode(hyla_worker *w, decode_bufs *d) {
+    int n = 0, B = 0;
+    wsess **cand = decode_candidates(w, d, &n);
+    if (cand) {
+        for (wsess *s = w->sessions; s; s = s->next)
+            if (s->gen && s->s) cand[n++] = s;
+        B = fair_cap(d, cand, n, w->p.max_batch);
+        for (int i = 0; i < B; i++) {
+            d->ws[i] = cand[i];
+            d->batch[i] = cand[i]->s;
+        }
+    } else { /* out of memory for the list: the table's order */
+        for (wsess *s = w->sessions; s && B < w->p.max_batch; s = s->next)
+            if (s->gen && s->s) {
+                d->ws[B] = s;
+                d->batch[B++] = s->s;
+            }
+    }
     if (!B) return 0;
+    mark_step(w, d->ws, B);
     double t0 = now_s();
     hyla_status st = hyla_session_decode(d->batch, B, d->out, NULL);
     if (st != HYLA_OK) {
@@ -503,19 +566,35 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     }
     int per = (w->p.max_batch + L - 1) / L, cap = (n_gen + L - 1) / L;
     if (cap > per) cap = per;
-    int B = 0, room = snapshot_room(w);
-    for (int i = 0; i < got && B < cap; i++) { /* the lane's own sessions first, in their order */
-        wsess *s = d->got_ws[i];
-        if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) {
-            ln->ws[B] = s;
-            ln->batch[B++] = s->s;
+    int B = 0, room = snapshot_room(w), nc = 0;
+    wsess **cand = decode_candidates(w, d, &nc);
+    if (cand) { /* the lane's own sessions first, in their order; then the others; fair_cap */
+        for (int i = 0; i < got; i++) {
+            wsess *s = d->got_ws[i];
+            if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) cand[nc++] = s;
         }
+        for (wsess *s = w->sessions; s; s = s->next)
+            if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room))
+                cand[nc++] = s;
+        B = fair_cap(d, cand, nc, cap);
+        for (int i = 0; i < B; i++) {
+            ln->ws[i] = cand[i];
+            ln->batch[i] = cand[i]->s;
+        }
+    } else { /* out of memory for the list: the lane's own sessions first, then the table's order */
+        for (int i = 0; i < got && B < cap; i++) {
+            wsess *s = d->got_ws[i];
+            if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) {
+                ln->ws[B] = s;
+                ln->batch[B++] = s->s;
+            }
+        }
+        for (wsess *s = w->sessions; s && B < cap; s = s->next)
+            if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room)) {
+                ln->ws[B] = s;
+                ln->batch[B++] = s->s;
+            }
     }
-    for (wsess *s = w->sessions; s && B < cap; s = s->next)
-        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room)) {
-            ln->ws[B] = s;
-            ln->batch[B++] = s->s;
-        }
     d->next = (k + 1) % L;
     if (B) {
         ln->t0 = now_s();
@@ -530,6 +609,7 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
             return 1;
         }
         for (int i = 0; i < B; i++) ln->ws[i]->in_lane = 1;
+        mark_step(w, ln->ws, B);
         ln->n = B;
         d->busy++;
         worked = 1;
@@ -762,6 +842,9 @@ void *scheduler_main(void *arg) {
     d.pace_wait = d.pace_post = d.pace_send = 0;
     d.fed_here = d.fed_worked = 0;
     d.fed_queued = 0;
+    d.cand = NULL;
+    d.cand_last = NULL;
+    d.cand_cap = 0;
     w->tok_window_t0 = now_s();
     double last_pub = 0;
     while (!w->stop) {
@@ -790,6 +873,8 @@ void *scheduler_main(void *arg) {
         free(d.lane[k].ws);
         free(d.lane[k].out);
     }
+    free(d.cand);
+    free(d.cand_last);
     free(d.got_ws);
     free(d.got_tok);
     free(d.got);

@@ -24,4 +24,10 @@ int sched_feed_len(int64_t next_pos, size_t queued, int budget, int stream_ended
  * best piece size. */
 int sched_prefill_budget(int budget, int piece, int generating);
 
+/* A decode step's pick when more sessions could decode than it takes: items[0..n) with keys
+ * last[0..n) (the step each last decoded in; 0: never). Sorts both stably by last, ascending, and
+ * returns min(n, cap): take the first that many. When n <= cap nothing moves. So every session
+ * gets a step at least every ceil(n / cap) steps, whatever order the items come in. */
+int sched_fair_cap(uint64_t *last, void **items, int n, int cap);
+
 #endif
