@@ -40,7 +40,7 @@ fi
 W=(${DEV:+--device "$DEV"})
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done
 # w1 decodes one step ahead (its next step queued on both ranks before the last one's tokens are
-# sent): a GPU worker's default, asked for here so the CPU run takes that path too
+# sent): a GPU group's default, asked for here so the CPU run takes that path too
 HYLA_DECODE_LANES=1 e2e_start_worker w1 "$E2E_DIR/model" "${W[@]}" --tp 2 --snapshot-every 64 || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" "${W[@]}" --snapshot-every 64 || e2e_done
 H() { e2e_hyla --tenant e2e -q "$@"; }

@@ -869,12 +869,11 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         return hyla_fail_wrap(st, "--micro-batches");
     }
     /* 0: micro-batches within each step only, no step ahead; 1: a whole model steps ahead on
-     * any device and split (the CPU's forward is synchronous, so there it only delays each send
-     * by a step: tests use it to run the path). Unset: on one GPU; a tensor-parallel group of
-     * GPUs keeps plain steps until the step ahead has been measured on one */
+     * a CPU too (the CPU's forward is synchronous, so there it only delays each send by a step:
+     * tests use it to run the path). Unset: on GPUs, one or a tensor-parallel group */
     const char *lanes = getenv("HYLA_DECODE_LANES");
     w->lanes_on = !(lanes && !strcmp(lanes, "0"));
-    w->ahead = w->lanes_on && ((!strncmp(p->device, "cuda", 4) && !w->tp) || (lanes && !strcmp(lanes, "1")));
+    w->ahead = w->lanes_on && (!strncmp(p->device, "cuda", 4) || (lanes && !strcmp(lanes, "1")));
     const char *incr = getenv("HYLA_SNAPSHOT_INCREMENTAL"); /* 0: every put exports and sends the whole state */
     w->incremental = !(incr && !strcmp(incr, "0"));
     if (p->prefill_piece && (st = hyla_runtime_set_prefill_piece(w->rt, p->prefill_piece)) != HYLA_OK) {

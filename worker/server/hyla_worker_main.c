@@ -72,7 +72,7 @@ static void usage(FILE *f) {
             "  --max-batch B          sessions per decode step (default 64; when more generate, each step takes\n"
             "                         those decoded least recently); a whole-model worker on a GPU\n"
             "                         queues each step before it sends the last step's tokens\n"
-            "                         (HYLA_DECODE_LANES=0: off; =1: on for a CPU or --tp worker too)\n"
+            "                         (HYLA_DECODE_LANES=0: off; =1: on for a CPU worker too)\n"
             "  --micro-batches M      M from 1 to 16: a first pipeline stage decodes its sessions in up to\n"
             "                         min(M, 4) lanes (a lane keeps at least 8 sessions) whose steps overlap\n"
             "                         across the stages;\n"
