@@ -8,6 +8,10 @@ set_tests_properties(test_worker_mamba2 PROPERTIES LABELS "e2e" TIMEOUT 300
   ENVIRONMENT "HYLA_SOURCE_DIR=${CMAKE_SOURCE_DIR};HYLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYLA_BUILD_DIR=${CMAKE_BINARY_DIR}"
   SKIP_RETURN_CODE 77)
 hyla_add_script_test(test_e2e_cluster e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 900)
+# the same with every worker decoding one step ahead (a GPU worker's default; on the CPU only when
+# asked): migration mid-generation, kill -9, pipelines and batches through the posted lane
+hyla_add_script_test(test_e2e_cluster_ahead e2e/test_e2e_cluster.sh LABELS e2e TIMEOUT 900)
+set_property(TEST test_e2e_cluster_ahead APPEND PROPERTY ENVIRONMENT "HYLA_DECODE_LANES=1")
 hyla_add_script_test(test_e2e_drain e2e/test_e2e_drain.sh LABELS e2e fault TIMEOUT 180)
 hyla_add_script_test(test_e2e_gpu e2e/test_e2e_gpu.sh LABELS gpu e2e TIMEOUT 300)
 # two GPUs: pipeline stages over NCCL == one GPU, identity through pause / migrate (skips with a

@@ -9,3 +9,6 @@ if(TARGET hyla_chat_template)
   hyla_add_test(test_chat_template SOURCES test_chat_template.c LIBS hyla_chat_template LABELS quick TIMEOUT 180)
 endif()
 hyla_add_script_test(test_e2e_http e2e/test_e2e_http.sh LABELS e2e TIMEOUT 400)
+# the same with the workers decoding one step ahead: streams, stops and disconnecting clients
+hyla_add_script_test(test_e2e_http_ahead e2e/test_e2e_http.sh LABELS e2e TIMEOUT 400)
+set_property(TEST test_e2e_http_ahead APPEND PROPERTY ENVIRONMENT "HYLA_DECODE_LANES=1")
