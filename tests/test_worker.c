@@ -199,35 +199,29 @@ static hyla_status generate(const char *id, uint32_t n, int32_t *out, int *got) 
     return s == HYLA_OK ? f : s;
 }
 
-/* Tokens the session has generated on the worker wc talks to (0: unknown). */
-static uint64_t generated_of(const char *id) {
+/* The session's status on the worker wc talks to (DescribeSession): the tokens it has generated
+ * and its last durable snapshot version (both 0: unknown, none or failed). */
+static void describe(const char *id, uint64_t *generated, uint64_t *version) {
     Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
     dq.session_id = (char *)id;
     ProtobufCMessage *resp = NULL;
     hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
-    uint64_t v = 0;
+    *generated = *version = 0;
     if (hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor, &resp,
                               &o, NULL) == HYLA_OK && resp) {
         const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
-        if (wr->session) v = wr->session->generated;
+        if (wr->session) *generated = wr->session->generated, *version = wr->session->snapshot_version;
         protobuf_c_message_free_unpacked(resp, NULL);
     }
-    return v;
 }
-
-/* The session's last durable snapshot version on the worker wc talks to (0: none or failed). */
+static uint64_t generated_of(const char *id) {
+    uint64_t g, v;
+    describe(id, &g, &v);
+    return g;
+}
 static uint64_t snapshot_version(const char *id) {
-    Hyla__V1__DescribeSessionRequest dq = HYLA__V1__DESCRIBE_SESSION_REQUEST__INIT;
-    dq.session_id = (char *)id;
-    ProtobufCMessage *resp = NULL;
-    hyla_rpc_call_opts o = {20000, NULL, NULL, 0};
-    uint64_t v = 0;
-    if (hyla_rpc_client_unary(wc, W("DescribeSession"), &dq.base, &hyla__v1__worker_session_response__descriptor, &resp,
-                              &o, NULL) == HYLA_OK && resp) {
-        const Hyla__V1__WorkerSessionResponse *wr = (const Hyla__V1__WorkerSessionResponse *)resp;
-        if (wr->session) v = wr->session->snapshot_version;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
+    uint64_t g, v;
+    describe(id, &g, &v);
     return v;
 }
 
