@@ -851,14 +851,14 @@ int main(int argc, char **argv) {
         side_end(&w9);
     }
 
-    /* an auto-snapshot whose copies take 3 s (the CPU backend's HYLA_CPU_CAPTURE_MS, as a GPU's
-     * copies of a long document's KV take seconds): the Generate that follows the Append is
-     * served at once, not after the copies (the idle scheduler used to wait for them), and the
-     * snapshot still becomes durable once they are done */
+    /* an auto-snapshot whose copies take 60 s (the CPU backend's HYLA_CPU_CAPTURE_MS, as a GPU's
+     * copies of a long document's KV take seconds): the Generate that follows the Append is served
+     * while they run (the idle scheduler used to wait for them, so the call ran past its 30 s
+     * deadline), and the snapshot is then still in flight (no durable version) */
     {
         const char *a8[] = {"--model", model, "--store", store_addr, "--listen", "127.0.0.1:0", "--snapshot-every", "8",
                             NULL};
-        setenv("HYLA_CPU_CAPTURE_MS", "3000", 1);
+        setenv("HYLA_CPU_CAPTURE_MS", "60000", 1);
         side_worker w8;
         side_begin(a8, &w8);
         unsetenv("HYLA_CPU_CAPTURE_MS");
@@ -867,14 +867,11 @@ int main(int argc, char **argv) {
         CHECK_OK(load("s-slow", 1, 0, 0.0f, 8));
         CHECK_OK(append("s-slow", prompt, 60));
         usleep(100000); /* the scheduler has begun the snapshot and gone idle */
-        double t0 = hyla_now();
-        CHECK_OK(generate("s-slow", 4, o8, &got));
-        double took = hyla_now() - t0;
+        hyla_status gs = generate("s-slow", 4, o8, &got);
+        CHECK_MSG(gs == HYLA_OK, "a Generate beside an auto-snapshot's slow copies: %s", hyla_last_error());
         CHECK_MSG(got == 4 && !memcmp(o8, r8, sizeof r8), "generating beside a slow snapshot copy differs");
-        CHECK_MSG(took < 1.5, "a Generate waited %.2f s behind an auto-snapshot's 3 s copies", took);
-        uint64_t v8 = 0;
-        for (int i = 0; i < 100 && !(v8 = snapshot_version("s-slow")); i++) usleep(100000);
-        CHECK_MSG(v8 >= 1, "the slow auto-snapshot never became durable");
+        CHECK_MSG(snapshot_version("s-slow") == 0, "the slow auto-snapshot was durable before its copies could end");
+        kill(w8.pid, SIGKILL); /* a stop would end the pending export first, waiting out its copies */
         side_end(&w8);
     }
 
