@@ -251,7 +251,7 @@ typedef struct {
     double pace_t0, pace_last;
     uint64_t pace_steps, pace_tokens;
     double pace_wait, pace_post, pace_send; /* s: collect (device + sampling), post, sends */
-    wsess **cand; /* [cand_cap] sessions that may decode (fair_cap), grown with the table */
+    wsess **cand; /* [cand_cap] sessions that may decode (fair_cap), grown with the table (cand_room) */
     uint64_t *cand_last; /* [cand_cap] their last_step, for sched_fair_cap */
     int cand_cap;
     /* the whole model's lane step fed the Append jobs between its collect and its post (the
@@ -366,41 +366,31 @@ static void mark_step(hyla_worker *w, wsess *const *ws, int B) {
     for (int i = 0; i < B; i++) ws[i]->last_step = w->decode_steps;
 }
 
-/* Every session that may decode now (up to all of them; grown as needed): *n of them. */
-static wsess **decode_candidates(hyla_worker *w, decode_bufs *d, int *n) {
+/* Room for every session that may decode now: the list grows with the table (allocated with
+ * max_batch places; if growing fails, the sessions past the room wait for a later step). */
+static int cand_room(const hyla_worker *w, decode_bufs *d) {
     int k = 0;
-    for (wsess *s = w->sessions; s; s = s->next) k++;
-    *n = 0;
+    for (const wsess *s = w->sessions; s; s = s->next) k++;
     if (k > d->cand_cap) {
         wsess **c = realloc(d->cand, (size_t)k * sizeof *c);
         if (c) d->cand = c;
         uint64_t *l = realloc(d->cand_last, (size_t)k * sizeof *l);
         if (l) d->cand_last = l;
-        if (!c || !l) return NULL;
-        d->cand_cap = k;
+        if (c && l) d->cand_cap = k;
     }
-    return d->cand;
+    return d->cand_cap;
 }
 
 /* One batched decode step over every generating session (up to max_batch, fair_cap); returns
  * whether it ran. A failed step fails every call of the batch. */
 static int step_decode(hyla_worker *w, decode_bufs *d) {
-    int n = 0, B = 0;
-    wsess **cand = decode_candidates(w, d, &n);
-    if (cand) {
-        for (wsess *s = w->sessions; s; s = s->next)
-            if (s->gen && s->s) cand[n++] = s;
-        B = fair_cap(d, cand, n, w->p.max_batch);
-        for (int i = 0; i < B; i++) {
-            d->ws[i] = cand[i];
-            d->batch[i] = cand[i]->s;
-        }
-    } else { /* out of memory for the list: the table's order */
-        for (wsess *s = w->sessions; s && B < w->p.max_batch; s = s->next)
-            if (s->gen && s->s) {
-                d->ws[B] = s;
-                d->batch[B++] = s->s;
-            }
+    int n = 0, room = cand_room(w, d);
+    for (wsess *s = w->sessions; s && n < room; s = s->next)
+        if (s->gen && s->s) d->cand[n++] = s;
+    int B = fair_cap(d, d->cand, n, w->p.max_batch);
+    for (int i = 0; i < B; i++) {
+        d->ws[i] = d->cand[i];
+        d->batch[i] = d->cand[i]->s;
     }
     if (!B) return 0;
     mark_step(w, d->ws, B);
@@ -566,34 +556,19 @@ static int step_decode_lanes(hyla_worker *w, decode_bufs *d, int L, int n_gen) {
     }
     int per = (w->p.max_batch + L - 1) / L, cap = (n_gen + L - 1) / L;
     if (cap > per) cap = per;
-    int B = 0, room = snapshot_room(w), nc = 0;
-    wsess **cand = decode_candidates(w, d, &nc);
-    if (cand) { /* the lane's own sessions first, in their order; then the others; fair_cap */
-        for (int i = 0; i < got; i++) {
-            wsess *s = d->got_ws[i];
-            if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) cand[nc++] = s;
-        }
-        for (wsess *s = w->sessions; s; s = s->next)
-            if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room))
-                cand[nc++] = s;
-        B = fair_cap(d, cand, nc, cap);
-        for (int i = 0; i < B; i++) {
-            ln->ws[i] = cand[i];
-            ln->batch[i] = cand[i]->s;
-        }
-    } else { /* out of memory for the list: the lane's own sessions first, then the table's order */
-        for (int i = 0; i < got && B < cap; i++) {
-            wsess *s = d->got_ws[i];
-            if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) {
-                ln->ws[B] = s;
-                ln->batch[B++] = s->s;
-            }
-        }
-        for (wsess *s = w->sessions; s && B < cap; s = s->next)
-            if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room)) {
-                ln->ws[B] = s;
-                ln->batch[B++] = s->s;
-            }
+    int nc = 0, room = snapshot_room(w), fit = cand_room(w, d);
+    wsess **cand = d->cand;
+    for (int i = 0; i < got && nc < fit; i++) { /* the lane's own sessions first, in their order */
+        wsess *s = d->got_ws[i];
+        if (s->gen && !s->gen->gone && !d->got[i].why && s->s && !sits_out(w, s, &room)) cand[nc++] = s;
+    }
+    for (wsess *s = w->sessions; s && nc < fit; s = s->next)
+        if (s->gen && !s->gen->gone && s->s && !s->in_lane && !lane_got(d, got, s) && !sits_out(w, s, &room))
+            cand[nc++] = s;
+    int B = fair_cap(d, cand, nc, cap); /* then the least recently decoded, when they are too many */
+    for (int i = 0; i < B; i++) {
+        ln->ws[i] = cand[i];
+        ln->batch[i] = cand[i]->s;
     }
     d->next = (k + 1) % L;
     if (B) {
@@ -842,9 +817,10 @@ void *scheduler_main(void *arg) {
     d.pace_wait = d.pace_post = d.pace_send = 0;
     d.fed_here = d.fed_worked = 0;
     d.fed_queued = 0;
-    d.cand = NULL;
-    d.cand_last = NULL;
-    d.cand_cap = 0;
+    d.cand = malloc((size_t)w->p.max_batch * sizeof *d.cand);
+    d.cand_last = malloc((size_t)w->p.max_batch * sizeof *d.cand_last);
+    HYLA_ASSERT(d.cand && d.cand_last);
+    d.cand_cap = w->p.max_batch;
     w->tok_window_t0 = now_s();
     double last_pub = 0;
     while (!w->stop) {
