@@ -481,6 +481,17 @@ typedef struct hyla_ops {
      * decode step posted on the whole model (hyla_session_decode_post) before its tokens are
      * needed. */
     hyla_status (*submit)(void *ctx);
+
+    /* ---- SSE's feature maps in one launch (NULL in a backend that lacks it: the mixer runs the ops
+     * one by one) ----
+     * Bit for bit silu(v, nv); for each of q0, q1 softmax_rows (q_softmax) or silu over its
+     * [rows][cols], then l2norm_rows(eps) when l2; the same for k0, k1 with k_softmax; and, where
+     * g0 and g1 are not NULL, gla_gate(g0, ng, normalizer, clamp_min) and the same for g1. Up to
+     * thirteen launches in one where the shape allows (CUDA: cols % 4 == 0, cols <= 512, at most
+     * 2^23 floats in all: decode rows and short pieces, whose cost is the launches). */
+    hyla_status (*sse_maps)(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows,
+                            int cols, int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1, size_t ng,
+                            float normalizer, float clamp_min);
 } hyla_ops;
 
 typedef struct {

@@ -11,6 +11,7 @@
  * 2^-40) masses, so ties and sums never depend on thread timing.
  * Math follows docs/MODELS.md; tags like [NORM-0] cite it.
  * Threading: launched on the context's stream; no host state beyond the call. */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -408,12 +409,9 @@ __global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm_bf16(float *residual, 
     add_rmsnorm_row<V4, A16, WARP>(residual, x, w, y, n, D, eps, sh);
 }
 
-/* In place: x = exp(x - max) / sum(exp(x - max)) per row. */
+/* In place: x = exp(x - max) / sum(exp(x - max)) over one row (the group's: t of G, U units). */
 template <int V4, int A16, int WARP>
-__global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, int D) {
-    __shared__ float sh[32];
-    ROW_SETUP(rows);
-    float *xr = x + (size_t)row * D;
+__device__ __forceinline__ void softmax_row(float *xr, int t, int G, int U, float *sh) {
     float4 cx[ROW_RC];
     float m = row_first_pass<V4, A16>(cx, xr, -INFINITY, t, G, U, [](float v, float4 x) { return max_acc<V4>(v, x); });
     m = group_max<WARP>(m, sh);
@@ -444,13 +442,16 @@ __global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, i
                                   V4 ? expf(v.w - m) * inv : 0.0f));
     }
 }
-
-/* [GDN-2] in place: x / sqrt(sum(x^2) + eps) */
 template <int V4, int A16, int WARP>
-__global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, int D, float eps) {
+__global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, int D) {
     __shared__ float sh[32];
     ROW_SETUP(rows);
-    float *xr = x + (size_t)row * D;
+    softmax_row<V4, A16, WARP>(x + (size_t)row * D, t, G, U, sh);
+}
+
+/* [GDN-2] in place: x / sqrt(sum(x^2) + eps) over one row */
+template <int V4, int A16, int WARP>
+__device__ __forceinline__ void l2norm_row(float *xr, int t, int G, int U, float eps, float *sh) {
     float4 cx[ROW_RC];
     float ss = group_sum<WARP>(row_sumsq<V4, A16>(cx, xr, t, G, U), sh);
     float inv = 1.0f / sqrtf(ss + eps);
@@ -459,6 +460,12 @@ __global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, in
         float4 v = ld_u<V4, A16>(xr, u);
         st_u<V4, A16>(xr, u, make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv));
     }
+}
+template <int V4, int A16, int WARP>
+__global__ void __launch_bounds__(ROW_MAXG) k_l2norm_rows(float *x, int rows, int D, float eps) {
+    __shared__ float sh[32];
+    ROW_SETUP(rows);
+    l2norm_row<V4, A16, WARP>(x + (size_t)row * D, t, G, U, eps, sh);
 }
 
 /* [NORM-1] y = rmsnorm(o) * w * (g ? silu(g) : 1); y may alias o. g's units are loaded with o's,
@@ -750,6 +757,110 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
     f.clamp_min = clamp_min;
     HYLA_TRY(ew1_launch(c, x, x, n, f));
     CU_LAUNCH_CHECK("gla_gate");
+    return HYLA_OK;
+}
+
+/* SSE's feature maps in one launch (cu_sse_maps). The first blocks are elementwise: silu over v,
+ * then the GLA gate over g0 and over g1 (blocks eb[0..3) end each range's), one float4 a thread
+ * where the range is 16-byte aligned and a multiple of 4 floats, else one float. Every warp
+ * after them owns one row of q0, q1, k0 or k1 (in that order) and runs on it what the row ops
+ * would: silu or softmax_row, then l2norm_row, in the warp layout row_config gives rows of
+ * cols <= 512 floats (cols % 4 == 0). Each value's arithmetic is that of the ops one after the
+ * other (ew_silu, ew_gla_gate, k_softmax_rows, k_l2norm_rows), so the bits are theirs. */
+#define SSE_MAPS_FUSE_MAX ((size_t)1 << 23)
+struct sse_maps_args {
+    float *e[3];       /* v, g0, g1 */
+    size_t en[3];      /* their floats */
+    unsigned eb[3];    /* the end of each range's blocks */
+    int evec[3];       /* float4 a thread */
+    float *x[4];       /* q0, q1, k0, k1 [rows][cols] */
+    int rows, cols, q_softmax, k_softmax, l2;
+    float eps;
+    ew_gla_gate gate;
+};
+template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_maps(sse_maps_args a) {
+    pdl_trigger(); /* launched by cu_launch_pdl */
+    pdl_wait();
+    const unsigned b = blockIdx.x;
+    if (b < a.eb[2]) {
+        const int r = b < a.eb[0] ? 0 : b < a.eb[1] ? 1 : 2;
+        size_t i = (size_t)(b - (r ? a.eb[r - 1] : 0)) * blockDim.x + threadIdx.x;
+        float *p = a.e[r];
+        if (a.evec[r]) {
+            if (i < a.en[r] / 4) {
+                float4 v = reinterpret_cast<float4 *>(p)[i];
+                reinterpret_cast<float4 *>(p)[i] = r ? make_float4(a.gate(v.x), a.gate(v.y), a.gate(v.z), a.gate(v.w))
+                                                     : make_float4(silu_f(v.x), silu_f(v.y), silu_f(v.z), silu_f(v.w));
+            }
+        } else if (i < a.en[r]) {
+            p[i] = r ? a.gate(p[i]) : silu_f(p[i]);
+        }
+        return;
+    }
+    const int w = (int)(b - a.eb[2]) * ROW_WARP_ROWS + (int)(threadIdx.x >> 5), t = threadIdx.x & 31;
+    if (w >= 4 * a.rows) return;
+    const int j = w / a.rows, U = a.cols / 4;
+    float *xr = a.x[j] + (size_t)(w - j * a.rows) * a.cols;
+    if (j < 2 ? a.q_softmax : a.k_softmax) {
+        softmax_row<1, A16, 1>(xr, t, 32, U, NULL);
+    } else {
+        for (int u = t; u < U; u += 32) {
+            float4 v = ld_u<1, A16>(xr, u);
+            st_u<1, A16>(xr, u, make_float4(silu_f(v.x), silu_f(v.y), silu_f(v.z), silu_f(v.w)));
+        }
+    }
+    if (a.l2) {
+        __syncwarp();
+        l2norm_row<1, A16, 1>(xr, t, 32, U, a.eps, NULL);
+    }
+}
+
+extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows,
+                                   int cols, int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1,
+                                   size_t ng, float normalizer, float clamp_min) {
+    hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
+    const size_t warps = 4 * (size_t)rows, threads = 32 * ROW_WARP_ROWS;
+    if (!g0 || !g1) ng = 0;
+    sse_maps_args a;
+    memset(&a, 0, sizeof a);
+    a.e[0] = v, a.e[1] = g0, a.e[2] = g1;
+    a.en[0] = nv, a.en[1] = ng, a.en[2] = ng;
+    size_t blocks = 0;
+    for (int r = 0; r < 3; r++) {
+        a.evec[r] = al16(a.e[r]) && a.en[r] % 4 == 0;
+        blocks += ((a.evec[r] ? a.en[r] / 4 : a.en[r]) + threads - 1) / threads;
+        a.eb[r] = (unsigned)blocks;
+    }
+    blocks += (warps + ROW_WARP_ROWS - 1) / ROW_WARP_ROWS;
+    /* One launch pays where the launches are the cost (decode rows, short pieces). Past
+     * SSE_MAPS_FUSE_MAX floats the passes are bound by memory, and there the plain kernels, with
+     * fewer registers and more threads resident, are faster: a 16384-token piece of the 1.3B SSE-H
+     * model prefilled ~1 % slower through the one launch (BENCHMARKS.md "SSE's feature maps in one
+     * launch"). */
+    const size_t work = 4 * (size_t)rows * (size_t)(cols > 0 ? cols : 0) + nv + 2 * ng;
+    if (rows <= 0 || cols <= 0 || cols % 4 || cols / 4 > 128 || work > SSE_MAPS_FUSE_MAX || blocks > (size_t)INT_MAX) {
+        /* the ops one by one */
+        HYLA_TRY(cu_silu(c, v, nv));
+        float *q[2] = {q0, q1}, *k[2] = {k0, k1}, *g[2] = {g0, g1};
+        for (int j = 0; j < 2; j++) {
+            HYLA_TRY(q_softmax ? cu_softmax_rows(c, q[j], rows, cols) : cu_silu(c, q[j], (size_t)rows * cols));
+            HYLA_TRY(k_softmax ? cu_softmax_rows(c, k[j], rows, cols) : cu_silu(c, k[j], (size_t)rows * cols));
+            if (l2) {
+                HYLA_TRY(cu_l2norm_rows(c, q[j], rows, cols, eps));
+                HYLA_TRY(cu_l2norm_rows(c, k[j], rows, cols, eps));
+            }
+            if (ng) HYLA_TRY(cu_gla_gate(c, g[j], ng, normalizer, clamp_min));
+        }
+        return HYLA_OK;
+    }
+    a.x[0] = q0, a.x[1] = q1, a.x[2] = k0, a.x[3] = k1;
+    a.rows = rows, a.cols = cols, a.q_softmax = q_softmax, a.k_softmax = k_softmax, a.l2 = l2, a.eps = eps;
+    a.gate.inv_norm = 1.0f / normalizer; /* cu_gla_gate's */
+    a.gate.clamp_min = clamp_min;
+    if (al16(q0) && al16(q1) && al16(k0) && al16(k1))
+        HYLA_TRY(cu_launch_pdl(c, k_sse_maps<1>, (unsigned)blocks, (unsigned)threads, 0, a));
+    else HYLA_TRY(cu_launch_pdl(c, k_sse_maps<0>, (unsigned)blocks, (unsigned)threads, 0, a));
+    CU_LAUNCH_CHECK("sse_maps");
     return HYLA_OK;
 }
 

@@ -98,6 +98,10 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
 #define ARGS_gla_gate(F) F(float *, x) F(size_t, n) F(float, normalizer) F(float, clamp_min)
 #define ARGS_softmax_rows(F) F(float *, x) F(int, rows) F(int, cols)
 #define ARGS_l2norm_rows(F) F(float *, x) F(int, rows) F(int, cols) F(float, eps)
+#define ARGS_sse_maps(F)                                                                                              \
+    F(float *, v) F(size_t, nv) F(float *, q0) F(float *, q1) F(float *, k0) F(float *, k1) F(int, rows) F(int, cols)   \
+        F(int, q_softmax) F(int, k_softmax) F(int, l2) F(float, eps) F(float *, g0) F(float *, g1) F(size_t, ng)       \
+            F(float, normalizer) F(float, clamp_min)
 #define ARGS_gdn_gates(F)                                                                                             \
     F(const float *, a) F(int, a_stride) F(const float *, b) F(int, b_stride) F(const float *, A_log)                 \
     F(const float *, dt_bias) F(float *, g) F(float *, beta) F(int, n) F(int, H) F(int, allow_neg)
@@ -107,7 +111,7 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
     F(const float *, o) F(const float *, gate) F(const float *, w) F(float *, y) F(int, rows) F(int, D) F(float, eps)
 #define PLAIN_OPS(P) \
     P(rmsnorm) P(add_rmsnorm) P(add) P(swiglu) P(silu) P(gla_gate) P(softmax_rows) P(l2norm_rows) P(gdn_gates) \
-    P(gated_rmsnorm) P(rmsnorm_bf16)
+    P(gated_rmsnorm) P(rmsnorm_bf16) P(sse_maps)
 
 #define GA_FIELD(t, n) t n;
 #define GA_PARAM(t, n) , t n
@@ -396,7 +400,8 @@ static hyla_status replay_tp_sum(hyla_cuda_ctx *c, const ga_tp_sum &a, const voi
     X(SSD_DECODE, ssd_decode)                                                                                          \
     X(SSD_NORM, ssd_norm)                                                                                              \
     X(TP_SUM, tp_sum)                                                                                                  \
-    X(RMSNORM_BF16, rmsnorm_bf16)
+    X(RMSNORM_BF16, rmsnorm_bf16)                                                                                      \
+    X(SSE_MAPS, sse_maps)
 
 enum {
     GOP_NONE,
@@ -1391,6 +1396,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     g_rmsnorm_bf16,
     /* launch what is logged, without waiting */
     f_submit,
+    /* SSE's feature maps in one launch */
+    g_sse_maps,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

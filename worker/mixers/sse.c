@@ -152,10 +152,13 @@ static size_t layout(const sse_cfg *c, int R, void *base, sse_scratch *s) {
     size_t lr = (size_t)R * (size_t)(c->lora_rank > c->N ? c->lora_rank : c->N);
     if ((size_t)R * c->gate_low_rank_dim > lr) lr = (size_t)R * c->gate_low_rank_dim;
     size_t gw = c->tr == HYLA_SSE_GDN ? (size_t)R * 2 * c->H : qk;
-    s->qa = hyla_carve_f32(&cv, qk);
-    s->ka = hyla_carve_f32(&cv, qk);
-    s->qs = hyla_carve_f32(&cv, qk);
-    s->ks = hyla_carve_f32(&cv, qk);
+    /* each set's q and k in one block, k at the carver's next aligned place (as if carved on its
+     * own): forward packs them for its rows where it can (sse_pack) */
+    const size_t al = HYLA_SCRATCH_ALIGN / sizeof(float), qk_al = (qk + al - 1) / al * al;
+    s->qa = hyla_carve_f32(&cv, qk_al + qk);
+    s->ka = s->qa + qk_al;
+    s->qs = hyla_carve_f32(&cv, qk_al + qk);
+    s->ks = s->qs + qk_al;
     s->v = hyla_carve_f32(&cv, vo);
     s->lora_q = hyla_carve_f32(&cv, lr);
     s->lora_k = hyla_carve_f32(&cv, lr);
@@ -173,6 +176,16 @@ static size_t layout(const sse_cfg *c, int R, void *base, sse_scratch *s) {
 
 HYLA_MIXER_SCRATCH_BYTES(sse_scratch)
 
+/* Each set's q and k side by side for a forward of R rows (k right after q's R rows), so that
+ * the sparse set is one copy of the always-selected one; only where k then keeps the carver's
+ * alignment (every buffer's, which the backends' fast paths want). */
+static void sse_pack(const sse_cfg *c, int R, sse_scratch *s) {
+    size_t qk = (size_t)R * c->H * c->dk;
+    if (qk * sizeof(float) % HYLA_SCRATCH_ALIGN) return;
+    s->ka = s->qa + qk;
+    s->ks = s->qs + qk;
+}
+
 static hyla_status forward(const hyla_mixer_fwd *f) {
     const sse_cfg *c = f->cfg;
     const sse_w *w = f->w;
@@ -184,6 +197,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     float scale = 1.0f / sqrtf((float)dk);
     sse_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
+    sse_pack(c, R, &s);
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
         {w->q, NULL, s.qa, H * dk, H * dk},
         {w->k, NULL, s.ka, H * dk, H * dk},
@@ -192,8 +206,12 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
     HYLA_MIXER_MARK(f, "sse: q/k proj");
-    HYLA_TRY(o->copy(ctx, s.qs, s.qa, qk * sizeof(float)));
-    HYLA_TRY(o->copy(ctx, s.ks, s.ka, qk * sizeof(float)));
+    if (s.ka == s.qa + qk && s.ks == s.qs + qk) { /* qs, ks = qa, ka */
+        HYLA_TRY(o->copy(ctx, s.qs, s.qa, 2 * qk * sizeof(float)));
+    } else {
+        HYLA_TRY(o->copy(ctx, s.qs, s.qa, qk * sizeof(float)));
+        HYLA_TRY(o->copy(ctx, s.ks, s.ka, qk * sizeof(float)));
+    }
     float *lq = c->lora_on_sparse ? s.qs : s.qa, *lk = c->lora_on_sparse ? s.ks : s.ka;
     HYLA_TRY(hyla_mixer_linear(f, s.lora_q, rank, w->lora_q_b, NULL, lq, H * dk, 1));
     HYLA_TRY(hyla_mixer_linear(f, s.lora_k, rank, w->lora_k_b, NULL, lk, H * dk, 1));
@@ -213,27 +231,36 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     }
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "sse: v/e/gate proj");
-    HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
-    float *fm[2][2] = {{s.qa, s.ka}, {s.qs, s.ks}};
-    for (int j = 0; j < 2; j++) { /* feature maps of eq. 8 */
-        if (c->q_softmax) HYLA_TRY(o->softmax_rows(ctx, fm[j][0], R * H, dk));
-        else HYLA_TRY(o->silu(ctx, fm[j][0], qk));
-        if (c->k_softmax) HYLA_TRY(o->softmax_rows(ctx, fm[j][1], R * H, dk));
-        else HYLA_TRY(o->silu(ctx, fm[j][1], qk));
-        if (gdn) { /* choice (b): normalise before the gate weight */
-            HYLA_TRY(o->l2norm_rows(ctx, fm[j][0], R * H, dk, 1e-6f));
-            HYLA_TRY(o->l2norm_rows(ctx, fm[j][1], R * H, dk, 1e-6f));
+    /* GLA's gate logits from their low-rank inputs */
+    float *g[2] = {s.ga, s.gb};
+    if (!gdn)
+        for (int j = 0; j < 2; j++)
+            HYLA_TRY(hyla_mixer_linear(f, j ? s.g2lr : s.lora_k, c->gate_low_rank_dim, w->gk_b[j], w->gk_bias[j], g[j],
+                                       H * dk, 0));
+    /* silu(v), the feature maps of eq. 8 (GDN: choice (b), normalised before the gate weight) and
+     * GLA's gates: one launch where the backend has it */
+    if (o->sse_maps) {
+        HYLA_TRY(o->sse_maps(ctx, s.v, (size_t)R * H * dv, s.qa, s.qs, s.ka, s.ks, R * H, dk, c->q_softmax, c->k_softmax,
+                             gdn, 1e-6f, gdn ? NULL : s.ga, gdn ? NULL : s.gb, gdn ? 0 : qk, c->gate_logit_normalizer,
+                             c->clamp_min));
+    } else {
+        HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
+        float *fm[2][2] = {{s.qa, s.ka}, {s.qs, s.ks}};
+        for (int j = 0; j < 2; j++) {
+            if (c->q_softmax) HYLA_TRY(o->softmax_rows(ctx, fm[j][0], R * H, dk));
+            else HYLA_TRY(o->silu(ctx, fm[j][0], qk));
+            if (c->k_softmax) HYLA_TRY(o->softmax_rows(ctx, fm[j][1], R * H, dk));
+            else HYLA_TRY(o->silu(ctx, fm[j][1], qk));
+            if (gdn) {
+                HYLA_TRY(o->l2norm_rows(ctx, fm[j][0], R * H, dk, 1e-6f));
+                HYLA_TRY(o->l2norm_rows(ctx, fm[j][1], R * H, dk, 1e-6f));
+            }
+            if (!gdn) HYLA_TRY(o->gla_gate(ctx, g[j], qk, c->gate_logit_normalizer, c->clamp_min));
         }
     }
     HYLA_MIXER_MARK(f, "sse: feature maps");
     const float *ga, *gb, *ba = NULL, *bb = NULL;
     if (!gdn) {
-        int r = c->gate_low_rank_dim;
-        float *lr[2] = {s.lora_k, s.g2lr}, *g[2] = {s.ga, s.gb};
-        for (int j = 0; j < 2; j++) {
-            HYLA_TRY(hyla_mixer_linear(f, lr[j], r, w->gk_b[j], w->gk_bias[j], g[j], H * dk, 0));
-            HYLA_TRY(o->gla_gate(ctx, g[j], qk, c->gate_logit_normalizer, c->clamp_min));
-        }
         ga = s.ga;
         gb = s.gb;
     } else {
