@@ -71,7 +71,7 @@ struct AttnRows {
 /* VEC: D % 8 == 0 and 128 % (D/8) == 0: keys and values move in 16-byte pieces; for P V the
  * block splits into G = 128/(D/8) groups of D/8 threads, group q summing keys q, q+G, ...
  * (merged in group order at the end). Otherwise one 2-byte element at a time. */
-template <bool VEC>
+template <bool VEC, int KL>
 __global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
     __shared__ __align__(16) float qs[AR_MAXD];
     __shared__ float sc[AR_KB];
@@ -99,7 +99,29 @@ __global__ void __launch_bounds__(AR_T) k_attn_rows(AttnRows a) {
     for (int r = 0; r < AR_MAXD / AR_T; r++) acc[r] = 0.0f;
     for (int kb = k0; kb <= k1; kb += AR_KB) {
         int nk = k1 - kb + 1 < AR_KB ? k1 - kb + 1 : AR_KB;
-        for (int i = tid; i < nk; i += AR_T) {
+        if (KL) { /* KL lanes a key, 8 dims each: one coalesced row a key */
+            constexpr int L = KL ? KL : 1;
+            const int lane = tid % L, kg = tid / L, NKG = AR_T / L;
+            const float4 q0 = *(const float4 *)(qs + lane * 8), q1 = *(const float4 *)(qs + lane * 8 + 4);
+#pragma unroll 4
+            for (int i0 = 0; i0 < nk; i0 += NKG) {
+                const int i = i0 + kg, p = kb + i;
+                float dot = 0.0f;
+                if (i < nk) {
+                    const __nv_bfloat16 *kr =
+                        (const __nv_bfloat16 *)a.kp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D + lane * 8;
+                    uint4 u = *(const uint4 *)kr;
+                    const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
+                    float2 f0 = __bfloat1622float2(b2[0]), f1 = __bfloat1622float2(b2[1]);
+                    float2 f2 = __bfloat1622float2(b2[2]), f3 = __bfloat1622float2(b2[3]);
+                    dot = q0.x * f0.x + q0.y * f0.y + q0.z * f1.x + q0.w * f1.y + q1.x * f2.x + q1.y * f2.y + q1.z * f3.x +
+                          q1.w * f3.y;
+                }
+#pragma unroll
+                for (int o = L / 2; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                if (i < nk && lane == 0) sc[i] = dot;
+            }
+        } else for (int i = tid; i < nk; i += AR_T) {
             int p = kb + i;
             const __nv_bfloat16 *kr = (const __nv_bfloat16 *)a.kp[base + p / pt] + (size_t)(p % pt) * rowsz + (size_t)hk * D;
             float dot = 0.0f;
@@ -240,10 +262,15 @@ __global__ void k_attn_combine(const float *part, int nq, int Hq, int D, int nsp
  * [nq][Hq][D]. */
 static hyla_status rows_launch(hyla_cuda_ctx *c, const AttnRows &a, float *o) {
     const dim3 grid(a.nsplit, a.Hq, a.nq);
-    if (rows_vec(a.D))
-        k_attn_rows<true><<<grid, AR_T, 0, c->stream>>>(a);
+    /* heads of 128 and 64: a key's row read by 16 (8) lanes together */
+    if (rows_vec(a.D) && a.D == 128)
+        k_attn_rows<true, 16><<<grid, AR_T, 0, c->stream>>>(a);
+    else if (rows_vec(a.D) && a.D == 64)
+        k_attn_rows<true, 8><<<grid, AR_T, 0, c->stream>>>(a);
+    else if (rows_vec(a.D))
+        k_attn_rows<true, 0><<<grid, AR_T, 0, c->stream>>>(a);
     else
-        k_attn_rows<false><<<grid, AR_T, 0, c->stream>>>(a);
+        k_attn_rows<false, 0><<<grid, AR_T, 0, c->stream>>>(a);
     CU_LAUNCH_CHECK("attn rows");
     k_attn_combine<<<dim3(a.Hq, a.nq), 128, 0, c->stream>>>(a.part, a.nq, a.Hq, a.D, a.nsplit, o);
     CU_LAUNCH_CHECK("attn combine");
