@@ -151,14 +151,14 @@ __global__ void __launch_bounds__(128) k_skinny(const float *__restrict__ x, int
  * convert all M rows again, so those keep the conversion kernel. */
 /* The staging of a block of NW warps (16 NW output columns) and MT*16 rows: W and x tiles of
  * two stages, bf16; the cluster form reuses the W part for its partial tile. */
-template <int MT, int NW>
+template <int MT, int NW, int NS = 2>
 struct SkSmem {
-    static constexpr int BN = 16 * NW, W_ELEMS = 2 * BN * SK_LD, X_ELEMS = 2 * MT * 16 * SK_LD;
+    static constexpr int BN = 16 * NW, W_ELEMS = NS * BN * SK_LD, X_ELEMS = NS * MT * 16 * SK_LD;
     static constexpr int BYTES = (W_ELEMS + X_ELEMS) * 2, PLD = BN + 8; /* PLD: partial tile row stride */
     static_assert(MT * 16 * PLD * 4 <= W_ELEMS * 2, "the partial tile fits the weight staging");
 };
 
-template <int MT, bool XF, bool CL, int NW>
+template <int MT, bool XF, bool CL, int NW, int NS = 2>
 __device__ __forceinline__ void skinny2_body(__nv_bfloat16 *__restrict__ Wsm, __nv_bfloat16 *__restrict__ Xsm,
                                              const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                              const float *__restrict__ xu, /* XF: x = silu(xf) * xu (NULL: xf) */
@@ -166,7 +166,7 @@ __device__ __forceinline__ void skinny2_body(__nv_bfloat16 *__restrict__ Wsm, __
                                              int N, int kchunk, float *__restrict__ part, int S,
                                              const float *bias, float *y, int ldy, int accumulate, int n0, int s,
                                              int m0, unsigned *cnt, int r0 /* CL: cluster rank of slice 0 */) {
-    typedef SkSmem<MT, NW> SM;
+    typedef SkSmem<MT, NW, NS> SM;
     constexpr int NT = 32 * NW, BN = SM::BN;
     static_assert(CL || NW == 4, "the partial-sum forms own 64 columns");
     __nv_bfloat16(*Ws)[BN * SK_LD] = (__nv_bfloat16(*)[BN * SK_LD])Wsm;
@@ -217,28 +217,32 @@ __device__ __forceinline__ void skinny2_body(__nv_bfloat16 *__restrict__ Wsm, __
             }
         }
     };
-    /* Launched by cu_launch_pdl, the block may be here while the kernel ahead still runs: the
-     * weight tiles of both stages are requested (no kernel writes weights), then it waits for
-     * that kernel before it reads x. Tile `it` has landed once at most one group (the next
-     * stage's) is pending. */
-    if (nk > 0) stage_w(0, kbeg);
-    cp_async_commit();
-    if (nk > 1) stage_w(1, kbeg + SK_K);
+    /* NS stages. Launched by cu_launch_pdl, the block may be here while the kernel ahead still
+     * runs: the weight tiles of every stage are requested (no kernel writes weights), as one
+     * group, then it waits for that kernel before it reads x, whose first NS - 1 tiles are the
+     * second group. Iteration `it` queues tile it + NS - 1 (its x, and its weights past the
+     * first NS) as one group, into the stage tile it - 1 left; tile `it` has landed once both
+     * first groups have (it = 0) and, later, once at most NS - 1 groups are pending. */
+#pragma unroll
+    for (int j = 0; j < NS; j++)
+        if (j < nk) stage_w(j, kbeg + j * SK_K);
     cp_async_commit();
     pdl_wait();
-    if (nk > 0) stage_x(0, kbeg);
+#pragma unroll
+    for (int j = 0; j < NS - 1; j++)
+        if (j < nk) stage_x(j, kbeg + j * SK_K);
     cp_async_commit();
     for (int it = 0; it < nk; it++) {
-        if (it + 1 < nk) {
-            if (it + 1 >= 2) stage_w((it + 1) & 1, kbeg + (it + 1) * SK_K);
-            stage_x((it + 1) & 1, kbeg + (it + 1) * SK_K);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+        const int nx = it + NS - 1;
+        if (nx < nk) {
+            if (nx >= NS) stage_w(nx % NS, kbeg + nx * SK_K);
+            stage_x(nx % NS, kbeg + nx * SK_K);
         }
+        cp_async_commit();
+        if (it == 0) cp_async_wait<1>();
+        else cp_async_wait<NS - 1>();
         __syncthreads();
-        const __nv_bfloat16 *ws = Ws[it & 1], *xs = Xs[it & 1];
+        const __nv_bfloat16 *ws = Ws[it % NS], *xs = Xs[it % NS];
 #pragma unroll
         for (int kc = 0; kc < SK_K / 16; kc++) {
             uint32_t bf[2][2];
@@ -288,14 +292,21 @@ __device__ __forceinline__ void skinny2_body(__nv_bfloat16 *__restrict__ Wsm, __
     cooperative_groups::this_cluster().sync();
 }
 
-template <int MT, bool XF>
+/* Stages of the skinny kernels of up to 16 rows outside the cluster form (1-4 rows: decode of a
+ * few sessions): three on an H200 made the 1.68B GDN model's
+ * B = 1 step 2 % faster than two (1.747-1.761 -> 1.717-1.718 ms), four 4.5 % slower (the block's
+ * 46 KB of staging leaves fewer blocks an SM); the same bits every way (BENCHMARKS.md "The
+ * one-row linears: three stages"). More rows keep two (their tiles are larger). */
+#define SK_STAGES_1ROW 3
+
+template <int MT, bool XF, int NS = 2>
 __global__ void __launch_bounds__(128) k_skinny2(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                                  const float *__restrict__ xu, int ldx, int vecx, int M, int K,
                                                  const __nv_bfloat16 *__restrict__ W, int N, int kchunk,
                                                  float *__restrict__ part, int S, const float *bias, float *y,
                                                  int ldy, int accumulate, unsigned *cnt) {
-    __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4>::W_ELEMS], Xs[SkSmem<MT, 4>::X_ELEMS];
-    skinny2_body<MT, XF, false, 4>(Ws, Xs, xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy,
+    __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4, NS>::W_ELEMS], Xs[SkSmem<MT, 4, NS>::X_ELEMS];
+    skinny2_body<MT, XF, false, 4, NS>(Ws, Xs, xb, xf, xu, ldx, vecx, M, K, W, N, kchunk, part, S, bias, y, ldy,
                                    accumulate, blockIdx.x * SK_N, blockIdx.y, blockIdx.z * MT * 16,
                                    cnt ? cnt + blockIdx.x * gridDim.z + blockIdx.z : NULL, 0);
 }
@@ -318,14 +329,14 @@ struct SkGroup {
     int MB;                                /* k_skinny2c: blocks of MT*16 rows along M */
 };
 
-template <int MT, bool XF>
+template <int MT, bool XF, int NS = 2>
 __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restrict__ xb, const float *__restrict__ xf,
                                                   int ldx, int vecx, int M, int K, SkGroup G, int accumulate) {
     int i = 0;
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
-    __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4>::W_ELEMS], Xs[SkSmem<MT, 4>::X_ELEMS];
-    skinny2_body<MT, XF, false, 4>(Ws, Xs, xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i],
+    __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4, NS>::W_ELEMS], Xs[SkSmem<MT, 4, NS>::X_ELEMS];
+    skinny2_body<MT, XF, false, 4, NS>(Ws, Xs, xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i],
                                    G.S[i], G.bias[i], G.y[i], G.ldy[i], accumulate, nt * SK_N, s,
                                    blockIdx.z * MT * 16, G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL, 0);
 }
@@ -538,12 +549,12 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
         unsigned *cnt = sk_counts(c, M, S > 1, (size_t)grid.x * grid.z);
         switch (MT) {
         case 1:
-            if (xf)
-                HYLA_TRY(cu_launch_pdl(c, k_skinny2<1, true>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N,
-                                       kchunk, part, S, bias, y, ldy, accumulate, cnt));
-            else
-                HYLA_TRY(cu_launch_pdl(c, k_skinny2<1, false>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N,
-                                       kchunk, part, S, bias, y, ldy, accumulate, cnt));
+#define SK1(XFV)                                                                                                  \
+    HYLA_TRY(cu_launch_pdl(c, k_skinny2<1, XFV, SK_STAGES_1ROW>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N,    \
+                           kchunk, part, S, bias, y, ldy, accumulate, cnt))
+            if (xf) SK1(true);
+            else SK1(false);
+#undef SK1
             break;
         case 2:
             HYLA_TRY(cu_launch_pdl(c, k_skinny2<2, false>, grid, 128, 0, xbb, x, up, ldx, vecx, M, K, W->d, N, kchunk,
@@ -624,10 +635,11 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
     for (size_t i = 0, at = 0; cnt && i < (size_t)n; at += (size_t)G.ntiles[i] * grid.z, i++)
         G.cnt[i] = G.S[i] > 1 ? cnt + at : NULL;
     if (MT == 1) {
-        if (xf)
-            HYLA_TRY(cu_launch_pdl(c, k_skinny2g<1, true>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
-        else
-            HYLA_TRY(cu_launch_pdl(c, k_skinny2g<1, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
+#define SKG1(XFV) \
+    HYLA_TRY(cu_launch_pdl(c, k_skinny2g<1, XFV, SK_STAGES_1ROW>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate))
+        if (xf) SKG1(true);
+        else SKG1(false);
+#undef SKG1
     } else if (MT == 2) {
         HYLA_TRY(cu_launch_pdl(c, k_skinny2g<2, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
     } else {
