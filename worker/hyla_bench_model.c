@@ -1896,6 +1896,9 @@ int hyla_bench_e2e(int argc, char **argv) {
                    "  and the asynchronous export of one session while the first --batch keeps decoding.\n"
                    "  --tp N: split every layer over N devices (--device's GPU and the next N-1, or N CPU\n"
                    "  backends; worker/hyla_tp.h); each line then carries \"tp\":N.\n"
+                   "  First measures the device-to-device copy rate (1 GiB on a GPU, 64 MiB on the CPU; a\n"
+                   "  copy_bandwidth line); each decode line's of_copy is its bytes a second (weights and\n"
+                   "  states) over that rate (times N with --tp N).\n"
                    "  Make a model with hyla-mkmodel (random weights).\n");
             return help ? 0 : 2;
         }
@@ -1945,6 +1948,9 @@ int hyla_bench_e2e(int argc, char **argv) {
     double params = (double)hyla_model_param_bytes(m) * tp; /* a shard's times the ranks (~the whole) */
     fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
             cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
+    /* the device-to-device copy rate (a copy_bandwidth line), which the decode lines' of_copy
+     * compares with: issue 17 states its decode targets against it */
+    bench_copy(!is_cuda);
     if (np > 0) { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
         int n = 2 * hyla_runtime_prefill_piece(rt) + 1;
         int32_t *tok = malloc((size_t)n * 4);
@@ -2064,6 +2070,9 @@ int hyla_bench_e2e(int argc, char **argv) {
                 double peak, hbm;
                 datasheet(&peak, &hbm);
                 if (hbm > 0) printf(",\"hbm_tbps\":%.2f,\"of_hbm\":%.3f", hbm, (params + state) / sec / 1e12 / hbm);
+                if (copy_gbps > 0) /* a group's ranks each copy at this rate: of their sum */
+                    printf(",\"copy_gbps\":%.1f,\"of_copy\":%.3f", copy_gbps * tp,
+                           (params + state) / sec / 1e9 / (copy_gbps * tp));
                 print_scratch(rt);
                 if (is_cuda && hyla_cuda_get_graph_stats)
                     printf(",\"ops_per_step\":%.0f,\"graph_launches_per_step\":%.2f,\"captures\":%llu",
