@@ -91,7 +91,7 @@ if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hid
     { echo "FAIL e2e: the prefill line does not show scratch without logits"; grep e2e_prefill "$T/e2e.jsonl"; fail=1; }
   grep '"e2e_decode"' "$T/e2e.jsonl" | grep -q '"logits_scratch_mb":0.01' ||
     { echo "FAIL e2e: the decode line does not show 2 rows of logits (8 KB)"; grep e2e_decode "$T/e2e.jsonl"; fail=1; }
-  # the copy rate measured first, and each decode line's share of it (issue 17's decode targets)
+  # the copy rate measured first, and each decode line's share of it (of_copy)
   grep -q '"bench":"copy_bandwidth"' "$T/e2e.jsonl" ||
     { echo "FAIL e2e: no copy_bandwidth line"; cat "$T/e2e.jsonl"; fail=1; }
   grep '"e2e_decode"' "$T/e2e.jsonl" | grep -q '"copy_gbps":[0-9.]*,"of_copy":[0-9.]*' ||

@@ -1949,7 +1949,8 @@ int hyla_bench_e2e(int argc, char **argv) {
     fprintf(stderr, "hyla-bench: loaded %s (%s, %d layers, %.2f GB of parameters) in %.1f s\n", model_dir,
             cfg->model_type, cfg->num_layers, params / 1e9, hyla_now() - t0);
     /* the device-to-device copy rate (a copy_bandwidth line), which the decode lines' of_copy
-     * compares with: issue 17 states its decode targets against it */
+     * compares with: the datasheet's bandwidth (of_hbm) is more than any copy reaches, so a decode
+     * step's share of what the device can really move is read against this */
     bench_copy(!is_cuda);
     if (np > 0) { /* warm-up: a prompt of two pieces loads the kernels and builds the GEMM plans */
         int n = 2 * hyla_runtime_prefill_piece(rt) + 1;
