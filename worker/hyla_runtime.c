@@ -122,6 +122,18 @@ void hyla_runtime_set_allreduce_aside(hyla_runtime *rt, hyla_allreduce_begin_fn 
 
 long hyla_runtime_wave_pieces(const hyla_runtime *rt) { return rt->wave_pieces; }
 
+void hyla_runtime_set_allreduce_onto(hyla_runtime *rt, hyla_allreduce_onto_fn fn, float *buf0, float *buf1,
+                                     size_t max) {
+    const int on = fn && buf0 && buf1 && max;
+    rt->allreduce_onto = on ? fn : NULL;
+    rt->onto_buf[0] = on ? buf0 : NULL;
+    rt->onto_buf[1] = on ? buf1 : NULL;
+    rt->onto_max = on ? max : 0;
+    rt->onto_j = 0;
+}
+
+void hyla_runtime_reset_allreduce_onto(hyla_runtime *rt) { rt->onto_j = 0; }
+
 void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud) {
     rt->allreduce = fn;
     rt->allreduce_ud = ud;
@@ -319,6 +331,17 @@ wave_out:
     return s;
 }
 
+/* A tensor-parallel shard's sum of the block output mo [n] (nothing without a group): onto x
+ * from the group's buffer (onto: mo is rt->onto_buf[rt->onto_j]; the next sum takes the other),
+ * or in place in mo, which the norm after it then adds onto x. */
+static hyla_status tp_sum(hyla_runtime *rt, int onto, float *mo, float *x, size_t n) {
+    if (!rt->allreduce) return HYLA_OK;
+    if (!onto) return rt->allreduce(rt->allreduce_ud, mo, n);
+    const int j = rt->onto_j;
+    rt->onto_j ^= 1;
+    return rt->allreduce_onto(rt->allreduce_ud, j, x, n);
+}
+
 /* R rows at x (host arrays of the rows: pos [R]; st [decode ? R : 1]) through the held layers. */
 static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t *pos, hyla_state *const *st, float *x) {
     const hyla_model *m = rt->m;
@@ -338,6 +361,11 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
      * norms after them read x alone. Not under tensor parallelism, whose outputs are partial sums
      * to be summed across the ranks before they join the residual. */
     const int xacc = nb && !rt->allreduce;
+    /* Under tensor parallelism, the sums waited for at once onto x where the group has them
+     * (one kernel on each GPU that reads the peers' partials where they were written): the
+     * partials go to the group's buffers, alternating, and nothing is owed to the norms. */
+    const size_t nx = (size_t)R * D;
+    const int onto = rt->allreduce && rt->allreduce_onto && nx <= rt->onto_max && nx % 4 == 0 && (uintptr_t)x % 16 == 0;
     if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * HYLA_PREFILL_CHUNK && pos[0] % HYLA_PREFILL_CHUNK == 0)
         return run_layers_wave(rt, R, pos, st, x);
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
@@ -360,33 +388,36 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         owed = 0;
         PM("norm");
         for (int i = 0; i < nst; i++) ls[i] = &st[i]->ls[l];
-        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, xacc ? x : rt->mo,
+        float *mo = onto ? rt->onto_buf[rt->onto_j] : xacc ? x : rt->mo;
+        hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, mo,
                              rt->mixer_scratch, rt->host_ptrs, nb, xacc};
         if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
             s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
             break;
         }
-        if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        if ((s = tp_sum(rt, onto, mo, x, nx)) != HYLA_OK) break;
         if (rt->allreduce) PM("tp sum");
         if (!ly->mlp_gate) { /* a mixer-only layer (the family has no MLP) */
-            owed = !xacc;
+            owed = !xacc && !onto;
             continue;
         }
-        s = nb ? o->rmsnorm_bf16(ctx, x, xacc ? NULL : rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps)
-               : o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
+        if (nb) s = o->rmsnorm_bf16(ctx, x, xacc || onto ? NULL : rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
+        else if (onto) s = o->rmsnorm(ctx, x, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
+        else s = o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
         if (s != HYLA_OK) break;
         PM("norm");
         hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F}, {ly->mlp_up, NULL, rt->mlp_u, F, F}};
         if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, xf | gf)) != HYLA_OK) break;
         PM("mlp: gate/up proj");
         /* the SwiGLU and the down projection in one op: prompt rows skip the fp32 pass between */
-        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, xacc ? x : rt->mo, D,
+        mo = onto ? rt->onto_buf[rt->onto_j] : xacc ? x : rt->mo;
+        s = o->swiglu_linear(ctx, rt->mlp_g, rt->mlp_u, R, F, ly->mlp_down, mo, D,
                              decode ? 0 : HYLA_LINEAR_PREFILL | hf | (xacc ? HYLA_LINEAR_ACC : 0));
         if (s != HYLA_OK) break;
         PM("mlp: swiglu, down proj");
-        if (rt->allreduce && (s = rt->allreduce(rt->allreduce_ud, rt->mo, (size_t)R * D)) != HYLA_OK) break;
+        if ((s = tp_sum(rt, onto, mo, x, nx)) != HYLA_OK) break;
         if (rt->allreduce) PM("tp sum");
-        owed = !xacc;
+        owed = !xacc && !onto;
     }
     if (s == HYLA_OK && owed) {
         s = o->add(ctx, x, rt->mo, (size_t)R * D);

@@ -152,6 +152,17 @@ void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud
 typedef hyla_status (*hyla_allreduce_begin_fn)(void *ud, float *buf, size_t n, float *acc, int *ticket);
 typedef hyla_status (*hyla_allreduce_join_fn)(void *ud, int ticket);
 void hyla_runtime_set_allreduce_aside(hyla_runtime *rt, hyla_allreduce_begin_fn begin, hyla_allreduce_join_fn join);
+/* The sum waited for at once, onto the residual (optional, the same ud): the ranks write their
+ * partials into two buffers the group owns, buf[0] and buf[1] (backend memory, up to max floats
+ * each, where every rank's peers can read them), and onto(ud, j, x, n) adds the rank-order sum of
+ * every rank's buf[j] onto x[0..n) (x + sum, the residual's add), in stream order, the same bits
+ * on every rank. The runtime alternates j between consecutive sums (the peers may still read
+ * buf[j] while the rank goes on) and resets it with hyla_runtime_reset_allreduce_onto. Sums of
+ * more than max floats, or onto an x not 16-byte aligned, take fn. fn NULL: off. */
+typedef hyla_status (*hyla_allreduce_onto_fn)(void *ud, int j, float *x, size_t n);
+void hyla_runtime_set_allreduce_onto(hyla_runtime *rt, hyla_allreduce_onto_fn fn, float *buf0, float *buf1,
+                                     size_t max);
+void hyla_runtime_reset_allreduce_onto(hyla_runtime *rt);
 /* How many prefill pieces ran as two halves with overlapped sums (above), since creation. */
 long hyla_runtime_wave_pieces(const hyla_runtime *rt);
 

@@ -58,6 +58,10 @@ struct hyla_runtime {
     void *allreduce_ud;
     hyla_allreduce_begin_fn allreduce_begin; /* the sum begun beside the stream (NULL: none) */
     hyla_allreduce_join_fn allreduce_join;
+    hyla_allreduce_onto_fn allreduce_onto; /* the sum onto x from the group's buffers (NULL: none) */
+    float *onto_buf[2];                    /* where the partial of such a sum is written */
+    size_t onto_max;                       /* floats a buffer holds */
+    int onto_j;                            /* the buffer of the next such sum */
     long wave_pieces; /* prefill pieces run as two halves (run_layers_wave) */
     /* Tensor parallelism (hyla_tp.c): the group this runtime is rank tp_rank of (NULL: none).
      * Sessions are created on rank 0's runtime and hold one session per rank (hyla_session.c). */

@@ -35,8 +35,9 @@ hyla_status hyla_cuda_nccl_allreduce(hyla_backend *be, hyla_nccl_link *l, float 
 typedef struct hyla_cuda_psum hyla_cuda_psum;
 hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_max, hyla_cuda_psum **out)
     __attribute__((weak));
-hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n) __attribute__((weak));
+hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, int j, float *x, size_t n) __attribute__((weak));
 size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) __attribute__((weak));
+float *hyla_cuda_psum_oneshot_buf(hyla_cuda_psum *p, int rank, int j) __attribute__((weak));
 hyla_status hyla_cuda_flush(hyla_backend *be) __attribute__((weak));
 hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) __attribute__((weak));
 hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, float *acc, size_t n)
@@ -226,18 +227,22 @@ static hyla_status psum_allreduce(void *ud, float *buf, size_t n) {
     return psum_join(ud, ticket);
 }
 
-/* A sum waited for at once as two kernels of the rank's stream (hyla_cuda_psum_oneshot): no
- * host call between the ranks, so it stays inside the step's CUDA graph; the ranks' kernels
- * meet on the device. No rendezvous: a rank's thread never waits for another's with logged
- * work unlaunched (flush_own), so every kernel a GPU waits for is launched or will be. Sums
- * larger than the one-shot buffers take NCCL's with two ranks (the same bits, faster for
- * whole pieces), the peer sums with more. */
+/* A sum waited for at once as one kernel of the rank's stream (hyla_cuda_psum_oneshot), onto x
+ * from the group's buffer j where the rank's partial was written: no host call between the
+ * ranks, so it stays inside the step's CUDA graph; the ranks' kernels meet on the device. No
+ * rendezvous: a rank's thread never waits for another's with logged work unlaunched (flush_own),
+ * so every kernel a GPU waits for is launched or will be. The runtime takes the blocking sum
+ * below for what does not fit the buffers. */
+static hyla_status oneshot_onto(void *ud, int j, float *x, size_t n) {
+    rank_ref *r = ud;
+    return hyla_cuda_psum_oneshot(r->g->psum, r->rank, j, x, n);
+}
+
+/* The blocking sum beside the one-shot sums, for sums larger than their buffers: NCCL's with
+ * two ranks (the same bits, faster for whole pieces), the peer sums with more. */
 static hyla_status oneshot_allreduce(void *ud, float *buf, size_t n) {
     rank_ref *r = ud;
-    struct hyla_tp_group *g = r->g;
-    if (n <= hyla_cuda_psum_oneshot_max(g->psum) && n % 4 == 0 && (uintptr_t)buf % 16 == 0)
-        return hyla_cuda_psum_oneshot(g->psum, r->rank, buf, n);
-    return g->T == 2 ? nccl_allreduce(ud, buf, n) : psum_allreduce(ud, buf, n);
+    return r->g->T == 2 ? nccl_allreduce(ud, buf, n) : psum_allreduce(ud, buf, n);
 }
 
 static hyla_status cpu_allreduce_begin(void *ud, float *buf, size_t n, float *acc, int *ticket) {
@@ -342,6 +347,7 @@ hyla_status hyla_tp_run(hyla_tp_group *g, hyla_tp_fn fn, void *ud) {
             g->ref[t].psum_seq = 0;
             atomic_store(&g->pready[t], 0);
             atomic_store(&g->pissued[t], 0);
+            hyla_runtime_reset_allreduce_onto(g->rt[t]);
         }
     }
     return hyla_fail(jobs[first].st, "tensor-parallel rank %d: %s", first, jobs[first].msg);
@@ -430,8 +436,9 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
      * SSE-H model (attention KV) 3.5 % faster (118.6 k against 114.6 k tokens/s; BENCHMARKS.md
      * "SSE-GLA's split form, TP halves' sums onto x"). HYLA_TP_WAVE=0 turns the halves off, 1
      * on (the same bits).
-     * The sums waited for at once (decode steps, short pieces): one-shot sums (two kernels of
-     * each rank's stream, inside the CUDA graphs) up to ONESHOT_ROWS rows, peer sums above.
+     * The sums waited for at once (decode steps, short pieces): one-shot sums (one kernel on
+     * each rank's stream, inside the CUDA graphs, onto x from the partials where they were
+     * written) up to ONESHOT_ROWS rows, NCCL (two ranks) or peer sums above.
      * Every sum of the group then rounds alike (rank order, wherever a float falls in the
      * buffer): the halves and whole pieces must, or a prompt's bits would depend on its
      * pieces. NCCL's all-reduce is rank order only for two ranks (a + b = b + a); with more it
@@ -477,6 +484,10 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
                                                        : nccl_allreduce;
     for (int t = 0; t < T; t++) {
         hyla_runtime_set_allreduce(rts[t], blocking, &g->ref[t]);
+        if (mode == SUM_ONESHOT && g->psum)
+            hyla_runtime_set_allreduce_onto(rts[t], oneshot_onto, hyla_cuda_psum_oneshot_buf(g->psum, t, 0),
+                                             hyla_cuda_psum_oneshot_buf(g->psum, t, 1),
+                                             hyla_cuda_psum_oneshot_max(g->psum));
         if (overlap)
             hyla_runtime_set_allreduce_aside(rts[t], g->cuda ? psum_begin : cpu_allreduce_begin,
                                              g->cuda ? psum_join : cpu_allreduce_join);
@@ -508,6 +519,7 @@ void hyla_tp_group_free(hyla_tp_group *g) {
         if (g->rt[t]->allreduce_ud == &g->ref[t]) {
             hyla_runtime_set_allreduce(g->rt[t], NULL, NULL);
             hyla_runtime_set_allreduce_aside(g->rt[t], NULL, NULL);
+            hyla_runtime_set_allreduce_onto(g->rt[t], NULL, NULL, NULL, 0);
         }
         if (g->rt[t]->tp == g) g->rt[t]->tp = NULL;
         if (g->link[t]) hyla_cuda_nccl_close(g->link[t]);

@@ -112,12 +112,17 @@ hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned seq);
  * every rank). No rank may be inside a sum. */
 void hyla_cuda_psum_reset(hyla_cuda_psum *p);
 /* A sum waited for at once, as an op of the rank's compute stream (logged into CUDA graphs):
- * buf [n] (n <= oneshot_max, a multiple of 4, 16-byte aligned) becomes the rank-order sum of
- * the ranks' buffers, the peer sums' bits. Every rank must call it, in the same order as its
- * other sums, and no rank's thread may make a CUDA call that waits for another GPU between
- * reaching it and queueing it (sequence the calls as worker/hyla_tp.c does). The two launches
- * wait on the device for every rank's. */
-hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n);
+ * x [n] += the rank-order sum of every rank's exchange buffer j (0 or 1; n <= oneshot_max, a
+ * multiple of 4, x 16-byte aligned), where the rank's partial was written in place
+ * (hyla_cuda_psum_oneshot_buf): the peer sums' bits added onto x. Peers read a rank's buffer j
+ * while they sum, so a rank's consecutive one-shot sums must alternate j, the same j on every
+ * rank. Every rank must call it, in the same order as its other sums, and no rank's thread may
+ * make a CUDA call that waits for another GPU between reaching it and queueing it (sequence the
+ * calls as worker/hyla_tp.c does). The launch waits on the device for every rank's. */
+hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, int j, float *x, size_t n);
+/* The rank's exchange buffer j (0 or 1) of oneshot_max floats, device memory the group owns
+ * (NULL: no one-shot sums). */
+float *hyla_cuda_psum_oneshot_buf(hyla_cuda_psum *p, int rank, int j);
 size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p);
 void hyla_cuda_psum_close(hyla_cuda_psum *p);
 

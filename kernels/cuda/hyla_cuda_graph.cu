@@ -361,11 +361,12 @@ static hyla_status replay_ssd_norm(hyla_cuda_ctx *c, const ga_ssd_norm &a, const
  * so a graph replays it with no data */
 struct ga_tp_sum {
     const void *os;
-    float *buf;
+    float *x;
     uint64_t n;
+    int j;
 };
 static hyla_status replay_tp_sum(hyla_cuda_ctx *c, const ga_tp_sum &a, const void *) {
-    return cu_tp_sum(c, a.os, a.buf, (size_t)a.n);
+    return cu_tp_sum(c, a.os, a.j, a.x, (size_t)a.n);
 }
 
 #define GRAPH_OPS(X)                                                                                                   \
@@ -1044,13 +1045,14 @@ static hyla_status g_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     return HYLA_OK;
 }
 
-extern "C" hyla_status cu_graph_tp_sum(hyla_cuda_ctx *c, const void *os, float *buf, size_t n) {
-    if (!LOGGING) return cu_tp_sum(c, os, buf, n);
+extern "C" hyla_status cu_graph_tp_sum(hyla_cuda_ctx *c, const void *os, int j, float *x, size_t n) {
+    if (!LOGGING) return cu_tp_sum(c, os, j, x, n);
     ga_tp_sum *a;
     HYLA_TRY(log_tp_sum(c->graphs, 0, &a, NULL));
     a->os = os;
-    a->buf = buf;
+    a->x = x;
     a->n = n;
+    a->j = j;
     return HYLA_OK;
 }
 

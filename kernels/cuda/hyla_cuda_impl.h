@@ -191,10 +191,11 @@ void cu_graphs_destroy(hyla_cuda_ctx *c); /* accepts c->graphs == NULL */
 /* Launch the logged ops (as a graph or one by one). Every stream user outside the log calls it
  * first, so stream order equals call order. */
 hyla_status cu_graph_flush(hyla_cuda_ctx *c);
-/* A tensor-parallel one-shot sum (hyla_cuda_psum.cu): logged into the graph log when it is on,
- * else launched; cu_tp_sum launches it (os: the rank's kernel arguments, stable). */
-hyla_status cu_graph_tp_sum(hyla_cuda_ctx *c, const void *os, float *buf, size_t n);
-hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, float *buf, size_t n);
+/* A tensor-parallel one-shot sum of the ranks' exchange buffers j onto x (hyla_cuda_psum.cu):
+ * logged into the graph log when it is on, else launched; cu_tp_sum launches it (os: the rank's
+ * kernel arguments, stable). */
+hyla_status cu_graph_tp_sum(hyla_cuda_ctx *c, const void *os, int j, float *x, size_t n);
+hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, int j, float *x, size_t n);
 
 /* Ops split into host preparation and a launch that reads its host arrays from device memory
  * already holding them ("_dev"), so a graph can read them from its own parameter block. */

@@ -29,20 +29,22 @@
  * so the pushes never overwrite what another rank still has to read.
  *
  * The one-shot sum (hyla_cuda_psum_oneshot; the sums waited for at once, up to oneshot_max
- * floats: decode steps and short pieces) is two kernels on the rank's compute stream and no
- * host call between the ranks, so it is logged into the CUDA graphs like any op and a decode
- * step stays one graph. Kernel A copies the rank's partial into its exchange buffer (one of
- * two, by the sum's parity) and, once every block has copied, writes the sum's number into a
- * flag of every rank (peer stores, system-scope release). Kernel B waits until every rank's flag
- * holds the number, then adds the T exchange buffers in rank order into the partial (reading
- * the peers' over NVLink): the same bits as the peer sums. The number is on the device (each
- * rank counts its sums), so a graph replays it. Two exchange buffers suffice: a rank writes
- * buffer e % 2 again at sum e + 2 only after its kernel B of sum e + 1 saw every rank's flag of
- * e + 1, which each rank raises after its kernel B of sum e, the last reader of buffer e % 2.
- * A rank's kernels wait for the others' only on the device: every rank's host thread must
- * reach the sum before any queues it (worker/hyla_tp.c's rendezvous), so no rank's thread can
- * be blocked by a CUDA call that waits for a GPU spinning on that rank. A wait longer than
- * ~20 s traps (a lost rank would otherwise hang the group's GPUs). */
+ * floats: decode steps and short pieces) is one kernel on the rank's compute stream and no host
+ * call between the ranks, so it is logged into the CUDA graphs like any op and a decode step
+ * stays one graph. Each rank has two exchange buffers, and the op that makes a rank's partial
+ * writes it straight into buffer j (hyla_cuda_psum_oneshot_buf: the runtime hands it to the
+ * mixer or MLP as its output). The kernel, once that op has finished, writes the sum's number
+ * into a flag of every rank (peer stores, system-scope release), waits until every rank's flag
+ * holds the number, then adds the T ranks' buffers j in rank order (reading the peers' over
+ * NVLink in place) and that sum onto x: the same bits as the peer sums with an acc. The number
+ * is on the device (each rank counts its sums), so a graph replays it. The caller alternates j
+ * between consecutive sums, so two buffers suffice: a rank writes buffer j again for sum e + 2
+ * only after its kernel of sum e + 1 saw every rank's flag of e + 1, which each rank raises
+ * after its kernel of sum e, the last reader of buffer j, has finished. A rank's kernels wait
+ * for the others' only on the device, so no rank's thread may make a CUDA call that waits for
+ * its GPU while logged work of its own is unlaunched (worker/hyla_tp.c, flush_own): every kernel
+ * a GPU spins for is launched or will be. A wait longer than ~20 s traps (a lost rank would
+ * otherwise hang the group's GPUs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +73,7 @@ typedef struct {
 /* One rank's control words of the one-shot sum (device memory). */
 struct os_ctl {
     unsigned epoch;                  /* sums done by this rank (kernel B's last block counts) */
-    unsigned copied, summed;         /* blocks of kernel A / B done, for the last block's duty */
+    unsigned summed;                 /* blocks of the sum done, for the last block's duty */
     unsigned flag[PSUM_MAX_RANKS];   /* flag[s]: the latest sum whose partial rank s has shared */
 };
 
@@ -136,29 +138,20 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p) {
     return v;
 }
 
-/* Kernel A: the partial into this rank's exchange buffer of the sum's parity, then (the last
- * block to finish) the sum's number into every rank's flag for this rank. */
-__global__ void k_os_share(os_args a, const float4 *x, size_t n4) {
-    unsigned e = a.ctl->epoch + 1;
-    float4 *dst = (float4 *)(a.xbuf[a.rank] + (size_t)(e & 1) * a.cap);
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = x[i];
-    __syncthreads();
+/* The one-shot sum onto x: once the partial's producer has finished (pdl_wait), the sum's number
+ * goes into every rank's flag for this rank (the partial, in exchange buffer j, is complete);
+ * every block waits until every rank's flag holds the number, then adds the T
+ * buffers' floats in rank order and that sum onto x (x + ((p0 + p1) + ...): the rounding of
+ * the sum and then of the residual's add, as when the sum lands in the partial and the norm
+ * after it adds the partial onto x); the last block to finish counts the sum. */
+__global__ void k_os_onto(os_args a, int j, float4 *x, size_t n4) {
+    pdl_wait();
+    const unsigned e = a.ctl->epoch + 1;
     if (threadIdx.x == 0) {
+        /* every block raises it (the same number): a block that spins below has raised it
+         * itself, whichever blocks the GPU has started */
         __threadfence_system();
-        if (atomicAdd(&a.ctl->copied, 1u) == gridDim.x - 1) {
-            a.ctl->copied = 0;
-            __threadfence_system();
-            for (int s = 0; s < a.T; s++) st_release_sys(a.peer_flag[s], e);
-        }
-    }
-}
-
-/* Kernel B: wait for every rank's flag of this sum, then x = xbuf_0 + xbuf_1 + ... in rank
- * order; the last block to finish counts the sum. */
-__global__ void k_os_sum(os_args a, float4 *x, size_t n4) {
-    unsigned e = a.ctl->epoch + 1;
-    if (threadIdx.x == 0) {
+        for (int s = 0; s < a.T; s++) st_release_sys(a.peer_flag[s], e);
         long long t0 = clock64();
         for (int s = 0; s < a.T; s++)
             while ((int)(ld_acquire_sys(&a.ctl->flag[s]) - e) < 0) {
@@ -170,14 +163,16 @@ __global__ void k_os_sum(os_args a, float4 *x, size_t n4) {
         __threadfence_system();
     }
     __syncthreads();
-    size_t off = (size_t)(e & 1) * a.cap;
+    pdl_trigger();
+    const size_t off = (size_t)j * a.cap;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         float4 v = __ldcg((const float4 *)(a.xbuf[0] + off) + i);
         for (int s = 1; s < a.T; s++) {
             float4 w = __ldcg((const float4 *)(a.xbuf[s] + off) + i);
             v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
         }
-        x[i] = v;
+        float4 r = x[i];
+        x[i] = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -404,24 +399,29 @@ extern "C" hyla_status hyla_cuda_psum_join(hyla_cuda_psum *p, int rank, unsigned
     return HYLA_OK;
 }
 
-/* The one-shot sum's two launches on the compute stream (the graph log replays this). */
-extern "C" hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, float *buf, size_t n) {
+/* The one-shot sum's launch on the compute stream (the graph log replays this). */
+extern "C" hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, int j, float *x, size_t n) {
     const os_args *a = (const os_args *)os;
     size_t n4 = n / 4;
     unsigned blocks = cu_blocks(n4 ? n4 : 1, 256);
     if (blocks > 264) blocks = 264;
-    k_os_share<<<blocks, 256, 0, c->stream>>>(*a, (const float4 *)buf, n4);
-    CU_LAUNCH_CHECK("k_os_share");
-    k_os_sum<<<blocks, 256, 0, c->stream>>>(*a, (float4 *)buf, n4);
-    CU_LAUNCH_CHECK("k_os_sum");
+    HYLA_TRY(cu_launch_pdl(c, k_os_onto, dim3(blocks), 256, 0, *a, j, (float4 *)x, n4));
+    CU_LAUNCH_CHECK("k_os_onto");
     return HYLA_OK;
 }
 
 extern "C" size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) { return p ? p->oneshot_max : 0; }
 
-extern "C" hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, float *buf, size_t n) {
-    if (!p->oneshot_max || n > p->oneshot_max || n % 4 || (uintptr_t)buf % 16)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "one-shot sum of %zu floats at %p: at most %zu, a multiple of 4, 16-byte aligned",
-                         n, (void *)buf, p->oneshot_max);
-    return cu_graph_tp_sum(p->r[rank].c, &p->os[rank], buf, n);
+extern "C" float *hyla_cuda_psum_oneshot_buf(hyla_cuda_psum *p, int rank, int j) {
+    if (!p || !p->oneshot_max || rank < 0 || rank >= p->T || (j != 0 && j != 1)) return NULL;
+    return p->r[rank].xbuf + (size_t)j * p->oneshot_max;
+}
+
+extern "C" hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, int j, float *x, size_t n) {
+    if (!p->oneshot_max || n > p->oneshot_max || n % 4 || (uintptr_t)x % 16 || (j != 0 && j != 1))
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "one-shot sum of %zu floats from buffer %d onto %p: at most %zu, a multiple of 4, 16-byte "
+                         "aligned, buffer 0 or 1",
+                         n, j, (void *)x, p->oneshot_max);
+    return cu_graph_tp_sum(p->r[rank].c, &p->os[rank], j, x, n);
 }
