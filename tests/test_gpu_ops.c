@@ -828,13 +828,13 @@ static void case_swiglu_linear(const op_case *oc) {
 
 /* gated_rmsnorm_linear == the gated RMSNorm in place then the projection, bit for bit on the
  * GPU, for heads of 256 (two units a lane), 128 (one) and 1024 (a block per row), with and
- * without the gate, prompt rows (1024-row blocks and a partial one) and decode rows; close to
- * the CPU. */
+ * without the gate, prompt rows (1024-row blocks and a partial one) and decode rows (1, 3, 40,
+ * 200; with HYLA_LINEAR_ACC for the one-row-tile sizes); close to the CPU. */
 /* ... and for prompt rows with a gate: the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) == the fp32
  * gate of the same values, bit for bit; with HYLA_LINEAR_ACC == the add of y and the result. */
 static void case_gated_rmsnorm_linear(const op_case *oc) {
     (void)oc;
-    const int N = 2304, Ms[3] = {1300, 40, 200};
+    const int N = 2304, Ms[5] = {1300, 40, 200, 1, 3};
     const int HD[3][2] = {{18, 256}, {18, 128}, {2, 1024}};
     for (int hi = 0; hi < 3; hi++) {
         const int H = HD[hi][0], D = HD[hi][1], K = H * D;
@@ -843,7 +843,7 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
         CHECK_OK(cpu->ops->weight_create(cpu->ctx, W, HYLA_DT_F32, N, K, &wc));
         CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &wg));
         pair pn = pair_new(nw, D);
-        for (int mi = 0; mi < 3; mi++)
+        for (int mi = 0; mi < 5; mi++)
             for (int v = 0; v < 4; v++) {
                 const int M = Ms[mi], fl = v & 1, gated = v >> 1, flags = fl ? HYLA_LINEAR_PREFILL : 0;
                 float *o = randn((size_t)M * K, 1.0f), *g = randn((size_t)M * K, 2.0f);
@@ -865,6 +865,20 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                          fl ? " (prompt)" : "");
                 cmp_pair(name, py, LIN_TOL);
                 CHECK_MSG(same_bits(gpu, py.g, y2, (size_t)M * N * 4), "%s: differs from the norm then the linear", name);
+                if (!fl && M <= 4) { /* decode rows, HYLA_LINEAR_ACC: y + the result */
+                    float *y0 = randn((size_t)M * N, 1.0f);
+                    float *ya = dev(gpu, y0, (size_t)M * N * 4), *yb = dev(gpu, y0, (size_t)M * N * 4),
+                          *o4 = dev(gpu, o, (size_t)M * K * 4);
+                    CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o4, gg, pn.g, H, D, 1e-6f, M, wg, ya, N,
+                                                            HYLA_LINEAR_ACC));
+                    CHECK_OK(gpu->ops->add(gpu->ctx, yb, y2, (size_t)M * N));
+                    CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * N * 4), "%s: HYLA_LINEAR_ACC differs from y + the result",
+                              name);
+                    dfree(gpu, ya);
+                    dfree(gpu, yb);
+                    dfree(gpu, o4);
+                    free(y0);
+                }
                 if (fl && gated && gpu->ops->rmsnorm_bf16) { /* the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) */
                     uint16_t *gb = malloc((size_t)M * K * 2 + 4);
                     for (size_t e = 0; e < (size_t)M * K; e++) gb[e] = hyla_f32_to_bf16(g[e]);

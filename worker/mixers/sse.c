@@ -198,13 +198,16 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     sse_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     sse_pack(c, R, &s);
+    /* every projection of xn whose input is ready: q, k, the LoRA inputs and the output gate's
+     * low-rank input (one launch; each output the bits of its own linear) */
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
         {w->q, NULL, s.qa, H * dk, H * dk},
         {w->k, NULL, s.ka, H * dk, H * dk},
         {w->lora_q_a, NULL, s.lora_q, rank, rank},
         {w->lora_k_a, NULL, s.lora_k, rank, rank},
+        {w->g_proj, NULL, s.gate_lr, dv, dv},
     };
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, w->g_proj ? 5 : 4, lo));
     HYLA_MIXER_MARK(f, "sse: q/k proj");
     if (s.ka == s.qa + qk && s.ks == s.qs + qk) { /* qs, ks = qa, ka */
         HYLA_TRY(o->copy(ctx, s.qs, s.qa, 2 * qk * sizeof(float)));
@@ -286,10 +289,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     }
     HYLA_MIXER_MARK(f, "sse: core");
     /* output gate g_proj.1(g_proj.0(x)) */
-    if (w->g_proj) {
-        HYLA_TRY(hyla_mixer_linear(f, f->xn, D, w->g_proj, NULL, s.gate_lr, dv, 0));
-        HYLA_TRY(hyla_mixer_linear(f, s.gate_lr, dv, w->g_proj2, NULL, s.gate, H * dv, 0));
-    }
+    if (w->g_proj) HYLA_TRY(hyla_mixer_linear(f, s.gate_lr, dv, w->g_proj2, NULL, s.gate, H * dv, 0));
     HYLA_MIXER_MARK(f, "sse: out gate");
     /* the norm and o_proj in one op (prompt rows: the norm writes the projection's bf16 operand) */
     HYLA_TRY(o->gated_rmsnorm_linear(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, H, dv, f->mc->norm_eps, R, w->o,
