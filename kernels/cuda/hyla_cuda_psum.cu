@@ -145,6 +145,11 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p) {
  * the sum and then of the residual's add, as when the sum lands in the partial and the norm
  * after it adds the partial onto x); the last block to finish counts the sum. */
 __global__ void k_os_onto(os_args a, int j, float4 *x, size_t n4) {
+    /* the kernels after it may launch now: they wait for this one before they read, and the
+     * linear after the norm streams its weights meanwhile, while this kernel waits for the
+     * other ranks (TP = 2, 1.68B GDN: B = 1 -3 to -4 %, B = 64 -1 to -2 %, against letting
+     * them launch only once the flags are in) */
+    pdl_trigger();
     pdl_wait();
     const unsigned e = a.ctl->epoch + 1;
     if (threadIdx.x == 0) {
@@ -163,7 +168,6 @@ __global__ void k_os_onto(os_args a, int j, float4 *x, size_t n4) {
         __threadfence_system();
     }
     __syncthreads();
-    pdl_trigger();
     const size_t off = (size_t)j * a.cap;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         float4 v = __ldcg((const float4 *)(a.xbuf[0] + off) + i);
