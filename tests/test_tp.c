@@ -22,7 +22,9 @@
  * HYLA_TP_SUM=nccl the whole pieces' sums are NCCL's, round differently, and it fails).
  * `test_tp cuda` runs the same on cuda:0 and cuda:1, first checking that a kernel whose
  * launch needs an opt-in shared-memory attribute (the large-M linear), used first on cuda:0,
- * then runs on cuda:1 with the same bits: the attribute is the device's, not the process's. */
+ * then runs on cuda:1 with the same bits: the attribute is the device's, not the process's, and
+ * after the archs runs GDN and SSE-H again with every one-shot sum in its push form
+ * (HYLA_TP_PUSH_MIN=0). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -364,7 +366,7 @@ static void second_gpu_linear(hyla_backend *b0, hyla_backend *b1) {
     free(w), free(x), free(y[0]), free(y[1]);
 }
 
-/* The group's switches (CPU): HYLA_TP_SUM and HYLA_TP_WAVE refuse what they do not know, naming
+/* The group's switches (CPU): HYLA_TP_SUM, HYLA_TP_WAVE and HYLA_TP_PUSH_MIN refuse what they do not know, naming
  * it; a 300-token piece runs in halves by default (models with paged state too), whole with
  * HYLA_TP_WAVE=0, in halves with 1, and its logits are the same bits every way. */
 static void check_switches(const char *arch) {
@@ -385,6 +387,14 @@ static void check_switches(const char *arch) {
               "HYLA_TP_WAVE=yes: expected a refusal naming it, got %s: %s", hyla_status_str(st), hyla_last_error());
     hyla_tp_close(g);
     unsetenv("HYLA_TP_WAVE");
+    setenv("HYLA_TP_PUSH_MIN", "lots", 1);
+    g = NULL;
+    st = hyla_tp_open(dir, "cpu", 2, NULL, &g);
+    CHECK_MSG(st == HYLA_ERR_INVALID_ARG && g == NULL && strstr(hyla_last_error(), "HYLA_TP_PUSH_MIN='lots'"),
+              "HYLA_TP_PUSH_MIN=lots: expected a refusal naming it, got %s: %s", hyla_status_str(st),
+              hyla_last_error());
+    hyla_tp_close(g);
+    unsetenv("HYLA_TP_PUSH_MIN");
     float *l[3] = {NULL, NULL, NULL};
     long waves[3] = {0, 0, 0};
     int32_t *pw = NULL;
@@ -455,6 +465,14 @@ int main(int argc, char **argv) {
     setenv("HYLA_TP_WAVE", "1", 1);
     for (size_t a = 0; a < sizeof ARCHS / sizeof *ARCHS; a++) {
         check_arch(ARCHS[a]);
+    }
+    if (!strcmp(g_dev, "cuda") && T == 2) { /* every one-shot sum in the push form (the test
+                                              * models' sums are below its default size) */
+        setenv("HYLA_TP_PUSH_MIN", "0", 1);
+        printf("one-shot sums pushed:\n");
+        check_arch("gdn");
+        check_arch("sse-h");
+        unsetenv("HYLA_TP_PUSH_MIN");
     }
     if (strcmp(g_dev, "cpu")) return hyla_test_done("test_tp");
     /* four ranks on the CPU: the same checks (the archs whose heads split in four) */

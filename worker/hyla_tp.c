@@ -38,6 +38,7 @@ hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_t oneshot_m
 hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, int j, float *x, size_t n) __attribute__((weak));
 size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) __attribute__((weak));
 float *hyla_cuda_psum_oneshot_buf(hyla_cuda_psum *p, int rank, int j) __attribute__((weak));
+void hyla_cuda_psum_set_push_min(hyla_cuda_psum *p, size_t floats) __attribute__((weak));
 hyla_status hyla_cuda_flush(hyla_backend *be) __attribute__((weak));
 hyla_status hyla_cuda_set_gemm_wg_min(hyla_backend *be, int rows) __attribute__((weak));
 hyla_status hyla_cuda_psum_ready(hyla_cuda_psum *p, int rank, unsigned seq, float *buf, float *acc, size_t n)
@@ -436,9 +437,11 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
      * SSE-H model (attention KV) 3.5 % faster (118.6 k against 114.6 k tokens/s; BENCHMARKS.md
      * "SSE-GLA's split form, TP halves' sums onto x"). HYLA_TP_WAVE=0 turns the halves off, 1
      * on (the same bits).
-     * The sums waited for at once (decode steps, short pieces): one-shot sums (one kernel on
+     * The sums waited for at once (decode steps, short pieces): one-shot sums (kernels on
      * each rank's stream, inside the CUDA graphs, onto x from the partials where they were
-     * written) up to ONESHOT_ROWS rows, NCCL (two ranks) or peer sums above.
+     * written: pulled by one kernel, or from HYLA_TP_PUSH_MIN bytes, default 512 KiB, pushed
+     * into the peers' buffers and added there; the same bits) up to ONESHOT_ROWS rows, NCCL
+     * (two ranks) or peer sums above.
      * Every sum of the group then rounds alike (rank order, wherever a float falls in the
      * buffer): the halves and whole pieces must, or a prompt's bits would depend on its
      * pieces. NCCL's all-reduce is rank order only for two ranks (a + b = b + a); with more it
@@ -446,7 +449,16 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
      * test_tp cuda4). HYLA_TP_SUM=oneshot|peer|nccl chooses (nccl with T > 2 gives up that
      * invariance; for measuring). Without peer access between the GPUs: NCCL, pieces whole,
      * and said. */
-    const char *wave = getenv("HYLA_TP_WAVE"), *sum = getenv("HYLA_TP_SUM");
+    const char *wave = getenv("HYLA_TP_WAVE"), *sum = getenv("HYLA_TP_SUM"), *push = getenv("HYLA_TP_PUSH_MIN");
+    long long push_min = -1; /* bytes from which a one-shot sum takes the push form (-1: the default) */
+    if (push && *push) {
+        char *end = NULL;
+        push_min = strtoll(push, &end, 10);
+        if (*end || push_min < 0) {
+            hyla_tp_group_free(g);
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_TP_PUSH_MIN='%s': a number of bytes (0 or more)", push);
+        }
+    }
     int overlap = 1;
     if (wave && *wave) {
         if (strcmp(wave, "0") && strcmp(wave, "1")) {
@@ -468,7 +480,9 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
         hyla_backend *bes[HYLA_TP_MAX];
         for (int t = 0; t < T; t++) bes[t] = rts[t]->be;
         size_t oneshot = mode == SUM_ONESHOT ? (size_t)ONESHOT_ROWS * (size_t)rts[0]->m->cfg.hidden_size : 0;
-        if (!hyla_cuda_psum_open || hyla_cuda_psum_open(bes, T, oneshot, &g->psum) != HYLA_OK) {
+        if (hyla_cuda_psum_open && hyla_cuda_psum_open(bes, T, oneshot, &g->psum) == HYLA_OK) {
+            if (push_min >= 0) hyla_cuda_psum_set_push_min(g->psum, (size_t)push_min / sizeof(float));
+        } else {
             hyla_log(HYLA_LOG_WARN, "tensor-parallel sums through NCCL only, prefill pieces whole%s: %s",
                      T > 2 ? " (with more than two ranks a row's sum may round differently with the batch's size)"
                            : "",

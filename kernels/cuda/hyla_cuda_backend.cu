@@ -1056,4 +1056,5 @@ extern "C" __attribute__((used)) void *const hyla_cuda_tp_entry_points[] = {
     (void *)hyla_cuda_nccl_close, (void *)hyla_cuda_bind_thread, (void *)hyla_cuda_psum_open,
     (void *)hyla_cuda_psum_ready, (void *)hyla_cuda_psum_issue, (void *)hyla_cuda_psum_join,
     (void *)hyla_cuda_psum_reset, (void *)hyla_cuda_psum_close, (void *)hyla_cuda_psum_oneshot,
-    (void *)hyla_cuda_psum_oneshot_max, (void *)hyla_cuda_psum_oneshot_buf, (void *)hyla_cuda_flush};
+    (void *)hyla_cuda_psum_oneshot_max, (void *)hyla_cuda_psum_oneshot_buf,
+    (void *)hyla_cuda_psum_set_push_min, (void *)hyla_cuda_flush};

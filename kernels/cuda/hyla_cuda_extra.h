@@ -123,6 +123,11 @@ hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, int j, float *x,
 /* The rank's exchange buffer j (0 or 1) of oneshot_max floats, device memory the group owns
  * (NULL: no one-shot sums). */
 float *hyla_cuda_psum_oneshot_buf(hyla_cuda_psum *p, int rank, int j);
+/* One-shot sums of at least `floats` floats take the push form (each rank stores its partial
+ * into the others' buffers, then adds locally; two kernels), smaller ones the pull form (one
+ * kernel reading the peers' partials over NVLink); the same bits either way. Default 131072
+ * (512 KiB); set before the first sum. */
+void hyla_cuda_psum_set_push_min(hyla_cuda_psum *p, size_t floats);
 size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p);
 void hyla_cuda_psum_close(hyla_cuda_psum *p);
 

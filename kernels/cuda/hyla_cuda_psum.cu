@@ -64,8 +64,9 @@ typedef struct {
     size_t n[HYLA_PSUM_SLOTS];
     float *recv;     /* [T - 1][cap] the pulled slices */
     size_t cap;      /* floats per pulled slice */
-    /* the one-shot sum: exchange buffers [2][oneshot_max] and the control words (this rank's
-     * device memory; flags are written by every rank) */
+    /* the one-shot sum: exchange buffers [2][T][oneshot_max] (buffer j, slot s: rank s's
+     * partial) and the control words (this rank's device memory; flags are written by every
+     * rank) */
     float *xbuf;
     struct os_ctl *ctl;
 } psum_rank;
@@ -74,6 +75,7 @@ typedef struct {
 struct os_ctl {
     unsigned epoch;                  /* sums done by this rank (kernel B's last block counts) */
     unsigned summed;                 /* blocks of the sum done, for the last block's duty */
+    unsigned pushed;                 /* blocks of the push done (k_os_push) */
     unsigned flag[PSUM_MAX_RANKS];   /* flag[s]: the latest sum whose partial rank s has shared */
 };
 
@@ -82,9 +84,15 @@ typedef struct {
     int T, rank;
     struct os_ctl *ctl;                  /* this rank's */
     unsigned *peer_flag[PSUM_MAX_RANKS]; /* &ctl_s->flag[rank] of every rank s (this one too) */
-    float *xbuf[PSUM_MAX_RANKS];         /* every rank's exchange buffers [2][cap] */
+    float *xbuf[PSUM_MAX_RANKS];         /* every rank's exchange buffers [2][T][cap] */
     size_t cap;
+    size_t push_min; /* sums of at least this many floats take the push form (host side only) */
 } os_args;
+
+/* The push form from 512 KiB a sum (hyla_cuda_psum_set_push_min): on two H200s, 64 and 256 rows
+ * of the 1.68B GDN and 1.3B SSE-H models decode 0.5-3 % faster with it and one row 5-7 % slower
+ * (BENCHMARKS.md "The one-shot sum in one kernel"). */
+#define PSUM_PUSH_MIN_DEFAULT ((size_t)131072)
 
 struct hyla_cuda_psum {
     int T;
@@ -138,6 +146,77 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p) {
     return v;
 }
 
+/* Rank u's exchange buffer j, slot s (rank s's partial). */
+__host__ __device__ __forceinline__ float *os_slot(const os_args &a, int u, int j, int s) {
+    return a.xbuf[u] + ((size_t)j * a.T + s) * a.cap;
+}
+
+/* The wait for every rank's flag of sum e (thread 0 of a block). */
+__device__ __forceinline__ void os_wait_flags(const os_args &a, unsigned e) {
+    long long t0 = clock64();
+    for (int s = 0; s < a.T; s++)
+        while ((int)(ld_acquire_sys(&a.ctl->flag[s]) - e) < 0) {
+            if (clock64() - t0 > (1ll << 35)) {
+                printf("hyla: tensor-parallel sum %u: rank %d waited ~20 s for rank %d\n", e, a.rank, s);
+                __trap();
+            }
+        }
+    __threadfence_system();
+}
+
+/* The push form of the one-shot sum, for larger sums: the pulls of k_os_onto cross NVLink as
+ * reads, one round trip each, where stores stream. Kernel A copies the rank's partial (its own
+ * slot of buffer j) into the same slot of every other rank's buffer j, and its last block, once
+ * every block's stores are out (system fence), raises the sum's number in every rank's flag for
+ * this rank. Kernel B waits for every rank's flag and adds the T slots of its own buffer j in
+ * rank order onto x: k_os_onto's arithmetic on the same values, so the same bits. Two kernels,
+ * since a block that waits must not wait for blocks of its own grid that may not have started. */
+__global__ void k_os_push(os_args a, int j, size_t n4) {
+    pdl_trigger();
+    pdl_wait();
+    const unsigned e = a.ctl->epoch + 1;
+    const float4 *src = (const float4 *)os_slot(a, a.rank, j, a.rank);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 v = __ldcg(src + i);
+        for (int s = 0; s < a.T; s++)
+            if (s != a.rank) ((float4 *)os_slot(a, s, j, a.rank))[i] = v;
+    }
+    __threadfence_system(); /* each thread's stores reach the peers before the block counts in */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (atomicAdd(&a.ctl->pushed, 1u) == gridDim.x - 1) {
+            a.ctl->pushed = 0;
+            __threadfence_system();
+            for (int s = 0; s < a.T; s++) st_release_sys(a.peer_flag[s], e);
+        }
+    }
+}
+
+__global__ void k_os_local(os_args a, int j, float4 *x, size_t n4) {
+    pdl_trigger();
+    pdl_wait();
+    const unsigned e = a.ctl->epoch + 1;
+    if (threadIdx.x == 0) os_wait_flags(a, e);
+    __syncthreads();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = __ldcg((const float4 *)os_slot(a, a.rank, j, 0) + i);
+        for (int s = 1; s < a.T; s++) {
+            float4 w = __ldcg((const float4 *)os_slot(a, a.rank, j, s) + i);
+            v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+        }
+        float4 r = x[i];
+        x[i] = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&a.ctl->summed, 1u) == gridDim.x - 1) {
+            a.ctl->summed = 0;
+            a.ctl->epoch = e;
+        }
+    }
+}
+
 /* The one-shot sum onto x: once the partial's producer has finished (pdl_wait), the sum's number
  * goes into every rank's flag for this rank (the partial, in exchange buffer j, is complete);
  * every block waits until every rank's flag holds the number, then adds the T
@@ -157,22 +236,13 @@ __global__ void k_os_onto(os_args a, int j, float4 *x, size_t n4) {
          * itself, whichever blocks the GPU has started */
         __threadfence_system();
         for (int s = 0; s < a.T; s++) st_release_sys(a.peer_flag[s], e);
-        long long t0 = clock64();
-        for (int s = 0; s < a.T; s++)
-            while ((int)(ld_acquire_sys(&a.ctl->flag[s]) - e) < 0) {
-                if (clock64() - t0 > (1ll << 35)) {
-                    printf("hyla: tensor-parallel sum %u: rank %d waited ~20 s for rank %d\n", e, a.rank, s);
-                    __trap();
-                }
-            }
-        __threadfence_system();
+        os_wait_flags(a, e);
     }
     __syncthreads();
-    const size_t off = (size_t)j * a.cap;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-        float4 v = __ldcg((const float4 *)(a.xbuf[0] + off) + i);
+        float4 v = __ldcg((const float4 *)os_slot(a, 0, j, 0) + i);
         for (int s = 1; s < a.T; s++) {
-            float4 w = __ldcg((const float4 *)(a.xbuf[s] + off) + i);
+            float4 w = __ldcg((const float4 *)os_slot(a, s, j, s) + i);
             v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
         }
         float4 r = x[i];
@@ -269,7 +339,7 @@ static hyla_status psum_open_rank(hyla_cuda_psum *p, int t) {
         CU_TRY(cudaEventCreateWithFlags(&r->done[k], cudaEventDisableTiming));
     }
     if (p->oneshot_max) {
-        CU_TRY(cudaMalloc((void **)&r->xbuf, 2 * p->oneshot_max * sizeof(float)));
+        CU_TRY(cudaMalloc((void **)&r->xbuf, 2 * (size_t)p->T * p->oneshot_max * sizeof(float)));
         CU_TRY(cudaMalloc((void **)&r->ctl, sizeof *r->ctl));
         CU_TRY(cudaMemset(r->ctl, 0, sizeof *r->ctl));
     }
@@ -307,6 +377,7 @@ extern "C" hyla_status hyla_cuda_psum_open(hyla_backend *const *be, int T, size_
         a->rank = t;
         a->ctl = p->r[t].ctl;
         a->cap = p->oneshot_max;
+        a->push_min = PSUM_PUSH_MIN_DEFAULT;
         for (int u = 0; u < T; u++) {
             a->peer_flag[u] = p->r[u].ctl ? &p->r[u].ctl->flag[t] : NULL;
             a->xbuf[u] = p->r[u].xbuf;
@@ -409,6 +480,12 @@ extern "C" hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, int j, float 
     size_t n4 = n / 4;
     unsigned blocks = cu_blocks(n4 ? n4 : 1, 256);
     if (blocks > 264) blocks = 264;
+    if (n >= a->push_min) {
+        HYLA_TRY(cu_launch_pdl(c, k_os_push, dim3(blocks), 256, 0, *a, j, n4));
+        HYLA_TRY(cu_launch_pdl(c, k_os_local, dim3(blocks), 256, 0, *a, j, (float4 *)x, n4));
+        CU_LAUNCH_CHECK("k_os_push, k_os_local");
+        return HYLA_OK;
+    }
     HYLA_TRY(cu_launch_pdl(c, k_os_onto, dim3(blocks), 256, 0, *a, j, (float4 *)x, n4));
     CU_LAUNCH_CHECK("k_os_onto");
     return HYLA_OK;
@@ -416,9 +493,13 @@ extern "C" hyla_status cu_tp_sum(hyla_cuda_ctx *c, const void *os, int j, float 
 
 extern "C" size_t hyla_cuda_psum_oneshot_max(const hyla_cuda_psum *p) { return p ? p->oneshot_max : 0; }
 
+extern "C" void hyla_cuda_psum_set_push_min(hyla_cuda_psum *p, size_t floats) {
+    for (int t = 0; p && t < p->T; t++) p->os[t].push_min = floats;
+}
+
 extern "C" float *hyla_cuda_psum_oneshot_buf(hyla_cuda_psum *p, int rank, int j) {
     if (!p || !p->oneshot_max || rank < 0 || rank >= p->T || (j != 0 && j != 1)) return NULL;
-    return p->r[rank].xbuf + (size_t)j * p->oneshot_max;
+    return os_slot(p->os[rank], rank, j, rank);
 }
 
 extern "C" hyla_status hyla_cuda_psum_oneshot(hyla_cuda_psum *p, int rank, int j, float *x, size_t n) {
