@@ -29,18 +29,22 @@
  * so the pushes never overwrite what another rank still has to read.
  *
  * The one-shot sum (hyla_cuda_psum_oneshot; the sums waited for at once, up to oneshot_max
- * floats: decode steps and short pieces) is one kernel on the rank's compute stream and no host
+ * floats: decode steps and short pieces) is one or two kernels on the rank's compute stream and no host
  * call between the ranks, so it is logged into the CUDA graphs like any op and a decode step
- * stays one graph. Each rank has two exchange buffers, and the op that makes a rank's partial
- * writes it straight into buffer j (hyla_cuda_psum_oneshot_buf: the runtime hands it to the
- * mixer or MLP as its output). The kernel, once that op has finished, writes the sum's number
+ * stays one graph. Each rank has two exchange buffers of T slots (slot s: rank s's partial), and
+ * the op that makes a rank's partial writes it straight into its own slot of buffer j
+ * (hyla_cuda_psum_oneshot_buf: the runtime hands it to the mixer or MLP as its output). Up to
+ * push_min floats the sum is pulled: the kernel, once that op has finished, writes the sum's number
  * into a flag of every rank (peer stores, system-scope release), waits until every rank's flag
  * holds the number, then adds the T ranks' buffers j in rank order (reading the peers' over
  * NVLink in place) and that sum onto x: the same bits as the peer sums with an acc. The number
- * is on the device (each rank counts its sums), so a graph replays it. The caller alternates j
+ * is on the device (each rank counts its sums), so a graph replays it. Larger sums are pushed
+ * (k_os_push, k_os_local below): each rank stores its partial into its slot of every other
+ * rank's buffer j, then adds its own buffer's slots; the same arithmetic. The caller alternates j
  * between consecutive sums, so two buffers suffice: a rank writes buffer j again for sum e + 2
- * only after its kernel of sum e + 1 saw every rank's flag of e + 1, which each rank raises
- * after its kernel of sum e, the last reader of buffer j, has finished. A rank's kernels wait
+ * (or stores into a peer's buffer j) only after its kernel of sum e + 1 saw every rank's flag of
+ * e + 1, which each rank raises after its kernels of sum e, the last readers of buffer j, have
+ * finished. A rank's kernels wait
  * for the others' only on the device, so no rank's thread may make a CUDA call that waits for
  * its GPU while logged work of its own is unlaunched (worker/hyla_tp.c, flush_own): every kernel
  * a GPU spins for is launched or will be. A wait longer than ~20 s traps (a lost rank would
