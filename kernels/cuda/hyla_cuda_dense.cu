@@ -279,6 +279,27 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
     if (row >= (nrows)) return;                                                      \
     const int U = V4 ? D / 4 : D;
 
+/* ROW_SETUP for the norms, which also take the thread's first ROW_RC units of their weight w [D]
+ * into cw before the wait: no kernel writes weights, so they load while the kernel ahead still
+ * runs, and the output pass does not wait on them after the reduction. */
+#define ROW_SETUP_W(nrows, w, cw)                                                    \
+    pdl_trigger();                                                                   \
+    int row, t, G;                                                                   \
+    if (WARP) {                                                                      \
+        row = blockIdx.x * ROW_WARP_ROWS + (threadIdx.x >> 5), t = threadIdx.x & 31; \
+        G = 32;                                                                      \
+    } else {                                                                         \
+        row = blockIdx.x, t = threadIdx.x, G = blockDim.x;                           \
+    }                                                                                \
+    const int U = V4 ? D / 4 : D;                                                    \
+    float4 cw[ROW_RC];                                                               \
+    _Pragma("unroll") for (int k_ = 0; k_ < ROW_RC; k_++) {                          \
+        const int u_ = t + k_ * G;                                                   \
+        if (u_ < U) cw[k_] = ld_u<V4, A16>(w, u_);                                   \
+    }                                                                                \
+    pdl_wait();                                                                      \
+    if (row >= (nrows)) return;
+
 /* The first pass of a row op: v = acc(v, unit) over this thread's units of the row in unit
  * order, from v0, the first ROW_RC units cached in c. */
 template <int V4, int A16, typename Acc>
@@ -327,14 +348,15 @@ template <int V4, int A16> __device__ __forceinline__ void st_out(__nv_bfloat16 
 
 /* The output pass of both RMSNorms: y = v * inv * w over the row's units, v from the values cached
  * in registers for the first ROW_RC units of this thread and re-read from src (the row itself)
- * for the rest. */
+ * for the rest; cw: w's first ROW_RC units of this thread (ROW_SETUP_W). */
 template <int V4, int A16, typename OUT>
 __device__ __forceinline__ void rms_scale_store(OUT *yr, const float4 (&c)[ROW_RC], const float *src, float inv,
-                                                const float *__restrict__ w, int t, int G, int U) {
+                                                const float *__restrict__ w, const float4 (&cw)[ROW_RC], int t, int G,
+                                                int U) {
 #pragma unroll
     for (int k = 0; k < ROW_RC; k++) {
         int u = t + k * G;
-        if (u < U) st_out<V4, A16>(yr, u, mul_sw(c[k], inv, ld_u<V4, A16>(w, u)));
+        if (u < U) st_out<V4, A16>(yr, u, mul_sw(c[k], inv, cw[k]));
     }
     for (int u = t + ROW_RC * G; u < U; u += G)
         st_out<V4, A16>(yr, u, mul_sw(ld_u<V4, A16>(src, u), inv, ld_u<V4, A16>(w, u)));
@@ -345,12 +367,12 @@ __device__ __forceinline__ void rms_scale_store(OUT *yr, const float4 (&c)[ROW_R
 template <int V4, int A16, int WARP, typename OUT>
 __device__ __forceinline__ void rmsnorm_row(const float *x, const float *__restrict__ w, OUT *y, int n, int D, float eps,
                                             float *sh) {
-    ROW_SETUP(n);
+    ROW_SETUP_W(n, w, cw);
     const float *xr = x + (size_t)row * D;
     float4 cx[ROW_RC];
     float ss = group_sum<WARP>(row_sumsq<V4, A16>(cx, xr, t, G, U), sh);
     float inv = rsqrtf(ss / D + eps);
-    rms_scale_store<V4, A16>(y + (size_t)row * D, cx, xr, inv, w, t, G, U);
+    rms_scale_store<V4, A16>(y + (size_t)row * D, cx, xr, inv, w, cw, t, G, U);
 }
 template <int V4, int A16, int WARP>
 __global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm(const float *x, const float *__restrict__ w, float *y, int n,
@@ -370,7 +392,7 @@ __global__ void __launch_bounds__(ROW_MAXG) k_rmsnorm_bf16(const float *x, const
 template <int V4, int A16, int WARP, typename OUT>
 __device__ __forceinline__ void add_rmsnorm_row(float *residual, const float *x, const float *__restrict__ w, OUT *y,
                                                 int n, int D, float eps, float *sh) {
-    ROW_SETUP(n);
+    ROW_SETUP_W(n, w, cw);
     float *rr = residual + (size_t)row * D;
     const float *xr = x + (size_t)row * D;
     float4 cr[ROW_RC];
@@ -393,7 +415,7 @@ __device__ __forceinline__ void add_rmsnorm_row(float *residual, const float *x,
     }
     ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
-    rms_scale_store<V4, A16>(y + (size_t)row * D, cr, rr, inv, w, t, G, U);
+    rms_scale_store<V4, A16>(y + (size_t)row * D, cr, rr, inv, w, cw, t, G, U);
 }
 template <int V4, int A16, int WARP>
 __global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm(float *residual, const float *x, const float *__restrict__ w,
@@ -489,7 +511,7 @@ template <int V4, int A16> __device__ __forceinline__ float4 ld_g(const __nv_bfl
 template <int V4, int A16, int WARP, typename OUT, typename GT = float>
 __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const GT *g, const float *__restrict__ w, OUT *y,
                                                   int rows, int D, float eps, float *sh) {
-    ROW_SETUP(rows);
+    ROW_SETUP_W(rows, w, cw);
     const float *orow = o + (size_t)row * D;
     const GT *gr = g ? g + (size_t)row * D : NULL;
     float4 co[ROW_RC], cg[ROW_RC];
@@ -511,7 +533,7 @@ __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const GT *g, c
     for (int k = 0; k < ROW_RC; k++) {
         int u = t + k * G;
         if (u < U) {
-            float4 v = mul_sw(co[k], inv, ld_u<V4, A16>(w, u));
+            float4 v = mul_sw(co[k], inv, cw[k]);
             st_out<V4, A16>(yr, u, gr ? gate4(v, cg[k]) : v);
         }
     }
