@@ -832,6 +832,22 @@ static void case_swiglu_linear(const op_case *oc) {
  * 200; with HYLA_LINEAR_ACC for the one-row-tile sizes); close to the CPU. */
 /* ... and for prompt rows with a gate: the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) == the fp32
  * gate of the same values, bit for bit; with HYLA_LINEAR_ACC == the add of y and the result. */
+/* gated_rmsnorm_linear(o [M][H*D], gate, w) with flags | HYLA_LINEAR_ACC onto a random y ==
+ * that y + y2 (the result without HYLA_LINEAR_ACC), bit for bit. */
+static void gnl_acc_check(const char *name, const float *o, const float *gate, const float *w, int H, int D, int M,
+                          hyla_weight *wg, int N, const float *y2, int flags) {
+    const int K = H * D;
+    float *y0 = randn((size_t)M * N, 1.0f);
+    float *ya = dev(gpu, y0, (size_t)M * N * 4), *yb = dev(gpu, y0, (size_t)M * N * 4), *o4 = dev(gpu, o, (size_t)M * K * 4);
+    CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o4, gate, w, H, D, 1e-6f, M, wg, ya, N, flags | HYLA_LINEAR_ACC));
+    CHECK_OK(gpu->ops->add(gpu->ctx, yb, y2, (size_t)M * N));
+    CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * N * 4), "%s: HYLA_LINEAR_ACC differs from y + the result", name);
+    dfree(gpu, ya);
+    dfree(gpu, yb);
+    dfree(gpu, o4);
+    free(y0);
+}
+
 static void case_gated_rmsnorm_linear(const op_case *oc) {
     (void)oc;
     const int N = 2304, Ms[5] = {1300, 40, 200, 1, 3};
@@ -865,20 +881,7 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                          fl ? " (prompt)" : "");
                 cmp_pair(name, py, LIN_TOL);
                 CHECK_MSG(same_bits(gpu, py.g, y2, (size_t)M * N * 4), "%s: differs from the norm then the linear", name);
-                if (!fl && M <= 4) { /* decode rows, HYLA_LINEAR_ACC: y + the result */
-                    float *y0 = randn((size_t)M * N, 1.0f);
-                    float *ya = dev(gpu, y0, (size_t)M * N * 4), *yb = dev(gpu, y0, (size_t)M * N * 4),
-                          *o4 = dev(gpu, o, (size_t)M * K * 4);
-                    CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o4, gg, pn.g, H, D, 1e-6f, M, wg, ya, N,
-                                                            HYLA_LINEAR_ACC));
-                    CHECK_OK(gpu->ops->add(gpu->ctx, yb, y2, (size_t)M * N));
-                    CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * N * 4), "%s: HYLA_LINEAR_ACC differs from y + the result",
-                              name);
-                    dfree(gpu, ya);
-                    dfree(gpu, yb);
-                    dfree(gpu, o4);
-                    free(y0);
-                }
+                if (!fl && M <= 4) gnl_acc_check(name, o, gg, pn.g, H, D, M, wg, N, y2, 0); /* decode rows */
                 if (fl && gated && gpu->ops->rmsnorm_bf16) { /* the gate as bf16 rows (HYLA_LINEAR_GATE_BF16) */
                     uint16_t *gb = malloc((size_t)M * K * 2 + 4);
                     for (size_t e = 0; e < (size_t)M * K; e++) gb[e] = hyla_f32_to_bf16(g[e]);
@@ -887,18 +890,8 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                     CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o3, (const float *)dgb, pn.g, H, D, 1e-6f, M, wg, y3,
                                                             N, HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16));
                     CHECK_MSG(same_bits(gpu, py.g, y3, (size_t)M * N * 4), "%s: with the gate in bf16 rows differs", name);
-                    float *y0 = randn((size_t)M * N, 1.0f);
-                    float *ya = dev(gpu, y0, (size_t)M * N * 4), *yb = dev(gpu, y0, (size_t)M * N * 4),
-                          *o4 = dev(gpu, o, (size_t)M * K * 4);
-                    CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, o4, (const float *)dgb, pn.g, H, D, 1e-6f, M, wg, ya,
-                                                            N, HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16 | HYLA_LINEAR_ACC));
-                    CHECK_OK(gpu->ops->add(gpu->ctx, yb, y2, (size_t)M * N));
-                    CHECK_MSG(same_bits(gpu, ya, yb, (size_t)M * N * 4), "%s: HYLA_LINEAR_ACC differs from y + the result",
-                              name);
-                    dfree(gpu, ya);
-                    dfree(gpu, yb);
-                    dfree(gpu, o4);
-                    free(y0);
+                    gnl_acc_check(name, o, (const float *)dgb, pn.g, H, D, M, wg, N, y2,
+                                  HYLA_LINEAR_PREFILL | HYLA_LINEAR_GATE_BF16);
                     hyla_status sb = gpu->ops->gated_rmsnorm_linear(gpu->ctx, o3, (const float *)dgb, pn.g, H, D, 1e-6f, M,
                                                                     wg, y3, N, HYLA_LINEAR_GATE_BF16);
                     if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx);

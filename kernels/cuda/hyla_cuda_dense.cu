@@ -265,17 +265,20 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
     return group_reduce<WARP, true>(v, sh);
 }
 
-/* The group's row, thread index in the group and group size; returns 0 past the last row. */
-#define ROW_SETUP(nrows)                                                             \
-    pdl_trigger(); /* the next kernel may start (cu_launch_pdl) ... */                \
-    pdl_wait();    /* ... and this one reads nothing before the one ahead is done */ \
+/* The group's row, thread index in the group and group size (ROW_SETUP: also the wait for the
+ * kernel ahead, the return past the last row and U, the row's units). */
+#define ROW_INDEX                                                                    \
     int row, t, G;                                                                   \
     if (WARP) {                                                                      \
         row = blockIdx.x * ROW_WARP_ROWS + (threadIdx.x >> 5), t = threadIdx.x & 31; \
         G = 32;                                                                      \
     } else {                                                                         \
         row = blockIdx.x, t = threadIdx.x, G = blockDim.x;                           \
-    }                                                                                \
+    }
+#define ROW_SETUP(nrows)                                                             \
+    pdl_trigger(); /* the next kernel may start (cu_launch_pdl) ... */                \
+    pdl_wait();    /* ... and this one reads nothing before the one ahead is done */ \
+    ROW_INDEX                                                                        \
     if (row >= (nrows)) return;                                                      \
     const int U = V4 ? D / 4 : D;
 
@@ -284,13 +287,7 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
  * runs, and the output pass does not wait on them after the reduction. */
 #define ROW_SETUP_W(nrows, w, cw)                                                    \
     pdl_trigger();                                                                   \
-    int row, t, G;                                                                   \
-    if (WARP) {                                                                      \
-        row = blockIdx.x * ROW_WARP_ROWS + (threadIdx.x >> 5), t = threadIdx.x & 31; \
-        G = 32;                                                                      \
-    } else {                                                                         \
-        row = blockIdx.x, t = threadIdx.x, G = blockDim.x;                           \
-    }                                                                                \
+    ROW_INDEX                                                                        \
     const int U = V4 ? D / 4 : D;                                                    \
     float4 cw[ROW_RC];                                                               \
     _Pragma("unroll") for (int k_ = 0; k_ < ROW_RC; k_++) {                          \

@@ -168,6 +168,29 @@ __device__ __forceinline__ void os_wait_flags(const os_args &a, unsigned e) {
     __threadfence_system();
 }
 
+/* x [n4] += the ranks' partials (src(s): rank s's) added in rank order, then the sum onto x
+ * (x + ((p0 + p1) + ...)); the last block to finish counts sum e. */
+template <typename Src>
+__device__ __forceinline__ void os_add_count(const os_args &a, float4 *x, size_t n4, unsigned e, Src src) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = __ldcg((const float4 *)src(0) + i);
+        for (int s = 1; s < a.T; s++) {
+            float4 w = __ldcg((const float4 *)src(s) + i);
+            v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+        }
+        float4 r = x[i];
+        x[i] = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&a.ctl->summed, 1u) == gridDim.x - 1) {
+            a.ctl->summed = 0;
+            a.ctl->epoch = e;
+        }
+    }
+}
+
 /* The push form of the one-shot sum, for larger sums: the pulls of k_os_onto cross NVLink as
  * reads, one round trip each, where stores stream. Kernel A copies the rank's partial (its own
  * slot of buffer j) into the same slot of every other rank's buffer j, and its last block, once
@@ -202,23 +225,7 @@ __global__ void k_os_local(os_args a, int j, float4 *x, size_t n4) {
     const unsigned e = a.ctl->epoch + 1;
     if (threadIdx.x == 0) os_wait_flags(a, e);
     __syncthreads();
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-        float4 v = __ldcg((const float4 *)os_slot(a, a.rank, j, 0) + i);
-        for (int s = 1; s < a.T; s++) {
-            float4 w = __ldcg((const float4 *)os_slot(a, a.rank, j, s) + i);
-            v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
-        }
-        float4 r = x[i];
-        x[i] = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(&a.ctl->summed, 1u) == gridDim.x - 1) {
-            a.ctl->summed = 0;
-            a.ctl->epoch = e;
-        }
-    }
+    os_add_count(a, x, n4, e, [&](int s) { return os_slot(a, a.rank, j, s); });
 }
 
 /* The one-shot sum onto x: once the partial's producer has finished (pdl_wait), the sum's number
@@ -243,23 +250,7 @@ __global__ void k_os_onto(os_args a, int j, float4 *x, size_t n4) {
         os_wait_flags(a, e);
     }
     __syncthreads();
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-        float4 v = __ldcg((const float4 *)os_slot(a, 0, j, 0) + i);
-        for (int s = 1; s < a.T; s++) {
-            float4 w = __ldcg((const float4 *)os_slot(a, s, j, s) + i);
-            v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
-        }
-        float4 r = x[i];
-        x[i] = make_float4(r.x + v.x, r.y + v.y, r.z + v.z, r.w + v.w);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(&a.ctl->summed, 1u) == gridDim.x - 1) {
-            a.ctl->summed = 0;
-            a.ctl->epoch = e;
-        }
-    }
+    os_add_count(a, x, n4, e, [&](int s) { return os_slot(a, s, j, s); });
 }
 
 static hyla_cuda_ctx *cuda_ctx(hyla_backend *be) {
