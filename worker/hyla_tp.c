@@ -76,6 +76,8 @@ struct hyla_tp_group {
     atomic_uint sgen;
     float *buf[HYLA_TP_MAX];
     size_t n[HYLA_TP_MAX];
+    /* the CPU's sums onto x: each rank's two partial buffers (backend memory, ONESHOT_ROWS rows) */
+    float *onto[HYLA_TP_MAX][2];
     /* the peer sums that overlap compute (hyla_cuda_psum; NULL: none): how many sums each rank
      * has made ready and has issued, so that no rank waits for an event not yet recorded */
     hyla_cuda_psum *psum;
@@ -143,6 +145,30 @@ static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
     if (st == HYLA_OK) memcpy(buf, sum, n * sizeof *sum);
     free(sum);
     return st;
+}
+
+/* The CPU's sum onto x (hyla_runtime_set_allreduce_onto): once every rank has arrived (its
+ * partial is in its buffer j), each adds the ranks' buffers j in rank order onto its x, as
+ * cpu_allreduce's sum and then the norm's add would. One meeting a sum: a rank writes its buffer
+ * j again two sums later, after the next sum's meeting, which no rank reaches before it has
+ * read this one. */
+static hyla_status cpu_allreduce_onto(void *ud, int j, float *x, size_t n) {
+    rank_ref *r = ud;
+    struct hyla_tp_group *g = r->g;
+    g->n[r->rank] = n;
+    HYLA_TRY(rendezvous(g));
+    for (int t = 0; t < g->T; t++)
+        if (g->n[t] != n) {
+            abort_group(g);
+            return hyla_fail(HYLA_ERR_INTERNAL, "tensor-parallel sum: rank %d sums %zu values, rank %d %zu", r->rank, n,
+                             t, g->n[t]);
+        }
+    for (size_t i = 0; i < n; i++) {
+        float v = g->onto[0][j][i];
+        for (int t = 1; t < g->T; t++) v += g->onto[t][j][i];
+        x[i] = x[i] + v;
+    }
+    return HYLA_OK;
 }
 
 /* Every rank's thread reaches the all-reduce before any queues it. One process drives all the
@@ -502,6 +528,16 @@ hyla_status hyla_tp_group_create(hyla_runtime *const *rts, int T, hyla_tp_group 
             hyla_runtime_set_allreduce_onto(rts[t], oneshot_onto, hyla_cuda_psum_oneshot_buf(g->psum, t, 0),
                                              hyla_cuda_psum_oneshot_buf(g->psum, t, 1),
                                              hyla_cuda_psum_oneshot_max(g->psum));
+        if (!g->cuda) { /* the CPU's sums onto x, into buffers of the group's */
+            const size_t max = (size_t)ONESHOT_ROWS * (size_t)rts[t]->m->cfg.hidden_size;
+            for (int j = 0; j < 2; j++)
+                if (rts[t]->be->ops->alloc(rts[t]->be->ctx, max * sizeof(float), (void **)&g->onto[t][j]) != HYLA_OK) {
+                    hyla_status st = hyla_fail_wrap(HYLA_ERR_NOMEM, "tensor-parallel sum buffers of rank %d", t);
+                    hyla_tp_group_free(g);
+                    return st;
+                }
+            hyla_runtime_set_allreduce_onto(rts[t], cpu_allreduce_onto, g->onto[t][0], g->onto[t][1], max);
+        }
         if (overlap)
             hyla_runtime_set_allreduce_aside(rts[t], g->cuda ? psum_begin : cpu_allreduce_begin,
                                              g->cuda ? psum_join : cpu_allreduce_join);
@@ -537,6 +573,8 @@ void hyla_tp_group_free(hyla_tp_group *g) {
         }
         if (g->rt[t]->tp == g) g->rt[t]->tp = NULL;
         if (g->link[t]) hyla_cuda_nccl_close(g->link[t]);
+        for (int j = 0; j < 2; j++)
+            if (g->onto[t][j]) g->rt[t]->be->ops->free(g->rt[t]->be->ctx, g->onto[t][j]);
     }
     if (g->psum) hyla_cuda_psum_close(g->psum);
     pthread_cond_destroy(&g->cv);
