@@ -119,10 +119,9 @@ static void abort_group(struct hyla_tp_group *g) {
     pthread_mutex_unlock(&g->mu);
 }
 
-static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
-    rank_ref *r = ud;
+/* The CPU sums' meeting: every rank arrives with its count of n values, which must agree. */
+static hyla_status cpu_meet(rank_ref *r, size_t n) {
     struct hyla_tp_group *g = r->g;
-    g->buf[r->rank] = buf;
     g->n[r->rank] = n;
     HYLA_TRY(rendezvous(g));
     for (int t = 0; t < g->T; t++)
@@ -131,6 +130,14 @@ static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
             return hyla_fail(HYLA_ERR_INTERNAL, "tensor-parallel sum: rank %d sums %zu values, rank %d %zu", r->rank, n,
                              t, g->n[t]);
         }
+    return HYLA_OK;
+}
+
+static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
+    rank_ref *r = ud;
+    struct hyla_tp_group *g = r->g;
+    g->buf[r->rank] = buf;
+    HYLA_TRY(cpu_meet(r, n));
     float *sum = malloc((n ? n : 1) * sizeof *sum);
     if (!sum) {
         abort_group(g);
@@ -155,14 +162,7 @@ static hyla_status cpu_allreduce(void *ud, float *buf, size_t n) {
 static hyla_status cpu_allreduce_onto(void *ud, int j, float *x, size_t n) {
     rank_ref *r = ud;
     struct hyla_tp_group *g = r->g;
-    g->n[r->rank] = n;
-    HYLA_TRY(rendezvous(g));
-    for (int t = 0; t < g->T; t++)
-        if (g->n[t] != n) {
-            abort_group(g);
-            return hyla_fail(HYLA_ERR_INTERNAL, "tensor-parallel sum: rank %d sums %zu values, rank %d %zu", r->rank, n,
-                             t, g->n[t]);
-        }
+    HYLA_TRY(cpu_meet(r, n));
     for (size_t i = 0; i < n; i++) {
         float v = g->onto[0][j][i];
         for (int t = 1; t < g->T; t++) v += g->onto[t][j][i];

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyla_cuda_gemm_wg.cuh" /* sk_plan: the product's slice plan */
 #include "hyla_cuda_impl.h"
 #include "hyla_cuda_mma.cuh"
 #include "hyla_ops.h"
@@ -218,18 +219,6 @@ static const Form forms[] = {
     {"d16-8 (16-byte loads, quad transpose, 8 chunks ahead)", k_gd16<8>},
 };
 
-/* sk_plan of the product (hyla_cuda_gemm_wg.cuh): S and the slice length from N, K, the SM count */
-static void plan(int sms, int N, int K, int *S_out, int *kchunk_out) {
-    int ntiles = (N + 63) / 64, ktiles = (K + 63) / 64;
-    int S = (4 * sms + ntiles - 1) / ntiles;
-    if (S > 16) S = 16;
-    if (S > ktiles) S = ktiles;
-    if (S < 1) S = 1;
-    int kchunk = (ktiles + S - 1) / S * 64;
-    *S_out = (K + kchunk - 1) / kchunk;
-    *kchunk_out = kchunk;
-}
-
 int main(int argc, char **argv) {
     lab_args(argc, argv,
              "usage: gemv_direct_forms [M...]   (default M = 1 4, at most 4; the 1.68B GDN model's decode shapes). "
@@ -269,7 +258,7 @@ int main(int argc, char **argv) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int K = shapes[si][0], N = shapes[si][1];
         int S, kchunk;
-        plan(c->sm_count, N, K, &S, &kchunk);
+        sk_plan(c, N, K, &S, &kchunk);
         const double wbytes = (double)N * K * 2;
         /* copies of W that together exceed the L2 four times: each call streams its weights */
         int R = (int)ceil(4.0 * l2 / wbytes);
