@@ -855,6 +855,12 @@ void hyla_store_close(hyla_store *st) {
 hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_store **out) {
     hyla_store_params p = pin ? *pin : hyla_store_default_params();
     if (p.keep_versions < 1) p.keep_versions = 1;
+    const char *mm = getenv("HYLA_STORE_MMAP_READS");
+    if (mm && *mm) {
+        if (strcmp(mm, "0") && strcmp(mm, "1"))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "HYLA_STORE_MMAP_READS='%s': 0 or 1", mm);
+        p.mmap_reads = mm[0] == '1';
+    }
     struct stat sb;
     if (stat(dir, &sb) != 0) {
         if (!p.create_if_missing || p.read_only)
@@ -889,6 +895,9 @@ hyla_status hyla_store_open(const char *dir, const hyla_store_params *pin, hyla_
      * assertions) aborts the process when it logs again after the LOG file met a full disk.
      * Failures reach the operator through this store's statuses and log lines instead. */
     rocksdb_options_set_info_log_level(st->opt, 4 /* FATAL_LEVEL */);
+    /* a chunk's Get copies the value out of the page cache into RocksDB's read buffer and again
+     * into the value it returns; through mmap the first copy is a pointer into the mapping */
+    if (p.mmap_reads) rocksdb_options_set_allow_mmap_reads(st->opt, 1);
     for (int i = 0; i < CF_COUNT; i++) {
         st->cf_opt[i] = rocksdb_options_create();
         rocksdb_options_set_compression(st->cf_opt[i], rocksdb_no_compression);

@@ -62,6 +62,9 @@ typedef struct {
     uint32_t reclaim_after_ms; /* default 30000: a background thread returns the disk space of deleted
                                   chunks (flush + compaction) about this long after they were deleted,
                                   and retries a full store; 0: only hyla_store_gc reclaims */
+    int mmap_reads;           /* default 0: 1 reads the store's files through mmap (RocksDB's
+                                 allow_mmap_reads), which may spare a copy of each chunk out of the
+                                 page cache; HYLA_STORE_MMAP_READS=0|1 overrides it at open */
 } hyla_store_params;
 
 hyla_store_params hyla_store_default_params(void);
