@@ -8,7 +8,8 @@
 #                     bitcheck and the old-vs-new benchmark phases only
 # usage: device_run.sh PHASES...
 #   tests     test_gpu_ops and test_gpu_e2e
-#   dev       the kernel lab's programs (kernels/cuda/dev/NOTES.md)
+#   dev       the kernel lab's programs lin_decode_forms, attn_flash_forms, gemv_direct_forms
+#             (kernels/cuda/dev/NOTES.md)
 #   bitcheck  models of several archs made by each build (bytes compared), then hyla-run of each
 #             model by each build on cuda:0 (greedy ids and logits dumps, prefill pieces of 64
 #             and 1024): every file must be identical between the builds
@@ -39,8 +40,8 @@ for ph in "$@"; do
       t0=$SECONDS; timeout 240 test_gpu_e2e > $OUT/test_gpu_e2e.log 2>&1; echo "test_gpu_e2e rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
       grep -E "FAIL|diverge|graphs" $OUT/test_gpu_e2e.log | head -20 ;;
     dev)
-      for p in lin_decode_forms "attn_flash_forms 2048"; do
-        t0=$SECONDS; timeout 60 $p > "$OUT/dev_${p%% *}.log" 2>&1; echo "dev $p rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
+      for p in lin_decode_forms "attn_flash_forms 2048" "gemv_direct_forms 1 4"; do
+        t0=$SECONDS; timeout 120 $p > "$OUT/dev_${p%% *}.log" 2>&1; echo "dev $p rc=$? ($((SECONDS-t0)) s)" | tee -a $OUT/summary.txt
         cat "$OUT/dev_${p%% *}.log"
       done ;;
     bitcheck)
