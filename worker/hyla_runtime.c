@@ -362,7 +362,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
      * to be summed across the ranks before they join the residual. */
     const int xacc = nb && !rt->allreduce;
     /* Under tensor parallelism, the sums waited for at once onto x where the group has them
-     * (one kernel on each GPU that reads the peers' partials where they were written): the
+     * (hyla_runtime_set_allreduce_onto: CUDA's one-shot sums, the CPU's host sums): the
      * partials go to the group's buffers, alternating, and nothing is owed to the norms. */
     const size_t nx = (size_t)R * D;
     const int onto = rt->allreduce && rt->allreduce_onto && nx <= rt->onto_max && nx % 4 == 0 && (uintptr_t)x % 16 == 0;
