@@ -701,6 +701,41 @@ static void case_linear_multi(const op_case *c) {
         free(x2);
         free(y0);
     }
+    /* prompt rows of a narrow output (at most one skinny column tile: GDN's a and b gates) run
+     * the skinny kernel's arithmetic: each row's bits are those ops->linear gives it as a decode
+     * row (rows R..R+36 of a 2500-row prompt call == a 37-row decode call == row R alone), with
+     * a bias and with accumulate */
+    {
+        const int MB = 2500, R = 2100, N = 18;
+        float *Wn = randn((size_t)N * K, 1.0f / sqrtf((float)K));
+        hyla_weight *wn;
+        CHECK_OK(gpu->ops->weight_create(gpu->ctx, Wn, HYLA_DT_F32, N, K, &wn));
+        float *x = randn((size_t)MB * K, 1.0f), *y0 = randn((size_t)MB * N, 1.0f);
+        pair px = pair_new(x, (size_t)MB * K), pbias = pair_new(bias, N);
+        for (int v = 0; v < 3; v++) { /* plain, bias, accumulate */
+            const float *bi = v == 1 ? (const float *)pbias.g : NULL;
+            const int acc = v == 2;
+            void *yp = dev(gpu, y0, (size_t)MB * N * 4), *y37 = dev(gpu, y0 + (size_t)R * N, (size_t)37 * N * 4),
+                 *y1 = dev(gpu, y0 + (size_t)R * N, (size_t)N * 4);
+            hyla_linear_out op = {wn, bi, yp, N, N};
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &op, acc, HYLA_LINEAR_PREFILL));
+            CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, wn, bi, y37, N, N, acc));
+            CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)R * K, K, 1, K, wn, bi, y1, N, N, acc));
+            CHECK_MSG(same_bits(gpu, (float *)yp + (size_t)R * N, y37, (size_t)37 * N * 4) &&
+                          same_bits(gpu, (float *)yp + (size_t)R * N, y1, (size_t)N * 4),
+                      "linear_multi HYLA_LINEAR_PREFILL N=%d%s%s: rows %d..%d of %d == the same rows as decode rows "
+                      "(37 and 1; bits)", N, bi ? " bias" : "", acc ? " acc" : "", R, R + 36, MB);
+            dfree(gpu, yp);
+            dfree(gpu, y37);
+            dfree(gpu, y1);
+        }
+        pair_free(px);
+        pair_free(pbias);
+        free(x);
+        free(y0);
+        gpu->ops->weight_destroy(gpu->ctx, wn);
+        free(Wn);
+    }
     /* prompt rows of one call with several outputs of the same N (q, k, v; gate and up), each its
      * own GEMM on the CUDA backend. Outputs
      * 2304 (no bias), 2304 (bias), 16 (alone), 2304: rows R..R+36 of a 2500-row call (whole

@@ -232,6 +232,9 @@ static void bench_gemm(int quick) {
                   {4096, 2304, 2304, "proj q/k/v/o (1.3B)"},
                   {4096, 2304, 6144, "mlp gate/up (1.3B)"},
                   {4096, 6144, 2304, "mlp down (1.3B)"},
+                  /* the 1.68B GDN model's 4k prompt (one piece): its value-width projections */
+                  {4096, 2304, 4608, "prompt of 4096: v, gate (expand 2)"},
+                  {4096, 4608, 2304, "prompt of 4096: o (expand 2)"},
                   {1024, 2304, 2304, "prefill piece of 1024: q/k/v/o"},
                   {1024, 2304, 6144, "prefill piece of 1024: mlp gate/up"},
                   {1024, 6144, 2304, "prefill piece of 1024: mlp down"},

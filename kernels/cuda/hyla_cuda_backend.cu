@@ -513,7 +513,8 @@ static hyla_status prompt_rows_bf16(hyla_cuda_ctx *c, const float *x, int ldx, i
 }
 
 /* Prompt rows: one GEMM an output, every GEMM of MF rows (runs of whole blocks as one), so a
- * row's result depends on the row only. */
+ * row's result depends on the row only; outputs of at most 64 columns on the skinny kernel
+ * (cu_skinny_linear_xb), whose rows do not depend on each other either. */
 static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                      const hyla_linear_out *outs, int accumulate, int MF, const prompt_pro *pro,
                                      int flags) {
@@ -522,8 +523,16 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
      * one; no bias or accumulate (cu_linear_flags_check) */
     const int x_bf16 = (flags & HYLA_LINEAR_X_BF16) != 0, y_bf16 = (flags & HYLA_LINEAR_Y_BF16) != 0;
     const size_t es = y_bf16 ? 2 : 4;
+    /* Outputs of at most one skinny column tile (GDN's a and b gates, SSE's routing logits and
+     * low-rank inputs) take the skinny kernel on the run's bf16 operand (cu_skinny_linear_xb:
+     * a row's bits do not depend on the rows around it there either, and are those it gets as a
+     * decode row); fp32 outputs only. */
+    int narrow[HYLA_LINEAR_MULTI_MAX];
     size_t nsum = 0;
-    for (int j = 0; j < n; j++) nsum += (size_t)outs[j].N;
+    for (int j = 0; j < n; j++) {
+        narrow[j] = !y_bf16 && outs[j].N <= 64 /* SK_N */ && K % 8 == 0;
+        if (!narrow[j]) nsum += (size_t)outs[j].N;
+    }
     /* Runs of up to c->prompt_blocks whole blocks go to the GEMM together (prompt_gemm); the last
      * partial block alone. Where every output is written straight into y (no accumulate, ldy ==
      * N; the alignment is checked per run below) the scratch holds one block; otherwise (an
@@ -534,7 +543,7 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
      * residual adds) adds its whole blocks in the GEMM (beta = 1) straight into y. */
     int maxb = c->prompt_blocks, via_scratch = 0;
     for (int j = 0; j < n; j++)
-        if ((accumulate && outs[j].bias) || outs[j].ldy != outs[j].N) via_scratch = 1;
+        if (!narrow[j] && ((accumulate && outs[j].bias) || outs[j].ldy != outs[j].N)) via_scratch = 1;
     if (via_scratch) {
         const size_t per_block = (size_t)MF * nsum * 4, cap = (size_t)PROMPT_SCRATCH_RUN / (per_block ? per_block : 1);
         if ((size_t)maxb > cap) maxb = cap > 1 ? (int)cap : 1;
@@ -548,13 +557,13 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
     size_t toff[HYLA_LINEAR_MULTI_MAX];
     for (int j = 0, off = 0; j < n; j++) {
         toff[j] = (size_t)off * MF * tblk * es; /* bytes */
-        off += outs[j].N;
+        if (!narrow[j]) off += outs[j].N;
     }
     for (int r0 = 0, m; r0 < M; r0 += m) {
         const int whole = (M - r0) / MF;
         int nblk = whole < 1 ? 1 : whole < maxb ? whole : maxb;
         for (int j = 0; j < n && nblk > 1 && !via_scratch; j++) /* into y straight: its alignment */
-            if (ptr_align((char *)outs[j].y + (size_t)r0 * outs[j].ldy * es, (size_t)outs[j].N * es) <
+            if (!narrow[j] && ptr_align((char *)outs[j].y + (size_t)r0 * outs[j].ldy * es, (size_t)outs[j].N * es) <
                 ptr_align(NULL, (size_t)outs[j].N * es))
                 nblk = 1;
         m = whole < 1 ? M - r0 : nblk * MF;
@@ -572,9 +581,18 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
         } else {
             HYLA_TRY(prompt_rows_bf16(c, x, ldx, r0, m, K, pro, (__nv_bfloat16 *)xb));
         }
+        hyla_linear_out nar[HYLA_LINEAR_MULTI_MAX];
+        int nn = 0;
+        for (int j = 0; j < n; j++)
+            if (narrow[j]) {
+                nar[nn] = outs[j];
+                nar[nn++].y = outs[j].y + (size_t)r0 * outs[j].ldy;
+            }
+        if (nn) HYLA_TRY(cu_skinny_linear_xb(c, (const __nv_bfloat16 *)xr, m, K, nn, nar, accumulate));
         for (int j = 0; j < n; j++) {
             const hyla_linear_out *o = &outs[j];
             const int N = o->N;
+            if (narrow[j]) continue;
             /* A whole block with y's layout goes straight into y: the same algorithm and layout
              * as into scratch, so the same values, without the copy; the bias is then added in
              * place (t + bias either way), an accumulate (no bias) by the GEMM itself. */

@@ -582,6 +582,48 @@ extern "C" hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ld
     return HYLA_OK;
 }
 
+/* Prompt rows of a narrow output (N <= SK_N: one column tile) from their bf16 operand xb [M][K],
+ * with the skinny kernel's arithmetic, so each row gets the bits ops->linear gives it as a decode
+ * row, for any M: from SK_XB_BIG rows the large-M kernels (k_gemm_wg / k_gemm_big: a block owns
+ * its rows and all of K, the slices summed in slice order in registers, x read once, no
+ * partials), below it the skinny kernel itself (64-row blocks, k_skinny_reduce; its partials in
+ * SCR_NARROW: linear_fixed_rows holds SCR_LINEAR and SCR_XB meanwhile). A GEMM library's plan
+ * for a 1024-row block of so few columns splits K and runs tiles of 32 rows: on a 16384-row
+ * piece of the 1.68B GDN model its a and b gates took 0.115 ms each, and the skinny kernel over
+ * all the rows 0.100 ms (slices of 192 k: short blocks, 12 partials a row). */
+#define SK_XB_BIG 256
+static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                       const hyla_linear_out *outs, int accumulate);
+extern "C" hyla_status cu_skinny_linear_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                           const hyla_linear_out *outs, int accumulate) {
+    for (int j = 0; j < n; j++)
+        if (outs[j].N > SK_N || K % 8)
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "skinny linear (bf16 rows): N %d, K %d", outs[j].N, K);
+    /* two outputs of one width (GDN's a and b) in one warpgroup launch there: x read once */
+    if (M >= SK_XB_BIG) return gemm_big_multi_bf16(c, xb, M, K, n, outs, accumulate);
+    for (int j = 0; j < n; j++) {
+        const hyla_linear_out *o = &outs[j];
+        int S, kchunk;
+        sk_plan(c, o->N, K, &S, &kchunk);
+        float *part = NULL;
+        if (S > 1) {
+            void *scr;
+            HYLA_TRY(cu_scratch(c, SCR_NARROW, (size_t)S * M * o->N * sizeof(float), &scr));
+            part = (float *)scr;
+        }
+        const dim3 grid(1, S, (M + 63) / 64);
+        HYLA_TRY(cu_launch_pdl(c, k_skinny2<4, false>, grid, 128, 0, xb, (const float *)NULL, (const float *)NULL, K, 0,
+                               M, K, o->W->d, o->N, kchunk, part, S, o->bias, o->y, o->ldy, accumulate,
+                               (unsigned *)NULL));
+        CU_LAUNCH_CHECK("skinny linear (bf16 rows)");
+        if (S == 1) continue;
+        const size_t blocks = ((size_t)M * o->N + 255) / 256;
+        k_skinny_reduce<<<(unsigned)blocks, 256, 0, c->stream>>>(part, S, M, o->N, o->bias, o->y, o->ldy, accumulate);
+        CU_LAUNCH_CHECK("skinny reduce (bf16 rows)");
+    }
+    return HYLA_OK;
+}
+
 extern "C" int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K) {
     return M >= 1 && M <= 256 && K % 8 == 0;
 }
@@ -904,11 +946,18 @@ static hyla_status gemm_big_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xbb, int
 
 /* linear_multi's outputs through the large-M path with x rounded to bf16 once for all of them
  * (the same values each separate call would round: the same bits, n - 1 conversions fewer) */
+static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                       const hyla_linear_out *outs, int accumulate);
 extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                          const hyla_linear_out *outs, int accumulate) {
     void *xb;
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+    return gemm_big_multi_bf16(c, (const __nv_bfloat16 *)xb, M, K, n, outs, accumulate);
+}
+
+static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                       const hyla_linear_out *outs, int accumulate) {
     /* on the warpgroup path, two outputs of the same width in one launch (a layer's q and k, v
      * and gate, MLP gate and up: the same bits, one launch's ramp and tail instead of two) */
     int paired[HYLA_LINEAR_MULTI_MAX] = {0};

@@ -43,13 +43,15 @@ extern "C" hyla_status hyla_cublas_fail(cublasStatus_t e, const char *expr, cons
 /* After every kernel launch: a bad configuration or a sticky earlier fault becomes a status. */
 #define CU_LAUNCH_CHECK(what) CU_TRY(cudaGetLastError())
 
-#define HYLA_CU_SCRATCH_SLOTS 11
+#define HYLA_CU_SCRATCH_SLOTS 12
 enum { SCR_LINEAR = 0, SCR_MISC = 1, SCR_CHUNK = 2, SCR_ATTN = 3, SCR_SSE = 4, SCR_SAMPLE = 5, SCR_BENCH = 6, SCR_XB = 7,
        SCR_PLAN = 8,
        /* Mamba2 (SSD) */
        SCR_SSD = 9,
        /* GLA key slabs (hyla_cuda_lin_slab.cu) */
-       SCR_SLAB = 10 };
+       SCR_SLAB = 10,
+       /* the narrow prompt linears' slice partials (cu_skinny_linear_xb) */
+       SCR_NARROW = 11 };
 
 typedef struct hyla_cu_pool hyla_cu_pool;     /* hyla_cuda_pool.cu */
 typedef struct hyla_cu_graphs hyla_cu_graphs; /* hyla_cuda_graph.cu */
@@ -280,6 +282,8 @@ hyla_status cu_swiglu_linear(void *ctx, float *gate, const float *up, int M, int
                              int flags);
 hyla_status cu_add_bias_rows(hyla_cuda_ctx *c, float *y, int ldy, int M, int N, const float *bias);
 /* batch-invariant linear for M <= 256 (hyla_cuda_gemm.cu) */
+hyla_status cu_skinny_linear_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                const hyla_linear_out *outs, int accumulate);
 hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, const hyla_weight *W,
                              const float *bias, float *y, int ldy, int N, int accumulate,
                              const float *up /* non-NULL (K % 8 == 0): x is silu(x) * up, as swiglu computes it */);
