@@ -944,18 +944,7 @@ static hyla_status gemm_big_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xbb, int
     return launch_big<2, 2, 4, 8, 3, true>(c, xbb, M, K, W, N, kchunk, bias, y, ldy, accumulate);
 }
 
-/* linear_multi's outputs through the large-M path with x rounded to bf16 once for all of them
- * (the same values each separate call would round: the same bits, n - 1 conversions fewer) */
-static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
-                                       const hyla_linear_out *outs, int accumulate);
-extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
-                                         const hyla_linear_out *outs, int accumulate) {
-    void *xb;
-    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
-    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
-    return gemm_big_multi_bf16(c, (const __nv_bfloat16 *)xb, M, K, n, outs, accumulate);
-}
-
+/* linear_multi's outputs through the large-M path from their bf16 rows xb */
 static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
                                        const hyla_linear_out *outs, int accumulate) {
     /* on the warpgroup path, two outputs of the same width in one launch (a layer's q and k, v
@@ -980,6 +969,16 @@ static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb
                                outs[j].N, accumulate));
     }
     return HYLA_OK;
+}
+
+/* linear_multi's outputs through the large-M path with x rounded to bf16 once for all of them
+ * (the same values each separate call would round: the same bits, n - 1 conversions fewer) */
+extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                         const hyla_linear_out *outs, int accumulate) {
+    void *xb;
+    HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
+    HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
+    return gemm_big_multi_bf16(c, (const __nv_bfloat16 *)xb, M, K, n, outs, accumulate);
 }
 
 extern "C" hyla_status cu_gemm_big_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *W,
