@@ -14,7 +14,9 @@
 # checkpoint goes, default OUTDIR/gdn-1.68b: 3.4 GB, so keep it out of a folder that is copied
 # back), HYLA_COMMIT (printed in the table's header; default: git describe of this checkout).
 # FLA's prefill is one forward over the prompt with use_cache and the last position's logits;
-# hyla's is `hyla-bench e2e` feeding the prompt to one session (its prefill pieces, no logits).
+# hyla's is `hyla-bench e2e` feeding the prompt to one session (its prefill pieces, no logits),
+# the median of PREFILL_REPEAT (3) such prefills, each a fresh session (FLA's is the mean of 2
+# forwards up to 32k, 1 beyond: one 4k prefill moves by several percent from call to call).
 # KERNELS (32768,131072; empty to skip): the chunked GLA and GDN kernels alone on one sequence of
 # each length, 18 heads of 128 (FLA's chunk_gla / chunk_gated_delta_rule on bf16 inputs against
 # `hyla-bench kernels --only seq` on fp32 ones), as rows of the same table.
@@ -30,6 +32,7 @@ PREFILL=${PREFILL:-4096,32768,131072,524288,1048576}
 BATCH=${BATCH:-1,64}
 DEVICE=${DEVICE:-cuda:0}
 KERNELS=${KERNELS-32768,131072}
+PREFILL_REPEAT=${PREFILL_REPEAT:-3}
 PARTS=${PARTS:-fla,hyla}
 case ",$PARTS," in *,fla,*) do_fla=1 ;; *) do_fla=0 ;; esac
 case ",$PARTS," in *,hyla,*) do_hyla=1 ;; *) do_hyla=0 ;; esac
@@ -51,7 +54,7 @@ fi
 if [ $do_hyla = 1 ]; then
   echo "compare-fla: timing hyla" >&2
   "$HYLA_BIN/hyla-bench" e2e --model "$model" --device "$DEVICE" --prefill "$PREFILL" --batch "$BATCH" --ctx 16 \
-      > "$out/hyla.jsonl"
+      --prefill-repeat "$PREFILL_REPEAT" > "$out/hyla.jsonl"
   if [ -n "$KERNELS" ]; then
     echo "compare-fla: timing hyla's chunked kernels (KERNELS=$KERNELS)" >&2
     "$HYLA_BIN/hyla-bench" kernels --device "$DEVICE" --only seq --ctx "$KERNELS" >> "$out/hyla.jsonl"

@@ -5,7 +5,8 @@
 # backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
 # from its cache; decode rows carry their share of the copy rate; the CPU refuses no shape.
 # hyla-bench e2e on a tiny model reports the runtime's scratch (no logits for a prompt fed without
-# them). A bad option of kernels or e2e exits 2 naming it, the usage on stderr; --help prints it on
+# them) and, with --prefill-repeat 3, the median prefill with its fastest and slowest beside it.
+# A bad option of kernels or e2e exits 2 naming it, the usage on stderr; --help prints it on
 # stdout. Timings are not asserted. Skips (77) until hyla-bench exists.
 set -uo pipefail
 BIN=${HYLA_BIN_DIR:-build/bin}
@@ -75,7 +76,7 @@ for sub in kernels e2e; do
   "$BIN/hyla-bench" $sub --help 2>/dev/null | grep -q "usage: hyla-bench $sub" || { echo "FAIL $sub --help"; fail=1; }
 done
 # a list or a number that is not one (parsed as 0 before: a benchmark of nothing): exit 2 naming it
-for a in "e2e --prefill abc" "e2e --prefill 64,,128" "e2e --batch 0" "e2e --steps x" "e2e --tp 0" "kernels --ctx 1,-2" \
+for a in "e2e --prefill abc" "e2e --prefill 64,,128" "e2e --batch 0" "e2e --steps x" "e2e --tp 0" "e2e --prefill-repeat 17" "kernels --ctx 1,-2" \
          "restore --repeat 0" "restore --chunk-bytes 10"; do
   set -- $a
   m=(--model "$T"); [ "$1" = kernels ] && m=()
@@ -96,6 +97,16 @@ if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hid
     { echo "FAIL e2e: no copy_bandwidth line"; cat "$T/e2e.jsonl"; fail=1; }
   grep '"e2e_decode"' "$T/e2e.jsonl" | grep -q '"copy_gbps":[0-9.]*,"of_copy":[0-9.]*' ||
     { echo "FAIL e2e: the decode line does not compare with the copy rate"; grep e2e_decode "$T/e2e.jsonl"; fail=1; }
+  # --prefill-repeat: the median of N prefills, with the fastest and slowest beside it
+  "$BIN/hyla-bench" e2e --model "$T/m" --prefill 64 --prefill-repeat 3 --batch 1 --ctx 4 --steps 1 \
+    >"$T/rep.jsonl" 2>"$T/rep.err" || { echo "FAIL e2e --prefill-repeat: exit non-zero"; cat "$T/rep.err"; fail=1; }
+  python3 - "$T/rep.jsonl" <<'PY' || fail=1
+import json, sys
+p = [d for d in map(json.loads, open(sys.argv[1])) if d.get("bench") == "e2e_prefill"]
+ok = len(p) == 1 and p[0].get("repeat") == 3 and p[0]["s_min"] <= p[0]["s"] + 5e-4 and p[0]["s"] <= p[0]["s_max"] + 5e-4
+print("" if ok else "FAIL e2e --prefill-repeat 3: %s" % p, end="" if ok else "\n")
+sys.exit(0 if ok else 1)
+PY
 else
   echo "FAIL e2e: hyla-mkmodel did not make the tiny model"; fail=1
 fi

@@ -105,6 +105,7 @@ out=$(FLA_SRC="$work" HYLA_BIN="$work/cf/bin" MODEL="$work/cf/model" PARTS=hyla 
       bash "$SRC/deploy/compare-fla.sh" "$work/cf/out" 2>&1)
 rc=$?
 if [ $rc = 0 ] && grep -q '"bench":"e2e_prefill"' "$work/cf/out/hyla.jsonl" && grep -q -- '--prefill 4096' "$work/cf/out/hyla.jsonl" &&
+   grep -q -- '--prefill-repeat 3' "$work/cf/out/hyla.jsonl" &&
    [ ! -e "$work/cf/out/fla.jsonl" ] && [ ! -e "$work/cf/out/table.md" ] && echo "$out" | grep -q "no $work/cf/out/fla.jsonl yet"; then
   ok "compare-fla.sh PARTS=hyla: the hyla half alone, no table without fla.jsonl"
 else

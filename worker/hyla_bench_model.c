@@ -96,10 +96,6 @@ static float *drand(size_t n, float scale, float lo, float hi) {
 static void dfree(void *p) { O->free(CX, p); }
 
 typedef void (*bench_fn)(void *ud);
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 /* Median time of one call in ms (batches of calls between syncs, see the file comment). */
 static double timeit(bench_fn fn, void *ud) {
     fn(ud);
@@ -118,7 +114,7 @@ static double timeit(bench_fn fn, void *ud) {
         TRY(O->sync(CX));
         t[b] = (hyla_now() - t0) / reps;
     }
-    qsort(t, (size_t)batches, sizeof t[0], cmpd);
+    qsort(t, (size_t)batches, sizeof t[0], hyla_bench_cmpd);
     return t[batches / 2] * 1e3;
 }
 
@@ -1862,10 +1858,12 @@ int hyla_bench_e2e(int argc, char **argv) {
     int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
     double max_state_gib = 60;
     const char *graphs = "on";
-    int tp = 1;
+    int tp = 1, prefill_repeat = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
+        else if (!strcmp(argv[i], "--prefill-repeat") && i + 1 < argc)
+            prefill_repeat = (int)hyla_bench_num("--prefill-repeat", argv[++i], 1, 16, 1);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model_dir = argv[++i];
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
@@ -1887,9 +1885,10 @@ int hyla_bench_e2e(int argc, char **argv) {
             FILE *uf = hyla_bench_usage_to("e2e", argv[i], &help);
             fprintf(uf, "usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill LIST (default 4096)]\n"
                    "                      [--batch LIST (default 1,16,64)] [--ctx LIST (default 16)] [--steps 32]\n"
-                   "                      [--max-state-gib 60]\n"
+                   "                      [--max-state-gib 60] [--prefill-repeat 1 (at most 16)]\n"
                    "                      [--graphs on|off|both] [--tp N]\n"
-                   "  Prefill tokens/s of one session per --prefill length; decode tokens/s of B sessions\n"
+                   "  Prefill tokens/s of one session per --prefill length (with --prefill-repeat N: the\n"
+                   "  median of N prefills, each a fresh session, and s_min / s_max); decode tokens/s of B sessions\n"
                    "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
                    "  from its snapshot). Skips a decode point whose session state exceeds --max-state-gib.\n"
                    "  --graphs (cuda): CUDA graphs for repeated op sequences on (default), off, or decode\n"
@@ -1970,22 +1969,35 @@ int hyla_bench_e2e(int argc, char **argv) {
         int n = prefill[i];
         int32_t *tok = malloc((size_t)n * 4);
         rand_tokens(tok, n, cfg->vocab_size);
-        hyla_session *s;
-        TRY(hyla_session_create(rt, &s));
-        TRY(O->sync(CX));
+        /* --prefill-repeat: the median of that many timed prefills, each a fresh session (one
+         * prompt's time moves by several percent between calls at 4k); the last call's graph
+         * counts and profile */
+        hyla_session *s = NULL;
+        double secs[16];
         bench_graph_stats g0 = {0}, g1 = {0};
-        if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g0));
-        hyla_prof_reset();
-        t0 = hyla_now();
-        TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
-        TRY(O->sync(CX));
-        double sec = hyla_now() - t0;
-        if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g1));
+        for (int r = 0; r < prefill_repeat; r++) {
+            if (s) hyla_session_free(s);
+            TRY(hyla_session_create(rt, &s));
+            TRY(O->sync(CX));
+            if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g0));
+            hyla_prof_reset();
+            t0 = hyla_now();
+            TRY(hyla_session_feed(s, tok, n, NULL, NULL, NULL, NULL));
+            TRY(O->sync(CX));
+            secs[r] = hyla_now() - t0;
+            if (is_cuda && hyla_cuda_get_graph_stats) TRY(hyla_cuda_get_graph_stats(be, &g1));
+        }
+        const double sec = hyla_bench_median(secs, prefill_repeat);
         emit_head("e2e_prefill");
         printf(",\"model\":\"%s\",\"type\":\"%s\",\"layers\":%d,\"hidden\":%d,\"tokens\":%d,\"s\":%.3f,"
                "\"tokens_per_s\":%.0f,\"param_gb\":%.3f,\"state_mb\":%.1f,\"graphs\":%d",
                model_dir, cfg->model_type, cfg->num_layers, cfg->hidden_size, n, sec, n / sec, params / 1e9,
                hyla_session_state_bytes(s) / 1e6, is_cuda ? g_modes[0] : 0);
+        if (prefill_repeat > 1) {
+            double lo = secs[0], hi = secs[0];
+            for (int r = 1; r < prefill_repeat; r++) lo = secs[r] < lo ? secs[r] : lo, hi = secs[r] > hi ? secs[r] : hi;
+            printf(",\"repeat\":%d,\"s_min\":%.4f,\"s_max\":%.4f", prefill_repeat, lo, hi);
+        }
         /* 2 flops per parameter and token (parameters: bf16 on cuda, fp32 on the cpu backend);
          * attention's n^2 term is not counted */
         double tf = 2.0 * (params / (is_cuda ? 2.0 : 4.0)) * (n / sec) / 1e12, peak, hbm;

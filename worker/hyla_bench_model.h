@@ -52,6 +52,16 @@ static inline int hyla_bench_parse_list(const char *opt, const char *s, int *out
     return n;
 }
 
+static inline int hyla_bench_cmpd(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* The median of v[0..n) (sorts v) */
+static inline double hyla_bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], hyla_bench_cmpd);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* The number s of option opt in [lo, hi] (a whole number when whole); anything else exits 2
  * naming the option and the text. */
 static inline double hyla_bench_num(const char *opt, const char *s, double lo, double hi, int whole) {

@@ -57,14 +57,6 @@ typedef struct {
     const char *device;
 } rb_dev;
 
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof v[0], cmpd);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Host -> device GB/s of `bytes` from host memory h (best of 5 after a warm-up). */
 static double h2d_gbps(rb_dev *d, const void *h, void *dst, size_t bytes) {
@@ -298,8 +290,8 @@ int hyla_bench_restore(int argc, char **argv) {
         double best = tot_v[0];
         for (int r = 1; r < repeat; r++)
             if (tot_v[r] < best) best = tot_v[r];
-        double restore_s = median(tot_v, repeat), open_s = median(open_v, repeat), read_s = median(read_v, repeat),
-               tail_s = median(tail_v, repeat);
+        double restore_s = hyla_bench_median(tot_v, repeat), open_s = hyla_bench_median(open_v, repeat),
+               read_s = hyla_bench_median(read_v, repeat), tail_s = hyla_bench_median(tail_v, repeat);
         /* the two-step path: get into malloc'ed memory, then import */
         double get_v[16], imp_v[16], leg_v[16];
         for (int r = 0; r < repeat; r++) {
@@ -316,7 +308,8 @@ int hyla_bench_restore(int argc, char **argv) {
             hyla_session_free(sl);
             get_v[r] = t1 - t0, imp_v[r] = t2 - t1, leg_v[r] = t2 - t0;
         }
-        double get_s = median(get_v, repeat), imp_s = median(imp_v, repeat), legacy_s = median(leg_v, repeat);
+        double get_s = hyla_bench_median(get_v, repeat), imp_s = hyla_bench_median(imp_v, repeat),
+               legacy_s = hyla_bench_median(leg_v, repeat);
         hyla_store_close(st);
         /* the restored session continues exactly as the original */
         int V = cfg->vocab_size;
