@@ -285,12 +285,14 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
 /* ROW_SETUP for the norms, which also take the thread's first ROW_RC units of their weight w [D]
  * into cw before the wait: no kernel writes weights, so they load while the kernel ahead still
  * runs, and the output pass does not wait on them after the reduction. */
-#define ROW_SETUP_W(nrows, w, cw)                                                    \
+#define ROW_SETUP_W(nrows, w, cw) ROW_SETUP_WN(nrows, w, cw, ROW_RC)
+/* ... caching the first RC units (a row op whose thread owns at most RC units caches them all) */
+#define ROW_SETUP_WN(nrows, w, cw, RC)                                               \
     pdl_trigger();                                                                   \
     ROW_INDEX                                                                        \
     const int U = V4 ? D / 4 : D;                                                    \
-    float4 cw[ROW_RC];                                                               \
-    _Pragma("unroll") for (int k_ = 0; k_ < ROW_RC; k_++) {                          \
+    float4 cw[RC];                                                                   \
+    _Pragma("unroll") for (int k_ = 0; k_ < RC; k_++) {                              \
         const int u_ = t + k_ * G;                                                   \
         if (u_ < U) cw[k_] = ld_u<V4, A16>(w, u_);                                   \
     }                                                                                \
@@ -505,16 +507,16 @@ template <int V4, int A16> __device__ __forceinline__ float4 ld_g(const __nv_bfl
     return make_float4(__bfloat162float(row[u]), 0.0f, 0.0f, 0.0f);
 }
 
-template <int V4, int A16, int WARP, typename OUT, typename GT = float>
+template <int V4, int A16, int WARP, typename OUT, typename GT = float, int RC = ROW_RC>
 __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const GT *g, const float *__restrict__ w, OUT *y,
                                                   int rows, int D, float eps, float *sh) {
-    ROW_SETUP_W(rows, w, cw);
+    ROW_SETUP_WN(rows, w, cw, RC);
     const float *orow = o + (size_t)row * D;
     const GT *gr = g ? g + (size_t)row * D : NULL;
-    float4 co[ROW_RC], cg[ROW_RC];
+    float4 co[RC], cg[RC];
     float ss = 0.0f;
 #pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
+    for (int k = 0; k < RC; k++) {
         int u = t + k * G;
         if (u < U) {
             co[k] = ld_u<V4, A16>(orow, u);
@@ -522,19 +524,19 @@ __device__ __forceinline__ void gated_rmsnorm_row(const float *o, const GT *g, c
             ss = sq_acc<V4>(ss, co[k]);
         }
     }
-    for (int u = t + ROW_RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(orow, u));
+    for (int u = t + RC * G; u < U; u += G) ss = sq_acc<V4>(ss, ld_u<V4, A16>(orow, u));
     ss = group_sum<WARP>(ss, sh);
     float inv = rsqrtf(ss / D + eps);
     OUT *yr = y + (size_t)row * D;
 #pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
+    for (int k = 0; k < RC; k++) {
         int u = t + k * G;
         if (u < U) {
             float4 v = mul_sw(co[k], inv, cw[k]);
             st_out<V4, A16>(yr, u, gr ? gate4(v, cg[k]) : v);
         }
     }
-    for (int u = t + ROW_RC * G; u < U; u += G) {
+    for (int u = t + RC * G; u < U; u += G) {
         float4 v = mul_sw(ld_u<V4, A16>(orow, u), inv, ld_u<V4, A16>(w, u));
         st_out<V4, A16>(yr, u, gr ? gate4(v, ld_g<V4, A16>(gr, u)) : v);
     }
@@ -559,6 +561,18 @@ __global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm_bf16g(const float *o
                                                                   int rows, int D, float eps) {
     __shared__ float sh[32];
     gated_rmsnorm_row<V4, A16, WARP>(o, g, w, y, rows, D, eps, sh);
+}
+/* The warp layout with RC = the lane's units (D / 128 rounded up): the same units in the same
+ * order, so the same bits, in fewer registers. With ROW_RC's four cached units whatever D, the
+ * kernel took 126 registers (two 256-thread blocks an SM) and moved the out norm of a 1.68B GDN
+ * prompt (heads of 256, bf16 gate) at 1.5 TB/s on an H200; with RC = 2, 64 registers (the bound
+ * asks for four blocks an SM; five spilled), none spilled for any RC (ptxas -v, sm_90a). */
+template <int A16, int RC>
+__global__ void __launch_bounds__(32 * ROW_WARP_ROWS, RC <= 2 ? 4 : 3) k_gated_rmsnorm_bf16g_w(const float *o, const __nv_bfloat16 *g,
+                                                                             const float *__restrict__ w,
+                                                                             __nv_bfloat16 *y, int rows, int D,
+                                                                             float eps) {
+    gated_rmsnorm_row<1, A16, 1, __nv_bfloat16, __nv_bfloat16, RC>(o, g, w, y, rows, D, eps, NULL);
 }
 
 /* The launch of a row op over `rows` rows of D (row_cfg: the layout above). */
@@ -648,6 +662,15 @@ extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *
  * 8-byte loads need only D % 4 == 0) */
 extern "C" hyla_status cu_gated_rmsnorm_bf16g(hyla_cuda_ctx *c, const float *o, const __nv_bfloat16 *g, const float *w,
                                               __nv_bfloat16 *y, int rows, int D, float eps) {
+    const row_cfg rc = row_config(rows, D, al16(o) && al16(w));
+    if (rows > 0 && rc.warp && rc.v4) { /* units a lane: 1 .. 4 (the warp layout has U <= 128) */
+        const int rcn = (D / 4 + 31) / 32;
+        const dim3 gr(rc.blocks);
+#define GRW(A, R) cu_launch_pdl(c, k_gated_rmsnorm_bf16g_w<A, R>, gr, rc.threads, 0, o, g, w, y, rows, D, eps)
+        if (rc.a16) return rcn == 1 ? GRW(1, 1) : rcn == 2 ? GRW(1, 2) : rcn == 3 ? GRW(1, 3) : GRW(1, 4);
+        return rcn == 1 ? GRW(0, 1) : rcn == 2 ? GRW(0, 2) : rcn == 3 ? GRW(0, 3) : GRW(0, 4);
+#undef GRW
+    }
     ROW_OP(c, k_gated_rmsnorm_bf16g, rows, D, al16(o) && al16(w), o, g, w, y, rows, D, eps);
 }
 
