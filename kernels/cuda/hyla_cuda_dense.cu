@@ -475,7 +475,7 @@ template <int V4, int A16, int WARP>
 __device__ __forceinline__ void l2norm_row(float *xr, int t, int G, int U, float eps, float *sh) {
     float4 cx[ROW_RC];
     float ss = group_sum<WARP>(row_sumsq<V4, A16>(cx, xr, t, G, U), sh);
-    float inv = 1.0f / sqrtf(ss + eps);
+    float inv = l2_inv_f(ss, eps);
     row_scale_cached<V4, A16>(xr, cx, inv, t, G, U);
     for (int u = t + ROW_RC * G; u < U; u += G) {
         float4 v = ld_u<V4, A16>(xr, u);
@@ -1322,7 +1322,7 @@ __device__ __forceinline__ float conv4_l2_inv(float4 v, int lanes, float eps) {
 #pragma unroll
     for (int o = 16; o; o >>= 1)
         if (o < lanes) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    return 1.0f / sqrtf(ss + eps);
+    return l2_inv_f(ss, eps);
 }
 
 /* 4 bf16 values widened (8 bytes; C % 4 == 0 keeps them aligned) */

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(128) k_conv_prefill(conv_pf_args a) {
         if (l2) {
             float ss = act ? sq_acc<1>(0.0f, v) : 0.0f;
             ss = warp_sum(ss);
-            const float inv = 1.0f / sqrtf(ss + a.eps);
+            const float inv = l2_inv_f(ss, a.eps);
             v = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
         if (act) *(float4 *)(y + (size_t)(t0 + i) * C + ch) = v;
