@@ -76,6 +76,9 @@ typedef struct {
     const float *bias; /* [N] or NULL */
     float *y;
     int ldy, N;
+    /* NULL: the call's x. Else this output's own rows x [M][K] (row stride K), without
+     * HYLA_LINEAR_X_BF16: small linears of different inputs in one call (SSE's two LoRA terms) */
+    const float *x;
 } hyla_linear_out;
 
 /* One tensor of short_conv_multi: as short_conv's x [B][n][C], w [C][K], bias [C] or NULL and
@@ -207,7 +210,10 @@ typedef struct hyla_ops {
      * x points to bf16 rows [M][ldx], ldx == K, written by rmsnorm_bf16.
      * flags & HYLA_LINEAR_Y_BF16 (likewise; no bias, no accumulate, ldy == N): each y is bf16
      * [M][N], the fp32 result rounded to nearest-even (a row's result still depends only on the
-     * row: the MLP's gate and up, read by swiglu_linear as bf16). */
+     * row: the MLP's gate and up, read by swiglu_linear as bf16).
+     * An output with its own x (hyla_linear_out.x) is that linear of its rows: the call is the
+     * calls of each distinct x in turn, bit for bit (hyla_linear_multi_by_x), which a backend
+     * may again run as one launch. */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                 int accumulate, int flags);
     /* The MLP's down projection of its SwiGLU: y [M][N] = (silu(gate) * up) @ W^T, gate and up
@@ -509,6 +515,15 @@ hyla_status hyla_backend_create(const char *device, hyla_backend **out);
 void hyla_backend_destroy(hyla_backend *b); /* accepts NULL */
 /* Whether a CUDA device is usable (compiled in and a GPU present). */
 int hyla_cuda_available(void);
+
+/* linear_multi of outputs with their own x (hyla_linear_out.x) as the calls of each distinct x in
+ * turn (in order of first appearance; the outputs of the call's own x first), each through fn
+ * with those outputs' x cleared: what a backend does where it cannot run them as one launch. */
+typedef hyla_status (*hyla_linear_multi_fn)(void *ctx, const float *x, int ldx, int M, int K, int n,
+                                            const hyla_linear_out *outs, int accumulate, int flags);
+int hyla_linear_multi_has_x(const float *x, int n, const hyla_linear_out *outs);
+hyla_status hyla_linear_multi_by_x(hyla_linear_multi_fn fn, void *ctx, const float *x, int ldx, int M, int K, int n,
+                                   const hyla_linear_out *outs, int accumulate, int flags);
 
 /* Backend constructors (kernels/cpu/, kernels/cuda/). */
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out);

@@ -150,6 +150,50 @@ static void test_linear_batch_invariance(void) {
     }
 }
 
+/* linear_multi with outputs of their own x (hyla_linear_out.x) == the linear of each output's
+ * rows, bit for bit, decode and prompt rows, with and without accumulate; own x with bf16 rows
+ * is refused by name. */
+static void test_linear_multi_own_x(void) {
+    const int M = 5, K = 24, Ns[3] = {7, 16, 9};
+    float *xs[2] = {randn((size_t)M * K, 1.0f), randn((size_t)M * K, 1.0f)};
+    hyla_weight *w[3];
+    float *W[3], *y0[3], *one[3], *grp[3];
+    for (int i = 0; i < 3; i++) {
+        W[i] = randn((size_t)Ns[i] * K, 0.2f);
+        CHECK_OK(ops->weight_create(ctx, W[i], HYLA_DT_F32, Ns[i], K, &w[i]));
+        y0[i] = randn((size_t)M * Ns[i], 1.0f);
+        one[i] = malloc((size_t)M * Ns[i] * sizeof(float));
+        grp[i] = malloc((size_t)M * Ns[i] * sizeof(float));
+    }
+    const int xi[3] = {0, 1, 1};
+    for (int fl = 0; fl < 2; fl++)
+        for (int acc = 0; acc < 2; acc++) {
+            hyla_linear_out outs[3];
+            for (int i = 0; i < 3; i++) {
+                memcpy(one[i], y0[i], (size_t)M * Ns[i] * sizeof(float));
+                memcpy(grp[i], y0[i], (size_t)M * Ns[i] * sizeof(float));
+                hyla_linear_out lo = {w[i], NULL, one[i], Ns[i], Ns[i], NULL};
+                CHECK_OK(ops->linear_multi(ctx, xs[xi[i]], K, M, K, 1, &lo, acc, fl ? HYLA_LINEAR_PREFILL : 0));
+                outs[i] = (hyla_linear_out){w[i], NULL, grp[i], Ns[i], Ns[i], xi[i] ? xs[1] : NULL};
+            }
+            CHECK_OK(ops->linear_multi(ctx, xs[0], K, M, K, 3, outs, acc, fl ? HYLA_LINEAR_PREFILL : 0));
+            for (int i = 0; i < 3; i++)
+                CHECK_MSG(!memcmp(one[i], grp[i], (size_t)M * Ns[i] * sizeof(float)),
+                          "linear_multi with own x, output %d%s%s: differs from its own call", i, fl ? " (prompt rows)" : "",
+                          acc ? " (accumulate)" : "");
+            if (fl && !acc) {
+                hyla_status st = ops->linear_multi(ctx, xs[0], K, M, K, 3, outs, 0, HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16);
+                CHECK(st == HYLA_ERR_INVALID_ARG);
+                CHECK_MSG(strstr(hyla_last_error(), "own x") != NULL, "own x with bf16 rows: %s", hyla_last_error());
+            }
+        }
+    for (int i = 0; i < 3; i++) {
+        ops->weight_destroy(ctx, w[i]);
+        free(W[i]), free(y0[i]), free(one[i]), free(grp[i]);
+    }
+    free(xs[0]), free(xs[1]);
+}
+
 /* ---------------------------------------------------------------- norms and pointwise ops */
 
 /* Norms: the backend's rsqrt factor is exact to fp32 rounding (sum in double), the products
@@ -589,6 +633,7 @@ int main(void) {
     test_weights_embed();
     test_linear_reference();
     test_linear_batch_invariance();
+    test_linear_multi_own_x();
     test_norms();
     test_pointwise();
     test_rows();

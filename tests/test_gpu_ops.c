@@ -568,9 +568,87 @@ static void case_switches(const op_case *c) {
     hyla_backend_destroy(g2);
 }
 
+/* linear_multi with outputs of their own x (hyla_linear_out.x: SSE's two LoRA terms and GLA
+ * gates' low-rank halves in decode) == separate linear calls of each output's rows, bit for bit,
+ * on both backends, with and without accumulate: the CUDA one runs rows up to its one-tile
+ * skinny path as one grouped launch, others a call per x; prompt rows go a call per x too. */
+static void linear_multi_own_x(void) {
+    const int Ks[2] = {2304, 64}, Ns[4] = {2304, 256, 2304, 16};
+    const int Ms[5] = {1, 4, 7, 24, 64};
+    for (int ki = 0; ki < 2; ki++) {
+        const int K = Ks[ki];
+        hyla_weight *wc[4], *wg[4];
+        float *W[4];
+        for (int i = 0; i < 4; i++) {
+            W[i] = randn((size_t)Ns[i] * K, 1.0f / sqrtf((float)K));
+            CHECK_OK(cpu->ops->weight_create(cpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wc[i]));
+            CHECK_OK(gpu->ops->weight_create(gpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wg[i]));
+        }
+        float *bias = randn(2304, 1.0f);
+        for (int mi = 0; mi < 5; mi++)
+            for (int acc = 0; acc < 2; acc++) {
+                const int M = Ms[mi];
+                float *xs[3], *y0[4];
+                pair px[3], py0[4], pb = pair_new(bias, 2304);
+                for (int j = 0; j < 3; j++) {
+                    xs[j] = randn((size_t)M * K, 1.0f);
+                    px[j] = pair_new(xs[j], (size_t)M * K);
+                }
+                for (int i = 0; i < 4; i++) {
+                    y0[i] = randn((size_t)M * Ns[i], 1.0f);
+                    py0[i] = pair_new(y0[i], (size_t)M * Ns[i]);
+                }
+                /* output i reads x xi[i]: 0 the call's, 1 and 2 their own, 3 the same as 1 */
+                const int xi[4] = {0, 1, 2, 1};
+                for (int b = 0; b < 2; b++) {
+                    hyla_backend *be = b ? gpu : cpu;
+                    float *one[4], *grp[4];
+                    hyla_linear_out outs[4];
+                    for (int i = 0; i < 4; i++) {
+                        const size_t by = (size_t)M * Ns[i] * 4;
+                        const void *y0d = b ? py0[i].g : py0[i].c;
+                        one[i] = dev(be, NULL, by);
+                        grp[i] = dev(be, NULL, by);
+                        CHECK_OK(be->ops->copy(be->ctx, one[i], y0d, by));
+                        CHECK_OK(be->ops->copy(be->ctx, grp[i], y0d, by));
+                        const float *xd = b ? px[xi[i]].g : px[xi[i]].c;
+                        const float *bi = i == 2 ? (const float *)(b ? pb.g : pb.c) : NULL;
+                        CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i], acc));
+                        outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i], i ? xd : NULL};
+                    }
+                    CHECK_OK(be->ops->linear_multi(be->ctx, b ? px[0].g : px[0].c, K, M, K, 4, outs, acc, 0));
+                    int same = 1;
+                    for (int i = 0; i < 4; i++) same &= same_bits(be, one[i], grp[i], (size_t)M * Ns[i] * 4);
+                    CHECK_MSG(same, "%s linear_multi K=%d M=%d%s, outputs of three x == their linear calls (bits)",
+                              be->ops->name, K, M, acc ? " (accumulate)" : "");
+                    for (int i = 0; i < 4; i++) {
+                        dfree(be, one[i]);
+                        dfree(be, grp[i]);
+                    }
+                }
+                for (int j = 0; j < 3; j++) {
+                    pair_free(px[j]);
+                    free(xs[j]);
+                }
+                for (int i = 0; i < 4; i++) {
+                    pair_free(py0[i]);
+                    free(y0[i]);
+                }
+                pair_free(pb);
+            }
+        for (int i = 0; i < 4; i++) {
+            cpu->ops->weight_destroy(cpu->ctx, wc[i]);
+            gpu->ops->weight_destroy(gpu->ctx, wg[i]);
+            free(W[i]);
+        }
+        free(bias);
+    }
+}
+
 /* linear_multi == its outputs' separate linear calls, bit for bit, on both backends (the CUDA
  * one runs them as one grouped launch for M <= 64). */
 static void case_linear_multi(const op_case *c) {
+    linear_multi_own_x();
     (void)c;
     const int K = 2304, Ns[4] = {2304, 256, 16, 6144};
     hyla_weight *wc[4], *wg[4];
@@ -595,7 +673,7 @@ static void case_linear_multi(const op_case *c) {
                 grp[i] = dev(be, NULL, (size_t)M * Ns[i] * 4);
                 const float *bi = i == 1 ? (const float *)(b ? pbias.g : pbias.c) : NULL;
                 CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i], 0));
-                outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i]};
+                outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i], NULL};
             }
             CHECK_OK(be->ops->linear_multi(be->ctx, xd, K, M, K, 4, outs, 0, 0));
             int same = 1;
@@ -633,7 +711,7 @@ static void case_linear_multi(const op_case *c) {
                 grp[i] = dev(gpu, NULL, (size_t)M * N2[i] * 4);
                 const float *bi = i & 1 ? (const float *)bd : NULL;
                 CHECK_OK(gpu->ops->linear(gpu->ctx, xd, K, M, K, wp[i], bi, one[i], N2[i], N2[i], 0));
-                outs[i] = (hyla_linear_out){wp[i], bi, grp[i], N2[i], N2[i]};
+                outs[i] = (hyla_linear_out){wp[i], bi, grp[i], N2[i], N2[i], NULL};
             }
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xd, K, M, K, 4, outs, 0, 0));
             int same = 1;
@@ -667,8 +745,8 @@ static void case_linear_multi(const op_case *c) {
                  *b1 = dev(gpu, y0 + (size_t)(R + 36) * Ns[i], (size_t)Ns[i] * 4);
             void *bo = dev(gpu, y0, ny * 4);
             int acc = i == 2;
-            hyla_linear_out o1 = {wg[i], bi, pa.g, Ns[i], Ns[i]}, o37 = {wg[i], bi, b37, Ns[i], Ns[i]},
-                            oo = {wg[i], bi, bo, Ns[i], Ns[i]}, o1r = {wg[i], bi, b1, Ns[i], Ns[i]};
+            hyla_linear_out o1 = {wg[i], bi, pa.g, Ns[i], Ns[i], NULL}, o37 = {wg[i], bi, b37, Ns[i], Ns[i], NULL},
+                            oo = {wg[i], bi, bo, Ns[i], Ns[i], NULL}, o1r = {wg[i], bi, b1, Ns[i], Ns[i], NULL};
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &o1, acc, HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, 1, &o37, acc,
                                             HYLA_LINEAR_PREFILL));
@@ -683,7 +761,7 @@ static void case_linear_multi(const op_case *c) {
                       "37-row call, alone, and among other rows (bits)", Ns[i], bi ? " bias" : "", acc ? " acc" : "", R,
                       R + 36, MB);
             if (R == 500) { /* against the CPU, once */
-                hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i]};
+                hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i], NULL};
                 CHECK_OK(cpu->ops->linear_multi(cpu->ctx, px.c, K, MB, K, 1, &oc, acc, HYLA_LINEAR_PREFILL));
                 char name[96];
                 snprintf(name, sizeof name, "linear prompt rows M=%d N=%d%s", MB, Ns[i], acc ? " acc" : "");
@@ -717,7 +795,7 @@ static void case_linear_multi(const op_case *c) {
             const int acc = v == 2;
             void *yp = dev(gpu, y0, (size_t)MB * N * 4), *y37 = dev(gpu, y0 + (size_t)R * N, (size_t)37 * N * 4),
                  *y1 = dev(gpu, y0 + (size_t)R * N, (size_t)N * 4);
-            hyla_linear_out op = {wn, bi, yp, N, N};
+            hyla_linear_out op = {wn, bi, yp, N, N, NULL};
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &op, acc, HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, wn, bi, y37, N, N, acc));
             CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)R * K, K, 1, K, wn, bi, y1, N, N, acc));
@@ -760,10 +838,10 @@ static void case_linear_multi(const op_case *c) {
             for (int i = 0; i < 4; i++) {
                 py[i] = pair_new(y0, (size_t)MB * NG[i]);
                 y37[i] = dev(gpu, y0 + (size_t)R * NG[i], (size_t)37 * NG[i] * 4);
-                og[i] = (hyla_linear_out){wgg[i], i == 1 ? (const float *)pbias.g : NULL, py[i].g, NG[i], NG[i]};
+                og[i] = (hyla_linear_out){wgg[i], i == 1 ? (const float *)pbias.g : NULL, py[i].g, NG[i], NG[i], NULL};
                 o37[i] = og[i];
                 o37[i].y = y37[i];
-                oc[i] = (hyla_linear_out){wgc[i], i == 1 ? (const float *)pbias.c : NULL, py[i].c, NG[i], NG[i]};
+                oc[i] = (hyla_linear_out){wgc[i], i == 1 ? (const float *)pbias.c : NULL, py[i].c, NG[i], NG[i], NULL};
             }
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 4, og, acc, HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, 4, o37, acc,
@@ -826,7 +904,7 @@ static void case_swiglu_linear(const op_case *oc) {
             CHECK_OK(gpu->ops->swiglu_linear(gpu->ctx, pg.g, pu.g, M, K, wg, py.g, N, flags));
             CHECK_OK(gpu->ops->swiglu(gpu->ctx, g2, pu.g, g2, (size_t)M * K));
             if (fl) {
-                hyla_linear_out lo = {wg, NULL, y2, N, N};
+                hyla_linear_out lo = {wg, NULL, y2, N, N, NULL};
                 CHECK_OK(gpu->ops->linear_multi(gpu->ctx, g2, K, M, K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
             } else {
                 CHECK_OK(gpu->ops->linear(gpu->ctx, g2, K, M, K, wg, NULL, y2, N, N, 0));
@@ -906,7 +984,7 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                 CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, po.g, gg, pn.g, H, D, 1e-6f, M, wg, py.g, N, flags));
                 CHECK_OK(gpu->ops->gated_rmsnorm(gpu->ctx, o2, gg, pn.g, o2, M * H, D, 1e-6f));
                 if (fl) {
-                    hyla_linear_out lo = {wg, NULL, y2, N, N};
+                    hyla_linear_out lo = {wg, NULL, y2, N, N, NULL};
                     CHECK_OK(gpu->ops->linear_multi(gpu->ctx, o2, K, M, K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
                 } else {
                     CHECK_OK(gpu->ops->linear(gpu->ctx, o2, K, M, K, wg, NULL, y2, N, N, 0));
@@ -989,13 +1067,13 @@ static void case_rmsnorm_bf16(const op_case *c) {
         CHECK_MSG(same_bits(gpu, ra, rb, nd * 4), "rmsnorm_bf16 n=%d D=%d%s: the residual == add_rmsnorm's (bits)", n, D,
                   add ? " (add)" : "");
         /* one output, then two of the same N (grouped as the MLP's gate and up) */
-        hyla_linear_out oa = {wg, NULL, la + (size_t)off * N, N, N}, ob = {wg, NULL, lb + (size_t)off * N, N, N};
+        hyla_linear_out oa = {wg, NULL, la + (size_t)off * N, N, N, NULL}, ob = {wg, NULL, lb + (size_t)off * N, N, N, NULL};
         CHECK_OK(gpu->ops->linear_multi(gpu->ctx, ya + o, D, n, D, 1, &oa, 0, HYLA_LINEAR_PREFILL));
         CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)((uint16_t *)yb + o), D, n, D, 1, &ob, 0,
                                         HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
         CHECK_MSG(same_bits(gpu, la + (size_t)off * N, lb + (size_t)off * N, (size_t)n * N * 4),
                   "linear_multi from rmsnorm_bf16's rows n=%d D=%d off=%d == from the fp32 norm's (bits)", n, D, off);
-        hyla_linear_out o2[2] = {{wg, NULL, lc, N, N}, {wg, NULL, lc + (size_t)n * N, N, N}};
+        hyla_linear_out o2[2] = {{wg, NULL, lc, N, N, NULL}, {wg, NULL, lc + (size_t)n * N, N, N, NULL}};
         CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)((uint16_t *)yb + o), D, n, D, 2, o2, 0,
                                         HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
         CHECK_MSG(same_bits(gpu, la + (size_t)off * N, lc, (size_t)n * N * 4) &&
@@ -1004,7 +1082,7 @@ static void case_rmsnorm_bf16(const op_case *c) {
         free(hya);
         free(hyb);
     }
-    hyla_linear_out bad = {wg, NULL, la, N, N};
+    hyla_linear_out bad = {wg, NULL, la, N, N, NULL};
     hyla_status sb = gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, HYLA_LINEAR_X_BF16);
     if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx); /* a logged op reports at the sync */
     CHECK_MSG(sb == HYLA_ERR_INVALID_ARG, "HYLA_LINEAR_X_BF16 without prompt rows is refused");
@@ -1041,8 +1119,8 @@ static void case_linear_y_bf16(const op_case *c) {
     uint16_t *yb = dev(gpu, NULL, (size_t)M * N * 2), *yb2 = dev(gpu, NULL, (size_t)M * N * 2),
              *y37 = dev(gpu, NULL, (size_t)37 * N * 2), *y1 = dev(gpu, NULL, (size_t)N * 2);
     const int F = HYLA_LINEAR_PREFILL | HYLA_LINEAR_Y_BF16;
-    hyla_linear_out of = {wg, NULL, yf, N, N}, o2[2] = {{wg, NULL, (float *)yb, N, N}, {wg, NULL, (float *)yb2, N, N}};
-    hyla_linear_out o37 = {wg, NULL, (float *)y37, N, N}, o1 = {wg, NULL, (float *)y1, N, N};
+    hyla_linear_out of = {wg, NULL, yf, N, N, NULL}, o2[2] = {{wg, NULL, (float *)yb, N, N, NULL}, {wg, NULL, (float *)yb2, N, N, NULL}};
+    hyla_linear_out o37 = {wg, NULL, (float *)y37, N, N, NULL}, o1 = {wg, NULL, (float *)y1, N, N, NULL};
     CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &of, 0, HYLA_LINEAR_PREFILL));
     CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 2, o2, 0, F));
     const int r37 = R + 37 <= M ? R : 0, n37 = M < 37 ? M : 37;
@@ -1070,7 +1148,7 @@ static void case_linear_y_bf16(const op_case *c) {
               "swiglu_linear M=%d K=%d of bf16 gate and up == of their fp32 values (bits)", M, N);
     /* refusals: at the call, or at the sync where the op was logged */
     float *bias = dev(gpu, W, (size_t)N * 4);
-    hyla_linear_out ob = {wg, bias, (float *)yb, N, N};
+    hyla_linear_out ob = {wg, bias, (float *)yb, N, N, NULL};
     hyla_status s1 = gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &ob, 0, F);
     if (s1 == HYLA_OK) s1 = gpu->ops->sync(gpu->ctx);
     CHECK_MSG(s1 == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "bias"), "bf16 outputs with a bias are refused");

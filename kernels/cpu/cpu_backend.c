@@ -687,6 +687,8 @@ static hyla_status cpu_rmsnorm_bf16(void *ctx, float *residual, const float *x, 
 
 static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                     int accumulate, int flags) {
+    if (n >= 1 && n <= HYLA_LINEAR_MULTI_MAX && hyla_linear_multi_has_x(x, n, outs))
+        return hyla_linear_multi_by_x(cpu_linear_multi, ctx, x, ldx, M, K, n, outs, accumulate, flags);
     if (!(flags & (HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16)))
         return cpu_linear_multi_f32(ctx, x, ldx, M, K, n, outs, accumulate, flags);
     if (!((cpu_ctx *)ctx)->bf16_rows || !(flags & HYLA_LINEAR_PREFILL) || n < 1 || n > HYLA_LINEAR_MULTI_MAX ||

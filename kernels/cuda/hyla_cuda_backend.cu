@@ -628,6 +628,16 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
+    if (hyla_linear_multi_has_x(x, n, outs)) {
+        /* outputs of their own x: one grouped launch where the skinny kernel reads fp32 rows
+         * straight (cu_skinny_multi_own_x), else a call per x */
+        if (!(flags & HYLA_LINEAR_PREFILL) && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_own_x(c, M, K)) {
+            for (int j = 0; j < n; j++)
+                HYLA_TRY(cu_linear_check(outs[j].x && outs[j].x != x ? K : ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
+            return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
+        }
+        return hyla_linear_multi_by_x(cu_linear_multi, ctx, x, ldx, M, K, n, outs, accumulate, flags);
+    }
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
     HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate));
     if (flags & HYLA_LINEAR_PREFILL)

@@ -327,6 +327,10 @@ struct SkGroup {
     unsigned *cnt[HYLA_LINEAR_MULTI_MAX]; /* member i's tile counts (NULL: the reduction kernel sums) */
     int C, cl0[HYLA_LINEAR_MULTI_MAX + 1]; /* k_skinny2c: cluster size, first cluster of member i */
     int MB;                                /* k_skinny2c: blocks of MT*16 rows along M */
+    /* k_skinny2g with fp32 rows (XF): member i's own x [M][K] (hyla_linear_out.x; NULL: the
+     * launch's) and whether it takes 16-byte loads */
+    const float *xo[HYLA_LINEAR_MULTI_MAX];
+    int vecxo[HYLA_LINEAR_MULTI_MAX];
 };
 
 template <int MT, bool XF, int NS = 2>
@@ -336,6 +340,11 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
     while (i + 1 < G.n && (int)blockIdx.x >= G.blk0[i + 1]) i++;
     const int r = blockIdx.x - G.blk0[i], nt = r % G.ntiles[i], s = r / G.ntiles[i];
     __shared__ __align__(16) __nv_bfloat16 Ws[SkSmem<MT, 4, NS>::W_ELEMS], Xs[SkSmem<MT, 4, NS>::X_ELEMS];
+    if (XF && G.xo[i]) { /* the member's own rows (uniform over the block) */
+        xf = G.xo[i];
+        ldx = K;
+        vecx = G.vecxo[i];
+    }
     skinny2_body<MT, XF, false, 4, NS>(Ws, Xs, xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i],
                                    G.S[i], G.bias[i], G.y[i], G.ldy[i], accumulate, nt * SK_N, s,
                                    blockIdx.z * MT * 16, G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL, 0);
@@ -628,6 +637,13 @@ extern "C" int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K) {
     return M >= 1 && M <= 256 && K % 8 == 0;
 }
 
+/* Whether cu_skinny_linear_multi takes outputs with their own x (hyla_linear_out.x) in its one
+ * launch: rows the kernel reads as fp32 straight from x (one 16-row tile) and sums without the
+ * cluster form; elsewhere the caller splits the call by x. */
+extern "C" int cu_skinny_multi_own_x(const hyla_cuda_ctx *c, int M, int K) {
+    return cu_skinny_multi_ok(c, M, K) && M <= 16 && !sk_cluster_on(c, M);
+}
+
 /* n linears of the same x [M][K] in one launch (its last blocks per tile sum the slices; the
  * reduction kernel only where the counts are off or too few); the bits of n separate cu_skinny_linear calls. Requires cu_skinny_multi_ok. */
 extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
@@ -645,6 +661,10 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         G.W[i] = outs[i].W->d;
         G.bias[i] = outs[i].bias;
         G.y[i] = outs[i].y;
+        if (outs[i].x && outs[i].x != x) {
+            G.xo[i] = outs[i].x;
+            G.vecxo[i] = K % 4 == 0 && ((uintptr_t)outs[i].x & 15) == 0;
+        }
         G.ntiles[i] = (outs[i].N + SK_N - 1) / SK_N;
         sk_plan(c, outs[i].N, K, &G.S[i], &G.kchunk[i]);
         G.blk0[i + 1] = G.blk0[i] + G.ntiles[i] * G.S[i];
@@ -660,6 +680,9 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
     }
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : 4;
     const bool xf = MT == 1;
+    for (int i = 0; i < n; i++)
+        if (G.xo[i] && !(xf && !sk_cluster_on(c, M))) /* cu_skinny_multi_own_x */
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: output %d has its own x at %d rows", i, M);
     const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
     const __nv_bfloat16 *xbb = NULL;
     if (!xf) { /* one conversion of x for the whole group */

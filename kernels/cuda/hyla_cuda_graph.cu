@@ -803,6 +803,7 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
         a->out[j].y = outs[j].y;
         a->out[j].ldy = outs[j].ldy;
         a->out[j].N = outs[j].N;
+        a->out[j].x = outs[j].x;
         a->W_d[j] = outs[j].W->d;
     }
     return HYLA_OK;

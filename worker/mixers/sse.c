@@ -201,11 +201,11 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     /* every projection of xn whose input is ready: q, k, the LoRA inputs and the output gate's
      * low-rank input (one launch; each output the bits of its own linear) */
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, s.qa, H * dk, H * dk},
-        {w->k, NULL, s.ka, H * dk, H * dk},
-        {w->lora_q_a, NULL, s.lora_q, rank, rank},
-        {w->lora_k_a, NULL, s.lora_k, rank, rank},
-        {w->g_proj, NULL, s.gate_lr, dv, dv},
+        {w->q, NULL, s.qa, H * dk, H * dk, NULL},
+        {w->k, NULL, s.ka, H * dk, H * dk, NULL},
+        {w->lora_q_a, NULL, s.lora_q, rank, rank, NULL},
+        {w->lora_k_a, NULL, s.lora_k, rank, rank, NULL},
+        {w->g_proj, NULL, s.gate_lr, dv, dv, NULL},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, w->g_proj ? 5 : 4, lo));
     HYLA_MIXER_MARK(f, "sse: q/k proj");
@@ -216,30 +216,32 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->copy(ctx, s.ks, s.ka, qk * sizeof(float)));
     }
     float *lq = c->lora_on_sparse ? s.qs : s.qa, *lk = c->lora_on_sparse ? s.ks : s.ka;
-    HYLA_TRY(hyla_mixer_linear(f, s.lora_q, rank, w->lora_q_b, NULL, lq, H * dk, 1));
-    HYLA_TRY(hyla_mixer_linear(f, s.lora_k, rank, w->lora_k_b, NULL, lk, H * dk, 1));
+    const hyla_linear_out lora[2] = {{w->lora_q_b, NULL, lq, H * dk, H * dk, s.lora_q},
+                                     {w->lora_k_b, NULL, lk, H * dk, H * dk, s.lora_k}};
+    HYLA_TRY(hyla_mixer_linear_each(f, rank, 2, lora, 1));
     HYLA_MIXER_MARK(f, "sse: copies, lora");
     /* v = silu(x Wv); routing logits [R][N] (into lora_q, free again); the gates' inputs */
     float *elog = s.lora_q;
     int n = 0;
-    lo[n++] = (hyla_linear_out){w->v, NULL, s.v, H * dv, H * dv};
-    lo[n++] = (hyla_linear_out){w->e_proj, NULL, elog, N, N};
+    lo[n++] = (hyla_linear_out){w->v, NULL, s.v, H * dv, H * dv, NULL};
+    lo[n++] = (hyla_linear_out){w->e_proj, NULL, elog, N, N, NULL};
     if (!gdn) {
         int r = c->gate_low_rank_dim;
-        lo[n++] = (hyla_linear_out){w->gk_a[0], NULL, s.lora_k, r, r};
-        lo[n++] = (hyla_linear_out){w->gk_a[1], NULL, s.g2lr, r, r};
+        lo[n++] = (hyla_linear_out){w->gk_a[0], NULL, s.lora_k, r, r, NULL};
+        lo[n++] = (hyla_linear_out){w->gk_a[1], NULL, s.g2lr, r, r, NULL};
     } else {
-        lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.ga, 2 * H, 2 * H};
-        lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.gb, 2 * H, 2 * H};
+        lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.ga, 2 * H, 2 * H, NULL};
+        lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.gb, 2 * H, 2 * H, NULL};
     }
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "sse: v/e/gate proj");
     /* GLA's gate logits from their low-rank inputs */
     float *g[2] = {s.ga, s.gb};
-    if (!gdn)
-        for (int j = 0; j < 2; j++)
-            HYLA_TRY(hyla_mixer_linear(f, j ? s.g2lr : s.lora_k, c->gate_low_rank_dim, w->gk_b[j], w->gk_bias[j], g[j],
-                                       H * dk, 0));
+    if (!gdn) {
+        const hyla_linear_out gk[2] = {{w->gk_b[0], w->gk_bias[0], g[0], H * dk, H * dk, s.lora_k},
+                                       {w->gk_b[1], w->gk_bias[1], g[1], H * dk, H * dk, s.g2lr}};
+        HYLA_TRY(hyla_mixer_linear_each(f, c->gate_low_rank_dim, 2, gk, 0));
+    }
     /* silu(v), the feature maps of eq. 8 (GDN: choice (b), normalised before the gate weight) and
      * GLA's gates: one launch where the backend has it */
     if (o->sse_maps) {
