@@ -1900,7 +1900,7 @@ int hyla_bench_e2e(int argc, char **argv) {
                    "  backends; worker/hyla_tp.h); each line then carries \"tp\":N.\n"
                    "  First measures the device-to-device copy rate (1 GiB on a GPU, 64 MiB on the CPU; a\n"
                    "  copy_bandwidth line); each decode line's of_copy is its bytes a second (weights and\n"
-                   "  states) over that rate (times N with --tp N).\n"
+                   "  each session's whole state, counted once) over that rate (times N with --tp N).\n"
                    "  Make a model with hyla-mkmodel (random weights).\n");
             return help ? 0 : 2;
         }
