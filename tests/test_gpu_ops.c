@@ -621,6 +621,9 @@ static void linear_multi_own_x(void) {
                     for (int i = 0; i < 4; i++) same &= same_bits(be, one[i], grp[i], (size_t)M * Ns[i] * 4);
                     CHECK_MSG(same, "%s linear_multi K=%d M=%d%s, outputs of three x == their linear calls (bits)",
                               be->ops->name, K, M, acc ? " (accumulate)" : "");
+                    if (b && M == 1 && !acc) /* bf16 outputs are for prompt rows only, own x or not */
+                        CHECK(be->ops->linear_multi(be->ctx, px[0].g, K, M, K, 4, outs, 0, HYLA_LINEAR_Y_BF16) ==
+                              HYLA_ERR_INVALID_ARG);
                     for (int i = 0; i < 4; i++) {
                         dfree(be, one[i]);
                         dfree(be, grp[i]);

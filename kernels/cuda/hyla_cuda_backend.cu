@@ -634,6 +634,7 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
         if (!(flags & HYLA_LINEAR_PREFILL) && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_own_x(c, M, K)) {
             for (int j = 0; j < n; j++)
                 HYLA_TRY(cu_linear_check(outs[j].x && outs[j].x != x ? K : ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
+            HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate)); /* bf16 flags need prompt rows */
             return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
         }
         return hyla_linear_multi_by_x(cu_linear_multi, ctx, x, ldx, M, K, n, outs, accumulate, flags);

@@ -681,7 +681,7 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : 4;
     const bool xf = MT == 1;
     for (int i = 0; i < n; i++)
-        if (G.xo[i] && !(xf && !sk_cluster_on(c, M))) /* cu_skinny_multi_own_x */
+        if (G.xo[i] && !cu_skinny_multi_own_x(c, M, K))
             return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: output %d has its own x at %d rows", i, M);
     const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
     const __nv_bfloat16 *xbb = NULL;
