@@ -79,6 +79,9 @@ typedef struct {
     /* NULL: the call's x. Else this output's own rows x [M][K] (row stride K), without
      * HYLA_LINEAR_X_BF16: small linears of different inputs in one call (SSE's two LoRA terms) */
     const float *x;
+    /* 1: this output adds onto y whatever the call's accumulate (0: as the call says), without
+     * HYLA_LINEAR_PREFILL: linears that add and linears that write in one call */
+    int acc;
 } hyla_linear_out;
 
 /* One tensor of short_conv_multi: as short_conv's x [B][n][C], w [C][K], bias [C] or NULL and
@@ -211,9 +214,9 @@ typedef struct hyla_ops {
      * flags & HYLA_LINEAR_Y_BF16 (likewise; no bias, no accumulate, ldy == N): each y is bf16
      * [M][N], the fp32 result rounded to nearest-even (a row's result still depends only on the
      * row: the MLP's gate and up, read by swiglu_linear as bf16).
-     * An output with its own x (hyla_linear_out.x) is that linear of its rows: the call is the
-     * calls of each distinct x in turn, bit for bit (hyla_linear_multi_by_x), which a backend
-     * may again run as one launch. */
+     * An output with its own x (hyla_linear_out.x) is that linear of its rows, one with acc set
+     * adds onto its y: the call is the calls of each distinct (x, accumulate) in turn, bit for
+     * bit (hyla_linear_multi_by_x), which a backend may again run as one launch. */
     hyla_status (*linear_multi)(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                                 int accumulate, int flags);
     /* The MLP's down projection of its SwiGLU: y [M][N] = (silu(gate) * up) @ W^T, gate and up
@@ -516,9 +519,10 @@ void hyla_backend_destroy(hyla_backend *b); /* accepts NULL */
 /* Whether a CUDA device is usable (compiled in and a GPU present). */
 int hyla_cuda_available(void);
 
-/* linear_multi of outputs with their own x (hyla_linear_out.x) as the calls of each distinct x in
- * turn (in order of first appearance; the outputs of the call's own x first), each through fn
- * with those outputs' x cleared: what a backend does where it cannot run them as one launch. */
+/* linear_multi of outputs with their own x or accumulate (hyla_linear_out.x, .acc) as the calls of
+ * each distinct (x, accumulate) in turn (in order of first appearance), each through fn with
+ * those outputs' x and acc cleared: what a backend does where it cannot run them as one launch.
+ * hyla_linear_multi_has_x: whether any output has its own x or acc. */
 typedef hyla_status (*hyla_linear_multi_fn)(void *ctx, const float *x, int ldx, int M, int K, int n,
                                             const hyla_linear_out *outs, int accumulate, int flags);
 int hyla_linear_multi_has_x(const float *x, int n, const hyla_linear_out *outs);

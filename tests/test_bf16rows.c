@@ -113,7 +113,7 @@ int main(void) {
     CHECK_MSG(b32 && b32->ops->rmsnorm_bf16 == NULL, "the CPU backend offers bf16 rows unasked");
     if (b32) { /* bf16 rows refused where not offered */
         float x[8] = {0}, y[8];
-        hyla_linear_out o = {NULL, NULL, y, 1, 1, NULL};
+        hyla_linear_out o = {NULL, NULL, y, 1, 1, NULL, 0};
         CHECK(b32->ops->linear_multi(b32->ctx, x, 8, 1, 8, 1, &o, 0, HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16) ==
               HYLA_ERR_INVALID_ARG);
         CHECK(strstr(hyla_last_error(), "HYLA_CPU_BF16_ROWS") != NULL);

@@ -151,7 +151,8 @@ static void test_linear_batch_invariance(void) {
 }
 
 /* linear_multi with outputs of their own x (hyla_linear_out.x) == the linear of each output's
- * rows, bit for bit, decode and prompt rows, with and without accumulate; own x with bf16 rows
+ * rows, bit for bit, decode and prompt rows, with and without accumulate (the call's and the
+ * outputs' own, hyla_linear_out.acc); own x with bf16 rows
  * is refused by name. */
 static void test_linear_multi_own_x(void) {
     const int M = 5, K = 24, Ns[3] = {7, 16, 9};
@@ -165,23 +166,25 @@ static void test_linear_multi_own_x(void) {
         one[i] = malloc((size_t)M * Ns[i] * sizeof(float));
         grp[i] = malloc((size_t)M * Ns[i] * sizeof(float));
     }
-    const int xi[3] = {0, 1, 1};
+    const int xi[3] = {0, 1, 1}, oacc[3] = {1, 0, 1}; /* oacc: with pa, the outputs' own accumulate */
     for (int fl = 0; fl < 2; fl++)
-        for (int acc = 0; acc < 2; acc++) {
+        for (int acc = 0; acc < 2; acc++)
+        for (int pa = 0; pa < 2; pa++) {
             hyla_linear_out outs[3];
             for (int i = 0; i < 3; i++) {
+                const int oa = pa && oacc[i];
                 memcpy(one[i], y0[i], (size_t)M * Ns[i] * sizeof(float));
                 memcpy(grp[i], y0[i], (size_t)M * Ns[i] * sizeof(float));
-                hyla_linear_out lo = {w[i], NULL, one[i], Ns[i], Ns[i], NULL};
-                CHECK_OK(ops->linear_multi(ctx, xs[xi[i]], K, M, K, 1, &lo, acc, fl ? HYLA_LINEAR_PREFILL : 0));
-                outs[i] = (hyla_linear_out){w[i], NULL, grp[i], Ns[i], Ns[i], xi[i] ? xs[1] : NULL};
+                hyla_linear_out lo = {w[i], NULL, one[i], Ns[i], Ns[i], NULL, 0};
+                CHECK_OK(ops->linear_multi(ctx, xs[xi[i]], K, M, K, 1, &lo, acc || oa, fl ? HYLA_LINEAR_PREFILL : 0));
+                outs[i] = (hyla_linear_out){w[i], NULL, grp[i], Ns[i], Ns[i], xi[i] ? xs[1] : NULL, oa};
             }
             CHECK_OK(ops->linear_multi(ctx, xs[0], K, M, K, 3, outs, acc, fl ? HYLA_LINEAR_PREFILL : 0));
             for (int i = 0; i < 3; i++)
                 CHECK_MSG(!memcmp(one[i], grp[i], (size_t)M * Ns[i] * sizeof(float)),
-                          "linear_multi with own x, output %d%s%s: differs from its own call", i, fl ? " (prompt rows)" : "",
-                          acc ? " (accumulate)" : "");
-            if (fl && !acc) {
+                          "linear_multi with own x, output %d%s%s%s: differs from its own call", i,
+                          fl ? " (prompt rows)" : "", acc ? " (accumulate)" : "", pa && oacc[i] ? " (its own accumulate)" : "");
+            if (fl && !acc && !pa) {
                 hyla_status st = ops->linear_multi(ctx, xs[0], K, M, K, 3, outs, 0, HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16);
                 CHECK(st == HYLA_ERR_INVALID_ARG);
                 CHECK_MSG(strstr(hyla_last_error(), "own x") != NULL, "own x with bf16 rows: %s", hyla_last_error());

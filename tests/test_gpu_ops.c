@@ -570,7 +570,8 @@ static void case_switches(const op_case *c) {
 
 /* linear_multi with outputs of their own x (hyla_linear_out.x: SSE's two LoRA terms and GLA
  * gates' low-rank halves in decode) == separate linear calls of each output's rows, bit for bit,
- * on both backends, with and without accumulate: the CUDA one runs rows up to its one-tile
+ * on both backends, with and without accumulate (the call's, or some outputs' own: SSE's LoRA
+ * terms add, the output gate's second half writes): the CUDA one runs rows up to its one-tile
  * skinny path as one grouped launch, others a call per x; prompt rows go a call per x too. */
 static void linear_multi_own_x(void) {
     const int Ks[2] = {2304, 64}, Ns[4] = {2304, 256, 2304, 16};
@@ -586,8 +587,8 @@ static void linear_multi_own_x(void) {
         }
         float *bias = randn(2304, 1.0f);
         for (int mi = 0; mi < 5; mi++)
-            for (int acc = 0; acc < 2; acc++) {
-                const int M = Ms[mi];
+            for (int mode = 0; mode < 3; mode++) { /* accumulate: none, the call's, outputs 0 and 2 their own */
+                const int M = Ms[mi], acc = mode == 1, oacc[4] = {mode == 2, 0, mode == 2, 0};
                 float *xs[3], *y0[4];
                 pair px[3], py0[4], pb = pair_new(bias, 2304);
                 for (int j = 0; j < 3; j++) {
@@ -613,15 +614,16 @@ static void linear_multi_own_x(void) {
                         CHECK_OK(be->ops->copy(be->ctx, grp[i], y0d, by));
                         const float *xd = b ? px[xi[i]].g : px[xi[i]].c;
                         const float *bi = i == 2 ? (const float *)(b ? pb.g : pb.c) : NULL;
-                        CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i], acc));
-                        outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i], i ? xd : NULL};
+                        CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i],
+                                                 acc || oacc[i]));
+                        outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i], i ? xd : NULL, oacc[i]};
                     }
                     CHECK_OK(be->ops->linear_multi(be->ctx, b ? px[0].g : px[0].c, K, M, K, 4, outs, acc, 0));
                     int same = 1;
                     for (int i = 0; i < 4; i++) same &= same_bits(be, one[i], grp[i], (size_t)M * Ns[i] * 4);
                     CHECK_MSG(same, "%s linear_multi K=%d M=%d%s, outputs of three x == their linear calls (bits)",
-                              be->ops->name, K, M, acc ? " (accumulate)" : "");
-                    if (b && M == 1 && !acc) /* bf16 outputs are for prompt rows only, own x or not */
+                              be->ops->name, K, M, mode == 1 ? " (accumulate)" : mode == 2 ? " (outputs 0, 2 accumulate)" : "");
+                    if (b && M == 1 && mode == 0) /* bf16 outputs are for prompt rows only, own x or not */
                         CHECK(be->ops->linear_multi(be->ctx, px[0].g, K, M, K, 4, outs, 0, HYLA_LINEAR_Y_BF16) ==
                               HYLA_ERR_INVALID_ARG);
                     for (int i = 0; i < 4; i++) {
@@ -676,7 +678,7 @@ static void case_linear_multi(const op_case *c) {
                 grp[i] = dev(be, NULL, (size_t)M * Ns[i] * 4);
                 const float *bi = i == 1 ? (const float *)(b ? pbias.g : pbias.c) : NULL;
                 CHECK_OK(be->ops->linear(be->ctx, xd, K, M, K, b ? wg[i] : wc[i], bi, one[i], Ns[i], Ns[i], 0));
-                outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i], NULL};
+                outs[i] = (hyla_linear_out){b ? wg[i] : wc[i], bi, grp[i], Ns[i], Ns[i], NULL, 0};
             }
             CHECK_OK(be->ops->linear_multi(be->ctx, xd, K, M, K, 4, outs, 0, 0));
             int same = 1;
@@ -714,7 +716,7 @@ static void case_linear_multi(const op_case *c) {
                 grp[i] = dev(gpu, NULL, (size_t)M * N2[i] * 4);
                 const float *bi = i & 1 ? (const float *)bd : NULL;
                 CHECK_OK(gpu->ops->linear(gpu->ctx, xd, K, M, K, wp[i], bi, one[i], N2[i], N2[i], 0));
-                outs[i] = (hyla_linear_out){wp[i], bi, grp[i], N2[i], N2[i], NULL};
+                outs[i] = (hyla_linear_out){wp[i], bi, grp[i], N2[i], N2[i], NULL, 0};
             }
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xd, K, M, K, 4, outs, 0, 0));
             int same = 1;
@@ -748,8 +750,8 @@ static void case_linear_multi(const op_case *c) {
                  *b1 = dev(gpu, y0 + (size_t)(R + 36) * Ns[i], (size_t)Ns[i] * 4);
             void *bo = dev(gpu, y0, ny * 4);
             int acc = i == 2;
-            hyla_linear_out o1 = {wg[i], bi, pa.g, Ns[i], Ns[i], NULL}, o37 = {wg[i], bi, b37, Ns[i], Ns[i], NULL},
-                            oo = {wg[i], bi, bo, Ns[i], Ns[i], NULL}, o1r = {wg[i], bi, b1, Ns[i], Ns[i], NULL};
+            hyla_linear_out o1 = {wg[i], bi, pa.g, Ns[i], Ns[i], NULL, 0}, o37 = {wg[i], bi, b37, Ns[i], Ns[i], NULL, 0},
+                            oo = {wg[i], bi, bo, Ns[i], Ns[i], NULL, 0}, o1r = {wg[i], bi, b1, Ns[i], Ns[i], NULL, 0};
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &o1, acc, HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, 1, &o37, acc,
                                             HYLA_LINEAR_PREFILL));
@@ -764,7 +766,7 @@ static void case_linear_multi(const op_case *c) {
                       "37-row call, alone, and among other rows (bits)", Ns[i], bi ? " bias" : "", acc ? " acc" : "", R,
                       R + 36, MB);
             if (R == 500) { /* against the CPU, once */
-                hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i], NULL};
+                hyla_linear_out oc = {wc[i], i == 1 ? (const float *)pbias.c : NULL, pa.c, Ns[i], Ns[i], NULL, 0};
                 CHECK_OK(cpu->ops->linear_multi(cpu->ctx, px.c, K, MB, K, 1, &oc, acc, HYLA_LINEAR_PREFILL));
                 char name[96];
                 snprintf(name, sizeof name, "linear prompt rows M=%d N=%d%s", MB, Ns[i], acc ? " acc" : "");
@@ -798,7 +800,7 @@ static void case_linear_multi(const op_case *c) {
             const int acc = v == 2;
             void *yp = dev(gpu, y0, (size_t)MB * N * 4), *y37 = dev(gpu, y0 + (size_t)R * N, (size_t)37 * N * 4),
                  *y1 = dev(gpu, y0 + (size_t)R * N, (size_t)N * 4);
-            hyla_linear_out op = {wn, bi, yp, N, N, NULL};
+            hyla_linear_out op = {wn, bi, yp, N, N, NULL, 0};
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 1, &op, acc, HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, wn, bi, y37, N, N, acc));
             CHECK_OK(gpu->ops->linear(gpu->ctx, (float *)px.g + (size_t)R * K, K, 1, K, wn, bi, y1, N, N, acc));
@@ -841,10 +843,10 @@ static void case_linear_multi(const op_case *c) {
             for (int i = 0; i < 4; i++) {
                 py[i] = pair_new(y0, (size_t)MB * NG[i]);
                 y37[i] = dev(gpu, y0 + (size_t)R * NG[i], (size_t)37 * NG[i] * 4);
-                og[i] = (hyla_linear_out){wgg[i], i == 1 ? (const float *)pbias.g : NULL, py[i].g, NG[i], NG[i], NULL};
+                og[i] = (hyla_linear_out){wgg[i], i == 1 ? (const float *)pbias.g : NULL, py[i].g, NG[i], NG[i], NULL, 0};
                 o37[i] = og[i];
                 o37[i].y = y37[i];
-                oc[i] = (hyla_linear_out){wgc[i], i == 1 ? (const float *)pbias.c : NULL, py[i].c, NG[i], NG[i], NULL};
+                oc[i] = (hyla_linear_out){wgc[i], i == 1 ? (const float *)pbias.c : NULL, py[i].c, NG[i], NG[i], NULL, 0};
             }
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, px.g, K, MB, K, 4, og, acc, HYLA_LINEAR_PREFILL));
             CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (float *)px.g + (size_t)R * K, K, 37, K, 4, o37, acc,
@@ -907,7 +909,7 @@ static void case_swiglu_linear(const op_case *oc) {
             CHECK_OK(gpu->ops->swiglu_linear(gpu->ctx, pg.g, pu.g, M, K, wg, py.g, N, flags));
             CHECK_OK(gpu->ops->swiglu(gpu->ctx, g2, pu.g, g2, (size_t)M * K));
             if (fl) {
-                hyla_linear_out lo = {wg, NULL, y2, N, N, NULL};
+                hyla_linear_out lo = {wg, NULL, y2, N, N, NULL, 0};
                 CHECK_OK(gpu->ops->linear_multi(gpu->ctx, g2, K, M, K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
             } else {
                 CHECK_OK(gpu->ops->linear(gpu->ctx, g2, K, M, K, wg, NULL, y2, N, N, 0));
@@ -987,7 +989,7 @@ static void case_gated_rmsnorm_linear(const op_case *oc) {
                 CHECK_OK(gpu->ops->gated_rmsnorm_linear(gpu->ctx, po.g, gg, pn.g, H, D, 1e-6f, M, wg, py.g, N, flags));
                 CHECK_OK(gpu->ops->gated_rmsnorm(gpu->ctx, o2, gg, pn.g, o2, M * H, D, 1e-6f));
                 if (fl) {
-                    hyla_linear_out lo = {wg, NULL, y2, N, N, NULL};
+                    hyla_linear_out lo = {wg, NULL, y2, N, N, NULL, 0};
                     CHECK_OK(gpu->ops->linear_multi(gpu->ctx, o2, K, M, K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
                 } else {
                     CHECK_OK(gpu->ops->linear(gpu->ctx, o2, K, M, K, wg, NULL, y2, N, N, 0));
@@ -1070,13 +1072,13 @@ static void case_rmsnorm_bf16(const op_case *c) {
         CHECK_MSG(same_bits(gpu, ra, rb, nd * 4), "rmsnorm_bf16 n=%d D=%d%s: the residual == add_rmsnorm's (bits)", n, D,
                   add ? " (add)" : "");
         /* one output, then two of the same N (grouped as the MLP's gate and up) */
-        hyla_linear_out oa = {wg, NULL, la + (size_t)off * N, N, N, NULL}, ob = {wg, NULL, lb + (size_t)off * N, N, N, NULL};
+        hyla_linear_out oa = {wg, NULL, la + (size_t)off * N, N, N, NULL, 0}, ob = {wg, NULL, lb + (size_t)off * N, N, N, NULL, 0};
         CHECK_OK(gpu->ops->linear_multi(gpu->ctx, ya + o, D, n, D, 1, &oa, 0, HYLA_LINEAR_PREFILL));
         CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)((uint16_t *)yb + o), D, n, D, 1, &ob, 0,
                                         HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
         CHECK_MSG(same_bits(gpu, la + (size_t)off * N, lb + (size_t)off * N, (size_t)n * N * 4),
                   "linear_multi from rmsnorm_bf16's rows n=%d D=%d off=%d == from the fp32 norm's (bits)", n, D, off);
-        hyla_linear_out o2[2] = {{wg, NULL, lc, N, N, NULL}, {wg, NULL, lc + (size_t)n * N, N, N, NULL}};
+        hyla_linear_out o2[2] = {{wg, NULL, lc, N, N, NULL, 0}, {wg, NULL, lc + (size_t)n * N, N, N, NULL, 0}};
         CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)((uint16_t *)yb + o), D, n, D, 2, o2, 0,
                                         HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16));
         CHECK_MSG(same_bits(gpu, la + (size_t)off * N, lc, (size_t)n * N * 4) &&
@@ -1085,7 +1087,7 @@ static void case_rmsnorm_bf16(const op_case *c) {
         free(hya);
         free(hyb);
     }
-    hyla_linear_out bad = {wg, NULL, la, N, N, NULL};
+    hyla_linear_out bad = {wg, NULL, la, N, N, NULL, 0};
     hyla_status sb = gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, HYLA_LINEAR_X_BF16);
     if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx); /* a logged op reports at the sync */
     CHECK_MSG(sb == HYLA_ERR_INVALID_ARG, "HYLA_LINEAR_X_BF16 without prompt rows is refused");
@@ -1122,8 +1124,8 @@ static void case_linear_y_bf16(const op_case *c) {
     uint16_t *yb = dev(gpu, NULL, (size_t)M * N * 2), *yb2 = dev(gpu, NULL, (size_t)M * N * 2),
              *y37 = dev(gpu, NULL, (size_t)37 * N * 2), *y1 = dev(gpu, NULL, (size_t)N * 2);
     const int F = HYLA_LINEAR_PREFILL | HYLA_LINEAR_Y_BF16;
-    hyla_linear_out of = {wg, NULL, yf, N, N, NULL}, o2[2] = {{wg, NULL, (float *)yb, N, N, NULL}, {wg, NULL, (float *)yb2, N, N, NULL}};
-    hyla_linear_out o37 = {wg, NULL, (float *)y37, N, N, NULL}, o1 = {wg, NULL, (float *)y1, N, N, NULL};
+    hyla_linear_out of = {wg, NULL, yf, N, N, NULL, 0}, o2[2] = {{wg, NULL, (float *)yb, N, N, NULL, 0}, {wg, NULL, (float *)yb2, N, N, NULL, 0}};
+    hyla_linear_out o37 = {wg, NULL, (float *)y37, N, N, NULL, 0}, o1 = {wg, NULL, (float *)y1, N, N, NULL, 0};
     CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &of, 0, HYLA_LINEAR_PREFILL));
     CHECK_OK(gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 2, o2, 0, F));
     const int r37 = R + 37 <= M ? R : 0, n37 = M < 37 ? M : 37;
@@ -1151,7 +1153,7 @@ static void case_linear_y_bf16(const op_case *c) {
               "swiglu_linear M=%d K=%d of bf16 gate and up == of their fp32 values (bits)", M, N);
     /* refusals: at the call, or at the sync where the op was logged */
     float *bias = dev(gpu, W, (size_t)N * 4);
-    hyla_linear_out ob = {wg, bias, (float *)yb, N, N, NULL};
+    hyla_linear_out ob = {wg, bias, (float *)yb, N, N, NULL, 0};
     hyla_status s1 = gpu->ops->linear_multi(gpu->ctx, dx, K, M, K, 1, &ob, 0, F);
     if (s1 == HYLA_OK) s1 = gpu->ops->sync(gpu->ctx);
     CHECK_MSG(s1 == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "bias"), "bf16 outputs with a bias are refused");

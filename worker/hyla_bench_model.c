@@ -147,7 +147,7 @@ static void lin_run(void *u) {
 /* the same product as prompt rows (the path of prefill pieces) */
 static void lin_prompt_run(void *u) {
     lin_ud *a = u;
-    hyla_linear_out lo = {a->w, NULL, a->y, a->N, a->N, NULL};
+    hyla_linear_out lo = {a->w, NULL, a->y, a->N, a->N, NULL, 0};
     TRY(O->linear_multi(CX, a->x, a->K, a->M, a->K, 1, &lo, 0, HYLA_LINEAR_PREFILL));
 }
 
@@ -185,7 +185,7 @@ static void bench_layer_projections(int M, int D, int F, double ref_tflops) {
         multi_ud a = {drand((size_t)M * calls[i].K, 1.0f, 0, 0), M, calls[i].K, calls[i].n, {{0}}};
         for (int j = 0; j < a.n; j++)
             a.lo[j] = (hyla_linear_out){rand_weight(calls[i].N, a.K), NULL, dalloc((size_t)M * calls[i].N * 4),
-                                        calls[i].N, calls[i].N, NULL};
+                                        calls[i].N, calls[i].N, NULL, 0};
         double ms = timeit(multi_run, &a), fl = 2.0 * M * (double)calls[i].N * a.K * a.n;
         sum_ms += ms;
         sum_fl += fl;

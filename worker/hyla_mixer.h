@@ -283,9 +283,10 @@ const hyla_mixer *hyla_mixer_find(const char *name);
  * only on the row; the CUDA backend then runs cuBLAS at a fixed row count). */
 hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, const hyla_weight *W, const float *bias,
                               float *y, int N, int acc);
-/* Linears of different inputs (each outs[j].x, [R][K]) and the same K: in decode one
- * ops->linear_multi (the bits of separate linears, one launch where the backend can); prompt rows
- * as separate hyla_mixer_linear calls, whose bits they keep. */
+/* Linears of different inputs (each outs[j].x, [R][K]) and the same K, each adding onto its y
+ * where acc or outs[j].acc says: in decode one ops->linear_multi (the bits of separate linears,
+ * one launch where the backend can); prompt rows as separate hyla_mixer_linear calls, whose bits
+ * they keep. */
 hyla_status hyla_mixer_linear_each(const hyla_mixer_fwd *f, int K, int n, const hyla_linear_out *outs, int acc);
 /* Projections of the same x [R][K] as one ops->linear_multi (the bits of separate calls, fewer
  * launches on the GPU). */

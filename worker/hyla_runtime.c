@@ -235,7 +235,7 @@ void hyla_runtime_free(hyla_runtime *rt) {
 static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const float *x, int K, const hyla_weight *W,
                        float *y, int N) {
     if (decode) return o->linear(ctx, x, K, R, K, W, NULL, y, N, N, 0);
-    hyla_linear_out lo = {W, NULL, y, N, N, NULL};
+    hyla_linear_out lo = {W, NULL, y, N, N, NULL, 0};
     return o->linear_multi(ctx, x, K, R, K, 1, &lo, 0, HYLA_LINEAR_PREFILL);
 }
 
@@ -311,7 +311,7 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
             s = nb ? o->rmsnorm_bf16(ctx, xh[h], NULL, ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps)
                    : o->rmsnorm(ctx, xh[h], ly->mlp_norm, xn[h], n[h], (int)D, c->norm_eps);
             if (s != HYLA_OK) goto wave_out;
-            hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g[h], (int)F, (int)F, NULL}, {ly->mlp_up, NULL, u[h], (int)F, (int)F, NULL}};
+            hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, g[h], (int)F, (int)F, NULL, 0}, {ly->mlp_up, NULL, u[h], (int)F, (int)F, NULL, 0}};
             if ((s = o->linear_multi(ctx, xn[h], (int)D, n[h], (int)D, 2, lo, 0, xf | gf)) != HYLA_OK) goto wave_out;
             s = o->swiglu_linear(ctx, g[h], u[h], n[h], (int)F, ly->mlp_down, mo[h], (int)D, HYLA_LINEAR_PREFILL | hf);
             if (s != HYLA_OK) goto wave_out;
@@ -406,7 +406,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         else s = o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
         if (s != HYLA_OK) break;
         PM("norm");
-        hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F, NULL}, {ly->mlp_up, NULL, rt->mlp_u, F, F, NULL}};
+        hyla_linear_out lo[2] = {{ly->mlp_gate, NULL, rt->mlp_g, F, F, NULL, 0}, {ly->mlp_up, NULL, rt->mlp_u, F, F, NULL, 0}};
         if ((s = o->linear_multi(ctx, rt->xn, D, R, D, 2, lo, 0, xf | gf)) != HYLA_OK) break;
         PM("mlp: gate/up proj");
         /* the SwiGLU and the down projection in one op: prompt rows skip the fp32 pass between */

@@ -331,6 +331,7 @@ struct SkGroup {
      * launch's) and whether it takes 16-byte loads */
     const float *xo[HYLA_LINEAR_MULTI_MAX];
     int vecxo[HYLA_LINEAR_MULTI_MAX];
+    int acc[HYLA_LINEAR_MULTI_MAX]; /* k_skinny2g: member i adds onto its y (hyla_linear_out.acc) */
 };
 
 template <int MT, bool XF, int NS = 2>
@@ -346,7 +347,7 @@ __global__ void __launch_bounds__(128) k_skinny2g(const __nv_bfloat16 *__restric
         vecx = G.vecxo[i];
     }
     skinny2_body<MT, XF, false, 4, NS>(Ws, Xs, xb, xf, NULL, ldx, vecx, M, K, G.W[i], G.N[i], G.kchunk[i], G.part[i],
-                                   G.S[i], G.bias[i], G.y[i], G.ldy[i], accumulate, nt * SK_N, s,
+                                   G.S[i], G.bias[i], G.y[i], G.ldy[i], accumulate || G.acc[i], nt * SK_N, s,
                                    blockIdx.z * MT * 16, G.cnt[i] ? G.cnt[i] + nt * gridDim.z + blockIdx.z : NULL, 0);
 }
 
@@ -399,7 +400,8 @@ __global__ void k_skinny_reduce(const float *__restrict__ part, int S, int M, in
 __global__ void k_skinny_reduce_g(SkGroup G, int M, int accumulate) {
     pdl_trigger();
     for (int i = 0; i < G.n; i++)
-        if (G.S[i] > 1) skinny_reduce(G.part[i], G.S[i], M, G.N[i], G.bias[i], G.y[i], G.ldy[i], accumulate);
+        if (G.S[i] > 1)
+            skinny_reduce(G.part[i], G.S[i], M, G.N[i], G.bias[i], G.y[i], G.ldy[i], accumulate || G.acc[i]);
 }
 
 /* The tile counts for a launch of `tiles` output tiles of M rows, any split into slices (NULL:
@@ -665,6 +667,7 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
             G.xo[i] = outs[i].x;
             G.vecxo[i] = K % 4 == 0 && ((uintptr_t)outs[i].x & 15) == 0;
         }
+        G.acc[i] = outs[i].acc != 0;
         G.ntiles[i] = (outs[i].N + SK_N - 1) / SK_N;
         sk_plan(c, outs[i].N, K, &G.S[i], &G.kchunk[i]);
         G.blk0[i + 1] = G.blk0[i] + G.ntiles[i] * G.S[i];
@@ -681,8 +684,9 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : 4;
     const bool xf = MT == 1;
     for (int i = 0; i < n; i++)
-        if (G.xo[i] && !cu_skinny_multi_own_x(c, M, K))
-            return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: output %d has its own x at %d rows", i, M);
+        if ((G.xo[i] || G.acc[i]) && !cu_skinny_multi_own_x(c, M, K))
+            return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: output %d has its own x or accumulate at %d rows", i,
+                             M);
     const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
     const __nv_bfloat16 *xbb = NULL;
     if (!xf) { /* one conversion of x for the whole group */

@@ -804,6 +804,7 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
         a->out[j].ldy = outs[j].ldy;
         a->out[j].N = outs[j].N;
         a->out[j].x = outs[j].x;
+        a->out[j].acc = outs[j].acc;
         a->W_d[j] = outs[j].W->d;
     }
     return HYLA_OK;

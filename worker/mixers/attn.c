@@ -104,9 +104,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     hyla_gqa_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     hyla_linear_out lo[3] = {
-        {w->q, w->q_bias, s.q, Hq * hd, Hq * hd, NULL},
-        {w->k, w->k_bias, s.k, Hk * hd, Hk * hd, NULL},
-        {w->v, w->v_bias, s.v, Hk * hd, Hk * hd, NULL},
+        {w->q, w->q_bias, s.q, Hq * hd, Hq * hd, NULL, 0},
+        {w->k, w->k_bias, s.k, Hk * hd, Hk * hd, NULL, 0},
+        {w->v, w->v_bias, s.v, Hk * hd, Hk * hd, NULL, 0},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
     HYLA_MIXER_MARK(f, "attn: q/k/v proj");

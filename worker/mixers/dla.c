@@ -111,15 +111,15 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
     void *ctx = f->ctx;
     int D = f->mc->hidden_size, H = c->H, dk = c->dk, dv = c->dv, R = f->R;
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, s->q, H * dk, H * dk, NULL},
-        {w->k, NULL, s->k, H * dk, H * dk, NULL},
-        {w->v, NULL, s->v, H * dv, H * dv, NULL},
+        {w->q, NULL, s->q, H * dk, H * dk, NULL, 0},
+        {w->k, NULL, s->k, H * dk, H * dk, NULL, 0},
+        {w->v, NULL, s->v, H * dv, H * dv, NULL, 0},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
     int n = 0;
-    lo[n++] = (hyla_linear_out){w->a_proj, NULL, s->g, H, H, NULL};
-    lo[n++] = (hyla_linear_out){w->b_proj, NULL, s->write, H, H, NULL};
-    if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s->gate, H * dv, H * dv, NULL};
+    lo[n++] = (hyla_linear_out){w->a_proj, NULL, s->g, H, H, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->b_proj, NULL, s->write, H, H, NULL, 0};
+    if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s->gate, H * dv, H * dv, NULL, 0};
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "lin: q/k/v, gate proj");
     if (c->b.gdn.use_short_conv) { /* with q's and k's L2 norms (the same bits as l2norm_rows after it) */

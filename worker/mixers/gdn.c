@@ -128,12 +128,12 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     int nb = 0, nf = 0;
     hyla_linear_out *const lq = qkv16 ? lb : lf;
     int *const nq = qkv16 ? &nb : &nf;
-    lq[(*nq)++] = (hyla_linear_out){w->q, NULL, qkv16 ? (float *)qb : s.q, H * dk, H * dk, NULL};
-    lq[(*nq)++] = (hyla_linear_out){w->k, NULL, qkv16 ? (float *)kb : s.k, H * dk, H * dk, NULL};
-    lq[(*nq)++] = (hyla_linear_out){w->v, NULL, qkv16 ? (float *)vb : s.v, H * dv, H * dv, NULL};
-    lf[nf++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H, NULL};
-    lf[nf++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H, NULL};
-    if (w->g_proj) *(g16 ? &lb[nb++] : &lf[nf++]) = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv, NULL};
+    lq[(*nq)++] = (hyla_linear_out){w->q, NULL, qkv16 ? (float *)qb : s.q, H * dk, H * dk, NULL, 0};
+    lq[(*nq)++] = (hyla_linear_out){w->k, NULL, qkv16 ? (float *)kb : s.k, H * dk, H * dk, NULL, 0};
+    lq[(*nq)++] = (hyla_linear_out){w->v, NULL, qkv16 ? (float *)vb : s.v, H * dv, H * dv, NULL, 0};
+    lf[nf++] = (hyla_linear_out){w->a_proj, NULL, s.g, H, H, NULL, 0};
+    lf[nf++] = (hyla_linear_out){w->b_proj, NULL, s.beta, H, H, NULL, 0};
+    if (w->g_proj) *(g16 ? &lb[nb++] : &lf[nf++]) = (hyla_linear_out){w->g_proj, NULL, s.gate, H * dv, H * dv, NULL, 0};
     if (nb) HYLA_TRY(hyla_mixer_linear_multi_bf16(f, f->xn, D, nb, lb));
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, nf, lf));
     HYLA_MIXER_MARK(f, "lin: q/k/v, gates proj");

@@ -127,16 +127,16 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     gla_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, s.q, H * dk, H * dk, NULL},
-        {w->k, NULL, s.k, H * dk, H * dk, NULL},
-        {w->v, NULL, s.v, H * dv, H * dv, NULL},
-        {w->gk_a, NULL, s.gk_lr, r, r, NULL},
+        {w->q, NULL, s.q, H * dk, H * dk, NULL, 0},
+        {w->k, NULL, s.k, H * dk, H * dk, NULL, 0},
+        {w->v, NULL, s.v, H * dv, H * dv, NULL, 0},
+        {w->gk_a, NULL, s.gk_lr, r, r, NULL, 0},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
     HYLA_MIXER_MARK(f, "lin: q/k/v proj");
     const int g16 = hyla_lin_gate_bf16(f, dv); /* the gate as bf16 rows for the out norm */
     if (w->g_proj) {
-        hyla_linear_out g = {w->g_proj, NULL, s.gate, H * dv, H * dv, NULL};
+        hyla_linear_out g = {w->g_proj, NULL, s.gate, H * dv, H * dv, NULL, 0};
         HYLA_TRY(g16 ? hyla_mixer_linear_multi_bf16(f, f->xn, D, 1, &g) : hyla_mixer_linear_multi(f, f->xn, D, 1, &g));
     }
     HYLA_MIXER_MARK(f, "lin: gate proj");

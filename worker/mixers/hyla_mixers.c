@@ -58,14 +58,14 @@ static int prompt_flags(const hyla_mixer_fwd *f, const float *x) {
 hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, const hyla_weight *W, const float *bias,
                               float *y, int N, int acc) {
     if (f->decode) return f->o->linear(f->ctx, x, K, f->R, K, W, bias, y, N, N, acc);
-    hyla_linear_out lo = {W, bias, y, N, N, NULL};
+    hyla_linear_out lo = {W, bias, y, N, N, NULL, 0};
     return f->o->linear_multi(f->ctx, x, K, f->R, K, 1, &lo, acc, prompt_flags(f, x));
 }
 
 hyla_status hyla_mixer_linear_each(const hyla_mixer_fwd *f, int K, int n, const hyla_linear_out *outs, int acc) {
     if (f->decode) return f->o->linear_multi(f->ctx, outs[0].x, K, f->R, K, n, outs, acc, 0);
     for (int j = 0; j < n; j++)
-        HYLA_TRY(hyla_mixer_linear(f, outs[j].x, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].N, acc));
+        HYLA_TRY(hyla_mixer_linear(f, outs[j].x, K, outs[j].W, outs[j].bias, outs[j].y, outs[j].N, acc || outs[j].acc));
     return HYLA_OK;
 }
 

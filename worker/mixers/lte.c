@@ -170,9 +170,9 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     hyla_gqa_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     hyla_linear_out lo[3] = {
-        {w->q, NULL, s.q, Hq * hd, Hq * hd, NULL},
-        {w->k, NULL, s.k, Hk * hd, Hk * hd, NULL},
-        {w->v, NULL, s.v, Hk * hd, Hk * hd, NULL},
+        {w->q, NULL, s.q, Hq * hd, Hq * hd, NULL, 0},
+        {w->k, NULL, s.k, Hk * hd, Hk * hd, NULL, 0},
+        {w->v, NULL, s.v, Hk * hd, Hk * hd, NULL, 0},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
     HYLA_MIXER_MARK(f, "lte: q/k/v proj");

@@ -119,10 +119,10 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     nsa_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     hyla_linear_out lo[4] = {
-        {w->q, w->q_bias, s.q, Hq * hd, Hq * hd, NULL},
-        {w->k, w->k_bias, s.k, Hk * hd, Hk * hd, NULL},
-        {w->v, w->v_bias, s.v, Hk * hd, Hk * hd, NULL},
-        {w->g, NULL, s.g, Hq * 3, Hq * 3, NULL},
+        {w->q, w->q_bias, s.q, Hq * hd, Hq * hd, NULL, 0},
+        {w->k, w->k_bias, s.k, Hk * hd, Hk * hd, NULL, 0},
+        {w->v, w->v_bias, s.v, Hk * hd, Hk * hd, NULL, 0},
+        {w->g, NULL, s.g, Hq * 3, Hq * 3, NULL, 0},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
     HYLA_MIXER_MARK(f, "nsa: q/k/v/g proj");

@@ -201,11 +201,11 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     /* every projection of xn whose input is ready: q, k, the LoRA inputs and the output gate's
      * low-rank input (one launch; each output the bits of its own linear) */
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, s.qa, H * dk, H * dk, NULL},
-        {w->k, NULL, s.ka, H * dk, H * dk, NULL},
-        {w->lora_q_a, NULL, s.lora_q, rank, rank, NULL},
-        {w->lora_k_a, NULL, s.lora_k, rank, rank, NULL},
-        {w->g_proj, NULL, s.gate_lr, dv, dv, NULL},
+        {w->q, NULL, s.qa, H * dk, H * dk, NULL, 0},
+        {w->k, NULL, s.ka, H * dk, H * dk, NULL, 0},
+        {w->lora_q_a, NULL, s.lora_q, rank, rank, NULL, 0},
+        {w->lora_k_a, NULL, s.lora_k, rank, rank, NULL, 0},
+        {w->g_proj, NULL, s.gate_lr, dv, dv, NULL, 0},
     };
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, w->g_proj ? 5 : 4, lo));
     HYLA_MIXER_MARK(f, "sse: q/k proj");
@@ -216,30 +216,34 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_TRY(o->copy(ctx, s.ks, s.ka, qk * sizeof(float)));
     }
     float *lq = c->lora_on_sparse ? s.qs : s.qa, *lk = c->lora_on_sparse ? s.ks : s.ka;
-    const hyla_linear_out lora[2] = {{w->lora_q_b, NULL, lq, H * dk, H * dk, s.lora_q},
-                                     {w->lora_k_b, NULL, lk, H * dk, H * dk, s.lora_k}};
-    HYLA_TRY(hyla_mixer_linear_each(f, rank, 2, lora, 1));
-    HYLA_MIXER_MARK(f, "sse: copies, lora");
+    /* the LoRA terms add onto q and k; the output gate's second half (its input is ready, and
+     * of the same width as theirs by default: rank = dv) writes the gate in the same launch */
+    const int gate2 = w->g_proj && rank == dv;
+    const hyla_linear_out lora[3] = {{w->lora_q_b, NULL, lq, H * dk, H * dk, s.lora_q, 1},
+                                     {w->lora_k_b, NULL, lk, H * dk, H * dk, s.lora_k, 1},
+                                     {w->g_proj2, NULL, s.gate, H * dv, H * dv, s.gate_lr, 0}};
+    HYLA_TRY(hyla_mixer_linear_each(f, rank, gate2 ? 3 : 2, lora, 0));
+    HYLA_MIXER_MARK(f, gate2 ? "sse: copies, lora, out gate" : "sse: copies, lora");
     /* v = silu(x Wv); routing logits [R][N] (into lora_q, free again); the gates' inputs */
     float *elog = s.lora_q;
     int n = 0;
-    lo[n++] = (hyla_linear_out){w->v, NULL, s.v, H * dv, H * dv, NULL};
-    lo[n++] = (hyla_linear_out){w->e_proj, NULL, elog, N, N, NULL};
+    lo[n++] = (hyla_linear_out){w->v, NULL, s.v, H * dv, H * dv, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->e_proj, NULL, elog, N, N, NULL, 0};
     if (!gdn) {
         int r = c->gate_low_rank_dim;
-        lo[n++] = (hyla_linear_out){w->gk_a[0], NULL, s.lora_k, r, r, NULL};
-        lo[n++] = (hyla_linear_out){w->gk_a[1], NULL, s.g2lr, r, r, NULL};
+        lo[n++] = (hyla_linear_out){w->gk_a[0], NULL, s.lora_k, r, r, NULL, 0};
+        lo[n++] = (hyla_linear_out){w->gk_a[1], NULL, s.g2lr, r, r, NULL, 0};
     } else {
-        lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.ga, 2 * H, 2 * H, NULL};
-        lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.gb, 2 * H, 2 * H, NULL};
+        lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.ga, 2 * H, 2 * H, NULL, 0};
+        lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.gb, 2 * H, 2 * H, NULL, 0};
     }
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "sse: v/e/gate proj");
     /* GLA's gate logits from their low-rank inputs */
     float *g[2] = {s.ga, s.gb};
     if (!gdn) {
-        const hyla_linear_out gk[2] = {{w->gk_b[0], w->gk_bias[0], g[0], H * dk, H * dk, s.lora_k},
-                                       {w->gk_b[1], w->gk_bias[1], g[1], H * dk, H * dk, s.g2lr}};
+        const hyla_linear_out gk[2] = {{w->gk_b[0], w->gk_bias[0], g[0], H * dk, H * dk, s.lora_k, 0},
+                                       {w->gk_b[1], w->gk_bias[1], g[1], H * dk, H * dk, s.g2lr, 0}};
         HYLA_TRY(hyla_mixer_linear_each(f, c->gate_low_rank_dim, 2, gk, 0));
     }
     /* silu(v), the feature maps of eq. 8 (GDN: choice (b), normalised before the gate weight) and
@@ -290,9 +294,11 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
                                 scale, f->st[0]->part[PART_S0].dev, f->st[0]->part[PART_SP].dev, s.o));
     }
     HYLA_MIXER_MARK(f, "sse: core");
-    /* output gate g_proj.1(g_proj.0(x)) */
-    if (w->g_proj) HYLA_TRY(hyla_mixer_linear(f, s.gate_lr, dv, w->g_proj2, NULL, s.gate, H * dv, 0));
-    HYLA_MIXER_MARK(f, "sse: out gate");
+    /* output gate g_proj.1(g_proj.0(x)), unless it went with the LoRA terms */
+    if (w->g_proj && !gate2) {
+        HYLA_TRY(hyla_mixer_linear(f, s.gate_lr, dv, w->g_proj2, NULL, s.gate, H * dv, 0));
+        HYLA_MIXER_MARK(f, "sse: out gate");
+    }
     /* the norm and o_proj in one op (prompt rows: the norm writes the projection's bf16 operand) */
     HYLA_TRY(o->gated_rmsnorm_linear(ctx, s.o, w->g_proj ? s.gate : NULL, w->o_norm, H, dv, f->mc->norm_eps, R, w->o,
                                      f->out, D, (f->decode ? 0 : HYLA_LINEAR_PREFILL) | (f->out_acc ? HYLA_LINEAR_ACC : 0)));
