@@ -516,10 +516,11 @@ static void case_switches(const op_case *c) {
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 columns: 64 x 2304 -> 2304, 48 x 3072 -> 2304; 128 columns, a
      * deep K: 64 x 6144 -> 2304), one warpgroup and a producer warp over the whole K (256 x 2304 ->
-     * 2304 and -> 1152, 100 x 2304 -> 6144, 160 x 4608 -> 2304; at 64 rows and fewer, 64 columns:
-     * 64 x 2304 -> 6144, 40 x 2304 -> 4608), two warpgroups and a producer warp (256 x 2304 ->
+     * 2304, 100 x 2304 -> 6144; at 64 rows and fewer, 64 columns: 64 x 2304 -> 6144, 40 x 2304 ->
+     * 4608; from 65 rows where the blocks fill under half the SMs, 64 columns: 256 x 2304 -> 1152,
+     * 160 x 4608 -> 2304, 96 x 6144 -> 2304), two warpgroups and a producer warp (256 x 2304 ->
      * 6144, a part row block: 200 x 2304 -> 4608), two warpgroups with the cluster's slice sum (128
-     * x 2304 -> 1152; 96 x 6144 -> 2304, one warpgroup whole K). The first seven draw their inputs
+     * x 2304 -> 1152). The first seven draw their inputs
      * from the shared stream, the rest from one of their own:
      * the cases after this one keep the inputs they have had (the LTE case's CPU-against-GPU
      * scores are not bit-identical on every input: kernels/cuda/dev/NOTES.md "LTE scores"). */

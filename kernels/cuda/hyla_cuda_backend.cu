@@ -941,9 +941,9 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
     if (buf && len)
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
-                 "gemm_wgp=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d gla_tiles=%d",
+                 "gemm_wgp=%d gemm_wg_n64=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d gla_tiles=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
-                 c->gemm_wgp, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2, c->gla_tiles);
+                 c->gemm_wgp, c->gemm_wg_n64, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2, c->gla_tiles);
     return HYLA_OK;
 }
 

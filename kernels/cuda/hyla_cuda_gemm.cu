@@ -912,6 +912,10 @@ static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
     }
     if (t1 > c->sm_count) return launch_wg2<2, 128, 6, false, false, true>(WG_ARGS);
     if (S > 1 && 6 * t1 < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
+    /* outputs whose blocks fill less than half the SMs take twice the blocks of 64 columns (the
+     * step's narrow outputs at 128 rows); at 256 rows the 144 blocks of 2304 outputs overrun one
+     * wave and are slower (kernels/cuda/dev/NOTES.md "64-column blocks from 65 rows") */
+    if (c->gemm_wg_n64 && 2 * t1 <= c->sm_count) return launch_wg2<1, 64, 6, false, false, true>(WG_ARGS);
     return launch_wg2<1, 128, 6, false, false, true>(WG_ARGS);
 #undef WG_ARGS
 }
@@ -945,6 +949,8 @@ extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     c->gemm_wg_min_env = em && atoi(em) >= 1 && atoi(em) <= 256;
     c->gemm_wg_min = c->gemm_wg_min_env ? atoi(em) : GEMM_WG_MIN_DEFAULT;
     c->gemm_wgp = !(ep && !strcmp(ep, "0"));
+    const char *en = getenv("HYLA_CUDA_GEMM_WG_N64");
+    c->gemm_wg_n64 = !(en && !strcmp(en, "0"));
 }
 
 

@@ -135,6 +135,7 @@ typedef struct hyla_cuda_ctx {
     int gemm_wg_min;        /* HYLA_CUDA_GEMM_WG_MIN (1-256, default 33; hyla_cuda_set_gemm_wg_min) */
     int gemm_wg_min_env;    /* gemm_wg_min came from the environment (the setter leaves it) */
     int gemm_wgp;           /* k_gemm_wgp (producer warp) from 65 rows (HYLA_CUDA_GEMM_WGP=0: k_gemm_wg only) */
+    int gemm_wg_n64;        /* from 65 rows, outputs of blocks under half the SMs in 64 columns (HYLA_CUDA_GEMM_WG_N64=0: 128) */
     int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (Hopper; HYLA_CUDA_CHUNK_B_WG=0: off) */
     int gla_tiles;          /* GLA's split form: k_gla_chunk_f for dk <= 128 (HYLA_CUDA_GLA_TILES=0: k_gla_chunk_a) */
 } hyla_cuda_ctx;
