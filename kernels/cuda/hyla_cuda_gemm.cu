@@ -873,12 +873,13 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
  * the blocks: the lab at 64 rows, us, 64 against 128 columns: 2304 -> 6144 whole K 18.0 / 19.9,
  * 2304 -> 4608 16.1 / 19.0, the LM head 64.4 / 66.2, 2304 -> 2304 slices 13.8 / 16.1, 3072 -> 2304
  * 15.2 / 17.2), except slices over K > 3072 (o, down: level, 21.7 / 22.1 at 6144 -> 2304, and
- * slower at 32 rows), which keep 128. (The same 64-column blocks from 65 to 128 rows, faster in
- * the lab on single outputs — 128 x 6144 -> 2304 28.7 against 34.2 us — made the 1.68B GDN
- * model's B = 96 / 128 steps 1-4 % slower and SSE-H's 2-6 % faster: not taken.) From 65 rows: two warpgroups whole K where t1 exceeds the SMs; slices (two
- * warpgroups) under a sixth of them; else one warpgroup whole K. The kernel lab's times on H100,
- * weights streamed from memory (kernels/cuda/dev/NOTES.md "Producer warps"), us, this choice
- * against k_gemm_wg's forms: 256 x 2304 -> 2304 20.1 / 36.8, 256 x 4608 -> 2304 29.9 / 50.2,
+ * slower at 32 rows), which keep 128. From 65 rows: two warpgroups whole K where t1 exceeds the
+ * SMs; slices (two warpgroups) under a sixth of them; one warpgroup whole K in 64 columns where
+ * 2 t1 fits the SMs (96-192-row steps 2-4 % shorter on an H200; taken for every output from 65
+ * to 128 rows, paired and wide ones too, it made an H100's GDN steps 1-4 % slower, and at 256
+ * rows the 144 blocks of a 2304-wide output overrun one wave); else in 128 columns. The kernel
+ * lab's times on H100, weights streamed from memory (kernels/cuda/dev/NOTES.md "Producer warps"),
+ * us, this choice against k_gemm_wg's forms: 256 x 2304 -> 2304 20.1 / 36.8, 256 x 4608 -> 2304 29.9 / 50.2,
  * 256 x 2304 -> 6144 30.8 / 40.0, 128 x 6144 -> 2304 33.7 / 36.3, 64 x 2304 -> 6144 20.2 / 22.6,
  * the LM head at 64 rows 67.1 / 80.4; slices stay best at 64 x 2304 -> 2304 (15.7 against 19.1)
  * and 128 x 2304 -> 1152. Every form gives the same bits.
@@ -912,9 +913,7 @@ static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
     }
     if (t1 > c->sm_count) return launch_wg2<2, 128, 6, false, false, true>(WG_ARGS);
     if (S > 1 && 6 * t1 < c->sm_count) return launch_wg2<2, 128, 3, true, true>(WG_ARGS);
-    /* outputs whose blocks fill less than half the SMs take twice the blocks of 64 columns (the
-     * step's narrow outputs at 128 rows); at 256 rows the 144 blocks of 2304 outputs overrun one
-     * wave and are slower (kernels/cuda/dev/NOTES.md "64-column blocks from 65 rows") */
+    /* kernels/cuda/dev/NOTES.md "64-column blocks from 65 rows" */
     if (c->gemm_wg_n64 && 2 * t1 <= c->sm_count) return launch_wg2<1, 64, 6, false, false, true>(WG_ARGS);
     return launch_wg2<1, 128, 6, false, false, true>(WG_ARGS);
 #undef WG_ARGS
