@@ -402,7 +402,10 @@ static void case_embed_linear(const op_case *c) {
                   * 14 and 12 slices), part of a row block, bias and accumulate */
                  {256, 6144, 2304, 6144, 2304, 1, 1}, {192, 2304, 2304, 2304, 2304, 0, 0},
                  /* 17-32 rows: the cluster sum's 8-warp blocks */
-                 {20, 2304, 2304, 2304, 2304, 1, 0}, {32, 512, 200, 520, 210, 1, 1}};
+                 {20, 2304, 2304, 2304, 2304, 1, 0}, {32, 512, 200, 520, 210, 1, 1},
+                 /* a few k steps onto y, or with a bias (SSE's LoRA terms, GLA's gate logits):
+                  * the ends that load y and the bias before they store */
+                 {256, 128, 2304, 128, 2304, 0, 1}, {256, 16, 2304, 16, 2304, 1, 0}, {4, 128, 2304, 128, 2304, 1, 1}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int M = cases[ci].M, K = cases[ci].K, N = cases[ci].N, ldx = cases[ci].ldx, ldy = cases[ci].ldy;
         float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K));
