@@ -576,10 +576,12 @@ static void case_switches(const op_case *c) {
  * gates' low-rank halves in decode) == separate linear calls of each output's rows, bit for bit,
  * on both backends, with and without accumulate (the call's, or some outputs' own: SSE's LoRA
  * terms add, the output gate's second half writes): the CUDA one runs rows up to its one-tile
- * skinny path as one grouped launch, others a call per x; prompt rows go a call per x too. */
+ * skinny path, and up to 64 rows of a small K (K = 64 here: 24 and 64 rows), as one grouped
+ * launch, others a call per x (100 and 256 rows on the warpgroup linear); prompt rows go a call
+ * per x too. */
 static void linear_multi_own_x(void) {
     const int Ks[2] = {2304, 64}, Ns[4] = {2304, 256, 2304, 16};
-    const int Ms[5] = {1, 4, 7, 24, 64};
+    const int Ms[7] = {1, 4, 7, 24, 64, 100, 256};
     for (int ki = 0; ki < 2; ki++) {
         const int K = Ks[ki];
         hyla_weight *wc[4], *wg[4];
@@ -590,7 +592,7 @@ static void linear_multi_own_x(void) {
             CHECK_OK(gpu->ops->weight_create(gpu->ctx, W[i], HYLA_DT_F32, Ns[i], K, &wg[i]));
         }
         float *bias = randn(2304, 1.0f);
-        for (int mi = 0; mi < 5; mi++)
+        for (int mi = 0; mi < 7; mi++)
             for (int mode = 0; mode < 3; mode++) { /* accumulate: none, the call's, outputs 0 and 2 their own */
                 const int M = Ms[mi], acc = mode == 1, oacc[4] = {mode == 2, 0, mode == 2, 0};
                 float *xs[3], *y0[4];

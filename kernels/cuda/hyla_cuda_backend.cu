@@ -630,8 +630,10 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
     if (M <= 0) return HYLA_OK;
     if (hyla_linear_multi_has_x(x, n, outs)) {
         /* outputs of their own x: one grouped launch where the skinny kernel reads fp32 rows
-         * straight (cu_skinny_multi_own_x), else a call per x */
-        if (!(flags & HYLA_LINEAR_PREFILL) && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_own_x(c, M, K)) {
+         * straight (cu_skinny_multi_own_x: a few decode rows, or a small K ahead of the large-M
+         * path), else a call per x */
+        if (!(flags & HYLA_LINEAR_PREFILL) && (!cu_gemm_big_ok(c, M, K) || K <= HYLA_CU_SK_OWN_K) &&
+            cu_skinny_multi_own_x(c, M, K)) {
             for (int j = 0; j < n; j++)
                 HYLA_TRY(cu_linear_check(outs[j].x && outs[j].x != x ? K : ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
             HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate)); /* bf16 flags need prompt rows */

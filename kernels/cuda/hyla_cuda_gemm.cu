@@ -651,11 +651,17 @@ extern "C" int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K) {
     return M >= 1 && M <= 256 && K % 8 == 0;
 }
 
-/* Whether cu_skinny_linear_multi takes outputs with their own x (hyla_linear_out.x) in its one
- * launch: rows the kernel reads as fp32 straight from x (one 16-row tile) and sums without the
- * cluster form; elsewhere the caller splits the call by x. */
+/* Whether cu_skinny_linear_multi takes outputs with their own x (hyla_linear_out.x) or their own
+ * accumulate in its one launch: rows the kernel reads as fp32 straight from x and sums without
+ * the cluster form — one 16-row tile, or up to HYLA_CU_SK_OWN_ROWS rows where K is at most
+ * HYLA_CU_SK_OWN_K (SSE's LoRA terms and output gate, K = the LoRA rank; GLA's gate logits,
+ * K = 16: a few k steps, where a launch a linear and a conversion of its x a launch cost more
+ * than the products: SSE-H B = 64 7-10 % shorter on an H200, B = 256 0.5-2 % longer, so 64 rows;
+ * BENCHMARKS.md "Small-K linears of their own input grouped"); elsewhere the caller splits the
+ * call by x. */
 extern "C" int cu_skinny_multi_own_x(const hyla_cuda_ctx *c, int M, int K) {
-    return cu_skinny_multi_ok(c, M, K) && M <= 16 && !sk_cluster_on(c, M);
+    return cu_skinny_multi_ok(c, M, K) &&
+           ((M <= 16 && !sk_cluster_on(c, M)) || (M <= HYLA_CU_SK_OWN_ROWS && K <= HYLA_CU_SK_OWN_K));
 }
 
 /* n linears of the same x [M][K] in one launch (its last blocks per tile sum the slices; the
@@ -694,11 +700,14 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         off += (size_t)G.S[i] * M * outs[i].N;
     }
     int MT = M <= 16 ? 1 : M <= 32 ? 2 : 4;
-    const bool xf = MT == 1;
-    for (int i = 0; i < n; i++)
+    int own = 0; /* outputs of their own x or accumulate: fp32 rows read by the kernel, no cluster */
+    for (int i = 0; i < n; i++) {
         if ((G.xo[i] || G.acc[i]) && !cu_skinny_multi_own_x(c, M, K))
             return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: output %d has its own x or accumulate at %d rows", i,
                              M);
+        own |= G.xo[i] || G.acc[i];
+    }
+    const bool xf = MT == 1 || own;
     const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
     const __nv_bfloat16 *xbb = NULL;
     if (!xf) { /* one conversion of x for the whole group */
@@ -707,7 +716,7 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
         xbb = (const __nv_bfloat16 *)xb;
     }
-    if (any_split && sk_cluster_on(c, M))
+    if (any_split && sk_cluster_on(c, M) && !own)
         return sk_cluster_run(c, G, xbb, x, NULL, ldx, vecx, M, K, accumulate, xf);
     dim3 grid(G.blk0[n], 1, (M + MT * 16 - 1) / (MT * 16));
     size_t tiles = 0;
@@ -722,9 +731,11 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         else SKG1(false);
 #undef SKG1
     } else if (MT == 2) {
-        HYLA_TRY(cu_launch_pdl(c, k_skinny2g<2, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
+        if (xf) HYLA_TRY(cu_launch_pdl(c, k_skinny2g<2, true>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
+        else HYLA_TRY(cu_launch_pdl(c, k_skinny2g<2, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
     } else {
-        HYLA_TRY(cu_launch_pdl(c, k_skinny2g<4, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
+        if (xf) HYLA_TRY(cu_launch_pdl(c, k_skinny2g<4, true>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
+        else HYLA_TRY(cu_launch_pdl(c, k_skinny2g<4, false>, grid, 128, 0, xbb, x, ldx, vecx, M, K, G, accumulate));
     }
     CU_LAUNCH_CHECK("skinny linear (multi)");
     if (!any_split || cnt) return HYLA_OK;

@@ -292,6 +292,10 @@ hyla_status cu_skinny_linear(hyla_cuda_ctx *c, const float *x, int ldx, int M, i
 void cu_skinny_cluster_init(hyla_cuda_ctx *c);
 /* several skinny linears of one x in one launch, the bits of separate calls (M <= 256) */
 int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K);
+/* decode linears of at most this K take outputs of their own x or accumulate in one grouped
+ * skinny launch up to HYLA_CU_SK_OWN_ROWS rows (cu_skinny_multi_own_x) */
+#define HYLA_CU_SK_OWN_K 256
+#define HYLA_CU_SK_OWN_ROWS 64
 int cu_skinny_multi_own_x(const hyla_cuda_ctx *c, int M, int K);
 hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                    const hyla_linear_out *outs, int accumulate);
