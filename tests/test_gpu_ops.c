@@ -700,14 +700,22 @@ static void case_linear_multi(const op_case *c) {
         pair_free(pbias);
         free(x);
     }
-    /* outputs of equal width run in pairs, one launch each pair, on the warpgroup path (from 33
-     * rows on Hopper): the second of a pair with a bias, as the bits of separate calls */
-    {
-        const int N2[4] = {2304, 2304, 6144, 6144};
-        hyla_weight *wp[4];
-        float *Wp[4];
-        for (int i = 0; i < 4; i++) {
-            Wp[i] = i == 0 ? W[0] : i == 2 ? W[3] : randn((size_t)N2[i] * K, 1.0f / sqrtf((float)K));
+    /* outputs of equal width run in pairs on the warpgroup path (from 33 rows on Hopper), narrow
+     * ones up to three a launch: 2304 x 3 (a pair and a single), 6144 x 2, 128 x 3 (one launch),
+     * some with a bias, as the bits of separate calls. The first round draws from the shared
+     * stream what it always has (the cases after this one keep their inputs); its fifth weight
+     * and the narrow round draw from streams of their own. */
+    for (int wide = 1; wide >= 0; wide--) {
+        const int N2[5] = {wide ? 2304 : 128, wide ? 2304 : 128, 6144, 6144, wide ? 2304 : 128};
+        hyla_weight *wp[5];
+        float *Wp[5];
+        const hyla_rng shared = rng;
+        if (!wide) hyla_rng_seed(&rng, 20261128);
+        for (int i = 0; i < 5; i++) {
+            hyla_rng keep = rng;
+            if (i == 4 && wide) hyla_rng_seed(&rng, 20261129);
+            Wp[i] = (i == 0 && wide) ? W[0] : i == 2 ? W[3] : randn((size_t)N2[i] * K, 1.0f / sqrtf((float)K));
+            if (i == 4 && wide) rng = keep;
             CHECK_OK(gpu->ops->weight_create(gpu->ctx, Wp[i], HYLA_DT_F32, N2[i], K, &wp[i]));
         }
         const int Mp[4] = {33, 64, 100, 200};
@@ -715,28 +723,29 @@ static void case_linear_multi(const op_case *c) {
             const int M = Mp[mi];
             float *x = randn((size_t)M * K, 1.0f);
             void *xd = dev(gpu, x, (size_t)M * K * 4), *bd = dev(gpu, bias, 6144 * 4);
-            float *one[4], *grp[4];
-            hyla_linear_out outs[4];
-            for (int i = 0; i < 4; i++) {
+            float *one[5], *grp[5];
+            hyla_linear_out outs[5];
+            for (int i = 0; i < 5; i++) {
                 one[i] = dev(gpu, NULL, (size_t)M * N2[i] * 4);
                 grp[i] = dev(gpu, NULL, (size_t)M * N2[i] * 4);
-                const float *bi = i & 1 ? (const float *)bd : NULL;
+                const float *bi = i & 1 || i == 4 ? (const float *)bd : NULL;
                 CHECK_OK(gpu->ops->linear(gpu->ctx, xd, K, M, K, wp[i], bi, one[i], N2[i], N2[i], 0));
                 outs[i] = (hyla_linear_out){wp[i], bi, grp[i], N2[i], N2[i], NULL, 0};
             }
-            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xd, K, M, K, 4, outs, 0, 0));
+            CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xd, K, M, K, 5, outs, 0, 0));
             int same = 1;
-            for (int i = 0; i < 4; i++) same &= same_bits(gpu, one[i], grp[i], (size_t)M * N2[i] * 4);
-            CHECK_MSG(same, "linear_multi M=%d, outputs 2304, 2304 (bias), 6144, 6144 (bias) == 4 linear calls (bits)",
-                      M);
-            for (int i = 0; i < 4; i++) dfree(gpu, one[i]), dfree(gpu, grp[i]);
+            for (int i = 0; i < 5; i++) same &= same_bits(gpu, one[i], grp[i], (size_t)M * N2[i] * 4);
+            CHECK_MSG(same, "linear_multi M=%d, outputs %d, %d (bias), 6144, 6144 (bias), %d (bias) == 5 linear calls (bits)",
+                      M, N2[0], N2[1], N2[4]);
+            for (int i = 0; i < 5; i++) dfree(gpu, one[i]), dfree(gpu, grp[i]);
             dfree(gpu, xd), dfree(gpu, bd);
             free(x);
         }
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
             gpu->ops->weight_destroy(gpu->ctx, wp[i]);
-            if (i & 1) free(Wp[i]);
+            if (i & 1 || i == 4 || (i == 0 && !wide)) free(Wp[i]);
         }
+        if (!wide) rng = shared;
     }
     /* prompt rows (HYLA_LINEAR_PREFILL: cuBLAS at a fixed row count on the GPU): a row's result
      * depends only on the row — the same bits whatever the call's size, the row's place in it and

@@ -906,17 +906,14 @@ static hyla_status launch_big(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
  * 256 x 2304 -> 6144 30.8 / 40.0, 128 x 6144 -> 2304 33.7 / 36.3, 64 x 2304 -> 6144 20.2 / 22.6,
  * the LM head at 64 rows 67.1 / 80.4; slices stay best at 64 x 2304 -> 2304 (15.7 against 19.1)
  * and 128 x 2304 -> 1152. Every form gives the same bits.
- * o2 (or NULL): a second output of the same N and K, in the same launch; its tiles count in the
- * choice of form. */
+ * more (or NULL): a second and third output (more[1].W NULL: none) of the same N and K, in the
+ * same launch; their tiles count in the choice of form. */
 static hyla_status gemm_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_linear_out *o,
-                           const hyla_linear_out *o2, int S, int kchunk, int accumulate, int *done) {
+                           const hyla_linear_out *more, int S, int kchunk, int accumulate, int *done) {
     /* the weights' tensor maps are made once and kept with them */
-    hyla_weight *W = (hyla_weight *)o->W, *W2 = o2 ? (hyla_weight *)o2->W : NULL;
-    const int N = o->N, nout = o2 ? 2 : 1;
-    const float *b2 = o2 ? o2->bias : NULL;
-    float *y2 = o2 ? o2->y : NULL;
-    const int ldy2 = o2 ? o2->ldy : 0;
-#define WG_ARGS c, xb, M, K, W, N, kchunk, S, o->bias, o->y, o->ldy, W2, b2, y2, ldy2, accumulate, done
+    hyla_weight *W = (hyla_weight *)o->W;
+    const int N = o->N, nout = more ? (more[1].W ? 3 : 2) : 1;
+#define WG_ARGS c, xb, M, K, W, N, kchunk, S, o->bias, o->y, o->ldy, more, accumulate, done
     const long t1 = (long)nout * ((M + 63) / 64) * ((N + 127) / 128); /* one-warpgroup blocks */
     if (!c->gemm_wgp) { /* k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0) */
         if (M <= 64) { /* one warpgroup a block: no rows of padding past 64 */
@@ -1003,20 +1000,26 @@ static hyla_status gemm_big_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xbb, int
 static hyla_status gemm_big_multi_bf16(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
                                        const hyla_linear_out *outs, int accumulate) {
     /* on the warpgroup path, two outputs of the same width in one launch (a layer's q and k, v
-     * and gate, MLP gate and up: the same bits, one launch's ramp and tail instead of two) */
+     * and gate, MLP gate and up: the same bits, one launch's ramp and tail instead of two), three
+     * where they are narrow (SSE's LoRA inputs and output gate input, 128 wide: their launches
+     * are mostly ramp and tail; SSE-H B = 64 / 128 0.6-2 % shorter on an H200, where three wide
+     * outputs of GLA's in one launch took a slower form and made 128-256 rows 1-2 % longer) */
     int paired[HYLA_LINEAR_MULTI_MAX] = {0};
     for (int j = 0; j < n; j++) {
         if (paired[j]) continue;
-        int mate = -1;
+        int mate[2] = {-1, -1}, nm = 0;
         if (c->gemm_wg && M >= c->gemm_wg_min)
-            for (int k = j + 1; k < n && mate < 0; k++)
-                if (!paired[k] && outs[k].N == outs[j].N) mate = k;
-        if (mate >= 0) {
+            for (int k = j + 1; k < n && nm < (outs[j].N <= 512 ? 2 : 1); k++)
+                if (!paired[k] && outs[k].N == outs[j].N) mate[nm++] = k;
+        if (nm) {
             int S, kchunk, done = 0;
+            hyla_linear_out more[2];
+            memset(more, 0, sizeof more);
+            for (int i = 0; i < nm; i++) more[i] = outs[mate[i]];
             sk_plan(c, outs[j].N, K, &S, &kchunk);
-            HYLA_TRY(gemm_wg(c, (const __nv_bfloat16 *)xb, M, K, &outs[j], &outs[mate], S, kchunk, accumulate, &done));
+            HYLA_TRY(gemm_wg(c, (const __nv_bfloat16 *)xb, M, K, &outs[j], more, S, kchunk, accumulate, &done));
             if (done) {
-                paired[mate] = 1;
+                for (int i = 0; i < nm; i++) paired[mate[i]] = 1;
                 continue;
             }
         }

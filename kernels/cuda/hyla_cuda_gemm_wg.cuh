@@ -147,19 +147,34 @@ __device__ __forceinline__ void wg_prof_report(int form, int M, int K, int N, in
 #endif
 
 /* What a block of k_gemm_wg or k_gemm_wgp computes: its slice s (CL: blockIdx.x), its output
- * tile (n0, m0) and whether that is the second output's (the column tiles of a second output
- * of the same x, N and K follow the first's: one launch for both, a layer's q and k, v and
- * gate, the MLP's gate and up), and its K range [kbeg, kend) of nkt tiles of 64. */
+ * tile (n0, m0) and which output it is of (the column tiles of a second and third output of the
+ * same x, N and K follow the first's: one launch for them all, a layer's q and k, v and gate,
+ * the MLP's gate and up, SSE's LoRA inputs with its output gate's), and its K range
+ * [kbeg, kend) of nkt tiles of 64. */
 struct WgBlock {
-    int s, second, n0, m0, kbeg, kend, nkt;
+    int s, out, n0, m0, kbeg, kend, nkt;
 };
+/* the second and third outputs of a launch (WgBlock.out 1 and 2) */
+struct WgMore {
+    const float *bias2, *bias3;
+    float *y2, *y3;
+    int ldy2, ldy3;
+};
+/* the block's output: its weight map, bias, y and ldy */
+__device__ __forceinline__ const CUtensorMap *wg_pick(int out, const CUtensorMap *w1, const CUtensorMap *w2,
+                                                      const CUtensorMap *w3, const WgMore &mo, const float **bias,
+                                                      float **y, int *ldy) {
+    if (out == 1) *bias = mo.bias2, *y = mo.y2, *ldy = mo.ldy2;
+    if (out == 2) *bias = mo.bias3, *y = mo.y3, *ldy = mo.ldy3;
+    return out == 0 ? w1 : out == 1 ? w2 : w3;
+}
 template <int BN, int BM, bool CL>
 __device__ __forceinline__ WgBlock wg_block(int N, int K, int kchunk) {
     WgBlock b;
     b.s = CL ? (int)blockIdx.x : 0;
     const int ntl = (N + BN - 1) / BN, jt = CL ? (int)blockIdx.y : (int)blockIdx.x;
-    b.second = jt >= ntl;
-    b.n0 = (jt - (b.second ? ntl : 0)) * BN;
+    b.out = jt / ntl;
+    b.n0 = (jt - b.out * ntl) * BN;
     b.m0 = (CL ? blockIdx.z : blockIdx.y) * BM;
     b.kbeg = CL ? b.s * kchunk : 0;
     b.kend = CL ? (b.kbeg + kchunk < K ? b.kbeg + kchunk : K) : K;
@@ -218,8 +233,8 @@ __device__ __forceinline__ void wg_put_partial(float *P, const float *acc, int r
 template <int WGM, int BN, int ST, bool CL, bool OV>
 __global__ void __launch_bounds__(128 * WGM, 1)
     k_gemm_wg(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
-              const __grid_constant__ CUtensorMap wmap2, int M, int K, int N, int kchunk, int S, const float *bias,
-              float *y, int ldy, const float *bias2, float *y2, int ldy2, int accumulate) {
+              const __grid_constant__ CUtensorMap wmap2, const __grid_constant__ CUtensorMap wmap3, int M, int K,
+              int N, int kchunk, int S, const float *bias, float *y, int ldy, const WgMore mo, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef WgCfg<WGM, BN, ST, CL> C;
     constexpr int BM = C::BM;
@@ -230,8 +245,7 @@ __global__ void __launch_bounds__(128 * WGM, 1)
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wg = tid >> 7, g = lane >> 2, tq = lane & 3;
     const WgBlock B = wg_block<BN, BM, CL>(N, K, kchunk);
     const int s = B.s, n0 = B.n0, m0 = B.m0, kbeg = B.kbeg, kend = B.kend, nkt = B.nkt;
-    const CUtensorMap *wm = B.second ? &wmap2 : &wmap;
-    if (B.second) bias = bias2, y = y2, ldy = ldy2;
+    const CUtensorMap *wm = wg_pick(B.out, &wmap, &wmap2, &wmap3, mo, &bias, &y, &ldy);
     /* tile t into stage t % ST by the copy engine: x's BM rows and W's BN rows of k kbeg + 64 t
      * (rows past M or N and k past K read as zero, as the skinny kernel's padding) */
     auto stage = [&](int t) {
@@ -331,12 +345,12 @@ __global__ void __launch_bounds__(128 * WGM, 1)
  * issued), so the consumers take no block barrier in the loop and the producer runs up to ST
  * tiles ahead. The same products in the same order from the same zero accumulators: k_gemm_wg's
  * bits (gemm_wg_forms and test_gpu_ops compare them). Whole K per block, or CL as k_gemm_wg;
- * one or two outputs (wmap2, bias2, y2, ldy2) as k_gemm_wg. */
+ * one to three outputs (wmap2, wmap3, mo) as k_gemm_wg. */
 template <int WGM, int BN, int ST, bool CL>
 __global__ void __launch_bounds__(128 * WGM + 32, 1)
     k_gemm_wgp(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
-               const __grid_constant__ CUtensorMap wmap2, int M, int K, int N, int kchunk, int S, const float *bias,
-               float *y, int ldy, const float *bias2, float *y2, int ldy2, int accumulate) {
+               const __grid_constant__ CUtensorMap wmap2, const __grid_constant__ CUtensorMap wmap3, int M, int K,
+               int N, int kchunk, int S, const float *bias, float *y, int ldy, const WgMore mo, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef WgCfg<WGM, BN, ST, CL> C;
     constexpr int BM = C::BM;
@@ -350,8 +364,7 @@ __global__ void __launch_bounds__(128 * WGM + 32, 1)
     const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) == WGM;
     const WgBlock B = wg_block<BN, BM, CL>(N, K, kchunk);
     const int s = B.s, n0 = B.n0, m0 = B.m0, kbeg = B.kbeg, kend = B.kend, nkt = B.nkt;
-    const CUtensorMap *wm = B.second ? &wmap2 : &wmap;
-    if (B.second) bias = bias2, y = y2, ldy = ldy2;
+    const CUtensorMap *wm = wg_pick(B.out, &wmap, &wmap2, &wmap3, mo, &bias, &y, &ldy);
     WG_PROF(long long pt0 = wg_clock(); long long pf[8] = {0, 0, 0, 0, 0, 0, 0, 0}; long long pa;
             __shared__ long long prod_wait);
     if (tid == 0) {
@@ -455,12 +468,15 @@ static int wg_map(CUtensorMap *map, const void *base, int rows, int K, int box) 
 /* hyla_weight.wg_map's slot of the maps with boxes of BN rows (32 and 48: the kernel lab's forms) */
 static constexpr int wg_map_slot(int BN) { return BN == 256 ? 1 : BN == 64 ? 2 : BN == 32 ? 3 : BN == 48 ? 4 : 0; }
 
-/* One output, or two of the same N and K from the same x in one launch (W2, bias2, y2, ldy2; W2
- * NULL: one). PW: k_gemm_wgp (a producer warp; OV does not apply), else k_gemm_wg. */
+/* One output, or up to three of the same N and K from the same x in one launch (more: NULL, or
+ * the second and third, more[1].W NULL for two). PW: k_gemm_wgp (a producer warp; OV does not
+ * apply), else k_gemm_wg. */
 template <int WGM, int BN, int ST, bool CL, bool OV, bool PW = false>
 static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
-                              int kchunk, int S, const float *bias, float *y, int ldy, hyla_weight *W2,
-                              const float *bias2, float *y2, int ldy2, int accumulate, int *done) {
+                              int kchunk, int S, const float *bias, float *y, int ldy, const hyla_linear_out *more,
+                              int accumulate, int *done) {
+    hyla_weight *W2 = more ? (hyla_weight *)more[0].W : NULL, *W3 = more ? (hyla_weight *)more[1].W : NULL;
+    const unsigned nout = W3 ? 3u : W2 ? 2u : 1u;
     typedef WgCfg<WGM, BN, ST, CL> C;
     const size_t smem = C::SMEM + (PW ? 8 * ST : 0); /* + k_gemm_wgp's empty barriers */
     static_assert(BN == 32 || BN == 48 || BN == 64 || BN == 128 || BN == 256, "no weight map slot for this box height");
@@ -470,8 +486,11 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     const int wi = wg_map_slot(BN);
     if (!W->wg_map_state[wi]) W->wg_map_state[wi] = wg_map(&W->wg_map[wi], W->d, N, K, BN) ? 1 : -1;
     if (W2 && !W2->wg_map_state[wi]) W2->wg_map_state[wi] = wg_map(&W2->wg_map[wi], W2->d, N, K, BN) ? 1 : -1;
+    if (W3 && !W3->wg_map_state[wi]) W3->wg_map_state[wi] = wg_map(&W3->wg_map[wi], W3->d, N, K, BN) ? 1 : -1;
     CUtensorMap xm;
-    if (W->wg_map_state[wi] < 0 || (W2 && W2->wg_map_state[wi] < 0) || !wg_map(&xm, xb, M, K, C::BM)) return HYLA_OK;
+    if (W->wg_map_state[wi] < 0 || (W2 && W2->wg_map_state[wi] < 0) || (W3 && W3->wg_map_state[wi] < 0) ||
+        !wg_map(&xm, xb, M, K, C::BM))
+        return HYLA_OK;
     static int attr_set[16]; /* per device ordinal, as launch_big */
     int *slot = c->device >= 0 && c->device < 16 ? &attr_set[c->device] : NULL;
     if (!slot || !__atomic_load_n(slot, __ATOMIC_RELAXED)) {
@@ -479,7 +498,7 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
         if (CL) CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         if (slot) __atomic_store_n(slot, 1, __ATOMIC_RELAXED);
     }
-    const unsigned nt = (unsigned)((N + BN - 1) / BN) * (W2 ? 2u : 1u), mt = (unsigned)((M + C::BM - 1) / C::BM);
+    const unsigned nt = (unsigned)((N + BN - 1) / BN) * nout, mt = (unsigned)((M + C::BM - 1) / C::BM);
     if (mt > 65535) return hyla_fail(HYLA_ERR_UNSUPPORTED, "linear: M = %d rows is too many for one call", M);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
@@ -493,8 +512,11 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = CL ? 1 : 0;
-    CU_TRY(cudaLaunchKernelEx(&cfg, kern, xm, W->wg_map[wi], W2 ? W2->wg_map[wi] : W->wg_map[wi], M, K, N, kchunk, S,
-                              bias, y, ldy, bias2, y2, ldy2, accumulate));
+    WgMore mo = {};
+    if (W2) mo.bias2 = more[0].bias, mo.y2 = more[0].y, mo.ldy2 = more[0].ldy;
+    if (W3) mo.bias3 = more[1].bias, mo.y3 = more[1].y, mo.ldy3 = more[1].ldy;
+    CU_TRY(cudaLaunchKernelEx(&cfg, kern, xm, W->wg_map[wi], W2 ? W2->wg_map[wi] : W->wg_map[wi],
+                              W3 ? W3->wg_map[wi] : W->wg_map[wi], M, K, N, kchunk, S, bias, y, ldy, mo, accumulate));
     CU_LAUNCH_CHECK(PW ? "linear (warpgroup products, producer warp)" : "linear (warpgroup products)");
 #ifdef HYLA_WG_PROFILE
     k_wgprof_print<<<1, 1, 0, c->stream>>>();
@@ -506,8 +528,7 @@ static hyla_status launch_wg2(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, 
 template <int WGM, int BN, int ST, bool CL, bool OV, bool PW = false>
 static hyla_status launch_wg(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, hyla_weight *W, int N,
                              int kchunk, int S, const float *bias, float *y, int ldy, int accumulate, int *done) {
-    return launch_wg2<WGM, BN, ST, CL, OV, PW>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, NULL, NULL, NULL, 0, accumulate,
-                                           done);
+    return launch_wg2<WGM, BN, ST, CL, OV, PW>(c, xb, M, K, W, N, kchunk, S, bias, y, ldy, NULL, accumulate, done);
 }
 
 
