@@ -576,14 +576,21 @@ static void case_switches(const op_case *c) {
  * gates' low-rank halves in decode) == separate linear calls of each output's rows, bit for bit,
  * on both backends, with and without accumulate (the call's, or some outputs' own: SSE's LoRA
  * terms add, the output gate's second half writes): the CUDA one runs rows up to its one-tile
- * skinny path, and up to 64 rows of a small K (K = 64 here: 24 and 64 rows), as one grouped
+ * skinny path, and up to 64 rows of a small K (K = 64, 128 here: 24 and 64 rows), as one grouped
  * launch, others a call per x (100 and 256 rows on the warpgroup linear); prompt rows go a call
  * per x too. */
 static void linear_multi_own_x(void) {
-    const int Ks[2] = {2304, 64}, Ns[4] = {2304, 256, 2304, 16};
+    /* K = 128 (two slices for 2304 outputs: the grouped launch's reduction kernel from 5 rows,
+     * as SSE's LoRA terms) draws from a stream of its own: the cases after keep their inputs */
+    const int Ks[3] = {2304, 64, 128}, Ns[4] = {2304, 256, 2304, 16};
     const int Ms[7] = {1, 4, 7, 24, 64, 100, 256};
-    for (int ki = 0; ki < 2; ki++) {
+    hyla_rng shared = rng;
+    for (int ki = 0; ki < 3; ki++) {
         const int K = Ks[ki];
+        if (ki == 2) {
+            shared = rng;
+            hyla_rng_seed(&rng, 20261130);
+        }
         hyla_weight *wc[4], *wg[4];
         float *W[4];
         for (int i = 0; i < 4; i++) {
@@ -653,6 +660,7 @@ static void linear_multi_own_x(void) {
             free(W[i]);
         }
         free(bias);
+        if (ki == 2) rng = shared;
     }
 }
 
