@@ -257,29 +257,20 @@ __device__ __forceinline__ void skinny2_body(__nv_bfloat16 *__restrict__ Wsm, __
         }
         __syncthreads();
     }
-    if (S == 1) { /* one slice: finish here, same arithmetic as the reduction (lin_store's), a
-                   * row tile's bias and y loads issued before its stores (wg_store_tile) */
+    if (S == 1) { /* one slice: finish here, same arithmetic as the reduction (lin_store_g: a row
+                   * tile's loads before its stores) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            float b[8], yo[8];
+            float v[8];
+            int m[8], n[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const int nt = j >> 2, e = j & 3, m = m0 + mt * 16 + g + (e >> 1) * 8,
-                          n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
-                const bool ok = m < M && n < N;
-                b[j] = bias && ok ? bias[n] : 0.0f;
-                yo[j] = accumulate && ok ? y[(size_t)m * ldy + n] : 0.0f;
+                const int nt = j >> 2, e = j & 3;
+                v[j] = acc[mt][nt][e];
+                m[j] = m0 + mt * 16 + g + (e >> 1) * 8;
+                n[j] = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
             }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int nt = j >> 2, e = j & 3, m = m0 + mt * 16 + g + (e >> 1) * 8,
-                          n = n0 + 16 * w + nt * 8 + 2 * tq + (e & 1);
-                if (m < M && n < N) {
-                    float t = acc[mt][nt][e];
-                    if (bias) t += b[j];
-                    y[(size_t)m * ldy + n] = accumulate ? yo[j] + t : t;
-                }
-            }
+            lin_store_g<8>(v, m, n, M, N, bias, y, ldy, accumulate);
         }
         if (!CL) return;
     } else if (!CL) {

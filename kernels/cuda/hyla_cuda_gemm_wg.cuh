@@ -189,38 +189,17 @@ __device__ __forceinline__ WgBlock wg_block(int N, int K, int kchunk) {
 template <int NACC>
 __device__ __forceinline__ void wg_store_tile(const float *v, int M, int N, int m0, int n0, int rw, int tq,
                                               const float *bias, float *y, int ldy, int accumulate) {
-    if (!bias && !accumulate) {
-#pragma unroll
-        for (int i = 0; i < NACC; i++) {
-            const int m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
-            if (m < M && n < N) y[(size_t)m * ldy + n] = v[i];
-        }
-        return;
-    }
-    /* lin_store's arithmetic with a group's bias and y loads issued before any of its stores: the
-     * compiler may not move a load of y or bias past a store to y (they may alias), so element by
-     * element each store waited for its own round trip to memory (a 256-row LoRA term with
-     * accumulate took twice the time of the same linear without) */
-    constexpr int G = NACC < 16 ? NACC : 16;
+    constexpr int G = NACC < 16 ? NACC : 16; /* outputs whose loads go before their stores (lin_store_g) */
 #pragma unroll
     for (int i0 = 0; i0 < NACC; i0 += G) {
-        float b[G], yo[G];
+        int m[G], n[G];
 #pragma unroll
         for (int j = 0; j < G; j++) {
-            const int i = i0 + j, m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
-            const bool ok = m < M && n < N;
-            b[j] = bias && ok ? bias[n] : 0.0f;
-            yo[j] = accumulate && ok ? y[(size_t)m * ldy + n] : 0.0f;
+            const int i = i0 + j;
+            m[j] = m0 + rw + 8 * ((i & 3) >> 1);
+            n[j] = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
         }
-#pragma unroll
-        for (int j = 0; j < G; j++) {
-            const int i = i0 + j, m = m0 + rw + 8 * ((i & 3) >> 1), n = n0 + 8 * (i >> 2) + 2 * tq + (i & 1);
-            if (m < M && n < N) {
-                float t = v[i];
-                if (bias) t += b[j];
-                y[(size_t)m * ldy + n] = accumulate ? yo[j] + t : t;
-            }
-        }
+        lin_store_g<G>(v + i0, m, n, M, N, bias, y, ldy, accumulate);
     }
 }
 template <int NACC, int PLD>

@@ -145,10 +145,35 @@ __device__ __forceinline__ void cp_async_wait() {
 
 /* The last step of every batch-invariant linear path (skinny, its reductions, k_gemm_big, the
  * prompt rows' epilogue): y = (acc ? y : 0) + (v + bias[n]), in this order, so that a row's bits
- * do not depend on which path computed v. One definition for all of them. */
+ * do not depend on which path computed v. One definition for all of them (and lin_store_g
+ * below, the same for a group of outputs). */
 __device__ __forceinline__ void lin_store(float v, const float *bias, int n, float *yp, int accumulate) {
     if (bias) v += bias[n];
     *yp = accumulate ? *yp + v : v;
+}
+
+/* lin_store for G outputs of one thread (value v[j] to row m[j], column n[j]; those past M or N
+ * skipped), every bias and y load issued before the first store: the compiler may not move a
+ * load of y or of the bias past a store to y (they may alias), so output by output each store
+ * waited for its own round trip to memory (a 256-row LoRA term with accumulate took twice the
+ * time of the same linear without). The same arithmetic as lin_store. */
+template <int G>
+__device__ __forceinline__ void lin_store_g(const float *v, const int *m, const int *n, int M, int N, const float *bias,
+                                            float *y, int ldy, int accumulate) {
+    float b[G], yo[G];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        const bool ok = m[j] < M && n[j] < N;
+        b[j] = bias && ok ? bias[n[j]] : 0.0f;
+        yo[j] = accumulate && ok ? y[(size_t)m[j] * ldy + n[j]] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < G; j++)
+        if (m[j] < M && n[j] < N) {
+            float t = v[j];
+            if (bias) t += b[j];
+            y[(size_t)m[j] * ldy + n[j]] = accumulate ? yo[j] + t : t;
+        }
 }
 
 #endif
