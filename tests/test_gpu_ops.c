@@ -516,6 +516,17 @@ static void case_switches(const op_case *c) {
     if (g3) CHECK_OK(hyla_cuda_switches(g3, d, sizeof d));
     CHECK_MSG(strstr(a, "gemm_wgp=1") && strstr(d, "gemm_wgp=0"), "switches: default '%s', with HYLA_CUDA_GEMM_WGP=0 '%s'",
               a, d);
+    /* a fourth with 128-column blocks where the default takes 64 from 65 rows
+     * (HYLA_CUDA_GEMM_WG_N64=0: the operator's switch back, docs/CUDA.md): the same bits */
+    setenv("HYLA_CUDA_GEMM_WG_N64", "0", 1);
+    hyla_backend *g4 = NULL;
+    st = hyla_cuda_backend_create(0, &g4);
+    unsetenv("HYLA_CUDA_GEMM_WG_N64");
+    CHECK_OK(st);
+    char e4[256] = "";
+    if (g4) CHECK_OK(hyla_cuda_switches(g4, e4, sizeof e4));
+    CHECK_MSG(strstr(a, "gemm_wg_n64=1") && strstr(e4, "gemm_wg_n64=0"),
+              "switches: default '%s', with HYLA_CUDA_GEMM_WG_N64=0 '%s'", a, e4);
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 columns: 64 x 2304 -> 2304, 48 x 3072 -> 2304; 128 columns, a
      * deep K: 64 x 6144 -> 2304), one warpgroup and a producer warp over the whole K (256 x 2304 ->
@@ -562,6 +573,18 @@ static void case_switches(const op_case *c) {
             dfree(g3, x3), dfree(g3, y3);
             g3->ops->weight_destroy(g3->ctx, w3);
         }
+        if (g4) {
+            hyla_weight *w4;
+            CHECK_OK(g4->ops->weight_create(g4->ctx, W, HYLA_DT_F32, N, K, &w4));
+            void *x4 = dev(g4, x, (size_t)M * K * 4), *y4 = dev(g4, NULL, (size_t)M * N * 4);
+            CHECK_OK(g4->ops->linear(g4->ctx, x4, K, M, K, w4, NULL, y4, N, N, 0));
+            float *h4 = host_of(g4, y4, (size_t)M * N);
+            CHECK_MSG(!memcmp(h1, h4, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WG_N64=0",
+                      M, K, N);
+            free(h4);
+            dfree(g4, x4), dfree(g4, y4);
+            g4->ops->weight_destroy(g4->ctx, w4);
+        }
         free(h1), free(h2), free(W), free(x);
         dfree(gpu, x1), dfree(gpu, y1), dfree(g2, x2), dfree(g2, y2);
         gpu->ops->weight_destroy(gpu->ctx, w1);
@@ -569,6 +592,7 @@ static void case_switches(const op_case *c) {
     }
     rng = saved;
     if (g3) hyla_backend_destroy(g3);
+    if (g4) hyla_backend_destroy(g4);
     hyla_backend_destroy(g2);
 }
 
