@@ -65,7 +65,7 @@ typedef struct {
 typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 
 /* One output of linear_multi: y [M][N] (row stride ldy) = x @ W^T (+ bias). */
-#define HYLA_LINEAR_MULTI_MAX 6 /* a GDN layer's q, k, v, a, b and output gate */
+#define HYLA_LINEAR_MULTI_MAX 10 /* an SSE layer's projections of xn: q, k, v, LoRA inputs, gates' inputs... */
 #define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
 #define HYLA_LINEAR_X_BF16 2  /* with HYLA_LINEAR_PREFILL: x is bf16 rows from rmsnorm_bf16 (see there) */
 #define HYLA_LINEAR_Y_BF16 4  /* with HYLA_LINEAR_PREFILL: the outputs are bf16 (see linear_multi) */

@@ -115,8 +115,8 @@ static hyla_status gdn_project(const hyla_mixer_fwd *f, const dla_cfg *c, const 
         {w->k, NULL, s->k, H * dk, H * dk, NULL, 0},
         {w->v, NULL, s->v, H * dv, H * dv, NULL, 0},
     };
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 3, lo));
-    int n = 0;
+    /* with a, b and the output gate: one call, each output the bits of its own linear */
+    int n = 3;
     lo[n++] = (hyla_linear_out){w->a_proj, NULL, s->g, H, H, NULL, 0};
     lo[n++] = (hyla_linear_out){w->b_proj, NULL, s->write, H, H, NULL, 0};
     if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s->gate, H * dv, H * dv, NULL, 0};

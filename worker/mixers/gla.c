@@ -132,13 +132,15 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         {w->v, NULL, s.v, H * dv, H * dv, NULL, 0},
         {w->gk_a, NULL, s.gk_lr, r, r, NULL, 0},
     };
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, 4, lo));
+    /* the output gate with them, unless it goes as bf16 rows for the out norm (prompt rows):
+     * one call, each output the bits of its own linear */
+    const int g16 = hyla_lin_gate_bf16(f, dv);
+    const hyla_linear_out g = {w->g_proj, NULL, s.gate, H * dv, H * dv, NULL, 0};
+    int n = 4;
+    if (w->g_proj && !g16) lo[n++] = g;
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
     HYLA_MIXER_MARK(f, "lin: q/k/v proj");
-    const int g16 = hyla_lin_gate_bf16(f, dv); /* the gate as bf16 rows for the out norm */
-    if (w->g_proj) {
-        hyla_linear_out g = {w->g_proj, NULL, s.gate, H * dv, H * dv, NULL, 0};
-        HYLA_TRY(g16 ? hyla_mixer_linear_multi_bf16(f, f->xn, D, 1, &g) : hyla_mixer_linear_multi(f, f->xn, D, 1, &g));
-    }
+    if (w->g_proj && g16) HYLA_TRY(hyla_mixer_linear_multi_bf16(f, f->xn, D, 1, &g));
     HYLA_MIXER_MARK(f, "lin: gate proj");
     if (c->use_short_conv)
         HYLA_TRY(hyla_lin_short_conv(f, s.q, s.k, s.v, H * dk, H * dv, w->conv_w, c->conv_size, PART_CONV, 0, NULL));

@@ -134,10 +134,11 @@ typedef struct {
     float *qa, *ka;       /* [R][H*dk] the always-selected partition's q, k */
     float *qs, *ks;       /* [R][H*dk] the sparse partitions' q, k */
     float *v;             /* [R][H*dv] */
-    float *lora_q;        /* [R][rank]; then the routing logits [R][N] */
-    float *lora_k;        /* [R][rank]; then GLA's first gate low-rank input [R][r] */
+    float *lora_q;        /* [R][rank] */
+    float *lora_k;        /* [R][rank] */
+    float *elog;          /* [R][N] the routing logits */
     float *ga, *gb;       /* GLA: [R][H*dk] gk of the always-selected / sparse states; GDN: a, b [R][2H] */
-    float *g2lr;          /* GLA: the second gate's low-rank input [R][r] */
+    float *g1lr, *g2lr;   /* GLA: the two gates' low-rank inputs [R][r] */
     float *gdn[4];        /* GDN: g, beta (always-selected), g, beta (sparse) [R][H] */
     float *o;             /* [R][H*dv] */
     float *gate;          /* [R][H*dv] output gate; gate_lr [R][dv] before it */
@@ -149,8 +150,7 @@ typedef struct {
 static size_t layout(const sse_cfg *c, int R, void *base, sse_scratch *s) {
     hyla_carver cv = hyla_carver_init(base);
     size_t qk = (size_t)R * c->H * c->dk, vo = (size_t)R * c->H * c->dv;
-    size_t lr = (size_t)R * (size_t)(c->lora_rank > c->N ? c->lora_rank : c->N);
-    if ((size_t)R * c->gate_low_rank_dim > lr) lr = (size_t)R * c->gate_low_rank_dim;
+    size_t lr = (size_t)R * (size_t)c->lora_rank;
     size_t gw = c->tr == HYLA_SSE_GDN ? (size_t)R * 2 * c->H : qk;
     /* each set's q and k in one block, k at the carver's next aligned place (as if carved on its
      * own): forward packs them for its rows where it can (sse_pack) */
@@ -162,8 +162,10 @@ static size_t layout(const sse_cfg *c, int R, void *base, sse_scratch *s) {
     s->v = hyla_carve_f32(&cv, vo);
     s->lora_q = hyla_carve_f32(&cv, lr);
     s->lora_k = hyla_carve_f32(&cv, lr);
+    s->elog = hyla_carve_f32(&cv, (size_t)R * c->N);
     s->ga = hyla_carve_f32(&cv, gw);
     s->gb = hyla_carve_f32(&cv, gw);
+    s->g1lr = hyla_carve_f32(&cv, (size_t)R * c->gate_low_rank_dim);
     s->g2lr = hyla_carve_f32(&cv, (size_t)R * c->gate_low_rank_dim);
     for (int j = 0; j < 4; j++) s->gdn[j] = hyla_carve_f32(&cv, (size_t)R * c->H);
     s->o = hyla_carve_f32(&cv, vo);
@@ -198,17 +200,32 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     sse_scratch s;
     layout(c, f->cap_rows, f->scratch, &s);
     sse_pack(c, R, &s);
-    /* every projection of xn whose input is ready: q, k, the LoRA inputs and the output gate's
-     * low-rank input (one launch; each output the bits of its own linear) */
-    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX] = {
-        {w->q, NULL, s.qa, H * dk, H * dk, NULL, 0},
-        {w->k, NULL, s.ka, H * dk, H * dk, NULL, 0},
-        {w->lora_q_a, NULL, s.lora_q, rank, rank, NULL, 0},
-        {w->lora_k_a, NULL, s.lora_k, rank, rank, NULL, 0},
-        {w->g_proj, NULL, s.gate_lr, dv, dv, NULL, 0},
-    };
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, w->g_proj ? 5 : 4, lo));
-    HYLA_MIXER_MARK(f, "sse: q/k proj");
+    /* every projection of xn: q, k, the LoRA inputs, the output gate's low-rank input, v, the
+     * routing logits [R][N] and the gates' inputs, each output the bits of its own linear. Up to
+     * 16 rows in one call (one launch: SSE-H steps 1-5 % shorter at 1-16 rows on an H200); from
+     * 17 rows as two calls, q/k and then, after the LoRA terms, the rest (one grouped launch of
+     * all ten was 3 % longer at 64 rows, level at 256; BENCHMARKS.md "SSE's projections in one
+     * call") */
+    hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX];
+    int n = 0;
+    lo[n++] = (hyla_linear_out){w->q, NULL, s.qa, H * dk, H * dk, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->k, NULL, s.ka, H * dk, H * dk, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->lora_q_a, NULL, s.lora_q, rank, rank, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->lora_k_a, NULL, s.lora_k, rank, rank, NULL, 0};
+    if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate_lr, dv, dv, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->v, NULL, s.v, H * dv, H * dv, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->e_proj, NULL, s.elog, N, N, NULL, 0};
+    if (!gdn) {
+        int r = c->gate_low_rank_dim;
+        lo[n++] = (hyla_linear_out){w->gk_a[0], NULL, s.g1lr, r, r, NULL, 0};
+        lo[n++] = (hyla_linear_out){w->gk_a[1], NULL, s.g2lr, r, r, NULL, 0};
+    } else {
+        lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.ga, 2 * H, 2 * H, NULL, 0};
+        lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.gb, 2 * H, 2 * H, NULL, 0};
+    }
+    const int n1 = R <= 16 ? n : w->g_proj ? 5 : 4;
+    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n1, lo));
+    HYLA_MIXER_MARK(f, "sse: projections");
     if (s.ka == s.qa + qk && s.ks == s.qs + qk) { /* qs, ks = qa, ka */
         HYLA_TRY(o->copy(ctx, s.qs, s.qa, 2 * qk * sizeof(float)));
     } else {
@@ -224,25 +241,16 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
                                      {w->g_proj2, NULL, s.gate, H * dv, H * dv, s.gate_lr, 0}};
     HYLA_TRY(hyla_mixer_linear_each(f, rank, gate2 ? 3 : 2, lora, 0));
     HYLA_MIXER_MARK(f, gate2 ? "sse: copies, lora, out gate" : "sse: copies, lora");
-    /* v = silu(x Wv); routing logits [R][N] (into lora_q, free again); the gates' inputs */
-    float *elog = s.lora_q;
-    int n = 0;
-    lo[n++] = (hyla_linear_out){w->v, NULL, s.v, H * dv, H * dv, NULL, 0};
-    lo[n++] = (hyla_linear_out){w->e_proj, NULL, elog, N, N, NULL, 0};
-    if (!gdn) {
-        int r = c->gate_low_rank_dim;
-        lo[n++] = (hyla_linear_out){w->gk_a[0], NULL, s.lora_k, r, r, NULL, 0};
-        lo[n++] = (hyla_linear_out){w->gk_a[1], NULL, s.g2lr, r, r, NULL, 0};
-    } else {
-        lo[n++] = (hyla_linear_out){w->a_proj, NULL, s.ga, 2 * H, 2 * H, NULL, 0};
-        lo[n++] = (hyla_linear_out){w->b_proj, NULL, s.gb, 2 * H, 2 * H, NULL, 0};
+    if (n1 < n) { /* here, as before the grouping: issued ahead of the copies and the LoRA
+                   * terms, the 64-row step was 2.4 % longer */
+        HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n - n1, lo + n1));
+        HYLA_MIXER_MARK(f, "sse: v/e/gate proj");
     }
-    HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n, lo));
-    HYLA_MIXER_MARK(f, "sse: v/e/gate proj");
+    float *elog = s.elog;
     /* GLA's gate logits from their low-rank inputs */
     float *g[2] = {s.ga, s.gb};
     if (!gdn) {
-        const hyla_linear_out gk[2] = {{w->gk_b[0], w->gk_bias[0], g[0], H * dk, H * dk, s.lora_k, 0},
+        const hyla_linear_out gk[2] = {{w->gk_b[0], w->gk_bias[0], g[0], H * dk, H * dk, s.g1lr, 0},
                                        {w->gk_b[1], w->gk_bias[1], g[1], H * dk, H * dk, s.g2lr, 0}};
         HYLA_TRY(hyla_mixer_linear_each(f, c->gate_low_rank_dim, 2, gk, 0));
     }
