@@ -67,7 +67,7 @@ typedef enum { HYLA_SSE_GLA = 0, HYLA_SSE_GDN = 1 } hyla_sse_transition;
 /* One output of linear_multi: y [M][N] (row stride ldy) = x @ W^T (+ bias). */
 #define HYLA_LINEAR_MULTI_MAX 10 /* an SSE layer's projections of xn: q, k, v, LoRA inputs, gates' inputs... */
 #define HYLA_LINEAR_PREFILL 1 /* linear_multi flag: prompt rows (see linear_multi) */
-#define HYLA_LINEAR_X_BF16 2  /* with HYLA_LINEAR_PREFILL: x is bf16 rows from rmsnorm_bf16 (see there) */
+#define HYLA_LINEAR_X_BF16 2  /* x is bf16 rows from rmsnorm_bf16 (prompt rows, or decode_bf16_rows) */
 #define HYLA_LINEAR_Y_BF16 4  /* with HYLA_LINEAR_PREFILL: the outputs are bf16 (see linear_multi) */
 #define HYLA_LINEAR_GATE_BF16 8 /* gated_rmsnorm_linear, with HYLA_LINEAR_PREFILL: gate is bf16 (see there) */
 #define HYLA_LINEAR_ACC 16 /* swiglu_linear, gated_rmsnorm_linear: y += the result (linear's accumulate) */
@@ -209,8 +209,9 @@ typedef struct hyla_ops {
      * call's output shapes (n and the Ns; not on M, the row's place, or the other rows) among
      * all calls with this flag — it need not equal the result without the flag (CUDA: cuBLAS
      * at a fixed row count, one GEMM an output; CPU: the same as linear).
-     * flags & HYLA_LINEAR_X_BF16 (with HYLA_LINEAR_PREFILL, only on a backend with rmsnorm_bf16):
-     * x points to bf16 rows [M][ldx], ldx == K, written by rmsnorm_bf16.
+     * flags & HYLA_LINEAR_X_BF16 (with HYLA_LINEAR_PREFILL, only on a backend with rmsnorm_bf16;
+     * without it, decode rows where decode_bf16_rows(ctx, M, K) is 1): x points to bf16 rows
+     * [M][ldx], ldx == K, written by rmsnorm_bf16.
      * flags & HYLA_LINEAR_Y_BF16 (likewise; no bias, no accumulate, ldy == N): each y is bf16
      * [M][N], the fp32 result rounded to nearest-even (a row's result still depends only on the
      * row: the MLP's gate and up, read by swiglu_linear as bf16).
@@ -501,6 +502,15 @@ typedef struct hyla_ops {
     hyla_status (*sse_maps)(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows,
                             int cols, int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1, size_t ng,
                             float normalizer, float clamp_min);
+
+    /* ---- decode rows' norms as the linears' operand (NULL: never) ----
+     * 1 where linear_multi of M decode rows of x [M][K] (flags without HYLA_LINEAR_PREFILL) takes
+     * x as bf16 rows from rmsnorm_bf16 (HYLA_LINEAR_X_BF16, ldx == K, no output of its own x):
+     * the bits of the same call from the fp32 norm's rows, for any outputs. The runtime then has
+     * the norms before the layers' projections and the LM head write bf16 rows (CUDA: rows on the
+     * warpgroup path, whose linears round x to bf16 in a pass of their own otherwise). Depends only
+     * on M and K, so every step of M rows takes the same path. */
+    int (*decode_bf16_rows)(void *ctx, int M, int K);
 } hyla_ops;
 
 typedef struct {

@@ -10,7 +10,9 @@
  *     after the prompt are the fp32 backend's in most positions (bf16 rounding at op boundaries);
  *   - in a tensor-parallel group of two CPU ranks (with the env set when its backends are created)
  *     the piece runs as two halves (run_layers_wave: the bf16 rows of half B at their offsets) and
- *     gives the logits of 64-token pieces within the group, bit for bit. */
+ *     gives the logits of 64-token pieces within the group, bit for bit;
+ *   - decode steps take the norms' bf16 rows too (ops->decode_bf16_rows): a batch gives each
+ *     session's bits alone, and the logits stay within 5e-2 of the fp32 backend's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +49,49 @@ static void feed(hyla_runtime *rt, const int32_t *p, int piece, float *logits) {
     CHECK_OK(hyla_runtime_set_prefill_piece(rt, keep));
 }
 
+/* Decode rows through the norms' bf16 rows (this backend's decode_bf16_rows: every row count):
+ * three sessions decoded together give each one's tokens and logits alone, bit for bit, and the
+ * first step's logits (the same history on both backends) are within 5e-2 of the fp32 backend's
+ * (a projection reading the bf16 rows as fp32 would not be). */
+static void check_decode(const char *arch, hyla_runtime *r16, hyla_runtime *r32, const int32_t *p, int V) {
+    enum { NB = 3, STEPS = 6 };
+    hyla_session *bs[NB], *ss[NB], *fs[NB];
+    for (int i = 0; i < NB; i++) {
+        CHECK_OK(hyla_session_create(r16, &bs[i]));
+        CHECK_OK(hyla_session_create(r16, &ss[i]));
+        CHECK_OK(hyla_session_create(r32, &fs[i]));
+        if (!bs[i] || !ss[i] || !fs[i]) return;
+        CHECK_OK(hyla_session_feed(bs[i], p + 5 * i, 40 + 30 * i, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(ss[i], p + 5 * i, 40 + 30 * i, NULL, NULL, NULL, NULL));
+        CHECK_OK(hyla_session_feed(fs[i], p + 5 * i, 40 + 30 * i, NULL, NULL, NULL, NULL));
+    }
+    float *lb = malloc((size_t)NB * V * 4), *ls = malloc((size_t)V * 4), *lf = malloc((size_t)NB * V * 4);
+    int same = 1;
+    double rel = 0;
+    for (int step = 0; step < STEPS; step++) {
+        int32_t ob[NB], os, of[NB];
+        CHECK_OK(hyla_session_decode(bs, NB, ob, lb));
+        if (step == 0) {
+            CHECK_OK(hyla_session_decode(fs, NB, of, lf));
+            rel = hyla_test_rel_l2(lb, lf, (size_t)NB * V);
+        }
+        for (int i = 0; i < NB; i++) {
+            CHECK_OK(hyla_session_decode(&ss[i], 1, &os, ls));
+            same &= ob[i] == os && !memcmp(ls, lb + (size_t)i * V, (size_t)V * 4);
+        }
+    }
+    CHECK_MSG(same, "%s: bf16 decode rows, a batch of %d != each alone (bits)", arch, NB);
+    CHECK_MSG(rel <= 5e-2, "%s: bf16 decode rows against fp32: rel L2 %.3g", arch, rel);
+    printf("  %s: decode from bf16 rows, batch of %d == alone (bits), rel L2 %.2e against fp32\n", arch, NB, rel);
+    for (int i = 0; i < NB; i++) {
+        hyla_session_free(bs[i]);
+        hyla_session_free(ss[i]);
+        hyla_session_free(fs[i]);
+    }
+    free(lb);
+    free(ls);
+    free(lf);
+}
 
 static void check_arch(const char *arch, hyla_backend *b16, hyla_backend *b32) {
     char dir[256];
@@ -98,6 +143,7 @@ static void check_arch(const char *arch, hyla_backend *b16, hyla_backend *b32) {
         }
         hyla_tp_group_free(g);
     }
+    check_decode(arch, r16, r32, p, V);
     free(a);
     free(b);
     free(f);
@@ -117,6 +163,8 @@ int main(void) {
         CHECK(b32->ops->linear_multi(b32->ctx, x, 8, 1, 8, 1, &o, 0, HYLA_LINEAR_PREFILL | HYLA_LINEAR_X_BF16) ==
               HYLA_ERR_INVALID_ARG);
         CHECK(strstr(hyla_last_error(), "HYLA_CPU_BF16_ROWS") != NULL);
+        CHECK_MSG(b32->ops->decode_bf16_rows == NULL, "the CPU backend takes bf16 decode rows unasked");
+        CHECK(b32->ops->linear_multi(b32->ctx, x, 8, 1, 8, 1, &o, 0, HYLA_LINEAR_X_BF16) == HYLA_ERR_INVALID_ARG);
     }
     setenv("HYLA_CPU_BF16_ROWS", "1", 1);
     CHECK_OK(hyla_backend_create("cpu", &b16));

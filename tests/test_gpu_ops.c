@@ -527,6 +527,20 @@ static void case_switches(const op_case *c) {
     if (g4) CHECK_OK(hyla_cuda_switches(g4, e4, sizeof e4));
     CHECK_MSG(strstr(a, "gemm_wg_n64=1") && strstr(e4, "gemm_wg_n64=0"),
               "switches: default '%s', with HYLA_CUDA_GEMM_WG_N64=0 '%s'", a, e4);
+    /* a fifth whose decode norms leave fp32 rows (HYLA_CUDA_DECODE_BF16=0): it takes no bf16
+     * decode rows where the default takes them */
+    setenv("HYLA_CUDA_DECODE_BF16", "0", 1);
+    hyla_backend *g5 = NULL;
+    st = hyla_cuda_backend_create(0, &g5);
+    unsetenv("HYLA_CUDA_DECODE_BF16");
+    CHECK_OK(st);
+    char e5[256] = "";
+    if (g5) CHECK_OK(hyla_cuda_switches(g5, e5, sizeof e5));
+    CHECK_MSG(strstr(a, "decode_bf16=1") && strstr(e5, "decode_bf16=0") && g5 &&
+                  !g5->ops->decode_bf16_rows(g5->ctx, 200, 2304) &&
+                  gpu->ops->decode_bf16_rows(gpu->ctx, 200, 2304) == !!strstr(a, "gemm_wg=1"),
+              "switches: default '%s', with HYLA_CUDA_DECODE_BF16=0 '%s'", a, e5);
+    hyla_backend_destroy(g5);
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 columns: 64 x 2304 -> 2304, 48 x 3072 -> 2304; 128 columns, a
      * deep K: 64 x 6144 -> 2304), one warpgroup and a producer warp over the whole K (256 x 2304 ->
@@ -1134,10 +1148,13 @@ static void case_rmsnorm_bf16(const op_case *c) {
         free(hya);
         free(hyb);
     }
+    /* bf16 rows without prompt rows: refused with bf16 outputs, and at decode rows that do not
+     * take them (decode_bf16_rows; case_decode_bf16 runs those that do) */
     hyla_linear_out bad = {wg, NULL, la, N, N, NULL, 0};
-    hyla_status sb = gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, HYLA_LINEAR_X_BF16);
+    const int fl = gpu->ops->decode_bf16_rows(gpu->ctx, n, D) ? HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16 : HYLA_LINEAR_X_BF16;
+    hyla_status sb = gpu->ops->linear_multi(gpu->ctx, ya, D, n, D, 1, &bad, 0, fl);
     if (sb == HYLA_OK) sb = gpu->ops->sync(gpu->ctx); /* a logged op reports at the sync */
-    CHECK_MSG(sb == HYLA_ERR_INVALID_ARG, "HYLA_LINEAR_X_BF16 without prompt rows is refused");
+    CHECK_MSG(sb == HYLA_ERR_INVALID_ARG, "bf16 rows without prompt rows (flags %d, %d rows) are refused", fl, n);
     gpu->ops->weight_destroy(gpu->ctx, wg);
     dfree(gpu, dx);
     dfree(gpu, dw);
@@ -1152,6 +1169,75 @@ static void case_rmsnorm_bf16(const op_case *c) {
     free(r);
     free(w);
     free(W);
+}
+
+/* Decode rows from the norm's bf16 rows (ops->decode_bf16_rows; HYLA_LINEAR_X_BF16 without
+ * HYLA_LINEAR_PREFILL), p = {M, K}: where the backend takes them, linear_multi from rmsnorm_bf16's
+ * rows gives the bits of the same call from the fp32 norm's rows, for one output (1024 wide, a
+ * bias), and for three (640 wide; 64 and 4 wide with a bias: the skinny kernel's grouped launch up
+ * to 64 rows); where it does not (16 rows and fewer, K % 8 != 0, HYLA_CUDA_DECODE_BF16=0), the call
+ * is refused. */
+static void case_decode_bf16(const op_case *c) {
+    const int M = c->p[0], K = c->p[1];
+    const int take = gpu->ops->decode_bf16_rows(gpu->ctx, M, K);
+    const int Ns[4] = {1024, 640, 64, 4};
+    hyla_rng saved = rng; /* the cases after this one keep the inputs they have had */
+    float *x = randn((size_t)M * K, 1.0f), *r = randn((size_t)M * K, 2.0f), *w = randn(K, 1.0f);
+    float *dx = dev(gpu, x, (size_t)M * K * 4), *dw = dev(gpu, w, (size_t)K * 4);
+    float *ra = dev(gpu, r, (size_t)M * K * 4), *rb = dev(gpu, r, (size_t)M * K * 4), *xa = dev(gpu, NULL, (size_t)M * K * 4);
+    void *xb = dev(gpu, NULL, (size_t)M * K * 2);
+    CHECK_OK(gpu->ops->add_rmsnorm(gpu->ctx, ra, dx, dw, xa, M, K, 1e-6f));
+    CHECK_OK(gpu->ops->rmsnorm_bf16(gpu->ctx, rb, dx, dw, xb, M, K, 1e-6f));
+    hyla_weight *wg[4];
+    float *bias = randn(1024, 0.5f), *db = dev(gpu, bias, 1024 * 4), *ya[4], *yb[4];
+    for (int j = 0; j < 4; j++) {
+        float *W = randn((size_t)Ns[j] * K, 0.05f);
+        round_bf16(W, (size_t)Ns[j] * K);
+        CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, Ns[j], K, &wg[j]));
+        ya[j] = dev(gpu, NULL, (size_t)M * Ns[j] * 4);
+        yb[j] = dev(gpu, NULL, (size_t)M * Ns[j] * 4);
+        free(W);
+    }
+    hyla_linear_out oa[4], ob[4];
+    for (int j = 0; j < 4; j++) {
+        const float *bj = j == 0 || j == 3 ? db : NULL;
+        oa[j] = (hyla_linear_out){wg[j], bj, ya[j], Ns[j], Ns[j], NULL, 0};
+        ob[j] = (hyla_linear_out){wg[j], bj, yb[j], Ns[j], Ns[j], NULL, 0};
+    }
+    hyla_status st = gpu->ops->linear_multi(gpu->ctx, (const float *)xb, K, M, K, 1, ob, 0, HYLA_LINEAR_X_BF16);
+    if (st == HYLA_OK) st = gpu->ops->sync(gpu->ctx); /* a logged op reports at the sync */
+    if (!take) {
+        CHECK_MSG(st == HYLA_ERR_INVALID_ARG && strstr(hyla_last_error(), "decode_bf16_rows"),
+                  "decode bf16 rows at M=%d K=%d, which the backend does not take: refused (%s)", M, K, hyla_last_error());
+        printf("  M=%d K=%d: bf16 decode rows not taken, refused\n", M, K);
+    } else {
+        CHECK_OK(st);
+        CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xa, K, M, K, 1, oa, 0, 0));
+        CHECK_OK(gpu->ops->linear_multi(gpu->ctx, xa, K, M, K, 3, oa + 1, 0, 0));
+        CHECK_OK(gpu->ops->linear_multi(gpu->ctx, (const float *)xb, K, M, K, 3, ob + 1, 0, HYLA_LINEAR_X_BF16));
+        for (int j = 0; j < 4; j++)
+            CHECK_MSG(same_bits(gpu, ya[j], yb[j], (size_t)M * Ns[j] * 4),
+                      "decode linear_multi from rmsnorm_bf16's rows, M=%d K=%d N=%d (of %d outputs) == from the fp32 "
+                      "norm's (bits)", M, K, Ns[j], j ? 3 : 1);
+        printf("  M=%d K=%d: bf16 decode rows, 1 and 3 outputs (1024; 640, 64, 4) == fp32 rows' bits\n", M, K);
+    }
+    for (int j = 0; j < 4; j++) {
+        gpu->ops->weight_destroy(gpu->ctx, wg[j]);
+        dfree(gpu, ya[j]);
+        dfree(gpu, yb[j]);
+    }
+    dfree(gpu, dx);
+    dfree(gpu, dw);
+    dfree(gpu, ra);
+    dfree(gpu, rb);
+    dfree(gpu, xa);
+    dfree(gpu, xb);
+    dfree(gpu, db);
+    free(x);
+    free(r);
+    free(w);
+    free(bias);
+    rng = saved;
 }
 
 /* HYLA_LINEAR_Y_BF16, p = {M, N}: prompt-row linears writing bf16 (the MLP's gate and up): a row's
@@ -3109,6 +3195,13 @@ static const op_case cases[] = {
     {"rmsnorm_bf16", case_rmsnorm_bf16, {1100, 2112, 1}},
     {"rmsnorm_bf16", case_rmsnorm_bf16, {300, 128, 0}},
     {"rmsnorm_bf16", case_rmsnorm_bf16, {40, 102, 3}},
+    {"decode_bf16", case_decode_bf16, {16, 2304}},
+    {"decode_bf16", case_decode_bf16, {33, 2304}},
+    {"decode_bf16", case_decode_bf16, {64, 2304}},
+    {"decode_bf16", case_decode_bf16, {65, 2304}},
+    {"decode_bf16", case_decode_bf16, {200, 6144}},
+    {"decode_bf16", case_decode_bf16, {256, 128}},
+    {"decode_bf16", case_decode_bf16, {40, 100}},
     /* {M, N} */
     {"linear bf16 outputs", case_linear_y_bf16, {2500, 6144}},
     {"linear bf16 outputs", case_linear_y_bf16, {3072, 640}},

@@ -184,9 +184,10 @@ typedef struct {
     float *out;                  /* [R][D] the mixer's output */
     void *scratch;               /* device memory of scratch_bytes(mc, cfg, cap_rows) bytes, aligned */
     void **host_ptrs;            /* host [HYLA_MIXER_HOST_PTRS][R] pointer arrays for gathers */
-    int xn_bf16;                 /* 1: xn holds bf16 rows (prompt rows on a backend with rmsnorm_bf16):
-                                  * a mixer hands xn only to hyla_mixer_linear(_multi), which tell the
-                                  * backend (HYLA_LINEAR_X_BF16); the bits are those of fp32 rows */
+    int xn_bf16;                 /* 1: xn holds bf16 rows (prompt rows on a backend with rmsnorm_bf16,
+                                  * or decode rows where it says decode_bf16_rows): a mixer hands xn
+                                  * only to hyla_mixer_linear(_multi), which tell the backend
+                                  * (HYLA_LINEAR_X_BF16); the bits are those of fp32 rows */
     int out_acc;                 /* 1: out is the residual stream and the mixer's output is added onto it
                                   * (prompt rows): the mixer's one write of out, its output projection,
                                   * accumulates (linear's accumulate, HYLA_LINEAR_ACC) instead of

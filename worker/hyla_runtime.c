@@ -232,11 +232,24 @@ void hyla_runtime_free(hyla_runtime *rt) {
 
 /* Every dense linear of the forward: decode rows through ops->linear, prompt rows (prefill
  * pieces) through ops->linear_multi with HYLA_LINEAR_PREFILL (as hyla_mixer_linear). */
-static hyla_status lin(const hyla_ops *o, void *ctx, int decode, int R, const float *x, int K, const hyla_weight *W,
-                       float *y, int N) {
-    if (decode) return o->linear(ctx, x, K, R, K, W, NULL, y, N, N, 0);
-    hyla_linear_out lo = {W, NULL, y, N, N, NULL, 0};
-    return o->linear_multi(ctx, x, K, R, K, 1, &lo, 0, HYLA_LINEAR_PREFILL);
+/* Whether R decode rows of width D take the norms' bf16 rows (hyla_ops.h decode_bf16_rows; the
+ * backend must have rmsnorm_bf16 to write them) */
+static int decode_bf16(const hyla_ops *o, void *ctx, int decode, int R, int D) {
+    return decode && o->rmsnorm_bf16 && o->decode_bf16_rows && o->decode_bf16_rows(ctx, R, D);
+}
+
+/* the LM head: the final norm of R rows into rt->xn, then the logits */
+static hyla_status lm_head(hyla_runtime *rt, int decode, int R, float *x, float *lg) {
+    const hyla_model *m = rt->m;
+    const hyla_model_config *c = &m->cfg;
+    const hyla_ops *o = rt->be->ops;
+    void *ctx = rt->be->ctx;
+    const int D = c->hidden_size, V = c->vocab_size, db = decode_bf16(o, ctx, decode, R, D);
+    if (db) HYLA_TRY(o->rmsnorm_bf16(ctx, x, NULL, m->final_norm, rt->xn, R, D, c->norm_eps));
+    else HYLA_TRY(o->rmsnorm(ctx, x, m->final_norm, rt->xn, R, D, c->norm_eps));
+    if (decode && !db) return o->linear(ctx, rt->xn, D, R, D, m->lm_head, NULL, lg, V, V, 0);
+    hyla_linear_out lo = {m->lm_head, NULL, lg, V, V, NULL, 0};
+    return o->linear_multi(ctx, rt->xn, D, R, D, 1, &lo, 0, decode ? HYLA_LINEAR_X_BF16 : HYLA_LINEAR_PREFILL);
 }
 
 #define PM(label)                                                        \
@@ -352,7 +365,10 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     /* prompt rows: the norms write the prompt GEMMs' bf16 operand where the backend can (the bits
      * of fp32 rows; hyla_ops.h rmsnorm_bf16), halving the bytes of xn and skipping its rounding */
     const int nb = !decode && o->rmsnorm_bf16;
-    const int xf = decode ? 0 : HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
+    /* decode rows that the backend's linears take as bf16 rows (hyla_ops.h decode_bf16_rows):
+     * the norms before the projections write those, the linears skip their conversion pass */
+    const int db = decode_bf16(o, ctx, decode, R, D);
+    const int xf = decode ? (db ? HYLA_LINEAR_X_BF16 : 0) : HYLA_LINEAR_PREFILL | (nb ? HYLA_LINEAR_X_BF16 : 0);
     /* and the MLP's gate and up in bf16 (half the bytes written and read; the values the SwiGLU
      * then sees are rounded once more than decode rows': prompt and decode rows are separate paths) */
     const int gf = nb ? HYLA_LINEAR_Y_BF16 : 0, hf = nb ? HYLA_LINEAR_X_BF16 : 0;
@@ -378,7 +394,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
     int owed = 0;
     for (int l = m->layer_begin; s == HYLA_OK && l < m->layer_end; l++) {
         const hyla_layer *ly = &m->layers[l];
-        if (nb)
+        if (nb || db)
             s = o->rmsnorm_bf16(ctx, x, owed ? rt->mo : NULL, ly->attn_norm, rt->xn, R, D, c->norm_eps);
         else if (owed)
             s = o->add_rmsnorm(ctx, x, rt->mo, ly->attn_norm, rt->xn, R, D, c->norm_eps);
@@ -390,7 +406,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
         for (int i = 0; i < nst; i++) ls[i] = &st[i]->ls[l];
         float *mo = onto ? rt->onto_buf[rt->onto_j] : xacc ? x : rt->mo;
         hyla_mixer_fwd mf = {o, ctx, c, ly->cfg, ly->w, l, decode, R, rt->rows, pos, ls, rt->xn, mo,
-                             rt->mixer_scratch, rt->host_ptrs, nb, xacc};
+                             rt->mixer_scratch, rt->host_ptrs, nb || db, xacc};
         if ((s = ly->mixer->forward(&mf)) != HYLA_OK) {
             s = hyla_fail_wrap(s, "layer %d (%s)", l, ly->mixer->name);
             break;
@@ -401,7 +417,7 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
             owed = !xacc && !onto;
             continue;
         }
-        if (nb) s = o->rmsnorm_bf16(ctx, x, xacc || onto ? NULL : rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
+        if (nb || db) s = o->rmsnorm_bf16(ctx, x, xacc || onto ? NULL : rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
         else if (onto) s = o->rmsnorm(ctx, x, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
         else s = o->add_rmsnorm(ctx, x, rt->mo, ly->mlp_norm, rt->xn, R, D, c->norm_eps);
         if (s != HYLA_OK) break;
@@ -665,8 +681,7 @@ hyla_status hyla_runtime_forward(hyla_runtime *rt, const hyla_fwd *f, int want_l
             return hyla_fail(HYLA_ERR_INTERNAL, "logits of rows %d..%d wanted with %d reserved", f->row_off,
                              f->row_off + f->R - 1, rt->logit_rows);
         float *lg = rt->logits + (size_t)f->row_off * V;
-        HYLA_TRY(o->rmsnorm(ctx, x, m->final_norm, rt->xn, f->R, D, c->norm_eps));
-        hyla_status hs = lin(o, ctx, f->decode, f->R, rt->xn, D, m->lm_head, lg, c->vocab_size);
+        hyla_status hs = lm_head(rt, f->decode, f->R, x, lg);
         PM("final norm, lm head");
         if (hs == HYLA_OK && f->logits_host) hs = o->download(ctx, f->logits_host, lg, (size_t)f->R * V * sizeof(float));
         if (hs == HYLA_OK && f->lane && o->submit) hs = o->submit(ctx); /* the device starts it now */

@@ -661,8 +661,9 @@ static hyla_status cpu_short_conv_multi(void *ctx, int m, const hyla_conv_part *
  *
  * With HYLA_CPU_BF16_ROWS=1 at creation the backend takes the CUDA backend's bf16 prompt rows
  * (hyla_ops.h rmsnorm_bf16, HYLA_LINEAR_X_BF16 / Y_BF16): each bf16 value is the fp32 one rounded
- * to nearest-even, widened again where read. Not the reference's arithmetic (which stays fp32): it
- * lets the CPU tests run the runtime's and mixers' bf16 paths (pieces, tensor-parallel halves). */
+ * to nearest-even, widened again where read; decode rows' norms too (decode_bf16_rows). Not the
+ * reference's arithmetic (which stays fp32): it lets the CPU tests run the runtime's and mixers'
+ * bf16 paths (pieces, tensor-parallel halves, decode steps). */
 static float *cpu_widen(const void *x, size_t n) {
     const uint16_t *b = x;
     float *f = malloc(n * sizeof(float) + 4);
@@ -691,10 +692,10 @@ static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, i
         return hyla_linear_multi_by_x(cpu_linear_multi, ctx, x, ldx, M, K, n, outs, accumulate, flags);
     if (!(flags & (HYLA_LINEAR_X_BF16 | HYLA_LINEAR_Y_BF16)))
         return cpu_linear_multi_f32(ctx, x, ldx, M, K, n, outs, accumulate, flags);
-    if (!((cpu_ctx *)ctx)->bf16_rows || !(flags & HYLA_LINEAR_PREFILL) || n < 1 || n > HYLA_LINEAR_MULTI_MAX ||
-        ((flags & HYLA_LINEAR_X_BF16) && ldx != K))
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows (flags %d) need prompt rows, ldx == K and a "
-                                               "backend created with HYLA_CPU_BF16_ROWS=1", flags);
+    if (!((cpu_ctx *)ctx)->bf16_rows || !((flags & HYLA_LINEAR_PREFILL) || flags == HYLA_LINEAR_X_BF16) || n < 1 ||
+        n > HYLA_LINEAR_MULTI_MAX || ((flags & HYLA_LINEAR_X_BF16) && ldx != K))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows (flags %d) need prompt rows (or bf16 x alone), "
+                                               "ldx == K and a backend created with HYLA_CPU_BF16_ROWS=1", flags);
     float *xf = (flags & HYLA_LINEAR_X_BF16) ? cpu_widen(x, (size_t)M * K) : NULL;
     hyla_linear_out o[HYLA_LINEAR_MULTI_MAX];
     float *yf[HYLA_LINEAR_MULTI_MAX] = {NULL};
@@ -710,7 +711,7 @@ static hyla_status cpu_linear_multi(void *ctx, const float *x, int ldx, int M, i
             o[j].y = yf[j];
     }
     if (st == HYLA_OK)
-        st = cpu_linear_multi_f32(ctx, xf ? xf : x, xf ? K : ldx, M, K, n, o, accumulate, HYLA_LINEAR_PREFILL);
+        st = cpu_linear_multi_f32(ctx, xf ? xf : x, xf ? K : ldx, M, K, n, o, accumulate, flags & HYLA_LINEAR_PREFILL);
     for (int j = 0; j < n; j++) {
         if (st == HYLA_OK && yf[j]) cpu_round(yf[j], (size_t)M * outs[j].N, outs[j].y);
         free(yf[j]);
@@ -971,9 +972,17 @@ static const hyla_ops cpu_ops = {
 /* the same with the bf16 prompt rows (HYLA_CPU_BF16_ROWS=1) */
 static hyla_ops cpu_ops_bf16;
 
+/* decode rows too: every row count, so that a row's result does not depend on its batch (the
+ * fp32 linear does not round x, so rows in bf16 differ from fp32 rows: all or none) */
+static int cpu_decode_bf16_rows(void *ctx, int M, int K) {
+    (void)ctx;
+    return M >= 1 && K >= 1;
+}
+
 static void cpu_ops_bf16_init(void) {
     cpu_ops_bf16 = cpu_ops;
     cpu_ops_bf16.rmsnorm_bf16 = cpu_rmsnorm_bf16;
+    cpu_ops_bf16.decode_bf16_rows = cpu_decode_bf16_rows;
 }
 
 hyla_status hyla_cpu_backend_create(int n_threads, hyla_backend **out) {

@@ -401,11 +401,16 @@ extern "C" hyla_status cu_fused_flags_check(const char *op, int flags) {
     return HYLA_OK;
 }
 
-extern "C" hyla_status cu_linear_flags_check(int flags, int ldx, int K, int n, const hyla_linear_out *outs,
-                                             int accumulate) {
-    if ((flags & HYLA_LINEAR_X_BF16) && (!(flags & HYLA_LINEAR_PREFILL) || ldx != K))
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows need prompt rows and ldx == K (ldx %d, K %d)", ldx,
-                         K);
+extern "C" hyla_status cu_linear_flags_check(const hyla_cuda_ctx *c, int flags, const float *x, int ldx, int M, int K,
+                                             int n, const hyla_linear_out *outs, int accumulate) {
+    if ((flags & HYLA_LINEAR_X_BF16) && !(flags & HYLA_LINEAR_PREFILL) &&
+        (!cu_decode_bf16_rows(c, M, K) || ldx != K || flags != HYLA_LINEAR_X_BF16 || hyla_linear_multi_has_x(x, n, outs)))
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "linear_multi: bf16 decode rows (flags %d) need rows that take them (decode_bf16_rows: %d "
+                         "rows of K %d %s), ldx == K (ldx %d) and no output of its own x or accumulate",
+                         flags, M, K, cu_decode_bf16_rows(c, M, K) ? "do" : "do not", ldx);
+    if ((flags & HYLA_LINEAR_X_BF16) && ldx != K)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 rows need ldx == K (ldx %d, K %d)", ldx, K);
     if (flags & HYLA_LINEAR_Y_BF16) {
         if (!(flags & HYLA_LINEAR_PREFILL) || accumulate)
             return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: bf16 outputs need prompt rows and no accumulate");
@@ -620,14 +625,48 @@ static hyla_status linear_fixed_rows(hyla_cuda_ctx *c, const float *x, int ldx, 
     return HYLA_OK;
 }
 
+/* Decode rows on the large-M path, two or more outputs: up to 64 rows (the warpgroup linear from
+ * a lowered HYLA_CUDA_GEMM_WG_MIN) the outputs narrower than its 128-column tile (GDN's a and b:
+ * one per head) go to the skinny kernel in one grouped launch, not a launch each (7 us apiece at
+ * 64 rows); the rest to the warpgroup linear. */
+static void split_narrow(hyla_cuda_ctx *c, int M, int K, int n, const hyla_linear_out *outs, hyla_linear_out *wide,
+                         int *nw, hyla_linear_out *narrow, int *nn) {
+    *nw = *nn = 0;
+    for (int j = 0; j < n; j++) {
+        if (M <= 64 && outs[j].N < 128 && cu_skinny_multi_ok(c, M, K))
+            narrow[(*nn)++] = outs[j];
+        else
+            wide[(*nw)++] = outs[j];
+    }
+}
+
+/* Decode rows from the norm's bf16 rows (HYLA_LINEAR_X_BF16 without HYLA_LINEAR_PREFILL, at rows
+ * where cu_decode_bf16_rows): routed as the same call from fp32 rows is below, each path taking
+ * these rows where it would have converted x itself: the same bits, one conversion pass fewer. */
+static hyla_status linear_multi_decode_xb(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                          const hyla_linear_out *outs, int accumulate, int flags) {
+    HYLA_TRY(cu_linear_flags_check(c, flags, x, ldx, M, K, n, outs, accumulate));
+    for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(K, K, outs[j].W, outs[j].ldy, outs[j].N));
+    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    if (n == 1) return cu_gemm_big_multi_xb(c, xb, M, K, 1, outs, accumulate); /* cu_linear's path */
+    hyla_linear_out wide[HYLA_LINEAR_MULTI_MAX], narrow[HYLA_LINEAR_MULTI_MAX];
+    int nw, nn;
+    split_narrow(c, M, K, n, outs, wide, &nw, narrow, &nn);
+    if (nn) HYLA_TRY(cu_skinny_linear_multi_xb(c, xb, M, K, nn, narrow, accumulate));
+    return nw ? cu_gemm_big_multi_xb(c, xb, M, K, nw, wide, accumulate) : HYLA_OK;
+}
+
 /* Routed exactly as n cu_linear calls would be (so the same bits); the skinny case runs as one
- * grouped launch. Prompt rows (flags & HYLA_LINEAR_PREFILL) go to linear_fixed_rows. */
+ * grouped launch. Prompt rows (flags & HYLA_LINEAR_PREFILL) go to linear_fixed_rows; decode rows
+ * from bf16 rows to linear_multi_decode_xb. */
 extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n,
                                        const hyla_linear_out *outs, int accumulate, int flags) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     if (M <= 0) return HYLA_OK;
+    if ((flags & HYLA_LINEAR_X_BF16) && !(flags & HYLA_LINEAR_PREFILL))
+        return linear_multi_decode_xb(c, x, ldx, M, K, n, outs, accumulate, flags);
     if (hyla_linear_multi_has_x(x, n, outs)) {
         /* outputs of their own x: one grouped launch where the skinny kernel reads fp32 rows
          * straight (cu_skinny_multi_own_x: a few decode rows, or a small K ahead of the large-M
@@ -636,29 +675,21 @@ extern "C" hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M
             cu_skinny_multi_own_x(c, M, K)) {
             for (int j = 0; j < n; j++)
                 HYLA_TRY(cu_linear_check(outs[j].x && outs[j].x != x ? K : ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-            HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate)); /* bf16 flags need prompt rows */
+            HYLA_TRY(cu_linear_flags_check(c, flags, x, ldx, M, K, n, outs, accumulate)); /* bf16 flags: prompt rows */
             return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
         }
         return hyla_linear_multi_by_x(cu_linear_multi, ctx, x, ldx, M, K, n, outs, accumulate, flags);
     }
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate));
+    HYLA_TRY(cu_linear_flags_check(c, flags, x, ldx, M, K, n, outs, accumulate));
     if (flags & HYLA_LINEAR_PREFILL)
         return linear_fixed_rows(c, x, ldx, M, K, n, outs, accumulate, PROMPT_ROWS, NULL, flags);
     if (n > 1 && !cu_gemm_big_ok(c, M, K) && cu_skinny_multi_ok(c, M, K))
         return cu_skinny_linear_multi(c, x, ldx, M, K, n, outs, accumulate);
     if (n > 1 && cu_gemm_big_ok(c, M, K)) {
-        /* up to 64 rows (the warpgroup linear from a lowered HYLA_CUDA_GEMM_WG_MIN): outputs
-         * narrower than its 128-column tile (GDN's a and b: one per head) go to the skinny
-         * kernel in one grouped launch, not a launch each (7 us apiece at 64 rows) */
         hyla_linear_out wide[HYLA_LINEAR_MULTI_MAX], narrow[HYLA_LINEAR_MULTI_MAX];
-        int nw = 0, nn = 0;
-        for (int j = 0; j < n; j++) {
-            if (M <= 64 && outs[j].N < 128 && cu_skinny_multi_ok(c, M, K))
-                narrow[nn++] = outs[j];
-            else
-                wide[nw++] = outs[j];
-        }
+        int nw, nn;
+        split_narrow(c, M, K, n, outs, wide, &nw, narrow, &nn);
         if (nn) HYLA_TRY(cu_skinny_linear_multi(c, x, ldx, M, K, nn, narrow, accumulate));
         return nw ? cu_gemm_big_multi(c, x, ldx, M, K, nw, wide, accumulate) : HYLA_OK;
     }
@@ -943,9 +974,11 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
     if (buf && len)
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
-                 "gemm_wgp=%d gemm_wg_n64=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d gla_tiles=%d",
+                 "gemm_wgp=%d gemm_wg_n64=%d decode_bf16=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d "
+                 "gla_tiles=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
-                 c->gemm_wgp, c->gemm_wg_n64, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2, c->gla_tiles);
+                 c->gemm_wgp, c->gemm_wg_n64, c->decode_bf16, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2,
+                 c->gla_tiles);
     return HYLA_OK;
 }
 

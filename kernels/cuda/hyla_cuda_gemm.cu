@@ -656,9 +656,11 @@ extern "C" int cu_skinny_multi_own_x(const hyla_cuda_ctx *c, int M, int K) {
 }
 
 /* n linears of the same x [M][K] in one launch (its last blocks per tile sum the slices; the
- * reduction kernel only where the counts are off or too few); the bits of n separate cu_skinny_linear calls. Requires cu_skinny_multi_ok. */
-extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
-                                              const hyla_linear_out *outs, int accumulate) {
+ * reduction kernel only where the counts are off or too few); the bits of n separate cu_skinny_linear calls. Requires cu_skinny_multi_ok.
+ * xb: x's rows already rounded to bf16 ([M][K], the decode norm's: cu_decode_bf16_rows), taken
+ * where the launch would convert x (more than 16 rows, no output of its own x); else NULL. */
+static hyla_status skinny_multi(hyla_cuda_ctx *c, const float *x, const __nv_bfloat16 *xb, int ldx, int M, int K,
+                                int n, const hyla_linear_out *outs, int accumulate) {
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     SkGroup G;
@@ -699,9 +701,10 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
         own |= G.xo[i] || G.acc[i];
     }
     const bool xf = MT == 1 || own;
+    if (xb && xf) return hyla_fail(HYLA_ERR_INTERNAL, "skinny linear: bf16 rows at %d rows or with own x", M);
     const int vecx = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    const __nv_bfloat16 *xbb = NULL;
-    if (!xf) { /* one conversion of x for the whole group */
+    const __nv_bfloat16 *xbb = xb;
+    if (!xf && !xb) { /* one conversion of x for the whole group */
         void *xb;
         HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
         HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
@@ -738,6 +741,16 @@ extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, 
     k_skinny_reduce_g<<<(unsigned)blocks, 256, 0, c->stream>>>(G, M, accumulate);
     CU_LAUNCH_CHECK("skinny reduce (multi)");
     return HYLA_OK;
+}
+
+extern "C" hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
+                                              const hyla_linear_out *outs, int accumulate) {
+    return skinny_multi(c, x, NULL, ldx, M, K, n, outs, accumulate);
+}
+
+extern "C" hyla_status cu_skinny_linear_multi_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                                 const hyla_linear_out *outs, int accumulate) {
+    return skinny_multi(c, (const float *)xb, xb, K, M, K, n, outs, accumulate);
 }
 
 /* ---------------------------------------------------------------- large M, the same bits */
@@ -961,6 +974,8 @@ extern "C" void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major) {
     c->gemm_wgp = !(ep && !strcmp(ep, "0"));
     const char *en = getenv("HYLA_CUDA_GEMM_WG_N64");
     c->gemm_wg_n64 = !(en && !strcmp(en, "0"));
+    const char *ed = getenv("HYLA_CUDA_DECODE_BF16");
+    c->decode_bf16 = !(ed && !strcmp(ed, "0"));
 }
 
 
@@ -1028,6 +1043,18 @@ extern "C" hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int l
     HYLA_TRY(cu_scratch(c, SCR_XB, (size_t)M * K * 2, &xb));
     HYLA_TRY(cu_f32_to_bf16_rows(c, x, ldx, M, K, (__nv_bfloat16 *)xb));
     return gemm_big_multi_bf16(c, (const __nv_bfloat16 *)xb, M, K, n, outs, accumulate);
+}
+
+extern "C" hyla_status cu_gemm_big_multi_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                            const hyla_linear_out *outs, int accumulate) {
+    return gemm_big_multi_bf16(c, xb, M, K, n, outs, accumulate);
+}
+
+/* Decode rows whose every linear_multi path of x [M][K] reads x as bf16 rows it converts itself
+ * (the warpgroup linear, and the skinny kernel's grouped launch for narrow outputs above 16
+ * rows): there the norm before may write those rows (ops->decode_bf16_rows) */
+extern "C" int cu_decode_bf16_rows(const hyla_cuda_ctx *c, int M, int K) {
+    return c->decode_bf16 && M > 16 && K % 8 == 0 && cu_gemm_big_ok(c, M, K);
 }
 
 extern "C" hyla_status cu_gemm_big_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, const hyla_weight *W,

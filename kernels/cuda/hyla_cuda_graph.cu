@@ -787,7 +787,7 @@ static hyla_status g_linear_multi(void *ctx, const float *x, int ldx, int M, int
     if (n < 1 || n > HYLA_LINEAR_MULTI_MAX)
         return hyla_fail(HYLA_ERR_INVALID_ARG, "linear_multi: %d outputs (1..%d)", n, HYLA_LINEAR_MULTI_MAX);
     for (int j = 0; j < n; j++) HYLA_TRY(cu_linear_check(ldx, K, outs[j].W, outs[j].ldy, outs[j].N));
-    HYLA_TRY(cu_linear_flags_check(flags, ldx, K, n, outs, accumulate));
+    HYLA_TRY(cu_linear_flags_check(c, flags, x, ldx, M, K, n, outs, accumulate));
     ga_linear_multi *a;
     HYLA_TRY(log_linear_multi(c->graphs, 0, &a, NULL));
     a->x = x;
@@ -1330,6 +1330,8 @@ static hyla_status f_nsa_decode(void *ctx, const float *q, const float *k, const
     return cu_nsa_decode(ctx, q, k, v, g, B, Hq, Hk, D, pos, kv, block, counts, window, scale, o);
 }
 
+static int f_decode_bf16_rows(void *ctx, int M, int K) { return cu_decode_bf16_rows((hyla_cuda_ctx *)ctx, M, K); }
+
 extern "C" const hyla_ops hyla_cuda_ops_table = {
     /* name */ "cuda",
     /* kv_dtype */ HYLA_DT_BF16,
@@ -1402,6 +1404,8 @@ extern "C" const hyla_ops hyla_cuda_ops_table = {
     f_submit,
     /* SSE's feature maps in one launch */
     g_sse_maps,
+    /* decode rows' norms as the linears' bf16 operand */
+    f_decode_bf16_rows,
 };
 
 /* ---------------------------------------------------------------- hyla_cuda_extra.h */

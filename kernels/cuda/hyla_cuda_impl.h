@@ -136,6 +136,7 @@ typedef struct hyla_cuda_ctx {
     int gemm_wg_min_env;    /* gemm_wg_min came from the environment (the setter leaves it) */
     int gemm_wgp;           /* k_gemm_wgp (producer warp) from 65 rows (HYLA_CUDA_GEMM_WGP=0: k_gemm_wg only) */
     int gemm_wg_n64;        /* from 65 rows, outputs of blocks under half the SMs in 64 columns (HYLA_CUDA_GEMM_WG_N64=0: 128) */
+    int decode_bf16;        /* decode norms write the warpgroup linears' bf16 rows (HYLA_CUDA_DECODE_BF16=0: fp32 rows) */
     int chunk_b_wg;         /* kernel B on warpgroup products for dk <= 128 (Hopper; HYLA_CUDA_CHUNK_B_WG=0: off) */
     int gla_tiles;          /* GLA's split form: k_gla_chunk_f for dk <= 128 (HYLA_CUDA_GLA_TILES=0: k_gla_chunk_a) */
 } hyla_cuda_ctx;
@@ -181,9 +182,11 @@ void cu_weight_destroy(void *ctx, hyla_weight *w);
 void cu_destroy(void *ctx);
 hyla_status cu_linear(void *ctx, const float *x, int ldx, int M, int K, const hyla_weight *W, const float *bias,
                       float *y, int ldy, int N, int accumulate);
-/* HYLA_LINEAR_X_BF16 only with HYLA_LINEAR_PREFILL and ldx == K; HYLA_LINEAR_Y_BF16 only with
+/* HYLA_LINEAR_X_BF16 only with ldx == K, and without HYLA_LINEAR_PREFILL only alone, at rows that
+ * take it (cu_decode_bf16_rows) and with no output of its own x; HYLA_LINEAR_Y_BF16 only with
  * HYLA_LINEAR_PREFILL, no accumulate, no bias, ldy == N (the logged op checks it when called) */
-hyla_status cu_linear_flags_check(int flags, int ldx, int K, int n, const hyla_linear_out *outs, int accumulate);
+hyla_status cu_linear_flags_check(const hyla_cuda_ctx *c, int flags, const float *x, int ldx, int M, int K, int n,
+                                  const hyla_linear_out *outs, int accumulate);
 /* swiglu_linear's and gated_rmsnorm_linear's bf16 inputs only with HYLA_LINEAR_PREFILL (checked when logged too) */
 hyla_status cu_fused_flags_check(const char *op, int flags);
 hyla_status cu_linear_check(int ldx, int K, const hyla_weight *W, int ldy, int N);
@@ -299,6 +302,9 @@ int cu_skinny_multi_ok(const hyla_cuda_ctx *c, int M, int K);
 int cu_skinny_multi_own_x(const hyla_cuda_ctx *c, int M, int K);
 hyla_status cu_skinny_linear_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                                    const hyla_linear_out *outs, int accumulate);
+/* the same from x already rounded to bf16 rows [M][K] (more than 16 rows, no output of its own x) */
+hyla_status cu_skinny_linear_multi_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                      const hyla_linear_out *outs, int accumulate);
 /* M > 64 rows with the skinny kernel's bits at GEMM speed (k_gemm_big) */
 int cu_gemm_big_ok(const hyla_cuda_ctx *c, int M, int K);
 void cu_gemm_wg_init(hyla_cuda_ctx *c, int cc_major);
@@ -309,6 +315,11 @@ hyla_status cu_gemm_big_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int
                            const float *bias, float *y, int ldy, int N, int accumulate);
 hyla_status cu_gemm_big_multi(hyla_cuda_ctx *c, const float *x, int ldx, int M, int K, int n,
                               const hyla_linear_out *outs, int accumulate);
+/* the same from x already rounded to bf16 rows [M][K] (the decode norm's) */
+hyla_status cu_gemm_big_multi_xb(hyla_cuda_ctx *c, const __nv_bfloat16 *xb, int M, int K, int n,
+                                 const hyla_linear_out *outs, int accumulate);
+/* decode rows whose linears of K may take the norm's bf16 rows (hyla_ops.h decode_bf16_rows) */
+int cu_decode_bf16_rows(const hyla_cuda_ctx *c, int M, int K);
 hyla_status cu_linear_multi(void *ctx, const float *x, int ldx, int M, int K, int n, const hyla_linear_out *outs,
                             int accumulate, int flags);
 

@@ -50,16 +50,17 @@ void *const *hyla_mixer_gather(const hyla_mixer_fwd *f, int i, int part) {
     return arr;
 }
 
-/* prompt rows' flags: xn may be the norm's bf16 rows */
-static int prompt_flags(const hyla_mixer_fwd *f, const float *x) {
-    return HYLA_LINEAR_PREFILL | (f->xn_bf16 && x == f->xn ? HYLA_LINEAR_X_BF16 : 0);
+/* a linear's flags: prompt rows, and xn may be the norm's bf16 rows (prompt or decode rows) */
+static int lin_flags(const hyla_mixer_fwd *f, const float *x) {
+    return (f->decode ? 0 : HYLA_LINEAR_PREFILL) | (f->xn_bf16 && x == f->xn ? HYLA_LINEAR_X_BF16 : 0);
 }
 
 hyla_status hyla_mixer_linear(const hyla_mixer_fwd *f, const float *x, int K, const hyla_weight *W, const float *bias,
                               float *y, int N, int acc) {
-    if (f->decode) return f->o->linear(f->ctx, x, K, f->R, K, W, bias, y, N, N, acc);
+    const int fl = lin_flags(f, x);
+    if (!fl) return f->o->linear(f->ctx, x, K, f->R, K, W, bias, y, N, N, acc);
     hyla_linear_out lo = {W, bias, y, N, N, NULL, 0};
-    return f->o->linear_multi(f->ctx, x, K, f->R, K, 1, &lo, acc, prompt_flags(f, x));
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, 1, &lo, acc, fl);
 }
 
 hyla_status hyla_mixer_linear_each(const hyla_mixer_fwd *f, int K, int n, const hyla_linear_out *outs, int acc) {
@@ -70,13 +71,13 @@ hyla_status hyla_mixer_linear_each(const hyla_mixer_fwd *f, int K, int n, const 
 }
 
 hyla_status hyla_mixer_linear_multi(const hyla_mixer_fwd *f, const float *x, int K, int n, const hyla_linear_out *outs) {
-    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, f->decode ? 0 : prompt_flags(f, x));
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, lin_flags(f, x));
 }
 
 hyla_status hyla_mixer_linear_multi_bf16(const hyla_mixer_fwd *f, const float *x, int K, int n,
                                          const hyla_linear_out *outs) {
     HYLA_ASSERT(!f->decode && f->xn_bf16);
-    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, prompt_flags(f, x) | HYLA_LINEAR_Y_BF16);
+    return f->o->linear_multi(f->ctx, x, K, f->R, K, n, outs, 0, lin_flags(f, x) | HYLA_LINEAR_Y_BF16);
 }
 
 hyla_status hyla_mixer_kv_views(const hyla_mixer_fwd *f, int part_k, int part_v, hyla_kv_view **views) {
