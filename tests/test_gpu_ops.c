@@ -480,6 +480,18 @@ static void case_embed_linear(const op_case *c) {
  * says its defaults (which the environment of the run must leave alone),
  * and its large-M linear (k_gemm_big instead of the warpgroup form where that runs) gives the
  * same bits. */
+/* A second CUDA backend made with one switch variable set (unset again after), and its switches
+ * line in sw; NULL where it could not be made (the failure checked). */
+static hyla_backend *backend_with(const char *var, const char *val, char *sw, size_t n) {
+    setenv(var, val, 1);
+    hyla_backend *b = NULL;
+    hyla_status st = hyla_cuda_backend_create(0, &b);
+    unsetenv(var);
+    CHECK_OK(st);
+    if (b) CHECK_OK(hyla_cuda_switches(b, sw, n));
+    return b;
+}
+
 static void case_switches(const op_case *c) {
     (void)c;
     char a[256] = "", b[256] = "";
@@ -507,40 +519,25 @@ static void case_switches(const op_case *c) {
     CHECK_MSG(strstr(a, "attn_wg2=8192") && strstr(b, "attn_wg2=0"),
               "switches: default '%s', with HYLA_CUDA_ATTN_WG2=0 '%s'", a, b);
     /* a third backend with k_gemm_wg's forms alone (HYLA_CUDA_GEMM_WGP=0): the same bits again */
-    setenv("HYLA_CUDA_GEMM_WGP", "0", 1);
-    hyla_backend *g3 = NULL;
-    st = hyla_cuda_backend_create(0, &g3);
-    unsetenv("HYLA_CUDA_GEMM_WGP");
-    CHECK_OK(st);
     char d[256] = "";
-    if (g3) CHECK_OK(hyla_cuda_switches(g3, d, sizeof d));
+    hyla_backend *g3 = backend_with("HYLA_CUDA_GEMM_WGP", "0", d, sizeof d);
     CHECK_MSG(strstr(a, "gemm_wgp=1") && strstr(d, "gemm_wgp=0"), "switches: default '%s', with HYLA_CUDA_GEMM_WGP=0 '%s'",
               a, d);
     /* a fourth with 128-column blocks where the default takes 64 from 65 rows
      * (HYLA_CUDA_GEMM_WG_N64=0: the operator's switch back, docs/CUDA.md): the same bits */
-    setenv("HYLA_CUDA_GEMM_WG_N64", "0", 1);
-    hyla_backend *g4 = NULL;
-    st = hyla_cuda_backend_create(0, &g4);
-    unsetenv("HYLA_CUDA_GEMM_WG_N64");
-    CHECK_OK(st);
     char e4[256] = "";
-    if (g4) CHECK_OK(hyla_cuda_switches(g4, e4, sizeof e4));
+    hyla_backend *g4 = backend_with("HYLA_CUDA_GEMM_WG_N64", "0", e4, sizeof e4);
     CHECK_MSG(strstr(a, "gemm_wg_n64=1") && strstr(e4, "gemm_wg_n64=0"),
               "switches: default '%s', with HYLA_CUDA_GEMM_WG_N64=0 '%s'", a, e4);
     /* a fifth whose decode norms leave fp32 rows (HYLA_CUDA_DECODE_BF16=0): it takes no bf16
      * decode rows where the default takes them */
-    setenv("HYLA_CUDA_DECODE_BF16", "0", 1);
-    hyla_backend *g5 = NULL;
-    st = hyla_cuda_backend_create(0, &g5);
-    unsetenv("HYLA_CUDA_DECODE_BF16");
-    CHECK_OK(st);
     char e5[256] = "";
-    if (g5) CHECK_OK(hyla_cuda_switches(g5, e5, sizeof e5));
+    hyla_backend *g5 = backend_with("HYLA_CUDA_DECODE_BF16", "0", e5, sizeof e5);
     CHECK_MSG(strstr(a, "decode_bf16=1") && strstr(e5, "decode_bf16=0") && g5 &&
                   !g5->ops->decode_bf16_rows(g5->ctx, 200, 2304) &&
                   gpu->ops->decode_bf16_rows(gpu->ctx, 200, 2304) == !!strstr(a, "gemm_wg=1"),
               "switches: default '%s', with HYLA_CUDA_DECODE_BF16=0 '%s'", a, e5);
-    hyla_backend_destroy(g5);
+    if (g5) hyla_backend_destroy(g5);
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 columns: 64 x 2304 -> 2304, 48 x 3072 -> 2304; 128 columns, a
      * deep K: 64 x 6144 -> 2304), one warpgroup and a producer warp over the whole K (256 x 2304 ->
