@@ -230,15 +230,15 @@ void hyla_runtime_free(hyla_runtime *rt) {
 /* ------------------------------------------------------------------------------------------ */
 /* Forward                                                                                     */
 
-/* Every dense linear of the forward: decode rows through ops->linear, prompt rows (prefill
- * pieces) through ops->linear_multi with HYLA_LINEAR_PREFILL (as hyla_mixer_linear). */
 /* Whether R decode rows of width D take the norms' bf16 rows (hyla_ops.h decode_bf16_rows; the
  * backend must have rmsnorm_bf16 to write them) */
 static int decode_bf16(const hyla_ops *o, void *ctx, int decode, int R, int D) {
     return decode && o->rmsnorm_bf16 && o->decode_bf16_rows && o->decode_bf16_rows(ctx, R, D);
 }
 
-/* the LM head: the final norm of R rows into rt->xn, then the logits */
+/* The LM head: the final norm of R rows into rt->xn, then the logits: decode rows through
+ * ops->linear (or, from the norm's bf16 rows, linear_multi with HYLA_LINEAR_X_BF16), prompt rows
+ * through linear_multi with HYLA_LINEAR_PREFILL (as hyla_mixer_linear). */
 static hyla_status lm_head(hyla_runtime *rt, int decode, int R, float *x, float *lg) {
     const hyla_model *m = rt->m;
     const hyla_model_config *c = &m->cfg;
