@@ -492,6 +492,21 @@ static hyla_backend *backend_with(const char *var, const char *val, char *sw, si
     return b;
 }
 
+/* The linear of x [M][K] by W [N][K] on backend b (NULL: skipped) gives the bits h1 */
+static void linear_same_bits(hyla_backend *b, const float *W, const float *x, int M, int K, int N, const float *h1,
+                             const char *what) {
+    if (!b) return;
+    hyla_weight *w;
+    CHECK_OK(b->ops->weight_create(b->ctx, W, HYLA_DT_F32, N, K, &w));
+    void *xd = dev(b, x, (size_t)M * K * 4), *yd = dev(b, NULL, (size_t)M * N * 4);
+    CHECK_OK(b->ops->linear(b->ctx, xd, K, M, K, w, NULL, yd, N, N, 0));
+    float *h = host_of(b, yd, (size_t)M * N);
+    CHECK_MSG(!memcmp(h1, h, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with %s", M, K, N, what);
+    free(h);
+    dfree(b, xd), dfree(b, yd);
+    b->ops->weight_destroy(b->ctx, w);
+}
+
 static void case_switches(const op_case *c) {
     (void)c;
     char a[256] = "", b[256] = "";
@@ -562,44 +577,17 @@ static void case_switches(const op_case *c) {
         }
         float *W = randn((size_t)N * K, 1.0f / sqrtf((float)K)), *x = randn((size_t)M * K, 1.0f);
         round_bf16(W, (size_t)N * K);
-        hyla_weight *w1, *w2;
+        hyla_weight *w1;
         CHECK_OK(gpu->ops->weight_create(gpu->ctx, W, HYLA_DT_F32, N, K, &w1));
-        CHECK_OK(g2->ops->weight_create(g2->ctx, W, HYLA_DT_F32, N, K, &w2));
         void *x1 = dev(gpu, x, (size_t)M * K * 4), *y1 = dev(gpu, NULL, (size_t)M * N * 4);
-        void *x2 = dev(g2, x, (size_t)M * K * 4), *y2 = dev(g2, NULL, (size_t)M * N * 4);
         CHECK_OK(gpu->ops->linear(gpu->ctx, x1, K, M, K, w1, NULL, y1, N, N, 0));
-        CHECK_OK(g2->ops->linear(g2->ctx, x2, K, M, K, w2, NULL, y2, N, N, 0));
-        float *h1 = host_of(gpu, y1, (size_t)M * N), *h2 = host_of(g2, y2, (size_t)M * N);
-        CHECK_MSG(!memcmp(h1, h2, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WG=0", M,
-                  K, N);
-        if (g3) {
-            hyla_weight *w3;
-            CHECK_OK(g3->ops->weight_create(g3->ctx, W, HYLA_DT_F32, N, K, &w3));
-            void *x3 = dev(g3, x, (size_t)M * K * 4), *y3 = dev(g3, NULL, (size_t)M * N * 4);
-            CHECK_OK(g3->ops->linear(g3->ctx, x3, K, M, K, w3, NULL, y3, N, N, 0));
-            float *h3 = host_of(g3, y3, (size_t)M * N);
-            CHECK_MSG(!memcmp(h1, h3, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WGP=0",
-                      M, K, N);
-            free(h3);
-            dfree(g3, x3), dfree(g3, y3);
-            g3->ops->weight_destroy(g3->ctx, w3);
-        }
-        if (g4) {
-            hyla_weight *w4;
-            CHECK_OK(g4->ops->weight_create(g4->ctx, W, HYLA_DT_F32, N, K, &w4));
-            void *x4 = dev(g4, x, (size_t)M * K * 4), *y4 = dev(g4, NULL, (size_t)M * N * 4);
-            CHECK_OK(g4->ops->linear(g4->ctx, x4, K, M, K, w4, NULL, y4, N, N, 0));
-            float *h4 = host_of(g4, y4, (size_t)M * N);
-            CHECK_MSG(!memcmp(h1, h4, (size_t)M * N * 4), "linear %d x %d -> %d: other bits with HYLA_CUDA_GEMM_WG_N64=0",
-                      M, K, N);
-            free(h4);
-            dfree(g4, x4), dfree(g4, y4);
-            g4->ops->weight_destroy(g4->ctx, w4);
-        }
-        free(h1), free(h2), free(W), free(x);
-        dfree(gpu, x1), dfree(gpu, y1), dfree(g2, x2), dfree(g2, y2);
+        float *h1 = host_of(gpu, y1, (size_t)M * N);
+        linear_same_bits(g2, W, x, M, K, N, h1, "HYLA_CUDA_GEMM_WG=0");
+        linear_same_bits(g3, W, x, M, K, N, h1, "HYLA_CUDA_GEMM_WGP=0");
+        linear_same_bits(g4, W, x, M, K, N, h1, "HYLA_CUDA_GEMM_WG_N64=0");
+        free(h1), free(W), free(x);
+        dfree(gpu, x1), dfree(gpu, y1);
         gpu->ops->weight_destroy(gpu->ctx, w1);
-        g2->ops->weight_destroy(g2->ctx, w2);
     }
     rng = saved;
     if (g3) hyla_backend_destroy(g3);
