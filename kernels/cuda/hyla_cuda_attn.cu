@@ -6,7 +6,7 @@
  * written into their pages first; queries then read only the cache, so prefill and decode see
  * the same bf16 keys and values.
  *
- * Prefill (D = 32, 64, 128): flash-attention style, each warp owns 16 query rows; key tiles of
+ * Prefill (D = 32, 64, 128, 256): flash-attention style, each warp owns 16 query rows; key tiles of
  * 64 tokens are gathered from their pages into shared memory; S = Q K^T and O += P V run on
  * tensor cores (bf16, fp32 accumulation) with an online softmax in fp32 (max subtraction, exp
  * rescaling). k_attn_flash2 (hyla_cuda_attn_flash.cuh): 4 warps per 64 queries, tiles streamed
@@ -336,7 +336,7 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
                                 int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
                                 int split_len, float *part) {
     const dim3 grid(cu_blocks(ng, 64), Hq, nsplit);
-    if constexpr (D >= 64) {
+    if constexpr (D >= 64 && D <= 128) { /* k_attn_wg's head dims */
         if (c->attn_wg) {
             int lg = -1; /* pages of 2^lg rows: the kernel shifts instead of dividing */
             if (pt > 0 && !(pt & (pt - 1)))
@@ -389,7 +389,7 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
     k_kv_write<<<grid_of((size_t)n * Hk * D), 256, 0, c->stream>>>(k, v, n, Hk, D, pos0, NULL, kp, vp, NULL,
                                                                    kv->page_tokens);
     CU_LAUNCH_CHECK("kv write");
-    if (D == 32 || D == 64 || D == 128) {
+    if (D == 32 || D == 64 || D == 128 || D == 256) {
         const int L = c->attn_split_len;
         /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
         int group = n;
@@ -413,8 +413,11 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
             else if (D == 64)
                 HYLA_TRY(flash_launch<64>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                           kv->page_tokens, og, Lg, part));
-            else
+            else if (D == 128)
                 HYLA_TRY(flash_launch<128>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
+                                           kv->page_tokens, og, Lg, part));
+            else /* D = 256 (attention layers of hidden / heads = 256): k_attn_flash2, 135 KB of tiles */
+                HYLA_TRY(flash_launch<256>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                            kv->page_tokens, og, Lg, part));
             if (Lg) {
                 k_flash_combine<<<dim3(Hq, ng), D, 0, c->stream>>>(part, Hq, D, nsplit, L, gp0, window, og);

@@ -233,9 +233,11 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
  * Tiles past a row's position would be bit-neutral too (all masked), but they are skipped so
  * that a row's sequence of tiles does not depend on the call (nor on NW).
  * Registers (sm_90, no spills): NW = 4: 168 at D = 128, three blocks per SM (the product's
- * launch bounds); NW = 8: 207 / 159 / 127 at D = 128 / 64 / 32, one block per SM. */
+ * launch bounds); NW = 8: 207 / 159 / 127 at D = 128 / 64 / 32, one block per SM. D = 256 (NW =
+ * 4): 135 KB of tiles, one block per SM, so its bounds let it have the registers of one block
+ * (O alone is 128 a thread there). */
 template <int D, int NW>
-__global__ void __launch_bounds__(32 * NW, NW == 4 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
+__global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_flash2(const float *q, int n, int Hq, int Hk, int pos0,
                                                                  int window, float scale, void *const *kp,
                                                                  void *const *vp, int pt, float *o, int split_len,
                                                                  int nsplit, float *part) {
