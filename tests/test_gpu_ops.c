@@ -2481,9 +2481,10 @@ static void case_attention(const op_case *c) {
 /* Flash prefill (k_attn_wg / k_attn_flash2), p = {D}: a row gets the same bits whatever call it
  * is in: a prefill from position 0 (n = 300, 1100: several query blocks and a partial one) == the
  * same tokens as a piece of 64 and a piece at pos0 = 64, GQA, window 0 and 100, one pass and
- * splits of 64 keys; each within the tolerance of the CPU; at D = 64, 128 on Hopper the other flash
- * kernel (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and
- * piece-invariant too. D = 256 (attention layers of hidden / heads = 256) runs k_attn_flash2. */
+ * splits of 64 keys; each within the tolerance of the CPU; at D = 64, 128 on Hopper (and 256
+ * without a window: attention layers of hidden / heads = 256) the other flash kernel
+ * (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and piece-invariant
+ * too. */
 static void case_attn_pieces(const op_case *c) {
     /* n = 2300 at D = 128 with the two-warpgroup form from any key count
      * (hyla_cuda_set_attn_wg2(1); the default takes it from 8192 keys on average): one call on it
@@ -2495,9 +2496,10 @@ static void case_attn_pieces(const op_case *c) {
     const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here */
     const char *aw2 = strstr(sw, "attn_wg2=");
     const int wg2_keys = aw2 ? atoi(aw2 + 9) : 0;
-    const int wg_d = wg_on && D >= 64 && D <= 128; /* k_attn_wg's head dims */
-    printf("# attn pieces D=%d: the default kernel is %s\n", D, wg_d ? "k_attn_wg" : "k_attn_flash2");
-    for (int W = 0; W <= 100; W += 100)
+    for (int W = 0; W <= 100; W += 100) {
+        /* k_attn_wg's head dims: 64, 128, and 256 without a window */
+        const int wg_d = wg_on && ((D >= 64 && D <= 128) || (D == 256 && W == 0));
+        printf("# attn pieces D=%d W=%d: the default kernel is %s\n", D, W, wg_d ? "k_attn_wg" : "k_attn_flash2");
         for (int sp = 0; sp < 2; sp++)
             for (int ni = 0; ni < nn; ni++) {
                 const int n = ns[ni], pt = D == 64 ? 16 : 64;
@@ -2556,6 +2558,7 @@ static void case_attn_pieces(const op_case *c) {
                 free(k);
                 free(v);
             }
+    }
 }
 
 /* ---------------------------------------------------------------- sampling */

@@ -326,8 +326,8 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
     return HYLA_OK;
 }
 
-/* Flash prefill for the head dims it is built for: k_attn_wg (Hopper's warpgroup products, D = 64
- * and 128, unless HYLA_CUDA_ATTN_WG=0) or k_attn_flash2 (4 warps per 64 queries, K/V tiles by cp.async
+/* Flash prefill for the head dims it is built for: k_attn_wg (Hopper's warpgroup products, D = 64,
+ * 128 and, without a window, 256, unless HYLA_CUDA_ATTN_WG=0) or k_attn_flash2 (4 warps per 64 queries, K/V tiles by cp.async
  * into two buffers). Each is piece-invariant; they agree within rounding, not bit for bit
  * (test_gpu_ops "attn pieces"), so the kernel is part of what a prefill's bits depend on, as the
  * GPU kind is. */
@@ -336,6 +336,21 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
                                 int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
                                 int split_len, float *part) {
     const dim3 grid(cu_blocks(ng, 64), Hq, nsplit);
+    if constexpr (D == 256) {
+        /* two warpgroups sharing each K/V tile (the form needs rows of whole 128-byte swizzle
+         * groups a pass: 256 threads at D = 256), for every call without a window whatever its
+         * size, so a row's bits do not depend on the piece; with a window the halves' key ranges
+         * differ, and k_attn_flash2 below takes it */
+        if (c->attn_wg && window <= 0) {
+            int lg = -1;
+            if (pt > 0 && !(pt & (pt - 1)))
+                for (lg = 0; (1 << lg) < pt; lg++) {
+                }
+            const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024; /* K, V buffers and two Q tiles: 193 KB */
+            return cu_launch_dyn(c, k_attn_wg<D, 2>, dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, q, n, Hq, Hk,
+                                 pos0, window, scale, kp, vp, pt, lg, o, split_len, nsplit, part);
+        }
+    }
     if constexpr (D >= 64 && D <= 128) { /* k_attn_wg's head dims */
         if (c->attn_wg) {
             int lg = -1; /* pages of 2^lg rows: the kernel shifts instead of dividing */
