@@ -2317,7 +2317,10 @@ static void case_attention(const op_case *c) {
     } cases[] = {{4, 2, 64, 64, 0},  {4, 4, 128, 64, 0}, {6, 2, 128, 16, 50}, {4, 2, 48, 64, 0}, {2, 1, 32, 64, 30},
                  /* pages of a size that is no power of two (k_attn_wg divides instead of shifting),
                   * on inputs of their own so the cases after keep theirs */
-                 {4, 2, 128, 24, 0}, {4, 2, 64, 40, 20}};
+                 {4, 2, 128, 24, 0}, {4, 2, 64, 40, 20},
+                 /* heads of 256 (attention layers of hidden / heads = 256): the warpgroup flash
+                  * prefill, and decode on the rows kernel with a key a thread */
+                 {4, 2, 256, 64, 0}};
     hyla_rng saved = rng;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         if (ci == 5) {
