@@ -327,8 +327,8 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
 }
 
 /* Flash prefill for the head dims it is built for: k_attn_wg (Hopper's warpgroup products, D = 64,
- * 128 and, without a window, 256, unless HYLA_CUDA_ATTN_WG=0) or k_attn_flash2 (4 warps per 64 queries, K/V tiles by cp.async
- * into two buffers). Each is piece-invariant; they agree within rounding, not bit for bit
+ * 128 and, without a window, 256, unless HYLA_CUDA_ATTN_WG=0) or k_attn_flash2 (4 warps per 64
+ * queries, K/V tiles by cp.async into two buffers). Each is piece-invariant; they agree within rounding, not bit for bit
  * (test_gpu_ops "attn pieces"), so the kernel is part of what a prefill's bits depend on, as the
  * GPU kind is. */
 template <int D>
@@ -431,7 +431,7 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
             else if (D == 128)
                 HYLA_TRY(flash_launch<128>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                            kv->page_tokens, og, Lg, part));
-            else /* D = 256 (attention layers of hidden / heads = 256): k_attn_flash2, 135 KB of tiles */
+            else /* D = 256: attention layers of hidden / heads = 256 */
                 HYLA_TRY(flash_launch<256>(c, ng, Hq, nsplit, qg, ng, Hk, gp0, window, scale, kp, vp,
                                            kv->page_tokens, og, Lg, part));
             if (Lg) {

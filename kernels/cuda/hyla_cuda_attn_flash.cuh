@@ -357,8 +357,9 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
 /* k_attn_wg: the flash block of k_attn_flash2<D, 4> on Hopper's warpgroup products (sm_90a),
  * D = 64 and 128, and D = 256 as two warpgroups (NWG = 2, the form's only one there: at one
  * warpgroup a pass of the tile loads covers 4 rows, not a whole swizzle group of 8; 212
- * registers, 193 KB of shared memory, one block per SM). One warpgroup, 64 queries, the same grid, key range, tiles (kt = klo +
- * 64 i, absolute positions), splits and order of every sum as k_attn_flash2<D, 4>: S = Q K^T is
+ * registers, 193 KB of shared memory, one block per SM). One warpgroup, 64 queries, the same
+ * grid, key range, tiles (kt = klo + 64 i, absolute positions), splits and order of every sum
+ * as k_attn_flash2<D, 4>: S = Q K^T is
  * wgmma m64n64k16 with the Q fragments in registers (D = 128: mma.sync's A fragments, warp w of
  * the warpgroup owns rows 16 w .. 16 w + 15, as there; D = 64: the Q tile in shared memory) and
  * the K tile in shared memory, D / 16 k16 steps in order; the scores land in mma.sync's C layout, so the softmax is fa_softmax itself;
