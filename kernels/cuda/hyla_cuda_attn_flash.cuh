@@ -513,11 +513,17 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
         fence_proxy_async_smem(); /* this thread's cp.async writes, to wgmma's proxy */
         __syncthreads();
         const int kt = klo + j * FA_BK;
+        /* two warpgroups: half 1 issues its S after half 0 has issued its own, so the halves'
+         * products and softmax take turns on the tensor cores instead of running in step (the
+         * same products and sums, so the same bits; D = 256 prefill 1-2 % shorter, D = 128
+         * level: kernels/cuda/dev/NOTES.md "The flash kernel's two warpgroups taking turns") */
+        if (NWG == 2 && half == 1) nb_sync(1, 256);
         if (NWG == 1 || kt <= khi) { /* one of this half's tiles (the other half's last may lie past it) */
             const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
             float sacc[FA_BK / 8][4];
             float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
             s_issue(sf, Ks);
+            if (NWG == 2 && half == 0) nb_arrive(1, 256);
             wg_wait<0>();
             wg_keep(sf);
             const bool full =
@@ -532,7 +538,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
             wg_wait<0>();
             wg_keep(of);
             wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
-        }
+        } else if (NWG == 2 && half == 0)
+            nb_arrive(1, 256); /* past this half's last tile: half 1 still waits for the turn */
         __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
     }
     if (nq <= 0) return;

@@ -135,10 +135,6 @@ __device__ __forceinline__ void state_decay(float (&st)[NT][4], float d0, float 
 
 /* ---- device helpers of the fused GDN kernels (k_gdn_fused, k_gdn_pipe) and k_gla_fused ---- */
 
-/* Named barriers (bar.sync / bar.arrive id, count) of the warp-specialised form. */
-__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void nb_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-
 /* Phase (b) of the fused GDN kernels, by one warp: the chunk's cumulative log decay b_t (a scan of
  * the staged gates g; rows past the chunk have g = 0, beta = 0) and the per-row factors: bc = b,
  * be = beta, fq = scale e^b, fm = beta e^b, fk = e^(b_C - b), and *dec = e^(b_C). Lane l owns rows

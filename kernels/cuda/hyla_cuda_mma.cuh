@@ -143,6 +143,11 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* Named barriers (bar.sync / bar.arrive id, count): one role arrives, the other waits (the
+ * warp-specialised fused GDN kernels; the flash kernel's two warpgroups taking turns) */
+__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void nb_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
 /* The last step of every batch-invariant linear path (skinny, its reductions, k_gemm_big, the
  * prompt rows' epilogue): y = (acc ? y : 0) + (v + bias[n]), in this order, so that a row's bits
  * do not depend on which path computed v. One definition for all of them (and lin_store_g
