@@ -1,0 +1,327 @@
+/* attn_ws_forms.cu — the kernel lab's warp-specialised flash prefill: k_attn_ws<D, ST>, the
+ * product's two-warpgroup block (k_attn_wg<D, 2>: 128 queries, the same key tiles, products,
+ * softmax and order of every sum, so the same bits) with a third warpgroup that only loads.
+ * What it changes is how the tiles arrive and how the halves wait:
+ *   - the producer warpgroup streams key/value tiles by cp.async into a ring of ST stages and
+ *     marks each stage full on an mbarrier (each producer thread arrives once its own copies of
+ *     the tile are done and fenced for the async proxy); the consumers mark it empty (an
+ *     mbarrier of their 256 threads) when both halves are done with it. No block-wide barrier a
+ *     tile, and ST - 1 tiles load while one computes (the product: one tile ahead, two barriers
+ *     a tile);
+ *   - the two consumer halves take turns issuing S = Q K^T (named barriers 1 and 2: half 0
+ *     issues tile j after half 1 issued tile j - 1, half 1 after half 0 issued tile j), so one
+ *     half's softmax runs under the other's product, and neither can run more than a tile ahead.
+ * Window-free calls only (the product's two-warpgroup form is too). D = 128: 160 KB of shared
+ * memory at ST = 4, one block (12 warps) an SM.
+ * The program fills the KV pages through the product's attn_prefill, then runs the product's
+ * k_attn_wg<D, 2> and k_attn_ws<D, ST> on the same pages (one pass over the keys, no splits):
+ * bit for bit, the first size also against the CPU backend, and each timed.
+ * usage: attn_ws_forms [n ...]   (default 4096 16384 32768; 18 heads of 128, from position 0)
+ * Exit status 1 when the forms' bits differ or the CPU's tolerance is missed; 77 without a
+ * Hopper GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyla_cuda_attn_flash.cuh"
+#include "hyla_cuda_extra.h"
+#include "hyla_cuda_impl.h"
+#include "hyla_ops.h"
+#include "lab.h"
+
+template <int D, int ST>
+__global__ void __launch_bounds__(384, 1)
+    k_attn_ws(const float *q, int n, int Hq, int Hk, int pos0, float scale, void *const *kp, void *const *vp, int pt,
+              int lgpt, float *o, int split_len, int nsplit, float *part) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = FA_BK * D, NP = 128; /* producer threads */
+    extern __shared__ __align__(1024) unsigned char ws_raw[];
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(ws_raw);
+    __nv_bfloat16 *Qs = sm + 2 * ST * TILE; /* the halves' Q tiles [64][D], K-major in the swizzle */
+    uint64_t *full = (uint64_t *)(Qs + 2 * FA_BQ * D), *empty = full + ST;
+    const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
+    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
+    const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
+    /* keys: from 0 (or the split's start) to the block's last query's position */
+    int klo = 0, kend = pos0 + qB + nqB - 1;
+    if (split_len) {
+        if (split * split_len > klo) klo = split * split_len;
+        if ((split + 1) * split_len - 1 < kend) kend = (split + 1) * split_len - 1;
+    }
+    const int ntile = klo <= kend ? (kend - klo) / FA_BK + 1 : 0;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(&full[s], NP);
+            mbar_init(&empty[s], 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (role == 0) {
+        /* the producer: tile j into stage j % ST once both halves are done with tile j - ST; a
+         * thread's 16-byte chunk c8 of rows lr0 + RP i, its swizzled column fixed (RP = 8) */
+        constexpr int CH = D / 8, RP = NP / CH;
+        static_assert(RP % 8 == 0, "a pass of the loads covers whole swizzle groups");
+        const int c8 = t % CH, lr0 = t / CH;
+        const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
+        const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
+        for (int j = 0; j < ntile; j++) {
+            const int s = j % ST;
+            if (j >= ST) mbar_wait(&empty[s], ((j / ST) - 1) & 1);
+            const int kt = klo + j * FA_BK;
+            __nv_bfloat16 *Kd = sm + 2 * s * TILE, *Vd = Kd + TILE;
+#pragma unroll
+            for (int i = 0; i < FA_BK / RP; i++) {
+                const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
+                const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+                const size_t off = (size_t)row * rowsz + hoff;
+                const int bytes = p <= kend ? 16 : 0;
+                cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+                cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            }
+            cp_async_commit();
+            if (j > 0) { /* tile j - 1 is in: fenced for the products, then marked full */
+                cp_async_wait<1>();
+                fence_proxy_async_smem();
+                mbar_arrive(&full[(j - 1) % ST]);
+            }
+        }
+        if (ntile > 0) {
+            cp_async_wait<0>();
+            fence_proxy_async_smem();
+            mbar_arrive(&full[(ntile - 1) % ST]);
+        }
+        return; /* no block-wide barrier follows */
+    }
+    /* a consumer half: 64 queries */
+    const int half = role - 1, wl = t >> 5, g = (t & 31) >> 2;
+    const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    int khi = pos0 + q0 + nq - 1;
+    if (split_len && (split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+    const int nt = klo <= khi ? (khi - klo) / FA_BK + 1 : 0; /* this half's tiles */
+    __nv_bfloat16 *Qh = Qs + half * FA_BQ * D;
+    for (int x = t; x < FA_BQ * (D / 4); x += 128) {
+        const int r = x / (D / 4), d = (x % (D / 4)) * 4;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r < nq) {
+            const float *src = q + ((size_t)(q0 + r) * Hq + h) * D + d;
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = src[e];
+        }
+        __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qh + wg_swz(r, d, FA_BQ));
+        dst[0] = __floats2bfloat162_rn(v[0], v[1]);
+        dst[1] = __floats2bfloat162_rn(v[2], v[3]);
+    }
+    fence_proxy_async_smem();
+    nb_sync(3 + half, 128); /* this half's Q tile, to its products */
+    const int r0 = 16 * wl + g, r1 = r0 + 8;
+    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
+    const int pfirst = pos0 + q0; /* window-free: a tile is unmasked below its last key */
+    float m0, m1, l0, l1, oacc[D / 8][4];
+    fa_begin<D>(m0, m1, l0, l1, oacc);
+    const float sl2 = scale * 1.4426950408889634f;
+    float(&of)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&oacc[0][0]);
+    for (int j = 0; j < ntile; j++) {
+        const int s = j % ST, kt = klo + j * FA_BK;
+        /* turns: half 0 waits for half 1's issue of tile j - 1, half 1 for half 0's of tile j */
+        if (half == 0 && j > 0) nb_sync(1, 256);
+        if (half == 1) nb_sync(2, 256);
+        if (j < nt) {
+            mbar_wait(&full[s], (j / ST) & 1);
+            const __nv_bfloat16 *Ks = sm + 2 * s * TILE, *Vs = Ks + TILE;
+            float sacc[FA_BK / 8][4];
+            float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
+#pragma unroll
+            for (int e = 0; e < 32; e++) sf[e] = 0.0f;
+            wg_keep(sf);
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++)
+                wg_mma64_ss(sf, wg_desc(Qh + (kc >> 2) * FA_BQ * 64 + (kc & 3) * 16),
+                            wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+            wg_commit();
+            if (half == 0) nb_arrive(2, 256);
+            else if (j + 1 < ntile) nb_arrive(1, 256);
+            wg_wait<0>();
+            wg_keep(sf);
+            const bool full_t = kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi;
+            if (full_t)
+                fa_softmax<D, true, true>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, oacc);
+            else
+                fa_softmax<D, false, true>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, oacc);
+            uint32_t pf[FA_BK / 16][4];
+#pragma unroll
+            for (int kc = 0; kc < FA_BK / 16; kc++) {
+                pf[kc][0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+                pf[kc][1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+                pf[kc][2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+                pf[kc][3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+            }
+            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+            wg_keep(of);
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < FA_BK / 16; kc++)
+#pragma unroll
+                for (int b = 0; b < D / 64; b++)
+                    wg_mma64_rs<1>(*reinterpret_cast<float(*)[32]>(&oacc[8 * b][0]), pf[kc],
+                                   wg_desc(Vs + b * FA_BK * 64 + kc * 16 * 64));
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(of);
+            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+        } else if (half == 0) {
+            nb_arrive(2, 256); /* past this half's last tile: its turn still passes */
+        } else if (j + 1 < ntile) {
+            nb_arrive(1, 256);
+        }
+        mbar_arrive(&empty[s]); /* this thread is done with the stage */
+    }
+    if (nq <= 0) return;
+    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, 0, split, split_len, nsplit, part, o);
+#endif
+}
+
+struct Args {
+    const float *q;
+    int n, Hq, Hk;
+    float scale;
+    void *const *kp, *const *vp;
+    int pt, lgpt;
+    float *o;
+};
+
+/* form 0: the product's k_attn_wg<D, 2>; form 1: k_attn_ws<D, 4> */
+template <int D>
+static void run_form(int form, const Args &a) {
+    if (form == 0) {
+        const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024;
+        CK(cudaFuncSetAttribute(k_attn_wg<D, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_attn_wg<D, 2><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp,
+                                                                          a.pt, a.lgpt, a.o, 0, 1, NULL);
+    } else {
+        constexpr int ST = 4;
+        const size_t sm = (size_t)2 * ST * FA_BK * D * 2 + (size_t)2 * FA_BQ * D * 2 + 2 * ST * 8 + 1024;
+        CK(cudaFuncSetAttribute(k_attn_ws<D, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_attn_ws<D, ST><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 384, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, a.scale, a.kp, a.vp,
+                                                                           a.pt, a.lgpt, a.o, 0, 1, NULL);
+    }
+    CK(cudaGetLastError());
+}
+
+int main(int argc, char **argv) {
+    lab_args(argc, argv,
+             "usage: attn_ws_forms [n ...]   (default 4096 16384 32768; the first also against the CPU). Exit 77 "
+             "without a Hopper GPU.");
+    int ns[8] = {4096, 16384, 32768}, nn = 3;
+    if (argc > 1) {
+        nn = 0;
+        for (int i = 1; i < argc && nn < 8; i++) ns[nn++] = atoi(argv[i]);
+    }
+    int dev = 0, major = 0;
+    if (!hyla_cuda_available() || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9) {
+        printf("attn_ws_forms: no Hopper GPU\n");
+        return 77;
+    }
+    hyla_backend *cpu, *gpu;
+    HK(hyla_cpu_backend_create(0, &cpu));
+    HK(hyla_cuda_backend_create(0, &gpu));
+    HK(hyla_cuda_set_attn_split(gpu, 0)); /* one pass over the keys, as the forms run */
+    const char *names[2] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>"};
+    constexpr int D = 128;
+    const int pt = 64, lgpt = 6;
+    const float scale = 1.0f / sqrtf((float)D);
+    int bad = 0;
+    uint64_t seed = 20261129;
+    for (int ni = 0; ni < nn; ni++) {
+        const int n = ns[ni], np = (n + pt - 1) / pt, cpu_check = ni == 0;
+        const int Hq = cpu_check ? 8 : 18, Hk = cpu_check ? 4 : 18;
+        const size_t nq = (size_t)n * Hq * D, nk = (size_t)n * Hk * D, page = (size_t)pt * Hk * D;
+        float *q = (float *)malloc(nq * 4), *k = (float *)malloc(nk * 4), *v = (float *)malloc(nk * 4);
+        for (size_t i = 0; i < nq; i++) q[i] = 2 * frand(&seed) - 1;
+        for (size_t i = 0; i < nk; i++) k[i] = 2 * frand(&seed) - 1, v[i] = 2 * frand(&seed) - 1;
+        void **kc = (void **)calloc(np, sizeof(void *)), **vc = (void **)calloc(np, sizeof(void *));
+        void **kg = (void **)malloc(np * sizeof(void *)), **vg = (void **)malloc(np * sizeof(void *));
+        for (int p = 0; p < np; p++) {
+            if (cpu_check) {
+                HK(cpu->ops->alloc(cpu->ctx, page * 4, &kc[p]));
+                HK(cpu->ops->alloc(cpu->ctx, page * 4, &vc[p]));
+            }
+            HK(gpu->ops->alloc(gpu->ctx, page * 2, &kg[p]));
+            HK(gpu->ops->alloc(gpu->ctx, page * 2, &vg[p]));
+        }
+        float *oc = NULL;
+        if (cpu_check) {
+            hyla_kv_view vwc = {kc, vc, np, pt};
+            oc = (float *)malloc(nq * 4);
+            HK(cpu->ops->attn_prefill(cpu->ctx, q, k, v, n, Hq, Hk, D, 0, &vwc, 0, scale, oc));
+        }
+        /* the product's prefill writes the bf16 pages the forms read */
+        float *dq, *dk_, *dv_, *dop, *dof;
+        CK(cudaMalloc(&dq, nq * 4));
+        CK(cudaMalloc(&dk_, nk * 4));
+        CK(cudaMalloc(&dv_, nk * 4));
+        CK(cudaMalloc(&dop, nq * 4));
+        CK(cudaMalloc(&dof, nq * 4));
+        CK(cudaMemcpy(dq, q, nq * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dk_, k, nk * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dv_, v, nk * 4, cudaMemcpyHostToDevice));
+        hyla_kv_view vwg = {kg, vg, np, pt};
+        HK(gpu->ops->attn_prefill(gpu->ctx, dq, dk_, dv_, n, Hq, Hk, D, 0, &vwg, 0, scale, dop));
+        HK(gpu->ops->sync(gpu->ctx));
+        void **tab;
+        CK(cudaMalloc(&tab, 2 * np * sizeof(void *)));
+        CK(cudaMemcpy(tab, kg, np * sizeof(void *), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(tab + np, vg, np * sizeof(void *), cudaMemcpyHostToDevice));
+        float *o0 = (float *)malloc(nq * 4), *o1 = (float *)malloc(nq * 4);
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        for (int f = 0; f < 2; f++) {
+            Args a = {dq, n, Hq, Hk, scale, tab, tab + np, pt, lgpt, dof};
+            CK(cudaMemset(dof, 0, nq * 4));
+            run_form<D>(f, a);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(f ? o1 : o0, dof, nq * 4, cudaMemcpyDeviceToHost));
+            CK(cudaEventRecord(e0));
+            for (int it = 0; it < 10; it++) run_form<D>(f, a);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            ms /= 10;
+            const double tflops = 2.0 * 2.0 * Hq * D * ((double)n * (n + 1) / 2) / (ms * 1e-3) / 1e12;
+            double rel = 0;
+            if (oc) {
+                double num = 0, den = 0;
+                const float *of = f ? o1 : o0;
+                for (size_t i = 0; i < nq; i++)
+                    num += (double)(of[i] - oc[i]) * (of[i] - oc[i]), den += (double)oc[i] * oc[i];
+                rel = sqrt(num / (den > 0 ? den : 1));
+            }
+            const int same = f == 0 || !memcmp(o0, o1, nq * 4);
+            const int ok = same && rel <= 2e-2;
+            bad |= !ok;
+            printf("attn prefill n=%-6d Hq=%-2d D=%d %-28s %8.4f ms  %6.1f TFLOP/s", n, Hq, D, names[f], ms, tflops);
+            if (oc) printf("  rel %.1e vs CPU", rel);
+            printf("  %s  %s\n", f ? (same ? "== product bits" : "!= product bits") : "", ok ? "ok" : "FAIL");
+        }
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        for (int p = 0; p < np; p++) {
+            if (cpu_check) {
+                cpu->ops->free(cpu->ctx, kc[p]);
+                cpu->ops->free(cpu->ctx, vc[p]);
+            }
+            gpu->ops->free(gpu->ctx, kg[p]);
+            gpu->ops->free(gpu->ctx, vg[p]);
+        }
+        cudaFree(dq), cudaFree(dk_), cudaFree(dv_), cudaFree(dop), cudaFree(dof), cudaFree(tab);
+        free(q), free(k), free(v), free(oc), free(o0), free(o1), free(kc), free(vc), free(kg), free(vg);
+    }
+    hyla_backend_destroy(gpu);
+    hyla_backend_destroy(cpu);
+    return bad;
+}
