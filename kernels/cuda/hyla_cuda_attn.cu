@@ -331,6 +331,15 @@ static hyla_status check_view(const hyla_kv_view *kv, int lo, int hi, const char
  * queries, K/V tiles by cp.async into two buffers). Each is piece-invariant; they agree within rounding, not bit for bit
  * (test_gpu_ops "attn pieces"), so the kernel is part of what a prefill's bits depend on, as the
  * GPU kind is. */
+/* k_attn_wg's pages of 2^lg rows (the kernel shifts instead of dividing); -1: pt is no power of two */
+static int page_shift(int pt) {
+    int lg = -1;
+    if (pt > 0 && !(pt & (pt - 1)))
+        for (lg = 0; (1 << lg) < pt; lg++) {
+        }
+    return lg;
+}
+
 template <int D>
 static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nsplit, const float *q, int n, int Hk,
                                 int pos0, int window, float scale, void *const *kp, void *const *vp, int pt, float *o,
@@ -342,10 +351,7 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
          * size, so a row's bits do not depend on the piece; with a window the halves' key ranges
          * differ, and k_attn_flash2 below takes it */
         if (c->attn_wg && window <= 0) {
-            int lg = -1;
-            if (pt > 0 && !(pt & (pt - 1)))
-                for (lg = 0; (1 << lg) < pt; lg++) {
-                }
+            const int lg = page_shift(pt);
             const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024; /* K, V buffers and two Q tiles: 193 KB */
             return cu_launch_dyn(c, k_attn_wg<D, 2>, dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, q, n, Hq, Hk,
                                  pos0, window, scale, kp, vp, pt, lg, o, split_len, nsplit, part);
@@ -353,10 +359,7 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
     }
     if constexpr (D >= 64 && D <= 128) { /* k_attn_wg's head dims */
         if (c->attn_wg) {
-            int lg = -1; /* pages of 2^lg rows: the kernel shifts instead of dividing */
-            if (pt > 0 && !(pt & (pt - 1)))
-                for (lg = 0; (1 << lg) < pt; lg++) {
-                }
+            const int lg = page_shift(pt);
             if constexpr (D == 128) {
                 /* two warpgroups sharing each K/V tile, for calls of 2048 queries and more without
                  * a window whose queries see c->attn_wg2 keys on average (the same bits). Measured on an
