@@ -65,10 +65,12 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return FX ? fa_ex2(x) : exp2f(x);
 }
 
-template <int D, bool FULL, bool FX = false>
-__device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
-                                           float sl2, float &m0, float &m1, float &l0, float &l1,
-                                           float (&oacc)[D / 8][4]) {
+/* fa_softmax without O's rescale: the correction (c0, c1) is returned, for a caller whose O is
+ * still being written by a product in flight (the kernel lab's pipelined forms) */
+template <bool FULL, bool FX>
+__device__ __forceinline__ void fa_softmax_c(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
+                                             float sl2, float &m0, float &m1, float &l0, float &l1, float &c0,
+                                             float &c1) {
     const int tq = (threadIdx.x & 31) & 3;
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -92,7 +94,7 @@ __device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, 
     }
     float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
-    float c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
+    c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < FA_BK / 8; nt++) {
@@ -112,6 +114,14 @@ __device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, 
     l1 = l1 * c1 + s1;
     m0 = mn0;
     m1 = mn1;
+}
+
+template <int D, bool FULL, bool FX = false>
+__device__ __forceinline__ void fa_softmax(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
+                                           float sl2, float &m0, float &m1, float &l0, float &l1,
+                                           float (&oacc)[D / 8][4]) {
+    float c0, c1;
+    fa_softmax_c<FULL, FX>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
     fa_rescale<D>(oacc, c0, c1);
 }
 
@@ -366,6 +376,11 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * O += P V is wgmma with P from registers (packed as fa_tile packs it) and V in shared memory
  * MN-major, the tile's four k16 steps in order, one m64n64 product per 64 columns of O. Tiles
  * whose keys are unmasked for every row of the block skip the mask's tests (the same values).
+ * What bounds the kernel is a tile's instruction count more than the products or the loads (ncu
+ * on an H200: about one instruction issued every two cycles a scheduler while the tensor pipe is
+ * 40 % busy), so the tile is kept lean, the same values: each product's descriptor is one add
+ * to a base, S's first k16 step has scale-d = 0 instead of 32 zeroed registers, and O's rescale
+ * is skipped where no row of the warp has a new max (a factor of 1).
  * Bits: a block of one key tile gives k_attn_flash2's bits; over several tiles about one output
  * in ten differs by an ulp or two (measured on an H200: where P V adds into the rescaled O, the
  * warpgroup product rounds otherwise than mma.sync), so the kernel is part of what a prefill's
@@ -467,32 +482,37 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     fa_begin<D>(m0, m1, l0, l1, oacc);
     const float sl2 = scale * 1.4426950408889634f;
     float(&of)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&oacc[0][0]);
-    /* S = Q K^T of the tile in buffer Ks into sacc (issued, committed, not waited for) */
-    auto s_issue = [&](float(&sf)[32], const __nv_bfloat16 *Ks) {
-#pragma unroll
-        for (int e = 0; e < 32; e++) sf[e] = 0.0f;
-        wg_keep(sf);
+    /* descriptors: one base (the aligned buffers' start) plus each operand's element offset / 8
+     * (16 bytes), so a product's descriptor is one add (wg_desc_lo) */
+    const uint32_t dsm = wg_desc_lo(sm), dq = dsm + (uint32_t)((Qsm - sm) >> 3);
+    /* S = Q K^T of the tile at element offset ko into sacc (issued, committed, not waited for);
+     * the first k16 step with scale-d = 0, so sacc needs no zeroing (hyla_cuda_wgmma.cuh) */
+    auto s_issue = [&](float(&sf)[32], int ko) {
         wg_fence();
+        const uint32_t dk = dsm + (uint32_t)(ko >> 3);
 #pragma unroll
-        for (int kc = 0; kc < D / 16; kc++)
+        for (int kc = 0; kc < D / 16; kc++) {
+            const uint32_t o = ((kc >> 2) * FA_BK * 64 + (kc & 3) * 16) >> 3;
             if constexpr (QS)
-                wg_mma64_ss(sf, wg_desc(Qsm + (kc >> 2) * FA_BQ * 64 + (kc & 3) * 16),
-                            wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+                wg_mma64_ss(sf, wg_desc_at(dq + (((kc >> 2) * FA_BQ * 64 + (kc & 3) * 16) >> 3)), wg_desc_at(dk + o),
+                            kc > 0);
             else
-                wg_mma64_rs<0>(sf, qf[kc], wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+                wg_mma64_rs<0>(sf, qf[kc], wg_desc_at(dk + o), kc > 0);
+        }
         wg_commit();
     };
-    /* O += P V of the tile whose V is at Vs (issued, committed) */
-    auto pv_issue = [&](uint32_t(&pf)[FA_BK / 16][4], const __nv_bfloat16 *Vs) {
+    /* O += P V of the tile whose V is at element offset vo (issued, committed) */
+    auto pv_issue = [&](uint32_t(&pf)[FA_BK / 16][4], int vo) {
         wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
         wg_keep(of);
         wg_fence();
+        const uint32_t dv = dsm + (uint32_t)(vo >> 3);
 #pragma unroll
         for (int kc = 0; kc < FA_BK / 16; kc++)
 #pragma unroll
             for (int b = 0; b < D / 64; b++)
                 wg_mma64_rs<1>(*reinterpret_cast<float(*)[32]>(&oacc[8 * b][0]), pf[kc],
-                               wg_desc(Vs + b * FA_BK * 64 + kc * 16 * 64));
+                               wg_desc_at(dv + ((b * FA_BK * 64 + kc * 16 * 64) >> 3)));
         wg_commit();
     };
     auto pack_p = [&](uint32_t(&pf)[FA_BK / 16][4], const float(&sacc)[FA_BK / 8][4]) {
@@ -519,22 +539,26 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
          * level: kernels/cuda/dev/NOTES.md "The flash kernel's two warpgroups taking turns") */
         if (NWG == 2 && half == 1) nb_sync(1, 256);
         if (NWG == 1 || kt <= khi) { /* one of this half's tiles (the other half's last may lie past it) */
-            const __nv_bfloat16 *Ks = sm + 2 * (j & 1) * TILE, *Vs = Ks + TILE;
+            const int ko = 2 * (j & 1) * TILE;
             float sacc[FA_BK / 8][4];
             float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
-            s_issue(sf, Ks);
+            s_issue(sf, ko);
             if (NWG == 2 && half == 0) nb_arrive(1, 256);
             wg_wait<0>();
             wg_keep(sf);
             const bool full =
                 kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
+            float c0, c1;
             if (full)
-                fa_softmax<D, true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+                fa_softmax_c<true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
             else
-                fa_softmax<D, false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, oacc);
+                fa_softmax_c<false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+            /* O's rescale only where a row of the warp has a new max: c = 1 leaves O as it is
+             * (x * 1 is x), and once the running max settles most tiles have none */
+            if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);
             uint32_t pf[FA_BK / 16][4];
             pack_p(pf, sacc);
-            pv_issue(pf, Vs);
+            pv_issue(pf, ko + TILE);
             wg_wait<0>();
             wg_keep(of);
             wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));

@@ -6,7 +6,9 @@
  * mma.sync's C fragment layout (warp w of the warpgroup: rows 16w + g and 16w + g + 8; n8 tile
  * j in registers 4j..4j+3), so an output that gets the same k16 steps in the same order from the
  * same accumulator has the same bits. Accumulators start from zero registers with scale-d = 1,
- * as mma.sync's do (scale-d = 0 might keep the sign of a -0 sum).
+ * as mma.sync's do (scale-d = 0 might keep the sign of a -0 sum). The flash kernels' scores
+ * S = Q K^T start with scale-d = 0 instead (no zeroing of 32 registers a tile): a score's sign of
+ * zero changes nothing after it (its max, 2^(s - m) and the sums see +0 and -0 alike).
  *
  * Operands in shared memory, K-major, in the 128-byte swizzle: each row's 64 k (128 bytes) in
  * one line, its 16-byte chunk c at c ^ (row % 8) (wg_swz), the 8-row groups 1024 bytes apart,
@@ -26,10 +28,19 @@ __device__ __forceinline__ unsigned char *wg_align1024(unsigned char *raw) {
 }
 
 /* The descriptor of a K-major operand in the 128-byte swizzle starting at p. */
+#define WG_DESC_HI (((uint64_t)(1024 >> 4) << 32) | (1ull << 62))
 __device__ __forceinline__ uint64_t wg_desc(const void *p) {
     const uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
-    return ((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+    return ((a & 0x3FFFF) >> 4) | WG_DESC_HI;
 }
+/* The descriptor's low word (address / 16) alone: a kernel that forms many descriptors in a loop
+ * adds each operand's offset / 16 to one base and ORs the constant high word (wg_desc_at), one
+ * integer add a product instead of wg_desc's five (a shared address stays under 2^18, so the
+ * sum never carries out of the 14-bit field) */
+__device__ __forceinline__ uint32_t wg_desc_lo(const void *p) {
+    return (uint32_t)((__cvta_generic_to_shared(p) & 0x3FFFF) >> 4);
+}
+__device__ __forceinline__ uint64_t wg_desc_at(uint32_t lo) { return (uint64_t)lo | WG_DESC_HI; }
 
 /* Element offset of (row, k) in a tile of `rows` rows in the layout above. */
 __device__ __forceinline__ int wg_swz(int row, int k, int rows) {
@@ -146,7 +157,7 @@ __device__ __forceinline__ void wg_mma<256>(float (&d)[128], uint64_t da, uint64
  * TB = 1: B MN-major (k rows of the 64 n, the same lines and swizzle: a [k][n] tile stored as
  * wg_swz(k, n, rows)), its 8-k groups SBO = 1024 bytes apart, which wg_desc also encodes. */
 template <int TB>
-__device__ __forceinline__ void wg_mma64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+__device__ __forceinline__ void wg_mma64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
@@ -154,13 +165,13 @@ __device__ __forceinline__ void wg_mma64_rs(float (&d)[32], const uint32_t (&a)[
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(scale_d));
 #endif
 }
 
 /* d (m64 x 64) += A B over one k16 step, A and B in shared memory, both K-major in the 128-byte
  * swizzle (wg_desc) */
-__device__ __forceinline__ void wg_mma64_ss(float (&d)[32], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wg_mma64_ss(float (&d)[32], uint64_t da, uint64_t db, int scale_d = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -168,7 +179,7 @@ __device__ __forceinline__ void wg_mma64_ss(float (&d)[32], uint64_t da, uint64_
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(1));
+                 : "l"(da), "l"(db), "r"(scale_d));
 #endif
 }
 

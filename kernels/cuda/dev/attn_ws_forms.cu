@@ -13,8 +13,13 @@
  *     half's softmax runs under the other's product, and neither can run more than a tile ahead.
  * Window-free calls only (the product's two-warpgroup form is too). D = 128: 160 KB of shared
  * memory at ST = 4, one block (12 warps) an SM.
+ * k_attn_pp<D, ST, PING, LEAN> keeps that producer and ring and gives the consumers FA3's
+ * schedule (tile t's S issued with tile t - 1's P V, the softmax under the products in flight,
+ * the halves' turns around both); LEAN adds the product's lean tile (hyla_cuda_attn_flash.cuh).
+ * k_attn_ws and k_attn_pp without LEAN keep the arithmetic the product had before its lean tile,
+ * so their bits equal to the product's show that the lean tile keeps them.
  * The program fills the KV pages through the product's attn_prefill, then runs the product's
- * k_attn_wg<D, 2> and k_attn_ws<D, ST> on the same pages (one pass over the keys, no splits):
+ * k_attn_wg<D, 2> and the lab forms on the same pages (one pass over the keys, no splits):
  * bit for bit, the first size also against the CPU backend, and each timed.
  * usage: attn_ws_forms [n ...]   (default 4096 16384 32768; 18 heads of 128, from position 0)
  * Exit status 1 when the forms' bits differ or the CPU's tolerance is missed; 77 without a
@@ -183,6 +188,224 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+/* k_attn_pp<D, ST>: k_attn_ws's producer and ring, with FA3's consumer schedule. A half's turn t
+ * issues tile t's S = Q K^T and tile t - 1's O += P V together (two commit groups), hands the
+ * turn to the other half, waits for S alone, runs tile t's softmax while P V and the other
+ * half's products run, then waits for P V, frees stage t - 1 and rescales O by tile t's
+ * correction: c_t (c_{t-1} O + P_{t-1} V_{t-1}), the order of every sum as the product's, so the
+ * same bits. The halves alternate turns 0 .. ntile (named barriers 1 and 2, as k_attn_ws): half 0
+ * issues turn t after half 1 issued turn t - 1, half 1 after half 0 issued turn t, so one half's
+ * softmax runs under the other's products. A half past its own last tile still takes its turns
+ * (and frees the stages), so the barriers' counts match. The products of the steady turns sit
+ * outside any branch (ptxas serialises warpgroup products that a branch separates from their
+ * wait: kernels/cuda/dev/NOTES.md "S a tile ahead"). */
+template <int D, int ST, bool PING = true, bool LEAN = false>
+__global__ void __launch_bounds__(384, 1)
+    k_attn_pp(const float *q, int n, int Hq, int Hk, int pos0, float scale, void *const *kp, void *const *vp, int pt,
+              int lgpt, float *o, int split_len, int nsplit, float *part) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = FA_BK * D, NP = 128;
+    extern __shared__ __align__(1024) unsigned char pp_raw[];
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(pp_raw);
+    __nv_bfloat16 *Qs = sm + 2 * ST * TILE;
+    uint64_t *full = (uint64_t *)(Qs + 2 * FA_BQ * D), *empty = full + ST;
+    const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
+    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
+    const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
+    int klo = 0, kend = pos0 + qB + nqB - 1;
+    if (split_len) {
+        if (split * split_len > klo) klo = split * split_len;
+        if ((split + 1) * split_len - 1 < kend) kend = (split + 1) * split_len - 1;
+    }
+    const int ntile = klo <= kend ? (kend - klo) / FA_BK + 1 : 0;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            mbar_init(&full[s], NP);
+            mbar_init(&empty[s], 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (role == 0) { /* the producer, as k_attn_ws's */
+        constexpr int CH = D / 8, RP = NP / CH;
+        static_assert(RP % 8 == 0, "a pass of the loads covers whole swizzle groups");
+        const int c8 = t % CH, lr0 = t / CH;
+        const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
+        const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
+        for (int j = 0; j < ntile; j++) {
+            const int s = j % ST;
+            if (j >= ST) mbar_wait(&empty[s], ((j / ST) - 1) & 1);
+            const int kt = klo + j * FA_BK;
+            __nv_bfloat16 *Kd = sm + 2 * s * TILE, *Vd = Kd + TILE;
+#pragma unroll
+            for (int i = 0; i < FA_BK / RP; i++) {
+                const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
+                const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+                const size_t off = (size_t)row * rowsz + hoff;
+                const int bytes = p <= kend ? 16 : 0;
+                cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+                cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            }
+            cp_async_commit();
+            if (j > 0) {
+                cp_async_wait<1>();
+                fence_proxy_async_smem();
+                mbar_arrive(&full[(j - 1) % ST]);
+            }
+        }
+        if (ntile > 0) {
+            cp_async_wait<0>();
+            fence_proxy_async_smem();
+            mbar_arrive(&full[(ntile - 1) % ST]);
+        }
+        return;
+    }
+    const int half = role - 1, wl = t >> 5, g = (t & 31) >> 2;
+    const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    int khi = pos0 + q0 + nq - 1;
+    if (split_len && (split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+    const int nt = klo <= khi ? (khi - klo) / FA_BK + 1 : 0;
+    __nv_bfloat16 *Qh = Qs + half * FA_BQ * D;
+    for (int x = t; x < FA_BQ * (D / 4); x += 128) {
+        const int r = x / (D / 4), d = (x % (D / 4)) * 4;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r < nq) {
+            const float *src = q + ((size_t)(q0 + r) * Hq + h) * D + d;
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = src[e];
+        }
+        __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qh + wg_swz(r, d, FA_BQ));
+        dst[0] = __floats2bfloat162_rn(v[0], v[1]);
+        dst[1] = __floats2bfloat162_rn(v[2], v[3]);
+    }
+    fence_proxy_async_smem();
+    nb_sync(3 + half, 128);
+    const int r0 = 16 * wl + g, r1 = r0 + 8;
+    const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
+    const int pfirst = pos0 + q0;
+    float m0, m1, l0, l1, oacc[D / 8][4];
+    fa_begin<D>(m0, m1, l0, l1, oacc);
+    const float sl2 = scale * 1.4426950408889634f;
+    float(&of)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&oacc[0][0]);
+    float sacc[FA_BK / 8][4];
+    float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
+    uint32_t pf[FA_BK / 16][4];
+    uint32_t(&pw)[FA_BK / 4] = *reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]);
+    /* turns: the last turn (ntile) of half 1 hands nothing on */
+    auto turn_begin = [&](int tt) {
+        if (!PING) return;
+        if (half == 0 && tt > 0) nb_sync(1, 256);
+        if (half == 1) nb_sync(2, 256);
+    };
+    auto turn_end = [&](int tt) {
+        if (!PING) return;
+        if (half == 0) nb_arrive(2, 256);
+        else if (tt < ntile) nb_arrive(1, 256);
+    };
+    /* LEAN: the product's descriptors (one add each), S's first step with scale-d = 0 and O's
+     * rescale only where a row has a new max (k_attn_wg) */
+    const uint32_t dsm = wg_desc_lo(sm), dq = dsm + (uint32_t)((Qh - sm) >> 3);
+    auto s_issue = [&](int tt) {
+        const __nv_bfloat16 *Ks = sm + 2 * (tt % ST) * TILE;
+        if (!LEAN) {
+#pragma unroll
+            for (int e = 0; e < 32; e++) sf[e] = 0.0f;
+            wg_keep(sf);
+        }
+        wg_fence();
+        const uint32_t dk = dsm + (uint32_t)((2 * (tt % ST) * TILE) >> 3);
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            if (LEAN)
+                wg_mma64_ss(sf, wg_desc_at(dq + (((kc >> 2) * FA_BQ * 64 + (kc & 3) * 16) >> 3)),
+                            wg_desc_at(dk + (((kc >> 2) * FA_BK * 64 + (kc & 3) * 16) >> 3)), kc > 0);
+            else
+                wg_mma64_ss(sf, wg_desc(Qh + (kc >> 2) * FA_BQ * 64 + (kc & 3) * 16),
+                            wg_desc(Ks + (kc >> 2) * FA_BK * 64 + (kc & 3) * 16));
+        wg_commit();
+    };
+    auto pv_issue = [&](int tt) {
+        const __nv_bfloat16 *Vs = sm + 2 * (tt % ST) * TILE + TILE;
+        wg_keep(pw);
+        wg_keep(of);
+        wg_fence();
+        const uint32_t dv = dsm + (uint32_t)((2 * (tt % ST) * TILE + TILE) >> 3);
+#pragma unroll
+        for (int kc = 0; kc < FA_BK / 16; kc++)
+#pragma unroll
+            for (int b = 0; b < D / 64; b++)
+                wg_mma64_rs<1>(*reinterpret_cast<float(*)[32]>(&oacc[8 * b][0]), pf[kc],
+                               LEAN ? wg_desc_at(dv + ((b * FA_BK * 64 + kc * 16 * 64) >> 3))
+                                    : wg_desc(Vs + b * FA_BK * 64 + kc * 16 * 64));
+        wg_commit();
+    };
+    auto rescale = [&](float c0, float c1) {
+        if (!LEAN || __any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);
+    };
+    auto softmax = [&](int tt, float &c0, float &c1) {
+        const int kt = klo + tt * FA_BK;
+        if (kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi)
+            fa_softmax_c<true, true>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
+        else
+            fa_softmax_c<false, true>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
+    };
+    auto pack = [&]() {
+#pragma unroll
+        for (int kc = 0; kc < FA_BK / 16; kc++) {
+            pf[kc][0] = pack_bf16x2(sacc[2 * kc][0], sacc[2 * kc][1]);
+            pf[kc][1] = pack_bf16x2(sacc[2 * kc][2], sacc[2 * kc][3]);
+            pf[kc][2] = pack_bf16x2(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]);
+            pf[kc][3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
+        }
+    };
+    int tt = 0;
+    if (nt > 0) { /* turn 0: tile 0's S alone */
+        turn_begin(0);
+        mbar_wait(&full[0], 0);
+        s_issue(0);
+        turn_end(0);
+        wg_wait<0>();
+        wg_keep(sf);
+        float c0, c1;
+        softmax(0, c0, c1);
+        rescale(c0, c1);
+        pack();
+        for (tt = 1; tt < nt; tt++) { /* S of tile tt with P V of tile tt - 1 */
+            turn_begin(tt);
+            mbar_wait(&full[tt % ST], (tt / ST) & 1);
+            s_issue(tt);
+            pv_issue(tt - 1);
+            turn_end(tt);
+            wg_wait<1>();
+            wg_keep(sf);
+            softmax(tt, c0, c1);
+            wg_wait<0>();
+            wg_keep(of);
+            wg_keep(pw);
+            mbar_arrive(&empty[(tt - 1) % ST]);
+            rescale(c0, c1);
+            pack();
+        }
+        /* turn nt: the last tile's P V */
+        turn_begin(nt);
+        pv_issue(nt - 1);
+        turn_end(nt);
+        wg_wait<0>();
+        wg_keep(of);
+        wg_keep(pw);
+        mbar_arrive(&empty[(nt - 1) % ST]);
+        tt = nt + 1;
+    }
+    for (; tt <= ntile; tt++) { /* past this half's tiles: the turns and the stages still pass */
+        turn_begin(tt);
+        turn_end(tt);
+        if (tt > 0) mbar_arrive(&empty[(tt - 1) % ST]);
+    }
+    if (nq <= 0) return;
+    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, 0, split, split_len, nsplit, part, o);
+#endif
+}
+
 struct Args {
     const float *q;
     int n, Hq, Hk;
@@ -192,7 +415,8 @@ struct Args {
     float *o;
 };
 
-/* form 0: the product's k_attn_wg<D, 2>; form 1: k_attn_ws<D, 4> */
+/* form 0: the product's k_attn_wg<D, 2>; form 1: k_attn_ws<D, 4>; forms 2, 3: k_attn_pp<D, 4> as
+ * k_attn_ws's arithmetic was and with the product's lean tile (LEAN) */
 template <int D>
 static void run_form(int form, const Args &a) {
     if (form == 0) {
@@ -200,12 +424,19 @@ static void run_form(int form, const Args &a) {
         CK(cudaFuncSetAttribute(k_attn_wg<D, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k_attn_wg<D, 2><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp,
                                                                           a.pt, a.lgpt, a.o, 0, 1, NULL);
-    } else {
+    } else if (form == 1) {
         constexpr int ST = 4;
         const size_t sm = (size_t)2 * ST * FA_BK * D * 2 + (size_t)2 * FA_BQ * D * 2 + 2 * ST * 8 + 1024;
         CK(cudaFuncSetAttribute(k_attn_ws<D, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k_attn_ws<D, ST><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 384, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, a.scale, a.kp, a.vp,
                                                                            a.pt, a.lgpt, a.o, 0, 1, NULL);
+    } else {
+        constexpr int ST = 4;
+        const size_t sm = (size_t)2 * ST * FA_BK * D * 2 + (size_t)2 * FA_BQ * D * 2 + 2 * ST * 8 + 1024;
+        auto k = form == 2 ? k_attn_pp<D, ST, true> : k_attn_pp<D, ST, true, true>;
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k<<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 384, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, a.scale, a.kp, a.vp, a.pt, a.lgpt,
+                                                            a.o, 0, 1, NULL);
     }
     CK(cudaGetLastError());
 }
@@ -229,7 +460,8 @@ int main(int argc, char **argv) {
     HK(hyla_cpu_backend_create(0, &cpu));
     HK(hyla_cuda_backend_create(0, &gpu));
     HK(hyla_cuda_set_attn_split(gpu, 0)); /* one pass over the keys, as the forms run */
-    const char *names[2] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>"};
+    const char *names[4] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>", "k_attn_pp<128, 4>",
+                            "k_attn_pp<128, 4, lean>"};
     constexpr int D = 128;
     const int pt = 64, lgpt = 6;
     const float scale = 1.0f / sqrtf((float)D);
@@ -276,10 +508,11 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(tab, kg, np * sizeof(void *), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(tab + np, vg, np * sizeof(void *), cudaMemcpyHostToDevice));
         float *o0 = (float *)malloc(nq * 4), *o1 = (float *)malloc(nq * 4);
+        const int nform = 4;
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < nform; f++) {
             Args a = {dq, n, Hq, Hk, scale, tab, tab + np, pt, lgpt, dof};
             CK(cudaMemset(dof, 0, nq * 4));
             run_form<D>(f, a);
