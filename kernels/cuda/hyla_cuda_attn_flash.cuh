@@ -67,7 +67,9 @@ __device__ __forceinline__ float fa_exp2(float x) {
 
 /* fa_softmax without O's rescale: the correction (c0, c1) is returned, for a caller whose O is
  * still being written by a product in flight (the kernel lab's pipelined forms) */
-template <bool FULL, bool FX>
+/* SF (the kernel lab's form only): the scale folded into 2^(s sl2 - m) as one fma, the max taken
+ * on the raw scores and scaled once a row (the same m: rounding is monotonic); other bits */
+template <bool FULL, bool FX, bool SF = false>
 __device__ __forceinline__ void fa_softmax_c(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
                                              float sl2, float &m0, float &m1, float &l0, float &l1, float &c0,
                                              float &c1) {
@@ -80,7 +82,7 @@ __device__ __forceinline__ void fa_softmax_c(float (&sacc)[FA_BK / 8][4], int kt
             int kpos = kt + nt * 8 + 2 * tq + (e & 1);
             int qpos = (e >> 1) ? p1 : p0;
             bool ok = FULL || (kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window));
-            float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
+            float v = ok ? (SF ? sacc[nt][e] : sacc[nt][e] * sl2) : -INFINITY;
             sacc[nt][e] = v;
             if (e >> 1)
                 mx1 = fmaxf(mx1, v);
@@ -92,16 +94,24 @@ __device__ __forceinline__ void fa_softmax_c(float (&sacc)[FA_BK / 8][4], int kt
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
     }
+    if (SF) mx0 *= sl2, mx1 *= sl2;
     float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
     c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < FA_BK / 8; nt++) {
-        sacc[nt][0] = fa_exp2<FX>(sacc[nt][0] - b0);
-        sacc[nt][1] = fa_exp2<FX>(sacc[nt][1] - b0);
-        sacc[nt][2] = fa_exp2<FX>(sacc[nt][2] - b1);
-        sacc[nt][3] = fa_exp2<FX>(sacc[nt][3] - b1);
+        if (SF) {
+            sacc[nt][0] = fa_exp2<FX>(fmaf(sacc[nt][0], sl2, -b0));
+            sacc[nt][1] = fa_exp2<FX>(fmaf(sacc[nt][1], sl2, -b0));
+            sacc[nt][2] = fa_exp2<FX>(fmaf(sacc[nt][2], sl2, -b1));
+            sacc[nt][3] = fa_exp2<FX>(fmaf(sacc[nt][3], sl2, -b1));
+        } else {
+            sacc[nt][0] = fa_exp2<FX>(sacc[nt][0] - b0);
+            sacc[nt][1] = fa_exp2<FX>(sacc[nt][1] - b0);
+            sacc[nt][2] = fa_exp2<FX>(sacc[nt][2] - b1);
+            sacc[nt][3] = fa_exp2<FX>(sacc[nt][3] - b1);
+        }
         s0 += sacc[nt][0] + sacc[nt][1];
         s1 += sacc[nt][2] + sacc[nt][3];
     }
@@ -379,8 +389,9 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * What bounds the kernel is a tile's instruction count more than the products or the loads (ncu
  * on an H200: about one instruction issued every two cycles a scheduler while the tensor pipe is
  * 40 % busy), so the tile is kept lean, the same values: each product's descriptor is one add
- * to a base, S's first k16 step has scale-d = 0 instead of 32 zeroed registers, and O's rescale
- * is skipped where no row of the warp has a new max (a factor of 1).
+ * to a base, S's first k16 step has scale-d = 0 instead of 32 zeroed registers, O's rescale
+ * is skipped where no row of the warp has a new max (a factor of 1), and a tile of real rows
+ * inside one page (pages of 64 rows or more) loads from one page lookup and one address.
  * Bits: a block of one key tile gives k_attn_flash2's bits; over several tiles about one output
  * in ten differs by an ulp or two (measured on an H200: where P V adds into the rescaled O, the
  * warpgroup product rounds otherwise than mma.sync), so the kernel is part of what a prefill's
@@ -396,7 +407,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * products, so every tile after the first read P as Q (kernels/cuda/dev/NOTES.md "Flash prefill
  * on warpgroup products"). D = 128 keeps them in registers (three blocks per SM; 16 KB more of
  * shared memory would leave two), which test_gpu_ops checks against k_attn_flash2 and the CPU. */
-template <int D, int NWG>
+template <int D, int NWG, bool SF = false>
 __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window, float scale, void *const *kp,
               void *const *vp, int pt, int lgpt, float *o, int split_len, int nsplit, float *part) {
@@ -430,15 +441,28 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
     auto load = [&](int j, int b) {
         const int kt = klo + j * FA_BK;
-        __nv_bfloat16 *Kd = sm + 2 * b * TILE, *Vd = Kd + TILE;
+        __nv_bfloat16 *Kd = sm + 2 * b * TILE + swc + lr0 * 64, *Vd = Kd + TILE;
+        if (lgpt >= 6 && !(kt & (FA_BK - 1)) && kt + FA_BK - 1 <= kend) {
+            /* a whole tile of real rows inside one page (pages of 2^lgpt >= 64 rows start at
+             * multiples of 64): one page lookup and one address a tile, the rows a stride apart */
+            const size_t off = (size_t)((kt & ((1 << lgpt) - 1)) + lr0) * rowsz + hoff;
+            const __nv_bfloat16 *ks = (const __nv_bfloat16 *)kp[kt >> lgpt] + off,
+                                *vs = (const __nv_bfloat16 *)vp[kt >> lgpt] + off;
 #pragma unroll
-        for (int i = 0; i < FA_BK / RP; i++) {
-            const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
-            const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
-            const size_t off = (size_t)row * rowsz + hoff;
-            const int bytes = p <= kend ? 16 : 0;
-            cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
-            cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            for (int i = 0; i < FA_BK / RP; i++) {
+                cp_async16(Kd + RP * i * 64, ks + i * RP * rowsz, 16);
+                cp_async16(Vd + RP * i * 64, vs + i * RP * rowsz, 16);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < FA_BK / RP; i++) {
+                const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
+                const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+                const size_t off = (size_t)row * rowsz + hoff;
+                const int bytes = p <= kend ? 16 : 0;
+                cp_async16(Kd + RP * i * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+                cp_async16(Vd + RP * i * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            }
         }
         cp_async_commit();
     };
@@ -550,9 +574,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
                 kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
             float c0, c1;
             if (full)
-                fa_softmax_c<true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+                fa_softmax_c<true, true, SF>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
             else
-                fa_softmax_c<false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+                fa_softmax_c<false, true, SF>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
             /* O's rescale only where a row of the warp has a new max: c = 1 leaves O as it is
              * (x * 1 is x), and once the running max settles most tiles have none */
             if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);
