@@ -390,8 +390,10 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * on an H200: about one instruction issued every two cycles a scheduler while the tensor pipe is
  * 40 % busy), so the tile is kept lean, the same values: each product's descriptor is one add
  * to a base, S's first k16 step has scale-d = 0 instead of 32 zeroed registers, O's rescale
- * is skipped where no row of the warp has a new max (a factor of 1), and a tile of real rows
- * inside one page (pages of 64 rows or more) loads from one page lookup and one address.
+ * is skipped where no row of the warp has a new max (a factor of 1), a tile of real rows
+ * inside one page (pages of 64 rows or more) loads from one page lookup and one address, and
+ * the warpgroup index comes from lane 0 (so the descriptors live in uniform registers: with it
+ * taken from the thread index ptxas rebuilt and moved each one, 96 R2UR instructions).
  * Bits: a block of one key tile gives k_attn_flash2's bits; over several tiles about one output
  * in ten differs by an ulp or two (measured on an H200: where P V adds into the rescaled O, the
  * warpgroup product rounds otherwise than mma.sync), so the kernel is part of what a prefill's
@@ -415,8 +417,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     constexpr int TILE = FA_BK * D, LDQ = D + 8, NT = 128 * NWG;
     extern __shared__ __align__(1024) unsigned char faw_raw[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(faw_raw);
-    const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2, half = NWG == 2 ? w >> 2 : 0,
-              wl = NWG == 2 ? w & 3 : w;
+    /* half: broadcast from lane 0, so the compiler knows it is the same across the warp and keeps
+     * what derives from it (the Q tile's descriptors) in uniform registers */
+    const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2,
+              half = NWG == 2 ? __shfl_sync(0xffffffffu, w >> 2, 0) : 0, wl = NWG == 2 ? w & 3 : w;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     /* the block's queries qB.. (NWG halves of 64, one per warpgroup); this warpgroup's q0, nq */
     const int qB = blockIdx.x * FA_BQ * NWG, nqB = n - qB < FA_BQ * NWG ? n - qB : FA_BQ * NWG;
