@@ -400,7 +400,8 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * bits depend on; it is piece-invariant on its own, as k_attn_flash2 is.
  * K and V tiles: [64 keys][D] bf16 in the 128-byte swizzle (wg_swz; 64 columns per 8 KB block),
  * streamed by cp.async into two buffers (rows past khi zero-filled, as k_attn_flash2<D, 4> sees
- * them), each tile made visible to the async proxy before a barrier. The Q tile is staged in
+ * them), each tile made visible to the async proxy before the one barrier a tile (after which
+ * the next tile streams into the buffer the last one used). The Q tile is staged in
  * buffer 1 ([64][D + 8], ldmatrix) while tile 0 streams into buffer 0. Shared memory:
  * 4 x 64 x D x 2 bytes + 1 KB for the alignment (65 KB at D = 128: three blocks per SM).
  * D = 64 keeps the Q tile in shared memory (after the buffers, K-major in the swizzle: 8 KB,
@@ -552,14 +553,13 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
             pf[kc][3] = pack_bf16x2(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3]);
         }
     };
+    /* one barrier a tile: it makes tile j visible and also tells that every thread is done with
+     * tile j - 1, whose buffer tile j + 1 then streams into while tile j computes */
     for (int j = 0; j < ntile; j++) {
-        if (j + 1 < ntile)
-            load(j + 1, (j + 1) & 1);
-        else
-            cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<0>();
         fence_proxy_async_smem(); /* this thread's cp.async writes, to wgmma's proxy */
         __syncthreads();
+        if (j + 1 < ntile) load(j + 1, (j + 1) & 1);
         const int kt = klo + j * FA_BK;
         /* two warpgroups: half 1 issues its S after half 0 has issued its own, so the halves'
          * products and softmax take turns on the tensor cores instead of running in step (the
@@ -592,7 +592,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
             wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
         } else if (NWG == 2 && half == 0)
             nb_arrive(1, 256); /* past this half's last tile: half 1 still waits for the turn */
-        __syncthreads(); /* buffer j & 1 fully read before tile j + 2 streams into it */
     }
     if (nq <= 0) return;
     fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
