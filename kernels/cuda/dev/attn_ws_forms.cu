@@ -417,7 +417,8 @@ struct Args {
 
 /* form 0: the product's k_attn_wg<D, 2>; form 1: k_attn_ws<D, 4>; forms 2, 3: k_attn_pp<D, 4> as
  * k_attn_ws's arithmetic was and with the product's lean tile (LEAN); form 4: the product with
- * the scale folded into the exponent's subtraction (SF: other bits) */
+ * the scale folded into the exponent's subtraction (SF: other bits); form 5: the product's
+ * one-warpgroup k_attn_wg<D, 1> (64 queries a block, the same bits) */
 template <int D>
 static void run_form(int form, const Args &a) {
     if (form == 0 || form == 4) {
@@ -426,6 +427,11 @@ static void run_form(int form, const Args &a) {
         CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k<<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp, a.pt, a.lgpt,
                                                             a.o, 0, 1, NULL);
+    } else if (form == 5) { /* the product's one-warpgroup form (the same bits) */
+        const size_t sm = (size_t)4 * FA_BK * D * 2 + 1024;
+        CK(cudaFuncSetAttribute(k_attn_wg<D, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_attn_wg<D, 1><<<dim3(cu_blocks(a.n, 64), a.Hq, 1), 128, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp,
+                                                                         a.pt, a.lgpt, a.o, 0, 1, NULL);
     } else if (form == 1) {
         constexpr int ST = 4;
         const size_t sm = (size_t)2 * ST * FA_BK * D * 2 + (size_t)2 * FA_BQ * D * 2 + 2 * ST * 8 + 1024;
@@ -462,8 +468,9 @@ int main(int argc, char **argv) {
     HK(hyla_cpu_backend_create(0, &cpu));
     HK(hyla_cuda_backend_create(0, &gpu));
     HK(hyla_cuda_set_attn_split(gpu, 0)); /* one pass over the keys, as the forms run */
-    const char *names[5] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>", "k_attn_pp<128, 4>",
-                            "k_attn_pp<128, 4, lean>", "k_attn_wg<128, 2, SF>"};
+    const char *names[6] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>", "k_attn_pp<128, 4>",
+                            "k_attn_pp<128, 4, lean>", "k_attn_wg<128, 2, SF>",
+                            "k_attn_wg<128, 1> (product)"};
     constexpr int D = 128;
     const int pt = 64, lgpt = 6;
     const float scale = 1.0f / sqrtf((float)D);
@@ -510,7 +517,7 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(tab, kg, np * sizeof(void *), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(tab + np, vg, np * sizeof(void *), cudaMemcpyHostToDevice));
         float *o0 = (float *)malloc(nq * 4), *o1 = (float *)malloc(nq * 4);
-        const int nform = 5;
+        const int nform = 6;
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
