@@ -1939,13 +1939,15 @@ static void case_lin_decode(const op_case *c) {
     free(Sg);
 }
 
-/* sse_maps, p = {rows, cols, q_softmax, k_softmax, l2, gates, off}: SSE's feature maps in one
- * launch against silu, softmax_rows, l2norm_rows and gla_gate one after the other on the GPU, bit
- * for bit, every buffer, with the ops logged for graphs and run eagerly. off = 1 starts every
- * buffer one float in (the unaligned loads); cols % 4 != 0, cols > 512 or more than 2^23 floats
- * in all take the ops inside. */
+/* sse_maps, p = {rows, cols, q_softmax, k_softmax, l2, gates, off, lora}: SSE's feature maps in
+ * one launch against silu, softmax_rows, l2norm_rows and gla_gate one after the other on the GPU
+ * (lora: q1 and k1 hold LoRA terms, added onto q0 and k0 first, as add(q1, q0) would), bit for
+ * bit, every buffer, with the ops logged for graphs and run eagerly. off = 1 starts every buffer
+ * one float in (the unaligned loads); cols % 4 != 0, cols > 512 or, without lora, more than
+ * 2^23 floats in all take the ops inside. */
 static void case_sse_maps(const op_case *c) {
-    const int rows = c->p[0], cols = c->p[1], qs = c->p[2], ks = c->p[3], l2 = c->p[4], gates = c->p[5], off = c->p[6];
+    const int rows = c->p[0], cols = c->p[1], qs = c->p[2], ks = c->p[3], l2 = c->p[4], gates = c->p[5], off = c->p[6],
+              lora = c->p[7];
     const size_t n = (size_t)rows * cols, nv = n + 3; /* v's length is its own (here not a multiple of 4) */
     if (!gpu->ops->sse_maps) {
         CHECK_MSG(0, "the cuda backend has sse_maps");
@@ -1962,6 +1964,10 @@ static void case_sse_maps(const op_case *c) {
         }
         float **x = d[0];
         const float norm = 16.0f, clamp = gates == 2 ? -INFINITY : -5.0f;
+        if (lora) {
+            CHECK_OK(gpu->ops->add(gpu->ctx, x[2], x[1], n));
+            CHECK_OK(gpu->ops->add(gpu->ctx, x[4], x[3], n));
+        }
         CHECK_OK(gpu->ops->silu(gpu->ctx, x[0], nv));
         for (int j = 0; j < 2; j++) {
             float *q = x[1 + j], *k = x[3 + j];
@@ -1975,19 +1981,19 @@ static void case_sse_maps(const op_case *c) {
         }
         float **y = d[1];
         CHECK_OK(gpu->ops->sse_maps(gpu->ctx, y[0], nv, y[1], y[2], y[3], y[4], rows, cols, qs, ks, l2, 1e-6f,
-                                    gates ? y[5] : NULL, gates ? y[6] : NULL, gates ? n : 0, norm, clamp));
+                                    gates ? y[5] : NULL, gates ? y[6] : NULL, gates ? n : 0, norm, clamp, lora));
         static const char *name[7] = {"v", "q0", "q1", "k0", "k1", "g0", "g1"};
         for (int i = 0; i < 7; i++) {
             CHECK_MSG(same_bits(gpu, x[i], y[i], len[i] * 4),
-                      "sse_maps rows=%d cols=%d q_softmax=%d k_softmax=%d l2=%d gates=%d off=%d (graphs %d): %s == the "
-                      "ops one by one (bits)", rows, cols, qs, ks, l2, gates, off, graphs, name[i]);
+                      "sse_maps rows=%d cols=%d q_softmax=%d k_softmax=%d l2=%d gates=%d off=%d lora=%d (graphs %d): %s "
+                      "== the ops one by one (bits)", rows, cols, qs, ks, l2, gates, off, lora, graphs, name[i]);
             for (int k = 0; k < 2; k++) dfree(gpu, d[k][i] - off);
             free(h[i]);
         }
     }
     CHECK_OK(hyla_cuda_set_graphs(gpu, 1));
-    printf("  sse_maps rows=%d cols=%d q_softmax=%d k_softmax=%d l2=%d gates=%d off=%d: == the ops (bits)\n", rows, cols,
-           qs, ks, l2, gates, off);
+    printf("  sse_maps rows=%d cols=%d q_softmax=%d k_softmax=%d l2=%d gates=%d off=%d lora=%d: == the ops (bits)\n", rows,
+           cols, qs, ks, l2, gates, off, lora);
 }
 
 /* gdn_decode_raw, p = {B, H, dk, dv}: the op from the raw projections (the L2 norms of q and k,
@@ -3248,12 +3254,17 @@ static const op_case cases[] = {
     {"gla_decode", case_lin_decode, {0, 2, 2, 160, 48}},
     {"gdn_decode", case_lin_decode, {1, 5, 4, 128, 128}},
     {"gdn_decode", case_lin_decode, {1, 3, 2, 64, 30}},
-    /* {rows, cols, q_softmax, k_softmax, l2, gates (2: no clamp), off} */
+    /* {rows, cols, q_softmax, k_softmax, l2, gates (2: no clamp), off, lora} */
     {"sse_maps", case_sse_maps, {18, 128, 0, 1, 0, 1, 0}},          /* SSE-GLA, one decode row */
     {"sse_maps", case_sse_maps, {256 * 18, 128, 0, 1, 0, 1, 0}},    /* 256 decode rows */
     {"sse_maps", case_sse_maps, {4096 * 9, 128, 1, 0, 1, 0, 0}},    /* prompt rows: the ops inside */
     {"sse_maps", case_sse_maps, {256 * 9, 128, 1, 0, 1, 0, 0}},     /* SSE-GDN decode rows */
     {"sse_maps", case_sse_maps, {77, 64, 1, 1, 1, 2, 1}},           /* unaligned */
+    {"sse_maps", case_sse_maps, {18, 128, 0, 1, 0, 1, 0, 1}},       /* the LoRA terms added inside */
+    {"sse_maps", case_sse_maps, {256 * 18, 128, 0, 1, 0, 1, 0, 1}},
+    {"sse_maps", case_sse_maps, {4096 * 9, 128, 1, 0, 1, 0, 0, 1}}, /* prompt rows: one launch with lora */
+    {"sse_maps", case_sse_maps, {77, 64, 1, 1, 1, 2, 1, 1}},
+    {"sse_maps", case_sse_maps, {33, 66, 1, 0, 1, 1, 0, 1}},        /* cols % 4 != 0: the ops inside */
     {"sse_maps", case_sse_maps, {33, 512, 0, 1, 1, 1, 0}},          /* the widest warp rows */
     {"sse_maps", case_sse_maps, {9, 1024, 0, 1, 1, 1, 0}},          /* block rows: the ops inside */
     {"sse_maps", case_sse_maps, {13, 30, 1, 1, 0, 1, 0}},           /* cols % 4: the ops inside */

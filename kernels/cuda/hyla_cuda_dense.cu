@@ -807,8 +807,10 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
  * where the range is 16-byte aligned and a multiple of 4 floats, else one float. Every warp
  * after them owns one row of q0, q1, k0 or k1 (in that order) and runs on it what the row ops
  * would: silu or softmax_row, then l2norm_row, in the warp layout row_config gives rows of
- * cols <= 512 floats (cols % 4 == 0). Each value's arithmetic is that of the ops one after the
- * other (ew_silu, ew_gla_gate, k_softmax_rows, k_l2norm_rows), so the bits are theirs. */
+ * cols <= 512 floats (cols % 4 == 0). With lora a warp owns a row of q (or k) in both sets: it
+ * first adds q0's row onto q1's (the LoRA term; ew add's t + p), then maps both rows. Each
+ * value's arithmetic is that of the ops one after the other (k_add, ew_silu, ew_gla_gate,
+ * k_softmax_rows, k_l2norm_rows), so the bits are theirs. */
 #define SSE_MAPS_FUSE_MAX ((size_t)1 << 23)
 struct sse_maps_args {
     float *e[3];       /* v, g0, g1 */
@@ -816,7 +818,7 @@ struct sse_maps_args {
     unsigned eb[3];    /* the end of each range's blocks */
     int evec[3];       /* float4 a thread */
     float *x[4];       /* q0, q1, k0, k1 [rows][cols] */
-    int rows, cols, q_softmax, k_softmax, l2;
+    int rows, cols, q_softmax, k_softmax, l2, lora;
     float eps;
     ew_gla_gate gate;
 };
@@ -840,28 +842,46 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
         return;
     }
     const int w = (int)(b - a.eb[2]) * ROW_WARP_ROWS + (int)(threadIdx.x >> 5), t = threadIdx.x & 31;
-    if (w >= 4 * a.rows) return;
-    const int j = w / a.rows, U = a.cols / 4;
-    float *xr = a.x[j] + (size_t)(w - j * a.rows) * a.cols;
-    if (j < 2 ? a.q_softmax : a.k_softmax) {
-        softmax_row<1, A16, 1>(xr, t, 32, U, NULL);
-    } else {
-        for (int u = t; u < U; u += 32) {
-            float4 v = ld_u<1, A16>(xr, u);
-            st_u<1, A16>(xr, u, make_float4(silu_f(v.x), silu_f(v.y), silu_f(v.z), silu_f(v.w)));
+    const int U = a.cols / 4;
+    auto map_row = [&](float *xr, int softmax) {
+        if (softmax) {
+            softmax_row<1, A16, 1>(xr, t, 32, U, NULL);
+        } else {
+            for (int u = t; u < U; u += 32) {
+                float4 v = ld_u<1, A16>(xr, u);
+                st_u<1, A16>(xr, u, make_float4(silu_f(v.x), silu_f(v.y), silu_f(v.z), silu_f(v.w)));
+            }
         }
-    }
-    if (a.l2) {
+        if (a.l2) {
+            __syncwarp();
+            l2norm_row<1, A16, 1>(xr, t, 32, U, a.eps, NULL);
+        }
+    };
+    if (a.lora) { /* row r of q (j = 0) or k (j = 1) in both sets */
+        if (w >= 2 * a.rows) return;
+        const int j = w / a.rows, sm = j ? a.k_softmax : a.q_softmax;
+        const size_t off = (size_t)(w - j * a.rows) * a.cols;
+        float *x0 = a.x[2 * j] + off, *x1 = a.x[2 * j + 1] + off;
+        for (int u = t; u < U; u += 32) {
+            const float4 p = ld_u<1, A16>(x0, u), q = ld_u<1, A16>(x1, u);
+            st_u<1, A16>(x1, u, make_float4(q.x + p.x, q.y + p.y, q.z + p.z, q.w + p.w));
+        }
         __syncwarp();
-        l2norm_row<1, A16, 1>(xr, t, 32, U, a.eps, NULL);
+        map_row(x0, sm);
+        __syncwarp();
+        map_row(x1, sm);
+        return;
     }
+    if (w >= 4 * a.rows) return;
+    const int j = w / a.rows;
+    map_row(a.x[j] + (size_t)(w - j * a.rows) * a.cols, j < 2 ? a.q_softmax : a.k_softmax);
 }
 
 extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows,
                                    int cols, int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1,
-                                   size_t ng, float normalizer, float clamp_min) {
+                                   size_t ng, float normalizer, float clamp_min, int lora) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
-    const size_t warps = 4 * (size_t)rows, threads = 32 * ROW_WARP_ROWS;
+    const size_t warps = (lora ? 2 : 4) * (size_t)rows, threads = 32 * ROW_WARP_ROWS;
     if (!g0 || !g1) ng = 0;
     sse_maps_args a;
     memset(&a, 0, sizeof a);
@@ -880,8 +900,13 @@ extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, fl
      * model prefilled ~1 % slower through the one launch (BENCHMARKS.md "SSE's feature maps in one
      * launch"). */
     const size_t work = 4 * (size_t)rows * (size_t)(cols > 0 ? cols : 0) + nv + 2 * ng;
-    if (rows <= 0 || cols <= 0 || cols % 4 || cols / 4 > 128 || work > SSE_MAPS_FUSE_MAX || blocks > (size_t)INT_MAX) {
+    if (rows <= 0 || cols <= 0 || cols % 4 || cols / 4 > 128 || (work > SSE_MAPS_FUSE_MAX && !lora) ||
+        blocks > (size_t)INT_MAX) {
         /* the ops one by one */
+        if (lora && rows > 0 && cols > 0) {
+            HYLA_TRY(cu_add(c, q1, q0, (size_t)rows * cols));
+            HYLA_TRY(cu_add(c, k1, k0, (size_t)rows * cols));
+        }
         HYLA_TRY(cu_silu(c, v, nv));
         float *q[2] = {q0, q1}, *k[2] = {k0, k1}, *g[2] = {g0, g1};
         for (int j = 0; j < 2; j++) {
@@ -897,6 +922,7 @@ extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, fl
     }
     a.x[0] = q0, a.x[1] = q1, a.x[2] = k0, a.x[3] = k1;
     a.rows = rows, a.cols = cols, a.q_softmax = q_softmax, a.k_softmax = k_softmax, a.l2 = l2, a.eps = eps;
+    a.lora = lora;
     a.gate.inv_norm = 1.0f / normalizer; /* cu_gla_gate's */
     a.gate.clamp_min = clamp_min;
     if (al16(q0) && al16(q1) && al16(k0) && al16(k1))

@@ -206,10 +206,18 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
      * 17 rows as two calls, q/k and then, after the LoRA terms, the rest (one grouped launch of
      * all ten was 3 % longer at 64 rows, level at 256; BENCHMARKS.md "SSE's projections in one
      * call") */
+    /* Where the backend has sse_maps, the LoRA terms do not add onto a copy of q and k: the
+     * projections write q and k to the set without the terms (rq, rk), the terms go to the other
+     * set's buffers (tq, tk), and sse_maps forms that set as q + term (the accumulate's one fp32
+     * add, so the same bits) before the maps: no copy, and no read of y by the terms' epilogue.
+     * Otherwise q and k go to the always-selected set and are copied to the sparse one. */
+    const int lora_in_maps = o->sse_maps != NULL;
+    float *rq = s.qa, *rk = s.ka, *tq = s.qs, *tk = s.ks;
+    if (lora_in_maps && !c->lora_on_sparse) rq = s.qs, rk = s.ks, tq = s.qa, tk = s.ka;
     hyla_linear_out lo[HYLA_LINEAR_MULTI_MAX];
     int n = 0;
-    lo[n++] = (hyla_linear_out){w->q, NULL, s.qa, H * dk, H * dk, NULL, 0};
-    lo[n++] = (hyla_linear_out){w->k, NULL, s.ka, H * dk, H * dk, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->q, NULL, rq, H * dk, H * dk, NULL, 0};
+    lo[n++] = (hyla_linear_out){w->k, NULL, rk, H * dk, H * dk, NULL, 0};
     lo[n++] = (hyla_linear_out){w->lora_q_a, NULL, s.lora_q, rank, rank, NULL, 0};
     lo[n++] = (hyla_linear_out){w->lora_k_a, NULL, s.lora_k, rank, rank, NULL, 0};
     if (w->g_proj) lo[n++] = (hyla_linear_out){w->g_proj, NULL, s.gate_lr, dv, dv, NULL, 0};
@@ -226,18 +234,21 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     const int n1 = R <= 16 ? n : w->g_proj ? 5 : 4;
     HYLA_TRY(hyla_mixer_linear_multi(f, f->xn, D, n1, lo));
     HYLA_MIXER_MARK(f, "sse: projections");
-    if (s.ka == s.qa + qk && s.ks == s.qs + qk) { /* qs, ks = qa, ka */
-        HYLA_TRY(o->copy(ctx, s.qs, s.qa, 2 * qk * sizeof(float)));
-    } else {
-        HYLA_TRY(o->copy(ctx, s.qs, s.qa, qk * sizeof(float)));
-        HYLA_TRY(o->copy(ctx, s.ks, s.ka, qk * sizeof(float)));
+    if (!lora_in_maps) {
+        if (s.ka == s.qa + qk && s.ks == s.qs + qk) { /* qs, ks = qa, ka */
+            HYLA_TRY(o->copy(ctx, s.qs, s.qa, 2 * qk * sizeof(float)));
+        } else {
+            HYLA_TRY(o->copy(ctx, s.qs, s.qa, qk * sizeof(float)));
+            HYLA_TRY(o->copy(ctx, s.ks, s.ka, qk * sizeof(float)));
+        }
+        tq = c->lora_on_sparse ? s.qs : s.qa, tk = c->lora_on_sparse ? s.ks : s.ka;
     }
-    float *lq = c->lora_on_sparse ? s.qs : s.qa, *lk = c->lora_on_sparse ? s.ks : s.ka;
-    /* the LoRA terms add onto q and k; the output gate's second half (its input is ready, and
-     * of the same width as theirs by default: rank = dv) writes the gate in the same launch */
-    const int gate2 = w->g_proj && rank == dv;
-    const hyla_linear_out lora[3] = {{w->lora_q_b, NULL, lq, H * dk, H * dk, s.lora_q, 1},
-                                     {w->lora_k_b, NULL, lk, H * dk, H * dk, s.lora_k, 1},
+    /* the LoRA terms (added onto q and k, or written for sse_maps to add); the output gate's
+     * second half (its input is ready, and of the same width as theirs by default: rank = dv)
+     * writes the gate in the same launch */
+    const int gate2 = w->g_proj && rank == dv, acc = !lora_in_maps;
+    const hyla_linear_out lora[3] = {{w->lora_q_b, NULL, tq, H * dk, H * dk, s.lora_q, acc},
+                                     {w->lora_k_b, NULL, tk, H * dk, H * dk, s.lora_k, acc},
                                      {w->g_proj2, NULL, s.gate, H * dv, H * dv, s.gate_lr, 0}};
     HYLA_TRY(hyla_mixer_linear_each(f, rank, gate2 ? 3 : 2, lora, 0));
     HYLA_MIXER_MARK(f, gate2 ? "sse: copies, lora, out gate" : "sse: copies, lora");
@@ -256,10 +267,10 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
     }
     /* silu(v), the feature maps of eq. 8 (GDN: choice (b), normalised before the gate weight) and
      * GLA's gates: one launch where the backend has it */
-    if (o->sse_maps) {
-        HYLA_TRY(o->sse_maps(ctx, s.v, (size_t)R * H * dv, s.qa, s.qs, s.ka, s.ks, R * H, dk, c->q_softmax, c->k_softmax,
-                             gdn, 1e-6f, gdn ? NULL : s.ga, gdn ? NULL : s.gb, gdn ? 0 : qk, c->gate_logit_normalizer,
-                             c->clamp_min));
+    if (o->sse_maps) { /* lora_in_maps: tq, tk = rq + term, rk + term, then the maps */
+        HYLA_TRY(o->sse_maps(ctx, s.v, (size_t)R * H * dv, rq, tq, rk, tk, R * H, dk, c->q_softmax, c->k_softmax, gdn,
+                             1e-6f, gdn ? NULL : s.ga, gdn ? NULL : s.gb, gdn ? 0 : qk, c->gate_logit_normalizer,
+                             c->clamp_min, 1));
     } else {
         HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
         float *fm[2][2] = {{s.qa, s.ka}, {s.qs, s.ks}};
