@@ -35,77 +35,73 @@
 #include "hyla_ops.h"
 #include "lab.h"
 
-template <int D, int ST>
-__global__ void __launch_bounds__(384, 1)
-    k_attn_ws(const float *q, int n, int Hq, int Hk, int pos0, float scale, void *const *kp, void *const *vp, int pt,
-              int lgpt, float *o, int split_len, int nsplit, float *part) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int TILE = FA_BK * D, NP = 128; /* producer threads */
-    extern __shared__ __align__(1024) unsigned char ws_raw[];
-    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(ws_raw);
-    __nv_bfloat16 *Qs = sm + 2 * ST * TILE; /* the halves' Q tiles [64][D], K-major in the swizzle */
-    uint64_t *full = (uint64_t *)(Qs + 2 * FA_BQ * D), *empty = full + ST;
-    const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
-    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
-    const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
-    /* keys: from 0 (or the split's start) to the block's last query's position */
-    int klo = 0, kend = pos0 + qB + nqB - 1;
+/* Both lab kernels' start: the block's keys, from 0 (or the split's start) to its last query's
+ * position, as klo, kend and the tile count returned; the ring's full barriers (the 128 producer
+ * threads arrive) and empty ones (the 256 consumer threads) initialised, then a block barrier */
+template <int ST>
+__device__ __forceinline__ int ws_begin(uint64_t *full, uint64_t *empty, int tid, int pos0, int qB, int nqB, int split,
+                                        int split_len, int &klo, int &kend) {
+    klo = 0, kend = pos0 + qB + nqB - 1;
     if (split_len) {
         if (split * split_len > klo) klo = split * split_len;
         if ((split + 1) * split_len - 1 < kend) kend = (split + 1) * split_len - 1;
     }
-    const int ntile = klo <= kend ? (kend - klo) / FA_BK + 1 : 0;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], NP);
+            mbar_init(&full[s], 128);
             mbar_init(&empty[s], 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (role == 0) {
-        /* the producer: tile j into stage j % ST once both halves are done with tile j - ST; a
-         * thread's 16-byte chunk c8 of rows lr0 + RP i, its swizzled column fixed (RP = 8) */
-        constexpr int CH = D / 8, RP = NP / CH;
-        static_assert(RP % 8 == 0, "a pass of the loads covers whole swizzle groups");
-        const int c8 = t % CH, lr0 = t / CH;
-        const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
-        const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
-        for (int j = 0; j < ntile; j++) {
-            const int s = j % ST;
-            if (j >= ST) mbar_wait(&empty[s], ((j / ST) - 1) & 1);
-            const int kt = klo + j * FA_BK;
-            __nv_bfloat16 *Kd = sm + 2 * s * TILE, *Vd = Kd + TILE;
+    return klo <= kend ? (kend - klo) / FA_BK + 1 : 0;
+}
+
+/* The producer warpgroup of both lab kernels: tile j into stage j % ST once both consumer halves
+ * are done with tile j - ST (empty), marked full once its copies are in and fenced for the
+ * products; a thread's 16-byte chunk c8 of rows lr0 + RP i, its swizzled column fixed (RP = 8) */
+template <int D, int ST>
+__device__ __forceinline__ void ws_produce(__nv_bfloat16 *sm, uint64_t *full, uint64_t *empty, int t, int ntile,
+                                           int klo, int kend, int Hk, int hk, void *const *kp, void *const *vp, int pt,
+                                           int lgpt) {
+    constexpr int TILE = FA_BK * D, NP = 128, CH = D / 8, RP = NP / CH;
+    static_assert(RP % 8 == 0, "a pass of the loads covers whole swizzle groups");
+    const int c8 = t % CH, lr0 = t / CH;
+    const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
+    const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
+    for (int j = 0; j < ntile; j++) {
+        const int s = j % ST;
+        if (j >= ST) mbar_wait(&empty[s], ((j / ST) - 1) & 1);
+        const int kt = klo + j * FA_BK;
+        __nv_bfloat16 *Kd = sm + 2 * s * TILE, *Vd = Kd + TILE;
 #pragma unroll
-            for (int i = 0; i < FA_BK / RP; i++) {
-                const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
-                const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
-                const size_t off = (size_t)row * rowsz + hoff;
-                const int bytes = p <= kend ? 16 : 0;
-                cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
-                cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
-            }
-            cp_async_commit();
-            if (j > 0) { /* tile j - 1 is in: fenced for the products, then marked full */
-                cp_async_wait<1>();
-                fence_proxy_async_smem();
-                mbar_arrive(&full[(j - 1) % ST]);
-            }
+        for (int i = 0; i < FA_BK / RP; i++) {
+            const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
+            const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+            const size_t off = (size_t)row * rowsz + hoff;
+            const int bytes = p <= kend ? 16 : 0;
+            cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+            cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
         }
-        if (ntile > 0) {
-            cp_async_wait<0>();
+        cp_async_commit();
+        if (j > 0) { /* tile j - 1 is in: fenced for the products, then marked full */
+            cp_async_wait<1>();
             fence_proxy_async_smem();
-            mbar_arrive(&full[(ntile - 1) % ST]);
+            mbar_arrive(&full[(j - 1) % ST]);
         }
-        return; /* no block-wide barrier follows */
     }
-    /* a consumer half: 64 queries */
-    const int half = role - 1, wl = t >> 5, g = (t & 31) >> 2;
-    const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
-    int khi = pos0 + q0 + nq - 1;
-    if (split_len && (split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
-    const int nt = klo <= khi ? (khi - klo) / FA_BK + 1 : 0; /* this half's tiles */
-    __nv_bfloat16 *Qh = Qs + half * FA_BQ * D;
+    if (ntile > 0) {
+        cp_async_wait<0>();
+        fence_proxy_async_smem();
+        mbar_arrive(&full[(ntile - 1) % ST]);
+    }
+}
+
+/* A consumer half's 64 queries from q (fp32) into its Q tile Qh ([64][D] bf16, K-major in the
+ * swizzle), rows past nq zero; fenced for the products and made visible across the half */
+template <int D>
+__device__ __forceinline__ void ws_stage_q(__nv_bfloat16 *Qh, const float *q, int q0, int nq, int Hq, int h, int t,
+                                           int half) {
     for (int x = t; x < FA_BQ * (D / 4); x += 128) {
         const int r = x / (D / 4), d = (x % (D / 4)) * 4;
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -120,6 +116,35 @@ __global__ void __launch_bounds__(384, 1)
     }
     fence_proxy_async_smem();
     nb_sync(3 + half, 128); /* this half's Q tile, to its products */
+}
+
+template <int D, int ST>
+__global__ void __launch_bounds__(384, 1)
+    k_attn_ws(const float *q, int n, int Hq, int Hk, int pos0, float scale, void *const *kp, void *const *vp, int pt,
+              int lgpt, float *o, int split_len, int nsplit, float *part) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TILE = FA_BK * D;
+    extern __shared__ __align__(1024) unsigned char ws_raw[];
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(ws_raw);
+    __nv_bfloat16 *Qs = sm + 2 * ST * TILE; /* the halves' Q tiles [64][D], K-major in the swizzle */
+    uint64_t *full = (uint64_t *)(Qs + 2 * FA_BQ * D), *empty = full + ST;
+    const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
+    const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
+    const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
+    int klo, kend;
+    const int ntile = ws_begin<ST>(full, empty, tid, pos0, qB, nqB, split, split_len, klo, kend);
+    if (role == 0) { /* the producer (no block-wide barrier follows) */
+        ws_produce<D, ST>(sm, full, empty, t, ntile, klo, kend, Hk, hk, kp, vp, pt, lgpt);
+        return;
+    }
+    /* a consumer half: 64 queries */
+    const int half = role - 1, wl = t >> 5, g = (t & 31) >> 2;
+    const int q0 = qB + FA_BQ * half, nq = n - q0 < FA_BQ ? n - q0 : FA_BQ;
+    int khi = pos0 + q0 + nq - 1;
+    if (split_len && (split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
+    const int nt = klo <= khi ? (khi - klo) / FA_BK + 1 : 0; /* this half's tiles */
+    __nv_bfloat16 *Qh = Qs + half * FA_BQ * D;
+    ws_stage_q<D>(Qh, q, q0, nq, Hq, h, t, half);
     const int r0 = 16 * wl + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
     const int pfirst = pos0 + q0; /* window-free: a tile is unmasked below its last key */
@@ -204,7 +229,7 @@ __global__ void __launch_bounds__(384, 1)
     k_attn_pp(const float *q, int n, int Hq, int Hk, int pos0, float scale, void *const *kp, void *const *vp, int pt,
               int lgpt, float *o, int split_len, int nsplit, float *part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int TILE = FA_BK * D, NP = 128;
+    constexpr int TILE = FA_BK * D;
     extern __shared__ __align__(1024) unsigned char pp_raw[];
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(pp_raw);
     __nv_bfloat16 *Qs = sm + 2 * ST * TILE;
@@ -212,52 +237,10 @@ __global__ void __launch_bounds__(384, 1)
     const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
-    int klo = 0, kend = pos0 + qB + nqB - 1;
-    if (split_len) {
-        if (split * split_len > klo) klo = split * split_len;
-        if ((split + 1) * split_len - 1 < kend) kend = (split + 1) * split_len - 1;
-    }
-    const int ntile = klo <= kend ? (kend - klo) / FA_BK + 1 : 0;
-    if (tid == 0) {
-        for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], NP);
-            mbar_init(&empty[s], 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (role == 0) { /* the producer, as k_attn_ws's */
-        constexpr int CH = D / 8, RP = NP / CH;
-        static_assert(RP % 8 == 0, "a pass of the loads covers whole swizzle groups");
-        const int c8 = t % CH, lr0 = t / CH;
-        const int swc = (c8 >> 3) * FA_BK * 64 + (((c8 & 7) ^ (lr0 & 7)) << 3);
-        const size_t rowsz = (size_t)Hk * D, hoff = (size_t)hk * D + c8 * 8;
-        for (int j = 0; j < ntile; j++) {
-            const int s = j % ST;
-            if (j >= ST) mbar_wait(&empty[s], ((j / ST) - 1) & 1);
-            const int kt = klo + j * FA_BK;
-            __nv_bfloat16 *Kd = sm + 2 * s * TILE, *Vd = Kd + TILE;
-#pragma unroll
-            for (int i = 0; i < FA_BK / RP; i++) {
-                const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
-                const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
-                const size_t off = (size_t)row * rowsz + hoff;
-                const int bytes = p <= kend ? 16 : 0;
-                cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
-                cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
-            }
-            cp_async_commit();
-            if (j > 0) {
-                cp_async_wait<1>();
-                fence_proxy_async_smem();
-                mbar_arrive(&full[(j - 1) % ST]);
-            }
-        }
-        if (ntile > 0) {
-            cp_async_wait<0>();
-            fence_proxy_async_smem();
-            mbar_arrive(&full[(ntile - 1) % ST]);
-        }
+    int klo, kend;
+    const int ntile = ws_begin<ST>(full, empty, tid, pos0, qB, nqB, split, split_len, klo, kend);
+    if (role == 0) {
+        ws_produce<D, ST>(sm, full, empty, t, ntile, klo, kend, Hk, hk, kp, vp, pt, lgpt);
         return;
     }
     const int half = role - 1, wl = t >> 5, g = (t & 31) >> 2;
@@ -266,20 +249,7 @@ __global__ void __launch_bounds__(384, 1)
     if (split_len && (split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
     const int nt = klo <= khi ? (khi - klo) / FA_BK + 1 : 0;
     __nv_bfloat16 *Qh = Qs + half * FA_BQ * D;
-    for (int x = t; x < FA_BQ * (D / 4); x += 128) {
-        const int r = x / (D / 4), d = (x % (D / 4)) * 4;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (r < nq) {
-            const float *src = q + ((size_t)(q0 + r) * Hq + h) * D + d;
-#pragma unroll
-            for (int e = 0; e < 4; e++) v[e] = src[e];
-        }
-        __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qh + wg_swz(r, d, FA_BQ));
-        dst[0] = __floats2bfloat162_rn(v[0], v[1]);
-        dst[1] = __floats2bfloat162_rn(v[2], v[3]);
-    }
-    fence_proxy_async_smem();
-    nb_sync(3 + half, 128);
+    ws_stage_q<D>(Qh, q, q0, nq, Hq, h, t, half);
     const int r0 = 16 * wl + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1;
     const int pfirst = pos0 + q0;
