@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
 
 /* k_attn_wg: the flash block of k_attn_flash2<D, 4> on Hopper's warpgroup products (sm_90a),
  * D = 64 and 128, and D = 256 as two warpgroups (NWG = 2, the form's only one there: at one
- * warpgroup a pass of the tile loads covers 4 rows, not a whole swizzle group of 8; 212
+ * warpgroup a pass of the tile loads covers 4 rows, not a whole swizzle group of 8; 199
  * registers, 193 KB of shared memory, one block per SM). One warpgroup, 64 queries, the same
  * grid, key range, tiles (kt = klo + 64 i, absolute positions), splits and order of every sum
  * as k_attn_flash2<D, 4>: S = Q K^T is
