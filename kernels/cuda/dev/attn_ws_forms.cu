@@ -59,7 +59,8 @@ __device__ __forceinline__ int ws_begin(uint64_t *full, uint64_t *empty, int tid
 
 /* The producer warpgroup of both lab kernels: tile j into stage j % ST once both consumer halves
  * are done with tile j - ST (empty), marked full once its copies are in and fenced for the
- * products; a thread's 16-byte chunk c8 of rows lr0 + RP i, its swizzled column fixed (RP = 8) */
+ * products; a thread's 16-byte chunk c8 of rows lr0 + RP i, its swizzled column fixed (RP = 8),
+ * a tile of real rows in one page from one address as in the product */
 template <int D, int ST>
 __device__ __forceinline__ void ws_produce(__nv_bfloat16 *sm, uint64_t *full, uint64_t *empty, int t, int ntile,
                                            int klo, int kend, int Hk, int hk, void *const *kp, void *const *vp, int pt,
@@ -73,15 +74,26 @@ __device__ __forceinline__ void ws_produce(__nv_bfloat16 *sm, uint64_t *full, ui
         const int s = j % ST;
         if (j >= ST) mbar_wait(&empty[s], ((j / ST) - 1) & 1);
         const int kt = klo + j * FA_BK;
-        __nv_bfloat16 *Kd = sm + 2 * s * TILE, *Vd = Kd + TILE;
+        __nv_bfloat16 *Kd = sm + 2 * s * TILE + swc + lr0 * 64, *Vd = Kd + TILE;
+        if (lgpt >= 6 && !(kt & (FA_BK - 1)) && kt + FA_BK - 1 <= kend) { /* as the product's load */
+            const size_t off = (size_t)((kt & ((1 << lgpt) - 1)) + lr0) * rowsz + hoff;
+            const __nv_bfloat16 *ks = (const __nv_bfloat16 *)kp[kt >> lgpt] + off,
+                                *vs = (const __nv_bfloat16 *)vp[kt >> lgpt] + off;
 #pragma unroll
-        for (int i = 0; i < FA_BK / RP; i++) {
-            const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
-            const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
-            const size_t off = (size_t)row * rowsz + hoff;
-            const int bytes = p <= kend ? 16 : 0;
-            cp_async16(Kd + swc + r * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
-            cp_async16(Vd + swc + r * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            for (int i = 0; i < FA_BK / RP; i++) {
+                cp_async16(Kd + RP * i * 64, ks + i * RP * rowsz, 16);
+                cp_async16(Vd + RP * i * 64, vs + i * RP * rowsz, 16);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < FA_BK / RP; i++) {
+                const int r = lr0 + RP * i, p = kt + r, pc = p <= kend ? p : kend;
+                const int pg = lgpt >= 0 ? pc >> lgpt : pc / pt, row = pc - pg * pt;
+                const size_t off = (size_t)row * rowsz + hoff;
+                const int bytes = p <= kend ? 16 : 0;
+                cp_async16(Kd + RP * i * 64, (const __nv_bfloat16 *)kp[pg] + off, bytes);
+                cp_async16(Vd + RP * i * 64, (const __nv_bfloat16 *)vp[pg] + off, bytes);
+            }
         }
         cp_async_commit();
         if (j > 0) { /* tile j - 1 is in: fenced for the products, then marked full */
@@ -128,7 +140,9 @@ __global__ void __launch_bounds__(384, 1)
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(ws_raw);
     __nv_bfloat16 *Qs = sm + 2 * ST * TILE; /* the halves' Q tiles [64][D], K-major in the swizzle */
     uint64_t *full = (uint64_t *)(Qs + 2 * FA_BQ * D), *empty = full + ST;
-    const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
+    /* role from lane 0: known uniform across the warp, so the descriptors stay in uniform
+     * registers (the product's k_attn_wg) */
+    const int tid = threadIdx.x, role = __shfl_sync(0xffffffffu, tid >> 7, 0), t = tid & 127;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
     int klo, kend;
@@ -234,7 +248,9 @@ __global__ void __launch_bounds__(384, 1)
     __nv_bfloat16 *sm = (__nv_bfloat16 *)wg_align1024(pp_raw);
     __nv_bfloat16 *Qs = sm + 2 * ST * TILE;
     uint64_t *full = (uint64_t *)(Qs + 2 * FA_BQ * D), *empty = full + ST;
-    const int tid = threadIdx.x, role = tid >> 7, t = tid & 127;
+    /* role from lane 0: known uniform across the warp, so the descriptors stay in uniform
+     * registers (the product's k_attn_wg) */
+    const int tid = threadIdx.x, role = __shfl_sync(0xffffffffu, tid >> 7, 0), t = tid & 127;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     const int qB = blockIdx.x * FA_BQ * 2, nqB = n - qB < FA_BQ * 2 ? n - qB : FA_BQ * 2;
     int klo, kend;
