@@ -179,8 +179,9 @@ static size_t layout(const sse_cfg *c, int R, void *base, sse_scratch *s) {
 HYLA_MIXER_SCRATCH_BYTES(sse_scratch)
 
 /* Each set's q and k side by side for a forward of R rows (k right after q's R rows), so that
- * the sparse set is one copy of the always-selected one; only where k then keeps the carver's
- * alignment (every buffer's, which the backends' fast paths want). */
+ * where the mixer copies (a backend without sse_maps) the sparse set is one copy of the
+ * always-selected one; only where k then keeps the carver's alignment (every buffer's, which
+ * the backends' fast paths want). */
 static void sse_pack(const sse_cfg *c, int R, sse_scratch *s) {
     size_t qk = (size_t)R * c->H * c->dk;
     if (qk * sizeof(float) % HYLA_SCRATCH_ALIGN) return;
