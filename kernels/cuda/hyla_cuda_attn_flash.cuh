@@ -65,18 +65,19 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return FX ? fa_ex2(x) : exp2f(x);
 }
 
-/* fa_softmax without O's rescale: the correction (c0, c1) is returned, for a caller whose O is
- * still being written by a product in flight (the kernel lab's pipelined forms) */
-/* SF (the kernel lab's form only): the scale folded into 2^(s sl2 - m) as one fma, the max taken
- * on the raw scores and scaled once a row (the same m: rounding is monotonic); other bits */
-template <bool FULL, bool FX, bool SF = false>
-__device__ __forceinline__ void fa_softmax_c(float (&sacc)[FA_BK / 8][4], int kt, int khi, int p0, int p1, int window,
+/* fa_softmax without O's rescale: the correction (c0, c1) is returned, for a caller that rescales
+ * O itself (k_attn_wg skips a rescale by 1; the kernel lab's pipelined forms rescale after the
+ * product in flight). The kernel lab's forms only: SF, the scale folded into 2^(s sl2 - m) as one
+ * fma, the max taken on the raw scores and scaled once a row (the same m: rounding is monotonic;
+ * other bits); BK, a tile of other than 64 keys (other bits). */
+template <bool FULL, bool FX, bool SF = false, int BK = FA_BK>
+__device__ __forceinline__ void fa_softmax_c(float (&sacc)[BK / 8][4], int kt, int khi, int p0, int p1, int window,
                                              float sl2, float &m0, float &m1, float &l0, float &l1, float &c0,
                                              float &c1) {
     const int tq = (threadIdx.x & 31) & 3;
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++)
+    for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int kpos = kt + nt * 8 + 2 * tq + (e & 1);
@@ -100,7 +101,7 @@ __device__ __forceinline__ void fa_softmax_c(float (&sacc)[FA_BK / 8][4], int kt
     c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-    for (int nt = 0; nt < FA_BK / 8; nt++) {
+    for (int nt = 0; nt < BK / 8; nt++) {
         if (SF) {
             sacc[nt][0] = fa_exp2<FX>(fmaf(sacc[nt][0], sl2, -b0));
             sacc[nt][1] = fa_exp2<FX>(fmaf(sacc[nt][1], sl2, -b0));
