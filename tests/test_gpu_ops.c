@@ -553,6 +553,15 @@ static void case_switches(const op_case *c) {
                   gpu->ops->decode_bf16_rows(gpu->ctx, 200, 2304), /* 200 rows take the large-M path anywhere */
               "switches: default '%s', with HYLA_CUDA_DECODE_BF16=0 '%s'", a, e5);
     if (g5) hyla_backend_destroy(g5);
+    /* a sixth and a seventh with the flash prefill's key splits set at creation
+     * (HYLA_CUDA_ATTN_SPLIT): 16384 is taken, 100 (not a multiple of 64) is ignored */
+    char e6[256] = "", e7[256] = "";
+    hyla_backend *g6 = backend_with("HYLA_CUDA_ATTN_SPLIT", "16384", e6, sizeof e6);
+    hyla_backend *g7 = backend_with("HYLA_CUDA_ATTN_SPLIT", "100", e7, sizeof e7);
+    CHECK_MSG(strstr(a, "attn_split=8192") && strstr(e6, "attn_split=16384") && strstr(e7, "attn_split=8192"),
+              "switches: default '%s', HYLA_CUDA_ATTN_SPLIT=16384 '%s', =100 '%s'", a, e6, e7);
+    if (g6) hyla_backend_destroy(g6);
+    if (g7) hyla_backend_destroy(g7);
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 columns: 64 x 2304 -> 2304, 48 x 3072 -> 2304; 128 columns, a
      * deep K: 64 x 6144 -> 2304), one warpgroup and a producer warp over the whole K (256 x 2304 ->

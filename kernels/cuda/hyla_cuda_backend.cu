@@ -892,6 +892,18 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     c->gdn_pipe_vw = pv && (atoi(pv) == 64 || atoi(pv) == 128) ? atoi(pv) : 0;
     c->sse_windows = 1;
     c->attn_split_len = 8192;
+    /* HYLA_CUDA_ATTN_SPLIT=N: flash prefill's key splits of N keys (0: one pass), as
+     * hyla_cuda_set_attn_split; other bits than the default wherever keys reach past it */
+    const char *as = getenv("HYLA_CUDA_ATTN_SPLIT");
+    if (as && *as) {
+        char *end = NULL;
+        const long v = strtol(as, &end, 10);
+        if (*end || v < 0 || v % 64 || v > (1L << 24))
+            HYLA_WARN("HYLA_CUDA_ATTN_SPLIT=%s ignored: not 0 or a multiple of 64 up to 2^24 (keeping %d)", as,
+                      c->attn_split_len);
+        else
+            c->attn_split_len = (int)v;
+    }
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
     c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
     const char *gt = getenv("HYLA_CUDA_GLA_TILES");
@@ -975,10 +987,10 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
                  "gemm_wgp=%d gemm_wg_n64=%d decode_bf16=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d "
-                 "gla_tiles=%d",
+                 "attn_split=%d gla_tiles=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
                  c->gemm_wgp, c->gemm_wg_n64, c->decode_bf16, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2,
-                 c->gla_tiles);
+                 c->attn_split_len, c->gla_tiles);
     return HYLA_OK;
 }
 
