@@ -67,10 +67,8 @@ __device__ __forceinline__ float fa_exp2(float x) {
 
 /* fa_softmax without O's rescale: the correction (c0, c1) is returned, for a caller that rescales
  * O itself (k_attn_wg skips a rescale by 1; the kernel lab's pipelined forms rescale after the
- * product in flight). The kernel lab's forms only: SF, the scale folded into 2^(s sl2 - m) as one
- * fma, the max taken on the raw scores and scaled once a row (the same m: rounding is monotonic;
- * other bits); BK, a tile of other than 64 keys (other bits). */
-template <bool FULL, bool FX, bool SF = false, int BK = FA_BK>
+ * product in flight). BK: a tile of other than 64 keys (the kernel lab's forms only; other bits). */
+template <bool FULL, bool FX, int BK = FA_BK>
 __device__ __forceinline__ void fa_softmax_c(float (&sacc)[BK / 8][4], int kt, int khi, int p0, int p1, int window,
                                              float sl2, float &m0, float &m1, float &l0, float &l1, float &c0,
                                              float &c1) {
@@ -83,7 +81,7 @@ __device__ __forceinline__ void fa_softmax_c(float (&sacc)[BK / 8][4], int kt, i
             int kpos = kt + nt * 8 + 2 * tq + (e & 1);
             int qpos = (e >> 1) ? p1 : p0;
             bool ok = FULL || (kpos <= qpos && kpos <= khi && (window <= 0 || kpos > qpos - window));
-            float v = ok ? (SF ? sacc[nt][e] : sacc[nt][e] * sl2) : -INFINITY;
+            float v = ok ? sacc[nt][e] * sl2 : -INFINITY;
             sacc[nt][e] = v;
             if (e >> 1)
                 mx1 = fmaxf(mx1, v);
@@ -95,24 +93,16 @@ __device__ __forceinline__ void fa_softmax_c(float (&sacc)[BK / 8][4], int kt, i
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
     }
-    if (SF) mx0 *= sl2, mx1 *= sl2;
     float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
     c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < BK / 8; nt++) {
-        if (SF) {
-            sacc[nt][0] = fa_exp2<FX>(fmaf(sacc[nt][0], sl2, -b0));
-            sacc[nt][1] = fa_exp2<FX>(fmaf(sacc[nt][1], sl2, -b0));
-            sacc[nt][2] = fa_exp2<FX>(fmaf(sacc[nt][2], sl2, -b1));
-            sacc[nt][3] = fa_exp2<FX>(fmaf(sacc[nt][3], sl2, -b1));
-        } else {
-            sacc[nt][0] = fa_exp2<FX>(sacc[nt][0] - b0);
-            sacc[nt][1] = fa_exp2<FX>(sacc[nt][1] - b0);
-            sacc[nt][2] = fa_exp2<FX>(sacc[nt][2] - b1);
-            sacc[nt][3] = fa_exp2<FX>(sacc[nt][3] - b1);
-        }
+        sacc[nt][0] = fa_exp2<FX>(sacc[nt][0] - b0);
+        sacc[nt][1] = fa_exp2<FX>(sacc[nt][1] - b0);
+        sacc[nt][2] = fa_exp2<FX>(sacc[nt][2] - b1);
+        sacc[nt][3] = fa_exp2<FX>(sacc[nt][3] - b1);
         s0 += sacc[nt][0] + sacc[nt][1];
         s1 += sacc[nt][2] + sacc[nt][3];
     }
@@ -411,7 +401,7 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * products, so every tile after the first read P as Q (kernels/cuda/dev/NOTES.md "Flash prefill
  * on warpgroup products"). D = 128 keeps them in registers (three blocks per SM; 16 KB more of
  * shared memory would leave two), which test_gpu_ops checks against k_attn_flash2 and the CPU. */
-template <int D, int NWG, bool SF = false>
+template <int D, int NWG>
 __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     k_attn_wg(const float *q, int n, int Hq, int Hk, int pos0, int window, float scale, void *const *kp,
               void *const *vp, int pt, int lgpt, float *o, int split_len, int nsplit, float *part) {
@@ -579,9 +569,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
                 kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
             float c0, c1;
             if (full)
-                fa_softmax_c<true, true, SF>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+                fa_softmax_c<true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
             else
-                fa_softmax_c<false, true, SF>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+                fa_softmax_c<false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
             /* O's rescale only where a row of the warp has a new max: c = 1 leaves O as it is
              * (x * 1 is x), and once the running max settles most tiles have none */
             if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);

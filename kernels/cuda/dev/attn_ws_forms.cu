@@ -350,9 +350,9 @@ __global__ void __launch_bounds__(384, 1)
     auto softmax = [&](int tt, float &c0, float &c1) {
         const int kt = klo + tt * BK;
         if (kt + BK - 1 <= pfirst && kt + BK - 1 <= khi)
-            fa_softmax_c<true, true, false, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
+            fa_softmax_c<true, true, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
         else
-            fa_softmax_c<false, true, false, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
+            fa_softmax_c<false, true, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
     };
     auto pack = [&]() {
 #pragma unroll
@@ -468,24 +468,8 @@ __global__ void __launch_bounds__(256, 1)
         cp_async_commit();
     };
     if (ntile > 0) load(0, 0);
-    {
-        __nv_bfloat16 *Qs = sm + 4 * TILE;
-        for (int x = tid; x < FA_BQ * 2 * (D / 4); x += NT) {
-            const int r = x / (D / 4), d = (x % (D / 4)) * 4;
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (r < nqB) {
-                const float *src = q + ((size_t)(qB + r) * Hq + h) * D + d;
-#pragma unroll
-                for (int e = 0; e < 4; e++) v[e] = src[e];
-            }
-            __nv_bfloat162 *dst = (__nv_bfloat162 *)(Qs + (r / FA_BQ) * FA_BQ * D + wg_swz(r % FA_BQ, d, FA_BQ));
-            dst[0] = __floats2bfloat162_rn(v[0], v[1]);
-            dst[1] = __floats2bfloat162_rn(v[2], v[3]);
-        }
-    }
-    fence_proxy_async_smem();
-    __syncthreads();
-    const __nv_bfloat16 *Qsm = sm + 4 * TILE + half * FA_BQ * D;
+    __nv_bfloat16 *Qsm = sm + 4 * TILE + half * FA_BQ * D; /* each half stages its own 64 queries */
+    ws_stage_q<D>(Qsm, q, q0, nq, Hq, h, tid & 127, half);
     const int r0 = 16 * wl + g, r1 = r0 + 8;
     const int p0 = pos0 + q0 + r0, p1 = pos0 + q0 + r1, pfirst = pos0 + q0;
     float m0, m1, l0, l1, oacc[D / 8][4];
@@ -516,9 +500,9 @@ __global__ void __launch_bounds__(256, 1)
             wg_keep(sf);
             float c0, c1;
             if (kt + BK - 1 <= pfirst && kt + BK - 1 <= khi)
-                fa_softmax_c<true, true, false, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
+                fa_softmax_c<true, true, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
             else
-                fa_softmax_c<false, true, false, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
+                fa_softmax_c<false, true, BK>(sacc, kt, khi, p0, p1, 0, sl2, m0, m1, l0, l1, c0, c1);
             if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);
             uint32_t pf[BK / 16][4];
             uint32_t(&pw)[BK / 4] = *reinterpret_cast<uint32_t(*)[BK / 4]>(&pf[0][0]);
@@ -562,32 +546,30 @@ struct Args {
 };
 
 /* form 0: the product's k_attn_wg<D, 2>; form 1: k_attn_ws<D, 4>; forms 2, 3: k_attn_pp<D, 4> as
- * k_attn_ws's arithmetic was and with the product's lean tile (LEAN); form 4: the product with
- * the scale folded into the exponent's subtraction (SF: other bits); form 5: the product's
- * one-warpgroup k_attn_wg<D, 1> (64 queries a block, the same bits); form 6: k_attn_wg128<D>
- * (key tiles of 128: other bits); form 7: k_attn_pp on key tiles of 128 (FA3's form: other bits,
+ * k_attn_ws's arithmetic was and with the product's lean tile (LEAN); form 4: the product's
+ * one-warpgroup k_attn_wg<D, 1> (64 queries a block, the same bits); form 5: k_attn_wg128<D>
+ * (key tiles of 128: other bits); form 6: k_attn_pp on key tiles of 128 (FA3's form: other bits,
  * setmaxnreg giving the consumers 232 registers) */
 template <int D>
 static void run_form(int form, const Args &a) {
-    if (form == 0 || form == 4) {
+    if (form == 0) {
         const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024;
-        auto k = form == 0 ? k_attn_wg<D, 2> : k_attn_wg<D, 2, true>;
-        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        k<<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp, a.pt, a.lgpt,
-                                                            a.o, 0, 1, NULL);
-    } else if (form == 6) { /* key tiles of 128 (other bits) */
+        CK(cudaFuncSetAttribute(k_attn_wg<D, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        k_attn_wg<D, 2><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp,
+                                                                          a.pt, a.lgpt, a.o, 0, 1, NULL);
+    } else if (form == 5) { /* key tiles of 128 (other bits) */
         const size_t sm = (size_t)4 * 128 * D * 2 + (size_t)2 * FA_BQ * D * 2 + 1024;
         CK(cudaFuncSetAttribute(k_attn_wg128<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k_attn_wg128<D><<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 256, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, a.scale, a.kp, a.vp,
                                                                           a.pt, a.lgpt, a.o, 0, 1, NULL);
-    } else if (form == 7) { /* FA3's schedule on key tiles of 128 (other bits) */
+    } else if (form == 6) { /* FA3's schedule on key tiles of 128 (other bits) */
         constexpr int ST = 2, BK = 128;
         const size_t sm = (size_t)2 * ST * BK * D * 2 + (size_t)2 * FA_BQ * D * 2 + 2 * ST * 8 + 1024;
         auto k = k_attn_pp<D, ST, true, true, BK>;
         CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k<<<dim3(cu_blocks(a.n, 128), a.Hq, 1), 384, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, a.scale, a.kp, a.vp, a.pt, a.lgpt,
                                                             a.o, 0, 1, NULL);
-    } else if (form == 5) { /* the product's one-warpgroup form (the same bits) */
+    } else if (form == 4) { /* the product's one-warpgroup form (the same bits) */
         const size_t sm = (size_t)4 * FA_BK * D * 2 + 1024;
         CK(cudaFuncSetAttribute(k_attn_wg<D, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         k_attn_wg<D, 1><<<dim3(cu_blocks(a.n, 64), a.Hq, 1), 128, sm>>>(a.q, a.n, a.Hq, a.Hk, 0, 0, a.scale, a.kp, a.vp,
@@ -628,9 +610,8 @@ int main(int argc, char **argv) {
     HK(hyla_cpu_backend_create(0, &cpu));
     HK(hyla_cuda_backend_create(0, &gpu));
     HK(hyla_cuda_set_attn_split(gpu, 0)); /* one pass over the keys, as the forms run */
-    const char *names[8] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>", "k_attn_pp<128, 4>",
-                            "k_attn_pp<128, 4, lean>", "k_attn_wg<128, 2, SF>",
-                            "k_attn_wg<128, 1> (product)", "k_attn_wg128<128> (128-key tiles)",
+    const char *names[7] = {"k_attn_wg<128, 2> (product)", "k_attn_ws<128, 4>", "k_attn_pp<128, 4>",
+                            "k_attn_pp<128, 4, lean>", "k_attn_wg<128, 1> (product)", "k_attn_wg128<128> (128-key tiles)",
                             "k_attn_pp<128, 2, lean, 128 keys>"};
     constexpr int D = 128;
     const int pt = 64, lgpt = 6;
@@ -678,7 +659,7 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(tab, kg, np * sizeof(void *), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(tab + np, vg, np * sizeof(void *), cudaMemcpyHostToDevice));
         float *o0 = (float *)malloc(nq * 4), *o1 = (float *)malloc(nq * 4);
-        const int nform = 8;
+        const int nform = 7;
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
@@ -705,8 +686,8 @@ int main(int argc, char **argv) {
                 rel = sqrt(num / (den > 0 ? den : 1));
             }
             const int same = f == 0 || !memcmp(o0, o1, nq * 4);
-            double dmax = 0; /* SF: other bits by design; how far from the product's */
-            const int other = f == 4 || f >= 6; /* forms of other bits by design */
+            double dmax = 0; /* forms of other bits by design: how far from the product's */
+            const int other = f >= 5;
             if (other)
                 for (size_t i = 0; i < nq; i++) dmax = fmax(dmax, fabs((double)o1[i] - o0[i]));
             const int ok = (same || other) && rel <= 2e-2;
