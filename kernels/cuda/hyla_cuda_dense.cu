@@ -808,7 +808,7 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
  * after them owns one row of q0, q1, k0 or k1 (in that order) and runs on it what the row ops
  * would: silu or softmax_row, then l2norm_row, in the warp layout row_config gives rows of
  * cols <= 512 floats (cols % 4 == 0). With lora a warp owns a row of q (or k) in both sets: it
- * first adds q0's row onto q1's (the LoRA term; ew add's t + p), then maps both rows. Each
+ * first adds q0's row onto q1's (the LoRA term, by ew_add as cu_add does), then maps both rows. Each
  * value's arithmetic is that of the ops one after the other (k_add, ew_silu, ew_gla_gate,
  * k_softmax_rows, k_l2norm_rows), so the bits are theirs. */
 #define SSE_MAPS_FUSE_MAX ((size_t)1 << 23)
@@ -862,9 +862,10 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
         const int j = w / a.rows, sm = j ? a.k_softmax : a.q_softmax;
         const size_t off = (size_t)(w - j * a.rows) * a.cols;
         float *x0 = a.x[2 * j] + off, *x1 = a.x[2 * j + 1] + off;
+        const ew_add add; /* cu_add's own operation: the term plus the projection */
         for (int u = t; u < U; u += 32) {
             const float4 p = ld_u<1, A16>(x0, u), q = ld_u<1, A16>(x1, u);
-            st_u<1, A16>(x1, u, make_float4(q.x + p.x, q.y + p.y, q.z + p.z, q.w + p.w));
+            st_u<1, A16>(x1, u, make_float4(add(q.x, p.x), add(q.y, p.y), add(q.z, p.z), add(q.w, p.w)));
         }
         __syncwarp();
         map_row(x0, sm);
@@ -898,7 +899,8 @@ extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, fl
      * SSE_MAPS_FUSE_MAX floats the passes are bound by memory, and there the plain kernels, with
      * fewer registers and more threads resident, are faster: a 16384-token piece of the 1.3B SSE-H
      * model prefilled ~1 % slower through the one launch (BENCHMARKS.md "SSE's feature maps in one
-     * launch"). */
+     * launch"). With lora the one launch also saves the two adds' passes over q and k (a warp
+     * adds and maps a row while it is in cache), so it takes every size. */
     const size_t work = 4 * (size_t)rows * (size_t)(cols > 0 ? cols : 0) + nv + 2 * ng;
     if (rows <= 0 || cols <= 0 || cols % 4 || cols / 4 > 128 || (work > SSE_MAPS_FUSE_MAX && !lora) ||
         blocks > (size_t)INT_MAX) {
