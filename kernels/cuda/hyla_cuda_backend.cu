@@ -898,7 +898,7 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     if (as && *as) {
         char *end = NULL;
         const long v = strtol(as, &end, 10);
-        if (*end || v < 0 || v % 64 || v > (1L << 24))
+        if (*end || !cu_attn_split_ok(v))
             HYLA_WARN("HYLA_CUDA_ATTN_SPLIT=%s ignored: not 0 or a multiple of 64 up to 2^24 (keeping %d)", as,
                       c->attn_split_len);
         else

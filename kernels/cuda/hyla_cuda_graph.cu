@@ -1426,7 +1426,7 @@ extern "C" hyla_status hyla_cuda_set_graphs(hyla_backend *be, int on) {
 extern "C" hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys) {
     hyla_cuda_ctx *c = graph_ctx(be);
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_split: not a cuda backend");
-    if (keys < 0 || keys % 64 || keys > (1 << 24))
+    if (!cu_attn_split_ok(keys))
         return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_split: %d keys is not 0 or a multiple of 64 up to 2^24",
                          keys);
     HYLA_TRY(cu_graph_flush(c));

@@ -512,6 +512,9 @@ hyla_status cu_capture_end(hyla_cuda_ctx *c, hyla_capture *t);
 #endif
 
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+/* A flash prefill key-split length hyla_cuda_set_attn_split and HYLA_CUDA_ATTN_SPLIT accept: 0 (one
+ * pass) or a multiple of 64 keys up to 2^24 */
+static inline int cu_attn_split_ok(long keys) { return keys >= 0 && keys % 64 == 0 && keys <= (1L << 24); }
 
 #ifdef __CUDACC__
 /* Programmatic dependent launch (decode's weight streaming under the small kernels): a kernel
