@@ -562,6 +562,16 @@ static void case_switches(const op_case *c) {
               "switches: default '%s', HYLA_CUDA_ATTN_SPLIT=16384 '%s', =100 '%s'", a, e6, e7);
     if (g6) hyla_backend_destroy(g6);
     if (g7) hyla_backend_destroy(g7);
+    /* an eighth and a ninth with the walk's bound set at creation (HYLA_CUDA_ATTN_WALK): 0
+     * (never) is taken, -5 ignored; the default is 32 blocks per SM */
+    char e8[256] = "", e9[256] = "";
+    hyla_backend *g8 = backend_with("HYLA_CUDA_ATTN_WALK", "0", e8, sizeof e8);
+    hyla_backend *g9 = backend_with("HYLA_CUDA_ATTN_WALK", "-5", e9, sizeof e9);
+    CHECK_MSG(strstr(a, "attn_walk=") && atoi(strstr(a, "attn_walk=") + 10) > 0 && strstr(e8, "attn_walk=0 ") &&
+                  strstr(e9, "attn_walk=") && atoi(strstr(e9, "attn_walk=") + 10) == atoi(strstr(a, "attn_walk=") + 10),
+              "switches: default '%s', HYLA_CUDA_ATTN_WALK=0 '%s', =-5 '%s'", a, e8, e9);
+    if (g8) hyla_backend_destroy(g8);
+    if (g9) hyla_backend_destroy(g9);
     /* each form of the warpgroup linear (hyla_cuda_gemm.cu gemm_wg): one warpgroup a block with
      * the cluster's slice sum (64 columns: 64 x 2304 -> 2304, 48 x 3072 -> 2304; 128 columns, a
      * deep K: 64 x 6144 -> 2304), one warpgroup and a producer warp over the whole K (256 x 2304 ->
@@ -2502,7 +2512,8 @@ static void case_attention(const op_case *c) {
  * splits of 64 keys; each within the tolerance of the CPU; at D = 64, 128 on Hopper (and 256
  * without a window: attention layers of hidden / heads = 256) the other flash kernel
  * (hyla_cuda_set_attn_wg(0): k_attn_flash2) within rounding of the default, and piece-invariant
- * too. */
+ * too; with splits, k_attn_wg's walk over a block's splits (hyla_cuda_set_attn_walk) gives the
+ * bits of the partials and their combine. */
 static void case_attn_pieces(const op_case *c) {
     /* n = 2300 at D = 128 with the two-warpgroup form from any key count
      * (hyla_cuda_set_attn_wg2(1); the default takes it from 8192 keys on average): one call on it
@@ -2514,6 +2525,8 @@ static void case_attn_pieces(const op_case *c) {
     const int wg_on = aw ? atoi(aw + 8) : 0; /* the default here */
     const char *aw2 = strstr(sw, "attn_wg2=");
     const int wg2_keys = aw2 ? atoi(aw2 + 9) : 0;
+    const char *awk = strstr(sw, "attn_walk=");
+    const int walk_blocks = awk ? atoi(awk + 10) : 0;
     for (int W = 0; W <= 100; W += 100) {
         /* k_attn_wg's head dims: 64, 128, and 256 without a window */
         const int wg_d = wg_on && ((D >= 64 && D <= 128) || (D == 256 && W == 0));
@@ -2540,6 +2553,26 @@ static void case_attn_pieces(const op_case *c) {
                 CHECK_MSG(same_bits(gpu, po.g, op, nq * 4),
                           "attn prefill D=%d W=%d n=%d%s: one call == pieces of 64 + %d at pos0=64 (bits)", D, W, n,
                           sp ? " splits of 64" : "", n - n1);
+                /* the walk over all splits in one block (hyla_cuda_set_attn_walk(1): every call
+                 * walks; these calls are below the default's bound, so po took the partials and
+                 * the combine): the same bits, the whole call and the pieces */
+                if (sp) {
+                    CHECK_OK(hyla_cuda_set_attn_walk(gpu, 1));
+                    void *ok = dev(gpu, NULL, nq * 4);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n, Hq, Hk, D, 0, &vg, W, scale, ok));
+                    CHECK_MSG(same_bits(gpu, po.g, ok, nq * 4),
+                              "attn prefill D=%d W=%d n=%d, splits of 64: walking all splits == partials and combine (bits)",
+                              D, W, n);
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, pq.g, pk.g, pv.g, n1, Hq, Hk, D, 0, &vg, W, scale, ok));
+                    CHECK_OK(gpu->ops->attn_prefill(gpu->ctx, (float *)pq.g + q1, (float *)pk.g + k1,
+                                                    (float *)pv.g + k1, n - n1, Hq, Hk, D, n1, &vg, W, scale,
+                                                    (float *)ok + q1));
+                    CHECK_MSG(same_bits(gpu, po.g, ok, nq * 4),
+                              "attn prefill D=%d W=%d n=%d, splits of 64, walking: pieces of 64 + %d (bits)", D, W, n,
+                              n - n1);
+                    CHECK_OK(hyla_cuda_set_attn_walk(gpu, walk_blocks));
+                    dfree(gpu, ok);
+                }
                 /* the other flash kernel (k_attn_wg, Hopper's default at D = 128, against
                  * k_attn_flash2): within rounding of each other (the same tiles, products and
                  * softmax; the warpgroup product's sums round differently where P V adds into a

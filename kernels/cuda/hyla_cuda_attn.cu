@@ -14,7 +14,8 @@
  * measured against).
  * Calls whose keys reach past the split length (8192 keys; hyla_cuda_set_attn_split) cut them
  * into splits at absolute positions, one block per (query block, head, split), merged per row
- * by k_flash_combine.
+ * in split order by k_flash_combine; or, calls of many blocks on k_attn_wg, each block walks
+ * all its rows' splits and merges them itself, the same bits (hyla_cuda_set_attn_walk).
  * Decode, and prefill for other head dims: split-K ("flash decoding"): one block per
  * (query, head, key split) runs an online softmax over blocks of 256 keys on CUDA cores and
  * writes (max, sum, acc); a combine kernel merges the splits in split order. All reductions
@@ -283,26 +284,22 @@ static hyla_status rows_launch(hyla_cuda_ctx *c, const AttnRows &a, float *o) {
  * lab runs the same code in its other forms). */
 
 /* Row qi (position pos0 + qi) of a split flash prefill: its splits s_lo..s_hi (those holding
- * keys of its window) merged in split order, o = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s. */
+ * keys of its window) merged in split order by fa_fold_ml (k_attn_wg's walk merges them so too),
+ * o = O / L. */
 __global__ void k_flash_combine(const float *part, int Hq, int D, int nsplit, int split_len, int pos0, int window,
                                 float *o) {
     const int h = blockIdx.x, qi = blockIdx.y, p = pos0 + qi;
     const int s_hi = p / split_len, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0, s_lo = lo / split_len;
     const float *pp = part + ((size_t)qi * Hq + h) * nsplit * (D + 2);
-    float M = -INFINITY;
-    for (int s = s_lo; s <= s_hi; s++) M = fmaxf(M, pp[(size_t)s * (D + 2) + D]);
-    float L = 0.0f;
-    for (int s = s_lo; s <= s_hi; s++) {
-        float ms = pp[(size_t)s * (D + 2) + D];
-        if (ms > -INFINITY) L += exp2f(ms - M) * pp[(size_t)s * (D + 2) + D + 1];
-    }
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
+        float M = -INFINITY, L = 0.0f, acc = 0.0f;
         for (int s = s_lo; s <= s_hi; s++) {
-            float ms = pp[(size_t)s * (D + 2) + D];
-            if (ms > -INFINITY) acc += exp2f(ms - M) * pp[(size_t)s * (D + 2) + d];
+            const float *ps = pp + (size_t)s * (D + 2);
+            float a = 0.0f, b = 0.0f;
+            const int k = fa_fold_ml(M, L, ps[D], ps[D + 1], a, b);
+            acc = fa_fold_x(k, acc, ps[d], a, b);
         }
-        o[((size_t)qi * Hq + h) * D + d] = L > 0.0f ? acc / L : 0.0f;
+        o[((size_t)qi * Hq + h) * D + d] = fa_fold_out(acc, L);
     }
 }
 
@@ -352,7 +349,8 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
          * differ, and k_attn_flash2 below takes it */
         if (c->attn_wg && window <= 0) {
             const int lg = page_shift(pt);
-            const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024; /* K, V buffers and two Q tiles: 193 KB */
+            /* K, V buffers, two Q tiles and the walk's (M, L) a row: 194 KB */
+            const size_t sm = (size_t)6 * FA_BK * D * 2 + 2 * FA_BQ * 8 + 1024;
             return cu_launch_dyn(c, k_attn_wg<D, 2>, dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, q, n, Hq, Hk,
                                  pos0, window, scale, kp, vp, pt, lg, o, split_len, nsplit, part);
         }
@@ -367,13 +365,15 @@ static hyla_status flash_launch(hyla_cuda_ctx *c, unsigned ng, int Hq, int nspli
                  * TFLOP/s for 32k queries from position 0, but 7 % slower for 4096 from 0, equal
                  * for a 1024-query piece at a 32k context, where one warpgroup stays. */
                 if (window <= 0 && c->attn_wg2 > 0 && ng >= 2048 && (long long)pos0 + ng / 2 >= c->attn_wg2) {
-                    const size_t sm = (size_t)6 * FA_BK * D * 2 + 1024; /* K, V buffers and two Q tiles */
+                    /* K, V buffers, two Q tiles and the walk's (M, L) a row */
+                    const size_t sm = (size_t)6 * FA_BK * D * 2 + 2 * FA_BQ * 8 + 1024;
                     return cu_launch_dyn(c, k_attn_wg<D, 2>, dim3(cu_blocks(ng, 128), Hq, nsplit), 256, sm, q, n, Hq,
                                          Hk, pos0, window, scale, kp, vp, pt, lg, o, split_len, nsplit, part);
                 }
             }
-            /* 2 buffers of K and V, swizzled (D = 64: and the Q tile); the alignment */
-            const size_t sm = (size_t)(D == 64 ? 5 : 4) * FA_BK * D * 2 + 1024;
+            /* 2 buffers of K and V, swizzled (D = 64: and the Q tile); the walk's (M, L) a row; the
+             * alignment */
+            const size_t sm = (size_t)(D == 64 ? 5 : 4) * FA_BK * D * 2 + FA_BQ * 8 + 1024;
             return cu_launch_dyn(c, k_attn_wg<D, 1>, grid, 128, sm, q, n, Hq, Hk, pos0, window, scale, kp, vp, pt, lg,
                                  o, split_len, nsplit, part);
         }
@@ -409,6 +409,17 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
     CU_LAUNCH_CHECK("kv write");
     if (D == 32 || D == 64 || D == 128 || D == 256) {
         const int L = c->attn_split_len;
+        /* k_attn_wg's walk (calls without a window whose keys reach past a split, of at least
+         * c->attn_walk blocks of 64 queries over the heads): each block runs all its rows'
+         * splits, merged as k_flash_combine merges them (the same bits), so no partials are
+         * written, read and combined; calls of fewer blocks take the splits' parallelism */
+        if (L && (pos0 + n - 1) / L > 0 && c->attn_wg && window <= 0 && D >= 64 && c->attn_walk > 0 &&
+            (long long)cu_blocks(n, FA_BQ) * Hq >= c->attn_walk) {
+            if (D == 64) return flash_launch<64>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o, L, NULL);
+            if (D == 128)
+                return flash_launch<128>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o, L, NULL);
+            return flash_launch<256>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o, L, NULL);
+        }
         /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
         int group = n;
         void *scr = NULL;

@@ -18,10 +18,14 @@
 /* Key splits (split_len > 0, blockIdx.z = split s): the block runs the keys of
  * [s split_len, (s+1) split_len) only and writes, for each of its rows whose keys meet the
  * split, the unnormalised partial (O, m in log2 units, l) into part [n][Hq][nsplit][D + 2];
- * k_flash_combine then merges a row's splits in split order. The split boundaries are absolute
- * key positions, and key tiles past a row's position add exact zeros, so a row's result does not
- * depend on the call it is in (prefill pieces of any size give the same bits). split_len = 0:
- * one pass over all keys, o written directly. */
+ * k_flash_combine then merges a row's splits in split order (fa_fold_ml). The split boundaries
+ * are absolute key positions, and key tiles past a row's position add exact zeros, so a row's
+ * result does not depend on the call it is in (prefill pieces of any size give the same bits).
+ * split_len = 0: one pass over all keys, o written directly. k_attn_wg also walks: split_len > 0
+ * with part = NULL (calls without a window), one block runs all of its rows' splits one after
+ * the other and merges each into o as it ends, with k_flash_combine's arithmetic: the same bits
+ * as the partials and the combine, without them (cu_attn_prefill takes it for calls of many
+ * blocks, the partials where a call needs the splits' parallelism). */
 /* A warp's online softmax state for its two query rows at the start of a block: running max
  * m = -inf and sum l = 0 (log2 domain), O = 0. */
 template <int D>
@@ -64,6 +68,34 @@ template <bool FX>
 __device__ __forceinline__ float fa_exp2(float x) {
     return FX ? fa_ex2(x) : exp2f(x);
 }
+
+/* One step of merging a row's splits in split order: the running (M, L) of the splits before
+ * and a split's (m, l). Returns 0 where the split holds none of the row's keys (m = -inf: the
+ * running values stay), 1 for the first split (taken as it is), 2 otherwise, with the weights a
+ * of the running O and b of the split's: M' = max(M, m), a = 2^(M - M'), b = 2^(m - M'),
+ * L' = L a + l b. Explicit roundings, so k_flash_combine and k_attn_wg's walk (two kernels)
+ * give a row the same bits. */
+__device__ __forceinline__ int fa_fold_ml(float &M, float &L, float m, float l, float &a, float &b) {
+    if (m == -INFINITY) return 0;
+    if (M == -INFINITY) {
+        M = m, L = l;
+        return 1;
+    }
+    const float Mn = fmaxf(M, m);
+    a = fa_ex2(__fsub_rn(M, Mn));
+    b = fa_ex2(__fsub_rn(m, Mn));
+    L = __fmaf_rn(L, a, __fmul_rn(l, b));
+    M = Mn;
+    return 2;
+}
+
+/* an element of the running O after fa_fold_ml's step k (acc: before it, x: the split's) */
+__device__ __forceinline__ float fa_fold_x(int k, float acc, float x, float a, float b) {
+    return k == 2 ? __fmaf_rn(acc, a, __fmul_rn(x, b)) : k == 1 ? x : acc;
+}
+
+/* the merged row's output: O / L (0 for a row without keys), as fa_finish's direct pass */
+__device__ __forceinline__ float fa_fold_out(float acc, float L) { return L > 0.0f ? acc / L : 0.0f; }
 
 /* fa_softmax without O's rescale: the correction (c0, c1) is returned, for a caller that rescales
  * O itself (k_attn_wg skips a rescale by 1; the kernel lab's pipelined forms rescale after the
@@ -228,6 +260,64 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
     }
 }
 
+/* k_attn_wg's walk over all splits: at the end of a split (and of the block: last), the warp's
+ * two rows' (O, m, l) merged into the running (M, L), kept in shared memory at ml ([row][2] of
+ * the warpgroup's rows: registers there would spill the two-warpgroup form), and into o, which
+ * holds the running O between splits (each thread its own elements: no other thread reads
+ * them); last: o = O / L. The four lanes of a row compute the same (M, L); lane 0 stores it. */
+template <int D>
+__device__ __forceinline__ void fa_walk_fold(const float (&oacc)[D / 8][4], float m0, float m1, float l0, float l1,
+                                             float *ml, int q0, int nq, int r0, int r1, int h, int Hq, float *o,
+                                             bool last) {
+    const int tq = (threadIdx.x & 31) & 3;
+    float M0 = ml[2 * r0], L0 = ml[2 * r0 + 1], M1 = ml[2 * r1], L1 = ml[2 * r1 + 1];
+    __syncwarp();
+    float a0 = 0.0f, b0 = 0.0f, a1 = 0.0f, b1 = 0.0f;
+    const int k0 = fa_fold_ml(M0, L0, m0, l0, a0, b0), k1 = fa_fold_ml(M1, L1, m1, l1, a1, b1);
+    if (tq == 0 && !last) {
+        ml[2 * r0] = M0, ml[2 * r0 + 1] = L0;
+        ml[2 * r1] = M1, ml[2 * r1 + 1] = L1;
+    }
+    /* o's running O is read where it is merged into, or (last) divided with no split of its own */
+    const bool rd0 = k0 == 2 || (last && k0 == 0 && M0 != -INFINITY), wr0 = r0 < nq && (k0 || last);
+    const bool rd1 = k1 == 2 || (last && k1 == 0 && M1 != -INFINITY), wr1 = r1 < nq && (k1 || last);
+    /* the rows' addresses formed here, not hoisted out of the tile loop by the compiler (kept
+     * live across it they spill the two-warpgroup form) */
+    int qr0 = q0 + r0;
+    asm volatile("" : "+r"(qr0));
+    float *op0 = o + ((size_t)qr0 * Hq + h) * D + 2 * tq, *op1 = op0 + (size_t)8 * Hq * D;
+    /* a row's four column pairs a batch, their four loads issued together: in program order a
+     * load after a store that may alias it (op1 is op0 + 8 rows: a distance the compiler cannot
+     * see) waits for it, one memory round trip each; the empty asm keeps the next batch's loads
+     * from being hoisted (registers: the two-warpgroup form has none to spare) */
+#pragma unroll
+    for (int n0 = 0; n0 < D / 8; n0 += 4) {
+        float2 v[4];
+        if (wr0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = rd0 ? *(const float2 *)(op0 + (n0 + i) * 8) : make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float x = fa_fold_x(k0, v[i].x, oacc[n0 + i][0], a0, b0), y = fa_fold_x(k0, v[i].y, oacc[n0 + i][1], a0, b0);
+                if (last) x = fa_fold_out(x, L0), y = fa_fold_out(y, L0);
+                *(float2 *)(op0 + (n0 + i) * 8) = make_float2(x, y);
+            }
+        }
+        asm volatile("" ::: "memory");
+        if (wr1) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = rd1 ? *(const float2 *)(op1 + (n0 + i) * 8) : make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float x = fa_fold_x(k1, v[i].x, oacc[n0 + i][2], a1, b1), y = fa_fold_x(k1, v[i].y, oacc[n0 + i][3], a1, b1);
+                if (last) x = fa_fold_out(x, L1), y = fa_fold_out(y, L1);
+                *(float2 *)(op1 + (n0 + i) * 8) = make_float2(x, y);
+            }
+        }
+        asm volatile("" ::: "memory");
+    }
+}
+
 /* k_attn_flash2: a flash block of NW warps (4: 64 queries, the product; 8: 128 queries sharing
  * each K/V tile, the form measured in kernels/cuda/dev/NOTES.md) per (query block, head[, key
  * split]); each warp owns 16 query rows. The block streams 64-key tiles through two
@@ -367,8 +457,8 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
 
 /* k_attn_wg: the flash block of k_attn_flash2<D, 4> on Hopper's warpgroup products (sm_90a),
  * D = 64 and 128, and D = 256 as two warpgroups (NWG = 2, the form's only one there: at one
- * warpgroup a pass of the tile loads covers 4 rows, not a whole swizzle group of 8; 199
- * registers, 193 KB of shared memory, one block per SM). One warpgroup, 64 queries, the same
+ * warpgroup a pass of the tile loads covers 4 rows, not a whole swizzle group of 8; about 210
+ * registers, 194 KB of shared memory, one block per SM). One warpgroup, 64 queries, the same
  * grid, key range, tiles (kt = klo + 64 i, absolute positions), splits and order of every sum
  * as k_attn_flash2<D, 4>: S = Q K^T is
  * wgmma m64n64k16 with the Q fragments in registers (D = 128: mma.sync's A fragments, warp w of
@@ -394,7 +484,12 @@ __global__ void __launch_bounds__(32 * NW, NW == 4 && D <= 128 ? 3 : 1) k_attn_f
  * them), each tile made visible to the async proxy before the one barrier a tile (after which
  * the next tile streams into the buffer the last one used). The Q tile is staged in
  * buffer 1 ([64][D + 8], ldmatrix) while tile 0 streams into buffer 0. Shared memory:
- * 4 x 64 x D x 2 bytes + 1 KB for the alignment (65 KB at D = 128: three blocks per SM).
+ * 4 x 64 x D x 2 bytes, 8 bytes a query row for the walk's running (M, L) and 1 KB for the
+ * alignment (66 KB at D = 128: three blocks per SM).
+ * Walk (split_len > 0, part = NULL; calls without a window): the tiles run split by split, and
+ * at the end of each split fa_walk_fold merges its (O, m, l) into o and the running (M, L), as
+ * k_flash_combine merges partials: the bits of the partials and their combine, without writing
+ * and reading them (and a row's query tile loaded once, not once a split).
  * D = 64 keeps the Q tile in shared memory (after the buffers, K-major in the swizzle: 8 KB,
  * 41 KB in all) and the S products read it there: with Q's fragments in registers, ptxas (CUDA
  * 13) gave that instantiation's loop-invariant Q registers to the P fragments after the S
@@ -422,7 +517,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     int klo = window > 0 ? pos0 + q0 - window + 1 : 0;
     if (klo < 0) klo = 0;
     int khi = pos0 + q0 + nq - 1, kend = pos0 + qB + nqB - 1;
-    if (split_len) {
+    /* walk: all the rows' splits in this block (part = NULL), each merged into o as it ends */
+    const bool walk = split_len && !part;
+    if (split_len && !walk) {
         if (split * split_len > klo) klo = split * split_len;
         if ((split + 1) * split_len - 1 < khi) khi = (split + 1) * split_len - 1;
         if ((split + 1) * split_len - 1 < kend) kend = (split + 1) * split_len - 1;
@@ -500,6 +597,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
     const int pfirst = pos0 + q0, plast = pos0 + q0 + FA_BQ - 1;
     float m0, m1, l0, l1, oacc[D / 8][4];
     fa_begin<D>(m0, m1, l0, l1, oacc);
+    /* walk: the merged splits' running (M, L) of this warpgroup's rows, after the tiles */
+    float *ml = (float *)(sm + (4 + (QS ? NWG : 0)) * TILE) + half * 2 * FA_BQ;
+    if (walk && (tid & 3) == 0) {
+        ml[2 * r0] = -INFINITY, ml[2 * r0 + 1] = 0.0f;
+        ml[2 * r1] = -INFINITY, ml[2 * r1 + 1] = 0.0f;
+    }
     const float sl2 = scale * 1.4426950408889634f;
     float(&of)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&oacc[0][0]);
     /* descriptors: one base (the aligned buffers' start) plus each operand's element offset / 8
@@ -545,47 +648,61 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
         }
     };
     /* one barrier a tile: it makes tile j visible and also tells that every thread is done with
-     * tile j - 1, whose buffer tile j + 1 then streams into while tile j computes */
-    for (int j = 0; j < ntile; j++) {
-        cp_async_wait<0>();
-        fence_proxy_async_smem(); /* this thread's cp.async writes, to wgmma's proxy */
-        __syncthreads();
-        if (j + 1 < ntile) load(j + 1, (j + 1) & 1);
-        const int kt = klo + j * FA_BK;
-        /* two warpgroups: half 1 issues its S after half 0 has issued its own, so the halves'
-         * products and softmax take turns on the tensor cores instead of running in step (the
-         * same products and sums, so the same bits; D = 256 prefill 1-2 % shorter, D = 128
-         * level: kernels/cuda/dev/NOTES.md "The flash kernel's two warpgroups taking turns") */
-        if (NWG == 2 && half == 1) nb_sync(1, 256);
-        if (NWG == 1 || kt <= khi) { /* one of this half's tiles (the other half's last may lie past it) */
-            const int ko = 2 * (j & 1) * TILE;
-            float sacc[FA_BK / 8][4];
-            float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
-            s_issue(sf, ko);
-            if (NWG == 2 && half == 0) nb_arrive(1, 256);
-            wg_wait<0>();
-            wg_keep(sf);
-            const bool full =
-                kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
-            float c0, c1;
-            if (full)
-                fa_softmax_c<true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
-            else
-                fa_softmax_c<false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
-            /* O's rescale only where a row of the warp has a new max: c = 1 leaves O as it is
-             * (x * 1 is x), and once the running max settles most tiles have none */
-            if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);
-            uint32_t pf[FA_BK / 16][4];
-            pack_p(pf, sacc);
-            pv_issue(pf, ko + TILE);
-            wg_wait<0>();
-            wg_keep(of);
-            wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
-        } else if (NWG == 2 && half == 0)
-            nb_arrive(1, 256); /* past this half's last tile: half 1 still waits for the turn */
+     * tile j - 1, whose buffer tile j + 1 then streams into while tile j computes. Walk: the
+     * tiles of a split, then the merge of its (O, m, l) before the next split's first tile (the
+     * walk's keys start at 0, so a split is split_len / 64 whole tiles; the tile loop itself
+     * tests nothing more) */
+    const int tps = walk ? split_len / FA_BK : ntile;
+    for (int j = 0; j < ntile;) {
+        if (j > 0 && (NWG == 1 || klo + j * FA_BK <= khi)) { /* walk: a split's first tile, one of this half's */
+            fa_walk_fold<D>(oacc, m0, m1, l0, l1, ml, q0, nq, r0, r1, h, Hq, o, false);
+            fa_begin<D>(m0, m1, l0, l1, oacc);
+        }
+        const int jend = ntile - j < tps ? ntile : j + tps;
+        for (; j < jend; j++) {
+            cp_async_wait<0>();
+            fence_proxy_async_smem(); /* this thread's cp.async writes, to wgmma's proxy */
+            __syncthreads();
+            if (j + 1 < ntile) load(j + 1, (j + 1) & 1);
+            const int kt = klo + j * FA_BK;
+            /* two warpgroups: half 1 issues its S after half 0 has issued its own, so the halves'
+             * products and softmax take turns on the tensor cores instead of running in step (the
+             * same products and sums, so the same bits; D = 256 prefill 1-2 % shorter, D = 128
+             * level: kernels/cuda/dev/NOTES.md "The flash kernel's two warpgroups taking turns") */
+            if (NWG == 2 && half == 1) nb_sync(1, 256);
+            if (NWG == 1 || kt <= khi) { /* one of this half's tiles (the other half's last may lie past it) */
+                const int ko = 2 * (j & 1) * TILE;
+                float sacc[FA_BK / 8][4];
+                float(&sf)[32] = *reinterpret_cast<float(*)[32]>(&sacc[0][0]);
+                s_issue(sf, ko);
+                if (NWG == 2 && half == 0) nb_arrive(1, 256);
+                wg_wait<0>();
+                wg_keep(sf);
+                const bool full =
+                    kt + FA_BK - 1 <= pfirst && kt + FA_BK - 1 <= khi && (window <= 0 || kt > plast - window);
+                float c0, c1;
+                if (full)
+                    fa_softmax_c<true, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+                else
+                    fa_softmax_c<false, true>(sacc, kt, khi, p0, p1, window, sl2, m0, m1, l0, l1, c0, c1);
+                /* O's rescale only where a row of the warp has a new max: c = 1 leaves O as it is
+                 * (x * 1 is x), and once the running max settles most tiles have none */
+                if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) fa_rescale<D>(oacc, c0, c1);
+                uint32_t pf[FA_BK / 16][4];
+                pack_p(pf, sacc);
+                pv_issue(pf, ko + TILE);
+                wg_wait<0>();
+                wg_keep(of);
+                wg_keep(*reinterpret_cast<uint32_t(*)[FA_BK / 4]>(&pf[0][0]));
+            } else if (NWG == 2 && half == 0)
+                nb_arrive(1, 256); /* past this half's last tile: half 1 still waits for the turn */
+        }
     }
     if (nq <= 0) return;
-    fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
+    if (walk)
+        fa_walk_fold<D>(oacc, m0, m1, l0, l1, ml, q0, nq, r0, r1, h, Hq, o, true);
+    else
+        fa_finish<D>(oacc, m0, m1, l0, l1, q0, nq, r0, r1, p0, p1, h, Hq, window, split, split_len, nsplit, part, o);
 #endif
 }
 

@@ -13,6 +13,7 @@
  * so results are deterministic run to run. Different M may take different algorithms, so a
  * row's rounding can differ between M (documented in docs/CUDA.md).
  * Threading: one thread per context. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -904,6 +905,18 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
         else
             c->attn_split_len = (int)v;
     }
+    /* HYLA_CUDA_ATTN_WALK=N: the fewest blocks of 64 queries (over the heads) a flash prefill
+     * walks its splits in (0: never), as hyla_cuda_set_attn_walk; the same bits either way */
+    c->attn_walk = 32 * c->sm_count;
+    const char *awk = getenv("HYLA_CUDA_ATTN_WALK");
+    if (awk && *awk) {
+        char *end = NULL;
+        const long v = strtol(awk, &end, 10);
+        if (*end || v < 0 || v > INT_MAX)
+            HYLA_WARN("HYLA_CUDA_ATTN_WALK=%s ignored: not a block count (keeping %d)", awk, c->attn_walk);
+        else
+            c->attn_walk = (int)v;
+    }
     const char *aw = getenv("HYLA_CUDA_ATTN_WG");
     c->attn_wg = !(aw && !strcmp(aw, "0")) && c->hopper;
     const char *gt = getenv("HYLA_CUDA_GLA_TILES");
@@ -987,10 +1000,10 @@ extern "C" hyla_status hyla_cuda_switches(hyla_backend *be, char *buf, size_t le
         snprintf(buf, len,
                  "graphs=%d pdl=%d prompt_blocks=%d sk_cluster=%d sk_cluster_max=%d gemm_wg=%d gemm_wg_min=%d "
                  "gemm_wgp=%d gemm_wg_n64=%d decode_bf16=%d chunk_b_wg=%d gdn_pipe_vw=%d attn_wg=%d attn_wg2=%d "
-                 "attn_split=%d gla_tiles=%d",
+                 "attn_split=%d attn_walk=%d gla_tiles=%d",
                  c->graphs_on, c->pdl, c->prompt_blocks, c->sk_cluster, c->sk_cluster_max, c->gemm_wg, c->gemm_wg_min,
                  c->gemm_wgp, c->gemm_wg_n64, c->decode_bf16, c->chunk_b_wg, c->gdn_pipe_vw, c->attn_wg, c->attn_wg2,
-                 c->attn_split_len, c->gla_tiles);
+                 c->attn_split_len, c->attn_walk, c->gla_tiles);
     return HYLA_OK;
 }
 

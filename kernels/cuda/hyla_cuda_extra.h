@@ -49,6 +49,13 @@ hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
  * the bits of a prefill depend on (keep it the same wherever a session may resume); a row gives
  * the same bits in calls of any size under one setting. */
 hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
+/* Flash attention prefill calls whose keys reach past a split, without a window, on k_attn_wg:
+ * with at least min_blocks blocks of 64 queries over the heads, each block runs all its rows'
+ * splits and merges them itself; with fewer, a block per split writes partials that a second
+ * kernel merges. The same arithmetic in the same order: the same bits either way, only the time
+ * differs. 0: never; default 32 blocks per SM (HYLA_CUDA_ATTN_WALK in the environment sets it at
+ * start). */
+hyla_status hyla_cuda_set_attn_walk(hyla_backend *be, int min_blocks);
 /* Flash attention prefill at head dims 64 and 128 on Hopper's warpgroup products (on: the default on
  * compute capability 9.x, where alone it takes effect; HYLA_CUDA_ATTN_WG=0 in the environment
  * starts a backend with it off) or on the mma.sync kernel. Each is piece-invariant; they agree

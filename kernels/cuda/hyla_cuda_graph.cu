@@ -1434,6 +1434,16 @@ extern "C" hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys) {
     return HYLA_OK;
 }
 
+extern "C" hyla_status hyla_cuda_set_attn_walk(hyla_backend *be, int min_blocks) {
+    hyla_cuda_ctx *c = graph_ctx(be);
+    if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_walk: not a cuda backend");
+    if (min_blocks < 0)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_walk: %d blocks is negative", min_blocks);
+    HYLA_TRY(cu_graph_flush(c));
+    c->attn_walk = min_blocks;
+    return HYLA_OK;
+}
+
 extern "C" hyla_status hyla_cuda_set_attn_wg(hyla_backend *be, int on) {
     hyla_cuda_ctx *c = graph_ctx(be);
     if (!c) return hyla_fail(HYLA_ERR_INVALID_ARG, "hyla_cuda_set_attn_wg: not a cuda backend");

@@ -115,6 +115,8 @@ typedef struct hyla_cuda_ctx {
     int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
     int attn_split_len;     /* flash prefill: keys per split (default 8192, 0 = one pass; a multiple of 64) */
     int attn_wg;            /* flash prefill at D = 64, 128 on k_attn_wg (Hopper; HYLA_CUDA_ATTN_WG=0: k_attn_flash2) */
+    int attn_walk;          /* flash prefill: k_attn_wg walks all of a block's splits (no partials) in calls of at
+                             * least this many blocks of 64 queries over the heads; 0: never (HYLA_CUDA_ATTN_WALK) */
     int attn_wg2;           /* k_attn_wg with two warpgroups a block for window-free calls of >= 2048 queries that see
                              * at least this many keys on average (pos0 + n / 2); 0: off (HYLA_CUDA_ATTN_WG2, 8192) */
     int hopper;             /* compute capability 9.x: the warpgroup (sm_90a) kernels can run */
