@@ -510,7 +510,9 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 2 ? (D > 128 ? 1 : 2) : 3)
               half = NWG == 2 ? __shfl_sync(0xffffffffu, w >> 2, 0) : 0, wl = NWG == 2 ? w & 3 : w;
     const int h = blockIdx.y, hk = h / (Hq / Hk), split = blockIdx.z;
     /* the block's queries qB.. (NWG halves of 64, one per warpgroup); this warpgroup's q0, nq */
-    const int qB = blockIdx.x * FA_BQ * NWG, nqB = n - qB < FA_BQ * NWG ? n - qB : FA_BQ * NWG;
+    /* the last query blocks (the most keys) first: the blocks' order only, not their sums, so that
+     * the long blocks do not start last and leave SMs idle at the end of the grid */
+    const int qB = (gridDim.x - 1 - blockIdx.x) * FA_BQ * NWG, nqB = n - qB < FA_BQ * NWG ? n - qB : FA_BQ * NWG;
     const int q0 = qB + FA_BQ * half, nq = NWG == 1 ? nqB : n - q0 < FA_BQ ? n - q0 : FA_BQ;
     /* keys: klo is the same for both halves (NWG = 2 runs without a window: 0 or the split's
      * start), khi this half's; the block loads up to the block's last key kend */
