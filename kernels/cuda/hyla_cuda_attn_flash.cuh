@@ -14,6 +14,7 @@
 
 #define FA_BQ 64
 #define FA_BK 64
+#define FA_MAX_SLACK 8.0f /* fa_softmax_c: how far a tile's max may pass the running max before it moves */
 
 /* Key splits (split_len > 0, blockIdx.z = split s): the block runs the keys of
  * [s split_len, (s+1) split_len) only and writes, for each of its rows whose keys meet the
@@ -125,7 +126,12 @@ __device__ __forceinline__ void fa_softmax_c(float (&sacc)[BK / 8][4], int kt, i
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
     }
-    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    /* the running max moves only when a tile's max passes it by more than FA_MAX_SLACK (log2
+     * units): P = 2^(s - m) then stays below 2^FA_MAX_SLACK, exact in fp32 and in bf16's range,
+     * and O's rescale (c != 1) happens at a split's first tiles and rarely after, where with
+     * the exact max a new max somewhere among a warp's rows rescaled O in most of a split's
+     * first tiles (a split's partials start from -inf, so every split pays it again) */
+    float mn0 = mx0 > m0 + FA_MAX_SLACK ? mx0 : m0, mn1 = mx1 > m1 + FA_MAX_SLACK ? mx1 : m1;
     float b0 = mn0 == -INFINITY ? 0.0f : mn0, b1 = mn1 == -INFINITY ? 0.0f : mn1;
     c0 = fa_exp2<FX>(m0 - b0), c1 = fa_exp2<FX>(m1 - b1);
     float s0 = 0.0f, s1 = 0.0f;
