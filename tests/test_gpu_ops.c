@@ -563,7 +563,7 @@ static void case_switches(const op_case *c) {
     if (g6) hyla_backend_destroy(g6);
     if (g7) hyla_backend_destroy(g7);
     /* an eighth and a ninth with the walk's bound set at creation (HYLA_CUDA_ATTN_WALK): 0
-     * (never) is taken, -5 ignored; the default is 32 blocks per SM */
+     * (never) is taken, -5 ignored; the default is 16 blocks per SM */
     char e8[256] = "", e9[256] = "";
     hyla_backend *g8 = backend_with("HYLA_CUDA_ATTN_WALK", "0", e8, sizeof e8);
     hyla_backend *g9 = backend_with("HYLA_CUDA_ATTN_WALK", "-5", e9, sizeof e9);

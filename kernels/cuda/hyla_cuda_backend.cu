@@ -907,7 +907,7 @@ static hyla_status ctx_init(hyla_cuda_ctx *c, int device) {
     }
     /* HYLA_CUDA_ATTN_WALK=N: the fewest blocks of 64 queries (over the heads) a flash prefill
      * walks its splits in (0: never), as hyla_cuda_set_attn_walk; the same bits either way */
-    c->attn_walk = 32 * c->sm_count;
+    c->attn_walk = 16 * c->sm_count;
     const char *awk = getenv("HYLA_CUDA_ATTN_WALK");
     if (awk && *awk) {
         char *end = NULL;

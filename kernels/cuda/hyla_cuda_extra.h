@@ -53,7 +53,7 @@ hyla_status hyla_cuda_set_attn_split(hyla_backend *be, int keys);
  * with at least min_blocks blocks of 64 queries over the heads, each block runs all its rows'
  * splits and merges them itself; with fewer, a block per split writes partials that a second
  * kernel merges. The same arithmetic in the same order: the same bits either way, only the time
- * differs. 0: never; default 32 blocks per SM (HYLA_CUDA_ATTN_WALK in the environment sets it at
+ * differs. 0: never; default 16 blocks per SM (HYLA_CUDA_ATTN_WALK in the environment sets it at
  * start). */
 hyla_status hyla_cuda_set_attn_walk(hyla_backend *be, int min_blocks);
 /* Flash attention prefill at head dims 64 and 128 on Hopper's warpgroup products (on: the default on
