@@ -266,6 +266,23 @@ __device__ __forceinline__ void fa_finish(const float (&oacc)[D / 8][4], float m
     }
 }
 
+/* fa_walk_fold's step for one row (its O in oacc[.][E], E + 1) and four column pairs from n0:
+ * their loads of o first (rd), then the merge (fa_fold_x with the step k and weights a, b) and
+ * (last) the division by L, stored back */
+template <int D, int E>
+__device__ __forceinline__ void fa_walk_batch(const float (&oacc)[D / 8][4], int n0, float *op, int k, float a, float b,
+                                              float L, bool rd, bool last) {
+    float2 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = rd ? *(const float2 *)(op + (n0 + i) * 8) : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float x = fa_fold_x(k, v[i].x, oacc[n0 + i][E], a, b), y = fa_fold_x(k, v[i].y, oacc[n0 + i][E + 1], a, b);
+        if (last) x = fa_fold_out(x, L), y = fa_fold_out(y, L);
+        *(float2 *)(op + (n0 + i) * 8) = make_float2(x, y);
+    }
+}
+
 /* k_attn_wg's walk over all splits: at the end of a split (and of the block: last), the warp's
  * two rows' (O, m, l) merged into the running (M, L), kept in shared memory at ml ([row][2] of
  * the warpgroup's rows: registers there would spill the two-warpgroup form), and into o, which
@@ -298,28 +315,9 @@ __device__ __forceinline__ void fa_walk_fold(const float (&oacc)[D / 8][4], floa
      * from being hoisted (registers: the two-warpgroup form has none to spare) */
 #pragma unroll
     for (int n0 = 0; n0 < D / 8; n0 += 4) {
-        float2 v[4];
-        if (wr0) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = rd0 ? *(const float2 *)(op0 + (n0 + i) * 8) : make_float2(0.0f, 0.0f);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float x = fa_fold_x(k0, v[i].x, oacc[n0 + i][0], a0, b0), y = fa_fold_x(k0, v[i].y, oacc[n0 + i][1], a0, b0);
-                if (last) x = fa_fold_out(x, L0), y = fa_fold_out(y, L0);
-                *(float2 *)(op0 + (n0 + i) * 8) = make_float2(x, y);
-            }
-        }
+        if (wr0) fa_walk_batch<D, 0>(oacc, n0, op0, k0, a0, b0, L0, rd0, last);
         asm volatile("" ::: "memory");
-        if (wr1) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = rd1 ? *(const float2 *)(op1 + (n0 + i) * 8) : make_float2(0.0f, 0.0f);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float x = fa_fold_x(k1, v[i].x, oacc[n0 + i][2], a1, b1), y = fa_fold_x(k1, v[i].y, oacc[n0 + i][3], a1, b1);
-                if (last) x = fa_fold_out(x, L1), y = fa_fold_out(y, L1);
-                *(float2 *)(op1 + (n0 + i) * 8) = make_float2(x, y);
-            }
-        }
+        if (wr1) fa_walk_batch<D, 2>(oacc, n0, op1, k1, a1, b1, L1, rd1, last);
         asm volatile("" ::: "memory");
     }
 }
