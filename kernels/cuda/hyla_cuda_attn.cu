@@ -415,10 +415,10 @@ extern "C" hyla_status cu_attn_prefill(void *ctx, const float *q, const float *k
          * written, read and combined; calls of fewer blocks take the splits' parallelism */
         if (L && (pos0 + n - 1) / L > 0 && c->attn_wg && window <= 0 && D >= 64 && c->attn_walk > 0 &&
             (long long)cu_blocks(n, FA_BQ) * Hq >= c->attn_walk) {
-            if (D == 64) return flash_launch<64>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o, L, NULL);
-            if (D == 128)
-                return flash_launch<128>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o, L, NULL);
-            return flash_launch<256>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, kv->page_tokens, o, L, NULL);
+            const int pt = kv->page_tokens;
+            if (D == 64) return flash_launch<64>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, pt, o, L, NULL);
+            if (D == 128) return flash_launch<128>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, pt, o, L, NULL);
+            return flash_launch<256>(c, n, Hq, 1, q, n, Hk, pos0, window, scale, kp, vp, pt, o, L, NULL);
         }
         /* queries in groups (multiples of the query block) so the partials stay under 256 MiB */
         int group = n;
