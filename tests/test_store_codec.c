@@ -86,8 +86,8 @@ static void test_min_gain(void) {
         if (gain) CHECK_MSG(raw_f32 == n_f32 && raw_bf16 == 0, "min gain %d %%: %d of %d f32 chunks raw, %d of %d bf16",
                             gain, raw_f32, n_f32, raw_bf16, n_bf16);
         else CHECK_MSG(raw_f32 == 0 && raw_bf16 == 0, "min gain 0: %d f32 and %d bf16 chunks raw", raw_f32, raw_bf16);
-        /* each chunk value decodes to its bytes: raw values (copied and hashed block by block)
-         * and shuffled zstd ones (unshuffled and hashed block by block); a flipped payload byte
+        /* each chunk value decodes to its bytes: raw values (hashed and copied block by block)
+         * and shuffled zstd ones (decompressed, unshuffled, hashed); a flipped payload byte
          * and a header claiming more raw bytes than the chunk holds are refused, and nothing is
          * written past the chunk's bytes */
         for (size_t i = 0; i < pl->n_chunks; i++) {
@@ -100,6 +100,12 @@ static void test_min_gain(void) {
             CHECK_OK(hyla_chunk_decode(pc->value, pc->value_len, ref, out, err, sizeof err));
             CHECK_MSG(!memcmp(out, src, ref->raw_len), "chunk %zu (%s) decodes to its bytes", i,
                       pc->value[4] == 0 ? "raw" : "zstd");
+            /* into a destination off the 16-byte grid too (a raw value's copy then takes memcpy,
+             * not the streaming stores) */
+            uint8_t *odd = malloc(ref->raw_len + 1);
+            CHECK_OK(hyla_chunk_decode(pc->value, pc->value_len, ref, odd + 1, err, sizeof err));
+            CHECK_MSG(!memcmp(odd + 1, src, ref->raw_len), "chunk %zu decodes to its bytes at an odd address", i);
+            free(odd);
             uint8_t *v = malloc(pc->value_len);
             memcpy(v, pc->value, pc->value_len);
             v[pc->value_len - 7] ^= 0x10;
