@@ -28,9 +28,6 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode (stable since zstd 1.5.0) */
 #include <zstd.h>
 #include <zstd_errors.h>
@@ -323,40 +320,53 @@ static int encode_value(thread_scratch *ts, const uint8_t *raw, uint32_t raw_len
     return 0;
 }
 
-/* A raw chunk's bytes into dst and their xxh64 (seed 0), in blocks of 64 KiB: each block hashed
- * from the source, then copied from the cache with streaming stores where dst is 16-byte aligned
- * (SSE2). dst is a restore's pinned buffer, read next by a device copy, not by this core: a plain
- * copy would read each of its lines into the cache before writing it, and the hash read them
- * once more; so the host's memory moves the chunk twice (read, write) instead of three or four
- * times. The streaming stores are fenced before the function returns. */
-static uint64_t copy_hash_raw(uint8_t *dst, const uint8_t *src, size_t n) {
-#if defined(__SSE2__)
-    if (((uintptr_t)dst & 15) == 0 && n >= 4096) {
-        XXH64_state_t st;
-        XXH64_reset(&st, 0);
-        const size_t B = (size_t)64 << 10;
-        for (size_t off = 0; off < n; off += B) {
-            const size_t m = n - off < B ? n - off : B;
-            XXH64_update(&st, src + off, m);
-            size_t i = 0;
-            for (; i + 64 <= m; i += 64) {
-                const __m128i a = _mm_loadu_si128((const __m128i *)(src + off + i));
-                const __m128i b = _mm_loadu_si128((const __m128i *)(src + off + i + 16));
-                const __m128i c = _mm_loadu_si128((const __m128i *)(src + off + i + 32));
-                const __m128i d = _mm_loadu_si128((const __m128i *)(src + off + i + 48));
-                _mm_stream_si128((__m128i *)(dst + off + i), a);
-                _mm_stream_si128((__m128i *)(dst + off + i + 16), b);
-                _mm_stream_si128((__m128i *)(dst + off + i + 32), c);
-                _mm_stream_si128((__m128i *)(dst + off + i + 48), d);
-            }
-            if (i < m) memcpy(dst + off + i, src + off + i, m - i);
+/* A raw chunk's bytes leave for their destination in blocks of HASH_BLOCK: each block hashed
+ * from the value, then copied from the cache to dst with SSE2 streaming stores where dst is
+ * 16-byte aligned (fenced before the decode returns). dst is a restore's pinned buffer, read next
+ * by a device copy, not by this core: plain stores would read each of its lines into the cache
+ * before writing it, and a hash of dst would read them once more, so the host's memory moved a
+ * chunk three or four times where it now moves it twice (the value read, dst written). A
+ * shuffled chunk keeps its unshuffle into dst and the hash of dst: unshuffling a block into the
+ * cache, hashing it there and streaming it out was slower on the development VM (2,634-2,966
+ * against 2,851-3,579 MB/s, `hyla-bench store` codec_decode at zstd level 1, three rounds). */
+#define HASH_BLOCK ((size_t)64 << 10)
+
+static void stream_copy(uint8_t *dst, const uint8_t *src, size_t n) {
+    size_t i = 0;
+#ifdef HYLA_SSE2
+    if (((uintptr_t)dst & 15) == 0)
+        for (; i + 64 <= n; i += 64) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            const __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            const __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
         }
-        _mm_sfence();
-        return XXH64_digest(&st);
-    }
 #endif
-    memcpy(dst, src, n);
-    return XXH64(dst, n, 0);
+    if (i < n) memcpy(dst + i, src + i, n - i);
+}
+
+static void stream_fence(void) {
+#ifdef HYLA_SSE2
+    _mm_sfence();
+#endif
+}
+
+/* A raw chunk's bytes into dst and their xxh64 (seed 0): each block hashed from the source, then
+ * copied from the cache. */
+static uint64_t copy_hash_raw(uint8_t *dst, const uint8_t *src, size_t n) {
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    for (size_t off = 0; off < n; off += HASH_BLOCK) {
+        const size_t m = n - off < HASH_BLOCK ? n - off : HASH_BLOCK;
+        XXH64_update(&st, src + off, m);
+        stream_copy(dst + off, src + off, m);
+    }
+    stream_fence();
+    return XXH64_digest(&st);
 }
 
 /* Decode a value into dst (ref->raw_len bytes). */
@@ -394,18 +404,13 @@ static hyla_status decode_value(thread_scratch *ts, const uint8_t *val, size_t l
         return HYLA_ERR_CORRUPT;
     }
     const uint8_t *payload = val + HYLA_CHUNK_HEADER_BYTES;
+    uint64_t h; /* xxh64 of the decoded bytes */
     if (codec == CODEC_RAW) {
         if (plen != raw_len) {
             snprintf(err, errlen, "raw chunk with payload %u bytes for %u raw bytes", plen, raw_len);
             return HYLA_ERR_CORRUPT;
         }
-        const uint64_t h = copy_hash_raw(dst, payload, raw_len);
-        if (h != ref->raw_hash) {
-            snprintf(err, errlen, "checksum mismatch of decoded bytes (xxh64 %016llx, manifest %016llx)",
-                     (unsigned long long)h, (unsigned long long)ref->raw_hash);
-            return HYLA_ERR_CORRUPT;
-        }
-        return HYLA_OK;
+        h = copy_hash_raw(dst, payload, raw_len);
     } else if (codec == CODEC_ZSTD) {
         if (shuf == 0 || (shuf > 1 && raw_len % shuf != 0)) {
             snprintf(err, errlen, "bad shuffle element size %u for %u bytes", shuf, raw_len);
@@ -433,11 +438,11 @@ static hyla_status decode_value(thread_scratch *ts, const uint8_t *val, size_t l
             return HYLA_ERR_CORRUPT;
         }
         if (shuf > 1) unshuffle_bytes(dst, zdst, raw_len / shuf, shuf);
+        h = XXH64(dst, raw_len, 0);
     } else {
         snprintf(err, errlen, "unknown chunk codec %u", codec);
         return HYLA_ERR_CORRUPT;
     }
-    uint64_t h = XXH64(dst, raw_len, 0);
     if (h != ref->raw_hash) {
         snprintf(err, errlen, "checksum mismatch of decoded bytes (xxh64 %016llx, manifest %016llx)",
                  (unsigned long long)h, (unsigned long long)ref->raw_hash);
