@@ -76,7 +76,7 @@ for sub in kernels e2e; do
   "$BIN/hyla-bench" $sub --help 2>/dev/null | grep -q "usage: hyla-bench $sub" || { echo "FAIL $sub --help"; fail=1; }
 done
 # a list or a number that is not one (parsed as 0 before: a benchmark of nothing): exit 2 naming it
-for a in "e2e --prefill abc" "e2e --prefill 64,,128" "e2e --batch 0" "e2e --steps x" "e2e --tp 0" "e2e --prefill-repeat 17" "kernels --ctx 1,-2" \
+for a in "e2e --prefill abc" "e2e --prefill 64,,128" "e2e --batch 0" "e2e --steps x" "e2e --tp 0" "e2e --prefill-repeat 17" "e2e --turn 0" "kernels --ctx 1,-2" \
          "restore --repeat 0" "restore --chunk-bytes 10"; do
   set -- $a
   m=(--model "$T"); [ "$1" = kernels ] && m=()
@@ -97,15 +97,20 @@ if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hid
     { echo "FAIL e2e: no copy_bandwidth line"; cat "$T/e2e.jsonl"; fail=1; }
   grep '"e2e_decode"' "$T/e2e.jsonl" | grep -q '"copy_gbps":[0-9.]*,"of_copy":[0-9.]*' ||
     { echo "FAIL e2e: the decode line does not compare with the copy rate"; grep e2e_decode "$T/e2e.jsonl"; fail=1; }
-  # --prefill-repeat: the median of N prefills, with the fastest and slowest beside it
-  "$BIN/hyla-bench" e2e --model "$T/m" --prefill 64 --prefill-repeat 3 --batch 1 --ctx 4 --steps 1 \
+  # --prefill-repeat: the median of N prefills, with the fastest and slowest beside it; --turn N:
+  # the next N tokens fed to the prefilled session, one e2e_turn line per prompt at its context
+  "$BIN/hyla-bench" e2e --model "$T/m" --prefill 64,128 --prefill-repeat 3 --turn 40 --batch 1 --ctx 4 --steps 1 \
     >"$T/rep.jsonl" 2>"$T/rep.err" || { echo "FAIL e2e --prefill-repeat: exit non-zero"; cat "$T/rep.err"; fail=1; }
   python3 - "$T/rep.jsonl" <<'PY' || fail=1
 import json, sys
-p = [d for d in map(json.loads, open(sys.argv[1])) if d.get("bench") == "e2e_prefill"]
-ok = len(p) == 1 and p[0].get("repeat") == 3 and p[0]["s_min"] <= p[0]["s"] + 5e-4 and p[0]["s"] <= p[0]["s_max"] + 5e-4
+d = list(map(json.loads, open(sys.argv[1])))
+p = [x for x in d if x.get("bench") == "e2e_prefill"]
+t = [x for x in d if x.get("bench") == "e2e_turn"]
+ok = len(p) == 2 and all(x.get("repeat") == 3 and x["s_min"] <= x["s"] + 5e-4 and x["s"] <= x["s_max"] + 5e-4 for x in p)
+okt = [(x["ctx"], x["tokens"]) for x in t] == [(64, 40), (128, 40)] and all(x["s_min"] <= x["s"] <= x["s_max"] for x in t)
 print("" if ok else "FAIL e2e --prefill-repeat 3: %s" % p, end="" if ok else "\n")
-sys.exit(0 if ok else 1)
+print("" if okt else "FAIL e2e --turn 40: %s" % t, end="" if okt else "\n")
+sys.exit(0 if ok and okt else 1)
 PY
 else
   echo "FAIL e2e: hyla-mkmodel did not make the tiny model"; fail=1

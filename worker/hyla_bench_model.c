@@ -1858,10 +1858,12 @@ int hyla_bench_e2e(int argc, char **argv) {
     int prefill[8], np = 0, batches[8], nb = 0, ctxs[8], nc = 0, steps = 32;
     double max_state_gib = 60;
     const char *graphs = "on";
-    int tp = 1, prefill_repeat = 1;
+    int tp = 1, prefill_repeat = 1, turn = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
+        else if (!strcmp(argv[i], "--turn") && i + 1 < argc)
+            turn = (int)hyla_bench_num("--turn", argv[++i], 1, 1 << 20, 1);
         else if (!strcmp(argv[i], "--prefill-repeat") && i + 1 < argc)
             prefill_repeat = (int)hyla_bench_num("--prefill-repeat", argv[++i], 1, 16, 1);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -1886,9 +1888,11 @@ int hyla_bench_e2e(int argc, char **argv) {
             fprintf(uf, "usage: hyla-bench e2e --model DIR [--device cpu|cuda:N] [--prefill LIST (default 4096)]\n"
                    "                      [--batch LIST (default 1,16,64)] [--ctx LIST (default 16)] [--steps 32]\n"
                    "                      [--max-state-gib 60] [--prefill-repeat 1 (at most 16)]\n"
-                   "                      [--graphs on|off|both] [--tp N]\n"
+                   "                      [--graphs on|off|both] [--tp N] [--turn N]\n"
                    "  Prefill tokens/s of one session per --prefill length (with --prefill-repeat N: the\n"
-                   "  median of N prefills, each a fresh session, and s_min / s_max); decode tokens/s of B sessions\n"
+                   "  median of N prefills, each a fresh session, and s_min / s_max); with --turn N also\n"
+                   "  the time to feed that session N more tokens, a conversation's next turn at that\n"
+                   "  context (the median of 3 turns one after another; an e2e_turn line); decode tokens/s of B sessions\n"
                    "  whose context has --ctx tokens (one session is prefilled, the others are imported\n"
                    "  from its snapshot). Skips a decode point whose session state exceeds --max-state-gib.\n"
                    "  --graphs (cuda): CUDA graphs for repeated op sequences on (default), off, or decode\n"
@@ -2013,6 +2017,27 @@ int hyla_bench_e2e(int argc, char **argv) {
         hyla_prof_print_json(stdout); /* HYLA_PROFILE=1: where the time went (syncs included above) */
         printf("}\n");
         fflush(stdout);
+        if (turn > 0) { /* the next turn at this context: a short piece behind a long prompt */
+            int32_t *tt = malloc((size_t)turn * 4);
+            double ts[3];
+            for (int r = 0; r < 3; r++) {
+                rand_tokens(tt, turn, cfg->vocab_size);
+                TRY(O->sync(CX));
+                t0 = hyla_now();
+                TRY(hyla_session_feed(s, tt, turn, NULL, NULL, NULL, NULL));
+                TRY(O->sync(CX));
+                ts[r] = hyla_now() - t0;
+            }
+            double lo = ts[0], hi = ts[0];
+            for (int r = 1; r < 3; r++) lo = ts[r] < lo ? ts[r] : lo, hi = ts[r] > hi ? ts[r] : hi;
+            const double st = hyla_bench_median(ts, 3);
+            emit_head("e2e_turn");
+            printf(",\"model\":\"%s\",\"type\":\"%s\",\"ctx\":%d,\"tokens\":%d,\"s\":%.4f,\"tokens_per_s\":%.0f,"
+                   "\"s_min\":%.4f,\"s_max\":%.4f}\n",
+                   model_dir, cfg->model_type, n, turn, st, turn / st, lo, hi);
+            fflush(stdout);
+            free(tt);
+        }
         hyla_session_free(s);
         free(tok);
     }
