@@ -89,6 +89,10 @@ typedef struct {
  * token's runs of l2 channels are L2-normalised, bit for bit l2norm_rows(x, B * n * C / l2, l2,
  * l2_eps) after the convolution (GDN's q and k heads; the GPU does it in the convolution's pass). */
 #define HYLA_CONV_MULTI_MAX 3
+/* SSE prefill's window by default (sse_prefill's window; the config key prefill_window): windows
+ * of 64 leave a partition's chunks about a quarter full at N = 4, K = 1, windows of 256 about
+ * two thirds (BENCHMARKS.md "SSE prefill windows of 256") */
+#define HYLA_SSE_PREFILL_WINDOW 256
 typedef struct {
     float *x;
     const float *w, *bias;
@@ -316,12 +320,15 @@ typedef struct hyla_ops {
      * Transition GDN: ga = g1 [n][H], gb = g2 [n][H], betaa = beta1 [n][H], betab = beta2 [n][H].
      * idx, w from sse_route ([n][K]). S0 [H][dk][dv] (always-selected), Sp [N][H][dk][dv].
      * o [n][H][dv]. Only selected partitions are decayed and written. May group tokens by
-     * partition; must equal n calls of sse_decode up to float rounding. */
+     * partition; must equal n calls of sse_decode up to float rounding. window (a multiple of 64):
+     * the call's tokens are taken in windows of that many from its first token, a partition's
+     * chunks cut at each window and every 64 of its tokens within one, so a call equals its
+     * window-aligned pieces bit for bit (MODELS.md §4.3 "Prefill"). */
     hyla_status (*sse_prefill)(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
                                const float *q2, const float *k2, const float *v, const float *ga,
                                const float *gb, const float *betaa, const float *betab,
                                const int32_t *idx, const float *w, int n, int H, int dk, int dv, int N,
-                               int K, float scale, float *S0, float *Sp, float *o);
+                               int K, float scale, int window, float *S0, float *Sp, float *o);
     /* One token for each of B sessions (shapes as above with n -> B); S0, Sp host [B]. */
     hyla_status (*sse_decode)(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
                               const float *q2, const float *k2, const float *v, const float *ga,

@@ -30,8 +30,9 @@ static const char *ARCHS[] = {"gdn", "gla", "sse-h", "gdn-h", "dla-gdn", "mamba2
 static void make_model(const char *arch, const char *dir) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "rm -rf %s && %s/hyla-mkmodel --arch %s --layers 3 --hidden 64 --heads 4 --seed 7 --out %s 2>/dev/null", dir,
-             hyla_test_env("HYLA_BIN_DIR", "build/bin"), arch, dir);
+             "rm -rf %s && %s/hyla-mkmodel --arch %s --layers 3 --hidden 64 --heads 4 --seed 7 %s--out %s 2>/dev/null", dir,
+             hyla_test_env("HYLA_BIN_DIR", "build/bin"), arch,
+             !strncmp(arch, "sse", 3) ? "--prefill-window 64 " : "", dir); /* SSE: 64-token pieces too */
     if (system(cmd) != 0) {
         fprintf(stderr, "cannot run: %s\n", cmd);
         exit(1);

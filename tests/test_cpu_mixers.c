@@ -4,7 +4,8 @@
  *     prefill over n tokens == prefill over its 64-token pieces, bit for bit; a decode batch
  *     == each session decoded alone, bit for bit;
  *   - SSE: routing (softmax, top-K, ties to the lower index); a partition nobody selects is
- *     bit-identical before and after, in prefill and in decode;
+ *     bit-identical before and after, in prefill and in decode; prefill in pieces of its window
+ *     (64, 128) == one call, bit for bit; a window that is no multiple of 64 refused;
  *   - attention: prefill == decode loop (bit for bit: one per-row routine), against a double
  *     reference, GQA (Hq=4, Hk=2), pages of 4 tokens, the sliding-window boundary (window 5:
  *     the token at p attends to exactly [p-4, p]), freed pages outside the window, errors;
@@ -296,6 +297,9 @@ static void sse_free(sse_case *c) {
     free(c->idx), free(c->w), free(c->S0), free(c->Sp);
 }
 
+/* sse_prefill's window in sse_call */
+static int sse_window = HYLA_SSE_PREFILL_WINDOW;
+
 /* sse_prefill (B=0) or sse_decode (B=1) over tokens [t0, t0+m). */
 static hyla_status sse_call(const sse_case *c, int decode, int t0, int m, float scale, float *S0, float *Sp, float *o) {
     int gdn = c->tr == HYLA_SSE_GDN;
@@ -309,8 +313,8 @@ static hyla_status sse_call(const sse_case *c, int decode, int t0, int m, float 
                                sp, o + vo);
     }
     return ops->sse_prefill(ctx, c->tr, c->q1 + qo, c->k1 + qo, c->q2 + qo, c->k2 + qo, c->v + vo, c->ga + go,
-                            c->gb + go, ba, bb, c->idx + io, c->w + io, m, c->H, c->dk, c->dv, c->N, c->K, scale, S0, Sp,
-                            o + vo);
+                            c->gb + go, ba, bb, c->idx + io, c->w + io, m, c->H, c->dk, c->dv, c->N, c->K, scale,
+                            sse_window, S0, Sp, o + vo);
 }
 
 static void test_sse(hyla_sse_transition tr, int K) {
@@ -367,14 +371,29 @@ static void test_sse(hyla_sse_transition tr, int K) {
         size_t last = (size_t)(N - 1) * S0N;
         CHECK_MSG(!memcmp(Spd + last, c.Sp + last, S0N * sizeof(float)), "%s n=%d: decode touched an unselected partition", name, n);
         CHECK_MSG(!memcmp(Spc + last, c.Sp + last, S0N * sizeof(float)), "%s n=%d: prefill touched an unselected partition", name, n);
-        /* 64-token pieces == one call, bit for bit */
-        if (n > 64) {
+        /* pieces of the window == one call, bit for bit, for windows of 64 and 128 (at K = 2 a
+         * partition then holds more than 64 tokens of a window: chunks cut within it too) */
+        for (int W = 64; W <= 128 && n > 64; W *= 2) {
+            const int keep = sse_window;
+            sse_window = W;
+            float *S01 = dup(c.S0, S0N), *Sp1 = dup(c.Sp, SpN), *o1 = malloc(ON * sizeof(float));
             float *S02 = dup(c.S0, S0N), *Sp2 = dup(c.Sp, SpN), *o2 = malloc(ON * sizeof(float));
-            for (int t0 = 0; t0 < n; t0 += 64) CHECK_OK(sse_call(&c, 0, t0, n - t0 < 64 ? n - t0 : 64, scale, S02, Sp2, o2));
-            CHECK_MSG(!memcmp(S02, S0c, S0N * sizeof(float)) && !memcmp(Sp2, Spc, SpN * sizeof(float)) &&
-                          !memcmp(o2, oc, ON * sizeof(float)),
-                      "%s n=%d: prefill in 64-token pieces differs from one call", name, n);
-            free(S02), free(Sp2), free(o2);
+            CHECK_OK(sse_call(&c, 0, 0, n, scale, S01, Sp1, o1));
+            for (int t0 = 0; t0 < n; t0 += W) CHECK_OK(sse_call(&c, 0, t0, n - t0 < W ? n - t0 : W, scale, S02, Sp2, o2));
+            CHECK_MSG(!memcmp(S02, S01, S0N * sizeof(float)) && !memcmp(Sp2, Sp1, SpN * sizeof(float)) &&
+                          !memcmp(o2, o1, ON * sizeof(float)),
+                      "%s n=%d: prefill in %d-token pieces differs from one call at window %d", name, n, W, W);
+            snprintf(what, sizeof what, "%s K=%d n=%d window %d: prefill vs decode", name, K, n, W);
+            CHECK_CLOSE(o1, od, ON, ATOL, RTOL, what);
+            sse_window = keep;
+            free(S01), free(Sp1), free(o1), free(S02), free(Sp2), free(o2);
+        }
+        /* a window that is no multiple of 64 is refused */
+        {
+            const int keep = sse_window;
+            sse_window = 100;
+            CHECK(sse_call(&c, 0, 0, n, scale, S0c, Spc, oc) == HYLA_ERR_INVALID_ARG);
+            sse_window = keep;
         }
         free(S0r), free(Spr), free(orf), free(o_ref), free(S0_ref), free(Sp_ref);
         free(S0d), free(Spd), free(od), free(S0c), free(Spc), free(oc);

@@ -210,8 +210,12 @@ static void test_arch(hyla_backend *be, const char *arch, const char *dir) {
                         : !strcmp(arch, "lalte")     ? "--window 16 --sink 2 --budget 6"
                         : strstr(arch, "nsa") != NULL ? "--window 16 --block-size 8 --block-counts 4"
                         : !strncmp(arch, "dla-", 4)   ? "--dla-capacity 4 --dla-threshold 1.4"
-                                                      : NULL;
-    make_model(arch, dir, extra);
+                                                      : "";
+    /* SSE: windows of 64 (pieces of 64 and 128 below; the default window of 256 in
+     * test_sse_window) */
+    char ex[160];
+    snprintf(ex, sizeof ex, "%s%s", extra, !strncmp(arch, "sse", 3) ? " --prefill-window 64" : "");
+    make_model(arch, dir, ex);
     hyla_runtime *m = test_load(dir, be, NULL);
     if (!m) return;
     const hyla_model_config *c = hyla_model_get_config(test_model(m));
@@ -766,7 +770,7 @@ static void merge_parts(hyla_snapshot *to, const hyla_snapshot *from) {
 static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/pipe-mb", tmp);
-    make_model("sse-h", dir, NULL);
+    make_model("sse-h", dir, "--prefill-window 64"); /* pieces of 64: several in flight */
     hyla_runtime *full = test_load(dir, be, NULL);
     if (!full) return;
     const hyla_model_config *cfg = hyla_model_get_config(test_model(full));
@@ -807,7 +811,7 @@ static void test_pipeline_micro(hyla_backend *be, const char *tmp) {
                     CHECK_OK(hyla_runtime_set_micro_batches(st[k], M));
                 }
             }
-            CHECK_OK(hyla_runtime_set_prefill_piece(st[0], HYLA_PREFILL_CHUNK));
+            CHECK_OK(hyla_runtime_set_prefill_piece(st[0], hyla_runtime_prefill_chunk(st[0])));
             for (int i = 0; i < MB_NS; i++) {
                 ss[0][i] = new_session(st[0], i % 2 ? 0.8f : 0.0f, 100 + i);
                 for (int k = 1; k < P; k++) CHECK_OK(hyla_session_create(st[k], &ss[k][i]));
@@ -1114,6 +1118,69 @@ static void test_dla_cache(hyla_backend *be, const char *tmp, const char *arch) 
     test_unload(m);
 }
 
+/* SSE's default prefill window (256 tokens): the model's prefill chunk is 256, so pieces are
+ * multiples of it (64 refused, naming the window), and pieces of 256 and 512, and feeds that end
+ * at multiples of 256, give the one-piece run's logits and state bit for bit; a model of windows
+ * of 64 has other bits (its chunks are cut elsewhere) within rounding of them. */
+static void test_sse_window(hyla_backend *be, const char *tmp) {
+    char d256[512], d64[512];
+    snprintf(d256, sizeof d256, "%s/sse-w256", tmp);
+    snprintf(d64, sizeof d64, "%s/sse-w64", tmp);
+    make_model("sse-h", d256, "--window 40");
+    make_model("sse-h", d64, "--window 40 --prefill-window 64");
+    hyla_runtime *m = test_load(d256, be, NULL), *m64 = test_load(d64, be, NULL);
+    if (!m || !m64) return;
+    const hyla_model_config *c = hyla_model_get_config(test_model(m));
+    CHECK_MSG(c->prefill_chunk == 256 && hyla_runtime_prefill_chunk(m) == 256, "sse-h: prefill chunk %d, expected 256",
+              c->prefill_chunk);
+    CHECK(hyla_runtime_prefill_chunk(m64) == 64);
+    CHECK(hyla_runtime_prefill_piece(m) % 256 == 0);
+    CHECK(hyla_runtime_set_prefill_piece(m, 64) == HYLA_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(hyla_last_error(), "256") && strstr(hyla_last_error(), "prefill_window"),
+              "the refusal of a 64-token piece does not name the window: %s", hyla_last_error());
+    CHECK(hyla_runtime_set_prefill_piece(m, 384) == HYLA_ERR_INVALID_ARG);
+    const int V = c->vocab_size, T = 700;
+    int32_t *p = test_prompt(T, 21, V);
+    float *l0 = malloc((size_t)T * V * sizeof(float)), *l1 = malloc((size_t)T * V * sizeof(float));
+    hyla_session *a = new_session(m, 0, 1);
+    CHECK_OK(hyla_session_feed(a, p, T, l0, NULL, NULL, NULL)); /* one piece of 699 */
+    hyla_snapshot *s0 = NULL;
+    CHECK_OK(hyla_session_export(a, &s0));
+    for (int piece = 256; piece <= 512; piece += 256) {
+        CHECK_OK(hyla_runtime_set_prefill_piece(m, piece));
+        hyla_session *b = new_session(m, 0, 1);
+        CHECK_OK(hyla_session_feed(b, p, T, l1, NULL, NULL, NULL));
+        hyla_snapshot *s1 = NULL;
+        CHECK_OK(hyla_session_export(b, &s1));
+        CHECK_MSG(!memcmp(l0, l1, (size_t)(T - 1) * V * sizeof(float)) && s0 && s1 && hyla_snapshot_equal(s0, s1),
+                  "sse-h, window 256: prefill pieces of %d tokens differ from one piece (logits or state)", piece);
+        hyla_snapshot_destroy(s1);
+        hyla_session_free(b);
+    }
+    CHECK_OK(hyla_runtime_set_prefill_piece(m, HYLA_PREFILL_PIECE_DEFAULT));
+    /* feeds ending at 256 and 512 (the first consumes 256, its last token pending) */
+    hyla_session *b = new_session(m, 0, 1);
+    CHECK_OK(hyla_session_feed(b, p, 257, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_feed(b, p + 257, 256, NULL, NULL, NULL, NULL));
+    CHECK_OK(hyla_session_feed(b, p + 513, T - 513, NULL, NULL, NULL, NULL));
+    hyla_snapshot *s2 = NULL;
+    CHECK_OK(hyla_session_export(b, &s2));
+    CHECK_MSG(s0 && s2 && hyla_snapshot_equal(s0, s2), "sse-h, window 256: feeds ending at 256 and 512 differ from one feed");
+    hyla_snapshot_destroy(s2);
+    hyla_session_free(b);
+    /* windows of 64: other chunks, the same model up to rounding */
+    hyla_session *d = new_session(m64, 0, 1);
+    CHECK_OK(hyla_session_feed(d, p, T, l1, NULL, NULL, NULL));
+    CHECK_CLOSE(l1, l0, (size_t)(T - 1) * V, 2e-3, 1e-3, "sse-h: windows of 64 against 256, logits");
+    CHECK_MSG(memcmp(l1, l0, (size_t)(T - 1) * V * sizeof(float)), "sse-h: windows of 64 and 256 gave the same bits");
+    hyla_session_free(d);
+    hyla_snapshot_destroy(s0);
+    hyla_session_free(a);
+    free(p), free(l0), free(l1);
+    test_unload(m);
+    test_unload(m64);
+}
+
 int main(void) {
     char tmp[] = "/tmp/hyla-test-engine-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -1124,6 +1191,7 @@ int main(void) {
         snprintf(dir, sizeof dir, "%s/%s", tmp, ARCHS[i]);
         test_arch(be, ARCHS[i], dir);
     }
+    test_sse_window(be, tmp);
     test_refusals(be, tmp);
     test_restore(be, tmp);
     test_token_log(be, tmp);

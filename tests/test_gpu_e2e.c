@@ -100,7 +100,11 @@ static void test_arch(const char *arch, const char *extra, int discrete) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/gpu_e2e_%s%s", hyla_test_env("HYLA_BUILD_DIR", "/tmp"), arch,
              !strncmp(arch, "dla-", 4) && !discrete ? "_one_state" : "");
-    make_model(arch, dir, extra);
+    /* SSE: windows of 64, so that pieces of 64 below are pieces of the model's prefill chunk (the
+     * default window's pieces: test_gpu_ops "sse_plan", test_engine on the CPU) */
+    char ex[256];
+    snprintf(ex, sizeof ex, "%s%s", extra ? extra : "", !strncmp(arch, "sse", 3) ? " --prefill-window 64" : "");
+    make_model(arch, dir, ex);
     hyla_runtime *mc = NULL, *mg = NULL;
     mc = test_load(dir, cpu, NULL);
     mg = test_load(dir, gpu, NULL);

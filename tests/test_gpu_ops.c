@@ -2163,7 +2163,7 @@ static void case_varlen(const op_case *c) {
 }
 
 /* SSE routing, prefill and decode, p = {transition, K}: against the CPU; 64-token pieces == one
- * call, bit for bit. GDN rows go through the plan's row map into the fused pass. */
+ * call at a window of 64, bit for bit. GDN rows go through the plan's row map into the fused pass. */
 static void case_sse(const op_case *c) {
     const int tr = c->p[0], K = c->p[1];
     {
@@ -2199,10 +2199,10 @@ static void case_sse(const op_case *c) {
                  po = pair_new(NULL, nv);
             CHECK_OK(cpu->ops->sse_prefill(cpu->ctx, tr, pq1.c, pk1.c, pq2.c, pk2.c, pv.c, pga.c, pgb.c,
                                            gdn ? pba.c : NULL, gdn ? pbb.c : NULL, pidx.c, pw.c, n, H, dk, dv, N, K,
-                                           scale, pS0.c, pSp.c, po.c));
+                                           scale, 64, pS0.c, pSp.c, po.c));
             PERF(CHECK_OK(gpu->ops->sse_prefill(gpu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
                                                 gdn ? pba.g : NULL, gdn ? pbb.g : NULL, pidx.g, pw.g, n, H, dk, dv, N,
-                                                K, scale, pS0.g, pSp.g, po.g)));
+                                                K, scale, 64, pS0.g, pSp.g, po.g)));
             char name[80];
             snprintf(name, sizeof name, "sse-%s K=%d prefill: o", gdn ? "gdn" : "gla", K);
             cmp_pair(name, po, CHUNK_TOL);
@@ -2216,12 +2216,12 @@ static void case_sse(const op_case *c) {
                 size_t qo = (size_t)64 * H * dk, vo = (size_t)64 * H * dv, go = gdn ? (size_t)64 * H : qo, bo = (size_t)64 * H;
                 CHECK_OK(gpu->ops->sse_prefill(gpu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
                                                gdn ? pba.g : NULL, gdn ? pbb.g : NULL, pidx.g, pw.g, 64, H, dk, dv, N,
-                                               K, scale, a0, ap, ao));
+                                               K, scale, 64, a0, ap, ao));
                 CHECK_OK(gpu->ops->sse_prefill(
                     gpu->ctx, tr, (float *)pq1.g + qo, (float *)pk1.g + qo, (float *)pq2.g + qo, (float *)pk2.g + qo,
                     (float *)pv.g + vo, (float *)pga.g + go, (float *)pgb.g + go, gdn ? (float *)pba.g + bo : NULL,
                     gdn ? (float *)pbb.g + bo : NULL, (int32_t *)pidx.g + 64 * K, (float *)pw.g + 64 * K, n - 64, H,
-                    dk, dv, N, K, scale, a0, ap, (float *)ao + vo));
+                    dk, dv, N, K, scale, 64, a0, ap, (float *)ao + vo));
                 CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
                               same_bits(gpu, ao, po.g, nv * 4),
                           "sse-%s K=%d: 64-token pieces == one call (bits)", gdn ? "gdn" : "gla", K);
@@ -2687,17 +2687,21 @@ static void case_sample(const op_case *c) {
 }
 
 /* SSE prefill planned on the device (N <= 64, K <= 8): longer than one planner tile (1024
- * tokens / rows), with an empty partition, K = 1, 2, window-aligned and plain chunks; and
- * planned on the host (N > 64): each against the CPU, and an unselected partition's state
- * untouched. p = {transition}. */
+ * tokens / rows), with an empty partition, K = 1, 2, windows of 64 and 256 (at K = 2 a partition
+ * holds more than 64 tokens of a 256-token window: chunks cut within it) and plain chunks; and
+ * planned on the host (N > 64), windows of 64 and 256: each against the CPU at the same window,
+ * and an unselected partition's state untouched; window-sized pieces == one call, bit for bit.
+ * p = {transition}. */
 static void case_sse_plan(const op_case *c) {
     const int tr = c->p[0], gdn = tr == HYLA_SSE_GDN;
     /* the last shape: 8 heads of 128, so that GLA's kernel B grid (4 x 8 x 5 blocks) exceeds the
      * SMs and takes its compact stage (two blocks an SM) */
     struct {
         int n, N, K, win, H, dk, dv;
-    } shapes[] = {{1500, 4, 1, 1, 2, 64, 64}, {1500, 4, 1, 0, 2, 64, 64}, {1500, 4, 2, 1, 2, 64, 64},
-                  {1500, 4, 2, 0, 2, 64, 64},  {300, 72, 2, 1, 2, 64, 64},  {1500, 4, 1, 1, 8, 128, 128}};
+    } shapes[] = {{1500, 4, 1, 64, 2, 64, 64},  {1500, 4, 1, 0, 2, 64, 64},   {1500, 4, 2, 64, 2, 64, 64},
+                  {1500, 4, 2, 0, 2, 64, 64},   {300, 72, 2, 64, 2, 64, 64},  {1500, 4, 1, 64, 8, 128, 128},
+                  {1500, 4, 1, 256, 2, 64, 64}, {1500, 4, 2, 256, 2, 64, 64}, {700, 72, 2, 256, 2, 64, 64},
+                  {1500, 4, 1, 256, 8, 128, 128}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int n = shapes[si].n, N = shapes[si].N, K = shapes[si].K, win = shapes[si].win, H = shapes[si].H,
                   dk = shapes[si].dk, dv = shapes[si].dv;
@@ -2727,44 +2731,46 @@ static void case_sse_plan(const op_case *c) {
              pv = pair_new(v, nv), pga = pair_new(ga, ng), pgb = pair_new(gb, ng), pba = pair_new(ba, (size_t)n * H),
              pbb = pair_new(bb, (size_t)n * H), pi = pair_new(idx, (size_t)n * K), pw = pair_new(w, (size_t)n * K),
              pS0 = pair_new(S0, ns), pSp = pair_new(Sp, ns * N), po = pair_new(NULL, nv);
-        CHECK_OK(hyla_cuda_set_sse_windows(gpu, win));
+        /* win 0: the GPU's plain chunks, against the CPU's windows of 64 */
+        const int cw = win ? win : 64;
+        CHECK_OK(hyla_cuda_set_sse_windows(gpu, win != 0));
         CHECK_OK(cpu->ops->sse_prefill(cpu->ctx, tr, pq1.c, pk1.c, pq2.c, pk2.c, pv.c, pga.c, pgb.c, gdn ? pba.c : NULL,
-                                       gdn ? pbb.c : NULL, pi.c, pw.c, n, H, dk, dv, N, K, scale, pS0.c, pSp.c, po.c));
+                                       gdn ? pbb.c : NULL, pi.c, pw.c, n, H, dk, dv, N, K, scale, cw, pS0.c, pSp.c, po.c));
         PERF(CHECK_OK(gpu->ops->sse_prefill(gpu->ctx, tr, pq1.g, pk1.g, pq2.g, pk2.g, pv.g, pga.g, pgb.g,
                                             gdn ? pba.g : NULL, gdn ? pbb.g : NULL, pi.g, pw.g, n, H, dk, dv, N, K, scale,
-                                            pS0.g, pSp.g, po.g)));
+                                            cw, pS0.g, pSp.g, po.g)));
         CHECK_OK(hyla_cuda_set_sse_windows(gpu, 1));
         char name[96];
-        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s: o", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain");
+        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s %d: o", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain", win);
         cmp_pair(name, po, CHUNK_TOL);
-        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s: S0", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain");
+        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s %d: S0", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain", win);
         cmp_pair(name, pS0, CHUNK_TOL);
-        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s: Sp", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain");
+        snprintf(name, sizeof name, "sse-%s n=%d H=%d N=%d K=%d %s %d: Sp", gdn ? "gdn" : "gla", n, H, N, K, win ? "windows" : "plain", win);
         cmp_pair(name, pSp, CHUNK_TOL);
         float *hp = host_of(gpu, pSp.g, ns * N);
         CHECK_MSG(!memcmp(hp + (size_t)(N - 1) * ns, Sp + (size_t)(N - 1) * ns, ns * 4),
                   "sse-%s n=%d N=%d K=%d: an unselected partition changed", gdn ? "gdn" : "gla", n, N, K);
         free(hp);
-        /* window-aligned chunks: 64-token pieces == the one call, bit for bit. The one call (few
-         * blocks, many chunks) runs the split form, through the row map (GLA: v rows copied to
-         * kernel B's U0), and a piece's few chunks the fused pass, so this holds the split form
+        /* window-aligned chunks: pieces of the window == the one call, bit for bit. The one call
+         * (few blocks, many chunks) runs the split form, through the row map (GLA: v rows copied
+         * to kernel B's U0), and a piece's few chunks the fused pass, so this holds the split form
          * to the fused pass's bits. */
         if (win && N <= 64) {
             void *a0 = dev(gpu, S0, ns * 4), *ap = dev(gpu, Sp, ns * N * 4), *ao = dev(gpu, NULL, nv * 4);
-            for (int t0 = 0; t0 < n; t0 += 64) {
-                const int m = n - t0 < 64 ? n - t0 : 64;
+            for (int t0 = 0; t0 < n; t0 += win) {
+                const int m = n - t0 < win ? n - t0 : win;
                 const size_t qo = (size_t)t0 * H * dk, vo = (size_t)t0 * H * dv, go = gdn ? (size_t)t0 * H : qo,
                              bo = (size_t)t0 * H;
                 CHECK_OK(gpu->ops->sse_prefill(
                     gpu->ctx, tr, (float *)pq1.g + qo, (float *)pk1.g + qo, (float *)pq2.g + qo, (float *)pk2.g + qo,
                     (float *)pv.g + vo, (float *)pga.g + go, (float *)pgb.g + go, gdn ? (float *)pba.g + bo : NULL,
                     gdn ? (float *)pbb.g + bo : NULL, (int32_t *)pi.g + (size_t)t0 * K, (float *)pw.g + (size_t)t0 * K,
-                    m, H, dk, dv, N, K, scale, a0, ap, (float *)ao + vo));
+                    m, H, dk, dv, N, K, scale, win, a0, ap, (float *)ao + vo));
             }
             CHECK_MSG(same_bits(gpu, a0, pS0.g, ns * 4) && same_bits(gpu, ap, pSp.g, ns * N * 4) &&
                           same_bits(gpu, ao, po.g, nv * 4),
-                      "sse-%s n=%d H=%d N=%d K=%d: 64-token pieces (fused pass) == one call (split form), bits",
-                      gdn ? "gdn" : "gla", n, H, N, K);
+                      "sse-%s n=%d H=%d N=%d K=%d: %d-token pieces == one call, bits", gdn ? "gdn" : "gla", n, H, N, K,
+                      win);
             dfree(gpu, a0);
             dfree(gpu, ap);
             dfree(gpu, ao);

@@ -15,6 +15,7 @@ for arch in sse-h gla-h lalte lansa mamba2-h dla-gdn dla-mamba2; do
   [ $arch = lalte ] && extra=(--window 16 --sink 2 --budget 6)
   [ $arch = lansa ] && extra=(--window 16 --block-size 8 --block-counts 4) # selection among blocks
   [ ${arch#dla-} != $arch ] && extra=(--dla-capacity 4 --dla-threshold 1.4) # fills the cache; merges and opens
+  [ $arch = sse-h ] && extra=(--prefill-window 64) # the model's prefill chunk 64: pieces of 64 below
   "$BIN/hyla-mkmodel" --arch $arch --layers 4 --hidden 64 --heads 4 --seed 3 "${extra[@]}" --out "$T/$arch" 2>/dev/null
   for temp in 0 0.9; do
     run() { "$BIN/hyla-run" --model "$T/$arch" --ids --ignore-eos --quiet --temperature $temp --seed 11 "$@"; }
@@ -61,6 +62,28 @@ for arch in sse-h gla-h lalte lansa mamba2-h dla-gdn dla-mamba2; do
     echo "ok $arch temperature=$temp"
   done
 done
+# SSE's default prefill window (256): the model's prefill chunk is 256, so --prefill-piece 64 is
+# refused naming the flag and the window, pieces of 256 give the tokens of one piece (a prompt
+# of ~700 tokens), and a pipeline stage whose message limit cannot carry one chunk is refused
+"$BIN/hyla-mkmodel" --arch sse-h --layers 4 --hidden 64 --heads 4 --seed 3 --out "$T/sse-w" 2>/dev/null
+LONG="$PROMPT $PROMPT $PROMPT $PROMPT $PROMPT"
+w() { "$BIN/hyla-run" --model "$T/sse-w" --ids --ignore-eos --quiet --seed 11 "$@"; }
+if w --prompt "$PROMPT" --max-tokens 4 --prefill-piece 64 >/dev/null 2>"$T/err"; then
+  echo "FAIL sse-h (window 256): --prefill-piece 64 accepted"; fail=1
+fi
+grep -q -- "--prefill-piece" "$T/err" && grep -q "prefill_window" "$T/err" ||
+  { echo "FAIL sse-h (window 256): the refusal of --prefill-piece 64 names neither flag nor window: $(cat "$T/err")"; fail=1; }
+[ "$(w --prompt "$LONG" --max-tokens 16)" = "$(w --prompt "$LONG" --max-tokens 16 --prefill-piece 256)" ] ||
+  { echo "FAIL sse-h (window 256): --prefill-piece 256 gave other tokens"; fail=1; }
+if [ -x "$BIN/hyla-worker" ]; then
+  if timeout 20 "$BIN/hyla-worker" --model "$T/sse-w" --layers 0:2 --listen 127.0.0.1:0 --next-stage 127.0.0.1:1 \
+      --max-message-bytes 65536 >/dev/null 2>"$T/err"; then
+    echo "FAIL sse-h (window 256): a stage that cannot carry a prefill chunk was started"; fail=1
+  fi
+  grep -q -- "--max-message-bytes" "$T/err" && grep -q "prefill chunk" "$T/err" ||
+    { echo "FAIL sse-h (window 256): the stage's refusal is unclear: $(cat "$T/err")"; fail=1; }
+fi
+echo "ok sse-h prefill window 256"
 # a continuation prompt after a resume is fed after the pending token: same as one run with the joined prompt
 p1="The first half of a document, "; p2="and the second half of it."
 one=$("$BIN/hyla-run" --model "$T/sse-h" --ids --quiet --ignore-eos --prompt "$p1$p2" --max-tokens 8)

@@ -47,8 +47,10 @@ static const char *ARCHS[] = {"gla",    "gdn",    "transformer", "gdn-h",   "gla
 static void make_model(const char *arch, const char *dir) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "rm -rf %s && %s/hyla-mkmodel --arch %s --layers 3 --hidden 64 --heads 4 %s--seed 7 --out %s 2>/dev/null", dir,
-             hyla_test_env("HYLA_BIN_DIR", "build/bin"), arch, T > 2 ? "--kv-heads 4 " : "", dir);
+             "rm -rf %s && %s/hyla-mkmodel --arch %s --layers 3 --hidden 64 --heads 4 %s%s--seed 7 --out %s 2>/dev/null",
+             dir, hyla_test_env("HYLA_BIN_DIR", "build/bin"), arch, T > 2 ? "--kv-heads 4 " : "",
+             /* SSE: windows of 64, so that the 300-token piece splits into halves and 64-token pieces */
+             !strncmp(arch, "sse", 3) ? "--prefill-window 64 " : "", dir);
     if (system(cmd) != 0) {
         fprintf(stderr, "cannot run: %s\n", cmd);
         exit(1);

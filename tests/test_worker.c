@@ -506,8 +506,10 @@ int main(int argc, char **argv) {
     if (!mkdtemp(dir)) return 1;
     snprintf(model, sizeof model, "%s/model", dir);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch %s --layers 4 --hidden 64 --heads 4 --seed 2 --out %s 2>/dev/null", bin,
-             arch, model);
+    /* SSE: windows of 64, so that the pipeline's first stage at a 64 KiB message limit can carry a
+     * prefill chunk (128 rows of hidden 64) */
+    snprintf(cmd, sizeof cmd, "%s/hyla-mkmodel --arch %s --layers 4 --hidden 64 --heads 4 --seed 2 %s--out %s 2>/dev/null",
+             bin, arch, !strncmp(arch, "sse", 3) ? "--prefill-window 64 " : "", model);
     if (system(cmd) != 0) return 1;
 
     /* the statestore, in this process */

@@ -441,12 +441,14 @@ typedef struct {
     int n, H, dk, dv, N, K, gdn;
     float *q1, *k1, *q2, *k2, *v, *ga, *gb, *w, *S0, *Sp, *o, *lg, *ba, *bb;
     int32_t *idx;
+    int window; /* sse_prefill's */
 } sse_ud;
 static void sse_run(void *u) {
     sse_ud *a = u;
     float scale = 1.0f / sqrtf((float)a->dk);
     TRY(O->sse_prefill(CX, a->gdn ? HYLA_SSE_GDN : HYLA_SSE_GLA, a->q1, a->k1, a->q2, a->k2, a->v, a->ga, a->gb, a->ba,
-                       a->bb, a->idx, a->w, a->n, a->H, a->dk, a->dv, a->N, a->K, scale, a->S0, a->Sp, a->o));
+                       a->bb, a->idx, a->w, a->n, a->H, a->dk, a->dv, a->N, a->K, scale, a->window, a->S0, a->Sp,
+                       a->o));
 }
 static void gla_run(void *u) {
     sse_ud *a = u;
@@ -457,29 +459,36 @@ static void gla_run(void *u) {
         TRY(O->gla_prefill(CX, a->q1, a->k1, a->v, a->ga, a->n, a->H, a->dk, a->dv, scale, a->S0, a->o));
 }
 
-/* One row per SSE chunking (on the CUDA backend both: 64-token windows of the call, then 64-token
- * chunks of each partition; elsewhere the windows only): SSE prefill against the plain mixer's
- * prefill of the same tokens (gla_run: GLA or GDN as a->gdn says), key base_key. */
+/* One row per SSE chunking (windows of the default HYLA_SSE_PREFILL_WINDOW tokens of the call,
+ * windows of 64, and on the CUDA backend 64-token chunks of each partition without windows):
+ * SSE prefill against the plain mixer's prefill of the same tokens (gla_run: GLA or GDN as
+ * a->gdn says), key base_key. */
 static void sse_vs_base(sse_ud *a, const char *bench, const char *base_key) {
     const int cuda = hyla_cuda_set_sse_windows && !strcmp(O->name, "cuda");
     double ms_base = timeit(gla_run, a);
-    for (int win = 1; win >= 0; win--) {
+    const int wins[3] = {HYLA_SSE_PREFILL_WINDOW, 64, 0};
+    for (int i = 0; i < 3; i++) {
+        const int win = wins[i];
         if (!win && !cuda) break;
-        if (cuda) TRY(hyla_cuda_set_sse_windows(be, win));
+        if (cuda) TRY(hyla_cuda_set_sse_windows(be, win != 0));
+        a->window = win ? win : 64;
         double ms_sse = timeit(sse_run, a);
+        char what[64];
+        if (win) snprintf(what, sizeof what, "windows of %d tokens of the call", win);
+        else snprintf(what, sizeof what, "64-token chunks of each partition");
         emit_head(bench);
-        printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"sse_chunks\":\"%s\","
+        printf(",\"tokens\":%d,\"H\":%d,\"dk\":%d,\"dv\":%d,\"N\":%d,\"K\":%d,\"window\":%d,\"sse_chunks\":\"%s\","
                "\"ms_sse\":%.3f,\"%s\":%.3f,\"ratio\":%.2f}\n",
-               a->n, a->H, a->dk, a->dv, a->N, a->K, win ? "64-token windows of the call" : "64-token chunks of each partition",
-               ms_sse, base_key, ms_base, ms_sse / ms_base);
+               a->n, a->H, a->dk, a->dv, a->N, a->K, win, what, ms_sse, base_key, ms_base, ms_sse / ms_base);
         fflush(stdout);
     }
     if (cuda) TRY(hyla_cuda_set_sse_windows(be, 1));
+    a->window = HYLA_SSE_PREFILL_WINDOW;
 }
 
 static void bench_sse(int quick) {
     sse_ud a = {quick ? 2048 : 32768, 18, 128, 128, 4, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, HYLA_SSE_PREFILL_WINDOW};
     size_t nk = (size_t)a.n * a.H * a.dk, nv = (size_t)a.n * a.H * a.dv;
     a.q1 = drand(nk, 0.1f, 0, 0);
     a.k1 = drand(nk, 0.1f, 0, 0);

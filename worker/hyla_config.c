@@ -404,6 +404,15 @@ hyla_status hyla_model_config_load(const char *dir, hyla_model_config *c) {
             c->mixer[i] = base;
             c->mixer_cfg[i] = bcfg;
         }
+    c->prefill_chunk = HYLA_PREFILL_CHUNK;
+    for (int i = 0; r.st == HYLA_OK && i < c->num_layers; i++) {
+        int a = c->mixer[i]->prefill_align ? c->mixer[i]->prefill_align(c->mixer_cfg[i]) : HYLA_PREFILL_CHUNK;
+        /* powers of two (the kinds validate theirs): the largest is a multiple of every other */
+        if (a < HYLA_PREFILL_CHUNK || a > HYLA_PREFILL_PIECE_MAX || (a & (a - 1)))
+            hyla_cfg_fail(&r, HYLA_ERR_FORMAT, "layer %d (%s): prefill alignment %d is not a power of two in [%d, %d]",
+                          i, c->mixer[i]->name, a, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+        else if (a > c->prefill_chunk) c->prefill_chunk = a;
+    }
 done:
     json_decref(root);
     if (r.st != HYLA_OK) hyla_model_config_free(c);

@@ -226,6 +226,8 @@ typedef struct {
     /* DLA */
     int dla_capacity;          /* 0: the mixer's default */
     double dla_threshold;      /* < 0: the mixer's default */
+    /* SSE */
+    int prefill_window;        /* 0: the mixer's default (the key left out) */
 } hyla_mk_args;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -254,6 +256,12 @@ typedef struct hyla_mixer {
     size_t (*scratch_bytes)(const hyla_model_config *mc, const void *cfg, int rows);
     /* The forward: xn -> out, reading and updating the sessions' states. */
     hyla_status (*forward)(const hyla_mixer_fwd *f);
+    /* The alignment, in tokens, of the prefill calls whose bits this config's layers keep: a
+     * power of two of at least HYLA_PREFILL_CHUNK (a call that starts at a multiple of it, or
+     * does not cross one, gives the same bits however a prompt is cut at its multiples). NULL:
+     * HYLA_PREFILL_CHUNK. The model's prefill chunk is the largest over its layers
+     * (hyla_model_config.prefill_chunk). */
+    int (*prefill_align)(const void *cfg);
 
     /* Tensor parallelism: divide this config's heads by T in place (a shard's config); NULL
      * when done, else why not, naming the key ("num_heads 6 is not divisible by 4"). The

@@ -30,6 +30,7 @@ typedef struct {
     /* DLA */
     int dla_capacity;     /* 0: the mixer's default */
     double dla_threshold; /* < 0: the mixer's default */
+    int prefill_window;   /* SSE; 0: the mixer's default */
 } opts;
 
 typedef struct {
@@ -72,6 +73,8 @@ static void usage(FILE *f) {
             "  --head-dim K       key head dim of gdn/sse/nsa (default D/H)\n"
             "  --partitions N     SSE partitions (default 4)\n"
             "  --topk K           SSE partitions selected per token (default 1; sse-gdn: 2)\n"
+            "  --prefill-window W SSE: prefill_window, the windows (tokens) that cut a partition's prefill\n"
+            "                     chunks; a power of two from 64 (default: the key left out, 256)\n"
             "  --intermediate F   MLP width (default 2*D)\n"
             "  --short-conv 0|1   short convolution in gla/gdn layers (default: gla 0, gdn 1)\n"
             "  --out DIR          output directory (created)\n");
@@ -193,7 +196,8 @@ static int write_config(const opts *o, const hyla_mixer *base, const mk_arch *a,
     json_object_set_new(cfg, "bos_token_id", json_integer(256));
     json_object_set_new(cfg, "eos_token_id", json_integer(257));
     hyla_mk_args ma = {D, H, o->kv_heads, o->window, o->partitions, o->topk, o->head_dim, o->short_conv, a->variant, 0,
-                       o->sink, o->budget, o->nsa_block, o->nsa_counts, o->dla_capacity, o->dla_threshold};
+                       o->sink, o->budget, o->nsa_block, o->nsa_counts, o->dla_capacity, o->dla_threshold,
+                       o->prefill_window};
     const char *why = base->mk_config(cfg, &ma);
     if (!why && a->statex) {
         json_t *spec = json_loads(a->statex, 0, NULL), *layers = json_array();
@@ -377,7 +381,7 @@ int main(int argc, char **argv) {
                                  {"sink", 1, 0, 'S'},     {"budget", 1, 0, 'B'},
                                  {"block-size", 1, 0, 'z'}, {"block-counts", 1, 0, 'N'},
                                  {"dla-capacity", 1, 0, 'D'}, {"dla-threshold", 1, 0, 'T'},
-                                 {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+                                 {"prefill-window", 1, 0, 'W'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -409,6 +413,7 @@ int main(int argc, char **argv) {
         case 'z': o.nsa_block = (int)mk_int("block-size", optarg, 1, 1 << 16); break;
         case 'N': o.nsa_counts = (int)mk_int("block-counts", optarg, 1, 1 << 16); break;
         case 'D': o.dla_capacity = (int)mk_int("dla-capacity", optarg, 1, INT32_MAX); break;
+        case 'W': o.prefill_window = (int)mk_int("prefill-window", optarg, 1, INT32_MAX); break;
         case 'T': {
             double v;
             if (!hyla_parse_num(optarg, 0, 1e30, &v)) {
@@ -434,6 +439,10 @@ int main(int argc, char **argv) {
     }
     if (o.vocab < 2) {
         fprintf(stderr, "hyla-mkmodel: --vocab must be at least 2\n");
+        return 2;
+    }
+    if (o.prefill_window && strncmp(o.arch, "sse", 3)) {
+        fprintf(stderr, "hyla-mkmodel: --prefill-window is an SSE key; arch %s has no SSE layers\n", o.arch);
         return 2;
     }
     return mk(&o);

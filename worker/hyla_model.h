@@ -56,6 +56,11 @@ typedef struct {
     const hyla_layout *layout;
     const struct hyla_mixer *mixer[HYLA_MAX_LAYERS]; /* layer i's kind */
     const void *mixer_cfg[HYLA_MAX_LAYERS];          /* layer i's mixer config (shared by layers of one spec) */
+    /* The model's prefill chunk: prompts are cut into forward passes at its multiples of absolute
+     * positions (MODELS.md §3.1): HYLA_PREFILL_CHUNK, or the largest alignment a layer's kind
+     * asks (hyla_mixer.prefill_align: SSE's prefill window), over every layer of the model,
+     * whatever range a process holds, so the stages of a pipeline cut alike */
+    int prefill_chunk;
     void *owned;                                     /* the config objects (freed by hyla_model_config_free) */
 } hyla_model_config;
 

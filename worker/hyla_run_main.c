@@ -52,8 +52,9 @@ static void usage(FILE *f) {
             "                       and the next N-1 GPUs, or N CPU backends); default 1. Snapshots are\n"
             "                       whole-model snapshots, so a state saved under one N loads under any\n"
             "                       other; the tokens match N = 1's within floating-point rounding\n"
-            "  --prefill-piece N    prompt tokens per forward pass, a multiple of 64 up to 32768 (default 16384\n"
-            "                       on a GPU, 32768 with --tp on GPUs, 1024 on the CPU, or $HYLA_PREFILL_PIECE);\n"
+            "  --prefill-piece N    prompt tokens per forward pass, a multiple of the model's prefill chunk (64;\n"
+            "                       256 for SSE models: their prefill_window) up to 32768 (default 16384 on a\n"
+            "                       GPU, 32768 with --tp on GPUs, 1024 on the CPU, or $HYLA_PREFILL_PIECE);\n"
             "                       the output is the same for every N\n"
             "  --quiet, -q          no progress or statistics on stderr\n");
 }
@@ -263,7 +264,7 @@ int main(int argc, char **argv) {
         if (hyla_model_load(model_dir, be, NULL, &m) != HYLA_OK) FAIL("%s", hyla_last_error());
         if (hyla_runtime_create(m, &rt) != HYLA_OK) FAIL("%s", hyla_last_error());
     }
-    if (piece && hyla_runtime_set_prefill_piece(rt, piece) != HYLA_OK) FAIL("%s", hyla_last_error());
+    if (piece && hyla_runtime_set_prefill_piece(rt, piece) != HYLA_OK) FAIL("--prefill-piece %d: %s", piece, hyla_last_error());
     const hyla_model_config *cfg = hyla_model_get_config(m);
     if (!quiet)
         fprintf(stderr, "hyla-run: loaded %s (%s, %d layers) on %s%s in %.2f s\n", model_dir, cfg->model_type,

@@ -6,7 +6,7 @@
  *
  * The forward runs R rows through the held layers in one of two modes:
  *   prefill: R consecutive tokens of ONE session (a piece: from the position to the next
- *            multiple of HYLA_PREFILL_CHUNK, or, from a multiple, up to prefill_piece tokens);
+ *            multiple of the model's prefill chunk, or, from a multiple, up to prefill_piece tokens);
  *   decode:  one token for each of R sessions.
  * Dense work (norms, projections, MLP) is identical in both modes and row-independent; the mixer
  * modules (hyla_mixer.h) do the rest.
@@ -91,10 +91,15 @@ hyla_status hyla_runtime_reserve(hyla_runtime *rt, int rows, int logit_rows) {
     return HYLA_OK;
 }
 
+int hyla_runtime_prefill_chunk(const hyla_runtime *rt) { return rt->m->cfg.prefill_chunk; }
+
 hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens) {
-    if (tokens < HYLA_PREFILL_CHUNK || tokens > HYLA_PREFILL_PIECE_MAX || tokens % HYLA_PREFILL_CHUNK)
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "prefill piece of %d tokens: must be a multiple of %d in [%d, %d]", tokens,
-                         HYLA_PREFILL_CHUNK, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+    const int C = hyla_runtime_prefill_chunk(rt);
+    if (tokens < C || tokens > HYLA_PREFILL_PIECE_MAX || tokens % C)
+        return hyla_fail(HYLA_ERR_INVALID_ARG,
+                         "prefill piece of %d tokens: must be a multiple of %d in [%d, %d] (the model's prefill chunk%s)",
+                         tokens, C, C, HYLA_PREFILL_PIECE_MAX,
+                         C > HYLA_PREFILL_CHUNK ? ": its SSE layers' prefill_window" : "");
     rt->prefill_piece = tokens;
     return HYLA_OK;
 }
@@ -192,10 +197,14 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
     if (!rt) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     rt->m = m;
     rt->be = hyla_model_backend(m);
+    const int C = m->cfg.prefill_chunk;
     rt->prefill_piece = rt->be->prefill_piece >= HYLA_PREFILL_CHUNK && rt->be->prefill_piece <= HYLA_PREFILL_PIECE_MAX &&
                                 rt->be->prefill_piece % HYLA_PREFILL_CHUNK == 0
                             ? rt->be->prefill_piece
                             : HYLA_PREFILL_PIECE_DEFAULT;
+    /* a multiple of the model's prefill chunk (SSE's window may exceed the backend's piece) */
+    if (rt->prefill_piece % C) rt->prefill_piece = (rt->prefill_piece / C + 1) * C;
+    if (rt->prefill_piece > HYLA_PREFILL_PIECE_MAX) rt->prefill_piece = C;
     rt->micro_batches = 2;
     rt->token_log = (int)HYLA_TOKEN_LOG_MAX;
     hyla_status s = HYLA_OK;
@@ -207,7 +216,7 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
                  : hyla_runtime_set_prefill_piece(rt, v > 0 && v <= HYLA_PREFILL_PIECE_MAX ? (int)v : -1);
         if (s != HYLA_OK) s = hyla_fail_wrap(s, "environment variable HYLA_PREFILL_PIECE");
     }
-    if (s == HYLA_OK) s = hyla_runtime_reserve(rt, HYLA_PREFILL_CHUNK, 0);
+    if (s == HYLA_OK) s = hyla_runtime_reserve(rt, C, 0);
     if (s != HYLA_OK) {
         hyla_runtime_free(rt);
         return s;
@@ -261,7 +270,7 @@ static hyla_status lm_head(hyla_runtime *rt, int decode, int R, float *x, float 
  * each layer runs half A's mixer, begins A's sum, runs half B's mixer (which needs A's state of
  * this layer only) while A's sum travels, begins B's, then A's MLP while B's sum travels, and so
  * on; only the last sum of the piece is waited for with nothing beside it. The halves are split
- * at a multiple of HYLA_PREFILL_CHUNK from the piece's start (itself on a chunk boundary), so
+ * at a multiple of the model's prefill chunk from the piece's start (itself on a boundary), so
  * each half is a piece the session could have been fed as, and every mixer's arithmetic for
  * its rows is that piece's: the bits are those of the two pieces one after the other (prefill
  * pieces do not change the bits). Half B uses the scratch rows after half A's (x, xn, mo and
@@ -278,7 +287,8 @@ static hyla_status run_layers_wave(hyla_runtime *rt, int R, const int32_t *pos, 
     const int decode = 0;
     void *ud = rt->allreduce_ud;
     size_t D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
-    int a = R / 2 / HYLA_PREFILL_CHUNK * HYLA_PREFILL_CHUNK;
+    const int C = c->prefill_chunk;
+    int a = R / 2 / C * C;
     int n[2] = {a, R - a}, off[2] = {0, a};
     float *xh[2] = {x, x + a * D}, *xn[2] = {rt->xn, rt->xn + a * D}, *mo[2] = {rt->mo, rt->mo + a * D};
     float *g[2] = {rt->mlp_g, rt->mlp_g + a * F}, *u[2] = {rt->mlp_u, rt->mlp_u + a * F};
@@ -382,7 +392,8 @@ static hyla_status run_layers(hyla_runtime *rt, int decode, int R, const int32_t
      * partials go to the group's buffers, alternating, and nothing is owed to the norms. */
     const size_t nx = (size_t)R * D;
     const int onto = rt->allreduce && rt->allreduce_onto && nx <= rt->onto_max && nx % 4 == 0 && (uintptr_t)x % 16 == 0;
-    if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * HYLA_PREFILL_CHUNK && pos[0] % HYLA_PREFILL_CHUNK == 0)
+    const int C = rt->m->cfg.prefill_chunk;
+    if (!decode && rt->allreduce && rt->allreduce_begin && R >= 2 * C && pos[0] % C == 0)
         return run_layers_wave(rt, R, pos, st, x);
     hyla_layer_state **ls = malloc((size_t)nst * sizeof *ls);
     if (!ls) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");

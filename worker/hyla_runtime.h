@@ -31,13 +31,16 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out);
 void hyla_runtime_free(hyla_runtime *rt); /* accepts NULL */
 const hyla_model *hyla_runtime_model(const hyla_runtime *rt);
 
-/* Tokens a prefill forward pass takes at most (docs/MODELS.md §3.1): a multiple of
- * HYLA_PREFILL_CHUNK in [HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX]. Larger pieces run the
+/* Tokens a prefill forward pass takes at most (docs/MODELS.md §3.1): a multiple of the model's
+ * prefill chunk (HYLA_PREFILL_CHUNK, or its SSE layers' prefill_window) up to
+ * HYLA_PREFILL_PIECE_MAX (refused otherwise, naming the chunk). Larger pieces run the
  * projections as larger GEMMs; the results are the same bits for any piece size (pieces stay
  * aligned to chunk boundaries and every op's rows are independent of how many it gets).
  * Scratch memory grows with it (activations of that many rows; logits only for the rows whose
  * logits a caller asks for: a decode batch, a piece fed with a logits buffer). */
 hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens);
+/* The model's prefill chunk (hyla_model_config.prefill_chunk): pieces start at its multiples. */
+int hyla_runtime_prefill_chunk(const hyla_runtime *rt);
 int hyla_runtime_prefill_piece(const hyla_runtime *rt);
 /* Rows of logits the scratch holds now (0 until a step wanted logits; for tests and diagnostics). */
 int hyla_runtime_logit_rows(const hyla_runtime *rt);

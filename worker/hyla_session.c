@@ -273,15 +273,14 @@ static hyla_status stage_forward(hyla_session *const *ss, int R, int decode, con
     int n = decode ? R : 1;
     for (int i = 0; i < n; i++)
         if (ss[i]->rt != rt) return hyla_fail(HYLA_ERR_INVALID_ARG, "stage batch mixes sessions of different runtimes");
-    /* a prefill piece either starts on a chunk boundary or stays inside one chunk (the pieces of
-     * any feed are then cut at the same absolute positions) */
-    if (!decode && (R > HYLA_PREFILL_PIECE_MAX ||
-                    (ss[0]->pos % HYLA_PREFILL_CHUNK &&
-                     ss[0]->pos / HYLA_PREFILL_CHUNK != (ss[0]->pos + R - 1) / HYLA_PREFILL_CHUNK)))
+    /* a prefill piece either starts on a boundary of the model's prefill chunk or stays inside
+     * one chunk (the pieces of any feed are then cut at the same absolute positions) */
+    const int C = rt->m->cfg.prefill_chunk;
+    if (!decode && (R > HYLA_PREFILL_PIECE_MAX || (ss[0]->pos % C && ss[0]->pos / C != (ss[0]->pos + R - 1) / C)))
         return hyla_fail(HYLA_ERR_INVALID_ARG,
                          "stage prefill of %d rows at position %lld: a piece must start on a %d-token chunk boundary "
                          "or stay inside one chunk, and hold at most %d rows",
-                         R, (long long)ss[0]->pos, HYLA_PREFILL_CHUNK, HYLA_PREFILL_PIECE_MAX);
+                         R, (long long)ss[0]->pos, C, HYLA_PREFILL_PIECE_MAX);
     if (!hidden_in && g->total_rows > rt->rows) /* reserving now would drop the rows already received */
         return hyla_fail(HYLA_ERR_INVALID_ARG, "stage forward of %d rows: the stage buffers hold %d", g->total_rows,
                          rt->rows);
@@ -377,9 +376,11 @@ hyla_status hyla_session_feed(hyla_session *s, const int32_t *tokens, int n, flo
     hyla_status st = HYLA_OK;
     size_t V = (size_t)s->m->cfg.vocab_size;
     while (done < total) {
-        /* to the next chunk boundary, then pieces of up to prefill_piece tokens from boundaries */
-        int off = (int)(s->pos % HYLA_PREFILL_CHUNK);
-        int room = off ? HYLA_PREFILL_CHUNK - off : s->rt->prefill_piece;
+        /* to the next boundary of the model's prefill chunk, then pieces of up to prefill_piece
+         * tokens (a multiple of the chunk) from boundaries */
+        const int C = s->m->cfg.prefill_chunk;
+        int off = (int)(s->pos % C);
+        int room = off ? C - off : s->rt->prefill_piece;
         int piece = total - done < room ? total - done : room;
         st = prefill_piece(s, list + done, piece, logits ? logits + (size_t)done * V : NULL);
         if (st != HYLA_OK) break;

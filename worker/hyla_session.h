@@ -8,10 +8,11 @@
  * session resumes by feeding its pending token, exactly as the uninterrupted run would have:
  * "generate 64" equals "generate 32, save, load, generate 32" bit for bit on one backend.
  *
- * Prefill runs in chunks of HYLA_PREFILL_CHUNK aligned to absolute positions, in forward passes
- * of up to the runtime's prefill piece (hyla_runtime_set_prefill_piece) that start on chunk
- * boundaries, so feeding a document in pieces that end at chunk boundaries, or with any piece
- * size, reproduces the one-piece run bit for bit.
+ * Prefill runs in chunks of the model's prefill chunk (HYLA_PREFILL_CHUNK, or an SSE model's
+ * prefill_window) aligned to absolute positions, in forward passes of up to the runtime's prefill
+ * piece (hyla_runtime_set_prefill_piece) that start on chunk boundaries, so feeding a document in
+ * pieces that end at chunk boundaries, or with any piece size, reproduces the one-piece run bit
+ * for bit.
  *
  * Ownership: sessions borrow their runtime (hyla_runtime.h), which must outlive them.
  * Threading: a session is driven by one thread at a time, the thread that drives the runtime. */
@@ -165,7 +166,7 @@ void hyla_session_import_abort(hyla_import *im);
 /* ---- pipeline stages ---- (hyla_runtime.h: the downstream callback of the first stage) */
 
 /* Run R rows through this stage's layers for sessions ss (prefill: ss[0], R rows in one piece
- * that starts at a multiple of HYLA_PREFILL_CHUNK or does not cross one, at most
+ * that starts at a multiple of the model's prefill chunk or does not cross one, at most
  * HYLA_PREFILL_PIECE_MAX rows; decode: R sessions). hidden_in: host
  * [R][hidden_size]. logits: host [R][vocab] or NULL — filled by this stage when it holds the last
  * layer, else by its downstream. Positions advance by R (prefill) or 1 (decode). */

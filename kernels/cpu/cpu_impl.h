@@ -68,7 +68,7 @@ hyla_status cpu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, 
                             const float *q2, const float *k2, const float *v, const float *ga,
                             const float *gb, const float *betaa, const float *betab,
                             const int32_t *idx, const float *w, int n, int H, int dk, int dv, int N,
-                            int K, float scale, float *S0, float *Sp, float *o);
+                            int K, float scale, int window, float *S0, float *Sp, float *o);
 hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
                            const float *q2, const float *k2, const float *v, const float *ga,
                            const float *gb, const float *betaa, const float *betab,

@@ -478,11 +478,11 @@ hyla_status cpu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, c
 }
 
 /* SSE prefill, grouped by partition (MODELS.md §4.3 "Prefill", the paper's varlen method).
- * The tokens are taken in windows of CPU_CHUNK starting at the call's first token, so a call
- * over n tokens equals successive calls over its 64-token pieces bit for bit (the same rule as
- * the GLA/GDN chunks). Inside a window, partition i sees the subsequence of tokens that
- * selected it, in order, with q and k scaled by that token's weight, and runs it through the
- * same chunk routine as GLA/GDN. Because an unselected partition is neither decayed nor
+ * The tokens are taken in windows of `window` tokens starting at the call's first token, so a
+ * call over n tokens equals successive calls over its window-aligned pieces bit for bit. Inside
+ * a window, partition i sees the subsequence of tokens that selected it, in order, with q and k
+ * scaled by that token's weight, and runs it through the same chunk routine as GLA/GDN (chunks
+ * of CPU_CHUNK rows from the window's first). Because an unselected partition is neither decayed nor
  * written, this is the token-by-token recurrence. The always-selected partition runs over all
  * tokens of the window. Each (token, slot j) read lands in its own row of a buffer and the
  * reads are summed per token in slot order, as decode sums them. */
@@ -564,13 +564,16 @@ static hyla_status sse_window(cpu_ctx *c, int gdn, const float *q1, const float 
 hyla_status cpu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                             const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
                             const float *betab, const int32_t *idx, const float *w, int n, int H, int dk, int dv,
-                            int N, int K, float scale, float *S0, float *Sp, float *o) {
+                            int N, int K, float scale, int window, float *S0, float *Sp, float *o) {
     HYLA_TRY(check_dims("sse_prefill", n, H, dk, dv));
     HYLA_TRY(sse_check("sse_prefill", tr, idx, n, N, K, betaa, betab));
+    if (window < CPU_CHUNK || window % CPU_CHUNK)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: window %d is not a positive multiple of %d", window,
+                         CPU_CHUNK);
     int gdn = tr == HYLA_SSE_GDN;
     size_t sqk = (size_t)H * dk, sv = (size_t)H * dv, sg = gdn ? (size_t)H : (size_t)H * dk;
-    for (int t0 = 0; t0 < n; t0 += CPU_CHUNK) {
-        int L = n - t0 < CPU_CHUNK ? n - t0 : CPU_CHUNK;
+    for (int t0 = 0; t0 < n; t0 += window) {
+        int L = n - t0 < window ? n - t0 : window;
         size_t t = (size_t)t0;
         HYLA_TRY(sse_window(ctx, gdn, q1 + t * sqk, k1 + t * sqk, q2 + t * sqk, k2 + t * sqk, v + t * sv,
                             ga + t * sg, gb + t * sg, gdn ? betaa + t * H : NULL, gdn ? betab + t * H : NULL,

@@ -37,11 +37,11 @@ hyla_status hyla_cuda_prefill_varlen(hyla_backend *be, int gdn, int H, int dk, i
                                      const float *k, const float *v, const float *ga, const float *gb, float *o,
                                      int nseq, const int32_t *start, const int32_t *len, float *const *S);
 
-/* SSE prefill chunking: on (default) = a partition's subsequence is cut at the call's 64-token
- * windows, so a call equals its 64-token pieces bit for bit (as on the CPU backend); off = plain
- * 64-token chunks of the subsequence (fewer, fuller chunks for long calls; equal to the token
- * loop up to rounding). The runtime's prefill pieces never exceed one window, so it sees no
- * difference. */
+/* SSE prefill chunking: on (default) = a partition's subsequence is cut at the call's windows
+ * (sse_prefill's window: the layer's prefill_window) and every 64 rows within one, so a call
+ * equals its window-aligned pieces bit for bit (as on the CPU backend); off = plain 64-token
+ * chunks of the subsequence (fewer, fuller chunks for long calls; equal to the token loop up to
+ * rounding, but the bits depend on where the runtime cuts a prompt). */
 hyla_status hyla_cuda_set_sse_windows(hyla_backend *be, int on);
 
 /* Flash attention prefill: calls whose keys reach past `keys` (a multiple of 64; 0 = one pass;

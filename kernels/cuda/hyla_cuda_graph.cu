@@ -287,7 +287,7 @@ static hyla_status replay_sse_decode(hyla_cuda_ctx *c, const ga_sse_decode &a, c
 struct ga_sse_prefill { /* planned on the device: no data */
     ga_sse_io io;
     float *S0, *Sp;
-    int32_t n, windows;
+    int32_t n, windows; /* the window in tokens, 0: plain chunks */
 };
 static hyla_status replay_sse_prefill(hyla_cuda_ctx *c, const ga_sse_prefill &a, const void *) {
     const ga_sse_io &x = a.io;
@@ -1167,14 +1167,17 @@ static hyla_status f_attn_prefill(void *ctx, const float *q, const float *k, con
 static hyla_status g_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                                  const float *k2, const float *v, const float *ga, const float *gb,
                                  const float *betaa, const float *betab, const int32_t *idx, const float *w, int n,
-                                 int H, int dk, int dv, int N, int K, float scale, float *S0, float *Sp, float *o) {
+                                 int H, int dk, int dv, int N, int K, float scale, int window, float *S0, float *Sp,
+                                 float *o) {
     CTX;
     if (n <= 0) return HYLA_OK;
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: top-%d of %d partitions", K, N);
+    if (window < 64 || window % 64)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: window %d is not a positive multiple of 64", window);
     if (!LOGGING || !cu_sse_prefill_planned(c, tr, H, dk, dv, N, K)) {
         FLUSH;
-        return cu_sse_prefill(ctx, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0,
-                              Sp, o);
+        return cu_sse_prefill(ctx, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale,
+                              window, S0, Sp, o);
     }
     ga_sse_prefill *a;
     HYLA_TRY(log_sse_prefill(c->graphs, 0, &a, NULL));
@@ -1182,7 +1185,7 @@ static hyla_status g_sse_prefill(void *ctx, hyla_sse_transition tr, const float 
     a->S0 = S0;
     a->Sp = Sp;
     a->n = n;
-    a->windows = c->sse_windows;
+    a->windows = c->sse_windows ? window : 0;
     return HYLA_OK;
 }
 

@@ -112,7 +112,7 @@ typedef struct hyla_cuda_ctx {
     uint64_t scratch_gen;    /* bumped whenever a scratch buffer moves (graphs bake addresses in) */
     cudaEvent_t ev_compute;  /* upload/download: the copy stream waits for the compute stream ... */
     cudaEvent_t ev_copy;     /* ... and the compute stream for the copy stream */
-    int sse_windows;        /* SSE prefill chunks follow the call's 64-token windows (default 1) */
+    int sse_windows;        /* SSE prefill: a partition's chunks cut at the call's windows (default 1); 0: plain chunks */
     int attn_split_len;     /* flash prefill: keys per split (default 8192, 0 = one pass; a multiple of 64) */
     int attn_wg;            /* flash prefill at D = 64, 128 on k_attn_wg (Hopper; HYLA_CUDA_ATTN_WG=0: k_attn_flash2) */
     int attn_walk;          /* flash prefill: k_attn_wg walks all of a block's splits (no partials) in calls of at
@@ -346,7 +346,7 @@ hyla_status cu_sse_route(void *ctx, const float *logits, int n, int N, int K, in
 hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                            const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
                            const float *betab, const int32_t *idx, const float *w, int n, int H, int dk, int dv,
-                           int N, int K, float scale, float *S0, float *Sp, float *o);
+                           int N, int K, float scale, int window, float *S0, float *Sp, float *o);
 hyla_status cu_sse_decode(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1, const float *q2,
                           const float *k2, const float *v, const float *ga, const float *gb, const float *betaa,
                           const float *betab, const int32_t *idx, const float *w, int B, int H, int dk, int dv,

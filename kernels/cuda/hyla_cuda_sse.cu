@@ -11,9 +11,10 @@
  * the always-selected output and its K partition outputs in route order (deterministic).
  * Unselected partitions are neither decayed nor written, so this equals the token loop up to
  * rounding. By default a partition's subsequence is cut into chunks where its tokens cross a
- * 64-token window of the call (as the CPU backend does), so a call equals its 64-token pieces
- * bit for bit; hyla_cuda_set_sse_windows(be, 0) cuts it into plain 64-token chunks instead
- * (about 4x fewer chunks at N=4, K=1 for long calls; equal to the token loop up to rounding). Decode: the recurrent kernel with slots {S0, Sp[idx[b][0..K-1]]}.
+ * window of the call (sse_prefill's window, 256 tokens by default) and every 64 rows within one
+ * (as the CPU backend does), so a call equals its window-aligned pieces bit for bit;
+ * hyla_cuda_set_sse_windows(be, 0) cuts it into plain 64-token chunks instead (equal to the
+ * token loop up to rounding). Decode: the recurrent kernel with slots {S0, Sp[idx[b][0..K-1]]}.
  * Threading: launched on the context's stream. */
 #include <math.h>
 #include <stdlib.h>
@@ -166,11 +167,25 @@ __device__ __forceinline__ int plan_part_of(const int *off, int N, int q) { /* o
     return p;
 }
 
+/* Whether packed row r starts a chunk: the always-selected rows every 64 tokens of the call; a
+ * partition's rows every 64 rows of its subsequence (no windows), or where its tokens enter a new
+ * window of a.windows tokens of the call and every 64 rows after that within the window (the
+ * first row of the window found by a binary search: the rows' tokens ascend) */
 __device__ __forceinline__ int plan_start(const PlanArgs &a, const int *off, int r) {
     if (r < a.n) return r % 64 == 0;
     int q = r - a.n, p = plan_part_of(off, a.N, q), rel = q - off[p];
     if (!a.windows) return rel % 64 == 0;
-    return rel == 0 || (a.src[q] / a.K) / 64 != (a.src[q - 1] / a.K) / 64;
+    if (rel == 0) return 1;
+    const int W = a.windows, win = (a.src[q] / a.K) / W;
+    if ((a.src[q - 1] / a.K) / W != win) return 1;
+    if (W <= 64) return 0; /* at most 64 rows a window (a token selects a partition once) */
+    int lo = off[p], hi = q;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if ((a.src[mid] / a.K) / W < win) lo = mid + 1;
+        else hi = mid;
+    }
+    return (q - lo) % 64 == 0;
 }
 
 __global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
@@ -340,6 +355,20 @@ static hyla_status sse_gather(hyla_cuda_ctx *c, int gdn, const float *q1, const 
     return HYLA_OK;
 }
 
+/* An upper bound of a call's chunk count: the always-selected sequence's ceil(n / 64), and for the
+ * partitions at most nk rows, each (partition, window) holding at most W tokens (a token selects
+ * a partition once) in ceil(count / 64) chunks: at most nk / 64 + one a nonempty (partition,
+ * window), and at most W / 64 a (partition, window). Without windows: plain 64-row chunks. */
+static size_t sse_chunk_bound(int n, size_t nk, int N, int W) {
+    const size_t nw = ((size_t)n + 63) / 64;
+    if (!W) return nw + (nk + 63) / 64 + N;
+    const size_t pw = (size_t)N * (((size_t)n + W - 1) / W), c = ((size_t)W + 63) / 64;
+    size_t b = nk;
+    if (nk / 64 + pw < b) b = nk / 64 + pw;
+    if (pw * c < b) b = pw * c;
+    return nw + b;
+}
+
 /* Whether the device plan handles this call (else the host planner). */
 static int plan_ok(hyla_cuda_ctx *c, int gdn, int H, int dk, int dv, int N, int K) {
     return N <= PLAN_MAXN && K <= PLAN_MAXK && cu_linattn_chunked_ok(c, gdn, H, dk, dv, 1 + N);
@@ -353,8 +382,7 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
     if (n <= 0) return HYLA_OK;
     const int gdn = tr == HYLA_SSE_GDN;
     const size_t nk = (size_t)n * K, rows = (size_t)n + nk;
-    const int nw = (n + 63) / 64;
-    size_t ub = windows ? (size_t)nw + (nk < (size_t)N * nw ? nk : (size_t)N * nw) : (size_t)nw + (nk + 63) / 64 + N;
+    const size_t ub = sse_chunk_bound(n, nk, N, windows);
     /* plan scratch: ints src, prow [nk], rowc [rows + 1], tok0, len [ub], c0, nc [1 + N], count; then pointers */
     size_t nint = 2 * nk + rows + 1 + 2 * ub + 2 * (size_t)(1 + N) + 1;
     size_t pbytes = ((nint * 4 + 15) & ~(size_t)15) + (size_t)(1 + N) * sizeof(float *);
@@ -416,21 +444,24 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
                                     const float *q2, const float *k2, const float *v, const float *ga,
                                     const float *gb, const float *betaa, const float *betab, const int32_t *idx,
                                     const float *w, int n, int H, int dk, int dv, int N, int K, float scale,
-                                    float *S0, float *Sp, float *o);
+                                    int W, float *S0, float *Sp, float *o);
 
 extern "C" hyla_status cu_sse_prefill(void *ctx, hyla_sse_transition tr, const float *q1, const float *k1,
                                       const float *q2, const float *k2, const float *v, const float *ga,
                                       const float *gb, const float *betaa, const float *betab, const int32_t *idx,
                                       const float *w, int n, int H, int dk, int dv, int N, int K, float scale,
-                                      float *S0, float *Sp, float *o) {
+                                      int window, float *S0, float *Sp, float *o) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     if (n <= 0) return HYLA_OK;
     if (K < 1 || K > N) return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: top-%d of %d partitions", K, N);
+    if (window < 64 || window % 64)
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_prefill: window %d is not a positive multiple of 64", window);
+    const int W = c->sse_windows ? window : 0;
     if (plan_ok(c, tr == HYLA_SSE_GDN, H, dk, dv, N, K))
-        return cu_sse_prefill_dev(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale,
-                                  c->sse_windows, S0, Sp, o);
-    return sse_prefill_host(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, S0, Sp,
-                            o);
+        return cu_sse_prefill_dev(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, W,
+                                  S0, Sp, o);
+    return sse_prefill_host(c, tr, q1, k1, q2, k2, v, ga, gb, betaa, betab, idx, w, n, H, dk, dv, N, K, scale, W, S0,
+                            Sp, o);
 }
 
 /* The host planner: routes to the host (one sync), the same tables built there. Used for the
@@ -439,7 +470,7 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
                                     const float *q2, const float *k2, const float *v, const float *ga,
                                     const float *gb, const float *betaa, const float *betab, const int32_t *idx,
                                     const float *w, int n, int H, int dk, int dv, int N, int K, float scale,
-                                    float *S0, float *Sp, float *o) {
+                                    int W, float *S0, float *Sp, float *o) {
     const int gdn = tr == HYLA_SSE_GDN;
     /* routes to the host: per-partition token lists */
     size_t nk = (size_t)n * K;
@@ -508,9 +539,9 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
         slen[1 + q] = off[q + 1] - off[q];
         sptr[1 + q] = Sp + (size_t)q * H * dk * dv;
     }
-    /* chunks: the always-selected sequence in 64-token windows of the call; partition q's
-     * subsequence cut where its tokens cross a window boundary (as the CPU backend does, so a
-     * call equals its 64-token pieces bit for bit) */
+    /* chunks: the always-selected sequence in 64-token pieces of the call; partition q's
+     * subsequence cut where its tokens cross a window boundary and every 64 rows within a window
+     * (as the CPU backend does, so a call equals its window-aligned pieces bit for bit) */
     int32_t *nck = (int32_t *)calloc((size_t)nseq, sizeof(int32_t));
     int32_t *cklen = (int32_t *)malloc(((size_t)(n + 63) / 64 + nk + 1) * sizeof(int32_t));
     if (!nck || !cklen) {
@@ -530,13 +561,13 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
         int run = 0, win = -1;
         for (int r = off[q]; r < off[q + 1]; r++) {
             int t = src[r] / K;
-            if (t / 64 != win) {
+            if ((W ? t / W : 0) != win || run == 64) { /* a new window, or 64 rows of this one */
                 if (run) {
                     cklen[ncl++] = run;
                     nck[1 + q]++;
                 }
                 run = 0;
-                win = t / 64;
+                win = W ? t / W : 0;
             }
             run++;
         }
@@ -547,7 +578,7 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
     }
     hyla_cu_linattn_batch b;
     memset(&b, 0, sizeof b);
-    if (c->sse_windows) { /* else: each subsequence in plain 64-token chunks (fewer, fuller chunks) */
+    if (W) { /* else: each subsequence in plain 64-token chunks (fewer, fuller chunks) */
         b.h_nck = nck;
         b.h_cklen = cklen;
     }

@@ -21,7 +21,8 @@ set -uo pipefail
 . "${HYLA_SOURCE_DIR:-.}/tests/e2e/lib.sh"
 e2e_init cluster
 
-e2e_make_model "$E2E_DIR/model"
+# windows of 64 (the model's prefill chunk): the pipeline in (d) carries 128-token pieces
+e2e_make_model "$E2E_DIR/model" sse-h 4 --prefill-window 64
 e2e_start_coordinator coordinator --heartbeat-ms 500 --dead-after-ms 5000 || e2e_done
 e2e_start_worker w1 "$E2E_DIR/model" --snapshot-every 64 || e2e_done
 e2e_start_worker w2 "$E2E_DIR/model" --snapshot-every 64 || e2e_done

@@ -20,6 +20,7 @@ typedef struct {
     int lora_rank, lora_on_sparse, q_softmax, k_softmax;
     int use_output_gate, gate_low_rank_dim, allow_neg_eigval;
     float gate_logit_normalizer, clamp_min;
+    int window;                /* prefill_window: a partition's prefill chunks end at its multiples */
 } sse_cfg;
 
 typedef struct {
@@ -77,8 +78,17 @@ static void parse(hyla_cfg *r, json_t *obj, const hyla_model_config *mc, void *c
     c->q_softmax = hyla_cfg_bool(r, obj, "use_q_softmax", 0);
     c->k_softmax = hyla_cfg_bool(r, obj, "use_k_softmax", 1);
     if (hyla_cfg_bool(r, obj, "use_short_conv", 0)) hyla_cfg_refuse(r, "use_short_conv", "SSE layers have no short convolution");
+    /* our extension (MODELS.md §4.3 "Prefill"): the windows of absolute positions at which a
+     * partition's prefill chunks are cut (and every 64 of its tokens within one); the model's
+     * prompts are then cut into forward passes at its multiples */
+    c->window = hyla_cfg_int(r, obj, "prefill_window", HYLA_SSE_PREFILL_WINDOW);
+    if (r->st == HYLA_OK && (c->window < HYLA_PREFILL_CHUNK || c->window > HYLA_PREFILL_PIECE_MAX ||
+                             (c->window & (c->window - 1))))
+        hyla_cfg_refuse(r, "prefill_window", "must be a power of two from 64 to 32768");
     hyla_lin_common_keys(r, obj);
 }
+
+static int prefill_align(const void *cfgp) { return ((const sse_cfg *)cfgp)->window; }
 
 static int tensors(const hyla_model_config *mc, const void *cfgp, int layer, hyla_tensor_decl *out) {
     const sse_cfg *c = cfgp;
@@ -311,7 +321,7 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
                                scale, (float *const *)S0, (float *const *)Sp, s.o));
     } else {
         HYLA_TRY(o->sse_prefill(ctx, c->tr, s.qa, s.ka, s.qs, s.ks, s.v, ga, gb, ba, bb, s.idx, s.rw, R, H, dk, dv, N, K,
-                                scale, f->st[0]->part[PART_S0].dev, f->st[0]->part[PART_SP].dev, s.o));
+                                scale, c->window, f->st[0]->part[PART_S0].dev, f->st[0]->part[PART_SP].dev, s.o));
     }
     HYLA_MIXER_MARK(f, "sse: core");
     /* output gate g_proj.1(g_proj.0(x)), unless it went with the LoRA terms */
@@ -344,6 +354,7 @@ static const char *mk_config(json_t *obj, const hyla_mk_args *a) {
     json_object_set_new(obj, "lora_target", json_string("always"));
     json_object_set_new(obj, "use_q_softmax", json_false());
     json_object_set_new(obj, "use_k_softmax", json_true());
+    if (a->prefill_window > 0) json_object_set_new(obj, "prefill_window", json_integer(a->prefill_window));
     return NULL;
 }
 
@@ -357,4 +368,5 @@ const hyla_mixer hyla_mixer_sse = {
     HYLA_MIXER_HOOKS(sse_cfg, sse_w),
     .mk_config = mk_config,
     .tp_shard = tp_shard,
+    .prefill_align = prefill_align,
 };

@@ -860,6 +860,8 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return st;
     }
+    const int chunk = hyla_runtime_prefill_chunk(w->rt);
+    if (w->p.prefill_budget < chunk) w->p.prefill_budget = chunk; /* the model's chunk: aligned feeding needs one */
     if (p->token_log && (st = hyla_runtime_set_token_log(w->rt, (int)p->token_log)) != HYLA_OK) {
         hyla_worker_destroy(w);
         return hyla_fail_wrap(st, "--token-log");
@@ -893,8 +895,15 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
             /* a prefill piece's hidden states travel in one StageForward message: keep it under
              * half the message limit */
             long rows = (long)p->max_message_bytes / 2 / ((long)hyla_model_get_config(w->m)->hidden_size * 4);
-            rows = rows / HYLA_PREFILL_CHUNK * HYLA_PREFILL_CHUNK;
-            if (rows < HYLA_PREFILL_CHUNK) rows = HYLA_PREFILL_CHUNK;
+            rows = rows / chunk * chunk;
+            if (rows < chunk) {
+                hyla_worker_destroy(w);
+                return hyla_fail(HYLA_ERR_INVALID_ARG,
+                                 "--max-message-bytes %d: a stage message carries at least one prefill chunk of the "
+                                 "model, %d rows of %d floats, in at most half the limit: at least %ld bytes",
+                                 p->max_message_bytes, chunk, hyla_model_get_config(w->m)->hidden_size,
+                                 2L * chunk * hyla_model_get_config(w->m)->hidden_size * 4);
+            }
             /* and, unless the operator chose the piece, pieces small enough for the stages to
              * overlap: a two-stage pipeline on two H100s prefilled 131,072 tokens at 178 k tok/s
              * in pieces of 1024 or 2048, 167 k in 4096, 158 k in 8192 (BENCHMARKS.md) */

@@ -621,7 +621,7 @@ typedef enum { FEED_NONE, FEED_OK, FEED_FAILED } feed_result;
 static feed_result feed_append(hyla_worker *w, wsess *s, append_job *a, int *budget) {
     if (!a->n || *budget <= 0 || !s->s) return FEED_NONE;
     int64_t next_pos = hyla_session_position(s->s) + (hyla_session_pending(s->s) >= 0);
-    int n = sched_feed_len(next_pos, a->n, *budget, a->half_closed, HYLA_PREFILL_CHUNK);
+    int n = sched_feed_len(next_pos, a->n, *budget, a->half_closed, hyla_runtime_prefill_chunk(w->rt));
     if (n == 0) return FEED_NONE;
     int consumed = 0;
     double t0 = now_s();
