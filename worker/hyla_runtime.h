@@ -147,7 +147,7 @@ void hyla_runtime_set_allreduce(hyla_runtime *rt, hyla_allreduce_fn fn, void *ud
  * like fn's, but the ops called after it may run while it travels, until join(ud, *ticket),
  * which must come before anything reads or writes buf again. A hook that cannot overlap may sum
  * at once and give ticket -1 (join is then a no-op). With both set, a prefill piece of at least
- * 2 HYLA_PREFILL_CHUNK rows runs as two halves through the layers in turn (run_layers_wave in
+ * two of the model's prefill chunks runs as two halves through the layers in turn (run_layers_wave in
  * hyla_runtime.c), each half's sums travelling while the other half computes; the bits are those
  * of the two halves fed as two pieces. acc (or NULL): the sum is added onto acc[0..n) on every rank
  * (each value the rounding of acc + the sum, the residual's add) instead of being left in buf,

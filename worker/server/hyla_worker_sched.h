@@ -11,7 +11,7 @@
  * (its position, plus one when it holds a pending token).
  *
  * A feed leaves its newest token pending, so after feeding n tokens the session's position is
- * next_pos + n - 1. The answer makes that position a multiple of `chunk` (HYLA_PREFILL_CHUNK):
+ * next_pos + n - 1. The answer makes that position a multiple of `chunk` (the model's prefill chunk):
  * the prefill pieces are then those of one uninterrupted feed of the whole document, bit for
  * bit, whatever the budget and however the tokens arrived. It is the largest such n within
  * min(queued, budget), or 0 when none fits (wait for more tokens). Only the tail of a stream
