@@ -503,7 +503,9 @@ typedef struct hyla_ops {
      * one by one) ----
      * Bit for bit silu(v, nv); for each of q0, q1 softmax_rows (q_softmax) or silu over its
      * [rows][cols], then l2norm_rows(eps) when l2; the same for k0, k1 with k_softmax; and, where
-     * g0 and g1 are not NULL, gla_gate(g0, ng, normalizer, clamp_min) and the same for g1. lora:
+     * g0 and g1 are not NULL, gla_gate(g0, ng, normalizer, clamp_min) and the same for g1, each
+     * value first added its gate projection's bias where gb0 / gb1 are not NULL (gb[i % nb], nb
+     * dividing ng: one fp32 add, the bits of the linear's own bias, whose pass over g it saves). lora:
      * q1 and k1 hold LoRA terms on entry, not a set's values: first add(q1, q0), add(k1, k0) (the
      * term plus the projection, one fp32 add: the bits of the LoRA linear's accumulate onto a copy
      * of q0, without the copy), then the maps as above. Up to fifteen launches in one where the
@@ -512,7 +514,7 @@ typedef struct hyla_ops {
      * the copy and the accumulate's read of y are what it saves). */
     hyla_status (*sse_maps)(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows,
                             int cols, int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1, size_t ng,
-                            float normalizer, float clamp_min, int lora);
+                            const float *gb0, const float *gb1, int nb, float normalizer, float clamp_min, int lora);
 
     /* ---- decode rows' norms as the linears' operand (NULL: never) ----
      * 1 where linear_multi of M decode rows of x [M][K] (flags without HYLA_LINEAR_PREFILL) takes

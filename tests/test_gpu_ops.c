@@ -1963,7 +1963,9 @@ static void case_lin_decode(const op_case *c) {
  * (lora: q1 and k1 hold LoRA terms, added onto q0 and k0 first, as add(q1, q0) would), bit for
  * bit, every buffer, with the ops logged for graphs and run eagerly. off = 1 starts every buffer
  * one float in (the unaligned loads); cols % 4 != 0, cols > 512 or, without lora, more than
- * 2^23 floats in all take the ops inside. */
+ * 2^23 floats in all take the ops inside. gates = 3: the gates with their projections' biases
+ * (nb = cols, or 2 cols where rows are even) given to sse_maps, against the biases added on the
+ * host (the same fp32 add) before gla_gate. */
 static void case_sse_maps(const op_case *c) {
     const int rows = c->p[0], cols = c->p[1], qs = c->p[2], ks = c->p[3], l2 = c->p[4], gates = c->p[5], off = c->p[6],
               lora = c->p[7];
@@ -1983,6 +1985,17 @@ static void case_sse_maps(const op_case *c) {
         }
         float **x = d[0];
         const float norm = 16.0f, clamp = gates == 2 ? -INFINITY : -5.0f;
+        const int nb = rows % 2 ? cols : 2 * cols;
+        float *gb[2] = {NULL, NULL};
+        if (gates == 3)
+            for (int j = 0; j < 2; j++) {
+                float *hb = randn((size_t)nb, 2.0f), *hg = malloc((len[5 + j] + 1) * 4);
+                for (size_t e = 0; e < n; e++) hg[off + e] = h[5 + j][off + e] + hb[e % (size_t)nb];
+                dfree(gpu, x[5 + j] - off);
+                x[5 + j] = (float *)dev(gpu, hg, (len[5 + j] + 1) * 4) + off;
+                gb[j] = (float *)dev(gpu, hb, (size_t)nb * 4);
+                free(hb), free(hg);
+            }
         if (lora) {
             CHECK_OK(gpu->ops->add(gpu->ctx, x[2], x[1], n));
             CHECK_OK(gpu->ops->add(gpu->ctx, x[4], x[3], n));
@@ -2000,7 +2013,11 @@ static void case_sse_maps(const op_case *c) {
         }
         float **y = d[1];
         CHECK_OK(gpu->ops->sse_maps(gpu->ctx, y[0], nv, y[1], y[2], y[3], y[4], rows, cols, qs, ks, l2, 1e-6f,
-                                    gates ? y[5] : NULL, gates ? y[6] : NULL, gates ? n : 0, norm, clamp, lora));
+                                    gates ? y[5] : NULL, gates ? y[6] : NULL, gates ? n : 0, gb[0], gb[1], nb, norm, clamp,
+                                    lora));
+        if (gates == 3 && !graphs) /* a bias that does not divide the gates is refused (run eagerly) */
+            CHECK(gpu->ops->sse_maps(gpu->ctx, y[0], nv, y[1], y[2], y[3], y[4], rows, cols, qs, ks, l2, 1e-6f, y[5],
+                                     y[6], n, gb[0], gb[1], (int)n + 1, norm, clamp, lora) == HYLA_ERR_INVALID_ARG);
         static const char *name[7] = {"v", "q0", "q1", "k0", "k1", "g0", "g1"};
         for (int i = 0; i < 7; i++) {
             CHECK_MSG(same_bits(gpu, x[i], y[i], len[i] * 4),
@@ -2009,6 +2026,8 @@ static void case_sse_maps(const op_case *c) {
             for (int k = 0; k < 2; k++) dfree(gpu, d[k][i] - off);
             free(h[i]);
         }
+        for (int j = 0; j < 2; j++)
+            if (gb[j]) dfree(gpu, gb[j]);
     }
     CHECK_OK(hyla_cuda_set_graphs(gpu, 1));
     printf("  sse_maps rows=%d cols=%d q_softmax=%d k_softmax=%d l2=%d gates=%d off=%d lora=%d: == the ops (bits)\n", rows,
@@ -3309,6 +3328,10 @@ static const op_case cases[] = {
     {"sse_maps", case_sse_maps, {256 * 9, 128, 1, 0, 1, 0, 0}},     /* SSE-GDN decode rows */
     {"sse_maps", case_sse_maps, {77, 64, 1, 1, 1, 2, 1}},           /* unaligned */
     {"sse_maps", case_sse_maps, {18, 128, 0, 1, 0, 1, 0, 1}},       /* the LoRA terms added inside */
+    {"sse_maps", case_sse_maps, {18, 128, 0, 1, 0, 3, 0, 1}},       /* SSE-GLA decode: the gates' biases inside */
+    {"sse_maps", case_sse_maps, {4096 * 18, 128, 0, 1, 0, 3, 0, 1}}, /* a 4096-token piece, biases inside */
+    {"sse_maps", case_sse_maps, {77, 64, 1, 1, 1, 3, 1, 0}},        /* biases, unaligned: one float a thread */
+    {"sse_maps", case_sse_maps, {20000, 128, 1, 0, 1, 3, 0, 0}},    /* biases in the ops one by one (2^23+) */
     {"sse_maps", case_sse_maps, {256 * 18, 128, 0, 1, 0, 1, 0, 1}},
     {"sse_maps", case_sse_maps, {4096 * 9, 128, 1, 0, 1, 0, 0, 1}}, /* prompt rows: one launch with lora */
     {"sse_maps", case_sse_maps, {77, 64, 1, 1, 1, 2, 1, 1}},

@@ -803,8 +803,9 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
 }
 
 /* SSE's feature maps in one launch (cu_sse_maps). The first blocks are elementwise: silu over v,
- * then the GLA gate over g0 and over g1 (blocks eb[0..3) end each range's), one float4 a thread
- * where the range is 16-byte aligned and a multiple of 4 floats, else one float. Every warp
+ * then the GLA gate over g0 and over g1, each value first added its bias where the range has one
+ * (gb[i % nb], the linear's own fp32 add; blocks eb[0..3) end each range's), one float4 a thread
+ * where the range is 16-byte aligned and a multiple of 4 floats (and nb of 4), else one float. Every warp
  * after them owns one row of q0, q1, k0 or k1 (in that order) and runs on it what the row ops
  * would: silu or softmax_row, then l2norm_row, in the warp layout row_config gives rows of
  * cols <= 512 floats (cols % 4 == 0). With lora a warp owns a row of q (or k) in both sets: it
@@ -814,6 +815,8 @@ extern "C" hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normaliz
 #define SSE_MAPS_FUSE_MAX ((size_t)1 << 23)
 struct sse_maps_args {
     float *e[3];       /* v, g0, g1 */
+    const float *ebias[3]; /* their biases [nb] (v: none) or NULL */
+    int nb;
     size_t en[3];      /* their floats */
     unsigned eb[3];    /* the end of each range's blocks */
     int evec[3];       /* float4 a thread */
@@ -830,14 +833,20 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
         const int r = b < a.eb[0] ? 0 : b < a.eb[1] ? 1 : 2;
         size_t i = (size_t)(b - (r ? a.eb[r - 1] : 0)) * blockDim.x + threadIdx.x;
         float *p = a.e[r];
+        const float *gb = a.ebias[r];
         if (a.evec[r]) {
             if (i < a.en[r] / 4) {
                 float4 v = reinterpret_cast<float4 *>(p)[i];
+                if (gb) {
+                    const float4 b = *reinterpret_cast<const float4 *>(gb + (i * 4) % (size_t)a.nb);
+                    v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+                }
                 reinterpret_cast<float4 *>(p)[i] = r ? make_float4(a.gate(v.x), a.gate(v.y), a.gate(v.z), a.gate(v.w))
                                                      : make_float4(silu_f(v.x), silu_f(v.y), silu_f(v.z), silu_f(v.w));
             }
         } else if (i < a.en[r]) {
-            p[i] = r ? a.gate(p[i]) : silu_f(p[i]);
+            const float v = gb ? p[i] + gb[i % (size_t)a.nb] : p[i];
+            p[i] = r ? a.gate(v) : silu_f(v);
         }
         return;
     }
@@ -878,19 +887,29 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
     map_row(a.x[j] + (size_t)(w - j * a.rows) * a.cols, j < 2 ? a.q_softmax : a.k_softmax);
 }
 
+/* x[i] = gate(x[i] + b[i % nb]): the fallback's gates with their biases */
+__global__ void k_gla_gate_bias(float *x, size_t n, const float *b, int nb, ew_gla_gate f) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = f(x[i] + b[i % (size_t)nb]);
+}
+
 extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows,
                                    int cols, int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1,
-                                   size_t ng, float normalizer, float clamp_min, int lora) {
+                                   size_t ng, const float *gb0, const float *gb1, int nb, float normalizer,
+                                   float clamp_min, int lora) {
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     const size_t warps = (lora ? 2 : 4) * (size_t)rows, threads = 32 * ROW_WARP_ROWS;
     if (!g0 || !g1) ng = 0;
+    if ((gb0 || gb1) && ng && (nb <= 0 || ng % (size_t)nb))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_maps: gate bias of %d floats does not divide %zu", nb, ng);
     sse_maps_args a;
     memset(&a, 0, sizeof a);
     a.e[0] = v, a.e[1] = g0, a.e[2] = g1;
+    a.ebias[1] = ng ? gb0 : NULL, a.ebias[2] = ng ? gb1 : NULL, a.nb = nb;
     a.en[0] = nv, a.en[1] = ng, a.en[2] = ng;
     size_t blocks = 0;
     for (int r = 0; r < 3; r++) {
-        a.evec[r] = al16(a.e[r]) && a.en[r] % 4 == 0;
+        a.evec[r] = al16(a.e[r]) && a.en[r] % 4 == 0 && (!a.ebias[r] || (al16(a.ebias[r]) && nb % 4 == 0));
         blocks += ((a.evec[r] ? a.en[r] / 4 : a.en[r]) + threads - 1) / threads;
         a.eb[r] = (unsigned)blocks;
     }
@@ -918,7 +937,16 @@ extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, fl
                 HYLA_TRY(cu_l2norm_rows(c, q[j], rows, cols, eps));
                 HYLA_TRY(cu_l2norm_rows(c, k[j], rows, cols, eps));
             }
-            if (ng) HYLA_TRY(cu_gla_gate(c, g[j], ng, normalizer, clamp_min));
+            const float *gb = j ? gb1 : gb0;
+            if (ng && gb) {
+                ew_gla_gate f;
+                f.inv_norm = 1.0f / normalizer; /* cu_gla_gate's */
+                f.clamp_min = clamp_min;
+                k_gla_gate_bias<<<ew_blocks(ng), TPB, 0, c->stream>>>(g[j], ng, gb, nb, f);
+                CU_LAUNCH_CHECK("gla_gate_bias");
+            } else if (ng) {
+                HYLA_TRY(cu_gla_gate(c, g[j], ng, normalizer, clamp_min));
+            }
         }
         return HYLA_OK;
     }

@@ -101,7 +101,7 @@ static hyla_status replay_linear_multi(hyla_cuda_ctx *c, const ga_linear_multi &
 #define ARGS_sse_maps(F)                                                                                              \
     F(float *, v) F(size_t, nv) F(float *, q0) F(float *, q1) F(float *, k0) F(float *, k1) F(int, rows) F(int, cols)   \
         F(int, q_softmax) F(int, k_softmax) F(int, l2) F(float, eps) F(float *, g0) F(float *, g1) F(size_t, ng)       \
-            F(float, normalizer) F(float, clamp_min) F(int, lora)
+            F(const float *, gb0) F(const float *, gb1) F(int, nb) F(float, normalizer) F(float, clamp_min) F(int, lora)
 #define ARGS_gdn_gates(F)                                                                                             \
     F(const float *, a) F(int, a_stride) F(const float *, b) F(int, b_stride) F(const float *, A_log)                 \
     F(const float *, dt_bias) F(float *, g) F(float *, beta) F(int, n) F(int, H) F(int, allow_neg)

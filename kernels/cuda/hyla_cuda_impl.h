@@ -243,8 +243,8 @@ hyla_status cu_gla_gate(void *ctx, float *x, size_t n, float normalizer, float c
 hyla_status cu_softmax_rows(void *ctx, float *x, int rows, int cols);
 hyla_status cu_l2norm_rows(void *ctx, float *x, int rows, int cols, float eps);
 hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, float *q1, float *k0, float *k1, int rows, int cols,
-                        int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1, size_t ng, float normalizer,
-                        float clamp_min, int lora);
+                        int q_softmax, int k_softmax, int l2, float eps, float *g0, float *g1, size_t ng,
+                        const float *gb0, const float *gb1, int nb, float normalizer, float clamp_min, int lora);
 hyla_status cu_gdn_gates(void *ctx, const float *a, int a_stride, const float *b, int b_stride, const float *A_log,
                          const float *dt_bias, float *g, float *beta, int n, int H, int allow_neg);
 hyla_status cu_rope(void *ctx, float *x, int n, int H, int D, const int32_t *pos, float theta);

@@ -269,19 +269,22 @@ static hyla_status forward(const hyla_mixer_fwd *f) {
         HYLA_MIXER_MARK(f, "sse: v/e/gate proj");
     }
     float *elog = s.elog;
-    /* GLA's gate logits from their low-rank inputs */
+    /* GLA's gate logits from their low-rank inputs; where the backend has sse_maps their biases
+     * go there, added in its pass over the gates (the same fp32 add, one pass over them fewer) */
     float *g[2] = {s.ga, s.gb};
+    const int bias_in_maps = o->sse_maps != NULL && !gdn;
     if (!gdn) {
-        const hyla_linear_out gk[2] = {{w->gk_b[0], w->gk_bias[0], g[0], H * dk, H * dk, s.g1lr, 0},
-                                       {w->gk_b[1], w->gk_bias[1], g[1], H * dk, H * dk, s.g2lr, 0}};
+        const hyla_linear_out gk[2] = {
+            {w->gk_b[0], bias_in_maps ? NULL : w->gk_bias[0], g[0], H * dk, H * dk, s.g1lr, 0},
+            {w->gk_b[1], bias_in_maps ? NULL : w->gk_bias[1], g[1], H * dk, H * dk, s.g2lr, 0}};
         HYLA_TRY(hyla_mixer_linear_each(f, c->gate_low_rank_dim, 2, gk, 0));
     }
     /* silu(v), the feature maps of eq. 8 (GDN: choice (b), normalised before the gate weight) and
      * GLA's gates: one launch where the backend has it */
     if (o->sse_maps) { /* lora_in_maps: tq, tk = rq + term, rk + term, then the maps */
         HYLA_TRY(o->sse_maps(ctx, s.v, (size_t)R * H * dv, rq, tq, rk, tk, R * H, dk, c->q_softmax, c->k_softmax, gdn,
-                             1e-6f, gdn ? NULL : s.ga, gdn ? NULL : s.gb, gdn ? 0 : qk, c->gate_logit_normalizer,
-                             c->clamp_min, 1));
+                             1e-6f, gdn ? NULL : s.ga, gdn ? NULL : s.gb, gdn ? 0 : qk, bias_in_maps ? w->gk_bias[0] : NULL,
+                             bias_in_maps ? w->gk_bias[1] : NULL, H * dk, c->gate_logit_normalizer, c->clamp_min, 1));
     } else {
         HYLA_TRY(o->silu(ctx, s.v, (size_t)R * H * dv));
         float *fm[2][2] = {{s.qa, s.ka}, {s.qs, s.ks}};
