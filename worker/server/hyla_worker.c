@@ -975,8 +975,9 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
         hyla_worker_destroy(w);
         return st;
     }
-    HYLA_INFO("serving model %s (%s) on %s, device %s", w->model_name, hyla_model_get_config(w->m)->model_type, w->advertise,
-              p->device);
+    HYLA_INFO("serving model %s (%s) on %s, device %s; prefill pieces of up to %d tokens at multiples of %d", w->model_name,
+              hyla_model_get_config(w->m)->model_type, w->advertise, p->device, hyla_runtime_prefill_piece(w->rt),
+              hyla_runtime_prefill_chunk(w->rt));
     *out = w;
     return HYLA_OK;
 }
