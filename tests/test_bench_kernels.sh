@@ -5,7 +5,8 @@
 # backend takes), DLA decode at 1 and 30 states against the plain bases, DLA prefill and decode
 # from its cache; decode rows carry their share of the copy rate; the CPU refuses no shape.
 # hyla-bench e2e on a tiny model reports the runtime's scratch (no logits for a prompt fed without
-# them) and, with --prefill-repeat 3, the median prefill with its fastest and slowest beside it.
+# them), the model's prefill chunk (64; 256 for an SSE model) and, with --prefill-repeat 3, the
+# median prefill with its fastest and slowest beside it.
 # A bad option of kernels or e2e exits 2 naming it, the usage on stderr; --help prints it on
 # stdout. Timings are not asserted. Skips (77) until hyla-bench exists.
 set -uo pipefail
@@ -90,6 +91,14 @@ if [ -x "$BIN/hyla-mkmodel" ] && "$BIN/hyla-mkmodel" --arch gdn --layers 2 --hid
     { echo "FAIL e2e: hyla-bench e2e exited non-zero"; cat "$T/e2e.err"; fail=1; }
   grep '"e2e_prefill"' "$T/e2e.jsonl" | grep -q '"scratch_mb":[0-9.]*,"logits_scratch_mb":0.00' ||
     { echo "FAIL e2e: the prefill line does not show scratch without logits"; grep e2e_prefill "$T/e2e.jsonl"; fail=1; }
+  # the model's prefill chunk: 64 here, 256 for an SSE model (its prefill_window)
+  grep '"e2e_prefill"' "$T/e2e.jsonl" | grep -q '"prefill_chunk":64' ||
+    { echo "FAIL e2e: the prefill line does not name the prefill chunk 64"; grep e2e_prefill "$T/e2e.jsonl"; fail=1; }
+  if "$BIN/hyla-mkmodel" --arch sse --layers 2 --hidden 128 --heads 2 --head-dim 64 --out "$T/sse" >/dev/null 2>&1; then
+    "$BIN/hyla-bench" e2e --model "$T/sse" --prefill 300 --batch 1 --ctx 4 --steps 1 2>/dev/null |
+      grep '"e2e_prefill"' | grep -q '"prefill_chunk":256' ||
+      { echo "FAIL e2e: an SSE model's prefill line does not name the prefill chunk 256"; fail=1; }
+  fi
   grep '"e2e_decode"' "$T/e2e.jsonl" | grep -q '"logits_scratch_mb":0.01' ||
     { echo "FAIL e2e: the decode line does not show 2 rows of logits (8 KB)"; grep e2e_decode "$T/e2e.jsonl"; fail=1; }
   # the copy rate measured first, and each decode line's share of it (of_copy)

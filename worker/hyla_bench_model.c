@@ -2016,7 +2016,8 @@ int hyla_bench_e2e(int argc, char **argv) {
          * attention's n^2 term is not counted */
         double tf = 2.0 * (params / (is_cuda ? 2.0 : 4.0)) * (n / sec) / 1e12, peak, hbm;
         datasheet(&peak, &hbm);
-        printf(",\"tflops_2pn\":%.1f,\"piece\":%d", tf, hyla_runtime_prefill_piece(rt));
+        printf(",\"tflops_2pn\":%.1f,\"piece\":%d,\"prefill_chunk\":%d", tf, hyla_runtime_prefill_piece(rt),
+               hyla_runtime_prefill_chunk(rt));
         if (peak > 0) printf(",\"peak_bf16_tflops\":%.0f,\"of_peak\":%.3f", peak, tf / peak);
         print_scratch(rt);
         if (is_cuda && hyla_cuda_get_graph_stats) /* rank 0's (a tensor-parallel group's ranks run alike) */
