@@ -99,7 +99,7 @@ hyla_status hyla_runtime_set_prefill_piece(hyla_runtime *rt, int tokens) {
         return hyla_fail(HYLA_ERR_INVALID_ARG,
                          "prefill piece of %d tokens: must be a multiple of %d in [%d, %d] (the model's prefill chunk%s)",
                          tokens, C, C, HYLA_PREFILL_PIECE_MAX,
-                         C > HYLA_PREFILL_CHUNK ? ": its SSE layers' prefill_window" : "");
+                         C > HYLA_PREFILL_CHUNK ? ": the alignment its layers ask, an SSE layer's prefill_window" : "");
     rt->prefill_piece = tokens;
     return HYLA_OK;
 }
