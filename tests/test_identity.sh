@@ -116,6 +116,10 @@ for a in "--temperature x" "--temperature -1" "--top-p 2" "--top-k 1.5" "--seed 
   "$BIN/hyla-run" --model "$T/sse-h" --prompt x --max-tokens 1 --quiet "$1" "$2" >/dev/null 2>"$T/err" || rc=$?
   [ $rc = 2 ] && grep -q -- "$1 must be" "$T/err" || { echo "FAIL: hyla-run $a: exit $rc, $(cat "$T/err")"; fail=1; }
 done
+# --prefill-window is an SSE key: another arch refuses it, naming it
+rc=0
+"$BIN/hyla-mkmodel" --arch gdn --layers 2 --hidden 64 --heads 2 --prefill-window 256 --out "$T/bad-model" >/dev/null 2>"$T/err" || rc=$?
+[ $rc = 2 ] && grep -q -- "--prefill-window" "$T/err" || { echo "FAIL: hyla-mkmodel --prefill-window on gdn: exit $rc, $(cat "$T/err")"; fail=1; }
 for a in "--layers abc" "--heads 0" "--short-conv 2" "--vocab 1" "--dla-threshold x"; do
   set -- $a
   rc=0

@@ -178,7 +178,8 @@ static void test_naming_variants(const char *bin) {
     expect_fail(d, HYLA_ERR_UNSUPPORTED, "attnres_block_size", NULL);
 }
 
-/* The sparse-attention specs refuse what we do not implement, naming the key inside the spec. */
+/* The sparse-attention specs refuse what we do not implement, naming the key inside the spec; an
+ * SSE prefill_window that is no power of two from 64 is refused by name too. */
 static void test_sparse_refusals(const char *bin) {
     char src[600], d[600], cmd[2048];
     static const struct {
@@ -192,6 +193,8 @@ static void test_sparse_refusals(const char *bin) {
         {"lalte", "c[\"lte\"][\"scoring\"]=\"never\"", "lte.scoring", HYLA_ERR_UNSUPPORTED},
         {"lansa", "c[\"nsa\"][\"block_counts\"]=[1,2]", "nsa.block_counts", HYLA_ERR_UNSUPPORTED},
         {"lansa", "c[\"nsa\"][\"num_kv_heads\"]=3", "nsa.num_kv_heads", HYLA_ERR_UNSUPPORTED},
+        {"sse-h", "c[\"prefill_window\"]=100", "prefill_window", HYLA_ERR_UNSUPPORTED},
+        {"sse-h", "c[\"prefill_window\"]=32", "prefill_window", HYLA_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(src, sizeof src, "%s/sp-%s", tmp, cases[i].arch);

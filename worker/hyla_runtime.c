@@ -202,9 +202,9 @@ hyla_status hyla_runtime_create(const hyla_model *m, hyla_runtime **out) {
                                 rt->be->prefill_piece % HYLA_PREFILL_CHUNK == 0
                             ? rt->be->prefill_piece
                             : HYLA_PREFILL_PIECE_DEFAULT;
-    /* a multiple of the model's prefill chunk (SSE's window may exceed the backend's piece) */
+    /* a multiple of the model's prefill chunk (SSE's window may exceed the backend's piece); both
+     * are powers of two up to HYLA_PREFILL_PIECE_MAX, so the rounding stays within it */
     if (rt->prefill_piece % C) rt->prefill_piece = (rt->prefill_piece / C + 1) * C;
-    if (rt->prefill_piece > HYLA_PREFILL_PIECE_MAX) rt->prefill_piece = C;
     rt->micro_batches = 2;
     rt->token_log = (int)HYLA_TOKEN_LOG_MAX;
     hyla_status s = HYLA_OK;

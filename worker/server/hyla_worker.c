@@ -820,7 +820,6 @@ hyla_status hyla_worker_start(const hyla_worker_params *p, hyla_worker **out) {
     if (!w) return hyla_fail(HYLA_ERR_NOMEM, "out of memory");
     w->p = *p;
     if (w->p.max_batch < 1) w->p.max_batch = 1;
-    if (w->p.prefill_budget < HYLA_PREFILL_CHUNK) w->p.prefill_budget = HYLA_PREFILL_CHUNK; /* aligned feeding needs a chunk */
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     pthread_mutex_init(&w->io_mu, NULL);
