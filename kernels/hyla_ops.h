@@ -505,7 +505,8 @@ typedef struct hyla_ops {
      * [rows][cols], then l2norm_rows(eps) when l2; the same for k0, k1 with k_softmax; and, where
      * g0 and g1 are not NULL, gla_gate(g0, ng, normalizer, clamp_min) and the same for g1, each
      * value first added its gate projection's bias where gb0 / gb1 are not NULL (gb[i % nb], nb
-     * dividing ng: one fp32 add, the bits of the linear's own bias, whose pass over g it saves). lora:
+     * dividing ng, ng under 2^32: one fp32 add, the bits of the linear's own bias, whose pass over g
+     * it saves). lora:
      * q1 and k1 hold LoRA terms on entry, not a set's values: first add(q1, q0), add(k1, k0) (the
      * term plus the projection, one fp32 add: the bits of the LoRA linear's accumulate onto a copy
      * of q0, without the copy), then the maps as above. Up to fifteen launches in one where the

@@ -838,14 +838,15 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
             if (i < a.en[r] / 4) {
                 float4 v = reinterpret_cast<float4 *>(p)[i];
                 if (gb) {
-                    const float4 b = *reinterpret_cast<const float4 *>(gb + (i * 4) % (size_t)a.nb);
+                    /* 32-bit: the host keeps biased ranges under 2^32 floats */
+                    const float4 b = *reinterpret_cast<const float4 *>(gb + (unsigned)(i * 4) % (unsigned)a.nb);
                     v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
                 }
                 reinterpret_cast<float4 *>(p)[i] = r ? make_float4(a.gate(v.x), a.gate(v.y), a.gate(v.z), a.gate(v.w))
                                                      : make_float4(silu_f(v.x), silu_f(v.y), silu_f(v.z), silu_f(v.w));
             }
         } else if (i < a.en[r]) {
-            const float v = gb ? p[i] + gb[i % (size_t)a.nb] : p[i];
+            const float v = gb ? p[i] + gb[(unsigned)i % (unsigned)a.nb] : p[i];
             p[i] = r ? a.gate(v) : silu_f(v);
         }
         return;
@@ -900,8 +901,9 @@ extern "C" hyla_status cu_sse_maps(void *ctx, float *v, size_t nv, float *q0, fl
     hyla_cuda_ctx *c = (hyla_cuda_ctx *)ctx;
     const size_t warps = (lora ? 2 : 4) * (size_t)rows, threads = 32 * ROW_WARP_ROWS;
     if (!g0 || !g1) ng = 0;
-    if ((gb0 || gb1) && ng && (nb <= 0 || ng % (size_t)nb))
-        return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_maps: gate bias of %d floats does not divide %zu", nb, ng);
+    if ((gb0 || gb1) && ng && (nb <= 0 || ng % (size_t)nb || ng >= ((size_t)1 << 32)))
+        return hyla_fail(HYLA_ERR_INVALID_ARG, "sse_maps: gate bias of %d floats does not divide %zu (below 2^32)", nb,
+                         ng);
     sse_maps_args a;
     memset(&a, 0, sizeof a);
     a.e[0] = v, a.e[1] = g0, a.e[2] = g1;
