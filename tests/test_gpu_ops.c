@@ -2707,7 +2707,8 @@ static void case_sample(const op_case *c) {
 
 /* SSE prefill planned on the device (N <= 64, K <= 8): longer than one planner tile (1024
  * tokens / rows), with an empty partition, K = 1, 2, windows of 64 and 256 (at K = 2 a partition
- * holds more than 64 tokens of a 256-token window: chunks cut within it) and plain chunks; and
+ * holds more than 64 tokens of a 256-token window: chunks cut within it) and plain chunks, and
+ * more packed rows than one pass of the chunk-start scan (16384: 9000 tokens); and
  * planned on the host (N > 64), windows of 64 and 256: each against the CPU at the same window,
  * and an unselected partition's state untouched; window-sized pieces == one call, bit for bit.
  * p = {transition}. */
@@ -2720,7 +2721,7 @@ static void case_sse_plan(const op_case *c) {
     } shapes[] = {{1500, 4, 1, 64, 2, 64, 64},  {1500, 4, 1, 0, 2, 64, 64},   {1500, 4, 2, 64, 2, 64, 64},
                   {1500, 4, 2, 0, 2, 64, 64},   {300, 72, 2, 64, 2, 64, 64},  {1500, 4, 1, 64, 8, 128, 128},
                   {1500, 4, 1, 256, 2, 64, 64}, {1500, 4, 2, 256, 2, 64, 64}, {700, 72, 2, 256, 2, 64, 64},
-                  {1500, 4, 1, 256, 8, 128, 128}};
+                  {1500, 4, 1, 256, 8, 128, 128}, {9000, 4, 1, 256, 2, 64, 64}, {9000, 4, 2, 0, 2, 64, 64}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int n = shapes[si].n, N = shapes[si].N, K = shapes[si].K, win = shapes[si].win, H = shapes[si].H,
                   dk = shapes[si].dk, dv = shapes[si].dv;

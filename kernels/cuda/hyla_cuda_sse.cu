@@ -16,6 +16,7 @@
  * hyla_cuda_set_sse_windows(be, 0) cuts it into plain 64-token chunks instead (equal to the
  * token loop up to rounding). Decode: the recurrent kernel with slots {S0, Sp[idx[b][0..K-1]]}.
  * Threading: launched on the context's stream. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,16 +127,50 @@ static unsigned grid_of(size_t n) {
     return (unsigned)(b ? b : 1);
 }
 
+/* k_sse_combine by rows, four floats a thread: token t's routes read once a block, no 64-bit
+ * division an element (which bound the flat form at ~1.8 TB/s on an H200), and each float's sum
+ * the flat form's (po[t], then each route's row in slot order) */
+#define COMBINE_T 128
+__global__ void __launch_bounds__(COMBINE_T) k_sse_combine4(const float4 *po, const int32_t *prow, int n, int K,
+                                                            int hv4, float4 *o) {
+    const int e = blockIdx.x * COMBINE_T + threadIdx.x;
+    if (e >= hv4) return;
+    for (int t = blockIdx.y; t < n; t += gridDim.y) {
+        float4 acc = po[(size_t)t * hv4 + e];
+        for (int j = 0; j < K; j++) {
+            const int r = prow[(size_t)t * K + j];
+            if (r >= 0) {
+                const float4 p = po[(size_t)r * hv4 + e];
+                acc.x += p.x, acc.y += p.y, acc.z += p.z, acc.w += p.w;
+            }
+        }
+        o[(size_t)t * hv4 + e] = acc;
+    }
+}
+
+static hyla_status sse_combine(hyla_cuda_ctx *c, const float *po, const int32_t *prow, int n, int K, size_t hv,
+                               float *o) {
+    if (hv % 4 == 0 && hv / 4 <= (size_t)INT_MAX && ((uintptr_t)po & 15) == 0 && ((uintptr_t)o & 15) == 0) {
+        const int hv4 = (int)(hv / 4);
+        const dim3 grid((unsigned)((hv4 + COMBINE_T - 1) / COMBINE_T), (unsigned)(n < 65535 ? n : 65535));
+        k_sse_combine4<<<grid, COMBINE_T, 0, c->stream>>>((const float4 *)po, prow, n, K, hv4, (float4 *)o);
+    } else {
+        k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, prow, n, K, hv, o);
+    }
+    CU_LAUNCH_CHECK("sse_combine");
+    return HYLA_OK;
+}
+
 /* ---------------------------------------------------------------- device plan
  *
  * The partition grouping of a prefill call computed on the GPU from the routes, so the call
  * needs no host sync (and can sit in a CUDA graph): one block of PLAN_T threads
  *   1. counts each partition's (token, slot) pairs and their offsets in the packed buffer;
- *   2. gives each pair its place, tokens ascending within a partition (a block-wide scan per
- *      partition over tiles of tokens: warp ballots, then warp totals scanned in order);
+ *   2. gives each pair its place, tokens ascending within a partition (over tiles of pairs: a
+ *      warp's ranks by one match, then the warps' counts scanned per partition);
  *   3. marks the packed rows that start a chunk (the always-selected sequence every 64 tokens
- *      of the call; a partition's rows where a new 64-token window of the call begins, or every
- *      64 rows without windows) and scans the marks into chunk ids;
+ *      of the call; a partition's rows where a new window of the call begins and every 64 rows
+ *      within one, or every 64 rows without windows) and scans the marks into chunk ids;
  *   4. writes the chunk tables (first row, length), each sequence's first chunk and count, the
  *      chunk total and the sequences' state pointers.
  * The result equals the host planner's tables (sse_prefill_host), so the chunked kernels
@@ -167,32 +202,59 @@ __device__ __forceinline__ int plan_part_of(const int *off, int N, int q) { /* o
     return p;
 }
 
-/* Whether packed row r starts a chunk: the always-selected rows every 64 tokens of the call; a
- * partition's rows every 64 rows of its subsequence (no windows), or where its tokens enter a new
- * window of a.windows tokens of the call and every 64 rows after that within the window (the
- * first row of the window found by a binary search: the rows' tokens ascend) */
-__device__ __forceinline__ int plan_start(const PlanArgs &a, const int *off, int r) {
-    if (r < a.n) return r % 64 == 0;
-    int q = r - a.n, p = plan_part_of(off, a.N, q), rel = q - off[p];
-    if (!a.windows) return rel % 64 == 0;
-    if (rel == 0) return 1;
-    const int W = a.windows, win = (a.src[q] / a.K) / W;
-    if ((a.src[q - 1] / a.K) / W != win) return 1;
-    if (W <= 64) return 0; /* at most 64 rows a window (a token selects a partition once) */
-    int lo = off[p], hi = q;
-    while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if ((a.src[mid] / a.K) / W < win) lo = mid + 1;
-        else hi = mid;
+/* Chunk starts (step 3). A packed row r starts a chunk: the always-selected rows every 64 tokens
+ * of the call; a partition's rows every 64 rows from the last "window start" at or before them,
+ * where a window start is the partition's first row or, with windows, a row whose token lies in
+ * another window of a.windows tokens of the call than the row before (a partition's tokens
+ * ascend, and a token selects a partition once, so the rows of one window are contiguous).
+ * Without windows only the first row starts one: every 64 rows of the subsequence. Each thread
+ * walks PLAN_RPT consecutive rows (a pass covers PLAN_T * PLAN_RPT), carrying the last window
+ * start and the chunk count in from the threads before it by two block scans, so no row searches
+ * for its window's first row. */
+#define PLAN_RPT 16
+
+/* the window of the call that pair s = t K + j's token lies in (wl: log2 of a power-of-two W, else
+ * -1): integer division, by shifts where it can (K = 1 is the usual route count) */
+__device__ __forceinline__ int plan_window(int s, int K, int W, int wl) {
+    const int t = K == 1 ? s : s / K;
+    return wl >= 0 ? t >> wl : t / W;
+}
+
+/* Exclusive scan over the block's threads in order (max with identity -1, or sum with 0); *total:
+ * the whole block's. sh: 32 ints of the caller's, free again once every thread has returned
+ * (the next call on another array may follow at once: its barriers order the reads). */
+template <bool MAX> __device__ __forceinline__ int plan_block_scan(int v, int *sh, int *total) {
+    static_assert(PLAN_T == 1024, "one warp scans the 32 warps' totals");
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, id = MAX ? -1 : 0;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x = MAX ? (y > x ? y : x) : x + y;
     }
-    return (q - lo) % 64 == 0;
+    if (lane == 31) sh[wid] = x;
+    __syncthreads();
+    if (wid == 0) {
+        int w = sh[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w = MAX ? (y > w ? y : w) : w + y;
+        }
+        sh[lane] = w;
+    }
+    __syncthreads();
+    const int before = wid ? sh[wid - 1] : id;
+    int xe = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) xe = id;
+    *total = sh[31];
+    return MAX ? (before > xe ? before : xe) : before + xe;
 }
 
 __global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
     __shared__ int cnt[PLAN_MAXN], off[PLAN_MAXN + 1], base[PLAN_MAXN];
     __shared__ int wc[PLAN_MAXN][PLAN_T / 32];
-    __shared__ int ws[PLAN_T / 32];
-    __shared__ int carry;
+    __shared__ int shm[PLAN_T / 32], shs[PLAN_T / 32];
     const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int n = a.n, N = a.N, K = a.K;
     const int nk = n * K;
@@ -200,9 +262,11 @@ __global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
     for (int p = tid; p < N; p += PLAN_T) cnt[p] = 0;
     for (int i = tid; i < nk; i += PLAN_T) a.src[i] = 0; /* rows no route fills read token 0 (never used) */
     __syncthreads();
-    for (int i = tid; i < nk; i += PLAN_T) {
-        int p = a.idx[i];
-        if (p >= 0 && p < N) atomicAdd(&cnt[p], 1); /* integer counts: order-free */
+#pragma unroll 4 /* the routes' loads of several tiles in flight */
+    for (int i0 = 0; i0 < nk; i0 += PLAN_T) { /* a warp's lanes of one partition add once */
+        const int i = i0 + tid, p = i < nk ? a.idx[i] : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, p);
+        if (p >= 0 && p < N && lane == __ffs(same) - 1) atomicAdd(&cnt[p], __popc(same)); /* integer counts */
     }
     __syncthreads();
     if (tid == 0) {
@@ -213,80 +277,118 @@ __global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
             s += cnt[p];
         }
         off[N] = s;
-        carry = 0;
     }
     __syncthreads();
-    /* 2. places */
-    for (int t0 = 0; t0 < n; t0 += PLAN_T) {
-        const int t = t0 + tid;
-        int pref[PLAN_MAXK];
-        for (int j = 0; j < PLAN_MAXK; j++) pref[j] = -1;
-        for (int p = 0; p < N; p++) {
-            int slot = -1;
-            if (t < n)
-                for (int j = 0; j < K; j++)
-                    if (a.idx[(size_t)t * K + j] == p) slot = j;
-            unsigned m = __ballot_sync(0xffffffffu, slot >= 0);
-            if (slot >= 0) pref[slot] = __popc(m & lt);
-            if (lane == 0) wc[p][wid] = __popc(m);
+    /* 2. places: the (token, slot) pairs in pair order i = t K + j, PLAN_T a tile. A pair's place
+     * in its partition is the number of the partition's pairs before it, in pair order, which is
+     * token order (a token selects a partition once): a warp ranks its pairs of each partition by
+     * one match, warp p scans partition p's warp counts after the earlier tiles'. A partition
+     * repeated in a token's routes keeps its last slot; the earlier ones, and routes outside
+     * [0, N), get no place (prow -1). */
+    for (int i0 = 0; i0 < nk; i0 += PLAN_T) {
+        const int i = i0 + tid;
+        int p = i < nk ? a.idx[i] : -1;
+        if (p >= N) p = -1;
+        if (p >= 0 && K > 1) {
+            const int t = i / K;
+            for (int j2 = i - t * K + 1; j2 < K; j2++)
+                if (a.idx[(size_t)t * K + j2] == p) p = -1;
+        }
+        const unsigned same = __match_any_sync(0xffffffffu, p);
+        const int rank = __popc(same & lt);
+        for (int q = lane; q < N; q += 32) wc[q][wid] = 0;
+        __syncwarp();
+        if (p >= 0 && rank == 0) wc[p][wid] = __popc(same);
+        __syncthreads();
+        for (int q = wid; q < N; q += PLAN_T / 32) { /* warp q: exclusive scan of partition q's warp
+                                                        * counts, after the earlier tiles */
+            const int v = wc[q][lane], b = base[q];
+            int x = v;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            wc[q][lane] = b + x - v;
+            __syncwarp();
+            if (lane == 31) base[q] = b + x;
         }
         __syncthreads();
-        if (tid < N) { /* exclusive scan of this partition's warp counts, after the earlier tiles */
-            int s2 = base[tid];
-            for (int w = 0; w < PLAN_T / 32; w++) {
-                int v = wc[tid][w];
-                wc[tid][w] = s2;
-                s2 += v;
+        if (i < nk) {
+            if (p < 0) {
+                a.prow[i] = -1;
+            } else {
+                const int pos = off[p] + wc[p][wid] + rank;
+                a.src[pos] = i;
+                a.prow[i] = n + pos;
             }
-            base[tid] = s2;
         }
-        __syncthreads();
-        if (t < n)
-            for (int j = 0; j < K; j++) {
-                int p = a.idx[(size_t)t * K + j];
-                if (p < 0 || p >= N || pref[j] < 0) { /* invalid, or a partition repeated in a token's routes */
-                    a.prow[(size_t)t * K + j] = -1;
-                    continue;
-                }
-                int pos = off[p] + wc[p][wid] + pref[j];
-                a.src[pos] = t * K + j;
-                a.prow[(size_t)t * K + j] = n + pos;
-            }
         __syncthreads();
     }
     /* 3. chunk starts -> ids (rows of skipped routes lie past off[N] and are never read) */
     const int Rv = n + off[N];
-    for (int r0 = 0; r0 < Rv; r0 += PLAN_T) {
-        const int r = r0 + tid;
-        int f = r < Rv ? plan_start(a, off, r) : 0;
-        unsigned m = __ballot_sync(0xffffffffu, f);
-        if (lane == 0) ws[wid] = __popc(m);
-        __syncthreads();
-        if (tid == 0) {
-            int s2 = carry;
-            for (int w = 0; w < PLAN_T / 32; w++) {
-                int v = ws[w];
-                ws[w] = s2;
-                s2 += v;
+    const int wl = a.windows > 0 && !(a.windows & (a.windows - 1)) ? __ffs(a.windows) - 1 : -1;
+    int ws_in = -1, NC = 0; /* the last window start and the chunks before this pass */
+    for (int b0 = 0; b0 < Rv; b0 += PLAN_T * PLAN_RPT) {
+        const int r0 = b0 + tid * PLAN_RPT;
+        /* window starts among this thread's rows */
+        unsigned wm = 0;
+        int lw = -1;
+        if (r0 < Rv && r0 + PLAN_RPT > n) {
+            const int qa = (r0 > n ? r0 : n) - n;
+            int p = plan_part_of(off, N, qa);
+            int prev = qa > 0 && a.windows ? plan_window(a.src[qa - 1], K, a.windows, wl) : -1;
+#pragma unroll
+            for (int i = 0; i < PLAN_RPT; i++) {
+                const int r = r0 + i;
+                if (r < n || r >= Rv) continue;
+                const int q = r - n;
+                while (p + 1 < N && off[p + 1] <= q) p++;
+                const int win = a.windows ? plan_window(a.src[q], K, a.windows, wl) : 0;
+                if (q == off[p] || (a.windows && win != prev)) {
+                    wm |= 1u << i;
+                    lw = q;
+                }
+                prev = win;
             }
-            carry = s2;
         }
-        __syncthreads();
-        if (r < Rv) {
-            int id = ws[wid] + __popc(m & lt);
+        int tmax, tsum;
+        int last = plan_block_scan<true>(lw, shm, &tmax);
+        if (ws_in > last) last = ws_in;
+        unsigned fm = 0;
+        int cnt_t = 0;
+#pragma unroll
+        for (int i = 0; i < PLAN_RPT; i++) {
+            const int r = r0 + i;
+            if (r >= Rv) break;
+            int f;
+            if (r < n) {
+                f = r % 64 == 0;
+            } else {
+                if (wm >> i & 1u) last = r - n;
+                f = (r - n - last) % 64 == 0;
+            }
+            fm |= (unsigned)f << i;
+            cnt_t += f;
+        }
+        int id = NC + plan_block_scan<false>(cnt_t, shs, &tsum);
+#pragma unroll
+        for (int i = 0; i < PLAN_RPT; i++) {
+            const int r = r0 + i;
+            if (r >= Rv) break;
             a.rowc[r] = id;
-            if (f) a.tok0[id] = r;
+            if (fm >> i & 1u) a.tok0[id++] = r;
         }
-        __syncthreads();
+        if (tmax > ws_in) ws_in = tmax;
+        NC += tsum;
     }
-    const int NC = carry;
-    /* 4. lengths and sequence tables */
-    for (int r = tid; r < Rv; r += PLAN_T) {
-        int id = a.rowc[r];
-        int nx = r + 1 < Rv ? a.rowc[r + 1] : NC;
-        if (nx == id) continue; /* not a start */
-        int send = r < n ? n : n + off[plan_part_of(off, N, r - n) + 1];
-        int next = id + 1 < NC ? a.tok0[id + 1] : Rv;
+    __syncthreads(); /* step 4 reads other threads' rowc and tok0 */
+    /* 4. lengths (a chunk runs to the next one's first row or its sequence's end: walked by
+     * chunk, a few hundred, not by row) and sequence tables */
+    for (int id = tid; id < NC; id += PLAN_T) {
+        const int r = a.tok0[id];
+        const int send = r < n ? n : n + off[plan_part_of(off, N, r - n) + 1];
+        const int next = id + 1 < NC ? a.tok0[id + 1] : Rv;
         a.len[id] = (next < send ? next : send) - r;
     }
     for (int x = NC + tid; x < a.ub; x += PLAN_T) { /* padding: empty chunks that no sequence lists */
@@ -422,18 +524,14 @@ extern "C" hyla_status cu_sse_prefill_dev(hyla_cuda_ctx *c, hyla_sse_transition 
         hyla_cu_rowmap rm = {pa.src, n, K, w, q2, k2, gb, betab};
         HYLA_TRY(cu_linattn_chunked_rm(c, gdn, H, dk, dv, scale, q1, k1, v, ga, betaa, po, (int)ub,
                                        1 + N, pa.tok0, pa.len, pa.c0, pa.nc, pa.S, &rm, 0));
-        k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
-        CU_LAUNCH_CHECK("sse_combine");
-        return HYLA_OK;
+        return sse_combine(c, po, pa.prow, n, K, hv, o);
     }
     GatherArgs g;
     float *po;
     HYLA_TRY(sse_gather(c, gdn, q1, k1, q2, k2, v, ga, gb, betaa, betab, w, pa.src, n, H, dk, dv, K, rows, &g, &po));
     HYLA_TRY(cu_linattn_chunked_dev(c, gdn, H, dk, dv, scale, g.pq, g.pk, g.pv, g.pga, g.pgb, po, (int)ub, 1 + N,
                                     pa.tok0, pa.len, pa.c0, pa.nc, pa.S, (long long)rows));
-    k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, pa.prow, n, K, hv, o);
-    CU_LAUNCH_CHECK("sse_combine");
-    return HYLA_OK;
+    return sse_combine(c, po, pa.prow, n, K, hv, o);
 }
 
 extern "C" int cu_sse_prefill_planned(hyla_cuda_ctx *c, hyla_sse_transition tr, int H, int dk, int dv, int N, int K) {
@@ -606,9 +704,7 @@ static hyla_status sse_prefill_host(hyla_cuda_ctx *c, hyla_sse_transition tr, co
     if (st == HYLA_OK) st = cu_stage(c, prow, nk * 4, &d_prow);
     free(hidx);
     HYLA_TRY(st);
-    k_sse_combine<<<grid_of((size_t)n * hv), 256, 0, c->stream>>>(po, (const int32_t *)d_prow, n, K, hv, o);
-    CU_LAUNCH_CHECK("sse_combine");
-    return HYLA_OK;
+    return sse_combine(c, po, (const int32_t *)d_prow, n, K, hv, o);
 }
 
 extern "C" hyla_status cu_sse_decode_dev(hyla_cuda_ctx *c, hyla_sse_transition tr, const float *q1, const float *k1,
