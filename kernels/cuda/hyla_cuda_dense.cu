@@ -300,34 +300,35 @@ template <int WARP> __device__ __forceinline__ float group_max(float v, float *s
     if (row >= (nrows)) return;
 
 /* The first pass of a row op: v = acc(v, unit) over this thread's units of the row in unit
- * order, from v0, the first ROW_RC units cached in c. */
-template <int V4, int A16, typename Acc>
-__device__ __forceinline__ float row_first_pass(float4 (&c)[ROW_RC], const float *xr, float v0, int t, int G, int U,
+ * order, from v0, the first RC units cached in c (how many are cached changes no value: the
+ * units are taken in the same order either way). */
+template <int V4, int A16, int RC, typename Acc>
+__device__ __forceinline__ float row_first_pass(float4 (&c)[RC], const float *xr, float v0, int t, int G, int U,
                                                 Acc acc) {
     float v = v0;
 #pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
+    for (int k = 0; k < RC; k++) {
         int u = t + k * G;
         if (u < U) {
             c[k] = ld_u<V4, A16>(xr, u);
             v = acc(v, c[k]);
         }
     }
-    for (int u = t + ROW_RC * G; u < U; u += G) v = acc(v, ld_u<V4, A16>(xr, u));
+    for (int u = t + RC * G; u < U; u += G) v = acc(v, ld_u<V4, A16>(xr, u));
     return v;
 }
 
 /* The norms' first pass: the sum of squares (sq_acc). */
-template <int V4, int A16>
-__device__ __forceinline__ float row_sumsq(float4 (&c)[ROW_RC], const float *xr, int t, int G, int U) {
+template <int V4, int A16, int RC>
+__device__ __forceinline__ float row_sumsq(float4 (&c)[RC], const float *xr, int t, int G, int U) {
     return row_first_pass<V4, A16>(c, xr, 0.0f, t, G, U, [](float ss, float4 x) { return sq_acc<V4>(ss, x); });
 }
 
-/* xr's cached units (the first ROW_RC of this thread) <- c * inv; the caller writes the rest. */
-template <int V4, int A16>
-__device__ __forceinline__ void row_scale_cached(float *xr, const float4 (&c)[ROW_RC], float inv, int t, int G, int U) {
+/* xr's cached units (the first RC of this thread) <- c * inv; the caller writes the rest. */
+template <int V4, int A16, int RC>
+__device__ __forceinline__ void row_scale_cached(float *xr, const float4 (&c)[RC], float inv, int t, int G, int U) {
 #pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
+    for (int k = 0; k < RC; k++) {
         int u = t + k * G;
         if (u < U) st_u<V4, A16>(xr, u, make_float4(c[k].x * inv, c[k].y * inv, c[k].z * inv, c[k].w * inv));
     }
@@ -430,15 +431,16 @@ __global__ void __launch_bounds__(ROW_MAXG) k_add_rmsnorm_bf16(float *residual, 
     add_rmsnorm_row<V4, A16, WARP>(residual, x, w, y, n, D, eps, sh);
 }
 
-/* In place: x = exp(x - max) / sum(exp(x - max)) over one row (the group's: t of G, U units). */
-template <int V4, int A16, int WARP>
+/* In place: x = exp(x - max) / sum(exp(x - max)) over one row (the group's: t of G, U units);
+ * RC: the units a thread keeps in registers between the passes (the same values for any RC) */
+template <int V4, int A16, int WARP, int RC = ROW_RC>
 __device__ __forceinline__ void softmax_row(float *xr, int t, int G, int U, float *sh) {
-    float4 cx[ROW_RC];
+    float4 cx[RC];
     float m = row_first_pass<V4, A16>(cx, xr, -INFINITY, t, G, U, [](float v, float4 x) { return max_acc<V4>(v, x); });
     m = group_max<WARP>(m, sh);
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < ROW_RC; k++) {
+    for (int k = 0; k < RC; k++) {
         int u = t + k * G;
         if (u < U) {
             float4 v = cx[k];
@@ -448,7 +450,7 @@ __device__ __forceinline__ void softmax_row(float *xr, int t, int G, int U, floa
             if (V4) s = ((s + cx[k].y) + cx[k].z) + cx[k].w;
         }
     }
-    for (int u = t + ROW_RC * G; u < U; u += G) {
+    for (int u = t + RC * G; u < U; u += G) {
         float4 v = ld_u<V4, A16>(xr, u);
         s += expf(v.x - m);
         if (V4) s = ((s + expf(v.y - m)) + expf(v.z - m)) + expf(v.w - m);
@@ -456,7 +458,7 @@ __device__ __forceinline__ void softmax_row(float *xr, int t, int G, int U, floa
     s = group_sum<WARP>(s, sh);
     float inv = 1.0f / s;
     row_scale_cached<V4, A16>(xr, cx, inv, t, G, U);
-    for (int u = t + ROW_RC * G; u < U; u += G) {
+    for (int u = t + RC * G; u < U; u += G) {
         float4 v = ld_u<V4, A16>(xr, u);
         st_u<V4, A16>(xr, u,
                       make_float4(expf(v.x - m) * inv, V4 ? expf(v.y - m) * inv : 0.0f, V4 ? expf(v.z - m) * inv : 0.0f,
@@ -471,13 +473,13 @@ __global__ void __launch_bounds__(ROW_MAXG) k_softmax_rows(float *x, int rows, i
 }
 
 /* [GDN-2] in place: x / sqrt(sum(x^2) + eps) over one row */
-template <int V4, int A16, int WARP>
+template <int V4, int A16, int WARP, int RC = ROW_RC>
 __device__ __forceinline__ void l2norm_row(float *xr, int t, int G, int U, float eps, float *sh) {
-    float4 cx[ROW_RC];
+    float4 cx[RC];
     float ss = group_sum<WARP>(row_sumsq<V4, A16>(cx, xr, t, G, U), sh);
     float inv = l2_inv_f(ss, eps);
     row_scale_cached<V4, A16>(xr, cx, inv, t, G, U);
-    for (int u = t + ROW_RC * G; u < U; u += G) {
+    for (int u = t + RC * G; u < U; u += G) {
         float4 v = ld_u<V4, A16>(xr, u);
         st_u<V4, A16>(xr, u, make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv));
     }
@@ -566,14 +568,21 @@ __global__ void __launch_bounds__(ROW_MAXG) k_gated_rmsnorm_bf16g(const float *o
  * order, so the same bits, in fewer registers. With ROW_RC's four cached units whatever D, the
  * kernel took 126 registers (two 256-thread blocks an SM) and moved the out norm of a 1.68B GDN
  * prompt (heads of 256, bf16 gate) at 1.5 TB/s on an H200; with RC = 2, 64 registers (the bound
- * asks for four blocks an SM; five spilled), none spilled for any RC (ptxas -v, sm_90a). */
-template <int A16, int RC>
-__global__ void __launch_bounds__(32 * ROW_WARP_ROWS, RC <= 2 ? 4 : 3) k_gated_rmsnorm_bf16g_w(const float *o, const __nv_bfloat16 *g,
-                                                                             const float *__restrict__ w,
-                                                                             __nv_bfloat16 *y, int rows, int D,
-                                                                             float eps) {
-    gated_rmsnorm_row<1, A16, 1, __nv_bfloat16, __nv_bfloat16, RC>(o, g, w, y, rows, D, eps, NULL);
+ * asks for four blocks an SM; five spilled), none spilled for any RC (ptxas -v, sm_90a). With an
+ * fp32 gate (SSE's heads of 128: RC = 1) the ROW_OP form took 78 registers (three blocks) and
+ * moved a 16k-token piece's norm at 2.6 TB/s; RC = 1 asks for six blocks. GT: the gate's type. */
+template <typename GT, int A16, int RC>
+__global__ void __launch_bounds__(32 * ROW_WARP_ROWS, RC == 1 ? 6 : RC == 2 ? 4 : 3)
+    k_gated_rmsnorm_bf16_w(const float *o, const GT *g, const float *__restrict__ w, __nv_bfloat16 *y, int rows, int D,
+                           float eps) {
+    gated_rmsnorm_row<1, A16, 1, __nv_bfloat16, GT, RC>(o, g, w, y, rows, D, eps, NULL);
 }
+
+/* The warp layout's launch of k_gated_rmsnorm_bf16_w (RC from D); 0 where the layout is not the
+ * warp one with float4 units (the caller takes ROW_OP's form). */
+template <typename GT>
+static int gated_bf16_warp(hyla_cuda_ctx *c, const float *o, const GT *g, const float *w, __nv_bfloat16 *y, int rows,
+                           int D, float eps, int aligned, hyla_status *st);
 
 /* The launch of a row op over `rows` rows of D (row_cfg: the layout above). */
 typedef struct {
@@ -660,22 +669,31 @@ extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *
  * aligned: always, the GEMM's scratch), so the reduction is the same. */
 /* The same with a bf16 gate (the layout from o and w, as there: the same reduction; the gate's
  * 8-byte loads need only D % 4 == 0) */
+template <typename GT>
+static int gated_bf16_warp(hyla_cuda_ctx *c, const float *o, const GT *g, const float *w, __nv_bfloat16 *y, int rows,
+                           int D, float eps, int aligned, hyla_status *st) {
+    const row_cfg rc = row_config(rows, D, aligned);
+    if (rows <= 0 || !rc.warp || !rc.v4) return 0;
+    const int rcn = (D / 4 + 31) / 32; /* units a lane: 1 .. 4 (the warp layout has U <= 128) */
+    const dim3 gr(rc.blocks);
+#define GRW(A, R) cu_launch_pdl(c, k_gated_rmsnorm_bf16_w<GT, A, R>, gr, rc.threads, 0, o, g, w, y, rows, D, eps)
+    if (rc.a16) *st = rcn == 1 ? GRW(1, 1) : rcn == 2 ? GRW(1, 2) : rcn == 3 ? GRW(1, 3) : GRW(1, 4);
+    else *st = rcn == 1 ? GRW(0, 1) : rcn == 2 ? GRW(0, 2) : rcn == 3 ? GRW(0, 3) : GRW(0, 4);
+#undef GRW
+    return 1;
+}
+
 extern "C" hyla_status cu_gated_rmsnorm_bf16g(hyla_cuda_ctx *c, const float *o, const __nv_bfloat16 *g, const float *w,
                                               __nv_bfloat16 *y, int rows, int D, float eps) {
-    const row_cfg rc = row_config(rows, D, al16(o) && al16(w));
-    if (rows > 0 && rc.warp && rc.v4) { /* units a lane: 1 .. 4 (the warp layout has U <= 128) */
-        const int rcn = (D / 4 + 31) / 32;
-        const dim3 gr(rc.blocks);
-#define GRW(A, R) cu_launch_pdl(c, k_gated_rmsnorm_bf16g_w<A, R>, gr, rc.threads, 0, o, g, w, y, rows, D, eps)
-        if (rc.a16) return rcn == 1 ? GRW(1, 1) : rcn == 2 ? GRW(1, 2) : rcn == 3 ? GRW(1, 3) : GRW(1, 4);
-        return rcn == 1 ? GRW(0, 1) : rcn == 2 ? GRW(0, 2) : rcn == 3 ? GRW(0, 3) : GRW(0, 4);
-#undef GRW
-    }
+    hyla_status st;
+    if (gated_bf16_warp(c, o, g, w, y, rows, D, eps, al16(o) && al16(w), &st)) return st;
     ROW_OP(c, k_gated_rmsnorm_bf16g, rows, D, al16(o) && al16(w), o, g, w, y, rows, D, eps);
 }
 
 extern "C" hyla_status cu_gated_rmsnorm_bf16(hyla_cuda_ctx *c, const float *o, const float *g, const float *w,
                                              __nv_bfloat16 *y, int rows, int D, float eps) {
+    hyla_status st;
+    if (gated_bf16_warp(c, o, g, w, y, rows, D, eps, al16(o) && al16(g) && al16(w), &st)) return st;
     ROW_OP(c, k_gated_rmsnorm_bf16, rows, D, al16(o) && al16(g) && al16(w), o, g, w, y, rows, D, eps);
 }
 
@@ -853,9 +871,12 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
     }
     const int w = (int)(b - a.eb[2]) * ROW_WARP_ROWS + (int)(threadIdx.x >> 5), t = threadIdx.x & 31;
     const int U = a.cols / 4;
+    /* one unit a lane kept in registers by the row ops (RC = 1; the same values for any RC): at
+     * the usual 128 columns a lane has one unit, and the kernel's 62 registers (four blocks an SM)
+     * became 46 (five): a 16k-token piece of the 1.3B SSE-H model 734 -> 635 us under ncu */
     auto map_row = [&](float *xr, int softmax) {
         if (softmax) {
-            softmax_row<1, A16, 1>(xr, t, 32, U, NULL);
+            softmax_row<1, A16, 1, 1>(xr, t, 32, U, NULL);
         } else {
             for (int u = t; u < U; u += 32) {
                 float4 v = ld_u<1, A16>(xr, u);
@@ -864,7 +885,7 @@ template <int A16> __global__ void __launch_bounds__(32 * ROW_WARP_ROWS) k_sse_m
         }
         if (a.l2) {
             __syncwarp();
-            l2norm_row<1, A16, 1>(xr, t, 32, U, a.eps, NULL);
+            l2norm_row<1, A16, 1, 1>(xr, t, 32, U, a.eps, NULL);
         }
     };
     if (a.lora) { /* row r of q (j = 0) or k (j = 1) in both sets */
