@@ -14,6 +14,8 @@
 #       exist in this Debian 12's apt lists (where apt has lists), the targets it builds exist.
 #   compare-fla.sh: PARTS=hyla times only hyla's half (a stand-in hyla-bench) and writes no table
 #       without FLA's file; a PARTS naming neither half is refused.
+#   multigpu-check.sh: a skip (77) with fewer than two GPUs, a pack without test_tp refused, and
+#       STEPS=tp with stand-in programs prints both models' TP = 2 / one-GPU ratios.
 set -uo pipefail
 SRC=${HYLA_SOURCE_DIR:-.}
 BIN=$(cd "${HYLA_BIN_DIR:-build/bin}" && pwd)
@@ -117,6 +119,52 @@ if [ $rc = 2 ] && echo "$out" | grep -q "PARTS=neither names neither fla nor hyl
   ok "compare-fla.sh refuses a PARTS naming neither half"
 else
   FAIL "compare-fla.sh PARTS=neither: rc $rc: $out"
+fi
+
+# ---- multigpu-check.sh ----
+# With a stand-in nvidia-smi: fewer than two GPUs is a skip (77) naming why; a pack without a
+# program it needs is refused naming it; STEPS=tp with stand-in programs (a hyla-bench whose TP = 2
+# lines are 1.5 x faster) runs both models at both splits and prints their TP / one-GPU ratios.
+mg=$work/mg
+mkdir -p "$mg/path0" "$mg/path2" "$mg/bin" "$mg/out"
+printf '#!/bin/sh\nexit 0\n' >"$mg/path0/nvidia-smi"
+printf '#!/bin/sh\necho "GPU 0: stand-in"\necho "GPU 1: stand-in"\n' >"$mg/path2/nvidia-smi"
+for p in test_tp hyla-worker hyla-coordinator hyla; do printf '#!/bin/sh\nexit 0\n' >"$mg/bin/$p"; done
+cat >"$mg/bin/hyla-mkmodel" <<'SH'
+#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = --out ] && mkdir -p "$2" && echo '{}' >"$2/config.json"; shift; done
+SH
+cat >"$mg/bin/hyla-bench" <<'SH'
+#!/bin/sh
+tp=1; while [ $# -gt 0 ]; do [ "$1" = --tp ] && tp=$2; shift; done
+if [ "$tp" = 2 ]; then r=150000; ms=2.0; else r=100000; ms=3.0; fi
+echo "{\"bench\":\"e2e_prefill\",\"tokens_per_s\":$r}"
+echo "{\"bench\":\"e2e_decode\",\"B\":256,\"ms_per_step\":$ms}"
+SH
+chmod +x "$mg"/path0/* "$mg"/path2/* "$mg"/bin/*
+out=$(PATH="$mg/path0:$PATH" HYLA_BIN_DIR="$mg/bin" bash "$SRC/deploy/multigpu-check.sh" "$mg/out" 2>&1)
+rc=$?
+if [ $rc = 77 ] && echo "$out" | grep -q "needs two GPUs of one host; nvidia-smi lists 0"; then
+  ok "multigpu-check.sh skips (77) with fewer than two GPUs"
+else
+  FAIL "multigpu-check.sh without GPUs: rc $rc: $out"
+fi
+mkdir -p "$mg/bin1" && cp "$mg"/bin/* "$mg/bin1/" && rm "$mg/bin1/test_tp"
+out=$(PATH="$mg/path2:$PATH" HYLA_BIN_DIR="$mg/bin1" bash "$SRC/deploy/multigpu-check.sh" "$mg/out" 2>&1)
+rc=$?
+if [ $rc = 2 ] && echo "$out" | grep -q "bin1/test_tp is missing"; then
+  ok "multigpu-check.sh refuses a pack without test_tp"
+else
+  FAIL "multigpu-check.sh without test_tp: rc $rc: $out"
+fi
+out=$(PATH="$mg/path2:$PATH" HYLA_BIN_DIR="$mg/bin" MODELS_DIR="$mg/models" STEPS=tp bash "$SRC/deploy/multigpu-check.sh" "$mg/out" 2>&1)
+rc=$?
+if [ $rc = 0 ] && [ "$(echo "$out" | grep -c '^e2e-.*: ok')" = 4 ] &&
+   echo "$out" | grep -q "^gdn: TP = 2 / one GPU: prefill 128k 1.50 x (150000 / 100000 tok/s), B = 256 1.50 x" &&
+   echo "$out" | grep -q "^sseh: TP = 2 / one GPU: prefill 128k 1.50 x" && ! echo "$out" | grep -q "^test_tp"; then
+  ok "multigpu-check.sh STEPS=tp: both models at both splits, their ratios"
+else
+  FAIL "multigpu-check.sh STEPS=tp: rc $rc: $out"
 fi
 
 [ $fail = 0 ] && echo "test_deploy: ok"
