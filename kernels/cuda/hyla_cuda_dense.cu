@@ -578,11 +578,6 @@ __global__ void __launch_bounds__(32 * ROW_WARP_ROWS, RC == 1 ? 6 : RC == 2 ? 4 
     gated_rmsnorm_row<1, A16, 1, __nv_bfloat16, GT, RC>(o, g, w, y, rows, D, eps, NULL);
 }
 
-/* The warp layout's launch of k_gated_rmsnorm_bf16_w (RC from D); 0 where the layout is not the
- * warp one with float4 units (the caller takes ROW_OP's form). */
-template <typename GT>
-static int gated_bf16_warp(hyla_cuda_ctx *c, const float *o, const GT *g, const float *w, __nv_bfloat16 *y, int rows,
-                           int D, float eps, int aligned, hyla_status *st);
 
 /* The launch of a row op over `rows` rows of D (row_cfg: the layout above). */
 typedef struct {
@@ -669,6 +664,8 @@ extern "C" hyla_status cu_gated_rmsnorm(void *ctx, const float *o, const float *
  * aligned: always, the GEMM's scratch), so the reduction is the same. */
 /* The same with a bf16 gate (the layout from o and w, as there: the same reduction; the gate's
  * 8-byte loads need only D % 4 == 0) */
+/* The warp layout's launch of k_gated_rmsnorm_bf16_w (RC from D) into *st; 0 where the layout is
+ * not the warp one with float4 units (the caller takes ROW_OP's form). */
 template <typename GT>
 static int gated_bf16_warp(hyla_cuda_ctx *c, const float *o, const GT *g, const float *w, __nv_bfloat16 *y, int rows,
                            int D, float eps, int aligned, hyla_status *st) {
