@@ -220,29 +220,27 @@ __device__ __forceinline__ int plan_window(int s, int K, int W, int wl) {
     return wl >= 0 ? t >> wl : t / W;
 }
 
+/* Inclusive scan over a warp's lanes in order: max, or sum */
+template <bool MAX> __device__ __forceinline__ int plan_warp_scan(int x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x = MAX ? (y > x ? y : x) : x + y;
+    }
+    return x;
+}
+
 /* Exclusive scan over the block's threads in order (max with identity -1, or sum with 0); *total:
  * the whole block's. sh: 32 ints of the caller's, free again once every thread has returned
  * (the next call on another array may follow at once: its barriers order the reads). */
 template <bool MAX> __device__ __forceinline__ int plan_block_scan(int v, int *sh, int *total) {
     static_assert(PLAN_T == 1024, "one warp scans the 32 warps' totals");
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, id = MAX ? -1 : 0;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x = MAX ? (y > x ? y : x) : x + y;
-    }
+    const int x = plan_warp_scan<MAX>(v);
     if (lane == 31) sh[wid] = x;
     __syncthreads();
-    if (wid == 0) {
-        int w = sh[lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w = MAX ? (y > w ? y : w) : w + y;
-        }
-        sh[lane] = w;
-    }
+    if (wid == 0) sh[lane] = plan_warp_scan<MAX>(sh[lane]);
     __syncthreads();
     const int before = wid ? sh[wid - 1] : id;
     int xe = __shfl_up_sync(0xffffffffu, x, 1);
@@ -302,13 +300,7 @@ __global__ void __launch_bounds__(PLAN_T) k_sse_plan(PlanArgs a) {
         __syncthreads();
         for (int q = wid; q < N; q += PLAN_T / 32) { /* warp q: exclusive scan of partition q's warp
                                                         * counts, after the earlier tiles */
-            const int v = wc[q][lane], b = base[q];
-            int x = v;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, x, o);
-                if (lane >= o) x += y;
-            }
+            const int v = wc[q][lane], b = base[q], x = plan_warp_scan<false>(v);
             wc[q][lane] = b + x - v;
             __syncwarp();
             if (lane == 31) base[q] = b + x;
